@@ -1,0 +1,128 @@
+// Package job defines the messages vramq puts on its queues: the work message a
+// publisher sends for each chunk of a job, and the result message a subscriber
+// sends back. Both are versioned JSON; see the README for the schemas.
+package job
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// Version is the schema version written in the "v" field of every message.
+const Version = 1
+
+// Message attribute names. The job id and chunk index travel in attributes too,
+// so tools can route or de-duplicate without parsing the body.
+const (
+	AttrJobID  = "vramq-job-id"
+	AttrChunk  = "vramq-chunk"
+	AttrReason = "vramq-dlq-reason" // why a message was dead-lettered
+	AttrSource = "vramq-source-message-id"
+)
+
+// Item is one unit of work: a text to embed, an image to classify. Models read
+// the fields they understand.
+type Item struct {
+	ID   string `json:"id"`
+	Text string `json:"text,omitempty"`
+	// Data carries binary content (base64 in JSON) for models that take it.
+	Data []byte `json:"data,omitempty"`
+}
+
+// Work is the body of a work message: one chunk of a job.
+type Work struct {
+	V      int    `json:"v"`
+	JobID  string `json:"job_id"`
+	Chunk  int    `json:"chunk"`
+	Chunks int    `json:"chunks,omitempty"` // chunks in the whole job, when known
+	Items  []Item `json:"items"`
+}
+
+// Key identifies a chunk across redeliveries: results with the same key are
+// duplicates of each other.
+type Key struct {
+	JobID string
+	Chunk int
+}
+
+func (w *Work) Key() Key { return Key{w.JobID, w.Chunk} }
+
+// Output is a model's answer for one item.
+type Output struct {
+	ID        string          `json:"id"`
+	Embedding []float32       `json:"embedding,omitempty"`
+	Data      json.RawMessage `json:"data,omitempty"` // for models whose answer is not an embedding
+}
+
+// Result is the body of a result message: the outputs for one chunk.
+type Result struct {
+	V       int      `json:"v"`
+	JobID   string   `json:"job_id"`
+	Chunk   int      `json:"chunk"`
+	Model   string   `json:"model"`
+	Outputs []Output `json:"outputs"`
+	// Attempt is the work message's receive count when it was processed;
+	// above 1 means the chunk was redelivered at least once.
+	Attempt int `json:"attempt"`
+	// WorkerMS is the time from receipt to result, in milliseconds.
+	WorkerMS int64 `json:"worker_ms"`
+}
+
+func (r *Result) Key() Key { return Key{r.JobID, r.Chunk} }
+
+// ErrMalformed is wrapped by every decoding error: the message can never be
+// processed as it is and belongs in the dead-letter queue.
+var ErrMalformed = errors.New("malformed message")
+
+// DecodeWork parses and validates a work message body.
+func DecodeWork(body []byte) (*Work, error) {
+	var w Work
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&w); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data after the JSON object", ErrMalformed)
+	}
+	if err := w.Validate(); err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// Validate reports the first thing that makes w unprocessable.
+func (w *Work) Validate() error {
+	switch {
+	case w.V != Version:
+		return fmt.Errorf("%w: schema version %d, want %d", ErrMalformed, w.V, Version)
+	case w.JobID == "":
+		return fmt.Errorf("%w: empty job_id", ErrMalformed)
+	case w.Chunk < 0:
+		return fmt.Errorf("%w: negative chunk %d", ErrMalformed, w.Chunk)
+	case w.Chunks != 0 && w.Chunk >= w.Chunks:
+		return fmt.Errorf("%w: chunk %d of %d", ErrMalformed, w.Chunk, w.Chunks)
+	case len(w.Items) == 0:
+		return fmt.Errorf("%w: no items", ErrMalformed)
+	}
+	seen := make(map[string]struct{}, len(w.Items))
+	for i, it := range w.Items {
+		if it.ID == "" {
+			return fmt.Errorf("%w: item %d has an empty id", ErrMalformed, i)
+		}
+		if _, dup := seen[it.ID]; dup {
+			return fmt.Errorf("%w: duplicate item id %q", ErrMalformed, it.ID)
+		}
+		seen[it.ID] = struct{}{}
+	}
+	return nil
+}
+
+// Attributes returns the message attributes that go with a work or result
+// message for this chunk.
+func Attributes(k Key) map[string]string {
+	return map[string]string{AttrJobID: k.JobID, AttrChunk: strconv.Itoa(k.Chunk)}
+}
