@@ -16,6 +16,11 @@ import (
 // import a driver package to recognise it.
 var ErrOutOfMemory = errors.New("gpu: out of memory")
 
+// ErrInvalidInput is returned (wrapped) by Model.Run when an input can never
+// be processed, whatever the memory: the subscriber dead-letters it instead of
+// retrying. Any other error from Run is taken as transient.
+var ErrInvalidInput = errors.New("gpu: invalid input")
+
 // MemInfo is a snapshot of a device's memory, in bytes.
 type MemInfo struct {
 	Total int64

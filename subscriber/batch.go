@@ -1,0 +1,101 @@
+package subscriber
+
+import (
+	"context"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+)
+
+// admit takes waiting messages in order and admits each once admission has
+// room for it. A message not admitted within AdmitTimeout of its receipt is
+// released for another consumer rather than kept waiting here (backpressure).
+func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
+	defer close(out)
+	for t := range s.buffer {
+		if ctx.Err() != nil || t.lease.lost.Load() {
+			s.releaseWaiting(t, "shutdown or lost lease")
+			continue
+		}
+		w := s.adm.weight(t.cost)
+		actx, cancel := context.WithDeadline(ctx, t.lease.received.Add(s.cfg.AdmitTimeout))
+		err := s.adm.acquire(actx, w)
+		cancel()
+		if err != nil {
+			reason := "shutdown"
+			if ctx.Err() == nil {
+				reason = "backpressure"
+				s.log.Info("not admitted in time; released for another consumer",
+					"message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(t.cost), "admit_timeout", s.cfg.AdmitTimeout)
+			}
+			s.releaseWaiting(t, reason)
+			continue
+		}
+		t.weight = w
+		s.m.admitted.Inc()
+		s.m.inflight.Add(float64(t.cost))
+		out <- t // the batcher always takes it, also during shutdown
+	}
+}
+
+// releaseWaiting hands back a message that never started.
+func (s *Subscriber) releaseWaiting(t *task, why string) {
+	s.log.Debug("releasing unstarted message", "message_id", t.lease.msg.ID, "why", why)
+	s.startTasks(1)
+	s.finish(t, true, 0)
+}
+
+// batch packs admitted messages into device batches: a batch goes when it
+// reaches the batch limit or MaxBatchDelay after its first message. Each
+// batch runs in its own goroutine under workCtx; admission already bounds
+// what runs at once.
+func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
+	var pending []*task
+	var timer *time.Timer
+	var fire <-chan time.Time
+	done := ctx.Done()
+	flush := func() {
+		if timer != nil {
+			timer.Stop()
+			timer, fire = nil, nil
+		}
+		if len(pending) == 0 {
+			return
+		}
+		b := pending
+		pending = nil
+		s.startTasks(len(b))
+		s.runners.Go(func() { s.runBatch(workCtx, b) })
+	}
+	for {
+		select {
+		case t, ok := <-in:
+			if !ok {
+				return
+			}
+			if ctx.Err() != nil {
+				s.releaseWaiting(t, "shutdown")
+				continue
+			}
+			pending = append(pending, t)
+			if len(pending) >= s.state.batchLimit() {
+				flush()
+			} else if timer == nil {
+				timer = time.NewTimer(s.cfg.MaxBatchDelay)
+				fire = timer.C
+			}
+		case <-fire:
+			flush()
+		case <-done:
+			// Admitted but not started: hand back at once.
+			for _, t := range pending {
+				s.releaseWaiting(t, "shutdown")
+			}
+			pending, done = nil, nil
+			if timer != nil {
+				timer.Stop()
+				timer, fire = nil, nil
+			}
+		}
+	}
+}

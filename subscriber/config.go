@@ -1,0 +1,173 @@
+package subscriber
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vramq/vramq/gpu"
+)
+
+// Config is everything a Subscriber needs. Zero fields take the defaults
+// documented on each; Validate says what is wrong with the rest.
+type Config struct {
+	Queue   Queue  // the work queue (required)
+	Results Sender // where result messages go (required)
+	DLQ     Sender // where poison messages go, with a reason attribute (required)
+
+	Model  gpu.Model  // loaded: its weights are already on the device (required)
+	Device gpu.Device // the device the model runs on (required)
+
+	// Admission is the strategy; default AdmitVRAM.
+	Admission Strategy
+	// Count is the number of messages run at once under AdmitCount; default 4.
+	Count int
+	// VRAMReserve is device memory kept free of work, for the framework's
+	// own allocations and fragmentation; default 256 MiB.
+	VRAMReserve int64
+	// VRAMLimit caps the budget below what the device offers; 0 for no cap.
+	VRAMLimit int64
+
+	// Prefetch bounds messages received but not yet started, independently
+	// of how many run at once; default 20.
+	Prefetch int
+	// MaxInflight bounds messages held in total (waiting and running);
+	// default 100. Under AdmitNone it is the only bound: 10 makes the classic
+	// prefetch-10 consumer.
+	MaxInflight int
+	// MaxBatch is the most messages packed into one device batch; default 8.
+	MaxBatch int
+	// MaxBatchDelay is how long a batch waits for more messages after its
+	// first; default 10ms.
+	MaxBatchDelay time.Duration
+
+	// WaitTime is the long-poll wait, at most 20s (the SQS maximum); default 20s.
+	WaitTime time.Duration
+	// Visibility is the visibility timeout set on receive and on every
+	// extension; heartbeats run every third of it. Whole seconds, at least 3s;
+	// default 30s.
+	Visibility time.Duration
+	// MaxHold is how long a message may be held in all, after which its lease
+	// is no longer extended; default 15m, at most 12h (the SQS limit).
+	MaxHold time.Duration
+	// AdmitTimeout is the backpressure bound: a message not admitted this long
+	// after receipt is released for another consumer; default 60s.
+	AdmitTimeout time.Duration
+	// InferenceTimeout bounds one batch on the device; default 2m.
+	InferenceTimeout time.Duration
+	// RetryDelay is the visibility given to a message released after a
+	// transient failure, doubled per receive; default 5s, capped at 15m.
+	RetryDelay time.Duration
+	// ShutdownGrace is how long running batches may finish after shutdown
+	// begins; the rest are released. Default 25s (ECS waits 30s by default).
+	ShutdownGrace time.Duration
+	// MaxMessageBytes is the largest result message sent; default 256 KiB,
+	// which every SQS queue accepts (up to 1 MiB where the queue allows it).
+	MaxMessageBytes int
+
+	// StateFile, when set, keeps what was learned (the batch size that fits)
+	// across restarts.
+	StateFile string
+
+	Logger     *slog.Logger          // default slog.Default()
+	Registerer prometheus.Registerer // default: a private registry
+}
+
+func (c *Config) setDefaults() {
+	def := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defInt := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	if c.Admission == "" {
+		c.Admission = AdmitVRAM
+	}
+	defInt(&c.Count, 4)
+	if c.VRAMReserve == 0 {
+		c.VRAMReserve = 256 << 20
+	}
+	defInt(&c.Prefetch, 20)
+	defInt(&c.MaxInflight, 100)
+	defInt(&c.MaxBatch, 8)
+	def(&c.MaxBatchDelay, 10*time.Millisecond)
+	def(&c.WaitTime, 20*time.Second)
+	def(&c.Visibility, 30*time.Second)
+	def(&c.MaxHold, 15*time.Minute)
+	def(&c.AdmitTimeout, time.Minute)
+	def(&c.InferenceTimeout, 2*time.Minute)
+	def(&c.RetryDelay, 5*time.Second)
+	def(&c.ShutdownGrace, 25*time.Second)
+	defInt(&c.MaxMessageBytes, 256<<10)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+}
+
+// Validate reports every problem with c (after defaults), joined.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if c.Queue == nil {
+		bad("no work queue")
+	}
+	if c.Results == nil {
+		bad("no results queue")
+	}
+	if c.DLQ == nil {
+		bad("no dead-letter queue: poison messages need somewhere to go")
+	}
+	if c.Model == nil {
+		bad("no model")
+	}
+	if c.Device == nil {
+		bad("no device")
+	}
+	if !c.Admission.valid() {
+		bad("admission %q: want vram, count or none", c.Admission)
+	}
+	if c.Count < 1 {
+		bad("count %d: want at least 1", c.Count)
+	}
+	if c.VRAMReserve < 0 || c.VRAMLimit < 0 {
+		bad("VRAM reserve and limit must not be negative")
+	}
+	if c.Prefetch < 1 || c.MaxInflight < 1 || c.MaxBatch < 1 {
+		bad("prefetch %d, max in-flight %d, max batch %d: each must be at least 1", c.Prefetch, c.MaxInflight, c.MaxBatch)
+	}
+	if c.MaxBatchDelay < 0 {
+		bad("max batch delay %v is negative", c.MaxBatchDelay)
+	}
+	if c.WaitTime < 0 || c.WaitTime > 20*time.Second || c.WaitTime%time.Second != 0 {
+		bad("wait time %v: want whole seconds from 0 to 20s", c.WaitTime)
+	}
+	if c.Visibility < 3*time.Second || c.Visibility > 12*time.Hour || c.Visibility%time.Second != 0 {
+		bad("visibility timeout %v: want whole seconds from 3s to 12h", c.Visibility)
+	}
+	if c.MaxHold > 12*time.Hour || c.MaxHold < c.Visibility {
+		bad("max hold %v: want from the visibility timeout (%v) to 12h", c.MaxHold, c.Visibility)
+	}
+	if c.AdmitTimeout <= 0 || c.AdmitTimeout >= c.MaxHold {
+		bad("admit timeout %v: want positive and below max hold %v", c.AdmitTimeout, c.MaxHold)
+	}
+	if c.InferenceTimeout <= 0 || c.InferenceTimeout >= c.MaxHold {
+		bad("inference timeout %v: want positive and below max hold %v", c.InferenceTimeout, c.MaxHold)
+	}
+	if c.RetryDelay < 0 || c.ShutdownGrace < 0 {
+		bad("retry delay and shutdown grace must not be negative")
+	}
+	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 1<<20 {
+		bad("max message bytes %d: want 1 KiB to 1 MiB", c.MaxMessageBytes)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,133 @@
+package subscriber
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/vramq/vramq/job"
+)
+
+// sendTimeout bounds sending results or a DLQ copy. It is not tied to
+// shutdown: work that finished deserves its result.
+const sendTimeout = 30 * time.Second
+
+// settle gives back a task's admission. Its lease is finished separately.
+func (s *Subscriber) settle(t *task) {
+	if t.weight > 0 {
+		s.adm.release(t.weight)
+		t.weight = 0
+	}
+	if t.cost > 0 {
+		s.m.inflight.Sub(float64(t.cost))
+		t.cost = 0
+	}
+}
+
+// finish settles t and deletes its message (release false) or hands it back
+// after delay.
+func (s *Subscriber) finish(t *task, release bool, delay time.Duration) {
+	s.settle(t)
+	s.keeper.finish(t.lease, release, delay)
+}
+
+// complete sends one result message per task, batched, then deletes the
+// messages whose result went out and releases the others for a retry.
+func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
+	// Attribute names and values count towards SQS's size limits too.
+	const attrOverhead = 128
+	var (
+		batch  []Outgoing
+		owners []*task
+		size   int
+	)
+	send := func() {
+		if len(batch) == 0 {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
+		errs, err := s.results.Send(ctx, batch)
+		cancel()
+		for i, t := range owners {
+			e := err
+			if e == nil {
+				e = errs[i]
+			}
+			if e != nil {
+				s.log.Warn("sending result failed; message released for a retry", "message_id", t.lease.msg.ID, "err", e)
+				s.finish(t, true, s.retryDelay(t.lease.msg.ReceiveCount))
+				continue
+			}
+			s.m.results.Inc()
+			s.finish(t, false, 0)
+		}
+		batch, owners, size = nil, nil, 0
+	}
+	model := s.cfg.Model.Name()
+	for i, t := range tasks {
+		r := job.Result{
+			V: job.Version, JobID: t.work.JobID, Chunk: t.work.Chunk, Model: model,
+			Outputs: outs[i], Attempt: t.lease.msg.ReceiveCount,
+			WorkerMS: time.Since(t.lease.received).Milliseconds(),
+		}
+		body, err := json.Marshal(r)
+		if err != nil || len(body)+attrOverhead > s.cfg.MaxMessageBytes {
+			reason := fmt.Sprintf("result of %d bytes exceeds the %d-byte message limit", len(body), s.cfg.MaxMessageBytes)
+			if err != nil {
+				reason = "encoding the result: " + err.Error()
+			}
+			s.deadLetter(t.lease, "result_too_large", reason)
+			s.settle(t)
+			continue
+		}
+		if len(batch) == MaxBatch || size+len(body)+attrOverhead > s.cfg.MaxMessageBytes {
+			send()
+		}
+		batch = append(batch, Outgoing{Body: string(body), Attributes: job.Attributes(r.Key())})
+		owners = append(owners, t)
+		size += len(body) + attrOverhead
+	}
+	send()
+}
+
+// maxReasonLen keeps the reason attribute readable and well inside SQS's
+// limits.
+const maxReasonLen = 1024
+
+// deadLetter copies a message to the DLQ with why, then deletes it from the
+// work queue. When the DLQ cannot be reached the message is released for a
+// later try; the queue's own redrive policy is the last resort.
+func (s *Subscriber) deadLetter(l *lease, kind, reason string) {
+	if len(reason) > maxReasonLen {
+		reason = reason[:maxReasonLen]
+	}
+	// SQS allows ten attributes a message: ours first, then the original's.
+	attrs := map[string]string{job.AttrReason: kind + ": " + reason, job.AttrSource: l.msg.ID}
+	for _, k := range slices.Sorted(maps.Keys(l.msg.Attributes)) {
+		if len(attrs) == 10 {
+			break
+		}
+		if _, ours := attrs[k]; !ours {
+			attrs[k] = l.msg.Attributes[k]
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
+	defer cancel()
+	errs, err := s.dlq.Send(ctx, []Outgoing{{Body: l.msg.Body, Attributes: attrs}})
+	if err == nil {
+		err = errs[0]
+	}
+	if err != nil {
+		delay := s.retryDelay(l.msg.ReceiveCount)
+		s.log.Error("dead-lettering failed; message released for a retry", "message_id", l.msg.ID, "reason", kind, "err", err, "retry_in", delay)
+		s.keeper.finish(l, true, delay)
+		return
+	}
+	s.m.deadLettered.WithLabelValues(kind).Inc()
+	s.log.Warn("message dead-lettered", "message_id", l.msg.ID, "reason", kind, "detail", reason,
+		"job_id", l.msg.Attributes[job.AttrJobID], "chunk", l.msg.Attributes[job.AttrChunk])
+	s.keeper.finish(l, false, 0)
+}

@@ -1,0 +1,119 @@
+package subscriber
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// metrics are the subscriber's Prometheus series, all prefixed vramq_subscriber_.
+type metrics struct {
+	received     prometheus.Counter
+	admitted     prometheus.Counter
+	held         prometheus.Gauge
+	waiting      prometheus.Gauge
+	inflight     prometheus.Gauge
+	budget       prometheus.Gauge
+	deviceTotal  prometheus.Gauge
+	deviceFree   prometheus.Gauge
+	batchSize    prometheus.Histogram
+	batchBytes   prometheus.Histogram
+	batchSeconds prometheus.Histogram
+	oomRetries   prometheus.Counter
+	results      prometheus.Counter
+	released     *prometheus.CounterVec
+	deadLettered *prometheus.CounterVec
+	deleted      prometheus.Counter
+	extensions   prometheus.Counter
+	leasesLost   *prometheus.CounterVec
+	requests     *prometheus.CounterVec
+	batchLimit   prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	const ns, sub = "vramq", "subscriber"
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: ns, Subsystem: sub, Name: name, Help: help}
+	}
+	counter := func(name, help string) prometheus.Counter {
+		return f.NewCounter(prometheus.CounterOpts(opts(name, help)))
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return f.NewGauge(prometheus.GaugeOpts(opts(name, help)))
+	}
+	return &metrics{
+		received:    counter("messages_received_total", "Messages received from the work queue."),
+		admitted:    counter("messages_admitted_total", "Messages admitted onto the device."),
+		held:        gauge("messages_held", "Messages whose lease this subscriber holds (waiting or running)."),
+		waiting:     gauge("messages_waiting", "Messages received but not yet started (the prefetch buffer)."),
+		inflight:    gauge("inflight_bytes", "Estimated working memory of admitted messages, in bytes."),
+		budget:      gauge("budget_bytes", "VRAM budget admission works against, in bytes (vram strategy)."),
+		deviceTotal: gauge("device_memory_total_bytes", "Device memory in total, in bytes (simulated when the device is sim)."),
+		deviceFree:  gauge("device_memory_free_bytes", "Device memory free at the last batch, in bytes."),
+		batchSize: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_messages",
+			Help: "Messages per batch run on the device.", Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32}}),
+		batchBytes: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_bytes",
+			Help: "Estimated working memory per batch, in bytes.", Buckets: prometheus.ExponentialBuckets(1<<20, 4, 10)}),
+		batchSeconds: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_seconds",
+			Help: "Time to run one batch on the device.", Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}),
+		oomRetries: counter("oom_retries_total", "Batches that ran out of device memory and were split or run alone."),
+		results:    counter("results_sent_total", "Result messages sent."),
+		released: f.NewCounterVec(prometheus.CounterOpts(opts("messages_released_total",
+			"Messages handed back to the queue (visibility changed) instead of deleted, by delay kind.")), []string{"delay"}),
+		deadLettered: f.NewCounterVec(prometheus.CounterOpts(opts("messages_dead_lettered_total",
+			"Messages sent to the DLQ, by reason.")), []string{"reason"}),
+		deleted:    counter("messages_deleted_total", "Messages deleted from the work queue after their result or DLQ copy was sent."),
+		extensions: counter("visibility_extensions_total", "Visibility timeout extensions (heartbeats) that succeeded, per message."),
+		leasesLost: f.NewCounterVec(prometheus.CounterOpts(opts("leases_lost_total",
+			"Leases lost (receipt handle invalid or max hold passed), by where it was noticed.")), []string{"at"}),
+		requests: f.NewCounterVec(prometheus.CounterOpts(opts("sqs_requests_total",
+			"SQS API calls made, by action and outcome.")), []string{"action", "outcome"}),
+		batchLimit: gauge("batch_limit_messages", "Most messages per batch now, lowered after an out-of-memory split."),
+	}
+}
+
+// countedQueue counts every call by action and outcome, for any Queue.
+type countedQueue struct {
+	q Queue
+	m *metrics
+}
+
+func (c countedQueue) count(action string, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	c.m.requests.WithLabelValues(action, outcome).Inc()
+}
+
+func (c countedQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]Message, error) {
+	msgs, err := c.q.Receive(ctx, max, wait, visibility)
+	c.count("ReceiveMessage", err)
+	return msgs, err
+}
+
+func (c countedQueue) Delete(ctx context.Context, handles []string) ([]error, error) {
+	errs, err := c.q.Delete(ctx, handles)
+	c.count("DeleteMessageBatch", err)
+	return errs, err
+}
+
+func (c countedQueue) ChangeVisibility(ctx context.Context, handles []string, timeout time.Duration) ([]error, error) {
+	errs, err := c.q.ChangeVisibility(ctx, handles, timeout)
+	c.count("ChangeMessageVisibilityBatch", err)
+	return errs, err
+}
+
+type countedSender struct {
+	s Sender
+	m *metrics
+}
+
+func (c countedSender) Send(ctx context.Context, msgs []Outgoing) ([]error, error) {
+	errs, err := c.s.Send(ctx, msgs)
+	countedQueue{m: c.m}.count("SendMessageBatch", err)
+	return errs, err
+}

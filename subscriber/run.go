@@ -1,0 +1,196 @@
+package subscriber
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job"
+)
+
+var errTimeout = errors.New("inference timed out")
+
+// runBatch runs one batch and settles each of its messages. Messages that ran
+// out of memory even in a batch of their own are then run alone, with the
+// whole budget, after this batch's other messages have let go of theirs:
+// waiting for the whole budget while still holding part of it would wait
+// forever.
+func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
+	_, alone := s.process(ctx, tasks)
+	for _, t := range alone {
+		s.adm.release(t.weight)
+		t.weight = 0
+	}
+	for _, t := range alone {
+		s.runAlone(ctx, t)
+	}
+}
+
+// process runs tasks as one batch and settles them, splitting in halves on
+// out-of-memory. It returns the size of the largest batch that succeeded and
+// the tasks that ran out of memory on their own, still unsettled.
+func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone []*task) {
+	outs, err := s.infer(ctx, tasks, false)
+	switch {
+	case err == nil:
+		s.complete(tasks, outs)
+		return len(tasks), nil
+	case errors.Is(err, gpu.ErrOutOfMemory):
+		s.m.oomRetries.Inc()
+		if len(tasks) == 1 {
+			s.log.Warn("out of memory in a batch of one; will run it alone", "message_id", tasks[0].lease.msg.ID,
+				"cost", gpu.FormatBytes(tasks[0].cost), "err", err)
+			return 0, tasks
+		}
+		half := len(tasks) / 2
+		s.log.Warn("out of memory; splitting the batch in halves", "messages", len(tasks),
+			"cost", gpu.FormatBytes(sumCost(tasks)), "halves", []int{half, len(tasks) - half}, "err", err)
+		ok1, alone1 := s.process(ctx, tasks[:half])
+		ok2, alone2 := s.process(ctx, tasks[half:])
+		ok = max(ok1, ok2)
+		if ok > 0 {
+			s.state.lower(ok, len(tasks))
+			s.m.batchLimit.Set(float64(s.state.batchLimit()))
+		}
+		return ok, append(alone1, alone2...)
+	case errors.Is(err, gpu.ErrInvalidInput):
+		if len(tasks) == 1 {
+			s.deadLetter(tasks[0].lease, "invalid_input", err.Error())
+			s.settle(tasks[0])
+			return 0, nil
+		}
+		// Find the bad ones; the rest run.
+		half := len(tasks) / 2
+		ok1, alone1 := s.process(ctx, tasks[:half])
+		ok2, alone2 := s.process(ctx, tasks[half:])
+		return max(ok1, ok2), append(alone1, alone2...)
+	default:
+		s.failTasks(ctx, tasks, err)
+		return 0, nil
+	}
+}
+
+// runAlone gives one message the whole device: it waits until every other
+// admitted message has let go, so nothing else is running. Out of memory
+// then is a real failure and the message is dead-lettered.
+func (s *Subscriber) runAlone(ctx context.Context, t *task) {
+	if err := s.adm.acquire(ctx, s.adm.size); err != nil {
+		s.finish(t, true, 0) // shutting down
+		return
+	}
+	t.weight = s.adm.size
+	outs, err := s.infer(ctx, []*task{t}, true)
+	switch {
+	case err == nil:
+		s.log.Warn("ran alone after out of memory: succeeded", "message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(t.cost))
+		s.complete([]*task{t}, outs)
+	case errors.Is(err, gpu.ErrOutOfMemory):
+		s.m.oomRetries.Inc()
+		s.deadLetter(t.lease, "out_of_memory", fmt.Sprintf(
+			"out of memory with the device to itself: estimated %s, budget %s: %v",
+			gpu.FormatBytes(t.cost), gpu.FormatBytes(s.budget), err))
+		s.settle(t)
+	case errors.Is(err, gpu.ErrInvalidInput):
+		s.deadLetter(t.lease, "invalid_input", err.Error())
+		s.settle(t)
+	default:
+		s.failTasks(ctx, []*task{t}, err)
+	}
+}
+
+// infer runs tasks as one batch on the model under InferenceTimeout and
+// splits the outputs back per task. When the model outlives its timeout, the
+// tasks' admission is handed over to a goroutine that frees it only once the
+// model returns: until then the device memory is still in use.
+func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]job.Output, error) {
+	var items []job.Item
+	for _, t := range tasks {
+		items = append(items, t.work.Items...)
+	}
+	cost := sumCost(tasks)
+	before, _ := s.cfg.Device.MemInfo()
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.InferenceTimeout)
+	type answer struct {
+		outs []job.Output
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		outs, err := s.cfg.Model.Run(rctx, items)
+		done <- answer{outs, err}
+	}()
+	var a answer
+	select {
+	case a = <-done:
+		cancel()
+	case <-rctx.Done():
+		var held int64
+		for _, t := range tasks {
+			held += t.weight
+			t.weight = 0
+		}
+		go func() {
+			<-done
+			cancel()
+			s.adm.release(held)
+		}()
+		return nil, fmt.Errorf("%w after %v (%d messages, %d items)", errTimeout, time.Since(start).Round(time.Millisecond), len(tasks), len(items))
+	}
+	elapsed := time.Since(start)
+	after, _ := s.cfg.Device.MemInfo()
+	s.m.deviceFree.Set(float64(after.Free))
+	s.log.Info("batch", "messages", len(tasks), "items", len(items), "cost", gpu.FormatBytes(cost),
+		"alone", alone, "took", elapsed.Round(time.Microsecond), "ok", a.err == nil,
+		"device_free_before", gpu.FormatBytes(before.Free), "device_free_after", gpu.FormatBytes(after.Free),
+		"simulated", s.cfg.Device.Simulated())
+	if a.err != nil {
+		return nil, a.err
+	}
+	s.m.batchSize.Observe(float64(len(tasks)))
+	s.m.batchBytes.Observe(float64(cost))
+	s.m.batchSeconds.Observe(elapsed.Seconds())
+	if len(a.outs) != len(items) {
+		return nil, fmt.Errorf("model %s returned %d outputs for %d items", s.cfg.Model.Name(), len(a.outs), len(items))
+	}
+	per := make([][]job.Output, len(tasks))
+	for i, t := range tasks {
+		n := len(t.work.Items)
+		per[i], a.outs = a.outs[:n:n], a.outs[n:]
+	}
+	return per, nil
+}
+
+// failTasks hands back messages whose batch failed for a reason that may pass:
+// a timeout, a model error. Each comes back after a delay that grows with its
+// receive count, and the queue's redrive policy dead-letters one that keeps
+// failing. During shutdown they come back at once.
+func (s *Subscriber) failTasks(ctx context.Context, tasks []*task, err error) {
+	for _, t := range tasks {
+		delay := time.Duration(0)
+		if ctx.Err() == nil {
+			delay = s.retryDelay(t.lease.msg.ReceiveCount)
+		}
+		s.log.Warn("batch failed; message released", "message_id", t.lease.msg.ID, "receive_count", t.lease.msg.ReceiveCount,
+			"retry_in", delay, "err", err)
+		s.finish(t, true, delay)
+	}
+}
+
+func (s *Subscriber) retryDelay(receives int) time.Duration {
+	d := s.cfg.RetryDelay
+	for i := 1; i < receives && d < 15*time.Minute; i++ {
+		d *= 2
+	}
+	return min(d, 15*time.Minute).Truncate(time.Second)
+}
+
+func sumCost(tasks []*task) int64 {
+	var c int64
+	for _, t := range tasks {
+		c += t.cost
+	}
+	return c
+}

@@ -1,0 +1,186 @@
+// Package subscriber consumes an SQS work queue onto a GPU without running it
+// out of memory: it long-polls in batches, holds a lease on every message it
+// has (extending visibility while the message waits or runs), admits messages
+// by their estimated working memory against the device's VRAM budget, packs
+// admitted messages into batches, splits a batch that still runs out of
+// memory, and deletes or releases every message it took.
+package subscriber
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job"
+)
+
+// Subscriber is one consumer. Create it with New, start it with Run.
+type Subscriber struct {
+	cfg     Config
+	log     *slog.Logger
+	m       *metrics
+	queue   Queue
+	results Sender
+	dlq     Sender
+	keeper  *keeper
+	adm     *admission
+	budget  int64
+	state   *learned
+
+	buffer   chan *task    // received, decoded, waiting for admission
+	waiting  atomic.Int64  // received and not started: buffer, admission, batcher
+	roomKick chan struct{} // poked when waiting or held messages go down
+	runners  sync.WaitGroup
+	aux      sync.WaitGroup // dead-letter sends started by the poller
+
+	pollErrSince atomic.Int64 // unix nanos of the first of consecutive receive errors; 0 when fine
+	started      atomic.Bool
+}
+
+// task is a decoded message on its way through admission and the device.
+type task struct {
+	lease  *lease
+	work   *job.Work
+	cost   int64 // estimated working memory, bytes
+	weight int64 // units held in admission; 0 when none
+}
+
+// New checks cfg, reads the device's memory to size the budget, and returns a
+// Subscriber ready to Run. The budget is what the device has free now (the
+// model's weights are loaded, so they are already out of it) less the
+// reserve, capped by VRAMLimit: free memory, not total, because a GPU may be
+// shared.
+func New(cfg Config) (*Subscriber, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("subscriber config: %w", err)
+	}
+	mem, err := cfg.Device.MemInfo()
+	if err != nil {
+		return nil, fmt.Errorf("subscriber: reading device memory: %w", err)
+	}
+	budget := mem.Free - cfg.VRAMReserve
+	if cfg.VRAMLimit > 0 {
+		budget = min(budget, cfg.VRAMLimit)
+	}
+	m := newMetrics(cfg.Registerer)
+	adm, err := newAdmission(cfg.Admission, budget, cfg.Count)
+	if err != nil {
+		return nil, fmt.Errorf("subscriber: %w (device %s: %s free, reserve %s)", err, cfg.Device.Name(),
+			gpu.FormatBytes(mem.Free), gpu.FormatBytes(cfg.VRAMReserve))
+	}
+	s := &Subscriber{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		m:        m,
+		queue:    countedQueue{cfg.Queue, m},
+		results:  countedSender{cfg.Results, m},
+		dlq:      countedSender{cfg.DLQ, m},
+		adm:      adm,
+		budget:   budget,
+		buffer:   make(chan *task, cfg.Prefetch),
+		roomKick: make(chan struct{}, 1),
+	}
+	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold)
+	s.keeper.onRemove = s.pokeRoom
+	s.state = loadLearned(cfg.StateFile, cfg.Model.Name(), cfg.Device.Name(), cfg.MaxBatch, s.log)
+	m.budget.Set(float64(budget))
+	m.deviceTotal.Set(float64(mem.Total))
+	m.deviceFree.Set(float64(mem.Free))
+	m.batchLimit.Set(float64(s.state.batchLimit()))
+	s.log.Info("subscriber ready",
+		"device", cfg.Device.Name(), "simulated", cfg.Device.Simulated(),
+		"memory_total", gpu.FormatBytes(mem.Total), "memory_free", gpu.FormatBytes(mem.Free),
+		"weights", gpu.FormatBytes(cfg.Model.Weights()), "reserve", gpu.FormatBytes(cfg.VRAMReserve),
+		"budget", gpu.FormatBytes(budget), "admission", string(cfg.Admission),
+		"model", cfg.Model.Name(), "batch_limit", s.state.batchLimit())
+	return s, nil
+}
+
+// Budget is the working memory, in bytes, that admission hands out under the
+// vram strategy.
+func (s *Subscriber) Budget() int64 { return s.budget }
+
+// Healthy returns an error when the subscriber cannot reach its queue: every
+// receive for the last minute has failed.
+func (s *Subscriber) Healthy() error {
+	if since := s.pollErrSince.Load(); since != 0 && time.Since(time.Unix(0, since)) > time.Minute {
+		return fmt.Errorf("receives failing since %s", time.Unix(0, since).UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// Run consumes until ctx ends, then shuts down: it stops receiving, hands
+// unstarted messages back at once, lets running batches finish within the
+// shutdown grace, releases what is still running after it, and waits for
+// every delete and release to be sent. It returns nil after a clean shutdown.
+// Run may be called once.
+func (s *Subscriber) Run(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("subscriber: Run called twice")
+	}
+	// Work, SQS calls to finish work, and leases outlive ctx: shutdown
+	// cancels them itself, in order.
+	base := context.WithoutCancel(ctx)
+	keeperCtx, stopKeeper := context.WithCancel(base)
+	keeperDone := make(chan struct{})
+	go func() {
+		defer close(keeperDone)
+		s.keeper.run(keeperCtx)
+	}()
+	workCtx, cancelWork := context.WithCancel(base)
+	defer cancelWork()
+
+	var stages sync.WaitGroup
+	admitted := make(chan *task)
+	stages.Go(func() { s.poll(ctx, workCtx) })
+	stages.Go(func() { s.admit(ctx, admitted) })
+	stages.Go(func() { s.batch(ctx, workCtx, admitted) })
+
+	<-ctx.Done()
+	s.log.Info("shutting down: no more receives; releasing unstarted messages", "running_grace", s.cfg.ShutdownGrace)
+	grace := time.AfterFunc(s.cfg.ShutdownGrace, func() {
+		s.log.Warn("shutdown grace over: cancelling running batches; their messages are released")
+		cancelWork()
+	})
+	stages.Wait()
+	s.runners.Wait()
+	s.aux.Wait()
+	grace.Stop()
+
+	stopKeeper()
+	<-keeperDone
+	closeCtx, cancel := context.WithTimeout(base, 30*time.Second)
+	defer cancel()
+	if err := s.keeper.close(closeCtx); err != nil {
+		return fmt.Errorf("subscriber shutdown: %w", err)
+	}
+	s.log.Info("subscriber stopped")
+	return nil
+}
+
+func (s *Subscriber) pokeRoom() {
+	select {
+	case s.roomKick <- struct{}{}:
+	default:
+	}
+}
+
+// room is how many messages the next receive may ask for: no more than the
+// prefetch buffer and the in-flight bound have room for.
+func (s *Subscriber) room() int {
+	n := min(MaxBatch, s.cfg.Prefetch-int(s.waiting.Load()), s.cfg.MaxInflight-int(s.keeper.held.Load()))
+	return max(n, 0)
+}
+
+// started marks tasks as no longer waiting.
+func (s *Subscriber) startTasks(n int) {
+	s.waiting.Add(-int64(n))
+	s.m.waiting.Set(float64(s.waiting.Load()))
+	s.pokeRoom()
+}

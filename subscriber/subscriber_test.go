@@ -1,0 +1,491 @@
+package subscriber
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job"
+)
+
+const mib = 1 << 20
+
+// testModel runs on a simulated device. An item's text says what it costs and
+// how long it runs: "mb=30 ms=200", optionally "hang" (never returns until
+// cancelled), "invalid" (rejected as poison) or "lie=N" (really needs N times
+// its estimate).
+type testModel struct {
+	dev  *gpu.Sim
+	runs atomic.Int64
+}
+
+type itemSpec struct {
+	mb, ms, lie   int
+	hang, invalid bool
+}
+
+func parseSpec(text string) itemSpec {
+	s := itemSpec{lie: 1}
+	for f := range strings.FieldsSeq(text) {
+		switch {
+		case f == "hang":
+			s.hang = true
+		case f == "invalid":
+			s.invalid = true
+		default:
+			var k string
+			var v int
+			if n, _ := fmt.Sscanf(strings.Replace(f, "=", " ", 1), "%s %d", &k, &v); n == 2 {
+				switch k {
+				case "mb":
+					s.mb = v
+				case "ms":
+					s.ms = v
+				case "lie":
+					s.lie = v
+				}
+			}
+		}
+	}
+	return s
+}
+
+func (m *testModel) Name() string   { return "test-model" }
+func (m *testModel) Weights() int64 { return 0 }
+
+func (m *testModel) Cost(items []job.Item) int64 {
+	var c int64
+	for _, it := range items {
+		c += int64(parseSpec(it.Text).mb) * mib
+	}
+	return c
+}
+
+func (m *testModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	m.runs.Add(1)
+	var need int64
+	var took time.Duration
+	hang := false
+	for _, it := range items {
+		s := parseSpec(it.Text)
+		need += int64(s.mb*s.lie) * mib
+		took = max(took, time.Duration(s.ms)*time.Millisecond)
+		hang = hang || s.hang
+		if s.invalid {
+			return nil, fmt.Errorf("item %s: %w", it.ID, gpu.ErrInvalidInput)
+		}
+	}
+	free, err := m.dev.Alloc(need)
+	if err != nil {
+		return nil, err
+	}
+	defer free()
+	if hang {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	select {
+	case <-time.After(took):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	outs := make([]job.Output, len(items))
+	for i, it := range items {
+		outs[i] = job.Output{ID: it.ID, Embedding: []float32{float32(len(it.Text))}}
+	}
+	return outs, nil
+}
+
+type harness struct {
+	t                  *testing.T
+	work, results, dlq *memQueue
+	dev                *gpu.Sim
+	model              *testModel
+	sub                *Subscriber
+	reg                *prometheus.Registry
+	stop               context.CancelFunc
+	done               chan error
+}
+
+// start runs a subscriber on in-memory queues and a simulated device of
+// capacity bytes. Call it inside a synctest bubble.
+func start(t *testing.T, capacity int64, cfg Config) *harness {
+	t.Helper()
+	h := &harness{t: t, work: newMemQueue(), results: newMemQueue(), dlq: newMemQueue(), dev: gpu.NewSim(capacity), reg: prometheus.NewRegistry()}
+	h.model = &testModel{dev: h.dev}
+	cfg.Queue, cfg.Results, cfg.DLQ, cfg.Model, cfg.Device = h.work, h.results, h.dlq, h.model, h.dev
+	cfg.Registerer = h.reg
+	if cfg.VRAMReserve == 0 {
+		cfg.VRAMReserve = 1 // keep the whole simulated device for work
+	}
+	if cfg.WaitTime == 0 {
+		cfg.WaitTime = time.Second
+	}
+	if testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	} else {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	sub, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.sub = sub
+	ctx, cancel := context.WithCancel(t.Context())
+	h.stop = cancel
+	h.done = make(chan error, 1)
+	go func() { h.done <- sub.Run(ctx) }()
+	return h
+}
+
+// send puts one work message with one item per spec on the work queue.
+func (h *harness) send(jobID string, chunk int, specs ...string) {
+	w := job.Work{V: job.Version, JobID: jobID, Chunk: chunk}
+	for i, s := range specs {
+		w.Items = append(w.Items, job.Item{ID: fmt.Sprintf("i%d", i), Text: s})
+	}
+	b, _ := json.Marshal(w)
+	h.work.mu.Lock()
+	h.work.put(string(b), job.Attributes(w.Key()))
+	h.work.mu.Unlock()
+}
+
+// shutdown stops the subscriber and checks that Run returned nil and that
+// the protocol was kept.
+func (h *harness) shutdown() {
+	h.t.Helper()
+	h.stop()
+	if err := <-h.done; err != nil {
+		h.t.Fatalf("Run: %v", err)
+	}
+	if v := h.work.violations; len(v) > 0 {
+		h.t.Errorf("queue protocol violations: %q", v)
+	}
+}
+
+// resultsByKey reads every result message, counting duplicates.
+func (h *harness) resultsByKey() (map[job.Key]job.Result, int) {
+	got := map[job.Key]job.Result{}
+	dups := 0
+	for _, m := range h.results.all() {
+		var r job.Result
+		if err := json.Unmarshal([]byte(m.body), &r); err != nil {
+			h.t.Fatalf("result %q: %v", m.body, err)
+		}
+		if _, ok := got[r.Key()]; ok {
+			dups++
+		}
+		got[r.Key()] = r
+	}
+	return got, dups
+}
+
+// waitFor advances the bubble's clock until cond holds or limit passes.
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func counter(c prometheus.Collector) int { return int(testutil.ToFloat64(c)) }
+
+func observations(h prometheus.Histogram) uint64 {
+	var m dto.Metric
+	if err := h.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}
+
+// mixed sends n messages of the bimodal workload from the source articles:
+// mostly small inputs, every fourth a large one.
+func (h *harness) mixed(n int) {
+	for i := range n {
+		spec := "mb=4 ms=50"
+		if i%4 == 0 {
+			spec = "mb=30 ms=200"
+		}
+		h.send("job", i, spec)
+	}
+}
+
+func TestVRAMAdmissionRunsMixedWorkloadWithoutOOM(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{Admission: AdmitVRAM, MaxInflight: 40})
+		h.mixed(40)
+		waitFor(t, 5*time.Minute, "40 results", func() bool { live, _ := h.results.stats(); return live >= 40 })
+		h.shutdown()
+
+		got, dups := h.resultsByKey()
+		if len(got) != 40 || dups != 0 {
+			t.Errorf("results: %d distinct, %d duplicates; want 40, 0", len(got), dups)
+		}
+		if h.dev.OOMs() != 0 {
+			t.Errorf("vram admission ran out of memory %d times", h.dev.OOMs())
+		}
+		if live, _ := h.work.stats(); live != 0 {
+			t.Errorf("%d messages left on the work queue", live)
+		}
+		if live, _ := h.dlq.stats(); live != 0 {
+			t.Errorf("%d messages in the DLQ", live)
+		}
+		if peak := h.dev.Peak(); peak > h.sub.Budget() {
+			t.Errorf("peak device use %d above budget %d", peak, h.sub.Budget())
+		}
+		if n := observations(h.sub.m.batchSize); n == 0 {
+			t.Error("no batches observed")
+		}
+	})
+}
+
+// The naive strategies run out of memory on the same workload and recover by
+// splitting batches and running alone, losing nothing.
+func TestNaiveStrategiesOOMAndRecover(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"count", Config{Admission: AdmitCount, Count: 4, MaxInflight: 40}},
+		{"none", Config{Admission: AdmitNone, MaxInflight: 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := start(t, 64*mib, tc.cfg)
+				// Large ones together: four of them need 120 MiB of 64.
+				for i := range 24 {
+					spec := "mb=4 ms=50"
+					if i%2 == 0 {
+						spec = "mb=30 ms=200"
+					}
+					h.send("job", i, spec)
+				}
+				waitFor(t, 10*time.Minute, "24 results", func() bool { live, _ := h.results.stats(); return live >= 24 })
+				h.shutdown()
+				got, _ := h.resultsByKey()
+				if len(got) != 24 {
+					t.Errorf("%d distinct results, want 24", len(got))
+				}
+				if h.dev.OOMs() == 0 || counter(h.sub.m.oomRetries) == 0 {
+					t.Errorf("%s admission: %d OOMs, %d OOM retries; want some of each", tc.name, h.dev.OOMs(), counter(h.sub.m.oomRetries))
+				}
+				if live, _ := h.dlq.stats(); live != 0 {
+					t.Errorf("%d messages dead-lettered; recovery should lose none", live)
+				}
+				if live, _ := h.work.stats(); live != 0 {
+					t.Errorf("%d messages left on the work queue", live)
+				}
+			})
+		})
+	}
+}
+
+func TestHeartbeatKeepsSlowMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{Visibility: 3 * time.Second})
+		h.send("slow", 0, "mb=1 ms=20000")
+		waitFor(t, time.Minute, "the result", func() bool { live, _ := h.results.stats(); return live == 1 })
+		h.shutdown()
+		got, dups := h.resultsByKey()
+		if r := got[job.Key{JobID: "slow"}]; r.Attempt != 1 || dups != 0 {
+			t.Errorf("attempt %d, %d duplicates; want delivered once", r.Attempt, dups)
+		}
+		// 20 s at one extension a second or two.
+		if n := counter(h.sub.m.extensions); n < 6 {
+			t.Errorf("%d extensions for a 20 s job with a 3 s timeout", n)
+		}
+		if n := h.model.runs.Load(); n != 1 {
+			t.Errorf("model ran %d times, want 1", n)
+		}
+	})
+}
+
+func TestPoisonGoesToDLQWithReason(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{})
+		h.work.mu.Lock()
+		h.work.put(`{"v":1,"job_id":"j","chunk":0,"items":[]}`, nil)
+		h.work.put(`not json`, map[string]string{"trace": "abc"})
+		h.work.mu.Unlock()
+		h.send("big", 0, "mb=100")
+		h.send("bad", 0, "mb=1", "invalid")
+		h.send("ok", 0, "mb=1")
+		waitFor(t, time.Minute, "4 dead letters and 1 result", func() bool {
+			d, _ := h.dlq.stats()
+			r, _ := h.results.stats()
+			return d == 4 && r == 1
+		})
+		h.shutdown()
+		reasons := map[string]int{}
+		for _, m := range h.dlq.all() {
+			reason := m.attrs[job.AttrReason]
+			kind, _, _ := strings.Cut(reason, ":")
+			reasons[kind]++
+			if m.attrs[job.AttrSource] == "" {
+				t.Errorf("dead letter %q has no source message id", m.body)
+			}
+		}
+		want := map[string]int{"malformed": 2, "too_large": 1, "invalid_input": 1}
+		for k, n := range want {
+			if reasons[k] != n {
+				t.Errorf("DLQ reasons %v, want %v", reasons, want)
+				break
+			}
+		}
+		if live, _ := h.work.stats(); live != 0 {
+			t.Errorf("%d messages left on the work queue", live)
+		}
+	})
+}
+
+func TestBackpressureReleasesWhatCannotBeAdmitted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{AdmitTimeout: 10 * time.Second, MaxBatch: 1})
+		h.send("hog", 0, "mb=50 ms=60000")
+		time.Sleep(2 * time.Second) // the hog is admitted first
+		h.send("waiter", 0, "mb=30 ms=10")
+		waitFor(t, 30*time.Second, "a backpressure release", func() bool {
+			return counter(h.sub.m.released.WithLabelValues("now")) > 0
+		})
+		waitFor(t, 3*time.Minute, "both results", func() bool { live, _ := h.results.stats(); return live == 2 })
+		h.shutdown()
+		got, _ := h.resultsByKey()
+		if r := got[job.Key{JobID: "waiter"}]; r.Attempt < 2 {
+			t.Errorf("waiter processed at attempt %d; it should have been released and received again", r.Attempt)
+		}
+	})
+}
+
+func TestShutdownReleasesEverythingItHolds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{ShutdownGrace: 2 * time.Second, Prefetch: 10, MaxInflight: 30})
+		for i := range 30 {
+			h.send("job", i, "mb=10 ms=5000")
+		}
+		waitFor(t, time.Minute, "work to start", func() bool { return h.model.runs.Load() > 0 })
+		h.shutdown()
+		// Nothing is left invisible: every message is done or back on the queue.
+		live, invisible := h.work.stats()
+		results, _ := h.results.stats()
+		if invisible != 0 {
+			t.Errorf("%d messages left invisible after shutdown", invisible)
+		}
+		if live+results != 30 {
+			t.Errorf("%d left + %d results = %d, want 30", live, results, live+results)
+		}
+		if held := h.sub.keeper.held.Load(); held != 0 {
+			t.Errorf("%d leases still held", held)
+		}
+	})
+}
+
+// A batch that outlives its timeout is released; one that always hangs goes
+// to the DLQ through the queue's redrive policy, not in a loop.
+func TestHangingInferenceIsReleasedThenRedriven(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{InferenceTimeout: 5 * time.Second, RetryDelay: time.Second})
+		h.work.dlq, h.work.maxReceive = h.dlq, 3
+		h.send("hang", 0, "mb=1 hang")
+		waitFor(t, 5*time.Minute, "the redrive", func() bool { d, _ := h.dlq.stats(); return d == 1 })
+		h.shutdown()
+		if n := h.model.runs.Load(); n != 3 {
+			t.Errorf("ran %d times, want maxReceiveCount=3", n)
+		}
+		if used := h.dev.Peak(); used == 0 {
+			t.Error("the hanging model never allocated")
+		}
+		if mi, _ := h.dev.MemInfo(); mi.Used != 0 {
+			t.Errorf("%d bytes still allocated after the hung runs were cancelled", mi.Used)
+		}
+	})
+}
+
+// An estimate that is too low makes even vram admission run out of memory;
+// the batch is split, the size that worked is remembered, and a message that
+// cannot fit even alone goes to the DLQ.
+func TestUnderestimateSplitsLearnsAndDeadLetters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		state := filepath.Join(t.TempDir(), "state.json")
+		h := start(t, 64*mib, Config{MaxBatch: 8, MaxBatchDelay: time.Second, StateFile: state})
+		for i := range 8 {
+			h.send("lie", i, "mb=4 lie=4 ms=100") // 16 MiB each really: four fit
+		}
+		h.send("huge", 0, "mb=10 lie=10") // 100 MiB really: never fits
+		waitFor(t, 5*time.Minute, "8 results and 1 dead letter", func() bool {
+			r, _ := h.results.stats()
+			d, _ := h.dlq.stats()
+			return r == 8 && d == 1
+		})
+		h.shutdown()
+		if lim := h.sub.state.batchLimit(); lim >= 8 || lim < 1 {
+			t.Errorf("batch limit %d after OOM at 8", lim)
+		}
+		b, err := os.ReadFile(state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var f learnedFile
+		if err := json.Unmarshal(b, &f); err != nil || f.BatchLimit != h.sub.state.batchLimit() {
+			t.Errorf("state file %s: %+v, %v", b, f, err)
+		}
+		d := h.dlq.all()
+		if len(d) != 1 || !strings.HasPrefix(d[0].attrs[job.AttrReason], "out_of_memory") {
+			t.Errorf("dead letter reason %q", d[0].attrs[job.AttrReason])
+		}
+		// A new subscriber starts from the learned limit.
+		l := loadLearned(state, h.model.Name(), h.dev.Name(), 8, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if l.batchLimit() != f.BatchLimit {
+			t.Errorf("reloaded limit %d, want %d", l.batchLimit(), f.BatchLimit)
+		}
+	})
+}
+
+func TestResultSendFailureReleasesForRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{RetryDelay: time.Second})
+		var fails atomic.Int64
+		h.results.sendErr = func(string) error {
+			if fails.Add(1) <= 2 {
+				return errors.New("injected")
+			}
+			return nil
+		}
+		h.send("flaky", 0, "mb=1")
+		waitFor(t, time.Minute, "the result", func() bool { r, _ := h.results.stats(); return r == 1 })
+		h.shutdown()
+		got, _ := h.resultsByKey()
+		if r := got[job.Key{JobID: "flaky"}]; r.Attempt != 3 {
+			t.Errorf("result at attempt %d, want 3 (two failed sends released it twice)", r.Attempt)
+		}
+	})
+}
+
+func TestConfigValidation(t *testing.T) {
+	cfg := Config{Visibility: 2 * time.Second, WaitTime: 30 * time.Second, Admission: "fifo", MaxMessageBytes: 10}
+	cfg.setDefaults()
+	err := cfg.Validate()
+	for _, want := range []string{"no work queue", "no model", "admission \"fifo\"", "wait time", "visibility timeout", "max message bytes"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v; want it to mention %q", err, want)
+		}
+	}
+}
