@@ -34,6 +34,10 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 		t.weight = w
 		s.m.admitted.Inc()
 		s.m.inflight.Add(float64(t.cost))
+		if now := s.inflight.Add(t.cost); now > s.peak.Load() {
+			s.peak.Store(now) // only this goroutine raises it
+			s.m.inflightPeak.Set(float64(now))
+		}
 		out <- t // the batcher always takes it, also during shutdown
 	}
 }

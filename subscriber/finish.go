@@ -23,6 +23,7 @@ func (s *Subscriber) settle(t *task) {
 	}
 	if t.cost > 0 {
 		s.m.inflight.Sub(float64(t.cost))
+		s.inflight.Add(-t.cost)
 		t.cost = 0
 	}
 }

@@ -15,6 +15,7 @@ type metrics struct {
 	held         prometheus.Gauge
 	waiting      prometheus.Gauge
 	inflight     prometheus.Gauge
+	inflightPeak prometheus.Gauge
 	budget       prometheus.Gauge
 	deviceTotal  prometheus.Gauge
 	deviceFree   prometheus.Gauge
@@ -45,14 +46,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		return f.NewGauge(prometheus.GaugeOpts(opts(name, help)))
 	}
 	return &metrics{
-		received:    counter("messages_received_total", "Messages received from the work queue."),
-		admitted:    counter("messages_admitted_total", "Messages admitted onto the device."),
-		held:        gauge("messages_held", "Messages whose lease this subscriber holds (waiting or running)."),
-		waiting:     gauge("messages_waiting", "Messages received but not yet started (the prefetch buffer)."),
-		inflight:    gauge("inflight_bytes", "Estimated working memory of admitted messages, in bytes."),
-		budget:      gauge("budget_bytes", "VRAM budget admission works against, in bytes (vram strategy)."),
-		deviceTotal: gauge("device_memory_total_bytes", "Device memory in total, in bytes (simulated when the device is sim)."),
-		deviceFree:  gauge("device_memory_free_bytes", "Device memory free at the last batch, in bytes."),
+		received:     counter("messages_received_total", "Messages received from the work queue."),
+		admitted:     counter("messages_admitted_total", "Messages admitted onto the device."),
+		held:         gauge("messages_held", "Messages whose lease this subscriber holds (waiting or running)."),
+		waiting:      gauge("messages_waiting", "Messages received but not yet started (the prefetch buffer)."),
+		inflight:     gauge("inflight_bytes", "Estimated working memory of admitted messages, in bytes."),
+		inflightPeak: gauge("inflight_bytes_peak", "Highest estimated working memory admitted at once, in bytes."),
+		budget:       gauge("budget_bytes", "VRAM budget admission works against, in bytes (vram strategy)."),
+		deviceTotal:  gauge("device_memory_total_bytes", "Device memory in total, in bytes (simulated when the device is sim)."),
+		deviceFree:   gauge("device_memory_free_bytes", "Device memory free at the last batch, in bytes."),
 		batchSize: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_messages",
 			Help: "Messages per batch run on the device.", Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32}}),
 		batchBytes: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_bytes",

@@ -38,6 +38,8 @@ type Subscriber struct {
 	runners  sync.WaitGroup
 	aux      sync.WaitGroup // dead-letter sends started by the poller
 
+	inflight     atomic.Int64 // estimated bytes admitted and not settled
+	peak         atomic.Int64 // highest inflight seen
 	pollErrSince atomic.Int64 // unix nanos of the first of consecutive receive errors; 0 when fine
 	started      atomic.Bool
 }
@@ -105,6 +107,9 @@ func New(cfg Config) (*Subscriber, error) {
 // Budget is the working memory, in bytes, that admission hands out under the
 // vram strategy.
 func (s *Subscriber) Budget() int64 { return s.budget }
+
+// PeakBytes is the most estimated working memory admitted at once so far.
+func (s *Subscriber) PeakBytes() int64 { return s.peak.Load() }
 
 // Healthy returns an error when the subscriber cannot reach its queue: every
 // receive for the last minute has failed.

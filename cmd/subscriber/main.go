@@ -1,0 +1,206 @@
+// Command subscriber consumes the vramq work queue onto a device: the reference
+// embedding model on a simulated device in this build. Every flag has an
+// environment variable of the same meaning; -h lists them.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/envflag"
+	"github.com/vramq/vramq/subscriber"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
+		fmt.Fprintln(os.Stderr, "subscriber:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "subscriber:", err)
+		os.Exit(1)
+	}
+}
+
+var errUsage = errors.New("usage")
+
+type options struct {
+	queueURL, resultsURL, dlqURL string
+	device                       string
+	vram, reserve, limit         gpu.Bytes
+	modelSeed                    uint64
+	metricsAddr                  string
+	logFormat, logLevel          string
+	cfg                          subscriber.Config
+}
+
+func parse(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
+	o := &options{vram: 16 << 30, reserve: 256 << 20}
+	c := &o.cfg
+	fs := flag.NewFlagSet("subscriber", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue (required)")
+	fs.StringVar(&o.resultsURL, "results-queue-url", "", "URL of the results queue (required)")
+	fs.StringVar(&o.dlqURL, "dlq-url", "", "URL of the dead-letter queue, for poison messages with a reason (required)")
+	fs.StringVar(&o.device, "device", "sim", "device: sim (simulated memory; the only one this CPU build runs)")
+	fs.Var(&o.vram, "vram", "memory of the simulated device, e.g. 16GiB")
+	fs.Var(&o.reserve, "vram-reserve", "device memory kept free of work")
+	fs.Var(&o.limit, "vram-limit", "cap on the VRAM budget below what the device offers (0: no cap)")
+	fs.Uint64Var(&o.modelSeed, "model-seed", gpu.DefaultEmbedConfig().Seed, "seed of the reference model's generated weights")
+	admission := fs.String("admission", string(subscriber.AdmitVRAM), "admission strategy: vram (by estimated memory), count (fixed N at once), none (all received)")
+	fs.IntVar(&c.Count, "count", 4, "messages at once under -admission=count")
+	fs.IntVar(&c.Prefetch, "prefetch", 20, "most messages received but not yet started")
+	fs.IntVar(&c.MaxInflight, "max-inflight", 100, "most messages held in all, waiting and running")
+	fs.IntVar(&c.MaxBatch, "max-batch", 8, "most messages per device batch")
+	fs.DurationVar(&c.MaxBatchDelay, "max-batch-delay", 10*time.Millisecond, "how long a batch waits for more messages")
+	fs.DurationVar(&c.WaitTime, "wait-time", 20*time.Second, "long-poll wait, up to 20s")
+	fs.DurationVar(&c.Visibility, "visibility-timeout", 30*time.Second, "visibility timeout on receive and each extension; heartbeats every third of it")
+	fs.DurationVar(&c.MaxHold, "max-hold", 15*time.Minute, "longest a message is held before its lease is let go")
+	fs.DurationVar(&c.AdmitTimeout, "admit-timeout", time.Minute, "a message not admitted this long after receipt is released (backpressure)")
+	fs.DurationVar(&c.InferenceTimeout, "inference-timeout", 2*time.Minute, "longest one batch may run")
+	fs.DurationVar(&c.RetryDelay, "retry-delay", 5*time.Second, "visibility of a message released after a transient failure, doubled per receive")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long running batches may finish after SIGTERM")
+	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", 256<<10, "largest result message")
+	fs.StringVar(&c.StateFile, "state-file", "", "file that keeps the learned batch limit across restarts")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9090", "address for /metrics and /healthz (empty: off)")
+	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	if err := envflag.Parse(fs, args, getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	c.Admission = subscriber.Strategy(*admission)
+	c.VRAMReserve, c.VRAMLimit = int64(o.reserve), int64(o.limit)
+	var missing []string
+	for _, f := range []struct{ name, v string }{{"-queue-url", o.queueURL}, {"-results-queue-url", o.resultsURL}, {"-dlq-url", o.dlqURL}} {
+		if f.v == "" {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%w: missing %s (or their environment variables)", errUsage, strings.Join(missing, ", "))
+	}
+	if o.device != "sim" {
+		return nil, fmt.Errorf("%w: -device=%s: this build runs the CPU reference model on a simulated device only (-device=sim)", errUsage, o.device)
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	o, err := parse(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, o.logFormat, o.logLevel)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+
+	dev := gpu.NewSim(int64(o.vram))
+	log.Warn("the device is SIMULATED: memory is accounted by vramq, the model runs on the CPU", "capacity", gpu.FormatBytes(int64(o.vram)))
+	mcfg := gpu.DefaultEmbedConfig()
+	mcfg.Seed = o.modelSeed
+	model, err := gpu.NewEmbedder(gpu.GenerateEmbedWeights(mcfg), mcfg, dev)
+	if err != nil {
+		return fmt.Errorf("loading the model: %w", err)
+	}
+	defer model.Close()
+
+	awsCfg, err := awsconfig.Load(ctx)
+	if err != nil {
+		return fmt.Errorf("AWS configuration: %w", err)
+	}
+	client := sqs.NewFromConfig(awsCfg)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	c := o.cfg
+	c.Queue = subscriber.NewSQSQueue(client, o.queueURL)
+	c.Results = subscriber.NewSQSQueue(client, o.resultsURL)
+	c.DLQ = subscriber.NewSQSQueue(client, o.dlqURL)
+	c.Model, c.Device, c.Logger, c.Registerer = model, dev, log, reg
+	sub, err := subscriber.New(c)
+	if err != nil {
+		return err
+	}
+
+	if o.metricsAddr != "" {
+		srv, err := serve(o.metricsAddr, reg, sub, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+	return sub.Run(ctx)
+}
+
+// serve exposes /metrics and /healthz. The listener is opened before Run so a
+// port already in use fails the start, not a probe later.
+func serve(addr string, reg *prometheus.Registry, sub *subscriber.Subscriber, log *slog.Logger) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := sub.Healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "err", err)
+		}
+	}()
+	log.Info("serving /metrics and /healthz", "addr", ln.Addr().String())
+	return srv, nil
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level=%s: %v", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("-log-format=%s: want json or text", format)
+}

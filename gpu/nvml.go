@@ -1,0 +1,125 @@
+//go:build cgo
+
+package gpu
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// nvmlDevice reads a real GPU's memory through NVML. NVML is loaded from the
+// driver's libnvidia-ml.so.1 at run time, so this builds and runs on machines
+// without a driver, where OpenNVML fails with ErrNoDevice.
+type nvmlDevice struct {
+	name string
+
+	// mu keeps MemInfo from calling NVML after Close has shut it down.
+	mu     sync.RWMutex
+	dev    nvml.Device
+	closed bool
+}
+
+var _ Device = (*nvmlDevice)(nil)
+
+// OpenNVML opens GPU index (NVML's numbering, PCI bus order) to read its
+// memory. It fails with an error wrapping ErrNoDevice when NVML cannot be
+// loaded or initialised (no driver) or there is no GPU at index. Each open
+// device holds an NVML initialisation until Close; NVML counts them, so
+// several may be open at once.
+func OpenNVML(index int) (Device, error) {
+	if index < 0 {
+		return nil, fmt.Errorf("nvml: device index %d is negative", index)
+	}
+	if ret := nvml.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%w: nvml: init: %v (is the NVIDIA driver installed and its library on the loader path?)", ErrNoDevice, ret)
+	}
+	dev, err := openNVMLDevice(index)
+	if err != nil {
+		nvml.Shutdown()
+		return nil, err
+	}
+	return dev, nil
+}
+
+func openNVMLDevice(index int) (*nvmlDevice, error) {
+	dev, ret := nvml.DeviceGetHandleByIndex(index)
+	switch ret {
+	case nvml.SUCCESS:
+	case nvml.ERROR_INVALID_ARGUMENT, nvml.ERROR_NOT_FOUND:
+		count, _ := nvml.DeviceGetCount()
+		return nil, fmt.Errorf("%w: nvml: no device %d (%d found): %v", ErrNoDevice, index, count, ret)
+	default:
+		return nil, fmt.Errorf("nvml: device %d: %v", index, ret)
+	}
+	name, ret := dev.GetName()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("nvml: device %d: name: %v", index, ret)
+	}
+	// Read memory once now so that a device that cannot report it fails
+	// here, at startup, rather than at the first admission decision.
+	if _, ret := dev.GetMemoryInfo(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("nvml: device %d (%s): memory info: %v", index, name, ret)
+	}
+	return &nvmlDevice{name: fmt.Sprintf("%s (%d)", name, index), dev: dev}, nil
+}
+
+func (d *nvmlDevice) Name() string { return d.name }
+
+func (d *nvmlDevice) Simulated() bool { return false }
+
+// MemInfo reads the device's memory. Process is this process's share as
+// NVML's list of compute processes reports it, and 0 when NVML cannot say:
+// the query is unsupported, not permitted, or, inside a container with its
+// own PID namespace, lists host PIDs that never match ours.
+func (d *nvmlDevice) MemInfo() (MemInfo, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return MemInfo{}, fmt.Errorf("nvml: %s: %w", d.name, ErrClosed)
+	}
+	mem, ret := d.dev.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return MemInfo{}, fmt.Errorf("nvml: %s: memory info: %v", d.name, ret)
+	}
+	return MemInfo{
+		Total:   int64(mem.Total),
+		Free:    int64(mem.Free),
+		Used:    int64(mem.Used),
+		Process: d.processMemory(),
+	}, nil
+}
+
+func (d *nvmlDevice) processMemory() int64 {
+	procs, ret := d.dev.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS {
+		return 0
+	}
+	pid := uint32(os.Getpid())
+	var n int64
+	for _, p := range procs {
+		// NVML reports NVML_VALUE_NOT_AVAILABLE (all ones) where it cannot
+		// measure, e.g. under Windows WDDM; adding it would go negative.
+		if p.Pid == pid && p.UsedGpuMemory != math.MaxUint64 {
+			n += int64(p.UsedGpuMemory)
+		}
+	}
+	return n
+}
+
+// Close releases this device's NVML initialisation. Later calls do nothing.
+func (d *nvmlDevice) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	if ret := nvml.Shutdown(); ret != nvml.SUCCESS {
+		return fmt.Errorf("nvml: %s: shutdown: %v", d.name, ret)
+	}
+	return nil
+}

@@ -1,0 +1,93 @@
+package gpu
+
+import (
+	"iter"
+	"unicode"
+	"unicode/utf8"
+)
+
+// The reference model's tokenizer is a hashing bag-of-words: no vocabulary
+// file, the same ids on every machine, and a token count that Cost can get by
+// scanning the text once without allocating.
+
+// emptyToken stands for an item with no words, so that every item, even an
+// empty or binary one, has an embedding.
+const emptyToken = 0
+
+// FNV-1a, 64-bit.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// words yields the FNV-1a hash of each word of text, lower-cased. A word is
+// a run of letters, digits and combining marks (marks so that scripts which
+// write vowels as marks, like Devanagari, and decomposed accents keep words
+// whole). Han, Hiragana and Katakana characters are one word each, because
+// those scripts do not put spaces between words. Anything else separates
+// words; invalid UTF-8 reads as U+FFFD and so separates too.
+func words(text string) iter.Seq[uint64] {
+	return func(yield func(uint64) bool) {
+		h, inWord := uint64(fnvOffset), false
+		for _, r := range text {
+			switch {
+			case unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana):
+				if inWord && !yield(h) {
+					return
+				}
+				if !yield(hashRune(fnvOffset, r)) {
+					return
+				}
+				h, inWord = fnvOffset, false
+			case unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r):
+				h, inWord = hashRune(h, unicode.ToLower(r)), true
+			case inWord:
+				if !yield(h) {
+					return
+				}
+				h, inWord = fnvOffset, false
+			}
+		}
+		if inWord {
+			yield(h)
+		}
+	}
+}
+
+// hashRune feeds r's UTF-8 bytes into the FNV-1a state h.
+func hashRune(h uint64, r rune) uint64 {
+	var buf [utf8.UTFMax]byte
+	for _, b := range buf[:utf8.EncodeRune(buf[:], r)] {
+		h ^= uint64(b)
+		h *= fnvPrime
+	}
+	return h
+}
+
+// countTokens is len(c.appendTokens(nil, text)) without building the slice.
+func (c EmbedConfig) countTokens(text string) int {
+	n := 0
+	for range words(text) {
+		if n++; n == c.MaxTokens {
+			break
+		}
+	}
+	return max(n, 1)
+}
+
+// appendTokens appends the token ids of text to dst: one per word, in
+// [1, Vocab), truncated to MaxTokens as real tokenizers truncate to their
+// context; or the single id 0 when text has no words.
+func (c EmbedConfig) appendTokens(dst []int32, text string) []int32 {
+	start := len(dst)
+	for h := range words(text) {
+		dst = append(dst, int32(1+h%uint64(c.Vocab-1)))
+		if len(dst)-start == c.MaxTokens {
+			break
+		}
+	}
+	if len(dst) == start {
+		dst = append(dst, emptyToken)
+	}
+	return dst
+}

@@ -1,0 +1,62 @@
+// Package sqstest sets up end-to-end tests against a real SQS API: the
+// emulator that make test starts, LocalStack, or AWS itself, whichever
+// AWS_ENDPOINT_URL and the standard AWS settings point at.
+package sqstest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/localstack"
+)
+
+// Client returns an SQS client for the endpoint under test, or skips the
+// test when none is configured. make test always configures one; to run the
+// suite against AWS, set AWS_ENDPOINT_URL to the regional SQS endpoint.
+func Client(t testing.TB) *sqs.Client {
+	t.Helper()
+	if os.Getenv("AWS_ENDPOINT_URL") == "" && os.Getenv("AWS_ENDPOINT_URL_SQS") == "" {
+		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
+	}
+	cfg, err := awsconfig.Load(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sqs.NewFromConfig(cfg)
+}
+
+var unsafe = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
+// Queues creates a work, results and dead-letter queue of the project's
+// definitions under a prefix unique to this test, and deletes them when the
+// test ends.
+func Queues(t testing.TB, client *sqs.Client, maxReceive int) localstack.URLs {
+	t.Helper()
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	name := unsafe.ReplaceAllString(t.Name(), "-")
+	if len(name) > 30 {
+		name = name[len(name)-30:]
+	}
+	prefix := "t" + hex.EncodeToString(b[:]) + "-" + name + "-"
+	urls, err := localstack.Create(t.Context(), client, localstack.Options{Prefix: prefix, MaxReceiveCount: maxReceive})
+	if err != nil {
+		t.Fatalf("creating queues: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := localstack.Delete(ctx, client, urls); err != nil {
+			t.Logf("deleting queues: %v", err)
+		}
+	})
+	return urls
+}

@@ -1,0 +1,325 @@
+package subscriber_test
+
+// End-to-end tests: the subscriber, the reference model on a simulated device,
+// and the real SQS API of whatever AWS_ENDPOINT_URL points at. Each test makes
+// its own queues.
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/localstack"
+	"github.com/vramq/vramq/subscriber"
+)
+
+// budget is the working memory of the test device: room for one large
+// message of the workload (about 16.3 MiB) and many small ones, not two
+// large ones.
+const budget = 30 << 20
+
+type pipeline struct {
+	t      *testing.T
+	client *sqs.Client
+	urls   localstack.URLs
+	dev    *gpu.Sim
+	model  gpu.Model
+	sub    *subscriber.Subscriber
+	reg    *prometheus.Registry
+	stop   context.CancelFunc
+	done   chan struct{} // closed when Run returns, with its error in runErr
+	runErr error
+}
+
+// slowModel makes every batch take at least d, as a bigger model on a real
+// device would.
+type slowModel struct {
+	gpu.Model
+	d func(items []job.Item) time.Duration
+}
+
+func (m slowModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	select {
+	case <-time.After(m.d(items)):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return m.Model.Run(ctx, items)
+}
+
+func newPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, wrap func(gpu.Model) gpu.Model) *pipeline {
+	t.Helper()
+	p := &pipeline{t: t, client: sqstest.Client(t), reg: prometheus.NewRegistry()}
+	p.urls = sqstest.Queues(t, p.client, maxReceive)
+	mcfg := gpu.DefaultEmbedConfig()
+	w := gpu.GenerateEmbedWeights(mcfg)
+	p.dev = gpu.NewSim(w.Bytes() + budget + 1<<20)
+	emb, err := gpu.NewEmbedder(w, mcfg, p.dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emb.Close() })
+	p.model = emb
+	if wrap != nil {
+		p.model = wrap(emb)
+	}
+	cfg.Queue = subscriber.NewSQSQueue(p.client, p.urls.Work)
+	cfg.Results = subscriber.NewSQSQueue(p.client, p.urls.Results)
+	cfg.DLQ = subscriber.NewSQSQueue(p.client, p.urls.DLQ)
+	cfg.Model, cfg.Device, cfg.Registerer = p.model, p.dev, p.reg
+	cfg.VRAMReserve = 1 << 20
+	if cfg.WaitTime == 0 {
+		cfg.WaitTime = time.Second // short polls keep shutdown quick in tests
+	}
+	if cfg.Visibility == 0 {
+		cfg.Visibility = 10 * time.Second
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	p.sub, err = subscriber.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.stop, p.done = cancel, make(chan struct{})
+	go func() {
+		defer close(p.done)
+		p.runErr = p.sub.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-p.done
+	})
+	return p
+}
+
+func (p *pipeline) send(works []job.Work) {
+	p.t.Helper()
+	if err := jobq.Send(p.t.Context(), p.client, p.urls.Work, works); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// collect reads results until want distinct chunks have one, or fails.
+func (p *pipeline) collect(want int, limit time.Duration) *jobq.Collector {
+	p.t.Helper()
+	c := jobq.NewCollector()
+	deadline := time.Now().Add(limit)
+	for len(c.Results) < want {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%d of %d results after %v", len(c.Results), want, limit)
+		}
+		if _, err := c.Poll(p.t.Context(), p.client, p.urls.Results, 1); err != nil {
+			p.t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// shutdown stops the subscriber, checks it exited cleanly, and checks that
+// no message of the work queue is left in flight.
+func (p *pipeline) shutdown() (visible int) {
+	p.t.Helper()
+	p.stop()
+	<-p.done
+	if err := p.runErr; err != nil {
+		p.t.Fatalf("Run: %v", err)
+	}
+	visible, inflight, err := jobq.Counts(p.t.Context(), p.client, p.urls.Work)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if inflight != 0 {
+		p.t.Errorf("%d messages left in flight (invisible) after shutdown", inflight)
+	}
+	return visible
+}
+
+func (p *pipeline) deadLetters() []jobq.DeadLetter {
+	p.t.Helper()
+	d, err := jobq.DrainDLQ(p.t.Context(), p.client, p.urls.DLQ)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return d
+}
+
+func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+// Every message of a mixed workload yields one result, under each strategy;
+// vram runs it with no OOM, while count and none (which do not know sizes)
+// run out of memory and recover by splitting, losing nothing.
+func TestE2EMixedWorkload(t *testing.T) {
+	const n = 40
+	for _, tc := range []struct {
+		name    string
+		cfg     subscriber.Config
+		wantOOM bool
+	}{
+		{"vram", subscriber.Config{Admission: subscriber.AdmitVRAM}, false},
+		{"count", subscriber.Config{Admission: subscriber.AdmitCount, Count: 4}, true},
+		{"none", subscriber.Config{Admission: subscriber.AdmitNone, MaxInflight: 10}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Every other message large, so large ones arrive together.
+			spec := workload.Mixed("mixed-"+tc.name, n)
+			spec.LargeEvery = 2
+			// Large batches take a while, as on a GPU, so that what the
+			// strategy lets run at once really overlaps.
+			p := newPipeline(t, 5, tc.cfg, func(m gpu.Model) gpu.Model {
+				return slowModel{m, func(items []job.Item) time.Duration { return time.Duration(len(items)) * 5 * time.Millisecond }}
+			})
+			p.send(spec.Works())
+			c := p.collect(n, 2*time.Minute)
+			if left := p.shutdown(); left != 0 {
+				t.Errorf("%d messages left on the work queue", left)
+			}
+			if len(c.Results) != n {
+				t.Errorf("%d distinct results, want %d", len(c.Results), n)
+			}
+			t.Logf("%s: %d result messages, %d duplicates, %d OOMs on the device, peak admitted %s of %s",
+				tc.name, c.Messages, c.Duplicates, p.dev.OOMs(), gpu.FormatBytes(p.sub.PeakBytes()), gpu.FormatBytes(p.sub.Budget()))
+			for k, r := range c.Results {
+				want := 8
+				if spec.Large(k.Chunk) {
+					want = 32
+				}
+				if len(r.Outputs) != want || len(r.Outputs[0].Embedding) != gpu.DefaultEmbedConfig().Out {
+					t.Fatalf("chunk %d: %d outputs of %d dims", k.Chunk, len(r.Outputs), len(r.Outputs[0].Embedding))
+				}
+			}
+			if d := p.deadLetters(); len(d) != 0 {
+				t.Errorf("%d dead letters, first %q", len(d), d[0].Reason)
+			}
+			ooms := p.dev.OOMs()
+			if tc.wantOOM && (ooms == 0 || metric(t, p.reg, "vramq_subscriber_oom_retries_total") == 0) {
+				t.Errorf("%s admission ran the workload with no OOM; the test does not exercise recovery", tc.name)
+			}
+			if !tc.wantOOM && ooms != 0 {
+				t.Errorf("vram admission ran out of memory %d times", ooms)
+			}
+		})
+	}
+}
+
+func TestE2EHeartbeatKeepsSlowMessage(t *testing.T) {
+	p := newPipeline(t, 5, subscriber.Config{Visibility: 3 * time.Second}, func(m gpu.Model) gpu.Model {
+		return slowModel{m, func([]job.Item) time.Duration { return 8 * time.Second }}
+	})
+	p.send(workload.Mixed("slow", 1).Works())
+	c := p.collect(1, time.Minute)
+	// A redelivery would show as a second result or a later attempt; give
+	// it the time to happen.
+	time.Sleep(4 * time.Second)
+	if _, err := c.Poll(t.Context(), p.client, p.urls.Results, 1); err != nil {
+		t.Fatal(err)
+	}
+	p.shutdown()
+	r := c.Results[job.Key{JobID: "slow", Chunk: 0}]
+	if r.Attempt != 1 || c.Duplicates != 0 {
+		t.Errorf("attempt %d, %d duplicates: the 8 s job was redelivered past its 3 s visibility", r.Attempt, c.Duplicates)
+	}
+	if n := metric(t, p.reg, "vramq_subscriber_visibility_extensions_total"); n < 2 {
+		t.Errorf("%v visibility extensions for an 8 s job with a 3 s timeout", n)
+	}
+}
+
+func TestE2EPoisonGoesToDLQWithReason(t *testing.T) {
+	p := newPipeline(t, 5, subscriber.Config{}, nil)
+	huge := workload.Spec{JobID: "huge", Messages: 1, SmallItems: 64, SmallWords: 600, Seed: 2}.Works() // ~33 MiB
+	ok := workload.Mixed("ok", 1).Works()
+	p.send(append(huge, ok...))
+	_, err := p.client.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: &p.urls.Work, MessageBody: strPtr(`{"v":1,"job_id":"x","items":[{"id":""}]}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.collect(1, time.Minute)
+	var dead []jobq.DeadLetter
+	for deadline := time.Now().Add(30 * time.Second); len(dead) < 2 && time.Now().Before(deadline); {
+		dead = append(dead, p.deadLetters()...)
+	}
+	p.shutdown()
+	kinds := map[string]bool{}
+	for _, d := range dead {
+		kind, detail, _ := strings.Cut(d.Reason, ": ")
+		kinds[kind] = true
+		if detail == "" || d.Attrs[job.AttrSource] == "" {
+			t.Errorf("dead letter without detail or source: %+v", d.Attrs)
+		}
+	}
+	if len(dead) != 2 || !kinds["too_large"] || !kinds["malformed"] {
+		t.Errorf("dead letters %+v; want one too_large and one malformed", dead)
+	}
+	for _, d := range dead {
+		if strings.HasPrefix(d.Reason, "too_large") {
+			var w job.Work
+			if err := json.Unmarshal([]byte(d.Body), &w); err != nil || w.JobID != "huge" {
+				t.Errorf("the DLQ copy is not the original message: %v", err)
+			}
+		}
+	}
+}
+
+// A message that cannot be admitted in time is released for another consumer
+// and processed when it is received again.
+func TestE2EBackpressureReleases(t *testing.T) {
+	p := newPipeline(t, 5, subscriber.Config{AdmitTimeout: 2 * time.Second, MaxBatch: 1, RetryDelay: time.Second}, func(m gpu.Model) gpu.Model {
+		return slowModel{m, func(items []job.Item) time.Duration {
+			if strings.HasPrefix(items[0].ID, "hog") {
+				return 6 * time.Second
+			}
+			return 0
+		}}
+	})
+	large := workload.Spec{Messages: 2, LargeEvery: 1, LargeItems: 32, LargeWords: 600, Seed: 3}
+	hog := large
+	hog.JobID = "hog"
+	hogWork := hog.Works()[:1]
+	hogWork[0].Items[0].ID = "hog"
+	p.send(hogWork)
+	time.Sleep(500 * time.Millisecond)
+	waiter := large
+	waiter.JobID = "waiter"
+	p.send(waiter.Works()[:1])
+	c := p.collect(2, time.Minute)
+	p.shutdown()
+	if n := metric(t, p.reg, "vramq_subscriber_messages_released_total"); n < 1 {
+		t.Errorf("%v releases; the waiter should have been released by backpressure", n)
+	}
+	if r := c.Results[job.Key{JobID: "waiter"}]; r.Attempt < 2 {
+		t.Errorf("waiter done at attempt %d; want it released and received again", r.Attempt)
+	}
+}
+
+func strPtr(s string) *string { return &s }
