@@ -1,0 +1,193 @@
+// Command loadgen sends a synthetic workload straight to the work queue, waits
+// for a result for every message (or for it to be dead-lettered), and prints a
+// summary, with the subscriber's own counters when its /metrics is given.
+// Every flag has an environment variable of the same meaning; -h lists them.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/envflag"
+	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/workload"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+// Summary is what a run measured; -json writes it.
+type Summary struct {
+	Messages     int     `json:"messages"`
+	Items        int     `json:"items"`
+	Results      int     `json:"results"`
+	Duplicates   int     `json:"duplicates"`
+	DeadLettered int     `json:"dead_lettered"`
+	Seconds      float64 `json:"seconds"`
+	MessagesPerS float64 `json:"messages_per_second"`
+	ItemsPerS    float64 `json:"items_per_second"`
+	// From the subscriber's /metrics, when given.
+	OOMs        *float64 `json:"ooms,omitempty"`
+	PeakBytes   *float64 `json:"peak_admitted_bytes,omitempty"`
+	BudgetBytes *float64 `json:"budget_bytes,omitempty"`
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	queueURL := fs.String("queue-url", "", "URL of the work queue (required)")
+	resultsURL := fs.String("results-queue-url", "", "URL of the results queue (required)")
+	dlqURL := fs.String("dlq-url", "", "URL of the dead-letter queue, to count what lands there")
+	messages := fs.Int("messages", 100, "work messages to send")
+	largeEvery := fs.Int("large-every", 5, "every Nth message is a large one (0: none)")
+	jobID := fs.String("job-id", "", "job id of the workload (default: loadgen-<time>)")
+	timeout := fs.Duration("timeout", 5*time.Minute, "give up waiting for results after this long")
+	metricsURL := fs.String("subscriber-metrics", "", "the subscriber's /metrics URL, for its OOM and budget figures")
+	jsonOut := fs.String("json", "", "also write the summary as JSON to this file")
+	if err := envflag.Parse(fs, args, getenv); err != nil {
+		return err
+	}
+	if *queueURL == "" || *resultsURL == "" {
+		return errors.New("-queue-url and -results-queue-url are required")
+	}
+	if *jobID == "" {
+		*jobID = "loadgen-" + time.Now().UTC().Format("20060102T150405")
+	}
+	cfg, err := awsconfig.Load(ctx)
+	if err != nil {
+		return err
+	}
+	client := sqs.NewFromConfig(cfg)
+
+	spec := workload.Mixed(*jobID, *messages)
+	spec.LargeEvery = *largeEvery
+	works := spec.Works()
+	s := Summary{Messages: len(works)}
+	for _, w := range works {
+		s.Items += len(w.Items)
+	}
+	start := time.Now()
+	if err := jobq.Send(ctx, client, *queueURL, works); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "loadgen: sent %d messages (%d items, every %dth large) as job %s\n", s.Messages, s.Items, *largeEvery, *jobID)
+
+	c := jobq.NewCollector()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	lastPrint := time.Now()
+	for len(c.Results)+s.DeadLettered < s.Messages {
+		if _, err := c.Poll(ctx, client, *resultsURL, 1); err != nil {
+			return fmt.Errorf("after %d of %d results: %w", len(c.Results), s.Messages, err)
+		}
+		if *dlqURL != "" {
+			dead, err := jobq.DrainDLQ(ctx, client, *dlqURL)
+			if err != nil {
+				return err
+			}
+			for _, d := range dead {
+				fmt.Fprintf(stderr, "loadgen: dead-lettered: %s\n", d.Reason)
+			}
+			s.DeadLettered += len(dead)
+		}
+		if time.Since(lastPrint) > 2*time.Second {
+			fmt.Fprintf(stderr, "loadgen: %d/%d results, %d dead-lettered, %.0fs\n", len(c.Results), s.Messages, s.DeadLettered, time.Since(start).Seconds())
+			lastPrint = time.Now()
+		}
+	}
+	s.Seconds = time.Since(start).Seconds()
+	s.Results, s.Duplicates = len(c.Results), c.Duplicates
+	s.MessagesPerS = float64(s.Results) / s.Seconds
+	done := 0
+	for _, r := range c.Results {
+		done += len(r.Outputs)
+	}
+	s.ItemsPerS = float64(done) / s.Seconds
+
+	if *metricsURL != "" {
+		m, err := scrape(ctx, *metricsURL)
+		if err != nil {
+			fmt.Fprintf(stderr, "loadgen: reading subscriber metrics: %v\n", err)
+		} else {
+			s.OOMs = m["vramq_subscriber_oom_retries_total"]
+			s.PeakBytes = m["vramq_subscriber_inflight_bytes_peak"]
+			s.BudgetBytes = m["vramq_subscriber_budget_bytes"]
+		}
+	}
+	print(stdout, s)
+	if *jsonOut != "" {
+		b, _ := json.MarshalIndent(s, "", "  ")
+		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if s.Results+s.DeadLettered < s.Messages {
+		return fmt.Errorf("%d messages unaccounted for", s.Messages-s.Results-s.DeadLettered)
+	}
+	return nil
+}
+
+func print(w io.Writer, s Summary) {
+	fmt.Fprintf(w, "\n  messages sent     %d (%d items)\n", s.Messages, s.Items)
+	fmt.Fprintf(w, "  results           %d (%d duplicate messages collapsed)\n", s.Results, s.Duplicates)
+	fmt.Fprintf(w, "  dead-lettered     %d\n", s.DeadLettered)
+	fmt.Fprintf(w, "  time              %.1fs: %.1f messages/s, %.0f items/s\n", s.Seconds, s.MessagesPerS, s.ItemsPerS)
+	if s.OOMs != nil {
+		fmt.Fprintf(w, "  out of memory     %.0f (batches that hit OOM and were split or run alone)\n", *s.OOMs)
+	}
+	if s.PeakBytes != nil && s.BudgetBytes != nil && *s.BudgetBytes > 0 {
+		fmt.Fprintf(w, "  peak budget use   %s of %s (%.0f%%)\n", gpu.FormatBytes(int64(*s.PeakBytes)), gpu.FormatBytes(int64(*s.BudgetBytes)), 100**s.PeakBytes / *s.BudgetBytes)
+	}
+}
+
+// scrape reads a Prometheus text endpoint into name → value (summed over
+// labels), for counters and gauges.
+func scrape(ctx context.Context, url string) (map[string]*float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*float64{}
+	for name, mf := range mfs {
+		var v float64
+		for _, m := range mf.GetMetric() {
+			v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+		out[name] = &v
+	}
+	return out, nil
+}

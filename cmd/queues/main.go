@@ -1,0 +1,94 @@
+// Command queues creates the vramq queues (work, results, dead-letter) on the
+// SQS endpoint the standard AWS configuration names (AWS_ENDPOINT_URL for the
+// emulator or LocalStack, none for AWS) and prints their URLs as shell
+// assignments:
+//
+//	eval "$(queues -prefix dev-)"   # sets QUEUE_URL, RESULTS_QUEUE_URL, DLQ_URL
+//
+// It is safe to run again: existing queues with the same attributes are reused.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/envflag"
+	"github.com/vramq/vramq/localstack"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
+	stop()
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+	case errors.As(err, new(usageError)):
+		fmt.Fprintln(os.Stderr, "queues:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "queues:", err)
+		os.Exit(1)
+	}
+}
+
+// usageError is a bad command line or environment; the usage has been printed.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("queues", flag.ContinueOnError)
+	defs := localstack.Definitions()
+	var opts localstack.Options
+	fs.StringVar(&opts.Prefix, "prefix", "", "put `PREFIX` in front of every queue name (letters, digits, '-', '_')")
+	fs.IntVar(&opts.MaxReceiveCount, "max-receive-count", defs.Work.RedrivePolicy.MaxReceiveCount, "receives before a work message moves to the dead-letter queue")
+	fs.DurationVar(&opts.VisibilityTimeout, "visibility-timeout", defaultVisibility(defs.Work), "the work queue's visibility timeout, in whole seconds")
+	// The flag package reports command-line mistakes itself but envflag's
+	// environment ones not at all; silence it so both are reported the same way.
+	fs.SetOutput(io.Discard)
+	err := envflag.Parse(fs, args, getenv)
+	fs.SetOutput(nil)
+	if err == nil && fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err != nil {
+		fs.Usage()
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+
+	cfg, err := awsconfig.Load(ctx)
+	if err != nil {
+		return fmt.Errorf("AWS configuration: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	urls, err := localstack.Create(ctx, sqs.NewFromConfig(cfg), opts)
+	if err != nil {
+		return err
+	}
+	// Prefixes are restricted to characters a shell takes unquoted, and queue
+	// URLs contain none that need quoting.
+	_, err = fmt.Fprintf(stdout, "QUEUE_URL=%s\nRESULTS_QUEUE_URL=%s\nDLQ_URL=%s\n", urls.Work, urls.Results, urls.DLQ)
+	return err
+}
+
+// defaultVisibility is the definition's visibility timeout, so that -h shows
+// the value in effect; parseDefinitions guarantees the attribute is an integer.
+func defaultVisibility(q localstack.Queue) time.Duration {
+	n, _ := strconv.Atoi(q.Attributes["VisibilityTimeout"])
+	return time.Duration(n) * time.Second
+}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/localstack"
+)
+
+func TestRunRejectsBadInput(t *testing.T) {
+	tests := []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		usage bool
+	}{
+		{"unknown flag", []string{"-bogus"}, nil, true},
+		{"extra argument", []string{"extra"}, nil, true},
+		{"bad environment", nil, map[string]string{"MAX_RECEIVE_COUNT": "many"}, true},
+		{"fractional seconds", []string{"-visibility-timeout", "1500ms"}, nil, false},
+		{"bad prefix", []string{"-prefix", "a/b"}, nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			err := run(t.Context(), tt.args, func(k string) string { return tt.env[k] }, &out)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if got := errors.As(err, new(usageError)); got != tt.usage {
+				t.Errorf("usage error = %v, want %v (%v)", got, tt.usage, err)
+			}
+			if out.Len() > 0 {
+				t.Errorf("printed %q on error", out.String())
+			}
+		})
+	}
+	if err := run(t.Context(), []string{"-h"}, func(string) string { return "" }, new(bytes.Buffer)); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: error %v, want flag.ErrHelp", err)
+	}
+}
+
+func TestRunCreatesQueues(t *testing.T) {
+	if os.Getenv("AWS_ENDPOINT_URL") == "" {
+		t.Skip("AWS_ENDPOINT_URL not set; run localstack/emulator.sh up and eval \"$(localstack/emulator.sh env)\"")
+	}
+	b := make([]byte, 5)
+	rand.Read(b)
+	prefix := "test-" + hex.EncodeToString(b) + "-"
+	// The prefix from the environment, the count from a flag: both paths at once.
+	getenv := func(k string) string {
+		if k == "PREFIX" {
+			return prefix
+		}
+		return os.Getenv(k)
+	}
+	var out bytes.Buffer
+	err := run(t.Context(), []string{"-max-receive-count", "4", "-visibility-timeout", "90s"}, getenv, &out)
+
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Errorf("line %q is not NAME=value", line)
+		}
+		got[k] = v
+	}
+	cfg, cerr := awsconfig.Load(t.Context())
+	if cerr != nil {
+		t.Fatal(cerr)
+	}
+	client := sqs.NewFromConfig(cfg)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		urls := localstack.URLs{Work: got["QUEUE_URL"], Results: got["RESULTS_QUEUE_URL"], DLQ: got["DLQ_URL"]}
+		if err := localstack.Delete(ctx, client, urls); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	want := map[string]string{"QUEUE_URL": "vramq-work", "RESULTS_QUEUE_URL": "vramq-results", "DLQ_URL": "vramq-dlq"}
+	if len(got) != len(want) {
+		t.Errorf("output %q: want exactly %d lines", out.String(), len(want))
+	}
+	for k, name := range want {
+		if !strings.HasSuffix(got[k], "/"+prefix+name) {
+			t.Errorf("%s=%q, want a URL ending in /%s%s", k, got[k], prefix, name)
+		}
+	}
+
+	// The flags reached the queue.
+	work := got["QUEUE_URL"]
+	attrs, err := client.GetQueueAttributes(t.Context(), &sqs.GetQueueAttributesInput{
+		QueueUrl: &work, AttributeNames: []types.QueueAttributeName{"VisibilityTimeout", "RedrivePolicy"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := attrs.Attributes["VisibilityTimeout"]; v != "90" {
+		t.Errorf("VisibilityTimeout = %s, want 90", v)
+	}
+	if p := attrs.Attributes["RedrivePolicy"]; !strings.Contains(p, `"maxReceiveCount":4`) && !strings.Contains(p, `"maxReceiveCount":"4"`) {
+		t.Errorf("RedrivePolicy = %s, want maxReceiveCount 4", p)
+	}
+}
