@@ -198,7 +198,7 @@ func (q *memQueue) stats() (live, invisible int) {
 	return live, invisible
 }
 
-// bodies returns the bodies of messages not deleted, with their attributes.
+// all returns the messages not deleted.
 func (q *memQueue) all() []*memMsg {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -209,12 +209,6 @@ func (q *memQueue) all() []*memMsg {
 		}
 	}
 	return out
-}
-
-func (q *memQueue) callCount(op string) int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.calls[op]
 }
 
 func minTime(a, b time.Time) time.Time {

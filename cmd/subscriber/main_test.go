@@ -1,0 +1,183 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/job"
+)
+
+// The test binary doubles as the subscriber binary, so the process tests run
+// the real main (signals, exit codes) without a separate build.
+func TestMain(m *testing.M) {
+	if os.Getenv("VRAMQ_TEST_RUN_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func TestFlagsAndEnvironment(t *testing.T) {
+	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "ADMISSION": "count", "VRAM": "2GiB"}
+	o, err := parse([]string{"-count=3", "-vram=1GiB"}, func(k string) string { return env[k] }, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.queueURL != "q" || o.cfg.Admission != "count" || o.cfg.Count != 3 || o.vram != 1<<30 {
+		t.Errorf("parsed %+v: flags must win over the environment, the environment over defaults", o)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, nil, "missing -queue-url, -results-queue-url, -dlq-url"},
+		{[]string{"-vram=lots"}, env, "vram"},
+		{nil, map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "MAX_BATCH": "x"}, "MAX_BATCH"},
+		{[]string{"-device=cuda:0"}, env, "simulated device only"},
+	} {
+		_, err := parse(tc.args, func(k string) string { return tc.env[k] }, &bytes.Buffer{})
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parse(%q) = %v; want a usage error naming %q", tc.args, err, tc.want)
+		}
+	}
+
+	var help bytes.Buffer
+	if _, err := parse([]string{"-h"}, func(string) string { return "" }, &help); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	for _, want := range []string{"-queue-url", "$QUEUE_URL", "-admission", "$VRAM_RESERVE"} {
+		if !strings.Contains(help.String(), want) {
+			t.Errorf("-h does not list %s", want)
+		}
+	}
+}
+
+func TestInvalidConfigFailsAtStart(t *testing.T) {
+	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "AWS_REGION": "us-east-1"}
+	err := run(t.Context(), []string{"-visibility-timeout=1s", "-metrics-addr="}, func(k string) string { return env[k] }, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "visibility timeout") {
+		t.Errorf("run with a 1s visibility timeout: %v", err)
+	}
+}
+
+// SIGTERM in the middle of a busy run: the process exits 0, and every
+// message has its result or is back on the queue, none left invisible.
+func TestSIGTERMMidRunLosesNothing(t *testing.T) {
+	client := sqstest.Client(t)
+	urls := sqstest.Queues(t, client, 5)
+	const n = 120
+	spec := workload.Mixed("sigterm", n)
+	spec.LargeEvery = 2 // enough work to be busy when the signal comes
+	if err := jobq.Send(t.Context(), client, urls.Work, spec.Works()); err != nil {
+		t.Fatal(err)
+	}
+
+	var logs bytes.Buffer
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "VRAMQ_TEST_RUN_MAIN=1",
+		"QUEUE_URL="+urls.Work, "RESULTS_QUEUE_URL="+urls.Results, "DLQ_URL="+urls.DLQ,
+		"VRAM=48MiB", "VRAM_RESERVE=1MiB", "WAIT_TIME=1s", "VISIBILITY_TIMEOUT=10s",
+		"SHUTDOWN_GRACE=5s", "METRICS_ADDR=", "LOG_FORMAT=text")
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	c := jobq.NewCollector()
+	for deadline := time.Now().Add(time.Minute); len(c.Results) < 10; {
+		if time.Now().After(deadline) {
+			t.Fatalf("no results after a minute; log:\n%s", logs.String())
+		}
+		if _, err := c.Poll(t.Context(), client, urls.Results, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("subscriber exited with %v after SIGTERM; log:\n%s", err, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("subscriber still running 30s after SIGTERM; log:\n%s", logs.String())
+	}
+
+	// Read what the subscriber finished, then what it handed back.
+	for {
+		got, err := c.Poll(t.Context(), client, urls.Results, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got == 0 {
+			break
+		}
+	}
+	visible, inflight, err := jobq.Counts(t.Context(), client, urls.Work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inflight != 0 {
+		t.Errorf("%d messages left invisible after shutdown", inflight)
+	}
+	back := backOnQueue(t, client, urls.Work)
+	accounted := map[job.Key]bool{}
+	for k := range c.Results {
+		accounted[k] = true
+	}
+	for _, k := range back {
+		accounted[k] = true
+	}
+	if len(accounted) != n {
+		t.Errorf("%d results + %d back on the queue cover %d of %d chunks", len(c.Results), len(back), len(accounted), n)
+	}
+	if len(c.Results) == n || len(back) == 0 || visible == 0 {
+		t.Errorf("SIGTERM came after all the work was done (%d results); the test proves nothing", len(c.Results))
+	}
+	t.Logf("at SIGTERM: %d chunks done, %d handed back, %d duplicate results", len(c.Results), len(back), c.Duplicates)
+}
+
+// backOnQueue receives every visible message and returns its chunk key.
+func backOnQueue(t *testing.T, client *sqs.Client, url string) []job.Key {
+	t.Helper()
+	var keys []job.Key
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for {
+		out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: &url, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
+			VisibilityTimeout: 60, MessageAttributeNames: []string{"All"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Messages) == 0 {
+			return keys
+		}
+		for _, m := range out.Messages {
+			chunk, err := strconv.Atoi(*m.MessageAttributes[job.AttrChunk].StringValue)
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys = append(keys, job.Key{JobID: *m.MessageAttributes[job.AttrJobID].StringValue, Chunk: chunk})
+		}
+	}
+}
