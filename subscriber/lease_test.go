@@ -1,0 +1,272 @@
+package subscriber
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// slowQueue delays visibility changes, so a finish can arrive while an
+// extension is on the wire.
+type slowQueue struct {
+	*memQueue
+	delay time.Duration
+	calls []int // entries per ChangeVisibility call
+}
+
+func (q *slowQueue) ChangeVisibility(ctx context.Context, handles []string, timeout time.Duration) ([]error, error) {
+	q.mu.Lock()
+	q.calls = append(q.calls, len(handles))
+	q.mu.Unlock()
+	time.Sleep(q.delay)
+	return q.memQueue.ChangeVisibility(ctx, handles, timeout)
+}
+
+func newTestKeeper(q Queue, visibility, maxHold time.Duration) (*keeper, *metrics) {
+	m := newMetrics(prometheus.NewRegistry())
+	return newKeeper(q, m, slog.New(slog.NewTextHandler(io.Discard, nil)), visibility, maxHold), m
+}
+
+// receiveAll takes n messages off q under leases of k.
+func receiveAll(t *testing.T, q *memQueue, k *keeper, n int, visibility time.Duration) []*lease {
+	t.Helper()
+	var ls []*lease
+	for len(ls) < n {
+		start := time.Now()
+		msgs, err := q.Receive(t.Context(), MaxBatch, 0, visibility)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			ls = append(ls, k.hold(m, start))
+		}
+	}
+	return ls
+}
+
+func TestKeeperExtendsAllHeldLeasesInBatches(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &slowQueue{memQueue: newMemQueue()}
+		for range 25 {
+			q.memQueue.put("x", nil)
+		}
+		k, m := newTestKeeper(q, 30*time.Second, time.Hour)
+		ctx, cancel := context.WithCancel(t.Context())
+		go k.run(ctx)
+		ls := receiveAll(t, q.memQueue, k, 25, 30*time.Second)
+
+		// Two minutes is four timeouts: without extensions every message
+		// would be visible again.
+		time.Sleep(2*time.Minute + time.Second) // off the tick
+		if _, invisible := q.stats(); invisible != 25 {
+			t.Errorf("%d of 25 held messages invisible after 2m with a 30s timeout", invisible)
+		}
+		for _, n := range q.calls {
+			if n > MaxBatch {
+				t.Errorf("a visibility call with %d entries", n)
+			}
+		}
+		// All 25 are due together, so each heartbeat is three calls.
+		sum := 0
+		for _, n := range q.calls {
+			sum += n
+		}
+		if len(q.calls) == 0 || len(q.calls)%3 != 0 || sum != len(q.calls)/3*25 {
+			t.Errorf("calls %v: want the 25 leases extended together, in tens", q.calls)
+		}
+		if got := counter(m.extensions); got != len(q.calls)/3*25 {
+			t.Errorf("%d extensions counted for %d calls", got, len(q.calls))
+		}
+		for _, l := range ls {
+			k.finish(l, false, 0)
+		}
+		cancel()
+		if err := k.close(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if live, _ := q.stats(); live != 0 {
+			t.Errorf("%d messages not deleted", live)
+		}
+		if k.held.Load() != 0 {
+			t.Errorf("%d leases still held", k.held.Load())
+		}
+	})
+}
+
+// A delete asked for while an extension is on the wire waits for it, so no
+// visibility change ever reaches SQS after the delete.
+func TestKeeperNeverExtendsAfterDelete(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &slowQueue{memQueue: newMemQueue(), delay: time.Second}
+		q.memQueue.put("x", nil)
+		k, _ := newTestKeeper(q, 6*time.Second, time.Hour)
+		ctx, cancel := context.WithCancel(t.Context())
+		go k.run(ctx)
+		l := receiveAll(t, q.memQueue, k, 1, 6*time.Second)[0]
+
+		// Ticks every 2s; the one at 4s finds 2s left and extends, for 1s.
+		time.Sleep(4*time.Second + 500*time.Millisecond)
+		k.mu.Lock()
+		inflight := l.extending
+		k.mu.Unlock()
+		if !inflight {
+			t.Fatal("test setup: no extension in flight")
+		}
+		k.finish(l, false, 0)
+		time.Sleep(time.Minute) // many more heartbeats
+		cancel()
+		if err := k.close(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if live, _ := q.stats(); live != 0 {
+			t.Error("message not deleted")
+		}
+		if len(q.violations) > 0 {
+			t.Errorf("violations: %q", q.violations)
+		}
+		if len(q.calls) != 1 {
+			t.Errorf("%d visibility calls; want only the one in flight at the delete", len(q.calls))
+		}
+		if ls := q.memQueue.deletedHandles(); len(ls) != 1 {
+			t.Errorf("deleted %d messages, want 1", len(ls))
+		}
+	})
+}
+
+func TestKeeperLetsGoAfterMaxHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newMemQueue()
+		q.put("x", nil)
+		k, m := newTestKeeper(q, 3*time.Second, 10*time.Second)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go k.run(ctx)
+		l := receiveAll(t, q, k, 1, 3*time.Second)[0]
+		time.Sleep(20 * time.Second)
+		if !l.lost.Load() {
+			t.Error("lease not marked lost after max hold")
+		}
+		if counter(m.leasesLost.WithLabelValues("max_hold")) != 1 {
+			t.Error("max-hold loss not counted")
+		}
+		if _, invisible := q.stats(); invisible != 0 {
+			t.Error("message still invisible 10s after max hold: it was extended past it")
+		}
+	})
+}
+
+// A handle that no longer holds its message (here: deleted behind the
+// keeper's back) is noticed at the next extension and the lease marked lost.
+func TestKeeperNoticesLostLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newMemQueue()
+		q.put("x", nil)
+		k, m := newTestKeeper(q, 3*time.Second, time.Hour)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go k.run(ctx)
+		l := receiveAll(t, q, k, 1, 3*time.Second)[0]
+		// Another consumer gets the message after its visibility lapsed:
+		// our handle is stale.
+		q.mu.Lock()
+		q.byHandle[l.msg.Handle].visibleAt = time.Now()
+		q.mu.Unlock()
+		if _, err := q.Receive(t.Context(), 1, 0, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		if !l.lost.Load() || counter(m.leasesLost.WithLabelValues("extend")) != 1 {
+			t.Errorf("stale handle not noticed: lost=%v", l.lost.Load())
+		}
+		k.finish(l, false, 0)
+		cancel()
+		if err := k.close(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if live, _ := q.stats(); live != 1 {
+			t.Error("a delete with a stale handle removed the other consumer's message")
+		}
+	})
+}
+
+func TestAdmissionStrategies(t *testing.T) {
+	for _, tc := range []struct {
+		s                Strategy
+		cost, weight     int64
+		fits             bool
+		size             int64
+		budget           int64
+		count            int
+		wantErrForNoRoom bool
+	}{
+		{s: AdmitVRAM, budget: 100, cost: 40, weight: 40, fits: true, size: 100},
+		{s: AdmitVRAM, budget: 100, cost: 101, weight: 101, fits: false, size: 100},
+		{s: AdmitVRAM, budget: 100, cost: 0, weight: 1, fits: true, size: 100},
+		{s: AdmitCount, budget: 100, count: 3, cost: 1000, weight: 1, fits: true, size: 3},
+		{s: AdmitNone, budget: 100, cost: 1000, weight: 1, fits: true},
+	} {
+		a, err := newAdmission(tc.s, tc.budget, tc.count)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w, f := a.weight(tc.cost), a.fits(tc.cost); w != tc.weight || f != tc.fits {
+			t.Errorf("%s cost %d: weight %d fits %v; want %d %v", tc.s, tc.cost, w, f, tc.weight, tc.fits)
+		}
+		if tc.size != 0 && a.size != tc.size {
+			t.Errorf("%s: size %d, want %d", tc.s, a.size, tc.size)
+		}
+	}
+	if _, err := newAdmission(AdmitVRAM, -5, 0); err == nil {
+		t.Error("a negative budget was accepted")
+	}
+}
+
+// The semaphore is FIFO: a large message at the head holds back smaller ones
+// until it is admitted or gives up at its deadline.
+func TestAdmissionIsFIFO(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, _ := newAdmission(AdmitVRAM, 100, 0)
+		if err := a.acquire(t.Context(), 70); err != nil {
+			t.Fatal(err)
+		}
+		bigCtx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		bigDone := make(chan error, 1)
+		go func() { bigDone <- a.acquire(bigCtx, 60) }()
+		synctest.Wait()
+		smallDone := make(chan error, 1)
+		go func() { smallDone <- a.acquire(t.Context(), 10) }()
+		synctest.Wait()
+		select {
+		case <-smallDone:
+			t.Fatal("a small message overtook the large one waiting at the head")
+		default:
+		}
+		if err := <-bigDone; err == nil {
+			t.Fatal("the large one was admitted with no room")
+		}
+		if err := <-smallDone; err != nil { // the head gave up: the small one goes
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestBatcherFillsOrWaitsMaxDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 1<<30, Config{MaxBatch: 4, MaxBatchDelay: time.Second, Prefetch: 20})
+		for i := range 6 {
+			h.send("b", i, "mb=1")
+		}
+		waitFor(t, time.Minute, "6 results", func() bool { r, _ := h.results.stats(); return r == 6 })
+		// Four go as soon as they are admitted; the other two after the delay.
+		if runs := h.model.runs.Load(); runs != 2 {
+			t.Errorf("%d batches for 6 messages at max batch 4, want 2", runs)
+		}
+		h.shutdown()
+	})
+}
