@@ -28,7 +28,7 @@ test: lint
 	trap 'if [ $$started = 1 ]; then $(EMULATOR) down; fi' EXIT; \
 	eval "$$($(EMULATOR) env)"; \
 	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
-	$(GO) test -race -timeout $(TEST_TIMEOUT) ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 ## unit: the tests that need no emulator (the end-to-end ones skip)
 unit:

@@ -26,7 +26,7 @@ func sqsClient(t *testing.T) *sqs.Client {
 	if os.Getenv("AWS_ENDPOINT_URL") == "" {
 		t.Skip("AWS_ENDPOINT_URL not set; run localstack/emulator.sh up and eval \"$(localstack/emulator.sh env)\"")
 	}
-	cfg, err := awsconfig.Load(t.Context())
+	cfg, err := awsconfig.Load(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

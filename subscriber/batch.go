@@ -75,6 +75,14 @@ func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 		select {
 		case t, ok := <-in:
 			if !ok {
+				// Closed only after shutdown began; select may see this
+				// before done, so hand back what has not started.
+				for _, t := range pending {
+					s.releaseWaiting(t, "shutdown")
+				}
+				if timer != nil {
+					timer.Stop()
+				}
 				return
 			}
 			if ctx.Err() != nil {

@@ -47,6 +47,8 @@ type keeper struct {
 	calls      sync.WaitGroup
 	kick       chan struct{}
 	held       atomic.Int64
+	// How leases ended, for the ledger.
+	deleted, released, lost, abandoned atomic.Int64
 }
 
 func newKeeper(q Queue, m *metrics, log *slog.Logger, visibility, maxHold time.Duration) *keeper {
@@ -259,8 +261,10 @@ func (k *keeper) settle(ls []*lease, release bool) {
 		case e == nil:
 			if release {
 				k.m.released.WithLabelValues(releaseReason(l.delay)).Inc()
+				k.released.Add(1)
 			} else {
 				k.m.deleted.Inc()
+				k.deleted.Add(1)
 			}
 			k.remove(l)
 		case IsLeaseLost(e):
@@ -269,11 +273,13 @@ func (k *keeper) settle(ls []*lease, release bool) {
 			// consumers collapse by (job_id, chunk).
 			k.m.leasesLost.WithLabelValues(action).Inc()
 			k.log.Warn("lease lost before "+action, "message_id", l.msg.ID, "err", e)
+			k.lost.Add(1)
 			k.remove(l)
 		default:
 			l.attempts++
 			if l.attempts >= maxFinishAttempts {
 				k.log.Error(action+" failed; the message comes back when its visibility expires", "message_id", l.msg.ID, "attempts", l.attempts, "err", e)
+				k.abandoned.Add(1)
 				k.remove(l)
 				continue
 			}

@@ -38,6 +38,7 @@ type Subscriber struct {
 	runners  sync.WaitGroup
 	aux      sync.WaitGroup // dead-letter sends started by the poller
 
+	received     atomic.Int64
 	inflight     atomic.Int64 // estimated bytes admitted and not settled
 	peak         atomic.Int64 // highest inflight seen
 	pollErrSince atomic.Int64 // unix nanos of the first of consecutive receive errors; 0 when fine
@@ -165,8 +166,26 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	if err := s.keeper.close(closeCtx); err != nil {
 		return fmt.Errorf("subscriber shutdown: %w", err)
 	}
-	s.log.Info("subscriber stopped")
+	l := s.Ledger()
+	s.log.Info("subscriber stopped", "received", l.Received, "deleted", l.Deleted, "released", l.Released,
+		"lost", l.Lost, "abandoned", l.Abandoned)
 	return nil
+}
+
+// Ledger accounts for every message received: once Run has returned,
+// Received = Deleted + Released + Lost + Abandoned.
+type Ledger struct {
+	Received  int64 // messages received from the work queue
+	Deleted   int64 // deleted after their result or DLQ copy was sent
+	Released  int64 // handed back to the queue (visibility changed)
+	Lost      int64 // whose lease was gone when deleted or released: SQS redelivers them
+	Abandoned int64 // whose delete or release kept failing: they come back after their timeout
+}
+
+func (s *Subscriber) Ledger() Ledger {
+	k := s.keeper
+	return Ledger{Received: s.received.Load(), Deleted: k.deleted.Load(), Released: k.released.Load(),
+		Lost: k.lost.Load(), Abandoned: k.abandoned.Load()}
 }
 
 func (s *Subscriber) pokeRoom() {

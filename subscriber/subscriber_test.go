@@ -176,6 +176,9 @@ func (h *harness) shutdown() {
 	if v := h.work.violations; len(v) > 0 {
 		h.t.Errorf("queue protocol violations: %q", v)
 	}
+	if l := h.sub.Ledger(); l.Received != l.Deleted+l.Released+l.Lost+l.Abandoned {
+		h.t.Errorf("ledger does not balance: %+v", l)
+	}
 }
 
 // resultsByKey reads every result message, counting duplicates.

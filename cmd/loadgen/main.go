@@ -74,7 +74,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if *jobID == "" {
 		*jobID = "loadgen-" + time.Now().UTC().Format("20060102T150405")
 	}
-	cfg, err := awsconfig.Load(ctx)
+	cfg, err := awsconfig.Load(ctx, nil)
 	if err != nil {
 		return err
 	}

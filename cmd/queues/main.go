@@ -70,7 +70,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return usageError{err}
 	}
 
-	cfg, err := awsconfig.Load(ctx)
+	cfg, err := awsconfig.Load(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("AWS configuration: %w", err)
 	}

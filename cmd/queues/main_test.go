@@ -77,7 +77,7 @@ func TestRunCreatesQueues(t *testing.T) {
 		}
 		got[k] = v
 	}
-	cfg, cerr := awsconfig.Load(t.Context())
+	cfg, cerr := awsconfig.Load(t.Context(), nil)
 	if cerr != nil {
 		t.Fatal(cerr)
 	}

@@ -133,7 +133,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	defer model.Close()
 
-	awsCfg, err := awsconfig.Load(ctx)
+	awsCfg, err := awsconfig.Load(ctx, log)
 	if err != nil {
 		return fmt.Errorf("AWS configuration: %w", err)
 	}

@@ -1,22 +1,33 @@
 // Package awsconfig loads the AWS configuration every vramq binary shares: the
 // standard chain (AWS_REGION, credentials, AWS_ENDPOINT_URL[_SQS|_S3]) with the
-// SDK's retryer tuned for a queue worker.
+// SDK's retryer tuned for a queue worker and its log routed to slog.
 package awsconfig
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/smithy-go/logging"
 )
 
 // Load reads the standard AWS configuration. Retries are the SDK's own
-// (throttling and 5xx with jittered backoff); a worker can afford more attempts
-// than an interactive client, so the attempt count is raised and the backoff
-// capped, rather than adding a retry loop on top.
-func Load(ctx context.Context) (aws.Config, error) {
+// (throttling, 5xx and broken responses, with jittered backoff); a worker can
+// afford more attempts than an interactive client, so the attempt count is
+// raised and the backoff capped, rather than adding a retry loop on top.
+//
+// Every retry is logged at WARN through log: a retried ReceiveMessage whose
+// first response was lost in transit leaves the messages SQS handed to that
+// attempt invisible until their visibility timeout, and an operator should be
+// able to see why messages came back late.
+func Load(ctx context.Context, log *slog.Logger) (aws.Config, error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	return config.LoadDefaultConfig(ctx,
 		config.WithRetryer(func() aws.Retryer {
 			return retry.NewStandard(func(o *retry.StandardOptions) {
@@ -24,5 +35,10 @@ func Load(ctx context.Context) (aws.Config, error) {
 				o.MaxBackoff = 5 * time.Second
 			})
 		}),
+		config.WithClientLogMode(aws.LogRetries),
+		config.WithLogger(logging.LoggerFunc(func(c logging.Classification, format string, v ...any) {
+			// With LogRetries the SDK logs only retries and its own warnings.
+			log.Warn(fmt.Sprintf(format, v...), "component", "aws-sdk", "sdk_level", string(c))
+		})),
 	)
 }

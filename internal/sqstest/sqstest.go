@@ -7,8 +7,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"os"
 	"regexp"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,16 +25,39 @@ import (
 // test when none is configured. make test always configures one; to run the
 // suite against AWS, set AWS_ENDPOINT_URL to the regional SQS endpoint.
 func Client(t testing.TB) *sqs.Client {
+	c, _ := CountingClient(t)
+	return c
+}
+
+// CountingClient is Client, also counting the ReceiveMessage calls its SDK
+// retried. A retried receive may have stranded up to ten messages, which SQS
+// handed to the lost attempt: they stay invisible until their visibility
+// timeout, whatever the consumer does.
+func CountingClient(t testing.TB) (*sqs.Client, *atomic.Int64) {
 	t.Helper()
 	if os.Getenv("AWS_ENDPOINT_URL") == "" && os.Getenv("AWS_ENDPOINT_URL_SQS") == "" {
 		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
 	}
-	cfg, err := awsconfig.Load(t.Context())
+	var retries atomic.Int64
+	log := slog.New(handlerFunc(func(r slog.Record) {
+		if strings.Contains(r.Message, "retrying request SQS/ReceiveMessage") {
+			retries.Add(1)
+		}
+		t.Log("aws-sdk: " + r.Message)
+	}))
+	cfg, err := awsconfig.Load(t.Context(), log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return sqs.NewFromConfig(cfg)
+	return sqs.NewFromConfig(cfg), &retries
 }
+
+type handlerFunc func(slog.Record)
+
+func (h handlerFunc) Enabled(context.Context, slog.Level) bool      { return true }
+func (h handlerFunc) Handle(_ context.Context, r slog.Record) error { h(r); return nil }
+func (h handlerFunc) WithAttrs([]slog.Attr) slog.Handler            { return h }
+func (h handlerFunc) WithGroup(string) slog.Handler                 { return h }
 
 var unsafe = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
 
