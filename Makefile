@@ -68,5 +68,7 @@ emulator-status:
 queues: build
 	$(BIN)/queues
 
+## clean: stop the emulator this checkout started, remove build outputs
 clean:
+	-$(EMULATOR) down
 	rm -rf $(BIN) build .run

@@ -71,7 +71,7 @@ sub_pid=""
 echo "  subscriber exited with status $rc"
 grep -E 'level=WARN' "$sub_log" | head -5 || true
 echo
-echo "  a few batches from the subscriber's log (device memory before and after each):"
+echo "  a few batches from the subscriber's log (device memory free as each began and ended):"
 grep -E 'msg=batch' "$sub_log" | head -3 | sed 's/^/    /'
 [[ $rc == 0 ]]
 echo

@@ -28,7 +28,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 	}{
 		{"unknown flag", []string{"-bogus"}, nil, true},
 		{"extra argument", []string{"extra"}, nil, true},
-		{"bad environment", nil, map[string]string{"MAX_RECEIVE_COUNT": "many"}, true},
+		{"bad environment", nil, map[string]string{"VRAMQ_MAX_RECEIVE_COUNT": "many"}, true},
 		{"fractional seconds", []string{"-visibility-timeout", "1500ms"}, nil, false},
 		{"bad prefix", []string{"-prefix", "a/b"}, nil, false},
 	}
@@ -61,7 +61,7 @@ func TestRunCreatesQueues(t *testing.T) {
 	prefix := "test-" + hex.EncodeToString(b) + "-"
 	// The prefix from the environment, the count from a flag: both paths at once.
 	getenv := func(k string) string {
-		if k == "PREFIX" {
+		if k == "VRAMQ_PREFIX" {
 			return prefix
 		}
 		return os.Getenv(k)

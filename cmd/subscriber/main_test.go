@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestFlagsAndEnvironment(t *testing.T) {
-	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "ADMISSION": "count", "VRAM": "2GiB"}
+	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "VRAMQ_ADMISSION": "count", "VRAMQ_VRAM": "2GiB", "COUNT": "99"}
 	o, err := parse([]string{"-count=3", "-vram=1GiB"}, func(k string) string { return env[k] }, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +49,7 @@ func TestFlagsAndEnvironment(t *testing.T) {
 	}{
 		{nil, nil, "missing -queue-url, -results-queue-url, -dlq-url"},
 		{[]string{"-vram=lots"}, env, "vram"},
-		{nil, map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "MAX_BATCH": "x"}, "MAX_BATCH"},
+		{nil, map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "VRAMQ_MAX_BATCH": "x"}, "VRAMQ_MAX_BATCH"},
 		{[]string{"-device=cuda:0"}, env, "simulated device only"},
 	} {
 		_, err := parse(tc.args, func(k string) string { return tc.env[k] }, &bytes.Buffer{})
@@ -62,7 +62,7 @@ func TestFlagsAndEnvironment(t *testing.T) {
 	if _, err := parse([]string{"-h"}, func(string) string { return "" }, &help); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
 	}
-	for _, want := range []string{"-queue-url", "$QUEUE_URL", "-admission", "$VRAM_RESERVE"} {
+	for _, want := range []string{"-queue-url", "$QUEUE_URL", "-admission", "$VRAMQ_VRAM_RESERVE"} {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("-h does not list %s", want)
 		}
@@ -93,8 +93,8 @@ func TestSIGTERMMidRunLosesNothing(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-metrics-addr=") // an empty variable counts as unset
 	cmd.Env = append(os.Environ(), "VRAMQ_TEST_RUN_MAIN=1",
 		"QUEUE_URL="+urls.Work, "RESULTS_QUEUE_URL="+urls.Results, "DLQ_URL="+urls.DLQ,
-		"VRAM=48MiB", "VRAM_RESERVE=1MiB", "WAIT_TIME=1s", "VISIBILITY_TIMEOUT=10s",
-		"SHUTDOWN_GRACE=5s", "LOG_FORMAT=text")
+		"VRAMQ_VRAM=48MiB", "VRAMQ_VRAM_RESERVE=1MiB", "VRAMQ_WAIT_TIME=1s", "VRAMQ_VISIBILITY_TIMEOUT=10s",
+		"VRAMQ_SHUTDOWN_GRACE=5s", "VRAMQ_LOG_FORMAT=text")
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

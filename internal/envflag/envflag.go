@@ -1,5 +1,7 @@
 // Package envflag gives every flag of a FlagSet an environment variable of the
-// same meaning: flag -queue-url reads QUEUE_URL. A flag given on the command
+// same meaning: flag -max-batch reads VRAMQ_MAX_BATCH. The queue and bucket
+// flags shared by every vramq binary read the plain names of the project's
+// contract (flag -queue-url reads QUEUE_URL). A flag given on the command
 // line wins over the environment.
 package envflag
 
@@ -9,9 +11,20 @@ import (
 	"strings"
 )
 
-// Name is the environment variable for a flag: upper case, '-' and '.' as '_'.
+// contract lists the flags whose variables are named without a prefix, as
+// the deployment (ECS task definitions, Lambda, Terraform outputs) sets them.
+var contract = map[string]bool{"queue-url": true, "results-queue-url": true, "dlq-url": true, "payload-bucket": true}
+
+// Name is the environment variable for a flag: upper case, '-' and '.' as
+// '_', behind VRAMQ_ unless the flag is one of the contract's. The prefix
+// keeps generic names (COUNT, DEVICE, TIMEOUT) from being picked up by
+// accident from an unrelated environment.
 func Name(flag string) string {
-	return strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(flag))
+	n := strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(flag))
+	if contract[flag] {
+		return n
+	}
+	return "VRAMQ_" + n
 }
 
 // Parse parses args, then sets each flag not given in args from getenv.
@@ -47,7 +60,9 @@ func usage(fs *flag.FlagSet) {
 			line += " " + name
 		}
 		line += "  [$" + Name(f.Name) + "]\n    \t" + strings.ReplaceAll(text, "\n", "\n    \t")
-		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && f.DefValue != "0s" {
+		switch f.DefValue {
+		case "", "0", "0B", "0s", "false":
+		default:
 			line += fmt.Sprintf(" (default %q)", f.DefValue)
 		}
 		fmt.Fprintln(w, line)

@@ -13,7 +13,7 @@ func TestParse(t *testing.T) {
 	url := fs.String("queue-url", "", "queue")
 	wait := fs.Duration("wait-time", time.Second, "wait")
 	n := fs.Int("max-batch", 8, "batch")
-	env := map[string]string{"QUEUE_URL": "from-env", "WAIT_TIME": "5s", "MAX_BATCH": "4"}
+	env := map[string]string{"QUEUE_URL": "from-env", "VRAMQ_WAIT_TIME": "5s", "VRAMQ_MAX_BATCH": "4", "WAIT_TIME": "9s"}
 	if err := Parse(fs, []string{"-max-batch=2"}, func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
@@ -23,8 +23,8 @@ func TestParse(t *testing.T) {
 
 	fs = flag.NewFlagSet("x", flag.ContinueOnError)
 	fs.Duration("wait-time", time.Second, "wait")
-	err := Parse(fs, nil, func(k string) string { return map[string]string{"WAIT_TIME": "soon"}[k] })
-	if err == nil || !strings.Contains(err.Error(), "WAIT_TIME") || !strings.Contains(err.Error(), "-wait-time") {
+	err := Parse(fs, nil, func(k string) string { return map[string]string{"VRAMQ_WAIT_TIME": "soon"}[k] })
+	if err == nil || !strings.Contains(err.Error(), "VRAMQ_WAIT_TIME") || !strings.Contains(err.Error(), "-wait-time") {
 		t.Errorf("bad environment value: %v; want an error naming the variable and the flag", err)
 	}
 }
