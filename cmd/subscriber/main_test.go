@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
@@ -89,8 +92,15 @@ func TestSIGTERMMidRunLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
+
 	var logs syncBuffer
-	cmd := exec.Command(os.Args[0], "-metrics-addr=") // an empty variable counts as unset
+	cmd := exec.Command(os.Args[0], "-metrics-addr="+metricsAddr)
 	cmd.Env = append(os.Environ(), "VRAMQ_TEST_RUN_MAIN=1",
 		"QUEUE_URL="+urls.Work, "RESULTS_QUEUE_URL="+urls.Results, "DLQ_URL="+urls.DLQ,
 		"VRAMQ_VRAM=48MiB", "VRAMQ_VRAM_RESERVE=1MiB", "VRAMQ_WAIT_TIME=1s", "VRAMQ_VISIBILITY_TIMEOUT=10s",
@@ -110,6 +120,22 @@ func TestSIGTERMMidRunLosesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Mid-run, the real endpoints answer with the subscriber's series.
+	if body := get(t, "http://"+metricsAddr+"/healthz"); !strings.Contains(body, "ok") {
+		t.Errorf("/healthz: %q", body)
+	}
+	metrics := get(t, "http://"+metricsAddr+"/metrics")
+	for _, want := range []string{
+		"vramq_subscriber_messages_received_total", "vramq_subscriber_budget_bytes 3.", // 30 MiB less reserve
+		`vramq_subscriber_sqs_requests_total{action="ReceiveMessage",outcome="ok"}`,
+		`vramq_subscriber_sqs_requests_total{action="DeleteMessageBatch",outcome="ok"}`,
+		"vramq_subscriber_batch_messages_bucket", "vramq_subscriber_inflight_bytes_peak", "go_goroutines",
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -179,6 +205,20 @@ func TestSIGTERMMidRunLosesNothing(t *testing.T) {
 	}
 	t.Logf("at SIGTERM: %d chunks done, %d handed back, %d duplicate results, %d in flight after exit (%d receive retries)",
 		len(c.Results), back, c.Duplicates, inflight, retried)
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %v", url, resp.Status, err)
+	}
+	return string(b)
 }
 
 // syncBuffer is a bytes.Buffer safe to read while the process writes it.
