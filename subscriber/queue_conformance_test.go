@@ -1,0 +1,133 @@
+package subscriber
+
+import (
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/vramq/vramq/internal/sqstest"
+)
+
+// testQueueConformance checks the Queue and Sender contract the subscriber
+// relies on. It runs against SQS (on whatever AWS_ENDPOINT_URL names) and
+// against the in-memory queue of the unit tests, so the fake stays faithful.
+// It asserts only what SQS documents, not what one implementation happens to
+// do.
+func testQueueConformance(t *testing.T, q interface {
+	Queue
+	Sender
+}) {
+	ctx := t.Context()
+	receive := func(max int, visibility time.Duration) []Message {
+		t.Helper()
+		msgs, err := q.Receive(ctx, max, time.Second, visibility)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return msgs
+	}
+	noErrs := func(what string, errs []error, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		for i, e := range errs {
+			if e != nil {
+				t.Fatalf("%s: entry %d: %v", what, i, e)
+			}
+		}
+	}
+
+	var out []Outgoing
+	for i := range MaxBatch {
+		out = append(out, Outgoing{Body: fmt.Sprintf(`{"n":%d}`, i), Attributes: map[string]string{"k": fmt.Sprint(i)}})
+	}
+	errs, err := q.Send(ctx, out)
+	noErrs("send 10", errs, err)
+	if len(errs) != MaxBatch {
+		t.Fatalf("send returned %d entry errors for %d entries", len(errs), MaxBatch)
+	}
+
+	// Received messages carry body, attributes and a first receive count,
+	// and are hidden from the next receive.
+	got := map[string]Message{}
+	for deadline := time.Now().Add(10 * time.Second); len(got) < MaxBatch && time.Now().Before(deadline); {
+		for _, m := range receive(MaxBatch, time.Minute) {
+			if _, dup := got[m.Body]; dup {
+				t.Fatalf("message %s received twice while invisible", m.Body)
+			}
+			got[m.Body] = m
+		}
+	}
+	if len(got) != MaxBatch {
+		t.Fatalf("received %d of %d", len(got), MaxBatch)
+	}
+	for i := range MaxBatch {
+		m := got[fmt.Sprintf(`{"n":%d}`, i)]
+		if m.Handle == "" || m.ID == "" || m.ReceiveCount != 1 || m.Attributes["k"] != fmt.Sprint(i) {
+			t.Errorf("message %d: %+v", i, m)
+		}
+	}
+	if extra := receive(MaxBatch, time.Minute); len(extra) != 0 {
+		t.Errorf("%d messages received again while invisible", len(extra))
+	}
+
+	// A heartbeat on all of them succeeds entry by entry.
+	var handles []string
+	for _, m := range got {
+		handles = append(handles, m.Handle)
+	}
+	errs, err = q.ChangeVisibility(ctx, handles, time.Minute)
+	noErrs("extend 10", errs, err)
+
+	// A release (visibility 0) hands a message back at once, received again
+	// with a higher count.
+	first := got[`{"n":0}`]
+	errs, err = q.ChangeVisibility(ctx, []string{first.Handle}, 0)
+	noErrs("release", errs, err)
+	var again []Message
+	for deadline := time.Now().Add(5 * time.Second); len(again) == 0 && time.Now().Before(deadline); {
+		again = receive(1, time.Minute)
+	}
+	if len(again) != 1 || again[0].Body != first.Body || again[0].ReceiveCount != 2 {
+		t.Fatalf("after release, received %+v; want the same message, second receive", again)
+	}
+
+	// Deletes remove messages for good.
+	handles = handles[:0]
+	for _, m := range got {
+		if m.Body != first.Body {
+			handles = append(handles, m.Handle)
+		}
+	}
+	handles = append(handles, again[0].Handle)
+	errs, err = q.Delete(ctx, handles)
+	noErrs("delete 10", errs, err)
+
+	// A heartbeat on a deleted message fails for that entry, as a lost lease.
+	errs, err = q.ChangeVisibility(ctx, []string{again[0].Handle}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs[0] == nil || !IsLeaseLost(errs[0]) {
+		t.Errorf("extending a deleted message: %v; want a lost lease", errs[0])
+	}
+
+	// With every message deleted, nothing comes back, even after the
+	// visibility timeouts that were set would have passed.
+	if left := receive(MaxBatch, time.Second); len(left) != 0 {
+		t.Errorf("%d messages after deleting all", len(left))
+	}
+}
+
+func TestMemQueueConformance(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) { testQueueConformance(t, newMemQueue()) })
+}
+
+func TestSQSQueueConformance(t *testing.T) {
+	client := sqstest.Client(t)
+	urls := sqstest.Queues(t, client, 5)
+	testQueueConformance(t, NewSQSQueue(client, urls.Work))
+}
+
