@@ -130,4 +130,3 @@ func TestSQSQueueConformance(t *testing.T) {
 	urls := sqstest.Queues(t, client, 5)
 	testQueueConformance(t, NewSQSQueue(client, urls.Work))
 }
-
