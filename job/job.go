@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Version is the schema version written in the "v" field of every message.
@@ -30,6 +31,33 @@ type Item struct {
 	Text string `json:"text,omitempty"`
 	// Data carries binary content (base64 in JSON) for models that take it.
 	Data []byte `json:"data,omitempty"`
+	// Ref, instead of Text and Data, points at the item stored in S3 because
+	// it was too large for a message (the claim-check pattern). The object
+	// holds the JSON of the whole Item, without Ref. Consumers fetch it and
+	// verify its size and SHA-256 before use.
+	Ref *PayloadRef `json:"ref,omitempty"`
+}
+
+// PayloadRef points at an object in S3 that stands in for content too large
+// for a message.
+type PayloadRef struct {
+	Bucket string `json:"bucket"`
+	Key    string `json:"key"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"` // hex of the object's SHA-256
+}
+
+// Validate reports what makes r unusable.
+func (r *PayloadRef) Validate() error {
+	switch {
+	case r.Bucket == "" || r.Key == "":
+		return fmt.Errorf("%w: payload reference without bucket or key", ErrMalformed)
+	case r.Size < 0:
+		return fmt.Errorf("%w: payload reference with negative size %d", ErrMalformed, r.Size)
+	case len(r.SHA256) != 64 || strings.Trim(r.SHA256, "0123456789abcdef") != "":
+		return fmt.Errorf("%w: payload reference sha256 %q is not 64 lower-case hex digits", ErrMalformed, r.SHA256)
+	}
+	return nil
 }
 
 // Work is the body of a work message: one chunk of a job.
@@ -69,6 +97,9 @@ type Result struct {
 	Attempt int `json:"attempt"`
 	// WorkerMS is the time from receipt to result, in milliseconds.
 	WorkerMS int64 `json:"worker_ms"`
+	// Ref, when set, replaces Outputs: the result was too large for a
+	// message and the whole Result is in S3 there.
+	Ref *PayloadRef `json:"ref,omitempty"`
 }
 
 func (r *Result) Key() Key { return Key{r.JobID, r.Chunk} }
@@ -115,6 +146,14 @@ func (w *Work) Validate() error {
 		}
 		if _, dup := seen[it.ID]; dup {
 			return fmt.Errorf("%w: duplicate item id %q", ErrMalformed, it.ID)
+		}
+		if it.Ref != nil {
+			if it.Text != "" || len(it.Data) > 0 {
+				return fmt.Errorf("%w: item %q has both a payload reference and inline content", ErrMalformed, it.ID)
+			}
+			if err := it.Ref.Validate(); err != nil {
+				return fmt.Errorf("item %q: %w", it.ID, err)
+			}
 		}
 		seen[it.ID] = struct{}{}
 	}

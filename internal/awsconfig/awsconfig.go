@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go/logging"
 )
 
@@ -41,4 +42,12 @@ func Load(ctx context.Context, log *slog.Logger) (aws.Config, error) {
 			log.Warn(fmt.Sprintf(format, v...), "component", "aws-sdk", "sdk_level", string(c))
 		})),
 	)
+}
+
+// S3 returns an S3 client for cfg. Emulators and LocalStack serve buckets by
+// path, not by host name, so path-style addressing is used whenever the
+// endpoint is overridden by the standard variables.
+func S3(cfg aws.Config, getenv func(string) string) *s3.Client {
+	pathStyle := getenv("AWS_ENDPOINT_URL") != "" || getenv("AWS_ENDPOINT_URL_S3") != ""
+	return s3.NewFromConfig(cfg, func(o *s3.Options) { o.UsePathStyle = pathStyle })
 }

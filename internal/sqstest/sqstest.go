@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/vramq/vramq/internal/awsconfig"
@@ -85,4 +86,46 @@ func Queues(t testing.TB, client *sqs.Client, maxReceive int) localstack.URLs {
 		}
 	})
 	return urls
+}
+
+// S3 returns an S3 client for the endpoint under test (path-style when
+// AWS_ENDPOINT_URL overrides it), or skips the test when none is configured.
+func S3(t testing.TB) *s3.Client {
+	t.Helper()
+	if os.Getenv("AWS_ENDPOINT_URL") == "" && os.Getenv("AWS_ENDPOINT_URL_S3") == "" {
+		t.Skip("no S3 endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
+	}
+	cfg, err := awsconfig.Load(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return awsconfig.S3(cfg, os.Getenv)
+}
+
+// Bucket creates a bucket unique to this test and empties and deletes it
+// when the test ends.
+func Bucket(t testing.TB, c *s3.Client) string {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := "vramq-test-" + hex.EncodeToString(b[:])
+	if _, err := c.CreateBucket(t.Context(), &s3.CreateBucketInput{Bucket: &name}); err != nil {
+		t.Fatalf("creating bucket: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		p := s3.NewListObjectsV2Paginator(c, &s3.ListObjectsV2Input{Bucket: &name})
+		for p.HasMorePages() {
+			page, err := p.NextPage(ctx)
+			if err != nil {
+				break
+			}
+			for _, o := range page.Contents {
+				_, _ = c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &name, Key: o.Key})
+			}
+		}
+		_, _ = c.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: &name})
+	})
+	return name
 }

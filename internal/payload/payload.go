@@ -1,0 +1,162 @@
+// Package payload keeps in S3 what is too large for an SQS message, and reads
+// it back verified: the claim-check pattern of the SQS extended client
+// libraries, which Go lacks. It also names every object vramq keeps in the
+// payload bucket, so the publisher and the subscriber agree on the layout:
+//
+//	payloads/{job_id}/{item}.json   an item too large for a message (job.Item JSON)
+//	jobs/{job_id}.json              the job's manifest, written by the publisher
+//	idempotency/{sha256}.json       Idempotency-Key → job id
+//	results/{job_id}/{chunk}.json   a chunk's result (job.Result JSON), by the subscriber
+//	failed/{job_id}/{chunk}.json    why a chunk was dead-lettered, by the subscriber
+package payload
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/vramq/vramq/job"
+)
+
+var (
+	// ErrMissing means the object is not there (never written, or expired).
+	ErrMissing = errors.New("payload: object missing")
+	// ErrCorrupt means the object is there but its size or SHA-256 is not
+	// what the reference says.
+	ErrCorrupt = errors.New("payload: object does not match its reference")
+)
+
+// Store is one payload bucket. Safe for concurrent use.
+type Store struct {
+	client *s3.Client
+	bucket string
+}
+
+func New(client *s3.Client, bucket string) *Store { return &Store{client: client, bucket: bucket} }
+
+func (s *Store) Bucket() string { return s.bucket }
+
+// Put stores body at key and returns the reference to it.
+func (s *Store) Put(ctx context.Context, key string, body []byte) (job.PayloadRef, error) {
+	sum := sha256.Sum256(body)
+	_, err := s.client.PutObject(ctx, &s3.PutObjectInput{
+		Bucket: &s.bucket, Key: &key, Body: bytes.NewReader(body),
+		ContentLength: aws.Int64(int64(len(body))), ContentType: aws.String("application/json"),
+	})
+	if err != nil {
+		return job.PayloadRef{}, fmt.Errorf("payload: put s3://%s/%s: %w", s.bucket, key, err)
+	}
+	return job.PayloadRef{Bucket: s.bucket, Key: key, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}, nil
+}
+
+// PutIfAbsent stores body at key unless an object is already there, in which
+// case it returns that object's content and created false. On S3 the check
+// and the write are one atomic conditional request (If-None-Match); stores
+// that ignore the condition are also checked by a read first.
+func (s *Store) PutIfAbsent(ctx context.Context, key string, body []byte) (created bool, existing []byte, err error) {
+	if b, err := s.Read(ctx, key); err == nil {
+		return false, b, nil
+	} else if !errors.Is(err, ErrMissing) {
+		return false, nil, err
+	}
+	_, err = s.client.PutObject(ctx, &s3.PutObjectInput{
+		Bucket: &s.bucket, Key: &key, Body: bytes.NewReader(body), IfNoneMatch: aws.String("*"),
+		ContentLength: aws.Int64(int64(len(body))), ContentType: aws.String("application/json"),
+	})
+	var apiErr smithy.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode() == "PreconditionFailed" || apiErr.ErrorCode() == "ConditionalRequestConflict") {
+		b, rerr := s.Read(ctx, key)
+		return false, b, rerr
+	}
+	if err != nil {
+		return false, nil, fmt.Errorf("payload: put s3://%s/%s: %w", s.bucket, key, err)
+	}
+	return true, nil, nil
+}
+
+// Get fetches what ref names and checks it against the reference's size and
+// SHA-256: ErrMissing or ErrCorrupt (wrapped) when it cannot be trusted.
+func (s *Store) Get(ctx context.Context, ref job.PayloadRef) ([]byte, error) {
+	if err := ref.Validate(); err != nil {
+		return nil, err
+	}
+	b, err := s.read(ctx, ref.Bucket, ref.Key, ref.Size+1)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) != ref.Size {
+		return nil, fmt.Errorf("%w: s3://%s/%s is %d bytes, reference says %d", ErrCorrupt, ref.Bucket, ref.Key, len(b), ref.Size)
+	}
+	sum := sha256.Sum256(b)
+	if got := hex.EncodeToString(sum[:]); got != ref.SHA256 {
+		return nil, fmt.Errorf("%w: s3://%s/%s has sha256 %s, reference says %s", ErrCorrupt, ref.Bucket, ref.Key, got, ref.SHA256)
+	}
+	return b, nil
+}
+
+// maxRead bounds an unverified read (manifests, results, markers).
+const maxRead = 64 << 20
+
+// Read fetches key from this store's bucket, unverified.
+func (s *Store) Read(ctx context.Context, key string) ([]byte, error) {
+	return s.read(ctx, s.bucket, key, maxRead)
+}
+
+func (s *Store) read(ctx context.Context, bucket, key string, limit int64) ([]byte, error) {
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key})
+	if err != nil {
+		var nsk *types.NoSuchKey
+		var apiErr smithy.APIError
+		if errors.As(err, &nsk) || (errors.As(err, &apiErr) && (apiErr.ErrorCode() == "NoSuchKey" || apiErr.ErrorCode() == "NotFound")) {
+			return nil, fmt.Errorf("%w: s3://%s/%s", ErrMissing, bucket, key)
+		}
+		return nil, fmt.Errorf("payload: get s3://%s/%s: %w", bucket, key, err)
+	}
+	defer out.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(out.Body, limit))
+	if err != nil {
+		return nil, fmt.Errorf("payload: reading s3://%s/%s: %w", bucket, key, err)
+	}
+	return b, nil
+}
+
+// List returns every key under prefix, in S3's (lexical) order.
+func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
+	var keys []string
+	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{Bucket: &s.bucket, Prefix: &prefix})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("payload: list s3://%s/%s: %w", s.bucket, prefix, err)
+		}
+		for _, o := range page.Contents {
+			keys = append(keys, aws.ToString(o.Key))
+		}
+	}
+	return keys, nil
+}
+
+// Keys of the bucket layout (see the package doc).
+func ItemKey(jobID string, item int) string {
+	return "payloads/" + jobID + "/" + strconv.Itoa(item) + ".json"
+}
+func ManifestKey(jobID string) string        { return "jobs/" + jobID + ".json" }
+func IdempotencyKey(sha256hex string) string { return "idempotency/" + sha256hex + ".json" }
+func ResultKey(jobID string, chunk int) string {
+	return "results/" + jobID + "/" + strconv.Itoa(chunk) + ".json"
+}
+func FailedKey(jobID string, chunk int) string {
+	return "failed/" + jobID + "/" + strconv.Itoa(chunk) + ".json"
+}
+func ResultPrefix(jobID string) string { return "results/" + jobID + "/" }
+func FailedPrefix(jobID string) string { return "failed/" + jobID + "/" }
