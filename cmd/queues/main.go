@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/vramq/vramq/internal/awsconfig"
@@ -54,6 +56,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.StringVar(&opts.Prefix, "prefix", "", "put `PREFIX` in front of every queue name (letters, digits, '-', '_')")
 	fs.IntVar(&opts.MaxReceiveCount, "max-receive-count", defs.Work.RedrivePolicy.MaxReceiveCount, "receives before a work message moves to the dead-letter queue")
 	fs.DurationVar(&opts.VisibilityTimeout, "visibility-timeout", defaultVisibility(defs.Work), "the work queue's visibility timeout, in whole seconds")
+	bucket := fs.String("payload-bucket", "", "also create this S3 bucket for claim-checked payloads and results, and print PAYLOAD_BUCKET")
 	// The flag package reports command-line mistakes itself but envflag's
 	// environment ones not at all; silence it so both are reported the same way.
 	fs.SetOutput(io.Discard)
@@ -82,8 +85,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	// Prefixes are restricted to characters a shell takes unquoted, and queue
 	// URLs contain none that need quoting.
-	_, err = fmt.Fprintf(stdout, "QUEUE_URL=%s\nRESULTS_QUEUE_URL=%s\nDLQ_URL=%s\n", urls.Work, urls.Results, urls.DLQ)
+	if _, err := fmt.Fprintf(stdout, "QUEUE_URL=%s\nRESULTS_QUEUE_URL=%s\nDLQ_URL=%s\n", urls.Work, urls.Results, urls.DLQ); err != nil {
+		return err
+	}
+	if *bucket == "" {
+		return nil
+	}
+	if err := createBucket(ctx, awsconfig.S3(cfg, getenv), *bucket); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "PAYLOAD_BUCKET=%s\n", *bucket)
 	return err
+}
+
+// createBucket makes the payload bucket, or reuses it when this account
+// already owns it. Its encryption, lifecycle and policy belong to Terraform
+// (infra/); this is for local emulators and quick starts.
+func createBucket(ctx context.Context, client *s3.Client, name string) error {
+	_, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &name})
+	var owned *s3types.BucketAlreadyOwnedByYou
+	if err != nil && !errors.As(err, &owned) {
+		return fmt.Errorf("creating bucket %s: %w", name, err)
+	}
+	return nil
 }
 
 // defaultVisibility is the definition's visibility timeout, so that -h shows
