@@ -15,11 +15,27 @@ EMULATOR    := localstack/emulator.sh
 # go test's own timeout, well inside CI's limit.
 TEST_TIMEOUT ?= 8m
 
-.PHONY: build test unit lint fmt-check vet staticcheck demo emulator-up emulator-down emulator-status queues clean
+.PHONY: build test unit lint fmt-check vet staticcheck demo emulator-up emulator-down emulator-status queues clean lambda
 
 ## build: the binaries, into bin/
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+## lambda: the publisher as an AWS Lambda function (provided.al2023): bin/publisher-lambda.zip holding bootstrap
+# LAMBDA_ARCH is the function's architecture: arm64 (Graviton) or amd64 (x86_64).
+# lambda.norpc leaves out the RPC mode only the retired go1.x runtime used.
+# The zip is written by Python's zipfile, which keeps bootstrap's executable
+# bit, with zip(1) as the fallback where there is no python3.
+LAMBDA_ARCH ?= arm64
+lambda:
+	rm -rf $(BIN)/lambda $(BIN)/publisher-lambda.zip
+	GOOS=linux GOARCH=$(LAMBDA_ARCH) CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o $(BIN)/lambda/bootstrap ./cmd/publisher
+	if command -v python3 >/dev/null; then \
+		python3 -m zipfile -c $(BIN)/publisher-lambda.zip $(BIN)/lambda/bootstrap; \
+	else \
+		cd $(BIN)/lambda && zip -q -X ../publisher-lambda.zip bootstrap; \
+	fi
+	@echo "$(BIN)/publisher-lambda.zip: bootstrap for linux/$(LAMBDA_ARCH)"
 
 ## test: lint, then unit and end-to-end tests against the emulator (started and stopped here)
 test: lint

@@ -1,28 +1,35 @@
 #!/usr/bin/env bash
 # make demo: the whole pipeline on this machine. Starts the emulator (unless
-# one is running), creates a fresh set of queues, starts the subscriber on a
-# simulated GPU, sends a mixed workload, waits for every result, prints a
-# summary, and stops what it started.
+# one is running), creates a fresh set of queues and a payload bucket, starts
+# the subscriber on a simulated GPU and the publisher, posts jobs of mixed
+# sizes through the publisher's API (one item big enough to go through S3),
+# follows them to the end, prints a summary and a few results, and stops what
+# it started.
 #
 #   ADMISSION=count make demo     the same workload under another strategy
-#   MESSAGES=200 make demo        a bigger workload
+#   MESSAGES=40 make demo         bigger jobs (messages' worth of items per job)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 mkdir -p .run
 emulator=localstack/emulator.sh
 admission="${ADMISSION:-vram}"
-messages="${MESSAGES:-60}"
+messages="${MESSAGES:-20}"
 metrics_port="${DEMO_METRICS_PORT:-9464}"
+publisher_port="${DEMO_PUBLISHER_PORT:-8086}"
 sub_log=.run/demo-subscriber.log
+pub_log=.run/demo-publisher.log
 
 started_emulator=0
 sub_pid=""
+pub_pid=""
 cleanup() {
-	if [[ -n "$sub_pid" ]] && kill -0 "$sub_pid" 2>/dev/null; then
-		kill -TERM "$sub_pid" 2>/dev/null || true
-		wait "$sub_pid" 2>/dev/null || true
-	fi
+	for pid in $pub_pid $sub_pid; do
+		if kill -0 "$pid" 2>/dev/null; then
+			kill -TERM "$pid" 2>/dev/null || true
+			wait "$pid" 2>/dev/null || true
+		fi
+	done
 	if [[ $started_emulator == 1 ]]; then
 		"$emulator" down >/dev/null
 	fi
@@ -41,10 +48,21 @@ fi
 eval "$("$emulator" env)"
 export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
 
-step "queues"
-eval "$(bin/queues -prefix "demo-$$-")"
-export QUEUE_URL RESULTS_QUEUE_URL DLQ_URL
-printf '  work     %s\n  results  %s\n  dlq      %s\n' "$QUEUE_URL" "$RESULTS_QUEUE_URL" "$DLQ_URL"
+step "queues and payload bucket"
+eval "$(bin/queues -prefix "demo-$$-" -payload-bucket "vramq-demo-$$")"
+export QUEUE_URL RESULTS_QUEUE_URL DLQ_URL PAYLOAD_BUCKET
+printf '  work     %s\n  results  %s\n  dlq      %s\n  bucket   %s\n' "$QUEUE_URL" "$RESULTS_QUEUE_URL" "$DLQ_URL" "$PAYLOAD_BUCKET"
+
+# wait_healthy URL PID LOG: until URL answers, or fail with the log.
+wait_healthy() {
+	for _ in $(seq 1 50); do
+		curl -fsS -m 1 "$1" >/dev/null 2>&1 && return 0
+		kill -0 "$2" 2>/dev/null || { cat "$3"; return 1; }
+		sleep 0.2
+	done
+	cat "$3"
+	return 1
+}
 
 step "subscriber (admission=$admission, SIMULATED device: 64 MiB, the reference model runs on the CPU)"
 # A small simulated device so that a CPU can fill it: the model's weights take
@@ -52,27 +70,34 @@ step "subscriber (admission=$admission, SIMULATED device: 64 MiB, the reference 
 bin/subscriber -device=sim -vram=64MiB -vram-reserve=4MiB -admission="$admission" \
 	-wait-time=2s -log-format=text -metrics-addr="127.0.0.1:$metrics_port" >"$sub_log" 2>&1 &
 sub_pid=$!
-for _ in $(seq 1 50); do
-	curl -fsS -m 1 "http://127.0.0.1:$metrics_port/healthz" >/dev/null 2>&1 && break
-	kill -0 "$sub_pid" 2>/dev/null || { cat "$sub_log"; exit 1; }
-	sleep 0.2
-done
+wait_healthy "http://127.0.0.1:$metrics_port/healthz" "$sub_pid" "$sub_log"
 echo "  pid $sub_pid, log $sub_log, metrics http://127.0.0.1:$metrics_port/metrics"
 
-step "workload: $messages messages, every 5th large (32 long texts), the rest small (8 short texts)"
-bin/loadgen -messages="$messages" -dlq-url="$DLQ_URL" -subscriber-metrics="http://127.0.0.1:$metrics_port/metrics" \
-	-json=.run/demo-summary.json
+step "publisher (HTTP API on 127.0.0.1:$publisher_port)"
+bin/publisher -addr="127.0.0.1:$publisher_port" -log-format=text >"$pub_log" 2>&1 &
+pub_pid=$!
+wait_healthy "http://127.0.0.1:$publisher_port/healthz" "$pub_pid" "$pub_log"
+echo "  pid $pub_pid, log $pub_log"
 
+step "jobs: 3 posted to POST /v1/jobs, each $messages messages' worth of short and long texts, plus one 1.2 MB item"
+bin/loadgen -publisher-url="http://127.0.0.1:$publisher_port" -jobs=3 -messages="$messages" -huge-item-bytes=1200000 \
+	-subscriber-metrics="http://127.0.0.1:$metrics_port/metrics" -json=.run/demo-summary.json
+
+curl -s "http://127.0.0.1:$metrics_port/metrics" | grep -E "^vramq_subscriber_(inflight|budget|messages_admitted|messages_received)" > .run/demo-metrics.txt || true
 step "shutdown (SIGTERM)"
+kill -TERM "$pub_pid"
+prc=0
+wait "$pub_pid" || prc=$?
+pub_pid=""
 kill -TERM "$sub_pid"
 rc=0
 wait "$sub_pid" || rc=$?
 sub_pid=""
-echo "  subscriber exited with status $rc"
+echo "  publisher exited with status $prc, subscriber with status $rc"
 grep -E 'level=WARN' "$sub_log" | head -5 || true
 echo
 echo "  a few batches from the subscriber's log (device memory free as each began and ended):"
 grep -E 'msg=batch' "$sub_log" | head -3 | sed 's/^/    /'
-[[ $rc == 0 ]]
+[[ $rc == 0 && $prc == 0 ]]
 echo
 echo "demo done: summary also in .run/demo-summary.json"

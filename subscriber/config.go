@@ -18,6 +18,16 @@ type Config struct {
 	Results Sender // where result messages go (required)
 	DLQ     Sender // where poison messages go, with a reason attribute (required)
 
+	// Payloads is the payload bucket (S3), or nil for none. With it, items
+	// that reference an object there (claim-checked by the publisher) are
+	// fetched and verified before they run; every chunk's result is also
+	// written to results/{job_id}/{chunk}.json, and a result too large for
+	// a message is sent as a reference to that object; every dead-lettered
+	// chunk gets a failed/{job_id}/{chunk}.json marker. Without it, a
+	// message that references an object is dead-lettered (claim_check) and
+	// a result too large for a message too (result_too_large).
+	Payloads Payloads
+
 	Model  gpu.Model  // loaded: its weights are already on the device (required)
 	Device gpu.Device // the device the model runs on (required)
 
@@ -111,6 +121,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Registerer == nil {
 		c.Registerer = prometheus.NewRegistry()
+	}
+	if typedNil(c.Payloads) {
+		c.Payloads = nil
 	}
 }
 

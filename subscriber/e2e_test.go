@@ -7,6 +7,7 @@ package subscriber_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -16,10 +17,12 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/sqstest"
 	"github.com/vramq/vramq/internal/workload"
 	"github.com/vramq/vramq/job"
@@ -236,6 +239,9 @@ func TestE2EMixedWorkload(t *testing.T) {
 			if !tc.wantOOM && ooms != 0 {
 				t.Errorf("vram admission ran out of memory %d times", ooms)
 			}
+			if !tc.wantOOM && p.sub.PeakBytes() > p.sub.Budget() {
+				t.Errorf("vram admission admitted %d bytes at once, budget %d", p.sub.PeakBytes(), p.sub.Budget())
+			}
 		})
 	}
 }
@@ -330,3 +336,163 @@ func TestE2EBackpressureReleases(t *testing.T) {
 }
 
 func strPtr(s string) *string { return &s }
+
+// newStore makes a payload bucket for this test on the endpoint under test.
+func newStore(t *testing.T) *payload.Store {
+	t.Helper()
+	c := sqstest.S3(t)
+	return payload.New(c, sqstest.Bucket(t, c))
+}
+
+// putItem stores it as the publisher claim-checks an item, and returns the
+// item that stands for it in the work message.
+func putItem(t *testing.T, store *payload.Store, key string, it job.Item) job.Item {
+	t.Helper()
+	b, err := json.Marshal(it)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := store.Put(t.Context(), key, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return job.Item{ID: it.ID, Ref: &ref}
+}
+
+// waitDeadLetters drains the DLQ until it has given n messages or a limit
+// passes.
+func (p *pipeline) waitDeadLetters(n int) []jobq.DeadLetter {
+	p.t.Helper()
+	var dead []jobq.DeadLetter
+	for deadline := time.Now().Add(30 * time.Second); len(dead) < n && time.Now().Before(deadline); {
+		dead = append(dead, p.deadLetters()...)
+	}
+	return dead
+}
+
+// A claim-checked item is fetched from S3, verified and gives the output of
+// the same item sent inline; a changed or missing object goes to the DLQ
+// with a failed marker for its chunk; every result is also in the bucket.
+func TestE2EClaimCheck(t *testing.T) {
+	store := newStore(t)
+	p := newPipeline(t, 5, subscriber.Config{Payloads: store}, nil)
+	text := strings.Repeat("the quick brown fox jumps over the lazy dog ", 40)
+	item := job.Item{ID: "doc", Text: text}
+	corrupt := putItem(t, store, payload.ItemKey("corrupt", 0), item)
+	// Same size, one byte changed: only the hash can tell.
+	changed := job.Item{ID: "doc", Text: strings.Replace(text, "quick", "quack", 1)}
+	if b, _ := json.Marshal(changed); int64(len(b)) != corrupt.Ref.Size {
+		t.Fatal("the changed item must keep the size")
+	} else if _, err := store.Put(t.Context(), corrupt.Ref.Key, b); err != nil {
+		t.Fatal(err)
+	}
+	missing := putItem(t, store, payload.ItemKey("missing", 0), item)
+	missing.Ref.Key = payload.ItemKey("missing", 1)
+	p.send([]job.Work{
+		{V: 1, JobID: "inline", Items: []job.Item{item}},
+		{V: 1, JobID: "claimed", Items: []job.Item{putItem(t, store, payload.ItemKey("claimed", 0), item)}},
+		{V: 1, JobID: "corrupt", Items: []job.Item{corrupt}},
+		{V: 1, JobID: "missing", Items: []job.Item{missing}},
+	})
+	c := p.collect(2, time.Minute)
+	dead := p.waitDeadLetters(2)
+	p.shutdown()
+
+	inline, claimed := c.Results[job.Key{JobID: "inline"}], c.Results[job.Key{JobID: "claimed"}]
+	if len(claimed.Outputs) != 1 || len(claimed.Outputs[0].Embedding) != gpu.DefaultEmbedConfig().Out {
+		t.Fatalf("claim-checked result: %+v", claimed)
+	}
+	if diff := cmp.Diff(inline.Outputs, claimed.Outputs); diff != "" {
+		t.Errorf("claim-checked output differs from the inline one (-inline +claimed):\n%s", diff)
+	}
+	for k, r := range c.Results {
+		b, err := store.Read(t.Context(), payload.ResultKey(k.JobID, k.Chunk))
+		if err != nil {
+			t.Fatalf("%v: result not in the bucket: %v", k, err)
+		}
+		var stored job.Result
+		if err := json.Unmarshal(b, &stored); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(stored, r); diff != "" {
+			t.Errorf("%v: the stored result differs from the message (-stored +message):\n%s", k, diff)
+		}
+	}
+
+	reasons := map[string]string{}
+	for _, d := range dead {
+		reasons[d.Attrs[job.AttrJobID]] = d.Reason
+	}
+	for jobID, want := range map[string]string{"corrupt": "reference says " + corrupt.Ref.SHA256, "missing": "object missing"} {
+		r := reasons[jobID]
+		if !strings.HasPrefix(r, "claim_check: ") || !strings.Contains(r, want) {
+			t.Errorf("%s: DLQ reason %q; want claim_check naming %q", jobID, r, want)
+		}
+		b, err := store.Read(t.Context(), payload.FailedKey(jobID, 0))
+		if err != nil {
+			t.Errorf("%s: no failed marker: %v", jobID, err)
+			continue
+		}
+		var m struct {
+			V         int    `json:"v"`
+			JobID     string `json:"job_id"`
+			Chunk     int    `json:"chunk"`
+			Reason    string `json:"reason"`
+			MessageID string `json:"message_id"`
+			At        string `json:"at"`
+		}
+		if err := json.Unmarshal(b, &m); err != nil || m.V != 1 || m.JobID != jobID || m.Reason != r || m.MessageID == "" || m.At == "" {
+			t.Errorf("%s: failed marker %s (%v); want the DLQ reason %q", jobID, b, err, r)
+		}
+	}
+	if len(dead) != 2 {
+		t.Errorf("%d dead letters, want 2", len(dead))
+	}
+	if n := metric(t, p.reg, "vramq_subscriber_results_stored_total"); n != 2 {
+		t.Errorf("%v results stored, want 2", n)
+	}
+}
+
+// A result too large for a message arrives as a reference to the whole
+// result in S3.
+func TestE2ELargeResultByRef(t *testing.T) {
+	store := newStore(t)
+	p := newPipeline(t, 5, subscriber.Config{Payloads: store, MaxMessageBytes: 4 << 10}, nil)
+	w := job.Work{V: 1, JobID: "wide"}
+	for i := range 12 {
+		w.Items = append(w.Items, job.Item{ID: fmt.Sprint("doc-", i), Text: fmt.Sprintf("document number %d of the wide job", i)})
+	}
+	p.send([]job.Work{w})
+	c := p.collect(1, time.Minute)
+	p.shutdown()
+	r := c.Results[job.Key{JobID: "wide"}]
+	if r.Ref == nil || r.Outputs != nil {
+		t.Fatalf("result %+v; want a reference and no outputs", r)
+	}
+	b, err := store.Get(t.Context(), *r.Ref)
+	if err != nil {
+		t.Fatalf("fetching the result: %v", err)
+	}
+	var full job.Result
+	if err := json.Unmarshal(b, &full); err != nil {
+		t.Fatal(err)
+	}
+	if len(full.Outputs) != 12 || len(full.Outputs[11].Embedding) != gpu.DefaultEmbedConfig().Out || full.Key() != r.Key() || full.Ref != nil {
+		t.Errorf("stored result: %d outputs, key %v", len(full.Outputs), full.Key())
+	}
+	if len(b) <= 4<<10 {
+		t.Errorf("the stored result is %d bytes; the test needs one above the message limit", len(b))
+	}
+}
+
+// Without a bucket, a message that references one is poison with a reason.
+func TestE2EClaimCheckWithoutBucket(t *testing.T) {
+	p := newPipeline(t, 5, subscriber.Config{}, nil)
+	ref := job.PayloadRef{Bucket: "elsewhere", Key: payload.ItemKey("j", 0), Size: 10, SHA256: strings.Repeat("ab", 32)}
+	p.send([]job.Work{{V: 1, JobID: "j", Items: []job.Item{{ID: "doc", Ref: &ref}}}})
+	dead := p.waitDeadLetters(1)
+	p.shutdown()
+	if len(dead) != 1 || !strings.HasPrefix(dead[0].Reason, "claim_check: ") || !strings.Contains(dead[0].Reason, "no payload bucket is configured") {
+		t.Errorf("dead letters %+v; want one claim_check saying no bucket is configured", dead)
+	}
+}

@@ -16,15 +16,18 @@ import (
 const sendTimeout = 30 * time.Second
 
 // settle gives back a task's admission. Its lease is finished separately.
+// The bytes leave the in-flight count before the weight goes back, or the
+// next admission could be counted while this one still is, and the peak
+// would show more than the budget for an instant.
 func (s *Subscriber) settle(t *task) {
-	if t.weight > 0 {
-		s.adm.release(t.weight)
-		t.weight = 0
-	}
 	if t.cost > 0 {
 		s.m.inflight.Sub(float64(t.cost))
 		s.inflight.Add(-t.cost)
 		t.cost = 0
+	}
+	if t.weight > 0 {
+		s.adm.release(t.weight)
+		t.weight = 0
 	}
 }
 
@@ -36,7 +39,9 @@ func (s *Subscriber) finish(t *task, release bool, delay time.Duration) {
 }
 
 // complete sends one result message per task, batched, then deletes the
-// messages whose result went out and releases the others for a retry.
+// messages whose result went out and releases the others for a retry. With
+// a payload bucket each result is written there first, and one too large
+// for a message goes out as a reference to that object.
 func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 	// Attribute names and values count towards SQS's size limits too.
 	const attrOverhead = 128
@@ -68,15 +73,43 @@ func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 		batch, owners, size = nil, nil, 0
 	}
 	model := s.cfg.Model.Name()
+	results := make([]job.Result, len(tasks))
+	bodies := make([][]byte, len(tasks))
+	errs := make([]error, len(tasks))
 	for i, t := range tasks {
-		r := job.Result{
+		results[i] = job.Result{
 			V: job.Version, JobID: t.work.JobID, Chunk: t.work.Chunk, Model: model,
 			Outputs: outs[i], Attempt: t.lease.msg.ReceiveCount,
 			WorkerMS: time.Since(t.lease.received).Milliseconds(),
 		}
-		body, err := json.Marshal(r)
+		bodies[i], errs[i] = json.Marshal(results[i])
+	}
+	var refs []*job.PayloadRef
+	if s.payloads != nil {
+		refs = s.storeResults(results, bodies)
+	}
+	for i, t := range tasks {
+		r, body, err := results[i], bodies[i], errs[i]
+		if err != nil {
+			s.deadLetter(t.lease, "result_too_large", "encoding the result: "+err.Error())
+			s.settle(t)
+			continue
+		}
+		if refs != nil && refs[i] == nil {
+			// Consumers of the bucket expect every result in it.
+			s.log.Warn("result not stored; message released for a retry", "message_id", t.lease.msg.ID)
+			s.finish(t, true, s.retryDelay(t.lease.msg.ReceiveCount))
+			continue
+		}
+		if len(body)+attrOverhead > s.cfg.MaxMessageBytes && refs != nil {
+			r.Outputs, r.Ref = nil, refs[i]
+			body, err = json.Marshal(r)
+		}
 		if err != nil || len(body)+attrOverhead > s.cfg.MaxMessageBytes {
 			reason := fmt.Sprintf("result of %d bytes exceeds the %d-byte message limit", len(body), s.cfg.MaxMessageBytes)
+			if refs == nil {
+				reason += " and no payload bucket is configured"
+			}
 			if err != nil {
 				reason = "encoding the result: " + err.Error()
 			}
@@ -98,9 +131,10 @@ func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 // limits.
 const maxReasonLen = 1024
 
-// deadLetter copies a message to the DLQ with why, then deletes it from the
-// work queue. When the DLQ cannot be reached the message is released for a
-// later try; the queue's own redrive policy is the last resort.
+// deadLetter copies a message to the DLQ with why, writes the chunk's failed
+// marker when there is a payload bucket, then deletes it from the work
+// queue. When the DLQ cannot be reached the message is released for a later
+// try; the queue's own redrive policy is the last resort.
 func (s *Subscriber) deadLetter(l *lease, kind, reason string) {
 	if len(reason) > maxReasonLen {
 		reason = reason[:maxReasonLen]
@@ -130,5 +164,11 @@ func (s *Subscriber) deadLetter(l *lease, kind, reason string) {
 	s.m.deadLettered.WithLabelValues(kind).Inc()
 	s.log.Warn("message dead-lettered", "message_id", l.msg.ID, "reason", kind, "detail", reason,
 		"job_id", l.msg.Attributes[job.AttrJobID], "chunk", l.msg.Attributes[job.AttrChunk])
+	if s.payloads != nil {
+		// Before the delete, so that a crash in between redelivers the
+		// message (a second DLQ copy) rather than leaving the chunk
+		// dead-lettered without its marker.
+		s.markFailed(l, attrs[job.AttrReason])
+	}
 	s.keeper.finish(l, false, 0)
 }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/vramq/vramq/job"
 )
 
 // metrics are the subscriber's Prometheus series, all prefixed vramq_subscriber_.
@@ -31,6 +33,10 @@ type metrics struct {
 	leasesLost   *prometheus.CounterVec
 	requests     *prometheus.CounterVec
 	batchLimit   prometheus.Gauge
+
+	claimChecks     *prometheus.CounterVec
+	resultsStored   prometheus.Counter
+	payloadRequests *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -74,6 +80,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		requests: f.NewCounterVec(prometheus.CounterOpts(opts("sqs_requests_total",
 			"SQS API calls made, by action and outcome.")), []string{"action", "outcome"}),
 		batchLimit: gauge("batch_limit_messages", "Most messages per batch now, lowered after an out-of-memory split."),
+		claimChecks: f.NewCounterVec(prometheus.CounterOpts(opts("claim_checks_total",
+			"Claim-checked items fetched from the payload bucket, by outcome: ok, missing, corrupt (size or SHA-256), invalid (not the item), error (may pass).")), []string{"outcome"}),
+		resultsStored: counter("results_stored_total", "Chunk results in the payload bucket (written, or found there from an earlier attempt)."),
+		payloadRequests: f.NewCounterVec(prometheus.CounterOpts(opts("payload_requests_total",
+			"Payload bucket (S3) operations, by operation and outcome; put_if_absent is a read and a conditional write.")), []string{"op", "outcome"}),
 	}
 }
 
@@ -118,4 +129,38 @@ func (c countedSender) Send(ctx context.Context, msgs []Outgoing) ([]error, erro
 	errs, err := c.s.Send(ctx, msgs)
 	countedQueue{m: c.m}.count("SendMessageBatch", err)
 	return errs, err
+}
+
+// countedPayloads counts every payload bucket operation by outcome.
+type countedPayloads struct {
+	p Payloads
+	m *metrics
+}
+
+func (c countedPayloads) count(op string, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	c.m.payloadRequests.WithLabelValues(op, outcome).Inc()
+}
+
+func (c countedPayloads) Bucket() string { return c.p.Bucket() }
+
+func (c countedPayloads) Get(ctx context.Context, ref job.PayloadRef) ([]byte, error) {
+	b, err := c.p.Get(ctx, ref)
+	c.count("get", err)
+	return b, err
+}
+
+func (c countedPayloads) Put(ctx context.Context, key string, body []byte) (job.PayloadRef, error) {
+	ref, err := c.p.Put(ctx, key, body)
+	c.count("put", err)
+	return ref, err
+}
+
+func (c countedPayloads) PutIfAbsent(ctx context.Context, key string, body []byte) (bool, []byte, error) {
+	created, existing, err := c.p.PutIfAbsent(ctx, key, body)
+	c.count("put_if_absent", err)
+	return created, existing, err
 }

@@ -16,6 +16,9 @@ import (
 // answer and hands its messages straight back.
 func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 	defer close(s.buffer)
+	// Fetches send to the buffer, so it closes only after they are done;
+	// shutdown cancels them through ctx.
+	defer s.fetches.Wait()
 	failures := 0
 	for ctx.Err() == nil {
 		n := s.room()
@@ -53,7 +56,9 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 }
 
 // accept takes a lease on m and sends it on: to the buffer, to the DLQ when
-// it can never run, or straight back when shutting down.
+// it can never run, or straight back when shutting down. A message with
+// claim-checked items is fetched off the poll loop, so a slow bucket does not
+// hold up receiving.
 func (s *Subscriber) accept(ctx context.Context, m Message, start time.Time) {
 	l := s.keeper.hold(m, start)
 	s.m.received.Inc()
@@ -67,17 +72,43 @@ func (s *Subscriber) accept(ctx context.Context, m Message, start time.Time) {
 		s.deadLetterAsync(l, "malformed", err.Error())
 		return
 	}
+	s.addWaiting()
+	if !hasRefs(w) {
+		s.enqueue(l, w)
+		return
+	}
+	if s.payloads == nil {
+		s.startTasks(1)
+		s.deadLetterAsync(l, "claim_check", unconfigured(w))
+		return
+	}
+	s.fetches.Go(func() { s.claim(ctx, l, w) })
+}
+
+// enqueue sends a decoded message, already counted as waiting, on to
+// admission, or to the DLQ when it can never fit. Its cost is estimated from
+// its content, so claim-checked items must have been fetched.
+func (s *Subscriber) enqueue(l *lease, w *job.Work) {
 	cost := s.cfg.Model.Cost(w.Items)
 	if !s.adm.fits(cost) {
+		s.startTasks(1)
 		s.deadLetterAsync(l, "too_large", fmt.Sprintf(
 			"estimated working memory %s exceeds the whole VRAM budget %s (%d items)",
 			gpu.FormatBytes(cost), gpu.FormatBytes(s.budget), len(w.Items)))
 		return
 	}
-	s.waiting.Add(1)
-	s.m.waiting.Set(float64(s.waiting.Load()))
-	// Never blocks: room() kept waiting within the buffer's capacity.
+	// Never blocks: room() kept waiting, which counts this message, within
+	// the buffer's capacity.
 	s.buffer <- &task{lease: l, work: w, cost: cost}
+}
+
+func unconfigured(w *job.Work) string {
+	for _, it := range w.Items {
+		if it.Ref != nil {
+			return fmt.Sprintf("item %q references s3://%s/%s but no payload bucket is configured", it.ID, it.Ref.Bucket, it.Ref.Key)
+		}
+	}
+	return "no payload bucket is configured"
 }
 
 func (s *Subscriber) deadLetterAsync(l *lease, kind, reason string) {

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/semaphore"
+
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 )
@@ -27,16 +29,21 @@ type Subscriber struct {
 	queue   Queue
 	results Sender
 	dlq     Sender
-	keeper  *keeper
-	adm     *admission
-	budget  int64
-	state   *learned
+	// payloads is the payload bucket, nil when none is configured.
+	payloads Payloads
+	keeper   *keeper
+	adm      *admission
+	budget   int64
+	state    *learned
 
 	buffer   chan *task    // received, decoded, waiting for admission
-	waiting  atomic.Int64  // received and not started: buffer, admission, batcher
+	waiting  atomic.Int64  // received and not started: fetching, buffer, admission, batcher
 	roomKick chan struct{} // poked when waiting or held messages go down
 	runners  sync.WaitGroup
 	aux      sync.WaitGroup // dead-letter sends started by the poller
+	fetches  sync.WaitGroup // claim-check fetches started by the poller
+	// fetchSlots bounds claim-check fetches in flight, across messages.
+	fetchSlots *semaphore.Weighted
 
 	received     atomic.Int64
 	inflight     atomic.Int64 // estimated bytes admitted and not settled
@@ -88,6 +95,11 @@ func New(cfg Config) (*Subscriber, error) {
 		budget:   budget,
 		buffer:   make(chan *task, cfg.Prefetch),
 		roomKick: make(chan struct{}, 1),
+
+		fetchSlots: semaphore.NewWeighted(maxFetches),
+	}
+	if cfg.Payloads != nil {
+		s.payloads = countedPayloads{cfg.Payloads, m}
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold)
 	s.keeper.onRemove = s.pokeRoom
@@ -202,7 +214,14 @@ func (s *Subscriber) room() int {
 	return max(n, 0)
 }
 
-// started marks tasks as no longer waiting.
+// addWaiting counts a message as waiting: received and not started.
+func (s *Subscriber) addWaiting() {
+	s.waiting.Add(1)
+	s.m.waiting.Set(float64(s.waiting.Load()))
+}
+
+// startTasks marks tasks as no longer waiting: started, or settled without
+// running.
 func (s *Subscriber) startTasks(n int) {
 	s.waiting.Add(-int64(n))
 	s.m.waiting.Set(float64(s.waiting.Load()))

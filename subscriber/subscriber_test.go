@@ -255,6 +255,9 @@ func TestVRAMAdmissionRunsMixedWorkloadWithoutOOM(t *testing.T) {
 		if peak := h.dev.Peak(); peak > h.sub.Budget() {
 			t.Errorf("peak device use %d above budget %d", peak, h.sub.Budget())
 		}
+		if peak := h.sub.PeakBytes(); peak > h.sub.Budget() || peak == 0 {
+			t.Errorf("peak admitted %d, budget %d", peak, h.sub.Budget())
+		}
 		if n := observations(h.sub.m.batchSize); n == 0 {
 			t.Error("no batches observed")
 		}

@@ -47,6 +47,9 @@ type Summary struct {
 	Seconds      float64 `json:"seconds"`
 	MessagesPerS float64 `json:"messages_per_second"`
 	ItemsPerS    float64 `json:"items_per_second"`
+	// Publisher mode only.
+	ClaimChecked int `json:"claim_checked,omitempty"`
+	Outputs      int `json:"outputs,omitempty"`
 	// From the subscriber's /metrics, when given.
 	OOMs        *float64 `json:"ooms,omitempty"`
 	PeakBytes   *float64 `json:"peak_admitted_bytes,omitempty"`
@@ -65,8 +68,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up waiting for results after this long")
 	metricsURL := fs.String("subscriber-metrics", "", "the subscriber's /metrics URL, for its OOM and budget figures")
 	jsonOut := fs.String("json", "", "also write the summary as JSON to this file")
+	publisherURL := fs.String("publisher-url", "", "send jobs through the publisher at this URL instead of straight to SQS")
+	apiKey := fs.String("api-key", "", "bearer key for the publisher, when it requires one")
+	jobs := fs.Int("jobs", 3, "jobs to post, with -publisher-url")
+	hugeItem := fs.Int("huge-item-bytes", 0, "with -publisher-url: add one item of this many bytes to the first job (above the queue's message size it goes through S3)")
 	if err := envflag.Parse(fs, args, getenv); err != nil {
 		return err
+	}
+	if *publisherURL != "" {
+		return runViaPublisher(ctx, &publisherRun{url: *publisherURL, apiKey: *apiKey, jobs: *jobs, perJob: *messages, hugeItem: *hugeItem, stderr: stderr},
+			*timeout, *metricsURL, *jsonOut, stdout, stderr)
 	}
 	if *queueURL == "" || *resultsURL == "" {
 		return errors.New("-queue-url and -results-queue-url are required")
@@ -129,8 +140,40 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	s.ItemsPerS = float64(done) / s.Seconds
 
-	if *metricsURL != "" {
-		m, err := scrape(ctx, *metricsURL)
+	if err := finish(ctx, &s, *metricsURL, *jsonOut, stdout, stderr); err != nil {
+		return err
+	}
+	if s.Results+s.DeadLettered < s.Messages {
+		return fmt.Errorf("%d messages unaccounted for", s.Messages-s.Results-s.DeadLettered)
+	}
+	return nil
+}
+
+func runViaPublisher(ctx context.Context, r *publisherRun, timeout time.Duration, metricsURL, jsonOut string, stdout, stderr io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var s Summary
+	samples, err := r.run(ctx, &s)
+	if err != nil {
+		return err
+	}
+	if err := finish(ctx, &s, metricsURL, jsonOut, stdout, stderr); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "\n  a few results (GET /v1/jobs/{id}):")
+	for _, line := range samples {
+		fmt.Fprintln(stdout, "    "+line)
+	}
+	if s.Outputs != s.Items {
+		return fmt.Errorf("%d outputs for %d items", s.Outputs, s.Items)
+	}
+	return nil
+}
+
+// finish adds the subscriber's figures, prints the summary and writes it as JSON.
+func finish(ctx context.Context, s *Summary, metricsURL, jsonOut string, stdout, stderr io.Writer) error {
+	if metricsURL != "" {
+		m, err := scrape(ctx, metricsURL)
 		if err != nil {
 			fmt.Fprintf(stderr, "loadgen: reading subscriber metrics: %v\n", err)
 		} else {
@@ -139,21 +182,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			s.BudgetBytes = m["vramq_subscriber_budget_bytes"]
 		}
 	}
-	print(stdout, s)
-	if *jsonOut != "" {
+	print(stdout, *s)
+	if jsonOut != "" {
 		b, _ := json.MarshalIndent(s, "", "  ")
-		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-	}
-	if s.Results+s.DeadLettered < s.Messages {
-		return fmt.Errorf("%d messages unaccounted for", s.Messages-s.Results-s.DeadLettered)
+		return os.WriteFile(jsonOut, append(b, '\n'), 0o644)
 	}
 	return nil
 }
 
 func print(w io.Writer, s Summary) {
 	fmt.Fprintf(w, "\n  messages sent     %d (%d items)\n", s.Messages, s.Items)
+	if s.ClaimChecked > 0 {
+		fmt.Fprintf(w, "  through S3        %d item(s) (claim-check, hash verified by the subscriber)\n", s.ClaimChecked)
+	}
 	fmt.Fprintf(w, "  results           %d (%d duplicate messages collapsed)\n", s.Results, s.Duplicates)
 	fmt.Fprintf(w, "  dead-lettered     %d\n", s.DeadLettered)
 	fmt.Fprintf(w, "  time              %.1fs: %.1f messages/s, %.0f items/s\n", s.Seconds, s.MessagesPerS, s.ItemsPerS)

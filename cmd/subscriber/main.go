@@ -26,6 +26,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/envflag"
+	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/subscriber"
 )
 
@@ -48,6 +49,7 @@ var errUsage = errors.New("usage")
 
 type options struct {
 	queueURL, resultsURL, dlqURL string
+	payloadBucket                string
 	device                       string
 	vram, reserve, limit         gpu.Bytes
 	modelSeed                    uint64
@@ -64,6 +66,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue (required)")
 	fs.StringVar(&o.resultsURL, "results-queue-url", "", "URL of the results queue (required)")
 	fs.StringVar(&o.dlqURL, "dlq-url", "", "URL of the dead-letter queue, for poison messages with a reason (required)")
+	fs.StringVar(&o.payloadBucket, "payload-bucket", "", "S3 bucket of claim-checked items, stored results and failed markers (empty: none; items that reference it are dead-lettered)")
 	fs.StringVar(&o.device, "device", "sim", "device: sim (simulated memory; the only one this CPU build runs)")
 	fs.Var(&o.vram, "vram", "memory of the simulated device, e.g. 16GiB")
 	fs.Var(&o.reserve, "vram-reserve", "device memory kept free of work")
@@ -145,6 +148,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	c.Results = subscriber.NewSQSQueue(client, o.resultsURL)
 	c.DLQ = subscriber.NewSQSQueue(client, o.dlqURL)
 	c.Model, c.Device, c.Logger, c.Registerer = model, dev, log, reg
+	if o.payloadBucket != "" {
+		c.Payloads = payload.New(awsconfig.S3(awsCfg, getenv), o.payloadBucket)
+	}
 	sub, err := subscriber.New(c)
 	if err != nil {
 		return err

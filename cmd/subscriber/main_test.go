@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"io"
@@ -20,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/sqstest"
 	"github.com/vramq/vramq/internal/workload"
 	"github.com/vramq/vramq/job"
@@ -36,12 +39,13 @@ func TestMain(m *testing.M) {
 }
 
 func TestFlagsAndEnvironment(t *testing.T) {
-	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "VRAMQ_ADMISSION": "count", "VRAMQ_VRAM": "2GiB", "COUNT": "99"}
+	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "PAYLOAD_BUCKET": "b",
+		"VRAMQ_ADMISSION": "count", "VRAMQ_VRAM": "2GiB", "COUNT": "99"}
 	o, err := parse([]string{"-count=3", "-vram=1GiB"}, func(k string) string { return env[k] }, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.queueURL != "q" || o.cfg.Admission != "count" || o.cfg.Count != 3 || o.vram != 1<<30 {
+	if o.queueURL != "q" || o.payloadBucket != "b" || o.cfg.Admission != "count" || o.cfg.Count != 3 || o.vram != 1<<30 {
 		t.Errorf("parsed %+v: flags must win over the environment, the environment over defaults", o)
 	}
 
@@ -65,7 +69,7 @@ func TestFlagsAndEnvironment(t *testing.T) {
 	if _, err := parse([]string{"-h"}, func(string) string { return "" }, &help); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
 	}
-	for _, want := range []string{"-queue-url", "$QUEUE_URL", "-admission", "$VRAMQ_VRAM_RESERVE"} {
+	for _, want := range []string{"-queue-url", "$QUEUE_URL", "-admission", "$VRAMQ_VRAM_RESERVE", "-payload-bucket", "$PAYLOAD_BUCKET"} {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("-h does not list %s", want)
 		}
@@ -257,4 +261,55 @@ func receiveWork(t *testing.T, client *sqs.Client, url string) []job.Key {
 		keys[i] = job.Key{JobID: *m.MessageAttributes[job.AttrJobID].StringValue, Chunk: chunk}
 	}
 	return keys
+}
+
+// -payload-bucket wires the S3 store: a claim-checked item is fetched and its
+// chunk's result lands in the bucket.
+func TestPayloadBucket(t *testing.T) {
+	client := sqstest.Client(t)
+	urls := sqstest.Queues(t, client, 5)
+	s3c := sqstest.S3(t)
+	bucket := sqstest.Bucket(t, s3c)
+	store := payload.New(s3c, bucket)
+	item, _ := json.Marshal(job.Item{ID: "doc", Text: "a claim-checked document"})
+	ref, err := store.Put(t.Context(), payload.ItemKey("pb", 0), item)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := jobq.Send(t.Context(), client, urls.Work, []job.Work{{V: 1, JobID: "pb", Items: []job.Item{{ID: "doc", Ref: &ref}}}}); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"QUEUE_URL": urls.Work, "RESULTS_QUEUE_URL": urls.Results, "DLQ_URL": urls.DLQ, "PAYLOAD_BUCKET": bucket,
+		"VRAMQ_VRAM": "48MiB", "VRAMQ_VRAM_RESERVE": "1MiB", "VRAMQ_WAIT_TIME": "1s", "VRAMQ_LOG_LEVEL": "warn"}
+	getenv := func(k string) string {
+		if v, ok := env[k]; ok {
+			return v
+		}
+		return os.Getenv(k)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-metrics-addr="}, getenv, &logs) }()
+
+	c := jobq.NewCollector()
+	for deadline := time.Now().Add(time.Minute); len(c.Results) < 1; {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("no result after a minute; log:\n%s", logs.String())
+		}
+		if _, err := c.Poll(t.Context(), client, urls.Results, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if r := c.Results[job.Key{JobID: "pb"}]; len(r.Outputs) != 1 || r.Outputs[0].ID != "doc" {
+		t.Errorf("result %+v", r)
+	}
+	if _, err := store.Read(t.Context(), payload.ResultKey("pb", 0)); err != nil {
+		t.Errorf("the result is not in the bucket: %v", err)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -38,8 +39,15 @@ func Load(ctx context.Context, log *slog.Logger) (aws.Config, error) {
 		}),
 		config.WithClientLogMode(aws.LogRetries),
 		config.WithLogger(logging.LoggerFunc(func(c logging.Classification, format string, v ...any) {
-			// With LogRetries the SDK logs only retries and its own warnings.
-			log.Warn(fmt.Sprintf(format, v...), "component", "aws-sdk", "sdk_level", string(c))
+			// With LogRetries the SDK logs its warnings, its retries, and at
+			// debug every request that failed without a retry, which includes
+			// expected misses (an S3 key not there yet).
+			msg := fmt.Sprintf(format, v...)
+			level := slog.LevelDebug
+			if c == logging.Warn || strings.HasPrefix(msg, "retrying request") {
+				level = slog.LevelWarn
+			}
+			log.Log(context.Background(), level, msg, "component", "aws-sdk")
 		})),
 	)
 }

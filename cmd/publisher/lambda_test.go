@@ -1,0 +1,544 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/lambdart"
+	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/job"
+)
+
+// The publisher's Lambda function end to end: the bootstrap binary, built as
+// make lambda builds it (for this machine's platform), runs against a local
+// Runtime API and takes API Gateway HTTP API (payload 2.0) and function URL
+// events, with SQS and S3 on the endpoint under test.
+func TestLambdaEndToEnd(t *testing.T) {
+	client := sqstest.Client(t) // skips without an endpoint, before the build
+	s3c := sqstest.S3(t)
+	queues := sqstest.Queues(t, client, 5)
+	bucket := sqstest.Bucket(t, s3c)
+
+	bin := lambdaBuild(t)
+	rt := lambdart.Start(t)
+	fn := lambdaStart(t, bin, rt, map[string]string{
+		"QUEUE_URL":            queues.Work,
+		"PAYLOAD_BUCKET":       bucket,
+		"VRAMQ_MAX_BODY_BYTES": strconv.Itoa(lambdaMaxBody),
+		"VRAMQ_MAX_ITEM_BYTES": strconv.Itoa(lambdaMaxItem),
+		"VRAMQ_MAX_ITEMS":      strconv.Itoa(lambdaMaxItems),
+		"VRAMQ_API_KEYS":       "", // whatever the environment says: no auth here
+	})
+
+	start := time.Now()
+	resp := fn.invoke(t, lambdaEvent("GET", "/healthz", nil, nil))
+	t.Logf("first invocation (init included): %v", time.Since(start))
+	if resp.StatusCode != http.StatusOK || strings.TrimSpace(resp.body) != "ok" {
+		t.Fatalf("GET /healthz: %d %q; want 200 ok", resp.StatusCode, resp.body)
+	}
+
+	t.Run("job", func(t *testing.T) {
+		items := lambdaItems(7)
+		body := lambdaJSON(t, map[string]any{"items": items, "options": map[string]any{"chunk_items": 3}})
+		start := time.Now()
+		resp := fn.invoke(t, lambdaDocumentedEvent(t, body))
+		t.Logf("POST /v1/jobs of 7 items in 3 chunks: %v", time.Since(start))
+		created := resp.accepted(t, 3)
+		lambdaExpectWork(t, client, queues.Work, created.JobID, 3, lambdaIDs(items))
+
+		resp = fn.invoke(t, lambdaEvent("GET", "/v1/jobs/"+created.JobID, nil, nil))
+		var st struct {
+			JobID        string `json:"job_id"`
+			Status       string `json:"status"`
+			Chunks       int    `json:"chunks"`
+			Items        int    `json:"items"`
+			ChunksFailed int    `json:"chunks_failed"`
+		}
+		if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(resp.body), &st) != nil || st.JobID != created.JobID || st.Chunks != 3 || st.Items != 7 {
+			t.Errorf("GET /v1/jobs/%s: %d %s; want 200 with the job's 3 chunks and 7 items", created.JobID, resp.StatusCode, resp.body)
+		}
+	})
+
+	t.Run("base64 body", func(t *testing.T) {
+		items := lambdaItems(2)
+		ev := lambdaEvent("POST", "/v1/jobs", jsonHeaders, lambdaJSON(t, map[string]any{"items": items}))
+		ev.Body, ev.IsBase64Encoded = base64.StdEncoding.EncodeToString([]byte(ev.Body)), true
+		created := fn.invoke(t, ev).accepted(t, 1)
+		lambdaExpectWork(t, client, queues.Work, created.JobID, 1, lambdaIDs(items))
+	})
+
+	t.Run("function URL", func(t *testing.T) {
+		items := lambdaItems(1)
+		ev := lambdaFunctionURLEvent("POST", "/v1/jobs", jsonHeaders, lambdaJSON(t, map[string]any{"items": items}))
+		created := fn.invoke(t, ev).accepted(t, 1)
+		lambdaExpectWork(t, client, queues.Work, created.JobID, 1, lambdaIDs(items))
+	})
+
+	t.Run("named stage", func(t *testing.T) {
+		ev := lambdaEvent("GET", "/prod/healthz", nil, nil)
+		ev.RequestContext.Stage = "prod"
+		if resp := fn.invoke(t, ev); resp.StatusCode != http.StatusOK {
+			t.Errorf("GET /prod/healthz on stage prod: %d %s; want 200", resp.StatusCode, resp.body)
+		}
+	})
+
+	t.Run("claim check", func(t *testing.T) {
+		items := []map[string]any{{"id": "big", "text": strings.Repeat("large ", lambdaMaxItem/6+1)}, {"id": "small", "text": "small"}}
+		created := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", jsonHeaders, lambdaJSON(t, map[string]any{"items": items}))).accepted(t, 1)
+		works := lambdaExpectWork(t, client, queues.Work, created.JobID, 1, []string{"big", "small"})
+		for _, w := range works {
+			for _, it := range w.Items {
+				if it.ID == "big" && (it.Ref == nil || it.Ref.Bucket != bucket || it.Text != "") {
+					t.Errorf("item big went inline (ref %+v); want a reference into %s", it.Ref, bucket)
+				}
+			}
+		}
+	})
+
+	t.Run("idempotency", func(t *testing.T) {
+		h := map[string]string{"content-type": "application/json", "idempotency-key": "lambda-retry-1"}
+		body := lambdaJSON(t, map[string]any{"items": lambdaItems(1)})
+		first := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", h, body)).accepted(t, 1)
+		again := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", h, body))
+		if again.StatusCode != http.StatusAccepted || !strings.Contains(again.body, first.JobID) {
+			t.Errorf("retried POST with the same key: %d %s; want 202 with job %s", again.StatusCode, again.body, first.JobID)
+		}
+		lambdaExpectWork(t, client, queues.Work, first.JobID, 1, []string{"item-0"})
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		dup := lambdaJSON(t, map[string]any{"items": []map[string]any{{"id": "a", "text": "x"}, {"id": "a", "text": "y"}}})
+		over := lambdaJSON(t, map[string]any{"items": []map[string]any{{"id": "a", "text": strings.Repeat("x", lambdaMaxBody)}}})
+		noMethod := lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a","text":"x"}]}`)
+		noMethod.RequestContext.HTTP.Method = ""
+		badBase64 := lambdaEvent("POST", "/v1/jobs", jsonHeaders, "not base64!")
+		badBase64.IsBase64Encoded = true
+		tooMany := lambdaJSON(t, map[string]any{"items": lambdaItems(lambdaMaxItems + 1)})
+		longID := lambdaJSON(t, map[string]any{"items": []map[string]any{{"id": strings.Repeat("i", 257), "text": "x"}}})
+		keyed := func(key string) map[string]string {
+			return map[string]string{"content-type": "application/json", "idempotency-key": key}
+		}
+		one := `{"items":[{"id":"a","text":"x"}]}`
+		for _, tc := range []struct {
+			name   string
+			ev     events.APIGatewayV2HTTPRequest
+			status int
+			code   string
+		}{
+			{"malformed JSON", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[`), 400, "malformed_json"},
+			{"empty body", lambdaEvent("POST", "/v1/jobs", jsonHeaders, ""), 400, "malformed_json"},
+			{"unknown field", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a","text":"x"}],"priority":1}`), 400, "unknown_field"},
+			{"wrong content type", lambdaEvent("POST", "/v1/jobs", map[string]string{"content-type": "text/plain"}, `{"items":[{"id":"a","text":"x"}]}`), 415, "unsupported_media_type"},
+			{"no content type", lambdaEvent("POST", "/v1/jobs", nil, `{"items":[{"id":"a","text":"x"}]}`), 415, "unsupported_media_type"},
+			{"empty items", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[]}`), 422, "no_items"},
+			{"duplicate ids", lambdaEvent("POST", "/v1/jobs", jsonHeaders, dup), 422, "duplicate_item_id"},
+			{"missing id", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"text":"x"}]}`), 422, "missing_item_id"},
+			{"empty item", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a"}]}`), 422, "empty_item"},
+			{"oversize body", lambdaEvent("POST", "/v1/jobs", jsonHeaders, over), 413, "body_too_large"},
+			{"trailing data", lambdaEvent("POST", "/v1/jobs", jsonHeaders, one+one), 400, "malformed_json"},
+			{"items not a list", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":"a"}`), 400, "malformed_json"},
+			{"data not base64", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a","data":"%%%"}]}`), 400, "malformed_json"},
+			{"idempotency key not ASCII", lambdaEvent("POST", "/v1/jobs", keyed("clé"), one), 400, "invalid_idempotency_key"},
+			{"idempotency key too long", lambdaEvent("POST", "/v1/jobs", keyed(strings.Repeat("k", 256)), one), 400, "invalid_idempotency_key"},
+			{"charset not UTF-8", lambdaEvent("POST", "/v1/jobs", map[string]string{"content-type": "application/json; charset=latin1"}, one), 415, "unsupported_media_type"},
+			{"too many items", lambdaEvent("POST", "/v1/jobs", jsonHeaders, tooMany), 422, "too_many_items"},
+			{"item id too long", lambdaEvent("POST", "/v1/jobs", jsonHeaders, longID), 422, "item_id_too_long"},
+			{"chunk_items out of range", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":-1}}`), 422, "invalid_options"},
+			{"unknown job", lambdaEvent("GET", "/v1/jobs/0123456789abcdef0123456789abcdef", nil, nil), 404, "not_found"},
+			{"malformed job id", lambdaEvent("GET", "/v1/jobs/..%2f..%2fsecrets", nil, nil), 404, "not_found"},
+			{"wrong method", lambdaEvent("GET", "/v1/jobs", nil, nil), 405, "method_not_allowed"},
+			{"unknown route", lambdaEvent("GET", "/v2/jobs", nil, nil), 404, "not_found"},
+			{"event without a method", noMethod, 400, "invalid_event"},
+			{"event body not base64", badBase64, 400, "invalid_event"},
+		} {
+			resp := fn.invoke(t, tc.ev)
+			var e struct {
+				Error struct{ Code, Message string }
+			}
+			if resp.StatusCode != tc.status || json.Unmarshal([]byte(resp.body), &e) != nil || e.Error.Code != tc.code || e.Error.Message == "" {
+				t.Errorf("%s: %d %s; want %d with error code %s", tc.name, resp.StatusCode, resp.body, tc.status, tc.code)
+			}
+			if ct := resp.Headers["Content-Type"]; ct != "application/json" {
+				t.Errorf("%s: Content-Type %q; want application/json", tc.name, ct)
+			}
+		}
+		if v, f, err := jobq.Counts(t.Context(), client, queues.Work); err != nil || v+f != 0 {
+			t.Errorf("after the bad requests the work queue holds %d visible and %d in flight (%v); want nothing enqueued", v, f, err)
+		}
+	})
+
+	t.Run("auth", func(t *testing.T) {
+		// A second function, with keys: the same binary as configured for a
+		// deployment with auth.
+		rt := lambdart.Start(t)
+		fn := lambdaStart(t, bin, rt, map[string]string{"QUEUE_URL": queues.Work, "VRAMQ_API_KEYS": "k-1,k-2", "VRAMQ_MAX_ITEM_BYTES": strconv.Itoa(lambdaMaxItem)})
+		body := lambdaJSON(t, map[string]any{"items": lambdaItems(1)})
+		for _, auth := range []string{"", "Bearer wrong", "k-1"} {
+			h := map[string]string{"content-type": "application/json"}
+			if auth != "" {
+				h["authorization"] = auth
+			}
+			resp := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", h, body))
+			if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(resp.body, `"unauthorized"`) || resp.Headers["Www-Authenticate"] == "" {
+				t.Errorf("Authorization %q: %d %v %s; want 401 unauthorized with WWW-Authenticate", auth, resp.StatusCode, resp.Headers, resp.body)
+			}
+		}
+		h := map[string]string{"content-type": "application/json", "authorization": "Bearer k-2"}
+		created := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", h, body)).accepted(t, 1)
+		lambdaExpectWork(t, client, queues.Work, created.JobID, 1, []string{"item-0"})
+
+		// This one has no bucket: what needs one is refused, and says why.
+		big := lambdaJSON(t, map[string]any{"items": []map[string]any{{"id": "big", "text": strings.Repeat("x", lambdaMaxItem)}}})
+		if resp := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", h, big)); resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(resp.body, `"item_too_large"`) {
+			t.Errorf("an item over the inline limit without a bucket: %d %s; want 413 item_too_large", resp.StatusCode, resp.body)
+		}
+		if resp := fn.invoke(t, lambdaEvent("GET", "/v1/jobs/"+created.JobID, map[string]string{"authorization": "Bearer k-1"}, nil)); resp.StatusCode != http.StatusNotImplemented {
+			t.Errorf("GET /v1/jobs/{id} without a bucket: %d %s; want 501", resp.StatusCode, resp.body)
+		}
+		if v, f, err := jobq.Counts(t.Context(), client, queues.Work); err != nil || v+f != 0 {
+			t.Errorf("the work queue holds %d visible and %d in flight (%v); want nothing more enqueued", v, f, err)
+		}
+		fn.checkAlive(t)
+	})
+
+	t.Run("event that is not JSON", func(t *testing.T) {
+		// API Gateway never sends one; a direct invocation might. The Lambda
+		// client reports it as a function error, and the function serves on.
+		_, fnErr, err := rt.Invoke(t.Context(), []byte("not json"))
+		if err != nil || fnErr == nil {
+			t.Errorf("a non-JSON event: %v, %v; want a function error", fnErr, err)
+		}
+		if resp := fn.invoke(t, lambdaEvent("GET", "/healthz", nil, nil)); resp.StatusCode != http.StatusOK {
+			t.Errorf("GET /healthz after a bad event: %d; want 200", resp.StatusCode)
+		}
+	})
+
+	t.Run("metrics", func(t *testing.T) {
+		resp := fn.invoke(t, lambdaEvent("GET", "/metrics", nil, nil))
+		if resp.StatusCode != http.StatusOK || resp.IsBase64Encoded || !strings.Contains(resp.body, "# TYPE") {
+			t.Errorf("GET /metrics: %d, base64 %v, %.200q; want 200 with the Prometheus text as text", resp.StatusCode, resp.IsBase64Encoded, resp.body)
+		}
+	})
+
+	fn.checkAlive(t)
+}
+
+const (
+	lambdaMaxBody  = 64 << 10 // VRAMQ_MAX_BODY_BYTES, so that an oversize body fits in an event
+	lambdaMaxItem  = 8 << 10  // VRAMQ_MAX_ITEM_BYTES, so that a modest item takes the claim check
+	lambdaMaxItems = 50       // VRAMQ_MAX_ITEMS, so that too many items fit in an event
+)
+
+var jsonHeaders = map[string]string{"content-type": "application/json"}
+
+// lambdaBuild builds the bootstrap binary as make lambda does, for this
+// machine's platform so that it runs here.
+func lambdaBuild(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "bootstrap")
+	start := time.Now()
+	cmd := exec.Command("go", "build", "-tags", "lambda.norpc", "-trimpath", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	t.Logf("go build: %v", time.Since(start))
+	return bin
+}
+
+type lambdaFunction struct {
+	rt     *lambdart.Server
+	cmd    *exec.Cmd
+	exited chan struct{}
+	alive  context.Context // cancelled when the process exits, so that an invocation fails at once
+	mu     sync.Mutex
+	logs   bytes.Buffer
+}
+
+func (f *lambdaFunction) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.logs.Write(p)
+}
+
+// lambdaStart runs the bootstrap as Lambda would: AWS_LAMBDA_RUNTIME_API and
+// the function's environment, the AWS settings of the endpoint under test
+// inherited.
+func lambdaStart(t *testing.T, bin string, rt *lambdart.Server, env map[string]string) *lambdaFunction {
+	t.Helper()
+	alive, died := context.WithCancelCause(context.Background())
+	f := &lambdaFunction{rt: rt, exited: make(chan struct{}), alive: alive}
+	f.cmd = exec.Command(bin)
+	f.cmd.Env = append(os.Environ(), "AWS_LAMBDA_RUNTIME_API="+rt.Addr(), "AWS_LAMBDA_FUNCTION_NAME=vramq-publisher",
+		"AWS_LAMBDA_FUNCTION_MEMORY_SIZE=512", "AWS_LAMBDA_FUNCTION_VERSION=$LATEST")
+	for k, v := range env {
+		f.cmd.Env = append(f.cmd.Env, k+"="+v)
+	}
+	f.cmd.Stdout, f.cmd.Stderr = f, f
+	if err := f.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = f.cmd.Wait()
+		died(fmt.Errorf("the function exited: %v", f.cmd.ProcessState))
+		close(f.exited)
+	}()
+	t.Cleanup(func() {
+		_ = f.cmd.Process.Kill()
+		<-f.exited
+		if t.Failed() {
+			f.mu.Lock()
+			t.Logf("function output:\n%s", f.logs.String())
+			f.mu.Unlock()
+		}
+	})
+	return f
+}
+
+// checkAlive fails the test if the function has exited: nothing it was sent
+// should end it.
+func (f *lambdaFunction) checkAlive(t *testing.T) {
+	t.Helper()
+	select {
+	case <-f.exited:
+		t.Errorf("the function exited during the test: %v", f.cmd.ProcessState)
+	default:
+	}
+}
+
+type lambdaResponse struct {
+	events.APIGatewayV2HTTPResponse
+	body string // decoded
+}
+
+// invoke sends ev through the Runtime API as API Gateway would, as JSON.
+func (f *lambdaFunction) invoke(t *testing.T, ev any) lambdaResponse {
+	t.Helper()
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(f.alive, 30*time.Second)
+	defer cancel()
+	out, fnErr, err := f.rt.Invoke(ctx, payload)
+	if err != nil {
+		t.Fatalf("invoke: %v", err)
+	}
+	if fnErr != nil {
+		t.Fatalf("invoke: function error %v", fnErr)
+	}
+	var r lambdaResponse
+	if err := json.Unmarshal(out, &r.APIGatewayV2HTTPResponse); err != nil {
+		t.Fatalf("response %q is not a payload 2.0 response: %v", out, err)
+	}
+	r.body = r.Body
+	if r.IsBase64Encoded {
+		b, err := base64.StdEncoding.DecodeString(r.Body)
+		if err != nil {
+			t.Fatalf("response body: %v", err)
+		}
+		r.body = string(b)
+	}
+	return r
+}
+
+type lambdaCreated struct {
+	JobID  string `json:"job_id"`
+	Chunks int    `json:"chunks"`
+}
+
+// accepted checks a 202 for a job of chunks and returns it.
+func (r lambdaResponse) accepted(t *testing.T, chunks int) lambdaCreated {
+	t.Helper()
+	var c lambdaCreated
+	if r.StatusCode != http.StatusAccepted || json.Unmarshal([]byte(r.body), &c) != nil || c.JobID == "" || c.Chunks != chunks {
+		t.Fatalf("got %d %s; want 202 with a job_id and %d chunks", r.StatusCode, r.body, chunks)
+	}
+	return c
+}
+
+// lambdaExpectWork receives the job's chunks from the work queue, checks
+// they hold exactly ids, and deletes them, so that the queue is empty again.
+func lambdaExpectWork(t *testing.T, client *sqs.Client, url, jobID string, chunks int, ids []string) []job.Work {
+	t.Helper()
+	var works []job.Work
+	deadline := time.Now().Add(15 * time.Second)
+	for len(works) < chunks && time.Now().Before(deadline) {
+		out, err := client.ReceiveMessage(t.Context(), &sqs.ReceiveMessageInput{QueueUrl: &url, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
+			MessageAttributeNames: []string{"All"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range out.Messages {
+			var w job.Work
+			if err := json.Unmarshal([]byte(aws.ToString(m.Body)), &w); err != nil {
+				t.Fatalf("work message %q: %v", aws.ToString(m.Body), err)
+			}
+			if a := m.MessageAttributes[job.AttrJobID]; w.JobID != jobID || aws.ToString(a.StringValue) != jobID {
+				t.Errorf("work message of job %q (attribute %q); want only job %s on the queue", w.JobID, aws.ToString(a.StringValue), jobID)
+			}
+			works = append(works, w)
+			if _, err := client.DeleteMessage(t.Context(), &sqs.DeleteMessageInput{QueueUrl: &url, ReceiptHandle: m.ReceiptHandle}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var got []string
+	var chunkIdx []int
+	for _, w := range works {
+		chunkIdx = append(chunkIdx, w.Chunk)
+		for _, it := range w.Items {
+			got = append(got, it.ID)
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(chunkIdx)
+	want := slices.Sorted(slices.Values(ids))
+	if len(works) != chunks || !slices.Equal(got, want) || chunkIdx[0] != 0 || chunkIdx[len(chunkIdx)-1] != chunks-1 {
+		t.Errorf("job %s on the queue: chunks %v with items %v; want chunks 0..%d with %v", jobID, chunkIdx, got, chunks-1, want)
+	}
+	return works
+}
+
+func lambdaItems(n int) []map[string]any {
+	items := make([]map[string]any, n)
+	for i := range items {
+		items[i] = map[string]any{"id": fmt.Sprintf("item-%d", i), "text": fmt.Sprintf("text number %d", i)}
+	}
+	return items
+}
+
+func lambdaIDs(items []map[string]any) []string {
+	var ids []string
+	for _, it := range items {
+		ids = append(ids, it["id"].(string))
+	}
+	return ids
+}
+
+func lambdaJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// lambdaEvent is an API Gateway HTTP API event, payload 2.0, shaped as the
+// service sends it for a request to the $default stage: lower-case header
+// names, the Host and forwarding headers, a request context. body is a string
+// or nil.
+func lambdaEvent(method, path string, headers map[string]string, body any) events.APIGatewayV2HTTPRequest {
+	const domain = "r4nd0m1d.execute-api.us-east-1.amazonaws.com"
+	now := time.Now()
+	h := map[string]string{
+		"accept": "*/*", "host": domain, "user-agent": "curl/8.5.0",
+		"x-amzn-trace-id": "Root=1-65f0c0de-0123456789abcdef01234567", "x-forwarded-for": "198.51.100.23",
+		"x-forwarded-port": "443", "x-forwarded-proto": "https",
+	}
+	for k, v := range headers {
+		h[k] = v
+	}
+	ev := events.APIGatewayV2HTTPRequest{
+		Version: "2.0", RouteKey: "$default", RawPath: path, Headers: h,
+		RequestContext: events.APIGatewayV2HTTPRequestContext{
+			RouteKey: "$default", AccountID: "123456789012", Stage: "$default", RequestID: fmt.Sprintf("req-%d", now.UnixNano()),
+			APIID: "r4nd0m1d", DomainName: domain, DomainPrefix: "r4nd0m1d",
+			Time: now.UTC().Format("02/Jan/2006:15:04:05 -0700"), TimeEpoch: now.UnixMilli(),
+			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path, Protocol: "HTTP/1.1", SourceIP: "198.51.100.23", UserAgent: "curl/8.5.0"},
+		},
+	}
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		ev.RawPath, ev.RawQueryString = path[:i], path[i+1:]
+		ev.RequestContext.HTTP.Path = ev.RawPath
+	}
+	if s, ok := body.(string); ok {
+		ev.Body = s
+		h["content-length"] = strconv.Itoa(len(s))
+	}
+	return ev
+}
+
+// lambdaDocumentedEvent is POST /v1/jobs with body as the event document
+// API Gateway's documentation shows for payload 2.0, field for field: a JWT
+// authorizer, cookies, query and stage variables, and the fields the Go type
+// leaves empty when it builds an event.
+func lambdaDocumentedEvent(t *testing.T, body string) json.RawMessage {
+	t.Helper()
+	const doc = `{
+  "version": "2.0",
+  "routeKey": "POST /v1/jobs",
+  "rawPath": "/v1/jobs",
+  "rawQueryString": "source=test&source=lambda",
+  "cookies": ["session=s-1", "theme=dark"],
+  "headers": {
+    "accept": "application/json",
+    "content-length": %[1]q,
+    "content-type": "application/json; charset=utf-8",
+    "host": "r4nd0m1d.execute-api.us-east-1.amazonaws.com",
+    "user-agent": "upstream/1.0",
+    "x-amzn-trace-id": "Root=1-65f0c0de-0123456789abcdef01234567",
+    "x-forwarded-for": "192.0.2.10, 198.51.100.23",
+    "x-forwarded-port": "443",
+    "x-forwarded-proto": "https"
+  },
+  "queryStringParameters": {"source": "test,lambda"},
+  "requestContext": {
+    "accountId": "123456789012",
+    "apiId": "r4nd0m1d",
+    "authorizer": {"jwt": {"claims": {"sub": "client-1", "iss": "https://issuer.example.com"}, "scopes": ["jobs:write"]}},
+    "domainName": "r4nd0m1d.execute-api.us-east-1.amazonaws.com",
+    "domainPrefix": "r4nd0m1d",
+    "http": {"method": "POST", "path": "/v1/jobs", "protocol": "HTTP/1.1", "sourceIp": "198.51.100.23", "userAgent": "upstream/1.0"},
+    "requestId": "JKJaXmPLvHcESHA=",
+    "routeKey": "POST /v1/jobs",
+    "stage": "$default",
+    "time": "21/Nov/2026:10:00:00 +0000",
+    "timeEpoch": 1795255200000
+  },
+  "body": %[2]s,
+  "pathParameters": {},
+  "isBase64Encoded": false,
+  "stageVariables": {"env": "test"}
+}`
+	quoted, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return json.RawMessage(fmt.Sprintf(doc, strconv.Itoa(len(body)), quoted))
+}
+
+// lambdaFunctionURLEvent is the same request as a Lambda function URL sends
+// it, in its own type: the function must not care which service called.
+func lambdaFunctionURLEvent(method, path string, headers map[string]string, body string) events.LambdaFunctionURLRequest {
+	ev := lambdaEvent(method, path, headers, body)
+	const domain = "abcdefghijklmnop.lambda-url.us-east-1.on.aws"
+	ev.Headers["host"] = domain
+	return events.LambdaFunctionURLRequest{
+		Version: "2.0", RawPath: ev.RawPath, RawQueryString: ev.RawQueryString, Headers: ev.Headers, Body: ev.Body,
+		RequestContext: events.LambdaFunctionURLRequestContext{
+			AccountID: "123456789012", RequestID: ev.RequestContext.RequestID, APIID: "abcdefghijklmnop", DomainName: domain, DomainPrefix: "abcdefghijklmnop",
+			Time: ev.RequestContext.Time, TimeEpoch: ev.RequestContext.TimeEpoch,
+			HTTP: events.LambdaFunctionURLRequestContextHTTPDescription{Method: method, Path: ev.RawPath, Protocol: "HTTP/1.1", SourceIP: "198.51.100.23", UserAgent: "curl/8.5.0"},
+		},
+	}
+}

@@ -1,0 +1,182 @@
+package publisher
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
+)
+
+// attrReserve is kept free in every message for its attributes, which SQS
+// counts in the message size: name, type and value of vramq-job-id and
+// vramq-chunk come to under 100 bytes; the rest is headroom.
+const attrReserve = 256
+
+// numberReserve stands in for the digits of "chunk" and "chunks", which are
+// not known until the whole job is planned.
+const numberReserve = 2 * 20
+
+// Chunk is one planned work message.
+type Chunk struct {
+	Index int
+	Items int
+	// Body is the job.Work JSON, complete with the job's chunk count.
+	Body string
+}
+
+// Claim is an item that travels through S3: the object to upload and the
+// reference its message carries, computed before the upload so the plan is
+// final before anything leaves the process.
+type Claim struct {
+	Index int // position of the item in the job
+	ID    string
+	Body  []byte
+	Ref   job.PayloadRef
+}
+
+// Plan is a job cut into messages.
+type Plan struct {
+	Chunks []Chunk
+	Claims []Claim
+}
+
+// Planner cuts jobs into chunks. Its limits come from the Config.
+type Planner struct {
+	// MaxMessageBytes is the queue's largest message, attributes included.
+	MaxMessageBytes int
+	// MaxItemBytes is the largest encoded item carried inline; larger ones
+	// are claim-checked when Bucket is set, refused otherwise.
+	MaxItemBytes int
+	// Bucket is the payload bucket, "" when there is none.
+	Bucket string
+}
+
+// maxInlineItem is the largest encoded item that fits a message on its own,
+// whatever the job id and chunk numbers.
+func maxInlineItem(maxMessageBytes int) int {
+	return maxMessageBytes - attrReserve - len(envelopePrefix(newJobIDPlaceholder, 0, 0)) - numberReserve - len(envelopeSuffix)
+}
+
+var newJobIDPlaceholder = string(bytes.Repeat([]byte("0"), jobIDLen))
+
+// Plan cuts items, in order, into chunks of at most chunkItems items whose
+// messages fit MaxMessageBytes. An item whose encoding exceeds MaxItemBytes
+// becomes a Claim and travels as {id, ref}; without a bucket it is a 413.
+func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Plan, *APIError) {
+	budget := pl.MaxMessageBytes - attrReserve - len(envelopePrefix(jobID, 0, 0)) - numberReserve - len(envelopeSuffix)
+	p := &Plan{}
+	var (
+		cur     [][]byte // encoded items of the chunk being filled
+		curSize int
+		chunks  [][][]byte
+	)
+	for i, it := range items {
+		enc := encodeJSON(job.Item{ID: it.ID, Text: it.Text, Data: it.Data})
+		if len(enc) > pl.MaxItemBytes {
+			if pl.Bucket == "" {
+				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID,
+					"item %q is %d bytes encoded; at most %d fit in a message, and no payload bucket is configured for larger ones", it.ID, len(enc), pl.MaxItemBytes)
+			}
+			sum := sha256.Sum256(enc)
+			c := Claim{Index: i, ID: it.ID, Body: enc, Ref: job.PayloadRef{
+				Bucket: pl.Bucket, Key: payload.ItemKey(jobID, i), Size: int64(len(enc)), SHA256: hex.EncodeToString(sum[:]),
+			}}
+			p.Claims = append(p.Claims, c)
+			ref := c.Ref
+			enc = encodeJSON(job.Item{ID: it.ID, Ref: &ref})
+			if len(enc) > budget {
+				// Only a pathological bucket name could do this.
+				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID, "item %q: even its payload reference does not fit in a message", it.ID)
+			}
+		}
+		sep := 0
+		if len(cur) > 0 {
+			sep = 1 // the comma
+		}
+		if len(cur) > 0 && (len(cur) >= chunkItems || curSize+sep+len(enc) > budget) {
+			chunks = append(chunks, cur)
+			cur, curSize, sep = nil, 0, 0
+		}
+		cur = append(cur, enc)
+		curSize += sep + len(enc)
+	}
+	if len(cur) > 0 {
+		chunks = append(chunks, cur)
+	}
+	p.Chunks = make([]Chunk, len(chunks))
+	for i, items := range chunks {
+		body := bytes.NewBufferString(envelopePrefix(jobID, i, len(chunks)))
+		for j, enc := range items {
+			if j > 0 {
+				body.WriteByte(',')
+			}
+			body.Write(enc)
+		}
+		body.WriteString(envelopeSuffix)
+		if body.Len() > pl.MaxMessageBytes-attrReserve {
+			// The budget above makes this impossible; refuse rather than
+			// send a message SQS would reject halfway through a job.
+			return nil, apiErr(http.StatusInternalServerError, CodeInternal, "chunk %d planned at %d bytes, over the message limit", i, body.Len())
+		}
+		p.Chunks[i] = Chunk{Index: i, Items: len(items), Body: body.String()}
+	}
+	return p, nil
+}
+
+// The work message is written by hand around the encoded items so that its
+// size is known exactly while planning; its field order and content are
+// those of job.Work, and tests decode it with job.DecodeWork.
+func envelopePrefix(jobID string, chunk, chunks int) string {
+	return `{"v":` + strconv.Itoa(job.Version) + `,"job_id":"` + jobID + `","chunk":` + strconv.Itoa(chunk) +
+		`,"chunks":` + strconv.Itoa(chunks) + `,"items":[`
+}
+
+const envelopeSuffix = `]}`
+
+// encodeJSON is json.Marshal without HTML escaping (it only costs bytes),
+// and with every character SQS may refuse written as a JSON escape: U+FFFE
+// and U+FFFF are outside the characters SQS accepts, and some SQS
+// implementations (the fauxqs emulator among them) refuse everything above
+// U+FFFF. The escapes decode to the same string.
+func encodeJSON(v any) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		// Only the types of this package are encoded, and they cannot fail.
+		panic(fmt.Sprintf("publisher: encoding %T: %v", v, err))
+	}
+	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	return escapeForSQS(b)
+}
+
+func escapeForSQS(b []byte) []byte {
+	i := bytes.IndexFunc(b, func(r rune) bool { return r >= 0xFFFE })
+	if i < 0 {
+		return b
+	}
+	out := make([]byte, 0, len(b)+64)
+	out = append(out, b[:i]...)
+	for rest := b[i:]; len(rest) > 0; {
+		r, n := utf8.DecodeRune(rest)
+		switch {
+		case r == 0xFFFE || r == 0xFFFF:
+			out = fmt.Appendf(out, `\u%04x`, r)
+		case r > 0xFFFF:
+			hi, lo := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, hi, lo)
+		default:
+			out = append(out, rest[:n]...)
+		}
+		rest = rest[n:]
+	}
+	return out
+}

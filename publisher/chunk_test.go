@@ -1,0 +1,177 @@
+package publisher
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
+)
+
+// decodeChunks decodes every planned message with the subscriber's decoder
+// and checks it against the plan and the message limit.
+func decodeChunks(t *testing.T, pl *Planner, jobID string, p *Plan) []*job.Work {
+	t.Helper()
+	var works []*job.Work
+	for i, c := range p.Chunks {
+		if len(c.Body)+attrReserve > pl.MaxMessageBytes {
+			t.Errorf("chunk %d is %d bytes (+%d for attributes), over %d", i, len(c.Body), attrReserve, pl.MaxMessageBytes)
+		}
+		w, err := job.DecodeWork([]byte(c.Body))
+		if err != nil {
+			t.Fatalf("chunk %d does not decode: %v", i, err)
+		}
+		if w.JobID != jobID || w.Chunk != i || w.Chunks != len(p.Chunks) || c.Index != i || c.Items != len(w.Items) {
+			t.Errorf("chunk %d: job %q chunk %d of %d, %d items (plan says %d)", i, w.JobID, w.Chunk, w.Chunks, len(w.Items), c.Items)
+		}
+		works = append(works, w)
+	}
+	return works
+}
+
+func items(n, textLen int) []RequestItem {
+	out := make([]RequestItem, n)
+	for i := range out {
+		out[i] = RequestItem{ID: fmt.Sprintf("item-%04d", i), Text: strings.Repeat(string(rune('a'+i%26)), textLen)}
+	}
+	return out
+}
+
+func TestPlanByCount(t *testing.T) {
+	pl := &Planner{MaxMessageBytes: 256 << 10, MaxItemBytes: maxInlineItem(256 << 10)}
+	id := newJobID()
+	in := items(100, 10)
+	p, e := pl.Plan(id, in, 32)
+	if e != nil {
+		t.Fatal(e)
+	}
+	works := decodeChunks(t, pl, id, p)
+	var sizes []int
+	var got []RequestItem
+	for _, w := range works {
+		sizes = append(sizes, len(w.Items))
+		for _, it := range w.Items {
+			got = append(got, RequestItem{ID: it.ID, Text: it.Text})
+		}
+	}
+	if fmt.Sprint(sizes) != "[32 32 32 4]" {
+		t.Errorf("chunk sizes %v, want [32 32 32 4]", sizes)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(in) {
+		t.Error("items out of order or changed")
+	}
+	if len(p.Claims) != 0 {
+		t.Errorf("%d claims, want none", len(p.Claims))
+	}
+}
+
+func TestPlanBySize(t *testing.T) {
+	const max = 4 << 10
+	pl := &Planner{MaxMessageBytes: max, MaxItemBytes: maxInlineItem(max)}
+	id := newJobID()
+	in := items(40, 500) // about 530 bytes each encoded: several per message, not 32
+	p, e := pl.Plan(id, in, 32)
+	if e != nil {
+		t.Fatal(e)
+	}
+	works := decodeChunks(t, pl, id, p)
+	n := 0
+	for i, w := range works {
+		for _, it := range w.Items {
+			if it.ID != in[n].ID {
+				t.Fatalf("chunk %d: item %q where %q was next", i, it.ID, in[n].ID)
+			}
+			n++
+		}
+		// Greedy: the next item would not have fitted.
+		if i < len(works)-1 {
+			next := encodeJSON(job.Item{ID: in[n].ID, Text: in[n].Text})
+			if len(p.Chunks[i].Body)+1+len(next)+attrReserve+numberReserve <= max {
+				t.Errorf("chunk %d closed at %d bytes with room for the next item (%d bytes)", i, len(p.Chunks[i].Body), len(next))
+			}
+		}
+	}
+	if n != len(in) || len(works) < 5 {
+		t.Errorf("%d items in %d chunks", n, len(works))
+	}
+}
+
+func TestPlanExactFit(t *testing.T) {
+	// An item exactly at the inline limit travels inline, alone; one byte
+	// more and it is claim-checked.
+	const max = 2 << 10
+	limit := maxInlineItem(max)
+	id := newJobID()
+	text := strings.Repeat("x", limit-len(`{"id":"a","text":""}`))
+	if got := len(encodeJSON(job.Item{ID: "a", Text: text})); got != limit {
+		t.Fatalf("test item is %d bytes, want %d", got, limit)
+	}
+	pl := &Planner{MaxMessageBytes: max, MaxItemBytes: limit}
+	p, e := pl.Plan(id, []RequestItem{{ID: "a", Text: text}, {ID: "b", Text: "y"}}, 32)
+	if e != nil {
+		t.Fatal(e)
+	}
+	decodeChunks(t, pl, id, p)
+	if len(p.Chunks) != 2 || len(p.Claims) != 0 {
+		t.Fatalf("%d chunks, %d claims; want 2 and 0", len(p.Chunks), len(p.Claims))
+	}
+	_, e = pl.Plan(id, []RequestItem{{ID: "a", Text: text + "x"}}, 32)
+	if e == nil || e.Status != 413 || e.Code != CodeItemTooLarge || e.Item != "a" {
+		t.Fatalf("one byte over without a bucket: %v, want 413 item_too_large", e)
+	}
+}
+
+func TestPlanClaimCheck(t *testing.T) {
+	const max = 8 << 10
+	pl := &Planner{MaxMessageBytes: max, MaxItemBytes: 1000, Bucket: "bkt"}
+	id := newJobID()
+	in := []RequestItem{{ID: "small", Text: "hi"}, {ID: "big", Text: strings.Repeat("z", 5000)}, {ID: "bin", Data: bytes.Repeat([]byte{0xff}, 2000)}, {ID: "tail", Text: "x"}}
+	p, e := pl.Plan(id, in, 32)
+	if e != nil {
+		t.Fatal(e)
+	}
+	works := decodeChunks(t, pl, id, p)
+	if len(works) != 1 || len(p.Claims) != 2 {
+		t.Fatalf("%d chunks, %d claims; want 1 and 2", len(works), len(p.Claims))
+	}
+	for k, c := range p.Claims {
+		idx := []int{1, 2}[k]
+		if c.Index != idx || c.ID != in[idx].ID || c.Ref.Key != payload.ItemKey(id, idx) || c.Ref.Bucket != "bkt" {
+			t.Errorf("claim %d: %+v", k, c)
+		}
+		sum := sha256.Sum256(c.Body)
+		if c.Ref.SHA256 != hex.EncodeToString(sum[:]) || c.Ref.Size != int64(len(c.Body)) {
+			t.Errorf("claim %d: ref %+v does not describe its body", k, c.Ref)
+		}
+		var stored job.Item
+		if err := json.Unmarshal(c.Body, &stored); err != nil || stored.ID != in[idx].ID || stored.Text != in[idx].Text || !bytes.Equal(stored.Data, in[idx].Data) || stored.Ref != nil {
+			t.Errorf("claim %d stores %+v (%v)", k, stored, err)
+		}
+		got := works[0].Items[idx]
+		if got.Ref == nil || *got.Ref != c.Ref || got.Text != "" || got.Data != nil {
+			t.Errorf("message item %d: %+v, want a reference only", idx, got)
+		}
+	}
+}
+
+func TestEncodeJSONEscapesWhatSQSRefuses(t *testing.T) {
+	in := job.Item{ID: "e", Text: "a\uFFFEb\uFFFFc😀d\u00e9<&>"}
+	b := encodeJSON(in)
+	for _, r := range string(b) {
+		if r >= 0xFFFE {
+			t.Fatalf("%q contains %U", b, r)
+		}
+	}
+	if !bytes.Contains(b, []byte("é<&>")) {
+		t.Errorf("%s: plain characters escaped", b)
+	}
+	var out job.Item
+	if err := json.Unmarshal(b, &out); err != nil || out.ID != in.ID || out.Text != in.Text {
+		t.Errorf("round trip: %+v, %v", out, err)
+	}
+}

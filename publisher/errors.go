@@ -1,0 +1,76 @@
+package publisher
+
+import (
+	"fmt"
+	"net/http"
+)
+
+// Error codes of the API, as they appear in {"error":{"code":...}}. Each has
+// one HTTP status; the README lists them all. Clients branch on the code, so
+// a code never changes meaning once published.
+const (
+	CodeUnauthorized       = "unauthorized"            // 401
+	CodeNotFound           = "not_found"               // 404
+	CodeMethodNotAllowed   = "method_not_allowed"      // 405
+	CodeUnsupportedMedia   = "unsupported_media_type"  // 415
+	CodeBodyTooLarge       = "body_too_large"          // 413
+	CodeItemTooLarge       = "item_too_large"          // 413
+	CodeMalformedJSON      = "malformed_json"          // 400
+	CodeUnknownField       = "unknown_field"           // 400
+	CodeInvalidParameter   = "invalid_parameter"       // 400
+	CodeNoItems            = "no_items"                // 422
+	CodeTooManyItems       = "too_many_items"          // 422
+	CodeMissingItemID      = "missing_item_id"         // 422
+	CodeItemIDTooLong      = "item_id_too_long"        // 422
+	CodeDuplicateItemID    = "duplicate_item_id"       // 422
+	CodeEmptyItem          = "empty_item"              // 422
+	CodeInvalidOptions     = "invalid_options"         // 422
+	CodeIdempotencyReused  = "idempotency_key_reused"  // 422
+	CodeIdempotencyBusy    = "idempotency_key_in_use"  // 409
+	CodeInvalidIdempotency = "invalid_idempotency_key" // 400
+	CodeStatusUnavailable  = "status_unavailable"      // 501
+	CodeEnqueueFailed      = "enqueue_failed"          // 503
+	CodeStoreUnavailable   = "store_unavailable"       // 503
+	CodeInternal           = "internal"                // 500
+)
+
+// APIError is a client-facing error: an HTTP status and the JSON body
+// {"error":{"code","message","item"}}. Message is for humans and never
+// contains request content other than an item id.
+type APIError struct {
+	Status  int    `json:"-"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Item    string `json:"item,omitempty"` // the item id the error is about
+}
+
+func (e *APIError) Error() string {
+	if e.Item != "" {
+		return fmt.Sprintf("%d %s: %s (item %q)", e.Status, e.Code, e.Message, e.Item)
+	}
+	return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message)
+}
+
+func apiErr(status int, code, format string, a ...any) *APIError {
+	return &APIError{Status: status, Code: code, Message: fmt.Sprintf(format, a...)}
+}
+
+func itemErr(status int, code, id, format string, a ...any) *APIError {
+	e := apiErr(status, code, format, a...)
+	e.Item = id
+	return e
+}
+
+// errorBody is the JSON of every error response. Sent and the job fields are
+// set on a 503 after the job was given an id, so a client knows how much of it
+// reached the queue.
+type errorBody struct {
+	Error  *APIError `json:"error"`
+	JobID  string    `json:"job_id,omitempty"`
+	Chunks int       `json:"chunks,omitempty"`
+	Sent   *int      `json:"sent,omitempty"`
+}
+
+func writeError(w http.ResponseWriter, e *APIError) {
+	writeJSON(w, e.Status, errorBody{Error: e})
+}

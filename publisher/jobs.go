@@ -1,0 +1,240 @@
+package publisher
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/vramq/vramq/internal/payload"
+)
+
+// acceptedBody is the 202 answer to POST /v1/jobs.
+type acceptedBody struct {
+	JobID        string `json:"job_id"`
+	Chunks       int    `json:"chunks"`
+	Items        int    `json:"items"`
+	ClaimChecked int    `json:"claim_checked"`
+	StatusURL    string `json:"status_url,omitempty"` // only with a payload bucket
+}
+
+// enqueueTimeout bounds the uploads and sends of one job when the request
+// itself has no deadline (a Lambda invocation has one).
+const enqueueTimeout = 90 * time.Second
+
+// detach returns a context for enqueueing that a client hanging up does not
+// cancel: once the first chunk may be on the queue, finishing the job is
+// better than leaving it half sent. The request's deadline, if any, stays.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		d = time.Now().Add(enqueueTimeout)
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), d)
+}
+
+// uploadConcurrency bounds the claim-check uploads of one request.
+const uploadConcurrency = 8
+
+// postJob is POST /v1/jobs. Everything the client can get wrong is checked
+// before anything leaves the process; after that, the order is: idempotency
+// record, claim-checked items, manifest, then the chunks. So a job id handed
+// out is always backed by its record, and a chunk on the queue never points
+// at an item not yet in S3.
+func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
+	ri := info(r)
+	fail := func(e *APIError) {
+		ri.code = e.Code
+		writeError(w, e)
+	}
+	if e := checkContentType(r.Header.Get("Content-Type")); e != nil {
+		fail(e)
+		return
+	}
+	idemHeader, hasIdem := r.Header["Idempotency-Key"]
+	if hasIdem && (len(idemHeader) != 1 || !validIdempotencyKey(idemHeader[0])) {
+		fail(apiErr(http.StatusBadRequest, CodeInvalidIdempotency, "Idempotency-Key must be given once, as 1 to %d visible ASCII characters", maxIdempotencyKey))
+		return
+	}
+	// The limit is in place before the first byte is read, so an oversized
+	// body costs at most MaxBodyBytes of memory and is cut off there.
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes))
+			return
+		}
+		fail(apiErr(http.StatusBadRequest, CodeMalformedJSON, "reading the request body: %v", err))
+		return
+	}
+	ri.bodyBytes = len(body)
+	req, e := DecodeJobRequest(body, p.limits())
+	if e != nil {
+		fail(e)
+		return
+	}
+	jobID := newJobID()
+	chunkItems := req.chunkItems(p.cfg.ChunkItems)
+	plan, e := p.planner.Plan(jobID, req.Items, chunkItems)
+	if e != nil {
+		fail(e)
+		return
+	}
+
+	// From here the request is valid: what fails is ours (503/500).
+	var key string
+	var rec idemRecord
+	if hasIdem {
+		ri.idempotencyKey = true
+		sum := sha256.Sum256(body)
+		now := p.now().UTC()
+		rec = idemRecord{V: 1, JobID: jobID, RequestSHA256: hex.EncodeToString(sum[:]), State: stateSending, CreatedAt: now, UpdatedAt: now}
+		key = idemKey(scope(r), idemHeader[0])
+		old, err := p.idem.claim(r.Context(), key, rec)
+		if err != nil {
+			p.log.Error("idempotency record", "err", err)
+			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency record could not be written; nothing was sent, try again"))
+			return
+		}
+		if old != nil {
+			switch {
+			case old.RequestSHA256 != rec.RequestSHA256:
+				fail(apiErr(http.StatusUnprocessableEntity, CodeIdempotencyReused, "this Idempotency-Key was used for a request with another body"))
+				return
+			case old.State == stateAccepted && old.Response != nil:
+				ri.jobID, ri.items, ri.chunks, ri.replayed = old.JobID, old.Response.Items, old.Response.Chunks, true
+				p.m.replays.Inc()
+				w.Header().Set("Idempotent-Replayed", "true")
+				p.writeAccepted(w, old.Response)
+				return
+			case old.State == stateSending && now.Sub(old.UpdatedAt) < p.cfg.IdempotencyStale:
+				w.Header().Set("Retry-After", "1")
+				ri.jobID = old.JobID
+				fail(apiErr(http.StatusConflict, CodeIdempotencyBusy, "a request with this Idempotency-Key is still being handled; retry shortly"))
+				return
+			}
+			// The first request failed or died: send the same job again,
+			// under its id, cut the same way.
+			rec.JobID, rec.CreatedAt = old.JobID, old.CreatedAt
+			if plan, e = p.planner.Plan(old.JobID, req.Items, chunkItems); e != nil {
+				fail(e)
+				return
+			}
+			jobID = old.JobID
+			if err := p.idem.put(r.Context(), key, rec); err != nil {
+				p.log.Error("idempotency record", "err", err)
+				fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency record could not be written; nothing was sent, try again"))
+				return
+			}
+			ri.replayed = true
+		}
+	}
+
+	ri.jobID, ri.items, ri.chunks, ri.claimChecked = jobID, len(req.Items), len(plan.Chunks), len(plan.Claims)
+	resp := &acceptedBody{JobID: jobID, Chunks: len(plan.Chunks), Items: len(req.Items), ClaimChecked: len(plan.Claims)}
+	if p.store != nil {
+		resp.StatusURL = "/v1/jobs/" + jobID
+	}
+	ectx, cancel := detach(r.Context())
+	defer cancel()
+	sent, e := p.enqueue(ectx, jobID, plan, len(req.Items))
+	if key != "" {
+		// The answer is recorded even if the client has gone, so its retry
+		// finds it: under a context that outlives the request.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+		rec.State, rec.UpdatedAt = stateFailed, p.now().UTC()
+		if e == nil {
+			rec.State, rec.Response = stateAccepted, resp
+		}
+		if err := p.idem.put(ctx, key, rec); err != nil {
+			// The job stands; a retry will find "sending" and, once stale,
+			// send it again, which downstream de-duplication absorbs.
+			p.log.Warn("recording the outcome of an idempotent request", "job_id", jobID, "err", err)
+		}
+		cancel()
+	}
+	ri.sent = sent
+	if e != nil {
+		ri.code = e.Code
+		writeJSON(w, e.Status, errorBody{Error: e, JobID: jobID, Chunks: len(plan.Chunks), Sent: &sent})
+		return
+	}
+	p.m.jobs.Inc()
+	p.writeAccepted(w, resp)
+}
+
+func (p *Publisher) writeAccepted(w http.ResponseWriter, resp *acceptedBody) {
+	if resp.StatusURL != "" {
+		w.Header().Set("Location", resp.StatusURL)
+	}
+	writeJSON(w, http.StatusAccepted, resp)
+}
+
+// enqueue uploads the claim-checked items, writes the manifest, and sends
+// the chunks, returning how many chunks SQS confirmed.
+func (p *Publisher) enqueue(ctx context.Context, jobID string, plan *Plan, items int) (int, *APIError) {
+	if len(plan.Claims) > 0 {
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(uploadConcurrency)
+		for _, c := range plan.Claims {
+			g.Go(func() error {
+				ref, err := p.store.Put(gctx, c.Ref.Key, c.Body)
+				if err == nil && ref != c.Ref {
+					err = fmt.Errorf("stored %s as %+v, planned %+v", c.Ref.Key, ref, c.Ref)
+				}
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
+			p.log.Error("claim-check upload", "job_id", jobID, "err", err)
+			return 0, apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "storing the job's large items failed; nothing was sent")
+		}
+		p.m.claimChecked.Add(float64(len(plan.Claims)))
+	}
+	if p.store != nil {
+		m := manifest{V: 1, JobID: jobID, Chunks: len(plan.Chunks), Items: items, ClaimChecked: len(plan.Claims), CreatedAt: p.now().UTC()}
+		for _, c := range plan.Chunks {
+			m.ChunkItems = append(m.ChunkItems, c.Items)
+		}
+		if _, err := p.store.Put(ctx, payload.ManifestKey(jobID), encodeJSON(m)); err != nil {
+			p.log.Error("job manifest", "job_id", jobID, "err", err)
+			return 0, apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "writing the job's manifest failed; nothing was sent")
+		}
+	}
+	sent, err := p.sender.send(ctx, jobID, plan.Chunks)
+	if err != nil {
+		p.log.Error("sending chunks", "job_id", jobID, "sent", sent, "chunks", len(plan.Chunks), "err", err)
+		return sent, apiErr(http.StatusServiceUnavailable, CodeEnqueueFailed,
+			"%d of %d chunks reached the queue; the job is incomplete (retry with the same Idempotency-Key to send it again under the same id)", sent, len(plan.Chunks))
+	}
+	return sent, nil
+}
+
+func (p *Publisher) limits() RequestLimits {
+	return RequestLimits{MaxItems: p.cfg.MaxItems, MaxChunkItems: p.cfg.MaxChunkItems}
+}
+
+// checkContentType accepts application/json, with no charset or UTF-8 (the
+// only encoding JSON allows between systems, RFC 8259).
+func checkContentType(ct string) *APIError {
+	if ct == "" {
+		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "Content-Type is missing; want application/json")
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "Content-Type %q is not supported; want application/json", ct)
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "charset %q is not supported; JSON is UTF-8", cs)
+	}
+	return nil
+}

@@ -1,0 +1,314 @@
+package publisher
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"net/url"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/aws/aws-lambda-go/events"
+)
+
+// LambdaHandler runs h as an AWS Lambda function behind an API Gateway HTTP
+// API (payload format 2.0) or a Lambda function URL; pass it to lambda.Start.
+// The two services send the same event JSON (events.LambdaFunctionURLRequest
+// is a subset of events.APIGatewayV2HTTPRequest) and read the same response
+// JSON (function URLs ignore the extra multiValueHeaders field, which stays
+// empty), so one handler serves both.
+//
+// Each event becomes one server-side *http.Request carrying the invocation's
+// context (its deadline, and lambdacontext.FromContext for the request id),
+// and h's whole response is buffered: both services take a response in one
+// piece, of at most 6 MB.
+//
+// An event that cannot be turned into a request (no method, a body that is
+// not the base64 it claims to be) is answered 400 with the publisher's JSON
+// error rather than a function error, which API Gateway would turn into a
+// bare 500 with no explanation. A panic in h is answered 500 and the
+// function keeps serving, as net/http's server keeps serving: otherwise the
+// Lambda client exits the process and the next request pays a cold start.
+func LambdaHandler(h http.Handler) func(context.Context, events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
+	return func(ctx context.Context, ev events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
+		r, err := lambdaRequest(ctx, ev)
+		if err != nil {
+			return lambdaError(apiErr(http.StatusBadRequest, CodeInvalidEvent, "%s", err), ev.RequestContext.HTTP.Method), nil
+		}
+		w := &lambdaResponseWriter{header: http.Header{}}
+		if !lambdaServe(h, w, r) {
+			return lambdaError(apiErr(http.StatusInternalServerError, CodeInternal, "internal error"), r.Method), nil
+		}
+		out := w.event(r.Method)
+		if n := lambdaResponseSize(out); n > lambdaMaxResponse {
+			slog.ErrorContext(ctx, "response over Lambda's limit", "method", r.Method, "path", r.URL.Path, "status", out.StatusCode, "bytes", n)
+			return lambdaError(apiErr(http.StatusInternalServerError, CodeInternal, "the response is larger than AWS Lambda's limit of %d bytes", lambdaMaxResponse), r.Method), nil
+		}
+		return out, nil
+	}
+}
+
+// lambdaMaxResponse is Lambda's limit on a synchronous response, the JSON
+// document included. Lambda refuses a larger one, and aws-lambda-go then
+// exits the process: better a clear 500 from a function that stays warm.
+const lambdaMaxResponse = 6 << 20
+
+// lambdaResponseSize is the size of out as the Lambda client encodes it (JSON
+// without HTML escaping). It is only measured when the body could bring it
+// near the limit: escaping control characters (\u0001) can multiply a text
+// body's size by six.
+func lambdaResponseSize(out events.APIGatewayV2HTTPResponse) int {
+	if len(out.Body) < lambdaMaxResponse/6-64<<10 {
+		return 0
+	}
+	var n lambdaCounter
+	enc := json.NewEncoder(&n)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(out); err != nil {
+		return 0 // the Lambda client fails on the same error and reports it
+	}
+	return int(n)
+}
+
+type lambdaCounter int
+
+func (c *lambdaCounter) Write(p []byte) (int, error) {
+	*c += lambdaCounter(len(p))
+	return len(p), nil
+}
+
+// lambdaServe runs h, reporting false if it panicked.
+func lambdaServe(h http.Handler, w http.ResponseWriter, r *http.Request) (ok bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			ok = false
+			// http.ErrAbortHandler is net/http's way to abort a response on
+			// purpose; it is not worth a stack trace there either.
+			if v != http.ErrAbortHandler {
+				slog.ErrorContext(r.Context(), "panic serving a Lambda event", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+			}
+		}
+	}()
+	h.ServeHTTP(w, r)
+	return true
+}
+
+// lambdaRequest builds the request net/http's server would have built had the
+// client's request reached it directly.
+func lambdaRequest(ctx context.Context, ev events.APIGatewayV2HTTPRequest) (*http.Request, error) {
+	method := ev.RequestContext.HTTP.Method
+	if method == "" {
+		return nil, fmt.Errorf("the event has no requestContext.http.method: not an API Gateway HTTP API (payload 2.0) or function URL event")
+	}
+	path := ev.RawPath
+	if path == "" {
+		path = ev.RequestContext.HTTP.Path
+	}
+	if path == "" {
+		path = "/"
+	}
+	path = lambdaStripStage(path, ev.RequestContext.Stage, ev.RequestContext.DomainName)
+	requestURI := path
+	if ev.RawQueryString != "" {
+		requestURI += "?" + ev.RawQueryString
+	}
+	// ParseRequestURI, not Parse: a path starting with "//" is a path here,
+	// not a host, exactly as when net/http reads a request line.
+	u, err := url.ParseRequestURI(requestURI)
+	if err != nil {
+		return nil, fmt.Errorf("the event's path and query are not a request URI: %v", err)
+	}
+
+	var body []byte
+	if ev.IsBase64Encoded {
+		if body, err = base64.StdEncoding.DecodeString(ev.Body); err != nil {
+			return nil, fmt.Errorf("the event's body is marked base64 but does not decode: %v", err)
+		}
+	} else {
+		body = []byte(ev.Body)
+	}
+
+	// NewRequestWithContext checks the method is a valid token; its URL,
+	// parsed as a client's, is then replaced by the server-side one.
+	r, err := http.NewRequestWithContext(ctx, method, "/", bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("the event's method %q is not an HTTP method", method)
+	}
+	r.URL = u
+	r.RequestURI = requestURI
+	if proto := ev.RequestContext.HTTP.Protocol; proto != "" {
+		if major, minor, ok := http.ParseHTTPVersion(proto); ok {
+			r.Proto, r.ProtoMajor, r.ProtoMinor = proto, major, minor
+		}
+	}
+
+	// Payload 2.0 joins repeated headers with commas, which is what a
+	// list-valued header means anyway, so each arrives as one value; the
+	// Cookie header is taken out and sent as the cookies list instead.
+	for k, v := range ev.Headers {
+		r.Header.Set(k, v)
+	}
+	if len(ev.Cookies) > 0 {
+		r.Header.Set("Cookie", strings.Join(ev.Cookies, "; "))
+	}
+	// net/http's server keeps Host out of the header map, and the body is
+	// already whole: a Transfer-Encoding or stale Content-Length would only
+	// mislead h.
+	r.Host = ev.RequestContext.DomainName
+	if r.Host == "" {
+		r.Host = r.Header.Get("Host")
+	}
+	r.Header.Del("Host")
+	r.Header.Del("Transfer-Encoding")
+	if r.Header.Get("Content-Length") != "" || len(body) > 0 {
+		r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	if ip := ev.RequestContext.HTTP.SourceIP; ip != "" {
+		// The port is not in the event; 0 keeps RemoteAddr parseable by
+		// net.SplitHostPort, as handlers expect.
+		r.RemoteAddr = net.JoinHostPort(ip, "0")
+	}
+	return r, nil
+}
+
+// lambdaStripStage removes a named stage's segment from path. API Gateway puts
+// it there for requests to the execute-api endpoint
+// (https://{api}.execute-api.{region}.amazonaws.com/{stage}/...), but not for
+// the $default stage and not through a custom domain, whose mapping chooses the
+// stage: stripping only in the first case keeps a route like /v1/... intact
+// behind a custom domain whose stage happens to be called v1.
+func lambdaStripStage(path, stage, domain string) string {
+	if stage == "" || stage == "$default" || !strings.Contains(domain, ".execute-api.") {
+		return path
+	}
+	prefix := "/" + stage
+	switch {
+	case path == prefix:
+		return "/"
+	case strings.HasPrefix(path, prefix+"/"):
+		return path[len(prefix):]
+	}
+	return path
+}
+
+// lambdaResponseWriter buffers a response the way net/http's server would
+// send it: headers fixed at WriteHeader, an implicit 200, a sniffed
+// Content-Type, and no body where the status allows none.
+type lambdaResponseWriter struct {
+	header http.Header
+	sent   http.Header // header as of WriteHeader
+	status int
+	body   bytes.Buffer
+}
+
+var _ http.Flusher = (*lambdaResponseWriter)(nil)
+
+func (w *lambdaResponseWriter) Header() http.Header { return w.header }
+
+func (w *lambdaResponseWriter) WriteHeader(code int) {
+	// 1xx responses are interim, and API Gateway has no way to send them.
+	if w.status != 0 || (code >= 100 && code < 200) {
+		return
+	}
+	w.status = code
+	w.sent = w.header.Clone()
+}
+
+func (w *lambdaResponseWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !lambdaBodyAllowed(w.status) {
+		return 0, http.ErrBodyNotAllowed
+	}
+	return w.body.Write(p)
+}
+
+// Flush does nothing: the response leaves as a whole. It is here so that
+// handlers and middleware that flush work unchanged.
+func (w *lambdaResponseWriter) Flush() {}
+
+func lambdaBodyAllowed(status int) bool {
+	return status != http.StatusNoContent && status != http.StatusNotModified && (status < 100 || status >= 200)
+}
+
+// event converts the response to payload 2.0: repeated headers joined with
+// commas (the format has one value per name), every Set-Cookie in cookies
+// (where a joined value would be ambiguous, as cookies' dates hold commas),
+// and a body that is text only when it is valid UTF-8 of a textual type,
+// base64 otherwise, since the JSON string would alter anything else.
+func (w *lambdaResponseWriter) event(method string) events.APIGatewayV2HTTPResponse {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	body := w.body.Bytes()
+	if method == http.MethodHead {
+		body = nil
+	}
+	header := w.sent
+	_, haveType := header["Content-Type"]
+	if !haveType && header.Get("Content-Encoding") == "" && len(body) > 0 {
+		header.Set("Content-Type", http.DetectContentType(body))
+	}
+	out := events.APIGatewayV2HTTPResponse{StatusCode: w.status, Headers: map[string]string{}}
+	for k, vs := range header {
+		if len(vs) == 0 {
+			continue
+		}
+		if k == "Set-Cookie" {
+			out.Cookies = append(out.Cookies, vs...)
+			continue
+		}
+		out.Headers[k] = strings.Join(vs, ", ")
+	}
+	switch {
+	case len(body) == 0:
+	case utf8.Valid(body) && lambdaTextual(header.Get("Content-Type")):
+		out.Body = string(body)
+	default:
+		out.Body = base64.StdEncoding.EncodeToString(body)
+		out.IsBase64Encoded = true
+	}
+	return out
+}
+
+// lambdaTextual reports whether a body of this content type is text that a
+// JSON string carries unchanged once it is valid UTF-8.
+func lambdaTextual(contentType string) bool {
+	mt, params, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") && !strings.EqualFold(cs, "us-ascii") {
+		return false
+	}
+	if strings.HasPrefix(mt, "text/") || strings.HasSuffix(mt, "+json") || strings.HasSuffix(mt, "+xml") {
+		return true
+	}
+	switch mt {
+	case "application/json", "application/x-ndjson", "application/xml", "application/javascript",
+		"application/x-www-form-urlencoded", "application/yaml":
+		return true
+	}
+	return false
+}
+
+// CodeInvalidEvent is the error code of a Lambda event that is not an HTTP
+// request (400); only the Lambda function answers it.
+const CodeInvalidEvent = "invalid_event"
+
+// lambdaError answers a problem found before h could run, through the
+// publisher's own error writer so that the format is the one clients know.
+func lambdaError(e *APIError, method string) events.APIGatewayV2HTTPResponse {
+	w := &lambdaResponseWriter{header: http.Header{}}
+	writeError(w, e)
+	return w.event(method)
+}

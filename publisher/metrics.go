@@ -1,0 +1,50 @@
+package publisher
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the publisher's Prometheus series, all vramq_publisher_*.
+type metrics struct {
+	requests      *prometheus.CounterVec   // route, code
+	latency       *prometheus.HistogramVec // route
+	jobs          prometheus.Counter
+	replays       prometheus.Counter
+	chunksSent    prometheus.Counter
+	claimChecked  prometheus.Counter
+	sqsCalls      *prometheus.CounterVec // outcome
+	sendRetries   prometheus.Counter
+	failedEntries *prometheus.CounterVec // code
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	const ns, sub = "vramq", "publisher"
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "requests_total",
+			Help: "HTTP requests by route pattern and status code."}, []string{"route", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "request_seconds",
+			Help:    "Time to answer an HTTP request, by route pattern.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"route"}),
+		jobs: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "jobs_accepted_total",
+			Help: "Jobs answered 202 with every chunk on the queue (replays not counted)."}),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "idempotent_replays_total",
+			Help: "POSTs answered from an earlier request with the same Idempotency-Key."}),
+		chunksSent: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "chunks_sent_total",
+			Help: "Work messages SQS confirmed."}),
+		claimChecked: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "items_claim_checked_total",
+			Help: "Items stored in S3 because they were too large for a message."}),
+		sqsCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "sqs_requests_total",
+			Help: "SendMessageBatch calls by outcome (ok, or error after the SDK's retries)."}, []string{"outcome"}),
+		sendRetries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "sqs_send_retries_total",
+			Help: "SendMessageBatch entries sent again after SQS listed them in Failed."}),
+		failedEntries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "sqs_failed_entries_total",
+			Help: "SendMessageBatch entries SQS listed in Failed, by error code."}, []string{"code"}),
+	}
+	var errs []error
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.jobs, m.replays, m.chunksSent, m.claimChecked, m.sqsCalls, m.sendRetries, m.failedEntries} {
+		errs = append(errs, reg.Register(c))
+	}
+	return m, errors.Join(errs...)
+}

@@ -1,0 +1,259 @@
+// Package publisher turns jobs posted over HTTP into vramq work messages: it
+// validates a job, cuts it into chunks that fit the queue's messages, sends
+// items too large for a message through S3 (claim-check), puts the chunks on
+// SQS with SendMessageBatch, and answers job status from the results the
+// subscribers leave in S3. The same http.Handler serves a long-lived server
+// and an AWS Lambda function.
+package publisher
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vramq/vramq/internal/payload"
+)
+
+// Publisher is the HTTP API over one work queue. Safe for concurrent use.
+type Publisher struct {
+	cfg     Config
+	log     *slog.Logger
+	m       *metrics
+	planner Planner
+	sender  *sender
+	idem    idemStore
+	store   *payload.Store
+	keys    [][sha256.Size]byte // SHA-256 of each API key
+	now     func() time.Time
+}
+
+// New checks cfg and builds a Publisher. It makes no AWS calls: read the
+// queue's limits with QueueLimits first and put them in cfg.
+func New(cfg Config) (*Publisher, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("publisher config: %w", err)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("publisher metrics: %w", err)
+	}
+	p := &Publisher{cfg: cfg, log: cfg.Logger, m: m, store: cfg.Payloads, now: time.Now}
+	p.planner = Planner{MaxMessageBytes: cfg.MaxMessageBytes, MaxItemBytes: cfg.MaxItemBytes}
+	if cfg.Payloads != nil {
+		p.planner.Bucket = cfg.Payloads.Bucket()
+		p.idem = s3Idem{cfg.Payloads}
+	} else {
+		p.idem = newMemIdem(cfg.IdempotencyTTL, cfg.IdempotencyEntries)
+	}
+	p.sender = &sender{
+		queue: cfg.Queue, attempts: cfg.SendAttempts, backoff: cfg.SendBackoff, maxBackoff: 2 * time.Second,
+		maxBatchBytes: cfg.MaxMessageBytes, concurrency: cfg.SendConcurrency, m: m, log: cfg.Logger,
+	}
+	for _, k := range cfg.APIKeys {
+		p.keys = append(p.keys, sha256.Sum256([]byte(k)))
+	}
+	return p, nil
+}
+
+// Handler routes the API:
+//
+//	POST /v1/jobs        submit a job (auth)
+//	GET  /v1/jobs/{id}   a job's progress and results (auth)
+//	GET  /healthz        liveness
+//	GET  /metrics        Prometheus, when the Registerer is also a Gatherer
+//
+// Every error is JSON, including 404 and 405.
+func (p *Publisher) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/jobs", p.auth(http.HandlerFunc(p.postJob)))
+	mux.Handle("GET /v1/jobs/{id}", p.auth(http.HandlerFunc(p.getJob)))
+	// The method-less patterns catch what the ones above do not, so a wrong
+	// method gets a JSON 405 rather than the mux's plain-text one.
+	mux.HandleFunc("/v1/jobs", methodNotAllowed("POST"))
+	mux.HandleFunc("/v1/jobs/{id}", methodNotAllowed("GET, HEAD"))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	if g, ok := p.cfg.Registerer.(prometheus.Gatherer); ok {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, apiErr(http.StatusNotFound, CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	return p.observe(mux)
+}
+
+func methodNotAllowed(allow string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeError(w, apiErr(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "%s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, allow))
+	}
+}
+
+// reqInfo collects what a request's log line says about its job; handlers
+// fill it in through the request's context.
+type reqInfo struct {
+	jobID          string
+	items, chunks  int
+	code           string // the error code, when there was one
+	replayed       bool
+	claimChecked   int
+	sent           int
+	bodyBytes      int
+	idempotencyKey bool
+}
+
+type reqInfoKey struct{}
+
+func info(r *http.Request) *reqInfo {
+	if i, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
+		return i
+	}
+	return &reqInfo{}
+}
+
+// observe logs one line per request (never its body) and counts it by route
+// pattern, so ids in paths do not explode the label set.
+func (p *Publisher) observe(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := p.now()
+		ri := &reqInfo{}
+		r = r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, ri))
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r)
+		if sw.status == 0 {
+			sw.status = http.StatusOK
+		}
+		route := r.Pattern // set by the mux on this same request
+		if route == "" || route == "/" {
+			route = "other"
+		}
+		d := p.now().Sub(start)
+		p.m.requests.WithLabelValues(route, strconv.Itoa(sw.status)).Inc()
+		p.m.latency.WithLabelValues(route).Observe(d.Seconds())
+		if route == "GET /healthz" || route == "GET /metrics" {
+			return // probes and scrapes would drown the log
+		}
+		attrs := []any{"method", r.Method, "path", r.URL.Path, "route", route, "status", sw.status,
+			"took", d.Round(time.Microsecond), "remote", r.RemoteAddr}
+		if ri.code != "" {
+			attrs = append(attrs, "code", ri.code)
+		}
+		if ri.jobID != "" {
+			attrs = append(attrs, "job_id", ri.jobID, "items", ri.items, "chunks", ri.chunks, "sent", ri.sent,
+				"claim_checked", ri.claimChecked, "body_bytes", ri.bodyBytes, "idempotency_key", ri.idempotencyKey, "replayed", ri.replayed)
+		}
+		level := slog.LevelInfo
+		if sw.status >= 500 {
+			level = slog.LevelError
+		}
+		p.log.Log(r.Context(), level, "request", attrs...)
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// auth checks the bearer key when keys are configured, and puts the
+// caller's scope (the SHA-256 of its key) where idempotency finds it. Every
+// configured key is compared, each in constant time, over SHA-256 digests of
+// equal length, so neither a key's content nor its length leaks by timing.
+func (p *Publisher) auth(next http.Handler) http.Handler {
+	if len(p.keys) == 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		const prefix = "Bearer "
+		h := r.Header.Get("Authorization")
+		if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="vramq"`)
+			info(r).code = CodeUnauthorized
+			writeError(w, apiErr(http.StatusUnauthorized, CodeUnauthorized, "an API key is required: Authorization: Bearer <key>"))
+			return
+		}
+		given := sha256.Sum256([]byte(h[len(prefix):]))
+		match := -1
+		for i := range p.keys {
+			if subtle.ConstantTimeCompare(given[:], p.keys[i][:]) == 1 {
+				match = i
+			}
+		}
+		if match < 0 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="vramq", error="invalid_token"`)
+			info(r).code = CodeUnauthorized
+			writeError(w, apiErr(http.StatusUnauthorized, CodeUnauthorized, "the API key is not valid"))
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), scopeKey{}, hex.EncodeToString(p.keys[match][:]))))
+	})
+}
+
+type scopeKey struct{}
+
+// scope is the caller's idempotency scope: its key's digest, or "" without auth.
+func scope(r *http.Request) string {
+	s, _ := r.Context().Value(scopeKey{}).(string)
+	return s
+}
+
+// jobIDLen is the length of a job id: 128 random bits in hex.
+const jobIDLen = 32
+
+// newJobID returns 128 bits from crypto/rand, in hex: unguessable, so a job's
+// status is not found by counting, and safe in S3 keys and SQS group ids.
+func newJobID() string {
+	var b [jobIDLen / 2]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand documents it)
+	return hex.EncodeToString(b[:])
+}
+
+func validJobID(id string) bool {
+	if len(id) != jobIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

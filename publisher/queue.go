@@ -1,0 +1,119 @@
+package publisher
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/vramq/vramq/job"
+)
+
+// Queue is where work messages go: the publisher's only dependency on SQS.
+type Queue interface {
+	// SendBatch sends up to ten entries in one call. A non-nil error means the
+	// call as a whole failed (after the client's own retries) and none of the
+	// entries can be assumed sent. Otherwise the slice has one element per
+	// entry: nil when it was sent, an error (an *EntryError for SQS) when it
+	// was not. It must be safe for concurrent use.
+	SendBatch(ctx context.Context, entries []Entry) ([]error, error)
+}
+
+// Entry is one work message.
+type Entry struct {
+	Body  string
+	JobID string
+	Chunk int
+}
+
+// SQSQueue is a Queue on one SQS queue. Retries of whole calls are the SDK
+// client's own; configure them on the client.
+type SQSQueue struct {
+	client *sqs.Client
+	url    string
+	fifo   bool
+}
+
+var _ Queue = (*SQSQueue)(nil)
+
+// NewSQSQueue returns the queue at url, reached through client. A FIFO queue
+// (SQS requires its name to end in .fifo) gets MessageGroupId = job id, so a
+// job's chunks are delivered in order, and MessageDeduplicationId = job id
+// and chunk, so a chunk sent twice within SQS's five-minute window is taken
+// once.
+func NewSQSQueue(client *sqs.Client, url string) *SQSQueue {
+	return &SQSQueue{client: client, url: url, fifo: strings.HasSuffix(url, ".fifo")}
+}
+
+// FIFO reports whether the queue is a FIFO queue.
+func (q *SQSQueue) FIFO() bool { return q.fifo }
+
+func (q *SQSQueue) SendBatch(ctx context.Context, entries []Entry) ([]error, error) {
+	req := make([]types.SendMessageBatchRequestEntry, len(entries))
+	for i, e := range entries {
+		attrs := make(map[string]types.MessageAttributeValue, 2)
+		for k, v := range job.Attributes(job.Key{JobID: e.JobID, Chunk: e.Chunk}) {
+			attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+		}
+		req[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(e.Body), MessageAttributes: attrs}
+		if q.fifo {
+			req[i].MessageGroupId = aws.String(e.JobID)
+			req[i].MessageDeduplicationId = aws.String(e.JobID + "-" + strconv.Itoa(e.Chunk))
+		}
+	}
+	out, err := q.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &q.url, Entries: req})
+	if err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(entries))
+	for _, f := range out.Failed {
+		i, err := strconv.Atoi(aws.ToString(f.Id))
+		if err != nil || i < 0 || i >= len(entries) {
+			return nil, fmt.Errorf("sqs: batch response names unknown entry %q", aws.ToString(f.Id))
+		}
+		errs[i] = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
+	}
+	return errs, nil
+}
+
+// EntryError is one failed entry of a batch call.
+type EntryError struct {
+	Code        string
+	Message     string
+	SenderFault bool // SQS says the entry itself is wrong: sending it again will not help
+}
+
+func (e *EntryError) Error() string { return fmt.Sprintf("sqs: %s: %s", e.Code, e.Message) }
+
+// Retryable reports whether sending the entry again may succeed. Entries SQS
+// blames on the sender (a body it refuses, a bad attribute) fail the same
+// way every time; the rest are SQS's own trouble.
+func (e *EntryError) Retryable() bool { return !e.SenderFault }
+
+// Limits are what the publisher reads from the queue at start.
+type Limits struct {
+	MaxMessageBytes int  // the queue's MaximumMessageSize
+	FIFO            bool // the queue's FifoQueue
+}
+
+// QueueLimits reads the work queue's MaximumMessageSize and FifoQueue
+// attributes, so chunks are cut to what this queue accepts (256 KiB by
+// default, up to 1 MiB where configured) rather than to a guess.
+func QueueLimits(ctx context.Context, client *sqs.Client, url string) (Limits, error) {
+	out, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: &url, AttributeNames: []types.QueueAttributeName{
+		types.QueueAttributeNameMaximumMessageSize, types.QueueAttributeNameFifoQueue}})
+	if err != nil {
+		return Limits{}, fmt.Errorf("reading the attributes of %s: %w", url, err)
+	}
+	var l Limits
+	s := out.Attributes[string(types.QueueAttributeNameMaximumMessageSize)]
+	if l.MaxMessageBytes, err = strconv.Atoi(s); err != nil || l.MaxMessageBytes <= 0 {
+		return Limits{}, fmt.Errorf("queue %s: MaximumMessageSize %q is not a size", url, s)
+	}
+	l.FIFO = out.Attributes[string(types.QueueAttributeNameFifoQueue)] == "true" || strings.HasSuffix(url, ".fifo")
+	return l, nil
+}

@@ -1,0 +1,125 @@
+package publisher
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// JobRequest is the body of POST /v1/jobs.
+type JobRequest struct {
+	Items   []RequestItem `json:"items"`
+	Options *JobOptions   `json:"options,omitempty"`
+}
+
+// RequestItem is one item of a job as a client sends it: job.Item without
+// the payload reference, which only the publisher may set.
+type RequestItem struct {
+	ID   string `json:"id"`
+	Text string `json:"text,omitempty"`
+	Data []byte `json:"data,omitempty"` // base64 in JSON
+}
+
+// JobOptions tune one job within the publisher's limits.
+type JobOptions struct {
+	// ChunkItems is the most items per work message, from 1 to the
+	// publisher's MaxChunkItems; 0 means the publisher's default. Smaller
+	// chunks spread a job over more subscribers; larger ones cost fewer
+	// messages.
+	ChunkItems int `json:"chunk_items,omitempty"`
+}
+
+// MaxItemIDBytes bounds an item id. Ids travel in every work and result
+// message and in S3 keys' neighbours, so they are kept short.
+const MaxItemIDBytes = 256
+
+// RequestLimits are the bounds DecodeJobRequest checks.
+type RequestLimits struct {
+	MaxItems      int // most items in one job
+	MaxChunkItems int // largest options.chunk_items accepted
+}
+
+// DecodeJobRequest parses and validates a POST /v1/jobs body, reporting the
+// first problem as an *APIError: 400 for what is not a job request at all
+// (malformed JSON, unknown fields, trailing data), 422 for a request that
+// parses but breaks a rule. Item sizes are checked later, against the
+// message size, by the chunk planner.
+func DecodeJobRequest(body []byte, lim RequestLimits) (*JobRequest, *APIError) {
+	var req JobRequest
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, apiErr(http.StatusBadRequest, CodeMalformedJSON, "the request body is empty; want a JSON object with \"items\"")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return nil, decodeError(err)
+	}
+	// Anything after the object is refused: a client that concatenated two
+	// jobs, or a proxy that mangled the body, must not get half a job.
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, apiErr(http.StatusBadRequest, CodeMalformedJSON, "unexpected data after the JSON object")
+	}
+	if err := req.validate(lim); err != nil {
+		return nil, err
+	}
+	return &req, nil
+}
+
+// decodeError turns the decoder's error into a 400 that keeps its message,
+// which names the offending field or offset, and never the content.
+func decodeError(err error) *APIError {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	msg := err.Error()
+	switch {
+	case errors.As(err, &syn):
+		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "malformed JSON at byte %d: %s", syn.Offset, msg)
+	case errors.As(err, &typ):
+		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "%s", msg)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "the JSON ends too early")
+	case strings.HasPrefix(msg, "json: unknown field "):
+		return apiErr(http.StatusBadRequest, CodeUnknownField, "%s", msg)
+	}
+	// Invalid base64 in "data" and the remaining decoder errors.
+	return apiErr(http.StatusBadRequest, CodeMalformedJSON, "%s", msg)
+}
+
+func (r *JobRequest) validate(lim RequestLimits) *APIError {
+	switch {
+	case len(r.Items) == 0:
+		return apiErr(http.StatusUnprocessableEntity, CodeNoItems, "the job has no items")
+	case len(r.Items) > lim.MaxItems:
+		return apiErr(http.StatusUnprocessableEntity, CodeTooManyItems, "the job has %d items; at most %d are accepted in one job", len(r.Items), lim.MaxItems)
+	}
+	if o := r.Options; o != nil && (o.ChunkItems < 0 || o.ChunkItems > lim.MaxChunkItems) {
+		return apiErr(http.StatusUnprocessableEntity, CodeInvalidOptions, "options.chunk_items is %d; want 1 to %d (or leave it out for the default)", o.ChunkItems, lim.MaxChunkItems)
+	}
+	seen := make(map[string]struct{}, len(r.Items))
+	for i, it := range r.Items {
+		switch {
+		case it.ID == "":
+			return apiErr(http.StatusUnprocessableEntity, CodeMissingItemID, "item %d has no id", i)
+		case len(it.ID) > MaxItemIDBytes:
+			return apiErr(http.StatusUnprocessableEntity, CodeItemIDTooLong, "item %d has an id of %d bytes; at most %d are accepted", i, len(it.ID), MaxItemIDBytes)
+		case it.Text == "" && len(it.Data) == 0:
+			return itemErr(http.StatusUnprocessableEntity, CodeEmptyItem, it.ID, "item %q has neither text nor data", it.ID)
+		}
+		if _, dup := seen[it.ID]; dup {
+			return itemErr(http.StatusUnprocessableEntity, CodeDuplicateItemID, it.ID, "item id %q appears more than once", it.ID)
+		}
+		seen[it.ID] = struct{}{}
+	}
+	return nil
+}
+
+// chunkItems is the items-per-chunk this request asks for, or def.
+func (r *JobRequest) chunkItems(def int) int {
+	if r.Options != nil && r.Options.ChunkItems > 0 {
+		return r.Options.ChunkItems
+	}
+	return def
+}

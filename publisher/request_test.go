@@ -1,0 +1,105 @@
+package publisher
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+var testLimits = RequestLimits{MaxItems: 5, MaxChunkItems: 100}
+
+func TestDecodeJobRequest(t *testing.T) {
+	long := strings.Repeat("x", MaxItemIDBytes+1)
+	for _, tc := range []struct {
+		name   string
+		body   string
+		status int
+		code   string
+		item   string
+	}{
+		{"empty body", "", 400, CodeMalformedJSON, ""},
+		{"whitespace body", " \n ", 400, CodeMalformedJSON, ""},
+		{"syntax", `{"items":[`, 400, CodeMalformedJSON, ""},
+		{"not an object", `[1,2]`, 400, CodeMalformedJSON, ""},
+		{"wrong type", `{"items":"a"}`, 400, CodeMalformedJSON, ""},
+		{"unknown field", `{"items":[{"id":"a","text":"x"}],"priority":1}`, 400, CodeUnknownField, ""},
+		{"unknown item field", `{"items":[{"id":"a","text":"x","ref":{}}]}`, 400, CodeUnknownField, ""},
+		{"trailing object", `{"items":[{"id":"a","text":"x"}]}{}`, 400, CodeMalformedJSON, ""},
+		{"trailing garbage", `{"items":[{"id":"a","text":"x"}]} x`, 400, CodeMalformedJSON, ""},
+		{"bad base64", `{"items":[{"id":"a","data":"!!"}]}`, 400, CodeMalformedJSON, ""},
+		{"null", `null`, 422, CodeNoItems, ""},
+		{"no items", `{"items":[]}`, 422, CodeNoItems, ""},
+		{"items missing", `{}`, 422, CodeNoItems, ""},
+		{"too many", `{"items":[{"id":"1","text":"x"},{"id":"2","text":"x"},{"id":"3","text":"x"},{"id":"4","text":"x"},{"id":"5","text":"x"},{"id":"6","text":"x"}]}`, 422, CodeTooManyItems, ""},
+		{"missing id", `{"items":[{"text":"x"}]}`, 422, CodeMissingItemID, ""},
+		{"empty id", `{"items":[{"id":"","text":"x"}]}`, 422, CodeMissingItemID, ""},
+		{"long id", `{"items":[{"id":"` + long + `","text":"x"}]}`, 422, CodeItemIDTooLong, ""},
+		{"empty item", `{"items":[{"id":"a"}]}`, 422, CodeEmptyItem, "a"},
+		{"empty data", `{"items":[{"id":"a","data":""}]}`, 422, CodeEmptyItem, "a"},
+		{"duplicate", `{"items":[{"id":"a","text":"x"},{"id":"a","text":"y"}]}`, 422, CodeDuplicateItemID, "a"},
+		{"chunk_items negative", `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":-1}}`, 422, CodeInvalidOptions, ""},
+		{"chunk_items over cap", `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":101}}`, 422, CodeInvalidOptions, ""},
+		{"chunk_items fraction", `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":1.5}}`, 400, CodeMalformedJSON, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, e := DecodeJobRequest([]byte(tc.body), testLimits)
+			if e == nil {
+				t.Fatalf("accepted %s", tc.body)
+			}
+			if e.Status != tc.status || e.Code != tc.code || e.Item != tc.item {
+				t.Errorf("got %d %s item %q (%s), want %d %s item %q", e.Status, e.Code, e.Item, e.Message, tc.status, tc.code, tc.item)
+			}
+		})
+	}
+}
+
+func TestDecodeJobRequestValid(t *testing.T) {
+	body := `{"items":[{"id":"a","text":"hello"},{"id":"b","data":"AAEC"},{"id":"c","text":"t","data":"AA=="}],"options":{"chunk_items":2}}`
+	req, e := DecodeJobRequest([]byte(body), testLimits)
+	if e != nil {
+		t.Fatal(e)
+	}
+	want := &JobRequest{Items: []RequestItem{{ID: "a", Text: "hello"}, {ID: "b", Data: []byte{0, 1, 2}}, {ID: "c", Text: "t", Data: []byte{0}}},
+		Options: &JobOptions{ChunkItems: 2}}
+	if diff := cmp.Diff(want, req); diff != "" {
+		t.Errorf("decoded (-want +got):\n%s", diff)
+	}
+	if got := req.chunkItems(32); got != 2 {
+		t.Errorf("chunk items %d, want 2", got)
+	}
+	if got := (&JobRequest{}).chunkItems(32); got != 32 {
+		t.Errorf("default chunk items %d, want 32", got)
+	}
+}
+
+func TestCheckContentType(t *testing.T) {
+	for ct, ok := range map[string]bool{
+		"application/json":                  true,
+		"application/json; charset=utf-8":   true,
+		"Application/JSON; charset=UTF-8":   true,
+		"":                                  false,
+		"text/plain":                        false,
+		"application/json; charset=latin1":  false,
+		"application/x-www-form-urlencoded": false,
+		"application/json;;":                false,
+	} {
+		if e := checkContentType(ct); (e == nil) != ok {
+			t.Errorf("%q: got %v, want ok=%v", ct, e, ok)
+		} else if e != nil && e.Status != http.StatusUnsupportedMediaType {
+			t.Errorf("%q: status %d", ct, e.Status)
+		}
+	}
+}
+
+func TestIdempotencyKeyValid(t *testing.T) {
+	for k, ok := range map[string]bool{
+		"a": true, "550e8400-e29b-41d4-a716-446655440000": true, strings.Repeat("k", 255): true,
+		"": false, strings.Repeat("k", 256): false, "has space": false, "tab\t": false, "é": false,
+	} {
+		if validIdempotencyKey(k) != ok {
+			t.Errorf("%q: want valid=%v", k, ok)
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package publisher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// maxBatchEntries is SQS's limit on entries per SendMessageBatch.
+const maxBatchEntries = 10
+
+// sender puts a job's chunks on the queue. The SDK retries whole calls that
+// failed (throttling, 5xx, broken connections); what it cannot see are the
+// entries a successful SendMessageBatch lists in Failed, so those, and only
+// those, are retried here, with jittered exponential backoff.
+type sender struct {
+	queue         Queue
+	attempts      int           // per entry, the first send included
+	backoff       time.Duration // before the first retry; doubled per attempt
+	maxBackoff    time.Duration
+	maxBatchBytes int // total payload of one SendMessageBatch
+	concurrency   int // batches in flight at once for one job
+	m             *metrics
+	log           *slog.Logger
+}
+
+// batches groups chunks into SendMessageBatch calls: ten entries at most,
+// and no more payload than one call may carry.
+func (s *sender) batches(jobID string, chunks []Chunk) [][]Entry {
+	var out [][]Entry
+	var cur []Entry
+	size := 0
+	for _, c := range chunks {
+		n := len(c.Body) + attrReserve
+		if len(cur) > 0 && (len(cur) == maxBatchEntries || size+n > s.maxBatchBytes) {
+			out = append(out, cur)
+			cur, size = nil, 0
+		}
+		cur = append(cur, Entry{Body: c.Body, JobID: jobID, Chunk: c.Index})
+		size += n
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// send puts every chunk on the queue and returns how many SQS confirmed. An
+// error means some chunk is not known to be on the queue; the job is then
+// incomplete and the caller says so. On a FIFO queue batches go one at a
+// time, in order.
+func (s *sender) send(ctx context.Context, jobID string, chunks []Chunk) (int, error) {
+	var sent atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	limit := s.concurrency
+	if f, ok := s.queue.(interface{ FIFO() bool }); ok && f.FIFO() {
+		limit = 1
+	}
+	g.SetLimit(limit)
+	for _, b := range s.batches(jobID, chunks) {
+		if gctx.Err() != nil {
+			break // a batch failed for good: the job is incomplete whatever follows
+		}
+		g.Go(func() error { return s.sendBatch(gctx, b, &sent) })
+	}
+	err := g.Wait()
+	return int(sent.Load()), err
+}
+
+func (s *sender) sendBatch(ctx context.Context, pending []Entry, sent *atomic.Int64) error {
+	for attempt := 1; ; attempt++ {
+		errs, err := s.queue.SendBatch(ctx, pending)
+		if err != nil {
+			s.m.sqsCalls.WithLabelValues("error").Inc()
+			return fmt.Errorf("SendMessageBatch: %w", err)
+		}
+		s.m.sqsCalls.WithLabelValues("ok").Inc()
+		var retry []Entry
+		var firstErr, permanent error
+		for i, e := range errs {
+			if e == nil {
+				sent.Add(1)
+				s.m.chunksSent.Inc()
+				continue
+			}
+			code := "other"
+			var ee *EntryError
+			if errors.As(e, &ee) {
+				code = ee.Code
+			}
+			s.m.failedEntries.WithLabelValues(code).Inc()
+			if firstErr == nil {
+				firstErr = e
+			}
+			if ee != nil && !ee.Retryable() {
+				if permanent == nil {
+					permanent = fmt.Errorf("chunk %d of job %s refused by the queue: %w", pending[i].Chunk, pending[i].JobID, e)
+				}
+				continue
+			}
+			retry = append(retry, pending[i])
+		}
+		if permanent != nil {
+			// Sending the rest again cannot make the job whole.
+			return permanent
+		}
+		if len(retry) == 0 {
+			return nil
+		}
+		if attempt >= s.attempts {
+			return fmt.Errorf("%d chunks still failing after %d attempts, first: %w", len(retry), attempt, firstErr)
+		}
+		s.log.Warn("retrying failed SendMessageBatch entries", "job_id", retry[0].JobID, "entries", len(retry), "attempt", attempt, "err", firstErr)
+		s.m.sendRetries.Add(float64(len(retry)))
+		if err := sleep(ctx, s.delay(attempt)); err != nil {
+			return err
+		}
+		pending = retry
+	}
+}
+
+// delay is the wait before retry number attempt: exponential with "equal
+// jitter" (half fixed, half random), so a burst of failed entries from many
+// requests does not come back in lockstep.
+func (s *sender) delay(attempt int) time.Duration {
+	d := s.backoff << (attempt - 1)
+	if d > s.maxBackoff || d <= 0 {
+		d = s.maxBackoff
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

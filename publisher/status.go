@@ -1,0 +1,277 @@
+package publisher
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
+)
+
+// manifest is jobs/{job_id}.json: what GET /v1/jobs/{id} needs to know about
+// a job without asking the queue. Written before the first chunk is sent.
+type manifest struct {
+	V            int       `json:"v"`
+	JobID        string    `json:"job_id"`
+	Chunks       int       `json:"chunks"`
+	Items        int       `json:"items"`
+	ClaimChecked int       `json:"claim_checked"`
+	ChunkItems   []int     `json:"chunk_items"` // items in each chunk, in chunk order
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+// failedMarker is failed/{job_id}/{chunk}.json, written by the subscriber
+// when it dead-letters a chunk. Only the fields read here are declared.
+type failedMarker struct {
+	JobID  string `json:"job_id"`
+	Chunk  int    `json:"chunk"`
+	Reason string `json:"reason"`
+}
+
+// Job states in GET /v1/jobs/{id}.
+const (
+	StatusRunning  = "running"  // some chunks have neither a result nor a failure yet
+	StatusComplete = "complete" // every chunk has a result
+	StatusPartial  = "partial"  // every chunk is settled, some failed
+)
+
+// Paging of results in GET /v1/jobs/{id}, in chunks.
+const (
+	DefaultPageSize = 10
+	MaxPageSize     = 100
+)
+
+type statusBody struct {
+	JobID         string        `json:"job_id"`
+	Status        string        `json:"status"`
+	Chunks        int           `json:"chunks"`
+	ChunksDone    int           `json:"chunks_done"`
+	ChunksFailed  int           `json:"chunks_failed"`
+	Items         int           `json:"items"`
+	ItemsDone     int           `json:"items_done"`
+	ClaimChecked  int           `json:"claim_checked"`
+	CreatedAt     time.Time     `json:"created_at"`
+	Failed        []failedChunk `json:"failed"`
+	Results       []chunkResult `json:"results,omitempty"`
+	NextPageToken string        `json:"next_page_token,omitempty"`
+}
+
+type failedChunk struct {
+	Chunk  int    `json:"chunk"`
+	Reason string `json:"reason"`
+}
+
+type chunkResult struct {
+	Chunk   int          `json:"chunk"`
+	Model   string       `json:"model"`
+	Outputs []job.Output `json:"outputs"`
+}
+
+// readConcurrency bounds the S3 reads of one status request.
+const readConcurrency = 8
+
+// getJob is GET /v1/jobs/{id}: progress from the result and failure objects
+// the subscribers write, and, once every chunk is settled, the results, a
+// page of chunks at a time.
+func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
+	ri := info(r)
+	fail := func(e *APIError) {
+		ri.code = e.Code
+		writeError(w, e)
+	}
+	if p.store == nil {
+		fail(apiErr(http.StatusNotImplemented, CodeStatusUnavailable, "job status needs a payload bucket, and this publisher has none (-payload-bucket)"))
+		return
+	}
+	id := r.PathValue("id")
+	// Ids are checked before they reach an S3 key, so no path can be made
+	// to name another object.
+	if !validJobID(id) {
+		fail(apiErr(http.StatusNotFound, CodeNotFound, "no job %q", id))
+		return
+	}
+	ri.jobID = id
+	pageSize, start, e := pageParams(r)
+	if e != nil {
+		fail(e)
+		return
+	}
+	ctx := r.Context()
+	raw, err := p.store.Read(ctx, payload.ManifestKey(id))
+	if errors.Is(err, payload.ErrMissing) {
+		fail(apiErr(http.StatusNotFound, CodeNotFound, "no job %q", id))
+		return
+	}
+	var m manifest
+	if err == nil {
+		err = json.Unmarshal(raw, &m)
+	}
+	if err != nil {
+		p.log.Error("reading a job manifest", "job_id", id, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's manifest could not be read"))
+		return
+	}
+	ri.items, ri.chunks = m.Items, m.Chunks
+	if start > 0 && start >= m.Chunks {
+		fail(apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_token is past the job's last chunk"))
+		return
+	}
+	body, err := p.status(ctx, &m, start, pageSize)
+	if err != nil {
+		p.log.Error("reading job status", "job_id", id, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's results could not be read"))
+		return
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+func pageParams(r *http.Request) (size, start int, e *APIError) {
+	q := r.URL.Query()
+	size = DefaultPageSize
+	if s := q.Get("page_size"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > MaxPageSize {
+			return 0, 0, apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_size %q: want 1 to %d", s, MaxPageSize)
+		}
+		size = n
+	}
+	if s := q.Get("page_token"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return 0, 0, apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_token %q is not one this API gave out", s)
+		}
+		start = n
+	}
+	return size, start, nil
+}
+
+func (p *Publisher) status(ctx context.Context, m *manifest, start, pageSize int) (*statusBody, error) {
+	done, err := p.chunksUnder(ctx, payload.ResultPrefix(m.JobID), m.Chunks)
+	if err != nil {
+		return nil, err
+	}
+	failedSet, err := p.chunksUnder(ctx, payload.FailedPrefix(m.JobID), m.Chunks)
+	if err != nil {
+		return nil, err
+	}
+	for c := range done {
+		delete(failedSet, c) // a result wins over an earlier failure
+	}
+	b := &statusBody{JobID: m.JobID, Chunks: m.Chunks, ChunksDone: len(done), ChunksFailed: len(failedSet),
+		Items: m.Items, ClaimChecked: m.ClaimChecked, CreatedAt: m.CreatedAt, Failed: []failedChunk{}}
+	for c := range done {
+		if c < len(m.ChunkItems) {
+			b.ItemsDone += m.ChunkItems[c]
+		}
+	}
+	switch {
+	case len(done)+len(failedSet) < m.Chunks:
+		b.Status = StatusRunning
+	case len(failedSet) == 0:
+		b.Status = StatusComplete
+	default:
+		b.Status = StatusPartial
+	}
+
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(readConcurrency)
+	for c := range failedSet {
+		g.Go(func() error {
+			reason := "unknown"
+			raw, err := p.store.Read(gctx, payload.FailedKey(m.JobID, c))
+			if err != nil {
+				return err
+			}
+			var f failedMarker
+			if json.Unmarshal(raw, &f) == nil && f.Reason != "" {
+				reason = f.Reason
+			}
+			mu.Lock()
+			b.Failed = append(b.Failed, failedChunk{Chunk: c, Reason: reason})
+			mu.Unlock()
+			return nil
+		})
+	}
+	if b.Status != StatusRunning {
+		end := min(start+pageSize, m.Chunks)
+		for c := start; c < end; c++ {
+			if !done[c] {
+				continue
+			}
+			g.Go(func() error {
+				res, err := p.readResult(gctx, m.JobID, c)
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				b.Results = append(b.Results, chunkResult{Chunk: c, Model: res.Model, Outputs: res.Outputs})
+				mu.Unlock()
+				return nil
+			})
+		}
+		if end < m.Chunks {
+			b.NextPageToken = strconv.Itoa(end)
+		}
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	sort.Slice(b.Failed, func(i, j int) bool { return b.Failed[i].Chunk < b.Failed[j].Chunk })
+	sort.Slice(b.Results, func(i, j int) bool { return b.Results[i].Chunk < b.Results[j].Chunk })
+	return b, nil
+}
+
+// chunksUnder lists prefix and returns the chunk indices named by its
+// {chunk}.json keys, ignoring anything else.
+func (p *Publisher) chunksUnder(ctx context.Context, prefix string, chunks int) (map[int]bool, error) {
+	keys, err := p.store.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	set := make(map[int]bool, len(keys))
+	for _, k := range keys {
+		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(k, prefix), ".json"))
+		if err == nil && n >= 0 && n < chunks && strings.HasSuffix(k, ".json") {
+			set[n] = true
+		}
+	}
+	return set, nil
+}
+
+// readResult reads results/{job}/{chunk}.json, following its claim-check
+// reference (verified) when the result was too large to keep inline.
+func (p *Publisher) readResult(ctx context.Context, jobID string, chunk int) (*job.Result, error) {
+	raw, err := p.store.Read(ctx, payload.ResultKey(jobID, chunk))
+	if err != nil {
+		return nil, err
+	}
+	var res job.Result
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return nil, fmt.Errorf("result %s: %w", payload.ResultKey(jobID, chunk), err)
+	}
+	if ref := res.Ref; ref != nil {
+		raw, err := p.store.Get(ctx, *ref)
+		if err != nil {
+			return nil, err
+		}
+		res = job.Result{}
+		if err := json.Unmarshal(raw, &res); err != nil {
+			return nil, fmt.Errorf("result %s: %w", ref.Key, err)
+		}
+	}
+	if res.JobID != jobID || res.Chunk != chunk {
+		return nil, fmt.Errorf("result %s is for job %q chunk %d", payload.ResultKey(jobID, chunk), res.JobID, res.Chunk)
+	}
+	return &res, nil
+}

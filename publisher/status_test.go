@@ -1,0 +1,133 @@
+package publisher_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher"
+)
+
+type jobStatus struct {
+	JobID        string `json:"job_id"`
+	Status       string `json:"status"`
+	Chunks       int    `json:"chunks"`
+	ChunksDone   int    `json:"chunks_done"`
+	ChunksFailed int    `json:"chunks_failed"`
+	Items        int    `json:"items"`
+	ItemsDone    int    `json:"items_done"`
+	Failed       []struct {
+		Chunk  int    `json:"chunk"`
+		Reason string `json:"reason"`
+	} `json:"failed"`
+	Results []struct {
+		Chunk   int          `json:"chunk"`
+		Model   string       `json:"model"`
+		Outputs []job.Output `json:"outputs"`
+	} `json:"results"`
+	NextPageToken string `json:"next_page_token"`
+}
+
+func (s *server) status(t *testing.T, jobID, query string) jobStatus {
+	t.Helper()
+	r := s.do("GET", "/v1/jobs/"+jobID+query, nil, nil)
+	if r.status != 200 {
+		t.Fatalf("GET: %d %s", r.status, r.body)
+	}
+	var st jobStatus
+	r.json(t, &st)
+	return st
+}
+
+// putJSON writes v to key in the env's bucket.
+func (e *env) putJSON(key string, v any) job.PayloadRef {
+	e.t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ref, err := e.store.Put(e.t.Context(), key, b)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ref
+}
+
+// TestJobStatus plays the subscriber's part by hand (results, one of them
+// claim-checked, and a failure marker) and reads the job's progress and its
+// results a page at a time.
+func TestJobStatus(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{})
+	a := s.mustPost(jobBody(t, manyItems("s", 7, 3), 2), nil)
+	if a.Chunks != 4 {
+		t.Fatalf("%d chunks, want 4", a.Chunks)
+	}
+	works := checkWhole(t, a, e.drain(a.Chunks))
+
+	st := s.status(t, a.JobID, "")
+	if st.Status != publisher.StatusRunning || st.Chunks != 4 || st.ChunksDone != 0 || st.Items != 7 || len(st.Results) != 0 || st.Failed == nil {
+		t.Errorf("before any result: %+v", st)
+	}
+
+	result := func(c int) job.Result {
+		r := job.Result{V: 1, JobID: a.JobID, Chunk: c, Model: "m", Attempt: 1}
+		for _, it := range works[c].Items {
+			r.Outputs = append(r.Outputs, job.Output{ID: it.ID, Embedding: []float32{float32(c), 1}})
+		}
+		return r
+	}
+	e.putJSON(payload.ResultKey(a.JobID, 0), result(0))
+	e.putJSON(payload.ResultKey(a.JobID, 1), result(1))
+	// Chunk 3's result is too large for its object: the object refers on.
+	ref := e.putJSON("results-large/"+a.JobID+"/3.json", result(3))
+	e.putJSON(payload.ResultKey(a.JobID, 3), job.Result{V: 1, JobID: a.JobID, Chunk: 3, Ref: &ref})
+	e.putJSON(payload.FailedKey(a.JobID, 2), map[string]any{"v": 1, "job_id": a.JobID, "chunk": 2, "reason": "out_of_memory: alone"})
+	e.putJSON(payload.ResultPrefix(a.JobID)+"stray.txt", "ignored")
+
+	st = s.status(t, a.JobID, "?page_size=2")
+	if st.Status != publisher.StatusPartial || st.ChunksDone != 3 || st.ChunksFailed != 1 || st.ItemsDone != 5 {
+		t.Errorf("partial: %+v", st)
+	}
+	if len(st.Failed) != 1 || st.Failed[0].Chunk != 2 || st.Failed[0].Reason != "out_of_memory: alone" {
+		t.Errorf("failed: %+v", st.Failed)
+	}
+	var pages [][]int
+	outputs := map[int][]job.Output{}
+	for token, n := "", 0; n < 5; n++ {
+		q := "?page_size=2"
+		if token != "" {
+			q += "&page_token=" + token
+		}
+		st := s.status(t, a.JobID, q)
+		var page []int
+		for _, r := range st.Results {
+			page = append(page, r.Chunk)
+			outputs[r.Chunk] = r.Outputs
+		}
+		pages = append(pages, page)
+		if token = st.NextPageToken; token == "" {
+			break
+		}
+	}
+	if fmt.Sprint(pages) != "[[0 1] [3]]" {
+		t.Errorf("pages of chunks %v, want [[0 1] [3]]", pages)
+	}
+	for _, c := range []int{0, 1, 3} {
+		if diff := cmp.Diff(result(c).Outputs, outputs[c]); diff != "" {
+			t.Errorf("chunk %d outputs (-want +got):\n%s", c, diff)
+		}
+	}
+
+	// A late result for the failed chunk completes the job.
+	e.putJSON(payload.ResultKey(a.JobID, 2), result(2))
+	st = s.status(t, a.JobID, "?page_size=100")
+	if st.Status != publisher.StatusComplete || st.ChunksDone != 4 || st.ChunksFailed != 0 || len(st.Failed) != 0 || len(st.Results) != 4 || st.NextPageToken != "" {
+		t.Errorf("complete: %+v", st)
+	}
+}

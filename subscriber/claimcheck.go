@@ -1,0 +1,259 @@
+package subscriber
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
+)
+
+// Payloads is the bucket that holds what does not fit in a message: items
+// the publisher claim-checked, results too large to send, and the results
+// and failure markers the publisher reads back. *payload.Store implements it
+// on S3; its methods must be safe for concurrent use and must not retry
+// beyond their client's own retryer.
+type Payloads interface {
+	// Bucket names the bucket, for the references written to messages.
+	Bucket() string
+	// Get fetches what ref names, verified against its size and SHA-256;
+	// errors wrap payload.ErrMissing or payload.ErrCorrupt when the object
+	// cannot be trusted, anything else may pass.
+	Get(ctx context.Context, ref job.PayloadRef) ([]byte, error)
+	// Put stores body at key, replacing what is there.
+	Put(ctx context.Context, key string, body []byte) (job.PayloadRef, error)
+	// PutIfAbsent stores body at key unless an object is there already, in
+	// which case it returns that object's content.
+	PutIfAbsent(ctx context.Context, key string, body []byte) (created bool, existing []byte, err error)
+}
+
+var _ Payloads = (*payload.Store)(nil)
+
+// maxFetches bounds the claim-check fetches in flight at once, across
+// messages: each holds a whole object in memory until its message runs.
+const maxFetches = 8
+
+// maxResultWrites bounds the result writes of one batch in flight at once.
+const maxResultWrites = 8
+
+// errBadObject marks an object that passed verification but does not stand
+// for the item that references it: the publisher wrote the wrong thing, and
+// no retry will change that.
+var errBadObject = errors.New("object is not the referenced item")
+
+func hasRefs(w *job.Work) bool {
+	for _, it := range w.Items {
+		if it.Ref != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// claim fetches the claim-checked items of w off the poll loop and sends the
+// message on to admission. The message was counted as waiting before this
+// started, so the poller never receives more than the buffer can take, and
+// its lease is extended by the keeper all along. Fetching is part of getting
+// to admission, so it shares the admission deadline: a fetch that hangs past
+// AdmitTimeout releases the message for a retry instead of holding a
+// prefetch slot.
+func (s *Subscriber) claim(ctx context.Context, l *lease, w *job.Work) {
+	fctx, cancel := context.WithDeadline(ctx, l.received.Add(s.cfg.AdmitTimeout))
+	defer cancel()
+	err := s.fetchItems(fctx, w)
+	switch {
+	case ctx.Err() != nil:
+		s.startTasks(1)
+		s.keeper.finish(l, true, 0)
+	case err == nil:
+		s.enqueue(l, w)
+	case errors.Is(err, payload.ErrMissing), errors.Is(err, payload.ErrCorrupt), errors.Is(err, errBadObject), errors.Is(err, job.ErrMalformed):
+		s.startTasks(1)
+		s.deadLetterAsync(l, "claim_check", err.Error())
+	default:
+		delay := s.retryDelay(l.msg.ReceiveCount)
+		s.log.Warn("fetching a claim-checked item failed; message released for a retry", "message_id", l.msg.ID,
+			"receive_count", l.msg.ReceiveCount, "retry_in", delay, "err", err)
+		s.startTasks(1)
+		s.keeper.finish(l, true, delay)
+	}
+}
+
+// fetchItems replaces every item of w that has a Ref with the item stored in
+// the payload bucket, verified. The first error stops the others.
+func (s *Subscriber) fetchItems(ctx context.Context, w *job.Work) error {
+	g, ctx := errgroup.WithContext(ctx)
+	for i := range w.Items {
+		ref := w.Items[i].Ref
+		if ref == nil {
+			continue
+		}
+		id := w.Items[i].ID
+		g.Go(func() error {
+			if err := s.fetchSlots.Acquire(ctx, 1); err != nil {
+				return fmt.Errorf("item %q: waiting to fetch s3://%s/%s: %w", id, ref.Bucket, ref.Key, err)
+			}
+			defer s.fetchSlots.Release(1)
+			it, err := s.fetchItem(ctx, id, *ref)
+			s.m.claimChecks.WithLabelValues(claimOutcome(err)).Inc()
+			if err != nil {
+				return fmt.Errorf("item %q: %w", id, err)
+			}
+			w.Items[i] = it // each goroutine writes its own element
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+func (s *Subscriber) fetchItem(ctx context.Context, id string, ref job.PayloadRef) (job.Item, error) {
+	b, err := s.payloads.Get(ctx, ref)
+	if err != nil {
+		return job.Item{}, err
+	}
+	var it job.Item
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&it); err != nil {
+		return job.Item{}, fmt.Errorf("%w: s3://%s/%s is not item JSON: %v", errBadObject, ref.Bucket, ref.Key, err)
+	}
+	switch {
+	case it.ID != id:
+		return job.Item{}, fmt.Errorf("%w: s3://%s/%s holds item %q", errBadObject, ref.Bucket, ref.Key, it.ID)
+	case it.Ref != nil:
+		return job.Item{}, fmt.Errorf("%w: s3://%s/%s holds another reference, not the item", errBadObject, ref.Bucket, ref.Key)
+	}
+	return it, nil
+}
+
+func claimOutcome(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, payload.ErrMissing):
+		return "missing"
+	case errors.Is(err, payload.ErrCorrupt):
+		return "corrupt"
+	case errors.Is(err, errBadObject):
+		return "invalid"
+	}
+	return "error"
+}
+
+// storeResults writes each result to results/{job_id}/{chunk}.json, in
+// parallel, and returns a reference to each object, nil where the write
+// failed. The first write of a chunk wins: a redelivered chunk reuses the
+// object already there, so a result message sent earlier with a reference
+// to it still verifies (a rewrite with another attempt number would change
+// its SHA-256 under that message).
+func (s *Subscriber) storeResults(results []job.Result, bodies [][]byte) []*job.PayloadRef {
+	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
+	defer cancel()
+	refs := make([]*job.PayloadRef, len(results))
+	var g errgroup.Group
+	g.SetLimit(maxResultWrites)
+	for i := range results {
+		g.Go(func() error {
+			ref, err := s.storeResult(ctx, &results[i], bodies[i])
+			if err != nil {
+				s.log.Warn("storing the result failed", "job_id", results[i].JobID, "chunk", results[i].Chunk, "err", err)
+				return nil
+			}
+			s.m.resultsStored.Inc()
+			refs[i] = &ref
+			return nil
+		})
+	}
+	_ = g.Wait()
+	return refs
+}
+
+func (s *Subscriber) storeResult(ctx context.Context, r *job.Result, body []byte) (job.PayloadRef, error) {
+	key := payload.ResultKey(r.JobID, r.Chunk)
+	created, existing, err := s.payloads.PutIfAbsent(ctx, key, body)
+	if err != nil {
+		return job.PayloadRef{}, err
+	}
+	if created {
+		return refTo(s.payloads.Bucket(), key, body), nil
+	}
+	var old job.Result
+	if json.Unmarshal(existing, &old) == nil && old.Key() == r.Key() && old.Ref == nil {
+		return refTo(s.payloads.Bucket(), key, existing), nil
+	}
+	// Not a result of this chunk: whatever it is, ours replaces it.
+	s.log.Warn("replacing an object that is not this chunk's result", "key", key, "bytes", len(existing))
+	return s.payloads.Put(ctx, key, body)
+}
+
+func refTo(bucket, key string, body []byte) job.PayloadRef {
+	sum := sha256.Sum256(body)
+	return job.PayloadRef{Bucket: bucket, Key: key, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}
+}
+
+// failedMarker is failed/{job_id}/{chunk}.json: why a chunk was
+// dead-lettered, for the publisher's progress answer.
+type failedMarker struct {
+	V         int    `json:"v"`
+	JobID     string `json:"job_id"`
+	Chunk     int    `json:"chunk"`
+	Reason    string `json:"reason"` // as in the DLQ copy's vramq-dlq-reason attribute
+	MessageID string `json:"message_id"`
+	At        string `json:"at"` // RFC 3339, UTC
+}
+
+// markFailed writes the failed marker of the chunk l carries, when the chunk
+// is known. Best effort: the DLQ copy is the record that matters, so a
+// failure is only logged.
+func (s *Subscriber) markFailed(l *lease, reason string) {
+	k, ok := chunkOf(l.msg)
+	if !ok {
+		return
+	}
+	body, err := json.Marshal(failedMarker{V: job.Version, JobID: k.JobID, Chunk: k.Chunk, Reason: reason,
+		MessageID: l.msg.ID, At: time.Now().UTC().Format(time.RFC3339)})
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
+	defer cancel()
+	if _, err := s.payloads.Put(ctx, payload.FailedKey(k.JobID, k.Chunk), body); err != nil {
+		s.log.Warn("writing the failed marker failed; the DLQ copy stands", "message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk, "err", err)
+	}
+}
+
+// chunkOf finds the chunk a message is for: from its attributes, or, when
+// they are missing, from whatever of the body still parses (a malformed
+// message may still name its job).
+func chunkOf(m Message) (job.Key, bool) {
+	if id := m.Attributes[job.AttrJobID]; id != "" {
+		if c, err := strconv.Atoi(m.Attributes[job.AttrChunk]); err == nil && c >= 0 {
+			return job.Key{JobID: id, Chunk: c}, true
+		}
+	}
+	var b struct {
+		JobID string `json:"job_id"`
+		Chunk *int   `json:"chunk"`
+	}
+	if json.Unmarshal([]byte(m.Body), &b) != nil || b.JobID == "" || b.Chunk == nil || *b.Chunk < 0 {
+		return job.Key{}, false
+	}
+	return job.Key{JobID: b.JobID, Chunk: *b.Chunk}, true
+}
+
+// typedNil reports a nil *payload.Store put in the interface: a caller that
+// builds the store only when a bucket is configured and assigns it either
+// way means "no bucket", not a store that panics on first use.
+func typedNil(p Payloads) bool {
+	st, ok := p.(*payload.Store)
+	return ok && st == nil
+}
