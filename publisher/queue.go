@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/vramq/vramq/internal/sqsbatch"
 	"github.com/vramq/vramq/job"
 )
 
@@ -69,30 +70,12 @@ func (q *SQSQueue) SendBatch(ctx context.Context, entries []Entry) ([]error, err
 	if err != nil {
 		return nil, err
 	}
-	errs := make([]error, len(entries))
-	for _, f := range out.Failed {
-		i, err := strconv.Atoi(aws.ToString(f.Id))
-		if err != nil || i < 0 || i >= len(entries) {
-			return nil, fmt.Errorf("sqs: batch response names unknown entry %q", aws.ToString(f.Id))
-		}
-		errs[i] = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
-	}
-	return errs, nil
+	return sqsbatch.Errors(len(entries), out.Failed)
 }
 
-// EntryError is one failed entry of a batch call.
-type EntryError struct {
-	Code        string
-	Message     string
-	SenderFault bool // SQS says the entry itself is wrong: sending it again will not help
-}
-
-func (e *EntryError) Error() string { return fmt.Sprintf("sqs: %s: %s", e.Code, e.Message) }
-
-// Retryable reports whether sending the entry again may succeed. Entries SQS
-// blames on the sender (a body it refuses, a bad attribute) fail the same
-// way every time; the rest are SQS's own trouble.
-func (e *EntryError) Retryable() bool { return !e.SenderFault }
+// EntryError is one failed entry of a batch call; Retryable tells whether
+// sending it again may help.
+type EntryError = sqsbatch.EntryError
 
 // Limits are what the publisher reads from the queue at start.
 type Limits struct {

@@ -28,8 +28,9 @@ type Outgoing struct {
 //
 // The batch methods take at most 10 entries (the SQS limit) and return one
 // error per entry, nil where the entry succeeded; a non-nil second result
-// means the whole call failed and no entry is known to have succeeded. An
-// entry error wraps ErrLeaseLost when the receipt handle is no longer valid.
+// means the whole call failed and no entry is known to have succeeded.
+// IsLeaseLost tells an entry error that means the receipt handle is no
+// longer valid.
 type Queue interface {
 	// Receive long-polls for up to max messages (at most 10), waiting up to
 	// wait, and makes them invisible to other consumers for visibility.

@@ -3,15 +3,15 @@ package subscriber
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
+
+	"github.com/vramq/vramq/internal/sqsbatch"
 )
 
 // SQSQueue is a Queue and a Sender on one SQS queue. Retries are the SDK
@@ -74,7 +74,7 @@ func (q *SQSQueue) Delete(ctx context.Context, handles []string) ([]error, error
 	if err != nil {
 		return nil, err
 	}
-	return entryErrors(len(handles), out.Failed)
+	return sqsbatch.Errors(len(handles), out.Failed)
 }
 
 func (q *SQSQueue) ChangeVisibility(ctx context.Context, handles []string, timeout time.Duration) ([]error, error) {
@@ -90,7 +90,7 @@ func (q *SQSQueue) ChangeVisibility(ctx context.Context, handles []string, timeo
 	if err != nil {
 		return nil, err
 	}
-	return entryErrors(len(handles), out.Failed)
+	return sqsbatch.Errors(len(handles), out.Failed)
 }
 
 func (q *SQSQueue) Send(ctx context.Context, msgs []Outgoing) ([]error, error) {
@@ -109,45 +109,16 @@ func (q *SQSQueue) Send(ctx context.Context, msgs []Outgoing) ([]error, error) {
 	if err != nil {
 		return nil, err
 	}
-	return entryErrors(len(msgs), out.Failed)
-}
-
-// entryErrors maps a batch response's Failed list onto the request's entries.
-// An entry that is neither listed nor answered cannot be told apart from a
-// success by SQS's contract, so only listed entries are errors.
-func entryErrors(n int, failed []types.BatchResultErrorEntry) ([]error, error) {
-	errs := make([]error, n)
-	for _, f := range failed {
-		i, err := strconv.Atoi(aws.ToString(f.Id))
-		if err != nil || i < 0 || i >= n {
-			return nil, fmt.Errorf("sqs: batch response names unknown entry %q", aws.ToString(f.Id))
-		}
-		errs[i] = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
-	}
-	return errs, nil
+	return sqsbatch.Errors(len(msgs), out.Failed)
 }
 
 // EntryError is one failed entry of a batch call.
-type EntryError struct {
-	Code        string
-	Message     string
-	SenderFault bool
-}
-
-func (e *EntryError) Error() string {
-	return fmt.Sprintf("sqs: %s: %s", e.Code, e.Message)
-}
-
-// Is makes errors.Is(err, ErrLeaseLost) true for the codes that mean the
-// receipt handle no longer holds the message.
-func (e *EntryError) Is(target error) bool {
-	return target == ErrLeaseLost && leaseLostCode(e.Code)
-}
+type EntryError = sqsbatch.EntryError
 
 // leaseLostCode classifies SQS error codes, in both the plain form and the
 // "AWS.SimpleQueueService." form that some SQS implementations return.
 func leaseLostCode(code string) bool {
-	switch strings.TrimPrefix(code, "AWS.SimpleQueueService.") {
+	switch sqsbatch.Code(code) {
 	case "ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidReceiptHandle":
 		return true
 	}
@@ -157,6 +128,10 @@ func leaseLostCode(code string) bool {
 // IsLeaseLost reports whether err, from any call, means a lost lease.
 func IsLeaseLost(err error) bool {
 	if errors.Is(err, ErrLeaseLost) {
+		return true
+	}
+	var ee *EntryError
+	if errors.As(err, &ee) && leaseLostCode(ee.Code) {
 		return true
 	}
 	var apiErr smithy.APIError

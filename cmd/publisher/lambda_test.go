@@ -25,6 +25,7 @@ import (
 	"github.com/vramq/vramq/internal/lambdart"
 	"github.com/vramq/vramq/internal/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 // The publisher's Lambda function end to end: the bootstrap binary, built as
@@ -42,9 +43,7 @@ func TestLambdaEndToEnd(t *testing.T) {
 	fn := lambdaStart(t, bin, rt, map[string]string{
 		"QUEUE_URL":            queues.Work,
 		"PAYLOAD_BUCKET":       bucket,
-		"VRAMQ_MAX_BODY_BYTES": strconv.Itoa(lambdaMaxBody),
 		"VRAMQ_MAX_ITEM_BYTES": strconv.Itoa(lambdaMaxItem),
-		"VRAMQ_MAX_ITEMS":      strconv.Itoa(lambdaMaxItems),
 		"VRAMQ_API_KEYS":       "", // whatever the environment says: no auth here
 	})
 
@@ -124,99 +123,91 @@ func TestLambdaEndToEnd(t *testing.T) {
 		lambdaExpectWork(t, client, queues.Work, first.JobID, 1, []string{"item-0"})
 	})
 
-	t.Run("bad input", func(t *testing.T) {
-		dup := lambdaJSON(t, map[string]any{"items": []map[string]any{{"id": "a", "text": "x"}, {"id": "a", "text": "y"}}})
-		over := lambdaJSON(t, map[string]any{"items": []map[string]any{{"id": "a", "text": strings.Repeat("x", lambdaMaxBody)}}})
+	t.Run("invalid events", func(t *testing.T) {
+		// What only an event can get wrong, so not in the API table: the
+		// function answers the publisher's JSON error, not a function error
+		// (which API Gateway would turn into a bare 500).
 		noMethod := lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a","text":"x"}]}`)
 		noMethod.RequestContext.HTTP.Method = ""
 		badBase64 := lambdaEvent("POST", "/v1/jobs", jsonHeaders, "not base64!")
 		badBase64.IsBase64Encoded = true
-		tooMany := lambdaJSON(t, map[string]any{"items": lambdaItems(lambdaMaxItems + 1)})
-		longID := lambdaJSON(t, map[string]any{"items": []map[string]any{{"id": strings.Repeat("i", 257), "text": "x"}}})
-		keyed := func(key string) map[string]string {
-			return map[string]string{"content-type": "application/json", "idempotency-key": key}
-		}
-		one := `{"items":[{"id":"a","text":"x"}]}`
 		for _, tc := range []struct {
-			name   string
-			ev     events.APIGatewayV2HTTPRequest
-			status int
-			code   string
-		}{
-			{"malformed JSON", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[`), 400, "malformed_json"},
-			{"empty body", lambdaEvent("POST", "/v1/jobs", jsonHeaders, ""), 400, "malformed_json"},
-			{"unknown field", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a","text":"x"}],"priority":1}`), 400, "unknown_field"},
-			{"wrong content type", lambdaEvent("POST", "/v1/jobs", map[string]string{"content-type": "text/plain"}, `{"items":[{"id":"a","text":"x"}]}`), 415, "unsupported_media_type"},
-			{"no content type", lambdaEvent("POST", "/v1/jobs", nil, `{"items":[{"id":"a","text":"x"}]}`), 415, "unsupported_media_type"},
-			{"empty items", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[]}`), 422, "no_items"},
-			{"duplicate ids", lambdaEvent("POST", "/v1/jobs", jsonHeaders, dup), 422, "duplicate_item_id"},
-			{"missing id", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"text":"x"}]}`), 422, "missing_item_id"},
-			{"empty item", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a"}]}`), 422, "empty_item"},
-			{"oversize body", lambdaEvent("POST", "/v1/jobs", jsonHeaders, over), 413, "body_too_large"},
-			{"trailing data", lambdaEvent("POST", "/v1/jobs", jsonHeaders, one+one), 400, "malformed_json"},
-			{"items not a list", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":"a"}`), 400, "malformed_json"},
-			{"data not base64", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a","data":"%%%"}]}`), 400, "malformed_json"},
-			{"idempotency key not ASCII", lambdaEvent("POST", "/v1/jobs", keyed("clé"), one), 400, "invalid_idempotency_key"},
-			{"idempotency key too long", lambdaEvent("POST", "/v1/jobs", keyed(strings.Repeat("k", 256)), one), 400, "invalid_idempotency_key"},
-			{"charset not UTF-8", lambdaEvent("POST", "/v1/jobs", map[string]string{"content-type": "application/json; charset=latin1"}, one), 415, "unsupported_media_type"},
-			{"too many items", lambdaEvent("POST", "/v1/jobs", jsonHeaders, tooMany), 422, "too_many_items"},
-			{"item id too long", lambdaEvent("POST", "/v1/jobs", jsonHeaders, longID), 422, "item_id_too_long"},
-			{"chunk_items out of range", lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":-1}}`), 422, "invalid_options"},
-			{"unknown job", lambdaEvent("GET", "/v1/jobs/0123456789abcdef0123456789abcdef", nil, nil), 404, "not_found"},
-			{"malformed job id", lambdaEvent("GET", "/v1/jobs/..%2f..%2fsecrets", nil, nil), 404, "not_found"},
-			{"wrong method", lambdaEvent("GET", "/v1/jobs", nil, nil), 405, "method_not_allowed"},
-			{"unknown route", lambdaEvent("GET", "/v2/jobs", nil, nil), 404, "not_found"},
-			{"event without a method", noMethod, 400, "invalid_event"},
-			{"event body not base64", badBase64, 400, "invalid_event"},
-		} {
+			name string
+			ev   events.APIGatewayV2HTTPRequest
+		}{{"event without a method", noMethod}, {"event body not base64", badBase64}} {
 			resp := fn.invoke(t, tc.ev)
 			var e struct {
 				Error struct{ Code, Message string }
 			}
-			if resp.StatusCode != tc.status || json.Unmarshal([]byte(resp.body), &e) != nil || e.Error.Code != tc.code || e.Error.Message == "" {
-				t.Errorf("%s: %d %s; want %d with error code %s", tc.name, resp.StatusCode, resp.body, tc.status, tc.code)
+			if resp.StatusCode != http.StatusBadRequest || json.Unmarshal([]byte(resp.body), &e) != nil || e.Error.Code != "invalid_event" || e.Error.Message == "" {
+				t.Errorf("%s: %d %s; want 400 with error code invalid_event", tc.name, resp.StatusCode, resp.body)
 			}
 			if ct := resp.Headers["Content-Type"]; ct != "application/json" {
 				t.Errorf("%s: Content-Type %q; want application/json", tc.name, ct)
 			}
 		}
 		if v, f, err := jobq.Counts(t.Context(), client, queues.Work); err != nil || v+f != 0 {
-			t.Errorf("after the bad requests the work queue holds %d visible and %d in flight (%v); want nothing enqueued", v, f, err)
+			t.Errorf("after the invalid events the work queue holds %d visible and %d in flight (%v); want nothing enqueued", v, f, err)
 		}
 	})
 
-	t.Run("auth", func(t *testing.T) {
-		// A second function, with keys: the same binary as configured for a
-		// deployment with auth.
-		rt := lambdart.Start(t)
-		fn := lambdaStart(t, bin, rt, map[string]string{"QUEUE_URL": queues.Work, "VRAMQ_API_KEYS": "k-1,k-2", "VRAMQ_MAX_ITEM_BYTES": strconv.Itoa(lambdaMaxItem)})
-		body := lambdaJSON(t, map[string]any{"items": lambdaItems(1)})
-		for _, auth := range []string{"", "Bearer wrong", "k-1"} {
-			h := map[string]string{"content-type": "application/json"}
-			if auth != "" {
-				h["authorization"] = auth
-			}
-			resp := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", h, body))
-			if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(resp.body, `"unauthorized"`) || resp.Headers["Www-Authenticate"] == "" {
-				t.Errorf("Authorization %q: %d %v %s; want 401 unauthorized with WWW-Authenticate", auth, resp.StatusCode, resp.Headers, resp.body)
-			}
-		}
-		h := map[string]string{"content-type": "application/json", "authorization": "Bearer k-2"}
-		created := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", h, body)).accepted(t, 1)
-		lambdaExpectWork(t, client, queues.Work, created.JobID, 1, []string{"item-0"})
+	t.Run("API table", func(t *testing.T) {
+		// The HTTP server's API contract (publishertest, run over HTTP by
+		// publisher's TestBadRequests), case for case through the binary. Two
+		// more functions, configured as the table's publishers: one with the
+		// bucket and the keys, one with neither for the NoBucket cases; both
+		// send to the work queue, which the subtests above left empty.
+		keyed := lambdaStart(t, bin, lambdart.Start(t), lambdaTableEnv(queues.Work, bucket, publishertest.Keys))
+		bare := lambdaStart(t, bin, lambdart.Start(t), lambdaTableEnv(queues.Work, "", nil))
 
-		// This one has no bucket: what needs one is refused, and says why.
-		big := lambdaJSON(t, map[string]any{"items": []map[string]any{{"id": "big", "text": strings.Repeat("x", lambdaMaxItem)}}})
-		if resp := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", h, big)); resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(resp.body, `"item_too_large"`) {
-			t.Errorf("an item over the inline limit without a bucket: %d %s; want 413 item_too_large", resp.StatusCode, resp.body)
+		// The seed: a job the status cases ask about, under the key the
+		// reused-key case sends again with another body.
+		const seedKey = "seed-key"
+		seedHeaders := map[string]string{"content-type": "application/json", "authorization": "Bearer " + publishertest.Key, "idempotency-key": seedKey}
+		seed := keyed.invoke(t, lambdaEvent("POST", "/v1/jobs", seedHeaders, `{"items":[{"id":"seed","text":"x"}]}`)).accepted(t, 1)
+
+		cases := publishertest.Cases(seed.JobID, seedKey)
+		if len(cases) < 20 {
+			t.Fatalf("only %d cases", len(cases))
 		}
-		if resp := fn.invoke(t, lambdaEvent("GET", "/v1/jobs/"+created.JobID, map[string]string{"authorization": "Bearer k-1"}, nil)); resp.StatusCode != http.StatusNotImplemented {
-			t.Errorf("GET /v1/jobs/{id} without a bucket: %d %s; want 501", resp.StatusCode, resp.body)
+		for _, tc := range cases {
+			t.Run(tc.Name, func(t *testing.T) {
+				f := keyed
+				if tc.NoBucket {
+					f = bare
+				}
+				method, path, h := tc.Request()
+				// API Gateway sends header names in lower case.
+				lower := map[string]string{}
+				for k, v := range h {
+					lower[strings.ToLower(k)] = v
+				}
+				var body any = tc.Body
+				if tc.Body == "" && (method == "GET" || method == "DELETE") {
+					body = nil // no body at all, as a client's GET has
+				}
+				resp := f.invoke(t, lambdaEvent(method, path, lower, body))
+				header := http.Header{}
+				for k, v := range resp.Headers {
+					header.Set(k, v)
+				}
+				for k, vs := range resp.MultiValueHeaders {
+					for _, v := range vs {
+						header.Add(k, v)
+					}
+				}
+				publishertest.Check(t, tc, resp.StatusCode, header, []byte(resp.body))
+			})
 		}
+
+		// Nothing but the seed reached the queue: lambdaExpectWork takes the
+		// seed's chunk and flags any other job's; Counts sees what is left.
+		lambdaExpectWork(t, client, queues.Work, seed.JobID, 1, []string{"seed"})
 		if v, f, err := jobq.Counts(t.Context(), client, queues.Work); err != nil || v+f != 0 {
-			t.Errorf("the work queue holds %d visible and %d in flight (%v); want nothing more enqueued", v, f, err)
+			t.Errorf("after the table the work queue holds %d visible and %d in flight (%v); want only the seed job, taken", v, f, err)
 		}
-		fn.checkAlive(t)
+		keyed.checkAlive(t)
+		bare.checkAlive(t)
 	})
 
 	t.Run("event that is not JSON", func(t *testing.T) {
@@ -241,13 +232,30 @@ func TestLambdaEndToEnd(t *testing.T) {
 	fn.checkAlive(t)
 }
 
-const (
-	lambdaMaxBody  = 64 << 10 // VRAMQ_MAX_BODY_BYTES, so that an oversize body fits in an event
-	lambdaMaxItem  = 8 << 10  // VRAMQ_MAX_ITEM_BYTES, so that a modest item takes the claim check
-	lambdaMaxItems = 50       // VRAMQ_MAX_ITEMS, so that too many items fit in an event
-)
+// VRAMQ_MAX_ITEM_BYTES of the function without auth, so that a modest item
+// takes the claim check. The bad-input limits are the API table's
+// (lambdaTableEnv).
+const lambdaMaxItem = 8 << 10
 
 var jsonHeaders = map[string]string{"content-type": "application/json"}
+
+// lambdaTableEnv is the environment of a function configured as the API
+// table's publisher (publishertest): its limits, the keys (none: no auth) and
+// the bucket (none: no payload bucket), through the flags' variables as a
+// deployment sets them. VRAMQ_MAX_ITEM_BYTES is left to its default, as the
+// table's Config leaves MaxItemBytes.
+func lambdaTableEnv(queue, bucket string, keys []string) map[string]string {
+	return map[string]string{
+		"QUEUE_URL":               queue,
+		"PAYLOAD_BUCKET":          bucket,
+		"VRAMQ_API_KEYS":          strings.Join(keys, ","),
+		"VRAMQ_MAX_MESSAGE_BYTES": strconv.Itoa(publishertest.MaxMessageBytes),
+		"VRAMQ_MAX_BODY_BYTES":    strconv.Itoa(publishertest.MaxBodyBytes),
+		"VRAMQ_MAX_ITEMS":         strconv.Itoa(publishertest.MaxItems),
+		"VRAMQ_MAX_CHUNK_ITEMS":   strconv.Itoa(publishertest.MaxChunkItems),
+		"VRAMQ_MAX_ITEM_BYTES":    "",
+	}
+}
 
 // lambdaBuild builds the bootstrap binary as make lambda does, for this
 // machine's platform so that it runs here.
