@@ -15,7 +15,7 @@ EMULATOR    := localstack/emulator.sh
 # go test's own timeout, well inside CI's limit.
 TEST_TIMEOUT ?= 8m
 
-.PHONY: build test unit lint fmt-check vet staticcheck demo emulator-up emulator-down emulator-status queues clean lambda
+.PHONY: build test unit lint fmt-check vet staticcheck demo emulator-up emulator-down emulator-status queues clean lambda infra-fmt infra-validate
 
 ## build: the binaries, into bin/
 build:
@@ -37,8 +37,27 @@ lambda:
 	fi
 	@echo "$(BIN)/publisher-lambda.zip: bootstrap for linux/$(LAMBDA_ARCH)"
 
+## images: container images $(IMAGE_PREFIX)/publisher, /subscriber and /subscriber-cuda, tagged $(VERSION) (needs Docker)
+# IMAGE_PREFIX is the repository prefix (e.g. an ECR registry URI); extra
+# docker build flags go in DOCKER_BUILD_FLAGS (e.g. --platform linux/arm64).
+DOCKER             ?= docker
+VERSION            ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE_PREFIX       ?= vramq
+DOCKER_BUILD_FLAGS ?=
+.PHONY: images
+images:
+	@if ! command -v $(DOCKER) >/dev/null; then \
+		echo "make images: $(DOCKER) not found: install Docker (with BuildKit) to build the images" >&2; exit 1; \
+	elif ! $(DOCKER) info >/dev/null 2>&1; then \
+		echo "make images: the Docker daemon does not answer ($(DOCKER) info failed): start it and try again" >&2; exit 1; \
+	fi
+	$(DOCKER) build $(DOCKER_BUILD_FLAGS) -f Dockerfile.publisher -t $(IMAGE_PREFIX)/publisher:$(VERSION) .
+	$(DOCKER) build $(DOCKER_BUILD_FLAGS) -f Dockerfile.subscriber -t $(IMAGE_PREFIX)/subscriber:$(VERSION) .
+	$(DOCKER) build $(DOCKER_BUILD_FLAGS) -f Dockerfile.subscriber-cuda -t $(IMAGE_PREFIX)/subscriber-cuda:$(VERSION) .
+
 ## test: lint, then unit and end-to-end tests against the emulator (started and stopped here)
 test: lint
+	@if command -v terraform >/dev/null; then terraform fmt -check -recursive infra; else echo "terraform fmt -check: skipped: no terraform"; fi
 	@started=0; \
 	if ! $(EMULATOR) status >/dev/null 2>&1; then $(EMULATOR) up; started=1; fi; \
 	trap 'if [ $$started = 1 ]; then $(EMULATOR) down; fi' EXIT; \
@@ -79,6 +98,16 @@ emulator-down:
 
 emulator-status:
 	$(EMULATOR) status
+
+## infra-fmt: format the Terraform in infra/
+infra-fmt:
+	terraform fmt -recursive infra
+
+## infra-validate: terraform validate of infra/examples/complete (and so of infra/). It downloads
+## the AWS provider from the Terraform registry: run it on a machine with network access.
+infra-validate:
+	terraform -chdir=infra/examples/complete init -backend=false -input=false
+	terraform -chdir=infra/examples/complete validate
 
 ## queues: create the queues on the endpoint AWS_ENDPOINT_URL names and print their URLs
 queues: build

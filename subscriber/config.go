@@ -78,6 +78,14 @@ type Config struct {
 	// which every SQS queue accepts (up to 1 MiB where the queue allows it).
 	MaxMessageBytes int
 
+	// TaskProtection, when set, keeps the ECS task protected from scale-in
+	// while it holds messages, through the ECS agent; nil for none.
+	TaskProtection *TaskProtection
+	// TaskProtectionExpiry is how long one protection lasts unless renewed;
+	// it is renewed at half of it while messages are held, so it runs out on
+	// its own within this time if the subscriber dies. 1m to 48h; default 1h.
+	TaskProtectionExpiry time.Duration
+
 	// StateFile, when set, keeps what was learned (the batch size that fits)
 	// across restarts.
 	StateFile string
@@ -116,6 +124,7 @@ func (c *Config) setDefaults() {
 	def(&c.RetryDelay, 5*time.Second)
 	def(&c.ShutdownGrace, 25*time.Second)
 	defInt(&c.MaxMessageBytes, 256<<10)
+	def(&c.TaskProtectionExpiry, time.Hour)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -181,6 +190,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 1<<20 {
 		bad("max message bytes %d: want 1 KiB to 1 MiB", c.MaxMessageBytes)
+	}
+	if c.TaskProtectionExpiry < time.Minute || c.TaskProtectionExpiry > MaxTaskProtection {
+		bad("task protection expiry %v: want 1m to 48h", c.TaskProtectionExpiry)
 	}
 	return errors.Join(errs...)
 }

@@ -38,6 +38,7 @@ type keeper struct {
 	maxHold    time.Duration
 	flushDelay time.Duration // how long a finish waits for others to share its call
 	callTO     time.Duration // bound on one SQS call, retries included
+	onHold     func()        // called after a lease enters the table
 	onRemove   func()        // called after a lease leaves the table
 
 	mu         sync.Mutex
@@ -59,6 +60,7 @@ func newKeeper(q Queue, m *metrics, log *slog.Logger, visibility, maxHold time.D
 		callTO:     15 * time.Second,
 		leases:     make(map[*lease]struct{}),
 		kick:       make(chan struct{}, 1),
+		onHold:     func() {},
 		onRemove:   func() {},
 	}
 }
@@ -72,6 +74,7 @@ func (k *keeper) hold(m Message, start time.Time) *lease {
 	k.mu.Unlock()
 	k.held.Add(1)
 	k.m.held.Inc()
+	k.onHold()
 	return l
 }
 

@@ -37,6 +37,9 @@ type metrics struct {
 	claimChecks     *prometheus.CounterVec
 	resultsStored   prometheus.Counter
 	payloadRequests *prometheus.CounterVec
+
+	protected        prometheus.Gauge
+	protectionErrors prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -85,6 +88,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		resultsStored: counter("results_stored_total", "Chunk results in the payload bucket (written, or found there from an earlier attempt)."),
 		payloadRequests: f.NewCounterVec(prometheus.CounterOpts(opts("payload_requests_total",
 			"Payload bucket (S3) operations, by operation and outcome; put_if_absent is a read and a conditional write.")), []string{"op", "outcome"}),
+		protected:        gauge("task_protected", "1 while the ECS task is protected from scale-in (messages held), else 0."),
+		protectionErrors: counter("task_protection_errors_total", "Calls to the ECS agent's task protection endpoint that failed (each is retried)."),
 	}
 }
 

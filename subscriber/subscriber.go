@@ -32,6 +32,7 @@ type Subscriber struct {
 	// payloads is the payload bucket, nil when none is configured.
 	payloads Payloads
 	keeper   *keeper
+	protect  *protector // nil without task protection
 	adm      *admission
 	budget   int64
 	state    *learned
@@ -103,6 +104,11 @@ func New(cfg Config) (*Subscriber, error) {
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold)
 	s.keeper.onRemove = s.pokeRoom
+	if cfg.TaskProtection != nil {
+		s.protect = newProtector(cfg.TaskProtection, cfg.TaskProtectionExpiry, s.keeper.held.Load, m, s.log)
+		s.keeper.onHold = s.protect.poke
+		s.keeper.onRemove = func() { s.pokeRoom(); s.protect.poke() }
+	}
 	s.state = loadLearned(cfg.StateFile, cfg.Model.Name(), cfg.Device.Name(), cfg.MaxBatch, s.log)
 	m.budget.Set(float64(budget))
 	m.deviceTotal.Set(float64(mem.Total))
@@ -151,6 +157,16 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		defer close(keeperDone)
 		s.keeper.run(keeperCtx)
 	}()
+	// Protection follows held messages through the shutdown too: it is
+	// cleared only after the last of them is settled.
+	protectCtx, stopProtect := context.WithCancel(base)
+	protectDone := make(chan struct{})
+	go func() {
+		defer close(protectDone)
+		if s.protect != nil {
+			s.protect.run(protectCtx)
+		}
+	}()
 	workCtx, cancelWork := context.WithCancel(base)
 	defer cancelWork()
 
@@ -175,8 +191,16 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	<-keeperDone
 	closeCtx, cancel := context.WithTimeout(base, 30*time.Second)
 	defer cancel()
-	if err := s.keeper.close(closeCtx); err != nil {
-		return fmt.Errorf("subscriber shutdown: %w", err)
+	closeErr := s.keeper.close(closeCtx)
+	stopProtect()
+	<-protectDone
+	if s.protect != nil {
+		// Even after a failed close: what is left comes back to the queue
+		// on its own, and ECS should be free to stop the task.
+		s.protect.clear(base)
+	}
+	if closeErr != nil {
+		return fmt.Errorf("subscriber shutdown: %w", closeErr)
 	}
 	l := s.Ledger()
 	s.log.Info("subscriber stopped", "received", l.Received, "deleted", l.Deleted, "released", l.Released,

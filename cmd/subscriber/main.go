@@ -1,6 +1,8 @@
 // Command subscriber consumes the vramq work queue onto a device: the reference
 // embedding model on a simulated device in this build. Every flag has an
-// environment variable of the same meaning; -h lists them.
+// environment variable of the same meaning; -h lists them. `subscriber
+// healthcheck` asks a running subscriber's /healthz, for container health
+// checks in images without a shell.
 package main
 
 import (
@@ -55,7 +57,10 @@ type options struct {
 	modelSeed                    uint64
 	metricsAddr                  string
 	logFormat, logLevel          string
-	cfg                          subscriber.Config
+	// protectionURI is the ECS agent's URI when task scale-in protection
+	// is on; empty when off.
+	protectionURI string
+	cfg           subscriber.Config
 }
 
 func parse(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -87,6 +92,8 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long running batches may finish after SIGTERM")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", 256<<10, "largest result message")
 	fs.StringVar(&c.StateFile, "state-file", "", "file that keeps the learned batch limit across restarts")
+	protection := fs.String("task-protection", "auto", "ECS task scale-in protection while messages are held, through $ECS_AGENT_URI:\nauto (on where ECS_AGENT_URI is set, as on ECS), on, off")
+	fs.DurationVar(&c.TaskProtectionExpiry, "task-protection-expiry", time.Hour, "how long one protection lasts unless renewed (renewed at half of it while messages are held); 1m to 48h")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9090", "address for /metrics and /healthz (empty: off)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -110,6 +117,20 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("%w: missing %s (or their environment variables)", errUsage, strings.Join(missing, ", "))
 	}
+	// ECS_AGENT_URI is the agent's own variable, set in every container of
+	// an ECS task, so it is read as is rather than through a flag.
+	switch agent := getenv("ECS_AGENT_URI"); *protection {
+	case "auto":
+		o.protectionURI = agent
+	case "on":
+		if agent == "" {
+			return nil, fmt.Errorf("%w: -task-protection=on: ECS_AGENT_URI is not set (the ECS agent sets it in a task's containers)", errUsage)
+		}
+		o.protectionURI = agent
+	case "off":
+	default:
+		return nil, fmt.Errorf("%w: -task-protection=%s: want auto, on or off", errUsage, *protection)
+	}
 	if o.device != "sim" {
 		return nil, fmt.Errorf("%w: -device=%s: this build runs the CPU reference model on a simulated device only (-device=sim)", errUsage, o.device)
 	}
@@ -117,6 +138,9 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "healthcheck" {
+		return healthcheck(ctx, args[1:], getenv, stderr)
+	}
 	o, err := parse(args, getenv, stderr)
 	if err != nil {
 		return err
@@ -150,6 +174,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	c.Model, c.Device, c.Logger, c.Registerer = model, dev, log, reg
 	if o.payloadBucket != "" {
 		c.Payloads = payload.New(awsconfig.S3(awsCfg, getenv), o.payloadBucket)
+	}
+	if o.protectionURI != "" {
+		if c.TaskProtection, err = subscriber.NewTaskProtection(o.protectionURI, nil); err != nil {
+			return fmt.Errorf("%w: -task-protection: %v", errUsage, err)
+		}
+		log.Info("ECS task scale-in protection on while messages are held", "agent", o.protectionURI, "expiry", c.TaskProtectionExpiry)
 	}
 	sub, err := subscriber.New(c)
 	if err != nil {
@@ -194,6 +224,45 @@ func serve(addr string, reg *prometheus.Registry, sub *subscriber.Subscriber, lo
 	}()
 	log.Info("serving /metrics and /healthz", "addr", ln.Addr().String())
 	return srv, nil
+}
+
+// healthcheck asks a running subscriber's /healthz and fails unless it
+// answers 200. It is for container health checks (an ECS task definition's
+// healthCheck, Docker's HEALTHCHECK) in images that have no shell or curl,
+// such as distroless: ["CMD", "/usr/local/bin/subscriber", "healthcheck"].
+func healthcheck(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("subscriber healthcheck", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("metrics-addr", ":9090", "address the subscriber serves /healthz on")
+	if err := envflag.Parse(fs, args, getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	host, port, err := net.SplitHostPort(*addr)
+	if err != nil || *addr == "" {
+		return fmt.Errorf("%w: healthcheck: -metrics-addr=%q: want host:port", errUsage, *addr)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("healthcheck: %w", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("healthcheck: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	return nil
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {

@@ -6,15 +6,19 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -189,7 +193,7 @@ func TestSIGTERMMidRunLosesNothing(t *testing.T) {
 		accounted[k] = true
 	}
 	back := 0
-	for deadline := time.Now().Add(45 * time.Second); len(accounted) < n && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(60 * time.Second); len(accounted) < n && time.Now().Before(deadline); {
 		if _, err := c.Poll(t.Context(), client, urls.Results, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -243,12 +247,14 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// receiveWork takes one batch of visible work messages off the queue (for
-// good: a long visibility) and returns their chunk keys.
+// receiveWork takes one batch of visible work messages and returns their
+// chunk keys. The visibility is short on purpose: a receive of ours that the
+// SDK retried strands its first attempt's messages for that long, and they
+// must come back within the accounting loop (seeing one twice is harmless).
 func receiveWork(t *testing.T, client *sqs.Client, url string) []job.Key {
 	t.Helper()
 	out, err := client.ReceiveMessage(t.Context(), &sqs.ReceiveMessageInput{QueueUrl: &url, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
-		VisibilityTimeout: 300, MessageAttributeNames: []string{"All"}})
+		VisibilityTimeout: 10, MessageAttributeNames: []string{"All"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,5 +317,133 @@ func TestPayloadBucket(t *testing.T) {
 	}
 	if _, err := store.Read(t.Context(), payload.ResultKey("pb", 0)); err != nil {
 		t.Errorf("the result is not in the bucket: %v", err)
+	}
+}
+
+func TestTaskProtectionFlag(t *testing.T) {
+	const agent = "http://169.254.170.2/api/abc"
+	for _, tc := range []struct {
+		args     []string
+		agentURI string
+		want     string // the agent URI protection uses; "error" for a usage error
+	}{
+		{nil, agent, agent}, // auto, on ECS
+		{nil, "", ""},       // auto, elsewhere: nothing is called
+		{[]string{"-task-protection=on"}, agent, agent},
+		{[]string{"-task-protection=on"}, "", "error"},
+		{[]string{"-task-protection=off"}, agent, ""},
+		{[]string{"-task-protection=maybe"}, agent, "error"},
+	} {
+		env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "ECS_AGENT_URI": tc.agentURI}
+		o, err := parse(tc.args, func(k string) string { return env[k] }, &bytes.Buffer{})
+		switch {
+		case tc.want == "error":
+			if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "-task-protection") {
+				t.Errorf("parse(%q) with ECS_AGENT_URI=%q: %v; want a usage error", tc.args, tc.agentURI, err)
+			}
+		case err != nil:
+			t.Errorf("parse(%q) with ECS_AGENT_URI=%q: %v", tc.args, tc.agentURI, err)
+		case o.protectionURI != tc.want:
+			t.Errorf("parse(%q) with ECS_AGENT_URI=%q: protection through %q, want %q", tc.args, tc.agentURI, o.protectionURI, tc.want)
+		}
+	}
+	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "VRAMQ_TASK_PROTECTION_EXPIRY": "2h"}
+	if o, err := parse(nil, func(k string) string { return env[k] }, &bytes.Buffer{}); err != nil || o.cfg.TaskProtectionExpiry != 2*time.Hour {
+		t.Errorf("VRAMQ_TASK_PROTECTION_EXPIRY=2h: %v, %v", o.cfg.TaskProtectionExpiry, err)
+	}
+}
+
+// On ECS (ECS_AGENT_URI set), the binary protects the task while it works
+// and clears the protection by the time it exits; with -task-protection=off
+// it never calls the agent.
+func TestTaskProtectionThroughTheAgent(t *testing.T) {
+	client := sqstest.Client(t)
+	for _, mode := range []string{"auto", "off"} {
+		t.Run(mode, func(t *testing.T) {
+			urls := sqstest.Queues(t, client, 5)
+			var mu sync.Mutex
+			var puts []string
+			agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				var req struct{ ProtectionEnabled bool }
+				_ = json.Unmarshal(b, &req)
+				mu.Lock()
+				puts = append(puts, r.Method+" "+r.URL.Path+" "+string(b))
+				mu.Unlock()
+				fmt.Fprintf(w, `{"protection":{"ExpirationDate":null,"ProtectionEnabled":%v,"TaskArn":"arn:aws:ecs:us-east-1:1:task/c/t"}}`, req.ProtectionEnabled)
+			}))
+			defer agent.Close()
+			if err := jobq.Send(t.Context(), client, urls.Work, workload.Mixed("tp", 4).Works()); err != nil {
+				t.Fatal(err)
+			}
+			env := map[string]string{"QUEUE_URL": urls.Work, "RESULTS_QUEUE_URL": urls.Results, "DLQ_URL": urls.DLQ,
+				"VRAMQ_VRAM": "48MiB", "VRAMQ_VRAM_RESERVE": "1MiB", "VRAMQ_WAIT_TIME": "1s", "VRAMQ_LOG_LEVEL": "warn",
+				"ECS_AGENT_URI": agent.URL + "/api/task-1", "VRAMQ_TASK_PROTECTION": mode}
+			getenv := func(k string) string {
+				if v, ok := env[k]; ok {
+					return v
+				}
+				return os.Getenv(k)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			var logs syncBuffer
+			done := make(chan error, 1)
+			go func() { done <- run(ctx, []string{"-metrics-addr="}, getenv, &logs) }()
+			c := jobq.NewCollector()
+			for deadline := time.Now().Add(time.Minute); len(c.Results) < 4; {
+				if time.Now().After(deadline) {
+					cancel()
+					t.Fatalf("4 results not in after a minute; log:\n%s", logs.String())
+				}
+				if _, err := c.Poll(t.Context(), client, urls.Results, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			const path = "/api/task-1/task-protection/v1/state "
+			want := []string{"PUT " + path + `{"ProtectionEnabled":true,"ExpiresInMinutes":60}`, "PUT " + path + `{"ProtectionEnabled":false}`}
+			if mode == "off" {
+				want = nil
+			}
+			if !slices.Equal(puts, want) {
+				t.Errorf("agent calls %q, want %q", puts, want)
+			}
+		})
+	}
+}
+
+func TestHealthcheckCommand(t *testing.T) {
+	var healthy atomic.Bool
+	healthy.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" {
+			http.NotFound(w, r)
+			return
+		}
+		if !healthy.Load() {
+			http.Error(w, "receives failing since 2026-01-01T00:00:00Z", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	}))
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	env := map[string]string{"VRAMQ_METRICS_ADDR": ":" + port}
+	getenv := func(k string) string { return env[k] }
+	if err := run(t.Context(), []string{"healthcheck"}, getenv, &bytes.Buffer{}); err != nil {
+		t.Errorf("healthy: %v", err)
+	}
+	healthy.Store(false)
+	if err := run(t.Context(), []string{"healthcheck"}, getenv, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "receives failing") {
+		t.Errorf("unhealthy: %v", err)
+	}
+	srv.Close()
+	if err := run(t.Context(), []string{"healthcheck"}, getenv, &bytes.Buffer{}); err == nil {
+		t.Error("nothing listening: healthcheck passed")
 	}
 }

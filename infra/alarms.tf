@@ -1,0 +1,185 @@
+# Alarms, each notifying alarm_sns_topic_arn (if given) when it fires and when
+# it clears.
+
+locals {
+  alarm_actions = var.alarm_sns_topic_arn == null ? [] : [var.alarm_sns_topic_arn]
+
+  # The OOM-retries metric: how the subscriber publishes it to CloudWatch.
+  # Every batch that runs out of memory and is split or set aside to run alone
+  # (the vramq_subscriber_oom_retries_total counter on /metrics) logs exactly
+  # one of these two WARN lines (subscriber/run.go); the filter counts them in
+  # the task's JSON logs. No CloudWatch agent, no PutMetricData permission.
+  oom_metric_namespace = "vramq/${local.name}"
+  oom_log_messages = [
+    "out of memory; splitting the batch in halves",
+    "out of memory in a batch of one; will run it alone",
+  ]
+}
+
+resource "aws_cloudwatch_metric_alarm" "dlq_not_empty" {
+  alarm_name        = "${local.name}-dlq-not-empty"
+  alarm_description = "Messages are waiting in ${aws_sqs_queue.dlq.name}: poison (see their vramq-dlq-reason attribute and failed/ in the payload bucket) or failing on every receive. Inspect, fix, then redrive them (README: Deploying to AWS)."
+  namespace         = "AWS/SQS"
+  metric_name       = "ApproximateNumberOfMessagesVisible"
+  dimensions        = { QueueName = aws_sqs_queue.dlq.name }
+
+  statistic           = "Maximum"
+  period              = 60
+  evaluation_periods  = 1
+  threshold           = 0
+  comparison_operator = "GreaterThanThreshold"
+  treat_missing_data  = "notBreaching"
+
+  alarm_actions = local.alarm_actions
+  ok_actions    = local.alarm_actions
+
+  tags = local.tags
+}
+
+resource "aws_cloudwatch_metric_alarm" "work_oldest_message_age" {
+  alarm_name        = "${local.name}-work-oldest-message-age"
+  alarm_description = "The oldest message on ${aws_sqs_queue.work.name} is older than ${var.oldest_message_age_alarm_seconds} s: the subscribers are not keeping up (at max count, or no GPU capacity), or none is running."
+  namespace         = "AWS/SQS"
+  metric_name       = "ApproximateAgeOfOldestMessage"
+  dimensions        = { QueueName = aws_sqs_queue.work.name }
+
+  statistic           = "Maximum"
+  period              = 300
+  evaluation_periods  = 1
+  threshold           = var.oldest_message_age_alarm_seconds
+  comparison_operator = "GreaterThanThreshold"
+  treat_missing_data  = "notBreaching"
+
+  alarm_actions = local.alarm_actions
+  ok_actions    = local.alarm_actions
+
+  tags = local.tags
+}
+
+resource "aws_cloudwatch_log_metric_filter" "oom_retries" {
+  name           = "${local.name}-subscriber-oom-retries"
+  log_group_name = aws_cloudwatch_log_group.subscriber.name
+  pattern        = "{ $.level = \"WARN\" && ($.msg = \"${local.oom_log_messages[0]}\" || $.msg = \"${local.oom_log_messages[1]}\") }"
+
+  metric_transformation {
+    namespace     = local.oom_metric_namespace
+    name          = "SubscriberOOMRetries"
+    value         = "1"
+    default_value = "0"
+    unit          = "Count"
+  }
+}
+
+resource "aws_cloudwatch_metric_alarm" "oom_retries" {
+  alarm_name        = "${local.name}-subscriber-oom-retries"
+  alarm_description = "The subscribers split or isolated more than ${var.oom_retries_alarm_threshold} batches for out-of-memory in 5 minutes: a model's Cost under-estimates what Run allocates, or something else uses the GPU. Nothing is lost, but throughput suffers."
+  namespace         = local.oom_metric_namespace
+  metric_name       = aws_cloudwatch_log_metric_filter.oom_retries.metric_transformation[0].name
+
+  statistic           = "Sum"
+  period              = 300
+  evaluation_periods  = 1
+  threshold           = var.oom_retries_alarm_threshold
+  comparison_operator = "GreaterThanThreshold"
+  treat_missing_data  = "notBreaching"
+
+  alarm_actions = local.alarm_actions
+  ok_actions    = local.alarm_actions
+
+  tags = local.tags
+}
+
+# Fewer tasks running than the service wants, for long enough that it is not a
+# scale-out in progress: tasks failing their health check (ECS replaces them),
+# crashing at start, or no GPU capacity to place them.
+resource "aws_cloudwatch_metric_alarm" "subscriber_tasks_below_desired" {
+  alarm_name          = "${local.name}-subscriber-tasks-below-desired"
+  alarm_description   = "Fewer subscriber tasks run than desired for ${var.tasks_below_desired_alarm_periods * 5} minutes: failing health checks (/healthz answers 503 after a minute of failed receives), crashes at start (see the log group ${aws_cloudwatch_log_group.subscriber.name} and stopped tasks' reasons), or no GPU instances to be had."
+  evaluation_periods  = var.tasks_below_desired_alarm_periods
+  threshold           = 0
+  comparison_operator = "GreaterThanThreshold"
+  treat_missing_data  = "notBreaching"
+
+  metric_query {
+    id          = "missing"
+    expression  = "desired - running"
+    label       = "Desired minus running subscriber tasks"
+    return_data = true
+  }
+
+  metric_query {
+    id = "desired"
+
+    metric {
+      namespace   = "ECS/ContainerInsights"
+      metric_name = "DesiredTaskCount"
+      dimensions  = { ClusterName = aws_ecs_cluster.this.name, ServiceName = aws_ecs_service.subscriber.name }
+      stat        = "Minimum"
+      period      = 300
+    }
+  }
+
+  metric_query {
+    id = "running"
+
+    metric {
+      namespace   = "ECS/ContainerInsights"
+      metric_name = "RunningTaskCount"
+      dimensions  = { ClusterName = aws_ecs_cluster.this.name, ServiceName = aws_ecs_service.subscriber.name }
+      stat        = "Maximum"
+      period      = 300
+    }
+  }
+
+  alarm_actions = local.alarm_actions
+  ok_actions    = local.alarm_actions
+
+  tags = local.tags
+}
+
+resource "aws_cloudwatch_metric_alarm" "publisher_lambda_errors" {
+  count = local.publisher_lambda ? 1 : 0
+
+  alarm_name        = "${local.name}-publisher-errors"
+  alarm_description = "The publisher function failed (crashed or timed out) in the last 5 minutes; clients got 5xx from the API. Its 4xx answers are not errors."
+  namespace         = "AWS/Lambda"
+  metric_name       = "Errors"
+  dimensions        = { FunctionName = aws_lambda_function.publisher[0].function_name }
+
+  statistic           = "Sum"
+  period              = 300
+  evaluation_periods  = 1
+  threshold           = 0
+  comparison_operator = "GreaterThanThreshold"
+  treat_missing_data  = "notBreaching"
+
+  alarm_actions = local.alarm_actions
+  ok_actions    = local.alarm_actions
+
+  tags = local.tags
+}
+
+resource "aws_cloudwatch_metric_alarm" "publisher_unhealthy_targets" {
+  count = local.publisher_fargate ? 1 : 0
+
+  alarm_name        = "${local.name}-publisher-unhealthy"
+  alarm_description = "Publisher tasks fail the load balancer's /healthz check."
+  namespace         = "AWS/ApplicationELB"
+  metric_name       = "UnHealthyHostCount"
+  dimensions = {
+    LoadBalancer = aws_lb.publisher[0].arn_suffix
+    TargetGroup  = aws_lb_target_group.publisher[0].arn_suffix
+  }
+
+  statistic           = "Maximum"
+  period              = 60
+  evaluation_periods  = 3
+  threshold           = 0
+  comparison_operator = "GreaterThanThreshold"
+  treat_missing_data  = "notBreaching"
+
+  alarm_actions = local.alarm_actions
+  ok_actions    = local.alarm_actions
+
+  tags = local.tags
+}

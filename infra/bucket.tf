@@ -1,0 +1,111 @@
+# The payload bucket: what does not fit in a message, and what the publisher
+# and subscriber share. Its layout (internal/payload):
+#
+#   payloads/{job_id}/{item}.json   items too large for a message (publisher writes, subscriber reads)
+#   jobs/{job_id}.json              job manifests (publisher)
+#   idempotency/{sha256}.json       Idempotency-Key records (publisher)
+#   results/{job_id}/{chunk}.json   chunk results (subscriber writes, publisher reads)
+#   failed/{job_id}/{chunk}.json    why a chunk was dead-lettered (subscriber writes, publisher reads)
+#
+# Objects are written once and expire by prefix; there is no versioning to
+# pay for.
+
+resource "aws_s3_bucket" "payloads" {
+  bucket        = var.payload_bucket_name
+  bucket_prefix = var.payload_bucket_name == null ? "${local.name}-payloads-" : null
+  force_destroy = var.payload_bucket_force_destroy
+
+  tags = local.tags
+}
+
+resource "aws_s3_bucket_ownership_controls" "payloads" {
+  bucket = aws_s3_bucket.payloads.id
+
+  rule {
+    # No ACLs: access is by policy only.
+    object_ownership = "BucketOwnerEnforced"
+  }
+}
+
+resource "aws_s3_bucket_public_access_block" "payloads" {
+  bucket = aws_s3_bucket.payloads.id
+
+  block_public_acls       = true
+  block_public_policy     = true
+  ignore_public_acls      = true
+  restrict_public_buckets = true
+}
+
+resource "aws_s3_bucket_server_side_encryption_configuration" "payloads" {
+  bucket = aws_s3_bucket.payloads.id
+
+  rule {
+    apply_server_side_encryption_by_default {
+      sse_algorithm     = var.kms_key_arn == null ? "AES256" : "aws:kms"
+      kms_master_key_id = var.kms_key_arn
+    }
+    # With KMS, one data key per bucket rather than per object: far fewer
+    # (billed) KMS requests for many small objects.
+    bucket_key_enabled = var.kms_key_arn != null
+  }
+}
+
+resource "aws_s3_bucket_lifecycle_configuration" "payloads" {
+  bucket = aws_s3_bucket.payloads.id
+
+  dynamic "rule" {
+    for_each = var.payload_expiration_days
+
+    content {
+      id     = "expire-${rule.key}"
+      status = "Enabled"
+
+      filter {
+        prefix = "${rule.key}/"
+      }
+
+      expiration {
+        days = rule.value
+      }
+    }
+  }
+
+  rule {
+    id     = "abort-incomplete-multipart-uploads"
+    status = "Enabled"
+
+    filter {}
+
+    abort_incomplete_multipart_upload {
+      days_after_initiation = 1
+    }
+  }
+}
+
+data "aws_iam_policy_document" "bucket_tls_only" {
+  statement {
+    sid       = "DenyInsecureTransport"
+    effect    = "Deny"
+    actions   = ["s3:*"]
+    resources = [aws_s3_bucket.payloads.arn, "${aws_s3_bucket.payloads.arn}/*"]
+
+    principals {
+      type        = "*"
+      identifiers = ["*"]
+    }
+
+    condition {
+      test     = "Bool"
+      variable = "aws:SecureTransport"
+      values   = ["false"]
+    }
+  }
+}
+
+resource "aws_s3_bucket_policy" "payloads" {
+  bucket = aws_s3_bucket.payloads.id
+  policy = data.aws_iam_policy_document.bucket_tls_only.json
+
+  # S3 refuses a bucket policy while the public access block is being set.
+  depends_on = [aws_s3_bucket_public_access_block.payloads]
+}

@@ -1,0 +1,29 @@
+output "api_url" {
+  description = "Base URL of the job API: POST {api_url}/v1/jobs."
+  value       = module.vramq.api_url
+}
+
+output "environment" {
+  description = "QUEUE_URL, RESULTS_QUEUE_URL, DLQ_URL and PAYLOAD_BUCKET of this deployment."
+  value       = module.vramq.environment
+}
+
+output "cluster_name" {
+  description = "ECS cluster of the subscriber."
+  value       = module.vramq.cluster_name
+}
+
+output "subscriber_service_name" {
+  description = "ECS service of the subscriber."
+  value       = module.vramq.subscriber_service_name
+}
+
+output "subscriber_log_group" {
+  description = "CloudWatch log group of the subscriber."
+  value       = module.vramq.subscriber_log_group
+}
+
+output "alarms_topic_arn" {
+  description = "SNS topic the alarms notify."
+  value       = aws_sns_topic.alarms.arn
+}

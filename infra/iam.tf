@@ -1,0 +1,353 @@
+# Least privilege: each role gets the actions its code calls (grep the SDK
+# calls in subscriber/, publisher/ and internal/payload) on the ARNs it uses,
+# and nothing else. Batch calls are authorised by their single-message
+# action: SendMessageBatch by sqs:SendMessage, DeleteMessageBatch by
+# sqs:DeleteMessage, ChangeMessageVisibilityBatch by
+# sqs:ChangeMessageVisibility. infra/infra_test.go fails on any allowed
+# wildcard action, and on a "*" resource for SQS or S3.
+#
+# s3:ListBucket is there for missing objects: without it S3 answers GetObject
+# on a missing key with 403 instead of 404, and vramq tells "not there yet"
+# (PutIfAbsent, a job not found, an expired claim-check) from a real failure
+# by the 404. S3 evaluates that check with the key as s3:prefix, so the
+# prefix condition keeps listing to the role's own prefixes.
+
+locals {
+  bucket_arn = aws_s3_bucket.payloads.arn
+
+  kms_statements = var.kms_key_arn == null ? [] : [var.kms_key_arn]
+
+  # ECS services and what their execution roles pull and log to.
+  ecs_services = merge(
+    {
+      subscriber = {
+        image         = var.subscriber_image
+        log_group_arn = aws_cloudwatch_log_group.subscriber.arn
+      }
+    },
+    local.publisher_fargate ? {
+      publisher = {
+        image         = var.publisher_image
+        log_group_arn = aws_cloudwatch_log_group.publisher.arn
+      }
+    } : {},
+  )
+
+  # An image in ECR (<account>.dkr.ecr.<region>.amazonaws.com/<repository>[:tag|@digest])
+  # gets pull rights on exactly its repository; any other registry needs none.
+  ecr_repository_arns = {
+    for k, s in local.ecs_services : k => try(format("arn:%s:ecr:%s:%s:repository/%s", local.partition,
+      regex("^(\\d{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)", s.image)[1],
+      regex("^(\\d{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)", s.image)[0],
+      regex("^(\\d{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)", s.image)[2],
+    ), null)
+  }
+}
+
+################################################################################
+# GPU container instances
+################################################################################
+
+data "aws_iam_policy_document" "ec2_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+
+    principals {
+      type        = "Service"
+      identifiers = ["ec2.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "gpu_instance" {
+  name_prefix        = "${local.name}-gpu-instance-"
+  assume_role_policy = data.aws_iam_policy_document.ec2_assume.json
+
+  tags = local.tags
+}
+
+# The AWS managed policy of the ECS agent (register the instance, poll for
+# tasks, report state). The tasks cannot reach these credentials
+# (ECS_AWSVPC_BLOCK_IMDS, hop limit 1): they get their own task roles.
+resource "aws_iam_role_policy_attachment" "gpu_instance_ecs" {
+  role       = aws_iam_role.gpu_instance.name
+  policy_arn = "arn:${local.partition}:iam::aws:policy/service-role/AmazonEC2ContainerServiceforEC2Role"
+}
+
+# Session Manager instead of SSH: no inbound port, every session logged.
+resource "aws_iam_role_policy_attachment" "gpu_instance_ssm" {
+  role       = aws_iam_role.gpu_instance.name
+  policy_arn = "arn:${local.partition}:iam::aws:policy/AmazonSSMManagedInstanceCore"
+}
+
+resource "aws_iam_instance_profile" "gpu_instance" {
+  name_prefix = "${local.name}-gpu-instance-"
+  role        = aws_iam_role.gpu_instance.name
+
+  tags = local.tags
+}
+
+################################################################################
+# ECS task execution roles (pull the image, write the logs)
+################################################################################
+
+data "aws_iam_policy_document" "ecs_tasks_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+
+    principals {
+      type        = "Service"
+      identifiers = ["ecs-tasks.amazonaws.com"]
+    }
+
+    # Only ECS acting for this account (the confused-deputy guard).
+    condition {
+      test     = "StringEquals"
+      variable = "aws:SourceAccount"
+      values   = [local.account_id]
+    }
+  }
+}
+
+data "aws_iam_policy_document" "execution" {
+  for_each = local.ecs_services
+
+  dynamic "statement" {
+    for_each = local.ecr_repository_arns[each.key] == null ? [] : [local.ecr_repository_arns[each.key]]
+
+    content {
+      sid = "PullImage"
+      actions = [
+        "ecr:BatchCheckLayerAvailability",
+        "ecr:BatchGetImage",
+        "ecr:GetDownloadUrlForLayer",
+      ]
+      resources = [statement.value]
+    }
+  }
+
+  # GetAuthorizationToken has no resource-level permissions: AWS requires "*".
+  dynamic "statement" {
+    for_each = local.ecr_repository_arns[each.key] == null ? [] : [1]
+
+    content {
+      sid       = "LogInToECR"
+      actions   = ["ecr:GetAuthorizationToken"]
+      resources = ["*"]
+    }
+  }
+
+  statement {
+    sid       = "WriteLogs"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${each.value.log_group_arn}:log-stream:*"]
+  }
+}
+
+resource "aws_iam_role" "execution" {
+  for_each = local.ecs_services
+
+  name_prefix        = "${local.name}-${each.key}-exec-"
+  assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
+
+  tags = local.tags
+}
+
+resource "aws_iam_role_policy" "execution" {
+  for_each = local.ecs_services
+
+  name   = "pull-and-log"
+  role   = aws_iam_role.execution[each.key].id
+  policy = data.aws_iam_policy_document.execution[each.key].json
+}
+
+################################################################################
+# Subscriber task role
+################################################################################
+
+data "aws_iam_policy_document" "subscriber" {
+  # ReceiveMessage, DeleteMessageBatch, ChangeMessageVisibilityBatch (the
+  # heartbeat and releases): subscriber/sqs.go.
+  statement {
+    sid = "ConsumeWork"
+    actions = [
+      "sqs:ChangeMessageVisibility",
+      "sqs:DeleteMessage",
+      "sqs:ReceiveMessage",
+    ]
+    resources = [aws_sqs_queue.work.arn]
+  }
+
+  # SendMessageBatch of results, and of poison messages with a reason.
+  statement {
+    sid       = "SendResultsAndPoison"
+    actions   = ["sqs:SendMessage"]
+    resources = [aws_sqs_queue.results.arn, aws_sqs_queue.dlq.arn]
+  }
+
+  # Claim-checked items, and a chunk's stored result (PutIfAbsent reads first).
+  statement {
+    sid       = "ReadItemsAndResults"
+    actions   = ["s3:GetObject"]
+    resources = ["${local.bucket_arn}/payloads/*", "${local.bucket_arn}/results/*"]
+  }
+
+  statement {
+    sid       = "WriteResultsAndFailedMarkers"
+    actions   = ["s3:PutObject"]
+    resources = ["${local.bucket_arn}/results/*", "${local.bucket_arn}/failed/*"]
+  }
+
+  statement {
+    sid       = "TellMissingObjects"
+    actions   = ["s3:ListBucket"]
+    resources = [local.bucket_arn]
+
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["payloads/*", "results/*"]
+    }
+  }
+
+  # The agent's task-protection endpoint ($ECS_AGENT_URI/task-protection/v1/state)
+  # calls these with the task role's credentials: the subscriber protects
+  # itself from scale-in while it holds messages.
+  statement {
+    sid       = "ScaleInProtection"
+    actions   = ["ecs:GetTaskProtection", "ecs:UpdateTaskProtection"]
+    resources = ["arn:${local.partition}:ecs:${local.region}:${local.account_id}:task/${aws_ecs_cluster.this.name}/*"]
+  }
+
+  # Receiving from a KMS-encrypted queue and reading objects needs Decrypt;
+  # sending and writing need GenerateDataKey.
+  dynamic "statement" {
+    for_each = local.kms_statements
+
+    content {
+      sid       = "UseTheKey"
+      actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+      resources = [statement.value]
+    }
+  }
+}
+
+resource "aws_iam_role" "subscriber_task" {
+  name_prefix        = "${local.name}-subscriber-"
+  assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
+
+  tags = local.tags
+}
+
+resource "aws_iam_role_policy" "subscriber_task" {
+  name   = "vramq-subscriber"
+  role   = aws_iam_role.subscriber_task.id
+  policy = data.aws_iam_policy_document.subscriber.json
+}
+
+################################################################################
+# Publisher role (the Lambda function's, or the Fargate task's)
+################################################################################
+
+data "aws_iam_policy_document" "publisher_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+
+    principals {
+      type        = "Service"
+      identifiers = [local.publisher_lambda ? "lambda.amazonaws.com" : "ecs-tasks.amazonaws.com"]
+    }
+
+    dynamic "condition" {
+      for_each = local.publisher_fargate ? [local.account_id] : []
+
+      content {
+        test     = "StringEquals"
+        variable = "aws:SourceAccount"
+        values   = [condition.value]
+      }
+    }
+  }
+}
+
+data "aws_iam_policy_document" "publisher" {
+  # SendMessageBatch of chunks, and GetQueueAttributes (MaximumMessageSize,
+  # FifoQueue) once at start: publisher/queue.go.
+  statement {
+    sid       = "SendWork"
+    actions   = ["sqs:GetQueueAttributes", "sqs:SendMessage"]
+    resources = [aws_sqs_queue.work.arn]
+  }
+
+  # Claim-checked items, job manifests, idempotency records.
+  statement {
+    sid     = "WriteItemsManifestsAndKeys"
+    actions = ["s3:PutObject"]
+    resources = [
+      "${local.bucket_arn}/payloads/*",
+      "${local.bucket_arn}/jobs/*",
+      "${local.bucket_arn}/idempotency/*",
+    ]
+  }
+
+  # GET /v1/jobs/{id}: the manifest, stored results and failed markers;
+  # idempotency records are read before they are written.
+  statement {
+    sid     = "ReadJobStatus"
+    actions = ["s3:GetObject"]
+    resources = [
+      "${local.bucket_arn}/jobs/*",
+      "${local.bucket_arn}/idempotency/*",
+      "${local.bucket_arn}/results/*",
+      "${local.bucket_arn}/failed/*",
+    ]
+  }
+
+  # Listing results/{job}/ and failed/{job}/ for status, and 404s for the rest.
+  statement {
+    sid       = "ListJobStatus"
+    actions   = ["s3:ListBucket"]
+    resources = [local.bucket_arn]
+
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["jobs/*", "idempotency/*", "results/*", "failed/*"]
+    }
+  }
+
+  # Under Lambda the function writes its own logs; on Fargate the execution
+  # role does.
+  dynamic "statement" {
+    for_each = local.publisher_lambda ? [aws_cloudwatch_log_group.publisher.arn] : []
+
+    content {
+      sid       = "WriteLogs"
+      actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+      resources = ["${statement.value}:log-stream:*"]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = local.kms_statements
+
+    content {
+      sid       = "UseTheKey"
+      actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+      resources = [statement.value]
+    }
+  }
+}
+
+resource "aws_iam_role" "publisher" {
+  name_prefix        = "${local.name}-publisher-"
+  assume_role_policy = data.aws_iam_policy_document.publisher_assume.json
+
+  tags = local.tags
+}
+
+resource "aws_iam_role_policy" "publisher" {
+  name   = "vramq-publisher"
+  role   = aws_iam_role.publisher.id
+  policy = data.aws_iam_policy_document.publisher.json
+}

@@ -1,0 +1,407 @@
+# The publisher, one of two ways (publisher_mode):
+#
+#   lambda   the make lambda zip (provided.al2023, bootstrap) behind an API
+#            Gateway HTTP API, authorised by IAM (SigV4), a JWT issuer, or
+#            the publisher's own bearer keys. Nothing runs while no job comes.
+#   fargate  the container image as an ECS service on Fargate behind an
+#            Application Load Balancer: no 6 MB Lambda payload limit, no cold
+#            starts, /metrics to scrape.
+#
+# Both run the same handler (cmd/publisher switches to Lambda when
+# AWS_LAMBDA_RUNTIME_API is set) with the same role policy (iam.tf).
+
+locals {
+  publisher_lambda  = var.publisher_mode == "lambda"
+  publisher_fargate = var.publisher_mode == "fargate"
+
+  publisher_lambda_zip = coalesce(var.publisher_lambda_zip, "${path.module}/../bin/publisher-lambda.zip")
+  publisher_port       = 8080
+
+  publisher_environment = merge(var.publisher_environment, {
+    QUEUE_URL        = aws_sqs_queue.work.url
+    PAYLOAD_BUCKET   = aws_s3_bucket.payloads.id
+    VRAMQ_LOG_FORMAT = "json"
+  })
+
+  # The routes of the job API; /healthz stays open for probes. /metrics is
+  # not routed: under Lambda each instance counts only its own requests.
+  publisher_routes = {
+    "POST /v1/jobs"     = true
+    "GET /v1/jobs/{id}" = true
+    "GET /healthz"      = false
+  }
+}
+
+resource "aws_cloudwatch_log_group" "publisher" {
+  name              = local.publisher_lambda ? "/aws/lambda/${local.name}-publisher" : "/ecs/${local.name}/publisher"
+  retention_in_days = var.log_retention_days
+
+  tags = local.tags
+}
+
+################################################################################
+# Lambda + API Gateway HTTP API
+################################################################################
+
+resource "aws_lambda_function" "publisher" {
+  count = local.publisher_lambda ? 1 : 0
+
+  function_name    = "${local.name}-publisher"
+  role             = aws_iam_role.publisher.arn
+  runtime          = "provided.al2023"
+  handler          = "bootstrap"
+  architectures    = [var.publisher_lambda_architecture]
+  filename         = local.publisher_lambda_zip
+  source_code_hash = filebase64sha256(local.publisher_lambda_zip)
+  memory_size      = var.publisher_lambda_memory_size
+  timeout          = var.publisher_lambda_timeout
+
+  reserved_concurrent_executions = var.publisher_lambda_reserved_concurrency
+
+  environment {
+    variables = local.publisher_environment
+  }
+
+  logging_config {
+    # The publisher writes JSON lines itself.
+    log_format = "Text"
+    log_group  = aws_cloudwatch_log_group.publisher.name
+  }
+
+  tags = local.tags
+
+  depends_on = [aws_iam_role_policy.publisher]
+}
+
+resource "aws_apigatewayv2_api" "publisher" {
+  count = local.publisher_lambda ? 1 : 0
+
+  name          = "${local.name}-publisher"
+  protocol_type = "HTTP"
+  description   = "vramq job API: POST /v1/jobs, GET /v1/jobs/{id}"
+
+  tags = local.tags
+}
+
+resource "aws_apigatewayv2_integration" "publisher" {
+  count = local.publisher_lambda ? 1 : 0
+
+  api_id                 = aws_apigatewayv2_api.publisher[0].id
+  integration_type       = "AWS_PROXY"
+  integration_uri        = aws_lambda_function.publisher[0].invoke_arn
+  payload_format_version = "2.0"
+  timeout_milliseconds   = 30000
+}
+
+resource "aws_apigatewayv2_authorizer" "jwt" {
+  count = local.publisher_lambda && var.publisher_authorization == "JWT" ? 1 : 0
+
+  api_id           = aws_apigatewayv2_api.publisher[0].id
+  name             = "jwt"
+  authorizer_type  = "JWT"
+  identity_sources = ["$request.header.Authorization"]
+
+  jwt_configuration {
+    issuer   = var.publisher_jwt_issuer
+    audience = var.publisher_jwt_audience
+  }
+
+  lifecycle {
+    precondition {
+      condition     = var.publisher_jwt_issuer != null && length(var.publisher_jwt_audience) > 0
+      error_message = "publisher_authorization = \"JWT\" needs publisher_jwt_issuer and publisher_jwt_audience."
+    }
+  }
+}
+
+resource "aws_apigatewayv2_route" "publisher" {
+  for_each = local.publisher_lambda ? local.publisher_routes : {}
+
+  api_id             = aws_apigatewayv2_api.publisher[0].id
+  route_key          = each.key
+  target             = "integrations/${aws_apigatewayv2_integration.publisher[0].id}"
+  authorization_type = each.value ? var.publisher_authorization : "NONE"
+  authorizer_id      = each.value && var.publisher_authorization == "JWT" ? aws_apigatewayv2_authorizer.jwt[0].id : null
+}
+
+resource "aws_cloudwatch_log_group" "publisher_access" {
+  count = local.publisher_lambda ? 1 : 0
+
+  name              = "/aws/apigateway/${local.name}-publisher"
+  retention_in_days = var.log_retention_days
+
+  tags = local.tags
+}
+
+resource "aws_apigatewayv2_stage" "publisher" {
+  count = local.publisher_lambda ? 1 : 0
+
+  api_id      = aws_apigatewayv2_api.publisher[0].id
+  name        = "$default"
+  auto_deploy = true
+
+  default_route_settings {
+    throttling_burst_limit = var.publisher_throttling_burst_limit
+    throttling_rate_limit  = var.publisher_throttling_rate_limit
+  }
+
+  access_log_settings {
+    destination_arn = aws_cloudwatch_log_group.publisher_access[0].arn
+    format = jsonencode({
+      requestId      = "$context.requestId"
+      ip             = "$context.identity.sourceIp"
+      caller         = "$context.identity.caller"
+      routeKey       = "$context.routeKey"
+      status         = "$context.status"
+      responseLength = "$context.responseLength"
+      latency        = "$context.integrationLatency"
+      error          = "$context.integrationErrorMessage"
+    })
+  }
+
+  tags = local.tags
+}
+
+resource "aws_lambda_permission" "publisher_api" {
+  count = local.publisher_lambda ? 1 : 0
+
+  statement_id  = "AllowInvokeFromTheHttpApi"
+  action        = "lambda:InvokeFunction"
+  function_name = aws_lambda_function.publisher[0].function_name
+  principal     = "apigateway.amazonaws.com"
+  source_arn    = "${aws_apigatewayv2_api.publisher[0].execution_arn}/*/*"
+}
+
+################################################################################
+# Fargate + Application Load Balancer
+################################################################################
+
+data "aws_vpc" "this" {
+  count = local.publisher_fargate ? 1 : 0
+
+  id = var.vpc_id
+}
+
+resource "aws_security_group" "publisher_alb" {
+  count = local.publisher_fargate ? 1 : 0
+
+  name_prefix = "${local.name}-publisher-alb-"
+  description = "vramq publisher load balancer"
+  vpc_id      = var.vpc_id
+
+  ingress {
+    description = var.publisher_certificate_arn == null ? "HTTP" : "HTTPS"
+    from_port   = var.publisher_certificate_arn == null ? 80 : 443
+    to_port     = var.publisher_certificate_arn == null ? 80 : 443
+    protocol    = "tcp"
+    cidr_blocks = length(var.publisher_alb_ingress_cidr_blocks) > 0 ? var.publisher_alb_ingress_cidr_blocks : [data.aws_vpc.this[0].cidr_block]
+  }
+
+  egress {
+    description = "To the publisher tasks"
+    from_port   = local.publisher_port
+    to_port     = local.publisher_port
+    protocol    = "tcp"
+    cidr_blocks = [data.aws_vpc.this[0].cidr_block]
+  }
+
+  tags = local.tags
+
+  lifecycle {
+    create_before_destroy = true
+  }
+}
+
+resource "aws_security_group" "publisher_tasks" {
+  count = local.publisher_fargate ? 1 : 0
+
+  name_prefix = "${local.name}-publisher-"
+  description = "vramq publisher tasks: HTTP from the load balancer, HTTPS out to SQS, S3 and ECR"
+  vpc_id      = var.vpc_id
+
+  ingress {
+    description     = "From the load balancer"
+    from_port       = local.publisher_port
+    to_port         = local.publisher_port
+    protocol        = "tcp"
+    security_groups = [aws_security_group.publisher_alb[0].id]
+  }
+
+  egress {
+    description = "HTTPS to AWS APIs (through a NAT gateway or VPC endpoints)"
+    from_port   = 443
+    to_port     = 443
+    protocol    = "tcp"
+    cidr_blocks = ["0.0.0.0/0"]
+  }
+
+  tags = local.tags
+
+  lifecycle {
+    create_before_destroy = true
+  }
+}
+
+resource "aws_lb" "publisher" {
+  count = local.publisher_fargate ? 1 : 0
+
+  name_prefix        = "vramq-"
+  internal           = var.publisher_alb_internal
+  load_balancer_type = "application"
+  subnets            = var.publisher_alb_internal ? var.subnet_ids : var.public_subnet_ids
+  security_groups    = [aws_security_group.publisher_alb[0].id]
+
+  drop_invalid_header_fields = true
+  # Jobs of up to -max-body-bytes from slow clients.
+  idle_timeout = 120
+
+  tags = local.tags
+
+  lifecycle {
+    precondition {
+      condition     = var.publisher_alb_internal || length(var.public_subnet_ids) >= 2
+      error_message = "An internet-facing load balancer (publisher_alb_internal = false) needs public_subnet_ids in two zones or more."
+    }
+  }
+}
+
+resource "aws_lb_target_group" "publisher" {
+  count = local.publisher_fargate ? 1 : 0
+
+  name_prefix = "vramq-"
+  port        = local.publisher_port
+  protocol    = "HTTP"
+  target_type = "ip"
+  vpc_id      = var.vpc_id
+
+  # Longer than the publisher's shutdown grace would only delay deployments.
+  deregistration_delay = var.publisher_shutdown_grace_seconds
+
+  health_check {
+    path                = "/healthz"
+    matcher             = "200"
+    interval            = 15
+    healthy_threshold   = 2
+    unhealthy_threshold = 3
+  }
+
+  tags = local.tags
+
+  lifecycle {
+    create_before_destroy = true
+  }
+}
+
+resource "aws_lb_listener" "publisher" {
+  count = local.publisher_fargate ? 1 : 0
+
+  load_balancer_arn = aws_lb.publisher[0].arn
+  port              = var.publisher_certificate_arn == null ? 80 : 443
+  protocol          = var.publisher_certificate_arn == null ? "HTTP" : "HTTPS"
+  certificate_arn   = var.publisher_certificate_arn
+  ssl_policy        = var.publisher_certificate_arn == null ? null : "ELBSecurityPolicy-TLS13-1-2-2021-06"
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.publisher[0].arn
+  }
+
+  tags = local.tags
+}
+
+resource "aws_ecs_task_definition" "publisher" {
+  count = local.publisher_fargate ? 1 : 0
+
+  family                   = "${local.name}-publisher"
+  requires_compatibilities = ["FARGATE"]
+  network_mode             = "awsvpc"
+  cpu                      = var.publisher_cpu
+  memory                   = var.publisher_memory
+  execution_role_arn       = aws_iam_role.execution["publisher"].arn
+  task_role_arn            = aws_iam_role.publisher.arn
+
+  runtime_platform {
+    operating_system_family = "LINUX"
+    cpu_architecture        = var.publisher_cpu_architecture
+  }
+
+  # The image is distroless (no shell): the load balancer's /healthz check
+  # is the health check.
+  container_definitions = jsonencode([
+    {
+      name      = "publisher"
+      image     = var.publisher_image
+      essential = true
+
+      environment = [for k, v in merge(local.publisher_environment, {
+        VRAMQ_ADDR           = ":${local.publisher_port}"
+        VRAMQ_SHUTDOWN_GRACE = "${var.publisher_shutdown_grace_seconds}s"
+      }) : { name = k, value = v }]
+
+      stopTimeout = min(var.publisher_shutdown_grace_seconds + 5, 120)
+
+      portMappings = [
+        { containerPort = local.publisher_port, protocol = "tcp" },
+      ]
+
+      logConfiguration = {
+        logDriver = "awslogs"
+        options = {
+          awslogs-group         = aws_cloudwatch_log_group.publisher.name
+          awslogs-region        = local.region
+          awslogs-stream-prefix = "publisher"
+          mode                  = "non-blocking"
+          max-buffer-size       = "25m"
+        }
+      }
+    },
+  ])
+
+  tags = local.tags
+
+  lifecycle {
+    precondition {
+      condition     = var.publisher_image != null
+      error_message = "publisher_mode = \"fargate\" needs publisher_image."
+    }
+  }
+}
+
+resource "aws_ecs_service" "publisher" {
+  count = local.publisher_fargate ? 1 : 0
+
+  name            = "publisher"
+  cluster         = aws_ecs_cluster.this.id
+  task_definition = aws_ecs_task_definition.publisher[0].arn
+  desired_count   = var.publisher_desired_count
+
+  capacity_provider_strategy {
+    capacity_provider = "FARGATE"
+    weight            = 1
+  }
+
+  network_configuration {
+    subnets          = var.subnet_ids
+    security_groups  = [aws_security_group.publisher_tasks[0].id]
+    assign_public_ip = false
+  }
+
+  load_balancer {
+    target_group_arn = aws_lb_target_group.publisher[0].arn
+    container_name   = "publisher"
+    container_port   = local.publisher_port
+  }
+
+  health_check_grace_period_seconds = 30
+
+  deployment_circuit_breaker {
+    enable   = true
+    rollback = true
+  }
+
+  propagate_tags = "SERVICE"
+
+  tags = local.tags
+
+  depends_on = [aws_lb_listener.publisher, aws_ecs_cluster_capacity_providers.this]
+}

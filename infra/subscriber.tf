@@ -1,0 +1,356 @@
+# The subscriber on GPUs: an ECS service on EC2 container instances.
+#
+# Fargate has no GPUs, so the subscriber cannot run there: its tasks need a
+# GPU resourceRequirement, which only EC2 capacity (here an Auto Scaling group
+# of GPU instances on the ECS GPU-optimised AMI, with the NVIDIA driver and
+# container toolkit) can place. ECS managed scaling sizes the group to the
+# tasks the service wants; autoscaling.tf sizes the service to the backlog.
+
+locals {
+  subscriber_metrics_port = 9090
+
+  # ECS sends SIGTERM, waits stopTimeout, then SIGKILL. The subscriber lets
+  # running batches finish for its shutdown grace, then releases the rest and
+  # flushes deletes and releases for up to 30 s; 120 s is the ECS maximum.
+  subscriber_stop_timeout = min(var.subscriber_shutdown_grace_seconds + 30, 120)
+
+  # The subscriber's settings that the rest of this module relies on: the
+  # visibility and wait time match the work queue's, JSON logs feed the
+  # OOM-retries metric filter (alarms.tf), the metrics port the health check.
+  subscriber_settings = {
+    VRAMQ_DEVICE             = var.subscriber_device
+    VRAMQ_VISIBILITY_TIMEOUT = "${var.visibility_timeout_seconds}s"
+    VRAMQ_WAIT_TIME          = "${var.receive_wait_time_seconds}s"
+    VRAMQ_SHUTDOWN_GRACE     = "${var.subscriber_shutdown_grace_seconds}s"
+    VRAMQ_METRICS_ADDR       = ":${local.subscriber_metrics_port}"
+    VRAMQ_LOG_FORMAT         = "json"
+    VRAMQ_LOG_LEVEL          = var.subscriber_log_level
+  }
+
+  subscriber_environment = merge(var.subscriber_environment, local.subscriber_settings, {
+    QUEUE_URL         = aws_sqs_queue.work.url
+    RESULTS_QUEUE_URL = aws_sqs_queue.results.url
+    DLQ_URL           = aws_sqs_queue.dlq.url
+    PAYLOAD_BUCKET    = aws_s3_bucket.payloads.id
+  })
+}
+
+################################################################################
+# Cluster and GPU capacity
+################################################################################
+
+resource "aws_ecs_cluster" "this" {
+  name = local.name
+
+  # RunningTaskCount, the denominator of the backlog-per-task metric
+  # (autoscaling.tf) and half of the tasks-below-desired alarm, comes from
+  # Container Insights.
+  setting {
+    name  = "containerInsights"
+    value = "enabled"
+  }
+
+  tags = local.tags
+}
+
+# The recommended ECS GPU-optimised Amazon Linux 2023 AMI, read at plan time:
+# a new AMI replaces the launch template version, and instances pick it up as
+# they are replaced.
+data "aws_ssm_parameter" "ecs_gpu_ami" {
+  name = "/aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id"
+}
+
+resource "aws_security_group" "gpu_instances" {
+  name_prefix = "${local.name}-gpu-instances-"
+  description = "vramq GPU container instances: outbound HTTPS to ECS, ECR, SSM and CloudWatch only"
+  vpc_id      = var.vpc_id
+
+  egress {
+    description = "HTTPS to AWS APIs (through a NAT gateway or VPC endpoints)"
+    from_port   = 443
+    to_port     = 443
+    protocol    = "tcp"
+    cidr_blocks = ["0.0.0.0/0"]
+  }
+
+  tags = local.tags
+
+  lifecycle {
+    create_before_destroy = true
+  }
+}
+
+resource "aws_launch_template" "gpu" {
+  name_prefix = "${local.name}-gpu-"
+  image_id    = data.aws_ssm_parameter.ecs_gpu_ami.insecure_value
+
+  iam_instance_profile {
+    arn = aws_iam_instance_profile.gpu_instance.arn
+  }
+
+  vpc_security_group_ids = [aws_security_group.gpu_instances.id]
+
+  # ECS_AWSVPC_BLOCK_IMDS keeps tasks off the instance role: they get only
+  # their task role. Spot draining lets ECS stop tasks (SIGTERM, so the
+  # subscriber hands its messages back) on a Spot interruption notice.
+  user_data = base64encode(<<-EOT
+    #!/bin/bash
+    cat >>/etc/ecs/ecs.config <<'CONFIG'
+    ECS_CLUSTER=${aws_ecs_cluster.this.name}
+    ECS_ENABLE_GPU_SUPPORT=true
+    ECS_AWSVPC_BLOCK_IMDS=true
+    ECS_ENABLE_SPOT_INSTANCE_DRAINING=${var.subscriber_spot}
+    CONFIG
+  EOT
+  )
+
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 1
+  }
+
+  block_device_mappings {
+    device_name = "/dev/xvda"
+
+    ebs {
+      volume_size           = var.subscriber_root_volume_size
+      volume_type           = "gp3"
+      encrypted             = true
+      delete_on_termination = true
+    }
+  }
+
+  tag_specifications {
+    resource_type = "instance"
+    tags          = merge(local.tags, { Name = "${local.name}-gpu" })
+  }
+
+  tags = local.tags
+}
+
+resource "aws_autoscaling_group" "gpu" {
+  name_prefix         = "${local.name}-gpu-"
+  vpc_zone_identifier = var.subnet_ids
+
+  # ECS managed scaling owns the size between these bounds.
+  min_size = 0
+  max_size = var.subscriber_max_count
+
+  # Managed termination protection needs it: ECS clears the protection only
+  # on instances that run no task, so a scale-in never kills a running task.
+  protect_from_scale_in = true
+
+  mixed_instances_policy {
+    instances_distribution {
+      on_demand_percentage_above_base_capacity = var.subscriber_spot ? 0 : 100
+      spot_allocation_strategy                 = "price-capacity-optimized"
+    }
+
+    launch_template {
+      launch_template_specification {
+        launch_template_id = aws_launch_template.gpu.id
+        version            = aws_launch_template.gpu.latest_version
+      }
+
+      dynamic "override" {
+        for_each = var.subscriber_instance_types
+
+        content {
+          instance_type = override.value
+        }
+      }
+    }
+  }
+
+  tag {
+    key                 = "AmazonECSManaged"
+    value               = "true"
+    propagate_at_launch = true
+  }
+
+  dynamic "tag" {
+    for_each = local.tags
+
+    content {
+      key                 = tag.key
+      value               = tag.value
+      propagate_at_launch = true
+    }
+  }
+
+  lifecycle {
+    # Managed scaling changes it.
+    ignore_changes = [desired_capacity]
+  }
+}
+
+resource "aws_ecs_capacity_provider" "gpu" {
+  name = "${local.name}-gpu"
+
+  auto_scaling_group_provider {
+    auto_scaling_group_arn         = aws_autoscaling_group.gpu.arn
+    managed_termination_protection = "ENABLED"
+    managed_draining               = "ENABLED"
+
+    managed_scaling {
+      status                    = "ENABLED"
+      target_capacity           = 100
+      minimum_scaling_step_size = 1
+      maximum_scaling_step_size = 10
+      # Boot, driver initialisation and agent registration.
+      instance_warmup_period = 300
+    }
+  }
+
+  tags = local.tags
+}
+
+resource "aws_ecs_cluster_capacity_providers" "this" {
+  cluster_name = aws_ecs_cluster.this.name
+  # FARGATE only for the publisher (publisher_mode = "fargate"), which needs
+  # no GPU.
+  capacity_providers = concat([aws_ecs_capacity_provider.gpu.name], local.publisher_fargate ? ["FARGATE"] : [])
+
+  default_capacity_provider_strategy {
+    capacity_provider = aws_ecs_capacity_provider.gpu.name
+    weight            = 1
+  }
+}
+
+################################################################################
+# Task and service
+################################################################################
+
+resource "aws_cloudwatch_log_group" "subscriber" {
+  name              = "/ecs/${local.name}/subscriber"
+  retention_in_days = var.log_retention_days
+
+  tags = local.tags
+}
+
+resource "aws_security_group" "subscriber_tasks" {
+  name_prefix = "${local.name}-subscriber-"
+  description = "vramq subscriber tasks: outbound HTTPS to SQS, S3 and ECS; /metrics from the scrapers named"
+  vpc_id      = var.vpc_id
+
+  egress {
+    description = "HTTPS to SQS and S3 (through a NAT gateway or VPC endpoints)"
+    from_port   = 443
+    to_port     = 443
+    protocol    = "tcp"
+    cidr_blocks = ["0.0.0.0/0"]
+  }
+
+  dynamic "ingress" {
+    for_each = length(var.metrics_ingress_cidr_blocks) > 0 ? [1] : []
+
+    content {
+      description = "Prometheus scrapes of /metrics and /healthz"
+      from_port   = local.subscriber_metrics_port
+      to_port     = local.subscriber_metrics_port
+      protocol    = "tcp"
+      cidr_blocks = var.metrics_ingress_cidr_blocks
+    }
+  }
+
+  tags = local.tags
+
+  lifecycle {
+    create_before_destroy = true
+  }
+}
+
+resource "aws_ecs_task_definition" "subscriber" {
+  family                   = "${local.name}-subscriber"
+  requires_compatibilities = ["EC2"]
+  # awsvpc: each task gets its own ENI and security group.
+  network_mode       = "awsvpc"
+  cpu                = var.subscriber_cpu
+  memory             = var.subscriber_memory
+  execution_role_arn = aws_iam_role.execution["subscriber"].arn
+  task_role_arn      = aws_iam_role.subscriber_task.arn
+
+  container_definitions = jsonencode([
+    {
+      name      = "subscriber"
+      image     = var.subscriber_image
+      essential = true
+
+      resourceRequirements = [
+        { type = "GPU", value = tostring(var.subscriber_gpus_per_task) },
+      ]
+
+      environment = [for k, v in local.subscriber_environment : { name = k, value = v }]
+
+      # At least the subscriber's shutdown grace, so ECS does not SIGKILL a
+      # batch the subscriber is still allowed to finish.
+      stopTimeout = local.subscriber_stop_timeout
+
+      portMappings = [
+        { containerPort = local.subscriber_metrics_port, protocol = "tcp" },
+      ]
+
+      healthCheck = length(var.subscriber_health_check_command) == 0 ? null : {
+        command  = var.subscriber_health_check_command
+        interval = 30
+        # The check gives /healthz 5 s itself.
+        timeout     = 6
+        retries     = 3
+        startPeriod = var.subscriber_health_check_start_period
+      }
+
+      logConfiguration = {
+        logDriver = "awslogs"
+        options = {
+          awslogs-group         = aws_cloudwatch_log_group.subscriber.name
+          awslogs-region        = local.region
+          awslogs-stream-prefix = "subscriber"
+          # Never block the subscriber on CloudWatch Logs.
+          mode            = "non-blocking"
+          max-buffer-size = "25m"
+        }
+      }
+    },
+  ])
+
+  tags = local.tags
+}
+
+resource "aws_ecs_service" "subscriber" {
+  name            = "subscriber"
+  cluster         = aws_ecs_cluster.this.id
+  task_definition = aws_ecs_task_definition.subscriber.arn
+  desired_count   = var.subscriber_min_count
+
+  capacity_provider_strategy {
+    capacity_provider = aws_ecs_capacity_provider.gpu.name
+    weight            = 1
+  }
+
+  network_configuration {
+    subnets         = var.subnet_ids
+    security_groups = [aws_security_group.subscriber_tasks.id]
+  }
+
+  # A deployment starts new tasks before stopping old ones (managed scaling
+  # adds the instances), and rolls back if the new ones never get healthy.
+  deployment_minimum_healthy_percent = 100
+  deployment_maximum_percent         = 200
+
+  deployment_circuit_breaker {
+    enable   = true
+    rollback = true
+  }
+
+  propagate_tags = "SERVICE"
+
+  tags = local.tags
+
+  lifecycle {
+    # Application Auto Scaling owns the count (autoscaling.tf).
+    ignore_changes = [desired_count]
+  }
+
+  depends_on = [aws_ecs_cluster_capacity_providers.this]
+}
