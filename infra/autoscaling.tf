@@ -82,9 +82,9 @@ resource "aws_appautoscaling_policy" "subscriber_backlog_per_task" {
       metrics {
         id    = "backlog_per_task"
         label = "Visible messages per running subscriber task"
-        # With no task running (subscriber_min_count = 0) the whole backlog
-        # counts, so the first task is started by the same policy.
-        expression  = "IF(FILL(tasks, 0) > 0, visible / FILL(tasks, 0), visible)"
+        # The plain ratio AWS documents for SQS workers. It is undefined with
+        # no task running, which is why subscriber_min_count is at least 1.
+        expression  = "visible / tasks"
         return_data = true
       }
     }

@@ -262,9 +262,14 @@ variable "subscriber_health_check_start_period" {
 }
 
 variable "subscriber_min_count" {
-  description = "Fewest subscriber tasks. 0 lets the service scale to zero when the queue is empty (no GPU instance runs); the backlog metric then scales it out again from the visible messages alone."
+  description = "Fewest subscriber tasks, at least 1: the backlog-per-task metric (visible messages / running tasks) is undefined with none running, so target tracking could not scale out from zero."
   type        = number
   default     = 1
+
+  validation {
+    condition     = var.subscriber_min_count >= 1
+    error_message = "subscriber_min_count must be at least 1: backlog per task needs a running task."
+  }
 }
 
 variable "subscriber_max_count" {
