@@ -16,9 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
@@ -28,27 +26,17 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/publisher"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-	case errors.Is(err, errUsage):
-		fmt.Fprintln(os.Stderr, "publisher:", err)
-		os.Exit(2)
-	default:
-		fmt.Fprintln(os.Stderr, "publisher:", err)
-		os.Exit(1)
-	}
+	cli.Main("publisher", func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Getenv, os.Stderr) })
 }
 
-var errUsage = errors.New("usage")
+var errUsage = cli.ErrUsage
 
 // Timeouts of the HTTP server. A whole request may carry MaxBodyBytes (32 MiB
 // by default) from a slow client, and a job's chunks take a while to send;
@@ -154,7 +142,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, o.logFormat, o.logLevel)
+	log, err := cli.NewLogger(stderr, o.logFormat, o.logLevel)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -229,19 +217,4 @@ func serve(ctx context.Context, o *options, h http.Handler, log *slog.Logger) er
 	}
 	log.Info("publisher stopped")
 	return nil
-}
-
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("-log-level=%s: %v", level, err)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("-log-format=%s: want json or text", format)
 }

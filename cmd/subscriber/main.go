@@ -15,9 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -27,27 +25,17 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/subscriber"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-	case errors.Is(err, errUsage):
-		fmt.Fprintln(os.Stderr, "subscriber:", err)
-		os.Exit(2)
-	default:
-		fmt.Fprintln(os.Stderr, "subscriber:", err)
-		os.Exit(1)
-	}
+	cli.Main("subscriber", func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Getenv, os.Stderr) })
 }
 
-var errUsage = errors.New("usage")
+var errUsage = cli.ErrUsage
 
 type options struct {
 	queueURL, resultsURL, dlqURL string
@@ -145,7 +133,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, o.logFormat, o.logLevel)
+	log, err := cli.NewLogger(stderr, o.logFormat, o.logLevel)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -263,19 +251,4 @@ func healthcheck(ctx context.Context, args []string, getenv func(string) string,
 		return fmt.Errorf("healthcheck: %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	return nil
-}
-
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("-log-level=%s: %v", level, err)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("-log-format=%s: want json or text", format)
 }

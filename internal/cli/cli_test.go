@@ -1,0 +1,46 @@
+package cli
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func TestExitCode(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		code int
+		says string
+	}{
+		{nil, 0, ""},
+		{flag.ErrHelp, 0, ""},
+		{fmt.Errorf("%w: missing -queue-url", ErrUsage), 2, "x: usage: missing -queue-url"},
+		{errors.New("queue gone"), 1, "x: queue gone"},
+	} {
+		var w bytes.Buffer
+		if got := ExitCode("x", tc.err, &w); got != tc.code || strings.TrimSpace(w.String()) != tc.says {
+			t.Errorf("ExitCode(%v) = %d, said %q; want %d, %q", tc.err, got, w.String(), tc.code, tc.says)
+		}
+	}
+}
+
+func TestNewLogger(t *testing.T) {
+	var w bytes.Buffer
+	log, err := NewLogger(&w, "json", "warn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("hidden")
+	log.Warn("shown", "k", 1)
+	if out := w.String(); strings.Contains(out, "hidden") || !strings.Contains(out, `"msg":"shown"`) {
+		t.Errorf("json logger at warn wrote %q", out)
+	}
+	for _, bad := range [][2]string{{"xml", "info"}, {"json", "loud"}} {
+		if _, err := NewLogger(&w, bad[0], bad[1]); err == nil {
+			t.Errorf("NewLogger(%q, %q) accepted", bad[0], bad[1])
+		}
+	}
+}
