@@ -116,6 +116,12 @@ func (s *Subscriber) fetchItems(ctx context.Context, w *job.Work) error {
 }
 
 func (s *Subscriber) fetchItem(ctx context.Context, id string, ref job.PayloadRef) (job.Item, error) {
+	// A message names the bucket, but only the configured one is trusted:
+	// anyone who can send to the queue could otherwise point the subscriber
+	// at any object its role can read.
+	if ref.Bucket != s.payloads.Bucket() {
+		return job.Item{}, fmt.Errorf("%w: the reference names bucket %q, not the payload bucket %q", errBadObject, ref.Bucket, s.payloads.Bucket())
+	}
 	b, err := s.payloads.Get(ctx, ref)
 	if err != nil {
 		return job.Item{}, err

@@ -84,14 +84,17 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 		h.sendWork(job.Work{JobID: "other", Items: []job.Item{other}})
 		h.sendWork(job.Work{JobID: "nested", Items: []job.Item{
 			claimChecked(t, p, payload.ItemKey("nested", 0), job.Item{ID: "i0", Ref: corrupt.Ref})}})
+		foreign := claimChecked(t, p, payload.ItemKey("foreign", 0), job.Item{ID: "i0", Text: "mb=1"})
+		foreign.Ref.Bucket = "someone-elses-bucket"
+		h.sendWork(job.Work{JobID: "foreign", Items: []job.Item{foreign}})
 		h.work.mu.Lock()
 		h.work.put(`{"v":1,"job_id":"malformed","chunk":2,"items":[]}`, nil)
 		h.work.mu.Unlock()
 
-		waitFor(t, time.Minute, "1 result and 5 dead letters", func() bool {
+		waitFor(t, time.Minute, "1 result and 6 dead letters", func() bool {
 			r, _ := h.results.stats()
 			d, _ := h.dlq.stats()
-			return r == 1 && d == 5
+			return r == 1 && d == 6
 		})
 		h.shutdown()
 
@@ -117,6 +120,7 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 			"corrupt":   {"claim_check: ", "has sha256 ", "reference says " + corrupt.Ref.SHA256},
 			"other":     {"claim_check: ", `holds item "someone-else"`},
 			"nested":    {"claim_check: ", "another reference"},
+			"foreign":   {"claim_check: ", `names bucket "someone-elses-bucket"`},
 			"malformed": {"malformed: "},
 		} {
 			for _, w := range want {
@@ -133,7 +137,7 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 				t.Errorf("%s: marker time %q: %v", jobID, m.At, err)
 			}
 		}
-		for outcome, want := range map[string]int{"ok": 1, "missing": 1, "corrupt": 1, "invalid": 2} {
+		for outcome, want := range map[string]int{"ok": 1, "missing": 1, "corrupt": 1, "invalid": 3} {
 			if n := counter(h.sub.m.claimChecks.WithLabelValues(outcome)); n != want {
 				t.Errorf("claim checks %s = %d, want %d", outcome, n, want)
 			}
