@@ -15,7 +15,7 @@ EMULATOR    := localstack/emulator.sh
 # go test's own timeout, well inside CI's limit.
 TEST_TIMEOUT ?= 8m
 
-.PHONY: build test unit lint fmt-check vet staticcheck demo emulator-up emulator-down emulator-status queues clean lambda infra-fmt infra-validate
+.PHONY: build test unit lint fmt-check vet staticcheck fuzz demo emulator-up emulator-down emulator-status queues clean lambda infra-fmt infra-validate
 
 ## build: the binaries, into bin/
 build:
@@ -68,6 +68,16 @@ test: lint
 ## unit: the tests that need no emulator (the end-to-end ones skip)
 unit:
 	env -u AWS_ENDPOINT_URL -u AWS_ENDPOINT_URL_SQS $(GO) test -race ./...
+
+## fuzz: each fuzz target for FUZZTIME (default 5m), one after another; not part of make test.
+# New inputs that find a failure land in the package's testdata/fuzz/<Name>/:
+# commit them with the fix, and go test runs them as regression tests.
+FUZZTIME ?= 5m
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeWork$$' -fuzztime $(FUZZTIME) ./job/
+	$(GO) test -run '^$$' -fuzz '^FuzzPayloadRef$$' -fuzztime $(FUZZTIME) ./job/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseBytes$$' -fuzztime $(FUZZTIME) ./gpu/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/
 
 ## lint: gofmt, go vet and staticcheck
 lint: fmt-check vet staticcheck

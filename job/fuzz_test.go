@@ -1,0 +1,149 @@
+package job
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"regexp"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+// FuzzDecodeWork feeds arbitrary bodies to the work message decoder. The seed
+// corpus is in testdata/fuzz/FuzzDecodeWork; go test runs it. Invariants:
+//   - a refusal wraps ErrMalformed (it goes to the dead-letter queue);
+//   - an accepted message passes Validate, has at least one item, unique
+//     non-empty item ids, and every item with a Ref has no inline content
+//     and a valid Ref;
+//   - it survives json.Marshal and DecodeWork again unchanged.
+func FuzzDecodeWork(f *testing.F) {
+	f.Add([]byte(`{"v":1,"job_id":"j","chunk":0,"items":[{"id":"a","text":"hello"}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		w, err := DecodeWork(body)
+		if err != nil {
+			if w != nil {
+				t.Fatalf("DecodeWork returned both %+v and %v", w, err)
+			}
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("refusal does not wrap ErrMalformed: %v", err)
+			}
+			return
+		}
+		if w == nil {
+			t.Fatal("DecodeWork returned neither a message nor an error")
+		}
+		if err := w.Validate(); err != nil {
+			t.Fatalf("accepted message fails Validate: %v", err)
+		}
+		if w.V != Version || w.JobID == "" || w.Chunk < 0 || (w.Chunks != 0 && w.Chunk >= w.Chunks) || len(w.Items) == 0 {
+			t.Fatalf("accepted header v=%d job_id=%q chunk=%d chunks=%d items=%d", w.V, w.JobID, w.Chunk, w.Chunks, len(w.Items))
+		}
+		seen := map[string]bool{}
+		for i, it := range w.Items {
+			if it.ID == "" || seen[it.ID] {
+				t.Fatalf("item %d: accepted id %q (empty or duplicate)", i, it.ID)
+			}
+			seen[it.ID] = true
+			if it.Ref != nil {
+				if it.Text != "" || len(it.Data) > 0 {
+					t.Fatalf("item %q: accepted a ref with inline content", it.ID)
+				}
+				if !validRef(it.Ref) {
+					t.Fatalf("item %q: accepted ref %+v", it.ID, *it.Ref)
+				}
+			}
+		}
+		enc, err := json.Marshal(w)
+		if err != nil {
+			t.Fatalf("marshal accepted message: %v", err)
+		}
+		again, err := DecodeWork(enc)
+		if err != nil {
+			t.Fatalf("re-encoded message refused: %v\n%s", err, enc)
+		}
+		// "data":"" decodes to an empty, non-nil slice that omitempty drops.
+		if d := cmp.Diff(w, again, cmpopts.EquateEmpty()); d != "" {
+			t.Fatalf("round trip changed the message (-first +second):\n%s", d)
+		}
+	})
+}
+
+var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// validRef is PayloadRef.Validate's rule, restated independently.
+func validRef(r *PayloadRef) bool {
+	return r.Bucket != "" && r.Key != "" && r.Size >= 0 && sha256Hex.MatchString(r.SHA256)
+}
+
+// FuzzPayloadRef decodes arbitrary JSON as a claim-check reference and checks
+// Validate against an independent statement of its rule, then checks that
+// DecodeWork treats the same reference inside a work message the same way.
+// The seed corpus is in testdata/fuzz/FuzzPayloadRef. Invariants:
+//   - Validate accepts exactly the refs with a non-empty bucket and key, a
+//     size >= 0 and a sha256 of 64 lower-case hex digits;
+//   - its refusals wrap ErrMalformed;
+//   - an accepted ref survives json.Marshal and decoding unchanged;
+//   - in a work message, the ref is accepted (and decoded to the same value)
+//     exactly when it is accepted on its own; otherwise the message is
+//     refused with ErrMalformed.
+func FuzzPayloadRef(f *testing.F) {
+	f.Add([]byte(`{"bucket":"b","key":"k","size":1,"sha256":"` + zeroSHA + `"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if !json.Valid(data) {
+			return // not JSON: the JSON decoder's business, covered by FuzzDecodeWork
+		}
+		var r PayloadRef
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.DisallowUnknownFields()
+		decErr := dec.Decode(&r)
+		var vErr error
+		if decErr == nil {
+			vErr = r.Validate()
+			if want := validRef(&r); want != (vErr == nil) {
+				t.Fatalf("Validate(%+v) = %v, want valid=%v", r, vErr, want)
+			}
+			if vErr != nil && !errors.Is(vErr, ErrMalformed) {
+				t.Fatalf("refusal does not wrap ErrMalformed: %v", vErr)
+			}
+			if vErr == nil {
+				enc, err := json.Marshal(&r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var again PayloadRef
+				if err := json.Unmarshal(enc, &again); err != nil {
+					t.Fatalf("re-encoded ref: %v\n%s", err, enc)
+				}
+				if again != r {
+					t.Fatalf("round trip changed the ref: %+v, then %+v", r, again)
+				}
+			}
+		}
+
+		if string(bytes.TrimSpace(data)) == "null" {
+			return // "ref":null means no ref at all
+		}
+		body := append([]byte(`{"v":1,"job_id":"j","chunk":0,"items":[{"id":"a","ref":`), data...)
+		body = append(body, "}]}"...)
+		w, err := DecodeWork(body)
+		if decErr == nil && vErr == nil {
+			if err != nil {
+				t.Fatalf("valid ref %+v refused in a work message: %v", r, err)
+			}
+			if got := w.Items[0].Ref; got == nil || *got != r {
+				t.Fatalf("ref in a work message decoded to %+v, want %+v", got, r)
+			}
+			return
+		}
+		if err == nil {
+			t.Fatalf("work message with an invalid ref accepted: %+v (alone: %v, %v)", *w.Items[0].Ref, decErr, vErr)
+		}
+		if !errors.Is(err, ErrMalformed) {
+			t.Fatalf("refusal does not wrap ErrMalformed: %v", err)
+		}
+	})
+}
+
+const zeroSHA = "0000000000000000000000000000000000000000000000000000000000000000"
