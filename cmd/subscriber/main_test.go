@@ -30,6 +30,7 @@ import (
 	"github.com/vramq/vramq/internal/sqstest"
 	"github.com/vramq/vramq/internal/workload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/localstack"
 )
 
 // The test binary doubles as the subscriber binary, so the process tests run
@@ -215,6 +216,45 @@ func TestSIGTERMMidRunLosesNothing(t *testing.T) {
 		len(c.Results), back, c.Duplicates, inflight, retried)
 }
 
+// runUntil runs the command in-process on urls, with env over the test
+// defaults (a small simulated device, short polls), until n results are in,
+// then stops it as SIGTERM would and checks it returned nil.
+func runUntil(t *testing.T, client *sqs.Client, urls localstack.URLs, n int, env map[string]string) *jobq.Collector {
+	t.Helper()
+	base := map[string]string{"QUEUE_URL": urls.Work, "RESULTS_QUEUE_URL": urls.Results, "DLQ_URL": urls.DLQ,
+		"VRAMQ_VRAM": "48MiB", "VRAMQ_VRAM_RESERVE": "1MiB", "VRAMQ_WAIT_TIME": "1s", "VRAMQ_LOG_LEVEL": "warn"}
+	getenv := func(k string) string {
+		if v, ok := env[k]; ok {
+			return v
+		}
+		if v, ok := base[k]; ok {
+			return v
+		}
+		return os.Getenv(k)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-metrics-addr="}, getenv, &logs) }()
+	c := jobq.NewCollector()
+	for deadline := time.Now().Add(time.Minute); len(c.Results) < n; {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatalf("%d of %d results after a minute; log:\n%s", len(c.Results), n, logs.String())
+		}
+		if _, err := c.Poll(t.Context(), client, urls.Results, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v; log:\n%s", err, logs.String())
+	}
+	return c
+}
+
 func get(t *testing.T, url string) string {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -285,33 +325,7 @@ func TestPayloadBucket(t *testing.T) {
 	if err := jobq.Send(t.Context(), client, urls.Work, []job.Work{{V: 1, JobID: "pb", Items: []job.Item{{ID: "doc", Ref: &ref}}}}); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"QUEUE_URL": urls.Work, "RESULTS_QUEUE_URL": urls.Results, "DLQ_URL": urls.DLQ, "PAYLOAD_BUCKET": bucket,
-		"VRAMQ_VRAM": "48MiB", "VRAMQ_VRAM_RESERVE": "1MiB", "VRAMQ_WAIT_TIME": "1s", "VRAMQ_LOG_LEVEL": "warn"}
-	getenv := func(k string) string {
-		if v, ok := env[k]; ok {
-			return v
-		}
-		return os.Getenv(k)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	var logs syncBuffer
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"-metrics-addr="}, getenv, &logs) }()
-
-	c := jobq.NewCollector()
-	for deadline := time.Now().Add(time.Minute); len(c.Results) < 1; {
-		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("no result after a minute; log:\n%s", logs.String())
-		}
-		if _, err := c.Poll(t.Context(), client, urls.Results, 1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("run: %v", err)
-	}
+	c := runUntil(t, client, urls, 1, map[string]string{"PAYLOAD_BUCKET": bucket})
 	if r := c.Results[job.Key{JobID: "pb"}]; len(r.Outputs) != 1 || r.Outputs[0].ID != "doc" {
 		t.Errorf("result %+v", r)
 	}
@@ -376,33 +390,7 @@ func TestTaskProtectionThroughTheAgent(t *testing.T) {
 			if err := jobq.Send(t.Context(), client, urls.Work, workload.Mixed("tp", 4).Works()); err != nil {
 				t.Fatal(err)
 			}
-			env := map[string]string{"QUEUE_URL": urls.Work, "RESULTS_QUEUE_URL": urls.Results, "DLQ_URL": urls.DLQ,
-				"VRAMQ_VRAM": "48MiB", "VRAMQ_VRAM_RESERVE": "1MiB", "VRAMQ_WAIT_TIME": "1s", "VRAMQ_LOG_LEVEL": "warn",
-				"ECS_AGENT_URI": agent.URL + "/api/task-1", "VRAMQ_TASK_PROTECTION": mode}
-			getenv := func(k string) string {
-				if v, ok := env[k]; ok {
-					return v
-				}
-				return os.Getenv(k)
-			}
-			ctx, cancel := context.WithCancel(t.Context())
-			var logs syncBuffer
-			done := make(chan error, 1)
-			go func() { done <- run(ctx, []string{"-metrics-addr="}, getenv, &logs) }()
-			c := jobq.NewCollector()
-			for deadline := time.Now().Add(time.Minute); len(c.Results) < 4; {
-				if time.Now().After(deadline) {
-					cancel()
-					t.Fatalf("4 results not in after a minute; log:\n%s", logs.String())
-				}
-				if _, err := c.Poll(t.Context(), client, urls.Results, 1); err != nil {
-					t.Fatal(err)
-				}
-			}
-			cancel()
-			if err := <-done; err != nil {
-				t.Fatalf("run: %v", err)
-			}
+			runUntil(t, client, urls, 4, map[string]string{"ECS_AGENT_URI": agent.URL + "/api/task-1", "VRAMQ_TASK_PROTECTION": mode})
 			mu.Lock()
 			defer mu.Unlock()
 			const path = "/api/task-1/task-protection/v1/state "
