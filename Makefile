@@ -15,7 +15,7 @@ EMULATOR    := localstack/emulator.sh
 # go test's own timeout, well inside CI's limit.
 TEST_TIMEOUT ?= 8m
 
-.PHONY: build test unit lint fmt-check vet staticcheck fuzz demo emulator-up emulator-down emulator-status queues clean lambda infra-fmt infra-validate
+.PHONY: build test unit lint fmt-check vet staticcheck fuzz bench-micro demo emulator-up emulator-down emulator-status queues clean lambda infra-fmt infra-validate
 
 ## build: the binaries, into bin/
 build:
@@ -78,6 +78,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzPayloadRef$$' -fuzztime $(FUZZTIME) ./job/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBytes$$' -fuzztime $(FUZZTIME) ./gpu/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/
+
+## bench-micro: the hot-path micro-benchmarks (admission, keeper finish, work/result JSON, chunking),
+## five runs each, into /tmp/bench.txt; figures and how to read them in bench/README.md
+bench-micro:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 300ms -count 5 ./job/ ./subscriber/ ./publisher/ | tee /tmp/bench.txt
 
 ## lint: gofmt, go vet and staticcheck
 lint: fmt-check vet staticcheck
