@@ -83,7 +83,12 @@ step "jobs: 3 posted to POST /v1/jobs, each $messages messages' worth of short a
 bin/loadgen -publisher-url="http://127.0.0.1:$publisher_port" -jobs=3 -messages="$messages" -huge-item-bytes=1200000 \
 	-subscriber-metrics="http://127.0.0.1:$metrics_port/metrics" -json=.run/demo-summary.json
 
-curl -s "http://127.0.0.1:$metrics_port/metrics" | grep -E "^vramq_subscriber_(inflight|budget|messages_admitted|messages_received)" > .run/demo-metrics.txt || true
+# The subscriber's own counters: SQS calls per message received, by action.
+curl -s "http://127.0.0.1:$metrics_port/metrics" >.run/demo-metrics.txt || true
+awk '/^vramq_subscriber_messages_received_total /{n=$2}
+	/^vramq_subscriber_sqs_requests_total\{/{match($0,/action="[A-Za-z]+"/); a=substr($0,RSTART+8,RLENGTH-9); r[a]+=$2}
+	END{if(n>0){printf "  SQS requests per message (subscriber, %d messages):", n; t=0
+		for(a in r){printf " %s %.2f,", a, r[a]/n; t+=r[a]}; printf " total %.2f\n", t/n}}' .run/demo-metrics.txt
 step "shutdown (SIGTERM)"
 kill -TERM "$pub_pid"
 prc=0
