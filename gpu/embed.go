@@ -162,12 +162,22 @@ func (e *Embedder) CostModel() CostModel { return e.cost }
 
 // Cost is exactly the working memory Run allocates for items. It reads each
 // text once, without allocating.
-func (e *Embedder) Cost(items []job.Item) int64 {
+func (e *Embedder) Cost(items []job.Item) int64 { return e.cfg.cost(e.cost, items) }
+
+// cost is m applied to items' tokens under c's tokenizer.
+func (c EmbedConfig) cost(m CostModel, items []job.Item) int64 {
 	var tokens int64
 	for _, it := range items {
-		tokens += int64(e.cfg.countTokens(it.Text))
+		tokens += int64(c.countTokens(it.Text))
 	}
-	return e.cost.Bytes(tokens, int64(len(items)))
+	return m.Bytes(tokens, int64(len(items)))
+}
+
+// WeightBytes is the memory weights of this configuration take: the
+// embedding table, W1, b1, W2 and b2, in float32.
+func (c EmbedConfig) WeightBytes() int64 {
+	v, d, h, o := int64(c.Vocab), int64(c.Dim), int64(c.Hidden), int64(c.Out)
+	return 4 * (v*d + d*h + h + h*o + o)
 }
 
 // Close frees the weights' memory. Run fails with ErrClosed afterwards.

@@ -1,0 +1,40 @@
+// Command bench measures vramq against its baselines on this machine, each
+// figure a ratio to a baseline measured in the same run:
+//
+//	bench strategies   every admission strategy on one workload and one
+//	                   simulated device, against the offline bound
+//	bench overhead     the subscriber against a bare SDK receive/delete loop,
+//	                   the publisher against a bare SendMessageBatch loop
+//	bench rss          the subscriber's memory with a large backlog
+//
+// It needs an SQS endpoint (AWS_ENDPOINT_URL, as make bench sets up).
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/vramq/vramq/internal/cli"
+)
+
+func main() {
+	cli.Main("bench", func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) })
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: want a subcommand: strategies, overhead or rss", cli.ErrUsage)
+	}
+	sub, rest := args[0], args[1:]
+	switch sub {
+	case "strategies":
+		return runStrategies(ctx, rest, stdout, stderr)
+	case "overhead":
+		return runOverhead(ctx, rest, stdout, stderr)
+	case "rss":
+		return runRSS(ctx, rest, stdout, stderr)
+	}
+	return fmt.Errorf("%w: unknown subcommand %q: want strategies, overhead or rss", cli.ErrUsage, sub)
+}

@@ -1,0 +1,159 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/vramq/vramq/job"
+)
+
+// TimedModel is the reference model's memory and a GPU's time without the
+// arithmetic: it costs exactly what an Embedder of the same configuration
+// costs, allocates that from its Allocator (a Sim) for the length of the
+// batch, and takes the time its Timing gives, on a device shared by all the
+// batches it runs at once. Its outputs are deterministic unit vectors of the
+// configured size, so result messages are as large as the real model's.
+//
+// It exists so that admission strategies can be compared for throughput
+// and out-of-memory errors on a machine without a GPU, where the CPU
+// reference model would measure the CPU instead. A TimedModel is safe for
+// concurrent use.
+type TimedModel struct {
+	cfg         EmbedConfig
+	cost        CostModel
+	timing      Timing
+	name        string
+	weights     int64
+	mem         Allocator
+	dev         *sharedDevice
+	freeWeights func()
+	closed      atomic.Bool
+}
+
+var _ Model = (*TimedModel)(nil)
+
+// NewTimedModel loads a model shaped by cfg onto mem: it allocates the bytes
+// an Embedder's weights would take, failing with an error wrapping
+// ErrOutOfMemory when they do not fit. A nil mem accounts nothing.
+func NewTimedModel(cfg EmbedConfig, timing Timing, mem Allocator) (*TimedModel, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := timing.Validate(); err != nil {
+		return nil, err
+	}
+	m := &TimedModel{
+		cfg:         cfg,
+		cost:        cfg.CostModel(),
+		timing:      timing,
+		name:        fmt.Sprintf("timed-embed-v%d-d%d-h%d-o%d-t%d", cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens),
+		weights:     cfg.WeightBytes(),
+		mem:         mem,
+		dev:         newSharedDevice(timing.Throughput),
+		freeWeights: func() {},
+	}
+	if mem != nil {
+		free, err := mem.Alloc(m.weights)
+		if err != nil {
+			return nil, fmt.Errorf("%s: load weights: %w", m.name, err)
+		}
+		m.freeWeights = free
+	}
+	return m, nil
+}
+
+// Name says the model is timed and its shape.
+func (m *TimedModel) Name() string { return m.name }
+
+// Weights is what an Embedder's weights of this configuration take.
+func (m *TimedModel) Weights() int64 { return m.weights }
+
+// Cost is what an Embedder of this configuration costs for items.
+func (m *TimedModel) Cost(items []job.Item) int64 { return m.cfg.cost(m.cost, items) }
+
+// Timing is the model of time Run follows.
+func (m *TimedModel) Timing() Timing { return m.timing }
+
+// Busy is how long the simulated device has had work in progress, launches
+// not counted: busy time over elapsed time is its utilisation.
+func (m *TimedModel) Busy() time.Duration { return m.dev.Busy() }
+
+// Close frees the weights' memory. Run fails with ErrClosed afterwards.
+func (m *TimedModel) Close() error {
+	if !m.closed.Swap(true) {
+		m.freeWeights()
+	}
+	return nil
+}
+
+// Run waits out the launch, allocates the batch's working memory (failing
+// with ErrOutOfMemory when it does not fit, as a framework does part way into
+// a forward pass), does the batch's work on the shared device, and frees the
+// memory.
+func (m *TimedModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	if m.closed.Load() {
+		return nil, fmt.Errorf("%s: %w", m.name, ErrClosed)
+	}
+	if len(items) == 0 {
+		return []job.Output{}, ctx.Err()
+	}
+	if err := sleep(ctx, m.timing.Launch); err != nil {
+		return nil, err
+	}
+	cost := m.Cost(items)
+	if m.mem != nil {
+		free, err := m.mem.Alloc(cost)
+		if err != nil {
+			return nil, fmt.Errorf("%s: batch of %d: %w", m.name, len(items), err)
+		}
+		defer free()
+	}
+	if err := m.dev.work(ctx, cost); err != nil {
+		return nil, err
+	}
+	out := make([]job.Output, len(items))
+	for i, it := range items {
+		out[i] = job.Output{ID: it.ID, Embedding: unitVector(it.Text, m.cfg.Out)}
+	}
+	return out, nil
+}
+
+// unitVector is a deterministic vector of n values of unit length, seeded by
+// text, standing in for an embedding.
+func unitVector(text string, n int) []float32 {
+	h := uint64(0xcbf29ce484222325)
+	for i := 0; i < len(text); i++ {
+		h = (h ^ uint64(text[i])) * 0x100000001b3
+	}
+	r := rng{state: mix64(h)}
+	v := make([]float32, n)
+	var sum float64
+	for i := range v {
+		v[i] = r.symmetric()
+		sum += float64(v[i]) * float64(v[i])
+	}
+	if sum > 0 {
+		scale := float32(1 / math.Sqrt(sum))
+		for i := range v {
+			v[i] *= scale
+		}
+	}
+	return v
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
