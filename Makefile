@@ -15,7 +15,7 @@ EMULATOR    := localstack/emulator.sh
 # go test's own timeout, well inside CI's limit.
 TEST_TIMEOUT ?= 8m
 
-.PHONY: build test unit lint fmt-check vet staticcheck fuzz bench-micro demo emulator-up emulator-down emulator-status queues clean lambda infra-fmt infra-validate
+.PHONY: build test unit lint fmt-check vet staticcheck fuzz bench bench-micro demo emulator-up emulator-down emulator-status queues clean lambda infra-fmt infra-validate
 
 ## build: the binaries, into bin/
 build:
@@ -78,6 +78,17 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzPayloadRef$$' -fuzztime $(FUZZTIME) ./job/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBytes$$' -fuzztime $(FUZZTIME) ./gpu/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/
+
+## bench: every admission strategy on one workload and simulated device against the offline bound,
+## writing bench/results.md, results.json and the plots; then the overhead and memory benchmarks
+# Not part of make test: it takes a few minutes and measures this machine.
+bench: build
+	@started=0; \
+	if ! $(EMULATOR) status >/dev/null 2>&1; then $(EMULATOR) up; started=1; fi; \
+	trap 'if [ $$started = 1 ]; then $(EMULATOR) down; fi' EXIT; \
+	eval "$$($(EMULATOR) env)"; \
+	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
+	$(BIN)/bench strategies $(BENCH_FLAGS)
 
 ## bench-micro: the hot-path micro-benchmarks (admission, keeper finish, work/result JSON, chunking),
 ## five runs each, into /tmp/bench.txt; figures and how to read them in bench/README.md

@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/vramq/vramq/gpu"
@@ -18,9 +19,18 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 			continue
 		}
 		w := s.adm.weight(t.cost)
-		actx, cancel := context.WithDeadline(ctx, t.lease.received.Add(s.cfg.AdmitTimeout))
-		err := s.adm.acquire(actx, w)
-		cancel()
+		var err error
+		if !s.adm.sem.TryAcquire(w) {
+			s.admitBlocked.Store(true)
+			select {
+			case s.admitKick <- struct{}{}:
+			default:
+			}
+			actx, cancel := context.WithDeadline(ctx, t.lease.received.Add(s.cfg.AdmitTimeout))
+			err = s.adm.acquire(actx, w)
+			cancel()
+			s.admitBlocked.Store(false)
+		}
 		if err != nil {
 			reason := "shutdown"
 			if ctx.Err() == nil {
@@ -50,11 +60,19 @@ func (s *Subscriber) releaseWaiting(t *task, why string) {
 }
 
 // batch packs admitted messages into device batches: a batch goes when it
-// reaches the batch limit or MaxBatchDelay after its first message. Each
-// batch runs in its own goroutine under workCtx; admission already bounds
-// what runs at once.
+// reaches the batch limit, MaxBatchDelay after its first message, at once
+// when admission is full (nothing more can join it until something
+// finishes), or, under vram, when it holds half the budget, so that the
+// next batch can start, and pay its fixed launch time, while this one works.
+// Each batch runs in its own goroutine under workCtx; admission already
+// bounds what runs at once.
 func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 	var pending []*task
+	var pendingCost int64
+	halfBudget := int64(math.MaxInt64)
+	if s.adm.strategy == AdmitVRAM {
+		halfBudget = s.budget / 2
+	}
 	var timer *time.Timer
 	var fire <-chan time.Time
 	done := ctx.Done()
@@ -67,7 +85,7 @@ func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 			return
 		}
 		b := pending
-		pending = nil
+		pending, pendingCost = nil, 0
 		s.startTasks(len(b))
 		s.runners.Go(func() { s.runBatch(workCtx, b) })
 	}
@@ -90,7 +108,8 @@ func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 				continue
 			}
 			pending = append(pending, t)
-			if len(pending) >= s.state.batchLimit() {
+			pendingCost += t.cost
+			if len(pending) >= s.state.batchLimit() || pendingCost >= halfBudget || (s.admitBlocked.Load() && len(in) == 0) {
 				flush()
 			} else if timer == nil {
 				timer = time.NewTimer(s.cfg.MaxBatchDelay)
@@ -98,12 +117,16 @@ func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 			}
 		case <-fire:
 			flush()
+		case <-s.admitKick:
+			if s.admitBlocked.Load() && len(in) == 0 {
+				flush()
+			}
 		case <-done:
 			// Admitted but not started: hand back at once.
 			for _, t := range pending {
 				s.releaseWaiting(t, "shutdown")
 			}
-			pending, done = nil, nil
+			pending, pendingCost, done = nil, 0, nil
 			if timer != nil {
 				timer.Stop()
 				timer, fire = nil, nil

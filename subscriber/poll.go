@@ -9,6 +9,10 @@ import (
 	"github.com/vramq/vramq/job"
 )
 
+// fillWait is the longest the poller waits for room for a full receive
+// while messages are still waiting to start.
+const fillWait = 500 * time.Millisecond
+
 // poll receives while ctx lasts, asking only for what the buffers have room
 // for. The receive itself runs under recvCtx, which shutdown does not cancel
 // at once: a long poll cut off mid-flight can lose the messages SQS already
@@ -20,6 +24,7 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 	// shutdown cancels them through ctx.
 	defer s.fetches.Wait()
 	failures := 0
+	var topUp time.Time // when a partial receive may go, while waiting for room for a full one
 	for ctx.Err() == nil {
 		n := s.room()
 		if n == 0 {
@@ -29,6 +34,28 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 			}
 			continue
 		}
+		// A receive costs one request for one message or ten. While
+		// messages are still waiting to start there is no hurry, so wait a
+		// little for room for a full receive rather than asking each time
+		// one slot frees, which under load makes a request per message.
+		// Waiting ends when the buffer runs dry, and after fillWait in any
+		// case, in case what waits is stuck (a slow claim-check fetch).
+		if n < s.fullReceive() && s.waiting.Load() > 0 {
+			if topUp.IsZero() {
+				topUp = time.Now().Add(fillWait)
+			}
+			if wait := time.Until(topUp); wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-s.roomKick:
+				case <-t.C:
+				case <-ctx.Done():
+				}
+				t.Stop()
+				continue
+			}
+		}
+		topUp = time.Time{}
 		start := time.Now()
 		msgs, err := s.queue.Receive(recvCtx, n, s.cfg.WaitTime, s.cfg.Visibility)
 		if err != nil {

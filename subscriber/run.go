@@ -35,6 +35,12 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 	outs, err := s.infer(ctx, tasks, false)
 	switch {
 	case err == nil:
+		// The model has returned, so the batch's device memory is free:
+		// let the next batch in now rather than after the results are
+		// encoded and sent, which would leave the device idle meanwhile.
+		for _, t := range tasks {
+			s.settle(t)
+		}
 		s.complete(tasks, outs)
 		return len(tasks), nil
 	case errors.Is(err, gpu.ErrOutOfMemory):

@@ -51,6 +51,11 @@ type Subscriber struct {
 	peak         atomic.Int64 // highest inflight seen
 	pollErrSince atomic.Int64 // unix nanos of the first of consecutive receive errors; 0 when fine
 	started      atomic.Bool
+	// admitBlocked is set while admission waits for room: no message can
+	// join a pending batch until something finishes, so the batcher stops
+	// waiting for more. admitKick tells it so.
+	admitBlocked atomic.Bool
+	admitKick    chan struct{}
 }
 
 // task is a decoded message on its way through admission and the device.
@@ -86,16 +91,17 @@ func New(cfg Config) (*Subscriber, error) {
 			gpu.FormatBytes(mem.Free), gpu.FormatBytes(cfg.VRAMReserve))
 	}
 	s := &Subscriber{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		m:        m,
-		queue:    countedQueue{cfg.Queue, m},
-		results:  countedSender{cfg.Results, m},
-		dlq:      countedSender{cfg.DLQ, m},
-		adm:      adm,
-		budget:   budget,
-		buffer:   make(chan *task, cfg.Prefetch),
-		roomKick: make(chan struct{}, 1),
+		cfg:       cfg,
+		log:       cfg.Logger,
+		m:         m,
+		queue:     countedQueue{cfg.Queue, m},
+		results:   countedSender{cfg.Results, m},
+		dlq:       countedSender{cfg.DLQ, m},
+		adm:       adm,
+		budget:    budget,
+		buffer:    make(chan *task, cfg.Prefetch),
+		roomKick:  make(chan struct{}, 1),
+		admitKick: make(chan struct{}, 1),
 
 		fetchSlots: semaphore.NewWeighted(maxFetches),
 	}
@@ -236,6 +242,11 @@ func (s *Subscriber) pokeRoom() {
 func (s *Subscriber) room() int {
 	n := min(MaxBatch, s.cfg.Prefetch-int(s.waiting.Load()), s.cfg.MaxInflight-int(s.keeper.held.Load()))
 	return max(n, 0)
+}
+
+// fullReceive is the most one receive can ever ask for under the bounds.
+func (s *Subscriber) fullReceive() int {
+	return min(MaxBatch, s.cfg.Prefetch, s.cfg.MaxInflight)
 }
 
 // addWaiting counts a message as waiting: received and not started.

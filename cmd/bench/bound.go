@@ -1,0 +1,45 @@
+package main
+
+import "github.com/vramq/vramq/gpu"
+
+// bound is the offline bound: the most messages per second any scheduler
+// could get from the workload on the simulated device, knowing every
+// message in advance. It is the larger of two lower bounds on the time to
+// run them all:
+//
+//   - Work: the device's throughput is shared, so the work of every message,
+//     Σcost/throughput, takes that long however it is packed, plus at least
+//     one launch before the first work starts.
+//   - Memory: a message holds its cost in device memory while its batch
+//     works, for at least cost/throughput (longer when its batch has others
+//     or shares the device), and at most the budget is held at once, so
+//     Σcost²/throughput/budget is a second bound. It binds when the budget
+//     is small against the large messages.
+//
+// No packing of the same messages into the budget can beat it, so a
+// strategy's throughput over it is a fraction of the best possible.
+type bound struct {
+	WorkSeconds   float64 `json:"work_seconds"`
+	MemorySeconds float64 `json:"memory_seconds"`
+	Seconds       float64 `json:"seconds"`
+	MessagesPerS  float64 `json:"messages_per_second"`
+	Binding       string  `json:"binding"`
+}
+
+func offlineBound(costs []int64, t gpu.Timing, budget int64) bound {
+	var work, memory float64
+	for _, c := range costs {
+		secs := float64(c) / t.Throughput
+		work += secs
+		memory += float64(c) * secs / float64(budget)
+	}
+	b := bound{WorkSeconds: work + t.Launch.Seconds(), MemorySeconds: memory}
+	b.Seconds, b.Binding = b.WorkSeconds, "device throughput"
+	if b.MemorySeconds > b.WorkSeconds {
+		b.Seconds, b.Binding = b.MemorySeconds, "memory"
+	}
+	if b.Seconds > 0 {
+		b.MessagesPerS = float64(len(costs)) / b.Seconds
+	}
+	return b
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/vramq/vramq/gpu"
+)
+
+// machine says where the figures were measured.
+func machine() string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if name, ok := strings.CutPrefix(line, "model name"); ok {
+				model = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(name), ":"))
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%s/%s, %d CPUs (%s), %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), model, runtime.Version())
+}
+
+func writeStrategyTable(w io.Writer, rep strategyReport) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "strategy\tmsg/s\tof bound\tdevice OOMs\tOOM retries\tredeliveries\tDLQ\tp50 s\tp99 s\treq/msg\twork-queue req/msg\tpeak use\t")
+	for _, o := range rep.Results {
+		fmt.Fprintf(tw, "%s\t%.1f\t%.0f%%\t%d\t%.0f\t%d\t%d\t%.2f\t%.2f\t%.3f\t%.3f\t%.0f%%\t\n",
+			o.Name, o.MessagesPerS, 100*o.OfBound, o.DeviceOOMs, o.OOMRetries, o.Redeliveries, o.DeadLettered,
+			o.P50, o.P99, o.RequestsPerM, o.WorkPerM, 100*float64(o.PeakUsed)/float64(rep.Params.Budget))
+	}
+	fmt.Fprintf(tw, "offline bound\t%.1f\t100%%\t\t\t\t\t\t\t\t\t\t\n", rep.Bound.MessagesPerS)
+	tw.Flush()
+}
+
+func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
+	p := rep.Params
+	fmt.Fprintf(w, "# Admission strategies, measured\n\n")
+	fmt.Fprintf(w, "Written by `make bench` (`%s`) on %s; %s.\n", rep.Command, rep.Date, rep.Machine)
+	fmt.Fprintf(w, "Do not edit: run it again. How to read it, and what limits each figure: [README.md](README.md).\n\n")
+	fmt.Fprintf(w, "- **Workload:** %d messages of the bimodal mix (`internal/workload.Mixed`): every %dth message is large (32 items of 600 words, %s of working memory), the others small (8 items of 24 words, %s).\n",
+		p.Messages, p.LargeEvery, gpu.FormatBytes(p.LargeCost), gpu.FormatBytes(p.SmallCost))
+	fmt.Fprintf(w, "- **Device:** simulated (`gpu.Sim` + `gpu.TimedModel`): the reference model's weights plus %s for work; each batch takes a %v launch plus its working memory over %s/s, shared by the batches working at once (`gpu.Timing`).\n",
+		gpu.FormatBytes(p.Budget), p.Launch, gpu.FormatBytes(int64(p.Throughput)))
+	fmt.Fprintf(w, "- **Subscriber:** in process, against the SQS emulator, max batch %d, everything else default; fresh queues per strategy, the whole workload queued before it starts.\n", p.MaxBatch)
+	fmt.Fprintf(w, "- **Offline bound:** %.1f messages/s (%.2f s): the larger of the work bound (%.2f s: all the work at full throughput, plus one launch) and the memory bound (%.2f s: Σcost²/throughput/budget); %s binds.\n\n",
+		rep.Bound.MessagesPerS, rep.Bound.Seconds, rep.Bound.WorkSeconds, rep.Bound.MemorySeconds, rep.Bound.Binding)
+
+	fmt.Fprintln(w, "| strategy | settings | messages/s | of bound | device OOMs | OOM retries | redeliveries | DLQ | p50 latency | p99 latency | SQS requests/message | work-queue requests/message | peak memory use | mean memory use | device busy |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, o := range rep.Results {
+		fmt.Fprintf(w, "| `%s` | %s | %.1f | %.0f%% | %d | %.0f | %d | %d | %.2f s | %.2f s | %.3f | %.3f | %.0f%% | %.0f%% | %.0f%% |\n",
+			o.Name, o.Settings, o.MessagesPerS, 100*o.OfBound, o.DeviceOOMs, o.OOMRetries, o.Redeliveries, o.DeadLettered,
+			o.P50, o.P99, o.RequestsPerM, o.WorkPerM, 100*float64(o.PeakUsed)/float64(p.Budget), 100*o.MeanUse, 100*o.Utilisation)
+	}
+	fmt.Fprintf(w, "| offline bound | | %.1f | 100%% | | | | | | | | | | | |\n\n", rep.Bound.MessagesPerS)
+	if vram, ok := find(rep.Results, "vram"); ok {
+		if one, ok := find(rep.Results, "count-1"); ok && one.MessagesPerS > 0 {
+			fmt.Fprintf(w, "`vram` runs %.2f× the throughput of `count-1`.\n\n", vram.MessagesPerS/one.MessagesPerS)
+		}
+	}
+	fmt.Fprintln(w, "Latency is from a message's first receipt by the subscriber to its result read off the results queue. SQS requests are the subscriber's, by action:")
+	fmt.Fprintln(w)
+	var actions []string
+	for _, o := range rep.Results {
+		for a := range maps.Keys(o.Requests) {
+			if !slices.Contains(actions, a) {
+				actions = append(actions, a)
+			}
+		}
+	}
+	slices.Sort(actions)
+	fmt.Fprintf(w, "| strategy | %s |\n|---|%s\n", strings.Join(actions, " | "), strings.Repeat("--:|", len(actions)))
+	for _, o := range rep.Results {
+		fmt.Fprintf(w, "| `%s` |", o.Name)
+		for _, a := range actions {
+			fmt.Fprintf(w, " %.0f |", o.Requests[a])
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Ledgers (each must balance: every message received was deleted or released):")
+	fmt.Fprintln(w)
+	for _, o := range rep.Results {
+		fmt.Fprintf(w, "- `%s`: %s\n", o.Name, o.Ledger)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "![Device memory in use over time, per strategy](budget.png)")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "![Throughput per strategy against the offline bound](throughput.png)")
+}
+
+func find(os []outcome, name string) (outcome, bool) {
+	for _, o := range os {
+		if o.Name == name {
+			return o, true
+		}
+	}
+	return outcome{}, false
+}
