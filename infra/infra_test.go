@@ -264,6 +264,111 @@ func TestTheSubscriberEnvironmentNamesRealFlags(t *testing.T) {
 	}
 }
 
+// In Lambda mode the stage throttles the whole API with the variables, which
+// refuse values that would shut it (0) or that API Gateway does not take.
+func TestThePublisherAPIIsThrottled(t *testing.T) {
+	m := root(t)
+	stage := m.resource(t, "aws_apigatewayv2_stage", "publisher")
+	var settings *hclsyntax.Block
+	for _, b := range stage.Body.Blocks {
+		if b.Type == "default_route_settings" {
+			settings = b
+		}
+	}
+	if settings == nil {
+		t.Fatal("aws_apigatewayv2_stage.publisher has no default_route_settings: the API is not throttled")
+	}
+	for attr, variable := range map[string]string{"throttling_rate_limit": "publisher_throttling_rate_limit", "throttling_burst_limit": "publisher_throttling_burst_limit"} {
+		a, ok := settings.Body.Attributes[attr]
+		if !ok || !refersTo(a.Expr, "var", variable) {
+			t.Errorf("default_route_settings.%s is not var.%s", attr, variable)
+			continue
+		}
+		if n := m.number(t, a.Expr, nil); n < 1 {
+			t.Errorf("default_route_settings.%s = %d with the defaults: want at least 1", attr, n)
+		}
+		for _, tc := range []struct {
+			v  cty.Value
+			ok bool
+		}{{cty.NumberIntVal(0), false}, {cty.NumberIntVal(-5), false}, {cty.NumberIntVal(50), true}} {
+			if got := m.validates(t, variable, tc.v); got != tc.ok {
+				t.Errorf("var.%s = %s: validation passes %v, want %v", variable, tc.v.AsBigFloat(), got, tc.ok)
+			}
+		}
+	}
+}
+
+// In Fargate mode the publisher reads the client's address from the load
+// balancer's X-Forwarded-For, trusting the VPC's addresses; that is sound
+// only because the tasks take connections from the balancer alone.
+func TestThePublisherTrustsOnlyItsLoadBalancer(t *testing.T) {
+	m := root(t)
+	fargate := map[string]cty.Value{"publisher_mode": cty.StringVal("fargate")}
+	td := m.resource(t, "aws_ecs_task_definition", "publisher")
+	found := false
+	for _, tr := range m.deepTraversals(td.Body.Attributes["container_definitions"]) {
+		if tr.RootName() == "data" && len(tr) > 1 && tr[1].(hcl.TraverseAttr).Name == "aws_vpc" {
+			found = true
+		}
+	}
+	env := containerEnv(t, m, "publisher", fargate)
+	if _, ok := env["VRAMQ_TRUSTED_PROXIES"]; !ok || !found {
+		t.Errorf("the publisher task does not set VRAMQ_TRUSTED_PROXIES from the VPC (env %v)", keys(env))
+	}
+	if !slices.Contains(flagNames(t, "publisher"), "trusted-proxies") {
+		t.Error("cmd/publisher has no -trusted-proxies flag for VRAMQ_TRUSTED_PROXIES")
+	}
+	// A value given in publisher_environment wins.
+	override := map[string]cty.Value{"publisher_mode": cty.StringVal("fargate"),
+		"publisher_environment": cty.MapVal(map[string]cty.Value{"VRAMQ_TRUSTED_PROXIES": cty.StringVal("10.9.0.0/16")})}
+	if v := containerEnv(t, m, "publisher", override)["VRAMQ_TRUSTED_PROXIES"]; v != "10.9.0.0/16" {
+		t.Errorf("VRAMQ_TRUSTED_PROXIES in publisher_environment: the task has %q", v)
+	}
+
+	sg := m.resource(t, "aws_security_group", "publisher_tasks")
+	ingress := 0
+	for _, b := range sg.Body.Blocks {
+		if b.Type != "ingress" {
+			continue
+		}
+		ingress++
+		if _, ok := b.Body.Attributes["cidr_blocks"]; ok {
+			t.Errorf("%s: the publisher tasks take connections from CIDR blocks, not only from the load balancer", b.DefRange())
+		}
+		if a, ok := b.Body.Attributes["security_groups"]; !ok || !refersTo(a.Expr, "aws_security_group", "publisher_alb") {
+			t.Errorf("%s: an ingress rule of the publisher tasks that is not from the load balancer's security group", b.DefRange())
+		}
+	}
+	if ingress == 0 {
+		t.Error("aws_security_group.publisher_tasks has no ingress block")
+	}
+}
+
+// validates reports whether var.name = v passes the variable's validation
+// blocks.
+func (m *module) validates(t *testing.T, name string, v cty.Value) bool {
+	t.Helper()
+	b, ok := m.variables[name]
+	if !ok {
+		t.Fatalf("no variable %q", name)
+	}
+	checked := false
+	for _, vb := range b.Body.Blocks {
+		if vb.Type != "validation" {
+			continue
+		}
+		checked = true
+		c := m.eval(t, vb.Body.Attributes["condition"].Expr, map[string]cty.Value{name: v})
+		if !c.IsKnown() || c.IsNull() || c.False() {
+			return false
+		}
+	}
+	if !checked {
+		t.Errorf("variable %q has no validation", name)
+	}
+	return true
+}
+
 func TestNoIAMStatementAllowsAWildcard(t *testing.T) {
 	checked := 0
 	for _, m := range modules(t) {
@@ -406,20 +511,25 @@ func TestTheOOMMetricFilterMatchesTheSubscriberLogs(t *testing.T) {
 
 // subscriberFlags returns the names of cmd/subscriber's flags: the string
 // literal every fs.XxxVar / fs.Xxx / fs.Var call takes before its default.
-func subscriberFlags(t *testing.T) []string {
+func subscriberFlags(t *testing.T) []string { return flagNames(t, "subscriber") }
+
+// flagNames returns the names of cmd/<command>'s flags.
+func flagNames(t *testing.T, command string) []string {
 	var names []string
-	for name := range subscriberFlagCalls(t) {
+	for name := range flagCalls(t, command) {
 		names = append(names, name)
 	}
 	if len(names) < 10 {
-		t.Fatalf("found only %d flags in cmd/subscriber/main.go", len(names))
+		t.Fatalf("found only %d flags in cmd/%s/main.go", len(names), command)
 	}
 	return names
 }
 
-func subscriberFlagCalls(t *testing.T) map[string]*ast.CallExpr {
+func subscriberFlagCalls(t *testing.T) map[string]*ast.CallExpr { return flagCalls(t, "subscriber") }
+
+func flagCalls(t *testing.T, command string) map[string]*ast.CallExpr {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "cmd", "subscriber", "main.go"), nil, 0)
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "cmd", command, "main.go"), nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -505,19 +615,24 @@ func parseDuration(t *testing.T, name, s string) time.Duration {
 // subscriberContainer evaluates the subscriber's container definition (the
 // argument of jsonencode in container_definitions).
 func subscriberContainer(t *testing.T, m *module, override map[string]cty.Value) cty.Value {
+	return container(t, m, "subscriber", override)
+}
+
+// container evaluates the container definition of the task definition name.
+func container(t *testing.T, m *module, name string, override map[string]cty.Value) cty.Value {
 	t.Helper()
-	td := m.resource(t, "aws_ecs_task_definition", "subscriber")
+	td := m.resource(t, "aws_ecs_task_definition", name)
 	a, ok := td.Body.Attributes["container_definitions"]
 	if !ok {
-		t.Fatal("aws_ecs_task_definition.subscriber has no container_definitions")
+		t.Fatalf("aws_ecs_task_definition.%s has no container_definitions", name)
 	}
 	call, ok := a.Expr.(*hclsyntax.FunctionCallExpr)
 	if !ok || call.Name != "jsonencode" || len(call.Args) != 1 {
-		t.Fatal("aws_ecs_task_definition.subscriber: container_definitions is not jsonencode([...])")
+		t.Fatalf("aws_ecs_task_definition.%s: container_definitions is not jsonencode([...])", name)
 	}
 	defs := m.eval(t, call.Args[0], override)
 	if !defs.IsKnown() || !defs.CanIterateElements() || defs.LengthInt() != 1 {
-		t.Fatalf("aws_ecs_task_definition.subscriber: want one container definition, got %#v", defs)
+		t.Fatalf("aws_ecs_task_definition.%s: want one container definition, got %#v", name, defs)
 	}
 	return defs.AsValueSlice()[0]
 }
@@ -525,25 +640,31 @@ func subscriberContainer(t *testing.T, m *module, override map[string]cty.Value)
 // subscriberEnv is the environment of the subscriber container, name to
 // value, for every value known from the variables (queue URLs are not).
 func subscriberEnv(t *testing.T, m *module, override map[string]cty.Value) map[string]string {
+	return containerEnv(t, m, "subscriber", override)
+}
+
+// containerEnv is the environment of the task definition name's container,
+// name to value; "" where the value is known only after apply.
+func containerEnv(t *testing.T, m *module, name string, override map[string]cty.Value) map[string]string {
 	t.Helper()
-	def := subscriberContainer(t, m, override)
+	def := container(t, m, name, override)
 	if !def.Type().IsObjectType() || !def.Type().HasAttribute("environment") {
-		t.Fatal("the subscriber's container definition has no environment")
+		t.Fatalf("the %s's container definition has no environment", name)
 	}
 	env := def.GetAttr("environment")
 	if !env.IsKnown() || !env.CanIterateElements() {
-		t.Fatal("the subscriber's environment does not evaluate to a list")
+		t.Fatalf("the %s's environment does not evaluate to a list", name)
 	}
 	out := map[string]string{}
 	for _, e := range env.AsValueSlice() {
-		name, value := e.GetAttr("name"), e.GetAttr("value")
-		if !name.IsKnown() {
-			t.Fatal("an environment variable of the subscriber has a name that depends on a resource")
+		k, value := e.GetAttr("name"), e.GetAttr("value")
+		if !k.IsKnown() {
+			t.Fatal("an environment variable has a name that depends on a resource")
 		}
 		if value.IsKnown() && !value.IsNull() {
-			out[name.AsString()] = value.AsString()
+			out[k.AsString()] = value.AsString()
 		} else {
-			out[name.AsString()] = ""
+			out[k.AsString()] = ""
 		}
 	}
 	return out

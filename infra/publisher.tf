@@ -140,6 +140,10 @@ resource "aws_apigatewayv2_stage" "publisher" {
   name        = "$default"
   auto_deploy = true
 
+  # The API's global limit, in front of the function: requests over it are
+  # answered 429 by API Gateway and never invoke it. Per client, the
+  # publisher's own limit (VRAMQ_RATE_LIMIT, by sourceIp or API key) applies
+  # within each instance.
   default_route_settings {
     throttling_burst_limit = var.publisher_throttling_burst_limit
     throttling_rate_limit  = var.publisher_throttling_rate_limit
@@ -333,10 +337,19 @@ resource "aws_ecs_task_definition" "publisher" {
       image     = var.publisher_image
       essential = true
 
-      environment = [for k, v in merge(local.publisher_environment, {
-        VRAMQ_ADDR           = ":${local.publisher_port}"
-        VRAMQ_SHUTDOWN_GRACE = "${var.publisher_shutdown_grace_seconds}s"
-      }) : { name = k, value = v }]
+      # The tasks take connections from the load balancer only (their
+      # security group), so X-Forwarded-For from an address of the VPC is the
+      # balancer's and names the client for the rate limits; behind another
+      # proxy as well (CloudFront), set VRAMQ_TRUSTED_PROXIES in
+      # publisher_environment.
+      environment = [for k, v in merge(
+        { VRAMQ_TRUSTED_PROXIES = data.aws_vpc.this[0].cidr_block },
+        local.publisher_environment,
+        {
+          VRAMQ_ADDR           = ":${local.publisher_port}"
+          VRAMQ_SHUTDOWN_GRACE = "${var.publisher_shutdown_grace_seconds}s"
+        },
+      ) : { name = k, value = v }]
 
       stopTimeout = min(var.publisher_shutdown_grace_seconds + 5, 120)
 

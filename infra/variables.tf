@@ -381,15 +381,25 @@ variable "publisher_jwt_audience" {
 }
 
 variable "publisher_throttling_burst_limit" {
-  description = "API Gateway burst limit of the publisher API (requests)."
+  description = "Lambda mode: API Gateway burst limit of the publisher API, all clients together (requests at once); over it, 429 without invoking the function. Per client, the publisher's own -rate-burst applies (publisher_environment VRAMQ_RATE_BURST)."
   type        = number
   default     = 200
+
+  validation {
+    condition     = var.publisher_throttling_burst_limit >= 1 && floor(var.publisher_throttling_burst_limit) == var.publisher_throttling_burst_limit
+    error_message = "publisher_throttling_burst_limit: a whole number, at least 1 (0 refuses every request)."
+  }
 }
 
 variable "publisher_throttling_rate_limit" {
-  description = "API Gateway steady rate limit of the publisher API (requests per second)."
+  description = "Lambda mode: API Gateway steady rate limit of the publisher API, all clients together (requests per second). Per client, the publisher's own -rate-limit applies (publisher_environment VRAMQ_RATE_LIMIT)."
   type        = number
   default     = 100
+
+  validation {
+    condition     = var.publisher_throttling_rate_limit > 0
+    error_message = "publisher_throttling_rate_limit: above 0 (0 refuses every request)."
+  }
 }
 
 variable "publisher_image" {

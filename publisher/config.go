@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,6 +54,31 @@ type Config struct {
 	// (Authorization: Bearer <key>). /healthz and /metrics stay open.
 	APIKeys []string
 
+	// RateLimit is the steady rate, in requests per second, that one client
+	// may send to /v1/jobs routes: its API key when auth is on, else its
+	// source address (an IPv6 client by its /64). RateBurst is how many it
+	// may send at once after a quiet spell; default twice RateLimit. A
+	// request over the limit is answered 429 rate_limited with Retry-After,
+	// before its body is read. 0: no per-client limit (the default here;
+	// cmd/publisher sets one).
+	RateLimit float64
+	RateBurst int
+	// GlobalRateLimit and GlobalRateBurst are the same over all clients
+	// together, for this process; 0: none. GlobalRateBurst defaults to twice
+	// GlobalRateLimit.
+	GlobalRateLimit float64
+	GlobalRateBurst int
+	// RateLimitClients bounds the clients whose buckets are kept in memory
+	// (about 200 bytes each), least recently used first out; default 10,000.
+	RateLimitClients int
+	// TrustedProxies are the load balancers and proxies allowed to say who
+	// the client is: when a request's peer address is in one of them, the
+	// client is the rightmost address of X-Forwarded-For that is not (see
+	// clientAddr). Empty: the peer address is the client and X-Forwarded-For
+	// is ignored, which is right when clients connect directly and under
+	// Lambda, where the peer is API Gateway's sourceIp.
+	TrustedProxies []netip.Prefix
+
 	// SendAttempts bounds the sends of one entry SQS lists in Failed, the
 	// first included; default 5. SendBackoff is the wait before the first
 	// retry, doubled each time up to 2 s, jittered; default 100ms.
@@ -96,6 +123,13 @@ func (c *Config) setDefaults() {
 	defInt(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
 	defInt(&c.ChunkItems, 32)
 	defInt(&c.MaxChunkItems, 1_000)
+	if c.RateLimit > 0 && c.RateBurst == 0 {
+		c.RateBurst = defaultBurst(c.RateLimit)
+	}
+	if c.GlobalRateLimit > 0 && c.GlobalRateBurst == 0 {
+		c.GlobalRateBurst = defaultBurst(c.GlobalRateLimit)
+	}
+	defInt(&c.RateLimitClients, 10_000)
 	defInt(&c.SendAttempts, 5)
 	defDur(&c.SendBackoff, 100*time.Millisecond)
 	defInt(&c.SendConcurrency, 4)
@@ -110,37 +144,85 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports every problem with c (after defaults), joined.
+// FieldError is one problem Validate found, with the name of the Config
+// field it is about, so that a command can name its own flag for it.
+type FieldError struct {
+	Field string // a Config field, e.g. "MaxItems"
+	Err   error
+}
+
+func (e *FieldError) Error() string { return e.Err.Error() }
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// Validate reports every problem with c (after defaults), joined; each is a
+// *FieldError.
 func (c *Config) Validate() error {
 	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, a...)})
+	}
 	if c.Queue == nil {
-		bad("no work queue")
+		bad("Queue", "no work queue")
 	}
 	if c.MaxMessageBytes < SQSMinMessageBytes || c.MaxMessageBytes > SQSMaxMessageBytes {
-		bad("max message bytes %d: want %d to %d", c.MaxMessageBytes, SQSMinMessageBytes, SQSMaxMessageBytes)
+		bad("MaxMessageBytes", "max message bytes %d: want %d to %d", c.MaxMessageBytes, SQSMinMessageBytes, SQSMaxMessageBytes)
 	} else if inline := maxInlineItem(c.MaxMessageBytes); c.MaxItemBytes < 1 || c.MaxItemBytes > inline {
-		bad("max item bytes %d: want 1 to %d (what fits in a message of %d bytes)", c.MaxItemBytes, inline, c.MaxMessageBytes)
+		bad("MaxItemBytes", "max item bytes %d: want 1 to %d (what fits in a message of %d bytes)", c.MaxItemBytes, inline, c.MaxMessageBytes)
 	}
 	if c.MaxBodyBytes < 1 {
-		bad("max body bytes %d: want at least 1", c.MaxBodyBytes)
+		bad("MaxBodyBytes", "max body bytes %d: want at least 1", c.MaxBodyBytes)
 	}
 	if c.MaxItems < 1 {
-		bad("max items %d: want at least 1", c.MaxItems)
+		bad("MaxItems", "max items %d: want at least 1", c.MaxItems)
 	}
-	if c.ChunkItems < 1 || c.MaxChunkItems < c.ChunkItems {
-		bad("chunk items %d and max chunk items %d: want 1 <= chunk items <= max chunk items", c.ChunkItems, c.MaxChunkItems)
+	if c.ChunkItems < 1 {
+		bad("ChunkItems", "chunk items %d: want at least 1", c.ChunkItems)
+	} else if c.MaxChunkItems < c.ChunkItems {
+		bad("MaxChunkItems", "max chunk items %d: want at least chunk items (%d)", c.MaxChunkItems, c.ChunkItems)
 	}
 	for i, k := range c.APIKeys {
 		if k == "" {
-			bad("API key %d is empty", i)
+			bad("APIKeys", "API key %d is empty", i)
 		}
 	}
-	if c.SendAttempts < 1 || c.SendBackoff < 0 || c.SendConcurrency < 1 {
-		bad("send attempts %d, backoff %v, concurrency %d: want at least 1, 0 and 1", c.SendAttempts, c.SendBackoff, c.SendConcurrency)
+	rates := []struct {
+		field, burstField, name string
+		rate                    float64
+		burst                   int
+	}{{"RateLimit", "RateBurst", "rate limit", c.RateLimit, c.RateBurst}, {"GlobalRateLimit", "GlobalRateBurst", "global rate limit", c.GlobalRateLimit, c.GlobalRateBurst}}
+	for _, r := range rates {
+		switch {
+		case r.rate < 0 || math.IsNaN(r.rate) || math.IsInf(r.rate, 0):
+			bad(r.field, "%s %v: want requests per second, a finite number at least 0 (0: none)", r.name, r.rate)
+		case r.rate > 0 && r.burst < 1:
+			bad(r.burstField, "%s burst %d: want at least 1", r.name, r.burst)
+		}
 	}
-	if c.IdempotencyTTL < 0 || c.IdempotencyEntries < 1 || c.IdempotencyStale < 0 {
-		bad("idempotency TTL %v, entries %d, stale %v: want non-negative durations and at least 1 entry", c.IdempotencyTTL, c.IdempotencyEntries, c.IdempotencyStale)
+	if c.RateLimitClients < 1 {
+		bad("RateLimitClients", "rate limit clients %d: want at least 1", c.RateLimitClients)
+	}
+	for _, p := range c.TrustedProxies {
+		if !p.IsValid() {
+			bad("TrustedProxies", "trusted proxy %v is not a valid prefix", p)
+		}
+	}
+	if c.SendAttempts < 1 {
+		bad("SendAttempts", "send attempts %d: want at least 1", c.SendAttempts)
+	}
+	if c.SendBackoff < 0 {
+		bad("SendBackoff", "send backoff %v: want at least 0", c.SendBackoff)
+	}
+	if c.SendConcurrency < 1 {
+		bad("SendConcurrency", "send concurrency %d: want at least 1", c.SendConcurrency)
+	}
+	if c.IdempotencyTTL < 0 {
+		bad("IdempotencyTTL", "idempotency TTL %v: want at least 0", c.IdempotencyTTL)
+	}
+	if c.IdempotencyEntries < 1 {
+		bad("IdempotencyEntries", "idempotency entries %d: want at least 1", c.IdempotencyEntries)
+	}
+	if c.IdempotencyStale < 0 {
+		bad("IdempotencyStale", "idempotency stale %v: want at least 0", c.IdempotencyStale)
 	}
 	return errors.Join(errs...)
 }

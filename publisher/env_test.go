@@ -63,8 +63,8 @@ type server struct {
 	url string
 }
 
-// serve starts a publisher with cfg (Queue, Payloads, Logger and Registerer
-// filled in where unset) and the queue's real limits.
+// serve starts a publisher with cfg (Queue, Payloads and Logger filled in
+// where unset, Registerer always) and the queue's real limits.
 func (e *env) serve(cfg publisher.Config) *server {
 	e.t.Helper()
 	lim, err := publisher.QueueLimits(e.t.Context(), e.client, e.urls.Work)
@@ -81,7 +81,10 @@ func (e *env) serve(cfg publisher.Config) *server {
 		cfg.Payloads = e.store
 	}
 	s := &server{env: e, reg: prometheus.NewRegistry()}
-	cfg.Logger, cfg.Registerer = testLogger(), s.reg
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger()
+	}
+	cfg.Registerer = s.reg
 	if s.pub, err = publisher.New(cfg); err != nil {
 		e.t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ const (
 	CodeInvalidOptions     = "invalid_options"         // 422
 	CodeIdempotencyReused  = "idempotency_key_reused"  // 422
 	CodeIdempotencyBusy    = "idempotency_key_in_use"  // 409
+	CodeRateLimited        = "rate_limited"            // 429
 	CodeInvalidIdempotency = "invalid_idempotency_key" // 400
 	CodeStatusUnavailable  = "status_unavailable"      // 501
 	CodeEnqueueFailed      = "enqueue_failed"          // 503

@@ -64,8 +64,13 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 		fail(apiErr(http.StatusBadRequest, CodeInvalidIdempotency, "Idempotency-Key must be given once, as 1 to %d visible ASCII characters", maxIdempotencyKey))
 		return
 	}
-	// The limit is in place before the first byte is read, so an oversized
-	// body costs at most MaxBodyBytes of memory and is cut off there.
+	// A body declared too large is refused before any of it is read; one
+	// that turns out too large (sent chunked, without a length) is
+	// cut off at the limit, so it costs at most MaxBodyBytes of memory.
+	if r.ContentLength > p.cfg.MaxBodyBytes {
+		fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes))
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError

@@ -17,6 +17,9 @@ type metrics struct {
 	sqsCalls      *prometheus.CounterVec // outcome
 	sendRetries   prometheus.Counter
 	failedEntries *prometheus.CounterVec // code
+	rateLimited   *prometheus.CounterVec // scope: client, global
+	rateClients   prometheus.Gauge
+	rateEvictions prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -41,9 +44,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "SendMessageBatch entries sent again after SQS listed them in Failed."}),
 		failedEntries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "sqs_failed_entries_total",
 			Help: "SendMessageBatch entries SQS listed in Failed, by error code."}, []string{"code"}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "rate_limited_total",
+			Help: "Requests answered 429 because a rate limit was reached, by the limit: client or global."}, []string{"scope"}),
+		rateClients: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "rate_limit_clients",
+			Help: "Clients with a token bucket in memory (bounded by -rate-limit-clients)."}),
+		rateEvictions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "rate_limit_evictions_total",
+			Help: "Token buckets still in use dropped to make room for a new client: the client table is full."}),
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.requests, m.latency, m.jobs, m.replays, m.chunksSent, m.claimChecked, m.sqsCalls, m.sendRetries, m.failedEntries} {
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.jobs, m.replays, m.chunksSent, m.claimChecked, m.sqsCalls, m.sendRetries, m.failedEntries,
+		m.rateLimited, m.rateClients, m.rateEvictions} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)

@@ -36,6 +36,7 @@ type Publisher struct {
 	idem    idemStore
 	store   *payload.Store
 	keys    [][sha256.Size]byte // SHA-256 of each API key
+	rates   *limiter            // nil without rate limits
 	now     func() time.Time
 }
 
@@ -65,21 +66,23 @@ func New(cfg Config) (*Publisher, error) {
 	for _, k := range cfg.APIKeys {
 		p.keys = append(p.keys, sha256.Sum256([]byte(k)))
 	}
+	p.rates = newLimiter(&cfg, m)
 	return p, nil
 }
 
 // Handler routes the API:
 //
-//	POST /v1/jobs        submit a job (auth)
-//	GET  /v1/jobs/{id}   a job's progress and results (auth)
+//	POST /v1/jobs        submit a job (auth, rate limits)
+//	GET  /v1/jobs/{id}   a job's progress and results (auth, rate limits)
 //	GET  /healthz        liveness
 //	GET  /metrics        Prometheus, when the Registerer is also a Gatherer
 //
-// Every error is JSON, including 404 and 405.
+// Every error is JSON, including 404 and 405. Probes and scrapes are not
+// rate limited: a load balancer's health checks must not be refused.
 func (p *Publisher) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/jobs", p.auth(http.HandlerFunc(p.postJob)))
-	mux.Handle("GET /v1/jobs/{id}", p.auth(http.HandlerFunc(p.getJob)))
+	mux.Handle("POST /v1/jobs", p.auth(p.rateLimit(http.HandlerFunc(p.postJob))))
+	mux.Handle("GET /v1/jobs/{id}", p.auth(p.rateLimit(http.HandlerFunc(p.getJob))))
 	// The method-less patterns catch what the ones above do not, so a wrong
 	// method gets a JSON 405 rather than the mux's plain-text one.
 	mux.HandleFunc("/v1/jobs", methodNotAllowed("POST"))
@@ -187,9 +190,12 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // auth checks the bearer key when keys are configured, and puts the
-// caller's scope (the SHA-256 of its key) where idempotency finds it. Every
-// configured key is compared, each in constant time, over SHA-256 digests of
-// equal length, so neither a key's content nor its length leaks by timing.
+// caller's scope (the SHA-256 of its key) where idempotency and rate limits
+// find it. Every configured key is compared, each in constant time, over
+// SHA-256 digests of equal length, so neither a key's content nor its length
+// leaks by timing. A request without a valid key is charged to its source
+// address's rate limit before it is answered 401, so keys cannot be guessed
+// faster than the limit.
 func (p *Publisher) auth(next http.Handler) http.Handler {
 	if len(p.keys) == 0 {
 		return next
@@ -198,6 +204,9 @@ func (p *Publisher) auth(next http.Handler) http.Handler {
 		const prefix = "Bearer "
 		h := r.Header.Get("Authorization")
 		if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+			if p.rates != nil && p.refuse(w, r, p.addrKey(r)) {
+				return
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="vramq"`)
 			info(r).code = CodeUnauthorized
 			writeError(w, apiErr(http.StatusUnauthorized, CodeUnauthorized, "an API key is required: Authorization: Bearer <key>"))
@@ -211,6 +220,9 @@ func (p *Publisher) auth(next http.Handler) http.Handler {
 			}
 		}
 		if match < 0 {
+			if p.rates != nil && p.refuse(w, r, p.addrKey(r)) {
+				return
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="vramq", error="invalid_token"`)
 			info(r).code = CodeUnauthorized
 			writeError(w, apiErr(http.StatusUnauthorized, CodeUnauthorized, "the API key is not valid"))

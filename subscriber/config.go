@@ -136,63 +136,89 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports every problem with c (after defaults), joined.
+// FieldError is one problem Validate found, with the name of the Config
+// field it is about, so that a command can name its own flag for it.
+type FieldError struct {
+	Field string // a Config field, e.g. "MaxHold"
+	Err   error
+}
+
+func (e *FieldError) Error() string { return e.Err.Error() }
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// Validate reports every problem with c (after defaults), joined; each is a
+// *FieldError naming the field it is about (for a bound set by another
+// field, the one bounded: AdmitTimeout for "below max hold").
 func (c *Config) Validate() error {
 	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, a...)})
+	}
 	if c.Queue == nil {
-		bad("no work queue")
+		bad("Queue", "no work queue")
 	}
 	if c.Results == nil {
-		bad("no results queue")
+		bad("Results", "no results queue")
 	}
 	if c.DLQ == nil {
-		bad("no dead-letter queue: poison messages need somewhere to go")
+		bad("DLQ", "no dead-letter queue: poison messages need somewhere to go")
 	}
 	if c.Model == nil {
-		bad("no model")
+		bad("Model", "no model")
 	}
 	if c.Device == nil {
-		bad("no device")
+		bad("Device", "no device")
 	}
 	if !c.Admission.valid() {
-		bad("admission %q: want vram, count or none", c.Admission)
+		bad("Admission", "admission %q: want vram, count or none", c.Admission)
 	}
 	if c.Count < 1 {
-		bad("count %d: want at least 1", c.Count)
+		bad("Count", "count %d: want at least 1", c.Count)
 	}
-	if c.VRAMReserve < 0 || c.VRAMLimit < 0 {
-		bad("VRAM reserve and limit must not be negative")
+	if c.VRAMReserve < 0 {
+		bad("VRAMReserve", "VRAM reserve %d: must not be negative", c.VRAMReserve)
 	}
-	if c.Prefetch < 1 || c.MaxInflight < 1 || c.MaxBatch < 1 {
-		bad("prefetch %d, max in-flight %d, max batch %d: each must be at least 1", c.Prefetch, c.MaxInflight, c.MaxBatch)
+	if c.VRAMLimit < 0 {
+		bad("VRAMLimit", "VRAM limit %d: must not be negative", c.VRAMLimit)
+	}
+	if c.Prefetch < 1 {
+		bad("Prefetch", "prefetch %d: want at least 1", c.Prefetch)
+	}
+	if c.MaxInflight < 1 {
+		bad("MaxInflight", "max in-flight %d: want at least 1", c.MaxInflight)
+	}
+	if c.MaxBatch < 1 {
+		bad("MaxBatch", "max batch %d: want at least 1", c.MaxBatch)
 	}
 	if c.MaxBatchDelay < 0 {
-		bad("max batch delay %v is negative", c.MaxBatchDelay)
+		bad("MaxBatchDelay", "max batch delay %v is negative", c.MaxBatchDelay)
 	}
 	if c.WaitTime < 0 || c.WaitTime > 20*time.Second || c.WaitTime%time.Second != 0 {
-		bad("wait time %v: want whole seconds from 0 to 20s", c.WaitTime)
+		bad("WaitTime", "wait time %v: want whole seconds from 0 to 20s", c.WaitTime)
 	}
 	if c.Visibility < 3*time.Second || c.Visibility > 12*time.Hour || c.Visibility%time.Second != 0 {
-		bad("visibility timeout %v: want whole seconds from 3s to 12h", c.Visibility)
+		bad("Visibility", "visibility timeout %v: want whole seconds from 3s to 12h", c.Visibility)
 	}
 	if c.MaxHold > 12*time.Hour || c.MaxHold < c.Visibility {
-		bad("max hold %v: want from the visibility timeout (%v) to 12h", c.MaxHold, c.Visibility)
+		bad("MaxHold", "max hold %v: want from the visibility timeout (%v) to 12h", c.MaxHold, c.Visibility)
 	}
 	if c.AdmitTimeout <= 0 || c.AdmitTimeout >= c.MaxHold {
-		bad("admit timeout %v: want positive and below max hold %v", c.AdmitTimeout, c.MaxHold)
+		bad("AdmitTimeout", "admit timeout %v: want positive and below max hold %v", c.AdmitTimeout, c.MaxHold)
 	}
 	if c.InferenceTimeout <= 0 || c.InferenceTimeout >= c.MaxHold {
-		bad("inference timeout %v: want positive and below max hold %v", c.InferenceTimeout, c.MaxHold)
+		bad("InferenceTimeout", "inference timeout %v: want positive and below max hold %v", c.InferenceTimeout, c.MaxHold)
 	}
-	if c.RetryDelay < 0 || c.ShutdownGrace < 0 {
-		bad("retry delay and shutdown grace must not be negative")
+	if c.RetryDelay < 0 {
+		bad("RetryDelay", "retry delay %v: must not be negative", c.RetryDelay)
+	}
+	if c.ShutdownGrace < 0 {
+		bad("ShutdownGrace", "shutdown grace %v: must not be negative", c.ShutdownGrace)
 	}
 	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 1<<20 {
-		bad("max message bytes %d: want 1 KiB to 1 MiB", c.MaxMessageBytes)
+		bad("MaxMessageBytes", "max message bytes %d: want 1 KiB to 1 MiB", c.MaxMessageBytes)
 	}
 	if c.TaskProtectionExpiry < time.Minute || c.TaskProtectionExpiry > MaxTaskProtection {
-		bad("task protection expiry %v: want 1m to 48h", c.TaskProtectionExpiry)
+		bad("TaskProtectionExpiry", "task protection expiry %v: want 1m to 48h", c.TaskProtectionExpiry)
 	}
 	return errors.Join(errs...)
 }

@@ -550,3 +550,51 @@ func lambdaFunctionURLEvent(method, path string, headers map[string]string, body
 		},
 	}
 }
+
+// Under Lambda the client is the source address API Gateway saw
+// (requestContext.http.sourceIp), whatever X-Forwarded-For the client sent:
+// a burst from one address beyond -rate-burst is refused with a JSON 429 and
+// Retry-After, another address has its own bucket, and the refused request
+// enqueues nothing.
+func TestLambdaRateLimitBySourceIP(t *testing.T) {
+	client := sqstest.Client(t)
+	queues := sqstest.Queues(t, client, 5)
+	fn := lambdaStart(t, lambdaBuild(t), lambdart.Start(t), map[string]string{
+		"QUEUE_URL": queues.Work, "PAYLOAD_BUCKET": "", "VRAMQ_API_KEYS": "",
+		"VRAMQ_RATE_LIMIT": "0.001", "VRAMQ_RATE_BURST": "2", // no token comes back during the test
+	})
+	post := func(sourceIP, forwardedFor string) lambdaResponse {
+		ev := lambdaEvent("POST", "/v1/jobs", map[string]string{"content-type": "application/json", "x-forwarded-for": forwardedFor},
+			lambdaJSON(t, map[string]any{"items": lambdaItems(1)}))
+		ev.RequestContext.HTTP.SourceIP = sourceIP
+		return fn.invoke(t, ev)
+	}
+	var got []int
+	for i := range 3 {
+		r := post("203.0.113.9", fmt.Sprintf("192.0.2.%d", i)) // a forged, changing X-Forwarded-For
+		got = append(got, r.StatusCode)
+		if r.StatusCode == http.StatusTooManyRequests && (r.Headers["Retry-After"] == "" || !strings.Contains(r.body, `"code":"rate_limited"`)) {
+			t.Errorf("429 with headers %v and body %s; want Retry-After and the JSON error", r.Headers, r.body)
+		}
+	}
+	got = append(got, post("198.51.100.77", "").StatusCode)
+	if fmt.Sprint(got) != "[202 202 429 202]" {
+		t.Errorf("statuses %v; want [202 202 429 202]: two from one address, the third refused, another address served", got)
+	}
+	// The queue's counts are approximate: read them until they reach 3.
+	var seen int
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		visible, inflight, err := jobq.Counts(t.Context(), client, queues.Work)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen = visible + inflight; seen >= 3 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if seen != 3 {
+		t.Errorf("%d messages on the queue, want 3: one per accepted job, none for the refused one", seen)
+	}
+	fn.checkAlive(t)
+}

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -38,15 +39,32 @@ func main() {
 
 var errUsage = cli.ErrUsage
 
-// Timeouts of the HTTP server. A whole request may carry MaxBodyBytes (32 MiB
-// by default) from a slow client, and a job's chunks take a while to send;
-// the header timeout alone is what stops slow-loris connections.
-const (
-	readHeaderTimeout = 10 * time.Second
-	readTimeout       = time.Minute
-	writeTimeout      = 2 * time.Minute
-	idleTimeout       = 2 * time.Minute
-)
+// Limits of the HTTP server. ReadHeaderTimeout is what stops slow-loris
+// clients (a connection that trickles its headers holds a goroutine and a
+// file descriptor); ReadTimeout allows a whole body of -max-body-bytes (32
+// MiB by default) from a slow client. WriteTimeout runs from the end of the
+// headers, so it covers reading the body, enqueueing (which goes on for up to
+// 90 s when the client hangs up; see publisher's enqueue timeout) and writing
+// the answer: a shorter one would cut the 202 of a job already on the queue.
+// IdleTimeout closes keep-alive connections nobody uses; it is longer than
+// the load balancer's idle timeout (120 s in infra/publisher.tf), as AWS
+// advises, so that the balancer, not the publisher, closes an idle
+// connection and never sends a request down one being closed (a 502).
+// MaxHeaderBytes
+// is far above an Authorization and an Idempotency-Key header (net/http's
+// default is 1 MiB); more is answered 431.
+var limits = serverLimits{
+	readHeader: 10 * time.Second,
+	read:       time.Minute,
+	write:      time.Minute + 90*time.Second + 30*time.Second,
+	idle:       150 * time.Second,
+	maxHeader:  64 << 10,
+}
+
+type serverLimits struct {
+	readHeader, read, write, idle time.Duration
+	maxHeader                     int
+}
 
 type options struct {
 	queueURL, bucket     string
@@ -54,6 +72,7 @@ type options struct {
 	apiKeys, apiKeysFile string
 	maxMessage, maxItem  gpu.Bytes
 	maxBody              gpu.Bytes
+	trustedProxies       string
 	metrics              bool
 	shutdownGrace        time.Duration
 	logFormat, logLevel  string
@@ -77,6 +96,12 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.IntVar(&c.ChunkItems, "chunk-items", 32, "most items per chunk, unless the request's options.chunk_items says otherwise")
 	fs.IntVar(&c.MaxChunkItems, "max-chunk-items", 1_000, "largest options.chunk_items a request may ask for")
 	fs.IntVar(&c.SendAttempts, "send-attempts", 5, "sends of one SendMessageBatch entry that SQS lists as failed, the first included")
+	fs.Float64Var(&c.RateLimit, "rate-limit", defaultRateLimit, "requests per second one client may send to /v1/jobs routes (its API key, else its address); 0: no limit")
+	fs.IntVar(&c.RateBurst, "rate-burst", defaultRateBurst, "requests one client may send at once after a quiet spell")
+	fs.Float64Var(&c.GlobalRateLimit, "global-rate-limit", 0, "requests per second this process takes from all clients together; 0: no limit")
+	fs.IntVar(&c.GlobalRateBurst, "global-rate-burst", 0, "requests at once over all clients (0: twice -global-rate-limit)")
+	fs.IntVar(&c.RateLimitClients, "rate-limit-clients", 10_000, "most clients whose rate limits are kept in memory, least recently seen dropped first")
+	fs.StringVar(&o.trustedProxies, "trusted-proxies", "", "comma-separated addresses or CIDR blocks of load balancers whose X-Forwarded-For names the client\n(e.g. the VPC's block behind an ALB); empty: the connection's address is the client")
 	fs.BoolVar(&o.metrics, "metrics", true, "serve /metrics (Prometheus) on the same server")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long in-flight requests may finish after SIGTERM")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
@@ -99,7 +124,108 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	}
 	c.APIKeys = keys
 	c.MaxBodyBytes, c.MaxItemBytes = int64(o.maxBody), int(o.maxItem)
+	if c.TrustedProxies, err = prefixes(o.trustedProxies); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", errUsage, flagName("trusted-proxies"), err)
+	}
+	// Check the flags now, before any AWS call, on a stand-in for the queue
+	// at the largest message size; what depends on the real queue's size is
+	// checked again once it is known.
+	probe := *c
+	probe.Queue, probe.Logger = noQueue{}, slog.New(slog.DiscardHandler)
+	probe.MaxMessageBytes = publisher.SQSMaxMessageBytes
+	if o.maxMessage > 0 {
+		probe.MaxMessageBytes = int(o.maxMessage)
+	}
+	if _, err := publisher.New(probe); err != nil {
+		return nil, configError(err)
+	}
 	return o, nil
+}
+
+// Default rate limits, per client. One request may carry 10,000 items, so a
+// client that needs more than 50 a second is a loop gone wrong or an attack;
+// 50 a second still lets one client follow ten jobs at five status polls a
+// second each (what bin/loadgen does) while it submits more. The burst of 100
+// takes a batch of submissions at once. The global limit is off by default:
+// what a process can take depends on its size, and under Lambda the API
+// Gateway stage's throttling is the global limit (infra/publisher.tf).
+const (
+	defaultRateLimit = 50
+	defaultRateBurst = 100
+)
+
+// noQueue stands in for the work queue while the flags are checked.
+type noQueue struct{}
+
+func (noQueue) SendBatch(context.Context, []publisher.Entry) ([]error, error) {
+	return nil, errors.New("no queue")
+}
+
+// configFlags maps publisher.Config fields to the flags that set them.
+var configFlags = map[string]string{
+	"MaxMessageBytes": "max-message-bytes", "MaxBodyBytes": "max-body-bytes", "MaxItems": "max-items",
+	"MaxItemBytes": "max-item-bytes", "ChunkItems": "chunk-items", "MaxChunkItems": "max-chunk-items",
+	"APIKeys": "api-keys", "SendAttempts": "send-attempts", "RateLimit": "rate-limit", "RateBurst": "rate-burst",
+	"GlobalRateLimit": "global-rate-limit", "GlobalRateBurst": "global-rate-burst",
+	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",
+}
+
+// configError turns publisher.New's errors into a usage error that names,
+// for each problem, the flag and the environment variable that set it.
+func configError(err error) error {
+	var lines []string
+	for _, e := range leaves(err) {
+		var fe *publisher.FieldError
+		if errors.As(e, &fe) && configFlags[fe.Field] != "" {
+			lines = append(lines, flagName(configFlags[fe.Field])+": "+fe.Err.Error())
+		} else {
+			lines = append(lines, e.Error())
+		}
+	}
+	return fmt.Errorf("%w: invalid configuration:\n  %s", errUsage, strings.Join(lines, "\n  "))
+}
+
+// flagName is how errors name a flag: -max-items (VRAMQ_MAX_ITEMS).
+func flagName(flag string) string { return "-" + flag + " (" + envflag.Name(flag) + ")" }
+
+// leaves flattens wrapped and joined errors into the joined ones.
+func leaves(err error) []error {
+	switch x := err.(type) {
+	case interface{ Unwrap() []error }:
+		var out []error
+		for _, e := range x.Unwrap() {
+			out = append(out, leaves(e)...)
+		}
+		return out
+	case *publisher.FieldError:
+		return []error{x}
+	case interface{ Unwrap() error }:
+		if inner := x.Unwrap(); inner != nil {
+			return leaves(inner)
+		}
+	}
+	return []error{err}
+}
+
+// prefixes reads a comma-separated list of CIDR blocks and addresses (an
+// address is a block of one).
+func prefixes(list string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q is neither an address nor a CIDR block", s)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // apiKeys merges the comma-separated list and the file's lines, trimmed;
@@ -176,16 +302,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	p, err := publisher.New(c)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return configError(err)
 	}
 	log.Info("publisher ready", "queue_url", o.queueURL, "payload_bucket", o.bucket, "max_message_bytes", c.MaxMessageBytes,
-		"fifo", lim.FIFO, "auth", len(c.APIKeys) > 0)
+		"fifo", lim.FIFO, "auth", len(c.APIKeys) > 0, "rate_limit", c.RateLimit, "rate_burst", c.RateBurst,
+		"global_rate_limit", c.GlobalRateLimit, "trusted_proxies", len(c.TrustedProxies))
 
 	if getenv("AWS_LAMBDA_RUNTIME_API") != "" {
 		lambdaStart(publisher.LambdaHandler(p.Handler()))
 		return nil
 	}
 	return serve(ctx, o, p.Handler(), log)
+}
+
+// newServer is the HTTP server of h, with the limits l.
+func newServer(h http.Handler, log *slog.Logger, l serverLimits) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: l.readHeader, ReadTimeout: l.read,
+		WriteTimeout: l.write, IdleTimeout: l.idle, MaxHeaderBytes: l.maxHeader,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 }
 
 // serve runs the HTTP server until ctx ends (SIGTERM, SIGINT), then stops
@@ -195,8 +329,7 @@ func serve(ctx context.Context, o *options, h http.Handler, log *slog.Logger) er
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: readTimeout,
-		WriteTimeout: writeTimeout, IdleTimeout: idleTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := newServer(h, log, limits)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("serving", "addr", ln.Addr().String())

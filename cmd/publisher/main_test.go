@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -127,5 +130,113 @@ func TestRun(t *testing.T) {
 		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: "GET", Path: "/healthz"}}})
 	if err != nil || res.StatusCode != 200 {
 		t.Errorf("healthz through the Lambda handler: %+v %v", res, err)
+	}
+}
+
+// Bad values are refused at start-up, before any AWS call, by an error that
+// names the flag and its environment variable.
+func TestConfigErrorsNameTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{[]string{"-max-items=-1"}, nil, []string{"-max-items (VRAMQ_MAX_ITEMS): max items -1"}},
+		{nil, map[string]string{"VRAMQ_RATE_LIMIT": "-5"}, []string{"-rate-limit (VRAMQ_RATE_LIMIT): rate limit -5"}},
+		{[]string{"-rate-limit=10", "-rate-burst=-1"}, nil, []string{"-rate-burst (VRAMQ_RATE_BURST)"}},
+		{[]string{"-chunk-items=5000"}, nil, []string{"-max-chunk-items (VRAMQ_MAX_CHUNK_ITEMS): max chunk items 1000: want at least chunk items (5000)"}},
+		{[]string{"-max-item-bytes=2MiB"}, nil, []string{"-max-item-bytes (VRAMQ_MAX_ITEM_BYTES)"}},
+		{[]string{"-trusted-proxies=10.0.0.0/8,alb"}, nil, []string{"-trusted-proxies (VRAMQ_TRUSTED_PROXIES)", `"alb"`}},
+		{[]string{"-rate-limit-clients=-1", "-send-attempts=-2"}, nil, []string{"-rate-limit-clients (VRAMQ_RATE_LIMIT_CLIENTS)", "-send-attempts (VRAMQ_SEND_ATTEMPTS)"}},
+	} {
+		vars := map[string]string{"QUEUE_URL": "http://q"}
+		for k, v := range tc.env {
+			vars[k] = v
+		}
+		_, err := parse(tc.args, env(vars), &bytes.Buffer{})
+		if !errors.Is(err, errUsage) {
+			t.Errorf("parse(%q, %v) = %v; want a usage error", tc.args, tc.env, err)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("parse(%q, %v) = %v; want it to say %q", tc.args, tc.env, err, w)
+			}
+		}
+	}
+
+	o, err := parse(nil, env(map[string]string{"QUEUE_URL": "http://q", "VRAMQ_TRUSTED_PROXIES": "10.0.0.0/16, 192.0.2.1"}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := o.cfg
+	if c.RateLimit != defaultRateLimit || c.RateBurst != defaultRateBurst || c.GlobalRateLimit != 0 || fmt.Sprint(c.TrustedProxies) != "[10.0.0.0/16 192.0.2.1/32]" {
+		t.Errorf("defaults: rate %v burst %d global %v, trusted %v", c.RateLimit, c.RateBurst, c.GlobalRateLimit, c.TrustedProxies)
+	}
+}
+
+// The server's limits: a client that trickles its headers is cut off by the
+// header timeout while it is still sending, and headers over the limit are
+// refused with 431. The real limits keep the write timeout above what a
+// request may take: its body, then up to 90 s of enqueueing.
+func TestServerLimits(t *testing.T) {
+	if limits.write < limits.read+90*time.Second || limits.readHeader >= limits.read || limits.idle <= 120*time.Second || limits.maxHeader < 8<<10 {
+		t.Errorf("limits %+v: want readHeader < read, write >= read + 90s, idle over the ALB's 120s, room for 8 KiB of headers", limits)
+	}
+
+	short := serverLimits{readHeader: 300 * time.Millisecond, read: 10 * time.Second, write: 10 * time.Second, idle: 10 * time.Second, maxHeader: 4 << 10}
+	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }), slog.New(slog.DiscardHandler), short)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	trickled := make(chan int, 1)
+	go func() { // one header line every 50ms, for up to 10s
+		n := 0
+		defer func() { trickled <- n }()
+		for ; n < 200; n++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			if _, err := fmt.Fprintf(conn, "X-Slow-%d: 1\r\n", n); err != nil {
+				return
+			}
+		}
+	}()
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	_, rerr := io.ReadAll(conn)
+	close(stop)
+	n := <-trickled
+	var ne net.Error
+	if errors.As(rerr, &ne) && ne.Timeout() {
+		t.Fatalf("the server kept a connection trickling headers open for 20s (%d lines sent)", n)
+	}
+	if n >= 200 {
+		t.Errorf("the connection was closed only after the client stopped sending")
+	}
+
+	req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/healthz", nil)
+	req.Header.Set("X-Big", strings.Repeat("b", 8<<10))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("8 KiB header over a 4 KiB limit: %d, want 431", resp.StatusCode)
 	}
 }

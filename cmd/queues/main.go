@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -64,6 +65,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.SetOutput(nil)
 	if err == nil && fs.NArg() > 0 {
 		err = fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err == nil {
+		err = checkOptions(opts, *bucket, defs)
 	}
 	if err != nil {
 		fs.Usage()
@@ -115,4 +119,59 @@ func createBucket(ctx context.Context, client *s3.Client, name string) error {
 func defaultVisibility(q localstack.Queue) time.Duration {
 	n, _ := strconv.Atoi(q.Attributes["VisibilityTimeout"])
 	return time.Duration(n) * time.Second
+}
+
+// checkOptions checks the flags' values against what SQS and S3 accept,
+// before any call, naming each flag and its environment variable;
+// localstack.Create checks the queue names and attributes again.
+func checkOptions(o localstack.Options, bucket string, defs localstack.Queues) error {
+	var errs []error
+	bad := func(flag, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("-%s (%s): %s", flag, envflag.Name(flag), fmt.Sprintf(format, a...)))
+	}
+	longest := 0
+	for _, q := range []localstack.Queue{defs.Work, defs.Results, defs.DLQ} {
+		longest = max(longest, len(q.Name))
+	}
+	switch {
+	case strings.IndexFunc(o.Prefix, func(c rune) bool { return !nameChar(c) }) >= 0:
+		bad("prefix", "%q: only letters, digits, '-' and '_' (SQS queue names)", o.Prefix)
+	case len(o.Prefix)+longest > maxQueueName:
+		bad("prefix", "%q: at most %d characters, so that every queue name fits SQS's %d", o.Prefix, maxQueueName-longest, maxQueueName)
+	}
+	if o.MaxReceiveCount < 1 || o.MaxReceiveCount > 1000 {
+		bad("max-receive-count", "%d: want 1 to 1000 (SQS's redrive policy)", o.MaxReceiveCount)
+	}
+	if v := o.VisibilityTimeout; v < 0 || v > 12*time.Hour || v%time.Second != 0 {
+		bad("visibility-timeout", "%v: want whole seconds from 0 to 12h (SQS)", v)
+	}
+	if bucket != "" && !validBucket(bucket) {
+		bad("payload-bucket", "%q: want 3 to 63 lower-case letters, digits, '-' and '.', starting and ending with a letter or digit (S3)", bucket)
+	}
+	return errors.Join(errs...)
+}
+
+// maxQueueName is SQS's limit on a queue name.
+const maxQueueName = 80
+
+func nameChar(c rune) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_'
+}
+
+// validBucket applies S3's general-purpose bucket naming rules that a
+// string alone can break (not the reserved prefixes and suffixes).
+func validBucket(b string) bool {
+	if len(b) < 3 || len(b) > 63 || strings.Contains(b, "..") {
+		return false
+	}
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }
+	if !alnum(b[0]) || !alnum(b[len(b)-1]) {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		if c := b[i]; !alnum(c) && c != '-' && c != '.' {
+			return false
+		}
+	}
+	return true
 }

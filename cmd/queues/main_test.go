@@ -21,16 +21,21 @@ import (
 
 func TestRunRejectsBadInput(t *testing.T) {
 	tests := []struct {
-		name  string
-		args  []string
-		env   map[string]string
-		usage bool
+		name string
+		args []string
+		env  map[string]string
+		want string // what the error must say: the flag, for a bad value
 	}{
-		{"unknown flag", []string{"-bogus"}, nil, true},
-		{"extra argument", []string{"extra"}, nil, true},
-		{"bad environment", nil, map[string]string{"VRAMQ_MAX_RECEIVE_COUNT": "many"}, true},
-		{"fractional seconds", []string{"-visibility-timeout", "1500ms"}, nil, false},
-		{"bad prefix", []string{"-prefix", "a/b"}, nil, false},
+		{"unknown flag", []string{"-bogus"}, nil, "bogus"},
+		{"extra argument", []string{"extra"}, nil, "extra"},
+		{"bad environment", nil, map[string]string{"VRAMQ_MAX_RECEIVE_COUNT": "many"}, "VRAMQ_MAX_RECEIVE_COUNT"},
+		{"fractional seconds", []string{"-visibility-timeout", "1500ms"}, nil, "-visibility-timeout (VRAMQ_VISIBILITY_TIMEOUT): 1.5s"},
+		{"visibility over 12h", nil, map[string]string{"VRAMQ_VISIBILITY_TIMEOUT": "13h"}, "-visibility-timeout (VRAMQ_VISIBILITY_TIMEOUT)"},
+		{"bad prefix", []string{"-prefix", "a/b"}, nil, "-prefix (VRAMQ_PREFIX): \"a/b\""},
+		{"prefix too long", []string{"-prefix", strings.Repeat("p", 75)}, nil, "-prefix (VRAMQ_PREFIX)"},
+		{"no receives", []string{"-max-receive-count", "0"}, nil, "-max-receive-count (VRAMQ_MAX_RECEIVE_COUNT): 0"},
+		{"too many receives", []string{"-max-receive-count", "5000"}, nil, "-max-receive-count (VRAMQ_MAX_RECEIVE_COUNT): 5000"},
+		{"bad bucket", []string{"-payload-bucket", "My_Bucket"}, nil, "-payload-bucket (PAYLOAD_BUCKET)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -39,8 +44,8 @@ func TestRunRejectsBadInput(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
-			if got := errors.As(err, new(usageError)); got != tt.usage {
-				t.Errorf("usage error = %v, want %v (%v)", got, tt.usage, err)
+			if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %v; want a usage error saying %q", err, tt.want)
 			}
 			if out.Len() > 0 {
 				t.Errorf("printed %q on error", out.String())

@@ -122,7 +122,64 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	if o.device != "sim" {
 		return nil, fmt.Errorf("%w: -device=%s: this build runs the CPU reference model on a simulated device only (-device=sim)", errUsage, o.device)
 	}
+	// Check the flags now, before the model loads: the queues, model and
+	// device are set later, so their errors are left to subscriber.New.
+	if err := configError(o.cfg.Validate(), true); err != nil {
+		return nil, err
+	}
 	return o, nil
+}
+
+// configFlags maps subscriber.Config fields to the flags that set them.
+var configFlags = map[string]string{
+	"Admission": "admission", "Count": "count", "VRAMReserve": "vram-reserve", "VRAMLimit": "vram-limit",
+	"Prefetch": "prefetch", "MaxInflight": "max-inflight", "MaxBatch": "max-batch", "MaxBatchDelay": "max-batch-delay",
+	"WaitTime": "wait-time", "Visibility": "visibility-timeout", "MaxHold": "max-hold", "AdmitTimeout": "admit-timeout",
+	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
+	"MaxMessageBytes": "max-message-bytes", "TaskProtectionExpiry": "task-protection-expiry",
+}
+
+// configError turns subscriber.Config's errors into a usage error that
+// names, for each problem, the flag and the environment variable that set
+// it; nil when there are none. With flagsOnly, problems with fields no flag
+// sets are left out.
+func configError(err error, flagsOnly bool) error {
+	var lines []string
+	for _, e := range leaves(err) {
+		var fe *subscriber.FieldError
+		switch {
+		case errors.As(e, &fe) && configFlags[fe.Field] != "":
+			f := configFlags[fe.Field]
+			lines = append(lines, "-"+f+" ("+envflag.Name(f)+"): "+fe.Err.Error())
+		case !flagsOnly:
+			lines = append(lines, e.Error())
+		}
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: invalid configuration:\n  %s", errUsage, strings.Join(lines, "\n  "))
+}
+
+// leaves flattens wrapped and joined errors into the joined ones.
+func leaves(err error) []error {
+	switch x := err.(type) {
+	case nil:
+		return nil
+	case interface{ Unwrap() []error }:
+		var out []error
+		for _, e := range x.Unwrap() {
+			out = append(out, leaves(e)...)
+		}
+		return out
+	case *subscriber.FieldError:
+		return []error{x}
+	case interface{ Unwrap() error }:
+		if inner := x.Unwrap(); inner != nil {
+			return leaves(inner)
+		}
+	}
+	return []error{err}
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -171,6 +228,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	sub, err := subscriber.New(c)
 	if err != nil {
+		var fe *subscriber.FieldError
+		if errors.As(err, &fe) {
+			return configError(err, false)
+		}
 		return err
 	}
 
@@ -204,7 +265,7 @@ func serve(addr string, reg *prometheus.Registry, sub *subscriber.Subscriber, lo
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener: %w", err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+	srv := metricsServer(mux, metricsLimits)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics server", "err", err)
@@ -212,6 +273,23 @@ func serve(addr string, reg *prometheus.Registry, sub *subscriber.Subscriber, lo
 	}()
 	log.Info("serving /metrics and /healthz", "addr", ln.Addr().String())
 	return srv, nil
+}
+
+// metricsLimits are the metrics server's. Its clients are Prometheus and
+// health checks, which send small GETs, so every bound is tight: a slow-loris
+// connection is cut after 5 s of trickled headers, a scrape (a few hundred
+// series) has 30 s to be written, an idle keep-alive connection is closed
+// after a minute, and headers over 16 KiB are answered 431.
+var metricsLimits = serverLimits{readHeader: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: time.Minute, maxHeader: 16 << 10}
+
+type serverLimits struct {
+	readHeader, read, write, idle time.Duration
+	maxHeader                     int
+}
+
+func metricsServer(h http.Handler, l serverLimits) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: l.readHeader, ReadTimeout: l.read, WriteTimeout: l.write,
+		IdleTimeout: l.idle, MaxHeaderBytes: l.maxHeader}
 }
 
 // healthcheck asks a running subscriber's /healthz and fails unless it
@@ -222,6 +300,7 @@ func healthcheck(ctx context.Context, args []string, getenv func(string) string,
 	fs := flag.NewFlagSet("subscriber healthcheck", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("metrics-addr", ":9090", "address the subscriber serves /healthz on")
+	timeout := fs.Duration("timeout", 5*time.Second, "how long the whole check may take (keep it under the container health check's own timeout)")
 	if err := envflag.Parse(fs, args, getenv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -235,13 +314,14 @@ func healthcheck(ctx context.Context, args []string, getenv func(string) string,
 	if host == "" || host == "0.0.0.0" || host == "::" {
 		host = "127.0.0.1"
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
+	if *timeout <= 0 {
+		return fmt.Errorf("%w: healthcheck: -timeout=%v: want a positive duration", errUsage, *timeout)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := healthClient(*timeout).Do(req)
 	if err != nil {
 		return fmt.Errorf("healthcheck: %w", err)
 	}
@@ -251,4 +331,20 @@ func healthcheck(ctx context.Context, args []string, getenv func(string) string,
 		return fmt.Errorf("healthcheck: %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	return nil
+}
+
+// healthClient asks the local /healthz only: no proxy from the environment
+// (HTTP_PROXY would otherwise apply to a container's host name), no
+// redirects followed (only the subscriber's own 200 counts), and the whole
+// exchange, connecting included, within timeout.
+func healthClient(timeout time.Duration) *http.Client {
+	return &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			Proxy:             nil,
+			DialContext:       (&net.Dialer{Timeout: timeout}).DialContext,
+			DisableKeepAlives: true,
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 }

@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -221,6 +223,21 @@ func TestSIGTERMMidRunLosesNothing(t *testing.T) {
 // then stops it as SIGTERM would and checks it returned nil.
 func runUntil(t *testing.T, client *sqs.Client, urls localstack.URLs, n int, env map[string]string) *jobq.Collector {
 	t.Helper()
+	c, _ := runLogged(t, client, urls, n, env)
+	return c
+}
+
+// runLogged is runUntil that also returns everything the command logged.
+func runLogged(t *testing.T, client *sqs.Client, urls localstack.URLs, n int, env map[string]string) (*jobq.Collector, string) {
+	t.Helper()
+	return runWhile(t, client, urls, env, fmt.Sprintf("%d results", n), func(c *jobq.Collector) bool { return len(c.Results) >= n })
+}
+
+// runWhile runs the command as runUntil does until done, which is asked
+// after each poll of the results queue (what says what it waits for, in a
+// failure), and returns the results and the log.
+func runWhile(t *testing.T, client *sqs.Client, urls localstack.URLs, env map[string]string, what string, done func(*jobq.Collector) bool) (*jobq.Collector, string) {
+	t.Helper()
 	base := map[string]string{"QUEUE_URL": urls.Work, "RESULTS_QUEUE_URL": urls.Results, "DLQ_URL": urls.DLQ,
 		"VRAMQ_VRAM": "48MiB", "VRAMQ_VRAM_RESERVE": "1MiB", "VRAMQ_WAIT_TIME": "1s", "VRAMQ_LOG_LEVEL": "warn"}
 	getenv := func(k string) string {
@@ -235,24 +252,24 @@ func runUntil(t *testing.T, client *sqs.Client, urls localstack.URLs, n int, env
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var logs syncBuffer
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"-metrics-addr="}, getenv, &logs) }()
+	exited := make(chan error, 1)
+	go func() { exited <- run(ctx, []string{"-metrics-addr="}, getenv, &logs) }()
 	c := jobq.NewCollector()
-	for deadline := time.Now().Add(time.Minute); len(c.Results) < n; {
+	for deadline := time.Now().Add(time.Minute); !done(c); {
 		if time.Now().After(deadline) {
 			cancel()
-			<-done
-			t.Fatalf("%d of %d results after a minute; log:\n%s", len(c.Results), n, logs.String())
+			<-exited
+			t.Fatalf("no %s after a minute (%d results); log:\n%s", what, len(c.Results), logs.String())
 		}
 		if _, err := c.Poll(t.Context(), client, urls.Results, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
 	cancel()
-	if err := <-done; err != nil {
+	if err := <-exited; err != nil {
 		t.Fatalf("run: %v; log:\n%s", err, logs.String())
 	}
-	return c
+	return c, logs.String()
 }
 
 func get(t *testing.T, url string) string {
@@ -433,5 +450,185 @@ func TestHealthcheckCommand(t *testing.T) {
 	srv.Close()
 	if err := run(t.Context(), []string{"healthcheck"}, getenv, &bytes.Buffer{}); err == nil {
 		t.Error("nothing listening: healthcheck passed")
+	}
+}
+
+// Bad values are refused at start-up, before the model loads, by an error
+// that names each flag and its environment variable.
+func TestConfigErrorsNameTheFlag(t *testing.T) {
+	urls := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d"}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{[]string{"-max-hold=1m", "-visibility-timeout=2m"}, nil, []string{"-max-hold (VRAMQ_MAX_HOLD): max hold 1m0s: want from the visibility timeout (2m0s) to 12h"}},
+		{nil, map[string]string{"VRAMQ_WAIT_TIME": "30s"}, []string{"-wait-time (VRAMQ_WAIT_TIME): wait time 30s"}},
+		{[]string{"-admission=fifo", "-prefetch=0", "-max-message-bytes=10"}, nil,
+			[]string{"-admission (VRAMQ_ADMISSION)", "-prefetch (VRAMQ_PREFETCH)", "-max-message-bytes (VRAMQ_MAX_MESSAGE_BYTES)"}},
+		{[]string{"-admit-timeout=20m"}, nil, []string{"-admit-timeout (VRAMQ_ADMIT_TIMEOUT): admit timeout 20m0s: want positive and below max hold 15m0s"}},
+		{nil, map[string]string{"VRAMQ_TASK_PROTECTION_EXPIRY": "72h"}, []string{"-task-protection-expiry (VRAMQ_TASK_PROTECTION_EXPIRY)"}},
+	} {
+		vars := maps.Clone(urls)
+		maps.Copy(vars, tc.env)
+		_, err := parse(tc.args, func(k string) string { return vars[k] }, &bytes.Buffer{})
+		if !errors.Is(err, errUsage) {
+			t.Errorf("parse(%q, %v) = %v; want a usage error", tc.args, tc.env, err)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("parse(%q, %v) = %v; want it to say %q", tc.args, tc.env, err, w)
+			}
+		}
+	}
+	if _, err := parse(nil, func(k string) string { return urls[k] }, &bytes.Buffer{}); err != nil {
+		t.Errorf("the defaults: %v", err)
+	}
+}
+
+// The metrics server cuts off a client that trickles its headers, while it
+// is still sending, and refuses headers over its limit with 431.
+func TestMetricsServerLimits(t *testing.T) {
+	l := metricsLimits
+	if l.readHeader <= 0 || l.read < l.readHeader || l.write <= 0 || l.idle <= 0 || l.maxHeader <= 0 {
+		t.Errorf("metricsLimits %+v: every limit must be set", l)
+	}
+	l = serverLimits{readHeader: 300 * time.Millisecond, read: 10 * time.Second, write: 10 * time.Second, idle: 10 * time.Second, maxHeader: 4 << 10}
+	srv := metricsServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }), l)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+
+	if sent, stillOpen := slowloris(t, ln.Addr().String(), 200); stillOpen {
+		t.Errorf("a client trickling headers kept its connection for %d lines over 10s", sent)
+	}
+	req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/healthz", nil)
+	req.Header.Set("X-Big", strings.Repeat("b", 8<<10))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("8 KiB header over a 4 KiB limit: %d, want 431", resp.StatusCode)
+	}
+}
+
+// slowloris opens a connection to addr and sends a request's headers one
+// line every 50ms, up to lines lines, until the server closes it. It
+// reports how many lines went out and whether the connection was still open
+// when the client ran out of lines (a server without a header timeout).
+func slowloris(t *testing.T, addr string, lines int) (sent int, stillOpen bool) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, conn) // returns when the server closes
+		close(closed)
+	}()
+	for ; sent < lines; sent++ {
+		select {
+		case <-closed:
+			return sent, false
+		case <-time.After(50 * time.Millisecond):
+		}
+		if _, err := fmt.Fprintf(conn, "X-Slow-%d: 1\r\n", sent); err != nil {
+			return sent, false
+		}
+	}
+	return sent, true
+}
+
+// The healthcheck gives up within its -timeout on a subscriber that does
+// not answer, and does not take a redirect for health.
+func TestHealthcheckTimeoutAndRedirect(t *testing.T) {
+	hang := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" { // a subscriber that accepts and never answers
+			select {
+			case <-hang:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	}))
+	defer srv.Close()
+	defer close(hang)
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	env := map[string]string{"VRAMQ_METRICS_ADDR": "127.0.0.1:" + port}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(t.Context(), []string{"healthcheck", "-timeout=300ms"}, func(k string) string { return env[k] }, &bytes.Buffer{})
+	}()
+	select {
+	case err := <-done:
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("healthcheck on a subscriber that never answers: %v; want a timeout", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("healthcheck still waiting after 30s with -timeout=300ms")
+	}
+
+	redirect := httptest.NewServer(http.RedirectHandler(srv.URL+"/elsewhere", http.StatusFound))
+	defer redirect.Close()
+	_, port, _ = net.SplitHostPort(redirect.Listener.Addr().String())
+	env["VRAMQ_METRICS_ADDR"] = "127.0.0.1:" + port
+	if err := run(t.Context(), []string{"healthcheck"}, func(k string) string { return env[k] }, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "302") {
+		t.Errorf("healthcheck answered by a redirect to a 200: %v; want it to fail on the 302", err)
+	}
+	if err := run(t.Context(), []string{"healthcheck", "-timeout=0s"}, func(k string) string { return env[k] }, &bytes.Buffer{}); !errors.Is(err, errUsage) {
+		t.Errorf("-timeout=0s: %v; want a usage error", err)
+	}
+}
+
+// Nothing a message carries, and no credential, reaches the subscriber's
+// logs, even at debug level: neither an item's text on the way to a result,
+// nor a malformed body on its way to the DLQ (whose reason the log repeats).
+func TestLogsCarryNoPayloadsOrCredentials(t *testing.T) {
+	const secret = "sk_live_9f2c4e7d1b0a8c3e"
+	const awsSecret = "vramqTestSecretAccessKey0x5eCrEt"
+	t.Setenv("AWS_SECRET_ACCESS_KEY", awsSecret) // the SDK reads its credentials from the environment itself
+	client := sqstest.Client(t)
+	urls := sqstest.Queues(t, client, 5)
+	if err := jobq.Send(t.Context(), client, urls.Work, []job.Work{{V: 1, JobID: "logs", Chunks: 1,
+		Items: []job.Item{{ID: "doc", Text: "the password is " + secret}, {ID: "blob", Data: []byte(secret)}}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{
+		`{"v":1,"job_id":"leak","chunk":0,"chunks":1,"items":[{"id":"a","text":"` + secret + `"}],"note":"` + secret + `"}`,
+		`{"v":1,"job_id":"leak","chunk":"` + secret + `","items":[]}`,
+		secret,
+	} {
+		if _, err := client.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: &urls.Work, MessageBody: &body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, logs := runWhile(t, client, urls, map[string]string{"VRAMQ_LOG_LEVEL": "debug", "VRAMQ_LOG_FORMAT": "json"},
+		"result and 3 dead-lettered messages", func(c *jobq.Collector) bool {
+			dlq, _, err := jobq.Counts(t.Context(), client, urls.DLQ)
+			return err == nil && len(c.Results) == 1 && dlq == 3
+		})
+	for _, want := range []string{`"msg":"batch"`, `"msg":"message dead-lettered"`, `"reason":"malformed"`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the log lacks %s: the test did not see the paths it checks", want)
+		}
+	}
+	for _, leak := range []string{secret, awsSecret, base64.StdEncoding.EncodeToString([]byte(secret))} {
+		if strings.Contains(logs, leak) {
+			t.Errorf("the log contains %q:\n%s", leak, logs)
+		}
 	}
 }

@@ -53,6 +53,10 @@ type Collector struct {
 	Results    map[job.Key]job.Result
 	Duplicates int // result messages for a chunk already seen
 	Messages   int // result messages read in all
+	// Visibility, when set, is the visibility timeout in seconds of each
+	// receive, so that results a lost receive answer took come back that
+	// soon rather than after the queue's default.
+	Visibility int32
 }
 
 func NewCollector() *Collector { return &Collector{Results: map[job.Key]job.Result{}} }
@@ -60,7 +64,7 @@ func NewCollector() *Collector { return &Collector{Results: map[job.Key]job.Resu
 // Poll receives one batch of results from url (waiting up to wait seconds),
 // records them and deletes them. It returns how many messages it read.
 func (c *Collector) Poll(ctx context.Context, client *sqs.Client, url string, wait int32) (int, error) {
-	out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: &url, MaxNumberOfMessages: 10, WaitTimeSeconds: wait})
+	out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: &url, MaxNumberOfMessages: 10, WaitTimeSeconds: wait, VisibilityTimeout: c.Visibility})
 	if err != nil {
 		return 0, fmt.Errorf("receiving results: %w", err)
 	}
