@@ -107,6 +107,13 @@ func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 				s.releaseWaiting(t, "shutdown")
 				continue
 			}
+			if s.suspects.has(t.lease.msg.ID) {
+				// In a batch that failed: runs on its own (see suspects).
+				flush()
+				pending, pendingCost = []*task{t}, t.cost
+				flush()
+				continue
+			}
 			pending = append(pending, t)
 			pendingCost += t.cost
 			if len(pending) >= s.state.batchLimit() || pendingCost >= halfBudget || (s.admitBlocked.Load() && len(in) == 0) {

@@ -68,6 +68,15 @@ func (m slowModel) Run(ctx context.Context, items []job.Item) ([]job.Output, err
 
 func newPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, wrap func(gpu.Model) gpu.Model) *pipeline {
 	t.Helper()
+	return newPipelineVia(t, maxReceive, cfg, wrap, nil)
+}
+
+// newPipelineVia is newPipeline with the subscriber's queues reached through
+// via (a client of a fault-injecting proxy, say) when it is not nil; the
+// pipeline's own calls (sending work, collecting, counting) go straight to
+// the endpoint.
+func newPipelineVia(t *testing.T, maxReceive int, cfg subscriber.Config, wrap func(gpu.Model) gpu.Model, via *sqs.Client) *pipeline {
+	t.Helper()
 	client, retries := sqstest.CountingClient(t)
 	p := &pipeline{t: t, client: client, receiveRetries: retries, reg: prometheus.NewRegistry()}
 	p.urls = sqstest.Queues(t, p.client, maxReceive)
@@ -83,9 +92,12 @@ func newPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, wrap func(
 	if wrap != nil {
 		p.model = wrap(emb)
 	}
-	cfg.Queue = subscriber.NewSQSQueue(p.client, p.urls.Work)
-	cfg.Results = subscriber.NewSQSQueue(p.client, p.urls.Results)
-	cfg.DLQ = subscriber.NewSQSQueue(p.client, p.urls.DLQ)
+	if via == nil {
+		via = p.client
+	}
+	cfg.Queue = subscriber.NewSQSQueue(via, p.urls.Work)
+	cfg.Results = subscriber.NewSQSQueue(via, p.urls.Results)
+	cfg.DLQ = subscriber.NewSQSQueue(via, p.urls.DLQ)
 	cfg.Model, cfg.Device, cfg.Registerer = p.model, p.dev, p.reg
 	cfg.VRAMReserve = 1 << 20
 	if cfg.WaitTime == 0 {

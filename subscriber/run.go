@@ -40,6 +40,9 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		// encoded and sent, which would leave the device idle meanwhile.
 		for _, t := range tasks {
 			s.settle(t)
+			if len(tasks) == 1 {
+				s.suspects.clear(t.lease.msg.ID)
+			}
 		}
 		s.complete(tasks, outs)
 		return len(tasks), nil
@@ -174,6 +177,11 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 // receive count, and the queue's redrive policy dead-letters one that keeps
 // failing. During shutdown they come back at once.
 func (s *Subscriber) failTasks(ctx context.Context, tasks []*task, err error) {
+	if len(tasks) > 1 && ctx.Err() == nil {
+		for _, t := range tasks {
+			s.suspects.add(t.lease.msg.ID)
+		}
+	}
 	for _, t := range tasks {
 		delay := time.Duration(0)
 		if ctx.Err() == nil {

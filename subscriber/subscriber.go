@@ -56,6 +56,7 @@ type Subscriber struct {
 	// waiting for more. admitKick tells it so.
 	admitBlocked atomic.Bool
 	admitKick    chan struct{}
+	suspects     *suspects
 }
 
 // task is a decoded message on its way through admission and the device.
@@ -102,6 +103,7 @@ func New(cfg Config) (*Subscriber, error) {
 		buffer:    make(chan *task, cfg.Prefetch),
 		roomKick:  make(chan struct{}, 1),
 		admitKick: make(chan struct{}, 1),
+		suspects:  newSuspects(),
 
 		fetchSlots: semaphore.NewWeighted(maxFetches),
 	}
