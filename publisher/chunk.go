@@ -159,7 +159,7 @@ func encodeJSON(v any) []byte {
 }
 
 func escapeForSQS(b []byte) []byte {
-	i := bytes.IndexFunc(b, func(r rune) bool { return r >= 0xFFFE })
+	i := firstAboveFFFD(b)
 	if i < 0 {
 		return b
 	}
@@ -179,4 +179,22 @@ func escapeForSQS(b []byte) []byte {
 		rest = rest[n:]
 	}
 	return out
+}
+
+// firstAboveFFFD is the index of the first rune of UTF-8 b at or above
+// U+FFFE, or -1. It looks at bytes, not runes: such a rune starts with 0xF0
+// or above (four bytes, beyond U+FFFF) or is EF BF BE / EF BF BF, and neither
+// lead byte can be a continuation byte. Decoding every rune cost a third of
+// planning a chunk of mostly ASCII JSON.
+func firstAboveFFFD(b []byte) int {
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c < 0xEF:
+		case c >= 0xF0:
+			return i
+		case i+2 < len(b) && b[i+1] == 0xBF && b[i+2] >= 0xBE:
+			return i
+		}
+	}
+	return -1
 }
