@@ -26,29 +26,47 @@ func plotBudget(path string, rep strategyReport) error {
 		}
 	}
 	plots := make([][]*plot.Plot, n)
+	top := 110.0
 	for i, o := range rep.Results {
 		p := plot.New()
 		p.Title.Text = fmt.Sprintf("%s: %.1f messages/s, %d device OOMs", o.Name, o.MessagesPerS, o.DeviceOOMs)
 		p.Y.Label.Text = "% of budget"
-		p.Y.Min, p.Y.Max = 0, 110
 		p.X.Min, p.X.Max = 0, end
 		if i == n-1 {
 			p.X.Label.Text = "seconds since the subscriber started"
 		}
-		pts := make(plotter.XYs, len(o.Samples))
+		used := make(plotter.XYs, len(o.Samples))
+		admitted := make(plotter.XYs, len(o.Samples))
 		for j, s := range o.Samples {
-			pts[j].X, pts[j].Y = s.T, 100*float64(s.Used)/float64(rep.Params.Budget)
+			used[j].X, used[j].Y = s.T, 100*float64(s.Used)/float64(rep.Params.Budget)
+			admitted[j].X, admitted[j].Y = s.T, 100*float64(s.Admitted)/float64(rep.Params.Budget)
+			top = max(top, admitted[j].Y)
 		}
-		line, err := plotter.NewLine(pts)
+		usedLine, err := plotter.NewLine(used)
 		if err != nil {
 			return err
 		}
-		line.Color = color.RGBA{R: 31, G: 119, B: 180, A: 255}
+		usedLine.Color = color.RGBA{R: 31, G: 119, B: 180, A: 255}
+		admittedLine, err := plotter.NewLine(admitted)
+		if err != nil {
+			return err
+		}
+		admittedLine.Color = color.RGBA{R: 255, G: 127, B: 14, A: 200}
 		full := plotter.NewFunction(func(float64) float64 { return 100 })
 		full.Color = color.RGBA{R: 214, G: 39, B: 40, A: 255}
 		full.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-		p.Add(plotter.NewGrid(), line, full)
+		p.Add(plotter.NewGrid(), admittedLine, usedLine, full)
+		if i == 0 {
+			p.Legend.Add("admitted (estimated)", admittedLine)
+			p.Legend.Add("allocated on the device", usedLine)
+			p.Legend.Add("budget", full)
+			p.Legend.Top = true
+		}
 		plots[i] = []*plot.Plot{p}
+	}
+	// One scale for every panel, so they compare at a glance.
+	for _, row := range plots {
+		row[0].Y.Min, row[0].Y.Max = 0, top*1.05
 	}
 	img := vgimg.New(9*vg.Inch, vg.Length(n)*2.2*vg.Inch)
 	dc := draw.New(img)

@@ -48,18 +48,18 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 		p.Messages, p.LargeEvery, gpu.FormatBytes(p.LargeCost), gpu.FormatBytes(p.SmallCost))
 	fmt.Fprintf(w, "- **Device:** simulated (`gpu.Sim` + `gpu.TimedModel`): the reference model's weights plus %s for work; each batch takes a %v launch plus its working memory over %s/s, shared by the batches working at once (`gpu.Timing`).\n",
 		gpu.FormatBytes(p.Budget), p.Launch, gpu.FormatBytes(int64(p.Throughput)))
-	fmt.Fprintf(w, "- **Subscriber:** in process, against the SQS emulator, max batch %d, everything else default; fresh queues per strategy, the whole workload queued before it starts.\n", p.MaxBatch)
+	fmt.Fprintf(w, "- **Subscriber:** in process, against the SQS emulator, max batch %d, result messages up to 1 MiB (the queues' size), a 5 s visibility timeout, everything else default; fresh queues per strategy, the whole workload queued before it starts.\n", p.MaxBatch)
 	fmt.Fprintf(w, "- **Offline bound:** %.1f messages/s (%.2f s): the larger of the work bound (%.2f s: all the work at full throughput, plus one launch) and the memory bound (%.2f s: Σcost²/throughput/budget); %s binds.\n\n",
 		rep.Bound.MessagesPerS, rep.Bound.Seconds, rep.Bound.WorkSeconds, rep.Bound.MemorySeconds, rep.Bound.Binding)
 
-	fmt.Fprintln(w, "| strategy | settings | messages/s | of bound | device OOMs | OOM retries | redeliveries | DLQ | p50 latency | p99 latency | SQS requests/message | work-queue requests/message | peak memory use | mean memory use | device busy |")
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	fmt.Fprintln(w, "| strategy | settings | messages/s | of bound | device OOMs | OOM retries | redeliveries | DLQ | p50 latency | p99 latency | SQS requests/message | work-queue requests/message | peak memory use | mean memory use | device busy | SDK-retried receives |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, o := range rep.Results {
-		fmt.Fprintf(w, "| `%s` | %s | %.1f | %.0f%% | %d | %.0f | %d | %d | %.2f s | %.2f s | %.3f | %.3f | %.0f%% | %.0f%% | %.0f%% |\n",
+		fmt.Fprintf(w, "| `%s` | %s | %.1f | %.0f%% | %d | %.0f | %d | %d | %.2f s | %.2f s | %.3f | %.3f | %.0f%% | %.0f%% | %.0f%% | %d |\n",
 			o.Name, o.Settings, o.MessagesPerS, 100*o.OfBound, o.DeviceOOMs, o.OOMRetries, o.Redeliveries, o.DeadLettered,
-			o.P50, o.P99, o.RequestsPerM, o.WorkPerM, 100*float64(o.PeakUsed)/float64(p.Budget), 100*o.MeanUse, 100*o.Utilisation)
+			o.P50, o.P99, o.RequestsPerM, o.WorkPerM, 100*float64(o.PeakUsed)/float64(p.Budget), 100*o.MeanUse, 100*o.Utilisation, o.RetriedReceives)
 	}
-	fmt.Fprintf(w, "| offline bound | | %.1f | 100%% | | | | | | | | | | | |\n\n", rep.Bound.MessagesPerS)
+	fmt.Fprintf(w, "| offline bound | | %.1f | 100%% | | | | | | | | | | | | |\n\n", rep.Bound.MessagesPerS)
 	if vram, ok := find(rep.Results, "vram"); ok {
 		if one, ok := find(rep.Results, "count-1"); ok && one.MessagesPerS > 0 {
 			fmt.Fprintf(w, "`vram` runs %.2f× the throughput of `count-1`.\n\n", vram.MessagesPerS/one.MessagesPerS)

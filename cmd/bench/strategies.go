@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -73,17 +74,20 @@ type outcome struct {
 	RequestsPerM float64            `json:"requests_per_message"`
 	// WorkPerM counts only the work queue's requests (receive, delete,
 	// visibility), not results sent.
-	WorkPerM    float64  `json:"work_queue_requests_per_message"`
-	PeakUsed    int64    `json:"peak_device_bytes"`
-	MeanUse     float64  `json:"mean_budget_use"` // mean device working memory / budget
-	Utilisation float64  `json:"device_utilisation"`
-	Ledger      string   `json:"ledger"`
-	Samples     []sample `json:"-"`
+	WorkPerM    float64 `json:"work_queue_requests_per_message"`
+	PeakUsed    int64   `json:"peak_device_bytes"`
+	MeanUse     float64 `json:"mean_budget_use"` // mean device working memory / budget
+	Utilisation float64 `json:"device_utilisation"`
+	Ledger      string  `json:"ledger"`
+	// RetriedReceives are receives the SDK retried (see receiveRetryCounter).
+	RetriedReceives int64    `json:"retried_receives"`
+	Samples         []sample `json:"-"`
 }
 
 type sample struct {
-	T    float64 // seconds since the subscriber started
-	Used int64   // device working memory in use
+	T        float64 // seconds since the subscriber started
+	Used     int64   // device working memory allocated
+	Admitted int64   // estimated working memory of the messages admitted
 }
 
 type strategyReport struct {
@@ -120,7 +124,11 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 
-	cfg, err := awsconfig.Load(ctx, nil)
+	// The SDK's retries are counted, not printed: a retried receive whose
+	// first answer the emulator had already sent strands up to ten messages
+	// until their visibility timeout, which shows as a stall in a run.
+	var retries atomic.Int64
+	cfg, err := awsconfig.Load(ctx, slog.New(retryCounter{slog.DiscardHandler, &retries}))
 	if err != nil {
 		return err
 	}
@@ -152,10 +160,12 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 	rep := strategyReport{Params: p, Bound: b, Command: "bin/bench strategies " + strings.Join(args, " "),
 		Date: time.Now().UTC().Format("2006-01-02"), Machine: machine()}
 	for _, s := range strategies {
+		before := retries.Load()
 		o, err := runStrategy(ctx, client, s, works, ecfg, timing, p, *verbose, stderr)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.Name, err)
 		}
+		o.RetriedReceives = retries.Load() - before
 		o.OfBound = o.MessagesPerS / b.MessagesPerS
 		rep.Results = append(rep.Results, o)
 		fmt.Fprintf(stderr, "bench: %-9s %6.1f messages/s (%.0f%% of bound), %d device OOMs, %d redeliveries, p50 %.2fs p99 %.2fs, %.3f SQS requests/message\n",
@@ -210,7 +220,9 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, works []jo
 	timing gpu.Timing, p strategyParams, verbose bool, stderr io.Writer) (outcome, error) {
 	o := outcome{Name: s.Name, Settings: s.Settings}
 	prefix := fmt.Sprintf("bench-%s-%d-", s.Name, time.Now().UnixNano()%1e9)
-	urls, err := localstack.Create(ctx, client, localstack.Options{Prefix: prefix})
+	// A short visibility timeout bounds the stall when the emulator
+	// strands a receive (see receiveRetryCounter); heartbeats keep longer batches.
+	urls, err := localstack.Create(ctx, client, localstack.Options{Prefix: prefix, VisibilityTimeout: benchVisibility})
 	if err != nil {
 		return o, err
 	}
@@ -240,6 +252,7 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, works []jo
 	// byte more than the budget and that byte is the reserve.
 	cfg.VRAMReserve = 1
 	cfg.WaitTime = 2 * time.Second
+	cfg.Visibility = benchVisibility
 	// The results queue takes 1 MiB messages (localstack/queues.json, as
 	// infra/ makes it), so result batches may be that large.
 	cfg.MaxMessageBytes = 1 << 20
@@ -267,8 +280,9 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, works []jo
 		defer tick.Stop()
 		for {
 			info, _ := dev.MemInfo()
+			admitted := gathered(reg, "vramq_subscriber_inflight_bytes", "")["*"]
 			samplesMu.Lock()
-			o.Samples = append(o.Samples, sample{T: time.Since(start).Seconds(), Used: info.Used - model.Weights()})
+			o.Samples = append(o.Samples, sample{T: time.Since(start).Seconds(), Used: info.Used - model.Weights(), Admitted: int64(admitted)})
 			samplesMu.Unlock()
 			select {
 			case <-runCtx.Done():
@@ -337,6 +351,7 @@ type collected struct {
 // n messages is accounted for, and returns when the last one was.
 func collect(ctx context.Context, client *sqs.Client, urls localstack.URLs, n int, rq *recordingQueue) (collected, time.Time, error) {
 	c := jobq.NewCollector()
+	c.Visibility = 2
 	out := collected{results: map[job.Key]time.Time{}}
 	last := time.Now()
 	stalled := time.Now()
@@ -476,3 +491,5 @@ func writeStrategyReport(dir string, rep strategyReport) error {
 	writeStrategyMarkdown(f, rep)
 	return f.Close()
 }
+
+const benchVisibility = 5 * time.Second

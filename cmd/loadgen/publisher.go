@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/time/rate"
 
 	"github.com/vramq/vramq/internal/workload"
 	"github.com/vramq/vramq/job"
@@ -20,7 +22,11 @@ import (
 // The publisher API's bodies, as far as loadgen reads them.
 type (
 	jobRequest struct {
-		Items []job.Item `json:"items"`
+		Items   []job.Item  `json:"items"`
+		Options *jobOptions `json:"options,omitempty"`
+	}
+	jobOptions struct {
+		ChunkItems int `json:"chunk_items,omitempty"`
 	}
 	jobAccepted struct {
 		JobID        string `json:"job_id"`
@@ -48,86 +54,116 @@ type (
 
 type publisherRun struct {
 	url, apiKey string
-	jobs        int
-	perJob      int // messages' worth of items per job, from the mixed workload
+	load        workload.Load
+	chunkItems  int // the jobs' chunk_items option; 0 for the publisher's default
 	hugeItem    int // bytes of one extra item in the first job, to go through S3; 0 for none
+	limiter     *rate.Limiter
 	stderr      io.Writer
 	client      *http.Client
+
+	mu     sync.Mutex
+	posted []*postedJob
 }
 
-// runPublisher posts jobs to the publisher, follows them with GET
-// /v1/jobs/{id} until each is settled, and fills s.
+// postedJob is a job the publisher accepted, as followed by GET /v1/jobs/{id}.
+type postedJob struct {
+	jobAccepted
+	at   time.Time  // when its POST began: every chunk's send time
+	done int        // chunks done at the last look
+	st   *jobStatus // once settled
+}
+
+// statusPoll is how often a job's status is read: the resolution of the
+// latencies measured in this mode.
+const statusPoll = 200 * time.Millisecond
+
+// run posts the jobs to the publisher, paced by the limiter, and follows
+// them with GET /v1/jobs/{id} until each is settled, and fills s. A chunk's
+// latency is from its job's POST to the first status that counts it done.
 func (r *publisherRun) run(ctx context.Context, s *Summary) ([]string, error) {
 	r.client = &http.Client{Timeout: time.Minute}
 	start := time.Now()
-	var accepted []jobAccepted
-	for j := range r.jobs {
-		var items []job.Item
-		for _, w := range workload.Mixed(fmt.Sprintf("j%d", j), r.perJob).Works() {
-			items = append(items, w.Items...)
-		}
-		if j == 0 && r.hugeItem > 0 {
-			items = append(items, job.Item{ID: "huge", Text: strings.Repeat("vramq claim check ", r.hugeItem/18+1)})
-		}
-		var a jobAccepted
-		if err := r.do(ctx, http.MethodPost, "/v1/jobs", jobRequest{Items: items}, http.StatusAccepted, &a); err != nil {
-			return nil, fmt.Errorf("posting job %d: %w", j, err)
-		}
-		accepted = append(accepted, a)
-		s.Messages += a.Chunks
-		s.Items += a.Items
-		s.ClaimChecked += a.ClaimChecked
-	}
-	fmt.Fprintf(r.stderr, "loadgen: posted %d jobs: %d items in %d chunks, %d item(s) claim-checked through S3\n",
-		len(accepted), s.Items, s.Messages, s.ClaimChecked)
-
-	bar := newProgress(r.stderr, s.Messages)
-	done := map[string]*jobStatus{}
-	for len(done) < len(accepted) {
-		settled := 0
-		for _, a := range accepted {
-			if st := done[a.JobID]; st != nil {
-				settled += st.ChunksDone + st.ChunksFailed
-				continue
-			}
-			var st jobStatus
-			if err := r.do(ctx, http.MethodGet, "/v1/jobs/"+a.JobID+"?page_size=100", nil, http.StatusOK, &st); err != nil {
-				return nil, err
-			}
-			settled += st.ChunksDone + st.ChunksFailed
-			if st.Status == "complete" || st.Status == "partial" {
-				if err := r.rest(ctx, &st); err != nil {
-					return nil, err
-				}
-				done[a.JobID] = &st
-			}
-		}
-		bar.set(settled)
-		if len(done) < len(accepted) {
+	var latencies []time.Duration
+	g, gctx := errgroup.WithContext(ctx)
+	posting := make(chan struct{})
+	g.Go(func() error {
+		defer close(posting)
+		return r.post(gctx, s)
+	})
+	g.Go(func() error {
+		bar := newProgress(r.stderr, 0, "chunks")
+		defer bar.finish()
+		for {
+			postingDone := false
 			select {
-			case <-ctx.Done():
-				return nil, fmt.Errorf("%d of %d jobs settled: %w", len(done), len(accepted), ctx.Err())
-			case <-time.After(200 * time.Millisecond):
+			case <-posting:
+				postingDone = true
+			default:
+			}
+			r.mu.Lock()
+			jobs := slices.Clone(r.posted)
+			r.mu.Unlock()
+			total, settled, open := 0, 0, 0
+			for _, pj := range jobs {
+				total += pj.Chunks
+				if pj.st == nil {
+					var st jobStatus
+					if err := r.do(gctx, http.MethodGet, "/v1/jobs/"+pj.JobID+"?page_size=100", nil, http.StatusOK, &st); err != nil {
+						return err
+					}
+					for range st.ChunksDone - pj.done {
+						latencies = append(latencies, time.Since(pj.at))
+					}
+					pj.done = st.ChunksDone
+					if st.Status == "complete" || st.Status == "partial" {
+						if err := r.rest(gctx, &st); err != nil {
+							return err
+						}
+						pj.st = &st
+					}
+				}
+				if pj.st != nil {
+					settled += pj.st.ChunksDone + pj.st.ChunksFailed
+				} else {
+					open++
+					settled += pj.done
+				}
+			}
+			if total > 0 {
+				bar.setTotal(total)
+				bar.set(settled)
+			}
+			if postingDone && open == 0 {
+				return nil
+			}
+			select {
+			case <-gctx.Done():
+				return fmt.Errorf("%d of %d jobs settled: %w", len(jobs)-open, len(jobs), gctx.Err())
+			case <-time.After(statusPoll):
 			}
 		}
+	})
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
-	bar.finish()
 	s.Seconds = time.Since(start).Seconds()
+	s.Latency = summarize(latencies)
+	s.LatencySource = fmt.Sprintf("job status read every %v, from the job's POST", statusPoll)
 
 	var samples []string
-	for _, a := range accepted {
-		st := done[a.JobID]
+	for _, pj := range r.posted {
+		st := pj.st
 		s.Results += st.ChunksDone
 		s.DeadLettered += st.ChunksFailed
 		for _, f := range st.Failed {
-			fmt.Fprintf(r.stderr, "loadgen: job %s chunk %d failed: %s\n", a.JobID, f.Chunk, f.Reason)
+			fmt.Fprintf(r.stderr, "loadgen: job %s chunk %d failed: %s\n", pj.JobID, f.Chunk, f.Reason)
 		}
 		for _, c := range st.Results {
 			for _, o := range c.Outputs {
 				s.Outputs++
 				if len(samples) < 4 && len(o.Embedding) >= 3 && (len(samples) < 3 || o.ID == "huge") {
 					samples = append(samples, fmt.Sprintf("%s item %-8s chunk %d: [%.4f %.4f %.4f ...] (%d dims)",
-						a.JobID[:min(8, len(a.JobID))], o.ID, c.Chunk, o.Embedding[0], o.Embedding[1], o.Embedding[2], len(o.Embedding)))
+						pj.JobID[:min(8, len(pj.JobID))], o.ID, c.Chunk, o.Embedding[0], o.Embedding[1], o.Embedding[2], len(o.Embedding)))
 				}
 			}
 		}
@@ -135,6 +171,47 @@ func (r *publisherRun) run(ctx context.Context, s *Summary) ([]string, error) {
 	s.MessagesPerS = float64(s.Results) / s.Seconds
 	s.ItemsPerS = float64(s.Outputs) / s.Seconds
 	return samples, nil
+}
+
+// post sends the jobs, each followed by a wait for as many tokens as it
+// made chunks.
+func (r *publisherRun) post(ctx context.Context, s *Summary) error {
+	jobs := max(r.load.Jobs, 1)
+	for j := range jobs {
+		var items []job.Item
+		for _, w := range r.load.Job(j) {
+			items = append(items, w.Items...)
+		}
+		if j == 0 && r.hugeItem > 0 {
+			items = append(items, job.Item{ID: "huge", Text: strings.Repeat("vramq claim check ", r.hugeItem/18+1)})
+		}
+		req := jobRequest{Items: items}
+		if r.chunkItems > 0 {
+			req.Options = &jobOptions{ChunkItems: r.chunkItems}
+		}
+		pj := &postedJob{at: time.Now()}
+		if err := r.do(ctx, http.MethodPost, "/v1/jobs", req, http.StatusAccepted, &pj.jobAccepted); err != nil {
+			return fmt.Errorf("posting job %d: %w", j, err)
+		}
+		r.mu.Lock()
+		r.posted = append(r.posted, pj)
+		s.Messages += pj.Chunks
+		s.Items += pj.Items
+		s.ClaimChecked += pj.ClaimChecked
+		r.mu.Unlock()
+		if r.limiter != nil {
+			for n := pj.Chunks; n > 0; n -= r.limiter.Burst() {
+				if err := r.limiter.WaitN(ctx, min(n, r.limiter.Burst())); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fmt.Fprintf(r.stderr, "loadgen: posted %d jobs: %d items in %d chunks, %d item(s) claim-checked through S3\n",
+		len(r.posted), s.Items, s.Messages, s.ClaimChecked)
+	return nil
 }
 
 // rest reads the remaining pages of a settled job's results into st.
@@ -182,42 +259,4 @@ func (r *publisherRun) do(ctx context.Context, method, path string, in any, want
 		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(b))
 	}
 	return json.Unmarshal(b, out)
-}
-
-// progress is a bar on a terminal, and a line every few seconds elsewhere
-// (CI logs, pipes), where a bar's redraws would be noise.
-type progress struct {
-	bar   *progressbar.ProgressBar
-	w     io.Writer
-	total int
-	last  time.Time
-}
-
-func newProgress(w io.Writer, total int) *progress {
-	p := &progress{w: w, total: total, last: time.Now()}
-	if f, ok := w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			p.bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(w), progressbar.OptionSetDescription("chunks"),
-				progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond))
-		}
-	}
-	return p
-}
-
-func (p *progress) set(n int) {
-	if p.bar != nil {
-		_ = p.bar.Set(n)
-		return
-	}
-	if time.Since(p.last) > 2*time.Second {
-		fmt.Fprintf(p.w, "loadgen: %d/%d chunks settled\n", n, p.total)
-		p.last = time.Now()
-	}
-}
-
-func (p *progress) finish() {
-	if p.bar != nil {
-		_ = p.bar.Finish()
-		fmt.Fprintln(p.w)
-	}
 }

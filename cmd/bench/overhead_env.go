@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/localstack"
+)
+
+// noopModel is a model that costs nothing: one byte of working memory per
+// item and one tiny output per item, so what the subscriber spends is the
+// library's own work and SQS's.
+type noopModel struct{}
+
+var _ gpu.Model = noopModel{}
+
+func (noopModel) Name() string                { return "noop" }
+func (noopModel) Weights() int64              { return 0 }
+func (noopModel) Cost(items []job.Item) int64 { return int64(len(items)) }
+
+func (noopModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	out := make([]job.Output, len(items))
+	for i, it := range items {
+		out[i] = job.Output{ID: it.ID, Data: json.RawMessage("0")}
+	}
+	return out, ctx.Err()
+}
+
+// noopDevice is the simulated device the no-op model runs on: any size will
+// do, the model allocates nothing from it.
+func noopDevice() *gpu.Sim { return gpu.NewSim(1 << 30) }
+
+// tinyWorks are n work messages of one item of a few words: small messages,
+// so that the figures are about calls and per-message work, not bytes.
+func tinyWorks(jobID string, n int) []job.Work {
+	return workload.Load{JobID: jobID, Messages: n, ChunkItems: 1, Sizes: workload.Sizes{Kind: workload.Fixed, Words: 4}}.Works()
+}
+
+// benchEnv is what the overhead and RSS runs share: one SQS client on the
+// endpoint under test, with the SDK's retries of ReceiveMessage counted (a
+// retried receive can strand up to ten messages until their visibility
+// timeout, which shows as a slow run).
+type benchEnv struct {
+	client         *sqs.Client
+	receiveRetries atomic.Int64
+	prefix         string
+	queues         int
+	discarded      int // runs thrown away for a retried receive
+}
+
+func newBenchEnv(ctx context.Context, stderr io.Writer) (*benchEnv, error) {
+	e := &benchEnv{}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg, err := awsconfig.Load(ctx, slog.New(retryCounter{log.Handler(), &e.receiveRetries}))
+	if err != nil {
+		return nil, err
+	}
+	e.client = sqs.NewFromConfig(cfg)
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	e.prefix = "bench-" + hex.EncodeToString(b[:]) + "-"
+	return e, nil
+}
+
+// retryCounter passes SDK log records on, counting retried receives.
+type retryCounter struct {
+	slog.Handler
+	n *atomic.Int64
+}
+
+func (h retryCounter) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "retrying request SQS/ReceiveMessage") {
+		h.n.Add(1)
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+// freshQueues makes a work, results and dead-letter queue no other run has
+// used, and returns a function that deletes them.
+func (e *benchEnv) freshQueues(ctx context.Context) (localstack.URLs, func(), error) {
+	e.queues++
+	urls, err := localstack.Create(ctx, e.client, localstack.Options{Prefix: e.prefix + strconv.Itoa(e.queues) + "-"})
+	drop := func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = localstack.Delete(ctx, e.client, urls)
+	}
+	if err != nil {
+		drop()
+		return localstack.URLs{}, nil, err
+	}
+	return urls, drop, nil
+}
+
+// preload puts works on the queue at url, ten per call, several calls at
+// once: loading is not what is measured, so it goes as fast as it can.
+func (e *benchEnv) preload(ctx context.Context, url string, works []job.Work) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i := 0; i < len(works); i += 10 {
+		b := works[i:min(i+10, len(works))]
+		g.Go(func() error { return jobq.Send(ctx, e.client, url, b) })
+	}
+	return g.Wait()
+}
