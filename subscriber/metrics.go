@@ -13,6 +13,7 @@ import (
 // metrics are the subscriber's Prometheus series, all prefixed vramq_subscriber_.
 type metrics struct {
 	received     prometheus.Counter
+	redelivered  prometheus.Counter
 	admitted     prometheus.Counter
 	held         prometheus.Gauge
 	waiting      prometheus.Gauge
@@ -56,6 +57,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	return &metrics{
 		received:     counter("messages_received_total", "Messages received from the work queue."),
+		redelivered:  counter("messages_redelivered_total", "Messages received that had been received before (ApproximateReceiveCount above 1): released, timed out, or lost by a consumer."),
 		admitted:     counter("messages_admitted_total", "Messages admitted onto the device."),
 		held:         gauge("messages_held", "Messages whose lease this subscriber holds (waiting or running)."),
 		waiting:      gauge("messages_waiting", "Messages received but not yet started (the prefetch buffer)."),

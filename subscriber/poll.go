@@ -89,6 +89,9 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 func (s *Subscriber) accept(ctx context.Context, m Message, start time.Time) {
 	l := s.keeper.hold(m, start)
 	s.m.received.Inc()
+	if m.ReceiveCount > 1 {
+		s.m.redelivered.Inc()
+	}
 	s.received.Add(1)
 	if ctx.Err() != nil {
 		s.keeper.finish(l, true, 0)

@@ -482,6 +482,9 @@ func TestResultSendFailureReleasesForRetry(t *testing.T) {
 		if r := got[job.Key{JobID: "flaky"}]; r.Attempt != 3 {
 			t.Errorf("result at attempt %d, want 3 (two failed sends released it twice)", r.Attempt)
 		}
+		if n := counter(h.sub.m.redelivered); n != 2 {
+			t.Errorf("%v redeliveries counted, want 2 (received three times)", n)
+		}
 	})
 }
 
