@@ -90,6 +90,15 @@ bench: build
 	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
 	$(BIN)/bench strategies $(BENCH_FLAGS)
 
+## soak: bin/soak: 100,000 small messages through the fault proxy with random faults and subscriber
+## restarts, every chunk accounted for; prints the figures and fails if any is lost. Not part of
+## make test. It starts its own emulator unless AWS_ENDPOINT_URL is set; SOAK_FLAGS adds flags
+## (e.g. SOAK_FLAGS='-messages=2000 -json'); bin/soak -h lists them.
+SOAK_FLAGS ?=
+.PHONY: soak
+soak: build
+	$(BIN)/soak $(SOAK_FLAGS)
+
 ## bench-micro: the hot-path micro-benchmarks (admission, keeper finish, work/result JSON, chunking),
 ## five runs each, into /tmp/bench.txt; figures and how to read them in bench/README.md
 bench-micro:

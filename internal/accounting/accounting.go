@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -122,27 +123,29 @@ func (b *Books) outcome(k job.Key) {
 // only for SQS errors or ctx ending, not for missing chunks: Check reports
 // those. A DLQ message that is a raw work message moved by the queue's
 // redrive policy is recorded with RedriveReason.
+//
+// The limit is checked between receives, so Collect may return up to one
+// receive (a second's long poll) after it: a long poll cancelled in flight
+// can strand the messages the queue hands it until their visibility ends.
 func (b *Books) Collect(ctx context.Context, client *sqs.Client, resultsURL, dlqURL string, limit time.Duration) error {
-	lctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	g, gctx := errgroup.WithContext(lctx)
-	done := func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return b.pending() == 0
-	}
+	deadline := time.Now().Add(limit)
+	var stop atomic.Bool // set when every chunk is in or a poller failed
+	var g errgroup.Group
 	poll := func(url string, record func(types.Message)) func() error {
 		return func() error {
-			for !done() {
-				if err := receive(gctx, client, url, record); err != nil {
-					if gctx.Err() != nil {
-						return nil // the limit passed, or a sibling failed: the group reports which
+			for !stop.Load() && ctx.Err() == nil && time.Now().Before(deadline) {
+				if b.Pending() == 0 {
+					break
+				}
+				if err := receive(ctx, client, url, record); err != nil {
+					stop.Store(true)
+					if ctx.Err() != nil {
+						return ctx.Err()
 					}
 					return err
 				}
 			}
-			// Stop the others as soon as one sees every chunk accounted for.
-			cancel()
+			stop.Store(true)
 			return nil
 		}
 	}
@@ -153,36 +156,28 @@ func (b *Books) Collect(ctx context.Context, client *sqs.Client, resultsURL, dlq
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	// The limit passing is the normal end of a Collect that did not see
-	// everything; the caller's ctx ending is not.
 	return ctx.Err()
 }
 
 // Drain reads the results queue and the DLQ (deleting what it reads) until
-// both are empty, visible and in flight, or limit passes. After a run whose
-// chunks are all accounted for, it picks up the late duplicates Collect,
-// which stops at the last first outcome, leaves behind. Like Collect it
-// returns an error only for SQS errors or ctx ending.
+// both are empty, visible and in flight, or limit passes (checked between
+// receives, as in Collect). After a run whose chunks are all accounted for,
+// it picks up the late duplicates Collect, which stops at the last first
+// outcome, leaves behind. Like Collect it returns an error only for SQS
+// errors or ctx ending.
 func (b *Books) Drain(ctx context.Context, client *sqs.Client, resultsURL, dlqURL string, limit time.Duration) error {
-	lctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	for lctx.Err() == nil {
+	deadline := time.Now().Add(limit)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
 		empty := true
 		for _, q := range []struct {
 			url    string
 			record func(types.Message)
 		}{{resultsURL, b.recordResult}, {dlqURL, b.recordDeadLetter}} {
-			if err := receive(lctx, client, q.url, q.record); err != nil {
-				if lctx.Err() != nil {
-					break
-				}
+			if err := receive(ctx, client, q.url, q.record); err != nil {
 				return err
 			}
-			visible, inflight, err := jobq.Counts(lctx, client, q.url)
+			visible, inflight, err := jobq.Counts(ctx, client, q.url)
 			if err != nil {
-				if lctx.Err() != nil {
-					break
-				}
 				return fmt.Errorf("reading the counts of %s: %w", q.url, err)
 			}
 			empty = empty && visible == 0 && inflight == 0

@@ -97,6 +97,19 @@ func TestCleanRunReportsNoViolation(t *testing.T) {
 	if r.Chunks != 8 || r.Results != 8 || r.Duplicates != 0 || r.DeadLettered != 0 || r.Lost() != 0 || r.ResultMessages != 8 {
 		t.Errorf("clean run: %s", r)
 	}
+
+	// A late duplicate, after Collect has seen every chunk: Drain reads it
+	// and the queues empty.
+	send(t, client, urls.Results, result(w[3].Key()), nil)
+	if err := b.Drain(t.Context(), client, urls.Results, urls.DLQ, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if r := b.Report(); r.Duplicates != 1 || r.ResultMessages != 9 || r.Err() != nil {
+		t.Errorf("after a late duplicate and Drain: %s (%v)", r, r.Err())
+	}
+	if v, f, err := jobq.Counts(t.Context(), client, urls.Results); err != nil || v+f != 0 {
+		t.Errorf("results queue after Drain: %d visible, %d in flight, %v", v, f, err)
+	}
 }
 
 // Every kind of violation, each faked on the queues with the real SDK, is
