@@ -62,16 +62,20 @@ func (s *Subscriber) releaseWaiting(t *task, why string) {
 // batch packs admitted messages into device batches: a batch goes when it
 // reaches the batch limit, MaxBatchDelay after its first message, at once
 // when admission is full (nothing more can join it until something
-// finishes), or, under vram, when it holds half the budget, so that the
-// next batch can start, and pay its fixed launch time, while this one works.
+// finishes), or, under vram, when it holds MaxBatchBytes (a quarter of the
+// budget by default), so that the next batch can start, and pay its fixed
+// launch time, while others work.
 // Each batch runs in its own goroutine under workCtx; admission already
 // bounds what runs at once.
 func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 	var pending []*task
 	var pendingCost int64
-	halfBudget := int64(math.MaxInt64)
+	capBytes := int64(math.MaxInt64)
 	if s.adm.strategy == AdmitVRAM {
-		halfBudget = s.budget / 2
+		capBytes = s.cfg.MaxBatchBytes
+		if capBytes == 0 {
+			capBytes = max(s.budget/4, 1)
+		}
 	}
 	var timer *time.Timer
 	var fire <-chan time.Time
@@ -116,7 +120,7 @@ func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 			}
 			pending = append(pending, t)
 			pendingCost += t.cost
-			if len(pending) >= s.state.batchLimit() || pendingCost >= halfBudget || (s.admitBlocked.Load() && len(in) == 0) {
+			if len(pending) >= s.state.batchLimit() || pendingCost >= capBytes || (s.admitBlocked.Load() && len(in) == 0) {
 				flush()
 			} else if timer == nil {
 				timer = time.NewTimer(s.cfg.MaxBatchDelay)

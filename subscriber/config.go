@@ -50,6 +50,13 @@ type Config struct {
 	MaxInflight int
 	// MaxBatch is the most messages packed into one device batch; default 8.
 	MaxBatch int
+	// MaxBatchBytes caps a batch's estimated working memory under the vram
+	// strategy: a batch goes when it reaches it. Default a quarter of the
+	// budget, so several batches are on the device at once and one can start,
+	// paying its fixed launch time, while others work; larger batches make
+	// fewer SQS requests per message but leave the device idle during
+	// launches. A single message above it still runs, alone.
+	MaxBatchBytes int64
 	// MaxBatchDelay is how long a batch waits for more messages after its
 	// first; default 10ms.
 	MaxBatchDelay time.Duration
@@ -189,6 +196,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatch < 1 {
 		bad("MaxBatch", "max batch %d: want at least 1", c.MaxBatch)
+	}
+	if c.MaxBatchBytes < 0 {
+		bad("MaxBatchBytes", "max batch bytes %d is negative", c.MaxBatchBytes)
 	}
 	if c.MaxBatchDelay < 0 {
 		bad("MaxBatchDelay", "max batch delay %v is negative", c.MaxBatchDelay)

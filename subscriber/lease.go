@@ -56,7 +56,7 @@ func newKeeper(q Queue, m *metrics, log *slog.Logger, visibility, maxHold time.D
 	return &keeper{
 		q: q, m: m, log: log,
 		visibility: visibility, maxHold: maxHold,
-		flushDelay: 10 * time.Millisecond,
+		flushDelay: 50 * time.Millisecond,
 		callTO:     15 * time.Second,
 		leases:     make(map[*lease]struct{}),
 		kick:       make(chan struct{}, 1),

@@ -431,7 +431,8 @@ func TestHangingInferenceIsReleasedThenRedriven(t *testing.T) {
 func TestUnderestimateSplitsLearnsAndDeadLetters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		state := filepath.Join(t.TempDir(), "state.json")
-		h := start(t, 64*mib, Config{MaxBatch: 8, MaxBatchDelay: time.Second, StateFile: state})
+		// MaxBatchBytes at the budget, so the eight form one batch.
+		h := start(t, 64*mib, Config{MaxBatch: 8, MaxBatchDelay: time.Second, MaxBatchBytes: 64 * mib, StateFile: state})
 		for i := range 8 {
 			h.send("lie", i, "mb=4 lie=4 ms=100") // 16 MiB each really: four fit
 		}

@@ -42,6 +42,7 @@ type options struct {
 	payloadBucket                string
 	device                       string
 	vram, reserve, limit         gpu.Bytes
+	maxBatchBytes                gpu.Bytes
 	modelSeed                    uint64
 	metricsAddr                  string
 	logFormat, logLevel          string
@@ -71,6 +72,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.IntVar(&c.MaxInflight, "max-inflight", 100, "most messages held in all, waiting and running")
 	fs.IntVar(&c.MaxBatch, "max-batch", 8, "most messages per device batch")
 	fs.DurationVar(&c.MaxBatchDelay, "max-batch-delay", 10*time.Millisecond, "how long a batch waits for more messages")
+	fs.Var(&o.maxBatchBytes, "max-batch-bytes", "most estimated working memory per batch under -admission=vram (0: a quarter of the budget, so one batch can start while others work)")
 	fs.DurationVar(&c.WaitTime, "wait-time", 20*time.Second, "long-poll wait, up to 20s")
 	fs.DurationVar(&c.Visibility, "visibility-timeout", 30*time.Second, "visibility timeout on receive and each extension; heartbeats every third of it")
 	fs.DurationVar(&c.MaxHold, "max-hold", 15*time.Minute, "longest a message is held before its lease is let go")
@@ -96,6 +98,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	}
 	c.Admission = subscriber.Strategy(*admission)
 	c.VRAMReserve, c.VRAMLimit = int64(o.reserve), int64(o.limit)
+	c.MaxBatchBytes = int64(o.maxBatchBytes)
 	var missing []string
 	for _, f := range []struct{ name, v string }{{"-queue-url", o.queueURL}, {"-results-queue-url", o.resultsURL}, {"-dlq-url", o.dlqURL}} {
 		if f.v == "" {
@@ -133,7 +136,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 // configFlags maps subscriber.Config fields to the flags that set them.
 var configFlags = map[string]string{
 	"Admission": "admission", "Count": "count", "VRAMReserve": "vram-reserve", "VRAMLimit": "vram-limit",
-	"Prefetch": "prefetch", "MaxInflight": "max-inflight", "MaxBatch": "max-batch", "MaxBatchDelay": "max-batch-delay",
+	"Prefetch": "prefetch", "MaxInflight": "max-inflight", "MaxBatch": "max-batch", "MaxBatchDelay": "max-batch-delay", "MaxBatchBytes": "max-batch-bytes",
 	"WaitTime": "wait-time", "Visibility": "visibility-timeout", "MaxHold": "max-hold", "AdmitTimeout": "admit-timeout",
 	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
 	"MaxMessageBytes": "max-message-bytes", "TaskProtectionExpiry": "task-protection-expiry",
