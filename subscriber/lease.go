@@ -45,6 +45,7 @@ type keeper struct {
 	leases     map[*lease]struct{}
 	pending    []*lease
 	flushArmed bool
+	flushTimer *time.Timer // the armed flush, stopped when a flush comes first
 	calls      sync.WaitGroup
 	kick       chan struct{}
 	held       atomic.Int64
@@ -56,7 +57,7 @@ func newKeeper(q Queue, m *metrics, log *slog.Logger, visibility, maxHold time.D
 	return &keeper{
 		q: q, m: m, log: log,
 		visibility: visibility, maxHold: maxHold,
-		flushDelay: 50 * time.Millisecond,
+		flushDelay: 200 * time.Millisecond,
 		callTO:     15 * time.Second,
 		leases:     make(map[*lease]struct{}),
 		kick:       make(chan struct{}, 1),
@@ -96,11 +97,18 @@ func (k *keeper) finish(l *lease, release bool, delay time.Duration) {
 	}
 }
 
-// armFlush schedules a flush; k.mu must be held.
+// armFlush schedules a flush; k.mu must be held. One timer is reused: a
+// timer armed for an earlier finish and left running after a flush would
+// otherwise fire early for the next ones and send them in small calls.
 func (k *keeper) armFlush(after time.Duration) {
-	if !k.flushArmed {
-		k.flushArmed = true
-		time.AfterFunc(after, k.poke)
+	if k.flushArmed {
+		return
+	}
+	k.flushArmed = true
+	if k.flushTimer == nil {
+		k.flushTimer = time.AfterFunc(after, k.poke)
+	} else {
+		k.flushTimer.Reset(after)
 	}
 }
 
@@ -200,6 +208,9 @@ func (k *keeper) extend(ls []*lease, start time.Time) {
 func (k *keeper) flush() {
 	k.mu.Lock()
 	k.flushArmed = false
+	if k.flushTimer != nil {
+		k.flushTimer.Stop()
+	}
 	var deletes, releases []*lease
 	rest := k.pending[:0]
 	for _, l := range k.pending {

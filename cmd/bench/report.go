@@ -44,8 +44,12 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 	fmt.Fprintf(w, "# Admission strategies, measured\n\n")
 	fmt.Fprintf(w, "Written by `make bench` (`%s`) on %s; %s.\n", rep.Command, rep.Date, rep.Machine)
 	fmt.Fprintf(w, "Do not edit: run it again. How to read it, and what limits each figure: [README.md](README.md).\n\n")
-	fmt.Fprintf(w, "- **Workload:** %d messages of the bimodal mix (`internal/workload.Mixed`): every %dth message is large (32 items of 600 words, %s of working memory), the others small (8 items of 24 words, %s).\n",
-		p.Messages, p.LargeEvery, gpu.FormatBytes(p.LargeCost), gpu.FormatBytes(p.SmallCost))
+	order := ", in that order"
+	if p.Shuffled {
+		order = ", sent in a seeded random order (the same for every strategy)"
+	}
+	fmt.Fprintf(w, "- **Workload:** %d messages of the bimodal mix (`internal/workload.Mixed`): one message in %d is large (32 items of 600 words, %s of working memory), the others small (8 items of 24 words, %s)%s.\n",
+		p.Messages, p.LargeEvery, gpu.FormatBytes(p.LargeCost), gpu.FormatBytes(p.SmallCost), order)
 	fmt.Fprintf(w, "- **Device:** simulated (`gpu.Sim` + `gpu.TimedModel`): the reference model's weights plus %s for work; each batch takes a %v launch plus its working memory over %s/s, shared by the batches working at once (`gpu.Timing`).\n",
 		gpu.FormatBytes(p.Budget), p.Launch, gpu.FormatBytes(int64(p.Throughput)))
 	fmt.Fprintf(w, "- **Subscriber:** in process, against the SQS emulator, max batch %d, result messages up to 1 MiB (the queues' size), a 5 s visibility timeout, everything else default; fresh queues per strategy, the whole workload queued before it starts.\n", p.MaxBatch)
@@ -60,6 +64,15 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 			o.P50, o.P99, o.RequestsPerM, o.WorkPerM, 100*float64(o.PeakUsed)/float64(p.Budget), 100*o.MeanUse, 100*o.Utilisation, o.RetriedReceives)
 	}
 	fmt.Fprintf(w, "| offline bound | | %.1f | 100%% | | | | | | | | | | | | |\n\n", rep.Bound.MessagesPerS)
+	fmt.Fprintf(w, "Each strategy ran %d times, taking turns; the row is the run of median throughput. Every run's messages/s:\n\n", len(rep.Results[0].AllRuns))
+	for _, o := range rep.Results {
+		runs := make([]string, len(o.AllRuns))
+		for i, x := range o.AllRuns {
+			runs[i] = fmt.Sprintf("%.1f", x)
+		}
+		fmt.Fprintf(w, "- `%s`: %s\n", o.Name, strings.Join(runs, ", "))
+	}
+	fmt.Fprintln(w)
 	if vram, ok := find(rep.Results, "vram"); ok {
 		if one, ok := find(rep.Results, "count-1"); ok && one.MessagesPerS > 0 {
 			fmt.Fprintf(w, "`vram` runs %.2f× the throughput of `count-1`.\n\n", vram.MessagesPerS/one.MessagesPerS)
