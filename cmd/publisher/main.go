@@ -174,7 +174,7 @@ var configFlags = map[string]string{
 // for each problem, the flag and the environment variable that set it.
 func configError(err error) error {
 	var lines []string
-	for _, e := range leaves(err) {
+	for _, e := range cli.Leaves[*publisher.FieldError](err) {
 		var fe *publisher.FieldError
 		if errors.As(e, &fe) && configFlags[fe.Field] != "" {
 			lines = append(lines, flagName(configFlags[fe.Field])+": "+fe.Err.Error())
@@ -187,25 +187,6 @@ func configError(err error) error {
 
 // flagName is how errors name a flag: -max-items (VRAMQ_MAX_ITEMS).
 func flagName(flag string) string { return "-" + flag + " (" + envflag.Name(flag) + ")" }
-
-// leaves flattens wrapped and joined errors into the joined ones.
-func leaves(err error) []error {
-	switch x := err.(type) {
-	case interface{ Unwrap() []error }:
-		var out []error
-		for _, e := range x.Unwrap() {
-			out = append(out, leaves(e)...)
-		}
-		return out
-	case *publisher.FieldError:
-		return []error{x}
-	case interface{ Unwrap() error }:
-		if inner := x.Unwrap(); inner != nil {
-			return leaves(inner)
-		}
-	}
-	return []error{err}
-}
 
 // prefixes reads a comma-separated list of CIDR blocks and addresses (an
 // address is a block of one).

@@ -31,7 +31,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +39,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/prometheus/procfs"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/vramq/vramq/internal/accounting"
@@ -602,17 +602,12 @@ func (s *soak) noteRSS(p *proc) {
 }
 
 func vmHWM(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0, err
 	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no VmHWM in /proc/<pid>/status")
+	st, err := p.NewStatus()
+	return int64(st.VmHWM), err
 }
 
 func (s *soak) progress(ctx context.Context, books *accounting.Books, start time.Time) {

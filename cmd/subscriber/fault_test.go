@@ -25,6 +25,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/prometheus/procfs"
 
 	"github.com/vramq/vramq/internal/accounting"
 	"github.com/vramq/vramq/internal/awsconfig"
@@ -402,17 +403,12 @@ const receiveRetryMark = "retrying request SQS/ReceiveMessage"
 
 // vmHWM is a process's peak resident set size, in bytes.
 func vmHWM(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0, err
 	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no VmHWM")
+	st, err := p.NewStatus()
+	return int64(st.VmHWM), err
 }
 
 func freeAddr(t *testing.T) string {

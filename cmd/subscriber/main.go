@@ -148,7 +148,7 @@ var configFlags = map[string]string{
 // sets are left out.
 func configError(err error, flagsOnly bool) error {
 	var lines []string
-	for _, e := range leaves(err) {
+	for _, e := range cli.Leaves[*subscriber.FieldError](err) {
 		var fe *subscriber.FieldError
 		switch {
 		case errors.As(e, &fe) && configFlags[fe.Field] != "":
@@ -162,27 +162,6 @@ func configError(err error, flagsOnly bool) error {
 		return nil
 	}
 	return fmt.Errorf("%w: invalid configuration:\n  %s", errUsage, strings.Join(lines, "\n  "))
-}
-
-// leaves flattens wrapped and joined errors into the joined ones.
-func leaves(err error) []error {
-	switch x := err.(type) {
-	case nil:
-		return nil
-	case interface{ Unwrap() []error }:
-		var out []error
-		for _, e := range x.Unwrap() {
-			out = append(out, leaves(e)...)
-		}
-		return out
-	case *subscriber.FieldError:
-		return []error{x}
-	case interface{ Unwrap() error }:
-		if inner := x.Unwrap(); inner != nil {
-			return leaves(inner)
-		}
-	}
-	return []error{err}
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {

@@ -57,3 +57,29 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	}
 	return nil, fmt.Errorf("-log-format=%s: want json or text", format)
 }
+
+// Leaves flattens wrapped and joined errors into the errors joined, and
+// stops at an error of type T (a configuration's field error, which wraps
+// the message it carries), so each problem of a joined validation error
+// comes out once, in its own type.
+func Leaves[T error](err error) []error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := err.(T); ok {
+		return []error{err}
+	}
+	switch x := err.(type) {
+	case interface{ Unwrap() []error }:
+		var out []error
+		for _, e := range x.Unwrap() {
+			out = append(out, Leaves[T](e)...)
+		}
+		return out
+	case interface{ Unwrap() error }:
+		if inner := x.Unwrap(); inner != nil {
+			return Leaves[T](inner)
+		}
+	}
+	return []error{err}
+}

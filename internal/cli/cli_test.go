@@ -44,3 +44,22 @@ func TestNewLogger(t *testing.T) {
 		}
 	}
 }
+
+type fieldErr struct{ err error }
+
+func (e *fieldErr) Error() string { return e.err.Error() }
+func (e *fieldErr) Unwrap() error { return e.err }
+
+// Leaves takes joined errors apart, through wrapping, and stops at the
+// field errors instead of going inside them.
+func TestLeaves(t *testing.T) {
+	a, b, c := &fieldErr{errors.New("a")}, &fieldErr{errors.New("b")}, errors.New("c")
+	err := fmt.Errorf("config: %w", errors.Join(a, fmt.Errorf("wrapped: %w", b), c))
+	got := Leaves[*fieldErr](err)
+	if len(got) != 3 || got[0] != error(a) || got[1] != error(b) || got[2] != c {
+		t.Errorf("Leaves = %v; want the two field errors and c", got)
+	}
+	if Leaves[*fieldErr](nil) != nil {
+		t.Error("Leaves(nil) is not empty")
+	}
+}
