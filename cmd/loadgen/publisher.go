@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -228,19 +229,54 @@ func (r *publisherRun) rest(ctx context.Context, st *jobStatus) error {
 }
 
 func (r *publisherRun) do(ctx context.Context, method, path string, in any, want int, out any) error {
-	var body io.Reader
+	var payload []byte
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
 			return err
 		}
-		body = bytes.NewReader(b)
+		payload = b
+	}
+	// A 429 means this client is over the publisher's rate limit: wait as
+	// long as Retry-After says and try again, as a well-behaved client does.
+	for attempt := 1; ; attempt++ {
+		status, b, retryAfter, err := r.once(ctx, method, path, payload)
+		if err != nil {
+			return err
+		}
+		if status == http.StatusTooManyRequests && attempt < maxRateLimitedAttempts {
+			t := time.NewTimer(retryAfter)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			}
+			continue
+		}
+		if status != want {
+			return fmt.Errorf("%s %s: %d %s: %s", method, path, status, http.StatusText(status), bytes.TrimSpace(b))
+		}
+		return json.Unmarshal(b, out)
+	}
+}
+
+// maxRateLimitedAttempts bounds the tries of one request that keeps being
+// rate limited.
+const maxRateLimitedAttempts = 20
+
+// once sends one request and returns the status, the body and, for a 429,
+// how long Retry-After asks to wait (1s when it says nothing usable).
+func (r *publisherRun) once(ctx context.Context, method, path string, payload []byte) (int, []byte, time.Duration, error) {
+	var body io.Reader
+	if payload != nil {
+		body = bytes.NewReader(payload)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(r.url, "/")+path, body)
 	if err != nil {
-		return err
+		return 0, nil, 0, err
 	}
-	if in != nil {
+	if payload != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if r.apiKey != "" {
@@ -248,15 +284,16 @@ func (r *publisherRun) do(ctx context.Context, method, path string, in any, want
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {
-		return err
+		return 0, nil, 0, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return err
+		return 0, nil, 0, err
 	}
-	if resp.StatusCode != want {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(b))
+	wait := time.Second
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+		wait = time.Duration(secs) * time.Second
 	}
-	return json.Unmarshal(b, out)
+	return resp.StatusCode, b, wait, nil
 }
