@@ -38,6 +38,7 @@ type overheadReport struct {
 // chunks. Each trial runs every variant once, in a rotating order, on fresh
 // queues; the figures are medians over the trials.
 func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	load := loadAverage()
 	fs := flag.NewFlagSet("bench overhead", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	trials := fs.Int("trials", 7, "trials; each runs every variant once, in a rotating order")
@@ -87,8 +88,8 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	rep := overheadReport{Command: "bin/bench overhead " + strings.Join(args, " "), Date: time.Now().UTC().Format("2006-01-02"),
 		Host: hostLine(), Trials: *trials}
 	var out bytes.Buffer
-	fmt.Fprintf(&out, "Measured %s on %s, against the emulator at %s (other work shared the machine). Command:\n\n```sh\n%s\n```\n",
-		rep.Date, rep.Host, endpoint(), strings.TrimSpace(rep.Command))
+	fmt.Fprintf(&out, "Measured %s on %s, against the emulator at %s (load average %s at the start). Command:\n\n```sh\n%s\n```\n",
+		rep.Date, rep.Host, endpoint(), load, strings.TrimSpace(rep.Command))
 
 	if strings.Contains(*only, "subscriber") {
 		rep.Messages = *messages

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -118,4 +119,14 @@ func (e *benchEnv) preload(ctx context.Context, url string, works []job.Work) er
 		g.Go(func() error { return jobq.Send(ctx, e.client, url, b) })
 	}
 	return g.Wait()
+}
+
+// loadAverage is the machine's 1, 5 and 15 minute load averages, as
+// /proc/loadavg gives them, to say how busy it was; "unknown" elsewhere.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "unknown"
 }

@@ -49,6 +49,7 @@ type rssReport struct {
 }
 
 func runRSS(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	load := loadAverage()
 	if len(args) > 0 && args[0] == rssChild {
 		return runRSSChild(ctx, args[1:], stderr)
 	}
@@ -94,8 +95,8 @@ func runRSS(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 
 	var out bytes.Buffer
-	fmt.Fprintf(&out, "Measured %s on %s, against the emulator at %s (other work shared the machine). Command:\n\n```sh\n%s\n```\n\n",
-		rep.Date, rep.Host, endpoint(), strings.TrimSpace(rep.Command))
+	fmt.Fprintf(&out, "Measured %s on %s, against the emulator at %s (load average %s at the start). Command:\n\n```sh\n%s\n```\n\n",
+		rep.Date, rep.Host, endpoint(), load, strings.TrimSpace(rep.Command))
 	fmt.Fprintf(&out, "The subscriber runs in a child process (the bench binary re-executed), with the no-op model and the subscriber's defaults "+
 		"(prefetch 20, max-inflight 100, max-batch 8; wait-time 1s), on a queue loaded with the backlog before it starts; "+
 		"its /proc/<pid>/status is read every %v until the queue is empty or %v have passed. %d trials, alternating the two backlogs.\n\n", *every, *maxTime, *trials)
