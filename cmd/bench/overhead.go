@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -163,20 +162,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			n, e.discarded)
 	}
 
-	fmt.Fprint(stdout, out.String())
-	if *md != "" {
-		if err := updateSection(*md, "overhead", out.String()); err != nil {
-			return err
-		}
-	}
-	if *jsonOut != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(*jsonOut, append(b, '\n'), 0o644)
-	}
-	return nil
+	return publish(stdout, out.String(), *md, "overhead", *jsonOut, rep)
 }
 
 // timed runs f on fresh queues under a time limit and returns n messages

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -129,4 +130,23 @@ func loadAverage() string {
 		return strings.Join(f[:3], " ")
 	}
 	return "unknown"
+}
+
+// publish prints a command's report, puts it in its section of the
+// Markdown file md (when set) and writes rep as JSON to jsonOut (when set).
+func publish(stdout io.Writer, report, md, section, jsonOut string, rep any) error {
+	fmt.Fprint(stdout, report)
+	if md != "" {
+		if err := updateSection(md, section, report); err != nil {
+			return err
+		}
+	}
+	if jsonOut == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(jsonOut, append(b, '\n'), 0o644)
 }

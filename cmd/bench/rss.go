@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -101,20 +100,7 @@ func runRSS(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		"(prefetch 20, max-inflight 100, max-batch 8; wait-time 1s), on a queue loaded with the backlog before it starts; "+
 		"its /proc/<pid>/status is read every %v until the queue is empty or %v have passed. %d trials, alternating the two backlogs.\n\n", *every, *maxTime, *trials)
 	writeRSSTable(&out, rep)
-	fmt.Fprint(stdout, out.String())
-	if *md != "" {
-		if err := updateSection(*md, "rss", out.String()); err != nil {
-			return err
-		}
-	}
-	if *jsonOut != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(*jsonOut, append(b, '\n'), 0o644)
-	}
-	return nil
+	return publish(stdout, out.String(), *md, "rss", *jsonOut, rep)
 }
 
 func writeRSSTable(w io.Writer, rep rssReport) {
