@@ -183,6 +183,13 @@ func (p *pipeline) deadLetters() []jobq.DeadLetter {
 
 func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
+	return labelled(t, reg, name, "", "")
+}
+
+// labelled sums the series of a counter or gauge whose label has value;
+// with label "", every series.
+func labelled(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +200,13 @@ func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			match := label == ""
+			for _, lp := range m.GetLabel() {
+				match = match || (lp.GetName() == label && lp.GetValue() == value)
+			}
+			if match {
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
 		}
 	}
 	return sum

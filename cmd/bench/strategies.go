@@ -344,7 +344,7 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, works []jo
 	o.MessagesPerS = float64(len(done.results)) / o.Seconds
 	o.DeviceOOMs = dev.OOMs()
 	o.OOMRetries = gathered(reg, "vramq_subscriber_oom_retries_total", "")["*"]
-	o.Redeliveries = rq.redeliveries()
+	o.Redeliveries = int(gathered(reg, "vramq_subscriber_messages_redelivered_total", "")["*"])
 	o.DeadLettered = done.dead
 	o.Duplicates = done.duplicates
 	lat := make([]float64, 0, len(done.results))
@@ -427,13 +427,11 @@ func collect(ctx context.Context, client *sqs.Client, urls localstack.URLs, n in
 	return out, last, nil
 }
 
-// recordingQueue notes when each message was first received and how many
-// receipts were redeliveries.
+// recordingQueue notes when each message was first received.
 type recordingQueue struct {
 	subscriber.Queue
-	mu        sync.Mutex
-	first     map[job.Key]time.Time
-	redeliver int
+	mu    sync.Mutex
+	first map[job.Key]time.Time
 }
 
 func (q *recordingQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]subscriber.Message, error) {
@@ -447,9 +445,6 @@ func (q *recordingQueue) Receive(ctx context.Context, max int, wait, visibility 
 		if _, seen := q.first[k]; !seen && cerr == nil {
 			q.first[k] = now
 		}
-		if m.ReceiveCount > 1 {
-			q.redeliver++
-		}
 	}
 	return msgs, err
 }
@@ -459,12 +454,6 @@ func (q *recordingQueue) firstReceipt(k job.Key) (time.Time, bool) {
 	defer q.mu.Unlock()
 	t, ok := q.first[k]
 	return t, ok
-}
-
-func (q *recordingQueue) redeliveries() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.redeliver
 }
 
 // gathered sums a counter or gauge from reg by the value of label ("*" for

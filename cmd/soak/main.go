@@ -39,7 +39,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/prometheus/procfs"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/vramq/vramq/internal/accounting"
@@ -48,6 +47,7 @@ import (
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/internal/faultproxy"
 	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/procmem"
 	"github.com/vramq/vramq/internal/workload"
 	"github.com/vramq/vramq/localstack"
 )
@@ -592,22 +592,13 @@ func (s *soak) sampleRSS(ctx context.Context) {
 // noteRSS records p's peak resident set size so far (VmHWM), read while
 // it runs: /proc forgets a process once it is reaped.
 func (s *soak) noteRSS(p *proc) {
-	hwm, err := vmHWM(p.cmd.Process.Pid)
+	hwm, err := procmem.Peak(p.cmd.Process.Pid)
 	if err != nil {
 		return // gone already
 	}
 	s.mu.Lock()
 	s.peakRSS = max(s.peakRSS, hwm)
 	s.mu.Unlock()
-}
-
-func vmHWM(pid int) (int64, error) {
-	p, err := procfs.NewProc(pid)
-	if err != nil {
-		return 0, err
-	}
-	st, err := p.NewStatus()
-	return int64(st.VmHWM), err
 }
 
 func (s *soak) progress(ctx context.Context, books *accounting.Books, start time.Time) {

@@ -25,11 +25,11 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/prometheus/procfs"
 
 	"github.com/vramq/vramq/internal/accounting"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/procmem"
 	"github.com/vramq/vramq/internal/sqstest"
 	"github.com/vramq/vramq/internal/workload"
 	"github.com/vramq/vramq/localstack"
@@ -85,7 +85,10 @@ func TestSIGKILLMidInferenceLosesNothing(t *testing.T) {
 func TestSIGTERMBusyRunKeepsTheInvariant(t *testing.T) {
 	client := sqstest.Client(t)
 	urls := sqstest.Queues(t, client, 5)
-	spec := workload.Mixed("sigterm-acct", 30)
+	// A backlog well beyond what the subscriber holds, so that its prefetch
+	// buffer is still full when SIGTERM lands (with 30, a receive stranded
+	// by an SDK retry once left too few to keep any waiting).
+	spec := workload.Mixed("sigterm-acct", 60)
 	spec.LargeEvery, spec.LargeItems = 2, 8
 	books := accounting.New()
 	books.Expect(spec.Works()...)
@@ -218,7 +221,7 @@ func settle(t *testing.T, client *sqs.Client, books *accounting.Books, urls loca
 	}
 	t.Logf("settle: work queue empty: %v, after %v", empty, time.Since(start).Round(time.Millisecond))
 	logAtEmpty := len(live.logs.String())
-	if hwm, err := vmHWM(live.cmd.Process.Pid); err == nil {
+	if hwm, err := procmem.Peak(live.cmd.Process.Pid); err == nil {
 		t.Logf("settle: peak RSS of the last subscriber %d MiB", hwm>>20)
 	}
 	if err := live.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -400,16 +403,6 @@ func (p *subscriberProc) receiveRetries() int {
 }
 
 const receiveRetryMark = "retrying request SQS/ReceiveMessage"
-
-// vmHWM is a process's peak resident set size, in bytes.
-func vmHWM(pid int) (int64, error) {
-	p, err := procfs.NewProc(pid)
-	if err != nil {
-		return 0, err
-	}
-	st, err := p.NewStatus()
-	return int64(st.VmHWM), err
-}
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
