@@ -4,6 +4,8 @@ import (
 	"iter"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/vramq/vramq/job"
 )
 
 // The reference model's tokenizer is a hashing bag-of-words: no vocabulary
@@ -90,4 +92,23 @@ func (c EmbedConfig) appendTokens(dst []int32, text string) []int32 {
 		dst = append(dst, emptyToken)
 	}
 	return dst
+}
+
+// Tokenize returns the token ids of items as one flat slice, with offsets[i]
+// the start of item i's ids and offsets[len(items)] their total: the layout
+// a device batch uploads (the tokenizer runs on the host in every backend,
+// so all backends see the same ids). It is what Run computes first.
+func (c EmbedConfig) Tokenize(items []job.Item) (tokens, offsets []int32) {
+	offsets = make([]int32, len(items)+1)
+	n := 0
+	for _, it := range items {
+		n += c.countTokens(it.Text)
+	}
+	tokens = make([]int32, 0, n)
+	for i, it := range items {
+		offsets[i] = int32(len(tokens))
+		tokens = c.appendTokens(tokens, it.Text)
+	}
+	offsets[len(items)] = int32(len(tokens))
+	return tokens, offsets
 }

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/vramq/vramq/job"
 )
 
 func TestTokenize(t *testing.T) {
@@ -72,5 +74,25 @@ func BenchmarkCountTokens(b *testing.B) {
 	b.SetBytes(int64(len(text)))
 	for b.Loop() {
 		cfg.countTokens(text)
+	}
+}
+
+func TestTokenizeMatchesCountAndAppend(t *testing.T) {
+	cfg := DefaultEmbedConfig()
+	cfg.MaxTokens = 3
+	items := []job.Item{{Text: "one two"}, {Text: ""}, {Text: "a b c d e"}, {Text: "日本"}}
+	tokens, offsets := cfg.Tokenize(items)
+	if len(offsets) != len(items)+1 || offsets[0] != 0 || int(offsets[len(items)]) != len(tokens) {
+		t.Fatalf("offsets %v for %d tokens", offsets, len(tokens))
+	}
+	for i, it := range items {
+		got := tokens[offsets[i]:offsets[i+1]]
+		want := cfg.appendTokens(nil, it.Text)
+		if !slices.Equal(got, want) || len(got) != cfg.countTokens(it.Text) {
+			t.Errorf("item %d (%q): ids %v, want %v (count %d)", i, it.Text, got, want, cfg.countTokens(it.Text))
+		}
+	}
+	if n := offsets[3] - offsets[2]; n != 3 {
+		t.Errorf("a five-word text with MaxTokens 3 has %d ids, want 3", n)
 	}
 }

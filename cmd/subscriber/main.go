@@ -61,7 +61,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.StringVar(&o.resultsURL, "results-queue-url", "", "URL of the results queue (required)")
 	fs.StringVar(&o.dlqURL, "dlq-url", "", "URL of the dead-letter queue, for poison messages with a reason (required)")
 	fs.StringVar(&o.payloadBucket, "payload-bucket", "", "S3 bucket of claim-checked items, stored results and failed markers (empty: none; items that reference it are dead-lettered)")
-	fs.StringVar(&o.device, "device", "sim", "device: sim (simulated memory; the only one this CPU build runs)")
+	fs.StringVar(&o.device, "device", "auto", deviceHelp)
 	fs.Var(&o.vram, "vram", "memory of the simulated device, e.g. 16GiB")
 	fs.Var(&o.reserve, "vram-reserve", "device memory kept free of work")
 	fs.Var(&o.limit, "vram-limit", "cap on the VRAM budget below what the device offers (0: no cap)")
@@ -122,8 +122,8 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	default:
 		return nil, fmt.Errorf("%w: -task-protection=%s: want auto, on or off", errUsage, *protection)
 	}
-	if o.device != "sim" {
-		return nil, fmt.Errorf("%w: -device=%s: this build runs the CPU reference model on a simulated device only (-device=sim)", errUsage, o.device)
+	if err := checkDevice(o.device); err != nil {
+		return nil, fmt.Errorf("%w: -device=%s: %v", errUsage, o.device, err)
 	}
 	// Check the flags now, before the model loads: the queues, model and
 	// device are set later, so their errors are left to subscriber.New.
@@ -177,14 +177,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 
-	dev := gpu.NewSim(int64(o.vram))
-	log.Warn("the device is SIMULATED: memory is accounted by vramq, the model runs on the CPU", "capacity", gpu.FormatBytes(int64(o.vram)))
-	mcfg := gpu.DefaultEmbedConfig()
-	mcfg.Seed = o.modelSeed
-	model, err := gpu.NewEmbedder(gpu.GenerateEmbedWeights(mcfg), mcfg, dev)
+	dev, model, err := openBackend(o, log)
 	if err != nil {
-		return fmt.Errorf("loading the model: %w", err)
+		return err
 	}
+	defer dev.Close()
 	defer model.Close()
 
 	awsCfg, err := awsconfig.Load(ctx, log)

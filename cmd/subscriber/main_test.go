@@ -64,7 +64,7 @@ func TestFlagsAndEnvironment(t *testing.T) {
 		{nil, nil, "missing -queue-url, -results-queue-url, -dlq-url"},
 		{[]string{"-vram=lots"}, env, "vram"},
 		{nil, map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "VRAMQ_MAX_BATCH": "x"}, "VRAMQ_MAX_BATCH"},
-		{[]string{"-device=cuda:0"}, env, "simulated device only"},
+		{[]string{"-device=cuda:0"}, env, "built without CUDA"}, {[]string{"-device=tpu"}, env, "want sim, auto or cuda:N"},
 	} {
 		_, err := parse(tc.args, func(k string) string { return tc.env[k] }, &bytes.Buffer{})
 		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.want) {
