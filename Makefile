@@ -55,8 +55,54 @@ images:
 	$(DOCKER) build $(DOCKER_BUILD_FLAGS) -f Dockerfile.subscriber -t $(IMAGE_PREFIX)/subscriber:$(VERSION) .
 	$(DOCKER) build $(DOCKER_BUILD_FLAGS) -f Dockerfile.subscriber-cuda -t $(IMAGE_PREFIX)/subscriber-cuda:$(VERSION) .
 
+## cuda: bin/subscriber-cuda, the subscriber with the CUDA backend (-tags cuda). It builds without the
+## CUDA toolkit: the driver header and a link-time libcuda stub are generated into build/cuda
+## (nothing NVIDIA is committed); the binary needs the NVIDIA driver to run, and cuBLAS (see README).
+CUDA_BUILD := build/cuda
+CUDA_ENV   := CGO_ENABLED=1 CGO_CFLAGS="-I$(CURDIR)/$(CUDA_BUILD)/include" CGO_LDFLAGS="-L$(CURDIR)/$(CUDA_BUILD)/lib"
+.PHONY: cuda cuda-stubs gpu-test-bin ptx cuda-check
+cuda: cuda-stubs
+	$(CUDA_ENV) $(GO) build -tags cuda -o $(BIN)/subscriber-cuda ./cmd/subscriber
+
+cuda-stubs: $(CUDA_BUILD)/lib/libcuda.so
+$(CUDA_BUILD)/lib/libcuda.so: gpu/cudabuild/gen.sh go.mod
+	gpu/cudabuild/gen.sh $(CUDA_BUILD)
+
+## gpu-test-bin: the cuda-tagged test binaries of gpu/ and cmd/subscriber, into build/gpu-test/, to
+## carry to a GPU machine (no Go needed there); bench/README.md says how to run them
+gpu-test-bin: cuda-stubs
+	mkdir -p build/gpu-test
+	$(CUDA_ENV) $(GO) test -c -tags cuda -o build/gpu-test/gpu.test ./gpu/
+	$(CUDA_ENV) $(GO) test -c -tags cuda -o build/gpu-test/subscriber.test ./subscriber/
+	$(CUDA_ENV) $(GO) build -tags cuda -o build/gpu-test/subscriber-cuda ./cmd/subscriber
+	$(GO) build -o build/gpu-test/genweights ./cmd/genweights
+	cp bench/torch/embed.py build/gpu-test/
+
+## cuda-check: vet the cuda-tagged code and link both cuda binaries, so the CUDA backend cannot rot
+## on machines without a GPU (part of make test)
+cuda-check: cuda-stubs $(STATICCHECK)
+	$(CUDA_ENV) $(GO) vet -tags cuda ./gpu/ ./subscriber/ ./cmd/subscriber/
+	$(CUDA_ENV) $(STATICCHECK) -tags cuda ./gpu/ ./subscriber/ ./cmd/subscriber/
+	$(CUDA_ENV) $(GO) build -tags cuda -o /dev/null ./cmd/subscriber
+	$(CUDA_ENV) $(GO) test -c -tags cuda -o /dev/null ./gpu/
+	$(CUDA_ENV) $(GO) test -c -tags cuda -o /dev/null ./subscriber/
+
+## ptx: regenerate gpu/kernels/embed.ptx from embed.cu with clang-14 (commit both); installs clang-14
+## from Debian's packages when it is missing and this is root
+PTX_FLAGS := -x cuda --cuda-device-only --cuda-gpu-arch=sm_80 -nocudainc -nocudalib -O3 -S
+ptx:
+	@if ! command -v clang-14 >/dev/null; then 		if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang-14; 		else echo "make ptx: clang-14 not found: apt-get install clang-14" >&2; exit 1; fi; 	fi
+	clang-14 $(PTX_FLAGS) -o gpu/kernels/embed.ptx gpu/kernels/embed.cu
+
+## weights: build/model.safetensors, the reference model's generated weights at the default config
+## (seed 1), for the subscriber and bench/torch/embed.py; bin/genweights -h for other shapes
+.PHONY: weights
+weights:
+	mkdir -p build
+	$(GO) run ./cmd/genweights -out build/model.safetensors
+
 ## test: lint, then unit and end-to-end tests against the emulator (started and stopped here)
-test: lint
+test: lint cuda-check
 	@if command -v terraform >/dev/null; then terraform fmt -check -recursive infra; else echo "terraform fmt -check: skipped: no terraform"; fi
 	@started=0; \
 	if ! $(EMULATOR) status >/dev/null 2>&1; then $(EMULATOR) up; started=1; fi; \
@@ -78,6 +124,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzPayloadRef$$' -fuzztime $(FUZZTIME) ./job/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBytes$$' -fuzztime $(FUZZTIME) ./gpu/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadSafetensors$$' -fuzztime $(FUZZTIME) ./gpu/
 
 ## bench: every admission strategy on one workload and simulated device against the offline bound,
 ## writing bench/results.md, results.json and the plots; then the overhead and memory benchmarks

@@ -57,27 +57,54 @@ func (c EmbedConfig) Validate() error {
 }
 
 // CostModel is the working memory of one forward pass, which is linear in
-// its input: Bytes(tokens, items) = tokens×PerToken + items×PerItem. No
-// constant term, so the cost of a batch is the sum of its items' costs.
+// its input: Bytes(tokens, items) = tokens×PerToken + items×PerItem +
+// PerBatch. A model's analytic cost model (EmbedConfig.CostModel) has no
+// constant term, since the CPU reference model allocates exactly its buffers;
+// one calibrated on a device (see Calibrate) has one, for what a real
+// allocator adds to every batch.
 type CostModel struct {
 	// PerToken is a token id (int32) and its gathered embedding row
 	// (Dim float32): 4 + 4×Dim.
-	PerToken int64
+	PerToken int64 `json:"per_token"`
 	// PerItem is the item's offset into the token ids (int32), its pooled
 	// vector (Dim), hidden activations (Hidden) and output (Out), all
 	// float32: 4 + 4×(Dim+Hidden+Out).
-	PerItem int64
+	PerItem int64 `json:"per_item"`
+	// PerBatch is what one Run takes whatever its size: on a GPU, the
+	// rounding of each buffer up to the allocation granularity and the
+	// workspace of a GEMM library. Zero in an analytic model.
+	//
+	// The subscriber estimates each message with its own Cost call and
+	// admits a batch of k messages by the sum, so PerBatch is charged once
+	// per message, k times, where the batch needs it once. That is an upper
+	// bound on purpose: admission must never under-estimate, and a sum of
+	// per-message costs is one only if each part carries the constant.
+	PerBatch int64 `json:"per_batch"`
 }
 
-// Bytes is the working memory for items holding tokens tokens in all.
+// Bytes is the working memory of one Run over items items holding tokens
+// tokens in all. A Run of no items allocates nothing, so it costs nothing.
 func (m CostModel) Bytes(tokens, items int64) int64 {
-	return tokens*m.PerToken + items*m.PerItem
+	if items == 0 {
+		return 0
+	}
+	return tokens*m.PerToken + items*m.PerItem + m.PerBatch
+}
+
+// Validate reports a negative coefficient: a cost model that could estimate
+// a batch as needing less memory than a smaller one.
+func (m CostModel) Validate() error {
+	if m.PerToken < 0 || m.PerItem < 0 || m.PerBatch < 0 {
+		return fmt.Errorf("cost model: per token %d, per item %d, per batch %d bytes: none may be negative",
+			m.PerToken, m.PerItem, m.PerBatch)
+	}
+	return nil
 }
 
 // CostModel is the cost model of this configuration, derived from the
 // buffers of the forward pass. It assumes they are allocated exactly, as
-// Embedder does; a GPU allocator rounds sizes up and a calibrated model
-// would account for that.
+// Embedder does; a GPU allocator rounds sizes up, which a cost model
+// calibrated on the device accounts for (see Calibrate).
 func (c EmbedConfig) CostModel() CostModel {
 	const f32, i32 = 4, 4
 	return CostModel{
@@ -106,14 +133,19 @@ func (c EmbedConfig) CostModel() CostModel {
 type Embedder struct {
 	cfg         EmbedConfig
 	w           *EmbedWeights
-	cost        CostModel
+	cost        CostModel                 // analytic: exactly what Run allocates
+	calibrated  atomic.Pointer[CostModel] // set by SetCostModel; replaces cost in Cost
 	name        string
 	mem         Allocator
 	freeWeights func()
 	closed      atomic.Bool
+	working     atomic.Int64 // bytes of workspace allocated now, across Runs
 }
 
-var _ Model = (*Embedder)(nil)
+var (
+	_ Model      = (*Embedder)(nil)
+	_ WorkingSet = (*Embedder)(nil)
+)
 
 // NewEmbedder loads w, shaped by cfg, onto mem: it allocates the weights'
 // bytes there, failing with an error wrapping ErrOutOfMemory when they do
@@ -157,12 +189,19 @@ func (e *Embedder) Config() EmbedConfig { return e.cfg }
 // Weights is the memory the weights hold, allocated by NewEmbedder.
 func (e *Embedder) Weights() int64 { return e.w.Bytes() }
 
-// CostModel is the model Cost applies.
-func (e *Embedder) CostModel() CostModel { return e.cost }
+// CostModel is the model Cost applies: the one SetCostModel gave, or else
+// the analytic one of the configuration.
+func (e *Embedder) CostModel() CostModel {
+	if m := e.calibrated.Load(); m != nil {
+		return *m
+	}
+	return e.cost
+}
 
-// Cost is exactly the working memory Run allocates for items. It reads each
+// Cost is the working memory Run needs for items under CostModel: exactly
+// what Run allocates, unless a calibrated model says more. It reads each
 // text once, without allocating.
-func (e *Embedder) Cost(items []job.Item) int64 { return e.cfg.cost(e.cost, items) }
+func (e *Embedder) Cost(items []job.Item) int64 { return e.cfg.cost(e.CostModel(), items) }
 
 // cost is m applied to items' tokens under c's tokenizer.
 func (c EmbedConfig) cost(m CostModel, items []job.Item) int64 {
@@ -180,6 +219,10 @@ func (c EmbedConfig) WeightBytes() int64 {
 	return 4 * (v*d + d*h + h + h*o + o)
 }
 
+// Working is the workspace memory the Runs in progress hold now, allocated
+// from the Allocator; 0 without one.
+func (e *Embedder) Working() int64 { return e.working.Load() }
+
 // Close frees the weights' memory. Run fails with ErrClosed afterwards.
 // Later calls do nothing.
 func (e *Embedder) Close() error {
@@ -193,10 +236,17 @@ func (e *Embedder) Close() error {
 const rowBlock = 64
 
 // Run embeds items as one batch. It allocates all its working memory, Cost
-// bytes, before computing anything, so a batch that does not fit fails at
+// bytes under the analytic cost model (a calibrated one may reserve more),
+// before computing anything, so a batch that does not fit fails at
 // once with an error wrapping ErrOutOfMemory, having allocated nothing that
 // it keeps. The outputs are the same bit for bit however items are batched.
 func (e *Embedder) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	return e.run(ctx, items, e.mem)
+}
+
+// run is Run taking its working memory from mem (nil: account nothing),
+// which Measure wraps to count it.
+func (e *Embedder) run(ctx context.Context, items []job.Item, mem Allocator) ([]job.Output, error) {
 	if e.closed.Load() {
 		return nil, fmt.Errorf("%s: %w", e.name, ErrClosed)
 	}
@@ -217,7 +267,7 @@ func (e *Embedder) Run(ctx context.Context, items []job.Item) ([]job.Output, err
 	// The buffers a GPU forward pass needs, allocated as it would allocate
 	// them, so that Cost is checked against real allocations.
 	dim, hidden, out := e.cfg.Dim, e.cfg.Hidden, e.cfg.Out
-	buf := workspace{mem: e.mem}
+	buf := workspace{mem: mem, working: &e.working}
 	defer buf.free()
 	tokens := alloc[int32](&buf, total)
 	offsets := alloc[int32](&buf, n)
@@ -281,9 +331,10 @@ func (e *Embedder) Run(ctx context.Context, items []job.Item) ([]job.Output, err
 // batch too big for the device costs no host memory either, and Run checks
 // once.
 type workspace struct {
-	mem   Allocator // nil: account nothing
-	frees []func()
-	err   error
+	mem     Allocator // nil: account nothing
+	working *atomic.Int64
+	frees   []func()
+	err     error
 }
 
 // alloc makes a buffer of n values, taking its bytes from w.mem.
@@ -293,12 +344,16 @@ func alloc[T int32 | float32](w *workspace, n int) []T {
 	}
 	if w.mem != nil {
 		var zero T
-		free, err := w.mem.Alloc(int64(n) * int64(unsafe.Sizeof(zero)))
+		size := int64(n) * int64(unsafe.Sizeof(zero))
+		free, err := w.mem.Alloc(size)
 		if err != nil {
 			w.err = err
 			return nil
 		}
-		w.frees = append(w.frees, free)
+		// Counted only while really allocated, so that Working is never
+		// above it (see WorkingSet).
+		w.working.Add(size)
+		w.frees = append(w.frees, func() { w.working.Add(-size); free() })
 	}
 	return make([]T, n)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strconv"
 	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -15,7 +16,8 @@ import (
 // driver's libnvidia-ml.so.1 at run time, so this builds and runs on machines
 // without a driver, where OpenNVML fails with ErrNoDevice.
 type nvmlDevice struct {
-	name string
+	name    string
+	product string // the GPU's product name, e.g. "NVIDIA H100 80GB HBM3"
 
 	// mu keeps MemInfo from calling NVML after Close has shut it down.
 	mu     sync.RWMutex
@@ -55,19 +57,51 @@ func openNVMLDevice(index int) (*nvmlDevice, error) {
 	default:
 		return nil, fmt.Errorf("nvml: device %d: %v", index, ret)
 	}
+	return describeNVMLDevice(dev, strconv.Itoa(index))
+}
+
+// OpenNVMLByUUID opens the GPU whose UUID is uuid ("GPU-" and 36 hex digits
+// and dashes, as nvidia-smi -L and the CUDA driver give it). It is how a
+// CUDA device finds its NVML counterpart: the two number GPUs differently
+// unless CUDA_DEVICE_ORDER=PCI_BUS_ID. Errors are as OpenNVML's.
+func OpenNVMLByUUID(uuid string) (Device, error) {
+	if ret := nvml.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%w: nvml: init: %v (is the NVIDIA driver installed and its library on the loader path?)", ErrNoDevice, ret)
+	}
+	dev, ret := nvml.DeviceGetHandleByUUID(uuid)
+	if ret != nvml.SUCCESS {
+		nvml.Shutdown()
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			return nil, fmt.Errorf("%w: nvml: no device %s: %v", ErrNoDevice, uuid, ret)
+		}
+		return nil, fmt.Errorf("nvml: device %s: %v", uuid, ret)
+	}
+	d, err := describeNVMLDevice(dev, uuid)
+	if err != nil {
+		nvml.Shutdown()
+		return nil, err
+	}
+	return d, nil
+}
+
+// describeNVMLDevice names dev (id is its index or UUID, for messages).
+func describeNVMLDevice(dev nvml.Device, id string) (*nvmlDevice, error) {
 	name, ret := dev.GetName()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("nvml: device %d: name: %v", index, ret)
+		return nil, fmt.Errorf("nvml: device %s: name: %v", id, ret)
 	}
 	// Read memory once now so that a device that cannot report it fails
 	// here, at startup, rather than at the first admission decision.
 	if _, ret := dev.GetMemoryInfo(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("nvml: device %d (%s): memory info: %v", index, name, ret)
+		return nil, fmt.Errorf("nvml: device %s (%s): memory info: %v", id, name, ret)
 	}
-	return &nvmlDevice{name: fmt.Sprintf("%s (%d)", name, index), dev: dev}, nil
+	return &nvmlDevice{name: fmt.Sprintf("%s (%s)", name, id), product: name, dev: dev}, nil
 }
 
 func (d *nvmlDevice) Name() string { return d.name }
+
+// Product is the GPU's product name, shared by every GPU of its kind.
+func (d *nvmlDevice) Product() string { return d.product }
 
 func (d *nvmlDevice) Simulated() bool { return false }
 

@@ -10,3 +10,8 @@ import "fmt"
 func OpenNVML(index int) (Device, error) {
 	return nil, fmt.Errorf("%w: nvml: device %d: NVML needs a cgo build (this binary was built with CGO_ENABLED=0)", ErrNoDevice, index)
 }
+
+// OpenNVMLByUUID always fails in this build, as OpenNVML does.
+func OpenNVMLByUUID(uuid string) (Device, error) {
+	return nil, fmt.Errorf("%w: nvml: device %s: NVML needs a cgo build (this binary was built with CGO_ENABLED=0)", ErrNoDevice, uuid)
+}

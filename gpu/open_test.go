@@ -68,3 +68,17 @@ func TestOpenBadSpecs(t *testing.T) {
 		}
 	}
 }
+
+type productDevice struct{ *Sim }
+
+func (productDevice) Name() string    { return "NVIDIA T4 (GPU-0f1e2d3c)" }
+func (productDevice) Product() string { return "NVIDIA T4" }
+
+func TestKindIsTheProductNotTheInstance(t *testing.T) {
+	if k := Kind(NewSim(1)); k != "sim" {
+		t.Errorf("Kind(sim) = %q, want sim", k)
+	}
+	if k := Kind(productDevice{NewSim(1)}); k != "NVIDIA T4" {
+		t.Errorf("Kind of a GPU = %q, want its product name without the UUID", k)
+	}
+}

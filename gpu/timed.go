@@ -31,9 +31,13 @@ type TimedModel struct {
 	dev         *sharedDevice
 	freeWeights func()
 	closed      atomic.Bool
+	working     atomic.Int64 // bytes the batches in progress hold now
 }
 
-var _ Model = (*TimedModel)(nil)
+var (
+	_ Model      = (*TimedModel)(nil)
+	_ WorkingSet = (*TimedModel)(nil)
+)
 
 // NewTimedModel loads a model shaped by cfg onto mem: it allocates the bytes
 // an Embedder's weights would take, failing with an error wrapping
@@ -74,6 +78,14 @@ func (m *TimedModel) Weights() int64 { return m.weights }
 // Cost is what an Embedder of this configuration costs for items.
 func (m *TimedModel) Cost(items []job.Item) int64 { return m.cfg.cost(m.cost, items) }
 
+// Config is the configuration the model was made with: Calibrate reads its
+// tokenizer and context from it.
+func (m *TimedModel) Config() EmbedConfig { return m.cfg }
+
+// Working is the memory the batches in progress hold now, allocated from the
+// Allocator; 0 without one.
+func (m *TimedModel) Working() int64 { return m.working.Load() }
+
 // Timing is the model of time Run follows.
 func (m *TimedModel) Timing() Timing { return m.timing }
 
@@ -94,6 +106,12 @@ func (m *TimedModel) Close() error {
 // a forward pass), does the batch's work on the shared device, and frees the
 // memory.
 func (m *TimedModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	return m.run(ctx, items, m.mem)
+}
+
+// run is Run taking the batch's memory from mem (nil: account nothing),
+// which Measure wraps to count it.
+func (m *TimedModel) run(ctx context.Context, items []job.Item, mem Allocator) ([]job.Output, error) {
 	if m.closed.Load() {
 		return nil, fmt.Errorf("%s: %w", m.name, ErrClosed)
 	}
@@ -104,12 +122,14 @@ func (m *TimedModel) Run(ctx context.Context, items []job.Item) ([]job.Output, e
 		return nil, err
 	}
 	cost := m.Cost(items)
-	if m.mem != nil {
-		free, err := m.mem.Alloc(cost)
+	if mem != nil {
+		free, err := mem.Alloc(cost)
 		if err != nil {
 			return nil, fmt.Errorf("%s: batch of %d: %w", m.name, len(items), err)
 		}
-		defer free()
+		// Counted only while really allocated (see WorkingSet).
+		m.working.Add(cost)
+		defer func() { m.working.Add(-cost); free() }()
 	}
 	if err := m.dev.work(ctx, cost); err != nil {
 		return nil, err

@@ -20,7 +20,7 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 		}
 		w := s.adm.weight(t.cost)
 		var err error
-		if !s.adm.sem.TryAcquire(w) {
+		if !s.adm.tryAcquire(w) {
 			s.admitBlocked.Store(true)
 			select {
 			case s.admitKick <- struct{}{}:
@@ -63,19 +63,21 @@ func (s *Subscriber) releaseWaiting(t *task, why string) {
 // reaches the batch limit, MaxBatchDelay after its first message, at once
 // when admission is full (nothing more can join it until something
 // finishes), or, under vram, when it holds MaxBatchBytes (a quarter of the
-// budget by default), so that the next batch can start, and pay its fixed
-// launch time, while others work.
+// budget as it is then, by default), so that the next batch can start, and
+// pay its fixed launch time, while others work.
 // Each batch runs in its own goroutine under workCtx; admission already
 // bounds what runs at once.
 func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 	var pending []*task
 	var pendingCost int64
-	capBytes := int64(math.MaxInt64)
-	if s.adm.strategy == AdmitVRAM {
-		capBytes = s.cfg.MaxBatchBytes
-		if capBytes == 0 {
-			capBytes = max(s.budget/4, 1)
+	capBytes := func() int64 {
+		switch {
+		case s.adm.strategy != AdmitVRAM:
+			return math.MaxInt64
+		case s.cfg.MaxBatchBytes > 0:
+			return s.cfg.MaxBatchBytes
 		}
+		return max(s.adm.budget()/4, 1)
 	}
 	var timer *time.Timer
 	var fire <-chan time.Time
@@ -120,7 +122,7 @@ func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 			}
 			pending = append(pending, t)
 			pendingCost += t.cost
-			if len(pending) >= s.state.batchLimit() || pendingCost >= capBytes || (s.admitBlocked.Load() && len(in) == 0) {
+			if len(pending) >= s.state.batchLimit() || pendingCost >= capBytes() || (s.admitBlocked.Load() && len(in) == 0) {
 				flush()
 			} else if timer == nil {
 				timer = time.NewTimer(s.cfg.MaxBatchDelay)

@@ -40,6 +40,20 @@ type Config struct {
 	VRAMReserve int64
 	// VRAMLimit caps the budget below what the device offers; 0 for no cap.
 	VRAMLimit int64
+	// BudgetRefresh is how often Run reads the device's memory again: under
+	// AdmitVRAM the budget becomes free memory plus what the model's batches
+	// hold (gpu.WorkingSet), less VRAMReserve, capped by VRAMLimit, so that
+	// another process taking memory on the same GPU shrinks it and giving it
+	// back grows it. A change is made only when two readings in a row agree
+	// on it, within an eighth of the reserve (at least 1 MiB), and differ by
+	// more than that from the budget in force. A shrink below what is in
+	// flight admits nothing new until in-flight work is under it; a message
+	// larger than the budget now but not than the largest the device could
+	// give (Subscriber.MaxBudget) waits, and the admit timeout releases it.
+	// Under every strategy each reading also sets the device memory gauges.
+	// Default 2s; at least 100ms; negative turns the refresh off, leaving
+	// the budget New read.
+	BudgetRefresh time.Duration
 
 	// Prefetch bounds messages received but not yet started, independently
 	// of how many run at once; default 20.
@@ -52,7 +66,7 @@ type Config struct {
 	MaxBatch int
 	// MaxBatchBytes caps a batch's estimated working memory under the vram
 	// strategy: a batch goes when it reaches it. Default a quarter of the
-	// budget, so several batches are on the device at once and one can start,
+	// budget as it is then (see BudgetRefresh), so several batches are on the device at once and one can start,
 	// paying its fixed launch time, while others work; larger batches make
 	// fewer SQS requests per message but leave the device idle during
 	// launches. A single message above it still runs, alone.
@@ -119,6 +133,7 @@ func (c *Config) setDefaults() {
 	if c.VRAMReserve == 0 {
 		c.VRAMReserve = 256 << 20
 	}
+	def(&c.BudgetRefresh, 2*time.Second)
 	defInt(&c.Prefetch, 20)
 	defInt(&c.MaxInflight, 100)
 	defInt(&c.MaxBatch, 8)
@@ -142,6 +157,11 @@ func (c *Config) setDefaults() {
 		c.Payloads = nil
 	}
 }
+
+// minBudgetRefresh bounds how often the device is asked for its memory: a
+// query through NVML takes up to a millisecond, and a change takes two
+// readings anyway, so reading more often only costs.
+const minBudgetRefresh = 100 * time.Millisecond
 
 // FieldError is one problem Validate found, with the name of the Config
 // field it is about, so that a command can name its own flag for it.
@@ -187,6 +207,9 @@ func (c *Config) Validate() error {
 	}
 	if c.VRAMLimit < 0 {
 		bad("VRAMLimit", "VRAM limit %d: must not be negative", c.VRAMLimit)
+	}
+	if c.BudgetRefresh > 0 && c.BudgetRefresh < minBudgetRefresh {
+		bad("BudgetRefresh", "budget refresh %v: want at least %v, or negative for none", c.BudgetRefresh, minBudgetRefresh)
 	}
 	if c.Prefetch < 1 {
 		bad("Prefetch", "prefetch %d: want at least 1", c.Prefetch)

@@ -38,40 +38,15 @@ func (s *Subscriber) finish(t *task, release bool, delay time.Duration) {
 	s.keeper.finish(t.lease, release, delay)
 }
 
-// complete sends one result message per task, batched, then deletes the
-// messages whose result went out and releases the others for a retry. With
-// a payload bucket each result is written there first, and one too large
-// for a message goes out as a reference to that object.
+// complete sends one result message per task, through the outbox, which
+// shares SendMessageBatch calls across batches; once a result is on the
+// results queue its message is deleted, and a message whose result did not
+// go out is released for a retry. With a payload bucket each result is
+// written there first, and one too large for a message goes out as a
+// reference to that object.
 func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 	// Attribute names and values count towards SQS's size limits too.
 	const attrOverhead = 128
-	var (
-		batch  []Outgoing
-		owners []*task
-		size   int
-	)
-	send := func() {
-		if len(batch) == 0 {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
-		errs, err := s.results.Send(ctx, batch)
-		cancel()
-		for i, t := range owners {
-			e := err
-			if e == nil {
-				e = errs[i]
-			}
-			if e != nil {
-				s.log.Warn("sending result failed; message released for a retry", "message_id", t.lease.msg.ID, "err", e)
-				s.finish(t, true, s.retryDelay(t.lease.msg.ReceiveCount))
-				continue
-			}
-			s.m.results.Inc()
-			s.finish(t, false, 0)
-		}
-		batch, owners, size = nil, nil, 0
-	}
 	model := s.cfg.Model.Name()
 	results := make([]job.Result, len(tasks))
 	bodies := make([][]byte, len(tasks))
@@ -88,6 +63,7 @@ func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 	if s.payloads != nil {
 		refs = s.storeResults(results, bodies)
 	}
+	out := make([]outResult, 0, len(tasks))
 	for i, t := range tasks {
 		r, body, err := results[i], bodies[i], errs[i]
 		if err != nil {
@@ -117,14 +93,13 @@ func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 			s.settle(t)
 			continue
 		}
-		if len(batch) == MaxBatch || size+len(body)+attrOverhead > s.cfg.MaxMessageBytes {
-			send()
-		}
-		batch = append(batch, Outgoing{Body: string(body), Attributes: job.Attributes(r.Key())})
-		owners = append(owners, t)
-		size += len(body) + attrOverhead
+		out = append(out, outResult{
+			msg:  Outgoing{Body: string(body), Attributes: job.Attributes(r.Key())},
+			size: len(body) + attrOverhead,
+			t:    t,
+		})
 	}
-	send()
+	s.outbox.add(out)
 }
 
 // maxReasonLen keeps the reason attribute readable and well inside SQS's

@@ -40,6 +40,9 @@ type keeper struct {
 	callTO     time.Duration // bound on one SQS call, retries included
 	onHold     func()        // called after a lease enters the table
 	onRemove   func()        // called after a lease leaves the table
+	// fullCall is the most finishes a call gathers before it goes at once:
+	// MaxBatch, or fewer when fewer messages may be held at once.
+	fullCall int
 
 	mu         sync.Mutex
 	leases     map[*lease]struct{}
@@ -63,6 +66,7 @@ func newKeeper(q Queue, m *metrics, log *slog.Logger, visibility, maxHold time.D
 		kick:       make(chan struct{}, 1),
 		onHold:     func() {},
 		onRemove:   func() {},
+		fullCall:   MaxBatch,
 	}
 }
 
@@ -90,7 +94,7 @@ func (k *keeper) finish(l *lease, release bool, delay time.Duration) {
 	}
 	l.finishing, l.release, l.delay = true, release, delay
 	k.pending = append(k.pending, l)
-	if len(k.pending) >= MaxBatch {
+	if len(k.pending) >= k.fullCall {
 		k.poke()
 	} else {
 		k.armFlush(k.flushDelay)

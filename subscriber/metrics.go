@@ -12,28 +12,30 @@ import (
 
 // metrics are the subscriber's Prometheus series, all prefixed vramq_subscriber_.
 type metrics struct {
-	received     prometheus.Counter
-	redelivered  prometheus.Counter
-	admitted     prometheus.Counter
-	held         prometheus.Gauge
-	waiting      prometheus.Gauge
-	inflight     prometheus.Gauge
-	inflightPeak prometheus.Gauge
-	budget       prometheus.Gauge
-	deviceTotal  prometheus.Gauge
-	deviceFree   prometheus.Gauge
-	batchSize    prometheus.Histogram
-	batchBytes   prometheus.Histogram
-	batchSeconds prometheus.Histogram
-	oomRetries   prometheus.Counter
-	results      prometheus.Counter
-	released     *prometheus.CounterVec
-	deadLettered *prometheus.CounterVec
-	deleted      prometheus.Counter
-	extensions   prometheus.Counter
-	leasesLost   *prometheus.CounterVec
-	requests     *prometheus.CounterVec
-	batchLimit   prometheus.Gauge
+	received      prometheus.Counter
+	redelivered   prometheus.Counter
+	admitted      prometheus.Counter
+	held          prometheus.Gauge
+	waiting       prometheus.Gauge
+	inflight      prometheus.Gauge
+	inflightPeak  prometheus.Gauge
+	budget        prometheus.Gauge
+	budgetMax     prometheus.Gauge
+	deviceTotal   prometheus.Gauge
+	deviceFree    prometheus.Gauge
+	deviceProcess prometheus.Gauge
+	batchSize     prometheus.Histogram
+	batchBytes    prometheus.Histogram
+	batchSeconds  prometheus.Histogram
+	oomRetries    prometheus.Counter
+	results       prometheus.Counter
+	released      *prometheus.CounterVec
+	deadLettered  *prometheus.CounterVec
+	deleted       prometheus.Counter
+	extensions    prometheus.Counter
+	leasesLost    *prometheus.CounterVec
+	requests      *prometheus.CounterVec
+	batchLimit    prometheus.Gauge
 
 	claimChecks     *prometheus.CounterVec
 	resultsStored   prometheus.Counter
@@ -56,16 +58,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		return f.NewGauge(prometheus.GaugeOpts(opts(name, help)))
 	}
 	return &metrics{
-		received:     counter("messages_received_total", "Messages received from the work queue."),
-		redelivered:  counter("messages_redelivered_total", "Messages received that had been received before (ApproximateReceiveCount above 1): released, timed out, or lost by a consumer."),
-		admitted:     counter("messages_admitted_total", "Messages admitted onto the device."),
-		held:         gauge("messages_held", "Messages whose lease this subscriber holds (waiting or running)."),
-		waiting:      gauge("messages_waiting", "Messages received but not yet started (the prefetch buffer)."),
-		inflight:     gauge("inflight_bytes", "Estimated working memory of admitted messages, in bytes."),
-		inflightPeak: gauge("inflight_bytes_peak", "Highest estimated working memory admitted at once, in bytes."),
-		budget:       gauge("budget_bytes", "VRAM budget admission works against, in bytes (vram strategy)."),
-		deviceTotal:  gauge("device_memory_total_bytes", "Device memory in total, in bytes (simulated when the device is sim)."),
-		deviceFree:   gauge("device_memory_free_bytes", "Device memory free at the last batch, in bytes."),
+		received:      counter("messages_received_total", "Messages received from the work queue."),
+		redelivered:   counter("messages_redelivered_total", "Messages received that had been received before (ApproximateReceiveCount above 1): released, timed out, or lost by a consumer."),
+		admitted:      counter("messages_admitted_total", "Messages admitted onto the device."),
+		held:          gauge("messages_held", "Messages whose lease this subscriber holds (waiting or running)."),
+		waiting:       gauge("messages_waiting", "Messages received but not yet started (the prefetch buffer)."),
+		inflight:      gauge("inflight_bytes", "Estimated working memory of admitted messages, in bytes."),
+		inflightPeak:  gauge("inflight_bytes_peak", "Highest estimated working memory admitted at once, in bytes."),
+		budget:        gauge("budget_bytes", "VRAM budget admission works against now, in bytes (vram strategy): free device memory plus this process's working memory, less the reserve, refreshed while running."),
+		budgetMax:     gauge("budget_max_bytes", "Largest VRAM budget the device could give, in bytes (vram strategy): total memory less weights and reserve; a message estimated above it is dead-lettered."),
+		deviceTotal:   gauge("device_memory_total_bytes", "Device memory in total, in bytes (simulated when the device is sim)."),
+		deviceFree:    gauge("device_memory_free_bytes", "Device memory free at the last reading (budget refresh or batch), in bytes."),
+		deviceProcess: gauge("device_memory_process_bytes", "Device memory this process holds at the last reading, in bytes, as the device reports it per process (NVML); 0 when it cannot tell."),
 		batchSize: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_messages",
 			Help: "Messages per batch run on the device.", Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32}}),
 		batchBytes: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_bytes",

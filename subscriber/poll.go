@@ -3,6 +3,7 @@ package subscriber
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/vramq/vramq/gpu"
@@ -23,6 +24,26 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 	// Fetches send to the buffer, so it closes only after they are done;
 	// shutdown cancels them through ctx.
 	defer s.fetches.Wait()
+	// What a receive brings is decoded and sent on by accept, in order, in
+	// a goroutine of its own, so that the next receive goes out meanwhile:
+	// decoding in line left no receive in flight 13% of the time against 4%
+	// for a bare SDK loop, at 7,000 messages a second on the emulator
+	// (bench overhead -timeline). The poller takes the leases and counts
+	// the messages as waiting first, so that room() is right for the next
+	// receive. No more than Prefetch messages wait, so no more than Prefetch
+	// receives are queued here, and sending never blocks. Fetches start in
+	// accept: the acceptor is done before they are waited for.
+	received := make(chan []*lease, s.cfg.Prefetch)
+	var acceptor sync.WaitGroup
+	acceptor.Go(func() {
+		for ls := range received {
+			for _, l := range ls {
+				s.accept(ctx, l)
+			}
+		}
+	})
+	defer acceptor.Wait()
+	defer close(received)
 	failures := 0
 	var topUp time.Time // when a partial receive may go, while waiting for room for a full one
 	for ctx.Err() == nil {
@@ -76,33 +97,39 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 		}
 		failures = 0
 		s.pollErrSince.Store(0)
-		for _, m := range msgs {
-			s.accept(ctx, m, start)
+		if len(msgs) == 0 {
+			continue
 		}
+		ls := make([]*lease, len(msgs))
+		for i, m := range msgs {
+			ls[i] = s.keeper.hold(m, start)
+			s.m.received.Inc()
+			if m.ReceiveCount > 1 {
+				s.m.redelivered.Inc()
+			}
+			s.received.Add(1)
+			s.addWaiting()
+		}
+		received <- ls
 	}
 }
 
-// accept takes a lease on m and sends it on: to the buffer, to the DLQ when
-// it can never run, or straight back when shutting down. A message with
-// claim-checked items is fetched off the poll loop, so a slow bucket does not
-// hold up receiving.
-func (s *Subscriber) accept(ctx context.Context, m Message, start time.Time) {
-	l := s.keeper.hold(m, start)
-	s.m.received.Inc()
-	if m.ReceiveCount > 1 {
-		s.m.redelivered.Inc()
-	}
-	s.received.Add(1)
+// accept sends on a received message, leased and counted as waiting: to the
+// buffer, to the DLQ when it can never run, or straight back when shutting
+// down. A message with claim-checked items is fetched off the accept loop,
+// so a slow bucket does not hold up the messages behind it.
+func (s *Subscriber) accept(ctx context.Context, l *lease) {
 	if ctx.Err() != nil {
+		s.startTasks(1)
 		s.keeper.finish(l, true, 0)
 		return
 	}
-	w, err := job.DecodeWork([]byte(m.Body))
+	w, err := job.DecodeWork([]byte(l.msg.Body))
 	if err != nil {
+		s.startTasks(1)
 		s.deadLetterAsync(l, "malformed", err.Error())
 		return
 	}
-	s.addWaiting()
 	if !hasRefs(w) {
 		s.enqueue(l, w)
 		return
@@ -118,13 +145,19 @@ func (s *Subscriber) accept(ctx context.Context, m Message, start time.Time) {
 // enqueue sends a decoded message, already counted as waiting, on to
 // admission, or to the DLQ when it can never fit. Its cost is estimated from
 // its content, so claim-checked items must have been fetched.
+//
+// Never fitting is exceeding the largest budget the device could give, not
+// the budget now: that may be smaller because another process holds memory
+// for a while, and dead-lettering would lose work that fits once it lets
+// go. Such a message waits in admission, and the admit timeout hands it
+// back for later or for another consumer.
 func (s *Subscriber) enqueue(l *lease, w *job.Work) {
 	cost := s.cfg.Model.Cost(w.Items)
 	if !s.adm.fits(cost) {
 		s.startTasks(1)
 		s.deadLetterAsync(l, "too_large", fmt.Sprintf(
-			"estimated working memory %s exceeds the whole VRAM budget %s (%d items)",
-			gpu.FormatBytes(cost), gpu.FormatBytes(s.budget), len(w.Items)))
+			"estimated working memory %s exceeds the largest VRAM budget the device can give, %s (%d items)",
+			gpu.FormatBytes(cost), gpu.FormatBytes(s.adm.size), len(w.Items)))
 		return
 	}
 	// Never blocks: room() kept waiting, which counts this message, within

@@ -82,24 +82,44 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 }
 
 // runAlone gives one message the whole device: it waits until every other
-// admitted message has let go, so nothing else is running. Out of memory
-// then is a real failure and the message is dead-lettered.
+// admitted message has let go, so nothing else is running, and takes the
+// whole budget as it is now. Out of memory then is a real failure and the
+// message is dead-lettered.
+//
+// Unless the budget has shrunk below the message's estimate since it was
+// admitted: another process holds part of the device, the out-of-memory
+// error may be its doing, and the message is handed back for a retry rather
+// than lost (the queue's redrive policy ends one that keeps failing).
 func (s *Subscriber) runAlone(ctx context.Context, t *task) {
-	if err := s.adm.acquire(ctx, s.adm.size); err != nil {
+	if s.shrunkBelow(t, s.adm.budget()) {
+		return
+	}
+	n, err := s.adm.acquireAll(ctx)
+	if err != nil {
+		s.adm.endExclusive()
 		s.finish(t, true, 0) // shutting down
 		return
 	}
-	t.weight = s.adm.size
+	t.weight = n
+	if s.shrunkBelow(t, min(n, s.adm.budget())) {
+		s.adm.endExclusive() // after the weight went back, in finish
+		return
+	}
+	cost := t.cost
 	outs, err := s.infer(ctx, []*task{t}, true)
+	// Let go of the device before sending anything, as process does, and
+	// let the budget follow the device again.
+	s.settle(t)
+	s.adm.endExclusive()
 	switch {
 	case err == nil:
-		s.log.Warn("ran alone after out of memory: succeeded", "message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(t.cost))
+		s.log.Warn("ran alone after out of memory: succeeded", "message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(cost))
 		s.complete([]*task{t}, outs)
 	case errors.Is(err, gpu.ErrOutOfMemory):
 		s.m.oomRetries.Inc()
 		s.deadLetter(t.lease, "out_of_memory", fmt.Sprintf(
 			"out of memory with the device to itself: estimated %s, budget %s: %v",
-			gpu.FormatBytes(t.cost), gpu.FormatBytes(s.budget), err))
+			gpu.FormatBytes(cost), gpu.FormatBytes(n), err))
 		s.settle(t)
 	case errors.Is(err, gpu.ErrInvalidInput):
 		s.deadLetter(t.lease, "invalid_input", err.Error())
@@ -107,6 +127,19 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) {
 	default:
 		s.failTasks(ctx, []*task{t}, err)
 	}
+}
+
+// shrunkBelow hands t back for a retry, and reports true, when the budget
+// it would run alone with is below its estimate (vram only).
+func (s *Subscriber) shrunkBelow(t *task, budget int64) bool {
+	if s.adm.strategy != AdmitVRAM || t.cost <= budget {
+		return false
+	}
+	delay := s.retryDelay(t.lease.msg.ReceiveCount)
+	s.log.Warn("out of memory in a batch of one while another process holds device memory: the budget is below its estimate; released for a retry",
+		"message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(t.cost), "budget", gpu.FormatBytes(budget), "retry_in", delay)
+	s.finish(t, true, delay)
+	return true
 }
 
 // infer runs tasks as one batch on the model under InferenceTimeout and
@@ -150,10 +183,14 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	}
 	elapsed := time.Since(start)
 	after, _ := s.cfg.Device.MemInfo()
-	s.m.deviceFree.Set(float64(after.Free))
+	if after.Total > 0 { // read; a failed read leaves the gauges to the refresh
+		s.m.deviceFree.Set(float64(after.Free))
+		s.m.deviceProcess.Set(float64(after.Process))
+	}
 	s.log.Info("batch", "messages", len(tasks), "items", len(items), "cost", gpu.FormatBytes(cost),
 		"alone", alone, "took", elapsed.Round(time.Microsecond), "ok", a.err == nil,
 		"device_free_before", gpu.FormatBytes(before.Free), "device_free_after", gpu.FormatBytes(after.Free),
+		"device_process_before", gpu.FormatBytes(before.Process), "device_process_after", gpu.FormatBytes(after.Process),
 		"simulated", s.cfg.Device.Simulated())
 	if a.err != nil {
 		return nil, a.err

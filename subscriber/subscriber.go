@@ -32,10 +32,13 @@ type Subscriber struct {
 	// payloads is the payload bucket, nil when none is configured.
 	payloads Payloads
 	keeper   *keeper
+	outbox   *outbox    // result sends, shared across batches
 	protect  *protector // nil without task protection
 	adm      *admission
-	budget   int64
-	state    *learned
+	// startBudget is the budget New read, kept for Budget under count and
+	// none, which do not admit by it.
+	startBudget int64
+	state       *learned
 
 	buffer   chan *task    // received, decoded, waiting for admission
 	waiting  atomic.Int64  // received and not started: fetching, buffer, admission, batcher
@@ -69,9 +72,10 @@ type task struct {
 
 // New checks cfg, reads the device's memory to size the budget, and returns a
 // Subscriber ready to Run. The budget is what the device has free now (the
-// model's weights are loaded, so they are already out of it) less the
-// reserve, capped by VRAMLimit: free memory, not total, because a GPU may be
-// shared.
+// model's weights are loaded, so they are already out of it) plus what the
+// model's batches hold, less the reserve, capped by VRAMLimit: free memory,
+// not total, because a GPU may be shared. Run keeps it up to date (see
+// Config.BudgetRefresh).
 func New(cfg Config) (*Subscriber, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -81,29 +85,37 @@ func New(cfg Config) (*Subscriber, error) {
 	if err != nil {
 		return nil, fmt.Errorf("subscriber: reading device memory: %w", err)
 	}
-	budget := mem.Free - cfg.VRAMReserve
+	var working int64
+	if ws, ok := cfg.Model.(gpu.WorkingSet); ok {
+		working = ws.Working()
+	}
+	budget := mem.Free + working - cfg.VRAMReserve
+	// The largest budget the device could ever give: all of it but the
+	// weights and the reserve. Never below the budget now, in case the
+	// model's Weights says more than it holds.
+	largest := max(mem.Total-cfg.Model.Weights()-cfg.VRAMReserve, budget)
 	if cfg.VRAMLimit > 0 {
-		budget = min(budget, cfg.VRAMLimit)
+		budget, largest = min(budget, cfg.VRAMLimit), min(largest, cfg.VRAMLimit)
 	}
 	m := newMetrics(cfg.Registerer)
-	adm, err := newAdmission(cfg.Admission, budget, cfg.Count)
+	adm, err := newResizableAdmission(cfg.Admission, budget, largest, cfg.Count)
 	if err != nil {
 		return nil, fmt.Errorf("subscriber: %w (device %s: %s free, reserve %s)", err, cfg.Device.Name(),
 			gpu.FormatBytes(mem.Free), gpu.FormatBytes(cfg.VRAMReserve))
 	}
 	s := &Subscriber{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		m:         m,
-		queue:     countedQueue{cfg.Queue, m},
-		results:   countedSender{cfg.Results, m},
-		dlq:       countedSender{cfg.DLQ, m},
-		adm:       adm,
-		budget:    budget,
-		buffer:    make(chan *task, cfg.Prefetch),
-		roomKick:  make(chan struct{}, 1),
-		admitKick: make(chan struct{}, 1),
-		suspects:  newSuspects(),
+		cfg:         cfg,
+		log:         cfg.Logger,
+		m:           m,
+		queue:       countedQueue{cfg.Queue, m},
+		results:     countedSender{cfg.Results, m},
+		dlq:         countedSender{cfg.DLQ, m},
+		adm:         adm,
+		startBudget: budget,
+		buffer:      make(chan *task, cfg.Prefetch),
+		roomKick:    make(chan struct{}, 1),
+		admitKick:   make(chan struct{}, 1),
+		suspects:    newSuspects(),
 
 		fetchSlots: semaphore.NewWeighted(maxFetches),
 	}
@@ -112,6 +124,8 @@ func New(cfg Config) (*Subscriber, error) {
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold)
 	s.keeper.onRemove = s.pokeRoom
+	s.keeper.fullCall = s.fullCall()
+	s.outbox = s.newOutbox()
 	if cfg.TaskProtection != nil {
 		s.protect = newProtector(cfg.TaskProtection, cfg.TaskProtectionExpiry, s.keeper.held.Load, m, s.log)
 		s.keeper.onHold = s.protect.poke
@@ -119,21 +133,50 @@ func New(cfg Config) (*Subscriber, error) {
 	}
 	s.state = loadLearned(cfg.StateFile, cfg.Model.Name(), cfg.Device.Name(), cfg.MaxBatch, s.log)
 	m.budget.Set(float64(budget))
+	if cfg.Admission == AdmitVRAM {
+		m.budgetMax.Set(float64(adm.size))
+	}
 	m.deviceTotal.Set(float64(mem.Total))
 	m.deviceFree.Set(float64(mem.Free))
+	m.deviceProcess.Set(float64(mem.Process))
 	m.batchLimit.Set(float64(s.state.batchLimit()))
 	s.log.Info("subscriber ready",
 		"device", cfg.Device.Name(), "simulated", cfg.Device.Simulated(),
 		"memory_total", gpu.FormatBytes(mem.Total), "memory_free", gpu.FormatBytes(mem.Free),
+		"memory_process", gpu.FormatBytes(mem.Process),
 		"weights", gpu.FormatBytes(cfg.Model.Weights()), "reserve", gpu.FormatBytes(cfg.VRAMReserve),
-		"budget", gpu.FormatBytes(budget), "admission", string(cfg.Admission),
-		"model", cfg.Model.Name(), "batch_limit", s.state.batchLimit())
+		"budget", gpu.FormatBytes(budget), "budget_max", gpu.FormatBytes(largest), "budget_refresh", cfg.BudgetRefresh,
+		"admission", string(cfg.Admission), "model", cfg.Model.Name(), "batch_limit", s.state.batchLimit())
+	if _, ok := cfg.Model.(gpu.WorkingSet); !ok && cfg.Admission == AdmitVRAM && cfg.BudgetRefresh > 0 {
+		s.log.Info("the model does not report its working set (gpu.WorkingSet): the budget is read again only while none of its batches is admitted",
+			"model", cfg.Model.Name())
+	}
 	return s, nil
 }
 
-// Budget is the working memory, in bytes, that admission hands out under the
-// vram strategy.
-func (s *Subscriber) Budget() int64 { return s.budget }
+// Budget is the working memory, in bytes, that admission works against now
+// under the vram strategy: read from the device at New and, while Run runs,
+// every BudgetRefresh. When it shrinks below what is in flight, nothing new
+// is admitted until in-flight work is under it. Under count and none it is
+// what the device offered at New, for information.
+func (s *Subscriber) Budget() int64 {
+	if s.adm.strategy == AdmitVRAM {
+		return s.adm.budget()
+	}
+	return s.startBudget
+}
+
+// MaxBudget is the largest budget the device could give under the vram
+// strategy: its total memory less the model's weights and the reserve,
+// capped by VRAMLimit. A message whose estimate exceeds it can never run and
+// is dead-lettered (too_large); one that only exceeds Budget waits, since
+// the memory another process holds may come back.
+func (s *Subscriber) MaxBudget() int64 {
+	if s.adm.strategy == AdmitVRAM {
+		return s.adm.size
+	}
+	return s.startBudget
+}
 
 // PeakBytes is the most estimated working memory admitted at once so far.
 func (s *Subscriber) PeakBytes() int64 { return s.peak.Load() }
@@ -183,6 +226,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	stages.Go(func() { s.poll(ctx, workCtx) })
 	stages.Go(func() { s.admit(ctx, admitted) })
 	stages.Go(func() { s.batch(ctx, workCtx, admitted) })
+	stages.Go(func() { s.refreshBudget(ctx) })
 
 	<-ctx.Done()
 	s.log.Info("shutting down: no more receives; releasing unstarted messages", "running_grace", s.cfg.ShutdownGrace)
@@ -193,7 +237,13 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	stages.Wait()
 	s.runners.Wait()
 	s.aux.Wait()
+	// Results still waiting for company go now, before the keeper drains
+	// the deletes they lead to.
+	s.outbox.close()
 	grace.Stop()
+	// The refresh has stopped with the stages; a shrink still waiting
+	// could only wait for work that is gone.
+	s.adm.close()
 
 	stopKeeper()
 	<-keeperDone

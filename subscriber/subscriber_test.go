@@ -27,16 +27,23 @@ const mib = 1 << 20
 
 // testModel runs on a simulated device. An item's text says what it costs and
 // how long it runs: "mb=30 ms=200", optionally "hang" (never returns until
-// cancelled), "invalid" (rejected as poison) or "lie=N" (really needs N times
-// its estimate).
+// cancelled), "invalid" (rejected as poison), "lie=N" (really needs N times
+// its estimate) or "delay=MS" (a launch before it allocates).
 type testModel struct {
-	dev  *gpu.Sim
-	runs atomic.Int64
+	dev     *gpu.Sim
+	runs    atomic.Int64
+	working atomic.Int64 // what its batches hold; reported by workingModel
 }
 
+// workingModel is the test model reporting its working set
+// (gpu.WorkingSet), as the project's models do.
+type workingModel struct{ *testModel }
+
+func (m workingModel) Working() int64 { return m.working.Load() }
+
 type itemSpec struct {
-	mb, ms, lie   int
-	hang, invalid bool
+	mb, ms, lie, delay int
+	hang, invalid      bool
 }
 
 func parseSpec(text string) itemSpec {
@@ -58,6 +65,8 @@ func parseSpec(text string) itemSpec {
 					s.ms = v
 				case "lie":
 					s.lie = v
+				case "delay":
+					s.delay = v
 				}
 			}
 		}
@@ -79,22 +88,31 @@ func (m *testModel) Cost(items []job.Item) int64 {
 func (m *testModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
 	m.runs.Add(1)
 	var need int64
-	var took time.Duration
+	var took, delay time.Duration
 	hang := false
 	for _, it := range items {
 		s := parseSpec(it.Text)
 		need += int64(s.mb*s.lie) * mib
 		took = max(took, time.Duration(s.ms)*time.Millisecond)
+		delay = max(delay, time.Duration(s.delay)*time.Millisecond)
 		hang = hang || s.hang
 		if s.invalid {
 			return nil, fmt.Errorf("item %s: %w", it.ID, gpu.ErrInvalidInput)
+		}
+	}
+	if delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
 	free, err := m.dev.Alloc(need)
 	if err != nil {
 		return nil, err
 	}
-	defer free()
+	m.working.Add(need)
+	defer func() { m.working.Add(-need); free() }()
 	if hang {
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -126,6 +144,13 @@ type harness struct {
 // capacity bytes. Call it inside a synctest bubble.
 func start(t *testing.T, capacity int64, cfg Config) *harness {
 	t.Helper()
+	return startWith(t, capacity, cfg, nil)
+}
+
+// startWith is start with setup, when not nil, changing the configuration
+// last: another model, device or logger.
+func startWith(t *testing.T, capacity int64, cfg Config, setup func(*harness, *Config)) *harness {
+	t.Helper()
 	h := &harness{t: t, work: newMemQueue(), results: newMemQueue(), dlq: newMemQueue(), dev: gpu.NewSim(capacity), reg: prometheus.NewRegistry()}
 	h.model = &testModel{dev: h.dev}
 	cfg.Queue, cfg.Results, cfg.DLQ, cfg.Model, cfg.Device = h.work, h.results, h.dlq, h.model, h.dev
@@ -140,6 +165,9 @@ func start(t *testing.T, capacity int64, cfg Config) *harness {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	} else {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if setup != nil {
+		setup(h, &cfg)
 	}
 	sub, err := New(cfg)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"time"
@@ -51,6 +52,10 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&cc.MaxBatch, "max-batch", 10, "subscriber comparison: the subscriber's max batch")
 	clients := fs.String("clients", "1,4", "publisher comparison: clients posting jobs at once; a comparison for each number in the list")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	traceOut := fs.String("trace", "", "write a Go execution trace of the whole run to this file (go tool trace)")
+	timelineOut := fs.String("timeline", "", "subscriber comparison: record every SQS call of every run, with the process's and the machine's CPU over it, "+
+		"as JSON to this file, and log a summary of each run (calls in flight, latencies, time with no receive in flight)")
+	serverPID := fs.Int("server-pid", 0, "with -timeline: the endpoint's process id (the emulator's, in .run/emulator*.pid), whose CPU over each run is reported too")
 	only := fs.String("only", "subscriber,publisher", "comparisons to run")
 	runTimeout := fs.Duration("run-timeout", 3*time.Minute, "longest one variant may take")
 	md := fs.String("md", "", "also write the figures into this markdown file's overhead section (e.g. bench/overhead.md)")
@@ -80,7 +85,27 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		defer pprof.StopCPUProfile()
 	}
-	e, err := newBenchEnv(ctx, stderr)
+	if *traceOut != "" {
+		f, err := os.Create(*traceOut)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return err
+		}
+		defer trace.Stop()
+	}
+	var tl *timeline
+	if *timelineOut != "" {
+		tl = &timeline{serverPID: *serverPID}
+		defer func() {
+			if err := tl.write(*timelineOut); err != nil {
+				fmt.Fprintf(stderr, "bench overhead: writing the timeline: %v\n", err)
+			}
+		}()
+	}
+	e, err := newBenchEnv(ctx, stderr, tl)
 	if err != nil {
 		return err
 	}
@@ -100,6 +125,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		for t := range *trials {
 			for _, i := range rotation(len(cs), t) {
 				c := cs[i]
+				e.run.variant, e.run.trial = c.name, t+1
 				rate, note, err := e.timed(ctx, *runTimeout, func(ctx context.Context, urls localstack.URLs) (time.Duration, string, error) {
 					if err := e.preload(ctx, urls.Work, tinyWorks("overhead", *messages)); err != nil {
 						return 0, "", fmt.Errorf("pre-loading: %w", err)
@@ -111,6 +137,9 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 				}
 				set.Rates[i] = append(set.Rates[i], rate)
 				fmt.Fprintf(stderr, "bench overhead: trial %d/%d %-50s %7.0f messages/s %s\n", t+1, *trials, c.name, rate, note)
+				if tl != nil {
+					fmt.Fprintf(stderr, "bench overhead:   timeline: %s\n", e.run.summary)
+				}
 				if note != "" && i == 0 {
 					set.Notes = append(set.Notes, fmt.Sprintf("trial %d: the subscriber's %s", t+1, note))
 				}
@@ -187,6 +216,7 @@ func (e *benchEnv) timed(ctx context.Context, limit time.Duration, f func(contex
 			return float64(n) / took.Seconds(), note, nil
 		}
 		e.discarded++
+		e.tl.discardLast()
 	}
 }
 

@@ -78,7 +78,7 @@ func (cc consumeConfig) subscriber(ctx context.Context, e *benchEnv, urls locals
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan error, 1)
-	start := time.Now()
+	start := e.begin()
 	go func() { done <- sub.Run(runCtx) }()
 	// Done when SQS has confirmed the delete of every message: the same
 	// end as the bare loops'. Polled often, so the poll adds little.
@@ -93,7 +93,7 @@ func (cc consumeConfig) subscriber(ctx context.Context, e *benchEnv, urls locals
 		case <-time.After(time.Millisecond):
 		}
 	}
-	took := time.Since(start)
+	took := e.end(start, n)
 	stop()
 	if err := <-done; err != nil {
 		return 0, "", err
@@ -190,7 +190,7 @@ func (cc consumeConfig) bare(results, pipelined bool) func(context.Context, *ben
 			return out.Messages, nil
 		}
 
-		start := time.Now()
+		start := e.begin()
 		if !pipelined {
 			for got := 0; got < n; {
 				msgs, err := receive(ctx)
@@ -205,7 +205,7 @@ func (cc consumeConfig) bare(results, pipelined bool) func(context.Context, *ben
 				}
 				got += len(msgs)
 			}
-			return time.Since(start), "", nil
+			return e.end(start, n), "", nil
 		}
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(max(cc.MaxInflight/10, 1))
@@ -224,7 +224,9 @@ func (cc consumeConfig) bare(results, pipelined bool) func(context.Context, *ben
 			// bound, as the subscriber's stops its receives.
 			g.Go(func() error { return settle(gctx, msgs) })
 		}
-		if err := g.Wait(); err != nil {
+		err := g.Wait()
+		took := e.end(start, n)
+		if err != nil {
 			return 0, "", err
 		}
 		if recvErr != nil {
@@ -233,6 +235,6 @@ func (cc consumeConfig) bare(results, pipelined bool) func(context.Context, *ben
 		if err := ctx.Err(); err != nil {
 			return 0, "", err
 		}
-		return time.Since(start), "", nil
+		return took, "", nil
 	}
 }

@@ -64,20 +64,43 @@ type benchEnv struct {
 	prefix         string
 	queues         int
 	discarded      int // runs thrown away for a retried receive
+	// tl records the consumer runs' calls when -timeline is set; nil
+	// otherwise. run names the run in progress for it.
+	tl  *timeline
+	run struct {
+		variant string
+		trial   int
+		summary string // the timeline's summary of the run last ended
+	}
 }
 
-func newBenchEnv(ctx context.Context, stderr io.Writer) (*benchEnv, error) {
-	e := &benchEnv{}
+func newBenchEnv(ctx context.Context, stderr io.Writer, tl *timeline) (*benchEnv, error) {
+	e := &benchEnv{tl: tl}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	cfg, err := awsconfig.Load(ctx, slog.New(retryCounter{log.Handler(), &e.receiveRetries}))
 	if err != nil {
 		return nil, err
 	}
-	e.client = sqs.NewFromConfig(cfg)
+	e.client = sqs.NewFromConfig(cfg, func(o *sqs.Options) {
+		if tl != nil {
+			o.APIOptions = append(o.APIOptions, tl.apiOption)
+		}
+	})
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	e.prefix = "bench-" + hex.EncodeToString(b[:]) + "-"
 	return e, nil
+}
+
+// begin is a consumer run's start: its clock, and the timeline's.
+func (e *benchEnv) begin() time.Time { return e.tl.begin(e.run.variant, e.run.trial) }
+
+// end is a consumer run's end after n messages: the time since start. The
+// timeline's summary of the run is left in e.run.summary.
+func (e *benchEnv) end(start time.Time, n int) time.Duration {
+	took := time.Since(start)
+	e.run.summary = e.tl.end(took, n)
+	return took
 }
 
 // retryCounter passes SDK log records on, counting retried receives.
@@ -86,9 +109,20 @@ type retryCounter struct {
 	n *atomic.Int64
 }
 
+// Enabled takes warnings whatever the wrapped handler takes: the SDK logs
+// its retries at warn, and slog asks Enabled before Handle, so over a
+// handler that drops everything (the strategies' slog.DiscardHandler) no
+// retry was ever counted.
+func (h retryCounter) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn || h.Handler.Enabled(ctx, l)
+}
+
 func (h retryCounter) Handle(ctx context.Context, r slog.Record) error {
 	if strings.Contains(r.Message, "retrying request SQS/ReceiveMessage") {
 		h.n.Add(1)
+	}
+	if !h.Handler.Enabled(ctx, r.Level) {
+		return nil
 	}
 	return h.Handler.Handle(ctx, r)
 }

@@ -13,15 +13,33 @@ type closingModel interface {
 	Close() error
 }
 
+// loadWeights reads -weights, or generates the reference weights from
+// -model-seed: every backend runs the same weights from the same place.
+func loadWeights(o *options, log *slog.Logger) (*gpu.EmbedWeights, gpu.EmbedConfig, error) {
+	if o.weights != "" {
+		w, cfg, err := gpu.LoadEmbedWeights(o.weights)
+		if err != nil {
+			return nil, cfg, fmt.Errorf("-weights: %w", err)
+		}
+		log.Info("weights loaded", "file", o.weights, "vocab", cfg.Vocab, "dim", cfg.Dim, "hidden", cfg.Hidden, "out", cfg.Out, "max_tokens", cfg.MaxTokens, "bytes", gpu.FormatBytes(w.Bytes()))
+		return w, cfg, nil
+	}
+	cfg := gpu.DefaultEmbedConfig()
+	cfg.Seed = o.modelSeed
+	return gpu.GenerateEmbedWeights(cfg), cfg, nil
+}
+
 // openSim opens the simulated device of -vram bytes and loads the CPU
 // reference model onto it: the backend of every build, and the only one of
 // a build without CUDA.
 func openSim(o *options, log *slog.Logger) (gpu.Device, closingModel, error) {
+	w, mcfg, err := loadWeights(o, log)
+	if err != nil {
+		return nil, nil, err
+	}
 	dev := gpu.NewSim(int64(o.vram))
 	log.Warn("the device is SIMULATED: memory is accounted by vramq, the model runs on the CPU", "capacity", gpu.FormatBytes(int64(o.vram)))
-	mcfg := gpu.DefaultEmbedConfig()
-	mcfg.Seed = o.modelSeed
-	model, err := gpu.NewEmbedder(gpu.GenerateEmbedWeights(mcfg), mcfg, dev)
+	model, err := gpu.NewEmbedder(w, mcfg, dev)
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the model: %w", err)
 	}

@@ -44,12 +44,18 @@ type options struct {
 	vram, reserve, limit         gpu.Bytes
 	maxBatchBytes                gpu.Bytes
 	modelSeed                    uint64
+	weights                      string
 	metricsAddr                  string
 	logFormat, logLevel          string
 	// protectionURI is the ECS agent's URI when task scale-in protection
 	// is on; empty when off.
 	protectionURI string
 	cfg           subscriber.Config
+	// calibrate runs the sweep instead of subscribing; costModel is the
+	// file it writes, or the one a subscriber loads (calibrate.go).
+	calibrate                       bool
+	calibrateItems, calibratePoints int
+	costModel                       string
 }
 
 func parse(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
@@ -65,7 +71,13 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.Var(&o.vram, "vram", "memory of the simulated device, e.g. 16GiB")
 	fs.Var(&o.reserve, "vram-reserve", "device memory kept free of work")
 	fs.Var(&o.limit, "vram-limit", "cap on the VRAM budget below what the device offers (0: no cap)")
-	fs.Uint64Var(&o.modelSeed, "model-seed", gpu.DefaultEmbedConfig().Seed, "seed of the reference model's generated weights")
+	fs.DurationVar(&c.BudgetRefresh, "budget-refresh", 2*time.Second, "how often the device's memory is read again; under -admission=vram the budget follows it, so another process on the GPU shrinks it (negative: never, keep the budget read at start)")
+	fs.Uint64Var(&o.modelSeed, "model-seed", gpu.DefaultEmbedConfig().Seed, "seed of the reference model's generated weights (without -weights)")
+	fs.StringVar(&o.weights, "weights", "", "safetensors file of the reference model's weights (make weights writes one; empty: generated from -model-seed)")
+	fs.BoolVar(&o.calibrate, "calibrate", false, "measure the model's working memory on -device with a sweep of batches, print the fitted cost model, write it to -cost-model if set, and exit\n(touches no queue; nothing else may use the device meanwhile)")
+	fs.IntVar(&o.calibrateItems, "calibrate-items", 0, "most items in one batch of the -calibrate sweep (0: -max-batch × 32, the publisher's default -chunk-items)")
+	fs.IntVar(&o.calibratePoints, "calibrate-points", gpu.DefaultSweep(1).Points, "batches the -calibrate sweep measures at its largest item count (fewer at smaller ones): more take longer and leave a smaller margin")
+	fs.StringVar(&o.costModel, "cost-model", "", "cost model file from -calibrate: estimate each message's working memory with it (with -calibrate: where to write it; empty: the model's own estimate)")
 	admission := fs.String("admission", string(subscriber.AdmitVRAM), "admission strategy: vram (by estimated memory), count (fixed N at once), none (all received)")
 	fs.IntVar(&c.Count, "count", 4, "messages at once under -admission=count")
 	fs.IntVar(&c.Prefetch, "prefetch", 20, "most messages received but not yet started")
@@ -105,8 +117,15 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 			missing = append(missing, f.name)
 		}
 	}
-	if len(missing) > 0 {
+	// -calibrate touches no queue, so it needs none.
+	if len(missing) > 0 && !o.calibrate {
 		return nil, fmt.Errorf("%w: missing %s (or their environment variables)", errUsage, strings.Join(missing, ", "))
+	}
+	if o.calibrateItems < 0 {
+		return nil, fmt.Errorf("%w: -calibrate-items=%d: want 0 (the default) or more", errUsage, o.calibrateItems)
+	}
+	if o.calibratePoints < 2 {
+		return nil, fmt.Errorf("%w: -calibrate-points=%d: want at least 2", errUsage, o.calibratePoints)
 	}
 	// ECS_AGENT_URI is the agent's own variable, set in every container of
 	// an ECS task, so it is read as is rather than through a flag.
@@ -135,7 +154,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 
 // configFlags maps subscriber.Config fields to the flags that set them.
 var configFlags = map[string]string{
-	"Admission": "admission", "Count": "count", "VRAMReserve": "vram-reserve", "VRAMLimit": "vram-limit",
+	"Admission": "admission", "Count": "count", "VRAMReserve": "vram-reserve", "VRAMLimit": "vram-limit", "BudgetRefresh": "budget-refresh",
 	"Prefetch": "prefetch", "MaxInflight": "max-inflight", "MaxBatch": "max-batch", "MaxBatchDelay": "max-batch-delay", "MaxBatchBytes": "max-batch-bytes",
 	"WaitTime": "wait-time", "Visibility": "visibility-timeout", "MaxHold": "max-hold", "AdmitTimeout": "admit-timeout",
 	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
@@ -183,6 +202,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	defer dev.Close()
 	defer model.Close()
+	if o.calibrate {
+		return calibrate(ctx, o, dev, model, log, stderr)
+	}
+	if o.costModel != "" {
+		if err := useCostModel(o, dev, model, log); err != nil {
+			return err
+		}
+	}
 
 	awsCfg, err := awsconfig.Load(ctx, log)
 	if err != nil {

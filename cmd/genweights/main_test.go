@@ -1,0 +1,104 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/vramq/vramq/gpu"
+)
+
+func noEnv(string) string { return "" }
+
+func sameBits(a, b []float32) bool {
+	return slices.EqualFunc(a, b, func(x, y float32) bool { return math.Float32bits(x) == math.Float32bits(y) })
+}
+
+func TestRunWritesLoadableWeights(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "small.safetensors")
+	var out bytes.Buffer
+	args := []string{"-out", path, "-vocab", "100", "-dim", "8", "-hidden", "16", "-out-dim", "4", "-max-tokens", "32"}
+	env := map[string]string{"VRAMQ_SEED": "42"}
+	if err := run(args, func(k string) string { return env[k] }, &out); err != nil {
+		t.Fatal(err)
+	}
+	want := gpu.EmbedConfig{Vocab: 100, Dim: 8, Hidden: 16, Out: 4, MaxTokens: 32, Seed: 42}
+	w, cfg, err := gpu.LoadEmbedWeights(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg != want {
+		t.Errorf("config %+v, want %+v", cfg, want)
+	}
+	gen := gpu.GenerateEmbedWeights(want)
+	if !sameBits(w.Embedding, gen.Embedding) || !sameBits(w.W1, gen.W1) || !sameBits(w.B1, gen.B1) ||
+		!sameBits(w.W2, gen.W2) || !sameBits(w.B2, gen.B2) {
+		t.Error("the file's weights are not GenerateEmbedWeights' for its config")
+	}
+	if !strings.Contains(out.String(), path) || !strings.Contains(out.String(), "seed 42") {
+		t.Errorf("printed %q; want the path and the seed", out.String())
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("file mode: %v, %v; want 0644", fi.Mode(), err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("%d entries in the directory; want only the weights, no temporary file", len(entries))
+	}
+
+	// The defaults are gpu.DefaultEmbedConfig, and a second run replaces the file.
+	if err := run([]string{"-out", path}, noEnv, &out); err != nil {
+		t.Fatal(err)
+	}
+	if _, cfg, err := gpu.LoadEmbedWeights(path); err != nil || cfg != gpu.DefaultEmbedConfig() {
+		t.Errorf("defaults: config %+v, %v; want %+v", cfg, err, gpu.DefaultEmbedConfig())
+	}
+}
+
+func TestRunRejectsBadInput(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "w.safetensors")
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"no -out", nil, nil, "-out is required"},
+		{"unknown flag", []string{"-out", out, "-bogus"}, nil, "bogus"},
+		{"extra argument", []string{"-out", out, "extra"}, nil, "extra"},
+		{"vocab of 1", []string{"-out", out, "-vocab", "1"}, nil, "Vocab is 1"},
+		{"zero max tokens", []string{"-out", out, "-max-tokens", "0"}, nil, "MaxTokens is 0"},
+		{"bad environment", []string{"-out", out}, map[string]string{"VRAMQ_DIM": "wide"}, "VRAMQ_DIM"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout bytes.Buffer
+			err := run(tt.args, func(k string) string { return tt.env[k] }, &stdout)
+			if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %v; want a usage error saying %q", err, tt.want)
+			}
+			if stdout.Len() > 0 {
+				t.Errorf("printed %q on error", stdout.String())
+			}
+		})
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("a refused run left %s: %v", out, err)
+	}
+	if err := run([]string{"-h"}, noEnv, new(bytes.Buffer)); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: error %v, want flag.ErrHelp", err)
+	}
+	// A directory that does not exist: an error naming the path, not a usage error.
+	missing := filepath.Join(dir, "no", "such", "w.safetensors")
+	err := run([]string{"-out", missing}, noEnv, new(bytes.Buffer))
+	if err == nil || errors.As(err, new(usageError)) || !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "write "+missing) {
+		t.Errorf("missing directory: %v, want a file error", err)
+	}
+}

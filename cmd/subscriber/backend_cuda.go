@@ -1,0 +1,69 @@
+//go:build cuda
+
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"github.com/vramq/vramq/gpu"
+)
+
+const deviceHelp = "device: cuda:N (GPU N in CUDA's numbering), auto (cuda:0), or sim (simulated memory, the model on the CPU)"
+
+func checkDevice(spec string) error {
+	if spec == "sim" || spec == "auto" {
+		return nil
+	}
+	if _, err := cudaIndex(spec); err != nil {
+		return err
+	}
+	return nil
+}
+
+func cudaIndex(spec string) (int, error) {
+	if spec == "auto" {
+		return 0, nil
+	}
+	rest, ok := strings.CutPrefix(spec, "cuda:")
+	n, err := strconv.Atoi(rest)
+	if !ok || err != nil || n < 0 || strings.HasPrefix(rest, "+") {
+		return 0, errors.New("want sim, auto or cuda:N (N a device index, 0 first)")
+	}
+	return n, nil
+}
+
+// openBackend loads the model onto the GPU. This binary links the CUDA
+// driver, so it does not start at all on a machine without one: "auto" is
+// always the GPU here, and "sim" is for trying the binary's flags on a GPU
+// machine without touching the GPU.
+func openBackend(o *options, log *slog.Logger) (gpu.Device, closingModel, error) {
+	if o.device == "sim" {
+		return openSim(o, log)
+	}
+	index, err := cudaIndex(o.device)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: -device=%s: %v", errUsage, o.device, err)
+	}
+	w, cfg, err := loadWeights(o, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := gpu.OpenCUDA(index, w, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading the model onto cuda:%d: %w", index, err)
+	}
+	mem, err := b.Device.MemInfo()
+	if err != nil {
+		b.Close()
+		return nil, nil, err
+	}
+	log.Info("model loaded onto the GPU", "device", b.Model.Device(), "memory", b.Device.Name(),
+		"weights", gpu.FormatBytes(b.Model.Weights()), "total", gpu.FormatBytes(mem.Total), "free", gpu.FormatBytes(mem.Free),
+		"process", gpu.FormatBytes(mem.Process), "cross_check", b.CrossCheck)
+	// The caller closes both: the model (its context) and the device (NVML).
+	return b.Device, b.Model, nil
+}

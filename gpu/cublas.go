@@ -1,0 +1,136 @@
+//go:build cuda
+
+package gpu
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+// The few cuBLAS entry points the model needs, with the signatures of
+// cublas_api.h (v2 API). They are called through pointers that dlsym found,
+// so no cuBLAS header or library is needed to build, and the binary does not
+// name a cuBLAS SONAME (libcublas.so.12 or .13, depending on the toolkit the
+// machine has) that the loader would insist on at start.
+typedef int (*cublas_create_fn)(void **handle);
+typedef int (*cublas_destroy_fn)(void *handle);
+typedef int (*cublas_sgemm_fn)(void *handle, int transa, int transb, int m, int n, int k,
+	const float *alpha, const float *A, int lda, const float *B, int ldb,
+	const float *beta, float *C, int ldc);
+
+static int vramq_cublas_create(void *f, void **h) { return ((cublas_create_fn)f)(h); }
+static int vramq_cublas_destroy(void *f, void *h) { return ((cublas_destroy_fn)f)(h); }
+static int vramq_cublas_sgemm(void *f, void *h, int m, int n, int k,
+	uint64_t A, int lda, uint64_t B, int ldb, uint64_t C, int ldc) {
+	const float alpha = 1.0f, beta = 0.0f;
+	// CUBLAS_OP_N for both: the caller lays the row-major operands out so
+	// that column-major products come out right (see gemm).
+	return ((cublas_sgemm_fn)f)(h, 0, 0, m, n, k, &alpha,
+		(const float *)(uintptr_t)A, lda, (const float *)(uintptr_t)B, ldb,
+		&beta, (float *)(uintptr_t)C, ldc);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"unsafe"
+
+	"gorgonia.org/cu"
+)
+
+// cublasLibraries are tried in order unless VRAMQ_CUBLAS names one: the
+// newest first, so a machine with several toolkits uses the one its driver
+// is most likely to match.
+var cublasLibraries = []string{"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so"}
+
+// cublasStatusAllocFailed is CUBLAS_STATUS_ALLOC_FAILED: cuBLAS could not get
+// device memory (for its workspace), which is an out-of-memory like any other.
+const cublasStatusAllocFailed = 3
+
+// cublas is a loaded cuBLAS and one handle, bound to the CUDA context that
+// was current when it was made. It is used only from the goroutine that owns
+// that context.
+type cublas struct {
+	lib                    unsafe.Pointer
+	create, destroy, sgemm unsafe.Pointer
+	handle                 unsafe.Pointer
+	path                   string
+}
+
+// loadCublas opens cuBLAS and makes a handle in the current context.
+func loadCublas() (*cublas, error) {
+	candidates := cublasLibraries
+	if p := os.Getenv("VRAMQ_CUBLAS"); p != "" {
+		candidates = []string{p}
+	}
+	var tried []string
+	for _, name := range candidates {
+		cname := C.CString(name)
+		lib := C.dlopen(cname, C.RTLD_NOW|C.RTLD_LOCAL)
+		C.free(unsafe.Pointer(cname))
+		if lib == nil {
+			tried = append(tried, fmt.Sprintf("%s: %s", name, C.GoString(C.dlerror())))
+			continue
+		}
+		b := &cublas{lib: lib, path: name}
+		if err := b.bind(); err != nil {
+			C.dlclose(lib)
+			return nil, err
+		}
+		if st := C.vramq_cublas_create(b.create, &b.handle); st != 0 {
+			C.dlclose(lib)
+			return nil, cublasError("cublasCreate", st)
+		}
+		return b, nil
+	}
+	return nil, fmt.Errorf("cuBLAS not found (set VRAMQ_CUBLAS to its path, e.g. PyTorch's site-packages/nvidia/cublas/lib/libcublas.so.12):\n  %s",
+		strings.Join(tried, "\n  "))
+}
+
+func (b *cublas) bind() error {
+	for _, s := range []struct {
+		name string
+		dst  *unsafe.Pointer
+	}{{"cublasCreate_v2", &b.create}, {"cublasDestroy_v2", &b.destroy}, {"cublasSgemm_v2", &b.sgemm}} {
+		cname := C.CString(s.name)
+		*s.dst = C.dlsym(b.lib, cname)
+		C.free(unsafe.Pointer(cname))
+		if *s.dst == nil {
+			return fmt.Errorf("cuBLAS %s: no symbol %s", b.path, s.name)
+		}
+	}
+	return nil
+}
+
+// gemm sets the row-major rows×m matrix c to a (rows×k) times b (k×m); see
+// rowMajorGemm for how that maps onto column-major cuBLAS.
+func (b *cublas) gemm(c, a, bm cu.DevicePtr, rows, k, m int) error {
+	g := rowMajorGemm(rows, k, m)
+	st := C.vramq_cublas_sgemm(b.sgemm, b.handle, C.int(g.m), C.int(g.n), C.int(g.k),
+		C.uint64_t(bm), C.int(g.lda), C.uint64_t(a), C.int(g.ldb), C.uint64_t(c), C.int(g.ldc))
+	if st != 0 {
+		return cublasError("cublasSgemm", st)
+	}
+	return nil
+}
+
+func (b *cublas) close() {
+	if b.handle != nil {
+		C.vramq_cublas_destroy(b.destroy, b.handle)
+		b.handle = nil
+	}
+	// The library stays loaded: cuBLAS registers process-wide state with
+	// the CUDA runtime that unloading would leave dangling.
+}
+
+func cublasError(call string, st C.int) error {
+	err := fmt.Errorf("cuBLAS %s: status %d", call, int(st))
+	if st == cublasStatusAllocFailed {
+		return fmt.Errorf("%w: %w", ErrOutOfMemory, err)
+	}
+	return err
+}

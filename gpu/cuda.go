@@ -1,0 +1,465 @@
+//go:build cuda
+
+package gpu
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"gorgonia.org/cu"
+
+	"github.com/vramq/vramq/job"
+)
+
+// The kernels of the model, compiled from kernels/embed.cu by `make ptx` and
+// committed, so a build needs no CUDA compiler. The driver JIT-compiles the
+// PTX for whatever GPU it finds (it targets sm_80 and later).
+//
+//go:embed kernels/embed.ptx
+var embedPTX string
+
+// bufAlign is the alignment of each buffer inside a batch's one allocation:
+// cuMemAlloc's own, so every buffer is as aligned as if allocated alone.
+const bufAlign = 256
+
+// CUDAEmbedder is the reference model (see Embedder) on an NVIDIA GPU, through
+// the CUDA driver API (gorgonia.org/cu) and cuBLAS. The weights are uploaded
+// once. Each batch tokenizes on the host, allocates its working memory on the
+// device as one allocation of exactly the buffers the cost model counts (so
+// an estimate that is too small fails as an out-of-memory, which the
+// subscriber recovers from by halving), gathers and mean-pools the token
+// embeddings, runs the two dense layers as cuBLAS GEMMs with a bias+GELU and a
+// bias+L2-norm kernel, copies the outputs back and frees its memory.
+//
+// CUDA binds a context to an OS thread, so one goroutine locked to its thread
+// owns the context and makes every CUDA call; Run hands it batches. Batches
+// therefore run one at a time, each on the default stream: the GPU does one
+// batch's kernels while other batches are tokenized and queued. A
+// CUDAEmbedder is safe for concurrent use.
+type CUDAEmbedder struct {
+	cfg     EmbedConfig
+	cost    CostModel
+	name    string
+	index   int
+	devName string
+	product string
+	weights int64
+	// resident is the whole footprint of the loaded model as NVML saw it
+	// (set by OpenCUDA); 0 when unknown.
+	resident int64
+
+	ops     chan func()
+	quit    chan struct{}
+	stopped chan struct{}
+	closing sync.Once
+	closed  atomic.Bool
+	working atomic.Int64
+	// calibrated is the cost model SetCostModel gave; nil until then.
+	calibrated atomic.Pointer[CostModel]
+
+	// Owned by the context's goroutine.
+	w     struct{ emb, w1, b1, w2, b2 cu.DevicePtr }
+	fns   struct{ gather, pool, gelu, norm cu.Function }
+	blas  *cublas
+	mod   cu.Module
+	cuctx cu.CUContext
+}
+
+var (
+	_ Meter           = (*CUDAEmbedder)(nil)
+	_ CostModelSetter = (*CUDAEmbedder)(nil)
+)
+
+// NewCUDAEmbedder creates a CUDA context on GPU index (CUDA's numbering),
+// loads the kernels and cuBLAS, and uploads w, shaped by cfg. It fails with
+// an error wrapping ErrOutOfMemory when the weights do not fit.
+func NewCUDAEmbedder(index int, w *EmbedWeights, cfg EmbedConfig) (*CUDAEmbedder, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if w == nil {
+		return nil, errors.New("cuda embed: nil weights")
+	}
+	if err := w.checkShape(cfg); err != nil {
+		return nil, err
+	}
+	n, err := cu.NumDevices()
+	if err != nil {
+		return nil, fmt.Errorf("%w: cuda: counting devices: %v", ErrNoDevice, err)
+	}
+	if index < 0 || index >= n {
+		return nil, fmt.Errorf("%w: cuda: no device %d (%d found)", ErrNoDevice, index, n)
+	}
+	e := &CUDAEmbedder{
+		cfg:     cfg,
+		cost:    cfg.CostModel(),
+		name:    fmt.Sprintf("ref-embed-v1-v%d-d%d-h%d-o%d-t%d", cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens),
+		index:   index,
+		weights: w.Bytes(),
+		ops:     make(chan func()),
+		quit:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	// The per-batch remainder the analytic model does not count: the
+	// offsets array has one more entry than items, and each of the six
+	// buffers may be padded to bufAlign. The driver's own rounding of the
+	// allocation is measured by calibration (subscriber --calibrate).
+	e.cost.PerBatch = 4 + 6*bufAlign
+	started := make(chan error)
+	go e.own(w, started)
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// own is the goroutine that owns the CUDA context: it sets up, then runs
+// the ops Run and the others send until Close, then tears down.
+func (e *CUDAEmbedder) own(w *EmbedWeights, started chan<- error) {
+	runtime.LockOSThread()
+	defer close(e.stopped)
+	if err := e.setup(w); err != nil {
+		e.teardown()
+		started <- err
+		return
+	}
+	started <- nil
+	for {
+		select {
+		case op := <-e.ops:
+			op()
+		case <-e.quit:
+			e.teardown()
+			return
+		}
+	}
+}
+
+func (e *CUDAEmbedder) setup(w *EmbedWeights) error {
+	dev := cu.Device(e.index)
+	name, err := dev.Name()
+	if err != nil {
+		return fmt.Errorf("cuda: device %d: name: %w", e.index, err)
+	}
+	e.product = name
+	e.devName = fmt.Sprintf("%s (cuda:%d)", name, e.index)
+	// Blocking sync: a thread waiting for the GPU sleeps instead of
+	// spinning a core the subscriber's other goroutines need.
+	if e.cuctx, err = dev.MakeContext(cu.SchedBlockingSync); err != nil {
+		return fmt.Errorf("cuda: %s: context: %w", e.devName, err)
+	}
+	if e.mod, err = cu.LoadData(embedPTX); err != nil {
+		return fmt.Errorf("cuda: %s: loading kernels: %w", e.devName, err)
+	}
+	for _, f := range []struct {
+		name string
+		dst  *cu.Function
+	}{{"gather", &e.fns.gather}, {"mean_pool", &e.fns.pool}, {"bias_gelu", &e.fns.gelu}, {"bias_l2norm", &e.fns.norm}} {
+		if *f.dst, err = e.mod.Function(f.name); err != nil {
+			return fmt.Errorf("cuda: kernel %s: %w", f.name, err)
+		}
+	}
+	if e.blas, err = loadCublas(); err != nil {
+		return err
+	}
+	for _, t := range []struct {
+		dst *cu.DevicePtr
+		src []float32
+	}{{&e.w.emb, w.Embedding}, {&e.w.w1, w.W1}, {&e.w.b1, w.B1}, {&e.w.w2, w.W2}, {&e.w.b2, w.B2}} {
+		if *t.dst, err = upload(t.src); err != nil {
+			return fmt.Errorf("%s: load weights: %w", e.name, err)
+		}
+	}
+	// One batch now, so cuBLAS makes its workspace and the driver loads
+	// the kernels before the budget is read: both are fixed costs of the
+	// loaded model, like the weights, not of any batch.
+	if _, _, err := e.forward([]job.Item{{Text: "warm up"}}, false); err != nil {
+		return fmt.Errorf("%s: first batch: %w", e.name, err)
+	}
+	return nil
+}
+
+func (e *CUDAEmbedder) teardown() {
+	for _, p := range []cu.DevicePtr{e.w.emb, e.w.w1, e.w.b1, e.w.w2, e.w.b2} {
+		if p != 0 {
+			_ = cu.MemFree(p)
+		}
+	}
+	if e.blas != nil {
+		e.blas.close()
+	}
+	if e.mod != (cu.Module{}) {
+		_ = e.mod.Unload()
+	}
+	if e.cuctx != (cu.CUContext{}) {
+		_ = e.cuctx.Destroy()
+	}
+}
+
+// upload copies src to a new device buffer.
+func upload[T int32 | float32](src []T) (cu.DevicePtr, error) {
+	n := int64(len(src)) * int64(unsafe.Sizeof(src[0]))
+	p, err := cu.MemAlloc(n)
+	if err != nil {
+		return 0, cudaErr(err)
+	}
+	if err := cu.MemcpyHtoD(p, unsafe.Pointer(&src[0]), n); err != nil {
+		_ = cu.MemFree(p)
+		return 0, err
+	}
+	return p, nil
+}
+
+// do runs op on the context's goroutine and waits for it.
+func (e *CUDAEmbedder) do(op func()) error {
+	done := make(chan struct{})
+	select {
+	case e.ops <- func() { defer close(done); op() }:
+	case <-e.stopped:
+		return fmt.Errorf("%s: %w", e.name, ErrClosed)
+	}
+	<-done
+	return nil
+}
+
+// Name says the model and its shape, as Embedder's does: the two backends
+// compute the same function, and a calibrated cost model names it.
+func (e *CUDAEmbedder) Name() string { return e.name }
+
+// Device names the GPU, e.g. "NVIDIA H100 80GB HBM3 (cuda:0)".
+func (e *CUDAEmbedder) Device() string { return e.devName }
+
+// Config is the configuration the model was made with.
+func (e *CUDAEmbedder) Config() EmbedConfig { return e.cfg }
+
+// Weights is the device memory the loaded model holds: the weights, and
+// when OpenCUDA could measure it with NVML, the CUDA context and cuBLAS's
+// workspace too, which no batch can use either.
+func (e *CUDAEmbedder) Weights() int64 { return max(e.resident, e.weights) }
+
+// CostModel is the calibrated model SetCostModel gave, or else the
+// allocation's own: the analytic model plus the per-batch padding.
+func (e *CUDAEmbedder) CostModel() CostModel {
+	if m := e.calibrated.Load(); m != nil {
+		return *m
+	}
+	return e.cost
+}
+
+// SetCostModel makes Cost apply m, a model calibrated on this GPU (subscriber
+// --calibrate), which counts the driver's rounding too.
+func (e *CUDAEmbedder) SetCostModel(m CostModel) error {
+	if err := m.Validate(); err != nil {
+		return fmt.Errorf("%s: %w", e.name, err)
+	}
+	e.calibrated.Store(&m)
+	return nil
+}
+
+// Cost is the device memory Run needs for items as one batch: what the
+// calibrated model says, but never less than the allocation Run makes. A
+// fitted line can dip below the allocation outside the batches it was
+// fitted on; admission must not.
+func (e *CUDAEmbedder) Cost(items []job.Item) int64 {
+	var tokens int64
+	for _, it := range items {
+		tokens += int64(e.cfg.countTokens(it.Text))
+	}
+	n := int64(len(items))
+	own := e.cost.Bytes(tokens, n)
+	if m := e.calibrated.Load(); m != nil {
+		return max(own, m.Bytes(tokens, n))
+	}
+	return own
+}
+
+// Working is the device memory batches hold now, the driver's rounding
+// aside.
+func (e *CUDAEmbedder) Working() int64 { return e.working.Load() }
+
+// MemGetInfo is the CUDA driver's view of the device's memory, the cross-check
+// of NVML's.
+func (e *CUDAEmbedder) MemGetInfo() (free, total int64, err error) {
+	if e.closed.Load() {
+		return 0, 0, fmt.Errorf("%s: %w", e.name, ErrClosed)
+	}
+	if derr := e.do(func() { free, total, err = cu.MemInfo() }); derr != nil {
+		return 0, 0, derr
+	}
+	return free, total, err
+}
+
+// Run embeds items as one batch on the GPU. Out of device memory, from the
+// allocation or from cuBLAS, returns an error wrapping ErrOutOfMemory with
+// nothing left allocated. Once the batch is handed to the GPU, Run waits for
+// it even if ctx ends, so that its memory is free when Run returns.
+func (e *CUDAEmbedder) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	outs, _, err := e.run(ctx, items, false)
+	return outs, err
+}
+
+// Measure runs items as one batch and returns the most device memory it held
+// at once, as the driver counts free memory: the allocation with the
+// driver's rounding, and anything cuBLAS took for it.
+func (e *CUDAEmbedder) Measure(ctx context.Context, items []job.Item) (int64, error) {
+	_, peak, err := e.run(ctx, items, true)
+	return peak, err
+}
+
+func (e *CUDAEmbedder) run(ctx context.Context, items []job.Item, measure bool) (outs []job.Output, peak int64, err error) {
+	if e.closed.Load() {
+		return nil, 0, fmt.Errorf("%s: %w", e.name, ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	if len(items) == 0 {
+		return []job.Output{}, 0, nil
+	}
+	if derr := e.do(func() {
+		// The context may have ended while the batch waited its turn.
+		if err = ctx.Err(); err == nil {
+			outs, peak, err = e.forward(items, measure)
+		}
+	}); derr != nil {
+		return nil, 0, derr
+	}
+	return outs, peak, err
+}
+
+// forward is one batch, on the context's goroutine.
+func (e *CUDAEmbedder) forward(items []job.Item, measure bool) ([]job.Output, int64, error) {
+	tokens, offsets := e.cfg.Tokenize(items)
+	n, total := len(items), len(tokens)
+	dim, hidden, out := e.cfg.Dim, e.cfg.Hidden, e.cfg.Out
+
+	// One allocation, carved into the buffers the cost model counts.
+	var layout [6]int64
+	var size int64
+	for i, b := range []int64{4 * int64(total), 4 * int64(n+1), 4 * int64(total*dim), 4 * int64(n*dim), 4 * int64(n*hidden), 4 * int64(n*out)} {
+		layout[i] = size
+		size += (b + bufAlign - 1) / bufAlign * bufAlign
+	}
+	var before int64
+	if measure {
+		before, _, _ = cu.MemInfo()
+	}
+	base, err := cu.MemAlloc(size)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: batch of %d items, %d tokens, %s: %w", e.name, n, total, FormatBytes(size), cudaErr(err))
+	}
+	// Counted from after the allocation until before the free, so that
+	// Working never exceeds what is allocated: the subscriber adds it to
+	// the free memory to size the budget, which must not come out high.
+	e.working.Add(size)
+	defer func() {
+		e.working.Add(-size)
+		_ = cu.MemFree(base)
+	}()
+	buf := func(i int) cu.DevicePtr { return base + cu.DevicePtr(layout[i]) }
+	dTokens, dOffsets, dRows, dPooled, dHidden, dOut := buf(0), buf(1), buf(2), buf(3), buf(4), buf(5)
+
+	if err := cu.MemcpyHtoD(dTokens, unsafe.Pointer(&tokens[0]), 4*int64(total)); err != nil {
+		return nil, 0, err
+	}
+	if err := cu.MemcpyHtoD(dOffsets, unsafe.Pointer(&offsets[0]), 4*int64(n+1)); err != nil {
+		return nil, 0, err
+	}
+	var (
+		nTok, nItems     = int64(total), int64(n)
+		dimL, hidL, outL = int64(dim), int64(hidden), int64(out)
+	)
+	if err := launch(e.fns.gather, grid(int64(total*dim)), 256, &dTokens, &e.w.emb, &dRows, &nTok, &dimL); err != nil {
+		return nil, 0, err
+	}
+	if err := launch(e.fns.pool, min(n, 65535), min(pow2(dim), 256), &dRows, &dOffsets, &dPooled, &nItems, &dimL); err != nil {
+		return nil, 0, err
+	}
+	if err := e.blas.gemm(dHidden, dPooled, e.w.w1, n, dim, hidden); err != nil {
+		return nil, 0, err
+	}
+	if err := launch(e.fns.gelu, grid(int64(n*hidden)), 256, &dHidden, &e.w.b1, &nItems, &hidL); err != nil {
+		return nil, 0, err
+	}
+	if err := e.blas.gemm(dOut, dHidden, e.w.w2, n, hidden, out); err != nil {
+		return nil, 0, err
+	}
+	if err := launch(e.fns.norm, min(n, 65535), min(pow2(out), 1024), &dOut, &e.w.b2, &nItems, &outL); err != nil {
+		return nil, 0, err
+	}
+	var peak int64
+	if measure {
+		// Read before the copy back synchronizes: cuBLAS has whatever it
+		// took for these GEMMs until they finish.
+		after, _, _ := cu.MemInfo()
+		peak = before - after
+	}
+	res := make([]float32, n*out)
+	// A synchronous copy on the default stream: it waits for the kernels,
+	// and reports any error they hit.
+	if err := cu.MemcpyDtoH(unsafe.Pointer(&res[0]), dOut, 4*int64(n*out)); err != nil {
+		return nil, 0, fmt.Errorf("%s: batch of %d items: %w", e.name, n, cudaErr(err))
+	}
+	outputs := make([]job.Output, n)
+	for i, it := range items {
+		outputs[i] = job.Output{ID: it.ID, Embedding: res[i*out : (i+1)*out : (i+1)*out]}
+	}
+	return outputs, peak, nil
+}
+
+// launch starts fn on blocks blocks of threads threads, on the default
+// stream. Every argument is 8 bytes, as cu passes them.
+func launch(fn cu.Function, blocks, threads int, args ...any) error {
+	params := make([]unsafe.Pointer, len(args))
+	for i, a := range args {
+		switch p := a.(type) {
+		case *cu.DevicePtr:
+			params[i] = unsafe.Pointer(p)
+		case *int64:
+			params[i] = unsafe.Pointer(p)
+		default:
+			panic(fmt.Sprintf("launch: argument %d is %T, want *cu.DevicePtr or *int64", i, a))
+		}
+	}
+	return fn.Launch(blocks, 1, 1, threads, 1, 1, 0, cu.Stream{}, params)
+}
+
+// grid is how many blocks of 256 threads cover n elements, capped: the
+// element-wise kernels loop over whatever a smaller grid leaves.
+func grid(n int64) int { return int(min((n+255)/256, 65535)) }
+
+// pow2 is the least power of two ≥ n, for kernels that reduce by halving.
+func pow2(n int) int {
+	p := 1
+	for p < n {
+		p <<= 1
+	}
+	return p
+}
+
+// cudaErr maps the driver's out-of-memory to ErrOutOfMemory, so callers never
+// import cu to recognise it.
+func cudaErr(err error) error {
+	if errors.Is(err, cu.OutOfMemory) {
+		return fmt.Errorf("%w: %w", ErrOutOfMemory, err)
+	}
+	return err
+}
+
+// Close frees the weights, cuBLAS's handle and the context. Run fails with
+// ErrClosed afterwards; a batch already running finishes first. Later calls
+// do nothing.
+func (e *CUDAEmbedder) Close() error {
+	e.closing.Do(func() {
+		e.closed.Store(true)
+		close(e.quit)
+	})
+	<-e.stopped
+	return nil
+}

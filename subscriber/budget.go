@@ -1,0 +1,163 @@
+package subscriber
+
+import (
+	"context"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+)
+
+// budgetTolerance is how far apart two budget readings may be and still
+// agree, and how far one must move from the budget in force to change it:
+// an eighth of the reserve, at least 1 MiB. The reserve is the headroom kept
+// for what admission does not account (a framework's own allocations,
+// fragmentation), so a drift of a fraction of it is absorbed there; acting
+// on it would only resize admission, and log, every few seconds as other
+// processes' caches breathe. A reading skewed by one of this process's
+// batches starting or ending between the reads of free memory and of the
+// working set is off by that batch's memory, megabytes at least, so it does
+// not agree with a clean one. The 1 MiB floor is above allocation
+// granularity, for very small reserves.
+func budgetTolerance(reserve int64) int64 { return max(1<<20, reserve/8) }
+
+// budgetReads is how many times one refresh tries for a reading during
+// which this process's working set stayed put.
+const budgetReads = 3
+
+// budgetReading is what the device would have free for work, less the
+// reserve, if this process's batches were done: free memory plus the model's
+// working set.
+type budgetReading struct {
+	budget  int64
+	mem     gpu.MemInfo
+	working int64
+}
+
+// budgetFrom is free memory plus what this process's work holds, less the
+// reserve, capped by VRAMLimit.
+func (s *Subscriber) budgetFrom(free, working int64) int64 {
+	b := free + working - s.cfg.VRAMReserve
+	if s.cfg.VRAMLimit > 0 {
+		b = min(b, s.cfg.VRAMLimit)
+	}
+	return b
+}
+
+// readBudget reads device memory and the working set. Free memory and the
+// working set are read at different instants, so it reads the working set on
+// both sides of MemInfo and takes the reading only when the two agree. A
+// model that does not report its working set is read only while none of
+// this process's work is admitted: then none of it is on the device. ok is
+// false when no reading was clean; mem is the last MemInfo read either way.
+func (s *Subscriber) readBudget() (r budgetReading, ok bool, err error) {
+	ws, reports := s.cfg.Model.(gpu.WorkingSet)
+	for range budgetReads {
+		var w1, acq1 int64
+		if reports {
+			w1 = ws.Working()
+		} else {
+			w1, acq1 = s.adm.held.Load(), s.adm.acquires.Load()
+		}
+		mem, err := s.cfg.Device.MemInfo()
+		if err != nil {
+			return budgetReading{}, false, err
+		}
+		r = budgetReading{mem: mem, working: w1}
+		if reports {
+			ok = ws.Working() == w1
+		} else {
+			ok = w1 == 0 && s.adm.held.Load() == 0 && s.adm.acquires.Load() == acq1
+			r.working = 0
+		}
+		if ok {
+			r.budget = s.budgetFrom(mem.Free, r.working)
+			return r, true, nil
+		}
+		if !reports {
+			break // busy; trying again at once would find it busy still
+		}
+	}
+	return r, false, nil
+}
+
+// budgetState is what the refresh carries from one tick to the next.
+type budgetState struct {
+	last    *budgetReading // the previous clean reading, nil after a failure
+	failing bool           // reading device memory failed last time
+}
+
+// refreshBudget reads the device every BudgetRefresh until ctx ends: it
+// exports free and per-process memory, and under vram admission resizes the
+// budget when two consecutive clean readings agree on a new one, so that
+// another process taking memory on the same GPU shrinks it and giving it
+// back grows it again.
+func (s *Subscriber) refreshBudget(ctx context.Context) {
+	if s.cfg.BudgetRefresh <= 0 {
+		return
+	}
+	tick := time.NewTicker(s.cfg.BudgetRefresh)
+	defer tick.Stop()
+	var st budgetState
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		s.refreshOnce(&st)
+	}
+}
+
+func (s *Subscriber) refreshOnce(st *budgetState) {
+	r, ok, err := s.readBudget()
+	if err != nil {
+		if !st.failing {
+			s.log.Warn("reading device memory failed; keeping the budget until it answers again",
+				"budget", gpu.FormatBytes(s.adm.budget()), "err", err)
+		}
+		st.failing, st.last = true, nil
+		return
+	}
+	if st.failing {
+		s.log.Info("reading device memory again")
+		st.failing = false
+	}
+	s.m.deviceFree.Set(float64(r.mem.Free))
+	s.m.deviceProcess.Set(float64(r.mem.Process))
+	if s.adm.strategy != AdmitVRAM || !ok {
+		return
+	}
+	prev := st.last
+	st.last = &r
+	tol := budgetTolerance(s.cfg.VRAMReserve)
+	if prev == nil || absDiff(prev.budget, r.budget) > tol {
+		return // wait for a reading that agrees
+	}
+	target := min(max(min(prev.budget, r.budget), 0), s.adm.size)
+	if absDiff(target, s.adm.budget()) <= tol {
+		return
+	}
+	// Logged and exported before admission changes, so that whoever sees
+	// the new budget in effect finds it in the logs and metrics too.
+	old := s.adm.budget()
+	attrs := []any{"old", gpu.FormatBytes(old), "new", gpu.FormatBytes(target),
+		"free", gpu.FormatBytes(r.mem.Free), "working", gpu.FormatBytes(r.working),
+		"process", gpu.FormatBytes(r.mem.Process), "inflight", gpu.FormatBytes(s.inflight.Load())}
+	switch {
+	case target == 0:
+		s.log.Warn("budget changed: no device memory left for work; messages wait and are released after the admit timeout", attrs...)
+	case target < old:
+		s.log.Info("budget changed: shrinking; nothing new is admitted until in-flight work is under it", attrs...)
+	default:
+		s.log.Info("budget changed", attrs...)
+	}
+	s.m.budget.Set(float64(target))
+	s.adm.resize(target)
+}
+
+func absDiff(a, b int64) int64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
+}

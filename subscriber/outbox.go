@@ -1,0 +1,182 @@
+package subscriber
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// resultLinger is the longest a result waits for others to share its
+// SendMessageBatch call. It is added to a result's latency when traffic is
+// light; under load ten results come sooner and the call goes when full.
+const resultLinger = 100 * time.Millisecond
+
+// An outbox sends result messages in SendMessageBatch calls shared across
+// device batches, as the keeper does for deletes. Under vram admission a
+// device batch holds a few messages, and a call per batch made results the
+// largest share of the subscriber's requests (0.4 a message); here a call
+// goes when it is full (see full) or holds maxBytes of payload, or when its
+// first result has waited linger.
+//
+// A full call is sent by the goroutine whose result filled it (a runner,
+// whose admission is already given back), so it costs no extra goroutine;
+// a partial one by the linger timer's. Once the call has answered, done is
+// told each entry's outcome: the subscriber deletes a message only after
+// SQS accepted its result, and releases it for a retry otherwise. Until
+// then its lease is held by the keeper and not finishing, so heartbeats go
+// on extending it while it waits here.
+//
+// One mutex guards what is pending and the timer; calls run outside it.
+// Call close after the last add: it sends what is left and waits for every
+// call.
+type outbox struct {
+	send     func(context.Context, []Outgoing) ([]error, error)
+	done     func(t *task, err error)
+	linger   time.Duration
+	maxBytes int // payload of one call: bodies and attributes
+	// full is the most results a call can hold: MaxBatch, or fewer when
+	// fewer messages may be held at once, since a result that waited for
+	// company that cannot come would hold up the next receive for nothing.
+	full int
+
+	mu      sync.Mutex
+	pending []outResult
+	bytes   int
+	// gen counts the times pending was emptied. The linger timer carries
+	// the generation it was armed in and does nothing in another, so a
+	// timer that fires while a call is being cut cannot send the next
+	// results early, in a call of one.
+	gen   uint64
+	timer *time.Timer // the current generation's linger; nil when nothing is pending
+	calls sync.WaitGroup
+}
+
+// outResult is one result message on its way, and the task it is for.
+type outResult struct {
+	msg  Outgoing
+	size int // counted against maxBytes
+	t    *task
+}
+
+// add queues results, sends the calls they fill, and arms the linger for
+// what is left.
+func (o *outbox) add(rs []outResult) {
+	var full [][]outResult
+	o.mu.Lock()
+	for _, r := range rs {
+		if len(o.pending) > 0 && o.bytes+r.size > o.maxBytes {
+			full = append(full, o.cut())
+		}
+		o.pending = append(o.pending, r)
+		o.bytes += r.size
+		if len(o.pending) >= o.full {
+			full = append(full, o.cut())
+		}
+	}
+	if len(o.pending) > 0 && o.timer == nil {
+		gen := o.gen
+		o.timer = time.AfterFunc(o.linger, func() { o.expire(gen) })
+	}
+	o.calls.Add(len(full))
+	o.mu.Unlock()
+	for _, c := range full {
+		o.sendCall(c)
+	}
+}
+
+// cut takes everything pending as one call; o.mu must be held.
+func (o *outbox) cut() []outResult {
+	c := o.pending
+	o.pending, o.bytes = nil, 0
+	o.gen++
+	if o.timer != nil {
+		o.timer.Stop()
+		o.timer = nil
+	}
+	return c
+}
+
+// expire sends what is pending when the linger armed in generation gen is
+// over.
+func (o *outbox) expire(gen uint64) {
+	o.mu.Lock()
+	if gen != o.gen || len(o.pending) == 0 {
+		o.mu.Unlock()
+		return
+	}
+	c := o.cut()
+	o.calls.Add(1)
+	o.mu.Unlock()
+	o.sendCall(c)
+}
+
+// close sends what is pending at once and waits until every call has
+// answered and its entries are settled. Shutdown calls it after the last
+// batch has finished and before the keeper drains, so that no result is
+// left behind and every delete it leads to is flushed.
+func (o *outbox) close() {
+	o.mu.Lock()
+	var c []outResult
+	if len(o.pending) > 0 {
+		c = o.cut()
+		o.calls.Add(1)
+	}
+	o.mu.Unlock()
+	if c != nil {
+		o.sendCall(c)
+	}
+	o.calls.Wait()
+}
+
+// sendCall sends one call and tells done how each entry went.
+func (o *outbox) sendCall(c []outResult) {
+	defer o.calls.Done()
+	msgs := make([]Outgoing, len(c))
+	for i := range c {
+		msgs[i] = c[i].msg
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
+	errs, err := o.send(ctx, msgs)
+	cancel()
+	for i, r := range c {
+		e := err
+		if e == nil {
+			e = errs[i]
+		}
+		o.done(r.t, e)
+	}
+}
+
+// newOutbox is the subscriber's outbox for its results queue. A call's
+// payload is bounded like one message's: SQS caps a batch at the queue's
+// maximum message size in all (256 KiB, or up to 1 MiB where the queue
+// allows it), which MaxMessageBytes stands for.
+func (s *Subscriber) newOutbox() *outbox {
+	return &outbox{
+		send:     s.results.Send,
+		done:     s.resultSent,
+		linger:   resultLinger,
+		maxBytes: s.cfg.MaxMessageBytes,
+		full:     s.fullCall(),
+	}
+}
+
+// resultSent deletes t's message now that its result is on the results
+// queue, or, when the send failed, releases it for a retry after a delay
+// that grows with its receive count.
+func (s *Subscriber) resultSent(t *task, err error) {
+	if err != nil {
+		s.log.Warn("sending result failed; message released for a retry", "message_id", t.lease.msg.ID, "err", err)
+		s.finish(t, true, s.retryDelay(t.lease.msg.ReceiveCount))
+		return
+	}
+	s.m.results.Inc()
+	s.finish(t, false, 0)
+}
+
+// fullCall is the most entries a result or delete call can gather: the
+// SQS limit, or -max-inflight when that is lower, since no more messages can
+// be held at once to join it.
+func (s *Subscriber) fullCall() int {
+	return min(MaxBatch, s.cfg.MaxInflight)
+}

@@ -1,0 +1,391 @@
+package subscriber
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/vramq/vramq/job"
+)
+
+// sendLog is a results queue for the outbox alone: it records each call's
+// bodies and time, and can fail entries or hold calls.
+type sendLog struct {
+	mu    sync.Mutex
+	calls [][]string
+	at    []time.Duration // since start
+	start time.Time
+	fail  func(body string) error // an entry's error; nil for none
+	hold  chan struct{}           // when set, each call waits for it to be closed
+}
+
+func (l *sendLog) send(ctx context.Context, msgs []Outgoing) ([]error, error) {
+	if l.hold != nil {
+		<-l.hold
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var bodies []string
+	errs := make([]error, len(msgs))
+	for i, m := range msgs {
+		bodies = append(bodies, m.Body)
+		if l.fail != nil {
+			errs[i] = l.fail(m.Body)
+		}
+	}
+	l.calls = append(l.calls, bodies)
+	l.at = append(l.at, time.Since(l.start))
+	return errs, nil
+}
+
+// sizes returns the entries of each call so far.
+func (l *sendLog) sizes() []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var n []int
+	for _, c := range l.calls {
+		n = append(n, len(c))
+	}
+	return n
+}
+
+// settled records what the outbox told about each entry.
+type settled struct {
+	mu   sync.Mutex
+	errs map[*task]error
+}
+
+func (s *settled) done(t *task, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, twice := s.errs[t]; twice {
+		panic("an entry settled twice")
+	}
+	s.errs[t] = err
+}
+
+func (s *settled) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.errs)
+}
+
+func newTestOutbox(l *sendLog, s *settled) *outbox {
+	l.start = time.Now()
+	s.errs = map[*task]error{}
+	return &outbox{send: l.send, done: s.done, linger: 100 * time.Millisecond, maxBytes: 1000, full: MaxBatch}
+}
+
+// results makes n results of size bytes each, with bodies name-0, name-1...
+func someResults(name string, n, size int) []outResult {
+	rs := make([]outResult, n)
+	for i := range rs {
+		rs[i] = outResult{msg: Outgoing{Body: fmt.Sprintf("%s-%d", name, i)}, size: size, t: &task{}}
+	}
+	return rs
+}
+
+func TestOutboxSharesCallsAcrossBatches(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l sendLog
+		var s settled
+		o := newTestOutbox(&l, &s)
+		// Three device batches: the third fills a call, which its own
+		// goroutine sends before add returns.
+		o.add(someResults("a", 3, 10))
+		o.add(someResults("b", 4, 10))
+		if n := l.sizes(); len(n) != 0 {
+			t.Fatalf("calls %v before ten results or the linger", n)
+		}
+		o.add(someResults("c", 3, 10))
+		if n := l.sizes(); !slices.Equal(n, []int{10}) {
+			t.Fatalf("calls %v, want one of 10", n)
+		}
+		if got := l.calls[0]; got[0] != "a-0" || got[9] != "c-2" {
+			t.Errorf("call holds %q, want the results in the order they came", got)
+		}
+		// A partial call waits its linger, then goes.
+		o.add(someResults("d", 2, 10))
+		time.Sleep(99 * time.Millisecond)
+		synctest.Wait()
+		if n := l.sizes(); len(n) != 1 {
+			t.Fatalf("calls %v after 99ms of a 100ms linger", n)
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if n := l.sizes(); !slices.Equal(n, []int{10, 2}) {
+			t.Fatalf("calls %v, want [10 2]", n)
+		}
+		if s.count() != 12 {
+			t.Errorf("%d entries settled, want 12", s.count())
+		}
+	})
+}
+
+func TestOutboxBoundsCallPayload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l sendLog
+		var s settled
+		o := newTestOutbox(&l, &s) // 1000 bytes a call
+		o.add(someResults("a", 7, 300))
+		if n := l.sizes(); !slices.Equal(n, []int{3, 3}) {
+			t.Fatalf("calls %v, want two of 3 (900 of 1000 bytes each) at once", n)
+		}
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		if n := l.sizes(); !slices.Equal(n, []int{3, 3, 1}) {
+			t.Fatalf("calls %v, want the seventh after its linger", n)
+		}
+	})
+}
+
+// A linger timer armed before a call was cut must not send the next
+// results early, in a small call.
+func TestOutboxLingerStartsWithEachCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l sendLog
+		var s settled
+		o := newTestOutbox(&l, &s)
+		o.add(someResults("a", 3, 10)) // linger until 100ms
+		time.Sleep(90 * time.Millisecond)
+		o.add(someResults("b", 7, 10)) // a full call at 90ms
+		time.Sleep(5 * time.Millisecond)
+		o.add(someResults("c", 1, 10)) // its own linger: until 195ms
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if n := l.sizes(); !slices.Equal(n, []int{10, 1}) {
+			t.Fatalf("calls %v, want [10 1]", n)
+		}
+		if l.at[1] != 195*time.Millisecond {
+			t.Errorf("the lone result went at %v, want 195ms (95ms + the linger)", l.at[1])
+		}
+	})
+}
+
+func TestOutboxReportsEachEntry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l sendLog
+		var s settled
+		o := newTestOutbox(&l, &s)
+		l.fail = func(body string) error {
+			if body == "a-4" {
+				return &EntryError{Code: "InternalError"}
+			}
+			return nil
+		}
+		rs := someResults("a", 10, 10)
+		o.add(rs)
+		for i, r := range rs {
+			if err := s.errs[r.t]; (err != nil) != (i == 4) {
+				t.Errorf("entry %d: error %v; want one for entry 4 only", i, err)
+			}
+		}
+	})
+}
+
+// Close sends what lingers at once, and returns only after every call,
+// including one another goroutine is making, has answered.
+func TestOutboxCloseSendsAndWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l sendLog
+		var s settled
+		o := newTestOutbox(&l, &s)
+		l.hold = make(chan struct{})
+		go o.add(someResults("full", 10, 10)) // a runner, sending
+		o.add(someResults("late", 2, 10))     // lingering
+		synctest.Wait()
+		var closed atomic.Bool
+		go func() {
+			o.close()
+			closed.Store(true)
+		}()
+		synctest.Wait()
+		if closed.Load() {
+			t.Fatal("close returned while calls were unanswered")
+		}
+		start := time.Now()
+		close(l.hold)
+		synctest.Wait()
+		if !closed.Load() {
+			t.Fatal("close did not return once the calls answered")
+		}
+		if time.Since(start) != 0 || s.count() != 12 {
+			t.Errorf("after %v, %d of 12 settled; want all, without waiting for the linger", time.Since(start), s.count())
+		}
+	})
+}
+
+// setLingers makes results and deletes wait for company for d.
+func (h *harness) setLingers(d time.Duration) {
+	o, k := h.sub.outbox, h.sub.keeper
+	o.mu.Lock()
+	o.linger = d
+	o.mu.Unlock()
+	k.mu.Lock()
+	k.flushDelay = d
+	k.mu.Unlock()
+}
+
+func (h *harness) outboxPending() int {
+	o := h.sub.outbox
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.pending)
+}
+
+func (q *memQueue) callCount(name string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.calls[name]
+}
+
+// Small device batches share result calls, and then delete calls.
+func TestResultsOfSeveralBatchesShareOneCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{MaxBatch: 2})
+		for i := range 10 {
+			h.send("job", i, "mb=1 ms=50")
+		}
+		waitFor(t, time.Minute, "10 messages deleted", func() bool { live, _ := h.work.stats(); return live == 0 })
+		h.shutdown()
+		got, dups := h.resultsByKey()
+		if len(got) != 10 || dups != 0 {
+			t.Fatalf("%d results, %d duplicates", len(got), dups)
+		}
+		if n := observations(h.sub.m.batchSize); n < 5 {
+			t.Errorf("%d device batches; the test needs batches of 2", n)
+		}
+		if n := h.results.callCount("Send"); n != 1 {
+			t.Errorf("%d SendMessageBatch calls for 10 results of 5 batches, want 1", n)
+		}
+		if n := h.work.callCount("Delete"); n != 1 {
+			t.Errorf("%d DeleteMessageBatch calls, want 1", n)
+		}
+	})
+}
+
+// One entry of a shared call failing releases that message alone, for a
+// retry; the others in the call are deleted.
+func TestFailedResultEntryReleasesOnlyItsMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{MaxBatch: 2, RetryDelay: time.Second})
+		var failed atomic.Bool
+		h.results.sendErr = func(body string) error {
+			if strings.Contains(body, `"job_id":"bad"`) && failed.CompareAndSwap(false, true) {
+				return &EntryError{Code: "InternalError", Message: "injected"}
+			}
+			return nil
+		}
+		for i := range 3 {
+			h.send("good", i, "mb=1 ms=50")
+		}
+		h.send("bad", 0, "mb=1 ms=50")
+		waitFor(t, time.Minute, "4 results", func() bool { r, _ := h.results.stats(); return r == 4 })
+		h.shutdown()
+		got, _ := h.resultsByKey()
+		for k, r := range got {
+			want := 1
+			if k.JobID == "bad" {
+				want = 2
+			}
+			if r.Attempt != want {
+				t.Errorf("%v: result at attempt %d, want %d", k, r.Attempt, want)
+			}
+		}
+		if n := counter(h.sub.m.released.WithLabelValues("backoff")); n != 1 {
+			t.Errorf("%d messages released for a retry, want 1", n)
+		}
+		if n := h.results.callCount("Send"); n != 2 {
+			t.Errorf("%d SendMessageBatch calls, want 2: the four results, then the retry", n)
+		}
+		if l := h.sub.Ledger(); l.Deleted != 4 || l.Released != 1 {
+			t.Errorf("ledger %+v, want 4 deleted and 1 released", l)
+		}
+	})
+}
+
+// Shutdown sends the results still waiting for company, then deletes their
+// messages, without waiting out the linger.
+func TestShutdownFlushesLingeringResults(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{})
+		h.setLingers(time.Hour)
+		for i := range 3 {
+			h.send("job", i, "mb=1 ms=10")
+		}
+		waitFor(t, time.Minute, "3 results waiting in the outbox", func() bool { return h.outboxPending() == 3 })
+		if r, _ := h.results.stats(); r != 0 {
+			t.Fatalf("%d results sent before the linger or shutdown", r)
+		}
+		begin := time.Now()
+		h.shutdown()
+		if took := time.Since(begin); took > time.Minute {
+			t.Errorf("shutdown took %v: it waited for the linger", took)
+		}
+		if r, _ := h.results.stats(); r != 3 {
+			t.Errorf("%d results sent, want 3", r)
+		}
+		if live, _ := h.work.stats(); live != 0 {
+			t.Errorf("%d messages left on the work queue", live)
+		}
+		if l := h.sub.Ledger(); l.Deleted != 3 {
+			t.Errorf("ledger %+v, want 3 deleted", l)
+		}
+	})
+}
+
+// A result waiting for company holds neither admission (the next message
+// runs meanwhile) nor a lease that can lapse (heartbeats go on).
+func TestLingeringResultFreesAdmissionAndKeepsItsLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{Visibility: 3 * time.Second, MaxBatch: 1})
+		h.setLingers(20 * time.Second)
+		h.send("first", 0, "mb=40 ms=10")
+		waitFor(t, time.Minute, "the first result waiting", func() bool { return h.outboxPending() == 1 })
+		h.send("second", 0, "mb=40 ms=10") // 80 MiB of 64 with the first's
+		waitFor(t, 5*time.Second, "the second to run", func() bool { return h.model.runs.Load() == 2 })
+		if n := h.outboxPending(); n == 0 {
+			t.Fatal("the first result went before the second ran; the test needs it waiting")
+		}
+		waitFor(t, time.Minute, "both messages deleted", func() bool { return h.sub.Ledger().Deleted == 2 })
+		h.shutdown()
+		got, dups := h.resultsByKey()
+		if len(got) != 2 || dups != 0 || got[job.Key{JobID: "first"}].Attempt != 1 {
+			t.Errorf("results %v, %d duplicates; want each once, at its first attempt", got, dups)
+		}
+		if n := counter(h.sub.m.extensions); n == 0 {
+			t.Error("no visibility extension while results waited 20s under a 3s timeout")
+		}
+		if n := counter(h.sub.m.leasesLost.WithLabelValues("delete")); n != 0 {
+			t.Errorf("%d leases lost at delete", n)
+		}
+	})
+}
+
+// Under -max-inflight below ten a call can never gather ten: results and
+// deletes go once every message that can be held is in the call, rather
+// than wait for company that cannot come while receiving waits for them.
+func TestLingerGivesWayToTheInflightBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{MaxInflight: 2, Prefetch: 2})
+		h.setLingers(time.Hour)
+		for i := range 6 {
+			h.send("job", i, "mb=1 ms=10")
+		}
+		begin := time.Now()
+		waitFor(t, 2*time.Hour, "6 messages deleted", func() bool { return h.sub.Ledger().Deleted == 6 })
+		if took := time.Since(begin); took > time.Minute {
+			t.Errorf("6 messages took %v with -max-inflight=2: results or deletes waited for company", took)
+		}
+		h.shutdown()
+		if r, _ := h.results.stats(); r != 6 {
+			t.Errorf("%d results, want 6", r)
+		}
+	})
+}
