@@ -25,6 +25,7 @@ require (
 	golang.org/x/term v0.44.0
 	golang.org/x/time v0.12.0
 	gonum.org/v1/plot v0.15.2
+	gorgonia.org/cu v0.9.6
 )
 
 require (
@@ -68,5 +69,4 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/tools v0.49.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-	gorgonia.org/cu v0.9.6 // indirect
 )
