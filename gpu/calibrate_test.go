@@ -214,18 +214,24 @@ func TestCalibrateRecoversAnalyticModel(t *testing.T) {
 // sweep's range that the sweep did not measure.
 func TestCalibrateRoundingAllocatorNeverUnderEstimates(t *testing.T) {
 	const maxItems = 48
-	granules := []int64{2 << 20, 64 << 10}
+	cfg, granules := smallConfig, []int64{2 << 20, 64 << 10}
+	freshRandom := 150
 	if raceDetector {
 		// Each case runs hundreds of batches of the CPU model, which the
-		// race detector slows tenfold, for no concurrency to check: make
-		// test (always -race) keeps the driver's granule, go test both.
-		granules = granules[:1]
+		// race detector slows more than tenfold, for no concurrency to
+		// check. Under it (make test) the rows are a quarter as wide and
+		// the granules a quarter as large: the same number of tokens fill
+		// a granule, so the allocations jump at the same batches, with a
+		// quarter of the arithmetic. A plain go test runs the real sizes.
+		// And one granule, the driver's, with fewer random fresh batches.
+		cfg.Dim /= 4
+		granules, freshRandom = []int64{granules[0] / 4}, 50
 	}
 	for _, granule := range granules {
 		t.Run(FormatBytes(granule), func(t *testing.T) {
 			t.Parallel()
 			alloc := roundingAlloc{sim: NewSim(4 << 30), granule: granule}
-			e := newCalibEmbedder(t, smallConfig, alloc)
+			e := newCalibEmbedder(t, cfg, alloc)
 			c, err := Calibrate(t.Context(), e, "rounding", Sweep{MaxItems: maxItems, Points: 32, Seed: 1})
 			if err != nil {
 				t.Fatal(err)
@@ -252,27 +258,27 @@ func TestCalibrateRoundingAllocatorNeverUnderEstimates(t *testing.T) {
 			// gathered rows fill a granule (where an allocation jumps).
 			r := rand.New(rand.NewPCG(99, 1))
 			var fresh [][]job.Item
-			for range 150 {
+			for range freshRandom {
 				n := 1 + r.IntN(maxItems)
 				items := make([]job.Item, n)
 				for i := range items {
-					items[i] = job.Item{ID: strconv.Itoa(i), Text: sweepText(r, 1+r.IntN(smallConfig.MaxTokens))}
+					items[i] = job.Item{ID: strconv.Itoa(i), Text: sweepText(r, 1+r.IntN(cfg.MaxTokens))}
 				}
 				fresh = append(fresh, items)
 			}
-			fresh = append(fresh, Sweep{MaxItems: maxItems, Points: 16, Seed: 12345}.Batches(smallConfig)...)
-			perGranule := int(granule / (4 * int64(smallConfig.Dim)))
-			maxTotal := maxItems * smallConfig.MaxTokens
+			fresh = append(fresh, Sweep{MaxItems: maxItems, Points: 16, Seed: 12345}.Batches(cfg)...)
+			perGranule := int(granule / (4 * int64(cfg.Dim)))
+			maxTotal := maxItems * cfg.MaxTokens
 			// Every granule's edge for 2 MiB; a spread of 48 of them for
 			// the many edges of 64 KiB.
 			stride := perGranule * max(1, maxTotal/perGranule/48)
 			for total := perGranule + 1; total <= maxTotal; total += stride {
-				for _, n := range []int{(total + smallConfig.MaxTokens - 1) / smallConfig.MaxTokens, maxItems} {
+				for _, n := range []int{(total + cfg.MaxTokens - 1) / cfg.MaxTokens, maxItems} {
 					if n > total || n > maxItems {
 						continue
 					}
 					items := make([]job.Item, n)
-					for i, k := range splitTokens(r, total, n, smallConfig.MaxTokens) {
+					for i, k := range splitTokens(r, total, n, cfg.MaxTokens) {
 						items[i] = job.Item{ID: strconv.Itoa(i), Text: sweepText(r, k)}
 					}
 					fresh = append(fresh, items)
@@ -287,7 +293,7 @@ func TestCalibrateRoundingAllocatorNeverUnderEstimates(t *testing.T) {
 				est := e.Cost(items)
 				if est < peak {
 					t.Errorf("fresh batch of %d items, %d tokens: measured %d, estimated %d: under by %d",
-						len(items), tokensOf(smallConfig, items), peak, est, peak-est)
+						len(items), tokensOf(cfg, items), peak, est, peak-est)
 				}
 				if worstSlack < 0 || est-peak < worstSlack {
 					worstSlack = est - peak
