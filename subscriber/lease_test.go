@@ -86,6 +86,9 @@ func TestKeeperExtendsAllHeldLeasesInBatches(t *testing.T) {
 			k.finish(l, false, 0)
 		}
 		cancel()
+		// run must have returned before close, as Run orders them: a flush
+		// of its own still starting calls would race close's wait for them.
+		synctest.Wait()
 		if err := k.close(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -120,6 +123,9 @@ func TestKeeperNeverExtendsAfterDelete(t *testing.T) {
 		k.finish(l, false, 0)
 		time.Sleep(time.Minute) // many more heartbeats
 		cancel()
+		// run must have returned before close, as Run orders them: a flush
+		// of its own still starting calls would race close's wait for them.
+		synctest.Wait()
 		if err := k.close(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -185,6 +191,9 @@ func TestKeeperNoticesLostLease(t *testing.T) {
 		}
 		k.finish(l, false, 0)
 		cancel()
+		// run must have returned before close, as Run orders them: a flush
+		// of its own still starting calls would race close's wait for them.
+		synctest.Wait()
 		if err := k.close(t.Context()); err != nil {
 			t.Fatal(err)
 		}
