@@ -118,13 +118,26 @@ func (d *sharedDevice) work(ctx context.Context, bytes int64) error {
 // be left over.
 const finishSlack = 1.0
 
-// advance charges the work done since d.last to every task in progress and
-// completes the tasks it finishes. d.mu is held.
+// advance brings the device up to now and completes the tasks it finishes.
+// The device does not wait for the host: when the timer fires late (a busy
+// machine runs it milliseconds after it was due), each task that finished
+// in the meantime is taken out at the moment it finished and the others
+// have the whole throughput from then on, rather than sharing it with a task
+// that no longer has work. Only the news of a finish comes late, as it does
+// from a real GPU. d.mu is held.
 func (d *sharedDevice) advance(now time.Time) {
-	if n := len(d.tasks); n > 0 {
-		elapsed := now.Sub(d.last)
-		d.busy += elapsed
-		each := elapsed.Seconds() * d.rate / float64(n)
+	for len(d.tasks) > 0 && now.After(d.last) {
+		n := float64(len(d.tasks))
+		least := math.Inf(1)
+		for t := range d.tasks {
+			least = min(least, t.remaining)
+		}
+		avail := now.Sub(d.last)
+		step := avail
+		if need := time.Duration(math.Ceil(least * n / d.rate * float64(time.Second))); need < avail {
+			step = need
+		}
+		each := step.Seconds() * d.rate / n
 		for t := range d.tasks {
 			t.remaining -= each
 			if t.remaining <= finishSlack {
@@ -132,6 +145,8 @@ func (d *sharedDevice) advance(now time.Time) {
 				delete(d.tasks, t)
 			}
 		}
+		d.busy += step
+		d.last = d.last.Add(step)
 	}
 	d.last = now
 }

@@ -3,6 +3,7 @@ package gpu
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -231,5 +232,50 @@ func TestTimingValidate(t *testing.T) {
 	}
 	if err := DefaultTiming().Validate(); err != nil {
 		t.Errorf("default timing: %v", err)
+	}
+}
+
+// The device does not wait for the host. When the timer that should end
+// the first of two tasks fires late, the device is brought up to date as it
+// would have run: the small task ended at its due time and the large one
+// had the whole device from then on. Charging the late interval evenly to
+// both, as if the finished task still had work, loses throughput every time
+// the machine is busy.
+func TestSharedDeviceLateTimerLosesNoThroughput(t *testing.T) {
+	const rate = 1 << 20        // bytes per second
+	unit := float64(rate) / 100 // 10 ms of the whole device
+	d := newSharedDevice(rate)
+	t0 := time.Unix(1000, 0)
+	small := &task{remaining: unit, done: make(chan struct{})}
+	large := &task{remaining: 2 * unit, done: make(chan struct{})}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.last = t0
+	d.tasks[small], d.tasks[large] = struct{}{}, struct{}{}
+	// Shared, the small task is done after 20 ms; the timer fires at 25 ms.
+	d.advance(t0.Add(25 * time.Millisecond))
+	select {
+	case <-small.done:
+	default:
+		t.Fatal("the small task is not done at 25 ms")
+	}
+	if _, left := d.tasks[small]; left {
+		t.Error("the small task is still in progress")
+	}
+	// The large one: 1 unit by 20 ms, then the whole device for 5 ms.
+	if want := unit / 2; math.Abs(large.remaining-want) > finishSlack {
+		t.Errorf("large task has %.0f bytes left at 25 ms, want %.0f", large.remaining, want)
+	}
+	if d.busy != 25*time.Millisecond {
+		t.Errorf("busy %v, want 25ms", d.busy)
+	}
+	d.advance(t0.Add(time.Second))
+	select {
+	case <-large.done:
+	default:
+		t.Fatal("the large task is not done a second later")
+	}
+	if want := 30 * time.Millisecond; d.busy < want-time.Microsecond || d.busy > want+time.Microsecond {
+		t.Errorf("busy %v after both, want %v: the device idles once its work is done", d.busy, want)
 	}
 }

@@ -21,6 +21,18 @@ import (
 	"github.com/vramq/vramq/internal/sqstest"
 )
 
+// TestMain lets this test binary stand in for the publisher's: with
+// VRAMQ_TEST_MAIN=1 it runs main, so the Lambda end-to-end tests run it as
+// the function's bootstrap. A separate go build of the program with make
+// lambda's flags (-trimpath, no cgo) shared nothing with the test build and
+// cost a cold CI run about 90 s.
+func TestMain(m *testing.M) {
+	if os.Getenv("VRAMQ_TEST_MAIN") == "1" {
+		main() // exits
+	}
+	os.Exit(m.Run())
+}
+
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestParse(t *testing.T) {
