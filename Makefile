@@ -106,6 +106,8 @@ weights:
 	$(GO) run ./cmd/genweights -out build/model.safetensors
 
 ## test: lint, then unit and end-to-end tests against the emulator (started and stopped here)
+# -parallel 4: the end-to-end tests marked parallel mostly wait (visibility timeouts,
+# backoffs, slow models), so four at a time overlap their waits on two cores.
 test: lint cuda-check
 	@if command -v terraform >/dev/null; then terraform fmt -check -recursive infra; else echo "terraform fmt -check: skipped: no terraform"; fi
 	@started=0; \
@@ -113,7 +115,7 @@ test: lint cuda-check
 	trap 'if [ $$started = 1 ]; then $(EMULATOR) down; fi' EXIT; \
 	eval "$$($(EMULATOR) env)"; \
 	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) test -race -count=1 -parallel 4 -timeout $(TEST_TIMEOUT) ./...
 
 ## unit: the tests that need no emulator (the end-to-end ones skip)
 unit:

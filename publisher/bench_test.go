@@ -1,9 +1,16 @@
 package publisher
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/internal/workload"
 	"github.com/vramq/vramq/job"
@@ -87,5 +94,63 @@ func BenchmarkMarshalItemsPlain(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(items)), "ns/item")
 		})
+	}
+}
+
+type nopQueue struct{}
+
+func (nopQueue) SendBatch(_ context.Context, entries []Entry) ([]error, error) {
+	return make([]error, len(entries)), nil
+}
+
+// BenchmarkPostJob is one POST /v1/jobs through the publisher's whole
+// handler (middleware, reading and checking the body, planning, sending to a
+// queue that takes everything at once, the answer), for the job of
+// bench overhead's publisher comparison: 400 items of 4 words, 10 per
+// message. BenchmarkPostJobBaseline is its floor: decoding the same body
+// into []RequestItem and marshalling the 40 messages' items with
+// encoding/json, what any publisher must do.
+func BenchmarkPostJob(b *testing.B) {
+	p, err := New(Config{Queue: nopQueue{}, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := p.Handler()
+	body, err := json.Marshal(map[string]any{"items": benchItems(400, 4), "options": map[string]any{"chunk_items": 10}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		req := httptest.NewRequest(http.MethodPost, "/v1/jobs", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusAccepted {
+			b.Fatalf("%d: %s", w.Code, w.Body)
+		}
+	}
+}
+
+func BenchmarkPostJobBaseline(b *testing.B) {
+	body, err := json.Marshal(map[string]any{"items": benchItems(400, 4), "options": map[string]any{"chunk_items": 10}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		var req struct {
+			Items []RequestItem `json:"items"`
+		}
+		if err := json.Unmarshal(body, &req); err != nil {
+			b.Fatal(err)
+		}
+		for i := 0; i < len(req.Items); i += 10 {
+			if _, err := json.Marshal(req.Items[i : i+10]); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }

@@ -78,8 +78,9 @@ func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Pla
 		curSize int
 		chunks  [][][]byte
 	)
+	ie := newItemEncoder()
 	for i, it := range items {
-		enc := encodeJSON(job.Item{ID: it.ID, Text: it.Text, Data: it.Data})
+		enc := ie.encode(&job.Item{ID: it.ID, Text: it.Text, Data: it.Data})
 		if len(enc) > pl.MaxItemBytes {
 			if pl.Bucket == "" {
 				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID,
@@ -91,7 +92,7 @@ func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Pla
 			}}
 			p.Claims = append(p.Claims, c)
 			ref := c.Ref
-			enc = encodeJSON(job.Item{ID: it.ID, Ref: &ref})
+			enc = ie.encode(&job.Item{ID: it.ID, Ref: &ref})
 			if len(enc) > budget {
 				// Only a pathological bucket name could do this.
 				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID, "item %q: even its payload reference does not fit in a message", it.ID)
@@ -156,6 +157,34 @@ func encodeJSON(v any) []byte {
 	}
 	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	return escapeForSQS(b)
+}
+
+// itemEncoder is encodeJSON for a job's items, one after another, with one
+// encoder and one buffer for the whole job: a fresh encoder and buffer per
+// item were most of planning's allocations.
+type itemEncoder struct {
+	buf bytes.Buffer
+	enc *json.Encoder
+}
+
+func newItemEncoder() *itemEncoder {
+	e := &itemEncoder{}
+	e.enc = json.NewEncoder(&e.buf)
+	e.enc.SetEscapeHTML(false)
+	return e
+}
+
+// encode returns it encoded as encodeJSON does, in a slice of its own.
+func (e *itemEncoder) encode(it *job.Item) []byte {
+	e.buf.Reset()
+	if err := e.enc.Encode(it); err != nil {
+		panic(fmt.Sprintf("publisher: encoding item %q: %v", it.ID, err))
+	}
+	b := bytes.TrimSuffix(e.buf.Bytes(), []byte("\n"))
+	if firstAboveFFFD(b) < 0 {
+		return bytes.Clone(b)
+	}
+	return escapeForSQS(b) // a new slice
 }
 
 func escapeForSQS(b []byte) []byte {

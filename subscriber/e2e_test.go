@@ -291,6 +291,7 @@ func TestE2EMixedWorkload(t *testing.T) {
 }
 
 func TestE2EHeartbeatKeepsSlowMessage(t *testing.T) {
+	t.Parallel() // mostly waiting; see TestE2EFaultKinds
 	p := newPipeline(t, 5, subscriber.Config{Visibility: 3 * time.Second}, func(m gpu.Model) gpu.Model {
 		return slowModel{m, func([]job.Item) time.Duration { return 8 * time.Second }}
 	})
@@ -351,6 +352,7 @@ func TestE2EPoisonGoesToDLQWithReason(t *testing.T) {
 // A message that cannot be admitted in time is released for another consumer
 // and processed when it is received again.
 func TestE2EBackpressureReleases(t *testing.T) {
+	t.Parallel() // mostly waiting
 	p := newPipeline(t, 5, subscriber.Config{AdmitTimeout: 2 * time.Second, MaxBatch: 1, RetryDelay: time.Second}, func(m gpu.Model) gpu.Model {
 		return slowModel{m, func(items []job.Item) time.Duration {
 			if strings.HasPrefix(items[0].ID, "hog") {

@@ -315,6 +315,7 @@ func TestE2EOutage(t *testing.T) {
 // policy moves them to the DLQ (the subscriber gives no reason of its own:
 // accounting records the redrive's). Every other message finishes.
 func TestE2EHangingInference(t *testing.T) {
+	t.Parallel() // mostly waiting out timeouts and backoffs
 	const n = 12
 	hangs := map[string]bool{"3": true, "7": true} // chunks, by the prefix of their item ids
 	hung := func(items []job.Item) bool {
@@ -424,6 +425,7 @@ func TestE2EOOMStorm(t *testing.T) {
 // and the messages run again. Each finishes, duplicates are counted and stay
 // within one per redelivery.
 func TestE2EExpiredHeartbeat(t *testing.T) {
+	t.Parallel() // mostly waiting
 	const n = 4
 	p := newFaultPipeline(t, 10, subscriber.Config{Visibility: 3 * time.Second}, func(m gpu.Model) gpu.Model {
 		return slowModel{m, func([]job.Item) time.Duration { return 4 * time.Second }}
