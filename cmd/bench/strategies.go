@@ -41,10 +41,12 @@ type strategyParams struct {
 	Launch     time.Duration `json:"launch_ns"`
 	Throughput float64       `json:"throughput_bytes_per_second"`
 	MaxBatch   int           `json:"max_batch"`
-	Shuffled   bool          `json:"shuffled"`
-	SmallCost  int64         `json:"small_message_bytes"`
-	LargeCost  int64         `json:"large_message_bytes"`
-	Runs       []string      `json:"strategies"`
+	// MaxBatchBytes is vram's batch cap; 0 is the subscriber's default.
+	MaxBatchBytes int64    `json:"max_batch_bytes,omitempty"`
+	Shuffled      bool     `json:"shuffled"`
+	SmallCost     int64    `json:"small_message_bytes"`
+	LargeCost     int64    `json:"large_message_bytes"`
+	Runs          []string `json:"strategies"`
 }
 
 // strategy is one way to run the subscriber on the workload.
@@ -117,6 +119,8 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.DurationVar(&p.Launch, "launch", gpu.DefaultTiming().Launch, "timing model: fixed time per batch")
 	fs.Var(&throughput, "throughput", "timing model: device throughput, bytes of working memory per second")
 	fs.IntVar(&p.MaxBatch, "max-batch", 8, "most messages per batch, every strategy")
+	maxBatchBytes := gpu.Bytes(0)
+	fs.Var(&maxBatchBytes, "max-batch-bytes", "vram: the subscriber's -max-batch-bytes (0: its default)")
 	shuffle := fs.Bool("shuffle", true, "send the workload in a seeded random order rather than a large message every -large-every-th")
 	repeat := fs.Int("repeat", 3, "runs of each strategy; the run of median throughput is reported")
 	only := fs.String("only", "none,count-1,count-avg,vram", "strategies to run, in order")
@@ -125,7 +129,7 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
-	p.Budget, p.Throughput = int64(budget), float64(throughput)
+	p.Budget, p.Throughput, p.MaxBatchBytes = int64(budget), float64(throughput), int64(maxBatchBytes)
 	p.Runs = strings.Split(*only, ",")
 	p.Shuffled = *shuffle
 	timing := gpu.Timing{Launch: p.Launch, Throughput: p.Throughput}
@@ -240,8 +244,11 @@ func strategiesFor(p strategyParams, costs []int64) ([]strategy, error) {
 			c.Admission, c.Count = subscriber.AdmitCount, nAvg
 			settings = fmt.Sprintf("admission=count, N=%d (budget %s / average message %s)", nAvg, gpu.FormatBytes(p.Budget), gpu.FormatBytes(avg))
 		case "vram":
-			c.Admission = subscriber.AdmitVRAM
+			c.Admission, c.MaxBatchBytes = subscriber.AdmitVRAM, p.MaxBatchBytes
 			settings = fmt.Sprintf("admission=vram, budget %s", gpu.FormatBytes(p.Budget))
+			if p.MaxBatchBytes > 0 {
+				settings += fmt.Sprintf(", max batch bytes %s", gpu.FormatBytes(p.MaxBatchBytes))
+			}
 		default:
 			return nil, fmt.Errorf("%w: unknown strategy %q: want none, count-1, count-avg or vram", cli.ErrUsage, name)
 		}
