@@ -7,8 +7,10 @@ import (
 )
 
 // resultLinger is the longest a result waits for others to share its
-// SendMessageBatch call. It is added to a result's latency when traffic is
-// light; under load ten results come sooner and the call goes when full.
+// SendMessageBatch call, and it waits only while other messages are running
+// or waiting to run, whose results may join it. Under load ten results come
+// sooner and the call goes when full; with nothing else in progress (light
+// traffic, or the last batch of a burst) the call goes at once.
 const resultLinger = 100 * time.Millisecond
 
 // An outbox sends result messages in SendMessageBatch calls shared across
@@ -38,6 +40,10 @@ type outbox struct {
 	// fewer messages may be held at once, since a result that waited for
 	// company that cannot come would hold up the next receive for nothing.
 	full int
+	// more reports whether other results may come soon: messages running
+	// or waiting to run. Without, a partial call goes at once rather than
+	// wait out the linger for company that is not coming. Nil: always.
+	more func() bool
 
 	mu      sync.Mutex
 	pending []outResult
@@ -72,6 +78,9 @@ func (o *outbox) add(rs []outResult) {
 		if len(o.pending) >= o.full {
 			full = append(full, o.cut())
 		}
+	}
+	if len(o.pending) > 0 && o.more != nil && !o.more() {
+		full = append(full, o.cut())
 	}
 	if len(o.pending) > 0 && o.timer == nil {
 		gen := o.gen
@@ -158,6 +167,10 @@ func (s *Subscriber) newOutbox() *outbox {
 		linger:   resultLinger,
 		maxBytes: s.cfg.MaxMessageBytes,
 		full:     s.fullCall(),
+		// Admitted messages (running, or in a batch about to) count in
+		// inflight until their batch returns, which is before their
+		// results reach add; waiting ones are received and not admitted.
+		more: func() bool { return s.inflight.Load() > 0 || s.waiting.Load() > 0 },
 	}
 }
 

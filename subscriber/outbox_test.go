@@ -221,11 +221,13 @@ func TestOutboxCloseSendsAndWaits(t *testing.T) {
 	})
 }
 
-// setLingers makes results and deletes wait for company for d.
+// setLingers makes results and deletes wait for company for d, results as
+// if more were always on their way.
 func (h *harness) setLingers(d time.Duration) {
 	o, k := h.sub.outbox, h.sub.keeper
 	o.mu.Lock()
 	o.linger = d
+	o.more = func() bool { return true }
 	o.mu.Unlock()
 	k.mu.Lock()
 	k.flushDelay = d
@@ -386,6 +388,40 @@ func TestLingerGivesWayToTheInflightBound(t *testing.T) {
 		h.shutdown()
 		if r, _ := h.results.stats(); r != 6 {
 			t.Errorf("%d results, want 6", r)
+		}
+	})
+}
+
+// A partial call lingers only while more results may come: with nothing else
+// running or waiting, the last result of a burst, or a lone message under
+// light traffic, goes at once rather than after the linger.
+func TestOutboxSendsAtOnceWhenNothingElseIsComing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l sendLog
+		var s settled
+		o := newTestOutbox(&l, &s)
+		var running atomic.Bool
+		running.Store(true)
+		o.more = running.Load
+		o.add(someResults("a", 3, 10))
+		synctest.Wait()
+		if n := l.sizes(); len(n) != 0 {
+			t.Fatalf("calls %v while other messages were running: want the results waiting for company", n)
+		}
+		running.Store(false) // the last batch returns
+		o.add(someResults("b", 2, 10))
+		synctest.Wait()
+		if n := l.sizes(); !slices.Equal(n, []int{5}) || time.Since(l.start) != 0 {
+			t.Fatalf("calls %v after %v; want one of 5 at once", n, time.Since(l.start))
+		}
+		o.add(someResults("c", 1, 10)) // a lone message, light traffic
+		synctest.Wait()
+		if n := l.sizes(); !slices.Equal(n, []int{5, 1}) || time.Since(l.start) != 0 {
+			t.Errorf("calls %v after %v; want the lone result sent at once", n, time.Since(l.start))
+		}
+		o.close()
+		if s.count() != 6 {
+			t.Errorf("%d entries settled, want 6", s.count())
 		}
 	})
 }
