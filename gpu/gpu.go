@@ -75,6 +75,25 @@ type Model interface {
 	Run(ctx context.Context, items []job.Item) ([]job.Output, error)
 }
 
+// Launcher is implemented by a Model whose batches begin with a phase that
+// needs no device memory: the host's side of a launch (tokenizing, building
+// the inputs, queueing the work). Launch does that phase; Run on what it
+// returns does the rest, and the Model's Run is the two in a row. The
+// subscriber launches a batch that is waiting for admission while it waits,
+// so that once memory frees the batch allocates and works at once, rather
+// than the device idling through its launch.
+type Launcher interface {
+	Launch(ctx context.Context, items []job.Item) (Launched, error)
+}
+
+// Launched is a batch that is launched and not yet run. Run allocates its
+// working memory, does its work and returns its outputs as the Model's Run
+// does; call it at most once. A Launched dropped without running holds
+// nothing on the device.
+type Launched interface {
+	Run(ctx context.Context) ([]job.Output, error)
+}
+
 // WorkingSet is implemented by a Model that can say how much device memory
 // its batches hold right now: working memory, not weights. The subscriber
 // keeps its budget as free device memory plus this, less the reserve (what

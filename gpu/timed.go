@@ -37,6 +37,7 @@ type TimedModel struct {
 var (
 	_ Model      = (*TimedModel)(nil)
 	_ WorkingSet = (*TimedModel)(nil)
+	_ Launcher   = (*TimedModel)(nil)
 )
 
 // NewTimedModel loads a model shaped by cfg onto mem: it allocates the bytes
@@ -109,21 +110,52 @@ func (m *TimedModel) Run(ctx context.Context, items []job.Item) ([]job.Output, e
 	return m.run(ctx, items, m.mem)
 }
 
+// Launch waits out the launch, which takes neither memory nor the device's
+// throughput; the batch it returns does the rest of Run.
+func (m *TimedModel) Launch(ctx context.Context, items []job.Item) (Launched, error) {
+	return m.launch(ctx, items, m.mem)
+}
+
 // run is Run taking the batch's memory from mem (nil: account nothing),
 // which Measure wraps to count it.
 func (m *TimedModel) run(ctx context.Context, items []job.Item, mem Allocator) ([]job.Output, error) {
+	b, err := m.launch(ctx, items, mem)
+	if err != nil {
+		return nil, err
+	}
+	return b.Run(ctx)
+}
+
+func (m *TimedModel) launch(ctx context.Context, items []job.Item, mem Allocator) (*timedBatch, error) {
 	if m.closed.Load() {
 		return nil, fmt.Errorf("%s: %w", m.name, ErrClosed)
 	}
+	if len(items) > 0 {
+		if err := sleep(ctx, m.timing.Launch); err != nil {
+			return nil, err
+		}
+	}
+	return &timedBatch{m: m, items: items, mem: mem}, nil
+}
+
+// timedBatch is a TimedModel's batch past its launch.
+type timedBatch struct {
+	m     *TimedModel
+	items []job.Item
+	mem   Allocator
+}
+
+func (b *timedBatch) Run(ctx context.Context) ([]job.Output, error) {
+	m, items := b.m, b.items
 	if len(items) == 0 {
 		return []job.Output{}, ctx.Err()
 	}
-	if err := sleep(ctx, m.timing.Launch); err != nil {
-		return nil, err
+	if m.closed.Load() {
+		return nil, fmt.Errorf("%s: %w", m.name, ErrClosed)
 	}
 	cost := m.Cost(items)
-	if mem != nil {
-		free, err := mem.Alloc(cost)
+	if b.mem != nil {
+		free, err := b.mem.Alloc(cost)
 		if err != nil {
 			return nil, fmt.Errorf("%s: batch of %d: %w", m.name, len(items), err)
 		}

@@ -60,6 +60,10 @@ type Subscriber struct {
 	admitBlocked atomic.Bool
 	admitKick    chan struct{}
 	suspects     *suspects
+	// launcher is the model's two-phase form, nil when it has none: a
+	// message waiting for admission is then launched while it waits (see
+	// admit).
+	launcher gpu.Launcher
 }
 
 // task is a decoded message on its way through admission and the device.
@@ -68,6 +72,17 @@ type task struct {
 	work   *job.Work
 	cost   int64 // estimated working memory, bytes
 	weight int64 // units held in admission; 0 when none
+	// ahead is the task's batch of one, launched while it waited for
+	// admission; nil when it was not. infer takes it.
+	ahead *launched
+}
+
+// launched is a batch being launched ahead (gpu.Launcher): done is closed
+// once l or err is set.
+type launched struct {
+	done chan struct{}
+	l    gpu.Launched
+	err  error
 }
 
 // New checks cfg, reads the device's memory to size the budget, and returns a
@@ -126,6 +141,7 @@ func New(cfg Config) (*Subscriber, error) {
 	s.keeper.onRemove = s.pokeRoom
 	s.keeper.fullCall = s.fullCall()
 	s.outbox = s.newOutbox()
+	s.launcher, _ = cfg.Model.(gpu.Launcher)
 	if cfg.TaskProtection != nil {
 		s.protect = newProtector(cfg.TaskProtection, cfg.TaskProtectionExpiry, s.keeper.held.Load, m, s.log)
 		s.keeper.onHold = s.protect.poke

@@ -1,0 +1,111 @@
+package subscriber
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/job"
+)
+
+// recordingLauncher is a TimedModel that notes when each batch, named by
+// its first item, launches and runs.
+type recordingLauncher struct {
+	*gpu.TimedModel
+	mu     sync.Mutex
+	events map[string]time.Time // "<item> launch-start" and so on
+}
+
+func (m *recordingLauncher) note(items []job.Item, what string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.events[items[0].ID+" "+what] = time.Now()
+}
+
+func (m *recordingLauncher) at(item, what string) (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.events[item+" "+what]
+	return t, ok
+}
+
+func (m *recordingLauncher) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	m.note(items, "launch-start")
+	out, err := m.TimedModel.Run(ctx, items)
+	m.note(items, "run-end")
+	return out, err
+}
+
+func (m *recordingLauncher) Launch(ctx context.Context, items []job.Item) (gpu.Launched, error) {
+	m.note(items, "launch-start")
+	l, err := m.TimedModel.Launch(ctx, items)
+	m.note(items, "launch-end")
+	return recordedRun{l, m, items}, err
+}
+
+type recordedRun struct {
+	gpu.Launched
+	m     *recordingLauncher
+	items []job.Item
+}
+
+func (r recordedRun) Run(ctx context.Context) ([]job.Output, error) {
+	r.m.note(r.items, "run-start")
+	out, err := r.Launched.Run(ctx)
+	r.m.note(r.items, "run-end")
+	return out, err
+}
+
+// Two large messages and room for one: the second is launched while it
+// waits for the first's memory, so it starts work the moment the first
+// returns, rather than the device idling through its launch.
+func TestWaitingLargeMessageLaunchesWhileItWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ecfg := gpu.DefaultEmbedConfig()
+		timing := gpu.Timing{Launch: 10 * time.Millisecond, Throughput: 512 << 20}
+		var m *recordingLauncher
+		h := startWith(t, ecfg.WeightBytes()+20*mib, Config{}, func(h *harness, c *Config) {
+			tm, err := gpu.NewTimedModel(ecfg, timing, h.dev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m = &recordingLauncher{TimedModel: tm, events: map[string]time.Time{}}
+			c.Model = m
+		})
+		works := workload.Spec{JobID: "large", Messages: 2, LargeEvery: 1, LargeItems: 32, LargeWords: 600, Seed: 3}.Works()
+		if c := m.Cost(works[0].Items); c <= 10*mib || c > 20*mib {
+			t.Fatalf("a large message costs %s; the test needs room for one of them, not two", gpu.FormatBytes(c))
+		}
+		for _, w := range works {
+			h.sendWork(w)
+		}
+		waitFor(t, time.Minute, "both messages deleted", func() bool { return h.sub.Ledger().Deleted == 2 })
+		h.shutdown()
+		first, second := works[0].Items[0].ID, works[1].Items[0].ID
+		if _, ok := m.at(first, "launch-end"); ok {
+			first, second = second, first // received in the other order
+		}
+		firstEnd, ok1 := m.at(first, "run-end")
+		launched, ok2 := m.at(second, "launch-end")
+		started, ok3 := m.at(second, "run-start")
+		if !ok1 || !ok2 || !ok3 {
+			t.Fatalf("events %v: want the first run in one go and the second launched ahead", m.events)
+		}
+		if !launched.Before(firstEnd) {
+			t.Errorf("the second message's launch ended %v after the first's run: it did not overlap", launched.Sub(firstEnd))
+		}
+		if started.Sub(firstEnd) >= timing.Launch {
+			t.Errorf("the second message started work %v after the first returned: the device waited out a launch", started.Sub(firstEnd))
+		}
+		if n := h.dev.OOMs(); n != 0 {
+			t.Errorf("%d OOMs", n)
+		}
+		if got, dups := h.resultsByKey(); len(got) != 2 || dups != 0 {
+			t.Errorf("%d results, %d duplicates", len(got), dups)
+		}
+	})
+}
