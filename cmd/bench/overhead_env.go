@@ -19,6 +19,8 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/cli"
+	"github.com/vramq/vramq/internal/faultproxy"
 	"github.com/vramq/vramq/internal/jobq"
 	"github.com/vramq/vramq/internal/workload"
 	"github.com/vramq/vramq/job"
@@ -74,18 +76,34 @@ type benchEnv struct {
 	}
 }
 
-func newBenchEnv(ctx context.Context, stderr io.Writer, tl *timeline) (*benchEnv, error) {
+// newBenchEnv reaches the endpoint straight, or, with latency, through a
+// proxy that holds every call that long before forwarding it.
+func newBenchEnv(ctx context.Context, stderr io.Writer, tl *timeline, latency time.Duration) (*benchEnv, error) {
 	e := &benchEnv{tl: tl}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	cfg, err := awsconfig.Load(ctx, slog.New(retryCounter{log.Handler(), &e.receiveRetries}))
 	if err != nil {
 		return nil, err
 	}
-	e.client = sqs.NewFromConfig(cfg, func(o *sqs.Options) {
+	opts := []func(*sqs.Options){func(o *sqs.Options) {
 		if tl != nil {
 			o.APIOptions = append(o.APIOptions, tl.apiOption)
 		}
-	})
+	}}
+	if latency > 0 {
+		target := endpoint()
+		if target == "" {
+			return nil, fmt.Errorf("%w: -latency needs the endpoint in AWS_ENDPOINT_URL", cli.ErrUsage)
+		}
+		p, err := faultproxy.New(target, faultproxy.Faults{Slow: 1, SlowDelay: latency})
+		if err != nil {
+			return nil, err
+		}
+		context.AfterFunc(ctx, func() { _ = p.Close() })
+		e.client = p.SQS(cfg, opts...)
+	} else {
+		e.client = sqs.NewFromConfig(cfg, opts...)
+	}
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	e.prefix = "bench-" + hex.EncodeToString(b[:]) + "-"

@@ -75,7 +75,7 @@ func runRSS(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("reading process memory needs /proc: %w", err)
 	}
-	e, err := newBenchEnv(ctx, stderr, nil)
+	e, err := newBenchEnv(ctx, stderr, nil, 0)
 	if err != nil {
 		return err
 	}
