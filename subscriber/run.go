@@ -166,7 +166,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	}
 	go func() {
 		if ahead != nil {
-			<-ahead.done // launched under the run's context: ends at shutdown
+			<-ahead.done // launched under the subscriber's context: ends at shutdown
 			if ahead.err == nil {
 				outs, err := ahead.l.Run(rctx)
 				done <- answer{outs, err}
