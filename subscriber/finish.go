@@ -43,7 +43,8 @@ func (s *Subscriber) finish(t *task, release bool, delay time.Duration) {
 // results queue its message is deleted, and a message whose result did not
 // go out is released for a retry. With a payload bucket each result is
 // written there first, and one too large for a message goes out as a
-// reference to that object.
+// reference to that object. The caller has promised the outbox len(tasks)
+// results (see outbox.promise).
 func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 	// Attribute names and values count towards SQS's size limits too.
 	const attrOverhead = 128
@@ -99,7 +100,7 @@ func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 			t:    t,
 		})
 	}
-	s.outbox.add(out)
+	s.outbox.add(out, len(tasks))
 }
 
 // maxReasonLen keeps the reason attribute readable and well inside SQS's

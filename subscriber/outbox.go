@@ -48,6 +48,11 @@ type outbox struct {
 	mu      sync.Mutex
 	pending []outResult
 	bytes   int
+	// coming counts results promised and not yet added: those of batches
+	// that have returned, and so no longer count in more, and are still
+	// encoding theirs. Two batches that return together would otherwise
+	// each see the other gone and send a call apiece.
+	coming int
 	// gen counts the times pending was emptied. The linger timer carries
 	// the generation it was armed in and does nothing in another, so a
 	// timer that fires while a call is being cut cannot send the next
@@ -64,11 +69,21 @@ type outResult struct {
 	t    *task
 }
 
+// promise says that results for n tasks will be added soon. A batch makes
+// it before it stops counting in more, and keeps it in add.
+func (o *outbox) promise(n int) {
+	o.mu.Lock()
+	o.coming += n
+	o.mu.Unlock()
+}
+
 // add queues results, sends the calls they fill, and arms the linger for
-// what is left.
-func (o *outbox) add(rs []outResult) {
+// what is left. promised is what the caller promised for them, whether or
+// not every task has a result here.
+func (o *outbox) add(rs []outResult, promised int) {
 	var full [][]outResult
 	o.mu.Lock()
+	o.coming -= promised
 	for _, r := range rs {
 		if len(o.pending) > 0 && o.bytes+r.size > o.maxBytes {
 			full = append(full, o.cut())
@@ -79,7 +94,7 @@ func (o *outbox) add(rs []outResult) {
 			full = append(full, o.cut())
 		}
 	}
-	if len(o.pending) > 0 && o.more != nil && !o.more() {
+	if len(o.pending) > 0 && o.coming == 0 && o.more != nil && !o.more() {
 		full = append(full, o.cut())
 	}
 	if len(o.pending) > 0 && o.timer == nil {
@@ -169,7 +184,8 @@ func (s *Subscriber) newOutbox() *outbox {
 		full:     s.fullCall(),
 		// Admitted messages (running, or in a batch about to) count in
 		// inflight until their batch returns, which is before their
-		// results reach add; waiting ones are received and not admitted.
+		// results reach add: the batch's promise covers the gap. Waiting
+		// ones are received and not admitted.
 		more: func() bool { return s.inflight.Load() > 0 || s.waiting.Load() > 0 },
 	}
 }

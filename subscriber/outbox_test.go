@@ -98,12 +98,12 @@ func TestOutboxSharesCallsAcrossBatches(t *testing.T) {
 		o := newTestOutbox(&l, &s)
 		// Three device batches: the third fills a call, which its own
 		// goroutine sends before add returns.
-		o.add(someResults("a", 3, 10))
-		o.add(someResults("b", 4, 10))
+		o.add(someResults("a", 3, 10), 0)
+		o.add(someResults("b", 4, 10), 0)
 		if n := l.sizes(); len(n) != 0 {
 			t.Fatalf("calls %v before ten results or the linger", n)
 		}
-		o.add(someResults("c", 3, 10))
+		o.add(someResults("c", 3, 10), 0)
 		if n := l.sizes(); !slices.Equal(n, []int{10}) {
 			t.Fatalf("calls %v, want one of 10", n)
 		}
@@ -111,7 +111,7 @@ func TestOutboxSharesCallsAcrossBatches(t *testing.T) {
 			t.Errorf("call holds %q, want the results in the order they came", got)
 		}
 		// A partial call waits its linger, then goes.
-		o.add(someResults("d", 2, 10))
+		o.add(someResults("d", 2, 10), 0)
 		time.Sleep(99 * time.Millisecond)
 		synctest.Wait()
 		if n := l.sizes(); len(n) != 1 {
@@ -133,7 +133,7 @@ func TestOutboxBoundsCallPayload(t *testing.T) {
 		var l sendLog
 		var s settled
 		o := newTestOutbox(&l, &s) // 1000 bytes a call
-		o.add(someResults("a", 7, 300))
+		o.add(someResults("a", 7, 300), 0)
 		if n := l.sizes(); !slices.Equal(n, []int{3, 3}) {
 			t.Fatalf("calls %v, want two of 3 (900 of 1000 bytes each) at once", n)
 		}
@@ -152,11 +152,11 @@ func TestOutboxLingerStartsWithEachCall(t *testing.T) {
 		var l sendLog
 		var s settled
 		o := newTestOutbox(&l, &s)
-		o.add(someResults("a", 3, 10)) // linger until 100ms
+		o.add(someResults("a", 3, 10), 0) // linger until 100ms
 		time.Sleep(90 * time.Millisecond)
-		o.add(someResults("b", 7, 10)) // a full call at 90ms
+		o.add(someResults("b", 7, 10), 0) // a full call at 90ms
 		time.Sleep(5 * time.Millisecond)
-		o.add(someResults("c", 1, 10)) // its own linger: until 195ms
+		o.add(someResults("c", 1, 10), 0) // its own linger: until 195ms
 		time.Sleep(time.Second)
 		synctest.Wait()
 		if n := l.sizes(); !slices.Equal(n, []int{10, 1}) {
@@ -180,7 +180,7 @@ func TestOutboxReportsEachEntry(t *testing.T) {
 			return nil
 		}
 		rs := someResults("a", 10, 10)
-		o.add(rs)
+		o.add(rs, 0)
 		for i, r := range rs {
 			if err := s.errs[r.t]; (err != nil) != (i == 4) {
 				t.Errorf("entry %d: error %v; want one for entry 4 only", i, err)
@@ -197,8 +197,8 @@ func TestOutboxCloseSendsAndWaits(t *testing.T) {
 		var s settled
 		o := newTestOutbox(&l, &s)
 		l.hold = make(chan struct{})
-		go o.add(someResults("full", 10, 10)) // a runner, sending
-		o.add(someResults("late", 2, 10))     // lingering
+		go o.add(someResults("full", 10, 10), 0) // a runner, sending
+		o.add(someResults("late", 2, 10), 0)     // lingering
 		synctest.Wait()
 		var closed atomic.Bool
 		go func() {
@@ -403,18 +403,18 @@ func TestOutboxSendsAtOnceWhenNothingElseIsComing(t *testing.T) {
 		var running atomic.Bool
 		running.Store(true)
 		o.more = running.Load
-		o.add(someResults("a", 3, 10))
+		o.add(someResults("a", 3, 10), 0)
 		synctest.Wait()
 		if n := l.sizes(); len(n) != 0 {
 			t.Fatalf("calls %v while other messages were running: want the results waiting for company", n)
 		}
 		running.Store(false) // the last batch returns
-		o.add(someResults("b", 2, 10))
+		o.add(someResults("b", 2, 10), 0)
 		synctest.Wait()
 		if n := l.sizes(); !slices.Equal(n, []int{5}) || time.Since(l.start) != 0 {
 			t.Fatalf("calls %v after %v; want one of 5 at once", n, time.Since(l.start))
 		}
-		o.add(someResults("c", 1, 10)) // a lone message, light traffic
+		o.add(someResults("c", 1, 10), 0) // a lone message, light traffic
 		synctest.Wait()
 		if n := l.sizes(); !slices.Equal(n, []int{5, 1}) || time.Since(l.start) != 0 {
 			t.Errorf("calls %v after %v; want the lone result sent at once", n, time.Since(l.start))
@@ -422,6 +422,34 @@ func TestOutboxSendsAtOnceWhenNothingElseIsComing(t *testing.T) {
 		o.close()
 		if s.count() != 6 {
 			t.Errorf("%d entries settled, want 6", s.count())
+		}
+	})
+}
+
+// Two batches that return at once both stop counting as running before
+// either adds its results. Their promises keep the first from sending alone:
+// one call carries both.
+func TestOutboxWaitsForPromisedResults(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l sendLog
+		var s settled
+		o := newTestOutbox(&l, &s)
+		o.more = func() bool { return false } // both batches have settled
+		o.promise(2)
+		o.promise(2)
+		o.add(someResults("a", 2, 10), 2)
+		synctest.Wait()
+		if n := l.sizes(); len(n) != 0 {
+			t.Fatalf("calls %v with another batch's results promised: want the first waiting", n)
+		}
+		o.add(someResults("b", 1, 10), 2) // one of b's tasks went to the DLQ
+		synctest.Wait()
+		if n := l.sizes(); !slices.Equal(n, []int{3}) || time.Since(l.start) != 0 {
+			t.Fatalf("calls %v after %v; want one of 3 at once", n, time.Since(l.start))
+		}
+		o.close()
+		if s.count() != 3 {
+			t.Errorf("%d entries settled, want 3", s.count())
 		}
 	})
 }

@@ -38,6 +38,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		// The model has returned, so the batch's device memory is free:
 		// let the next batch in now rather than after the results are
 		// encoded and sent, which would leave the device idle meanwhile.
+		s.outbox.promise(len(tasks))
 		for _, t := range tasks {
 			s.settle(t)
 			if len(tasks) == 1 {
@@ -109,6 +110,9 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) {
 	outs, err := s.infer(ctx, []*task{t}, true)
 	// Let go of the device before sending anything, as process does, and
 	// let the budget follow the device again.
+	if err == nil {
+		s.outbox.promise(1)
+	}
 	s.settle(t)
 	s.adm.endExclusive()
 	switch {
