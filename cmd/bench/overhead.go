@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
 	"strconv"
@@ -52,6 +53,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&cc.MaxBatch, "max-batch", 10, "subscriber comparison: the subscriber's max batch")
 	clients := fs.String("clients", "1,4", "publisher comparison: clients posting jobs at once; a comparison for each number in the list")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memProfile := fs.String("memprofile", "", "write a profile of the whole run's allocations to this file (go tool pprof -sample_index=alloc_space)")
 	traceOut := fs.String("trace", "", "write a Go execution trace of the whole run to this file (go tool trace)")
 	timelineOut := fs.String("timeline", "", "subscriber comparison: record every SQS call of every run, with the process's and the machine's CPU over it, "+
 		"as JSON to this file, and log a summary of each run (calls in flight, latencies, time with no receive in flight)")
@@ -86,6 +88,16 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		// Every allocation is recorded, not one per 512 KiB: the
+		// subscriber's are small and many.
+		runtime.MemProfileRate = 1
+		defer func() {
+			if err := writeAllocs(*memProfile); err != nil {
+				fmt.Fprintf(stderr, "bench overhead: %v\n", err)
+			}
+		}()
 	}
 	if *traceOut != "" {
 		f, err := os.Create(*traceOut)
@@ -272,4 +284,17 @@ func endpoint() string {
 		}
 	}
 	return "AWS (no endpoint override)"
+}
+
+// writeAllocs writes the allocation profile of the run so far to path.
+func writeAllocs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return f.Close()
 }
