@@ -58,6 +58,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	timelineOut := fs.String("timeline", "", "subscriber comparison: record every SQS call of every run, with the process's and the machine's CPU over it, "+
 		"as JSON to this file, and log a summary of each run (calls in flight, latencies, time with no receive in flight)")
 	serverPID := fs.Int("server-pid", 0, "with -timeline: the endpoint's process id (the emulator's, in .run/emulator*.pid), whose CPU over each run is reported too")
+	consumerKeys := fs.String("consumers", allConsumers, "subscriber comparison: the consumers to run, in a comma-separated list; one alone, with -cpuprofile or -memprofile, profiles it alone")
 	only := fs.String("only", "subscriber,publisher", "comparisons to run")
 	runTimeout := fs.Duration("run-timeout", 3*time.Minute, "longest one variant may take")
 	md := fs.String("md", "", "also write the figures into this markdown file's overhead section (e.g. bench/overhead.md)")
@@ -69,6 +70,10 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	if *trials < 1 || *messages < 1 || *jobs < 1 || *jobItems < 1 || *chunkItems < 1 || cc.Prefetch < 1 || cc.MaxInflight < 1 || cc.MaxBatch < 1 {
 		return fmt.Errorf("%w: -trials, -messages, -jobs, -job-items, -chunk-items, -prefetch, -max-inflight and -max-batch must be at least 1", cli.ErrUsage)
+	}
+	cs, err := cc.consumers(*consumerKeys)
+	if err != nil {
+		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 	var pcs []publishConfig
 	for _, c := range strings.Split(*clients, ",") {
@@ -135,7 +140,6 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 
 	if strings.Contains(*only, "subscriber") {
 		rep.Messages = *messages
-		cs := cc.consumers()
 		set := &trialSet{Rates: make([][]float64, len(cs))}
 		for _, c := range cs {
 			set.Names = append(set.Names, c.name)
@@ -158,7 +162,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 				if tl != nil {
 					fmt.Fprintf(stderr, "bench overhead:   timeline: %s\n", e.run.summary)
 				}
-				if note != "" && i == 0 {
+				if note != "" && c.key == "subscriber" {
 					set.Notes = append(set.Notes, fmt.Sprintf("trial %d: the subscriber's %s", t+1, note))
 				}
 			}
@@ -166,7 +170,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		rep.Consume = set
 		fmt.Fprintf(&out, "\n### Subscriber against bare receive/delete loops\n\n%d pre-loaded messages per run, fresh queues per run, %d trials. %s.\n\n",
 			*messages, *trials, cc.settings())
-		set.markdown(&out, "subscriber")
+		set.markdown(&out, cs[0].key)
 		writeNotes(&out, set.Notes)
 	}
 

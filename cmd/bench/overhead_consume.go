@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,18 +43,34 @@ func (cc consumeConfig) settings() string {
 // consumer consumes n pre-loaded messages from urls.Work and returns how
 // long it took; extra reports what else it measured, for the log.
 type consumer struct {
+	key  string // its name in -consumers
 	name string
 	run  func(ctx context.Context, e *benchEnv, urls localstack.URLs, n int) (took time.Duration, extra string, err error)
 }
 
-func (cc consumeConfig) consumers() []consumer {
-	return []consumer{
-		{"subscriber (no-op model)", cc.subscriber},
-		{"bare, in line: receive, delete", cc.bare(false, false)},
-		{"bare, in line: receive, send results, delete", cc.bare(true, false)},
-		{"bare, pipelined: receive; delete alongside", cc.bare(false, true)},
-		{"bare, pipelined: receive; send results, delete alongside", cc.bare(true, true)},
+// allConsumers is -consumers' default: the subscriber and every bare loop.
+const allConsumers = "subscriber,inline,inline-results,pipelined,pipelined-results"
+
+// consumers returns those of keys (a comma-separated list) in the report's
+// order: the subscriber first, whose rate the others' ratios divide. One
+// alone serves a CPU or allocation profile of that consumer only.
+func (cc consumeConfig) consumers(keys string) ([]consumer, error) {
+	all := []consumer{
+		{"subscriber", "subscriber (no-op model)", cc.subscriber},
+		{"inline", "bare, in line: receive, delete", cc.bare(false, false)},
+		{"inline-results", "bare, in line: receive, send results, delete", cc.bare(true, false)},
+		{"pipelined", "bare, pipelined: receive; delete alongside", cc.bare(false, true)},
+		{"pipelined-results", "bare, pipelined: receive; send results, delete alongside", cc.bare(true, true)},
 	}
+	want := map[string]bool{}
+	for _, k := range strings.Split(keys, ",") {
+		k = strings.TrimSpace(k)
+		if !slices.ContainsFunc(all, func(c consumer) bool { return c.key == k }) {
+			return nil, fmt.Errorf("-consumers: unknown consumer %q; want some of %s", k, allConsumers)
+		}
+		want[k] = true
+	}
+	return slices.DeleteFunc(all, func(c consumer) bool { return !want[c.key] }), nil
 }
 
 func (cc consumeConfig) subscriber(ctx context.Context, e *benchEnv, urls localstack.URLs, n int) (time.Duration, string, error) {

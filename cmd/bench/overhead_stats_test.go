@@ -99,3 +99,26 @@ func TestReplaceSection(t *testing.T) {
 		t.Error("a begin marker without its end accepted")
 	}
 }
+
+// -consumers keeps the report's order whatever the list's, and refuses a
+// name it does not know rather than run fewer consumers than asked.
+func TestConsumersSelection(t *testing.T) {
+	var cc consumeConfig
+	cs, err := cc.consumers("pipelined-results, subscriber")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, c := range cs {
+		keys = append(keys, c.key)
+	}
+	if !slices.Equal(keys, []string{"subscriber", "pipelined-results"}) {
+		t.Errorf("consumers %v, want subscriber then pipelined-results", keys)
+	}
+	if all, _ := cc.consumers(allConsumers); len(all) != 5 {
+		t.Errorf("%d consumers by default, want 5", len(all))
+	}
+	if _, err := cc.consumers("subscriber,pipelined-result"); err == nil || !strings.Contains(err.Error(), "pipelined-result") {
+		t.Errorf("an unknown consumer: err %v, want one naming it", err)
+	}
+}
