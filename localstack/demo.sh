@@ -67,8 +67,9 @@ wait_healthy() {
 step "subscriber (admission=$admission, SIMULATED device: 64 MiB, the reference model runs on the CPU)"
 # A small simulated device so that a CPU can fill it: the model's weights take
 # 18 MiB, leaving about 42 MiB of budget, room for two large messages at once.
+# At debug it logs a line per device batch, a few of which the summary shows.
 bin/subscriber -device=sim -vram=64MiB -vram-reserve=4MiB -admission="$admission" \
-	-wait-time=2s -log-format=text -metrics-addr="127.0.0.1:$metrics_port" >"$sub_log" 2>&1 &
+	-wait-time=2s -log-format=text -log-level=debug -metrics-addr="127.0.0.1:$metrics_port" >"$sub_log" 2>&1 &
 sub_pid=$!
 wait_healthy "http://127.0.0.1:$metrics_port/healthz" "$sub_pid" "$sub_log"
 echo "  pid $sub_pid, log $sub_log, metrics http://127.0.0.1:$metrics_port/metrics"

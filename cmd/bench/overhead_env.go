@@ -27,26 +27,7 @@ import (
 	"github.com/vramq/vramq/localstack"
 )
 
-// noopModel is a model that costs nothing: one byte of working memory per
-// item and one tiny output per item, so what the subscriber spends is the
-// library's own work and SQS's.
-type noopModel struct{}
-
-var _ gpu.Model = noopModel{}
-
-func (noopModel) Name() string                { return "noop" }
-func (noopModel) Weights() int64              { return 0 }
-func (noopModel) Cost(items []job.Item) int64 { return int64(len(items)) }
-
-func (noopModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
-	out := make([]job.Output, len(items))
-	for i, it := range items {
-		out[i] = job.Output{ID: it.ID, Data: json.RawMessage("0")}
-	}
-	return out, ctx.Err()
-}
-
-// noopDevice is the simulated device the no-op model runs on: any size will
+// noopDevice is the simulated device the no-op model (gpu.Noop) runs on: any size will
 // do, the model allocates nothing from it.
 func noopDevice() *gpu.Sim { return gpu.NewSim(1 << 30) }
 

@@ -255,7 +255,7 @@ func runRSSChild(ctx context.Context, args []string, stderr io.Writer) error {
 		Queue:       subscriber.NewSQSQueue(client, *work),
 		Results:     subscriber.NewSQSQueue(client, *results),
 		DLQ:         subscriber.NewSQSQueue(client, *dlq),
-		Model:       noopModel{},
+		Model:       gpu.Noop{},
 		Device:      noopDevice(),
 		VRAMReserve: 1 << 20,
 		WaitTime:    time.Second,
