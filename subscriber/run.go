@@ -157,9 +157,9 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 		items = append(items, t.work.Items...)
 	}
 	cost := sumCost(tasks)
-	// A line per batch is for debugging: at info it cost 6% of the
-	// subscriber's CPU with a no-op model (BenchmarkPipeline), and the
-	// device reading before the batch is only for it.
+	// A line per batch is for debugging: at info it was 6% of the
+	// subscriber's CPU in a profile of BenchmarkPipeline (a no-op model),
+	// and the device reading before the batch is only for it.
 	logBatch := s.log.Enabled(ctx, slog.LevelDebug)
 	var before gpu.MemInfo
 	if logBatch {
