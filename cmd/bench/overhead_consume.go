@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -36,8 +37,8 @@ func (cc consumeConfig) settings() string {
 	return fmt.Sprintf("subscriber: admission vram (budget far above the work: admission never waits), prefetch %d, "+
 		"max-inflight %d, max-batch %d, max-batch-delay 10ms (default), wait-time 1s, visibility 30s, JSON logs at info to a discard writer; "+
 		"bare loops: ReceiveMessage of 10 with a 1 s long poll, visibility 30 s, all message attributes and ApproximateReceiveCount (as the subscriber asks), "+
-		"DeleteMessageBatch of what it received; the result variants send one precomputed result body per message, with the job id and chunk attributes, "+
-		"in one SendMessageBatch before the delete; the pipelined ones settle up to %d received batches at once, the subscriber's in-flight bound",
+		"DeleteMessageBatch of what it received; the result variants send one result body per message, with the job id and chunk attributes, "+
+		"in one SendMessageBatch before the delete, precomputed or, in the json variant, made by decoding the work message and encoding its result with encoding/json; the pipelined ones settle up to %d received batches at once, the subscriber's in-flight bound",
 		cc.Prefetch, cc.MaxInflight, cc.MaxBatch, cc.MaxInflight/10)
 }
 
@@ -50,7 +51,7 @@ type consumer struct {
 }
 
 // allConsumers is -consumers' default: the subscriber and every bare loop.
-const allConsumers = "subscriber,inline,inline-results,pipelined,pipelined-results"
+const allConsumers = "subscriber,inline,inline-results,pipelined,pipelined-results,pipelined-json"
 
 // consumers returns those of keys (a comma-separated list) in the report's
 // order: the subscriber first, whose rate the others' ratios divide. One
@@ -58,10 +59,11 @@ const allConsumers = "subscriber,inline,inline-results,pipelined,pipelined-resul
 func (cc consumeConfig) consumers(keys string) ([]consumer, error) {
 	all := []consumer{
 		{"subscriber", "subscriber (no-op model)", cc.subscriber},
-		{"inline", "bare, in line: receive, delete", cc.bare(false, false)},
-		{"inline-results", "bare, in line: receive, send results, delete", cc.bare(true, false)},
-		{"pipelined", "bare, pipelined: receive; delete alongside", cc.bare(false, true)},
-		{"pipelined-results", "bare, pipelined: receive; send results, delete alongside", cc.bare(true, true)},
+		{"inline", "bare, in line: receive, delete", cc.bare(noResults, false)},
+		{"inline-results", "bare, in line: receive, send results, delete", cc.bare(prebuiltResults, false)},
+		{"pipelined", "bare, pipelined: receive; delete alongside", cc.bare(noResults, true)},
+		{"pipelined-results", "bare, pipelined: receive; send results, delete alongside", cc.bare(prebuiltResults, true)},
+		{"pipelined-json", "bare, pipelined: receive; decode, encode and send results, delete alongside", cc.bare(encodedResults, true)},
 	}
 	want := map[string]bool{}
 	for _, k := range strings.Split(keys, ",") {
@@ -156,24 +158,44 @@ func requestsPerMessage(reg *prometheus.Registry, n int) string {
 // so that the bare loop spends nothing on it.
 var resultBody = `{"v":1,"job_id":"overhead","chunk":0,"model":"noop","outputs":[{"id":"0-0","data":0}],"attempt":1,"worker_ms":0}`
 
+// resultMode is what a bare loop does for results.
+type resultMode int
+
+const (
+	noResults       resultMode = iota
+	prebuiltResults            // one precomputed body per message (resultBody)
+	// encodedResults decodes each work message and encodes its result with
+	// encoding/json, as any consumer of these messages must: the work a
+	// subscriber with a no-op model does that a prebuilt body skips.
+	encodedResults
+)
+
 // bare is the loop a user would write on the SDK alone. In line, one
 // goroutine receives, sends the results and deletes, then receives again.
 // Pipelined, one goroutine receives, as the subscriber's poller does, and
 // each received batch's results and delete go on in a goroutine of its own,
 // up to the subscriber's in-flight bound.
-func (cc consumeConfig) bare(results, pipelined bool) func(context.Context, *benchEnv, localstack.URLs, int) (time.Duration, string, error) {
+func (cc consumeConfig) bare(results resultMode, pipelined bool) func(context.Context, *benchEnv, localstack.URLs, int) (time.Duration, string, error) {
 	return func(ctx context.Context, e *benchEnv, urls localstack.URLs, n int) (time.Duration, string, error) {
 		settle := func(ctx context.Context, msgs []types.Message) error {
-			if results {
+			if results != noResults {
 				entries := make([]types.SendMessageBatchRequestEntry, len(msgs))
 				for i, m := range msgs {
+					body := &resultBody
+					if results == encodedResults {
+						b, err := encodeResult(m)
+						if err != nil {
+							return err
+						}
+						body = &b
+					}
 					attrs := make(map[string]types.MessageAttributeValue, 2)
 					for _, k := range []string{job.AttrJobID, job.AttrChunk} {
 						if v, ok := m.MessageAttributes[k]; ok {
 							attrs[k] = v
 						}
 					}
-					entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: &resultBody, MessageAttributes: attrs}
+					entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: body, MessageAttributes: attrs}
 				}
 				out, err := e.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &urls.Results, Entries: entries})
 				if err != nil {
@@ -255,4 +277,21 @@ func (cc consumeConfig) bare(results, pipelined bool) func(context.Context, *ben
 		}
 		return took, "", nil
 	}
+}
+
+// encodeResult is what a consumer written on encoding/json does for one
+// message with the no-op model: decode the work, encode a result of one
+// tiny output per item.
+func encodeResult(m types.Message) (string, error) {
+	var w job.Work
+	if err := json.Unmarshal([]byte(aws.ToString(m.Body)), &w); err != nil {
+		return "", fmt.Errorf("decoding message %s: %w", aws.ToString(m.MessageId), err)
+	}
+	r := job.Result{V: job.Version, JobID: w.JobID, Chunk: w.Chunk, Model: "noop", Attempt: 1,
+		Outputs: make([]job.Output, len(w.Items))}
+	for i, it := range w.Items {
+		r.Outputs[i] = job.Output{ID: it.ID, Data: json.RawMessage("0")}
+	}
+	b, err := json.Marshal(r)
+	return string(b), err
 }

@@ -1,12 +1,17 @@
 package main
 
 import (
+	"encoding/json"
 	"math"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/vramq/vramq/job"
 )
 
 func TestMedianOf(t *testing.T) {
@@ -115,10 +120,34 @@ func TestConsumersSelection(t *testing.T) {
 	if !slices.Equal(keys, []string{"subscriber", "pipelined-results"}) {
 		t.Errorf("consumers %v, want subscriber then pipelined-results", keys)
 	}
-	if all, _ := cc.consumers(allConsumers); len(all) != 5 {
-		t.Errorf("%d consumers by default, want 5", len(all))
+	if all, _ := cc.consumers(allConsumers); len(all) != 6 {
+		t.Errorf("%d consumers by default, want 6", len(all))
 	}
 	if _, err := cc.consumers("subscriber,pipelined-result"); err == nil || !strings.Contains(err.Error(), "pipelined-result") {
 		t.Errorf("an unknown consumer: err %v, want one naming it", err)
+	}
+}
+
+// The json bare loop's result is the one the subscriber would send for the
+// same message with the no-op model, and a malformed body is an error.
+func TestEncodeResult(t *testing.T) {
+	w := tinyWorks("overhead", 3)[2]
+	body, err := json.Marshal(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := encodeResult(types.Message{Body: aws.String(string(body))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r job.Result
+	if err := json.Unmarshal([]byte(got), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Key() != w.Key() || len(r.Outputs) != len(w.Items) || r.Outputs[0].ID != w.Items[0].ID || string(r.Outputs[0].Data) != "0" {
+		t.Errorf("result %s for work %s", got, body)
+	}
+	if _, err := encodeResult(types.Message{Body: aws.String("{"), MessageId: aws.String("m1")}); err == nil || !strings.Contains(err.Error(), "m1") {
+		t.Errorf("a malformed body: err %v, want one naming the message", err)
 	}
 }
