@@ -32,6 +32,20 @@ func words(text string) iter.Seq[uint64] {
 	return func(yield func(uint64) bool) {
 		h, inWord := uint64(fnvOffset), false
 		for _, r := range text {
+			if r < utf8.RuneSelf {
+				// Most text is ASCII, where the unicode tables cost most
+				// of the scan: the same classes by comparison.
+				switch b, ok := asciiWordByte(r); {
+				case ok:
+					h, inWord = (h^uint64(b))*fnvPrime, true
+				case inWord:
+					if !yield(h) {
+						return
+					}
+					h, inWord = fnvOffset, false
+				}
+				continue
+			}
 			switch {
 			case unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana):
 				if inWord && !yield(h) {
@@ -54,6 +68,19 @@ func words(text string) iter.Seq[uint64] {
 			yield(h)
 		}
 	}
+}
+
+// asciiWordByte is, for an ASCII r, whether it belongs in a word (a letter
+// or digit: no ASCII rune is a mark) and its lower case, as words' general
+// path would take it.
+func asciiWordByte(r rune) (byte, bool) {
+	switch {
+	case 'a' <= r && r <= 'z' || '0' <= r && r <= '9':
+		return byte(r), true
+	case 'A' <= r && r <= 'Z':
+		return byte(r - 'A' + 'a'), true
+	}
+	return 0, false
 }
 
 // hashRune feeds r's UTF-8 bytes into the FNV-1a state h.

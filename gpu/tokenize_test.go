@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/vramq/vramq/job"
 )
@@ -94,5 +96,20 @@ func TestTokenizeMatchesCountAndAppend(t *testing.T) {
 	}
 	if n := offsets[3] - offsets[2]; n != 3 {
 		t.Errorf("a five-word text with MaxTokens 3 has %d ids, want 3", n)
+	}
+}
+
+// The ASCII fast path takes every ASCII rune as the Unicode classes and
+// case mapping of words' general path do, so ids do not change with it.
+func TestASCIIWordByteMatchesUnicode(t *testing.T) {
+	for r := rune(0); r < utf8.RuneSelf; r++ {
+		b, ok := asciiWordByte(r)
+		want := unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r)
+		if ok != want {
+			t.Errorf("%q: in a word %v, want %v", r, ok, want)
+		}
+		if ok && hashRune(fnvOffset, rune(b)) != hashRune(fnvOffset, unicode.ToLower(r)) {
+			t.Errorf("%q: lower case %q, want %q", r, b, unicode.ToLower(r))
+		}
 	}
 }
