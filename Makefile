@@ -82,6 +82,20 @@ gpu-test-bin: cuda-stubs
 	$(GO) build -o build/gpu-test/genweights ./cmd/genweights
 	cp bench/torch/embed.py build/gpu-test/
 
+## gpu-verify: build/gpu-verify/, everything a GPU machine with the driver, cuBLAS and PyTorch (but
+## no Go) needs for the GPU verification: copy the folder there and run its run.sh with no arguments;
+## it writes results.md (commit it as bench/gpu/<device>.md). bench/README.md "On a GPU" says more.
+# Stripped (-s -w): the folder travels to the GPU machine, and debug info doubles its size.
+GPU_VERIFY := build/gpu-verify
+.PHONY: gpu-verify
+gpu-verify: cuda-stubs
+	rm -rf $(GPU_VERIFY) && mkdir -p $(GPU_VERIFY)
+	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/gpu.test ./gpu/
+	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/subscriber.test ./subscriber/
+	cp bench/torch/embed.py gpu/verify/run.sh $(GPU_VERIFY)/
+	git describe --always --dirty >$(GPU_VERIFY)/COMMIT 2>/dev/null || echo unknown >$(GPU_VERIFY)/COMMIT
+	@du -sh $(GPU_VERIFY)
+
 ## cuda-check: vet the cuda-tagged code and link both cuda binaries, so the CUDA backend cannot rot
 ## on machines without a GPU (part of make test)
 # vet type-checks the test files too; one link, of the binary, checks the cgo side

@@ -54,7 +54,10 @@ func testTexts(n int) []job.Item {
 		}
 		items[i] = job.Item{ID: fmt.Sprint(i), Text: b.String()}
 	}
-	items[0].Text, items[1].Text = "", "!!! ???"
+	// The edge cases replace the first items, as many as there are: n may be 1.
+	for i, text := range []string{"", "!!! ???"}[:min(n, 2)] {
+		items[i].Text = text
+	}
 	return items
 }
 

@@ -20,6 +20,9 @@
 set -euo pipefail
 
 out=${1:?usage: gen.sh OUTDIR}
+# Only the cuda tag imports cu, so nothing else has downloaded it: go list
+# prints an empty Dir for a module that is not in the cache yet.
+go mod download gorgonia.org/cu
 cudir=$(go list -m -f '{{.Dir}}' gorgonia.org/cu)
 src=$cudir/cmd/genlib/cuda.h
 [ -f "$src" ] || { echo "gen.sh: $src not found (is gorgonia.org/cu in go.mod?)" >&2; exit 1; }

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU verification, run on a machine with the NVIDIA driver, cuBLAS and
+# PyTorch but no Go toolchain: `make gpu-verify` builds this folder (test
+# binaries, the PyTorch reference, this script); copy it there and run
+#
+#   ./run.sh            (no arguments)
+#
+# Each check runs as its own test process, so one that fails or panics does not
+# cost the others their figures. Everything goes to results.md and log.txt in
+# this folder (and to $OUT too, where that is set); commit results.md as
+# bench/gpu/<device>.md. The checks are the ones bench/README.md "On a GPU" lists.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here"
+out=${OUT:-$here}
+log=$out/log.txt
+res=$out/results.md
+: >"$log"
+
+gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)
+python=${VRAMQ_TORCH_PYTHON:-python3}
+torchv=$("$python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>&1 | tail -1)
+
+# cuBLAS: the loader's path first; else the copy PyTorch's wheels carry.
+if [ -z "${VRAMQ_CUBLAS:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.'; then
+	VRAMQ_CUBLAS=$("$python" - <<'PY' 2>/dev/null
+import glob, os, site
+dirs = site.getsitepackages() + [site.getusersitepackages()]
+hits = []
+for d in dirs:
+    hits += glob.glob(os.path.join(d, "nvidia", "**", "libcublas.so.*"), recursive=True)
+hits = sorted(h for h in hits if "Lt" not in os.path.basename(h))
+print(hits[-1] if hits else "")
+PY
+)
+	export VRAMQ_CUBLAS
+fi
+export VRAMQ_TORCH_PYTHON=$python
+
+{
+	echo "# GPU verification: $gpu"
+	echo
+	echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
+	echo "- device (name, driver, memory): $gpu"
+	echo "- PyTorch: $torchv"
+	echo "- cuBLAS: ${VRAMQ_CUBLAS:-from the loader's path}"
+	echo "- built from: $(cat "$here/COMMIT" 2>/dev/null || echo unknown)"
+	echo
+	echo "| check | result | seconds |"
+	echo "|---|---|---|"
+} >"$res"
+
+fail=0
+run() { # run NAME BINARY TEST
+	local name=$1 bin=$2 test=$3 t0 rc
+	t0=$(date +%s)
+	echo "=== $name: $bin -test.run '^$test\$'" >>"$log"
+	"./$bin" -test.run "^$test\$" -test.v -test.count=1 -test.timeout 8m >>"$log" 2>&1
+	rc=$?
+	local verdict=pass
+	[ $rc = 0 ] || { verdict="FAIL (exit $rc)"; fail=1; }
+	echo "| $name (\`$test\`) | $verdict | $(($(date +%s) - t0)) |" >>"$res"
+}
+
+run "1. CUDA equals the CPU reference" gpu.test TestCUDAMatchesCPU
+run "2. OOM recovered by halving" gpu.test TestCUDAOutOfMemoryThenHalving
+run "3. the budget follows free memory" subscriber.test TestCUDABudgetFollowsFreeMemory
+run "4. throughput against PyTorch" gpu.test TestCUDAThroughputAgainstTorch
+run "calibration sample" gpu.test TestCUDAMeasure
+
+{
+	echo
+	echo "## Figures (the tests' FIGURE lines)"
+	echo
+	echo '```'
+	grep -h 'FIGURE' "$log" | sed 's/^[[:space:]]*//'
+	echo '```'
+	echo
+	echo "## Failures (the tests' own lines)"
+	echo
+	echo '```'
+	grep -hE -- '--- FAIL|panic:|_test.go:[0-9]+:' "$log" | grep -v FIGURE | head -40
+	echo '```'
+} >>"$res"
+cat "$res"
+exit $fail
