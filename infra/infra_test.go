@@ -1662,6 +1662,11 @@ func TestTheCapacityProviderNameIsLegalAndReplaceable(t *testing.T) {
 	if !refersTo(cp.Body.Attributes["name"].Expr, "aws_autoscaling_group", "gpu") {
 		t.Error("the capacity provider's name is not its group's (unique) name: a replacement would clash with the provider it replaces")
 	}
+	// A new provider name in the service's strategy replaces the service
+	// unless force_new_deployment lets the provider update it in place.
+	if v := m.attr(t, m.resource(t, "aws_ecs_service", "subscriber"), "force_new_deployment", nil); !v.IsKnown() || v.IsNull() || !v.True() {
+		t.Error("aws_ecs_service.subscriber: no force_new_deployment, so a replaced capacity provider replaces the service")
+	}
 	for _, b := range []*hclsyntax.Block{cp, asg} {
 		cbd := false
 		for _, lc := range blocksOf(b.Body, "lifecycle") {

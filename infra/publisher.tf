@@ -429,7 +429,7 @@ resource "aws_ecs_task_definition" "publisher" {
       # Bearer keys come from Secrets Manager or SSM Parameter Store when the
       # task starts: never in the task definition, the environment variables
       # it shows, or the Terraform state (which holds only the ARN).
-      secrets = var.publisher_api_keys_secret_arn == null ? [] : [
+      secrets = var.publisher_api_keys_secret_arn == null ? null : [
         { name = "VRAMQ_API_KEYS", valueFrom = var.publisher_api_keys_secret_arn },
       ]
 

@@ -365,6 +365,11 @@ resource "aws_ecs_service" "subscriber" {
     weight            = 1
   }
 
+  # With it the provider updates a changed capacity provider (a replaced GPU
+  # group) in place instead of replacing the service; every update of the
+  # service is then also a deployment.
+  force_new_deployment = true
+
   network_configuration {
     subnets         = var.subnet_ids
     security_groups = [aws_security_group.subscriber_tasks.id]
