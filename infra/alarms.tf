@@ -28,7 +28,32 @@ resource "aws_cloudwatch_metric_alarm" "dlq_not_empty" {
   evaluation_periods  = 1
   threshold           = 0
   comparison_operator = "GreaterThanThreshold"
-  treat_missing_data  = "notBreaching"
+  # SQS stops reporting a queue nobody touches (after about six hours), even
+  # one that still holds messages: missing data keeps the alarm as it was, so
+  # a DLQ that is full and quiet stays in ALARM until it is emptied.
+  treat_missing_data = "ignore"
+
+  alarm_actions = local.alarm_actions
+  ok_actions    = local.alarm_actions
+
+  tags = local.tags
+}
+
+# Dead letters expire with the DLQ's retention; warn while there is time to
+# look at them. Missing data keeps the state, as above.
+resource "aws_cloudwatch_metric_alarm" "dlq_oldest_message_age" {
+  alarm_name        = "${local.name}-dlq-oldest-message-age"
+  alarm_description = "The oldest message in ${aws_sqs_queue.dlq.name} is older than ${var.dlq_message_age_alarm_seconds} s; the queue deletes messages older than ${var.dlq_message_retention_seconds} s. Inspect and redrive or discard (README: Deploying to AWS)."
+  namespace         = "AWS/SQS"
+  metric_name       = "ApproximateAgeOfOldestMessage"
+  dimensions        = { QueueName = aws_sqs_queue.dlq.name }
+
+  statistic           = "Maximum"
+  period              = 300
+  evaluation_periods  = 1
+  threshold           = var.dlq_message_age_alarm_seconds
+  comparison_operator = "GreaterThanThreshold"
+  treat_missing_data  = "ignore"
 
   alarm_actions = local.alarm_actions
   ok_actions    = local.alarm_actions

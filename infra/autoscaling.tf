@@ -1,15 +1,24 @@
 # The subscriber service scales on backlog per task, as AWS recommends for
 # queue workers: target tracking on (visible messages on the work queue) /
-# (running tasks), holding it at subscriber_backlog_per_task_target. Queue
-# depth alone would not say whether the fleet keeps up; CPU says nothing about
-# a GPU worker.
+# (tasks the service wants), holding it at subscriber_backlog_per_task_target.
+# Queue depth alone would not say whether the fleet keeps up; CPU says nothing
+# about a GPU worker.
 #
-# Scale-in never kills a task mid-inference: the subscriber sets ECS task
-# scale-in protection (through the agent's $ECS_AGENT_URI/task-protection/v1
-# endpoint) while it holds messages and clears it when idle, and the
-# capacity provider's managed termination protection keeps instances with
-# tasks. Messages already received (in flight) are not in the numerator on
-# purpose: the tasks holding them are busy with them and protected.
+# The denominator is DesiredTaskCount, what the scaler itself sets, not
+# RunningTaskCount: a new GPU task takes minutes to run (an instance to
+# launch, a multi-GB image to pull, a model to load), longer than any sensible
+# cooldown, and dividing by the tasks already running would keep asking for
+# the same tasks again until they run (overshoot). With the desired count the
+# policy sees its own decision at once.
+#
+# From zero: target tracking multiplies the current count, so it cannot leave
+# 0. A step policy does it instead, on an alarm for "visible messages and no
+# task wanted" (the backlog-without-capacity signal of SageMaker asynchronous
+# inference, KEDA's activation): 0 -> 1, then target tracking takes over.
+#
+# Scale-in stops tasks with SIGTERM: the subscriber stops receiving, hands
+# back what it has not started at once and finishes running batches within
+# its shutdown grace, which the task's stopTimeout covers (subscriber.tf).
 
 resource "aws_appautoscaling_target" "subscriber" {
   service_namespace  = "ecs"
@@ -55,8 +64,8 @@ resource "aws_appautoscaling_policy" "subscriber_backlog_per_task" {
       }
 
       metrics {
-        id          = "tasks"
-        label       = "Running subscriber tasks"
+        id          = "desired"
+        label       = "Subscriber tasks wanted"
         return_data = false
 
         metric_stat {
@@ -64,7 +73,7 @@ resource "aws_appautoscaling_policy" "subscriber_backlog_per_task" {
 
           metric {
             namespace   = "ECS/ContainerInsights"
-            metric_name = "RunningTaskCount"
+            metric_name = "DesiredTaskCount"
 
             dimensions {
               name  = "ClusterName"
@@ -81,12 +90,79 @@ resource "aws_appautoscaling_policy" "subscriber_backlog_per_task" {
 
       metrics {
         id    = "backlog_per_task"
-        label = "Visible messages per running subscriber task"
-        # The plain ratio AWS documents for SQS workers. It is undefined with
-        # no task running, which is why subscriber_min_count is at least 1.
-        expression  = "visible / tasks"
+        label = "Visible messages per wanted subscriber task"
+        # 0 while no task is wanted: leaving zero is the step policy's job.
+        expression  = "IF(desired > 0, visible / desired, 0)"
         return_data = true
       }
     }
   }
+}
+
+resource "aws_appautoscaling_policy" "subscriber_from_zero" {
+  name               = "${local.name}-subscriber-from-zero"
+  policy_type        = "StepScaling"
+  service_namespace  = aws_appautoscaling_target.subscriber.service_namespace
+  scalable_dimension = aws_appautoscaling_target.subscriber.scalable_dimension
+  resource_id        = aws_appautoscaling_target.subscriber.resource_id
+
+  step_scaling_policy_configuration {
+    adjustment_type         = "ChangeInCapacity"
+    metric_aggregation_type = "Maximum"
+    # Until the first task is wanted the alarm stays in ALARM; it is not
+    # re-run meanwhile.
+    cooldown = 60
+
+    step_adjustment {
+      metric_interval_lower_bound = 0
+      scaling_adjustment          = 1
+    }
+  }
+}
+
+resource "aws_cloudwatch_metric_alarm" "subscriber_backlog_without_capacity" {
+  alarm_name        = "${local.name}-subscriber-backlog-without-capacity"
+  alarm_description = "Messages wait on ${aws_sqs_queue.work.name} and no subscriber task is wanted: starts the first one (scale from zero)."
+
+  evaluation_periods  = 1
+  threshold           = 0
+  comparison_operator = "GreaterThanThreshold"
+  # No data is no backlog (SQS stops reporting an idle queue).
+  treat_missing_data = "notBreaching"
+
+  metric_query {
+    id = "backlog_without_capacity"
+    # Missing task counts (a service that never ran) count as none wanted.
+    expression  = "IF(FILL(desired, 0) < 1, visible, 0)"
+    label       = "Visible messages while no subscriber task is wanted"
+    return_data = true
+  }
+
+  metric_query {
+    id = "visible"
+
+    metric {
+      namespace   = "AWS/SQS"
+      metric_name = "ApproximateNumberOfMessagesVisible"
+      dimensions  = { QueueName = aws_sqs_queue.work.name }
+      stat        = "Maximum"
+      period      = 60
+    }
+  }
+
+  metric_query {
+    id = "desired"
+
+    metric {
+      namespace   = "ECS/ContainerInsights"
+      metric_name = "DesiredTaskCount"
+      dimensions  = { ClusterName = aws_ecs_cluster.this.name, ServiceName = aws_ecs_service.subscriber.name }
+      stat        = "Maximum"
+      period      = 60
+    }
+  }
+
+  alarm_actions = [aws_appautoscaling_policy.subscriber_from_zero.arn]
+
+  tags = local.tags
 }

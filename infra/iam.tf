@@ -1,6 +1,8 @@
-# Least privilege: each role gets the actions its code calls (grep the SDK
-# calls in subscriber/, publisher/ and internal/payload) on the ARNs it uses,
-# and nothing else. Batch calls are authorised by their single-message
+# Least privilege: each task and function role gets the actions its code
+# calls (grep the SDK calls in subscriber/, publisher/ and internal/payload)
+# on the ARNs it uses, and nothing else. The GPU instances' role is the
+# exception: two AWS managed policies (the ECS agent's, Session Manager's),
+# whose actions are on "*" and which AWS changes; the tasks cannot reach it. Batch calls are authorised by their single-message
 # action: SendMessageBatch by sqs:SendMessage, DeleteMessageBatch by
 # sqs:DeleteMessage, ChangeMessageVisibilityBatch by
 # sqs:ChangeMessageVisibility. infra/infra_test.go fails on any allowed
@@ -23,12 +25,14 @@ locals {
       subscriber = {
         image         = var.subscriber_image
         log_group_arn = aws_cloudwatch_log_group.subscriber.arn
+        secret_arns   = []
       }
     },
     local.publisher_fargate ? {
       publisher = {
         image         = var.publisher_image
         log_group_arn = aws_cloudwatch_log_group.publisher.arn
+        secret_arns   = var.publisher_api_keys_secret_arn == null ? [] : [var.publisher_api_keys_secret_arn]
       }
     } : {},
   )
@@ -142,6 +146,29 @@ data "aws_iam_policy_document" "execution" {
     actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
     resources = ["${each.value.log_group_arn}:log-stream:*"]
   }
+
+  # The container's `secrets`, read by ECS when the task starts: exactly
+  # those secrets or parameters. One kept with a customer managed KMS key
+  # also needs kms:Decrypt on that key, granted in the key's policy.
+  dynamic "statement" {
+    for_each = [for arn in each.value.secret_arns : arn if startswith(arn, "arn:${local.partition}:secretsmanager:")]
+
+    content {
+      sid       = "ReadSecret${statement.key}"
+      actions   = ["secretsmanager:GetSecretValue"]
+      resources = [statement.value]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = [for arn in each.value.secret_arns : arn if startswith(arn, "arn:${local.partition}:ssm:")]
+
+    content {
+      sid       = "ReadParameter${statement.key}"
+      actions   = ["ssm:GetParameters"]
+      resources = [statement.value]
+    }
+  }
 }
 
 resource "aws_iam_role" "execution" {
@@ -210,13 +237,17 @@ data "aws_iam_policy_document" "subscriber" {
     }
   }
 
-  # The agent's task-protection endpoint ($ECS_AGENT_URI/task-protection/v1/state)
-  # calls these with the task role's credentials: the subscriber protects
-  # itself from scale-in while it holds messages.
-  statement {
-    sid       = "ScaleInProtection"
-    actions   = ["ecs:GetTaskProtection", "ecs:UpdateTaskProtection"]
-    resources = ["arn:${local.partition}:ecs:${local.region}:${local.account_id}:task/${aws_ecs_cluster.this.name}/*"]
+  # With subscriber_task_protection only: the agent's task-protection
+  # endpoint ($ECS_AGENT_URI/task-protection/v1/state) calls these with the
+  # task role's credentials.
+  dynamic "statement" {
+    for_each = var.subscriber_task_protection ? [1] : []
+
+    content {
+      sid       = "ScaleInProtection"
+      actions   = ["ecs:GetTaskProtection", "ecs:UpdateTaskProtection"]
+      resources = ["arn:${local.partition}:ecs:${local.region}:${local.account_id}:task/${aws_ecs_cluster.this.name}/*"]
+    }
   }
 
   # Receiving from a KMS-encrypted queue and reading objects needs Decrypt;

@@ -28,6 +28,7 @@ import (
 	"github.com/hashicorp/hcl/v2/ext/tryfunc"
 	"github.com/hashicorp/hcl/v2/hclparse"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/hashicorp/hcl/v2/hclwrite"
 	"github.com/zclconf/go-cty/cty"
 	"github.com/zclconf/go-cty/cty/function"
 	"github.com/zclconf/go-cty/cty/function/stdlib"
@@ -212,10 +213,16 @@ func TestTheVisibilityTimeoutOutlastsTheHeartbeat(t *testing.T) {
 	}
 }
 
+// On EC2 capacity ECS takes a stopTimeout over 120 s (the cap is Fargate's),
+// so the grace covers the longest batch and the stop timeout covers the grace
+// and the final flush (issue 19, item 6).
 func TestTheStopTimeoutCoversTheShutdownGrace(t *testing.T) {
 	m := root(t)
+	if td := m.resource(t, "aws_ecs_task_definition", "subscriber"); !m.attr(t, td, "requires_compatibilities", nil).RawEquals(cty.TupleVal([]cty.Value{cty.StringVal("EC2")})) {
+		t.Fatalf("the subscriber's task definition is not for EC2 only; a Fargate task could not take the stop timeout below")
+	}
 	// The default (-1 here), and the extremes the variable's validation allows.
-	for _, grace := range []int64{-1, 0, 90} {
+	for _, grace := range []int64{-1, 0, 3600} {
 		var override map[string]cty.Value
 		if grace >= 0 {
 			override = map[string]cty.Value{"subscriber_shutdown_grace_seconds": cty.NumberIntVal(grace)}
@@ -233,12 +240,30 @@ func TestTheStopTimeoutCoversTheShutdownGrace(t *testing.T) {
 		if v, ok := subscriberEnv(t, m, override)["VRAMQ_SHUTDOWN_GRACE"]; ok {
 			shutdownGrace = parseDuration(t, "VRAMQ_SHUTDOWN_GRACE", v)
 		}
-		if time.Duration(stop)*time.Second < shutdownGrace {
-			t.Errorf("%s: stopTimeout %ds is shorter than the subscriber's shutdown grace %v: ECS would SIGKILL batches it may finish", setting, stop, shutdownGrace)
+		// The subscriber flushes deletes and releases for up to 30 s after
+		// the grace.
+		if time.Duration(stop)*time.Second < shutdownGrace+30*time.Second {
+			t.Errorf("%s: stopTimeout %ds is shorter than the subscriber's shutdown grace %v and its 30s flush: ECS would SIGKILL batches it may finish", setting, stop, shutdownGrace)
 		}
-		if stop > 120 {
-			t.Errorf("%s: stopTimeout %ds is over the ECS maximum of 120s", setting, stop)
+		if grace == -1 {
+			inference := subscriberFlagDefault(t, "inference-timeout")
+			if v, ok := subscriberEnv(t, m, nil)["VRAMQ_INFERENCE_TIMEOUT"]; ok {
+				inference = parseDuration(t, "VRAMQ_INFERENCE_TIMEOUT", v)
+			}
+			if shutdownGrace < inference {
+				t.Errorf("the default shutdown grace %v is shorter than the inference timeout %v: a deployment or a scale-in cuts batches short", shutdownGrace, inference)
+			}
 		}
+	}
+	// A grace shorter than the inference timeout is refused at plan time.
+	short := map[string]cty.Value{"subscriber_shutdown_grace_seconds": cty.NumberIntVal(60), "subscriber_inference_timeout_seconds": cty.NumberIntVal(120)}
+	if allTrue(m.preconditions(t, m.resource(t, "aws_ecs_task_definition", "subscriber"), short)) {
+		t.Error("a shutdown grace of 60s with an inference timeout of 120s passes every precondition of the subscriber's task definition")
+	}
+	// Fargate's cap does hold for the publisher.
+	fargate := map[string]cty.Value{"publisher_mode": cty.StringVal("fargate"), "publisher_shutdown_grace_seconds": cty.NumberIntVal(115)}
+	if stop := toInt(t, container(t, m, "publisher", fargate).GetAttr("stopTimeout")); stop > 120 {
+		t.Errorf("the publisher's stopTimeout %ds is over Fargate's maximum of 120s", stop)
 	}
 }
 
@@ -299,49 +324,120 @@ func TestThePublisherAPIIsThrottled(t *testing.T) {
 }
 
 // In Fargate mode the publisher reads the client's address from the load
-// balancer's X-Forwarded-For, trusting the VPC's addresses; that is sound
-// only because the tasks take connections from the balancer alone.
+// balancer's X-Forwarded-For, from the right, skipping trusted proxies. Only
+// the balancer's own subnets may be trusted: trusting the VPC's block skips
+// the true address of any client inside the VPC and takes what the client
+// wrote further left (issue 14, item 12).
 func TestThePublisherTrustsOnlyItsLoadBalancer(t *testing.T) {
 	m := root(t)
 	fargate := map[string]cty.Value{"publisher_mode": cty.StringVal("fargate")}
 	td := m.resource(t, "aws_ecs_task_definition", "publisher")
-	found := false
+	var fromSubnets, fromVPC bool
 	for _, tr := range m.deepTraversals(td.Body.Attributes["container_definitions"]) {
-		if tr.RootName() == "data" && len(tr) > 1 && tr[1].(hcl.TraverseAttr).Name == "aws_vpc" {
-			found = true
+		if tr.RootName() == "data" && len(tr) > 2 {
+			switch tr[1].(hcl.TraverseAttr).Name + "." + tr[2].(hcl.TraverseAttr).Name {
+			case "aws_subnet.publisher_alb":
+				fromSubnets = true
+			case "aws_vpc.this":
+				fromVPC = true
+			}
 		}
 	}
 	env := containerEnv(t, m, "publisher", fargate)
-	if _, ok := env["VRAMQ_TRUSTED_PROXIES"]; !ok || !found {
-		t.Errorf("the publisher task does not set VRAMQ_TRUSTED_PROXIES from the VPC (env %v)", keys(env))
+	if _, ok := env["VRAMQ_TRUSTED_PROXIES"]; !ok || !fromSubnets || fromVPC {
+		t.Errorf("the publisher task's VRAMQ_TRUSTED_PROXIES is not built from the load balancer's subnets alone (from them: %v, from the VPC: %v, env %v)", fromSubnets, fromVPC, keys(env))
+	}
+	subnets := m.data["aws_subnet.publisher_alb"]
+	if subnets == nil || !refersTo(subnets.Body.Attributes["for_each"].Expr, "var", "publisher_alb_subnet_ids") {
+		t.Error("no data.aws_subnet.publisher_alb over var.publisher_alb_subnet_ids")
+	}
+	lb := m.resource(t, "aws_lb", "publisher")
+	if a := lb.Body.Attributes["subnets"]; a == nil || !refersTo(a.Expr, "var", "publisher_alb_subnet_ids") || refersTo(a.Expr, "var", "subnet_ids") {
+		t.Error("aws_lb.publisher is not placed in var.publisher_alb_subnet_ids alone")
+	}
+	// Nothing of this module may sit in the trusted subnets.
+	shared := map[string]cty.Value{"publisher_mode": cty.StringVal("fargate"), "publisher_alb_subnet_ids": strings2("subnet-a", "subnet-b"), "subnet_ids": strings2("subnet-b", "subnet-c")}
+	apart := map[string]cty.Value{"publisher_mode": cty.StringVal("fargate"), "publisher_alb_subnet_ids": strings2("subnet-a", "subnet-b"), "subnet_ids": strings2("subnet-c", "subnet-d")}
+	if allTrue(m.preconditions(t, lb, shared)) {
+		t.Error("aws_lb.publisher accepts load balancer subnets that are also subnet_ids (tasks and instances there would be trusted proxies)")
+	}
+	if !allTrue(m.preconditions(t, lb, apart)) {
+		t.Error("aws_lb.publisher refuses load balancer subnets apart from subnet_ids")
 	}
 	if !slices.Contains(flagNames(t, "publisher"), "trusted-proxies") {
 		t.Error("cmd/publisher has no -trusted-proxies flag for VRAMQ_TRUSTED_PROXIES")
 	}
-	// A value given in publisher_environment wins.
+	// A value given in publisher_environment wins (another proxy in front).
 	override := map[string]cty.Value{"publisher_mode": cty.StringVal("fargate"),
 		"publisher_environment": cty.MapVal(map[string]cty.Value{"VRAMQ_TRUSTED_PROXIES": cty.StringVal("10.9.0.0/16")})}
 	if v := containerEnv(t, m, "publisher", override)["VRAMQ_TRUSTED_PROXIES"]; v != "10.9.0.0/16" {
 		t.Errorf("VRAMQ_TRUSTED_PROXIES in publisher_environment: the task has %q", v)
 	}
 
+	// The job API's port takes connections from the balancer only, so the
+	// connection's peer is always the balancer.
+	port := m.number(t, m.locals["publisher_port"].Expr, nil)
 	sg := m.resource(t, "aws_security_group", "publisher_tasks")
-	ingress := 0
-	for _, b := range sg.Body.Blocks {
-		if b.Type != "ingress" {
+	api := 0
+	for _, b := range blocksOf(sg.Body, "ingress") {
+		if m.number(t, b.Body.Attributes["from_port"].Expr, fargate) > port || m.number(t, b.Body.Attributes["to_port"].Expr, fargate) < port {
 			continue
 		}
-		ingress++
+		api++
 		if _, ok := b.Body.Attributes["cidr_blocks"]; ok {
-			t.Errorf("%s: the publisher tasks take connections from CIDR blocks, not only from the load balancer", b.DefRange())
+			t.Errorf("%s: the publisher's API port takes connections from CIDR blocks, not only from the load balancer", b.DefRange())
 		}
 		if a, ok := b.Body.Attributes["security_groups"]; !ok || !refersTo(a.Expr, "aws_security_group", "publisher_alb") {
-			t.Errorf("%s: an ingress rule of the publisher tasks that is not from the load balancer's security group", b.DefRange())
+			t.Errorf("%s: an ingress rule of the publisher's API port that is not from the load balancer's security group", b.DefRange())
 		}
 	}
-	if ingress == 0 {
-		t.Error("aws_security_group.publisher_tasks has no ingress block")
+	if api == 0 {
+		t.Error("aws_security_group.publisher_tasks has no ingress rule for the API port")
 	}
+}
+
+func strings2(v ...string) cty.Value {
+	var out []cty.Value
+	for _, s := range v {
+		out = append(out, cty.StringVal(s))
+	}
+	return cty.ListVal(out)
+}
+
+func blocksOf(body *hclsyntax.Body, typ string) []*hclsyntax.Block {
+	var out []*hclsyntax.Block
+	for _, b := range body.Blocks {
+		if b.Type == typ {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// preconditions evaluates the conditions of a block's lifecycle
+// preconditions; an unknown one counts as passing (it depends on a resource).
+func (m *module) preconditions(t *testing.T, b *hclsyntax.Block, override map[string]cty.Value) []bool {
+	t.Helper()
+	var out []bool
+	for _, lc := range blocksOf(b.Body, "lifecycle") {
+		for _, pc := range blocksOf(lc.Body, "precondition") {
+			v := m.eval(t, pc.Body.Attributes["condition"].Expr, override)
+			out = append(out, !v.IsKnown() || (!v.IsNull() && v.True()))
+		}
+	}
+	if len(out) == 0 {
+		t.Errorf("%s: no preconditions", b.DefRange())
+	}
+	return out
+}
+
+func allTrue(v []bool) bool {
+	for _, b := range v {
+		if !b {
+			return false
+		}
+	}
+	return true
 }
 
 // validates reports whether var.name = v passes the variable's validation
@@ -450,8 +546,11 @@ func TestTheQueuesMatchTheLocalDefinitions(t *testing.T) {
 			if !refersTo(m.itemExpr(policy, "deadLetterTargetArn"), "aws_sqs_queue", p.DeadLetterQueue) {
 				t.Errorf("aws_sqs_queue.%s redrives elsewhere than aws_sqs_queue.%s", role, p.DeadLetterQueue)
 			}
-			if got := m.number(t, m.itemExpr(policy, "maxReceiveCount"), nil); got != int64(p.MaxReceiveCount) {
-				t.Errorf("aws_sqs_queue.%s: maxReceiveCount %d, queues.json says %d", role, got, p.MaxReceiveCount)
+			// queues.json's count is a default callers override (bin/queues
+			// -max-receive-count): low for fast local tests. A deployment
+			// needs at least as many (TestTheReceiveCountOutlastsRetriesAndHandbacks).
+			if got := m.number(t, m.itemExpr(policy, "maxReceiveCount"), nil); got < int64(p.MaxReceiveCount) {
+				t.Errorf("aws_sqs_queue.%s: maxReceiveCount %d, below queues.json's %d", role, got, p.MaxReceiveCount)
 			}
 		}
 
@@ -1112,6 +1211,7 @@ func functions() map[string]function.Function {
 		"contains":        stdlib.ContainsFunc,
 		"floor":           stdlib.FloorFunc,
 		"format":          stdlib.FormatFunc,
+		"join":            stdlib.JoinFunc,
 		"jsonencode":      stdlib.JSONEncodeFunc,
 		"keys":            stdlib.KeysFunc,
 		"length":          stdlib.LengthFunc,
@@ -1120,7 +1220,9 @@ func functions() map[string]function.Function {
 		"min":             stdlib.MinFunc,
 		"regex":           stdlib.RegexFunc,
 		"setintersection": stdlib.SetIntersectionFunc,
+		"sort":            stdlib.SortFunc,
 		"tostring":        stdlib.MakeToFunc(cty.String),
+		"toset":           stdlib.MakeToFunc(cty.Set(cty.DynamicPseudoType)),
 		"try":             tryfunc.TryFunc,
 	}
 	return fs
@@ -1146,4 +1248,864 @@ func sorted(s []string) []string {
 	s = slices.Clone(s)
 	slices.Sort(s)
 	return s
+}
+
+// ---------------------------------------------------------------------------
+// Issue 19: what a platform team would apply
+// ---------------------------------------------------------------------------
+
+// Provider 6.0 to 6.7 refuse a max_message_size above 262144 at plan time;
+// 6.8.0 (PR #43710) takes SQS's 1 MiB (item 1).
+func TestTheProviderAcceptsTheQueueSize(t *testing.T) {
+	largest := int64(0)
+	r := root(t)
+	for name, b := range r.resourcesOf("aws_sqs_queue") {
+		if a, ok := b.Body.Attributes["max_message_size"]; ok {
+			if n := r.number(t, a.Expr, nil); n > largest {
+				largest = n
+			}
+		} else {
+			t.Errorf("aws_sqs_queue.%s: no max_message_size", name)
+		}
+	}
+	if largest <= 262144 {
+		t.Fatalf("the queues take at most %d bytes; this check is about 1 MiB queues", largest)
+	}
+	for _, m := range modules(t) {
+		constraint := m.awsProviderConstraint(t)
+		if constraint == "" {
+			t.Errorf("%s: no required_providers aws version", m.dir)
+			continue
+		}
+		for v, want := range map[string]bool{"6.0.0": false, "6.3.0": false, "6.7.0": false, "6.7.9": false, "6.8.0": true, "6.30.1": true, "7.0.0": false} {
+			if got := satisfies(t, constraint, v); got != want {
+				t.Errorf("%s: aws provider %q admits %s: %v, want %v (6.8.0 is the first that takes a max_message_size of %d)", m.dir, constraint, v, got, want, largest)
+			}
+		}
+	}
+}
+
+func (m *module) awsProviderConstraint(t *testing.T) string {
+	for _, body := range m.bodies {
+		for _, tf := range blocksOf(body, "terraform") {
+			for _, rp := range blocksOf(tf.Body, "required_providers") {
+				a, ok := rp.Body.Attributes["aws"]
+				if !ok {
+					continue
+				}
+				v := m.eval(t, a.Expr, nil)
+				if v.Type().IsObjectType() && v.Type().HasAttribute("version") {
+					return v.GetAttr("version").AsString()
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// satisfies evaluates a Terraform version constraint of comparisons joined
+// by commas (">= 6.8.0, < 7.0.0"); "~>" is refused so the check stays exact.
+func satisfies(t *testing.T, constraint, version string) bool {
+	t.Helper()
+	parse := func(s string) [3]int {
+		var v [3]int
+		for i, p := range strings.SplitN(strings.TrimSpace(s), ".", 3) {
+			n, err := strconv.Atoi(p)
+			if err != nil {
+				t.Fatalf("version %q in %q", s, constraint)
+			}
+			v[i] = n
+		}
+		return v
+	}
+	cmp := func(a, b [3]int) int {
+		for i := range a {
+			if a[i] != b[i] {
+				return a[i] - b[i]
+			}
+		}
+		return 0
+	}
+	have := parse(version)
+	for _, part := range strings.Split(constraint, ",") {
+		part = strings.TrimSpace(part)
+		op := strings.TrimRight(part, "0123456789. ")
+		c := cmp(have, parse(strings.TrimPrefix(part, op)))
+		var ok bool
+		switch strings.TrimSpace(op) {
+		case ">=":
+			ok = c >= 0
+		case ">":
+			ok = c > 0
+		case "<=":
+			ok = c <= 0
+		case "<":
+			ok = c < 0
+		case "=", "":
+			ok = c == 0
+		case "!=":
+			ok = c != 0
+		default:
+			t.Fatalf("constraint %q: operator %q not handled here", constraint, op)
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// "integration_method must be specified if integration_type is not MOCK";
+// a Lambda proxy integration takes POST (item 2).
+func TestTheAPIIntegrationHasAMethod(t *testing.T) {
+	m := root(t)
+	integrations := m.resourcesOf("aws_apigatewayv2_integration")
+	if len(integrations) == 0 {
+		t.Fatal("no aws_apigatewayv2_integration")
+	}
+	for name, b := range integrations {
+		typ := m.attr(t, b, "integration_type", nil)
+		if typ.RawEquals(cty.StringVal("MOCK")) {
+			continue
+		}
+		method := m.attr(t, b, "integration_method", nil)
+		if method.IsNull() || !method.IsKnown() {
+			t.Errorf("aws_apigatewayv2_integration.%s (%#v): no integration_method", name, typ)
+			continue
+		}
+		if typ.RawEquals(cty.StringVal("AWS_PROXY")) && !method.RawEquals(cty.StringVal("POST")) {
+			t.Errorf("aws_apigatewayv2_integration.%s: AWS_PROXY integration_method %#v, API Gateway invokes Lambda with POST", name, method)
+		}
+	}
+}
+
+// A deployment of the GPU service must fit in the Auto Scaling group at every
+// task count it can run at, and must be able to make progress (item 3). One
+// GPU task per instance.
+func TestADeploymentFitsTheGPUGroup(t *testing.T) {
+	m := root(t)
+	if n := m.number(t, m.variables["subscriber_gpus_per_task"].Body.Attributes["default"].Expr, nil); n != 1 {
+		t.Fatalf("subscriber_gpus_per_task defaults to %d; this check assumes one GPU task per one-GPU instance", n)
+	}
+	svc := m.resource(t, "aws_ecs_service", "subscriber")
+	asg := m.resource(t, "aws_autoscaling_group", "gpu")
+	for _, surge := range []cty.Value{cty.NilVal, cty.True, cty.False} {
+		for _, most := range []int64{1, 2, 3, 10} {
+			o := map[string]cty.Value{"subscriber_max_count": cty.NumberIntVal(most)}
+			if surge != cty.NilVal {
+				o["subscriber_deployment_surge"] = surge
+			}
+			maxPct := m.number(t, svc.Body.Attributes["deployment_maximum_percent"].Expr, o)
+			minPct := m.number(t, svc.Body.Attributes["deployment_minimum_healthy_percent"].Expr, o)
+			instances := m.number(t, asg.Body.Attributes["max_size"].Expr, o)
+			for n := int64(1); n <= most; n++ {
+				upper := n * maxPct / 100      // ECS rounds the maximum down
+				lower := (n*minPct + 99) / 100 // and the minimum up
+				if upper > instances {
+					t.Errorf("surge %v, max count %d: a deployment at %d tasks may run %d (maximum %d %%), the group holds %d instances", surge, most, n, upper, maxPct, instances)
+				}
+				if upper <= n && lower >= n {
+					t.Errorf("surge %v, max count %d: at %d tasks a deployment can neither start a task (maximum %d %%) nor stop one (minimum healthy %d %%)", surge, most, n, maxPct, minPct)
+				}
+			}
+		}
+	}
+}
+
+// Target tracking divides by the tasks the scaler asked for, not those
+// already running: a GPU task takes minutes to run, and dividing by the
+// running ones keeps asking for the same tasks (item 4).
+func TestScalingDividesByTheDesiredCount(t *testing.T) {
+	m := root(t)
+	found := false
+	for name, p := range m.resourcesOf("aws_appautoscaling_policy") {
+		for _, tt := range blocksOf(p.Body, "target_tracking_scaling_policy_configuration") {
+			for _, cm := range blocksOf(tt.Body, "customized_metric_specification") {
+				found = true
+				ids := map[string]string{}
+				var expr string
+				for _, mb := range blocksOf(cm.Body, "metrics") {
+					id := m.attr(t, mb, "id", nil).AsString()
+					for _, ms := range blocksOf(mb.Body, "metric_stat") {
+						for _, mm := range blocksOf(ms.Body, "metric") {
+							ids[id] = m.attr(t, mm, "metric_name", nil).AsString()
+						}
+					}
+					if r := m.attr(t, mb, "return_data", nil); r.IsKnown() && !r.IsNull() && r.True() {
+						expr = m.attr(t, mb, "expression", nil).AsString()
+					}
+				}
+				var denominator bool
+				for id, metric := range ids {
+					if metric == "RunningTaskCount" {
+						t.Errorf("aws_appautoscaling_policy.%s: metric %q is RunningTaskCount, which lags the scaler's decisions by a GPU task's start time", name, id)
+					}
+					if metric == "DesiredTaskCount" && regexp.MustCompile(`/\s*`+id+`\b`).MatchString(expr) {
+						denominator = true
+					}
+				}
+				if !denominator {
+					t.Errorf("aws_appautoscaling_policy.%s: the expression %q does not divide by DesiredTaskCount (metrics %v)", name, expr, ids)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no target tracking policy with a customized metric")
+	}
+}
+
+// With subscriber_min_count = 0 the service can leave zero: a step policy on
+// an alarm for "messages visible, no task wanted" (item 5).
+func TestTheSubscriberScalesFromZero(t *testing.T) {
+	m := root(t)
+	if !m.validates(t, "subscriber_min_count", cty.NumberIntVal(0)) {
+		t.Fatal("subscriber_min_count = 0 is refused")
+	}
+	zero := map[string]cty.Value{"subscriber_min_count": cty.NumberIntVal(0)}
+	target := m.resource(t, "aws_appautoscaling_target", "subscriber")
+	if n := m.number(t, target.Body.Attributes["min_capacity"].Expr, zero); n != 0 {
+		t.Errorf("with subscriber_min_count = 0 the scalable target's minimum is %d", n)
+	}
+	var step string
+	for name, p := range m.resourcesOf("aws_appautoscaling_policy") {
+		if !m.attr(t, p, "policy_type", nil).RawEquals(cty.StringVal("StepScaling")) || !refersTo(p.Body.Attributes["resource_id"].Expr, "aws_appautoscaling_target", "subscriber") {
+			continue
+		}
+		for _, c := range blocksOf(p.Body, "step_scaling_policy_configuration") {
+			for _, adj := range blocksOf(c.Body, "step_adjustment") {
+				if m.number(t, adj.Body.Attributes["scaling_adjustment"].Expr, nil) > 0 {
+					step = name
+				}
+			}
+		}
+	}
+	if step == "" {
+		t.Fatal("no step scaling policy on the subscriber's scalable target that adds a task")
+	}
+	alarmed := false
+	for name, a := range m.resourcesOf("aws_cloudwatch_metric_alarm") {
+		if aa, ok := a.Body.Attributes["alarm_actions"]; !ok || !refersTo(aa.Expr, "aws_appautoscaling_policy", step) {
+			continue
+		}
+		alarmed = true
+		metrics := map[string]string{}
+		var expr string
+		for _, q := range blocksOf(a.Body, "metric_query") {
+			id := m.attr(t, q, "id", nil).AsString()
+			for _, mb := range blocksOf(q.Body, "metric") {
+				metrics[id] = m.attr(t, mb, "metric_name", nil).AsString()
+				if metrics[id] == "ApproximateNumberOfMessagesVisible" && !refersTo(m.itemExpr(mb.Body.Attributes["dimensions"].Expr.(*hclsyntax.ObjectConsExpr), "QueueName"), "aws_sqs_queue", "work") {
+					t.Errorf("aws_cloudwatch_metric_alarm.%s: visible messages of another queue than the work queue", name)
+				}
+			}
+			if r := m.attr(t, q, "return_data", nil); r.IsKnown() && !r.IsNull() && r.True() {
+				expr = m.attr(t, q, "expression", nil).AsString()
+			}
+		}
+		for _, want := range []string{"ApproximateNumberOfMessagesVisible", "DesiredTaskCount"} {
+			ok := false
+			for id, metric := range metrics {
+				ok = ok || (metric == want && regexp.MustCompile(`\b`+id+`\b`).MatchString(expr))
+			}
+			if !ok {
+				t.Errorf("aws_cloudwatch_metric_alarm.%s: its expression %q does not use %s", name, expr, want)
+			}
+		}
+	}
+	if !alarmed {
+		t.Errorf("no alarm triggers aws_appautoscaling_policy.%s", step)
+	}
+}
+
+// Receives count releases too; the redrive count must outlast the retries of
+// a short outage and the hand-backs of deployments, scale-in and
+// backpressure (item 6).
+func TestTheReceiveCountOutlastsRetriesAndHandbacks(t *testing.T) {
+	m := root(t)
+	const outage = 10 * time.Minute // what a transient failure should ride out
+	const handbacks = 3             // deployment or scale-in, drained instance, backpressure
+	delay := subscriberFlagDefault(t, "retry-delay")
+	// The subscriber retries after delay * 2^(receives-1): n failing receives
+	// span delay * (2^(n-1) - 1).
+	n, span := int64(1), time.Duration(0)
+	for ; span < outage; n++ {
+		span += delay << (n - 1)
+	}
+	want := n + handbacks
+	got := m.number(t, m.variables["max_receive_count"].Body.Attributes["default"].Expr, nil)
+	if got < want {
+		t.Errorf("max_receive_count defaults to %d: %d receives ride out %v of failures with -retry-delay %v, plus %d hand-backs, is %d", got, n, outage, delay, handbacks, want)
+	}
+}
+
+// Task scale-in protection, renewed while a task holds messages, would keep
+// old tasks from ever being replaced under steady load: off unless asked for,
+// and then without the permissions it needs only when on (item 7).
+func TestTaskProtectionCannotStallDeployments(t *testing.T) {
+	m := root(t)
+	if !slices.Contains(subscriberFlags(t), "task-protection") {
+		t.Fatal("cmd/subscriber has no -task-protection flag")
+	}
+	if v := subscriberEnv(t, m, nil)["VRAMQ_TASK_PROTECTION"]; v != "off" {
+		t.Errorf("the subscriber's VRAMQ_TASK_PROTECTION is %q by default (the flag's default auto turns it on under ECS): a deployment under steady load would never stop the old tasks", v)
+	}
+	on := map[string]cty.Value{"subscriber_task_protection": cty.True}
+	if v := subscriberEnv(t, m, on)["VRAMQ_TASK_PROTECTION"]; v != "on" {
+		t.Errorf("subscriber_task_protection = true: VRAMQ_TASK_PROTECTION is %q", v)
+	}
+	for _, tc := range []struct {
+		override map[string]cty.Value
+		want     bool
+	}{{nil, false}, {on, true}} {
+		granted := false
+		for _, st := range blocksOf(m.data["aws_iam_policy_document.subscriber"].Body, "dynamic") {
+			for _, c := range blocksOf(st.Body, "content") {
+				acts := m.eval(t, c.Body.Attributes["actions"].Expr, nil)
+				if !acts.IsKnown() || !slices.ContainsFunc(acts.AsValueSlice(), func(v cty.Value) bool { return v.RawEquals(cty.StringVal("ecs:UpdateTaskProtection")) }) {
+					continue
+				}
+				each := m.eval(t, st.Body.Attributes["for_each"].Expr, tc.override)
+				granted = each.IsKnown() && each.LengthInt() > 0
+			}
+		}
+		for _, st := range blocksOf(m.data["aws_iam_policy_document.subscriber"].Body, "statement") {
+			if a, ok := st.Body.Attributes["actions"]; ok && strings.Contains(literalText(a.Expr), "ecs:UpdateTaskProtection") {
+				granted = true
+			}
+		}
+		if granted != tc.want {
+			t.Errorf("subscriber_task_protection %v: the task role may update its protection: %v", tc.override, granted)
+		}
+	}
+}
+
+// SQS stops reporting a queue nobody touches, even one holding messages, so
+// a DLQ alarm must not read missing data as "empty" (item 8).
+func TestTheDLQAlarmsCannotGoQuiet(t *testing.T) {
+	m := root(t)
+	metrics := map[string]bool{}
+	for name, a := range m.resourcesOf("aws_cloudwatch_metric_alarm") {
+		d, ok := a.Body.Attributes["dimensions"]
+		if !ok {
+			continue
+		}
+		obj, ok := d.Expr.(*hclsyntax.ObjectConsExpr)
+		if !ok || !refersTo(m.itemExpr(obj, "QueueName"), "aws_sqs_queue", "dlq") {
+			continue
+		}
+		metrics[m.attr(t, a, "metric_name", nil).AsString()] = true
+		if v := m.attr(t, a, "treat_missing_data", nil); !v.RawEquals(cty.StringVal("ignore")) && !v.RawEquals(cty.StringVal("breaching")) {
+			t.Errorf("aws_cloudwatch_metric_alarm.%s: treat_missing_data %#v turns a quiet, full DLQ to OK", name, v)
+		}
+	}
+	for _, want := range []string{"ApproximateNumberOfMessagesVisible", "ApproximateAgeOfOldestMessage"} {
+		if !metrics[want] {
+			t.Errorf("no alarm on the DLQ's %s", want)
+		}
+	}
+}
+
+// A message the subscriber dead-lettered itself records no source queue, so
+// a redrive without a destination cannot move it (item 9).
+func TestTheRedriveCommandNamesItsDestination(t *testing.T) {
+	seen := 0
+	for _, path := range []string{filepath.Join("..", "README.md"), "README.md", filepath.Join("examples", "complete", "README.md")} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(b)
+		for i := strings.Index(text, "start-message-move-task"); i >= 0; i = next(text, i) {
+			seen++
+			end := min(len(text), i+400)
+			if !strings.Contains(text[i:end], "--destination-arn") {
+				t.Errorf("%s: start-message-move-task without --destination-arn: %q", path, text[i:end])
+			}
+		}
+	}
+	if seen == 0 {
+		t.Error("no README tells how to redrive the DLQ")
+	}
+}
+
+func next(text string, i int) int {
+	j := strings.Index(text[i+1:], "start-message-move-task")
+	if j < 0 {
+		return -1
+	}
+	return i + 1 + j
+}
+
+// ECS refuses capacity provider names that start with aws, ecs or fargate;
+// the provider is named after its group, which starts with name_prefix, and
+// replaced before the old one is destroyed (item 10).
+func TestTheCapacityProviderNameIsLegalAndReplaceable(t *testing.T) {
+	m := root(t)
+	for prefix, ok := range map[string]bool{"": true, "prod-": true, "dev-": true, "aws": false, "aws-": false, "awsome-": false, "ecs-": false, "fargate-": false} {
+		if got := m.validates(t, "name_prefix", cty.StringVal(prefix)); got != ok {
+			t.Errorf("name_prefix %q: validation passes %v, want %v", prefix, got, ok)
+		}
+	}
+	cp := m.resource(t, "aws_ecs_capacity_provider", "gpu")
+	asg := m.resource(t, "aws_autoscaling_group", "gpu")
+	for _, prefix := range []string{"", "prod-"} {
+		o := map[string]cty.Value{"name_prefix": cty.StringVal(prefix)}
+		name := m.attr(t, cp, "name", o)
+		if !name.IsKnown() && refersTo(cp.Body.Attributes["name"].Expr, "aws_autoscaling_group", "gpu") {
+			name = m.attr(t, asg, "name_prefix", o) // the group's name starts with it
+		}
+		if !name.IsKnown() || regexp.MustCompile(`^(?i)(aws|ecs|fargate)`).MatchString(name.AsString()) {
+			t.Errorf("name_prefix %q: the capacity provider's name starts %#v", prefix, name)
+		}
+	}
+	if !refersTo(cp.Body.Attributes["name"].Expr, "aws_autoscaling_group", "gpu") {
+		t.Error("the capacity provider's name is not its group's (unique) name: a replacement would clash with the provider it replaces")
+	}
+	// A new provider name in the service's strategy replaces the service
+	// unless force_new_deployment lets the provider update it in place.
+	if v := m.attr(t, m.resource(t, "aws_ecs_service", "subscriber"), "force_new_deployment", nil); !v.IsKnown() || v.IsNull() || !v.True() {
+		t.Error("aws_ecs_service.subscriber: no force_new_deployment, so a replaced capacity provider replaces the service")
+	}
+	for _, b := range []*hclsyntax.Block{cp, asg} {
+		cbd := false
+		for _, lc := range blocksOf(b.Body, "lifecycle") {
+			if a, ok := lc.Body.Attributes["create_before_destroy"]; ok && m.eval(t, a.Expr, nil).True() {
+				cbd = true
+			}
+		}
+		if !cbd {
+			t.Errorf("%s: no create_before_destroy: ECS refuses to delete a capacity provider still attached to the cluster", b.DefRange())
+		}
+	}
+}
+
+// An internet-facing load balancer carries the job API and its bearer keys:
+// HTTPS only (item 11).
+func TestAPublicLoadBalancerNeedsACertificate(t *testing.T) {
+	m := root(t)
+	lb := m.resource(t, "aws_lb", "publisher")
+	base := func(internal bool, cert cty.Value) map[string]cty.Value {
+		return map[string]cty.Value{"publisher_mode": cty.StringVal("fargate"), "publisher_alb_internal": cty.BoolVal(internal), "publisher_certificate_arn": cert,
+			"publisher_alb_subnet_ids": strings2("subnet-a", "subnet-b"), "subnet_ids": strings2("subnet-c", "subnet-d")}
+	}
+	cert := cty.StringVal("arn:aws:acm:eu-west-1:111122223333:certificate/x")
+	if allTrue(m.preconditions(t, lb, base(false, cty.NullVal(cty.String)))) {
+		t.Error("an internet-facing load balancer without a certificate passes every precondition")
+	}
+	for _, o := range []map[string]cty.Value{base(false, cert), base(true, cty.NullVal(cty.String)), base(true, cert)} {
+		if !allTrue(m.preconditions(t, lb, o)) {
+			t.Errorf("aws_lb.publisher refuses internal=%#v certificate=%#v", o["publisher_alb_internal"], o["publisher_certificate_arn"])
+		}
+	}
+	l := m.resource(t, "aws_lb_listener", "publisher")
+	if p := m.attr(t, l, "protocol", base(false, cert)); !p.RawEquals(cty.StringVal("HTTPS")) {
+		t.Errorf("with a certificate the listener's protocol is %#v", p)
+	}
+}
+
+// Bearer keys never sit in an environment variable (plain text in the task
+// definition, the function's configuration and the state): ECS reads them
+// from a secret, and the execution role may read exactly that secret
+// (item 11).
+func TestAPIKeysAreSecrets(t *testing.T) {
+	m := root(t)
+	keysEnv := cty.MapVal(map[string]cty.Value{"VRAMQ_API_KEYS": cty.StringVal("k1,k2")})
+	if m.validates(t, "publisher_environment", keysEnv) {
+		t.Error("publisher_environment accepts VRAMQ_API_KEYS in plain text")
+	}
+	arn := "arn:aws:secretsmanager:eu-west-1:111122223333:secret:vramq-keys-AbCdEf"
+	for _, v := range []string{arn, "arn:aws:ssm:eu-west-1:111122223333:parameter/vramq/keys"} {
+		if !m.validates(t, "publisher_api_keys_secret_arn", cty.StringVal(v)) {
+			t.Errorf("publisher_api_keys_secret_arn refuses %s", v)
+		}
+	}
+	if m.validates(t, "publisher_api_keys_secret_arn", cty.StringVal("k1,k2")) {
+		t.Error("publisher_api_keys_secret_arn accepts keys instead of an ARN")
+	}
+	o := map[string]cty.Value{"publisher_mode": cty.StringVal("fargate"), "publisher_api_keys_secret_arn": cty.StringVal(arn)}
+	def := container(t, m, "publisher", o)
+	if _, in := containerEnv(t, m, "publisher", o)["VRAMQ_API_KEYS"]; in {
+		t.Error("the publisher's environment holds VRAMQ_API_KEYS")
+	}
+	found := false
+	if def.Type().HasAttribute("secrets") {
+		for _, sec := range def.GetAttr("secrets").AsValueSlice() {
+			if sec.GetAttr("name").RawEquals(cty.StringVal("VRAMQ_API_KEYS")) && sec.GetAttr("valueFrom").RawEquals(cty.StringVal(arn)) {
+				found = true
+			}
+		}
+	}
+	if !found {
+		t.Errorf("the publisher's container has no secret VRAMQ_API_KEYS from %s", arn)
+	}
+	// The execution role reads what local.ecs_services names, per statement
+	// exactly its ARN.
+	services := m.eval(t, m.locals["ecs_services"].Expr, o)
+	if !services.IsKnown() || !services.Type().HasAttribute("publisher") {
+		t.Fatalf("local.ecs_services has no publisher in fargate mode: %#v", services)
+	}
+	if got := services.GetAttr("publisher").GetAttr("secret_arns"); !got.IsKnown() || got.LengthInt() != 1 || !got.AsValueSlice()[0].RawEquals(cty.StringVal(arn)) {
+		t.Errorf("local.ecs_services.publisher.secret_arns = %#v, want exactly the secret", got)
+	}
+	reads := 0
+	for _, st := range blocksOf(m.data["aws_iam_policy_document.execution"].Body, "dynamic") {
+		for _, c := range blocksOf(st.Body, "content") {
+			acts := literalText(c.Body.Attributes["actions"].Expr)
+			if !strings.Contains(acts, "secretsmanager:") && !strings.Contains(acts, "ssm:") {
+				continue
+			}
+			reads++
+			if acts != "secretsmanager:GetSecretValue" && acts != "ssm:GetParameters" {
+				t.Errorf("%s: the execution role's secret statement allows %q", c.DefRange(), acts)
+			}
+			if !refersTo(st.Body.Attributes["for_each"].Expr, "each", "value") || !refersTo(c.Body.Attributes["resources"].Expr, "statement", "value") {
+				t.Errorf("%s: the secret statement is not over each service's own secret ARNs", c.DefRange())
+			}
+		}
+	}
+	if reads == 0 {
+		t.Error("the execution role cannot read the secret")
+	}
+	// Lambda has no secrets injection; the keys variable is refused there.
+	lambda := map[string]cty.Value{"publisher_api_keys_secret_arn": cty.StringVal(arn)}
+	if allTrue(m.preconditions(t, m.resource(t, "aws_lambda_function", "publisher"), lambda)) {
+		t.Error("lambda mode accepts publisher_api_keys_secret_arn, which nothing would read")
+	}
+}
+
+// infra/README says what the roles allow, and the example's README what a
+// user must provide (item 12).
+func TestTheREADMEsSayWhatIsTrue(t *testing.T) {
+	m := root(t)
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range m.resourcesOf("aws_iam_role_policy_attachment") {
+		arn := literalText(b.Body.Attributes["policy_arn"].Expr)
+		policy := arn[strings.LastIndex(arn, "/")+1:]
+		if !strings.Contains(string(readme), policy) {
+			t.Errorf("aws_iam_role_policy_attachment.%s attaches %s, which infra/README.md does not name", name, policy)
+		}
+	}
+	if regexp.MustCompile(`(?i)each exactly the actions its code calls`).Match(readme) {
+		t.Error("infra/README.md says every role has exactly the actions its code calls; the instance role has AWS managed policies")
+	}
+	example, err := os.ReadFile(filepath.Join("examples", "complete", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ex *module
+	for _, mm := range modules(t) {
+		if mm.dir == filepath.Join("examples", "complete") {
+			ex = mm
+		}
+	}
+	if ex == nil {
+		t.Fatal("no examples/complete module")
+	}
+	for name, b := range ex.variables {
+		if _, ok := b.Body.Attributes["default"]; !ok && !strings.Contains(string(example), name+" ") {
+			t.Errorf("examples/complete/README.md does not show the required variable %s", name)
+		}
+	}
+	for _, want := range []string{"NAT", "VPC endpoint", "make lambda", "quota", "docker push", "subscriber_min_count"} {
+		if !strings.Contains(string(example), want) {
+			t.Errorf("examples/complete/README.md does not mention %q", want)
+		}
+	}
+}
+
+// The values a variable's description offers are the values its validation
+// takes: the subscriber's log levels (item 13).
+func TestTheOfferedLogLevelsValidate(t *testing.T) {
+	m := root(t)
+	call, ok := subscriberFlagCalls(t)["log-level"]
+	if !ok {
+		t.Fatal("cmd/subscriber has no -log-level")
+	}
+	help, _ := strconv.Unquote(call.Args[len(call.Args)-1].(*ast.BasicLit).Value)
+	_, list, _ := strings.Cut(help, ":")
+	desc := m.eval(t, m.variables["subscriber_log_level"].Body.Attributes["description"].Expr, nil).AsString()
+	for _, level := range strings.Split(list, ",") {
+		level = strings.TrimSpace(level)
+		offered := regexp.MustCompile(`\b` + level + `\b`).MatchString(desc)
+		if got := m.validates(t, "subscriber_log_level", cty.StringVal(level)); got != offered {
+			t.Errorf("subscriber_log_level %q: the description offers it: %v, the validation takes it: %v", level, offered, got)
+		}
+	}
+}
+
+// A range a description states ("60 to 1209600") is the range its validation
+// enforces (item 13).
+func TestDocumentedRangesAreValidated(t *testing.T) {
+	rangeRE := regexp.MustCompile(`\b(\d+) to (\d+)\b`)
+	checked := 0
+	for _, m := range modules(t) {
+		for name, b := range m.variables {
+			desc := m.eval(t, b.Body.Attributes["description"].Expr, nil).AsString()
+			r := rangeRE.FindStringSubmatch(desc)
+			if r == nil {
+				continue
+			}
+			checked++
+			lo, _ := strconv.ParseInt(r[1], 10, 64)
+			hi, _ := strconv.ParseInt(r[2], 10, 64)
+			for v, want := range map[int64]bool{lo: true, hi: true, lo - 1: false, hi + 1: false} {
+				if got := m.validates(t, name, cty.NumberIntVal(v)); got != want {
+					t.Errorf("%s: variable %q documents %d to %d; %d passes validation: %v", m.dir, name, lo, hi, v, got)
+				}
+			}
+		}
+	}
+	if checked < 10 {
+		t.Errorf("only %d documented ranges found", checked)
+	}
+}
+
+// A variable that a function, an operator, a template or for_each uses
+// breaks the plan with a cryptic error when a caller passes null: it must
+// say nullable = false, unless null is its default (item 13).
+func TestVariablesNullWouldBreakAreNotNullable(t *testing.T) {
+	for _, m := range modules(t) {
+		used := map[string]bool{}
+		direct := func(e hclsyntax.Expression) {
+			if st, ok := e.(*hclsyntax.ScopeTraversalExpr); ok && st.Traversal.RootName() == "var" && len(st.Traversal) > 1 {
+				used[st.Traversal[1].(hcl.TraverseAttr).Name] = true
+			}
+		}
+		for _, body := range m.bodies {
+			_ = hclsyntax.VisitAll(body, func(n hclsyntax.Node) hcl.Diagnostics {
+				switch e := n.(type) {
+				case *hclsyntax.FunctionCallExpr:
+					for _, a := range e.Args {
+						direct(a)
+					}
+				case *hclsyntax.BinaryOpExpr:
+					if e.Op != hclsyntax.OpEqual && e.Op != hclsyntax.OpNotEqual {
+						direct(e.LHS)
+						direct(e.RHS)
+					}
+				case *hclsyntax.UnaryOpExpr:
+					direct(e.Val)
+				case *hclsyntax.TemplateExpr:
+					for _, p := range e.Parts {
+						direct(p)
+					}
+				case *hclsyntax.ForExpr:
+					direct(e.CollExpr)
+				case *hclsyntax.ConditionalExpr:
+					direct(e.Condition)
+				case *hclsyntax.Attribute:
+					if e.Name == "for_each" {
+						direct(e.Expr)
+					}
+				}
+				return nil
+			})
+		}
+		if m.dir == "." && len(used) < 10 {
+			t.Errorf("%s: only %d variables found in calls and operators", m.dir, len(used))
+		}
+		for name := range used {
+			b, ok := m.variables[name]
+			if !ok {
+				continue
+			}
+			if d, ok := b.Body.Attributes["default"]; ok && m.eval(t, d.Expr, nil).IsNull() {
+				continue // null is a value it expects
+			}
+			if a, ok := b.Body.Attributes["nullable"]; !ok || !m.eval(t, a.Expr, nil).False() {
+				t.Errorf("%s: variable %q is used where null breaks the plan, and is nullable", m.dir, name)
+			}
+		}
+	}
+}
+
+// On Spot the group launches a replacement on a rebalance recommendation,
+// before the 2-minute notice (item 13).
+func TestSpotRebalancesCapacity(t *testing.T) {
+	m := root(t)
+	asg := m.resource(t, "aws_autoscaling_group", "gpu")
+	if v := m.attr(t, asg, "capacity_rebalance", map[string]cty.Value{"subscriber_spot": cty.True}); !v.IsKnown() || v.IsNull() || !v.True() {
+		t.Errorf("subscriber_spot = true: capacity_rebalance = %#v", v)
+	}
+}
+
+// The GPU AMI is pinned by a variable: read from the recommended-AMI
+// parameter at plan time it shows a diff on every AMI release (item 13).
+func TestTheGPUAMIIsPinned(t *testing.T) {
+	m := root(t)
+	lt := m.resource(t, "aws_launch_template", "gpu")
+	a, ok := lt.Body.Attributes["image_id"]
+	if !ok {
+		t.Fatal("aws_launch_template.gpu has no image_id")
+	}
+	for _, tr := range m.deepTraversals(a) {
+		if tr.RootName() == "data" {
+			t.Errorf("aws_launch_template.gpu: image_id follows %s, read at every plan", tr.SourceRange())
+		}
+	}
+	if !refersTo(a.Expr, "var", "subscriber_ami_id") {
+		t.Error("aws_launch_template.gpu: image_id is not var.subscriber_ami_id")
+	}
+	for v, want := range map[string]bool{"ami-0123456789abcdef0": true, "ami-12345678": true, "resolve:ssm:/aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id": false, "": false} {
+		if got := m.validates(t, "subscriber_ami_id", cty.StringVal(v)); got != want {
+			t.Errorf("subscriber_ami_id %q: validation passes %v, want %v", v, got, want)
+		}
+	}
+}
+
+// `terraform fmt` is hclwrite's formatter: every file is already in its
+// form ("terraform fmt clean").
+func TestTheHCLIsFormatted(t *testing.T) {
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".tf") {
+			return err
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if out := hclwrite.Format(src); string(out) != string(src) {
+			t.Errorf("%s is not formatted (terraform fmt would change it)", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Issue 14, item 15: /metrics is not reachable through the load balancer
+// ---------------------------------------------------------------------------
+
+// The publisher serves /metrics on a port of its own; the load balancer
+// forwards the API port and the API's paths only, and the metrics port takes
+// scrapes from inside the VPC, never from the balancer.
+func TestMetricsAreNotServedThroughTheLoadBalancer(t *testing.T) {
+	m := root(t)
+	fargate := map[string]cty.Value{"publisher_mode": cty.StringVal("fargate")}
+	env := containerEnv(t, m, "publisher", fargate)
+	port := func(name string) int64 {
+		_, p, ok := strings.Cut(env[name], ":")
+		n, err := strconv.ParseInt(p, 10, 64)
+		if !ok || err != nil {
+			t.Fatalf("the publisher's %s = %q is not :port", name, env[name])
+		}
+		return n
+	}
+	apiPort, metricsPort := port("VRAMQ_ADDR"), port("VRAMQ_METRICS_ADDR")
+	if apiPort == metricsPort {
+		t.Fatalf("the publisher serves the API and /metrics on the same port %d", apiPort)
+	}
+	tg := m.resource(t, "aws_lb_target_group", "publisher")
+	if p := m.number(t, tg.Body.Attributes["port"].Expr, fargate); p != apiPort {
+		t.Errorf("the target group's port %d is not the API's %d", p, apiPort)
+	}
+
+	// What the listener forwards: its default action and its rules.
+	listener := m.resource(t, "aws_lb_listener", "publisher")
+	for _, da := range blocksOf(listener.Body, "default_action") {
+		if typ := m.attr(t, da, "type", fargate); typ.RawEquals(cty.StringVal("forward")) {
+			t.Errorf("%s: the listener forwards every path by default, /metrics included", da.DefRange())
+		}
+	}
+	forwarded := 0
+	for name, rule := range m.resourcesOf("aws_lb_listener_rule") {
+		if !refersTo(rule.Body.Attributes["listener_arn"].Expr, "aws_lb_listener", "publisher") {
+			continue
+		}
+		var patterns []string
+		for _, c := range blocksOf(rule.Body, "condition") {
+			for _, pp := range blocksOf(c.Body, "path_pattern") {
+				for _, v := range m.attr(t, pp, "values", fargate).AsValueSlice() {
+					patterns = append(patterns, v.AsString())
+				}
+			}
+		}
+		if len(patterns) == 0 {
+			t.Errorf("aws_lb_listener_rule.%s forwards without a path condition", name)
+		}
+		for _, path := range []string{"/metrics", "/metrics/", "/Metrics"} {
+			for _, p := range patterns {
+				if albPathMatch(p, path) {
+					t.Errorf("aws_lb_listener_rule.%s: pattern %q forwards %s", name, p, path)
+				}
+			}
+		}
+		for _, path := range []string{"/v1/jobs", "/v1/jobs/0123", "/healthz"} {
+			if slices.ContainsFunc(patterns, func(p string) bool { return albPathMatch(p, path) }) {
+				forwarded++
+			}
+		}
+	}
+	if forwarded < 3 {
+		t.Error("the listener rules do not forward the job API (/v1/jobs, /v1/jobs/{id}, /healthz)")
+	}
+
+	// The balancer may only reach the API port; the metrics port takes the VPC.
+	alb := m.resource(t, "aws_security_group", "publisher_alb")
+	for _, e := range blocksOf(alb.Body, "egress") {
+		from, to := m.number(t, e.Body.Attributes["from_port"].Expr, fargate), m.number(t, e.Body.Attributes["to_port"].Expr, fargate)
+		if from != apiPort || to != apiPort {
+			t.Errorf("%s: the load balancer may connect to ports %d-%d, not only the API's %d", e.DefRange(), from, to, apiPort)
+		}
+	}
+	tasks := m.resource(t, "aws_security_group", "publisher_tasks")
+	scraped := false
+	for _, in := range blocksOf(tasks.Body, "ingress") {
+		from, to := m.number(t, in.Body.Attributes["from_port"].Expr, fargate), m.number(t, in.Body.Attributes["to_port"].Expr, fargate)
+		switch {
+		case from == apiPort && to == apiPort:
+		case from == metricsPort && to == metricsPort:
+			scraped = true
+			if a, ok := in.Body.Attributes["security_groups"]; ok && refersTo(a.Expr, "aws_security_group", "publisher_alb") {
+				t.Errorf("%s: the load balancer may reach the metrics port", in.DefRange())
+			}
+			a, ok := in.Body.Attributes["cidr_blocks"]
+			if !ok || !refersTo(a.Expr, "data", "aws_vpc") {
+				t.Errorf("%s: the metrics port is open to something other than the VPC's block", in.DefRange())
+			}
+		default:
+			t.Errorf("%s: the publisher tasks take ports %d-%d", in.DefRange(), from, to)
+		}
+	}
+	if !scraped {
+		t.Error("no ingress rule lets Prometheus in the VPC scrape the publisher's metrics port")
+	}
+}
+
+// The environment variable the module sets is a flag of cmd/publisher. The
+// flag is another branch's work (issue 14, item 15): until it is merged this
+// test says so and skips; after, it must pass.
+func TestThePublisherHasAMetricsListener(t *testing.T) {
+	if !slices.Contains(flagNames(t, "publisher"), "metrics-addr") {
+		t.Skip("cmd/publisher has no -metrics-addr yet (VRAMQ_METRICS_ADDR is ignored until it does; the listener rules keep /metrics off the load balancer meanwhile)")
+	}
+	env := containerEnv(t, root(t), "publisher", map[string]cty.Value{"publisher_mode": cty.StringVal("fargate")})
+	if v, ok := env[envflag.Name("metrics-addr")]; !ok || v == "" {
+		t.Errorf("the publisher task does not set %s (the -metrics-addr flag): /metrics stays on the API port", envflag.Name("metrics-addr"))
+	}
+}
+
+// albPathMatch is an ALB path pattern: case-sensitive, * any run of
+// characters, ? exactly one.
+func albPathMatch(pattern, path string) bool {
+	var b strings.Builder
+	b.WriteString("^")
+	for _, r := range pattern {
+		switch r {
+		case '*':
+			b.WriteString(".*")
+		case '?':
+			b.WriteString(".")
+		default:
+			b.WriteString(regexp.QuoteMeta(string(r)))
+		}
+	}
+	b.WriteString("$")
+	return regexp.MustCompile(b.String()).MatchString(path)
 }

@@ -7,7 +7,7 @@ output "queue_url" {
 }
 
 output "queue_arn" {
-  description = "ARN of the work queue."
+  description = "ARN of the work queue, the destination of a redrive from the DLQ (messages the subscriber dead-lettered itself record no source, so start-message-move-task needs --destination-arn)."
   value       = aws_sqs_queue.work.arn
 }
 
@@ -27,7 +27,7 @@ output "dlq_url" {
 }
 
 output "dlq_arn" {
-  description = "ARN of the dead-letter queue (the source of a redrive: aws sqs start-message-move-task --source-arn)."
+  description = "ARN of the dead-letter queue, the source of a redrive: aws sqs start-message-move-task --source-arn <dlq_arn> --destination-arn <queue_arn>."
   value       = aws_sqs_queue.dlq.arn
 }
 
@@ -125,6 +125,7 @@ output "alarm_names" {
   description = "Names of the CloudWatch alarms."
   value = compact([
     aws_cloudwatch_metric_alarm.dlq_not_empty.alarm_name,
+    aws_cloudwatch_metric_alarm.dlq_oldest_message_age.alarm_name,
     aws_cloudwatch_metric_alarm.work_oldest_message_age.alarm_name,
     aws_cloudwatch_metric_alarm.oom_retries.alarm_name,
     aws_cloudwatch_metric_alarm.subscriber_tasks_below_desired.alarm_name,

@@ -5,7 +5,8 @@
 #            the publisher's own bearer keys. Nothing runs while no job comes.
 #   fargate  the container image as an ECS service on Fargate behind an
 #            Application Load Balancer: no 6 MB Lambda payload limit, no cold
-#            starts, /metrics to scrape.
+#            starts, /metrics to scrape on a port of its own that the load
+#            balancer does not reach.
 #
 # Both run the same handler (cmd/publisher switches to Lambda when
 # AWS_LAMBDA_RUNTIME_API is set) with the same role policy (iam.tf).
@@ -14,8 +15,13 @@ locals {
   publisher_lambda  = var.publisher_mode == "lambda"
   publisher_fargate = var.publisher_mode == "fargate"
 
-  publisher_lambda_zip = coalesce(var.publisher_lambda_zip, "${path.module}/../bin/publisher-lambda.zip")
-  publisher_port       = 8080
+  publisher_lambda_zip   = coalesce(var.publisher_lambda_zip, "${path.module}/../bin/publisher-lambda.zip")
+  publisher_port         = 8080
+  publisher_metrics_port = 9090
+
+  # The job API's paths, the only ones the load balancer forwards (Fargate);
+  # anything else, /metrics included, gets a 404 from the balancer itself.
+  publisher_alb_paths = ["/v1/jobs", "/v1/jobs/*", "/healthz"]
 
   publisher_environment = merge(var.publisher_environment, {
     QUEUE_URL        = aws_sqs_queue.work.url
@@ -71,6 +77,13 @@ resource "aws_lambda_function" "publisher" {
   tags = local.tags
 
   depends_on = [aws_iam_role_policy.publisher]
+
+  lifecycle {
+    precondition {
+      condition     = var.publisher_api_keys_secret_arn == null
+      error_message = "publisher_api_keys_secret_arn works with publisher_mode = \"fargate\" only (ECS injects the secret); under Lambda, authorise with publisher_authorization = \"AWS_IAM\" or \"JWT\"."
+    }
+  }
 }
 
 resource "aws_apigatewayv2_api" "publisher" {
@@ -86,9 +99,12 @@ resource "aws_apigatewayv2_api" "publisher" {
 resource "aws_apigatewayv2_integration" "publisher" {
   count = local.publisher_lambda ? 1 : 0
 
-  api_id                 = aws_apigatewayv2_api.publisher[0].id
-  integration_type       = "AWS_PROXY"
-  integration_uri        = aws_lambda_function.publisher[0].invoke_arn
+  api_id           = aws_apigatewayv2_api.publisher[0].id
+  integration_type = "AWS_PROXY"
+  integration_uri  = aws_lambda_function.publisher[0].invoke_arn
+  # Required for every type but MOCK; API Gateway invokes a Lambda function
+  # with POST whatever the client's method was.
+  integration_method     = "POST"
   payload_format_version = "2.0"
   timeout_milliseconds   = 30000
 }
@@ -186,6 +202,14 @@ data "aws_vpc" "this" {
   id = var.vpc_id
 }
 
+# The load balancer's subnets: its nodes take their addresses there, so these
+# blocks are the only proxies the publisher trusts for X-Forwarded-For.
+data "aws_subnet" "publisher_alb" {
+  for_each = local.publisher_fargate ? toset(var.publisher_alb_subnet_ids) : toset([])
+
+  id = each.value
+}
+
 resource "aws_security_group" "publisher_alb" {
   count = local.publisher_fargate ? 1 : 0
 
@@ -201,6 +225,7 @@ resource "aws_security_group" "publisher_alb" {
     cidr_blocks = length(var.publisher_alb_ingress_cidr_blocks) > 0 ? var.publisher_alb_ingress_cidr_blocks : [data.aws_vpc.this[0].cidr_block]
   }
 
+  # The API port only: the balancer cannot reach the metrics port.
   egress {
     description = "To the publisher tasks"
     from_port   = local.publisher_port
@@ -220,15 +245,23 @@ resource "aws_security_group" "publisher_tasks" {
   count = local.publisher_fargate ? 1 : 0
 
   name_prefix = "${local.name}-publisher-"
-  description = "vramq publisher tasks: HTTP from the load balancer, HTTPS out to SQS, S3 and ECR"
+  description = "vramq publisher tasks: HTTP from the load balancer, metrics from the VPC, HTTPS out to SQS, S3 and ECR"
   vpc_id      = var.vpc_id
 
   ingress {
-    description     = "From the load balancer"
+    description     = "The job API, from the load balancer"
     from_port       = local.publisher_port
     to_port         = local.publisher_port
     protocol        = "tcp"
     security_groups = [aws_security_group.publisher_alb[0].id]
+  }
+
+  ingress {
+    description = "Prometheus scrapes of /metrics, from inside the VPC"
+    from_port   = local.publisher_metrics_port
+    to_port     = local.publisher_metrics_port
+    protocol    = "tcp"
+    cidr_blocks = [data.aws_vpc.this[0].cidr_block]
   }
 
   egress {
@@ -252,7 +285,7 @@ resource "aws_lb" "publisher" {
   name_prefix        = "vramq-"
   internal           = var.publisher_alb_internal
   load_balancer_type = "application"
-  subnets            = var.publisher_alb_internal ? var.subnet_ids : var.public_subnet_ids
+  subnets            = var.publisher_alb_subnet_ids
   security_groups    = [aws_security_group.publisher_alb[0].id]
 
   drop_invalid_header_fields = true
@@ -263,8 +296,18 @@ resource "aws_lb" "publisher" {
 
   lifecycle {
     precondition {
-      condition     = var.publisher_alb_internal || length(var.public_subnet_ids) >= 2
-      error_message = "An internet-facing load balancer (publisher_alb_internal = false) needs public_subnet_ids in two zones or more."
+      condition     = length(var.publisher_alb_subnet_ids) >= 2
+      error_message = "publisher_mode = \"fargate\" needs publisher_alb_subnet_ids: subnets in two zones or more (public ones for an internet-facing load balancer)."
+    }
+    # The publisher trusts X-Forwarded-For from these subnets' addresses: a
+    # task or instance of this module there could forge a client address.
+    precondition {
+      condition     = length(setintersection(var.publisher_alb_subnet_ids, var.subnet_ids)) == 0
+      error_message = "publisher_alb_subnet_ids must not be among subnet_ids: the publisher trusts every address of the load balancer's subnets as a proxy, so they must hold load balancers only."
+    }
+    precondition {
+      condition     = var.publisher_alb_internal || var.publisher_certificate_arn != null
+      error_message = "An internet-facing load balancer (publisher_alb_internal = false) needs publisher_certificate_arn: the job API and its bearer keys must not cross the internet in plain HTTP."
     }
   }
 }
@@ -305,9 +348,36 @@ resource "aws_lb_listener" "publisher" {
   certificate_arn   = var.publisher_certificate_arn
   ssl_policy        = var.publisher_certificate_arn == null ? null : "ELBSecurityPolicy-TLS13-1-2-2021-06"
 
+  # Only the job API's paths are forwarded (the rule below); anything else,
+  # /metrics included, is answered here, in the JSON the API answers with.
   default_action {
+    type = "fixed-response"
+
+    fixed_response {
+      content_type = "application/json"
+      message_body = jsonencode({ error = "not found" })
+      status_code  = "404"
+    }
+  }
+
+  tags = local.tags
+}
+
+resource "aws_lb_listener_rule" "publisher_api" {
+  count = local.publisher_fargate ? 1 : 0
+
+  listener_arn = aws_lb_listener.publisher[0].arn
+  priority     = 1
+
+  action {
     type             = "forward"
     target_group_arn = aws_lb_target_group.publisher[0].arn
+  }
+
+  condition {
+    path_pattern {
+      values = local.publisher_alb_paths
+    }
   }
 
   tags = local.tags
@@ -337,24 +407,37 @@ resource "aws_ecs_task_definition" "publisher" {
       image     = var.publisher_image
       essential = true
 
-      # The tasks take connections from the load balancer only (their
-      # security group), so X-Forwarded-For from an address of the VPC is the
-      # balancer's and names the client for the rate limits; behind another
-      # proxy as well (CloudFront), set VRAMQ_TRUSTED_PROXIES in
-      # publisher_environment.
+      # The rate limits key on the client's address, which the balancer
+      # appends to X-Forwarded-For. The publisher reads that header from the
+      # right, skipping trusted proxies: trusting the VPC's block would skip
+      # the true address of any client inside the VPC and take whatever the
+      # client wrote further left (a fresh rate-limit bucket per request).
+      # So only the balancer's own subnets are trusted (its nodes' addresses
+      # are there and nothing else may be: see the preconditions of aws_lb).
+      # Behind another proxy as well (CloudFront), set VRAMQ_TRUSTED_PROXIES
+      # in publisher_environment.
       environment = [for k, v in merge(
-        { VRAMQ_TRUSTED_PROXIES = data.aws_vpc.this[0].cidr_block },
+        { VRAMQ_TRUSTED_PROXIES = join(",", sort([for s in data.aws_subnet.publisher_alb : s.cidr_block])) },
         local.publisher_environment,
         {
           VRAMQ_ADDR           = ":${local.publisher_port}"
+          VRAMQ_METRICS_ADDR   = ":${local.publisher_metrics_port}"
           VRAMQ_SHUTDOWN_GRACE = "${var.publisher_shutdown_grace_seconds}s"
         },
       ) : { name = k, value = v }]
+
+      # Bearer keys come from Secrets Manager or SSM Parameter Store when the
+      # task starts: never in the task definition, the environment variables
+      # it shows, or the Terraform state (which holds only the ARN).
+      secrets = var.publisher_api_keys_secret_arn == null ? null : [
+        { name = "VRAMQ_API_KEYS", valueFrom = var.publisher_api_keys_secret_arn },
+      ]
 
       stopTimeout = min(var.publisher_shutdown_grace_seconds + 5, 120)
 
       portMappings = [
         { containerPort = local.publisher_port, protocol = "tcp" },
+        { containerPort = local.publisher_metrics_port, protocol = "tcp" },
       ]
 
       logConfiguration = {
@@ -416,5 +499,5 @@ resource "aws_ecs_service" "publisher" {
 
   tags = local.tags
 
-  depends_on = [aws_lb_listener.publisher, aws_ecs_cluster_capacity_providers.this]
+  depends_on = [aws_lb_listener_rule.publisher_api, aws_ecs_cluster_capacity_providers.this]
 }

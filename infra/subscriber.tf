@@ -11,8 +11,23 @@ locals {
 
   # ECS sends SIGTERM, waits stopTimeout, then SIGKILL. The subscriber lets
   # running batches finish for its shutdown grace, then releases the rest and
-  # flushes deletes and releases for up to 30 s; 120 s is the ECS maximum.
-  subscriber_stop_timeout = min(var.subscriber_shutdown_grace_seconds + 30, 120)
+  # flushes deletes and releases for up to 30 s. On EC2 capacity ECS takes a
+  # stopTimeout over 120 s (that cap is Fargate's), so the grace can cover the
+  # longest batch, -inference-timeout, and a scale-in or a deployment cuts no
+  # batch short. A Spot interruption still ends the instance 2 minutes after
+  # its notice, whatever this says.
+  subscriber_flush_seconds = 30
+  subscriber_stop_timeout  = var.subscriber_shutdown_grace_seconds + local.subscriber_flush_seconds
+
+  # One GPU task per instance. A deployment with surge starts the new tasks
+  # before it stops the old ones (maximum 200 %, minimum healthy 100 %): at the
+  # maximum count it needs twice as many instances, so the group may grow to
+  # that. Without surge it stops old tasks first (maximum 100 %, minimum
+  # healthy 0 %: with one task, any higher minimum would leave ECS no move),
+  # needs no extra instance, and the queue waits while the new tasks start.
+  subscriber_deployment_maximum_percent         = var.subscriber_deployment_surge ? 200 : 100
+  subscriber_deployment_minimum_healthy_percent = var.subscriber_deployment_surge ? 100 : 0
+  subscriber_instances_max                      = var.subscriber_max_count * local.subscriber_deployment_maximum_percent / 100
 
   # The subscriber's settings that the rest of this module relies on: the
   # visibility and wait time match the work queue's, JSON logs feed the
@@ -22,6 +37,8 @@ locals {
     VRAMQ_VISIBILITY_TIMEOUT = "${var.visibility_timeout_seconds}s"
     VRAMQ_WAIT_TIME          = "${var.receive_wait_time_seconds}s"
     VRAMQ_SHUTDOWN_GRACE     = "${var.subscriber_shutdown_grace_seconds}s"
+    VRAMQ_INFERENCE_TIMEOUT  = "${var.subscriber_inference_timeout_seconds}s"
+    VRAMQ_TASK_PROTECTION    = var.subscriber_task_protection ? "on" : "off"
     VRAMQ_METRICS_ADDR       = ":${local.subscriber_metrics_port}"
     VRAMQ_LOG_FORMAT         = "json"
     VRAMQ_LOG_LEVEL          = var.subscriber_log_level
@@ -53,13 +70,6 @@ resource "aws_ecs_cluster" "this" {
   tags = local.tags
 }
 
-# The recommended ECS GPU-optimised Amazon Linux 2023 AMI, read at plan time:
-# a new AMI replaces the launch template version, and instances pick it up as
-# they are replaced.
-data "aws_ssm_parameter" "ecs_gpu_ami" {
-  name = "/aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id"
-}
-
 resource "aws_security_group" "gpu_instances" {
   name_prefix = "${local.name}-gpu-instances-"
   description = "vramq GPU container instances: outbound HTTPS to ECS, ECR, SSM and CloudWatch only"
@@ -82,7 +92,11 @@ resource "aws_security_group" "gpu_instances" {
 
 resource "aws_launch_template" "gpu" {
   name_prefix = "${local.name}-gpu-"
-  image_id    = data.aws_ssm_parameter.ecs_gpu_ami.insecure_value
+  # Pinned (subscriber_ami_id), not read from the recommended-AMI parameter at
+  # plan time, which would show a diff on every AMI release. Moving to a new
+  # AMI is a change of the variable: a new launch template version, which
+  # instances pick up as they are replaced (scale-in to zero replaces them all).
+  image_id = var.subscriber_ami_id
 
   iam_instance_profile {
     arn = aws_iam_instance_profile.gpu_instance.arn
@@ -133,9 +147,14 @@ resource "aws_autoscaling_group" "gpu" {
   name_prefix         = "${local.name}-gpu-"
   vpc_zone_identifier = var.subnet_ids
 
-  # ECS managed scaling owns the size between these bounds.
+  # ECS managed scaling owns the size between these bounds; room for a
+  # deployment's surge (local.subscriber_instances_max).
   min_size = 0
-  max_size = var.subscriber_max_count
+  max_size = local.subscriber_instances_max
+
+  # On Spot, launch a replacement when AWS signals an elevated interruption
+  # risk, before the 2-minute notice.
+  capacity_rebalance = var.subscriber_spot
 
   # Managed termination protection needs it: ECS clears the protection only
   # on instances that run no task, so a scale-in never kills a running task.
@@ -180,13 +199,20 @@ resource "aws_autoscaling_group" "gpu" {
   }
 
   lifecycle {
+    # A new group (a new name_prefix) is created before the old one goes, so
+    # the capacity provider below can move to it while the old is attached.
+    create_before_destroy = true
     # Managed scaling changes it.
     ignore_changes = [desired_capacity]
   }
 }
 
 resource "aws_ecs_capacity_provider" "gpu" {
-  name = "${local.name}-gpu"
+  # Named after its group, which is unique (name_prefix), so a replacement
+  # can exist beside the provider it replaces: ECS refuses to delete a
+  # provider still attached to the cluster. The name starts with name_prefix,
+  # which may not start with aws, ecs or fargate (reserved by ECS).
+  name = aws_autoscaling_group.gpu.name
 
   auto_scaling_group_provider {
     auto_scaling_group_arn         = aws_autoscaling_group.gpu.arn
@@ -204,6 +230,10 @@ resource "aws_ecs_capacity_provider" "gpu" {
   }
 
   tags = local.tags
+
+  lifecycle {
+    create_before_destroy = true
+  }
 }
 
 resource "aws_ecs_cluster_capacity_providers" "this" {
@@ -283,8 +313,8 @@ resource "aws_ecs_task_definition" "subscriber" {
 
       environment = [for k, v in local.subscriber_environment : { name = k, value = v }]
 
-      # At least the subscriber's shutdown grace, so ECS does not SIGKILL a
-      # batch the subscriber is still allowed to finish.
+      # The shutdown grace plus the flush, so ECS does not SIGKILL a batch
+      # the subscriber is still allowed to finish.
       stopTimeout = local.subscriber_stop_timeout
 
       portMappings = [
@@ -315,6 +345,13 @@ resource "aws_ecs_task_definition" "subscriber" {
   ])
 
   tags = local.tags
+
+  lifecycle {
+    precondition {
+      condition     = var.subscriber_shutdown_grace_seconds >= var.subscriber_inference_timeout_seconds
+      error_message = "subscriber_shutdown_grace_seconds must be at least subscriber_inference_timeout_seconds: a batch that started just before SIGTERM may run that long."
+    }
+  }
 }
 
 resource "aws_ecs_service" "subscriber" {
@@ -328,15 +365,20 @@ resource "aws_ecs_service" "subscriber" {
     weight            = 1
   }
 
+  # With it the provider updates a changed capacity provider (a replaced GPU
+  # group) in place instead of replacing the service; every update of the
+  # service is then also a deployment.
+  force_new_deployment = true
+
   network_configuration {
     subnets         = var.subnet_ids
     security_groups = [aws_security_group.subscriber_tasks.id]
   }
 
-  # A deployment starts new tasks before stopping old ones (managed scaling
-  # adds the instances), and rolls back if the new ones never get healthy.
-  deployment_minimum_healthy_percent = 100
-  deployment_maximum_percent         = 200
+  # The deployment's shape (local.subscriber_deployment_*, sized with the
+  # group's maximum), and a rollback if the new tasks never get healthy.
+  deployment_minimum_healthy_percent = local.subscriber_deployment_minimum_healthy_percent
+  deployment_maximum_percent         = local.subscriber_deployment_maximum_percent
 
   deployment_circuit_breaker {
     enable   = true
@@ -350,6 +392,11 @@ resource "aws_ecs_service" "subscriber" {
   lifecycle {
     # Application Auto Scaling owns the count (autoscaling.tf).
     ignore_changes = [desired_count]
+
+    precondition {
+      condition     = var.subscriber_min_count <= var.subscriber_max_count
+      error_message = "subscriber_min_count may not be above subscriber_max_count."
+    }
   }
 
   depends_on = [aws_ecs_cluster_capacity_providers.this]

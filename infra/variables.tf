@@ -7,9 +7,18 @@ variable "name_prefix" {
   type        = string
   default     = ""
 
+  nullable = false
+
   validation {
     condition     = can(regex("^[a-z0-9-]{0,12}$", var.name_prefix))
     error_message = "name_prefix: up to 12 lower-case letters, digits and hyphens (it goes into S3 bucket and IAM role name prefixes, which are short)."
+  }
+
+  # It starts the capacity provider's name, and ECS refuses names that start
+  # with these.
+  validation {
+    condition     = !can(regex("^(aws|ecs|fargate)", var.name_prefix))
+    error_message = "name_prefix may not start with aws, ecs or fargate: ECS reserves capacity provider names that do."
   }
 }
 
@@ -17,6 +26,7 @@ variable "tags" {
   description = "Tags added to every resource that takes them."
   type        = map(string)
   default     = {}
+  nullable    = false
 }
 
 variable "kms_key_arn" {
@@ -29,12 +39,24 @@ variable "kms_data_key_reuse_period_seconds" {
   description = "With kms_key_arn: how long SQS reuses a data key before calling KMS again (60 to 86400). Longer is fewer KMS requests, which are billed."
   type        = number
   default     = 300
+  nullable    = false
+
+  validation {
+    condition     = var.kms_data_key_reuse_period_seconds >= 60 && var.kms_data_key_reuse_period_seconds <= 86400
+    error_message = "kms_data_key_reuse_period_seconds: 60 to 86400."
+  }
 }
 
 variable "log_retention_days" {
-  description = "Retention of the CloudWatch log groups (subscriber, publisher, API access logs)."
+  description = "Retention of the CloudWatch log groups (subscriber, publisher, API access logs), in days: one of the values CloudWatch Logs accepts (1, 3, 5, 7, 14, 30, 60, 90, ...), or 0 to keep logs for ever."
   type        = number
   default     = 30
+  nullable    = false
+
+  validation {
+    condition     = contains([0, 1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653], var.log_retention_days)
+    error_message = "log_retention_days: one of 0, 1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653."
+  }
 }
 
 ################################################################################
@@ -45,6 +67,7 @@ variable "visibility_timeout_seconds" {
   description = "Visibility timeout of the work queue, and the subscriber's -visibility-timeout (VRAMQ_VISIBILITY_TIMEOUT): it receives with this timeout and heartbeats every third of it, so a crashed task's messages come back within this long. Whole seconds, 3 to 43200."
   type        = number
   default     = 30
+  nullable    = false
 
   validation {
     condition     = var.visibility_timeout_seconds >= 3 && var.visibility_timeout_seconds <= 43200 && floor(var.visibility_timeout_seconds) == var.visibility_timeout_seconds
@@ -53,13 +76,14 @@ variable "visibility_timeout_seconds" {
 }
 
 variable "receive_wait_time_seconds" {
-  description = "Long-poll wait of the work and results queues, and the subscriber's -wait-time: 20 s (the SQS maximum) makes the fewest empty receives, which are billed like full ones."
+  description = "Long-poll wait of the work and results queues, and the subscriber's -wait-time, 0 to 20 seconds: 20 s (the SQS maximum) makes the fewest empty receives, which are billed like full ones."
   type        = number
   default     = 20
+  nullable    = false
 
   validation {
-    condition     = var.receive_wait_time_seconds >= 0 && var.receive_wait_time_seconds <= 20
-    error_message = "receive_wait_time_seconds: 0 to 20."
+    condition     = var.receive_wait_time_seconds >= 0 && var.receive_wait_time_seconds <= 20 && floor(var.receive_wait_time_seconds) == var.receive_wait_time_seconds
+    error_message = "receive_wait_time_seconds: whole seconds, 0 to 20."
   }
 }
 
@@ -67,24 +91,43 @@ variable "message_retention_seconds" {
   description = "How long the work queue keeps a message (60 to 1209600)."
   type        = number
   default     = 345600
+  nullable    = false
+
+  validation {
+    condition     = var.message_retention_seconds >= 60 && var.message_retention_seconds <= 1209600
+    error_message = "message_retention_seconds: 60 to 1209600 seconds."
+  }
 }
 
 variable "results_message_retention_seconds" {
   description = "How long the results queue keeps a result nobody has read (60 to 1209600)."
   type        = number
   default     = 345600
+  nullable    = false
+
+  validation {
+    condition     = var.results_message_retention_seconds >= 60 && var.results_message_retention_seconds <= 1209600
+    error_message = "results_message_retention_seconds: 60 to 1209600 seconds."
+  }
 }
 
 variable "dlq_message_retention_seconds" {
-  description = "How long the dead-letter queue keeps a message: 14 days (the maximum), so a message outlives its time on the work queue and someone can look at it or redrive it."
+  description = "How long the dead-letter queue keeps a message, 60 to 1209600 seconds: 14 days (the maximum) by default, so a message outlives its time on the work queue and someone can look at it or redrive it."
   type        = number
   default     = 1209600
+  nullable    = false
+
+  validation {
+    condition     = var.dlq_message_retention_seconds >= 60 && var.dlq_message_retention_seconds <= 1209600
+    error_message = "dlq_message_retention_seconds: 60 to 1209600 seconds."
+  }
 }
 
 variable "max_message_size" {
   description = "MaximumMessageSize of every queue, in bytes (1024 to 1048576). The publisher reads the work queue's at start and cuts chunks to it; larger items go to the payload bucket. Set explicitly so an account default cannot shrink it."
   type        = number
   default     = 1048576
+  nullable    = false
 
   validation {
     condition     = var.max_message_size >= 1024 && var.max_message_size <= 1048576
@@ -93,9 +136,10 @@ variable "max_message_size" {
 }
 
 variable "max_receive_count" {
-  description = "Receives of a work message before SQS moves it to the DLQ (the redrive policy). Releases after backpressure or shutdown count as receives too, so keep some headroom."
+  description = "Receives of a work message before SQS moves it to the DLQ (the redrive policy), 1 to 1000. Every receive counts, not only failures: a transient failure is retried after -retry-delay (5 s) doubled per receive, so 8 receives ride out about 10 minutes of an S3 or SQS outage (5+10+...+320 s = 635 s of delays); a deployment, a scale-in or a drained instance hands back messages not yet started (one receive each), and so does backpressure (-admit-timeout). 12 leaves 4 for those. Poison the subscriber recognises goes to the DLQ at once, with a reason, whatever this is; a message that crashes the subscriber costs up to this many task restarts. localstack/queues.json keeps 5 for fast local tests."
   type        = number
-  default     = 5
+  default     = 12
+  nullable    = false
 
   validation {
     condition     = var.max_receive_count >= 1 && var.max_receive_count <= 1000
@@ -117,6 +161,7 @@ variable "payload_bucket_force_destroy" {
   description = "Let terraform destroy delete the bucket with objects still in it. Keep false in production."
   type        = bool
   default     = false
+  nullable    = false
 }
 
 variable "payload_expiration_days" {
@@ -129,6 +174,7 @@ variable "payload_expiration_days" {
     results     = 19
     failed      = 19
   }
+  nullable = false
 
   validation {
     condition     = alltrue([for k, v in var.payload_expiration_days : contains(["payloads", "jobs", "idempotency", "results", "failed"], k) && v >= 1])
@@ -148,18 +194,26 @@ variable "vpc_id" {
 variable "subnet_ids" {
   description = "Private subnets for the GPU instances and the tasks (awsvpc). They need a route to SQS, S3, ECR, ECS and CloudWatch Logs: a NAT gateway or VPC endpoints. Spread over availability zones so the instance types are found somewhere."
   type        = list(string)
+  nullable    = false
+
+  validation {
+    condition     = length(var.subnet_ids) >= 1
+    error_message = "subnet_ids: at least one subnet (two zones or more for availability)."
+  }
 }
 
-variable "public_subnet_ids" {
-  description = "Subnets of the publisher's load balancer when publisher_mode = \"fargate\" and publisher_alb_internal = false. Unused otherwise."
+variable "publisher_alb_subnet_ids" {
+  description = "With publisher_mode = \"fargate\": the load balancer's subnets, two zones or more, none of subnet_ids: public subnets for an internet-facing balancer, private ones for an internal one. The publisher trusts every address in them as a proxy (X-Forwarded-For), so they must hold load balancers only (a public subnet's NAT gateways are fine: they do not call the balancer from there). Unused in lambda mode."
   type        = list(string)
   default     = []
+  nullable    = false
 }
 
 variable "metrics_ingress_cidr_blocks" {
-  description = "CIDR blocks allowed to scrape the subscriber's /metrics and /healthz on port 9090 (Prometheus). Empty: nobody from outside the task."
+  description = "CIDR blocks allowed to scrape the subscriber's /metrics and /healthz on port 9090 (Prometheus). Empty: nobody from outside the task. (The publisher's metrics port, 9090 in fargate mode, takes scrapes from the VPC.)"
   type        = list(string)
   default     = []
+  nullable    = false
 }
 
 ################################################################################
@@ -169,65 +223,117 @@ variable "metrics_ingress_cidr_blocks" {
 variable "subscriber_image" {
   description = "Image of the subscriber: the CUDA build (Dockerfile.subscriber-cuda), e.g. <account>.dkr.ecr.<region>.amazonaws.com/vramq-subscriber-cuda:<tag>. An ECR image in this account gets pull rights on exactly its repository."
   type        = string
+  nullable    = false
+}
+
+variable "subscriber_ami_id" {
+  description = "AMI of the GPU instances, pinned: the ECS GPU-optimised Amazon Linux 2023 AMI of your region, e.g. the current recommended one: aws ssm get-parameter --name /aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id --query Parameter.Value --output text. To move to a newer one, set the new id and apply: a new launch template version, which instances take as they are replaced."
+  type        = string
+  nullable    = false
+
+  validation {
+    condition     = can(regex("^ami-[0-9a-f]{8}([0-9a-f]{9})?$", var.subscriber_ami_id))
+    error_message = "subscriber_ami_id: an AMI id, ami- and 8 or 17 hex digits."
+  }
 }
 
 variable "subscriber_device" {
   description = "The subscriber's -device (VRAMQ_DEVICE): cuda:0 is the one GPU a task is given (a container sees its GPU as 0). The CPU image runs only sim."
   type        = string
   default     = "cuda:0"
+  nullable    = false
 }
 
 variable "subscriber_instance_types" {
   description = "GPU instance types for the capacity provider's Auto Scaling group, in order of preference. One GPU each by default (g5.xlarge: A10G 24 GB; g6.xlarge: L4 24 GB), so one task per instance."
   type        = list(string)
   default     = ["g5.xlarge", "g6.xlarge"]
+  nullable    = false
+
+  validation {
+    condition     = length(var.subscriber_instance_types) >= 1
+    error_message = "subscriber_instance_types: at least one instance type."
+  }
 }
 
 variable "subscriber_spot" {
-  description = "Run the GPU instances on Spot. Cheaper; an interruption gives 2 minutes, the ECS agent drains the instance and the subscriber's SIGTERM shutdown hands unfinished messages back."
+  description = "Run the GPU instances on Spot. Cheaper; an interruption gives 2 minutes, the ECS agent drains the instance and the subscriber's SIGTERM shutdown hands unfinished messages back (a batch longer than that is cut short and its messages come back when their visibility runs out). The group rebalances capacity: it launches a replacement when AWS signals a raised interruption risk."
   type        = bool
   default     = false
+  nullable    = false
 }
 
 variable "subscriber_root_volume_size" {
   description = "Root volume of each GPU instance in GiB: CUDA images are several GiB and ECS keeps the previous one during a deployment."
   type        = number
   default     = 100
+  nullable    = false
 }
 
 variable "subscriber_gpus_per_task" {
   description = "GPUs given to each subscriber task (resourceRequirements GPU). The subscriber uses one device."
   type        = number
   default     = 1
+  nullable    = false
 }
 
 variable "subscriber_cpu" {
   description = "CPU units of a subscriber task (1024 per vCPU). The default leaves room on a 4-vCPU xlarge for the ECS agent."
   type        = number
   default     = 3072
+  nullable    = false
 }
 
 variable "subscriber_memory" {
   description = "Memory of a subscriber task in MiB. The default fits a 16 GiB xlarge with room for the agent and the OS."
   type        = number
   default     = 12288
+  nullable    = false
 }
 
 variable "subscriber_shutdown_grace_seconds" {
-  description = "The subscriber's -shutdown-grace (VRAMQ_SHUTDOWN_GRACE): how long running batches may finish after SIGTERM. ECS waits this plus 30 s (the final flush of deletes and releases) before SIGKILL, at most 120 s (the ECS maximum), so at most 90."
+  description = "The subscriber's -shutdown-grace (VRAMQ_SHUTDOWN_GRACE), 0 to 3600: how long running batches may finish after SIGTERM (a scale-in, a deployment, a drained instance). At least subscriber_inference_timeout_seconds, so no batch is cut short; the task's stopTimeout is this plus 30 s for the final flush of deletes and releases (on EC2 capacity ECS has no 120 s cap, that is Fargate's). Longer delays deployments and scale-in by as much; on Spot, the instance goes 2 minutes after its notice whatever this says."
   type        = number
-  default     = 25
+  default     = 130
+  nullable    = false
 
   validation {
-    condition     = var.subscriber_shutdown_grace_seconds >= 0 && var.subscriber_shutdown_grace_seconds <= 90
-    error_message = "subscriber_shutdown_grace_seconds: 0 to 90 (ECS stops a container at most 120 s after SIGTERM, and the subscriber needs up to 30 s after the grace to flush)."
+    condition     = var.subscriber_shutdown_grace_seconds >= 0 && var.subscriber_shutdown_grace_seconds <= 3600 && floor(var.subscriber_shutdown_grace_seconds) == var.subscriber_shutdown_grace_seconds
+    error_message = "subscriber_shutdown_grace_seconds: whole seconds, 0 to 3600."
   }
 }
 
+variable "subscriber_inference_timeout_seconds" {
+  description = "The subscriber's -inference-timeout (VRAMQ_INFERENCE_TIMEOUT), 1 to 3600: the longest one batch may run. subscriber_shutdown_grace_seconds must cover it."
+  type        = number
+  default     = 120
+  nullable    = false
+
+  validation {
+    condition     = var.subscriber_inference_timeout_seconds >= 1 && var.subscriber_inference_timeout_seconds <= 3600 && floor(var.subscriber_inference_timeout_seconds) == var.subscriber_inference_timeout_seconds
+    error_message = "subscriber_inference_timeout_seconds: whole seconds, 1 to 3600."
+  }
+}
+
+variable "subscriber_task_protection" {
+  description = "ECS task scale-in protection while a task holds messages (VRAMQ_TASK_PROTECTION on). Off by default: under steady load the subscriber always holds messages and renews it, and ECS then never stops an old task, so a deployment never finishes; the shutdown grace already lets running batches finish and hands back the rest. On: scale-in and deployments wait until a task is idle (or its protection lapses, -task-protection-expiry after the last renewal)."
+  type        = bool
+  default     = false
+  nullable    = false
+}
+
+variable "subscriber_deployment_surge" {
+  description = "How a deployment replaces subscriber tasks. true: new tasks start before old ones stop (maximum 200 %, minimum healthy 100 %): no drop in capacity, but up to twice subscriber_max_count GPU instances for the deployment's duration, so the Auto Scaling group's maximum and the GPU quota must allow twice the maximum. false: old tasks stop first (maximum 100 %, minimum healthy 0 %): no instance beyond subscriber_max_count, and the queue waits while the new tasks start (minutes)."
+  type        = bool
+  default     = true
+  nullable    = false
+}
+
 variable "subscriber_log_level" {
-  description = "The subscriber's -log-level: debug, info, warn or error. The OOM-retries metric filter needs warn or lower."
+  description = "The subscriber's -log-level: debug, info or warn (the OOM-retries metric filter counts WARN lines, which a higher level would hide)."
   type        = string
   default     = "info"
+  nullable    = false
 
   validation {
     condition     = contains(["debug", "info", "warn"], var.subscriber_log_level)
@@ -239,13 +345,15 @@ variable "subscriber_environment" {
   description = "More environment for the subscriber container, e.g. { VRAMQ_PREFETCH = \"20\", VRAMQ_VRAM_RESERVE = \"1GiB\" } (README: Configuration). The variables this module sets from its own inputs may not be given here."
   type        = map(string)
   default     = {}
+  nullable    = false
 
   validation {
     condition = length(setintersection(keys(var.subscriber_environment), [
       "QUEUE_URL", "RESULTS_QUEUE_URL", "DLQ_URL", "PAYLOAD_BUCKET", "VRAMQ_DEVICE", "VRAMQ_VISIBILITY_TIMEOUT",
-      "VRAMQ_WAIT_TIME", "VRAMQ_SHUTDOWN_GRACE", "VRAMQ_METRICS_ADDR", "VRAMQ_LOG_FORMAT", "VRAMQ_LOG_LEVEL",
+      "VRAMQ_WAIT_TIME", "VRAMQ_SHUTDOWN_GRACE", "VRAMQ_INFERENCE_TIMEOUT", "VRAMQ_TASK_PROTECTION",
+      "VRAMQ_METRICS_ADDR", "VRAMQ_LOG_FORMAT", "VRAMQ_LOG_LEVEL",
     ])) == 0
-    error_message = "subscriber_environment: set the queue URLs, device, visibility, wait time, shutdown grace, metrics address and log settings through this module's own variables."
+    error_message = "subscriber_environment: set the queue URLs, device, visibility, wait time, shutdown grace, inference timeout, task protection, metrics address and log settings through this module's own variables."
   }
 }
 
@@ -253,47 +361,69 @@ variable "subscriber_health_check_command" {
   description = "Container health check of the subscriber (ECS healthCheck command). The default is the binary's own `subscriber healthcheck`, which asks /healthz on VRAMQ_METRICS_ADDR and needs no shell or curl, so it works in the distroless and the CUDA image alike. [] turns the check off."
   type        = list(string)
   default     = ["CMD", "/usr/local/bin/subscriber", "healthcheck"]
+  nullable    = false
 }
 
 variable "subscriber_health_check_start_period" {
-  description = "Seconds after start before failed health checks count (model loading onto the GPU). 0 to 300."
+  description = "Seconds after start before failed health checks count (model loading onto the GPU), 0 to 300."
   type        = number
   default     = 120
+  nullable    = false
+
+  validation {
+    condition     = var.subscriber_health_check_start_period >= 0 && var.subscriber_health_check_start_period <= 300
+    error_message = "subscriber_health_check_start_period: 0 to 300 seconds (the ECS limit)."
+  }
 }
 
 variable "subscriber_min_count" {
-  description = "Fewest subscriber tasks, at least 1: the backlog-per-task metric (visible messages / running tasks) is undefined with none running, so target tracking could not scale out from zero."
+  description = "Fewest subscriber tasks, 0 to 1000. 0 (the default) scales to zero when the queue is empty: no GPU instance runs, and the first message after a quiet spell waits for one to start (the alarm's minute, the instance's launch and boot, the image pull, the model load: expect 5-10 minutes). 1 keeps one GPU instance warm around the clock (a g5.xlarge on demand is about $1 an hour, about $730 a month)."
   type        = number
-  default     = 1
+  default     = 0
+  nullable    = false
 
   validation {
-    condition     = var.subscriber_min_count >= 1
-    error_message = "subscriber_min_count must be at least 1: backlog per task needs a running task."
+    condition     = var.subscriber_min_count >= 0 && var.subscriber_min_count <= 1000 && floor(var.subscriber_min_count) == var.subscriber_min_count
+    error_message = "subscriber_min_count: a whole number, 0 to 1000."
   }
 }
 
 variable "subscriber_max_count" {
-  description = "Most subscriber tasks; also the most GPU instances the Auto Scaling group may run (one task per instance)."
+  description = "Most subscriber tasks, 1 to 1000, one GPU instance each. With subscriber_deployment_surge the Auto Scaling group may run twice as many instances during a deployment."
   type        = number
   default     = 10
+  nullable    = false
+
+  validation {
+    condition     = var.subscriber_max_count >= 1 && var.subscriber_max_count <= 1000 && floor(var.subscriber_max_count) == var.subscriber_max_count
+    error_message = "subscriber_max_count: a whole number, 1 to 1000."
+  }
 }
 
 variable "subscriber_backlog_per_task_target" {
-  description = "Target of the backlog-per-task scaling policy: visible messages on the work queue per running task that are acceptable. About (acceptable latency in seconds) x (messages a task finishes per second): a task doing 2 messages/s with 60 s of acceptable wait is 120."
+  description = "Target of the backlog-per-task scaling policy: visible messages on the work queue per wanted (desired) task that are acceptable. About (acceptable latency in seconds) x (messages a task finishes per second): a task doing 2 messages/s with 60 s of acceptable wait is 120."
   type        = number
   default     = 100
+  nullable    = false
+
+  validation {
+    condition     = var.subscriber_backlog_per_task_target > 0
+    error_message = "subscriber_backlog_per_task_target: above 0."
+  }
 }
 
 variable "subscriber_scale_out_cooldown" {
-  description = "Seconds after a scale-out before another. A GPU instance takes minutes to launch and pull the image."
+  description = "Seconds after a scale-out before another. The policy divides by the tasks it asked for, not those already running, so a GPU task's minutes to start do not make it ask again; this only paces the steps."
   type        = number
   default     = 120
+  nullable    = false
 }
 
 variable "subscriber_scale_in_cooldown" {
-  description = "Seconds after a scale-in before another. Tasks holding messages are protected from scale-in by the subscriber itself (ECS task scale-in protection)."
+  description = "Seconds after a scale-in before another. A stopped task finishes its running batches within the shutdown grace and hands the rest back."
   type        = number
   default     = 300
+  nullable    = false
 }
 
 ################################################################################
@@ -304,6 +434,7 @@ variable "publisher_mode" {
   description = "How the publisher runs: \"lambda\" (the make lambda zip behind an API Gateway HTTP API) or \"fargate\" (the container image as an ECS Fargate service behind an Application Load Balancer)."
   type        = string
   default     = "lambda"
+  nullable    = false
 
   validation {
     condition     = contains(["lambda", "fargate"], var.publisher_mode)
@@ -312,13 +443,30 @@ variable "publisher_mode" {
 }
 
 variable "publisher_environment" {
-  description = "More environment for the publisher, e.g. { VRAMQ_CHUNK_ITEMS = \"32\", VRAMQ_API_KEYS = \"...\" } (README: bin/publisher). Bearer API keys and a JWT authorizer both read the Authorization header: use one of them."
+  description = "More environment for the publisher, e.g. { VRAMQ_CHUNK_ITEMS = \"32\" } (README: bin/publisher). Not bearer keys: environment variables are plain text in the task definition, the Lambda configuration and the Terraform state; give publisher_api_keys_secret_arn instead."
   type        = map(string)
   default     = {}
+  nullable    = false
 
   validation {
-    condition     = length(setintersection(keys(var.publisher_environment), ["QUEUE_URL", "PAYLOAD_BUCKET", "VRAMQ_LOG_FORMAT", "VRAMQ_ADDR"])) == 0
-    error_message = "publisher_environment: QUEUE_URL, PAYLOAD_BUCKET, VRAMQ_LOG_FORMAT and VRAMQ_ADDR are set by this module."
+    condition     = length(setintersection(keys(var.publisher_environment), ["QUEUE_URL", "PAYLOAD_BUCKET", "VRAMQ_LOG_FORMAT", "VRAMQ_ADDR", "VRAMQ_METRICS_ADDR"])) == 0
+    error_message = "publisher_environment: QUEUE_URL, PAYLOAD_BUCKET, VRAMQ_LOG_FORMAT, VRAMQ_ADDR and VRAMQ_METRICS_ADDR are set by this module."
+  }
+
+  validation {
+    condition     = !contains(keys(var.publisher_environment), "VRAMQ_API_KEYS")
+    error_message = "publisher_environment: no VRAMQ_API_KEYS (plain text in the task definition, the function's configuration and the state); give publisher_api_keys_secret_arn."
+  }
+}
+
+variable "publisher_api_keys_secret_arn" {
+  description = "With publisher_mode = \"fargate\": ARN of a Secrets Manager secret or an SSM SecureString parameter holding the publisher's bearer keys, comma-separated (VRAMQ_API_KEYS). ECS reads it when a task starts; the execution role may read exactly it (a secret under a customer managed KMS key also needs kms:Decrypt for that role in the key's policy). Null: no bearer keys. In lambda mode authorise with publisher_authorization (AWS_IAM or JWT) instead."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.publisher_api_keys_secret_arn == null || can(regex("^arn:[^:]+:(secretsmanager:[^:]+:[0-9]{12}:secret:.+|ssm:[^:]+:[0-9]{12}:parameter/.+)$", var.publisher_api_keys_secret_arn))
+    error_message = "publisher_api_keys_secret_arn: the full ARN of a Secrets Manager secret (arn:aws:secretsmanager:...:secret:...) or an SSM parameter (arn:aws:ssm:...:parameter/...)."
   }
 }
 
@@ -332,6 +480,7 @@ variable "publisher_lambda_architecture" {
   description = "Architecture the zip was built for: arm64 (make lambda's default, Graviton) or x86_64 (LAMBDA_ARCH=amd64)."
   type        = string
   default     = "arm64"
+  nullable    = false
 
   validation {
     condition     = contains(["arm64", "x86_64"], var.publisher_lambda_architecture)
@@ -340,15 +489,27 @@ variable "publisher_lambda_architecture" {
 }
 
 variable "publisher_lambda_memory_size" {
-  description = "Memory of the publisher function in MB (CPU grows with it). A request body is held in memory while it is chunked."
+  description = "Memory of the publisher function in MB (CPU grows with it), 128 to 10240. A request body is held in memory while it is chunked."
   type        = number
   default     = 512
+  nullable    = false
+
+  validation {
+    condition     = var.publisher_lambda_memory_size >= 128 && var.publisher_lambda_memory_size <= 10240
+    error_message = "publisher_lambda_memory_size: 128 to 10240 MB."
+  }
 }
 
 variable "publisher_lambda_timeout" {
-  description = "Timeout of the publisher function in seconds; API Gateway HTTP APIs give up after 30."
+  description = "Timeout of the publisher function in seconds, 1 to 30: API Gateway HTTP APIs give up after 30."
   type        = number
   default     = 29
+  nullable    = false
+
+  validation {
+    condition     = var.publisher_lambda_timeout >= 1 && var.publisher_lambda_timeout <= 30
+    error_message = "publisher_lambda_timeout: 1 to 30 seconds (the HTTP API's integration timeout)."
+  }
 }
 
 variable "publisher_lambda_reserved_concurrency" {
@@ -361,6 +522,7 @@ variable "publisher_authorization" {
   description = "Authorization of the API Gateway routes /v1/jobs: AWS_IAM (callers sign with SigV4 and need execute-api:Invoke), JWT (an OIDC issuer, see publisher_jwt_issuer) or NONE (only the publisher's own bearer keys, VRAMQ_API_KEYS, if any). Lambda mode only."
   type        = string
   default     = "AWS_IAM"
+  nullable    = false
 
   validation {
     condition     = contains(["AWS_IAM", "JWT", "NONE"], var.publisher_authorization)
@@ -378,12 +540,14 @@ variable "publisher_jwt_audience" {
   description = "With publisher_authorization = \"JWT\": accepted audiences (client ids)."
   type        = list(string)
   default     = []
+  nullable    = false
 }
 
 variable "publisher_throttling_burst_limit" {
   description = "Lambda mode: API Gateway burst limit of the publisher API, all clients together (requests at once); over it, 429 without invoking the function. Per client, the publisher's own -rate-burst applies (publisher_environment VRAMQ_RATE_BURST)."
   type        = number
   default     = 200
+  nullable    = false
 
   validation {
     condition     = var.publisher_throttling_burst_limit >= 1 && floor(var.publisher_throttling_burst_limit) == var.publisher_throttling_burst_limit
@@ -395,6 +559,7 @@ variable "publisher_throttling_rate_limit" {
   description = "Lambda mode: API Gateway steady rate limit of the publisher API, all clients together (requests per second). Per client, the publisher's own -rate-limit applies (publisher_environment VRAMQ_RATE_LIMIT)."
   type        = number
   default     = 100
+  nullable    = false
 
   validation {
     condition     = var.publisher_throttling_rate_limit > 0
@@ -412,6 +577,7 @@ variable "publisher_cpu_architecture" {
   description = "With publisher_mode = \"fargate\": the image's architecture, X86_64 or ARM64."
   type        = string
   default     = "X86_64"
+  nullable    = false
 
   validation {
     condition     = contains(["X86_64", "ARM64"], var.publisher_cpu_architecture)
@@ -423,24 +589,28 @@ variable "publisher_desired_count" {
   description = "With publisher_mode = \"fargate\": publisher tasks (two spread over zones for availability)."
   type        = number
   default     = 2
+  nullable    = false
 }
 
 variable "publisher_cpu" {
   description = "With publisher_mode = \"fargate\": CPU units of a publisher task (a Fargate size)."
   type        = number
   default     = 512
+  nullable    = false
 }
 
 variable "publisher_memory" {
   description = "With publisher_mode = \"fargate\": memory of a publisher task in MiB (a Fargate size)."
   type        = number
   default     = 1024
+  nullable    = false
 }
 
 variable "publisher_shutdown_grace_seconds" {
-  description = "With publisher_mode = \"fargate\": the publisher's -shutdown-grace (VRAMQ_SHUTDOWN_GRACE); ECS waits 5 s more before SIGKILL (at most 120)."
+  description = "With publisher_mode = \"fargate\": the publisher's -shutdown-grace (VRAMQ_SHUTDOWN_GRACE), 0 to 115; ECS waits 5 s more before SIGKILL (Fargate's stopTimeout is at most 120)."
   type        = number
   default     = 25
+  nullable    = false
 
   validation {
     condition     = var.publisher_shutdown_grace_seconds >= 0 && var.publisher_shutdown_grace_seconds <= 115
@@ -449,19 +619,21 @@ variable "publisher_shutdown_grace_seconds" {
 }
 
 variable "publisher_alb_internal" {
-  description = "With publisher_mode = \"fargate\": an internal load balancer (in subnet_ids) rather than an internet-facing one (in public_subnet_ids)."
+  description = "With publisher_mode = \"fargate\": an internal load balancer rather than an internet-facing one (which needs publisher_certificate_arn). Either sits in publisher_alb_subnet_ids."
   type        = bool
   default     = true
+  nullable    = false
 }
 
 variable "publisher_alb_ingress_cidr_blocks" {
   description = "With publisher_mode = \"fargate\": CIDR blocks allowed to reach the load balancer. Empty: the VPC's own CIDR block."
   type        = list(string)
   default     = []
+  nullable    = false
 }
 
 variable "publisher_certificate_arn" {
-  description = "With publisher_mode = \"fargate\": ACM certificate for an HTTPS listener on 443. Null: plain HTTP on 80, acceptable only for an internal load balancer."
+  description = "With publisher_mode = \"fargate\": ACM certificate for an HTTPS listener on 443. Null: plain HTTP on 80, which only an internal load balancer may use (an internet-facing one refuses to plan without a certificate)."
   type        = string
   default     = null
 }
@@ -477,19 +649,34 @@ variable "alarm_sns_topic_arn" {
 }
 
 variable "oldest_message_age_alarm_seconds" {
-  description = "Alarm when the oldest message on the work queue is older than this (seconds): the subscribers are not keeping up, or none runs."
+  description = "Alarm when the oldest message on the work queue is older than this (seconds): the subscribers are not keeping up, or none runs. With subscriber_min_count = 0, keep it above the cold start (5-10 minutes)."
   type        = number
   default     = 900
+  nullable    = false
+}
+
+variable "dlq_message_age_alarm_seconds" {
+  description = "Alarm when the oldest message in the dead-letter queue is older than this (seconds), while there is still time to look at it before dlq_message_retention_seconds deletes it. Default: 10 days, 4 before the 14-day retention."
+  type        = number
+  default     = 864000
+  nullable    = false
 }
 
 variable "oom_retries_alarm_threshold" {
   description = "Alarm when the subscribers split or isolate more than this many batches for out-of-memory in 5 minutes: model Cost functions under-estimate, or another process shares the GPU."
   type        = number
   default     = 10
+  nullable    = false
 }
 
 variable "tasks_below_desired_alarm_periods" {
   description = "Alarm when fewer subscriber tasks run than desired for this many 5-minute periods (tasks failing health checks, crashing, or no GPU capacity). A GPU instance takes a few minutes to come up, so keep at least 2."
   type        = number
   default     = 3
+  nullable    = false
+
+  validation {
+    condition     = var.tasks_below_desired_alarm_periods >= 2
+    error_message = "tasks_below_desired_alarm_periods: at least 2 (a GPU task takes minutes to start)."
+  }
 }

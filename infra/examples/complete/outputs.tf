@@ -27,3 +27,13 @@ output "alarms_topic_arn" {
   description = "SNS topic the alarms notify."
   value       = aws_sns_topic.alarms.arn
 }
+
+output "queue_arn" {
+  description = "ARN of the work queue: the destination of a redrive from the DLQ."
+  value       = module.vramq.queue_arn
+}
+
+output "dlq_arn" {
+  description = "ARN of the dead-letter queue: the source of a redrive (aws sqs start-message-move-task --source-arn <dlq_arn> --destination-arn <queue_arn>)."
+  value       = module.vramq.dlq_arn
+}

@@ -8,6 +8,7 @@ variable "name_prefix" {
   description = "Prefix of every name, e.g. \"dev-\"; empty for the plain vramq-work etc."
   type        = string
   default     = ""
+  nullable    = false
 }
 
 variable "vpc_id" {
@@ -25,8 +26,19 @@ variable "subscriber_image" {
   type        = string
 }
 
+variable "subscriber_ami_id" {
+  description = "The ECS GPU-optimised AMI, pinned: aws ssm get-parameter --name /aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id --query Parameter.Value --output text."
+  type        = string
+}
+
+variable "subscriber_min_count" {
+  description = "Fewest subscriber tasks: 0 scales to zero (no GPU cost while idle, 5-10 minutes before the first message after a quiet spell is worked on); 1 keeps a g5.xlarge warm (about $1 an hour on demand)."
+  type        = number
+  default     = 0
+}
+
 variable "subscriber_max_count" {
-  description = "Most subscriber tasks, and GPU instances."
+  description = "Most subscriber tasks, one GPU instance each; a deployment may run twice as many instances for a few minutes, so the GPU quota must cover 2 x this x 4 vCPUs."
   type        = number
   default     = 4
 }
@@ -39,6 +51,24 @@ variable "publisher_mode" {
 
 variable "publisher_image" {
   description = "The publisher image in ECR, for publisher_mode = \"fargate\"."
+  type        = string
+  default     = null
+}
+
+variable "publisher_alb_subnet_ids" {
+  description = "For publisher_mode = \"fargate\": subnets for the load balancer alone, in two or more zones, none of subnet_ids (the publisher trusts their addresses as proxies)."
+  type        = list(string)
+  default     = []
+}
+
+variable "publisher_certificate_arn" {
+  description = "For publisher_mode = \"fargate\": ACM certificate of the load balancer's HTTPS listener (required for an internet-facing one). Null: plain HTTP inside the VPC."
+  type        = string
+  default     = null
+}
+
+variable "publisher_api_keys_secret_arn" {
+  description = "For publisher_mode = \"fargate\": Secrets Manager secret (or SSM SecureString parameter) of the publisher's bearer keys, comma-separated. Null: none."
   type        = string
   default     = null
 }
