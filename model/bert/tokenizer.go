@@ -1,0 +1,920 @@
+package bert
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+	"golang.org/x/text/unicode/rangetable"
+)
+
+// Tokenizer is the WordPiece tokenizer of a BERT-family model, as Hugging Face's
+// tokenizers library runs it: BertNormalizer, BertPreTokenizer, WordPiece, then the
+// post-processor's special tokens ([CLS] … [SEP]). Added tokens (the special ones such
+// as [MASK] among them) are matched in the text first, as that library does.
+//
+// A Tokenizer is immutable after LoadTokenizer and safe for concurrent use.
+type Tokenizer struct {
+	// vocab maps a piece that starts a word to its id; cont maps a piece that
+	// continues a word, without its "##" prefix, so that lookups need no
+	// concatenation. maxVocab and maxCont are their longest keys in bytes: no
+	// lookup starts longer than that.
+	vocab, cont       map[string]int32
+	maxVocab, maxCont int
+	unk               int32
+	maxChars          int // a word of more characters is one unk
+
+	cleanText, chinese, stripAccents, lowercase bool
+
+	// raw is matched in the text as given, normalized in the normalized text.
+	raw, normalized addedTokens
+
+	prefix, suffix []int32 // the post-processor's tokens around the sequence
+	vocabSize      int
+	specials       Specials
+}
+
+// Specials holds the ids of a tokenizer's special tokens; -1 where it has none.
+type Specials struct {
+	CLS, SEP, PAD, UNK, MASK int32
+}
+
+// VocabSize is the number of token ids, added tokens included: every id Encode
+// returns is below it (the size of the model's word-embedding table).
+func (t *Tokenizer) VocabSize() int { return t.vocabSize }
+
+// Specials returns the ids of the special tokens.
+func (t *Tokenizer) Specials() Specials { return t.specials }
+
+// NumSpecial is the number of tokens Encode adds around the text ([CLS] and [SEP]).
+func (t *Tokenizer) NumSpecial() int { return len(t.prefix) + len(t.suffix) }
+
+// Encode returns the token ids of text with the special tokens around them. When
+// maxLen > 0, the result has at most maxLen ids: the text's tokens are cut at the
+// end and the special tokens kept, as Hugging Face's tokenizers truncate a single
+// sequence (LongestFirst, direction right). A maxLen below NumSpecial is taken as
+// NumSpecial (the Rust library returns more ids than asked in that case).
+//
+// The attention mask is all ones over the result. Invalid UTF-8 reads as U+FFFD,
+// as a lossy UTF-8 decoding gives it, which the normalizer removes.
+func (t *Tokenizer) Encode(text string, maxLen int) []int32 {
+	n := len(text)/3 + t.NumSpecial() + 1
+	if maxLen > 0 && n > maxLen {
+		n = maxLen
+	}
+	return t.AppendEncode(make([]int32, 0, n), text, maxLen)
+}
+
+// AppendEncode is Encode appending to dst, so that a caller can reuse one slice.
+func (t *Tokenizer) AppendEncode(dst []int32, text string, maxLen int) []int32 {
+	limit := -1 // the text's tokens to keep, -1 for all
+	if maxLen > 0 {
+		limit = max(maxLen-t.NumSpecial(), 0)
+	}
+	dst = append(dst, t.prefix...)
+	start := len(dst)
+	if limit != 0 {
+		s := scratchPool.Get().(*scratch)
+		dst = t.appendText(dst, text, start, limit, s)
+		s.release()
+	}
+	if limit >= 0 && len(dst)-start > limit {
+		dst = dst[:start+limit]
+	}
+	return append(dst, t.suffix...)
+}
+
+// scratch holds the buffers of one Encode call, pooled so that tokenizing
+// allocates nothing but its result.
+type scratch struct{ norm, nfd []byte }
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+func (s *scratch) release() {
+	// A huge text should not pin its buffers for the life of the process.
+	if cap(s.norm) > 1<<20 || cap(s.nfd) > 1<<20 {
+		return
+	}
+	scratchPool.Put(s)
+}
+
+// full reports whether the text's tokens reached the limit, so that the rest of
+// the text need not be tokenized.
+func full(dst []int32, start, limit int) bool { return limit >= 0 && len(dst)-start >= limit }
+
+// appendText splits text at the added tokens matched as written, and tokenizes the
+// pieces between them.
+func (t *Tokenizer) appendText(dst []int32, text string, start, limit int, s *scratch) []int32 {
+	for from := 0; from < len(text); {
+		mStart, mEnd, id, ok := t.raw.next(text, from)
+		if !ok {
+			return t.appendPiece(dst, text[from:], start, limit, s)
+		}
+		dst = t.appendPiece(dst, text[from:mStart], start, limit, s)
+		if full(dst, start, limit) {
+			return dst
+		}
+		dst = append(dst, id)
+		from = mEnd
+	}
+	return dst
+}
+
+// appendPiece normalizes a piece of text without raw added tokens, splits it at
+// the normalized added tokens, and tokenizes what lies between.
+func (t *Tokenizer) appendPiece(dst []int32, piece string, start, limit int, s *scratch) []int32 {
+	if piece == "" || full(dst, start, limit) {
+		return dst
+	}
+	b := t.normalize(piece, s)
+	if len(t.normalized.tokens) == 0 {
+		return t.appendWords(dst, b, start, limit)
+	}
+	// The matcher works on strings; the conversion is free where the compiler
+	// sees the bytes do not change while the string lives, and one copy otherwise.
+	text := string(b)
+	for from := 0; from < len(text); {
+		mStart, mEnd, id, ok := t.normalized.next(text, from)
+		if !ok {
+			return t.appendWords(dst, []byte(text[from:]), start, limit)
+		}
+		dst = t.appendWords(dst, []byte(text[from:mStart]), start, limit)
+		if full(dst, start, limit) {
+			return dst
+		}
+		dst = append(dst, id)
+		from = mEnd
+	}
+	return dst
+}
+
+// normalize applies the BertNormalizer to piece, into s's buffers: clean text
+// (drop NUL, U+FFFD and control characters, map whitespace to a space), put spaces
+// around CJK ideographs, strip accents (NFD, then drop nonspacing marks), lower-case.
+// The order is the Rust library's: accents are stripped before lower-casing.
+func (t *Tokenizer) normalize(piece string, s *scratch) []byte {
+	b := s.norm[:0]
+	ascii := true
+	for i := 0; i < len(piece); i++ {
+		if piece[i] >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		for i := 0; i < len(piece); i++ {
+			c := piece[i]
+			if t.cleanText {
+				if c == 0 || isASCIIControl(c) {
+					continue
+				}
+				if isASCIISpace(c) {
+					c = ' '
+				}
+			}
+			if t.lowercase && 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			b = append(b, c)
+		}
+		s.norm = b
+		return b
+	}
+
+	for _, r := range piece {
+		if t.cleanText {
+			if r == 0 || r == utf8.RuneError || isControl(r) {
+				continue
+			}
+			if unicode.IsSpace(r) {
+				r = ' '
+			}
+		}
+		if t.chinese && isChinese(r) {
+			b = append(b, ' ')
+			b = utf8.AppendRune(b, r)
+			b = append(b, ' ')
+			continue
+		}
+		b = utf8.AppendRune(b, r)
+	}
+	if t.stripAccents {
+		d := norm.NFD.Append(s.nfd[:0], b...)
+		s.nfd = d
+		b = b[:0]
+		for i := 0; i < len(d); {
+			if d[i] < utf8.RuneSelf {
+				b = append(b, d[i])
+				i++
+				continue
+			}
+			r, size := utf8.DecodeRune(d[i:])
+			if !isNonspacingMark(r) {
+				b = append(b, d[i:i+size]...)
+			}
+			i += size
+		}
+	}
+	if t.lowercase {
+		// In place where a rune's lower case is no longer than it, which is
+		// almost always; else through the second buffer.
+		d := s.nfd[:0]
+		for i := 0; i < len(b); {
+			if b[i] < utf8.RuneSelf {
+				c := b[i]
+				if 'A' <= c && c <= 'Z' {
+					c += 'a' - 'A'
+				}
+				d = append(d, c)
+				i++
+				continue
+			}
+			r, size := utf8.DecodeRune(b[i:])
+			if r == 'İ' {
+				// The one unconditional multi-rune lower case of Unicode's
+				// SpecialCasing, which Rust's char::to_lowercase applies and
+				// Go's unicode.ToLower (simple mappings) does not.
+				d = append(d, "i\u0307"...)
+			} else {
+				d = utf8.AppendRune(d, unicode.ToLower(r))
+			}
+			i += size
+		}
+		s.nfd = d
+		s.norm = b
+		return d
+	}
+	s.norm = b
+	return b
+}
+
+// appendWords splits normalized text as BertPreTokenizer does — at whitespace, which
+// it drops, and around each punctuation character, which is a word of its own — and
+// appends the WordPiece ids of each word.
+func (t *Tokenizer) appendWords(dst []int32, b []byte, start, limit int) []int32 {
+	word := 0 // start of the current word
+	for i := 0; i < len(b); {
+		c := b[i]
+		size := 1
+		var space, punct bool
+		if c < utf8.RuneSelf {
+			space, punct = isASCIISpace(c), isASCIIPunct(c)
+		} else {
+			var r rune
+			r, size = utf8.DecodeRune(b[i:])
+			space, punct = unicode.IsSpace(r), isPunct(r)
+		}
+		if space || punct {
+			if word < i {
+				dst = t.appendWord(dst, b[word:i])
+				if full(dst, start, limit) {
+					return dst
+				}
+			}
+			if punct {
+				dst = t.appendWord(dst, b[i:i+size])
+				if full(dst, start, limit) {
+					return dst
+				}
+			}
+			word = i + size
+		}
+		i += size
+	}
+	if word < len(b) {
+		dst = t.appendWord(dst, b[word:])
+	}
+	return dst
+}
+
+// appendWord appends the WordPiece ids of one word: greedy longest match first,
+// continuing pieces with the "##" prefix, and the whole word as unk when a part of it
+// matches nothing or when it has more than maxChars characters.
+func (t *Tokenizer) appendWord(dst []int32, w []byte) []int32 {
+	if t.maxChars > 0 && len(w) > t.maxChars && utf8.RuneCount(w) > t.maxChars {
+		return append(dst, t.unk)
+	}
+	first := len(dst)
+	for pos := 0; pos < len(w); {
+		m, longest := t.vocab, t.maxVocab
+		if pos > 0 {
+			m, longest = t.cont, t.maxCont
+		}
+		end := min(len(w), pos+longest)
+		for end < len(w) && end > pos && !utf8.RuneStart(w[end]) {
+			end--
+		}
+		found := false
+		for end > pos {
+			// m[string(bytes)] does not allocate.
+			if id, ok := m[string(w[pos:end])]; ok {
+				dst = append(dst, id)
+				pos, found = end, true
+				break
+			}
+			end--
+			for end > pos && !utf8.RuneStart(w[end]) {
+				end--
+			}
+		}
+		if !found {
+			return append(dst[:first], t.unk)
+		}
+	}
+	return dst
+}
+
+func isASCIISpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'
+}
+
+// isASCIIControl reports the ASCII control characters the normalizer drops: all but
+// tab, newline and carriage return, which are whitespace.
+func isASCIIControl(c byte) bool {
+	return (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f
+}
+
+// isASCIIPunct is Rust's char::is_ascii_punctuation, which BERT counts as
+// punctuation though Unicode files some of it ($+<=>^`|~) under symbols.
+func isASCIIPunct(c byte) bool {
+	return (c >= '!' && c <= '/') || (c >= ':' && c <= '@') || (c >= '[' && c <= '`') || (c >= '{' && c <= '~')
+}
+
+// isControl is the normalizer's control class: Unicode's Cc, Cf, Co and Cs
+// categories except tab, newline and carriage return. Unassigned code points (Cn)
+// stay, as the Rust library keeps them (checked against it).
+func isControl(r rune) bool {
+	if r == '\t' || r == '\n' || r == '\r' {
+		return false
+	}
+	return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Co, unicode.Cs) && unicode.Is(unicode8, r)
+}
+
+// unicode8 holds the characters assigned in Unicode 8.0. The Rust library takes
+// punctuation, control and nonspacing-mark classes from the unicode_categories
+// crate, whose tables are Unicode 8.0's: a character assigned later is none of them
+// there (a word character), whatever Go's newer tables say. The golden file's
+// sweep of every such character checks this against the library.
+var unicode8 = rangetable.Assigned("8.0.0")
+
+// unicode8Class lists the characters of Unicode 8.0 whose category has changed since
+// in a way that matters here, with their 8.0 class: true for the class the function
+// asks about. (Found by the golden file's sweep; Unicode's release notes record the
+// same changes.)
+var unicode8Class = map[rune]struct{ punct, mn bool }{
+	0x1734:  {mn: true},    // HANUNOO SIGN PAMUDPOD: Mn in 8.0, Mc since 14.0
+	0x1885:  {},            // MONGOLIAN LETTER ALI GALI BALUDA: Lo in 8.0, Mn since 9.0
+	0x1886:  {},            // MONGOLIAN LETTER ALI GALI THREE BALUDA: likewise
+	0xA9BD:  {},            // JAVANESE CONSONANT SIGN KERET: Mc in 8.0, Mn since 12.0
+	0x111C9: {punct: true}, // SHARADA SANDHI MARK: Po in 8.0, Mn since 11.0
+	0x1171E: {mn: true},    // AHOM CONSONANT SIGN MEDIAL RA: Mn in 8.0 and in Go's 15.0, Mc in Node's tables
+}
+
+func isPunct(r rune) bool {
+	if c, ok := unicode8Class[r]; ok {
+		return c.punct
+	}
+	return unicode.IsPunct(r) && unicode.Is(unicode8, r)
+}
+
+func isNonspacingMark(r rune) bool {
+	if c, ok := unicode8Class[r]; ok {
+		return c.mn
+	}
+	return unicode.Is(unicode.Mn, r) && unicode.Is(unicode8, r)
+}
+
+// isChinese is the Rust library's CJK ideograph ranges (its 0x2B920 lower bound
+// included, where Python's BERT has 0x2B820: checked against the Rust library).
+func isChinese(r rune) bool {
+	switch {
+	case r < 0x3400:
+		return false
+	case r <= 0x4DBF:
+		return true
+	case r >= 0x4E00 && r <= 0x9FFF, r >= 0xF900 && r <= 0xFAFF:
+		return true
+	case r >= 0x20000 && r <= 0x2A6DF, r >= 0x2A700 && r <= 0x2B73F, r >= 0x2B740 && r <= 0x2B81F,
+		r >= 0x2B920 && r <= 0x2CEAF, r >= 0x2F800 && r <= 0x2FA1F:
+		return true
+	}
+	return false
+}
+
+// addedToken is a token matched in the text before the model sees it.
+type addedToken struct {
+	content                    string // as matched: normalized for normalized tokens
+	id                         int32
+	singleWord, lstrip, rstrip bool
+}
+
+// addedTokens finds added tokens in text as the Rust library's AddedVocabulary does:
+// leftmost-longest, non-overlapping matches; a single_word token matched inside a
+// word is skipped (its span is not searched again); lstrip and rstrip widen the
+// match over the whitespace beside it.
+type addedTokens struct {
+	tokens []addedToken // longest first
+	first  [256]bool    // first bytes of the tokens
+	only   int          // the one first byte of all tokens, or -1
+}
+
+func newAddedTokens(tokens []addedToken) addedTokens {
+	a := addedTokens{only: -1}
+	for _, tok := range tokens {
+		if tok.content == "" {
+			continue
+		}
+		a.tokens = append(a.tokens, tok)
+		a.first[tok.content[0]] = true
+	}
+	sort.SliceStable(a.tokens, func(i, j int) bool { return len(a.tokens[i].content) > len(a.tokens[j].content) })
+	n := 0
+	for c, ok := range a.first {
+		if ok {
+			n++
+			a.only = c
+		}
+	}
+	if n != 1 {
+		a.only = -1
+	}
+	return a
+}
+
+// next returns the next match in text at or after from: the span it replaces
+// (whitespace included for lstrip and rstrip) and its id.
+func (a *addedTokens) next(text string, from int) (start, end int, id int32, ok bool) {
+	if len(a.tokens) == 0 {
+		return 0, 0, 0, false
+	}
+	for i := from; i < len(text); {
+		if a.only >= 0 {
+			j := strings.IndexByte(text[i:], byte(a.only))
+			if j < 0 {
+				return 0, 0, 0, false
+			}
+			i += j
+		} else if !a.first[text[i]] {
+			i++
+			continue
+		}
+		tok, matched := a.longestAt(text, i)
+		if !matched {
+			i++
+			continue
+		}
+		s, e := i, i+len(tok.content)
+		if tok.singleWord && (endsWithWord(text[:s]) || startsWithWord(text[e:])) {
+			i = e
+			continue
+		}
+		if tok.lstrip {
+			s = max(from, len(strings.TrimRightFunc(text[:s], unicode.IsSpace)))
+		}
+		if tok.rstrip {
+			e = len(text) - len(strings.TrimLeftFunc(text[e:], unicode.IsSpace))
+		}
+		return s, e, tok.id, true
+	}
+	return 0, 0, 0, false
+}
+
+func (a *addedTokens) longestAt(text string, i int) (addedToken, bool) {
+	for _, tok := range a.tokens {
+		if strings.HasPrefix(text[i:], tok.content) {
+			return tok, true
+		}
+	}
+	return addedToken{}, false
+}
+
+// isWordRune approximates the regex crate's Unicode \w (alphabetic, marks, decimal
+// digits, connector punctuation, join controls), which single_word tokens test.
+func isWordRune(r rune) bool {
+	return unicode.IsLetter(r) || unicode.IsMark(r) || unicode.Is(unicode.Nd, r) ||
+		unicode.Is(unicode.Pc, r) || unicode.Is(unicode.Nl, r) || r == 0x200C || r == 0x200D
+}
+
+func endsWithWord(s string) bool {
+	r, size := utf8.DecodeLastRuneInString(s)
+	return size > 0 && isWordRune(r)
+}
+
+func startsWithWord(s string) bool {
+	r, size := utf8.DecodeRuneInString(s)
+	return size > 0 && isWordRune(r)
+}
+
+// ---- loading ----------------------------------------------------------------
+
+// ErrNoTokenizer means a directory holds neither tokenizer.json nor vocab.txt with
+// tokenizer_config.json.
+var ErrNoTokenizer = errors.New("no tokenizer.json, nor vocab.txt with tokenizer_config.json")
+
+// LoadTokenizer loads the tokenizer of a model directory as Hugging Face's hub has it:
+// tokenizer.json where there is one, else vocab.txt with tokenizer_config.json. It
+// refuses, naming the file and field, anything but a BERT WordPiece tokenizer
+// (another model type, normalizer, pre-tokenizer or post-processor) rather than
+// produce ids the model was not trained on.
+func LoadTokenizer(dir string) (*Tokenizer, error) {
+	path := filepath.Join(dir, "tokenizer.json")
+	data, err := os.ReadFile(path)
+	if err == nil {
+		t, err := parseTokenizerJSON(data, readConfig(dir))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		return t, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	return loadVocabTxt(dir)
+}
+
+// tokenizerConfig is what tokenizer_config.json (and special_tokens_map.json) say
+// that the tokenizer needs.
+type tokenizerConfig struct {
+	TokenizerClass       string          `json:"tokenizer_class"`
+	DoLowerCase          *bool           `json:"do_lower_case"`
+	StripAccents         *bool           `json:"strip_accents"`
+	TokenizeChineseChars *bool           `json:"tokenize_chinese_chars"`
+	DoBasicTokenize      *bool           `json:"do_basic_tokenize"`
+	NeverSplit           []string        `json:"never_split"`
+	UnkToken             json.RawMessage `json:"unk_token"`
+	ClsToken             json.RawMessage `json:"cls_token"`
+	SepToken             json.RawMessage `json:"sep_token"`
+	PadToken             json.RawMessage `json:"pad_token"`
+	MaskToken            json.RawMessage `json:"mask_token"`
+}
+
+// readConfig reads tokenizer_config.json for the names of the special tokens, with
+// special_tokens_map.json's over them as transformers does; missing files or fields
+// leave BERT's names. Only the vocab.txt path needs the file: there its errors count.
+func readConfig(dir string) tokenizerConfig {
+	var c tokenizerConfig
+	if data, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json")); err == nil {
+		_ = json.Unmarshal(data, &c) // optional next to tokenizer.json
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, "special_tokens_map.json")); err == nil {
+		var m tokenizerConfig
+		if json.Unmarshal(data, &m) == nil {
+			for _, f := range []struct{ dst, src *json.RawMessage }{
+				{&c.UnkToken, &m.UnkToken}, {&c.ClsToken, &m.ClsToken}, {&c.SepToken, &m.SepToken},
+				{&c.PadToken, &m.PadToken}, {&c.MaskToken, &m.MaskToken},
+			} {
+				if len(*f.src) > 0 {
+					*f.dst = *f.src
+				}
+			}
+		}
+	}
+	return c
+}
+
+// tokenName reads a special token given as a string or as an AddedToken object.
+func tokenName(raw json.RawMessage, def string) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil && s != "" {
+		return s
+	}
+	var obj struct{ Content string }
+	if json.Unmarshal(raw, &obj) == nil && obj.Content != "" {
+		return obj.Content
+	}
+	return def
+}
+
+type tokenizerJSON struct {
+	AddedTokens []struct {
+		ID         *int32 `json:"id"`
+		Content    string `json:"content"`
+		SingleWord bool   `json:"single_word"`
+		LStrip     bool   `json:"lstrip"`
+		RStrip     bool   `json:"rstrip"`
+		Normalized *bool  `json:"normalized"`
+		Special    bool   `json:"special"`
+	} `json:"added_tokens"`
+	Normalizer *struct {
+		Type               string `json:"type"`
+		CleanText          *bool  `json:"clean_text"`
+		HandleChineseChars *bool  `json:"handle_chinese_chars"`
+		StripAccents       *bool  `json:"strip_accents"`
+		Lowercase          *bool  `json:"lowercase"`
+	} `json:"normalizer"`
+	PreTokenizer *struct {
+		Type string `json:"type"`
+	} `json:"pre_tokenizer"`
+	PostProcessor *struct {
+		Type   string            `json:"type"`
+		Single []json.RawMessage `json:"single"`
+		// TemplateProcessing's special tokens by name.
+		SpecialTokens map[string]struct {
+			IDs []int32 `json:"ids"`
+		} `json:"special_tokens"`
+		// BertProcessing's ["[SEP]", 102] and ["[CLS]", 101].
+		Sep []json.RawMessage `json:"sep"`
+		Cls []json.RawMessage `json:"cls"`
+	} `json:"post_processor"`
+	Padding *struct {
+		PadID *int32 `json:"pad_id"`
+	} `json:"padding"`
+	Model struct {
+		Type                    string           `json:"type"`
+		Vocab                   map[string]int32 `json:"vocab"`
+		UnkToken                *string          `json:"unk_token"`
+		ContinuingSubwordPrefix *string          `json:"continuing_subword_prefix"`
+		MaxInputCharsPerWord    *int             `json:"max_input_chars_per_word"`
+	} `json:"model"`
+}
+
+func orDefault[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+func parseTokenizerJSON(data []byte, cfg tokenizerConfig) (*Tokenizer, error) {
+	var j tokenizerJSON
+	if err := json.Unmarshal(data, &j); err != nil {
+		return nil, err
+	}
+	if j.Model.Type != "WordPiece" {
+		return nil, fmt.Errorf("model.type %q: only WordPiece (BERT) is supported", j.Model.Type)
+	}
+	if len(j.Model.Vocab) == 0 {
+		return nil, errors.New("model.vocab: empty")
+	}
+	if j.Normalizer == nil || j.Normalizer.Type != "BertNormalizer" {
+		return nil, fmt.Errorf("normalizer.type %s: only BertNormalizer is supported", typeName(j.Normalizer == nil, func() string { return j.Normalizer.Type }))
+	}
+	if j.PreTokenizer == nil || j.PreTokenizer.Type != "BertPreTokenizer" {
+		return nil, fmt.Errorf("pre_tokenizer.type %s: only BertPreTokenizer is supported", typeName(j.PreTokenizer == nil, func() string { return j.PreTokenizer.Type }))
+	}
+	lowercase := orDefault(j.Normalizer.Lowercase, true)
+	t := &Tokenizer{
+		cleanText:    orDefault(j.Normalizer.CleanText, true),
+		chinese:      orDefault(j.Normalizer.HandleChineseChars, true),
+		lowercase:    lowercase,
+		stripAccents: orDefault(j.Normalizer.StripAccents, lowercase), // null follows lowercase
+		maxChars:     orDefault(j.Model.MaxInputCharsPerWord, 100),
+	}
+	unkName := orDefault(j.Model.UnkToken, "[UNK]")
+	if err := t.setVocab(j.Model.Vocab, orDefault(j.Model.ContinuingSubwordPrefix, "##"), unkName); err != nil {
+		return nil, fmt.Errorf("model.%w", err)
+	}
+
+	// Added tokens: ids as given; the normalized ones matched by their normalized form.
+	var raw, normalized []addedToken
+	byName := map[string]int32{}
+	for i, a := range j.AddedTokens {
+		if a.ID == nil || *a.ID < 0 {
+			return nil, fmt.Errorf("added_tokens[%d].id: missing or negative", i)
+		}
+		id := *a.ID
+		if v, ok := j.Model.Vocab[a.Content]; ok {
+			id = v // as the Rust library assigns it, whatever the file says
+		}
+		byName[a.Content] = id
+		t.vocabSize = max(t.vocabSize, int(id)+1)
+		tok := addedToken{content: a.Content, id: id, singleWord: a.SingleWord, lstrip: a.LStrip, rstrip: a.RStrip}
+		if orDefault(a.Normalized, !a.Special) {
+			var s scratch
+			tok.content = string(t.normalize(a.Content, &s))
+			normalized = append(normalized, tok)
+		} else {
+			raw = append(raw, tok)
+		}
+	}
+	t.raw, t.normalized = newAddedTokens(raw), newAddedTokens(normalized)
+	lookup := func(name string) int32 {
+		if id, ok := byName[name]; ok {
+			return id
+		}
+		if id, ok := j.Model.Vocab[name]; ok {
+			return id
+		}
+		return -1
+	}
+
+	pp := j.PostProcessor
+	switch {
+	case pp == nil:
+		return nil, errors.New("post_processor: missing; a BERT tokenizer adds [CLS] and [SEP]")
+	case pp.Type == "BertProcessing":
+		sep, err1 := pairID(pp.Sep)
+		cls, err2 := pairID(pp.Cls)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, fmt.Errorf("post_processor (BertProcessing): %w", err)
+		}
+		t.prefix, t.suffix = []int32{cls}, []int32{sep}
+	case pp.Type == "TemplateProcessing":
+		if err := t.setTemplate(pp.Single, func(name string) ([]int32, bool) {
+			st, ok := pp.SpecialTokens[name]
+			return st.IDs, ok && len(st.IDs) > 0
+		}); err != nil {
+			return nil, fmt.Errorf("post_processor.single: %w", err)
+		}
+	default:
+		return nil, fmt.Errorf("post_processor.type %q: only TemplateProcessing and BertProcessing are supported", pp.Type)
+	}
+
+	t.specials = Specials{
+		CLS:  lookup(tokenName(cfg.ClsToken, "[CLS]")),
+		SEP:  lookup(tokenName(cfg.SepToken, "[SEP]")),
+		PAD:  lookup(tokenName(cfg.PadToken, "[PAD]")),
+		UNK:  t.unk,
+		MASK: lookup(tokenName(cfg.MaskToken, "[MASK]")),
+	}
+	if j.Padding != nil && j.Padding.PadID != nil {
+		t.specials.PAD = *j.Padding.PadID
+	}
+	return t, nil
+}
+
+func typeName(missing bool, name func() string) string {
+	if missing {
+		return "missing"
+	}
+	return fmt.Sprintf("%q", name())
+}
+
+// pairID reads BertProcessing's ["[SEP]", 102].
+func pairID(p []json.RawMessage) (int32, error) {
+	var id int32
+	if len(p) != 2 || json.Unmarshal(p[1], &id) != nil {
+		return 0, errors.New(`want ["token", id] for sep and cls`)
+	}
+	return id, nil
+}
+
+// setTemplate takes the single-sequence template: special tokens, the sequence
+// "A" once, special tokens.
+func (t *Tokenizer) setTemplate(single []json.RawMessage, special func(string) ([]int32, bool)) error {
+	seen := false
+	for i, raw := range single {
+		var piece struct {
+			SpecialToken *struct {
+				ID string `json:"id"`
+			}
+			Sequence *struct {
+				ID string `json:"id"`
+			}
+		}
+		if err := json.Unmarshal(raw, &piece); err != nil {
+			return fmt.Errorf("[%d]: %w", i, err)
+		}
+		switch {
+		case piece.Sequence != nil:
+			if piece.Sequence.ID != "A" || seen {
+				return fmt.Errorf("[%d]: want the sequence A once", i)
+			}
+			seen = true
+		case piece.SpecialToken != nil:
+			ids, ok := special(piece.SpecialToken.ID)
+			if !ok {
+				return fmt.Errorf("[%d]: special token %q not in special_tokens", i, piece.SpecialToken.ID)
+			}
+			if seen {
+				t.suffix = append(t.suffix, ids...)
+			} else {
+				t.prefix = append(t.prefix, ids...)
+			}
+		default:
+			return fmt.Errorf("[%d]: neither SpecialToken nor Sequence", i)
+		}
+	}
+	if !seen {
+		return errors.New("no sequence A")
+	}
+	return nil
+}
+
+// setVocab builds the lookup tables from the WordPiece vocabulary; errors name the
+// field below model.
+func (t *Tokenizer) setVocab(vocab map[string]int32, prefix, unkName string) error {
+	if prefix == "" {
+		return errors.New("continuing_subword_prefix: empty")
+	}
+	unk, ok := vocab[unkName]
+	if !ok {
+		return fmt.Errorf("unk_token %q: not in the vocabulary", unkName)
+	}
+	t.unk = unk
+	t.vocab = make(map[string]int32, len(vocab))
+	t.cont = make(map[string]int32, len(vocab)/4)
+	for piece, id := range vocab {
+		if id < 0 {
+			return fmt.Errorf("vocab[%q]: negative id %d", piece, id)
+		}
+		t.vocabSize = max(t.vocabSize, int(id)+1)
+		t.vocab[piece] = id
+		t.maxVocab = max(t.maxVocab, len(piece))
+		if rest, ok := strings.CutPrefix(piece, prefix); ok && rest != "" {
+			t.cont[rest] = id
+			t.maxCont = max(t.maxCont, len(rest))
+		}
+	}
+	return nil
+}
+
+// loadVocabTxt loads vocab.txt (one piece a line, ids in line order) with the options
+// of tokenizer_config.json, as transformers' BertTokenizer reads them; the special
+// tokens are matched in the text as written, and wrap it as [CLS] … [SEP].
+func loadVocabTxt(dir string) (*Tokenizer, error) {
+	vocabPath := filepath.Join(dir, "vocab.txt")
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	f, err := os.Open(vocabPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", dir, ErrNoTokenizer)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	cfgData, err := os.ReadFile(cfgPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w (vocab.txt alone does not say whether to lower-case)", dir, ErrNoTokenizer)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(dir, "added_tokens.json")); err == nil {
+		return nil, fmt.Errorf("%s: added tokens beside vocab.txt are not supported; use tokenizer.json", filepath.Join(dir, "added_tokens.json"))
+	}
+	var cfg tokenizerConfig
+	if err := json.Unmarshal(cfgData, &cfg); err != nil {
+		return nil, fmt.Errorf("%s: %w", cfgPath, err)
+	}
+	switch cfg.TokenizerClass {
+	case "", "BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "DistilBertTokenizerFast":
+	default:
+		return nil, fmt.Errorf("%s: tokenizer_class %q: only BERT WordPiece tokenizers are supported", cfgPath, cfg.TokenizerClass)
+	}
+	if !orDefault(cfg.DoBasicTokenize, true) {
+		return nil, fmt.Errorf("%s: do_basic_tokenize false is not supported", cfgPath)
+	}
+	if len(cfg.NeverSplit) > 0 {
+		return nil, fmt.Errorf("%s: never_split is not supported", cfgPath)
+	}
+	full := readConfig(dir) // special_tokens_map.json over the config's names
+
+	vocab := map[string]int32{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for id := int32(0); sc.Scan(); id++ {
+		vocab[string(bytes.TrimSuffix(sc.Bytes(), []byte("\r")))] = id
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", vocabPath, err)
+	}
+	if len(vocab) == 0 {
+		return nil, fmt.Errorf("%s: empty", vocabPath)
+	}
+
+	lowercase := orDefault(cfg.DoLowerCase, true)
+	t := &Tokenizer{
+		cleanText:    true,
+		chinese:      orDefault(cfg.TokenizeChineseChars, true),
+		lowercase:    lowercase,
+		stripAccents: orDefault(cfg.StripAccents, lowercase),
+		maxChars:     100,
+	}
+	names := [...]string{
+		tokenName(full.UnkToken, "[UNK]"), tokenName(full.ClsToken, "[CLS]"), tokenName(full.SepToken, "[SEP]"),
+		tokenName(full.PadToken, "[PAD]"), tokenName(full.MaskToken, "[MASK]"),
+	}
+	if err := t.setVocab(vocab, "##", names[0]); err != nil {
+		return nil, fmt.Errorf("%s: %w", vocabPath, err)
+	}
+	ids := [len(names)]int32{}
+	var raw []addedToken
+	for i, name := range names {
+		id, ok := vocab[name]
+		if !ok {
+			if i == 3 || i == 4 { // a model may have no [PAD] or [MASK]
+				ids[i] = -1
+				continue
+			}
+			return nil, fmt.Errorf("%s: special token %q (%s): not in the vocabulary", vocabPath, name, cfgPath)
+		}
+		ids[i] = id
+		raw = append(raw, addedToken{content: name, id: id})
+	}
+	t.raw = newAddedTokens(raw)
+	t.prefix, t.suffix = []int32{ids[1]}, []int32{ids[2]}
+	t.specials = Specials{UNK: ids[0], CLS: ids[1], SEP: ids[2], PAD: ids[3], MASK: ids[4]}
+	return t, nil
+}

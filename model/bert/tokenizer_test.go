@@ -1,0 +1,377 @@
+package bert
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/google/go-cmp/cmp"
+	"golang.org/x/text/unicode/rangetable"
+)
+
+// The golden files come from golden/tokenizer/generate.mjs (make golden-tokenizer):
+// the ids of Hugging Face's Rust tokenizers library (through its Node binding) and of
+// transformers.js for texts.json, on the committed all-MiniLM-L6-v2 tokenizer.json.
+const tokDir = "testdata/tokenizer"
+
+type golden struct {
+	JS, Rust  string
+	SweepFrom int `json:"sweep_from"`
+	Cases     []struct {
+		JS    []int32            `json:"js"`
+		Rust  []int32            `json:"rust"`
+		Trunc map[string][]int32 `json:"trunc"`
+	} `json:"cases"`
+	VariantTexts []string `json:"variant_texts"`
+	Variants     []struct {
+		Name        string          `json:"name"`
+		AddedTokens json.RawMessage `json:"added_tokens"`
+		IDs         [][]int32       `json:"ids"`
+	} `json:"variants"`
+}
+
+func readGolden(t testing.TB) ([]string, golden) {
+	t.Helper()
+	var texts []string
+	var g golden
+	for name, v := range map[string]any{"texts.json": &texts, "golden.json": &g} {
+		data, err := os.ReadFile(filepath.Join(tokDir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(data, v); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if len(texts) != len(g.Cases) || len(texts) < 300 {
+		t.Fatalf("%d texts, %d golden cases: regenerate with make golden-tokenizer", len(texts), len(g.Cases))
+	}
+	return texts, g
+}
+
+func loadTestTokenizer(t testing.TB, dir string) *Tokenizer {
+	t.Helper()
+	tok, err := LoadTokenizer(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// TestEncodeGolden: the ids equal the Rust library's for every text. transformers.js
+// agrees with it on all but a few texts, where it departs from the Rust library (and
+// from Python's BERT): it lower-cases a word-final Σ to ς (JavaScript's toLowerCase is
+// context-sensitive, Rust's char::to_lowercase is not), and it misses CJK ideographs
+// outside the BMP (it tests UTF-16 code units). The test lists those texts and
+// checks that nothing else differs, so a new disagreement is seen.
+func TestEncodeGolden(t *testing.T) {
+	texts, g := readGolden(t)
+	tok := loadTestTokenizer(t, tokDir)
+	var jsDiffers []string
+	for i, text := range texts {
+		c := g.Cases[i]
+		if got := tok.Encode(text, 0); !slices.Equal(got, c.Rust) {
+			t.Errorf("text %d %q:\n got %v\nwant %v (Rust tokenizers)", i, text, got, c.Rust)
+		}
+		if c.JS != nil { // the generator writes js only where it differs
+			jsDiffers = append(jsDiffers, text)
+		}
+	}
+	for _, text := range jsDiffers {
+		if !strings.ContainsRune(text, 'Σ') && !hasAstralCJK(text) && !hasReclassified(text) {
+			t.Errorf("transformers.js and the Rust library differ on %q, for a reason not known here", text)
+		}
+	}
+	t.Logf("%d texts (%d of them the sweep); %d where transformers.js differs from the Rust library (final sigma, astral CJK, Unicode 8.0 classes)",
+		len(texts), len(texts)-g.SweepFrom, len(jsDiffers))
+}
+
+// goUnicode holds the characters Go's unicode tables know; Node's may be newer.
+var goUnicode = rangetable.Assigned(unicode.Version)
+
+// hasReclassified reports a character whose class for the normalizer and
+// pre-tokenizer differs between Unicode 8.0 (the Rust library's) and Unicode now
+// (transformers.js's): assigned since 8.0, or moved between categories.
+func hasReclassified(s string) bool {
+	for _, r := range s {
+		if _, ok := unicode8Class[r]; ok {
+			return true
+		}
+		if !unicode.Is(unicode8, r) && (unicode.IsPunct(r) || unicode.IsMark(r) || unicode.In(r, unicode.Cc, unicode.Cf, unicode.Co) ||
+			!unicode.Is(goUnicode, r)) {
+			return true
+		}
+	}
+	return false
+}
+
+func hasAstralCJK(s string) bool {
+	for _, r := range s {
+		if r > 0xFFFF && isChinese(r) {
+			return true
+		}
+	}
+	return false
+}
+
+// truncateHF is Hugging Face's truncation of one sequence to maxLen ids with its
+// special tokens (strategy LongestFirst, direction right): the sequence keeps its
+// first maxLen-2 tokens, between [CLS] and [SEP]. transformers.js instead cuts the
+// whole array, dropping [SEP], so the rule is applied here to its untruncated ids.
+func truncateHF(ids []int32, maxLen int) []int32 {
+	if len(ids) <= maxLen {
+		return ids
+	}
+	out := slices.Clone(ids[:maxLen-1])
+	return append(out, ids[len(ids)-1])
+}
+
+func TestEncodeTruncates(t *testing.T) {
+	texts, g := readGolden(t)
+	tok := loadTestTokenizer(t, tokDir)
+	checked := 0
+	for i, text := range texts {
+		c := g.Cases[i]
+		for key, rust := range c.Trunc {
+			maxLen, err := strconv.Atoi(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := tok.Encode(text, maxLen)
+			if !slices.Equal(got, rust) {
+				t.Errorf("text %d, maxLen %d:\n got %v\nwant %v (Rust tokenizers, truncating)", i, maxLen, got, rust)
+			}
+			if c.JS == nil { // transformers.js agrees with the Rust library untruncated
+				if want := truncateHF(c.Rust, maxLen); !slices.Equal(got, want) {
+					t.Errorf("text %d, maxLen %d:\n got %v\nwant %v (transformers.js, untruncated, cut by the rule)", i, maxLen, got, want)
+				}
+			}
+			checked++
+		}
+	}
+	if checked < 100 {
+		t.Fatalf("only %d truncated cases in the golden file", checked)
+	}
+
+	// Below two ids only the special tokens fit; 0 means no limit.
+	long := texts[len(texts)-30] // a long generated text
+	full := tok.Encode(long, 0)
+	for _, maxLen := range []int{1, 2} {
+		if got := tok.Encode(long, maxLen); !slices.Equal(got, []int32{101, 102}) {
+			t.Errorf("maxLen %d: got %v, want [101 102]", maxLen, got)
+		}
+	}
+	if got := tok.Encode(long, len(full)); !slices.Equal(got, full) {
+		t.Errorf("maxLen = length changed the ids")
+	}
+}
+
+// TestEncodeVocabTxt: vocab.txt with tokenizer_config.json is the same tokenizer as
+// tokenizer.json (SOURCE.txt: vocab.txt's lines are model.vocab in id order).
+func TestEncodeVocabTxt(t *testing.T) {
+	texts, g := readGolden(t)
+	dir := t.TempDir()
+	for _, name := range []string{"vocab.txt", "tokenizer_config.json", "special_tokens_map.json"} {
+		copyFile(t, filepath.Join(tokDir, name), filepath.Join(dir, name))
+	}
+	tok := loadTestTokenizer(t, dir)
+	for i, text := range texts {
+		if got := tok.Encode(text, 0); !slices.Equal(got, g.Cases[i].Rust) {
+			t.Errorf("text %d %q:\n got %v\nwant %v", i, text, got, g.Cases[i].Rust)
+		}
+	}
+	want := Specials{CLS: 101, SEP: 102, PAD: 0, UNK: 100, MASK: 103}
+	if diff := cmp.Diff(want, tok.Specials()); diff != "" {
+		t.Errorf("Specials (-want +got):\n%s", diff)
+	}
+	if tok.VocabSize() != 30522 {
+		t.Errorf("VocabSize %d, want 30522", tok.VocabSize())
+	}
+}
+
+// TestEncodeAddedTokenFlags: lstrip, rstrip, single_word and normalized added tokens,
+// and non-special added tokens, as the Rust library matches them (transformers.js
+// ignores single_word, so the generator asks only the Rust library).
+func TestEncodeAddedTokenFlags(t *testing.T) {
+	_, g := readGolden(t)
+	base, err := os.ReadFile(filepath.Join(tokDir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Variants) == 0 {
+		t.Fatal("no added-token variants in the golden file")
+	}
+	for _, v := range g.Variants {
+		t.Run(v.Name, func(t *testing.T) {
+			var j map[string]json.RawMessage
+			if err := json.Unmarshal(base, &j); err != nil {
+				t.Fatal(err)
+			}
+			j["added_tokens"] = v.AddedTokens
+			dir := t.TempDir()
+			writeJSON(t, filepath.Join(dir, "tokenizer.json"), j)
+			tok := loadTestTokenizer(t, dir)
+			for i, text := range g.VariantTexts {
+				if got := tok.Encode(text, 0); !slices.Equal(got, v.IDs[i]) {
+					t.Errorf("%q:\n got %v\nwant %v", text, got, v.IDs[i])
+				}
+			}
+		})
+	}
+}
+
+func TestEncodeInvalidUTF8(t *testing.T) {
+	tok := loadTestTokenizer(t, tokDir)
+	// Invalid bytes read as U+FFFD, which clean_text removes: "ab".
+	want := tok.Encode("ab", 0)
+	for _, text := range []string{"a\xffb", "a\xc3b", "a\xed\xa0\x80b", "a\uFFFDb"} {
+		if got := tok.Encode(text, 0); !slices.Equal(got, want) {
+			t.Errorf("%q: got %v, want %v", text, got, want)
+		}
+	}
+}
+
+func TestSpecials(t *testing.T) {
+	tok := loadTestTokenizer(t, tokDir)
+	want := Specials{CLS: 101, SEP: 102, PAD: 0, UNK: 100, MASK: 103}
+	if diff := cmp.Diff(want, tok.Specials()); diff != "" {
+		t.Errorf("Specials (-want +got):\n%s", diff)
+	}
+	if tok.VocabSize() != 30522 || tok.NumSpecial() != 2 {
+		t.Errorf("VocabSize %d, NumSpecial %d; want 30522, 2", tok.VocabSize(), tok.NumSpecial())
+	}
+}
+
+// TestLoadTokenizerRefuses: anything but a BERT WordPiece tokenizer is refused with
+// an error that names the file and the field.
+func TestLoadTokenizerRefuses(t *testing.T) {
+	base, err := os.ReadFile(filepath.Join(tokDir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, field string
+		edit        func(j map[string]any)
+	}{
+		{"model type", "model.type", func(j map[string]any) { j["model"].(map[string]any)["type"] = "BPE" }},
+		{"no normalizer", "normalizer.type", func(j map[string]any) { j["normalizer"] = nil }},
+		{"normalizer", "normalizer.type", func(j map[string]any) { j["normalizer"] = map[string]any{"type": "NFKC"} }},
+		{"pre-tokenizer", "pre_tokenizer.type", func(j map[string]any) { j["pre_tokenizer"] = map[string]any{"type": "Whitespace"} }},
+		{"post-processor", "post_processor.type", func(j map[string]any) { j["post_processor"] = map[string]any{"type": "RobertaProcessing"} }},
+		{"no post-processor", "post_processor", func(j map[string]any) { j["post_processor"] = nil }},
+		{"unk not in vocab", "model.unk_token", func(j map[string]any) { j["model"].(map[string]any)["unk_token"] = "<unk>" }},
+		{"template", "post_processor.single", func(j map[string]any) {
+			j["post_processor"].(map[string]any)["single"] = []any{map[string]any{"SpecialToken": map[string]any{"id": "<s>"}}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var j map[string]any
+			if err := json.Unmarshal(base, &j); err != nil {
+				t.Fatal(err)
+			}
+			tc.edit(j)
+			dir := t.TempDir()
+			writeJSON(t, filepath.Join(dir, "tokenizer.json"), j)
+			_, err := LoadTokenizer(dir)
+			if err == nil || !strings.Contains(err.Error(), "tokenizer.json") || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("got error %v, want one naming tokenizer.json and %s", err, tc.field)
+			}
+		})
+	}
+
+	t.Run("empty dir", func(t *testing.T) {
+		if _, err := LoadTokenizer(t.TempDir()); !errors.Is(err, ErrNoTokenizer) {
+			t.Fatalf("got %v, want ErrNoTokenizer", err)
+		}
+	})
+	t.Run("vocab.txt alone", func(t *testing.T) {
+		dir := t.TempDir()
+		copyFile(t, filepath.Join(tokDir, "vocab.txt"), filepath.Join(dir, "vocab.txt"))
+		if _, err := LoadTokenizer(dir); !errors.Is(err, ErrNoTokenizer) {
+			t.Fatalf("got %v, want ErrNoTokenizer", err)
+		}
+	})
+	for _, tc := range []struct{ config, field string }{
+		{`{"tokenizer_class": "RobertaTokenizer"}`, "tokenizer_class"},
+		{`{"do_basic_tokenize": false}`, "do_basic_tokenize"},
+		{`{"never_split": ["[X]"]}`, "never_split"},
+		{`{"unk_token": "<unk>"}`, "<unk>"},
+		{`{`, "tokenizer_config.json"},
+	} {
+		t.Run("config "+tc.field, func(t *testing.T) {
+			dir := t.TempDir()
+			copyFile(t, filepath.Join(tokDir, "vocab.txt"), filepath.Join(dir, "vocab.txt"))
+			if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(tc.config), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := LoadTokenizer(dir)
+			if err == nil || !strings.Contains(err.Error(), "tokenizer_config.json") && !strings.Contains(err.Error(), "vocab.txt") || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("got error %v, want one naming the file and %s", err, tc.field)
+			}
+		})
+	}
+}
+
+// FuzzEncode: any input gives ids within the vocabulary between [CLS] and [SEP], and
+// truncation is the Hugging Face rule applied to the untruncated ids.
+func FuzzEncode(f *testing.F) {
+	texts, _ := readGolden(f)
+	for _, text := range texts[:60] {
+		f.Add(text, 8)
+	}
+	f.Add("a\xffb [MASK]x", 3)
+	tok := loadTestTokenizer(f, tokDir)
+	f.Fuzz(func(t *testing.T, text string, maxLen int) {
+		maxLen = maxLen%600 + 1
+		if maxLen < 2 {
+			maxLen = 2
+		}
+		full := tok.Encode(text, 0)
+		if len(full) < 2 || full[0] != 101 || full[len(full)-1] != 102 {
+			t.Fatalf("%q: %v lacks [CLS] … [SEP]", text, full)
+		}
+		for _, id := range full {
+			if id < 0 || int(id) >= tok.VocabSize() {
+				t.Fatalf("%q: id %d out of range", text, id)
+			}
+		}
+		if got, want := tok.Encode(text, maxLen), truncateHF(full, maxLen); !slices.Equal(got, want) {
+			t.Fatalf("%q maxLen %d: got %v, want %v", text, maxLen, got, want)
+		}
+		if utf8.ValidString(text) {
+			return
+		}
+		if got := tok.Encode(strings.ToValidUTF8(text, "\uFFFD"), 0); !slices.Equal(got, full) {
+			t.Fatalf("%q: invalid UTF-8 does not read as U+FFFD", text)
+		}
+	})
+}
+
+func copyFile(t testing.TB, from, to string) {
+	t.Helper()
+	data, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeJSON(t testing.TB, path string, v any) {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
