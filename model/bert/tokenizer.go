@@ -26,14 +26,11 @@ import (
 //
 // A Tokenizer is immutable after LoadTokenizer and safe for concurrent use.
 type Tokenizer struct {
-	// vocab maps a piece that starts a word to its id; cont maps a piece that
-	// continues a word, without its "##" prefix, so that lookups need no
-	// concatenation. maxVocab and maxCont are their longest keys in bytes: no
-	// lookup starts longer than that.
-	vocab, cont       map[string]int32
-	maxVocab, maxCont int
-	unk               int32
-	maxChars          int // a word of more characters is one unk
+	// vocab finds the pieces that start a word; cont those that continue one,
+	// without their "##" prefix.
+	vocab, cont *pieceTrie
+	unk         int32
+	maxChars    int // a word of more characters is one unk
 
 	cleanText, chinese, stripAccents, lowercase bool
 
@@ -97,13 +94,16 @@ func (t *Tokenizer) AppendEncode(dst []int32, text string, maxLen int) []int32 {
 
 // scratch holds the buffers of one Encode call, pooled so that tokenizing
 // allocates nothing but its result.
-type scratch struct{ norm, nfd []byte }
+type scratch struct {
+	norm, nfd, out []byte
+	nfdIter        norm.Iter
+}
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
 func (s *scratch) release() {
 	// A huge text should not pin its buffers for the life of the process.
-	if cap(s.norm) > 1<<20 || cap(s.nfd) > 1<<20 {
+	if cap(s.norm) > 1<<20 || cap(s.nfd) > 1<<20 || cap(s.out) > 1<<20 {
 		return
 	}
 	scratchPool.Put(s)
@@ -166,97 +166,121 @@ func (t *Tokenizer) appendPiece(dst []int32, piece string, start, limit int, s *
 func (t *Tokenizer) normalize(piece string, s *scratch) []byte {
 	b := s.norm[:0]
 	ascii := true
-	for i := 0; i < len(piece); i++ {
-		if piece[i] >= utf8.RuneSelf {
-			ascii = false
-			break
-		}
-	}
-	if ascii {
-		for i := 0; i < len(piece); i++ {
-			c := piece[i]
+	for i := 0; i < len(piece); {
+		c := piece[i]
+		if c < utf8.RuneSelf {
+			i++
 			if t.cleanText {
-				if c == 0 || isASCIIControl(c) {
+				if isASCIIControl(c) {
 					continue
 				}
 				if isASCIISpace(c) {
 					c = ' '
 				}
 			}
-			if t.lowercase && 'A' <= c && c <= 'Z' {
-				c += 'a' - 'A'
-			}
 			b = append(b, c)
+			continue
 		}
-		s.norm = b
-		return b
-	}
-
-	for _, r := range piece {
+		ascii = false
+		r, size := utf8.DecodeRuneInString(piece[i:])
+		i += size
 		if t.cleanText {
-			if r == 0 || r == utf8.RuneError || isControl(r) {
+			if r == utf8.RuneError || isControl(r) {
 				continue
 			}
 			if unicode.IsSpace(r) {
-				r = ' '
+				b = append(b, ' ')
+				continue
 			}
 		}
-		if t.chinese && isChinese(r) {
+		switch {
+		case t.chinese && isChinese(r):
 			b = append(b, ' ')
+			b = append(b, piece[i-size:i]...)
+			b = append(b, ' ')
+		case r == utf8.RuneError: // an invalid byte, kept without clean_text
 			b = utf8.AppendRune(b, r)
-			b = append(b, ' ')
-			continue
+		default:
+			b = append(b, piece[i-size:i]...)
 		}
-		b = utf8.AppendRune(b, r)
-	}
-	if t.stripAccents {
-		d := norm.NFD.Append(s.nfd[:0], b...)
-		s.nfd = d
-		b = b[:0]
-		for i := 0; i < len(d); {
-			if d[i] < utf8.RuneSelf {
-				b = append(b, d[i])
-				i++
-				continue
-			}
-			r, size := utf8.DecodeRune(d[i:])
-			if !isNonspacingMark(r) {
-				b = append(b, d[i:i+size]...)
-			}
-			i += size
-		}
-	}
-	if t.lowercase {
-		// In place where a rune's lower case is no longer than it, which is
-		// almost always; else through the second buffer.
-		d := s.nfd[:0]
-		for i := 0; i < len(b); {
-			if b[i] < utf8.RuneSelf {
-				c := b[i]
-				if 'A' <= c && c <= 'Z' {
-					c += 'a' - 'A'
-				}
-				d = append(d, c)
-				i++
-				continue
-			}
-			r, size := utf8.DecodeRune(b[i:])
-			if r == 'İ' {
-				// The one unconditional multi-rune lower case of Unicode's
-				// SpecialCasing, which Rust's char::to_lowercase applies and
-				// Go's unicode.ToLower (simple mappings) does not.
-				d = append(d, "i\u0307"...)
-			} else {
-				d = utf8.AppendRune(d, unicode.ToLower(r))
-			}
-			i += size
-		}
-		s.nfd = d
-		s.norm = b
-		return d
 	}
 	s.norm = b
-	return b
+	if ascii {
+		if t.lowercase {
+			for i, c := range b {
+				if 'A' <= c && c <= 'Z' {
+					b[i] = c + 'a' - 'A'
+				}
+			}
+		}
+		return b
+	}
+	if !t.stripAccents && !t.lowercase {
+		return b
+	}
+	// NFD works on the runs of non-ASCII bytes alone: ASCII characters neither
+	// decompose nor take part in the reordering of combining marks, so the NFD of
+	// the whole is the runs' NFD between the ASCII bytes as they are.
+	out := s.out[:0]
+	for i := 0; i < len(b); {
+		if c := b[i]; c < utf8.RuneSelf {
+			if t.lowercase && 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			out = append(out, c)
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(b) && b[j] >= utf8.RuneSelf {
+			j++
+		}
+		run := b[i:j]
+		if t.stripAccents && norm.NFD.QuickSpan(run) < len(run) {
+			// norm.Iter, pooled with the buffers, where NFD.Append allocates
+			// its reorder buffer on every call.
+			d := s.nfd[:0]
+			s.nfdIter.Init(norm.NFD, run)
+			for !s.nfdIter.Done() {
+				d = append(d, s.nfdIter.Next()...)
+			}
+			s.nfd, run = d, d
+		}
+		out = t.appendFolded(out, run)
+		i = j
+	}
+	s.out = out
+	return out
+}
+
+// appendFolded appends NFD text less its nonspacing marks (accents), lower-cased,
+// as the case may be: the same as the Rust library's two passes, since lower-casing
+// a character of NFD text that is no mark never yields a mark (İ, whose lower case
+// has one, decomposes first).
+func (t *Tokenizer) appendFolded(out, run []byte) []byte {
+	for i := 0; i < len(run); {
+		r, size := utf8.DecodeRune(run[i:])
+		switch {
+		case r < utf8.RuneSelf: // from the decomposition of a non-ASCII character
+			c := byte(r)
+			if t.lowercase && 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			out = append(out, c)
+		case t.stripAccents && isNonspacingMark(r):
+		case !t.lowercase:
+			out = append(out, run[i:i+size]...)
+		case r == 'İ':
+			// The one unconditional multi-rune lower case of Unicode's
+			// SpecialCasing, which Rust's char::to_lowercase applies and Go's
+			// unicode.ToLower (simple mappings) does not.
+			out = append(out, "i\u0307"...)
+		default:
+			out = utf8.AppendRune(out, unicode.ToLower(r))
+		}
+		i += size
+	}
+	return out
 }
 
 // appendWords splits normalized text as BertPreTokenizer does — at whitespace, which
@@ -307,30 +331,16 @@ func (t *Tokenizer) appendWord(dst []int32, w []byte) []int32 {
 	}
 	first := len(dst)
 	for pos := 0; pos < len(w); {
-		m, longest := t.vocab, t.maxVocab
+		trie := t.vocab
 		if pos > 0 {
-			m, longest = t.cont, t.maxCont
+			trie = t.cont
 		}
-		end := min(len(w), pos+longest)
-		for end < len(w) && end > pos && !utf8.RuneStart(w[end]) {
-			end--
-		}
-		found := false
-		for end > pos {
-			// m[string(bytes)] does not allocate.
-			if id, ok := m[string(w[pos:end])]; ok {
-				dst = append(dst, id)
-				pos, found = end, true
-				break
-			}
-			end--
-			for end > pos && !utf8.RuneStart(w[end]) {
-				end--
-			}
-		}
-		if !found {
+		id, n, ok := trie.longest(w[pos:])
+		if !ok {
 			return append(dst[:first], t.unk)
 		}
+		dst = append(dst, id)
+		pos += n
 	}
 	return dst
 }
@@ -339,8 +349,8 @@ func isASCIISpace(c byte) bool {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'
 }
 
-// isASCIIControl reports the ASCII control characters the normalizer drops: all but
-// tab, newline and carriage return, which are whitespace.
+// isASCIIControl reports the ASCII characters the normalizer drops: NUL and the
+// controls but tab, newline and carriage return, which are whitespace.
 func isASCIIControl(c byte) bool {
 	return (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f
 }
@@ -355,10 +365,16 @@ func isASCIIPunct(c byte) bool {
 // categories except tab, newline and carriage return. Unassigned code points (Cn)
 // stay, as the Rust library keeps them (checked against it).
 func isControl(r rune) bool {
-	if r == '\t' || r == '\n' || r == '\r' {
-		return false
+	switch {
+	case r < utf8.RuneSelf:
+		return isASCIIControl(byte(r))
+	case r < 0xA0:
+		return true // C1 controls
+	case r < 0x600:
+		return r == 0xAD // soft hyphen, the one format character below Arabic
 	}
-	return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Co, unicode.Cs) && unicode.Is(unicode8, r)
+	// Cc lies below U+00A0 and Cs cannot be decoded from a Go string.
+	return unicode.In(r, unicode.Cf, unicode.Co) && unicode.Is(unicode8, r)
 }
 
 // unicode8 holds the characters assigned in Unicode 8.0. The Rust library takes
@@ -368,29 +384,35 @@ func isControl(r rune) bool {
 // sweep of every such character checks this against the library.
 var unicode8 = rangetable.Assigned("8.0.0")
 
-// unicode8Class lists the characters of Unicode 8.0 whose category has changed since
-// in a way that matters here, with their 8.0 class: true for the class the function
-// asks about. (Found by the golden file's sweep; Unicode's release notes record the
-// same changes.)
-var unicode8Class = map[rune]struct{ punct, mn bool }{
-	0x1734:  {mn: true},    // HANUNOO SIGN PAMUDPOD: Mn in 8.0, Mc since 14.0
-	0x1885:  {},            // MONGOLIAN LETTER ALI GALI BALUDA: Lo in 8.0, Mn since 9.0
-	0x1886:  {},            // MONGOLIAN LETTER ALI GALI THREE BALUDA: likewise
-	0xA9BD:  {},            // JAVANESE CONSONANT SIGN KERET: Mc in 8.0, Mn since 12.0
-	0x111C9: {punct: true}, // SHARADA SANDHI MARK: Po in 8.0, Mn since 11.0
-	0x1171E: {mn: true},    // AHOM CONSONANT SIGN MEDIAL RA: Mn in 8.0 and in Go's 15.0, Mc in Node's tables
+// unicode8Override gives the class in Unicode 8.0 of the characters of 8.0 whose
+// category has changed since in a way that matters here (found by the golden file's
+// sweep; Unicode's release notes record the same changes).
+func unicode8Override(r rune) (punct, mn, ok bool) {
+	switch r {
+	case 0x1734: // HANUNOO SIGN PAMUDPOD: Mn in 8.0, Mc since 14.0
+		return false, true, true
+	case 0x1885, 0x1886: // MONGOLIAN LETTER ALI GALI (THREE) BALUDA: Lo in 8.0, Mn since 9.0
+		return false, false, true
+	case 0xA9BD: // JAVANESE CONSONANT SIGN KERET: Mc in 8.0, Mn since 12.0
+		return false, false, true
+	case 0x111C9: // SHARADA SANDHI MARK: Po in 8.0, Mn since 11.0
+		return true, false, true
+	case 0x1171E: // AHOM CONSONANT SIGN MEDIAL RA: Mn in 8.0 and in Go's 15.0, Mc in Node's tables
+		return false, true, true
+	}
+	return false, false, false
 }
 
 func isPunct(r rune) bool {
-	if c, ok := unicode8Class[r]; ok {
-		return c.punct
+	if punct, _, ok := unicode8Override(r); ok {
+		return punct
 	}
 	return unicode.IsPunct(r) && unicode.Is(unicode8, r)
 }
 
 func isNonspacingMark(r rune) bool {
-	if c, ok := unicode8Class[r]; ok {
-		return c.mn
+	if _, mn, ok := unicode8Override(r); ok {
+		return mn
 	}
 	return unicode.Is(unicode.Mn, r) && unicode.Is(unicode8, r)
 }
@@ -813,20 +835,17 @@ func (t *Tokenizer) setVocab(vocab map[string]int32, prefix, unkName string) err
 		return fmt.Errorf("unk_token %q: not in the vocabulary", unkName)
 	}
 	t.unk = unk
-	t.vocab = make(map[string]int32, len(vocab))
-	t.cont = make(map[string]int32, len(vocab)/4)
+	cont := make(map[string]int32, len(vocab)/4)
 	for piece, id := range vocab {
 		if id < 0 {
 			return fmt.Errorf("vocab[%q]: negative id %d", piece, id)
 		}
 		t.vocabSize = max(t.vocabSize, int(id)+1)
-		t.vocab[piece] = id
-		t.maxVocab = max(t.maxVocab, len(piece))
 		if rest, ok := strings.CutPrefix(piece, prefix); ok && rest != "" {
-			t.cont[rest] = id
-			t.maxCont = max(t.maxCont, len(rest))
+			cont[rest] = id
 		}
 	}
+	t.vocab, t.cont = newPieceTrie(vocab), newPieceTrie(cont)
 	return nil
 }
 

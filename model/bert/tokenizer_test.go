@@ -101,7 +101,7 @@ var goUnicode = rangetable.Assigned(unicode.Version)
 // (transformers.js's): assigned since 8.0, or moved between categories.
 func hasReclassified(s string) bool {
 	for _, r := range s {
-		if _, ok := unicode8Class[r]; ok {
+		if _, _, ok := unicode8Override(r); ok {
 			return true
 		}
 		if !unicode.Is(unicode8, r) && (unicode.IsPunct(r) || unicode.IsMark(r) || unicode.In(r, unicode.Cc, unicode.Cf, unicode.Co) ||
@@ -374,4 +374,81 @@ func writeJSON(t testing.TB, path string, v any) {
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// BenchmarkEncode reports tokens/s on the golden texts before the sweep: "ascii" is
+// those in ASCII (English sentences, punctuation, numbers), "mixed" all of them
+// (every script, accents, emoji, controls). "fields" is the baseline for the ratio:
+// the least any tokenizer does — split the ASCII texts at spaces and look each
+// lower-cased word up once — on the same texts in the same run.
+func BenchmarkEncode(b *testing.B) {
+	texts, g := readGolden(b)
+	tok := loadTestTokenizer(b, tokDir)
+	vocab := map[string]int32{}
+	data, err := os.ReadFile(filepath.Join(tokDir, "vocab.txt"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i, piece := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		vocab[piece] = int32(i)
+	}
+	var ascii, mixed []string
+	for _, text := range texts[:g.SweepFrom] {
+		mixed = append(mixed, text)
+		if isASCII(text) {
+			ascii = append(ascii, text)
+		}
+	}
+	run := func(b *testing.B, texts []string, encode func(string) int) {
+		bytes, tokens := 0, 0
+		for _, text := range texts {
+			bytes += len(text)
+		}
+		b.SetBytes(int64(bytes))
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, text := range texts {
+				tokens += encode(text)
+			}
+		}
+		b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
+	}
+	var ids []int32
+	encode := func(text string) int {
+		ids = tok.AppendEncode(ids[:0], text, 0)
+		return len(ids)
+	}
+	b.Run("ascii", func(b *testing.B) { run(b, ascii, encode) })
+	b.Run("mixed", func(b *testing.B) { run(b, mixed, encode) })
+	b.Run("ascii-alloc", func(b *testing.B) {
+		run(b, ascii, func(text string) int { return len(tok.Encode(text, 0)) })
+	})
+	b.Run("fields", func(b *testing.B) {
+		var buf []byte
+		run(b, ascii, func(text string) int {
+			n := 0
+			for _, w := range strings.Fields(text) {
+				buf = append(buf[:0], w...)
+				for i, c := range buf {
+					if 'A' <= c && c <= 'Z' {
+						buf[i] = c + 'a' - 'A'
+					}
+				}
+				if _, ok := vocab[string(buf)]; ok {
+					n++
+				}
+				n++
+			}
+			return n
+		})
+	})
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
