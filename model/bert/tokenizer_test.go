@@ -35,6 +35,11 @@ type golden struct {
 		AddedTokens json.RawMessage `json:"added_tokens"`
 		IDs         [][]int32       `json:"ids"`
 	} `json:"variants"`
+	NormalizerVariants []struct {
+		Name       string          `json:"name"`
+		Normalizer json.RawMessage `json:"normalizer"`
+		IDs        [][]int32       `json:"ids"` // of texts[:len(IDs)]
+	} `json:"normalizer_variants"`
 }
 
 func readGolden(t testing.TB) ([]string, golden) {
@@ -221,6 +226,54 @@ func TestEncodeAddedTokenFlags(t *testing.T) {
 			for i, text := range g.VariantTexts {
 				if got := tok.Encode(text, 0); !slices.Equal(got, v.IDs[i]) {
 					t.Errorf("%q:\n got %v\nwant %v", text, got, v.IDs[i])
+				}
+			}
+		})
+	}
+}
+
+// TestEncodeNormalizerOptions: the other BertNormalizer options (cased, accents kept,
+// no CJK spacing, no cleaning) against the Rust library, from tokenizer.json and,
+// where tokenizer_config.json can say the same, from vocab.txt.
+func TestEncodeNormalizerOptions(t *testing.T) {
+	texts, g := readGolden(t)
+	base, err := os.ReadFile(filepath.Join(tokDir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// tokenizer_config.json's words for the same options; the vocab.txt path
+	// always cleans text, as BertTokenizer does.
+	configs := map[string]string{
+		"cased":                  `{"do_lower_case": false}`,
+		"lowercase-keep-accents": `{"do_lower_case": true, "strip_accents": false}`,
+		"cased-strip-accents":    `{"do_lower_case": false, "strip_accents": true}`,
+	}
+	if len(g.NormalizerVariants) < 4 {
+		t.Fatalf("%d normalizer variants in the golden file", len(g.NormalizerVariants))
+	}
+	for _, v := range g.NormalizerVariants {
+		t.Run(v.Name, func(t *testing.T) {
+			var j map[string]json.RawMessage
+			if err := json.Unmarshal(base, &j); err != nil {
+				t.Fatal(err)
+			}
+			j["normalizer"] = v.Normalizer
+			dir := t.TempDir()
+			writeJSON(t, filepath.Join(dir, "tokenizer.json"), j)
+			toks := map[string]*Tokenizer{"tokenizer.json": loadTestTokenizer(t, dir)}
+			if cfg, ok := configs[v.Name]; ok {
+				dir := t.TempDir()
+				copyFile(t, filepath.Join(tokDir, "vocab.txt"), filepath.Join(dir, "vocab.txt"))
+				if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(cfg), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				toks["vocab.txt"] = loadTestTokenizer(t, dir)
+			}
+			for from, tok := range toks {
+				for i, want := range v.IDs {
+					if got := tok.Encode(texts[i], 0); !slices.Equal(got, want) {
+						t.Errorf("%s, %q:\n got %v\nwant %v", from, texts[i], got, want)
+					}
 				}
 			}
 		})

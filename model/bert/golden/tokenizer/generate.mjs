@@ -297,6 +297,29 @@ try {
   rmSync(dir, { recursive: true, force: true });
 }
 
+// ---- normalizer variants (other BertNormalizer options), on the hand-written texts ----
+
+const normalizerVariants = [
+  { name: 'cased', normalizer: { type: 'BertNormalizer', clean_text: true, handle_chinese_chars: true, strip_accents: null, lowercase: false } },
+  { name: 'lowercase-keep-accents', normalizer: { type: 'BertNormalizer', clean_text: true, handle_chinese_chars: true, strip_accents: false, lowercase: true } },
+  { name: 'cased-strip-accents', normalizer: { type: 'BertNormalizer', clean_text: true, handle_chinese_chars: true, strip_accents: true, lowercase: false } },
+  { name: 'no-chinese-no-clean', normalizer: { type: 'BertNormalizer', clean_text: false, handle_chinese_chars: false, strip_accents: null, lowercase: true } },
+];
+const normalizerOut = [];
+const dir2 = mkdtempSync(path.join(tmpdir(), 'vramq-golden-'));
+try {
+  for (const v of normalizerVariants) {
+    const file = path.join(dir2, v.name + '.json');
+    writeFileSync(file, JSON.stringify({ ...base, normalizer: v.normalizer }));
+    const vt = await rustTokenizer(file);
+    const ids = [];
+    for (const t of handWritten) ids.push(Array.from((await vt.encode(t)).getIds()));
+    normalizerOut.push({ name: v.name, normalizer: v.normalizer, ids });
+  }
+} finally {
+  rmSync(dir2, { recursive: true, force: true });
+}
+
 const pkg = (name) => JSON.parse(readFileSync(path.join(here, 'node_modules', name, 'package.json'), 'utf8')).version;
 writeFileSync(path.join(tokDir, 'texts.json'), JSON.stringify(texts, null, 0).replace(/","/g, '",\n"') + '\n');
 writeFileSync(path.join(tokDir, 'golden.json'), JSON.stringify({
@@ -307,5 +330,6 @@ writeFileSync(path.join(tokDir, 'golden.json'), JSON.stringify({
   cases,
   variant_texts: variantTexts,
   variants: variantOut,
+  normalizer_variants: normalizerOut, // on texts[0:len(ids)]
 }) + '\n');
-console.log(`${texts.length} texts (${sweep.length} of them the sweep of ${sweepChars.length} characters; ${differ} where transformers.js and the Rust library differ), ${variants.length} added-token variants`);
+console.log(`${texts.length} texts (${sweep.length} of them the sweep of ${sweepChars.length} characters; ${differ} where transformers.js and the Rust library differ), ${variants.length} added-token variants, ${normalizerVariants.length} normalizer variants`);
