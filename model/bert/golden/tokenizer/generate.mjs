@@ -165,7 +165,7 @@ for (let i = 0; i < 12; i++) {
   generated.push(ws.join(' '));
 }
 // Words around the 100-character limit, in 1-, 2- and 4-byte characters.
-for (const ch of ['z', 'ü', '中', '😀', 'a\u0301']) {
+for (const ch of ['z', 'ü', '中', '😀', 'a\u0301', 'д', 'ß']) {
   for (const n of [98, 99, 100, 101, 102]) generated.push(ch.repeat(n));
 }
 
@@ -272,7 +272,9 @@ const variants = [
       tok(30522, 'VramQ', { special: false, normalized: true }),
       tok(30523, 'GPU-Queue', { special: false, normalized: false, single_word: true }),
       tok(7592, 'hello', { special: false, normalized: true, rstrip: true }), // already in the vocabulary
-      tok(30524, 'Ωmega', { special: false, normalized: false, lstrip: true })],
+      tok(30524, 'Ωmega', { special: false, normalized: false, lstrip: true }),
+      // In the vocabulary under another id: the Rust library takes the vocabulary's.
+      tok(30525, 'world', { special: false, normalized: true })],
   },
 ];
 const variantTexts = [
