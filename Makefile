@@ -145,6 +145,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBytes$$' -fuzztime $(FUZZTIME) ./gpu/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadSafetensors$$' -fuzztime $(FUZZTIME) ./gpu/
+	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./model/bert/
 
 ## bench: every admission strategy on one workload and simulated device against the offline bound,
 ## writing bench/results.md, results.json and the plots; then the overhead and memory benchmarks

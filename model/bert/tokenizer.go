@@ -137,19 +137,33 @@ func (t *Tokenizer) appendPiece(dst []int32, piece string, start, limit int, s *
 	if piece == "" || full(dst, start, limit) {
 		return dst
 	}
-	b := t.normalize(piece, s)
 	if len(t.normalized.tokens) == 0 {
-		return t.appendWords(dst, b, start, limit)
+		// In chunks cut after ASCII whitespace, which ends a word whatever the
+		// options and neither decomposes nor reorders: the buffers stay small, and
+		// a truncated encoding stops normalizing a long text near where it stops.
+		for piece != "" {
+			chunk := piece
+			if len(piece) > chunkSize {
+				if i := strings.IndexAny(piece[chunkSize:], " \t\n\r"); i >= 0 {
+					chunk = piece[:chunkSize+i+1]
+				}
+			}
+			dst = t.appendWords(dst, t.normalize(chunk, s), start, limit)
+			if full(dst, start, limit) {
+				return dst
+			}
+			piece = piece[len(chunk):]
+		}
+		return dst
 	}
-	// The matcher works on strings; the conversion is free where the compiler
-	// sees the bytes do not change while the string lives, and one copy otherwise.
-	text := string(b)
+	b := t.normalize(piece, s)
+	text := string(b) // for the matcher; b[i:j] is the same bytes
 	for from := 0; from < len(text); {
 		mStart, mEnd, id, ok := t.normalized.next(text, from)
 		if !ok {
-			return t.appendWords(dst, []byte(text[from:]), start, limit)
+			return t.appendWords(dst, b[from:], start, limit)
 		}
-		dst = t.appendWords(dst, []byte(text[from:mStart]), start, limit)
+		dst = t.appendWords(dst, b[from:mStart], start, limit)
 		if full(dst, start, limit) {
 			return dst
 		}
@@ -158,6 +172,9 @@ func (t *Tokenizer) appendPiece(dst []int32, piece string, start, limit int, s *
 	}
 	return dst
 }
+
+// chunkSize is about how much of a text is normalized at a time.
+var chunkSize = 4096
 
 // normalize applies the BertNormalizer to piece, into s's buffers: clean text
 // (drop NUL, U+FFFD and control characters, map whitespace to a space), put spaces

@@ -505,3 +505,32 @@ func isASCII(s string) bool {
 	}
 	return true
 }
+
+// TestEncodeLongText: all the golden texts joined by spaces (over 300 KB, normalized
+// in chunks) give their golden ids one after another, and truncating that text cuts
+// them by the rule. No added token holds a space, so none spans two texts.
+func TestEncodeLongText(t *testing.T) {
+	texts, g := readGolden(t)
+	tok := loadTestTokenizer(t, tokDir)
+	want := []int32{101}
+	for _, c := range g.Cases {
+		want = append(want, c.Rust[1:len(c.Rust)-1]...)
+	}
+	want = append(want, 102)
+	long := strings.Join(texts, " ")
+	if len(long) < 30*chunkSize {
+		t.Fatalf("the long text has only %d bytes", len(long))
+	}
+	if got := tok.Encode(long, 0); !slices.Equal(got, want) {
+		i := 0
+		for i < min(len(got), len(want)) && got[i] == want[i] {
+			i++
+		}
+		t.Fatalf("%d ids, want %d; first difference at %d", len(got), len(want), i)
+	}
+	for _, maxLen := range []int{512, 100000} {
+		if got := tok.Encode(long, maxLen); !slices.Equal(got, truncateHF(want, maxLen)) {
+			t.Errorf("maxLen %d: the ids differ from the rule applied to the untruncated ids", maxLen)
+		}
+	}
+}
