@@ -343,7 +343,7 @@ func (t *Tokenizer) appendWords(dst []int32, b []byte, start, limit int) []int32
 // continuing pieces with the "##" prefix, and the whole word as unk when a part of it
 // matches nothing or when it has more than maxChars characters.
 func (t *Tokenizer) appendWord(dst []int32, w []byte) []int32 {
-	if t.maxChars > 0 && len(w) > t.maxChars && utf8.RuneCount(w) > t.maxChars {
+	if len(w) > t.maxChars && utf8.RuneCount(w) > t.maxChars {
 		return append(dst, t.unk)
 	}
 	first := len(dst)
@@ -562,10 +562,14 @@ var ErrNoTokenizer = errors.New("no tokenizer.json, nor vocab.txt with tokenizer
 // (another model type, normalizer, pre-tokenizer or post-processor) rather than
 // produce ids the model was not trained on.
 func LoadTokenizer(dir string) (*Tokenizer, error) {
+	cfg, err := readConfig(dir)
+	if err != nil {
+		return nil, err
+	}
 	path := filepath.Join(dir, "tokenizer.json")
 	data, err := os.ReadFile(path)
 	if err == nil {
-		t, err := parseTokenizerJSON(data, readConfig(dir))
+		t, err := parseTokenizerJSON(data, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
@@ -574,7 +578,7 @@ func LoadTokenizer(dir string) (*Tokenizer, error) {
 	if !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	return loadVocabTxt(dir)
+	return loadVocabTxt(dir, cfg)
 }
 
 // tokenizerConfig is what tokenizer_config.json (and special_tokens_map.json) say
@@ -591,30 +595,47 @@ type tokenizerConfig struct {
 	SepToken             json.RawMessage `json:"sep_token"`
 	PadToken             json.RawMessage `json:"pad_token"`
 	MaskToken            json.RawMessage `json:"mask_token"`
+
+	found bool // tokenizer_config.json is there
 }
 
-// readConfig reads tokenizer_config.json for the names of the special tokens, with
-// special_tokens_map.json's over them as transformers does; missing files or fields
-// leave BERT's names. Only the vocab.txt path needs the file: there its errors count.
-func readConfig(dir string) tokenizerConfig {
+// readConfig reads tokenizer_config.json, with special_tokens_map.json's names of
+// the special tokens over its own as transformers does. Either may be missing (found
+// says whether tokenizer_config.json is there); a file that is there must parse.
+func readConfig(dir string) (tokenizerConfig, error) {
 	var c tokenizerConfig
-	if data, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json")); err == nil {
-		_ = json.Unmarshal(data, &c) // optional next to tokenizer.json
+	path := filepath.Join(dir, "tokenizer_config.json")
+	data, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(data, &c); err != nil {
+			return c, fmt.Errorf("%s: %w", path, err)
+		}
+		c.found = true
+	case !errors.Is(err, fs.ErrNotExist):
+		return c, err
 	}
-	if data, err := os.ReadFile(filepath.Join(dir, "special_tokens_map.json")); err == nil {
-		var m tokenizerConfig
-		if json.Unmarshal(data, &m) == nil {
-			for _, f := range []struct{ dst, src *json.RawMessage }{
-				{&c.UnkToken, &m.UnkToken}, {&c.ClsToken, &m.ClsToken}, {&c.SepToken, &m.SepToken},
-				{&c.PadToken, &m.PadToken}, {&c.MaskToken, &m.MaskToken},
-			} {
-				if len(*f.src) > 0 {
-					*f.dst = *f.src
-				}
-			}
+	path = filepath.Join(dir, "special_tokens_map.json")
+	data, err = os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return c, nil
+	case err != nil:
+		return c, err
+	}
+	var m tokenizerConfig
+	if err := json.Unmarshal(data, &m); err != nil {
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	for _, f := range []struct{ dst, src *json.RawMessage }{
+		{&c.UnkToken, &m.UnkToken}, {&c.ClsToken, &m.ClsToken}, {&c.SepToken, &m.SepToken},
+		{&c.PadToken, &m.PadToken}, {&c.MaskToken, &m.MaskToken},
+	} {
+		if len(*f.src) > 0 {
+			*f.dst = *f.src
 		}
 	}
-	return c
+	return c, nil
 }
 
 // tokenName reads a special token given as a string or as an AddedToken object.
@@ -689,11 +710,17 @@ func parseTokenizerJSON(data []byte, cfg tokenizerConfig) (*Tokenizer, error) {
 	if len(j.Model.Vocab) == 0 {
 		return nil, errors.New("model.vocab: empty")
 	}
-	if j.Normalizer == nil || j.Normalizer.Type != "BertNormalizer" {
-		return nil, fmt.Errorf("normalizer.type %s: only BertNormalizer is supported", typeName(j.Normalizer == nil, func() string { return j.Normalizer.Type }))
+	if j.Normalizer == nil {
+		return nil, errors.New("normalizer.type: missing; only BertNormalizer is supported")
 	}
-	if j.PreTokenizer == nil || j.PreTokenizer.Type != "BertPreTokenizer" {
-		return nil, fmt.Errorf("pre_tokenizer.type %s: only BertPreTokenizer is supported", typeName(j.PreTokenizer == nil, func() string { return j.PreTokenizer.Type }))
+	if j.Normalizer.Type != "BertNormalizer" {
+		return nil, fmt.Errorf("normalizer.type %q: only BertNormalizer is supported", j.Normalizer.Type)
+	}
+	if j.PreTokenizer == nil {
+		return nil, errors.New("pre_tokenizer.type: missing; only BertPreTokenizer is supported")
+	}
+	if j.PreTokenizer.Type != "BertPreTokenizer" {
+		return nil, fmt.Errorf("pre_tokenizer.type %q: only BertPreTokenizer is supported", j.PreTokenizer.Type)
 	}
 	lowercase := orDefault(j.Normalizer.Lowercase, true)
 	t := &Tokenizer{
@@ -702,6 +729,9 @@ func parseTokenizerJSON(data []byte, cfg tokenizerConfig) (*Tokenizer, error) {
 		lowercase:    lowercase,
 		stripAccents: orDefault(j.Normalizer.StripAccents, lowercase), // null follows lowercase
 		maxChars:     orDefault(j.Model.MaxInputCharsPerWord, 100),
+	}
+	if t.maxChars < 0 {
+		return nil, fmt.Errorf("model.max_input_chars_per_word %d: negative", t.maxChars)
 	}
 	unkName := orDefault(j.Model.UnkToken, "[UNK]")
 	if err := t.setVocab(j.Model.Vocab, orDefault(j.Model.ContinuingSubwordPrefix, "##"), unkName); err != nil {
@@ -774,13 +804,6 @@ func parseTokenizerJSON(data []byte, cfg tokenizerConfig) (*Tokenizer, error) {
 		t.specials.PAD = *j.Padding.PadID
 	}
 	return t, nil
-}
-
-func typeName(missing bool, name func() string) string {
-	if missing {
-		return "missing"
-	}
-	return fmt.Sprintf("%q", name())
 }
 
 // pairID reads BertProcessing's ["[SEP]", 102].
@@ -862,7 +885,7 @@ func (t *Tokenizer) setVocab(vocab map[string]int32, prefix, unkName string) err
 // loadVocabTxt loads vocab.txt (one piece a line, ids in line order) with the options
 // of tokenizer_config.json, as transformers' BertTokenizer reads them; the special
 // tokens are matched in the text as written, and wrap it as [CLS] … [SEP].
-func loadVocabTxt(dir string) (*Tokenizer, error) {
+func loadVocabTxt(dir string, cfg tokenizerConfig) (*Tokenizer, error) {
 	vocabPath := filepath.Join(dir, "vocab.txt")
 	cfgPath := filepath.Join(dir, "tokenizer_config.json")
 	f, err := os.Open(vocabPath)
@@ -873,19 +896,11 @@ func loadVocabTxt(dir string) (*Tokenizer, error) {
 		return nil, err
 	}
 	defer f.Close()
-	cfgData, err := os.ReadFile(cfgPath)
-	if errors.Is(err, fs.ErrNotExist) {
+	if !cfg.found {
 		return nil, fmt.Errorf("%s: %w (vocab.txt alone does not say whether to lower-case)", dir, ErrNoTokenizer)
-	}
-	if err != nil {
-		return nil, err
 	}
 	if _, err := os.Stat(filepath.Join(dir, "added_tokens.json")); err == nil {
 		return nil, fmt.Errorf("%s: added tokens beside vocab.txt are not supported; use tokenizer.json", filepath.Join(dir, "added_tokens.json"))
-	}
-	var cfg tokenizerConfig
-	if err := json.Unmarshal(cfgData, &cfg); err != nil {
-		return nil, fmt.Errorf("%s: %w", cfgPath, err)
 	}
 	switch cfg.TokenizerClass {
 	case "", "BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "DistilBertTokenizerFast":
@@ -898,8 +913,6 @@ func loadVocabTxt(dir string) (*Tokenizer, error) {
 	if len(cfg.NeverSplit) > 0 {
 		return nil, fmt.Errorf("%s: never_split is not supported", cfgPath)
 	}
-	full := readConfig(dir) // special_tokens_map.json over the config's names
-
 	vocab := map[string]int32{}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
@@ -922,8 +935,8 @@ func loadVocabTxt(dir string) (*Tokenizer, error) {
 		maxChars:     100,
 	}
 	names := [...]string{
-		tokenName(full.UnkToken, "[UNK]"), tokenName(full.ClsToken, "[CLS]"), tokenName(full.SepToken, "[SEP]"),
-		tokenName(full.PadToken, "[PAD]"), tokenName(full.MaskToken, "[MASK]"),
+		tokenName(cfg.UnkToken, "[UNK]"), tokenName(cfg.ClsToken, "[CLS]"), tokenName(cfg.SepToken, "[SEP]"),
+		tokenName(cfg.PadToken, "[PAD]"), tokenName(cfg.MaskToken, "[MASK]"),
 	}
 	if err := t.setVocab(vocab, "##", names[0]); err != nil {
 		return nil, fmt.Errorf("%s: %w", vocabPath, err)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"unicode"
 	"unicode/utf8"
@@ -280,6 +281,23 @@ func TestEncodeNormalizerOptions(t *testing.T) {
 	}
 }
 
+// TestEncodeConcurrent: one Tokenizer serves many goroutines (run with -race).
+func TestEncodeConcurrent(t *testing.T) {
+	texts, g := readGolden(t)
+	tok := loadTestTokenizer(t, tokDir)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := w; i < len(texts); i += 2 {
+				if got := tok.Encode(texts[i], 0); !slices.Equal(got, g.Cases[i].Rust) {
+					t.Errorf("text %d differs when encoded concurrently", i)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
 func TestEncodeInvalidUTF8(t *testing.T) {
 	tok := loadTestTokenizer(t, tokDir)
 	// Invalid bytes read as U+FFFD, which clean_text removes: "ab".
@@ -320,6 +338,7 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 		{"post-processor", "post_processor.type", func(j map[string]any) { j["post_processor"] = map[string]any{"type": "RobertaProcessing"} }},
 		{"no post-processor", "post_processor", func(j map[string]any) { j["post_processor"] = nil }},
 		{"unk not in vocab", "model.unk_token", func(j map[string]any) { j["model"].(map[string]any)["unk_token"] = "<unk>" }},
+		{"max chars", "model.max_input_chars_per_word", func(j map[string]any) { j["model"].(map[string]any)["max_input_chars_per_word"] = -1 }},
 		{"template", "post_processor.single", func(j map[string]any) {
 			j["post_processor"].(map[string]any)["single"] = []any{map[string]any{"SpecialToken": map[string]any{"id": "<s>"}}}
 		}},
@@ -342,6 +361,16 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 	t.Run("empty dir", func(t *testing.T) {
 		if _, err := LoadTokenizer(t.TempDir()); !errors.Is(err, ErrNoTokenizer) {
 			t.Fatalf("got %v, want ErrNoTokenizer", err)
+		}
+	})
+	t.Run("malformed special_tokens_map.json", func(t *testing.T) {
+		dir := t.TempDir()
+		copyFile(t, filepath.Join(tokDir, "tokenizer.json"), filepath.Join(dir, "tokenizer.json"))
+		if err := os.WriteFile(filepath.Join(dir, "special_tokens_map.json"), []byte(`{"cls_token": `), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadTokenizer(dir); err == nil || !strings.Contains(err.Error(), "special_tokens_map.json") {
+			t.Fatalf("got error %v, want one naming special_tokens_map.json", err)
 		}
 	})
 	t.Run("vocab.txt alone", func(t *testing.T) {
