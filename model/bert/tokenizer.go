@@ -109,9 +109,9 @@ func (s *scratch) release() {
 	scratchPool.Put(s)
 }
 
-// full reports whether the text's tokens reached the limit, so that the rest of
+// limitReached reports whether the text's tokens reached the limit, so that the rest of
 // the text need not be tokenized.
-func full(dst []int32, start, limit int) bool { return limit >= 0 && len(dst)-start >= limit }
+func limitReached(dst []int32, start, limit int) bool { return limit >= 0 && len(dst)-start >= limit }
 
 // appendText splits text at the added tokens matched as written, and tokenizes the
 // pieces between them.
@@ -122,7 +122,7 @@ func (t *Tokenizer) appendText(dst []int32, text string, start, limit int, s *sc
 			return t.appendPiece(dst, text[from:], start, limit, s)
 		}
 		dst = t.appendPiece(dst, text[from:mStart], start, limit, s)
-		if full(dst, start, limit) {
+		if limitReached(dst, start, limit) {
 			return dst
 		}
 		dst = append(dst, id)
@@ -134,7 +134,7 @@ func (t *Tokenizer) appendText(dst []int32, text string, start, limit int, s *sc
 // appendPiece normalizes a piece of text without raw added tokens, splits it at
 // the normalized added tokens, and tokenizes what lies between.
 func (t *Tokenizer) appendPiece(dst []int32, piece string, start, limit int, s *scratch) []int32 {
-	if piece == "" || full(dst, start, limit) {
+	if piece == "" || limitReached(dst, start, limit) {
 		return dst
 	}
 	if len(t.normalized.tokens) == 0 {
@@ -143,13 +143,13 @@ func (t *Tokenizer) appendPiece(dst []int32, piece string, start, limit int, s *
 		// a truncated encoding stops normalizing a long text near where it stops.
 		for piece != "" {
 			chunk := piece
-			if len(piece) > chunkSize {
-				if i := strings.IndexAny(piece[chunkSize:], " \t\n\r"); i >= 0 {
-					chunk = piece[:chunkSize+i+1]
+			if len(piece) > normChunk {
+				if i := strings.IndexAny(piece[normChunk:], " \t\n\r"); i >= 0 {
+					chunk = piece[:normChunk+i+1]
 				}
 			}
 			dst = t.appendWords(dst, t.normalize(chunk, s), start, limit)
-			if full(dst, start, limit) {
+			if limitReached(dst, start, limit) {
 				return dst
 			}
 			piece = piece[len(chunk):]
@@ -164,7 +164,7 @@ func (t *Tokenizer) appendPiece(dst []int32, piece string, start, limit int, s *
 			return t.appendWords(dst, b[from:], start, limit)
 		}
 		dst = t.appendWords(dst, b[from:mStart], start, limit)
-		if full(dst, start, limit) {
+		if limitReached(dst, start, limit) {
 			return dst
 		}
 		dst = append(dst, id)
@@ -173,8 +173,8 @@ func (t *Tokenizer) appendPiece(dst []int32, piece string, start, limit int, s *
 	return dst
 }
 
-// chunkSize is about how much of a text is normalized at a time.
-var chunkSize = 4096
+// normChunk is about how much of a text is normalized at a time.
+var normChunk = 4096
 
 // normalize applies the BertNormalizer to piece, into s's buffers: clean text
 // (drop NUL, U+FFFD and control characters, map whitespace to a space), put spaces
@@ -319,13 +319,13 @@ func (t *Tokenizer) appendWords(dst []int32, b []byte, start, limit int) []int32
 		if space || punct {
 			if word < i {
 				dst = t.appendWord(dst, b[word:i])
-				if full(dst, start, limit) {
+				if limitReached(dst, start, limit) {
 					return dst
 				}
 			}
 			if punct {
 				dst = t.appendWord(dst, b[i:i+size])
-				if full(dst, start, limit) {
+				if limitReached(dst, start, limit) {
 					return dst
 				}
 			}
@@ -692,7 +692,7 @@ type tokenizerJSON struct {
 	} `json:"model"`
 }
 
-func orDefault[T any](p *T, def T) T {
+func tokOr[T any](p *T, def T) T {
 	if p == nil {
 		return def
 	}
@@ -722,19 +722,19 @@ func parseTokenizerJSON(data []byte, cfg tokenizerConfig) (*Tokenizer, error) {
 	if j.PreTokenizer.Type != "BertPreTokenizer" {
 		return nil, fmt.Errorf("pre_tokenizer.type %q: only BertPreTokenizer is supported", j.PreTokenizer.Type)
 	}
-	lowercase := orDefault(j.Normalizer.Lowercase, true)
+	lowercase := tokOr(j.Normalizer.Lowercase, true)
 	t := &Tokenizer{
-		cleanText:    orDefault(j.Normalizer.CleanText, true),
-		chinese:      orDefault(j.Normalizer.HandleChineseChars, true),
+		cleanText:    tokOr(j.Normalizer.CleanText, true),
+		chinese:      tokOr(j.Normalizer.HandleChineseChars, true),
 		lowercase:    lowercase,
-		stripAccents: orDefault(j.Normalizer.StripAccents, lowercase), // null follows lowercase
-		maxChars:     orDefault(j.Model.MaxInputCharsPerWord, 100),
+		stripAccents: tokOr(j.Normalizer.StripAccents, lowercase), // null follows lowercase
+		maxChars:     tokOr(j.Model.MaxInputCharsPerWord, 100),
 	}
 	if t.maxChars < 0 {
 		return nil, fmt.Errorf("model.max_input_chars_per_word %d: negative", t.maxChars)
 	}
-	unkName := orDefault(j.Model.UnkToken, "[UNK]")
-	if err := t.setVocab(j.Model.Vocab, orDefault(j.Model.ContinuingSubwordPrefix, "##"), unkName); err != nil {
+	unkName := tokOr(j.Model.UnkToken, "[UNK]")
+	if err := t.setVocab(j.Model.Vocab, tokOr(j.Model.ContinuingSubwordPrefix, "##"), unkName); err != nil {
 		return nil, fmt.Errorf("model.%w", err)
 	}
 
@@ -752,7 +752,7 @@ func parseTokenizerJSON(data []byte, cfg tokenizerConfig) (*Tokenizer, error) {
 		byName[a.Content] = id
 		t.vocabSize = max(t.vocabSize, int(id)+1)
 		tok := addedToken{content: a.Content, id: id, singleWord: a.SingleWord}
-		if orDefault(a.Normalized, !a.Special) {
+		if tokOr(a.Normalized, !a.Special) {
 			var s scratch
 			tok.content = string(t.normalize(a.Content, &s))
 			normalized = append(normalized, tok)
@@ -907,7 +907,7 @@ func loadVocabTxt(dir string, cfg tokenizerConfig) (*Tokenizer, error) {
 	default:
 		return nil, fmt.Errorf("%s: tokenizer_class %q: only BERT WordPiece tokenizers are supported", cfgPath, cfg.TokenizerClass)
 	}
-	if !orDefault(cfg.DoBasicTokenize, true) {
+	if !tokOr(cfg.DoBasicTokenize, true) {
 		return nil, fmt.Errorf("%s: do_basic_tokenize false is not supported", cfgPath)
 	}
 	if len(cfg.NeverSplit) > 0 {
@@ -926,12 +926,12 @@ func loadVocabTxt(dir string, cfg tokenizerConfig) (*Tokenizer, error) {
 		return nil, fmt.Errorf("%s: empty", vocabPath)
 	}
 
-	lowercase := orDefault(cfg.DoLowerCase, true)
+	lowercase := tokOr(cfg.DoLowerCase, true)
 	t := &Tokenizer{
 		cleanText:    true,
-		chinese:      orDefault(cfg.TokenizeChineseChars, true),
+		chinese:      tokOr(cfg.TokenizeChineseChars, true),
 		lowercase:    lowercase,
-		stripAccents: orDefault(cfg.StripAccents, lowercase),
+		stripAccents: tokOr(cfg.StripAccents, lowercase),
 		maxChars:     100,
 	}
 	names := [...]string{

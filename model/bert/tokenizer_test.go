@@ -22,7 +22,7 @@ import (
 // transformers.js for texts.json, on the committed all-MiniLM-L6-v2 tokenizer.json.
 const tokDir = "testdata/tokenizer"
 
-type golden struct {
+type tokGolden struct {
 	JS, Rust  string
 	SweepFrom int `json:"sweep_from"`
 	Cases     []struct {
@@ -43,10 +43,10 @@ type golden struct {
 	} `json:"normalizer_variants"`
 }
 
-func readGolden(t testing.TB) ([]string, golden) {
+func readTokGolden(t testing.TB) ([]string, tokGolden) {
 	t.Helper()
 	var texts []string
-	var g golden
+	var g tokGolden
 	for name, v := range map[string]any{"texts.json": &texts, "golden.json": &g} {
 		data, err := os.ReadFile(filepath.Join(tokDir, name))
 		if err != nil {
@@ -62,7 +62,7 @@ func readGolden(t testing.TB) ([]string, golden) {
 	return texts, g
 }
 
-func loadTestTokenizer(t testing.TB, dir string) *Tokenizer {
+func loadTokenizerT(t testing.TB, dir string) *Tokenizer {
 	t.Helper()
 	tok, err := LoadTokenizer(dir)
 	if err != nil {
@@ -78,8 +78,8 @@ func loadTestTokenizer(t testing.TB, dir string) *Tokenizer {
 // outside the BMP (it tests UTF-16 code units). The test lists those texts and
 // checks that nothing else differs, so a new disagreement is seen.
 func TestEncodeGolden(t *testing.T) {
-	texts, g := readGolden(t)
-	tok := loadTestTokenizer(t, tokDir)
+	texts, g := readTokGolden(t)
+	tok := loadTokenizerT(t, tokDir)
 	var jsDiffers []string
 	for i, text := range texts {
 		c := g.Cases[i]
@@ -140,8 +140,8 @@ func truncateHF(ids []int32, maxLen int) []int32 {
 }
 
 func TestEncodeTruncates(t *testing.T) {
-	texts, g := readGolden(t)
-	tok := loadTestTokenizer(t, tokDir)
+	texts, g := readTokGolden(t)
+	tok := loadTokenizerT(t, tokDir)
 	checked := 0
 	for i, text := range texts {
 		c := g.Cases[i]
@@ -182,12 +182,12 @@ func TestEncodeTruncates(t *testing.T) {
 // TestEncodeVocabTxt: vocab.txt with tokenizer_config.json is the same tokenizer as
 // tokenizer.json (SOURCE.txt: vocab.txt's lines are model.vocab in id order).
 func TestEncodeVocabTxt(t *testing.T) {
-	texts, g := readGolden(t)
+	texts, g := readTokGolden(t)
 	dir := t.TempDir()
 	for _, name := range []string{"vocab.txt", "tokenizer_config.json", "special_tokens_map.json"} {
-		copyFile(t, filepath.Join(tokDir, name), filepath.Join(dir, name))
+		copyTokFile(t, filepath.Join(tokDir, name), filepath.Join(dir, name))
 	}
-	tok := loadTestTokenizer(t, dir)
+	tok := loadTokenizerT(t, dir)
 	for i, text := range texts {
 		if got := tok.Encode(text, 0); !slices.Equal(got, g.Cases[i].Rust) {
 			t.Errorf("text %d %q:\n got %v\nwant %v", i, text, got, g.Cases[i].Rust)
@@ -206,7 +206,7 @@ func TestEncodeVocabTxt(t *testing.T) {
 // and non-special added tokens, as the Rust library matches them (transformers.js
 // ignores single_word, so the generator asks only the Rust library).
 func TestEncodeAddedTokenFlags(t *testing.T) {
-	_, g := readGolden(t)
+	_, g := readTokGolden(t)
 	base, err := os.ReadFile(filepath.Join(tokDir, "tokenizer.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -222,8 +222,8 @@ func TestEncodeAddedTokenFlags(t *testing.T) {
 			}
 			j["added_tokens"] = v.AddedTokens
 			dir := t.TempDir()
-			writeJSON(t, filepath.Join(dir, "tokenizer.json"), j)
-			tok := loadTestTokenizer(t, dir)
+			writeTokJSON(t, filepath.Join(dir, "tokenizer.json"), j)
+			tok := loadTokenizerT(t, dir)
 			for i, text := range g.VariantTexts {
 				if got := tok.Encode(text, 0); !slices.Equal(got, v.IDs[i]) {
 					t.Errorf("%q:\n got %v\nwant %v", text, got, v.IDs[i])
@@ -237,7 +237,7 @@ func TestEncodeAddedTokenFlags(t *testing.T) {
 // no CJK spacing, no cleaning) against the Rust library, from tokenizer.json and,
 // where tokenizer_config.json can say the same, from vocab.txt.
 func TestEncodeNormalizerOptions(t *testing.T) {
-	texts, g := readGolden(t)
+	texts, g := readTokGolden(t)
 	base, err := os.ReadFile(filepath.Join(tokDir, "tokenizer.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -260,15 +260,15 @@ func TestEncodeNormalizerOptions(t *testing.T) {
 			}
 			j["normalizer"] = v.Normalizer
 			dir := t.TempDir()
-			writeJSON(t, filepath.Join(dir, "tokenizer.json"), j)
-			toks := map[string]*Tokenizer{"tokenizer.json": loadTestTokenizer(t, dir)}
+			writeTokJSON(t, filepath.Join(dir, "tokenizer.json"), j)
+			toks := map[string]*Tokenizer{"tokenizer.json": loadTokenizerT(t, dir)}
 			if cfg, ok := configs[v.Name]; ok {
 				dir := t.TempDir()
-				copyFile(t, filepath.Join(tokDir, "vocab.txt"), filepath.Join(dir, "vocab.txt"))
+				copyTokFile(t, filepath.Join(tokDir, "vocab.txt"), filepath.Join(dir, "vocab.txt"))
 				if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(cfg), 0o644); err != nil {
 					t.Fatal(err)
 				}
-				toks["vocab.txt"] = loadTestTokenizer(t, dir)
+				toks["vocab.txt"] = loadTokenizerT(t, dir)
 			}
 			for from, tok := range toks {
 				for i, want := range v.IDs {
@@ -283,8 +283,8 @@ func TestEncodeNormalizerOptions(t *testing.T) {
 
 // TestEncodeConcurrent: one Tokenizer serves many goroutines (run with -race).
 func TestEncodeConcurrent(t *testing.T) {
-	texts, g := readGolden(t)
-	tok := loadTestTokenizer(t, tokDir)
+	texts, g := readTokGolden(t)
+	tok := loadTokenizerT(t, tokDir)
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Go(func() {
@@ -299,7 +299,7 @@ func TestEncodeConcurrent(t *testing.T) {
 }
 
 func TestEncodeInvalidUTF8(t *testing.T) {
-	tok := loadTestTokenizer(t, tokDir)
+	tok := loadTokenizerT(t, tokDir)
 	// Invalid bytes read as U+FFFD, which clean_text removes: "ab".
 	want := tok.Encode("ab", 0)
 	for _, text := range []string{"a\xffb", "a\xc3b", "a\xed\xa0\x80b", "a\uFFFDb"} {
@@ -310,7 +310,7 @@ func TestEncodeInvalidUTF8(t *testing.T) {
 }
 
 func TestSpecials(t *testing.T) {
-	tok := loadTestTokenizer(t, tokDir)
+	tok := loadTokenizerT(t, tokDir)
 	want := Specials{CLS: 101, SEP: 102, PAD: 0, UNK: 100, MASK: 103}
 	if diff := cmp.Diff(want, tok.Specials()); diff != "" {
 		t.Errorf("Specials (-want +got):\n%s", diff)
@@ -350,7 +350,7 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 			}
 			tc.edit(j)
 			dir := t.TempDir()
-			writeJSON(t, filepath.Join(dir, "tokenizer.json"), j)
+			writeTokJSON(t, filepath.Join(dir, "tokenizer.json"), j)
 			_, err := LoadTokenizer(dir)
 			if err == nil || !strings.Contains(err.Error(), "tokenizer.json") || !strings.Contains(err.Error(), tc.field) {
 				t.Fatalf("got error %v, want one naming tokenizer.json and %s", err, tc.field)
@@ -365,7 +365,7 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 	})
 	t.Run("malformed special_tokens_map.json", func(t *testing.T) {
 		dir := t.TempDir()
-		copyFile(t, filepath.Join(tokDir, "tokenizer.json"), filepath.Join(dir, "tokenizer.json"))
+		copyTokFile(t, filepath.Join(tokDir, "tokenizer.json"), filepath.Join(dir, "tokenizer.json"))
 		if err := os.WriteFile(filepath.Join(dir, "special_tokens_map.json"), []byte(`{"cls_token": `), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -375,7 +375,7 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 	})
 	t.Run("vocab.txt alone", func(t *testing.T) {
 		dir := t.TempDir()
-		copyFile(t, filepath.Join(tokDir, "vocab.txt"), filepath.Join(dir, "vocab.txt"))
+		copyTokFile(t, filepath.Join(tokDir, "vocab.txt"), filepath.Join(dir, "vocab.txt"))
 		if _, err := LoadTokenizer(dir); !errors.Is(err, ErrNoTokenizer) {
 			t.Fatalf("got %v, want ErrNoTokenizer", err)
 		}
@@ -389,7 +389,7 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 	} {
 		t.Run("config "+tc.field, func(t *testing.T) {
 			dir := t.TempDir()
-			copyFile(t, filepath.Join(tokDir, "vocab.txt"), filepath.Join(dir, "vocab.txt"))
+			copyTokFile(t, filepath.Join(tokDir, "vocab.txt"), filepath.Join(dir, "vocab.txt"))
 			if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(tc.config), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -404,12 +404,12 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 // FuzzEncode: any input gives ids within the vocabulary between [CLS] and [SEP], and
 // truncation is the Hugging Face rule applied to the untruncated ids.
 func FuzzEncode(f *testing.F) {
-	texts, _ := readGolden(f)
+	texts, _ := readTokGolden(f)
 	for _, text := range texts[:60] {
 		f.Add(text, 8)
 	}
 	f.Add("a\xffb [MASK]x", 3)
-	tok := loadTestTokenizer(f, tokDir)
+	tok := loadTokenizerT(f, tokDir)
 	f.Fuzz(func(t *testing.T, text string, maxLen int) {
 		maxLen = maxLen%600 + 1
 		if maxLen < 2 {
@@ -436,7 +436,7 @@ func FuzzEncode(f *testing.F) {
 	})
 }
 
-func copyFile(t testing.TB, from, to string) {
+func copyTokFile(t testing.TB, from, to string) {
 	t.Helper()
 	data, err := os.ReadFile(from)
 	if err != nil {
@@ -447,7 +447,7 @@ func copyFile(t testing.TB, from, to string) {
 	}
 }
 
-func writeJSON(t testing.TB, path string, v any) {
+func writeTokJSON(t testing.TB, path string, v any) {
 	t.Helper()
 	data, err := json.Marshal(v)
 	if err != nil {
@@ -464,8 +464,8 @@ func writeJSON(t testing.TB, path string, v any) {
 // the least any tokenizer does — split the ASCII texts at spaces and look each
 // lower-cased word up once — on the same texts in the same run.
 func BenchmarkEncode(b *testing.B) {
-	texts, g := readGolden(b)
-	tok := loadTestTokenizer(b, tokDir)
+	texts, g := readTokGolden(b)
+	tok := loadTokenizerT(b, tokDir)
 	vocab := map[string]int32{}
 	data, err := os.ReadFile(filepath.Join(tokDir, "vocab.txt"))
 	if err != nil {
@@ -477,7 +477,7 @@ func BenchmarkEncode(b *testing.B) {
 	var ascii, mixed []string
 	for _, text := range texts[:g.SweepFrom] {
 		mixed = append(mixed, text)
-		if isASCII(text) {
+		if isASCIIText(text) {
 			ascii = append(ascii, text)
 		}
 	}
@@ -526,7 +526,7 @@ func BenchmarkEncode(b *testing.B) {
 	})
 }
 
-func isASCII(s string) bool {
+func isASCIIText(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] >= utf8.RuneSelf {
 			return false
@@ -539,15 +539,15 @@ func isASCII(s string) bool {
 // in chunks) give their golden ids one after another, and truncating that text cuts
 // them by the rule. No added token holds a space, so none spans two texts.
 func TestEncodeLongText(t *testing.T) {
-	texts, g := readGolden(t)
-	tok := loadTestTokenizer(t, tokDir)
+	texts, g := readTokGolden(t)
+	tok := loadTokenizerT(t, tokDir)
 	want := []int32{101}
 	for _, c := range g.Cases {
 		want = append(want, c.Rust[1:len(c.Rust)-1]...)
 	}
 	want = append(want, 102)
 	long := strings.Join(texts, " ")
-	if len(long) < 30*chunkSize {
+	if len(long) < 30*normChunk {
 		t.Fatalf("the long text has only %d bytes", len(long))
 	}
 	if got := tok.Encode(long, 0); !slices.Equal(got, want) {
