@@ -82,7 +82,7 @@ func (t *Tokenizer) AppendEncode(dst []int32, text string, maxLen int) []int32 {
 	dst = append(dst, t.prefix...)
 	start := len(dst)
 	if limit != 0 {
-		s := scratchPool.Get().(*scratch)
+		s := tokScratchPool.Get().(*tokScratch)
 		dst = t.appendText(dst, text, start, limit, s)
 		s.release()
 	}
@@ -92,21 +92,21 @@ func (t *Tokenizer) AppendEncode(dst []int32, text string, maxLen int) []int32 {
 	return append(dst, t.suffix...)
 }
 
-// scratch holds the buffers of one Encode call, pooled so that tokenizing
+// tokScratch holds the buffers of one Encode call, pooled so that tokenizing
 // allocates nothing but its result.
-type scratch struct {
+type tokScratch struct {
 	norm, nfd, out []byte
 	nfdIter        norm.Iter
 }
 
-var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+var tokScratchPool = sync.Pool{New: func() any { return new(tokScratch) }}
 
-func (s *scratch) release() {
+func (s *tokScratch) release() {
 	// A huge text should not pin its buffers for the life of the process.
 	if cap(s.norm) > 1<<20 || cap(s.nfd) > 1<<20 || cap(s.out) > 1<<20 {
 		return
 	}
-	scratchPool.Put(s)
+	tokScratchPool.Put(s)
 }
 
 // limitReached reports whether the text's tokens reached the limit, so that the rest of
@@ -115,7 +115,7 @@ func limitReached(dst []int32, start, limit int) bool { return limit >= 0 && len
 
 // appendText splits text at the added tokens matched as written, and tokenizes the
 // pieces between them.
-func (t *Tokenizer) appendText(dst []int32, text string, start, limit int, s *scratch) []int32 {
+func (t *Tokenizer) appendText(dst []int32, text string, start, limit int, s *tokScratch) []int32 {
 	for from := 0; from < len(text); {
 		mStart, mEnd, id, ok := t.raw.next(text, from)
 		if !ok {
@@ -133,7 +133,7 @@ func (t *Tokenizer) appendText(dst []int32, text string, start, limit int, s *sc
 
 // appendPiece normalizes a piece of text without raw added tokens, splits it at
 // the normalized added tokens, and tokenizes what lies between.
-func (t *Tokenizer) appendPiece(dst []int32, piece string, start, limit int, s *scratch) []int32 {
+func (t *Tokenizer) appendPiece(dst []int32, piece string, start, limit int, s *tokScratch) []int32 {
 	if piece == "" || limitReached(dst, start, limit) {
 		return dst
 	}
@@ -174,13 +174,13 @@ func (t *Tokenizer) appendPiece(dst []int32, piece string, start, limit int, s *
 }
 
 // normChunk is about how much of a text is normalized at a time.
-var normChunk = 4096
+const normChunk = 4096
 
 // normalize applies the BertNormalizer to piece, into s's buffers: clean text
 // (drop NUL, U+FFFD and control characters, map whitespace to a space), put spaces
 // around CJK ideographs, strip accents (NFD, then drop nonspacing marks), lower-case.
 // The order is the Rust library's: accents are stripped before lower-casing.
-func (t *Tokenizer) normalize(piece string, s *scratch) []byte {
+func (t *Tokenizer) normalize(piece string, s *tokScratch) []byte {
 	b := s.norm[:0]
 	ascii := true
 	for i := 0; i < len(piece); {
@@ -753,7 +753,7 @@ func parseTokenizerJSON(data []byte, cfg tokenizerConfig) (*Tokenizer, error) {
 		t.vocabSize = max(t.vocabSize, int(id)+1)
 		tok := addedToken{content: a.Content, id: id, singleWord: a.SingleWord}
 		if tokOr(a.Normalized, !a.Special) {
-			var s scratch
+			var s tokScratch
 			tok.content = string(t.normalize(a.Content, &s))
 			normalized = append(normalized, tok)
 		} else {
