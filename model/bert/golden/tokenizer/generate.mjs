@@ -333,5 +333,5 @@ writeFileSync(path.join(tokDir, 'golden.json'), JSON.stringify({
   variant_texts: variantTexts,
   variants: variantOut,
   normalizer_variants: normalizerOut, // on texts[0:len(ids)]
-}) + '\n');
+}).replaceAll('},{"rust"', '},\n{"rust"').replaceAll('],[', '],\n[') + '\n'); // a case a line, for readable diffs
 console.log(`${texts.length} texts (${sweep.length} of them the sweep of ${sweepChars.length} characters; ${differ} where transformers.js and the Rust library differ), ${variants.length} added-token variants, ${normalizerVariants.length} normalizer variants`);
