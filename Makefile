@@ -145,6 +145,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBytes$$' -fuzztime $(FUZZTIME) ./gpu/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadSafetensors$$' -fuzztime $(FUZZTIME) ./gpu/
+	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./model/bert/
 
 ## bench: every admission strategy on one workload and simulated device against the offline bound,
 ## writing bench/results.md, results.json and the plots; then the overhead and memory benchmarks
@@ -219,3 +220,14 @@ queues: build
 clean:
 	-$(EMULATOR) down
 	rm -rf $(BIN) build .run
+
+## golden-tokenizer: regenerate model/bert/testdata/tokenizer/{texts,golden}.json with Hugging Face's
+## tokenizers (transformers.js and the Rust library's Node binding, pinned by the generator's
+## package-lock.json). Not part of make test, which compares against the committed files.
+# --ignore-scripts: onnxruntime-node (a dependency of transformers.js) would download
+# CUDA parts from the internet; the tokenizers need no ONNX Runtime.
+TOKENIZER_GOLDEN := model/bert/golden/tokenizer
+.PHONY: golden-tokenizer
+golden-tokenizer:
+	cd $(TOKENIZER_GOLDEN) && npm ci --ignore-scripts --no-audit --no-fund
+	cd $(TOKENIZER_GOLDEN) && node generate.mjs

@@ -5,6 +5,9 @@ go 1.26.0
 // npm installs the local SQS emulator here; keep ./... patterns out of it.
 ignore ./localstack/node_modules
 
+// npm installs the tokenizer golden generator's packages here (make golden-tokenizer).
+ignore ./model/bert/golden/tokenizer/node_modules
+
 require (
 	github.com/NVIDIA/go-nvml v0.13.0-1
 	github.com/aws/aws-lambda-go v1.55.1
@@ -23,6 +26,7 @@ require (
 	github.com/zclconf/go-cty v1.19.0
 	golang.org/x/sync v0.24.0
 	golang.org/x/term v0.44.0
+	golang.org/x/text v0.42.0
 	golang.org/x/time v0.12.0
 	gonum.org/v1/plot v0.15.2
 	gorgonia.org/cu v0.9.6
@@ -66,7 +70,6 @@ require (
 	golang.org/x/image v0.24.0 // indirect
 	golang.org/x/mod v0.41.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/tools v0.49.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
