@@ -47,7 +47,15 @@ our_pid() {
 	pid="$(<"$pid_file")"
 	[[ "$pid" =~ ^[0-9]+$ ]] || return 1
 	kill -0 "$pid" 2>/dev/null || return 1
-	ps -p "$pid" -o args= 2>/dev/null | grep -q 'fauxqs/dist/cli.js' || return 1
+	# /proc first: a minimal Debian has no ps (procps), and without this check
+	# `down` took our server for a stranger's and left it running.
+	local args
+	if [[ -r /proc/$pid/cmdline ]]; then
+		args=$(tr '\0' ' ' <"/proc/$pid/cmdline")
+	else
+		args=$(ps -p "$pid" -o args= 2>/dev/null) || return 1
+	fi
+	[[ "$args" == *fauxqs/dist/cli.js* ]] || return 1
 	echo "$pid"
 }
 
