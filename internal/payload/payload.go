@@ -112,6 +112,19 @@ func (s *Store) Read(ctx context.Context, key string) ([]byte, error) {
 	return s.read(ctx, s.bucket, key, maxRead)
 }
 
+// ErrTooLarge means an object is larger than its reader's limit.
+var ErrTooLarge = errors.New("payload: object over the read limit")
+
+// ReadLimit is Read of an object of at most limit bytes: a larger one is
+// ErrTooLarge (wrapped), having read no more than limit+1 bytes of it.
+func (s *Store) ReadLimit(ctx context.Context, key string, limit int64) ([]byte, error) {
+	b, err := s.read(ctx, s.bucket, key, limit+1)
+	if err == nil && int64(len(b)) > limit {
+		return nil, fmt.Errorf("%w: s3://%s/%s is over %d bytes", ErrTooLarge, s.bucket, key, limit)
+	}
+	return b, err
+}
+
 func (s *Store) read(ctx context.Context, bucket, key string, limit int64) ([]byte, error) {
 	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key})
 	if err != nil {
