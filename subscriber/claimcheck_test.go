@@ -394,9 +394,14 @@ func TestChunkOf(t *testing.T) {
 		want job.Key
 		ok   bool
 	}{
-		{"attributes", Message{Attributes: job.Attributes(job.Key{JobID: "a", Chunk: 2}), Body: "junk"}, job.Key{JobID: "a", Chunk: 2}, true},
+		// Identity comes from the body only (issue 14, item 2): attributes
+		// that name another job are ignored, and without a body naming one
+		// there is no chunk.
+		{"attributes only", Message{Attributes: job.Attributes(job.Key{JobID: "a", Chunk: 2}), Body: "junk"}, job.Key{}, false},
 		{"body", Message{Body: `{"v":9,"job_id":"b","chunk":4,"extra":1}`}, job.Key{JobID: "b", Chunk: 4}, true},
-		{"bad chunk attribute, body", Message{Attributes: map[string]string{job.AttrJobID: "c", job.AttrChunk: "x"}, Body: `{"job_id":"c","chunk":0}`}, job.Key{JobID: "c"}, true},
+		{"attributes of another job", Message{Attributes: job.Attributes(job.Key{JobID: "victim", Chunk: 0}), Body: `{"job_id":"c","chunk":0}`}, job.Key{JobID: "c"}, true},
+		{"job id outside the grammar", Message{Body: `{"job_id":"../x","chunk":0}`}, job.Key{}, false},
+		{"long job id", Message{Body: `{"job_id":"` + strings.Repeat("a", 65) + `","chunk":0}`}, job.Key{}, false},
 		{"no chunk", Message{Body: `{"job_id":"d"}`}, job.Key{}, false},
 		{"negative chunk", Message{Body: `{"job_id":"d","chunk":-1}`}, job.Key{}, false},
 		{"not json", Message{Body: `not json`}, job.Key{}, false},

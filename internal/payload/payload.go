@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -162,6 +163,18 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 // Keys of the bucket layout (see the package doc).
 func ItemKey(jobID string, item int) string {
 	return "payloads/" + jobID + "/" + strconv.Itoa(item) + ".json"
+}
+
+// IsItemKey reports whether key is one ItemKey gives for jobID: where the
+// publisher puts a claim-checked item of that job, and nowhere else.
+func IsItemKey(jobID, key string) bool {
+	n, ok := strings.CutPrefix(key, "payloads/"+jobID+"/")
+	if !ok {
+		return false
+	}
+	n, ok = strings.CutSuffix(n, ".json")
+	i, err := strconv.Atoi(n)
+	return ok && err == nil && i >= 0 && strconv.Itoa(i) == n
 }
 func ManifestKey(jobID string) string        { return "jobs/" + jobID + ".json" }
 func IdempotencyKey(sha256hex string) string { return "idempotency/" + sha256hex + ".json" }
