@@ -155,27 +155,27 @@ const AttrBodyTruncated = "vramq-body-truncated"
 // queue. When the DLQ cannot be reached the message is released for a later
 // try; the queue's own redrive policy is the last resort.
 //
-// The copy always carries its reason: the reason is made safe for an SQS
-// attribute and cut to maxReasonLen first, then the original's attributes
-// are added while they fit, and a body that does not fit with them is cut
-// to what does (AttrBodyTruncated). A copy SQS refuses for good all the same
-// is sent again with its body escaped like the reason, and cut.
+// The copy always carries its reason, made safe for an attribute and cut to
+// maxReasonLen. It goes whole when the DLQ takes it (the original body, and
+// the original's attributes up to SQS's ten); a copy the DLQ refuses for good
+// (too long with the reason, say) goes again cut to MaxMessageBytes: the
+// original's attributes while they fit, the body cut to what does, with its
+// size in AttrBodyTruncated; and, refused again, with its body escaped like
+// the reason and only vramq's attributes.
 func (s *Subscriber) deadLetter(l *lease, kind, reason string) {
 	reason = truncateUTF8(job.AttributeSafe(kind+": "+reason), maxReasonLen)
-	msg := s.deadLetterCopy(l, reason, false)
 	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 	defer cancel()
-	errs, err := s.dlq.Send(ctx, []Outgoing{msg})
-	if err == nil {
-		err = errs[0]
-	}
-	if permanent(err) {
-		s.log.Warn("the DLQ refuses the copy; sending it again with its body escaped", "message_id", l.msg.ID, "reason", kind, "err", err)
-		msg = s.deadLetterCopy(l, reason, true)
-		errs, err = s.dlq.Send(ctx, []Outgoing{msg})
-		if err == nil {
+	var err error
+	for try := range 3 {
+		errs, e := s.dlq.Send(ctx, []Outgoing{s.deadLetterCopy(l, reason, try)})
+		if err = e; err == nil {
 			err = errs[0]
 		}
+		if !permanent(err) {
+			break
+		}
+		s.log.Warn("the DLQ refuses the copy; sending it again cut to fit", "message_id", l.msg.ID, "reason", kind, "try", try+1, "err", err)
 	}
 	if err != nil {
 		delay := s.retryDelay(l.msg.ReceiveCount)
@@ -196,29 +196,35 @@ func (s *Subscriber) deadLetter(l *lease, kind, reason string) {
 	s.keeper.finish(l, false, 0)
 }
 
-// deadLetterCopy is the DLQ copy of l's message with reason, within
-// MaxMessageBytes. escape writes the body as AttributeSafe does, for a copy
-// SQS refused as it was.
-func (s *Subscriber) deadLetterCopy(l *lease, reason string, escape bool) Outgoing {
+// deadLetterCopy is the DLQ copy of l's message with reason: whole on try 0,
+// cut to MaxMessageBytes on try 1, cut and escaped with only vramq's
+// attributes on try 2.
+func (s *Subscriber) deadLetterCopy(l *lease, reason string, try int) Outgoing {
 	// SQS allows ten attributes a message: ours first, then the original's,
-	// in name order, while they fit (one is kept for AttrBodyTruncated).
+	// in name order (one is kept for AttrBodyTruncated when cutting).
 	attrs := map[string]string{job.AttrReason: reason, job.AttrSource: job.AttributeSafe(l.msg.ID)}
 	const truncatedReserve = len(AttrBodyTruncated) + len(job.AttrDataType) + 20
 	limit := s.cfg.MaxMessageBytes - truncatedReserve
-	if !escape {
+	if try < 2 {
 		for _, k := range slices.Sorted(maps.Keys(l.msg.Attributes)) {
 			if len(attrs) == 9 {
 				break
 			}
 			v := l.msg.Attributes[k]
-			if _, ours := attrs[k]; ours || k == AttrBodyTruncated || job.MessageSize("", attrs)+len(k)+len(job.AttrDataType)+len(v) > limit/2 {
+			if _, ours := attrs[k]; ours || k == AttrBodyTruncated {
+				continue
+			}
+			if try == 1 && job.MessageSize("", attrs)+len(k)+len(job.AttrDataType)+len(v) > limit/2 {
 				continue
 			}
 			attrs[k] = v
 		}
 	}
 	body := l.msg.Body
-	if escape {
+	if try == 0 {
+		return Outgoing{Body: body, Attributes: attrs}
+	}
+	if try == 2 {
 		body = job.AttributeSafe(body)
 	}
 	if room := limit - job.MessageSize("", attrs); len(body) > room {
