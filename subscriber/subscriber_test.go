@@ -117,8 +117,8 @@ func (m *testModel) Run(ctx context.Context, items []job.Item) ([]job.Output, er
 			return nil, fmt.Errorf("item %s: %w", it.ID, gpu.ErrInvalidInput)
 		}
 		if s.panics {
-			var m map[string]int
-			m[it.ID]++ // a real runtime error, as a model's bug would raise
+			var seen []string
+			_ = seen[len(it.ID)] // a real runtime error, as a model's bug would raise
 		}
 	}
 	if delay > 0 {

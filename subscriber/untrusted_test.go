@@ -264,7 +264,7 @@ func TestModelPanicsAreInvalidInput(t *testing.T) {
 		h.shutdown()
 		reasons := h.reasons()
 		for key, want := range map[string]string{
-			"panics/0": "invalid_input: gpu: invalid input: model test-model panicked in Run: assignment to entry in nil map",
+			"panics/0": "invalid_input: gpu: invalid input: model test-model panicked in Run: runtime error: index out of range [2] with length 0",
 			"costs/0":  "invalid_input: gpu: invalid input: model test-model panicked in Cost: test model: cost of i0",
 		} {
 			if reasons[key] != want {
