@@ -101,15 +101,14 @@ func (s *Subscriber) claim(ctx context.Context, l *lease, w *job.Work) {
 	fctx, cancel := context.WithDeadline(ctx, l.received.Add(s.cfg.AdmitTimeout))
 	defer cancel()
 	err := s.fetchItems(fctx, w)
+	var refused *claimRefused
 	switch {
 	case ctx.Err() != nil:
 		s.startTasks(1)
 		s.keeper.finish(l, true, 0)
 	case err == nil:
 		s.enqueue(l, w)
-	case errors.As(err, new(*claimRefused)):
-		var refused *claimRefused
-		errors.As(err, &refused)
+	case errors.As(err, &refused):
 		s.log.Warn("claim-checked item refused", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk, "err", refused.err)
 		s.startTasks(1)
 		s.deadLetterAsync(l, "claim_check", refused.Error())
