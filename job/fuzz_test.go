@@ -14,10 +14,12 @@ import (
 // FuzzDecodeWork feeds arbitrary bodies to the work message decoder. The seed
 // corpus is in testdata/fuzz/FuzzDecodeWork; go test runs it. Invariants:
 //   - a refusal wraps ErrMalformed (it goes to the dead-letter queue);
-//   - an accepted message passes Validate, has at least one item, unique
-//     non-empty item ids, and every item with a Ref has no inline content
-//     and a valid Ref;
-//   - it survives json.Marshal and DecodeWork again unchanged.
+//   - an accepted message passes Validate, has a job id of the grammar
+//     (restated here as a regexp), at most MaxItems items, unique non-empty
+//     item ids without control characters, and every item has either inline
+//     content or a valid Ref, never both;
+//   - it survives json.Marshal (plain, and escaped by EncodeForSQS, which
+//     leaves nothing SQS refuses) and DecodeWork again unchanged.
 func FuzzDecodeWork(f *testing.F) {
 	f.Add([]byte(`{"v":1,"job_id":"j","chunk":0,"items":[{"id":"a","text":"hello"}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -37,6 +39,9 @@ func FuzzDecodeWork(f *testing.F) {
 		if err := w.Validate(); err != nil {
 			t.Fatalf("accepted message fails Validate: %v", err)
 		}
+		if !jobIDGrammar.MatchString(w.JobID) || len(w.Items) > MaxItems {
+			t.Fatalf("accepted job id %q with %d items", w.JobID, len(w.Items))
+		}
 		if w.V != Version || w.JobID == "" || w.Chunk < 0 || (w.Chunks != 0 && w.Chunk >= w.Chunks) || len(w.Items) == 0 {
 			t.Fatalf("accepted header v=%d job_id=%q chunk=%d chunks=%d items=%d", w.V, w.JobID, w.Chunk, w.Chunks, len(w.Items))
 		}
@@ -46,6 +51,12 @@ func FuzzDecodeWork(f *testing.F) {
 				t.Fatalf("item %d: accepted id %q (empty or duplicate)", i, it.ID)
 			}
 			seen[it.ID] = true
+			if len(it.ID) > MaxItemIDBytes || controlChar.MatchString(it.ID) {
+				t.Fatalf("item %d: accepted id %q", i, it.ID)
+			}
+			if it.Ref == nil && it.Text == "" && len(it.Data) == 0 {
+				t.Fatalf("item %q: accepted without content", it.ID)
+			}
 			if it.Ref != nil {
 				if it.Text != "" || len(it.Data) > 0 {
 					t.Fatalf("item %q: accepted a ref with inline content", it.ID)
@@ -59,7 +70,11 @@ func FuzzDecodeWork(f *testing.F) {
 		if err != nil {
 			t.Fatalf("marshal accepted message: %v", err)
 		}
-		again, err := DecodeWork(enc)
+		esc := EncodeForSQS(enc)
+		if bad := sqsRefused.Find(esc); bad != nil {
+			t.Fatalf("EncodeForSQS left %q in %s", bad, esc)
+		}
+		again, err := DecodeWork(esc)
 		if err != nil {
 			t.Fatalf("re-encoded message refused: %v\n%s", err, enc)
 		}
@@ -70,7 +85,14 @@ func FuzzDecodeWork(f *testing.F) {
 	})
 }
 
-var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
+var (
+	sha256Hex    = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	jobIDGrammar = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	controlChar  = regexp.MustCompile(`\p{Cc}`)
+	// sqsRefused is what SQS (or the fauxqs emulator, above U+FFFF) refuses
+	// in a body, per the SendMessage documentation's character list.
+	sqsRefused = regexp.MustCompile(`[^\x{9}\x{A}\x{D}\x{20}-\x{D7FF}\x{E000}-\x{FFFD}]`)
+)
 
 // validRef is PayloadRef.Validate's rule, restated independently.
 func validRef(r *PayloadRef) bool {

@@ -125,35 +125,51 @@ func DecodeWork(body []byte) (*Work, error) {
 	return &w, nil
 }
 
-// Validate reports the first thing that makes w unprocessable.
+// MaxItems is the most items one work message may hold, whoever sent it:
+// the publisher never cuts a larger chunk (its -max-chunk-items is bounded
+// by it), and a subscriber dead-letters a message with more, since anyone
+// who can send to the queue could pack ~40,000 items into 1 MiB and ask for
+// a result a hundred times larger.
+const MaxItems = 1000
+
+// MaxResultBytes bounds the encoded result of one chunk: a subscriber
+// dead-letters a chunk whose result is larger rather than store it, and the
+// publisher reads no more than this of a stored result.
+const MaxResultBytes = 64 << 20
+
+// Validate reports the first thing that makes w unprocessable. Every error
+// wraps ErrMalformed and quotes nothing but item ids (with QuoteID).
 func (w *Work) Validate() error {
 	switch {
 	case w.V != Version:
 		return fmt.Errorf("%w: schema version %d, want %d", ErrMalformed, w.V, Version)
 	case w.JobID == "":
 		return fmt.Errorf("%w: empty job_id", ErrMalformed)
+	}
+	if err := CheckJobID(w.JobID); err != nil {
+		return fmt.Errorf("%w: job_id: %w", ErrMalformed, err)
+	}
+	switch {
 	case w.Chunk < 0:
 		return fmt.Errorf("%w: negative chunk %d", ErrMalformed, w.Chunk)
 	case w.Chunks != 0 && w.Chunk >= w.Chunks:
 		return fmt.Errorf("%w: chunk %d of %d", ErrMalformed, w.Chunk, w.Chunks)
 	case len(w.Items) == 0:
 		return fmt.Errorf("%w: no items", ErrMalformed)
+	case len(w.Items) > MaxItems:
+		return fmt.Errorf("%w: %d items; at most %d in one message", ErrMalformed, len(w.Items), MaxItems)
 	}
 	seen := make(map[string]struct{}, len(w.Items))
-	for i, it := range w.Items {
+	for i := range w.Items {
+		it := &w.Items[i]
 		if it.ID == "" {
 			return fmt.Errorf("%w: item %d has an empty id", ErrMalformed, i)
 		}
-		if _, dup := seen[it.ID]; dup {
-			return fmt.Errorf("%w: duplicate item id %q", ErrMalformed, it.ID)
+		if err := it.Check(); err != nil {
+			return fmt.Errorf("item %d: %w", i, err)
 		}
-		if it.Ref != nil {
-			if it.Text != "" || len(it.Data) > 0 {
-				return fmt.Errorf("%w: item %q has both a payload reference and inline content", ErrMalformed, it.ID)
-			}
-			if err := it.Ref.Validate(); err != nil {
-				return fmt.Errorf("item %q: %w", it.ID, err)
-			}
+		if _, dup := seen[it.ID]; dup {
+			return fmt.Errorf("%w: duplicate item id %s", ErrMalformed, QuoteID(it.ID))
 		}
 		seen[it.ID] = struct{}{}
 	}

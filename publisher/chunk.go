@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"unicode/utf16"
-	"unicode/utf8"
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
@@ -143,10 +141,8 @@ func envelopePrefix(jobID string, chunk, chunks int) string {
 const envelopeSuffix = `]}`
 
 // encodeJSON is json.Marshal without HTML escaping (it only costs bytes),
-// and with every character SQS may refuse written as a JSON escape: U+FFFE
-// and U+FFFF are outside the characters SQS accepts, and some SQS
-// implementations (the fauxqs emulator among them) refuse everything above
-// U+FFFF. The escapes decode to the same string.
+// and with every character SQS may refuse written as a JSON escape
+// (job.EncodeForSQS, which the subscriber's results go through too).
 func encodeJSON(v any) []byte {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -156,7 +152,7 @@ func encodeJSON(v any) []byte {
 		panic(fmt.Sprintf("publisher: encoding %T: %v", v, err))
 	}
 	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
-	return escapeForSQS(b)
+	return job.EncodeForSQS(b)
 }
 
 // itemEncoder is encodeJSON for a job's items, one after another, with one
@@ -181,49 +177,8 @@ func (e *itemEncoder) encode(it *job.Item) []byte {
 		panic(fmt.Sprintf("publisher: encoding item %q: %v", it.ID, err))
 	}
 	b := bytes.TrimSuffix(e.buf.Bytes(), []byte("\n"))
-	if firstAboveFFFD(b) < 0 {
+	if !job.NeedsSQSEscape(b) {
 		return bytes.Clone(b)
 	}
-	return escapeForSQS(b) // a new slice
-}
-
-func escapeForSQS(b []byte) []byte {
-	i := firstAboveFFFD(b)
-	if i < 0 {
-		return b
-	}
-	out := make([]byte, 0, len(b)+64)
-	out = append(out, b[:i]...)
-	for rest := b[i:]; len(rest) > 0; {
-		r, n := utf8.DecodeRune(rest)
-		switch {
-		case r == 0xFFFE || r == 0xFFFF:
-			out = fmt.Appendf(out, `\u%04x`, r)
-		case r > 0xFFFF:
-			hi, lo := utf16.EncodeRune(r)
-			out = fmt.Appendf(out, `\u%04x\u%04x`, hi, lo)
-		default:
-			out = append(out, rest[:n]...)
-		}
-		rest = rest[n:]
-	}
-	return out
-}
-
-// firstAboveFFFD is the index of the first rune of UTF-8 b at or above
-// U+FFFE, or -1. It looks at bytes, not runes: such a rune starts with 0xF0
-// or above (four bytes, beyond U+FFFF) or is EF BF BE / EF BF BF, and neither
-// lead byte can be a continuation byte. Decoding every rune cost a third of
-// planning a chunk of mostly ASCII JSON.
-func firstAboveFFFD(b []byte) int {
-	for i := 0; i < len(b); i++ {
-		switch c := b[i]; {
-		case c < 0xEF:
-		case c >= 0xF0:
-			return i
-		case i+2 < len(b) && b[i+1] == 0xBF && b[i+2] >= 0xBE:
-			return i
-		}
-	}
-	return -1
+	return job.EncodeForSQS(b) // a new slice
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -174,23 +173,5 @@ func TestEncodeJSONEscapesWhatSQSRefuses(t *testing.T) {
 	var out job.Item
 	if err := json.Unmarshal(b, &out); err != nil || out.ID != in.ID || out.Text != in.Text {
 		t.Errorf("round trip: %+v, %v", out, err)
-	}
-}
-
-// firstAboveFFFD, which scans bytes, finds the same rune as decoding every
-// rune would, on text mixing every UTF-8 length around the boundaries.
-func TestFirstAboveFFFDMatchesRuneScan(t *testing.T) {
-	pieces := []string{"a", "é", "\u07ff", "\u0800", "\ufeff", "\ufffd", "\ufffe", "\uffff", "\U00010000", "😀", "\U0010ffff", `\"`, " "}
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 5000 {
-		var b strings.Builder
-		for range rng.IntN(12) {
-			b.WriteString(pieces[rng.IntN(len(pieces))])
-		}
-		s := []byte(b.String())
-		want := bytes.IndexFunc(s, func(r rune) bool { return r >= 0xFFFE })
-		if got := firstAboveFFFD(s); got != want {
-			t.Fatalf("%q: firstAboveFFFD %d, rune scan %d", s, got, want)
-		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
 )
 
 // SQS's bounds on a message: 1 MiB since August 2025 (billed per 64 KiB); a
@@ -179,6 +180,9 @@ func (c *Config) Validate() error {
 		bad("ChunkItems", "chunk items %d: want at least 1", c.ChunkItems)
 	} else if c.MaxChunkItems < c.ChunkItems {
 		bad("MaxChunkItems", "max chunk items %d: want at least chunk items (%d)", c.MaxChunkItems, c.ChunkItems)
+	} else if c.MaxChunkItems > job.MaxItems {
+		// Subscribers dead-letter a larger message, whoever sent it.
+		bad("MaxChunkItems", "max chunk items %d: want at most %d (job.MaxItems)", c.MaxChunkItems, job.MaxItems)
 	}
 	for i, k := range c.APIKeys {
 		if k == "" {

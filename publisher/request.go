@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+
+	"github.com/vramq/vramq/job"
 )
 
 // JobRequest is the body of POST /v1/jobs.
@@ -32,9 +34,13 @@ type JobOptions struct {
 	ChunkItems int `json:"chunk_items,omitempty"`
 }
 
-// MaxItemIDBytes bounds an item id. Ids travel in every work and result
-// message and in S3 keys' neighbours, so they are kept short.
-const MaxItemIDBytes = 256
+// MaxItemIDBytes bounds an item id: the grammar's bound (job.CheckItemID),
+// which the subscriber checks too.
+const MaxItemIDBytes = job.MaxItemIDBytes
+
+// CodeInvalidItemID (422) answers an item id outside the grammar
+// (job.CheckItemID) other than by its length: a control character.
+const CodeInvalidItemID = "invalid_item_id"
 
 // RequestLimits are the bounds DecodeJobRequest checks.
 type RequestLimits struct {
@@ -100,12 +106,18 @@ func (r *JobRequest) validate(lim RequestLimits) *APIError {
 	}
 	seen := make(map[string]struct{}, len(r.Items))
 	for i, it := range r.Items {
-		switch {
-		case it.ID == "":
+		// The rule the subscriber applies to every message (job.Item.Check),
+		// so nothing accepted here is dead-lettered there.
+		ji := job.Item{ID: it.ID, Text: it.Text, Data: it.Data}
+		switch err := ji.Check(); {
+		case err == nil:
+		case errors.Is(err, job.ErrEmptyID):
 			return apiErr(http.StatusUnprocessableEntity, CodeMissingItemID, "item %d has no id", i)
-		case len(it.ID) > MaxItemIDBytes:
+		case errors.Is(err, job.ErrIDTooLong):
 			return apiErr(http.StatusUnprocessableEntity, CodeItemIDTooLong, "item %d has an id of %d bytes; at most %d are accepted", i, len(it.ID), MaxItemIDBytes)
-		case it.Text == "" && len(it.Data) == 0:
+		case errors.Is(err, job.ErrIDChars):
+			return apiErr(http.StatusUnprocessableEntity, CodeInvalidItemID, "item %d has an id with a control character", i)
+		default:
 			return itemErr(http.StatusUnprocessableEntity, CodeEmptyItem, it.ID, "item %q has neither text nor data", it.ID)
 		}
 		if _, dup := seen[it.ID]; dup {

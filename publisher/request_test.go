@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/vramq/vramq/job"
 )
 
 var testLimits = RequestLimits{MaxItems: 5, MaxChunkItems: 100}
@@ -38,6 +40,9 @@ func TestDecodeJobRequest(t *testing.T) {
 		{"long id", `{"items":[{"id":"` + long + `","text":"x"}]}`, 422, CodeItemIDTooLong, ""},
 		{"empty item", `{"items":[{"id":"a"}]}`, 422, CodeEmptyItem, "a"},
 		{"empty data", `{"items":[{"id":"a","data":""}]}`, 422, CodeEmptyItem, "a"},
+		// The subscriber's rule (job.CheckItemID): nothing accepted here is
+		// dead-lettered there (issue 14, item 2).
+		{"control character in id", `{"items":[{"id":"a\u0007b","text":"x"}]}`, 422, CodeInvalidItemID, ""},
 		{"duplicate", `{"items":[{"id":"a","text":"x"},{"id":"a","text":"y"}]}`, 422, CodeDuplicateItemID, "a"},
 		{"chunk_items negative", `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":-1}}`, 422, CodeInvalidOptions, ""},
 		{"chunk_items over cap", `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":101}}`, 422, CodeInvalidOptions, ""},
@@ -101,5 +106,35 @@ func TestIdempotencyKeyValid(t *testing.T) {
 		if validIdempotencyKey(k) != ok {
 			t.Errorf("%q: want valid=%v", k, ok)
 		}
+	}
+}
+
+// The ids the publisher mints are of the grammar the subscriber checks, and
+// so is every id GET /v1/jobs/{id} accepts (issue 14, item 2).
+func TestJobIDsAreOfTheGrammar(t *testing.T) {
+	for range 100 {
+		if id := newJobID(); !validJobID(id) || !job.ValidJobID(id) {
+			t.Fatalf("minted %q: publisher's check %v, grammar %v", id, validJobID(id), job.ValidJobID(id))
+		}
+	}
+	for _, id := range []string{"../" + strings.Repeat("0", 29), strings.Repeat("0", 31) + "\x00", strings.Repeat("0", 33), "j"} {
+		if validJobID(id) && !job.ValidJobID(id) {
+			t.Errorf("GET accepts %q, outside the grammar", id)
+		}
+	}
+}
+
+// A publisher cannot be configured to cut chunks the subscribers refuse
+// (job.MaxItems, issue 14, item 4).
+func TestMaxChunkItemsBoundedBySubscribers(t *testing.T) {
+	c := Config{MaxChunkItems: job.MaxItems + 1}
+	c.setDefaults()
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "want at most 1000") {
+		t.Errorf("Validate with MaxChunkItems %d = %v; want a refusal", c.MaxChunkItems, err)
+	}
+	c = Config{MaxChunkItems: job.MaxItems}
+	c.setDefaults()
+	if err := c.Validate(); err != nil && strings.Contains(err.Error(), "max chunk items") {
+		t.Errorf("Validate with MaxChunkItems %d = %v", c.MaxChunkItems, err)
 	}
 }

@@ -249,29 +249,27 @@ func (p *Publisher) chunksUnder(ctx context.Context, prefix string, chunks int) 
 	return set, nil
 }
 
-// readResult reads results/{job}/{chunk}.json, following its claim-check
-// reference (verified) when the result was too large to keep inline.
+// readResult reads results/{job}/{chunk}.json, at most job.MaxResultBytes
+// of it. The subscriber stores the whole result at that key, never a
+// reference (a result message may refer to the object; the object does not
+// refer on), so a stored result with a reference is refused, not followed:
+// following it would let whoever wrote it make this API serve, or read into
+// memory, any object the publisher's role can read.
 func (p *Publisher) readResult(ctx context.Context, jobID string, chunk int) (*job.Result, error) {
-	raw, err := p.store.Read(ctx, payload.ResultKey(jobID, chunk))
+	key := payload.ResultKey(jobID, chunk)
+	raw, err := p.store.ReadLimit(ctx, key, job.MaxResultBytes)
 	if err != nil {
 		return nil, err
 	}
 	var res job.Result
 	if err := json.Unmarshal(raw, &res); err != nil {
-		return nil, fmt.Errorf("result %s: %w", payload.ResultKey(jobID, chunk), err)
+		return nil, fmt.Errorf("result %s: %w", key, err)
 	}
-	if ref := res.Ref; ref != nil {
-		raw, err := p.store.Get(ctx, *ref)
-		if err != nil {
-			return nil, err
-		}
-		res = job.Result{}
-		if err := json.Unmarshal(raw, &res); err != nil {
-			return nil, fmt.Errorf("result %s: %w", ref.Key, err)
-		}
-	}
-	if res.JobID != jobID || res.Chunk != chunk {
-		return nil, fmt.Errorf("result %s is for job %q chunk %d", payload.ResultKey(jobID, chunk), res.JobID, res.Chunk)
+	switch {
+	case res.Ref != nil:
+		return nil, fmt.Errorf("result %s refers to another object instead of holding the result", key)
+	case res.JobID != jobID || res.Chunk != chunk:
+		return nil, fmt.Errorf("result %s is for another chunk", key)
 	}
 	return &res, nil
 }

@@ -3,6 +3,7 @@ package publisher_test
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -84,9 +85,7 @@ func TestJobStatus(t *testing.T) {
 	}
 	e.putJSON(payload.ResultKey(a.JobID, 0), result(0))
 	e.putJSON(payload.ResultKey(a.JobID, 1), result(1))
-	// Chunk 3's result is too large for its object: the object refers on.
-	ref := e.putJSON("results-large/"+a.JobID+"/3.json", result(3))
-	e.putJSON(payload.ResultKey(a.JobID, 3), job.Result{V: 1, JobID: a.JobID, Chunk: 3, Ref: &ref})
+	e.putJSON(payload.ResultKey(a.JobID, 3), result(3))
 	e.putJSON(payload.FailedKey(a.JobID, 2), map[string]any{"v": 1, "job_id": a.JobID, "chunk": 2, "reason": "out_of_memory: alone"})
 	e.putJSON(payload.ResultPrefix(a.JobID)+"stray.txt", "ignored")
 
@@ -129,5 +128,28 @@ func TestJobStatus(t *testing.T) {
 	st = s.status(t, a.JobID, "?page_size=100")
 	if st.Status != publisher.StatusComplete || st.ChunksDone != 4 || st.ChunksFailed != 0 || len(st.Failed) != 0 || len(st.Results) != 4 || st.NextPageToken != "" {
 		t.Errorf("complete: %+v", st)
+	}
+}
+
+// A stored result that refers to another object instead of holding the
+// result is refused, not followed (issue 14, item 9): the subscriber never
+// writes one, and following it would serve whatever object the reference
+// names, in this bucket or another, of any size.
+func TestJobStatusRefusesStoredReference(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{})
+	a := s.mustPost(jobBody(t, manyItems("r", 2, 3), 0), nil)
+	e.drain(a.Chunks)
+	// Someone else's object, shaped as this chunk's result so that only
+	// the reference itself can give it away.
+	elsewhere := job.Result{V: 1, JobID: a.JobID, Chunk: 0, Model: "m", Outputs: []job.Output{{ID: "secret", Embedding: []float32{1}}}}
+	for _, key := range []string{"jobs/elsewhere.json", payload.ResultKey(a.JobID, 0)} {
+		ref := e.putJSON(key, elsewhere)
+		e.putJSON(payload.ResultKey(a.JobID, 0), job.Result{V: 1, JobID: a.JobID, Chunk: 0, Ref: &ref})
+		r := s.do("GET", "/v1/jobs/"+a.JobID, nil, nil)
+		if r.status != 503 || strings.Contains(string(r.body), "secret") {
+			t.Errorf("a stored result referring to %s: %d %s; want 503 without its content", key, r.status, r.body)
+		}
 	}
 }

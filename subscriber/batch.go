@@ -75,7 +75,7 @@ func (s *Subscriber) launchAhead(ctx context.Context, t *task) *launched {
 	items := t.work.Items
 	s.runners.Go(func() {
 		defer close(a.done)
-		a.l, a.err = s.launcher.Launch(ctx, items)
+		a.l, a.err = s.modelLaunch(ctx, items)
 	})
 	return a
 }

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -50,6 +49,38 @@ const maxResultWrites = 8
 // no retry will change that.
 var errBadObject = errors.New("object is not the referenced item")
 
+// errBadRef marks a reference that names something other than this item's
+// object in the payload bucket.
+var errBadRef = errors.New("reference outside this job's payloads")
+
+// maxClaimBytes bounds the object a reference may name. The publisher
+// claim-checks items of a request body, which it bounds at 32 MiB by
+// default; a reference is read up to its size, and anyone who can send to
+// the queue writes the size.
+const maxClaimBytes = 64 << 20
+
+// A claimRefused is a claim-checked item that can never be fetched as it is
+// referenced. Its Error is the dead letter's reason, and it is the same
+// whether the object is missing, of another size or SHA-256, or not the
+// item: the reason is stored in the chunk's failed marker and served by the
+// publisher's GET, and must tell whoever sent the message nothing about an
+// object they did not already know (not that it exists, nor its size, hash
+// or content). What happened is in err, for the log and the metrics.
+type claimRefused struct {
+	id  string
+	why string
+	err error
+}
+
+func (e *claimRefused) Error() string { return "item " + job.QuoteID(e.id) + ": " + e.why }
+func (e *claimRefused) Unwrap() error { return e.err }
+
+const (
+	whyNoMatch = "no object in the payload bucket matches the reference"
+	whyBadRef  = "the reference does not name this item's object in the payload bucket"
+	whyTooBig  = "the reference names an object larger than a claim-checked item can be"
+)
+
 func hasRefs(w *job.Work) bool {
 	for _, it := range w.Items {
 		if it.Ref != nil {
@@ -70,15 +101,17 @@ func (s *Subscriber) claim(ctx context.Context, l *lease, w *job.Work) {
 	fctx, cancel := context.WithDeadline(ctx, l.received.Add(s.cfg.AdmitTimeout))
 	defer cancel()
 	err := s.fetchItems(fctx, w)
+	var refused *claimRefused
 	switch {
 	case ctx.Err() != nil:
 		s.startTasks(1)
 		s.keeper.finish(l, true, 0)
 	case err == nil:
 		s.enqueue(l, w)
-	case errors.Is(err, payload.ErrMissing), errors.Is(err, payload.ErrCorrupt), errors.Is(err, errBadObject), errors.Is(err, job.ErrMalformed):
+	case errors.As(err, &refused):
+		s.log.Warn("claim-checked item refused", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk, "err", refused.err)
 		s.startTasks(1)
-		s.deadLetterAsync(l, "claim_check", err.Error())
+		s.deadLetterAsync(l, "claim_check", refused.Error())
 	default:
 		delay := s.retryDelay(l.msg.ReceiveCount)
 		s.log.Warn("fetching a claim-checked item failed; message released for a retry", "message_id", l.msg.ID,
@@ -103,10 +136,13 @@ func (s *Subscriber) fetchItems(ctx context.Context, w *job.Work) error {
 				return fmt.Errorf("item %q: waiting to fetch s3://%s/%s: %w", id, ref.Bucket, ref.Key, err)
 			}
 			defer s.fetchSlots.Release(1)
-			it, err := s.fetchItem(ctx, id, *ref)
+			it, err := s.fetchItem(ctx, w.JobID, id, *ref)
 			s.m.claimChecks.WithLabelValues(claimOutcome(err)).Inc()
+			if errors.As(err, new(*claimRefused)) {
+				return err
+			}
 			if err != nil {
-				return fmt.Errorf("item %q: %w", id, err)
+				return fmt.Errorf("item %s: %w", job.QuoteID(id), err)
 			}
 			w.Items[i] = it // each goroutine writes its own element
 			return nil
@@ -115,14 +151,26 @@ func (s *Subscriber) fetchItems(ctx context.Context, w *job.Work) error {
 	return g.Wait()
 }
 
-func (s *Subscriber) fetchItem(ctx context.Context, id string, ref job.PayloadRef) (job.Item, error) {
-	// A message names the bucket, but only the configured one is trusted:
-	// anyone who can send to the queue could otherwise point the subscriber
-	// at any object its role can read.
-	if ref.Bucket != s.payloads.Bucket() {
-		return job.Item{}, fmt.Errorf("%w: the reference names bucket %q, not the payload bucket %q", errBadObject, ref.Bucket, s.payloads.Bucket())
+// fetchItem fetches the item a reference stands for, verified. A
+// reference must name exactly where the publisher puts an item of this job
+// (payloads/{job_id}/{n}.json in the payload bucket, payload.IsItemKey):
+// anyone who can send to the queue could otherwise point the subscriber at
+// any object its role can read, another job's payloads and results among
+// them. The item's index in the job is not in the message, so which of the
+// job's objects it is, is settled by the content: its size and SHA-256 must
+// be the reference's, and it must decode as exactly this item (same id, no
+// reference of its own, content by the rule of job.Item.Check).
+func (s *Subscriber) fetchItem(ctx context.Context, jobID, id string, ref job.PayloadRef) (job.Item, error) {
+	switch {
+	case ref.Bucket != s.payloads.Bucket() || !payload.IsItemKey(jobID, ref.Key):
+		return job.Item{}, &claimRefused{id, whyBadRef, fmt.Errorf("%w: s3://%s/%s", errBadRef, ref.Bucket, ref.Key)}
+	case ref.Size > maxClaimBytes:
+		return job.Item{}, &claimRefused{id, whyTooBig, fmt.Errorf("%w: %d bytes", errBadRef, ref.Size)}
 	}
 	b, err := s.payloads.Get(ctx, ref)
+	if errors.Is(err, payload.ErrMissing) || errors.Is(err, payload.ErrCorrupt) || errors.Is(err, job.ErrMalformed) {
+		return job.Item{}, &claimRefused{id, whyNoMatch, err}
+	}
 	if err != nil {
 		return job.Item{}, err
 	}
@@ -130,13 +178,16 @@ func (s *Subscriber) fetchItem(ctx context.Context, id string, ref job.PayloadRe
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&it); err != nil {
-		return job.Item{}, fmt.Errorf("%w: s3://%s/%s is not item JSON: %v", errBadObject, ref.Bucket, ref.Key, err)
+		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s is not item JSON: %v", errBadObject, ref.Bucket, ref.Key, err)}
 	}
 	switch {
 	case it.ID != id:
-		return job.Item{}, fmt.Errorf("%w: s3://%s/%s holds item %q", errBadObject, ref.Bucket, ref.Key, it.ID)
+		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s holds another item", errBadObject, ref.Bucket, ref.Key)}
 	case it.Ref != nil:
-		return job.Item{}, fmt.Errorf("%w: s3://%s/%s holds another reference, not the item", errBadObject, ref.Bucket, ref.Key)
+		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s holds another reference, not the item", errBadObject, ref.Bucket, ref.Key)}
+	}
+	if err := it.Check(); err != nil {
+		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s: %w", errBadObject, ref.Bucket, ref.Key, err)}
 	}
 	return it, nil
 }
@@ -149,7 +200,7 @@ func claimOutcome(err error) string {
 		return "missing"
 	case errors.Is(err, payload.ErrCorrupt):
 		return "corrupt"
-	case errors.Is(err, errBadObject):
+	case errors.Is(err, errBadObject), errors.Is(err, errBadRef):
 		return "invalid"
 	}
 	return "error"
@@ -157,14 +208,15 @@ func claimOutcome(err error) string {
 
 // storeResults writes each result to results/{job_id}/{chunk}.json, in
 // parallel, and returns a reference to each object, nil where the write
-// failed. The first write of a chunk wins: a redelivered chunk reuses the
-// object already there, so a result message sent earlier with a reference
-// to it still verifies (a rewrite with another attempt number would change
-// its SHA-256 under that message).
-func (s *Subscriber) storeResults(results []job.Result, bodies [][]byte) []*job.PayloadRef {
+// failed, with that write's error. The first write of a chunk wins: a
+// redelivered chunk reuses the object already there, so a result message
+// sent earlier with a reference to it still verifies (a rewrite with another
+// attempt number would change its SHA-256 under that message).
+func (s *Subscriber) storeResults(results []job.Result, bodies [][]byte) ([]*job.PayloadRef, []error) {
 	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 	defer cancel()
 	refs := make([]*job.PayloadRef, len(results))
+	errs := make([]error, len(results))
 	var g errgroup.Group
 	g.SetLimit(maxResultWrites)
 	for i := range results {
@@ -172,6 +224,7 @@ func (s *Subscriber) storeResults(results []job.Result, bodies [][]byte) []*job.
 			ref, err := s.storeResult(ctx, &results[i], bodies[i])
 			if err != nil {
 				s.log.Warn("storing the result failed", "job_id", results[i].JobID, "chunk", results[i].Chunk, "err", err)
+				errs[i] = err
 				return nil
 			}
 			s.m.resultsStored.Inc()
@@ -180,7 +233,7 @@ func (s *Subscriber) storeResults(results []job.Result, bodies [][]byte) []*job.
 		})
 	}
 	_ = g.Wait()
-	return refs
+	return refs, errs
 }
 
 func (s *Subscriber) storeResult(ctx context.Context, r *job.Result, body []byte) (job.PayloadRef, error) {
@@ -217,9 +270,14 @@ type failedMarker struct {
 	At        string `json:"at"` // RFC 3339, UTC
 }
 
-// markFailed writes the failed marker of the chunk l carries, when the chunk
-// is known. Best effort: the DLQ copy is the record that matters, so a
+// markFailed writes the failed marker of the chunk l carries, when its body
+// names one. Best effort: the DLQ copy is the record that matters, so a
 // failure is only logged.
+//
+// The marker is written only where none is: anyone who can send to the
+// queue can send a malformed message naming any job and chunk, and must not
+// replace the reason a real failure left there. A result still wins over a
+// marker in the publisher's answer.
 func (s *Subscriber) markFailed(l *lease, reason string) {
 	k, ok := chunkOf(l.msg)
 	if !ok {
@@ -232,25 +290,25 @@ func (s *Subscriber) markFailed(l *lease, reason string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 	defer cancel()
-	if _, err := s.payloads.Put(ctx, payload.FailedKey(k.JobID, k.Chunk), body); err != nil {
+	created, _, err := s.payloads.PutIfAbsent(ctx, payload.FailedKey(k.JobID, k.Chunk), body)
+	switch {
+	case err != nil:
 		s.log.Warn("writing the failed marker failed; the DLQ copy stands", "message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk, "err", err)
+	case !created:
+		s.log.Info("the chunk has a failed marker already; kept", "message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk)
 	}
 }
 
-// chunkOf finds the chunk a message is for: from its attributes, or, when
-// they are missing, from whatever of the body still parses (a malformed
-// message may still name its job).
+// chunkOf finds the chunk a message is for in whatever of its body parses (a
+// malformed message may still name its job), with a job id of the grammar.
+// Never from its attributes: the body is what was validated and run, and
+// attributes may say anything.
 func chunkOf(m Message) (job.Key, bool) {
-	if id := m.Attributes[job.AttrJobID]; id != "" {
-		if c, err := strconv.Atoi(m.Attributes[job.AttrChunk]); err == nil && c >= 0 {
-			return job.Key{JobID: id, Chunk: c}, true
-		}
-	}
 	var b struct {
 		JobID string `json:"job_id"`
 		Chunk *int   `json:"chunk"`
 	}
-	if json.Unmarshal([]byte(m.Body), &b) != nil || b.JobID == "" || b.Chunk == nil || *b.Chunk < 0 {
+	if json.Unmarshal([]byte(m.Body), &b) != nil || !job.ValidJobID(b.JobID) || b.Chunk == nil || *b.Chunk < 0 {
 		return job.Key{}, false
 	}
 	return job.Key{JobID: b.JobID, Chunk: *b.Chunk}, true

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -87,14 +88,21 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 		foreign := claimChecked(t, p, payload.ItemKey("foreign", 0), job.Item{ID: "i0", Text: "mb=1"})
 		foreign.Ref.Bucket = "someone-elses-bucket"
 		h.sendWork(job.Work{JobID: "foreign", Items: []job.Item{foreign}})
+		// Issue 14, item 1: a reference that names another job's object, or
+		// any key but this job's payloads, is refused whatever the object
+		// holds, even with its true size and SHA-256 and the same item id.
+		thief := claimChecked(t, p, payload.ItemKey("ok", 0), big)
+		h.sendWork(job.Work{JobID: "thief", Items: []job.Item{thief}})
+		anyKey := claimChecked(t, p, "results/someone/0.json", job.Item{ID: "i0", Text: "mb=1"})
+		h.sendWork(job.Work{JobID: "anykey", Items: []job.Item{anyKey}})
 		h.work.mu.Lock()
 		h.work.put(`{"v":1,"job_id":"malformed","chunk":2,"items":[]}`, nil)
 		h.work.mu.Unlock()
 
-		waitFor(t, time.Minute, "1 result and 6 dead letters", func() bool {
+		waitFor(t, time.Minute, "1 result and 8 dead letters", func() bool {
 			r, _ := h.results.stats()
 			d, _ := h.dlq.stats()
-			return r == 1 && d == 6
+			return r == 1 && d == 8
 		})
 		h.shutdown()
 
@@ -115,17 +123,30 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 			}
 			reasons[k.JobID] = m.attrs[job.AttrReason]
 		}
-		for jobID, want := range map[string][]string{
-			"missing":   {"claim_check: ", "object missing", payload.ItemKey("missing", 9)},
-			"corrupt":   {"claim_check: ", "has sha256 ", "reference says " + corrupt.Ref.SHA256},
-			"other":     {"claim_check: ", `holds item "someone-else"`},
-			"nested":    {"claim_check: ", "another reference"},
-			"foreign":   {"claim_check: ", `names bucket "someone-elses-bucket"`},
-			"malformed": {"malformed: "},
+		// The reasons are stored in markers and served by the publisher:
+		// whether the object is there, its size, its SHA-256 and what it
+		// holds must not show (issue 14, item 1), so missing, corrupt, other
+		// and nested read the same.
+		const noMatch = `claim_check: item "i0": no object in the payload bucket matches the reference`
+		const badRef = `claim_check: item "i0": the reference does not name this item's object in the payload bucket`
+		corruptObj, _ := p.object(corrupt.Ref.Key)
+		trueSum := refTo("mem", corrupt.Ref.Key, corruptObj).SHA256
+		for jobID, want := range map[string]string{
+			"missing":   noMatch,
+			"corrupt":   noMatch,
+			"other":     noMatch,
+			"nested":    noMatch,
+			"foreign":   badRef,
+			"thief":     badRef,
+			"anykey":    badRef,
+			"malformed": "malformed: malformed message: no items",
 		} {
-			for _, w := range want {
-				if !strings.Contains(reasons[jobID], w) {
-					t.Errorf("%s: reason %q lacks %q", jobID, reasons[jobID], w)
+			if reasons[jobID] != want {
+				t.Errorf("%s: reason %q, want %q", jobID, reasons[jobID], want)
+			}
+			for _, secret := range []string{trueSum, "someone-else", strconv.Itoa(len(corruptObj))} {
+				if strings.Contains(reasons[jobID], secret) {
+					t.Errorf("%s: reason %q discloses %q", jobID, reasons[jobID], secret)
 				}
 			}
 			chunk := map[string]int{"corrupt": 1, "malformed": 2}[jobID]
@@ -137,7 +158,7 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 				t.Errorf("%s: marker time %q: %v", jobID, m.At, err)
 			}
 		}
-		for outcome, want := range map[string]int{"ok": 1, "missing": 1, "corrupt": 1, "invalid": 3} {
+		for outcome, want := range map[string]int{"ok": 1, "missing": 1, "corrupt": 1, "invalid": 5} {
 			if n := counter(h.sub.m.claimChecks.WithLabelValues(outcome)); n != want {
 				t.Errorf("claim checks %s = %d, want %d", outcome, n, want)
 			}
@@ -156,7 +177,7 @@ func TestClaimCheckWithoutBucketDeadLetters(t *testing.T) {
 		waitFor(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.stats(); return d == 1 })
 		h.shutdown()
 		reason := h.dlq.all()[0].attrs[job.AttrReason]
-		if want := `claim_check: item "i0" references s3://mem/payloads/j/0.json but no payload bucket is configured`; reason != want {
+		if want := `claim_check: item "i0" is claim-checked but no payload bucket is configured`; reason != want {
 			t.Errorf("reason %q, want %q", reason, want)
 		}
 		if w := h.sub.waiting.Load(); w != 0 {
@@ -394,9 +415,14 @@ func TestChunkOf(t *testing.T) {
 		want job.Key
 		ok   bool
 	}{
-		{"attributes", Message{Attributes: job.Attributes(job.Key{JobID: "a", Chunk: 2}), Body: "junk"}, job.Key{JobID: "a", Chunk: 2}, true},
+		// Identity comes from the body only (issue 14, item 2): attributes
+		// that name another job are ignored, and without a body naming one
+		// there is no chunk.
+		{"attributes only", Message{Attributes: job.Attributes(job.Key{JobID: "a", Chunk: 2}), Body: "junk"}, job.Key{}, false},
 		{"body", Message{Body: `{"v":9,"job_id":"b","chunk":4,"extra":1}`}, job.Key{JobID: "b", Chunk: 4}, true},
-		{"bad chunk attribute, body", Message{Attributes: map[string]string{job.AttrJobID: "c", job.AttrChunk: "x"}, Body: `{"job_id":"c","chunk":0}`}, job.Key{JobID: "c"}, true},
+		{"attributes of another job", Message{Attributes: job.Attributes(job.Key{JobID: "victim", Chunk: 0}), Body: `{"job_id":"c","chunk":0}`}, job.Key{JobID: "c"}, true},
+		{"job id outside the grammar", Message{Body: `{"job_id":"../x","chunk":0}`}, job.Key{}, false},
+		{"long job id", Message{Body: `{"job_id":"` + strings.Repeat("a", 65) + `","chunk":0}`}, job.Key{}, false},
 		{"no chunk", Message{Body: `{"job_id":"d"}`}, job.Key{}, false},
 		{"negative chunk", Message{Body: `{"job_id":"d","chunk":-1}`}, job.Key{}, false},
 		{"not json", Message{Body: `not json`}, job.Key{}, false},

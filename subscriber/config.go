@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job"
 )
 
 // Config is everything a Subscriber needs. Zero fields take the defaults
@@ -98,6 +99,11 @@ type Config struct {
 	// MaxMessageBytes is the largest result message sent; default 256 KiB,
 	// which every SQS queue accepts (up to 1 MiB where the queue allows it).
 	MaxMessageBytes int
+	// MaxResultBytes bounds the encoded result of one message, however
+	// many items it holds: a larger one is dead-lettered as
+	// result_too_large rather than stored. Default and most
+	// job.MaxResultBytes (64 MiB), which the publisher reads no more of.
+	MaxResultBytes int
 
 	// TaskProtection, when set, keeps the ECS task protected from scale-in
 	// while it holds messages, through the ECS agent; nil for none.
@@ -146,6 +152,7 @@ func (c *Config) setDefaults() {
 	def(&c.RetryDelay, 5*time.Second)
 	def(&c.ShutdownGrace, 25*time.Second)
 	defInt(&c.MaxMessageBytes, 256<<10)
+	defInt(&c.MaxResultBytes, job.MaxResultBytes)
 	def(&c.TaskProtectionExpiry, time.Hour)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -249,6 +256,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 1<<20 {
 		bad("MaxMessageBytes", "max message bytes %d: want 1 KiB to 1 MiB", c.MaxMessageBytes)
+	}
+	if c.MaxResultBytes < 1 || c.MaxResultBytes > job.MaxResultBytes {
+		bad("MaxResultBytes", "max result bytes %d: want 1 to %d", c.MaxResultBytes, job.MaxResultBytes)
 	}
 	if c.TaskProtectionExpiry < time.Minute || c.TaskProtectionExpiry > MaxTaskProtection {
 		bad("TaskProtectionExpiry", "task protection expiry %v: want 1m to 48h", c.TaskProtectionExpiry)

@@ -3,8 +3,13 @@ package subscriber
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"sync"
 	"time"
+
+	"github.com/aws/smithy-go"
+
+	"github.com/vramq/vramq/job"
 )
 
 // memQueue is an in-memory SQS queue for unit tests of the subscriber's logic:
@@ -24,6 +29,27 @@ type memQueue struct {
 	violations []string
 	// sendErr, when set, decides the error of each Send entry.
 	sendErr func(body string) error
+	// maxBytes, when set, refuses as SQS does a Send whose messages come
+	// to more (job.MessageSize) as a whole; and Send always refuses an
+	// entry with a character SQS does not accept, as SQS does.
+	maxBytes int
+}
+
+// sqsRefused is what SQS refuses in a body or an attribute value (its
+// SendMessage documentation's list), and above U+FFFF, which the fauxqs
+// emulator refuses too.
+var sqsRefused = regexp.MustCompile(`[^\x{9}\x{A}\x{D}\x{20}-\x{D7FF}\x{E000}-\x{FFFD}]`)
+
+func refusedChars(m Outgoing) bool {
+	if sqsRefused.MatchString(m.Body) {
+		return true
+	}
+	for _, v := range m.Attributes {
+		if sqsRefused.MatchString(v) {
+			return true
+		}
+	}
+	return false
 }
 
 type memMsg struct {
@@ -59,8 +85,21 @@ func (q *memQueue) Send(ctx context.Context, msgs []Outgoing) ([]error, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.calls["Send"]++
+	if q.maxBytes > 0 {
+		total := 0
+		for _, m := range msgs {
+			total += job.MessageSize(m.Body, m.Attributes)
+		}
+		if total > q.maxBytes {
+			return nil, &smithy.GenericAPIError{Code: "AWS.SimpleQueueService.BatchRequestTooLong", Message: "batch too long", Fault: smithy.FaultClient}
+		}
+	}
 	errs := make([]error, len(msgs))
 	for i, m := range msgs {
+		if refusedChars(m) {
+			errs[i] = &EntryError{Code: "InvalidMessageContents", Message: "invalid character", SenderFault: true}
+			continue
+		}
 		if q.sendErr != nil {
 			if errs[i] = q.sendErr(m.Body); errs[i] != nil {
 				continue

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/vramq/vramq/job"
 )
 
 // resultLinger is the longest a result waits for others to share its
@@ -65,7 +67,7 @@ type outbox struct {
 // outResult is one result message on its way, and the task it is for.
 type outResult struct {
 	msg  Outgoing
-	size int // counted against maxBytes
+	size int // job.MessageSize of msg, set by add and counted against maxBytes
 	t    *task
 }
 
@@ -85,6 +87,10 @@ func (o *outbox) add(rs []outResult, promised int) {
 	o.mu.Lock()
 	o.coming -= promised
 	for _, r := range rs {
+		// What SQS counts: the body and every attribute's name, type and
+		// value. A count that left the attributes out let calls go over the
+		// limit, refused as a whole with every result in them.
+		r.size = job.MessageSize(r.msg.Body, r.msg.Attributes)
 		if len(o.pending) > 0 && o.bytes+r.size > o.maxBytes {
 			full = append(full, o.cut())
 		}
@@ -155,13 +161,27 @@ func (o *outbox) close() {
 // sendCall sends one call and tells done how each entry went.
 func (o *outbox) sendCall(c []outResult) {
 	defer o.calls.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
+	defer cancel()
+	o.deliver(ctx, c)
+}
+
+// deliver sends c in one call and tells done how each entry went. A call SQS
+// refuses as a whole and for good (too long, or a message it cannot take)
+// is sent again in halves, down to single entries: one result that cannot
+// be sent must not take its neighbours down with it, call after call.
+func (o *outbox) deliver(ctx context.Context, c []outResult) {
 	msgs := make([]Outgoing, len(c))
 	for i := range c {
 		msgs[i] = c[i].msg
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 	errs, err := o.send(ctx, msgs)
-	cancel()
+	if err != nil && len(c) > 1 && permanent(err) {
+		half := len(c) / 2
+		o.deliver(ctx, c[:half])
+		o.deliver(ctx, c[half:])
+		return
+	}
 	for i, r := range c {
 		e := err
 		if e == nil {
@@ -194,6 +214,13 @@ func (s *Subscriber) newOutbox() *outbox {
 // queue, or, when the send failed, releases it for a retry after a delay
 // that grows with its receive count.
 func (s *Subscriber) resultSent(t *task, err error) {
+	if permanent(err) {
+		// Sending it again would fail the same way, until the queue's
+		// redrive policy moved it to the DLQ without a reason.
+		s.deadLetter(t.lease, "result_refused", "the results queue refuses the result: "+refusalCode(err))
+		s.settle(t)
+		return
+	}
 	if err != nil {
 		s.log.Warn("sending result failed; message released for a retry", "message_id", t.lease.msg.ID, "err", err)
 		s.finish(t, true, s.retryDelay(t.lease.msg.ReceiveCount))

@@ -11,6 +11,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/aws/smithy-go"
+
 	"github.com/vramq/vramq/job"
 )
 
@@ -82,11 +84,20 @@ func newTestOutbox(l *sendLog, s *settled) *outbox {
 	return &outbox{send: l.send, done: s.done, linger: 100 * time.Millisecond, maxBytes: 1000, full: MaxBatch}
 }
 
-// results makes n results of size bytes each, with bodies name-0, name-1...
+// results makes n results of size bytes each as SQS counts them, with
+// bodies name-0, name-1... and an attribute that makes up the rest: the
+// outbox must count attributes as SQS does (issue 14, item 5).
 func someResults(name string, n, size int) []outResult {
 	rs := make([]outResult, n)
 	for i := range rs {
-		rs[i] = outResult{msg: Outgoing{Body: fmt.Sprintf("%s-%d", name, i)}, size: size, t: &task{}}
+		body := fmt.Sprintf("%s-%d", name, i)
+		rs[i] = outResult{msg: Outgoing{Body: body}, t: &task{}}
+		if pad := size - len(body) - len("pad") - len(job.AttrDataType); pad > 0 {
+			rs[i].msg.Attributes = map[string]string{"pad": strings.Repeat("x", pad)}
+			if got := job.MessageSize(body, rs[i].msg.Attributes); got != size {
+				panic(fmt.Sprintf("someResults: made %d bytes, want %d", got, size))
+			}
+		}
 	}
 	return rs
 }
@@ -450,6 +461,44 @@ func TestOutboxWaitsForPromisedResults(t *testing.T) {
 		o.close()
 		if s.count() != 3 {
 			t.Errorf("%d entries settled, want 3", s.count())
+		}
+	})
+}
+
+// A call SQS refuses as a whole and for good is sent again in halves, so the
+// one result it cannot take fails alone, permanently, and its neighbours go
+// out (issue 14, item 5).
+func TestOutboxIsolatesARefusedEntry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var s settled
+		var calls atomic.Int32
+		o := &outbox{linger: time.Millisecond, maxBytes: 1 << 20, full: MaxBatch, done: s.done}
+		o.send = func(ctx context.Context, msgs []Outgoing) ([]error, error) {
+			calls.Add(1)
+			for _, m := range msgs {
+				if m.Body == "a-3" {
+					return nil, &smithy.GenericAPIError{Code: "AWS.SimpleQueueService.BatchRequestTooLong", Fault: smithy.FaultClient}
+				}
+			}
+			return make([]error, len(msgs)), nil
+		}
+		s.errs = map[*task]error{}
+		rs := someResults("a", 10, 10)
+		o.add(rs, 0)
+		o.close()
+		for i, r := range rs {
+			err, ok := s.errs[r.t]
+			switch {
+			case !ok:
+				t.Errorf("result %d never settled", i)
+			case i == 3 && !permanent(err):
+				t.Errorf("the refused result settled with %v; want a permanent refusal", err)
+			case i != 3 && err != nil:
+				t.Errorf("result %d settled with %v; want sent", i, err)
+			}
+		}
+		if n := calls.Load(); n > 9 {
+			t.Errorf("%d calls for 10 results; halving needs at most 9", n)
 		}
 	})
 }

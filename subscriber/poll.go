@@ -152,7 +152,12 @@ func (s *Subscriber) accept(ctx context.Context, l *lease) {
 // go. Such a message waits in admission, and the admit timeout hands it
 // back for later or for another consumer.
 func (s *Subscriber) enqueue(l *lease, w *job.Work) {
-	cost := s.cfg.Model.Cost(w.Items)
+	cost, err := s.modelCost(w.Items)
+	if err != nil {
+		s.startTasks(1)
+		s.deadLetterAsync(l, "invalid_input", err.Error())
+		return
+	}
 	if !s.adm.fits(cost) {
 		s.startTasks(1)
 		s.deadLetterAsync(l, "too_large", fmt.Sprintf(
@@ -168,7 +173,7 @@ func (s *Subscriber) enqueue(l *lease, w *job.Work) {
 func unconfigured(w *job.Work) string {
 	for _, it := range w.Items {
 		if it.Ref != nil {
-			return fmt.Sprintf("item %q references s3://%s/%s but no payload bucket is configured", it.ID, it.Ref.Bucket, it.Ref.Key)
+			return fmt.Sprintf("item %s is claim-checked but no payload bucket is configured", job.QuoteID(it.ID))
 		}
 	}
 	return "no payload bucket is configured"

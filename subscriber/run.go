@@ -180,12 +180,12 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 		if ahead != nil {
 			<-ahead.done // launched under the subscriber's context: ends at shutdown
 			if ahead.err == nil {
-				outs, err := ahead.l.Run(rctx)
+				outs, err := s.launchedRun(rctx, ahead.l)
 				done <- answer{outs, err}
 				return
 			}
 		}
-		outs, err := s.cfg.Model.Run(rctx, items)
+		outs, err := s.modelRun(rctx, items)
 		done <- answer{outs, err}
 	}()
 	var a answer

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,10 @@ func (m workingModel) Working() int64 { return m.working.Load() }
 type itemSpec struct {
 	mb, ms, lie, delay int
 	hang, invalid      bool
+	// Issue 14: "panic" panics in Run, "costpanic" in Cost; "nan" answers
+	// NaN; "out=N" answers an embedding of N floats.
+	panics, costPanics, nan bool
+	out                     int
 }
 
 func parseSpec(text string) itemSpec {
@@ -54,6 +59,12 @@ func parseSpec(text string) itemSpec {
 			s.hang = true
 		case f == "invalid":
 			s.invalid = true
+		case f == "panic":
+			s.panics = true
+		case f == "costpanic":
+			s.costPanics = true
+		case f == "nan":
+			s.nan = true
 		default:
 			var k string
 			var v int
@@ -67,6 +78,8 @@ func parseSpec(text string) itemSpec {
 					s.lie = v
 				case "delay":
 					s.delay = v
+				case "out":
+					s.out = v
 				}
 			}
 		}
@@ -80,7 +93,11 @@ func (m *testModel) Weights() int64 { return 0 }
 func (m *testModel) Cost(items []job.Item) int64 {
 	var c int64
 	for _, it := range items {
-		c += int64(parseSpec(it.Text).mb) * mib
+		s := parseSpec(it.Text)
+		if s.costPanics {
+			panic("test model: cost of " + it.ID)
+		}
+		c += int64(s.mb) * mib
 	}
 	return c
 }
@@ -98,6 +115,10 @@ func (m *testModel) Run(ctx context.Context, items []job.Item) ([]job.Output, er
 		hang = hang || s.hang
 		if s.invalid {
 			return nil, fmt.Errorf("item %s: %w", it.ID, gpu.ErrInvalidInput)
+		}
+		if s.panics {
+			var seen []string
+			_ = seen[len(it.ID)] // a real runtime error, as a model's bug would raise
 		}
 	}
 	if delay > 0 {
@@ -125,6 +146,12 @@ func (m *testModel) Run(ctx context.Context, items []job.Item) ([]job.Output, er
 	outs := make([]job.Output, len(items))
 	for i, it := range items {
 		outs[i] = job.Output{ID: it.ID, Embedding: []float32{float32(len(it.Text))}}
+		switch s := parseSpec(it.Text); {
+		case s.nan:
+			outs[i].Embedding[0] = float32(math.NaN())
+		case s.out > 0:
+			outs[i].Embedding = make([]float32, s.out)
+		}
 	}
 	return outs, nil
 }

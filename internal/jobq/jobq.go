@@ -33,7 +33,9 @@ func Send(ctx context.Context, client *sqs.Client, url string, works []job.Work)
 			for k, v := range job.Attributes(works[i].Key()) {
 				attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
 			}
-			entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(string(body)), MessageAttributes: attrs}
+			// Escaped as the publisher sends work: ids with characters SQS
+			// refuses raw still go.
+			entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(string(job.EncodeForSQS(body))), MessageAttributes: attrs}
 		}
 		out, err := client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &url, Entries: entries})
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -112,6 +113,19 @@ func (s *Store) Read(ctx context.Context, key string) ([]byte, error) {
 	return s.read(ctx, s.bucket, key, maxRead)
 }
 
+// ErrTooLarge means an object is larger than its reader's limit.
+var ErrTooLarge = errors.New("payload: object over the read limit")
+
+// ReadLimit is Read of an object of at most limit bytes: a larger one is
+// ErrTooLarge (wrapped), having read no more than limit+1 bytes of it.
+func (s *Store) ReadLimit(ctx context.Context, key string, limit int64) ([]byte, error) {
+	b, err := s.read(ctx, s.bucket, key, limit+1)
+	if err == nil && int64(len(b)) > limit {
+		return nil, fmt.Errorf("%w: s3://%s/%s is over %d bytes", ErrTooLarge, s.bucket, key, limit)
+	}
+	return b, err
+}
+
 func (s *Store) read(ctx context.Context, bucket, key string, limit int64) ([]byte, error) {
 	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key})
 	if err != nil {
@@ -149,6 +163,18 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 // Keys of the bucket layout (see the package doc).
 func ItemKey(jobID string, item int) string {
 	return "payloads/" + jobID + "/" + strconv.Itoa(item) + ".json"
+}
+
+// IsItemKey reports whether key is one ItemKey gives for jobID: where the
+// publisher puts a claim-checked item of that job, and nowhere else.
+func IsItemKey(jobID, key string) bool {
+	n, ok := strings.CutPrefix(key, "payloads/"+jobID+"/")
+	if !ok {
+		return false
+	}
+	n, ok = strings.CutSuffix(n, ".json")
+	i, err := strconv.Atoi(n)
+	return ok && err == nil && i >= 0 && strconv.Itoa(i) == n
 }
 func ManifestKey(jobID string) string        { return "jobs/" + jobID + ".json" }
 func IdempotencyKey(sha256hex string) string { return "idempotency/" + sha256hex + ".json" }
