@@ -562,7 +562,7 @@ var ErrNoTokenizer = errors.New("no tokenizer.json, nor vocab.txt with tokenizer
 // (another model type, normalizer, pre-tokenizer or post-processor) rather than
 // produce ids the model was not trained on.
 func LoadTokenizer(dir string) (*Tokenizer, error) {
-	cfg, err := readConfig(dir)
+	cfg, err := readTokenizerConfig(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -599,10 +599,10 @@ type tokenizerConfig struct {
 	found bool // tokenizer_config.json is there
 }
 
-// readConfig reads tokenizer_config.json, with special_tokens_map.json's names of
+// readTokenizerConfig reads tokenizer_config.json, with special_tokens_map.json's names of
 // the special tokens over its own as transformers does. Either may be missing (found
 // says whether tokenizer_config.json is there); a file that is there must parse.
-func readConfig(dir string) (tokenizerConfig, error) {
+func readTokenizerConfig(dir string) (tokenizerConfig, error) {
 	var c tokenizerConfig
 	path := filepath.Join(dir, "tokenizer_config.json")
 	data, err := os.ReadFile(path)
