@@ -112,6 +112,12 @@ type Config struct {
 	// it is renewed at half of it while messages are held, so it runs out on
 	// its own within this time if the subscriber dies. 1m to 48h; default 1h.
 	TaskProtectionExpiry time.Duration
+	// TaskProtectionMaxHold is the longest protection stays on without a
+	// break: after it, protection goes off for two minutes whatever is held,
+	// since ECS never stops a protected task, for a deployment either, and a
+	// subscriber under steady load would otherwise never be replaced. 1m to
+	// 48h; default 30m.
+	TaskProtectionMaxHold time.Duration
 
 	// StateFile, when set, keeps what was learned (the batch size that fits)
 	// across restarts.
@@ -154,6 +160,7 @@ func (c *Config) setDefaults() {
 	defInt(&c.MaxMessageBytes, 256<<10)
 	defInt(&c.MaxResultBytes, job.MaxResultBytes)
 	def(&c.TaskProtectionExpiry, time.Hour)
+	def(&c.TaskProtectionMaxHold, 30*time.Minute)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -262,6 +269,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TaskProtectionExpiry < time.Minute || c.TaskProtectionExpiry > MaxTaskProtection {
 		bad("TaskProtectionExpiry", "task protection expiry %v: want 1m to 48h", c.TaskProtectionExpiry)
+	}
+	if c.TaskProtectionMaxHold < time.Minute || c.TaskProtectionMaxHold > MaxTaskProtection {
+		bad("TaskProtectionMaxHold", "task protection max hold %v: want 1m to 48h", c.TaskProtectionMaxHold)
 	}
 	return errors.Join(errs...)
 }

@@ -199,13 +199,14 @@ func (p *TaskProtection) call(ctx context.Context, method string, body []byte) (
 // protected; a scale-in in that window stops it the ordinary way (SIGTERM),
 // and shutdown hands the message back.
 type protector struct {
-	tp     *TaskProtection
-	expiry time.Duration
-	idle   time.Duration
-	held   func() int64
-	m      *metrics
-	log    *slog.Logger
-	kick   chan struct{}
+	tp      *TaskProtection
+	expiry  time.Duration
+	idle    time.Duration
+	maxHold time.Duration // the longest protection stays on without a break
+	held    func() int64
+	m       *metrics
+	log     *slog.Logger
+	kick    chan struct{}
 
 	// Owned by run, then by clear.
 	on        bool      // the agent confirmed protection on, and it has not expired
@@ -215,14 +216,26 @@ type protector struct {
 	idleSince time.Time // when the subscriber last went to holding nothing; zero while holding
 	failures  int       // consecutive failed calls
 	retryAt   time.Time // no call before this, after a failure
+	onSince   time.Time // when protection last went on
+	breakEnds time.Time // protection stays off until then, whatever is held
 }
 
 // protectionIdle is how long the subscriber holds nothing before protection
 // is turned off: longer than a long poll, so a steady queue keeps it on.
 const protectionIdle = 30 * time.Second
 
-func newProtector(tp *TaskProtection, expiry time.Duration, held func() int64, m *metrics, log *slog.Logger) *protector {
-	return &protector{tp: tp, expiry: expiry, idle: protectionIdle, held: held, m: m, log: log, kick: make(chan struct{}, 1)}
+// protectionBreak is how long protection stays off after it has been on for
+// maxHold. ECS never stops a protected task, for a deployment either: under
+// steady load a subscriber that renewed for ever would never be replaced by
+// a new version. During a break a waiting deployment or scale-in may stop
+// this task the ordinary way (SIGTERM), and shutdown hands back what it
+// holds, so the break costs at most a redelivery. Two minutes leaves ECS's
+// scheduler several looks at the task; a deployment that waited on it waits
+// at most maxHold plus this.
+const protectionBreak = 2 * time.Minute
+
+func newProtector(tp *TaskProtection, expiry, maxHold time.Duration, held func() int64, m *metrics, log *slog.Logger) *protector {
+	return &protector{tp: tp, expiry: expiry, maxHold: maxHold, idle: protectionIdle, held: held, m: m, log: log, kick: make(chan struct{}, 1)}
 }
 
 // poke tells the protector that the number of messages held has changed.
@@ -263,13 +276,20 @@ func (p *protector) step(ctx context.Context, now time.Time) (wait time.Duration
 		p.m.protected.Set(0)
 	}
 	holding := p.held() > 0
+	breakAt := p.onSince.Add(p.maxHold)
 	var due time.Time // zero: nothing to do
 	switch {
+	case holding && now.Before(p.breakEnds):
+		p.idleSince = time.Time{}
+		due = p.breakEnds
 	case holding:
 		p.idleSince = time.Time{}
 		due = now
 		if p.on {
 			due = p.renewAt
+			if breakAt.Before(due) {
+				due = breakAt
+			}
 		}
 	case p.maybeOn:
 		if p.idleSince.IsZero() {
@@ -288,9 +308,12 @@ func (p *protector) step(ctx context.Context, now time.Time) (wait time.Duration
 		}
 		return due.Sub(now), true
 	}
-	if holding {
+	switch {
+	case holding && p.on && !now.Before(breakAt):
+		p.takeBreak(ctx, now)
+	case holding:
 		p.enable(ctx, now)
-	} else {
+	default:
 		p.disable(ctx)
 	}
 	return 0, true // look again at once: the held count may have moved during the call
@@ -303,6 +326,7 @@ func (p *protector) enable(ctx context.Context, now time.Time) {
 		return
 	}
 	if !p.on {
+		p.onSince = now
 		p.log.Info("task scale-in protection on: messages held", "expires_in", p.expiry)
 	} else {
 		p.log.Debug("task scale-in protection renewed", "expires_in", p.expiry)
@@ -318,6 +342,19 @@ func (p *protector) disable(ctx context.Context) {
 	}
 	p.log.Info("task scale-in protection off: no messages held", "idle", p.idle)
 	p.on, p.maybeOn = false, false
+	p.succeeded()
+}
+
+// takeBreak turns protection off for protectionBreak although messages are
+// held: it has been on for maxHold (see protectionBreak).
+func (p *protector) takeBreak(ctx context.Context, now time.Time) {
+	if err := p.tp.Set(ctx, false, 0); err != nil {
+		p.failed(ctx, "off for a break", err)
+		return
+	}
+	p.log.Info("task scale-in protection off for a break, though messages are held: a deployment or scale-in waiting for this task may replace it now",
+		"on_for", now.Sub(p.onSince).Round(time.Second), "break", protectionBreak)
+	p.on, p.maybeOn, p.breakEnds = false, false, now.Add(protectionBreak)
 	p.succeeded()
 }
 

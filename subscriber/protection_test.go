@@ -438,3 +438,44 @@ func TestTaskProtectionClient(t *testing.T) {
 		}
 	}
 }
+
+// Under load that never stops, protection takes a break after
+// TaskProtectionMaxHold, with the message still held, so that a deployment
+// waiting for the task is not blocked for ever; after the break it goes back
+// on, and the held message is not disturbed.
+func TestTaskProtectionTakesBreaksUnderSteadyLoad(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		agent := &fakeAgent{t: t}
+		t0 := time.Now()
+		h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent), TaskProtectionExpiry: 10 * time.Minute,
+			TaskProtectionMaxHold: 12 * time.Minute, InferenceTimeout: time.Hour, MaxHold: 2 * time.Hour})
+		h.send("long", 0, "mb=4 ms=1800000") // 30 minutes on the device
+		waitFor(t, time.Minute, "protection on", func() bool { return len(agent.recorded()) == 1 })
+		waitFor(t, 40*time.Minute, "the result", func() bool { live, _ := h.results.stats(); return live == 1 })
+		waitFor(t, 2*time.Minute, "protection off", func() bool {
+			puts := agent.recorded()
+			return !puts[len(puts)-1].Enabled && puts[len(puts)-1].At.Sub(t0) > 30*time.Minute
+		})
+		h.shutdown()
+
+		// On at 0, renewed at 5m and 10m; a break at 12m (on for MaxHold);
+		// on again at 14m, renewed at 19m and 24m; a break at 26m; on at 28m;
+		// done at 30m and off 30 s later.
+		var got []string
+		for _, p := range agent.recorded() {
+			state := "off"
+			if p.Enabled {
+				state = "on"
+			}
+			got = append(got, state+"@"+p.At.Sub(t0).Truncate(time.Second).String())
+		}
+		want := []string{"on@0s", "on@5m0s", "on@10m0s", "off@12m0s", "on@14m0s", "on@19m0s", "on@24m0s",
+			"off@26m0s", "on@28m0s", "off@30m30s"}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("PUTs (-want +got):\n%s", diff)
+		}
+		if got, dups := h.resultsByKey(); len(got) != 1 || dups != 0 {
+			t.Errorf("%d results, %d duplicates; want 1, 0", len(got), dups)
+		}
+	})
+}

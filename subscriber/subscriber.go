@@ -143,7 +143,7 @@ func New(cfg Config) (*Subscriber, error) {
 	s.outbox = s.newOutbox()
 	s.launcher, _ = cfg.Model.(gpu.Launcher)
 	if cfg.TaskProtection != nil {
-		s.protect = newProtector(cfg.TaskProtection, cfg.TaskProtectionExpiry, s.keeper.held.Load, m, s.log)
+		s.protect = newProtector(cfg.TaskProtection, cfg.TaskProtectionExpiry, cfg.TaskProtectionMaxHold, s.keeper.held.Load, m, s.log)
 		s.keeper.onHold = s.protect.poke
 		s.keeper.onRemove = func() { s.pokeRoom(); s.protect.poke() }
 	}

@@ -96,6 +96,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.StringVar(&c.StateFile, "state-file", "", "file that keeps the learned batch limit across restarts")
 	protection := fs.String("task-protection", "auto", "ECS task scale-in protection while messages are held, through $ECS_AGENT_URI:\nauto (on where ECS_AGENT_URI is set, as on ECS), on, off")
 	fs.DurationVar(&c.TaskProtectionExpiry, "task-protection-expiry", time.Hour, "how long one protection lasts unless renewed (renewed at half of it while messages are held); 1m to 48h")
+	fs.DurationVar(&c.TaskProtectionMaxHold, "task-protection-max-hold", 30*time.Minute, "the longest protection stays on without a 2-minute break, so that a deployment waiting for this task can replace it; 1m to 48h")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9090", "address for /metrics and /healthz (empty: off)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -158,7 +159,7 @@ var configFlags = map[string]string{
 	"Prefetch": "prefetch", "MaxInflight": "max-inflight", "MaxBatch": "max-batch", "MaxBatchDelay": "max-batch-delay", "MaxBatchBytes": "max-batch-bytes",
 	"WaitTime": "wait-time", "Visibility": "visibility-timeout", "MaxHold": "max-hold", "AdmitTimeout": "admit-timeout",
 	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
-	"MaxMessageBytes": "max-message-bytes", "TaskProtectionExpiry": "task-protection-expiry",
+	"MaxMessageBytes": "max-message-bytes", "TaskProtectionExpiry": "task-protection-expiry", "TaskProtectionMaxHold": "task-protection-max-hold",
 }
 
 // configError turns subscriber.Config's errors into a usage error that
