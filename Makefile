@@ -219,3 +219,8 @@ queues: build
 clean:
 	-$(EMULATOR) down
 	rm -rf $(BIN) build .run
+
+# ---- CUDA on an emulated GPU (issue 16): internal/testenv/cudaemu/cudaemu.mk ----
+include internal/testenv/cudaemu/cudaemu.mk
+test: cuda-emu-test
+# ---- end CUDA on an emulated GPU ----
