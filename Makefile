@@ -68,8 +68,8 @@ CUDA_ENV   := CGO_ENABLED=1 CGO_CFLAGS="-I$(CURDIR)/$(CUDA_BUILD)/include" CGO_L
 cuda: cuda-stubs
 	$(CUDA_ENV) $(GO) build -tags cuda -o $(BIN)/subscriber-cuda ./cmd/subscriber
 
-cuda-stubs: $(CUDA_BUILD)/lib/libcuda.so
-$(CUDA_BUILD)/lib/libcuda.so: gpu/cudabuild/gen.sh go.mod
+cuda-stubs: $(CUDA_BUILD)/lib/libcuda.a
+$(CUDA_BUILD)/lib/libcuda.a: gpu/cudabuild/gen.sh go.mod
 	gpu/cudabuild/gen.sh $(CUDA_BUILD)
 
 ## gpu-test-bin: the cuda-tagged test binaries of gpu/ and cmd/subscriber, into build/gpu-test/, to

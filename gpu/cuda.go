@@ -92,6 +92,9 @@ func NewCUDAEmbedder(index int, w *EmbedWeights, cfg EmbedConfig) (*CUDAEmbedder
 	if err := w.checkShape(cfg); err != nil {
 		return nil, err
 	}
+	if err := cudaDriverError(); err != nil {
+		return nil, err
+	}
 	n, err := cu.NumDevices()
 	if err != nil {
 		return nil, fmt.Errorf("%w: cuda: counting devices: %v", ErrNoDevice, err)

@@ -22,7 +22,7 @@ $(CUDAEMU)/emu_kernels.inc: $(CUDAEMU_CU)
 # Every other entry point of the driver API answers CUDA_ERROR_NOT_SUPPORTED:
 # the names come from the link-time stub gen.sh writes, weak so that the
 # implemented ones win.
-$(CUDAEMU)/unsupported.c: $(CUDA_BUILD)/lib/libcuda.so
+$(CUDAEMU)/unsupported.c: $(CUDA_BUILD)/lib/libcuda.a
 	mkdir -p $(CUDAEMU)
 	sed -e 's/^int /__attribute__((weak)) int /' -e 's/return 999/return 801/' $(CUDA_BUILD)/lib/stub.c >$@
 
