@@ -9,6 +9,8 @@ package gpu
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -18,10 +20,16 @@ import (
 // emulatedGPU is the device name of the emulator's libcuda.so.1.
 const emulatedGPU = "vramq CPU-emulated GPU"
 
+// requireEmulator skips the test on any other device; under make
+// cuda-emu-test (which sets VRAMQ_EMU_STATE) a missing emulator fails it.
 func requireEmulator(t *testing.T) {
 	t.Helper()
 	if name, err := cu.Device(0).Name(); err != nil || name != emulatedGPU {
-		t.Skipf("needs the emulated GPU (make cuda-emu-test); device 0 is %q (%v)", name, err)
+		msg := fmt.Sprintf("needs the emulated GPU (make cuda-emu-test); device 0 is %q (%v; driver: %v)", name, err, cudaDriverError())
+		if os.Getenv("VRAMQ_EMU_STATE") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
 	}
 }
 
@@ -100,5 +108,33 @@ func TestCUDAEmuOutOfMemoryIsNotDeviceLost(t *testing.T) {
 	}
 	if _, err := m.Run(context.Background(), items); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A kernel that runs past the end of its buffer faults on the emulator's
+// guard page, which the emulated driver turns into a sticky illegal address,
+// as a GPU does, instead of a crash of the process (the Go runtime forwards
+// faults in C code to the handler that was installed first).
+func TestCUDAEmuKernelOverrunIsIllegalAddress(t *testing.T) {
+	requireEmulator(t)
+	m, _, _ := newCUDATestModel(t)
+	var launchErr, syncErr error
+	if err := m.do(func() {
+		p, err := cu.MemAlloc(1024)
+		if err != nil {
+			launchErr = err
+			return
+		}
+		rows, width := int64(1<<12), int64(m.cfg.Hidden) // far more than 1 KiB
+		launchErr = launch(m.fns.gelu, 64, 256, &p, &m.w.b1, &rows, &width)
+		syncErr = cu.Synchronize()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if launchErr != nil || !errors.Is(syncErr, cu.IllegalAddress) {
+		t.Fatalf("launch: %v, then synchronize: %v; want nil, then IllegalAddress", launchErr, syncErr)
+	}
+	if _, err := m.Run(context.Background(), testTexts(2)); !errors.Is(err, ErrDeviceLost) {
+		t.Errorf("the next batch: %v, want ErrDeviceLost", err)
 	}
 }

@@ -15,8 +15,9 @@
 //   calling thread only) and each costs VRAMQ_EMU_CONTEXT_BYTES of device
 //   memory. Destroying one frees what it allocated.
 // - A kernel argument that is a pointer outside the current context's
-//   allocations breaks the context with CUDA_ERROR_ILLEGAL_ADDRESS; the launch
-//   itself succeeds and every later call in the context returns the error,
+//   allocations, or a kernel touching memory past its buffer's end (the guard
+//   page faults; kernels.cc turns the fault into an error), breaks the
+//   context with CUDA_ERROR_ILLEGAL_ADDRESS; the launch itself succeeds and every later call in the context returns the error,
 //   as an asynchronous fault on a GPU does. VRAMQ_EMU_FAULT injects the same
 //   at a chosen launch.
 // - cuModuleLoadData refuses PTX whose .entry names and parameter sizes
@@ -908,7 +909,12 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
 			}
 		}
 	}
-	return emuRun(f->k, EmuDim{gx, gy, gz}, EmuDim{bx, by, bz}, params, launch_seed());
+	CUresult r = emuRun(f->k, EmuDim{gx, gy, gz}, EmuDim{bx, by, bz}, params, launch_seed());
+	if (r == EMU_ILLEGAL_ADDRESS) {
+		fault(c, r); // asynchronous on a GPU: the next call reports it
+		return EMU_SUCCESS;
+	}
+	return r;
 }
 
 // --- For the emulated cuBLAS -------------------------------------------------

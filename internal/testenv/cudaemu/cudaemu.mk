@@ -31,7 +31,7 @@ define cudaemu_driver
 	$(CUDAEMU_CXX) -fvisibility=hidden -I$(CUDAEMU) -I$(CUDAEMU_SRC) -DEMU_KERNELS_CU='"$(CURDIR)/$(2)"' -c -o $(1).kernels.o $(CUDAEMU_SRC)/kernels.cc
 	$(CUDAEMU_CXX) -I$(CUDAEMU_SRC) -c -o $(1).cuda.o $(CUDAEMU_SRC)/cuda.cc
 	gcc -O2 -fPIC -c -o $(1).unsupported.o $(CUDAEMU)/unsupported.c
-	g++ -shared -Wl,-soname,libcuda.so.1 -o $(1) $(1).cuda.o $(1).kernels.o $(1).unsupported.o -lpthread
+	g++ -shared -Wl,-Bsymbolic-functions -Wl,-soname,libcuda.so.1 -o $(1) $(1).cuda.o $(1).kernels.o $(1).unsupported.o -lpthread
 endef
 
 $(CUDAEMU)/libcuda.so.1: $(CUDAEMU_SRC)/cuda.cc $(CUDAEMU_SRC)/kernels.cc $(CUDAEMU_SRC)/emu.h $(CUDAEMU)/emu_kernels.inc $(CUDAEMU)/unsupported.c $(CUDAEMU_CU)

@@ -73,8 +73,9 @@ struct EmuDim {
 
 // emuRun runs kernel k on grid × block, one block at a time, each CUDA
 // thread a fiber switched at __syncthreads in a shuffled order from seed.
-// It returns EMU_SUCCESS, or EMU_LAUNCH_OUT_OF_RESOURCES for a block too
-// large.
+// It returns EMU_SUCCESS, EMU_LAUNCH_OUT_OF_RESOURCES for a block too
+// large, or EMU_ILLEGAL_ADDRESS when the kernel faulted (touched memory
+// that is not mapped: a guard page, or no device memory at all).
 int emuRun(const EmuKernel *k, EmuDim grid, EmuDim block, void **params, uint64_t seed);
 #endif
 

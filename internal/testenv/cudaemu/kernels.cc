@@ -18,6 +18,8 @@
 // counterparts.
 
 #include <math.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,16 +225,54 @@ template <class T> void shuffle(std::vector<T> &v, uint64_t *s) {
 
 } // namespace
 
+// A fault (SIGSEGV, SIGBUS) while a kernel runs on this thread is the
+// kernel's: an access past the end of its buffer reaches a guard page, or one
+// through a pointer that is not device memory at all. On a GPU that is
+// CUDA_ERROR_ILLEGAL_ADDRESS, so the handler ends the kernel (jumping back to
+// emuRun) instead of the process. Any other fault goes to the handler that
+// was there before: the Go runtime's, in a Go program.
+// (The variable is set on this thread before any fault it catches, so the
+// handler's read of it allocates nothing.)
+static __thread sigjmp_buf *kernel_jmp;
+static struct sigaction prev_segv, prev_bus;
+
+static void on_fault(int sig, siginfo_t *si, void *uc) {
+	if (kernel_jmp != nullptr) {
+		siglongjmp(*kernel_jmp, 1);
+	}
+	struct sigaction *p = sig == SIGSEGV ? &prev_segv : &prev_bus;
+	if (p->sa_flags & SA_SIGINFO) {
+		p->sa_sigaction(sig, si, uc);
+	} else if (p->sa_handler == SIG_DFL) {
+		// Returning re-runs the access, which now takes the default action.
+		signal(sig, SIG_DFL);
+	} else if (p->sa_handler != SIG_IGN) {
+		p->sa_handler(sig);
+	}
+}
+
+// Installed when the library loads: in a Go program that is before the
+// runtime sets its own handlers, so the runtime forwards faults in C code
+// here, as it does for any handler that was there first.
+__attribute__((constructor)) static void install_fault_handler(void) {
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_sigaction = on_fault;
+	sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGSEGV, &sa, &prev_segv);
+	sigaction(SIGBUS, &sa, &prev_bus);
+}
+
 const EmuKernel *emuKernels(int *n) {
 	*n = int(sizeof(kernels) / sizeof(kernels[0]));
 	return kernels;
 }
 
-int emuRun(const EmuKernel *k, EmuDim grid, EmuDim block, void **params, uint64_t seed) {
-	uint64_t threads = uint64_t(block.x) * block.y * block.z;
-	if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
-		return EMU_LAUNCH_OUT_OF_RESOURCES;
-	}
+// run_blocks is emuRun's work, apart from its sigsetjmp: nothing the jump
+// back needs is changed in emuRun's frame after it.
+__attribute__((noinline)) static void run_blocks(const EmuKernel *k, EmuDim grid, EmuDim block, void **params, uint64_t seed,
+	std::vector<Fiber> &fibers) {
 	uint64_t rng = seed | 1;
 	std::vector<EmuDim> blocks;
 	blocks.reserve(size_t(grid.x) * grid.y * grid.z);
@@ -242,10 +282,8 @@ int emuRun(const EmuKernel *k, EmuDim grid, EmuDim block, void **params, uint64_
 				blocks.push_back({x, y, z});
 	shuffle(blocks, &rng);
 
-	std::vector<Fiber> fibers(threads);
 	std::vector<Fiber *> live;
-	live.reserve(threads);
-	BlockState saved = emu_block; // a launch inside a launch does not happen, but be safe
+	live.reserve(fibers.size());
 	emu_block.grid = grid;
 	emu_block.block = block;
 	for (const EmuDim &b : blocks) {
@@ -280,6 +318,31 @@ int emuRun(const EmuKernel *k, EmuDim grid, EmuDim block, void **params, uint64_
 			live.resize(kept);
 		}
 	}
+}
+
+int emuRun(const EmuKernel *k, EmuDim grid, EmuDim block, void **params, uint64_t seed) {
+	uint64_t threads = uint64_t(block.x) * block.y * block.z;
+	if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
+		return EMU_LAUNCH_OUT_OF_RESOURCES;
+	}
+	std::vector<Fiber> fibers(threads);
+	const BlockState saved = emu_block;
+	sigjmp_buf jmp;
+	if (sigsetjmp(jmp, 1) != 0) {
+		// A fault: every fiber of the block is abandoned where it was.
+		kernel_jmp = nullptr;
+		for (Fiber &f : fibers) {
+			if (f.stack != nullptr) {
+				stack_pool.push_back(f.stack);
+				f.stack = nullptr;
+			}
+		}
+		emu_block = saved;
+		return EMU_ILLEGAL_ADDRESS;
+	}
+	kernel_jmp = &jmp;
+	run_blocks(k, grid, block, params, seed, fibers);
+	kernel_jmp = nullptr;
 	emu_block = saved;
 	return EMU_SUCCESS;
 }

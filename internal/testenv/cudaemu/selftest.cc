@@ -304,6 +304,22 @@ int main(int argc, char **argv) {
 		MUST(cuCtxDestroy_v2(ctx));
 	}
 
+	// A kernel running past the end of its buffer: the guard page faults,
+	// and the context is broken as by a bad pointer; the process lives on.
+	{
+		MUST(cuCtxCreate_v2(&ctx, 0, 0));
+		MUST(cuModuleLoadData(&mod, ptx.c_str()));
+		void *fn;
+		MUST(cuModuleGetFunction(&fn, mod, "bias_gelu"));
+		std::vector<float> x(256), bias(1 << 20);
+		unsigned long long dx = upload(x), db = upload(bias);
+		long nn = 1 << 12, w = 256; // 4096 rows of a buffer of one
+		void *args[] = {&dx, &db, &nn, &w};
+		CHECK(cuLaunchKernel(fn, 8, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr) == 0, "the overrunning launch itself failed");
+		CHECK(cuCtxSynchronize() == 700, "no CUDA_ERROR_ILLEGAL_ADDRESS after a kernel ran past its buffer");
+		MUST(cuCtxDestroy_v2(ctx));
+	}
+
 	// An injected fault at the second launch.
 	{
 		MUST(cuCtxCreate_v2(&ctx, 0, 0));
