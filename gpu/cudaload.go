@@ -29,7 +29,7 @@ func cudaDriverError() error {
 // cuInitErrors are cuda.h's names of what cuInit fails with, for messages.
 var cuInitErrors = map[int]string{
 	1: " (CUDA_ERROR_INVALID_VALUE)", 2: " (CUDA_ERROR_OUT_OF_MEMORY)", 3: " (CUDA_ERROR_NOT_INITIALIZED)",
-	34: " (CUDA_ERROR_STUB_LIBRARY: the toolkit's stub, not the driver, is on the library path)",
+	34:  " (CUDA_ERROR_STUB_LIBRARY: the toolkit's stub, not the driver, is on the library path)",
 	100: " (CUDA_ERROR_NO_DEVICE)", 101: " (CUDA_ERROR_INVALID_DEVICE)", 999: " (CUDA_ERROR_UNKNOWN)",
 	803: " (CUDA_ERROR_SYSTEM_DRIVER_MISMATCH)", 804: " (CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE)",
 }
