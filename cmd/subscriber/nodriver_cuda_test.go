@@ -45,10 +45,17 @@ func TestCUDABinaryStartsWithoutDriver(t *testing.T) {
 		t.Errorf("healthcheck: %v\n%s", err, out)
 	}
 
-	// -device=sim subscribes (to an endpoint that answers nothing) until
-	// SIGTERM, then exits 0.
-	queues := []string{"QUEUE_URL=http://127.0.0.1:1/q", "RESULTS_QUEUE_URL=http://127.0.0.1:1/r", "DLQ_URL=http://127.0.0.1:1/d",
-		"AWS_ENDPOINT_URL=http://127.0.0.1:1", "AWS_REGION=us-east-1", "AWS_ACCESS_KEY_ID=x", "AWS_SECRET_ACCESS_KEY=x",
+	// -device=sim subscribes until SIGTERM, then exits 0. Its SQS answers
+	// every call with a non-retryable error, so no receive is in flight
+	// for long when the signal comes.
+	sqs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintln(w, `{"__type":"com.amazonaws.sqs#QueueDoesNotExist","message":"no such queue"}`)
+	}))
+	defer sqs.Close()
+	queues := []string{"QUEUE_URL=" + sqs.URL + "/q", "RESULTS_QUEUE_URL=" + sqs.URL + "/r", "DLQ_URL=" + sqs.URL + "/d",
+		"AWS_ENDPOINT_URL=" + sqs.URL, "AWS_REGION=us-east-1", "AWS_ACCESS_KEY_ID=x", "AWS_SECRET_ACCESS_KEY=x",
 		"VRAMQ_METRICS_ADDR=127.0.0.1:0"}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()

@@ -72,7 +72,10 @@ cudaemu-mutant:
 ## after the emulator's self-test (part of make test)
 # The tests find the emulated libraries through LD_LIBRARY_PATH, as they would
 # the driver's; the device's state file is this checkout's own, fresh each run.
+# -p 1: the packages share the one emulated device, as they would a GPU, and
+# gpu's out-of-memory test takes nearly all of it while subscriber's budget
+# test measures what is free.
 cuda-emu-test: cuda-stubs cudaemu-selftest
 	rm -f $(CUDAEMU)/device.state
 	$(CUDA_ENV) VRAMQ_EMU_STATE=$(CURDIR)/$(CUDAEMU)/device.state LD_LIBRARY_PATH=$(CURDIR)/$(CUDAEMU) \
-		$(GO) test -race -count=1 -tags cuda -run 'CUDA' ./gpu/ ./subscriber/ ./cmd/subscriber/
+		$(GO) test -race -count=1 -p 1 -tags cuda -run 'CUDA' ./gpu/ ./subscriber/ ./cmd/subscriber/
