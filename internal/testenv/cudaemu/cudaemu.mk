@@ -75,7 +75,15 @@ cudaemu-mutant:
 # -p 1: the packages share the one emulated device, as they would a GPU, and
 # gpu's out-of-memory test takes nearly all of it while subscriber's budget
 # test measures what is free.
+# The SQS emulator is started as make test starts it, for the end-to-end test of
+# a lost device (cmd/subscriber).
 cuda-emu-test: cuda-stubs cudaemu-selftest
 	rm -f $(CUDAEMU)/device.state
+	@started=0; \
+	if ! $(EMULATOR) status >/dev/null 2>&1; then $(EMULATOR) up; started=1; fi; \
+	trap 'if [ $$started = 1 ]; then $(EMULATOR) down; fi' EXIT; \
+	eval "$$($(EMULATOR) env)"; \
+	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
+	echo "go test -race -count=1 -p 1 -tags cuda -run CUDA ./gpu/ ./subscriber/ ./cmd/subscriber/ (on the emulated GPU)"; \
 	$(CUDA_ENV) VRAMQ_EMU_STATE=$(CURDIR)/$(CUDAEMU)/device.state LD_LIBRARY_PATH=$(CURDIR)/$(CUDAEMU) \
 		$(GO) test -race -count=1 -p 1 -tags cuda -run 'CUDA' ./gpu/ ./subscriber/ ./cmd/subscriber/
