@@ -320,6 +320,28 @@ int main(int argc, char **argv) {
 		MUST(cuCtxDestroy_v2(ctx));
 	}
 
+	// Device memory of another context is not this one's: a kernel given it
+	// faults, as on a GPU.
+	{
+		void *other;
+		MUST(cuCtxCreate_v2(&other, 0, 0)); // current on this thread now
+		unsigned long long foreign;
+		MUST(cuMemAlloc_v2(&foreign, 1024));
+		void *mine;
+		MUST(cuCtxCreate_v2(&mine, 0, 0));
+		MUST(cuModuleLoadData(&mod, ptx.c_str()));
+		void *fn;
+		MUST(cuModuleGetFunction(&fn, mod, "bias_gelu"));
+		std::vector<float> bias(256);
+		unsigned long long db = upload(bias);
+		long nn = 1, w = 256;
+		void *args[] = {&foreign, &db, &nn, &w};
+		CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, nullptr, args, nullptr) == 0, "the launch itself failed");
+		CHECK(cuCtxSynchronize() == 700, "a kernel ran on another context's memory");
+		MUST(cuCtxDestroy_v2(mine));
+		MUST(cuCtxDestroy_v2(other));
+	}
+
 	// An injected fault at the second launch.
 	{
 		MUST(cuCtxCreate_v2(&ctx, 0, 0));
