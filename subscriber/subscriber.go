@@ -284,7 +284,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		s.protect.clear(base)
 	}
 	if closeErr != nil {
-		return fmt.Errorf("subscriber shutdown: %w", closeErr)
+		return errors.Join(s.errDeviceLost(), fmt.Errorf("subscriber shutdown: %w", closeErr))
 	}
 	l := s.Ledger()
 	s.log.Info("subscriber stopped", "received", l.Received, "deleted", l.Deleted, "released", l.Released,
