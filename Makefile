@@ -60,16 +60,16 @@ images:
 	$(DOCKER) build $(DOCKER_BUILD_FLAGS) -f Dockerfile.subscriber-cuda -t $(IMAGE_PREFIX)/subscriber-cuda:$(VERSION) .
 
 ## cuda: bin/subscriber-cuda, the subscriber with the CUDA backend (-tags cuda). It builds without the
-## CUDA toolkit: the driver header and a link-time libcuda stub are generated into build/cuda
-## (nothing NVIDIA is committed); the binary needs the NVIDIA driver to run, and cuBLAS (see README).
+## CUDA toolkit: the driver header and the driver API's names are generated into build/cuda
+## (nothing NVIDIA is committed); the binary loads the NVIDIA driver and cuBLAS at run time (see README).
 CUDA_BUILD := build/cuda
 CUDA_ENV   := CGO_ENABLED=1 CGO_CFLAGS="-I$(CURDIR)/$(CUDA_BUILD)/include" CGO_LDFLAGS="-L$(CURDIR)/$(CUDA_BUILD)/lib"
 .PHONY: cuda cuda-stubs gpu-test-bin ptx cuda-check
 cuda: cuda-stubs
 	$(CUDA_ENV) $(GO) build -tags cuda -o $(BIN)/subscriber-cuda ./cmd/subscriber
 
-cuda-stubs: $(CUDA_BUILD)/lib/libcuda.so
-$(CUDA_BUILD)/lib/libcuda.so: gpu/cudabuild/gen.sh go.mod
+cuda-stubs: $(CUDA_BUILD)/lib/libcuda.a
+$(CUDA_BUILD)/lib/libcuda.a: gpu/cudabuild/gen.sh go.mod
 	gpu/cudabuild/gen.sh $(CUDA_BUILD)
 
 ## gpu-test-bin: the cuda-tagged test binaries of gpu/ and cmd/subscriber, into build/gpu-test/, to
@@ -99,7 +99,7 @@ gpu-verify: cuda-stubs
 ## cuda-check: vet the cuda-tagged code and link both cuda binaries, so the CUDA backend cannot rot
 ## on machines without a GPU (part of make test)
 # vet type-checks the test files too; one link, of the binary, checks the cgo side
-# against the stub (the test binaries link the same objects; make gpu-test-bin builds them).
+# (the test binaries link the same objects; make cuda-emu-test builds and runs them).
 cuda-check: cuda-stubs $(STATICCHECK)
 	$(CUDA_ENV) $(GO) vet $(CHECK_FLAGS) -tags cuda ./gpu/ ./subscriber/ ./cmd/subscriber/
 	$(CUDA_ENV) GOFLAGS=$(CHECK_FLAGS) $(STATICCHECK) -tags cuda ./gpu/ ./subscriber/ ./cmd/subscriber/
@@ -231,3 +231,8 @@ TOKENIZER_GOLDEN := model/bert/golden/tokenizer
 golden-tokenizer:
 	cd $(TOKENIZER_GOLDEN) && npm ci --ignore-scripts --no-audit --no-fund
 	cd $(TOKENIZER_GOLDEN) && node generate.mjs
+
+# ---- CUDA on an emulated GPU (issue 16): internal/testenv/cudaemu/cudaemu.mk ----
+include internal/testenv/cudaemu/cudaemu.mk
+test: cuda-emu-test
+# ---- end CUDA on an emulated GPU ----

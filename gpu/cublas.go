@@ -34,6 +34,7 @@ static int vramq_cublas_sgemm(void *f, void *h, int m, int n, int k,
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -44,7 +45,9 @@ import (
 
 // cublasLibraries are tried in order unless VRAMQ_CUBLAS names one: the
 // newest first, so a machine with several toolkits uses the one its driver
-// is most likely to match.
+// is most likely to match. A cuBLAS newer than the driver loads but fails
+// cublasCreate (the newest is exactly the one an older driver cannot run),
+// so a failure to create a handle moves on to the next library too.
 var cublasLibraries = []string{"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so"}
 
 // cublasStatusAllocFailed is CUBLAS_STATUS_ALLOC_FAILED: cuBLAS could not get
@@ -61,34 +64,53 @@ type cublas struct {
 	path                   string
 }
 
-// loadCublas opens cuBLAS and makes a handle in the current context.
+// loadCublas opens the first cuBLAS that makes a handle in the current
+// context. When none does, the error names every library tried and how it
+// failed; it wraps ErrOutOfMemory when one failed for want of memory.
 func loadCublas() (*cublas, error) {
 	candidates := cublasLibraries
 	if p := os.Getenv("VRAMQ_CUBLAS"); p != "" {
 		candidates = []string{p}
 	}
 	var tried []string
+	var oom error
 	for _, name := range candidates {
-		cname := C.CString(name)
-		lib := C.dlopen(cname, C.RTLD_NOW|C.RTLD_LOCAL)
-		C.free(unsafe.Pointer(cname))
-		if lib == nil {
-			tried = append(tried, fmt.Sprintf("%s: %s", name, C.GoString(C.dlerror())))
-			continue
+		b, err := openCublas(name)
+		if err == nil {
+			return b, nil
 		}
-		b := &cublas{lib: lib, path: name}
-		if err := b.bind(); err != nil {
-			C.dlclose(lib)
-			return nil, err
+		tried = append(tried, err.Error())
+		if errors.Is(err, ErrOutOfMemory) && oom == nil {
+			oom = err
 		}
-		if st := C.vramq_cublas_create(b.create, &b.handle); st != 0 {
-			C.dlclose(lib)
-			return nil, cublasError("cublasCreate", st)
-		}
-		return b, nil
 	}
-	return nil, fmt.Errorf("cuBLAS not found (set VRAMQ_CUBLAS to its path, e.g. PyTorch's site-packages/nvidia/cublas/lib/libcublas.so.12):\n  %s",
+	err := fmt.Errorf("no usable cuBLAS (set VRAMQ_CUBLAS to its path, e.g. PyTorch's site-packages/nvidia/cublas/lib/libcublas.so.12):\n  %s",
 		strings.Join(tried, "\n  "))
+	if oom != nil {
+		return nil, fmt.Errorf("%w: %w", ErrOutOfMemory, err)
+	}
+	return nil, err
+}
+
+// openCublas loads the library name and makes a handle; on failure it
+// unloads it again and says what failed.
+func openCublas(name string) (*cublas, error) {
+	cname := C.CString(name)
+	lib := C.dlopen(cname, C.RTLD_NOW|C.RTLD_LOCAL)
+	C.free(unsafe.Pointer(cname))
+	if lib == nil {
+		return nil, fmt.Errorf("%s: %s", name, C.GoString(C.dlerror()))
+	}
+	b := &cublas{lib: lib, path: name}
+	if err := b.bind(); err != nil {
+		C.dlclose(lib)
+		return nil, err
+	}
+	if st := C.vramq_cublas_create(b.create, &b.handle); st != 0 {
+		C.dlclose(lib)
+		return nil, fmt.Errorf("%s: %w", name, cublasError("cublasCreate", st))
+	}
+	return b, nil
 }
 
 func (b *cublas) bind() error {
@@ -100,7 +122,7 @@ func (b *cublas) bind() error {
 		*s.dst = C.dlsym(b.lib, cname)
 		C.free(unsafe.Pointer(cname))
 		if *s.dst == nil {
-			return fmt.Errorf("cuBLAS %s: no symbol %s", b.path, s.name)
+			return fmt.Errorf("%s: no symbol %s", b.path, s.name)
 		}
 	}
 	return nil
@@ -128,9 +150,17 @@ func (b *cublas) close() {
 }
 
 func cublasError(call string, st C.int) error {
-	err := fmt.Errorf("cuBLAS %s: status %d", call, int(st))
+	err := fmt.Errorf("cuBLAS %s: status %d%s", call, int(st), cublasStatusNames[int(st)])
 	if st == cublasStatusAllocFailed {
 		return fmt.Errorf("%w: %w", ErrOutOfMemory, err)
 	}
 	return err
+}
+
+// cublasStatusNames are cublas_api.h's names for the statuses a call can
+// return, for messages.
+var cublasStatusNames = map[int]string{
+	1: " (CUBLAS_STATUS_NOT_INITIALIZED)", 3: " (CUBLAS_STATUS_ALLOC_FAILED)", 7: " (CUBLAS_STATUS_INVALID_VALUE)",
+	8: " (CUBLAS_STATUS_ARCH_MISMATCH)", 11: " (CUBLAS_STATUS_MAPPING_ERROR)", 13: " (CUBLAS_STATUS_EXECUTION_FAILED)",
+	14: " (CUBLAS_STATUS_INTERNAL_ERROR)", 15: " (CUBLAS_STATUS_NOT_SUPPORTED)", 16: " (CUBLAS_STATUS_LICENSE_ERROR)",
 }

@@ -62,6 +62,9 @@ type CUDAEmbedder struct {
 	working atomic.Int64
 	// calibrated is the cost model SetCostModel gave; nil until then.
 	calibrated atomic.Pointer[CostModel]
+	// lost is the error that broke the context (wrapping ErrDeviceLost);
+	// nil while it works.
+	lost atomic.Pointer[error]
 
 	// Owned by the context's goroutine.
 	w     struct{ emb, w1, b1, w2, b2 cu.DevicePtr }
@@ -87,6 +90,9 @@ func NewCUDAEmbedder(index int, w *EmbedWeights, cfg EmbedConfig) (*CUDAEmbedder
 		return nil, errors.New("cuda embed: nil weights")
 	}
 	if err := w.checkShape(cfg); err != nil {
+		return nil, err
+	}
+	if err := cudaDriverError(); err != nil {
 		return nil, err
 	}
 	n, err := cu.NumDevices()
@@ -289,7 +295,14 @@ func (e *CUDAEmbedder) MemGetInfo() (free, total int64, err error) {
 	if e.closed.Load() {
 		return 0, 0, fmt.Errorf("%s: %w", e.name, ErrClosed)
 	}
-	if derr := e.do(func() { free, total, err = cu.MemInfo() }); derr != nil {
+	if lost := e.lost.Load(); lost != nil {
+		return 0, 0, *lost
+	}
+	if derr := e.do(func() {
+		if free, total, err = cu.MemInfo(); err != nil {
+			err = e.classify(err)
+		}
+	}); derr != nil {
 		return 0, 0, derr
 	}
 	return free, total, err
@@ -319,13 +332,18 @@ func (e *CUDAEmbedder) run(ctx context.Context, items []job.Item, measure bool) 
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
+	if lost := e.lost.Load(); lost != nil {
+		return nil, 0, *lost
+	}
 	if len(items) == 0 {
 		return []job.Output{}, 0, nil
 	}
 	if derr := e.do(func() {
 		// The context may have ended while the batch waited its turn.
 		if err = ctx.Err(); err == nil {
-			outs, peak, err = e.forward(items, measure)
+			if outs, peak, err = e.forward(items, measure); err != nil {
+				err = e.classify(err)
+			}
 		}
 	}); derr != nil {
 		return nil, 0, derr
@@ -450,6 +468,40 @@ func cudaErr(err error) error {
 		return fmt.Errorf("%w: %w", ErrOutOfMemory, err)
 	}
 	return err
+}
+
+// stickyErrors are the CUDA errors after which the context is unusable:
+// every later call in it fails the same way (the driver API's documentation
+// of each says so), and only a new process can use the GPU again.
+var stickyErrors = []error{cu.IllegalAddress, cu.LaunchFailed, cu.MisalignedAddress, cu.IllegalInstruction,
+	cu.HardwareStackError, cu.InvalidAddressSpace, cu.InvalidPc, cu.Assert, cu.LaunchTimeout, cu.EccUncorrectable}
+
+// classify turns err, from a call on the context's goroutine, into
+// ErrDeviceLost when the context is broken, and remembers it: later calls
+// fail at once. Whichever call reports a sticky error (a kernel's fault shows
+// at the next synchronizing call, a cuBLAS call reports only its own status),
+// the context itself answers with it, so it is asked.
+func (e *CUDAEmbedder) classify(err error) error {
+	cause := err
+	if !isSticky(err) {
+		serr := cu.Synchronize()
+		if !isSticky(serr) {
+			return err
+		}
+		cause = fmt.Errorf("%w (the context reports %w)", err, serr)
+	}
+	lost := fmt.Errorf("%w: %s on %s: %w", ErrDeviceLost, e.name, e.devName, cause)
+	e.lost.CompareAndSwap(nil, &lost)
+	return *e.lost.Load()
+}
+
+func isSticky(err error) bool {
+	for _, s := range stickyErrors {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // Close frees the weights, cuBLAS's handle and the context. Run fails with

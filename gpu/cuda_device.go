@@ -25,6 +25,9 @@ type CUDABackend struct {
 // index and opens that GPU's memory reports. NVML and CUDA may number GPUs
 // differently, so the NVML device is found by the UUID CUDA gives.
 func OpenCUDA(index int, w *EmbedWeights, cfg EmbedConfig) (*CUDABackend, error) {
+	if err := cudaDriverError(); err != nil {
+		return nil, err
+	}
 	b := &CUDABackend{}
 	// NVML first, so that its free memory before and after the model loads
 	// gives the model's whole footprint: the CUDA context and cuBLAS's

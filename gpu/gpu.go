@@ -29,8 +29,16 @@ var ErrOutOfMemory = errors.New("gpu: out of memory")
 
 // ErrInvalidInput is returned (wrapped) by Model.Run when an input can never
 // be processed, whatever the memory: the subscriber dead-letters it instead of
-// retrying. Any other error from Run is taken as transient.
+// retrying. Any other error from Run is taken as transient, except
+// ErrDeviceLost.
 var ErrInvalidInput = errors.New("gpu: invalid input")
+
+// ErrDeviceLost is returned (wrapped) by Model.Run when the device can run
+// nothing more in this process: a sticky CUDA error (an illegal address, a
+// launch failure) leaves the context unusable, and every later call fails
+// the same way. No message is to blame. The caller should stop taking work,
+// hand back what it holds and exit, so that a fresh process replaces it.
+var ErrDeviceLost = errors.New("gpu: device lost")
 
 // MemInfo is a snapshot of a device's memory, in bytes.
 type MemInfo struct {

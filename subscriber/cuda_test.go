@@ -80,7 +80,15 @@ sys.stdin.readline()`, n))
 		t.Fatal(err)
 	}
 	sc := bufio.NewScanner(stdout)
-	for sc.Scan() && !strings.Contains(sc.Text(), "ready") {
+	ready := false
+	for !ready && sc.Scan() {
+		ready = strings.Contains(sc.Text(), "ready")
+	}
+	if !ready {
+		// It exited without holding the memory: waiting for the budget
+		// to shrink would only time out.
+		stdin.Close()
+		t.Fatalf("%s exited before holding %d bytes: %v", who, n, cmd.Wait())
 	}
 	return who, func() {
 		stdin.Close()

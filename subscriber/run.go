@@ -77,6 +77,9 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		ok1, alone1 := s.process(ctx, tasks[:half])
 		ok2, alone2 := s.process(ctx, tasks[half:])
 		return max(ok1, ok2), append(alone1, alone2...)
+	case errors.Is(err, gpu.ErrDeviceLost):
+		s.loseDevice(tasks, err)
+		return 0, nil
 	default:
 		s.failTasks(ctx, tasks, err)
 		return 0, nil
@@ -129,6 +132,8 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) {
 	case errors.Is(err, gpu.ErrInvalidInput):
 		s.deadLetter(t.lease, "invalid_input", err.Error())
 		s.settle(t)
+	case errors.Is(err, gpu.ErrDeviceLost):
+		s.loseDevice([]*task{t}, err)
 	default:
 		s.failTasks(ctx, []*task{t}, err)
 	}

@@ -64,6 +64,7 @@ type Subscriber struct {
 	// message waiting for admission is then launched while it waits (see
 	// admit).
 	launcher gpu.Launcher
+	loss     deviceLoss // see devicelost.go
 }
 
 // task is a decoded message on its way through admission and the device.
@@ -197,9 +198,13 @@ func (s *Subscriber) MaxBudget() int64 {
 // PeakBytes is the most estimated working memory admitted at once so far.
 func (s *Subscriber) PeakBytes() int64 { return s.peak.Load() }
 
-// Healthy returns an error when the subscriber cannot reach its queue: every
-// receive for the last minute has failed.
+// Healthy returns an error when the subscriber cannot reach its queue (every
+// receive for the last minute has failed) or has lost its device
+// (gpu.ErrDeviceLost).
 func (s *Subscriber) Healthy() error {
+	if err := s.errDeviceLost(); err != nil {
+		return err
+	}
 	if since := s.pollErrSince.Load(); since != 0 && time.Since(time.Unix(0, since)) > time.Minute {
 		return fmt.Errorf("receives failing since %s", time.Unix(0, since).UTC().Format(time.RFC3339))
 	}
@@ -210,11 +215,16 @@ func (s *Subscriber) Healthy() error {
 // unstarted messages back at once, lets running batches finish within the
 // shutdown grace, releases what is still running after it, and waits for
 // every delete and release to be sent. It returns nil after a clean shutdown.
-// Run may be called once.
+// A model reporting gpu.ErrDeviceLost shuts it down the same way, and Run
+// then returns an error wrapping it. Run may be called once.
 func (s *Subscriber) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("subscriber: Run called twice")
 	}
+	// A lost device ends Run as ctx ending does (devicelost.go).
+	ctx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
+	s.loss.arm(stopRun)
 	// Work, SQS calls to finish work, and leases outlive ctx: shutdown
 	// cancels them itself, in order.
 	base := context.WithoutCancel(ctx)
@@ -274,12 +284,12 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		s.protect.clear(base)
 	}
 	if closeErr != nil {
-		return fmt.Errorf("subscriber shutdown: %w", closeErr)
+		return errors.Join(s.errDeviceLost(), fmt.Errorf("subscriber shutdown: %w", closeErr))
 	}
 	l := s.Ledger()
 	s.log.Info("subscriber stopped", "received", l.Received, "deleted", l.Deleted, "released", l.Released,
 		"lost", l.Lost, "abandoned", l.Abandoned)
-	return nil
+	return s.errDeviceLost()
 }
 
 // Ledger accounts for every message received: once Run has returned,

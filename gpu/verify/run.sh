@@ -43,7 +43,7 @@ export VRAMQ_TORCH_PYTHON=$python
 	echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
 	echo "- device (name, driver, memory): $gpu"
 	echo "- PyTorch: $torchv"
-	echo "- cuBLAS: ${VRAMQ_CUBLAS:-from the loader's path}"
+	echo "- cuBLAS: ${VRAMQ_CUBLAS:-found on the loader path}"
 	echo "- built from: $(cat "$here/COMMIT" 2>/dev/null || echo unknown)"
 	echo
 	echo "| check | result | seconds |"

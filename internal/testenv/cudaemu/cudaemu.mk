@@ -1,0 +1,91 @@
+# The CPU emulation of a GPU (internal/testenv/cudaemu): fake libcuda.so.1,
+# libcublas.so.12/.13 and libnvidia-ml.so.1 built with the system g++ into
+# build/cudaemu, never shipped. Included by the Makefile.
+
+CUDAEMU     := build/cudaemu
+CUDAEMU_SRC := internal/testenv/cudaemu
+CUDAEMU_CU  := gpu/kernels/embed.cu
+CUDAEMU_CXX := g++ -std=c++17 -O2 -g -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-attributes
+CUDAEMU_LIBS := $(CUDAEMU)/libcuda.so.1 $(CUDAEMU)/libcublas.so.12 $(CUDAEMU)/libcublas.so.13 $(CUDAEMU)/libnvidia-ml.so.1
+
+.PHONY: cudaemu cudaemu-selftest cuda-emu-test
+
+## cudaemu: the emulated GPU's libraries, into build/cudaemu
+cudaemu: $(CUDAEMU_LIBS)
+
+# Every kernel of the .cu, for the registry kernels.cc compiles.
+$(CUDAEMU)/emu_kernels.inc: $(CUDAEMU_CU)
+	mkdir -p $(CUDAEMU)
+	grep -oE 'extern "C" GLOBAL void [A-Za-z_0-9]+' $< | awk '{ print "EMU_KERNEL(" $$NF ")" }' >$@.tmp
+	mv $@.tmp $@
+
+# Every other entry point of the driver API answers CUDA_ERROR_NOT_SUPPORTED:
+# the names come from the link-time stub gen.sh writes, weak so that the
+# implemented ones win.
+$(CUDAEMU)/unsupported.c: $(CUDA_BUILD)/lib/libcuda.a
+	mkdir -p $(CUDAEMU)
+	sed -e 's/^int /__attribute__((weak)) int /' -e 's/return 999/return 801/' $(CUDA_BUILD)/lib/stub.c >$@
+
+# cudaemu_driver builds a libcuda.so.1 into $(1) from the kernels of $(2).
+define cudaemu_driver
+	$(CUDAEMU_CXX) -fvisibility=hidden -I$(CUDAEMU) -I$(CUDAEMU_SRC) -DEMU_KERNELS_CU='"$(CURDIR)/$(2)"' -c -o $(1).kernels.o $(CUDAEMU_SRC)/kernels.cc
+	$(CUDAEMU_CXX) -I$(CUDAEMU_SRC) -c -o $(1).cuda.o $(CUDAEMU_SRC)/cuda.cc
+	gcc -O2 -fPIC -c -o $(1).unsupported.o $(CUDAEMU)/unsupported.c
+	g++ -shared -Wl,-Bsymbolic-functions -Wl,-soname,libcuda.so.1 -o $(1) $(1).cuda.o $(1).kernels.o $(1).unsupported.o -lpthread
+endef
+
+$(CUDAEMU)/libcuda.so.1: $(CUDAEMU_SRC)/cuda.cc $(CUDAEMU_SRC)/kernels.cc $(CUDAEMU_SRC)/emu.h $(CUDAEMU)/emu_kernels.inc $(CUDAEMU)/unsupported.c $(CUDAEMU_CU)
+	$(call cudaemu_driver,$@,$(CUDAEMU_CU))
+
+$(CUDAEMU)/libcublas.so.%: $(CUDAEMU_SRC)/cublas.cc $(CUDAEMU_SRC)/emu.h $(CUDAEMU)/libcuda.so.1
+	$(CUDAEMU_CXX) -shared -DCUBLAS_MAJOR=$* -Wl,-soname,libcublas.so.$* -I$(CUDAEMU_SRC) -o $@ $< -L$(CUDAEMU) -l:libcuda.so.1
+
+$(CUDAEMU)/libnvidia-ml.so.1: $(CUDAEMU_SRC)/nvml.cc $(CUDAEMU_SRC)/emu.h $(CUDAEMU)/libcuda.so.1
+	$(CUDAEMU_CXX) -shared -Wl,-soname,libnvidia-ml.so.1 -I$(CUDAEMU_SRC) -o $@ $< -L$(CUDAEMU) -l:libcuda.so.1
+
+$(CUDAEMU)/selftest: $(CUDAEMU_SRC)/selftest.cc $(CUDAEMU)/libcuda.so.1
+	$(CUDAEMU_CXX) -I$(CUDAEMU_SRC) -o $@ $< -L$(CUDAEMU) -l:libcuda.so.1 -ldl
+
+## cudaemu-selftest: the emulator against direct computations; then, for each
+## __syncthreads of the kernels, a driver built without it must FAIL the self-test
+# The self-test's state file is its own, so it never shares a device with tests.
+cudaemu-selftest: $(CUDAEMU_LIBS) $(CUDAEMU)/selftest
+	VRAMQ_EMU_STATE=$(CURDIR)/$(CUDAEMU)/selftest.state LD_LIBRARY_PATH=$(CURDIR)/$(CUDAEMU) \
+		$(CUDAEMU)/selftest gpu/kernels/embed.ptx $(CURDIR)/$(CUDAEMU)/libcublas.so.12
+	@n=$$(grep -c '__syncthreads()' $(CUDAEMU_CU)); \
+	for i in $$(seq 1 $$n); do \
+		d=$(CUDAEMU)/mutant$$i; mkdir -p $$d; \
+		awk -v n=$$i '/__syncthreads\(\)/ { c++; if (c == n) { sub(/__syncthreads\(\);/, ""); } } { print }' $(CUDAEMU_CU) >$$d/embed.cu; \
+		$(MAKE) -s --no-print-directory cudaemu-mutant MUTANT=$$d; \
+		VRAMQ_EMU_STATE=$(CURDIR)/$$d/state LD_LIBRARY_PATH=$(CURDIR)/$$d \
+			$(CUDAEMU)/selftest gpu/kernels/embed.ptx $(CURDIR)/$(CUDAEMU)/libcublas.so.12 2>$$d/selftest.err && rc=0 || rc=$$?; \
+		if [ $$rc != 1 ]; then \
+			echo "cudaemu-selftest: the kernels with __syncthreads $$i of $$n deleted: the self-test exited $$rc, want 1 (a check failing):" >&2; \
+			cat $$d/selftest.err >&2; exit 1; \
+		fi; \
+		echo "cudaemu-selftest: __syncthreads $$i of $$n deleted: caught ($$(grep -m1 FAIL $$d/selftest.err))"; \
+	done
+
+.PHONY: cudaemu-mutant
+cudaemu-mutant:
+	$(call cudaemu_driver,$(MUTANT)/libcuda.so.1,$(MUTANT)/embed.cu)
+
+## cuda-emu-test: every cuda-tagged test (gpu, subscriber, cmd/subscriber) on the emulated GPU,
+## after the emulator's self-test (part of make test)
+# The tests find the emulated libraries through LD_LIBRARY_PATH, as they would
+# the driver's; the device's state file is this checkout's own, fresh each run.
+# -p 1: the packages share the one emulated device, as they would a GPU, and
+# gpu's out-of-memory test takes nearly all of it while subscriber's budget
+# test measures what is free.
+# The SQS emulator is started as make test starts it, for the end-to-end test of
+# a lost device (cmd/subscriber).
+cuda-emu-test: cuda-stubs cudaemu-selftest
+	rm -f $(CUDAEMU)/device.state
+	@started=0; \
+	if ! $(EMULATOR) status >/dev/null 2>&1; then $(EMULATOR) up; started=1; fi; \
+	trap 'if [ $$started = 1 ]; then $(EMULATOR) down; fi' EXIT; \
+	eval "$$($(EMULATOR) env)"; \
+	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
+	echo "go test -race -count=1 -p 1 -tags cuda -run CUDA ./gpu/ ./subscriber/ ./cmd/subscriber/ (on the emulated GPU)"; \
+	$(CUDA_ENV) VRAMQ_EMU_STATE=$(CURDIR)/$(CUDAEMU)/device.state LD_LIBRARY_PATH=$(CURDIR)/$(CUDAEMU) \
+		$(GO) test -race -count=1 -p 1 -tags cuda -run 'CUDA' ./gpu/ ./subscriber/ ./cmd/subscriber/
