@@ -219,3 +219,13 @@ queues: build
 clean:
 	-$(EMULATOR) down
 	rm -rf $(BIN) build .run
+
+## golden-onnx: regenerate model/bert's test models and their ONNX Runtime outputs
+## (model/bert/testdata/model) with the generator in model/bert/golden/onnx. It installs
+## onnxruntime-node (CPU, ~300 MB; --ignore-scripts: its install script fetches CUDA parts)
+## and onnx-proto from npm; make test only reads the committed files.
+BERT_GOLDEN := model/bert/golden/onnx
+.PHONY: golden-onnx
+golden-onnx:
+	cd $(BERT_GOLDEN) && npm ci --ignore-scripts --no-audit --no-fund
+	cd $(BERT_GOLDEN) && node gen.mjs ../../testdata/model
