@@ -5,6 +5,9 @@ go 1.26.0
 // npm installs the local SQS emulator here; keep ./... patterns out of it.
 ignore ./localstack/node_modules
 
+// npm installs model/bert's golden generator (ONNX Runtime) here.
+ignore ./model/bert/golden/onnx/node_modules
+
 require (
 	github.com/NVIDIA/go-nvml v0.13.0-1
 	github.com/aws/aws-lambda-go v1.55.1
@@ -68,5 +71,6 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/tools v0.49.0 // indirect
+	gonum.org/v1/gonum v0.15.1 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )

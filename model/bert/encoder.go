@@ -1,0 +1,237 @@
+package bert
+
+import (
+	"math"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas32"
+)
+
+// activations are one batch's buffers: rows = batch × seqLen token rows,
+// every item padded to seqLen. They are allocated once per batch and reused
+// by every layer; WorkingBytes counts exactly these.
+type activations struct {
+	batch, seqLen int
+	x             []float32 // [rows, h]: the hidden state
+	qkv           []float32 // [rows, 3h]: queries, keys, values side by side
+	scores        []float32 // [batch·heads, seqLen, seqLen]
+	ctx           []float32 // [rows, h]: attention output before its projection
+	proj          []float32 // [rows, h]: a projection's output before the residual
+	inter         []float32 // [rows, i]: the feed-forward layer's inner activations
+	mask          []float32 // [batch, seqLen]: 0 for a token, -MaxFloat32 for padding
+}
+
+// activationFloats is how many float32 values activations hold for a
+// batch of the given padded shape.
+func (c Config) activationFloats(batch, seqLen int) int64 {
+	b, l := int64(batch), int64(seqLen)
+	rows := b * l
+	h, in, heads := int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.NumHeads)
+	return rows*h + rows*3*h + b*heads*l*l + rows*h + rows*h + rows*in + rows
+}
+
+func newActivations(c Config, batch, seqLen int) *activations {
+	rows := batch * seqLen
+	h := c.HiddenSize
+	// One allocation, carved up, so that what Embed asks of the allocator
+	// is exactly what activationFloats counts.
+	buf := make([]float32, c.activationFloats(batch, seqLen))
+	take := func(n int) []float32 {
+		s := buf[:n:n]
+		buf = buf[n:]
+		return s
+	}
+	return &activations{
+		batch:  batch,
+		seqLen: seqLen,
+		x:      take(rows * h),
+		qkv:    take(rows * 3 * h),
+		scores: take(batch * c.NumHeads * seqLen * seqLen),
+		ctx:    take(rows * h),
+		proj:   take(rows * h),
+		inter:  take(rows * c.IntermediateSize),
+		mask:   take(rows),
+	}
+}
+
+// encode runs the encoder over ids (each item at most a.seqLen long,
+// padded with token 0 past its end) and leaves the last hidden state in a.x.
+func (m *Model) encode(a *activations, ids [][]int32) {
+	c := m.cfg
+	h := c.HiddenSize
+	w := m.w
+
+	// Embeddings: word + position + token type 0, then LayerNorm.
+	for b, item := range ids {
+		for p := range a.seqLen {
+			row := a.x[(b*a.seqLen+p)*h:][:h]
+			var id int32
+			a.mask[b*a.seqLen+p] = -math.MaxFloat32
+			if p < len(item) {
+				id = item[p]
+				a.mask[b*a.seqLen+p] = 0
+			}
+			word := w.word[int(id)*h:][:h]
+			pos := w.pos[p*h:][:h]
+			for j := range row {
+				row[j] = word[j] + pos[j] + w.tokenType0[j]
+			}
+		}
+	}
+	rows := a.batch * a.seqLen
+	layerNormRows(a.x, h, w.embLN, c.LayerNormEps)
+
+	for _, lw := range w.layers {
+		linear(a.qkv, a.x, lw.qkvW, lw.qkvB, rows, h, 3*h)
+		m.attention(a)
+		linear(a.proj, a.ctx, lw.attnOutW, lw.attnOutB, rows, h, h)
+		addInto(a.x, a.proj)
+		layerNormRows(a.x, h, lw.attnLN, c.LayerNormEps)
+
+		linear(a.inter, a.x, lw.interW, lw.interB, rows, h, c.IntermediateSize)
+		gelu(a.inter)
+		linear(a.proj, a.inter, lw.outW, lw.outB, rows, c.IntermediateSize, h)
+		addInto(a.x, a.proj)
+		layerNormRows(a.x, h, lw.outLN, c.LayerNormEps)
+	}
+}
+
+// attention computes, for each item and head, softmax(Q·Kᵀ/√d + mask)·V
+// from a.qkv into a.ctx. Q, K and V of a head are column blocks of a.qkv,
+// read in place through the GEMM's leading dimension.
+func (m *Model) attention(a *activations) {
+	c := m.cfg
+	h, d, l := c.HiddenSize, c.HeadDim(), a.seqLen
+	scale := float32(1 / math.Sqrt(float64(d)))
+	for b := range a.batch {
+		base := b * l * 3 * h
+		mask := a.mask[b*l:][:l]
+		for hd := range c.NumHeads {
+			s := a.scores[(b*c.NumHeads+hd)*l*l:][: l*l : l*l]
+			q := a.qkv[base+hd*d:]
+			k := a.qkv[base+h+hd*d:]
+			v := a.qkv[base+2*h+hd*d:]
+			gemm(blas.NoTrans, blas.Trans, l, l, d, scale, q, 3*h, k, 3*h, 0, s, l)
+			for i := range l {
+				row := s[i*l:][:l]
+				for j := range row {
+					row[j] += mask[j]
+				}
+				softmax(row)
+			}
+			gemm(blas.NoTrans, blas.NoTrans, l, d, l, 1, s, l, v, 3*h, 0, a.ctx[b*l*h+hd*d:], h)
+		}
+	}
+}
+
+// linear sets dst[rows, out] = x[rows, in] · wᵀ + bias, w being [out, in]
+// as PyTorch's nn.Linear keeps it.
+func linear(dst, x, w, bias []float32, rows, in, out int) {
+	for r := range rows {
+		copy(dst[r*out:][:out], bias)
+	}
+	gemm(blas.NoTrans, blas.Trans, rows, out, in, 1, x, in, w, in, 1, dst, out)
+}
+
+// gemm is C = alpha·op(A)·op(B) + beta·C on row-major matrices whose
+// slices may run past the last row (a head's columns inside a wider
+// matrix): each is cut to the extent the leading dimension and shape need,
+// which is what blas32's General descriptors would check.
+func gemm(tA, tB blas.Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	ar, ac := m, k
+	if tA == blas.Trans {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if tB == blas.Trans {
+		br, bc = n, k
+	}
+	blas32.Implementation().Sgemm(tA, tB, m, n, k, alpha,
+		a[:(ar-1)*lda+ac], lda, b[:(br-1)*ldb+bc], ldb, beta, c[:(m-1)*ldc+n], ldc)
+}
+
+func addInto(dst, src []float32) {
+	for i, v := range src {
+		dst[i] += v
+	}
+}
+
+// layerNormRows normalizes each width-wide row of x in place. Mean and
+// variance are accumulated in float64, which is at least as accurate as
+// PyTorch's float32 kernels and keeps the result independent of width.
+func layerNormRows(x []float32, width int, ln layerNorm, eps float64) {
+	for r := 0; r < len(x); r += width {
+		row := x[r : r+width]
+		var sum float64
+		for _, v := range row {
+			sum += float64(v)
+		}
+		mean := sum / float64(width)
+		var ss float64
+		for _, v := range row {
+			dv := float64(v) - mean
+			ss += dv * dv
+		}
+		inv := 1 / math.Sqrt(ss/float64(width)+eps)
+		for j, v := range row {
+			row[j] = float32((float64(v)-mean)*inv)*ln.gamma[j] + ln.beta[j]
+		}
+	}
+}
+
+// gelu applies GELU in its exact form, x·Φ(x) = x/2·(1 + erf(x/√2)), which
+// is what Hugging Face's "gelu" is; the tanh approximation differs by up to
+// about 1e-3 and is a different activation ("gelu_new").
+func gelu(xs []float32) {
+	for i, x := range xs {
+		xs[i] = float32(0.5 * float64(x) * (1 + math.Erf(float64(x)/math.Sqrt2)))
+	}
+}
+
+// softmax replaces row by its softmax. A masked entry (-MaxFloat32 added)
+// becomes exactly 0, as long as one entry is not masked: every item has at
+// least one token.
+func softmax(row []float32) {
+	mx := row[0]
+	for _, v := range row[1:] {
+		mx = max(mx, v)
+	}
+	var sum float64
+	for j, v := range row {
+		e := math.Exp(float64(v - mx))
+		row[j] = float32(e)
+		sum += e
+	}
+	inv := float32(1 / sum)
+	for j := range row {
+		row[j] *= inv
+	}
+}
+
+// gonum's Sgemm splits a product into 64×64 blocks of the output and, from
+// 4 blocks up, runs each in a goroutine: each costs a closure and, when no
+// finished goroutine can be reused, the runtime's goroutine record; each
+// call a channel and a WaitGroup. The bounds below are generous: the
+// figures measured are far smaller (see TestWorkingBytesBoundsAllocation).
+const (
+	gemmBlock         = 64
+	gemmBytesPerBlock = 1024
+	gemmBytesPerCall  = 1024
+)
+
+func gemmCallBytes(m, n int) int64 {
+	blocks := int64((m+gemmBlock-1)/gemmBlock) * int64((n+gemmBlock-1)/gemmBlock)
+	if blocks < 4 {
+		return 0
+	}
+	return gemmBytesPerCall + blocks*gemmBytesPerBlock
+}
+
+// gemmOverhead bounds what the GEMMs of one Embed call allocate.
+func (c Config) gemmOverhead(batch, seqLen int) int64 {
+	rows := batch * seqLen
+	h := c.HiddenSize
+	perLayer := gemmCallBytes(rows, 3*h) + 2*gemmCallBytes(rows, h) + gemmCallBytes(rows, c.IntermediateSize) +
+		int64(batch*c.NumHeads)*(gemmCallBytes(seqLen, seqLen)+gemmCallBytes(seqLen, c.HeadDim()))
+	return int64(c.NumLayers) * perLayer
+}
