@@ -4,6 +4,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"testing"
+
+	"github.com/viterin/vek/vek32"
 )
 
 // randomModel builds a model of cfg with weights at the scale of
@@ -67,4 +70,22 @@ func randomIDs(r *rand.Rand, vocab int, lengths ...int) [][]int32 {
 		out[i] = item
 	}
 	return slices.Clip(out)
+}
+
+// backends runs f once per matrix-product backend this machine has: gonum
+// always, vek where it has AVX2 and FMA.
+func backends(t *testing.T, f func(t *testing.T)) {
+	t.Helper()
+	saved := useVek
+	t.Cleanup(func() { useVek = saved })
+	names := map[bool]string{false: "gonum", true: "vek"}
+	for _, v := range []bool{false, true} {
+		if v && !vek32.Info().Acceleration {
+			t.Logf("vek: no AVX2+FMA here, only gonum runs")
+			continue
+		}
+		useVek = v
+		t.Run(names[v], f)
+	}
+	useVek = saved
 }

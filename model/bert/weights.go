@@ -11,10 +11,11 @@ import (
 	"github.com/vramq/vramq/gpu"
 )
 
-// weights are the encoder's parameters in float32. Linear layers keep
-// PyTorch's layout, [out, in] row-major, as the checkpoint has them; the
-// query, key and value projections are stacked into one [3·hidden, hidden]
-// matrix so that one GEMM computes all three.
+// weights are the encoder's parameters in float32. Linear layers are kept
+// transposed from PyTorch's [out, in], as [in, out] row-major, the layout
+// both matrix-product backends take without a transposed variant; the
+// query, key and value projections are side by side in one
+// [hidden, 3·hidden] matrix so that one product computes all three.
 type weights struct {
 	word, pos   []float32 // [vocab, hidden], [max_position, hidden]
 	tokenType0  []float32 // [hidden]: row 0, the only token type a sentence encoder uses
@@ -27,11 +28,11 @@ type weights struct {
 type layerNorm struct{ gamma, beta []float32 }
 
 type layerWeights struct {
-	qkvW, qkvB         []float32 // [3h, h], [3h]
+	qkvW, qkvB         []float32 // [h, 3h], [3h]
 	attnOutW, attnOutB []float32 // [h, h], [h]
 	attnLN             layerNorm
-	interW, interB     []float32 // [i, h], [i]
-	outW, outB         []float32 // [h, i], [h]
+	interW, interB     []float32 // [h, i], [i]
+	outW, outB         []float32 // [i, h], [h]
 	outLN              layerNorm
 }
 
@@ -140,14 +141,14 @@ func readWeights(path string, cfg Config) (*weights, error) {
 		q := get(p+"attention.self.query.weight", h, h)
 		k := get(p+"attention.self.key.weight", h, h)
 		v := get(p+"attention.self.value.weight", h, h)
-		lw.qkvW = slices.Concat(q, k, v)
+		lw.qkvW = transpose(slices.Concat(q, k, v), 3*h, h)
 		lw.qkvB = slices.Concat(get(p+"attention.self.query.bias", h), get(p+"attention.self.key.bias", h), get(p+"attention.self.value.bias", h))
-		lw.attnOutW = get(p+"attention.output.dense.weight", h, h)
+		lw.attnOutW = transpose(get(p+"attention.output.dense.weight", h, h), h, h)
 		lw.attnOutB = get(p+"attention.output.dense.bias", h)
 		lw.attnLN = ln(p + "attention.output.LayerNorm")
-		lw.interW = get(p+"intermediate.dense.weight", in, h)
+		lw.interW = transpose(get(p+"intermediate.dense.weight", in, h), in, h)
 		lw.interB = get(p+"intermediate.dense.bias", in)
-		lw.outW = get(p+"output.dense.weight", h, in)
+		lw.outW = transpose(get(p+"output.dense.weight", h, in), h, in)
 		lw.outB = get(p+"output.dense.bias", h)
 		lw.outLN = ln(p + "output.LayerNorm")
 		w.layers = append(w.layers, lw)
@@ -160,4 +161,19 @@ func readWeights(path string, cfg Config) (*weights, error) {
 	w.parameters = r.n - int64((cfg.TypeVocabSize-1)*h)
 	w.sourceDType = strings.Join(slices.Sorted(maps.Keys(r.dtypes)), "+")
 	return w, nil
+}
+
+// transpose returns the [cols, rows] transpose of the row-major [rows,
+// cols] matrix m (nil for nil, after an error).
+func transpose(m []float32, rows, cols int) []float32 {
+	if m == nil {
+		return nil
+	}
+	t := make([]float32, len(m))
+	for r := range rows {
+		for c, v := range m[r*cols : (r+1)*cols] {
+			t[c*rows+r] = v
+		}
+	}
+	return t
 }
