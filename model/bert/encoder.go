@@ -3,6 +3,7 @@ package bert
 import (
 	"math"
 	"runtime"
+	"sync"
 
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/blas32"
@@ -92,7 +93,7 @@ func (m *Model) encode(a *activations, ids [][]int32) {
 		layerNormRows(a.x, h, lw.attnLN, c.LayerNormEps)
 
 		linear(a.inter, a.x, lw.interW, lw.interB, rows, h, c.IntermediateSize)
-		gelu(a.inter)
+		geluRows(a.inter, rows, c.IntermediateSize)
 		linear(a.proj, a.inter, lw.outW, lw.outB, rows, c.IntermediateSize, h)
 		addInto(a.x, a.proj)
 		layerNormRows(a.x, h, lw.outLN, c.LayerNormEps)
@@ -106,25 +107,48 @@ func (m *Model) attention(a *activations) {
 	c := m.cfg
 	h, d, l := c.HiddenSize, c.HeadDim(), a.seqLen
 	scale := float32(1 / math.Sqrt(float64(d)))
-	for b := range a.batch {
+	// Each (item, head) has its own scores and writes its own columns of
+	// ctx, so they run in parallel.
+	parallelFor(a.batch*c.NumHeads, func(job int) {
+		b, hd := job/c.NumHeads, job%c.NumHeads
 		base := b * l * 3 * h
 		mask := a.mask[b*l:][:l]
-		for hd := range c.NumHeads {
-			s := a.scores[(b*c.NumHeads+hd)*l*l:][: l*l : l*l]
-			q := a.qkv[base+hd*d:]
-			k := a.qkv[base+h+hd*d:]
-			v := a.qkv[base+2*h+hd*d:]
-			gemm(blas.NoTrans, blas.Trans, l, l, d, scale, q, 3*h, k, 3*h, 0, s, l)
-			for i := range l {
-				row := s[i*l:][:l]
-				for j := range row {
-					row[j] += mask[j]
-				}
-				softmax(row)
+		s := a.scores[job*l*l:][: l*l : l*l]
+		q := a.qkv[base+hd*d:]
+		k := a.qkv[base+h+hd*d:]
+		v := a.qkv[base+2*h+hd*d:]
+		gemm(blas.NoTrans, blas.Trans, l, l, d, scale, q, 3*h, k, 3*h, 0, s, l)
+		for i := range l {
+			row := s[i*l:][:l]
+			for j := range row {
+				row[j] += mask[j]
 			}
-			gemm(blas.NoTrans, blas.NoTrans, l, d, l, 1, s, l, v, 3*h, 0, a.ctx[b*l*h+hd*d:], h)
+			softmax(row)
 		}
+		gemm(blas.NoTrans, blas.NoTrans, l, d, l, 1, s, l, v, 3*h, 0, a.ctx[b*l*h+hd*d:], h)
+	})
+}
+
+// parallelFor runs f(0) … f(n-1) on up to GOMAXPROCS goroutines, each
+// taking a contiguous range of jobs, and returns when all are done.
+func parallelFor(n int, f func(job int)) {
+	workers := min(n, runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for j := range n {
+			f(j)
+		}
+		return
 	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		lo, hi := w*n/workers, (w+1)*n/workers
+		wg.Go(func() {
+			for j := lo; j < hi; j++ {
+				f(j)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // useVek says whether linear layers go through vek's AVX2 kernel rather
@@ -197,6 +221,16 @@ func layerNormRows(x []float32, width int, ln layerNorm, eps float64) {
 	}
 }
 
+// geluRows applies gelu to the rows of x in parallel: with math.Erf it is
+// the costliest step after the matrix products.
+func geluRows(x []float32, rows, width int) {
+	const chunk = 16 // rows per job
+	parallelFor((rows+chunk-1)/chunk, func(job int) {
+		lo, hi := job*chunk*width, min((job+1)*chunk, rows)*width
+		gelu(x[lo:hi])
+	})
+}
+
 // gelu applies GELU in its exact form, x·Φ(x) = x/2·(1 + erf(x/√2)), which
 // is what Hugging Face's "gelu" is; the tanh approximation differs by up to
 // about 1e-3 and is a different activation ("gelu_new").
@@ -256,11 +290,18 @@ func linearCallBytes(rows, out int) int64 {
 	return max(vek, gonumCallBytes(rows, out))
 }
 
-// gemmOverhead bounds what the matrix products of one Embed call allocate.
+// parallelForBytes bounds what one parallelFor call allocates.
+func parallelForBytes() int64 {
+	return bytesPerParallelOp + int64(max(runtime.NumCPU(), runtime.GOMAXPROCS(0)))*bytesPerGoroutine
+}
+
+// gemmOverhead bounds what the matrix products and parallel loops of one
+// Embed call allocate.
 func (c Config) gemmOverhead(batch, seqLen int) int64 {
 	rows := batch * seqLen
 	h, in := c.HiddenSize, c.IntermediateSize
 	perLayer := 2*linearCallBytes(rows, h) + linearCallBytes(rows, 3*h) + linearCallBytes(rows, in) +
-		int64(batch*c.NumHeads)*(gonumCallBytes(seqLen, seqLen)+gonumCallBytes(seqLen, c.HeadDim()))
+		int64(batch*c.NumHeads)*(gonumCallBytes(seqLen, seqLen)+gonumCallBytes(seqLen, c.HeadDim())) +
+		2*parallelForBytes() // attention, GELU
 	return int64(c.NumLayers) * perLayer
 }
