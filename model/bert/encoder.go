@@ -19,6 +19,7 @@ type activations struct {
 	x             []float32 // [rows, h]: the hidden state
 	qkv           []float32 // [rows, 3h]: queries, keys, values side by side
 	scores        []float32 // [batch·heads, seqLen, seqLen]
+	heads         []float32 // [batch·heads, 3, seqLen·headDim]: Q, Kᵀ, V of each head, contiguous (vek)
 	ctx           []float32 // [rows, h]: attention output before its projection
 	proj          []float32 // [rows, h]: a projection's output before the residual
 	inter         []float32 // [rows, i]: the feed-forward layer's inner activations
@@ -31,7 +32,7 @@ func (c Config) activationFloats(batch, seqLen int) int64 {
 	b, l := int64(batch), int64(seqLen)
 	rows := b * l
 	h, in, heads := int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.NumHeads)
-	return rows*h + rows*3*h + b*heads*l*l + rows*h + rows*h + rows*in + rows
+	return rows*h + rows*3*h + b*heads*l*l + rows*3*h + rows*h + rows*h + rows*in + rows
 }
 
 func newActivations(c Config, batch, seqLen int) *activations {
@@ -51,6 +52,7 @@ func newActivations(c Config, batch, seqLen int) *activations {
 		x:      take(rows * h),
 		qkv:    take(rows * 3 * h),
 		scores: take(batch * c.NumHeads * seqLen * seqLen),
+		heads:  take(rows * 3 * h),
 		ctx:    take(rows * h),
 		proj:   take(rows * h),
 		inter:  take(rows * c.IntermediateSize),
@@ -101,9 +103,15 @@ func (m *Model) encode(a *activations, ids [][]int32) {
 }
 
 // attention computes, for each item and head, softmax(Q·Kᵀ/√d + mask)·V
-// from a.qkv into a.ctx. Q, K and V of a head are column blocks of a.qkv,
-// read in place through the GEMM's leading dimension.
+// from a.qkv into a.ctx. With gonum, Q, K and V of a head are column
+// blocks of a.qkv, read in place through the GEMM's leading dimension;
+// vek takes contiguous matrices only, so each head's are copied out first
+// (O(seqLen·d) copies for an O(seqLen²·d) product).
 func (m *Model) attention(a *activations) {
+	if useVek {
+		m.attentionVek(a)
+		return
+	}
 	c := m.cfg
 	h, d, l := c.HiddenSize, c.HeadDim(), a.seqLen
 	scale := float32(1 / math.Sqrt(float64(d)))
@@ -126,6 +134,40 @@ func (m *Model) attention(a *activations) {
 			softmax(row)
 		}
 		gemm(blas.NoTrans, blas.NoTrans, l, d, l, 1, s, l, v, 3*h, 0, a.ctx[b*l*h+hd*d:], h)
+	})
+}
+
+func (m *Model) attentionVek(a *activations) {
+	c := m.cfg
+	h, d, l := c.HiddenSize, c.HeadDim(), a.seqLen
+	scale := float32(1 / math.Sqrt(float64(d)))
+	parallelFor(a.batch*c.NumHeads, func(job int) {
+		b, hd := job/c.NumHeads, job%c.NumHeads
+		blk := a.heads[job*3*l*d:][: 3*l*d : 3*l*d]
+		q, kt, v := blk[:l*d:l*d], blk[l*d:2*l*d:2*l*d], blk[2*l*d:]
+		for i := range l {
+			row := a.qkv[(b*l+i)*3*h:][: 3*h : 3*h]
+			copy(q[i*d:][:d], row[hd*d:])
+			for j, x := range row[h+hd*d:][:d] {
+				kt[j*l+i] = x
+			}
+			copy(v[i*d:][:d], row[2*h+hd*d:])
+		}
+		s := a.scores[job*l*l:][: l*l : l*l]
+		vek32.MatMul_Into(s, q, kt, d)
+		mask := a.mask[b*l:][:l]
+		for i := range l {
+			row := s[i*l:][:l]
+			for j := range row {
+				row[j] = row[j]*scale + mask[j]
+			}
+			softmax(row)
+		}
+		out := q // Q is spent: the head's output goes in its place
+		vek32.MatMul_Into(out, s, v, l)
+		for i := range l {
+			copy(a.ctx[(b*l+i)*h+hd*d:][:d], out[i*d:][:d])
+		}
 	})
 }
 
@@ -283,11 +325,27 @@ func gonumCallBytes(m, n int) int64 {
 	return bytesPerParallelOp + blocks*bytesPerGoroutine
 }
 
+// vekCallBytes bounds what one vek product of an m×n matrix and an n×p
+// one allocates: it goes parallel from 4 rows and 100,000 multiply-adds.
+func vekCallBytes(m, n, p int) int64 {
+	if m < 4 || int64(m)*int64(n)*int64(p) < 100_000 {
+		return 0
+	}
+	return bytesPerParallelOp + int64(runtime.NumCPU())*bytesPerGoroutine
+}
+
 // linearCallBytes bounds what one linear layer's product allocates, for
 // either backend.
-func linearCallBytes(rows, out int) int64 {
-	vek := bytesPerParallelOp + int64(runtime.NumCPU())*bytesPerGoroutine
-	return max(vek, gonumCallBytes(rows, out))
+func linearCallBytes(rows, in, out int) int64 {
+	return max(vekCallBytes(rows, in, out), gonumCallBytes(rows, out))
+}
+
+// attentionBytes bounds what one head's two products allocate, for either
+// backend.
+func attentionBytes(seqLen, d int) int64 {
+	gonum := gonumCallBytes(seqLen, seqLen) + gonumCallBytes(seqLen, d)
+	vek := vekCallBytes(seqLen, d, seqLen) + vekCallBytes(seqLen, seqLen, d)
+	return max(gonum, vek)
 }
 
 // parallelForBytes bounds what one parallelFor call allocates.
@@ -300,8 +358,9 @@ func parallelForBytes() int64 {
 func (c Config) gemmOverhead(batch, seqLen int) int64 {
 	rows := batch * seqLen
 	h, in := c.HiddenSize, c.IntermediateSize
-	perLayer := 2*linearCallBytes(rows, h) + linearCallBytes(rows, 3*h) + linearCallBytes(rows, in) +
-		int64(batch*c.NumHeads)*(gonumCallBytes(seqLen, seqLen)+gonumCallBytes(seqLen, c.HeadDim())) +
+	perLayer := linearCallBytes(rows, h, 3*h) + linearCallBytes(rows, h, h) +
+		linearCallBytes(rows, h, in) + linearCallBytes(rows, in, h) +
+		int64(batch*c.NumHeads)*attentionBytes(seqLen, c.HeadDim()) +
 		2*parallelForBytes() // attention, GELU
 	return int64(c.NumLayers) * perLayer
 }
