@@ -220,9 +220,12 @@ func TestLoadVariants(t *testing.T) {
 	}
 
 	t.Run("as shipped", func(t *testing.T) {
-		m, err := Load(copyModel(t, "tiny-f32"))
+		m, err := Load(filepath.Join("testdata", "model", "tiny-f32") + "/")
 		if err != nil {
 			t.Fatal(err)
+		}
+		if m.Name() != "tiny-f32" {
+			t.Errorf("Name() = %q, want the directory's name", m.Name())
 		}
 		want := Sentence{Pooling: PoolMean, Normalize: true, MaxSeqLength: 128}
 		if m.Sentence() != want || m.Dim() != 64 || m.MaxSeqLength() != 128 || m.WeightDType() != "F32" {

@@ -37,6 +37,11 @@ func Load(dir string) (*Model, error) {
 	return &Model{dir: dir, cfg: cfg, sentence: s, w: w}, nil
 }
 
+// Name identifies the model in results and logs: its directory's name, as
+// `huggingface-cli download --local-dir` leaves it (e.g.
+// "all-MiniLM-L6-v2").
+func (m *Model) Name() string { return filepath.Base(filepath.Clean(m.dir)) }
+
 // Config is the encoder's shape.
 func (m *Model) Config() Config { return m.cfg }
 
@@ -107,8 +112,8 @@ func (m *Model) checkItem(item []int32) error {
 // of batch items padded to seqLen tokens, beyond the weights: the
 // activations (the hidden state, queries, keys and values, the attention
 // scores, batch × heads × seqLen², the feed-forward layer's inner
-// activations, the mask), the output vectors, and gemmOverhead for the
-// goroutines gonum's GEMM starts per call.
+// activations, the mask), the output vectors, and a bound on what the
+// goroutines of the matrix products and parallel loops cost.
 func (c Config) WorkingBytes(batch, seqLen int) int64 {
 	if batch <= 0 || seqLen <= 0 {
 		return 0
