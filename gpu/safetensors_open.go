@@ -61,19 +61,31 @@ type missingTensorError struct{ name string }
 
 func (e *missingTensorError) Error() string { return "safetensors: no tensor " + e.name }
 
-// SafetensorsTensor is a float32 tensor to write with WriteSafetensors.
+// SafetensorsTensor is a tensor to write with WriteSafetensors: float32
+// Values, or, when DType is set, Raw bytes of that dtype (little-endian),
+// which is how tests write half-precision checkpoints.
 type SafetensorsTensor struct {
 	Name   string
 	Shape  []int64
 	Values []float32
+	DType  string
+	Raw    []byte
 }
 
-// WriteSafetensors writes float32 tensors, in the order given, and
+// WriteSafetensors writes tensors, in the order given, and
 // metadata (none when empty) as a safetensors file that OpenSafetensors
 // reads back. It is how tests and tools generate checkpoints.
 func WriteSafetensors(w io.Writer, metadata map[string]string, tensors []SafetensorsTensor) error {
 	out := make([]stOut, len(tensors))
 	for i, t := range tensors {
+		if t.DType != "" {
+			raw := t.Raw
+			if raw == nil {
+				raw = []byte{}
+			}
+			out[i] = stOut{name: t.Name, shape: t.Shape, dtype: t.DType, raw: raw}
+			continue
+		}
 		v := t.Values
 		if v == nil {
 			v = []float32{} // an empty tensor is still F32, not raw bytes

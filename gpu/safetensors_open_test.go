@@ -40,7 +40,7 @@ func TestSafetensorsExported(t *testing.T) {
 
 	// F16 1.0 is 0x3c00, -2.0 is 0xc000.
 	buf.Reset()
-	if err := writeSafetensors(&buf, nil, []stOut{{name: "h", shape: []int64{2}, dtype: "F16", raw: []byte{0x00, 0x3c, 0x00, 0xc0}}}); err != nil {
+	if err := WriteSafetensors(&buf, nil, []SafetensorsTensor{{Name: "h", Shape: []int64{2}, DType: "F16", Raw: []byte{0x00, 0x3c, 0x00, 0xc0}}}); err != nil {
 		t.Fatal(err)
 	}
 	s, err = OpenSafetensors(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
