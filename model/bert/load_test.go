@@ -285,6 +285,58 @@ func TestLoadVariants(t *testing.T) {
 		}
 		check(t, m, "mean_norm")
 	})
+	t.Run("BF16 checkpoint", func(t *testing.T) {
+		// The same weights rounded to bfloat16, once as BF16 and once as
+		// the F32 values they widen to: the two must give equal vectors.
+		bf16, widened := copyModel(t, "tiny-f32"), copyModel(t, "tiny-f32")
+		var wide []gpu.SafetensorsTensor
+		rewriteWeights(t, bf16, func(ts []gpu.SafetensorsTensor) []gpu.SafetensorsTensor {
+			out := make([]gpu.SafetensorsTensor, len(ts))
+			for i, t := range ts {
+				raw := make([]byte, 2*len(t.Values))
+				w := make([]float32, len(t.Values))
+				for j, v := range t.Values {
+					b := math.Float32bits(v)
+					b += 0x7fff + (b>>16)&1 // round to nearest even; no NaN here
+					raw[2*j], raw[2*j+1] = byte(b>>16), byte(b>>24)
+					w[j] = math.Float32frombits(b &^ 0xffff)
+				}
+				out[i] = gpu.SafetensorsTensor{Name: t.Name, Shape: t.Shape, DType: "BF16", Raw: raw}
+				wide = append(wide, gpu.SafetensorsTensor{Name: t.Name, Shape: t.Shape, Values: w})
+			}
+			return out
+		})
+		rewriteWeights(t, widened, func([]gpu.SafetensorsTensor) []gpu.SafetensorsTensor { return wide })
+		mb, err := Load(bf16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw, err := Load(widened)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mb.WeightDType() != "BF16" || mw.WeightDType() != "F32" {
+			t.Errorf("WeightDType() = %q and %q, want BF16 and F32", mb.WeightDType(), mw.WeightDType())
+		}
+		gb, err := mb.Embed(batch.IDs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gw, err := mw.Embed(batch.IDs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range gb {
+			if d := maxAbsDiff(gb[i], gw[i]); d != 0 {
+				t.Errorf("item %d: BF16 checkpoint and its widened F32 copy differ by %.3g", i, d)
+			}
+			// Rounding to bfloat16 does move the vectors: the test would
+			// not notice a loader that ignored the file otherwise.
+			if d := maxAbsDiff(gb[i], batch.Outputs["mean_norm"][i]); d < goldenTolerance {
+				t.Errorf("item %d: BF16 weights give the F32 model's vector (%.3g apart)", i, d)
+			}
+		}
+	})
 	t.Run("shorter max_seq_length", func(t *testing.T) {
 		dir := copyModel(t, "tiny-f32")
 		editJSON(t, dir, "sentence_bert_config.json", func(m map[string]any) { m["max_seq_length"] = 16 })
