@@ -23,10 +23,12 @@ require (
 	github.com/prometheus/common v0.72.0
 	github.com/prometheus/procfs v0.22.0
 	github.com/schollz/progressbar/v3 v3.19.1
+	github.com/viterin/vek v0.4.2
 	github.com/zclconf/go-cty v1.19.0
 	golang.org/x/sync v0.24.0
 	golang.org/x/term v0.44.0
 	golang.org/x/time v0.12.0
+	gonum.org/v1/gonum v0.15.1
 	gonum.org/v1/plot v0.15.2
 	gorgonia.org/cu v0.9.6
 )
@@ -68,13 +70,11 @@ require (
 	github.com/pmezard/go-difflib v1.0.0 // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
 	github.com/viterin/partial v1.1.0 // indirect
-	github.com/viterin/vek v0.4.2 // indirect
 	golang.org/x/exp v0.0.0-20241009180824-f66d83c29e7c // indirect
 	golang.org/x/image v0.24.0 // indirect
 	golang.org/x/mod v0.41.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/tools v0.49.0 // indirect
-	gonum.org/v1/gonum v0.15.1 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
