@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"sync"
 	"testing"
 )
 
@@ -145,4 +146,39 @@ func TestLinear(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestEmbedConcurrent checks that Embed may run from several goroutines at
+// once (the subscriber runs batches side by side) and gives each the
+// vectors it gives alone; -race checks the sharing.
+func TestEmbedConcurrent(t *testing.T) {
+	m, err := Load("testdata/model/tiny-f32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := readGolden(t, "testdata/model/tiny-f32")
+	want := make([][][]float32, len(g.Batches))
+	for i, b := range g.Batches {
+		if want[i], err = m.Embed(b.IDs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		for i, b := range g.Batches {
+			wg.Go(func() {
+				got, err := m.Embed(b.IDs)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for j := range got {
+					if d := maxAbsDiff(got[j], want[i][j]); d != 0 {
+						t.Errorf("batch %d item %d: %.3g apart when run concurrently", i, j, d)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
 }
