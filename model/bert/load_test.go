@@ -161,6 +161,9 @@ func TestLoadRefuses(t *testing.T) {
 		{"missing tensor", weights(func(ts []gpu.SafetensorsTensor) []gpu.SafetensorsTensor {
 			return deleteTensor(ts, "encoder.layer.1.intermediate.dense.bias")
 		}), []string{"model.safetensors", `"encoder.layer.1.intermediate.dense.bias"`, "missing"}},
+		{"missing key projection", weights(func(ts []gpu.SafetensorsTensor) []gpu.SafetensorsTensor {
+			return deleteTensor(ts, "encoder.layer.0.attention.self.key.weight")
+		}), []string{"model.safetensors", `"encoder.layer.0.attention.self.key.weight"`, "missing"}},
 		{"shape against config", config(func(m map[string]any) { m["vocab_size"] = 513 }), []string{"model.safetensors", `"embeddings.word_embeddings.weight"`, "[512 64]", "[513 64]"}},
 		{"not finite", weights(func(ts []gpu.SafetensorsTensor) []gpu.SafetensorsTensor {
 			for _, t := range ts {

@@ -164,9 +164,10 @@ func readWeights(path string, cfg Config) (*weights, error) {
 }
 
 // transpose returns the [cols, rows] transpose of the row-major [rows,
-// cols] matrix m (nil for nil, after an error).
+// cols] matrix m, or nil if m is not whole (a part failed to load: the
+// error is already recorded).
 func transpose(m []float32, rows, cols int) []float32 {
-	if m == nil {
+	if len(m) != rows*cols {
 		return nil
 	}
 	t := make([]float32, len(m))
