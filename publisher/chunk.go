@@ -84,7 +84,7 @@ func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Pla
 		if len(enc) > pl.MaxItemBytes {
 			if pl.Bucket == "" {
 				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID,
-					"item %q is %d bytes encoded; at most %d fit in a message, and no payload bucket is configured for larger ones", it.ID, len(enc), pl.MaxItemBytes)
+					"the item is over the %d bytes that fit in a message, and no payload bucket is configured for larger ones", pl.MaxItemBytes)
 			}
 			sum := sha256.Sum256(enc)
 			c := Claim{Index: i, ID: it.ID, Body: enc, Ref: job.PayloadRef{
@@ -95,7 +95,7 @@ func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Pla
 			enc = ie.encode(&job.Item{ID: it.ID, Ref: &ref})
 			if len(enc) > budget {
 				// Only a pathological bucket name could do this.
-				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID, "item %q: even its payload reference does not fit in a message", it.ID)
+				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID, "even the item's payload reference does not fit in a message")
 			}
 		}
 		sep := 0

@@ -1,0 +1,145 @@
+package publisher
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sync/semaphore"
+)
+
+// heldQueue holds every SendBatch until release is closed, so that the
+// requests sending stay in flight.
+type heldQueue struct {
+	countingQueue
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func (q *heldQueue) SendBatch(ctx context.Context, entries []Entry) ([]error, error) {
+	q.arrived <- struct{}{}
+	<-q.release
+	return q.countingQueue.SendBatch(ctx, entries)
+}
+
+// The bytes of bodies in flight are bounded across requests: with two
+// requests holding the budget, a third is answered 503 overloaded with
+// Retry-After at once (it does not wait), JSON, and enqueues nothing, whether
+// its length is declared or not; once the two are answered their charge is
+// back and a request goes through.
+func TestBodiesInFlightAreBounded(t *testing.T) {
+	const limit = 1 << 10
+	q := &heldQueue{arrived: make(chan struct{}, 8), release: make(chan struct{})}
+	reg := prometheus.NewRegistry()
+	pub, err := New(Config{Queue: q, MaxBodyBytes: limit, MaxBodyBytesInFlight: 2 * limit, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(pub.Handler())
+	t.Cleanup(srv.Close)
+
+	// Each body is over a third of the budget: two fit, a third does not.
+	body := `{"items":[{"id":"a","text":"` + strings.Repeat("x", limit-150) + `"}]}`
+	if len(body) <= 2*limit/3 || len(body) > limit {
+		t.Fatalf("body of %d bytes", len(body))
+	}
+	var wg sync.WaitGroup
+	codes := make(chan int, 2)
+	for range 2 {
+		wg.Go(func() { codes <- send(t, "POST", srv.URL+"/v1/jobs", "", body).StatusCode })
+		<-q.arrived // its body is read and charged; it is sending
+	}
+	for name, chunked := range map[string]bool{"declared length": false, "chunked": true} {
+		var rd io.Reader = strings.NewReader(body)
+		if chunked {
+			rd = io.MultiReader(rd) // no length known: sent chunked
+		}
+		req, _ := http.NewRequestWithContext(t.Context(), "POST", srv.URL+"/v1/jobs", rd)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		e := errorOf(t, resp.StatusCode, resp.Header, b)
+		if resp.StatusCode != http.StatusServiceUnavailable || e.Code != CodeOverloaded || resp.Header.Get("Retry-After") != "1" {
+			t.Errorf("%s, over the budget: %d %s Retry-After %q; want 503 %s, Retry-After 1", name, resp.StatusCode, e.Code, resp.Header.Get("Retry-After"), CodeOverloaded)
+		}
+	}
+	close(q.release)
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusAccepted {
+			t.Errorf("a request within the budget: %d", c)
+		}
+	}
+	if n := q.count(); n != 2 {
+		t.Errorf("%d messages enqueued, want the 2 accepted jobs'", n)
+	}
+	if n := testutil.ToFloat64(pub.m.overloaded); n != 2 {
+		t.Errorf("overloaded_total %v, want 2", n)
+	}
+	// The charge came back.
+	if c := send(t, "POST", srv.URL+"/v1/jobs", "", body).StatusCode; c != http.StatusAccepted {
+		t.Errorf("after the others were answered: %d", c)
+	}
+}
+
+// readBody charges what it holds, as the body arrives when its length is
+// not declared, and gives all of it back.
+func TestReadBodyCharges(t *testing.T) {
+	const limit = 1 << 20
+	for name, chunked := range map[string]bool{"declared length": false, "chunked": true} {
+		t.Run(name, func(t *testing.T) {
+			sem := semaphore.NewWeighted(2 * limit)
+			payload := strings.Repeat("x", 300<<10)
+			var rd io.Reader = strings.NewReader(payload)
+			if chunked {
+				rd = io.MultiReader(rd)
+			}
+			r, _ := http.NewRequest("POST", "/", rd)
+			if chunked {
+				r.ContentLength = -1
+			}
+			body, release, err := readBody(nil, r, sem, limit)
+			if err != nil || string(body) != payload {
+				t.Fatalf("read %d bytes: %v", len(body), err)
+			}
+			// What is charged now is not free: a charge of the whole
+			// budget fails until release.
+			if sem.TryAcquire(2 * limit) {
+				t.Fatal("nothing was charged for the body")
+			}
+			if !sem.TryAcquire(2*limit - int64(cap(body))) {
+				t.Errorf("more than the buffer's %d bytes charged", cap(body))
+			} else {
+				sem.Release(2*limit - int64(cap(body)))
+			}
+			release()
+			release() // twice is harmless
+			if !sem.TryAcquire(2 * limit) {
+				t.Error("the charge was not given back")
+			}
+		})
+	}
+	// A chunked body over the limit is cut off there.
+	sem := semaphore.NewWeighted(4 * limit)
+	r, _ := http.NewRequest("POST", "/", io.MultiReader(strings.NewReader(strings.Repeat("x", limit+1))))
+	r.ContentLength = -1
+	_, release, err := readBody(nil, r, sem, limit)
+	release()
+	var tooBig *http.MaxBytesError
+	if !errors.As(err, &tooBig) {
+		t.Errorf("over the limit: %v", err)
+	}
+}
