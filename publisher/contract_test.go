@@ -209,7 +209,8 @@ func TestUncleanPathsAreJSON(t *testing.T) {
 
 // The answers net/http's server writes itself, before any handler (431 for
 // headers over MaxHeaderBytes, 400 for what is not HTTP, 501 for an unknown
-// transfer coding, 505 for an unknown version), come out as the API's JSON
+// transfer coding, 505 for an unknown version, 417 for an Expect header other
+// than 100-continue), come out as the API's JSON
 // errors through JSONErrors, with nothing of the request in them; normal
 // answers on the same listener pass unchanged.
 func TestServerErrorsAreJSON(t *testing.T) {
@@ -234,6 +235,7 @@ func TestServerErrorsAreJSON(t *testing.T) {
 		{"not HTTP", canary + "\r\n\r\n", 400, CodeBadRequest},
 		{"unknown transfer coding", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + strings.ToLower(canary) + "\r\n\r\n", 501, CodeBadRequest},
 		{"unknown version", "GET / HTTP/3.7\r\nHost: x\r\n\r\n", 505, CodeBadRequest},
+		{"unknown expectation", "POST / HTTP/1.1\r\nHost: x\r\nExpect: " + canary + "\r\nContent-Length: 1\r\n\r\nx", 417, CodeBadRequest},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, body := rawRequest(t, addr, tc.req)

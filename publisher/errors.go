@@ -35,7 +35,7 @@ const (
 	CodeInternal           = "internal"                // 500
 	CodeOverloaded         = "overloaded"              // 503
 	CodeHeadersTooLarge    = "headers_too_large"       // 431
-	CodeBadRequest         = "bad_request"             // 400, 501, 505: not an HTTP request the server can read
+	CodeBadRequest         = "bad_request"             // 400, 417, 501, 505: a request net/http refuses before any handler
 )
 
 // APIError is a client-facing error: an HTTP status and the JSON body
