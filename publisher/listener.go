@@ -14,13 +14,14 @@ import (
 // API's JSON errors too. net/http answers a request whose headers are over
 // MaxHeaderBytes (431), one it cannot parse (400), an unknown transfer
 // coding (501) and an unknown HTTP version (505) by writing a text/plain
-// response straight to the connection, and no http.Server option changes
-// that. The wrapper recognises that response by its exact form (a status
-// line, then only "Content-Type: text/plain; charset=utf-8" and "Connection:
-// close", written in one piece to a connection the server then closes) and
-// sends a JSON error of the same status instead, with a fixed message: the
-// server's text can quote the request. A Go release that changes the form
-// fails TestServerErrorsAreJSON.
+// response straight to the connection, and an Expect header other than
+// 100-continue by an empty 417; no http.Server option changes either. The
+// wrapper recognises the first by its exact form (a status line, then only
+// "Content-Type: text/plain; charset=utf-8" and "Connection: close", written
+// in one piece to a connection the server then closes) and the second by its
+// status, which Handler never answers, and sends a JSON error of the same
+// status instead, with a fixed message: the server's text can quote the
+// request. A Go release that changes the form fails TestServerErrorsAreJSON.
 func JSONErrors(ln net.Listener) net.Listener { return jsonErrorListener{ln} }
 
 type jsonErrorListener struct{ net.Listener }
@@ -52,6 +53,8 @@ func (c jsonErrorConn) Write(p []byte) (int, error) {
 		e.Message = "the request's Transfer-Encoding is not supported"
 	case http.StatusHTTPVersionNotSupported:
 		e.Message = "the request's HTTP version is not supported"
+	case http.StatusExpectationFailed:
+		e.Message = "the request's Expect header is not supported; only 100-continue is"
 	}
 	body, _ := json.Marshal(errorBody{Error: e})
 	body = append(body, '\n')
@@ -75,6 +78,11 @@ func serverError(p []byte) (int, bool) {
 	status, err := strconv.Atoi(string(p[len(proto) : len(proto)+3]))
 	if err != nil || status < 400 || status > 599 {
 		return 0, false
+	}
+	if status == http.StatusExpectationFailed {
+		// Written through a ResponseWriter (sendExpectationFailed): no
+		// body, in one flush.
+		return status, bytes.HasSuffix(p, []byte("\r\n\r\n"))
 	}
 	eol := bytes.IndexByte(p, '\r')
 	if eol < 0 || !bytes.HasPrefix(p[eol:], []byte(serverErrorHeaders)) {
