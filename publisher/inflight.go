@@ -9,8 +9,8 @@ import (
 )
 
 // Bodies in flight: every POST /v1/jobs holds its body, the items decoded
-// from it and the messages cut from them until it is answered, about five to
-// six times the body's size at its peak (BenchmarkConcurrentMaxBodies). So
+// from it and the messages cut from them until it is answered, 5.5 to 6.5
+// times the body's size at its peak (BenchmarkConcurrentMaxBodies). So
 // the bytes of bodies held at once, across requests, are bounded by a
 // weighted semaphore of MaxBodyBytesInFlight: a request is charged its body's
 // size before the body is read (its Content-Length), or, for a body sent
