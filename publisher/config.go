@@ -37,13 +37,13 @@ type Config struct {
 	MaxMessageBytes int
 	// MaxBodyBytes bounds a request body, enforced before it is read;
 	// default 32 MiB. The whole body is held in memory while it is handled,
-	// with what is decoded from it: 5.5 to 6.5 times its size at the peak
+	// with what is decoded from it: 5 to 6 times its size at the peak
 	// (BenchmarkConcurrentMaxBodies).
 	MaxBodyBytes int64
 	// MaxBodyBytesInFlight bounds the bytes of request bodies held at once,
 	// over all requests: a POST that would go over it is answered 503
 	// overloaded with Retry-After, without waiting (inflight.go). So the
-	// heap the requests take is 5.5 to 6.5 times this at most. Default twice
+	// heap the requests take is 5 to 6 times this at most. Default twice
 	// MaxBodyBytes; at least MaxBodyBytes, or a body at the limit could
 	// never be taken.
 	MaxBodyBytesInFlight int64

@@ -9,7 +9,7 @@ import (
 )
 
 // Bodies in flight: every POST /v1/jobs holds its body, the items decoded
-// from it and the messages cut from them until it is answered, 5.5 to 6.5
+// from it and the messages cut from them until it is answered, 5 to 6
 // times the body's size at its peak (BenchmarkConcurrentMaxBodies). So
 // the bytes of bodies held at once, across requests, are bounded by a
 // weighted semaphore of MaxBodyBytesInFlight: a request is charged its body's

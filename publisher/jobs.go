@@ -91,6 +91,12 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ri.bodyBytes = len(body)
+	// Hashed now, so that nothing uses the body after it is decoded and the
+	// collector may take it while the job is planned and sent.
+	var bodySum [sha256.Size]byte
+	if hasIdem {
+		bodySum = sha256.Sum256(body)
+	}
 	req, e := DecodeJobRequest(body, p.limits())
 	if e != nil {
 		fail(e)
@@ -109,9 +115,8 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	var rec idemRecord
 	if hasIdem {
 		ri.idempotencyKey = true
-		sum := sha256.Sum256(body)
 		now := p.now().UTC()
-		rec = idemRecord{V: 1, JobID: jobID, RequestSHA256: hex.EncodeToString(sum[:]), State: stateSending, CreatedAt: now, UpdatedAt: now}
+		rec = idemRecord{V: 1, JobID: jobID, RequestSHA256: hex.EncodeToString(bodySum[:]), State: stateSending, CreatedAt: now, UpdatedAt: now}
 		key = idemKey(scope(r), idemHeader[0])
 		old, err := p.idem.claim(r.Context(), key, rec)
 		if err != nil {

@@ -92,7 +92,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.StringVar(&o.apiKeysFile, "api-keys-file", "", "file of bearer API keys, one per line (# comments), added to -api-keys")
 	fs.Var(&o.maxMessage, "max-message-bytes", "largest work message (0: the queue's MaximumMessageSize; lower only)")
 	fs.Var(&o.maxBody, "max-body-bytes", "largest request body")
-	fs.Var(&o.maxInFlight, "max-inflight-body-bytes", "most bytes of request bodies held at once, over all requests; more is answered 503 overloaded\n(0: twice -max-body-bytes). The heap peaks at 5.5 to 6.5 times this")
+	fs.Var(&o.maxInFlight, "max-inflight-body-bytes", "most bytes of request bodies held at once, over all requests; more is answered 503 overloaded\n(0: twice -max-body-bytes). The heap peaks at 5 to 6 times this")
 	fs.Var(&o.memoryLimit, "memory-limit", "the Go runtime's soft memory limit (0: GOMEMLIMIT if set, else 90% of the Lambda function's or the container's memory)")
 	fs.IntVar(&c.MaxItems, "max-items", 10_000, "most items in one job")
 	fs.Var(&o.maxItem, "max-item-bytes", "largest item carried inline; larger ones go to S3 (0: what fits in a message)")
