@@ -12,9 +12,8 @@ import (
 // from it and the messages cut from them until it is answered, 5 to 6
 // times the body's size at its peak (BenchmarkConcurrentMaxBodies). So
 // the bytes of bodies held at once, across requests, are bounded by a
-// weighted semaphore of MaxBodyBytesInFlight: a request is charged its body's
-// size before the body is read (its Content-Length), or, for a body sent
-// without a length, as it arrives, and keeps the charge until it is
+// weighted semaphore of MaxBodyBytesInFlight: a request is charged for its
+// body as the body arrives (see readBody), and keeps the charge until it is
 // answered. A request that finds the budget spent is answered 503
 // overloaded with Retry-After at once, and nothing of it is enqueued: it
 // never waits, since a waiting request would hold its connection and
@@ -24,14 +23,19 @@ import (
 // errOverloaded is what readBody reports when the budget cannot take more.
 var errOverloaded = errors.New("bodies in flight over the budget")
 
-// bodyStep is the charge for a body of unknown length, taken each time its
-// buffer grows: small bodies sent chunked are charged little.
+// bodyStep is the first charge, and buffer, of a body: small bodies are
+// charged little, and a large one doubles from here.
 const bodyStep = 64 << 10
 
 // readBody reads r's body, which is at most limit bytes, charging sem for its
-// buffer, and returns it with the function that gives the charge back. The
-// error is an *http.MaxBytesError over the limit, errOverloaded when the
-// budget is spent, or the connection's error.
+// buffer as the body arrives, and returns it with the function that gives
+// the charge back. The buffer grows by doubling up to the declared length,
+// or one byte over the limit without one, and each growth is charged before
+// it is made, the old buffer included while both are live. A declared
+// length is not charged, or allocated, up front: a client that declares 32
+// MiB and sends nothing would hold that much of the budget, and the memory,
+// for free. The error is an *http.MaxBytesError over the limit,
+// errOverloaded when the budget is spent, or the connection's error.
 func readBody(w http.ResponseWriter, r *http.Request, sem *semaphore.Weighted, limit int64) (body []byte, release func(), err error) {
 	var charged int64
 	release = func() {
@@ -40,36 +44,21 @@ func readBody(w http.ResponseWriter, r *http.Request, sem *semaphore.Weighted, l
 			charged = 0
 		}
 	}
-	charge := func(n int64) bool {
-		if !sem.TryAcquire(n) {
-			return false
+	want, known := limit+1, r.ContentLength >= 0
+	if known {
+		if r.ContentLength > limit {
+			return nil, release, &http.MaxBytesError{Limit: limit}
 		}
-		charged += n
-		return true
+		want = r.ContentLength
 	}
 	rd := http.MaxBytesReader(w, r.Body, limit)
-	if n := r.ContentLength; n > limit {
-		return nil, release, &http.MaxBytesError{Limit: limit}
-	} else if n >= 0 {
-		// net/http's server delivers exactly Content-Length bytes; one more
-		// is read only to see the end.
-		if !charge(n) {
-			return nil, release, errOverloaded
-		}
-		body = make([]byte, n)
-		if _, err := io.ReadFull(rd, body); err != nil {
-			return nil, release, err
-		}
-		return body, release, nil
-	}
-	// No length: grow the buffer by doubling, charging each growth before
-	// it is made, the old buffer included while both are live.
-	for {
+	for !known || int64(len(body)) < want {
 		if len(body) == cap(body) {
-			grown := min(max(2*int64(cap(body)), bodyStep), limit+1)
-			if !charge(grown) {
+			grown := min(max(2*int64(cap(body)), bodyStep), want)
+			if !sem.TryAcquire(grown) {
 				return nil, release, errOverloaded
 			}
+			charged += grown
 			nb := make([]byte, len(body), grown)
 			copy(nb, body)
 			sem.Release(int64(cap(body)))
@@ -78,11 +67,14 @@ func readBody(w http.ResponseWriter, r *http.Request, sem *semaphore.Weighted, l
 		}
 		n, err := rd.Read(body[len(body):cap(body)])
 		body = body[:len(body)+n]
-		if err == io.EOF {
+		switch {
+		case err == io.EOF && known && int64(len(body)) < want:
+			return nil, release, io.ErrUnexpectedEOF
+		case err == io.EOF:
 			return body, release, nil
-		}
-		if err != nil {
+		case err != nil:
 			return nil, release, err
 		}
 	}
+	return body, release, nil
 }

@@ -1,10 +1,13 @@
 package publisher
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -148,5 +151,36 @@ func TestReadBodyCharges(t *testing.T) {
 	var tooBig *http.MaxBytesError
 	if !errors.As(err, &tooBig) {
 		t.Errorf("over the limit: %v", err)
+	}
+}
+
+// A declared length is charged as the body arrives, not up front: clients
+// that declare the largest body and send nothing do not hold the budget (or
+// the memory) from a client that sends its body.
+func TestDeclaredLengthIsChargedAsItArrives(t *testing.T) {
+	const limit = 4 << 20
+	srv, q, _ := rateTestServer(t, Config{MaxBodyBytes: limit, MaxBodyBytesInFlight: limit})
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	for range 3 {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		fmt.Fprintf(conn, "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", limit)
+		// The server says 100 Continue when the handler first reads the
+		// body: by then it has charged what it charges before reading.
+		_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+			t.Fatalf("want 100 Continue, got %q %v", line, err)
+		}
+		fmt.Fprint(conn, "{")
+	}
+	if c := send(t, "POST", srv.URL+"/v1/jobs", "", `{"items":[{"id":"a","text":"x"}]}`).StatusCode; c != http.StatusAccepted {
+		t.Errorf("a whole body while three clients stall on declared ones: %d, want 202", c)
+	}
+	if n := q.count(); n != 1 {
+		t.Errorf("%d messages enqueued, want 1", n)
 	}
 }
