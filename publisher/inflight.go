@@ -30,11 +30,13 @@ const bodyStep = 64 << 10
 // readBody reads r's body, which is at most limit bytes, charging sem for its
 // buffer as the body arrives, and returns it with the function that gives
 // the charge back. The buffer grows by doubling up to the declared length,
-// or one byte over the limit without one, and each growth is charged before
-// it is made, the old buffer included while both are live. A declared
-// length is not charged, or allocated, up front: a client that declares 32
-// MiB and sends nothing would hold that much of the budget, and the memory,
-// for free. The error is an *http.MaxBytesError over the limit,
+// or the limit without one, and each growth is charged before it is made.
+// A declared length is not charged, or allocated, up front: a client that
+// declares 32 MiB and sends nothing would hold that much of the budget, and
+// of the memory, for free. The old buffer a growth copies from is garbage at
+// once, like the rest of what a request leaves to the collector, and not
+// charged: so a body at the limit needs exactly the limit, and always fits an
+// idle budget. The error is an *http.MaxBytesError over the limit,
 // errOverloaded when the budget is spent, or the connection's error.
 func readBody(w http.ResponseWriter, r *http.Request, sem *semaphore.Weighted, limit int64) (body []byte, release func(), err error) {
 	var charged int64
@@ -44,7 +46,7 @@ func readBody(w http.ResponseWriter, r *http.Request, sem *semaphore.Weighted, l
 			charged = 0
 		}
 	}
-	want, known := limit+1, r.ContentLength >= 0
+	want, known := limit, r.ContentLength >= 0
 	if known {
 		if r.ContentLength > limit {
 			return nil, release, &http.MaxBytesError{Limit: limit}
@@ -52,29 +54,40 @@ func readBody(w http.ResponseWriter, r *http.Request, sem *semaphore.Weighted, l
 		want = r.ContentLength
 	}
 	rd := http.MaxBytesReader(w, r.Body, limit)
-	for !known || int64(len(body)) < want {
-		if len(body) == cap(body) {
-			grown := min(max(2*int64(cap(body)), bodyStep), want)
-			if !sem.TryAcquire(grown) {
-				return nil, release, errOverloaded
-			}
-			charged += grown
-			nb := make([]byte, len(body), grown)
-			copy(nb, body)
-			sem.Release(int64(cap(body)))
-			charged -= int64(cap(body))
-			body = nb
+	for {
+		if known && int64(len(body)) == want {
+			return body, release, nil
 		}
-		n, err := rd.Read(body[len(body):cap(body)])
-		body = body[:len(body)+n]
+		var n int
+		var err error
+		if int64(len(body)) == want {
+			// No length, and the buffer is full at the limit: one byte
+			// more is over it (MaxBytesReader says so), or the body ends.
+			var one [1]byte
+			if n, err = rd.Read(one[:]); n > 0 {
+				return nil, release, &http.MaxBytesError{Limit: limit}
+			}
+		} else {
+			if len(body) == cap(body) {
+				grown := min(max(2*int64(cap(body)), bodyStep), want)
+				if !sem.TryAcquire(grown - int64(cap(body))) {
+					return nil, release, errOverloaded
+				}
+				charged += grown - int64(cap(body))
+				nb := make([]byte, len(body), grown)
+				copy(nb, body)
+				body = nb
+			}
+			n, err = rd.Read(body[len(body):cap(body)])
+			body = body[:len(body)+n]
+		}
 		switch {
 		case err == io.EOF && known && int64(len(body)) < want:
-			return nil, release, io.ErrUnexpectedEOF
+			return nil, release, io.ErrUnexpectedEOF // short of the declared length
 		case err == io.EOF:
 			return body, release, nil
 		case err != nil:
 			return nil, release, err
 		}
 	}
-	return body, release, nil
 }
