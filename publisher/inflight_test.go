@@ -184,3 +184,42 @@ func TestDeclaredLengthIsChargedAsItArrives(t *testing.T) {
 		t.Errorf("%d messages enqueued, want 1", n)
 	}
 }
+
+// A body at the limit fits a budget of the limit, declared or sent chunked,
+// and one byte more is 413, not 503: the charge is the buffer, not the
+// buffer and the one it grew from.
+func TestABodyAtTheLimitFitsABudgetOfTheLimit(t *testing.T) {
+	const limit = 1 << 20
+	srv, q, _ := rateTestServer(t, Config{MaxBodyBytes: limit, MaxBodyBytesInFlight: limit})
+	prefix, suffix := `{"items":[{"id":"a","text":"`, `"}]}`
+	full := prefix + strings.Repeat("x", limit-len(prefix)-len(suffix)) + suffix
+	for _, tc := range []struct {
+		name    string
+		body    string
+		chunked bool
+		status  int
+	}{
+		{"declared, at the limit", full, false, http.StatusAccepted},
+		{"chunked, at the limit", full, true, http.StatusAccepted},
+		{"chunked, one byte over", full + " ", true, http.StatusRequestEntityTooLarge},
+	} {
+		var rd io.Reader = strings.NewReader(tc.body)
+		if tc.chunked {
+			rd = io.MultiReader(rd)
+		}
+		req, _ := http.NewRequestWithContext(t.Context(), "POST", srv.URL+"/v1/jobs", rd)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s: %d %.200s, want %d", tc.name, resp.StatusCode, b, tc.status)
+		}
+	}
+	if n := q.count(); n == 0 {
+		t.Error("nothing enqueued")
+	}
+}
