@@ -191,8 +191,19 @@ func TestDeclaredLengthIsChargedAsItArrives(t *testing.T) {
 func TestABodyAtTheLimitFitsABudgetOfTheLimit(t *testing.T) {
 	const limit = 1 << 20
 	srv, q, _ := rateTestServer(t, Config{MaxBodyBytes: limit, MaxBodyBytesInFlight: limit})
-	prefix, suffix := `{"items":[{"id":"a","text":"`, `"}]}`
-	full := prefix + strings.Repeat("x", limit-len(prefix)-len(suffix)) + suffix
+	// Items of 1 KiB (a larger one would not fit in a message), the last
+	// one padded so that the body is exactly the limit.
+	var b strings.Builder
+	b.WriteString(`{"items":[`)
+	for i := 0; b.Len() < limit-2048; i++ {
+		fmt.Fprintf(&b, `{"id":"i%d","text":"%s"},`, i, strings.Repeat("x", 1000))
+	}
+	last := `{"id":"last","text":"`
+	pad := limit - b.Len() - len(last) - len(`"}]}`)
+	full := b.String() + last + strings.Repeat("y", pad) + `"}]}`
+	if len(full) != limit {
+		t.Fatalf("body of %d bytes", len(full))
+	}
 	for _, tc := range []struct {
 		name    string
 		body    string
