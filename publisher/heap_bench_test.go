@@ -69,10 +69,10 @@ func peakHeap(f func()) uint64 {
 //
 //	go test -run '^$' -bench ConcurrentMaxBodies -benchtime 3x ./publisher
 //
-// On the 2-core development machine: unbounded 1202 MiB, 8 of 8 taken
-// (1375-1456 MiB on 40168d0, before the bound, the exact-size body buffer
-// and chunk bodies, and the early body hash); default 336 MiB, 2 of 8 taken
-// and 6 answered 503 overloaded.
+// On the 2-core development machine: unbounded 1155 MiB, 8 of 8 taken
+// (1375-1456 MiB on 40168d0, before the bound, the exact-size chunk bodies
+// and the early body hash); default 352 MiB, 2 of 8 taken and 6 answered 503
+// overloaded.
 func BenchmarkConcurrentMaxBodies(b *testing.B) {
 	body := maxSizeBody(b)
 	const clients = 8
