@@ -75,7 +75,8 @@ wait_healthy "http://127.0.0.1:$metrics_port/healthz" "$sub_pid" "$sub_log"
 echo "  pid $sub_pid, log $sub_log, metrics http://127.0.0.1:$metrics_port/metrics"
 
 step "publisher (HTTP API on 127.0.0.1:$publisher_port)"
-bin/publisher -addr="127.0.0.1:$publisher_port" -log-format=text >"$pub_log" 2>&1 &
+# -metrics-addr= : no /metrics listener (the default :9090 would collide with other runs).
+bin/publisher -addr="127.0.0.1:$publisher_port" -metrics-addr= -log-format=text >"$pub_log" 2>&1 &
 pub_pid=$!
 wait_healthy "http://127.0.0.1:$publisher_port/healthz" "$pub_pid" "$pub_log"
 echo "  pid $pub_pid, log $pub_log"

@@ -37,8 +37,17 @@ type Config struct {
 	// which every SQS queue accepts; at most 1 MiB.
 	MaxMessageBytes int
 	// MaxBodyBytes bounds a request body, enforced before it is read;
-	// default 32 MiB. The whole body is held in memory while it is handled.
+	// default 32 MiB. The whole body is held in memory while it is handled,
+	// with what is decoded from it: 5 to 6 times its size at the peak
+	// (BenchmarkConcurrentMaxBodies).
 	MaxBodyBytes int64
+	// MaxBodyBytesInFlight bounds the bytes of request bodies held at once,
+	// over all requests: a POST that would go over it is answered 503
+	// overloaded with Retry-After, without waiting (inflight.go). So the
+	// heap the requests take is 5 to 6 times this at most. Default twice
+	// MaxBodyBytes; at least MaxBodyBytes, or a body at the limit could
+	// never be taken.
+	MaxBodyBytesInFlight int64
 	// MaxItems bounds the items of one job; default 10,000.
 	MaxItems int
 	// MaxItemBytes is the largest item (its JSON in the message) carried
@@ -120,6 +129,9 @@ func (c *Config) setDefaults() {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 32 << 20
 	}
+	if c.MaxBodyBytesInFlight == 0 {
+		c.MaxBodyBytesInFlight = 2 * c.MaxBodyBytes
+	}
 	defInt(&c.MaxItems, 10_000)
 	defInt(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
 	defInt(&c.ChunkItems, 32)
@@ -172,6 +184,8 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 1 {
 		bad("MaxBodyBytes", "max body bytes %d: want at least 1", c.MaxBodyBytes)
+	} else if c.MaxBodyBytesInFlight < c.MaxBodyBytes {
+		bad("MaxBodyBytesInFlight", "max body bytes in flight %d: want at least max body bytes (%d), or a body at that limit is never taken", c.MaxBodyBytesInFlight, c.MaxBodyBytes)
 	}
 	if c.MaxItems < 1 {
 		bad("MaxItems", "max items %d: want at least 1", c.MaxItems)
@@ -206,8 +220,12 @@ func (c *Config) Validate() error {
 		bad("RateLimitClients", "rate limit clients %d: want at least 1", c.RateLimitClients)
 	}
 	for _, p := range c.TrustedProxies {
-		if !p.IsValid() {
+		switch {
+		case !p.IsValid():
 			bad("TrustedProxies", "trusted proxy %v is not a valid prefix", p)
+		case p.Bits() == 0:
+			// Every client would be a proxy, free to name any address.
+			bad("TrustedProxies", "trusted proxy %v is every address: list the load balancers' own addresses", p)
 		}
 	}
 	if c.SendAttempts < 1 {

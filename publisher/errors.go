@@ -33,11 +33,19 @@ const (
 	CodeEnqueueFailed      = "enqueue_failed"          // 503
 	CodeStoreUnavailable   = "store_unavailable"       // 503
 	CodeInternal           = "internal"                // 500
+	CodeOverloaded         = "overloaded"              // 503
+	CodeHeadersTooLarge    = "headers_too_large"       // 431
+	CodeBadRequest         = "bad_request"             // 400, 417, 501, 505: a request net/http refuses before any handler
 )
 
 // APIError is a client-facing error: an HTTP status and the JSON body
-// {"error":{"code","message","item"}}. Message is for humans and never
-// contains request content other than an item id.
+// {"error":{"code","message","item"}}. Message is for humans and is fixed
+// text: it may state the publisher's own limits and a byte offset, never
+// request content (paths, ids, query values, header values, field names,
+// characters of the body, socket addresses), so an error is never a way to
+// reflect a client's bytes back to it or to a browser (TestErrorsEchoNothing).
+// Item names the item at fault by its id, the one piece of the request an
+// error carries back, in its own field.
 type APIError struct {
 	Status  int    `json:"-"`
 	Code    string `json:"code"`
@@ -73,5 +81,6 @@ type errorBody struct {
 }
 
 func writeError(w http.ResponseWriter, e *APIError) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	writeJSON(w, e.Status, errorBody{Error: e})
 }

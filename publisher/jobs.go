@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"strings"
@@ -55,7 +54,7 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 		ri.code = e.Code
 		writeError(w, e)
 	}
-	if e := checkContentType(r.Header.Get("Content-Type")); e != nil {
+	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
 		fail(e)
 		return
 	}
@@ -65,23 +64,39 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// A body declared too large is refused before any of it is read; one
-	// that turns out too large (sent chunked, without a length) is
-	// cut off at the limit, so it costs at most MaxBodyBytes of memory.
+	// that turns out too large (sent chunked, without a length) is cut off
+	// at the limit. The buffer is then at most MaxBodyBytes, but what the
+	// request holds while it is handled is several times that (see
+	// inflight.go): the budget of bodies in flight is what bounds the memory.
 	if r.ContentLength > p.cfg.MaxBodyBytes {
 		fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes))
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	body, release, err := readBody(w, r, p.bodies, p.cfg.MaxBodyBytes)
+	defer release()
 	if err != nil {
 		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+		switch {
+		case errors.As(err, &tooBig):
 			fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes))
-			return
+		case errors.Is(err, errOverloaded):
+			p.m.overloaded.Inc()
+			w.Header().Set("Retry-After", "1")
+			fail(apiErr(http.StatusServiceUnavailable, CodeOverloaded, "the publisher is holding as many request bodies as it may; nothing was sent, retry after the time in Retry-After"))
+		default:
+			// The error names the connection's addresses: logged, not sent.
+			p.log.Debug("reading a request body", "err", err)
+			fail(apiErr(http.StatusBadRequest, CodeMalformedJSON, "the request body could not be read whole"))
 		}
-		fail(apiErr(http.StatusBadRequest, CodeMalformedJSON, "reading the request body: %v", err))
 		return
 	}
 	ri.bodyBytes = len(body)
+	// Hashed now, so that nothing uses the body after it is decoded and the
+	// collector may take it while the job is planned and sent.
+	var bodySum [sha256.Size]byte
+	if hasIdem {
+		bodySum = sha256.Sum256(body)
+	}
 	req, e := DecodeJobRequest(body, p.limits())
 	if e != nil {
 		fail(e)
@@ -100,9 +115,8 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	var rec idemRecord
 	if hasIdem {
 		ri.idempotencyKey = true
-		sum := sha256.Sum256(body)
 		now := p.now().UTC()
-		rec = idemRecord{V: 1, JobID: jobID, RequestSHA256: hex.EncodeToString(sum[:]), State: stateSending, CreatedAt: now, UpdatedAt: now}
+		rec = idemRecord{V: 1, JobID: jobID, RequestSHA256: hex.EncodeToString(bodySum[:]), State: stateSending, CreatedAt: now, UpdatedAt: now}
 		key = idemKey(scope(r), idemHeader[0])
 		old, err := p.idem.claim(r.Context(), key, rec)
 		if err != nil {
@@ -228,18 +242,24 @@ func (p *Publisher) limits() RequestLimits {
 	return RequestLimits{MaxItems: p.cfg.MaxItems, MaxChunkItems: p.cfg.MaxChunkItems}
 }
 
-// checkContentType accepts application/json, with no charset or UTF-8 (the
-// only encoding JSON allows between systems, RFC 8259).
-func checkContentType(ct string) *APIError {
-	if ct == "" {
+// checkContentType accepts one Content-Type header of application/json,
+// with no charset or UTF-8 (the only encoding JSON allows between systems,
+// RFC 8259). Two headers are refused rather than the first one believed: a
+// proxy or cache in front may have believed the other.
+func checkContentType(cts []string) *APIError {
+	switch len(cts) {
+	case 0:
 		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "Content-Type is missing; want application/json")
+	case 1:
+	default:
+		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "Content-Type is given more than once; want one, application/json")
 	}
-	mt, params, err := mime.ParseMediaType(ct)
+	mt, params, err := mime.ParseMediaType(cts[0])
 	if err != nil || mt != "application/json" {
-		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "Content-Type %q is not supported; want application/json", ct)
+		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "this Content-Type is not supported; want application/json")
 	}
 	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
-		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "charset %q is not supported; JSON is UTF-8", cs)
+		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "this charset is not supported; JSON is UTF-8")
 	}
 	return nil
 }

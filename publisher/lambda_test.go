@@ -204,7 +204,7 @@ func TestLambdaResponse(t *testing.T) {
 		}, events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "text/plain"}}},
 		{"panic is a 500", "GET", func(w http.ResponseWriter, r *http.Request) {
 			panic("boom")
-		}, events.APIGatewayV2HTTPResponse{StatusCode: 500, Headers: map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store"},
+		}, events.APIGatewayV2HTTPResponse{StatusCode: 500, Headers: map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
 			Body: `{"error":{"code":"internal","message":"internal error"}}` + "\n"}},
 		{"HTML characters are not escaped, so 5 MiB of them fit", "GET", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/html")
@@ -213,7 +213,7 @@ func TestLambdaResponse(t *testing.T) {
 		{"over Lambda's 6 MB is a 500", "GET", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, `"`+strings.Repeat("\x01", 1<<20)+`"`) // 6 MiB once JSON escapes it
-		}, events.APIGatewayV2HTTPResponse{StatusCode: 500, Headers: map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store"},
+		}, events.APIGatewayV2HTTPResponse{StatusCode: 500, Headers: map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
 			Body: `{"error":{"code":"internal","message":"the response is larger than AWS Lambda's limit of 6291456 bytes"}}` + "\n"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

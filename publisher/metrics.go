@@ -20,6 +20,7 @@ type metrics struct {
 	rateLimited   *prometheus.CounterVec // scope: client, global
 	rateClients   prometheus.Gauge
 	rateEvictions prometheus.Counter
+	overloaded    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -50,10 +51,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Clients with a token bucket in memory (bounded by -rate-limit-clients)."}),
 		rateEvictions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "rate_limit_evictions_total",
 			Help: "Token buckets still in use dropped to make room for a new client: the client table is full."}),
+		overloaded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "overloaded_total",
+			Help: "POSTs answered 503 overloaded because the bodies in flight were at -max-inflight-body-bytes."}),
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.requests, m.latency, m.jobs, m.replays, m.chunksSent, m.claimChecked, m.sqsCalls, m.sendRetries, m.failedEntries,
-		m.rateLimited, m.rateClients, m.rateEvictions} {
+		m.rateLimited, m.rateClients, m.rateEvictions, m.overloaded} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)

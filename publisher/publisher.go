@@ -16,12 +16,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/internal/payload"
 )
@@ -37,6 +39,7 @@ type Publisher struct {
 	store   *payload.Store
 	keys    [][sha256.Size]byte // SHA-256 of each API key
 	rates   *limiter            // nil without rate limits
+	bodies  *semaphore.Weighted // bytes of request bodies in flight
 	now     func() time.Time
 }
 
@@ -67,6 +70,7 @@ func New(cfg Config) (*Publisher, error) {
 		p.keys = append(p.keys, sha256.Sum256([]byte(k)))
 	}
 	p.rates = newLimiter(&cfg, m)
+	p.bodies = semaphore.NewWeighted(cfg.MaxBodyBytesInFlight)
 	return p, nil
 }
 
@@ -75,10 +79,13 @@ func New(cfg Config) (*Publisher, error) {
 //	POST /v1/jobs        submit a job (auth, rate limits)
 //	GET  /v1/jobs/{id}   a job's progress and results (auth, rate limits)
 //	GET  /healthz        liveness
-//	GET  /metrics        Prometheus, when the Registerer is also a Gatherer
 //
-// Every error is JSON, including 404 and 405. Probes and scrapes are not
-// rate limited: a load balancer's health checks must not be refused.
+// Every error is JSON, including 404 and 405, and every response says
+// X-Content-Type-Options: nosniff. A path that is not in canonical form
+// (dot segments, repeated slashes) is answered 404, never redirected: the
+// mux's redirect is an HTML page. Probes are not rate limited: a load
+// balancer's health checks must not be refused. /metrics is not here: it is
+// MetricsHandler, for a listener of its own that API clients cannot reach.
 func (p *Publisher) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/jobs", p.auth(p.rateLimit(http.HandlerFunc(p.postJob))))
@@ -91,20 +98,55 @@ func (p *Publisher) Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
 	})
-	if g, ok := p.cfg.Registerer.(prometheus.Gatherer); ok {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, apiErr(http.StatusNotFound, CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
+	mux.HandleFunc("/", notFound)
+	return p.observe(canonical(mux))
+}
+
+func notFound(w http.ResponseWriter, _ *http.Request) {
+	writeError(w, apiErr(http.StatusNotFound, CodeNotFound, "no such endpoint"))
+}
+
+// canonical answers 404 to a path that http.ServeMux would redirect to its
+// clean form (dot segments, repeated slashes): the mux's redirect is an HTML
+// page, and no client of this API has a reason to send such a path. The rule
+// is the mux's own (cleanPath in net/http): path.Clean, keeping a trailing
+// slash.
+func canonical(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		clean := path.Clean("/" + p)
+		if strings.HasSuffix(p, "/") && clean != "/" {
+			clean += "/"
+		}
+		if p != clean && r.Method != http.MethodConnect {
+			notFound(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
 	})
-	return p.observe(mux)
 }
 
 func methodNotAllowed(allow string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", allow)
-		writeError(w, apiErr(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "%s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, allow))
+		writeError(w, apiErr(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "this method is not allowed here; Allow lists the ones that are"))
 	}
+}
+
+// MetricsHandler serves the Registerer's metrics in Prometheus' text format,
+// or is nil when the Registerer is not also a prometheus.Gatherer. Serve it
+// on a listener of its own, which the load balancer does not forward: the
+// metrics describe every client's traffic, so API clients must not read them.
+func (p *Publisher) MetricsHandler() http.Handler {
+	g, ok := p.cfg.Registerer.(prometheus.Gatherer)
+	if !ok {
+		return nil
+	}
+	h := promhttp.HandlerFor(g, promhttp.HandlerOpts{})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		h.ServeHTTP(w, r)
+	})
 }
 
 // reqInfo collects what a request's log line says about its job; handlers
@@ -134,6 +176,7 @@ func info(r *http.Request) *reqInfo {
 func (p *Publisher) observe(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := p.now()
+		w.Header().Set("X-Content-Type-Options", "nosniff")
 		ri := &reqInfo{}
 		r = r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, ri))
 		sw := &statusWriter{ResponseWriter: w}
@@ -148,8 +191,8 @@ func (p *Publisher) observe(next http.Handler) http.Handler {
 		d := p.now().Sub(start)
 		p.m.requests.WithLabelValues(route, strconv.Itoa(sw.status)).Inc()
 		p.m.latency.WithLabelValues(route).Observe(d.Seconds())
-		if route == "GET /healthz" || route == "GET /metrics" {
-			return // probes and scrapes would drown the log
+		if route == "GET /healthz" {
+			return // probes would drown the log
 		}
 		attrs := []any{"method", r.Method, "path", r.URL.Path, "route", route, "status", sw.status,
 			"took", d.Round(time.Microsecond), "remote", r.RemoteAddr}

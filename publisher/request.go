@@ -2,11 +2,13 @@ package publisher
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/vramq/vramq/job"
 )
@@ -58,6 +60,11 @@ func DecodeJobRequest(body []byte, lim RequestLimits) (*JobRequest, *APIError) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, apiErr(http.StatusBadRequest, CodeMalformedJSON, "the request body is empty; want a JSON object with \"items\"")
 	}
+	// encoding/json would replace each invalid byte with U+FFFD, and the
+	// job would run on, and answer with, ids and text the client never sent.
+	if !utf8.Valid(body) {
+		return nil, apiErr(http.StatusBadRequest, CodeMalformedJSON, "the request body is not valid UTF-8")
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
@@ -74,24 +81,39 @@ func DecodeJobRequest(body []byte, lim RequestLimits) (*JobRequest, *APIError) {
 	return &req, nil
 }
 
-// decodeError turns the decoder's error into a 400 that keeps its message,
-// which names the offending field or offset, and never the content.
+// decodeError turns the decoder's error into a 400 with a fixed message. The
+// decoder's own text quotes the body (a character, an unknown field's name),
+// so it is not passed on; a byte offset is, and for a wrong type, the
+// schema's name of the field, which is the API's, not the client's.
 func decodeError(err error) *APIError {
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
-	msg := err.Error()
+	var b64 base64.CorruptInputError
 	switch {
 	case errors.As(err, &syn):
-		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "malformed JSON at byte %d: %s", syn.Offset, msg)
+		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "malformed JSON at byte %d", syn.Offset)
+	case errors.As(err, &typ) && knownField(typ.Field):
+		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "%s has the wrong type (at byte %d)", typ.Field, typ.Offset)
 	case errors.As(err, &typ):
-		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "%s", msg)
+		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "a value has the wrong type (at byte %d)", typ.Offset)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "the JSON ends too early")
-	case strings.HasPrefix(msg, "json: unknown field "):
-		return apiErr(http.StatusBadRequest, CodeUnknownField, "%s", msg)
+	case errors.As(err, &b64):
+		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "an item's data is not valid base64")
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return apiErr(http.StatusBadRequest, CodeUnknownField, "the request has a field this API does not define")
 	}
-	// Invalid base64 in "data" and the remaining decoder errors.
-	return apiErr(http.StatusBadRequest, CodeMalformedJSON, "%s", msg)
+	return apiErr(http.StatusBadRequest, CodeMalformedJSON, "the body is not a JSON job request")
+}
+
+// knownField reports whether a decoder's field path is one of the request's
+// own fields, and so safe to name in an error.
+func knownField(f string) bool {
+	switch f {
+	case "", "items", "items.id", "items.text", "items.data", "options", "options.chunk_items":
+		return f != ""
+	}
+	return false
 }
 
 func (r *JobRequest) validate(lim RequestLimits) *APIError {
@@ -99,10 +121,10 @@ func (r *JobRequest) validate(lim RequestLimits) *APIError {
 	case len(r.Items) == 0:
 		return apiErr(http.StatusUnprocessableEntity, CodeNoItems, "the job has no items")
 	case len(r.Items) > lim.MaxItems:
-		return apiErr(http.StatusUnprocessableEntity, CodeTooManyItems, "the job has %d items; at most %d are accepted in one job", len(r.Items), lim.MaxItems)
+		return apiErr(http.StatusUnprocessableEntity, CodeTooManyItems, "the job has more than %d items, the most accepted in one job", lim.MaxItems)
 	}
 	if o := r.Options; o != nil && (o.ChunkItems < 0 || o.ChunkItems > lim.MaxChunkItems) {
-		return apiErr(http.StatusUnprocessableEntity, CodeInvalidOptions, "options.chunk_items is %d; want 1 to %d (or leave it out for the default)", o.ChunkItems, lim.MaxChunkItems)
+		return apiErr(http.StatusUnprocessableEntity, CodeInvalidOptions, "options.chunk_items must be from 1 to %d (or left out for the default)", lim.MaxChunkItems)
 	}
 	seen := make(map[string]struct{}, len(r.Items))
 	for i, it := range r.Items {
@@ -114,14 +136,14 @@ func (r *JobRequest) validate(lim RequestLimits) *APIError {
 		case errors.Is(err, job.ErrEmptyID):
 			return apiErr(http.StatusUnprocessableEntity, CodeMissingItemID, "item %d has no id", i)
 		case errors.Is(err, job.ErrIDTooLong):
-			return apiErr(http.StatusUnprocessableEntity, CodeItemIDTooLong, "item %d has an id of %d bytes; at most %d are accepted", i, len(it.ID), MaxItemIDBytes)
+			return apiErr(http.StatusUnprocessableEntity, CodeItemIDTooLong, "item %d has an id over %d bytes", i, MaxItemIDBytes)
 		case errors.Is(err, job.ErrIDChars):
 			return apiErr(http.StatusUnprocessableEntity, CodeInvalidItemID, "item %d has an id with a control character", i)
 		default:
-			return itemErr(http.StatusUnprocessableEntity, CodeEmptyItem, it.ID, "item %q has neither text nor data", it.ID)
+			return itemErr(http.StatusUnprocessableEntity, CodeEmptyItem, it.ID, "the item has neither text nor data")
 		}
 		if _, dup := seen[it.ID]; dup {
-			return itemErr(http.StatusUnprocessableEntity, CodeDuplicateItemID, it.ID, "item id %q appears more than once", it.ID)
+			return itemErr(http.StatusUnprocessableEntity, CodeDuplicateItemID, it.ID, "an item id appears more than once")
 		}
 		seen[it.ID] = struct{}{}
 	}

@@ -90,10 +90,21 @@ func TestCheckContentType(t *testing.T) {
 		"application/x-www-form-urlencoded": false,
 		"application/json;;":                false,
 	} {
-		if e := checkContentType(ct); (e == nil) != ok {
+		var cts []string
+		if ct != "" {
+			cts = []string{ct}
+		}
+		if e := checkContentType(cts); (e == nil) != ok {
 			t.Errorf("%q: got %v, want ok=%v", ct, e, ok)
 		} else if e != nil && e.Status != http.StatusUnsupportedMediaType {
 			t.Errorf("%q: status %d", ct, e.Status)
+		}
+	}
+	// Two headers, even two good ones: a proxy in front may have read the
+	// other one.
+	for _, cts := range [][]string{{"application/json", "application/json"}, {"application/json", "text/plain"}} {
+		if e := checkContentType(cts); e == nil || e.Status != http.StatusUnsupportedMediaType {
+			t.Errorf("%q: got %v, want 415", cts, e)
 		}
 	}
 }

@@ -97,7 +97,7 @@ func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
 	// Ids are checked before they reach an S3 key, so no path can be made
 	// to name another object.
 	if !validJobID(id) {
-		fail(apiErr(http.StatusNotFound, CodeNotFound, "no job %q", id))
+		fail(apiErr(http.StatusNotFound, CodeNotFound, "no such job"))
 		return
 	}
 	ri.jobID = id
@@ -109,7 +109,7 @@ func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	raw, err := p.store.Read(ctx, payload.ManifestKey(id))
 	if errors.Is(err, payload.ErrMissing) {
-		fail(apiErr(http.StatusNotFound, CodeNotFound, "no job %q", id))
+		fail(apiErr(http.StatusNotFound, CodeNotFound, "no such job"))
 		return
 	}
 	var m manifest
@@ -141,14 +141,14 @@ func pageParams(r *http.Request) (size, start int, e *APIError) {
 	if s := q.Get("page_size"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > MaxPageSize {
-			return 0, 0, apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_size %q: want 1 to %d", s, MaxPageSize)
+			return 0, 0, apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_size must be a whole number from 1 to %d", MaxPageSize)
 		}
 		size = n
 	}
 	if s := q.Get("page_token"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
-			return 0, 0, apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_token %q is not one this API gave out", s)
+			return 0, 0, apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_token is not one this API gave out")
 		}
 		start = n
 	}

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -68,12 +69,12 @@ type serverLimits struct {
 
 type options struct {
 	queueURL, bucket     string
-	addr                 string
+	addr, metricsAddr    string
 	apiKeys, apiKeysFile string
 	maxMessage, maxItem  gpu.Bytes
-	maxBody              gpu.Bytes
+	maxBody, maxInFlight gpu.Bytes
+	memoryLimit          gpu.Bytes
 	trustedProxies       string
-	metrics              bool
 	shutdownGrace        time.Duration
 	logFormat, logLevel  string
 	cfg                  publisher.Config
@@ -87,10 +88,12 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue (required)")
 	fs.StringVar(&o.bucket, "payload-bucket", "", "S3 bucket for large items, job manifests, idempotency records and results;\nwithout it large items are refused and GET /v1/jobs/{id} answers 501")
 	fs.StringVar(&o.addr, "addr", ":8080", "HTTP listen address (not used under Lambda)")
-	fs.StringVar(&o.apiKeys, "api-keys", "", "comma-separated bearer API keys accepted on /v1/jobs (none: no auth)")
+	fs.StringVar(&o.apiKeys, "api-keys", "", "comma-separated bearer API keys accepted on /v1/jobs (unset: no auth; a value naming no key is refused)")
 	fs.StringVar(&o.apiKeysFile, "api-keys-file", "", "file of bearer API keys, one per line (# comments), added to -api-keys")
 	fs.Var(&o.maxMessage, "max-message-bytes", "largest work message (0: the queue's MaximumMessageSize; lower only)")
 	fs.Var(&o.maxBody, "max-body-bytes", "largest request body")
+	fs.Var(&o.maxInFlight, "max-inflight-body-bytes", "most bytes of request bodies held at once, over all requests; more is answered 503 overloaded\n(0: twice -max-body-bytes). The heap peaks at 5 to 6 times this")
+	fs.Var(&o.memoryLimit, "memory-limit", "the Go runtime's soft memory limit (0: GOMEMLIMIT if set, else 90% of the Lambda function's or the container's memory)")
 	fs.IntVar(&c.MaxItems, "max-items", 10_000, "most items in one job")
 	fs.Var(&o.maxItem, "max-item-bytes", "largest item carried inline; larger ones go to S3 (0: what fits in a message)")
 	fs.IntVar(&c.ChunkItems, "chunk-items", 32, "most items per chunk, unless the request's options.chunk_items says otherwise")
@@ -101,8 +104,8 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.Float64Var(&c.GlobalRateLimit, "global-rate-limit", 0, "requests per second this process takes from all clients together; 0: no limit")
 	fs.IntVar(&c.GlobalRateBurst, "global-rate-burst", 0, "requests at once over all clients (0: twice -global-rate-limit)")
 	fs.IntVar(&c.RateLimitClients, "rate-limit-clients", 10_000, "most clients whose rate limits are kept in memory, least recently seen dropped first")
-	fs.StringVar(&o.trustedProxies, "trusted-proxies", "", "comma-separated addresses or CIDR blocks of load balancers whose X-Forwarded-For names the client\n(e.g. the VPC's block behind an ALB); empty: the connection's address is the client")
-	fs.BoolVar(&o.metrics, "metrics", true, "serve /metrics (Prometheus) on the same server")
+	fs.StringVar(&o.trustedProxies, "trusted-proxies", "", "comma-separated addresses or CIDR blocks of the load balancers whose X-Forwarded-For names the client:\nonly theirs (e.g. the ALB's subnets), never a block clients connect from; empty: the connection's address is the client")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9090", "listen address of /metrics (Prometheus), apart from the API's so the load balancer does not forward it;\nempty: not served (not used under Lambda)")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long in-flight requests may finish after SIGTERM")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -118,12 +121,15 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	if o.queueURL == "" {
 		return nil, fmt.Errorf("%w: missing -queue-url (or QUEUE_URL)", errUsage)
 	}
+	if o.metricsAddr != "" && o.metricsAddr == o.addr {
+		return nil, fmt.Errorf("%w: %s is the API's address: /metrics must be served apart from the API", errUsage, flagName("metrics-addr"))
+	}
 	keys, err := apiKeys(o.apiKeys, o.apiKeysFile)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	c.APIKeys = keys
-	c.MaxBodyBytes, c.MaxItemBytes = int64(o.maxBody), int(o.maxItem)
+	c.MaxBodyBytes, c.MaxBodyBytesInFlight, c.MaxItemBytes = int64(o.maxBody), int64(o.maxInFlight), int(o.maxItem)
 	if c.TrustedProxies, err = prefixes(o.trustedProxies); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", errUsage, flagName("trusted-proxies"), err)
 	}
@@ -164,7 +170,8 @@ func (noQueue) SendBatch(context.Context, []publisher.Entry) ([]error, error) {
 // configFlags maps publisher.Config fields to the flags that set them.
 var configFlags = map[string]string{
 	"MaxMessageBytes": "max-message-bytes", "MaxBodyBytes": "max-body-bytes", "MaxItems": "max-items",
-	"MaxItemBytes": "max-item-bytes", "ChunkItems": "chunk-items", "MaxChunkItems": "max-chunk-items",
+	"MaxBodyBytesInFlight": "max-inflight-body-bytes",
+	"MaxItemBytes":         "max-item-bytes", "ChunkItems": "chunk-items", "MaxChunkItems": "max-chunk-items",
 	"APIKeys": "api-keys", "SendAttempts": "send-attempts", "RateLimit": "rate-limit", "RateBurst": "rate-burst",
 	"GlobalRateLimit": "global-rate-limit", "GlobalRateBurst": "global-rate-burst",
 	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",
@@ -210,13 +217,18 @@ func prefixes(list string) ([]netip.Prefix, error) {
 }
 
 // apiKeys merges the comma-separated list and the file's lines, trimmed;
-// blank lines and # comments in the file are skipped.
+// blank lines and # comments in the file are skipped. A list that is given
+// but names no key ("," or " ") is refused, like an empty file: whoever wrote
+// it meant auth to be on, and starting without it would fail open.
 func apiKeys(list, file string) ([]string, error) {
 	var keys []string
 	for _, k := range strings.Split(list, ",") {
 		if k = strings.TrimSpace(k); k != "" {
 			keys = append(keys, k)
 		}
+	}
+	if list != "" && len(keys) == 0 {
+		return nil, fmt.Errorf("%s names no key: refusing to start without auth by mistake", flagName("api-keys"))
 	}
 	if file == "" {
 		return keys, nil
@@ -276,24 +288,26 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	c.Logger, c.Registerer = log, reg
-	if !o.metrics {
-		// Counted, not served: the Handler serves /metrics only from a
-		// Registerer that is also a Gatherer.
-		c.Registerer = struct{ prometheus.Registerer }{reg}
-	}
 	p, err := publisher.New(c)
 	if err != nil {
 		return configError(err)
 	}
+	memLimit, memFrom := memoryLimit(int64(o.memoryLimit), getenv, os.ReadFile)
+	if memLimit > 0 {
+		debug.SetMemoryLimit(memLimit)
+	}
 	log.Info("publisher ready", "queue_url", o.queueURL, "payload_bucket", o.bucket, "max_message_bytes", c.MaxMessageBytes,
 		"fifo", lim.FIFO, "auth", len(c.APIKeys) > 0, "rate_limit", c.RateLimit, "rate_burst", c.RateBurst,
-		"global_rate_limit", c.GlobalRateLimit, "trusted_proxies", len(c.TrustedProxies))
+		"global_rate_limit", c.GlobalRateLimit, "trusted_proxies", len(c.TrustedProxies),
+		"memory_limit", debug.SetMemoryLimit(-1), "memory_limit_from", memFrom)
 
 	if getenv("AWS_LAMBDA_RUNTIME_API") != "" {
+		// No /metrics: API Gateway would route it to API clients, and
+		// nothing scrapes a Lambda instance.
 		lambdaStart(publisher.LambdaHandler(p.Handler()))
 		return nil
 	}
-	return serve(ctx, o, p.Handler(), log)
+	return serve(ctx, o, p.Handler(), p.MetricsHandler(), log)
 }
 
 // newServer is the HTTP server of h, with the limits l.
@@ -303,19 +317,40 @@ func newServer(h http.Handler, log *slog.Logger, l serverLimits) *http.Server {
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 }
 
-// serve runs the HTTP server until ctx ends (SIGTERM, SIGINT), then stops
+// metricsLimits are the limits of the /metrics server: a scrape is a small
+// GET that Prometheus answers in well under a second.
+var metricsLimits = serverLimits{readHeader: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: time.Minute, maxHeader: 16 << 10}
+
+// serve runs the API's HTTP server, and /metrics on its own listener when
+// -metrics-addr is set, until ctx ends (SIGTERM, SIGINT), then stops
 // accepting and lets in-flight requests finish within the grace period.
-func serve(ctx context.Context, o *options, h http.Handler, log *slog.Logger) error {
+// The API's listener turns net/http's own error answers (431 and the like)
+// into the API's JSON errors (publisher.JSONErrors).
+func serve(ctx context.Context, o *options, h, metrics http.Handler, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
 	srv := newServer(h, log, limits)
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(publisher.JSONErrors(ln)) }()
 	log.Info("serving", "addr", ln.Addr().String())
+	if o.metricsAddr != "" && metrics != nil {
+		mln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			_ = srv.Close()
+			return fmt.Errorf("listening for /metrics: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", metrics)
+		msrv := newServer(mux, log, metricsLimits)
+		go func() { errc <- msrv.Serve(mln) }()
+		defer msrv.Close()
+		log.Info("serving /metrics", "addr", mln.Addr().String())
+	}
 	select {
 	case err := <-errc:
+		_ = srv.Close()
 		return fmt.Errorf("serving: %w", err)
 	case <-ctx.Done():
 	}

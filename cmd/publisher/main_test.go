@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/publisher"
 )
 
 // TestMain lets this test binary stand in for the publisher's: with
@@ -47,7 +48,7 @@ func TestParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.queueURL != "http://q" || o.bucket != "bkt" || o.cfg.MaxBodyBytes != 1<<20 || o.cfg.ChunkItems != 8 || o.addr != ":8080" {
+	if o.queueURL != "http://q" || o.bucket != "bkt" || o.cfg.MaxBodyBytes != 1<<20 || o.cfg.ChunkItems != 8 || o.addr != ":8080" || o.metricsAddr != ":9090" {
 		t.Errorf("parsed %+v", o)
 	}
 	if got := strings.Join(o.cfg.APIKeys, ","); got != "key-c,key-d,key-a,key-b" {
@@ -64,6 +65,11 @@ func TestParse(t *testing.T) {
 		"bad size":      {[]string{"-max-body-bytes=12K"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 		"extra args":    {[]string{"x"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 		"empty keyfile": {[]string{"-api-keys-file=" + os.DevNull}, map[string]string{"QUEUE_URL": "q"}, errUsage},
+		// A key set given but empty fails closed, not open.
+		"keys: a comma":          {[]string{"-api-keys=,"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
+		"keys: blanks":           {nil, map[string]string{"QUEUE_URL": "q", "VRAMQ_API_KEYS": " , "}, errUsage},
+		"metrics on the API":     {[]string{"-addr=:8080", "-metrics-addr=:8080"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
+		"in flight below a body": {[]string{"-max-body-bytes=1MiB", "-max-inflight-body-bytes=512KiB"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -89,6 +95,12 @@ func TestRun(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := mln.Addr().String()
+	mln.Close()
 	vars := map[string]string{"QUEUE_URL": urls.Work, "VRAMQ_API_KEYS": "k"}
 	for _, k := range []string{"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL_S3", "AWS_REGION"} {
 		vars[k] = os.Getenv(k)
@@ -97,7 +109,9 @@ func TestRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	var logs bytes.Buffer
-	go func() { done <- run(ctx, []string{"-addr=" + addr, "-log-format=text"}, env(vars), &logs) }()
+	go func() {
+		done <- run(ctx, []string{"-addr=" + addr, "-metrics-addr=" + metricsAddr, "-log-format=text"}, env(vars), &logs)
+	}()
 	var resp *http.Response
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		resp, err = http.Get("http://" + addr + "/healthz")
@@ -115,8 +129,19 @@ func TestRun(t *testing.T) {
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("POST: %v %v", resp, err)
 	}
-	if resp, err := http.Get("http://" + addr + "/metrics"); err != nil || resp.StatusCode != 200 {
+	// /metrics is on its own listener, which the load balancer does not
+	// forward, and not on the API's.
+	if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err != nil || resp.StatusCode != 200 || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
 		t.Fatalf("metrics: %v %v", resp, err)
+	}
+	if resp, err := http.Get("http://" + addr + "/metrics"); err != nil || resp.StatusCode != http.StatusNotFound || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("/metrics on the API's address: %v %v; want a JSON 404", resp, err)
+	}
+	// net/http's own 431 comes out as the API's JSON error.
+	big, _ := http.NewRequest("GET", "http://"+addr+"/healthz", nil)
+	big.Header.Set("X-Big", strings.Repeat("b", 2*limits.maxHeader))
+	if resp, err := http.DefaultClient.Do(big); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("headers over the limit: %v %v; want a JSON 431", resp, err)
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -202,7 +227,7 @@ func TestServerLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(ln)
+	go srv.Serve(publisher.JSONErrors(ln))
 	t.Cleanup(func() { srv.Close() })
 
 	conn, err := net.Dial("tcp", ln.Addr().String())
@@ -248,7 +273,44 @@ func TestServerLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
-		t.Errorf("8 KiB header over a 4 KiB limit: %d, want 431", resp.StatusCode)
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || resp.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("8 KiB header over a 4 KiB limit: %d %q, want a JSON 431", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+}
+
+// The runtime's memory limit: the flag, else GOMEMLIMIT left alone, else
+// the Lambda function's memory, else the cgroup's, each less a tenth.
+func TestMemoryLimit(t *testing.T) {
+	files := func(m map[string]string) func(string) ([]byte, error) {
+		return func(name string) ([]byte, error) {
+			if v, ok := m[name]; ok {
+				return []byte(v), nil
+			}
+			return nil, os.ErrNotExist
+		}
+	}
+	v2, v1 := cgroupMemoryFiles[0], cgroupMemoryFiles[1]
+	tenthLess := func(n int64) int64 { return n - n/10 }
+	for _, tc := range []struct {
+		name  string
+		flag  int64
+		env   map[string]string
+		files map[string]string
+		want  int64
+		from  string
+	}{
+		{"flag", 300 << 20, map[string]string{"GOMEMLIMIT": "1GiB"}, map[string]string{v2: "1073741824\n"}, 300 << 20, "-memory-limit"},
+		{"GOMEMLIMIT", 0, map[string]string{"GOMEMLIMIT": "1GiB"}, map[string]string{v2: "1073741824\n"}, 0, "GOMEMLIMIT"},
+		{"Lambda", 0, map[string]string{"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "1024"}, nil, tenthLess(1 << 30), "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"},
+		{"cgroup v2", 0, nil, map[string]string{v2: "1073741824\n"}, tenthLess(1 << 30), v2},
+		{"cgroup v2 unlimited", 0, nil, map[string]string{v2: "max\n", v1: "1073741824\n"}, 0, ""},
+		{"cgroup v1", 0, nil, map[string]string{v1: "2147483648\n"}, tenthLess(2 << 30), v1},
+		{"cgroup v1 unlimited", 0, nil, map[string]string{v1: "9223372036854771712\n"}, 0, ""},
+		{"nothing", 0, nil, nil, 0, ""},
+	} {
+		got, from := memoryLimit(tc.flag, env(tc.env), files(tc.files))
+		if got != tc.want || from != tc.from {
+			t.Errorf("%s: %d from %q, want %d from %q", tc.name, got, from, tc.want, tc.from)
+		}
 	}
 }

@@ -26,6 +26,10 @@ const (
 	MaxChunkItems   = 100          // -max-chunk-items
 )
 
+// Canary marks request content in the cases that put some in a path, a
+// query, a header or a field name: no error message may carry it back.
+const Canary = "QZXCANARY"
+
 // Keys are the API keys (-api-keys) of the publisher with a bucket. Two, so
 // that a request with the other one's prefix proves keys are compared whole.
 var Keys = []string{"test-key-1", Key}
@@ -138,6 +142,14 @@ func Cases(seedJob, reusedKey string) []Case {
 		{Name: "page token past the end", Method: "GET", Path: "/v1/jobs/" + seedJob + "?page_token=99", Status: 400, Code: publisher.CodeInvalidParameter},
 		{Name: "status without bucket", NoBucket: true, Method: "GET", Path: "/v1/jobs/" + seedJob, Status: 501, Code: publisher.CodeStatusUnavailable},
 		{Name: "unknown path", Method: "GET", Path: "/v2/jobs", Status: 404, Code: publisher.CodeNotFound},
+		{Name: "path not canonical", Method: "GET", Path: "/v1/jobs/../jobs/" + seedJob, Status: 404, Code: publisher.CodeNotFound},
+		{Name: "echo: job id", Method: "GET", Path: "/v1/jobs/" + Canary, Status: 404, Code: publisher.CodeNotFound},
+		{Name: "echo: path", Method: "GET", Path: "/" + Canary, Status: 404, Code: publisher.CodeNotFound},
+		{Name: "echo: page size", Method: "GET", Path: "/v1/jobs/" + seedJob + "?page_size=" + Canary, Status: 400, Code: publisher.CodeInvalidParameter},
+		{Name: "echo: content type", Header: ct("application/" + Canary), Body: one, Status: 415, Code: publisher.CodeUnsupportedMedia},
+		{Name: "echo: field name", Body: `{"items":[{"id":"a","text":"x"}],"` + Canary + `":1}`, Status: 400, Code: publisher.CodeUnknownField},
+		{Name: "echo: JSON syntax", Body: `{"items":` + Canary + `}`, Status: 400, Code: publisher.CodeMalformedJSON},
+		{Name: "invalid UTF-8", Body: "{\"items\":[{\"id\":\"a\xff\",\"text\":\"x\"}]}", Status: 400, Code: publisher.CodeMalformedJSON},
 	}
 }
 
@@ -160,6 +172,12 @@ func Check(t testing.TB, c Case, status int, header http.Header, body []byte) {
 	}
 	if got.Error.Message == "" {
 		t.Error("no message")
+	}
+	if m := strings.ToUpper(got.Error.Message); strings.Contains(m, Canary) || strings.Contains(m, "'Q'") {
+		t.Errorf("the message quotes the request: %q", got.Error.Message)
+	}
+	if header.Get("X-Content-Type-Options") != "nosniff" {
+		t.Errorf("X-Content-Type-Options %q", header.Get("X-Content-Type-Options"))
 	}
 	switch c.Status {
 	case http.StatusUnauthorized:
