@@ -347,6 +347,18 @@ data "aws_iam_policy_document" "publisher" {
     }
   }
 
+  # Under Lambda the function reads its bearer keys itself at a cold start
+  # (on Fargate the execution role injects them): exactly that secret.
+  dynamic "statement" {
+    for_each = local.publisher_lambda && var.publisher_api_keys_secret_arn != null ? [var.publisher_api_keys_secret_arn] : []
+
+    content {
+      sid       = "ReadAPIKeys"
+      actions   = ["secretsmanager:GetSecretValue"]
+      resources = [statement.value]
+    }
+  }
+
   # Under Lambda the function writes its own logs; on Fargate the execution
   # role does.
   dynamic "statement" {

@@ -1767,10 +1767,43 @@ func TestAPIKeysAreSecrets(t *testing.T) {
 	if reads == 0 {
 		t.Error("the execution role cannot read the secret")
 	}
-	// Lambda has no secrets injection; the keys variable is refused there.
+	// Lambda has no secrets injection: the function reads a Secrets Manager
+	// secret itself at a cold start (-api-keys-secret), given its ARN in the
+	// environment (an ARN, not the keys), and its role may read exactly it.
+	// An SSM parameter, which it does not read, is refused there.
+	fn := m.resource(t, "aws_lambda_function", "publisher")
 	lambda := map[string]cty.Value{"publisher_api_keys_secret_arn": cty.StringVal(arn)}
-	if allTrue(m.preconditions(t, m.resource(t, "aws_lambda_function", "publisher"), lambda)) {
-		t.Error("lambda mode accepts publisher_api_keys_secret_arn, which nothing would read")
+	if !allTrue(m.preconditions(t, fn, lambda)) {
+		t.Error("lambda mode refuses a Secrets Manager secret for the keys")
+	}
+	ssm := map[string]cty.Value{"publisher_api_keys_secret_arn": cty.StringVal("arn:aws:ssm:eu-west-1:111122223333:parameter/vramq/keys")}
+	if allTrue(m.preconditions(t, fn, ssm)) {
+		t.Error("lambda mode accepts an SSM parameter for the keys, which the function does not read")
+	}
+	env := m.eval(t, blocksOf(fn.Body, "environment")[0].Body.Attributes["variables"].Expr, lambda)
+	if !env.Type().HasAttribute("VRAMQ_API_KEYS_SECRET") || !env.GetAttr("VRAMQ_API_KEYS_SECRET").RawEquals(cty.StringVal(arn)) {
+		t.Errorf("the function's environment has no VRAMQ_API_KEYS_SECRET = %s: %#v", arn, env)
+	}
+	if env.Type().HasAttribute("VRAMQ_API_KEYS") {
+		t.Error("the function's environment holds VRAMQ_API_KEYS")
+	}
+	lambdaReads := 0
+	for _, st := range blocksOf(m.data["aws_iam_policy_document.publisher"].Body, "dynamic") {
+		for _, c := range blocksOf(st.Body, "content") {
+			if literalText(c.Body.Attributes["actions"].Expr) != "secretsmanager:GetSecretValue" {
+				continue
+			}
+			lambdaReads++
+			if got := m.eval(t, st.Body.Attributes["for_each"].Expr, lambda); !got.IsKnown() || got.LengthInt() != 1 || !got.AsValueSlice()[0].RawEquals(cty.StringVal(arn)) {
+				t.Errorf("%s: the function's role reads %#v, want exactly the secret", c.DefRange(), got)
+			}
+			if got := m.eval(t, st.Body.Attributes["for_each"].Expr, o); got.LengthInt() != 0 {
+				t.Errorf("%s: on fargate the task role reads the secret too: %#v", c.DefRange(), got)
+			}
+		}
+	}
+	if lambdaReads != 1 {
+		t.Errorf("the publisher role has %d statements reading a secret, want 1 (lambda mode)", lambdaReads)
 	}
 }
 

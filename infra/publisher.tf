@@ -65,7 +65,12 @@ resource "aws_lambda_function" "publisher" {
   reserved_concurrent_executions = var.publisher_lambda_reserved_concurrency
 
   environment {
-    variables = local.publisher_environment
+    # Lambda cannot inject a secret into the environment as ECS does: the
+    # function reads the keys itself, once per cold start
+    # (cmd/publisher/secret.go), given the secret's ARN.
+    variables = merge(local.publisher_environment, var.publisher_api_keys_secret_arn == null ? {} : {
+      VRAMQ_API_KEYS_SECRET = var.publisher_api_keys_secret_arn
+    })
   }
 
   logging_config {
@@ -80,8 +85,8 @@ resource "aws_lambda_function" "publisher" {
 
   lifecycle {
     precondition {
-      condition     = var.publisher_api_keys_secret_arn == null
-      error_message = "publisher_api_keys_secret_arn works with publisher_mode = \"fargate\" only (ECS injects the secret); under Lambda, authorise with publisher_authorization = \"AWS_IAM\" or \"JWT\"."
+      condition     = var.publisher_api_keys_secret_arn == null || can(regex("^arn:[^:]+:secretsmanager:", var.publisher_api_keys_secret_arn))
+      error_message = "publisher_api_keys_secret_arn: under Lambda the function reads the keys from Secrets Manager itself: give a Secrets Manager secret's ARN (an SSM parameter works with publisher_mode = \"fargate\", where ECS injects it)."
     }
   }
 }

@@ -460,7 +460,7 @@ variable "publisher_environment" {
 }
 
 variable "publisher_api_keys_secret_arn" {
-  description = "With publisher_mode = \"fargate\": ARN of a Secrets Manager secret or an SSM SecureString parameter holding the publisher's bearer keys, comma-separated (VRAMQ_API_KEYS). ECS reads it when a task starts; the execution role may read exactly it (a secret under a customer managed KMS key also needs kms:Decrypt for that role in the key's policy). Null: no bearer keys. In lambda mode authorise with publisher_authorization (AWS_IAM or JWT) instead."
+  description = "ARN of the secret holding the publisher's bearer keys, comma- or line-separated. Fargate: a Secrets Manager secret or an SSM SecureString parameter, which ECS injects as VRAMQ_API_KEYS when a task starts (the execution role may read exactly it). Lambda: a Secrets Manager secret, which the function reads itself at each cold start (-api-keys-secret; its role may read exactly it). A secret under a customer managed KMS key also needs kms:Decrypt for that role in the key's policy. Null: no bearer keys."
   type        = string
   default     = null
 

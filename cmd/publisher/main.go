@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -71,6 +72,7 @@ type options struct {
 	queueURL, bucket     string
 	addr, metricsAddr    string
 	apiKeys, apiKeysFile string
+	apiKeysSecret        string
 	maxMessage, maxItem  gpu.Bytes
 	maxBody, maxInFlight gpu.Bytes
 	memoryLimit          gpu.Bytes
@@ -90,6 +92,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.StringVar(&o.addr, "addr", ":8080", "HTTP listen address (not used under Lambda)")
 	fs.StringVar(&o.apiKeys, "api-keys", "", "comma-separated bearer API keys accepted on /v1/jobs (unset: no auth; a value naming no key is refused)")
 	fs.StringVar(&o.apiKeysFile, "api-keys-file", "", "file of bearer API keys, one per line (# comments), added to -api-keys")
+	fs.StringVar(&o.apiKeysSecret, "api-keys-secret", "", "ID or ARN of a Secrets Manager secret holding bearer API keys (comma- or line-separated), read once at start\n(a Lambda function's cold start) and added to -api-keys; the role needs secretsmanager:GetSecretValue on it")
 	fs.Var(&o.maxMessage, "max-message-bytes", "largest work message (0: the queue's MaximumMessageSize; lower only)")
 	fs.Var(&o.maxBody, "max-body-bytes", "largest request body")
 	fs.Var(&o.maxInFlight, "max-inflight-body-bytes", "most bytes of request bodies held at once, over all requests; more is answered 503 overloaded\n(0: twice -max-body-bytes). The heap peaks at 5 to 6 times this")
@@ -269,6 +272,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return fmt.Errorf("AWS configuration: %w", err)
 	}
+	c := o.cfg
+	if o.apiKeysSecret != "" {
+		keys, err := apiKeysFromSecret(ctx, secretsmanager.NewFromConfig(awsCfg), o.apiKeysSecret)
+		if err != nil {
+			return err
+		}
+		c.APIKeys = append(c.APIKeys, keys...)
+	}
 	client := sqs.NewFromConfig(awsCfg)
 	// Read once, at start (a Lambda cold start): chunks are cut to what this
 	// queue accepts.
@@ -276,7 +287,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	c := o.cfg
 	c.MaxMessageBytes = lim.MaxMessageBytes
 	if o.maxMessage > 0 {
 		c.MaxMessageBytes = min(c.MaxMessageBytes, int(o.maxMessage))
