@@ -116,6 +116,11 @@ func attrRuneOK(r rune) bool {
 // AttrDataType is the data type vramq gives every message attribute.
 const AttrDataType = "String"
 
+// MaxBatchBytes is the most one SendMessageBatch call may carry: the sum of
+// its messages' sizes (MessageSize), at most 1 MiB whatever the queue's
+// largest message. SQS refuses a larger call whole (BatchRequestTooLong).
+const MaxBatchBytes = 1 << 20
+
 // MessageSize is the size SQS counts for a message: its body and, for each
 // attribute, its name, its data type and its value, all in UTF-8 bytes. SQS
 // limits a message, and the sum of a batch call's messages, by this size.

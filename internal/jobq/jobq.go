@@ -17,26 +17,37 @@ import (
 	"github.com/vramq/vramq/job"
 )
 
-// Send puts works on the queue at url, ten per SendMessageBatch, with the job
-// id and chunk in message attributes. An entry SQS reports as failed is an
-// error: these are tools, not the publisher, and must not hide a loss.
+// Send puts works on the queue at url, up to ten per SendMessageBatch and no
+// more than job.MaxBatchBytes in one call (large messages go fewer to a call),
+// with the job id and chunk in message attributes. An entry SQS reports as
+// failed is an error: these are tools, not the publisher, and must not hide a
+// loss.
 func Send(ctx context.Context, client *sqs.Client, url string, works []job.Work) error {
 	for len(works) > 0 {
-		n := min(len(works), 10)
-		entries := make([]types.SendMessageBatchRequestEntry, n)
-		for i := range n {
-			body, err := json.Marshal(works[i])
+		var entries []types.SendMessageBatchRequestEntry
+		size := 0
+		for len(entries) < 10 && len(entries) < len(works) {
+			w := works[len(entries)]
+			body, err := json.Marshal(w)
 			if err != nil {
 				return err
 			}
-			attrs := map[string]types.MessageAttributeValue{}
-			for k, v := range job.Attributes(works[i].Key()) {
-				attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
-			}
 			// Escaped as the publisher sends work: ids with characters SQS
 			// refuses raw still go.
-			entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(string(job.EncodeForSQS(body))), MessageAttributes: attrs}
+			text := string(job.EncodeForSQS(body))
+			plain := job.Attributes(w.Key())
+			n := job.MessageSize(text, plain)
+			if len(entries) > 0 && size+n > job.MaxBatchBytes {
+				break // the next call takes it
+			}
+			size += n
+			attrs := map[string]types.MessageAttributeValue{}
+			for k, v := range plain {
+				attrs[k] = types.MessageAttributeValue{DataType: aws.String(job.AttrDataType), StringValue: aws.String(v)}
+			}
+			entries = append(entries, types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(len(entries))), MessageBody: aws.String(text), MessageAttributes: attrs})
 		}
+		n := len(entries)
 		out, err := client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &url, Entries: entries})
 		if err != nil {
 			return fmt.Errorf("sending work: %w", err)
