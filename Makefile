@@ -231,3 +231,17 @@ TOKENIZER_GOLDEN := model/bert/golden/tokenizer
 golden-tokenizer:
 	cd $(TOKENIZER_GOLDEN) && npm ci --ignore-scripts --no-audit --no-fund
 	cd $(TOKENIZER_GOLDEN) && node generate.mjs
+
+## golden-onnx: regenerate model/bert's test models and their ONNX Runtime outputs
+## (model/bert/testdata/model) with the generator in model/bert/golden/onnx. It installs
+## onnxruntime-node (CPU, ~300 MB; --ignore-scripts: its install script fetches CUDA parts)
+## and onnx-proto from npm; make test only reads the committed files.
+BERT_GOLDEN := model/bert/golden/onnx
+.PHONY: golden-onnx
+golden-onnx:
+	cd $(BERT_GOLDEN) && npm ci --ignore-scripts --no-audit --no-fund
+	cd $(BERT_GOLDEN) && node gen.mjs ../../testdata/model
+
+## golden: every golden file (tokenizer and model), from the independent implementations
+.PHONY: golden
+golden: golden-tokenizer golden-onnx
