@@ -18,6 +18,17 @@ type Generated struct {
 	Seed         uint64
 }
 
+// Validate reports what Load would refuse in the directory g describes.
+func (g Generated) Validate() error {
+	if err := g.Config.Validate(); err != nil {
+		return fmt.Errorf("bert: generate: %w", err)
+	}
+	if g.MaxSeqLength < 2 || g.MaxSeqLength > g.MaxPositionEmbeddings {
+		return fmt.Errorf("bert: generate: max_seq_length %d, want 2 to max_position_embeddings (%d)", g.MaxSeqLength, g.MaxPositionEmbeddings)
+	}
+	return nil
+}
+
 // tokenizerFiles are copied from the tokenizer directory into a generated
 // model: what LoadTokenizer reads, and what a downloaded model has.
 var tokenizerFiles = []string{"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"}
@@ -35,11 +46,8 @@ var tokenizerFiles = []string{"tokenizer.json", "tokenizer_config.json", "specia
 // 1 + N(0, 0.1²)), not a uniform 0.02, so that a mistake in the forward pass
 // changes the outputs visibly.
 func Generate(dir, tokDir string, g Generated) error {
-	if err := g.Config.Validate(); err != nil {
+	if err := g.Validate(); err != nil {
 		return err
-	}
-	if g.MaxSeqLength < 2 || g.MaxSeqLength > g.MaxPositionEmbeddings {
-		return fmt.Errorf("bert: generate: max_seq_length %d, want 2 to max_position_embeddings (%d)", g.MaxSeqLength, g.MaxPositionEmbeddings)
 	}
 	for _, d := range []string{dir, filepath.Join(dir, "1_Pooling"), filepath.Join(dir, "2_Normalize")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
