@@ -99,3 +99,17 @@ func (e *Embedder) tokenCount(it job.Item) int {
 	}
 	return len(e.tok.Encode(it.Text, e.m.MaxSeqLength()))
 }
+
+// LengthClass is the class of a message for the subscriber's batcher
+// (gpu.LengthClasser): the octave of its longest item's length in tokens
+// (1, 2–3, 4–7, …, 256–511, 512). Messages of one octave pad little
+// against each other, and Run's buckets take care of the rest; messages
+// of different octaves would share a batch only to run as separate
+// sub-batches, the short ones waiting for the long.
+func (e *Embedder) LengthClass(items []job.Item) int {
+	longest := 0
+	for _, it := range items {
+		longest = max(longest, e.tokenCount(it))
+	}
+	return bits.Len(uint(longest))
+}

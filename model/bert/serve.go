@@ -31,9 +31,10 @@ type Embedder struct {
 }
 
 var (
-	_ gpu.Model      = (*Embedder)(nil)
-	_ gpu.Launcher   = (*Embedder)(nil)
-	_ gpu.WorkingSet = (*Embedder)(nil)
+	_ gpu.Model         = (*Embedder)(nil)
+	_ gpu.Launcher      = (*Embedder)(nil)
+	_ gpu.WorkingSet    = (*Embedder)(nil)
+	_ gpu.LengthClasser = (*Embedder)(nil)
 )
 
 // ErrClosed is returned by Run after Close.
