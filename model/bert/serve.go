@@ -28,6 +28,23 @@ type Embedder struct {
 	freeWeights func()
 	closed      atomic.Bool
 	working     atomic.Int64
+	// What Runs computed, in tokens (see Padding).
+	tokens, computed, oneBatch atomic.Int64
+}
+
+// Padding is what an Embedder's Runs have computed so far, in tokens.
+type Padding struct {
+	Tokens   int64 // the items' own tokens
+	Computed int64 // token rows computed: each sub-batch padded to its longest item
+	// OneBatch is what padding each Run's items to the Run's longest item,
+	// as one batch, would have computed: the cost of batching by arrival
+	// order without length buckets.
+	OneBatch int64
+}
+
+// Padding returns the token counts of the Runs so far.
+func (e *Embedder) Padding() Padding {
+	return Padding{Tokens: e.tokens.Load(), Computed: e.computed.Load(), OneBatch: e.oneBatch.Load()}
 }
 
 var (
@@ -181,6 +198,13 @@ func (l *launched) Run(ctx context.Context) ([]job.Output, error) {
 	for i := range outs {
 		outs[i].ID = l.ids[i]
 	}
+	longest := 0
+	for _, s := range l.subs {
+		for _, ids := range s.ids {
+			longest = max(longest, len(ids))
+		}
+	}
+	e.oneBatch.Add(int64(l.n) * int64(longest))
 	return outs, nil
 }
 
@@ -202,6 +226,12 @@ func (e *Embedder) runSub(s subBatch, outs []job.Output) error {
 	if err != nil {
 		return err
 	}
+	var tokens int64
+	for _, ids := range s.ids {
+		tokens += int64(len(ids))
+	}
+	e.tokens.Add(tokens)
+	e.computed.Add(int64(len(s.ids)) * int64(seqLen))
 	for k, i := range s.index {
 		outs[i].Embedding = vecs[k]
 	}

@@ -71,9 +71,12 @@ func TestEmbedderRunsLikeEmbed(t *testing.T) {
 		t.Fatalf("%d outputs for %d items", len(outs), len(items))
 	}
 	long := false
+	var tokens, longest int64
 	for i, it := range items {
 		ids := e.tok.Encode(it.Text, e.m.MaxSeqLength())
 		long = long || len(ids) == e.m.MaxSeqLength()
+		tokens += int64(len(ids))
+		longest = max(longest, int64(len(ids)))
 		want, err := e.m.Embed([][]int32{ids})
 		if err != nil {
 			t.Fatal(err)
@@ -87,6 +90,10 @@ func TestEmbedderRunsLikeEmbed(t *testing.T) {
 	}
 	if !long {
 		t.Error("no item reached max_seq_length: truncation is not exercised")
+	}
+	p := e.Padding()
+	if p.Tokens != tokens || p.Computed < tokens || 16*(p.Computed-tokens) >= tokens || p.OneBatch != longest*int64(len(items)) {
+		t.Errorf("Padding() = %+v; want %d tokens, under 1/16 more computed, %d as one batch", p, tokens, longest*int64(len(items)))
 	}
 }
 
