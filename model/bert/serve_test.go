@@ -328,3 +328,24 @@ func TestCostAddsUp(t *testing.T) {
 		t.Error("Cost of no items is not 0")
 	}
 }
+
+// TestLengthClass checks the batcher's classes: messages whose longest
+// texts are in one octave of tokens share a class, messages of short and
+// long texts do not, and a message's class is its longest item's.
+func TestLengthClass(t *testing.T) {
+	e, err := Open(servedModelDir(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := func(n int) job.Item { return job.Item{ID: "x", Text: strings.TrimSpace(strings.Repeat("the ", n-2))} }
+	short, short2, long := e.LengthClass([]job.Item{text(40)}), e.LengthClass([]job.Item{text(60), text(5)}), e.LengthClass([]job.Item{text(90)})
+	if short != short2 {
+		t.Errorf("messages of 40 and of 60 tokens at most: classes %d and %d, want one", short, short2)
+	}
+	if long == short {
+		t.Errorf("messages of 60 and 90 tokens at most share class %d", long)
+	}
+	if mixed := e.LengthClass([]job.Item{text(5), text(90)}); mixed != long {
+		t.Errorf("a message with a 90-token text has class %d, want the long class %d", mixed, long)
+	}
+}
