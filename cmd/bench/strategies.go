@@ -172,7 +172,9 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if err != nil {
 			return fmt.Errorf("%w: -bert: %v", cli.ErrUsage, err)
 		}
-		newModel = func(mem gpu.Allocator) (*gpu.TimedModel, error) { return gpu.NewTimedModelFor(e, e.Model().Dim(), timing, mem) }
+		newModel = func(mem gpu.Allocator) (*gpu.TimedModel, error) {
+			return gpu.NewTimedModelFor(e, e.Model().Dim(), timing, mem)
+		}
 		p.Model = e.Name()
 	}
 	probe, err := newModel(nil)
