@@ -97,7 +97,7 @@ ref)
 esac
 step "subscriber (admission=$admission, SIMULATED device: $vram; $what; it runs on the CPU)"
 # At debug it logs a line per device batch, a few of which the summary shows.
-bin/subscriber -device=sim -vram="$vram" -vram-reserve=4MiB -admission="$admission" "${model_flag[@]}" \
+bin/subscriber -device=sim -vram="$vram" -vram-reserve=4MiB -admission="$admission" ${model_flag[@]+"${model_flag[@]}"} \
 	-wait-time=2s -log-format=text -log-level=debug -metrics-addr="127.0.0.1:$metrics_port" >"$sub_log" 2>&1 &
 sub_pid=$!
 wait_healthy "http://127.0.0.1:$metrics_port/healthz" "$sub_pid" "$sub_log"
