@@ -24,6 +24,8 @@ import (
 type TimedModel struct {
 	cfg         EmbedConfig
 	cost        CostModel
+	costOf      func([]job.Item) int64 // another model's Cost (NewTimedModelFor); nil: cfg's
+	out         int                    // width of the outputs
 	timing      Timing
 	name        string
 	weights     int64
@@ -56,6 +58,39 @@ func NewTimedModel(cfg EmbedConfig, timing Timing, mem Allocator) (*TimedModel, 
 		timing:      timing,
 		name:        fmt.Sprintf("timed-embed-v%d-d%d-h%d-o%d-t%d", cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens),
 		weights:     cfg.WeightBytes(),
+		out:         cfg.Out,
+		mem:         mem,
+		dev:         newSharedDevice(timing.Throughput),
+		freeWeights: func() {},
+	}
+	if mem != nil {
+		free, err := mem.Alloc(m.weights)
+		if err != nil {
+			return nil, fmt.Errorf("%s: load weights: %w", m.name, err)
+		}
+		m.freeWeights = free
+	}
+	return m, nil
+}
+
+// NewTimedModelFor is the timed stand-in of another model, of: of's
+// weights and Cost (a BERT's, say, whose cost grows with the square of its
+// texts' length), outputs out wide, and timing's time, computing nothing.
+// It loads onto mem as NewTimedModel does. Its Config is the zero
+// EmbedConfig, which Calibrate refuses: calibrate the model itself.
+func NewTimedModelFor(of Model, out int, timing Timing, mem Allocator) (*TimedModel, error) {
+	if out < 1 {
+		return nil, fmt.Errorf("timed model of %s: %d output values, want at least 1", of.Name(), out)
+	}
+	if err := timing.Validate(); err != nil {
+		return nil, err
+	}
+	m := &TimedModel{
+		costOf:      of.Cost,
+		timing:      timing,
+		name:        "timed-" + of.Name(),
+		weights:     of.Weights(),
+		out:         out,
 		mem:         mem,
 		dev:         newSharedDevice(timing.Throughput),
 		freeWeights: func() {},
@@ -76,8 +111,14 @@ func (m *TimedModel) Name() string { return m.name }
 // Weights is what an Embedder's weights of this configuration take.
 func (m *TimedModel) Weights() int64 { return m.weights }
 
-// Cost is what an Embedder of this configuration costs for items.
-func (m *TimedModel) Cost(items []job.Item) int64 { return m.cfg.cost(m.cost, items) }
+// Cost is what an Embedder of this configuration costs for items, or the
+// model's of NewTimedModelFor.
+func (m *TimedModel) Cost(items []job.Item) int64 {
+	if m.costOf != nil {
+		return m.costOf(items)
+	}
+	return m.cfg.cost(m.cost, items)
+}
 
 // Config is the configuration the model was made with: Calibrate reads its
 // tokenizer and context from it.
@@ -168,7 +209,7 @@ func (b *timedBatch) Run(ctx context.Context) ([]job.Output, error) {
 	}
 	out := make([]job.Output, len(items))
 	for i, it := range items {
-		out[i] = job.Output{ID: it.ID, Embedding: unitVector(it.Text, m.cfg.Out)}
+		out[i] = job.Output{ID: it.ID, Embedding: unitVector(it.Text, m.out)}
 	}
 	return out, nil
 }

@@ -8,6 +8,13 @@
 #
 #   ADMISSION=count make demo     the same workload under another strategy
 #   MESSAGES=40 make demo         bigger jobs (messages' worth of items per job)
+#   MODEL=DIR make demo           a real BERT-family model you downloaded (e.g.
+#                                 huggingface-cli download sentence-transformers/all-MiniLM-L6-v2 --local-dir DIR)
+#   MODEL=ref make demo           the reference bag-of-words model instead of BERT
+#
+# By default the subscriber serves a small BERT with GENERATED weights
+# (bin/genweights -bert): the real tokenizer and architecture, random
+# weights. Its vectors mean nothing; it needs no download.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -64,11 +71,33 @@ wait_healthy() {
 	return 1
 }
 
-step "subscriber (admission=$admission, SIMULATED device: 64 MiB, the reference model runs on the CPU)"
-# A small simulated device so that a CPU can fill it: the model's weights take
-# 18 MiB, leaving about 42 MiB of budget, room for two large messages at once.
+# A small simulated device so that a CPU can fill it, with room for two large
+# messages at once beside the weights: the reference model's weights take
+# 18 MiB and a large message 16 MiB; the generated BERT's 17 MiB and a large
+# message (32 texts at 256 tokens) about 80 MiB. A real model's are larger:
+# VRAM says how much to simulate.
+model_flag=()
+case "${MODEL:-}" in
+"")
+	model_dir=build/demo-bert
+	bin/genweights -bert "$model_dir" >/dev/null
+	model_flag=(-model="$model_dir")
+	vram="${VRAM:-200MiB}"
+	what="a small BERT with GENERATED weights ($model_dir): its vectors mean nothing"
+	;;
+ref)
+	vram="${VRAM:-64MiB}"
+	what="the reference bag-of-words model"
+	;;
+*)
+	model_flag=(-model="$MODEL")
+	vram="${VRAM:-2GiB}"
+	what="the BERT model in $MODEL"
+	;;
+esac
+step "subscriber (admission=$admission, SIMULATED device: $vram; $what; it runs on the CPU)"
 # At debug it logs a line per device batch, a few of which the summary shows.
-bin/subscriber -device=sim -vram=64MiB -vram-reserve=4MiB -admission="$admission" \
+bin/subscriber -device=sim -vram="$vram" -vram-reserve=4MiB -admission="$admission" ${model_flag[@]+"${model_flag[@]}"} \
 	-wait-time=2s -log-format=text -log-level=debug -metrics-addr="127.0.0.1:$metrics_port" >"$sub_log" 2>&1 &
 sub_pid=$!
 wait_healthy "http://127.0.0.1:$metrics_port/healthz" "$sub_pid" "$sub_log"
@@ -108,3 +137,4 @@ grep -E 'msg=batch' "$sub_log" | head -3 | sed 's/^/    /'
 [[ $rc == 0 && $prc == 0 ]]
 echo
 echo "demo done: summary also in .run/demo-summary.json"
+echo "model: $what"

@@ -3,6 +3,7 @@ package subscriber
 import (
 	"context"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/vramq/vramq/gpu"
@@ -105,26 +106,75 @@ func (s *Subscriber) releaseWaiting(t *task, why string) {
 // finishes), or, under vram, when it holds MaxBatchBytes (a quarter of the
 // budget as it is then, by default), so that the next batch can start, and
 // pay its fixed launch time, while others work.
+//
+// With a model of length classes (gpu.LengthClasser) there is one pending
+// batch per class, each with its own delay and limits: a transformer pads
+// a batch's items to a common length, so a short message batched with a
+// long one either waits for the long one's work or, split into
+// sub-batches by the model, gains nothing from sharing the batch.
+//
 // Each batch runs in its own goroutine under workCtx; admission already
 // bounds what runs at once.
 func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
-	var pending []*task
-	var pendingCost int64
+	type pendingBatch struct {
+		tasks []*task
+		cost  int64
+		due   time.Time // MaxBatchDelay after its first message
+	}
+	pending := map[int]*pendingBatch{} // by class
 	var timer *time.Timer
 	var fire <-chan time.Time
 	done := ctx.Done()
-	flush := func() {
+	// rearm sets the timer to the earliest due batch, or stops it.
+	rearm := func() {
 		if timer != nil {
 			timer.Stop()
 			timer, fire = nil, nil
 		}
-		if len(pending) == 0 {
+		var next time.Time
+		for _, b := range pending {
+			if next.IsZero() || b.due.Before(next) {
+				next = b.due
+			}
+		}
+		if !next.IsZero() {
+			timer = time.NewTimer(time.Until(next))
+			fire = timer.C
+		}
+	}
+	flush := func(class int) {
+		b := pending[class]
+		delete(pending, class)
+		if b == nil || len(b.tasks) == 0 {
 			return
 		}
-		b := pending
-		pending, pendingCost = nil, 0
-		s.startTasks(len(b))
-		s.runners.Go(func() { s.runBatch(workCtx, b) })
+		s.startTasks(len(b.tasks))
+		s.runners.Go(func() { s.runBatch(workCtx, b.tasks) })
+	}
+	// flushWhere sends every pending batch that keep says to, oldest
+	// first, and rearms the timer for the rest.
+	flushWhere := func(keep func(b *pendingBatch) bool) {
+		classes := make([]int, 0, len(pending))
+		for c, b := range pending {
+			if keep(b) {
+				classes = append(classes, c)
+			}
+		}
+		slices.SortFunc(classes, func(a, b int) int { return pending[a].due.Compare(pending[b].due) })
+		for _, c := range classes {
+			flush(c)
+		}
+		rearm()
+	}
+	all := func(*pendingBatch) bool { return true }
+	releaseAll := func() {
+		for _, b := range pending {
+			for _, t := range b.tasks {
+				s.releaseWaiting(t, "shutdown")
+			}
+		}
+		clear(pending)
+		rearm()
 	}
 	for {
 		select {
@@ -132,12 +182,7 @@ func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 			if !ok {
 				// Closed only after shutdown began; select may see this
 				// before done, so hand back what has not started.
-				for _, t := range pending {
-					s.releaseWaiting(t, "shutdown")
-				}
-				if timer != nil {
-					timer.Stop()
-				}
+				releaseAll()
 				return
 			}
 			if ctx.Err() != nil {
@@ -146,36 +191,42 @@ func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 			}
 			if t.ahead != nil || s.suspects.has(t.lease.msg.ID) {
 				// Launched as a batch of one while it waited, or in a
-				// batch that failed (see suspects): runs on its own.
-				flush()
-				pending, pendingCost = []*task{t}, t.cost
-				flush()
+				// batch that failed (see suspects): runs on its own,
+				// after what was pending in its class.
+				flush(t.class)
+				pending[t.class] = &pendingBatch{tasks: []*task{t}, cost: t.cost}
+				flush(t.class)
+				rearm()
 				continue
 			}
-			pending = append(pending, t)
-			pendingCost += t.cost
-			if len(pending) >= s.state.batchLimit() || pendingCost >= s.batchCap() || (s.admitBlocked.Load() && len(in) == 0) {
-				flush()
-			} else if timer == nil {
-				timer = time.NewTimer(s.cfg.MaxBatchDelay)
-				fire = timer.C
+			b := pending[t.class]
+			if b == nil {
+				b = &pendingBatch{due: time.Now().Add(s.cfg.MaxBatchDelay)}
+				pending[t.class] = b
+			}
+			b.tasks = append(b.tasks, t)
+			b.cost += t.cost
+			switch {
+			case s.admitBlocked.Load() && len(in) == 0:
+				flushWhere(all)
+			case len(b.tasks) >= s.state.batchLimit() || b.cost >= s.batchCap():
+				flush(t.class)
+				rearm()
+			case len(b.tasks) == 1:
+				rearm()
 			}
 		case <-fire:
-			flush()
+			timer, fire = nil, nil
+			now := time.Now()
+			flushWhere(func(b *pendingBatch) bool { return !b.due.After(now) })
 		case <-s.admitKick:
 			if s.admitBlocked.Load() && len(in) == 0 {
-				flush()
+				flushWhere(all)
 			}
 		case <-done:
 			// Admitted but not started: hand back at once.
-			for _, t := range pending {
-				s.releaseWaiting(t, "shutdown")
-			}
-			pending, pendingCost, done = nil, 0, nil
-			if timer != nil {
-				timer.Stop()
-				timer, fire = nil, nil
-			}
+			releaseAll()
+			done = nil
 		}
 	}
 }

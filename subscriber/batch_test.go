@@ -2,6 +2,8 @@ package subscriber
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -106,6 +108,64 @@ func TestWaitingLargeMessageLaunchesWhileItWaits(t *testing.T) {
 		}
 		if got, dups := h.resultsByKey(); len(got) != 2 || dups != 0 {
 			t.Errorf("%d results, %d duplicates", len(got), dups)
+		}
+	})
+}
+
+// classModel is the test model with length classes: an item's "class=N"
+// is its class, and each Run notes the classes of its items.
+type classModel struct {
+	*testModel
+	mu   sync.Mutex
+	runs [][]int // the classes of each Run's items
+}
+
+func itemClass(it job.Item) int {
+	var c int
+	for f := range strings.FieldsSeq(it.Text) {
+		fmt.Sscanf(f, "class=%d", &c)
+	}
+	return c
+}
+
+func (m *classModel) LengthClass(items []job.Item) int { return itemClass(items[0]) }
+
+func (m *classModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	var classes []int
+	for _, it := range items {
+		classes = append(classes, itemClass(it))
+	}
+	m.mu.Lock()
+	m.runs = append(m.runs, classes)
+	m.mu.Unlock()
+	return m.testModel.Run(ctx, items)
+}
+
+// With a model of length classes, messages of different classes never
+// share a batch, while messages of one class still do.
+func TestBatchesKeepLengthClassesApart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var m *classModel
+		h := startWith(t, 100*mib, Config{MaxBatch: 8, MaxBatchDelay: 50 * time.Millisecond}, func(h *harness, c *Config) {
+			m = &classModel{testModel: h.model}
+			c.Model = m
+		})
+		for i := range 12 {
+			h.send("classes", i, fmt.Sprintf("mb=1 ms=5 class=%d", i%3))
+		}
+		waitFor(t, time.Minute, "all messages deleted", func() bool { return h.sub.Ledger().Deleted == 12 })
+		h.shutdown()
+		shared := false
+		for _, classes := range m.runs {
+			for _, c := range classes {
+				if c != classes[0] {
+					t.Fatalf("a batch mixed length classes: %v (all batches %v)", classes, m.runs)
+				}
+			}
+			shared = shared || len(classes) > 1
+		}
+		if !shared {
+			t.Errorf("no batch held more than one message: %v", m.runs)
 		}
 	})
 }

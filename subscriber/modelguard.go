@@ -13,8 +13,8 @@ import (
 // sender chose, item by item, in code vramq does not control (tokenizers,
 // image decoders, a CUDA backend). A panic there would end the process with
 // up to -max-inflight messages held, every one of them redelivered to the
-// next subscriber to panic again. So every call into the model (Cost, Run,
-// Launch and the launched Run) recovers a panic into an error wrapping
+// next subscriber to panic again. So every call into the model (Cost, LengthClass,
+// Run, Launch and the launched Run) recovers a panic into an error wrapping
 // gpu.ErrInvalidInput, which process and runAlone already answer: a batch is
 // split in halves until the item that panics is alone, and that message is
 // dead-lettered as invalid_input; the rest run. A panic in a goroutine the
@@ -34,6 +34,18 @@ func (s *Subscriber) modelCost(items []job.Item) (cost int64, err error) {
 		}
 	}()
 	return s.cfg.Model.Cost(items), nil
+}
+
+func (s *Subscriber) modelClass(items []job.Item) (class int, err error) {
+	if s.classer == nil {
+		return 0, nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			s.recovered("LengthClass", p, &err)
+		}
+	}()
+	return s.classer.LengthClass(items), nil
 }
 
 func (s *Subscriber) modelRun(ctx context.Context, items []job.Item) (outs []job.Output, err error) {

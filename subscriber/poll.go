@@ -153,6 +153,10 @@ func (s *Subscriber) accept(ctx context.Context, l *lease) {
 // back for later or for another consumer.
 func (s *Subscriber) enqueue(l *lease, w *job.Work) {
 	cost, err := s.modelCost(w.Items)
+	var class int
+	if err == nil {
+		class, err = s.modelClass(w.Items)
+	}
 	if err != nil {
 		s.startTasks(1)
 		s.deadLetterAsync(l, "invalid_input", err.Error())
@@ -167,7 +171,7 @@ func (s *Subscriber) enqueue(l *lease, w *job.Work) {
 	}
 	// Never blocks: room() kept waiting, which counts this message, within
 	// the buffer's capacity.
-	s.buffer <- &task{lease: l, work: w, cost: cost}
+	s.buffer <- &task{lease: l, work: w, cost: cost, class: class}
 }
 
 func unconfigured(w *job.Work) string {

@@ -65,6 +65,9 @@ type Subscriber struct {
 	// admit).
 	launcher gpu.Launcher
 	loss     deviceLoss // see devicelost.go
+	// classer is the model's length classes, nil when it has none: the
+	// batcher then keeps one pending batch (see batch).
+	classer gpu.LengthClasser
 }
 
 // task is a decoded message on its way through admission and the device.
@@ -72,6 +75,7 @@ type task struct {
 	lease  *lease
 	work   *job.Work
 	cost   int64 // estimated working memory, bytes
+	class  int   // the model's length class (gpu.LengthClasser); 0 without one
 	weight int64 // units held in admission; 0 when none
 	// ahead is the task's batch of one, launched while it waited for
 	// admission; nil when it was not. infer takes it.
@@ -143,6 +147,7 @@ func New(cfg Config) (*Subscriber, error) {
 	s.keeper.fullCall = s.fullCall()
 	s.outbox = s.newOutbox()
 	s.launcher, _ = cfg.Model.(gpu.Launcher)
+	s.classer, _ = cfg.Model.(gpu.LengthClasser)
 	if cfg.TaskProtection != nil {
 		s.protect = newProtector(cfg.TaskProtection, cfg.TaskProtectionExpiry, cfg.TaskProtectionMaxHold, s.keeper.held.Load, m, s.log)
 		s.keeper.onHold = s.protect.poke

@@ -50,8 +50,12 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 	}
 	fmt.Fprintf(w, "- **Workload:** %d messages of the bimodal mix (`internal/workload.Mixed`): one message in %d is large (32 items of 600 words, %s of working memory), the others small (8 items of 24 words, %s)%s.\n",
 		p.Messages, p.LargeEvery, gpu.FormatBytes(p.LargeCost), gpu.FormatBytes(p.SmallCost), order)
-	fmt.Fprintf(w, "- **Device:** simulated (`gpu.Sim` + `gpu.TimedModel`): the reference model's weights plus %s for work; each batch takes a %v launch plus its working memory over %s/s, shared by the batches working at once (`gpu.Timing`).\n",
-		gpu.FormatBytes(p.Budget), p.Launch, gpu.FormatBytes(int64(p.Throughput)))
+	model := p.Model
+	if model == "" {
+		model = "the reference model" // reports from before -bert
+	}
+	fmt.Fprintf(w, "- **Device:** simulated (`gpu.Sim` + `gpu.TimedModel`, costing as %s): its weights plus %s for work; each batch takes a %v launch plus its working memory over %s/s, shared by the batches working at once (`gpu.Timing`).\n",
+		model, gpu.FormatBytes(p.Budget), p.Launch, gpu.FormatBytes(int64(p.Throughput)))
 	fmt.Fprintf(w, "- **Subscriber:** in process, against the SQS emulator, max batch %d, result messages up to 1 MiB (the queues' size), a 5 s visibility timeout, everything else default; fresh queues per strategy, the whole workload queued before it starts.\n", p.MaxBatch)
 	fmt.Fprintf(w, "- **Offline bound:** %.1f messages/s (%.2f s): the larger of the work bound (%.2f s: all the work at full throughput, plus one launch) and the memory bound (%.2f s: Σcost²/throughput/budget); %s binds.\n\n",
 		rep.Bound.MessagesPerS, rep.Bound.Seconds, rep.Bound.WorkSeconds, rep.Bound.MemorySeconds, rep.Bound.Binding)

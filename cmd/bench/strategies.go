@@ -29,6 +29,7 @@ import (
 	"github.com/vramq/vramq/internal/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
+	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/subscriber"
 )
 
@@ -47,6 +48,9 @@ type strategyParams struct {
 	SmallCost     int64    `json:"small_message_bytes"`
 	LargeCost     int64    `json:"large_message_bytes"`
 	Runs          []string `json:"strategies"`
+	// Model is what the timed model costs like: the reference model, or
+	// a BERT model directory's (-bert).
+	Model string `json:"model,omitempty"`
 }
 
 // strategy is one way to run the subscriber on the workload.
@@ -126,6 +130,7 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 	only := fs.String("only", "none,count-1,count-avg,vram", "strategies to run, in order")
 	out := fs.String("out", "bench", "folder for results.md, results.json and the plots (empty: none)")
 	verbose := fs.Bool("v", false, "subscriber logs to stderr")
+	bertDir := fs.String("bert", "", "cost like the BERT model in `DIR` (bin/genweights -bert DIR makes one), length² attention included, rather than the reference model; set -budget to fit its large messages")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
@@ -158,7 +163,21 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 		rng := rand.New(rand.NewPCG(1, 2))
 		rng.Shuffle(len(works), func(i, j int) { works[i], works[j] = works[j], works[i] })
 	}
-	probe, err := gpu.NewTimedModel(ecfg, timing, nil)
+	// newModel loads the timed model onto a device: the reference model's
+	// memory, or the BERT's.
+	newModel := func(mem gpu.Allocator) (*gpu.TimedModel, error) { return gpu.NewTimedModel(ecfg, timing, mem) }
+	p.Model = "the reference model"
+	if *bertDir != "" {
+		e, err := bert.Open(*bertDir, nil)
+		if err != nil {
+			return fmt.Errorf("%w: -bert: %v", cli.ErrUsage, err)
+		}
+		newModel = func(mem gpu.Allocator) (*gpu.TimedModel, error) {
+			return gpu.NewTimedModelFor(e, e.Model().Dim(), timing, mem)
+		}
+		p.Model = e.Name()
+	}
+	probe, err := newModel(nil)
 	if err != nil {
 		return err
 	}
@@ -190,7 +209,7 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 	for r := range *repeat {
 		for i, s := range strategies {
 			before := retries.Load()
-			o, err := runStrategy(ctx, client, s, works, ecfg, timing, p, *verbose, stderr)
+			o, err := runStrategy(ctx, client, s, works, newModel, p, *verbose, stderr)
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.Name, err)
 			}
@@ -259,8 +278,8 @@ func strategiesFor(p strategyParams, costs []int64) ([]strategy, error) {
 
 // runStrategy sends the workload to fresh queues, runs a subscriber with s
 // until every message has a result or is dead-lettered, and measures it.
-func runStrategy(ctx context.Context, client *sqs.Client, s strategy, works []job.Work, ecfg gpu.EmbedConfig,
-	timing gpu.Timing, p strategyParams, verbose bool, stderr io.Writer) (outcome, error) {
+func runStrategy(ctx context.Context, client *sqs.Client, s strategy, works []job.Work,
+	newModel func(gpu.Allocator) (*gpu.TimedModel, error), p strategyParams, verbose bool, stderr io.Writer) (outcome, error) {
 	o := outcome{Name: s.Name, Settings: s.Settings}
 	prefix := fmt.Sprintf("bench-%s-%d-", s.Name, time.Now().UnixNano()%1e9)
 	// A short visibility timeout bounds the stall when the emulator
@@ -280,8 +299,12 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, works []jo
 
 	// The device holds the weights and the budget, so the vram budget is
 	// exactly p.Budget and the other strategies run on the same memory.
-	dev := gpu.NewSim(ecfg.WeightBytes() + p.Budget + 1)
-	model, err := gpu.NewTimedModel(ecfg, timing, dev)
+	weights, err := newModel(nil)
+	if err != nil {
+		return o, err
+	}
+	dev := gpu.NewSim(weights.Weights() + p.Budget + 1)
+	model, err := newModel(dev)
 	if err != nil {
 		return o, err
 	}

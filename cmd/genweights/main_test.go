@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/bert"
 )
 
 func noEnv(string) string { return "" }
@@ -100,5 +102,37 @@ func TestRunRejectsBadInput(t *testing.T) {
 	err := run([]string{"-out", missing}, noEnv, new(bytes.Buffer))
 	if err == nil || errors.As(err, new(usageError)) || !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "write "+missing) {
 		t.Errorf("missing directory: %v, want a file error", err)
+	}
+}
+
+// TestRunWritesBERTDirectory checks -bert: the directory it writes loads
+// and serves (config, weights, sentence-transformers files, tokenizer),
+// in the shape the flags asked for; a shape BERT cannot have is a usage
+// error.
+func TestRunWritesBERTDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "gen")
+	var out bytes.Buffer
+	args := []string{"-bert", dir, "-tokenizer", "../../model/bert/testdata/tokenizer", "-bert-hidden", "24", "-bert-layers", "1", "-bert-heads", "3", "-bert-max-seq-length", "40"}
+	if err := run(args, noEnv, &out); err != nil {
+		t.Fatal(err)
+	}
+	e, err := bert.Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, s := e.Model().Config(), e.Model().Sentence()
+	if c.HiddenSize != 24 || c.NumLayers != 1 || c.NumHeads != 3 || c.IntermediateSize != 96 || s.MaxSeqLength != 40 || !s.Normalize || s.Pooling != bert.PoolMean {
+		t.Errorf("generated %+v, %+v; want hidden 24, 1 layer, 3 heads, intermediate 96, max_seq_length 40, mean pooling, normalized", c, s)
+	}
+	outs, err := e.Run(t.Context(), []job.Item{{ID: "a", Text: "hello world"}})
+	if err != nil || len(outs) != 1 || len(outs[0].Embedding) != 24 {
+		t.Errorf("Run on the generated model: %v, %v", outs, err)
+	}
+	if !strings.Contains(out.String(), "mean nothing") {
+		t.Errorf("printed %q; want it to say the vectors mean nothing", out.String())
+	}
+	err = run([]string{"-bert", dir, "-bert-hidden", "10", "-bert-heads", "3"}, noEnv, &out)
+	if !errors.As(err, new(usageError)) {
+		t.Errorf("-bert-hidden 10 -bert-heads 3: %v, want a usage error", err)
 	}
 }

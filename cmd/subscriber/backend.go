@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/model/bert"
 )
 
 // closingModel is a model that holds device memory until closed.
@@ -33,6 +34,9 @@ func loadWeights(o *options, log *slog.Logger) (*gpu.EmbedWeights, gpu.EmbedConf
 // reference model onto it: the backend of every build, and the only one of
 // a build without CUDA.
 func openSim(o *options, log *slog.Logger) (gpu.Device, closingModel, error) {
+	if o.model != "" {
+		return openBERT(o, log)
+	}
 	w, mcfg, err := loadWeights(o, log)
 	if err != nil {
 		return nil, nil, err
@@ -44,4 +48,22 @@ func openSim(o *options, log *slog.Logger) (gpu.Device, closingModel, error) {
 		return nil, nil, fmt.Errorf("loading the model: %w", err)
 	}
 	return dev, model, nil
+}
+
+// openBERT loads -model, a BERT-family model directory, onto the simulated
+// device: the encoder runs on the CPU, its weights and each batch's
+// working memory accounted on the device. A directory the loader refuses
+// stops the start with its error, which names the file and field.
+func openBERT(o *options, log *slog.Logger) (gpu.Device, closingModel, error) {
+	dev := gpu.NewSim(int64(o.vram))
+	log.Warn("the device is SIMULATED: memory is accounted by vramq, the model runs on the CPU", "capacity", gpu.FormatBytes(int64(o.vram)))
+	m, err := bert.Open(o.model, dev)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-model: %w", err)
+	}
+	c, s := m.Model().Config(), m.Model().Sentence()
+	log.Info("model loaded", "model", m.Name(), "dir", o.model, "layers", c.NumLayers, "hidden", c.HiddenSize, "heads", c.NumHeads,
+		"max_seq_length", s.MaxSeqLength, "pooling", s.Pooling.String(), "normalize", s.Normalize,
+		"dtype", m.Model().WeightDType(), "weights", gpu.FormatBytes(m.Weights()))
+	return dev, m, nil
 }

@@ -1,5 +1,6 @@
 // Command subscriber consumes the vramq work queue onto a device: the reference
-// embedding model on a simulated device in this build. Every flag has an
+// embedding model, or a BERT-family model directory (-model), on a
+// simulated device in this build. Every flag has an
 // environment variable of the same meaning; -h lists them. `subscriber
 // healthcheck` asks a running subscriber's /healthz, for container health
 // checks in images without a shell.
@@ -28,6 +29,7 @@ import (
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/subscriber"
 )
 
@@ -45,6 +47,7 @@ type options struct {
 	maxBatchBytes                gpu.Bytes
 	modelSeed                    uint64
 	weights                      string
+	model                        string // a BERT-family model directory; empty: the reference model
 	metricsAddr                  string
 	logFormat, logLevel          string
 	// protectionURI is the ECS agent's URI when task scale-in protection
@@ -72,6 +75,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.Var(&o.reserve, "vram-reserve", "device memory kept free of work")
 	fs.Var(&o.limit, "vram-limit", "cap on the VRAM budget below what the device offers (0: no cap)")
 	fs.DurationVar(&c.BudgetRefresh, "budget-refresh", 2*time.Second, "how often the device's memory is read again; under -admission=vram the budget follows it, so another process on the GPU shrinks it (negative: never, keep the budget read at start)")
+	fs.StringVar(&o.model, "model", "", "directory of a BERT-family sentence encoder as Hugging Face ships it (config.json, model.safetensors, tokenizer.json, sentence-transformers files);\nempty: the reference embedding model")
 	fs.Uint64Var(&o.modelSeed, "model-seed", gpu.DefaultEmbedConfig().Seed, "seed of the reference model's generated weights (without -weights)")
 	fs.StringVar(&o.weights, "weights", "", "safetensors file of the reference model's weights (make weights writes one; empty: generated from -model-seed)")
 	fs.BoolVar(&o.calibrate, "calibrate", false, "measure the model's working memory on -device with a sweep of batches, print the fitted cost model, write it to -cost-model if set, and exit\n(touches no queue; nothing else may use the device meanwhile)")
@@ -121,6 +125,9 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	// -calibrate touches no queue, so it needs none.
 	if len(missing) > 0 && !o.calibrate {
 		return nil, fmt.Errorf("%w: missing %s (or their environment variables)", errUsage, strings.Join(missing, ", "))
+	}
+	if o.model != "" && o.weights != "" {
+		return nil, fmt.Errorf("%w: -model and -weights: -weights is the reference model's, give one or the other", errUsage)
 	}
 	if o.calibrateItems < 0 {
 		return nil, fmt.Errorf("%w: -calibrate-items=%d: want 0 (the default) or more", errUsage, o.calibrateItems)
@@ -203,6 +210,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	defer dev.Close()
 	defer model.Close()
+	if _, ok := model.(*bert.Embedder); o.model != "" && !ok {
+		// A backend that does not run BERT must not serve another model
+		// under a request for this one.
+		return fmt.Errorf("%w: -model: the %s backend runs only the reference model; use -device=sim", errUsage, dev.Name())
+	}
 	if o.calibrate {
 		return calibrate(ctx, o, dev, model, log, stderr)
 	}

@@ -1,0 +1,115 @@
+package bert
+
+import (
+	"math/bits"
+	"runtime"
+	"unsafe"
+
+	"github.com/vramq/vramq/job"
+)
+
+// How the Embedder's cost adds up.
+//
+// A transformer's working memory grows with the padded length of its batch,
+// quadratically in attention, so a cost that sums per-item figures over
+// items of their own lengths is sound only if no item is padded past the
+// length it was counted at. Padding to the batch's longest item would break
+// that the moment a short message joins a long one. So Run pads only
+// within a length bucket: items are sorted into sub-batches by bucket,
+// each padded to at most its bucket, and run one after another. An item is
+// charged seqBytes(bucket), which bounds what one sequence of at most that
+// length adds to any sub-batch of that bucket (every term of WorkingBytes
+// is linear in the batch, or bounded by a per-sequence share; see
+// seqOverhead). The sub-batches run in turn, so the batch needs the most of
+// any of them, which is below their sum, which is below the sum of the
+// items' costs: costs add up, as gpu.Model asks, whatever messages the
+// subscriber puts together.
+//
+// The buckets are a geometric ladder with 16 rungs per octave (exact below
+// 32 tokens): an item is padded by less than 1/16 of its length (6.25%),
+// the padding waste the issue aims under (10%), while a message of texts
+// of similar length still runs as one or two sub-batches rather than one
+// per distinct length (on a GPU each sub-batch is a round of kernel
+// launches). Sixteen and not eight rungs: eight would allow 12.5%.
+const bucketRungs = 16
+
+// bucket is the padded length an item of n tokens is counted and run at:
+// n rounded up to the ladder, and never past MaxSeqLength (no item is
+// longer, so the top bucket pads nothing beyond it).
+func (e *Embedder) bucket(n int) int { return bucketOf(n, e.m.MaxSeqLength()) }
+
+func bucketOf(n, maxLen int) int {
+	if n <= bucketRungs {
+		return max(n, 1)
+	}
+	step := 1 << (bits.Len(uint(n)) - 1 - bits.Len(bucketRungs-1)) // 2^(⌊log₂n⌋−4)
+	return min((n+step-1)/step*step, maxLen)
+}
+
+// hostPerItem bounds what Run's device phase allocates per item besides
+// Embed: its job.Output, and a share of each sub-batch's allocation record
+// (every sub-batch has at least one item).
+const hostPerItem = int64(unsafe.Sizeof(job.Output{})) + 128
+
+// seqBytes bounds what one sequence adds to a sub-batch padded to at most
+// seqLen tokens: for any batch ≥ 1, WorkingBytes(batch, l) ≤
+// batch × seqBytes(seqLen) for every l ≤ seqLen.
+func (c Config) seqBytes(seqLen int) int64 {
+	const sliceHeader = 24
+	return c.activationFloats(1, seqLen)*4 + int64(c.HiddenSize)*4 + sliceHeader + c.seqOverhead(seqLen) + hostPerItem
+}
+
+// seqOverhead is a per-sequence share of gemmOverhead. What the matrix
+// products allocate depends on whether they go parallel, which a larger
+// batch does and a single sequence may not: so it is not linear in the
+// batch, and a sum of single-sequence figures would be short. Each term is
+// bounded instead by one that is: a gonum product allocates at most a fixed
+// cost plus one per 64×64 block, and ⌈batch·l/64⌉ ≤ batch·⌈l/64⌉; vek's
+// and parallelFor's costs are fixed per call, and a batch has at least one
+// sequence to carry them.
+func (c Config) seqOverhead(seqLen int) int64 {
+	h, in := c.HiddenSize, c.IntermediateSize
+	linear := func(out int) int64 {
+		blocks := int64((seqLen+gemmBlock-1)/gemmBlock) * int64((out+gemmBlock-1)/gemmBlock)
+		gonum := bytesPerParallelOp + blocks*bytesPerGoroutine
+		vek := bytesPerParallelOp + int64(runtime.NumCPU())*bytesPerGoroutine // vekCallBytes when it goes parallel
+		return max(gonum, vek)
+	}
+	perLayer := linear(3*h) + linear(h) + linear(in) + linear(h) +
+		int64(c.NumHeads)*attentionBytes(seqLen, c.HeadDim()) +
+		2*parallelForBytes()
+	return int64(c.NumLayers) * perLayer
+}
+
+// Cost is the working memory Run needs for items: each item's seqBytes at
+// its length's bucket. It tokenizes every text (which allocates only the
+// ids). An item with binary data, which Run refuses, is counted as the
+// empty text.
+func (e *Embedder) Cost(items []job.Item) int64 {
+	var total int64
+	for _, it := range items {
+		total += e.m.cfg.seqBytes(e.bucket(e.tokenCount(it)))
+	}
+	return total
+}
+
+func (e *Embedder) tokenCount(it job.Item) int {
+	if len(it.Data) > 0 {
+		return e.tok.NumSpecial()
+	}
+	return len(e.tok.Encode(it.Text, e.m.MaxSeqLength()))
+}
+
+// LengthClass is the class of a message for the subscriber's batcher
+// (gpu.LengthClasser): the octave of its longest item's length in tokens
+// (1, 2–3, 4–7, …, 256–511, 512). Messages of one octave pad little
+// against each other, and Run's buckets take care of the rest; messages
+// of different octaves would share a batch only to run as separate
+// sub-batches, the short ones waiting for the long.
+func (e *Embedder) LengthClass(items []job.Item) int {
+	longest := 0
+	for _, it := range items {
+		longest = max(longest, e.tokenCount(it))
+	}
+	return bits.Len(uint(longest))
+}

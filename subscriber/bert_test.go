@@ -1,0 +1,61 @@
+package subscriber
+
+import (
+	"path/filepath"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/model/bert"
+)
+
+// A BERT's estimates are what vram admission runs on: with room for about
+// one and a half large messages, a bimodal workload runs to the end with no
+// out-of-memory error on the device, large messages never two at once, and
+// the device's peak use is within the budget.
+func TestBERTAdmissionRunsWithoutOOM(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "admit-bert")
+	g := bert.Generated{Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: 4,
+		IntermediateSize: 128, MaxPositionEmbeddings: 64, TypeVocabSize: 2, LayerNormEps: 1e-12}, MaxSeqLength: 64, Seed: 3}
+	if err := bert.Generate(dir, "../model/bert/testdata/tokenizer", g); err != nil {
+		t.Fatal(err)
+	}
+	probe, err := bert.Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := workload.Mixed("bert-admit", 20)
+	spec.LargeEvery = 2
+	works := spec.Works()
+	large, small := probe.Cost(works[0].Items), probe.Cost(works[1].Items)
+	if large < 4*small {
+		t.Fatalf("a large message costs %s, a small one %s: not the bimodal mix", gpu.FormatBytes(large), gpu.FormatBytes(small))
+	}
+	budget := large * 3 / 2
+	synctest.Test(t, func(t *testing.T) {
+		h := startWith(t, probe.Weights()+budget, Config{MaxBatch: 4}, func(h *harness, c *Config) {
+			e, err := bert.Open(dir, h.dev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = e.Close() })
+			c.Model = e
+		})
+		for _, w := range works {
+			h.sendWork(w)
+		}
+		waitFor(t, 10*time.Minute, "every message deleted", func() bool { return h.sub.Ledger().Deleted == int64(len(works)) })
+		h.shutdown()
+		if n := h.dev.OOMs(); n != 0 {
+			t.Errorf("%d out-of-memory errors on the device under vram admission", n)
+		}
+		if peak := h.dev.Peak() - probe.Weights(); peak > budget || peak <= small {
+			t.Errorf("peak working memory %s, want in (%s, the budget %s]", gpu.FormatBytes(peak), gpu.FormatBytes(small), gpu.FormatBytes(budget))
+		}
+		if got, _ := h.resultsByKey(); len(got) != len(works) {
+			t.Errorf("%d results for %d messages", len(got), len(works))
+		}
+	})
+}
