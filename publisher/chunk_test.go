@@ -141,7 +141,7 @@ func TestPlanClaimCheck(t *testing.T) {
 	}
 	for k, c := range p.Claims {
 		idx := []int{1, 2}[k]
-		if c.Index != idx || c.ID != in[idx].ID || c.Ref.Key != payload.ItemKey(id, idx) || c.Ref.Bucket != "bkt" {
+		if c.Index != idx || c.ID != in[idx].ID || c.Ref.Key != payload.ItemKey(id, in[idx].ID) || c.Ref.Bucket != "bkt" {
 			t.Errorf("claim %d: %+v", k, c)
 		}
 		sum := sha256.Sum256(c.Body)

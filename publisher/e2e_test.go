@@ -90,7 +90,7 @@ func TestPublishWholeJob(t *testing.T) {
 		if err := json.Unmarshal(b, &stored); err != nil || stored.ID != want.ID || stored.Text != want.Text || string(stored.Data) != string(want.Data) {
 			t.Errorf("claim-checked %q holds something else (%v)", it.ID, err)
 		}
-		if it.Ref.Key != payload.ItemKey(a.JobID, i) {
+		if it.Ref.Key != payload.ItemKey(a.JobID, it.ID) {
 			t.Errorf("claim-checked %q at %s", it.ID, it.Ref.Key)
 		}
 	}

@@ -152,17 +152,16 @@ func (s *Subscriber) fetchItems(ctx context.Context, w *job.Work) error {
 }
 
 // fetchItem fetches the item a reference stands for, verified. A
-// reference must name exactly where the publisher puts an item of this job
-// (payloads/{job_id}/{n}.json in the payload bucket, payload.IsItemKey):
-// anyone who can send to the queue could otherwise point the subscriber at
-// any object its role can read, another job's payloads and results among
-// them. The item's index in the job is not in the message, so which of the
-// job's objects it is, is settled by the content: its size and SHA-256 must
-// be the reference's, and it must decode as exactly this item (same id, no
-// reference of its own, content by the rule of job.Item.Check).
+// reference must name exactly where the publisher puts this item of this
+// job (payload.ItemKey of the message's job id and the item's id, in the
+// payload bucket): anyone who can send to the queue could otherwise point
+// the subscriber at any object its role can read, other items, other jobs'
+// payloads and results among them. Then the content: its size and SHA-256
+// must be the reference's, and it must decode as exactly this item (same
+// id, no reference of its own, content by the rule of job.Item.Check).
 func (s *Subscriber) fetchItem(ctx context.Context, jobID, id string, ref job.PayloadRef) (job.Item, error) {
 	switch {
-	case ref.Bucket != s.payloads.Bucket() || !payload.IsItemKey(jobID, ref.Key):
+	case ref.Bucket != s.payloads.Bucket() || ref.Key != payload.ItemKey(jobID, id):
 		return job.Item{}, &claimRefused{id, whyBadRef, fmt.Errorf("%w: s3://%s/%s", errBadRef, ref.Bucket, ref.Key)}
 	case ref.Size > maxClaimBytes:
 		return job.Item{}, &claimRefused{id, whyTooBig, fmt.Errorf("%w: %d bytes", errBadRef, ref.Size)}

@@ -68,41 +68,47 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 		h := start(t, 64*mib, Config{Payloads: p})
 		big := job.Item{ID: "i0", Text: "mb=20 ms=10 a long text"}
 		h.sendWork(job.Work{JobID: "ok", Items: []job.Item{
-			claimChecked(t, p, payload.ItemKey("ok", 0), big), {ID: "i1", Text: "mb=1"}}})
+			claimChecked(t, p, payload.ItemKey("ok", "i0"), big), {ID: "i1", Text: "mb=1"}}})
 
-		missing := claimChecked(t, p, payload.ItemKey("missing", 0), job.Item{ID: "i0", Text: "mb=1"})
-		missing.Ref.Key = payload.ItemKey("missing", 9)
+		// Stored under another item's key: the one this reference must name
+		// holds nothing.
+		missing := claimChecked(t, p, payload.ItemKey("missing", "i9"), job.Item{ID: "i0", Text: "mb=1"})
+		missing.Ref.Key = payload.ItemKey("missing", "i0")
 		h.sendWork(job.Work{JobID: "missing", Items: []job.Item{missing}})
 
-		corrupt := claimChecked(t, p, payload.ItemKey("corrupt", 0), job.Item{ID: "i0", Text: "mb=1 abc"})
+		corrupt := claimChecked(t, p, payload.ItemKey("corrupt", "i0"), job.Item{ID: "i0", Text: "mb=1 abc"})
 		if _, err := p.Put(t.Context(), corrupt.Ref.Key, []byte(`{"id":"i0","text":"mb=1 abd"}`)); err != nil {
 			t.Fatal(err)
 		}
 		h.sendWork(job.Work{JobID: "corrupt", Chunk: 1, Items: []job.Item{corrupt}})
 
-		other := claimChecked(t, p, payload.ItemKey("other", 0), job.Item{ID: "someone-else", Text: "mb=1"})
+		other := claimChecked(t, p, payload.ItemKey("other", "i0"), job.Item{ID: "someone-else", Text: "mb=1"})
 		other.ID = "i0"
 		h.sendWork(job.Work{JobID: "other", Items: []job.Item{other}})
 		h.sendWork(job.Work{JobID: "nested", Items: []job.Item{
-			claimChecked(t, p, payload.ItemKey("nested", 0), job.Item{ID: "i0", Ref: corrupt.Ref})}})
-		foreign := claimChecked(t, p, payload.ItemKey("foreign", 0), job.Item{ID: "i0", Text: "mb=1"})
+			claimChecked(t, p, payload.ItemKey("nested", "i0"), job.Item{ID: "i0", Ref: corrupt.Ref})}})
+		foreign := claimChecked(t, p, payload.ItemKey("foreign", "i0"), job.Item{ID: "i0", Text: "mb=1"})
 		foreign.Ref.Bucket = "someone-elses-bucket"
 		h.sendWork(job.Work{JobID: "foreign", Items: []job.Item{foreign}})
 		// Issue 14, item 1: a reference that names another job's object, or
 		// any key but this job's payloads, is refused whatever the object
 		// holds, even with its true size and SHA-256 and the same item id.
-		thief := claimChecked(t, p, payload.ItemKey("ok", 0), big)
+		thief := claimChecked(t, p, payload.ItemKey("ok", "i0"), big)
 		h.sendWork(job.Work{JobID: "thief", Items: []job.Item{thief}})
+		// A key of this job's payloads, holding exactly this item, but not
+		// the one the publisher would have named it: refused too.
+		sibling := claimChecked(t, p, payload.ItemKey("sibling", "i1"), job.Item{ID: "i0", Text: "mb=1"})
+		h.sendWork(job.Work{JobID: "sibling", Items: []job.Item{sibling}})
 		anyKey := claimChecked(t, p, "results/someone/0.json", job.Item{ID: "i0", Text: "mb=1"})
 		h.sendWork(job.Work{JobID: "anykey", Items: []job.Item{anyKey}})
 		h.work.mu.Lock()
 		h.work.put(`{"v":1,"job_id":"malformed","chunk":2,"items":[]}`, nil)
 		h.work.mu.Unlock()
 
-		waitFor(t, time.Minute, "1 result and 8 dead letters", func() bool {
+		waitFor(t, time.Minute, "1 result and 9 dead letters", func() bool {
 			r, _ := h.results.stats()
 			d, _ := h.dlq.stats()
-			return r == 1 && d == 8
+			return r == 1 && d == 9
 		})
 		h.shutdown()
 
@@ -132,6 +138,7 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 		corruptObj, _ := p.object(corrupt.Ref.Key)
 		trueSum := refTo("mem", corrupt.Ref.Key, corruptObj).SHA256
 		for jobID, want := range map[string]string{
+			"sibling":   badRef,
 			"missing":   noMatch,
 			"corrupt":   noMatch,
 			"other":     noMatch,
@@ -158,7 +165,7 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 				t.Errorf("%s: marker time %q: %v", jobID, m.At, err)
 			}
 		}
-		for outcome, want := range map[string]int{"ok": 1, "missing": 1, "corrupt": 1, "invalid": 5} {
+		for outcome, want := range map[string]int{"ok": 1, "missing": 1, "corrupt": 1, "invalid": 6} {
 			if n := counter(h.sub.m.claimChecks.WithLabelValues(outcome)); n != want {
 				t.Errorf("claim checks %s = %d, want %d", outcome, n, want)
 			}
@@ -173,7 +180,7 @@ func TestClaimCheckWithoutBucketDeadLetters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{})
 		p := newMemPayloads()
-		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, payload.ItemKey("j", 0), job.Item{ID: "i0", Text: "mb=1"})}})
+		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, payload.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
 		waitFor(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.stats(); return d == 1 })
 		h.shutdown()
 		reason := h.dlq.all()[0].attrs[job.AttrReason]
@@ -204,7 +211,7 @@ func TestClaimCheckTransientFailureReleases(t *testing.T) {
 			return nil
 		}
 		h := start(t, 64*mib, Config{Payloads: p, AdmitTimeout: 10 * time.Second, RetryDelay: time.Second})
-		h.sendWork(job.Work{JobID: "flaky", Items: []job.Item{claimChecked(t, p, payload.ItemKey("flaky", 0), job.Item{ID: "i0", Text: "mb=1"})}})
+		h.sendWork(job.Work{JobID: "flaky", Items: []job.Item{claimChecked(t, p, payload.ItemKey("flaky", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
 		waitFor(t, 2*time.Minute, "the result", func() bool { r, _ := h.results.stats(); return r == 1 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
@@ -242,7 +249,7 @@ func TestSlowFetchesDoNotBlockPolling(t *testing.T) {
 		slow := func(jobID string) {
 			var items []job.Item
 			for i := range 6 {
-				items = append(items, claimChecked(t, p, payload.ItemKey(jobID, i), job.Item{ID: fmt.Sprint("i", i), Text: "mb=1"}))
+				items = append(items, claimChecked(t, p, payload.ItemKey(jobID, fmt.Sprint("i", i)), job.Item{ID: fmt.Sprint("i", i), Text: "mb=1"}))
 			}
 			h.sendWork(job.Work{JobID: jobID, Items: items})
 		}
@@ -287,7 +294,7 @@ func TestShutdownDuringFetchReleases(t *testing.T) {
 		p := newMemPayloads()
 		p.getHook = func(ctx context.Context, key string) error { <-ctx.Done(); return ctx.Err() }
 		h := start(t, 64*mib, Config{Payloads: p})
-		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, payload.ItemKey("j", 0), job.Item{ID: "i0", Text: "mb=1"})}})
+		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, payload.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
 		waitFor(t, time.Minute, "the fetch", func() bool { return h.sub.waiting.Load() == 1 })
 		h.shutdown()
 		if live, invisible := h.work.stats(); live != 1 || invisible != 0 {

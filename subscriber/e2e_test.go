@@ -424,7 +424,7 @@ func TestE2EClaimCheck(t *testing.T) {
 	p := newPipeline(t, 5, subscriber.Config{Payloads: store}, nil)
 	text := strings.Repeat("the quick brown fox jumps over the lazy dog ", 40)
 	item := job.Item{ID: "doc", Text: text}
-	corrupt := putItem(t, store, payload.ItemKey("corrupt", 0), item)
+	corrupt := putItem(t, store, payload.ItemKey("corrupt", "doc"), item)
 	// Same size, one byte changed: only the hash can tell.
 	changed := job.Item{ID: "doc", Text: strings.Replace(text, "quick", "quack", 1)}
 	if b, _ := json.Marshal(changed); int64(len(b)) != corrupt.Ref.Size {
@@ -432,11 +432,13 @@ func TestE2EClaimCheck(t *testing.T) {
 	} else if _, err := store.Put(t.Context(), corrupt.Ref.Key, b); err != nil {
 		t.Fatal(err)
 	}
-	missing := putItem(t, store, payload.ItemKey("missing", 0), item)
-	missing.Ref.Key = payload.ItemKey("missing", 1)
+	// Stored under another item's key: the one the reference must name
+	// holds nothing.
+	missing := putItem(t, store, payload.ItemKey("missing", "other"), item)
+	missing.Ref.Key = payload.ItemKey("missing", "doc")
 	p.send([]job.Work{
 		{V: 1, JobID: "inline", Items: []job.Item{item}},
-		{V: 1, JobID: "claimed", Items: []job.Item{putItem(t, store, payload.ItemKey("claimed", 0), item)}},
+		{V: 1, JobID: "claimed", Items: []job.Item{putItem(t, store, payload.ItemKey("claimed", "doc"), item)}},
 		{V: 1, JobID: "corrupt", Items: []job.Item{corrupt}},
 		{V: 1, JobID: "missing", Items: []job.Item{missing}},
 	})
@@ -536,7 +538,7 @@ func TestE2ELargeResultByRef(t *testing.T) {
 // Without a bucket, a message that references one is poison with a reason.
 func TestE2EClaimCheckWithoutBucket(t *testing.T) {
 	p := newPipeline(t, 5, subscriber.Config{}, nil)
-	ref := job.PayloadRef{Bucket: "elsewhere", Key: payload.ItemKey("j", 0), Size: 10, SHA256: strings.Repeat("ab", 32)}
+	ref := job.PayloadRef{Bucket: "elsewhere", Key: payload.ItemKey("j", "i0"), Size: 10, SHA256: strings.Repeat("ab", 32)}
 	p.send([]job.Work{{V: 1, JobID: "j", Items: []job.Item{{ID: "doc", Ref: &ref}}}})
 	dead := p.waitDeadLetters(1)
 	p.shutdown()

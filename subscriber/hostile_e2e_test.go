@@ -39,7 +39,7 @@ func TestE2EHostileMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	odd := "emoji 😀 \uFFFE\uFFFF"
-	victim := putItem(t, store, payload.ItemKey("victim", 0), job.Item{ID: "doc", Text: "the victim's text"})
+	victim := putItem(t, store, payload.ItemKey("victim", "doc"), job.Item{ID: "doc", Text: "the victim's text"})
 	p.send([]job.Work{
 		{V: 1, JobID: "odd", Items: []job.Item{{ID: odd, Text: "some text"}}},
 		{V: 1, JobID: "thief", Items: []job.Item{victim}},

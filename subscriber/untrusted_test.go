@@ -307,7 +307,7 @@ func TestItemsWithoutContentRefused(t *testing.T) {
 		h := start(t, 64*mib, Config{Payloads: p})
 		h.putRaw(`{"v":1,"job_id":"empty","chunk":0,"items":[{"id":"a"}]}`, nil)
 		h.putRaw(`{"v":1,"job_id":"emptydata","chunk":0,"items":[{"id":"a","text":"","data":""}]}`, nil)
-		h.sendWork(job.Work{JobID: "emptyref", Items: []job.Item{claimChecked(t, p, payload.ItemKey("emptyref", 0), job.Item{ID: "a"})}})
+		h.sendWork(job.Work{JobID: "emptyref", Items: []job.Item{claimChecked(t, p, payload.ItemKey("emptyref", "a"), job.Item{ID: "a"})}})
 		h.settledAll(3)
 		h.shutdown()
 		reasons := h.reasons()

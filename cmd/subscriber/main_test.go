@@ -335,7 +335,7 @@ func TestPayloadBucket(t *testing.T) {
 	bucket := sqstest.Bucket(t, s3c)
 	store := payload.New(s3c, bucket)
 	item, _ := json.Marshal(job.Item{ID: "doc", Text: "a claim-checked document"})
-	ref, err := store.Put(t.Context(), payload.ItemKey("pb", 0), item)
+	ref, err := store.Put(t.Context(), payload.ItemKey("pb", "doc"), item)
 	if err != nil {
 		t.Fatal(err)
 	}

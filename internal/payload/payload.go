@@ -3,7 +3,7 @@
 // libraries, which Go lacks. It also names every object vramq keeps in the
 // payload bucket, so the publisher and the subscriber agree on the layout:
 //
-//	payloads/{job_id}/{item}.json   an item too large for a message (job.Item JSON)
+//	payloads/{job_id}/{sha256(item id)}.json   an item too large for a message (job.Item JSON)
 //	jobs/{job_id}.json              the job's manifest, written by the publisher
 //	idempotency/{sha256}.json       Idempotency-Key → job id
 //	results/{job_id}/{chunk}.json   a chunk's result (job.Result JSON), by the subscriber
@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -161,20 +160,14 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 }
 
 // Keys of the bucket layout (see the package doc).
-func ItemKey(jobID string, item int) string {
-	return "payloads/" + jobID + "/" + strconv.Itoa(item) + ".json"
-}
-
-// IsItemKey reports whether key is one ItemKey gives for jobID: where the
-// publisher puts a claim-checked item of that job, and nowhere else.
-func IsItemKey(jobID, key string) bool {
-	n, ok := strings.CutPrefix(key, "payloads/"+jobID+"/")
-	if !ok {
-		return false
-	}
-	n, ok = strings.CutSuffix(n, ".json")
-	i, err := strconv.Atoi(n)
-	return ok && err == nil && i >= 0 && strconv.Itoa(i) == n
+//
+// ItemKey is where the publisher puts the claim-checked item itemID of job
+// jobID: named by the SHA-256 of the item's id (ids are unique in a job), so
+// that the subscriber can compute, from the message alone, the one key a
+// reference to that item may name (subscriber/claimcheck.go).
+func ItemKey(jobID, itemID string) string {
+	sum := sha256.Sum256([]byte(itemID))
+	return "payloads/" + jobID + "/" + hex.EncodeToString(sum[:]) + ".json"
 }
 func ManifestKey(jobID string) string        { return "jobs/" + jobID + ".json" }
 func IdempotencyKey(sha256hex string) string { return "idempotency/" + sha256hex + ".json" }

@@ -13,11 +13,11 @@ func TestStore(t *testing.T) {
 	s := payload.New(c, sqstest.Bucket(t, c))
 	ctx := t.Context()
 
-	ref, err := s.Put(ctx, payload.ItemKey("j1", 3), []byte(`{"id":"a","text":"hello"}`))
+	ref, err := s.Put(ctx, payload.ItemKey("j1", "a"), []byte(`{"id":"a","text":"hello"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ref.Key != "payloads/j1/3.json" || ref.Size != 25 || len(ref.SHA256) != 64 {
+	if ref.Key != "payloads/j1/ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb.json" || ref.Size != 25 || len(ref.SHA256) != 64 {
 		t.Errorf("ref %+v", ref)
 	}
 	b, err := s.Get(ctx, ref)
