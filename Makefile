@@ -105,12 +105,13 @@ cuda-check: cuda-stubs $(STATICCHECK)
 	$(CUDA_ENV) GOFLAGS=$(CHECK_FLAGS) $(STATICCHECK) -tags cuda ./gpu/ ./subscriber/ ./cmd/subscriber/
 	$(CUDA_ENV) $(GO) build $(CHECK_FLAGS) -tags cuda -o /dev/null ./cmd/subscriber
 
-## ptx: regenerate gpu/kernels/embed.ptx from embed.cu with clang-14 (commit both); installs clang-14
+## ptx: regenerate gpu/kernels/{embed,bert}.ptx from their .cu with clang-14 (commit both); installs clang-14
 ## from Debian's packages when it is missing and this is root
 PTX_FLAGS := -x cuda --cuda-device-only --cuda-gpu-arch=sm_80 -nocudainc -nocudalib -O3 -S
 ptx:
 	@if ! command -v clang-14 >/dev/null; then 		if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang-14; 		else echo "make ptx: clang-14 not found: apt-get install clang-14" >&2; exit 1; fi; 	fi
 	clang-14 $(PTX_FLAGS) -o gpu/kernels/embed.ptx gpu/kernels/embed.cu
+	clang-14 $(PTX_FLAGS) -o gpu/kernels/bert.ptx gpu/kernels/bert.cu
 
 ## weights: build/model.safetensors, the reference model's generated weights at the default config
 ## (seed 1), for the subscriber and bench/torch/embed.py; bin/genweights -h for other shapes
