@@ -92,7 +92,7 @@ cudaemu-mutant:
 # test measures what is free.
 # The SQS emulator is started as make test starts it, for the end-to-end test of
 # a lost device (cmd/subscriber).
-cuda-emu-test: cuda-stubs cudaemu-selftest
+cuda-emu-test: cuda-stubs cudaemu-selftest cuda-bert-mutants
 	rm -f $(CUDAEMU)/device.state
 	@started=0; \
 	if ! $(EMULATOR) status >/dev/null 2>&1; then $(EMULATOR) up; started=1; fi; \
@@ -102,3 +102,31 @@ cuda-emu-test: cuda-stubs cudaemu-selftest
 	echo "go test -race -count=1 -p 1 -tags cuda -run CUDA ./gpu/ ./subscriber/ ./cmd/subscriber/ (on the emulated GPU)"; \
 	$(CUDA_ENV) VRAMQ_EMU_STATE=$(CURDIR)/$(CUDAEMU)/device.state LD_LIBRARY_PATH=$(CURDIR)/$(CUDAEMU) \
 		$(GO) test -race -count=1 -p 1 -tags cuda -run 'CUDA' ./gpu/ ./subscriber/ ./cmd/subscriber/
+
+## cuda-bert-mutants: the emulated driver built from bert.cu with GELU's tanh approximation for erf, and
+## with the attention scores not scaled by 1/sqrt(d); the CUDA BERT test against ONNX Runtime must FAIL on
+## each (part of cuda-emu-test)
+# The PTX stays the committed one (the parameters are unchanged); the code the
+# emulator runs is the mutated .cu's.
+BERT_MUTANT_GELU  := s|x\[k\] = v \* phi(v);|x[k] = 0.5f * v * (1.0f + (1.0f - 2.0f / (exp_f(1.5957691216f * (v + 0.044715f * v * v * v)) + 1.0f)));|
+BERT_MUTANT_SCALE := s|row\[j\] \* sc + |row[j] + |
+.PHONY: cuda-bert-mutants
+cuda-bert-mutants: cuda-stubs $(CUDAEMU_LIBS)
+	$(CUDA_ENV) $(GO) test -c -tags cuda -o $(CURDIR)/$(CUDAEMU)/gpu.test ./gpu/
+	@for name in gelu-tanh no-scale; do \
+		case $$name in gelu-tanh) expr='$(BERT_MUTANT_GELU)';; no-scale) expr='$(BERT_MUTANT_SCALE)';; esac; \
+		d=$(CUDAEMU)/mutant-bert-$$name; mkdir -p $$d; \
+		sed "$$expr" gpu/kernels/bert.cu >$$d/bert.cu; \
+		if cmp -s gpu/kernels/bert.cu $$d/bert.cu; then echo "cuda-bert-mutants: $$name: the edit matched nothing in bert.cu" >&2; exit 1; fi; \
+		for f in $(CUDAEMU_CU); do \
+			case $$f in */bert.cu) echo "#include \"$(CURDIR)/$$d/bert.cu\"";; *) echo "#include \"$(CURDIR)/$$f\"";; esac; \
+		done >$$d/kernels_all.cu; \
+		$(MAKE) -s --no-print-directory cudaemu-mutant MUTANT=$$d; \
+		(cd gpu && VRAMQ_EMU_STATE=$(CURDIR)/$$d/state LD_LIBRARY_PATH=$(CURDIR)/$$d:$(CURDIR)/$(CUDAEMU) \
+			$(CURDIR)/$(CUDAEMU)/gpu.test -test.run 'TestCUDABertMatchesCPUAndONNX/tiny-f32' >$(CURDIR)/$$d/test.out 2>&1) && rc=0 || rc=$$?; \
+		n=$$(grep -c 'differs from ONNX Runtime' $$d/test.out); \
+		if [ $$rc = 0 ] || [ $$n = 0 ]; then \
+			echo "cuda-bert-mutants: $$name: the test exited $$rc with $$n comparisons failing; want a failure:" >&2; cat $$d/test.out >&2; exit 1; \
+		fi; \
+		echo "cuda-bert-mutants: $$name: caught ($$n of 156 comparisons fail; $$(grep -m1 FIGURE $$d/test.out | sed 's/.*FIGURE //'))"; \
+	done
