@@ -80,7 +80,8 @@ gpu-test-bin: cuda-stubs
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o build/gpu-test/subscriber.test ./subscriber/
 	$(CUDA_ENV) $(GO) build -tags cuda -o build/gpu-test/subscriber-cuda ./cmd/subscriber
 	$(GO) build -o build/gpu-test/genweights ./cmd/genweights
-	cp bench/torch/embed.py build/gpu-test/
+	cp bench/torch/embed.py bench/torch/bert.py build/gpu-test/
+	rm -rf build/gpu-test/bert-models && cp -r model/bert/testdata/model build/gpu-test/bert-models
 
 ## gpu-verify: build/gpu-verify/, everything a GPU machine with the driver, cuBLAS and PyTorch (but
 ## no Go) needs for the GPU verification: copy the folder there and run its run.sh with no arguments;
@@ -92,7 +93,8 @@ gpu-verify: cuda-stubs
 	rm -rf $(GPU_VERIFY) && mkdir -p $(GPU_VERIFY)
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/gpu.test ./gpu/
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/subscriber.test ./subscriber/
-	cp bench/torch/embed.py gpu/verify/run.sh $(GPU_VERIFY)/
+	cp bench/torch/embed.py bench/torch/bert.py gpu/verify/run.sh $(GPU_VERIFY)/
+	cp -r model/bert/testdata/model $(GPU_VERIFY)/bert-models
 	git describe --always --dirty >$(GPU_VERIFY)/COMMIT 2>/dev/null || echo unknown >$(GPU_VERIFY)/COMMIT
 	@du -sh $(GPU_VERIFY)
 
