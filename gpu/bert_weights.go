@@ -75,8 +75,9 @@ func (c BertConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// checkShape reports the first tensor whose length differs from cfg's.
-func (w *BertWeights) checkShape(c BertConfig) error {
+// CheckShape reports the first tensor whose length differs from what c
+// says, or nil.
+func (w *BertWeights) CheckShape(c BertConfig) error {
 	h, in := c.Hidden, c.Intermediate
 	if len(w.Layers) != c.Layers {
 		return fmt.Errorf("bert weights: %d layers, config says %d", len(w.Layers), c.Layers)

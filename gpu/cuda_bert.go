@@ -69,7 +69,7 @@ func NewCUDABert(index int, name string, w *BertWeights, cfg BertConfig) (*CUDAB
 	if w == nil {
 		return nil, errors.New("cuda bert: nil weights")
 	}
-	if err := w.checkShape(cfg); err != nil {
+	if err := w.CheckShape(cfg); err != nil {
 		return nil, err
 	}
 	if err := cudaDriverError(); err != nil {

@@ -25,6 +25,15 @@ func TestGPUExport(t *testing.T) {
 			cfg.Intermediate != c.IntermediateSize || cfg.MaxSeqLength != m.MaxSeqLength() || cfg.LayerNormEps != c.LayerNormEps {
 			t.Errorf("%s: exported %+v for %+v", dir, cfg, c)
 		}
+		if err := w.CheckShape(cfg); err != nil {
+			t.Errorf("%s: %v", dir, err)
+		}
+		short := *w
+		short.Layers = append([]gpu.BertLayerWeights(nil), w.Layers...)
+		short.Layers[1].InterB = short.Layers[1].InterB[1:]
+		if err := short.CheckShape(cfg); err == nil {
+			t.Errorf("%s: a bias one value short passed CheckShape", dir)
+		}
 		if got, want := w.Bytes(), m.WeightBytes(); got != want {
 			t.Errorf("%s: exported weights hold %d bytes, the model %d", filepath.Base(dir), got, want)
 		}
