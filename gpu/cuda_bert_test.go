@@ -380,7 +380,8 @@ const emulatedGranule = 2 << 20
 // free memory drops by at least the estimate (the allocation is real) and,
 // on the emulated GPU, by no more than the estimate rounded up to the
 // emulator's granule (nothing else is allocated while a batch runs, cuBLAS
-// included). The CPU encoder's estimate is logged beside it.
+// included). The CPU encoder's estimate (model/bert's WorkingBytes) is at
+// least as large, so a cost model built on it covers this backend too.
 func TestCUDABertWorkingBytesCoversAllocation(t *testing.T) {
 	base, err := bert.Load(filepath.Join(goldenRoot, "tiny-f32"))
 	if err != nil {
@@ -401,6 +402,9 @@ func TestCUDABertWorkingBytesCoversAllocation(t *testing.T) {
 		}
 		t.Logf("FIGURE cuda-bert memory: %d items × %d tokens: estimate %s, device measured %s, CPU encoder's estimate %s",
 			shape.items, shape.seqLen, gpu.FormatBytes(est), gpu.FormatBytes(peak), gpu.FormatBytes(base.WorkingBytes(shape.items, shape.seqLen)))
+		if cpuEst := base.WorkingBytes(shape.items, shape.seqLen); cpuEst < est {
+			t.Errorf("%d×%d: the CPU encoder's estimate %d is below the CUDA allocation %d", shape.items, shape.seqLen, cpuEst, est)
+		}
 		if peak < est {
 			t.Errorf("%d×%d: the device lost %d bytes, below the estimate %d: the batch did not allocate what it says", shape.items, shape.seqLen, peak, est)
 		}
