@@ -570,6 +570,11 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 	}
 	writeBertDir(t, mini, miniLMShape)
 
+	// Hugging Face's BertModel too, where the machine has transformers.
+	impls := []string{"plain"}
+	if exec.Command(python, "-c", "import transformers").Run() == nil {
+		impls = append(impls, "transformers")
+	}
 	compare := func(modelDir string, ids [][]int32, tolerance float64) *gpu.CUDABert {
 		m, err := bert.Load(modelDir)
 		if err != nil {
@@ -585,26 +590,29 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 		if err := os.WriteFile(idsFile, data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out := filepath.Join(dir, "torch.json")
-		args := []string{script, "--model", modelDir, "--ids", idsFile, "--out", out, "--device", "cuda", "--pooling", s.Pooling.String()}
-		if s.Normalize {
-			args = append(args, "--normalize")
-		}
-		if msg, err := exec.Command(python, args...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, msg)
-		}
-		var res struct{ Embeddings [][]float32 }
-		if data, err := os.ReadFile(out); err != nil || json.Unmarshal(data, &res) != nil {
-			t.Fatalf("%s: %v", out, err)
-		}
-		var worst float64
-		for i := range ids {
-			worst = max(worst, maxAbsDiff(got[i], res.Embeddings[i]))
-		}
-		t.Logf("FIGURE cuda-bert torch: %s (%s pooling, normalize %v), %d items: largest |vramq CUDA - PyTorch| %.3g (tolerance %g)",
-			filepath.Base(modelDir), s.Pooling, s.Normalize, len(ids), worst, tolerance)
-		if !(worst <= tolerance) {
-			t.Errorf("%s: PyTorch's outputs differ from this backend's by up to %.3g, over %g", modelDir, worst, tolerance)
+		for _, impl := range impls {
+			out := filepath.Join(dir, "torch.json")
+			args := []string{script, "--model", modelDir, "--ids", idsFile, "--out", out, "--device", "cuda",
+				"--impl", impl, "--pooling", s.Pooling.String()}
+			if s.Normalize {
+				args = append(args, "--normalize")
+			}
+			if msg, err := exec.Command(python, args...).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, msg)
+			}
+			var res struct{ Embeddings [][]float32 }
+			if data, err := os.ReadFile(out); err != nil || json.Unmarshal(data, &res) != nil || len(res.Embeddings) != len(ids) {
+				t.Fatalf("%s: %v (%d vectors for %d items)", out, err, len(res.Embeddings), len(ids))
+			}
+			var worst float64
+			for i := range ids {
+				worst = max(worst, maxAbsDiff(got[i], res.Embeddings[i]))
+			}
+			t.Logf("FIGURE cuda-bert torch: %s (%s pooling, normalize %v), %d items: largest |vramq CUDA - PyTorch %s| %.3g (tolerance %g)",
+				filepath.Base(modelDir), s.Pooling, s.Normalize, len(ids), impl, worst, tolerance)
+			if !(worst <= tolerance) {
+				t.Errorf("%s: PyTorch (%s) differs from this backend by up to %.3g, over %g", modelDir, impl, worst, tolerance)
+			}
 		}
 		return c
 	}
@@ -622,9 +630,13 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 	}
 	c := compare(mini, mixed, cudaBertTorchTolerance)
 
+	type shape struct {
+		impl          string
+		batch, seqLen int
+	}
 	batches, lengths := []int{8, 32, 128}, []int{32, 128}
 	const rounds = 3
-	ours, theirs := map[[2]int][]float64{}, map[[2]int][]float64{}
+	ours, theirs := map[shape][]float64{}, map[shape][]float64{}
 	for round := range rounds {
 		for _, l := range lengths {
 			for _, b := range batches {
@@ -632,33 +644,39 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 				for i := range ids {
 					ids[i] = ids[i][:l]
 				}
-				ours[[2]int{b, l}] = append(ours[[2]int{b, l}], bertItemsPerSecond(t, c, ids))
+				ours[shape{"", b, l}] = append(ours[shape{"", b, l}], bertItemsPerSecond(t, c, ids))
 			}
 		}
-		out, err := exec.Command(python, script, "--model", mini, "--device", "cuda", "--bench", joinInts(batches), "--seq", joinInts(lengths)).Output()
-		if err != nil {
-			t.Fatalf("round %d: %s --bench: %v", round, script, err)
-		}
-		for line := range strings.Lines(string(out)) {
-			var r struct {
-				Batch, Seq int
-				ItemsPerS  float64 `json:"items_per_s"`
+		for _, impl := range impls {
+			out, err := exec.Command(python, script, "--model", mini, "--device", "cuda", "--impl", impl,
+				"--bench", joinInts(batches), "--seq", joinInts(lengths)).Output()
+			if err != nil {
+				t.Fatalf("round %d: %s --bench --impl %s: %v", round, script, impl, err)
 			}
-			if err := json.Unmarshal([]byte(line), &r); err != nil {
-				t.Fatalf("bert.py --bench: %q: %v", line, err)
+			for line := range strings.Lines(string(out)) {
+				var r struct {
+					Batch, Seq int
+					ItemsPerS  float64 `json:"items_per_s"`
+				}
+				if err := json.Unmarshal([]byte(line), &r); err != nil {
+					t.Fatalf("bert.py --bench: %q: %v", line, err)
+				}
+				k := shape{impl, r.Batch, r.Seq}
+				theirs[k] = append(theirs[k], r.ItemsPerS)
 			}
-			theirs[[2]int{r.Batch, r.Seq}] = append(theirs[[2]int{r.Batch, r.Seq}], r.ItemsPerS)
 		}
 	}
-	for _, l := range lengths {
-		for _, b := range batches {
-			k := [2]int{b, l}
-			if len(theirs[k]) == 0 {
-				t.Fatalf("bert.py gave no figure for batch %d × %d tokens", b, l)
+	for _, impl := range impls {
+		for _, l := range lengths {
+			for _, b := range batches {
+				k := shape{impl, b, l}
+				if len(theirs[k]) == 0 {
+					t.Fatalf("bert.py --impl %s gave no figure for batch %d × %d tokens", impl, b, l)
+				}
+				o, p := median(ours[shape{"", b, l}]), median(theirs[k])
+				t.Logf("FIGURE cuda-bert throughput: MiniLM shape, batch %d × %d tokens: vramq CUDA %.0f items/s, PyTorch eager (%s) %.0f items/s, ratio %.2f (median of %d rounds)",
+					b, l, o, impl, p, o/p, rounds)
 			}
-			o, p := median(ours[k]), median(theirs[k])
-			t.Logf("FIGURE cuda-bert throughput: MiniLM shape, batch %d × %d tokens: vramq CUDA %.0f items/s, PyTorch eager %.0f items/s, ratio %.2f (median of %d rounds)",
-				b, l, o, p, o/p, rounds)
 		}
 	}
 }
