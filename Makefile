@@ -80,7 +80,8 @@ gpu-test-bin: cuda-stubs
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o build/gpu-test/subscriber.test ./subscriber/
 	$(CUDA_ENV) $(GO) build -tags cuda -o build/gpu-test/subscriber-cuda ./cmd/subscriber
 	$(GO) build -o build/gpu-test/genweights ./cmd/genweights
-	cp bench/torch/embed.py build/gpu-test/
+	cp bench/torch/embed.py bench/torch/bert.py build/gpu-test/
+	rm -rf build/gpu-test/bert-models && cp -r model/bert/testdata/model build/gpu-test/bert-models
 
 ## gpu-verify: build/gpu-verify/, everything a GPU machine with the driver, cuBLAS and PyTorch (but
 ## no Go) needs for the GPU verification: copy the folder there and run its run.sh with no arguments;
@@ -92,7 +93,8 @@ gpu-verify: cuda-stubs
 	rm -rf $(GPU_VERIFY) && mkdir -p $(GPU_VERIFY)
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/gpu.test ./gpu/
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/subscriber.test ./subscriber/
-	cp bench/torch/embed.py gpu/verify/run.sh $(GPU_VERIFY)/
+	cp bench/torch/embed.py bench/torch/bert.py gpu/verify/run.sh $(GPU_VERIFY)/
+	cp -r model/bert/testdata/model $(GPU_VERIFY)/bert-models
 	git describe --always --dirty >$(GPU_VERIFY)/COMMIT 2>/dev/null || echo unknown >$(GPU_VERIFY)/COMMIT
 	@du -sh $(GPU_VERIFY)
 
@@ -105,12 +107,13 @@ cuda-check: cuda-stubs $(STATICCHECK)
 	$(CUDA_ENV) GOFLAGS=$(CHECK_FLAGS) $(STATICCHECK) -tags cuda ./gpu/ ./subscriber/ ./cmd/subscriber/
 	$(CUDA_ENV) $(GO) build $(CHECK_FLAGS) -tags cuda -o /dev/null ./cmd/subscriber
 
-## ptx: regenerate gpu/kernels/embed.ptx from embed.cu with clang-14 (commit both); installs clang-14
+## ptx: regenerate gpu/kernels/{embed,bert}.ptx from their .cu with clang-14 (commit both); installs clang-14
 ## from Debian's packages when it is missing and this is root
 PTX_FLAGS := -x cuda --cuda-device-only --cuda-gpu-arch=sm_80 -nocudainc -nocudalib -O3 -S
 ptx:
 	@if ! command -v clang-14 >/dev/null; then 		if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang-14; 		else echo "make ptx: clang-14 not found: apt-get install clang-14" >&2; exit 1; fi; 	fi
 	clang-14 $(PTX_FLAGS) -o gpu/kernels/embed.ptx gpu/kernels/embed.cu
+	clang-14 $(PTX_FLAGS) -o gpu/kernels/bert.ptx gpu/kernels/bert.cu
 
 ## weights: build/model.safetensors, the reference model's generated weights at the default config
 ## (seed 1), for the subscriber and bench/torch/embed.py; bin/genweights -h for other shapes

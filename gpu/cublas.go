@@ -19,6 +19,10 @@ typedef int (*cublas_sgemm_fn)(void *handle, int transa, int transb, int m, int 
 	const float *alpha, const float *A, int lda, const float *B, int ldb,
 	const float *beta, float *C, int ldc);
 
+typedef int (*cublas_sgemm_batched_fn)(void *handle, int transa, int transb, int m, int n, int k,
+	const float *alpha, const float *A, int lda, long long strideA, const float *B, int ldb, long long strideB,
+	const float *beta, float *C, int ldc, long long strideC, int batchCount);
+
 static int vramq_cublas_create(void *f, void **h) { return ((cublas_create_fn)f)(h); }
 static int vramq_cublas_destroy(void *f, void *h) { return ((cublas_destroy_fn)f)(h); }
 static int vramq_cublas_sgemm(void *f, void *h, int m, int n, int k,
@@ -29,6 +33,15 @@ static int vramq_cublas_sgemm(void *f, void *h, int m, int n, int k,
 	return ((cublas_sgemm_fn)f)(h, 0, 0, m, n, k, &alpha,
 		(const float *)(uintptr_t)A, lda, (const float *)(uintptr_t)B, ldb,
 		&beta, (float *)(uintptr_t)C, ldc);
+}
+// vramq_cublas_sgemm_batched is cublasSgemmStridedBatched with alpha 1 and
+// beta 0; transa and transb are CUBLAS_OP_N (0) or CUBLAS_OP_T (1).
+static int vramq_cublas_sgemm_batched(void *f, void *h, int transa, int transb, int m, int n, int k,
+	uint64_t A, int lda, long long sA, uint64_t B, int ldb, long long sB, uint64_t C, int ldc, long long sC, int count) {
+	const float alpha = 1.0f, beta = 0.0f;
+	return ((cublas_sgemm_batched_fn)f)(h, transa, transb, m, n, k, &alpha,
+		(const float *)(uintptr_t)A, lda, sA, (const float *)(uintptr_t)B, ldb, sB,
+		&beta, (float *)(uintptr_t)C, ldc, sC, count);
 }
 */
 import "C"
@@ -58,10 +71,10 @@ const cublasStatusAllocFailed = 3
 // was current when it was made. It is used only from the goroutine that owns
 // that context.
 type cublas struct {
-	lib                    unsafe.Pointer
-	create, destroy, sgemm unsafe.Pointer
-	handle                 unsafe.Pointer
-	path                   string
+	lib                             unsafe.Pointer
+	create, destroy, sgemm, batched unsafe.Pointer
+	handle                          unsafe.Pointer
+	path                            string
 }
 
 // loadCublas opens the first cuBLAS that makes a handle in the current
@@ -117,7 +130,7 @@ func (b *cublas) bind() error {
 	for _, s := range []struct {
 		name string
 		dst  *unsafe.Pointer
-	}{{"cublasCreate_v2", &b.create}, {"cublasDestroy_v2", &b.destroy}, {"cublasSgemm_v2", &b.sgemm}} {
+	}{{"cublasCreate_v2", &b.create}, {"cublasDestroy_v2", &b.destroy}, {"cublasSgemm_v2", &b.sgemm}, {"cublasSgemmStridedBatched", &b.batched}} {
 		cname := C.CString(s.name)
 		*s.dst = C.dlsym(b.lib, cname)
 		C.free(unsafe.Pointer(cname))
@@ -136,6 +149,25 @@ func (b *cublas) gemm(c, a, bm cu.DevicePtr, rows, k, m int) error {
 		C.uint64_t(bm), C.int(g.lda), C.uint64_t(a), C.int(g.ldb), C.uint64_t(c), C.int(g.ldc))
 	if st != 0 {
 		return cublasError("cublasSgemm", st)
+	}
+	return nil
+}
+
+// gemmBatched is count column-major products C_i = op(A_i)·op(B_i) (m×n,
+// inner dimension k), the i-th operands at A + i·sA, B + i·sB, C + i·sC
+// floats; ta and tb say whether A and B are transposed.
+func (b *cublas) gemmBatched(ta, tb bool, m, n, k int, a cu.DevicePtr, lda int, sa int64, bm cu.DevicePtr, ldb int, sb int64, c cu.DevicePtr, ldc int, sc int64, count int) error {
+	op := func(t bool) C.int {
+		if t {
+			return 1
+		}
+		return 0
+	}
+	st := C.vramq_cublas_sgemm_batched(b.batched, b.handle, op(ta), op(tb), C.int(m), C.int(n), C.int(k),
+		C.uint64_t(a), C.int(lda), C.longlong(sa), C.uint64_t(bm), C.int(ldb), C.longlong(sb),
+		C.uint64_t(c), C.int(ldc), C.longlong(sc), C.int(count))
+	if st != 0 {
+		return cublasError("cublasSgemmStridedBatched", st)
 	}
 	return nil
 }

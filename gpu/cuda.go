@@ -441,8 +441,10 @@ func launch(fn cu.Function, blocks, threads int, args ...any) error {
 			params[i] = unsafe.Pointer(p)
 		case *int64:
 			params[i] = unsafe.Pointer(p)
+		case *float64:
+			params[i] = unsafe.Pointer(p)
 		default:
-			panic(fmt.Sprintf("launch: argument %d is %T, want *cu.DevicePtr or *int64", i, a))
+			panic(fmt.Sprintf("launch: argument %d is %T, want *cu.DevicePtr, *int64 or *float64", i, a))
 		}
 	}
 	return fn.Launch(blocks, 1, 1, threads, 1, 1, 0, cu.Stream{}, params)
@@ -482,6 +484,12 @@ var stickyErrors = []error{cu.IllegalAddress, cu.LaunchFailed, cu.MisalignedAddr
 // at the next synchronizing call, a cuBLAS call reports only its own status),
 // the context itself answers with it, so it is asked.
 func (e *CUDAEmbedder) classify(err error) error {
+	return classifyCUDA(err, e.name+" on "+e.devName, &e.lost)
+}
+
+// classifyCUDA is classify for any model owning a context: what names the
+// model and device, lost keeps the first ErrDeviceLost.
+func classifyCUDA(err error, what string, lost *atomic.Pointer[error]) error {
 	cause := err
 	if !isSticky(err) {
 		serr := cu.Synchronize()
@@ -490,9 +498,9 @@ func (e *CUDAEmbedder) classify(err error) error {
 		}
 		cause = fmt.Errorf("%w (the context reports %w)", err, serr)
 	}
-	lost := fmt.Errorf("%w: %s on %s: %w", ErrDeviceLost, e.name, e.devName, cause)
-	e.lost.CompareAndSwap(nil, &lost)
-	return *e.lost.Load()
+	l := fmt.Errorf("%w: %s: %w", ErrDeviceLost, what, cause)
+	lost.CompareAndSwap(nil, &l)
+	return *lost.Load()
 }
 
 func isSticky(err error) bool {

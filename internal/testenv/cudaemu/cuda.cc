@@ -807,14 +807,27 @@ CUresult cuModuleLoadData(void **out, const void *image) {
 	int nk;
 	const EmuKernel *ks = emuKernels(&nk);
 	Module *m = new Module{c, {}};
-	bool ok = int(entries.size()) == nk;
+	// A PTX module is one .cu file: it must hold every kernel of that file
+	// (the file of its first entry) and no other.
+	const char *source = nullptr;
+	for (int i = 0; i < nk && source == nullptr && !entries.empty(); i++) {
+		if (entries[0].name == ks[i].name) {
+			source = ks[i].source;
+		}
+	}
+	int in_source = 0;
+	for (int i = 0; source != nullptr && i < nk; i++) {
+		in_source += strcmp(ks[i].source, source) == 0;
+	}
+	bool ok = int(entries.size()) == in_source;
 	if (!ok) {
-		fprintf(stderr, "cudaemu: cuModuleLoadData: the PTX has %zu entries, the .cu compiled into the emulator %d: is the PTX stale?\n", entries.size(), nk);
+		fprintf(stderr, "cudaemu: cuModuleLoadData: the PTX has %zu entries, %s.cu compiled into the emulator %d: is the PTX stale?\n",
+			entries.size(), source ? source : "(no .cu of its first entry)", in_source);
 	}
 	for (const PtxEntry &e : entries) {
 		const EmuKernel *k = nullptr;
 		for (int i = 0; i < nk; i++) {
-			if (e.name == ks[i].name) {
+			if (e.name == ks[i].name && source != nullptr && strcmp(ks[i].source, source) == 0) {
 				k = &ks[i];
 			}
 		}

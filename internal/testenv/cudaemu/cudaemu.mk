@@ -4,7 +4,10 @@
 
 CUDAEMU     := build/cudaemu
 CUDAEMU_SRC := internal/testenv/cudaemu
-CUDAEMU_CU  := gpu/kernels/embed.cu
+# Every .cu of the backend: the emulated driver holds all their kernels, and
+# each module's PTX is checked against them.
+CUDAEMU_CU  := gpu/kernels/embed.cu gpu/kernels/bert.cu
+CUDAEMU_PTX := $(CUDAEMU_CU:.cu=.ptx)
 CUDAEMU_CXX := g++ -std=c++17 -O2 -g -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-attributes
 CUDAEMU_LIBS := $(CUDAEMU)/libcuda.so.1 $(CUDAEMU)/libcublas.so.12 $(CUDAEMU)/libcublas.so.13 $(CUDAEMU)/libnvidia-ml.so.1
 
@@ -13,11 +16,17 @@ CUDAEMU_LIBS := $(CUDAEMU)/libcuda.so.1 $(CUDAEMU)/libcublas.so.12 $(CUDAEMU)/li
 ## cudaemu: the emulated GPU's libraries, into build/cudaemu
 cudaemu: $(CUDAEMU_LIBS)
 
-# Every kernel of the .cu, for the registry kernels.cc compiles.
-$(CUDAEMU)/emu_kernels.inc: $(CUDAEMU_CU)
+# Every kernel of the .cu files, for the registry kernels.cc compiles.
+$(CUDAEMU)/emu_kernels.inc: $(CUDAEMU_CU) $(CUDAEMU_SRC)/cudaemu.mk
 	mkdir -p $(CUDAEMU)
-	grep -oE 'extern "C" GLOBAL void [A-Za-z_0-9]+' $< | awk '{ print "EMU_KERNEL(" $$NF ")" }' >$@.tmp
+	for f in $(CUDAEMU_CU); do grep -oE 'extern "C" GLOBAL void [A-Za-z_0-9]+' $$f | awk -v src=$$(basename $$f .cu) '{ print "EMU_KERNEL(" $$NF ", \"" src "\")" }'; done >$@.tmp
 	mv $@.tmp $@
+
+# kernels.cc includes one file: this one includes every .cu (each keeps its
+# helpers apart, so they share a translation unit).
+$(CUDAEMU)/kernels_all.cu: $(CUDAEMU_CU) $(CUDAEMU_SRC)/cudaemu.mk
+	mkdir -p $(CUDAEMU)
+	for f in $(CUDAEMU_CU); do echo "#include \"$(CURDIR)/$$f\""; done >$@
 
 # Every other entry point of the driver API answers CUDA_ERROR_NOT_SUPPORTED:
 # the names come from the link-time stub gen.sh writes, weak so that the
@@ -34,8 +43,8 @@ define cudaemu_driver
 	g++ -shared -Wl,-Bsymbolic-functions -Wl,-soname,libcuda.so.1 -o $(1) $(1).cuda.o $(1).kernels.o $(1).unsupported.o -lpthread
 endef
 
-$(CUDAEMU)/libcuda.so.1: $(CUDAEMU_SRC)/cuda.cc $(CUDAEMU_SRC)/kernels.cc $(CUDAEMU_SRC)/emu.h $(CUDAEMU)/emu_kernels.inc $(CUDAEMU)/unsupported.c $(CUDAEMU_CU)
-	$(call cudaemu_driver,$@,$(CUDAEMU_CU))
+$(CUDAEMU)/libcuda.so.1: $(CUDAEMU_SRC)/cuda.cc $(CUDAEMU_SRC)/kernels.cc $(CUDAEMU_SRC)/emu.h $(CUDAEMU)/emu_kernels.inc $(CUDAEMU)/kernels_all.cu $(CUDAEMU)/unsupported.c $(CUDAEMU_CU)
+	$(call cudaemu_driver,$@,$(CUDAEMU)/kernels_all.cu)
 
 $(CUDAEMU)/libcublas.so.%: $(CUDAEMU_SRC)/cublas.cc $(CUDAEMU_SRC)/emu.h $(CUDAEMU)/libcuda.so.1
 	$(CUDAEMU_CXX) -shared -DCUBLAS_MAJOR=$* -Wl,-soname,libcublas.so.$* -I$(CUDAEMU_SRC) -o $@ $< -L$(CUDAEMU) -l:libcuda.so.1
@@ -47,28 +56,32 @@ $(CUDAEMU)/selftest: $(CUDAEMU_SRC)/selftest.cc $(CUDAEMU)/libcuda.so.1
 	$(CUDAEMU_CXX) -I$(CUDAEMU_SRC) -o $@ $< -L$(CUDAEMU) -l:libcuda.so.1 -ldl
 
 ## cudaemu-selftest: the emulator against direct computations; then, for each
-## __syncthreads of the kernels, a driver built without it must FAIL the self-test
+## __syncthreads of each .cu's kernels, a driver built without it must FAIL the self-test
 # The self-test's state file is its own, so it never shares a device with tests.
 cudaemu-selftest: $(CUDAEMU_LIBS) $(CUDAEMU)/selftest
 	VRAMQ_EMU_STATE=$(CURDIR)/$(CUDAEMU)/selftest.state LD_LIBRARY_PATH=$(CURDIR)/$(CUDAEMU) \
-		$(CUDAEMU)/selftest gpu/kernels/embed.ptx $(CURDIR)/$(CUDAEMU)/libcublas.so.12
-	@n=$$(grep -c '__syncthreads()' $(CUDAEMU_CU)); \
+		$(CUDAEMU)/selftest $(CURDIR)/$(CUDAEMU)/libcublas.so.12 $(CUDAEMU_PTX)
+	@for cu in $(CUDAEMU_CU); do \
+	base=$$(basename $$cu .cu); n=$$(grep -c '__syncthreads()' $$cu); \
 	for i in $$(seq 1 $$n); do \
-		d=$(CUDAEMU)/mutant$$i; mkdir -p $$d; \
-		awk -v n=$$i '/__syncthreads\(\)/ { c++; if (c == n) { sub(/__syncthreads\(\);/, ""); } } { print }' $(CUDAEMU_CU) >$$d/embed.cu; \
+		d=$(CUDAEMU)/mutant-$$base-$$i; mkdir -p $$d; \
+		awk -v n=$$i '/__syncthreads\(\)/ { c++; if (c == n) { sub(/__syncthreads\(\);/, ""); } } { print }' $$cu >$$d/$$base.cu; \
+		for f in $(CUDAEMU_CU); do \
+			if [ $$f = $$cu ]; then echo "#include \"$(CURDIR)/$$d/$$base.cu\""; else echo "#include \"$(CURDIR)/$$f\""; fi; \
+		done >$$d/kernels_all.cu; \
 		$(MAKE) -s --no-print-directory cudaemu-mutant MUTANT=$$d; \
 		VRAMQ_EMU_STATE=$(CURDIR)/$$d/state LD_LIBRARY_PATH=$(CURDIR)/$$d \
-			$(CUDAEMU)/selftest gpu/kernels/embed.ptx $(CURDIR)/$(CUDAEMU)/libcublas.so.12 2>$$d/selftest.err && rc=0 || rc=$$?; \
+			$(CUDAEMU)/selftest $(CURDIR)/$(CUDAEMU)/libcublas.so.12 $(CUDAEMU_PTX) 2>$$d/selftest.err && rc=0 || rc=$$?; \
 		if [ $$rc != 1 ]; then \
-			echo "cudaemu-selftest: the kernels with __syncthreads $$i of $$n deleted: the self-test exited $$rc, want 1 (a check failing):" >&2; \
+			echo "cudaemu-selftest: $$cu with __syncthreads $$i of $$n deleted: the self-test exited $$rc, want 1 (a check failing):" >&2; \
 			cat $$d/selftest.err >&2; exit 1; \
 		fi; \
-		echo "cudaemu-selftest: __syncthreads $$i of $$n deleted: caught ($$(grep -m1 FAIL $$d/selftest.err))"; \
-	done
+		echo "cudaemu-selftest: $$cu: __syncthreads $$i of $$n deleted: caught ($$(grep -m1 FAIL $$d/selftest.err))"; \
+	done; done
 
 .PHONY: cudaemu-mutant
 cudaemu-mutant:
-	$(call cudaemu_driver,$(MUTANT)/libcuda.so.1,$(MUTANT)/embed.cu)
+	$(call cudaemu_driver,$(MUTANT)/libcuda.so.1,$(MUTANT)/kernels_all.cu)
 
 ## cuda-emu-test: every cuda-tagged test (gpu, subscriber, cmd/subscriber) on the emulated GPU,
 ## after the emulator's self-test (part of make test)
@@ -79,7 +92,7 @@ cudaemu-mutant:
 # test measures what is free.
 # The SQS emulator is started as make test starts it, for the end-to-end test of
 # a lost device (cmd/subscriber).
-cuda-emu-test: cuda-stubs cudaemu-selftest
+cuda-emu-test: cuda-stubs cudaemu-selftest cuda-bert-mutants
 	rm -f $(CUDAEMU)/device.state
 	@started=0; \
 	if ! $(EMULATOR) status >/dev/null 2>&1; then $(EMULATOR) up; started=1; fi; \
@@ -89,3 +102,31 @@ cuda-emu-test: cuda-stubs cudaemu-selftest
 	echo "go test -race -count=1 -p 1 -tags cuda -run CUDA ./gpu/ ./subscriber/ ./cmd/subscriber/ (on the emulated GPU)"; \
 	$(CUDA_ENV) VRAMQ_EMU_STATE=$(CURDIR)/$(CUDAEMU)/device.state LD_LIBRARY_PATH=$(CURDIR)/$(CUDAEMU) \
 		$(GO) test -race -count=1 -p 1 -tags cuda -run 'CUDA' ./gpu/ ./subscriber/ ./cmd/subscriber/
+
+## cuda-bert-mutants: the emulated driver built from bert.cu with GELU's tanh approximation for erf, and
+## with the attention scores not scaled by 1/sqrt(d); the CUDA BERT test against ONNX Runtime must FAIL on
+## each (part of cuda-emu-test)
+# The PTX stays the committed one (the parameters are unchanged); the code the
+# emulator runs is the mutated .cu's.
+BERT_MUTANT_GELU  := s|x\[k\] = v \* phi(v);|x[k] = 0.5f * v * (1.0f + (1.0f - 2.0f / (exp_f(1.5957691216f * (v + 0.044715f * v * v * v)) + 1.0f)));|
+BERT_MUTANT_SCALE := s|row\[j\] \* sc + |row[j] + |
+.PHONY: cuda-bert-mutants
+cuda-bert-mutants: cuda-stubs $(CUDAEMU_LIBS)
+	$(CUDA_ENV) $(GO) test -c -tags cuda -o $(CURDIR)/$(CUDAEMU)/gpu.test ./gpu/
+	@for name in gelu-tanh no-scale; do \
+		case $$name in gelu-tanh) expr='$(BERT_MUTANT_GELU)';; no-scale) expr='$(BERT_MUTANT_SCALE)';; esac; \
+		d=$(CUDAEMU)/mutant-bert-$$name; mkdir -p $$d; \
+		sed "$$expr" gpu/kernels/bert.cu >$$d/bert.cu; \
+		if cmp -s gpu/kernels/bert.cu $$d/bert.cu; then echo "cuda-bert-mutants: $$name: the edit matched nothing in bert.cu" >&2; exit 1; fi; \
+		for f in $(CUDAEMU_CU); do \
+			case $$f in */bert.cu) echo "#include \"$(CURDIR)/$$d/bert.cu\"";; *) echo "#include \"$(CURDIR)/$$f\"";; esac; \
+		done >$$d/kernels_all.cu; \
+		$(MAKE) -s --no-print-directory cudaemu-mutant MUTANT=$$d; \
+		(cd gpu && VRAMQ_EMU_STATE=$(CURDIR)/$$d/state LD_LIBRARY_PATH=$(CURDIR)/$$d:$(CURDIR)/$(CUDAEMU) \
+			$(CURDIR)/$(CUDAEMU)/gpu.test -test.run 'TestCUDABertMatchesCPUAndONNX/tiny-f32' >$(CURDIR)/$$d/test.out 2>&1) && rc=0 || rc=$$?; \
+		n=$$(grep -c 'differs from ONNX Runtime' $$d/test.out); \
+		if [ $$rc = 0 ] || [ $$n = 0 ]; then \
+			echo "cuda-bert-mutants: $$name: the test exited $$rc with $$n comparisons failing; want a failure:" >&2; cat $$d/test.out >&2; exit 1; \
+		fi; \
+		echo "cuda-bert-mutants: $$name: caught ($$n of 117 comparisons fail; $$(grep -m1 FIGURE $$d/test.out | sed 's/.*FIGURE //'))"; \
+	done

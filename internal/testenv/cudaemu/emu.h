@@ -58,6 +58,7 @@ void *vramqEmuCurrentContext(void);
 #ifdef __cplusplus
 struct EmuKernel {
 	const char *name;
+	const char *source; // the .cu file it comes from, without directory or suffix: one PTX module
 	int nparams;
 	const int *param_sizes;    // bytes of each parameter, as the host compiler sees it
 	const bool *param_pointer; // whether each parameter is a pointer

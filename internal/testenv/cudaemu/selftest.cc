@@ -4,7 +4,7 @@
 // and the driver's behaviours the backend relies on (out of memory, an
 // illegal address that sticks, injected faults, a stale PTX refused).
 //
-//   selftest PTX   exits 0 when all pass; prints each failure
+//   selftest LIBCUBLAS EMBED_PTX BERT_PTX   exits 0 when all pass; prints each failure
 //
 // The Makefile also builds the driver from copies of the .cu with one
 // __syncthreads deleted, and requires this test to FAIL on each: a missing
@@ -226,32 +226,286 @@ static void test_sgemm(sgemm_fn sgemm, void *h) {
 			}
 }
 
+// --- bert.ptx: each kernel against a direct computation --------------------
+
+typedef int (*sgemm_batched_fn)(void *, int, int, int, int, int, const float *, const float *, int, long long,
+	const float *, int, long long, const float *, float *, int, long long, int);
+
+static double max_abs_diff(const std::vector<float> &a, const std::vector<double> &b) {
+	double d = 0;
+	for (size_t i = 0; i < a.size(); i++) {
+		double e = fabs(double(a[i]) - b[i]);
+		if (!(e <= d)) d = e; // NaN counts as worst
+	}
+	return d;
+}
+
+static std::vector<double> layernorm_ref(const std::vector<double> &row, const std::vector<float> &g, const std::vector<float> &b, double eps) {
+	double mean = 0, var = 0;
+	for (double v : row) mean += v;
+	mean /= row.size();
+	for (double v : row) var += (v - mean) * (v - mean);
+	var /= row.size();
+	std::vector<double> out(row.size());
+	for (size_t j = 0; j < row.size(); j++) out[j] = (row[j] - mean) / sqrt(var + eps) * g[j] + b[j];
+	return out;
+}
+
+static void test_bert_layernorms(void *mod) {
+	void *embed, *addln;
+	MUST(cuModuleGetFunction(&embed, mod, "bert_embed"));
+	MUST(cuModuleGetFunction(&addln, mod, "bert_add_layernorm"));
+	long vocab = 30, maxpos = 9, h = 48, seq = 7, items = 3, rows = seq * items;
+	double eps = 1e-12;
+	std::vector<int> ids(rows);
+	std::vector<float> word(vocab * h), pos(maxpos * h), type0(h), gamma(h), beta(h), y(rows * h), bias(h);
+	for (auto &t : ids) t = int((frand() + 1) * 0.5f * (vocab - 1));
+	for (auto *v : {&word, &pos, &type0, &gamma, &beta, &y, &bias})
+		for (auto &x : *v) x = frand();
+	unsigned long long dids = upload(ids), dw = upload(word), dp = upload(pos), dt = upload(type0), dg = upload(gamma),
+			   db = upload(beta), dy = upload(y), dbias = upload(bias), dx;
+	MUST(cuMemAlloc_v2(&dx, rows * h * 4));
+	std::vector<double> want(rows * h), want2(rows * h);
+	for (long r = 0; r < rows; r++) {
+		std::vector<double> row(h);
+		for (long j = 0; j < h; j++) row[j] = double(word[ids[r] * h + j] + pos[(r % seq) * h + j] + type0[j]);
+		auto o = layernorm_ref(row, gamma, beta, eps);
+		for (long j = 0; j < h; j++) {
+			want[r * h + j] = o[j];
+			row[j] = double(float(o[j])) + double(y[r * h + j] + bias[j]);
+		}
+		o = layernorm_ref(row, gamma, beta, eps);
+		for (long j = 0; j < h; j++) want2[r * h + j] = o[j];
+	}
+	// Fewer blocks than rows, and blocks of 64 and 16 threads (wider and
+	// narrower than a row).
+	for (unsigned block : {64u, 16u}) {
+		launch(embed, 5, block, {&dids, &dw, &dp, &dt, &dg, &db, &dx, &rows, &seq, &h, &eps});
+		double d = max_abs_diff(download<float>(dx, rows * h), want);
+		CHECK(d < 1e-5, "bert_embed (block %u): off by %g", block, d);
+		launch(addln, 4, block, {&dx, &dy, &dbias, &dg, &db, &rows, &h, &eps});
+		d = max_abs_diff(download<float>(dx, rows * h), want2);
+		CHECK(d < 1e-5, "bert_add_layernorm (block %u): off by %g", block, d);
+	}
+}
+
+static void test_bert_attention(void *mod, sgemm_batched_fn batched, void *handle) {
+	void *split, *merge, *softmax;
+	MUST(cuModuleGetFunction(&split, mod, "bert_split_heads"));
+	MUST(cuModuleGetFunction(&merge, mod, "bert_merge_heads"));
+	MUST(cuModuleGetFunction(&softmax, mod, "bert_softmax"));
+	long items = 3, seq = 6, heads = 2, d = 5, h = heads * d, rows = items * seq;
+	std::vector<int> lens = {6, 1, 4};
+	std::vector<float> qkv(rows * 3 * h), bias(3 * h);
+	for (auto &x : qkv) x = frand();
+	for (auto &x : bias) x = frand();
+	unsigned long long dqkv = upload(qkv), dbias = upload(bias), dlens = upload(lens), dheads, dscores, dctx;
+	MUST(cuMemAlloc_v2(&dheads, rows * 3 * h * 4));
+	MUST(cuMemAlloc_v2(&dscores, items * heads * seq * seq * 4));
+	MUST(cuMemAlloc_v2(&dctx, rows * h * 4));
+	launch(split, 2, 32, {&dqkv, &dbias, &dheads, &items, &seq, &heads, &d});
+	// Scores, as the backend asks: S = Q·Kᵀ per (item, head).
+	const float one = 1, zero = 0;
+	long long sd = seq * d, ss = seq * seq;
+	long nb = items * heads;
+	unsigned long long dq = dheads, dk = dheads + 4 * rows * h, dv = dheads + 8 * rows * h;
+	MUST(batched(handle, 1, 0, seq, seq, d, &one, (const float *)dk, d, sd, (const float *)dq, d, sd, &zero, (float *)dscores, seq, ss, nb));
+	MUST(cuCtxSynchronize());
+	double scale = 1 / sqrt(double(d));
+	long nrows = nb * seq;
+	launch(softmax, 7, 4, {&dscores, &dlens, &nrows, &seq, &heads, &scale});
+	auto probs = download<float>(dscores, nb * seq * seq);
+	MUST(batched(handle, 0, 0, d, seq, seq, &one, (const float *)dv, d, sd, (const float *)dscores, seq, ss, &zero, (float *)dq, d, sd, nb));
+	MUST(cuCtxSynchronize());
+	launch(merge, 3, 32, {&dq, &dctx, &items, &seq, &heads, &d});
+	auto ctx = download<float>(dctx, rows * h);
+	std::vector<double> wantp(nb * seq * seq), wantc(rows * h);
+	auto at = [&](long b, long p, long which, long hd, long e) { return double(qkv[(b * seq + p) * 3 * h + which * h + hd * d + e] + bias[which * h + hd * d + e]); };
+	for (long b = 0; b < items; b++)
+		for (long hd = 0; hd < heads; hd++)
+			for (long i = 0; i < seq; i++) {
+				std::vector<double> row(seq);
+				double mx = -1e300, sum = 0;
+				for (long j = 0; j < lens[b]; j++) {
+					double dot = 0;
+					for (long e = 0; e < d; e++) dot += at(b, i, 0, hd, e) * at(b, j, 1, hd, e);
+					row[j] = dot * scale;
+					mx = row[j] > mx ? row[j] : mx;
+				}
+				for (long j = 0; j < seq; j++) {
+					row[j] = j < lens[b] ? exp(row[j] - mx) : 0;
+					sum += row[j];
+				}
+				for (long j = 0; j < seq; j++) wantp[((b * heads + hd) * seq + i) * seq + j] = row[j] / sum;
+				for (long e = 0; e < d; e++) {
+					double c = 0;
+					for (long j = 0; j < seq; j++) c += row[j] / sum * at(b, j, 2, hd, e);
+					wantc[(b * seq + i) * h + hd * d + e] = c;
+				}
+			}
+	double dp = max_abs_diff(probs, wantp), dc = max_abs_diff(ctx, wantc);
+	CHECK(dp < 1e-6, "bert_softmax after the strided-batched Q·Kᵀ: off by %g", dp);
+	CHECK(dc < 1e-5, "attention output (split, batched GEMMs, softmax, merge): off by %g", dc);
+}
+
+// The softmax's maximum only keeps exp in range: a wrong one cancels out
+// unless it is far off. Rows whose scores lie hundreds apart, each block
+// taking several rows (so a stale maximum of the row before is far off),
+// make a maximum computed wrong overflow or underflow.
+static void test_bert_softmax_range(void *mod) {
+	void *softmax;
+	MUST(cuModuleGetFunction(&softmax, mod, "bert_softmax"));
+	long seq = 37, heads = 1, nrows = 8 * seq;
+	std::vector<int> lens = {37, 20, 37, 5, 37, 37, 1, 30};
+	std::vector<float> sc(nrows * seq);
+	for (long r = 0; r < nrows; r++)
+		for (long j = 0; j < seq; j++) sc[r * seq + j] = -200.0f * float(r % 16) + 40.0f * frand();
+	unsigned long long ds = upload(sc), dl = upload(lens);
+	double scale = 1.0;
+	for (unsigned block : {8u, 64u}) {
+		MUST(cuMemcpyHtoD_v2(ds, sc.data(), sc.size() * 4));
+		launch(softmax, 3, block, {&ds, &dl, &nrows, &seq, &heads, &scale});
+		auto got = download<float>(ds, nrows * seq);
+		std::vector<double> want(nrows * seq);
+		for (long r = 0; r < nrows; r++) {
+			long len = lens[r / seq];
+			double mx = -1e300, sum = 0;
+			for (long j = 0; j < len; j++) mx = sc[r * seq + j] > mx ? sc[r * seq + j] : mx;
+			for (long j = 0; j < len; j++) sum += exp(sc[r * seq + j] - mx);
+			for (long j = 0; j < seq; j++) want[r * seq + j] = j < len ? exp(sc[r * seq + j] - mx) / sum : 0;
+		}
+		double d = max_abs_diff(got, want);
+		CHECK(d < 1e-6, "bert_softmax on scores hundreds apart (block %u): off by %g", block, d);
+	}
+}
+
+static void test_bert_gelu_erf(void *mod) {
+	void *gelu, *erff;
+	MUST(cuModuleGetFunction(&gelu, mod, "bert_bias_gelu"));
+	MUST(cuModuleGetFunction(&erff, mod, "bert_erf"));
+	long n = 20001, w = 7;
+	std::vector<float> x(n), bias(w);
+	for (long i = 0; i < n; i++) x[i] = -10.0f + 20.0f * float(i) / float(n - 1);
+	for (auto &b : bias) b = 0.1f * frand();
+	unsigned long long dx = upload(x), db = upload(bias), dy;
+	MUST(cuMemAlloc_v2(&dy, n * 4));
+	launch(erff, 3, 128, {&dx, &dy, &n});
+	auto y = download<float>(dy, n);
+	double worst = 0;
+	for (long i = 0; i < n; i++) {
+		double want = erf(double(x[i]));
+		double rel = want == 0 ? fabs(y[i]) : fabs(y[i] - want) / fabs(want);
+		if (!(rel <= worst)) worst = rel;
+	}
+	CHECK(worst < 4e-7, "bert_erf: relative error %g against libm's erf", worst);
+	long rows = n / w;
+	launch(gelu, 5, 64, {&dx, &db, &rows, &w});
+	auto g = download<float>(dx, rows * w);
+	std::vector<double> want(rows * w);
+	for (long k = 0; k < rows * w; k++) {
+		double v = double(x[k] + bias[k % w]);
+		want[k] = 0.5 * v * erfc(-v / sqrt(2.0));
+	}
+	double dg = max_abs_diff(g, want);
+	CHECK(dg < 2e-6, "bert_bias_gelu: off by %g from v·Φ(v)", dg);
+}
+
+static void test_bert_pool_norm(void *mod) {
+	void *pool, *norm;
+	MUST(cuModuleGetFunction(&pool, mod, "bert_pool"));
+	MUST(cuModuleGetFunction(&norm, mod, "bert_l2norm"));
+	long items = 4, seq = 5, h = 40;
+	std::vector<int> lens = {5, 1, 3, 2};
+	std::vector<float> x(items * seq * h);
+	for (auto &v : x) v = frand();
+	unsigned long long dx = upload(x), dl = upload(lens), dout;
+	MUST(cuMemAlloc_v2(&dout, items * h * 4));
+	for (long mode = 0; mode < 3; mode++) {
+		launch(pool, 3, 16, {&dx, &dl, &dout, &items, &seq, &h, &mode});
+		auto got = download<float>(dout, items * h);
+		launch(norm, 3, 16, {&dout, &items, &h});
+		auto normed = download<float>(dout, items * h);
+		std::vector<double> want(items * h), wantn(items * h);
+		for (long b = 0; b < items; b++) {
+			double ss = 0;
+			for (long j = 0; j < h; j++) {
+				double v = x[b * seq * h + j], s = 0;
+				for (long t = 0; t < lens[b]; t++) {
+					double u = x[(b * seq + t) * h + j];
+					s += u;
+					if (mode == 2 && u > v) v = u;
+				}
+				want[b * h + j] = mode == 0 ? s / lens[b] : v;
+				ss += want[b * h + j] * want[b * h + j];
+			}
+			for (long j = 0; j < h; j++) wantn[b * h + j] = want[b * h + j] / sqrt(ss);
+		}
+		double dp = max_abs_diff(got, want), dn = max_abs_diff(normed, wantn);
+		CHECK(dp < 1e-6, "bert_pool mode %ld: off by %g", mode, dp);
+		CHECK(dn < 1e-6, "bert_l2norm after pool mode %ld: off by %g", mode, dn);
+	}
+}
+
+static void test_sgemm_batched(sgemm_batched_fn batched, sgemm_fn sgemm, void *h) {
+	// Each product of a strided batch equals SGEMM on its operands.
+	int m = 5, n = 4, k = 3, count = 3;
+	long long sa = 6 * 5, sb = 5 * 4, sc = 6 * 4;
+	std::vector<float> A(sa * count), B(sb * count);
+	for (auto &x : A) x = frand();
+	for (auto &x : B) x = frand();
+	unsigned long long dA = upload(A), dB = upload(B), dC, dC1;
+	MUST(cuMemAlloc_v2(&dC, sc * count * 4));
+	MUST(cuMemAlloc_v2(&dC1, sc * 4));
+	const float alpha = 0.5f, beta = 0;
+	// op(A) = Aᵀ (A is k×m, lda 6), B k×n (ldb 5): padded leading dimensions.
+	MUST(batched(h, 1, 0, m, n, k, &alpha, (const float *)dA, 6, sa, (const float *)dB, 5, sb, &beta, (float *)dC, 6, sc, count));
+	MUST(cuCtxSynchronize());
+	auto got = download<float>(dC, sc * count);
+	for (int i = 0; i < count; i++) {
+		MUST(sgemm(h, 1, 0, m, n, k, &alpha, (const float *)(dA + 4 * i * sa), 6, (const float *)(dB + 4 * i * sb), 5, &beta, (float *)dC1, 6));
+		auto one = download<float>(dC1, sc);
+		int bad = 0;
+		for (int j = 0; j < n; j++)
+			for (int r = 0; r < m; r++) bad += one[j * 6 + r] != got[i * sc + j * 6 + r];
+		CHECK(bad == 0, "cublasSgemmStridedBatched: product %d differs from cublasSgemm_v2 in %d values", i, bad);
+	}
+}
+
 int main(int argc, char **argv) {
-	if (argc != 3) {
-		fprintf(stderr, "usage: selftest PTX LIBCUBLAS\n");
+	if (argc < 4) {
+		fprintf(stderr, "usage: selftest LIBCUBLAS EMBED_PTX BERT_PTX\n");
 		return 2;
 	}
-	FILE *f = fopen(argv[1], "rb");
-	if (!f) {
-		perror(argv[1]);
-		return 2;
-	}
-	std::string ptx;
-	char buf[4096];
-	size_t n;
-	while ((n = fread(buf, 1, sizeof buf, f)) > 0) ptx.append(buf, n);
-	fclose(f);
+	auto read = [](const char *path) {
+		FILE *f = fopen(path, "rb");
+		if (!f) {
+			perror(path);
+			exit(2);
+		}
+		std::string text;
+		char buf[4096];
+		size_t n;
+		while ((n = fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+		fclose(f);
+		return text;
+	};
+	std::string ptx = read(argv[2]), bert_ptx = read(argv[3]);
 
 	MUST(cuInit(0));
-	void *ctx, *mod;
+	void *ctx, *mod, *bert_mod;
 	MUST(cuCtxCreate_v2(&ctx, 0, 0));
 	MUST(cuModuleLoadData(&mod, ptx.c_str()));
+	MUST(cuModuleLoadData(&bert_mod, bert_ptx.c_str()));
 	test_gather(mod);
 	test_mean_pool(mod);
 	test_bias_gelu(mod);
 	test_bias_l2norm(mod);
+	test_bert_layernorms(bert_mod);
+	test_bert_gelu_erf(bert_mod);
+	test_bert_softmax_range(bert_mod);
+	test_bert_pool_norm(bert_mod);
 
-	void *lib = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+	void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
 	if (!lib) {
 		fprintf(stderr, "FATAL %s\n", dlerror());
 		return 2;
@@ -259,9 +513,16 @@ int main(int argc, char **argv) {
 	auto create = (int (*)(void **))dlsym(lib, "cublasCreate_v2");
 	auto destroy = (int (*)(void *))dlsym(lib, "cublasDestroy_v2");
 	auto sgemm = (sgemm_fn)dlsym(lib, "cublasSgemm_v2");
+	auto batched = (sgemm_batched_fn)dlsym(lib, "cublasSgemmStridedBatched");
+	if (!batched) {
+		fprintf(stderr, "FATAL no cublasSgemmStridedBatched\n");
+		return 2;
+	}
 	void *h;
 	MUST(create(&h));
 	test_sgemm(sgemm, h);
+	test_sgemm_batched(batched, sgemm, h);
+	test_bert_attention(bert_mod, batched, h);
 
 	// A stale PTX: an entry with a parameter the .cu no longer has.
 	{
