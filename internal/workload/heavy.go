@@ -9,10 +9,13 @@ import (
 	"github.com/vramq/vramq/job"
 )
 
-// HeavySpec is a workload whose message sizes have a heavy tail: the items
-// per message and the words per item are each drawn from a bounded Pareto
-// distribution, so most messages are small and a few are many times the
-// mean, with every size in between (unlike Mixed's two sizes).
+// HeavySpec is a workload whose message sizes have a heavy tail: each
+// message's items per message and words per item are drawn from bounded
+// Pareto distributions, once per message (a message is a document cut into
+// passages of about one length), so most messages are small and a few are
+// many times the mean, with every size in between (unlike Mixed's two
+// sizes). Drawing a length per item instead would average the tail away
+// within a message.
 type HeavySpec struct {
 	JobID    string
 	Messages int
@@ -65,9 +68,10 @@ func (s HeavySpec) Works() []job.Work {
 	var b strings.Builder
 	for i := range works {
 		w := job.Work{V: job.Version, JobID: s.JobID, Chunk: i, Chunks: s.Messages, Items: make([]job.Item, items.words(r))}
+		n := words.words(r)
 		for k := range w.Items {
 			b.Reset()
-			for x := range words.words(r) {
+			for x := range n {
 				if x > 0 {
 					b.WriteByte(' ')
 				}
