@@ -55,8 +55,25 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	out := fs.String("out", "bench/sweep", "folder for sweep.md, sweep.json and sweep.png (empty: none)")
 	name := fs.String("name", "sweep", "base name of the files in -out")
 	verbose := fs.Bool("v", false, "subscriber logs to stderr")
+	from := fs.String("from", "", "run nothing: write the Markdown and the plot again from this JSON of an earlier sweep")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
+	}
+	if *from != "" {
+		b, err := os.ReadFile(*from)
+		if err != nil {
+			return err
+		}
+		var rep sweepReport
+		if err := json.Unmarshal(b, &rep); err != nil {
+			return fmt.Errorf("%s: %w", *from, err)
+		}
+		for i := range rep.Shapes {
+			if rep.Shapes[i].Label == "" { // written before rows had labels
+				rep.Shapes[i].Label = rep.Shapes[i].Params.Shape
+			}
+		}
+		return writeSweep(stdout, rep, *out, *name)
 	}
 	if *repeat < 1 {
 		return fmt.Errorf("%w: -repeat must be at least 1", cli.ErrUsage)
@@ -122,28 +139,34 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		rep.Shapes = append(rep.Shapes, sweepResult{Label: label(sc.p), Params: sc.p, Bound: sc.bound, Results: res})
 	}
-	writeSweepMarkdown(stdout, rep, *name)
-	if *out == "" {
+	return writeSweep(stdout, rep, *out, *name)
+}
+
+// writeSweep prints the sweep's Markdown and, with out set, writes it with
+// the JSON and the plot into out.
+func writeSweep(stdout io.Writer, rep sweepReport, out, name string) error {
+	writeSweepMarkdown(stdout, rep, name)
+	if out == "" {
 		return nil
 	}
-	if err := os.MkdirAll(*out, 0o755); err != nil {
+	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
 	b, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(*out, *name+".json"), append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(out, name+".json"), append(b, '\n'), 0o644); err != nil {
 		return err
 	}
-	if err := plotSweep(filepath.Join(*out, *name+".png"), rep); err != nil {
+	if err := plotSweep(filepath.Join(out, name+".png"), rep); err != nil {
 		return err
 	}
-	f, err := os.Create(filepath.Join(*out, *name+".md"))
+	f, err := os.Create(filepath.Join(out, name+".md"))
 	if err != nil {
 		return err
 	}
-	writeSweepMarkdown(f, rep, *name)
+	writeSweepMarkdown(f, rep, name)
 	return f.Close()
 }
 
@@ -257,8 +280,9 @@ func plotSweep(path string, rep sweepReport) error {
 		p.Legend.Add(o.Name, line, points)
 	}
 	p.Add(plotter.NewGrid())
+	// Bottom left: below every line on the bimodal shapes.
 	p.Legend.Top, p.Legend.Left = false, true
-	p.Legend.YOffs = -vg.Points(150)
+	p.Legend.XOffs = vg.Points(8)
 	p.NominalX(names...)
 	img := vgimg.New(8*vg.Inch, 4.5*vg.Inch)
 	p.Draw(draw.New(img))
