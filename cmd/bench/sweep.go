@@ -231,7 +231,7 @@ func writeSweepMarkdown(w io.Writer, rep sweepReport, name string) {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintln(w, "Every row's ledgers balance and every message has a result or is in the DLQ (the run waits for all of them); DLQ counts are in the table.")
+	fmt.Fprintln(w, "A run ends only when every message has a result or is in the DLQ (its DLQ count is in the table); the subscribers' ledgers are in the JSON.")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Shapes:")
 	fmt.Fprintln(w)
@@ -261,7 +261,9 @@ func plotSweep(path string, rep sweepReport) error {
 	for i, s := range rep.Shapes {
 		names[i] = s.Label
 	}
-	palette := []color.RGBA{{214, 39, 40, 255}, {255, 127, 14, 255}, {148, 103, 189, 255}, {44, 160, 44, 255}, {31, 119, 180, 255}, {140, 86, 75, 255}}
+	// One colour per strategy in every plot.
+	palette := map[string]color.RGBA{"none": {214, 39, 40, 255}, "count-1": {255, 127, 14, 255}, "count-avg": {148, 103, 189, 255},
+		"vram-plain": {44, 160, 44, 255}, "vram": {31, 119, 180, 255}}
 	for j, o := range rep.Shapes[0].Results {
 		xys := make(plotter.XYs, len(rep.Shapes))
 		for i, s := range rep.Shapes {
@@ -274,7 +276,10 @@ func plotSweep(path string, rep sweepReport) error {
 		if err != nil {
 			return err
 		}
-		c := palette[j%len(palette)]
+		c, ok := palette[o.Name]
+		if !ok {
+			c = color.RGBA{A: 255}
+		}
 		line.Color, points.Color = c, c
 		p.Add(line, points)
 		p.Legend.Add(o.Name, line, points)
