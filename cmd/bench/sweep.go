@@ -210,9 +210,14 @@ func writeSweepMarkdown(w io.Writer, rep sweepReport, name string) {
 			}
 		}
 		if v, ok := find(s.Results, "vram"); ok {
-			if pl, ok := find(s.Results, "vram-plain"); ok && pl.MessagesPerS > 0 {
-				parts = append(parts, fmt.Sprintf("`vram` %.2f× `vram-plain`", v.MessagesPerS/pl.MessagesPerS))
+			for _, base := range []string{"count-avg", "vram-plain"} {
+				if b, ok := find(s.Results, base); ok && b.MessagesPerS > 0 {
+					parts = append(parts, fmt.Sprintf("`vram` %.2f× `%s`", v.MessagesPerS/b.MessagesPerS, base))
+				}
 			}
+		}
+		if len(parts) == 0 {
+			continue
 		}
 		fmt.Fprintf(w, "- `%s` (%s to %s per message): %s\n", s.Label, gpu.FormatBytes(s.Params.SmallCost), gpu.FormatBytes(s.Params.LargeCost), strings.Join(parts, ", "))
 	}
