@@ -43,3 +43,25 @@ func offlineBound(costs []int64, t gpu.Timing, budget int64) bound {
 	}
 	return b
 }
+
+// offlineBoundN is the offline bound for n subscribers, each with its own
+// device of budget and throughput: the work is shared by n devices (one
+// launch still comes before any work), and so is the memory-time. It
+// ignores that a message cannot be split between devices, so it stays an
+// upper bound.
+func offlineBoundN(costs []int64, t gpu.Timing, budget int64, n int) bound {
+	b := offlineBound(costs, t, budget)
+	if n <= 1 {
+		return b
+	}
+	b.WorkSeconds = (b.WorkSeconds-t.Launch.Seconds())/float64(n) + t.Launch.Seconds()
+	b.MemorySeconds /= float64(n)
+	b.Seconds, b.Binding = b.WorkSeconds, "device throughput"
+	if b.MemorySeconds > b.WorkSeconds {
+		b.Seconds, b.Binding = b.MemorySeconds, "memory"
+	}
+	if b.Seconds > 0 {
+		b.MessagesPerS = float64(len(costs)) / b.Seconds
+	}
+	return b
+}

@@ -3,6 +3,8 @@
 //
 //	bench strategies   every admission strategy on one workload and one
 //	                   simulated device, against the offline bound
+//	bench sweep        every admission strategy over workload shapes (the
+//	                   large share, heavy-tailed sizes), each against its bound
 //	bench overhead     the subscriber against a bare SDK receive/delete loop,
 //	                   the publisher against a bare SendMessageBatch loop
 //	bench rss          the subscriber's memory with a large backlog
@@ -25,7 +27,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: want a subcommand: strategies, overhead or rss", cli.ErrUsage)
+		return fmt.Errorf("%w: want a subcommand: strategies, sweep, overhead or rss", cli.ErrUsage)
 	}
 	sub, rest := args[0], args[1:]
 	switch sub {
@@ -35,6 +37,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runOverhead(ctx, rest, stdout, stderr)
 	case "rss":
 		return runRSS(ctx, rest, stdout, stderr)
+	case "sweep":
+		return runSweep(ctx, rest, stdout, stderr)
 	}
-	return fmt.Errorf("%w: unknown subcommand %q: want strategies, overhead or rss", cli.ErrUsage, sub)
+	return fmt.Errorf("%w: unknown subcommand %q: want strategies, sweep, overhead or rss", cli.ErrUsage, sub)
 }

@@ -48,15 +48,25 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 	if p.Shuffled {
 		order = ", sent in a seeded random order (the same for every strategy)"
 	}
-	fmt.Fprintf(w, "- **Workload:** %d messages of the bimodal mix (`internal/workload.Mixed`): one message in %d is large (32 items of 600 words, %s of working memory), the others small (8 items of 24 words, %s)%s.\n",
-		p.Messages, p.LargeEvery, gpu.FormatBytes(p.LargeCost), gpu.FormatBytes(p.SmallCost), order)
+	fmt.Fprintf(w, "- **Workload:** %d messages, shape `%s`: %s; working memory from %s to %s per message%s.\n",
+		p.Messages, p.Shape, p.ShapeDesc, gpu.FormatBytes(p.SmallCost), gpu.FormatBytes(p.LargeCost), order)
 	model := p.Model
 	if model == "" {
 		model = "the reference model" // reports from before -bert
 	}
 	fmt.Fprintf(w, "- **Device:** simulated (`gpu.Sim` + `gpu.TimedModel`, costing as %s): its weights plus %s for work; each batch takes a %v launch plus its working memory over %s/s, shared by the batches working at once (`gpu.Timing`).\n",
 		model, gpu.FormatBytes(p.Budget), p.Launch, gpu.FormatBytes(int64(p.Throughput)))
+	if p.Subscribers > 1 {
+		fmt.Fprintf(w, "- **Subscribers:** %d on the one queue, each with its own simulated device as above; figures are summed over them, memory use is the mean over the devices.\n", p.Subscribers)
+	}
+	if p.EstimateError != "" && p.EstimateError != "none" {
+		fmt.Fprintf(w, "- **Estimate error:** `%s`: admission works with estimates that are wrong by this much; the device allocates the true cost (`-estimate-error`).\n", p.EstimateError)
+	}
 	fmt.Fprintf(w, "- **Subscriber:** in process, against the SQS emulator, max batch %d, result messages up to 1 MiB (the queues' size), a 5 s visibility timeout, everything else default; fresh queues per strategy, the whole workload queued before it starts.\n", p.MaxBatch)
+	fmt.Fprintln(w, "- **What differs besides admission:** `none` holds at most 10 messages (prefetch 10, max in flight 10: the classic prefetch-10 consumer, whose only bound that is); the others hold the default 20 waiting and 100 in all. "+
+		"`vram` also caps a batch's estimated memory (a quarter of the budget by default) and launches a message that fills a batch on its own while it waits for memory (launch-ahead); the subscriber offers both only under vram admission (`subscriber/batch.go`), "+
+		"so `vram-plain` is vram admission with both off (`MaxBatchBytes` at its largest): batches form exactly as under `count` and `none` (up to max batch, the batch delay, or admission full). "+
+		"Compare `vram-plain` with the count strategies for admission alone, and `vram` with `vram-plain` for the two batching features.")
 	fmt.Fprintf(w, "- **Offline bound:** %.1f messages/s (%.2f s): the larger of the work bound (%.2f s: all the work at full throughput, plus one launch) and the memory bound (%.2f s: Σcost²/throughput/budget); %s binds.\n\n",
 		rep.Bound.MessagesPerS, rep.Bound.Seconds, rep.Bound.WorkSeconds, rep.Bound.MemorySeconds, rep.Bound.Binding)
 
@@ -77,10 +87,26 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 		fmt.Fprintf(w, "- `%s`: %s\n", o.Name, strings.Join(runs, ", "))
 	}
 	fmt.Fprintln(w)
-	if vram, ok := find(rep.Results, "vram"); ok {
-		if one, ok := find(rep.Results, "count-1"); ok && one.MessagesPerS > 0 {
-			fmt.Fprintf(w, "`vram` runs %.2f× the throughput of `count-1`.\n\n", vram.MessagesPerS/one.MessagesPerS)
+	for _, name := range []string{"vram", "vram-plain"} {
+		if v, ok := find(rep.Results, name); ok {
+			if one, ok := find(rep.Results, "count-1"); ok && one.MessagesPerS > 0 {
+				fmt.Fprintf(w, "`%s` runs %.2f× the throughput of `count-1`.\n", name, v.MessagesPerS/one.MessagesPerS)
+			}
 		}
+	}
+	if v, ok := find(rep.Results, "vram"); ok {
+		if plain, ok := find(rep.Results, "vram-plain"); ok && plain.MessagesPerS > 0 {
+			fmt.Fprintf(w, "`vram` runs %.2f× `vram-plain`: what the batch byte cap and launch-ahead add to vram admission.\n", v.MessagesPerS/plain.MessagesPerS)
+		}
+	}
+	fmt.Fprintln(w)
+	if rep.Params.Subscribers > 1 {
+		fmt.Fprintln(w, "Messages each subscriber completed (deleted), and of them the large ones (true cost at least a quarter of the budget):")
+		fmt.Fprintln(w)
+		for _, o := range rep.Results {
+			fmt.Fprintf(w, "- `%s`: %v, large %v\n", o.Name, o.Completed, o.LargeCompleted)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w, "Latency is from a message's first receipt by the subscriber to its result read off the results queue. SQS requests are the subscriber's, by action:")
 	fmt.Fprintln(w)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -48,9 +49,23 @@ type strategyParams struct {
 	SmallCost     int64    `json:"small_message_bytes"`
 	LargeCost     int64    `json:"large_message_bytes"`
 	Runs          []string `json:"strategies"`
+	// Shape is the workload: "1-in-N" (Mixed, every Nth message large) or
+	// "heavy" (workload.HeavyTailed).
+	Shape string `json:"shape"`
+	// ShapeDesc says what Shape is, for the report.
+	ShapeDesc string `json:"shape_description"`
 	// Model is what the timed model costs like: the reference model, or
 	// a BERT model directory's (-bert).
 	Model string `json:"model,omitempty"`
+	// BERTDir is -bert: the model directory whose cost the timed model
+	// takes; empty for the reference model.
+	BERTDir string `json:"-"`
+	// EstimateError is -estimate-error: how wrong the estimates admission
+	// works with are ("none": exact).
+	EstimateError string `json:"estimate_error"`
+	// Subscribers run at once on the queue, each with its own device of
+	// Budget.
+	Subscribers int `json:"subscribers"`
 }
 
 // strategy is one way to run the subscriber on the workload.
@@ -94,6 +109,10 @@ type outcome struct {
 	// AllRuns are the throughputs of every run, in order; the figures are
 	// those of the median run.
 	AllRuns []float64 `json:"all_runs_messages_per_second"`
+	// Completed and LargeCompleted are the messages, and the large ones
+	// (true cost at least a quarter of the budget), each subscriber deleted.
+	Completed      []int64 `json:"completed_by_subscriber"`
+	LargeCompleted []int64 `json:"large_completed_by_subscriber"`
 }
 
 type sample struct {
@@ -114,48 +133,147 @@ type strategyReport struct {
 func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench strategies", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	p := strategyParams{}
-	budget := gpu.Bytes(40 << 20)
-	throughput := gpu.Bytes(gpu.DefaultTiming().Throughput)
-	fs.IntVar(&p.Messages, "messages", 1000, "work messages in the workload (the bimodal mix)")
-	fs.IntVar(&p.LargeEvery, "large-every", 5, "every Nth message is a large one")
-	fs.Var(&budget, "budget", "device memory for work (the vram budget; the device holds this plus the weights)")
-	fs.DurationVar(&p.Launch, "launch", gpu.DefaultTiming().Launch, "timing model: fixed time per batch")
-	fs.Var(&throughput, "throughput", "timing model: device throughput, bytes of working memory per second")
-	fs.IntVar(&p.MaxBatch, "max-batch", 8, "most messages per batch, every strategy")
-	maxBatchBytes := gpu.Bytes(0)
-	fs.Var(&maxBatchBytes, "max-batch-bytes", "vram: the subscriber's -max-batch-bytes (0: its default)")
-	shuffle := fs.Bool("shuffle", true, "send the workload in a seeded random order rather than a large message every -large-every-th")
+	p, sf := strategyFlags(fs)
 	repeat := fs.Int("repeat", 3, "runs of each strategy; the run of median throughput is reported")
-	only := fs.String("only", "none,count-1,count-avg,vram", "strategies to run, in order")
 	out := fs.String("out", "bench", "folder for results.md, results.json and the plots (empty: none)")
 	verbose := fs.Bool("v", false, "subscriber logs to stderr")
-	bertDir := fs.String("bert", "", "cost like the BERT model in `DIR` (bin/genweights -bert DIR makes one), length² attention included, rather than the reference model; set -budget to fit its large messages")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
-	p.Budget, p.Throughput, p.MaxBatchBytes = int64(budget), float64(throughput), int64(maxBatchBytes)
-	p.Runs = strings.Split(*only, ",")
-	p.Shuffled = *shuffle
-	timing := gpu.Timing{Launch: p.Launch, Throughput: p.Throughput}
-	if err := timing.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
+	if err := sf.apply(p); err != nil {
+		return err
 	}
-
-	// The SDK's retries are counted, not printed: a retried receive whose
-	// first answer the emulator had already sent strands up to ten messages
-	// until their visibility timeout, which shows as a stall in a run.
-	var retries atomic.Int64
-	cfg, err := awsconfig.Load(ctx, slog.New(retryCounter{slog.DiscardHandler, &retries}))
+	client, retries, err := benchClient(ctx)
 	if err != nil {
 		return err
 	}
-	client := sqs.NewFromConfig(cfg)
-	ecfg := gpu.DefaultEmbedConfig()
-	spec := workload.Mixed("bench", p.Messages)
-	spec.LargeEvery = p.LargeEvery
-	works := spec.Works()
-	if *shuffle {
+	sc, err := prepareScenario(*p, *sf.shuffle)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "bench: %d messages (%s), budget %s x %d subscriber(s), launch %v, throughput %s/s, estimate error %s; offline bound %.1f messages/s (%s)\n",
+		p.Messages, p.Shape, gpu.FormatBytes(p.Budget), p.Subscribers, p.Launch, gpu.FormatBytes(int64(p.Throughput)), p.EstimateError, sc.bound.MessagesPerS, sc.bound.Binding)
+	rep := strategyReport{Params: sc.p, Bound: sc.bound, Command: "bin/bench strategies " + strings.Join(args, " "),
+		Date: time.Now().UTC().Format("2006-01-02"), Machine: machine()}
+	rep.Results, err = sc.measure(ctx, client, retries, *repeat, *verbose, stderr)
+	if err != nil {
+		return err
+	}
+	writeStrategyTable(stdout, rep)
+	if *out == "" {
+		return nil
+	}
+	return writeStrategyReport(*out, rep)
+}
+
+// strategyFlagValues are the flags that strategyParams does not hold as is.
+type strategyFlagValues struct {
+	budget, throughput, maxBatchBytes *gpu.Bytes
+	shuffle                           *bool
+	only, estimate, bert              *string
+}
+
+// strategyFlags defines the flags that shape a run of the strategies, shared
+// by `bench strategies` and `bench sweep`.
+func strategyFlags(fs *flag.FlagSet) (*strategyParams, strategyFlagValues) {
+	p := &strategyParams{}
+	budget := gpu.Bytes(40 << 20)
+	throughput := gpu.Bytes(gpu.DefaultTiming().Throughput)
+	maxBatchBytes := gpu.Bytes(0)
+	v := strategyFlagValues{budget: &budget, throughput: &throughput, maxBatchBytes: &maxBatchBytes}
+	fs.IntVar(&p.Messages, "messages", 1000, "work messages in the workload")
+	fs.IntVar(&p.LargeEvery, "large-every", 5, "every Nth message is a large one (the bimodal mix; -shape 1-in-N says the same)")
+	fs.StringVar(&p.Shape, "shape", "", "workload: 1-in-N (the bimodal mix, every Nth message large) or heavy (heavy-tailed sizes); empty: 1-in-(-large-every)")
+	fs.Var(&budget, "budget", "device memory for work (the vram budget; the device holds this plus the weights), per subscriber")
+	fs.DurationVar(&p.Launch, "launch", gpu.DefaultTiming().Launch, "timing model: fixed time per batch")
+	fs.Var(&throughput, "throughput", "timing model: device throughput, bytes of working memory per second")
+	fs.IntVar(&p.MaxBatch, "max-batch", 8, "most messages per batch, every strategy")
+	fs.Var(&maxBatchBytes, "max-batch-bytes", "vram: the subscriber's -max-batch-bytes (0: its default)")
+	v.shuffle = fs.Bool("shuffle", true, "send the workload in a seeded random order rather than a large message every -large-every-th")
+	v.only = fs.String("only", "none,count-1,count-avg,vram-plain,vram", "strategies to run, in order")
+	v.estimate = fs.String("estimate-error", "", "make the estimates admission works with wrong, not what the device allocates: "+
+		"uniform:F (each message's estimate times a factor from [1-F, 1+F], the same for the same message) or bias:F (every estimate times 1+F, e.g. bias:+0.3, bias:-0.3)")
+	fs.IntVar(&p.Subscribers, "subscribers", 1, "subscribers on the one queue, each with its own simulated device of -budget")
+	v.bert = fs.String("bert", "", "cost like the BERT model in `DIR` (bin/genweights -bert DIR makes one), length² attention included, rather than the reference model; set -budget to fit its large messages")
+	return p, v
+}
+
+// apply checks the flags and completes p with them.
+func (v strategyFlagValues) apply(p *strategyParams) error {
+	p.Budget, p.Throughput, p.MaxBatchBytes = int64(*v.budget), float64(*v.throughput), int64(*v.maxBatchBytes)
+	p.Runs = strings.Split(*v.only, ",")
+	p.Shuffled = *v.shuffle
+	p.BERTDir = *v.bert
+	if p.Shape == "" {
+		p.Shape = fmt.Sprintf("1-in-%d", p.LargeEvery)
+	}
+	e, err := parseEstimateError(*v.estimate)
+	if err != nil {
+		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
+	}
+	p.EstimateError = e.String()
+	if p.Messages < 1 || p.Subscribers < 1 || p.Subscribers > 16 {
+		return fmt.Errorf("%w: -messages must be at least 1 and -subscribers 1 to 16", cli.ErrUsage)
+	}
+	if err := (gpu.Timing{Launch: p.Launch, Throughput: p.Throughput}).Validate(); err != nil {
+		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
+	}
+	return nil
+}
+
+// benchClient is the SQS client of the strategy runs, with the SDK's
+// retried receives counted, not printed: a retried receive whose first
+// answer the emulator had already sent strands up to ten messages until
+// their visibility timeout, which shows as a stall in a run.
+func benchClient(ctx context.Context) (*sqs.Client, *atomic.Int64, error) {
+	retries := new(atomic.Int64)
+	cfg, err := awsconfig.Load(ctx, slog.New(retryCounter{slog.DiscardHandler, retries}))
+	if err != nil {
+		return nil, nil, err
+	}
+	return sqs.NewFromConfig(cfg), retries, nil
+}
+
+// scenario is one workload on one kind of device, ready to run every
+// strategy on.
+type scenario struct {
+	p      strategyParams
+	works  []job.Work
+	costs  []int64 // true costs, what the device allocates
+	large  map[job.Key]bool
+	bound  bound
+	ecfg   gpu.EmbedConfig
+	timing gpu.Timing
+	// newModel loads the timed model onto a device: the reference
+	// model's memory, or the BERT's (-bert).
+	newModel   func(gpu.Allocator) (*gpu.TimedModel, error)
+	est        estimateError
+	strategies []strategy
+}
+
+// shapeWorks makes the messages of a workload shape and says what it is.
+func shapeWorks(shape string, messages int) ([]job.Work, string, error) {
+	if shape == "heavy" {
+		spec := workload.HeavyTailed("bench", messages)
+		return spec.Works(), spec.String(), nil
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(shape, "1-in-"))
+	if !strings.HasPrefix(shape, "1-in-") || err != nil || n < 1 {
+		return nil, "", fmt.Errorf("%w: workload shape %q: want 1-in-N (N >= 1) or heavy", cli.ErrUsage, shape)
+	}
+	spec := workload.Mixed("bench", messages)
+	spec.LargeEvery = n
+	return spec.Works(), fmt.Sprintf("the bimodal mix (`internal/workload.Mixed`): one message in %d large (32 items of 600 words), the others small (8 items of 24 words)", n), nil
+}
+
+func prepareScenario(p strategyParams, shuffle bool) (scenario, error) {
+	sc := scenario{ecfg: gpu.DefaultEmbedConfig(), timing: gpu.Timing{Launch: p.Launch, Throughput: p.Throughput}}
+	works, desc, err := shapeWorks(p.Shape, p.Messages)
+	if err != nil {
+		return sc, err
+	}
+	p.ShapeDesc = desc
+	if shuffle {
 		// Mixed puts a large message every LargeEvery-th, so any ten in a
 		// row hold exactly two: a consumer taking ten at once would never
 		// see three. Real traffic is not so regular; the same messages in
@@ -163,63 +281,64 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 		rng := rand.New(rand.NewPCG(1, 2))
 		rng.Shuffle(len(works), func(i, j int) { works[i], works[j] = works[j], works[i] })
 	}
-	// newModel loads the timed model onto a device: the reference model's
-	// memory, or the BERT's.
-	newModel := func(mem gpu.Allocator) (*gpu.TimedModel, error) { return gpu.NewTimedModel(ecfg, timing, mem) }
+	sc.newModel = func(mem gpu.Allocator) (*gpu.TimedModel, error) { return gpu.NewTimedModel(sc.ecfg, sc.timing, mem) }
 	p.Model = "the reference model"
-	if *bertDir != "" {
-		e, err := bert.Open(*bertDir, nil)
+	if p.BERTDir != "" {
+		e, err := bert.Open(p.BERTDir, nil)
 		if err != nil {
-			return fmt.Errorf("%w: -bert: %v", cli.ErrUsage, err)
+			return sc, fmt.Errorf("%w: -bert: %v", cli.ErrUsage, err)
 		}
-		newModel = func(mem gpu.Allocator) (*gpu.TimedModel, error) {
-			return gpu.NewTimedModelFor(e, e.Model().Dim(), timing, mem)
+		sc.newModel = func(mem gpu.Allocator) (*gpu.TimedModel, error) {
+			return gpu.NewTimedModelFor(e, e.Model().Dim(), sc.timing, mem)
 		}
 		p.Model = e.Name()
 	}
-	probe, err := newModel(nil)
+	probe, err := sc.newModel(nil)
 	if err != nil {
-		return err
+		return sc, err
 	}
-	costs := make([]int64, len(works))
+	sc.costs = make([]int64, len(works))
+	sc.large = map[job.Key]bool{}
+	p.SmallCost, p.LargeCost = math.MaxInt64, 0
 	for i, w := range works {
-		costs[i] = probe.Cost(w.Items)
-	}
-	for i, w := range works {
-		if spec.Large(w.Chunk) {
-			p.LargeCost = costs[i]
-		} else {
-			p.SmallCost = costs[i]
+		c := probe.Cost(w.Items)
+		sc.costs[i] = c
+		p.SmallCost, p.LargeCost = min(p.SmallCost, c), max(p.LargeCost, c)
+		if c >= p.Budget/4 {
+			sc.large[job.Key{JobID: w.JobID, Chunk: w.Chunk}] = true
+		}
+		if c > p.Budget {
+			return sc, fmt.Errorf("%w: message %d needs %s, more than the budget %s", cli.ErrUsage, i, gpu.FormatBytes(c), gpu.FormatBytes(p.Budget))
 		}
 	}
-	b := offlineBound(costs, timing, p.Budget)
-	fmt.Fprintf(stderr, "bench: %d messages, budget %s, launch %v, throughput %s/s; offline bound %.1f messages/s (%s)\n",
-		p.Messages, gpu.FormatBytes(p.Budget), p.Launch, gpu.FormatBytes(int64(p.Throughput)), b.MessagesPerS, b.Binding)
+	sc.works = works
+	sc.est, _ = parseEstimateError(p.EstimateError) // apply checked it
+	sc.bound = offlineBoundN(sc.costs, sc.timing, p.Budget, p.Subscribers)
+	sc.strategies, err = strategiesFor(p, sc.costs)
+	sc.p = p
+	return sc, err
+}
 
-	strategies, err := strategiesFor(p, costs)
-	if err != nil {
-		return err
-	}
-	rep := strategyReport{Params: p, Bound: b, Command: "bin/bench strategies " + strings.Join(args, " "),
-		Date: time.Now().UTC().Format("2006-01-02"), Machine: machine()}
-	// The emulator stalls now and then (see RetriedReceives), so each
-	// strategy runs -repeat times, the strategies taking turns, and the run
-	// of median throughput is reported, with the range.
-	runs := make([][]outcome, len(strategies))
-	for r := range *repeat {
-		for i, s := range strategies {
+// measure runs every strategy repeat times, the strategies taking turns
+// (the emulator stalls now and then, see RetriedReceives), and returns the
+// run of median throughput of each, with every run's throughput.
+func (sc scenario) measure(ctx context.Context, client *sqs.Client, retries *atomic.Int64, repeat int, verbose bool, stderr io.Writer) ([]outcome, error) {
+	runs := make([][]outcome, len(sc.strategies))
+	for r := range repeat {
+		for i, s := range sc.strategies {
 			before := retries.Load()
-			o, err := runStrategy(ctx, client, s, works, newModel, p, *verbose, stderr)
+			o, err := runStrategy(ctx, client, s, sc, verbose, stderr)
 			if err != nil {
-				return fmt.Errorf("%s: %w", s.Name, err)
+				return nil, fmt.Errorf("%s: %w", s.Name, err)
 			}
 			o.RetriedReceives = retries.Load() - before
-			o.OfBound = o.MessagesPerS / b.MessagesPerS
+			o.OfBound = o.MessagesPerS / sc.bound.MessagesPerS
 			runs[i] = append(runs[i], o)
-			fmt.Fprintf(stderr, "bench: run %d/%d %-9s %6.1f messages/s (%.0f%% of bound), %d device OOMs, %d redeliveries, p50 %.2fs p99 %.2fs, %.3f SQS requests/message\n",
-				r+1, *repeat, o.Name, o.MessagesPerS, 100*o.OfBound, o.DeviceOOMs, o.Redeliveries, o.P50, o.P99, o.RequestsPerM)
+			fmt.Fprintf(stderr, "bench: %s run %d/%d %-10s %6.1f messages/s (%.0f%% of bound), %d device OOMs, %d redeliveries, %d DLQ, p50 %.2fs p99 %.2fs, %.3f SQS requests/message, large completed %v\n",
+				sc.p.Shape, r+1, repeat, o.Name, o.MessagesPerS, 100*o.OfBound, o.DeviceOOMs, o.Redeliveries, o.DeadLettered, o.P50, o.P99, o.RequestsPerM, o.LargeCompleted)
 		}
 	}
+	var out []outcome
 	for _, rs := range runs {
 		all := make([]float64, len(rs))
 		for i, o := range rs {
@@ -228,13 +347,9 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 		slices.SortFunc(rs, func(a, b outcome) int { return cmp.Compare(a.MessagesPerS, b.MessagesPerS) })
 		med := rs[len(rs)/2]
 		med.AllRuns = all
-		rep.Results = append(rep.Results, med)
+		out = append(out, med)
 	}
-	writeStrategyTable(stdout, rep)
-	if *out == "" {
-		return nil
-	}
-	return writeStrategyReport(*out, rep)
+	return out, nil
 }
 
 // strategiesFor returns the strategies named in p.Runs, configured as the
@@ -262,24 +377,32 @@ func strategiesFor(p strategyParams, costs []int64) ([]strategy, error) {
 		case "count-avg":
 			c.Admission, c.Count = subscriber.AdmitCount, nAvg
 			settings = fmt.Sprintf("admission=count, N=%d (budget %s / average message %s)", nAvg, gpu.FormatBytes(p.Budget), gpu.FormatBytes(avg))
+		case "vram-plain":
+			// The byte cap off, and with it launch-ahead (only a message
+			// that fills a batch on its own launches ahead): vram batching
+			// as count and none batch, so that the only difference from
+			// them is admission.
+			c.Admission, c.MaxBatchBytes = subscriber.AdmitVRAM, math.MaxInt64
+			settings = fmt.Sprintf("admission=vram, budget %s, no batch byte cap, no launch-ahead (batching as count and none)", gpu.FormatBytes(p.Budget))
 		case "vram":
 			c.Admission, c.MaxBatchBytes = subscriber.AdmitVRAM, p.MaxBatchBytes
-			settings = fmt.Sprintf("admission=vram, budget %s", gpu.FormatBytes(p.Budget))
-			if p.MaxBatchBytes > 0 {
-				settings += fmt.Sprintf(", max batch bytes %s", gpu.FormatBytes(p.MaxBatchBytes))
+			settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap %s, launch-ahead", gpu.FormatBytes(p.Budget), gpu.FormatBytes(p.MaxBatchBytes))
+			if p.MaxBatchBytes == 0 {
+				settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap a quarter of the budget (%s, the default), launch-ahead", gpu.FormatBytes(p.Budget), gpu.FormatBytes(p.Budget/4))
 			}
 		default:
-			return nil, fmt.Errorf("%w: unknown strategy %q: want none, count-1, count-avg or vram", cli.ErrUsage, name)
+			return nil, fmt.Errorf("%w: unknown strategy %q: want none, count-1, count-avg, vram-plain or vram", cli.ErrUsage, name)
 		}
 		out = append(out, strategy{Name: name, Settings: settings, config: c})
 	}
 	return out, nil
 }
 
-// runStrategy sends the workload to fresh queues, runs a subscriber with s
-// until every message has a result or is dead-lettered, and measures it.
-func runStrategy(ctx context.Context, client *sqs.Client, s strategy, works []job.Work,
-	newModel func(gpu.Allocator) (*gpu.TimedModel, error), p strategyParams, verbose bool, stderr io.Writer) (outcome, error) {
+// runStrategy sends the workload to fresh queues, runs sc.p.Subscribers
+// subscribers with s, each on its own simulated device, until every message
+// has a result or is dead-lettered, and measures them.
+func runStrategy(ctx context.Context, client *sqs.Client, s strategy, sc scenario, verbose bool, stderr io.Writer) (outcome, error) {
+	p, works := sc.p, sc.works
 	o := outcome{Name: s.Name, Settings: s.Settings}
 	prefix := fmt.Sprintf("bench-%s-%d-", s.Name, time.Now().UnixNano()%1e9)
 	// A short visibility timeout bounds the stall when the emulator
@@ -297,59 +420,78 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, works []jo
 		return o, err
 	}
 
-	// The device holds the weights and the budget, so the vram budget is
-	// exactly p.Budget and the other strategies run on the same memory.
-	weights, err := newModel(nil)
-	if err != nil {
-		return o, err
+	type worker struct {
+		dev   *gpu.Sim
+		model *gpu.TimedModel
+		reg   *prometheus.Registry
+		rq    *recordingQueue
+		sub   *subscriber.Subscriber
 	}
-	dev := gpu.NewSim(weights.Weights() + p.Budget + 1)
-	model, err := newModel(dev)
-	if err != nil {
-		return o, err
-	}
-	defer model.Close()
-	reg := prometheus.NewRegistry()
-	rq := &recordingQueue{Queue: subscriber.NewSQSQueue(client, urls.Work), first: map[job.Key]time.Time{}}
-	cfg := s.config
-	cfg.Queue, cfg.Results, cfg.DLQ = rq, subscriber.NewSQSQueue(client, urls.Results), subscriber.NewSQSQueue(client, urls.DLQ)
-	cfg.Model, cfg.Device, cfg.Registerer = model, dev, reg
-	// Config takes a zero reserve for "the default", so the device has one
-	// byte more than the budget and that byte is the reserve.
-	cfg.VRAMReserve = 1
-	cfg.WaitTime = 2 * time.Second
-	cfg.Visibility = benchVisibility
-	// The results queue takes 1 MiB messages (localstack/queues.json, as
-	// infra/ makes it), so result batches may be that large.
-	cfg.MaxMessageBytes = 1 << 20
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	if verbose {
-		cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}
-	sub, err := subscriber.New(cfg)
-	if err != nil {
-		return o, err
+	rec := &receipts{first: map[job.Key]time.Time{}}
+	ws := make([]worker, p.Subscribers)
+	for i := range ws {
+		w := &ws[i]
+		// The device holds the weights and the budget, so the vram budget is
+		// exactly p.Budget and the other strategies run on the same memory.
+		weights, err := sc.newModel(nil)
+		if err != nil {
+			return o, err
+		}
+		w.dev = gpu.NewSim(weights.Weights() + p.Budget + 1)
+		w.model, err = sc.newModel(w.dev)
+		if err != nil {
+			return o, err
+		}
+		defer w.model.Close()
+		w.reg = prometheus.NewRegistry()
+		w.rq = &recordingQueue{Queue: subscriber.NewSQSQueue(client, urls.Work), rec: rec, large: sc.large, keys: map[string]job.Key{}}
+		cfg := s.config
+		cfg.Queue, cfg.Results, cfg.DLQ = w.rq, subscriber.NewSQSQueue(client, urls.Results), subscriber.NewSQSQueue(client, urls.DLQ)
+		// Admission works with the estimate, wrong by -estimate-error; the
+		// device allocates the true cost.
+		cfg.Model, cfg.Device, cfg.Registerer = sc.est.model(w.model), w.dev, w.reg
+		// Config takes a zero reserve for "the default", so the device has one
+		// byte more than the budget and that byte is the reserve.
+		cfg.VRAMReserve = 1
+		cfg.WaitTime = 2 * time.Second
+		cfg.Visibility = benchVisibility
+		// The results queue takes 1 MiB messages (localstack/queues.json, as
+		// infra/ makes it), so result batches may be that large.
+		cfg.MaxMessageBytes = 1 << 20
+		cfg.Logger = slog.New(slog.DiscardHandler)
+		if verbose {
+			cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("subscriber", i+1)
+		}
+		w.sub, err = subscriber.New(cfg)
+		if err != nil {
+			return o, err
+		}
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	start := time.Now()
-	runErr := make(chan error, 1)
-	go func() { runErr <- sub.Run(runCtx) }()
+	runErr := make(chan error, len(ws))
+	for _, w := range ws {
+		go func() { runErr <- w.sub.Run(runCtx) }()
+	}
 
-	// Device memory in use over time, every 10 ms.
-	var samplesMu sync.Mutex
+	// Device memory in use over time, every 10 ms: the mean over the
+	// devices when there are several.
 	sampleDone := make(chan struct{})
 	go func() {
 		defer close(sampleDone)
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			info, _ := dev.MemInfo()
-			admitted := gathered(reg, "vramq_subscriber_inflight_bytes", "")["*"]
-			samplesMu.Lock()
-			o.Samples = append(o.Samples, sample{T: time.Since(start).Seconds(), Used: info.Used - model.Weights(), Admitted: int64(admitted)})
-			samplesMu.Unlock()
+			var used, admitted int64
+			for _, w := range ws {
+				info, _ := w.dev.MemInfo()
+				used += info.Used - w.model.Weights()
+				admitted += int64(gathered(w.reg, "vramq_subscriber_inflight_bytes", "")["*"])
+			}
+			n := int64(len(ws))
+			o.Samples = append(o.Samples, sample{T: time.Since(start).Seconds(), Used: used / n, Admitted: admitted / n})
 			select {
 			case <-runCtx.Done():
 				return
@@ -358,33 +500,51 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, works []jo
 		}
 	}()
 
-	done, finished, err := collect(ctx, client, urls, len(works), rq)
+	done, finished, err := collect(ctx, client, urls, len(works))
 	elapsed := finished.Sub(start)
 	stop()
 	<-sampleDone
-	if rerr := <-runErr; rerr != nil && !errors.Is(rerr, context.Canceled) {
-		return o, fmt.Errorf("subscriber: %w", rerr)
+	for range ws {
+		if rerr := <-runErr; rerr != nil && !errors.Is(rerr, context.Canceled) {
+			return o, fmt.Errorf("subscriber: %w", rerr)
+		}
 	}
 	if err != nil {
 		return o, err
 	}
-	busy := model.Busy()
 
 	o.Seconds = elapsed.Seconds()
 	o.MessagesPerS = float64(len(done.results)) / o.Seconds
-	o.DeviceOOMs = dev.OOMs()
-	o.OOMRetries = gathered(reg, "vramq_subscriber_oom_retries_total", "")["*"]
-	o.Redeliveries = int(gathered(reg, "vramq_subscriber_messages_redelivered_total", "")["*"])
 	o.DeadLettered = done.dead
 	o.Duplicates = done.duplicates
 	lat := make([]float64, 0, len(done.results))
 	for k, at := range done.results {
-		if first, ok := rq.firstReceipt(k); ok {
+		if first, ok := rec.firstReceipt(k); ok {
 			lat = append(lat, at.Sub(first).Seconds())
 		}
 	}
 	o.P50, o.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
-	o.Requests = gathered(reg, "vramq_subscriber_sqs_requests_total", "action")
+	o.Requests = map[string]float64{}
+	var busy time.Duration
+	var ledgers []string
+	for i, w := range ws {
+		o.DeviceOOMs += w.dev.OOMs()
+		o.OOMRetries += gathered(w.reg, "vramq_subscriber_oom_retries_total", "")["*"]
+		o.Redeliveries += int(gathered(w.reg, "vramq_subscriber_messages_redelivered_total", "")["*"])
+		for action, n := range gathered(w.reg, "vramq_subscriber_sqs_requests_total", "action") {
+			o.Requests[action] += n
+		}
+		busy += w.model.Busy()
+		l := w.sub.Ledger()
+		ledger := fmt.Sprintf("received %d = deleted %d + released %d + lost %d + abandoned %d", l.Received, l.Deleted, l.Released, l.Lost, l.Abandoned)
+		if len(ws) > 1 {
+			ledger = fmt.Sprintf("subscriber %d: %s", i+1, ledger)
+		}
+		ledgers = append(ledgers, ledger)
+		n, large := w.rq.completed()
+		o.Completed, o.LargeCompleted = append(o.Completed, n), append(o.LargeCompleted, large)
+	}
+	o.Ledger = strings.Join(ledgers, "; ")
 	var total, work float64
 	for action, n := range o.Requests {
 		total += n
@@ -401,9 +561,7 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, works []jo
 	if len(o.Samples) > 0 {
 		o.MeanUse = sum / float64(len(o.Samples)) / float64(p.Budget)
 	}
-	o.Utilisation = busy.Seconds() / o.Seconds
-	l := sub.Ledger()
-	o.Ledger = fmt.Sprintf("received %d = deleted %d + released %d + lost %d + abandoned %d", l.Received, l.Deleted, l.Released, l.Lost, l.Abandoned)
+	o.Utilisation = busy.Seconds() / o.Seconds / float64(len(ws))
 	return o, nil
 }
 
@@ -415,7 +573,7 @@ type collected struct {
 
 // collect reads results (and the DLQ when results stall) until every one of
 // n messages is accounted for, and returns when the last one was.
-func collect(ctx context.Context, client *sqs.Client, urls localstack.URLs, n int, rq *recordingQueue) (collected, time.Time, error) {
+func collect(ctx context.Context, client *sqs.Client, urls localstack.URLs, n int) (collected, time.Time, error) {
 	c := jobq.NewCollector()
 	c.Visibility = 2
 	out := collected{results: map[job.Key]time.Time{}}
@@ -457,33 +615,79 @@ func collect(ctx context.Context, client *sqs.Client, urls localstack.URLs, n in
 	return out, last, nil
 }
 
-// recordingQueue notes when each message was first received.
-type recordingQueue struct {
-	subscriber.Queue
+// receipts notes when each message was first received, by any subscriber.
+type receipts struct {
 	mu    sync.Mutex
 	first map[job.Key]time.Time
+}
+
+func (r *receipts) firstReceipt(k job.Key) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.first[k]
+	return t, ok
+}
+
+// recordingQueue is one subscriber's work queue: it notes first receipts in
+// rec, and counts the messages, and the large ones, this subscriber deleted.
+type recordingQueue struct {
+	subscriber.Queue
+	rec   *receipts
+	large map[job.Key]bool // read only
+
+	mu        sync.Mutex
+	keys      map[string]job.Key // by receipt handle, until deleted
+	done, big int64
 }
 
 func (q *recordingQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]subscriber.Message, error) {
 	msgs, err := q.Queue.Receive(ctx, max, wait, visibility)
 	now := time.Now()
+	q.rec.mu.Lock()
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	for _, m := range msgs {
 		chunk, cerr := strconv.Atoi(m.Attributes[job.AttrChunk])
 		k := job.Key{JobID: m.Attributes[job.AttrJobID], Chunk: chunk}
-		if _, seen := q.first[k]; !seen && cerr == nil {
-			q.first[k] = now
+		if cerr != nil {
+			continue
+		}
+		q.keys[m.Handle] = k
+		if _, seen := q.rec.first[k]; !seen {
+			q.rec.first[k] = now
 		}
 	}
+	q.mu.Unlock()
+	q.rec.mu.Unlock()
 	return msgs, err
 }
 
-func (q *recordingQueue) firstReceipt(k job.Key) (time.Time, bool) {
+func (q *recordingQueue) Delete(ctx context.Context, handles []string) ([]error, error) {
+	errs, err := q.Queue.Delete(ctx, handles)
+	if err != nil {
+		return errs, err
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	t, ok := q.first[k]
-	return t, ok
+	for i, h := range handles {
+		if i < len(errs) && errs[i] != nil {
+			continue
+		}
+		if k, ok := q.keys[h]; ok {
+			delete(q.keys, h)
+			q.done++
+			if q.large[k] {
+				q.big++
+			}
+		}
+	}
+	return errs, err
+}
+
+// completed is how many messages, and large ones, this subscriber deleted.
+func (q *recordingQueue) completed() (n, large int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.done, q.big
 }
 
 // gathered sums a counter or gauge from reg by the value of label ("*" for

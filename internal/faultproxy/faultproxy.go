@@ -15,6 +15,7 @@
 package faultproxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -299,6 +300,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		drop(w)
 		return
 	}
+	if !p.buffer(w, r) {
+		return
+	}
 	d := p.decide(action, sqs)
 	if d.slow > 0 {
 		p.count(KindSlow, action, 1)
@@ -330,6 +334,35 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		p.rp.ServeHTTP(w, r)
 	}
+}
+
+// buffer replaces r's body with a copy in memory, and reports false (having
+// dropped the client's connection) when the body cannot be read whole.
+//
+// Forwarding the server's own request body races net/http with itself: the
+// transport's writer, having sent a body of known length, reads it once more
+// to check that nothing is left; the server closes that body as soon as the
+// handler writes the response's headers, which it does when the endpoint
+// answers; a writer descheduled until then (a busy machine, an endpoint that
+// answers in a millisecond) reads "invalid Read on closed Body", takes it for
+// a failed upload and closes the connection to the endpoint under the answer
+// being copied. The client then gets a 200 whose body stops short, which the
+// SDK does not retry ("deserialization failed, unexpected EOF"): it broke
+// about a fifth of the connections of `bench overhead -latency` and aborted
+// most of its runs. A body in memory reads io.EOF however often it is asked.
+// SQS bodies are at most 1 MiB; this proxy is for tests.
+func (p *Proxy) buffer(w http.ResponseWriter, r *http.Request) bool {
+	if r.Body == nil || r.Body == http.NoBody {
+		return true
+	}
+	body, err := io.ReadAll(r.Body)
+	_ = r.Body.Close()
+	if err != nil {
+		drop(w) // the client's connection broke while sending
+		return false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return true
 }
 
 // sqsAction reads the action of an SQS JSON-protocol request.
