@@ -85,13 +85,32 @@ func (c Config) seqOverhead(seqLen int) int64 {
 // its length's bucket. It tokenizes every text (which allocates only the
 // ids). An item with binary data, which Run refuses, is counted as the
 // empty text.
+//
+// On an Encoder (a GPU) Cost adds one Granule to a non-empty call. The
+// device allocates each sub-batch as one buffer of at most the sum of its
+// items' seqBytes (gpu.BertConfig.CUDAWorkingBytes; TestCUDAWorkingBytesUnderCost),
+// and the driver rounds it up, by less than a granule. The sub-batches of a
+// batch run in turn, so the batch holds one rounded buffer at a time and
+// needs the rounding once; the subscriber sums the costs of a batch's
+// messages, each from its own call, so a batch of k messages is charged k
+// granules where it needs one. A granule per item would be sound too, but
+// charge 2 MiB for a short text's few hundred KiB; a granule per message
+// is the least that still adds up, whichever messages share a batch.
 func (e *Embedder) Cost(items []job.Item) int64 {
 	var total int64
 	for _, it := range items {
 		total += e.m.cfg.seqBytes(e.bucket(e.tokenCount(it)))
 	}
+	if e.enc != nil && len(items) > 0 {
+		total += Granule
+	}
 	return total
 }
+
+// Granule is the unit a GPU driver rounds allocations up to: 2 MiB, the
+// large-page size CUDA's allocator maps device memory in (and what the
+// emulated driver rounds to).
+const Granule = 2 << 20
 
 func (e *Embedder) tokenCount(it job.Item) int {
 	if len(it.Data) > 0 {

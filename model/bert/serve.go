@@ -26,8 +26,14 @@ type Embedder struct {
 	name        string
 	mem         gpu.Allocator // nil: account nothing
 	freeWeights func()
-	closed      atomic.Bool
-	working     atomic.Int64
+	// enc, when set, runs the sub-batches instead of m (a GPU), which
+	// allocates for itself: mem is nil then, and weights and onDevice
+	// report what enc holds.
+	enc      Encoder
+	weights  int64
+	onDevice func() int64
+	closed   atomic.Bool
+	working  atomic.Int64
 	// What Runs computed, in tokens (see Padding).
 	tokens, computed, oneBatch atomic.Int64
 }
@@ -98,16 +104,54 @@ func (e *Embedder) Name() string { return e.name }
 func (e *Embedder) Model() *Model { return e.m }
 
 // Weights is the memory the float32 weights hold.
-func (e *Embedder) Weights() int64 { return e.m.WeightBytes() }
+func (e *Embedder) Weights() int64 {
+	if e.enc != nil {
+		return e.weights
+	}
+	return e.m.WeightBytes()
+}
 
 // Working is the working memory the Runs in progress hold now, taken from
-// the Allocator; 0 without one.
-func (e *Embedder) Working() int64 { return e.working.Load() }
+// the Allocator (0 without one), or the device's own count on an Encoder.
+func (e *Embedder) Working() int64 {
+	if e.onDevice != nil {
+		return e.onDevice()
+	}
+	return e.working.Load()
+}
+
+// Encoder computes one vector per item of token ids ([CLS] … [SEP]) as one
+// batch padded to its longest item, as Model.Embed does, on a device that
+// allocates for itself (gpu.CUDABert). Out of memory must wrap
+// gpu.ErrOutOfMemory, having freed what it took.
+type Encoder interface {
+	Embed(ctx context.Context, ids [][]int32) ([][]float32, error)
+	Close() error
+}
+
+// NewEmbedderOn serves m with tok as NewEmbedder does, the sub-batches
+// running on enc, a device holding m's weights in weights bytes, whose
+// working memory now is working(). m stays the description of the model
+// (configuration, sentence settings, the cost model) and is not run. Cost
+// adds a granule of the device's allocator per call (see Granule). Close
+// closes enc.
+func NewEmbedderOn(m *Model, tok *Tokenizer, enc Encoder, weights int64, working func() int64) (*Embedder, error) {
+	e, err := NewEmbedder(m, tok, nil)
+	if err != nil {
+		return nil, err
+	}
+	e.enc, e.weights, e.onDevice = enc, weights, working
+	return e, nil
+}
 
 // Close frees the weights' memory. Run fails with ErrClosed afterwards.
 func (e *Embedder) Close() error {
-	if !e.closed.Swap(true) {
-		e.freeWeights()
+	if e.closed.Swap(true) {
+		return nil
+	}
+	e.freeWeights()
+	if e.enc != nil {
+		return e.enc.Close()
 	}
 	return nil
 }
@@ -191,7 +235,7 @@ func (l *launched) Run(ctx context.Context) ([]job.Output, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if err := e.runSub(s, outs); err != nil {
+		if err := e.runSub(ctx, s, outs); err != nil {
 			return nil, err
 		}
 	}
@@ -208,7 +252,7 @@ func (l *launched) Run(ctx context.Context) ([]job.Output, error) {
 	return outs, nil
 }
 
-func (e *Embedder) runSub(s subBatch, outs []job.Output) error {
+func (e *Embedder) runSub(ctx context.Context, s subBatch, outs []job.Output) error {
 	seqLen := 0
 	for _, ids := range s.ids {
 		seqLen = max(seqLen, len(ids))
@@ -222,7 +266,13 @@ func (e *Embedder) runSub(s subBatch, outs []job.Output) error {
 		e.working.Add(need)
 		defer func() { e.working.Add(-need); free() }()
 	}
-	vecs, err := e.m.Embed(s.ids)
+	var vecs [][]float32
+	var err error
+	if e.enc != nil {
+		vecs, err = e.enc.Embed(ctx, s.ids)
+	} else {
+		vecs, err = e.m.Embed(s.ids)
+	}
 	if err != nil {
 		return err
 	}
