@@ -238,6 +238,9 @@ func (e *CUDAEmbedder) do(op func()) error {
 // compute the same function, and a calibrated cost model names it.
 func (e *CUDAEmbedder) Name() string { return e.name }
 
+// Product is the GPU's product name, e.g. "NVIDIA H100 80GB HBM3".
+func (e *CUDAEmbedder) Product() string { return e.product }
+
 // Device names the GPU, e.g. "NVIDIA H100 80GB HBM3 (cuda:0)".
 func (e *CUDAEmbedder) Device() string { return e.devName }
 

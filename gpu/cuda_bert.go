@@ -40,6 +40,7 @@ type CUDABert struct {
 	cfg     BertConfig
 	name    string
 	devName string
+	product string
 	weights int64
 
 	ops     chan func()
@@ -125,6 +126,7 @@ func (m *CUDABert) setup(index int, w *BertWeights) error {
 	if err != nil {
 		return fmt.Errorf("cuda: device %d: name: %w", index, err)
 	}
+	m.product = name
 	m.devName = fmt.Sprintf("%s (cuda:%d)", name, index)
 	if m.ctx, err = dev.MakeContext(cu.SchedBlockingSync); err != nil {
 		return fmt.Errorf("cuda: %s: context: %w", m.devName, err)
@@ -187,8 +189,29 @@ func (m *CUDABert) Config() BertConfig { return m.cfg }
 // Device names the GPU, e.g. "NVIDIA H100 80GB HBM3 (cuda:0)".
 func (m *CUDABert) Device() string { return m.devName }
 
+// Product is the GPU's product name, e.g. "NVIDIA H100 80GB HBM3".
+func (m *CUDABert) Product() string { return m.product }
+
 // Weights is the device memory the weights hold.
 func (m *CUDABert) Weights() int64 { return m.weights }
+
+// MemGetInfo is the CUDA driver's view of the device's memory.
+func (m *CUDABert) MemGetInfo() (free, total int64, err error) {
+	if m.closed.Load() {
+		return 0, 0, fmt.Errorf("%s: %w", m.name, ErrClosed)
+	}
+	if lost := m.lost.Load(); lost != nil {
+		return 0, 0, *lost
+	}
+	if derr := m.do(func() {
+		if free, total, err = cu.MemInfo(); err != nil {
+			err = classifyCUDA(err, m.name+" on "+m.devName, &m.lost)
+		}
+	}); derr != nil {
+		return 0, 0, derr
+	}
+	return free, total, err
+}
 
 // Working is the device memory batches hold now.
 func (m *CUDABert) Working() int64 { return m.working.Load() }

@@ -25,10 +25,43 @@ type CUDABackend struct {
 // index and opens that GPU's memory reports. NVML and CUDA may number GPUs
 // differently, so the NVML device is found by the UUID CUDA gives.
 func OpenCUDA(index int, w *EmbedWeights, cfg EmbedConfig) (*CUDABackend, error) {
-	if err := cudaDriverError(); err != nil {
+	var model *CUDAEmbedder
+	dev, footprint, check, err := OpenCUDADevice(index, func() (CUDAModel, error) {
+		var err error
+		model, err = NewCUDAEmbedder(index, w, cfg)
+		return model, err
+	})
+	if err != nil {
 		return nil, err
 	}
-	b := &CUDABackend{}
+	// Another process allocating meanwhile would inflate the footprint;
+	// the weights are the floor.
+	model.resident = max(footprint, model.weights)
+	return &CUDABackend{Device: dev, Model: model, CrossCheck: check}, nil
+}
+
+// CUDAModel is a model OpenCUDADevice loads onto a GPU.
+type CUDAModel interface {
+	Device() string
+	Product() string
+	Weights() int64
+	MemGetInfo() (free, total int64, err error)
+	Close() error
+}
+
+// OpenCUDADevice opens the memory reports of CUDA device index and loads a
+// model onto it with load. NVML and CUDA may number GPUs differently, so
+// the NVML device is found by the UUID CUDA gives; without NVML the
+// device's memory is the CUDA driver's, read through the model's context.
+// It returns the device, the model's footprint (NVML's free memory before
+// load less after: the CUDA context and cuBLAS's workspace as well as the
+// weights; 0 without NVML) and a line comparing NVML's free memory with the
+// driver's. On error nothing is left open.
+func OpenCUDADevice(index int, load func() (CUDAModel, error)) (dev Device, footprint int64, crossCheck string, err error) {
+	if err := cudaDriverError(); err != nil {
+		return nil, 0, "", err
+	}
+	var nv Device
 	// NVML first, so that its free memory before and after the model loads
 	// gives the model's whole footprint: the CUDA context and cuBLAS's
 	// workspace as well as the weights.
@@ -36,48 +69,44 @@ func OpenCUDA(index int, w *EmbedWeights, cfg EmbedConfig) (*CUDABackend, error)
 	if id, err := cu.Device(index).UUID(); err != nil {
 		nvmlErr = fmt.Errorf("%w: cuda: device %d: uuid: %v", ErrNoDevice, index, err)
 	} else {
-		b.Device, nvmlErr = OpenNVMLByUUID("GPU-" + id.String())
+		nv, nvmlErr = OpenNVMLByUUID("GPU-" + id.String())
 	}
 	if nvmlErr != nil && !errors.Is(nvmlErr, ErrNoDevice) {
-		return nil, nvmlErr
+		return nil, 0, "", nvmlErr
 	}
 	var before MemInfo
-	if b.Device != nil {
+	if nv != nil {
 		var err error
-		if before, err = b.Device.MemInfo(); err != nil {
-			b.Device.Close()
-			return nil, err
+		if before, err = nv.MemInfo(); err != nil {
+			nv.Close()
+			return nil, 0, "", err
 		}
 	}
-	model, err := NewCUDAEmbedder(index, w, cfg)
+	model, err := load()
 	if err != nil {
-		if b.Device != nil {
-			b.Device.Close()
+		if nv != nil {
+			nv.Close()
 		}
-		return nil, err
+		return nil, 0, "", err
 	}
-	b.Model = model
-	if b.Device == nil {
-		b.Device = &driverDevice{m: model}
-		b.CrossCheck = fmt.Sprintf("NVML unavailable (%v): memory from the CUDA driver, per-process usage unknown", nvmlErr)
-		return b, nil
+	if nv == nil {
+		return &driverDevice{m: model}, 0, fmt.Sprintf("NVML unavailable (%v): memory from the CUDA driver, per-process usage unknown", nvmlErr), nil
 	}
-	after, err := b.Device.MemInfo()
+	closeAll := func() { _ = errors.Join(model.Close(), nv.Close()) }
+	after, err := nv.MemInfo()
 	if err != nil {
-		b.Close()
-		return nil, err
+		closeAll()
+		return nil, 0, "", err
 	}
-	// Another process allocating meanwhile would inflate this; the
-	// weights are the floor.
-	model.resident = max(before.Free-after.Free, model.weights)
+	footprint = before.Free - after.Free
 	free, _, err := model.MemGetInfo()
 	if err != nil {
-		b.Close()
-		return nil, err
+		closeAll()
+		return nil, 0, "", err
 	}
-	b.CrossCheck = fmt.Sprintf("free memory: NVML %s, CUDA driver %s (difference %s); the model holds %s (weights %s)",
-		FormatBytes(after.Free), FormatBytes(free), FormatBytes(abs(after.Free-free)), FormatBytes(model.resident), FormatBytes(model.weights))
-	return b, nil
+	crossCheck = fmt.Sprintf("free memory: NVML %s, CUDA driver %s (difference %s); the model holds %s (weights %s)",
+		FormatBytes(after.Free), FormatBytes(free), FormatBytes(abs(after.Free-free)), FormatBytes(max(footprint, model.Weights())), FormatBytes(model.Weights()))
+	return nv, footprint, crossCheck, nil
 }
 
 // Close unloads the model and closes the device.
@@ -89,10 +118,10 @@ func abs(x int64) int64 { return max(x, -x) }
 
 // driverDevice reports memory through the CUDA driver, for machines where
 // NVML does not answer (it ships with the driver, so rarely).
-type driverDevice struct{ m *CUDAEmbedder }
+type driverDevice struct{ m CUDAModel }
 
 func (d *driverDevice) Name() string    { return d.m.Device() }
-func (d *driverDevice) Product() string { return d.m.product }
+func (d *driverDevice) Product() string { return d.m.Product() }
 func (d *driverDevice) Simulated() bool { return false }
 func (d *driverDevice) Close() error    { return nil }
 

@@ -97,7 +97,6 @@ sys.stdin.readline()`, n))
 }
 
 func TestCUDABudgetFollowsFreeMemory(t *testing.T) {
-	const reserve = 256 << 20
 	cfg := gpu.DefaultEmbedConfig()
 	b, err := gpu.OpenCUDA(0, gpu.GenerateEmbedWeights(cfg), cfg)
 	if err != nil {
@@ -105,13 +104,19 @@ func TestCUDABudgetFollowsFreeMemory(t *testing.T) {
 	}
 	defer b.Close()
 	t.Logf("%s; %s", b.Model.Device(), b.CrossCheck)
+	checkBudgetFollowsFreeMemory(t, b.Device, b.Model)
+}
 
+// checkBudgetFollowsFreeMemory runs a subscriber serving model on dev, a GPU,
+// while another process takes and gives back part of its memory.
+func checkBudgetFollowsFreeMemory(t *testing.T, dev gpu.Device, model gpu.Model) {
+	const reserve = 256 << 20
 	h := startWith(t, 1, Config{VRAMReserve: reserve, BudgetRefresh: 500 * time.Millisecond}, func(h *harness, c *Config) {
-		c.Model, c.Device = b.Model, b.Device
+		c.Model, c.Device = model, dev
 	})
 	defer h.shutdown()
 	free := func() int64 {
-		m, err := b.Device.MemInfo()
+		m, err := dev.MemInfo()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/model/bert"
 )
 
 const deviceHelp = "device: cuda:N (GPU N in CUDA's numbering), auto (cuda:0), or sim (simulated memory, the model on the CPU)"
@@ -48,6 +49,9 @@ func openBackend(o *options, log *slog.Logger) (gpu.Device, closingModel, error)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: -device=%s: %v", errUsage, o.device, err)
 	}
+	if o.model != "" {
+		return openCUDABERT(o, index, log)
+	}
 	w, cfg, err := loadWeights(o, log)
 	if err != nil {
 		return nil, nil, err
@@ -66,4 +70,27 @@ func openBackend(o *options, log *slog.Logger) (gpu.Device, closingModel, error)
 		"process", gpu.FormatBytes(mem.Process), "cross_check", b.CrossCheck)
 	// The caller closes both: the model (its context) and the device (NVML).
 	return b.Device, b.Model, nil
+}
+
+// openCUDABERT loads -model, a BERT-family model directory, onto GPU index
+// (bert.OpenCUDA). A directory the loader refuses stops the start, with
+// its error naming the file and field, before anything is put on the GPU.
+func openCUDABERT(o *options, index int, log *slog.Logger) (gpu.Device, closingModel, error) {
+	b, err := bert.OpenCUDA(o.model, index)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-model: loading onto cuda:%d: %w", index, err)
+	}
+	mem, err := b.Device.MemInfo()
+	if err != nil {
+		return nil, nil, errors.Join(err, b.Embedder.Close(), b.Device.Close())
+	}
+	m := b.Embedder.Model()
+	c, s := m.Config(), m.Sentence()
+	log.Info("model loaded onto the GPU", "model", b.Embedder.Name(), "dir", o.model, "device", b.Encoder.Device(), "memory", b.Device.Name(),
+		"layers", c.NumLayers, "hidden", c.HiddenSize, "heads", c.NumHeads, "max_seq_length", s.MaxSeqLength,
+		"pooling", s.Pooling.String(), "normalize", s.Normalize, "dtype", m.WeightDType(),
+		"weights", gpu.FormatBytes(b.Encoder.Weights()), "resident", gpu.FormatBytes(b.Embedder.Weights()),
+		"total", gpu.FormatBytes(mem.Total), "free", gpu.FormatBytes(mem.Free), "process", gpu.FormatBytes(mem.Process), "cross_check", b.CrossCheck)
+	// The caller closes both: the model (its context) and the device.
+	return b.Device, b.Embedder, nil
 }

@@ -95,7 +95,10 @@ func (c Config) seqOverhead(seqLen int) int64 {
 // messages, each from its own call, so a batch of k messages is charged k
 // granules where it needs one. A granule per item would be sound too, but
 // charge 2 MiB for a short text's few hundred KiB; a granule per message
-// is the least that still adds up, whichever messages share a batch.
+// is the least that still adds up, whichever messages share a batch and
+// however many batches the device runs at once. (gpu.CUDABert runs one
+// batch at a time, so there only one rounded buffer is ever live and the
+// per-message granule is conservative; it does not rely on that.)
 func (e *Embedder) Cost(items []job.Item) int64 {
 	var total int64
 	for _, it := range items {

@@ -77,13 +77,22 @@ func Open(dir string, mem gpu.Allocator) (*Embedder, error) {
 	return NewEmbedder(m, tok, mem)
 }
 
+// CheckTokenizer refuses a tokenizer whose ids run past m's vocabulary, as
+// NewEmbedder does: for a caller that must know before loading m elsewhere.
+func CheckTokenizer(m *Model, tok *Tokenizer) error {
+	if tok.VocabSize() > m.cfg.VocabSize {
+		return fmt.Errorf("bert: %s: the tokenizer has %d ids, the model's vocab_size is %d", m.dir, tok.VocabSize(), m.cfg.VocabSize)
+	}
+	return nil
+}
+
 // NewEmbedder serves m with tok, allocating m's weights on mem (nil:
 // account nothing); the error wraps gpu.ErrOutOfMemory when they do not
 // fit. A tokenizer whose ids run past the model's vocabulary is refused
 // here, at start, rather than item by item later.
 func NewEmbedder(m *Model, tok *Tokenizer, mem gpu.Allocator) (*Embedder, error) {
-	if tok.VocabSize() > m.cfg.VocabSize {
-		return nil, fmt.Errorf("bert: %s: the tokenizer has %d ids, the model's vocab_size is %d", m.dir, tok.VocabSize(), m.cfg.VocabSize)
+	if err := CheckTokenizer(m, tok); err != nil {
+		return nil, err
 	}
 	e := &Embedder{m: m, tok: tok, name: "bert:" + m.Name(), mem: mem, freeWeights: func() {}}
 	if mem != nil {

@@ -1,0 +1,93 @@
+//go:build cuda
+
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/bert"
+)
+
+// -device=cuda:0 -model DIR serves the directory on the GPU: the backend
+// is bert's Embedder on the CUDA encoder, its outputs the CPU's within
+// 1e-5, its weights and working memory the GPU's. Run by make
+// cuda-emu-test.
+func TestCUDABackendServesModelDir(t *testing.T) {
+	if os.Getenv("VRAMQ_EMU_STATE") == "" {
+		t.Skip("needs the emulated GPU (make cuda-emu-test)")
+	}
+	dir := filepath.Join(t.TempDir(), "served-tiny")
+	g := bert.Generated{
+		Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: 2,
+			IntermediateSize: 64, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12},
+		MaxSeqLength: 96,
+		Seed:         5,
+	}
+	if err := bert.Generate(dir, "../../model/bert/testdata/tokenizer", g); err != nil {
+		t.Fatal(err)
+	}
+	dev, model, err := openBackend(&options{device: "cuda:0", model: dir}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	defer model.Close()
+	e, ok := model.(*bert.Embedder)
+	if !ok {
+		t.Fatalf("the backend is a %T, want *bert.Embedder", model)
+	}
+	if dev.Simulated() || e.Weights() < e.Model().WeightBytes() {
+		t.Errorf("device %s (simulated %v), weights %d: want the GPU holding at least the %d bytes of weights",
+			dev.Name(), dev.Simulated(), e.Weights(), e.Model().WeightBytes())
+	}
+	cpu, err := bert.Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := []job.Item{{ID: "a", Text: "short"}, {ID: "b", Text: strings.Repeat("a longer text of many words ", 30)}, {ID: "c", Text: "déjà vu in 東京"}}
+	got, err := e.Run(context.Background(), items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := cpu.Run(context.Background(), items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range items {
+		if got[i].ID != want[i].ID || len(got[i].Embedding) != len(want[i].Embedding) {
+			t.Fatalf("item %d: %q with %d values, want %q with %d", i, got[i].ID, len(got[i].Embedding), want[i].ID, len(want[i].Embedding))
+		}
+		for j := range got[i].Embedding {
+			if d := math.Abs(float64(got[i].Embedding[j] - want[i].Embedding[j])); !(d <= 1e-5) {
+				t.Fatalf("item %d value %d: %g on the GPU, %g on the CPU", i, j, got[i].Embedding[j], want[i].Embedding[j])
+			}
+		}
+	}
+}
+
+// A -model directory the loader refuses stops the start with the loader's
+// error before the GPU is used: here the GPU cannot be used at all (the
+// emulated driver's cuInit fails), and the error is still the directory's.
+func TestCUDABackendRefusesBadModelDirFirst(t *testing.T) {
+	if os.Getenv("VRAMQ_EMU_STATE") == "" {
+		t.Skip("needs the emulated GPU (make cuda-emu-test)")
+	}
+	dir := t.TempDir() // no config.json
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-device=cuda:0", "-model="+dir)
+	cmd.Env = append(os.Environ(), "VRAMQ_TEST_RUN_MAIN=1", "VRAMQ_EMU_STATE=/nonexistent/vramq/state",
+		"QUEUE_URL=http://127.0.0.1:1/q", "RESULTS_QUEUE_URL=http://127.0.0.1:1/r", "DLQ_URL=http://127.0.0.1:1/d",
+		"AWS_ENDPOINT_URL=http://127.0.0.1:1", "AWS_REGION=us-east-1", "AWS_ACCESS_KEY_ID=x", "AWS_SECRET_ACCESS_KEY=x")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "-model") || !strings.Contains(string(out), "config.json") || strings.Contains(string(out), "cuInit") {
+		t.Errorf("-model with no config.json: %v; want the directory's error, not the GPU's\n%s", err, out)
+	}
+}

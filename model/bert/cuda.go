@@ -1,0 +1,62 @@
+//go:build cuda
+
+package bert
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vramq/vramq/gpu"
+)
+
+// OnCUDA is a model directory served on a GPU.
+type OnCUDA struct {
+	// Device reports the GPU's memory (see gpu.OpenCUDADevice).
+	Device   gpu.Device
+	Embedder *Embedder
+	Encoder  *gpu.CUDABert
+	// CrossCheck compares NVML's free memory with the driver's.
+	CrossCheck string
+}
+
+// OpenCUDA loads the model and tokenizer in dir and serves them on CUDA
+// device index: texts are tokenized and sorted into length buckets on the
+// host, each sub-batch runs on the GPU (gpu.CUDABert). A directory the
+// loader refuses, or a model the GPU encoder cannot run, is an error before
+// anything is allocated on the GPU. Close the Embedder, then the Device.
+func OpenCUDA(dir string, index int) (*OnCUDA, error) {
+	m, err := Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := LoadTokenizer(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckTokenizer(m, tok); err != nil {
+		return nil, err
+	}
+	cfg, w := m.GPU()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("bert: %s: %w", dir, err)
+	}
+	if err := w.CheckShape(cfg); err != nil {
+		return nil, fmt.Errorf("bert: %s: %w", dir, err)
+	}
+	var enc *gpu.CUDABert
+	dev, footprint, check, err := gpu.OpenCUDADevice(index, func() (gpu.CUDAModel, error) {
+		var err error
+		enc, err = gpu.NewCUDABert(index, "bert:"+m.Name(), w, cfg)
+		return enc, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	// As for the reference model (gpu.OpenCUDA): the CUDA context and
+	// cuBLAS's workspace are the model's too; the weights are the floor.
+	e, err := NewEmbedderOn(m, tok, enc, max(footprint, enc.Weights()), enc.Working)
+	if err != nil {
+		return nil, errors.Join(err, enc.Close(), dev.Close())
+	}
+	return &OnCUDA{Device: dev, Embedder: e, Encoder: enc, CrossCheck: check}, nil
+}
