@@ -92,6 +92,11 @@ cudaemu-mutant:
 # test measures what is free.
 # The SQS emulator is started as make test starts it, for the end-to-end test of
 # a lost device (cmd/subscriber).
+# No -race here: the race detector's runtime (ThreadSanitizer) deadlocked under
+# the emulator twice in about ten runs (a test binary stuck in
+# __sanitizer::FutexWait until go test killed it): the emulator runs each CUDA
+# thread as a fiber on a stack of its own, which the race runtime does not
+# expect. The same packages' Go code runs under -race in make test's main run.
 cuda-emu-test: cuda-stubs cudaemu-selftest cuda-bert-mutants
 	rm -f $(CUDAEMU)/device.state
 	@started=0; \
@@ -99,9 +104,9 @@ cuda-emu-test: cuda-stubs cudaemu-selftest cuda-bert-mutants
 	trap 'if [ $$started = 1 ]; then $(EMULATOR) down; fi' EXIT; \
 	eval "$$($(EMULATOR) env)"; \
 	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
-	echo "go test -race -count=1 -p 1 -tags cuda -run CUDA ./gpu/ ./subscriber/ ./cmd/subscriber/ (on the emulated GPU)"; \
+	echo "go test -count=1 -p 1 -tags cuda -run CUDA ./gpu/ ./subscriber/ ./cmd/subscriber/ (on the emulated GPU)"; \
 	$(CUDA_ENV) VRAMQ_EMU_STATE=$(CURDIR)/$(CUDAEMU)/device.state LD_LIBRARY_PATH=$(CURDIR)/$(CUDAEMU) \
-		$(GO) test -race -count=1 -p 1 -tags cuda -run 'CUDA' ./gpu/ ./subscriber/ ./cmd/subscriber/
+		$(GO) test -count=1 -p 1 -tags cuda -run 'CUDA' ./gpu/ ./subscriber/ ./cmd/subscriber/
 
 ## cuda-bert-mutants: the emulated driver built from bert.cu with GELU's tanh approximation for erf, and
 ## with the attention scores not scaled by 1/sqrt(d); the CUDA BERT test against ONNX Runtime must FAIL on
