@@ -59,7 +59,11 @@ type Subscriber struct {
 	// waiting for more. admitKick tells it so.
 	admitBlocked atomic.Bool
 	admitKick    chan struct{}
-	suspects     *suspects
+	// running counts batches started and not yet returned from runBatch;
+	// idleKick tells the batcher when it falls to zero (see batch).
+	running  atomic.Int64
+	idleKick chan struct{}
+	suspects *suspects
 	// launcher is the model's two-phase form, nil when it has none: a
 	// message waiting for admission is then launched while it waits (see
 	// admit).
@@ -135,6 +139,7 @@ func New(cfg Config) (*Subscriber, error) {
 		buffer:      make(chan *task, cfg.Prefetch),
 		roomKick:    make(chan struct{}, 1),
 		admitKick:   make(chan struct{}, 1),
+		idleKick:    make(chan struct{}, 1),
 		suspects:    newSuspects(),
 
 		fetchSlots: semaphore.NewWeighted(maxFetches),
