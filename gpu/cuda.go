@@ -7,7 +7,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -47,16 +46,11 @@ type CUDAEmbedder struct {
 	cost    CostModel
 	name    string
 	index   int
-	devName string
-	product string
 	weights int64
 	// resident is the whole footprint of the loaded model as NVML saw it
 	// (set by OpenCUDA); 0 when unknown.
 	resident int64
 
-	ops     chan func()
-	quit    chan struct{}
-	stopped chan struct{}
 	closing sync.Once
 	closed  atomic.Bool
 	working atomic.Int64
@@ -67,11 +61,9 @@ type CUDAEmbedder struct {
 	lost atomic.Pointer[error]
 
 	// Owned by the context's goroutine.
-	w     struct{ emb, w1, b1, w2, b2 cu.DevicePtr }
-	fns   struct{ gather, pool, gelu, norm cu.Function }
-	blas  *cublas
-	mod   cu.Module
-	cuctx cu.CUContext
+	w   struct{ emb, w1, b1, w2, b2 cu.DevicePtr }
+	fns struct{ gather, pool, gelu, norm cu.Function }
+	cudaOwner
 }
 
 var (
@@ -108,72 +100,26 @@ func NewCUDAEmbedder(index int, w *EmbedWeights, cfg EmbedConfig) (*CUDAEmbedder
 		name:    fmt.Sprintf("ref-embed-v1-v%d-d%d-h%d-o%d-t%d", cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens),
 		index:   index,
 		weights: w.Bytes(),
-		ops:     make(chan func()),
-		quit:    make(chan struct{}),
-		stopped: make(chan struct{}),
 	}
 	// The per-batch remainder the analytic model does not count: the
 	// offsets array has one more entry than items, and each of the six
 	// buffers may be padded to bufAlign. The driver's own rounding of the
 	// allocation is measured by calibration (subscriber --calibrate).
 	e.cost.PerBatch = 4 + 6*bufAlign
-	started := make(chan error)
-	go e.own(w, started)
-	if err := <-started; err != nil {
+	e.cudaOwner = newCUDAOwner(e.name)
+	if err := e.start(func() error { return e.setup(w) }, e.teardown); err != nil {
 		return nil, err
 	}
 	return e, nil
 }
 
-// own is the goroutine that owns the CUDA context: it sets up, then runs
-// the ops Run and the others send until Close, then tears down.
-func (e *CUDAEmbedder) own(w *EmbedWeights, started chan<- error) {
-	runtime.LockOSThread()
-	defer close(e.stopped)
-	if err := e.setup(w); err != nil {
-		e.teardown()
-		started <- err
-		return
-	}
-	started <- nil
-	for {
-		select {
-		case op := <-e.ops:
-			op()
-		case <-e.quit:
-			e.teardown()
-			return
-		}
-	}
-}
-
 func (e *CUDAEmbedder) setup(w *EmbedWeights) error {
-	dev := cu.Device(e.index)
-	name, err := dev.Name()
-	if err != nil {
-		return fmt.Errorf("cuda: device %d: name: %w", e.index, err)
-	}
-	e.product = name
-	e.devName = fmt.Sprintf("%s (cuda:%d)", name, e.index)
-	// Blocking sync: a thread waiting for the GPU sleeps instead of
-	// spinning a core the subscriber's other goroutines need.
-	if e.cuctx, err = dev.MakeContext(cu.SchedBlockingSync); err != nil {
-		return fmt.Errorf("cuda: %s: context: %w", e.devName, err)
-	}
-	if e.mod, err = cu.LoadData(embedPTX); err != nil {
-		return fmt.Errorf("cuda: %s: loading kernels: %w", e.devName, err)
-	}
-	for _, f := range []struct {
-		name string
-		dst  *cu.Function
-	}{{"gather", &e.fns.gather}, {"mean_pool", &e.fns.pool}, {"bias_gelu", &e.fns.gelu}, {"bias_l2norm", &e.fns.norm}} {
-		if *f.dst, err = e.mod.Function(f.name); err != nil {
-			return fmt.Errorf("cuda: kernel %s: %w", f.name, err)
-		}
-	}
-	if e.blas, err = loadCublas(); err != nil {
+	if err := e.open(e.index, embedPTX, map[string]*cu.Function{
+		"gather": &e.fns.gather, "mean_pool": &e.fns.pool, "bias_gelu": &e.fns.gelu, "bias_l2norm": &e.fns.norm,
+	}); err != nil {
 		return err
 	}
+	var err error
 	for _, t := range []struct {
 		dst *cu.DevicePtr
 		src []float32
@@ -197,15 +143,7 @@ func (e *CUDAEmbedder) teardown() {
 			_ = cu.MemFree(p)
 		}
 	}
-	if e.blas != nil {
-		e.blas.close()
-	}
-	if e.mod != (cu.Module{}) {
-		_ = e.mod.Unload()
-	}
-	if e.cuctx != (cu.CUContext{}) {
-		_ = e.cuctx.Destroy()
-	}
+	e.close()
 }
 
 // upload copies src to a new device buffer.
@@ -220,18 +158,6 @@ func upload[T int32 | float32](src []T) (cu.DevicePtr, error) {
 		return 0, err
 	}
 	return p, nil
-}
-
-// do runs op on the context's goroutine and waits for it.
-func (e *CUDAEmbedder) do(op func()) error {
-	done := make(chan struct{})
-	select {
-	case e.ops <- func() { defer close(done); op() }:
-	case <-e.stopped:
-		return fmt.Errorf("%s: %w", e.name, ErrClosed)
-	}
-	<-done
-	return nil
 }
 
 // Name says the model and its shape, as Embedder's does: the two backends

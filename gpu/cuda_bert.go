@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -39,24 +38,17 @@ var bertPTX string
 type CUDABert struct {
 	cfg     BertConfig
 	name    string
-	devName string
-	product string
 	weights int64
 
-	ops     chan func()
-	quit    chan struct{}
-	stopped chan struct{}
 	closing sync.Once
 	closed  atomic.Bool
 	working atomic.Int64
 	lost    atomic.Pointer[error]
 
 	// Owned by the context's goroutine.
-	w    []cu.DevicePtr // in BertWeights.tensors' order
-	fns  struct{ embed, addLN, split, merge, softmax, gelu, pool, norm, erf cu.Function }
-	blas *cublas
-	mod  cu.Module
-	ctx  cu.CUContext
+	w   []cu.DevicePtr // in BertWeights.tensors' order
+	fns struct{ embed, addLN, split, merge, softmax, gelu, pool, norm, erf cu.Function }
+	cudaOwner
 }
 
 // NewCUDABert creates a CUDA context on GPU index, loads the kernels and
@@ -86,65 +78,22 @@ func NewCUDABert(index int, name string, w *BertWeights, cfg BertConfig) (*CUDAB
 	m := &CUDABert{
 		cfg:     cfg,
 		name:    name,
-		devName: fmt.Sprintf("cuda:%d", index),
 		weights: w.Bytes(),
-		ops:     make(chan func()),
-		quit:    make(chan struct{}),
-		stopped: make(chan struct{}),
 	}
-	started := make(chan error)
-	go m.own(index, w, started)
-	if err := <-started; err != nil {
+	m.cudaOwner = newCUDAOwner(name)
+	m.devName = fmt.Sprintf("cuda:%d", index) // until open names the GPU
+	if err := m.start(func() error { return m.setup(index, w) }, m.teardown); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-func (m *CUDABert) own(index int, w *BertWeights, started chan<- error) {
-	runtime.LockOSThread()
-	defer close(m.stopped)
-	if err := m.setup(index, w); err != nil {
-		m.teardown()
-		started <- err
-		return
-	}
-	started <- nil
-	for {
-		select {
-		case op := <-m.ops:
-			op()
-		case <-m.quit:
-			m.teardown()
-			return
-		}
-	}
-}
-
 func (m *CUDABert) setup(index int, w *BertWeights) error {
-	dev := cu.Device(index)
-	name, err := dev.Name()
-	if err != nil {
-		return fmt.Errorf("cuda: device %d: name: %w", index, err)
-	}
-	m.product = name
-	m.devName = fmt.Sprintf("%s (cuda:%d)", name, index)
-	if m.ctx, err = dev.MakeContext(cu.SchedBlockingSync); err != nil {
-		return fmt.Errorf("cuda: %s: context: %w", m.devName, err)
-	}
-	if m.mod, err = cu.LoadData(bertPTX); err != nil {
-		return fmt.Errorf("cuda: %s: loading kernels: %w", m.devName, err)
-	}
-	for _, f := range []struct {
-		name string
-		dst  *cu.Function
-	}{{"bert_embed", &m.fns.embed}, {"bert_add_layernorm", &m.fns.addLN}, {"bert_split_heads", &m.fns.split},
-		{"bert_merge_heads", &m.fns.merge}, {"bert_softmax", &m.fns.softmax}, {"bert_bias_gelu", &m.fns.gelu},
-		{"bert_pool", &m.fns.pool}, {"bert_l2norm", &m.fns.norm}, {"bert_erf", &m.fns.erf}} {
-		if *f.dst, err = m.mod.Function(f.name); err != nil {
-			return fmt.Errorf("cuda: kernel %s: %w", f.name, err)
-		}
-	}
-	if m.blas, err = loadCublas(); err != nil {
+	if err := m.open(index, bertPTX, map[string]*cu.Function{
+		"bert_embed": &m.fns.embed, "bert_add_layernorm": &m.fns.addLN, "bert_split_heads": &m.fns.split,
+		"bert_merge_heads": &m.fns.merge, "bert_softmax": &m.fns.softmax, "bert_bias_gelu": &m.fns.gelu,
+		"bert_pool": &m.fns.pool, "bert_l2norm": &m.fns.norm, "bert_erf": &m.fns.erf,
+	}); err != nil {
 		return err
 	}
 	for _, t := range w.tensors() {
@@ -161,26 +110,7 @@ func (m *CUDABert) teardown() {
 	for _, p := range m.w {
 		_ = cu.MemFree(p)
 	}
-	if m.blas != nil {
-		m.blas.close()
-	}
-	if m.mod != (cu.Module{}) {
-		_ = m.mod.Unload()
-	}
-	if m.ctx != (cu.CUContext{}) {
-		_ = m.ctx.Destroy()
-	}
-}
-
-func (m *CUDABert) do(op func()) error {
-	done := make(chan struct{})
-	select {
-	case m.ops <- func() { defer close(done); op() }:
-	case <-m.stopped:
-		return fmt.Errorf("%s: %w", m.name, ErrClosed)
-	}
-	<-done
-	return nil
+	m.close()
 }
 
 // Config is the shape the model was made with.
