@@ -71,7 +71,7 @@ func TestTrustingEveryAddressIsRefused(t *testing.T) {
 // Idempotency keys are scoped by API key: two tenants using the same
 // Idempotency-Key get two jobs, and neither learns of the other's (no 422).
 // Without auth there is one scope: the same key with another body is 422
-// whoever sends it (documented in SECURITY.md; clients should use random
+// whoever sends it (documented in docs/security.md; clients should use random
 // keys).
 func TestIdempotencyKeysAreScopedPerAPIKey(t *testing.T) {
 	srv, _, _ := rateTestServer(t, Config{APIKeys: []string{"tenant-a", "tenant-b"}})
