@@ -1610,7 +1610,7 @@ func TestTheDLQAlarmsCannotGoQuiet(t *testing.T) {
 // a redrive without a destination cannot move it (item 9).
 func TestTheRedriveCommandNamesItsDestination(t *testing.T) {
 	seen := 0
-	for _, path := range []string{filepath.Join("..", "README.md"), "README.md", filepath.Join("examples", "complete", "README.md")} {
+	for _, path := range []string{filepath.Join("..", "docs", "deployment.md"), "README.md", filepath.Join("examples", "complete", "README.md")} {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
