@@ -47,7 +47,8 @@ const (
 func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	d := subscriber.DefaultConfig()
 	c := &o.cfg
-	o.vram, o.reserve, o.limit, o.maxBatchBytes = defaultSimVRAM, gpu.Bytes(d.VRAMReserve), gpu.Bytes(d.VRAMLimit), gpu.Bytes(d.MaxBatchBytes)
+	o.vram, o.reserve = defaultSimVRAM, gpu.Bytes(d.VRAMReserve)
+	o.limit, o.maxBatchBytes = gpu.Bytes(d.VRAMLimit), gpu.Bytes(d.MaxBatchBytes)
 	fs := flag.NewFlagSet("subscriber", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue (required)")
@@ -69,7 +70,8 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 			"-device=sim; results carry bert:<directory name>; a directory the loader refuses stops the start with an error\n"+
 			"naming the file and field; items with binary data are dead-lettered as invalid input;\n"+
 			"empty: the reference embedding model")
-	fs.Uint64Var(&o.modelSeed, "model-seed", gpu.DefaultEmbedConfig().Seed, "seed of the reference model's generated weights (without -weights)")
+	fs.Uint64Var(&o.modelSeed, "model-seed", gpu.DefaultEmbedConfig().Seed,
+		"seed of the reference model's generated weights (without -weights)")
 	fs.StringVar(&o.weights, "weights", "",
 		"safetensors file of the reference model's weights (make weights writes one; empty: generated from -model-seed)")
 	fs.BoolVar(&o.calibrate, "calibrate", false,

@@ -11,7 +11,7 @@ import (
 // noFlag lists the subscriber.Config fields DefaultConfig sets that no flag
 // does, each with the reason.
 var noFlag = map[string]string{
-	"MaxResultBytes": "its default is also the most the publisher reads; lower is for tests",
+	"MaxResultBytes": "its default is also its maximum, the most the publisher reads; only tests set it lower",
 }
 
 // The flags start from subscriber.DefaultConfig: with none given, every
