@@ -9,7 +9,8 @@ import (
 )
 
 // Reference writes fs as a Markdown table: each flag with its environment
-// variable, its default and its usage text, in the order -h lists them. It
+// variable, its default and its usage text, in the order -h lists them; a
+// flag with no default whose usage says "(required)" shows that instead. It
 // is what a configuration reference is generated from, so that the
 // reference cannot say other than the flags.
 func Reference(w io.Writer, fs *flag.FlagSet) error {
@@ -17,9 +18,12 @@ func Reference(w io.Writer, fs *flag.FlagSet) error {
 	b.WriteString("| Flag | Environment | Default | Meaning |\n|---|---|---|---|\n")
 	fs.VisitAll(func(f *flag.Flag) {
 		_, text := flag.UnquoteUsage(f)
-		def := "(none)"
-		if f.DefValue != "" {
-			def = "`" + f.DefValue + "`"
+		def := "`" + f.DefValue + "`"
+		switch {
+		case f.DefValue == "" && strings.Contains(text, "(required)"):
+			def = "(required)"
+		case f.DefValue == "":
+			def = "(none)"
 		}
 		fmt.Fprintf(&b, "| `-%s` | `%s` | %s | %s |\n", f.Name, Name(f.Name), def, cell(text))
 	})

@@ -12,6 +12,7 @@ import (
 func referenceSet() *flag.FlagSet {
 	fs := flag.NewFlagSet("tool", flag.ContinueOnError)
 	fs.String("queue-url", "", "URL of the work queue (required)")
+	fs.String("state-file", "", "where to keep state")
 	fs.Duration("wait-time", 20*time.Second, "long-poll wait;\nwhole seconds")
 	fs.String("format", "json", "a `name`: json | text, as <format>")
 	return fs
@@ -25,7 +26,8 @@ func TestReference(t *testing.T) {
 	want := "| Flag | Environment | Default | Meaning |\n" +
 		"|---|---|---|---|\n" +
 		"| `-format` | `VRAMQ_FORMAT` | `json` | a name: json \\| text, as &lt;format&gt; |\n" +
-		"| `-queue-url` | `QUEUE_URL` | (none) | URL of the work queue (required) |\n" +
+		"| `-queue-url` | `QUEUE_URL` | (required) | URL of the work queue (required) |\n" +
+		"| `-state-file` | `VRAMQ_STATE_FILE` | (none) | where to keep state |\n" +
 		"| `-wait-time` | `VRAMQ_WAIT_TIME` | `20s` | long-poll wait; whole seconds |\n"
 	if diff := cmp.Diff(want, b.String()); diff != "" {
 		t.Errorf("Reference (-want +got):\n%s", diff)
@@ -46,7 +48,8 @@ func TestUpdateReferences(t *testing.T) {
 		"| Flag | Environment | Default | Meaning |\n" +
 		"|---|---|---|---|\n" +
 		"| `-format` | `VRAMQ_FORMAT` | `json` | a name: json \\| text, as &lt;format&gt; |\n" +
-		"| `-queue-url` | `QUEUE_URL` | (none) | URL of the work queue (required) |\n" +
+		"| `-queue-url` | `QUEUE_URL` | (required) | URL of the work queue (required) |\n" +
+		"| `-state-file` | `VRAMQ_STATE_FILE` | (none) | where to keep state |\n" +
 		"| `-wait-time` | `VRAMQ_WAIT_TIME` | `20s` | long-poll wait; whole seconds |\n" +
 		"<!-- END tool flags -->\n\nProse after.\n"
 	if diff := cmp.Diff(want, string(got)); diff != "" {
