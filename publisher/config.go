@@ -198,12 +198,14 @@ func (c *Config) Validate() error {
 	if c.MaxMessageBytes < SQSMinMessageBytes || c.MaxMessageBytes > SQSMaxMessageBytes {
 		bad("MaxMessageBytes", "max message bytes %d: want %d to %d", c.MaxMessageBytes, SQSMinMessageBytes, SQSMaxMessageBytes)
 	} else if inline := maxInlineItem(c.MaxMessageBytes); c.MaxItemBytes < 1 || c.MaxItemBytes > inline {
-		bad("MaxItemBytes", "max item bytes %d: want 1 to %d (what fits in a message of %d bytes)", c.MaxItemBytes, inline, c.MaxMessageBytes)
+		bad("MaxItemBytes", "max item bytes %d: want 1 to %d (what fits in a message of %d bytes)",
+			c.MaxItemBytes, inline, c.MaxMessageBytes)
 	}
 	if c.MaxBodyBytes < 1 {
 		bad("MaxBodyBytes", "max body bytes %d: want at least 1", c.MaxBodyBytes)
 	} else if c.MaxBodyBytesInFlight < c.MaxBodyBytes {
-		bad("MaxBodyBytesInFlight", "max body bytes in flight %d: want at least max body bytes (%d), or a body at that limit is never taken", c.MaxBodyBytesInFlight, c.MaxBodyBytes)
+		bad("MaxBodyBytesInFlight", "max body bytes in flight %d: want at least max body bytes (%d), or a body at that limit is never taken",
+			c.MaxBodyBytesInFlight, c.MaxBodyBytes)
 	}
 	if c.MaxItems < 1 {
 		bad("MaxItems", "max items %d: want at least 1", c.MaxItems)
@@ -225,7 +227,10 @@ func (c *Config) Validate() error {
 		field, burstField, name string
 		rate                    float64
 		burst                   int
-	}{{"RateLimit", "RateBurst", "rate limit", c.RateLimit, c.RateBurst}, {"GlobalRateLimit", "GlobalRateBurst", "global rate limit", c.GlobalRateLimit, c.GlobalRateBurst}}
+	}{
+		{"RateLimit", "RateBurst", "rate limit", c.RateLimit, c.RateBurst},
+		{"GlobalRateLimit", "GlobalRateBurst", "global rate limit", c.GlobalRateLimit, c.GlobalRateBurst},
+	}
 	for _, r := range rates {
 		switch {
 		case r.rate < 0 || math.IsNaN(r.rate) || math.IsInf(r.rate, 0):
