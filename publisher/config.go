@@ -204,7 +204,8 @@ func (c *Config) Validate() error {
 	if c.MaxBodyBytes < 1 {
 		bad("MaxBodyBytes", "max body bytes %d: want at least 1", c.MaxBodyBytes)
 	} else if c.MaxBodyBytesInFlight < c.MaxBodyBytes {
-		bad("MaxBodyBytesInFlight", "max body bytes in flight %d: want at least max body bytes (%d), or a body at that limit is never taken",
+		bad("MaxBodyBytesInFlight",
+			"max body bytes in flight %d: want at least max body bytes (%d), or a body at that limit is never taken",
 			c.MaxBodyBytesInFlight, c.MaxBodyBytes)
 	}
 	if c.MaxItems < 1 {
