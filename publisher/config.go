@@ -117,6 +117,7 @@ type Config struct {
 
 // DefaultConfig is the configuration a zero Config takes, field by field:
 // every fixed default lives here, and cmd/publisher's flags start from it.
+// docs/configuration.md lists the values, with the flags that set them.
 // The fields whose default is worked out from others (MaxBodyBytesInFlight,
 // MaxItemBytes, RateBurst, GlobalRateBurst) are 0 here, as are those with
 // none: no queue, bucket, API keys, rate limits or trusted proxies.

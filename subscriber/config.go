@@ -132,9 +132,10 @@ type Config struct {
 }
 
 // DefaultConfig is the configuration a zero Config takes, field by field:
-// every default lives here, and cmd/subscriber's flags start from it. The
-// queues, model, device, logger and registry have none; MaxBatchBytes and
-// VRAMLimit are 0 (a quarter of the budget, and no cap).
+// every default lives here, and cmd/subscriber's flags start from it.
+// docs/configuration.md lists the values, with the flags that set them.
+// The queues, model, device, logger and registry have none; MaxBatchBytes
+// and VRAMLimit are 0 (a quarter of the budget, and no cap).
 func DefaultConfig() Config {
 	return Config{
 		Admission:             AdmitVRAM,

@@ -23,7 +23,7 @@ var noFlag = map[string]string{
 	"SendConcurrency":    "set only by benchmarks (cmd/bench); a FIFO queue forces 1 anyway",
 	"IdempotencyTTL":     "bounds the in-memory records kept without a bucket, which is for development",
 	"IdempotencyEntries": "bounds the in-memory records kept without a bucket, which is for development",
-	"IdempotencyStale":   "set only by tests",
+	"IdempotencyStale":   "outlasts a request's enqueue timeout (90 s), which is no setting either",
 }
 
 // The flags start from publisher.DefaultConfig: with none given, every
