@@ -253,3 +253,12 @@ golden-onnx:
 ## golden: every golden file (tokenizer and model), from the independent implementations
 .PHONY: golden
 golden: golden-tokenizer golden-onnx
+
+# ---- docs/configuration.md from the flag sets (issue 15) ----
+## docs: regenerate the flag tables of docs/configuration.md from the binaries' flag sets; make test's
+## TestConfigurationDoc (cmd/subscriber, cmd/publisher) fails when they differ
+.PHONY: docs
+docs:
+	$(GO) test -count=1 -run '^TestConfigurationDoc$$' ./cmd/subscriber -args -update
+	$(GO) test -count=1 -run '^TestConfigurationDoc$$' ./cmd/publisher -args -update
+# ---- end docs/configuration.md ----

@@ -21,8 +21,9 @@ const (
 	SQSMinMessageBytes = 1 << 10
 )
 
-// Config is everything a Publisher needs. Zero fields take the defaults
-// documented on each; Validate says what is wrong with the rest.
+// Config is everything a Publisher needs. A zero field takes its value from
+// DefaultConfig (the comments below say where a default is worked out
+// instead); Validate says what is wrong with the rest.
 type Config struct {
 	Queue Queue // the work queue (required)
 
@@ -33,31 +34,31 @@ type Config struct {
 	Payloads *payload.Store
 
 	// MaxMessageBytes is the largest work message, attributes included:
-	// the queue's MaximumMessageSize (see QueueLimits). Default 256 KiB,
-	// which every SQS queue accepts; at most 1 MiB.
+	// the queue's MaximumMessageSize (see QueueLimits); 1 KiB to 1 MiB. The
+	// default is what every SQS queue accepts.
 	MaxMessageBytes int
-	// MaxBodyBytes bounds a request body, enforced before it is read;
-	// default 32 MiB. The whole body is held in memory while it is handled,
+	// MaxBodyBytes bounds a request body, enforced before it is read.
+	// The whole body is held in memory while it is handled,
 	// with what is decoded from it: 5 to 6 times its size at the peak
 	// (BenchmarkConcurrentMaxBodies).
 	MaxBodyBytes int64
 	// MaxBodyBytesInFlight bounds the bytes of request bodies held at once,
 	// over all requests: a POST that would go over it is answered 503
 	// overloaded with Retry-After, without waiting (inflight.go). So the
-	// heap the requests take is 5 to 6 times this at most. Default twice
+	// heap the requests take is 5 to 6 times this at most. Zero is twice
 	// MaxBodyBytes; at least MaxBodyBytes, or a body at the limit could
 	// never be taken.
 	MaxBodyBytesInFlight int64
-	// MaxItems bounds the items of one job; default 10,000.
+	// MaxItems bounds the items of one job.
 	MaxItems int
 	// MaxItemBytes is the largest item (its JSON in the message) carried
 	// inline; a larger one goes to S3, or is refused without Payloads.
-	// Default and maximum: what fits in a message alone. Lower it to keep
+	// Zero and the maximum: what fits in a message alone. Lower it to keep
 	// messages small and send large items through S3.
 	MaxItemBytes int
-	// ChunkItems is the default most items per chunk; default 32.
+	// ChunkItems is the most items per chunk when a request does not say.
 	ChunkItems int
-	// MaxChunkItems caps the per-request option chunk_items; default 1,000.
+	// MaxChunkItems caps the per-request option chunk_items.
 	MaxChunkItems int
 
 	// APIKeys, when any, are the bearer tokens accepted on /v1/jobs routes
@@ -67,7 +68,7 @@ type Config struct {
 	// RateLimit is the steady rate, in requests per second, that one client
 	// may send to /v1/jobs routes: its API key when auth is on, else its
 	// source address (an IPv6 client by its /64). RateBurst is how many it
-	// may send at once after a quiet spell; default twice RateLimit. A
+	// may send at once after a quiet spell; zero is twice RateLimit. A
 	// request over the limit is answered 429 rate_limited with Retry-After,
 	// before its body is read. 0: no per-client limit (the default here;
 	// cmd/publisher sets one).
@@ -79,7 +80,7 @@ type Config struct {
 	GlobalRateLimit float64
 	GlobalRateBurst int
 	// RateLimitClients bounds the clients whose buckets are kept in memory
-	// (about 200 bytes each), least recently used first out; default 10,000.
+	// (about 200 bytes each), least recently used first out.
 	RateLimitClients int
 	// TrustedProxies are the load balancers and proxies allowed to say who
 	// the client is: when a request's peer address is in one of them, the
@@ -90,21 +91,21 @@ type Config struct {
 	TrustedProxies []netip.Prefix
 
 	// SendAttempts bounds the sends of one entry SQS lists in Failed, the
-	// first included; default 5. SendBackoff is the wait before the first
-	// retry, doubled each time up to 2 s, jittered; default 100ms.
+	// first included. SendBackoff is the wait before the first retry,
+	// doubled each time up to 2 s, jittered.
 	SendAttempts int
 	SendBackoff  time.Duration
-	// SendConcurrency is the SendMessageBatch calls in flight for one job;
-	// default 4 (1 on a FIFO queue, to keep a job's chunks in order).
+	// SendConcurrency is the SendMessageBatch calls in flight for one job
+	// (1 on a FIFO queue, whatever it says, to keep a job's chunks in order).
 	SendConcurrency int
 
 	// IdempotencyTTL and IdempotencyEntries bound the in-memory idempotency
-	// records used when there is no bucket; defaults 24h and 100,000.
+	// records used when there is no bucket.
 	IdempotencyTTL     time.Duration
 	IdempotencyEntries int
 	// IdempotencyStale is how long a record of a request still sending
 	// blocks a retry with the same key (409); after it the retry takes the
-	// job over and sends it again. Default 2m.
+	// job over and sends it again.
 	IdempotencyStale time.Duration
 
 	Logger *slog.Logger // default slog.Default(); request logs carry no payloads
@@ -114,41 +115,59 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
+// DefaultConfig is the configuration a zero Config takes, field by field:
+// every fixed default lives here, and cmd/publisher's flags start from it.
+// docs/configuration.md lists the values, with the flags that set them.
+// The fields whose default is worked out from others (MaxBodyBytesInFlight,
+// MaxItemBytes, RateBurst, GlobalRateBurst) are 0 here, as are those with
+// none: no queue, bucket, API keys, rate limits or trusted proxies.
+func DefaultConfig() Config {
+	return Config{
+		MaxMessageBytes:    256 << 10,
+		MaxBodyBytes:       32 << 20,
+		MaxItems:           10_000,
+		ChunkItems:         32,
+		MaxChunkItems:      1_000,
+		RateLimitClients:   10_000,
+		SendAttempts:       5,
+		SendBackoff:        100 * time.Millisecond,
+		SendConcurrency:    4,
+		IdempotencyTTL:     24 * time.Hour,
+		IdempotencyEntries: 100_000,
+		IdempotencyStale:   2 * time.Minute,
+	}
+}
+
+// orDefault sets *p to def when it is the zero value.
+func orDefault[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
+}
+
 func (c *Config) setDefaults() {
-	defInt := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defDur := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defInt(&c.MaxMessageBytes, 256<<10)
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 32 << 20
-	}
-	if c.MaxBodyBytesInFlight == 0 {
-		c.MaxBodyBytesInFlight = 2 * c.MaxBodyBytes
-	}
-	defInt(&c.MaxItems, 10_000)
-	defInt(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
-	defInt(&c.ChunkItems, 32)
-	defInt(&c.MaxChunkItems, 1_000)
+	d := DefaultConfig()
+	orDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
+	orDefault(&c.MaxBodyBytes, d.MaxBodyBytes)
+	orDefault(&c.MaxBodyBytesInFlight, 2*c.MaxBodyBytes)
+	orDefault(&c.MaxItems, d.MaxItems)
+	orDefault(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
+	orDefault(&c.ChunkItems, d.ChunkItems)
+	orDefault(&c.MaxChunkItems, d.MaxChunkItems)
 	if c.RateLimit > 0 && c.RateBurst == 0 {
 		c.RateBurst = defaultBurst(c.RateLimit)
 	}
 	if c.GlobalRateLimit > 0 && c.GlobalRateBurst == 0 {
 		c.GlobalRateBurst = defaultBurst(c.GlobalRateLimit)
 	}
-	defInt(&c.RateLimitClients, 10_000)
-	defInt(&c.SendAttempts, 5)
-	defDur(&c.SendBackoff, 100*time.Millisecond)
-	defInt(&c.SendConcurrency, 4)
-	defDur(&c.IdempotencyTTL, 24*time.Hour)
-	defInt(&c.IdempotencyEntries, 100_000)
-	defDur(&c.IdempotencyStale, 2*time.Minute)
+	orDefault(&c.RateLimitClients, d.RateLimitClients)
+	orDefault(&c.SendAttempts, d.SendAttempts)
+	orDefault(&c.SendBackoff, d.SendBackoff)
+	orDefault(&c.SendConcurrency, d.SendConcurrency)
+	orDefault(&c.IdempotencyTTL, d.IdempotencyTTL)
+	orDefault(&c.IdempotencyEntries, d.IdempotencyEntries)
+	orDefault(&c.IdempotencyStale, d.IdempotencyStale)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -180,12 +199,15 @@ func (c *Config) Validate() error {
 	if c.MaxMessageBytes < SQSMinMessageBytes || c.MaxMessageBytes > SQSMaxMessageBytes {
 		bad("MaxMessageBytes", "max message bytes %d: want %d to %d", c.MaxMessageBytes, SQSMinMessageBytes, SQSMaxMessageBytes)
 	} else if inline := maxInlineItem(c.MaxMessageBytes); c.MaxItemBytes < 1 || c.MaxItemBytes > inline {
-		bad("MaxItemBytes", "max item bytes %d: want 1 to %d (what fits in a message of %d bytes)", c.MaxItemBytes, inline, c.MaxMessageBytes)
+		bad("MaxItemBytes", "max item bytes %d: want 1 to %d (what fits in a message of %d bytes)",
+			c.MaxItemBytes, inline, c.MaxMessageBytes)
 	}
 	if c.MaxBodyBytes < 1 {
 		bad("MaxBodyBytes", "max body bytes %d: want at least 1", c.MaxBodyBytes)
 	} else if c.MaxBodyBytesInFlight < c.MaxBodyBytes {
-		bad("MaxBodyBytesInFlight", "max body bytes in flight %d: want at least max body bytes (%d), or a body at that limit is never taken", c.MaxBodyBytesInFlight, c.MaxBodyBytes)
+		bad("MaxBodyBytesInFlight",
+			"max body bytes in flight %d: want at least max body bytes (%d), or a body at that limit is never taken",
+			c.MaxBodyBytesInFlight, c.MaxBodyBytes)
 	}
 	if c.MaxItems < 1 {
 		bad("MaxItems", "max items %d: want at least 1", c.MaxItems)
@@ -207,7 +229,10 @@ func (c *Config) Validate() error {
 		field, burstField, name string
 		rate                    float64
 		burst                   int
-	}{{"RateLimit", "RateBurst", "rate limit", c.RateLimit, c.RateBurst}, {"GlobalRateLimit", "GlobalRateBurst", "global rate limit", c.GlobalRateLimit, c.GlobalRateBurst}}
+	}{
+		{"RateLimit", "RateBurst", "rate limit", c.RateLimit, c.RateBurst},
+		{"GlobalRateLimit", "GlobalRateBurst", "global rate limit", c.GlobalRateLimit, c.GlobalRateBurst},
+	}
 	for _, r := range rates {
 		switch {
 		case r.rate < 0 || math.IsNaN(r.rate) || math.IsInf(r.rate, 0):

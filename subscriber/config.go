@@ -12,8 +12,9 @@ import (
 	"github.com/vramq/vramq/job"
 )
 
-// Config is everything a Subscriber needs. Zero fields take the defaults
-// documented on each; Validate says what is wrong with the rest.
+// Config is everything a Subscriber needs. A zero field takes its value from
+// DefaultConfig (the comments below say where a default is worked out
+// instead); Validate says what is wrong with the rest.
 type Config struct {
 	Queue   Queue  // the work queue (required)
 	Results Sender // where result messages go (required)
@@ -32,12 +33,12 @@ type Config struct {
 	Model  gpu.Model  // loaded: its weights are already on the device (required)
 	Device gpu.Device // the device the model runs on (required)
 
-	// Admission is the strategy; default AdmitVRAM.
+	// Admission is the strategy.
 	Admission Strategy
-	// Count is the number of messages run at once under AdmitCount; default 4.
+	// Count is the number of messages run at once under AdmitCount.
 	Count int
 	// VRAMReserve is device memory kept free of work, for the framework's
-	// own allocations and fragmentation; default 256 MiB.
+	// own allocations and fragmentation.
 	VRAMReserve int64
 	// VRAMLimit caps the budget below what the device offers; 0 for no cap.
 	VRAMLimit int64
@@ -52,57 +53,60 @@ type Config struct {
 	// larger than the budget now but not than the largest the device could
 	// give (Subscriber.MaxBudget) waits, and the admit timeout releases it.
 	// Under every strategy each reading also sets the device memory gauges.
-	// Default 2s; at least 100ms; negative turns the refresh off, leaving
-	// the budget New read.
+	// At least 100ms; negative turns the refresh off, leaving the budget New
+	// read.
 	BudgetRefresh time.Duration
 
 	// Prefetch bounds messages received but not yet started, independently
-	// of how many run at once; default 20.
+	// of how many run at once.
 	Prefetch int
-	// MaxInflight bounds messages held in total (waiting and running);
-	// default 100. Under AdmitNone it is the only bound: 10 makes the classic
-	// prefetch-10 consumer.
+	// MaxInflight bounds messages held in total (waiting and running).
+	// Under AdmitNone it is the only bound: 10 makes the classic prefetch-10
+	// consumer.
 	MaxInflight int
-	// MaxBatch is the most messages packed into one device batch; default 8.
+	// MaxBatch is the most messages packed into one device batch.
 	MaxBatch int
 	// MaxBatchBytes caps a batch's estimated working memory under the vram
-	// strategy: a batch goes when it reaches it. Default a quarter of the
-	// budget as it is then (see BudgetRefresh), so several batches are on the device at once and one can start,
-	// paying its fixed launch time, while others work; larger batches make
-	// fewer SQS requests per message but leave the device idle during
-	// launches. A single message above it still runs, alone.
+	// strategy: a batch goes when it reaches it. Zero is a quarter of the
+	// budget as it is then (see BudgetRefresh), so several batches are on
+	// the device at once and one can start, paying its fixed launch time,
+	// while others work; larger batches make fewer SQS requests per message
+	// but leave the device idle during launches. A single message above it
+	// still runs, alone.
 	MaxBatchBytes int64
 	// MaxBatchDelay is how long a batch waits for more messages after its
-	// first; default 10ms.
+	// first.
 	MaxBatchDelay time.Duration
 
-	// WaitTime is the long-poll wait, at most 20s (the SQS maximum); default 20s.
+	// WaitTime is the long-poll wait, whole seconds, at most 20s (the SQS
+	// maximum).
 	WaitTime time.Duration
 	// Visibility is the visibility timeout set on receive and on every
-	// extension; heartbeats run every third of it. Whole seconds, at least 3s;
-	// default 30s.
+	// extension; heartbeats run every third of it. Whole seconds, 3s to 12h.
 	Visibility time.Duration
 	// MaxHold is how long a message may be held in all, after which its lease
-	// is no longer extended; default 15m, at most 12h (the SQS limit).
+	// is no longer extended; from Visibility to 12h (the SQS limit).
 	MaxHold time.Duration
 	// AdmitTimeout is the backpressure bound: a message not admitted this long
-	// after receipt is released for another consumer; default 60s.
+	// after receipt is released for another consumer; below MaxHold.
 	AdmitTimeout time.Duration
-	// InferenceTimeout bounds one batch on the device; default 2m.
+	// InferenceTimeout bounds one batch on the device; below MaxHold.
 	InferenceTimeout time.Duration
 	// RetryDelay is the visibility given to a message released after a
-	// transient failure, doubled per receive; default 5s, capped at 15m.
+	// transient failure, doubled per receive, capped at 15m.
 	RetryDelay time.Duration
 	// ShutdownGrace is how long running batches may finish after shutdown
-	// begins; the rest are released. Default 25s (ECS waits 30s by default).
+	// begins; the rest are released. Keep it under what the platform waits
+	// after SIGTERM (ECS: 30s by default).
 	ShutdownGrace time.Duration
-	// MaxMessageBytes is the largest result message sent; default 256 KiB,
-	// which every SQS queue accepts (up to 1 MiB where the queue allows it).
+	// MaxMessageBytes is the largest result message sent, 1 KiB to 1 MiB; the
+	// default is what every SQS queue accepts (up to 1 MiB where the queue
+	// allows it).
 	MaxMessageBytes int
 	// MaxResultBytes bounds the encoded result of one message, however
 	// many items it holds: a larger one is dead-lettered as
-	// result_too_large rather than stored. Default and most
-	// job.MaxResultBytes (64 MiB), which the publisher reads no more of.
+	// result_too_large rather than stored. At most (and by default)
+	// job.MaxResultBytes, which the publisher reads no more of.
 	MaxResultBytes int
 
 	// TaskProtection, when set, keeps the ECS task protected from scale-in
@@ -110,13 +114,13 @@ type Config struct {
 	TaskProtection *TaskProtection
 	// TaskProtectionExpiry is how long one protection lasts unless renewed;
 	// it is renewed at half of it while messages are held, so it runs out on
-	// its own within this time if the subscriber dies. 1m to 48h; default 1h.
+	// its own within this time if the subscriber dies. 1m to 48h.
 	TaskProtectionExpiry time.Duration
 	// TaskProtectionMaxHold is the longest protection stays on without a
 	// break: after it, protection goes off for two minutes whatever is held,
 	// since ECS never stops a protected task, for a deployment either, and a
 	// subscriber under steady load would otherwise never be replaced. 1m to
-	// 48h; default 30m.
+	// 48h.
 	TaskProtectionMaxHold time.Duration
 
 	// StateFile, when set, keeps what was learned (the batch size that fits)
@@ -127,40 +131,64 @@ type Config struct {
 	Registerer prometheus.Registerer // default: a private registry
 }
 
+// DefaultConfig is the configuration a zero Config takes, field by field:
+// every default lives here, and cmd/subscriber's flags start from it.
+// docs/configuration.md lists the values, with the flags that set them.
+// The queues, model, device, logger and registry have none; MaxBatchBytes
+// and VRAMLimit are 0 (a quarter of the budget, and no cap).
+func DefaultConfig() Config {
+	return Config{
+		Admission:             AdmitVRAM,
+		Count:                 4,
+		VRAMReserve:           256 << 20,
+		BudgetRefresh:         2 * time.Second,
+		Prefetch:              20,
+		MaxInflight:           100,
+		MaxBatch:              8,
+		MaxBatchDelay:         10 * time.Millisecond,
+		WaitTime:              20 * time.Second,
+		Visibility:            30 * time.Second,
+		MaxHold:               15 * time.Minute,
+		AdmitTimeout:          time.Minute,
+		InferenceTimeout:      2 * time.Minute,
+		RetryDelay:            5 * time.Second,
+		ShutdownGrace:         25 * time.Second,
+		MaxMessageBytes:       256 << 10,
+		MaxResultBytes:        job.MaxResultBytes,
+		TaskProtectionExpiry:  time.Hour,
+		TaskProtectionMaxHold: 30 * time.Minute,
+	}
+}
+
+// orDefault sets *p to def when it is the zero value.
+func orDefault[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
+}
+
 func (c *Config) setDefaults() {
-	def := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defInt := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	if c.Admission == "" {
-		c.Admission = AdmitVRAM
-	}
-	defInt(&c.Count, 4)
-	if c.VRAMReserve == 0 {
-		c.VRAMReserve = 256 << 20
-	}
-	def(&c.BudgetRefresh, 2*time.Second)
-	defInt(&c.Prefetch, 20)
-	defInt(&c.MaxInflight, 100)
-	defInt(&c.MaxBatch, 8)
-	def(&c.MaxBatchDelay, 10*time.Millisecond)
-	def(&c.WaitTime, 20*time.Second)
-	def(&c.Visibility, 30*time.Second)
-	def(&c.MaxHold, 15*time.Minute)
-	def(&c.AdmitTimeout, time.Minute)
-	def(&c.InferenceTimeout, 2*time.Minute)
-	def(&c.RetryDelay, 5*time.Second)
-	def(&c.ShutdownGrace, 25*time.Second)
-	defInt(&c.MaxMessageBytes, 256<<10)
-	defInt(&c.MaxResultBytes, job.MaxResultBytes)
-	def(&c.TaskProtectionExpiry, time.Hour)
-	def(&c.TaskProtectionMaxHold, 30*time.Minute)
+	d := DefaultConfig()
+	orDefault(&c.Admission, d.Admission)
+	orDefault(&c.Count, d.Count)
+	orDefault(&c.VRAMReserve, d.VRAMReserve)
+	orDefault(&c.BudgetRefresh, d.BudgetRefresh)
+	orDefault(&c.Prefetch, d.Prefetch)
+	orDefault(&c.MaxInflight, d.MaxInflight)
+	orDefault(&c.MaxBatch, d.MaxBatch)
+	orDefault(&c.MaxBatchDelay, d.MaxBatchDelay)
+	orDefault(&c.WaitTime, d.WaitTime)
+	orDefault(&c.Visibility, d.Visibility)
+	orDefault(&c.MaxHold, d.MaxHold)
+	orDefault(&c.AdmitTimeout, d.AdmitTimeout)
+	orDefault(&c.InferenceTimeout, d.InferenceTimeout)
+	orDefault(&c.RetryDelay, d.RetryDelay)
+	orDefault(&c.ShutdownGrace, d.ShutdownGrace)
+	orDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
+	orDefault(&c.MaxResultBytes, d.MaxResultBytes)
+	orDefault(&c.TaskProtectionExpiry, d.TaskProtectionExpiry)
+	orDefault(&c.TaskProtectionMaxHold, d.TaskProtectionMaxHold)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

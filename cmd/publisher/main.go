@@ -27,7 +27,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
@@ -68,50 +67,10 @@ type serverLimits struct {
 	maxHeader                     int
 }
 
-type options struct {
-	queueURL, bucket     string
-	addr, metricsAddr    string
-	apiKeys, apiKeysFile string
-	apiKeysSecret        string
-	maxMessage, maxItem  gpu.Bytes
-	maxBody, maxInFlight gpu.Bytes
-	memoryLimit          gpu.Bytes
-	trustedProxies       string
-	shutdownGrace        time.Duration
-	logFormat, logLevel  string
-	cfg                  publisher.Config
-}
-
 func parse(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
-	o := &options{maxBody: 32 << 20}
+	o := &options{}
 	c := &o.cfg
-	fs := flag.NewFlagSet("publisher", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue (required)")
-	fs.StringVar(&o.bucket, "payload-bucket", "", "S3 bucket for large items, job manifests, idempotency records and results;\nwithout it large items are refused and GET /v1/jobs/{id} answers 501")
-	fs.StringVar(&o.addr, "addr", ":8080", "HTTP listen address (not used under Lambda)")
-	fs.StringVar(&o.apiKeys, "api-keys", "", "comma-separated bearer API keys accepted on /v1/jobs (unset: no auth; a value naming no key is refused)")
-	fs.StringVar(&o.apiKeysFile, "api-keys-file", "", "file of bearer API keys, one per line (# comments), added to -api-keys")
-	fs.StringVar(&o.apiKeysSecret, "api-keys-secret", "", "ID or ARN of a Secrets Manager secret holding bearer API keys (comma- or line-separated), read once at start\n(a Lambda function's cold start) and added to -api-keys; the role needs secretsmanager:GetSecretValue on it")
-	fs.Var(&o.maxMessage, "max-message-bytes", "largest work message (0: the queue's MaximumMessageSize; lower only)")
-	fs.Var(&o.maxBody, "max-body-bytes", "largest request body")
-	fs.Var(&o.maxInFlight, "max-inflight-body-bytes", "most bytes of request bodies held at once, over all requests; more is answered 503 overloaded\n(0: twice -max-body-bytes). The heap peaks at 5 to 6 times this")
-	fs.Var(&o.memoryLimit, "memory-limit", "the Go runtime's soft memory limit (0: GOMEMLIMIT if set, else 90% of the Lambda function's or the container's memory)")
-	fs.IntVar(&c.MaxItems, "max-items", 10_000, "most items in one job")
-	fs.Var(&o.maxItem, "max-item-bytes", "largest item carried inline; larger ones go to S3 (0: what fits in a message)")
-	fs.IntVar(&c.ChunkItems, "chunk-items", 32, "most items per chunk, unless the request's options.chunk_items says otherwise")
-	fs.IntVar(&c.MaxChunkItems, "max-chunk-items", 1_000, "largest options.chunk_items a request may ask for")
-	fs.IntVar(&c.SendAttempts, "send-attempts", 5, "sends of one SendMessageBatch entry that SQS lists as failed, the first included")
-	fs.Float64Var(&c.RateLimit, "rate-limit", defaultRateLimit, "requests per second one client may send to /v1/jobs routes (its API key, else its address); 0: no limit")
-	fs.IntVar(&c.RateBurst, "rate-burst", defaultRateBurst, "requests one client may send at once after a quiet spell")
-	fs.Float64Var(&c.GlobalRateLimit, "global-rate-limit", 0, "requests per second this process takes from all clients together; 0: no limit")
-	fs.IntVar(&c.GlobalRateBurst, "global-rate-burst", 0, "requests at once over all clients (0: twice -global-rate-limit)")
-	fs.IntVar(&c.RateLimitClients, "rate-limit-clients", 10_000, "most clients whose rate limits are kept in memory, least recently seen dropped first")
-	fs.StringVar(&o.trustedProxies, "trusted-proxies", "", "comma-separated addresses or CIDR blocks of the load balancers whose X-Forwarded-For names the client:\nonly theirs (e.g. the ALB's subnets), never a block clients connect from; empty: the connection's address is the client")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9090", "listen address of /metrics (Prometheus), apart from the API's so the load balancer does not forward it;\nempty: not served (not used under Lambda)")
-	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second, "how long in-flight requests may finish after SIGTERM")
-	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
-	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs := newFlagSet(o, stderr)
 	if err := envflag.Parse(fs, args, getenv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -151,33 +110,11 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	return o, nil
 }
 
-// Default rate limits, per client. One request may carry 10,000 items, so a
-// client that needs more than 50 a second is a loop gone wrong or an attack;
-// 50 a second still lets one client follow ten jobs at five status polls a
-// second each (what bin/loadgen does) while it submits more. The burst of 100
-// takes a batch of submissions at once. The global limit is off by default:
-// what a process can take depends on its size, and under Lambda the API
-// Gateway stage's throttling is the global limit (infra/publisher.tf).
-const (
-	defaultRateLimit = 50
-	defaultRateBurst = 100
-)
-
 // noQueue stands in for the work queue while the flags are checked.
 type noQueue struct{}
 
 func (noQueue) SendBatch(context.Context, []publisher.Entry) ([]error, error) {
 	return nil, errors.New("no queue")
-}
-
-// configFlags maps publisher.Config fields to the flags that set them.
-var configFlags = map[string]string{
-	"MaxMessageBytes": "max-message-bytes", "MaxBodyBytes": "max-body-bytes", "MaxItems": "max-items",
-	"MaxBodyBytesInFlight": "max-inflight-body-bytes",
-	"MaxItemBytes":         "max-item-bytes", "ChunkItems": "chunk-items", "MaxChunkItems": "max-chunk-items",
-	"APIKeys": "api-keys", "SendAttempts": "send-attempts", "RateLimit": "rate-limit", "RateBurst": "rate-burst",
-	"GlobalRateLimit": "global-rate-limit", "GlobalRateBurst": "global-rate-burst",
-	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",
 }
 
 // configError turns publisher.New's errors into a usage error that names,

@@ -24,7 +24,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
@@ -39,71 +38,10 @@ func main() {
 
 var errUsage = cli.ErrUsage
 
-type options struct {
-	queueURL, resultsURL, dlqURL string
-	payloadBucket                string
-	device                       string
-	vram, reserve, limit         gpu.Bytes
-	maxBatchBytes                gpu.Bytes
-	modelSeed                    uint64
-	weights                      string
-	model                        string // a BERT-family model directory; empty: the reference model
-	metricsAddr                  string
-	logFormat, logLevel          string
-	// protectionURI is the ECS agent's URI when task scale-in protection
-	// is on; empty when off.
-	protectionURI string
-	cfg           subscriber.Config
-	// calibrate runs the sweep instead of subscribing; costModel is the
-	// file it writes, or the one a subscriber loads (calibrate.go).
-	calibrate                       bool
-	calibrateItems, calibratePoints int
-	costModel                       string
-}
-
 func parse(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
-	o := &options{vram: 16 << 30, reserve: 256 << 20}
+	o := &options{}
 	c := &o.cfg
-	fs := flag.NewFlagSet("subscriber", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue (required)")
-	fs.StringVar(&o.resultsURL, "results-queue-url", "", "URL of the results queue (required)")
-	fs.StringVar(&o.dlqURL, "dlq-url", "", "URL of the dead-letter queue, for poison messages with a reason (required)")
-	fs.StringVar(&o.payloadBucket, "payload-bucket", "", "S3 bucket of claim-checked items, stored results and failed markers (empty: none; items that reference it are dead-lettered)")
-	fs.StringVar(&o.device, "device", "auto", deviceHelp)
-	fs.Var(&o.vram, "vram", "memory of the simulated device, e.g. 16GiB")
-	fs.Var(&o.reserve, "vram-reserve", "device memory kept free of work")
-	fs.Var(&o.limit, "vram-limit", "cap on the VRAM budget below what the device offers (0: no cap)")
-	fs.DurationVar(&c.BudgetRefresh, "budget-refresh", 2*time.Second, "how often the device's memory is read again; under -admission=vram the budget follows it, so another process on the GPU shrinks it (negative: never, keep the budget read at start)")
-	fs.StringVar(&o.model, "model", "", "directory of a BERT-family sentence encoder as Hugging Face ships it (config.json, model.safetensors, tokenizer.json, sentence-transformers files);\nempty: the reference embedding model")
-	fs.Uint64Var(&o.modelSeed, "model-seed", gpu.DefaultEmbedConfig().Seed, "seed of the reference model's generated weights (without -weights)")
-	fs.StringVar(&o.weights, "weights", "", "safetensors file of the reference model's weights (make weights writes one; empty: generated from -model-seed)")
-	fs.BoolVar(&o.calibrate, "calibrate", false, "measure the model's working memory on -device with a sweep of batches, print the fitted cost model, write it to -cost-model if set, and exit\n(touches no queue; nothing else may use the device meanwhile)")
-	fs.IntVar(&o.calibrateItems, "calibrate-items", 0, "most items in one batch of the -calibrate sweep (0: -max-batch × 32, the publisher's default -chunk-items)")
-	fs.IntVar(&o.calibratePoints, "calibrate-points", gpu.DefaultSweep(1).Points, "batches the -calibrate sweep measures at its largest item count (fewer at smaller ones): more take longer and leave a smaller margin")
-	fs.StringVar(&o.costModel, "cost-model", "", "cost model file from -calibrate: estimate each message's working memory with it (with -calibrate: where to write it; empty: the model's own estimate)")
-	admission := fs.String("admission", string(subscriber.AdmitVRAM), "admission strategy: vram (by estimated memory), count (fixed N at once), none (all received)")
-	fs.IntVar(&c.Count, "count", 4, "messages at once under -admission=count")
-	fs.IntVar(&c.Prefetch, "prefetch", 20, "most messages received but not yet started")
-	fs.IntVar(&c.MaxInflight, "max-inflight", 100, "most messages held in all, waiting and running")
-	fs.IntVar(&c.MaxBatch, "max-batch", 8, "most messages per device batch")
-	fs.DurationVar(&c.MaxBatchDelay, "max-batch-delay", 10*time.Millisecond, "how long a batch waits for more messages")
-	fs.Var(&o.maxBatchBytes, "max-batch-bytes", "most estimated working memory per batch under -admission=vram (0: a quarter of the budget, so one batch can start while others work)")
-	fs.DurationVar(&c.WaitTime, "wait-time", 20*time.Second, "long-poll wait, up to 20s")
-	fs.DurationVar(&c.Visibility, "visibility-timeout", 30*time.Second, "visibility timeout on receive and each extension; heartbeats every third of it")
-	fs.DurationVar(&c.MaxHold, "max-hold", 15*time.Minute, "longest a message is held before its lease is let go")
-	fs.DurationVar(&c.AdmitTimeout, "admit-timeout", time.Minute, "a message not admitted this long after receipt is released (backpressure)")
-	fs.DurationVar(&c.InferenceTimeout, "inference-timeout", 2*time.Minute, "longest one batch may run")
-	fs.DurationVar(&c.RetryDelay, "retry-delay", 5*time.Second, "visibility of a message released after a transient failure, doubled per receive")
-	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long running batches may finish after SIGTERM")
-	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", 256<<10, "largest result message")
-	fs.StringVar(&c.StateFile, "state-file", "", "file that keeps the learned batch limit across restarts")
-	protection := fs.String("task-protection", "auto", "ECS task scale-in protection while messages are held, through $ECS_AGENT_URI:\nauto (on where ECS_AGENT_URI is set, as on ECS), on, off")
-	fs.DurationVar(&c.TaskProtectionExpiry, "task-protection-expiry", time.Hour, "how long one protection lasts unless renewed (renewed at half of it while messages are held); 1m to 48h")
-	fs.DurationVar(&c.TaskProtectionMaxHold, "task-protection-max-hold", 30*time.Minute, "the longest protection stays on without a 2-minute break, so that a deployment waiting for this task can replace it; 1m to 48h")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9090", "address for /metrics and /healthz (empty: off)")
-	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
-	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs := newFlagSet(o, stderr)
 	if err := envflag.Parse(fs, args, getenv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -113,7 +51,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
-	c.Admission = subscriber.Strategy(*admission)
+	c.Admission = subscriber.Strategy(o.admission)
 	c.VRAMReserve, c.VRAMLimit = int64(o.reserve), int64(o.limit)
 	c.MaxBatchBytes = int64(o.maxBatchBytes)
 	var missing []string
@@ -137,7 +75,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	}
 	// ECS_AGENT_URI is the agent's own variable, set in every container of
 	// an ECS task, so it is read as is rather than through a flag.
-	switch agent := getenv("ECS_AGENT_URI"); *protection {
+	switch agent := getenv("ECS_AGENT_URI"); o.taskProtection {
 	case "auto":
 		o.protectionURI = agent
 	case "on":
@@ -147,7 +85,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 		o.protectionURI = agent
 	case "off":
 	default:
-		return nil, fmt.Errorf("%w: -task-protection=%s: want auto, on or off", errUsage, *protection)
+		return nil, fmt.Errorf("%w: -task-protection=%s: want auto, on or off", errUsage, o.taskProtection)
 	}
 	if err := checkDevice(o.device); err != nil {
 		return nil, fmt.Errorf("%w: -device=%s: %v", errUsage, o.device, err)
@@ -158,15 +96,6 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 		return nil, err
 	}
 	return o, nil
-}
-
-// configFlags maps subscriber.Config fields to the flags that set them.
-var configFlags = map[string]string{
-	"Admission": "admission", "Count": "count", "VRAMReserve": "vram-reserve", "VRAMLimit": "vram-limit", "BudgetRefresh": "budget-refresh",
-	"Prefetch": "prefetch", "MaxInflight": "max-inflight", "MaxBatch": "max-batch", "MaxBatchDelay": "max-batch-delay", "MaxBatchBytes": "max-batch-bytes",
-	"WaitTime": "wait-time", "Visibility": "visibility-timeout", "MaxHold": "max-hold", "AdmitTimeout": "admit-timeout",
-	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
-	"MaxMessageBytes": "max-message-bytes", "TaskProtectionExpiry": "task-protection-expiry", "TaskProtectionMaxHold": "task-protection-max-hold",
 }
 
 // configError turns subscriber.Config's errors into a usage error that
@@ -316,31 +245,29 @@ func metricsServer(h http.Handler, l serverLimits) *http.Server {
 // healthCheck, Docker's HEALTHCHECK) in images that have no shell or curl,
 // such as distroless: ["CMD", "/usr/local/bin/subscriber", "healthcheck"].
 func healthcheck(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("subscriber healthcheck", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("metrics-addr", ":9090", "address the subscriber serves /healthz on")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long the whole check may take (keep it under the container health check's own timeout)")
+	var ho healthcheckOptions
+	fs := newHealthcheckFlagSet(&ho, stderr)
 	if err := envflag.Parse(fs, args, getenv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	host, port, err := net.SplitHostPort(*addr)
-	if err != nil || *addr == "" {
-		return fmt.Errorf("%w: healthcheck: -metrics-addr=%q: want host:port", errUsage, *addr)
+	host, port, err := net.SplitHostPort(ho.metricsAddr)
+	if err != nil || ho.metricsAddr == "" {
+		return fmt.Errorf("%w: healthcheck: -metrics-addr=%q: want host:port", errUsage, ho.metricsAddr)
 	}
 	if host == "" || host == "0.0.0.0" || host == "::" {
 		host = "127.0.0.1"
 	}
-	if *timeout <= 0 {
-		return fmt.Errorf("%w: healthcheck: -timeout=%v: want a positive duration", errUsage, *timeout)
+	if ho.timeout <= 0 {
+		return fmt.Errorf("%w: healthcheck: -timeout=%v: want a positive duration", errUsage, ho.timeout)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
 	if err != nil {
 		return err
 	}
-	resp, err := healthClient(*timeout).Do(req)
+	resp, err := healthClient(ho.timeout).Do(req)
 	if err != nil {
 		return fmt.Errorf("healthcheck: %w", err)
 	}

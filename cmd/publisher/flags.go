@@ -1,0 +1,112 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/publisher"
+)
+
+// options are what the flags set.
+type options struct {
+	queueURL, bucket     string
+	addr, metricsAddr    string
+	apiKeys, apiKeysFile string
+	apiKeysSecret        string
+	maxMessage, maxItem  gpu.Bytes
+	maxBody, maxInFlight gpu.Bytes
+	memoryLimit          gpu.Bytes
+	trustedProxies       string
+	shutdownGrace        time.Duration
+	logFormat, logLevel  string
+	cfg                  publisher.Config
+}
+
+// Default rate limits, per client: the binary's own, where the library's
+// are none. One request may carry 10,000 items, so a client that needs more
+// than 50 a second is a loop gone wrong or an attack; 50 a second still lets
+// one client follow ten jobs at five status polls a second each (what
+// bin/loadgen does) while it submits more. The burst of 100 takes a batch of
+// submissions at once. The global limit is off by default: what a process
+// can take depends on its size, and under Lambda the API Gateway stage's
+// throttling is the global limit (infra/publisher.tf).
+const (
+	defaultRateLimit = 50
+	defaultRateBurst = 100
+)
+
+// newFlagSet defines the publisher's flags on o, each defaulting to what
+// publisher.DefaultConfig holds for the field it sets (but for the rate
+// limits above), so that a default is written once; docs/configuration.md
+// is generated from this set. Under Lambda the same flags are read from the
+// function's environment.
+func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
+	d := publisher.DefaultConfig()
+	c := &o.cfg
+	o.maxBody, o.maxInFlight, o.maxItem = gpu.Bytes(d.MaxBodyBytes), gpu.Bytes(d.MaxBodyBytesInFlight), gpu.Bytes(d.MaxItemBytes)
+	fs := flag.NewFlagSet("publisher", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue, whose MaximumMessageSize is read at start (required)")
+	fs.StringVar(&o.bucket, "payload-bucket", "",
+		"S3 bucket for large items, job manifests, idempotency records and results; without it large items are refused (413),\n"+
+			"GET /v1/jobs/{id} answers 501 and idempotency records live in this process only")
+	fs.StringVar(&o.addr, "addr", ":8080", "HTTP listen address (not used under Lambda)")
+	fs.StringVar(&o.apiKeys, "api-keys", "",
+		"comma-separated bearer API keys accepted on /v1/jobs (unset: no auth; a value naming no key is refused)")
+	fs.StringVar(&o.apiKeysFile, "api-keys-file", "",
+		"file of bearer API keys, one per line (# comments), added to -api-keys; a file naming no key is refused")
+	fs.StringVar(&o.apiKeysSecret, "api-keys-secret", "",
+		"ID or ARN of a Secrets Manager secret holding bearer API keys (comma- or line-separated), read once at start\n"+
+			"(a Lambda function's cold start) and added to -api-keys; the role needs secretsmanager:GetSecretValue on it")
+	fs.Var(&o.maxMessage, "max-message-bytes", "largest work message (0: the queue's MaximumMessageSize; lower only)")
+	fs.Var(&o.maxBody, "max-body-bytes",
+		"largest request body, held in memory while handled (API Gateway and Lambda stop at 10 MB and 6 MB anyway)")
+	fs.Var(&o.maxInFlight, "max-inflight-body-bytes",
+		"most bytes of request bodies held at once, over all requests; a POST over it is answered 503 overloaded with\n"+
+			"Retry-After, at once (0: twice -max-body-bytes). The heap peaks at 5 to 6 times this (BenchmarkConcurrentMaxBodies):\n"+
+			"keep that under the task's memory")
+	fs.Var(&o.memoryLimit, "memory-limit",
+		"the Go runtime's soft memory limit (0: GOMEMLIMIT if set, else 90% of the Lambda function's memory or of the\n"+
+			"container's cgroup limit, else none)")
+	fs.IntVar(&c.MaxItems, "max-items", d.MaxItems, "most items in one job")
+	fs.Var(&o.maxItem, "max-item-bytes", "largest item (its JSON) carried inline; larger ones go to S3 (0: what fits in a message)")
+	fs.IntVar(&c.ChunkItems, "chunk-items", d.ChunkItems, "most items per chunk, unless the request's options.chunk_items says otherwise")
+	fs.IntVar(&c.MaxChunkItems, "max-chunk-items", d.MaxChunkItems, "largest options.chunk_items a request may ask for")
+	fs.IntVar(&c.SendAttempts, "send-attempts", d.SendAttempts,
+		"sends of one SendMessageBatch entry that SQS lists as failed, the first included")
+	fs.Float64Var(&c.RateLimit, "rate-limit", defaultRateLimit,
+		"requests per second one client may send to /v1/jobs routes (its API key when auth is on, else its address,\n"+
+			"IPv6 by /64); 0: no limit")
+	fs.IntVar(&c.RateBurst, "rate-burst", defaultRateBurst, "requests one client may send at once after a quiet spell")
+	fs.Float64Var(&c.GlobalRateLimit, "global-rate-limit", d.GlobalRateLimit,
+		"requests per second this process takes from all clients together; 0: no limit\n"+
+			"(under Lambda, API Gateway's stage throttle is the global limit)")
+	fs.IntVar(&c.GlobalRateBurst, "global-rate-burst", d.GlobalRateBurst, "requests at once over all clients (0: twice -global-rate-limit)")
+	fs.IntVar(&c.RateLimitClients, "rate-limit-clients", d.RateLimitClients,
+		"most clients whose rate limits are kept in memory, least recently seen dropped first\n"+
+			"(a flood of addresses cannot grow memory)")
+	fs.StringVar(&o.trustedProxies, "trusted-proxies", "",
+		"comma-separated addresses or CIDR blocks of the load balancers whose X-Forwarded-For names the client, read from the\n"+
+			"right up to the first untrusted address: only theirs (e.g. the ALB's subnets), never a block clients connect from;\n"+
+			"/0 is refused; empty: the connection's address is the client")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9090",
+		"listen address of /metrics (Prometheus), apart from the API's so the load balancer does not forward it;\n"+
+			"empty: not served (never served under Lambda)")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second,
+		"how long in-flight requests may finish after SIGTERM or SIGINT; then connections are closed and the exit is 0")
+	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	return fs
+}
+
+// configFlags maps publisher.Config fields to the flags that set them.
+var configFlags = map[string]string{
+	"MaxMessageBytes": "max-message-bytes", "MaxBodyBytes": "max-body-bytes", "MaxItems": "max-items",
+	"MaxBodyBytesInFlight": "max-inflight-body-bytes",
+	"MaxItemBytes":         "max-item-bytes", "ChunkItems": "chunk-items", "MaxChunkItems": "max-chunk-items",
+	"APIKeys": "api-keys", "SendAttempts": "send-attempts", "RateLimit": "rate-limit", "RateBurst": "rate-burst",
+	"GlobalRateLimit": "global-rate-limit", "GlobalRateBurst": "global-rate-burst",
+	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",
+}
