@@ -1,67 +1,14 @@
-package main
+package strategies
 
 import (
 	"context"
 	"errors"
-	"math"
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber"
 )
-
-// TestOfflineBoundN checks the bound for n devices against the arithmetic
-// written out: n devices share the work (one launch still comes first) and
-// the memory-time.
-func TestOfflineBoundN(t *testing.T) {
-	tm := gpu.Timing{Launch: 10 * time.Millisecond, Throughput: 1 << 20}
-	costs := []int64{1 << 20, 1 << 20, 4 << 20} // 6 s of work at 1 MiB/s
-	budget := int64(8 << 20)
-	one := offlineBoundN(costs, tm, budget, 1)
-	if one != offlineBound(costs, tm, budget) {
-		t.Fatalf("n=1 differs from the one-device bound: %+v", one)
-	}
-	if math.Abs(one.WorkSeconds-6.01) > 1e-9 {
-		t.Fatalf("one device's work bound %.4f s, want 6.01", one.WorkSeconds)
-	}
-	three := offlineBoundN(costs, tm, budget, 3)
-	if math.Abs(three.WorkSeconds-(6.0/3+0.01)) > 1e-9 {
-		t.Errorf("three devices' work bound %.4f s, want 2.01", three.WorkSeconds)
-	}
-	// Memory-time: (1+1+16) MiB·s / 8 MiB = 2.25 s on one device.
-	if math.Abs(one.MemorySeconds-2.25) > 1e-9 || math.Abs(three.MemorySeconds-0.75) > 1e-9 {
-		t.Errorf("memory bounds %.4f and %.4f s, want 2.25 and 0.75", one.MemorySeconds, three.MemorySeconds)
-	}
-	if want := 3 / 2.01; math.Abs(three.MessagesPerS-want) > 1e-9 || three.Binding != "device throughput" {
-		t.Errorf("three devices: %.4f messages/s bound by %s, want %.4f by device throughput", three.MessagesPerS, three.Binding, want)
-	}
-}
-
-func TestShapeWorks(t *testing.T) {
-	works, _, err := shapeWorks("1-in-3", 9)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var large int
-	for _, w := range works {
-		if len(w.Items) == 32 {
-			large++
-		}
-	}
-	if len(works) != 9 || large != 3 {
-		t.Errorf("1-in-3 of 9: %d messages, %d large; want 9 and 3", len(works), large)
-	}
-	if works, _, err := shapeWorks("heavy", 5); err != nil || len(works) != 5 {
-		t.Errorf("heavy of 5: %d messages, %v", len(works), err)
-	}
-	for _, bad := range []string{"1-in-0", "1-in-x", "2-in-5", "", "pareto"} {
-		if _, _, err := shapeWorks(bad, 5); err == nil {
-			t.Errorf("shape %q accepted", bad)
-		}
-	}
-}
 
 // fakeWork is a work queue that hands out msgs once and fails the deletes
 // of the handles in fail.

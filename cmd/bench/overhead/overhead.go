@@ -1,4 +1,4 @@
-package main
+package overhead
 
 import (
 	"bytes"
@@ -14,6 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vramq/vramq/cmd/bench/report"
+	"github.com/vramq/vramq/cmd/bench/sqsenv"
+	"github.com/vramq/vramq/cmd/bench/stats"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/localstack"
 )
@@ -32,14 +35,14 @@ type overheadReport struct {
 	Chunks   int         `json:"publisher_messages_per_run,omitempty"`
 }
 
-// runOverhead measures what vramq costs over the bare SDK against the same
+// Run is `bench overhead`: it measures what vramq costs over the bare SDK against the same
 // endpoint in the same run: the subscriber with a no-op model against bare
 // receive/delete loops over the same pre-loaded messages, and the
 // publisher's HTTP path against bare SendMessageBatch loops sending the same
 // chunks. Each trial runs every variant once, in a rotating order, on fresh
 // queues; the figures are medians over the trials.
-func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	load := loadAverage()
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	load := report.LoadAverage()
 	fs := flag.NewFlagSet("bench overhead", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	trials := fs.Int("trials", 7, "trials; each runs every variant once, in a rotating order")
@@ -129,14 +132,14 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	rep := overheadReport{Command: "bin/bench overhead " + strings.Join(args, " "), Date: time.Now().UTC().Format("2006-01-02"),
-		Host: hostLine(), Trials: *trials}
+		Host: report.HostLine(), Trials: *trials}
 	var out bytes.Buffer
 	via := ""
 	if *latency > 0 {
 		via = fmt.Sprintf(", every call delayed %v by a proxy", *latency)
 	}
 	fmt.Fprintf(&out, "Measured %s on %s, against the emulator at %s%s (load average %s at the start). Command:\n\n```sh\n%s\n```\n",
-		rep.Date, rep.Host, endpoint(), via, load, strings.TrimSpace(rep.Command))
+		rep.Date, rep.Host, sqsenv.Endpoint(), via, load, strings.TrimSpace(rep.Command))
 
 	if strings.Contains(*only, "subscriber") {
 		rep.Messages = *messages
@@ -145,11 +148,11 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			set.Names = append(set.Names, c.name)
 		}
 		for t := range *trials {
-			for _, i := range rotation(len(cs), t) {
+			for _, i := range stats.Rotation(len(cs), t) {
 				c := cs[i]
 				e.run.variant, e.run.trial = c.name, t+1
 				rate, note, err := e.timed(ctx, *runTimeout, func(ctx context.Context, urls localstack.URLs) (time.Duration, string, error) {
-					if err := e.preload(ctx, urls.Work, tinyWorks("overhead", *messages)); err != nil {
+					if err := e.Preload(ctx, urls.Work, sqsenv.TinyWorks("overhead", *messages)); err != nil {
 						return 0, "", fmt.Errorf("pre-loading: %w", err)
 					}
 					return c.run(ctx, e, urls, *messages)
@@ -189,7 +192,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 				set.Names = append(set.Names, p.name)
 			}
 			for t := range *trials {
-				for _, i := range rotation(len(ps), t) {
+				for _, i := range stats.Rotation(len(ps), t) {
 					p := ps[i]
 					rate, note, err := e.timed(ctx, *runTimeout, func(ctx context.Context, urls localstack.URLs) (time.Duration, string, error) {
 						took, err := p.run(ctx, e, urls, load)
@@ -207,13 +210,13 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			set.markdown(&out, "publisher")
 		}
 	}
-	if n := e.receiveRetries.Load(); n > 0 {
+	if n := e.ReceiveRetries.Load(); n > 0 {
 		fmt.Fprintf(&out, "\nThe SDK retried %d ReceiveMessage calls (a known emulator fault under load: an answer that fails to read); "+
 			"%d run(s) during which it happened were thrown away and run again, as each may leave up to ten messages invisible for the whole visibility timeout.\n",
 			n, e.discarded)
 	}
 
-	return publish(stdout, out.String(), *md, "overhead", *jsonOut, rep)
+	return report.Publish(stdout, out.String(), *md, "overhead", *jsonOut, rep)
 }
 
 // timed runs f on fresh queues under a time limit and returns n messages
@@ -226,12 +229,12 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // were thrown away.
 func (e *benchEnv) timed(ctx context.Context, limit time.Duration, f func(context.Context, localstack.URLs) (time.Duration, string, error), n int) (float64, string, error) {
 	for attempt := 1; ; attempt++ {
-		retries := e.receiveRetries.Load()
+		retries := e.ReceiveRetries.Load()
 		took, note, err := e.once(ctx, limit, f)
 		if err != nil {
 			return 0, "", err
 		}
-		if e.receiveRetries.Load() == retries || attempt == retriedRuns+1 {
+		if e.ReceiveRetries.Load() == retries || attempt == retriedRuns+1 {
 			if attempt > 1 {
 				note = strings.TrimSpace(fmt.Sprintf("%s (after %d run(s) thrown away for a retried receive)", note, attempt-1))
 			}
@@ -248,7 +251,7 @@ const retriedRuns = 3
 func (e *benchEnv) once(ctx context.Context, limit time.Duration, f func(context.Context, localstack.URLs) (time.Duration, string, error)) (time.Duration, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	urls, drop, err := e.freshQueues(ctx)
+	urls, drop, err := e.FreshQueues(ctx)
 	if err != nil {
 		return 0, "", err
 	}
@@ -278,16 +281,6 @@ func writeNotes(w io.Writer, notes []string) {
 		}
 		fmt.Fprintf(w, "- %s: %s\n", which, text)
 	}
-}
-
-// endpoint is the SQS endpoint under test, for the report.
-func endpoint() string {
-	for _, k := range []string{"AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL"} {
-		if v := os.Getenv(k); v != "" {
-			return v
-		}
-	}
-	return "AWS (no endpoint override)"
 }
 
 // writeAllocs writes the allocation profile of the run so far to path.

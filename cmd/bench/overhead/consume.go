@@ -1,4 +1,4 @@
-package main
+package overhead
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/vramq/vramq/cmd/bench/sqsenv"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
@@ -83,7 +84,7 @@ func (cc consumeConfig) subscriber(ctx context.Context, e *benchEnv, urls locals
 		Results:     subscriber.NewSQSQueue(e.client, urls.Results),
 		DLQ:         subscriber.NewSQSQueue(e.client, urls.DLQ),
 		Model:       gpu.Noop{},
-		Device:      noopDevice(),
+		Device:      sqsenv.NoopDevice(),
 		VRAMReserve: 1 << 20,
 		Prefetch:    cc.Prefetch,
 		MaxInflight: cc.MaxInflight,

@@ -1,4 +1,7 @@
-package main
+// Package sweep is `bench sweep`: the admission strategies of package
+// strategies over a grid of workload shapes, estimate errors and numbers of
+// subscribers, each row against its own offline bound.
+package sweep
 
 import (
 	"context"
@@ -19,6 +22,8 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 
+	"github.com/vramq/vramq/cmd/bench/report"
+	"github.com/vramq/vramq/cmd/bench/strategies"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/cli"
 )
@@ -35,19 +40,19 @@ type sweepReport struct {
 type sweepResult struct {
 	// Label names the row: the shape, and the estimate error and the
 	// number of subscribers where they vary.
-	Label   string         `json:"label"`
-	Params  strategyParams `json:"params"`
-	Bound   bound          `json:"bound"`
-	Results []outcome      `json:"results"`
+	Label   string               `json:"label"`
+	Params  strategies.Params    `json:"params"`
+	Bound   strategies.Bound     `json:"bound"`
+	Results []strategies.Outcome `json:"results"`
 }
 
-// runSweep runs every strategy over a list of workload shapes, with the
-// settings of `bench strategies`, and reports throughput over each shape's
-// offline bound.
-func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Run is `bench sweep`: it runs every strategy over a list of workload
+// shapes, with the settings of `bench strategies`, and reports throughput
+// over each shape's offline bound.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench sweep", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	p, sf := strategyFlags(fs)
+	p, sf := strategies.Flags(fs)
 	shapes := fs.String("shapes", "1-in-2,1-in-3,1-in-5,1-in-10,1-in-20,heavy", "workload shapes, in order (-shape and -large-every are ignored)")
 	errs := fs.String("estimate-errors", "", "estimate errors to sweep, as -estimate-error takes them (none for exact); empty: -estimate-error alone")
 	subs := fs.String("subscriber-counts", "", "numbers of subscribers to sweep; empty: -subscribers alone")
@@ -78,10 +83,10 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *repeat < 1 {
 		return fmt.Errorf("%w: -repeat must be at least 1", cli.ErrUsage)
 	}
-	if err := sf.apply(p); err != nil {
+	if err := sf.Apply(p); err != nil {
 		return err
 	}
-	client, retries, err := benchClient(ctx)
+	client, retries, err := strategies.Client(ctx)
 	if err != nil {
 		return err
 	}
@@ -100,18 +105,18 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			subList = append(subList, n)
 		}
 	}
-	var scs []scenario
+	var scs []strategies.Scenario
 	for _, shape := range strings.Split(*shapes, ",") {
 		for _, e := range errList {
 			for _, n := range subList {
 				q := *p
 				q.Shape, q.Subscribers = strings.TrimSpace(shape), n
-				est, err := parseEstimateError(strings.TrimSpace(e))
+				est, err := strategies.ParseEstimateError(strings.TrimSpace(e))
 				if err != nil {
 					return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 				}
 				q.EstimateError = est.String()
-				sc, err := prepareScenario(q, *sf.shuffle)
+				sc, err := strategies.Prepare(q, *sf.Shuffle)
 				if err != nil {
 					return err
 				}
@@ -119,7 +124,7 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 		}
 	}
-	label := func(q strategyParams) string {
+	label := func(q strategies.Params) string {
 		l := q.Shape
 		if len(errList) > 1 || q.EstimateError != "none" {
 			l += " est " + q.EstimateError
@@ -129,15 +134,15 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return l
 	}
-	rep := sweepReport{Command: "bin/bench sweep " + strings.Join(args, " "), Date: time.Now().UTC().Format("2006-01-02"), Machine: machine()}
+	rep := sweepReport{Command: "bin/bench sweep " + strings.Join(args, " "), Date: time.Now().UTC().Format("2006-01-02"), Machine: report.Machine()}
 	for _, sc := range scs {
 		fmt.Fprintf(stderr, "bench: shape %s: %d messages, %s to %s each, estimate error %s, %d subscriber(s); offline bound %.1f messages/s (%s)\n",
-			sc.p.Shape, len(sc.works), gpu.FormatBytes(sc.p.SmallCost), gpu.FormatBytes(sc.p.LargeCost), sc.p.EstimateError, sc.p.Subscribers, sc.bound.MessagesPerS, sc.bound.Binding)
-		res, err := sc.measure(ctx, client, retries, *repeat, *verbose, stderr)
+			sc.Params().Shape, len(sc.Works()), gpu.FormatBytes(sc.Params().SmallCost), gpu.FormatBytes(sc.Params().LargeCost), sc.Params().EstimateError, sc.Params().Subscribers, sc.Bound.MessagesPerS, sc.Bound.Binding)
+		res, err := sc.Measure(ctx, client, retries, *repeat, *verbose, stderr)
 		if err != nil {
-			return fmt.Errorf("shape %s: %w", sc.p.Shape, err)
+			return fmt.Errorf("shape %s: %w", sc.Params().Shape, err)
 		}
-		rep.Shapes = append(rep.Shapes, sweepResult{Label: label(sc.p), Params: sc.p, Bound: sc.bound, Results: res})
+		rep.Shapes = append(rep.Shapes, sweepResult{Label: label(sc.Params()), Params: sc.Params(), Bound: sc.Bound, Results: res})
 	}
 	return writeSweep(stdout, rep, *out, *name)
 }
@@ -203,15 +208,15 @@ func writeSweepMarkdown(w io.Writer, rep sweepReport, name string) {
 	fmt.Fprintln(w)
 	for _, s := range rep.Shapes {
 		var parts []string
-		one, ok1 := find(s.Results, "count-1")
+		one, ok1 := strategies.Find(s.Results, "count-1")
 		for _, n := range []string{"vram", "vram-plain"} {
-			if v, ok := find(s.Results, n); ok && ok1 && one.MessagesPerS > 0 {
+			if v, ok := strategies.Find(s.Results, n); ok && ok1 && one.MessagesPerS > 0 {
 				parts = append(parts, fmt.Sprintf("`%s` %.2f× `count-1`", n, v.MessagesPerS/one.MessagesPerS))
 			}
 		}
-		if v, ok := find(s.Results, "vram"); ok {
+		if v, ok := strategies.Find(s.Results, "vram"); ok {
 			for _, base := range []string{"count-avg", "vram-plain"} {
-				if b, ok := find(s.Results, base); ok && b.MessagesPerS > 0 {
+				if b, ok := strategies.Find(s.Results, base); ok && b.MessagesPerS > 0 {
 					parts = append(parts, fmt.Sprintf("`vram` %.2f× `%s`", v.MessagesPerS/b.MessagesPerS, base))
 				}
 			}
@@ -296,5 +301,5 @@ func plotSweep(path string, rep sweepReport) error {
 	p.NominalX(names...)
 	img := vgimg.New(8*vg.Inch, 4.5*vg.Inch)
 	p.Draw(draw.New(img))
-	return writePNG(path, img)
+	return report.WritePNG(path, img)
 }

@@ -1,4 +1,4 @@
-package main
+package strategies
 
 import (
 	"fmt"
@@ -11,10 +11,10 @@ import (
 	"github.com/vramq/vramq/job"
 )
 
-// estimateError is how wrong the model's estimates are made in a run: the
+// EstimateError is how wrong the model's estimates are made in a run: the
 // subscriber admits by the estimate, the simulated device allocates the true
 // cost. The zero value is exact.
-type estimateError struct {
+type EstimateError struct {
 	// Kind is "" (exact), "uniform" (each message's estimate off by a
 	// factor drawn from [1-Frac, 1+Frac]) or "bias" (every estimate times
 	// 1+Frac).
@@ -22,27 +22,27 @@ type estimateError struct {
 	Frac float64
 }
 
-// parseEstimateError reads -estimate-error: "", "none", "uniform:F" with
+// ParseEstimateError reads -estimate-error: "", "none", "uniform:F" with
 // 0 <= F < 1, or "bias:F" with -1 < F (a sign is allowed: bias:+0.3).
-func parseEstimateError(s string) (estimateError, error) {
+func ParseEstimateError(s string) (EstimateError, error) {
 	if s == "" || s == "none" {
-		return estimateError{}, nil
+		return EstimateError{}, nil
 	}
 	kind, num, ok := strings.Cut(s, ":")
 	f, err := strconv.ParseFloat(num, 64)
 	if !ok || err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return estimateError{}, fmt.Errorf("-estimate-error %q: want uniform:F or bias:F", s)
+		return EstimateError{}, fmt.Errorf("-estimate-error %q: want uniform:F or bias:F", s)
 	}
 	switch {
 	case kind == "uniform" && f >= 0 && f < 1:
 	case kind == "bias" && f > -1:
 	default:
-		return estimateError{}, fmt.Errorf("-estimate-error %q: want uniform:F with 0 <= F < 1 or bias:F with F > -1", s)
+		return EstimateError{}, fmt.Errorf("-estimate-error %q: want uniform:F with 0 <= F < 1 or bias:F with F > -1", s)
 	}
-	return estimateError{Kind: kind, Frac: f}, nil
+	return EstimateError{Kind: kind, Frac: f}, nil
 }
 
-func (e estimateError) String() string {
+func (e EstimateError) String() string {
 	switch e.Kind {
 	case "uniform":
 		return fmt.Sprintf("uniform:%g", e.Frac)
@@ -55,7 +55,7 @@ func (e estimateError) String() string {
 // factor is what the estimate of items is multiplied by. Under uniform it is
 // drawn from a hash of the items, so a message redelivered, or estimated
 // twice, gets the same wrong estimate, as from a real cost model.
-func (e estimateError) factor(items []job.Item) float64 {
+func (e EstimateError) factor(items []job.Item) float64 {
 	switch e.Kind {
 	case "bias":
 		return 1 + e.Frac
@@ -80,7 +80,7 @@ func (e estimateError) factor(items []job.Item) float64 {
 // the model.
 type misestimated struct {
 	*gpu.TimedModel
-	err estimateError
+	err EstimateError
 }
 
 // Cost is the true cost times the error's factor, at least 1 byte.
@@ -90,7 +90,7 @@ func (m misestimated) Cost(items []job.Item) int64 {
 }
 
 // model wraps tm with e: tm itself when e is exact.
-func (e estimateError) model(tm *gpu.TimedModel) gpu.Model {
+func (e EstimateError) model(tm *gpu.TimedModel) gpu.Model {
 	if e.Kind == "" {
 		return tm
 	}

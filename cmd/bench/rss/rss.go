@@ -1,4 +1,8 @@
-package main
+// Package rss is `bench rss`: the subscriber's peak memory (VmHWM) with a
+// large backlog waiting on its queue, against a small one, each in a child
+// process of its own (the bench binary re-executed) so that the figure is the
+// subscriber's alone.
+package rss
 
 import (
 	"bytes"
@@ -6,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
@@ -14,21 +17,15 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/procfs"
 
+	"github.com/vramq/vramq/cmd/bench/report"
+	"github.com/vramq/vramq/cmd/bench/sqsenv"
+	"github.com/vramq/vramq/cmd/bench/stats"
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/jobq"
-	"github.com/vramq/vramq/subscriber"
 )
-
-// rssChild is the hidden argument that makes `bench rss` the subscriber
-// whose memory is measured: a process of its own, so that its RSS is the
-// subscriber's alone, not the loader's or the sampler's.
-const rssChild = "subscriber-child"
 
 // rssRun is one subscriber process consuming one backlog.
 type rssRun struct {
@@ -47,8 +44,10 @@ type rssReport struct {
 	Runs     [][]rssRun `json:"runs"` // [backlog][trial]
 }
 
-func runRSS(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	load := loadAverage()
+// Run is `bench rss`, or, with the hidden first argument rssChild, the
+// subscriber child it measures.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	load := report.LoadAverage()
 	if len(args) > 0 && args[0] == rssChild {
 		return runRSSChild(ctx, args[1:], stderr)
 	}
@@ -75,15 +74,15 @@ func runRSS(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("reading process memory needs /proc: %w", err)
 	}
-	e, err := newBenchEnv(ctx, stderr, nil, 0)
+	e, err := sqsenv.New(ctx, stderr, nil, 0)
 	if err != nil {
 		return err
 	}
 	rep := rssReport{Command: "bin/bench rss " + strings.Join(args, " "), Date: time.Now().UTC().Format("2006-01-02"),
-		Host: hostLine(), Backlogs: []int{*baseline, *backlog}, Runs: make([][]rssRun, 2)}
+		Host: report.HostLine(), Backlogs: []int{*baseline, *backlog}, Runs: make([][]rssRun, 2)}
 	for t := range *trials {
-		for _, i := range rotation(2, t) {
-			r, err := e.measureRSS(ctx, exe, proc, rep.Backlogs[i], *maxTime, *every, stderr)
+		for _, i := range stats.Rotation(2, t) {
+			r, err := measureRSS(ctx, e, exe, proc, rep.Backlogs[i], *maxTime, *every, stderr)
 			if err != nil {
 				return fmt.Errorf("trial %d, backlog %d: %w", t+1, rep.Backlogs[i], err)
 			}
@@ -95,12 +94,12 @@ func runRSS(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 	var out bytes.Buffer
 	fmt.Fprintf(&out, "Measured %s on %s, against the emulator at %s (load average %s at the start). Command:\n\n```sh\n%s\n```\n\n",
-		rep.Date, rep.Host, endpoint(), load, strings.TrimSpace(rep.Command))
+		rep.Date, rep.Host, sqsenv.Endpoint(), load, strings.TrimSpace(rep.Command))
 	fmt.Fprintf(&out, "The subscriber runs in a child process (the bench binary re-executed), with the no-op model and the subscriber's defaults "+
 		"(prefetch 20, max-inflight 100, max-batch 8; wait-time 1s), on a queue loaded with the backlog before it starts; "+
 		"its /proc/<pid>/status is read every %v until the queue is empty or %v have passed. %d trials, alternating the two backlogs.\n\n", *every, *maxTime, *trials)
 	writeRSSTable(&out, rep)
-	return publish(stdout, out.String(), *md, "rss", *jsonOut, rep)
+	return report.Publish(stdout, out.String(), *md, "rss", *jsonOut, rep)
 }
 
 func writeRSSTable(w io.Writer, rep rssReport) {
@@ -117,11 +116,11 @@ func writeRSSTable(w io.Writer, rep rssReport) {
 			sampled = append(sampled, float64(r.MaxRSS))
 		}
 		lo, hi := minMax(hwm[i])
-		fmt.Fprintf(w, "| %s | %s | %.1f s | **%s** | %s–%s | %s |\n", thousands(b), thousands(int(medianOf(consumed))), medianOf(secs),
-			mib(medianOf(hwm[i])), mib(lo), mib(hi), mib(medianOf(sampled)))
+		fmt.Fprintf(w, "| %s | %s | %.1f s | **%s** | %s–%s | %s |\n", thousands(b), thousands(int(stats.Median(consumed))), stats.Median(secs),
+			mib(stats.Median(hwm[i])), mib(lo), mib(hi), mib(stats.Median(sampled)))
 	}
 	fmt.Fprintf(w, "\nPeak RSS with a %s-message backlog ÷ with %s: **%.2f** (ratio of medians; median of per-trial ratios %.2f).\n",
-		thousands(rep.Backlogs[1]), thousands(rep.Backlogs[0]), medianOf(hwm[1])/medianOf(hwm[0]), medianOf(pairedRatios(hwm[1], hwm[0])))
+		thousands(rep.Backlogs[1]), thousands(rep.Backlogs[0]), stats.Median(hwm[1])/stats.Median(hwm[0]), stats.Median(stats.PairedRatios(hwm[1], hwm[0])))
 	for i, b := range rep.Backlogs {
 		for t, r := range rep.Runs[i] {
 			if !r.Drained {
@@ -156,15 +155,15 @@ func minMax(xs []float64) (float64, float64) {
 // measureRSS loads backlog messages onto fresh queues, starts the
 // subscriber child on them, samples its memory until the queue is empty or
 // maxTime has passed, and stops it with SIGTERM.
-func (e *benchEnv) measureRSS(ctx context.Context, exe string, proc procfs.FS, backlog int, maxTime, every time.Duration, stderr io.Writer) (rssRun, error) {
+func measureRSS(ctx context.Context, e *sqsenv.Env, exe string, proc procfs.FS, backlog int, maxTime, every time.Duration, stderr io.Writer) (rssRun, error) {
 	r := rssRun{Backlog: backlog}
-	urls, drop, err := e.freshQueues(ctx)
+	urls, drop, err := e.FreshQueues(ctx)
 	if err != nil {
 		return r, err
 	}
 	defer drop()
 	loadStart := time.Now()
-	if err := e.preload(ctx, urls.Work, tinyWorks("rss", backlog)); err != nil {
+	if err := e.Preload(ctx, urls.Work, sqsenv.TinyWorks("rss", backlog)); err != nil {
 		return r, fmt.Errorf("loading the backlog: %w", err)
 	}
 	fmt.Fprintf(stderr, "bench rss: loaded %d messages in %.1fs\n", backlog, time.Since(loadStart).Seconds())
@@ -201,7 +200,7 @@ func (e *benchEnv) measureRSS(ctx context.Context, exe string, proc procfs.FS, b
 		r.add(s)
 		// The queue is read with every sample: the time to drain is known
 		// to a sample's interval.
-		visible, inflight, err := jobq.Counts(ctx, e.client, urls.Work)
+		visible, inflight, err := jobq.Counts(ctx, e.Client, urls.Work)
 		if err != nil {
 			_ = stop()
 			return r, err
@@ -232,38 +231,4 @@ func (e *benchEnv) measureRSS(ctx context.Context, exe string, proc procfs.FS, b
 		return r, fmt.Errorf("subscriber: %w", err)
 	}
 	return r, nil
-}
-
-// runRSSChild is the subscriber of `bench rss`: the no-op model, the
-// library's defaults, until SIGTERM.
-func runRSSChild(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench rss "+rssChild, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	work := fs.String("queue-url", "", "work queue")
-	results := fs.String("results-queue-url", "", "results queue")
-	dlq := fs.String("dlq-url", "", "dead-letter queue")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
-	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	cfg, err := awsconfig.Load(ctx, log)
-	if err != nil {
-		return err
-	}
-	client := sqs.NewFromConfig(cfg)
-	sub, err := subscriber.New(subscriber.Config{
-		Queue:       subscriber.NewSQSQueue(client, *work),
-		Results:     subscriber.NewSQSQueue(client, *results),
-		DLQ:         subscriber.NewSQSQueue(client, *dlq),
-		Model:       gpu.Noop{},
-		Device:      noopDevice(),
-		VRAMReserve: 1 << 20,
-		WaitTime:    time.Second,
-		Logger:      log,
-		Registerer:  prometheus.NewRegistry(),
-	})
-	if err != nil {
-		return err
-	}
-	return sub.Run(ctx)
 }

@@ -1,8 +1,7 @@
-package main
+package overhead
 
 import (
 	"encoding/json"
-	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -11,46 +10,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/vramq/vramq/cmd/bench/sqsenv"
 	"github.com/vramq/vramq/job"
 )
-
-func TestMedianOf(t *testing.T) {
-	for _, tc := range []struct {
-		xs   []float64
-		want float64
-	}{
-		{[]float64{3}, 3},
-		{[]float64{5, 1, 3}, 3},
-		{[]float64{4, 1, 3, 2}, 2.5},
-		{[]float64{10, 10, 1, 1000, 11}, 10}, // an outlier run moves the median nowhere
-	} {
-		in := slices.Clone(tc.xs)
-		if got := medianOf(tc.xs); got != tc.want {
-			t.Errorf("medianOf(%v) = %v, want %v", tc.xs, got, tc.want)
-		}
-		if !slices.Equal(in, tc.xs) {
-			t.Errorf("medianOf reordered its argument: %v, was %v", tc.xs, in)
-		}
-	}
-	if got := medianOf(nil); !math.IsNaN(got) {
-		t.Errorf("medianOf(nil) = %v, want NaN", got)
-	}
-}
-
-func TestRotationGivesEveryVariantEveryPlace(t *testing.T) {
-	const n = 4
-	first := map[int]bool{}
-	for trial := range n {
-		order := rotation(n, trial)
-		if got := slices.Sorted(slices.Values(order)); !slices.Equal(got, []int{0, 1, 2, 3}) {
-			t.Fatalf("trial %d: order %v is not a permutation of 0..3", trial, order)
-		}
-		first[order[0]] = true
-	}
-	if len(first) != n {
-		t.Errorf("in %d trials only variants %v ran first", n, first)
-	}
-}
 
 // The table's ratios are ours over each variant: of the medians, and the
 // median of the ratios within each trial, which a drifting load cancels out
@@ -73,35 +35,6 @@ func TestTrialSetRatios(t *testing.T) {
 	set.markdown(&b, "ours")
 	if !strings.Contains(b.String(), "| bare | 100 | 50–100 | **0.90** | 0.90 |") {
 		t.Errorf("markdown table lacks the bare row:\n%s", b.String())
-	}
-}
-
-func TestPairedRatios(t *testing.T) {
-	if got := pairedRatios([]float64{2, 9, 4}, []float64{4, 3}); !slices.Equal(got, []float64{0.5, 3}) {
-		t.Errorf("pairedRatios = %v, want [0.5 3] (pairs only as far as both go)", got)
-	}
-}
-
-func TestReplaceSection(t *testing.T) {
-	begin, end := sectionMarkers("rss")
-	for _, tc := range []struct {
-		name, doc, want string
-	}{
-		{"empty file", "", begin + "\nnew\n" + end + "\n"},
-		{"appended after prose", "# Title\nprose", "# Title\nprose\n\n" + begin + "\nnew\n" + end + "\n"},
-		{"replaced, prose kept", "# T\n" + begin + "\nold\nlines\n" + end + "\nafter\n", "# T\n" + begin + "\nnew\n" + end + "\nafter\n"},
-		{"other sections kept", "a\n<!-- bench overhead: x -->\n" + begin + "\nold\n" + end + "\n", "a\n<!-- bench overhead: x -->\n" + begin + "\nnew\n" + end + "\n"},
-	} {
-		got, err := replaceSection(tc.doc, "rss", "new\n\n")
-		if err != nil || got != tc.want {
-			t.Errorf("%s: got %q, %v; want %q", tc.name, got, err, tc.want)
-		}
-	}
-	if _, err := replaceSection(end+"\n"+begin+"\n", "rss", "x"); err == nil {
-		t.Error("markers in the wrong order accepted")
-	}
-	if _, err := replaceSection(begin+"\n", "rss", "x"); err == nil {
-		t.Error("a begin marker without its end accepted")
 	}
 }
 
@@ -131,7 +64,7 @@ func TestConsumersSelection(t *testing.T) {
 // The json bare loop's result is the one the subscriber would send for the
 // same message with the no-op model, and a malformed body is an error.
 func TestEncodeResult(t *testing.T) {
-	w := tinyWorks("overhead", 3)[2]
+	w := sqsenv.TinyWorks("overhead", 3)[2]
 	body, err := json.Marshal(w)
 	if err != nil {
 		t.Fatal(err)

@@ -1,8 +1,8 @@
-package main
+package strategies
 
 import "github.com/vramq/vramq/gpu"
 
-// bound is the offline bound: the most messages per second any scheduler
+// Bound is the offline bound: the most messages per second any scheduler
 // could get from the workload on the simulated device, knowing every
 // message in advance. It is the larger of two lower bounds on the time to
 // run them all:
@@ -18,7 +18,7 @@ import "github.com/vramq/vramq/gpu"
 //
 // No packing of the same messages into the budget can beat it, so a
 // strategy's throughput over it is a fraction of the best possible.
-type bound struct {
+type Bound struct {
 	WorkSeconds   float64 `json:"work_seconds"`
 	MemorySeconds float64 `json:"memory_seconds"`
 	Seconds       float64 `json:"seconds"`
@@ -26,14 +26,14 @@ type bound struct {
 	Binding       string  `json:"binding"`
 }
 
-func offlineBound(costs []int64, t gpu.Timing, budget int64) bound {
+func offlineBound(costs []int64, t gpu.Timing, budget int64) Bound {
 	var work, memory float64
 	for _, c := range costs {
 		secs := float64(c) / t.Throughput
 		work += secs
 		memory += float64(c) * secs / float64(budget)
 	}
-	b := bound{WorkSeconds: work + t.Launch.Seconds(), MemorySeconds: memory}
+	b := Bound{WorkSeconds: work + t.Launch.Seconds(), MemorySeconds: memory}
 	b.Seconds, b.Binding = b.WorkSeconds, "device throughput"
 	if b.MemorySeconds > b.WorkSeconds {
 		b.Seconds, b.Binding = b.MemorySeconds, "memory"
@@ -49,7 +49,7 @@ func offlineBound(costs []int64, t gpu.Timing, budget int64) bound {
 // launch still comes before any work), and so is the memory-time. It
 // ignores that a message cannot be split between devices, so it stays an
 // upper bound.
-func offlineBoundN(costs []int64, t gpu.Timing, budget int64, n int) bound {
+func offlineBoundN(costs []int64, t gpu.Timing, budget int64, n int) Bound {
 	b := offlineBound(costs, t, budget)
 	if n <= 1 {
 		return b

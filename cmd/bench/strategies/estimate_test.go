@@ -1,4 +1,4 @@
-package main
+package strategies
 
 import (
 	"context"
@@ -12,20 +12,20 @@ import (
 func TestParseEstimateError(t *testing.T) {
 	for _, c := range []struct {
 		in   string
-		want estimateError
+		want EstimateError
 	}{
-		{"", estimateError{}}, {"none", estimateError{}},
-		{"uniform:0.3", estimateError{"uniform", 0.3}},
-		{"bias:+0.3", estimateError{"bias", 0.3}},
-		{"bias:-0.3", estimateError{"bias", -0.3}},
+		{"", EstimateError{}}, {"none", EstimateError{}},
+		{"uniform:0.3", EstimateError{"uniform", 0.3}},
+		{"bias:+0.3", EstimateError{"bias", 0.3}},
+		{"bias:-0.3", EstimateError{"bias", -0.3}},
 	} {
-		got, err := parseEstimateError(c.in)
+		got, err := ParseEstimateError(c.in)
 		if err != nil || got != c.want {
 			t.Errorf("parseEstimateError(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
 		}
 	}
 	for _, bad := range []string{"uniform", "uniform:1", "uniform:-0.1", "bias:-1", "bias:x", "gauss:0.3", "bias:NaN"} {
-		if _, err := parseEstimateError(bad); err == nil {
+		if _, err := ParseEstimateError(bad); err == nil {
 			t.Errorf("parseEstimateError(%q) accepted", bad)
 		}
 	}
@@ -44,7 +44,7 @@ func TestMisestimatedCostOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range []estimateError{{"bias", 0.3}, {"bias", -0.3}} {
+	for _, e := range []EstimateError{{"bias", 0.3}, {"bias", -0.3}} {
 		m := e.model(probe)
 		for _, w := range works[:5] {
 			truth := probe.Cost(w.Items)
@@ -54,7 +54,7 @@ func TestMisestimatedCostOnly(t *testing.T) {
 			}
 		}
 	}
-	u := estimateError{"uniform", 0.3}
+	u := EstimateError{"uniform", 0.3}
 	m := u.model(probe)
 	var lo, hi float64 = 2, 0
 	for _, w := range works {
@@ -70,7 +70,7 @@ func TestMisestimatedCostOnly(t *testing.T) {
 	if lo > 0.75 || hi < 1.25 {
 		t.Errorf("uniform:0.3 over %d messages spanned [%.3f, %.3f]; want most of [0.7, 1.3]", len(works), lo, hi)
 	}
-	if (estimateError{}).model(probe) != gpu.Model(probe) {
+	if (EstimateError{}).model(probe) != gpu.Model(probe) {
 		t.Error("an exact estimate wrapped the model")
 	}
 
@@ -84,7 +84,7 @@ func TestMisestimatedCostOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tm.Close()
-	low := estimateError{"bias", -0.3}.model(tm)
+	low := EstimateError{"bias", -0.3}.model(tm)
 	if _, err := low.Run(context.Background(), w.Items); err != nil {
 		t.Fatalf("a batch of the true cost on a device of that size: %v", err)
 	}

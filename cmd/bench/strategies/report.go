@@ -1,31 +1,15 @@
-package main
+package strategies
 
 import (
 	"fmt"
 	"io"
 	"maps"
-	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/vramq/vramq/gpu"
 )
-
-// machine says where the figures were measured.
-func machine() string {
-	model := "unknown CPU"
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for line := range strings.Lines(string(b)) {
-			if name, ok := strings.CutPrefix(line, "model name"); ok {
-				model = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(name), ":"))
-				break
-			}
-		}
-	}
-	return fmt.Sprintf("%s/%s, %d CPUs (%s), %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), model, runtime.Version())
-}
 
 func writeStrategyTable(w io.Writer, rep strategyReport) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -88,14 +72,14 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 	}
 	fmt.Fprintln(w)
 	for _, name := range []string{"vram", "vram-plain"} {
-		if v, ok := find(rep.Results, name); ok {
-			if one, ok := find(rep.Results, "count-1"); ok && one.MessagesPerS > 0 {
+		if v, ok := Find(rep.Results, name); ok {
+			if one, ok := Find(rep.Results, "count-1"); ok && one.MessagesPerS > 0 {
 				fmt.Fprintf(w, "`%s` runs %.2f× the throughput of `count-1`.\n", name, v.MessagesPerS/one.MessagesPerS)
 			}
 		}
 	}
-	if v, ok := find(rep.Results, "vram"); ok {
-		if plain, ok := find(rep.Results, "vram-plain"); ok && plain.MessagesPerS > 0 {
+	if v, ok := Find(rep.Results, "vram"); ok {
+		if plain, ok := Find(rep.Results, "vram-plain"); ok && plain.MessagesPerS > 0 {
 			fmt.Fprintf(w, "`vram` runs %.2f× `vram-plain`: what the batch byte cap and launch-ahead add to vram admission.\n", v.MessagesPerS/plain.MessagesPerS)
 		}
 	}
@@ -139,11 +123,11 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 	fmt.Fprintln(w, "![Throughput per strategy against the offline bound](throughput.png)")
 }
 
-func find(os []outcome, name string) (outcome, bool) {
+func Find(os []Outcome, name string) (Outcome, bool) {
 	for _, o := range os {
 		if o.Name == name {
 			return o, true
 		}
 	}
-	return outcome{}, false
+	return Outcome{}, false
 }

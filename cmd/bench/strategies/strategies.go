@@ -1,4 +1,8 @@
-package main
+// Package strategies is `bench strategies`: every admission strategy of the
+// subscriber on one workload and one kind of simulated device, measured
+// against the offline bound. Package sweep runs the same scenarios over many
+// workload shapes.
+package strategies
 
 import (
 	"cmp"
@@ -16,13 +20,15 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/cmd/bench/report"
+	"github.com/vramq/vramq/cmd/bench/sqsenv"
+	"github.com/vramq/vramq/cmd/bench/stats"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
@@ -34,9 +40,9 @@ import (
 	"github.com/vramq/vramq/subscriber"
 )
 
-// strategyParams is one run of `bench strategies`: the workload, the device
+// Params is one run of `bench strategies`: the workload, the device
 // and its timing, shared by every strategy.
-type strategyParams struct {
+type Params struct {
 	Messages   int           `json:"messages"`
 	LargeEvery int           `json:"large_every"`
 	Budget     int64         `json:"budget_bytes"`
@@ -75,8 +81,8 @@ type strategy struct {
 	config   subscriber.Config
 }
 
-// outcome is what one strategy measured.
-type outcome struct {
+// Outcome is what one strategy measured.
+type Outcome struct {
 	Name         string  `json:"name"`
 	Settings     string  `json:"settings"`
 	Seconds      float64 `json:"seconds"`
@@ -122,40 +128,42 @@ type sample struct {
 }
 
 type strategyReport struct {
-	Params  strategyParams `json:"params"`
-	Bound   bound          `json:"bound"`
-	Results []outcome      `json:"results"`
-	Command string         `json:"command"`
-	Date    string         `json:"date"`
-	Machine string         `json:"machine"`
+	Params  Params    `json:"params"`
+	Bound   Bound     `json:"bound"`
+	Results []Outcome `json:"results"`
+	Command string    `json:"command"`
+	Date    string    `json:"date"`
+	Machine string    `json:"machine"`
 }
 
-func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Run is `bench strategies`: every strategy on one workload and one kind of
+// simulated device, against the offline bound.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench strategies", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	p, sf := strategyFlags(fs)
+	p, sf := Flags(fs)
 	repeat := fs.Int("repeat", 3, "runs of each strategy; the run of median throughput is reported")
 	out := fs.String("out", "bench", "folder for results.md, results.json and the plots (empty: none)")
 	verbose := fs.Bool("v", false, "subscriber logs to stderr")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
-	if err := sf.apply(p); err != nil {
+	if err := sf.Apply(p); err != nil {
 		return err
 	}
-	client, retries, err := benchClient(ctx)
+	client, retries, err := Client(ctx)
 	if err != nil {
 		return err
 	}
-	sc, err := prepareScenario(*p, *sf.shuffle)
+	sc, err := Prepare(*p, *sf.Shuffle)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stderr, "bench: %d messages (%s), budget %s x %d subscriber(s), launch %v, throughput %s/s, estimate error %s; offline bound %.1f messages/s (%s)\n",
-		p.Messages, p.Shape, gpu.FormatBytes(p.Budget), p.Subscribers, p.Launch, gpu.FormatBytes(int64(p.Throughput)), p.EstimateError, sc.bound.MessagesPerS, sc.bound.Binding)
-	rep := strategyReport{Params: sc.p, Bound: sc.bound, Command: "bin/bench strategies " + strings.Join(args, " "),
-		Date: time.Now().UTC().Format("2006-01-02"), Machine: machine()}
-	rep.Results, err = sc.measure(ctx, client, retries, *repeat, *verbose, stderr)
+		p.Messages, p.Shape, gpu.FormatBytes(p.Budget), p.Subscribers, p.Launch, gpu.FormatBytes(int64(p.Throughput)), p.EstimateError, sc.Bound.MessagesPerS, sc.Bound.Binding)
+	rep := strategyReport{Params: sc.p, Bound: sc.Bound, Command: "bin/bench strategies " + strings.Join(args, " "),
+		Date: time.Now().UTC().Format("2006-01-02"), Machine: report.Machine()}
+	rep.Results, err = sc.Measure(ctx, client, retries, *repeat, *verbose, stderr)
 	if err != nil {
 		return err
 	}
@@ -166,21 +174,21 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 	return writeStrategyReport(*out, rep)
 }
 
-// strategyFlagValues are the flags that strategyParams does not hold as is.
-type strategyFlagValues struct {
+// FlagValues are the flags that Params does not hold as is.
+type FlagValues struct {
 	budget, throughput, maxBatchBytes *gpu.Bytes
-	shuffle                           *bool
+	Shuffle                           *bool
 	only, estimate, bert              *string
 }
 
-// strategyFlags defines the flags that shape a run of the strategies, shared
+// Flags defines the flags that shape a run of the strategies, shared
 // by `bench strategies` and `bench sweep`.
-func strategyFlags(fs *flag.FlagSet) (*strategyParams, strategyFlagValues) {
-	p := &strategyParams{}
+func Flags(fs *flag.FlagSet) (*Params, FlagValues) {
+	p := &Params{}
 	budget := gpu.Bytes(40 << 20)
 	throughput := gpu.Bytes(gpu.DefaultTiming().Throughput)
 	maxBatchBytes := gpu.Bytes(0)
-	v := strategyFlagValues{budget: &budget, throughput: &throughput, maxBatchBytes: &maxBatchBytes}
+	v := FlagValues{budget: &budget, throughput: &throughput, maxBatchBytes: &maxBatchBytes}
 	fs.IntVar(&p.Messages, "messages", 1000, "work messages in the workload")
 	fs.IntVar(&p.LargeEvery, "large-every", 5, "every Nth message is a large one (the bimodal mix; -shape 1-in-N says the same)")
 	fs.StringVar(&p.Shape, "shape", "", "workload: 1-in-N (the bimodal mix, every Nth message large) or heavy (heavy-tailed sizes); empty: 1-in-(-large-every)")
@@ -189,7 +197,7 @@ func strategyFlags(fs *flag.FlagSet) (*strategyParams, strategyFlagValues) {
 	fs.Var(&throughput, "throughput", "timing model: device throughput, bytes of working memory per second")
 	fs.IntVar(&p.MaxBatch, "max-batch", 8, "most messages per batch, every strategy")
 	fs.Var(&maxBatchBytes, "max-batch-bytes", "vram: the subscriber's -max-batch-bytes (0: its default)")
-	v.shuffle = fs.Bool("shuffle", true, "send the workload in a seeded random order rather than a large message every -large-every-th")
+	v.Shuffle = fs.Bool("shuffle", true, "send the workload in a seeded random order rather than a large message every -large-every-th")
 	v.only = fs.String("only", "none,count-1,count-avg,vram-plain,vram", "strategies to run, in order")
 	v.estimate = fs.String("estimate-error", "", "make the estimates admission works with wrong, not what the device allocates: "+
 		"uniform:F (each message's estimate times a factor from [1-F, 1+F], the same for the same message) or bias:F (every estimate times 1+F, e.g. bias:+0.3, bias:-0.3)")
@@ -198,16 +206,16 @@ func strategyFlags(fs *flag.FlagSet) (*strategyParams, strategyFlagValues) {
 	return p, v
 }
 
-// apply checks the flags and completes p with them.
-func (v strategyFlagValues) apply(p *strategyParams) error {
+// Apply checks the flags and completes p with them.
+func (v FlagValues) Apply(p *Params) error {
 	p.Budget, p.Throughput, p.MaxBatchBytes = int64(*v.budget), float64(*v.throughput), int64(*v.maxBatchBytes)
 	p.Runs = strings.Split(*v.only, ",")
-	p.Shuffled = *v.shuffle
+	p.Shuffled = *v.Shuffle
 	p.BERTDir = *v.bert
 	if p.Shape == "" {
 		p.Shape = fmt.Sprintf("1-in-%d", p.LargeEvery)
 	}
-	e, err := parseEstimateError(*v.estimate)
+	e, err := ParseEstimateError(*v.estimate)
 	if err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
@@ -221,35 +229,41 @@ func (v strategyFlagValues) apply(p *strategyParams) error {
 	return nil
 }
 
-// benchClient is the SQS client of the strategy runs, with the SDK's
+// Client is the SQS client of the strategy runs, with the SDK's
 // retried receives counted, not printed: a retried receive whose first
 // answer the emulator had already sent strands up to ten messages until
 // their visibility timeout, which shows as a stall in a run.
-func benchClient(ctx context.Context) (*sqs.Client, *atomic.Int64, error) {
+func Client(ctx context.Context) (*sqs.Client, *atomic.Int64, error) {
 	retries := new(atomic.Int64)
-	cfg, err := awsconfig.Load(ctx, slog.New(retryCounter{slog.DiscardHandler, retries}))
+	cfg, err := awsconfig.Load(ctx, slog.New(sqsenv.RetryCounter{Handler: slog.DiscardHandler, N: retries}))
 	if err != nil {
 		return nil, nil, err
 	}
 	return sqs.NewFromConfig(cfg), retries, nil
 }
 
-// scenario is one workload on one kind of device, ready to run every
+// Scenario is one workload on one kind of device, ready to run every
 // strategy on.
-type scenario struct {
-	p      strategyParams
+type Scenario struct {
+	p      Params
 	works  []job.Work
 	costs  []int64 // true costs, what the device allocates
 	large  map[job.Key]bool
-	bound  bound
+	Bound  Bound
 	ecfg   gpu.EmbedConfig
 	timing gpu.Timing
 	// newModel loads the timed model onto a device: the reference
 	// model's memory, or the BERT's (-bert).
 	newModel   func(gpu.Allocator) (*gpu.TimedModel, error)
-	est        estimateError
+	est        EstimateError
 	strategies []strategy
 }
+
+// Params is the run's parameters, completed by Prepare.
+func (sc Scenario) Params() Params { return sc.p }
+
+// Works are the workload's messages, in the order they are sent.
+func (sc Scenario) Works() []job.Work { return sc.works }
 
 // shapeWorks makes the messages of a workload shape and says what it is.
 func shapeWorks(shape string, messages int) ([]job.Work, string, error) {
@@ -266,8 +280,10 @@ func shapeWorks(shape string, messages int) ([]job.Work, string, error) {
 	return spec.Works(), fmt.Sprintf("the bimodal mix (`internal/workload.Mixed`): one message in %d large (32 items of 600 words), the others small (8 items of 24 words)", n), nil
 }
 
-func prepareScenario(p strategyParams, shuffle bool) (scenario, error) {
-	sc := scenario{ecfg: gpu.DefaultEmbedConfig(), timing: gpu.Timing{Launch: p.Launch, Throughput: p.Throughput}}
+// Prepare makes the workload of p, in a seeded random order when shuffle is
+// set, and the strategies p names, and works out their offline bound.
+func Prepare(p Params, shuffle bool) (Scenario, error) {
+	sc := Scenario{ecfg: gpu.DefaultEmbedConfig(), timing: gpu.Timing{Launch: p.Launch, Throughput: p.Throughput}}
 	works, desc, err := shapeWorks(p.Shape, p.Messages)
 	if err != nil {
 		return sc, err
@@ -312,18 +328,18 @@ func prepareScenario(p strategyParams, shuffle bool) (scenario, error) {
 		}
 	}
 	sc.works = works
-	sc.est, _ = parseEstimateError(p.EstimateError) // apply checked it
-	sc.bound = offlineBoundN(sc.costs, sc.timing, p.Budget, p.Subscribers)
+	sc.est, _ = ParseEstimateError(p.EstimateError) // apply checked it
+	sc.Bound = offlineBoundN(sc.costs, sc.timing, p.Budget, p.Subscribers)
 	sc.strategies, err = strategiesFor(p, sc.costs)
 	sc.p = p
 	return sc, err
 }
 
-// measure runs every strategy repeat times, the strategies taking turns
+// Measure runs every strategy repeat times, the strategies taking turns
 // (the emulator stalls now and then, see RetriedReceives), and returns the
 // run of median throughput of each, with every run's throughput.
-func (sc scenario) measure(ctx context.Context, client *sqs.Client, retries *atomic.Int64, repeat int, verbose bool, stderr io.Writer) ([]outcome, error) {
-	runs := make([][]outcome, len(sc.strategies))
+func (sc Scenario) Measure(ctx context.Context, client *sqs.Client, retries *atomic.Int64, repeat int, verbose bool, stderr io.Writer) ([]Outcome, error) {
+	runs := make([][]Outcome, len(sc.strategies))
 	for r := range repeat {
 		for i, s := range sc.strategies {
 			before := retries.Load()
@@ -332,19 +348,19 @@ func (sc scenario) measure(ctx context.Context, client *sqs.Client, retries *ato
 				return nil, fmt.Errorf("%s: %w", s.Name, err)
 			}
 			o.RetriedReceives = retries.Load() - before
-			o.OfBound = o.MessagesPerS / sc.bound.MessagesPerS
+			o.OfBound = o.MessagesPerS / sc.Bound.MessagesPerS
 			runs[i] = append(runs[i], o)
 			fmt.Fprintf(stderr, "bench: %s run %d/%d %-10s %6.1f messages/s (%.0f%% of bound), %d device OOMs, %d redeliveries, %d DLQ, p50 %.2fs p99 %.2fs, %.3f SQS requests/message, large completed %v\n",
 				sc.p.Shape, r+1, repeat, o.Name, o.MessagesPerS, 100*o.OfBound, o.DeviceOOMs, o.Redeliveries, o.DeadLettered, o.P50, o.P99, o.RequestsPerM, o.LargeCompleted)
 		}
 	}
-	var out []outcome
+	var out []Outcome
 	for _, rs := range runs {
 		all := make([]float64, len(rs))
 		for i, o := range rs {
 			all[i] = o.MessagesPerS
 		}
-		slices.SortFunc(rs, func(a, b outcome) int { return cmp.Compare(a.MessagesPerS, b.MessagesPerS) })
+		slices.SortFunc(rs, func(a, b Outcome) int { return cmp.Compare(a.MessagesPerS, b.MessagesPerS) })
 		med := rs[len(rs)/2]
 		med.AllRuns = all
 		out = append(out, med)
@@ -356,7 +372,7 @@ func (sc scenario) measure(ctx context.Context, client *sqs.Client, retries *ato
 // issue that asked for them describes: none with a prefetch of 10 and no
 // limit; count with N=1 (the "prefetch = 1" fix); count with N tuned for the
 // average message of the workload; and vram.
-func strategiesFor(p strategyParams, costs []int64) ([]strategy, error) {
+func strategiesFor(p Params, costs []int64) ([]strategy, error) {
 	var sum int64
 	for _, c := range costs {
 		sum += c
@@ -401,9 +417,9 @@ func strategiesFor(p strategyParams, costs []int64) ([]strategy, error) {
 // runStrategy sends the workload to fresh queues, runs sc.p.Subscribers
 // subscribers with s, each on its own simulated device, until every message
 // has a result or is dead-lettered, and measures them.
-func runStrategy(ctx context.Context, client *sqs.Client, s strategy, sc scenario, verbose bool, stderr io.Writer) (outcome, error) {
+func runStrategy(ctx context.Context, client *sqs.Client, s strategy, sc Scenario, verbose bool, stderr io.Writer) (Outcome, error) {
 	p, works := sc.p, sc.works
-	o := outcome{Name: s.Name, Settings: s.Settings}
+	o := Outcome{Name: s.Name, Settings: s.Settings}
 	prefix := fmt.Sprintf("bench-%s-%d-", s.Name, time.Now().UnixNano()%1e9)
 	// A short visibility timeout bounds the stall when the emulator
 	// strands a receive (see receiveRetryCounter); heartbeats keep longer batches.
@@ -523,7 +539,7 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, sc scenari
 			lat = append(lat, at.Sub(first).Seconds())
 		}
 	}
-	o.P50, o.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
+	o.P50, o.P99 = stats.Percentile(lat, 0.50), stats.Percentile(lat, 0.99)
 	o.Requests = map[string]float64{}
 	var busy time.Duration
 	var ledgers []string
@@ -615,81 +631,6 @@ func collect(ctx context.Context, client *sqs.Client, urls localstack.URLs, n in
 	return out, last, nil
 }
 
-// receipts notes when each message was first received, by any subscriber.
-type receipts struct {
-	mu    sync.Mutex
-	first map[job.Key]time.Time
-}
-
-func (r *receipts) firstReceipt(k job.Key) (time.Time, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	t, ok := r.first[k]
-	return t, ok
-}
-
-// recordingQueue is one subscriber's work queue: it notes first receipts in
-// rec, and counts the messages, and the large ones, this subscriber deleted.
-type recordingQueue struct {
-	subscriber.Queue
-	rec   *receipts
-	large map[job.Key]bool // read only
-
-	mu        sync.Mutex
-	keys      map[string]job.Key // by receipt handle, until deleted
-	done, big int64
-}
-
-func (q *recordingQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]subscriber.Message, error) {
-	msgs, err := q.Queue.Receive(ctx, max, wait, visibility)
-	now := time.Now()
-	q.rec.mu.Lock()
-	q.mu.Lock()
-	for _, m := range msgs {
-		chunk, cerr := strconv.Atoi(m.Attributes[job.AttrChunk])
-		k := job.Key{JobID: m.Attributes[job.AttrJobID], Chunk: chunk}
-		if cerr != nil {
-			continue
-		}
-		q.keys[m.Handle] = k
-		if _, seen := q.rec.first[k]; !seen {
-			q.rec.first[k] = now
-		}
-	}
-	q.mu.Unlock()
-	q.rec.mu.Unlock()
-	return msgs, err
-}
-
-func (q *recordingQueue) Delete(ctx context.Context, handles []string) ([]error, error) {
-	errs, err := q.Queue.Delete(ctx, handles)
-	if err != nil {
-		return errs, err
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for i, h := range handles {
-		if i < len(errs) && errs[i] != nil {
-			continue
-		}
-		if k, ok := q.keys[h]; ok {
-			delete(q.keys, h)
-			q.done++
-			if q.large[k] {
-				q.big++
-			}
-		}
-	}
-	return errs, err
-}
-
-// completed is how many messages, and large ones, this subscriber deleted.
-func (q *recordingQueue) completed() (n, large int64) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.done, q.big
-}
-
 // gathered sums a counter or gauge from reg by the value of label ("*" for
 // all when label is empty).
 func gathered(reg *prometheus.Registry, name, label string) map[string]float64 {
@@ -713,17 +654,6 @@ func gathered(reg *prometheus.Registry, name, label string) map[string]float64 {
 		}
 	}
 	return out
-}
-
-// percentile is the q-quantile of xs by the nearest-rank method; 0 for none.
-func percentile(xs []float64, q float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	i := int(q*float64(len(s))+0.999999) - 1
-	return s[min(max(i, 0), len(s)-1)]
 }
 
 func writeStrategyReport(dir string, rep strategyReport) error {

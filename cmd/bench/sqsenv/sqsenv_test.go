@@ -1,4 +1,4 @@
-package main
+package sqsenv
 
 import (
 	"log/slog"
@@ -10,7 +10,7 @@ import (
 // the strategies' is.
 func TestRetryCounterCountsOverADiscardHandler(t *testing.T) {
 	var n atomic.Int64
-	log := slog.New(retryCounter{slog.DiscardHandler, &n})
+	log := slog.New(RetryCounter{slog.DiscardHandler, &n})
 	log.Warn("retrying request SQS/ReceiveMessage, attempt 2", "component", "aws-sdk")
 	log.Warn("retrying request SQS/SendMessageBatch, attempt 2", "component", "aws-sdk")
 	log.Debug("retrying request SQS/ReceiveMessage, attempt 3")

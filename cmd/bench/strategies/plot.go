@@ -1,15 +1,16 @@
-package main
+package strategies
 
 import (
 	"fmt"
 	"image/color"
-	"os"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/vramq/vramq/cmd/bench/report"
 )
 
 // plotBudget draws device memory in use over time, one panel per strategy
@@ -75,7 +76,7 @@ func plotBudget(path string, rep strategyReport) error {
 	for i := range plots {
 		plots[i][0].Draw(canvases[i][0])
 	}
-	return writePNG(path, img)
+	return report.WritePNG(path, img)
 }
 
 // plotThroughput draws each strategy's messages per second as a bar, with
@@ -107,7 +108,7 @@ func plotThroughput(path string, rep strategyReport) error {
 	p.X.Min, p.X.Max = -0.5, float64(len(names))-0.5
 	img := vgimg.New(7*vg.Inch, 4*vg.Inch)
 	p.Draw(draw.New(img))
-	return writePNG(path, img)
+	return report.WritePNG(path, img)
 }
 
 func slicesMax(v plotter.Values) float64 {
@@ -116,16 +117,4 @@ func slicesMax(v plotter.Values) float64 {
 		m = max(m, x)
 	}
 	return m
-}
-
-func writePNG(path string, img *vgimg.Canvas) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }

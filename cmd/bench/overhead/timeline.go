@@ -1,4 +1,4 @@
-package main
+package overhead
 
 import (
 	"cmp"
@@ -18,6 +18,8 @@ import (
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/smithy-go/middleware"
+
+	"github.com/vramq/vramq/cmd/bench/stats"
 )
 
 // A timeline records every SQS call a consumer run makes (as the caller
@@ -300,7 +302,7 @@ func durationPercentile(xs []time.Duration, q float64) time.Duration {
 	for i, x := range xs {
 		f[i] = float64(x)
 	}
-	return time.Duration(percentile(f, q))
+	return time.Duration(stats.Percentile(f, q))
 }
 
 // discardLast marks the run ended last as thrown away.
