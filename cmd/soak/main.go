@@ -92,7 +92,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.StringVar(&o.logDir, "log-dir", "", "folder for the subscribers' logs (empty: a new one under the temporary folder)")
 	fs.DurationVar(&o.faultEvery, "fault-interval", 5*time.Second, "how long each random fault mix lasts")
 	fs.DurationVar(&o.restartEvery, "restart-every", 20*time.Second, "mean time between subscriber restarts (exponential); 0: none")
-	fs.DurationVar(&o.visibility, "visibility-timeout", 10*time.Second, "the subscribers' visibility timeout (a killed one's messages come back after it)")
+	fs.DurationVar(&o.visibility, "visibility-timeout", 10*time.Second,
+		"the subscribers' visibility timeout (a killed one's messages come back after it)")
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Hour, "give up accounting after this long")
 	fs.BoolVar(&o.json, "json", false, "print the summary as JSON")
 	if err := envflag.Parse(fs, args, getenv); err != nil {

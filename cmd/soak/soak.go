@@ -120,7 +120,8 @@ func (s *soak) logf(format string, args ...any) {
 
 func (s *soak) run(ctx context.Context) (*Summary, error) {
 	start := time.Now()
-	spec := workload.Spec{JobID: fmt.Sprintf("soak-%d", s.o.seed), Messages: s.o.messages, SmallItems: 1, SmallWords: s.o.words, Seed: s.o.seed}
+	spec := workload.Spec{JobID: fmt.Sprintf("soak-%d", s.o.seed), Messages: s.o.messages, SmallItems: 1, SmallWords: s.o.words,
+		Seed: s.o.seed}
 	works := spec.Works()
 	books := accounting.New()
 	books.Expect(works...)
@@ -166,7 +167,8 @@ func (s *soak) run(ctx context.Context) (*Summary, error) {
 		return nil, err
 	}
 	s.proxy.Down(false)
-	s.logf("every chunk accounted for (or -timeout passed) after %v; faults off, waiting for the work queue to empty", time.Since(start).Round(time.Second))
+	s.logf("every chunk accounted for (or -timeout passed) after %v; faults off, waiting for the work queue to empty",
+		time.Since(start).Round(time.Second))
 
 	// Messages stranded by a fault (a receive answered but its response
 	// dropped) or by a killed subscriber come back after their visibility
@@ -224,7 +226,8 @@ func (s *soak) progress(ctx context.Context, books *accounting.Books, start time
 		}
 		f := s.proxy.Faults()
 		restarts := fmt.Sprint(s.sup.Restarts())
-		s.logf("%4.0fs: %d of %d accounted for; faults so far %v; restarts %s; mix now down=%v throttle=%.2f 500=%.2f slow=%.2f drop_before=%.2f drop_after=%.2f partial=%.2f",
+		s.logf("%4.0fs: %d of %d accounted for; faults so far %v; restarts %s; mix now down=%v throttle=%.2f 500=%.2f slow=%.2f "+
+			"drop_before=%.2f drop_after=%.2f partial=%.2f",
 			time.Since(start).Seconds(), s.o.messages-books.Pending(), s.o.messages, s.proxy.Injected(), restarts,
 			s.mix.Down(), f.Throttle, f.ServerError, f.Slow, f.DropBefore, f.DropAfter, f.PartialBatch)
 	}

@@ -52,16 +52,22 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	chunkItems := fs.Int("chunk-items", 10, "publisher comparison: items per message (the jobs' chunk_items)")
 	var cc consumeConfig
 	fs.IntVar(&cc.Prefetch, "prefetch", 20, "subscriber comparison: the subscriber's prefetch")
-	fs.IntVar(&cc.MaxInflight, "max-inflight", 100, "subscriber comparison: the subscriber's max in-flight, and ten times the batches the pipelined bare loops settle at once")
+	fs.IntVar(&cc.MaxInflight, "max-inflight", 100,
+		"subscriber comparison: the subscriber's max in-flight, and ten times the batches the pipelined bare loops settle at once")
 	fs.IntVar(&cc.MaxBatch, "max-batch", 10, "subscriber comparison: the subscriber's max batch")
 	clients := fs.String("clients", "1,4", "publisher comparison: clients posting jobs at once; a comparison for each number in the list")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	memProfile := fs.String("memprofile", "", "write a profile of the whole run's allocations to this file (go tool pprof -sample_index=alloc_space)")
+	memProfile := fs.String("memprofile", "",
+		"write a profile of the whole run's allocations to this file (go tool pprof -sample_index=alloc_space)")
 	traceOut := fs.String("trace", "", "write a Go execution trace of the whole run to this file (go tool trace)")
-	timelineOut := fs.String("timeline", "", "subscriber comparison: record every SQS call of every run, with the process's and the machine's CPU over it, "+
-		"as JSON to this file, and log a summary of each run (calls in flight, latencies, time with no receive in flight)")
-	serverPID := fs.Int("server-pid", 0, "with -timeline: the endpoint's process id (the emulator's, in .run/emulator*.pid), whose CPU over each run is reported too")
-	consumerKeys := fs.String("consumers", allConsumers, "subscriber comparison: the consumers to run, in a comma-separated list; one alone, with -cpuprofile or -memprofile, profiles it alone")
+	timelineOut := fs.String("timeline", "",
+		"subscriber comparison: record every SQS call of every run, with the process's and the machine's CPU over it, "+
+			"as JSON to this file, and log a summary of each run (calls in flight, latencies, time with no receive in flight)")
+	serverPID := fs.Int("server-pid", 0,
+		"with -timeline: the endpoint's process id (the emulator's, in .run/emulator*.pid), whose CPU over each run is reported too")
+	consumerKeys := fs.String("consumers", allConsumers,
+		"subscriber comparison: the consumers to run, in a comma-separated list; one alone, with -cpuprofile or -memprofile, "+
+			"profiles it alone")
 	only := fs.String("only", "subscriber,publisher", "comparisons to run")
 	runTimeout := fs.Duration("run-timeout", 3*time.Minute, "longest one variant may take")
 	md := fs.String("md", "", "also write the figures into this markdown file's overhead section (e.g. bench/overhead.md)")
@@ -71,8 +77,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
-	if *trials < 1 || *messages < 1 || *jobs < 1 || *jobItems < 1 || *chunkItems < 1 || cc.Prefetch < 1 || cc.MaxInflight < 1 || cc.MaxBatch < 1 {
-		return fmt.Errorf("%w: -trials, -messages, -jobs, -job-items, -chunk-items, -prefetch, -max-inflight and -max-batch must be at least 1", cli.ErrUsage)
+	if *trials < 1 || *messages < 1 || *jobs < 1 || *jobItems < 1 || *chunkItems < 1 ||
+		cc.Prefetch < 1 || cc.MaxInflight < 1 || cc.MaxBatch < 1 {
+		return fmt.Errorf("%w: -trials, -messages, -jobs, -job-items, -chunk-items, -prefetch, -max-inflight and -max-batch "+
+			"must be at least 1", cli.ErrUsage)
 	}
 	cs, err := cc.consumers(*consumerKeys)
 	if err != nil {
@@ -151,7 +159,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			for _, i := range stats.Rotation(len(cs), t) {
 				c := cs[i]
 				e.run.variant, e.run.trial = c.name, t+1
-				rate, note, err := e.timed(ctx, *runTimeout, func(ctx context.Context, urls localstack.URLs) (time.Duration, string, error) {
+				rate, note, err := e.timed(ctx, *runTimeout, func(ctx context.Context, urls localstack.URLs) (time.Duration,
+					string, error) {
 					if err := e.Preload(ctx, urls.Work, sqsenv.TinyWorks("overhead", *messages)); err != nil {
 						return 0, "", fmt.Errorf("pre-loading: %w", err)
 					}
@@ -171,7 +180,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		rep.Consume = set
-		fmt.Fprintf(&out, "\n### Subscriber against bare receive/delete loops\n\n%d pre-loaded messages per run, fresh queues per run, %d trials. %s.\n\n",
+		fmt.Fprintf(&out, "\n### Subscriber against bare receive/delete loops\n\n%d pre-loaded messages per run, fresh queues "+
+			"per run, %d trials. %s.\n\n",
 			*messages, *trials, cc.settings())
 		set.markdown(&out, cs[0].key)
 		writeNotes(&out, set.Notes)
@@ -183,7 +193,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		rep.Jobs, rep.JobItems, rep.Chunks = *jobs, *jobItems, load.messages
-		fmt.Fprintf(&out, "\n### Publisher against bare SendMessageBatch loops\n\n%d jobs of %d items (4 words each) per run, %d items per message: %d messages per run, fresh queues per run, %d trials. %s.\n",
+		fmt.Fprintf(&out, "\n### Publisher against bare SendMessageBatch loops\n\n%d jobs of %d items (4 words each) per run, "+
+			"%d items per message: %d messages per run, fresh queues per run, %d trials. %s.\n",
 			*jobs, *jobItems, *chunkItems, load.messages, *trials, publishSettings)
 		for _, pc := range pcs {
 			ps := pc.producers()
@@ -194,7 +205,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			for t := range *trials {
 				for _, i := range stats.Rotation(len(ps), t) {
 					p := ps[i]
-					rate, note, err := e.timed(ctx, *runTimeout, func(ctx context.Context, urls localstack.URLs) (time.Duration, string, error) {
+					rate, note, err := e.timed(ctx, *runTimeout, func(ctx context.Context, urls localstack.URLs) (time.Duration,
+						string, error) {
 						took, err := p.run(ctx, e, urls, load)
 						return took, "", err
 					}, load.messages)
@@ -202,7 +214,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 						return fmt.Errorf("trial %d, %d clients, %s: %w", t+1, pc.Clients, p.name, err)
 					}
 					set.Rates[i] = append(set.Rates[i], rate)
-					fmt.Fprintf(stderr, "bench overhead: trial %d/%d %d client(s) %-45s %7.0f messages/s %s\n", t+1, *trials, pc.Clients, p.name, rate, note)
+					fmt.Fprintf(stderr, "bench overhead: trial %d/%d %d client(s) %-45s %7.0f messages/s %s\n", t+1, *trials,
+						pc.Clients, p.name, rate, note)
 				}
 			}
 			rep.Publish = append(rep.Publish, set)
@@ -212,7 +225,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if n := e.ReceiveRetries.Load(); n > 0 {
 		fmt.Fprintf(&out, "\nThe SDK retried %d ReceiveMessage calls (a known emulator fault under load: an answer that fails to read); "+
-			"%d run(s) during which it happened were thrown away and run again, as each may leave up to ten messages invisible for the whole visibility timeout.\n",
+			"%d run(s) during which it happened were thrown away and run again, as each may leave up to ten messages invisible "+
+			"for the whole visibility timeout.\n",
 			n, e.discarded)
 	}
 
@@ -227,7 +241,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // timeout, which turns a one-second run into a thirty-second one. That is
 // the emulator's doing, not the consumer's; the report says how many runs
 // were thrown away.
-func (e *benchEnv) timed(ctx context.Context, limit time.Duration, f func(context.Context, localstack.URLs) (time.Duration, string, error), n int) (float64, string, error) {
+func (e *benchEnv) timed(ctx context.Context, limit time.Duration, f func(context.Context, localstack.URLs) (time.Duration,
+	string, error), n int) (float64, string, error) {
 	for attempt := 1; ; attempt++ {
 		retries := e.ReceiveRetries.Load()
 		took, note, err := e.once(ctx, limit, f)
@@ -248,7 +263,8 @@ func (e *benchEnv) timed(ctx context.Context, limit time.Duration, f func(contex
 // retriedRuns is how many times a run with a retried receive is repeated.
 const retriedRuns = 3
 
-func (e *benchEnv) once(ctx context.Context, limit time.Duration, f func(context.Context, localstack.URLs) (time.Duration, string, error)) (time.Duration, string, error) {
+func (e *benchEnv) once(ctx context.Context, limit time.Duration, f func(context.Context, localstack.URLs) (time.Duration,
+	string, error)) (time.Duration, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	urls, drop, err := e.FreshQueues(ctx)

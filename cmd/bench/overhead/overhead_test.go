@@ -80,7 +80,8 @@ func TestEncodeResult(t *testing.T) {
 	if r.Key() != w.Key() || len(r.Outputs) != len(w.Items) || r.Outputs[0].ID != w.Items[0].ID || string(r.Outputs[0].Data) != "0" {
 		t.Errorf("result %s for work %s", got, body)
 	}
-	if _, err := encodeResult(types.Message{Body: aws.String("{"), MessageId: aws.String("m1")}); err == nil || !strings.Contains(err.Error(), "m1") {
+	if _, err := encodeResult(types.Message{Body: aws.String("{"),
+		MessageId: aws.String("m1")}); err == nil || !strings.Contains(err.Error(), "m1") {
 		t.Errorf("a malformed body: err %v, want one naming the message", err)
 	}
 }

@@ -113,7 +113,8 @@ type actionSummary struct {
 // apiOption makes the SDK client report its calls to t.
 func (t *timeline) apiOption(stack *middleware.Stack) error {
 	return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("benchTimeline",
-		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+		func(ctx context.Context, in middleware.InitializeInput,
+			next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
 			r := t.cur.Load()
 			if r == nil {
 				return next.HandleInitialize(ctx, in)

@@ -41,7 +41,8 @@ func (t trialSet) rows() []ratioRow {
 
 // markdown writes the comparison as a table.
 func (t trialSet) markdown(w io.Writer, ours string) {
-	fmt.Fprintf(w, "| | messages/s, median of %d | min–max | %s ÷ this: ratio of medians | median of per-trial ratios |\n", len(t.Rates[0]), ours)
+	fmt.Fprintf(w, "| | messages/s, median of %d | min–max | %s ÷ this: ratio of medians | median of per-trial ratios |\n",
+		len(t.Rates[0]), ours)
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
 	for i, r := range t.rows() {
 		if i == 0 {

@@ -10,7 +10,8 @@ func TestReplaceSection(t *testing.T) {
 		{"empty file", "", begin + "\nnew\n" + end + "\n"},
 		{"appended after prose", "# Title\nprose", "# Title\nprose\n\n" + begin + "\nnew\n" + end + "\n"},
 		{"replaced, prose kept", "# T\n" + begin + "\nold\nlines\n" + end + "\nafter\n", "# T\n" + begin + "\nnew\n" + end + "\nafter\n"},
-		{"other sections kept", "a\n<!-- bench overhead: x -->\n" + begin + "\nold\n" + end + "\n", "a\n<!-- bench overhead: x -->\n" + begin + "\nnew\n" + end + "\n"},
+		{"other sections kept", "a\n<!-- bench overhead: x -->\n" + begin + "\nold\n" + end + "\n",
+			"a\n<!-- bench overhead: x -->\n" + begin + "\nnew\n" + end + "\n"},
 	} {
 		got, err := replaceSection(tc.doc, "rss", "new\n\n")
 		if err != nil || got != tc.want {

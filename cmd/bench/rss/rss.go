@@ -87,7 +87,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				return fmt.Errorf("trial %d, backlog %d: %w", t+1, rep.Backlogs[i], err)
 			}
 			rep.Runs[i] = append(rep.Runs[i], r)
-			fmt.Fprintf(stderr, "bench rss: trial %d/%d backlog %7d: consumed %7d in %5.1fs; VmHWM %s, highest VmRSS sampled %s (%d samples)\n",
+			fmt.Fprintf(stderr, "bench rss: trial %d/%d backlog %7d: consumed %7d in %5.1fs; VmHWM %s, highest VmRSS sampled %s "+
+				"(%d samples)\n",
 				t+1, *trials, r.Backlog, r.Consumed, r.Seconds, gpu.FormatBytes(int64(r.HWM)), gpu.FormatBytes(int64(r.MaxRSS)), r.Samples)
 		}
 	}
@@ -95,16 +96,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var out bytes.Buffer
 	fmt.Fprintf(&out, "Measured %s on %s, against the emulator at %s (load average %s at the start). Command:\n\n```sh\n%s\n```\n\n",
 		rep.Date, rep.Host, sqsenv.Endpoint(), load, strings.TrimSpace(rep.Command))
-	fmt.Fprintf(&out, "The subscriber runs in a child process (the bench binary re-executed), with the no-op model and the subscriber's defaults "+
+	fmt.Fprintf(&out, "The subscriber runs in a child process (the bench binary re-executed), with the no-op model and the "+
+		"subscriber's defaults "+
 		"(prefetch 20, max-inflight 100, max-batch 8; wait-time 1s), on a queue loaded with the backlog before it starts; "+
-		"its /proc/<pid>/status is read every %v until the queue is empty or %v have passed. %d trials, alternating the two backlogs.\n\n", *every, *maxTime, *trials)
+		"its /proc/<pid>/status is read every %v until the queue is empty or %v have passed. %d trials, alternating the two "+
+		"backlogs.\n\n", *every, *maxTime, *trials)
 	writeRSSTable(&out, rep)
 	return report.Publish(stdout, out.String(), *md, "rss", *jsonOut, rep)
 }
 
 func writeRSSTable(w io.Writer, rep rssReport) {
 	mib := func(b float64) string { return fmt.Sprintf("%.1f MiB", b/(1<<20)) }
-	fmt.Fprintln(w, "| backlog | consumed, median | from start to empty, median | peak RSS (VmHWM), median | min–max | highest VmRSS sampled, median |")
+	fmt.Fprintln(w, "| backlog | consumed, median | from start to empty, median | peak RSS (VmHWM), median | min–max | highest "+
+		"VmRSS sampled, median |")
 	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|")
 	hwm := make([][]float64, len(rep.Backlogs))
 	for i, b := range rep.Backlogs {
@@ -116,15 +120,18 @@ func writeRSSTable(w io.Writer, rep rssReport) {
 			sampled = append(sampled, float64(r.MaxRSS))
 		}
 		lo, hi := minMax(hwm[i])
-		fmt.Fprintf(w, "| %s | %s | %.1f s | **%s** | %s–%s | %s |\n", thousands(b), thousands(int(stats.Median(consumed))), stats.Median(secs),
+		fmt.Fprintf(w, "| %s | %s | %.1f s | **%s** | %s–%s | %s |\n", thousands(b), thousands(int(stats.Median(consumed))),
+			stats.Median(secs),
 			mib(stats.Median(hwm[i])), mib(lo), mib(hi), mib(stats.Median(sampled)))
 	}
 	fmt.Fprintf(w, "\nPeak RSS with a %s-message backlog ÷ with %s: **%.2f** (ratio of medians; median of per-trial ratios %.2f).\n",
-		thousands(rep.Backlogs[1]), thousands(rep.Backlogs[0]), stats.Median(hwm[1])/stats.Median(hwm[0]), stats.Median(stats.PairedRatios(hwm[1], hwm[0])))
+		thousands(rep.Backlogs[1]), thousands(rep.Backlogs[0]), stats.Median(hwm[1])/stats.Median(hwm[0]),
+		stats.Median(stats.PairedRatios(hwm[1], hwm[0])))
 	for i, b := range rep.Backlogs {
 		for t, r := range rep.Runs[i] {
 			if !r.Drained {
-				fmt.Fprintf(w, "\nTrial %d with the %s backlog was stopped at the time limit with %s messages consumed.\n", t+1, thousands(b), thousands(r.Consumed))
+				fmt.Fprintf(w, "\nTrial %d with the %s backlog was stopped at the time limit with %s messages consumed.\n", t+1,
+					thousands(b), thousands(r.Consumed))
 			}
 		}
 	}
@@ -155,7 +162,8 @@ func minMax(xs []float64) (float64, float64) {
 // measureRSS loads backlog messages onto fresh queues, starts the
 // subscriber child on them, samples its memory until the queue is empty or
 // maxTime has passed, and stops it with SIGTERM.
-func measureRSS(ctx context.Context, e *sqsenv.Env, exe string, proc procfs.FS, backlog int, maxTime, every time.Duration, stderr io.Writer) (rssRun, error) {
+func measureRSS(ctx context.Context, e *sqsenv.Env, exe string, proc procfs.FS, backlog int, maxTime, every time.Duration,
+	stderr io.Writer) (rssRun, error) {
 	r := rssRun{Backlog: backlog}
 	urls, drop, err := e.FreshQueues(ctx)
 	if err != nil {

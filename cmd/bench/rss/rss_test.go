@@ -18,7 +18,8 @@ func TestThousands(t *testing.T) {
 func TestRSSTableRatio(t *testing.T) {
 	mib := uint64(1 << 20)
 	run := func(backlog int, hwm uint64, drained bool) rssRun {
-		return rssRun{Backlog: backlog, Consumed: backlog, Seconds: 2, Drained: drained, memPeak: memPeak{MaxRSS: hwm - mib, HWM: hwm, Samples: 20}}
+		return rssRun{Backlog: backlog, Consumed: backlog, Seconds: 2, Drained: drained, memPeak: memPeak{MaxRSS: hwm - mib,
+			HWM: hwm, Samples: 20}}
 	}
 	rep := rssReport{Backlogs: []int{1000, 100000}, Runs: [][]rssRun{
 		{run(1000, 20*mib, true), run(1000, 22*mib, true), run(1000, 21*mib, true)},

@@ -71,7 +71,8 @@ func plotBudget(path string, rep strategyReport) error {
 	}
 	img := vgimg.New(9*vg.Inch, vg.Length(n)*2.2*vg.Inch)
 	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: n, Cols: 1, PadX: vg.Millimeter, PadY: 2 * vg.Millimeter, PadTop: vg.Millimeter, PadBottom: vg.Millimeter, PadLeft: vg.Millimeter, PadRight: 2 * vg.Millimeter}
+	tiles := draw.Tiles{Rows: n, Cols: 1, PadX: vg.Millimeter, PadY: 2 * vg.Millimeter, PadTop: vg.Millimeter,
+		PadBottom: vg.Millimeter, PadLeft: vg.Millimeter, PadRight: 2 * vg.Millimeter}
 	canvases := plot.Align(plots, tiles, dc)
 	for i := range plots {
 		plots[i][0].Draw(canvases[i][0])

@@ -159,8 +159,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "bench: %d messages (%s), budget %s x %d subscriber(s), launch %v, throughput %s/s, estimate error %s; offline bound %.1f messages/s (%s)\n",
-		p.Messages, p.Shape, gpu.FormatBytes(p.Budget), p.Subscribers, p.Launch, gpu.FormatBytes(int64(p.Throughput)), p.EstimateError, sc.Bound.MessagesPerS, sc.Bound.Binding)
+	fmt.Fprintf(stderr, "bench: %d messages (%s), budget %s x %d subscriber(s), launch %v, throughput %s/s, estimate error %s; "+
+		"offline bound %.1f messages/s (%s)\n",
+		p.Messages, p.Shape, gpu.FormatBytes(p.Budget), p.Subscribers, p.Launch, gpu.FormatBytes(int64(p.Throughput)),
+		p.EstimateError, sc.Bound.MessagesPerS, sc.Bound.Binding)
 	rep := strategyReport{Params: sc.p, Bound: sc.Bound, Command: "bin/bench strategies " + strings.Join(args, " "),
 		Date: time.Now().UTC().Format("2006-01-02"), Machine: report.Machine()}
 	rep.Results, err = sc.Measure(ctx, client, retries, *repeat, *verbose, stderr)
@@ -191,7 +193,8 @@ func Flags(fs *flag.FlagSet) (*Params, FlagValues) {
 	v := FlagValues{budget: &budget, throughput: &throughput, maxBatchBytes: &maxBatchBytes}
 	fs.IntVar(&p.Messages, "messages", 1000, "work messages in the workload")
 	fs.IntVar(&p.LargeEvery, "large-every", 5, "every Nth message is a large one (the bimodal mix; -shape 1-in-N says the same)")
-	fs.StringVar(&p.Shape, "shape", "", "workload: 1-in-N (the bimodal mix, every Nth message large) or heavy (heavy-tailed sizes); empty: 1-in-(-large-every)")
+	fs.StringVar(&p.Shape, "shape", "", "workload: 1-in-N (the bimodal mix, every Nth message large) or heavy (heavy-tailed "+
+		"sizes); empty: 1-in-(-large-every)")
 	fs.Var(&budget, "budget", "device memory for work (the vram budget; the device holds this plus the weights), per subscriber")
 	fs.DurationVar(&p.Launch, "launch", gpu.DefaultTiming().Launch, "timing model: fixed time per batch")
 	fs.Var(&throughput, "throughput", "timing model: device throughput, bytes of working memory per second")
@@ -200,9 +203,11 @@ func Flags(fs *flag.FlagSet) (*Params, FlagValues) {
 	v.Shuffle = fs.Bool("shuffle", true, "send the workload in a seeded random order rather than a large message every -large-every-th")
 	v.only = fs.String("only", "none,count-1,count-avg,vram-plain,vram", "strategies to run, in order")
 	v.estimate = fs.String("estimate-error", "", "make the estimates admission works with wrong, not what the device allocates: "+
-		"uniform:F (each message's estimate times a factor from [1-F, 1+F], the same for the same message) or bias:F (every estimate times 1+F, e.g. bias:+0.3, bias:-0.3)")
+		"uniform:F (each message's estimate times a factor from [1-F, 1+F], the same for the same message) or bias:F (every "+
+		"estimate times 1+F, e.g. bias:+0.3, bias:-0.3)")
 	fs.IntVar(&p.Subscribers, "subscribers", 1, "subscribers on the one queue, each with its own simulated device of -budget")
-	v.bert = fs.String("bert", "", "cost like the BERT model in `DIR` (bin/genweights -bert DIR makes one), length² attention included, rather than the reference model; set -budget to fit its large messages")
+	v.bert = fs.String("bert", "", "cost like the BERT model in `DIR` (bin/genweights -bert DIR makes one), length² attention "+
+		"included, rather than the reference model; set -budget to fit its large messages")
 	return p, v
 }
 
@@ -277,7 +282,8 @@ func shapeWorks(shape string, messages int) ([]job.Work, string, error) {
 	}
 	spec := workload.Mixed("bench", messages)
 	spec.LargeEvery = n
-	return spec.Works(), fmt.Sprintf("the bimodal mix (`internal/workload.Mixed`): one message in %d large (32 items of 600 words), the others small (8 items of 24 words)", n), nil
+	return spec.Works(), fmt.Sprintf("the bimodal mix (`internal/workload.Mixed`): one message in %d large (32 items of 600 "+
+		"words), the others small (8 items of 24 words)", n), nil
 }
 
 // Prepare makes the workload of p, in a seeded random order when shuffle is
@@ -324,7 +330,8 @@ func Prepare(p Params, shuffle bool) (Scenario, error) {
 			sc.large[job.Key{JobID: w.JobID, Chunk: w.Chunk}] = true
 		}
 		if c > p.Budget {
-			return sc, fmt.Errorf("%w: message %d needs %s, more than the budget %s", cli.ErrUsage, i, gpu.FormatBytes(c), gpu.FormatBytes(p.Budget))
+			return sc, fmt.Errorf("%w: message %d needs %s, more than the budget %s", cli.ErrUsage, i, gpu.FormatBytes(c),
+				gpu.FormatBytes(p.Budget))
 		}
 	}
 	sc.works = works
@@ -338,7 +345,8 @@ func Prepare(p Params, shuffle bool) (Scenario, error) {
 // Measure runs every strategy repeat times, the strategies taking turns
 // (the emulator stalls now and then, see RetriedReceives), and returns the
 // run of median throughput of each, with every run's throughput.
-func (sc Scenario) Measure(ctx context.Context, client *sqs.Client, retries *atomic.Int64, repeat int, verbose bool, stderr io.Writer) ([]Outcome, error) {
+func (sc Scenario) Measure(ctx context.Context, client *sqs.Client, retries *atomic.Int64, repeat int, verbose bool,
+	stderr io.Writer) ([]Outcome, error) {
 	runs := make([][]Outcome, len(sc.strategies))
 	for r := range repeat {
 		for i, s := range sc.strategies {
@@ -350,8 +358,10 @@ func (sc Scenario) Measure(ctx context.Context, client *sqs.Client, retries *ato
 			o.RetriedReceives = retries.Load() - before
 			o.OfBound = o.MessagesPerS / sc.Bound.MessagesPerS
 			runs[i] = append(runs[i], o)
-			fmt.Fprintf(stderr, "bench: %s run %d/%d %-10s %6.1f messages/s (%.0f%% of bound), %d device OOMs, %d redeliveries, %d DLQ, p50 %.2fs p99 %.2fs, %.3f SQS requests/message, large completed %v\n",
-				sc.p.Shape, r+1, repeat, o.Name, o.MessagesPerS, 100*o.OfBound, o.DeviceOOMs, o.Redeliveries, o.DeadLettered, o.P50, o.P99, o.RequestsPerM, o.LargeCompleted)
+			fmt.Fprintf(stderr, "bench: %s run %d/%d %-10s %6.1f messages/s (%.0f%% of bound), %d device OOMs, %d redeliveries, "+
+				"%d DLQ, p50 %.2fs p99 %.2fs, %.3f SQS requests/message, large completed %v\n",
+				sc.p.Shape, r+1, repeat, o.Name, o.MessagesPerS, 100*o.OfBound, o.DeviceOOMs, o.Redeliveries, o.DeadLettered,
+				o.P50, o.P99, o.RequestsPerM, o.LargeCompleted)
 		}
 	}
 	var out []Outcome
@@ -392,19 +402,23 @@ func strategiesFor(p Params, costs []int64) ([]strategy, error) {
 			settings = "admission=count, N=1"
 		case "count-avg":
 			c.Admission, c.Count = subscriber.AdmitCount, nAvg
-			settings = fmt.Sprintf("admission=count, N=%d (budget %s / average message %s)", nAvg, gpu.FormatBytes(p.Budget), gpu.FormatBytes(avg))
+			settings = fmt.Sprintf("admission=count, N=%d (budget %s / average message %s)", nAvg, gpu.FormatBytes(p.Budget),
+				gpu.FormatBytes(avg))
 		case "vram-plain":
 			// The byte cap off, and with it launch-ahead (only a message
 			// that fills a batch on its own launches ahead): vram batching
 			// as count and none batch, so that the only difference from
 			// them is admission.
 			c.Admission, c.MaxBatchBytes = subscriber.AdmitVRAM, math.MaxInt64
-			settings = fmt.Sprintf("admission=vram, budget %s, no batch byte cap, no launch-ahead (batching as count and none)", gpu.FormatBytes(p.Budget))
+			settings = fmt.Sprintf("admission=vram, budget %s, no batch byte cap, no launch-ahead (batching as count and none)",
+				gpu.FormatBytes(p.Budget))
 		case "vram":
 			c.Admission, c.MaxBatchBytes = subscriber.AdmitVRAM, p.MaxBatchBytes
-			settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap %s, launch-ahead", gpu.FormatBytes(p.Budget), gpu.FormatBytes(p.MaxBatchBytes))
+			settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap %s, launch-ahead", gpu.FormatBytes(p.Budget),
+				gpu.FormatBytes(p.MaxBatchBytes))
 			if p.MaxBatchBytes == 0 {
-				settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap a quarter of the budget (%s, the default), launch-ahead", gpu.FormatBytes(p.Budget), gpu.FormatBytes(p.Budget/4))
+				settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap a quarter of the budget (%s, the default), "+
+					"launch-ahead", gpu.FormatBytes(p.Budget), gpu.FormatBytes(p.Budget/4))
 			}
 		default:
 			return nil, fmt.Errorf("%w: unknown strategy %q: want none, count-1, count-avg, vram-plain or vram", cli.ErrUsage, name)
@@ -552,7 +566,8 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, sc Scenari
 		}
 		busy += w.model.Busy()
 		l := w.sub.Ledger()
-		ledger := fmt.Sprintf("received %d = deleted %d + released %d + lost %d + abandoned %d", l.Received, l.Deleted, l.Released, l.Lost, l.Abandoned)
+		ledger := fmt.Sprintf("received %d = deleted %d + released %d + lost %d + abandoned %d", l.Received, l.Deleted,
+			l.Released, l.Lost, l.Abandoned)
 		if len(ws) > 1 {
 			ledger = fmt.Sprintf("subscriber %d: %s", i+1, ledger)
 		}

@@ -53,8 +53,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench sweep", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	p, sf := strategies.Flags(fs)
-	shapes := fs.String("shapes", "1-in-2,1-in-3,1-in-5,1-in-10,1-in-20,heavy", "workload shapes, in order (-shape and -large-every are ignored)")
-	errs := fs.String("estimate-errors", "", "estimate errors to sweep, as -estimate-error takes them (none for exact); empty: -estimate-error alone")
+	shapes := fs.String("shapes", "1-in-2,1-in-3,1-in-5,1-in-10,1-in-20,heavy",
+		"workload shapes, in order (-shape and -large-every are ignored)")
+	errs := fs.String("estimate-errors", "",
+		"estimate errors to sweep, as -estimate-error takes them (none for exact); empty: -estimate-error alone")
 	subs := fs.String("subscriber-counts", "", "numbers of subscribers to sweep; empty: -subscribers alone")
 	repeat := fs.Int("repeat", 1, "runs of each strategy on each shape; the run of median throughput is reported")
 	out := fs.String("out", "bench/sweep", "folder for sweep.md, sweep.json and sweep.png (empty: none)")
@@ -134,10 +136,13 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		return l
 	}
-	rep := sweepReport{Command: "bin/bench sweep " + strings.Join(args, " "), Date: time.Now().UTC().Format("2006-01-02"), Machine: report.Machine()}
+	rep := sweepReport{Command: "bin/bench sweep " + strings.Join(args, " "), Date: time.Now().UTC().Format("2006-01-02"),
+		Machine: report.Machine()}
 	for _, sc := range scs {
-		fmt.Fprintf(stderr, "bench: shape %s: %d messages, %s to %s each, estimate error %s, %d subscriber(s); offline bound %.1f messages/s (%s)\n",
-			sc.Params().Shape, len(sc.Works()), gpu.FormatBytes(sc.Params().SmallCost), gpu.FormatBytes(sc.Params().LargeCost), sc.Params().EstimateError, sc.Params().Subscribers, sc.Bound.MessagesPerS, sc.Bound.Binding)
+		fmt.Fprintf(stderr, "bench: shape %s: %d messages, %s to %s each, estimate error %s, %d subscriber(s); offline bound "+
+			"%.1f messages/s (%s)\n",
+			sc.Params().Shape, len(sc.Works()), gpu.FormatBytes(sc.Params().SmallCost), gpu.FormatBytes(sc.Params().LargeCost),
+			sc.Params().EstimateError, sc.Params().Subscribers, sc.Bound.MessagesPerS, sc.Bound.Binding)
 		res, err := sc.Measure(ctx, client, retries, *repeat, *verbose, stderr)
 		if err != nil {
 			return fmt.Errorf("shape %s: %w", sc.Params().Shape, err)
@@ -182,10 +187,16 @@ func writeSweepMarkdown(w io.Writer, rep sweepReport, name string) {
 	p := rep.Shapes[0].Params
 	fmt.Fprintf(w, "# Admission strategies over workload shapes\n\n")
 	fmt.Fprintf(w, "Written by `%s` on %s; %s. Do not edit: run it again.\n\n", rep.Command, rep.Date, rep.Machine)
-	fmt.Fprintf(w, "%d messages per row, budget %s per device, %d subscriber(s), estimate error `%s` (unless the row says otherwise: `est` is -estimate-error, `xN` N subscribers on the one queue, each with its own device), max batch %d, launch %v, throughput %s/s; "+
-		"each strategy ran %d time(s) per shape (the median run). Settings and what differs between strategies besides admission: as in [results.md](../results.md) (`vram-plain` is vram admission without the batch byte cap and launch-ahead).\n\n",
-		p.Messages, gpu.FormatBytes(p.Budget), p.Subscribers, p.EstimateError, p.MaxBatch, p.Launch, gpu.FormatBytes(int64(p.Throughput)), len(rep.Shapes[0].Results[0].AllRuns))
-	fmt.Fprintln(w, "Throughput as a share of the row's offline bound (messages/s in brackets; device OOMs, redeliveries and dead-lettered messages after the slash when any; the bound for N subscribers is N devices' worth):")
+	fmt.Fprintf(w, "%d messages per row, budget %s per device, %d subscriber(s), estimate error `%s` (unless the row says "+
+		"otherwise: `est` is -estimate-error, `xN` N subscribers on the one queue, each with its own device), max batch %d, "+
+		"launch %v, throughput %s/s; "+
+		"each strategy ran %d time(s) per shape (the median run). Settings and what differs between strategies besides "+
+		"admission: as in [results.md](../results.md) (`vram-plain` is vram admission without the batch byte cap and "+
+		"launch-ahead).\n\n",
+		p.Messages, gpu.FormatBytes(p.Budget), p.Subscribers, p.EstimateError, p.MaxBatch, p.Launch,
+		gpu.FormatBytes(int64(p.Throughput)), len(rep.Shapes[0].Results[0].AllRuns))
+	fmt.Fprintln(w, "Throughput as a share of the row's offline bound (messages/s in brackets; device OOMs, redeliveries and "+
+		"dead-lettered messages after the slash when any; the bound for N subscribers is N devices' worth):")
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "| row | bound msg/s |")
 	for _, o := range rep.Shapes[0].Results {
@@ -224,7 +235,8 @@ func writeSweepMarkdown(w io.Writer, rep sweepReport, name string) {
 		if len(parts) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "- `%s` (%s to %s per message): %s\n", s.Label, gpu.FormatBytes(s.Params.SmallCost), gpu.FormatBytes(s.Params.LargeCost), strings.Join(parts, ", "))
+		fmt.Fprintf(w, "- `%s` (%s to %s per message): %s\n", s.Label, gpu.FormatBytes(s.Params.SmallCost),
+			gpu.FormatBytes(s.Params.LargeCost), strings.Join(parts, ", "))
 	}
 	fmt.Fprintln(w)
 	var many bool
@@ -232,16 +244,19 @@ func writeSweepMarkdown(w io.Writer, rep sweepReport, name string) {
 		many = many || s.Params.Subscribers > 1
 	}
 	if many {
-		fmt.Fprintln(w, "Requests per message (all subscribers' SQS calls) and the messages, and large ones (at least a quarter of the budget), each subscriber completed:")
+		fmt.Fprintln(w, "Requests per message (all subscribers' SQS calls) and the messages, and large ones (at least a quarter "+
+			"of the budget), each subscriber completed:")
 		fmt.Fprintln(w)
 		for _, s := range rep.Shapes {
 			for _, o := range s.Results {
-				fmt.Fprintf(w, "- `%s` `%s`: %.3f requests/message, %d redeliveries; completed %v, large %v\n", s.Label, o.Name, o.RequestsPerM, o.Redeliveries, o.Completed, o.LargeCompleted)
+				fmt.Fprintf(w, "- `%s` `%s`: %.3f requests/message, %d redeliveries; completed %v, large %v\n", s.Label, o.Name,
+					o.RequestsPerM, o.Redeliveries, o.Completed, o.LargeCompleted)
 			}
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintln(w, "A run ends only when every message has a result or is in the DLQ (its DLQ count is in the table); the subscribers' ledgers are in the JSON.")
+	fmt.Fprintln(w, "A run ends only when every message has a result or is in the DLQ (its DLQ count is in the table); the "+
+		"subscribers' ledgers are in the JSON.")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Shapes:")
 	fmt.Fprintln(w)
