@@ -1,9 +1,12 @@
 package strategies
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -149,4 +152,38 @@ func Find(os []Outcome, name string) (Outcome, bool) {
 		}
 	}
 	return Outcome{}, false
+}
+
+type strategyReport struct {
+	Params  Params    `json:"params"`
+	Bound   Bound     `json:"bound"`
+	Results []Outcome `json:"results"`
+	Command string    `json:"command"`
+	Date    string    `json:"date"`
+	Machine string    `json:"machine"`
+}
+
+func writeStrategyReport(dir string, rep strategyReport) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := plotBudget(filepath.Join(dir, "budget.png"), rep); err != nil {
+		return err
+	}
+	if err := plotThroughput(filepath.Join(dir, "throughput.png"), rep); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "results.md"))
+	if err != nil {
+		return err
+	}
+	writeStrategyMarkdown(f, rep)
+	return f.Close()
 }

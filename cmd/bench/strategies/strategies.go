@@ -7,7 +7,6 @@ package strategies
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,8 +14,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,40 +36,6 @@ import (
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/subscriber"
 )
-
-// Params is one run of `bench strategies`: the workload, the device
-// and its timing, shared by every strategy.
-type Params struct {
-	Messages   int           `json:"messages"`
-	LargeEvery int           `json:"large_every"`
-	Budget     int64         `json:"budget_bytes"`
-	Launch     time.Duration `json:"launch_ns"`
-	Throughput float64       `json:"throughput_bytes_per_second"`
-	MaxBatch   int           `json:"max_batch"`
-	// MaxBatchBytes is vram's batch cap; 0 is the subscriber's default.
-	MaxBatchBytes int64    `json:"max_batch_bytes,omitempty"`
-	Shuffled      bool     `json:"shuffled"`
-	SmallCost     int64    `json:"small_message_bytes"`
-	LargeCost     int64    `json:"large_message_bytes"`
-	Runs          []string `json:"strategies"`
-	// Shape is the workload: "1-in-N" (Mixed, every Nth message large) or
-	// "heavy" (workload.HeavyTailed).
-	Shape string `json:"shape"`
-	// ShapeDesc says what Shape is, for the report.
-	ShapeDesc string `json:"shape_description"`
-	// Model is what the timed model costs like: the reference model, or
-	// a BERT model directory's (-bert).
-	Model string `json:"model,omitempty"`
-	// BERTDir is -bert: the model directory whose cost the timed model
-	// takes; empty for the reference model.
-	BERTDir string `json:"-"`
-	// EstimateError is -estimate-error: how wrong the estimates admission
-	// works with are ("none": exact).
-	EstimateError string `json:"estimate_error"`
-	// Subscribers run at once on the queue, each with its own device of
-	// Budget.
-	Subscribers int `json:"subscribers"`
-}
 
 // strategy is one way to run the subscriber on the workload.
 type strategy struct {
@@ -109,7 +72,7 @@ type Outcome struct {
 	MeanUse     float64 `json:"mean_budget_use"` // mean device working memory / budget
 	Utilisation float64 `json:"device_utilisation"`
 	Ledger      string  `json:"ledger"`
-	// RetriedReceives are receives the SDK retried (see receiveRetryCounter).
+	// RetriedReceives are receives the SDK retried (see Client).
 	RetriedReceives int64    `json:"retried_receives"`
 	Samples         []sample `json:"-"`
 	// AllRuns are the throughputs of every run, in order; the figures are
@@ -125,15 +88,6 @@ type sample struct {
 	T        float64 // seconds since the subscriber started
 	Used     int64   // device working memory allocated
 	Admitted int64   // estimated working memory of the messages admitted
-}
-
-type strategyReport struct {
-	Params  Params    `json:"params"`
-	Bound   Bound     `json:"bound"`
-	Results []Outcome `json:"results"`
-	Command string    `json:"command"`
-	Date    string    `json:"date"`
-	Machine string    `json:"machine"`
 }
 
 // Run is `bench strategies`: every strategy on one workload and one kind of
@@ -174,64 +128,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	return writeStrategyReport(*out, rep)
-}
-
-// FlagValues are the flags that Params does not hold as is.
-type FlagValues struct {
-	budget, throughput, maxBatchBytes *gpu.Bytes
-	Shuffle                           *bool
-	only, estimate, bert              *string
-}
-
-// Flags defines the flags that shape a run of the strategies, shared
-// by `bench strategies` and `bench sweep`.
-func Flags(fs *flag.FlagSet) (*Params, FlagValues) {
-	p := &Params{}
-	budget := gpu.Bytes(40 << 20)
-	throughput := gpu.Bytes(gpu.DefaultTiming().Throughput)
-	maxBatchBytes := gpu.Bytes(0)
-	v := FlagValues{budget: &budget, throughput: &throughput, maxBatchBytes: &maxBatchBytes}
-	fs.IntVar(&p.Messages, "messages", 1000, "work messages in the workload")
-	fs.IntVar(&p.LargeEvery, "large-every", 5, "every Nth message is a large one (the bimodal mix; -shape 1-in-N says the same)")
-	fs.StringVar(&p.Shape, "shape", "", "workload: 1-in-N (the bimodal mix, every Nth message large) or heavy (heavy-tailed "+
-		"sizes); empty: 1-in-(-large-every)")
-	fs.Var(&budget, "budget", "device memory for work (the vram budget; the device holds this plus the weights), per subscriber")
-	fs.DurationVar(&p.Launch, "launch", gpu.DefaultTiming().Launch, "timing model: fixed time per batch")
-	fs.Var(&throughput, "throughput", "timing model: device throughput, bytes of working memory per second")
-	fs.IntVar(&p.MaxBatch, "max-batch", 8, "most messages per batch, every strategy")
-	fs.Var(&maxBatchBytes, "max-batch-bytes", "vram: the subscriber's -max-batch-bytes (0: its default)")
-	v.Shuffle = fs.Bool("shuffle", true, "send the workload in a seeded random order rather than a large message every -large-every-th")
-	v.only = fs.String("only", "none,count-1,count-avg,vram-plain,vram", "strategies to run, in order")
-	v.estimate = fs.String("estimate-error", "", "make the estimates admission works with wrong, not what the device allocates: "+
-		"uniform:F (each message's estimate times a factor from [1-F, 1+F], the same for the same message) or bias:F (every "+
-		"estimate times 1+F, e.g. bias:+0.3, bias:-0.3)")
-	fs.IntVar(&p.Subscribers, "subscribers", 1, "subscribers on the one queue, each with its own simulated device of -budget")
-	v.bert = fs.String("bert", "", "cost like the BERT model in `DIR` (bin/genweights -bert DIR makes one), length² attention "+
-		"included, rather than the reference model; set -budget to fit its large messages")
-	return p, v
-}
-
-// Apply checks the flags and completes p with them.
-func (v FlagValues) Apply(p *Params) error {
-	p.Budget, p.Throughput, p.MaxBatchBytes = int64(*v.budget), float64(*v.throughput), int64(*v.maxBatchBytes)
-	p.Runs = strings.Split(*v.only, ",")
-	p.Shuffled = *v.Shuffle
-	p.BERTDir = *v.bert
-	if p.Shape == "" {
-		p.Shape = fmt.Sprintf("1-in-%d", p.LargeEvery)
-	}
-	e, err := ParseEstimateError(*v.estimate)
-	if err != nil {
-		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
-	}
-	p.EstimateError = e.String()
-	if p.Messages < 1 || p.Subscribers < 1 || p.Subscribers > 16 {
-		return fmt.Errorf("%w: -messages must be at least 1 and -subscribers 1 to 16", cli.ErrUsage)
-	}
-	if err := (gpu.Timing{Launch: p.Launch, Throughput: p.Throughput}).Validate(); err != nil {
-		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
-	}
-	return nil
 }
 
 // Client is the SQS client of the strategy runs, with the SDK's
@@ -436,7 +332,7 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, sc Scenari
 	o := Outcome{Name: s.Name, Settings: s.Settings}
 	prefix := fmt.Sprintf("bench-%s-%d-", s.Name, time.Now().UnixNano()%1e9)
 	// A short visibility timeout bounds the stall when the emulator
-	// strands a receive (see receiveRetryCounter); heartbeats keep longer batches.
+	// strands a receive (see Client); heartbeats keep longer batches.
 	urls, err := localstack.Create(ctx, client, localstack.Options{Prefix: prefix, VisibilityTimeout: benchVisibility})
 	if err != nil {
 		return o, err
@@ -669,31 +565,6 @@ func gathered(reg *prometheus.Registry, name, label string) map[string]float64 {
 		}
 	}
 	return out
-}
-
-func writeStrategyReport(dir string, rep strategyReport) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	if err := plotBudget(filepath.Join(dir, "budget.png"), rep); err != nil {
-		return err
-	}
-	if err := plotThroughput(filepath.Join(dir, "throughput.png"), rep); err != nil {
-		return err
-	}
-	f, err := os.Create(filepath.Join(dir, "results.md"))
-	if err != nil {
-		return err
-	}
-	writeStrategyMarkdown(f, rep)
-	return f.Close()
 }
 
 const benchVisibility = 5 * time.Second
