@@ -9,7 +9,9 @@
 //	                   the publisher against a bare SendMessageBatch loop
 //	bench rss          the subscriber's memory with a large backlog
 //
-// It needs an SQS endpoint (AWS_ENDPOINT_URL, as make bench sets up).
+// It needs an SQS endpoint (AWS_ENDPOINT_URL, as make bench sets up). Each
+// subcommand is a package of its own under cmd/bench; this file only picks
+// one.
 package main
 
 import (
@@ -18,6 +20,10 @@ import (
 	"io"
 	"os"
 
+	"github.com/vramq/vramq/cmd/bench/overhead"
+	"github.com/vramq/vramq/cmd/bench/rss"
+	"github.com/vramq/vramq/cmd/bench/strategies"
+	"github.com/vramq/vramq/cmd/bench/sweep"
 	"github.com/vramq/vramq/internal/cli"
 )
 
@@ -32,13 +38,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, rest := args[0], args[1:]
 	switch sub {
 	case "strategies":
-		return runStrategies(ctx, rest, stdout, stderr)
+		return strategies.Run(ctx, rest, stdout, stderr)
 	case "overhead":
-		return runOverhead(ctx, rest, stdout, stderr)
+		return overhead.Run(ctx, rest, stdout, stderr)
 	case "rss":
-		return runRSS(ctx, rest, stdout, stderr)
+		return rss.Run(ctx, rest, stdout, stderr)
 	case "sweep":
-		return runSweep(ctx, rest, stdout, stderr)
+		return sweep.Run(ctx, rest, stdout, stderr)
 	}
 	return fmt.Errorf("%w: unknown subcommand %q: want strategies, sweep, overhead or rss", cli.ErrUsage, sub)
 }

@@ -4,49 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/vramq/vramq/internal/cli"
 )
-
-// The log writer counts the SDK's retried receives in whole lines, however
-// the process's output is split into writes, and knows when the process has
-// written its first line.
-func TestLogWriter(t *testing.T) {
-	f, err := os.Create(t.TempDir() + "/log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &logWriter{f: f}
-	before := time.Now()
-	if w.started() {
-		t.Error("started before any line")
-	}
-	line := `time=x level=WARN msg="` + retryMark + `, attempt 2" component=aws-sdk` + "\n"
-	other := "time=x level=WARN msg=\"retrying request SQS/SendMessageBatch, attempt 2\"\n"
-	for _, part := range []string{line[:20], line[20:] + other[:5], other[5:] + line} {
-		if _, err := w.Write([]byte(part)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if !w.started() {
-		t.Error("not started after three lines")
-	}
-	if n := w.retriesSince(before); n != 2 {
-		t.Errorf("%d retried receives counted, want 2", n)
-	}
-	if n := w.retriesSince(time.Now().Add(time.Second)); n != 0 {
-		t.Errorf("%d retried receives after now", n)
-	}
-	w.close()
-	b, _ := os.ReadFile(f.Name())
-	if string(b) != line+other+line {
-		t.Errorf("the file holds %q", b)
-	}
-}
 
 func TestFlags(t *testing.T) {
 	for _, tc := range []struct {
