@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/sqscodec"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/subscriber"
@@ -189,13 +190,13 @@ func (cc consumeConfig) bare(results resultMode, pipelined bool) func(context.Co
 						}
 						body = &b
 					}
-					attrs := make(map[string]types.MessageAttributeValue, 2)
+					attrs := make(map[string]string, 2)
 					for _, k := range []string{job.AttrJobID, job.AttrChunk} {
 						if v, ok := m.MessageAttributes[k]; ok {
-							attrs[k] = v
+							attrs[k] = aws.ToString(v.StringValue)
 						}
 					}
-					entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: body, MessageAttributes: attrs}
+					entries[i] = sqscodec.Entry(i, sqscodec.Message{Body: *body, Attributes: attrs})
 				}
 				out, err := e.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &urls.Results, Entries: entries})
 				if err != nil {
