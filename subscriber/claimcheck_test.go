@@ -45,13 +45,13 @@ func claimChecked(t *testing.T, p *memPayloads, key string, it job.Item) job.Ite
 	return job.Item{ID: it.ID, Ref: &ref}
 }
 
-func marker(t *testing.T, p *memPayloads, jobID string, chunk int) (failedMarker, bool) {
+func marker(t *testing.T, p *memPayloads, jobID string, chunk int) (job.FailedMarker, bool) {
 	t.Helper()
-	b, ok := p.object(payload.FailedKey(jobID, chunk))
+	b, ok := p.object(job.FailedKey(jobID, chunk))
 	if !ok {
-		return failedMarker{}, false
+		return job.FailedMarker{}, false
 	}
-	var m failedMarker
+	var m job.FailedMarker
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatalf("failed marker %s: %v", b, err)
 	}
@@ -68,36 +68,36 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 		h := start(t, 64*mib, Config{Payloads: p})
 		big := job.Item{ID: "i0", Text: "mb=20 ms=10 a long text"}
 		h.sendWork(job.Work{JobID: "ok", Items: []job.Item{
-			claimChecked(t, p, payload.ItemKey("ok", "i0"), big), {ID: "i1", Text: "mb=1"}}})
+			claimChecked(t, p, job.ItemKey("ok", "i0"), big), {ID: "i1", Text: "mb=1"}}})
 
 		// Stored under another item's key: the one this reference must name
 		// holds nothing.
-		missing := claimChecked(t, p, payload.ItemKey("missing", "i9"), job.Item{ID: "i0", Text: "mb=1"})
-		missing.Ref.Key = payload.ItemKey("missing", "i0")
+		missing := claimChecked(t, p, job.ItemKey("missing", "i9"), job.Item{ID: "i0", Text: "mb=1"})
+		missing.Ref.Key = job.ItemKey("missing", "i0")
 		h.sendWork(job.Work{JobID: "missing", Items: []job.Item{missing}})
 
-		corrupt := claimChecked(t, p, payload.ItemKey("corrupt", "i0"), job.Item{ID: "i0", Text: "mb=1 abc"})
+		corrupt := claimChecked(t, p, job.ItemKey("corrupt", "i0"), job.Item{ID: "i0", Text: "mb=1 abc"})
 		if _, err := p.Put(t.Context(), corrupt.Ref.Key, []byte(`{"id":"i0","text":"mb=1 abd"}`)); err != nil {
 			t.Fatal(err)
 		}
 		h.sendWork(job.Work{JobID: "corrupt", Chunk: 1, Items: []job.Item{corrupt}})
 
-		other := claimChecked(t, p, payload.ItemKey("other", "i0"), job.Item{ID: "someone-else", Text: "mb=1"})
+		other := claimChecked(t, p, job.ItemKey("other", "i0"), job.Item{ID: "someone-else", Text: "mb=1"})
 		other.ID = "i0"
 		h.sendWork(job.Work{JobID: "other", Items: []job.Item{other}})
 		h.sendWork(job.Work{JobID: "nested", Items: []job.Item{
-			claimChecked(t, p, payload.ItemKey("nested", "i0"), job.Item{ID: "i0", Ref: corrupt.Ref})}})
-		foreign := claimChecked(t, p, payload.ItemKey("foreign", "i0"), job.Item{ID: "i0", Text: "mb=1"})
+			claimChecked(t, p, job.ItemKey("nested", "i0"), job.Item{ID: "i0", Ref: corrupt.Ref})}})
+		foreign := claimChecked(t, p, job.ItemKey("foreign", "i0"), job.Item{ID: "i0", Text: "mb=1"})
 		foreign.Ref.Bucket = "someone-elses-bucket"
 		h.sendWork(job.Work{JobID: "foreign", Items: []job.Item{foreign}})
 		// Issue 14, item 1: a reference that names another job's object, or
 		// any key but this job's payloads, is refused whatever the object
 		// holds, even with its true size and SHA-256 and the same item id.
-		thief := claimChecked(t, p, payload.ItemKey("ok", "i0"), big)
+		thief := claimChecked(t, p, job.ItemKey("ok", "i0"), big)
 		h.sendWork(job.Work{JobID: "thief", Items: []job.Item{thief}})
 		// A key of this job's payloads, holding exactly this item, but not
 		// the one the publisher would have named it: refused too.
-		sibling := claimChecked(t, p, payload.ItemKey("sibling", "i1"), job.Item{ID: "i0", Text: "mb=1"})
+		sibling := claimChecked(t, p, job.ItemKey("sibling", "i1"), job.Item{ID: "i0", Text: "mb=1"})
 		h.sendWork(job.Work{JobID: "sibling", Items: []job.Item{sibling}})
 		anyKey := claimChecked(t, p, "results/someone/0.json", job.Item{ID: "i0", Text: "mb=1"})
 		h.sendWork(job.Work{JobID: "anykey", Items: []job.Item{anyKey}})
@@ -180,7 +180,7 @@ func TestClaimCheckWithoutBucketDeadLetters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{})
 		p := newMemPayloads()
-		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, payload.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
+		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, job.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
 		waitFor(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.stats(); return d == 1 })
 		h.shutdown()
 		reason := h.dlq.all()[0].attrs[job.AttrReason]
@@ -211,7 +211,7 @@ func TestClaimCheckTransientFailureReleases(t *testing.T) {
 			return nil
 		}
 		h := start(t, 64*mib, Config{Payloads: p, AdmitTimeout: 10 * time.Second, RetryDelay: time.Second})
-		h.sendWork(job.Work{JobID: "flaky", Items: []job.Item{claimChecked(t, p, payload.ItemKey("flaky", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
+		h.sendWork(job.Work{JobID: "flaky", Items: []job.Item{claimChecked(t, p, job.ItemKey("flaky", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
 		waitFor(t, 2*time.Minute, "the result", func() bool { r, _ := h.results.stats(); return r == 1 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
@@ -249,7 +249,7 @@ func TestSlowFetchesDoNotBlockPolling(t *testing.T) {
 		slow := func(jobID string) {
 			var items []job.Item
 			for i := range 6 {
-				items = append(items, claimChecked(t, p, payload.ItemKey(jobID, fmt.Sprint("i", i)), job.Item{ID: fmt.Sprint("i", i), Text: "mb=1"}))
+				items = append(items, claimChecked(t, p, job.ItemKey(jobID, fmt.Sprint("i", i)), job.Item{ID: fmt.Sprint("i", i), Text: "mb=1"}))
 			}
 			h.sendWork(job.Work{JobID: jobID, Items: items})
 		}
@@ -294,7 +294,7 @@ func TestShutdownDuringFetchReleases(t *testing.T) {
 		p := newMemPayloads()
 		p.getHook = func(ctx context.Context, key string) error { <-ctx.Done(); return ctx.Err() }
 		h := start(t, 64*mib, Config{Payloads: p})
-		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, payload.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
+		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, job.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
 		waitFor(t, time.Minute, "the fetch", func() bool { return h.sub.waiting.Load() == 1 })
 		h.shutdown()
 		if live, invisible := h.work.stats(); live != 1 || invisible != 0 {
@@ -322,7 +322,7 @@ func TestResultsStoredAndLargeOnesByRef(t *testing.T) {
 		earlier := job.Result{V: 1, JobID: "again", Chunk: 3, Model: "test-model", Attempt: 1, WorkerMS: 7,
 			Outputs: []job.Output{{ID: "i0", Embedding: []float32{4}}}}
 		b, _ := json.Marshal(earlier)
-		if _, err := p.Put(t.Context(), payload.ResultKey("again", 3), b); err != nil {
+		if _, err := p.Put(t.Context(), job.ResultKey("again", 3), b); err != nil {
 			t.Fatal(err)
 		}
 		h.send("again", 3, "mb=1")
@@ -331,7 +331,7 @@ func TestResultsStoredAndLargeOnesByRef(t *testing.T) {
 
 		got, _ := h.resultsByKey()
 		for k, msg := range got {
-			b, ok := p.object(payload.ResultKey(k.JobID, k.Chunk))
+			b, ok := p.object(job.ResultKey(k.JobID, k.Chunk))
 			if !ok {
 				t.Errorf("%v: no result in the bucket", k)
 				continue

@@ -466,7 +466,7 @@ func TestE2EClaimCheckUnderS3Faults(t *testing.T) {
 
 	works := workload.Mixed("claims", n).Works()
 	claimed := func(chunk int) job.Item {
-		return putItem(t, store, payload.ItemKey("claims", works[chunk].Items[0].ID), works[chunk].Items[0])
+		return putItem(t, store, job.ItemKey("claims", works[chunk].Items[0].ID), works[chunk].Items[0])
 	}
 	for _, c := range []int{1, 2, 6} {
 		works[c].Items[0] = claimed(c)

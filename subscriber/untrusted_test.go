@@ -16,7 +16,6 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
 
@@ -70,7 +69,7 @@ func TestIdentityFromBodyAndMarkersKept(t *testing.T) {
 		p := newMemPayloads()
 		h := start(t, 64*mib, Config{Payloads: p})
 		victimMarker := []byte(`{"v":1,"job_id":"victim","chunk":0,"reason":"out_of_memory: real","message_id":"m0","at":"2026-01-01T00:00:00Z"}`)
-		if _, err := p.Put(t.Context(), payload.FailedKey("victim", 0), victimMarker); err != nil {
+		if _, err := p.Put(t.Context(), job.FailedKey("victim", 0), victimMarker); err != nil {
 			t.Fatal(err)
 		}
 		// Malformed (no items), naming the victim's failed chunk in its body.
@@ -85,10 +84,10 @@ func TestIdentityFromBodyAndMarkersKept(t *testing.T) {
 		h.settledAll(6)
 		h.shutdown()
 
-		if b, _ := p.object(payload.FailedKey("victim", 0)); string(b) != string(victimMarker) {
+		if b, _ := p.object(job.FailedKey("victim", 0)); string(b) != string(victimMarker) {
 			t.Errorf("the victim's marker was replaced with %s", b)
 		}
-		if _, ok := p.object(payload.FailedKey("victim", 1)); ok {
+		if _, ok := p.object(job.FailedKey("victim", 1)); ok {
 			t.Error("a marker was written for the chunk the attributes named")
 		}
 		if m, ok := marker(t, p, "attacker", 5); !ok || m.JobID != "attacker" {
@@ -210,7 +209,7 @@ func TestResultsThatCanNeverBeStored(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newMemPayloads()
 		p.putErr = func(key string) error {
-			if key == payload.ResultKey("s3refuses", 0) {
+			if key == job.ResultKey("s3refuses", 0) {
 				return &smithy.GenericAPIError{Code: "EntityTooLarge", Message: "too large", Fault: smithy.FaultClient}
 			}
 			return nil
@@ -239,11 +238,11 @@ func TestResultsThatCanNeverBeStored(t *testing.T) {
 			}
 		}
 		for _, k := range []string{"nan", "huge", "many"} {
-			if b, ok := p.object(payload.ResultKey(k, 0)); ok {
+			if b, ok := p.object(job.ResultKey(k, 0)); ok {
 				t.Errorf("results/%s/0.json stored (%d bytes) for a chunk that has no result", k, len(b))
 			}
 		}
-		if _, ok := p.object(payload.ResultKey("fine", 0)); !ok {
+		if _, ok := p.object(job.ResultKey("fine", 0)); !ok {
 			t.Error("the fine chunk's result was not stored")
 		}
 	})
@@ -307,7 +306,7 @@ func TestItemsWithoutContentRefused(t *testing.T) {
 		h := start(t, 64*mib, Config{Payloads: p})
 		h.putRaw(`{"v":1,"job_id":"empty","chunk":0,"items":[{"id":"a"}]}`, nil)
 		h.putRaw(`{"v":1,"job_id":"emptydata","chunk":0,"items":[{"id":"a","text":"","data":""}]}`, nil)
-		h.sendWork(job.Work{JobID: "emptyref", Items: []job.Item{claimChecked(t, p, payload.ItemKey("emptyref", "a"), job.Item{ID: "a"})}})
+		h.sendWork(job.Work{JobID: "emptyref", Items: []job.Item{claimChecked(t, p, job.ItemKey("emptyref", "a"), job.Item{ID: "a"})}})
 		h.settledAll(3)
 		h.shutdown()
 		reasons := h.reasons()
