@@ -21,19 +21,15 @@ files() {
 changed=$(mktemp)
 trap 'rm -f "$changed"' EXIT
 
-# rewrite [-d DIR]... PERL-EXPRESSION: applies a perl substitution (whole
-# file at once) to every Go file (under the DIRs when given), and notes the
-# files it changed.
+# rewrite [-p PATH-REGEX] PERL-EXPRESSION: applies a perl substitution (whole
+# file at once) to every Go file (whose path, ./dir/file.go, matches the Perl
+# regex when given), and notes the files it changed.
 rewrite() {
-	local dirs=() f
-	while [ "$1" = -d ]; do dirs+=("$2"); shift 2; done
+	local only=. f
+	if [ "$1" = -p ]; then only=$2; shift 2; fi
 	local expr=$1
 	while IFS= read -r f; do
-		if [ ${#dirs[@]} -gt 0 ]; then
-			local in=no d
-			for d in "${dirs[@]}"; do [ "$(dirname "$f")" = "./$d" ] && in=yes; done
-			[ $in = yes ] || continue
-		fi
+		printf '%s\n' "$f" | grep -qP -- "$only" || continue
 		if ! perl -0777 -ne "my \$o = \$_; $expr; exit(\$_ eq \$o ? 0 : 1)" "$f"; then
 			perl -0777 -pi -e "$expr" "$f"
 			echo "$f" >>"$changed"
@@ -53,9 +49,30 @@ for k in ItemKey ManifestKey IdempotencyKey ResultKey FailedKey ResultPrefix Fai
 	rewrite "s/\\bpayload\\.$k\\b/job.$k/g"
 done
 # The subscriber's declaration (wherever its file went), then every use.
-rewrite -d subscriber "s{\\n// failedMarker is failed/\\{job_id\\}/\\{chunk\\}\\.json.*?\\ntype failedMarker struct \\{.*?\\n\\}\\n}{}s"
-rewrite -d subscriber -d publisher "s/(?<![.\\w])failedMarker\\b/job.FailedMarker/g"
-rewrite -d publisher "s/(?<![.\\w\"])manifest\\{/job.Manifest{/g; s/\\*manifest\\b/*job.Manifest/g; s/\\b(var \\w+) manifest\\b/\\1 job.Manifest/g"
+rewrite -p "^\\./subscriber/" "s{\\n// failedMarker is failed/\\{job_id\\}/\\{chunk\\}\\.json.*?\\ntype failedMarker struct \\{.*?\\n\\}\\n}{}s"
+rewrite -p "^\\./(subscriber|publisher)/" "s/(?<![.\\w])failedMarker\\b/job.FailedMarker/g"
+rewrite -p "^\\./publisher/" "s/(?<![.\\w\"])manifest\\{/job.Manifest{/g; s/\\*manifest\\b/*job.Manifest/g; s/\\b(var \\w+) manifest\\b/\\1 job.Manifest/g"
+
+# 3. The subscriber's queue: its interface and types in subscriber/queue
+#    (subscriber keeps aliases), the SQS adapter in subscriber/sqsqueue, the
+#    conformance suite and the in-memory queue exported in
+#    subscriber/queuetest. The subscriber's tests move from the unexported
+#    memQueue to queuetest.Mem, whose lock is its own: Put, Stats, All,
+#    Calls, Violations, Expire and Redrive lock inside.
+rewrite 's/\bsubscriber\.NewSQSQueue\(/sqsqueue.New(/g; s/\bsubscriber\.SQSQueue\b/sqsqueue.Queue/g'
+T='^\./subscriber/(?!queuetest/|sqsqueue/|queue/).*_test\.go$'
+# slowQueue guarded its own calls with the fake's lock: it gets its own.
+rewrite -p "$T" 's/(type slowQueue struct \{\n\t)\*memQueue\n/$1*queuetest.Mem\n\tmu sync.Mutex \/\/ guards calls\n/'
+# The harness locked the fake around put; Put locks.
+rewrite -p "$T" 's/^\t*h\.(work|results|dlq)\.mu\.(Lock|Unlock)\(\)\n//mg; s/^(\t*)(\w+)\.mu\.Lock\(\)\n((?:\t*\2\.put\([^\n]*\n)+)\t*\2\.mu\.Unlock\(\)\n/$3/mg'
+rewrite -p "$T" 's/^(\t*)(\w+)\.mu\.Lock\(\)\n\t*\2\.byHandle\[([^\]\n]+)\]\.visibleAt = time\.Now\(\)\n\t*\2\.mu\.Unlock\(\)\n/$1$2.Expire($3)\n/mg'
+rewrite -p "$T" 's/\n\/\/ callCount[^\n]*\n(?:\/\/[^\n]*\n)*|\nfunc \(q \*memQueue\) callCount\(name string\) int \{\n.*?\n\}\n//sg; s/\.callCount\(/.Calls(/g'
+rewrite -p "$T" 's/\bnewMemQueue\(\)/queuetest.NewMem()/g; s/\*memQueue\b/*queuetest.Mem/g; s/\bmemQueue: /Mem: /g; s/\.memQueue\b/.Mem/g'
+rewrite -p "$T" 's/\.put\(/.Put(/g; s/\.stats\(\)/.Stats()/g; s/\.all\(\)/.All()/g; s/\.deletedHandles\(\)/.DeletedHandles()/g'
+rewrite -p "$T" 's/\.attrs\b/.Attributes/g; s/\b([md])\.body\b/$1.Body/g'
+rewrite -p "$T" 's/\b([\w.]+)\.dlq, \1\.maxReceive = ([\w.]+), (\d+)/$1.Redrive($2, $3)/g'
+rewrite -p "$T" 's/\b(h\.(?:work|results|dlq))\.sendErr\b/$1.SendErr/g; s/\b(h\.(?:work|results|dlq))\.maxBytes\b/$1.MaxBytes/g'
+rewrite -p "$T" 's/\b(h\.work|q)\.violations\b/$1.Violations()/g'
 
 if [ -s "$changed" ]; then
 	GOIMPORTS=${GOIMPORTS:-}

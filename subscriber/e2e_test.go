@@ -28,6 +28,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // budget is the working memory of the test device: room for one large
@@ -104,9 +105,9 @@ func newPipelineWith(t *testing.T, maxReceive int, cfg subscriber.Config, via *s
 	if via == nil {
 		via = p.client
 	}
-	cfg.Queue = subscriber.NewSQSQueue(via, p.urls.Work)
-	cfg.Results = subscriber.NewSQSQueue(via, p.urls.Results)
-	cfg.DLQ = subscriber.NewSQSQueue(via, p.urls.DLQ)
+	cfg.Queue = sqsqueue.New(via, p.urls.Work)
+	cfg.Results = sqsqueue.New(via, p.urls.Results)
+	cfg.DLQ = sqsqueue.New(via, p.urls.DLQ)
 	cfg.Model, cfg.Device, cfg.Registerer = p.model, p.dev, p.reg
 	cfg.VRAMReserve = 1 << 20
 	if cfg.WaitTime == 0 {

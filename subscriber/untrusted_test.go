@@ -25,9 +25,7 @@ import (
 
 // putRaw puts body on the work queue with attrs.
 func (h *harness) putRaw(body string, attrs map[string]string) {
-	h.work.mu.Lock()
-	h.work.put(body, attrs)
-	h.work.mu.Unlock()
+	h.work.Put(body, attrs)
 }
 
 // settledAll waits until results and dead letters add up to n, and the work
@@ -35,9 +33,9 @@ func (h *harness) putRaw(body string, attrs map[string]string) {
 func (h *harness) settledAll(n int) {
 	h.t.Helper()
 	waitFor(h.t, 5*time.Minute, fmt.Sprintf("%d messages settled", n), func() bool {
-		r, _ := h.results.stats()
-		d, _ := h.dlq.stats()
-		w, _ := h.work.stats()
+		r, _ := h.results.Stats()
+		d, _ := h.dlq.Stats()
+		w, _ := h.work.Stats()
 		return r+d == n && w == 0
 	})
 }
@@ -45,9 +43,9 @@ func (h *harness) settledAll(n int) {
 // reasonsByBody maps each dead letter's body (cut to 40 bytes) to its reason.
 func (h *harness) reasons() map[string]string {
 	out := map[string]string{}
-	for _, m := range h.dlq.all() {
-		k, _ := chunkOf(Message{Body: m.body})
-		out[k.JobID+"/"+strconv.Itoa(k.Chunk)] = m.attrs[job.AttrReason]
+	for _, m := range h.dlq.All() {
+		k, _ := chunkOf(Message{Body: m.Body})
+		out[k.JobID+"/"+strconv.Itoa(k.Chunk)] = m.Attributes[job.AttrReason]
 	}
 	return out
 }
@@ -100,8 +98,8 @@ func TestIdentityFromBodyAndMarkersKept(t *testing.T) {
 			}
 		}
 		var malformed int
-		for _, m := range h.dlq.all() {
-			r := m.attrs[job.AttrReason]
+		for _, m := range h.dlq.All() {
+			r := m.Attributes[job.AttrReason]
 			if strings.HasPrefix(r, "malformed: ") {
 				malformed++
 			}
@@ -121,7 +119,7 @@ func TestIdentityFromBodyAndMarkersKept(t *testing.T) {
 func TestResultsSQSCannotTake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{})
-		h.results.sendErr = func(body string) error {
+		h.results.SendErr = func(body string) error {
 			if strings.Contains(body, "refuse-me") {
 				return &EntryError{Code: "AWS.SimpleQueueService.InvalidMessageContents", Message: "no", SenderFault: true}
 			}
@@ -154,10 +152,10 @@ func TestResultsSQSCannotTake(t *testing.T) {
 func TestLongJobIDDoesNotPoisonSharedCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := startWith(t, 64*mib, Config{MaxBatchDelay: 50 * time.Millisecond}, func(h *harness, c *Config) {
-			h.results.maxBytes = c.MaxMessageBytes
-			h.dlq.maxBytes = c.MaxMessageBytes
-			if h.results.maxBytes == 0 {
-				h.results.maxBytes, h.dlq.maxBytes = 256<<10, 256<<10
+			h.results.MaxBytes = c.MaxMessageBytes
+			h.dlq.MaxBytes = c.MaxMessageBytes
+			if h.results.MaxBytes == 0 {
+				h.results.MaxBytes, h.dlq.MaxBytes = 256<<10, 256<<10
 			}
 		})
 		long := strings.Repeat("j", 130<<10)
@@ -170,9 +168,9 @@ func TestLongJobIDDoesNotPoisonSharedCalls(t *testing.T) {
 		if got, _ := h.resultsByKey(); len(got) != 9 {
 			t.Errorf("%d results, want the 9 neighbours'", len(got))
 		}
-		d := h.dlq.all()
-		if len(d) != 1 || !strings.HasPrefix(d[0].attrs[job.AttrReason], "malformed: malformed message: job_id: id too long") {
-			t.Errorf("dead letters %d, reason %q", len(d), d[0].attrs[job.AttrReason])
+		d := h.dlq.All()
+		if len(d) != 1 || !strings.HasPrefix(d[0].Attributes[job.AttrReason], "malformed: malformed message: job_id: id too long") {
+			t.Errorf("dead letters %d, reason %q", len(d), d[0].Attributes[job.AttrReason])
 		}
 	})
 }
@@ -182,20 +180,20 @@ func TestLongJobIDDoesNotPoisonSharedCalls(t *testing.T) {
 func TestDeadLetterThatDoesNotFitKeepsItsReason(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const limit = 4 << 10
-		h := startWith(t, 64*mib, Config{MaxMessageBytes: limit}, func(h *harness, c *Config) { h.dlq.maxBytes = limit })
+		h := startWith(t, 64*mib, Config{MaxMessageBytes: limit}, func(h *harness, c *Config) { h.dlq.MaxBytes = limit })
 		body := `{"v":1,"job_id":"big","chunk":0,"items":[],"pad":"` + strings.Repeat("é", limit/2) + `"}`
 		attrs := map[string]string{"a-original": strings.Repeat("x", 1000)}
 		h.putRaw(body, attrs)
 		h.settledAll(1)
 		h.shutdown()
-		d := h.dlq.all()[0]
-		if r := d.attrs[job.AttrReason]; !strings.HasPrefix(r, "malformed: ") {
+		d := h.dlq.All()[0]
+		if r := d.Attributes[job.AttrReason]; !strings.HasPrefix(r, "malformed: ") {
 			t.Errorf("reason %q", r)
 		}
-		if d.attrs[AttrBodyTruncated] != strconv.Itoa(len(body)) || !strings.HasPrefix(body, d.body) || len(d.body) < limit/2 {
-			t.Errorf("copy of %d bytes, truncated attribute %q; want the start of the %d-byte body", len(d.body), d.attrs[AttrBodyTruncated], len(body))
+		if d.Attributes[AttrBodyTruncated] != strconv.Itoa(len(body)) || !strings.HasPrefix(body, d.Body) || len(d.Body) < limit/2 {
+			t.Errorf("copy of %d bytes, truncated attribute %q; want the start of the %d-byte body", len(d.Body), d.Attributes[AttrBodyTruncated], len(body))
 		}
-		if n := job.MessageSize(d.body, d.attrs); n > limit {
+		if n := job.MessageSize(d.Body, d.Attributes); n > limit {
 			t.Errorf("copy of %d bytes", n)
 		}
 	})

@@ -22,6 +22,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // consumeConfig is the subscriber's settings in the comparison. Prefetch
@@ -80,9 +81,9 @@ func (cc consumeConfig) consumers(keys string) ([]consumer, error) {
 func (cc consumeConfig) subscriber(ctx context.Context, e *benchEnv, urls localstack.URLs, n int) (time.Duration, string, error) {
 	reg := prometheus.NewRegistry()
 	sub, err := subscriber.New(subscriber.Config{
-		Queue:       subscriber.NewSQSQueue(e.client, urls.Work),
-		Results:     subscriber.NewSQSQueue(e.client, urls.Results),
-		DLQ:         subscriber.NewSQSQueue(e.client, urls.DLQ),
+		Queue:       sqsqueue.New(e.client, urls.Work),
+		Results:     sqsqueue.New(e.client, urls.Results),
+		DLQ:         sqsqueue.New(e.client, urls.DLQ),
 		Model:       gpu.Noop{},
 		Device:      noopDevice(),
 		VRAMReserve: 1 << 20,

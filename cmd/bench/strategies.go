@@ -32,6 +32,7 @@ import (
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // strategyParams is one run of `bench strategies`: the workload, the device
@@ -444,9 +445,9 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, sc scenari
 		}
 		defer w.model.Close()
 		w.reg = prometheus.NewRegistry()
-		w.rq = &recordingQueue{Queue: subscriber.NewSQSQueue(client, urls.Work), rec: rec, large: sc.large, keys: map[string]job.Key{}}
+		w.rq = &recordingQueue{Queue: sqsqueue.New(client, urls.Work), rec: rec, large: sc.large, keys: map[string]job.Key{}}
 		cfg := s.config
-		cfg.Queue, cfg.Results, cfg.DLQ = w.rq, subscriber.NewSQSQueue(client, urls.Results), subscriber.NewSQSQueue(client, urls.DLQ)
+		cfg.Queue, cfg.Results, cfg.DLQ = w.rq, sqsqueue.New(client, urls.Results), sqsqueue.New(client, urls.DLQ)
 		// Admission works with the estimate, wrong by -estimate-error; the
 		// device allocates the true cost.
 		cfg.Model, cfg.Device, cfg.Registerer = sc.est.model(w.model), w.dev, w.reg

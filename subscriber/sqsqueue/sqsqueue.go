@@ -1,8 +1,9 @@
-package subscriber
+// Package sqsqueue is the subscriber's queue on Amazon SQS: a queue.Queue
+// and a queue.Sender on one SQS queue, through the SDK's client.
+package sqsqueue
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"time"
 
@@ -11,29 +12,31 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/vramq/vramq/internal/sqscodec"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
-// SQSQueue is a Queue and a Sender on one SQS queue. Retries are the SDK
-// client's own; configure them on the client.
-type SQSQueue struct {
+// Queue is a queue.Queue and a queue.Sender on one SQS queue. Retries are
+// the SDK client's own; configure them on the client. Safe for concurrent
+// use.
+type Queue struct {
 	client *sqs.Client
 	url    string
 }
 
 var (
-	_ Queue  = (*SQSQueue)(nil)
-	_ Sender = (*SQSQueue)(nil)
+	_ queue.Queue  = (*Queue)(nil)
+	_ queue.Sender = (*Queue)(nil)
 )
 
-// NewSQSQueue returns the queue at url, reached through client.
-func NewSQSQueue(client *sqs.Client, url string) *SQSQueue {
-	return &SQSQueue{client: client, url: url}
+// New returns the queue at url, reached through client.
+func New(client *sqs.Client, url string) *Queue {
+	return &Queue{client: client, url: url}
 }
 
-func (q *SQSQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]Message, error) {
+func (q *Queue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]queue.Message, error) {
 	out, err := q.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 		QueueUrl:                    &q.url,
-		MaxNumberOfMessages:         int32(min(max, MaxBatch)),
+		MaxNumberOfMessages:         int32(min(max, queue.MaxBatch)),
 		WaitTimeSeconds:             int32(wait / time.Second),
 		VisibilityTimeout:           int32(visibility / time.Second),
 		MessageAttributeNames:       []string{"All"},
@@ -42,9 +45,9 @@ func (q *SQSQueue) Receive(ctx context.Context, max int, wait, visibility time.D
 	if err != nil {
 		return nil, err
 	}
-	msgs := make([]Message, len(out.Messages))
+	msgs := make([]queue.Message, len(out.Messages))
 	for i, m := range out.Messages {
-		msgs[i] = Message{
+		msgs[i] = queue.Message{
 			ID:         aws.ToString(m.MessageId),
 			Handle:     aws.ToString(m.ReceiptHandle),
 			Body:       aws.ToString(m.Body),
@@ -57,7 +60,7 @@ func (q *SQSQueue) Receive(ctx context.Context, max int, wait, visibility time.D
 	return msgs, nil
 }
 
-func (q *SQSQueue) Delete(ctx context.Context, handles []string) ([]error, error) {
+func (q *Queue) Delete(ctx context.Context, handles []string) ([]error, error) {
 	out, err := q.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &q.url, Entries: sqscodec.DeleteEntries(handles)})
 	if err != nil {
 		return nil, err
@@ -65,7 +68,7 @@ func (q *SQSQueue) Delete(ctx context.Context, handles []string) ([]error, error
 	return sqscodec.Errors(len(handles), out.Failed)
 }
 
-func (q *SQSQueue) ChangeVisibility(ctx context.Context, handles []string, timeout time.Duration) ([]error, error) {
+func (q *Queue) ChangeVisibility(ctx context.Context, handles []string, timeout time.Duration) ([]error, error) {
 	out, err := q.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
 		QueueUrl: &q.url, Entries: sqscodec.VisibilityEntries(handles, timeout)})
 	if err != nil {
@@ -74,7 +77,7 @@ func (q *SQSQueue) ChangeVisibility(ctx context.Context, handles []string, timeo
 	return sqscodec.Errors(len(handles), out.Failed)
 }
 
-func (q *SQSQueue) Send(ctx context.Context, msgs []Outgoing) ([]error, error) {
+func (q *Queue) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) {
 	entries := make([]sqscodec.Message, len(msgs))
 	for i, m := range msgs {
 		entries[i] = sqscodec.Message{Body: m.Body, Attributes: m.Attributes}
@@ -84,12 +87,4 @@ func (q *SQSQueue) Send(ctx context.Context, msgs []Outgoing) ([]error, error) {
 		return nil, err
 	}
 	return sqscodec.Errors(len(msgs), out.Failed)
-}
-
-// EntryError is one failed entry of a batch call.
-type EntryError = sqscodec.EntryError
-
-// IsLeaseLost reports whether err, from any call, means a lost lease.
-func IsLeaseLost(err error) bool {
-	return errors.Is(err, ErrLeaseLost) || sqscodec.LeaseLost(err)
 }
