@@ -74,6 +74,16 @@ rewrite -p "$T" 's/\b([\w.]+)\.dlq, \1\.maxReceive = ([\w.]+), (\d+)/$1.Redrive(
 rewrite -p "$T" 's/\b(h\.(?:work|results|dlq))\.sendErr\b/$1.SendErr/g; s/\b(h\.(?:work|results|dlq))\.maxBytes\b/$1.MaxBytes/g'
 rewrite -p "$T" 's/\b(h\.work|q)\.violations\b/$1.Violations()/g'
 
+# 4. internal/ holds what ships in the publisher and subscriber binaries
+#    (awsconfig, cli, envflag, payload, sqscodec); the harness of tests and
+#    of the tools that drive them (loadgen, soak, bench) moved under
+#    internal/testenv.
+for p in sqstest lambdart faultproxy accounting jobq workload procmem; do
+	rewrite "s#\"\Q$M\E/internal/$p\"#\"$M/internal/testenv/$p\"#g"
+done
+# The same paths named in comments and messages.
+rewrite 's#(?<![\w/.])internal/(sqstest|lambdart|faultproxy|accounting|jobq|workload|procmem)\b#internal/testenv/$1#g'
+
 if [ -s "$changed" ]; then
 	GOIMPORTS=${GOIMPORTS:-}
 	if [ -z "$GOIMPORTS" ]; then

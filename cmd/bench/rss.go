@@ -21,7 +21,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
-	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
 )

@@ -26,8 +26,8 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
-	"github.com/vramq/vramq/internal/jobq"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/model/bert"
@@ -264,7 +264,7 @@ func shapeWorks(shape string, messages int) ([]job.Work, string, error) {
 	}
 	spec := workload.Mixed("bench", messages)
 	spec.LargeEvery = n
-	return spec.Works(), fmt.Sprintf("the bimodal mix (`internal/workload.Mixed`): one message in %d large (32 items of 600 words), the others small (8 items of 24 words)", n), nil
+	return spec.Works(), fmt.Sprintf("the bimodal mix (`internal/testenv/workload.Mixed`): one message in %d large (32 items of 600 words), the others small (8 items of 24 words)", n), nil
 }
 
 func prepareScenario(p strategyParams, shuffle bool) (scenario, error) {

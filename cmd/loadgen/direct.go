@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/time/rate"
 
-	"github.com/vramq/vramq/internal/jobq"
 	"github.com/vramq/vramq/internal/sqscodec"
+	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/job"
 )
 

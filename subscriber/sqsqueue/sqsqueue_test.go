@@ -3,7 +3,7 @@ package sqsqueue_test
 import (
 	"testing"
 
-	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/subscriber/queuetest"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
