@@ -12,10 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 M=github.com/vramq/vramq
+docs=no
+[ "${1:-}" = --docs ] && docs=yes
 
 files() {
 	find . -name node_modules -prune -o -path ./relayout -prune -o -path ./.git -prune -o \
-		-name '*.go' -type f -print
+		-name "${glob:-*.go}" -type f -print
 }
 
 changed=$(mktemp)
@@ -83,6 +85,16 @@ for p in sqstest lambdart faultproxy accounting jobq workload procmem; do
 done
 # The same paths named in comments and messages.
 rewrite 's#(?<![\w/.])internal/(sqstest|lambdart|faultproxy|accounting|jobq|workload|procmem)\b#internal/testenv/$1#g'
+
+if [ $docs = yes ]; then
+	glob='*.md'
+	rewrite 's#(?<![\w/.])internal/(sqstest|lambdart|faultproxy|accounting|jobq|workload|procmem)\b#internal/testenv/$1#g'
+	rewrite 's/\bpayload\.(ItemKey|ManifestKey|IdempotencyKey|ResultKey|FailedKey|ResultPrefix|FailedPrefix)\b/job.$1/g'
+	rewrite 's/\bsubscriber\.NewSQSQueue\(/sqsqueue.New(/g; s#(?<![\w/.])internal/sqsbatch\b#internal/sqscodec#g'
+	glob=
+	grep -v '\.md$' "$changed" >"$changed.go" || true
+	mv "$changed.go" "$changed"
+fi
 
 if [ -s "$changed" ]; then
 	GOIMPORTS=${GOIMPORTS:-}
