@@ -1,6 +1,9 @@
-// Package job defines the messages vramq puts on its queues: the work message a
-// publisher sends for each chunk of a job, and the result message a subscriber
-// sends back. Both are versioned JSON; see the README for the schemas.
+// Package job owns vramq's schemas and keys: the messages it puts on its
+// queues (the work message a publisher sends for each chunk of a job, the
+// result message a subscriber sends back, and their attributes), the records
+// it keeps in the payload bucket (Manifest, FailedMarker) and that bucket's
+// layout (ItemKey and the rest), and the grammar of job and item ids. All
+// are versioned JSON; see the README for the schemas.
 package job
 
 import (

@@ -13,7 +13,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/aws/smithy-go"
+
+	"github.com/vramq/vramq/internal/sqscodec"
 )
 
 // Options adjust the definitions for one Create. The zero value creates the
@@ -281,23 +282,15 @@ func sameRedriveAllowPolicy(a, b string) bool {
 	return pa.RedrivePermission == pb.RedrivePermission && slices.Equal(pa.SourceQueueArns, pb.SourceQueueArns)
 }
 
-// Error codes arrive in two spellings: the JSON protocol's ("QueueDoesNotExist")
-// and the query protocol's, which some emulators send
-// ("AWS.SimpleQueueService.NonExistentQueue").
-func hasCode(err error, codes ...string) bool {
-	var ae smithy.APIError
-	if !errors.As(err, &ae) {
-		return false
-	}
-	return slices.Contains(codes, strings.TrimPrefix(ae.ErrorCode(), "AWS.SimpleQueueService."))
-}
-
+// The SDK's typed error, or its code in either spelling: the JSON
+// protocol's ("QueueDoesNotExist") or the query protocol's, which some
+// emulators send ("AWS.SimpleQueueService.NonExistentQueue").
 func isQueueNameExists(err error) bool {
 	var typed *types.QueueNameExists
-	return errors.As(err, &typed) || hasCode(err, "QueueNameExists", "QueueAlreadyExists")
+	return errors.As(err, &typed) || sqscodec.HasCode(err, "QueueNameExists", "QueueAlreadyExists")
 }
 
 func isQueueDoesNotExist(err error) bool {
 	var typed *types.QueueDoesNotExist
-	return errors.As(err, &typed) || hasCode(err, "QueueDoesNotExist", "NonExistentQueue")
+	return errors.As(err, &typed) || sqscodec.HasCode(err, "QueueDoesNotExist", "NonExistentQueue")
 }

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
 
@@ -87,7 +86,7 @@ func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Pla
 			}
 			sum := sha256.Sum256(enc)
 			c := Claim{Index: i, ID: it.ID, Body: enc, Ref: job.PayloadRef{
-				Bucket: pl.Bucket, Key: payload.ItemKey(jobID, it.ID), Size: int64(len(enc)), SHA256: hex.EncodeToString(sum[:]),
+				Bucket: pl.Bucket, Key: job.ItemKey(jobID, it.ID), Size: int64(len(enc)), SHA256: hex.EncodeToString(sum[:]),
 			}}
 			p.Claims = append(p.Claims, c)
 			ref := c.Ref

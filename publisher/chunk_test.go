@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
 
@@ -141,7 +140,7 @@ func TestPlanClaimCheck(t *testing.T) {
 	}
 	for k, c := range p.Claims {
 		idx := []int{1, 2}[k]
-		if c.Index != idx || c.ID != in[idx].ID || c.Ref.Key != payload.ItemKey(id, in[idx].ID) || c.Ref.Bucket != "bkt" {
+		if c.Index != idx || c.ID != in[idx].ID || c.Ref.Key != job.ItemKey(id, in[idx].ID) || c.Ref.Bucket != "bkt" {
 			t.Errorf("claim %d: %+v", k, c)
 		}
 		sum := sha256.Sum256(c.Body)

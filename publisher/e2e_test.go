@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
 )
@@ -90,11 +89,11 @@ func TestPublishWholeJob(t *testing.T) {
 		if err := json.Unmarshal(b, &stored); err != nil || stored.ID != want.ID || stored.Text != want.Text || string(stored.Data) != string(want.Data) {
 			t.Errorf("claim-checked %q holds something else (%v)", it.ID, err)
 		}
-		if it.Ref.Key != payload.ItemKey(a.JobID, it.ID) {
+		if it.Ref.Key != job.ItemKey(a.JobID, it.ID) {
 			t.Errorf("claim-checked %q at %s", it.ID, it.Ref.Key)
 		}
 	}
-	if _, err := e.store.Read(t.Context(), payload.ManifestKey(a.JobID)); err != nil {
+	if _, err := e.store.Read(t.Context(), job.ManifestKey(a.JobID)); err != nil {
 		t.Errorf("manifest: %v", err)
 	}
 	if n := metric(t, s, "vramq_publisher_chunks_sent_total"); n != float64(a.Chunks) {

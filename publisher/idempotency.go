@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
 )
 
 // Idempotency: a POST with an Idempotency-Key header is recorded, before
@@ -83,19 +84,19 @@ func validIdempotencyKey(k string) bool {
 type s3Idem struct{ store *payload.Store }
 
 func (s s3Idem) claim(ctx context.Context, key string, rec idemRecord) (*idemRecord, error) {
-	created, existing, err := s.store.PutIfAbsent(ctx, payload.IdempotencyKey(key), encodeJSON(rec))
+	created, existing, err := s.store.PutIfAbsent(ctx, job.IdempotencyKey(key), encodeJSON(rec))
 	if err != nil || created {
 		return nil, err
 	}
 	var old idemRecord
 	if err := json.Unmarshal(existing, &old); err != nil {
-		return nil, fmt.Errorf("idempotency record %s: %w", payload.IdempotencyKey(key), err)
+		return nil, fmt.Errorf("idempotency record %s: %w", job.IdempotencyKey(key), err)
 	}
 	return &old, nil
 }
 
 func (s s3Idem) put(ctx context.Context, key string, rec idemRecord) error {
-	_, err := s.store.Put(ctx, payload.IdempotencyKey(key), encodeJSON(rec))
+	_, err := s.store.Put(ctx, job.IdempotencyKey(key), encodeJSON(rec))
 	return err
 }
 

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
 )
 
 // acceptedBody is the 202 answer to POST /v1/jobs.
@@ -220,11 +220,11 @@ func (p *Publisher) enqueue(ctx context.Context, jobID string, plan *Plan, items
 		p.m.claimChecked.Add(float64(len(plan.Claims)))
 	}
 	if p.store != nil {
-		m := manifest{V: 1, JobID: jobID, Chunks: len(plan.Chunks), Items: items, ClaimChecked: len(plan.Claims), CreatedAt: p.now().UTC()}
+		m := job.Manifest{V: 1, JobID: jobID, Chunks: len(plan.Chunks), Items: items, ClaimChecked: len(plan.Claims), CreatedAt: p.now().UTC()}
 		for _, c := range plan.Chunks {
 			m.ChunkItems = append(m.ChunkItems, c.Items)
 		}
-		if _, err := p.store.Put(ctx, payload.ManifestKey(jobID), encodeJSON(m)); err != nil {
+		if _, err := p.store.Put(ctx, job.ManifestKey(jobID), encodeJSON(m)); err != nil {
 			p.log.Error("job manifest", "job_id", jobID, "err", err)
 			return 0, apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "writing the job's manifest failed; nothing was sent")
 		}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/internal/faultproxy"
+	"github.com/vramq/vramq/internal/testenv/faultproxy"
 	"github.com/vramq/vramq/publisher"
 )
 

@@ -13,6 +13,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // runSubscriber runs a real subscriber (the reference model on a simulated
@@ -28,9 +29,9 @@ func (e *env) runSubscriber() {
 	}
 	e.t.Cleanup(func() { _ = model.Close() })
 	sub, err := subscriber.New(subscriber.Config{
-		Queue:       subscriber.NewSQSQueue(e.client, e.urls.Work),
-		Results:     subscriber.NewSQSQueue(e.client, e.urls.Results),
-		DLQ:         subscriber.NewSQSQueue(e.client, e.urls.DLQ),
+		Queue:       sqsqueue.New(e.client, e.urls.Work),
+		Results:     sqsqueue.New(e.client, e.urls.Results),
+		DLQ:         sqsqueue.New(e.client, e.urls.DLQ),
 		Payloads:    e.store,
 		Model:       model,
 		Device:      dev,

@@ -6,11 +6,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/vramq/vramq/internal/sqsbatch"
+	"github.com/vramq/vramq/internal/sqscodec"
 	"github.com/vramq/vramq/job"
 )
 
@@ -54,28 +53,24 @@ func NewSQSQueue(client *sqs.Client, url string) *SQSQueue {
 func (q *SQSQueue) FIFO() bool { return q.fifo }
 
 func (q *SQSQueue) SendBatch(ctx context.Context, entries []Entry) ([]error, error) {
-	req := make([]types.SendMessageBatchRequestEntry, len(entries))
+	msgs := make([]sqscodec.Message, len(entries))
 	for i, e := range entries {
-		attrs := make(map[string]types.MessageAttributeValue, 2)
-		for k, v := range job.Attributes(job.Key{JobID: e.JobID, Chunk: e.Chunk}) {
-			attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
-		}
-		req[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(e.Body), MessageAttributes: attrs}
+		msgs[i] = sqscodec.Message{Body: e.Body, Attributes: job.Attributes(job.Key{JobID: e.JobID, Chunk: e.Chunk})}
 		if q.fifo {
-			req[i].MessageGroupId = aws.String(e.JobID)
-			req[i].MessageDeduplicationId = aws.String(e.JobID + "-" + strconv.Itoa(e.Chunk))
+			msgs[i].GroupID = e.JobID
+			msgs[i].DedupID = e.JobID + "-" + strconv.Itoa(e.Chunk)
 		}
 	}
-	out, err := q.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &q.url, Entries: req})
+	out, err := q.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &q.url, Entries: sqscodec.Entries(msgs)})
 	if err != nil {
 		return nil, err
 	}
-	return sqsbatch.Errors(len(entries), out.Failed)
+	return sqscodec.Errors(len(entries), out.Failed)
 }
 
 // EntryError is one failed entry of a batch call; Retryable tells whether
 // sending it again may help.
-type EntryError = sqsbatch.EntryError
+type EntryError = sqscodec.EntryError
 
 // Limits are what the publisher reads from the queue at start.
 type Limits struct {

@@ -18,26 +18,6 @@ import (
 	"github.com/vramq/vramq/job"
 )
 
-// manifest is jobs/{job_id}.json: what GET /v1/jobs/{id} needs to know about
-// a job without asking the queue. Written before the first chunk is sent.
-type manifest struct {
-	V            int       `json:"v"`
-	JobID        string    `json:"job_id"`
-	Chunks       int       `json:"chunks"`
-	Items        int       `json:"items"`
-	ClaimChecked int       `json:"claim_checked"`
-	ChunkItems   []int     `json:"chunk_items"` // items in each chunk, in chunk order
-	CreatedAt    time.Time `json:"created_at"`
-}
-
-// failedMarker is failed/{job_id}/{chunk}.json, written by the subscriber
-// when it dead-letters a chunk. Only the fields read here are declared.
-type failedMarker struct {
-	JobID  string `json:"job_id"`
-	Chunk  int    `json:"chunk"`
-	Reason string `json:"reason"`
-}
-
 // Job states in GET /v1/jobs/{id}.
 const (
 	StatusRunning  = "running"  // some chunks have neither a result nor a failure yet
@@ -107,12 +87,12 @@ func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	raw, err := p.store.Read(ctx, payload.ManifestKey(id))
+	raw, err := p.store.Read(ctx, job.ManifestKey(id))
 	if errors.Is(err, payload.ErrMissing) {
 		fail(apiErr(http.StatusNotFound, CodeNotFound, "no such job"))
 		return
 	}
-	var m manifest
+	var m job.Manifest
 	if err == nil {
 		err = json.Unmarshal(raw, &m)
 	}
@@ -155,12 +135,12 @@ func pageParams(r *http.Request) (size, start int, e *APIError) {
 	return size, start, nil
 }
 
-func (p *Publisher) status(ctx context.Context, m *manifest, start, pageSize int) (*statusBody, error) {
-	done, err := p.chunksUnder(ctx, payload.ResultPrefix(m.JobID), m.Chunks)
+func (p *Publisher) status(ctx context.Context, m *job.Manifest, start, pageSize int) (*statusBody, error) {
+	done, err := p.chunksUnder(ctx, job.ResultPrefix(m.JobID), m.Chunks)
 	if err != nil {
 		return nil, err
 	}
-	failedSet, err := p.chunksUnder(ctx, payload.FailedPrefix(m.JobID), m.Chunks)
+	failedSet, err := p.chunksUnder(ctx, job.FailedPrefix(m.JobID), m.Chunks)
 	if err != nil {
 		return nil, err
 	}
@@ -189,11 +169,11 @@ func (p *Publisher) status(ctx context.Context, m *manifest, start, pageSize int
 	for c := range failedSet {
 		g.Go(func() error {
 			reason := "unknown"
-			raw, err := p.store.Read(gctx, payload.FailedKey(m.JobID, c))
+			raw, err := p.store.Read(gctx, job.FailedKey(m.JobID, c))
 			if err != nil {
 				return err
 			}
-			var f failedMarker
+			var f job.FailedMarker
 			if json.Unmarshal(raw, &f) == nil && f.Reason != "" {
 				reason = f.Reason
 			}
@@ -256,7 +236,7 @@ func (p *Publisher) chunksUnder(ctx context.Context, prefix string, chunks int) 
 // following it would let whoever wrote it make this API serve, or read into
 // memory, any object the publisher's role can read.
 func (p *Publisher) readResult(ctx context.Context, jobID string, chunk int) (*job.Result, error) {
-	key := payload.ResultKey(jobID, chunk)
+	key := job.ResultKey(jobID, chunk)
 	raw, err := p.store.ReadLimit(ctx, key, job.MaxResultBytes)
 	if err != nil {
 		return nil, err

@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
 )
@@ -83,11 +82,11 @@ func TestJobStatus(t *testing.T) {
 		}
 		return r
 	}
-	e.putJSON(payload.ResultKey(a.JobID, 0), result(0))
-	e.putJSON(payload.ResultKey(a.JobID, 1), result(1))
-	e.putJSON(payload.ResultKey(a.JobID, 3), result(3))
-	e.putJSON(payload.FailedKey(a.JobID, 2), map[string]any{"v": 1, "job_id": a.JobID, "chunk": 2, "reason": "out_of_memory: alone"})
-	e.putJSON(payload.ResultPrefix(a.JobID)+"stray.txt", "ignored")
+	e.putJSON(job.ResultKey(a.JobID, 0), result(0))
+	e.putJSON(job.ResultKey(a.JobID, 1), result(1))
+	e.putJSON(job.ResultKey(a.JobID, 3), result(3))
+	e.putJSON(job.FailedKey(a.JobID, 2), map[string]any{"v": 1, "job_id": a.JobID, "chunk": 2, "reason": "out_of_memory: alone"})
+	e.putJSON(job.ResultPrefix(a.JobID)+"stray.txt", "ignored")
 
 	st = s.status(t, a.JobID, "?page_size=2")
 	if st.Status != publisher.StatusPartial || st.ChunksDone != 3 || st.ChunksFailed != 1 || st.ItemsDone != 5 {
@@ -124,7 +123,7 @@ func TestJobStatus(t *testing.T) {
 	}
 
 	// A late result for the failed chunk completes the job.
-	e.putJSON(payload.ResultKey(a.JobID, 2), result(2))
+	e.putJSON(job.ResultKey(a.JobID, 2), result(2))
 	st = s.status(t, a.JobID, "?page_size=100")
 	if st.Status != publisher.StatusComplete || st.ChunksDone != 4 || st.ChunksFailed != 0 || len(st.Failed) != 0 || len(st.Results) != 4 || st.NextPageToken != "" {
 		t.Errorf("complete: %+v", st)
@@ -144,9 +143,9 @@ func TestJobStatusRefusesStoredReference(t *testing.T) {
 	// Someone else's object, shaped as this chunk's result so that only
 	// the reference itself can give it away.
 	elsewhere := job.Result{V: 1, JobID: a.JobID, Chunk: 0, Model: "m", Outputs: []job.Output{{ID: "secret", Embedding: []float32{1}}}}
-	for _, key := range []string{"jobs/elsewhere.json", payload.ResultKey(a.JobID, 0)} {
+	for _, key := range []string{"jobs/elsewhere.json", job.ResultKey(a.JobID, 0)} {
 		ref := e.putJSON(key, elsewhere)
-		e.putJSON(payload.ResultKey(a.JobID, 0), job.Result{V: 1, JobID: a.JobID, Chunk: 0, Ref: &ref})
+		e.putJSON(job.ResultKey(a.JobID, 0), job.Result{V: 1, JobID: a.JobID, Chunk: 0, Ref: &ref})
 		r := s.do("GET", "/v1/jobs/"+a.JobID, nil, nil)
 		if r.status != 503 || strings.Contains(string(r.body), "secret") {
 			t.Errorf("a stored result referring to %s: %d %s; want 503 without its content", key, r.status, r.body)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/semaphore"
+
+	"github.com/vramq/vramq/subscriber/queuetest"
 )
 
 // BenchmarkAdmission is one admit and release through the admission type, as
@@ -136,10 +138,10 @@ func BenchmarkAdmission(b *testing.B) {
 // the messages is set-up and not timed.
 func BenchmarkKeeperFinish(b *testing.B) {
 	const visibility = time.Minute
-	setup := func(b *testing.B, n int) (*memQueue, []Message, time.Time) {
-		q := newMemQueue()
+	setup := func(b *testing.B, n int) (*queuetest.Mem, []Message, time.Time) {
+		q := queuetest.NewMem()
 		for range n {
-			q.put("x", nil)
+			q.Put("x", nil)
 		}
 		start := time.Now()
 		msgs, err := q.Receive(context.Background(), n, 0, visibility)

@@ -12,9 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/subscriber/queuetest"
 )
 
 // arrivalOrder is a BERT model without its length classes: the subscriber
@@ -94,18 +95,16 @@ func BenchmarkLengthBatching(b *testing.B) {
 // runWorkload puts works on a fresh queue and runs a subscriber of model
 // until every message is deleted, and returns the CPU seconds that took.
 func runWorkload(b *testing.B, model gpu.Model, dev *gpu.Sim, works []job.Work) float64 {
-	q, results := newMemQueue(), newMemQueue()
+	q, results := queuetest.NewMem(), queuetest.NewMem()
 	for _, w := range works {
 		body, err := json.Marshal(w)
 		if err != nil {
 			b.Fatal(err)
 		}
-		q.mu.Lock()
-		q.put(string(body), job.Attributes(w.Key()))
-		q.mu.Unlock()
+		q.Put(string(body), job.Attributes(w.Key()))
 	}
 	sub, err := New(Config{
-		Queue: q, Results: results, DLQ: newMemQueue(), Model: model, Device: dev, VRAMReserve: 1 << 20,
+		Queue: q, Results: results, DLQ: queuetest.NewMem(), Model: model, Device: dev, VRAMReserve: 1 << 20,
 		Prefetch: 20, MaxInflight: 100, MaxBatch: 8, WaitTime: time.Second,
 		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(),
 	})

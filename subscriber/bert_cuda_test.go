@@ -129,7 +129,7 @@ func TestCUDABertServesModelDir(t *testing.T) {
 		}
 		want[fmt.Sprint(i)] = outs
 	}
-	waitFor(t, 5*time.Minute, "48 results", func() bool { r, _ := h.results.stats(); return r == len(msgs) })
+	waitFor(t, 5*time.Minute, "48 results", func() bool { r, _ := h.results.Stats(); return r == len(msgs) })
 	got, dups := h.resultsByKey()
 	if dups != 0 {
 		t.Errorf("%d duplicate results", dups)
@@ -157,7 +157,7 @@ func TestCUDABertServesModelDir(t *testing.T) {
 	if n := counter(h.sub.m.oomRetries); n != 0 {
 		t.Errorf("%d batches ran out of device memory: Cost is below what the GPU allocates", n)
 	}
-	if d, _ := h.dlq.stats(); d != 0 {
+	if d, _ := h.dlq.Stats(); d != 0 {
 		t.Errorf("%d dead letters", d)
 	}
 }

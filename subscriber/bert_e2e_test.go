@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/subscriber"

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/model/bert"
 )
 

@@ -247,7 +247,7 @@ func TestBudgetFollowsAnotherProcess(t *testing.T) {
 			t.Fatalf("budget %d, largest %d; want the device less the reserve", full, h.sub.MaxBudget())
 		}
 		h.mixed(20)
-		waitFor(t, 5*time.Minute, "20 results", func() bool { r, _ := h.results.stats(); return r == 20 })
+		waitFor(t, 5*time.Minute, "20 results", func() bool { r, _ := h.results.Stats(); return r == 20 })
 		if b := h.sub.Budget(); b != full {
 			t.Fatalf("the subscriber's own batches moved the budget to %d", b)
 		}
@@ -264,7 +264,7 @@ func TestBudgetFollowsAnotherProcess(t *testing.T) {
 		for i := range 10 {
 			h.send("shrunk", i, "mb=30 ms=200") // two at once would need 60 MiB of the 40 left
 		}
-		waitFor(t, 5*time.Minute, "10 more results", func() bool { r, _ := h.results.stats(); return r == 30 })
+		waitFor(t, 5*time.Minute, "10 more results", func() bool { r, _ := h.results.Stats(); return r == 30 })
 		if p := h.sub.PeakBytes(); p > full-24*mib || p == 0 {
 			t.Errorf("admitted %d at once with a budget of %d", p, full-24*mib)
 		}
@@ -278,7 +278,7 @@ func TestBudgetFollowsAnotherProcess(t *testing.T) {
 		for i := range 10 {
 			h.send("grown", i, "mb=30 ms=200")
 		}
-		waitFor(t, 5*time.Minute, "10 more results", func() bool { r, _ := h.results.stats(); return r == 40 })
+		waitFor(t, 5*time.Minute, "10 more results", func() bool { r, _ := h.results.Stats(); return r == 40 })
 		if p := h.sub.PeakBytes(); p != 60*mib {
 			t.Errorf("admitted at most %d at once after growing back, want two large messages, 60 MiB", p)
 		}
@@ -286,7 +286,7 @@ func TestBudgetFollowsAnotherProcess(t *testing.T) {
 		if n := h.dev.OOMs(); n != 0 {
 			t.Errorf("%d out-of-memory errors", n)
 		}
-		if d, _ := h.dlq.stats(); d != 0 {
+		if d, _ := h.dlq.Stats(); d != 0 {
 			t.Errorf("%d dead letters", d)
 		}
 	})
@@ -320,7 +320,7 @@ func TestBudgetShrinkPendingAdmitsNothingNew(t *testing.T) {
 		if n := counter(h.sub.m.admitted); n != 1 {
 			t.Errorf("%d admitted while the shrink waited, want the hog alone", n)
 		}
-		waitFor(t, 2*time.Minute, "7 results", func() bool { r, _ := h.results.stats(); return r == 7 })
+		waitFor(t, 2*time.Minute, "7 results", func() bool { r, _ := h.results.Stats(); return r == 7 })
 		if h.sub.adm.shrinking() || h.sub.adm.withheldNow() != 28*mib {
 			t.Errorf("shrinking %v, withheld %d; want the shrink through", h.sub.adm.shrinking(), h.sub.adm.withheldNow())
 		}
@@ -352,20 +352,20 @@ func TestMessageAboveShrunkBudgetWaits(t *testing.T) {
 		waitFor(t, time.Minute, "a backpressure release", func() bool {
 			return counter(h.sub.m.released.WithLabelValues("now")) > 0
 		})
-		waitFor(t, time.Minute, "the huge one dead-lettered", func() bool { d, _ := h.dlq.stats(); return d == 1 })
+		waitFor(t, time.Minute, "the huge one dead-lettered", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
 		if n := h.model.runs.Load(); n != 0 {
 			t.Errorf("ran %d batches with no room for the message", n)
 		}
 		release()
-		waitFor(t, 2*time.Minute, "the result", func() bool { r, _ := h.results.stats(); return r == 1 })
+		waitFor(t, 2*time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r, ok := got[job.Key{JobID: "big"}]; !ok || r.Attempt < 2 {
 			t.Errorf("big: result %v at attempt %d; want it released and run later", ok, r.Attempt)
 		}
-		d := h.dlq.all()
-		if len(d) != 1 || !strings.HasPrefix(d[0].attrs[job.AttrReason], "too_large") {
-			t.Errorf("dead letters %d, first reason %q; want the huge one, too_large", len(d), d[0].attrs[job.AttrReason])
+		d := h.dlq.All()
+		if len(d) != 1 || !strings.HasPrefix(d[0].Attributes[job.AttrReason], "too_large") {
+			t.Errorf("dead letters %d, first reason %q; want the huge one, too_large", len(d), d[0].Attributes[job.AttrReason])
 		}
 	})
 }
@@ -387,12 +387,12 @@ func TestExclusiveRunWithShrinkPending(t *testing.T) {
 		waitFor(t, 9*time.Second, "a pending shrink", func() bool { return h.sub.Budget() == 36*mib && h.sub.adm.shrinking() })
 		// The liar runs out of memory (4 MiB free), then alone once the
 		// hog is done: 36 MiB of the 44 the other process leaves.
-		waitFor(t, 2*time.Minute, "2 results", func() bool { r, _ := h.results.stats(); return r == 2 })
+		waitFor(t, 2*time.Minute, "2 results", func() bool { r, _ := h.results.Stats(); return r == 2 })
 		h.shutdown()
 		if n := counter(h.sub.m.oomRetries); n != 1 || h.dev.OOMs() != 1 {
 			t.Errorf("%d OOM retries, %d OOMs; want the liar's one", n, h.dev.OOMs())
 		}
-		if d, _ := h.dlq.stats(); d != 0 {
+		if d, _ := h.dlq.Stats(); d != 0 {
 			t.Errorf("%d dead letters", d)
 		}
 		if h.sub.adm.withheldNow() != 28*mib || h.sub.Budget() != 36*mib {
@@ -422,7 +422,7 @@ func TestShutdownWithShrinkPending(t *testing.T) {
 		if took := time.Since(stopped); took >= 10*time.Minute {
 			t.Errorf("shutdown waited %v, for the hog", took)
 		}
-		if live, invisible := h.work.stats(); live != 5 || invisible != 0 {
+		if live, invisible := h.work.Stats(); live != 5 || invisible != 0 {
 			t.Errorf("%d messages on the work queue, %d invisible; want all 5 handed back", live, invisible)
 		}
 		if h.sub.adm.shrinking() {
@@ -443,7 +443,7 @@ func TestBudgetWithoutWorkingSet(t *testing.T) {
 		if b := h.sub.Budget(); b != 64*mib-1 {
 			t.Errorf("budget %d while busy, want it untouched", b)
 		}
-		waitFor(t, time.Minute, "the result", func() bool { r, _ := h.results.stats(); return r == 1 })
+		waitFor(t, time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		release := otherProcess(t, h.dev, 16*mib)
 		defer release()
 		waitFor(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == 48*mib-1 })

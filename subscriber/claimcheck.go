@@ -153,7 +153,7 @@ func (s *Subscriber) fetchItems(ctx context.Context, w *job.Work) error {
 
 // fetchItem fetches the item a reference stands for, verified. A
 // reference must name exactly where the publisher puts this item of this
-// job (payload.ItemKey of the message's job id and the item's id, in the
+// job (job.ItemKey of the message's job id and the item's id, in the
 // payload bucket): anyone who can send to the queue could otherwise point
 // the subscriber at any object its role can read, other items, other jobs'
 // payloads and results among them. Then the content: its size and SHA-256
@@ -161,7 +161,7 @@ func (s *Subscriber) fetchItems(ctx context.Context, w *job.Work) error {
 // id, no reference of its own, content by the rule of job.Item.Check).
 func (s *Subscriber) fetchItem(ctx context.Context, jobID, id string, ref job.PayloadRef) (job.Item, error) {
 	switch {
-	case ref.Bucket != s.payloads.Bucket() || ref.Key != payload.ItemKey(jobID, id):
+	case ref.Bucket != s.payloads.Bucket() || ref.Key != job.ItemKey(jobID, id):
 		return job.Item{}, &claimRefused{id, whyBadRef, fmt.Errorf("%w: s3://%s/%s", errBadRef, ref.Bucket, ref.Key)}
 	case ref.Size > maxClaimBytes:
 		return job.Item{}, &claimRefused{id, whyTooBig, fmt.Errorf("%w: %d bytes", errBadRef, ref.Size)}
@@ -236,7 +236,7 @@ func (s *Subscriber) storeResults(results []job.Result, bodies [][]byte) ([]*job
 }
 
 func (s *Subscriber) storeResult(ctx context.Context, r *job.Result, body []byte) (job.PayloadRef, error) {
-	key := payload.ResultKey(r.JobID, r.Chunk)
+	key := job.ResultKey(r.JobID, r.Chunk)
 	created, existing, err := s.payloads.PutIfAbsent(ctx, key, body)
 	if err != nil {
 		return job.PayloadRef{}, err
@@ -258,17 +258,6 @@ func refTo(bucket, key string, body []byte) job.PayloadRef {
 	return job.PayloadRef{Bucket: bucket, Key: key, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}
 }
 
-// failedMarker is failed/{job_id}/{chunk}.json: why a chunk was
-// dead-lettered, for the publisher's progress answer.
-type failedMarker struct {
-	V         int    `json:"v"`
-	JobID     string `json:"job_id"`
-	Chunk     int    `json:"chunk"`
-	Reason    string `json:"reason"` // as in the DLQ copy's vramq-dlq-reason attribute
-	MessageID string `json:"message_id"`
-	At        string `json:"at"` // RFC 3339, UTC
-}
-
 // markFailed writes the failed marker of the chunk l carries, when its body
 // names one. Best effort: the DLQ copy is the record that matters, so a
 // failure is only logged.
@@ -282,14 +271,14 @@ func (s *Subscriber) markFailed(l *lease, reason string) {
 	if !ok {
 		return
 	}
-	body, err := json.Marshal(failedMarker{V: job.Version, JobID: k.JobID, Chunk: k.Chunk, Reason: reason,
+	body, err := json.Marshal(job.FailedMarker{V: job.Version, JobID: k.JobID, Chunk: k.Chunk, Reason: reason,
 		MessageID: l.msg.ID, At: time.Now().UTC().Format(time.RFC3339)})
 	if err != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 	defer cancel()
-	created, _, err := s.payloads.PutIfAbsent(ctx, payload.FailedKey(k.JobID, k.Chunk), body)
+	created, _, err := s.payloads.PutIfAbsent(ctx, job.FailedKey(k.JobID, k.Chunk), body)
 	switch {
 	case err != nil:
 		s.log.Warn("writing the failed marker failed; the DLQ copy stands", "message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk, "err", err)

@@ -25,9 +25,7 @@ func (h *harness) sendWork(w job.Work) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.work.mu.Lock()
-	h.work.put(string(b), job.Attributes(w.Key()))
-	h.work.mu.Unlock()
+	h.work.Put(string(b), job.Attributes(w.Key()))
 }
 
 // claimChecked stores it in p as the publisher would and returns the item
@@ -45,13 +43,13 @@ func claimChecked(t *testing.T, p *memPayloads, key string, it job.Item) job.Ite
 	return job.Item{ID: it.ID, Ref: &ref}
 }
 
-func marker(t *testing.T, p *memPayloads, jobID string, chunk int) (failedMarker, bool) {
+func marker(t *testing.T, p *memPayloads, jobID string, chunk int) (job.FailedMarker, bool) {
 	t.Helper()
-	b, ok := p.object(payload.FailedKey(jobID, chunk))
+	b, ok := p.object(job.FailedKey(jobID, chunk))
 	if !ok {
-		return failedMarker{}, false
+		return job.FailedMarker{}, false
 	}
-	var m failedMarker
+	var m job.FailedMarker
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatalf("failed marker %s: %v", b, err)
 	}
@@ -68,46 +66,44 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 		h := start(t, 64*mib, Config{Payloads: p})
 		big := job.Item{ID: "i0", Text: "mb=20 ms=10 a long text"}
 		h.sendWork(job.Work{JobID: "ok", Items: []job.Item{
-			claimChecked(t, p, payload.ItemKey("ok", "i0"), big), {ID: "i1", Text: "mb=1"}}})
+			claimChecked(t, p, job.ItemKey("ok", "i0"), big), {ID: "i1", Text: "mb=1"}}})
 
 		// Stored under another item's key: the one this reference must name
 		// holds nothing.
-		missing := claimChecked(t, p, payload.ItemKey("missing", "i9"), job.Item{ID: "i0", Text: "mb=1"})
-		missing.Ref.Key = payload.ItemKey("missing", "i0")
+		missing := claimChecked(t, p, job.ItemKey("missing", "i9"), job.Item{ID: "i0", Text: "mb=1"})
+		missing.Ref.Key = job.ItemKey("missing", "i0")
 		h.sendWork(job.Work{JobID: "missing", Items: []job.Item{missing}})
 
-		corrupt := claimChecked(t, p, payload.ItemKey("corrupt", "i0"), job.Item{ID: "i0", Text: "mb=1 abc"})
+		corrupt := claimChecked(t, p, job.ItemKey("corrupt", "i0"), job.Item{ID: "i0", Text: "mb=1 abc"})
 		if _, err := p.Put(t.Context(), corrupt.Ref.Key, []byte(`{"id":"i0","text":"mb=1 abd"}`)); err != nil {
 			t.Fatal(err)
 		}
 		h.sendWork(job.Work{JobID: "corrupt", Chunk: 1, Items: []job.Item{corrupt}})
 
-		other := claimChecked(t, p, payload.ItemKey("other", "i0"), job.Item{ID: "someone-else", Text: "mb=1"})
+		other := claimChecked(t, p, job.ItemKey("other", "i0"), job.Item{ID: "someone-else", Text: "mb=1"})
 		other.ID = "i0"
 		h.sendWork(job.Work{JobID: "other", Items: []job.Item{other}})
 		h.sendWork(job.Work{JobID: "nested", Items: []job.Item{
-			claimChecked(t, p, payload.ItemKey("nested", "i0"), job.Item{ID: "i0", Ref: corrupt.Ref})}})
-		foreign := claimChecked(t, p, payload.ItemKey("foreign", "i0"), job.Item{ID: "i0", Text: "mb=1"})
+			claimChecked(t, p, job.ItemKey("nested", "i0"), job.Item{ID: "i0", Ref: corrupt.Ref})}})
+		foreign := claimChecked(t, p, job.ItemKey("foreign", "i0"), job.Item{ID: "i0", Text: "mb=1"})
 		foreign.Ref.Bucket = "someone-elses-bucket"
 		h.sendWork(job.Work{JobID: "foreign", Items: []job.Item{foreign}})
 		// Issue 14, item 1: a reference that names another job's object, or
 		// any key but this job's payloads, is refused whatever the object
 		// holds, even with its true size and SHA-256 and the same item id.
-		thief := claimChecked(t, p, payload.ItemKey("ok", "i0"), big)
+		thief := claimChecked(t, p, job.ItemKey("ok", "i0"), big)
 		h.sendWork(job.Work{JobID: "thief", Items: []job.Item{thief}})
 		// A key of this job's payloads, holding exactly this item, but not
 		// the one the publisher would have named it: refused too.
-		sibling := claimChecked(t, p, payload.ItemKey("sibling", "i1"), job.Item{ID: "i0", Text: "mb=1"})
+		sibling := claimChecked(t, p, job.ItemKey("sibling", "i1"), job.Item{ID: "i0", Text: "mb=1"})
 		h.sendWork(job.Work{JobID: "sibling", Items: []job.Item{sibling}})
 		anyKey := claimChecked(t, p, "results/someone/0.json", job.Item{ID: "i0", Text: "mb=1"})
 		h.sendWork(job.Work{JobID: "anykey", Items: []job.Item{anyKey}})
-		h.work.mu.Lock()
-		h.work.put(`{"v":1,"job_id":"malformed","chunk":2,"items":[]}`, nil)
-		h.work.mu.Unlock()
+		h.work.Put(`{"v":1,"job_id":"malformed","chunk":2,"items":[]}`, nil)
 
 		waitFor(t, time.Minute, "1 result and 9 dead letters", func() bool {
-			r, _ := h.results.stats()
-			d, _ := h.dlq.stats()
+			r, _ := h.results.Stats()
+			d, _ := h.dlq.Stats()
 			return r == 1 && d == 9
 		})
 		h.shutdown()
@@ -122,12 +118,12 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 		}
 
 		reasons := map[string]string{}
-		for _, m := range h.dlq.all() {
-			k, ok := chunkOf(Message{Body: m.body, Attributes: m.attrs})
+		for _, m := range h.dlq.All() {
+			k, ok := chunkOf(Message{Body: m.Body, Attributes: m.Attributes})
 			if !ok {
-				t.Fatalf("dead letter %q names no chunk", m.body)
+				t.Fatalf("dead letter %q names no chunk", m.Body)
 			}
-			reasons[k.JobID] = m.attrs[job.AttrReason]
+			reasons[k.JobID] = m.Attributes[job.AttrReason]
 		}
 		// The reasons are stored in markers and served by the publisher:
 		// whether the object is there, its size, its SHA-256 and what it
@@ -180,10 +176,10 @@ func TestClaimCheckWithoutBucketDeadLetters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{})
 		p := newMemPayloads()
-		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, payload.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
-		waitFor(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.stats(); return d == 1 })
+		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, job.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
+		waitFor(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
 		h.shutdown()
-		reason := h.dlq.all()[0].attrs[job.AttrReason]
+		reason := h.dlq.All()[0].Attributes[job.AttrReason]
 		if want := `claim_check: item "i0" is claim-checked but no payload bucket is configured`; reason != want {
 			t.Errorf("reason %q, want %q", reason, want)
 		}
@@ -211,8 +207,8 @@ func TestClaimCheckTransientFailureReleases(t *testing.T) {
 			return nil
 		}
 		h := start(t, 64*mib, Config{Payloads: p, AdmitTimeout: 10 * time.Second, RetryDelay: time.Second})
-		h.sendWork(job.Work{JobID: "flaky", Items: []job.Item{claimChecked(t, p, payload.ItemKey("flaky", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
-		waitFor(t, 2*time.Minute, "the result", func() bool { r, _ := h.results.stats(); return r == 1 })
+		h.sendWork(job.Work{JobID: "flaky", Items: []job.Item{claimChecked(t, p, job.ItemKey("flaky", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
+		waitFor(t, 2*time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r := got[job.Key{JobID: "flaky"}]; r.Attempt != 3 {
@@ -221,7 +217,7 @@ func TestClaimCheckTransientFailureReleases(t *testing.T) {
 		if n := counter(h.sub.m.claimChecks.WithLabelValues("error")); n != 2 {
 			t.Errorf("%d claim checks counted as errors, want 2", n)
 		}
-		if d, _ := h.dlq.stats(); d != 0 {
+		if d, _ := h.dlq.Stats(); d != 0 {
 			t.Errorf("%d dead letters; transient failures must not dead-letter", d)
 		}
 	})
@@ -249,7 +245,7 @@ func TestSlowFetchesDoNotBlockPolling(t *testing.T) {
 		slow := func(jobID string) {
 			var items []job.Item
 			for i := range 6 {
-				items = append(items, claimChecked(t, p, payload.ItemKey(jobID, fmt.Sprint("i", i)), job.Item{ID: fmt.Sprint("i", i), Text: "mb=1"}))
+				items = append(items, claimChecked(t, p, job.ItemKey(jobID, fmt.Sprint("i", i)), job.Item{ID: fmt.Sprint("i", i), Text: "mb=1"}))
 			}
 			h.sendWork(job.Work{JobID: jobID, Items: items})
 		}
@@ -258,7 +254,7 @@ func TestSlowFetchesDoNotBlockPolling(t *testing.T) {
 		for i := range 5 {
 			h.send("fast", i, "mb=1 ms=10")
 		}
-		waitFor(t, time.Minute, "the 5 fast results", func() bool { r, _ := h.results.stats(); return r == 5 })
+		waitFor(t, time.Minute, "the 5 fast results", func() bool { r, _ := h.results.Stats(); return r == 5 })
 		if n := p.maxInFlight(); n != maxFetches {
 			t.Errorf("%d fetches at once for 12 wanted; want the bound %d", n, maxFetches)
 		}
@@ -271,7 +267,7 @@ func TestSlowFetchesDoNotBlockPolling(t *testing.T) {
 			t.Errorf("waiting %d, held %d while fetches hang; want the prefetch of 3 for both", w, held)
 		}
 		close(gate)
-		waitFor(t, time.Minute, "all 9 results", func() bool { r, _ := h.results.stats(); return r == 9 })
+		waitFor(t, time.Minute, "all 9 results", func() bool { r, _ := h.results.Stats(); return r == 9 })
 		h.shutdown()
 		got, dups := h.resultsByKey()
 		for _, k := range []string{"slow-a", "slow-b", "slow-c", "slow-d"} {
@@ -294,13 +290,13 @@ func TestShutdownDuringFetchReleases(t *testing.T) {
 		p := newMemPayloads()
 		p.getHook = func(ctx context.Context, key string) error { <-ctx.Done(); return ctx.Err() }
 		h := start(t, 64*mib, Config{Payloads: p})
-		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, payload.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
+		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, job.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
 		waitFor(t, time.Minute, "the fetch", func() bool { return h.sub.waiting.Load() == 1 })
 		h.shutdown()
-		if live, invisible := h.work.stats(); live != 1 || invisible != 0 {
+		if live, invisible := h.work.Stats(); live != 1 || invisible != 0 {
 			t.Errorf("work queue: %d live, %d invisible; want the message back and visible", live, invisible)
 		}
-		if d, _ := h.dlq.stats(); d != 0 {
+		if d, _ := h.dlq.Stats(); d != 0 {
 			t.Errorf("%d dead letters at shutdown", d)
 		}
 	})
@@ -322,16 +318,16 @@ func TestResultsStoredAndLargeOnesByRef(t *testing.T) {
 		earlier := job.Result{V: 1, JobID: "again", Chunk: 3, Model: "test-model", Attempt: 1, WorkerMS: 7,
 			Outputs: []job.Output{{ID: "i0", Embedding: []float32{4}}}}
 		b, _ := json.Marshal(earlier)
-		if _, err := p.Put(t.Context(), payload.ResultKey("again", 3), b); err != nil {
+		if _, err := p.Put(t.Context(), job.ResultKey("again", 3), b); err != nil {
 			t.Fatal(err)
 		}
 		h.send("again", 3, "mb=1")
-		waitFor(t, time.Minute, "3 results", func() bool { r, _ := h.results.stats(); return r == 3 })
+		waitFor(t, time.Minute, "3 results", func() bool { r, _ := h.results.Stats(); return r == 3 })
 		h.shutdown()
 
 		got, _ := h.resultsByKey()
 		for k, msg := range got {
-			b, ok := p.object(payload.ResultKey(k.JobID, k.Chunk))
+			b, ok := p.object(job.ResultKey(k.JobID, k.Chunk))
 			if !ok {
 				t.Errorf("%v: no result in the bucket", k)
 				continue
@@ -386,7 +382,7 @@ func TestResultStoreFailureReleasesForRetry(t *testing.T) {
 		}
 		h := start(t, 64*mib, Config{Payloads: p, RetryDelay: time.Second})
 		h.send("flaky", 0, "mb=1")
-		waitFor(t, time.Minute, "the result", func() bool { r, _ := h.results.stats(); return r == 1 })
+		waitFor(t, time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r := got[job.Key{JobID: "flaky"}]; r.Attempt != 2 {
@@ -407,9 +403,9 @@ func TestLargeResultWithoutBucketDeadLetters(t *testing.T) {
 			many = append(many, "mb=0")
 		}
 		h.send("large", 0, many...)
-		waitFor(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.stats(); return d == 1 })
+		waitFor(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
 		h.shutdown()
-		if reason := h.dlq.all()[0].attrs[job.AttrReason]; !strings.HasPrefix(reason, "result_too_large: ") {
+		if reason := h.dlq.All()[0].Attributes[job.AttrReason]; !strings.HasPrefix(reason, "result_too_large: ") {
 			t.Errorf("reason %q", reason)
 		}
 	})

@@ -143,7 +143,7 @@ func checkBudgetFollowsFreeMemory(t *testing.T, dev gpu.Device, model gpu.Model)
 	for i := range 20 {
 		h.send("shared", i, strings.Repeat("many words here ", 40), "short one")
 	}
-	waitFor(t, time.Minute, "20 results", func() bool { r, _ := h.results.stats(); return r == 20 })
+	waitFor(t, time.Minute, "20 results", func() bool { r, _ := h.results.Stats(); return r == 20 })
 	if p := h.sub.PeakBytes(); p > shrunk {
 		t.Errorf("admitted %s at once with a budget of %s", gpu.FormatBytes(p), gpu.FormatBytes(shrunk))
 	}
@@ -151,7 +151,7 @@ func checkBudgetFollowsFreeMemory(t *testing.T, dev gpu.Device, model gpu.Model)
 	stop()
 	waitFor(t, time.Minute, "the budget to come back", func() bool { return h.sub.Budget() > start-reserve/8 })
 	t.Logf("FIGURE check3: %s exited: budget back to %s", who, gpu.FormatBytes(h.sub.Budget()))
-	if d, _ := h.dlq.stats(); d != 0 {
+	if d, _ := h.dlq.Stats(); d != 0 {
 		t.Errorf("%d dead letters", d)
 	}
 }

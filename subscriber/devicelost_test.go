@@ -54,11 +54,11 @@ func TestDeviceLostEndsTheWorker(t *testing.T) {
 		if err := h.sub.Healthy(); !errors.Is(err, gpu.ErrDeviceLost) {
 			t.Errorf("Healthy: %v, want gpu.ErrDeviceLost", err)
 		}
-		if d, _ := h.dlq.stats(); d != 0 {
+		if d, _ := h.dlq.Stats(); d != 0 {
 			t.Errorf("%d messages dead-lettered for a lost device", d)
 		}
-		results, _ := h.results.stats()
-		live, invisible := h.work.stats()
+		results, _ := h.results.Stats()
+		live, invisible := h.work.Stats()
 		if results != 2 || live != 10 || invisible != 0 {
 			t.Errorf("after the loss: %d results, %d messages left of which %d invisible; want 2 results and 10 messages, all visible",
 				results, live, invisible)

@@ -21,13 +21,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/jobq"
 	"github.com/vramq/vramq/internal/payload"
-	"github.com/vramq/vramq/internal/sqstest"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
+	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // budget is the working memory of the test device: room for one large
@@ -104,9 +105,9 @@ func newPipelineWith(t *testing.T, maxReceive int, cfg subscriber.Config, via *s
 	if via == nil {
 		via = p.client
 	}
-	cfg.Queue = subscriber.NewSQSQueue(via, p.urls.Work)
-	cfg.Results = subscriber.NewSQSQueue(via, p.urls.Results)
-	cfg.DLQ = subscriber.NewSQSQueue(via, p.urls.DLQ)
+	cfg.Queue = sqsqueue.New(via, p.urls.Work)
+	cfg.Results = sqsqueue.New(via, p.urls.Results)
+	cfg.DLQ = sqsqueue.New(via, p.urls.DLQ)
 	cfg.Model, cfg.Device, cfg.Registerer = p.model, p.dev, p.reg
 	cfg.VRAMReserve = 1 << 20
 	if cfg.WaitTime == 0 {
@@ -424,7 +425,7 @@ func TestE2EClaimCheck(t *testing.T) {
 	p := newPipeline(t, 5, subscriber.Config{Payloads: store}, nil)
 	text := strings.Repeat("the quick brown fox jumps over the lazy dog ", 40)
 	item := job.Item{ID: "doc", Text: text}
-	corrupt := putItem(t, store, payload.ItemKey("corrupt", "doc"), item)
+	corrupt := putItem(t, store, job.ItemKey("corrupt", "doc"), item)
 	// Same size, one byte changed: only the hash can tell.
 	changed := job.Item{ID: "doc", Text: strings.Replace(text, "quick", "quack", 1)}
 	if b, _ := json.Marshal(changed); int64(len(b)) != corrupt.Ref.Size {
@@ -434,11 +435,11 @@ func TestE2EClaimCheck(t *testing.T) {
 	}
 	// Stored under another item's key: the one the reference must name
 	// holds nothing.
-	missing := putItem(t, store, payload.ItemKey("missing", "other"), item)
-	missing.Ref.Key = payload.ItemKey("missing", "doc")
+	missing := putItem(t, store, job.ItemKey("missing", "other"), item)
+	missing.Ref.Key = job.ItemKey("missing", "doc")
 	p.send([]job.Work{
 		{V: 1, JobID: "inline", Items: []job.Item{item}},
-		{V: 1, JobID: "claimed", Items: []job.Item{putItem(t, store, payload.ItemKey("claimed", "doc"), item)}},
+		{V: 1, JobID: "claimed", Items: []job.Item{putItem(t, store, job.ItemKey("claimed", "doc"), item)}},
 		{V: 1, JobID: "corrupt", Items: []job.Item{corrupt}},
 		{V: 1, JobID: "missing", Items: []job.Item{missing}},
 	})
@@ -454,7 +455,7 @@ func TestE2EClaimCheck(t *testing.T) {
 		t.Errorf("claim-checked output differs from the inline one (-inline +claimed):\n%s", diff)
 	}
 	for k, r := range c.Results {
-		b, err := store.Read(t.Context(), payload.ResultKey(k.JobID, k.Chunk))
+		b, err := store.Read(t.Context(), job.ResultKey(k.JobID, k.Chunk))
 		if err != nil {
 			t.Fatalf("%v: result not in the bucket: %v", k, err)
 		}
@@ -478,7 +479,7 @@ func TestE2EClaimCheck(t *testing.T) {
 		if want := `claim_check: item "doc": no object in the payload bucket matches the reference`; r != want {
 			t.Errorf("%s: DLQ reason %q; want %q", jobID, r, want)
 		}
-		b, err := store.Read(t.Context(), payload.FailedKey(jobID, 0))
+		b, err := store.Read(t.Context(), job.FailedKey(jobID, 0))
 		if err != nil {
 			t.Errorf("%s: no failed marker: %v", jobID, err)
 			continue
@@ -538,7 +539,7 @@ func TestE2ELargeResultByRef(t *testing.T) {
 // Without a bucket, a message that references one is poison with a reason.
 func TestE2EClaimCheckWithoutBucket(t *testing.T) {
 	p := newPipeline(t, 5, subscriber.Config{}, nil)
-	ref := job.PayloadRef{Bucket: "elsewhere", Key: payload.ItemKey("j", "i0"), Size: 10, SHA256: strings.Repeat("ab", 32)}
+	ref := job.PayloadRef{Bucket: "elsewhere", Key: job.ItemKey("j", "i0"), Size: 10, SHA256: strings.Repeat("ab", 32)}
 	p.send([]job.Work{{V: 1, JobID: "j", Items: []job.Item{{ID: "doc", Ref: &ref}}}})
 	dead := p.waitDeadLetters(1)
 	p.shutdown()

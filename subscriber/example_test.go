@@ -14,6 +14,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // captioner stands for your own model: anything that can say what an input
@@ -66,9 +67,9 @@ func Example() {
 	defer dev.Close()
 
 	sub, err := subscriber.New(subscriber.Config{
-		Queue:   subscriber.NewSQSQueue(client, os.Getenv("QUEUE_URL")),
-		Results: subscriber.NewSQSQueue(client, os.Getenv("RESULTS_QUEUE_URL")),
-		DLQ:     subscriber.NewSQSQueue(client, os.Getenv("DLQ_URL")),
+		Queue:   sqsqueue.New(client, os.Getenv("QUEUE_URL")),
+		Results: sqsqueue.New(client, os.Getenv("RESULTS_QUEUE_URL")),
+		DLQ:     sqsqueue.New(client, os.Getenv("DLQ_URL")),
 		Model:   &captioner{bytesPerPixel: 600},
 		Device:  dev,
 	})

@@ -2,7 +2,7 @@ package subscriber_test
 
 // Fault tests, end to end and in process: the subscriber reaches SQS (and S3)
 // through a fault-injecting proxy, or runs a model that misbehaves, and each
-// test checks the pipeline's invariant with internal/accounting: every chunk
+// test checks the pipeline's invariant with internal/testenv/accounting: every chunk
 // ends with one de-duplicated result or in the DLQ with a reason, duplicates
 // are bounded, nothing is left on the work queue beyond what lost receives
 // strand, and the subscriber's ledger balances with nothing abandoned. Each
@@ -25,11 +25,11 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/accounting"
-	"github.com/vramq/vramq/internal/faultproxy"
-	"github.com/vramq/vramq/internal/jobq"
 	"github.com/vramq/vramq/internal/payload"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/accounting"
+	"github.com/vramq/vramq/internal/testenv/faultproxy"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber"
 )
@@ -466,7 +466,7 @@ func TestE2EClaimCheckUnderS3Faults(t *testing.T) {
 
 	works := workload.Mixed("claims", n).Works()
 	claimed := func(chunk int) job.Item {
-		return putItem(t, store, payload.ItemKey("claims", works[chunk].Items[0].ID), works[chunk].Items[0])
+		return putItem(t, store, job.ItemKey("claims", works[chunk].Items[0].ID), works[chunk].Items[0])
 	}
 	for _, c := range []int{1, 2, 6} {
 		works[c].Items[0] = claimed(c)

@@ -11,7 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber"
 )
@@ -39,7 +38,7 @@ func TestE2EHostileMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	odd := "emoji 😀 \uFFFE\uFFFF"
-	victim := putItem(t, store, payload.ItemKey("victim", "doc"), job.Item{ID: "doc", Text: "the victim's text"})
+	victim := putItem(t, store, job.ItemKey("victim", "doc"), job.Item{ID: "doc", Text: "the victim's text"})
 	p.send([]job.Work{
 		{V: 1, JobID: "odd", Items: []job.Item{{ID: odd, Text: "some text"}}},
 		{V: 1, JobID: "thief", Items: []job.Item{victim}},
@@ -85,7 +84,7 @@ func TestE2EHostileMessages(t *testing.T) {
 	if len(dead) != 4 {
 		t.Errorf("%d dead letters, want 4: %q", len(dead), reasons)
 	}
-	if _, err := store.Read(t.Context(), payload.ResultKey("thief", 0)); err == nil {
+	if _, err := store.Read(t.Context(), job.ResultKey("thief", 0)); err == nil {
 		t.Error("the thief's chunk has a result")
 	}
 }

@@ -4,17 +4,21 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vramq/vramq/subscriber/queuetest"
 )
 
 // slowQueue delays visibility changes, so a finish can arrive while an
 // extension is on the wire.
 type slowQueue struct {
-	*memQueue
+	*queuetest.Mem
+	mu    sync.Mutex // guards calls
 	delay time.Duration
 	calls []int // entries per ChangeVisibility call
 }
@@ -24,7 +28,7 @@ func (q *slowQueue) ChangeVisibility(ctx context.Context, handles []string, time
 	q.calls = append(q.calls, len(handles))
 	q.mu.Unlock()
 	time.Sleep(q.delay)
-	return q.memQueue.ChangeVisibility(ctx, handles, timeout)
+	return q.Mem.ChangeVisibility(ctx, handles, timeout)
 }
 
 func newTestKeeper(q Queue, visibility, maxHold time.Duration) (*keeper, *metrics) {
@@ -33,7 +37,7 @@ func newTestKeeper(q Queue, visibility, maxHold time.Duration) (*keeper, *metric
 }
 
 // receiveAll takes n messages off q under leases of k.
-func receiveAll(t *testing.T, q *memQueue, k *keeper, n int, visibility time.Duration) []*lease {
+func receiveAll(t *testing.T, q *queuetest.Mem, k *keeper, n int, visibility time.Duration) []*lease {
 	t.Helper()
 	var ls []*lease
 	for len(ls) < n {
@@ -51,19 +55,19 @@ func receiveAll(t *testing.T, q *memQueue, k *keeper, n int, visibility time.Dur
 
 func TestKeeperExtendsAllHeldLeasesInBatches(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := &slowQueue{memQueue: newMemQueue()}
+		q := &slowQueue{Mem: queuetest.NewMem()}
 		for range 25 {
-			q.memQueue.put("x", nil)
+			q.Mem.Put("x", nil)
 		}
 		k, m := newTestKeeper(q, 30*time.Second, time.Hour)
 		ctx, cancel := context.WithCancel(t.Context())
 		go k.run(ctx)
-		ls := receiveAll(t, q.memQueue, k, 25, 30*time.Second)
+		ls := receiveAll(t, q.Mem, k, 25, 30*time.Second)
 
 		// Two minutes is four timeouts: without extensions every message
 		// would be visible again.
 		time.Sleep(2*time.Minute + time.Second) // off the tick
-		if _, invisible := q.stats(); invisible != 25 {
+		if _, invisible := q.Stats(); invisible != 25 {
 			t.Errorf("%d of 25 held messages invisible after 2m with a 30s timeout", invisible)
 		}
 		for _, n := range q.calls {
@@ -92,7 +96,7 @@ func TestKeeperExtendsAllHeldLeasesInBatches(t *testing.T) {
 		if err := k.close(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if live, _ := q.stats(); live != 0 {
+		if live, _ := q.Stats(); live != 0 {
 			t.Errorf("%d messages not deleted", live)
 		}
 		if k.held.Load() != 0 {
@@ -105,12 +109,12 @@ func TestKeeperExtendsAllHeldLeasesInBatches(t *testing.T) {
 // visibility change ever reaches SQS after the delete.
 func TestKeeperNeverExtendsAfterDelete(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := &slowQueue{memQueue: newMemQueue(), delay: time.Second}
-		q.memQueue.put("x", nil)
+		q := &slowQueue{Mem: queuetest.NewMem(), delay: time.Second}
+		q.Mem.Put("x", nil)
 		k, _ := newTestKeeper(q, 6*time.Second, time.Hour)
 		ctx, cancel := context.WithCancel(t.Context())
 		go k.run(ctx)
-		l := receiveAll(t, q.memQueue, k, 1, 6*time.Second)[0]
+		l := receiveAll(t, q.Mem, k, 1, 6*time.Second)[0]
 
 		// Ticks every 2s; the one at 4s finds 2s left and extends, for 1s.
 		time.Sleep(4*time.Second + 500*time.Millisecond)
@@ -129,16 +133,16 @@ func TestKeeperNeverExtendsAfterDelete(t *testing.T) {
 		if err := k.close(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if live, _ := q.stats(); live != 0 {
+		if live, _ := q.Stats(); live != 0 {
 			t.Error("message not deleted")
 		}
-		if len(q.violations) > 0 {
-			t.Errorf("violations: %q", q.violations)
+		if len(q.Violations()) > 0 {
+			t.Errorf("violations: %q", q.Violations())
 		}
 		if len(q.calls) != 1 {
 			t.Errorf("%d visibility calls; want only the one in flight at the delete", len(q.calls))
 		}
-		if ls := q.memQueue.deletedHandles(); len(ls) != 1 {
+		if ls := q.Mem.DeletedHandles(); len(ls) != 1 {
 			t.Errorf("deleted %d messages, want 1", len(ls))
 		}
 	})
@@ -146,8 +150,8 @@ func TestKeeperNeverExtendsAfterDelete(t *testing.T) {
 
 func TestKeeperLetsGoAfterMaxHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := newMemQueue()
-		q.put("x", nil)
+		q := queuetest.NewMem()
+		q.Put("x", nil)
 		k, m := newTestKeeper(q, 3*time.Second, 10*time.Second)
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
@@ -160,7 +164,7 @@ func TestKeeperLetsGoAfterMaxHold(t *testing.T) {
 		if counter(m.leasesLost.WithLabelValues("max_hold")) != 1 {
 			t.Error("max-hold loss not counted")
 		}
-		if _, invisible := q.stats(); invisible != 0 {
+		if _, invisible := q.Stats(); invisible != 0 {
 			t.Error("message still invisible 10s after max hold: it was extended past it")
 		}
 	})
@@ -170,8 +174,8 @@ func TestKeeperLetsGoAfterMaxHold(t *testing.T) {
 // keeper's back) is noticed at the next extension and the lease marked lost.
 func TestKeeperNoticesLostLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := newMemQueue()
-		q.put("x", nil)
+		q := queuetest.NewMem()
+		q.Put("x", nil)
 		k, m := newTestKeeper(q, 3*time.Second, time.Hour)
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
@@ -179,9 +183,7 @@ func TestKeeperNoticesLostLease(t *testing.T) {
 		l := receiveAll(t, q, k, 1, 3*time.Second)[0]
 		// Another consumer gets the message after its visibility lapsed:
 		// our handle is stale.
-		q.mu.Lock()
-		q.byHandle[l.msg.Handle].visibleAt = time.Now()
-		q.mu.Unlock()
+		q.Expire(l.msg.Handle)
 		if _, err := q.Receive(t.Context(), 1, 0, time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -197,7 +199,7 @@ func TestKeeperNoticesLostLease(t *testing.T) {
 		if err := k.close(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if live, _ := q.stats(); live != 1 {
+		if live, _ := q.Stats(); live != 1 {
 			t.Error("a delete with a stale handle removed the other consumer's message")
 		}
 	})
@@ -275,7 +277,7 @@ func TestBatcherFillsOrWaitsMaxDelay(t *testing.T) {
 		for i := range 6 {
 			h.send("b", i, "mb=1")
 		}
-		waitFor(t, time.Minute, "7 results", func() bool { r, _ := h.results.stats(); return r == 7 })
+		waitFor(t, time.Minute, "7 results", func() bool { r, _ := h.results.Stats(); return r == 7 })
 		// Four go as soon as they are admitted; the other two after the delay.
 		if runs := h.model.runs.Load() - 1; runs != 2 {
 			t.Errorf("%d batches for 6 messages at max batch 4, want 2", runs)

@@ -252,12 +252,6 @@ func (h *harness) outboxPending() int {
 	return len(o.pending)
 }
 
-func (q *memQueue) callCount(name string) int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.calls[name]
-}
-
 // Small device batches share result calls, and then delete calls.
 func TestResultsOfSeveralBatchesShareOneCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -265,7 +259,7 @@ func TestResultsOfSeveralBatchesShareOneCall(t *testing.T) {
 		for i := range 10 {
 			h.send("job", i, "mb=1 ms=50")
 		}
-		waitFor(t, time.Minute, "10 messages deleted", func() bool { live, _ := h.work.stats(); return live == 0 })
+		waitFor(t, time.Minute, "10 messages deleted", func() bool { live, _ := h.work.Stats(); return live == 0 })
 		h.shutdown()
 		got, dups := h.resultsByKey()
 		if len(got) != 10 || dups != 0 {
@@ -274,10 +268,10 @@ func TestResultsOfSeveralBatchesShareOneCall(t *testing.T) {
 		if n := observations(h.sub.m.batchSize); n < 5 {
 			t.Errorf("%d device batches; the test needs batches of 2", n)
 		}
-		if n := h.results.callCount("Send"); n != 1 {
+		if n := h.results.Calls("Send"); n != 1 {
 			t.Errorf("%d SendMessageBatch calls for 10 results of 5 batches, want 1", n)
 		}
-		if n := h.work.callCount("Delete"); n != 1 {
+		if n := h.work.Calls("Delete"); n != 1 {
 			t.Errorf("%d DeleteMessageBatch calls, want 1", n)
 		}
 	})
@@ -289,7 +283,7 @@ func TestFailedResultEntryReleasesOnlyItsMessage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{MaxBatch: 2, RetryDelay: time.Second})
 		var failed atomic.Bool
-		h.results.sendErr = func(body string) error {
+		h.results.SendErr = func(body string) error {
 			if strings.Contains(body, `"job_id":"bad"`) && failed.CompareAndSwap(false, true) {
 				return &EntryError{Code: "InternalError", Message: "injected"}
 			}
@@ -299,7 +293,7 @@ func TestFailedResultEntryReleasesOnlyItsMessage(t *testing.T) {
 			h.send("good", i, "mb=1 ms=50")
 		}
 		h.send("bad", 0, "mb=1 ms=50")
-		waitFor(t, time.Minute, "4 results", func() bool { r, _ := h.results.stats(); return r == 4 })
+		waitFor(t, time.Minute, "4 results", func() bool { r, _ := h.results.Stats(); return r == 4 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		for k, r := range got {
@@ -314,7 +308,7 @@ func TestFailedResultEntryReleasesOnlyItsMessage(t *testing.T) {
 		if n := counter(h.sub.m.released.WithLabelValues("backoff")); n != 1 {
 			t.Errorf("%d messages released for a retry, want 1", n)
 		}
-		if n := h.results.callCount("Send"); n != 2 {
+		if n := h.results.Calls("Send"); n != 2 {
 			t.Errorf("%d SendMessageBatch calls, want 2: the four results, then the retry", n)
 		}
 		if l := h.sub.Ledger(); l.Deleted != 4 || l.Released != 1 {
@@ -333,7 +327,7 @@ func TestShutdownFlushesLingeringResults(t *testing.T) {
 			h.send("job", i, "mb=1 ms=10")
 		}
 		waitFor(t, time.Minute, "3 results waiting in the outbox", func() bool { return h.outboxPending() == 3 })
-		if r, _ := h.results.stats(); r != 0 {
+		if r, _ := h.results.Stats(); r != 0 {
 			t.Fatalf("%d results sent before the linger or shutdown", r)
 		}
 		begin := time.Now()
@@ -341,10 +335,10 @@ func TestShutdownFlushesLingeringResults(t *testing.T) {
 		if took := time.Since(begin); took > time.Minute {
 			t.Errorf("shutdown took %v: it waited for the linger", took)
 		}
-		if r, _ := h.results.stats(); r != 3 {
+		if r, _ := h.results.Stats(); r != 3 {
 			t.Errorf("%d results sent, want 3", r)
 		}
-		if live, _ := h.work.stats(); live != 0 {
+		if live, _ := h.work.Stats(); live != 0 {
 			t.Errorf("%d messages left on the work queue", live)
 		}
 		if l := h.sub.Ledger(); l.Deleted != 3 {
@@ -397,7 +391,7 @@ func TestLingerGivesWayToTheInflightBound(t *testing.T) {
 			t.Errorf("6 messages took %v with -max-inflight=2: results or deletes waited for company", took)
 		}
 		h.shutdown()
-		if r, _ := h.results.stats(); r != 6 {
+		if r, _ := h.results.Stats(); r != 6 {
 			t.Errorf("%d results, want 6", r)
 		}
 	})

@@ -17,18 +17,16 @@ import (
 func TestWaitingCountsEachMessageUntilItStartsOrLeaves(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{Prefetch: 2})
-		h.work.mu.Lock()
 		for range 3 {
-			h.work.put("not json", nil)
+			h.work.Put("not json", nil)
 		}
-		h.work.mu.Unlock()
 		h.send("big", 0, "mb=100") // more than the whole device
 		for i := range 3 {
 			h.send("ok", i, "mb=1 ms=10")
 		}
 		waitFor(t, time.Minute, "3 results and 4 dead letters", func() bool {
-			r, _ := h.results.stats()
-			d, _ := h.dlq.stats()
+			r, _ := h.results.Stats()
+			d, _ := h.dlq.Stats()
 			return r == 3 && d == 4
 		})
 		if w := h.sub.waiting.Load(); w != 0 {

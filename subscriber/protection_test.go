@@ -166,7 +166,7 @@ func TestTaskProtectionFollowsHeldMessages(t *testing.T) {
 		if counter(h.sub.m.protected) != 1 {
 			t.Error("task_protected is 0 while a message is held")
 		}
-		waitFor(t, 20*time.Minute, "the result", func() bool { live, _ := h.results.stats(); return live == 1 })
+		waitFor(t, 20*time.Minute, "the result", func() bool { live, _ := h.results.Stats(); return live == 1 })
 		waitFor(t, 2*time.Minute, "protection off", func() bool { return len(agent.recorded()) == 4 })
 		time.Sleep(5 * time.Minute)
 		h.shutdown()
@@ -207,7 +207,7 @@ func TestTaskProtectionDoesNotFlapBetweenMessages(t *testing.T) {
 			h.send("stream", i, "mb=4 ms=500")
 			time.Sleep(10 * time.Second)
 		}
-		waitFor(t, time.Minute, "20 results", func() bool { live, _ := h.results.stats(); return live == 20 })
+		waitFor(t, time.Minute, "20 results", func() bool { live, _ := h.results.Stats(); return live == 20 })
 		time.Sleep(time.Minute)
 		h.shutdown()
 		var enabled []bool
@@ -230,7 +230,7 @@ func TestTaskProtectionClearedAtShutdown(t *testing.T) {
 		agent.mu.Lock()
 		agent.observe = func() string {
 			l := h.sub.Ledger()
-			live, invisible := h.work.stats()
+			live, invisible := h.work.Stats()
 			return strings.Join([]string{"held=" + itoa(h.sub.keeper.held.Load()), "released=" + itoa(l.Released),
 				"live=" + itoa(int64(live)), "invisible=" + itoa(int64(invisible))}, " ")
 		}
@@ -276,7 +276,7 @@ func TestTaskProtectionErrorsAreCountedAndRetried(t *testing.T) {
 				for i := 1; i <= 5; i++ {
 					h.send("b", i, "mb=4 ms=100")
 				}
-				waitFor(t, 3*time.Minute, "6 results", func() bool { live, _ := h.results.stats(); return live == 6 })
+				waitFor(t, 3*time.Minute, "6 results", func() bool { live, _ := h.results.Stats(); return live == 6 })
 				waitFor(t, 2*time.Minute, "protection off", func() bool {
 					puts := agent.recorded()
 					return len(puts) > 0 && !puts[len(puts)-1].Enabled
@@ -310,7 +310,7 @@ func TestTaskProtectionAgentDownDoesNotStopWork(t *testing.T) {
 		agent := &fakeAgent{t: t, fail: 1 << 30, failStatus: http.StatusInternalServerError, failBody: `{"error":{"Code":"ServerException","Message":"boom"}}`}
 		h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent)})
 		h.mixed(20)
-		waitFor(t, 5*time.Minute, "20 results", func() bool { live, _ := h.results.stats(); return live == 20 })
+		waitFor(t, 5*time.Minute, "20 results", func() bool { live, _ := h.results.Stats(); return live == 20 })
 		h.shutdown()
 		if n := counter(h.sub.m.protectionErrors); n == 0 {
 			t.Error("no errors counted")
@@ -318,7 +318,7 @@ func TestTaskProtectionAgentDownDoesNotStopWork(t *testing.T) {
 		if counter(h.sub.m.protected) != 0 {
 			t.Error("task_protected is 1 though the agent never agreed")
 		}
-		if live, _ := h.work.stats(); live != 0 {
+		if live, _ := h.work.Stats(); live != 0 {
 			t.Errorf("%d messages left on the work queue", live)
 		}
 	})
@@ -451,7 +451,7 @@ func TestTaskProtectionTakesBreaksUnderSteadyLoad(t *testing.T) {
 			TaskProtectionMaxHold: 12 * time.Minute, InferenceTimeout: time.Hour, MaxHold: 2 * time.Hour})
 		h.send("long", 0, "mb=4 ms=1800000") // 30 minutes on the device
 		waitFor(t, time.Minute, "protection on", func() bool { return len(agent.recorded()) == 1 })
-		waitFor(t, 40*time.Minute, "the result", func() bool { live, _ := h.results.stats(); return live == 1 })
+		waitFor(t, 40*time.Minute, "the result", func() bool { live, _ := h.results.Stats(); return live == 1 })
 		waitFor(t, 2*time.Minute, "protection off", func() bool {
 			puts := agent.recorded()
 			return !puts[len(puts)-1].Enabled && puts[len(puts)-1].At.Sub(t0) > 30*time.Minute

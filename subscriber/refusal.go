@@ -7,7 +7,7 @@ import (
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
-	"github.com/vramq/vramq/internal/sqsbatch"
+	"github.com/vramq/vramq/internal/sqscodec"
 )
 
 // permanentCodes are the error codes of SQS and S3 that refuse what was
@@ -42,10 +42,10 @@ func permanent(err error) bool {
 	}
 	var ee *EntryError
 	if errors.As(err, &ee) {
-		return !ee.Retryable() || permanentCodes[sqsbatch.Code(ee.Code)]
+		return !ee.Retryable() || permanentCodes[sqscodec.PlainCode(ee.Code)]
 	}
 	var apiErr smithy.APIError
-	if errors.As(err, &apiErr) && permanentCodes[sqsbatch.Code(apiErr.ErrorCode())] {
+	if errors.As(err, &apiErr) && permanentCodes[sqscodec.PlainCode(apiErr.ErrorCode())] {
 		return true
 	}
 	var re *smithyhttp.ResponseError
@@ -57,11 +57,11 @@ func permanent(err error) bool {
 func refusalCode(err error) string {
 	var ee *EntryError
 	if errors.As(err, &ee) {
-		return sqsbatch.Code(ee.Code)
+		return sqscodec.PlainCode(ee.Code)
 	}
 	var apiErr smithy.APIError
 	if errors.As(err, &apiErr) {
-		return sqsbatch.Code(apiErr.ErrorCode())
+		return sqscodec.PlainCode(apiErr.ErrorCode())
 	}
 	var re *smithyhttp.ResponseError
 	if errors.As(err, &re) {

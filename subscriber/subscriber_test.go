@@ -22,6 +22,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queuetest"
 )
 
 const mib = 1 << 20
@@ -158,7 +159,7 @@ func (m *testModel) Run(ctx context.Context, items []job.Item) ([]job.Output, er
 
 type harness struct {
 	t                  *testing.T
-	work, results, dlq *memQueue
+	work, results, dlq *queuetest.Mem
 	dev                *gpu.Sim
 	model              *testModel
 	sub                *Subscriber
@@ -178,7 +179,7 @@ func start(t *testing.T, capacity int64, cfg Config) *harness {
 // last: another model, device or logger.
 func startWith(t *testing.T, capacity int64, cfg Config, setup func(*harness, *Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, work: newMemQueue(), results: newMemQueue(), dlq: newMemQueue(), dev: gpu.NewSim(capacity), reg: prometheus.NewRegistry()}
+	h := &harness{t: t, work: queuetest.NewMem(), results: queuetest.NewMem(), dlq: queuetest.NewMem(), dev: gpu.NewSim(capacity), reg: prometheus.NewRegistry()}
 	h.model = &testModel{dev: h.dev}
 	cfg.Queue, cfg.Results, cfg.DLQ, cfg.Model, cfg.Device = h.work, h.results, h.dlq, h.model, h.dev
 	cfg.Registerer = h.reg
@@ -215,9 +216,7 @@ func (h *harness) send(jobID string, chunk int, specs ...string) {
 		w.Items = append(w.Items, job.Item{ID: fmt.Sprintf("i%d", i), Text: s})
 	}
 	b, _ := json.Marshal(w)
-	h.work.mu.Lock()
-	h.work.put(string(b), job.Attributes(w.Key()))
-	h.work.mu.Unlock()
+	h.work.Put(string(b), job.Attributes(w.Key()))
 }
 
 // shutdown stops the subscriber and checks that Run returned nil and that
@@ -228,7 +227,7 @@ func (h *harness) shutdown() {
 	if err := <-h.done; err != nil {
 		h.t.Fatalf("Run: %v", err)
 	}
-	if v := h.work.violations; len(v) > 0 {
+	if v := h.work.Violations(); len(v) > 0 {
 		h.t.Errorf("queue protocol violations: %q", v)
 	}
 	if l := h.sub.Ledger(); l.Received != l.Deleted+l.Released+l.Lost+l.Abandoned {
@@ -240,10 +239,10 @@ func (h *harness) shutdown() {
 func (h *harness) resultsByKey() (map[job.Key]job.Result, int) {
 	got := map[job.Key]job.Result{}
 	dups := 0
-	for _, m := range h.results.all() {
+	for _, m := range h.results.All() {
 		var r job.Result
-		if err := json.Unmarshal([]byte(m.body), &r); err != nil {
-			h.t.Fatalf("result %q: %v", m.body, err)
+		if err := json.Unmarshal([]byte(m.Body), &r); err != nil {
+			h.t.Fatalf("result %q: %v", m.Body, err)
 		}
 		if _, ok := got[r.Key()]; ok {
 			dups++
@@ -291,7 +290,7 @@ func TestVRAMAdmissionRunsMixedWorkloadWithoutOOM(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{Admission: AdmitVRAM, MaxInflight: 40})
 		h.mixed(40)
-		waitFor(t, 5*time.Minute, "40 results", func() bool { live, _ := h.results.stats(); return live >= 40 })
+		waitFor(t, 5*time.Minute, "40 results", func() bool { live, _ := h.results.Stats(); return live >= 40 })
 		h.shutdown()
 
 		got, dups := h.resultsByKey()
@@ -301,10 +300,10 @@ func TestVRAMAdmissionRunsMixedWorkloadWithoutOOM(t *testing.T) {
 		if h.dev.OOMs() != 0 {
 			t.Errorf("vram admission ran out of memory %d times", h.dev.OOMs())
 		}
-		if live, _ := h.work.stats(); live != 0 {
+		if live, _ := h.work.Stats(); live != 0 {
 			t.Errorf("%d messages left on the work queue", live)
 		}
-		if live, _ := h.dlq.stats(); live != 0 {
+		if live, _ := h.dlq.Stats(); live != 0 {
 			t.Errorf("%d messages in the DLQ", live)
 		}
 		if peak := h.dev.Peak(); peak > h.sub.Budget() {
@@ -340,7 +339,7 @@ func TestNaiveStrategiesOOMAndRecover(t *testing.T) {
 					}
 					h.send("job", i, spec)
 				}
-				waitFor(t, 10*time.Minute, "24 results", func() bool { live, _ := h.results.stats(); return live >= 24 })
+				waitFor(t, 10*time.Minute, "24 results", func() bool { live, _ := h.results.Stats(); return live >= 24 })
 				h.shutdown()
 				got, _ := h.resultsByKey()
 				if len(got) != 24 {
@@ -349,10 +348,10 @@ func TestNaiveStrategiesOOMAndRecover(t *testing.T) {
 				if h.dev.OOMs() == 0 || counter(h.sub.m.oomRetries) == 0 {
 					t.Errorf("%s admission: %d OOMs, %d OOM retries; want some of each", tc.name, h.dev.OOMs(), counter(h.sub.m.oomRetries))
 				}
-				if live, _ := h.dlq.stats(); live != 0 {
+				if live, _ := h.dlq.Stats(); live != 0 {
 					t.Errorf("%d messages dead-lettered; recovery should lose none", live)
 				}
-				if live, _ := h.work.stats(); live != 0 {
+				if live, _ := h.work.Stats(); live != 0 {
 					t.Errorf("%d messages left on the work queue", live)
 				}
 			})
@@ -364,7 +363,7 @@ func TestHeartbeatKeepsSlowMessage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{Visibility: 3 * time.Second})
 		h.send("slow", 0, "mb=1 ms=20000")
-		waitFor(t, time.Minute, "the result", func() bool { live, _ := h.results.stats(); return live == 1 })
+		waitFor(t, time.Minute, "the result", func() bool { live, _ := h.results.Stats(); return live == 1 })
 		h.shutdown()
 		got, dups := h.resultsByKey()
 		if r := got[job.Key{JobID: "slow"}]; r.Attempt != 1 || dups != 0 {
@@ -383,26 +382,24 @@ func TestHeartbeatKeepsSlowMessage(t *testing.T) {
 func TestPoisonGoesToDLQWithReason(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{})
-		h.work.mu.Lock()
-		h.work.put(`{"v":1,"job_id":"j","chunk":0,"items":[]}`, nil)
-		h.work.put(`not json`, map[string]string{"trace": "abc"})
-		h.work.mu.Unlock()
+		h.work.Put(`{"v":1,"job_id":"j","chunk":0,"items":[]}`, nil)
+		h.work.Put(`not json`, map[string]string{"trace": "abc"})
 		h.send("big", 0, "mb=100")
 		h.send("bad", 0, "mb=1", "invalid")
 		h.send("ok", 0, "mb=1")
 		waitFor(t, time.Minute, "4 dead letters and 1 result", func() bool {
-			d, _ := h.dlq.stats()
-			r, _ := h.results.stats()
+			d, _ := h.dlq.Stats()
+			r, _ := h.results.Stats()
 			return d == 4 && r == 1
 		})
 		h.shutdown()
 		reasons := map[string]int{}
-		for _, m := range h.dlq.all() {
-			reason := m.attrs[job.AttrReason]
+		for _, m := range h.dlq.All() {
+			reason := m.Attributes[job.AttrReason]
 			kind, _, _ := strings.Cut(reason, ":")
 			reasons[kind]++
-			if m.attrs[job.AttrSource] == "" {
-				t.Errorf("dead letter %q has no source message id", m.body)
+			if m.Attributes[job.AttrSource] == "" {
+				t.Errorf("dead letter %q has no source message id", m.Body)
 			}
 		}
 		want := map[string]int{"malformed": 2, "too_large": 1, "invalid_input": 1}
@@ -412,7 +409,7 @@ func TestPoisonGoesToDLQWithReason(t *testing.T) {
 				break
 			}
 		}
-		if live, _ := h.work.stats(); live != 0 {
+		if live, _ := h.work.Stats(); live != 0 {
 			t.Errorf("%d messages left on the work queue", live)
 		}
 	})
@@ -427,7 +424,7 @@ func TestBackpressureReleasesWhatCannotBeAdmitted(t *testing.T) {
 		waitFor(t, 30*time.Second, "a backpressure release", func() bool {
 			return counter(h.sub.m.released.WithLabelValues("now")) > 0
 		})
-		waitFor(t, 3*time.Minute, "both results", func() bool { live, _ := h.results.stats(); return live == 2 })
+		waitFor(t, 3*time.Minute, "both results", func() bool { live, _ := h.results.Stats(); return live == 2 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r := got[job.Key{JobID: "waiter"}]; r.Attempt < 2 {
@@ -445,8 +442,8 @@ func TestShutdownReleasesEverythingItHolds(t *testing.T) {
 		waitFor(t, time.Minute, "work to start", func() bool { return h.model.runs.Load() > 0 })
 		h.shutdown()
 		// Nothing is left invisible: every message is done or back on the queue.
-		live, invisible := h.work.stats()
-		results, _ := h.results.stats()
+		live, invisible := h.work.Stats()
+		results, _ := h.results.Stats()
 		if invisible != 0 {
 			t.Errorf("%d messages left invisible after shutdown", invisible)
 		}
@@ -464,9 +461,9 @@ func TestShutdownReleasesEverythingItHolds(t *testing.T) {
 func TestHangingInferenceIsReleasedThenRedriven(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{InferenceTimeout: 5 * time.Second, RetryDelay: time.Second})
-		h.work.dlq, h.work.maxReceive = h.dlq, 3
+		h.work.Redrive(h.dlq, 3)
 		h.send("hang", 0, "mb=1 hang")
-		waitFor(t, 5*time.Minute, "the redrive", func() bool { d, _ := h.dlq.stats(); return d == 1 })
+		waitFor(t, 5*time.Minute, "the redrive", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
 		h.shutdown()
 		if n := h.model.runs.Load(); n != 3 {
 			t.Errorf("ran %d times, want maxReceiveCount=3", n)
@@ -493,8 +490,8 @@ func TestUnderestimateSplitsLearnsAndDeadLetters(t *testing.T) {
 		}
 		h.send("huge", 0, "mb=10 lie=10") // 100 MiB really: never fits
 		waitFor(t, 5*time.Minute, "8 results and 1 dead letter", func() bool {
-			r, _ := h.results.stats()
-			d, _ := h.dlq.stats()
+			r, _ := h.results.Stats()
+			d, _ := h.dlq.Stats()
 			return r == 8 && d == 1
 		})
 		h.shutdown()
@@ -509,9 +506,9 @@ func TestUnderestimateSplitsLearnsAndDeadLetters(t *testing.T) {
 		if err := json.Unmarshal(b, &f); err != nil || f.BatchLimit != h.sub.state.batchLimit() {
 			t.Errorf("state file %s: %+v, %v", b, f, err)
 		}
-		d := h.dlq.all()
-		if len(d) != 1 || !strings.HasPrefix(d[0].attrs[job.AttrReason], "out_of_memory") {
-			t.Errorf("dead letter reason %q", d[0].attrs[job.AttrReason])
+		d := h.dlq.All()
+		if len(d) != 1 || !strings.HasPrefix(d[0].Attributes[job.AttrReason], "out_of_memory") {
+			t.Errorf("dead letter reason %q", d[0].Attributes[job.AttrReason])
 		}
 		// A new subscriber starts from the learned limit.
 		l := loadLearned(state, h.model.Name(), h.dev.Name(), 8, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -525,14 +522,14 @@ func TestResultSendFailureReleasesForRetry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{RetryDelay: time.Second})
 		var fails atomic.Int64
-		h.results.sendErr = func(string) error {
+		h.results.SendErr = func(string) error {
 			if fails.Add(1) <= 2 {
 				return errors.New("injected")
 			}
 			return nil
 		}
 		h.send("flaky", 0, "mb=1")
-		waitFor(t, time.Minute, "the result", func() bool { r, _ := h.results.stats(); return r == 1 })
+		waitFor(t, time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r := got[job.Key{JobID: "flaky"}]; r.Attempt != 3 {

@@ -16,7 +16,6 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
 
@@ -26,9 +25,7 @@ import (
 
 // putRaw puts body on the work queue with attrs.
 func (h *harness) putRaw(body string, attrs map[string]string) {
-	h.work.mu.Lock()
-	h.work.put(body, attrs)
-	h.work.mu.Unlock()
+	h.work.Put(body, attrs)
 }
 
 // settledAll waits until results and dead letters add up to n, and the work
@@ -36,9 +33,9 @@ func (h *harness) putRaw(body string, attrs map[string]string) {
 func (h *harness) settledAll(n int) {
 	h.t.Helper()
 	waitFor(h.t, 5*time.Minute, fmt.Sprintf("%d messages settled", n), func() bool {
-		r, _ := h.results.stats()
-		d, _ := h.dlq.stats()
-		w, _ := h.work.stats()
+		r, _ := h.results.Stats()
+		d, _ := h.dlq.Stats()
+		w, _ := h.work.Stats()
 		return r+d == n && w == 0
 	})
 }
@@ -46,9 +43,9 @@ func (h *harness) settledAll(n int) {
 // reasonsByBody maps each dead letter's body (cut to 40 bytes) to its reason.
 func (h *harness) reasons() map[string]string {
 	out := map[string]string{}
-	for _, m := range h.dlq.all() {
-		k, _ := chunkOf(Message{Body: m.body})
-		out[k.JobID+"/"+strconv.Itoa(k.Chunk)] = m.attrs[job.AttrReason]
+	for _, m := range h.dlq.All() {
+		k, _ := chunkOf(Message{Body: m.Body})
+		out[k.JobID+"/"+strconv.Itoa(k.Chunk)] = m.Attributes[job.AttrReason]
 	}
 	return out
 }
@@ -70,7 +67,7 @@ func TestIdentityFromBodyAndMarkersKept(t *testing.T) {
 		p := newMemPayloads()
 		h := start(t, 64*mib, Config{Payloads: p})
 		victimMarker := []byte(`{"v":1,"job_id":"victim","chunk":0,"reason":"out_of_memory: real","message_id":"m0","at":"2026-01-01T00:00:00Z"}`)
-		if _, err := p.Put(t.Context(), payload.FailedKey("victim", 0), victimMarker); err != nil {
+		if _, err := p.Put(t.Context(), job.FailedKey("victim", 0), victimMarker); err != nil {
 			t.Fatal(err)
 		}
 		// Malformed (no items), naming the victim's failed chunk in its body.
@@ -85,10 +82,10 @@ func TestIdentityFromBodyAndMarkersKept(t *testing.T) {
 		h.settledAll(6)
 		h.shutdown()
 
-		if b, _ := p.object(payload.FailedKey("victim", 0)); string(b) != string(victimMarker) {
+		if b, _ := p.object(job.FailedKey("victim", 0)); string(b) != string(victimMarker) {
 			t.Errorf("the victim's marker was replaced with %s", b)
 		}
-		if _, ok := p.object(payload.FailedKey("victim", 1)); ok {
+		if _, ok := p.object(job.FailedKey("victim", 1)); ok {
 			t.Error("a marker was written for the chunk the attributes named")
 		}
 		if m, ok := marker(t, p, "attacker", 5); !ok || m.JobID != "attacker" {
@@ -101,8 +98,8 @@ func TestIdentityFromBodyAndMarkersKept(t *testing.T) {
 			}
 		}
 		var malformed int
-		for _, m := range h.dlq.all() {
-			r := m.attrs[job.AttrReason]
+		for _, m := range h.dlq.All() {
+			r := m.Attributes[job.AttrReason]
 			if strings.HasPrefix(r, "malformed: ") {
 				malformed++
 			}
@@ -122,7 +119,7 @@ func TestIdentityFromBodyAndMarkersKept(t *testing.T) {
 func TestResultsSQSCannotTake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{})
-		h.results.sendErr = func(body string) error {
+		h.results.SendErr = func(body string) error {
 			if strings.Contains(body, "refuse-me") {
 				return &EntryError{Code: "AWS.SimpleQueueService.InvalidMessageContents", Message: "no", SenderFault: true}
 			}
@@ -155,10 +152,10 @@ func TestResultsSQSCannotTake(t *testing.T) {
 func TestLongJobIDDoesNotPoisonSharedCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := startWith(t, 64*mib, Config{MaxBatchDelay: 50 * time.Millisecond}, func(h *harness, c *Config) {
-			h.results.maxBytes = c.MaxMessageBytes
-			h.dlq.maxBytes = c.MaxMessageBytes
-			if h.results.maxBytes == 0 {
-				h.results.maxBytes, h.dlq.maxBytes = 256<<10, 256<<10
+			h.results.MaxBytes = c.MaxMessageBytes
+			h.dlq.MaxBytes = c.MaxMessageBytes
+			if h.results.MaxBytes == 0 {
+				h.results.MaxBytes, h.dlq.MaxBytes = 256<<10, 256<<10
 			}
 		})
 		long := strings.Repeat("j", 130<<10)
@@ -171,9 +168,9 @@ func TestLongJobIDDoesNotPoisonSharedCalls(t *testing.T) {
 		if got, _ := h.resultsByKey(); len(got) != 9 {
 			t.Errorf("%d results, want the 9 neighbours'", len(got))
 		}
-		d := h.dlq.all()
-		if len(d) != 1 || !strings.HasPrefix(d[0].attrs[job.AttrReason], "malformed: malformed message: job_id: id too long") {
-			t.Errorf("dead letters %d, reason %q", len(d), d[0].attrs[job.AttrReason])
+		d := h.dlq.All()
+		if len(d) != 1 || !strings.HasPrefix(d[0].Attributes[job.AttrReason], "malformed: malformed message: job_id: id too long") {
+			t.Errorf("dead letters %d, reason %q", len(d), d[0].Attributes[job.AttrReason])
 		}
 	})
 }
@@ -183,20 +180,20 @@ func TestLongJobIDDoesNotPoisonSharedCalls(t *testing.T) {
 func TestDeadLetterThatDoesNotFitKeepsItsReason(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const limit = 4 << 10
-		h := startWith(t, 64*mib, Config{MaxMessageBytes: limit}, func(h *harness, c *Config) { h.dlq.maxBytes = limit })
+		h := startWith(t, 64*mib, Config{MaxMessageBytes: limit}, func(h *harness, c *Config) { h.dlq.MaxBytes = limit })
 		body := `{"v":1,"job_id":"big","chunk":0,"items":[],"pad":"` + strings.Repeat("é", limit/2) + `"}`
 		attrs := map[string]string{"a-original": strings.Repeat("x", 1000)}
 		h.putRaw(body, attrs)
 		h.settledAll(1)
 		h.shutdown()
-		d := h.dlq.all()[0]
-		if r := d.attrs[job.AttrReason]; !strings.HasPrefix(r, "malformed: ") {
+		d := h.dlq.All()[0]
+		if r := d.Attributes[job.AttrReason]; !strings.HasPrefix(r, "malformed: ") {
 			t.Errorf("reason %q", r)
 		}
-		if d.attrs[AttrBodyTruncated] != strconv.Itoa(len(body)) || !strings.HasPrefix(body, d.body) || len(d.body) < limit/2 {
-			t.Errorf("copy of %d bytes, truncated attribute %q; want the start of the %d-byte body", len(d.body), d.attrs[AttrBodyTruncated], len(body))
+		if d.Attributes[AttrBodyTruncated] != strconv.Itoa(len(body)) || !strings.HasPrefix(body, d.Body) || len(d.Body) < limit/2 {
+			t.Errorf("copy of %d bytes, truncated attribute %q; want the start of the %d-byte body", len(d.Body), d.Attributes[AttrBodyTruncated], len(body))
 		}
-		if n := job.MessageSize(d.body, d.attrs); n > limit {
+		if n := job.MessageSize(d.Body, d.Attributes); n > limit {
 			t.Errorf("copy of %d bytes", n)
 		}
 	})
@@ -210,7 +207,7 @@ func TestResultsThatCanNeverBeStored(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newMemPayloads()
 		p.putErr = func(key string) error {
-			if key == payload.ResultKey("s3refuses", 0) {
+			if key == job.ResultKey("s3refuses", 0) {
 				return &smithy.GenericAPIError{Code: "EntityTooLarge", Message: "too large", Fault: smithy.FaultClient}
 			}
 			return nil
@@ -239,11 +236,11 @@ func TestResultsThatCanNeverBeStored(t *testing.T) {
 			}
 		}
 		for _, k := range []string{"nan", "huge", "many"} {
-			if b, ok := p.object(payload.ResultKey(k, 0)); ok {
+			if b, ok := p.object(job.ResultKey(k, 0)); ok {
 				t.Errorf("results/%s/0.json stored (%d bytes) for a chunk that has no result", k, len(b))
 			}
 		}
-		if _, ok := p.object(payload.ResultKey("fine", 0)); !ok {
+		if _, ok := p.object(job.ResultKey("fine", 0)); !ok {
 			t.Error("the fine chunk's result was not stored")
 		}
 	})
@@ -307,7 +304,7 @@ func TestItemsWithoutContentRefused(t *testing.T) {
 		h := start(t, 64*mib, Config{Payloads: p})
 		h.putRaw(`{"v":1,"job_id":"empty","chunk":0,"items":[{"id":"a"}]}`, nil)
 		h.putRaw(`{"v":1,"job_id":"emptydata","chunk":0,"items":[{"id":"a","text":"","data":""}]}`, nil)
-		h.sendWork(job.Work{JobID: "emptyref", Items: []job.Item{claimChecked(t, p, payload.ItemKey("emptyref", "a"), job.Item{ID: "a"})}})
+		h.sendWork(job.Work{JobID: "emptyref", Items: []job.Item{claimChecked(t, p, job.ItemKey("emptyref", "a"), job.Item{ID: "a"})}})
 		h.settledAll(3)
 		h.shutdown()
 		reasons := h.reasons()

@@ -11,11 +11,11 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/time/rate"
 
-	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/sqscodec"
+	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/job"
 )
 
@@ -126,17 +126,17 @@ func (r *directRun) collect(ctx context.Context, readsDLQ bool) error {
 			return fmt.Errorf("receiving results: %w", err)
 		}
 		now := time.Now()
-		var del []types.DeleteMessageBatchRequestEntry
-		for i, m := range out.Messages {
+		var del []string
+		for _, m := range out.Messages {
 			var res job.Result
 			if err := json.Unmarshal([]byte(aws.ToString(m.Body)), &res); err != nil {
 				return fmt.Errorf("result message %s is not a result: %w", aws.ToString(m.MessageId), err)
 			}
 			r.result(&res, now)
-			del = append(del, types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle})
+			del = append(del, aws.ToString(m.ReceiptHandle))
 		}
 		if len(del) > 0 {
-			d, err := r.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &r.resultsURL, Entries: del})
+			d, err := r.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &r.resultsURL, Entries: sqscodec.DeleteEntries(del)})
 			if err != nil {
 				return fmt.Errorf("deleting results: %w", err)
 			}

@@ -25,7 +25,7 @@ import (
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/workload"
 )
 
 func main() {

@@ -20,9 +20,10 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/cli"
-	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 func noEnv(string) string { return "" }
@@ -71,7 +72,7 @@ func TestDirectRunAccountsForEveryMessage(t *testing.T) {
 	urls := sqstest.Queues(t, client, 5)
 	reg := prometheus.NewRegistry()
 	sub, err := subscriber.New(subscriber.Config{
-		Queue: subscriber.NewSQSQueue(client, urls.Work), Results: subscriber.NewSQSQueue(client, urls.Results), DLQ: subscriber.NewSQSQueue(client, urls.DLQ),
+		Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results), DLQ: sqsqueue.New(client, urls.DLQ),
 		Model: flakyModel{}, Device: gpu.NewSim(1 << 30), VRAMReserve: 1 << 20, WaitTime: time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: reg,
 	})

@@ -18,7 +18,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
-	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/publisher"
 )
 

@@ -1,9 +1,9 @@
 // Command soak runs the pipeline at volume under random faults and checks
 // that nothing is lost. It sends -messages small work messages, runs
 // -subscribers subscriber processes (bin/subscriber) behind the fault proxy of
-// internal/faultproxy, changes the proxy's fault mix every -fault-interval,
+// internal/testenv/faultproxy, changes the proxy's fault mix every -fault-interval,
 // restarts a random subscriber with SIGKILL or SIGTERM about every
-// -restart-every, and accounts for every chunk with internal/accounting. It
+// -restart-every, and accounts for every chunk with internal/testenv/accounting. It
 // prints the figures (messages, faults injected by kind, restarts by signal,
 // duplicates, DLQ by reason, lost, peak RSS of the subscribers, wall time)
 // and exits 1 when the invariant does not hold: a chunk lost, a DLQ entry

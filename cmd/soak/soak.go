@@ -18,11 +18,11 @@ import (
 	"github.com/vramq/vramq/cmd/soak/faultmix"
 	"github.com/vramq/vramq/cmd/soak/peakrss"
 	"github.com/vramq/vramq/cmd/soak/supervisor"
-	"github.com/vramq/vramq/internal/accounting"
 	"github.com/vramq/vramq/internal/awsconfig"
-	"github.com/vramq/vramq/internal/faultproxy"
-	"github.com/vramq/vramq/internal/jobq"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/accounting"
+	"github.com/vramq/vramq/internal/testenv/faultproxy"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/localstack"
 )
 

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/jobq"
-	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 )
 

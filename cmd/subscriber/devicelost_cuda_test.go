@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/internal/jobq"
-	"github.com/vramq/vramq/internal/sqstest"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
+	"github.com/vramq/vramq/internal/testenv/workload"
 )
 
 // The cuda binary on the emulated GPU, a sticky fault injected mid-run: it

@@ -26,18 +26,18 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/vramq/vramq/internal/accounting"
 	"github.com/vramq/vramq/internal/awsconfig"
-	"github.com/vramq/vramq/internal/jobq"
-	"github.com/vramq/vramq/internal/procmem"
-	"github.com/vramq/vramq/internal/sqstest"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/accounting"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/procmem"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
+	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/localstack"
 )
 
 // The fault tests run the real binary (this test binary, see TestMain) as
 // separate processes, break something on purpose, and check the pipeline's
-// invariant with internal/accounting: every chunk sent ends with a result or
+// invariant with internal/testenv/accounting: every chunk sent ends with a result or
 // in the DLQ with a reason, and no work message is left on the queue.
 
 // SIGKILL mid-inference: the process dies holding messages, with a batch on

@@ -30,6 +30,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 func main() {
@@ -161,9 +162,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	c := o.cfg
-	c.Queue = subscriber.NewSQSQueue(client, o.queueURL)
-	c.Results = subscriber.NewSQSQueue(client, o.resultsURL)
-	c.DLQ = subscriber.NewSQSQueue(client, o.dlqURL)
+	c.Queue = sqsqueue.New(client, o.queueURL)
+	c.Results = sqsqueue.New(client, o.resultsURL)
+	c.DLQ = sqsqueue.New(client, o.dlqURL)
 	c.Model, c.Device, c.Logger, c.Registerer = model, dev, log, reg
 	if o.payloadBucket != "" {
 		c.Payloads = payload.New(awsconfig.S3(awsCfg, getenv), o.payloadBucket)

@@ -27,10 +27,10 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/vramq/vramq/internal/jobq"
 	"github.com/vramq/vramq/internal/payload"
-	"github.com/vramq/vramq/internal/sqstest"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
+	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 )
@@ -335,7 +335,7 @@ func TestPayloadBucket(t *testing.T) {
 	bucket := sqstest.Bucket(t, s3c)
 	store := payload.New(s3c, bucket)
 	item, _ := json.Marshal(job.Item{ID: "doc", Text: "a claim-checked document"})
-	ref, err := store.Put(t.Context(), payload.ItemKey("pb", "doc"), item)
+	ref, err := store.Put(t.Context(), job.ItemKey("pb", "doc"), item)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +346,7 @@ func TestPayloadBucket(t *testing.T) {
 	if r := c.Results[job.Key{JobID: "pb"}]; len(r.Outputs) != 1 || r.Outputs[0].ID != "doc" {
 		t.Errorf("result %+v", r)
 	}
-	if _, err := store.Read(t.Context(), payload.ResultKey("pb", 0)); err != nil {
+	if _, err := store.Read(t.Context(), job.ResultKey("pb", 0)); err != nil {
 		t.Errorf("the result is not in the bucket: %v", err)
 	}
 }

@@ -1,13 +1,7 @@
 // Package payload keeps in S3 what is too large for an SQS message, and reads
 // it back verified: the claim-check pattern of the SQS extended client
-// libraries, which Go lacks. It also names every object vramq keeps in the
-// payload bucket, so the publisher and the subscriber agree on the layout:
-//
-//	payloads/{job_id}/{sha256(item id)}.json   an item too large for a message (job.Item JSON)
-//	jobs/{job_id}.json              the job's manifest, written by the publisher
-//	idempotency/{sha256}.json       Idempotency-Key → job id
-//	results/{job_id}/{chunk}.json   a chunk's result (job.Result JSON), by the subscriber
-//	failed/{job_id}/{chunk}.json    why a chunk was dead-lettered, by the subscriber
+// libraries, which Go lacks. The keys it is given follow the bucket layout
+// of package job (job.ItemKey and the rest).
 package payload
 
 import (
@@ -18,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -158,24 +151,3 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 	}
 	return keys, nil
 }
-
-// Keys of the bucket layout (see the package doc).
-//
-// ItemKey is where the publisher puts the claim-checked item itemID of job
-// jobID: named by the SHA-256 of the item's id (ids are unique in a job), so
-// that the subscriber can compute, from the message alone, the one key a
-// reference to that item may name (subscriber/claimcheck.go).
-func ItemKey(jobID, itemID string) string {
-	sum := sha256.Sum256([]byte(itemID))
-	return "payloads/" + jobID + "/" + hex.EncodeToString(sum[:]) + ".json"
-}
-func ManifestKey(jobID string) string        { return "jobs/" + jobID + ".json" }
-func IdempotencyKey(sha256hex string) string { return "idempotency/" + sha256hex + ".json" }
-func ResultKey(jobID string, chunk int) string {
-	return "results/" + jobID + "/" + strconv.Itoa(chunk) + ".json"
-}
-func FailedKey(jobID string, chunk int) string {
-	return "failed/" + jobID + "/" + strconv.Itoa(chunk) + ".json"
-}
-func ResultPrefix(jobID string) string { return "results/" + jobID + "/" }
-func FailedPrefix(jobID string) string { return "failed/" + jobID + "/" }

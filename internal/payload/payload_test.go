@@ -5,7 +5,8 @@ import (
 	"testing"
 
 	"github.com/vramq/vramq/internal/payload"
-	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
+	"github.com/vramq/vramq/job"
 )
 
 func TestStore(t *testing.T) {
@@ -13,7 +14,7 @@ func TestStore(t *testing.T) {
 	s := payload.New(c, sqstest.Bucket(t, c))
 	ctx := t.Context()
 
-	ref, err := s.Put(ctx, payload.ItemKey("j1", "a"), []byte(`{"id":"a","text":"hello"}`))
+	ref, err := s.Put(ctx, job.ItemKey("j1", "a"), []byte(`{"id":"a","text":"hello"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,21 +49,21 @@ func TestStore(t *testing.T) {
 		t.Errorf("missing object: %v", err)
 	}
 
-	created, _, err := s.PutIfAbsent(ctx, payload.IdempotencyKey("k"), []byte("first"))
+	created, _, err := s.PutIfAbsent(ctx, job.IdempotencyKey("k"), []byte("first"))
 	if err != nil || !created {
 		t.Fatalf("first PutIfAbsent: %v %v", created, err)
 	}
-	created, existing, err := s.PutIfAbsent(ctx, payload.IdempotencyKey("k"), []byte("second"))
+	created, existing, err := s.PutIfAbsent(ctx, job.IdempotencyKey("k"), []byte("second"))
 	if err != nil || created || string(existing) != "first" {
 		t.Errorf("second PutIfAbsent: created %v, existing %q, %v", created, existing, err)
 	}
 
 	for i := range 3 {
-		if _, err := s.Put(ctx, payload.ResultKey("j1", i), []byte("{}")); err != nil {
+		if _, err := s.Put(ctx, job.ResultKey("j1", i), []byte("{}")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	keys, err := s.List(ctx, payload.ResultPrefix("j1"))
+	keys, err := s.List(ctx, job.ResultPrefix("j1"))
 	if err != nil || len(keys) != 3 {
 		t.Errorf("List = %v, %v", keys, err)
 	}

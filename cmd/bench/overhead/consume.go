@@ -19,9 +19,11 @@ import (
 
 	"github.com/vramq/vramq/cmd/bench/sqsenv"
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/sqscodec"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // consumeConfig is the subscriber's settings in the comparison. Prefetch
@@ -80,9 +82,9 @@ func (cc consumeConfig) consumers(keys string) ([]consumer, error) {
 func (cc consumeConfig) subscriber(ctx context.Context, e *benchEnv, urls localstack.URLs, n int) (time.Duration, string, error) {
 	reg := prometheus.NewRegistry()
 	sub, err := subscriber.New(subscriber.Config{
-		Queue:       subscriber.NewSQSQueue(e.client, urls.Work),
-		Results:     subscriber.NewSQSQueue(e.client, urls.Results),
-		DLQ:         subscriber.NewSQSQueue(e.client, urls.DLQ),
+		Queue:       sqsqueue.New(e.client, urls.Work),
+		Results:     sqsqueue.New(e.client, urls.Results),
+		DLQ:         sqsqueue.New(e.client, urls.DLQ),
 		Model:       gpu.Noop{},
 		Device:      sqsenv.NoopDevice(),
 		VRAMReserve: 1 << 20,
@@ -190,13 +192,13 @@ func (cc consumeConfig) bare(results resultMode, pipelined bool) func(context.Co
 						}
 						body = &b
 					}
-					attrs := make(map[string]types.MessageAttributeValue, 2)
+					attrs := make(map[string]string, 2)
 					for _, k := range []string{job.AttrJobID, job.AttrChunk} {
 						if v, ok := m.MessageAttributes[k]; ok {
-							attrs[k] = v
+							attrs[k] = aws.ToString(v.StringValue)
 						}
 					}
-					entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: body, MessageAttributes: attrs}
+					entries[i] = sqscodec.Entry(i, sqscodec.Message{Body: *body, Attributes: attrs})
 				}
 				out, err := e.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &urls.Results, Entries: entries})
 				if err != nil {

@@ -73,7 +73,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	md := fs.String("md", "", "also write the figures into this markdown file's overhead section (e.g. bench/overhead.md)")
 	jsonOut := fs.String("json", "", "also write the figures as JSON to this file")
 	latency := fs.Duration("latency", 0, "add this much latency to every SQS call, both sides alike, through a proxy in this process "+
-		"(internal/faultproxy): the emulator answers in about a millisecond, SQS in a region in several")
+		"(internal/testenv/faultproxy): the emulator answers in about a millisecond, SQS in a region in several")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}

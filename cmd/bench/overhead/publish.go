@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/sqscodec"
+	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/publisher"
@@ -104,21 +104,12 @@ func preparePublishLoad(jobs, items, chunkItems, words int) (*publishLoad, error
 				pj.batches = append(pj.batches, nil)
 			}
 			b := &pj.batches[len(pj.batches)-1]
-			*b = append(*b, types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i % 10)), MessageBody: aws.String(c.Body),
-				MessageAttributes: sqsAttributes(job.Key{JobID: jobID, Chunk: c.Index})})
+			*b = append(*b, sqscodec.Entry(i%10, sqscodec.Message{Body: c.Body, Attributes: job.Attributes(job.Key{JobID: jobID, Chunk: c.Index})}))
 		}
 		l.jobs = append(l.jobs, pj)
 		l.messages += len(plan.Chunks)
 	}
 	return l, nil
-}
-
-func sqsAttributes(k job.Key) map[string]types.MessageAttributeValue {
-	attrs := map[string]types.MessageAttributeValue{}
-	for name, v := range job.Attributes(k) {
-		attrs[name] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
-	}
-	return attrs
 }
 
 // producer sends the whole load to urls.Work and returns how long it took.
@@ -225,8 +216,7 @@ func (pc publishConfig) bare(byJob, encode bool) func(context.Context, *benchEnv
 				return nil, err
 			}
 			b := &out[len(out)-1]
-			*b = append(*b, types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i % 10)), MessageBody: aws.String(string(body)),
-				MessageAttributes: sqsAttributes(pj.works[i].Key())})
+			*b = append(*b, sqscodec.Entry(i%10, sqscodec.Message{Body: string(body), Attributes: job.Attributes(pj.works[i].Key())}))
 		}
 		return out, nil
 	}

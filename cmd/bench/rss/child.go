@@ -16,6 +16,7 @@ import (
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // rssChild is the hidden argument that makes `bench rss` the subscriber
@@ -41,9 +42,9 @@ func runRSSChild(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	client := sqs.NewFromConfig(cfg)
 	sub, err := subscriber.New(subscriber.Config{
-		Queue:       subscriber.NewSQSQueue(client, *work),
-		Results:     subscriber.NewSQSQueue(client, *results),
-		DLQ:         subscriber.NewSQSQueue(client, *dlq),
+		Queue:       sqsqueue.New(client, *work),
+		Results:     sqsqueue.New(client, *results),
+		DLQ:         sqsqueue.New(client, *dlq),
 		Model:       gpu.Noop{},
 		Device:      sqsenv.NoopDevice(),
 		VRAMReserve: 1 << 20,

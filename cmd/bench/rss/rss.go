@@ -24,7 +24,7 @@ import (
 	"github.com/vramq/vramq/cmd/bench/stats"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/cli"
-	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/testenv/jobq"
 )
 
 // rssRun is one subscriber process consuming one backlog.

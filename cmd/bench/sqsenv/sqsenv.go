@@ -24,9 +24,9 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
-	"github.com/vramq/vramq/internal/faultproxy"
-	"github.com/vramq/vramq/internal/jobq"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/faultproxy"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 )

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/workload"
 )
 
 func TestParseEstimateError(t *testing.T) {

@@ -29,12 +29,13 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
-	"github.com/vramq/vramq/internal/jobq"
-	"github.com/vramq/vramq/internal/workload"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // strategy is one way to run the subscriber on the workload.
@@ -178,7 +179,7 @@ func shapeWorks(shape string, messages int) ([]job.Work, string, error) {
 	}
 	spec := workload.Mixed("bench", messages)
 	spec.LargeEvery = n
-	return spec.Works(), fmt.Sprintf("the bimodal mix (`internal/workload.Mixed`): one message in %d large (32 items of 600 "+
+	return spec.Works(), fmt.Sprintf("the bimodal mix (`internal/testenv/workload.Mixed`): one message in %d large (32 items of 600 "+
 		"words), the others small (8 items of 24 words)", n), nil
 }
 
@@ -370,9 +371,9 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, sc Scenari
 		}
 		defer w.model.Close()
 		w.reg = prometheus.NewRegistry()
-		w.rq = &recordingQueue{Queue: subscriber.NewSQSQueue(client, urls.Work), rec: rec, large: sc.large, keys: map[string]job.Key{}}
+		w.rq = &recordingQueue{Queue: sqsqueue.New(client, urls.Work), rec: rec, large: sc.large, keys: map[string]job.Key{}}
 		cfg := s.config
-		cfg.Queue, cfg.Results, cfg.DLQ = w.rq, subscriber.NewSQSQueue(client, urls.Results), subscriber.NewSQSQueue(client, urls.DLQ)
+		cfg.Queue, cfg.Results, cfg.DLQ = w.rq, sqsqueue.New(client, urls.Results), sqsqueue.New(client, urls.DLQ)
 		// Admission works with the estimate, wrong by -estimate-error; the
 		// device allocates the true cost.
 		cfg.Model, cfg.Device, cfg.Registerer = sc.est.model(w.model), w.dev, w.reg

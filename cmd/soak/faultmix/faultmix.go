@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/vramq/vramq/internal/faultproxy"
+	"github.com/vramq/vramq/internal/testenv/faultproxy"
 )
 
 // Schedule sets the mixes on Proxy, one every Every, drawn from Seed.

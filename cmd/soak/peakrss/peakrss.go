@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vramq/vramq/internal/procmem"
+	"github.com/vramq/vramq/internal/testenv/procmem"
 )
 
 // Sampler keeps the highest VmHWM of the processes it was shown. It is safe

@@ -24,9 +24,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
 
-	"github.com/vramq/vramq/internal/faultproxy"
-	"github.com/vramq/vramq/internal/jobq"
-	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/internal/testenv/faultproxy"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
 )
 
 type env struct {

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/vramq/vramq/internal/faultproxy"
+	"github.com/vramq/vramq/internal/testenv/faultproxy"
 )
 
 // TestForwardKeepsTheEndpointConnection sends many calls one after another

@@ -27,7 +27,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/vramq/vramq/internal/jobq"
+	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/job"
 )
 

@@ -1,25 +1,35 @@
-package subscriber
+// Package queuetest checks implementations of package queue, as go-cloud's
+// drivertest checks its drivers: RunConformance is the contract the
+// subscriber relies on, and Mem is an in-memory queue that passes it, for
+// unit tests of code over a queue.
+package queuetest
 
 import (
 	"fmt"
 	"testing"
-	"testing/synctest"
 	"time"
 
-	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
-// testQueueConformance checks the Queue and Sender contract the subscriber
-// relies on. It runs against SQS (on whatever AWS_ENDPOINT_URL names) and
-// against the in-memory queue of the unit tests, so the fake stays faithful.
-// It asserts only what SQS documents, not what one implementation happens to
-// do.
-func testQueueConformance(t *testing.T, q interface {
-	Queue
-	Sender
-}) {
+// QueueSender is what RunConformance checks: a queue the subscriber
+// receives from, and sends to.
+type QueueSender interface {
+	queue.Queue
+	queue.Sender
+}
+
+// RunConformance checks the queue.Queue and queue.Sender contract the
+// subscriber relies on, on the empty queue newQueue returns (it may skip t
+// when its backend is not there). It asserts only what SQS documents, not
+// what one implementation happens to do; it runs against SQS (sqsqueue, on
+// whatever AWS_ENDPOINT_URL names) and against Mem, so the fake stays
+// faithful. It takes some seconds of long polls: run it in a
+// testing/synctest bubble where the queue allows.
+func RunConformance(t *testing.T, newQueue func(t *testing.T) QueueSender) {
+	q := newQueue(t)
 	ctx := t.Context()
-	receive := func(max int, visibility time.Duration) []Message {
+	receive := func(max int, visibility time.Duration) []queue.Message {
 		t.Helper()
 		msgs, err := q.Receive(ctx, max, time.Second, visibility)
 		if err != nil {
@@ -39,37 +49,37 @@ func testQueueConformance(t *testing.T, q interface {
 		}
 	}
 
-	var out []Outgoing
-	for i := range MaxBatch {
-		out = append(out, Outgoing{Body: fmt.Sprintf(`{"n":%d}`, i), Attributes: map[string]string{"k": fmt.Sprint(i)}})
+	var out []queue.Outgoing
+	for i := range queue.MaxBatch {
+		out = append(out, queue.Outgoing{Body: fmt.Sprintf(`{"n":%d}`, i), Attributes: map[string]string{"k": fmt.Sprint(i)}})
 	}
 	errs, err := q.Send(ctx, out)
 	noErrs("send 10", errs, err)
-	if len(errs) != MaxBatch {
-		t.Fatalf("send returned %d entry errors for %d entries", len(errs), MaxBatch)
+	if len(errs) != queue.MaxBatch {
+		t.Fatalf("send returned %d entry errors for %d entries", len(errs), queue.MaxBatch)
 	}
 
 	// Received messages carry body, attributes and a first receive count,
 	// and are hidden from the next receive.
-	got := map[string]Message{}
-	for deadline := time.Now().Add(10 * time.Second); len(got) < MaxBatch && time.Now().Before(deadline); {
-		for _, m := range receive(MaxBatch, time.Minute) {
+	got := map[string]queue.Message{}
+	for deadline := time.Now().Add(10 * time.Second); len(got) < queue.MaxBatch && time.Now().Before(deadline); {
+		for _, m := range receive(queue.MaxBatch, time.Minute) {
 			if _, dup := got[m.Body]; dup {
 				t.Fatalf("message %s received twice while invisible", m.Body)
 			}
 			got[m.Body] = m
 		}
 	}
-	if len(got) != MaxBatch {
-		t.Fatalf("received %d of %d", len(got), MaxBatch)
+	if len(got) != queue.MaxBatch {
+		t.Fatalf("received %d of %d", len(got), queue.MaxBatch)
 	}
-	for i := range MaxBatch {
+	for i := range queue.MaxBatch {
 		m := got[fmt.Sprintf(`{"n":%d}`, i)]
 		if m.Handle == "" || m.ID == "" || m.ReceiveCount != 1 || m.Attributes["k"] != fmt.Sprint(i) {
 			t.Errorf("message %d: %+v", i, m)
 		}
 	}
-	if extra := receive(MaxBatch, time.Minute); len(extra) != 0 {
+	if extra := receive(queue.MaxBatch, time.Minute); len(extra) != 0 {
 		t.Errorf("%d messages received again while invisible", len(extra))
 	}
 
@@ -86,7 +96,7 @@ func testQueueConformance(t *testing.T, q interface {
 	first := got[`{"n":0}`]
 	errs, err = q.ChangeVisibility(ctx, []string{first.Handle}, 0)
 	noErrs("release", errs, err)
-	var again []Message
+	var again []queue.Message
 	for deadline := time.Now().Add(5 * time.Second); len(again) == 0 && time.Now().Before(deadline); {
 		again = receive(1, time.Minute)
 	}
@@ -110,23 +120,13 @@ func testQueueConformance(t *testing.T, q interface {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if errs[0] == nil || !IsLeaseLost(errs[0]) {
+	if errs[0] == nil || !queue.IsLeaseLost(errs[0]) {
 		t.Errorf("extending a deleted message: %v; want a lost lease", errs[0])
 	}
 
 	// With every message deleted, nothing comes back, even after the
 	// visibility timeouts that were set would have passed.
-	if left := receive(MaxBatch, time.Second); len(left) != 0 {
+	if left := receive(queue.MaxBatch, time.Second); len(left) != 0 {
 		t.Errorf("%d messages after deleting all", len(left))
 	}
-}
-
-func TestMemQueueConformance(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) { testQueueConformance(t, newMemQueue()) })
-}
-
-func TestSQSQueueConformance(t *testing.T) {
-	client := sqstest.Client(t)
-	urls := sqstest.Queues(t, client, 5)
-	testQueueConformance(t, NewSQSQueue(client, urls.Work))
 }

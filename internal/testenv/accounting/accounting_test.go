@@ -8,13 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/vramq/vramq/internal/accounting"
-	"github.com/vramq/vramq/internal/jobq"
-	"github.com/vramq/vramq/internal/sqstest"
+	"github.com/vramq/vramq/internal/sqscodec"
+	"github.com/vramq/vramq/internal/testenv/accounting"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 )
 
@@ -41,11 +40,7 @@ func mustJSON(t *testing.T, w job.Work) string {
 
 func send(t *testing.T, client *sqs.Client, url, body string, attrs map[string]string) {
 	t.Helper()
-	a := map[string]types.MessageAttributeValue{}
-	for k, v := range attrs {
-		a[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
-	}
-	if _, err := client.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: &url, MessageBody: &body, MessageAttributes: a}); err != nil {
+	if _, err := client.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: &url, MessageBody: &body, MessageAttributes: sqscodec.Attributes(attrs)}); err != nil {
 		t.Fatal(err)
 	}
 }

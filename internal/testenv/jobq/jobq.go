@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/vramq/vramq/internal/sqscodec"
 	"github.com/vramq/vramq/job"
 )
 
@@ -24,10 +25,10 @@ import (
 // loss.
 func Send(ctx context.Context, client *sqs.Client, url string, works []job.Work) error {
 	for len(works) > 0 {
-		var entries []types.SendMessageBatchRequestEntry
+		var msgs []sqscodec.Message
 		size := 0
-		for len(entries) < 10 && len(entries) < len(works) {
-			w := works[len(entries)]
+		for len(msgs) < 10 && len(msgs) < len(works) {
+			w := works[len(msgs)]
 			body, err := json.Marshal(w)
 			if err != nil {
 				return err
@@ -37,16 +38,13 @@ func Send(ctx context.Context, client *sqs.Client, url string, works []job.Work)
 			text := string(job.EncodeForSQS(body))
 			plain := job.Attributes(w.Key())
 			n := job.MessageSize(text, plain)
-			if len(entries) > 0 && size+n > job.MaxBatchBytes {
+			if len(msgs) > 0 && size+n > job.MaxBatchBytes {
 				break // the next call takes it
 			}
 			size += n
-			attrs := map[string]types.MessageAttributeValue{}
-			for k, v := range plain {
-				attrs[k] = types.MessageAttributeValue{DataType: aws.String(job.AttrDataType), StringValue: aws.String(v)}
-			}
-			entries = append(entries, types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(len(entries))), MessageBody: aws.String(text), MessageAttributes: attrs})
+			msgs = append(msgs, sqscodec.Message{Body: text, Attributes: plain})
 		}
+		entries := sqscodec.Entries(msgs)
 		n := len(entries)
 		out, err := client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &url, Entries: entries})
 		if err != nil {
@@ -81,8 +79,8 @@ func (c *Collector) Poll(ctx context.Context, client *sqs.Client, url string, wa
 	if err != nil {
 		return 0, fmt.Errorf("receiving results: %w", err)
 	}
-	var del []types.DeleteMessageBatchRequestEntry
-	for i, m := range out.Messages {
+	var del []string
+	for _, m := range out.Messages {
 		var r job.Result
 		if err := json.Unmarshal([]byte(aws.ToString(m.Body)), &r); err != nil {
 			return 0, fmt.Errorf("result message %s is not a result: %w", aws.ToString(m.MessageId), err)
@@ -93,10 +91,10 @@ func (c *Collector) Poll(ctx context.Context, client *sqs.Client, url string, wa
 		} else {
 			c.Results[r.Key()] = r
 		}
-		del = append(del, types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle})
+		del = append(del, aws.ToString(m.ReceiptHandle))
 	}
 	if len(del) > 0 {
-		d, err := client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &url, Entries: del})
+		d, err := client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &url, Entries: sqscodec.DeleteEntries(del)})
 		if err != nil {
 			return 0, fmt.Errorf("deleting results: %w", err)
 		}
@@ -127,9 +125,9 @@ func DrainDLQ(ctx context.Context, client *sqs.Client, url string) ([]DeadLetter
 			return out, nil
 		}
 		for _, m := range r.Messages {
-			d := DeadLetter{Body: aws.ToString(m.Body), Attrs: map[string]string{}}
-			for k, v := range m.MessageAttributes {
-				d.Attrs[k] = aws.ToString(v.StringValue)
+			d := DeadLetter{Body: aws.ToString(m.Body), Attrs: sqscodec.Strings(m.MessageAttributes)}
+			if d.Attrs == nil {
+				d.Attrs = map[string]string{}
 			}
 			d.Reason = d.Attrs[job.AttrReason]
 			out = append(out, d)

@@ -18,7 +18,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-lambda-go/lambdacontext"
 
-	"github.com/vramq/vramq/internal/lambdart"
+	"github.com/vramq/vramq/internal/testenv/lambdart"
 )
 
 // The test binary doubles as a Lambda function built with aws-lambda-go, so

@@ -1,0 +1,94 @@
+package sqscodec
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
+)
+
+// EntryError is one failed entry of a batch call.
+type EntryError struct {
+	Code        string
+	Message     string
+	SenderFault bool // SQS blames the entry itself: sending it again will not help
+}
+
+func (e *EntryError) Error() string { return fmt.Sprintf("sqs: %s: %s", e.Code, e.Message) }
+
+// Retryable reports whether the entry may succeed if sent again. Entries SQS
+// blames on the sender (a body it refuses, a bad attribute) fail the same way
+// every time; the rest are SQS's own trouble.
+func (e *EntryError) Retryable() bool { return !e.SenderFault }
+
+// Errors maps a response's Failed list onto the request's n entries, whose
+// ids must be their indexes ("0", "1", ...), as the entry builders of this
+// package make them. An entry not listed succeeded: SQS gives no third state.
+func Errors(n int, failed []types.BatchResultErrorEntry) ([]error, error) {
+	errs := make([]error, n)
+	for _, f := range failed {
+		i, err := strconv.Atoi(aws.ToString(f.Id))
+		if err != nil || i < 0 || i >= n {
+			return nil, fmt.Errorf("sqs: batch response names unknown entry %q", aws.ToString(f.Id))
+		}
+		errs[i] = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
+	}
+	return errs, nil
+}
+
+// queryPrefix is what the SQS query protocol, and emulators that speak its
+// codes over JSON, put in front of the documented codes
+// ("AWS.SimpleQueueService.NonExistentQueue").
+const queryPrefix = "AWS.SimpleQueueService."
+
+// PlainCode returns an SQS error code in its plain form, without queryPrefix.
+func PlainCode(code string) string { return strings.TrimPrefix(code, queryPrefix) }
+
+// Code returns the plain error code err carries, from a failed batch entry
+// (an *EntryError) or from an API error of any AWS service, and whether it
+// carries one.
+func Code(err error) (string, bool) {
+	var ee *EntryError
+	if errors.As(err, &ee) {
+		return PlainCode(ee.Code), true
+	}
+	var apiErr smithy.APIError
+	if errors.As(err, &apiErr) {
+		return PlainCode(apiErr.ErrorCode()), true
+	}
+	return "", false
+}
+
+// HasCode reports whether err carries one of codes (plain forms), in either
+// spelling.
+func HasCode(err error, codes ...string) bool {
+	c, ok := Code(err)
+	if !ok {
+		return false
+	}
+	for _, want := range codes {
+		if c == want {
+			return true
+		}
+	}
+	return false
+}
+
+// leaseLostCodes are the codes that mean a receipt handle no longer holds
+// its message: the SDK's own names for them, and InvalidReceiptHandle, which
+// SQS's API reference lists for DeleteMessage and ChangeMessageVisibility
+// without the SDK modelling it.
+var leaseLostCodes = []string{
+	(*types.ReceiptHandleIsInvalid)(nil).ErrorCode(),
+	(*types.MessageNotInflight)(nil).ErrorCode(),
+	"InvalidReceiptHandle",
+}
+
+// LeaseLost reports whether err, a failed entry or an API error, says that
+// the receipt handle it was given no longer holds its message: the message
+// was deleted, or its visibility lapsed and it may be with another consumer.
+func LeaseLost(err error) bool { return HasCode(err, leaseLostCodes...) }

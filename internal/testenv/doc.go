@@ -1,0 +1,9 @@
+// Package testenv is the root of the harness that vramq's tests, and the
+// tools that drive them (loadgen, soak, bench), share: an SQS/S3 endpoint
+// under test (sqstest), a local Lambda runtime (lambdart), fault injection
+// (faultproxy), the run's accounting (accounting), work and results over SQS
+// (jobq), synthetic workloads (workload), process memory (procmem) and the
+// emulated GPU (cudaemu). Nothing under it ships: the rest of internal/ is
+// what the publisher and subscriber binaries link, and TestNotShipped keeps
+// it so.
+package testenv

@@ -1,0 +1,47 @@
+package job
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+)
+
+// The payload bucket's layout: every object vramq keeps there, so the
+// publisher and the subscriber agree on it.
+//
+//	payloads/{job_id}/{sha256(item id)}.json   an item too large for a message (Item JSON)
+//	jobs/{job_id}.json              the job's Manifest, written by the publisher
+//	idempotency/{sha256}.json       Idempotency-Key → job id, by the publisher
+//	results/{job_id}/{chunk}.json   a chunk's Result JSON, by the subscriber
+//	failed/{job_id}/{chunk}.json    a FailedMarker: why a chunk was dead-lettered, by the subscriber
+
+// ItemKey is where the publisher puts the claim-checked item itemID of job
+// jobID: named by the SHA-256 of the item's id (ids are unique in a job), so
+// that the subscriber can compute, from the message alone, the one key a
+// reference to that item may name (subscriber/claimcheck.go).
+func ItemKey(jobID, itemID string) string {
+	sum := sha256.Sum256([]byte(itemID))
+	return "payloads/" + jobID + "/" + hex.EncodeToString(sum[:]) + ".json"
+}
+
+// ManifestKey is where job jobID's Manifest is.
+func ManifestKey(jobID string) string { return "jobs/" + jobID + ".json" }
+
+// IdempotencyKey is where the record of an Idempotency-Key, by its SHA-256
+// in hex, is.
+func IdempotencyKey(sha256hex string) string { return "idempotency/" + sha256hex + ".json" }
+
+// ResultKey is where the Result of chunk chunk of job jobID is.
+func ResultKey(jobID string, chunk int) string {
+	return ResultPrefix(jobID) + strconv.Itoa(chunk) + ".json"
+}
+
+// FailedKey is where the FailedMarker of chunk chunk of job jobID is.
+func FailedKey(jobID string, chunk int) string {
+	return FailedPrefix(jobID) + strconv.Itoa(chunk) + ".json"
+}
+
+// ResultPrefix and FailedPrefix are what the keys of a job's results and
+// failed markers start with, to list them.
+func ResultPrefix(jobID string) string { return "results/" + jobID + "/" }
+func FailedPrefix(jobID string) string { return "failed/" + jobID + "/" }

@@ -1,0 +1,28 @@
+package job
+
+import "time"
+
+// Manifest is jobs/{job_id}.json: what the publisher's GET /v1/jobs/{id}
+// needs to know about a job without asking the queue. The publisher writes it
+// before the first chunk is sent.
+type Manifest struct {
+	V            int       `json:"v"`
+	JobID        string    `json:"job_id"`
+	Chunks       int       `json:"chunks"`
+	Items        int       `json:"items"`
+	ClaimChecked int       `json:"claim_checked"`
+	ChunkItems   []int     `json:"chunk_items"` // items in each chunk, in chunk order
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+// FailedMarker is failed/{job_id}/{chunk}.json: why a chunk was
+// dead-lettered. The subscriber writes it when it dead-letters a chunk; the
+// publisher reads it for its progress answer.
+type FailedMarker struct {
+	V         int    `json:"v"`
+	JobID     string `json:"job_id"`
+	Chunk     int    `json:"chunk"`
+	Reason    string `json:"reason"` // as in the DLQ copy's AttrReason attribute
+	MessageID string `json:"message_id"`
+	At        string `json:"at"` // RFC 3339, UTC
+}
