@@ -74,7 +74,7 @@ func BenchmarkAdmission(b *testing.B) {
 			if err := a.acquire(ctx, w); err != nil {
 				return err
 			}
-			a.release(w)
+			a.giveBack(w)
 			return nil
 		}
 	}
@@ -162,7 +162,7 @@ func BenchmarkKeeperFinish(b *testing.B) {
 				}
 				b.StartTimer()
 				for _, l := range ls {
-					k.finish(l, false, 0)
+					k.ack(l)
 				}
 				if err := k.close(ctx); err != nil {
 					b.Fatal(err)

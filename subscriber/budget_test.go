@@ -31,14 +31,14 @@ func TestAdmissionGrowsAndShrinks(t *testing.T) {
 		if !a.tryAcquire(60) || a.tryAcquire(1) {
 			t.Fatal("a budget of 60 did not give exactly 60")
 		}
-		a.release(60)
+		a.giveBack(60)
 		if old := a.resize(100); old != 60 {
 			t.Errorf("resize returned %d, want the old budget 60", old)
 		}
 		if !a.tryAcquire(100) {
 			t.Fatal("grown to 100, yet 100 could not be taken")
 		}
-		a.release(100)
+		a.giveBack(100)
 		a.resize(30) // nothing in flight: at once
 		if a.shrinking() || a.withheldNow() != 70 {
 			t.Fatalf("shrinking %v, withheld %d; want false, 70", a.shrinking(), a.withheldNow())
@@ -46,7 +46,7 @@ func TestAdmissionGrowsAndShrinks(t *testing.T) {
 		if !a.tryAcquire(30) || a.tryAcquire(1) {
 			t.Fatal("a budget of 30 did not give exactly 30")
 		}
-		a.release(30)
+		a.giveBack(30)
 		if a.resize(500); a.budget() != 100 { // clamped to the largest
 			t.Errorf("budget %d after asking for more than the device, want 100", a.budget())
 		}
@@ -78,7 +78,7 @@ func TestAdmissionShrinkWaitsForReleases(t *testing.T) {
 		if len(got) != 0 {
 			t.Fatal("admitted 20 beside 70 with the budget shrinking to 50")
 		}
-		a.release(20) // 50 in flight: the shrink goes through
+		a.giveBack(20) // 50 in flight: the shrink goes through
 		synctest.Wait()
 		if a.shrinking() || a.withheldNow() != 50 {
 			t.Fatalf("shrinking %v, withheld %d after in-flight came down to the budget", a.shrinking(), a.withheldNow())
@@ -86,7 +86,7 @@ func TestAdmissionShrinkWaitsForReleases(t *testing.T) {
 		if len(got) != 0 {
 			t.Fatal("admitted 20 beside 50 with a budget of 50")
 		}
-		a.release(30) // 20 in flight: room for the waiter
+		a.giveBack(30) // 20 in flight: room for the waiter
 		if err := <-got; err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +114,7 @@ func TestAdmissionShrinkCancelledByGrowth(t *testing.T) {
 		if !a.tryAcquire(30) {
 			t.Fatal("no room for 30 beside 70 in a budget of 100")
 		}
-		a.release(30)
+		a.giveBack(30)
 
 		a.resize(40) // pending: 60 withheld wanted, 70 in flight
 		synctest.Wait()
@@ -122,7 +122,7 @@ func TestAdmissionShrinkCancelledByGrowth(t *testing.T) {
 		if !a.shrinking() || a.budget() != 50 {
 			t.Fatalf("shrinking %v, budget %d; want the first shrink still pending", a.shrinking(), a.budget())
 		}
-		a.release(70)
+		a.giveBack(70)
 		synctest.Wait()
 		if a.shrinking() || a.withheldNow() != 50 {
 			t.Fatalf("shrinking %v, withheld %d; want 50 withheld once through", a.shrinking(), a.withheldNow())
@@ -130,7 +130,7 @@ func TestAdmissionShrinkCancelledByGrowth(t *testing.T) {
 		if !a.tryAcquire(50) || a.tryAcquire(1) {
 			t.Fatal("a budget of 50 did not give exactly 50")
 		}
-		a.release(50)
+		a.giveBack(50)
 		a.close()
 	})
 }
@@ -150,7 +150,7 @@ func TestAdmissionCloseCancelsShrink(t *testing.T) {
 			t.Errorf("shrinking %v, withheld %d after close", a.shrinking(), a.withheldNow())
 		}
 		a.resize(100) // after close: recorded, nothing moves
-		a.release(70)
+		a.giveBack(70)
 	})
 }
 
@@ -179,7 +179,7 @@ func TestAdmissionExclusiveWithPendingShrink(t *testing.T) {
 		if len(got) != 0 {
 			t.Fatal("the exclusive run went while work was in flight")
 		}
-		a.release(70)
+		a.giveBack(70)
 		r := <-got
 		if r.err != nil || r.n != 50 {
 			t.Fatalf("exclusive run took %d (%v), want the shrunk budget 50", r.n, r.err)
@@ -187,7 +187,7 @@ func TestAdmissionExclusiveWithPendingShrink(t *testing.T) {
 		if a.tryAcquire(1) || a.budget() != 20 {
 			t.Fatalf("budget %d; or work admitted beside the exclusive run", a.budget())
 		}
-		a.release(r.n)
+		a.giveBack(r.n)
 		a.endExclusive() // applies 20
 		synctest.Wait()
 		if a.shrinking() || a.withheldNow() != 80 {
@@ -196,7 +196,7 @@ func TestAdmissionExclusiveWithPendingShrink(t *testing.T) {
 		if !a.tryAcquire(20) || a.tryAcquire(1) {
 			t.Fatal("a budget of 20 did not give exactly 20")
 		}
-		a.release(20)
+		a.giveBack(20)
 
 		// Cancelled while waiting: it ends, and resizes go on.
 		if err := a.acquire(t.Context(), 20); err != nil {

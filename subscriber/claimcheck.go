@@ -97,7 +97,8 @@ func hasRefs(w *job.Work) bool {
 // to admission, so it shares the admission deadline: a fetch that hangs past
 // AdmitTimeout releases the message for a retry instead of holding a
 // prefetch slot.
-func (s *Subscriber) claim(ctx context.Context, l *lease, w *job.Work) {
+func (s *Subscriber) claim(ctx context.Context, t *task) {
+	l, w := t.lease, t.work
 	fctx, cancel := context.WithDeadline(ctx, l.received.Add(s.cfg.AdmitTimeout))
 	defer cancel()
 	err := s.fetchItems(fctx, w)
@@ -105,19 +106,19 @@ func (s *Subscriber) claim(ctx context.Context, l *lease, w *job.Work) {
 	switch {
 	case ctx.Err() != nil:
 		s.startTasks(1)
-		s.keeper.finish(l, true, 0)
+		s.release(t, 0)
 	case err == nil:
-		s.enqueue(l, w)
+		s.enqueue(t)
 	case errors.As(err, &refused):
 		s.log.Warn("claim-checked item refused", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk, "err", refused.err)
 		s.startTasks(1)
-		s.deadLetterAsync(l, "claim_check", refused.Error())
+		s.deadLetterAsync(t, "claim_check", refused.Error())
 	default:
 		delay := s.retryDelay(l.msg.ReceiveCount)
 		s.log.Warn("fetching a claim-checked item failed; message released for a retry", "message_id", l.msg.ID,
 			"receive_count", l.msg.ReceiveCount, "retry_in", delay, "err", err)
 		s.startTasks(1)
-		s.keeper.finish(l, true, delay)
+		s.release(t, delay)
 	}
 }
 

@@ -83,7 +83,7 @@ func TestKeeperExtendsAllHeldLeasesInBatches(t *testing.T) {
 			t.Errorf("%d extensions counted for %d calls", got, len(q.calls))
 		}
 		for _, l := range ls {
-			k.finish(l, false, 0)
+			k.ack(l)
 		}
 		cancel()
 		// run must have returned before close, as Run orders them: a flush
@@ -120,7 +120,7 @@ func TestKeeperNeverExtendsAfterDelete(t *testing.T) {
 		if !inflight {
 			t.Fatal("test setup: no extension in flight")
 		}
-		k.finish(l, false, 0)
+		k.ack(l)
 		time.Sleep(time.Minute) // many more heartbeats
 		cancel()
 		// run must have returned before close, as Run orders them: a flush
@@ -189,7 +189,7 @@ func TestKeeperNoticesLostLease(t *testing.T) {
 		if !l.lost.Load() || counter(m.leasesLost.WithLabelValues("extend")) != 1 {
 			t.Errorf("stale handle not noticed: lost=%v", l.lost.Load())
 		}
-		k.finish(l, false, 0)
+		k.ack(l)
 		cancel()
 		// run must have returned before close, as Run orders them: a flush
 		// of its own still starting calls would race close's wait for them.

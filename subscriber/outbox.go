@@ -2,11 +2,110 @@ package subscriber
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/vramq/vramq/job"
 )
+
+// complete sends one result message per task, through the outbox, which
+// shares SendMessageBatch calls across batches; once a result is on the
+// results queue its message is deleted, and a message whose result did not
+// go out is released for a retry. With a payload bucket each result is
+// written there first, and one too large for a message goes out as a
+// reference to that object. The caller has promised the outbox len(tasks)
+// results (see outbox.promise).
+//
+// A result that can never be sent is dead-lettered with the reason, never
+// stored or retried: one whose outputs do not encode (NaN or ±Inf), one
+// over MaxResultBytes, one too large for a message without a bucket, and
+// one that S3 or SQS refuse for good.
+func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
+	model := s.cfg.Model.Name()
+	results := make([]job.Result, len(tasks))
+	var keep []*task
+	var kept []job.Result
+	var keptBodies [][]byte
+	for i, t := range tasks {
+		results[i] = job.Result{
+			V: job.Version, JobID: t.work.JobID, Chunk: t.work.Chunk, Model: model,
+			Outputs: outs[i], Attempt: t.lease.msg.ReceiveCount,
+			WorkerMS: time.Since(t.lease.received).Milliseconds(),
+		}
+		body, err := encodeResult(&results[i])
+		switch {
+		case err != nil:
+			s.deadLetter(t, "invalid_output", unencodable(outs[i], err))
+			continue
+		case len(body) > s.cfg.MaxResultBytes:
+			s.deadLetter(t, "result_too_large", fmt.Sprintf("result of %d bytes (%d items) exceeds the %d-byte result limit",
+				len(body), len(outs[i]), s.cfg.MaxResultBytes))
+			continue
+		}
+		keep, kept, keptBodies = append(keep, t), append(kept, results[i]), append(keptBodies, body)
+	}
+	var refs []*job.PayloadRef
+	var storeErrs []error
+	if s.payloads != nil {
+		refs, storeErrs = s.storeResults(kept, keptBodies)
+	}
+	out := make([]outResult, 0, len(keep))
+	for i, t := range keep {
+		r, body := kept[i], keptBodies[i]
+		if refs != nil && refs[i] == nil {
+			if permanent(storeErrs[i]) {
+				s.deadLetter(t, "result_refused", "the payload bucket refuses the result: "+refusalCode(storeErrs[i]))
+				continue
+			}
+			// Consumers of the bucket expect every result in it.
+			s.log.Warn("result not stored; message released for a retry", "message_id", t.lease.msg.ID)
+			s.release(t, s.retryDelay(t.lease.msg.ReceiveCount))
+			continue
+		}
+		attrs := job.Attributes(r.Key())
+		var err error
+		if job.MessageSize(string(body), attrs) > s.cfg.MaxMessageBytes && refs != nil {
+			r.Outputs, r.Ref = nil, refs[i]
+			body, err = encodeResult(&r)
+		}
+		if size := job.MessageSize(string(body), attrs); err != nil || size > s.cfg.MaxMessageBytes {
+			reason := fmt.Sprintf("result message of %d bytes exceeds the %d-byte message limit", size, s.cfg.MaxMessageBytes)
+			if refs == nil {
+				reason += " and no payload bucket is configured"
+			}
+			if err != nil {
+				reason = "encoding the result's reference: " + err.Error()
+			}
+			s.deadLetter(t, "result_too_large", reason)
+			continue
+		}
+		out = append(out, outResult{msg: Outgoing{Body: string(body), Attributes: attrs}, t: t})
+	}
+	s.outbox.add(out, len(tasks))
+}
+
+// encodeResult is the JSON of r as it is stored and sent: with every
+// character SQS may refuse escaped (job.EncodeForSQS), since item ids and
+// outputs repeat what the message's sender chose.
+func encodeResult(r *job.Result) ([]byte, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	return job.EncodeForSQS(b), nil
+}
+
+// unencodable names the first output that does not encode, for the reason.
+func unencodable(outs []job.Output, err error) string {
+	for _, o := range outs {
+		if _, e := json.Marshal(o); e != nil {
+			return fmt.Sprintf("the output of item %s cannot be encoded: %v", job.QuoteID(o.ID), e)
+		}
+	}
+	return "the result cannot be encoded: " + err.Error()
+}
 
 // resultLinger is the longest a result waits for others to share its
 // SendMessageBatch call, and it waits only while other messages are running
@@ -217,17 +316,16 @@ func (s *Subscriber) resultSent(t *task, err error) {
 	if permanent(err) {
 		// Sending it again would fail the same way, until the queue's
 		// redrive policy moved it to the DLQ without a reason.
-		s.deadLetter(t.lease, "result_refused", "the results queue refuses the result: "+refusalCode(err))
-		s.settle(t)
+		s.deadLetter(t, "result_refused", "the results queue refuses the result: "+refusalCode(err))
 		return
 	}
 	if err != nil {
 		s.log.Warn("sending result failed; message released for a retry", "message_id", t.lease.msg.ID, "err", err)
-		s.finish(t, true, s.retryDelay(t.lease.msg.ReceiveCount))
+		s.release(t, s.retryDelay(t.lease.msg.ReceiveCount))
 		return
 	}
 	s.m.results.Inc()
-	s.finish(t, false, 0)
+	s.ack(t)
 }
 
 // fullCall is the most entries a result or delete call can gather: the

@@ -10,25 +10,6 @@ import (
 	"golang.org/x/sync/semaphore"
 )
 
-// Strategy is how messages are admitted onto the device.
-type Strategy string
-
-const (
-	// AdmitVRAM weighs each message by its estimated working memory against
-	// the device's memory budget: what vramq is for.
-	AdmitVRAM Strategy = "vram"
-	// AdmitCount runs at most N messages at once, whatever their size: the
-	// usual fixed-semaphore fix, kept for comparison.
-	AdmitCount Strategy = "count"
-	// AdmitNone runs every message as soon as it is received: the naive
-	// consumer, kept for comparison.
-	AdmitNone Strategy = "none"
-)
-
-func (s Strategy) valid() bool {
-	return s == AdmitVRAM || s == AdmitCount || s == AdmitNone
-}
-
 // admission is a weighted semaphore whose units depend on the strategy:
 // bytes for vram, messages for count and none.
 //
@@ -160,7 +141,8 @@ func (a *admission) took(w int64) {
 	a.acquires.Add(1)
 }
 
-func (a *admission) release(w int64) {
+// giveBack returns weight taken by acquire, tryAcquire or acquireAll.
+func (a *admission) giveBack(w int64) {
 	a.held.Add(-w)
 	a.sem.Release(w)
 }
