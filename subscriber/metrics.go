@@ -1,13 +1,8 @@
 package subscriber
 
 import (
-	"context"
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
-
-	"github.com/vramq/vramq/job"
 )
 
 // metrics are the subscriber's Prometheus series, all prefixed vramq_subscriber_.
@@ -97,81 +92,4 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		protected:        gauge("task_protected", "1 while the ECS task is protected from scale-in (messages held), else 0."),
 		protectionErrors: counter("task_protection_errors_total", "Calls to the ECS agent's task protection endpoint that failed (each is retried)."),
 	}
-}
-
-// countedQueue counts every call by action and outcome, for any Queue.
-type countedQueue struct {
-	q Queue
-	m *metrics
-}
-
-func (c countedQueue) count(action string, err error) {
-	outcome := "ok"
-	if err != nil {
-		outcome = "error"
-	}
-	c.m.requests.WithLabelValues(action, outcome).Inc()
-}
-
-func (c countedQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]Message, error) {
-	msgs, err := c.q.Receive(ctx, max, wait, visibility)
-	c.count("ReceiveMessage", err)
-	return msgs, err
-}
-
-func (c countedQueue) Delete(ctx context.Context, handles []string) ([]error, error) {
-	errs, err := c.q.Delete(ctx, handles)
-	c.count("DeleteMessageBatch", err)
-	return errs, err
-}
-
-func (c countedQueue) ChangeVisibility(ctx context.Context, handles []string, timeout time.Duration) ([]error, error) {
-	errs, err := c.q.ChangeVisibility(ctx, handles, timeout)
-	c.count("ChangeMessageVisibilityBatch", err)
-	return errs, err
-}
-
-type countedSender struct {
-	s Sender
-	m *metrics
-}
-
-func (c countedSender) Send(ctx context.Context, msgs []Outgoing) ([]error, error) {
-	errs, err := c.s.Send(ctx, msgs)
-	countedQueue{m: c.m}.count("SendMessageBatch", err)
-	return errs, err
-}
-
-// countedPayloads counts every payload bucket operation by outcome.
-type countedPayloads struct {
-	p Payloads
-	m *metrics
-}
-
-func (c countedPayloads) count(op string, err error) {
-	outcome := "ok"
-	if err != nil {
-		outcome = "error"
-	}
-	c.m.payloadRequests.WithLabelValues(op, outcome).Inc()
-}
-
-func (c countedPayloads) Bucket() string { return c.p.Bucket() }
-
-func (c countedPayloads) Get(ctx context.Context, ref job.PayloadRef) ([]byte, error) {
-	b, err := c.p.Get(ctx, ref)
-	c.count("get", err)
-	return b, err
-}
-
-func (c countedPayloads) Put(ctx context.Context, key string, body []byte) (job.PayloadRef, error) {
-	ref, err := c.p.Put(ctx, key, body)
-	c.count("put", err)
-	return ref, err
-}
-
-func (c countedPayloads) PutIfAbsent(ctx context.Context, key string, body []byte) (bool, []byte, error) {
-	created, existing, err := c.p.PutIfAbsent(ctx, key, body)
-	c.count("put_if_absent", err)
-	return created, existing, err
 }
