@@ -64,7 +64,7 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 	}
 	fmt.Fprintf(w, "- **Subscriber:** in process, against the SQS emulator, max batch %d, result messages up to 1 MiB (the queues' size), a 5 s visibility timeout, everything else default; fresh queues per strategy, the whole workload queued before it starts.\n", p.MaxBatch)
 	fmt.Fprintln(w, "- **What differs besides admission:** `none` holds at most 10 messages (prefetch 10, max in flight 10: the classic prefetch-10 consumer, whose only bound that is); the others hold the default 20 waiting and 100 in all. "+
-		"`vram` also caps a batch's estimated memory (a quarter of the budget by default) and launches a message that fills a batch on its own while it waits for memory (launch-ahead); the subscriber offers both only under vram admission (`subscriber/batch.go`), "+
+		"`vram` also caps a batch's estimated memory (a quarter of the budget by default) and launches a message that fills a batch on its own while it waits for memory (launch-ahead); the subscriber offers both only under vram admission (`subscriber/batcher.go`), "+
 		"so `vram-plain` is vram admission with both off (`MaxBatchBytes` at its largest): batches form exactly as under `count` and `none` (up to max batch, the batch delay, or admission full). "+
 		"Compare `vram-plain` with the count strategies for admission alone, and `vram` with `vram-plain` for the two batching features.")
 	fmt.Fprintf(w, "- **Offline bound:** %.1f messages/s (%.2f s): the larger of the work bound (%.2f s: all the work at full throughput, plus one launch) and the memory bound (%.2f s: Σcost²/throughput/budget); %s binds.\n\n",
