@@ -78,9 +78,9 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 // a suspect (which runs alone anyway, but only after its batch-mates have
 // let go). Its launch then overlaps the batches working on the device, and
 // when memory frees it starts work at once. Without it the device idled
-// through the launch of every large message: 8% of the time in the bimodal
-// benchmark, where two large messages admitted together also launched
-// together.
+// through the launch of every large message, since two large messages
+// admitted together also launched together (bench/README.md, the strategy
+// comparison's launch-ahead step, has the figures).
 func (s *Subscriber) launchesAhead(t *task) bool {
 	return s.launcher != nil && s.adm.strategy == AdmitVRAM && t.cost >= s.batchCap() && !s.suspects.has(t.lease.msg.ID)
 }

@@ -25,9 +25,9 @@ import (
 // device frees, never hold an idle device back. Under load a batch is
 // running, so messages still gather up to the delay and the limits; and
 // when the last batch returns (idleKick) whatever has gathered goes at
-// once rather than at its delay. At 2 messages a second it took the
-// latency from p50 18 ms / p99 23 ms to about the 1 ms delay's figures
-// (bench/README.md, "Adaptive batch delay").
+// once rather than at its delay. Under light load that brought latency
+// below what a 1 ms delay gave (bench/README.md, "Adaptive batch delay",
+// has the figures and the commands).
 //
 // With a model of length classes (gpu.LengthClasser) there is one pending
 // batch per class, each with its own delay and limits: a transformer pads

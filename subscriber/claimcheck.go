@@ -178,13 +178,15 @@ func (s *Subscriber) fetchItem(ctx context.Context, jobID, id string, ref job.Pa
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&it); err != nil {
-		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s is not item JSON: %v", errBadObject, ref.Bucket, ref.Key, err)}
+		return job.Item{}, &claimRefused{id, whyNoMatch,
+			fmt.Errorf("%w: s3://%s/%s is not item JSON: %v", errBadObject, ref.Bucket, ref.Key, err)}
 	}
 	switch {
 	case it.ID != id:
 		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s holds another item", errBadObject, ref.Bucket, ref.Key)}
 	case it.Ref != nil:
-		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s holds another reference, not the item", errBadObject, ref.Bucket, ref.Key)}
+		return job.Item{}, &claimRefused{id, whyNoMatch,
+			fmt.Errorf("%w: s3://%s/%s holds another reference, not the item", errBadObject, ref.Bucket, ref.Key)}
 	}
 	if err := it.Check(); err != nil {
 		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s: %w", errBadObject, ref.Bucket, ref.Key, err)}
@@ -293,7 +295,8 @@ func (s *Subscriber) markFailed(l *lease, reason string) {
 	created, _, err := s.payloads.PutIfAbsent(ctx, payload.FailedKey(k.JobID, k.Chunk), body)
 	switch {
 	case err != nil:
-		s.log.Warn("writing the failed marker failed; the DLQ copy stands", "message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk, "err", err)
+		s.log.Warn("writing the failed marker failed; the DLQ copy stands",
+			"message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk, "err", err)
 	case !created:
 		s.log.Info("the chunk has a failed marker already; kept", "message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk)
 	}

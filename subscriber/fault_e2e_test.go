@@ -99,7 +99,8 @@ func (h logFunc) WithGroup(string) slog.Handler                 { return h }
 // newFaultPipeline starts a subscriber behind a proxy injecting f. Leases are
 // short (4s) so that what a lost response strands comes back within the
 // test, and released messages come back after a second.
-func newFaultPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, wrap func(gpu.Model) gpu.Model, f faultproxy.Faults) *faultPipeline {
+func newFaultPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, wrap func(gpu.Model) gpu.Model,
+	f faultproxy.Faults) *faultPipeline {
 	t.Helper()
 	px := startProxy(t, f)
 	if cfg.Visibility == 0 {
@@ -176,7 +177,8 @@ func (f *faultPipeline) settle(limit time.Duration) outcome {
 	}
 	o.LateResults = late.Messages
 	if len(dead) != 0 {
-		t.Errorf("%d dead letters after every chunk was accounted for, first %q: a chunk dead-lettered twice or after its result", len(dead), dead[0].Reason)
+		t.Errorf("%d dead letters after every chunk was accounted for, first %q: a chunk dead-lettered twice or after its result",
+			len(dead), dead[0].Reason)
 	}
 	r, err := f.books.Check(t.Context(), f.client, f.urls.Work)
 	if err != nil {
@@ -448,7 +450,8 @@ func TestE2EExpiredHeartbeat(t *testing.T) {
 	if o.Ledger.Received <= n {
 		t.Errorf("%d receives for %d messages: want the messages redelivered", o.Ledger.Received, n)
 	}
-	t.Logf("leases lost: %v (metric) %d (ledger); duplicates %d + %d late", metric(t, p.reg, "vramq_subscriber_leases_lost_total"), o.Ledger.Lost, o.Duplicates, o.LateResults)
+	t.Logf("leases lost: %v (metric) %d (ledger); duplicates %d + %d late",
+		metric(t, p.reg, "vramq_subscriber_leases_lost_total"), o.Ledger.Lost, o.Duplicates, o.LateResults)
 }
 
 // Claim-checked items under S3 throttling and 500s: the ones whose object is
@@ -461,7 +464,8 @@ func TestE2EClaimCheckUnderS3Faults(t *testing.T) {
 	// S3 faults only: the subscriber's SQS calls go straight to the endpoint.
 	px := startProxy(t, faultproxy.Faults{Throttle: 0.15, ServerError: 0.15, Actions: []string{faultproxy.ActionS3}, Seed: 5})
 	via := payload.New(px.S3(px.cfg), store.Bucket())
-	p := &faultPipeline{pipeline: newPipeline(t, 10, subscriber.Config{Payloads: via, Visibility: 4 * time.Second, RetryDelay: time.Second}, nil),
+	cfg := subscriber.Config{Payloads: via, Visibility: 4 * time.Second, RetryDelay: time.Second}
+	p := &faultPipeline{pipeline: newPipeline(t, 10, cfg, nil),
 		proxy: px, books: accounting.New()}
 
 	works := workload.Mixed("claims", n).Works()
@@ -486,7 +490,8 @@ func TestE2EClaimCheckUnderS3Faults(t *testing.T) {
 	p.start(works)
 	o := p.settle(time.Minute)
 	if o.Results != n-2 || o.DeadLettered != 2 || o.Reasons["claim_check"] != 2 {
-		t.Errorf("%d results, %d dead-lettered (%v); want the corrupt and the missing one as claim_check, the rest done", o.Results, o.DeadLettered, o.Reasons)
+		t.Errorf("%d results, %d dead-lettered (%v); want the corrupt and the missing one as claim_check, the rest done",
+			o.Results, o.DeadLettered, o.Reasons)
 	}
 	s3 := px.InjectedFor(faultproxy.ActionS3)
 	if s3[faultproxy.KindThrottle]+s3[faultproxy.KindServerError] == 0 {

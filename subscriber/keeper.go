@@ -162,7 +162,8 @@ func (k *keeper) heartbeat() {
 		if now.Sub(l.received) >= k.maxHold {
 			l.lost.Store(true)
 			k.m.leasesLost.WithLabelValues("max_hold").Inc()
-			k.log.Warn("lease held past max hold; no longer extended", "message_id", l.msg.ID, "held", now.Sub(l.received).Round(time.Millisecond), "max_hold", k.maxHold)
+			k.log.Warn("lease held past max hold; no longer extended", "message_id", l.msg.ID,
+				"held", now.Sub(l.received).Round(time.Millisecond), "max_hold", k.maxHold)
 			continue
 		}
 		if l.visibleAt.Sub(now) < 2*period {
@@ -302,7 +303,8 @@ func (k *keeper) sendEnds(ls []*lease, release bool) {
 		default:
 			l.attempts++
 			if l.attempts >= maxEndAttempts {
-				k.log.Error(action+" failed; the message comes back when its visibility expires", "message_id", l.msg.ID, "attempts", l.attempts, "err", e)
+				k.log.Error(action+" failed; the message comes back when its visibility expires",
+					"message_id", l.msg.ID, "attempts", l.attempts, "err", e)
 				k.abandoned.Add(1)
 				k.remove(l)
 				continue
@@ -365,7 +367,8 @@ func (k *keeper) close(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return errors.Join(ctx.Err(), errors.New("messages still pending delete or release at exit; they come back after their visibility timeout"))
+			return errors.Join(ctx.Err(),
+				errors.New("messages still pending delete or release at exit; they come back after their visibility timeout"))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

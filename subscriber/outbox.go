@@ -117,7 +117,8 @@ const resultLinger = 100 * time.Millisecond
 // An outbox sends result messages in SendMessageBatch calls shared across
 // device batches, as the keeper does for deletes. Under vram admission a
 // device batch holds a few messages, and a call per batch made results the
-// largest share of the subscriber's requests (0.4 a message); here a call
+// largest share of the subscriber's requests (bench/overhead.md counts the
+// calls per message); here a call
 // goes when it is full (see full) or holds maxBytes of payload, or when its
 // first result has waited linger.
 //

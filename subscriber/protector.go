@@ -184,7 +184,8 @@ func (p *protector) takeBreak(ctx context.Context, now time.Time) {
 		p.failed(ctx, "off for a break", err)
 		return
 	}
-	p.log.Info("task scale-in protection off for a break, though messages are held: a deployment or scale-in waiting for this task may replace it now",
+	p.log.Info("task scale-in protection off for a break, though messages are held: "+
+		"a deployment or scale-in waiting for this task may replace it now",
 		"on_for", now.Sub(p.onSince).Round(time.Second), "break", protectionBreak)
 	p.on, p.maybeOn, p.breakEnds = false, false, now.Add(protectionBreak)
 	p.succeeded()

@@ -143,9 +143,12 @@ func TestTaskProtectionErrorsAreCountedAndRetried(t *testing.T) {
 		status int
 		body   string
 	}{
-		{"throttled", http.StatusBadRequest, `{"requestID":"r-1","error":{"Arn":"arn:task","Code":"ThrottlingException","Message":"Rate exceeded"}}`},
-		{"access denied", http.StatusBadRequest, `{"requestID":"r-2","error":{"Arn":"arn:task","Code":"AccessDeniedException","Message":"not authorized to perform: ecs:UpdateTaskProtection"}}`},
-		{"ECS unreachable", http.StatusGatewayTimeout, `{"error":{"Arn":"arn:task","Code":"RequestCanceled","Message":"Timed out calling ECS Task Protection API"}}`},
+		{"throttled", http.StatusBadRequest,
+			`{"requestID":"r-1","error":{"Arn":"arn:task","Code":"ThrottlingException","Message":"Rate exceeded"}}`},
+		{"access denied", http.StatusBadRequest, `{"requestID":"r-2","error":{"Arn":"arn:task","Code":"AccessDeniedException",` +
+			`"Message":"not authorized to perform: ecs:UpdateTaskProtection"}}`},
+		{"ECS unreachable", http.StatusGatewayTimeout,
+			`{"error":{"Arn":"arn:task","Code":"RequestCanceled","Message":"Timed out calling ECS Task Protection API"}}`},
 		{"failure", http.StatusOK, `{"failure":{"Arn":"arn:task","Detail":null,"Reason":"DEPLOYMENT_BLOCKED"}}`},
 		{"not JSON", http.StatusServiceUnavailable, `agent restarting`},
 	} {

@@ -143,7 +143,8 @@ func (s *Subscriber) shrunkBelow(t *task, budget int64) bool {
 		return false
 	}
 	delay := s.retryDelay(t.lease.msg.ReceiveCount)
-	s.log.Warn("out of memory in a batch of one while another process holds device memory: the budget is below its estimate; released for a retry",
+	s.log.Warn("out of memory in a batch of one while another process holds device memory: "+
+		"the budget is below its estimate; released for a retry",
 		"message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(t.cost), "budget", gpu.FormatBytes(budget), "retry_in", delay)
 	s.release(t, delay)
 	return true
@@ -159,9 +160,10 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 		items = append(items, t.work.Items...)
 	}
 	cost := sumCost(tasks)
-	// A line per batch is for debugging: at info it was 6% of the
-	// subscriber's CPU in a profile of BenchmarkPipeline (a no-op model),
-	// and the device reading before the batch is only for it.
+	// A line per batch is for debugging: at info it stood out in the CPU
+	// profile of the subscriber's overhead with a no-op model
+	// (bench/README.md), and the device reading before the batch is only
+	// for it.
 	logBatch := s.log.Enabled(ctx, slog.LevelDebug)
 	var before gpu.MemInfo
 	if logBatch {
@@ -205,7 +207,8 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 			cancel()
 			s.adm.giveBack(held)
 		}()
-		return nil, fmt.Errorf("%w after %v (%d messages, %d items)", errTimeout, time.Since(start).Round(time.Millisecond), len(tasks), len(items))
+		return nil, fmt.Errorf("%w after %v (%d messages, %d items)", errTimeout,
+			time.Since(start).Round(time.Millisecond), len(tasks), len(items))
 	}
 	elapsed := time.Since(start)
 	after, _ := s.cfg.Device.MemInfo()

@@ -175,7 +175,8 @@ func New(cfg Config) (*Subscriber, error) {
 		"budget", gpu.FormatBytes(budget), "budget_max", gpu.FormatBytes(largest), "budget_refresh", cfg.BudgetRefresh,
 		"admission", string(cfg.Admission), "model", cfg.Model.Name(), "batch_limit", s.state.batchLimit())
 	if _, ok := cfg.Model.(gpu.WorkingSet); !ok && cfg.Admission == AdmitVRAM && cfg.BudgetRefresh > 0 {
-		s.log.Info("the model does not report its working set (gpu.WorkingSet): the budget is read again only while none of its batches is admitted",
+		s.log.Info("the model does not report its working set (gpu.WorkingSet): "+
+			"the budget is read again only while none of its batches is admitted",
 			"model", cfg.Model.Name())
 	}
 	return s, nil

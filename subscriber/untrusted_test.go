@@ -194,7 +194,8 @@ func TestDeadLetterThatDoesNotFitKeepsItsReason(t *testing.T) {
 			t.Errorf("reason %q", r)
 		}
 		if d.attrs[AttrBodyTruncated] != strconv.Itoa(len(body)) || !strings.HasPrefix(body, d.body) || len(d.body) < limit/2 {
-			t.Errorf("copy of %d bytes, truncated attribute %q; want the start of the %d-byte body", len(d.body), d.attrs[AttrBodyTruncated], len(body))
+			t.Errorf("copy of %d bytes, truncated attribute %q; want the start of the %d-byte body",
+				len(d.body), d.attrs[AttrBodyTruncated], len(body))
 		}
 		if n := job.MessageSize(d.body, d.attrs); n > limit {
 			t.Errorf("copy of %d bytes", n)
@@ -291,10 +292,12 @@ func (panickyLaunched) Run(context.Context) ([]job.Output, error) { panic("launc
 func TestLaunchPanicsAreInvalidInput(t *testing.T) {
 	m := &panickyLauncher{&testModel{}}
 	s := &Subscriber{cfg: Config{Model: m}, launcher: m, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if _, err := s.modelLaunch(t.Context(), nil); !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launch: launch") {
+	_, err := s.modelLaunch(t.Context(), nil)
+	if !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launch: launch") {
 		t.Errorf("Launch: %v", err)
 	}
-	if _, err := s.launchedRun(t.Context(), panickyLaunched{}); !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launched.Run") {
+	_, err = s.launchedRun(t.Context(), panickyLaunched{})
+	if !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launched.Run") {
 		t.Errorf("Launched.Run: %v", err)
 	}
 }
