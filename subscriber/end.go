@@ -20,10 +20,11 @@ import (
 //     with the reason, then it is acked (or released, when the DLQ cannot
 //     be reached).
 //
-// Each first gives back what the message holds in admission (giveBack), so
-// that no path can forget it, then leaves the SQS call to the keeper, which
-// batches it with others (keeper.ack, keeper.release). Only a message's
-// first end counts.
+// ack and release give back what the message still holds in admission
+// (giveBack), so that no path can forget it, and leave the SQS call to the
+// keeper, which batches it with others (keeper.ack, keeper.release);
+// deadLetter ends through them once its copy is out. Only a message's first
+// end counts.
 
 // sendTimeout bounds sending results or a DLQ copy. It is not tied to
 // shutdown: work that finished deserves its result.

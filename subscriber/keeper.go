@@ -27,9 +27,10 @@ type lease struct {
 }
 
 // keeper owns every lease: one heartbeat extends all held messages that need
-// it, and ends (acks, which delete, and releases) are batched in tens. Because a lease in
-// flight for an extension is never sent for deletion, and an ending lease is
-// never extended, no visibility change ever follows a delete.
+// it, and ends (acks, which delete, and releases) are batched in tens.
+// Because a lease in flight for an extension is never sent for deletion, and
+// an ending lease is never extended, no visibility change ever follows a
+// delete.
 type keeper struct {
 	q          Queue
 	m          *metrics

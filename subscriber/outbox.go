@@ -127,7 +127,7 @@ const resultLinger = 100 * time.Millisecond
 // a partial one by the linger timer's. Once the call has answered, done is
 // told each entry's outcome: the subscriber deletes a message only after
 // SQS accepted its result, and releases it for a retry otherwise. Until
-// then its lease is held by the keeper and not finishing, so heartbeats go
+// then its lease is held by the keeper and not ending, so heartbeats go
 // on extending it while it waits here.
 //
 // One mutex guards what is pending and the timer; calls run outside it.
@@ -241,7 +241,7 @@ func (o *outbox) expire(gen uint64) {
 }
 
 // close sends what is pending at once and waits until every call has
-// answered and its entries are settled. Shutdown calls it after the last
+// answered and its entries are told (done). Shutdown calls it after the last
 // batch has finished and before the keeper drains, so that no result is
 // left behind and every delete it leads to is flushed.
 func (o *outbox) close() {

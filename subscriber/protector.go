@@ -208,7 +208,7 @@ func (p *protector) failed(ctx context.Context, to string, err error) {
 		"consecutive", p.failures, "retry_in", backoff, "err", err)
 }
 
-// clear turns protection off at shutdown, once every message is settled, so
+// clear turns protection off at shutdown, once every message has ended, so
 // that ECS may stop the task. Call it after run has returned.
 func (p *protector) clear(ctx context.Context) {
 	if !p.maybeOn {

@@ -13,11 +13,11 @@ import (
 
 var errTimeout = errors.New("inference timed out")
 
-// runBatch runs one batch and settles each of its messages. Messages that ran
-// out of memory even in a batch of their own are then run alone, with the
-// whole budget, after this batch's other messages have let go of theirs:
-// waiting for the whole budget while still holding part of it would wait
-// forever.
+// runBatch runs one batch and hands each of its messages on: with its
+// result to the outbox, or to its end (end.go). Messages that ran out of
+// memory even in a batch of their own are then run alone, with the whole
+// budget, after this batch's other messages have let go of theirs: waiting
+// for the whole budget while still holding part of it would wait forever.
 func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
 	_, alone := s.process(ctx, tasks)
 	for _, t := range alone {
@@ -29,9 +29,10 @@ func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
 	}
 }
 
-// process runs tasks as one batch and settles them, splitting in halves on
-// out-of-memory. It returns the size of the largest batch that succeeded and
-// the tasks that ran out of memory on their own, still unsettled.
+// process runs tasks as one batch and hands each on, as runBatch does,
+// splitting in halves on out-of-memory. It returns the size of the largest
+// batch that succeeded and the tasks that ran out of memory on their own,
+// still holding admission.
 func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone []*task) {
 	outs, err := s.infer(ctx, tasks, false)
 	switch {
