@@ -37,3 +37,8 @@ for f in $files; do
 		-e 's#(^|[^/])subscriber/protection_test\.go#\1subscriber/protector_test.go#g' \
 		"$f"
 done
+
+# BenchmarkKeeperFinish is BenchmarkKeeperAck (a message's end is ack, release
+# or dead-letter; "finish" is gone).
+grep -rlw 'KeeperFinish' --include='*.md' --include='*.txt' --include='*.json' --include='*.go' . 2>/dev/null |
+	grep -v '^\./subscriber/' | xargs -r sed -i 's/\bKeeperFinish\b/KeeperAck/g'

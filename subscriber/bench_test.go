@@ -128,13 +128,14 @@ func BenchmarkAdmission(b *testing.B) {
 	}
 }
 
-// BenchmarkKeeperFinish is the keeper's side of finishing n messages: n
-// finishes (each queued for a batched delete) and the flush that sends them
-// in DeleteMessageBatch-sized calls to the in-memory queue and settles them.
+// BenchmarkKeeperAck is the keeper's side of acking n messages: n acks
+// (each queued for a batched delete) and the flush that sends them in
+// DeleteMessageBatch-sized calls to the in-memory queue and takes their
+// leases out of the table.
 // Its baseline, "direct", is the same deletes called straight on the queue
 // in batches of ten, one after another: what any consumer pays. Receiving
 // the messages is set-up and not timed.
-func BenchmarkKeeperFinish(b *testing.B) {
+func BenchmarkKeeperAck(b *testing.B) {
 	const visibility = time.Minute
 	setup := func(b *testing.B, n int) (*memQueue, []Message, time.Time) {
 		q := newMemQueue()
