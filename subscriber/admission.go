@@ -72,6 +72,23 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 	}
 }
 
+// giveBack gives back what t holds in admission, once; the message goes on
+// (to the outbox, or to its end). The bytes leave the in-flight count
+// before the weight goes back, or the next admission could be counted while
+// this one still is, and the peak would show more than the budget for an
+// instant.
+func (s *Subscriber) giveBack(t *task) {
+	if t.cost > 0 {
+		s.m.inflight.Sub(float64(t.cost))
+		s.inflight.Add(-t.cost)
+		t.cost = 0
+	}
+	if t.weight > 0 {
+		s.adm.giveBack(t.weight)
+		t.weight = 0
+	}
+}
+
 // launchesAhead reports whether t, waiting for admission, is launched
 // meanwhile: under vram, with a model that launches in two phases, for a
 // message that fills a batch on its own (so no batching is lost) and is not

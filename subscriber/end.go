@@ -21,7 +21,7 @@ import (
 //     be reached).
 //
 // ack and release give back what the message still holds in admission
-// (giveBack), so that no path can forget it, and leave the SQS call to the
+// (giveBack, admission.go), so that no path can forget it, and leave the SQS call to the
 // keeper, which batches it with others (keeper.ack, keeper.release);
 // deadLetter ends through them once its copy is out. Only a message's first
 // end counts.
@@ -40,23 +40,6 @@ func (s *Subscriber) ack(t *task) {
 func (s *Subscriber) release(t *task, delay time.Duration) {
 	s.giveBack(t)
 	s.keeper.release(t.lease, delay)
-}
-
-// giveBack gives back what t holds in admission, once; the message goes on
-// (to the outbox, or to its end). The bytes leave the in-flight count
-// before the weight goes back, or the next admission could be counted while
-// this one still is, and the peak would show more than the budget for an
-// instant.
-func (s *Subscriber) giveBack(t *task) {
-	if t.cost > 0 {
-		s.m.inflight.Sub(float64(t.cost))
-		s.inflight.Add(-t.cost)
-		t.cost = 0
-	}
-	if t.weight > 0 {
-		s.adm.giveBack(t.weight)
-		t.weight = 0
-	}
 }
 
 // maxReasonLen keeps the reason attribute readable and well inside SQS's
