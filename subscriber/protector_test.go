@@ -103,7 +103,7 @@ func TestTaskProtectionDoesNotFlapBetweenMessages(t *testing.T) {
 	})
 }
 
-// Shutdown clears protection, and only once every message is settled: a
+// Shutdown clears protection, and only once every message has ended: a
 // running message is released first.
 func TestTaskProtectionClearedAtShutdown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

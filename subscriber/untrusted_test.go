@@ -21,8 +21,8 @@ import (
 )
 
 // The tests of this file send what a hostile sender to the work queue can
-// send (issue 14, items 2 to 10). Each waits for every message to be
-// settled, since the defects they catch made messages loop until redrive.
+// send (issue 14, items 2 to 10). Each waits for every message to have
+// ended, since the defects they catch made messages loop until redrive.
 
 // putRaw puts body on the work queue with attrs.
 func (h *harness) putRaw(body string, attrs map[string]string) {
@@ -31,11 +31,11 @@ func (h *harness) putRaw(body string, attrs map[string]string) {
 	h.work.mu.Unlock()
 }
 
-// settledAll waits until results and dead letters add up to n, and the work
+// endedAll waits until results and dead letters add up to n, and the work
 // queue is empty.
-func (h *harness) settledAll(n int) {
+func (h *harness) endedAll(n int) {
 	h.t.Helper()
-	waitFor(h.t, 5*time.Minute, fmt.Sprintf("%d messages settled", n), func() bool {
+	waitFor(h.t, 5*time.Minute, fmt.Sprintf("%d messages ended", n), func() bool {
 		r, _ := h.results.stats()
 		d, _ := h.dlq.stats()
 		w, _ := h.work.stats()
@@ -82,7 +82,7 @@ func TestIdentityFromBodyAndMarkersKept(t *testing.T) {
 		h.putRaw(workBody(t, job.Work{JobID: strings.Repeat("j", 5000), Items: []job.Item{{ID: "a", Text: "mb=1"}}}), nil)
 		h.putRaw(workBody(t, job.Work{JobID: "ctl", Items: []job.Item{{ID: "a\x01", Text: "mb=1"}}}), nil)
 		h.putRaw(workBody(t, job.Work{JobID: "longitem", Items: []job.Item{{ID: strings.Repeat("i", 257), Text: "mb=1"}}}), nil)
-		h.settledAll(6)
+		h.endedAll(6)
 		h.shutdown()
 
 		if b, _ := p.object(payload.FailedKey("victim", 0)); string(b) != string(victimMarker) {
@@ -134,7 +134,7 @@ func TestResultsSQSCannotTake(t *testing.T) {
 		for c := range 3 {
 			h.putRaw(workBody(t, job.Work{JobID: "fine", Chunk: c, Items: []job.Item{{ID: "a", Text: "mb=1"}}}), nil)
 		}
-		h.settledAll(5)
+		h.endedAll(5)
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r := got[job.Key{JobID: "odd"}]; len(r.Outputs) != 1 || r.Outputs[0].ID != odd {
@@ -166,7 +166,7 @@ func TestLongJobIDDoesNotPoisonSharedCalls(t *testing.T) {
 		for c := range 9 {
 			h.putRaw(workBody(t, job.Work{JobID: "n", Chunk: c, Items: []job.Item{{ID: "a", Text: "mb=1"}}}), nil)
 		}
-		h.settledAll(10)
+		h.endedAll(10)
 		h.shutdown()
 		if got, _ := h.resultsByKey(); len(got) != 9 {
 			t.Errorf("%d results, want the 9 neighbours'", len(got))
@@ -187,7 +187,7 @@ func TestDeadLetterThatDoesNotFitKeepsItsReason(t *testing.T) {
 		body := `{"v":1,"job_id":"big","chunk":0,"items":[],"pad":"` + strings.Repeat("é", limit/2) + `"}`
 		attrs := map[string]string{"a-original": strings.Repeat("x", 1000)}
 		h.putRaw(body, attrs)
-		h.settledAll(1)
+		h.endedAll(1)
 		h.shutdown()
 		d := h.dlq.all()[0]
 		if r := d.attrs[job.AttrReason]; !strings.HasPrefix(r, "malformed: ") {
@@ -226,7 +226,7 @@ func TestResultsThatCanNeverBeStored(t *testing.T) {
 		}
 		h.putRaw(workBody(t, many), nil)
 		h.putRaw(workBody(t, job.Work{JobID: "fine", Items: []job.Item{{ID: "a", Text: "mb=1"}}}), nil)
-		h.settledAll(5)
+		h.endedAll(5)
 		h.shutdown()
 		reasons := h.reasons()
 		for key, want := range map[string]string{
@@ -261,7 +261,7 @@ func TestModelPanicsAreInvalidInput(t *testing.T) {
 		}
 		h.send("panics", 0, "mb=1", "mb=1 panic")
 		h.send("costs", 0, "mb=1 costpanic")
-		h.settledAll(6)
+		h.endedAll(6)
 		h.shutdown()
 		reasons := h.reasons()
 		for key, want := range map[string]string{
@@ -311,7 +311,7 @@ func TestItemsWithoutContentRefused(t *testing.T) {
 		h.putRaw(`{"v":1,"job_id":"empty","chunk":0,"items":[{"id":"a"}]}`, nil)
 		h.putRaw(`{"v":1,"job_id":"emptydata","chunk":0,"items":[{"id":"a","text":"","data":""}]}`, nil)
 		h.sendWork(job.Work{JobID: "emptyref", Items: []job.Item{claimChecked(t, p, payload.ItemKey("emptyref", "a"), job.Item{ID: "a"})}})
-		h.settledAll(3)
+		h.endedAll(3)
 		h.shutdown()
 		reasons := h.reasons()
 		for key, want := range map[string]string{
