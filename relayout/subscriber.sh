@@ -6,20 +6,27 @@ set -eu
 cd "$(dirname "$0")/.."
 
 # The ECS task-protection client moved to subscriber/taskprotect; the
-# subscriber consumes it through the TaskProtection interface.
-sed -i 's/^\(\s*TaskProtection\) \*TaskProtection$/\1 TaskProtection/' subscriber/config.go
-f=cmd/subscriber/main.go
-if grep -q 'subscriber\.NewTaskProtection(' "$f"; then
-	sed -i 's/subscriber\.NewTaskProtection(/taskprotect.New(/' "$f"
-fi
-if grep -q 'taskprotect\.' "$f" && ! grep -q '"github.com/vramq/vramq/subscriber/taskprotect"' "$f"; then
-	sed -i 's#^\t"github.com/vramq/vramq/subscriber"$#&\n\t"github.com/vramq/vramq/subscriber/taskprotect"#' "$f"
-fi
-gofmt -w subscriber/config.go "$f"
+# subscriber consumes it through the TaskProtection interface (a field of
+# that type, no longer a pointer).
+for f in subscriber/config*.go; do
+	[ -e "$f" ] || continue
+	sed -i 's/^\(\s*TaskProtection\s\+\)\*TaskProtection\b/\1TaskProtection/' "$f"
+	gofmt -w "$f"
+done
+for f in $(grep -rlE 'subscriber\.(NewTaskProtection|ProtectionError|ProtectionState)\b' --include='*.go' . 2>/dev/null |
+	grep -v '^\./subscriber/' || true); do
+	sed -i -E -e 's/\bsubscriber\.NewTaskProtection\(/taskprotect.New(/g' \
+		-e 's/\bsubscriber\.ProtectionError\b/taskprotect.Error/g' \
+		-e 's/\bsubscriber\.ProtectionState\b/taskprotect.State/g' "$f"
+	if ! grep -q '"github.com/vramq/vramq/subscriber/taskprotect"' "$f"; then
+		sed -i 's#^\t"github.com/vramq/vramq/subscriber"$#&\n\t"github.com/vramq/vramq/subscriber/taskprotect"#' "$f"
+	fi
+	gofmt -w "$f"
+done
 
 # Files renamed or split, as named in documentation and comments outside
-# subscriber/ (word boundaries keep e.g. bert_batch.go untouched).
-files=$(grep -rlE 'subscriber/(batch|run|poll|lease|finish|protection|admission)(_test)?\.go' \
+# subscriber/ (never cmd/subscriber/...: the path must not follow a /).
+files=$(grep -rlE 'subscriber/(batch|run|poll|lease|finish|protection)(_test)?\.go' \
 	--include='*.md' --include='*.go' --include='*.tf' --include='Makefile' . 2>/dev/null | grep -v '^\./subscriber/' || true)
 for f in $files; do
 	sed -i -E \
