@@ -7,7 +7,7 @@ locals {
   # The OOM-retries metric: how the subscriber publishes it to CloudWatch.
   # Every batch that runs out of memory and is split or set aside to run alone
   # (the vramq_subscriber_oom_retries_total counter on /metrics) logs exactly
-  # one of these two WARN lines (subscriber/run.go); the filter counts them in
+  # one of these two WARN lines (subscriber/runner.go); the filter counts them in
   # the task's JSON logs. No CloudWatch agent, no PutMetricData permission.
   oom_metric_namespace = "vramq/${local.name}"
   oom_log_messages = [

@@ -599,7 +599,7 @@ func TestTheOOMMetricFilterMatchesTheSubscriberLogs(t *testing.T) {
 	}
 	for _, v := range msgs.AsValueSlice() {
 		if !strings.Contains(string(src), "s.log.Warn("+strconv.Quote(v.AsString())) {
-			t.Errorf("the metric filter counts %q, which subscriber/run.go no longer logs at WARN", v.AsString())
+			t.Errorf("the metric filter counts %q, which subscriber/runner.go no longer logs at WARN", v.AsString())
 		}
 	}
 }

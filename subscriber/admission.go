@@ -2,12 +2,8 @@ package subscriber
 
 import (
 	"context"
-	"fmt"
-	"math"
-	"sync"
-	"sync/atomic"
 
-	"golang.org/x/sync/semaphore"
+	"github.com/vramq/vramq/gpu"
 )
 
 // Strategy is how messages are admitted onto the device.
@@ -29,302 +25,98 @@ func (s Strategy) valid() bool {
 	return s == AdmitVRAM || s == AdmitCount || s == AdmitNone
 }
 
-// admission is a weighted semaphore whose units depend on the strategy:
-// bytes for vram, messages for count and none.
-//
-// semaphore.Weighted is FIFO: a large message at the head waits for room and
-// the smaller ones behind it wait too. That is deliberate: skipping ahead
-// would starve large messages, and the backpressure bound releases a head
-// that waits too long.
-//
-// Under vram the budget changes while running (another process on the GPU
-// takes or gives back memory), and a semaphore.Weighted cannot be resized. So
-// the semaphore is sized at the largest budget the device could ever give
-// (size), and the admission itself holds the difference between that and the
-// budget now as withheld weight. Growing releases withheld weight. Shrinking
-// acquires more of it, in the semaphore's FIFO like any message: it waits
-// until running work lets go of enough, and every message that asks after it
-// waits behind it, so nothing new is admitted until what is in flight is
-// under the new budget. A shrink still waiting is a pending one; a newer
-// target or close cancels it.
-type admission struct {
-	strategy Strategy
-	// size is the semaphore's: the largest budget (vram), the count, or
-	// unbounded (none).
-	size int64
-	sem  *semaphore.Weighted
-
-	// held is the weight work holds (not the withheld weight) and acquires
-	// counts work's acquisitions: together they tell the budget refresh
-	// that none of this process's work was on the device during a read.
-	held     atomic.Int64
-	acquires atomic.Int64
-	// target is the budget admission works towards: size less withheld
-	// weight, once pending shrinks are through.
-	target atomic.Int64
-
-	mu       sync.Mutex
-	withheld int64     // weight the admission holds itself
-	pending  []*shrink // acquisitions of more withheld weight still waiting, oldest first
-	// exclusive counts exclusive runs waiting or running: resizes wait
-	// for them to end (see acquireAll).
-	exclusive int
-	closed    bool
-}
-
-// shrink is one acquisition of withheld weight, in its own goroutine so
-// that the semaphore's FIFO decides when it goes through.
-type shrink struct {
-	n      int64
-	cancel context.CancelFunc
-	done   chan struct{}
-	got    bool // whether it acquired; written before done closes
-}
-
-// newAdmission returns an admission whose budget cannot grow beyond where it
-// starts; newResizableAdmission one that can.
-func newAdmission(s Strategy, budget int64, count int) (*admission, error) {
-	return newResizableAdmission(s, budget, budget, count)
-}
-
-// newResizableAdmission returns an admission that starts at budget and can be
-// resized up to largest (vram only; the other strategies ignore both).
-func newResizableAdmission(s Strategy, budget, largest int64, count int) (*admission, error) {
-	a := &admission{strategy: s}
-	switch s {
-	case AdmitVRAM:
-		if budget <= 0 {
-			return nil, fmt.Errorf("admission: VRAM budget is %d bytes; the device has no room for work", budget)
+// admit takes waiting messages in order and admits each once admission has
+// room for it. A message not admitted within AdmitTimeout of its receipt is
+// released for another consumer rather than kept waiting here (backpressure).
+func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
+	defer close(out)
+	for t := range s.buffer {
+		if ctx.Err() != nil || t.lease.lost.Load() {
+			s.releaseWaiting(t, "shutdown or lost lease")
+			continue
 		}
-		a.size = max(largest, budget)
-	case AdmitCount:
-		if count <= 0 {
-			return nil, fmt.Errorf("admission: count strategy needs a positive count, got %d", count)
+		w := s.adm.weight(t.cost)
+		var err error
+		if !s.adm.tryAcquire(w) {
+			s.admitBlocked.Store(true)
+			select {
+			case s.admitKick <- struct{}{}:
+			default:
+			}
+			if s.launchesAhead(t) {
+				t.ahead = s.launchAhead(ctx, t)
+			}
+			actx, cancel := context.WithDeadline(ctx, t.lease.received.Add(s.cfg.AdmitTimeout))
+			err = s.adm.acquire(actx, w)
+			cancel()
+			s.admitBlocked.Store(false)
 		}
-		a.size = int64(count)
-		budget = a.size
-	case AdmitNone:
-		// Effectively unbounded, yet still a semaphore so that an exclusive
-		// run can wait for everything else to drain.
-		a.size = math.MaxInt64
-		budget = a.size
-	default:
-		return nil, fmt.Errorf("admission: unknown strategy %q (want vram, count or none)", s)
-	}
-	a.sem = semaphore.NewWeighted(a.size)
-	a.withheld = a.size - budget
-	a.sem.TryAcquire(a.withheld) // a fresh semaphore has it all
-	a.target.Store(budget)
-	return a, nil
-}
-
-// weight is what a message of the given estimated cost takes from the
-// semaphore.
-func (a *admission) weight(cost int64) int64 {
-	if a.strategy == AdmitVRAM {
-		return max(cost, 1)
-	}
-	return 1
-}
-
-// fits reports whether a message of this cost can ever be admitted: under
-// vram, whether it fits the largest budget, not the budget now, since memory
-// another process holds for a while may come back. Only the vram strategy
-// knows: the others learn by running out of memory.
-func (a *admission) fits(cost int64) bool {
-	return a.strategy != AdmitVRAM || cost <= a.size
-}
-
-// budget is the budget now: what admission hands out once pending shrinks
-// are through (nothing new is admitted until then).
-func (a *admission) budget() int64 { return a.target.Load() }
-
-func (a *admission) acquire(ctx context.Context, w int64) error {
-	if err := a.sem.Acquire(ctx, w); err != nil {
-		return err
-	}
-	a.took(w)
-	return nil
-}
-
-func (a *admission) tryAcquire(w int64) bool {
-	if !a.sem.TryAcquire(w) {
-		return false
-	}
-	a.took(w)
-	return true
-}
-
-func (a *admission) took(w int64) {
-	a.held.Add(w)
-	a.acquires.Add(1)
-}
-
-func (a *admission) release(w int64) {
-	a.held.Add(-w)
-	a.sem.Release(w)
-}
-
-// resize makes target the budget (clamped to 0..size) and returns the one
-// it replaces. While an exclusive run waits or runs, the change only waits
-// for it to end.
-func (a *admission) resize(target int64) (old int64) {
-	target = min(max(target, 0), a.size)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	old = a.target.Swap(target)
-	if a.exclusive == 0 && !a.closed {
-		a.apply()
-	}
-	return old
-}
-
-// apply moves the withheld weight, with what is pending, to size − target.
-// A further shrink keeps the pending ones where they are in the FIFO and
-// queues the difference behind them. A growth cancels the pending shrinks it
-// makes needless, newest first; one it only partly undoes stays queued, and
-// what it withholds beyond the target is released once it goes through:
-// cancelling it and queueing a smaller one at the back would let the
-// messages queued meanwhile in past both budgets. Called with mu held.
-func (a *admission) apply() {
-	want := a.size - a.target.Load()
-	a.fold()
-	for n := len(a.pending); n > 0 && a.withheld+a.pendingSum()-a.pending[n-1].n >= want; n = len(a.pending) {
-		a.cancelNewest()
-	}
-	if a.withheld > want { // nothing is pending here
-		a.sem.Release(a.withheld - want)
-		a.withheld = want
-	}
-	more := want - a.withheld - a.pendingSum()
-	if more > 0 && len(a.pending) == 0 && a.sem.TryAcquire(more) {
-		a.withheld += more // room already: nothing to wait for
-		return
-	}
-	// Queued from a goroutine of its own, the shrink may take a moment to
-	// be in the FIFO, and a message asking meanwhile may still be admitted
-	// within the old budget: a moment more than the readings take anyway
-	// to notice another process.
-	if more > 0 {
-		ctx, cancel := context.WithCancel(context.Background())
-		p := &shrink{n: more, cancel: cancel, done: make(chan struct{})}
-		a.pending = append(a.pending, p)
-		go func() {
-			p.got = a.sem.Acquire(ctx, p.n) == nil
-			// done closes before mu is taken: cancelNewest waits for
-			// it with mu held.
-			close(p.done)
-			if !p.got {
-				return
+		if err != nil {
+			reason := "shutdown"
+			if ctx.Err() == nil {
+				reason = "backpressure"
+				s.log.Info("not admitted in time; released for another consumer",
+					"message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(t.cost), "admit_timeout", s.cfg.AdmitTimeout)
 			}
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			if a.exclusive == 0 && !a.closed {
-				a.apply() // releases what a growth meanwhile left over
-			} else {
-				a.fold()
-			}
-		}()
-	}
-}
-
-// fold moves shrinks that went through from pending to withheld. Called
-// with mu held.
-func (a *admission) fold() {
-	left := a.pending[:0]
-	for _, p := range a.pending {
-		select {
-		case <-p.done:
-			p.cancel()
-			if p.got {
-				a.withheld += p.n
-			}
-		default:
-			left = append(left, p)
+			s.releaseWaiting(t, reason)
+			continue
 		}
-	}
-	clear(a.pending[len(left):])
-	a.pending = left
-}
-
-// cancelNewest cancels the newest pending shrink and waits for it, which is
-// prompt: Acquire returns as soon as its context ends. Called with mu held.
-func (a *admission) cancelNewest() {
-	p := a.pending[len(a.pending)-1]
-	a.pending[len(a.pending)-1] = nil
-	a.pending = a.pending[:len(a.pending)-1]
-	p.cancel()
-	<-p.done
-	if p.got { // it went through as it was cancelled
-		a.withheld += p.n
+		t.weight = w
+		s.m.admitted.Inc()
+		s.m.inflight.Add(float64(t.cost))
+		if now := s.inflight.Add(t.cost); now > s.peak.Load() {
+			s.peak.Store(now) // only this goroutine raises it
+			s.m.inflightPeak.Set(float64(now))
+		}
+		out <- t // the batcher always takes it, also during shutdown
 	}
 }
 
-func (a *admission) pendingSum() int64 {
-	var n int64
-	for _, p := range a.pending {
-		n += p.n
+// giveBack gives back what t holds in admission, once; the message goes on
+// (to the outbox, or to its end). The bytes leave the in-flight count
+// before the weight goes back, or the next admission could be counted while
+// this one still is, and the peak would show more than the budget for an
+// instant.
+func (s *Subscriber) giveBack(t *task) {
+	if t.cost > 0 {
+		s.m.inflight.Sub(float64(t.cost))
+		s.inflight.Add(-t.cost)
+		t.cost = 0
 	}
-	return n
-}
-
-// shrinking reports whether a shrink is still waiting for work to let go.
-func (a *admission) shrinking() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.fold()
-	return len(a.pending) > 0
-}
-
-// withheldNow is the weight withheld, pending shrinks not counted.
-func (a *admission) withheldNow() int64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.fold()
-	return a.withheld
-}
-
-// acquireAll waits until no other work is admitted and takes the whole
-// budget: the exclusive run after an out-of-memory error. It returns the
-// weight taken, to be released like any other; call endExclusive after
-// that, whatever acquireAll returned.
-//
-// The weight is size less what is withheld and pending: the budget the
-// pending shrinks lead to. They stay ahead of it in the FIFO, so it goes
-// through once they have and nothing else holds anything, and no resize may
-// change the withheld weight from here to endExclusive: a growth would let
-// other work in beside the exclusive run, and a shrink queued ahead of it
-// would leave it waiting for weight that never comes back.
-func (a *admission) acquireAll(ctx context.Context) (int64, error) {
-	a.mu.Lock()
-	a.exclusive++
-	a.fold()
-	n := a.size - a.withheld - a.pendingSum()
-	a.mu.Unlock()
-	if err := a.acquire(ctx, n); err != nil {
-		return 0, err
-	}
-	return n, nil
-}
-
-// endExclusive ends what acquireAll began and applies the latest budget if
-// it changed meanwhile.
-func (a *admission) endExclusive() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.exclusive--
-	if a.exclusive == 0 && !a.closed {
-		a.apply()
+	if t.weight > 0 {
+		s.adm.giveBack(t.weight)
+		t.weight = 0
 	}
 }
 
-// close cancels pending shrinks, so that no goroutine outlives the
-// subscriber, and stops further resizes.
-func (a *admission) close() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.closed = true
-	for len(a.pending) > 0 {
-		a.cancelNewest()
-	}
+// launchesAhead reports whether t, waiting for admission, is launched
+// meanwhile: under vram, with a model that launches in two phases, for a
+// message that fills a batch on its own (so no batching is lost) and is not
+// a suspect (which runs alone anyway, but only after its batch-mates have
+// let go). Its launch then overlaps the batches working on the device, and
+// when memory frees it starts work at once. Without it the device idled
+// through the launch of every large message, since two large messages
+// admitted together also launched together (bench/README.md, the strategy
+// comparison's launch-ahead step, has the figures).
+func (s *Subscriber) launchesAhead(t *task) bool {
+	return s.launcher != nil && s.adm.strategy == AdmitVRAM && t.cost >= s.batchCap() && !s.suspects.has(t.lease.msg.ID)
+}
+
+// launchAhead starts launching t's batch of one, under ctx: shutdown ends
+// a launch whose message is then handed back unstarted.
+func (s *Subscriber) launchAhead(ctx context.Context, t *task) *launched {
+	a := &launched{done: make(chan struct{})}
+	items := t.work.Items
+	s.runners.Go(func() {
+		defer close(a.done)
+		a.l, a.err = s.modelLaunch(ctx, items)
+	})
+	return a
+}
+
+// releaseWaiting hands back a message that never started.
+func (s *Subscriber) releaseWaiting(t *task, why string) {
+	s.log.Debug("releasing unstarted message", "message_id", t.lease.msg.ID, "why", why)
+	s.startTasks(1)
+	s.release(t, 0)
 }

@@ -41,7 +41,8 @@ func bertCUDADir(t *testing.T) string {
 // bertTexts are messages of one or two texts of 1 to 150 words, mostly
 // short: several length classes, and texts cut at max_seq_length.
 func bertTexts(n int) [][]string {
-	words := strings.Fields("the quick brown fox jumps over a lazy dog while queue messages wait for memory on the device déjà vu naïve 東京 unbelievably")
+	words := strings.Fields("the quick brown fox jumps over a lazy dog while queue messages wait for memory on the device " +
+		"déjà vu naïve 東京 unbelievably")
 	var msgs [][]string
 	for i := range n {
 		var texts []string

@@ -97,7 +97,8 @@ func hasRefs(w *job.Work) bool {
 // to admission, so it shares the admission deadline: a fetch that hangs past
 // AdmitTimeout releases the message for a retry instead of holding a
 // prefetch slot.
-func (s *Subscriber) claim(ctx context.Context, l *lease, w *job.Work) {
+func (s *Subscriber) claim(ctx context.Context, t *task) {
+	l, w := t.lease, t.work
 	fctx, cancel := context.WithDeadline(ctx, l.received.Add(s.cfg.AdmitTimeout))
 	defer cancel()
 	err := s.fetchItems(fctx, w)
@@ -105,19 +106,19 @@ func (s *Subscriber) claim(ctx context.Context, l *lease, w *job.Work) {
 	switch {
 	case ctx.Err() != nil:
 		s.startTasks(1)
-		s.keeper.finish(l, true, 0)
+		s.release(t, 0)
 	case err == nil:
-		s.enqueue(l, w)
+		s.enqueue(t)
 	case errors.As(err, &refused):
 		s.log.Warn("claim-checked item refused", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk, "err", refused.err)
 		s.startTasks(1)
-		s.deadLetterAsync(l, "claim_check", refused.Error())
+		s.deadLetterAsync(t, "claim_check", refused.Error())
 	default:
 		delay := s.retryDelay(l.msg.ReceiveCount)
 		s.log.Warn("fetching a claim-checked item failed; message released for a retry", "message_id", l.msg.ID,
 			"receive_count", l.msg.ReceiveCount, "retry_in", delay, "err", err)
 		s.startTasks(1)
-		s.keeper.finish(l, true, delay)
+		s.release(t, delay)
 	}
 }
 
@@ -177,13 +178,15 @@ func (s *Subscriber) fetchItem(ctx context.Context, jobID, id string, ref job.Pa
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&it); err != nil {
-		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s is not item JSON: %v", errBadObject, ref.Bucket, ref.Key, err)}
+		return job.Item{}, &claimRefused{id, whyNoMatch,
+			fmt.Errorf("%w: s3://%s/%s is not item JSON: %v", errBadObject, ref.Bucket, ref.Key, err)}
 	}
 	switch {
 	case it.ID != id:
 		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s holds another item", errBadObject, ref.Bucket, ref.Key)}
 	case it.Ref != nil:
-		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s holds another reference, not the item", errBadObject, ref.Bucket, ref.Key)}
+		return job.Item{}, &claimRefused{id, whyNoMatch,
+			fmt.Errorf("%w: s3://%s/%s holds another reference, not the item", errBadObject, ref.Bucket, ref.Key)}
 	}
 	if err := it.Check(); err != nil {
 		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s: %w", errBadObject, ref.Bucket, ref.Key, err)}
@@ -281,7 +284,8 @@ func (s *Subscriber) markFailed(l *lease, reason string) {
 	created, _, err := s.payloads.PutIfAbsent(ctx, job.FailedKey(k.JobID, k.Chunk), body)
 	switch {
 	case err != nil:
-		s.log.Warn("writing the failed marker failed; the DLQ copy stands", "message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk, "err", err)
+		s.log.Warn("writing the failed marker failed; the DLQ copy stands",
+			"message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk, "err", err)
 	case !created:
 		s.log.Info("the chunk has a failed marker already; kept", "message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk)
 	}

@@ -207,7 +207,8 @@ func TestClaimCheckTransientFailureReleases(t *testing.T) {
 			return nil
 		}
 		h := start(t, 64*mib, Config{Payloads: p, AdmitTimeout: 10 * time.Second, RetryDelay: time.Second})
-		h.sendWork(job.Work{JobID: "flaky", Items: []job.Item{claimChecked(t, p, job.ItemKey("flaky", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
+		item := claimChecked(t, p, job.ItemKey("flaky", "i0"), job.Item{ID: "i0", Text: "mb=1"})
+		h.sendWork(job.Work{JobID: "flaky", Items: []job.Item{item}})
 		waitFor(t, 2*time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
@@ -423,7 +424,9 @@ func TestChunkOf(t *testing.T) {
 		// there is no chunk.
 		{"attributes only", Message{Attributes: job.Attributes(job.Key{JobID: "a", Chunk: 2}), Body: "junk"}, job.Key{}, false},
 		{"body", Message{Body: `{"v":9,"job_id":"b","chunk":4,"extra":1}`}, job.Key{JobID: "b", Chunk: 4}, true},
-		{"attributes of another job", Message{Attributes: job.Attributes(job.Key{JobID: "victim", Chunk: 0}), Body: `{"job_id":"c","chunk":0}`}, job.Key{JobID: "c"}, true},
+		{"attributes of another job",
+			Message{Attributes: job.Attributes(job.Key{JobID: "victim", Chunk: 0}), Body: `{"job_id":"c","chunk":0}`},
+			job.Key{JobID: "c"}, true},
 		{"job id outside the grammar", Message{Body: `{"job_id":"../x","chunk":0}`}, job.Key{}, false},
 		{"long job id", Message{Body: `{"job_id":"` + strings.Repeat("a", 65) + `","chunk":0}`}, job.Key{}, false},
 		{"no chunk", Message{Body: `{"job_id":"d"}`}, job.Key{}, false},

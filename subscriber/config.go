@@ -111,7 +111,7 @@ type Config struct {
 
 	// TaskProtection, when set, keeps the ECS task protected from scale-in
 	// while it holds messages, through the ECS agent; nil for none.
-	TaskProtection *TaskProtection
+	TaskProtection TaskProtection
 	// TaskProtectionExpiry is how long one protection lasts unless renewed;
 	// it is renewed at half of it while messages are held, so it runs out on
 	// its own within this time if the subscriber dies. 1m to 48h.

@@ -59,7 +59,7 @@ func (s *Subscriber) loseDevice(tasks []*task, err error) {
 			"err", err, "messages", len(tasks))
 	}
 	for _, t := range tasks {
-		s.finish(t, true, 0)
+		s.release(t, 0)
 	}
 }
 

@@ -319,7 +319,8 @@ func TestE2EPoisonGoesToDLQWithReason(t *testing.T) {
 	huge := workload.Spec{JobID: "huge", Messages: 1, SmallItems: 64, SmallWords: 600, Seed: 2}.Works() // ~33 MiB
 	ok := workload.Mixed("ok", 1).Works()
 	p.send(append(huge, ok...))
-	_, err := p.client.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: &p.urls.Work, MessageBody: strPtr(`{"v":1,"job_id":"x","items":[{"id":""}]}`)})
+	_, err := p.client.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: &p.urls.Work,
+		MessageBody: strPtr(`{"v":1,"job_id":"x","items":[{"id":""}]}`)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +355,8 @@ func TestE2EPoisonGoesToDLQWithReason(t *testing.T) {
 // and processed when it is received again.
 func TestE2EBackpressureReleases(t *testing.T) {
 	t.Parallel() // mostly waiting
-	p := newPipeline(t, 5, subscriber.Config{AdmitTimeout: 2 * time.Second, MaxBatch: 1, RetryDelay: time.Second}, func(m gpu.Model) gpu.Model {
+	cfg := subscriber.Config{AdmitTimeout: 2 * time.Second, MaxBatch: 1, RetryDelay: time.Second}
+	p := newPipeline(t, 5, cfg, func(m gpu.Model) gpu.Model {
 		return slowModel{m, func(items []job.Item) time.Duration {
 			if strings.HasPrefix(items[0].ID, "hog") {
 				return 6 * time.Second
@@ -543,7 +545,8 @@ func TestE2EClaimCheckWithoutBucket(t *testing.T) {
 	p.send([]job.Work{{V: 1, JobID: "j", Items: []job.Item{{ID: "doc", Ref: &ref}}}})
 	dead := p.waitDeadLetters(1)
 	p.shutdown()
-	if len(dead) != 1 || !strings.HasPrefix(dead[0].Reason, "claim_check: ") || !strings.Contains(dead[0].Reason, "no payload bucket is configured") {
+	if len(dead) != 1 || !strings.HasPrefix(dead[0].Reason, "claim_check: ") ||
+		!strings.Contains(dead[0].Reason, "no payload bucket is configured") {
 		t.Errorf("dead letters %+v; want one claim_check saying no bucket is configured", dead)
 	}
 }

@@ -99,7 +99,8 @@ func (h logFunc) WithGroup(string) slog.Handler                 { return h }
 // newFaultPipeline starts a subscriber behind a proxy injecting f. Leases are
 // short (4s) so that what a lost response strands comes back within the
 // test, and released messages come back after a second.
-func newFaultPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, wrap func(gpu.Model) gpu.Model, f faultproxy.Faults) *faultPipeline {
+func newFaultPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, wrap func(gpu.Model) gpu.Model,
+	f faultproxy.Faults) *faultPipeline {
 	t.Helper()
 	px := startProxy(t, f)
 	if cfg.Visibility == 0 {
@@ -118,7 +119,7 @@ func (f *faultPipeline) start(works []job.Work) {
 	f.send(works)
 }
 
-// outcome is what settle found.
+// outcome is what collect found.
 type outcome struct {
 	accounting.Report
 	Ledger subscriber.Ledger
@@ -127,12 +128,12 @@ type outcome struct {
 	LateResults int
 }
 
-// settle collects until every chunk is accounted for, lets the subscriber
+// collect waits until every chunk is accounted for, lets the subscriber
 // finish what redeliveries bring, stops it, and checks the invariant:
 // accounting's report, the ledger, and duplicates within what the faults can
 // explain (one per receive beyond the first of each message, and ten per
 // result batch whose response was dropped after it was sent).
-func (f *faultPipeline) settle(limit time.Duration) outcome {
+func (f *faultPipeline) collect(limit time.Duration) outcome {
 	t := f.t
 	t.Helper()
 	start := time.Now()
@@ -176,7 +177,8 @@ func (f *faultPipeline) settle(limit time.Duration) outcome {
 	}
 	o.LateResults = late.Messages
 	if len(dead) != 0 {
-		t.Errorf("%d dead letters after every chunk was accounted for, first %q: a chunk dead-lettered twice or after its result", len(dead), dead[0].Reason)
+		t.Errorf("%d dead letters after every chunk was accounted for, first %q: a chunk dead-lettered twice or after its result",
+			len(dead), dead[0].Reason)
 	}
 	r, err := f.books.Check(t.Context(), f.client, f.urls.Work)
 	if err != nil {
@@ -265,7 +267,7 @@ func TestE2EFaultKinds(t *testing.T) {
 			// redrive policy: these faults all pass.
 			p := newFaultPipeline(t, 10, subscriber.Config{}, nil, tc.f)
 			p.start(workload.Mixed("faults-"+tc.kind, n).Works())
-			o := p.settle(time.Minute)
+			o := p.collect(time.Minute)
 			if o.Results != n || o.DeadLettered != 0 {
 				t.Errorf("%d results and %d dead-lettered of %d: transient faults must not dead-letter", o.Results, o.DeadLettered, n)
 			}
@@ -297,7 +299,7 @@ func TestE2EOutage(t *testing.T) {
 	}
 	before := sent()
 	p.proxy.Down(false)
-	o := p.settle(2 * time.Minute)
+	o := p.collect(2 * time.Minute)
 	if o.Results != n {
 		t.Errorf("%d results of %d", o.Results, n)
 	}
@@ -347,7 +349,7 @@ func TestE2EHangingInference(t *testing.T) {
 			spec := workload.Mixed("hang", n)
 			spec.LargeEvery = 0
 			p.start(spec.Works())
-			o := p.settle(time.Minute)
+			o := p.collect(time.Minute)
 			if o.Results != n-len(hangs) || o.DeadLettered != len(hangs) || o.Reasons[accounting.RedriveReason] != len(hangs) {
 				t.Errorf("%d results, %d dead-lettered (%v); want %d results and the %d hanging chunks redriven",
 					o.Results, o.DeadLettered, o.Reasons, n-len(hangs), len(hangs))
@@ -405,7 +407,7 @@ func TestE2EOOMStorm(t *testing.T) {
 		return model
 	}, faultproxy.Faults{})
 	p.start(workload.Mixed("oom", n).Works())
-	o := p.settle(time.Minute)
+	o := p.collect(time.Minute)
 	if o.Results+o.DeadLettered != n {
 		t.Errorf("%d results and %d dead-lettered of %d", o.Results, o.DeadLettered, n)
 	}
@@ -441,14 +443,15 @@ func TestE2EExpiredHeartbeat(t *testing.T) {
 		return metric(t, p.reg, "vramq_subscriber_leases_lost_total") + float64(p.sub.Ledger().Lost)
 	}
 	waitFor(t, time.Minute, "no lease lost with heartbeats held up past the visibility timeout", func() bool { return lost() > 0 })
-	o := p.settle(2 * time.Minute)
+	o := p.collect(2 * time.Minute)
 	if o.Results != n {
 		t.Errorf("%d results of %d", o.Results, n)
 	}
 	if o.Ledger.Received <= n {
 		t.Errorf("%d receives for %d messages: want the messages redelivered", o.Ledger.Received, n)
 	}
-	t.Logf("leases lost: %v (metric) %d (ledger); duplicates %d + %d late", metric(t, p.reg, "vramq_subscriber_leases_lost_total"), o.Ledger.Lost, o.Duplicates, o.LateResults)
+	t.Logf("leases lost: %v (metric) %d (ledger); duplicates %d + %d late",
+		metric(t, p.reg, "vramq_subscriber_leases_lost_total"), o.Ledger.Lost, o.Duplicates, o.LateResults)
 }
 
 // Claim-checked items under S3 throttling and 500s: the ones whose object is
@@ -461,7 +464,8 @@ func TestE2EClaimCheckUnderS3Faults(t *testing.T) {
 	// S3 faults only: the subscriber's SQS calls go straight to the endpoint.
 	px := startProxy(t, faultproxy.Faults{Throttle: 0.15, ServerError: 0.15, Actions: []string{faultproxy.ActionS3}, Seed: 5})
 	via := payload.New(px.S3(px.cfg), store.Bucket())
-	p := &faultPipeline{pipeline: newPipeline(t, 10, subscriber.Config{Payloads: via, Visibility: 4 * time.Second, RetryDelay: time.Second}, nil),
+	cfg := subscriber.Config{Payloads: via, Visibility: 4 * time.Second, RetryDelay: time.Second}
+	p := &faultPipeline{pipeline: newPipeline(t, 10, cfg, nil),
 		proxy: px, books: accounting.New()}
 
 	works := workload.Mixed("claims", n).Works()
@@ -484,9 +488,10 @@ func TestE2EClaimCheckUnderS3Faults(t *testing.T) {
 	works[4].Items[0] = missing
 
 	p.start(works)
-	o := p.settle(time.Minute)
+	o := p.collect(time.Minute)
 	if o.Results != n-2 || o.DeadLettered != 2 || o.Reasons["claim_check"] != 2 {
-		t.Errorf("%d results, %d dead-lettered (%v); want the corrupt and the missing one as claim_check, the rest done", o.Results, o.DeadLettered, o.Reasons)
+		t.Errorf("%d results, %d dead-lettered (%v); want the corrupt and the missing one as claim_check, the rest done",
+			o.Results, o.DeadLettered, o.Reasons)
 	}
 	s3 := px.InjectedFor(faultproxy.ActionS3)
 	if s3[faultproxy.KindThrottle]+s3[faultproxy.KindServerError] == 0 {

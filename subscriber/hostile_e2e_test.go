@@ -47,7 +47,8 @@ func TestE2EHostileMessages(t *testing.T) {
 	})
 	big := `{"v":1,"job_id":"big","chunk":0,"items":[],"pad":"` + strings.Repeat("x", limit-100) + `"}`
 	if _, err := p.client.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: &p.urls.Work, MessageBody: aws.String(big),
-		MessageAttributes: map[string]types.MessageAttributeValue{"note": {DataType: aws.String("String"), StringValue: aws.String(strings.Repeat("n", 150))}}}); err != nil {
+		MessageAttributes: map[string]types.MessageAttributeValue{
+			"note": {DataType: aws.String("String"), StringValue: aws.String(strings.Repeat("n", 150))}}}); err != nil {
 		t.Fatal(err)
 	}
 	c := p.collect(1, time.Minute)

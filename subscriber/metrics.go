@@ -1,13 +1,8 @@
 package subscriber
 
 import (
-	"context"
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
-
-	"github.com/vramq/vramq/job"
 )
 
 // metrics are the subscriber's Prometheus series, all prefixed vramq_subscriber_.
@@ -58,18 +53,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		return f.NewGauge(prometheus.GaugeOpts(opts(name, help)))
 	}
 	return &metrics{
-		received:      counter("messages_received_total", "Messages received from the work queue."),
-		redelivered:   counter("messages_redelivered_total", "Messages received that had been received before (ApproximateReceiveCount above 1): released, timed out, or lost by a consumer."),
-		admitted:      counter("messages_admitted_total", "Messages admitted onto the device."),
-		held:          gauge("messages_held", "Messages whose lease this subscriber holds (waiting or running)."),
-		waiting:       gauge("messages_waiting", "Messages received but not yet started (the prefetch buffer)."),
-		inflight:      gauge("inflight_bytes", "Estimated working memory of admitted messages, in bytes."),
-		inflightPeak:  gauge("inflight_bytes_peak", "Highest estimated working memory admitted at once, in bytes."),
-		budget:        gauge("budget_bytes", "VRAM budget admission works against now, in bytes (vram strategy): free device memory plus this process's working memory, less the reserve, refreshed while running."),
-		budgetMax:     gauge("budget_max_bytes", "Largest VRAM budget the device could give, in bytes (vram strategy): total memory less weights and reserve; a message estimated above it is dead-lettered."),
-		deviceTotal:   gauge("device_memory_total_bytes", "Device memory in total, in bytes (simulated when the device is sim)."),
-		deviceFree:    gauge("device_memory_free_bytes", "Device memory free at the last reading (budget refresh or batch), in bytes."),
-		deviceProcess: gauge("device_memory_process_bytes", "Device memory this process holds at the last reading, in bytes, as the device reports it per process (NVML); 0 when it cannot tell."),
+		received: counter("messages_received_total", "Messages received from the work queue."),
+		redelivered: counter("messages_redelivered_total", "Messages received that had been received before "+
+			"(ApproximateReceiveCount above 1): released, timed out, or lost by a consumer."),
+		admitted:     counter("messages_admitted_total", "Messages admitted onto the device."),
+		held:         gauge("messages_held", "Messages whose lease this subscriber holds (waiting or running)."),
+		waiting:      gauge("messages_waiting", "Messages received but not yet started (the prefetch buffer)."),
+		inflight:     gauge("inflight_bytes", "Estimated working memory of admitted messages, in bytes."),
+		inflightPeak: gauge("inflight_bytes_peak", "Highest estimated working memory admitted at once, in bytes."),
+		budget: gauge("budget_bytes", "VRAM budget admission works against now, in bytes (vram strategy): "+
+			"free device memory plus this process's working memory, less the reserve, refreshed while running."),
+		budgetMax: gauge("budget_max_bytes", "Largest VRAM budget the device could give, in bytes (vram strategy): "+
+			"total memory less weights and reserve; a message estimated above it is dead-lettered."),
+		deviceTotal: gauge("device_memory_total_bytes", "Device memory in total, in bytes (simulated when the device is sim)."),
+		deviceFree:  gauge("device_memory_free_bytes", "Device memory free at the last reading (budget refresh or batch), in bytes."),
+		deviceProcess: gauge("device_memory_process_bytes", "Device memory this process holds at the last reading, in bytes, "+
+			"as the device reports it per process (NVML); 0 when it cannot tell."),
 		batchSize: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_messages",
 			Help: "Messages per batch run on the device.", Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32}}),
 		batchBytes: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_bytes",
@@ -90,88 +89,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			"SQS API calls made, by action and outcome.")), []string{"action", "outcome"}),
 		batchLimit: gauge("batch_limit_messages", "Most messages per batch now, lowered after an out-of-memory split."),
 		claimChecks: f.NewCounterVec(prometheus.CounterOpts(opts("claim_checks_total",
-			"Claim-checked items fetched from the payload bucket, by outcome: ok, missing, corrupt (size or SHA-256), invalid (not the item), error (may pass).")), []string{"outcome"}),
-		resultsStored: counter("results_stored_total", "Chunk results in the payload bucket (written, or found there from an earlier attempt)."),
+			"Claim-checked items fetched from the payload bucket, by outcome: "+
+				"ok, missing, corrupt (size or SHA-256), invalid (not the item), error (may pass).")), []string{"outcome"}),
+		resultsStored: counter("results_stored_total",
+			"Chunk results in the payload bucket (written, or found there from an earlier attempt)."),
 		payloadRequests: f.NewCounterVec(prometheus.CounterOpts(opts("payload_requests_total",
-			"Payload bucket (S3) operations, by operation and outcome; put_if_absent is a read and a conditional write.")), []string{"op", "outcome"}),
-		protected:        gauge("task_protected", "1 while the ECS task is protected from scale-in (messages held), else 0."),
-		protectionErrors: counter("task_protection_errors_total", "Calls to the ECS agent's task protection endpoint that failed (each is retried)."),
+			"Payload bucket (S3) operations, by operation and outcome; put_if_absent is a read and a conditional write.")),
+			[]string{"op", "outcome"}),
+		protected: gauge("task_protected", "1 while the ECS task is protected from scale-in (messages held), else 0."),
+		protectionErrors: counter("task_protection_errors_total",
+			"Calls to the ECS agent's task protection endpoint that failed (each is retried)."),
 	}
-}
-
-// countedQueue counts every call by action and outcome, for any Queue.
-type countedQueue struct {
-	q Queue
-	m *metrics
-}
-
-func (c countedQueue) count(action string, err error) {
-	outcome := "ok"
-	if err != nil {
-		outcome = "error"
-	}
-	c.m.requests.WithLabelValues(action, outcome).Inc()
-}
-
-func (c countedQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]Message, error) {
-	msgs, err := c.q.Receive(ctx, max, wait, visibility)
-	c.count("ReceiveMessage", err)
-	return msgs, err
-}
-
-func (c countedQueue) Delete(ctx context.Context, handles []string) ([]error, error) {
-	errs, err := c.q.Delete(ctx, handles)
-	c.count("DeleteMessageBatch", err)
-	return errs, err
-}
-
-func (c countedQueue) ChangeVisibility(ctx context.Context, handles []string, timeout time.Duration) ([]error, error) {
-	errs, err := c.q.ChangeVisibility(ctx, handles, timeout)
-	c.count("ChangeMessageVisibilityBatch", err)
-	return errs, err
-}
-
-type countedSender struct {
-	s Sender
-	m *metrics
-}
-
-func (c countedSender) Send(ctx context.Context, msgs []Outgoing) ([]error, error) {
-	errs, err := c.s.Send(ctx, msgs)
-	countedQueue{m: c.m}.count("SendMessageBatch", err)
-	return errs, err
-}
-
-// countedPayloads counts every payload bucket operation by outcome.
-type countedPayloads struct {
-	p Payloads
-	m *metrics
-}
-
-func (c countedPayloads) count(op string, err error) {
-	outcome := "ok"
-	if err != nil {
-		outcome = "error"
-	}
-	c.m.payloadRequests.WithLabelValues(op, outcome).Inc()
-}
-
-func (c countedPayloads) Bucket() string { return c.p.Bucket() }
-
-func (c countedPayloads) Get(ctx context.Context, ref job.PayloadRef) ([]byte, error) {
-	b, err := c.p.Get(ctx, ref)
-	c.count("get", err)
-	return b, err
-}
-
-func (c countedPayloads) Put(ctx context.Context, key string, body []byte) (job.PayloadRef, error) {
-	ref, err := c.p.Put(ctx, key, body)
-	c.count("put", err)
-	return ref, err
-}
-
-func (c countedPayloads) PutIfAbsent(ctx context.Context, key string, body []byte) (bool, []byte, error) {
-	created, existing, err := c.p.PutIfAbsent(ctx, key, body)
-	c.count("put_if_absent", err)
-	return created, existing, err
 }

@@ -23,7 +23,8 @@ import (
 // recovered turns a recovered panic value into the invalid-input error of
 // the call, and logs its stack, which is for operators, not for the reason.
 func (s *Subscriber) recovered(what string, p any, err *error) {
-	s.log.Error("the model panicked; its batch is treated as invalid input", "call", what, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	s.log.Error("the model panicked; its batch is treated as invalid input",
+		"call", what, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 	*err = fmt.Errorf("%w: model %s panicked in %s: %v", gpu.ErrInvalidInput, s.cfg.Model.Name(), what, p)
 }
 

@@ -2,11 +2,110 @@ package subscriber
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/vramq/vramq/job"
 )
+
+// complete sends one result message per task, through the outbox, which
+// shares SendMessageBatch calls across batches; once a result is on the
+// results queue its message is deleted, and a message whose result did not
+// go out is released for a retry. With a payload bucket each result is
+// written there first, and one too large for a message goes out as a
+// reference to that object. The caller has promised the outbox len(tasks)
+// results (see outbox.promise).
+//
+// A result that can never be sent is dead-lettered with the reason, never
+// stored or retried: one whose outputs do not encode (NaN or ±Inf), one
+// over MaxResultBytes, one too large for a message without a bucket, and
+// one that S3 or SQS refuse for good.
+func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
+	model := s.cfg.Model.Name()
+	results := make([]job.Result, len(tasks))
+	var keep []*task
+	var kept []job.Result
+	var keptBodies [][]byte
+	for i, t := range tasks {
+		results[i] = job.Result{
+			V: job.Version, JobID: t.work.JobID, Chunk: t.work.Chunk, Model: model,
+			Outputs: outs[i], Attempt: t.lease.msg.ReceiveCount,
+			WorkerMS: time.Since(t.lease.received).Milliseconds(),
+		}
+		body, err := encodeResult(&results[i])
+		switch {
+		case err != nil:
+			s.deadLetter(t, "invalid_output", unencodable(outs[i], err))
+			continue
+		case len(body) > s.cfg.MaxResultBytes:
+			s.deadLetter(t, "result_too_large", fmt.Sprintf("result of %d bytes (%d items) exceeds the %d-byte result limit",
+				len(body), len(outs[i]), s.cfg.MaxResultBytes))
+			continue
+		}
+		keep, kept, keptBodies = append(keep, t), append(kept, results[i]), append(keptBodies, body)
+	}
+	var refs []*job.PayloadRef
+	var storeErrs []error
+	if s.payloads != nil {
+		refs, storeErrs = s.storeResults(kept, keptBodies)
+	}
+	out := make([]outResult, 0, len(keep))
+	for i, t := range keep {
+		r, body := kept[i], keptBodies[i]
+		if refs != nil && refs[i] == nil {
+			if permanent(storeErrs[i]) {
+				s.deadLetter(t, "result_refused", "the payload bucket refuses the result: "+refusalCode(storeErrs[i]))
+				continue
+			}
+			// Consumers of the bucket expect every result in it.
+			s.log.Warn("result not stored; message released for a retry", "message_id", t.lease.msg.ID)
+			s.release(t, s.retryDelay(t.lease.msg.ReceiveCount))
+			continue
+		}
+		attrs := job.Attributes(r.Key())
+		var err error
+		if job.MessageSize(string(body), attrs) > s.cfg.MaxMessageBytes && refs != nil {
+			r.Outputs, r.Ref = nil, refs[i]
+			body, err = encodeResult(&r)
+		}
+		if size := job.MessageSize(string(body), attrs); err != nil || size > s.cfg.MaxMessageBytes {
+			reason := fmt.Sprintf("result message of %d bytes exceeds the %d-byte message limit", size, s.cfg.MaxMessageBytes)
+			if refs == nil {
+				reason += " and no payload bucket is configured"
+			}
+			if err != nil {
+				reason = "encoding the result's reference: " + err.Error()
+			}
+			s.deadLetter(t, "result_too_large", reason)
+			continue
+		}
+		out = append(out, outResult{msg: Outgoing{Body: string(body), Attributes: attrs}, t: t})
+	}
+	s.outbox.add(out, len(tasks))
+}
+
+// encodeResult is the JSON of r as it is stored and sent: with every
+// character SQS may refuse escaped (job.EncodeForSQS), since item ids and
+// outputs repeat what the message's sender chose.
+func encodeResult(r *job.Result) ([]byte, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	return job.EncodeForSQS(b), nil
+}
+
+// unencodable names the first output that does not encode, for the reason.
+func unencodable(outs []job.Output, err error) string {
+	for _, o := range outs {
+		if _, e := json.Marshal(o); e != nil {
+			return fmt.Sprintf("the output of item %s cannot be encoded: %v", job.QuoteID(o.ID), e)
+		}
+	}
+	return "the result cannot be encoded: " + err.Error()
+}
 
 // resultLinger is the longest a result waits for others to share its
 // SendMessageBatch call, and it waits only while other messages are running
@@ -18,7 +117,8 @@ const resultLinger = 100 * time.Millisecond
 // An outbox sends result messages in SendMessageBatch calls shared across
 // device batches, as the keeper does for deletes. Under vram admission a
 // device batch holds a few messages, and a call per batch made results the
-// largest share of the subscriber's requests (0.4 a message); here a call
+// largest share of the subscriber's requests (bench/overhead.md counts the
+// calls per message); here a call
 // goes when it is full (see full) or holds maxBytes of payload, or when its
 // first result has waited linger.
 //
@@ -27,7 +127,7 @@ const resultLinger = 100 * time.Millisecond
 // a partial one by the linger timer's. Once the call has answered, done is
 // told each entry's outcome: the subscriber deletes a message only after
 // SQS accepted its result, and releases it for a retry otherwise. Until
-// then its lease is held by the keeper and not finishing, so heartbeats go
+// then its lease is held by the keeper and not ending, so heartbeats go
 // on extending it while it waits here.
 //
 // One mutex guards what is pending and the timer; calls run outside it.
@@ -141,7 +241,7 @@ func (o *outbox) expire(gen uint64) {
 }
 
 // close sends what is pending at once and waits until every call has
-// answered and its entries are settled. Shutdown calls it after the last
+// answered and its entries are told (done). Shutdown calls it after the last
 // batch has finished and before the keeper drains, so that no result is
 // left behind and every delete it leads to is flushed.
 func (o *outbox) close() {
@@ -217,17 +317,16 @@ func (s *Subscriber) resultSent(t *task, err error) {
 	if permanent(err) {
 		// Sending it again would fail the same way, until the queue's
 		// redrive policy moved it to the DLQ without a reason.
-		s.deadLetter(t.lease, "result_refused", "the results queue refuses the result: "+refusalCode(err))
-		s.settle(t)
+		s.deadLetter(t, "result_refused", "the results queue refuses the result: "+refusalCode(err))
 		return
 	}
 	if err != nil {
 		s.log.Warn("sending result failed; message released for a retry", "message_id", t.lease.msg.ID, "err", err)
-		s.finish(t, true, s.retryDelay(t.lease.msg.ReceiveCount))
+		s.release(t, s.retryDelay(t.lease.msg.ReceiveCount))
 		return
 	}
 	s.m.results.Inc()
-	s.finish(t, false, 0)
+	s.ack(t)
 }
 
 // fullCall is the most entries a result or delete call can gather: the

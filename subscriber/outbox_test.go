@@ -57,28 +57,28 @@ func (l *sendLog) sizes() []int {
 	return n
 }
 
-// settled records what the outbox told about each entry.
-type settled struct {
+// told records what the outbox told about each entry.
+type told struct {
 	mu   sync.Mutex
 	errs map[*task]error
 }
 
-func (s *settled) done(t *task, err error) {
+func (s *told) done(t *task, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, twice := s.errs[t]; twice {
-		panic("an entry settled twice")
+		panic("an entry told twice")
 	}
 	s.errs[t] = err
 }
 
-func (s *settled) count() int {
+func (s *told) count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.errs)
 }
 
-func newTestOutbox(l *sendLog, s *settled) *outbox {
+func newTestOutbox(l *sendLog, s *told) *outbox {
 	l.start = time.Now()
 	s.errs = map[*task]error{}
 	return &outbox{send: l.send, done: s.done, linger: 100 * time.Millisecond, maxBytes: 1000, full: MaxBatch}
@@ -105,7 +105,7 @@ func someResults(name string, n, size int) []outResult {
 func TestOutboxSharesCallsAcrossBatches(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var l sendLog
-		var s settled
+		var s told
 		o := newTestOutbox(&l, &s)
 		// Three device batches: the third fills a call, which its own
 		// goroutine sends before add returns.
@@ -134,7 +134,7 @@ func TestOutboxSharesCallsAcrossBatches(t *testing.T) {
 			t.Fatalf("calls %v, want [10 2]", n)
 		}
 		if s.count() != 12 {
-			t.Errorf("%d entries settled, want 12", s.count())
+			t.Errorf("%d entries told, want 12", s.count())
 		}
 	})
 }
@@ -142,7 +142,7 @@ func TestOutboxSharesCallsAcrossBatches(t *testing.T) {
 func TestOutboxBoundsCallPayload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var l sendLog
-		var s settled
+		var s told
 		o := newTestOutbox(&l, &s) // 1000 bytes a call
 		o.add(someResults("a", 7, 300), 0)
 		if n := l.sizes(); !slices.Equal(n, []int{3, 3}) {
@@ -161,7 +161,7 @@ func TestOutboxBoundsCallPayload(t *testing.T) {
 func TestOutboxLingerStartsWithEachCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var l sendLog
-		var s settled
+		var s told
 		o := newTestOutbox(&l, &s)
 		o.add(someResults("a", 3, 10), 0) // linger until 100ms
 		time.Sleep(90 * time.Millisecond)
@@ -182,7 +182,7 @@ func TestOutboxLingerStartsWithEachCall(t *testing.T) {
 func TestOutboxReportsEachEntry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var l sendLog
-		var s settled
+		var s told
 		o := newTestOutbox(&l, &s)
 		l.fail = func(body string) error {
 			if body == "a-4" {
@@ -205,7 +205,7 @@ func TestOutboxReportsEachEntry(t *testing.T) {
 func TestOutboxCloseSendsAndWaits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var l sendLog
-		var s settled
+		var s told
 		o := newTestOutbox(&l, &s)
 		l.hold = make(chan struct{})
 		go o.add(someResults("full", 10, 10), 0) // a runner, sending
@@ -227,7 +227,7 @@ func TestOutboxCloseSendsAndWaits(t *testing.T) {
 			t.Fatal("close did not return once the calls answered")
 		}
 		if time.Since(start) != 0 || s.count() != 12 {
-			t.Errorf("after %v, %d of 12 settled; want all, without waiting for the linger", time.Since(start), s.count())
+			t.Errorf("after %v, %d of 12 told; want all, without waiting for the linger", time.Since(start), s.count())
 		}
 	})
 }
@@ -403,7 +403,7 @@ func TestLingerGivesWayToTheInflightBound(t *testing.T) {
 func TestOutboxSendsAtOnceWhenNothingElseIsComing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var l sendLog
-		var s settled
+		var s told
 		o := newTestOutbox(&l, &s)
 		var running atomic.Bool
 		running.Store(true)
@@ -426,7 +426,7 @@ func TestOutboxSendsAtOnceWhenNothingElseIsComing(t *testing.T) {
 		}
 		o.close()
 		if s.count() != 6 {
-			t.Errorf("%d entries settled, want 6", s.count())
+			t.Errorf("%d entries told, want 6", s.count())
 		}
 	})
 }
@@ -437,9 +437,9 @@ func TestOutboxSendsAtOnceWhenNothingElseIsComing(t *testing.T) {
 func TestOutboxWaitsForPromisedResults(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var l sendLog
-		var s settled
+		var s told
 		o := newTestOutbox(&l, &s)
-		o.more = func() bool { return false } // both batches have settled
+		o.more = func() bool { return false } // both batches have returned
 		o.promise(2)
 		o.promise(2)
 		o.add(someResults("a", 2, 10), 2)
@@ -454,7 +454,7 @@ func TestOutboxWaitsForPromisedResults(t *testing.T) {
 		}
 		o.close()
 		if s.count() != 3 {
-			t.Errorf("%d entries settled, want 3", s.count())
+			t.Errorf("%d entries told, want 3", s.count())
 		}
 	})
 }
@@ -464,7 +464,7 @@ func TestOutboxWaitsForPromisedResults(t *testing.T) {
 // out (issue 14, item 5).
 func TestOutboxIsolatesARefusedEntry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var s settled
+		var s told
 		var calls atomic.Int32
 		o := &outbox{linger: time.Millisecond, maxBytes: 1 << 20, full: MaxBatch, done: s.done}
 		o.send = func(ctx context.Context, msgs []Outgoing) ([]error, error) {
@@ -484,11 +484,11 @@ func TestOutboxIsolatesARefusedEntry(t *testing.T) {
 			err, ok := s.errs[r.t]
 			switch {
 			case !ok:
-				t.Errorf("result %d never settled", i)
+				t.Errorf("result %d never told", i)
 			case i == 3 && !permanent(err):
-				t.Errorf("the refused result settled with %v; want a permanent refusal", err)
+				t.Errorf("the refused result told with %v; want a permanent refusal", err)
 			case i != 3 && err != nil:
-				t.Errorf("result %d settled with %v; want sent", i, err)
+				t.Errorf("result %d told with %v; want sent", i, err)
 			}
 		}
 		if n := calls.Load(); n > 9 {

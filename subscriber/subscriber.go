@@ -4,6 +4,19 @@
 // by their estimated working memory against the device's VRAM budget, packs
 // admitted messages into batches, splits a batch that still runs out of
 // memory, and deletes or releases every message it took.
+//
+// A message passes through one stage per file:
+//
+//	poller.go     receives, leases, decodes and estimates (claimcheck.go fetches claim-checked items)
+//	admission.go  admits by estimated memory against the budget (semaphore.go, budget.go)
+//	batcher.go    packs admitted messages into device batches
+//	runner.go     runs a batch on the model, splitting it on out-of-memory
+//	outbox.go     sends results in shared SendMessageBatch calls
+//	end.go        ends every message: ack, release(delay) or deadLetter(kind, reason)
+//	keeper.go     holds the leases: extends visibility, batches the deletes and releases
+//
+// protector.go keeps the ECS task protected from scale-in while messages are
+// held, through taskprotect.
 package subscriber
 
 import (
@@ -50,7 +63,7 @@ type Subscriber struct {
 	fetchSlots *semaphore.Weighted
 
 	received     atomic.Int64
-	inflight     atomic.Int64 // estimated bytes admitted and not settled
+	inflight     atomic.Int64 // estimated bytes admitted and not given back
 	peak         atomic.Int64 // highest inflight seen
 	pollErrSince atomic.Int64 // unix nanos of the first of consecutive receive errors; 0 when fine
 	started      atomic.Bool
@@ -175,7 +188,8 @@ func New(cfg Config) (*Subscriber, error) {
 		"budget", gpu.FormatBytes(budget), "budget_max", gpu.FormatBytes(largest), "budget_refresh", cfg.BudgetRefresh,
 		"admission", string(cfg.Admission), "model", cfg.Model.Name(), "batch_limit", s.state.batchLimit())
 	if _, ok := cfg.Model.(gpu.WorkingSet); !ok && cfg.Admission == AdmitVRAM && cfg.BudgetRefresh > 0 {
-		s.log.Info("the model does not report its working set (gpu.WorkingSet): the budget is read again only while none of its batches is admitted",
+		s.log.Info("the model does not report its working set (gpu.WorkingSet): "+
+			"the budget is read again only while none of its batches is admitted",
 			"model", cfg.Model.Name())
 	}
 	return s, nil
@@ -235,7 +249,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	ctx, stopRun := context.WithCancelCause(ctx)
 	defer stopRun(nil)
 	s.loss.arm(stopRun)
-	// Work, SQS calls to finish work, and leases outlive ctx: shutdown
+	// Work, SQS calls to end messages, and leases outlive ctx: shutdown
 	// cancels them itself, in order.
 	base := context.WithoutCancel(ctx)
 	keeperCtx, stopKeeper := context.WithCancel(base)
@@ -245,7 +259,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		s.keeper.run(keeperCtx)
 	}()
 	// Protection follows held messages through the shutdown too: it is
-	// cleared only after the last of them is settled.
+	// cleared only after the last of them has ended.
 	protectCtx, stopProtect := context.WithCancel(base)
 	protectDone := make(chan struct{})
 	go func() {
@@ -343,7 +357,7 @@ func (s *Subscriber) addWaiting() {
 	s.m.waiting.Set(float64(s.waiting.Load()))
 }
 
-// startTasks marks tasks as no longer waiting: started, or settled without
+// startTasks marks tasks as no longer waiting: started, or ended without
 // running.
 func (s *Subscriber) startTasks(n int) {
 	s.waiting.Add(-int64(n))

@@ -179,7 +179,8 @@ func start(t *testing.T, capacity int64, cfg Config) *harness {
 // last: another model, device or logger.
 func startWith(t *testing.T, capacity int64, cfg Config, setup func(*harness, *Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, work: queuetest.NewMem(), results: queuetest.NewMem(), dlq: queuetest.NewMem(), dev: gpu.NewSim(capacity), reg: prometheus.NewRegistry()}
+	h := &harness{t: t, work: queuetest.NewMem(), results: queuetest.NewMem(), dlq: queuetest.NewMem(), dev: gpu.NewSim(capacity),
+		reg: prometheus.NewRegistry()}
 	h.model = &testModel{dev: h.dev}
 	cfg.Queue, cfg.Results, cfg.DLQ, cfg.Model, cfg.Device = h.work, h.results, h.dlq, h.model, h.dev
 	cfg.Registerer = h.reg

@@ -20,19 +20,19 @@ import (
 )
 
 // The tests of this file send what a hostile sender to the work queue can
-// send (issue 14, items 2 to 10). Each waits for every message to be
-// settled, since the defects they catch made messages loop until redrive.
+// send (issue 14, items 2 to 10). Each waits for every message to have
+// ended, since the defects they catch made messages loop until redrive.
 
 // putRaw puts body on the work queue with attrs.
 func (h *harness) putRaw(body string, attrs map[string]string) {
 	h.work.Put(body, attrs)
 }
 
-// settledAll waits until results and dead letters add up to n, and the work
+// endedAll waits until results and dead letters add up to n, and the work
 // queue is empty.
-func (h *harness) settledAll(n int) {
+func (h *harness) endedAll(n int) {
 	h.t.Helper()
-	waitFor(h.t, 5*time.Minute, fmt.Sprintf("%d messages settled", n), func() bool {
+	waitFor(h.t, 5*time.Minute, fmt.Sprintf("%d messages ended", n), func() bool {
 		r, _ := h.results.Stats()
 		d, _ := h.dlq.Stats()
 		w, _ := h.work.Stats()
@@ -79,7 +79,7 @@ func TestIdentityFromBodyAndMarkersKept(t *testing.T) {
 		h.putRaw(workBody(t, job.Work{JobID: strings.Repeat("j", 5000), Items: []job.Item{{ID: "a", Text: "mb=1"}}}), nil)
 		h.putRaw(workBody(t, job.Work{JobID: "ctl", Items: []job.Item{{ID: "a\x01", Text: "mb=1"}}}), nil)
 		h.putRaw(workBody(t, job.Work{JobID: "longitem", Items: []job.Item{{ID: strings.Repeat("i", 257), Text: "mb=1"}}}), nil)
-		h.settledAll(6)
+		h.endedAll(6)
 		h.shutdown()
 
 		if b, _ := p.object(job.FailedKey("victim", 0)); string(b) != string(victimMarker) {
@@ -131,7 +131,7 @@ func TestResultsSQSCannotTake(t *testing.T) {
 		for c := range 3 {
 			h.putRaw(workBody(t, job.Work{JobID: "fine", Chunk: c, Items: []job.Item{{ID: "a", Text: "mb=1"}}}), nil)
 		}
-		h.settledAll(5)
+		h.endedAll(5)
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r := got[job.Key{JobID: "odd"}]; len(r.Outputs) != 1 || r.Outputs[0].ID != odd {
@@ -163,7 +163,7 @@ func TestLongJobIDDoesNotPoisonSharedCalls(t *testing.T) {
 		for c := range 9 {
 			h.putRaw(workBody(t, job.Work{JobID: "n", Chunk: c, Items: []job.Item{{ID: "a", Text: "mb=1"}}}), nil)
 		}
-		h.settledAll(10)
+		h.endedAll(10)
 		h.shutdown()
 		if got, _ := h.resultsByKey(); len(got) != 9 {
 			t.Errorf("%d results, want the 9 neighbours'", len(got))
@@ -184,14 +184,15 @@ func TestDeadLetterThatDoesNotFitKeepsItsReason(t *testing.T) {
 		body := `{"v":1,"job_id":"big","chunk":0,"items":[],"pad":"` + strings.Repeat("é", limit/2) + `"}`
 		attrs := map[string]string{"a-original": strings.Repeat("x", 1000)}
 		h.putRaw(body, attrs)
-		h.settledAll(1)
+		h.endedAll(1)
 		h.shutdown()
 		d := h.dlq.All()[0]
 		if r := d.Attributes[job.AttrReason]; !strings.HasPrefix(r, "malformed: ") {
 			t.Errorf("reason %q", r)
 		}
 		if d.Attributes[AttrBodyTruncated] != strconv.Itoa(len(body)) || !strings.HasPrefix(body, d.Body) || len(d.Body) < limit/2 {
-			t.Errorf("copy of %d bytes, truncated attribute %q; want the start of the %d-byte body", len(d.Body), d.Attributes[AttrBodyTruncated], len(body))
+			t.Errorf("copy of %d bytes, truncated attribute %q; want the start of the %d-byte body",
+				len(d.Body), d.Attributes[AttrBodyTruncated], len(body))
 		}
 		if n := job.MessageSize(d.Body, d.Attributes); n > limit {
 			t.Errorf("copy of %d bytes", n)
@@ -222,7 +223,7 @@ func TestResultsThatCanNeverBeStored(t *testing.T) {
 		}
 		h.putRaw(workBody(t, many), nil)
 		h.putRaw(workBody(t, job.Work{JobID: "fine", Items: []job.Item{{ID: "a", Text: "mb=1"}}}), nil)
-		h.settledAll(5)
+		h.endedAll(5)
 		h.shutdown()
 		reasons := h.reasons()
 		for key, want := range map[string]string{
@@ -257,7 +258,7 @@ func TestModelPanicsAreInvalidInput(t *testing.T) {
 		}
 		h.send("panics", 0, "mb=1", "mb=1 panic")
 		h.send("costs", 0, "mb=1 costpanic")
-		h.settledAll(6)
+		h.endedAll(6)
 		h.shutdown()
 		reasons := h.reasons()
 		for key, want := range map[string]string{
@@ -288,10 +289,12 @@ func (panickyLaunched) Run(context.Context) ([]job.Output, error) { panic("launc
 func TestLaunchPanicsAreInvalidInput(t *testing.T) {
 	m := &panickyLauncher{&testModel{}}
 	s := &Subscriber{cfg: Config{Model: m}, launcher: m, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if _, err := s.modelLaunch(t.Context(), nil); !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launch: launch") {
+	_, err := s.modelLaunch(t.Context(), nil)
+	if !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launch: launch") {
 		t.Errorf("Launch: %v", err)
 	}
-	if _, err := s.launchedRun(t.Context(), panickyLaunched{}); !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launched.Run") {
+	_, err = s.launchedRun(t.Context(), panickyLaunched{})
+	if !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launched.Run") {
 		t.Errorf("Launched.Run: %v", err)
 	}
 }
@@ -305,7 +308,7 @@ func TestItemsWithoutContentRefused(t *testing.T) {
 		h.putRaw(`{"v":1,"job_id":"empty","chunk":0,"items":[{"id":"a"}]}`, nil)
 		h.putRaw(`{"v":1,"job_id":"emptydata","chunk":0,"items":[{"id":"a","text":"","data":""}]}`, nil)
 		h.sendWork(job.Work{JobID: "emptyref", Items: []job.Item{claimChecked(t, p, job.ItemKey("emptyref", "a"), job.Item{ID: "a"})}})
-		h.settledAll(3)
+		h.endedAll(3)
 		h.shutdown()
 		reasons := h.reasons()
 		for key, want := range map[string]string{

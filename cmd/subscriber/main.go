@@ -31,6 +31,7 @@ import (
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
+	"github.com/vramq/vramq/subscriber/taskprotect"
 )
 
 func main() {
@@ -170,7 +171,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		c.Payloads = payload.New(awsconfig.S3(awsCfg, getenv), o.payloadBucket)
 	}
 	if o.protectionURI != "" {
-		if c.TaskProtection, err = subscriber.NewTaskProtection(o.protectionURI, nil); err != nil {
+		if c.TaskProtection, err = taskprotect.New(o.protectionURI, nil); err != nil {
 			return fmt.Errorf("%w: -task-protection: %v", errUsage, err)
 		}
 		log.Info("ECS task scale-in protection on while messages are held", "agent", o.protectionURI, "expiry", c.TaskProtectionExpiry)

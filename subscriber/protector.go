@@ -1,193 +1,25 @@
 package subscriber
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"log/slog"
-	"math"
-	"net/http"
-	"net/url"
-	"strings"
 	"time"
+
+	"github.com/vramq/vramq/subscriber/taskprotect"
 )
 
-// TaskProtection is a client of the ECS container agent's task scale-in
-// protection endpoint, $ECS_AGENT_URI/task-protection/v1/state. A protected
-// task is not chosen when its service scales in or a deployment replaces
-// tasks. The agent makes the ECS UpdateTaskProtection and GetTaskProtection
-// calls with the task role's credentials, so the task role needs both
-// actions; and only tasks of an ECS service can be protected (a standalone
-// task gets a TASK_NOT_VALID failure).
-//
-// Its methods may be called concurrently. They do not retry: the agent
-// already retries its calls to ECS, and the subscriber retries on its own
-// schedule.
-type TaskProtection struct {
-	url    string
-	client *http.Client
+// TaskProtection turns the ECS task's scale-in protection on for expiry, or
+// off; *taskprotect.Client does it through the ECS container agent. Set may
+// fail: the protector counts the failure and tries again later.
+type TaskProtection interface {
+	Set(ctx context.Context, enabled bool, expiry time.Duration) error
 }
 
-// MaxTaskProtection is the longest protection ECS grants in one call (48 h).
-const MaxTaskProtection = 2880 * time.Minute
+var _ TaskProtection = (*taskprotect.Client)(nil)
 
-// protectionCallTimeout bounds one call to the agent, which itself gives up
-// on ECS after a few seconds.
-const protectionCallTimeout = 15 * time.Second
-
-// NewTaskProtection returns a client of the agent at agentURI, the
-// ECS_AGENT_URI the agent puts into every container's environment. A nil
-// client means one with a timeout for each call.
-func NewTaskProtection(agentURI string, client *http.Client) (*TaskProtection, error) {
-	u, err := url.Parse(agentURI)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("ECS agent URI %q: want an http URL such as http://169.254.170.2/api/<id>", agentURI)
-	}
-	if client == nil {
-		client = &http.Client{Timeout: protectionCallTimeout}
-	}
-	return &TaskProtection{url: strings.TrimSuffix(agentURI, "/") + "/task-protection/v1/state", client: client}, nil
-}
-
-// ProtectionState is the task's protection as the agent reports it.
-type ProtectionState struct {
-	ProtectionEnabled bool
-	ExpirationDate    *time.Time // nil when not protected
-	TaskArn           string
-}
-
-// ProtectionError is an answer of the agent other than the task's state: a
-// failure ECS reported for the task (Code is its reason, e.g.
-// TASK_NOT_VALID, DEPLOYMENT_BLOCKED) or an error of the call (Code is e.g.
-// AccessDeniedException, ThrottlingException, RequestCanceled).
-type ProtectionError struct {
-	StatusCode int
-	Code       string
-	Message    string
-	TaskArn    string
-	RequestID  string
-}
-
-func (e *ProtectionError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "ECS task protection: HTTP %d", e.StatusCode)
-	if e.Code != "" {
-		b.WriteString(": " + e.Code)
-	}
-	if e.Message != "" {
-		b.WriteString(": " + e.Message)
-	}
-	if e.RequestID != "" {
-		b.WriteString(" (request " + e.RequestID + ")")
-	}
-	// The two causes an operator can fix, named where they show up.
-	switch e.Code {
-	case "AccessDeniedException":
-		b.WriteString("; the task role needs ecs:UpdateTaskProtection and ecs:GetTaskProtection")
-	case "TASK_NOT_VALID":
-		b.WriteString("; only tasks of an ECS service can be protected")
-	}
-	return b.String()
-}
-
-// Set turns protection on for expiry (rounded up to whole minutes, from 1
-// minute to MaxTaskProtection), or off. Setting it on again restarts the
-// expiry.
-func (p *TaskProtection) Set(ctx context.Context, enabled bool, expiry time.Duration) error {
-	req := struct {
-		ProtectionEnabled bool
-		// Sent only with true: the agent rejects fields it does not know, and
-		// an expiry means nothing when turning protection off.
-		ExpiresInMinutes *int `json:",omitempty"`
-	}{ProtectionEnabled: enabled}
-	if enabled {
-		m := expiryMinutes(expiry)
-		req.ExpiresInMinutes = &m
-	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	st, err := p.call(ctx, http.MethodPut, body)
-	if err != nil {
-		return err
-	}
-	if st.ProtectionEnabled != enabled {
-		return fmt.Errorf("ECS task protection: set to %v, the agent reports %v", enabled, st.ProtectionEnabled)
-	}
-	return nil
-}
-
-// Get returns the task's protection now.
-func (p *TaskProtection) Get(ctx context.Context) (ProtectionState, error) {
-	return p.call(ctx, http.MethodGet, nil)
-}
-
-func expiryMinutes(d time.Duration) int {
-	m := math.Ceil(d.Minutes())
-	return int(min(max(m, 1), MaxTaskProtection.Minutes()))
-}
-
-func (p *TaskProtection) call(ctx context.Context, method string, body []byte) (ProtectionState, error) {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, p.url, rd)
-	if err != nil {
-		return ProtectionState{}, err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return ProtectionState{}, fmt.Errorf("ECS task protection: %w", err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if err != nil {
-		return ProtectionState{}, fmt.Errorf("ECS task protection: reading the answer: %w", err)
-	}
-	var ans struct {
-		RequestID  *string          `json:"requestID"`
-		Protection *ProtectionState `json:"protection"`
-		Failure    *struct {
-			Arn    string
-			Reason string
-			Detail *string
-		} `json:"failure"`
-		Error *struct {
-			Arn     string
-			Code    string
-			Message string
-		} `json:"error"`
-	}
-	jsonErr := json.Unmarshal(raw, &ans)
-	pe := &ProtectionError{StatusCode: resp.StatusCode}
-	if ans.RequestID != nil {
-		pe.RequestID = *ans.RequestID
-	}
-	switch {
-	case jsonErr == nil && ans.Failure != nil:
-		pe.Code, pe.TaskArn = ans.Failure.Reason, ans.Failure.Arn
-		if ans.Failure.Detail != nil {
-			pe.Message = *ans.Failure.Detail
-		}
-		return ProtectionState{}, pe
-	case jsonErr == nil && ans.Error != nil:
-		pe.Code, pe.Message, pe.TaskArn = ans.Error.Code, ans.Error.Message, ans.Error.Arn
-		return ProtectionState{}, pe
-	case resp.StatusCode/100 != 2:
-		pe.Message = strings.TrimSpace(string(raw[:min(len(raw), 512)]))
-		return ProtectionState{}, pe
-	case jsonErr != nil || ans.Protection == nil:
-		return ProtectionState{}, fmt.Errorf("ECS task protection: HTTP %d without the task's protection: %.200q", resp.StatusCode, raw)
-	}
-	return *ans.Protection, nil
-}
+// MaxTaskProtection is the longest protection ECS grants in one call (48 h),
+// the bound on Config's TaskProtectionExpiry and TaskProtectionMaxHold.
+const MaxTaskProtection = taskprotect.MaxExpiry
 
 // protector keeps the task protected from scale-in while the subscriber holds
 // messages. It turns protection on when the first message is held, renews it
@@ -199,7 +31,7 @@ func (p *TaskProtection) call(ctx context.Context, method string, body []byte) (
 // protected; a scale-in in that window stops it the ordinary way (SIGTERM),
 // and shutdown hands the message back.
 type protector struct {
-	tp      *TaskProtection
+	tp      TaskProtection
 	expiry  time.Duration
 	idle    time.Duration
 	maxHold time.Duration // the longest protection stays on without a break
@@ -234,7 +66,7 @@ const protectionIdle = 30 * time.Second
 // at most maxHold plus this.
 const protectionBreak = 2 * time.Minute
 
-func newProtector(tp *TaskProtection, expiry, maxHold time.Duration, held func() int64, m *metrics, log *slog.Logger) *protector {
+func newProtector(tp TaskProtection, expiry, maxHold time.Duration, held func() int64, m *metrics, log *slog.Logger) *protector {
 	return &protector{tp: tp, expiry: expiry, maxHold: maxHold, idle: protectionIdle, held: held, m: m, log: log, kick: make(chan struct{}, 1)}
 }
 
@@ -352,7 +184,8 @@ func (p *protector) takeBreak(ctx context.Context, now time.Time) {
 		p.failed(ctx, "off for a break", err)
 		return
 	}
-	p.log.Info("task scale-in protection off for a break, though messages are held: a deployment or scale-in waiting for this task may replace it now",
+	p.log.Info("task scale-in protection off for a break, though messages are held: "+
+		"a deployment or scale-in waiting for this task may replace it now",
 		"on_for", now.Sub(p.onSince).Round(time.Second), "break", protectionBreak)
 	p.on, p.maybeOn, p.breakEnds = false, false, now.Add(protectionBreak)
 	p.succeeded()
@@ -375,13 +208,13 @@ func (p *protector) failed(ctx context.Context, to string, err error) {
 		"consecutive", p.failures, "retry_in", backoff, "err", err)
 }
 
-// clear turns protection off at shutdown, once every message is settled, so
+// clear turns protection off at shutdown, once every message has ended, so
 // that ECS may stop the task. Call it after run has returned.
 func (p *protector) clear(ctx context.Context) {
 	if !p.maybeOn {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, protectionCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, taskprotect.CallTimeout)
 	defer cancel()
 	if err := p.tp.Set(ctx, false, 0); err != nil {
 		p.m.protectionErrors.Inc()

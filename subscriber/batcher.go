@@ -5,100 +5,7 @@ import (
 	"math"
 	"slices"
 	"time"
-
-	"github.com/vramq/vramq/gpu"
 )
-
-// admit takes waiting messages in order and admits each once admission has
-// room for it. A message not admitted within AdmitTimeout of its receipt is
-// released for another consumer rather than kept waiting here (backpressure).
-func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
-	defer close(out)
-	for t := range s.buffer {
-		if ctx.Err() != nil || t.lease.lost.Load() {
-			s.releaseWaiting(t, "shutdown or lost lease")
-			continue
-		}
-		w := s.adm.weight(t.cost)
-		var err error
-		if !s.adm.tryAcquire(w) {
-			s.admitBlocked.Store(true)
-			select {
-			case s.admitKick <- struct{}{}:
-			default:
-			}
-			if s.launchesAhead(t) {
-				t.ahead = s.launchAhead(ctx, t)
-			}
-			actx, cancel := context.WithDeadline(ctx, t.lease.received.Add(s.cfg.AdmitTimeout))
-			err = s.adm.acquire(actx, w)
-			cancel()
-			s.admitBlocked.Store(false)
-		}
-		if err != nil {
-			reason := "shutdown"
-			if ctx.Err() == nil {
-				reason = "backpressure"
-				s.log.Info("not admitted in time; released for another consumer",
-					"message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(t.cost), "admit_timeout", s.cfg.AdmitTimeout)
-			}
-			s.releaseWaiting(t, reason)
-			continue
-		}
-		t.weight = w
-		s.m.admitted.Inc()
-		s.m.inflight.Add(float64(t.cost))
-		if now := s.inflight.Add(t.cost); now > s.peak.Load() {
-			s.peak.Store(now) // only this goroutine raises it
-			s.m.inflightPeak.Set(float64(now))
-		}
-		out <- t // the batcher always takes it, also during shutdown
-	}
-}
-
-// launchesAhead reports whether t, waiting for admission, is launched
-// meanwhile: under vram, with a model that launches in two phases, for a
-// message that fills a batch on its own (so no batching is lost) and is not
-// a suspect (which runs alone anyway, but only after its batch-mates have
-// let go). Its launch then overlaps the batches working on the device, and
-// when memory frees it starts work at once. Without it the device idled
-// through the launch of every large message: 8% of the time in the bimodal
-// benchmark, where two large messages admitted together also launched
-// together.
-func (s *Subscriber) launchesAhead(t *task) bool {
-	return s.launcher != nil && s.adm.strategy == AdmitVRAM && t.cost >= s.batchCap() && !s.suspects.has(t.lease.msg.ID)
-}
-
-// launchAhead starts launching t's batch of one, under ctx: shutdown ends
-// a launch whose message is then handed back unstarted.
-func (s *Subscriber) launchAhead(ctx context.Context, t *task) *launched {
-	a := &launched{done: make(chan struct{})}
-	items := t.work.Items
-	s.runners.Go(func() {
-		defer close(a.done)
-		a.l, a.err = s.modelLaunch(ctx, items)
-	})
-	return a
-}
-
-// batchCap is the most estimated memory a batch gathers before it goes:
-// under vram MaxBatchBytes, by default a quarter of the budget now.
-func (s *Subscriber) batchCap() int64 {
-	switch {
-	case s.adm.strategy != AdmitVRAM:
-		return math.MaxInt64
-	case s.cfg.MaxBatchBytes > 0:
-		return s.cfg.MaxBatchBytes
-	}
-	return max(s.adm.budget()/4, 1)
-}
-
-// releaseWaiting hands back a message that never started.
-func (s *Subscriber) releaseWaiting(t *task, why string) {
-	s.log.Debug("releasing unstarted message", "message_id", t.lease.msg.ID, "why", why)
-	s.startTasks(1)
-	s.finish(t, true, 0)
-}
 
 // batch packs admitted messages into device batches: a batch goes when it
 // reaches the batch limit, MaxBatchDelay after its first message, at once
@@ -118,9 +25,9 @@ func (s *Subscriber) releaseWaiting(t *task, why string) {
 // device frees, never hold an idle device back. Under load a batch is
 // running, so messages still gather up to the delay and the limits; and
 // when the last batch returns (idleKick) whatever has gathered goes at
-// once rather than at its delay. At 2 messages a second it took the
-// latency from p50 18 ms / p99 23 ms to about the 1 ms delay's figures
-// (bench/README.md, "Adaptive batch delay").
+// once rather than at its delay. Under light load that brought latency
+// below what a 1 ms delay gave (bench/README.md, "Adaptive batch delay",
+// has the figures and the commands).
 //
 // With a model of length classes (gpu.LengthClasser) there is one pending
 // batch per class, each with its own delay and limits: a transformer pads
@@ -272,4 +179,16 @@ func (s *Subscriber) batchReturned() {
 		default:
 		}
 	}
+}
+
+// batchCap is the most estimated memory a batch gathers before it goes:
+// under vram MaxBatchBytes, by default a quarter of the budget now.
+func (s *Subscriber) batchCap() int64 {
+	switch {
+	case s.adm.strategy != AdmitVRAM:
+		return math.MaxInt64
+	case s.cfg.MaxBatchBytes > 0:
+		return s.cfg.MaxBatchBytes
+	}
+	return max(s.adm.budget()/4, 1)
 }

@@ -2,140 +2,23 @@ package subscriber
 
 import (
 	"encoding/json"
-	"errors"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/vramq/vramq/subscriber/taskprotect"
+	"github.com/vramq/vramq/subscriber/taskprotect/taskprotecttest"
 )
 
-// fakeAgent plays the ECS container agent's task protection endpoint, the
-// way the agent answers: a PUT body with fields it does not know is refused,
-// state comes back under "protection", ECS failures under "failure" and
-// errors under "error".
-type fakeAgent struct {
-	t *testing.T
-
-	mu        sync.Mutex
-	puts      []agentPut
-	gets      int
-	protected bool
-	expires   time.Time
-	// fail, while positive, answers that many calls with an error and
-	// counts down; failStatus and failBody are the answer.
-	fail       int
-	failStatus int
-	failBody   string
-	// observe, when set, is called on every PUT; what it returns is kept
-	// with the PUT.
-	observe func() string
-}
-
-type agentPut struct {
-	At       time.Time
-	Enabled  bool
-	Minutes  *int
-	Observed string
-}
-
-const agentPath = "/api/task-1234/task-protection/v1/state"
-
-func (a *fakeAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	w.Header().Set("Content-Type", "application/json")
-	if r.URL.Path != agentPath {
-		a.t.Errorf("agent: %s %s; want %s", r.Method, r.URL.Path, agentPath)
-		http.NotFound(w, r)
-		return
-	}
-	switch r.Method {
-	case http.MethodGet:
-		a.gets++
-	case http.MethodPut:
-		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
-			a.t.Errorf("agent: PUT with Content-Type %q", ct)
-		}
-		var req struct {
-			ProtectionEnabled *bool
-			ExpiresInMinutes  *int
-		}
-		dec := json.NewDecoder(r.Body)
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil || req.ProtectionEnabled == nil {
-			a.t.Errorf("agent: bad PUT body: %v", err)
-			w.WriteHeader(http.StatusBadRequest)
-			w.Write([]byte(`{"error":{"Code":"InvalidParameterException","Message":"UpdateTaskProtection: failed to decode request"}}`))
-			return
-		}
-		p := agentPut{At: time.Now(), Enabled: *req.ProtectionEnabled, Minutes: req.ExpiresInMinutes}
-		if a.observe != nil {
-			p.Observed = a.observe()
-		}
-		a.puts = append(a.puts, p)
-		if a.fail > 0 {
-			break
-		}
-		a.protected = p.Enabled
-		if p.Enabled {
-			minutes := 120
-			if p.Minutes != nil {
-				minutes = *p.Minutes
-			}
-			a.expires = time.Now().Add(time.Duration(minutes) * time.Minute).UTC().Truncate(time.Second)
-		}
-	default:
-		w.WriteHeader(http.StatusMethodNotAllowed)
-		return
-	}
-	if a.fail > 0 {
-		a.fail--
-		w.WriteHeader(a.failStatus)
-		w.Write([]byte(a.failBody))
-		return
-	}
-	var exp any
-	if a.protected {
-		exp = a.expires.Format(time.RFC3339)
-	}
-	json.NewEncoder(w).Encode(map[string]any{"protection": map[string]any{
-		"ExpirationDate": exp, "ProtectionEnabled": a.protected,
-		"TaskArn": "arn:aws:ecs:us-east-1:111122223333:task/vramq/1234",
-	}})
-}
-
-func (a *fakeAgent) recorded() []agentPut {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]agentPut(nil), a.puts...)
-}
-
-// handlerTransport sends requests straight to a handler, in memory, so the
-// agent can answer inside a synctest bubble.
-type handlerTransport struct{ h http.Handler }
-
-func (t handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if err := r.Context().Err(); err != nil {
-		return nil, err
-	}
-	rec := httptest.NewRecorder()
-	t.h.ServeHTTP(rec, r)
-	if r.Body != nil {
-		r.Body.Close()
-	}
-	return rec.Result(), nil
-}
-
-// inMemory returns a TaskProtection client of agent; call it inside the
+// inMemory returns a task protection client of agent; call it inside the
 // bubble.
-func inMemory(t *testing.T, agent *fakeAgent) *TaskProtection {
+func inMemory(t *testing.T, agent *taskprotecttest.Agent) *taskprotect.Client {
 	t.Helper()
-	tp, err := NewTaskProtection("http://169.254.170.2/api/task-1234", &http.Client{Transport: handlerTransport{agent}, Timeout: 5 * time.Second})
+	tp, err := taskprotect.New(taskprotecttest.URI, taskprotecttest.In(agent))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,12 +32,12 @@ func minutes(n int) *int { return &n }
 // held nothing for protectionIdle.
 func TestTaskProtectionFollowsHeldMessages(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		agent := &fakeAgent{t: t}
+		agent := taskprotecttest.NewAgent(t)
 		t0 := time.Now()
 		h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent), TaskProtectionExpiry: 10 * time.Minute,
 			InferenceTimeout: 20 * time.Minute, MaxHold: 30 * time.Minute})
 		time.Sleep(time.Minute)
-		if puts := agent.recorded(); len(puts) != 0 {
+		if puts := agent.Puts(); len(puts) != 0 {
 			t.Fatalf("an idle subscriber called the agent: %+v", puts)
 		}
 		if counter(h.sub.m.protected) != 0 {
@@ -162,12 +45,12 @@ func TestTaskProtectionFollowsHeldMessages(t *testing.T) {
 		}
 
 		h.send("long", 0, "mb=4 ms=720000") // 12 minutes on the device
-		waitFor(t, time.Minute, "protection on", func() bool { return len(agent.recorded()) == 1 })
+		waitFor(t, time.Minute, "protection on", func() bool { return len(agent.Puts()) == 1 })
 		if counter(h.sub.m.protected) != 1 {
 			t.Error("task_protected is 0 while a message is held")
 		}
 		waitFor(t, 20*time.Minute, "the result", func() bool { live, _ := h.results.Stats(); return live == 1 })
-		waitFor(t, 2*time.Minute, "protection off", func() bool { return len(agent.recorded()) == 4 })
+		waitFor(t, 2*time.Minute, "protection off", func() bool { return len(agent.Puts()) == 4 })
 		time.Sleep(5 * time.Minute)
 		h.shutdown()
 
@@ -175,18 +58,18 @@ func TestTaskProtectionFollowsHeldMessages(t *testing.T) {
 		// events fall in: received at 1m, renewed at 6m and 11m, done at 13m,
 		// off 30 s later.
 		var got []string
-		for _, p := range agent.recorded() {
+		for _, p := range agent.Puts() {
 			got = append(got, p.At.Sub(t0).Truncate(time.Second).String())
 		}
 		want := []string{"1m0s", "6m0s", "11m0s", "13m30s"}
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("PUT times (-want +got):\n%s", diff)
 		}
-		bodies := agent.recorded()
+		bodies := agent.Puts()
 		for i := range bodies {
 			bodies[i].At = time.Time{}
 		}
-		wantBodies := []agentPut{{Enabled: true, Minutes: minutes(10)}, {Enabled: true, Minutes: minutes(10)},
+		wantBodies := []taskprotecttest.Put{{Enabled: true, Minutes: minutes(10)}, {Enabled: true, Minutes: minutes(10)},
 			{Enabled: true, Minutes: minutes(10)}, {Enabled: false}}
 		if diff := cmp.Diff(wantBodies, bodies); diff != "" {
 			t.Errorf("PUT bodies (-want +got):\n%s", diff)
@@ -201,7 +84,7 @@ func TestTaskProtectionFollowsHeldMessages(t *testing.T) {
 // keeps protection on without a call per message.
 func TestTaskProtectionDoesNotFlapBetweenMessages(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		agent := &fakeAgent{t: t}
+		agent := taskprotecttest.NewAgent(t)
 		h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent)})
 		for i := range 20 {
 			h.send("stream", i, "mb=4 ms=500")
@@ -211,7 +94,7 @@ func TestTaskProtectionDoesNotFlapBetweenMessages(t *testing.T) {
 		time.Sleep(time.Minute)
 		h.shutdown()
 		var enabled []bool
-		for _, p := range agent.recorded() {
+		for _, p := range agent.Puts() {
 			enabled = append(enabled, p.Enabled)
 		}
 		if diff := cmp.Diff([]bool{true, false}, enabled); diff != "" {
@@ -220,26 +103,24 @@ func TestTaskProtectionDoesNotFlapBetweenMessages(t *testing.T) {
 	})
 }
 
-// Shutdown clears protection, and only once every message is settled: a
+// Shutdown clears protection, and only once every message has ended: a
 // running message is released first.
 func TestTaskProtectionClearedAtShutdown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		agent := &fakeAgent{t: t}
+		agent := taskprotecttest.NewAgent(t)
 		h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent), ShutdownGrace: time.Second,
 			InferenceTimeout: 20 * time.Minute, MaxHold: 30 * time.Minute})
-		agent.mu.Lock()
-		agent.observe = func() string {
+		agent.Observe(func() string {
 			l := h.sub.Ledger()
 			live, invisible := h.work.Stats()
 			return strings.Join([]string{"held=" + itoa(h.sub.keeper.held.Load()), "released=" + itoa(l.Released),
 				"live=" + itoa(int64(live)), "invisible=" + itoa(int64(invisible))}, " ")
-		}
-		agent.mu.Unlock()
+		})
 		h.send("long", 0, "mb=4 ms=600000")
 		waitFor(t, time.Minute, "the job to start", func() bool { return h.model.runs.Load() == 1 })
 		h.shutdown()
 
-		puts := agent.recorded()
+		puts := agent.Puts()
 		if len(puts) != 2 || !puts[0].Enabled || puts[1].Enabled {
 			t.Fatalf("PUTs %+v; want on, then off at shutdown", puts)
 		}
@@ -262,15 +143,19 @@ func TestTaskProtectionErrorsAreCountedAndRetried(t *testing.T) {
 		status int
 		body   string
 	}{
-		{"throttled", http.StatusBadRequest, `{"requestID":"r-1","error":{"Arn":"arn:task","Code":"ThrottlingException","Message":"Rate exceeded"}}`},
-		{"access denied", http.StatusBadRequest, `{"requestID":"r-2","error":{"Arn":"arn:task","Code":"AccessDeniedException","Message":"not authorized to perform: ecs:UpdateTaskProtection"}}`},
-		{"ECS unreachable", http.StatusGatewayTimeout, `{"error":{"Arn":"arn:task","Code":"RequestCanceled","Message":"Timed out calling ECS Task Protection API"}}`},
+		{"throttled", http.StatusBadRequest,
+			`{"requestID":"r-1","error":{"Arn":"arn:task","Code":"ThrottlingException","Message":"Rate exceeded"}}`},
+		{"access denied", http.StatusBadRequest, `{"requestID":"r-2","error":{"Arn":"arn:task","Code":"AccessDeniedException",` +
+			`"Message":"not authorized to perform: ecs:UpdateTaskProtection"}}`},
+		{"ECS unreachable", http.StatusGatewayTimeout,
+			`{"error":{"Arn":"arn:task","Code":"RequestCanceled","Message":"Timed out calling ECS Task Protection API"}}`},
 		{"failure", http.StatusOK, `{"failure":{"Arn":"arn:task","Detail":null,"Reason":"DEPLOYMENT_BLOCKED"}}`},
 		{"not JSON", http.StatusServiceUnavailable, `agent restarting`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				agent := &fakeAgent{t: t, fail: 3, failStatus: tc.status, failBody: tc.body}
+				agent := taskprotecttest.NewAgent(t)
+				agent.Fail(3, tc.status, tc.body)
 				h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent)})
 				h.send("a", 0, "mb=4 ms=60000")
 				for i := 1; i <= 5; i++ {
@@ -278,7 +163,7 @@ func TestTaskProtectionErrorsAreCountedAndRetried(t *testing.T) {
 				}
 				waitFor(t, 3*time.Minute, "6 results", func() bool { live, _ := h.results.Stats(); return live == 6 })
 				waitFor(t, 2*time.Minute, "protection off", func() bool {
-					puts := agent.recorded()
+					puts := agent.Puts()
 					return len(puts) > 0 && !puts[len(puts)-1].Enabled
 				})
 				h.shutdown()
@@ -289,7 +174,7 @@ func TestTaskProtectionErrorsAreCountedAndRetried(t *testing.T) {
 				if n := counter(h.sub.m.protectionErrors); n != 3 {
 					t.Errorf("task_protection_errors_total %d, want 3", n)
 				}
-				puts := agent.recorded()
+				puts := agent.Puts()
 				if len(puts) != 5 || !puts[3].Enabled || puts[4].Enabled {
 					t.Fatalf("PUTs %+v; want 3 failed enables, 1 that worked, 1 disable", puts)
 				}
@@ -307,7 +192,8 @@ func TestTaskProtectionErrorsAreCountedAndRetried(t *testing.T) {
 // An agent that always fails costs nothing but log lines and a counter.
 func TestTaskProtectionAgentDownDoesNotStopWork(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		agent := &fakeAgent{t: t, fail: 1 << 30, failStatus: http.StatusInternalServerError, failBody: `{"error":{"Code":"ServerException","Message":"boom"}}`}
+		agent := taskprotecttest.NewAgent(t)
+		agent.Fail(1<<30, http.StatusInternalServerError, `{"error":{"Code":"ServerException","Message":"boom"}}`)
 		h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent)})
 		h.mixed(20)
 		waitFor(t, 5*time.Minute, "20 results", func() bool { live, _ := h.results.Stats(); return live == 20 })
@@ -328,14 +214,12 @@ func TestTaskProtectionAgentDownDoesNotStopWork(t *testing.T) {
 // expiry has passed.
 func TestTaskProtectionLapsesWhenRenewalsFail(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		agent := &fakeAgent{t: t}
+		agent := taskprotecttest.NewAgent(t)
 		h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent), TaskProtectionExpiry: 4 * time.Minute,
 			InferenceTimeout: 20 * time.Minute, MaxHold: 30 * time.Minute})
 		h.send("long", 0, "mb=4 ms=600000")
-		waitFor(t, time.Minute, "protection on", func() bool { return len(agent.recorded()) == 1 })
-		agent.mu.Lock()
-		agent.fail, agent.failStatus, agent.failBody = 1<<30, http.StatusInternalServerError, `{"error":{"Code":"ServerException"}}`
-		agent.mu.Unlock()
+		waitFor(t, time.Minute, "protection on", func() bool { return len(agent.Puts()) == 1 })
+		agent.Fail(1<<30, http.StatusInternalServerError, `{"error":{"Code":"ServerException"}}`)
 		time.Sleep(3 * time.Minute) // renewals from 2 m fail
 		if counter(h.sub.m.protected) != 1 {
 			t.Error("task_protected is 0 before the expiry")
@@ -348,112 +232,21 @@ func TestTaskProtectionLapsesWhenRenewalsFail(t *testing.T) {
 	})
 }
 
-// The client against a real local HTTP server playing the agent.
-func TestTaskProtectionClient(t *testing.T) {
-	agent := &fakeAgent{t: t}
-	srv := httptest.NewServer(agent)
-	defer srv.Close()
-	tp, err := NewTaskProtection(srv.URL+"/api/task-1234/", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := t.Context()
-
-	for _, tc := range []struct {
-		enabled bool
-		expiry  time.Duration
-		want    *int
-	}{
-		{true, time.Hour, minutes(60)},
-		{true, 90 * time.Second, minutes(2)}, // rounded up
-		{true, 0, minutes(1)},
-		{true, 72 * time.Hour, minutes(2880)}, // the ECS maximum
-		{false, time.Hour, nil},               // no expiry when turning it off
-	} {
-		agent.mu.Lock()
-		agent.puts = nil
-		agent.mu.Unlock()
-		if err := tp.Set(ctx, tc.enabled, tc.expiry); err != nil {
-			t.Fatalf("Set(%v, %v): %v", tc.enabled, tc.expiry, err)
-		}
-		puts := agent.recorded()
-		if len(puts) != 1 || puts[0].Enabled != tc.enabled || !cmp.Equal(puts[0].Minutes, tc.want) {
-			t.Errorf("Set(%v, %v) sent %+v; want ExpiresInMinutes %v", tc.enabled, tc.expiry, puts, tc.want)
-		}
-	}
-
-	if err := tp.Set(ctx, true, 30*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	st, err := tp.Get(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !st.ProtectionEnabled || st.ExpirationDate == nil || !strings.HasSuffix(st.TaskArn, "task/vramq/1234") {
-		t.Errorf("Get = %+v", st)
-	}
-	if d := time.Until(*st.ExpirationDate); d < 29*time.Minute || d > 31*time.Minute {
-		t.Errorf("expires in %v, want about 30m", d)
-	}
-
-	for _, tc := range []struct {
-		status     int
-		body       string
-		wantCode   string
-		wantInText []string
-	}{
-		{http.StatusOK, `{"failure":{"Arn":"arn:task","Detail":null,"Reason":"TASK_NOT_VALID"}}`, "TASK_NOT_VALID",
-			[]string{"TASK_NOT_VALID", "only tasks of an ECS service"}},
-		{http.StatusBadRequest, `{"requestID":"r-9","error":{"Arn":"arn:task","Code":"AccessDeniedException","Message":"not authorized"}}`,
-			"AccessDeniedException", []string{"HTTP 400", "not authorized", "r-9", "ecs:UpdateTaskProtection and ecs:GetTaskProtection"}},
-		{http.StatusBadGateway, `bad gateway`, "", []string{"HTTP 502", "bad gateway"}},
-	} {
-		agent.mu.Lock()
-		agent.fail, agent.failStatus, agent.failBody = 1, tc.status, tc.body
-		agent.mu.Unlock()
-		err := tp.Set(ctx, true, time.Hour)
-		var pe *ProtectionError
-		if !errors.As(err, &pe) || pe.Code != tc.wantCode || pe.StatusCode != tc.status {
-			t.Errorf("answer %d %s: err %v; want a ProtectionError with code %q", tc.status, tc.body, err, tc.wantCode)
-			continue
-		}
-		for _, s := range tc.wantInText {
-			if !strings.Contains(err.Error(), s) {
-				t.Errorf("error %q does not say %q", err, s)
-			}
-		}
-	}
-
-	// A 200 that is not the agent's answer is an error, not protection.
-	odd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{}`)) }))
-	defer odd.Close()
-	tp2, _ := NewTaskProtection(odd.URL, nil)
-	if err := tp2.Set(ctx, true, time.Hour); err == nil {
-		t.Error("an empty answer was taken for protection")
-	}
-
-	for _, bad := range []string{"", "169.254.170.2/api/x", "ftp://host/x"} {
-		if _, err := NewTaskProtection(bad, nil); err == nil {
-			t.Errorf("NewTaskProtection(%q) accepted", bad)
-		}
-	}
-}
-
 // Under load that never stops, protection takes a break after
 // TaskProtectionMaxHold, with the message still held, so that a deployment
 // waiting for the task is not blocked for ever; after the break it goes back
 // on, and the held message is not disturbed.
 func TestTaskProtectionTakesBreaksUnderSteadyLoad(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		agent := &fakeAgent{t: t}
+		agent := taskprotecttest.NewAgent(t)
 		t0 := time.Now()
 		h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent), TaskProtectionExpiry: 10 * time.Minute,
 			TaskProtectionMaxHold: 12 * time.Minute, InferenceTimeout: time.Hour, MaxHold: 2 * time.Hour})
 		h.send("long", 0, "mb=4 ms=1800000") // 30 minutes on the device
-		waitFor(t, time.Minute, "protection on", func() bool { return len(agent.recorded()) == 1 })
+		waitFor(t, time.Minute, "protection on", func() bool { return len(agent.Puts()) == 1 })
 		waitFor(t, 40*time.Minute, "the result", func() bool { live, _ := h.results.Stats(); return live == 1 })
 		waitFor(t, 2*time.Minute, "protection off", func() bool {
-			puts := agent.recorded()
+			puts := agent.Puts()
 			return !puts[len(puts)-1].Enabled && puts[len(puts)-1].At.Sub(t0) > 30*time.Minute
 		})
 		h.shutdown()
@@ -462,7 +255,7 @@ func TestTaskProtectionTakesBreaksUnderSteadyLoad(t *testing.T) {
 		// on again at 14m, renewed at 19m and 24m; a break at 26m; on at 28m;
 		// done at 30m and off 30 s later.
 		var got []string
-		for _, p := range agent.recorded() {
+		for _, p := range agent.Puts() {
 			state := "off"
 			if p.Enabled {
 				state = "on"

@@ -87,7 +87,7 @@ func TestKeeperExtendsAllHeldLeasesInBatches(t *testing.T) {
 			t.Errorf("%d extensions counted for %d calls", got, len(q.calls))
 		}
 		for _, l := range ls {
-			k.finish(l, false, 0)
+			k.ack(l)
 		}
 		cancel()
 		// run must have returned before close, as Run orders them: a flush
@@ -124,7 +124,7 @@ func TestKeeperNeverExtendsAfterDelete(t *testing.T) {
 		if !inflight {
 			t.Fatal("test setup: no extension in flight")
 		}
-		k.finish(l, false, 0)
+		k.ack(l)
 		time.Sleep(time.Minute) // many more heartbeats
 		cancel()
 		// run must have returned before close, as Run orders them: a flush
@@ -191,7 +191,7 @@ func TestKeeperNoticesLostLease(t *testing.T) {
 		if !l.lost.Load() || counter(m.leasesLost.WithLabelValues("extend")) != 1 {
 			t.Errorf("stale handle not noticed: lost=%v", l.lost.Load())
 		}
-		k.finish(l, false, 0)
+		k.ack(l)
 		cancel()
 		// run must have returned before close, as Run orders them: a flush
 		// of its own still starting calls would race close's wait for them.
@@ -202,86 +202,5 @@ func TestKeeperNoticesLostLease(t *testing.T) {
 		if live, _ := q.Stats(); live != 1 {
 			t.Error("a delete with a stale handle removed the other consumer's message")
 		}
-	})
-}
-
-func TestAdmissionStrategies(t *testing.T) {
-	for _, tc := range []struct {
-		s                Strategy
-		cost, weight     int64
-		fits             bool
-		size             int64
-		budget           int64
-		count            int
-		wantErrForNoRoom bool
-	}{
-		{s: AdmitVRAM, budget: 100, cost: 40, weight: 40, fits: true, size: 100},
-		{s: AdmitVRAM, budget: 100, cost: 101, weight: 101, fits: false, size: 100},
-		{s: AdmitVRAM, budget: 100, cost: 0, weight: 1, fits: true, size: 100},
-		{s: AdmitCount, budget: 100, count: 3, cost: 1000, weight: 1, fits: true, size: 3},
-		{s: AdmitNone, budget: 100, cost: 1000, weight: 1, fits: true},
-	} {
-		a, err := newAdmission(tc.s, tc.budget, tc.count)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if w, f := a.weight(tc.cost), a.fits(tc.cost); w != tc.weight || f != tc.fits {
-			t.Errorf("%s cost %d: weight %d fits %v; want %d %v", tc.s, tc.cost, w, f, tc.weight, tc.fits)
-		}
-		if tc.size != 0 && a.size != tc.size {
-			t.Errorf("%s: size %d, want %d", tc.s, a.size, tc.size)
-		}
-	}
-	if _, err := newAdmission(AdmitVRAM, -5, 0); err == nil {
-		t.Error("a negative budget was accepted")
-	}
-}
-
-// The semaphore is FIFO: a large message at the head holds back smaller ones
-// until it is admitted or gives up at its deadline.
-func TestAdmissionIsFIFO(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		a, _ := newAdmission(AdmitVRAM, 100, 0)
-		if err := a.acquire(t.Context(), 70); err != nil {
-			t.Fatal(err)
-		}
-		bigCtx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-		defer cancel()
-		bigDone := make(chan error, 1)
-		go func() { bigDone <- a.acquire(bigCtx, 60) }()
-		synctest.Wait()
-		smallDone := make(chan error, 1)
-		go func() { smallDone <- a.acquire(t.Context(), 10) }()
-		synctest.Wait()
-		select {
-		case <-smallDone:
-			t.Fatal("a small message overtook the large one waiting at the head")
-		default:
-		}
-		if err := <-bigDone; err == nil {
-			t.Fatal("the large one was admitted with no room")
-		}
-		if err := <-smallDone; err != nil { // the head gave up: the small one goes
-			t.Fatal(err)
-		}
-	})
-}
-
-func TestBatcherFillsOrWaitsMaxDelay(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		h := start(t, 1<<30, Config{MaxBatch: 4, MaxBatchDelay: time.Second, Prefetch: 20})
-		// A long batch keeps the device busy, so the batcher waits for
-		// company (on an idle device it would not: batchdelay_test.go).
-		h.send("busy", 0, "mb=1 ms=5000")
-		waitFor(t, time.Minute, "the long batch to run", func() bool { return h.model.runs.Load() == 1 })
-		for i := range 6 {
-			h.send("b", i, "mb=1")
-		}
-		waitFor(t, time.Minute, "7 results", func() bool { r, _ := h.results.Stats(); return r == 7 })
-		// Four go as soon as they are admitted; the other two after the delay.
-		if runs := h.model.runs.Load() - 1; runs != 2 {
-			t.Errorf("%d batches for 6 messages at max batch 4, want 2", runs)
-		}
-		h.shutdown()
 	})
 }

@@ -13,15 +13,15 @@ import (
 
 var errTimeout = errors.New("inference timed out")
 
-// runBatch runs one batch and settles each of its messages. Messages that ran
-// out of memory even in a batch of their own are then run alone, with the
-// whole budget, after this batch's other messages have let go of theirs:
-// waiting for the whole budget while still holding part of it would wait
-// forever.
+// runBatch runs one batch and hands each of its messages on: with its
+// result to the outbox, or to its end (end.go). Messages that ran out of
+// memory even in a batch of their own are then run alone, with the whole
+// budget, after this batch's other messages have let go of theirs: waiting
+// for the whole budget while still holding part of it would wait forever.
 func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
 	_, alone := s.process(ctx, tasks)
 	for _, t := range alone {
-		s.adm.release(t.weight)
+		s.adm.giveBack(t.weight)
 		t.weight = 0
 	}
 	for _, t := range alone {
@@ -29,9 +29,10 @@ func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
 	}
 }
 
-// process runs tasks as one batch and settles them, splitting in halves on
-// out-of-memory. It returns the size of the largest batch that succeeded and
-// the tasks that ran out of memory on their own, still unsettled.
+// process runs tasks as one batch and hands each on, as runBatch does,
+// splitting in halves on out-of-memory. It returns the size of the largest
+// batch that succeeded and the tasks that ran out of memory on their own,
+// still holding admission.
 func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone []*task) {
 	outs, err := s.infer(ctx, tasks, false)
 	switch {
@@ -41,7 +42,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		// encoded and sent, which would leave the device idle meanwhile.
 		s.outbox.promise(len(tasks))
 		for _, t := range tasks {
-			s.settle(t)
+			s.giveBack(t)
 			if len(tasks) == 1 {
 				s.suspects.clear(t.lease.msg.ID)
 			}
@@ -68,8 +69,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		return ok, append(alone1, alone2...)
 	case errors.Is(err, gpu.ErrInvalidInput):
 		if len(tasks) == 1 {
-			s.deadLetter(tasks[0].lease, "invalid_input", err.Error())
-			s.settle(tasks[0])
+			s.deadLetter(tasks[0], "invalid_input", err.Error())
 			return 0, nil
 		}
 		// Find the bad ones; the rest run.
@@ -102,12 +102,12 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) {
 	n, err := s.adm.acquireAll(ctx)
 	if err != nil {
 		s.adm.endExclusive()
-		s.finish(t, true, 0) // shutting down
+		s.release(t, 0) // shutting down
 		return
 	}
 	t.weight = n
 	if s.shrunkBelow(t, min(n, s.adm.budget())) {
-		s.adm.endExclusive() // after the weight went back, in finish
+		s.adm.endExclusive() // after the weight went back, in release
 		return
 	}
 	cost := t.cost
@@ -117,7 +117,7 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) {
 	if err == nil {
 		s.outbox.promise(1)
 	}
-	s.settle(t)
+	s.giveBack(t)
 	s.adm.endExclusive()
 	switch {
 	case err == nil:
@@ -125,13 +125,11 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) {
 		s.complete([]*task{t}, outs)
 	case errors.Is(err, gpu.ErrOutOfMemory):
 		s.m.oomRetries.Inc()
-		s.deadLetter(t.lease, "out_of_memory", fmt.Sprintf(
+		s.deadLetter(t, "out_of_memory", fmt.Sprintf(
 			"out of memory with the device to itself: estimated %s, budget %s: %v",
 			gpu.FormatBytes(cost), gpu.FormatBytes(n), err))
-		s.settle(t)
 	case errors.Is(err, gpu.ErrInvalidInput):
-		s.deadLetter(t.lease, "invalid_input", err.Error())
-		s.settle(t)
+		s.deadLetter(t, "invalid_input", err.Error())
 	case errors.Is(err, gpu.ErrDeviceLost):
 		s.loseDevice([]*task{t}, err)
 	default:
@@ -146,9 +144,10 @@ func (s *Subscriber) shrunkBelow(t *task, budget int64) bool {
 		return false
 	}
 	delay := s.retryDelay(t.lease.msg.ReceiveCount)
-	s.log.Warn("out of memory in a batch of one while another process holds device memory: the budget is below its estimate; released for a retry",
+	s.log.Warn("out of memory in a batch of one while another process holds device memory: "+
+		"the budget is below its estimate; released for a retry",
 		"message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(t.cost), "budget", gpu.FormatBytes(budget), "retry_in", delay)
-	s.finish(t, true, delay)
+	s.release(t, delay)
 	return true
 }
 
@@ -162,9 +161,10 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 		items = append(items, t.work.Items...)
 	}
 	cost := sumCost(tasks)
-	// A line per batch is for debugging: at info it was 6% of the
-	// subscriber's CPU in a profile of BenchmarkPipeline (a no-op model),
-	// and the device reading before the batch is only for it.
+	// A line per batch is for debugging: at info it stood out in the CPU
+	// profile of the subscriber's overhead with a no-op model
+	// (bench/README.md), and the device reading before the batch is only
+	// for it.
 	logBatch := s.log.Enabled(ctx, slog.LevelDebug)
 	var before gpu.MemInfo
 	if logBatch {
@@ -206,9 +206,10 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 		go func() {
 			<-done
 			cancel()
-			s.adm.release(held)
+			s.adm.giveBack(held)
 		}()
-		return nil, fmt.Errorf("%w after %v (%d messages, %d items)", errTimeout, time.Since(start).Round(time.Millisecond), len(tasks), len(items))
+		return nil, fmt.Errorf("%w after %v (%d messages, %d items)", errTimeout,
+			time.Since(start).Round(time.Millisecond), len(tasks), len(items))
 	}
 	elapsed := time.Since(start)
 	after, _ := s.cfg.Device.MemInfo()
@@ -257,7 +258,7 @@ func (s *Subscriber) failTasks(ctx context.Context, tasks []*task, err error) {
 		}
 		s.log.Warn("batch failed; message released", "message_id", t.lease.msg.ID, "receive_count", t.lease.msg.ReceiveCount,
 			"retry_in", delay, "err", err)
-		s.finish(t, true, delay)
+		s.release(t, delay)
 	}
 }
 

@@ -20,27 +20,28 @@ type lease struct {
 	// Guarded by keeper.mu.
 	visibleAt time.Time // when SQS will hand the message out again unless extended
 	extending bool      // a ChangeMessageVisibility call for it is in flight
-	finishing bool      // a delete or release was asked for: never extend again
-	release   bool      // the finish is a release (visibility = delay), not a delete
+	ending    bool      // an ack or release was asked for: never extend again
+	release   bool      // the end is a release (visibility = delay), not an ack (delete)
 	delay     time.Duration
 	attempts  int
 }
 
 // keeper owns every lease: one heartbeat extends all held messages that need
-// it, and finishes (deletes, releases) are batched in tens. Because a lease in
-// flight for an extension is never sent for deletion, and a finishing lease is
-// never extended, no visibility change ever follows a delete.
+// it, and ends (acks, which delete, and releases) are batched in tens.
+// Because a lease in flight for an extension is never sent for deletion, and
+// an ending lease is never extended, no visibility change ever follows a
+// delete.
 type keeper struct {
 	q          Queue
 	m          *metrics
 	log        *slog.Logger
 	visibility time.Duration
 	maxHold    time.Duration
-	flushDelay time.Duration // how long a finish waits for others to share its call
+	flushDelay time.Duration // how long an end waits for others to share its call
 	callTO     time.Duration // bound on one SQS call, retries included
 	onHold     func()        // called after a lease enters the table
 	onRemove   func()        // called after a lease leaves the table
-	// fullCall is the most finishes a call gathers before it goes at once:
+	// fullCall is the most ends a call gathers before it goes at once:
 	// MaxBatch, or fewer when fewer messages may be held at once.
 	fullCall int
 
@@ -83,16 +84,22 @@ func (k *keeper) hold(m Message, start time.Time) *lease {
 	return l
 }
 
-// finish asks for l to be deleted (release false) or made visible again after
-// delay (release true). It returns at once; the call is batched. Only the
-// first finish of a lease counts.
-func (k *keeper) finish(l *lease, release bool, delay time.Duration) {
+// ack asks for l's message to be deleted. It returns at once; the call is
+// batched. Only the first ack or release of a lease counts.
+func (k *keeper) ack(l *lease) { k.end(l, false, 0) }
+
+// release asks for l's message to be made visible again after delay. It
+// returns at once; the call is batched. Only the first ack or release of a
+// lease counts.
+func (k *keeper) release(l *lease, delay time.Duration) { k.end(l, true, delay) }
+
+func (k *keeper) end(l *lease, release bool, delay time.Duration) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if l.finishing {
+	if l.ending {
 		return
 	}
-	l.finishing, l.release, l.delay = true, release, delay
+	l.ending, l.release, l.delay = true, release, delay
 	k.pending = append(k.pending, l)
 	if len(k.pending) >= k.fullCall {
 		k.poke()
@@ -102,7 +109,7 @@ func (k *keeper) finish(l *lease, release bool, delay time.Duration) {
 }
 
 // armFlush schedules a flush; k.mu must be held. One timer is reused: a
-// timer armed for an earlier finish and left running after a flush would
+// timer armed for an earlier end and left running after a flush would
 // otherwise fire early for the next ones and send them in small calls.
 func (k *keeper) armFlush(after time.Duration) {
 	if k.flushArmed {
@@ -150,13 +157,14 @@ func (k *keeper) heartbeat() {
 	var due []*lease
 	k.mu.Lock()
 	for l := range k.leases {
-		if l.finishing || l.extending || l.lost.Load() {
+		if l.ending || l.extending || l.lost.Load() {
 			continue
 		}
 		if now.Sub(l.received) >= k.maxHold {
 			l.lost.Store(true)
 			k.m.leasesLost.WithLabelValues("max_hold").Inc()
-			k.log.Warn("lease held past max hold; no longer extended", "message_id", l.msg.ID, "held", now.Sub(l.received).Round(time.Millisecond), "max_hold", k.maxHold)
+			k.log.Warn("lease held past max hold; no longer extended", "message_id", l.msg.ID,
+				"held", now.Sub(l.received).Round(time.Millisecond), "max_hold", k.maxHold)
 			continue
 		}
 		if l.visibleAt.Sub(now) < 2*period {
@@ -190,8 +198,8 @@ func (k *keeper) extend(ls []*lease, start time.Time) {
 	}
 	for i, l := range ls {
 		l.extending = false
-		if l.finishing {
-			k.armFlush(0) // its finish was waiting for this call
+		if l.ending {
+			k.armFlush(0) // its end was waiting for this call
 		}
 		switch {
 		case err != nil:
@@ -208,7 +216,7 @@ func (k *keeper) extend(ls []*lease, start time.Time) {
 	}
 }
 
-// flush sends every pending finish whose lease has no extension in flight.
+// flush sends every pending end whose lease has no extension in flight.
 func (k *keeper) flush() {
 	k.mu.Lock()
 	k.flushArmed = false
@@ -243,7 +251,7 @@ func (k *keeper) flush() {
 			k.calls.Add(1)
 			go func() {
 				defer k.calls.Done()
-				k.settle(chunk, release)
+				k.sendEnds(chunk, release)
 			}()
 		}
 	}
@@ -251,11 +259,11 @@ func (k *keeper) flush() {
 	send(releases, true)
 }
 
-const maxFinishAttempts = 5
+const maxEndAttempts = 5
 
-// settle deletes or releases ls and takes them out of the table, or puts them
-// back for another try with backoff.
-func (k *keeper) settle(ls []*lease, release bool) {
+// sendEnds deletes or releases ls and takes them out of the table, or puts
+// them back for another try with backoff.
+func (k *keeper) sendEnds(ls []*lease, release bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), k.callTO)
 	defer cancel()
 	var errs []error
@@ -295,8 +303,9 @@ func (k *keeper) settle(ls []*lease, release bool) {
 			k.remove(l)
 		default:
 			l.attempts++
-			if l.attempts >= maxFinishAttempts {
-				k.log.Error(action+" failed; the message comes back when its visibility expires", "message_id", l.msg.ID, "attempts", l.attempts, "err", e)
+			if l.attempts >= maxEndAttempts {
+				k.log.Error(action+" failed; the message comes back when its visibility expires",
+					"message_id", l.msg.ID, "attempts", l.attempts, "err", e)
 				k.abandoned.Add(1)
 				k.remove(l)
 				continue
@@ -334,19 +343,19 @@ func (k *keeper) remove(l *lease) {
 }
 
 // close releases any lease still held (there should be none: every path
-// finishes its lease), then flushes until every finish is settled or ctx ends.
+// ends its lease), then flushes until every end is sent or ctx ends.
 func (k *keeper) close(ctx context.Context) error {
 	k.mu.Lock()
 	var orphans []*lease
 	for l := range k.leases {
-		if !l.finishing {
+		if !l.ending {
 			orphans = append(orphans, l)
 		}
 	}
 	k.mu.Unlock()
 	for _, l := range orphans {
 		k.log.Warn("releasing a message still held at shutdown", "message_id", l.msg.ID)
-		k.finish(l, true, 0)
+		k.release(l, 0)
 	}
 	for {
 		k.flush()
@@ -359,7 +368,8 @@ func (k *keeper) close(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return errors.Join(ctx.Err(), errors.New("messages still pending delete or release at exit; they come back after their visibility timeout"))
+			return errors.Join(ctx.Err(),
+				errors.New("messages still pending delete or release at exit; they come back after their visibility timeout"))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

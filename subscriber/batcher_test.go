@@ -169,3 +169,22 @@ func TestBatchesKeepLengthClassesApart(t *testing.T) {
 		}
 	})
 }
+
+func TestBatcherFillsOrWaitsMaxDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 1<<30, Config{MaxBatch: 4, MaxBatchDelay: time.Second, Prefetch: 20})
+		// A long batch keeps the device busy, so the batcher waits for
+		// company (on an idle device it would not: batchdelay_test.go).
+		h.send("busy", 0, "mb=1 ms=5000")
+		waitFor(t, time.Minute, "the long batch to run", func() bool { return h.model.runs.Load() == 1 })
+		for i := range 6 {
+			h.send("b", i, "mb=1")
+		}
+		waitFor(t, time.Minute, "7 results", func() bool { r, _ := h.results.Stats(); return r == 7 })
+		// Four go as soon as they are admitted; the other two after the delay.
+		if runs := h.model.runs.Load() - 1; runs != 2 {
+			t.Errorf("%d batches for 6 messages at max batch 4, want 2", runs)
+		}
+		h.shutdown()
+	})
+}

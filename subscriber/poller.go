@@ -26,9 +26,10 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 	defer s.fetches.Wait()
 	// What a receive brings is decoded and sent on by accept, in order, in
 	// a goroutine of its own, so that the next receive goes out meanwhile:
-	// decoding in line left no receive in flight 13% of the time against 4%
-	// for a bare SDK loop, at 7,000 messages a second on the emulator
-	// (bench overhead -timeline). The poller takes the leases and counts
+	// decoding in line left the poller with no receive in flight for a
+	// good share of a run, where a bare SDK loop always had one
+	// (bench/overhead.md, measured with bench overhead -timeline). The
+	// poller takes the leases and counts
 	// the messages as waiting first, so that room() is right for the next
 	// receive. No more than Prefetch messages wait, so no more than Prefetch
 	// receives are queued here, and sending never blocks. Fetches start in
@@ -119,27 +120,29 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 // down. A message with claim-checked items is fetched off the accept loop,
 // so a slow bucket does not hold up the messages behind it.
 func (s *Subscriber) accept(ctx context.Context, l *lease) {
+	t := &task{lease: l}
 	if ctx.Err() != nil {
 		s.startTasks(1)
-		s.keeper.finish(l, true, 0)
+		s.release(t, 0)
 		return
 	}
 	w, err := job.DecodeWork([]byte(l.msg.Body))
 	if err != nil {
 		s.startTasks(1)
-		s.deadLetterAsync(l, "malformed", err.Error())
+		s.deadLetterAsync(t, "malformed", err.Error())
 		return
 	}
+	t.work = w
 	if !hasRefs(w) {
-		s.enqueue(l, w)
+		s.enqueue(t)
 		return
 	}
 	if s.payloads == nil {
 		s.startTasks(1)
-		s.deadLetterAsync(l, "claim_check", unconfigured(w))
+		s.deadLetterAsync(t, "claim_check", unconfigured(w))
 		return
 	}
-	s.fetches.Go(func() { s.claim(ctx, l, w) })
+	s.fetches.Go(func() { s.claim(ctx, t) })
 }
 
 // enqueue sends a decoded message, already counted as waiting, on to
@@ -151,7 +154,8 @@ func (s *Subscriber) accept(ctx context.Context, l *lease) {
 // for a while, and dead-lettering would lose work that fits once it lets
 // go. Such a message waits in admission, and the admit timeout hands it
 // back for later or for another consumer.
-func (s *Subscriber) enqueue(l *lease, w *job.Work) {
+func (s *Subscriber) enqueue(t *task) {
+	w := t.work
 	cost, err := s.modelCost(w.Items)
 	var class int
 	if err == nil {
@@ -159,19 +163,20 @@ func (s *Subscriber) enqueue(l *lease, w *job.Work) {
 	}
 	if err != nil {
 		s.startTasks(1)
-		s.deadLetterAsync(l, "invalid_input", err.Error())
+		s.deadLetterAsync(t, "invalid_input", err.Error())
 		return
 	}
 	if !s.adm.fits(cost) {
 		s.startTasks(1)
-		s.deadLetterAsync(l, "too_large", fmt.Sprintf(
+		s.deadLetterAsync(t, "too_large", fmt.Sprintf(
 			"estimated working memory %s exceeds the largest VRAM budget the device can give, %s (%d items)",
 			gpu.FormatBytes(cost), gpu.FormatBytes(s.adm.size), len(w.Items)))
 		return
 	}
 	// Never blocks: room() kept waiting, which counts this message, within
 	// the buffer's capacity.
-	s.buffer <- &task{lease: l, work: w, cost: cost, class: class}
+	t.cost, t.class = cost, class
+	s.buffer <- t
 }
 
 func unconfigured(w *job.Work) string {
@@ -183,6 +188,8 @@ func unconfigured(w *job.Work) string {
 	return "no payload bucket is configured"
 }
 
-func (s *Subscriber) deadLetterAsync(l *lease, kind, reason string) {
-	s.aux.Go(func() { s.deadLetter(l, kind, reason) })
+// deadLetterAsync dead-letters t, which holds no admission, off the accept
+// loop: a slow DLQ does not hold up the messages behind it.
+func (s *Subscriber) deadLetterAsync(t *task, kind, reason string) {
+	s.aux.Go(func() { s.deadLetter(t, kind, reason) })
 }
