@@ -87,8 +87,11 @@ func TestSIGTERMBusyRunKeepsTheInvariant(t *testing.T) {
 	urls := sqstest.Queues(t, client, 5)
 	// A backlog well beyond what the subscriber holds, so that its prefetch
 	// buffer is still full when SIGTERM lands (with 30, a receive stranded
-	// by an SDK retry once left too few to keep any waiting).
-	spec := workload.Mixed("sigterm-acct", 60)
+	// by an SDK retry once left too few to keep any waiting), and that lasts
+	// well beyond the metrics' polling: on an idle machine the subscriber
+	// ran 60 in about 150 ms, and the test saw it idle, or SIGTERM found
+	// nothing waiting (1 run in 3).
+	spec := workload.Mixed("sigterm-acct", 400)
 	spec.LargeEvery, spec.LargeItems = 2, 8
 	books := accounting.New()
 	books.Expect(spec.Works()...)
