@@ -145,7 +145,7 @@ FUZZTIME ?= 5m
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeWork$$' -fuzztime $(FUZZTIME) ./job/
 	$(GO) test -run '^$$' -fuzz '^FuzzPayloadRef$$' -fuzztime $(FUZZTIME) ./job/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseBytes$$' -fuzztime $(FUZZTIME) ./gpu/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseBytes$$' -fuzztime $(FUZZTIME) ./internal/bytesize/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadSafetensors$$' -fuzztime $(FUZZTIME) ./gpu/
 	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./model/bert/

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 )
 
@@ -613,15 +614,15 @@ func compareInt64(a, b int64) int {
 // exactBytes formats n for a reader and exactly: "2.0MiB (2097152 B)".
 func exactBytes(n int64) string {
 	if n > -1024 && n < 1024 {
-		return FormatBytes(n)
+		return bytesize.Format(n)
 	}
-	return fmt.Sprintf("%s (%d B)", FormatBytes(n), n)
+	return fmt.Sprintf("%s (%d B)", bytesize.Format(n), n)
 }
 
 func formatModel(m CostModel) string {
 	s := fmt.Sprintf("%d B/token + %d B/item + %d B/batch", m.PerToken, m.PerItem, m.PerBatch)
 	if m.PerBatch >= 1024 {
-		s += " (" + FormatBytes(m.PerBatch) + ")"
+		s += " (" + bytesize.Format(m.PerBatch) + ")"
 	}
 	return s
 }

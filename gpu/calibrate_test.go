@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 )
 
@@ -228,7 +229,7 @@ func TestCalibrateRoundingAllocatorNeverUnderEstimates(t *testing.T) {
 		granules, freshRandom = []int64{granules[0] / 4}, 50
 	}
 	for _, granule := range granules {
-		t.Run(FormatBytes(granule), func(t *testing.T) {
+		t.Run(bytesize.Format(granule), func(t *testing.T) {
 			t.Parallel()
 			alloc := roundingAlloc{sim: NewSim(4 << 30), granule: granule}
 			e := newCalibEmbedder(t, cfg, alloc)

@@ -13,6 +13,7 @@ import (
 
 	"gorgonia.org/cu"
 
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 )
 
@@ -299,7 +300,7 @@ func (e *CUDAEmbedder) forward(items []job.Item, measure bool) ([]job.Output, in
 	}
 	base, err := cu.MemAlloc(size)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: batch of %d items, %d tokens, %s: %w", e.name, n, total, FormatBytes(size), cudaErr(err))
+		return nil, 0, fmt.Errorf("%s: batch of %d items, %d tokens, %s: %w", e.name, n, total, bytesize.Format(size), cudaErr(err))
 	}
 	// Counted from after the allocation until before the free, so that
 	// Working never exceeds what is allocated: the subscriber adds it to

@@ -7,6 +7,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"github.com/vramq/vramq/internal/bytesize"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -245,7 +246,7 @@ func (m *CUDABert) forward(ids [][]int32, measure bool) ([][]float32, int64, err
 	}
 	base, err := cu.MemAlloc(size)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: batch of %d items × %d tokens, %s: %w", m.name, items, seqLen, FormatBytes(size), cudaErr(err))
+		return nil, 0, fmt.Errorf("%s: batch of %d items × %d tokens, %s: %w", m.name, items, seqLen, bytesize.Format(size), cudaErr(err))
 	}
 	m.working.Add(size)
 	defer func() {

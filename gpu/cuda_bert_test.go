@@ -27,6 +27,7 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/bert"
 )
 
@@ -331,10 +332,10 @@ func TestCUDABertOutOfMemoryThenHalving(t *testing.T) {
 	defer release()
 	free := other.free(t)
 	if free >= need {
-		t.Fatalf("could not take memory: %s free, the batch needs %s", gpu.FormatBytes(free), gpu.FormatBytes(need))
+		t.Fatalf("could not take memory: %s free, the batch needs %s", bytesize.Format(free), bytesize.Format(need))
 	}
 	if _, err := c.Embed(context.Background(), ids); !errors.Is(err, gpu.ErrOutOfMemory) {
-		t.Fatalf("a batch of %s with %s free: err %v, want ErrOutOfMemory", gpu.FormatBytes(need), gpu.FormatBytes(free), err)
+		t.Fatalf("a batch of %s with %s free: err %v, want ErrOutOfMemory", bytesize.Format(need), bytesize.Format(free), err)
 	}
 	if n := c.Working(); n != 0 {
 		t.Fatalf("after the OOM the model holds %d bytes", n)
@@ -370,7 +371,7 @@ func TestCUDABertOutOfMemoryThenHalving(t *testing.T) {
 		}
 	}
 	t.Logf("FIGURE cuda-bert oom: %d items × %d tokens (%s) with %s free: ErrOutOfMemory, then halving ran batches of %d, within %g of the CPU",
-		len(ids), base.MaxSeqLength(), gpu.FormatBytes(need), gpu.FormatBytes(free), size, cudaBertTolerance)
+		len(ids), base.MaxSeqLength(), bytesize.Format(need), bytesize.Format(free), size, cudaBertTolerance)
 }
 
 // emulatedGranule is the emulated driver's allocation granule.
@@ -401,7 +402,7 @@ func TestCUDABertWorkingBytesCoversAllocation(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("FIGURE cuda-bert memory: %d items × %d tokens: estimate %s, device measured %s, CPU encoder's estimate %s",
-			shape.items, shape.seqLen, gpu.FormatBytes(est), gpu.FormatBytes(peak), gpu.FormatBytes(base.WorkingBytes(shape.items, shape.seqLen)))
+			shape.items, shape.seqLen, bytesize.Format(est), bytesize.Format(peak), bytesize.Format(base.WorkingBytes(shape.items, shape.seqLen)))
 		if cpuEst := base.WorkingBytes(shape.items, shape.seqLen); cpuEst < est {
 			t.Errorf("%d×%d: the CPU encoder's estimate %d is below the CUDA allocation %d", shape.items, shape.seqLen, cpuEst, est)
 		}
@@ -437,20 +438,20 @@ func TestCUDABertOutOfMemoryByLength(t *testing.T) {
 			fits++
 		}
 		if fits < 1 {
-			t.Fatalf("length %d: not even one item fits in %s", seqLen, gpu.FormatBytes(free))
+			t.Fatalf("length %d: not even one item fits in %s", seqLen, bytesize.Format(free))
 		}
 		ids := longBatch(base, 2*fits)
 		for i := range ids {
 			ids[i] = ids[i][:seqLen]
 		}
 		if _, err := c.Embed(context.Background(), ids[:fits]); err != nil {
-			t.Errorf("length %d: %d items (estimate %s, %s free): %v", seqLen, fits, gpu.FormatBytes(c.WorkingBytes(fits, seqLen)), gpu.FormatBytes(free), err)
+			t.Errorf("length %d: %d items (estimate %s, %s free): %v", seqLen, fits, bytesize.Format(c.WorkingBytes(fits, seqLen)), bytesize.Format(free), err)
 		}
 		if _, err := c.Embed(context.Background(), ids); !errors.Is(err, gpu.ErrOutOfMemory) {
-			t.Errorf("length %d: %d items (estimate %s, %s free): err %v, want ErrOutOfMemory", seqLen, 2*fits, gpu.FormatBytes(c.WorkingBytes(2*fits, seqLen)), gpu.FormatBytes(free), err)
+			t.Errorf("length %d: %d items (estimate %s, %s free): err %v, want ErrOutOfMemory", seqLen, 2*fits, bytesize.Format(c.WorkingBytes(2*fits, seqLen)), bytesize.Format(free), err)
 		}
 		t.Logf("FIGURE cuda-bert oom-by-length: %d tokens: with %s free, %d items run (estimate %s), %d fail with ErrOutOfMemory",
-			seqLen, gpu.FormatBytes(free), fits, gpu.FormatBytes(c.WorkingBytes(fits, seqLen)), 2*fits)
+			seqLen, bytesize.Format(free), fits, bytesize.Format(c.WorkingBytes(fits, seqLen)), 2*fits)
 	}
 	if n := c.Working(); n != 0 {
 		t.Errorf("the model holds %d bytes after the batches", n)

@@ -5,6 +5,7 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"github.com/vramq/vramq/internal/bytesize"
 
 	"gorgonia.org/cu"
 )
@@ -105,7 +106,7 @@ func OpenCUDADevice(index int, load func() (CUDAModel, error)) (dev Device, foot
 		return nil, 0, "", err
 	}
 	crossCheck = fmt.Sprintf("free memory: NVML %s, CUDA driver %s (difference %s); the model holds %s (weights %s)",
-		FormatBytes(after.Free), FormatBytes(free), FormatBytes(abs(after.Free-free)), FormatBytes(max(footprint, model.Weights())), FormatBytes(model.Weights()))
+		bytesize.Format(after.Free), bytesize.Format(free), bytesize.Format(abs(after.Free-free)), bytesize.Format(max(footprint, model.Weights())), bytesize.Format(model.Weights()))
 	return nv, footprint, crossCheck, nil
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"gorgonia.org/cu"
 
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 )
 
@@ -135,7 +136,7 @@ func TestCUDAOutOfMemoryThenHalving(t *testing.T) {
 	hog := hogMemory(t, m, cost/2)
 	_, err := m.Run(context.Background(), items)
 	if !errors.Is(err, ErrOutOfMemory) {
-		t.Fatalf("a batch of %s with %s free: err %v, want ErrOutOfMemory", FormatBytes(cost), FormatBytes(cost/2), err)
+		t.Fatalf("a batch of %s with %s free: err %v, want ErrOutOfMemory", bytesize.Format(cost), bytesize.Format(cost/2), err)
 	}
 	if n := m.Working(); n != 0 {
 		t.Fatalf("after the OOM the model still holds %d bytes", n)
@@ -165,7 +166,7 @@ func TestCUDAOutOfMemoryThenHalving(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("FIGURE check2: batch of %d items (%s estimated) with %s free: ErrOutOfMemory, then halving ran it in batches of %d; outputs within %g of the CPU", len(items), FormatBytes(cost), FormatBytes(cost/2), size, cudaTolerance)
+	t.Logf("FIGURE check2: batch of %d items (%s estimated) with %s free: ErrOutOfMemory, then halving ran it in batches of %d; outputs within %g of the CPU", len(items), bytesize.Format(cost), bytesize.Format(cost/2), size, cudaTolerance)
 }
 
 // hogMemory allocates device memory until about leave bytes are free, and
@@ -215,7 +216,7 @@ func TestCUDAMeasure(t *testing.T) {
 			t.Fatal(err)
 		}
 		cost := m.Cost(items)
-		t.Logf("FIGURE measure: %d items: estimated %s, driver measured %s", n, FormatBytes(cost), FormatBytes(peak))
+		t.Logf("FIGURE measure: %d items: estimated %s, driver measured %s", n, bytesize.Format(cost), bytesize.Format(peak))
 		if peak < cost-m.CostModel().PerBatch {
 			t.Errorf("%d items: measured %d bytes, below the %d the batch allocates", n, peak, cost)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/workload"
 	"github.com/vramq/vramq/job"
 )
@@ -80,7 +81,7 @@ func TestWaitingLargeMessageLaunchesWhileItWaits(t *testing.T) {
 		})
 		works := workload.Spec{JobID: "large", Messages: 2, LargeEvery: 1, LargeItems: 32, LargeWords: 600, Seed: 3}.Works()
 		if c := m.Cost(works[0].Items); c <= 10*mib || c > 20*mib {
-			t.Fatalf("a large message costs %s; the test needs room for one of them, not two", gpu.FormatBytes(c))
+			t.Fatalf("a large message costs %s; the test needs room for one of them, not two", bytesize.Format(c))
 		}
 		for _, w := range works {
 			h.sendWork(w)

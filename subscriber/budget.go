@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 )
 
 // budgetTolerance is how far apart two budget readings may be and still
@@ -113,7 +114,7 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	if err != nil {
 		if !st.failing {
 			s.log.Warn("reading device memory failed; keeping the budget until it answers again",
-				"budget", gpu.FormatBytes(s.adm.budget()), "err", err)
+				"budget", bytesize.Format(s.adm.budget()), "err", err)
 		}
 		st.failing, st.last = true, nil
 		return
@@ -140,9 +141,9 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	// Logged and exported before admission changes, so that whoever sees
 	// the new budget in effect finds it in the logs and metrics too.
 	old := s.adm.budget()
-	attrs := []any{"old", gpu.FormatBytes(old), "new", gpu.FormatBytes(target),
-		"free", gpu.FormatBytes(r.mem.Free), "working", gpu.FormatBytes(r.working),
-		"process", gpu.FormatBytes(r.mem.Process), "inflight", gpu.FormatBytes(s.inflight.Load())}
+	attrs := []any{"old", bytesize.Format(old), "new", bytesize.Format(target),
+		"free", bytesize.Format(r.mem.Free), "working", bytesize.Format(r.working),
+		"process", bytesize.Format(r.mem.Process), "inflight", bytesize.Format(s.inflight.Load())}
 	switch {
 	case target == 0:
 		s.log.Warn("budget changed: no device memory left for work; messages wait and are released after the admit timeout", attrs...)

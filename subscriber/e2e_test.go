@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/jobq"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/sqstest"
@@ -263,7 +264,7 @@ func TestE2EMixedWorkload(t *testing.T) {
 				t.Errorf("%d distinct results, want %d", len(c.Results), n)
 			}
 			t.Logf("%s: %d result messages, %d duplicates, %d OOMs on the device, peak admitted %s of %s",
-				tc.name, c.Messages, c.Duplicates, p.dev.OOMs(), gpu.FormatBytes(p.sub.PeakBytes()), gpu.FormatBytes(p.sub.Budget()))
+				tc.name, c.Messages, c.Duplicates, p.dev.OOMs(), bytesize.Format(p.sub.PeakBytes()), bytesize.Format(p.sub.Budget()))
 			for k, r := range c.Results {
 				want := 8
 				if spec.Large(k.Chunk) {

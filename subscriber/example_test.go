@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber"
 )
@@ -75,7 +76,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("admitting work against a budget of %s\n", gpu.FormatBytes(sub.Budget()))
+	fmt.Printf("admitting work against a budget of %s\n", bytesize.Format(sub.Budget()))
 	// Run returns after SIGTERM, once every message is done or handed back.
 	if err := sub.Run(ctx); err != nil {
 		log.Fatal(err)

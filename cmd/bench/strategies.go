@@ -25,6 +25,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/jobq"
 	"github.com/vramq/vramq/internal/workload"
@@ -152,7 +153,7 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	fmt.Fprintf(stderr, "bench: %d messages (%s), budget %s x %d subscriber(s), launch %v, throughput %s/s, estimate error %s; offline bound %.1f messages/s (%s)\n",
-		p.Messages, p.Shape, gpu.FormatBytes(p.Budget), p.Subscribers, p.Launch, gpu.FormatBytes(int64(p.Throughput)), p.EstimateError, sc.bound.MessagesPerS, sc.bound.Binding)
+		p.Messages, p.Shape, bytesize.Format(p.Budget), p.Subscribers, p.Launch, bytesize.Format(int64(p.Throughput)), p.EstimateError, sc.bound.MessagesPerS, sc.bound.Binding)
 	rep := strategyReport{Params: sc.p, Bound: sc.bound, Command: "bin/bench strategies " + strings.Join(args, " "),
 		Date: time.Now().UTC().Format("2006-01-02"), Machine: machine()}
 	rep.Results, err = sc.measure(ctx, client, retries, *repeat, *verbose, stderr)
@@ -168,7 +169,7 @@ func runStrategies(ctx context.Context, args []string, stdout, stderr io.Writer)
 
 // strategyFlagValues are the flags that strategyParams does not hold as is.
 type strategyFlagValues struct {
-	budget, throughput, maxBatchBytes *gpu.Bytes
+	budget, throughput, maxBatchBytes *bytesize.Size
 	shuffle                           *bool
 	only, estimate, bert              *string
 }
@@ -177,9 +178,9 @@ type strategyFlagValues struct {
 // by `bench strategies` and `bench sweep`.
 func strategyFlags(fs *flag.FlagSet) (*strategyParams, strategyFlagValues) {
 	p := &strategyParams{}
-	budget := gpu.Bytes(40 << 20)
-	throughput := gpu.Bytes(gpu.DefaultTiming().Throughput)
-	maxBatchBytes := gpu.Bytes(0)
+	budget := bytesize.Size(40 << 20)
+	throughput := bytesize.Size(gpu.DefaultTiming().Throughput)
+	maxBatchBytes := bytesize.Size(0)
 	v := strategyFlagValues{budget: &budget, throughput: &throughput, maxBatchBytes: &maxBatchBytes}
 	fs.IntVar(&p.Messages, "messages", 1000, "work messages in the workload")
 	fs.IntVar(&p.LargeEvery, "large-every", 5, "every Nth message is a large one (the bimodal mix; -shape 1-in-N says the same)")
@@ -308,7 +309,7 @@ func prepareScenario(p strategyParams, shuffle bool) (scenario, error) {
 			sc.large[job.Key{JobID: w.JobID, Chunk: w.Chunk}] = true
 		}
 		if c > p.Budget {
-			return sc, fmt.Errorf("%w: message %d needs %s, more than the budget %s", cli.ErrUsage, i, gpu.FormatBytes(c), gpu.FormatBytes(p.Budget))
+			return sc, fmt.Errorf("%w: message %d needs %s, more than the budget %s", cli.ErrUsage, i, bytesize.Format(c), bytesize.Format(p.Budget))
 		}
 	}
 	sc.works = works
@@ -376,19 +377,19 @@ func strategiesFor(p strategyParams, costs []int64) ([]strategy, error) {
 			settings = "admission=count, N=1"
 		case "count-avg":
 			c.Admission, c.Count = subscriber.AdmitCount, nAvg
-			settings = fmt.Sprintf("admission=count, N=%d (budget %s / average message %s)", nAvg, gpu.FormatBytes(p.Budget), gpu.FormatBytes(avg))
+			settings = fmt.Sprintf("admission=count, N=%d (budget %s / average message %s)", nAvg, bytesize.Format(p.Budget), bytesize.Format(avg))
 		case "vram-plain":
 			// The byte cap off, and with it launch-ahead (only a message
 			// that fills a batch on its own launches ahead): vram batching
 			// as count and none batch, so that the only difference from
 			// them is admission.
 			c.Admission, c.MaxBatchBytes = subscriber.AdmitVRAM, math.MaxInt64
-			settings = fmt.Sprintf("admission=vram, budget %s, no batch byte cap, no launch-ahead (batching as count and none)", gpu.FormatBytes(p.Budget))
+			settings = fmt.Sprintf("admission=vram, budget %s, no batch byte cap, no launch-ahead (batching as count and none)", bytesize.Format(p.Budget))
 		case "vram":
 			c.Admission, c.MaxBatchBytes = subscriber.AdmitVRAM, p.MaxBatchBytes
-			settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap %s, launch-ahead", gpu.FormatBytes(p.Budget), gpu.FormatBytes(p.MaxBatchBytes))
+			settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap %s, launch-ahead", bytesize.Format(p.Budget), bytesize.Format(p.MaxBatchBytes))
 			if p.MaxBatchBytes == 0 {
-				settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap a quarter of the budget (%s, the default), launch-ahead", gpu.FormatBytes(p.Budget), gpu.FormatBytes(p.Budget/4))
+				settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap a quarter of the budget (%s, the default), launch-ahead", bytesize.Format(p.Budget), bytesize.Format(p.Budget/4))
 			}
 		default:
 			return nil, fmt.Errorf("%w: unknown strategy %q: want none, count-1, count-avg, vram-plain or vram", cli.ErrUsage, name)

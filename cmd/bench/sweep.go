@@ -19,7 +19,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 )
 
@@ -132,7 +132,7 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rep := sweepReport{Command: "bin/bench sweep " + strings.Join(args, " "), Date: time.Now().UTC().Format("2006-01-02"), Machine: machine()}
 	for _, sc := range scs {
 		fmt.Fprintf(stderr, "bench: shape %s: %d messages, %s to %s each, estimate error %s, %d subscriber(s); offline bound %.1f messages/s (%s)\n",
-			sc.p.Shape, len(sc.works), gpu.FormatBytes(sc.p.SmallCost), gpu.FormatBytes(sc.p.LargeCost), sc.p.EstimateError, sc.p.Subscribers, sc.bound.MessagesPerS, sc.bound.Binding)
+			sc.p.Shape, len(sc.works), bytesize.Format(sc.p.SmallCost), bytesize.Format(sc.p.LargeCost), sc.p.EstimateError, sc.p.Subscribers, sc.bound.MessagesPerS, sc.bound.Binding)
 		res, err := sc.measure(ctx, client, retries, *repeat, *verbose, stderr)
 		if err != nil {
 			return fmt.Errorf("shape %s: %w", sc.p.Shape, err)
@@ -179,7 +179,7 @@ func writeSweepMarkdown(w io.Writer, rep sweepReport, name string) {
 	fmt.Fprintf(w, "Written by `%s` on %s; %s. Do not edit: run it again.\n\n", rep.Command, rep.Date, rep.Machine)
 	fmt.Fprintf(w, "%d messages per row, budget %s per device, %d subscriber(s), estimate error `%s` (unless the row says otherwise: `est` is -estimate-error, `xN` N subscribers on the one queue, each with its own device), max batch %d, launch %v, throughput %s/s; "+
 		"each strategy ran %d time(s) per shape (the median run). Settings and what differs between strategies besides admission: as in [results.md](../results.md) (`vram-plain` is vram admission without the batch byte cap and launch-ahead).\n\n",
-		p.Messages, gpu.FormatBytes(p.Budget), p.Subscribers, p.EstimateError, p.MaxBatch, p.Launch, gpu.FormatBytes(int64(p.Throughput)), len(rep.Shapes[0].Results[0].AllRuns))
+		p.Messages, bytesize.Format(p.Budget), p.Subscribers, p.EstimateError, p.MaxBatch, p.Launch, bytesize.Format(int64(p.Throughput)), len(rep.Shapes[0].Results[0].AllRuns))
 	fmt.Fprintln(w, "Throughput as a share of the row's offline bound (messages/s in brackets; device OOMs, redeliveries and dead-lettered messages after the slash when any; the bound for N subscribers is N devices' worth):")
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "| row | bound msg/s |")
@@ -219,7 +219,7 @@ func writeSweepMarkdown(w io.Writer, rep sweepReport, name string) {
 		if len(parts) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "- `%s` (%s to %s per message): %s\n", s.Label, gpu.FormatBytes(s.Params.SmallCost), gpu.FormatBytes(s.Params.LargeCost), strings.Join(parts, ", "))
+		fmt.Fprintf(w, "- `%s` (%s to %s per message): %s\n", s.Label, bytesize.Format(s.Params.SmallCost), bytesize.Format(s.Params.LargeCost), strings.Join(parts, ", "))
 	}
 	fmt.Fprintln(w)
 	var many bool

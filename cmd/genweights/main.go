@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/model/bert"
 )
@@ -115,7 +116,7 @@ func run(args []string, getenv func(string) string, stdout io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s: ref-embed-v1 vocab %d, dim %d, hidden %d, out %d, max tokens %d, seed %d: %s of weights\n",
-		*out, cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens, cfg.Seed, gpu.FormatBytes(cfg.WeightBytes()))
+		*out, cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens, cfg.Seed, bytesize.Format(cfg.WeightBytes()))
 	return nil
 }
 

@@ -27,8 +27,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/internal/payload"
@@ -73,9 +73,9 @@ type options struct {
 	addr, metricsAddr    string
 	apiKeys, apiKeysFile string
 	apiKeysSecret        string
-	maxMessage, maxItem  gpu.Bytes
-	maxBody, maxInFlight gpu.Bytes
-	memoryLimit          gpu.Bytes
+	maxMessage, maxItem  bytesize.Size
+	maxBody, maxInFlight bytesize.Size
+	memoryLimit          bytesize.Size
 	trustedProxies       string
 	shutdownGrace        time.Duration
 	logFormat, logLevel  string

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/bert"
 )
 
@@ -22,7 +23,7 @@ func loadWeights(o *options, log *slog.Logger) (*gpu.EmbedWeights, gpu.EmbedConf
 		if err != nil {
 			return nil, cfg, fmt.Errorf("-weights: %w", err)
 		}
-		log.Info("weights loaded", "file", o.weights, "vocab", cfg.Vocab, "dim", cfg.Dim, "hidden", cfg.Hidden, "out", cfg.Out, "max_tokens", cfg.MaxTokens, "bytes", gpu.FormatBytes(w.Bytes()))
+		log.Info("weights loaded", "file", o.weights, "vocab", cfg.Vocab, "dim", cfg.Dim, "hidden", cfg.Hidden, "out", cfg.Out, "max_tokens", cfg.MaxTokens, "bytes", bytesize.Format(w.Bytes()))
 		return w, cfg, nil
 	}
 	cfg := gpu.DefaultEmbedConfig()
@@ -42,7 +43,7 @@ func openSim(o *options, log *slog.Logger) (gpu.Device, closingModel, error) {
 		return nil, nil, err
 	}
 	dev := gpu.NewSim(int64(o.vram))
-	log.Warn("the device is SIMULATED: memory is accounted by vramq, the model runs on the CPU", "capacity", gpu.FormatBytes(int64(o.vram)))
+	log.Warn("the device is SIMULATED: memory is accounted by vramq, the model runs on the CPU", "capacity", bytesize.Format(int64(o.vram)))
 	model, err := gpu.NewEmbedder(w, mcfg, dev)
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the model: %w", err)
@@ -56,7 +57,7 @@ func openSim(o *options, log *slog.Logger) (gpu.Device, closingModel, error) {
 // stops the start with its error, which names the file and field.
 func openBERT(o *options, log *slog.Logger) (gpu.Device, closingModel, error) {
 	dev := gpu.NewSim(int64(o.vram))
-	log.Warn("the device is SIMULATED: memory is accounted by vramq, the model runs on the CPU", "capacity", gpu.FormatBytes(int64(o.vram)))
+	log.Warn("the device is SIMULATED: memory is accounted by vramq, the model runs on the CPU", "capacity", bytesize.Format(int64(o.vram)))
 	m, err := bert.Open(o.model, dev)
 	if err != nil {
 		return nil, nil, fmt.Errorf("-model: %w", err)
@@ -64,6 +65,6 @@ func openBERT(o *options, log *slog.Logger) (gpu.Device, closingModel, error) {
 	c, s := m.Model().Config(), m.Model().Sentence()
 	log.Info("model loaded", "model", m.Name(), "dir", o.model, "layers", c.NumLayers, "hidden", c.HiddenSize, "heads", c.NumHeads,
 		"max_seq_length", s.MaxSeqLength, "pooling", s.Pooling.String(), "normalize", s.Normalize,
-		"dtype", m.Model().WeightDType(), "weights", gpu.FormatBytes(m.Weights()))
+		"dtype", m.Model().WeightDType(), "weights", bytesize.Format(m.Weights()))
 	return dev, m, nil
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/bert"
 )
 
@@ -66,8 +67,8 @@ func openBackend(o *options, log *slog.Logger) (gpu.Device, closingModel, error)
 		return nil, nil, err
 	}
 	log.Info("model loaded onto the GPU", "device", b.Model.Device(), "memory", b.Device.Name(),
-		"weights", gpu.FormatBytes(b.Model.Weights()), "total", gpu.FormatBytes(mem.Total), "free", gpu.FormatBytes(mem.Free),
-		"process", gpu.FormatBytes(mem.Process), "cross_check", b.CrossCheck)
+		"weights", bytesize.Format(b.Model.Weights()), "total", bytesize.Format(mem.Total), "free", bytesize.Format(mem.Free),
+		"process", bytesize.Format(mem.Process), "cross_check", b.CrossCheck)
 	// The caller closes both: the model (its context) and the device (NVML).
 	return b.Device, b.Model, nil
 }
@@ -89,8 +90,8 @@ func openCUDABERT(o *options, index int, log *slog.Logger) (gpu.Device, closingM
 	log.Info("model loaded onto the GPU", "model", b.Embedder.Name(), "dir", o.model, "device", b.Encoder.Device(), "memory", b.Device.Name(),
 		"layers", c.NumLayers, "hidden", c.HiddenSize, "heads", c.NumHeads, "max_seq_length", s.MaxSeqLength,
 		"pooling", s.Pooling.String(), "normalize", s.Normalize, "dtype", m.WeightDType(),
-		"weights", gpu.FormatBytes(b.Encoder.Weights()), "resident", gpu.FormatBytes(b.Embedder.Weights()),
-		"total", gpu.FormatBytes(mem.Total), "free", gpu.FormatBytes(mem.Free), "process", gpu.FormatBytes(mem.Process), "cross_check", b.CrossCheck)
+		"weights", bytesize.Format(b.Encoder.Weights()), "resident", bytesize.Format(b.Embedder.Weights()),
+		"total", bytesize.Format(mem.Total), "free", bytesize.Format(mem.Free), "process", bytesize.Format(mem.Process), "cross_check", b.CrossCheck)
 	// The caller closes both: the model (its context) and the device.
 	return b.Device, b.Embedder, nil
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 )
 
 // defaultChunkItems is the publisher's default -chunk-items: with
@@ -60,7 +61,7 @@ func useCostModel(o *options, dev gpu.Device, model gpu.Model, log *slog.Logger)
 	}
 	log.Info("cost model loaded", "file", o.costModel, "model", f.Model, "device", f.Device,
 		"per_token", f.PerToken, "per_item", f.PerItem, "per_batch", f.PerBatch,
-		"per_batch_size", gpu.FormatBytes(f.PerBatch), "max_items", f.MaxItems, "fitted_at", f.FittedAt)
+		"per_batch_size", bytesize.Format(f.PerBatch), "max_items", f.MaxItems, "fitted_at", f.FittedAt)
 	if o.cfg.MaxBatch > f.MaxItems {
 		// Every message has an item, so a batch of -max-batch messages
 		// has more items than any batch the cost model was checked on.

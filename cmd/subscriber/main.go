@@ -26,6 +26,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/internal/payload"
@@ -43,8 +44,8 @@ type options struct {
 	queueURL, resultsURL, dlqURL string
 	payloadBucket                string
 	device                       string
-	vram, reserve, limit         gpu.Bytes
-	maxBatchBytes                gpu.Bytes
+	vram, reserve, limit         bytesize.Size
+	maxBatchBytes                bytesize.Size
 	modelSeed                    uint64
 	weights                      string
 	model                        string // a BERT-family model directory; empty: the reference model

@@ -1,4 +1,4 @@
-package gpu
+package bytesize
 
 import (
 	"encoding"
@@ -9,8 +9,8 @@ import (
 )
 
 var (
-	_ flag.Value               = (*Bytes)(nil)
-	_ encoding.TextUnmarshaler = (*Bytes)(nil)
+	_ flag.Value               = (*Size)(nil)
+	_ encoding.TextUnmarshaler = (*Size)(nil)
 )
 
 func TestParseBytes(t *testing.T) {
@@ -40,13 +40,13 @@ func TestParseBytes(t *testing.T) {
 		{"7.9999EiB", 9223256744704315123},
 	}
 	for _, tt := range tests {
-		got, err := ParseBytes(tt.in)
+		got, err := Parse(tt.in)
 		if err != nil {
-			t.Errorf("ParseBytes(%q): %v", tt.in, err)
+			t.Errorf("Parse(%q): %v", tt.in, err)
 			continue
 		}
 		if got != tt.want {
-			t.Errorf("ParseBytes(%q) = %d, want %d", tt.in, got, tt.want)
+			t.Errorf("Parse(%q) = %d, want %d", tt.in, got, tt.want)
 		}
 	}
 }
@@ -75,16 +75,16 @@ func TestParseBytesErrors(t *testing.T) {
 		{"100000000000TB", "overflows"},
 	}
 	for _, tt := range tests {
-		got, err := ParseBytes(tt.in)
+		got, err := Parse(tt.in)
 		if err == nil {
-			t.Errorf("ParseBytes(%q) = %d, want an error", tt.in, got)
+			t.Errorf("Parse(%q) = %d, want an error", tt.in, got)
 			continue
 		}
 		if !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("ParseBytes(%q) error %q does not mention %q", tt.in, err, tt.want)
+			t.Errorf("Parse(%q) error %q does not mention %q", tt.in, err, tt.want)
 		}
 		if !strings.Contains(err.Error(), tt.in) {
-			t.Errorf("ParseBytes(%q) error %q does not quote the input", tt.in, err)
+			t.Errorf("Parse(%q) error %q does not quote the input", tt.in, err)
 		}
 	}
 }
@@ -110,17 +110,17 @@ func TestFormatBytes(t *testing.T) {
 		{math.MinInt64, "-8.0EiB"},
 	}
 	for _, tt := range tests {
-		if got := FormatBytes(tt.in); got != tt.want {
-			t.Errorf("FormatBytes(%d) = %q, want %q", tt.in, got, tt.want)
+		if got := Format(tt.in); got != tt.want {
+			t.Errorf("Format(%d) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
 }
 
 func TestFormatBytesParsesBack(t *testing.T) {
 	for _, n := range []int64{0, 900, 1 << 10, 64 << 10, 512 << 20, 16 << 30, 5 << 40} {
-		got, err := ParseBytes(FormatBytes(n))
+		got, err := Parse(Format(n))
 		if err != nil || got != n {
-			t.Errorf("ParseBytes(FormatBytes(%d)) = %d, %v", n, got, err)
+			t.Errorf("Parse(Format(%d)) = %d, %v", n, got, err)
 		}
 	}
 }
@@ -128,7 +128,7 @@ func TestFormatBytesParsesBack(t *testing.T) {
 func TestBytesFlag(t *testing.T) {
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
 	fs.SetOutput(new(strings.Builder))
-	b := Bytes(1 << 30)
+	b := Size(1 << 30)
 	fs.Var(&b, "reserve", "memory to leave free")
 	if err := fs.Parse([]string{"-reserve", "512MiB"}); err != nil {
 		t.Fatal(err)
@@ -148,7 +148,7 @@ func TestBytesFlag(t *testing.T) {
 }
 
 func TestBytesUnmarshalText(t *testing.T) {
-	var b Bytes
+	var b Size
 	if err := b.UnmarshalText([]byte("2GB")); err != nil || b != 2e9 {
 		t.Errorf("UnmarshalText(2GB) = %d, %v", b, err)
 	}

@@ -1,4 +1,6 @@
-package gpu
+// Package bytesize parses and formats memory sizes ("16GiB", "512MB") for
+// flags, config files and logs.
+package bytesize
 
 import (
 	"errors"
@@ -8,28 +10,28 @@ import (
 	"strings"
 )
 
-// Bytes is a memory size given on the command line or in a config file, such
-// as "16GiB" or "512MB"; see ParseBytes for the forms it accepts. It
+// Size is a memory size given on the command line or in a config file, such
+// as "16GiB" or "512MB"; see Parse for the forms it accepts. It
 // implements flag.Value and encoding.TextUnmarshaler.
-type Bytes int64
+type Size int64
 
-// Set parses s with ParseBytes.
-func (b *Bytes) Set(s string) error {
-	n, err := ParseBytes(s)
+// Set parses s with Parse.
+func (b *Size) Set(s string) error {
+	n, err := Parse(s)
 	if err != nil {
 		return err
 	}
-	*b = Bytes(n)
+	*b = Size(n)
 	return nil
 }
 
-// String formats b with FormatBytes. It rounds to one decimal so that flag
+// String formats b with Format. It rounds to one decimal so that flag
 // help reads "16.0GiB" rather than "17179869184"; parsing it back may not give
 // the exact number.
-func (b Bytes) String() string { return FormatBytes(int64(b)) }
+func (b Size) String() string { return Format(int64(b)) }
 
-// UnmarshalText parses text with ParseBytes.
-func (b *Bytes) UnmarshalText(text []byte) error { return b.Set(string(text)) }
+// UnmarshalText parses text with Parse.
+func (b *Size) UnmarshalText(text []byte) error { return b.Set(string(text)) }
 
 // byteUnits maps each accepted unit, lower-cased, to its size. Bare "K", "M"
 // and "G" are left out on purpose: tools disagree on whether they mean powers
@@ -54,24 +56,24 @@ var byteUnits = map[string]int64{
 
 const byteUnitList = "B, KB, MB, GB, TB, PB, EB, KiB, MiB, GiB, TiB, PiB, EiB"
 
-var errEmptyBytes = errors.New("empty size")
+var errEmpty = errors.New("empty size")
 
-// ParseBytes parses a size in bytes: a non-negative decimal number, an
+// Parse parses a size in bytes: a non-negative decimal number, an
 // optional space, and an optional unit. Units are case-insensitive; KB, MB,
 // GB, TB, PB and EB are powers of 1000, KiB, MiB, GiB, TiB, PiB and EiB powers
 // of 1024, and no unit (or B) means bytes. A fraction is allowed with a unit
 // ("1.5GiB"); a result that is not a whole number of bytes is rounded down.
-func ParseBytes(s string) (int64, error) {
-	n, err := parseBytes(strings.TrimSpace(s))
+func Parse(s string) (int64, error) {
+	n, err := parse(strings.TrimSpace(s))
 	if err != nil {
 		return 0, fmt.Errorf("parse size %q: %w", s, err)
 	}
 	return n, nil
 }
 
-func parseBytes(s string) (int64, error) {
+func parse(s string) (int64, error) {
 	if s == "" {
-		return 0, errEmptyBytes
+		return 0, errEmpty
 	}
 	if s[0] == '-' {
 		return 0, errors.New("negative size")
@@ -121,11 +123,11 @@ func validDecimal(s string) bool {
 	return allDigits(intPart) && (!hasDot || allDigits(frac))
 }
 
-// FormatBytes formats n for people: bytes below 1KiB ("900B"), otherwise
+// Format formats n for people: bytes below 1KiB ("900B"), otherwise
 // one decimal in the largest IEC unit that keeps the number at least 1
 // ("16.0GiB", "1.5MiB"). The result is rounded; use the number itself where
 // exactness matters.
-func FormatBytes(n int64) string {
+func Format(n int64) string {
 	sign := ""
 	u := uint64(n)
 	if n < 0 {
