@@ -2,9 +2,10 @@ package gpu
 
 import (
 	"fmt"
-	"github.com/vramq/vramq/internal/bytesize"
 	"sync"
 	"sync/atomic"
+
+	"github.com/vramq/vramq/internal/bytesize"
 )
 
 // Allocator hands out device memory. Models take their weights and working

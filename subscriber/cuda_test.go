@@ -21,7 +21,9 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/cuda"
 	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/model/refembed"
 )
 
 const gib = 1 << 30
@@ -98,8 +100,8 @@ sys.stdin.readline()`, n))
 }
 
 func TestCUDABudgetFollowsFreeMemory(t *testing.T) {
-	cfg := gpu.DefaultEmbedConfig()
-	b, err := gpu.OpenCUDA(0, gpu.GenerateEmbedWeights(cfg), cfg)
+	cfg := refembed.DefaultConfig()
+	b, err := cuda.Open(0, refembed.GenerateWeights(cfg), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

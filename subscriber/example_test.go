@@ -11,7 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/nvml"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber"
@@ -59,8 +59,8 @@ func Example() {
 	}
 	client := sqs.NewFromConfig(awsCfg)
 
-	// On a GPU machine: gpu.Open("cuda:0", 0) reads memory from NVML.
-	dev, err := gpu.Open("auto", 16<<30)
+	// On a GPU machine: nvml.Open("nvml:0", 0) reads memory from NVML.
+	dev, err := nvml.Open("auto", 16<<30)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 package main
 
-import "github.com/vramq/vramq/gpu"
+import (
+	"github.com/vramq/vramq/bench/timed"
+)
 
 // bound is the offline bound: the most messages per second any scheduler
 // could get from the workload on the simulated device, knowing every
@@ -26,7 +28,7 @@ type bound struct {
 	Binding       string  `json:"binding"`
 }
 
-func offlineBound(costs []int64, t gpu.Timing, budget int64) bound {
+func offlineBound(costs []int64, t timed.Timing, budget int64) bound {
 	var work, memory float64
 	for _, c := range costs {
 		secs := float64(c) / t.Throughput
@@ -49,7 +51,7 @@ func offlineBound(costs []int64, t gpu.Timing, budget int64) bound {
 // launch still comes before any work), and so is the memory-time. It
 // ignores that a message cannot be split between devices, so it stays an
 // upper bound.
-func offlineBoundN(costs []int64, t gpu.Timing, budget int64, n int) bound {
+func offlineBoundN(costs []int64, t timed.Timing, budget int64, n int) bound {
 	b := offlineBound(costs, t, budget)
 	if n <= 1 {
 		return b

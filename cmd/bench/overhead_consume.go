@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/subscriber"
@@ -82,7 +82,7 @@ func (cc consumeConfig) subscriber(ctx context.Context, e *benchEnv, urls locals
 		Queue:       subscriber.NewSQSQueue(e.client, urls.Work),
 		Results:     subscriber.NewSQSQueue(e.client, urls.Results),
 		DLQ:         subscriber.NewSQSQueue(e.client, urls.DLQ),
-		Model:       gpu.Noop{},
+		Model:       timed.Noop{},
 		Device:      noopDevice(),
 		VRAMReserve: 1 << 20,
 		Prefetch:    cc.Prefetch,

@@ -27,7 +27,7 @@ import (
 	"github.com/vramq/vramq/localstack"
 )
 
-// noopDevice is the simulated device the no-op model (gpu.Noop) runs on: any size will
+// noopDevice is the simulated device the no-op model (timed.Noop) runs on: any size will
 // do, the model allocates nothing from it.
 func noopDevice() *gpu.Sim { return gpu.NewSim(1 << 30) }
 

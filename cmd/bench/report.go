@@ -54,7 +54,7 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 	if model == "" {
 		model = "the reference model" // reports from before -bert
 	}
-	fmt.Fprintf(w, "- **Device:** simulated (`gpu.Sim` + `gpu.TimedModel`, costing as %s): its weights plus %s for work; each batch takes a %v launch plus its working memory over %s/s, shared by the batches working at once (`gpu.Timing`).\n",
+	fmt.Fprintf(w, "- **Device:** simulated (`gpu.Sim` + `timed.Model`, costing as %s): its weights plus %s for work; each batch takes a %v launch plus its working memory over %s/s, shared by the batches working at once (`timed.Timing`).\n",
 		model, bytesize.Format(p.Budget), p.Launch, bytesize.Format(int64(p.Throughput)))
 	if p.Subscribers > 1 {
 		fmt.Fprintf(w, "- **Subscribers:** %d on the one queue, each with its own simulated device as above; figures are summed over them, memory use is the mean over the devices.\n", p.Subscribers)

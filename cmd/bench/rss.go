@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/procfs"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
@@ -256,7 +256,7 @@ func runRSSChild(ctx context.Context, args []string, stderr io.Writer) error {
 		Queue:       subscriber.NewSQSQueue(client, *work),
 		Results:     subscriber.NewSQSQueue(client, *results),
 		DLQ:         subscriber.NewSQSQueue(client, *dlq),
-		Model:       gpu.Noop{},
+		Model:       timed.Noop{},
 		Device:      noopDevice(),
 		VRAMReserve: 1 << 20,
 		WaitTime:    time.Second,

@@ -23,6 +23,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/bytesize"
@@ -32,6 +33,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/subscriber"
 )
 
@@ -179,14 +181,14 @@ type strategyFlagValues struct {
 func strategyFlags(fs *flag.FlagSet) (*strategyParams, strategyFlagValues) {
 	p := &strategyParams{}
 	budget := bytesize.Size(40 << 20)
-	throughput := bytesize.Size(gpu.DefaultTiming().Throughput)
+	throughput := bytesize.Size(timed.DefaultTiming().Throughput)
 	maxBatchBytes := bytesize.Size(0)
 	v := strategyFlagValues{budget: &budget, throughput: &throughput, maxBatchBytes: &maxBatchBytes}
 	fs.IntVar(&p.Messages, "messages", 1000, "work messages in the workload")
 	fs.IntVar(&p.LargeEvery, "large-every", 5, "every Nth message is a large one (the bimodal mix; -shape 1-in-N says the same)")
 	fs.StringVar(&p.Shape, "shape", "", "workload: 1-in-N (the bimodal mix, every Nth message large) or heavy (heavy-tailed sizes); empty: 1-in-(-large-every)")
 	fs.Var(&budget, "budget", "device memory for work (the vram budget; the device holds this plus the weights), per subscriber")
-	fs.DurationVar(&p.Launch, "launch", gpu.DefaultTiming().Launch, "timing model: fixed time per batch")
+	fs.DurationVar(&p.Launch, "launch", timed.DefaultTiming().Launch, "timing model: fixed time per batch")
 	fs.Var(&throughput, "throughput", "timing model: device throughput, bytes of working memory per second")
 	fs.IntVar(&p.MaxBatch, "max-batch", 8, "most messages per batch, every strategy")
 	fs.Var(&maxBatchBytes, "max-batch-bytes", "vram: the subscriber's -max-batch-bytes (0: its default)")
@@ -216,7 +218,7 @@ func (v strategyFlagValues) apply(p *strategyParams) error {
 	if p.Messages < 1 || p.Subscribers < 1 || p.Subscribers > 16 {
 		return fmt.Errorf("%w: -messages must be at least 1 and -subscribers 1 to 16", cli.ErrUsage)
 	}
-	if err := (gpu.Timing{Launch: p.Launch, Throughput: p.Throughput}).Validate(); err != nil {
+	if err := (timed.Timing{Launch: p.Launch, Throughput: p.Throughput}).Validate(); err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 	return nil
@@ -243,11 +245,11 @@ type scenario struct {
 	costs  []int64 // true costs, what the device allocates
 	large  map[job.Key]bool
 	bound  bound
-	ecfg   gpu.EmbedConfig
-	timing gpu.Timing
+	ecfg   refembed.Config
+	timing timed.Timing
 	// newModel loads the timed model onto a device: the reference
 	// model's memory, or the BERT's (-bert).
-	newModel   func(gpu.Allocator) (*gpu.TimedModel, error)
+	newModel   func(gpu.Allocator) (*timed.Model, error)
 	est        estimateError
 	strategies []strategy
 }
@@ -268,7 +270,7 @@ func shapeWorks(shape string, messages int) ([]job.Work, string, error) {
 }
 
 func prepareScenario(p strategyParams, shuffle bool) (scenario, error) {
-	sc := scenario{ecfg: gpu.DefaultEmbedConfig(), timing: gpu.Timing{Launch: p.Launch, Throughput: p.Throughput}}
+	sc := scenario{ecfg: refembed.DefaultConfig(), timing: timed.Timing{Launch: p.Launch, Throughput: p.Throughput}}
 	works, desc, err := shapeWorks(p.Shape, p.Messages)
 	if err != nil {
 		return sc, err
@@ -282,15 +284,15 @@ func prepareScenario(p strategyParams, shuffle bool) (scenario, error) {
 		rng := rand.New(rand.NewPCG(1, 2))
 		rng.Shuffle(len(works), func(i, j int) { works[i], works[j] = works[j], works[i] })
 	}
-	sc.newModel = func(mem gpu.Allocator) (*gpu.TimedModel, error) { return gpu.NewTimedModel(sc.ecfg, sc.timing, mem) }
+	sc.newModel = func(mem gpu.Allocator) (*timed.Model, error) { return timed.New(sc.ecfg, sc.timing, mem) }
 	p.Model = "the reference model"
 	if p.BERTDir != "" {
 		e, err := bert.Open(p.BERTDir, nil)
 		if err != nil {
 			return sc, fmt.Errorf("%w: -bert: %v", cli.ErrUsage, err)
 		}
-		sc.newModel = func(mem gpu.Allocator) (*gpu.TimedModel, error) {
-			return gpu.NewTimedModelFor(e, e.Model().Dim(), sc.timing, mem)
+		sc.newModel = func(mem gpu.Allocator) (*timed.Model, error) {
+			return timed.NewFor(e, e.Model().Dim(), sc.timing, mem)
 		}
 		p.Model = e.Name()
 	}
@@ -423,7 +425,7 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, sc scenari
 
 	type worker struct {
 		dev   *gpu.Sim
-		model *gpu.TimedModel
+		model *timed.Model
 		reg   *prometheus.Registry
 		rq    *recordingQueue
 		sub   *subscriber.Subscriber

@@ -6,10 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/cuda"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/bert"
 )
@@ -26,16 +25,15 @@ func checkDevice(spec string) error {
 	return nil
 }
 
+// cudaIndex is the CUDA device index spec names (gpu.Spec): cuda:N's N,
+// and 0 for auto. An NVML index is refused: this backend loads the model by
+// CUDA's numbering, which NVML's need not match.
 func cudaIndex(spec string) (int, error) {
-	if spec == "auto" {
-		return 0, nil
-	}
-	rest, ok := strings.CutPrefix(spec, "cuda:")
-	n, err := strconv.Atoi(rest)
-	if !ok || err != nil || n < 0 || strings.HasPrefix(rest, "+") {
+	s, err := gpu.ParseSpec(spec)
+	if err != nil || (s.Kind != "cuda" && s.Kind != "auto") {
 		return 0, errors.New("want sim, auto or cuda:N (N a device index, 0 first)")
 	}
-	return n, nil
+	return s.Index, nil
 }
 
 // openBackend loads the model onto the GPU. This binary links the CUDA
@@ -57,7 +55,7 @@ func openBackend(o *options, log *slog.Logger) (gpu.Device, closingModel, error)
 	if err != nil {
 		return nil, nil, err
 	}
-	b, err := gpu.OpenCUDA(index, w, cfg)
+	b, err := cuda.Open(index, w, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the model onto cuda:%d: %w", index, err)
 	}

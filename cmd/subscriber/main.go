@@ -24,13 +24,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/calibrate"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/subscriber"
 )
 
@@ -77,11 +78,11 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.Var(&o.limit, "vram-limit", "cap on the VRAM budget below what the device offers (0: no cap)")
 	fs.DurationVar(&c.BudgetRefresh, "budget-refresh", 2*time.Second, "how often the device's memory is read again; under -admission=vram the budget follows it, so another process on the GPU shrinks it (negative: never, keep the budget read at start)")
 	fs.StringVar(&o.model, "model", "", "directory of a BERT-family sentence encoder as Hugging Face ships it (config.json, model.safetensors, tokenizer.json, sentence-transformers files);\nempty: the reference embedding model")
-	fs.Uint64Var(&o.modelSeed, "model-seed", gpu.DefaultEmbedConfig().Seed, "seed of the reference model's generated weights (without -weights)")
+	fs.Uint64Var(&o.modelSeed, "model-seed", refembed.DefaultConfig().Seed, "seed of the reference model's generated weights (without -weights)")
 	fs.StringVar(&o.weights, "weights", "", "safetensors file of the reference model's weights (make weights writes one; empty: generated from -model-seed)")
 	fs.BoolVar(&o.calibrate, "calibrate", false, "measure the model's working memory on -device with a sweep of batches, print the fitted cost model, write it to -cost-model if set, and exit\n(touches no queue; nothing else may use the device meanwhile)")
 	fs.IntVar(&o.calibrateItems, "calibrate-items", 0, "most items in one batch of the -calibrate sweep (0: -max-batch × 32, the publisher's default -chunk-items)")
-	fs.IntVar(&o.calibratePoints, "calibrate-points", gpu.DefaultSweep(1).Points, "batches the -calibrate sweep measures at its largest item count (fewer at smaller ones): more take longer and leave a smaller margin")
+	fs.IntVar(&o.calibratePoints, "calibrate-points", calibrate.DefaultSweep(1).Points, "batches the -calibrate sweep measures at its largest item count (fewer at smaller ones): more take longer and leave a smaller margin")
 	fs.StringVar(&o.costModel, "cost-model", "", "cost model file from -calibrate: estimate each message's working memory with it (with -calibrate: where to write it; empty: the model's own estimate)")
 	admission := fs.String("admission", string(subscriber.AdmitVRAM), "admission strategy: vram (by estimated memory), count (fixed N at once), none (all received)")
 	fs.IntVar(&c.Count, "count", 4, "messages at once under -admission=count")
@@ -217,7 +218,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("%w: -model: the %s backend runs only the reference model; use -device=sim", errUsage, dev.Name())
 	}
 	if o.calibrate {
-		return calibrate(ctx, o, dev, model, log, stderr)
+		return measureCostModel(ctx, o, dev, model, log, stderr)
 	}
 	if o.costModel != "" {
 		if err := useCostModel(o, dev, model, log); err != nil {

@@ -1,0 +1,5 @@
+//go:build !race
+
+package refembed
+
+const raceDetector = false
