@@ -17,26 +17,26 @@ import (
 	"github.com/vramq/vramq/job"
 )
 
-// ErrOutOfMemory is returned (wrapped) by Model.Run when the device could not
-// hold the batch. It is a signal, not a failure: the caller may retry smaller.
-// Backends map their driver's out-of-memory error to it, so callers never
-// import a driver package to recognise it.
-var ErrOutOfMemory = errors.New("gpu: out of memory")
-
-// ErrInvalidInput is returned (wrapped) by Model.Run when an input can never
-// be processed, whatever the memory: the subscriber dead-letters it instead of
-// retrying. Any other error from Run is taken as transient, except
-// ErrDeviceLost.
-var ErrInvalidInput = errors.New("gpu: invalid input")
-
-// ErrDeviceLost is returned (wrapped) by Model.Run when the device can run
-// nothing more in this process: a sticky CUDA error (an illegal address, a
-// launch failure) leaves the context unusable, and every later call fails
-// the same way. No message is to blame. The caller should stop taking work,
-// hand back what it holds and exit, so that a fresh process replaces it.
-var ErrDeviceLost = errors.New("gpu: device lost")
-
+// The errors of the device layer. Models and backends wrap them, so that
+// callers never import a driver package to recognise one.
 var (
+	// ErrOutOfMemory is returned (wrapped) by Model.Run when the device
+	// could not hold the batch. It is a signal, not a failure: the caller
+	// may retry smaller. Backends map their driver's out-of-memory error
+	// to it.
+	ErrOutOfMemory = errors.New("gpu: out of memory")
+	// ErrInvalidInput is returned (wrapped) by Model.Run when an input can
+	// never be processed, whatever the memory: the subscriber dead-letters
+	// it instead of retrying. Any other error from Run is taken as
+	// transient, except ErrDeviceLost.
+	ErrInvalidInput = errors.New("gpu: invalid input")
+	// ErrDeviceLost is returned (wrapped) by Model.Run when the device can
+	// run nothing more in this process: a sticky CUDA error (an illegal
+	// address, a launch failure) leaves the context unusable, and every
+	// later call fails the same way. No message is to blame. The caller
+	// should stop taking work, hand back what it holds and exit, so that a
+	// fresh process replaces it.
+	ErrDeviceLost = errors.New("gpu: device lost")
 	// ErrNoDevice is wrapped by the errors that mean there is no usable
 	// device here at all: no driver, no NVML library, no device at that
 	// index, or a build without NVML support. "auto" falls back to the

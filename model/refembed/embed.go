@@ -346,10 +346,10 @@ func meanPool(dst, rows []float32, count int) {
 
 // matMulBias sets dst (rows×m) to a (rows×k) times b (k×m) plus bias (m), all
 // row-major. It walks b by rows, the order it lies in memory, and uses each
-// row of b for four rows of a at once, reading b a quarter as often: about
-// 25% faster than one row at a time on the development machine. (Keeping
-// accumulators in registers and reading b by columns was no faster in pure
-// Go; the speed that matters comes from the GPU backend.)
+// row of b for four rows of a at once, reading b a quarter as often. What
+// that bought, and the orders that bought nothing, are recorded in
+// bench/README.md ("The reference model's matrix product"); the speed that
+// matters comes from the GPU backend.
 //
 // Every element is bias + Σ a[i][p]·b[p][j] summed in order p = 0..k-1 with
 // each product rounded to float32 (the explicit conversion stops the compiler
