@@ -35,11 +35,12 @@ type budgetReading struct {
 }
 
 // budgetFrom is free memory plus what this process's work holds, less the
-// reserve, capped by VRAMLimit.
-func (s *Subscriber) budgetFrom(free, working int64) int64 {
-	b := free + working - s.cfg.VRAMReserve
-	if s.cfg.VRAMLimit > 0 {
-		b = min(b, s.cfg.VRAMLimit)
+// reserve, capped by VRAMLimit: the budget's one formula, for New's first
+// reading and every refresh.
+func budgetFrom(cfg Config, free, working int64) int64 {
+	b := free + working - cfg.VRAMReserve
+	if cfg.VRAMLimit > 0 {
+		b = min(b, cfg.VRAMLimit)
 	}
 	return b
 }
@@ -71,7 +72,7 @@ func (s *Subscriber) readBudget() (r budgetReading, ok bool, err error) {
 			r.working = 0
 		}
 		if ok {
-			r.budget = s.budgetFrom(mem.Free, r.working)
+			r.budget = budgetFrom(s.cfg, mem.Free, r.working)
 			return r, true, nil
 		}
 		if !reports {

@@ -114,13 +114,13 @@ func New(cfg Config) (*Subscriber, error) {
 	if ws, ok := cfg.Model.(gpu.WorkingSet); ok {
 		working = ws.Working()
 	}
-	budget := mem.Free + working - cfg.VRAMReserve
+	budget := budgetFrom(cfg, mem.Free, working)
 	// The largest budget the device could ever give: all of it but the
 	// weights and the reserve. Never below the budget now, in case the
 	// model's Weights says more than it holds.
 	largest := max(mem.Total-cfg.Model.Weights()-cfg.VRAMReserve, budget)
 	if cfg.VRAMLimit > 0 {
-		budget, largest = min(budget, cfg.VRAMLimit), min(largest, cfg.VRAMLimit)
+		largest = min(largest, cfg.VRAMLimit)
 	}
 	m := newMetrics(cfg.Registerer)
 	adm, err := newResizableAdmission(cfg.Admission, budget, largest, cfg.Count)
