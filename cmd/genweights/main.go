@@ -1,6 +1,6 @@
 // Command genweights writes the reference embedding model's generated
 // weights (refembed.GenerateWeights) to a safetensors file, the format
-// LoadEmbedWeights reads and bench/torch/embed.py loads:
+// refembed.LoadWeights reads and bench/torch/embed.py loads:
 //
 //	genweights -out build/model.safetensors               # the default config, seed 1
 //	genweights -out small.safetensors -vocab 1024 -dim 64 -hidden 128 -out-dim 64

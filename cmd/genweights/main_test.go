@@ -42,7 +42,7 @@ func TestRunWritesLoadableWeights(t *testing.T) {
 	gen := refembed.GenerateWeights(want)
 	if !sameBits(w.Embedding, gen.Embedding) || !sameBits(w.W1, gen.W1) || !sameBits(w.B1, gen.B1) ||
 		!sameBits(w.W2, gen.W2) || !sameBits(w.B2, gen.B2) {
-		t.Error("the file's weights are not GenerateEmbedWeights' for its config")
+		t.Error("the file's weights are not refembed.GenerateWeights' for its config")
 	}
 	if !strings.Contains(out.String(), path) || !strings.Contains(out.String(), "seed 42") {
 		t.Errorf("printed %q; want the path and the seed", out.String())

@@ -266,7 +266,7 @@ type Calibration struct {
 
 // Calibrate measures the sweep's batches one at a time on m, which must have
 // the device to itself, and fits a cost model to them (see Fit). device
-// names the device, as Device.Name does; LoadCostModel refuses the model on
+// names the kind of device, as gpu.Kind gives it; LoadCostModel refuses the model on
 // another. A batch that runs out of memory ends the sweep with an error
 // naming its size: calibrate with fewer items, or on a device with room.
 //

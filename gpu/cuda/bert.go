@@ -35,7 +35,7 @@ var bertPTX string
 // recovers. A sticky CUDA error makes this and every later call fail with
 // gpu.ErrDeviceLost.
 //
-// As Embedder, one goroutine locked to its OS thread owns the context
+// As the Embedder, one goroutine locked to its OS thread owns the context
 // and makes every CUDA call; batches run one at a time. A Bert is safe
 // for concurrent use.
 type Bert struct {

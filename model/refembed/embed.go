@@ -60,7 +60,7 @@ func (c Config) Validate() error {
 // CostModel is the cost model of this configuration, derived from the
 // buffers of the forward pass. It assumes they are allocated exactly, as
 // Embedder does; a GPU allocator rounds sizes up, which a cost model
-// calibrated on the device accounts for (see Calibrate).
+// calibrated on the device accounts for (package calibrate).
 func (c Config) CostModel() gpu.CostModel {
 	const f32, i32 = 4, 4
 	return gpu.CostModel{

@@ -1,5 +1,0 @@
-//go:build !race
-
-package refembed
-
-const raceDetector = false
