@@ -11,7 +11,10 @@
 # Idempotent: the old names no longer exist, so a second run finds nothing.
 # Run it from anywhere in the repository, on any branch state:
 #
-#	relayout/gpu.sh
+#	relayout/gpu.sh          Go files
+#	relayout/gpu.sh --docs   also the Markdown files (README.md, docs/, bench/,
+#	                         ...): the same identifiers, and the moved files'
+#	                         paths (gpu/embed.go -> model/refembed/embed.go)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
@@ -119,6 +122,70 @@ for f in "${files[@]}"; do
 		[ "$(cksum <"$f")" = "$before" ] || changed+=("$f")
 	fi
 done
+
+# Where each moved file went, for --docs.
+paths='
+gpu/cuda_bert_test.go gpu/cuda/bert_test.go
+gpu/cuda_emu_test.go gpu/cuda/emu_test.go
+gpu/cuda_test.go gpu/cuda/embedder_test.go
+gpu/cuda_bert.go gpu/cuda/bert.go
+gpu/cuda_owner.go gpu/cuda/owner.go
+gpu/cuda_device.go gpu/cuda/device.go
+gpu/cuda.go gpu/cuda/embedder.go
+gpu/cublas.go gpu/cuda/cublas.go
+gpu/cudaload.c gpu/cuda/load.c
+gpu/cudaload.go gpu/cuda/load.go
+gpu/cudabuild/ gpu/cuda/cudabuild/
+gpu/kernels/ gpu/cuda/kernels/
+gpu/gemm_test.go gpu/cuda/gemm_test.go
+gpu/gemm.go gpu/cuda/gemm.go
+gpu/bert_weights_test.go gpu/cuda/bert_weights_test.go
+gpu/bert_weights.go gpu/cuda/bert_weights.go
+gpu/nvml_nocgo.go gpu/nvml/nvml_nocgo.go
+gpu/nvml_test.go gpu/nvml/nvml_test.go
+gpu/nvml.go gpu/nvml/nvml.go
+gpu/open_test.go gpu/spec_test.go
+gpu/open.go gpu/spec.go
+gpu/bytesize_test.go internal/bytesize/bytesize_test.go
+gpu/bytesize.go internal/bytesize/bytesize.go
+gpu/safetensors_open_test.go model/safetensors/open_test.go
+gpu/safetensors_open.go model/safetensors/open.go
+gpu/safetensors_weights.go model/refembed/weights_file.go
+gpu/safetensors_test.go model/safetensors/safetensors_test.go
+gpu/safetensors.go model/safetensors/safetensors.go
+gpu/embed_weights.go model/refembed/weights.go
+gpu/embed_test.go model/refembed/embed_test.go
+gpu/embed.go model/refembed/embed.go
+gpu/tokenbatch_test.go model/refembed/tokenbatch_test.go
+gpu/tokenbatch.go model/refembed/tokenbatch.go
+gpu/tokenize_test.go model/refembed/tokenize_test.go
+gpu/tokenize.go model/refembed/tokenize.go
+gpu/fuzz_test.go model/refembed/fuzz_test.go
+gpu/testdata/embeddings-python.safetensors model/refembed/testdata/embeddings-python.safetensors
+gpu/calibrate_test.go gpu/calibrate/calibrate_test.go
+gpu/calibrate.go gpu/calibrate/calibrate.go
+gpu/timedfor_test.go bench/timed/timedfor_test.go
+gpu/timing_test.go bench/timed/timing_test.go
+gpu/working_test.go bench/timed/working_test.go
+gpu/timed.go bench/timed/timed.go
+gpu/timing.go bench/timed/timing.go
+gpu/noop.go bench/timed/noop.go
+gpu.test cuda.test
+'
+
+if [ "${1:-}" = --docs ]; then
+	docexpr=$expr
+	while read -r old new; do
+		[ -n "$old" ] || continue
+		docexpr+="s{(?<![\\w/.-])\\Q${old}\\E(?![\\w])}{${new}}g;"
+	done <<<"$paths"
+	mapfile -t docs < <(git ls-files -co --exclude-standard -- '*.md' | grep -v '/node_modules/' |
+		while read -r f; do [ -f "$f" ] && echo "$f"; done)
+	for f in "${docs[@]}"; do
+		perl -pi -e "$docexpr" "$f"
+	done
+	echo "relayout/gpu.sh: ${#docs[@]} Markdown files checked"
+fi
 
 if [ ${#changed[@]} -gt 0 ]; then
 	args=()

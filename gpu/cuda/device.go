@@ -125,6 +125,8 @@ func abs(x int64) int64 { return max(x, -x) }
 // NVML does not answer (it ships with the driver, so rarely).
 type driverDevice struct{ m Model }
 
+var _ gpu.ProductNamer = (*driverDevice)(nil)
+
 func (d *driverDevice) Name() string    { return d.m.Device() }
 func (d *driverDevice) Product() string { return d.m.Product() }
 func (d *driverDevice) Simulated() bool { return false }

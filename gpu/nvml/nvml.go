@@ -27,7 +27,7 @@ type nvmlDevice struct {
 	closed bool
 }
 
-var _ gpu.Device = (*nvmlDevice)(nil)
+var _ gpu.ProductNamer = (*nvmlDevice)(nil)
 
 // OpenIndex opens GPU index (NVML's numbering, PCI bus order) to read its
 // memory. It fails with an error wrapping gpu.ErrNoDevice when NVML cannot be
