@@ -19,8 +19,8 @@ import (
 // Model is the reference model's memory and a GPU's time without the
 // arithmetic: it costs exactly what a refembed.Embedder of the same
 // configuration costs, allocates that from its gpu.Allocator (a gpu.Sim) for
-// the length of the batch, and takes the time its Timing gives, on a device shared by all the
-// batches it runs at once. Its outputs are deterministic unit vectors of the
+// the length of the batch, and takes the time its Timing gives, on a device
+// shared by all the batches it runs at once. Its outputs are deterministic unit vectors of the
 // configured size, so result messages are as large as the real model's.
 //
 // It exists so that admission strategies can be compared for throughput

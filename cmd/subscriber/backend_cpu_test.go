@@ -14,7 +14,8 @@ func TestCheckDeviceWithoutCUDA(t *testing.T) {
 	for spec, want := range map[string]string{
 		"sim": "", "auto": "",
 		"cuda:0": "built without CUDA", "cuda:7": "built without CUDA",
-		"nvml:0": "want sim, auto or cuda:N", "tpu": "want sim, auto or cuda:N", "cuda:x": "want sim, auto or cuda:N", "": "want sim, auto or cuda:N",
+		"nvml:0": "want sim, auto or cuda:N", "tpu": "want sim, auto or cuda:N",
+		"cuda:x": "want sim, auto or cuda:N", "": "want sim, auto or cuda:N",
 	} {
 		err := checkDevice(spec)
 		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
