@@ -67,21 +67,21 @@ Noop timed.Noop
 Open nvml.Open
 OpenNVML nvml.OpenIndex
 OpenNVMLByUUID nvml.OpenUUID
-CUDAEmbedder cuda.Embedder
-NewCUDAEmbedder cuda.NewEmbedder
-CUDABert cuda.Bert
-NewCUDABert cuda.NewBert
-CUDABackend cuda.Backend
-OpenCUDA cuda.Open
+CUDAEmbedder refembed.CUDAEmbedder
+NewCUDAEmbedder refembed.NewCUDAEmbedder
+CUDABert bert.CUDAEncoder
+NewCUDABert bert.NewCUDAEncoder
+CUDABackend refembed.CUDABackend
+OpenCUDA refembed.OpenCUDA
 CUDAModel cuda.Model
 OpenCUDADevice cuda.OpenDevice
-BertConfig cuda.BertConfig
-BertWeights cuda.BertWeights
-BertLayerWeights cuda.BertLayerWeights
-BertPooling cuda.BertPooling
-BertPoolMean cuda.BertPoolMean
-BertPoolMax cuda.BertPoolMax
-BertPoolCLS cuda.BertPoolCLS
+BertConfig bert.GPUConfig
+BertWeights bert.GPUWeights
+BertLayerWeights bert.GPULayerWeights
+BertPooling bert.GPUPooling
+BertPoolMean bert.GPUPoolMean
+BertPoolMax bert.GPUPoolMax
+BertPoolCLS bert.GPUPoolCLS
 '
 
 # Packages fiximports manages: name=import path.
@@ -94,6 +94,7 @@ pkgs=(
 	timed=github.com/vramq/vramq/bench/timed
 	nvml=github.com/vramq/vramq/gpu/nvml
 	cuda=github.com/vramq/vramq/gpu/cuda
+	bert=github.com/vramq/vramq/model/bert
 )
 
 # The moved packages were edited by hand; everything else is rewritten.
@@ -125,22 +126,24 @@ done
 
 # Where each moved file went, for --docs.
 paths='
-gpu/cuda_bert_test.go gpu/cuda/bert_test.go
-gpu/cuda_emu_test.go gpu/cuda/emu_test.go
-gpu/cuda_test.go gpu/cuda/embedder_test.go
-gpu/cuda_bert.go gpu/cuda/bert.go
+gpu/cuda_bert_test.go model/bert/cuda_encoder_test.go
+gpu/cuda_emu_test.go model/refembed/cuda_emu_test.go
+gpu/cuda_test.go model/refembed/cuda_test.go
+gpu/cuda_bert.go model/bert/cuda_encoder.go
 gpu/cuda_owner.go gpu/cuda/owner.go
 gpu/cuda_device.go gpu/cuda/device.go
-gpu/cuda.go gpu/cuda/embedder.go
+gpu/cuda.go model/refembed/cuda.go
 gpu/cublas.go gpu/cuda/cublas.go
 gpu/cudaload.c gpu/cuda/load.c
 gpu/cudaload.go gpu/cuda/load.go
 gpu/cudabuild/ gpu/cuda/cudabuild/
-gpu/kernels/ gpu/cuda/kernels/
+gpu/kernels/embed. model/refembed/kernels/embed.
+gpu/kernels/bert. model/bert/kernels/bert.
+gpu/kernels/ model/*/kernels/
 gpu/gemm_test.go gpu/cuda/gemm_test.go
 gpu/gemm.go gpu/cuda/gemm.go
-gpu/bert_weights_test.go gpu/cuda/bert_weights_test.go
-gpu/bert_weights.go gpu/cuda/bert_weights.go
+gpu/bert_weights_test.go model/bert/gpu_weights_test.go
+gpu/bert_weights.go model/bert/gpu_weights.go
 gpu/nvml_nocgo.go gpu/nvml/nvml_nocgo.go
 gpu/nvml_test.go gpu/nvml/nvml_test.go
 gpu/nvml.go gpu/nvml/nvml.go
@@ -170,7 +173,6 @@ gpu/working_test.go bench/timed/working_test.go
 gpu/timed.go bench/timed/timed.go
 gpu/timing.go bench/timed/timing.go
 gpu/noop.go bench/timed/noop.go
-gpu.test cuda.test
 '
 
 if [ "${1:-}" = --docs ]; then

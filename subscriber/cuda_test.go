@@ -21,7 +21,6 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/gpu/cuda"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/refembed"
 )
@@ -101,7 +100,7 @@ sys.stdin.readline()`, n))
 
 func TestCUDABudgetFollowsFreeMemory(t *testing.T) {
 	cfg := refembed.DefaultConfig()
-	b, err := cuda.Open(0, refembed.GenerateWeights(cfg), cfg)
+	b, err := refembed.OpenCUDA(0, refembed.GenerateWeights(cfg), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

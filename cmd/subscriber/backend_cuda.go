@@ -8,9 +8,9 @@ import (
 	"log/slog"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/gpu/cuda"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/model/refembed"
 )
 
 const deviceHelp = "device: cuda:N (GPU N in CUDA's numbering), auto (cuda:0), or sim (simulated memory, the model on the CPU)"
@@ -55,7 +55,7 @@ func openBackend(o *options, log *slog.Logger) (gpu.Device, closingModel, error)
 	if err != nil {
 		return nil, nil, err
 	}
-	b, err := cuda.Open(index, w, cfg)
+	b, err := refembed.OpenCUDA(index, w, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the model onto cuda:%d: %w", index, err)
 	}

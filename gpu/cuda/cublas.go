@@ -69,20 +69,22 @@ var cublasLibraries = []string{"libcublas.so.13", "libcublas.so.12", "libcublas.
 // device memory (for its workspace), which is an out-of-memory like any other.
 const cublasStatusAllocFailed = 3
 
-// cublas is a loaded cuBLAS and one handle, bound to the CUDA context that
-// was current when it was made. It is used only from the goroutine that owns
-// that context.
-type cublas struct {
+// Blas is a loaded cuBLAS and one handle, bound to the CUDA context that
+// was current when it was made (an Owner's). It is used only from the
+// goroutine that owns that context.
+type Blas struct {
 	lib                             unsafe.Pointer
 	create, destroy, sgemm, batched unsafe.Pointer
 	handle                          unsafe.Pointer
-	path                            string
+	// Path is the library loaded: the first of VRAMQ_CUBLAS or
+	// libcublas.so.13, .12, .11 that made a handle.
+	Path string
 }
 
 // loadCublas opens the first cuBLAS that makes a handle in the current
 // context. When none does, the error names every library tried and how it
 // failed; it wraps gpu.ErrOutOfMemory when one failed for want of memory.
-func loadCublas() (*cublas, error) {
+func loadCublas() (*Blas, error) {
 	candidates := cublasLibraries
 	if p := os.Getenv("VRAMQ_CUBLAS"); p != "" {
 		candidates = []string{p}
@@ -109,14 +111,14 @@ func loadCublas() (*cublas, error) {
 
 // openCublas loads the library name and makes a handle; on failure it
 // unloads it again and says what failed.
-func openCublas(name string) (*cublas, error) {
+func openCublas(name string) (*Blas, error) {
 	cname := C.CString(name)
 	lib := C.dlopen(cname, C.RTLD_NOW|C.RTLD_LOCAL)
 	C.free(unsafe.Pointer(cname))
 	if lib == nil {
 		return nil, fmt.Errorf("%s: %s", name, C.GoString(C.dlerror()))
 	}
-	b := &cublas{lib: lib, path: name}
+	b := &Blas{lib: lib, Path: name}
 	if err := b.bind(); err != nil {
 		C.dlclose(lib)
 		return nil, err
@@ -128,7 +130,7 @@ func openCublas(name string) (*cublas, error) {
 	return b, nil
 }
 
-func (b *cublas) bind() error {
+func (b *Blas) bind() error {
 	for _, s := range []struct {
 		name string
 		dst  *unsafe.Pointer
@@ -137,15 +139,15 @@ func (b *cublas) bind() error {
 		*s.dst = C.dlsym(b.lib, cname)
 		C.free(unsafe.Pointer(cname))
 		if *s.dst == nil {
-			return fmt.Errorf("%s: no symbol %s", b.path, s.name)
+			return fmt.Errorf("%s: no symbol %s", b.Path, s.name)
 		}
 	}
 	return nil
 }
 
-// gemm sets the row-major rows×m matrix c to a (rows×k) times b (k×m); see
+// Gemm sets the row-major rows×m matrix c to a (rows×k) times b (k×m); see
 // rowMajorGemm for how that maps onto column-major cuBLAS.
-func (b *cublas) gemm(c, a, bm cu.DevicePtr, rows, k, m int) error {
+func (b *Blas) Gemm(c, a, bm cu.DevicePtr, rows, k, m int) error {
 	g := rowMajorGemm(rows, k, m)
 	st := C.vramq_cublas_sgemm(b.sgemm, b.handle, C.int(g.m), C.int(g.n), C.int(g.k),
 		C.uint64_t(bm), C.int(g.lda), C.uint64_t(a), C.int(g.ldb), C.uint64_t(c), C.int(g.ldc))
@@ -155,10 +157,10 @@ func (b *cublas) gemm(c, a, bm cu.DevicePtr, rows, k, m int) error {
 	return nil
 }
 
-// gemmBatched is count column-major products C_i = op(A_i)·op(B_i) (m×n,
+// GemmBatched is count column-major products C_i = op(A_i)·op(B_i) (m×n,
 // inner dimension k), the i-th operands at A + i·sA, B + i·sB, C + i·sC
 // floats; ta and tb say whether A and B are transposed.
-func (b *cublas) gemmBatched(ta, tb bool, m, n, k int, a cu.DevicePtr, lda int, sa int64, bm cu.DevicePtr, ldb int, sb int64, c cu.DevicePtr, ldc int, sc int64, count int) error {
+func (b *Blas) GemmBatched(ta, tb bool, m, n, k int, a cu.DevicePtr, lda int, sa int64, bm cu.DevicePtr, ldb int, sb int64, c cu.DevicePtr, ldc int, sc int64, count int) error {
 	op := func(t bool) C.int {
 		if t {
 			return 1
@@ -174,7 +176,7 @@ func (b *cublas) gemmBatched(ta, tb bool, m, n, k int, a cu.DevicePtr, lda int, 
 	return nil
 }
 
-func (b *cublas) close() {
+func (b *Blas) close() {
 	if b.handle != nil {
 		C.vramq_cublas_destroy(b.destroy, b.handle)
 		b.handle = nil

@@ -9,41 +9,9 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/gpu/nvml"
 	"github.com/vramq/vramq/internal/bytesize"
-	"github.com/vramq/vramq/model/refembed"
 
 	"gorgonia.org/cu"
 )
-
-// Backend is a GPU with the reference model loaded on it.
-type Backend struct {
-	// Device reports the GPU's memory: NVML's view of the same GPU when
-	// NVML answers (it also knows this process's share), else the CUDA
-	// driver's.
-	Device gpu.Device
-	Model  *Embedder
-	// CrossCheck compares NVML's free memory with the driver's, read one
-	// after the other at open; empty when NVML did not answer.
-	CrossCheck string
-}
-
-// Open loads the model shaped by cfg with weights w onto CUDA device
-// index and opens that GPU's memory reports. NVML and CUDA may number GPUs
-// differently, so the NVML device is found by the UUID CUDA gives.
-func Open(index int, w *refembed.Weights, cfg refembed.Config) (*Backend, error) {
-	var model *Embedder
-	dev, footprint, check, err := OpenDevice(index, func() (Model, error) {
-		var err error
-		model, err = NewEmbedder(index, w, cfg)
-		return model, err
-	})
-	if err != nil {
-		return nil, err
-	}
-	// Another process allocating meanwhile would inflate the footprint;
-	// the weights are the floor.
-	model.resident = max(footprint, model.weights)
-	return &Backend{Device: dev, Model: model, CrossCheck: check}, nil
-}
 
 // Model is a model OpenDevice loads onto a GPU.
 type Model interface {
@@ -63,7 +31,7 @@ type Model interface {
 // weights; 0 without NVML) and a line comparing NVML's free memory with the
 // driver's. On error nothing is left open.
 func OpenDevice(index int, load func() (Model, error)) (dev gpu.Device, footprint int64, crossCheck string, err error) {
-	if err := cudaDriverError(); err != nil {
+	if err := DriverError(); err != nil {
 		return nil, 0, "", err
 	}
 	var nv gpu.Device
@@ -112,11 +80,6 @@ func OpenDevice(index int, load func() (Model, error)) (dev gpu.Device, footprin
 	crossCheck = fmt.Sprintf("free memory: NVML %s, CUDA driver %s (difference %s); the model holds %s (weights %s)",
 		bytesize.Format(after.Free), bytesize.Format(free), bytesize.Format(abs(after.Free-free)), bytesize.Format(max(footprint, model.Weights())), bytesize.Format(model.Weights()))
 	return nv, footprint, crossCheck, nil
-}
-
-// Close unloads the model and closes the device.
-func (b *Backend) Close() error {
-	return errors.Join(b.Model.Close(), b.Device.Close())
 }
 
 func abs(x int64) int64 { return max(x, -x) }

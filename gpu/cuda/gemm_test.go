@@ -2,9 +2,8 @@ package cuda
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
-
-	"github.com/vramq/vramq/model/refembed"
 )
 
 // sgemmColumnMajor is BLAS's SGEMM with no transposition and alpha 1, beta 0,
@@ -25,11 +24,11 @@ func sgemmColumnMajor(s gemmShape, a, b, c []float32) {
 // the CPU model computes (refembed's matMulBias, by its definition, bias 0):
 // a wrong transpose or leading dimension would not.
 func TestRowMajorGemmMatchesMatMul(t *testing.T) {
-	r := refembed.Rand{State: 7}
+	r := rand.New(rand.NewPCG(7, 0))
 	fill := func(n int) []float32 {
 		x := make([]float32, n)
 		for i := range x {
-			x[i] = r.Symmetric()
+			x[i] = 2*r.Float32() - 1
 		}
 		return x
 	}

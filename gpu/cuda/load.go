@@ -15,7 +15,7 @@ import "C"
 // gpu.ErrNoDevice; nil when it can. libcuda.so.1 is loaded, and cuInit called, as
 // the program starts (cudaload.c): a failure there is kept for here, so that
 // the binary still starts without a driver.
-func cudaDriverError() error {
+func DriverError() error {
 	var msg *C.char
 	st := int(C.vramq_cu_status(&msg))
 	switch {

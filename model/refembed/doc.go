@@ -4,7 +4,8 @@
 // embeddings files that hand its inputs and outputs to the PyTorch
 // reference in bench/torch/embed.py. It runs on the CPU over a gpu.Allocator
 // (a gpu.Sim), so out-of-memory happens where a device of the Sim's size
-// would run out; package cuda runs the same function on a GPU.
+// would run out; CUDAEmbedder (build tag cuda) runs the same function on a
+// GPU.
 //
 // Its working memory is linear in tokens and items (Config.CostModel), and
 // it is a calibrate.Meter and a gpu.CostModelSetter, so a cost model

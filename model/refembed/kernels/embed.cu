@@ -1,4 +1,4 @@
-// Kernels of the reference embedding model's CUDA backend (gpu/cuda/embedder.go).
+// Kernels of the reference embedding model's CUDA backend (model/refembed/cuda.go).
 // The dense layers are cuBLAS GEMMs; these are the element-wise and
 // per-row steps around them. Compiled to PTX by `make ptx` with clang-14,
 // without the CUDA headers or libdevice (neither is on the build machines),

@@ -1,6 +1,6 @@
 //go:build cuda
 
-package cuda
+package refembed
 
 // Tests of the CUDA backend that need faults a real GPU does not produce on
 // demand: they run on the CPU emulation of the GPU (internal/testenv/cudaemu,
@@ -15,7 +15,7 @@ import (
 	"testing"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/model/refembed"
+	"github.com/vramq/vramq/gpu/cuda"
 
 	"gorgonia.org/cu"
 )
@@ -28,7 +28,7 @@ const emulatedGPU = "vramq CPU-emulated GPU"
 func requireEmulator(t *testing.T) {
 	t.Helper()
 	if name, err := cu.Device(0).Name(); err != nil || name != emulatedGPU {
-		msg := fmt.Sprintf("needs the emulated GPU (make cuda-emu-test); device 0 is %q (%v; driver: %v)", name, err, cudaDriverError())
+		msg := fmt.Sprintf("needs the emulated GPU (make cuda-emu-test); device 0 is %q (%v; driver: %v)", name, err, cuda.DriverError())
 		if os.Getenv("VRAMQ_EMU_STATE") != "" {
 			t.Fatal(msg)
 		}
@@ -44,16 +44,16 @@ func TestCUDAEmuCublasCandidates(t *testing.T) {
 	t.Setenv("VRAMQ_CUBLAS", "")
 	t.Setenv("VRAMQ_EMU_CUBLAS_FAIL", "libcublas.so.13")
 	m, _, _ := newCUDATestModel(t)
-	if m.blas.path != "libcublas.so.12" {
-		t.Errorf("with libcublas.so.13 failing cublasCreate, the model uses %s, want libcublas.so.12", m.blas.path)
+	if m.own.Blas.Path != "libcublas.so.12" {
+		t.Errorf("with libcublas.so.13 failing cublasCreate, the model uses %s, want libcublas.so.12", m.own.Blas.Path)
 	}
 	if _, err := m.Run(context.Background(), testTexts(3)); err != nil {
 		t.Fatal(err)
 	}
 
 	t.Setenv("VRAMQ_EMU_CUBLAS_FAIL", "libcublas.so.13,libcublas.so.12")
-	cfg := refembed.DefaultConfig()
-	_, err := NewEmbedder(0, refembed.GenerateWeights(cfg), cfg)
+	cfg := DefaultConfig()
+	_, err := NewCUDAEmbedder(0, GenerateWeights(cfg), cfg)
 	if err == nil {
 		t.Fatal("no error with every cuBLAS failing")
 	}
@@ -122,14 +122,14 @@ func TestCUDAEmuKernelOverrunIsIllegalAddress(t *testing.T) {
 	requireEmulator(t)
 	m, _, _ := newCUDATestModel(t)
 	var launchErr, syncErr error
-	if err := m.do(func() {
+	if err := m.own.Do(func() {
 		p, err := cu.MemAlloc(1024)
 		if err != nil {
 			launchErr = err
 			return
 		}
 		rows, width := int64(1<<12), int64(m.cfg.Hidden) // far more than 1 KiB
-		launchErr = launch(m.fns.gelu, 64, 256, &p, &m.w.b1, &rows, &width)
+		launchErr = cuda.Launch(m.fns.gelu, 64, 256, &p, &m.w.b1, &rows, &width)
 		syncErr = cu.Synchronize()
 	}); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-// Kernels of the BERT encoder's CUDA backend (gpu/cuda/bert.go). The
+// Kernels of the BERT encoder's CUDA backend (model/bert/cuda_encoder.go). The
 // projections and the two attention products are cuBLAS GEMMs (plain and
 // strided-batched); these are the steps around them. Compiled to PTX by
 // `make ptx` with clang-14, without the CUDA headers or libdevice, so this

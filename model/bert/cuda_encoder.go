@@ -1,6 +1,6 @@
 //go:build cuda
 
-package cuda
+package bert
 
 import (
 	"context"
@@ -8,11 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/cuda"
 	"github.com/vramq/vramq/internal/bytesize"
 
 	"gorgonia.org/cu"
@@ -24,7 +24,7 @@ import (
 //go:embed kernels/bert.ptx
 var bertPTX string
 
-// Bert is a BERT sentence encoder (model/bert's, same weights and
+// CUDAEncoder is a BERT sentence encoder (model/bert's, same weights and
 // arithmetic) on an NVIDIA GPU: cuBLAS GEMMs for the projections and,
 // strided-batched, for the two attention products; the kernels of
 // kernels/bert.cu for everything between. The weights are uploaded once, as
@@ -36,29 +36,28 @@ var bertPTX string
 // gpu.ErrDeviceLost.
 //
 // As the Embedder, one goroutine locked to its OS thread owns the context
-// and makes every CUDA call; batches run one at a time. A Bert is safe
+// and makes every CUDA call; batches run one at a time. A CUDAEncoder is safe
 // for concurrent use.
-type Bert struct {
-	cfg     BertConfig
+type CUDAEncoder struct {
+	cfg     GPUConfig
 	name    string
 	weights int64
 
-	closing sync.Once
 	closed  atomic.Bool
 	working atomic.Int64
 	lost    atomic.Pointer[error]
 
 	// Owned by the context's goroutine.
-	w   []cu.DevicePtr // in BertWeights.tensors' order
+	w   []cu.DevicePtr // in GPUWeights.tensors' order
 	fns struct{ embed, addLN, split, merge, softmax, gelu, pool, norm, erf cu.Function }
-	cudaOwner
+	own *cuda.Owner
 }
 
-// NewBert creates a CUDA context on GPU index, loads the kernels and
+// NewCUDAEncoder creates a CUDA context on GPU index, loads the kernels and
 // cuBLAS and uploads w, shaped by cfg; name identifies the model in errors.
 // It fails with an error wrapping gpu.ErrOutOfMemory when the weights do not
 // fit.
-func NewBert(index int, name string, w *BertWeights, cfg BertConfig) (*Bert, error) {
+func NewCUDAEncoder(index int, name string, w *GPUWeights, cfg GPUConfig) (*CUDAEncoder, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("cuda bert: %w", err)
 	}
@@ -68,7 +67,7 @@ func NewBert(index int, name string, w *BertWeights, cfg BertConfig) (*Bert, err
 	if err := w.CheckShape(cfg); err != nil {
 		return nil, err
 	}
-	if err := cudaDriverError(); err != nil {
+	if err := cuda.DriverError(); err != nil {
 		return nil, err
 	}
 	n, err := cu.NumDevices()
@@ -78,21 +77,21 @@ func NewBert(index int, name string, w *BertWeights, cfg BertConfig) (*Bert, err
 	if index < 0 || index >= n {
 		return nil, fmt.Errorf("%w: cuda: no device %d (%d found)", gpu.ErrNoDevice, index, n)
 	}
-	m := &Bert{
+	m := &CUDAEncoder{
 		cfg:     cfg,
 		name:    name,
 		weights: w.Bytes(),
 	}
-	m.cudaOwner = newCUDAOwner(name)
-	m.devName = fmt.Sprintf("cuda:%d", index) // until open names the GPU
-	if err := m.start(func() error { return m.setup(index, w) }, m.teardown); err != nil {
+	m.own = cuda.NewOwner(name)
+	m.own.DeviceName = fmt.Sprintf("cuda:%d", index) // until open names the GPU
+	if err := m.own.Start(func() error { return m.setup(index, w) }, m.teardown); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-func (m *Bert) setup(index int, w *BertWeights) error {
-	if err := m.open(index, bertPTX, map[string]*cu.Function{
+func (m *CUDAEncoder) setup(index int, w *GPUWeights) error {
+	if err := m.own.Open(index, bertPTX, map[string]*cu.Function{
 		"bert_embed": &m.fns.embed, "bert_add_layernorm": &m.fns.addLN, "bert_split_heads": &m.fns.split,
 		"bert_merge_heads": &m.fns.merge, "bert_softmax": &m.fns.softmax, "bert_bias_gelu": &m.fns.gelu,
 		"bert_pool": &m.fns.pool, "bert_l2norm": &m.fns.norm, "bert_erf": &m.fns.erf,
@@ -100,45 +99,45 @@ func (m *Bert) setup(index int, w *BertWeights) error {
 		return err
 	}
 	for _, t := range w.tensors() {
-		p, err := upload(t)
+		p, err := cuda.Upload(t)
 		if err != nil {
-			return fmt.Errorf("%s: load weights: %w", m.name, cudaErr(err))
+			return fmt.Errorf("%s: load weights: %w", m.name, cuda.MapError(err))
 		}
 		m.w = append(m.w, p)
 	}
 	return nil
 }
 
-func (m *Bert) teardown() {
+func (m *CUDAEncoder) teardown() {
 	for _, p := range m.w {
 		_ = cu.MemFree(p)
 	}
-	m.close()
+	m.own.Release()
 }
 
 // Config is the shape the model was made with.
-func (m *Bert) Config() BertConfig { return m.cfg }
+func (m *CUDAEncoder) Config() GPUConfig { return m.cfg }
 
 // gpu.Device names the GPU, e.g. "NVIDIA H100 80GB HBM3 (cuda:0)".
-func (m *Bert) Device() string { return m.devName }
+func (m *CUDAEncoder) Device() string { return m.own.DeviceName }
 
 // Product is the GPU's product name, e.g. "NVIDIA H100 80GB HBM3".
-func (m *Bert) Product() string { return m.product }
+func (m *CUDAEncoder) Product() string { return m.own.Product }
 
 // Weights is the device memory the weights hold.
-func (m *Bert) Weights() int64 { return m.weights }
+func (m *CUDAEncoder) Weights() int64 { return m.weights }
 
 // MemGetInfo is the CUDA driver's view of the device's memory.
-func (m *Bert) MemGetInfo() (free, total int64, err error) {
+func (m *CUDAEncoder) MemGetInfo() (free, total int64, err error) {
 	if m.closed.Load() {
 		return 0, 0, fmt.Errorf("%s: %w", m.name, gpu.ErrClosed)
 	}
 	if lost := m.lost.Load(); lost != nil {
 		return 0, 0, *lost
 	}
-	if derr := m.do(func() {
+	if derr := m.own.Do(func() {
 		if free, total, err = cu.MemInfo(); err != nil {
-			err = classifyCUDA(err, m.name+" on "+m.devName, &m.lost)
+			err = cuda.Classify(err, m.name+" on "+m.own.DeviceName, &m.lost)
 		}
 	}); derr != nil {
 		return 0, 0, derr
@@ -147,11 +146,11 @@ func (m *Bert) MemGetInfo() (free, total int64, err error) {
 }
 
 // Working is the device memory batches hold now.
-func (m *Bert) Working() int64 { return m.working.Load() }
+func (m *CUDAEncoder) Working() int64 { return m.working.Load() }
 
 // WorkingBytes is the device memory Embed allocates for items items padded
-// to seqLen tokens (BertConfig.CUDAWorkingBytes).
-func (m *Bert) WorkingBytes(items, seqLen int) int64 {
+// to seqLen tokens (GPUConfig.CUDAWorkingBytes).
+func (m *CUDAEncoder) WorkingBytes(items, seqLen int) int64 {
 	return m.cfg.CUDAWorkingBytes(items, seqLen)
 }
 
@@ -160,7 +159,7 @@ func (m *Bert) WorkingBytes(items, seqLen int) int64 {
 // MaxSeqLength or holds an id outside the vocabulary is an error wrapping
 // gpu.ErrInvalidInput, and nothing runs. Once the batch is on the GPU, Embed
 // waits for it even if ctx ends, so that its memory is free on return.
-func (m *Bert) Embed(ctx context.Context, ids [][]int32) ([][]float32, error) {
+func (m *CUDAEncoder) Embed(ctx context.Context, ids [][]int32) ([][]float32, error) {
 	out, _, err := m.run(ctx, ids, false)
 	return out, err
 }
@@ -168,12 +167,12 @@ func (m *Bert) Embed(ctx context.Context, ids [][]int32) ([][]float32, error) {
 // Measure runs ids as one batch and returns the most device memory the
 // device lost while it ran, as the driver counts free memory (the
 // allocation with the driver's rounding, and anything cuBLAS took).
-func (m *Bert) Measure(ctx context.Context, ids [][]int32) (int64, error) {
+func (m *CUDAEncoder) Measure(ctx context.Context, ids [][]int32) (int64, error) {
 	_, peak, err := m.run(ctx, ids, true)
 	return peak, err
 }
 
-func (m *Bert) run(ctx context.Context, ids [][]int32, measure bool) (out [][]float32, peak int64, err error) {
+func (m *CUDAEncoder) run(ctx context.Context, ids [][]int32, measure bool) (out [][]float32, peak int64, err error) {
 	if m.closed.Load() {
 		return nil, 0, fmt.Errorf("%s: %w", m.name, gpu.ErrClosed)
 	}
@@ -191,10 +190,10 @@ func (m *Bert) run(ctx context.Context, ids [][]int32, measure bool) (out [][]fl
 	if len(ids) == 0 {
 		return nil, 0, nil
 	}
-	if derr := m.do(func() {
+	if derr := m.own.Do(func() {
 		if err = ctx.Err(); err == nil {
 			if out, peak, err = m.forward(ids, measure); err != nil {
-				err = classifyCUDA(err, m.name+" on "+m.devName, &m.lost)
+				err = cuda.Classify(err, m.name+" on "+m.own.DeviceName, &m.lost)
 			}
 		}
 	}); derr != nil {
@@ -203,7 +202,7 @@ func (m *Bert) run(ctx context.Context, ids [][]int32, measure bool) (out [][]fl
 	return out, peak, err
 }
 
-func (m *Bert) checkItem(item []int32) error {
+func (m *CUDAEncoder) checkItem(item []int32) error {
 	if len(item) == 0 {
 		return fmt.Errorf("%w: no tokens (a tokenized text has at least [CLS] and [SEP])", gpu.ErrInvalidInput)
 	}
@@ -219,7 +218,7 @@ func (m *Bert) checkItem(item []int32) error {
 }
 
 // forward is one batch, on the context's goroutine.
-func (m *Bert) forward(ids [][]int32, measure bool) ([][]float32, int64, error) {
+func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, error) {
 	c := m.cfg
 	items := len(ids)
 	seqLen := 0
@@ -240,7 +239,7 @@ func (m *Bert) forward(ids [][]int32, measure bool) ([][]float32, int64, error) 
 	var size int64
 	for i, b := range sizes {
 		offs[i] = size
-		size += (b + bertAlign - 1) / bertAlign * bertAlign
+		size += (b + gpuAlign - 1) / gpuAlign * gpuAlign
 	}
 	var before int64
 	if measure {
@@ -248,7 +247,7 @@ func (m *Bert) forward(ids [][]int32, measure bool) ([][]float32, int64, error) 
 	}
 	base, err := cu.MemAlloc(size)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: batch of %d items × %d tokens, %s: %w", m.name, items, seqLen, bytesize.Format(size), cudaErr(err))
+		return nil, 0, fmt.Errorf("%s: batch of %d items × %d tokens, %s: %w", m.name, items, seqLen, bytesize.Format(size), cuda.MapError(err))
 	}
 	m.working.Add(size)
 	defer func() {
@@ -271,7 +270,7 @@ func (m *Bert) forward(ids [][]int32, measure bool) ([][]float32, int64, error) 
 		scale               = 1 / math.Sqrt(float64(d))
 		nScoreRows          = int64(items * heads * seqLen)
 		mode                = int64(c.Pooling)
-		rowThreads          = min(pow2(h), 256)
+		rowThreads          = min(cuda.Pow2(h), 256)
 		rowBlocks           = min(rows, 65535)
 		sd, ss              = int64(seqLen * d), int64(seqLen * seqLen)
 		nb                  = items * heads
@@ -282,52 +281,54 @@ func (m *Bert) forward(ids [][]int32, measure bool) ([][]float32, int64, error) 
 	)
 	steps := []func() error{
 		func() error {
-			return launch(m.fns.embed, rowBlocks, rowThreads, &dIDs, &dWord, &dPos, &dType0, &dEmbGamma, &dEmbBeta, &dX, &nRows, &seqL, &hL, &eps)
+			return cuda.Launch(m.fns.embed, rowBlocks, rowThreads, &dIDs, &dWord, &dPos, &dType0, &dEmbGamma, &dEmbBeta, &dX, &nRows, &seqL, &hL, &eps)
 		},
 	}
 	for l := range c.Layers {
 		lw := m.w[5+12*l : 5+12*(l+1)]
 		qkvW, qkvB, aoW, aoB, aG, aB, iW, iB, oW, oB, oG, oBeta := lw[0], lw[1], lw[2], lw[3], lw[4], lw[5], lw[6], lw[7], lw[8], lw[9], lw[10], lw[11]
 		steps = append(steps,
-			func() error { return m.blas.gemm(dQKV, dX, qkvW, rows, h, 3*h) },
+			func() error { return m.own.Blas.Gemm(dQKV, dX, qkvW, rows, h, 3*h) },
 			func() error {
-				return launch(m.fns.split, grid(int64(rows*3*h)), 256, &dQKV, &qkvB, &dHeads, &nItems, &seqL, &headsL, &dL)
+				return cuda.Launch(m.fns.split, cuda.Grid(int64(rows*3*h)), 256, &dQKV, &qkvB, &dHeads, &nItems, &seqL, &headsL, &dL)
 			},
 			// Scores of each (item, head): S = Q·Kᵀ, row-major L×L. Read
 			// column-major, that is Sᵀ = K·Qᵀ: A = K (d×L column-major,
 			// transposed), B = Q (d×L, as is).
 			func() error {
-				return m.blas.gemmBatched(true, false, seqLen, seqLen, d, dK, d, sd, dQ, d, sd, dScores, seqLen, ss, nb)
+				return m.own.Blas.GemmBatched(true, false, seqLen, seqLen, d, dK, d, sd, dQ, d, sd, dScores, seqLen, ss, nb)
 			},
 			func() error {
-				return launch(m.fns.softmax, min(int(nScoreRows), 65535), min(pow2(seqLen), 256), &dScores, &dLens, &nScoreRows, &seqL, &headsL, &scale)
+				return cuda.Launch(m.fns.softmax, min(int(nScoreRows), 65535), min(cuda.Pow2(seqLen), 256), &dScores, &dLens, &nScoreRows, &seqL, &headsL, &scale)
 			},
 			// Output of each head, O = P·V (L×d row-major): column-major
 			// Oᵀ = Vᵀ·Pᵀ, with A = V (d×L) and B = P (L×L), into Q's
 			// place (Q is spent).
 			func() error {
-				return m.blas.gemmBatched(false, false, d, seqLen, seqLen, dV, d, sd, dScores, seqLen, ss, dQ, d, sd, nb)
+				return m.own.Blas.GemmBatched(false, false, d, seqLen, seqLen, dV, d, sd, dScores, seqLen, ss, dQ, d, sd, nb)
 			},
 			func() error {
-				return launch(m.fns.merge, grid(int64(rows*h)), 256, &dQ, &dCtx, &nItems, &seqL, &headsL, &dL)
+				return cuda.Launch(m.fns.merge, cuda.Grid(int64(rows*h)), 256, &dQ, &dCtx, &nItems, &seqL, &headsL, &dL)
 			},
-			func() error { return m.blas.gemm(dProj, dCtx, aoW, rows, h, h) },
+			func() error { return m.own.Blas.Gemm(dProj, dCtx, aoW, rows, h, h) },
 			func() error {
-				return launch(m.fns.addLN, rowBlocks, rowThreads, &dX, &dProj, &aoB, &aG, &aB, &nRows, &hL, &eps)
+				return cuda.Launch(m.fns.addLN, rowBlocks, rowThreads, &dX, &dProj, &aoB, &aG, &aB, &nRows, &hL, &eps)
 			},
-			func() error { return m.blas.gemm(dInter, dX, iW, rows, h, in) },
-			func() error { return launch(m.fns.gelu, grid(int64(rows*in)), 256, &dInter, &iB, &nRows, &inL) },
-			func() error { return m.blas.gemm(dProj, dInter, oW, rows, in, h) },
+			func() error { return m.own.Blas.Gemm(dInter, dX, iW, rows, h, in) },
 			func() error {
-				return launch(m.fns.addLN, rowBlocks, rowThreads, &dX, &dProj, &oB, &oG, &oBeta, &nRows, &hL, &eps)
+				return cuda.Launch(m.fns.gelu, cuda.Grid(int64(rows*in)), 256, &dInter, &iB, &nRows, &inL)
+			},
+			func() error { return m.own.Blas.Gemm(dProj, dInter, oW, rows, in, h) },
+			func() error {
+				return cuda.Launch(m.fns.addLN, rowBlocks, rowThreads, &dX, &dProj, &oB, &oG, &oBeta, &nRows, &hL, &eps)
 			},
 		)
 	}
 	steps = append(steps, func() error {
-		return launch(m.fns.pool, min(items, 65535), rowThreads, &dX, &dLens, &dOut, &nItems, &seqL, &hL, &mode)
+		return cuda.Launch(m.fns.pool, min(items, 65535), rowThreads, &dX, &dLens, &dOut, &nItems, &seqL, &hL, &mode)
 	})
 	if c.Normalize {
-		steps = append(steps, func() error { return launch(m.fns.norm, min(items, 65535), rowThreads, &dOut, &nItems, &hL) })
+		steps = append(steps, func() error { return cuda.Launch(m.fns.norm, min(items, 65535), rowThreads, &dOut, &nItems, &hL) })
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -343,7 +344,7 @@ func (m *Bert) forward(ids [][]int32, measure bool) ([][]float32, int64, error) 
 	// Synchronous on the default stream: waits for the kernels and reports
 	// any fault they hit.
 	if err := cu.MemcpyDtoH(unsafe.Pointer(&res[0]), dOut, 4*int64(items*h)); err != nil {
-		return nil, 0, fmt.Errorf("%s: batch of %d items × %d tokens: %w", m.name, items, seqLen, cudaErr(err))
+		return nil, 0, fmt.Errorf("%s: batch of %d items × %d tokens: %w", m.name, items, seqLen, cuda.MapError(err))
 	}
 	out := make([][]float32, items)
 	for b := range out {
@@ -354,26 +355,26 @@ func (m *Bert) forward(ids [][]int32, measure bool) ([][]float32, int64, error) 
 
 // Erf runs the encoder's erf (the one its GELU uses) on the GPU over xs,
 // for tests against math.Erf.
-func (m *Bert) Erf(xs []float32) ([]float32, error) {
+func (m *CUDAEncoder) Erf(xs []float32) ([]float32, error) {
 	if len(xs) == 0 {
 		return nil, nil
 	}
 	out := make([]float32, len(xs))
 	var err error
-	if derr := m.do(func() {
+	if derr := m.own.Do(func() {
 		err = func() error {
 			n := int64(len(xs))
-			dx, err := upload(xs)
+			dx, err := cuda.Upload(xs)
 			if err != nil {
-				return cudaErr(err)
+				return cuda.MapError(err)
 			}
 			defer cu.MemFree(dx)
 			dy, err := cu.MemAlloc(4 * n)
 			if err != nil {
-				return cudaErr(err)
+				return cuda.MapError(err)
 			}
 			defer cu.MemFree(dy)
-			if err := launch(m.fns.erf, grid(n), 256, &dx, &dy, &n); err != nil {
+			if err := cuda.Launch(m.fns.erf, cuda.Grid(n), 256, &dx, &dy, &n); err != nil {
 				return err
 			}
 			return cu.MemcpyDtoH(unsafe.Pointer(&out[0]), dy, 4*n)
@@ -386,11 +387,8 @@ func (m *Bert) Erf(xs []float32) ([]float32, error) {
 
 // Close frees the weights, cuBLAS's handle and the context. Embed fails
 // with gpu.ErrClosed afterwards. Later calls do nothing.
-func (m *Bert) Close() error {
-	m.closing.Do(func() {
-		m.closed.Store(true)
-		close(m.quit)
-	})
-	<-m.stopped
+func (m *CUDAEncoder) Close() error {
+	m.closed.Store(true)
+	m.own.Stop()
 	return nil
 }

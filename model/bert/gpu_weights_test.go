@@ -1,4 +1,4 @@
-package cuda
+package bert
 
 import (
 	"strings"
@@ -6,20 +6,20 @@ import (
 )
 
 func TestBertConfigValidate(t *testing.T) {
-	good := BertConfig{Vocab: 512, Hidden: 64, Layers: 2, Heads: 4, Intermediate: 128, MaxPositions: 128,
+	good := GPUConfig{Vocab: 512, Hidden: 64, Layers: 2, Heads: 4, Intermediate: 128, MaxPositions: 128,
 		LayerNormEps: 1e-12, MaxSeqLength: 128}
 	if err := good.Validate(); err != nil {
 		t.Fatalf("a valid config: %v", err)
 	}
 	for name, tc := range map[string]struct {
-		edit func(*BertConfig)
+		edit func(*GPUConfig)
 		want string
 	}{
-		"heads not dividing hidden": {func(c *BertConfig) { c.Heads = 5 }, "not a multiple"},
-		"sequence past positions":   {func(c *BertConfig) { c.MaxSeqLength = 129 }, "exceeds the 128 position"},
-		"no layers":                 {func(c *BertConfig) { c.Layers = 0 }, "layers: 0"},
-		"eps zero":                  {func(c *BertConfig) { c.LayerNormEps = 0 }, "eps"},
-		"unknown pooling":           {func(c *BertConfig) { c.Pooling = 3 }, "pooling 3"},
+		"heads not dividing hidden": {func(c *GPUConfig) { c.Heads = 5 }, "not a multiple"},
+		"sequence past positions":   {func(c *GPUConfig) { c.MaxSeqLength = 129 }, "exceeds the 128 position"},
+		"no layers":                 {func(c *GPUConfig) { c.Layers = 0 }, "layers: 0"},
+		"eps zero":                  {func(c *GPUConfig) { c.LayerNormEps = 0 }, "eps"},
+		"unknown pooling":           {func(c *GPUConfig) { c.Pooling = 3 }, "pooling 3"},
 	} {
 		c := good
 		tc.edit(&c)
@@ -29,10 +29,10 @@ func TestBertConfigValidate(t *testing.T) {
 	}
 }
 
-// The estimate is the batch's buffers, each rounded to bertAlign: the
+// The estimate is the batch's buffers, each rounded to gpuAlign: the
 // attention scores make it grow with the square of the length.
 func TestCUDAWorkingBytesShape(t *testing.T) {
-	c := BertConfig{Vocab: 30522, Hidden: 384, Layers: 6, Heads: 12, Intermediate: 1536, MaxPositions: 512,
+	c := GPUConfig{Vocab: 30522, Hidden: 384, Layers: 6, Heads: 12, Intermediate: 1536, MaxPositions: 512,
 		LayerNormEps: 1e-12, MaxSeqLength: 512}
 	if got := c.CUDAWorkingBytes(0, 10); got != 0 {
 		t.Errorf("no items: %d bytes", got)

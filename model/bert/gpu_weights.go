@@ -1,36 +1,36 @@
-package cuda
+package bert
 
 import (
 	"errors"
 	"fmt"
 )
 
-// BertPooling is how the CUDA BERT encoder turns token vectors into one
+// GPUPooling is how the CUDA BERT encoder turns token vectors into one
 // vector per text (sentence-transformers' Pooling module). Its values are
 // the ones bert_pool in kernels/bert.cu takes.
-type BertPooling int
+type GPUPooling int
 
 const (
-	BertPoolMean BertPooling = iota // the mean over the attended tokens
-	BertPoolCLS                     // the first token's vector
-	BertPoolMax                     // each dimension's maximum over the attended tokens
+	GPUPoolMean GPUPooling = iota // the mean over the attended tokens
+	GPUPoolCLS                    // the first token's vector
+	GPUPoolMax                    // each dimension's maximum over the attended tokens
 )
 
-// BertConfig is the shape of a BERT encoder and how its output is pooled,
+// GPUConfig is the shape of a BERT encoder and how its output is pooled,
 // as the CUDA backend needs it (model/bert reads it from a model directory).
-type BertConfig struct {
+type GPUConfig struct {
 	Vocab, Hidden, Layers, Heads, Intermediate, MaxPositions int
 	LayerNormEps                                             float64
-	Pooling                                                  BertPooling
+	Pooling                                                  GPUPooling
 	Normalize                                                bool
 	// MaxSeqLength is the longest item in tokens, [CLS] and [SEP] included.
 	MaxSeqLength int
 }
 
-// BertLayerWeights are one encoder layer's parameters in float32. Linear
+// GPULayerWeights are one encoder layer's parameters in float32. Linear
 // weights are [in, out] row-major (PyTorch's [out, in] transposed); the
 // query, key and value projections are side by side in one [h, 3h] matrix.
-type BertLayerWeights struct {
+type GPULayerWeights struct {
 	QKVW, QKVB                 []float32
 	AttnOutW, AttnOutB         []float32
 	AttnLNGamma, AttnLNBeta    []float32
@@ -38,18 +38,18 @@ type BertLayerWeights struct {
 	OutLNGamma, OutLNBeta      []float32
 }
 
-// BertWeights are a BERT encoder's parameters in float32 (half-precision
+// GPUWeights are a BERT encoder's parameters in float32 (half-precision
 // checkpoints widened on load). TokenType0 is row 0 of the token-type
 // table, the only one a sentence encoder uses.
-type BertWeights struct {
+type GPUWeights struct {
 	Word, Pos, TokenType0 []float32
 	EmbLNGamma, EmbLNBeta []float32
-	Layers                []BertLayerWeights
+	Layers                []GPULayerWeights
 }
 
 // Validate checks that the shape is one the CUDA encoder runs: the kernels'
 // block reductions need the hidden width to fit one block's reduction.
-func (c BertConfig) Validate() error {
+func (c GPUConfig) Validate() error {
 	var errs []error
 	for _, f := range []struct {
 		name string
@@ -69,7 +69,7 @@ func (c BertConfig) Validate() error {
 	if !(c.LayerNormEps > 0 && c.LayerNormEps < 1) {
 		errs = append(errs, fmt.Errorf("layer norm eps %g, want in (0, 1)", c.LayerNormEps))
 	}
-	if c.Pooling < BertPoolMean || c.Pooling > BertPoolMax {
+	if c.Pooling < GPUPoolMean || c.Pooling > GPUPoolMax {
 		errs = append(errs, fmt.Errorf("pooling %d unknown", c.Pooling))
 	}
 	return errors.Join(errs...)
@@ -77,7 +77,7 @@ func (c BertConfig) Validate() error {
 
 // CheckShape reports the first tensor whose length differs from what c
 // says, or nil.
-func (w *BertWeights) CheckShape(c BertConfig) error {
+func (w *GPUWeights) CheckShape(c GPUConfig) error {
 	h, in := c.Hidden, c.Intermediate
 	if len(w.Layers) != c.Layers {
 		return fmt.Errorf("bert weights: %d layers, config says %d", len(w.Layers), c.Layers)
@@ -107,7 +107,7 @@ func (w *BertWeights) CheckShape(c BertConfig) error {
 }
 
 // tensors lists every weight slice in upload order.
-func (w *BertWeights) tensors() [][]float32 {
+func (w *GPUWeights) tensors() [][]float32 {
 	all := [][]float32{w.Word, w.Pos, w.TokenType0, w.EmbLNGamma, w.EmbLNBeta}
 	for _, l := range w.Layers {
 		all = append(all, l.QKVW, l.QKVB, l.AttnOutW, l.AttnOutB, l.AttnLNGamma, l.AttnLNBeta,
@@ -117,7 +117,7 @@ func (w *BertWeights) tensors() [][]float32 {
 }
 
 // Bytes is the device memory the weights take as float32.
-func (w *BertWeights) Bytes() int64 {
+func (w *GPUWeights) Bytes() int64 {
 	var n int64
 	for _, t := range w.tensors() {
 		n += 4 * int64(len(t))
@@ -125,10 +125,10 @@ func (w *BertWeights) Bytes() int64 {
 	return n
 }
 
-// bertAlign is the alignment of each buffer inside a batch's one
+// gpuAlign is the alignment of each buffer inside a batch's one
 // allocation: cuMemAlloc's own, so every buffer is as aligned as if
 // allocated alone.
-const bertAlign = 256
+const gpuAlign = 256
 
 // bertBuffers are the byte sizes of one batch's device buffers, in the
 // order the CUDA encoder carves its one allocation: token ids, item
@@ -136,7 +136,7 @@ const bertAlign = 256
 // head, the attention scores (items·heads·seqLen²), the attention output, a
 // projection's output, the feed-forward layer's inner activations and the
 // pooled vectors.
-func (c BertConfig) bertBuffers(items, seqLen int) [10]int64 {
+func (c GPUConfig) bertBuffers(items, seqLen int) [10]int64 {
 	b, l := int64(items), int64(seqLen)
 	rows := b * l
 	h, in, heads := int64(c.Hidden), int64(c.Intermediate), int64(c.Heads)
@@ -146,15 +146,15 @@ func (c BertConfig) bertBuffers(items, seqLen int) [10]int64 {
 
 // CUDAWorkingBytes is the device memory the CUDA encoder allocates for a
 // batch of items padded to seqLen tokens: exactly its one allocation, each
-// buffer rounded up to bertAlign. The driver's own rounding of that
+// buffer rounded up to gpuAlign. The driver's own rounding of that
 // allocation (2 MiB granules on the emulator) comes on top.
-func (c BertConfig) CUDAWorkingBytes(items, seqLen int) int64 {
+func (c GPUConfig) CUDAWorkingBytes(items, seqLen int) int64 {
 	if items <= 0 || seqLen <= 0 {
 		return 0
 	}
 	var n int64
 	for _, b := range c.bertBuffers(items, seqLen) {
-		n += (b + bertAlign - 1) / bertAlign * bertAlign
+		n += (b + gpuAlign - 1) / gpuAlign * gpuAlign
 	}
 	return n
 }

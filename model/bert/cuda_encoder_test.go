@@ -1,6 +1,6 @@
 //go:build cuda
 
-package cuda_test
+package bert_test
 
 // Tests of the CUDA BERT encoder: on the emulated GPU in make cuda-emu-test,
 // and on a GPU from the test binary (make gpu-verify). The oracles are the
@@ -27,7 +27,6 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/gpu/cuda"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/model/safetensors"
@@ -48,7 +47,7 @@ var goldenRoot = func() string {
 	if fi, err := os.Stat("bert-models"); err == nil && fi.IsDir() {
 		return "bert-models"
 	}
-	return "../../model/bert/testdata/model"
+	return "testdata/model"
 }()
 
 type goldenFile struct {
@@ -107,10 +106,10 @@ func maxAbsDiff(a, b []float32) float64 {
 	return d
 }
 
-func newCUDABert(t testing.TB, m *bert.Model) *cuda.Bert {
+func newCUDAEncoder(t testing.TB, m *bert.Model) *bert.CUDAEncoder {
 	t.Helper()
 	cfg, w := m.GPU()
-	c, err := cuda.NewBert(0, m.Name(), w, cfg)
+	c, err := bert.NewCUDAEncoder(0, m.Name(), w, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +133,7 @@ func TestCUDABertMatchesCPUAndONNX(t *testing.T) {
 				s := base.Sentence()
 				s.Pooling, s.Normalize = mode.pooling, mode.normalize
 				m := base.WithSentence(s)
-				c := newCUDABert(t, m)
+				c := newCUDAEncoder(t, m)
 				check := func(what string, ids [][]int32, want [][]float32) {
 					got, err := c.Embed(context.Background(), ids)
 					if err != nil {
@@ -181,7 +180,7 @@ func TestCUDABertErf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newCUDABert(t, base)
+	c := newCUDAEncoder(t, base)
 	xs := make([]float32, 120001)
 	for i := range xs {
 		xs[i] = float32(-6 + 12*float64(i)/float64(len(xs)-1))
@@ -216,7 +215,7 @@ func TestCUDABertInvalidInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newCUDABert(t, base)
+	c := newCUDAEncoder(t, base)
 	long := make([]int32, base.MaxSeqLength()+1)
 	for name, ids := range map[string][][]int32{
 		"empty": {{101, 102}, {}}, "too long": {long}, "id past the vocabulary": {{101, int32(base.Config().VocabSize), 102}}, "negative id": {{-1}},
@@ -326,7 +325,7 @@ func TestCUDABertOutOfMemoryThenHalving(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newCUDABert(t, base)
+	c := newCUDAEncoder(t, base)
 	ids := longBatch(base, 24)
 	need := c.WorkingBytes(len(ids), base.MaxSeqLength())
 	other := newDevThread(t)
@@ -390,7 +389,7 @@ func TestCUDABertWorkingBytesCoversAllocation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newCUDABert(t, base)
+	c := newCUDAEncoder(t, base)
 	emulated := strings.HasPrefix(c.Device(), "vramq CPU-emulated GPU")
 	for _, shape := range []struct{ items, seqLen int }{{1, 2}, {3, 17}, {8, 128}, {33, 64}} {
 		ids := longBatch(base, shape.items)
@@ -426,7 +425,7 @@ func TestCUDABertOutOfMemoryByLength(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newCUDABert(t, base)
+	c := newCUDAEncoder(t, base)
 	other := newDevThread(t)
 	const room = 12 << 20
 	release := other.hog(room)
@@ -578,13 +577,13 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 	if exec.Command(python, "-c", "import transformers").Run() == nil {
 		impls = append(impls, "transformers")
 	}
-	compare := func(modelDir string, ids [][]int32, tolerance float64) *cuda.Bert {
+	compare := func(modelDir string, ids [][]int32, tolerance float64) *bert.CUDAEncoder {
 		m, err := bert.Load(modelDir)
 		if err != nil {
 			t.Fatal(err)
 		}
 		s := m.Sentence()
-		c := newCUDABert(t, m)
+		c := newCUDAEncoder(t, m)
 		got, err := c.Embed(context.Background(), ids)
 		if err != nil {
 			t.Fatal(err)
@@ -684,7 +683,7 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 	}
 }
 
-func bertItemsPerSecond(t *testing.T, c *cuda.Bert, ids [][]int32) float64 {
+func bertItemsPerSecond(t *testing.T, c *bert.CUDAEncoder, ids [][]int32) float64 {
 	for range 3 {
 		if _, err := c.Embed(context.Background(), ids); err != nil {
 			t.Fatal(err)
@@ -732,7 +731,7 @@ func TestCUDABertEmuStickyFaultLosesDevice(t *testing.T) {
 	ids := longBatch(base, 3)
 	for _, fault := range []string{"launch=1", "launch=4", "launch=5,error=launch-failed"} {
 		t.Run(fault, func(t *testing.T) {
-			c := newCUDABert(t, base)
+			c := newCUDAEncoder(t, base)
 			t.Setenv("VRAMQ_EMU_FAULT", fault)
 			if _, err := c.Embed(context.Background(), ids); !errors.Is(err, gpu.ErrDeviceLost) {
 				t.Fatalf("the faulting batch: err %v, want ErrDeviceLost", err)

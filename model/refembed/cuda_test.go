@@ -1,9 +1,9 @@
 //go:build cuda
 
-package cuda
+package refembed
 
 // Tests of the CUDA backend. They need a GPU: build them with
-// `make gpu-test-bin` and run build/gpu-test/cuda.test on a machine with the
+// `make gpu-test-bin` and run build/gpu-test/refembed.test on a machine with the
 // NVIDIA driver and cuBLAS (bench/README.md, "On a GPU"). Figures go to the
 // log as lines starting "FIGURE", for the record.
 
@@ -26,7 +26,6 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/model/refembed"
 )
 
 // cudaTolerance bounds how far a CUDA output component may be from the CPU
@@ -41,7 +40,7 @@ const cudaTolerance = 1e-5
 // truncation is covered), from a vocabulary large enough to touch many rows
 // of the embedding table; plus an empty and a non-letter item.
 func testTexts(n int) []job.Item {
-	r := refembed.Rand{State: 42}
+	r := Rand{State: 42}
 	items := make([]job.Item, n)
 	for i := range items {
 		words := 1 + int(r.Uint64()%700)
@@ -64,11 +63,11 @@ func testTexts(n int) []job.Item {
 	return items
 }
 
-func newCUDATestModel(t testing.TB) (*Embedder, *refembed.Weights, refembed.Config) {
+func newCUDATestModel(t testing.TB) (*CUDAEmbedder, *Weights, Config) {
 	t.Helper()
-	cfg := refembed.DefaultConfig()
-	w := refembed.GenerateWeights(cfg)
-	m, err := NewEmbedder(0, w, cfg)
+	cfg := DefaultConfig()
+	w := GenerateWeights(cfg)
+	m, err := NewCUDAEmbedder(0, w, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +79,7 @@ func newCUDATestModel(t testing.TB) (*Embedder, *refembed.Weights, refembed.Conf
 // for a few hundred inputs in batches of several sizes.
 func TestCUDAMatchesCPU(t *testing.T) {
 	m, w, cfg := newCUDATestModel(t)
-	cpu, err := refembed.NewEmbedder(w, cfg, nil)
+	cpu, err := NewEmbedder(w, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +158,7 @@ func TestCUDAOutOfMemoryThenHalving(t *testing.T) {
 	}
 	size := split(items)
 	hog()
-	cpu, _ := refembed.NewEmbedder(w, cfg, nil)
+	cpu, _ := NewEmbedder(w, cfg, nil)
 	want, _ := cpu.Run(context.Background(), items)
 	for i := range want {
 		for j := range want[i].Embedding {
@@ -173,10 +172,10 @@ func TestCUDAOutOfMemoryThenHalving(t *testing.T) {
 
 // hogMemory allocates device memory until about leave bytes are free, and
 // returns a func that frees it.
-func hogMemory(t *testing.T, m *Embedder, leave int64) (release func()) {
+func hogMemory(t *testing.T, m *CUDAEmbedder, leave int64) (release func()) {
 	t.Helper()
 	var ptrs []cu.DevicePtr
-	err := m.do(func() {
+	err := m.own.Do(func() {
 		free, _, err := cu.MemInfo()
 		if err != nil {
 			t.Error(err)
@@ -199,7 +198,7 @@ func hogMemory(t *testing.T, m *Embedder, leave int64) (release func()) {
 		t.Fatal(err)
 	}
 	return func() {
-		_ = m.do(func() {
+		_ = m.own.Do(func() {
 			for _, p := range ptrs {
 				_ = cu.MemFree(p)
 			}
@@ -235,10 +234,10 @@ func TestCUDAThroughputAgainstTorch(t *testing.T) {
 	dir := t.TempDir()
 	weights := filepath.Join(dir, "model.safetensors")
 	batch := filepath.Join(dir, "batch.safetensors")
-	writeFile(t, weights, func(f *os.File) error { return refembed.WriteWeights(f, cfg, w) })
+	writeFile(t, weights, func(f *os.File) error { return WriteWeights(f, cfg, w) })
 	sizes := []int{8, 64, 512}
 	items := testTexts(sizes[len(sizes)-1])
-	writeFile(t, batch, func(f *os.File) error { return refembed.WriteTokenBatch(f, cfg, items) })
+	writeFile(t, batch, func(f *os.File) error { return WriteTokenBatch(f, cfg, items) })
 
 	// The same outputs first: PyTorch's embeddings of all the items, against
 	// this backend's.
@@ -246,7 +245,7 @@ func TestCUDAThroughputAgainstTorch(t *testing.T) {
 	if out, err := exec.Command(python, script, "--weights", weights, "--batch", batch, "--device", "cuda", "--out", torchOut).CombinedOutput(); err != nil {
 		t.Fatalf("%s --out: %v\n%s", script, err, out)
 	}
-	want, err := refembed.LoadEmbeddings(torchOut)
+	want, err := LoadEmbeddings(torchOut)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +289,7 @@ func TestCUDAThroughputAgainstTorch(t *testing.T) {
 
 // timeItemsPerSecond runs items as one batch for about a second after a
 // warm-up, and returns items per second.
-func timeItemsPerSecond(t *testing.T, m *Embedder, items []job.Item) float64 {
+func timeItemsPerSecond(t *testing.T, m *CUDAEmbedder, items []job.Item) float64 {
 	for range 3 {
 		if _, err := m.Run(context.Background(), items); err != nil {
 			t.Fatal(err)
@@ -338,21 +337,4 @@ func parseTorchBench(t *testing.T, out []byte) map[int]float64 {
 		res[r.Batch] = r.ItemsPerS
 	}
 	return res
-}
-
-// torchReference is the python with PyTorch that VRAMQ_TORCH_PYTHON names
-// and bench/torch/embed.py: beside the test binary, as make gpu-test-bin
-// lays it out on a GPU machine, or in the checkout. It skips the test when
-// the variable is not set.
-func torchReference(t *testing.T) (python, script string) {
-	t.Helper()
-	python = os.Getenv("VRAMQ_TORCH_PYTHON")
-	if python == "" {
-		t.Skip("VRAMQ_TORCH_PYTHON is not set")
-	}
-	script = "embed.py"
-	if _, err := os.Stat(script); err != nil {
-		script = filepath.Join("..", "..", "bench", "torch", "embed.py")
-	}
-	return python, script
 }
