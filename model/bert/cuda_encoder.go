@@ -35,9 +35,9 @@ var bertPTX string
 // recovers. A sticky CUDA error makes this and every later call fail with
 // gpu.ErrDeviceLost.
 //
-// As the Embedder, one goroutine locked to its OS thread owns the context
-// and makes every CUDA call; batches run one at a time. A CUDAEncoder is safe
-// for concurrent use.
+// As for refembed.CUDAEmbedder, a cuda.Owner (one goroutine locked to its
+// OS thread) owns the context and makes every CUDA call; batches run one at
+// a time. A CUDAEncoder is safe for concurrent use.
 type CUDAEncoder struct {
 	cfg     GPUConfig
 	name    string
