@@ -6,8 +6,9 @@
 // a device whose memory vramq accounts itself, and a Spec names a device.
 //
 // The backends live below: package nvml reads a real GPU's memory, package
-// cuda runs models on one (build tag cuda), and package calibrate measures a
-// cost model on a device. The models are in model/.
+// cuda is the CUDA runtime models run on there (build tag cuda), and package
+// calibrate measures a cost model on a device. The models, with their CUDA
+// forward passes, are in model/.
 package gpu
 
 import (
