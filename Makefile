@@ -69,14 +69,16 @@ cuda: cuda-stubs
 	$(CUDA_ENV) $(GO) build -tags cuda -o $(BIN)/subscriber-cuda ./cmd/subscriber
 
 cuda-stubs: $(CUDA_BUILD)/lib/libcuda.a
-$(CUDA_BUILD)/lib/libcuda.a: gpu/cudabuild/gen.sh go.mod
-	gpu/cudabuild/gen.sh $(CUDA_BUILD)
+$(CUDA_BUILD)/lib/libcuda.a: gpu/cuda/cudabuild/gen.sh go.mod
+	gpu/cuda/cudabuild/gen.sh $(CUDA_BUILD)
 
-## gpu-test-bin: the cuda-tagged test binaries of gpu/ and cmd/subscriber, into build/gpu-test/, to
+## gpu-test-bin: the cuda-tagged test binaries of model/refembed, model/bert, gpu/nvml and subscriber, into build/gpu-test/, to
 ## carry to a GPU machine (no Go needed there); bench/README.md says how to run them
 gpu-test-bin: cuda-stubs
 	mkdir -p build/gpu-test
-	$(CUDA_ENV) $(GO) test -c -tags cuda -o build/gpu-test/gpu.test ./gpu/
+	$(CUDA_ENV) $(GO) test -c -tags cuda -o build/gpu-test/refembed.test ./model/refembed/
+	$(CUDA_ENV) $(GO) test -c -tags cuda -o build/gpu-test/bert.test ./model/bert/
+	$(CUDA_ENV) $(GO) test -c -tags cuda -o build/gpu-test/nvml.test ./gpu/nvml/
 	$(CUDA_ENV) $(GO) test -c -tags cuda -o build/gpu-test/subscriber.test ./subscriber/
 	$(CUDA_ENV) $(GO) build -tags cuda -o build/gpu-test/subscriber-cuda ./cmd/subscriber
 	$(GO) build -o build/gpu-test/genweights ./cmd/genweights
@@ -91,7 +93,8 @@ GPU_VERIFY := build/gpu-verify
 .PHONY: gpu-verify
 gpu-verify: cuda-stubs
 	rm -rf $(GPU_VERIFY) && mkdir -p $(GPU_VERIFY)
-	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/gpu.test ./gpu/
+	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/refembed.test ./model/refembed/
+	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/bert.test ./model/bert/
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/subscriber.test ./subscriber/
 	cp bench/torch/embed.py bench/torch/bert.py gpu/verify/run.sh $(GPU_VERIFY)/
 	cp -r model/bert/testdata/model $(GPU_VERIFY)/bert-models
@@ -103,17 +106,17 @@ gpu-verify: cuda-stubs
 # vet type-checks the test files too; one link, of the binary, checks the cgo side
 # (the test binaries link the same objects; make cuda-emu-test builds and runs them).
 cuda-check: cuda-stubs $(STATICCHECK)
-	$(CUDA_ENV) $(GO) vet $(CHECK_FLAGS) -tags cuda ./gpu/ ./subscriber/ ./cmd/subscriber/
-	$(CUDA_ENV) GOFLAGS=$(CHECK_FLAGS) $(STATICCHECK) -tags cuda ./gpu/ ./subscriber/ ./cmd/subscriber/
+	$(CUDA_ENV) $(GO) vet $(CHECK_FLAGS) -tags cuda ./gpu/... ./model/... ./subscriber/ ./cmd/subscriber/
+	$(CUDA_ENV) GOFLAGS=$(CHECK_FLAGS) $(STATICCHECK) -tags cuda ./gpu/... ./model/... ./subscriber/ ./cmd/subscriber/
 	$(CUDA_ENV) $(GO) build $(CHECK_FLAGS) -tags cuda -o /dev/null ./cmd/subscriber
 
-## ptx: regenerate gpu/kernels/{embed,bert}.ptx from their .cu with clang-14 (commit both); installs clang-14
+## ptx: regenerate model/refembed/kernels/embed.ptx and model/bert/kernels/bert.ptx from their .cu with clang-14 (commit both); installs clang-14
 ## from Debian's packages when it is missing and this is root
 PTX_FLAGS := -x cuda --cuda-device-only --cuda-gpu-arch=sm_80 -nocudainc -nocudalib -O3 -S
 ptx:
 	@if ! command -v clang-14 >/dev/null; then 		if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang-14; 		else echo "make ptx: clang-14 not found: apt-get install clang-14" >&2; exit 1; fi; 	fi
-	clang-14 $(PTX_FLAGS) -o gpu/kernels/embed.ptx gpu/kernels/embed.cu
-	clang-14 $(PTX_FLAGS) -o gpu/kernels/bert.ptx gpu/kernels/bert.cu
+	clang-14 $(PTX_FLAGS) -o model/refembed/kernels/embed.ptx model/refembed/kernels/embed.cu
+	clang-14 $(PTX_FLAGS) -o model/bert/kernels/bert.ptx model/bert/kernels/bert.cu
 
 ## weights: build/model.safetensors, the reference model's generated weights at the default config
 ## (seed 1), for the subscriber and bench/torch/embed.py; bin/genweights -h for other shapes
@@ -145,9 +148,10 @@ FUZZTIME ?= 5m
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeWork$$' -fuzztime $(FUZZTIME) ./job/
 	$(GO) test -run '^$$' -fuzz '^FuzzPayloadRef$$' -fuzztime $(FUZZTIME) ./job/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseBytes$$' -fuzztime $(FUZZTIME) ./gpu/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseBytes$$' -fuzztime $(FUZZTIME) ./internal/bytesize/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/
-	$(GO) test -run '^$$' -fuzz '^FuzzReadSafetensors$$' -fuzztime $(FUZZTIME) ./gpu/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadSafetensors$$' -fuzztime $(FUZZTIME) ./model/refembed/
+	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./model/safetensors/
 	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./model/bert/
 
 ## bench: every admission strategy on one workload and simulated device against the offline bound,

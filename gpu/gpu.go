@@ -1,17 +1,14 @@
-// Package gpu is what the subscriber knows of the accelerator: a device that
-// reports its memory, and a model that says how much working memory an input
-// needs and runs batches on the device.
+// Package gpu is the device layer: what the subscriber knows of the
+// accelerator. A Device reports its memory; a Model says how much working
+// memory an input needs (its CostModel) and runs batches; the optional
+// interfaces (Launcher, WorkingSet, LengthClasser, CostModelSetter,
+// ProductNamer) are the capabilities a model or device declares. The Sim is
+// a device whose memory vramq accounts itself, and a Spec names a device.
 //
-// How much working memory an input needs is a CostModel: bytes per token,
-// per item and per batch. A model's own is analytic, the bytes of the
-// buffers its forward pass asks for, which is exact for the CPU reference
-// model on a simulated device. On a GPU the driver rounds allocations up and
-// libraries take workspace, so there the cost model is measured: Calibrate
-// runs a sweep of batches on a Meter (a model that reports what each batch
-// really held), fits the three coefficients and raises the per-batch one
-// until no batch is under-estimated; SaveCostModel writes the result, and
-// LoadCostModel gives it to a CostModelSetter, refusing one fitted for
-// another model or device (`subscriber -calibrate` and `-cost-model`).
+// The backends live below: package nvml reads a real GPU's memory, package
+// cuda is the CUDA runtime models run on there (build tag cuda), and package
+// calibrate measures a cost model on a device. The models, with their CUDA
+// forward passes, are in model/.
 package gpu
 
 import (
@@ -21,24 +18,34 @@ import (
 	"github.com/vramq/vramq/job"
 )
 
-// ErrOutOfMemory is returned (wrapped) by Model.Run when the device could not
-// hold the batch. It is a signal, not a failure: the caller may retry smaller.
-// Backends map their driver's out-of-memory error to it, so callers never
-// import a driver package to recognise it.
-var ErrOutOfMemory = errors.New("gpu: out of memory")
-
-// ErrInvalidInput is returned (wrapped) by Model.Run when an input can never
-// be processed, whatever the memory: the subscriber dead-letters it instead of
-// retrying. Any other error from Run is taken as transient, except
-// ErrDeviceLost.
-var ErrInvalidInput = errors.New("gpu: invalid input")
-
-// ErrDeviceLost is returned (wrapped) by Model.Run when the device can run
-// nothing more in this process: a sticky CUDA error (an illegal address, a
-// launch failure) leaves the context unusable, and every later call fails
-// the same way. No message is to blame. The caller should stop taking work,
-// hand back what it holds and exit, so that a fresh process replaces it.
-var ErrDeviceLost = errors.New("gpu: device lost")
+// The errors of the device layer. Models and backends wrap them, so that
+// callers never import a driver package to recognise one.
+var (
+	// ErrOutOfMemory is returned (wrapped) by Model.Run when the device
+	// could not hold the batch. It is a signal, not a failure: the caller
+	// may retry smaller. Backends map their driver's out-of-memory error
+	// to it.
+	ErrOutOfMemory = errors.New("gpu: out of memory")
+	// ErrInvalidInput is returned (wrapped) by Model.Run when an input can
+	// never be processed, whatever the memory: the subscriber dead-letters
+	// it instead of retrying. Any other error from Run is taken as
+	// transient, except ErrDeviceLost.
+	ErrInvalidInput = errors.New("gpu: invalid input")
+	// ErrDeviceLost is returned (wrapped) by Model.Run when the device can
+	// run nothing more in this process: a sticky CUDA error (an illegal
+	// address, a launch failure) leaves the context unusable, and every
+	// later call fails the same way. No message is to blame. The caller
+	// should stop taking work, hand back what it holds and exit, so that a
+	// fresh process replaces it.
+	ErrDeviceLost = errors.New("gpu: device lost")
+	// ErrNoDevice is wrapped by the errors that mean there is no usable
+	// device here at all: no driver, no NVML library, no device at that
+	// index, or a build without NVML support. "auto" falls back to the
+	// simulator on it and on nothing else.
+	ErrNoDevice = errors.New("gpu: no device")
+	// ErrClosed is returned by a device or model used after Close.
+	ErrClosed = errors.New("gpu: closed")
+)
 
 // MemInfo is a snapshot of a device's memory, in bytes.
 type MemInfo struct {
@@ -119,12 +126,21 @@ type WorkingSet interface {
 	Working() int64
 }
 
-// Kind is what kind of device d is, without which one: the GPU's product
-// name ("NVIDIA H100 80GB HBM3") for a real GPU, whatever its index or UUID,
-// and the name otherwise ("sim"). A cost model calibrated on one GPU holds
-// for every GPU of its kind, so cost model files record and check this.
+// A ProductNamer is a Device that is one of a kind of hardware: a GPU,
+// whose Name says which one (its index or UUID) and whose Product says what
+// it is ("NVIDIA H100 80GB HBM3"), the same for every GPU of its kind. The
+// NVML and CUDA devices are ProductNamers; the Sim is not.
+type ProductNamer interface {
+	Device
+	Product() string
+}
+
+// Kind is what kind of device d is, without which one: its Product for a
+// ProductNamer, whatever its index or UUID, and its Name otherwise ("sim").
+// A cost model calibrated on one GPU holds for every GPU of its kind, so
+// cost model files record and check this.
 func Kind(d Device) string {
-	if p, ok := d.(interface{ Product() string }); ok {
+	if p, ok := d.(ProductNamer); ok {
 		return p.Product()
 	}
 	return d.Name()

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/vramq/vramq/internal/bytesize"
 )
 
 // Allocator hands out device memory. Models take their weights and working
@@ -56,7 +58,7 @@ func (s *Sim) Alloc(n int64) (free func(), err error) {
 	if n > s.capacity-s.used {
 		s.ooms++
 		return nil, fmt.Errorf("%w: sim: requested %d bytes (%s) with %d in use of %d (%s)",
-			ErrOutOfMemory, n, FormatBytes(n), s.used, s.capacity, FormatBytes(s.capacity))
+			ErrOutOfMemory, n, bytesize.Format(n), s.used, s.capacity, bytesize.Format(s.capacity))
 	}
 	s.used += n
 	s.peak = max(s.peak, s.used)

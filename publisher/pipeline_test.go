@@ -11,6 +11,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/publisher"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
@@ -20,10 +21,10 @@ import (
 // device) on the env's queues and bucket until the test ends.
 func (e *env) runSubscriber() {
 	e.t.Helper()
-	mcfg := gpu.DefaultEmbedConfig()
-	w := gpu.GenerateEmbedWeights(mcfg)
+	mcfg := refembed.DefaultConfig()
+	w := refembed.GenerateWeights(mcfg)
 	dev := gpu.NewSim(w.Bytes() + 64<<20)
-	model, err := gpu.NewEmbedder(w, mcfg, dev)
+	model, err := refembed.NewEmbedder(w, mcfg, dev)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func TestPipeline(t *testing.T) {
 		t.Errorf("%d results, want 200", len(outs))
 	}
 	for _, it := range items {
-		if o, ok := outs[it.ID]; !ok || len(o.Embedding) != gpu.DefaultEmbedConfig().Out {
+		if o, ok := outs[it.ID]; !ok || len(o.Embedding) != refembed.DefaultConfig().Out {
 			t.Errorf("item %q: result %v", it.ID, ok)
 		}
 	}

@@ -3,7 +3,7 @@ package subscriber
 import (
 	"context"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 )
 
 // Strategy is how messages are admitted onto the device.
@@ -56,7 +56,7 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 			if ctx.Err() == nil {
 				reason = "backpressure"
 				s.log.Info("not admitted in time; released for another consumer",
-					"message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(t.cost), "admit_timeout", s.cfg.AdmitTimeout)
+					"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.cost), "admit_timeout", s.cfg.AdmitTimeout)
 			}
 			s.releaseWaiting(t, reason)
 			continue

@@ -9,15 +9,18 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/refembed"
 )
 
-// recordingLauncher is a TimedModel that notes when each batch, named by
+// recordingLauncher is a timed.Model that notes when each batch, named by
 // its first item, launches and runs.
 type recordingLauncher struct {
-	*gpu.TimedModel
+	*timed.Model
 	mu     sync.Mutex
 	events map[string]time.Time // "<item> launch-start" and so on
 }
@@ -37,14 +40,14 @@ func (m *recordingLauncher) at(item, what string) (time.Time, bool) {
 
 func (m *recordingLauncher) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
 	m.note(items, "launch-start")
-	out, err := m.TimedModel.Run(ctx, items)
+	out, err := m.Model.Run(ctx, items)
 	m.note(items, "run-end")
 	return out, err
 }
 
 func (m *recordingLauncher) Launch(ctx context.Context, items []job.Item) (gpu.Launched, error) {
 	m.note(items, "launch-start")
-	l, err := m.TimedModel.Launch(ctx, items)
+	l, err := m.Model.Launch(ctx, items)
 	m.note(items, "launch-end")
 	return recordedRun{l, m, items}, err
 }
@@ -67,20 +70,20 @@ func (r recordedRun) Run(ctx context.Context) ([]job.Output, error) {
 // returns, rather than the device idling through its launch.
 func TestWaitingLargeMessageLaunchesWhileItWaits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ecfg := gpu.DefaultEmbedConfig()
-		timing := gpu.Timing{Launch: 10 * time.Millisecond, Throughput: 512 << 20}
+		ecfg := refembed.DefaultConfig()
+		timing := timed.Timing{Launch: 10 * time.Millisecond, Throughput: 512 << 20}
 		var m *recordingLauncher
 		h := startWith(t, ecfg.WeightBytes()+20*mib, Config{}, func(h *harness, c *Config) {
-			tm, err := gpu.NewTimedModel(ecfg, timing, h.dev)
+			tm, err := timed.New(ecfg, timing, h.dev)
 			if err != nil {
 				t.Fatal(err)
 			}
-			m = &recordingLauncher{TimedModel: tm, events: map[string]time.Time{}}
+			m = &recordingLauncher{Model: tm, events: map[string]time.Time{}}
 			c.Model = m
 		})
 		works := workload.Spec{JobID: "large", Messages: 2, LargeEvery: 1, LargeItems: 32, LargeWords: 600, Seed: 3}.Works()
 		if c := m.Cost(works[0].Items); c <= 10*mib || c > 20*mib {
-			t.Fatalf("a large message costs %s; the test needs room for one of them, not two", gpu.FormatBytes(c))
+			t.Fatalf("a large message costs %s; the test needs room for one of them, not two", bytesize.Format(c))
 		}
 		for _, w := range works {
 			h.sendWork(w)

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/bert"
 )
@@ -107,9 +107,9 @@ func TestCUDABertServesModelDir(t *testing.T) {
 	if m, err = b.Device.MemInfo(); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("costliest message %s; free after the hog: %s", gpu.FormatBytes(most), gpu.FormatBytes(m.Free))
+	t.Logf("costliest message %s; free after the hog: %s", bytesize.Format(most), bytesize.Format(m.Free))
 	if m.Free != target {
-		t.Fatalf("free memory %s after the hog, want %s", gpu.FormatBytes(m.Free), gpu.FormatBytes(target))
+		t.Fatalf("free memory %s after the hog, want %s", bytesize.Format(m.Free), bytesize.Format(target))
 	}
 
 	h := startWith(t, 1, Config{BudgetRefresh: 200 * time.Millisecond, MaxBatch: 2}, func(h *harness, c *Config) {
@@ -151,7 +151,7 @@ func TestCUDABertServesModelDir(t *testing.T) {
 		}
 	}
 	t.Logf("FIGURE bert-cuda: %d messages, budget %s, peak admitted %s, worst difference from the CPU %.3g",
-		len(got), gpu.FormatBytes(budget), gpu.FormatBytes(h.sub.PeakBytes()), worst)
+		len(got), bytesize.Format(budget), bytesize.Format(h.sub.PeakBytes()), worst)
 	if !(worst <= 1e-5) {
 		t.Errorf("results differ from the CPU Embedder's by up to %.3g, over 1e-5", worst)
 	}

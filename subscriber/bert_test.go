@@ -6,7 +6,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/model/bert"
 )
@@ -31,7 +31,7 @@ func TestBERTAdmissionRunsWithoutOOM(t *testing.T) {
 	works := spec.Works()
 	large, small := probe.Cost(works[0].Items), probe.Cost(works[1].Items)
 	if large < 4*small {
-		t.Fatalf("a large message costs %s, a small one %s: not the bimodal mix", gpu.FormatBytes(large), gpu.FormatBytes(small))
+		t.Fatalf("a large message costs %s, a small one %s: not the bimodal mix", bytesize.Format(large), bytesize.Format(small))
 	}
 	budget := large * 3 / 2
 	synctest.Test(t, func(t *testing.T) {
@@ -52,7 +52,7 @@ func TestBERTAdmissionRunsWithoutOOM(t *testing.T) {
 			t.Errorf("%d out-of-memory errors on the device under vram admission", n)
 		}
 		if peak := h.dev.Peak() - probe.Weights(); peak > budget || peak <= small {
-			t.Errorf("peak working memory %s, want in (%s, the budget %s]", gpu.FormatBytes(peak), gpu.FormatBytes(small), gpu.FormatBytes(budget))
+			t.Errorf("peak working memory %s, want in (%s, the budget %s]", bytesize.Format(peak), bytesize.Format(small), bytesize.Format(budget))
 		}
 		if got, _ := h.resultsByKey(); len(got) != len(works) {
 			t.Errorf("%d results for %d messages", len(got), len(works))

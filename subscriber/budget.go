@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 )
 
 // budgetTolerance is how far apart two budget readings may be and still
@@ -34,11 +35,12 @@ type budgetReading struct {
 }
 
 // budgetFrom is free memory plus what this process's work holds, less the
-// reserve, capped by VRAMLimit.
-func (s *Subscriber) budgetFrom(free, working int64) int64 {
-	b := free + working - s.cfg.VRAMReserve
-	if s.cfg.VRAMLimit > 0 {
-		b = min(b, s.cfg.VRAMLimit)
+// reserve, capped by VRAMLimit: the budget's one formula, for New's first
+// reading and every refresh.
+func budgetFrom(cfg Config, free, working int64) int64 {
+	b := free + working - cfg.VRAMReserve
+	if cfg.VRAMLimit > 0 {
+		b = min(b, cfg.VRAMLimit)
 	}
 	return b
 }
@@ -70,7 +72,7 @@ func (s *Subscriber) readBudget() (r budgetReading, ok bool, err error) {
 			r.working = 0
 		}
 		if ok {
-			r.budget = s.budgetFrom(mem.Free, r.working)
+			r.budget = budgetFrom(s.cfg, mem.Free, r.working)
 			return r, true, nil
 		}
 		if !reports {
@@ -113,7 +115,7 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	if err != nil {
 		if !st.failing {
 			s.log.Warn("reading device memory failed; keeping the budget until it answers again",
-				"budget", gpu.FormatBytes(s.adm.budget()), "err", err)
+				"budget", bytesize.Format(s.adm.budget()), "err", err)
 		}
 		st.failing, st.last = true, nil
 		return
@@ -140,9 +142,9 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	// Logged and exported before admission changes, so that whoever sees
 	// the new budget in effect finds it in the logs and metrics too.
 	old := s.adm.budget()
-	attrs := []any{"old", gpu.FormatBytes(old), "new", gpu.FormatBytes(target),
-		"free", gpu.FormatBytes(r.mem.Free), "working", gpu.FormatBytes(r.working),
-		"process", gpu.FormatBytes(r.mem.Process), "inflight", gpu.FormatBytes(s.inflight.Load())}
+	attrs := []any{"old", bytesize.Format(old), "new", bytesize.Format(target),
+		"free", bytesize.Format(r.mem.Free), "working", bytesize.Format(r.working),
+		"process", bytesize.Format(r.mem.Process), "inflight", bytesize.Format(s.inflight.Load())}
 	switch {
 	case target == 0:
 		s.log.Warn("budget changed: no device memory left for work; messages wait and are released after the admit timeout", attrs...)

@@ -21,6 +21,8 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/model/refembed"
 )
 
 const gib = 1 << 30
@@ -97,8 +99,8 @@ sys.stdin.readline()`, n))
 }
 
 func TestCUDABudgetFollowsFreeMemory(t *testing.T) {
-	cfg := gpu.DefaultEmbedConfig()
-	b, err := gpu.OpenCUDA(0, gpu.GenerateEmbedWeights(cfg), cfg)
+	cfg := refembed.DefaultConfig()
+	b, err := refembed.OpenCUDA(0, refembed.GenerateWeights(cfg), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,11 +134,11 @@ func checkBudgetFollowsFreeMemory(t *testing.T, dev gpu.Device, model gpu.Model)
 	waitFor(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() < start-take })
 	shrunk := h.sub.Budget()
 	t.Logf("FIGURE check3: %s took %s (%s with its context, by NVML's free memory): budget %s -> %s (-%s)",
-		who, gpu.FormatBytes(take), gpu.FormatBytes(taken), gpu.FormatBytes(start), gpu.FormatBytes(shrunk), gpu.FormatBytes(start-shrunk))
+		who, bytesize.Format(take), bytesize.Format(taken), bytesize.Format(start), bytesize.Format(shrunk), bytesize.Format(start-shrunk))
 	// It moves with free memory, within the readings' tolerance (an eighth
 	// of the reserve).
 	if d := (start - shrunk) - taken; d > reserve/8 || d < -reserve/8 {
-		t.Errorf("the budget fell by %s while free memory fell by %s", gpu.FormatBytes(start-shrunk), gpu.FormatBytes(taken))
+		t.Errorf("the budget fell by %s while free memory fell by %s", bytesize.Format(start-shrunk), bytesize.Format(taken))
 	}
 
 	// Work still runs, within the smaller budget, without running out.
@@ -145,12 +147,12 @@ func checkBudgetFollowsFreeMemory(t *testing.T, dev gpu.Device, model gpu.Model)
 	}
 	waitFor(t, time.Minute, "20 results", func() bool { r, _ := h.results.Stats(); return r == 20 })
 	if p := h.sub.PeakBytes(); p > shrunk {
-		t.Errorf("admitted %s at once with a budget of %s", gpu.FormatBytes(p), gpu.FormatBytes(shrunk))
+		t.Errorf("admitted %s at once with a budget of %s", bytesize.Format(p), bytesize.Format(shrunk))
 	}
 
 	stop()
 	waitFor(t, time.Minute, "the budget to come back", func() bool { return h.sub.Budget() > start-reserve/8 })
-	t.Logf("FIGURE check3: %s exited: budget back to %s", who, gpu.FormatBytes(h.sub.Budget()))
+	t.Logf("FIGURE check3: %s exited: budget back to %s", who, bytesize.Format(h.sub.Budget()))
 	if d, _ := h.dlq.Stats(); d != 0 {
 		t.Errorf("%d dead letters", d)
 	}

@@ -20,13 +20,16 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
+	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
@@ -79,7 +82,7 @@ func newPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, wrap func(
 func newPipelineVia(t *testing.T, maxReceive int, cfg subscriber.Config, wrap func(gpu.Model) gpu.Model, via *sqs.Client) *pipeline {
 	t.Helper()
 	return newPipelineWith(t, maxReceive, cfg, via, func(dev *gpu.Sim) gpu.Model {
-		emb, err := gpu.NewEmbedder(gpu.GenerateEmbedWeights(gpu.DefaultEmbedConfig()), gpu.DefaultEmbedConfig(), dev)
+		emb, err := refembed.NewEmbedder(refembed.GenerateWeights(refembed.DefaultConfig()), refembed.DefaultConfig(), dev)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,7 +102,7 @@ func newPipelineWith(t *testing.T, maxReceive int, cfg subscriber.Config, via *s
 	client, retries := sqstest.CountingClient(t)
 	p := &pipeline{t: t, client: client, receiveRetries: retries, reg: prometheus.NewRegistry()}
 	p.urls = sqstest.Queues(t, p.client, maxReceive)
-	p.dev = gpu.NewSim(gpu.DefaultEmbedConfig().WeightBytes() + budget + 1<<20)
+	p.dev = gpu.NewSim(refembed.DefaultConfig().WeightBytes() + budget + 1<<20)
 	p.model = load(p.dev)
 	var err error
 	if via == nil {
@@ -248,7 +251,7 @@ func TestE2EMixedWorkload(t *testing.T) {
 			// really overlaps on the device. The other end-to-end tests
 			// run the reference model itself.
 			p := newPipelineWith(t, 5, tc.cfg, nil, func(dev *gpu.Sim) gpu.Model {
-				m, err := gpu.NewTimedModel(gpu.DefaultEmbedConfig(), gpu.Timing{Launch: 2 * time.Millisecond, Throughput: 160 << 20}, dev)
+				m, err := timed.New(refembed.DefaultConfig(), timed.Timing{Launch: 2 * time.Millisecond, Throughput: 160 << 20}, dev)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -264,13 +267,13 @@ func TestE2EMixedWorkload(t *testing.T) {
 				t.Errorf("%d distinct results, want %d", len(c.Results), n)
 			}
 			t.Logf("%s: %d result messages, %d duplicates, %d OOMs on the device, peak admitted %s of %s",
-				tc.name, c.Messages, c.Duplicates, p.dev.OOMs(), gpu.FormatBytes(p.sub.PeakBytes()), gpu.FormatBytes(p.sub.Budget()))
+				tc.name, c.Messages, c.Duplicates, p.dev.OOMs(), bytesize.Format(p.sub.PeakBytes()), bytesize.Format(p.sub.Budget()))
 			for k, r := range c.Results {
 				want := 8
 				if spec.Large(k.Chunk) {
 					want = 32
 				}
-				if len(r.Outputs) != want || len(r.Outputs[0].Embedding) != gpu.DefaultEmbedConfig().Out {
+				if len(r.Outputs) != want || len(r.Outputs[0].Embedding) != refembed.DefaultConfig().Out {
 					t.Fatalf("chunk %d: %d outputs of %d dims", k.Chunk, len(r.Outputs), len(r.Outputs[0].Embedding))
 				}
 			}
@@ -450,7 +453,7 @@ func TestE2EClaimCheck(t *testing.T) {
 	p.shutdown()
 
 	inline, claimed := c.Results[job.Key{JobID: "inline"}], c.Results[job.Key{JobID: "claimed"}]
-	if len(claimed.Outputs) != 1 || len(claimed.Outputs[0].Embedding) != gpu.DefaultEmbedConfig().Out {
+	if len(claimed.Outputs) != 1 || len(claimed.Outputs[0].Embedding) != refembed.DefaultConfig().Out {
 		t.Fatalf("claim-checked result: %+v", claimed)
 	}
 	if diff := cmp.Diff(inline.Outputs, claimed.Outputs); diff != "" {
@@ -530,7 +533,7 @@ func TestE2ELargeResultByRef(t *testing.T) {
 	if err := json.Unmarshal(b, &full); err != nil {
 		t.Fatal(err)
 	}
-	if len(full.Outputs) != 12 || len(full.Outputs[11].Embedding) != gpu.DefaultEmbedConfig().Out || full.Key() != r.Key() || full.Ref != nil {
+	if len(full.Outputs) != 12 || len(full.Outputs[11].Embedding) != refembed.DefaultConfig().Out || full.Key() != r.Key() || full.Ref != nil {
 		t.Errorf("stored result: %d outputs, key %v", len(full.Outputs), full.Key())
 	}
 	if len(b) <= 4<<10 {

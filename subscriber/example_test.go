@@ -11,7 +11,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/nvml"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
@@ -59,8 +60,8 @@ func Example() {
 	}
 	client := sqs.NewFromConfig(awsCfg)
 
-	// On a GPU machine: gpu.Open("cuda:0", 0) reads memory from NVML.
-	dev, err := gpu.Open("auto", 16<<30)
+	// On a GPU machine: nvml.Open("nvml:0", 0) reads memory from NVML.
+	dev, err := nvml.Open("auto", 16<<30)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("admitting work against a budget of %s\n", gpu.FormatBytes(sub.Budget()))
+	fmt.Printf("admitting work against a budget of %s\n", bytesize.Format(sub.Budget()))
 	// Run returns after SIGTERM, once every message is done or handed back.
 	if err := sub.Run(ctx); err != nil {
 		log.Fatal(err)

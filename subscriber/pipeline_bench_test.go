@@ -14,12 +14,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 )
 
 // BenchmarkPipeline is the whole subscriber, from receive to delete, on an
-// in-memory queue with a model that computes nothing (gpu.Noop): decoding,
+// in-memory queue with a model that computes nothing (timed.Noop): decoding,
 // leases, admission, batching, result encoding and the batched result sends
 // and deletes. One op is one message of one small item. With no SQS and no
 // emulator in it, its time is the CPU the subscriber spends per message of
@@ -168,7 +169,7 @@ func benchSubscriber(b *testing.B) {
 	results := &pipeQueue{}
 	sub, err := New(Config{
 		Queue: q, Results: results, DLQ: &pipeQueue{},
-		Model: gpu.Noop{}, Device: gpu.NewSim(1 << 30), VRAMReserve: 1 << 20,
+		Model: timed.Noop{}, Device: gpu.NewSim(1 << 30), VRAMReserve: 1 << 20,
 		Prefetch: 20, MaxInflight: 100, MaxBatch: 10, WaitTime: time.Second,
 		Logger:     slog.New(slog.NewJSONHandler(io.Discard, nil)),
 		Registerer: prometheus.NewRegistry(),

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 )
 
@@ -170,7 +170,7 @@ func (s *Subscriber) enqueue(t *task) {
 		s.startTasks(1)
 		s.deadLetterAsync(t, "too_large", fmt.Sprintf(
 			"estimated working memory %s exceeds the largest VRAM budget the device can give, %s (%d items)",
-			gpu.FormatBytes(cost), gpu.FormatBytes(s.adm.size), len(w.Items)))
+			bytesize.Format(cost), bytesize.Format(s.adm.size), len(w.Items)))
 		return
 	}
 	// Never blocks: room() kept waiting, which counts this message, within

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 )
 
@@ -53,12 +54,12 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		s.m.oomRetries.Inc()
 		if len(tasks) == 1 {
 			s.log.Warn("out of memory in a batch of one; will run it alone", "message_id", tasks[0].lease.msg.ID,
-				"cost", gpu.FormatBytes(tasks[0].cost), "err", err)
+				"cost", bytesize.Format(tasks[0].cost), "err", err)
 			return 0, tasks
 		}
 		half := len(tasks) / 2
 		s.log.Warn("out of memory; splitting the batch in halves", "messages", len(tasks),
-			"cost", gpu.FormatBytes(sumCost(tasks)), "halves", []int{half, len(tasks) - half}, "err", err)
+			"cost", bytesize.Format(sumCost(tasks)), "halves", []int{half, len(tasks) - half}, "err", err)
 		ok1, alone1 := s.process(ctx, tasks[:half])
 		ok2, alone2 := s.process(ctx, tasks[half:])
 		ok = max(ok1, ok2)
@@ -121,13 +122,13 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) {
 	s.adm.endExclusive()
 	switch {
 	case err == nil:
-		s.log.Warn("ran alone after out of memory: succeeded", "message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(cost))
+		s.log.Warn("ran alone after out of memory: succeeded", "message_id", t.lease.msg.ID, "cost", bytesize.Format(cost))
 		s.complete([]*task{t}, outs)
 	case errors.Is(err, gpu.ErrOutOfMemory):
 		s.m.oomRetries.Inc()
 		s.deadLetter(t, "out_of_memory", fmt.Sprintf(
 			"out of memory with the device to itself: estimated %s, budget %s: %v",
-			gpu.FormatBytes(cost), gpu.FormatBytes(n), err))
+			bytesize.Format(cost), bytesize.Format(n), err))
 	case errors.Is(err, gpu.ErrInvalidInput):
 		s.deadLetter(t, "invalid_input", err.Error())
 	case errors.Is(err, gpu.ErrDeviceLost):
@@ -146,7 +147,7 @@ func (s *Subscriber) shrunkBelow(t *task, budget int64) bool {
 	delay := s.retryDelay(t.lease.msg.ReceiveCount)
 	s.log.Warn("out of memory in a batch of one while another process holds device memory: "+
 		"the budget is below its estimate; released for a retry",
-		"message_id", t.lease.msg.ID, "cost", gpu.FormatBytes(t.cost), "budget", gpu.FormatBytes(budget), "retry_in", delay)
+		"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.cost), "budget", bytesize.Format(budget), "retry_in", delay)
 	s.release(t, delay)
 	return true
 }
@@ -218,10 +219,10 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 		s.m.deviceProcess.Set(float64(after.Process))
 	}
 	if logBatch {
-		s.log.Debug("batch", "messages", len(tasks), "items", len(items), "cost", gpu.FormatBytes(cost),
+		s.log.Debug("batch", "messages", len(tasks), "items", len(items), "cost", bytesize.Format(cost),
 			"alone", alone, "took", elapsed.Round(time.Microsecond), "ok", a.err == nil,
-			"device_free_before", gpu.FormatBytes(before.Free), "device_free_after", gpu.FormatBytes(after.Free),
-			"device_process_before", gpu.FormatBytes(before.Process), "device_process_after", gpu.FormatBytes(after.Process),
+			"device_free_before", bytesize.Format(before.Free), "device_free_after", bytesize.Format(after.Free),
+			"device_process_before", bytesize.Format(before.Process), "device_process_after", bytesize.Format(after.Process),
 			"simulated", s.cfg.Device.Simulated())
 	}
 	if a.err != nil {

@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 )
 
@@ -126,19 +127,19 @@ func New(cfg Config) (*Subscriber, error) {
 	if ws, ok := cfg.Model.(gpu.WorkingSet); ok {
 		working = ws.Working()
 	}
-	budget := mem.Free + working - cfg.VRAMReserve
+	budget := budgetFrom(cfg, mem.Free, working)
 	// The largest budget the device could ever give: all of it but the
 	// weights and the reserve. Never below the budget now, in case the
 	// model's Weights says more than it holds.
 	largest := max(mem.Total-cfg.Model.Weights()-cfg.VRAMReserve, budget)
 	if cfg.VRAMLimit > 0 {
-		budget, largest = min(budget, cfg.VRAMLimit), min(largest, cfg.VRAMLimit)
+		largest = min(largest, cfg.VRAMLimit)
 	}
 	m := newMetrics(cfg.Registerer)
 	adm, err := newResizableAdmission(cfg.Admission, budget, largest, cfg.Count)
 	if err != nil {
 		return nil, fmt.Errorf("subscriber: %w (device %s: %s free, reserve %s)", err, cfg.Device.Name(),
-			gpu.FormatBytes(mem.Free), gpu.FormatBytes(cfg.VRAMReserve))
+			bytesize.Format(mem.Free), bytesize.Format(cfg.VRAMReserve))
 	}
 	s := &Subscriber{
 		cfg:         cfg,
@@ -182,10 +183,10 @@ func New(cfg Config) (*Subscriber, error) {
 	m.batchLimit.Set(float64(s.state.batchLimit()))
 	s.log.Info("subscriber ready",
 		"device", cfg.Device.Name(), "simulated", cfg.Device.Simulated(),
-		"memory_total", gpu.FormatBytes(mem.Total), "memory_free", gpu.FormatBytes(mem.Free),
-		"memory_process", gpu.FormatBytes(mem.Process),
-		"weights", gpu.FormatBytes(cfg.Model.Weights()), "reserve", gpu.FormatBytes(cfg.VRAMReserve),
-		"budget", gpu.FormatBytes(budget), "budget_max", gpu.FormatBytes(largest), "budget_refresh", cfg.BudgetRefresh,
+		"memory_total", bytesize.Format(mem.Total), "memory_free", bytesize.Format(mem.Free),
+		"memory_process", bytesize.Format(mem.Process),
+		"weights", bytesize.Format(cfg.Model.Weights()), "reserve", bytesize.Format(cfg.VRAMReserve),
+		"budget", bytesize.Format(budget), "budget_max", bytesize.Format(largest), "budget_refresh", cfg.BudgetRefresh,
 		"admission", string(cfg.Admission), "model", cfg.Model.Name(), "batch_limit", s.state.batchLimit())
 	if _, ok := cfg.Model.(gpu.WorkingSet); !ok && cfg.Admission == AdmitVRAM && cfg.BudgetRefresh > 0 {
 		s.log.Info("the model does not report its working set (gpu.WorkingSet): "+

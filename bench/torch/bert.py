@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch reference of vramq's BERT sentence encoder (model/bert, gpu.CUDABert).
+"""PyTorch reference of vramq's BERT sentence encoder (model/bert, bert.CUDAEncoder).
 
 Reads a model directory as Hugging Face saves one (config.json and
 model.safetensors, F32/F16/BF16 widened to float32 as the Go loader does) and a
@@ -136,7 +136,7 @@ def main(argv=None):
             return encode_plain(torch, cfg, w, ids, mask)
 
     def run(items):
-        """One batch as gpu.CUDABert.Embed runs one: ids from the host, vectors back."""
+        """One batch as bert.CUDAEncoder.Embed runs one: ids from the host, vectors back."""
         l = max(len(i) for i in items)
         ids = torch.zeros((len(items), l), dtype=torch.int64)
         mask = torch.zeros((len(items), l), dtype=torch.int64)

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""PyTorch reference of vramq's reference embedding model (gpu/embed.go).
+"""PyTorch reference of vramq's reference embedding model (model/refembed/embed.go).
 
 Reads the model's weights and a token batch, both safetensors files written
-by Go (gpu.WriteEmbedWeights, cmd/genweights; gpu.WriteTokenBatch), and
+by Go (refembed.WriteWeights, cmd/genweights; refembed.WriteTokenBatch), and
 
   --out PATH    writes the embeddings of every item of the batch, F32
-                "embeddings" [N, Out], for Go to compare (gpu.LoadEmbeddings);
+                "embeddings" [N, Out], for Go to compare (refembed.LoadEmbeddings);
   --bench LIST  times batches of the first B items for each B in LIST and
                 prints one JSON line per batch size with items/s.
 
-The model, as gpu/embed.go documents it:
+The model, as model/refembed/embed.go documents it:
 
   x   = mean of the item's token embeddings      (embedding_bag, mode="mean")
   y   = GELU_tanh(x @ w1 + b1) @ w2 + b2
@@ -137,8 +137,8 @@ def step(torch, w, tokens, offsets, device):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--weights", required=True, help="weights file (cmd/genweights, gpu.WriteEmbedWeights)")
-    p.add_argument("--batch", required=True, help="token batch file (gpu.WriteTokenBatch)")
+    p.add_argument("--weights", required=True, help="weights file (cmd/genweights, refembed.WriteWeights)")
+    p.add_argument("--batch", required=True, help="token batch file (refembed.WriteTokenBatch)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--out", help="write the embeddings of every item here")
     p.add_argument("--bench", help="comma-separated batch sizes to time, e.g. 8,64,512")

@@ -1,6 +1,6 @@
 // Command genweights writes the reference embedding model's generated
-// weights (gpu.GenerateEmbedWeights) to a safetensors file, the format
-// LoadEmbedWeights reads and bench/torch/embed.py loads:
+// weights (refembed.GenerateWeights) to a safetensors file, the format
+// refembed.LoadWeights reads and bench/torch/embed.py loads:
 //
 //	genweights -out build/model.safetensors               # the default config, seed 1
 //	genweights -out small.safetensors -vocab 1024 -dim 64 -hidden 128 -out-dim 64
@@ -26,9 +26,10 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/model/refembed"
 )
 
 // demoBERT is the shape `make demo` serves: all-MiniLM-L6-v2's vocabulary
@@ -61,7 +62,7 @@ func (e usageError) Unwrap() error { return e.error }
 
 func run(args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("genweights", flag.ContinueOnError)
-	cfg := gpu.DefaultEmbedConfig()
+	cfg := refembed.DefaultConfig()
 	out := fs.String("out", "", "write the weights to `PATH` (required)")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the generated weights")
 	fs.IntVar(&cfg.Vocab, "vocab", cfg.Vocab, "token ids (rows of the embedding table)")
@@ -115,19 +116,19 @@ func run(args []string, getenv func(string) string, stdout io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s: ref-embed-v1 vocab %d, dim %d, hidden %d, out %d, max tokens %d, seed %d: %s of weights\n",
-		*out, cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens, cfg.Seed, gpu.FormatBytes(cfg.WeightBytes()))
+		*out, cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens, cfg.Seed, bytesize.Format(cfg.WeightBytes()))
 	return nil
 }
 
 // writeFile writes cfg's weights to a temporary file in path's directory
 // and renames it to path.
-func writeFile(path string, cfg gpu.EmbedConfig) error {
+func writeFile(path string, cfg refembed.Config) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	defer os.Remove(f.Name()) // after a successful rename, there is nothing left to remove
-	err = gpu.WriteEmbedWeights(f, cfg, gpu.GenerateEmbedWeights(cfg))
+	err = refembed.WriteWeights(f, cfg, refembed.GenerateWeights(cfg))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

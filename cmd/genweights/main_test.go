@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/model/refembed"
 )
 
 func noEnv(string) string { return "" }
@@ -31,18 +31,18 @@ func TestRunWritesLoadableWeights(t *testing.T) {
 	if err := run(args, func(k string) string { return env[k] }, &out); err != nil {
 		t.Fatal(err)
 	}
-	want := gpu.EmbedConfig{Vocab: 100, Dim: 8, Hidden: 16, Out: 4, MaxTokens: 32, Seed: 42}
-	w, cfg, err := gpu.LoadEmbedWeights(path)
+	want := refembed.Config{Vocab: 100, Dim: 8, Hidden: 16, Out: 4, MaxTokens: 32, Seed: 42}
+	w, cfg, err := refembed.LoadWeights(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg != want {
 		t.Errorf("config %+v, want %+v", cfg, want)
 	}
-	gen := gpu.GenerateEmbedWeights(want)
+	gen := refembed.GenerateWeights(want)
 	if !sameBits(w.Embedding, gen.Embedding) || !sameBits(w.W1, gen.W1) || !sameBits(w.B1, gen.B1) ||
 		!sameBits(w.W2, gen.W2) || !sameBits(w.B2, gen.B2) {
-		t.Error("the file's weights are not GenerateEmbedWeights' for its config")
+		t.Error("the file's weights are not refembed.GenerateWeights' for its config")
 	}
 	if !strings.Contains(out.String(), path) || !strings.Contains(out.String(), "seed 42") {
 		t.Errorf("printed %q; want the path and the seed", out.String())
@@ -54,12 +54,12 @@ func TestRunWritesLoadableWeights(t *testing.T) {
 		t.Errorf("%d entries in the directory; want only the weights, no temporary file", len(entries))
 	}
 
-	// The defaults are gpu.DefaultEmbedConfig, and a second run replaces the file.
+	// The defaults are refembed.DefaultConfig, and a second run replaces the file.
 	if err := run([]string{"-out", path}, noEnv, &out); err != nil {
 		t.Fatal(err)
 	}
-	if _, cfg, err := gpu.LoadEmbedWeights(path); err != nil || cfg != gpu.DefaultEmbedConfig() {
-		t.Errorf("defaults: config %+v, %v; want %+v", cfg, err, gpu.DefaultEmbedConfig())
+	if _, cfg, err := refembed.LoadWeights(path); err != nil || cfg != refembed.DefaultConfig() {
+		t.Errorf("defaults: config %+v, %v; want %+v", cfg, err, refembed.DefaultConfig())
 	}
 }
 

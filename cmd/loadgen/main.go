@@ -21,8 +21,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"golang.org/x/time/rate"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/internal/testenv/workload"
@@ -244,7 +244,7 @@ func printSummary(w io.Writer, s Summary) {
 		fmt.Fprintf(w, "  redeliveries      %.0f (subscriber receives beyond one per message)\n", *s.Redeliveries)
 	}
 	if s.PeakBytes != nil && s.BudgetBytes != nil && *s.BudgetBytes > 0 {
-		fmt.Fprintf(w, "  peak budget use   %s of %s (%.0f%%)\n", gpu.FormatBytes(int64(*s.PeakBytes)), gpu.FormatBytes(int64(*s.BudgetBytes)), 100**s.PeakBytes / *s.BudgetBytes)
+		fmt.Fprintf(w, "  peak budget use   %s of %s (%.0f%%)\n", bytesize.Format(int64(*s.PeakBytes)), bytesize.Format(int64(*s.BudgetBytes)), 100**s.PeakBytes / *s.BudgetBytes)
 	}
 	if s.SubscriberPerMessage != nil {
 		fmt.Fprintf(w, "  SQS calls/message subscriber: %s\n", perMessageLine(s.SubscriberPerMessage))

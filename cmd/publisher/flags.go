@@ -5,7 +5,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/publisher"
 )
 
@@ -15,9 +15,9 @@ type options struct {
 	addr, metricsAddr    string
 	apiKeys, apiKeysFile string
 	apiKeysSecret        string
-	maxMessage, maxItem  gpu.Bytes
-	maxBody, maxInFlight gpu.Bytes
-	memoryLimit          gpu.Bytes
+	maxMessage, maxItem  bytesize.Size
+	maxBody, maxInFlight bytesize.Size
+	memoryLimit          bytesize.Size
 	trustedProxies       string
 	shutdownGrace        time.Duration
 	logFormat, logLevel  string
@@ -45,7 +45,7 @@ const (
 func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	d := publisher.DefaultConfig()
 	c := &o.cfg
-	o.maxBody, o.maxInFlight, o.maxItem = gpu.Bytes(d.MaxBodyBytes), gpu.Bytes(d.MaxBodyBytesInFlight), gpu.Bytes(d.MaxItemBytes)
+	o.maxBody, o.maxInFlight, o.maxItem = bytesize.Size(d.MaxBodyBytes), bytesize.Size(d.MaxBodyBytesInFlight), bytesize.Size(d.MaxItemBytes)
 	fs := flag.NewFlagSet("publisher", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue, whose MaximumMessageSize is read at start (required)")

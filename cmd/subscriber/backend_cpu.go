@@ -5,24 +5,25 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"strings"
 
 	"github.com/vramq/vramq/gpu"
 )
 
 const deviceHelp = "device: sim (simulated memory, the model on the CPU), auto (sim in this build),\nor cuda:N (needs the CUDA build, bin/subscriber-cuda from `make cuda`)"
 
-// checkDevice accepts the specs this build can run: without CUDA the model
-// runs on the CPU, so the only device whose memory means anything to it is
-// the simulated one.
+// checkDevice accepts the specs (gpu.Spec) this build can run: without CUDA
+// the model runs on the CPU, so the only device whose memory means anything
+// to it is the simulated one. An NVML index names a GPU whose memory the
+// CPU model does not use, so it is refused as any other unknown form.
 func checkDevice(spec string) error {
+	s, err := gpu.ParseSpec(spec)
 	switch {
-	case spec == "sim" || spec == "auto":
-		return nil
-	case strings.HasPrefix(spec, "cuda:"):
+	case err != nil || s.Kind == "nvml":
+		return fmt.Errorf("want sim, auto or cuda:N")
+	case s.Kind == "cuda":
 		return fmt.Errorf("this binary is built without CUDA; run bin/subscriber-cuda (make cuda) on a GPU, or -device=sim")
 	}
-	return fmt.Errorf("want sim, auto or cuda:N")
+	return nil
 }
 
 func openBackend(o *options, log *slog.Logger) (gpu.Device, closingModel, error) {

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/model/refembed"
 )
 
 const deviceHelp = "device: cuda:N (GPU N in CUDA's numbering), auto (cuda:0), or sim (simulated memory, the model on the CPU)"
@@ -25,16 +25,15 @@ func checkDevice(spec string) error {
 	return nil
 }
 
+// cudaIndex is the CUDA device index spec names (gpu.Spec): cuda:N's N,
+// and 0 for auto. An NVML index is refused: this backend loads the model by
+// CUDA's numbering, which NVML's need not match.
 func cudaIndex(spec string) (int, error) {
-	if spec == "auto" {
-		return 0, nil
-	}
-	rest, ok := strings.CutPrefix(spec, "cuda:")
-	n, err := strconv.Atoi(rest)
-	if !ok || err != nil || n < 0 || strings.HasPrefix(rest, "+") {
+	s, err := gpu.ParseSpec(spec)
+	if err != nil || (s.Kind != "cuda" && s.Kind != "auto") {
 		return 0, errors.New("want sim, auto or cuda:N (N a device index, 0 first)")
 	}
-	return n, nil
+	return s.Index, nil
 }
 
 // openBackend loads the model onto the GPU. This binary links the CUDA
@@ -56,7 +55,7 @@ func openBackend(o *options, log *slog.Logger) (gpu.Device, closingModel, error)
 	if err != nil {
 		return nil, nil, err
 	}
-	b, err := gpu.OpenCUDA(index, w, cfg)
+	b, err := refembed.OpenCUDA(index, w, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the model onto cuda:%d: %w", index, err)
 	}
@@ -66,8 +65,8 @@ func openBackend(o *options, log *slog.Logger) (gpu.Device, closingModel, error)
 		return nil, nil, err
 	}
 	log.Info("model loaded onto the GPU", "device", b.Model.Device(), "memory", b.Device.Name(),
-		"weights", gpu.FormatBytes(b.Model.Weights()), "total", gpu.FormatBytes(mem.Total), "free", gpu.FormatBytes(mem.Free),
-		"process", gpu.FormatBytes(mem.Process), "cross_check", b.CrossCheck)
+		"weights", bytesize.Format(b.Model.Weights()), "total", bytesize.Format(mem.Total), "free", bytesize.Format(mem.Free),
+		"process", bytesize.Format(mem.Process), "cross_check", b.CrossCheck)
 	// The caller closes both: the model (its context) and the device (NVML).
 	return b.Device, b.Model, nil
 }
@@ -89,8 +88,8 @@ func openCUDABERT(o *options, index int, log *slog.Logger) (gpu.Device, closingM
 	log.Info("model loaded onto the GPU", "model", b.Embedder.Name(), "dir", o.model, "device", b.Encoder.Device(), "memory", b.Device.Name(),
 		"layers", c.NumLayers, "hidden", c.HiddenSize, "heads", c.NumHeads, "max_seq_length", s.MaxSeqLength,
 		"pooling", s.Pooling.String(), "normalize", s.Normalize, "dtype", m.WeightDType(),
-		"weights", gpu.FormatBytes(b.Encoder.Weights()), "resident", gpu.FormatBytes(b.Embedder.Weights()),
-		"total", gpu.FormatBytes(mem.Total), "free", gpu.FormatBytes(mem.Free), "process", gpu.FormatBytes(mem.Process), "cross_check", b.CrossCheck)
+		"weights", bytesize.Format(b.Encoder.Weights()), "resident", bytesize.Format(b.Embedder.Weights()),
+		"total", bytesize.Format(mem.Total), "free", bytesize.Format(mem.Free), "process", bytesize.Format(mem.Process), "cross_check", b.CrossCheck)
 	// The caller closes both: the model (its context) and the device.
 	return b.Device, b.Embedder, nil
 }

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/calibrate"
+	"github.com/vramq/vramq/internal/bytesize"
 )
 
 // defaultChunkItems is the publisher's default -chunk-items: with
@@ -14,25 +16,25 @@ import (
 // runs, which the calibration sweep covers unless -calibrate-items says.
 const defaultChunkItems = 32
 
-// calibrate is `subscriber -calibrate`: it measures a sweep of batches on
+// measureCostModel is `subscriber -calibrate`: it measures a sweep of batches on
 // the model and device openBackend gave, writes the report to out and the
 // cost model to -cost-model when set. It touches no queue.
-func calibrate(ctx context.Context, o *options, dev gpu.Device, model gpu.Model, log *slog.Logger, out io.Writer) error {
-	m, ok := model.(gpu.Meter)
+func measureCostModel(ctx context.Context, o *options, dev gpu.Device, model gpu.Model, log *slog.Logger, out io.Writer) error {
+	m, ok := model.(calibrate.Meter)
 	if !ok {
-		return fmt.Errorf("-calibrate: model %s cannot measure its memory (it is not a gpu.Meter)", model.Name())
+		return fmt.Errorf("-calibrate: model %s cannot measure its memory (it is not a calibrate.Meter)", model.Name())
 	}
 	items := o.calibrateItems
 	if items == 0 {
 		items = o.cfg.MaxBatch * defaultChunkItems
 	}
-	sweep := gpu.DefaultSweep(items)
+	sweep := calibrate.DefaultSweep(items)
 	sweep.Points = o.calibratePoints
 	// On the simulated device the model computes on the CPU: a sweep of
 	// 256 items takes a minute or two there, seconds on a GPU.
 	log.Info("calibrating: measuring a sweep of batches one at a time; nothing else should use the device meanwhile",
-		"model", m.Name(), "device", dev.Name(), "max_items", items, "max_tokens", m.Config().MaxTokens, "points", sweep.Points, "seed", sweep.Seed)
-	c, err := gpu.Calibrate(ctx, m, gpu.Kind(dev), sweep)
+		"model", m.Name(), "device", dev.Name(), "max_items", items, "max_tokens", m.MaxTokens(), "points", sweep.Points, "seed", sweep.Seed)
+	c, err := calibrate.Calibrate(ctx, m, gpu.Kind(dev), sweep)
 	if err != nil {
 		return err
 	}
@@ -41,7 +43,7 @@ func calibrate(ctx context.Context, o *options, dev gpu.Device, model gpu.Model,
 		log.Warn("cost model not saved: give -cost-model a path to keep it")
 		return nil
 	}
-	if err := gpu.SaveCostModel(o.costModel, c.File()); err != nil {
+	if err := calibrate.SaveCostModel(o.costModel, c.File()); err != nil {
 		return err
 	}
 	log.Info("cost model written; start the subscriber with -cost-model to use it", "file", o.costModel)
@@ -54,13 +56,13 @@ func calibrate(ctx context.Context, o *options, dev gpu.Device, model gpu.Model,
 // starting with an estimate that does not describe this device would bring
 // back the out-of-memory errors admission is for.
 func useCostModel(o *options, dev gpu.Device, model gpu.Model, log *slog.Logger) error {
-	f, err := gpu.LoadCostModel(o.costModel, model, gpu.Kind(dev))
+	f, err := calibrate.LoadCostModel(o.costModel, model, gpu.Kind(dev))
 	if err != nil {
 		return fmt.Errorf("-cost-model: %w", err)
 	}
 	log.Info("cost model loaded", "file", o.costModel, "model", f.Model, "device", f.Device,
 		"per_token", f.PerToken, "per_item", f.PerItem, "per_batch", f.PerBatch,
-		"per_batch_size", gpu.FormatBytes(f.PerBatch), "max_items", f.MaxItems, "fitted_at", f.FittedAt)
+		"per_batch_size", bytesize.Format(f.PerBatch), "max_items", f.MaxItems, "fitted_at", f.FittedAt)
 	if o.cfg.MaxBatch > f.MaxItems {
 		// Every message has an item, so a batch of -max-batch messages
 		// has more items than any batch the cost model was checked on.

@@ -9,9 +9,11 @@ import (
 	"testing"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/calibrate"
 	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/refembed"
 )
 
 func TestCalibrateFlags(t *testing.T) {
@@ -54,14 +56,14 @@ func TestCalibrateEndToEnd(t *testing.T) {
 	if err := run(t.Context(), args, func(string) string { return "" }, &out); err != nil {
 		t.Fatalf("run -calibrate: %v\n%s", err, out.String())
 	}
-	analytic := gpu.DefaultEmbedConfig().CostModel()
+	analytic := refembed.DefaultConfig().CostModel()
 	for _, want := range []string{"fitted model:      1028 B/token + 6148 B/item + 0 B/batch", "worst under-estimate of the least squares: none",
 		"cost model written", "on sim"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the output lacks %q:\n%s", want, out.String())
 		}
 	}
-	f, err := gpu.ReadCostModel(path)
+	f, err := calibrate.ReadCostModel(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +74,7 @@ func TestCalibrateEndToEnd(t *testing.T) {
 	// A subscriber given it applies it; one with a heavier per-batch
 	// charge shows that Cost follows the file.
 	f.PerBatch = 5 << 20
-	if err := gpu.SaveCostModel(path, f); err != nil {
+	if err := calibrate.SaveCostModel(path, f); err != nil {
 		t.Fatal(err)
 	}
 	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d"}
@@ -102,7 +104,7 @@ func TestCalibrateEndToEnd(t *testing.T) {
 
 	// Fitted for another model: the start fails, before any queue.
 	f.Model = "some-other-model"
-	if err := gpu.SaveCostModel(path, f); err != nil {
+	if err := calibrate.SaveCostModel(path, f); err != nil {
 		t.Fatal(err)
 	}
 	err = run(t.Context(), []string{"-device=sim", "-cost-model=" + path, "-metrics-addr="}, func(k string) string { return env[k] }, &bytes.Buffer{})
@@ -119,7 +121,7 @@ func TestCostModelFlagDecidesAdmission(t *testing.T) {
 	urls := sqstest.Queues(t, client, 5)
 	path := filepath.Join(t.TempDir(), "cost.json")
 	name := "ref-embed-v1-v16384-d256-h1024-o256-t512"
-	if err := gpu.SaveCostModel(path, gpu.CostModelFile{Model: name, Device: "sim",
+	if err := calibrate.SaveCostModel(path, calibrate.CostModelFile{Model: name, Device: "sim",
 		CostModel: gpu.CostModel{PerToken: 64 << 10, PerItem: 6148}}); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,9 @@ import (
 	"io"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/calibrate"
+	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/subscriber"
 )
 
@@ -14,8 +16,8 @@ type options struct {
 	queueURL, resultsURL, dlqURL string
 	payloadBucket                string
 	device                       string
-	vram, reserve, limit         gpu.Bytes
-	maxBatchBytes                gpu.Bytes
+	vram, reserve, limit         bytesize.Size
+	maxBatchBytes                bytesize.Size
 	modelSeed                    uint64
 	weights                      string
 	model                        string // a BERT-family model directory; empty: the reference model
@@ -47,8 +49,8 @@ const (
 func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	d := subscriber.DefaultConfig()
 	c := &o.cfg
-	o.vram, o.reserve = defaultSimVRAM, gpu.Bytes(d.VRAMReserve)
-	o.limit, o.maxBatchBytes = gpu.Bytes(d.VRAMLimit), gpu.Bytes(d.MaxBatchBytes)
+	o.vram, o.reserve = defaultSimVRAM, bytesize.Size(d.VRAMReserve)
+	o.limit, o.maxBatchBytes = bytesize.Size(d.VRAMLimit), bytesize.Size(d.MaxBatchBytes)
 	fs := flag.NewFlagSet("subscriber", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue (required)")
@@ -70,7 +72,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 			"-device=sim; results carry bert:<directory name>; a directory the loader refuses stops the start with an error\n"+
 			"naming the file and field; items with binary data are dead-lettered as invalid input;\n"+
 			"empty: the reference embedding model")
-	fs.Uint64Var(&o.modelSeed, "model-seed", gpu.DefaultEmbedConfig().Seed,
+	fs.Uint64Var(&o.modelSeed, "model-seed", refembed.DefaultConfig().Seed,
 		"seed of the reference model's generated weights (without -weights)")
 	fs.StringVar(&o.weights, "weights", "",
 		"safetensors file of the reference model's weights (make weights writes one; empty: generated from -model-seed)")
@@ -79,7 +81,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 			"write it to -cost-model if set, and exit (touches no queue; nothing else may use the device meanwhile)")
 	fs.IntVar(&o.calibrateItems, "calibrate-items", 0,
 		"most items in one batch of the -calibrate sweep (0: -max-batch × 32, the publisher's default -chunk-items)")
-	fs.IntVar(&o.calibratePoints, "calibrate-points", gpu.DefaultSweep(1).Points,
+	fs.IntVar(&o.calibratePoints, "calibrate-points", calibrate.DefaultSweep(1).Points,
 		"batches the -calibrate sweep measures at its largest item count (fewer at smaller ones):\n"+
 			"more take longer and leave a smaller margin")
 	fs.StringVar(&o.costModel, "cost-model", "",

@@ -147,7 +147,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("%w: -model: the %s backend runs only the reference model; use -device=sim", errUsage, dev.Name())
 	}
 	if o.calibrate {
-		return calibrate(ctx, o, dev, model, log, stderr)
+		return measureCostModel(ctx, o, dev, model, log, stderr)
 	}
 	if o.costModel != "" {
 		if err := useCostModel(o, dev, model, log); err != nil {

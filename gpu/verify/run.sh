@@ -62,17 +62,17 @@ run() { # run NAME BINARY TEST
 	echo "| $name (\`$test\`) | $verdict | $(($(date +%s) - t0)) |" >>"$res"
 }
 
-run "1. CUDA equals the CPU reference" gpu.test TestCUDAMatchesCPU
-run "2. OOM recovered by halving" gpu.test TestCUDAOutOfMemoryThenHalving
+run "1. CUDA equals the CPU reference" refembed.test TestCUDAMatchesCPU
+run "2. OOM recovered by halving" refembed.test TestCUDAOutOfMemoryThenHalving
 run "3. the budget follows free memory" subscriber.test TestCUDABudgetFollowsFreeMemory
-run "4. throughput against PyTorch" gpu.test TestCUDAThroughputAgainstTorch
-run "calibration sample" gpu.test TestCUDAMeasure
-run "5. BERT: CUDA equals the CPU encoder and ONNX Runtime" gpu.test TestCUDABertMatchesCPUAndONNX
-run "6. BERT: erf against math.Erf" gpu.test TestCUDABertErf
-run "7. BERT: OOM recovered by halving" gpu.test TestCUDABertOutOfMemoryThenHalving
-run "8. BERT: OOM by sequence length" gpu.test TestCUDABertOutOfMemoryByLength
-run "9. BERT: the estimate against the device" gpu.test TestCUDABertWorkingBytesCoversAllocation
-run "10. BERT: outputs and items/s against PyTorch" gpu.test TestCUDABertAgainstTorch
+run "4. throughput against PyTorch" refembed.test TestCUDAThroughputAgainstTorch
+run "calibration sample" refembed.test TestCUDAMeasure
+run "5. BERT: CUDA equals the CPU encoder and ONNX Runtime" bert.test TestCUDABertMatchesCPUAndONNX
+run "6. BERT: erf against math.Erf" bert.test TestCUDABertErf
+run "7. BERT: OOM recovered by halving" bert.test TestCUDABertOutOfMemoryThenHalving
+run "8. BERT: OOM by sequence length" bert.test TestCUDABertOutOfMemoryByLength
+run "9. BERT: the estimate against the device" bert.test TestCUDABertWorkingBytesCoversAllocation
+run "10. BERT: outputs and items/s against PyTorch" bert.test TestCUDABertAgainstTorch
 
 {
 	echo

@@ -88,7 +88,7 @@ func (c Config) seqOverhead(seqLen int) int64 {
 //
 // On an Encoder (a GPU) Cost adds one Granule to a non-empty call. The
 // device allocates each sub-batch as one buffer of at most the sum of its
-// items' seqBytes (gpu.BertConfig.CUDAWorkingBytes; TestCUDAWorkingBytesUnderCost),
+// items' seqBytes (GPUConfig.CUDAWorkingBytes; TestCUDAWorkingBytesUnderCost),
 // and the driver rounds it up, by less than a granule. The sub-batches of a
 // batch run in turn, so the batch holds one rounded buffer at a time and
 // needs the rounding once; the subscriber sums the costs of a batch's
@@ -96,7 +96,7 @@ func (c Config) seqOverhead(seqLen int) int64 {
 // granules where it needs one. A granule per item would be sound too, but
 // charge 2 MiB for a short text's few hundred KiB; a granule per message
 // is the least that still adds up, whichever messages share a batch and
-// however many batches the device runs at once. (gpu.CUDABert runs one
+// however many batches the device runs at once. (CUDAEncoder runs one
 // batch at a time, so there only one rounded buffer is ever live and the
 // per-message granule is conservative; it does not rely on that.)
 func (e *Embedder) Cost(items []job.Item) int64 {

@@ -7,21 +7,22 @@ import (
 	"fmt"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/cuda"
 )
 
 // OnCUDA is a model directory served on a GPU.
 type OnCUDA struct {
-	// Device reports the GPU's memory (see gpu.OpenCUDADevice).
+	// Device reports the GPU's memory (see cuda.OpenDevice).
 	Device   gpu.Device
 	Embedder *Embedder
-	Encoder  *gpu.CUDABert
+	Encoder  *CUDAEncoder
 	// CrossCheck compares NVML's free memory with the driver's.
 	CrossCheck string
 }
 
 // OpenCUDA loads the model and tokenizer in dir and serves them on CUDA
 // device index: texts are tokenized and sorted into length buckets on the
-// host, each sub-batch runs on the GPU (gpu.CUDABert). A directory the
+// host, each sub-batch runs on the GPU (CUDAEncoder). A directory the
 // loader refuses, or a model the GPU encoder cannot run, is an error before
 // anything is allocated on the GPU. Close the Embedder, then the Device.
 func OpenCUDA(dir string, index int) (*OnCUDA, error) {
@@ -43,16 +44,16 @@ func OpenCUDA(dir string, index int) (*OnCUDA, error) {
 	if err := w.CheckShape(cfg); err != nil {
 		return nil, fmt.Errorf("bert: %s: %w", dir, err)
 	}
-	var enc *gpu.CUDABert
-	dev, footprint, check, err := gpu.OpenCUDADevice(index, func() (gpu.CUDAModel, error) {
+	var enc *CUDAEncoder
+	dev, footprint, check, err := cuda.OpenDevice(index, func() (cuda.Model, error) {
 		var err error
-		enc, err = gpu.NewCUDABert(index, "bert:"+m.Name(), w, cfg)
+		enc, err = NewCUDAEncoder(index, "bert:"+m.Name(), w, cfg)
 		return enc, err
 	})
 	if err != nil {
 		return nil, err
 	}
-	// As for the reference model (gpu.OpenCUDA): the CUDA context and
+	// As for the reference model (refembed.OpenCUDA): the CUDA context and
 	// cuBLAS's workspace are the model's too; the weights are the floor.
 	e, err := NewEmbedderOn(m, tok, enc, max(footprint, enc.Weights()), enc.Working)
 	if err != nil {

@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/model/safetensors"
 )
 
 // Generated is the shape of a model directory Generate writes.
@@ -108,7 +108,7 @@ func Generate(dir, tokDir string, g Generated) error {
 func writeGeneratedWeights(path string, g Generated) error {
 	c := g.Config
 	r := rand.New(rand.NewPCG(g.Seed, 0x62657274)) // "bert"
-	normal := func(s float64, dims ...int64) gpu.SafetensorsTensor {
+	normal := func(s float64, dims ...int64) safetensors.Tensor {
 		n := int64(1)
 		for _, d := range dims {
 			n *= d
@@ -117,9 +117,9 @@ func writeGeneratedWeights(path string, g Generated) error {
 		for i := range v {
 			v[i] = float32(r.NormFloat64() * s)
 		}
-		return gpu.SafetensorsTensor{Shape: dims, Values: v}
+		return safetensors.Tensor{Shape: dims, Values: v}
 	}
-	one := func(h int64) gpu.SafetensorsTensor {
+	one := func(h int64) safetensors.Tensor {
 		t := normal(0.1, h)
 		for i := range t.Values {
 			t.Values[i]++
@@ -127,8 +127,8 @@ func writeGeneratedWeights(path string, g Generated) error {
 		return t
 	}
 	h, in := int64(c.HiddenSize), int64(c.IntermediateSize)
-	var ts []gpu.SafetensorsTensor
-	add := func(name string, t gpu.SafetensorsTensor) {
+	var ts []safetensors.Tensor
+	add := func(name string, t safetensors.Tensor) {
 		t.Name = name
 		ts = append(ts, t)
 	}
@@ -159,7 +159,7 @@ func writeGeneratedWeights(path string, g Generated) error {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if err := gpu.WriteSafetensors(tmp, map[string]string{"format": "pt", "generator": "vramq genweights -bert"}, ts); err != nil {
+	if err := safetensors.Write(tmp, map[string]string{"format": "pt", "generator": "vramq genweights -bert"}, ts); err != nil {
 		tmp.Close()
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/model/safetensors"
 )
 
 // copyModel copies testdata/model/<name> into a temporary directory that a
@@ -68,18 +69,18 @@ func writeJSON(t *testing.T, path string, v any) {
 
 // rewriteWeights reads dir/model.safetensors (F32), lets edit change its
 // tensors, and writes it back.
-func rewriteWeights(t *testing.T, dir string, edit func([]gpu.SafetensorsTensor) []gpu.SafetensorsTensor) {
+func rewriteWeights(t *testing.T, dir string, edit func([]safetensors.Tensor) []safetensors.Tensor) {
 	t.Helper()
 	path := filepath.Join(dir, "model.safetensors")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := gpu.OpenSafetensors(bytes.NewReader(data), int64(len(data)))
+	st, err := safetensors.Open(bytes.NewReader(data), int64(len(data)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ts []gpu.SafetensorsTensor
+	var ts []safetensors.Tensor
 	for _, name := range st.Names() {
 		info, _ := st.Tensor(name)
 		if info.DType != "F32" {
@@ -89,10 +90,10 @@ func rewriteWeights(t *testing.T, dir string, edit func([]gpu.SafetensorsTensor)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ts = append(ts, gpu.SafetensorsTensor{Name: name, Shape: info.Shape, Values: v})
+		ts = append(ts, safetensors.Tensor{Name: name, Shape: info.Shape, Values: v})
 	}
 	var buf bytes.Buffer
-	if err := gpu.WriteSafetensors(&buf, nil, edit(ts)); err != nil {
+	if err := safetensors.Write(&buf, nil, edit(ts)); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
@@ -119,7 +120,7 @@ func TestLoadRefuses(t *testing.T) {
 			writeJSON(t, filepath.Join(dir, "modules.json"), v)
 		}
 	}
-	weights := func(edit func([]gpu.SafetensorsTensor) []gpu.SafetensorsTensor) func(*testing.T, string) {
+	weights := func(edit func([]safetensors.Tensor) []safetensors.Tensor) func(*testing.T, string) {
 		return func(t *testing.T, dir string) { rewriteWeights(t, dir, edit) }
 	}
 	tests := []struct {
@@ -158,14 +159,14 @@ func TestLoadRefuses(t *testing.T) {
 		{"max_seq_length past positions", func(t *testing.T, dir string) {
 			editJSON(t, dir, "sentence_bert_config.json", func(m map[string]any) { m["max_seq_length"] = 129 })
 		}, []string{"sentence_bert_config.json", "max_seq_length", "129"}},
-		{"missing tensor", weights(func(ts []gpu.SafetensorsTensor) []gpu.SafetensorsTensor {
+		{"missing tensor", weights(func(ts []safetensors.Tensor) []safetensors.Tensor {
 			return deleteTensor(ts, "encoder.layer.1.intermediate.dense.bias")
 		}), []string{"model.safetensors", `"encoder.layer.1.intermediate.dense.bias"`, "missing"}},
-		{"missing key projection", weights(func(ts []gpu.SafetensorsTensor) []gpu.SafetensorsTensor {
+		{"missing key projection", weights(func(ts []safetensors.Tensor) []safetensors.Tensor {
 			return deleteTensor(ts, "encoder.layer.0.attention.self.key.weight")
 		}), []string{"model.safetensors", `"encoder.layer.0.attention.self.key.weight"`, "missing"}},
 		{"shape against config", config(func(m map[string]any) { m["vocab_size"] = 513 }), []string{"model.safetensors", `"embeddings.word_embeddings.weight"`, "[512 64]", "[513 64]"}},
-		{"not finite", weights(func(ts []gpu.SafetensorsTensor) []gpu.SafetensorsTensor {
+		{"not finite", weights(func(ts []safetensors.Tensor) []safetensors.Tensor {
 			for _, t := range ts {
 				if t.Name == "encoder.layer.0.output.dense.weight" {
 					t.Values[7] = float32(posInf())
@@ -193,8 +194,8 @@ func TestLoadRefuses(t *testing.T) {
 	}
 }
 
-func deleteTensor(ts []gpu.SafetensorsTensor, name string) []gpu.SafetensorsTensor {
-	var out []gpu.SafetensorsTensor
+func deleteTensor(ts []safetensors.Tensor, name string) []safetensors.Tensor {
+	var out []safetensors.Tensor
 	for _, t := range ts {
 		if t.Name != name {
 			out = append(out, t)
@@ -276,7 +277,7 @@ func TestLoadVariants(t *testing.T) {
 	})
 	t.Run("TensorFlow-era LayerNorm names and a bert. prefix", func(t *testing.T) {
 		dir := copyModel(t, "tiny-f32")
-		rewriteWeights(t, dir, func(ts []gpu.SafetensorsTensor) []gpu.SafetensorsTensor {
+		rewriteWeights(t, dir, func(ts []safetensors.Tensor) []safetensors.Tensor {
 			for i := range ts {
 				ts[i].Name = "bert." + strings.NewReplacer("LayerNorm.weight", "LayerNorm.gamma", "LayerNorm.bias", "LayerNorm.beta").Replace(ts[i].Name)
 			}
@@ -292,9 +293,9 @@ func TestLoadVariants(t *testing.T) {
 		// The same weights rounded to bfloat16, once as BF16 and once as
 		// the F32 values they widen to: the two must give equal vectors.
 		bf16, widened := copyModel(t, "tiny-f32"), copyModel(t, "tiny-f32")
-		var wide []gpu.SafetensorsTensor
-		rewriteWeights(t, bf16, func(ts []gpu.SafetensorsTensor) []gpu.SafetensorsTensor {
-			out := make([]gpu.SafetensorsTensor, len(ts))
+		var wide []safetensors.Tensor
+		rewriteWeights(t, bf16, func(ts []safetensors.Tensor) []safetensors.Tensor {
+			out := make([]safetensors.Tensor, len(ts))
 			for i, t := range ts {
 				raw := make([]byte, 2*len(t.Values))
 				w := make([]float32, len(t.Values))
@@ -304,12 +305,12 @@ func TestLoadVariants(t *testing.T) {
 					raw[2*j], raw[2*j+1] = byte(b>>16), byte(b>>24)
 					w[j] = math.Float32frombits(b &^ 0xffff)
 				}
-				out[i] = gpu.SafetensorsTensor{Name: t.Name, Shape: t.Shape, DType: "BF16", Raw: raw}
-				wide = append(wide, gpu.SafetensorsTensor{Name: t.Name, Shape: t.Shape, Values: w})
+				out[i] = safetensors.Tensor{Name: t.Name, Shape: t.Shape, DType: "BF16", Raw: raw}
+				wide = append(wide, safetensors.Tensor{Name: t.Name, Shape: t.Shape, Values: w})
 			}
 			return out
 		})
-		rewriteWeights(t, widened, func([]gpu.SafetensorsTensor) []gpu.SafetensorsTensor { return wide })
+		rewriteWeights(t, widened, func([]safetensors.Tensor) []safetensors.Tensor { return wide })
 		mb, err := Load(bf16)
 		if err != nil {
 			t.Fatal(err)

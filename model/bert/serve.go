@@ -131,7 +131,7 @@ func (e *Embedder) Working() int64 {
 
 // Encoder computes one vector per item of token ids ([CLS] … [SEP]) as one
 // batch padded to its longest item, as Model.Embed does, on a device that
-// allocates for itself (gpu.CUDABert). Out of memory must wrap
+// allocates for itself (CUDAEncoder). Out of memory must wrap
 // gpu.ErrOutOfMemory, having freed what it took.
 type Encoder interface {
 	Embed(ctx context.Context, ids [][]int32) ([][]float32, error)

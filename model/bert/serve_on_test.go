@@ -116,7 +116,7 @@ func TestEmbedderOnRunsSubBatchesOnEncoder(t *testing.T) {
 func TestSeqBytesBoundsCUDAWorkingBytes(t *testing.T) {
 	for _, c := range []Config{servedShape.Config, miniLM, paddingConfig} {
 		maxLen := min(c.MaxPositionEmbeddings, 512)
-		g := gpu.BertConfig{Vocab: c.VocabSize, Hidden: c.HiddenSize, Layers: c.NumLayers, Heads: c.NumHeads,
+		g := GPUConfig{Vocab: c.VocabSize, Hidden: c.HiddenSize, Layers: c.NumLayers, Heads: c.NumHeads,
 			Intermediate: c.IntermediateSize, MaxPositions: c.MaxPositionEmbeddings, LayerNormEps: c.LayerNormEps, MaxSeqLength: maxLen}
 		for l := 1; l <= maxLen; l++ {
 			per := c.seqBytes(bucketOf(l, maxLen))

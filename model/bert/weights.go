@@ -8,7 +8,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/model/safetensors"
 )
 
 // weights are the encoder's parameters in float32. Linear layers are kept
@@ -40,7 +40,7 @@ type layerWeights struct {
 // names, with the "bert." prefix that BertFor* heads put in front when the
 // file has it, checking each shape against the config.
 type tensorReader struct {
-	st     *gpu.Safetensors
+	st     *safetensors.File
 	file   string
 	prefix string
 	dtypes map[string]bool
@@ -106,7 +106,7 @@ func readWeights(path string, cfg Config) (*weights, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := gpu.OpenSafetensors(f, fi.Size())
+	st, err := safetensors.Open(f, fi.Size())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}

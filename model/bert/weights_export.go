@@ -1,12 +1,10 @@
 package bert
 
-import "github.com/vramq/vramq/gpu"
-
 // GPU gives the model's shape, pooling and float32 weights in the form the
-// CUDA encoder (gpu.NewCUDABert) uploads. The slices are the model's own:
+// CUDA encoder (NewCUDAEncoder) uploads. The slices are the model's own:
 // the caller must not change them.
-func (m *Model) GPU() (gpu.BertConfig, *gpu.BertWeights) {
-	c := gpu.BertConfig{
+func (m *Model) GPU() (GPUConfig, *GPUWeights) {
+	c := GPUConfig{
 		Vocab:        m.cfg.VocabSize,
 		Hidden:       m.cfg.HiddenSize,
 		Layers:       m.cfg.NumLayers,
@@ -19,16 +17,16 @@ func (m *Model) GPU() (gpu.BertConfig, *gpu.BertWeights) {
 	}
 	switch m.sentence.Pooling {
 	case PoolCLS:
-		c.Pooling = gpu.BertPoolCLS
+		c.Pooling = GPUPoolCLS
 	case PoolMax:
-		c.Pooling = gpu.BertPoolMax
+		c.Pooling = GPUPoolMax
 	default:
-		c.Pooling = gpu.BertPoolMean
+		c.Pooling = GPUPoolMean
 	}
 	w := m.w
-	gw := &gpu.BertWeights{Word: w.word, Pos: w.pos, TokenType0: w.tokenType0, EmbLNGamma: w.embLN.gamma, EmbLNBeta: w.embLN.beta}
+	gw := &GPUWeights{Word: w.word, Pos: w.pos, TokenType0: w.tokenType0, EmbLNGamma: w.embLN.gamma, EmbLNBeta: w.embLN.beta}
 	for _, l := range w.layers {
-		gw.Layers = append(gw.Layers, gpu.BertLayerWeights{
+		gw.Layers = append(gw.Layers, GPULayerWeights{
 			QKVW: l.qkvW, QKVB: l.qkvB, AttnOutW: l.attnOutW, AttnOutB: l.attnOutB,
 			AttnLNGamma: l.attnLN.gamma, AttnLNBeta: l.attnLN.beta,
 			InterW: l.interW, InterB: l.interB, OutW: l.outW, OutB: l.outB,

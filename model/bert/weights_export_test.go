@@ -3,8 +3,6 @@ package bert
 import (
 	"path/filepath"
 	"testing"
-
-	"github.com/vramq/vramq/gpu"
 )
 
 // GPU hands over the model's own shape, pooling and weights: every golden
@@ -29,7 +27,7 @@ func TestGPUExport(t *testing.T) {
 			t.Errorf("%s: %v", dir, err)
 		}
 		short := *w
-		short.Layers = append([]gpu.BertLayerWeights(nil), w.Layers...)
+		short.Layers = append([]GPULayerWeights(nil), w.Layers...)
 		short.Layers[1].InterB = short.Layers[1].InterB[1:]
 		if err := short.CheckShape(cfg); err == nil {
 			t.Errorf("%s: a bias one value short passed CheckShape", dir)
@@ -40,7 +38,7 @@ func TestGPUExport(t *testing.T) {
 		if &w.Layers[0].QKVW[0] != &m.w.layers[0].qkvW[0] {
 			t.Errorf("%s: the export copied the weights", dir)
 		}
-		for p, want := range map[Pooling]gpu.BertPooling{PoolMean: gpu.BertPoolMean, PoolCLS: gpu.BertPoolCLS, PoolMax: gpu.BertPoolMax} {
+		for p, want := range map[Pooling]GPUPooling{PoolMean: GPUPoolMean, PoolCLS: GPUPoolCLS, PoolMax: GPUPoolMax} {
 			s := m.Sentence()
 			s.Pooling, s.Normalize = p, !s.Normalize
 			got, _ := m.WithSentence(s).GPU()

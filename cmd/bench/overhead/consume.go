@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/cmd/bench/sqsenv"
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/sqscodec"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
@@ -85,7 +85,7 @@ func (cc consumeConfig) subscriber(ctx context.Context, e *benchEnv, urls locals
 		Queue:       sqsqueue.New(e.client, urls.Work),
 		Results:     sqsqueue.New(e.client, urls.Results),
 		DLQ:         sqsqueue.New(e.client, urls.DLQ),
-		Model:       gpu.Noop{},
+		Model:       timed.Noop{},
 		Device:      sqsenv.NoopDevice(),
 		VRAMReserve: 1 << 20,
 		Prefetch:    cc.Prefetch,

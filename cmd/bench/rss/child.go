@@ -11,8 +11,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/cmd/bench/sqsenv"
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/subscriber"
@@ -45,7 +45,7 @@ func runRSSChild(ctx context.Context, args []string, stderr io.Writer) error {
 		Queue:       sqsqueue.New(client, *work),
 		Results:     sqsqueue.New(client, *results),
 		DLQ:         sqsqueue.New(client, *dlq),
-		Model:       gpu.Noop{},
+		Model:       timed.Noop{},
 		Device:      sqsenv.NoopDevice(),
 		VRAMReserve: 1 << 20,
 		WaitTime:    time.Second,

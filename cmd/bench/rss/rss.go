@@ -22,7 +22,7 @@ import (
 	"github.com/vramq/vramq/cmd/bench/report"
 	"github.com/vramq/vramq/cmd/bench/sqsenv"
 	"github.com/vramq/vramq/cmd/bench/stats"
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/testenv/jobq"
 )
@@ -89,7 +89,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			rep.Runs[i] = append(rep.Runs[i], r)
 			fmt.Fprintf(stderr, "bench rss: trial %d/%d backlog %7d: consumed %7d in %5.1fs; VmHWM %s, highest VmRSS sampled %s "+
 				"(%d samples)\n",
-				t+1, *trials, r.Backlog, r.Consumed, r.Seconds, gpu.FormatBytes(int64(r.HWM)), gpu.FormatBytes(int64(r.MaxRSS)), r.Samples)
+				t+1, *trials, r.Backlog, r.Consumed, r.Seconds, bytesize.Format(int64(r.HWM)), bytesize.Format(int64(r.MaxRSS)), r.Samples)
 		}
 	}
 

@@ -31,7 +31,7 @@ import (
 	"github.com/vramq/vramq/localstack"
 )
 
-// NoopDevice is the simulated device the no-op model (gpu.Noop) runs on: any size will
+// NoopDevice is the simulated device the no-op model (timed.Noop) runs on: any size will
 // do, the model allocates nothing from it.
 func NoopDevice() *gpu.Sim { return gpu.NewSim(1 << 30) }
 

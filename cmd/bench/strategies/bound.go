@@ -1,6 +1,8 @@
 package strategies
 
-import "github.com/vramq/vramq/gpu"
+import (
+	"github.com/vramq/vramq/bench/timed"
+)
 
 // Bound is the offline bound: the most messages per second any scheduler
 // could get from the workload on the simulated device, knowing every
@@ -26,7 +28,7 @@ type Bound struct {
 	Binding       string  `json:"binding"`
 }
 
-func offlineBound(costs []int64, t gpu.Timing, budget int64) Bound {
+func offlineBound(costs []int64, t timed.Timing, budget int64) Bound {
 	var work, memory float64
 	for _, c := range costs {
 		secs := float64(c) / t.Throughput
@@ -49,7 +51,7 @@ func offlineBound(costs []int64, t gpu.Timing, budget int64) Bound {
 // launch still comes before any work), and so is the memory-time. It
 // ignores that a message cannot be split between devices, so it stays an
 // upper bound.
-func offlineBoundN(costs []int64, t gpu.Timing, budget int64, n int) Bound {
+func offlineBoundN(costs []int64, t timed.Timing, budget int64, n int) Bound {
 	b := offlineBound(costs, t, budget)
 	if n <= 1 {
 		return b

@@ -5,14 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/bench/timed"
 )
 
 // TestOfflineBoundN checks the bound for n devices against the arithmetic
 // written out: n devices share the work (one launch still comes first) and
 // the memory-time.
 func TestOfflineBoundN(t *testing.T) {
-	tm := gpu.Timing{Launch: 10 * time.Millisecond, Throughput: 1 << 20}
+	tm := timed.Timing{Launch: 10 * time.Millisecond, Throughput: 1 << 20}
 	costs := []int64{1 << 20, 1 << 20, 4 << 20} // 6 s of work at 1 MiB/s
 	budget := int64(8 << 20)
 	one := offlineBoundN(costs, tm, budget, 1)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 )
@@ -73,24 +74,24 @@ func (e EstimateError) factor(items []job.Item) float64 {
 	return 1
 }
 
-// misestimated is a TimedModel whose Cost, the estimate the subscriber
+// misestimated is a timed.Model whose Cost, the estimate the subscriber
 // admits by, is off by err; the model's batches still allocate the true cost
-// (TimedModel's Run calls its own Cost). Every other method, Launch
-// included, is the TimedModel's, so the subscriber treats it as it treats
+// (timed.Model's Run calls its own Cost). Every other method, Launch
+// included, is the timed.Model's, so the subscriber treats it as it treats
 // the model.
 type misestimated struct {
-	*gpu.TimedModel
+	*timed.Model
 	err EstimateError
 }
 
 // Cost is the true cost times the error's factor, at least 1 byte.
 func (m misestimated) Cost(items []job.Item) int64 {
-	c := m.TimedModel.Cost(items)
+	c := m.Model.Cost(items)
 	return max(1, int64(math.Round(float64(c)*m.err.factor(items))))
 }
 
 // model wraps tm with e: tm itself when e is exact.
-func (e EstimateError) model(tm *gpu.TimedModel) gpu.Model {
+func (e EstimateError) model(tm *timed.Model) gpu.Model {
 	if e.Kind == "" {
 		return tm
 	}

@@ -5,8 +5,10 @@ import (
 	"math"
 	"testing"
 
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/workload"
+	"github.com/vramq/vramq/model/refembed"
 )
 
 func TestParseEstimateError(t *testing.T) {
@@ -39,8 +41,8 @@ func TestParseEstimateError(t *testing.T) {
 // message.
 func TestMisestimatedCostOnly(t *testing.T) {
 	works := workload.Mixed("e", 400).Works()
-	ecfg := gpu.DefaultEmbedConfig()
-	probe, err := gpu.NewTimedModel(ecfg, gpu.DefaultTiming(), nil)
+	ecfg := refembed.DefaultConfig()
+	probe, err := timed.New(ecfg, timed.DefaultTiming(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +81,7 @@ func TestMisestimatedCostOnly(t *testing.T) {
 	w := works[0]
 	truth := probe.Cost(w.Items)
 	dev := gpu.NewSim(ecfg.WeightBytes() + truth)
-	tm, err := gpu.NewTimedModel(ecfg, gpu.Timing{Launch: 1, Throughput: 1 << 40}, dev)
+	tm, err := timed.New(ecfg, timed.Timing{Launch: 1, Throughput: 1 << 40}, dev)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/bench/timed"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 )
 
@@ -46,7 +47,7 @@ type Params struct {
 
 // FlagValues are the flags that Params does not hold as is.
 type FlagValues struct {
-	budget, throughput, maxBatchBytes *gpu.Bytes
+	budget, throughput, maxBatchBytes *bytesize.Size
 	Shuffle                           *bool
 	only, estimate, bert              *string
 }
@@ -55,16 +56,16 @@ type FlagValues struct {
 // by `bench strategies` and `bench sweep`.
 func Flags(fs *flag.FlagSet) (*Params, FlagValues) {
 	p := &Params{}
-	budget := gpu.Bytes(40 << 20)
-	throughput := gpu.Bytes(gpu.DefaultTiming().Throughput)
-	maxBatchBytes := gpu.Bytes(0)
+	budget := bytesize.Size(40 << 20)
+	throughput := bytesize.Size(timed.DefaultTiming().Throughput)
+	maxBatchBytes := bytesize.Size(0)
 	v := FlagValues{budget: &budget, throughput: &throughput, maxBatchBytes: &maxBatchBytes}
 	fs.IntVar(&p.Messages, "messages", 1000, "work messages in the workload")
 	fs.IntVar(&p.LargeEvery, "large-every", 5, "every Nth message is a large one (the bimodal mix; -shape 1-in-N says the same)")
 	fs.StringVar(&p.Shape, "shape", "", "workload: 1-in-N (the bimodal mix, every Nth message large) or heavy (heavy-tailed "+
 		"sizes); empty: 1-in-(-large-every)")
 	fs.Var(&budget, "budget", "device memory for work (the vram budget; the device holds this plus the weights), per subscriber")
-	fs.DurationVar(&p.Launch, "launch", gpu.DefaultTiming().Launch, "timing model: fixed time per batch")
+	fs.DurationVar(&p.Launch, "launch", timed.DefaultTiming().Launch, "timing model: fixed time per batch")
 	fs.Var(&throughput, "throughput", "timing model: device throughput, bytes of working memory per second")
 	fs.IntVar(&p.MaxBatch, "max-batch", 8, "most messages per batch, every strategy")
 	fs.Var(&maxBatchBytes, "max-batch-bytes", "vram: the subscriber's -max-batch-bytes (0: its default)")
@@ -96,7 +97,7 @@ func (v FlagValues) Apply(p *Params) error {
 	if p.Messages < 1 || p.Subscribers < 1 || p.Subscribers > 16 {
 		return fmt.Errorf("%w: -messages must be at least 1 and -subscribers 1 to 16", cli.ErrUsage)
 	}
-	if err := (gpu.Timing{Launch: p.Launch, Throughput: p.Throughput}).Validate(); err != nil {
+	if err := (timed.Timing{Launch: p.Launch, Throughput: p.Throughput}).Validate(); err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 	return nil

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 )
 
 func writeStrategyTable(w io.Writer, rep strategyReport) {
@@ -37,14 +37,14 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 		order = ", sent in a seeded random order (the same for every strategy)"
 	}
 	fmt.Fprintf(w, "- **Workload:** %d messages, shape `%s`: %s; working memory from %s to %s per message%s.\n",
-		p.Messages, p.Shape, p.ShapeDesc, gpu.FormatBytes(p.SmallCost), gpu.FormatBytes(p.LargeCost), order)
+		p.Messages, p.Shape, p.ShapeDesc, bytesize.Format(p.SmallCost), bytesize.Format(p.LargeCost), order)
 	model := p.Model
 	if model == "" {
 		model = "the reference model" // reports from before -bert
 	}
-	fmt.Fprintf(w, "- **Device:** simulated (`gpu.Sim` + `gpu.TimedModel`, costing as %s): its weights plus %s for work; each "+
-		"batch takes a %v launch plus its working memory over %s/s, shared by the batches working at once (`gpu.Timing`).\n",
-		model, gpu.FormatBytes(p.Budget), p.Launch, gpu.FormatBytes(int64(p.Throughput)))
+	fmt.Fprintf(w, "- **Device:** simulated (`gpu.Sim` + `timed.Model`, costing as %s): its weights plus %s for work; each "+
+		"batch takes a %v launch plus its working memory over %s/s, shared by the batches working at once (`timed.Timing`).\n",
+		model, bytesize.Format(p.Budget), p.Launch, bytesize.Format(int64(p.Throughput)))
 	if p.Subscribers > 1 {
 		fmt.Fprintf(w, "- **Subscribers:** %d on the one queue, each with its own simulated device as above; figures are summed "+
 			"over them, memory use is the mean over the devices.\n", p.Subscribers)

@@ -23,17 +23,20 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/cmd/bench/report"
 	"github.com/vramq/vramq/cmd/bench/sqsenv"
 	"github.com/vramq/vramq/cmd/bench/stats"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
@@ -116,7 +119,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "bench: %d messages (%s), budget %s x %d subscriber(s), launch %v, throughput %s/s, estimate error %s; "+
 		"offline bound %.1f messages/s (%s)\n",
-		p.Messages, p.Shape, gpu.FormatBytes(p.Budget), p.Subscribers, p.Launch, gpu.FormatBytes(int64(p.Throughput)),
+		p.Messages, p.Shape, bytesize.Format(p.Budget), p.Subscribers, p.Launch, bytesize.Format(int64(p.Throughput)),
 		p.EstimateError, sc.Bound.MessagesPerS, sc.Bound.Binding)
 	rep := strategyReport{Params: sc.p, Bound: sc.Bound, Command: "bin/bench strategies " + strings.Join(args, " "),
 		Date: time.Now().UTC().Format("2006-01-02"), Machine: report.Machine()}
@@ -152,11 +155,11 @@ type Scenario struct {
 	costs  []int64 // true costs, what the device allocates
 	large  map[job.Key]bool
 	Bound  Bound
-	ecfg   gpu.EmbedConfig
-	timing gpu.Timing
+	ecfg   refembed.Config
+	timing timed.Timing
 	// newModel loads the timed model onto a device: the reference
 	// model's memory, or the BERT's (-bert).
-	newModel   func(gpu.Allocator) (*gpu.TimedModel, error)
+	newModel   func(gpu.Allocator) (*timed.Model, error)
 	est        EstimateError
 	strategies []strategy
 }
@@ -186,7 +189,7 @@ func shapeWorks(shape string, messages int) ([]job.Work, string, error) {
 // Prepare makes the workload of p, in a seeded random order when shuffle is
 // set, and the strategies p names, and works out their offline bound.
 func Prepare(p Params, shuffle bool) (Scenario, error) {
-	sc := Scenario{ecfg: gpu.DefaultEmbedConfig(), timing: gpu.Timing{Launch: p.Launch, Throughput: p.Throughput}}
+	sc := Scenario{ecfg: refembed.DefaultConfig(), timing: timed.Timing{Launch: p.Launch, Throughput: p.Throughput}}
 	works, desc, err := shapeWorks(p.Shape, p.Messages)
 	if err != nil {
 		return sc, err
@@ -200,15 +203,15 @@ func Prepare(p Params, shuffle bool) (Scenario, error) {
 		rng := rand.New(rand.NewPCG(1, 2))
 		rng.Shuffle(len(works), func(i, j int) { works[i], works[j] = works[j], works[i] })
 	}
-	sc.newModel = func(mem gpu.Allocator) (*gpu.TimedModel, error) { return gpu.NewTimedModel(sc.ecfg, sc.timing, mem) }
+	sc.newModel = func(mem gpu.Allocator) (*timed.Model, error) { return timed.New(sc.ecfg, sc.timing, mem) }
 	p.Model = "the reference model"
 	if p.BERTDir != "" {
 		e, err := bert.Open(p.BERTDir, nil)
 		if err != nil {
 			return sc, fmt.Errorf("%w: -bert: %v", cli.ErrUsage, err)
 		}
-		sc.newModel = func(mem gpu.Allocator) (*gpu.TimedModel, error) {
-			return gpu.NewTimedModelFor(e, e.Model().Dim(), sc.timing, mem)
+		sc.newModel = func(mem gpu.Allocator) (*timed.Model, error) {
+			return timed.NewFor(e, e.Model().Dim(), sc.timing, mem)
 		}
 		p.Model = e.Name()
 	}
@@ -227,8 +230,8 @@ func Prepare(p Params, shuffle bool) (Scenario, error) {
 			sc.large[job.Key{JobID: w.JobID, Chunk: w.Chunk}] = true
 		}
 		if c > p.Budget {
-			return sc, fmt.Errorf("%w: message %d needs %s, more than the budget %s", cli.ErrUsage, i, gpu.FormatBytes(c),
-				gpu.FormatBytes(p.Budget))
+			return sc, fmt.Errorf("%w: message %d needs %s, more than the budget %s", cli.ErrUsage, i, bytesize.Format(c),
+				bytesize.Format(p.Budget))
 		}
 	}
 	sc.works = works
@@ -299,8 +302,8 @@ func strategiesFor(p Params, costs []int64) ([]strategy, error) {
 			settings = "admission=count, N=1"
 		case "count-avg":
 			c.Admission, c.Count = subscriber.AdmitCount, nAvg
-			settings = fmt.Sprintf("admission=count, N=%d (budget %s / average message %s)", nAvg, gpu.FormatBytes(p.Budget),
-				gpu.FormatBytes(avg))
+			settings = fmt.Sprintf("admission=count, N=%d (budget %s / average message %s)", nAvg, bytesize.Format(p.Budget),
+				bytesize.Format(avg))
 		case "vram-plain":
 			// The byte cap off, and with it launch-ahead (only a message
 			// that fills a batch on its own launches ahead): vram batching
@@ -308,14 +311,14 @@ func strategiesFor(p Params, costs []int64) ([]strategy, error) {
 			// them is admission.
 			c.Admission, c.MaxBatchBytes = subscriber.AdmitVRAM, math.MaxInt64
 			settings = fmt.Sprintf("admission=vram, budget %s, no batch byte cap, no launch-ahead (batching as count and none)",
-				gpu.FormatBytes(p.Budget))
+				bytesize.Format(p.Budget))
 		case "vram":
 			c.Admission, c.MaxBatchBytes = subscriber.AdmitVRAM, p.MaxBatchBytes
-			settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap %s, launch-ahead", gpu.FormatBytes(p.Budget),
-				gpu.FormatBytes(p.MaxBatchBytes))
+			settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap %s, launch-ahead", bytesize.Format(p.Budget),
+				bytesize.Format(p.MaxBatchBytes))
 			if p.MaxBatchBytes == 0 {
 				settings = fmt.Sprintf("admission=vram, budget %s, batch byte cap a quarter of the budget (%s, the default), "+
-					"launch-ahead", gpu.FormatBytes(p.Budget), gpu.FormatBytes(p.Budget/4))
+					"launch-ahead", bytesize.Format(p.Budget), bytesize.Format(p.Budget/4))
 			}
 		default:
 			return nil, fmt.Errorf("%w: unknown strategy %q: want none, count-1, count-avg, vram-plain or vram", cli.ErrUsage, name)
@@ -349,7 +352,7 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, sc Scenari
 
 	type worker struct {
 		dev   *gpu.Sim
-		model *gpu.TimedModel
+		model *timed.Model
 		reg   *prometheus.Registry
 		rq    *recordingQueue
 		sub   *subscriber.Subscriber

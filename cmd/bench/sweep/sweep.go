@@ -17,7 +17,7 @@ import (
 
 	"github.com/vramq/vramq/cmd/bench/report"
 	"github.com/vramq/vramq/cmd/bench/strategies"
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 )
 
@@ -134,7 +134,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, sc := range scs {
 		fmt.Fprintf(stderr, "bench: shape %s: %d messages, %s to %s each, estimate error %s, %d subscriber(s); offline bound "+
 			"%.1f messages/s (%s)\n",
-			sc.Params().Shape, len(sc.Works()), gpu.FormatBytes(sc.Params().SmallCost), gpu.FormatBytes(sc.Params().LargeCost),
+			sc.Params().Shape, len(sc.Works()), bytesize.Format(sc.Params().SmallCost), bytesize.Format(sc.Params().LargeCost),
 			sc.Params().EstimateError, sc.Params().Subscribers, sc.Bound.MessagesPerS, sc.Bound.Binding)
 		res, err := sc.Measure(ctx, client, retries, *repeat, *verbose, stderr)
 		if err != nil {
@@ -186,8 +186,8 @@ func writeSweepMarkdown(w io.Writer, rep sweepReport, name string) {
 		"each strategy ran %d time(s) per shape (the median run). Settings and what differs between strategies besides "+
 		"admission: as in [results.md](../results.md) (`vram-plain` is vram admission without the batch byte cap and "+
 		"launch-ahead).\n\n",
-		p.Messages, gpu.FormatBytes(p.Budget), p.Subscribers, p.EstimateError, p.MaxBatch, p.Launch,
-		gpu.FormatBytes(int64(p.Throughput)), len(rep.Shapes[0].Results[0].AllRuns))
+		p.Messages, bytesize.Format(p.Budget), p.Subscribers, p.EstimateError, p.MaxBatch, p.Launch,
+		bytesize.Format(int64(p.Throughput)), len(rep.Shapes[0].Results[0].AllRuns))
 	fmt.Fprintln(w, "Throughput as a share of the row's offline bound (messages/s in brackets; device OOMs, redeliveries and "+
 		"dead-lettered messages after the slash when any; the bound for N subscribers is N devices' worth):")
 	fmt.Fprintln(w)
@@ -228,8 +228,8 @@ func writeSweepMarkdown(w io.Writer, rep sweepReport, name string) {
 		if len(parts) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "- `%s` (%s to %s per message): %s\n", s.Label, gpu.FormatBytes(s.Params.SmallCost),
-			gpu.FormatBytes(s.Params.LargeCost), strings.Join(parts, ", "))
+		fmt.Fprintf(w, "- `%s` (%s to %s per message): %s\n", s.Label, bytesize.Format(s.Params.SmallCost),
+			bytesize.Format(s.Params.LargeCost), strings.Join(parts, ", "))
 	}
 	fmt.Fprintln(w)
 	var many bool

@@ -6,7 +6,7 @@ CUDAEMU     := build/cudaemu
 CUDAEMU_SRC := internal/testenv/cudaemu
 # Every .cu of the backend: the emulated driver holds all their kernels, and
 # each module's PTX is checked against them.
-CUDAEMU_CU  := gpu/kernels/embed.cu gpu/kernels/bert.cu
+CUDAEMU_CU  := model/refembed/kernels/embed.cu model/bert/kernels/bert.cu
 CUDAEMU_PTX := $(CUDAEMU_CU:.cu=.ptx)
 CUDAEMU_CXX := g++ -std=c++17 -O2 -g -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-unused-function -Wno-attributes
 CUDAEMU_LIBS := $(CUDAEMU)/libcuda.so.1 $(CUDAEMU)/libcublas.so.12 $(CUDAEMU)/libcublas.so.13 $(CUDAEMU)/libnvidia-ml.so.1
@@ -83,12 +83,12 @@ cudaemu-selftest: $(CUDAEMU_LIBS) $(CUDAEMU)/selftest
 cudaemu-mutant:
 	$(call cudaemu_driver,$(MUTANT)/libcuda.so.1,$(MUTANT)/kernels_all.cu)
 
-## cuda-emu-test: every cuda-tagged test (gpu, subscriber, cmd/subscriber) on the emulated GPU,
+## cuda-emu-test: every cuda-tagged test (model/refembed, model/bert, subscriber, cmd/subscriber) on the emulated GPU,
 ## after the emulator's self-test (part of make test)
 # The tests find the emulated libraries through LD_LIBRARY_PATH, as they would
 # the driver's; the device's state file is this checkout's own, fresh each run.
 # -p 1: the packages share the one emulated device, as they would a GPU, and
-# gpu's out-of-memory test takes nearly all of it while subscriber's budget
+# model/refembed's CUDA out-of-memory test takes nearly all of it while subscriber's budget
 # test measures what is free.
 # The SQS emulator is started as make test starts it, for the end-to-end test of
 # a lost device (cmd/subscriber).
@@ -104,9 +104,9 @@ cuda-emu-test: cuda-stubs cudaemu-selftest cuda-bert-mutants
 	trap 'if [ $$started = 1 ]; then $(EMULATOR) down; fi' EXIT; \
 	eval "$$($(EMULATOR) env)"; \
 	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
-	echo "go test -count=1 -p 1 -tags cuda -run CUDA ./gpu/ ./subscriber/ ./cmd/subscriber/ (on the emulated GPU)"; \
+	echo "go test -count=1 -p 1 -tags cuda -run CUDA ./model/refembed/ ./model/bert/ ./subscriber/ ./cmd/subscriber/ (on the emulated GPU)"; \
 	$(CUDA_ENV) VRAMQ_EMU_STATE=$(CURDIR)/$(CUDAEMU)/device.state LD_LIBRARY_PATH=$(CURDIR)/$(CUDAEMU) \
-		$(GO) test -count=1 -p 1 -tags cuda -run 'CUDA' ./gpu/ ./subscriber/ ./cmd/subscriber/
+		$(GO) test -count=1 -p 1 -tags cuda -run 'CUDA' ./model/refembed/ ./model/bert/ ./subscriber/ ./cmd/subscriber/
 
 ## cuda-bert-mutants: the emulated driver built from bert.cu with GELU's tanh approximation for erf, and
 ## with the attention scores not scaled by 1/sqrt(d); the CUDA BERT test against ONNX Runtime must FAIL on
@@ -117,18 +117,18 @@ BERT_MUTANT_GELU  := s|x\[k\] = v \* phi(v);|x[k] = 0.5f * v * (1.0f + (1.0f - 2
 BERT_MUTANT_SCALE := s|row\[j\] \* sc + |row[j] + |
 .PHONY: cuda-bert-mutants
 cuda-bert-mutants: cuda-stubs $(CUDAEMU_LIBS)
-	$(CUDA_ENV) $(GO) test -c -tags cuda -o $(CURDIR)/$(CUDAEMU)/gpu.test ./gpu/
+	$(CUDA_ENV) $(GO) test -c -tags cuda -o $(CURDIR)/$(CUDAEMU)/bert.test ./model/bert/
 	@for name in gelu-tanh no-scale; do \
 		case $$name in gelu-tanh) expr='$(BERT_MUTANT_GELU)';; no-scale) expr='$(BERT_MUTANT_SCALE)';; esac; \
 		d=$(CUDAEMU)/mutant-bert-$$name; mkdir -p $$d; \
-		sed "$$expr" gpu/kernels/bert.cu >$$d/bert.cu; \
-		if cmp -s gpu/kernels/bert.cu $$d/bert.cu; then echo "cuda-bert-mutants: $$name: the edit matched nothing in bert.cu" >&2; exit 1; fi; \
+		sed "$$expr" model/bert/kernels/bert.cu >$$d/bert.cu; \
+		if cmp -s model/bert/kernels/bert.cu $$d/bert.cu; then echo "cuda-bert-mutants: $$name: the edit matched nothing in bert.cu" >&2; exit 1; fi; \
 		for f in $(CUDAEMU_CU); do \
 			case $$f in */bert.cu) echo "#include \"$(CURDIR)/$$d/bert.cu\"";; *) echo "#include \"$(CURDIR)/$$f\"";; esac; \
 		done >$$d/kernels_all.cu; \
 		$(MAKE) -s --no-print-directory cudaemu-mutant MUTANT=$$d; \
-		(cd gpu && VRAMQ_EMU_STATE=$(CURDIR)/$$d/state LD_LIBRARY_PATH=$(CURDIR)/$$d:$(CURDIR)/$(CUDAEMU) \
-			$(CURDIR)/$(CUDAEMU)/gpu.test -test.run 'TestCUDABertMatchesCPUAndONNX/tiny-f32' >$(CURDIR)/$$d/test.out 2>&1) && rc=0 || rc=$$?; \
+		(cd model/bert && VRAMQ_EMU_STATE=$(CURDIR)/$$d/state LD_LIBRARY_PATH=$(CURDIR)/$$d:$(CURDIR)/$(CUDAEMU) \
+			$(CURDIR)/$(CUDAEMU)/bert.test -test.run 'TestCUDABertMatchesCPUAndONNX/tiny-f32' >$(CURDIR)/$$d/test.out 2>&1) && rc=0 || rc=$$?; \
 		n=$$(grep -c 'differs from ONNX Runtime' $$d/test.out); \
 		if [ $$rc = 0 ] || [ $$n = 0 ]; then \
 			echo "cuda-bert-mutants: $$name: the test exited $$rc with $$n comparisons failing; want a failure:" >&2; cat $$d/test.out >&2; exit 1; \

@@ -1,0 +1,61 @@
+package gpu
+
+import "fmt"
+
+// CostModel is the working memory of one forward pass, which is linear in
+// its input: Bytes(tokens, items) = tokens×PerToken + items×PerItem +
+// PerBatch. A model's analytic cost model (the reference model's
+// refembed.Config.CostModel) has no constant term when the model allocates
+// exactly its buffers; one calibrated on a device (package calibrate) has
+// one, for what a real allocator adds to every batch.
+type CostModel struct {
+	// PerToken is the bytes each token of the batch adds (for the
+	// reference model, its id and its gathered embedding row).
+	PerToken int64 `json:"per_token"`
+	// PerItem is the bytes each item adds whatever its length (for the
+	// reference model, its offset, pooled vector, hidden activations and
+	// output).
+	PerItem int64 `json:"per_item"`
+	// PerBatch is what one Run takes whatever its size: on a GPU, the
+	// rounding of each buffer up to the allocation granularity and the
+	// workspace of a GEMM library. Zero in an analytic model.
+	//
+	// The subscriber estimates each message with its own Cost call and
+	// admits a batch of k messages by the sum, so PerBatch is charged once
+	// per message, k times, where the batch needs it once. That is an upper
+	// bound on purpose: admission must never under-estimate, and a sum of
+	// per-message costs is one only if each part carries the constant.
+	PerBatch int64 `json:"per_batch"`
+}
+
+// Bytes is the working memory of one Run over items items holding tokens
+// tokens in all. A Run of no items allocates nothing, so it costs nothing.
+func (m CostModel) Bytes(tokens, items int64) int64 {
+	if items == 0 {
+		return 0
+	}
+	return tokens*m.PerToken + items*m.PerItem + m.PerBatch
+}
+
+// Validate reports a negative coefficient: a cost model that could estimate
+// a batch as needing less memory than a smaller one.
+func (m CostModel) Validate() error {
+	if m.PerToken < 0 || m.PerItem < 0 || m.PerBatch < 0 {
+		return fmt.Errorf("cost model: per token %d, per item %d, per batch %d bytes: none may be negative",
+			m.PerToken, m.PerItem, m.PerBatch)
+	}
+	return nil
+}
+
+// A CostModelSetter is a model whose Cost applies a CostModel that a
+// calibrated one can replace. calibrate.LoadCostModel sets it, after checking that the
+// cost model was fitted for this model on this device.
+type CostModelSetter interface {
+	Model
+	// CostModel is the model Cost applies now.
+	CostModel() CostModel
+	// SetCostModel makes Cost apply m from now on. It refuses a model that
+	// fails m.Validate. Safe to call at any time, but set it before the
+	// model is used: costs already estimated keep the old model.
+	SetCostModel(m CostModel) error
+}

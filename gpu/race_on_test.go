@@ -1,7 +1,0 @@
-//go:build race
-
-package gpu
-
-// raceDetector is whether the tests run under the race detector, which makes
-// the reference model's arithmetic about ten times slower.
-const raceDetector = true

@@ -1,0 +1,394 @@
+//go:build cuda
+
+package bert
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/cuda"
+	"github.com/vramq/vramq/internal/bytesize"
+
+	"gorgonia.org/cu"
+)
+
+// The kernels of the BERT encoder, compiled from kernels/bert.cu by `make
+// ptx` and committed.
+//
+//go:embed kernels/bert.ptx
+var bertPTX string
+
+// CUDAEncoder is a BERT sentence encoder (model/bert's, same weights and
+// arithmetic) on an NVIDIA GPU: cuBLAS GEMMs for the projections and,
+// strided-batched, for the two attention products; the kernels of
+// kernels/bert.cu for everything between. The weights are uploaded once, as
+// float32. Each batch allocates exactly CUDAWorkingBytes on the device as
+// one allocation, and frees it before Embed returns, whatever happened: an
+// estimate that is too small fails as gpu.ErrOutOfMemory, and so does any
+// out-of-memory of the driver or cuBLAS, so a caller halving the batch
+// recovers. A sticky CUDA error makes this and every later call fail with
+// gpu.ErrDeviceLost.
+//
+// As for refembed.CUDAEmbedder, a cuda.Owner (one goroutine locked to its
+// OS thread) owns the context and makes every CUDA call; batches run one at
+// a time. A CUDAEncoder is safe for concurrent use.
+type CUDAEncoder struct {
+	cfg     GPUConfig
+	name    string
+	weights int64
+
+	closed  atomic.Bool
+	working atomic.Int64
+	lost    atomic.Pointer[error]
+
+	// Owned by the context's goroutine.
+	w   []cu.DevicePtr // in GPUWeights.tensors' order
+	fns struct{ embed, addLN, split, merge, softmax, gelu, pool, norm, erf cu.Function }
+	own *cuda.Owner
+}
+
+// NewCUDAEncoder creates a CUDA context on GPU index, loads the kernels and
+// cuBLAS and uploads w, shaped by cfg; name identifies the model in errors.
+// It fails with an error wrapping gpu.ErrOutOfMemory when the weights do not
+// fit.
+func NewCUDAEncoder(index int, name string, w *GPUWeights, cfg GPUConfig) (*CUDAEncoder, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("cuda bert: %w", err)
+	}
+	if w == nil {
+		return nil, errors.New("cuda bert: nil weights")
+	}
+	if err := w.CheckShape(cfg); err != nil {
+		return nil, err
+	}
+	if err := cuda.DriverError(); err != nil {
+		return nil, err
+	}
+	n, err := cu.NumDevices()
+	if err != nil {
+		return nil, fmt.Errorf("%w: cuda: counting devices: %v", gpu.ErrNoDevice, err)
+	}
+	if index < 0 || index >= n {
+		return nil, fmt.Errorf("%w: cuda: no device %d (%d found)", gpu.ErrNoDevice, index, n)
+	}
+	m := &CUDAEncoder{
+		cfg:     cfg,
+		name:    name,
+		weights: w.Bytes(),
+	}
+	m.own = cuda.NewOwner(name)
+	m.own.DeviceName = fmt.Sprintf("cuda:%d", index) // until open names the GPU
+	if err := m.own.Start(func() error { return m.setup(index, w) }, m.teardown); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *CUDAEncoder) setup(index int, w *GPUWeights) error {
+	if err := m.own.Open(index, bertPTX, map[string]*cu.Function{
+		"bert_embed": &m.fns.embed, "bert_add_layernorm": &m.fns.addLN, "bert_split_heads": &m.fns.split,
+		"bert_merge_heads": &m.fns.merge, "bert_softmax": &m.fns.softmax, "bert_bias_gelu": &m.fns.gelu,
+		"bert_pool": &m.fns.pool, "bert_l2norm": &m.fns.norm, "bert_erf": &m.fns.erf,
+	}); err != nil {
+		return err
+	}
+	for _, t := range w.tensors() {
+		p, err := cuda.Upload(t)
+		if err != nil {
+			return fmt.Errorf("%s: load weights: %w", m.name, cuda.MapError(err))
+		}
+		m.w = append(m.w, p)
+	}
+	return nil
+}
+
+func (m *CUDAEncoder) teardown() {
+	for _, p := range m.w {
+		_ = cu.MemFree(p)
+	}
+	m.own.Release()
+}
+
+// Config is the shape the model was made with.
+func (m *CUDAEncoder) Config() GPUConfig { return m.cfg }
+
+// gpu.Device names the GPU, e.g. "NVIDIA H100 80GB HBM3 (cuda:0)".
+func (m *CUDAEncoder) Device() string { return m.own.DeviceName }
+
+// Product is the GPU's product name, e.g. "NVIDIA H100 80GB HBM3".
+func (m *CUDAEncoder) Product() string { return m.own.Product }
+
+// Weights is the device memory the weights hold.
+func (m *CUDAEncoder) Weights() int64 { return m.weights }
+
+// MemGetInfo is the CUDA driver's view of the device's memory.
+func (m *CUDAEncoder) MemGetInfo() (free, total int64, err error) {
+	if m.closed.Load() {
+		return 0, 0, fmt.Errorf("%s: %w", m.name, gpu.ErrClosed)
+	}
+	if lost := m.lost.Load(); lost != nil {
+		return 0, 0, *lost
+	}
+	if derr := m.own.Do(func() {
+		if free, total, err = cu.MemInfo(); err != nil {
+			err = cuda.Classify(err, m.name+" on "+m.own.DeviceName, &m.lost)
+		}
+	}); derr != nil {
+		return 0, 0, derr
+	}
+	return free, total, err
+}
+
+// Working is the device memory batches hold now.
+func (m *CUDAEncoder) Working() int64 { return m.working.Load() }
+
+// WorkingBytes is the device memory Embed allocates for items items padded
+// to seqLen tokens (GPUConfig.CUDAWorkingBytes).
+func (m *CUDAEncoder) WorkingBytes(items, seqLen int) int64 {
+	return m.cfg.CUDAWorkingBytes(items, seqLen)
+}
+
+// Embed returns one vector per item of token ids ([CLS] … [SEP]), as one
+// batch padded to the longest item. An item that is empty, longer than
+// MaxSeqLength or holds an id outside the vocabulary is an error wrapping
+// gpu.ErrInvalidInput, and nothing runs. Once the batch is on the GPU, Embed
+// waits for it even if ctx ends, so that its memory is free on return.
+func (m *CUDAEncoder) Embed(ctx context.Context, ids [][]int32) ([][]float32, error) {
+	out, _, err := m.run(ctx, ids, false)
+	return out, err
+}
+
+// Measure runs ids as one batch and returns the most device memory the
+// device lost while it ran, as the driver counts free memory (the
+// allocation with the driver's rounding, and anything cuBLAS took).
+func (m *CUDAEncoder) Measure(ctx context.Context, ids [][]int32) (int64, error) {
+	_, peak, err := m.run(ctx, ids, true)
+	return peak, err
+}
+
+func (m *CUDAEncoder) run(ctx context.Context, ids [][]int32, measure bool) (out [][]float32, peak int64, err error) {
+	if m.closed.Load() {
+		return nil, 0, fmt.Errorf("%s: %w", m.name, gpu.ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	if lost := m.lost.Load(); lost != nil {
+		return nil, 0, *lost
+	}
+	for i, item := range ids {
+		if err := m.checkItem(item); err != nil {
+			return nil, 0, fmt.Errorf("%s: item %d: %w", m.name, i, err)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, 0, nil
+	}
+	if derr := m.own.Do(func() {
+		if err = ctx.Err(); err == nil {
+			if out, peak, err = m.forward(ids, measure); err != nil {
+				err = cuda.Classify(err, m.name+" on "+m.own.DeviceName, &m.lost)
+			}
+		}
+	}); derr != nil {
+		return nil, 0, derr
+	}
+	return out, peak, err
+}
+
+func (m *CUDAEncoder) checkItem(item []int32) error {
+	if len(item) == 0 {
+		return fmt.Errorf("%w: no tokens (a tokenized text has at least [CLS] and [SEP])", gpu.ErrInvalidInput)
+	}
+	if len(item) > m.cfg.MaxSeqLength {
+		return fmt.Errorf("%w: %d tokens, over the model's limit of %d", gpu.ErrInvalidInput, len(item), m.cfg.MaxSeqLength)
+	}
+	for p, id := range item {
+		if id < 0 || int(id) >= m.cfg.Vocab {
+			return fmt.Errorf("%w: token %d is id %d, outside the vocabulary [0, %d)", gpu.ErrInvalidInput, p, id, m.cfg.Vocab)
+		}
+	}
+	return nil
+}
+
+// forward is one batch, on the context's goroutine.
+func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, error) {
+	c := m.cfg
+	items := len(ids)
+	seqLen := 0
+	for _, it := range ids {
+		seqLen = max(seqLen, len(it))
+	}
+	rows := items * seqLen
+	h, in, heads, d := c.Hidden, c.Intermediate, c.Heads, c.Hidden/c.Heads
+	tokens := make([]int32, rows) // padding is token 0, as on the CPU: masked
+	lens := make([]int32, items)
+	for b, it := range ids {
+		copy(tokens[b*seqLen:], it)
+		lens[b] = int32(len(it))
+	}
+
+	sizes := c.bertBuffers(items, seqLen)
+	var offs [len(sizes)]int64
+	var size int64
+	for i, b := range sizes {
+		offs[i] = size
+		size += (b + gpuAlign - 1) / gpuAlign * gpuAlign
+	}
+	var before int64
+	if measure {
+		before, _, _ = cu.MemInfo()
+	}
+	base, err := cu.MemAlloc(size)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: batch of %d items × %d tokens, %s: %w", m.name, items, seqLen, bytesize.Format(size), cuda.MapError(err))
+	}
+	m.working.Add(size)
+	defer func() {
+		m.working.Add(-size)
+		_ = cu.MemFree(base)
+	}()
+	buf := func(i int) cu.DevicePtr { return base + cu.DevicePtr(offs[i]) }
+	dIDs, dLens, dX, dQKV, dHeads, dScores, dCtx, dProj, dInter, dOut := buf(0), buf(1), buf(2), buf(3), buf(4), buf(5), buf(6), buf(7), buf(8), buf(9)
+
+	if err := cu.MemcpyHtoD(dIDs, unsafe.Pointer(&tokens[0]), 4*int64(rows)); err != nil {
+		return nil, 0, err
+	}
+	if err := cu.MemcpyHtoD(dLens, unsafe.Pointer(&lens[0]), 4*int64(items)); err != nil {
+		return nil, 0, err
+	}
+	var (
+		nRows, nItems, seqL = int64(rows), int64(items), int64(seqLen)
+		hL, inL, headsL, dL = int64(h), int64(in), int64(heads), int64(d)
+		eps                 = c.LayerNormEps
+		scale               = 1 / math.Sqrt(float64(d))
+		nScoreRows          = int64(items * heads * seqLen)
+		mode                = int64(c.Pooling)
+		rowThreads          = min(cuda.Pow2(h), 256)
+		rowBlocks           = min(rows, 65535)
+		sd, ss              = int64(seqLen * d), int64(seqLen * seqLen)
+		nb                  = items * heads
+		dQ, dK, dV          = dHeads, dHeads + cu.DevicePtr(4*rows*h), dHeads + cu.DevicePtr(8*rows*h)
+		wEmb                = m.w[:5]
+		dWord, dPos, dType0 = wEmb[0], wEmb[1], wEmb[2]
+		dEmbGamma, dEmbBeta = wEmb[3], wEmb[4]
+	)
+	steps := []func() error{
+		func() error {
+			return cuda.Launch(m.fns.embed, rowBlocks, rowThreads, &dIDs, &dWord, &dPos, &dType0, &dEmbGamma, &dEmbBeta, &dX, &nRows, &seqL, &hL, &eps)
+		},
+	}
+	for l := range c.Layers {
+		lw := m.w[5+12*l : 5+12*(l+1)]
+		qkvW, qkvB, aoW, aoB, aG, aB, iW, iB, oW, oB, oG, oBeta := lw[0], lw[1], lw[2], lw[3], lw[4], lw[5], lw[6], lw[7], lw[8], lw[9], lw[10], lw[11]
+		steps = append(steps,
+			func() error { return m.own.Blas.Gemm(dQKV, dX, qkvW, rows, h, 3*h) },
+			func() error {
+				return cuda.Launch(m.fns.split, cuda.Grid(int64(rows*3*h)), 256, &dQKV, &qkvB, &dHeads, &nItems, &seqL, &headsL, &dL)
+			},
+			// Scores of each (item, head): S = Q·Kᵀ, row-major L×L. Read
+			// column-major, that is Sᵀ = K·Qᵀ: A = K (d×L column-major,
+			// transposed), B = Q (d×L, as is).
+			func() error {
+				return m.own.Blas.GemmBatched(true, false, seqLen, seqLen, d, dK, d, sd, dQ, d, sd, dScores, seqLen, ss, nb)
+			},
+			func() error {
+				return cuda.Launch(m.fns.softmax, min(int(nScoreRows), 65535), min(cuda.Pow2(seqLen), 256), &dScores, &dLens, &nScoreRows, &seqL, &headsL, &scale)
+			},
+			// Output of each head, O = P·V (L×d row-major): column-major
+			// Oᵀ = Vᵀ·Pᵀ, with A = V (d×L) and B = P (L×L), into Q's
+			// place (Q is spent).
+			func() error {
+				return m.own.Blas.GemmBatched(false, false, d, seqLen, seqLen, dV, d, sd, dScores, seqLen, ss, dQ, d, sd, nb)
+			},
+			func() error {
+				return cuda.Launch(m.fns.merge, cuda.Grid(int64(rows*h)), 256, &dQ, &dCtx, &nItems, &seqL, &headsL, &dL)
+			},
+			func() error { return m.own.Blas.Gemm(dProj, dCtx, aoW, rows, h, h) },
+			func() error {
+				return cuda.Launch(m.fns.addLN, rowBlocks, rowThreads, &dX, &dProj, &aoB, &aG, &aB, &nRows, &hL, &eps)
+			},
+			func() error { return m.own.Blas.Gemm(dInter, dX, iW, rows, h, in) },
+			func() error {
+				return cuda.Launch(m.fns.gelu, cuda.Grid(int64(rows*in)), 256, &dInter, &iB, &nRows, &inL)
+			},
+			func() error { return m.own.Blas.Gemm(dProj, dInter, oW, rows, in, h) },
+			func() error {
+				return cuda.Launch(m.fns.addLN, rowBlocks, rowThreads, &dX, &dProj, &oB, &oG, &oBeta, &nRows, &hL, &eps)
+			},
+		)
+	}
+	steps = append(steps, func() error {
+		return cuda.Launch(m.fns.pool, min(items, 65535), rowThreads, &dX, &dLens, &dOut, &nItems, &seqL, &hL, &mode)
+	})
+	if c.Normalize {
+		steps = append(steps, func() error { return cuda.Launch(m.fns.norm, min(items, 65535), rowThreads, &dOut, &nItems, &hL) })
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return nil, 0, fmt.Errorf("%s: batch of %d items × %d tokens: %w", m.name, items, seqLen, err)
+		}
+	}
+	var peak int64
+	if measure {
+		after, _, _ := cu.MemInfo()
+		peak = before - after
+	}
+	res := make([]float32, items*h)
+	// Synchronous on the default stream: waits for the kernels and reports
+	// any fault they hit.
+	if err := cu.MemcpyDtoH(unsafe.Pointer(&res[0]), dOut, 4*int64(items*h)); err != nil {
+		return nil, 0, fmt.Errorf("%s: batch of %d items × %d tokens: %w", m.name, items, seqLen, cuda.MapError(err))
+	}
+	out := make([][]float32, items)
+	for b := range out {
+		out[b] = res[b*h : (b+1)*h : (b+1)*h]
+	}
+	return out, peak, nil
+}
+
+// Erf runs the encoder's erf (the one its GELU uses) on the GPU over xs,
+// for tests against math.Erf.
+func (m *CUDAEncoder) Erf(xs []float32) ([]float32, error) {
+	if len(xs) == 0 {
+		return nil, nil
+	}
+	out := make([]float32, len(xs))
+	var err error
+	if derr := m.own.Do(func() {
+		err = func() error {
+			n := int64(len(xs))
+			dx, err := cuda.Upload(xs)
+			if err != nil {
+				return cuda.MapError(err)
+			}
+			defer cu.MemFree(dx)
+			dy, err := cu.MemAlloc(4 * n)
+			if err != nil {
+				return cuda.MapError(err)
+			}
+			defer cu.MemFree(dy)
+			if err := cuda.Launch(m.fns.erf, cuda.Grid(n), 256, &dx, &dy, &n); err != nil {
+				return err
+			}
+			return cu.MemcpyDtoH(unsafe.Pointer(&out[0]), dy, 4*n)
+		}()
+	}); derr != nil {
+		return nil, derr
+	}
+	return out, err
+}
+
+// Close frees the weights, cuBLAS's handle and the context. Embed fails
+// with gpu.ErrClosed afterwards. Later calls do nothing.
+func (m *CUDAEncoder) Close() error {
+	m.closed.Store(true)
+	m.own.Stop()
+	return nil
+}

@@ -1,0 +1,160 @@
+package bert
+
+import (
+	"errors"
+	"fmt"
+)
+
+// GPUPooling is how the CUDA BERT encoder turns token vectors into one
+// vector per text (sentence-transformers' Pooling module). Its values are
+// the ones bert_pool in kernels/bert.cu takes.
+type GPUPooling int
+
+const (
+	GPUPoolMean GPUPooling = iota // the mean over the attended tokens
+	GPUPoolCLS                    // the first token's vector
+	GPUPoolMax                    // each dimension's maximum over the attended tokens
+)
+
+// GPUConfig is the shape of a BERT encoder and how its output is pooled,
+// as the CUDA backend needs it (model/bert reads it from a model directory).
+type GPUConfig struct {
+	Vocab, Hidden, Layers, Heads, Intermediate, MaxPositions int
+	LayerNormEps                                             float64
+	Pooling                                                  GPUPooling
+	Normalize                                                bool
+	// MaxSeqLength is the longest item in tokens, [CLS] and [SEP] included.
+	MaxSeqLength int
+}
+
+// GPULayerWeights are one encoder layer's parameters in float32. Linear
+// weights are [in, out] row-major (PyTorch's [out, in] transposed); the
+// query, key and value projections are side by side in one [h, 3h] matrix.
+type GPULayerWeights struct {
+	QKVW, QKVB                 []float32
+	AttnOutW, AttnOutB         []float32
+	AttnLNGamma, AttnLNBeta    []float32
+	InterW, InterB, OutW, OutB []float32
+	OutLNGamma, OutLNBeta      []float32
+}
+
+// GPUWeights are a BERT encoder's parameters in float32 (half-precision
+// checkpoints widened on load). TokenType0 is row 0 of the token-type
+// table, the only one a sentence encoder uses.
+type GPUWeights struct {
+	Word, Pos, TokenType0 []float32
+	EmbLNGamma, EmbLNBeta []float32
+	Layers                []GPULayerWeights
+}
+
+// Validate checks that the shape is one the CUDA encoder runs: the kernels'
+// block reductions need the hidden width to fit one block's reduction.
+func (c GPUConfig) Validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"vocab", c.Vocab}, {"hidden", c.Hidden}, {"layers", c.Layers}, {"heads", c.Heads},
+		{"intermediate", c.Intermediate}, {"max positions", c.MaxPositions}, {"max sequence length", c.MaxSeqLength}} {
+		if f.v < 1 || f.v > 1<<20 {
+			errs = append(errs, fmt.Errorf("%s: %d, want 1 to %d", f.name, f.v, 1<<20))
+		}
+	}
+	if c.Heads > 0 && c.Hidden%c.Heads != 0 {
+		errs = append(errs, fmt.Errorf("hidden %d is not a multiple of heads %d", c.Hidden, c.Heads))
+	}
+	if c.MaxSeqLength > c.MaxPositions {
+		errs = append(errs, fmt.Errorf("max sequence length %d exceeds the %d position embeddings", c.MaxSeqLength, c.MaxPositions))
+	}
+	if !(c.LayerNormEps > 0 && c.LayerNormEps < 1) {
+		errs = append(errs, fmt.Errorf("layer norm eps %g, want in (0, 1)", c.LayerNormEps))
+	}
+	if c.Pooling < GPUPoolMean || c.Pooling > GPUPoolMax {
+		errs = append(errs, fmt.Errorf("pooling %d unknown", c.Pooling))
+	}
+	return errors.Join(errs...)
+}
+
+// CheckShape reports the first tensor whose length differs from what c
+// says, or nil.
+func (w *GPUWeights) CheckShape(c GPUConfig) error {
+	h, in := c.Hidden, c.Intermediate
+	if len(w.Layers) != c.Layers {
+		return fmt.Errorf("bert weights: %d layers, config says %d", len(w.Layers), c.Layers)
+	}
+	type t struct {
+		name string
+		v    []float32
+		n    int
+	}
+	all := []t{{"word", w.Word, c.Vocab * h}, {"pos", w.Pos, c.MaxPositions * h}, {"token type 0", w.TokenType0, h},
+		{"embedding LayerNorm gamma", w.EmbLNGamma, h}, {"embedding LayerNorm beta", w.EmbLNBeta, h}}
+	for i, l := range w.Layers {
+		p := fmt.Sprintf("layer %d ", i)
+		all = append(all, t{p + "qkv weight", l.QKVW, h * 3 * h}, t{p + "qkv bias", l.QKVB, 3 * h},
+			t{p + "attention output weight", l.AttnOutW, h * h}, t{p + "attention output bias", l.AttnOutB, h},
+			t{p + "attention LayerNorm gamma", l.AttnLNGamma, h}, t{p + "attention LayerNorm beta", l.AttnLNBeta, h},
+			t{p + "intermediate weight", l.InterW, h * in}, t{p + "intermediate bias", l.InterB, in},
+			t{p + "output weight", l.OutW, in * h}, t{p + "output bias", l.OutB, h},
+			t{p + "output LayerNorm gamma", l.OutLNGamma, h}, t{p + "output LayerNorm beta", l.OutLNBeta, h})
+	}
+	for _, x := range all {
+		if len(x.v) != x.n {
+			return fmt.Errorf("bert weights: %s has %d values, want %d", x.name, len(x.v), x.n)
+		}
+	}
+	return nil
+}
+
+// tensors lists every weight slice in upload order.
+func (w *GPUWeights) tensors() [][]float32 {
+	all := [][]float32{w.Word, w.Pos, w.TokenType0, w.EmbLNGamma, w.EmbLNBeta}
+	for _, l := range w.Layers {
+		all = append(all, l.QKVW, l.QKVB, l.AttnOutW, l.AttnOutB, l.AttnLNGamma, l.AttnLNBeta,
+			l.InterW, l.InterB, l.OutW, l.OutB, l.OutLNGamma, l.OutLNBeta)
+	}
+	return all
+}
+
+// Bytes is the device memory the weights take as float32.
+func (w *GPUWeights) Bytes() int64 {
+	var n int64
+	for _, t := range w.tensors() {
+		n += 4 * int64(len(t))
+	}
+	return n
+}
+
+// gpuAlign is the alignment of each buffer inside a batch's one
+// allocation: cuMemAlloc's own, so every buffer is as aligned as if
+// allocated alone.
+const gpuAlign = 256
+
+// bertBuffers are the byte sizes of one batch's device buffers, in the
+// order the CUDA encoder carves its one allocation: token ids, item
+// lengths, the hidden state, the fused Q/K/V projection, the same split by
+// head, the attention scores (items·heads·seqLen²), the attention output, a
+// projection's output, the feed-forward layer's inner activations and the
+// pooled vectors.
+func (c GPUConfig) bertBuffers(items, seqLen int) [10]int64 {
+	b, l := int64(items), int64(seqLen)
+	rows := b * l
+	h, in, heads := int64(c.Hidden), int64(c.Intermediate), int64(c.Heads)
+	return [10]int64{4 * rows, 4 * b, 4 * rows * h, 4 * rows * 3 * h, 4 * rows * 3 * h,
+		4 * b * heads * l * l, 4 * rows * h, 4 * rows * h, 4 * rows * in, 4 * b * h}
+}
+
+// CUDAWorkingBytes is the device memory the CUDA encoder allocates for a
+// batch of items padded to seqLen tokens: exactly its one allocation, each
+// buffer rounded up to gpuAlign. The driver's own rounding of that
+// allocation (2 MiB granules on the emulator) comes on top.
+func (c GPUConfig) CUDAWorkingBytes(items, seqLen int) int64 {
+	if items <= 0 || seqLen <= 0 {
+		return 0
+	}
+	var n int64
+	for _, b := range c.bertBuffers(items, seqLen) {
+		n += (b + gpuAlign - 1) / gpuAlign * gpuAlign
+	}
+	return n
+}

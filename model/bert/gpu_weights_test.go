@@ -1,0 +1,55 @@
+package bert
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestBertConfigValidate(t *testing.T) {
+	good := GPUConfig{Vocab: 512, Hidden: 64, Layers: 2, Heads: 4, Intermediate: 128, MaxPositions: 128,
+		LayerNormEps: 1e-12, MaxSeqLength: 128}
+	if err := good.Validate(); err != nil {
+		t.Fatalf("a valid config: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		edit func(*GPUConfig)
+		want string
+	}{
+		"heads not dividing hidden": {func(c *GPUConfig) { c.Heads = 5 }, "not a multiple"},
+		"sequence past positions":   {func(c *GPUConfig) { c.MaxSeqLength = 129 }, "exceeds the 128 position"},
+		"no layers":                 {func(c *GPUConfig) { c.Layers = 0 }, "layers: 0"},
+		"eps zero":                  {func(c *GPUConfig) { c.LayerNormEps = 0 }, "eps"},
+		"unknown pooling":           {func(c *GPUConfig) { c.Pooling = 3 }, "pooling 3"},
+	} {
+		c := good
+		tc.edit(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want one mentioning %q", name, err, tc.want)
+		}
+	}
+}
+
+// The estimate is the batch's buffers, each rounded to gpuAlign: the
+// attention scores make it grow with the square of the length.
+func TestCUDAWorkingBytesShape(t *testing.T) {
+	c := GPUConfig{Vocab: 30522, Hidden: 384, Layers: 6, Heads: 12, Intermediate: 1536, MaxPositions: 512,
+		LayerNormEps: 1e-12, MaxSeqLength: 512}
+	if got := c.CUDAWorkingBytes(0, 10); got != 0 {
+		t.Errorf("no items: %d bytes", got)
+	}
+	one := c.CUDAWorkingBytes(1, 128)
+	// 128 rows: ids, x, qkv, heads, ctx, proj, inter; 12 heads × 128² scores;
+	// one length; one pooled vector; each buffer rounded up to 256 bytes.
+	rows := int64(128)
+	want := 4*rows + 256 + 4*rows*384*(1+3+3+1+1) + 4*rows*1536 + 4*12*128*128 + 4*384
+	if one != want {
+		t.Errorf("1 × 128: %d bytes, want %d", one, want)
+	}
+	// Doubling the length adds 2048 rows (ids, five h-wide buffers, the
+	// inner activations) and quadruples the scores.
+	short, long := c.CUDAWorkingBytes(8, 256), c.CUDAWorkingBytes(8, 512)
+	perRow := int64(4 * (1 + 9*384 + 1536))
+	if got, want := long-short, 8*256*perRow+4*8*12*(512*512-256*256); got != want {
+		t.Errorf("8 items, 256 → 512 tokens: %d more bytes, want %d", got, want)
+	}
+}

@@ -1,0 +1,339 @@
+// Kernels of the BERT encoder's CUDA backend (model/bert/cuda_encoder.go). The
+// projections and the two attention products are cuBLAS GEMMs (plain and
+// strided-batched); these are the steps around them. Compiled to PTX by
+// `make ptx` with clang-14, without the CUDA headers or libdevice, so this
+// file declares what it uses and brings its own exp and erf.
+//
+// Every parameter is a pointer, a 64-bit integer or a double:
+// gorgonia.org/cu passes each kernel argument as 8 bytes.
+//
+// The arithmetic follows the CPU encoder (model/bert) where that is free:
+// LayerNorm's mean and variance, mean pooling and the L2 norm accumulate in
+// double; GELU is the exact form, x·Φ(x), with Φ from an erf accurate to
+// float32 (bert_erf is there so tests can hold it against math.Erf).
+//
+// Block-wide reductions need blockDim.x to be a power of two, at most 1024.
+
+#define GLOBAL __attribute__((global))
+#define DEVICE __attribute__((device)) static inline
+#define SHARED __attribute__((shared))
+
+typedef long i64;
+
+// Everything lives in a namespace of its own, the kernels' names declared
+// outside it at the end: the emulator compiles this file into one
+// translation unit with embed.cu, which has helpers of the same names.
+namespace bertk {
+
+DEVICE int tid(void) { return __nvvm_read_ptx_sreg_tid_x(); }
+DEVICE int ntid(void) { return __nvvm_read_ptx_sreg_ntid_x(); }
+DEVICE int ctaid(void) { return __nvvm_read_ptx_sreg_ctaid_x(); }
+DEVICE int nctaid(void) { return __nvvm_read_ptx_sreg_nctaid_x(); }
+
+// The largest finite float: the additive mask of a padded key, as
+// Hugging Face's BERT uses torch.finfo(float32).min.
+const float float_max = 3.40282347e38f;
+
+// block_sum returns the sum of every thread's v to every thread of the
+// block, through part (blockDim.x doubles of shared memory).
+DEVICE double block_sum(double v, double *part) {
+	part[tid()] = v;
+	__syncthreads();
+	for (int s = ntid() / 2; s > 0; s >>= 1) {
+		if (tid() < s) {
+			part[tid()] += part[tid() + s];
+		}
+		__syncthreads();
+	}
+	double total = part[0];
+	__syncthreads(); // everyone has read part[0] before part is reused
+	return total;
+}
+
+// block_max is block_sum's maximum.
+DEVICE double block_max(double v, double *part) {
+	part[tid()] = v;
+	__syncthreads();
+	for (int s = ntid() / 2; s > 0; s >>= 1) {
+		if (tid() < s && part[tid() + s] > part[tid()]) {
+			part[tid()] = part[tid() + s];
+		}
+		__syncthreads();
+	}
+	double m = part[0];
+	__syncthreads();
+	return m;
+}
+
+// exp_f is e^x to about 1 ulp: x = n·ln2 + r with |r| ≤ ln2/2 (ln2 split
+// in two so that n·ln2 is exact), e^r by its Taylor series to r^8 (the
+// remainder is below 2^-27 relative), and 2^n put into the exponent bits.
+DEVICE float exp_f(float x) {
+	if (x < -103.0f) {
+		return 0.0f;
+	}
+	if (x > 88.7f) {
+		return __builtin_bit_cast(float, 0x7f800000); // +inf
+	}
+	float n = __builtin_rintf(x * 1.44269504f);
+	float r = x - n * 0.693145752f; // ln2's upper bits: n·this is exact
+	r = r - n * 1.42860677e-6f;     // the rest of ln2
+	float p = 1.0f / 40320.0f;
+	p = p * r + 1.0f / 5040.0f;
+	p = p * r + 1.0f / 720.0f;
+	p = p * r + 1.0f / 120.0f;
+	p = p * r + 1.0f / 24.0f;
+	p = p * r + 1.0f / 6.0f;
+	p = p * r + 0.5f;
+	p = p * r + 1.0f;
+	p = p * r + 1.0f;
+	int k = (int)n;
+	// 2^k in two steps, so that k below -126 (a subnormal result) works.
+	int k1 = k / 2, k2 = k - k1;
+	float s1 = __builtin_bit_cast(float, (k1 + 127) << 23);
+	float s2 = __builtin_bit_cast(float, (k2 + 127) << 23);
+	return p * s1 * s2;
+}
+
+// erfc_f is erfc(z) for z ≥ 1, with relative error about 1.2e-7: the
+// Chebyshev-fitted form t·exp(-z² + P(t)), t = 1/(1 + z/2), whose
+// coefficients are those of Numerical Recipes' erfcc (its stated
+// fractional error is below 1.2e-7 for every z ≥ 0).
+DEVICE float erfc_f(float z) {
+	float t = 1.0f / (1.0f + 0.5f * z);
+	float p = 0.17087277f;
+	p = p * t - 0.82215223f;
+	p = p * t + 1.48851587f;
+	p = p * t - 1.13520398f;
+	p = p * t + 0.27886807f;
+	p = p * t - 0.18628806f;
+	p = p * t + 0.09678418f;
+	p = p * t + 0.37409196f;
+	p = p * t + 1.00002368f;
+	p = p * t - 1.26551223f;
+	return t * exp_f(p - z * z);
+}
+
+// erf_small is erf(z) for |z| < 1 from its Maclaurin series to z^27,
+// whose remainder there is below 3e-12 relative: relative accuracy near 0,
+// where 1 - erfc would lose it.
+DEVICE float erf_small(float z) {
+	float z2 = z * z;
+	// 2/√π · Σ (-1)^n z^(2n+1) / (n! (2n+1)), Horner in z², n = 0 … 13.
+	const float c[14] = {1.0f, -1.0f / 3.0f, 1.0f / 10.0f, -1.0f / 42.0f, 1.0f / 216.0f, -1.0f / 1320.0f,
+		1.0f / 9360.0f, -1.0f / 75600.0f, 1.0f / 685440.0f, -1.0f / 6894720.0f, 1.0f / 76204800.0f,
+		-1.0f / 918086400.0f, 1.0f / 11975040000.0f, -1.0f / 168129561600.0f};
+	float p = c[13];
+	for (int i = 12; i >= 0; i--) {
+		p = p * z2 + c[i];
+	}
+	return 1.1283791671f * z * p; // 2/√π
+}
+
+DEVICE float erf_f(float z) {
+	float a = z < 0.0f ? -z : z;
+	if (a < 1.0f) {
+		return erf_small(z);
+	}
+	float e = 1.0f - erfc_f(a);
+	return z < 0.0f ? -e : e;
+}
+
+// phi is the standard normal CDF Φ(v) = (1 + erf(v/√2))/2, from erfc in
+// the lower tail, where 1 + erf would cancel to nothing.
+DEVICE float phi(float v) {
+	float z = v * 0.70710678118654752f;
+	if (z <= -1.0f) {
+		return 0.5f * erfc_f(-z);
+	}
+	return 0.5f * (1.0f + erf_f(z));
+}
+
+// layernorm_row normalizes row (width h, already summed with whatever
+// precedes the norm) to mean 0 and variance 1 with gamma and beta, as the
+// CPU does: moments in double.
+DEVICE void layernorm_row(float *row, const float *gamma, const float *beta, i64 h, double eps, double *part) {
+	double s = 0.0;
+	for (i64 j = tid(); j < h; j += ntid()) {
+		s += row[j];
+	}
+	double mean = block_sum(s, part) / (double)h;
+	double ss = 0.0;
+	for (i64 j = tid(); j < h; j += ntid()) {
+		double d = (double)row[j] - mean;
+		ss += d * d;
+	}
+	double inv = 1.0 / __builtin_sqrt(block_sum(ss, part) / (double)h + eps);
+	for (i64 j = tid(); j < h; j += ntid()) {
+		row[j] = (float)(((double)row[j] - mean) * inv) * gamma[j] + beta[j];
+	}
+}
+
+
+// bert_embed sets each row r of x ([rows, h], rows = items × seqLen) to
+// LayerNorm(word[ids[r]] + pos[r mod seqLen] + type0): one block per row
+// (grid-stride over rows), threads across the width.
+extern "C" GLOBAL void bert_embed(const int *ids, const float *word, const float *pos, const float *type0,
+	const float *gamma, const float *beta, float *x, i64 rows, i64 seq_len, i64 h, double eps) {
+	SHARED double part[1024];
+	for (i64 r = ctaid(); r < rows; r += nctaid()) {
+		float *row = x + r * h;
+		const float *w = word + (i64)ids[r] * h, *p = pos + (r % seq_len) * h;
+		for (i64 j = tid(); j < h; j += ntid()) {
+			row[j] = w[j] + p[j] + type0[j];
+		}
+		// No barrier: layernorm_row's threads read the columns they wrote.
+		layernorm_row(row, gamma, beta, h, eps, part);
+	}
+}
+
+// bert_add_layernorm sets each row of x to LayerNorm(x + y + bias): the
+// residual connection after a projection y (without its bias), then the
+// norm. One block per row.
+extern "C" GLOBAL void bert_add_layernorm(float *x, const float *y, const float *bias, const float *gamma,
+	const float *beta, i64 rows, i64 h, double eps) {
+	SHARED double part[1024];
+	for (i64 r = ctaid(); r < rows; r += nctaid()) {
+		float *row = x + r * h;
+		const float *yr = y + r * h;
+		for (i64 j = tid(); j < h; j += ntid()) {
+			row[j] = row[j] + (yr[j] + bias[j]);
+		}
+		layernorm_row(row, gamma, beta, h, eps, part);
+	}
+}
+
+// bert_split_heads adds the bias to the fused query/key/value projection
+// qkv ([items·seqLen, 3h]) and lays it out head by head, as three
+// [items·heads, seqLen, d] blocks (Q, K, V), so that each attention
+// product is one strided-batched GEMM. Grid-stride over every element.
+extern "C" GLOBAL void bert_split_heads(const float *qkv, const float *bias, float *out, i64 items, i64 seq_len,
+	i64 heads, i64 d) {
+	i64 h = heads * d, total = items * seq_len * 3 * h;
+	for (i64 k = (i64)ctaid() * ntid() + tid(); k < total; k += (i64)nctaid() * ntid()) {
+		i64 r = k / (3 * h), c = k - r * 3 * h;
+		i64 which = c / h, hd = (c - which * h) / d, e = c - which * h - hd * d;
+		i64 b = r / seq_len, p = r - b * seq_len;
+		out[((which * items + b) * heads + hd) * seq_len * d + p * d + e] = qkv[k] + bias[c];
+	}
+}
+
+// bert_merge_heads is the inverse layout for the attention's output: from
+// [items·heads, seqLen, d] to [items·seqLen, h].
+extern "C" GLOBAL void bert_merge_heads(const float *in, float *ctx, i64 items, i64 seq_len, i64 heads, i64 d) {
+	i64 h = heads * d, total = items * seq_len * h;
+	for (i64 k = (i64)ctaid() * ntid() + tid(); k < total; k += (i64)nctaid() * ntid()) {
+		i64 r = k / h, c = k - r * h;
+		i64 hd = c / d, e = c - hd * d;
+		i64 b = r / seq_len, p = r - b * seq_len;
+		ctx[k] = in[((b * heads + hd) * seq_len + p) * d + e];
+	}
+}
+
+// bert_softmax replaces each row of the attention scores ([items·heads·
+// seqLen, seqLen]: one row per query) by softmax(row·scale + mask), the mask
+// adding -FLT_MAX at the keys past the item's length lens[item], which
+// makes their weight exactly 0. One block per row.
+extern "C" GLOBAL void bert_softmax(float *s, const int *lens, i64 nrows, i64 seq_len, i64 heads, double scale) {
+	SHARED double part[1024];
+	float sc = (float)scale;
+	for (i64 r = ctaid(); r < nrows; r += nctaid()) {
+		float *row = s + r * seq_len;
+		i64 len = lens[r / (heads * seq_len)];
+		double mx = -3.4e38;
+		for (i64 j = tid(); j < seq_len; j += ntid()) {
+			float v = row[j] * sc + (j < len ? 0.0f : -float_max);
+			row[j] = v;
+			mx = v > mx ? v : mx;
+		}
+		float m = (float)block_max(mx, part);
+		double sum = 0.0;
+		for (i64 j = tid(); j < seq_len; j += ntid()) {
+			float e = exp_f(row[j] - m);
+			row[j] = e;
+			sum += e;
+		}
+		float inv = (float)(1.0 / block_sum(sum, part));
+		for (i64 j = tid(); j < seq_len; j += ntid()) {
+			row[j] *= inv;
+		}
+	}
+}
+
+// bert_bias_gelu sets x[i][j] = GELU(x[i][j] + bias[j]) for an n×width
+// row-major x, in the exact form v·Φ(v) (Hugging Face's "gelu").
+extern "C" GLOBAL void bert_bias_gelu(float *x, const float *bias, i64 n, i64 width) {
+	i64 total = n * width;
+	for (i64 k = (i64)ctaid() * ntid() + tid(); k < total; k += (i64)nctaid() * ntid()) {
+		float v = x[k] + bias[k % width];
+		x[k] = v * phi(v);
+	}
+}
+
+// bert_erf sets y[i] = erf(x[i]): the erf GELU uses, for tests.
+extern "C" GLOBAL void bert_erf(const float *x, float *y, i64 n) {
+	for (i64 k = (i64)ctaid() * ntid() + tid(); k < n; k += (i64)nctaid() * ntid()) {
+		y[k] = erf_f(x[k]);
+	}
+}
+
+// bert_pool sets out[b] ([items, h]) to item b's sentence vector over its
+// first lens[b] rows of x ([items·seqLen, h]): mode 0 the mean (summed in
+// double, in token order), 1 the [CLS] row, 2 the maximum. Padding is never
+// read. One block per item, threads across the width.
+extern "C" GLOBAL void bert_pool(const float *x, const int *lens, float *out, i64 items, i64 seq_len, i64 h, i64 mode) {
+	for (i64 b = ctaid(); b < items; b += nctaid()) {
+		const float *rows = x + b * seq_len * h;
+		i64 n = lens[b];
+		for (i64 j = tid(); j < h; j += ntid()) {
+			float v;
+			if (mode == 1) {
+				v = rows[j];
+			} else if (mode == 2) {
+				v = rows[j];
+				for (i64 t = 1; t < n; t++) {
+					float u = rows[t * h + j];
+					v = u > v ? u : v;
+				}
+			} else {
+				double s = 0.0;
+				for (i64 t = 0; t < n; t++) {
+					s += rows[t * h + j];
+				}
+				v = (float)(s / (double)n);
+			}
+			out[b * h + j] = v;
+		}
+	}
+}
+
+// bert_l2norm scales each row of y ([n, width]) to unit length, dividing
+// by max(‖row‖, 1e-12) as torch.nn.functional.normalize does. One block
+// per row.
+extern "C" GLOBAL void bert_l2norm(float *y, i64 n, i64 width) {
+	SHARED double part[1024];
+	for (i64 i = ctaid(); i < n; i += nctaid()) {
+		float *row = y + i * width;
+		double ss = 0.0;
+		for (i64 j = tid(); j < width; j += ntid()) {
+			ss += (double)row[j] * (double)row[j];
+		}
+		double norm = __builtin_sqrt(block_sum(ss, part));
+		double inv = 1.0 / (norm > 1e-12 ? norm : 1e-12);
+		for (i64 j = tid(); j < width; j += ntid()) {
+			row[j] = (float)((double)row[j] * inv);
+		}
+	}
+}
+
+} // namespace bertk
+
+using bertk::bert_embed;
+using bertk::bert_add_layernorm;
+using bertk::bert_split_heads;
+using bertk::bert_merge_heads;
+using bertk::bert_softmax;
+using bertk::bert_bias_gelu;
+using bertk::bert_erf;
+using bertk::bert_pool;
+using bertk::bert_l2norm;
