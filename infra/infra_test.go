@@ -10,9 +10,6 @@ package infra_test
 
 import (
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"io/fs"
 	"math/big"
 	"os"
@@ -593,7 +590,7 @@ func TestTheOOMMetricFilterMatchesTheSubscriberLogs(t *testing.T) {
 	if !msgs.IsKnown() || !msgs.CanIterateElements() || msgs.LengthInt() == 0 {
 		t.Fatal("local.oom_log_messages does not evaluate to a list of messages")
 	}
-	src, err := os.ReadFile(filepath.Join("..", "subscriber", "run.go"))
+	src, err := os.ReadFile(filepath.Join("..", "subscriber", "runner.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -608,94 +605,64 @@ func TestTheOOMMetricFilterMatchesTheSubscriberLogs(t *testing.T) {
 // The subscriber's side: its flags and their defaults, read from the code
 // ---------------------------------------------------------------------------
 
-// subscriberFlags returns the names of cmd/subscriber's flags: the string
-// literal every fs.XxxVar / fs.Xxx / fs.Var call takes before its default.
+// The binaries' flags are read from docs/configuration.md: its tables are
+// generated from the flag sets themselves, and TestConfigurationDoc in
+// cmd/subscriber and cmd/publisher fails when they drift, so the table is
+// what the binary parses (flags are no longer literals in one main.go:
+// their defaults come from subscriber.DefaultConfig and
+// publisher.DefaultConfig).
+
+// flagDoc is one flag's row of the configuration reference.
+type flagDoc struct{ env, def, usage string }
+
+// subscriberFlags returns the names of cmd/subscriber's flags.
 func subscriberFlags(t *testing.T) []string { return flagNames(t, "subscriber") }
 
 // flagNames returns the names of cmd/<command>'s flags.
 func flagNames(t *testing.T, command string) []string {
 	var names []string
-	for name := range flagCalls(t, command) {
+	for name := range documentedFlags(t, command) {
 		names = append(names, name)
-	}
-	if len(names) < 10 {
-		t.Fatalf("found only %d flags in cmd/%s/main.go", len(names), command)
 	}
 	return names
 }
 
-func subscriberFlagCalls(t *testing.T) map[string]*ast.CallExpr { return flagCalls(t, "subscriber") }
-
-func flagCalls(t *testing.T, command string) map[string]*ast.CallExpr {
+// documentedFlags parses the generated table of cmd/<command>'s flags.
+func documentedFlags(t *testing.T, command string) map[string]flagDoc {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "cmd", command, "main.go"), nil, 0)
+	const path = "../docs/configuration.md"
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	calls := map[string]*ast.CallExpr{}
-	ast.Inspect(f, func(n ast.Node) bool {
-		call, ok := n.(*ast.CallExpr)
-		if !ok {
-			return true
-		}
-		sel, ok := call.Fun.(*ast.SelectorExpr)
-		if !ok || !isIdent(sel.X, "fs") {
-			return true
-		}
-		for _, a := range call.Args {
-			if lit, ok := a.(*ast.BasicLit); ok && lit.Kind == token.STRING {
-				name, _ := strconv.Unquote(lit.Value)
-				calls[name] = call
-				break
-			}
-		}
-		return true
-	})
-	return calls
+	_, table, ok := strings.Cut(string(b), "<!-- BEGIN "+command+" flags:")
+	table, _, ok2 := strings.Cut(table, "<!-- END "+command+" flags -->")
+	if !ok || !ok2 {
+		t.Fatalf("%s has no generated table of cmd/%s's flags", path, command)
+	}
+	row := regexp.MustCompile("(?m)^\\| `-([a-z0-9-]+)` \\| (.*?) \\| (.*?) \\| (.*) \\|$")
+	flags := map[string]flagDoc{}
+	for _, m := range row.FindAllStringSubmatch(table, -1) {
+		flags[m[1]] = flagDoc{env: strings.Trim(m[2], "`"), def: strings.Trim(m[3], "`"), usage: m[4]}
+	}
+	if len(flags) < 10 {
+		t.Fatalf("found only %d flags of cmd/%s in %s", len(flags), command, path)
+	}
+	return flags
 }
 
-func isIdent(e ast.Expr, name string) bool {
-	id, ok := e.(*ast.Ident)
-	return ok && id.Name == name
-}
-
-// subscriberFlagDefault is the default of a duration flag of cmd/subscriber,
-// written like 25*time.Second.
+// subscriberFlagDefault is the default of a duration flag of cmd/subscriber.
 func subscriberFlagDefault(t *testing.T, flag string) time.Duration {
 	t.Helper()
-	call, ok := subscriberFlagCalls(t)[flag]
-	if !ok || len(call.Args) < 3 {
+	f, ok := documentedFlags(t, "subscriber")[flag]
+	if !ok {
 		t.Fatalf("cmd/subscriber has no flag -%s", flag)
 	}
-	d, ok := goDuration(call.Args[2])
-	if !ok {
-		t.Fatalf("cmd/subscriber -%s: default is not written as N*time.Unit", flag)
+	d, err := time.ParseDuration(f.def)
+	if err != nil {
+		t.Fatalf("cmd/subscriber -%s: default %q is not a duration", flag, f.def)
 	}
 	return d
-}
-
-func goDuration(e ast.Expr) (time.Duration, bool) {
-	switch e := e.(type) {
-	case *ast.BasicLit:
-		n, err := strconv.ParseInt(e.Value, 0, 64)
-		return time.Duration(n), err == nil
-	case *ast.SelectorExpr:
-		if !isIdent(e.X, "time") {
-			return 0, false
-		}
-		d, ok := map[string]time.Duration{"Nanosecond": time.Nanosecond, "Microsecond": time.Microsecond, "Millisecond": time.Millisecond,
-			"Second": time.Second, "Minute": time.Minute, "Hour": time.Hour}[e.Sel.Name]
-		return d, ok
-	case *ast.BinaryExpr:
-		x, ok1 := goDuration(e.X)
-		y, ok2 := goDuration(e.Y)
-		if e.Op == token.MUL && ok1 && ok2 {
-			return x * y, true
-		}
-	case *ast.ParenExpr:
-		return goDuration(e.X)
-	}
-	return 0, false
 }
 
 func parseDuration(t *testing.T, name, s string) time.Duration {
@@ -1854,11 +1821,11 @@ func TestTheREADMEsSayWhatIsTrue(t *testing.T) {
 // takes: the subscriber's log levels (item 13).
 func TestTheOfferedLogLevelsValidate(t *testing.T) {
 	m := root(t)
-	call, ok := subscriberFlagCalls(t)["log-level"]
+	f, ok := documentedFlags(t, "subscriber")["log-level"]
 	if !ok {
 		t.Fatal("cmd/subscriber has no -log-level")
 	}
-	help, _ := strconv.Unquote(call.Args[len(call.Args)-1].(*ast.BasicLit).Value)
+	help := f.usage
 	_, list, _ := strings.Cut(help, ":")
 	desc := m.eval(t, m.variables["subscriber_log_level"].Body.Attributes["description"].Expr, nil).AsString()
 	for _, level := range strings.Split(list, ",") {
