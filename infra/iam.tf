@@ -194,7 +194,7 @@ resource "aws_iam_role_policy" "execution" {
 
 data "aws_iam_policy_document" "subscriber" {
   # ReceiveMessage, DeleteMessageBatch, ChangeMessageVisibilityBatch (the
-  # heartbeat and releases): subscriber/sqs.go.
+  # heartbeat and releases): subscriber/sqsqueue.
   statement {
     sid = "ConsumeWork"
     actions = [
