@@ -61,7 +61,7 @@ images:
 
 ## cuda: bin/subscriber-cuda, the subscriber with the CUDA backend (-tags cuda). It builds without the
 ## CUDA toolkit: the driver header and the driver API's names are generated into build/cuda
-## (nothing NVIDIA is committed); the binary loads the NVIDIA driver and cuBLAS at run time (see README).
+## (nothing NVIDIA is committed); the binary loads the NVIDIA driver and cuBLAS at run time (see docs/cuda.md).
 CUDA_BUILD := build/cuda
 CUDA_ENV   := CGO_ENABLED=1 CGO_CFLAGS="-I$(CURDIR)/$(CUDA_BUILD)/include" CGO_LDFLAGS="-L$(CURDIR)/$(CUDA_BUILD)/lib"
 .PHONY: cuda cuda-stubs gpu-test-bin ptx cuda-check

@@ -2,7 +2,7 @@ package job
 
 import "testing"
 
-// The layout as the README and the deployed buckets know it: a key that
+// The layout as docs/schemas.md and the deployed buckets know it: a key that
 // moves strands what a running publisher or subscriber already wrote.
 func TestBucketLayout(t *testing.T) {
 	for _, tc := range []struct{ got, want string }{

@@ -3,7 +3,7 @@
 // result message a subscriber sends back, and their attributes), the records
 // it keeps in the payload bucket (Manifest, FailedMarker) and that bucket's
 // layout (ItemKey and the rest), and the grammar of job and item ids. All
-// are versioned JSON; see the README for the schemas.
+// are versioned JSON; docs/schemas.md has the schemas.
 package job
 
 import (

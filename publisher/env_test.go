@@ -170,7 +170,7 @@ type received struct {
 // ones and a receive brings nothing new, or 20 s pass. Messages are told
 // apart by message id, across calls: a receive retried by the SDK after its
 // response was lost strands the messages of the lost attempt until their
-// visibility ends (see the README), so they are kept invisible for only 2 s
+// visibility ends (see docs/reliability.md), so they are kept invisible for only 2 s
 // and, when they come back, are not counted twice. Two sends of one chunk
 // are two message ids, and are both counted.
 func (e *env) drain(want int) []received {

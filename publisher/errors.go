@@ -6,7 +6,7 @@ import (
 )
 
 // Error codes of the API, as they appear in {"error":{"code":...}}. Each has
-// one HTTP status; the README lists them all. Clients branch on the code, so
+// one HTTP status; docs/api.md lists them all. Clients branch on the code, so
 // a code never changes meaning once published.
 const (
 	CodeUnauthorized       = "unauthorized"            // 401

@@ -1,5 +1,5 @@
 // Package publishertest holds the publisher's API contract as a table of
-// requests and the answers the README documents for them. It exists so that
+// requests and the answers docs/api.md documents for them. It exists so that
 // the HTTP server (publisher's tests) and the Lambda function (cmd/publisher's
 // tests, through the Runtime API) run one and the same contract: a case added
 // here is checked on both transports, and neither can drift from the other.
@@ -42,7 +42,7 @@ func Config() publisher.Config {
 		MaxBodyBytes: MaxBodyBytes, MaxItems: MaxItems, MaxChunkItems: MaxChunkItems}
 }
 
-// Case is one request and the answer the README documents for it.
+// Case is one request and the answer docs/api.md documents for it.
 type Case struct {
 	Name     string
 	NoBucket bool // sent to the publisher without a payload bucket and without auth
