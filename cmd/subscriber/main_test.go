@@ -33,6 +33,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
+	"github.com/vramq/vramq/subscriber/taskprotect/taskprotecttest"
 )
 
 // The test binary doubles as the subscriber binary, so the process tests run
@@ -392,31 +393,45 @@ func TestTaskProtectionThroughTheAgent(t *testing.T) {
 	for _, mode := range []string{"auto", "off"} {
 		t.Run(mode, func(t *testing.T) {
 			urls := sqstest.Queues(t, client, 5)
+			// The agent checks each PUT's path, Content-Type and fields; the
+			// wrapper records any other call, which the binary never makes.
+			agent := taskprotecttest.NewAgent(t)
 			var mu sync.Mutex
-			var puts []string
-			agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				b, _ := io.ReadAll(r.Body)
-				var req struct{ ProtectionEnabled bool }
-				_ = json.Unmarshal(b, &req)
-				mu.Lock()
-				puts = append(puts, r.Method+" "+r.URL.Path+" "+string(b))
-				mu.Unlock()
-				fmt.Fprintf(w, `{"protection":{"ExpirationDate":null,"ProtectionEnabled":%v,"TaskArn":"arn:aws:ecs:us-east-1:1:task/c/t"}}`, req.ProtectionEnabled)
+			var others []string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method != http.MethodPut {
+					mu.Lock()
+					others = append(others, r.Method+" "+r.URL.Path)
+					mu.Unlock()
+				}
+				agent.ServeHTTP(w, r)
 			}))
-			defer agent.Close()
+			defer srv.Close()
 			if err := jobq.Send(t.Context(), client, urls.Work, workload.Mixed("tp", 4).Works()); err != nil {
 				t.Fatal(err)
 			}
-			runUntil(t, client, urls, 4, map[string]string{"ECS_AGENT_URI": agent.URL + "/api/task-1", "VRAMQ_TASK_PROTECTION": mode})
-			mu.Lock()
-			defer mu.Unlock()
-			const path = "/api/task-1/task-protection/v1/state "
-			want := []string{"PUT " + path + `{"ProtectionEnabled":true,"ExpiresInMinutes":60}`, "PUT " + path + `{"ProtectionEnabled":false}`}
+			// ECS_AGENT_URI whose task protection endpoint is taskprotecttest.Path.
+			uri := srv.URL + strings.TrimSuffix(taskprotecttest.Path, "/task-protection/v1/state")
+			runUntil(t, client, urls, 4, map[string]string{"ECS_AGENT_URI": uri, "VRAMQ_TASK_PROTECTION": mode})
+			var puts []string
+			for _, p := range agent.Puts() {
+				put := fmt.Sprintf("ProtectionEnabled=%v", p.Enabled)
+				if p.Minutes != nil {
+					put += fmt.Sprintf(" ExpiresInMinutes=%d", *p.Minutes)
+				}
+				puts = append(puts, put)
+			}
+			want := []string{"ProtectionEnabled=true ExpiresInMinutes=60", "ProtectionEnabled=false"}
 			if mode == "off" {
 				want = nil
 			}
 			if !slices.Equal(puts, want) {
-				t.Errorf("agent calls %q, want %q", puts, want)
+				t.Errorf("agent PUTs %q, want %q", puts, want)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(others) > 0 {
+				t.Errorf("agent calls other than PUT: %q", others)
 			}
 		})
 	}
