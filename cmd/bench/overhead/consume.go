@@ -82,9 +82,9 @@ func (cc consumeConfig) consumers(keys string) ([]consumer, error) {
 func (cc consumeConfig) subscriber(ctx context.Context, e *benchEnv, urls localstack.URLs, n int) (time.Duration, string, error) {
 	reg := prometheus.NewRegistry()
 	sub, err := subscriber.New(subscriber.Config{
-		Queue:       sqsqueue.New(e.client, urls.Work),
-		Results:     sqsqueue.New(e.client, urls.Results),
-		DLQ:         sqsqueue.New(e.client, urls.DLQ),
+		Queue:       sqsqueue.New(e.Client, urls.Work),
+		Results:     sqsqueue.New(e.Client, urls.Results),
+		DLQ:         sqsqueue.New(e.Client, urls.DLQ),
 		Model:       timed.Noop{},
 		Device:      sqsenv.NoopDevice(),
 		VRAMReserve: 1 << 20,
@@ -200,7 +200,7 @@ func (cc consumeConfig) bare(results resultMode, pipelined bool) func(context.Co
 					}
 					entries[i] = sqscodec.Entry(i, sqscodec.Message{Body: *body, Attributes: attrs})
 				}
-				out, err := e.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &urls.Results, Entries: entries})
+				out, err := e.Client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &urls.Results, Entries: entries})
 				if err != nil {
 					return err
 				}
@@ -212,7 +212,7 @@ func (cc consumeConfig) bare(results resultMode, pipelined bool) func(context.Co
 			for i, m := range msgs {
 				entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle}
 			}
-			out, err := e.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &urls.Work, Entries: entries})
+			out, err := e.Client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &urls.Work, Entries: entries})
 			if err != nil {
 				return err
 			}
@@ -222,7 +222,7 @@ func (cc consumeConfig) bare(results resultMode, pipelined bool) func(context.Co
 			return nil
 		}
 		receive := func(ctx context.Context) ([]types.Message, error) {
-			out, err := e.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+			out, err := e.Client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 				QueueUrl: &urls.Work, MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 30,
 				MessageAttributeNames:       []string{"All"},
 				MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount},

@@ -147,7 +147,7 @@ func (pc publishConfig) eachJob(ctx context.Context, l *publishLoad, f func(cont
 
 func (pc publishConfig) publisher(ctx context.Context, e *benchEnv, urls localstack.URLs, l *publishLoad) (time.Duration, error) {
 	p, err := publisher.New(publisher.Config{
-		Queue:           publisher.NewSQSQueue(e.client, urls.Work),
+		Queue:           publisher.NewSQSQueue(e.Client, urls.Work),
 		SendConcurrency: publishSends,
 		Logger:          slog.New(slog.NewJSONHandler(io.Discard, nil)),
 		Registerer:      prometheus.NewRegistry(),
@@ -193,7 +193,7 @@ func (pc publishConfig) publisher(ctx context.Context, e *benchEnv, urls localst
 // built in advance.
 func (pc publishConfig) bare(byJob, encode bool) func(context.Context, *benchEnv, localstack.URLs, *publishLoad) (time.Duration, error) {
 	send := func(ctx context.Context, e *benchEnv, url string, entries []types.SendMessageBatchRequestEntry) error {
-		out, err := e.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &url, Entries: entries})
+		out, err := e.Client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &url, Entries: entries})
 		if err != nil {
 			return err
 		}
