@@ -174,7 +174,8 @@ func TestSIGTERMMidRunLosesNothing(t *testing.T) {
 		l[i], _ = strconv.Atoi(m[i+1])
 	}
 	if l[0] != l[1]+l[2]+l[3] || l[4] != 0 || l[2] == 0 {
-		t.Errorf("ledger received=%d deleted=%d released=%d lost=%d abandoned=%d: want all received deleted or released, some released", l[0], l[1], l[2], l[3], l[4])
+		t.Errorf("ledger received=%d deleted=%d released=%d lost=%d abandoned=%d: want all received deleted or released, some released",
+			l[0], l[1], l[2], l[3], l[4])
 	}
 
 	// On the queue: nothing in flight, except what a receive retried by the
@@ -340,7 +341,8 @@ func TestPayloadBucket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := jobq.Send(t.Context(), client, urls.Work, []job.Work{{V: 1, JobID: "pb", Items: []job.Item{{ID: "doc", Ref: &ref}}}}); err != nil {
+	if err := jobq.Send(t.Context(), client, urls.Work,
+		[]job.Work{{V: 1, JobID: "pb", Items: []job.Item{{ID: "doc", Ref: &ref}}}}); err != nil {
 		t.Fatal(err)
 	}
 	c := runUntil(t, client, urls, 1, map[string]string{"PAYLOAD_BUCKET": bucket})
@@ -459,7 +461,8 @@ func TestHealthcheckCommand(t *testing.T) {
 		t.Errorf("healthy: %v", err)
 	}
 	healthy.Store(false)
-	if err := run(t.Context(), []string{"healthcheck"}, getenv, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "receives failing") {
+	if err := run(t.Context(),
+		[]string{"healthcheck"}, getenv, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "receives failing") {
 		t.Errorf("unhealthy: %v", err)
 	}
 	srv.Close()
@@ -477,11 +480,13 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		env  map[string]string
 		want []string
 	}{
-		{[]string{"-max-hold=1m", "-visibility-timeout=2m"}, nil, []string{"-max-hold (VRAMQ_MAX_HOLD): max hold 1m0s: want from the visibility timeout (2m0s) to 12h"}},
+		{[]string{"-max-hold=1m", "-visibility-timeout=2m"}, nil,
+			[]string{"-max-hold (VRAMQ_MAX_HOLD): max hold 1m0s: want from the visibility timeout (2m0s) to 12h"}},
 		{nil, map[string]string{"VRAMQ_WAIT_TIME": "30s"}, []string{"-wait-time (VRAMQ_WAIT_TIME): wait time 30s"}},
 		{[]string{"-admission=fifo", "-prefetch=0", "-max-message-bytes=10"}, nil,
 			[]string{"-admission (VRAMQ_ADMISSION)", "-prefetch (VRAMQ_PREFETCH)", "-max-message-bytes (VRAMQ_MAX_MESSAGE_BYTES)"}},
-		{[]string{"-admit-timeout=20m"}, nil, []string{"-admit-timeout (VRAMQ_ADMIT_TIMEOUT): admit timeout 20m0s: want positive and below max hold 15m0s"}},
+		{[]string{"-admit-timeout=20m"}, nil,
+			[]string{"-admit-timeout (VRAMQ_ADMIT_TIMEOUT): admit timeout 20m0s: want positive and below max hold 15m0s"}},
 		{nil, map[string]string{"VRAMQ_TASK_PROTECTION_EXPIRY": "72h"}, []string{"-task-protection-expiry (VRAMQ_TASK_PROTECTION_EXPIRY)"}},
 	} {
 		vars := maps.Clone(urls)
@@ -509,7 +514,8 @@ func TestMetricsServerLimits(t *testing.T) {
 	if l.readHeader <= 0 || l.read < l.readHeader || l.write <= 0 || l.idle <= 0 || l.maxHeader <= 0 {
 		t.Errorf("metricsLimits %+v: every limit must be set", l)
 	}
-	l = serverLimits{readHeader: 300 * time.Millisecond, read: 10 * time.Second, write: 10 * time.Second, idle: 10 * time.Second, maxHeader: 4 << 10}
+	l = serverLimits{readHeader: 300 * time.Millisecond, read: 10 * time.Second, write: 10 * time.Second, idle: 10 * time.Second,
+		maxHeader: 4 << 10}
 	srv := metricsServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }), l)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
