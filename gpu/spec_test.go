@@ -8,7 +8,8 @@ import (
 
 func TestParseSpec(t *testing.T) {
 	for in, want := range map[string]Spec{
-		"sim": {Kind: "sim"}, "auto": {Kind: "auto"}, "cuda:0": {Kind: "cuda"}, "cuda:3": {Kind: "cuda", Index: 3}, "nvml:12": {Kind: "nvml", Index: 12},
+		"sim": {Kind: "sim"}, "auto": {Kind: "auto"}, "cuda:0": {Kind: "cuda"}, "cuda:3": {Kind: "cuda", Index: 3},
+		"nvml:12": {Kind: "nvml", Index: 12},
 	} {
 		got, err := ParseSpec(in)
 		if err != nil || got != want {

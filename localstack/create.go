@@ -95,7 +95,8 @@ func Create(ctx context.Context, client *sqs.Client, opts Options) (URLs, error)
 		want := map[string]string{"RedriveAllowPolicy": redriveAllowPolicyJSON(q.RedriveAllowPolicy, arns)}
 		if _, set := current[role]["RedriveAllowPolicy"]; set {
 			if diffs := differences(want, current[role]); len(diffs) > 0 {
-				return result(), fmt.Errorf("queue %s already exists with another redrive allow policy: %s; delete it or use another prefix", q.Name, strings.Join(diffs, "; "))
+				return result(), fmt.Errorf("queue %s already exists with another redrive allow policy: %s; delete it or use another prefix",
+					q.Name, strings.Join(diffs, "; "))
 			}
 			continue
 		}
@@ -181,7 +182,8 @@ func createQueue(ctx context.Context, client *sqs.Client, name string, attrs map
 		if len(diffs) == 0 {
 			return "", nil, fmt.Errorf("queue %s already exists, and SQS refused it though its attributes read back equal: %w", name, err)
 		}
-		return "", nil, fmt.Errorf("queue %s already exists with other attributes: %s; delete it or use another prefix", name, strings.Join(diffs, "; "))
+		return "", nil, fmt.Errorf("queue %s already exists with other attributes: %s; delete it or use another prefix",
+			name, strings.Join(diffs, "; "))
 	}
 	url := *out.QueueUrl
 	got, err := queueAttributes(ctx, client, url)

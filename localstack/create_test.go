@@ -117,7 +117,8 @@ func TestCreate(t *testing.T) {
 	results := attributes(t, client, urls.Results)
 	dlq := attributes(t, client, urls.DLQ)
 
-	names := []string{"VisibilityTimeout", "ReceiveMessageWaitTimeSeconds", "MessageRetentionPeriod", "MaximumMessageSize", "RedrivePolicy", "RedriveAllowPolicy"}
+	names := []string{"VisibilityTimeout", "ReceiveMessageWaitTimeSeconds", "MessageRetentionPeriod", "MaximumMessageSize",
+		"RedrivePolicy", "RedriveAllowPolicy"}
 	tests := []struct {
 		queue string
 		got   map[string]string
@@ -178,7 +179,8 @@ func TestCreateRefusesOtherAttributes(t *testing.T) {
 		opts    localstack.Options
 		wantErr []string
 	}{
-		{"visibility timeout", localstack.Options{Prefix: prefix, VisibilityTimeout: time.Minute}, []string{prefix + "vramq-work", "VisibilityTimeout is 30, want 60"}},
+		{"visibility timeout", localstack.Options{Prefix: prefix, VisibilityTimeout: time.Minute},
+			[]string{prefix + "vramq-work", "VisibilityTimeout is 30, want 60"}},
 		{"max receive count", localstack.Options{Prefix: prefix, MaxReceiveCount: 9}, []string{prefix + "vramq-work", "RedrivePolicy"}},
 	}
 	for _, tt := range tests {

@@ -181,7 +181,8 @@ func (q Queue) validate(all map[string]Queue, created map[string]bool) error {
 		if _, ok := all[p.DeadLetterQueue]; !ok {
 			errs = append(errs, fmt.Errorf("redrivePolicy: unknown deadLetterQueue %q", p.DeadLetterQueue))
 		} else if !created[p.DeadLetterQueue] {
-			errs = append(errs, fmt.Errorf("redrivePolicy: deadLetterQueue %q is created after this queue (order %v)", p.DeadLetterQueue, creationOrder))
+			errs = append(errs, fmt.Errorf("redrivePolicy: deadLetterQueue %q is created after this queue (order %v)",
+				p.DeadLetterQueue, creationOrder))
 		}
 		if err := checkInt("redrivePolicy.maxReceiveCount", strconv.Itoa(p.MaxReceiveCount), maxReceiveCountRange); err != nil {
 			errs = append(errs, err)

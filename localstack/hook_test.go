@@ -92,7 +92,8 @@ func TestHookCreatesTheSameQueues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := []string{"VisibilityTimeout", "ReceiveMessageWaitTimeSeconds", "MessageRetentionPeriod", "MaximumMessageSize", "DelaySeconds", "RedrivePolicy", "RedriveAllowPolicy"}
+	names := []string{"VisibilityTimeout", "ReceiveMessageWaitTimeSeconds", "MessageRetentionPeriod", "MaximumMessageSize",
+		"DelaySeconds", "RedrivePolicy", "RedriveAllowPolicy"}
 	for _, q := range []struct{ role, hook, go_ string }{
 		{"work", hookURLs.Work, goURLs.Work},
 		{"results", hookURLs.Results, goURLs.Results},

@@ -18,7 +18,8 @@ func TestBadRequests(t *testing.T) {
 	noBucketCfg.APIKeys = nil
 	noBucket := (&env{t: t, client: e.client, urls: e.urls, seen: e.seen}).serve(noBucketCfg) // same queue, no bucket
 
-	seed := withBucket.mustPost([]byte(`{"items":[{"id":"seed","text":"x"}]}`), map[string]string{"Authorization": "Bearer " + publishertest.Key, "Idempotency-Key": "seed-key"})
+	seed := withBucket.mustPost([]byte(`{"items":[{"id":"seed","text":"x"}]}`),
+		map[string]string{"Authorization": "Bearer " + publishertest.Key, "Idempotency-Key": "seed-key"})
 
 	cases := publishertest.Cases(seed.JobID, "seed-key")
 	if len(cases) < 20 {

@@ -93,7 +93,8 @@ func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Pla
 			enc = ie.encode(&job.Item{ID: it.ID, Ref: &ref})
 			if len(enc) > budget {
 				// Only a pathological bucket name could do this.
-				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID, "even the item's payload reference does not fit in a message")
+				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID,
+					"even the item's payload reference does not fit in a message")
 			}
 		}
 		sep := 0

@@ -129,7 +129,8 @@ func TestPlanClaimCheck(t *testing.T) {
 	const max = 8 << 10
 	pl := &Planner{MaxMessageBytes: max, MaxItemBytes: 1000, Bucket: "bkt"}
 	id := newJobID()
-	in := []RequestItem{{ID: "small", Text: "hi"}, {ID: "big", Text: strings.Repeat("z", 5000)}, {ID: "bin", Data: bytes.Repeat([]byte{0xff}, 2000)}, {ID: "tail", Text: "x"}}
+	in := []RequestItem{{ID: "small", Text: "hi"}, {ID: "big", Text: strings.Repeat("z", 5000)},
+		{ID: "bin", Data: bytes.Repeat([]byte{0xff}, 2000)}, {ID: "tail", Text: "x"}}
 	p, e := pl.Plan(id, in, 32)
 	if e != nil {
 		t.Fatal(e)

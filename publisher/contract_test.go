@@ -60,7 +60,8 @@ func TestErrorsEchoNothing(t *testing.T) {
 		{"empty item", "POST", "/v1/jobs", `{"items":[{"id":"` + canary + `"}]}`, nil, 422},
 		{"duplicate", "POST", "/v1/jobs", `{"items":[{"id":"` + canary + `","text":"x"},{"id":"` + canary + `","text":"x"}]}`, nil, 422},
 		{"long id", "POST", "/v1/jobs", `{"items":[{"id":"` + strings.Repeat(canary, 40) + `","text":"x"}]}`, nil, 422},
-		{"too many", "POST", "/v1/jobs", `{"items":[{"id":"1","text":"x"},{"id":"2","text":"x"},{"id":"3","text":"x"},{"id":"` + canary + `","text":"x"}]}`, nil, 422},
+		{"too many", "POST", "/v1/jobs",
+			`{"items":[{"id":"1","text":"x"},{"id":"2","text":"x"},{"id":"3","text":"x"},{"id":"` + canary + `","text":"x"}]}`, nil, 422},
 		{"item too large", "POST", "/v1/jobs", `{"items":[{"id":"` + canary + `","text":"` + strings.Repeat("x", 3<<10) + `"}]}`, nil, 413},
 		{"body too large", "POST", "/v1/jobs", `{"items":[{"id":"a","text":"` + big + `"}]}`, nil, 413},
 		{"idempotency key", "POST", "/v1/jobs", one, map[string]string{"Idempotency-Key": canary + " x"}, 400},
@@ -146,7 +147,8 @@ func TestInvalidUTF8IsRefused(t *testing.T) {
 // front may have believed the one the publisher did not.
 func TestDuplicateContentTypeIsRefused(t *testing.T) {
 	srv, q, _ := rateTestServer(t, Config{})
-	for _, cts := range [][]string{{"application/json", "text/plain"}, {"text/plain", "application/json"}, {"application/json", "application/json"}} {
+	for _, cts := range [][]string{{"application/json", "text/plain"}, {"text/plain", "application/json"},
+		{"application/json", "application/json"}} {
 		req, _ := http.NewRequestWithContext(t.Context(), "POST", srv.URL+"/v1/jobs", strings.NewReader(`{"items":[{"id":"a","text":"x"}]}`))
 		req.Header["Content-Type"] = cts
 		resp, err := http.DefaultClient.Do(req)
@@ -229,11 +231,13 @@ func TestServerErrorsAreJSON(t *testing.T) {
 		status    int
 		code      string
 	}{
-		{"headers too large", "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat(canary, 2<<10) + "\r\n\r\n", 431, CodeHeadersTooLarge},
+		{"headers too large", "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat(canary, 2<<10) + "\r\n\r\n", 431,
+			CodeHeadersTooLarge},
 		{"malformed header", "GET / HTTP/1.1\r\nHost: x\r\n" + canary + "\r\n\r\n", 400, CodeBadRequest},
 		{"bad host", "GET / HTTP/1.1\r\nHost: " + canary + "/\r\n\r\n", 400, CodeBadRequest},
 		{"not HTTP", canary + "\r\n\r\n", 400, CodeBadRequest},
-		{"unknown transfer coding", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + strings.ToLower(canary) + "\r\n\r\n", 501, CodeBadRequest},
+		{"unknown transfer coding", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + strings.ToLower(canary) + "\r\n\r\n", 501,
+			CodeBadRequest},
 		{"unknown version", "GET / HTTP/3.7\r\nHost: x\r\n\r\n", 505, CodeBadRequest},
 		{"unknown expectation", "POST / HTTP/1.1\r\nHost: x\r\nExpect: " + canary + "\r\nContent-Length: 1\r\n\r\nx", 417, CodeBadRequest},
 	} {

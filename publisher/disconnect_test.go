@@ -93,7 +93,8 @@ func TestClientHangsUpMidBody(t *testing.T) {
 
 	r := s.post(body, map[string]string{"Idempotency-Key": "half-body"})
 	if r.status != http.StatusAccepted || r.header.Get("Idempotent-Replayed") != "" {
-		t.Fatalf("the whole request with the same key: %d %s, replayed %q; want a fresh 202", r.status, r.body, r.header.Get("Idempotent-Replayed"))
+		t.Fatalf("the whole request with the same key: %d %s, replayed %q; want a fresh 202", r.status, r.body,
+			r.header.Get("Idempotent-Replayed"))
 	}
 	var a accepted
 	r.json(t, &a)
@@ -109,7 +110,8 @@ func TestClientGoesAwayWhileChunksAreSent(t *testing.T) {
 	e := newEnv(t, true)
 	// Every SendMessageBatch waits 100ms at the proxy: the job's 30 batches
 	// take about a second at 4 at a time, long enough to leave mid-way.
-	proxy, err := faultproxy.New(os.Getenv("AWS_ENDPOINT_URL"), faultproxy.Faults{Slow: 1, SlowDelay: 100 * time.Millisecond, Actions: []string{"SendMessageBatch"}})
+	proxy, err := faultproxy.New(os.Getenv("AWS_ENDPOINT_URL"),
+		faultproxy.Faults{Slow: 1, SlowDelay: 100 * time.Millisecond, Actions: []string{"SendMessageBatch"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +169,8 @@ func TestClientGoesAwayWhileChunksAreSent(t *testing.T) {
 		return true
 	})
 	if r.status != http.StatusAccepted || r.header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("retry after the client left: %d %s (replayed %q); want the first request's job replayed", r.status, r.body, r.header.Get("Idempotent-Replayed"))
+		t.Fatalf("retry after the client left: %d %s (replayed %q); want the first request's job replayed", r.status, r.body,
+			r.header.Get("Idempotent-Replayed"))
 	}
 	var a accepted
 	r.json(t, &a)

@@ -43,7 +43,8 @@ func TestBodiesInFlightAreBounded(t *testing.T) {
 	const limit = 1 << 10
 	q := &heldQueue{arrived: make(chan struct{}, 8), release: make(chan struct{})}
 	reg := prometheus.NewRegistry()
-	pub, err := New(Config{Queue: q, MaxBodyBytes: limit, MaxBodyBytesInFlight: 2 * limit, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	pub, err := New(Config{Queue: q, MaxBodyBytes: limit, MaxBodyBytesInFlight: 2 * limit, Registerer: reg,
+		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +83,8 @@ func TestBodiesInFlightAreBounded(t *testing.T) {
 		resp.Body.Close()
 		e := errorOf(t, resp.StatusCode, resp.Header, b)
 		if resp.StatusCode != http.StatusServiceUnavailable || e.Code != CodeOverloaded || resp.Header.Get("Retry-After") != "1" {
-			t.Errorf("%s, over the budget: %d %s Retry-After %q; want 503 %s, Retry-After 1", name, resp.StatusCode, e.Code, resp.Header.Get("Retry-After"), CodeOverloaded)
+			t.Errorf("%s, over the budget: %d %s Retry-After %q; want 503 %s, Retry-After 1", name, resp.StatusCode, e.Code,
+				resp.Header.Get("Retry-After"), CodeOverloaded)
 		}
 	}
 	releaseAll()
@@ -167,7 +169,8 @@ func TestDeclaredLengthIsChargedAsItArrives(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { conn.Close() })
-		fmt.Fprintf(conn, "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", limit)
+		fmt.Fprintf(conn,
+			"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", limit)
 		// The server says 100 Continue when the handler first reads the
 		// body: by then it has charged what it charges before reading.
 		_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))

@@ -60,7 +60,8 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	}
 	idemHeader, hasIdem := r.Header["Idempotency-Key"]
 	if hasIdem && (len(idemHeader) != 1 || !validIdempotencyKey(idemHeader[0])) {
-		fail(apiErr(http.StatusBadRequest, CodeInvalidIdempotency, "Idempotency-Key must be given once, as 1 to %d visible ASCII characters", maxIdempotencyKey))
+		fail(apiErr(http.StatusBadRequest, CodeInvalidIdempotency,
+			"Idempotency-Key must be given once, as 1 to %d visible ASCII characters", maxIdempotencyKey))
 		return
 	}
 	// A body declared too large is refused before any of it is read; one
@@ -82,7 +83,8 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 		case errors.Is(err, errOverloaded):
 			p.m.overloaded.Inc()
 			w.Header().Set("Retry-After", "1")
-			fail(apiErr(http.StatusServiceUnavailable, CodeOverloaded, "the publisher is holding as many request bodies as it may; nothing was sent, retry after the time in Retry-After"))
+			fail(apiErr(http.StatusServiceUnavailable, CodeOverloaded,
+				"the publisher is holding as many request bodies as it may; nothing was sent, retry after the time in Retry-After"))
 		default:
 			// The error names the connection's addresses: logged, not sent.
 			p.log.Debug("reading a request body", "err", err)
@@ -121,7 +123,8 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 		old, err := p.idem.claim(r.Context(), key, rec)
 		if err != nil {
 			p.log.Error("idempotency record", "err", err)
-			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency record could not be written; nothing was sent, try again"))
+			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable,
+				"the idempotency record could not be written; nothing was sent, try again"))
 			return
 		}
 		if old != nil {
@@ -151,7 +154,8 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 			jobID = old.JobID
 			if err := p.idem.put(r.Context(), key, rec); err != nil {
 				p.log.Error("idempotency record", "err", err)
-				fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency record could not be written; nothing was sent, try again"))
+				fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable,
+					"the idempotency record could not be written; nothing was sent, try again"))
 				return
 			}
 			ri.replayed = true
@@ -233,7 +237,8 @@ func (p *Publisher) enqueue(ctx context.Context, jobID string, plan *Plan, items
 	if err != nil {
 		p.log.Error("sending chunks", "job_id", jobID, "sent", sent, "chunks", len(plan.Chunks), "err", err)
 		return sent, apiErr(http.StatusServiceUnavailable, CodeEnqueueFailed,
-			"%d of %d chunks reached the queue; the job is incomplete (retry with the same Idempotency-Key to send it again under the same id)", sent, len(plan.Chunks))
+			"%d of %d chunks reached the queue; the job is incomplete "+
+				"(retry with the same Idempotency-Key to send it again under the same id)", sent, len(plan.Chunks))
 	}
 	return sent, nil
 }

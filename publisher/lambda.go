@@ -50,7 +50,8 @@ func LambdaHandler(h http.Handler) func(context.Context, events.APIGatewayV2HTTP
 		out := w.event(r.Method)
 		if n := lambdaResponseSize(out); n > lambdaMaxResponse {
 			slog.ErrorContext(ctx, "response over Lambda's limit", "method", r.Method, "path", r.URL.Path, "status", out.StatusCode, "bytes", n)
-			return lambdaError(apiErr(http.StatusInternalServerError, CodeInternal, "the response is larger than AWS Lambda's limit of %d bytes", lambdaMaxResponse), r.Method), nil
+			return lambdaError(apiErr(http.StatusInternalServerError, CodeInternal,
+				"the response is larger than AWS Lambda's limit of %d bytes", lambdaMaxResponse), r.Method), nil
 		}
 		return out, nil
 	}
@@ -93,7 +94,8 @@ func lambdaServe(h http.Handler, w http.ResponseWriter, r *http.Request) (ok boo
 			// http.ErrAbortHandler is net/http's way to abort a response on
 			// purpose; it is not worth a stack trace there either.
 			if v != http.ErrAbortHandler {
-				slog.ErrorContext(r.Context(), "panic serving a Lambda event", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+				slog.ErrorContext(r.Context(), "panic serving a Lambda event", "method", r.Method, "path", r.URL.Path,
+					"panic", v, "stack", string(debug.Stack()))
 			}
 		}
 	}()

@@ -33,7 +33,8 @@ func lambdaCapture(t *testing.T, seen *lambdaSeen) http.Handler {
 		if err != nil {
 			t.Errorf("reading the body: %v", err)
 		}
-		*seen = lambdaSeen{r.Method, r.RequestURI, r.URL.Path, r.URL.RawQuery, r.Host, r.RemoteAddr, r.Proto, r.Header, r.ContentLength, string(b)}
+		*seen = lambdaSeen{r.Method, r.RequestURI, r.URL.Path, r.URL.RawQuery, r.Host, r.RemoteAddr, r.Proto, r.Header,
+			r.ContentLength, string(b)}
 		w.WriteHeader(http.StatusNoContent)
 	})
 }
@@ -52,7 +53,8 @@ func lambdaEvent(method, rawPath, query string, headers map[string]string, body 
 		RequestContext: events.APIGatewayV2HTTPRequestContext{
 			RouteKey: "$default", AccountID: "123456789012", Stage: "$default", RequestID: "JKJaXmPLvHcESHA=",
 			APIID: "abc123", DomainName: "abc123.execute-api.eu-west-1.amazonaws.com", DomainPrefix: "abc123",
-			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: rawPath, Protocol: "HTTP/1.1", SourceIP: "203.0.113.9", UserAgent: "curl/8.5.0"},
+			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: rawPath, Protocol: "HTTP/1.1",
+				SourceIP: "203.0.113.9", UserAgent: "curl/8.5.0"},
 		},
 	}
 }
@@ -70,7 +72,8 @@ func TestLambdaRequest(t *testing.T) {
 		ev   events.APIGatewayV2HTTPRequest
 		want func(*lambdaSeen)
 	}{
-		{"json post", lambdaEvent("POST", "/v1/jobs", "", map[string]string{"content-type": "application/json", "content-length": "13", "idempotency-key": "k-1"}, `{"items":[1]}`, false),
+		{"json post", lambdaEvent("POST", "/v1/jobs", "",
+			map[string]string{"content-type": "application/json", "content-length": "13", "idempotency-key": "k-1"}, `{"items":[1]}`, false),
 			func(s *lambdaSeen) {
 				s.Method, s.RequestURI, s.Path, s.Body, s.ContentLength = "POST", "/v1/jobs", "/v1/jobs", `{"items":[1]}`, 13
 				s.Header.Set("Content-Type", "application/json")
@@ -81,13 +84,15 @@ func TestLambdaRequest(t *testing.T) {
 			func(s *lambdaSeen) {
 				s.Method, s.RequestURI, s.Path, s.RawQuery = "GET", "/v1/jobs/a%2Fb?page=2&limit=10&q=a%20b", "/v1/jobs/a/b", "page=2&limit=10&q=a%20b"
 			}},
-		{"base64 body", lambdaEvent("POST", "/v1/jobs", "", map[string]string{"content-type": "application/octet-stream"}, base64.StdEncoding.EncodeToString(binary), true),
+		{"base64 body", lambdaEvent("POST", "/v1/jobs", "", map[string]string{"content-type": "application/octet-stream"},
+			base64.StdEncoding.EncodeToString(binary), true),
 			func(s *lambdaSeen) {
 				s.Method, s.RequestURI, s.Path, s.Body, s.ContentLength = "POST", "/v1/jobs", "/v1/jobs", string(binary), int64(len(binary))
 				s.Header.Set("Content-Type", "application/octet-stream")
 				s.Header.Set("Content-Length", "5")
 			}},
-		{"multi-value header stays joined", lambdaEvent("GET", "/healthz", "", map[string]string{"accept": "application/json,text/plain", "authorization": "Bearer k"}, "", false),
+		{"multi-value header stays joined", lambdaEvent("GET", "/healthz", "",
+			map[string]string{"accept": "application/json,text/plain", "authorization": "Bearer k"}, "", false),
 			func(s *lambdaSeen) {
 				s.Method, s.RequestURI, s.Path = "GET", "/healthz", "/healthz"
 				s.Header.Set("Accept", "application/json,text/plain")
@@ -162,10 +167,12 @@ func TestLambdaResponse(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusAccepted)
 			_, _ = io.WriteString(w, `{"job_id":"j-1","chunks":3}`)
-		}, events.APIGatewayV2HTTPResponse{StatusCode: 202, Headers: map[string]string{"Content-Type": "application/json"}, Body: `{"job_id":"j-1","chunks":3}`}},
+		}, events.APIGatewayV2HTTPResponse{StatusCode: 202, Headers: map[string]string{"Content-Type": "application/json"},
+			Body: `{"job_id":"j-1","chunks":3}`}},
 		{"implicit 200, sniffed type", "GET", func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, "ok\n")
-		}, events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "text/plain; charset=utf-8"}, Body: "ok\n"}},
+		}, events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "text/plain; charset=utf-8"},
+			Body: "ok\n"}},
 		{"multi-value headers joined, cookies apart", "GET", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Add("Vary", "Accept")
 			w.Header().Add("Vary", "Authorization")
@@ -177,15 +184,18 @@ func TestLambdaResponse(t *testing.T) {
 		{"binary body is base64", "GET", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "image/png")
 			_, _ = w.Write(png)
-		}, events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "image/png"}, Body: base64.StdEncoding.EncodeToString(png), IsBase64Encoded: true}},
+		}, events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "image/png"},
+			Body: base64.StdEncoding.EncodeToString(png), IsBase64Encoded: true}},
 		{"invalid UTF-8 labelled text is base64", "GET", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/plain")
 			_, _ = w.Write([]byte{'a', 0xff})
-		}, events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "text/plain"}, Body: "Yf8=", IsBase64Encoded: true}},
+		}, events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "text/plain"}, Body: "Yf8=",
+			IsBase64Encoded: true}},
 		{"prometheus text stays text", "GET", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 			_, _ = io.WriteString(w, "vramq_up 1\n")
-		}, events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}, Body: "vramq_up 1\n"}},
+		}, events.APIGatewayV2HTTPResponse{StatusCode: 200,
+			Headers: map[string]string{"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}, Body: "vramq_up 1\n"}},
 		{"headers changed after WriteHeader are not sent", "GET", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusNotFound)
@@ -204,17 +214,20 @@ func TestLambdaResponse(t *testing.T) {
 		}, events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "text/plain"}}},
 		{"panic is a 500", "GET", func(w http.ResponseWriter, r *http.Request) {
 			panic("boom")
-		}, events.APIGatewayV2HTTPResponse{StatusCode: 500, Headers: map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
-			Body: `{"error":{"code":"internal","message":"internal error"}}` + "\n"}},
+		}, events.APIGatewayV2HTTPResponse{StatusCode: 500,
+			Headers: map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
+			Body:    `{"error":{"code":"internal","message":"internal error"}}` + "\n"}},
 		{"HTML characters are not escaped, so 5 MiB of them fit", "GET", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/html")
 			_, _ = io.WriteString(w, strings.Repeat("<", 5<<20))
-		}, events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "text/html"}, Body: strings.Repeat("<", 5<<20)}},
+		}, events.APIGatewayV2HTTPResponse{StatusCode: 200, Headers: map[string]string{"Content-Type": "text/html"},
+			Body: strings.Repeat("<", 5<<20)}},
 		{"over Lambda's 6 MB is a 500", "GET", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, `"`+strings.Repeat("\x01", 1<<20)+`"`) // 6 MiB once JSON escapes it
-		}, events.APIGatewayV2HTTPResponse{StatusCode: 500, Headers: map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
-			Body: `{"error":{"code":"internal","message":"the response is larger than AWS Lambda's limit of 6291456 bytes"}}` + "\n"}},
+		}, events.APIGatewayV2HTTPResponse{StatusCode: 500,
+			Headers: map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
+			Body:    `{"error":{"code":"internal","message":"the response is larger than AWS Lambda's limit of 6291456 bytes"}}` + "\n"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := publisher.LambdaHandler(tc.h)(t.Context(), lambdaEvent(tc.method, "/", "", nil, "", false))
@@ -261,8 +274,10 @@ func TestLambdaFunctionURL(t *testing.T) {
 		Headers: map[string]string{"content-type": "application/json", "host": "abcdefg.lambda-url.eu-west-1.on.aws"},
 		Body:    base64.StdEncoding.EncodeToString([]byte(`{"items":[]}`)), IsBase64Encoded: true,
 		RequestContext: events.LambdaFunctionURLRequestContext{
-			AccountID: "123456789012", RequestID: "r-1", APIID: "abcdefg", DomainName: "abcdefg.lambda-url.eu-west-1.on.aws", DomainPrefix: "abcdefg",
-			HTTP: events.LambdaFunctionURLRequestContextHTTPDescription{Method: "POST", Path: "/v1/jobs", Protocol: "HTTP/1.1", SourceIP: "198.51.100.7"},
+			AccountID: "123456789012", RequestID: "r-1", APIID: "abcdefg", DomainName: "abcdefg.lambda-url.eu-west-1.on.aws",
+			DomainPrefix: "abcdefg",
+			HTTP: events.LambdaFunctionURLRequestContextHTTPDescription{Method: "POST", Path: "/v1/jobs", Protocol: "HTTP/1.1",
+				SourceIP: "198.51.100.7"},
 		},
 	})
 	if err != nil {
@@ -287,7 +302,8 @@ func TestLambdaFunctionURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := lambdaSeen{Method: "POST", RequestURI: "/v1/jobs?dry_run=1", Host: "abcdefg.lambda-url.eu-west-1.on.aws", RemoteAddr: "198.51.100.7:0", Body: `{"items":[]}`}
+	want := lambdaSeen{Method: "POST", RequestURI: "/v1/jobs?dry_run=1", Host: "abcdefg.lambda-url.eu-west-1.on.aws",
+		RemoteAddr: "198.51.100.7:0", Body: `{"items":[]}`}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("request (-want +got):\n%s", d)
 	}

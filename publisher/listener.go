@@ -59,7 +59,8 @@ func (c jsonErrorConn) Write(p []byte) (int, error) {
 	body, _ := json.Marshal(errorBody{Error: e})
 	body = append(body, '\n')
 	var out bytes.Buffer
-	fmt.Fprintf(&out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\nContent-Length: %d\r\n\r\n",
+	fmt.Fprintf(&out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n"+
+		"X-Content-Type-Options: nosniff\r\nConnection: close\r\nContent-Length: %d\r\n\r\n",
 		status, http.StatusText(status), len(body))
 	out.Write(body)
 	if _, err := c.Conn.Write(out.Bytes()); err != nil {

@@ -55,7 +55,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "POSTs answered 503 overloaded because the bodies in flight were at -max-inflight-body-bytes."}),
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.requests, m.latency, m.jobs, m.replays, m.chunksSent, m.claimChecked, m.sqsCalls, m.sendRetries, m.failedEntries,
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.jobs, m.replays, m.chunksSent, m.claimChecked, m.sqsCalls,
+		m.sendRetries, m.failedEntries,
 		m.rateLimited, m.rateClients, m.rateEvictions, m.overloaded} {
 		errs = append(errs, reg.Register(c))
 	}

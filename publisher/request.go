@@ -121,10 +121,12 @@ func (r *JobRequest) validate(lim RequestLimits) *APIError {
 	case len(r.Items) == 0:
 		return apiErr(http.StatusUnprocessableEntity, CodeNoItems, "the job has no items")
 	case len(r.Items) > lim.MaxItems:
-		return apiErr(http.StatusUnprocessableEntity, CodeTooManyItems, "the job has more than %d items, the most accepted in one job", lim.MaxItems)
+		return apiErr(http.StatusUnprocessableEntity, CodeTooManyItems,
+			"the job has more than %d items, the most accepted in one job", lim.MaxItems)
 	}
 	if o := r.Options; o != nil && (o.ChunkItems < 0 || o.ChunkItems > lim.MaxChunkItems) {
-		return apiErr(http.StatusUnprocessableEntity, CodeInvalidOptions, "options.chunk_items must be from 1 to %d (or left out for the default)", lim.MaxChunkItems)
+		return apiErr(http.StatusUnprocessableEntity, CodeInvalidOptions,
+			"options.chunk_items must be from 1 to %d (or left out for the default)", lim.MaxChunkItems)
 	}
 	seen := make(map[string]struct{}, len(r.Items))
 	for i, it := range r.Items {

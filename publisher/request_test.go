@@ -66,7 +66,8 @@ func TestDecodeJobRequestValid(t *testing.T) {
 	if e != nil {
 		t.Fatal(e)
 	}
-	want := &JobRequest{Items: []RequestItem{{ID: "a", Text: "hello"}, {ID: "b", Data: []byte{0, 1, 2}}, {ID: "c", Text: "t", Data: []byte{0}}},
+	want := &JobRequest{Items: []RequestItem{{ID: "a", Text: "hello"}, {ID: "b", Data: []byte{0, 1, 2}},
+		{ID: "c", Text: "t", Data: []byte{0}}},
 		Options: &JobOptions{ChunkItems: 2}}
 	if diff := cmp.Diff(want, req); diff != "" {
 		t.Errorf("decoded (-want +got):\n%s", diff)

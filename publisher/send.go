@@ -116,7 +116,8 @@ func (s *sender) sendBatch(ctx context.Context, pending []Entry, sent *atomic.In
 		if attempt >= s.attempts {
 			return fmt.Errorf("%d chunks still failing after %d attempts, first: %w", len(retry), attempt, firstErr)
 		}
-		s.log.Warn("retrying failed SendMessageBatch entries", "job_id", retry[0].JobID, "entries", len(retry), "attempt", attempt, "err", firstErr)
+		s.log.Warn("retrying failed SendMessageBatch entries", "job_id", retry[0].JobID, "entries", len(retry),
+			"attempt", attempt, "err", firstErr)
 		s.m.sendRetries.Add(float64(len(retry)))
 		if err := sleep(ctx, s.delay(attempt)); err != nil {
 			return err

@@ -70,7 +70,8 @@ func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 	}
 	if p.store == nil {
-		fail(apiErr(http.StatusNotImplemented, CodeStatusUnavailable, "job status needs a payload bucket, and this publisher has none (-payload-bucket)"))
+		fail(apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
+			"job status needs a payload bucket, and this publisher has none (-payload-bucket)"))
 		return
 	}
 	id := r.PathValue("id")

@@ -72,7 +72,8 @@ func run(args []string, getenv func(string) string, stdout io.Writer) error {
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", cfg.MaxTokens, "most tokens read from one item (recorded in the file's metadata)")
 	b := demoBERT
 	bertDir := fs.String("bert", "", "write a BERT model directory with generated weights to `DIR` instead of -out (its vectors mean nothing)")
-	tokDir := fs.String("tokenizer", "model/bert/testdata/tokenizer", "with -bert: `DIR` of the tokenizer files to copy (tokenizer.json, vocab.txt, ...)")
+	tokDir := fs.String("tokenizer", "model/bert/testdata/tokenizer",
+		"with -bert: `DIR` of the tokenizer files to copy (tokenizer.json, vocab.txt, ...)")
 	fs.IntVar(&b.HiddenSize, "bert-hidden", b.HiddenSize, "with -bert: hidden size (the intermediate size is 4 times it)")
 	fs.IntVar(&b.NumLayers, "bert-layers", b.NumLayers, "with -bert: encoder layers")
 	fs.IntVar(&b.NumHeads, "bert-heads", b.NumHeads, "with -bert: attention heads")
@@ -108,7 +109,8 @@ func run(args []string, getenv func(string) string, stdout io.Writer) error {
 		if err := bert.Generate(*bertDir, *tokDir, b); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s: BERT with generated weights (its vectors mean nothing): hidden %d, %d layers, %d heads, intermediate %d, max_seq_length %d, seed %d\n",
+		fmt.Fprintf(stdout, "%s: BERT with generated weights (its vectors mean nothing): "+
+			"hidden %d, %d layers, %d heads, intermediate %d, max_seq_length %d, seed %d\n",
 			*bertDir, b.HiddenSize, b.NumLayers, b.NumHeads, b.IntermediateSize, b.MaxSeqLength, b.Seed)
 		return nil
 	}

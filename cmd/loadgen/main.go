@@ -80,24 +80,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	messages := fs.Int("messages", 100, "work messages per job (with -publisher-url: messages' worth of items per job), when -items is 0")
 	items := fs.Int("items", 0, "items per job (0: -messages messages per job)")
 	jobs := fs.Int("jobs", 0, "jobs to send (0: 1, or 3 with -publisher-url)")
-	sizes := fs.String("sizes", string(workload.Bimodal), "item-size distribution: bimodal (small messages, every -large-every-th a large one), fixed (-words), uniform (-min-words to -max-words), heavy (a Pareto tail of index -alpha from -min-words, cut at -max-words)")
+	sizes := fs.String("sizes", string(workload.Bimodal), "item-size distribution: "+
+		"bimodal (small messages, every -large-every-th a large one), fixed (-words), uniform (-min-words to -max-words), "+
+		"heavy (a Pareto tail of index -alpha from -min-words, cut at -max-words)")
 	largeEvery := fs.Int("large-every", 5, "bimodal: every Nth message is a large one (0: none)")
 	words := fs.Int("words", 24, "fixed: words per item")
 	minWords := fs.Int("min-words", 24, "uniform, heavy: fewest words per item (heavy: also the most common length)")
 	maxWords := fs.Int("max-words", 600, "uniform, heavy: most words per item (the reference model reads up to 512 tokens, a word each)")
 	alpha := fs.Float64("alpha", 1.2, "heavy: Pareto tail index (smaller: heavier tail)")
-	chunkItems := fs.Int("chunk-items", 0, "items per message for fixed, uniform and heavy (0: 8); with -publisher-url, the jobs' chunk_items option (0: the publisher's default)")
+	chunkItems := fs.Int("chunk-items", 0, "items per message for fixed, uniform and heavy (0: 8); "+
+		"with -publisher-url, the jobs' chunk_items option (0: the publisher's default)")
 	seed := fs.Uint64("seed", 1, "seed of the item texts and lengths")
 	ratePerS := fs.Float64("rate", 0, "messages per second, token-paced (0: as fast as possible)")
 	senders := fs.Int("senders", 4, "SendMessageBatch calls in flight at once")
 	collectors := fs.Int("collectors", 2, "results-queue readers")
 	jobID := fs.String("job-id", "", "job id of the workload; several jobs are <id>-0, <id>-1, ... (default: loadgen-<time>)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up waiting for results after this long")
-	metricsURL := fs.String("subscriber-metrics", "", "the subscriber's /metrics URL, for its OOMs, redeliveries, SQS requests and budget figures")
+	metricsURL := fs.String("subscriber-metrics", "",
+		"the subscriber's /metrics URL, for its OOMs, redeliveries, SQS requests and budget figures")
 	jsonOut := fs.String("json", "", "also write the summary as JSON to this file")
 	publisherURL := fs.String("publisher-url", "", "send jobs through the publisher at this URL instead of straight to SQS")
 	apiKey := fs.String("api-key", "", "bearer key for the publisher, when it requires one")
-	hugeItem := fs.Int("huge-item-bytes", 0, "with -publisher-url: add one item of this many bytes to the first job (above the queue's message size it goes through S3)")
+	hugeItem := fs.Int("huge-item-bytes", 0, "with -publisher-url: add one item of this many bytes to the first job "+
+		"(above the queue's message size it goes through S3)")
 	if err := envflag.Parse(fs, args, getenv); err != nil {
 		return err
 	}
@@ -149,7 +154,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	if *publisherURL != "" {
-		r := &publisherRun{url: *publisherURL, apiKey: *apiKey, load: load, chunkItems: *chunkItems, hugeItem: *hugeItem, limiter: limiter, stderr: stderr}
+		r := &publisherRun{url: *publisherURL, apiKey: *apiKey, load: load, chunkItems: *chunkItems, hugeItem: *hugeItem,
+			limiter: limiter, stderr: stderr}
 		samples, err := r.run(ctx, &s)
 		if err != nil {
 			return err
@@ -230,7 +236,8 @@ func printSummary(w io.Writer, s Summary) {
 	if s.ClaimChecked > 0 {
 		fmt.Fprintf(w, "  through S3        %d item(s) (claim-check, hash verified by the subscriber)\n", s.ClaimChecked)
 	}
-	fmt.Fprintf(w, "  results           %d (%d duplicate messages collapsed, %d after a redelivery)\n", s.Results, s.Duplicates, s.RetriedResults)
+	fmt.Fprintf(w, "  results           %d (%d duplicate messages collapsed, %d after a redelivery)\n",
+		s.Results, s.Duplicates, s.RetriedResults)
 	fmt.Fprintf(w, "  dead-lettered     %d\n", s.DeadLettered)
 	fmt.Fprintf(w, "  time              %.1fs: %.1f messages/s, %.0f items/s\n", s.Seconds, s.MessagesPerS, s.ItemsPerS)
 	if l := s.Latency; l != nil {
@@ -244,7 +251,8 @@ func printSummary(w io.Writer, s Summary) {
 		fmt.Fprintf(w, "  redeliveries      %.0f (subscriber receives beyond one per message)\n", *s.Redeliveries)
 	}
 	if s.PeakBytes != nil && s.BudgetBytes != nil && *s.BudgetBytes > 0 {
-		fmt.Fprintf(w, "  peak budget use   %s of %s (%.0f%%)\n", bytesize.Format(int64(*s.PeakBytes)), bytesize.Format(int64(*s.BudgetBytes)), 100**s.PeakBytes / *s.BudgetBytes)
+		fmt.Fprintf(w, "  peak budget use   %s of %s (%.0f%%)\n",
+			bytesize.Format(int64(*s.PeakBytes)), bytesize.Format(int64(*s.BudgetBytes)), 100**s.PeakBytes / *s.BudgetBytes)
 	}
 	if s.SubscriberPerMessage != nil {
 		fmt.Fprintf(w, "  SQS calls/message subscriber: %s\n", perMessageLine(s.SubscriberPerMessage))

@@ -129,7 +129,8 @@ func (s *Summary) addSubscriber(before, after scrape) []string {
 		if d := *r - float64(s.Messages); d >= 0 {
 			s.Redeliveries = &d
 		} else {
-			warnings = append(warnings, fmt.Sprintf("the subscriber received %v messages of %d: another consumer took some, so its redeliveries are unknown", *r, s.Messages))
+			warnings = append(warnings, fmt.Sprintf(
+				"the subscriber received %v messages of %d: another consumer took some, so its redeliveries are unknown", *r, s.Messages))
 		}
 	}
 	if _, ok := after.sum(metricRequests); ok {

@@ -219,7 +219,8 @@ func (r *publisherRun) post(ctx context.Context, s *Summary) error {
 func (r *publisherRun) rest(ctx context.Context, st *jobStatus) error {
 	for st.NextPageToken != "" {
 		var page jobStatus
-		if err := r.do(ctx, http.MethodGet, "/v1/jobs/"+st.JobID+"?page_size=100&page_token="+st.NextPageToken, nil, http.StatusOK, &page); err != nil {
+		if err := r.do(ctx, http.MethodGet, "/v1/jobs/"+st.JobID+"?page_size=100&page_token="+st.NextPageToken,
+			nil, http.StatusOK, &page); err != nil {
 			return err
 		}
 		st.Results = append(st.Results, page.Results...)

@@ -20,7 +20,9 @@ type requestCounter struct {
 // operation's stack, which runs once per call.
 func (c *requestCounter) add(stack *middleware.Stack) error {
 	return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("vramqLoadgenRequests",
-		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (
+			middleware.InitializeOutput, middleware.Metadata, error,
+		) {
 			c.mu.Lock()
 			if c.n == nil {
 				c.n = map[string]float64{}

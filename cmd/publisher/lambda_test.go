@@ -163,7 +163,8 @@ func TestLambdaEndToEnd(t *testing.T) {
 		// The seed: a job the status cases ask about, under the key the
 		// reused-key case sends again with another body.
 		const seedKey = "seed-key"
-		seedHeaders := map[string]string{"content-type": "application/json", "authorization": "Bearer " + publishertest.Key, "idempotency-key": seedKey}
+		seedHeaders := map[string]string{"content-type": "application/json", "authorization": "Bearer " + publishertest.Key,
+			"idempotency-key": seedKey}
 		seed := keyed.invoke(t, lambdaEvent("POST", "/v1/jobs", seedHeaders, `{"items":[{"id":"seed","text":"x"}]}`)).accepted(t, 1)
 
 		cases := publishertest.Cases(seed.JobID, seedKey)
@@ -479,7 +480,8 @@ func lambdaEvent(method, path string, headers map[string]string, body any) event
 			RouteKey: "$default", AccountID: "123456789012", Stage: "$default", RequestID: fmt.Sprintf("req-%d", now.UnixNano()),
 			APIID: "r4nd0m1d", DomainName: domain, DomainPrefix: "r4nd0m1d",
 			Time: now.UTC().Format("02/Jan/2006:15:04:05 -0700"), TimeEpoch: now.UnixMilli(),
-			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path, Protocol: "HTTP/1.1", SourceIP: "198.51.100.23", UserAgent: "curl/8.5.0"},
+			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path, Protocol: "HTTP/1.1",
+				SourceIP: "198.51.100.23", UserAgent: "curl/8.5.0"},
 		},
 	}
 	if i := strings.IndexByte(path, '?'); i >= 0 {
@@ -551,9 +553,11 @@ func lambdaFunctionURLEvent(method, path string, headers map[string]string, body
 	return events.LambdaFunctionURLRequest{
 		Version: "2.0", RawPath: ev.RawPath, RawQueryString: ev.RawQueryString, Headers: ev.Headers, Body: ev.Body,
 		RequestContext: events.LambdaFunctionURLRequestContext{
-			AccountID: "123456789012", RequestID: ev.RequestContext.RequestID, APIID: "abcdefghijklmnop", DomainName: domain, DomainPrefix: "abcdefghijklmnop",
+			AccountID: "123456789012", RequestID: ev.RequestContext.RequestID,
+			APIID: "abcdefghijklmnop", DomainName: domain, DomainPrefix: "abcdefghijklmnop",
 			Time: ev.RequestContext.Time, TimeEpoch: ev.RequestContext.TimeEpoch,
-			HTTP: events.LambdaFunctionURLRequestContextHTTPDescription{Method: method, Path: ev.RawPath, Protocol: "HTTP/1.1", SourceIP: "198.51.100.23", UserAgent: "curl/8.5.0"},
+			HTTP: events.LambdaFunctionURLRequestContextHTTPDescription{Method: method, Path: ev.RawPath, Protocol: "HTTP/1.1",
+				SourceIP: "198.51.100.23", UserAgent: "curl/8.5.0"},
 		},
 	}
 }

@@ -266,7 +266,9 @@ func newServer(h http.Handler, log *slog.Logger, l serverLimits) *http.Server {
 
 // metricsLimits are the limits of the /metrics server: a scrape is a small
 // GET that Prometheus answers in well under a second.
-var metricsLimits = serverLimits{readHeader: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: time.Minute, maxHeader: 16 << 10}
+var metricsLimits = serverLimits{
+	readHeader: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: time.Minute, maxHeader: 16 << 10,
+}
 
 // serve runs the API's HTTP server, and /metrics on its own listener when
 // -metrics-addr is set, until ctx ends (SIGTERM, SIGINT), then stops

@@ -66,10 +66,11 @@ func TestParse(t *testing.T) {
 		"extra args":    {[]string{"x"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 		"empty keyfile": {[]string{"-api-keys-file=" + os.DevNull}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 		// A key set given but empty fails closed, not open.
-		"keys: a comma":          {[]string{"-api-keys=,"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
-		"keys: blanks":           {nil, map[string]string{"QUEUE_URL": "q", "VRAMQ_API_KEYS": " , "}, errUsage},
-		"metrics on the API":     {[]string{"-addr=:8080", "-metrics-addr=:8080"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
-		"in flight below a body": {[]string{"-max-body-bytes=1MiB", "-max-inflight-body-bytes=512KiB"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
+		"keys: a comma":      {[]string{"-api-keys=,"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
+		"keys: blanks":       {nil, map[string]string{"QUEUE_URL": "q", "VRAMQ_API_KEYS": " , "}, errUsage},
+		"metrics on the API": {[]string{"-addr=:8080", "-metrics-addr=:8080"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
+		"in flight below a body": {[]string{"-max-body-bytes=1MiB", "-max-inflight-body-bytes=512KiB"},
+			map[string]string{"QUEUE_URL": "q"}, errUsage},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -164,7 +165,8 @@ func TestRun(t *testing.T) {
 		t.Fatalf("lambda.Start got %T", started)
 	}
 	res, err := h(t.Context(), events.APIGatewayV2HTTPRequest{RawPath: "/healthz",
-		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: "GET", Path: "/healthz"}}})
+		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: "GET",
+			Path: "/healthz"}}})
 	if err != nil || res.StatusCode != 200 {
 		t.Errorf("healthz through the Lambda handler: %+v %v", res, err)
 	}
@@ -181,10 +183,12 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		{[]string{"-max-items=-1"}, nil, []string{"-max-items (VRAMQ_MAX_ITEMS): max items -1"}},
 		{nil, map[string]string{"VRAMQ_RATE_LIMIT": "-5"}, []string{"-rate-limit (VRAMQ_RATE_LIMIT): rate limit -5"}},
 		{[]string{"-rate-limit=10", "-rate-burst=-1"}, nil, []string{"-rate-burst (VRAMQ_RATE_BURST)"}},
-		{[]string{"-chunk-items=5000"}, nil, []string{"-max-chunk-items (VRAMQ_MAX_CHUNK_ITEMS): max chunk items 1000: want at least chunk items (5000)"}},
+		{[]string{"-chunk-items=5000"}, nil,
+			[]string{"-max-chunk-items (VRAMQ_MAX_CHUNK_ITEMS): max chunk items 1000: want at least chunk items (5000)"}},
 		{[]string{"-max-item-bytes=2MiB"}, nil, []string{"-max-item-bytes (VRAMQ_MAX_ITEM_BYTES)"}},
 		{[]string{"-trusted-proxies=10.0.0.0/8,alb"}, nil, []string{"-trusted-proxies (VRAMQ_TRUSTED_PROXIES)", `"alb"`}},
-		{[]string{"-rate-limit-clients=-1", "-send-attempts=-2"}, nil, []string{"-rate-limit-clients (VRAMQ_RATE_LIMIT_CLIENTS)", "-send-attempts (VRAMQ_SEND_ATTEMPTS)"}},
+		{[]string{"-rate-limit-clients=-1", "-send-attempts=-2"}, nil,
+			[]string{"-rate-limit-clients (VRAMQ_RATE_LIMIT_CLIENTS)", "-send-attempts (VRAMQ_SEND_ATTEMPTS)"}},
 	} {
 		vars := map[string]string{"QUEUE_URL": "http://q"}
 		for k, v := range tc.env {
@@ -221,8 +225,10 @@ func TestServerLimits(t *testing.T) {
 		t.Errorf("limits %+v: want readHeader < read, write >= read + 90s, idle over the ALB's 120s, room for 8 KiB of headers", limits)
 	}
 
-	short := serverLimits{readHeader: 300 * time.Millisecond, read: 10 * time.Second, write: 10 * time.Second, idle: 10 * time.Second, maxHeader: 4 << 10}
-	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }), slog.New(slog.DiscardHandler), short)
+	short := serverLimits{readHeader: 300 * time.Millisecond, read: 10 * time.Second, write: 10 * time.Second, idle: 10 * time.Second,
+		maxHeader: 4 << 10}
+	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }),
+		slog.New(slog.DiscardHandler), short)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,8 @@ import (
 
 // secretGetter is the one Secrets Manager call the publisher makes.
 type secretGetter interface {
-	GetSecretValue(context.Context, *secretsmanager.GetSecretValueInput, ...func(*secretsmanager.Options)) (*secretsmanager.GetSecretValueOutput, error)
+	GetSecretValue(context.Context, *secretsmanager.GetSecretValueInput, ...func(*secretsmanager.Options)) (
+		*secretsmanager.GetSecretValueOutput, error)
 }
 
 // apiKeysFromSecret reads bearer keys from a Secrets Manager secret, once, at

@@ -27,10 +27,12 @@ func fakeSecretsManager(t *testing.T, secrets map[string]string) *secretsmanager
 		s, ok := secrets[in.SecretId]
 		if !ok {
 			w.WriteHeader(http.StatusBadRequest)
-			json.NewEncoder(w).Encode(map[string]string{"__type": "ResourceNotFoundException", "message": "Secrets Manager can't find the specified secret."})
+			json.NewEncoder(w).Encode(map[string]string{"__type": "ResourceNotFoundException",
+				"message": "Secrets Manager can't find the specified secret."})
 			return
 		}
-		json.NewEncoder(w).Encode(map[string]any{"ARN": "arn:aws:secretsmanager:us-east-1:123456789012:secret:" + in.SecretId, "Name": in.SecretId, "SecretString": s})
+		json.NewEncoder(w).Encode(map[string]any{"ARN": "arn:aws:secretsmanager:us-east-1:123456789012:secret:" + in.SecretId,
+			"Name": in.SecretId, "SecretString": s})
 	}))
 	t.Cleanup(srv.Close)
 	return secretsmanager.New(secretsmanager.Options{

@@ -55,8 +55,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	defs := localstack.Definitions()
 	var opts localstack.Options
 	fs.StringVar(&opts.Prefix, "prefix", "", "put `PREFIX` in front of every queue name (letters, digits, '-', '_')")
-	fs.IntVar(&opts.MaxReceiveCount, "max-receive-count", defs.Work.RedrivePolicy.MaxReceiveCount, "receives before a work message moves to the dead-letter queue")
-	fs.DurationVar(&opts.VisibilityTimeout, "visibility-timeout", defaultVisibility(defs.Work), "the work queue's visibility timeout, in whole seconds")
+	fs.IntVar(&opts.MaxReceiveCount, "max-receive-count", defs.Work.RedrivePolicy.MaxReceiveCount,
+		"receives before a work message moves to the dead-letter queue")
+	fs.DurationVar(&opts.VisibilityTimeout, "visibility-timeout", defaultVisibility(defs.Work),
+		"the work queue's visibility timeout, in whole seconds")
 	bucket := fs.String("payload-bucket", "", "also create this S3 bucket for claim-checked payloads and results, and print PAYLOAD_BUCKET")
 	// The flag package reports command-line mistakes itself but envflag's
 	// environment ones not at all; silence it so both are reported the same way.

@@ -24,7 +24,8 @@ func loadWeights(o *options, log *slog.Logger) (*refembed.Weights, refembed.Conf
 		if err != nil {
 			return nil, cfg, fmt.Errorf("-weights: %w", err)
 		}
-		log.Info("weights loaded", "file", o.weights, "vocab", cfg.Vocab, "dim", cfg.Dim, "hidden", cfg.Hidden, "out", cfg.Out, "max_tokens", cfg.MaxTokens, "bytes", bytesize.Format(w.Bytes()))
+		log.Info("weights loaded", "file", o.weights, "vocab", cfg.Vocab, "dim", cfg.Dim, "hidden", cfg.Hidden, "out", cfg.Out,
+			"max_tokens", cfg.MaxTokens, "bytes", bytesize.Format(w.Bytes()))
 		return w, cfg, nil
 	}
 	cfg := refembed.DefaultConfig()

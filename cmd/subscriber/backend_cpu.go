@@ -9,7 +9,8 @@ import (
 	"github.com/vramq/vramq/gpu"
 )
 
-const deviceHelp = "device: sim (simulated memory, the model on the CPU), auto (sim in this build),\nor cuda:N (needs the CUDA build, bin/subscriber-cuda from `make cuda`)"
+const deviceHelp = "device: sim (simulated memory, the model on the CPU), auto (sim in this build),\n" +
+	"or cuda:N (needs the CUDA build, bin/subscriber-cuda from make cuda)"
 
 // checkDevice accepts the specs (gpu.Spec) this build can run: without CUDA
 // the model runs on the CPU, so the only device whose memory means anything

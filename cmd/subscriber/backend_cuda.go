@@ -89,7 +89,8 @@ func openCUDABERT(o *options, index int, log *slog.Logger) (gpu.Device, closingM
 		"layers", c.NumLayers, "hidden", c.HiddenSize, "heads", c.NumHeads, "max_seq_length", s.MaxSeqLength,
 		"pooling", s.Pooling.String(), "normalize", s.Normalize, "dtype", m.WeightDType(),
 		"weights", bytesize.Format(b.Encoder.Weights()), "resident", bytesize.Format(b.Embedder.Weights()),
-		"total", bytesize.Format(mem.Total), "free", bytesize.Format(mem.Free), "process", bytesize.Format(mem.Process), "cross_check", b.CrossCheck)
+		"total", bytesize.Format(mem.Total), "free", bytesize.Format(mem.Free), "process", bytesize.Format(mem.Process),
+		"cross_check", b.CrossCheck)
 	// The caller closes both: the model (its context) and the device.
 	return b.Device, b.Embedder, nil
 }

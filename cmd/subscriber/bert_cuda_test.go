@@ -53,7 +53,8 @@ func TestCUDABackendServesModelDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	items := []job.Item{{ID: "a", Text: "short"}, {ID: "b", Text: strings.Repeat("a longer text of many words ", 30)}, {ID: "c", Text: "déjà vu in 東京"}}
+	items := []job.Item{{ID: "a", Text: "short"}, {ID: "b", Text: strings.Repeat("a longer text of many words ", 30)},
+		{ID: "c", Text: "déjà vu in 東京"}}
 	got, err := e.Run(context.Background(), items)
 	if err != nil {
 		t.Fatal(err)

@@ -66,7 +66,8 @@ func useCostModel(o *options, dev gpu.Device, model gpu.Model, log *slog.Logger)
 	if o.cfg.MaxBatch > f.MaxItems {
 		// Every message has an item, so a batch of -max-batch messages
 		// has more items than any batch the cost model was checked on.
-		log.Warn("batches may hold more items than the cost model was calibrated for; calibrate with -calibrate-items at least -max-batch × items per message",
+		log.Warn("batches may hold more items than the cost model was calibrated for; "+
+			"calibrate with -calibrate-items at least -max-batch × items per message",
 			"max_batch", o.cfg.MaxBatch, "calibrated_max_items", f.MaxItems)
 	}
 	return nil

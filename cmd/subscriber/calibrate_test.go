@@ -52,7 +52,8 @@ func TestCalibrateFlags(t *testing.T) {
 func TestCalibrateEndToEnd(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "cost.json")
 	var out bytes.Buffer
-	args := []string{"-calibrate", "-device=sim", "-calibrate-items=6", "-calibrate-points=8", "-cost-model=" + path, "-metrics-addr=", "-log-format=text"}
+	args := []string{"-calibrate", "-device=sim", "-calibrate-items=6", "-calibrate-points=8", "-cost-model=" + path, "-metrics-addr=",
+		"-log-format=text"}
 	if err := run(t.Context(), args, func(string) string { return "" }, &out); err != nil {
 		t.Fatalf("run -calibrate: %v\n%s", err, out.String())
 	}
@@ -107,7 +108,8 @@ func TestCalibrateEndToEnd(t *testing.T) {
 	if err := calibrate.SaveCostModel(path, f); err != nil {
 		t.Fatal(err)
 	}
-	err = run(t.Context(), []string{"-device=sim", "-cost-model=" + path, "-metrics-addr="}, func(k string) string { return env[k] }, &bytes.Buffer{})
+	err = run(t.Context(), []string{"-device=sim", "-cost-model=" + path, "-metrics-addr="}, func(k string) string { return env[k] },
+		&bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "-cost-model") || !strings.Contains(err.Error(), `fitted for model "some-other-model"`) {
 		t.Errorf("a cost model of another model: %v", err)
 	}

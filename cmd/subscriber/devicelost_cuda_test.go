@@ -84,7 +84,8 @@ func TestCUDADeviceLostExitsAndReleases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("after the loss: %d results, %d messages back on the work queue (%d in flight), %d dead letters", len(c.Results), visible, inflight, len(dead))
+	t.Logf("after the loss: %d results, %d messages back on the work queue (%d in flight), %d dead letters", len(c.Results), visible,
+		inflight, len(dead))
 	if len(dead) != 0 || inflight != 0 || len(c.Results)+visible != n {
 		t.Errorf("%d results + %d visible on the work queue, %d in flight, %d in the DLQ; want %d results and visible, none in flight or dead; log:\n%s",
 			len(c.Results), visible, inflight, len(dead), n, logs.String())

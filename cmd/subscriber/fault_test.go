@@ -147,7 +147,8 @@ func TestEmulatorRestartMidRun(t *testing.T) {
 	client := emu.client(t)
 	var b [3]byte
 	_, _ = rand.Read(b[:])
-	urls, err := localstack.Create(t.Context(), client, localstack.Options{Prefix: "restart-" + hex.EncodeToString(b[:]) + "-", MaxReceiveCount: 5})
+	urls, err := localstack.Create(t.Context(), client,
+		localstack.Options{Prefix: "restart-" + hex.EncodeToString(b[:]) + "-", MaxReceiveCount: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,8 @@ func TestEmulatorRestartMidRun(t *testing.T) {
 	// that fails at once makes thousands.
 	const maxRate = 25
 	if requests == 0 || rate > maxRate {
-		t.Errorf("%d requests in %v while the emulator was down (%.1f/s): want some, and at most %d/s", requests, elapsed.Round(time.Millisecond), rate, maxRate)
+		t.Errorf("%d requests in %v while the emulator was down (%.1f/s): want some, and at most %d/s", requests,
+			elapsed.Round(time.Millisecond), rate, maxRate)
 	}
 	// The failures reached the subscriber's client, which retried them.
 	retried := strings.Count(s.logs.String()[logAtKill:], "retrying request SQS/")

@@ -230,7 +230,9 @@ func serve(addr string, reg *prometheus.Registry, sub *subscriber.Subscriber, lo
 // connection is cut after 5 s of trickled headers, a scrape (a few hundred
 // series) has 30 s to be written, an idle keep-alive connection is closed
 // after a minute, and headers over 16 KiB are answered 431.
-var metricsLimits = serverLimits{readHeader: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: time.Minute, maxHeader: 16 << 10}
+var metricsLimits = serverLimits{
+	readHeader: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: time.Minute, maxHeader: 16 << 10,
+}
 
 type serverLimits struct {
 	readHeader, read, write, idle time.Duration

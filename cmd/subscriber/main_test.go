@@ -33,6 +33,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
+	"github.com/vramq/vramq/subscriber/taskprotect/taskprotecttest"
 )
 
 // The test binary doubles as the subscriber binary, so the process tests run
@@ -173,7 +174,8 @@ func TestSIGTERMMidRunLosesNothing(t *testing.T) {
 		l[i], _ = strconv.Atoi(m[i+1])
 	}
 	if l[0] != l[1]+l[2]+l[3] || l[4] != 0 || l[2] == 0 {
-		t.Errorf("ledger received=%d deleted=%d released=%d lost=%d abandoned=%d: want all received deleted or released, some released", l[0], l[1], l[2], l[3], l[4])
+		t.Errorf("ledger received=%d deleted=%d released=%d lost=%d abandoned=%d: want all received deleted or released, some released",
+			l[0], l[1], l[2], l[3], l[4])
 	}
 
 	// On the queue: nothing in flight, except what a receive retried by the
@@ -339,7 +341,8 @@ func TestPayloadBucket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := jobq.Send(t.Context(), client, urls.Work, []job.Work{{V: 1, JobID: "pb", Items: []job.Item{{ID: "doc", Ref: &ref}}}}); err != nil {
+	if err := jobq.Send(t.Context(), client, urls.Work,
+		[]job.Work{{V: 1, JobID: "pb", Items: []job.Item{{ID: "doc", Ref: &ref}}}}); err != nil {
 		t.Fatal(err)
 	}
 	c := runUntil(t, client, urls, 1, map[string]string{"PAYLOAD_BUCKET": bucket})
@@ -392,31 +395,45 @@ func TestTaskProtectionThroughTheAgent(t *testing.T) {
 	for _, mode := range []string{"auto", "off"} {
 		t.Run(mode, func(t *testing.T) {
 			urls := sqstest.Queues(t, client, 5)
+			// The agent checks each PUT's path, Content-Type and fields; the
+			// wrapper records any other call, which the binary never makes.
+			agent := taskprotecttest.NewAgent(t)
 			var mu sync.Mutex
-			var puts []string
-			agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				b, _ := io.ReadAll(r.Body)
-				var req struct{ ProtectionEnabled bool }
-				_ = json.Unmarshal(b, &req)
-				mu.Lock()
-				puts = append(puts, r.Method+" "+r.URL.Path+" "+string(b))
-				mu.Unlock()
-				fmt.Fprintf(w, `{"protection":{"ExpirationDate":null,"ProtectionEnabled":%v,"TaskArn":"arn:aws:ecs:us-east-1:1:task/c/t"}}`, req.ProtectionEnabled)
+			var others []string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method != http.MethodPut {
+					mu.Lock()
+					others = append(others, r.Method+" "+r.URL.Path)
+					mu.Unlock()
+				}
+				agent.ServeHTTP(w, r)
 			}))
-			defer agent.Close()
+			defer srv.Close()
 			if err := jobq.Send(t.Context(), client, urls.Work, workload.Mixed("tp", 4).Works()); err != nil {
 				t.Fatal(err)
 			}
-			runUntil(t, client, urls, 4, map[string]string{"ECS_AGENT_URI": agent.URL + "/api/task-1", "VRAMQ_TASK_PROTECTION": mode})
-			mu.Lock()
-			defer mu.Unlock()
-			const path = "/api/task-1/task-protection/v1/state "
-			want := []string{"PUT " + path + `{"ProtectionEnabled":true,"ExpiresInMinutes":60}`, "PUT " + path + `{"ProtectionEnabled":false}`}
+			// ECS_AGENT_URI whose task protection endpoint is taskprotecttest.Path.
+			uri := srv.URL + strings.TrimSuffix(taskprotecttest.Path, "/task-protection/v1/state")
+			runUntil(t, client, urls, 4, map[string]string{"ECS_AGENT_URI": uri, "VRAMQ_TASK_PROTECTION": mode})
+			var puts []string
+			for _, p := range agent.Puts() {
+				put := fmt.Sprintf("ProtectionEnabled=%v", p.Enabled)
+				if p.Minutes != nil {
+					put += fmt.Sprintf(" ExpiresInMinutes=%d", *p.Minutes)
+				}
+				puts = append(puts, put)
+			}
+			want := []string{"ProtectionEnabled=true ExpiresInMinutes=60", "ProtectionEnabled=false"}
 			if mode == "off" {
 				want = nil
 			}
 			if !slices.Equal(puts, want) {
-				t.Errorf("agent calls %q, want %q", puts, want)
+				t.Errorf("agent PUTs %q, want %q", puts, want)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(others) > 0 {
+				t.Errorf("agent calls other than PUT: %q", others)
 			}
 		})
 	}
@@ -444,7 +461,8 @@ func TestHealthcheckCommand(t *testing.T) {
 		t.Errorf("healthy: %v", err)
 	}
 	healthy.Store(false)
-	if err := run(t.Context(), []string{"healthcheck"}, getenv, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "receives failing") {
+	if err := run(t.Context(),
+		[]string{"healthcheck"}, getenv, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "receives failing") {
 		t.Errorf("unhealthy: %v", err)
 	}
 	srv.Close()
@@ -462,11 +480,13 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		env  map[string]string
 		want []string
 	}{
-		{[]string{"-max-hold=1m", "-visibility-timeout=2m"}, nil, []string{"-max-hold (VRAMQ_MAX_HOLD): max hold 1m0s: want from the visibility timeout (2m0s) to 12h"}},
+		{[]string{"-max-hold=1m", "-visibility-timeout=2m"}, nil,
+			[]string{"-max-hold (VRAMQ_MAX_HOLD): max hold 1m0s: want from the visibility timeout (2m0s) to 12h"}},
 		{nil, map[string]string{"VRAMQ_WAIT_TIME": "30s"}, []string{"-wait-time (VRAMQ_WAIT_TIME): wait time 30s"}},
 		{[]string{"-admission=fifo", "-prefetch=0", "-max-message-bytes=10"}, nil,
 			[]string{"-admission (VRAMQ_ADMISSION)", "-prefetch (VRAMQ_PREFETCH)", "-max-message-bytes (VRAMQ_MAX_MESSAGE_BYTES)"}},
-		{[]string{"-admit-timeout=20m"}, nil, []string{"-admit-timeout (VRAMQ_ADMIT_TIMEOUT): admit timeout 20m0s: want positive and below max hold 15m0s"}},
+		{[]string{"-admit-timeout=20m"}, nil,
+			[]string{"-admit-timeout (VRAMQ_ADMIT_TIMEOUT): admit timeout 20m0s: want positive and below max hold 15m0s"}},
 		{nil, map[string]string{"VRAMQ_TASK_PROTECTION_EXPIRY": "72h"}, []string{"-task-protection-expiry (VRAMQ_TASK_PROTECTION_EXPIRY)"}},
 	} {
 		vars := maps.Clone(urls)
@@ -494,7 +514,8 @@ func TestMetricsServerLimits(t *testing.T) {
 	if l.readHeader <= 0 || l.read < l.readHeader || l.write <= 0 || l.idle <= 0 || l.maxHeader <= 0 {
 		t.Errorf("metricsLimits %+v: every limit must be set", l)
 	}
-	l = serverLimits{readHeader: 300 * time.Millisecond, read: 10 * time.Second, write: 10 * time.Second, idle: 10 * time.Second, maxHeader: 4 << 10}
+	l = serverLimits{readHeader: 300 * time.Millisecond, read: 10 * time.Second, write: 10 * time.Second, idle: 10 * time.Second,
+		maxHeader: 4 << 10}
 	srv := metricsServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }), l)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

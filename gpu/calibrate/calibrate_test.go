@@ -252,7 +252,8 @@ func TestCalibrateRoundingAllocatorNeverUnderEstimates(t *testing.T) {
 				}
 			}
 			if c.Cost.PerBatch != c.Raw.PerBatch+c.WorstUnderRaw.Bytes+c.Margin {
-				t.Errorf("PerBatch %d != raw %d + worst under-estimate %d + margin %d", c.Cost.PerBatch, c.Raw.PerBatch, c.WorstUnderRaw.Bytes, c.Margin)
+				t.Errorf("PerBatch %d != raw %d + worst under-estimate %d + margin %d", c.Cost.PerBatch, c.Raw.PerBatch,
+					c.WorstUnderRaw.Bytes, c.Margin)
 			}
 			if err := e.SetCostModel(c.Cost); err != nil {
 				t.Fatal(err)
@@ -393,7 +394,8 @@ func TestFit(t *testing.T) {
 		t.Errorf("fit of one-item batches: %+v, want %+v", c.Cost, want)
 	}
 
-	for _, bad := range [][]Sample{nil, {{Items: 0, Tokens: 1, Bytes: 1}}, {{Items: 2, Tokens: 1, Bytes: 1}}, {{Items: 1, Tokens: 1, Bytes: -1}}} {
+	for _, bad := range [][]Sample{nil, {{Items: 0, Tokens: 1, Bytes: 1}}, {{Items: 2, Tokens: 1, Bytes: 1}},
+		{{Items: 1, Tokens: 1, Bytes: -1}}} {
 		if _, err := Fit(bad); err == nil {
 			t.Errorf("Fit(%v) took it", bad)
 		}
@@ -416,7 +418,8 @@ func TestCostModelFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{`"model"`, `"device"`, `"per_token"`, `"per_item"`, `"per_batch"`, `"samples"`, `"worst_under_estimate_raw"`, `"worst_over_estimate"`, `"fitted_at"`} {
+	for _, key := range []string{`"model"`, `"device"`, `"per_token"`, `"per_item"`, `"per_batch"`, `"samples"`,
+		`"worst_under_estimate_raw"`, `"worst_over_estimate"`, `"fitted_at"`} {
 		if !strings.Contains(string(raw), key) {
 			t.Errorf("the file has no %s:\n%s", key, raw)
 		}

@@ -134,7 +134,10 @@ func (b *Blas) bind() error {
 	for _, s := range []struct {
 		name string
 		dst  *unsafe.Pointer
-	}{{"cublasCreate_v2", &b.create}, {"cublasDestroy_v2", &b.destroy}, {"cublasSgemm_v2", &b.sgemm}, {"cublasSgemmStridedBatched", &b.batched}} {
+	}{
+		{"cublasCreate_v2", &b.create}, {"cublasDestroy_v2", &b.destroy},
+		{"cublasSgemm_v2", &b.sgemm}, {"cublasSgemmStridedBatched", &b.batched},
+	} {
 		cname := C.CString(s.name)
 		*s.dst = C.dlsym(b.lib, cname)
 		C.free(unsafe.Pointer(cname))
@@ -160,7 +163,8 @@ func (b *Blas) Gemm(c, a, bm cu.DevicePtr, rows, k, m int) error {
 // GemmBatched is count column-major products C_i = op(A_i)·op(B_i) (m×n,
 // inner dimension k), the i-th operands at A + i·sA, B + i·sB, C + i·sC
 // floats; ta and tb say whether A and B are transposed.
-func (b *Blas) GemmBatched(ta, tb bool, m, n, k int, a cu.DevicePtr, lda int, sa int64, bm cu.DevicePtr, ldb int, sb int64, c cu.DevicePtr, ldc int, sc int64, count int) error {
+func (b *Blas) GemmBatched(ta, tb bool, m, n, k int, a cu.DevicePtr, lda int, sa int64, bm cu.DevicePtr, ldb int, sb int64,
+	c cu.DevicePtr, ldc int, sc int64, count int) error {
 	op := func(t bool) C.int {
 		if t {
 			return 1

@@ -63,7 +63,8 @@ func OpenDevice(index int, load func() (Model, error)) (dev gpu.Device, footprin
 		return nil, 0, "", err
 	}
 	if nv == nil {
-		return &driverDevice{m: model}, 0, fmt.Sprintf("NVML unavailable (%v): memory from the CUDA driver, per-process usage unknown", nvmlErr), nil
+		return &driverDevice{m: model}, 0,
+			fmt.Sprintf("NVML unavailable (%v): memory from the CUDA driver, per-process usage unknown", nvmlErr), nil
 	}
 	closeAll := func() { _ = errors.Join(model.Close(), nv.Close()) }
 	after, err := nv.MemInfo()
@@ -78,7 +79,8 @@ func OpenDevice(index int, load func() (Model, error)) (dev gpu.Device, footprin
 		return nil, 0, "", err
 	}
 	crossCheck = fmt.Sprintf("free memory: NVML %s, CUDA driver %s (difference %s); the model holds %s (weights %s)",
-		bytesize.Format(after.Free), bytesize.Format(free), bytesize.Format(abs(after.Free-free)), bytesize.Format(max(footprint, model.Weights())), bytesize.Format(model.Weights()))
+		bytesize.Format(after.Free), bytesize.Format(free), bytesize.Format(abs(after.Free-free)),
+		bytesize.Format(max(footprint, model.Weights())), bytesize.Format(model.Weights()))
 	return nv, footprint, crossCheck, nil
 }
 

@@ -46,6 +46,7 @@ func Open(spec string, simCapacity int64) (gpu.Device, error) {
 	case "nvml":
 		return OpenIndex(s.Index)
 	}
-	return nil, fmt.Errorf("nvml: device %q is GPU %d in CUDA's numbering, which NVML does not know: open it with the CUDA backend (cuda.OpenDevice), or name it nvml:%d, NVML's numbering, if that is the same GPU",
+	return nil, fmt.Errorf("nvml: device %q is GPU %d in CUDA's numbering, which NVML does not know: "+
+		"open it with the CUDA backend (cuda.OpenDevice), or name it nvml:%d, NVML's numbering, if that is the same GPU",
 		spec, s.Index, s.Index)
 }

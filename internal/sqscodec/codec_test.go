@@ -121,3 +121,23 @@ func TestCodesInBothSpellings(t *testing.T) {
 		t.Error("PlainCode")
 	}
 }
+
+func TestRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		err     error
+		refuses bool
+	}{
+		{&EntryError{Code: "AWS.SimpleQueueService.MessageTooLong"}, true},
+		{&EntryError{Code: "InvalidMessageContents"}, true},
+		{fmt.Errorf("send: %w", &smithy.GenericAPIError{Code: "AWS.SimpleQueueService.BatchRequestTooLong"}), true},
+		{&smithy.GenericAPIError{Code: "InvalidAttributeValue"}, true},
+		{&EntryError{Code: "InternalError"}, false},
+		{&smithy.GenericAPIError{Code: "ThrottlingException"}, false},
+		{&smithy.GenericAPIError{Code: "EntityTooLarge"}, false}, // S3's, not SQS's
+		{errors.New("MessageTooLong"), false},
+	} {
+		if got := Refuses(tc.err); got != tc.refuses {
+			t.Errorf("Refuses(%v) = %v", tc.err, got)
+		}
+	}
+}

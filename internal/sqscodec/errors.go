@@ -92,3 +92,18 @@ var leaseLostCodes = []string{
 // the receipt handle it was given no longer holds its message: the message
 // was deleted, or its visibility lapsed and it may be with another consumer.
 func LeaseLost(err error) bool { return HasCode(err, leaseLostCodes...) }
+
+// refusalCodes are the codes by which SQS refuses what was sent, not the
+// moment it was sent in: sending the same thing again fails the same way.
+var refusalCodes = []string{
+	"InvalidMessageContents", // a character SQS does not accept
+	"MessageTooLong",
+	"BatchRequestTooLong",
+	"InvalidParameterValue",
+	"InvalidAttributeName",
+	"InvalidAttributeValue",
+}
+
+// Refuses reports whether err, a failed entry or an API error, carries a
+// code by which SQS refuses what was sent for good (in either spelling).
+func Refuses(err error) bool { return HasCode(err, refusalCodes...) }

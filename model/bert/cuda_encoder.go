@@ -255,7 +255,8 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 		_ = cu.MemFree(base)
 	}()
 	buf := func(i int) cu.DevicePtr { return base + cu.DevicePtr(offs[i]) }
-	dIDs, dLens, dX, dQKV, dHeads, dScores, dCtx, dProj, dInter, dOut := buf(0), buf(1), buf(2), buf(3), buf(4), buf(5), buf(6), buf(7), buf(8), buf(9)
+	dIDs, dLens, dX, dQKV, dHeads, dScores, dCtx, dProj, dInter, dOut :=
+		buf(0), buf(1), buf(2), buf(3), buf(4), buf(5), buf(6), buf(7), buf(8), buf(9)
 
 	if err := cu.MemcpyHtoD(dIDs, unsafe.Pointer(&tokens[0]), 4*int64(rows)); err != nil {
 		return nil, 0, err
@@ -281,12 +282,14 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 	)
 	steps := []func() error{
 		func() error {
-			return cuda.Launch(m.fns.embed, rowBlocks, rowThreads, &dIDs, &dWord, &dPos, &dType0, &dEmbGamma, &dEmbBeta, &dX, &nRows, &seqL, &hL, &eps)
+			return cuda.Launch(m.fns.embed, rowBlocks, rowThreads,
+				&dIDs, &dWord, &dPos, &dType0, &dEmbGamma, &dEmbBeta, &dX, &nRows, &seqL, &hL, &eps)
 		},
 	}
 	for l := range c.Layers {
 		lw := m.w[5+12*l : 5+12*(l+1)]
-		qkvW, qkvB, aoW, aoB, aG, aB, iW, iB, oW, oB, oG, oBeta := lw[0], lw[1], lw[2], lw[3], lw[4], lw[5], lw[6], lw[7], lw[8], lw[9], lw[10], lw[11]
+		qkvW, qkvB, aoW, aoB, aG, aB, iW, iB, oW, oB, oG, oBeta :=
+			lw[0], lw[1], lw[2], lw[3], lw[4], lw[5], lw[6], lw[7], lw[8], lw[9], lw[10], lw[11]
 		steps = append(steps,
 			func() error { return m.own.Blas.Gemm(dQKV, dX, qkvW, rows, h, 3*h) },
 			func() error {
@@ -299,7 +302,8 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 				return m.own.Blas.GemmBatched(true, false, seqLen, seqLen, d, dK, d, sd, dQ, d, sd, dScores, seqLen, ss, nb)
 			},
 			func() error {
-				return cuda.Launch(m.fns.softmax, min(int(nScoreRows), 65535), min(cuda.Pow2(seqLen), 256), &dScores, &dLens, &nScoreRows, &seqL, &headsL, &scale)
+				return cuda.Launch(m.fns.softmax, min(int(nScoreRows), 65535), min(cuda.Pow2(seqLen), 256),
+					&dScores, &dLens, &nScoreRows, &seqL, &headsL, &scale)
 			},
 			// Output of each head, O = P·V (L×d row-major): column-major
 			// Oᵀ = Vᵀ·Pᵀ, with A = V (d×L) and B = P (L×L), into Q's

@@ -218,7 +218,8 @@ func TestCUDABertInvalidInput(t *testing.T) {
 	c := newCUDAEncoder(t, base)
 	long := make([]int32, base.MaxSeqLength()+1)
 	for name, ids := range map[string][][]int32{
-		"empty": {{101, 102}, {}}, "too long": {long}, "id past the vocabulary": {{101, int32(base.Config().VocabSize), 102}}, "negative id": {{-1}},
+		"empty": {{101, 102}, {}}, "too long": {long}, "id past the vocabulary": {{101, int32(base.Config().VocabSize), 102}},
+		"negative id": {{-1}},
 	} {
 		if _, err := c.Embed(context.Background(), ids); !errors.Is(err, gpu.ErrInvalidInput) {
 			t.Errorf("%s: err %v, want ErrInvalidInput", name, err)
@@ -408,10 +409,12 @@ func TestCUDABertWorkingBytesCoversAllocation(t *testing.T) {
 			t.Errorf("%d×%d: the CPU encoder's estimate %d is below the CUDA allocation %d", shape.items, shape.seqLen, cpuEst, est)
 		}
 		if peak < est {
-			t.Errorf("%d×%d: the device lost %d bytes, below the estimate %d: the batch did not allocate what it says", shape.items, shape.seqLen, peak, est)
+			t.Errorf("%d×%d: the device lost %d bytes, below the estimate %d: the batch did not allocate what it says", shape.items,
+				shape.seqLen, peak, est)
 		}
 		if rounded := (est + emulatedGranule - 1) / emulatedGranule * emulatedGranule; emulated && peak > rounded {
-			t.Errorf("%d×%d: the device lost %d bytes, over the estimate %d rounded to the granule (%d)", shape.items, shape.seqLen, peak, est, rounded)
+			t.Errorf("%d×%d: the device lost %d bytes, over the estimate %d rounded to the granule (%d)", shape.items, shape.seqLen, peak,
+				est, rounded)
 		}
 	}
 }
@@ -446,10 +449,12 @@ func TestCUDABertOutOfMemoryByLength(t *testing.T) {
 			ids[i] = ids[i][:seqLen]
 		}
 		if _, err := c.Embed(context.Background(), ids[:fits]); err != nil {
-			t.Errorf("length %d: %d items (estimate %s, %s free): %v", seqLen, fits, bytesize.Format(c.WorkingBytes(fits, seqLen)), bytesize.Format(free), err)
+			t.Errorf("length %d: %d items (estimate %s, %s free): %v", seqLen, fits, bytesize.Format(c.WorkingBytes(fits, seqLen)),
+				bytesize.Format(free), err)
 		}
 		if _, err := c.Embed(context.Background(), ids); !errors.Is(err, gpu.ErrOutOfMemory) {
-			t.Errorf("length %d: %d items (estimate %s, %s free): err %v, want ErrOutOfMemory", seqLen, 2*fits, bytesize.Format(c.WorkingBytes(2*fits, seqLen)), bytesize.Format(free), err)
+			t.Errorf("length %d: %d items (estimate %s, %s free): err %v, want ErrOutOfMemory", seqLen, 2*fits,
+				bytesize.Format(c.WorkingBytes(2*fits, seqLen)), bytesize.Format(free), err)
 		}
 		t.Logf("FIGURE cuda-bert oom-by-length: %d tokens: with %s free, %d items run (estimate %s), %d fail with ErrOutOfMemory",
 			seqLen, bytesize.Format(free), fits, bytesize.Format(c.WorkingBytes(fits, seqLen)), 2*fits)

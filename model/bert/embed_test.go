@@ -85,7 +85,8 @@ func testWorkingBytesBoundsAllocation(t *testing.T) {
 			most = max(most, after.TotalAlloc-before.TotalAlloc)
 		}
 		est := m.WorkingBytes(shape.batch, shape.seqLen)
-		t.Logf("batch %d × %d tokens: allocated %d bytes, WorkingBytes %d (%.2f×)", shape.batch, shape.seqLen, most, est, float64(est)/float64(most))
+		t.Logf("batch %d × %d tokens: allocated %d bytes, WorkingBytes %d (%.2f×)", shape.batch, shape.seqLen, most, est,
+			float64(est)/float64(most))
 		if int64(most) > est {
 			t.Errorf("batch %d × %d tokens: Embed allocated %d bytes, over WorkingBytes %d", shape.batch, shape.seqLen, most, est)
 		}

@@ -221,7 +221,8 @@ func linear(dst, x, w, bias []float32, rows, in, out int) {
 // slices may run past the last row (a head's columns inside a wider
 // matrix): each is cut to the extent the leading dimension and shape need,
 // which is what blas32's General descriptors would check.
-func gemm(tA, tB blas.Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+func gemm(tA, tB blas.Transpose, m, n, k int, alpha float32,
+	a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	ar, ac := m, k
 	if tA == blas.Trans {
 		ar, ac = k, m

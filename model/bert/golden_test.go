@@ -112,7 +112,8 @@ func testGoldenONNX(t *testing.T) {
 						d := maxAbsDiff(got[i], want[i])
 						worst = max(worst, d)
 						if d > goldenTolerance {
-							t.Errorf("%s, batch %d, item %d (%d tokens): differs from ONNX Runtime by %.3g (tolerance %g)", mode.key, bi, i, len(batch.IDs[i]), d, goldenTolerance)
+							t.Errorf("%s, batch %d, item %d (%d tokens): differs from ONNX Runtime by %.3g (tolerance %g)", mode.key, bi, i,
+								len(batch.IDs[i]), d, goldenTolerance)
 						}
 						alone, err := mm.Embed(batch.IDs[i : i+1])
 						if err != nil {

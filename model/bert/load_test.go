@@ -130,17 +130,21 @@ func TestLoadRefuses(t *testing.T) {
 	}{
 		{"another model type", config(func(m map[string]any) { m["model_type"] = "roberta" }), []string{"config.json", "model_type", "roberta"}},
 		{"no model type", config(func(m map[string]any) { delete(m, "model_type") }), []string{"config.json", "model_type", "missing"}},
-		{"another architecture", config(func(m map[string]any) { m["architectures"] = []string{"NomicBertModel"} }), []string{"config.json", "architectures", "NomicBertModel"}},
+		{"another architecture", config(func(m map[string]any) { m["architectures"] = []string{"NomicBertModel"} }),
+			[]string{"config.json", "architectures", "NomicBertModel"}},
 		{"tanh gelu", config(func(m map[string]any) { m["hidden_act"] = "gelu_new" }), []string{"config.json", "hidden_act", "gelu_new"}},
 		{"relu", config(func(m map[string]any) { m["hidden_act"] = "relu" }), []string{"config.json", "hidden_act", "relu"}},
-		{"relative positions", config(func(m map[string]any) { m["position_embedding_type"] = "relative_key_query" }), []string{"config.json", "position_embedding_type", "relative_key_query"}},
-		{"rotary positions", config(func(m map[string]any) { m["position_embedding_type"] = "rotary" }), []string{"config.json", "position_embedding_type", "rotary"}},
+		{"relative positions", config(func(m map[string]any) { m["position_embedding_type"] = "relative_key_query" }),
+			[]string{"config.json", "position_embedding_type", "relative_key_query"}},
+		{"rotary positions", config(func(m map[string]any) { m["position_embedding_type"] = "rotary" }),
+			[]string{"config.json", "position_embedding_type", "rotary"}},
 		{"decoder", config(func(m map[string]any) { m["is_decoder"] = true }), []string{"config.json", "is_decoder"}},
 		{"missing size", config(func(m map[string]any) { delete(m, "hidden_size") }), []string{"config.json", "hidden_size", "missing"}},
 		{"heads do not divide", config(func(m map[string]any) { m["num_attention_heads"] = 5 }), []string{"config.json", "num_attention_heads"}},
 		{"zero layers", config(func(m map[string]any) { m["num_hidden_layers"] = 0 }), []string{"config.json", "num_hidden_layers"}},
 		{"bad eps", config(func(m map[string]any) { m["layer_norm_eps"] = -1 }), []string{"config.json", "layer_norm_eps"}},
-		{"not json", func(t *testing.T, dir string) { os.WriteFile(filepath.Join(dir, "config.json"), []byte("{"), 0o644) }, []string{"config.json"}},
+		{"not json", func(t *testing.T, dir string) { os.WriteFile(filepath.Join(dir, "config.json"), []byte("{"), 0o644) },
+			[]string{"config.json"}},
 		{"a dense module", modules("Transformer", "Pooling", "Normalize", "Dense"), []string{"modules.json", "4 modules"}},
 		{"dense instead of normalize", modules("Transformer", "Pooling", "Dense"), []string{"modules.json", "module 2", "Dense"}},
 		{"no pooling", modules("Transformer", "Normalize"), []string{"modules.json", "module 1", "Normalize"}},
@@ -153,9 +157,12 @@ func TestLoadRefuses(t *testing.T) {
 			m["pooling_mode_mean_tokens"] = false
 			m["pooling_mode_mean_sqrt_len_tokens"] = true
 		}), []string{"1_Pooling/config.json", "pooling_mode_mean_sqrt_len_tokens"}},
-		{"two poolings", pooling(func(m map[string]any) { m["pooling_mode_cls_token"] = true }), []string{"1_Pooling/config.json", "pooling_mode_cls_token", "pooling_mode_mean_tokens"}},
-		{"no pooling mode", pooling(func(m map[string]any) { m["pooling_mode_mean_tokens"] = false }), []string{"1_Pooling/config.json", "exactly one"}},
-		{"pooling width", pooling(func(m map[string]any) { m["word_embedding_dimension"] = 384 }), []string{"1_Pooling/config.json", "word_embedding_dimension"}},
+		{"two poolings", pooling(func(m map[string]any) { m["pooling_mode_cls_token"] = true }),
+			[]string{"1_Pooling/config.json", "pooling_mode_cls_token", "pooling_mode_mean_tokens"}},
+		{"no pooling mode", pooling(func(m map[string]any) { m["pooling_mode_mean_tokens"] = false }),
+			[]string{"1_Pooling/config.json", "exactly one"}},
+		{"pooling width", pooling(func(m map[string]any) { m["word_embedding_dimension"] = 384 }),
+			[]string{"1_Pooling/config.json", "word_embedding_dimension"}},
 		{"max_seq_length past positions", func(t *testing.T, dir string) {
 			editJSON(t, dir, "sentence_bert_config.json", func(m map[string]any) { m["max_seq_length"] = 129 })
 		}, []string{"sentence_bert_config.json", "max_seq_length", "129"}},
@@ -165,7 +172,8 @@ func TestLoadRefuses(t *testing.T) {
 		{"missing key projection", weights(func(ts []safetensors.Tensor) []safetensors.Tensor {
 			return deleteTensor(ts, "encoder.layer.0.attention.self.key.weight")
 		}), []string{"model.safetensors", `"encoder.layer.0.attention.self.key.weight"`, "missing"}},
-		{"shape against config", config(func(m map[string]any) { m["vocab_size"] = 513 }), []string{"model.safetensors", `"embeddings.word_embeddings.weight"`, "[512 64]", "[513 64]"}},
+		{"shape against config", config(func(m map[string]any) { m["vocab_size"] = 513 }),
+			[]string{"model.safetensors", `"embeddings.word_embeddings.weight"`, "[512 64]", "[513 64]"}},
 		{"not finite", weights(func(ts []safetensors.Tensor) []safetensors.Tensor {
 			for _, t := range ts {
 				if t.Name == "encoder.layer.0.output.dense.weight" {
@@ -233,10 +241,12 @@ func TestLoadVariants(t *testing.T) {
 		}
 		want := Sentence{Pooling: PoolMean, Normalize: true, MaxSeqLength: 128}
 		if m.Sentence() != want || m.Dim() != 64 || m.MaxSeqLength() != 128 || m.WeightDType() != "F32" {
-			t.Errorf("Sentence() = %+v, Dim() = %d, MaxSeqLength() = %d, WeightDType() = %q", m.Sentence(), m.Dim(), m.MaxSeqLength(), m.WeightDType())
+			t.Errorf("Sentence() = %+v, Dim() = %d, MaxSeqLength() = %d, WeightDType() = %q", m.Sentence(), m.Dim(), m.MaxSeqLength(),
+				m.WeightDType())
 		}
 		c := m.Config()
-		wantCfg := Config{VocabSize: 512, HiddenSize: 64, NumLayers: 2, NumHeads: 4, IntermediateSize: 128, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12}
+		wantCfg := Config{VocabSize: 512, HiddenSize: 64, NumLayers: 2, NumHeads: 4, IntermediateSize: 128, MaxPositionEmbeddings: 128,
+			TypeVocabSize: 2, LayerNormEps: 1e-12}
 		if c != wantCfg {
 			t.Errorf("Config() = %+v, want %+v", c, wantCfg)
 		}

@@ -184,7 +184,8 @@ func readPooling(dir, file string, cfg Config, s *Sentence) error {
 	}
 	slices.Sort(on) // map order is random; the error should not be
 	if len(on) != 1 {
-		return fmt.Errorf("%s: pooling modes %v are on, want exactly one of pooling_mode_mean_tokens, pooling_mode_cls_token, pooling_mode_max_tokens", file, on)
+		return fmt.Errorf("%s: pooling modes %v are on, "+
+			"want exactly one of pooling_mode_mean_tokens, pooling_mode_cls_token, pooling_mode_max_tokens", file, on)
 	}
 	switch on[0] {
 	case "pooling_mode_mean_tokens":
@@ -194,7 +195,8 @@ func readPooling(dir, file string, cfg Config, s *Sentence) error {
 	case "pooling_mode_max_tokens":
 		s.Pooling = PoolMax
 	default:
-		return fmt.Errorf("%s: %s is not supported, want pooling_mode_mean_tokens, pooling_mode_cls_token or pooling_mode_max_tokens", file, on[0])
+		return fmt.Errorf("%s: %s is not supported, want pooling_mode_mean_tokens, pooling_mode_cls_token or pooling_mode_max_tokens",
+			file, on[0])
 	}
 	return nil
 }

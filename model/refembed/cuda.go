@@ -279,7 +279,9 @@ func (e *CUDAEmbedder) forward(items []job.Item, measure bool) ([]job.Output, in
 	// One allocation, carved into the buffers the cost model counts.
 	var layout [6]int64
 	var size int64
-	for i, b := range []int64{4 * int64(total), 4 * int64(n+1), 4 * int64(total*dim), 4 * int64(n*dim), 4 * int64(n*hidden), 4 * int64(n*out)} {
+	for i, b := range []int64{
+		4 * int64(total), 4 * int64(n+1), 4 * int64(total*dim), 4 * int64(n*dim), 4 * int64(n*hidden), 4 * int64(n*out),
+	} {
 		layout[i] = size
 		size += (b + cuda.BufAlign - 1) / cuda.BufAlign * cuda.BufAlign
 	}

@@ -115,7 +115,8 @@ func TestCUDAMatchesCPU(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("FIGURE check1: %d items, batch sizes 1/7/64/400: largest |cuda - cpu| of a component %.3g (item %d), tolerance %g", len(items), worst, worstItem, cudaTolerance)
+	t.Logf("FIGURE check1: %d items, batch sizes 1/7/64/400: largest |cuda - cpu| of a component %.3g (item %d), tolerance %g",
+		len(items), worst, worstItem, cudaTolerance)
 	if !(worst <= cudaTolerance) {
 		t.Errorf("largest difference from the CPU reference %.3g (item %d) exceeds %g", worst, worstItem, cudaTolerance)
 	}

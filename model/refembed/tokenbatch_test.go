@@ -80,10 +80,14 @@ func TestReadTokenBatchRejects(t *testing.T) {
 		{"other format", with("format", TokenBatchFormat+"x"), ok, `metadata format is "vramq-token-batch-v1x"`},
 		{"no vocab", with("vocab", ""), ok, `metadata vocab is "", want a positive integer`},
 		{"zero max_tokens", with("max_tokens", "0"), ok, "max_tokens is \"0\""},
-		{"extra tensor", meta, append(batch([]int32{1}, []int32{0, 1}), safetensors.Tensor{Name: "ids", Shape: []int64{1}, Int32s: []int32{1}}), "3 tensors, want exactly"},
+		{"extra tensor", meta,
+			append(batch([]int32{1}, []int32{0, 1}), safetensors.Tensor{Name: "ids", Shape: []int64{1}, Int32s: []int32{1}}),
+			"3 tensors, want exactly"},
 		{"no offsets", meta, batch([]int32{1}, []int32{0, 1})[:1], `no tensor "offsets"`},
-		{"offsets I64", meta, []safetensors.Tensor{ok[0], {Name: "offsets", Shape: []int64{3}, DType: "I64", Raw: make([]byte, 24)}}, `tensor "offsets" is I64, want I32`},
-		{"tokens 2-D", meta, []safetensors.Tensor{{Name: "tokens", Shape: []int64{1, 3}, Int32s: []int32{1, 2, 3}}, ok[1]}, "tensor tokens has shape [1 3], want one dimension"},
+		{"offsets I64", meta, []safetensors.Tensor{ok[0], {Name: "offsets", Shape: []int64{3}, DType: "I64", Raw: make([]byte, 24)}},
+			`tensor "offsets" is I64, want I32`},
+		{"tokens 2-D", meta, []safetensors.Tensor{{Name: "tokens", Shape: []int64{1, 3}, Int32s: []int32{1, 2, 3}}, ok[1]},
+			"tensor tokens has shape [1 3], want one dimension"},
 		{"empty offsets", meta, batch([]int32{}, []int32{}), "offsets is empty"},
 		{"offsets start late", meta, batch([]int32{1, 2, 3}, []int32{1, 3}), "offsets[0] is 1, want 0"},
 		{"offsets end early", meta, batch([]int32{1, 2, 3}, []int32{0, 2}), "offsets end at 2, but there are 3 tokens"},
@@ -153,10 +157,13 @@ func TestReadEmbeddingsRejects(t *testing.T) {
 		tensors []safetensors.Tensor
 		want    string
 	}{
-		{"no format", nil, []safetensors.Tensor{{Name: "embeddings", Shape: []int64{1, 2}, Values: []float32{1, 2}}}, `metadata format is "", want "vramq-embeddings-v1"`},
+		{"no format", nil, []safetensors.Tensor{{Name: "embeddings", Shape: []int64{1, 2}, Values: []float32{1, 2}}},
+			`metadata format is "", want "vramq-embeddings-v1"`},
 		{"1-D", meta, []safetensors.Tensor{{Name: "embeddings", Shape: []int64{2}, Values: []float32{1, 2}}}, "shape [2], want [items, width]"},
-		{"rows of width 0", meta, []safetensors.Tensor{{Name: "embeddings", Shape: []int64{1 << 40, 0}, Values: []float32{}}}, "want [items, width]"},
-		{"I32", meta, []safetensors.Tensor{{Name: "embeddings", Shape: []int64{1, 1}, Int32s: []int32{1}}}, `tensor "embeddings" is I32, want F32`},
+		{"rows of width 0", meta, []safetensors.Tensor{{Name: "embeddings", Shape: []int64{1 << 40, 0}, Values: []float32{}}},
+			"want [items, width]"},
+		{"I32", meta, []safetensors.Tensor{{Name: "embeddings", Shape: []int64{1, 1}, Int32s: []int32{1}}},
+			`tensor "embeddings" is I32, want F32`},
 		{"other name", meta, []safetensors.Tensor{{Name: "output", Shape: []int64{1, 1}, Values: []float32{1}}}, `no tensor "embeddings"`},
 		{"extra tensor", meta, []safetensors.Tensor{{Name: "embeddings", Shape: []int64{1, 1}, Values: []float32{1}}, {Name: "ids", Shape: []int64{1}, Int32s: []int32{0}}}, "2 tensors"},
 	}
@@ -205,7 +212,8 @@ func TestPythonHandoff(t *testing.T) {
 	got, _ := os.ReadFile(made)
 	want, _ := os.ReadFile("testdata/embeddings-python.safetensors")
 	if !bytes.Equal(got, want) {
-		t.Errorf("embed.py's writer made %d bytes, not testdata/embeddings-python.safetensors (%d): regenerate it with makePythonEmbeddings", len(got), len(want))
+		t.Errorf("embed.py's writer made %d bytes, not testdata/embeddings-python.safetensors (%d): regenerate it with makePythonEmbeddings",
+			len(got), len(want))
 	}
 
 	cfg := tinyConfig()

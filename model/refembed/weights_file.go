@@ -144,7 +144,8 @@ func configOf(f *safetensors.File) (Config, error) {
 		return Config{}, fmt.Errorf("no tensor %s (a weights file holds %s)", strings.Join(missing, ", "), strings.Join(embedTensorNames, ", "))
 	}
 	if len(extra) > 0 {
-		return Config{}, fmt.Errorf("unexpected tensor %s: a weights file holds exactly %s, and another tensor means another architecture", strings.Join(extra, ", "), strings.Join(embedTensorNames, ", "))
+		return Config{}, fmt.Errorf("unexpected tensor %s: a weights file holds exactly %s, and another tensor means another architecture",
+			strings.Join(extra, ", "), strings.Join(embedTensorNames, ", "))
 	}
 
 	// Each dimension is read from the first tensor it shapes and checked
@@ -196,7 +197,8 @@ func configOf(f *safetensors.File) (Config, error) {
 
 	mt, ok := meta["max_tokens"]
 	if !ok {
-		return Config{}, fmt.Errorf("no \"max_tokens\" in the metadata (the tokenizer's cut-off, e.g. %q)", strconv.Itoa(DefaultConfig().MaxTokens))
+		return Config{}, fmt.Errorf("no \"max_tokens\" in the metadata (the tokenizer's cut-off, e.g. %q)",
+			strconv.Itoa(DefaultConfig().MaxTokens))
 	}
 	n, err := strconv.ParseInt(mt, 10, 32)
 	if err != nil {

@@ -197,19 +197,30 @@ func TestReadEmbedWeightsRejects(t *testing.T) {
 		tensors []safetensors.Tensor
 		want    string
 	}{
-		{"wrong dtype", meta(), tensors(safetensors.Tensor{Name: "w1", Shape: []int64{3, 4}, DType: "I32", Raw: make([]byte, 48)}), `tensor "w1" is I32, want F32`},
-		{"F64", meta(), tensors(safetensors.Tensor{Name: "b2", Shape: []int64{2}, DType: "F64", Raw: make([]byte, 16)}), `tensor "b2" is F64, want F32`},
+		{"wrong dtype", meta(), tensors(safetensors.Tensor{Name: "w1", Shape: []int64{3, 4}, DType: "I32", Raw: make([]byte, 48)}),
+			`tensor "w1" is I32, want F32`},
+		{"F64", meta(), tensors(safetensors.Tensor{Name: "b2", Shape: []int64{2}, DType: "F64", Raw: make([]byte, 16)}),
+			`tensor "b2" is F64, want F32`},
 		{"missing tensor", meta(), tensors(safetensors.Tensor{Name: "b2"}), "no tensor b2 (a weights file holds embedding, w1, b1, w2, b2)"},
 		{"two missing", meta(), tensors(safetensors.Tensor{Name: "b1"}, safetensors.Tensor{Name: "embedding"}), "no tensor embedding, b1"},
-		{"extra tensor", meta(), tensors(safetensors.Tensor{Name: "ln.weight", Shape: []int64{2}, Values: []float32{1, 1}}), `unexpected tensor "ln.weight"`},
-		{"renamed (PyTorch names)", meta(), tensors(safetensors.Tensor{Name: "w1"}, safetensors.Tensor{Name: "fc1.weight", Shape: []int64{4, 3}, Values: gen.W1}), "no tensor w1"},
-		{"w1 not transposed", meta(), tensors(safetensors.Tensor{Name: "w1", Shape: []int64{4, 3}, Values: gen.W1}), "tensor w1 has shape [4 3], want [Dim, Hidden] with Dim = 3 as tensor embedding has it"},
-		{"b1 disagrees", meta(), tensors(safetensors.Tensor{Name: "b1", Shape: []int64{3}, Values: gen.B1[:3]}), "tensor b1 has shape [3], want [Hidden] with Hidden = 4 as tensor w1 has it"},
-		{"w2 disagrees", meta(), tensors(safetensors.Tensor{Name: "w2", Shape: []int64{2, 4}, Values: gen.W2}), "tensor w2 has shape [2 4], want [Hidden, Out] with Hidden = 4"},
-		{"b2 disagrees", meta(), tensors(safetensors.Tensor{Name: "b2", Shape: []int64{1}, Values: gen.B2[:1]}), "tensor b2 has shape [1], want [Out] with Out = 2 as tensor w2 has it"},
-		{"embedding 1-D", meta(), tensors(safetensors.Tensor{Name: "embedding", Shape: []int64{15}, Values: gen.Embedding}), "tensor embedding has shape [15], want [Vocab, Dim]"},
-		{"b1 2-D", meta(), tensors(safetensors.Tensor{Name: "b1", Shape: []int64{1, 4}, Values: gen.B1}), "tensor b1 has shape [1 4], want [Hidden]"},
-		{"vocab of 1", meta(), tensors(safetensors.Tensor{Name: "embedding", Shape: []int64{1, 3}, Values: gen.Embedding[:3]}), "Vocab is 1, want 2 to"},
+		{"extra tensor", meta(), tensors(safetensors.Tensor{Name: "ln.weight", Shape: []int64{2}, Values: []float32{1, 1}}),
+			`unexpected tensor "ln.weight"`},
+		{"renamed (PyTorch names)", meta(),
+			tensors(safetensors.Tensor{Name: "w1"}, safetensors.Tensor{Name: "fc1.weight", Shape: []int64{4, 3}, Values: gen.W1}), "no tensor w1"},
+		{"w1 not transposed", meta(), tensors(safetensors.Tensor{Name: "w1", Shape: []int64{4, 3}, Values: gen.W1}),
+			"tensor w1 has shape [4 3], want [Dim, Hidden] with Dim = 3 as tensor embedding has it"},
+		{"b1 disagrees", meta(), tensors(safetensors.Tensor{Name: "b1", Shape: []int64{3}, Values: gen.B1[:3]}),
+			"tensor b1 has shape [3], want [Hidden] with Hidden = 4 as tensor w1 has it"},
+		{"w2 disagrees", meta(), tensors(safetensors.Tensor{Name: "w2", Shape: []int64{2, 4}, Values: gen.W2}),
+			"tensor w2 has shape [2 4], want [Hidden, Out] with Hidden = 4"},
+		{"b2 disagrees", meta(), tensors(safetensors.Tensor{Name: "b2", Shape: []int64{1}, Values: gen.B2[:1]}),
+			"tensor b2 has shape [1], want [Out] with Out = 2 as tensor w2 has it"},
+		{"embedding 1-D", meta(), tensors(safetensors.Tensor{Name: "embedding", Shape: []int64{15}, Values: gen.Embedding}),
+			"tensor embedding has shape [15], want [Vocab, Dim]"},
+		{"b1 2-D", meta(), tensors(safetensors.Tensor{Name: "b1", Shape: []int64{1, 4}, Values: gen.B1}),
+			"tensor b1 has shape [1 4], want [Hidden]"},
+		{"vocab of 1", meta(), tensors(safetensors.Tensor{Name: "embedding", Shape: []int64{1, 3}, Values: gen.Embedding[:3]}),
+			"Vocab is 1, want 2 to"},
 		{"no format", meta("format", ""), tensors(), `no "format" in the metadata; want "vramq-ref-embed-v1"`},
 		{"other format", meta("format", "pt"), tensors(), `metadata format is "pt", want "vramq-ref-embed-v1"`},
 		{"no max_tokens", meta("max_tokens", ""), tensors(), `no "max_tokens" in the metadata`},
@@ -268,7 +279,8 @@ func TestReadEmbedWeightsHalfPrecision(t *testing.T) {
 	// F16 for w1: 1.0, -2.0, 0.5, the largest normal, the smallest
 	// subnormal, -0, and a few more, twelve values in all.
 	f16 := []uint16{0x3c00, 0xc000, 0x3800, 0x7bff, 0x0001, 0x8000, 0x3555, 0x03ff, 0x0400, 0xbc00, 0x2e66, 0x4248}
-	w1Want := []float32{1, -2, 0.5, 65504, 0x1p-24, float32(math.Copysign(0, -1)), 0.333251953125, 0x3ffp-24, 0x1p-14, -1, 0.0999755859375, 3.140625}
+	w1Want := []float32{1, -2, 0.5, 65504, 0x1p-24, float32(math.Copysign(0, -1)), 0.333251953125, 0x3ffp-24, 0x1p-14, -1,
+		0.0999755859375, 3.140625}
 	var w1Raw []byte
 	for _, h := range f16 {
 		w1Raw = binary.LittleEndian.AppendUint16(w1Raw, h)

@@ -73,7 +73,8 @@ func FuzzRead(f *testing.F) {
 			t.Fatalf("read what was written back: %v", err)
 		}
 		if !maps.Equal(again.metadata, file.metadata) || len(again.tensors) != len(file.tensors) {
-			t.Fatalf("written back: metadata %v and %d tensors, want %v and %d", again.metadata, len(again.tensors), file.metadata, len(file.tensors))
+			t.Fatalf("written back: metadata %v and %d tensors, want %v and %d", again.metadata, len(again.tensors), file.metadata,
+				len(file.tensors))
 		}
 		for i, st := range again.tensors {
 			raw, _ := again.raw(&st)

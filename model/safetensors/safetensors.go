@@ -174,7 +174,8 @@ func parseSafetensorsHeader(header []byte, dataLen int64) ([]stTensor, map[strin
 			return nil, nil, fmt.Errorf("tensor %q: data_offsets [%d, %d] overlap tensor %q's [%d, %d]",
 				t.name, t.begin, t.end, tensors[i-1].name, tensors[i-1].begin, tensors[i-1].end)
 		case t.begin > at:
-			return nil, nil, fmt.Errorf("data buffer bytes [%d, %d) belong to no tensor (a gap before %q): the tensors must cover the buffer", at, t.begin, t.name)
+			return nil, nil, fmt.Errorf("data buffer bytes [%d, %d) belong to no tensor (a gap before %q): the tensors must cover the buffer",
+				at, t.begin, t.name)
 		}
 		at = t.end
 	}

@@ -47,7 +47,8 @@ func TestReadSafetensorsReferenceVectors(t *testing.T) {
 		// test_serialization: an F32 tensor [1,2,3] of 0..5, unpadded 64-byte header.
 		{"serialization", string(stBytes(`{"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}}`, f32Bytes(0, 1, 2, 3, 4, 5))), ""},
 		// test_serialization_forced_alignement: the header padded with spaces to 72 bytes.
-		{"padded header", string(stBytes(`{"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}}       `, f32Bytes(0, 1, 2, 3, 4, 5))), ""},
+		{"padded header",
+			string(stBytes(`{"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}}       `, f32Bytes(0, 1, 2, 3, 4, 5))), ""},
 		{"empty", "\x08" + zeros(7) + "{}      ", ""},
 		{"metadata only", "\x28" + zeros(7) + `{"__metadata__":{"framework":"pt"}}     `, ""},
 		{"scalar", "8" + zeros(7) + `{"test":{"dtype":"I32","shape":[],"data_offsets":[0,4]}}` + zeros(4), ""},
@@ -61,9 +62,12 @@ func TestReadSafetensorsReferenceVectors(t *testing.T) {
 		{"header past the end", "<" + zeros(7), "runs past the end of the file"},
 		{"not UTF-8", "\x01" + zeros(7) + "\xff", "not valid UTF-8"},
 		{"not JSON", "\x01" + zeros(7) + "{", "header: not valid JSON"},
-		{"invalid info", "<" + zeros(7) + `{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0, 4]}}`, "is 16 bytes, but data_offsets [0, 4] hold 4"},
-		{"shape overflow", "O" + zeros(7) + `{"test":{"dtype":"I32","shape":[2,18446744073709551614],"data_offsets":[0,16]}}` + zeros(16), "out of range"},
-		{"bytes overflow", "N" + zeros(7) + `{"test":{"dtype":"I32","shape":[2,9223372036854775807],"data_offsets":[0,16]}}` + zeros(16), "overflows int64"},
+		{"invalid info", "<" + zeros(7) + `{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0, 4]}}`,
+			"is 16 bytes, but data_offsets [0, 4] hold 4"},
+		{"shape overflow", "O" + zeros(7) + `{"test":{"dtype":"I32","shape":[2,18446744073709551614],"data_offsets":[0,16]}}` + zeros(16),
+			"out of range"},
+		{"bytes overflow", "N" + zeros(7) + `{"test":{"dtype":"I32","shape":[2,9223372036854775807],"data_offsets":[0,16]}}` + zeros(16),
+			"overflows int64"},
 		// test_json_attack: ten tensors claiming the same 16 bytes.
 		{"json attack", string(stBytes(jsonAttackHeader(), make([]byte, 16))), "overlap"},
 		// The reference reader still lets leading whitespace through (it
@@ -151,7 +155,8 @@ func TestWriteSafetensorsRefuses(t *testing.T) {
 		{"shape and data", []stOut{{name: "a", shape: []int64{3}, f32: []float32{1, 2}}}, "8 bytes of data for shape [3] of F32"},
 		{"negative dim", []stOut{{name: "a", shape: []int64{-1, -2}, f32: []float32{1, 2}}}, "shape [-1 -2]"},
 		{"unknown dtype", []stOut{{name: "a", shape: []int64{1}, dtype: "F4", raw: []byte{0}}}, `unknown dtype "F4"`},
-		{"duplicate", []stOut{{name: "a", shape: []int64{1}, f32: []float32{1}}, {name: "a", shape: []int64{1}, f32: []float32{1}}}, `"a" used twice`},
+		{"duplicate", []stOut{{name: "a", shape: []int64{1}, f32: []float32{1}}, {name: "a", shape: []int64{1}, f32: []float32{1}}},
+			`"a" used twice`},
 		{"reserved", []stOut{{name: "__metadata__", shape: []int64{1}, f32: []float32{1}}}, "reserved"},
 	} {
 		var buf bytes.Buffer

@@ -114,7 +114,9 @@ func (q *Mem) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) 
 			total += job.MessageSize(m.Body, m.Attributes)
 		}
 		if total > q.MaxBytes {
-			return nil, &smithy.GenericAPIError{Code: "AWS.SimpleQueueService.BatchRequestTooLong", Message: "batch too long", Fault: smithy.FaultClient}
+			return nil, &smithy.GenericAPIError{
+				Code: "AWS.SimpleQueueService.BatchRequestTooLong", Message: "batch too long", Fault: smithy.FaultClient,
+			}
 		}
 	}
 	errs := make([]error, len(msgs))

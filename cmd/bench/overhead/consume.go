@@ -39,9 +39,12 @@ type consumeConfig struct {
 func (cc consumeConfig) settings() string {
 	return fmt.Sprintf("subscriber: admission vram (budget far above the work: admission never waits), prefetch %d, "+
 		"max-inflight %d, max-batch %d, max-batch-delay 10ms (default), wait-time 1s, visibility 30s, JSON logs at info to a discard writer; "+
-		"bare loops: ReceiveMessage of 10 with a 1 s long poll, visibility 30 s, all message attributes and ApproximateReceiveCount (as the subscriber asks), "+
+		"bare loops: ReceiveMessage of 10 with a 1 s long poll, visibility 30 s, all message attributes "+
+		"and ApproximateReceiveCount (as the subscriber asks), "+
 		"DeleteMessageBatch of what it received; the result variants send one result body per message, with the job id and chunk attributes, "+
-		"in one SendMessageBatch before the delete, precomputed or, in the json variant, made by decoding the work message and encoding its result with encoding/json; the pipelined ones settle up to %d received batches at once, the subscriber's in-flight bound",
+		"in one SendMessageBatch before the delete, precomputed or, in the json variant, made by decoding the work message "+
+		"and encoding its result with encoding/json; the pipelined ones settle up to %d received batches at once, "+
+		"the subscriber's in-flight bound",
 		cc.Prefetch, cc.MaxInflight, cc.MaxBatch, cc.MaxInflight/10)
 }
 
@@ -82,9 +85,9 @@ func (cc consumeConfig) consumers(keys string) ([]consumer, error) {
 func (cc consumeConfig) subscriber(ctx context.Context, e *benchEnv, urls localstack.URLs, n int) (time.Duration, string, error) {
 	reg := prometheus.NewRegistry()
 	sub, err := subscriber.New(subscriber.Config{
-		Queue:       sqsqueue.New(e.client, urls.Work),
-		Results:     sqsqueue.New(e.client, urls.Results),
-		DLQ:         sqsqueue.New(e.client, urls.DLQ),
+		Queue:       sqsqueue.New(e.Client, urls.Work),
+		Results:     sqsqueue.New(e.Client, urls.Results),
+		DLQ:         sqsqueue.New(e.Client, urls.DLQ),
 		Model:       timed.Noop{},
 		Device:      sqsenv.NoopDevice(),
 		VRAMReserve: 1 << 20,
@@ -178,7 +181,9 @@ const (
 // Pipelined, one goroutine receives, as the subscriber's poller does, and
 // each received batch's results and delete go on in a goroutine of its own,
 // up to the subscriber's in-flight bound.
-func (cc consumeConfig) bare(results resultMode, pipelined bool) func(context.Context, *benchEnv, localstack.URLs, int) (time.Duration, string, error) {
+func (cc consumeConfig) bare(
+	results resultMode, pipelined bool,
+) func(context.Context, *benchEnv, localstack.URLs, int) (time.Duration, string, error) {
 	return func(ctx context.Context, e *benchEnv, urls localstack.URLs, n int) (time.Duration, string, error) {
 		settle := func(ctx context.Context, msgs []types.Message) error {
 			if results != noResults {
@@ -200,7 +205,7 @@ func (cc consumeConfig) bare(results resultMode, pipelined bool) func(context.Co
 					}
 					entries[i] = sqscodec.Entry(i, sqscodec.Message{Body: *body, Attributes: attrs})
 				}
-				out, err := e.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &urls.Results, Entries: entries})
+				out, err := e.Client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &urls.Results, Entries: entries})
 				if err != nil {
 					return err
 				}
@@ -212,7 +217,7 @@ func (cc consumeConfig) bare(results resultMode, pipelined bool) func(context.Co
 			for i, m := range msgs {
 				entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle}
 			}
-			out, err := e.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &urls.Work, Entries: entries})
+			out, err := e.Client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &urls.Work, Entries: entries})
 			if err != nil {
 				return err
 			}
@@ -222,7 +227,7 @@ func (cc consumeConfig) bare(results resultMode, pipelined bool) func(context.Co
 			return nil
 		}
 		receive := func(ctx context.Context) ([]types.Message, error) {
-			out, err := e.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+			out, err := e.Client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 				QueueUrl: &urls.Work, MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 30,
 				MessageAttributeNames:       []string{"All"},
 				MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount},

@@ -5,7 +5,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/vramq/vramq/cmd/bench/sqsenv"
@@ -16,8 +15,6 @@ import (
 // timeline the consumer runs report to.
 type benchEnv struct {
 	*sqsenv.Env
-	// client is Env.Client, by the name the consumers and producers use.
-	client    *sqs.Client
 	discarded int // runs thrown away for a retried receive
 	// tl records the consumer runs' calls when -timeline is set; nil
 	// otherwise. run names the run in progress for it.
@@ -40,7 +37,7 @@ func newBenchEnv(ctx context.Context, stderr io.Writer, tl *timeline, latency ti
 	if err != nil {
 		return nil, err
 	}
-	return &benchEnv{Env: env, client: env.Client, tl: tl}, nil
+	return &benchEnv{Env: env, tl: tl}, nil
 }
 
 // begin is a consumer run's start: its clock, and the timeline's.

@@ -40,7 +40,8 @@ type publishConfig struct {
 
 // publishSettings describes the publisher comparison for the report; what
 // depends on the number of clients is in publishConfig.heading.
-var publishSettings = fmt.Sprintf("publisher: publisher.New with its defaults (no payload bucket; %d SendMessageBatch calls in flight per job; 256 KiB messages), "+
+var publishSettings = fmt.Sprintf("publisher: publisher.New with its defaults "+
+	"(no payload bucket; %d SendMessageBatch calls in flight per job; 256 KiB messages), "+
 	"its http.Handler on an httptest server (a real loopback TCP listener), each client posting one job at a time, "+
 	"request bodies encoded before the clock starts, JSON logs at info to a discard writer; "+
 	"bare loops: SendMessageBatch of the same chunks with the same attributes, %d calls in flight per client; "+
@@ -72,7 +73,10 @@ type publishLoad struct {
 func preparePublishLoad(jobs, items, chunkItems, words int) (*publishLoad, error) {
 	l := &publishLoad{}
 	planner := publisher.Planner{MaxMessageBytes: 256 << 10, MaxItemBytes: 64 << 10}
-	load := workload.Load{JobID: "overhead", Jobs: jobs, Items: items, ChunkItems: chunkItems, Sizes: workload.Sizes{Kind: workload.Fixed, Words: words}}
+	load := workload.Load{
+		JobID: "overhead", Jobs: jobs, Items: items, ChunkItems: chunkItems,
+		Sizes: workload.Sizes{Kind: workload.Fixed, Words: words},
+	}
 	for j := range jobs {
 		var id [16]byte
 		_, _ = rand.Read(id[:])
@@ -147,7 +151,7 @@ func (pc publishConfig) eachJob(ctx context.Context, l *publishLoad, f func(cont
 
 func (pc publishConfig) publisher(ctx context.Context, e *benchEnv, urls localstack.URLs, l *publishLoad) (time.Duration, error) {
 	p, err := publisher.New(publisher.Config{
-		Queue:           publisher.NewSQSQueue(e.client, urls.Work),
+		Queue:           publisher.NewSQSQueue(e.Client, urls.Work),
 		SendConcurrency: publishSends,
 		Logger:          slog.New(slog.NewJSONHandler(io.Discard, nil)),
 		Registerer:      prometheus.NewRegistry(),
@@ -193,7 +197,7 @@ func (pc publishConfig) publisher(ctx context.Context, e *benchEnv, urls localst
 // built in advance.
 func (pc publishConfig) bare(byJob, encode bool) func(context.Context, *benchEnv, localstack.URLs, *publishLoad) (time.Duration, error) {
 	send := func(ctx context.Context, e *benchEnv, url string, entries []types.SendMessageBatchRequestEntry) error {
-		out, err := e.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &url, Entries: entries})
+		out, err := e.Client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &url, Entries: entries})
 		if err != nil {
 			return err
 		}

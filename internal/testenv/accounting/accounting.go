@@ -447,7 +447,8 @@ func (r Report) String() string {
 	for _, k := range slices.Sorted(maps.Keys(r.Reasons)) {
 		reasons = append(reasons, fmt.Sprintf("%s=%d", k, r.Reasons[k]))
 	}
-	return fmt.Sprintf("chunks=%d results=%d duplicates=%d dead_lettered=%d reasons={%s} no_reason=%d both=%d missing=%d unexpected=%d malformed=%d visible=%d in_flight=%d (allowed %d)",
+	return fmt.Sprintf("chunks=%d results=%d duplicates=%d dead_lettered=%d reasons={%s} no_reason=%d both=%d "+
+		"missing=%d unexpected=%d malformed=%d visible=%d in_flight=%d (allowed %d)",
 		r.Chunks, r.Results, r.Duplicates, r.DeadLettered, strings.Join(reasons, ","), len(r.NoReason), len(r.Both),
 		len(r.Missing), r.Unexpected, len(r.Malformed), r.Visible, r.InFlight, r.StrandedAllowance)
 }

@@ -40,7 +40,8 @@ func mustJSON(t *testing.T, w job.Work) string {
 
 func send(t *testing.T, client *sqs.Client, url, body string, attrs map[string]string) {
 	t.Helper()
-	if _, err := client.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: &url, MessageBody: &body, MessageAttributes: sqscodec.Attributes(attrs)}); err != nil {
+	if _, err := client.SendMessage(t.Context(),
+		&sqs.SendMessageInput{QueueUrl: &url, MessageBody: &body, MessageAttributes: sqscodec.Attributes(attrs)}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -59,7 +60,8 @@ func TestCleanRunReportsNoViolation(t *testing.T) {
 	}
 	// Play the subscriber: take every work message, answer it, delete it.
 	for done := 0; done < len(w); {
-		out, err := client.ReceiveMessage(t.Context(), &sqs.ReceiveMessageInput{QueueUrl: &urls.Work, MaxNumberOfMessages: 10, WaitTimeSeconds: 1})
+		out, err := client.ReceiveMessage(t.Context(),
+			&sqs.ReceiveMessageInput{QueueUrl: &urls.Work, MaxNumberOfMessages: 10, WaitTimeSeconds: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +71,8 @@ func TestCleanRunReportsNoViolation(t *testing.T) {
 				t.Fatal(err)
 			}
 			send(t, client, urls.Results, result(wk.Key()), nil)
-			if _, err := client.DeleteMessage(t.Context(), &sqs.DeleteMessageInput{QueueUrl: &urls.Work, ReceiptHandle: m.ReceiptHandle}); err != nil {
+			if _, err := client.DeleteMessage(t.Context(),
+				&sqs.DeleteMessageInput{QueueUrl: &urls.Work, ReceiptHandle: m.ReceiptHandle}); err != nil {
 				t.Fatal(err)
 			}
 			done++

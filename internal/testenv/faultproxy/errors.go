@@ -35,7 +35,8 @@ func (p *Proxy) serverError(w http.ResponseWriter, r *http.Request, sqs bool) {
 		p.s3Error(w, r, http.StatusInternalServerError, "InternalError", "We encountered an internal error. Please try again.")
 		return
 	}
-	p.sqsError(w, http.StatusInternalServerError, "com.amazonaws.sqs#InternalError", "InternalError;Receiver", "Internal error (injected by faultproxy).")
+	p.sqsError(w, http.StatusInternalServerError, "com.amazonaws.sqs#InternalError", "InternalError;Receiver",
+		"Internal error (injected by faultproxy).")
 }
 
 func (p *Proxy) sqsError(w http.ResponseWriter, status int, typ, queryError, msg string) {

@@ -75,7 +75,9 @@ func NewCollector() *Collector { return &Collector{Results: map[job.Key]job.Resu
 // Poll receives one batch of results from url (waiting up to wait seconds),
 // records them and deletes them. It returns how many messages it read.
 func (c *Collector) Poll(ctx context.Context, client *sqs.Client, url string, wait int32) (int, error) {
-	out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: &url, MaxNumberOfMessages: 10, WaitTimeSeconds: wait, VisibilityTimeout: c.Visibility})
+	out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+		QueueUrl: &url, MaxNumberOfMessages: 10, WaitTimeSeconds: wait, VisibilityTimeout: c.Visibility,
+	})
 	if err != nil {
 		return 0, fmt.Errorf("receiving results: %w", err)
 	}

@@ -29,7 +29,8 @@ func TestSendSplitsBatchesBySize(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for deadline := time.Now().Add(30 * time.Second); len(seen) < len(works) && time.Now().Before(deadline); {
-		out, err := client.ReceiveMessage(t.Context(), &sqs.ReceiveMessageInput{QueueUrl: &urls.Work, MaxNumberOfMessages: 10, WaitTimeSeconds: 1})
+		out, err := client.ReceiveMessage(t.Context(),
+			&sqs.ReceiveMessageInput{QueueUrl: &urls.Work, MaxNumberOfMessages: 10, WaitTimeSeconds: 1})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -299,7 +299,10 @@ func (s *Server) response(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(body) > MaxPayload {
-		inv.finish(nil, &FunctionError{Type: "Function.ResponseSizeTooLarge", Message: "response payload size exceeded maximum allowed payload size (6291456 bytes)"})
+		inv.finish(nil, &FunctionError{
+			Type:    "Function.ResponseSizeTooLarge",
+			Message: "response payload size exceeded maximum allowed payload size (6291456 bytes)",
+		})
 		writeError(w, http.StatusRequestEntityTooLarge, "RequestEntityTooLarge", "response payload over 6291456 bytes")
 		return
 	}

@@ -275,7 +275,8 @@ func TestResponseTrailerError(t *testing.T) {
 	go func() {
 		_, _ = io.WriteString(pw, "partial")
 		req.Trailer.Set(lambdart.HeaderErrorType, "ReadError")
-		req.Trailer.Set(lambdart.HeaderErrorBody, "eyJlcnJvck1lc3NhZ2UiOiJkaXNrIGdvbmUiLCJlcnJvclR5cGUiOiJSZWFkRXJyb3IifQ==") // {"errorMessage":"disk gone","errorType":"ReadError"}
+		req.Trailer.Set(lambdart.HeaderErrorBody,
+			"eyJlcnJvck1lc3NhZ2UiOiJkaXNrIGdvbmUiLCJlcnJvclR5cGUiOiJSZWFkRXJyb3IifQ==") // {"errorMessage":"disk gone","errorType":"ReadError"}
 		pw.Close()
 	}()
 	r, err := http.DefaultClient.Do(req)
@@ -293,7 +294,8 @@ func TestInitError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	c := invokeAsync(s, ctx, `{}`)
-	resp, body := runtimeCall(t, s, "POST", "/init/error", http.Header{lambdart.HeaderErrorType: {"Runtime.ConfigError"}}, `{"errorMessage":"missing QUEUE_URL","errorType":"ConfigError"}`)
+	resp, body := runtimeCall(t, s, "POST", "/init/error", http.Header{lambdart.HeaderErrorType: {"Runtime.ConfigError"}},
+		`{"errorMessage":"missing QUEUE_URL","errorType":"ConfigError"}`)
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("init error: %d %s", resp.StatusCode, body)
 	}

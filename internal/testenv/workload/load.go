@@ -39,7 +39,8 @@ func (l Load) chunkItems() int { return cmp.Or(l.ChunkItems, 8) }
 func (l Load) Validate() error {
 	var errs []error
 	if l.Jobs < 0 || l.Items < 0 || l.Messages < 0 || l.ChunkItems < 0 {
-		errs = append(errs, fmt.Errorf("jobs %d, items %d, messages %d, chunk items %d: none may be negative", l.Jobs, l.Items, l.Messages, l.ChunkItems))
+		errs = append(errs, fmt.Errorf("jobs %d, items %d, messages %d, chunk items %d: none may be negative",
+			l.Jobs, l.Items, l.Messages, l.ChunkItems))
 	}
 	if l.Items == 0 && l.Messages == 0 {
 		errs = append(errs, errors.New("a job needs items or messages"))
