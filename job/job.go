@@ -25,6 +25,7 @@ const (
 	AttrChunk  = "vramq-chunk"
 	AttrReason = "vramq-dlq-reason" // why a message was dead-lettered
 	AttrSource = "vramq-source-message-id"
+	AttrTenant = "vramq-tenant" // who sent the job (internal/tenant); absent when no one is named
 )
 
 // Item is one unit of work: a text to embed, an image to classify. Models read

@@ -14,8 +14,9 @@ import (
 )
 
 // attrReserve is kept free in every message for its attributes, which SQS
-// counts in the message size: name, type and value of vramq-job-id and
-// vramq-chunk come to under 100 bytes; the rest is headroom.
+// counts in the message size: name, type and value of vramq-job-id,
+// vramq-chunk and vramq-tenant (a name of at most 128 characters) come to
+// under 220 bytes; the rest is headroom.
 const attrReserve = 256
 
 // numberReserve stands in for the digits of "chunk" and "chunks", which are

@@ -62,7 +62,10 @@ type Config struct {
 	MaxChunkItems int
 
 	// APIKeys, when any, are the bearer tokens accepted on /v1/jobs routes
-	// (Authorization: Bearer <key>). /healthz and /metrics stay open.
+	// (Authorization: Bearer <key>). /healthz and /metrics stay open. An
+	// entry "name:key" names the key's tenant (see SplitKey); one without a
+	// name is the tenant tenant.OfKey(key). Keys may share a name, to rotate
+	// one tenant's key without changing its tenant.
 	APIKeys []string
 
 	// RateLimit is the steady rate, in requests per second, that one client
@@ -221,8 +224,8 @@ func (c *Config) Validate() error {
 		bad("MaxChunkItems", "max chunk items %d: want at most %d (job.MaxItems)", c.MaxChunkItems, job.MaxItems)
 	}
 	for i, k := range c.APIKeys {
-		if k == "" {
-			bad("APIKeys", "API key %d is empty", i)
+		if name, key := SplitKey(k); key == "" {
+			bad("APIKeys", "API key %d (tenant %q) is empty", i, name)
 		}
 	}
 	rates := []struct {

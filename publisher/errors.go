@@ -29,6 +29,7 @@ const (
 	CodeIdempotencyBusy    = "idempotency_key_in_use"  // 409
 	CodeRateLimited        = "rate_limited"            // 429
 	CodeInvalidIdempotency = "invalid_idempotency_key" // 400
+	CodeInvalidTenant      = "invalid_tenant"          // 400
 	CodeStatusUnavailable  = "status_unavailable"      // 501
 	CodeEnqueueFailed      = "enqueue_failed"          // 503
 	CodeStoreUnavailable   = "store_unavailable"       // 503

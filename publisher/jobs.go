@@ -64,6 +64,11 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 			"Idempotency-Key must be given once, as 1 to %d visible ASCII characters", maxIdempotencyKey))
 		return
 	}
+	tenantName, e := p.requestTenant(r)
+	if e != nil {
+		fail(e)
+		return
+	}
 	// A body declared too large is refused before any of it is read; one
 	// that turns out too large (sent chunked, without a length) is cut off
 	// at the limit. The buffer is then at most MaxBodyBytes, but what the
@@ -169,7 +174,7 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	}
 	ectx, cancel := detach(r.Context())
 	defer cancel()
-	sent, e := p.enqueue(ectx, jobID, plan, len(req.Items))
+	sent, e := p.enqueue(ectx, jobID, tenantName, plan, len(req.Items))
 	if key != "" {
 		// The answer is recorded even if the client has gone, so its retry
 		// finds it: under a context that outlives the request.
@@ -192,6 +197,9 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.m.jobs.Inc()
+	label := p.labels.Label(tenantName)
+	p.m.tenantJobs.WithLabelValues(label).Inc()
+	p.m.tenantItems.WithLabelValues(label).Add(float64(len(req.Items)))
 	p.writeAccepted(w, resp)
 }
 
@@ -204,7 +212,7 @@ func (p *Publisher) writeAccepted(w http.ResponseWriter, resp *acceptedBody) {
 
 // enqueue uploads the claim-checked items, writes the manifest, and sends
 // the chunks, returning how many chunks SQS confirmed.
-func (p *Publisher) enqueue(ctx context.Context, jobID string, plan *Plan, items int) (int, *APIError) {
+func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName string, plan *Plan, items int) (int, *APIError) {
 	if len(plan.Claims) > 0 {
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(uploadConcurrency)
@@ -233,7 +241,7 @@ func (p *Publisher) enqueue(ctx context.Context, jobID string, plan *Plan, items
 			return 0, apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "writing the job's manifest failed; nothing was sent")
 		}
 	}
-	sent, err := p.sender.send(ctx, jobID, plan.Chunks)
+	sent, err := p.sender.send(ctx, jobID, tenantName, plan.Chunks)
 	if err != nil {
 		p.log.Error("sending chunks", "job_id", jobID, "sent", sent, "chunks", len(plan.Chunks), "err", err)
 		return sent, apiErr(http.StatusServiceUnavailable, CodeEnqueueFailed,

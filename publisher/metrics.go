@@ -21,6 +21,8 @@ type metrics struct {
 	rateClients   prometheus.Gauge
 	rateEvictions prometheus.Counter
 	overloaded    prometheus.Counter
+	tenantJobs    *prometheus.CounterVec // tenant (tenant.Labels)
+	tenantItems   *prometheus.CounterVec // tenant
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -53,11 +55,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Token buckets still in use dropped to make room for a new client: the client table is full."}),
 		overloaded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "overloaded_total",
 			Help: "POSTs answered 503 overloaded because the bodies in flight were at -max-inflight-body-bytes."}),
+		tenantJobs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "tenant_jobs_accepted_total",
+			Help: "Jobs answered 202 with every chunk on the queue, by tenant: the configured keys' names, the first 100 others, " +
+				"then \"other tenants\"; \"no tenant\" when none was named."}, []string{"tenant"}),
+		tenantItems: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "tenant_items_accepted_total",
+			Help: "Items of the jobs in vramq_publisher_tenant_jobs_accepted_total, by tenant (labelled the same way)."}, []string{"tenant"}),
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.requests, m.latency, m.jobs, m.replays, m.chunksSent, m.claimChecked, m.sqsCalls,
 		m.sendRetries, m.failedEntries,
-		m.rateLimited, m.rateClients, m.rateEvictions, m.overloaded} {
+		m.rateLimited, m.rateClients, m.rateEvictions, m.overloaded, m.tenantJobs, m.tenantItems} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/internal/tenant"
 )
 
 // Publisher is the HTTP API over one work queue. Safe for concurrent use.
@@ -38,6 +39,8 @@ type Publisher struct {
 	idem    idemStore
 	store   *payload.Store
 	keys    [][sha256.Size]byte // SHA-256 of each API key
+	tenants []string            // the tenant of each key, by the index of keys
+	labels  *tenant.Labels      // per-tenant metric labels
 	rates   *limiter            // nil without rate limits
 	bodies  *semaphore.Weighted // bytes of request bodies in flight
 	now     func() time.Time
@@ -67,8 +70,11 @@ func New(cfg Config) (*Publisher, error) {
 		maxBatchBytes: cfg.MaxMessageBytes, concurrency: cfg.SendConcurrency, m: m, log: cfg.Logger,
 	}
 	for _, k := range cfg.APIKeys {
-		p.keys = append(p.keys, sha256.Sum256([]byte(k)))
+		name, key := SplitKey(k)
+		p.keys = append(p.keys, sha256.Sum256([]byte(key)))
+		p.tenants = append(p.tenants, name)
 	}
+	p.labels = tenant.NewLabels(maxTenantLabels, p.tenants...)
 	p.rates = newLimiter(&cfg, m)
 	p.bodies = semaphore.NewWeighted(cfg.MaxBodyBytesInFlight)
 	return p, nil
@@ -234,7 +240,7 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // auth checks the bearer key when keys are configured, and puts the
 // caller's scope (the SHA-256 of its key) where idempotency and rate limits
-// find it. Every configured key is compared, each in constant time, over
+// find it, and its key's tenant where postJob does. Every configured key is compared, each in constant time, over
 // SHA-256 digests of equal length, so neither a key's content nor its length
 // leaks by timing. A request without a valid key is charged to its source
 // address's rate limit before it is answered 401, so keys cannot be guessed
@@ -271,7 +277,8 @@ func (p *Publisher) auth(next http.Handler) http.Handler {
 			writeError(w, apiErr(http.StatusUnauthorized, CodeUnauthorized, "the API key is not valid"))
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), scopeKey{}, hex.EncodeToString(p.keys[match][:]))))
+		ctx := context.WithValue(r.Context(), scopeKey{}, hex.EncodeToString(p.keys[match][:]))
+		next.ServeHTTP(w, r.WithContext(withTenant(ctx, p.tenants[match])))
 	})
 }
 

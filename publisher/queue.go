@@ -28,6 +28,9 @@ type Entry struct {
 	Body  string
 	JobID string
 	Chunk int
+	// Tenant is who sent the job (internal/tenant), valid or empty: the
+	// standard queue's MessageGroupId and the vramq-tenant attribute.
+	Tenant string
 }
 
 // SQSQueue is a Queue on one SQS queue. Retries of whole calls are the SDK
@@ -44,7 +47,10 @@ var _ Queue = (*SQSQueue)(nil)
 // (SQS requires its name to end in .fifo) gets MessageGroupId = job id, so a
 // job's chunks are delivered in order, and MessageDeduplicationId = job id
 // and chunk, so a chunk sent twice within SQS's five-minute window is taken
-// once.
+// once. A standard queue gets MessageGroupId = tenant, when the job has one:
+// SQS fair queues take it as the tenant and, when one tenant's messages hold
+// a disproportionate share of those in flight, deliver the quiet tenants'
+// first, with no ordering and no change to throughput (docs/api.md, Tenants).
 func NewSQSQueue(client *sqs.Client, url string) *SQSQueue {
 	return &SQSQueue{client: client, url: url, fifo: strings.HasSuffix(url, ".fifo")}
 }
@@ -56,9 +62,15 @@ func (q *SQSQueue) SendBatch(ctx context.Context, entries []Entry) ([]error, err
 	msgs := make([]sqscodec.Message, len(entries))
 	for i, e := range entries {
 		msgs[i] = sqscodec.Message{Body: e.Body, Attributes: job.Attributes(job.Key{JobID: e.JobID, Chunk: e.Chunk})}
-		if q.fifo {
+		if e.Tenant != "" {
+			msgs[i].Attributes[job.AttrTenant] = e.Tenant
+		}
+		switch {
+		case q.fifo:
 			msgs[i].GroupID = e.JobID
 			msgs[i].DedupID = e.JobID + "-" + strconv.Itoa(e.Chunk)
+		case e.Tenant != "":
+			msgs[i].GroupID = e.Tenant
 		}
 	}
 	out, err := q.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &q.url, Entries: sqscodec.Entries(msgs)})

@@ -32,7 +32,7 @@ type sender struct {
 
 // batches groups chunks into SendMessageBatch calls: ten entries at most,
 // and no more payload than one call may carry.
-func (s *sender) batches(jobID string, chunks []Chunk) [][]Entry {
+func (s *sender) batches(jobID, tenant string, chunks []Chunk) [][]Entry {
 	var out [][]Entry
 	var cur []Entry
 	size := 0
@@ -42,7 +42,7 @@ func (s *sender) batches(jobID string, chunks []Chunk) [][]Entry {
 			out = append(out, cur)
 			cur, size = nil, 0
 		}
-		cur = append(cur, Entry{Body: c.Body, JobID: jobID, Chunk: c.Index})
+		cur = append(cur, Entry{Body: c.Body, JobID: jobID, Chunk: c.Index, Tenant: tenant})
 		size += n
 	}
 	if len(cur) > 0 {
@@ -55,7 +55,7 @@ func (s *sender) batches(jobID string, chunks []Chunk) [][]Entry {
 // error means some chunk is not known to be on the queue; the job is then
 // incomplete and the caller says so. On a FIFO queue batches go one at a
 // time, in order.
-func (s *sender) send(ctx context.Context, jobID string, chunks []Chunk) (int, error) {
+func (s *sender) send(ctx context.Context, jobID, tenant string, chunks []Chunk) (int, error) {
 	var sent atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
 	limit := s.concurrency
@@ -63,7 +63,7 @@ func (s *sender) send(ctx context.Context, jobID string, chunks []Chunk) (int, e
 		limit = 1
 	}
 	g.SetLimit(limit)
-	for _, b := range s.batches(jobID, chunks) {
+	for _, b := range s.batches(jobID, tenant, chunks) {
 		if gctx.Err() != nil {
 			break // a batch failed for good: the job is incomplete whatever follows
 		}

@@ -45,7 +45,7 @@ func chunks(n, size int) []Chunk {
 func TestBatches(t *testing.T) {
 	s := testSender(t, nil)
 	var got []int
-	for _, b := range s.batches("j", chunks(23, 10)) {
+	for _, b := range s.batches("j", "", chunks(23, 10)) {
 		got = append(got, len(b))
 	}
 	if fmt.Sprint(got) != "[10 10 3]" {
@@ -53,7 +53,7 @@ func TestBatches(t *testing.T) {
 	}
 	// Payload bound: 300 KiB messages, 1 MiB per call: three per batch.
 	got = nil
-	for _, b := range s.batches("j", chunks(7, 300<<10)) {
+	for _, b := range s.batches("j", "", chunks(7, 300<<10)) {
 		got = append(got, len(b))
 	}
 	if fmt.Sprint(got) != "[3 3 1]" {
@@ -90,7 +90,7 @@ func TestSendRetriesFailedEntries(t *testing.T) {
 		q := &flaky{failures: 2, seen: map[int]int{}, sent: map[int]int{}}
 		s := testSender(t, q)
 		start := time.Now()
-		n, err := s.send(t.Context(), "j", chunks(25, 10))
+		n, err := s.send(t.Context(), "j", "", chunks(25, 10))
 		if err != nil || n != 25 {
 			t.Fatalf("sent %d, %v; want 25, nil", n, err)
 		}
@@ -116,7 +116,7 @@ func TestSendGivesUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q := &flaky{failures: 100, seen: map[int]int{}, sent: map[int]int{}}
 		s := testSender(t, q)
-		n, err := s.send(t.Context(), "j", chunks(10, 10))
+		n, err := s.send(t.Context(), "j", "", chunks(10, 10))
 		if err == nil || n != 6 {
 			t.Fatalf("sent %d, %v; want 6 and an error", n, err)
 		}
@@ -135,7 +135,7 @@ func TestSendPermanentEntryError(t *testing.T) {
 		return errs, nil
 	}))
 	s.concurrency = 1
-	n, err := s.send(t.Context(), "j", chunks(3, 10))
+	n, err := s.send(t.Context(), "j", "", chunks(3, 10))
 	var ee *EntryError
 	if !errors.As(err, &ee) || ee.Code != "InvalidMessageContents" || n != 2 || calls != 1 {
 		t.Errorf("sent %d in %d calls, %v; want 2 in 1 and the entry's error", n, calls, err)
@@ -146,7 +146,7 @@ func TestSendCallError(t *testing.T) {
 	s := testSender(t, queueFunc(func(context.Context, []Entry) ([]error, error) {
 		return nil, errors.New("connection refused")
 	}))
-	n, err := s.send(t.Context(), "j", chunks(30, 10))
+	n, err := s.send(t.Context(), "j", "", chunks(30, 10))
 	if err == nil || n != 0 {
 		t.Errorf("sent %d, %v", n, err)
 	}

@@ -18,10 +18,13 @@ import (
 type Message struct {
 	Body       string
 	Attributes map[string]string // string message attributes; none when empty
-	// GroupID and DedupID are a FIFO queue's MessageGroupId and
-	// MessageDeduplicationId; a standard queue refuses them, so leave them
-	// empty there.
-	GroupID, DedupID string
+	// GroupID is the MessageGroupId: on a FIFO queue the group whose
+	// messages are delivered in order, on a standard queue the tenant that
+	// SQS fair queues balance. Empty sends none.
+	GroupID string
+	// DedupID is a FIFO queue's MessageDeduplicationId; a standard queue
+	// refuses it, so leave it empty there.
+	DedupID string
 }
 
 // Entry is the SendMessageBatch entry of m, with id i: the entry's index in
