@@ -3,6 +3,8 @@ package subscriber
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/vramq/vramq/internal/tenant"
 )
 
 // metrics are the subscriber's Prometheus series, all prefixed vramq_subscriber_.
@@ -38,7 +40,17 @@ type metrics struct {
 
 	protected        prometheus.Gauge
 	protectionErrors prometheus.Counter
+
+	// tenantDone is results sent by the vramq-tenant attribute, labelled by
+	// tenants (tenant.Labels): anyone who can send to the queue names the
+	// tenant, so its labels are bounded.
+	tenantDone *prometheus.CounterVec
+	tenants    *tenant.Labels
 }
+
+// maxTenantLabels is how many tenants get a series of their own in
+// vramq_subscriber_tenant_results_sent_total; later ones share "other tenants".
+const maxTenantLabels = 100
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
@@ -99,5 +111,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		protected: gauge("task_protected", "1 while the ECS task is protected from scale-in (messages held), else 0."),
 		protectionErrors: counter("task_protection_errors_total",
 			"Calls to the ECS agent's task protection endpoint that failed (each is retried)."),
+		tenantDone: f.NewCounterVec(prometheus.CounterOpts(opts("tenant_results_sent_total",
+			"Result messages sent, by the work message's vramq-tenant attribute: the first 100 tenants seen, "+
+				"then \"other tenants\"; \"no tenant\" without a valid one.")), []string{"tenant"}),
+		tenants: tenant.NewLabels(maxTenantLabels),
 	}
 }

@@ -54,11 +54,14 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 			"GET /v1/jobs/{id} answers 501 and idempotency records live in this process only")
 	fs.StringVar(&o.addr, "addr", ":8080", "HTTP listen address (not used under Lambda)")
 	fs.StringVar(&o.apiKeys, "api-keys", "",
-		"comma-separated bearer API keys accepted on /v1/jobs (unset: no auth; a value naming no key is refused)")
+		"comma-separated bearer API keys accepted on /v1/jobs, each key or name:key to name its tenant (docs/api.md, Tenants)\n"+
+			"(unset: no auth; a value naming no key is refused)")
 	fs.StringVar(&o.apiKeysFile, "api-keys-file", "",
-		"file of bearer API keys, one per line (# comments), added to -api-keys; a file naming no key is refused")
+		"file of bearer API keys, one per line (# comments), key or name:key as in -api-keys, added to -api-keys;\n"+
+			"a file naming no key is refused")
 	fs.StringVar(&o.apiKeysSecret, "api-keys-secret", "",
-		"ID or ARN of a Secrets Manager secret holding bearer API keys (comma- or line-separated), read once at start\n"+
+		"ID or ARN of a Secrets Manager secret holding bearer API keys (comma- or line-separated, key or name:key),\n"+
+			"read once at start "+
 			"(a Lambda function's cold start) and added to -api-keys; the role needs secretsmanager:GetSecretValue on it")
 	fs.Var(&o.maxMessage, "max-message-bytes", "largest work message (0: the queue's MaximumMessageSize; lower only)")
 	fs.Var(&o.maxBody, "max-body-bytes",
