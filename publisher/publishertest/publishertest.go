@@ -132,6 +132,12 @@ func Cases(seedJob, reusedKey string) []Case {
 		{Name: "oversize item without bucket", NoBucket: true,
 			Body:   `{"items":[{"id":"a","text":"x"},{"id":"big","text":"` + strings.Repeat("x", 2*MaxMessageBytes) + `"}]}`,
 			Status: 413, Code: publisher.CodeItemTooLarge, Item: "big"},
+		// Without auth the tenant header is the tenant: untrusted, checked
+		// against SQS's MessageGroupId rule before the body is read.
+		{Name: "tenant with a space", NoBucket: true, Header: map[string]string{publisher.TenantHeader: "a b"}, Body: one,
+			Status: 400, Code: publisher.CodeInvalidTenant},
+		{Name: "tenant too long", NoBucket: true, Header: map[string]string{publisher.TenantHeader: strings.Repeat("t", 129)}, Body: one,
+			Status: 400, Code: publisher.CodeInvalidTenant},
 		{Name: "wrong method on jobs", Method: "PUT", Body: one, Status: 405, Code: publisher.CodeMethodNotAllowed},
 		{Name: "GET on jobs", Method: "GET", Status: 405, Code: publisher.CodeMethodNotAllowed},
 		{Name: "wrong method on a job", Method: "DELETE", Path: "/v1/jobs/" + seedJob, Status: 405, Code: publisher.CodeMethodNotAllowed},
