@@ -182,3 +182,24 @@ func TestLearnedStateFile(t *testing.T) {
 		t.Errorf("reloaded limit %d after growing back, want 8", back.batchLimit())
 	}
 }
+
+// A probe that holds (a full batch at the new limit ran) ends the back-off:
+// the next probe waits for the configured run again, not the doubled one.
+func TestLearnedHeldProbeResetsBackOff(t *testing.T) {
+	l := loadLearned("", "m", "d", 8, 2, quiet())
+	l.lower(4, 8, 100)
+	fullRuns(l, 2) // probe to 5
+	l.lower(2, 5, 100)
+	if l.batchLimit() != 4 || l.need != 4 {
+		t.Fatalf("after a failed probe: limit %d, next probe after %d; want 4 and 4", l.batchLimit(), l.need)
+	}
+	fullRuns(l, 4) // probe to 5 again
+	fullRuns(l, 1) // holds: the first of the next run
+	if l.batchLimit() != 5 {
+		t.Fatalf("limit %d, want 5", l.batchLimit())
+	}
+	fullRuns(l, 1)
+	if l.batchLimit() != 6 {
+		t.Errorf("limit %d after two full batches at 5, want 6 (the run back at 2)", l.batchLimit())
+	}
+}
