@@ -123,7 +123,11 @@ func (l *learned) ran(n int) {
 func (l *learned) lower(worked, failed int, budget int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if worked >= l.limit {
+	if worked >= l.limit || failed > l.limit {
+		// A batch bigger than the limit was gathered before the limit
+		// came down to where it is: its failure says nothing about the
+		// limit now, and the split that found the size that works has
+		// reported it already (lower is called at each level).
 		return
 	}
 	from := l.limit

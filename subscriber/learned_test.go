@@ -203,3 +203,22 @@ func TestLearnedHeldProbeResetsBackOff(t *testing.T) {
 		t.Errorf("limit %d after two full batches at 5, want 6 (the run back at 2)", l.batchLimit())
 	}
 }
+
+// A batch gathered before the limit came down fails at a size above the
+// limit: that is no evidence against the limit, or the probe, in force now.
+func TestLearnedStaleBatchIsNoEvidence(t *testing.T) {
+	l := loadLearned("", "m", "d", 8, 2, quiet())
+	l.lower(2, 4, 100) // the inner split of a batch of 8: 4 failed, 2 worked
+	l.lower(2, 8, 100) // and the outer
+	fullRuns(l, 2)     // probe to 3
+	l.lower(2, 4, 100) // another batch of 8 gathered before, split the same way
+	l.lower(2, 8, 100)
+	if l.batchLimit() != 3 || l.probeFrom != 2 || l.need != 2 {
+		t.Errorf("limit %d (probe from %d, next after %d) after stale batches failed; want the probe at 3 still, from 2, run 2",
+			l.batchLimit(), l.probeFrom, l.need)
+	}
+	l.lower(1, 3, 100) // the probe's own size
+	if l.batchLimit() != 2 || l.need != 4 {
+		t.Errorf("limit %d, next probe after %d after the probe failed; want 2 and 4", l.batchLimit(), l.need)
+	}
+}
