@@ -155,6 +155,9 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	}
 	s.m.budget.Set(float64(target))
 	s.adm.resize(target)
+	if target > old {
+		s.state.budgetGrew(target)
+	}
 }
 
 func absDiff(a, b int64) int64 {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -326,5 +328,44 @@ func TestBudgetKeptWhileDeviceUnreadable(t *testing.T) {
 			t.Errorf("%d budget changes logged, want 1", n)
 		}
 		h.shutdown()
+	})
+}
+
+// A budget that grows (another process lets go of its memory) brings the
+// next probe of a learned batch limit forward: with a clean run far off, the
+// limit from the state file goes up at the first full batch after the
+// growth.
+func TestBudgetGrowthProbesTheBatchLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		state := filepath.Join(t.TempDir(), "state.json")
+		if err := os.WriteFile(state, []byte(`{"model":"test-model","device":"sim","batch_limit":2}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var release func()
+		h := startWith(t, 64*mib, Config{MaxBatch: 8, BudgetRefresh: time.Second, BatchLimitProbeAfter: 1000, StateFile: state},
+			func(h *harness, c *Config) {
+				c.Model = workingModel{h.model}
+				release = otherProcess(t, h.dev, 32*mib)
+			})
+		if l := h.sub.state.batchLimit(); l != 2 {
+			t.Fatalf("batch limit %d from the state file, want 2", l)
+		}
+		small := h.sub.Budget()
+		release()
+		waitFor(t, time.Minute, "the budget to grow", func() bool { return h.sub.Budget() > small })
+		for i := range 8 {
+			h.send("after", i, "mb=1 ms=100")
+		}
+		waitFor(t, time.Minute, "8 results", func() bool { r, _ := h.results.Stats(); return r == 8 })
+		h.shutdown()
+		if l := h.sub.state.batchLimit(); l != 3 {
+			t.Errorf("batch limit %d after the budget grew and full batches of 2 ran, want the probe at 3", l)
+		}
+		if n := counter(h.sub.m.batchLimitChanges.WithLabelValues("probe")); n != 1 {
+			t.Errorf("%d probes counted, want 1", n)
+		}
+		if g := counter(h.sub.m.batchLimit); g != 3 {
+			t.Errorf("batch_limit_messages %d, want 3", g)
+		}
 	})
 }

@@ -126,6 +126,12 @@ type Config struct {
 	// StateFile, when set, keeps what was learned (the batch size that fits)
 	// across restarts.
 	StateFile string
+	// BatchLimitProbeAfter is how many full batches in a row must run at a
+	// batch limit lowered by an OOM before it is probed one step higher
+	// (+1 or +25%, up to MaxBatch); the run doubles after each probe that
+	// runs out of memory, up to 64 times this. A budget increase probes at
+	// the next full batch. Negative: the limit never grows back.
+	BatchLimitProbeAfter int
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // default: a private registry
@@ -157,6 +163,7 @@ func DefaultConfig() Config {
 		MaxResultBytes:        job.MaxResultBytes,
 		TaskProtectionExpiry:  time.Hour,
 		TaskProtectionMaxHold: 30 * time.Minute,
+		BatchLimitProbeAfter:  32,
 	}
 }
 
@@ -189,6 +196,7 @@ func (c *Config) setDefaults() {
 	orDefault(&c.MaxResultBytes, d.MaxResultBytes)
 	orDefault(&c.TaskProtectionExpiry, d.TaskProtectionExpiry)
 	orDefault(&c.TaskProtectionMaxHold, d.TaskProtectionMaxHold)
+	orDefault(&c.BatchLimitProbeAfter, d.BatchLimitProbeAfter)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -34,6 +34,8 @@ type metrics struct {
 	requests      *prometheus.CounterVec
 	batchLimit    prometheus.Gauge
 
+	batchLimitChanges *prometheus.CounterVec
+
 	claimChecks     *prometheus.CounterVec
 	resultsStored   prometheus.Counter
 	payloadRequests *prometheus.CounterVec
@@ -99,7 +101,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			"Leases lost (receipt handle invalid or max hold passed), by where it was noticed.")), []string{"at"}),
 		requests: f.NewCounterVec(prometheus.CounterOpts(opts("sqs_requests_total",
 			"SQS API calls made, by action and outcome.")), []string{"action", "outcome"}),
-		batchLimit: gauge("batch_limit_messages", "Most messages per batch now, lowered after an out-of-memory split."),
+		batchLimit: gauge("batch_limit_messages", "Most messages per batch now: lowered after an out-of-memory split, "+
+			"probed back up after a run of clean full batches or a budget increase."),
+		batchLimitChanges: f.NewCounterVec(prometheus.CounterOpts(opts("batch_limit_changes_total",
+			"Changes of the batch limit, by cause: oom (lowered after an out-of-memory split), probe (raised one step), "+
+				"probe_failed (lowered: the probe ran out of memory before a full batch confirmed it).")), []string{"cause"}),
 		claimChecks: f.NewCounterVec(prometheus.CounterOpts(opts("claim_checks_total",
 			"Claim-checked items fetched from the payload bucket, by outcome: "+
 				"ok, missing, corrupt (size or SHA-256), invalid (not the item), error (may pass).")), []string{"outcome"}),

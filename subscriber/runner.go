@@ -48,6 +48,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 				s.suspects.clear(t.lease.msg.ID)
 			}
 		}
+		s.state.ran(len(tasks))
 		s.complete(tasks, outs)
 		return len(tasks), nil
 	case errors.Is(err, gpu.ErrOutOfMemory):
@@ -64,8 +65,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		ok2, alone2 := s.process(ctx, tasks[half:])
 		ok = max(ok1, ok2)
 		if ok > 0 {
-			s.state.lower(ok, len(tasks))
-			s.m.batchLimit.Set(float64(s.state.batchLimit()))
+			s.state.lower(ok, len(tasks), s.adm.budget())
 		}
 		return ok, append(alone1, alone2...)
 	case errors.Is(err, gpu.ErrInvalidInput):

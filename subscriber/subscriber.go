@@ -172,7 +172,8 @@ func New(cfg Config) (*Subscriber, error) {
 		s.keeper.onHold = s.protect.poke
 		s.keeper.onRemove = func() { s.pokeRoom(); s.protect.poke() }
 	}
-	s.state = loadLearned(cfg.StateFile, cfg.Model.Name(), cfg.Device.Name(), cfg.MaxBatch, s.log)
+	s.state = loadLearned(cfg.StateFile, cfg.Model.Name(), cfg.Device.Name(), cfg.MaxBatch, cfg.BatchLimitProbeAfter, s.log)
+	s.state.m = m
 	m.budget.Set(float64(budget))
 	if cfg.Admission == AdmitVRAM {
 		m.budgetMax.Set(float64(adm.size))

@@ -512,7 +512,7 @@ func TestUnderestimateSplitsLearnsAndDeadLetters(t *testing.T) {
 			t.Errorf("dead letter reason %q", d[0].Attributes[job.AttrReason])
 		}
 		// A new subscriber starts from the learned limit.
-		l := loadLearned(state, h.model.Name(), h.dev.Name(), 8, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		l := loadLearned(state, h.model.Name(), h.dev.Name(), 8, 32, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if l.batchLimit() != f.BatchLimit {
 			t.Errorf("reloaded limit %d, want %d", l.batchLimit(), f.BatchLimit)
 		}

@@ -112,6 +112,10 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", d.ShutdownGrace, "how long running batches may finish after SIGTERM")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", d.MaxMessageBytes, "largest result message; 1 KiB to 1 MiB")
 	fs.StringVar(&c.StateFile, "state-file", d.StateFile, "file that keeps the learned batch limit across restarts")
+	fs.IntVar(&c.BatchLimitProbeAfter, "batch-limit-probe-after", d.BatchLimitProbeAfter,
+		"full batches in a row, none out of memory, before a batch limit lowered by an OOM is probed one step higher\n"+
+			"(+1 or +25%, up to -max-batch); doubles after each probe that runs out of memory, up to 64 times;\n"+
+			"a budget increase probes at the next full batch; negative: the limit never grows back")
 	fs.StringVar(&o.taskProtection, "task-protection", "auto",
 		"ECS task scale-in protection while messages are held, through the agent at $ECS_AGENT_URI:\n"+
 			"auto (on where ECS_AGENT_URI is set, as in every ECS task), on, off;\n"+
@@ -153,6 +157,6 @@ var configFlags = map[string]string{
 	"MaxBatchDelay": "max-batch-delay", "MaxBatchBytes": "max-batch-bytes", "WaitTime": "wait-time",
 	"Visibility": "visibility-timeout", "MaxHold": "max-hold", "AdmitTimeout": "admit-timeout",
 	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
-	"MaxMessageBytes": "max-message-bytes", "StateFile": "state-file",
+	"MaxMessageBytes": "max-message-bytes", "StateFile": "state-file", "BatchLimitProbeAfter": "batch-limit-probe-after",
 	"TaskProtectionExpiry": "task-protection-expiry", "TaskProtectionMaxHold": "task-protection-max-hold",
 }
