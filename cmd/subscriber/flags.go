@@ -154,7 +154,8 @@ var configFlags = map[string]string{
 	"BudgetRefresh": "budget-refresh", "Prefetch": "prefetch", "MaxInflight": "max-inflight", "MaxBatch": "max-batch",
 	"MaxBatchDelay": "max-batch-delay", "MaxBatchBytes": "max-batch-bytes", "WaitTime": "wait-time",
 	"Visibility": "visibility-timeout", "MaxHold": "max-hold", "AdmitTimeout": "admit-timeout",
-	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "CancelCheckTTL": "cancel-check-ttl", "ShutdownGrace": "shutdown-grace",
+	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
+	"CancelCheckTTL": "cancel-check-ttl",
 	"MaxMessageBytes": "max-message-bytes", "StateFile": "state-file",
 	"TaskProtectionExpiry": "task-protection-expiry", "TaskProtectionMaxHold": "task-protection-max-hold",
 }
