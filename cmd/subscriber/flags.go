@@ -155,7 +155,7 @@ var configFlags = map[string]string{
 	"MaxBatchDelay": "max-batch-delay", "MaxBatchBytes": "max-batch-bytes", "WaitTime": "wait-time",
 	"Visibility": "visibility-timeout", "MaxHold": "max-hold", "AdmitTimeout": "admit-timeout",
 	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
-	"CancelCheckTTL": "cancel-check-ttl",
+	"CancelCheckTTL":  "cancel-check-ttl",
 	"MaxMessageBytes": "max-message-bytes", "StateFile": "state-file",
 	"TaskProtectionExpiry": "task-protection-expiry", "TaskProtectionMaxHold": "task-protection-max-hold",
 }
