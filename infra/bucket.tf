@@ -6,6 +6,8 @@
 #   idempotency/{sha256}.json       Idempotency-Key records (publisher)
 #   results/{job_id}/{chunk}.json   chunk results (subscriber writes, publisher reads)
 #   failed/{job_id}/{chunk}.json    why a chunk was dead-lettered (subscriber writes, publisher reads)
+#   cancel/{job_id}.json            a job's cancel record (publisher writes on DELETE, subscriber reads)
+#   cancelled/{job_id}/{chunk}.json a chunk deleted unrun after a cancel (subscriber writes, publisher reads)
 #
 # Objects are written once and expire by prefix; there is no versioning to
 # pay for.

@@ -212,17 +212,23 @@ data "aws_iam_policy_document" "subscriber" {
     resources = [aws_sqs_queue.results.arn, aws_sqs_queue.dlq.arn]
   }
 
-  # Claim-checked items, and a chunk's stored result (PutIfAbsent reads first).
+  # Claim-checked items, and a chunk's stored result (PutIfAbsent reads first);
+  # a job's cancel record, and a chunk's cancelled marker (PutIfAbsent).
   statement {
-    sid       = "ReadItemsAndResults"
-    actions   = ["s3:GetObject"]
-    resources = ["${local.bucket_arn}/payloads/*", "${local.bucket_arn}/results/*"]
+    sid     = "ReadItemsAndResults"
+    actions = ["s3:GetObject"]
+    resources = [
+      "${local.bucket_arn}/payloads/*",
+      "${local.bucket_arn}/results/*",
+      "${local.bucket_arn}/cancel/*",
+      "${local.bucket_arn}/cancelled/*",
+    ]
   }
 
   statement {
     sid       = "WriteResultsAndFailedMarkers"
     actions   = ["s3:PutObject"]
-    resources = ["${local.bucket_arn}/results/*", "${local.bucket_arn}/failed/*"]
+    resources = ["${local.bucket_arn}/results/*", "${local.bucket_arn}/failed/*", "${local.bucket_arn}/cancelled/*"]
   }
 
   statement {
@@ -233,7 +239,7 @@ data "aws_iam_policy_document" "subscriber" {
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["payloads/*", "results/*"]
+      values   = ["payloads/*", "results/*", "cancel/*", "cancelled/*"]
     }
   }
 
@@ -310,7 +316,7 @@ data "aws_iam_policy_document" "publisher" {
     resources = [aws_sqs_queue.work.arn]
   }
 
-  # Claim-checked items, job manifests, idempotency records.
+  # Claim-checked items, job manifests, idempotency records, cancel records.
   statement {
     sid     = "WriteItemsManifestsAndKeys"
     actions = ["s3:PutObject"]
@@ -318,6 +324,7 @@ data "aws_iam_policy_document" "publisher" {
       "${local.bucket_arn}/payloads/*",
       "${local.bucket_arn}/jobs/*",
       "${local.bucket_arn}/idempotency/*",
+      "${local.bucket_arn}/cancel/*",
     ]
   }
 
@@ -331,10 +338,12 @@ data "aws_iam_policy_document" "publisher" {
       "${local.bucket_arn}/idempotency/*",
       "${local.bucket_arn}/results/*",
       "${local.bucket_arn}/failed/*",
+      "${local.bucket_arn}/cancel/*",
+      "${local.bucket_arn}/cancelled/*",
     ]
   }
 
-  # Listing results/{job}/ and failed/{job}/ for status, and 404s for the rest.
+  # Listing results/{job}/, failed/{job}/ and cancelled/{job}/ for status, and 404s for the rest.
   statement {
     sid       = "ListJobStatus"
     actions   = ["s3:ListBucket"]
@@ -343,7 +352,7 @@ data "aws_iam_policy_document" "publisher" {
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["jobs/*", "idempotency/*", "results/*", "failed/*"]
+      values   = ["jobs/*", "idempotency/*", "results/*", "failed/*", "cancel/*", "cancelled/*"]
     }
   }
 

@@ -14,6 +14,13 @@ import (
 //	idempotency/{sha256}.json       Idempotency-Key → job id, by the publisher
 //	results/{job_id}/{chunk}.json   a chunk's Result JSON, by the subscriber
 //	failed/{job_id}/{chunk}.json    a FailedMarker: why a chunk was dead-lettered, by the subscriber
+//	cancel/{job_id}.json            a CancelRecord: the job is cancelled, by the publisher (DELETE)
+//	cancelled/{job_id}/{chunk}.json a CancelledMarker: a chunk deleted unrun, by the subscriber
+//
+// Cancelled chunks have a prefix of their own rather than a failed marker
+// with a reason: a cancelled chunk has no DLQ copy, the publisher counts
+// them with one List instead of reading every failed marker for its
+// reason, and a job with cancelled chunks is not reported partial.
 
 // ItemKey is where the publisher puts the claim-checked item itemID of job
 // jobID: named by the SHA-256 of the item's id (ids are unique in a job), so
@@ -45,3 +52,14 @@ func FailedKey(jobID string, chunk int) string {
 // failed markers start with, to list them.
 func ResultPrefix(jobID string) string { return "results/" + jobID + "/" }
 func FailedPrefix(jobID string) string { return "failed/" + jobID + "/" }
+
+// CancelKey is where job jobID's CancelRecord is.
+func CancelKey(jobID string) string { return "cancel/" + jobID + ".json" }
+
+// CancelledKey is where the CancelledMarker of chunk chunk of job jobID is.
+func CancelledKey(jobID string, chunk int) string {
+	return CancelledPrefix(jobID) + strconv.Itoa(chunk) + ".json"
+}
+
+// CancelledPrefix is what the keys of a job's cancelled markers start with.
+func CancelledPrefix(jobID string) string { return "cancelled/" + jobID + "/" }

@@ -14,6 +14,9 @@ func TestBucketLayout(t *testing.T) {
 		{FailedKey("j1", 7), "failed/j1/7.json"},
 		{ResultPrefix("j1"), "results/j1/"},
 		{FailedPrefix("j1"), "failed/j1/"},
+		{CancelKey("j1"), "cancel/j1.json"},
+		{CancelledKey("j1", 7), "cancelled/j1/7.json"},
+		{CancelledPrefix("j1"), "cancelled/j1/"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %s, want %s", tc.got, tc.want)

@@ -26,3 +26,24 @@ type FailedMarker struct {
 	MessageID string `json:"message_id"`
 	At        string `json:"at"` // RFC 3339, UTC
 }
+
+// CancelRecord is cancel/{job_id}.json: the job's owner asked for it to be
+// cancelled. The publisher writes it once (a conditional put) on DELETE
+// /v1/jobs/{id}; subscribers read it, through a cache, before running the
+// job's chunks.
+type CancelRecord struct {
+	V     int       `json:"v"`
+	JobID string    `json:"job_id"`
+	At    time.Time `json:"at"`
+}
+
+// CancelledMarker is cancelled/{job_id}/{chunk}.json: a chunk of a
+// cancelled job that was deleted without running. The subscriber writes it
+// before the delete; the publisher counts them for its progress answer.
+type CancelledMarker struct {
+	V         int    `json:"v"`
+	JobID     string `json:"job_id"`
+	Chunk     int    `json:"chunk"`
+	MessageID string `json:"message_id"`
+	At        string `json:"at"` // RFC 3339, UTC
+}

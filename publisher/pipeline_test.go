@@ -19,16 +19,24 @@ import (
 
 // runSubscriber runs a real subscriber (the reference model on a simulated
 // device) on the env's queues and bucket until the test ends.
-func (e *env) runSubscriber() {
+func (e *env) runSubscriber() { e.runSubscriberWith(nil) }
+
+// runSubscriberWith is runSubscriber with the model wrapped by wrap, when
+// not nil.
+func (e *env) runSubscriberWith(wrap func(gpu.Model) gpu.Model) {
 	e.t.Helper()
 	mcfg := refembed.DefaultConfig()
 	w := refembed.GenerateWeights(mcfg)
 	dev := gpu.NewSim(w.Bytes() + 64<<20)
-	model, err := refembed.NewEmbedder(w, mcfg, dev)
+	embedder, err := refembed.NewEmbedder(w, mcfg, dev)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.t.Cleanup(func() { _ = model.Close() })
+	e.t.Cleanup(func() { _ = embedder.Close() })
+	var model gpu.Model = embedder
+	if wrap != nil {
+		model = wrap(model)
+	}
 	sub, err := subscriber.New(subscriber.Config{
 		Queue:       sqsqueue.New(e.client, e.urls.Work),
 		Results:     sqsqueue.New(e.client, e.urls.Results),

@@ -84,6 +84,7 @@ func New(cfg Config) (*Publisher, error) {
 //
 //	POST /v1/jobs        submit a job (auth, rate limits)
 //	GET  /v1/jobs/{id}   a job's progress and results (auth, rate limits)
+//	DELETE /v1/jobs/{id} cancel a job (auth, rate limits)
 //	GET  /healthz        liveness
 //
 // Every error is JSON, including 404 and 405, and every response says
@@ -96,10 +97,11 @@ func (p *Publisher) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/jobs", p.auth(p.rateLimit(http.HandlerFunc(p.postJob))))
 	mux.Handle("GET /v1/jobs/{id}", p.auth(p.rateLimit(http.HandlerFunc(p.getJob))))
+	mux.Handle("DELETE /v1/jobs/{id}", p.auth(p.rateLimit(http.HandlerFunc(p.deleteJob))))
 	// The method-less patterns catch what the ones above do not, so a wrong
 	// method gets a JSON 405 rather than the mux's plain-text one.
 	mux.HandleFunc("/v1/jobs", methodNotAllowed("POST"))
-	mux.HandleFunc("/v1/jobs/{id}", methodNotAllowed("GET, HEAD"))
+	mux.HandleFunc("/v1/jobs/{id}", methodNotAllowed("GET, HEAD, DELETE"))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

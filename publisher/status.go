@@ -23,6 +23,12 @@ const (
 	StatusRunning  = "running"  // some chunks have neither a result nor a failure yet
 	StatusComplete = "complete" // every chunk has a result
 	StatusPartial  = "partial"  // every chunk is settled, some failed
+	// StatusCancelled: DELETE /v1/jobs/{id} asked for it before the job
+	// finished. Chunks not yet run are deleted unrun as subscribers receive
+	// them (chunks_cancelled), running ones finish; chunks_pending says how
+	// many are not settled yet. A cancel that came too late to stop any
+	// chunk leaves the job complete or partial.
+	StatusCancelled = "cancelled"
 )
 
 // Paging of results in GET /v1/jobs/{id}, in chunks.
@@ -32,18 +38,21 @@ const (
 )
 
 type statusBody struct {
-	JobID         string        `json:"job_id"`
-	Status        string        `json:"status"`
-	Chunks        int           `json:"chunks"`
-	ChunksDone    int           `json:"chunks_done"`
-	ChunksFailed  int           `json:"chunks_failed"`
-	Items         int           `json:"items"`
-	ItemsDone     int           `json:"items_done"`
-	ClaimChecked  int           `json:"claim_checked"`
-	CreatedAt     time.Time     `json:"created_at"`
-	Failed        []failedChunk `json:"failed"`
-	Results       []chunkResult `json:"results,omitempty"`
-	NextPageToken string        `json:"next_page_token,omitempty"`
+	JobID           string        `json:"job_id"`
+	Status          string        `json:"status"`
+	Chunks          int           `json:"chunks"`
+	ChunksDone      int           `json:"chunks_done"`
+	ChunksFailed    int           `json:"chunks_failed"`
+	ChunksCancelled int           `json:"chunks_cancelled"`
+	ChunksPending   int           `json:"chunks_pending"`
+	Items           int           `json:"items"`
+	ItemsDone       int           `json:"items_done"`
+	ClaimChecked    int           `json:"claim_checked"`
+	CreatedAt       time.Time     `json:"created_at"`
+	CancelledAt     *time.Time    `json:"cancelled_at,omitempty"` // when DELETE asked for it
+	Failed          []failedChunk `json:"failed"`
+	Results         []chunkResult `json:"results,omitempty"`
+	NextPageToken   string        `json:"next_page_token,omitempty"`
 }
 
 type failedChunk struct {
@@ -60,60 +69,71 @@ type chunkResult struct {
 // readConcurrency bounds the S3 reads of one status request.
 const readConcurrency = 8
 
-// getJob is GET /v1/jobs/{id}: progress from the result and failure objects
-// the subscribers write, and, once every chunk is settled, the results, a
-// page of chunks at a time.
+// getJob is GET /v1/jobs/{id}: progress from the result, failure and
+// cancelled markers the subscribers write, and, once every chunk is settled,
+// the results, a page of chunks at a time.
 func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)
-	fail := func(e *APIError) {
+	m, fail := p.loadJob(w, r)
+	if m == nil {
+		return
+	}
+	pageSize, start, e := pageParams(r)
+	if e != nil {
+		fail(e)
+		return
+	}
+	if start > 0 && start >= m.Chunks {
+		fail(apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_token is past the job's last chunk"))
+		return
+	}
+	body, err := p.status(r.Context(), m, start, pageSize)
+	if err != nil {
+		p.log.Error("reading job status", "job_id", ri.jobID, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's results could not be read"))
+		return
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+// loadJob reads the manifest of the job r's path names, answering the
+// request itself (and returning nil) when there is no bucket, no such job,
+// or the manifest cannot be read. fail answers r with an error.
+func (p *Publisher) loadJob(w http.ResponseWriter, r *http.Request) (m *job.Manifest, fail func(*APIError)) {
+	ri := info(r)
+	fail = func(e *APIError) {
 		ri.code = e.Code
 		writeError(w, e)
 	}
 	if p.store == nil {
 		fail(apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
-			"job status needs a payload bucket, and this publisher has none (-payload-bucket)"))
-		return
+			"job status and cancel need a payload bucket, and this publisher has none (-payload-bucket)"))
+		return nil, fail
 	}
 	id := r.PathValue("id")
 	// Ids are checked before they reach an S3 key, so no path can be made
 	// to name another object.
 	if !validJobID(id) {
 		fail(apiErr(http.StatusNotFound, CodeNotFound, "no such job"))
-		return
+		return nil, fail
 	}
 	ri.jobID = id
-	pageSize, start, e := pageParams(r)
-	if e != nil {
-		fail(e)
-		return
-	}
-	ctx := r.Context()
-	raw, err := p.store.Read(ctx, job.ManifestKey(id))
+	raw, err := p.store.Read(r.Context(), job.ManifestKey(id))
 	if errors.Is(err, payload.ErrMissing) {
 		fail(apiErr(http.StatusNotFound, CodeNotFound, "no such job"))
-		return
+		return nil, fail
 	}
-	var m job.Manifest
+	m = new(job.Manifest)
 	if err == nil {
-		err = json.Unmarshal(raw, &m)
+		err = json.Unmarshal(raw, m)
 	}
 	if err != nil {
 		p.log.Error("reading a job manifest", "job_id", id, "err", err)
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's manifest could not be read"))
-		return
+		return nil, fail
 	}
 	ri.items, ri.chunks = m.Items, m.Chunks
-	if start > 0 && start >= m.Chunks {
-		fail(apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_token is past the job's last chunk"))
-		return
-	}
-	body, err := p.status(ctx, &m, start, pageSize)
-	if err != nil {
-		p.log.Error("reading job status", "job_id", id, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's results could not be read"))
-		return
-	}
-	writeJSON(w, http.StatusOK, body)
+	return m, fail
 }
 
 func pageParams(r *http.Request) (size, start int, e *APIError) {
@@ -136,27 +156,49 @@ func pageParams(r *http.Request) (size, start int, e *APIError) {
 	return size, start, nil
 }
 
+// status is the job's progress; with pageSize > 0, and once every chunk is
+// settled, a page of its results from chunk start.
 func (p *Publisher) status(ctx context.Context, m *job.Manifest, start, pageSize int) (*statusBody, error) {
-	done, err := p.chunksUnder(ctx, job.ResultPrefix(m.JobID), m.Chunks)
-	if err != nil {
+	var done, failedSet, cancelledSet map[int]bool
+	var cancel *job.CancelRecord
+	g0, gctx0 := errgroup.WithContext(ctx)
+	g0.Go(func() (err error) { done, err = p.chunksUnder(gctx0, job.ResultPrefix(m.JobID), m.Chunks); return })
+	g0.Go(func() (err error) { failedSet, err = p.chunksUnder(gctx0, job.FailedPrefix(m.JobID), m.Chunks); return })
+	g0.Go(func() (err error) {
+		cancelledSet, err = p.chunksUnder(gctx0, job.CancelledPrefix(m.JobID), m.Chunks)
+		return
+	})
+	g0.Go(func() (err error) { cancel, err = p.cancelRecord(gctx0, m.JobID); return })
+	if err := g0.Wait(); err != nil {
 		return nil, err
 	}
-	failedSet, err := p.chunksUnder(ctx, job.FailedPrefix(m.JobID), m.Chunks)
-	if err != nil {
-		return nil, err
-	}
+	// A result wins over an earlier failure, and either over a cancelled
+	// marker (anyone who can send to the queue can make a subscriber write
+	// one, for any chunk).
 	for c := range done {
-		delete(failedSet, c) // a result wins over an earlier failure
+		delete(failedSet, c)
+		delete(cancelledSet, c)
+	}
+	for c := range failedSet {
+		delete(cancelledSet, c)
 	}
 	b := &statusBody{JobID: m.JobID, Chunks: m.Chunks, ChunksDone: len(done), ChunksFailed: len(failedSet),
-		Items: m.Items, ClaimChecked: m.ClaimChecked, CreatedAt: m.CreatedAt, Failed: []failedChunk{}}
+		ChunksCancelled: len(cancelledSet), Items: m.Items, ClaimChecked: m.ClaimChecked, CreatedAt: m.CreatedAt,
+		Failed: []failedChunk{}}
+	b.ChunksPending = max(m.Chunks-b.ChunksDone-b.ChunksFailed-b.ChunksCancelled, 0)
 	for c := range done {
 		if c < len(m.ChunkItems) {
 			b.ItemsDone += m.ChunkItems[c]
 		}
 	}
+	if cancel != nil {
+		at := cancel.At
+		b.CancelledAt = &at
+	}
 	switch {
-	case len(done)+len(failedSet) < m.Chunks:
+	case cancel != nil && (b.ChunksPending > 0 || b.ChunksCancelled > 0):
+		b.Status = StatusCancelled
+	case b.ChunksPending > 0:
 		b.Status = StatusRunning
 	case len(failedSet) == 0:
 		b.Status = StatusComplete
@@ -184,7 +226,7 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest, start, pageSize
 			return nil
 		})
 	}
-	if b.Status != StatusRunning {
+	if b.ChunksPending == 0 && pageSize > 0 {
 		end := min(start+pageSize, m.Chunks)
 		for c := start; c < end; c++ {
 			if !done[c] {
@@ -211,6 +253,22 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest, start, pageSize
 	sort.Slice(b.Failed, func(i, j int) bool { return b.Failed[i].Chunk < b.Failed[j].Chunk })
 	sort.Slice(b.Results, func(i, j int) bool { return b.Results[i].Chunk < b.Results[j].Chunk })
 	return b, nil
+}
+
+// cancelRecord reads the job's cancel record: nil when it has none.
+func (p *Publisher) cancelRecord(ctx context.Context, jobID string) (*job.CancelRecord, error) {
+	raw, err := p.store.ReadLimit(ctx, job.CancelKey(jobID), maxCancelRecord)
+	if errors.Is(err, payload.ErrMissing) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var c job.CancelRecord
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, fmt.Errorf("cancel record of job %s: %w", jobID, err)
+	}
+	return &c, nil
 }
 
 // chunksUnder lists prefix and returns the chunk indices named by its

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -18,9 +19,13 @@ type jobStatus struct {
 	Chunks       int    `json:"chunks"`
 	ChunksDone   int    `json:"chunks_done"`
 	ChunksFailed int    `json:"chunks_failed"`
-	Items        int    `json:"items"`
-	ItemsDone    int    `json:"items_done"`
-	Failed       []struct {
+	// Cancel (issue 20)
+	ChunksCancelled int        `json:"chunks_cancelled"`
+	ChunksPending   int        `json:"chunks_pending"`
+	CancelledAt     *time.Time `json:"cancelled_at"`
+	Items           int        `json:"items"`
+	ItemsDone       int        `json:"items_done"`
+	Failed          []struct {
 		Chunk  int    `json:"chunk"`
 		Reason string `json:"reason"`
 	} `json:"failed"`

@@ -33,6 +33,9 @@ type Payloads interface {
 	// PutIfAbsent stores body at key unless an object is there already, in
 	// which case it returns that object's content.
 	PutIfAbsent(ctx context.Context, key string, body []byte) (created bool, existing []byte, err error)
+	// Read fetches key, unverified; an error wraps payload.ErrMissing when
+	// there is no object there. For records such as a job's cancel record.
+	Read(ctx context.Context, key string) ([]byte, error)
 }
 
 var _ Payloads = (*payload.Store)(nil)

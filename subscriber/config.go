@@ -95,6 +95,12 @@ type Config struct {
 	// RetryDelay is the visibility given to a message released after a
 	// transient failure, doubled per receive, capped at 15m.
 	RetryDelay time.Duration
+	// CancelCheckTTL is how long an answer to "is this job cancelled?" is
+	// kept before the job's cancel record is read again (a job found
+	// cancelled stays so): the payload bucket is read at most once per job
+	// per CancelCheckTTL, and a chunk received up to this long after its
+	// job's cancel may still run. 100ms to 10m.
+	CancelCheckTTL time.Duration
 	// ShutdownGrace is how long running batches may finish after shutdown
 	// begins; the rest are released. Keep it under what the platform waits
 	// after SIGTERM (ECS: 30s by default).
@@ -158,6 +164,7 @@ func DefaultConfig() Config {
 		AdmitTimeout:          time.Minute,
 		InferenceTimeout:      2 * time.Minute,
 		RetryDelay:            5 * time.Second,
+		CancelCheckTTL:        5 * time.Second,
 		ShutdownGrace:         25 * time.Second,
 		MaxMessageBytes:       256 << 10,
 		MaxResultBytes:        job.MaxResultBytes,
@@ -191,6 +198,7 @@ func (c *Config) setDefaults() {
 	orDefault(&c.AdmitTimeout, d.AdmitTimeout)
 	orDefault(&c.InferenceTimeout, d.InferenceTimeout)
 	orDefault(&c.RetryDelay, d.RetryDelay)
+	orDefault(&c.CancelCheckTTL, d.CancelCheckTTL)
 	orDefault(&c.ShutdownGrace, d.ShutdownGrace)
 	orDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
 	orDefault(&c.MaxResultBytes, d.MaxResultBytes)
@@ -293,6 +301,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RetryDelay < 0 {
 		bad("RetryDelay", "retry delay %v: must not be negative", c.RetryDelay)
+	}
+	if c.CancelCheckTTL < 100*time.Millisecond || c.CancelCheckTTL > 10*time.Minute {
+		bad("CancelCheckTTL", "cancel check TTL %v: want 100ms to 10m", c.CancelCheckTTL)
 	}
 	if c.ShutdownGrace < 0 {
 		bad("ShutdownGrace", "shutdown grace %v: must not be negative", c.ShutdownGrace)

@@ -2,8 +2,10 @@ package subscriber
 
 import (
 	"context"
+	"errors"
 	"time"
 
+	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
 
@@ -81,6 +83,16 @@ func (c countedPayloads) Put(ctx context.Context, key string, body []byte) (job.
 	ref, err := c.p.Put(ctx, key, body)
 	c.count("put", err)
 	return ref, err
+}
+
+func (c countedPayloads) Read(ctx context.Context, key string) ([]byte, error) {
+	b, err := c.p.Read(ctx, key)
+	if errors.Is(err, payload.ErrMissing) {
+		c.count("read", nil) // an answer: the object is not there
+	} else {
+		c.count("read", err)
+	}
+	return b, err
 }
 
 func (c countedPayloads) PutIfAbsent(ctx context.Context, key string, body []byte) (bool, []byte, error) {

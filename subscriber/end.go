@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"context"
+	"encoding/json"
 	"maps"
 	"slices"
 	"strconv"
@@ -19,6 +20,9 @@ import (
 //   - deadLetter(kind, reason): it can never succeed; a copy goes to the DLQ
 //     with the reason, then it is acked (or released, when the DLQ cannot
 //     be reached).
+//   - cancelChunk: its job was cancelled (DELETE /v1/jobs/{id}) before it
+//     ran; its cancelled marker is written, then it is acked (or released,
+//     when the marker cannot be written).
 //
 // ack and release give back what the message still holds in admission
 // (giveBack, admission.go), so that no path can forget it, and leave the SQS call to the
@@ -95,6 +99,34 @@ func (s *Subscriber) deadLetter(t *task, kind, reason string) {
 		// dead-lettered without its marker.
 		s.markFailed(l, reason)
 	}
+	s.ack(t)
+}
+
+// cancelChunk ends t, a chunk of a cancelled job that has not run: it writes
+// the chunk's cancelled marker, which the publisher counts, then deletes the
+// message. Written before the delete, so that a crash in between redelivers
+// the message (and its marker is written then) rather than leaving the
+// chunk gone and uncounted; when it cannot be written the message is
+// released for a later try. The marker is written only where none is, so a
+// redelivery keeps the first one.
+func (s *Subscriber) cancelChunk(t *task) {
+	l, w := t.lease, t.work
+	body, err := json.Marshal(job.CancelledMarker{V: job.Version, JobID: w.JobID, Chunk: w.Chunk, MessageID: l.msg.ID,
+		At: time.Now().UTC().Format(time.RFC3339)})
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
+		_, _, err = s.payloads.PutIfAbsent(ctx, job.CancelledKey(w.JobID, w.Chunk), body)
+		cancel()
+	}
+	if err != nil {
+		delay := s.retryDelay(l.msg.ReceiveCount)
+		s.log.Warn("writing a cancelled marker failed; message released for a retry", "message_id", l.msg.ID,
+			"job_id", w.JobID, "chunk", w.Chunk, "err", err, "retry_in", delay)
+		s.release(t, delay)
+		return
+	}
+	s.m.cancelled.Inc()
+	s.log.Info("chunk of a cancelled job deleted unrun", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk)
 	s.ack(t)
 }
 

@@ -22,7 +22,10 @@ type memPayloads struct {
 	// putErr, when set, decides the error of each Put and PutIfAbsent.
 	putErr func(key string) error
 
-	active, maxActive int // Gets in flight now, and the most at once
+	active, maxActive int            // Gets in flight now, and the most at once
+	reads             map[string]int // Reads, by key
+	// readErr, when set, decides the error of each Read.
+	readErr func(key string) error
 }
 
 var _ Payloads = (*memPayloads)(nil)
@@ -85,6 +88,32 @@ func (p *memPayloads) PutIfAbsent(ctx context.Context, key string, body []byte) 
 	}
 	p.objs[key] = append([]byte(nil), body...)
 	return true, nil, nil
+}
+
+func (p *memPayloads) Read(ctx context.Context, key string) ([]byte, error) {
+	p.mu.Lock()
+	if p.reads == nil {
+		p.reads = map[string]int{}
+	}
+	p.reads[key]++
+	p.mu.Unlock()
+	if p.readErr != nil {
+		if err := p.readErr(key); err != nil {
+			return nil, err
+		}
+	}
+	b, ok := p.object(key)
+	if !ok {
+		return nil, fmt.Errorf("%w: s3://%s/%s", payload.ErrMissing, p.Bucket(), key)
+	}
+	return b, nil
+}
+
+// readsOf is how many times key was Read.
+func (p *memPayloads) readsOf(key string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reads[key]
 }
 
 func (p *memPayloads) object(key string) ([]byte, bool) {

@@ -28,6 +28,7 @@ type metrics struct {
 	results       prometheus.Counter
 	released      *prometheus.CounterVec
 	deadLettered  *prometheus.CounterVec
+	cancelled     prometheus.Counter
 	deleted       prometheus.Counter
 	extensions    prometheus.Counter
 	leasesLost    *prometheus.CounterVec
@@ -95,6 +96,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			"Messages handed back to the queue (visibility changed) instead of deleted, by delay kind.")), []string{"delay"}),
 		deadLettered: f.NewCounterVec(prometheus.CounterOpts(opts("messages_dead_lettered_total",
 			"Messages sent to the DLQ, by reason.")), []string{"reason"}),
+		cancelled: counter("messages_cancelled_total",
+			"Messages of cancelled jobs (DELETE /v1/jobs/{id}) deleted without running, their cancelled marker written."),
 		deleted:    counter("messages_deleted_total", "Messages deleted from the work queue after their result or DLQ copy was sent."),
 		extensions: counter("visibility_extensions_total", "Visibility timeout extensions (heartbeats) that succeeded, per message."),
 		leasesLost: f.NewCounterVec(prometheus.CounterOpts(opts("leases_lost_total",

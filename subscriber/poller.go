@@ -133,6 +133,35 @@ func (s *Subscriber) accept(ctx context.Context, l *lease) {
 		return
 	}
 	t.work = w
+	// A chunk of a cancelled job ends here, before any fetch or admission.
+	// The answer is usually cached; when it is not, the read runs off the
+	// accept loop, as a claim-check fetch does.
+	if s.cancels != nil {
+		yes, known := s.cancels.cached(w.JobID)
+		switch {
+		case yes:
+			s.startTasks(1)
+			s.aux.Go(func() { s.cancelChunk(t) })
+			return
+		case !known:
+			s.fetches.Go(func() {
+				if s.cancels.cancelled(ctx, w.JobID) {
+					s.startTasks(1)
+					s.cancelChunk(t)
+					return
+				}
+				s.sendOn(ctx, t)
+			})
+			return
+		}
+	}
+	s.sendOn(ctx, t)
+}
+
+// sendOn sends a decoded message on: to admission, through a claim-check
+// fetch when it has claim-checked items.
+func (s *Subscriber) sendOn(ctx context.Context, t *task) {
+	w := t.work
 	if !hasRefs(w) {
 		s.enqueue(t)
 		return

@@ -20,6 +20,9 @@ var errTimeout = errors.New("inference timed out")
 // budget, after this batch's other messages have let go of theirs: waiting
 // for the whole budget while still holding part of it would wait forever.
 func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
+	if tasks = s.dropCancelled(tasks); len(tasks) == 0 {
+		return
+	}
 	_, alone := s.process(ctx, tasks)
 	for _, t := range alone {
 		s.adm.giveBack(t.weight)
@@ -28,6 +31,26 @@ func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
 	for _, t := range alone {
 		s.runAlone(ctx, t)
 	}
+}
+
+// dropCancelled ends the tasks whose job was cancelled while they waited
+// (checked again here: a message may wait in admission far longer than the
+// cache's TTL) and returns the others. What a cancelled task holds in
+// admission goes back at once; its marker and delete go off the runner.
+func (s *Subscriber) dropCancelled(tasks []*task) []*task {
+	if s.cancels == nil {
+		return tasks
+	}
+	kept := tasks[:0:0]
+	for _, t := range tasks {
+		if !s.cancels.cancelled(context.Background(), t.work.JobID) {
+			kept = append(kept, t)
+			continue
+		}
+		s.giveBack(t)
+		s.aux.Go(func() { s.cancelChunk(t) })
+	}
+	return kept
 }
 
 // process runs tasks as one batch and hands each on, as runBatch does,

@@ -45,10 +45,12 @@ type Subscriber struct {
 	dlq     Sender
 	// payloads is the payload bucket, nil when none is configured.
 	payloads Payloads
-	keeper   *keeper
-	outbox   *outbox    // result sends, shared across batches
-	protect  *protector // nil without task protection
-	adm      *admission
+	// cancels answers whether a job is cancelled; nil without a bucket.
+	cancels *cancels
+	keeper  *keeper
+	outbox  *outbox    // result sends, shared across batches
+	protect *protector // nil without task protection
+	adm     *admission
 	// startBudget is the budget New read, kept for Budget under count and
 	// none, which do not admit by it.
 	startBudget int64
@@ -58,7 +60,7 @@ type Subscriber struct {
 	waiting  atomic.Int64  // received and not started: fetching, buffer, admission, batcher
 	roomKick chan struct{} // poked when waiting or held messages go down
 	runners  sync.WaitGroup
-	aux      sync.WaitGroup // dead-letter sends started by the poller
+	aux      sync.WaitGroup // dead-letter sends and cancels started by the poller and the runners
 	fetches  sync.WaitGroup // claim-check fetches started by the poller
 	// fetchSlots bounds claim-check fetches in flight, across messages.
 	fetchSlots *semaphore.Weighted
@@ -160,6 +162,7 @@ func New(cfg Config) (*Subscriber, error) {
 	}
 	if cfg.Payloads != nil {
 		s.payloads = countedPayloads{cfg.Payloads, m}
+		s.cancels = newCancels(s.payloads.Read, cfg.CancelCheckTTL, s.log)
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold)
 	s.keeper.onRemove = s.pokeRoom

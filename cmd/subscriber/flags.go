@@ -109,6 +109,8 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.InferenceTimeout, "inference-timeout", d.InferenceTimeout, "longest one batch may run; below -max-hold")
 	fs.DurationVar(&c.RetryDelay, "retry-delay", d.RetryDelay,
 		"visibility of a message released after a transient failure, doubled per receive up to 15m")
+	fs.DurationVar(&c.CancelCheckTTL, "cancel-check-ttl", d.CancelCheckTTL,
+		"how long whether a job is cancelled is cached before its cancel record is read again; 100ms to 10m")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", d.ShutdownGrace, "how long running batches may finish after SIGTERM")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", d.MaxMessageBytes, "largest result message; 1 KiB to 1 MiB")
 	fs.StringVar(&c.StateFile, "state-file", d.StateFile, "file that keeps the learned batch limit across restarts")
@@ -157,6 +159,7 @@ var configFlags = map[string]string{
 	"MaxBatchDelay": "max-batch-delay", "MaxBatchBytes": "max-batch-bytes", "WaitTime": "wait-time",
 	"Visibility": "visibility-timeout", "MaxHold": "max-hold", "AdmitTimeout": "admit-timeout",
 	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
+	"CancelCheckTTL":  "cancel-check-ttl",
 	"MaxMessageBytes": "max-message-bytes", "StateFile": "state-file", "BatchLimitProbeAfter": "batch-limit-probe-after",
 	"TaskProtectionExpiry": "task-protection-expiry", "TaskProtectionMaxHold": "task-protection-max-hold",
 }

@@ -1,0 +1,46 @@
+package publisher
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/vramq/vramq/job"
+)
+
+// maxCancelRecord bounds the read of a cancel record: the publisher writes
+// a few dozen bytes.
+const maxCancelRecord = 4 << 10
+
+// deleteJob is DELETE /v1/jobs/{id}: cancel the job. The answer is the
+// job's status (as GET's, without results), 200 in every case the job
+// exists: a job already finished is left as it is, and a second cancel finds
+// the first one's record, so a client may repeat the request freely.
+//
+// The cancel is a record in the payload bucket, written once (a conditional
+// put, so the first cancel's time stands); subscribers read it through a
+// cache (subscriber/cancels.go), so chunks received up to its TTL after the
+// cancel may still run.
+func (p *Publisher) deleteJob(w http.ResponseWriter, r *http.Request) {
+	ri := info(r)
+	m, fail := p.loadJob(w, r)
+	if m == nil {
+		return
+	}
+	ctx := r.Context()
+	st, err := p.status(ctx, m, 0, 0)
+	if err == nil && st.Status == StatusRunning {
+		rec := job.CancelRecord{V: job.Version, JobID: m.JobID, At: p.now().UTC()}
+		var raw []byte
+		if raw, err = json.Marshal(rec); err == nil {
+			if _, _, err = p.store.PutIfAbsent(ctx, job.CancelKey(m.JobID), raw); err == nil {
+				st, err = p.status(ctx, m, 0, 0)
+			}
+		}
+	}
+	if err != nil {
+		p.log.Error("cancelling a job", "job_id", ri.jobID, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job could not be cancelled; try again"))
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
