@@ -123,6 +123,11 @@ type Config struct {
 	// 48h.
 	TaskProtectionMaxHold time.Duration
 
+	// EstimateCorrectionMax caps the factor vram admission multiplies the
+	// model's estimates by after running out of memory (correction.go): 1
+	// turns the correction off. 1 to 4; default 2.
+	EstimateCorrectionMax float64
+
 	// StateFile, when set, keeps what was learned (the batch size that fits)
 	// across restarts.
 	StateFile string
@@ -157,6 +162,7 @@ func DefaultConfig() Config {
 		MaxResultBytes:        job.MaxResultBytes,
 		TaskProtectionExpiry:  time.Hour,
 		TaskProtectionMaxHold: 30 * time.Minute,
+		EstimateCorrectionMax: 2,
 	}
 }
 
@@ -189,6 +195,7 @@ func (c *Config) setDefaults() {
 	orDefault(&c.MaxResultBytes, d.MaxResultBytes)
 	orDefault(&c.TaskProtectionExpiry, d.TaskProtectionExpiry)
 	orDefault(&c.TaskProtectionMaxHold, d.TaskProtectionMaxHold)
+	orDefault(&c.EstimateCorrectionMax, d.EstimateCorrectionMax)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -261,6 +268,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatch < 1 {
 		bad("MaxBatch", "max batch %d: want at least 1", c.MaxBatch)
+	}
+	if !(c.EstimateCorrectionMax >= 1 && c.EstimateCorrectionMax <= 4) { // NaN too
+		bad("EstimateCorrectionMax", "estimate correction max %v: want 1 to 4 (1: off)", c.EstimateCorrectionMax)
 	}
 	if c.MaxBatchBytes < 0 {
 		bad("MaxBatchBytes", "max batch bytes %d is negative", c.MaxBatchBytes)

@@ -32,6 +32,8 @@ type metrics struct {
 	requests      *prometheus.CounterVec
 	batchLimit    prometheus.Gauge
 
+	estimateCorrection prometheus.Gauge
+
 	claimChecks     *prometheus.CounterVec
 	resultsStored   prometheus.Counter
 	payloadRequests *prometheus.CounterVec
@@ -88,6 +90,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		requests: f.NewCounterVec(prometheus.CounterOpts(opts("sqs_requests_total",
 			"SQS API calls made, by action and outcome.")), []string{"action", "outcome"}),
 		batchLimit: gauge("batch_limit_messages", "Most messages per batch now, lowered after an out-of-memory split."),
+		estimateCorrection: gauge("estimate_correction_ratio",
+			"Factor vram admission multiplies the model's estimates by: raised after an out-of-memory error, back towards 1 "+
+				"after clean batches."),
 		claimChecks: f.NewCounterVec(prometheus.CounterOpts(opts("claim_checks_total",
 			"Claim-checked items fetched from the payload bucket, by outcome: "+
 				"ok, missing, corrupt (size or SHA-256), invalid (not the item), error (may pass).")), []string{"outcome"}),

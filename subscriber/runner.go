@@ -42,6 +42,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		// let the next batch in now rather than after the results are
 		// encoded and sent, which would leave the device idle meanwhile.
 		s.outbox.promise(len(tasks))
+		s.corr.ran()
 		for _, t := range tasks {
 			s.giveBack(t)
 			if len(tasks) == 1 {
@@ -52,6 +53,9 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		return len(tasks), nil
 	case errors.Is(err, gpu.ErrOutOfMemory):
 		s.m.oomRetries.Inc()
+		if s.adm.strategy == AdmitVRAM {
+			s.corr.outOfMemory(batchFactor(tasks))
+		}
 		if len(tasks) == 1 {
 			s.log.Warn("out of memory in a batch of one; will run it alone", "message_id", tasks[0].lease.msg.ID,
 				"cost", bytesize.Format(tasks[0].cost), "err", err)
@@ -111,7 +115,7 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) {
 		s.adm.endExclusive() // after the weight went back, in release
 		return
 	}
-	cost := t.cost
+	cost := t.raw
 	outs, err := s.infer(ctx, []*task{t}, true)
 	// Let go of the device before sending anything, as process does, and
 	// let the budget follow the device again.
@@ -141,13 +145,13 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) {
 // shrunkBelow hands t back for a retry, and reports true, when the budget
 // it would run alone with is below its estimate (vram only).
 func (s *Subscriber) shrunkBelow(t *task, budget int64) bool {
-	if s.adm.strategy != AdmitVRAM || t.cost <= budget {
+	if s.adm.strategy != AdmitVRAM || t.raw <= budget {
 		return false
 	}
 	delay := s.retryDelay(t.lease.msg.ReceiveCount)
 	s.log.Warn("out of memory in a batch of one while another process holds device memory: "+
 		"the budget is below its estimate; released for a retry",
-		"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.cost), "budget", bytesize.Format(budget), "retry_in", delay)
+		"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.raw), "budget", bytesize.Format(budget), "retry_in", delay)
 	s.release(t, delay)
 	return true
 }

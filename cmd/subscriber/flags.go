@@ -111,6 +111,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 		"visibility of a message released after a transient failure, doubled per receive up to 15m")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", d.ShutdownGrace, "how long running batches may finish after SIGTERM")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", d.MaxMessageBytes, "largest result message; 1 KiB to 1 MiB")
+	fs.Float64Var(&c.EstimateCorrectionMax, "estimate-correction-max", d.EstimateCorrectionMax,
+		"cap on the factor -admission=vram multiplies the model's estimates by after out-of-memory errors, raised 1.25× per\n"+
+			"error and back towards 1 after clean batches; never makes a message too large to run; 1 to 4 (1: off)")
 	fs.StringVar(&c.StateFile, "state-file", d.StateFile, "file that keeps the learned batch limit across restarts")
 	fs.StringVar(&o.taskProtection, "task-protection", "auto",
 		"ECS task scale-in protection while messages are held, through the agent at $ECS_AGENT_URI:\n"+
@@ -153,6 +156,6 @@ var configFlags = map[string]string{
 	"MaxBatchDelay": "max-batch-delay", "MaxBatchBytes": "max-batch-bytes", "WaitTime": "wait-time",
 	"Visibility": "visibility-timeout", "MaxHold": "max-hold", "AdmitTimeout": "admit-timeout",
 	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
-	"MaxMessageBytes": "max-message-bytes", "StateFile": "state-file",
+	"MaxMessageBytes": "max-message-bytes", "StateFile": "state-file", "EstimateCorrectionMax": "estimate-correction-max",
 	"TaskProtectionExpiry": "task-protection-expiry", "TaskProtectionMaxHold": "task-protection-max-hold",
 }
