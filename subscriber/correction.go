@@ -8,8 +8,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The correction's steps. A raise of a quarter reaches the 1.43 that a 30%
-// under-estimate needs in two out-of-memory errors (1.25, then 1.56); a
+// The correction's steps. A raise of a quarter reaches the 1.43 that undoes
+// a 30% under-estimate in two out-of-memory errors (1.25, then 1.56; in the
+// benchmark's −30% runs one was enough, bench/README.md); a
 // decay of 5% every 100 clean batches takes a raise back over about 500
 // batches, so an estimate that stays low costs one out-of-memory error in
 // several hundred batches, and one that was low for a while is trusted
