@@ -190,3 +190,22 @@ func TestEstimateCorrectionMaxValidated(t *testing.T) {
 		}
 	}
 }
+
+// Under count and none admission an OOM is admission's doing, not the
+// estimates': the factor stays 1.
+func TestCorrectionOnlyUnderVRAM(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{Admission: AdmitCount, Count: 4, MaxInflight: 40})
+		for i := range 8 {
+			h.send("job", i, "mb=30 ms=200") // four need 120 MiB of 64
+		}
+		waitFor(t, 10*time.Minute, "8 results", func() bool { r, _ := h.results.Stats(); return r == 8 })
+		h.shutdown()
+		if h.dev.OOMs() == 0 {
+			t.Fatal("no OOM: the test does not exercise count admission's OOMs")
+		}
+		if f := h.sub.corr.now(); f != 1 {
+			t.Errorf("count admission raised the estimate correction to %v", f)
+		}
+	})
+}

@@ -53,9 +53,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		return len(tasks), nil
 	case errors.Is(err, gpu.ErrOutOfMemory):
 		s.m.oomRetries.Inc()
-		if s.adm.strategy == AdmitVRAM {
-			s.corr.outOfMemory(batchFactor(tasks))
-		}
+		s.corr.outOfMemory(batchFactor(tasks)) // no raise under count or none: their tasks carry factor 0
 		if len(tasks) == 1 {
 			s.log.Warn("out of memory in a batch of one; will run it alone", "message_id", tasks[0].lease.msg.ID,
 				"cost", bytesize.Format(tasks[0].cost), "err", err)
