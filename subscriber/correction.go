@@ -69,7 +69,8 @@ func (c *correction) apply(raw, largest int64) (cost int64, factor float64) {
 }
 
 // outOfMemory records a batch that ran out of memory, admitted with factor
-// (the largest of its messages'). Only a batch admitted with the factor now
+// (the largest of its messages'), once all its messages have run in smaller
+// batches or alone (runBatch). Only a batch admitted with the factor now
 // raises it: the others were weighed before the last raise, and the errors
 // of batches running at the same time, or of a batch's halves, are one
 // lesson, not several.

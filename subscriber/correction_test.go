@@ -209,3 +209,28 @@ func TestCorrectionOnlyUnderVRAM(t *testing.T) {
 		}
 	})
 }
+
+// A message that runs out of memory even with the device to itself is
+// dead-lettered and teaches nothing about the estimates: a sender of such
+// messages does not make the subscriber weigh everyone else's more.
+func TestCorrectionIgnoresMessagesThatNeverFit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 40*mib, Config{MaxBatch: 1})
+		for i := range 4 {
+			h.send("never", i, "mb=10 lie=10 ms=10") // estimated 10 MiB, really 100
+			h.send("fine", i, "mb=10 ms=10")
+		}
+		waitFor(t, 5*time.Minute, "4 results, 4 dead letters", func() bool {
+			r, _ := h.results.Stats()
+			d, _ := h.dlq.Stats()
+			return r == 4 && d == 4
+		})
+		h.shutdown()
+		if h.dev.OOMs() < 8 {
+			t.Fatalf("%d OOMs; want each of the four to fail in its batch and alone", h.dev.OOMs())
+		}
+		if f := h.sub.corr.now(); f != 1 {
+			t.Errorf("messages that never fit raised the estimate correction to %v", f)
+		}
+	})
+}
