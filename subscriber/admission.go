@@ -35,6 +35,9 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 			s.releaseWaiting(t, "shutdown or lost lease")
 			continue
 		}
+		if s.adm.strategy == AdmitVRAM {
+			t.cost, t.factor = s.corr.apply(t.raw, s.adm.size)
+		}
 		w := s.adm.weight(t.cost)
 		var err error
 		if !s.adm.tryAcquire(w) {

@@ -129,6 +129,11 @@ type Config struct {
 	// 48h.
 	TaskProtectionMaxHold time.Duration
 
+	// EstimateCorrectionMax caps the factor vram admission multiplies the
+	// model's estimates by after running out of memory (correction.go): 1
+	// turns the correction off. 1 to 4; default 2.
+	EstimateCorrectionMax float64
+
 	// StateFile, when set, keeps what was learned (the batch size that fits)
 	// across restarts.
 	StateFile string
@@ -171,6 +176,7 @@ func DefaultConfig() Config {
 		TaskProtectionExpiry:  time.Hour,
 		TaskProtectionMaxHold: 30 * time.Minute,
 		BatchLimitProbeAfter:  32,
+		EstimateCorrectionMax: 2,
 	}
 }
 
@@ -205,6 +211,7 @@ func (c *Config) setDefaults() {
 	orDefault(&c.TaskProtectionExpiry, d.TaskProtectionExpiry)
 	orDefault(&c.TaskProtectionMaxHold, d.TaskProtectionMaxHold)
 	orDefault(&c.BatchLimitProbeAfter, d.BatchLimitProbeAfter)
+	orDefault(&c.EstimateCorrectionMax, d.EstimateCorrectionMax)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -277,6 +284,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatch < 1 {
 		bad("MaxBatch", "max batch %d: want at least 1", c.MaxBatch)
+	}
+	if !(c.EstimateCorrectionMax >= 1 && c.EstimateCorrectionMax <= 4) { // NaN too
+		bad("EstimateCorrectionMax", "estimate correction max %v: want 1 to 4 (1: off)", c.EstimateCorrectionMax)
 	}
 	if c.MaxBatchBytes < 0 {
 		bad("MaxBatchBytes", "max batch bytes %d is negative", c.MaxBatchBytes)

@@ -35,7 +35,8 @@ type metrics struct {
 	requests      *prometheus.CounterVec
 	batchLimit    prometheus.Gauge
 
-	batchLimitChanges *prometheus.CounterVec
+	batchLimitChanges  *prometheus.CounterVec
+	estimateCorrection prometheus.Gauge
 
 	claimChecks     *prometheus.CounterVec
 	resultsStored   prometheus.Counter
@@ -109,6 +110,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		batchLimitChanges: f.NewCounterVec(prometheus.CounterOpts(opts("batch_limit_changes_total",
 			"Changes of the batch limit, by cause: oom (lowered after an out-of-memory split), probe (raised one step), "+
 				"probe_failed (lowered: the probe ran out of memory before a full batch confirmed it).")), []string{"cause"}),
+		estimateCorrection: gauge("estimate_correction_ratio",
+			"Factor vram admission multiplies the model's estimates by: raised after an out-of-memory error, back towards 1 "+
+				"after clean batches."),
 		claimChecks: f.NewCounterVec(prometheus.CounterOpts(opts("claim_checks_total",
 			"Claim-checked items fetched from the payload bucket, by outcome: "+
 				"ok, missing, corrupt (size or SHA-256), invalid (not the item), error (may pass).")), []string{"outcome"}),

@@ -204,7 +204,7 @@ func (s *Subscriber) enqueue(t *task) {
 	}
 	// Never blocks: room() kept waiting, which counts this message, within
 	// the buffer's capacity.
-	t.cost, t.class = cost, class
+	t.cost, t.raw, t.class = cost, cost, class
 	s.buffer <- t
 }
 

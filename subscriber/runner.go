@@ -19,17 +19,29 @@ var errTimeout = errors.New("inference timed out")
 // memory even in a batch of their own are then run alone, with the whole
 // budget, after this batch's other messages have let go of theirs: waiting
 // for the whole budget while still holding part of it would wait forever.
+//
+// An out-of-memory error raises the estimate correction (correction.go) only
+// once every message it hit has run, split or alone: a message that fails
+// even with the device to itself is its own problem (it is dead-lettered),
+// not evidence that the estimates are low, and a sender of such messages
+// must not make the subscriber weigh everyone else's more.
 func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
 	if tasks = s.dropCancelled(tasks); len(tasks) == 0 {
 		return
 	}
-	_, alone := s.process(ctx, tasks)
+	factor := batchFactor(tasks)
+	var oomed bool
+	_, alone := s.process(ctx, tasks, &oomed)
 	for _, t := range alone {
 		s.adm.giveBack(t.weight)
 		t.weight = 0
 	}
+	ran := true
 	for _, t := range alone {
-		s.runAlone(ctx, t)
+		ran = s.runAlone(ctx, t) && ran
+	}
+	if oomed && ran {
+		s.corr.outOfMemory(factor)
 	}
 }
 
@@ -56,8 +68,9 @@ func (s *Subscriber) dropCancelled(tasks []*task) []*task {
 // process runs tasks as one batch and hands each on, as runBatch does,
 // splitting in halves on out-of-memory. It returns the size of the largest
 // batch that succeeded and the tasks that ran out of memory on their own,
-// still holding admission.
-func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone []*task) {
+// still holding admission. It sets *oomed when any of its batches ran out of
+// memory.
+func (s *Subscriber) process(ctx context.Context, tasks []*task, oomed *bool) (ok int, alone []*task) {
 	outs, err := s.infer(ctx, tasks, false)
 	switch {
 	case err == nil:
@@ -65,6 +78,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		// let the next batch in now rather than after the results are
 		// encoded and sent, which would leave the device idle meanwhile.
 		s.outbox.promise(len(tasks))
+		s.corr.ran()
 		for _, t := range tasks {
 			s.giveBack(t)
 			if len(tasks) == 1 {
@@ -76,6 +90,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		return len(tasks), nil
 	case errors.Is(err, gpu.ErrOutOfMemory):
 		s.m.oomRetries.Inc()
+		*oomed = true
 		if len(tasks) == 1 {
 			s.log.Warn("out of memory in a batch of one; will run it alone", "message_id", tasks[0].lease.msg.ID,
 				"cost", bytesize.Format(tasks[0].cost), "err", err)
@@ -84,8 +99,8 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		half := len(tasks) / 2
 		s.log.Warn("out of memory; splitting the batch in halves", "messages", len(tasks),
 			"cost", bytesize.Format(sumCost(tasks)), "halves", []int{half, len(tasks) - half}, "err", err)
-		ok1, alone1 := s.process(ctx, tasks[:half])
-		ok2, alone2 := s.process(ctx, tasks[half:])
+		ok1, alone1 := s.process(ctx, tasks[:half], oomed)
+		ok2, alone2 := s.process(ctx, tasks[half:], oomed)
 		ok = max(ok1, ok2)
 		if ok > 0 {
 			s.state.lower(ok, len(tasks), s.adm.budget())
@@ -98,8 +113,8 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 		}
 		// Find the bad ones; the rest run.
 		half := len(tasks) / 2
-		ok1, alone1 := s.process(ctx, tasks[:half])
-		ok2, alone2 := s.process(ctx, tasks[half:])
+		ok1, alone1 := s.process(ctx, tasks[:half], oomed)
+		ok2, alone2 := s.process(ctx, tasks[half:], oomed)
 		return max(ok1, ok2), append(alone1, alone2...)
 	case errors.Is(err, gpu.ErrDeviceLost):
 		s.loseDevice(tasks, err)
@@ -119,22 +134,24 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task) (ok int, alone 
 // admitted: another process holds part of the device, the out-of-memory
 // error may be its doing, and the message is handed back for a retry rather
 // than lost (the queue's redrive policy ends one that keeps failing).
-func (s *Subscriber) runAlone(ctx context.Context, t *task) {
+//
+// It reports whether the message ran.
+func (s *Subscriber) runAlone(ctx context.Context, t *task) bool {
 	if s.shrunkBelow(t, s.adm.budget()) {
-		return
+		return false
 	}
 	n, err := s.adm.acquireAll(ctx)
 	if err != nil {
 		s.adm.endExclusive()
 		s.release(t, 0) // shutting down
-		return
+		return false
 	}
 	t.weight = n
 	if s.shrunkBelow(t, min(n, s.adm.budget())) {
 		s.adm.endExclusive() // after the weight went back, in release
-		return
+		return false
 	}
-	cost := t.cost
+	cost := t.raw
 	outs, err := s.infer(ctx, []*task{t}, true)
 	// Let go of the device before sending anything, as process does, and
 	// let the budget follow the device again.
@@ -147,6 +164,7 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) {
 	case err == nil:
 		s.log.Warn("ran alone after out of memory: succeeded", "message_id", t.lease.msg.ID, "cost", bytesize.Format(cost))
 		s.complete([]*task{t}, outs)
+		return true
 	case errors.Is(err, gpu.ErrOutOfMemory):
 		s.m.oomRetries.Inc()
 		s.deadLetter(t, "out_of_memory", fmt.Sprintf(
@@ -159,18 +177,19 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) {
 	default:
 		s.failTasks(ctx, []*task{t}, err)
 	}
+	return false
 }
 
 // shrunkBelow hands t back for a retry, and reports true, when the budget
 // it would run alone with is below its estimate (vram only).
 func (s *Subscriber) shrunkBelow(t *task, budget int64) bool {
-	if s.adm.strategy != AdmitVRAM || t.cost <= budget {
+	if s.adm.strategy != AdmitVRAM || t.raw <= budget {
 		return false
 	}
 	delay := s.retryDelay(t.lease.msg.ReceiveCount)
 	s.log.Warn("out of memory in a batch of one while another process holds device memory: "+
 		"the budget is below its estimate; released for a retry",
-		"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.cost), "budget", bytesize.Format(budget), "retry_in", delay)
+		"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.raw), "budget", bytesize.Format(budget), "retry_in", delay)
 	s.release(t, delay)
 	return true
 }

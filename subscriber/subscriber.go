@@ -55,6 +55,7 @@ type Subscriber struct {
 	// none, which do not admit by it.
 	startBudget int64
 	state       *learned
+	corr        *correction // see correction.go
 
 	buffer   chan *task    // received, decoded, waiting for admission
 	waiting  atomic.Int64  // received and not started: fetching, buffer, admission, batcher
@@ -94,9 +95,11 @@ type Subscriber struct {
 type task struct {
 	lease  *lease
 	work   *job.Work
-	cost   int64 // estimated working memory, bytes
-	class  int   // the model's length class (gpu.LengthClasser); 0 without one
-	weight int64 // units held in admission; 0 when none
+	cost   int64   // working memory admission weighs, bytes: raw, corrected (correction.go)
+	raw    int64   // the model's own estimate of its working memory, bytes
+	factor float64 // the estimate correction cost was weighed with; 0 before admission
+	class  int     // the model's length class (gpu.LengthClasser); 0 without one
+	weight int64   // units held in admission; 0 when none
 	// ahead is the task's batch of one, launched while it waited for
 	// admission; nil when it was not. infer takes it.
 	ahead *launched
@@ -177,6 +180,7 @@ func New(cfg Config) (*Subscriber, error) {
 	}
 	s.state = loadLearned(cfg.StateFile, cfg.Model.Name(), cfg.Device.Name(), cfg.MaxBatch, cfg.BatchLimitProbeAfter, s.log)
 	s.state.m = m
+	s.corr = newCorrection(cfg.EstimateCorrectionMax, s.log, m.estimateCorrection)
 	m.budget.Set(float64(budget))
 	if cfg.Admission == AdmitVRAM {
 		m.budgetMax.Set(float64(adm.size))

@@ -113,6 +113,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 		"how long whether a job is cancelled is cached before its cancel record is read again; 100ms to 10m")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", d.ShutdownGrace, "how long running batches may finish after SIGTERM")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", d.MaxMessageBytes, "largest result message; 1 KiB to 1 MiB")
+	fs.Float64Var(&c.EstimateCorrectionMax, "estimate-correction-max", d.EstimateCorrectionMax,
+		"cap on the factor -admission=vram multiplies the model's estimates by after out-of-memory errors, raised 1.25× per\n"+
+			"error and back towards 1 after clean batches; never makes a message too large to run; 1 to 4 (1: off)")
 	fs.StringVar(&c.StateFile, "state-file", d.StateFile, "file that keeps the learned batch limit across restarts")
 	fs.IntVar(&c.BatchLimitProbeAfter, "batch-limit-probe-after", d.BatchLimitProbeAfter,
 		"full batches in a row, none out of memory, before a batch limit lowered by an OOM is probed one step higher\n"+
@@ -161,5 +164,6 @@ var configFlags = map[string]string{
 	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
 	"CancelCheckTTL":  "cancel-check-ttl",
 	"MaxMessageBytes": "max-message-bytes", "StateFile": "state-file", "BatchLimitProbeAfter": "batch-limit-probe-after",
-	"TaskProtectionExpiry": "task-protection-expiry", "TaskProtectionMaxHold": "task-protection-max-hold",
+	"EstimateCorrectionMax": "estimate-correction-max",
+	"TaskProtectionExpiry":  "task-protection-expiry", "TaskProtectionMaxHold": "task-protection-max-hold",
 }
