@@ -212,14 +212,16 @@ data "aws_iam_policy_document" "subscriber" {
     resources = [aws_sqs_queue.results.arn, aws_sqs_queue.dlq.arn]
   }
 
-  # Claim-checked items, and a chunk's stored result (PutIfAbsent reads first);
-  # a job's cancel record, and a chunk's cancelled marker (PutIfAbsent).
+  # Claim-checked items; a job's cancel record; and everything it writes,
+  # since it writes only with PutIfAbsent, which reads first (a chunk's
+  # stored result, failed marker and cancelled marker).
   statement {
     sid     = "ReadItemsAndResults"
     actions = ["s3:GetObject"]
     resources = [
       "${local.bucket_arn}/payloads/*",
       "${local.bucket_arn}/results/*",
+      "${local.bucket_arn}/failed/*",
       "${local.bucket_arn}/cancel/*",
       "${local.bucket_arn}/cancelled/*",
     ]
@@ -239,7 +241,7 @@ data "aws_iam_policy_document" "subscriber" {
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["payloads/*", "results/*", "cancel/*", "cancelled/*"]
+      values   = ["payloads/*", "results/*", "failed/*", "cancel/*", "cancelled/*"]
     }
   }
 

@@ -2109,3 +2109,42 @@ func albPathMatch(pattern, path string) bool {
 	b.WriteString("$")
 	return regexp.MustCompile(b.String()).MatchString(path)
 }
+
+// The subscriber writes to the bucket only with payload.Store.PutIfAbsent,
+// which reads the key first (the first write wins, and a retry finds it):
+// a prefix it may put but not get fails every write with AccessDenied on
+// AWS, though not on the emulator, which checks no policy. Its failed
+// markers went unwritten that way until this test.
+func TestTheSubscriberMayReadWhatItWrites(t *testing.T) {
+	m := root(t)
+	byAction := map[string]map[string]bool{}
+	for _, st := range statements(m.data["aws_iam_policy_document.subscriber"].Body) {
+		a, ok := st.Attributes["actions"]
+		r, ok2 := st.Attributes["resources"]
+		if !ok || !ok2 {
+			continue
+		}
+		// The bucket's ARN is not known before apply: the resources are
+		// told apart by their literal part, the key prefix.
+		list, ok := r.Expr.(*hclsyntax.TupleConsExpr)
+		if !ok {
+			continue
+		}
+		for _, act := range m.eval(t, a.Expr, nil).AsValueSlice() {
+			if byAction[act.AsString()] == nil {
+				byAction[act.AsString()] = map[string]bool{}
+			}
+			for _, e := range list.Exprs {
+				byAction[act.AsString()][literalText(e)] = true
+			}
+		}
+	}
+	if len(byAction["s3:PutObject"]) == 0 {
+		t.Fatal("the subscriber's role may put no object")
+	}
+	for res := range byAction["s3:PutObject"] {
+		if !byAction["s3:GetObject"][res] {
+			t.Errorf("the subscriber may put %s but not get it: PutIfAbsent reads first", res)
+		}
+	}
+}
