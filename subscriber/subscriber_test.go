@@ -386,7 +386,7 @@ func TestPoisonGoesToDLQWithReason(t *testing.T) {
 		h.work.Put(`{"v":1,"job_id":"j","chunk":0,"items":[]}`, nil)
 		h.work.Put(`not json`, map[string]string{"trace": "abc"})
 		h.send("big", 0, "mb=100")
-		h.send("bad", 0, "mb=1", "invalid")
+		h.send("bad", 0, "mb=1 invalid", "invalid") // every item refused: the chunk goes (itemerrors_test.go)
 		h.send("ok", 0, "mb=1")
 		waitFor(t, time.Minute, "4 dead letters and 1 result", func() bool {
 			d, _ := h.dlq.Stats()
