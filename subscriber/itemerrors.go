@@ -28,9 +28,14 @@ func (s *Subscriber) itemByItem(ctx context.Context, t *task, refused error) ([]
 	outs := make([]job.Output, len(items))
 	bad := 0
 	for i, it := range items {
+		// The item's run holds t's admission: when it outlives its timeout,
+		// infer hands what it holds to the goroutine that waits for the
+		// model, and t, released, must not give it back early.
 		one := &task{lease: t.lease, work: &job.Work{V: t.work.V, JobID: t.work.JobID, Chunk: t.work.Chunk,
-			Items: []job.Item{it}}, cost: t.cost, raw: t.raw, factor: t.factor, class: t.class}
+			Items: []job.Item{it}}, cost: t.cost, raw: t.raw, factor: t.factor, class: t.class, weight: t.weight}
+		t.weight = 0
 		got, err := s.infer(ctx, []*task{one}, false)
+		t.weight = one.weight
 		switch {
 		case err == nil:
 			outs[i] = got[0][0]
