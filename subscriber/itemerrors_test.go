@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/vramq/vramq/job"
 )
@@ -53,5 +54,30 @@ func TestRefusedItemIsAnItemError(t *testing.T) {
 		if n := h.model.runs.Load(); n != 2+3+2 {
 			t.Errorf("model ran %d times, want 7", n)
 		}
+	})
+}
+
+// An item run alone that outlives its timeout keeps its message's admission
+// until the model returns, as a batch does: the message is released for a
+// retry, but the device memory the item still uses is not handed to another
+// message, which would run out of memory beside it.
+func TestTimedOutItemKeepsAdmission(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{MaxBatch: 1, InferenceTimeout: time.Second, RetryDelay: 10 * time.Minute})
+		h.send("slow", 0, "mb=20", "invalid", "mb=20 stubborn ms=60000")
+		waitFor(t, time.Minute, "the slow item timed out", func() bool {
+			return counter(h.sub.m.released.WithLabelValues("backoff")) == 1
+		})
+		h.send("next", 0, "mb=50")
+		waitFor(t, 5*time.Minute, "next ended", func() bool { r, _ := h.results.Stats(); d, _ := h.dlq.Stats(); return r+d == 1 })
+		time.Sleep(2 * time.Minute) // the stubborn item has returned
+		if n := counter(h.sub.m.oomRetries); n != 0 {
+			t.Errorf("%d out-of-memory retries: the timed-out item's memory was admitted to another message", n)
+		}
+		if r, _ := h.results.Stats(); r != 1 {
+			t.Errorf("%d results, want next's", r)
+		}
+		h.stop()
+		<-h.done
 	})
 }
