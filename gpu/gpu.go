@@ -27,9 +27,11 @@ var (
 	// to it.
 	ErrOutOfMemory = errors.New("gpu: out of memory")
 	// ErrInvalidInput is returned (wrapped) by Model.Run when an input can
-	// never be processed, whatever the memory: the subscriber dead-letters
-	// it instead of retrying. Any other error from Run is taken as
-	// transient, except ErrDeviceLost.
+	// never be processed, whatever the memory: the subscriber does not
+	// retry it. A message of several items is then run an item at a time,
+	// and each item Run refuses is answered with an error in the result
+	// (job.ItemError); a message with nothing else is dead-lettered. Any
+	// other error from Run is taken as transient, except ErrDeviceLost.
 	ErrInvalidInput = errors.New("gpu: invalid input")
 	// ErrDeviceLost is returned (wrapped) by Model.Run when the device can
 	// run nothing more in this process: a sticky CUDA error (an illegal

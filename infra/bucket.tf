@@ -8,6 +8,7 @@
 #   failed/{job_id}/{chunk}.json    why a chunk was dead-lettered (subscriber writes, publisher reads)
 #   cancel/{job_id}.json            a job's cancel record (publisher writes on DELETE, subscriber reads)
 #   cancelled/{job_id}/{chunk}.json a chunk deleted unrun after a cancel (subscriber writes, publisher reads)
+#   itemerrors/{job_id}/{chunk}.json items of a chunk the model refused (subscriber writes, publisher reads)
 #
 # Objects are written once and expire by prefix; there is no versioning to
 # pay for.

@@ -228,9 +228,14 @@ data "aws_iam_policy_document" "subscriber" {
   }
 
   statement {
-    sid       = "WriteResultsAndFailedMarkers"
-    actions   = ["s3:PutObject"]
-    resources = ["${local.bucket_arn}/results/*", "${local.bucket_arn}/failed/*", "${local.bucket_arn}/cancelled/*"]
+    sid     = "WriteResultsAndFailedMarkers"
+    actions = ["s3:PutObject"]
+    resources = [
+      "${local.bucket_arn}/results/*",
+      "${local.bucket_arn}/failed/*",
+      "${local.bucket_arn}/cancelled/*",
+      "${local.bucket_arn}/itemerrors/*",
+    ]
   }
 
   statement {
@@ -342,10 +347,11 @@ data "aws_iam_policy_document" "publisher" {
       "${local.bucket_arn}/failed/*",
       "${local.bucket_arn}/cancel/*",
       "${local.bucket_arn}/cancelled/*",
+      "${local.bucket_arn}/itemerrors/*",
     ]
   }
 
-  # Listing results/{job}/, failed/{job}/ and cancelled/{job}/ for status, and 404s for the rest.
+  # Listing results/{job}/, failed/{job}/, cancelled/{job}/ and itemerrors/{job}/ for status, and 404s for the rest.
   statement {
     sid       = "ListJobStatus"
     actions   = ["s3:ListBucket"]
@@ -354,7 +360,7 @@ data "aws_iam_policy_document" "publisher" {
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["jobs/*", "idempotency/*", "results/*", "failed/*", "cancel/*", "cancelled/*"]
+      values   = ["jobs/*", "idempotency/*", "results/*", "failed/*", "cancel/*", "cancelled/*", "itemerrors/*"]
     }
   }
 

@@ -160,7 +160,7 @@ func TestTheBucketIsEncryptedPrivateAndTLSOnly(t *testing.T) {
 	}
 	// Every prefix of the bucket layout (internal/payload) expires.
 	days := m.eval(t, m.variables["payload_expiration_days"].Body.Attributes["default"].Expr, nil)
-	for _, prefix := range []string{"payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled"} {
+	for _, prefix := range []string{"payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors"} {
 		if !days.Type().IsObjectType() || !days.Type().HasAttribute(prefix) {
 			t.Errorf("payload_expiration_days has no default for %s/", prefix)
 		}

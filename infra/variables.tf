@@ -165,7 +165,7 @@ variable "payload_bucket_force_destroy" {
 }
 
 variable "payload_expiration_days" {
-  description = "Days before objects under each prefix of the bucket layout (internal/payload) expire. payloads/ should outlive a message's time on the work queue plus the DLQ (4 + 14 days by default), or a redriven message finds its item gone and is dead-lettered as claim_check; results/, failed/, cancel/ and cancelled/ are what GET /v1/jobs/{id} reads; jobs/ (manifests) should live as long as results/; idempotency/ only as long as clients retry a POST."
+  description = "Days before objects under each prefix of the bucket layout (internal/payload) expire. payloads/ should outlive a message's time on the work queue plus the DLQ (4 + 14 days by default), or a redriven message finds its item gone and is dead-lettered as claim_check; results/, failed/, cancel/, cancelled/ and itemerrors/ are what GET /v1/jobs/{id} reads; jobs/ (manifests) should live as long as results/; idempotency/ only as long as clients retry a POST."
   type        = map(number)
   default = {
     payloads    = 19
@@ -175,12 +175,13 @@ variable "payload_expiration_days" {
     failed      = 19
     cancel      = 19
     cancelled   = 19
+    itemerrors  = 19
   }
   nullable = false
 
   validation {
-    condition     = alltrue([for k, v in var.payload_expiration_days : contains(["payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled"], k) && v >= 1])
-    error_message = "payload_expiration_days: keys among payloads, jobs, idempotency, results, failed, cancel, cancelled; values at least 1."
+    condition     = alltrue([for k, v in var.payload_expiration_days : contains(["payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors"], k) && v >= 1])
+    error_message = "payload_expiration_days: keys among payloads, jobs, idempotency, results, failed, cancel, cancelled, itemerrors; values at least 1."
   }
 }
 

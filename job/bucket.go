@@ -16,6 +16,7 @@ import (
 //	failed/{job_id}/{chunk}.json    a FailedMarker: why a chunk was dead-lettered, by the subscriber
 //	cancel/{job_id}.json            a CancelRecord: the job is cancelled, by the publisher (DELETE)
 //	cancelled/{job_id}/{chunk}.json a CancelledMarker: a chunk deleted unrun, by the subscriber
+//	itemerrors/{job_id}/{chunk}.json an ItemErrorsMarker: items of a chunk refused, by the subscriber
 //
 // Cancelled chunks have a prefix of their own rather than a failed marker
 // with a reason: a cancelled chunk has no DLQ copy, the publisher counts
@@ -63,3 +64,14 @@ func CancelledKey(jobID string, chunk int) string {
 
 // CancelledPrefix is what the keys of a job's cancelled markers start with.
 func CancelledPrefix(jobID string) string { return "cancelled/" + jobID + "/" }
+
+// ItemErrorsKey is where the ItemErrorsMarker of chunk chunk of job jobID
+// is.
+func ItemErrorsKey(jobID string, chunk int) string {
+	return ItemErrorsPrefix(jobID) + strconv.Itoa(chunk) + ".json"
+}
+
+// ItemErrorsPrefix is what the keys of a job's item-error markers start
+// with: the publisher counts a job's failed items with one List and a read
+// of each marker, not a read of every result.
+func ItemErrorsPrefix(jobID string) string { return "itemerrors/" + jobID + "/" }

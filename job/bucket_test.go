@@ -17,6 +17,8 @@ func TestBucketLayout(t *testing.T) {
 		{CancelKey("j1"), "cancel/j1.json"},
 		{CancelledKey("j1", 7), "cancelled/j1/7.json"},
 		{CancelledPrefix("j1"), "cancelled/j1/"},
+		{ItemErrorsKey("j1", 7), "itemerrors/j1/7.json"},
+		{ItemErrorsPrefix("j1"), "itemerrors/j1/"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %s, want %s", tc.got, tc.want)

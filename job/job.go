@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Version is the schema version written in the "v" field of every message.
@@ -87,6 +88,41 @@ type Output struct {
 	ID        string          `json:"id"`
 	Embedding []float32       `json:"embedding,omitempty"`
 	Data      json.RawMessage `json:"data,omitempty"` // for models whose answer is not an embedding
+	// Error, when set, says why the model refused this item; the item has
+	// no embedding or data then. Added in schema version 1 without changing
+	// it: a reader that does not know the field sees an output without an
+	// answer.
+	Error *ItemError `json:"error,omitempty"`
+}
+
+// ItemError is why one item of a chunk could not be processed while the
+// others were (docs/schemas.md).
+type ItemError struct {
+	Code    string `json:"code"`    // ItemInvalidInput
+	Message string `json:"message"` // the model's words: untrusted, escaped and cut (NewItemError)
+}
+
+// Item error codes.
+const (
+	ItemInvalidInput = "invalid_input" // the model refuses the item itself (gpu.ErrInvalidInput)
+)
+
+// MaxItemErrorLen bounds an item error's message in bytes.
+const MaxItemErrorLen = 512
+
+// NewItemError returns the error for one refused item. The message may
+// quote the item, which anyone who can send to the queue chose, so it is
+// escaped as a DLQ reason is (AttributeSafe) and cut to MaxItemErrorLen
+// without splitting a character.
+func NewItemError(code, message string) *ItemError {
+	m := AttributeSafe(message)
+	if n := MaxItemErrorLen; len(m) > n {
+		for n > 0 && !utf8.RuneStart(m[n]) {
+			n--
+		}
+		m = m[:n]
+	}
+	return &ItemError{Code: code, Message: m}
 }
 
 // Result is the body of a result message: the outputs for one chunk.
@@ -96,6 +132,8 @@ type Result struct {
 	Chunk   int      `json:"chunk"`
 	Model   string   `json:"model"`
 	Outputs []Output `json:"outputs"`
+	// ItemsFailed counts the outputs with an Error; absent when none.
+	ItemsFailed int `json:"items_failed,omitempty"`
 	// Attempt is the work message's receive count when it was processed;
 	// above 1 means the chunk was redelivered at least once.
 	Attempt int `json:"attempt"`

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -208,5 +209,23 @@ func TestMessageSize(t *testing.T) {
 	}
 	if got := MessageSize("é", nil); got != 2 {
 		t.Errorf("MessageSize(é) = %d; want 2 (UTF-8 bytes)", got)
+	}
+}
+
+// Issue 20, item 3: an item error's message is the model's words, which may
+// quote what the sender chose: escaped like a DLQ reason and cut on a
+// character boundary.
+func TestNewItemErrorEscapesAndCuts(t *testing.T) {
+	e := NewItemError(ItemInvalidInput, "bad \x00 item \uffff")
+	if e.Code != ItemInvalidInput || e.Message != `bad \x00 item \uffff` {
+		t.Errorf("got %+v", e)
+	}
+	long := NewItemError(ItemInvalidInput, strings.Repeat("é", MaxItemErrorLen)) // 2 bytes each
+	if len(long.Message) != MaxItemErrorLen || !utf8.ValidString(long.Message) {
+		t.Errorf("cut to %d bytes (valid %v), want %d", len(long.Message), utf8.ValidString(long.Message), MaxItemErrorLen)
+	}
+	odd := NewItemError(ItemInvalidInput, "x"+strings.Repeat("é", MaxItemErrorLen))
+	if len(odd.Message) != MaxItemErrorLen-1 || !utf8.ValidString(odd.Message) {
+		t.Errorf("cut to %d bytes (valid %v), want %d", len(odd.Message), utf8.ValidString(odd.Message), MaxItemErrorLen-1)
 	}
 }

@@ -47,3 +47,14 @@ type CancelledMarker struct {
 	MessageID string `json:"message_id"`
 	At        string `json:"at"` // RFC 3339, UTC
 }
+
+// ItemErrorsMarker is itemerrors/{job_id}/{chunk}.json: how many items of a
+// chunk the model refused (job.Output.Error) while the others ran. The
+// subscriber writes it with the chunk's result when any item failed; the
+// publisher adds them up for items_failed.
+type ItemErrorsMarker struct {
+	V           int    `json:"v"`
+	JobID       string `json:"job_id"`
+	Chunk       int    `json:"chunk"`
+	ItemsFailed int    `json:"items_failed"`
+}

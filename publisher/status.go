@@ -38,21 +38,25 @@ const (
 )
 
 type statusBody struct {
-	JobID           string        `json:"job_id"`
-	Status          string        `json:"status"`
-	Chunks          int           `json:"chunks"`
-	ChunksDone      int           `json:"chunks_done"`
-	ChunksFailed    int           `json:"chunks_failed"`
-	ChunksCancelled int           `json:"chunks_cancelled"`
-	ChunksPending   int           `json:"chunks_pending"`
-	Items           int           `json:"items"`
-	ItemsDone       int           `json:"items_done"`
-	ClaimChecked    int           `json:"claim_checked"`
-	CreatedAt       time.Time     `json:"created_at"`
-	CancelledAt     *time.Time    `json:"cancelled_at,omitempty"` // when DELETE asked for it
-	Failed          []failedChunk `json:"failed"`
-	Results         []chunkResult `json:"results,omitempty"`
-	NextPageToken   string        `json:"next_page_token,omitempty"`
+	JobID           string `json:"job_id"`
+	Status          string `json:"status"`
+	Chunks          int    `json:"chunks"`
+	ChunksDone      int    `json:"chunks_done"`
+	ChunksFailed    int    `json:"chunks_failed"`
+	ChunksCancelled int    `json:"chunks_cancelled"`
+	ChunksPending   int    `json:"chunks_pending"`
+	Items           int    `json:"items"`
+	ItemsDone       int    `json:"items_done"`
+	// ItemsFailed: items of done chunks the model refused; their outputs
+	// in results carry an error instead of an answer, and items_done does
+	// not count them.
+	ItemsFailed   int           `json:"items_failed"`
+	ClaimChecked  int           `json:"claim_checked"`
+	CreatedAt     time.Time     `json:"created_at"`
+	CancelledAt   *time.Time    `json:"cancelled_at,omitempty"` // when DELETE asked for it
+	Failed        []failedChunk `json:"failed"`
+	Results       []chunkResult `json:"results,omitempty"`
+	NextPageToken string        `json:"next_page_token,omitempty"`
 }
 
 type failedChunk struct {
@@ -64,7 +68,13 @@ type chunkResult struct {
 	Chunk   int          `json:"chunk"`
 	Model   string       `json:"model"`
 	Outputs []job.Output `json:"outputs"`
+	// ItemsFailed counts the outputs with an error; absent when none.
+	ItemsFailed int `json:"items_failed,omitempty"`
 }
+
+// maxItemErrorsMarker bounds the read of an item-error marker (tens of
+// bytes when the subscriber wrote it).
+const maxItemErrorsMarker = 4 << 10
 
 // readConcurrency bounds the S3 reads of one status request.
 const readConcurrency = 8
@@ -159,7 +169,7 @@ func pageParams(r *http.Request) (size, start int, e *APIError) {
 // status is the job's progress; with pageSize > 0, and once every chunk is
 // settled, a page of its results from chunk start.
 func (p *Publisher) status(ctx context.Context, m *job.Manifest, start, pageSize int) (*statusBody, error) {
-	var done, failedSet, cancelledSet map[int]bool
+	var done, failedSet, cancelledSet, itemErrSet map[int]bool
 	var cancel *job.CancelRecord
 	g0, gctx0 := errgroup.WithContext(ctx)
 	g0.Go(func() (err error) { done, err = p.chunksUnder(gctx0, job.ResultPrefix(m.JobID), m.Chunks); return })
@@ -169,6 +179,10 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest, start, pageSize
 		return
 	})
 	g0.Go(func() (err error) { cancel, err = p.cancelRecord(gctx0, m.JobID); return })
+	g0.Go(func() (err error) {
+		itemErrSet, err = p.chunksUnder(gctx0, job.ItemErrorsPrefix(m.JobID), m.Chunks)
+		return
+	})
 	if err := g0.Wait(); err != nil {
 		return nil, err
 	}
@@ -209,6 +223,27 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest, start, pageSize
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(readConcurrency)
+	for c := range itemErrSet {
+		if !done[c] {
+			continue
+		}
+		g.Go(func() error {
+			raw, err := p.store.ReadLimit(gctx, job.ItemErrorsKey(m.JobID, c), maxItemErrorsMarker)
+			if err != nil {
+				return err
+			}
+			var ie job.ItemErrorsMarker
+			// Anyone who can send to the queue can have a marker written
+			// for any chunk: a count beyond the chunk's items is not used.
+			if json.Unmarshal(raw, &ie) == nil && c < len(m.ChunkItems) && ie.ItemsFailed > 0 && ie.ItemsFailed <= m.ChunkItems[c] {
+				mu.Lock()
+				b.ItemsFailed += ie.ItemsFailed
+				b.ItemsDone -= ie.ItemsFailed
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
 	for c := range failedSet {
 		g.Go(func() error {
 			reason := "unknown"
@@ -238,7 +273,8 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest, start, pageSize
 					return err
 				}
 				mu.Lock()
-				b.Results = append(b.Results, chunkResult{Chunk: c, Model: res.Model, Outputs: res.Outputs})
+				b.Results = append(b.Results, chunkResult{Chunk: c, Model: res.Model, Outputs: res.Outputs,
+					ItemsFailed: res.ItemsFailed})
 				mu.Unlock()
 				return nil
 			})

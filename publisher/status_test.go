@@ -25,14 +25,16 @@ type jobStatus struct {
 	CancelledAt     *time.Time `json:"cancelled_at"`
 	Items           int        `json:"items"`
 	ItemsDone       int        `json:"items_done"`
+	ItemsFailed     int        `json:"items_failed"` // per-item errors (issue 20)
 	Failed          []struct {
 		Chunk  int    `json:"chunk"`
 		Reason string `json:"reason"`
 	} `json:"failed"`
 	Results []struct {
-		Chunk   int          `json:"chunk"`
-		Model   string       `json:"model"`
-		Outputs []job.Output `json:"outputs"`
+		Chunk       int          `json:"chunk"`
+		Model       string       `json:"model"`
+		Outputs     []job.Output `json:"outputs"`
+		ItemsFailed int          `json:"items_failed"`
 	} `json:"results"`
 	NextPageToken string `json:"next_page_token"`
 }
@@ -155,5 +157,53 @@ func TestJobStatusRefusesStoredReference(t *testing.T) {
 		if r.status != 503 || strings.Contains(string(r.body), "secret") {
 			t.Errorf("a stored result referring to %s: %d %s; want 503 without its content", key, r.status, r.body)
 		}
+	}
+}
+
+// Issue 20, item 3: a chunk whose result carries item errors is done; the
+// job counts its refused items as failed, not done, from the subscriber's
+// item-error markers, and the results show each refused item's error. A
+// marker claiming more items than its chunk holds, or for a chunk with no
+// result, counts nothing.
+func TestJobStatusItemErrors(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{})
+	a := s.mustPost(jobBody(t, manyItems("s", 5, 3), 2), nil)
+	works := checkWhole(t, a, e.drain(a.Chunks))
+	if a.Chunks != 3 {
+		t.Fatalf("%d chunks, want 3", a.Chunks)
+	}
+	for c, w := range works {
+		r := job.Result{V: 1, JobID: a.JobID, Chunk: c, Model: "m", Attempt: 1}
+		for i, it := range w.Items {
+			o := job.Output{ID: it.ID, Embedding: []float32{1}}
+			if c == 0 && i == 1 {
+				o = job.Output{ID: it.ID, Error: job.NewItemError(job.ItemInvalidInput, "too many tokens")}
+				r.ItemsFailed = 1
+			}
+			r.Outputs = append(r.Outputs, o)
+		}
+		if c < 2 {
+			e.putJSON(job.ResultKey(a.JobID, c), r)
+		}
+	}
+	e.putJSON(job.ItemErrorsKey(a.JobID, 0), job.ItemErrorsMarker{V: 1, JobID: a.JobID, Chunk: 0, ItemsFailed: 1})
+	e.putJSON(job.ItemErrorsKey(a.JobID, 1), job.ItemErrorsMarker{V: 1, JobID: a.JobID, Chunk: 1, ItemsFailed: 99})
+	e.putJSON(job.ItemErrorsKey(a.JobID, 2), job.ItemErrorsMarker{V: 1, JobID: a.JobID, Chunk: 2, ItemsFailed: 1})
+	st := s.status(t, a.JobID, "")
+	if st.Status != publisher.StatusRunning || st.ItemsDone != 3 || st.ItemsFailed != 1 {
+		t.Errorf("running: %+v; want 3 items done, 1 failed", st)
+	}
+	e.putJSON(job.ResultKey(a.JobID, 2), job.Result{V: 1, JobID: a.JobID, Chunk: 2, Model: "m",
+		Outputs: []job.Output{{ID: works[2].Items[0].ID, Embedding: []float32{1}}}})
+	st = s.status(t, a.JobID, "")
+	if st.Status != publisher.StatusComplete || st.ItemsDone != 3 || st.ItemsFailed != 2 || len(st.Results) != 3 {
+		t.Fatalf("complete: %+v; want 3 items done, 2 failed (the marker of chunk 2 counts now)", st)
+	}
+	bad := st.Results[0].Outputs[1]
+	if st.Results[0].ItemsFailed != 1 || bad.Error == nil || bad.Error.Code != "invalid_input" ||
+		bad.Error.Message != "too many tokens" || bad.Embedding != nil {
+		t.Errorf("chunk 0: %d failed, refused item %+v (error %+v)", st.Results[0].ItemsFailed, bad, bad.Error)
 	}
 }

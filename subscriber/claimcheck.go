@@ -242,6 +242,26 @@ func (s *Subscriber) storeResults(results []job.Result, bodies [][]byte) ([]*job
 }
 
 func (s *Subscriber) storeResult(ctx context.Context, r *job.Result, body []byte) (job.PayloadRef, error) {
+	ref, err := s.storeResultObject(ctx, r, body)
+	if err == nil && r.ItemsFailed > 0 {
+		// After the result, and on every delivery: a crash in between
+		// redelivers the message, which writes it then.
+		err = s.markItemErrors(ctx, r)
+	}
+	return ref, err
+}
+
+// markItemErrors writes r's item-error marker, for the publisher's count.
+func (s *Subscriber) markItemErrors(ctx context.Context, r *job.Result) error {
+	body, err := json.Marshal(job.ItemErrorsMarker{V: job.Version, JobID: r.JobID, Chunk: r.Chunk, ItemsFailed: r.ItemsFailed})
+	if err != nil {
+		return err
+	}
+	_, err = s.payloads.Put(ctx, job.ItemErrorsKey(r.JobID, r.Chunk), body)
+	return err
+}
+
+func (s *Subscriber) storeResultObject(ctx context.Context, r *job.Result, body []byte) (job.PayloadRef, error) {
 	key := job.ResultKey(r.JobID, r.Chunk)
 	created, existing, err := s.payloads.PutIfAbsent(ctx, key, body)
 	if err != nil {

@@ -29,6 +29,7 @@ type metrics struct {
 	released      *prometheus.CounterVec
 	deadLettered  *prometheus.CounterVec
 	cancelled     prometheus.Counter
+	itemsFailed   prometheus.Counter
 	deleted       prometheus.Counter
 	extensions    prometheus.Counter
 	leasesLost    *prometheus.CounterVec
@@ -99,6 +100,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			"Messages sent to the DLQ, by reason.")), []string{"reason"}),
 		cancelled: counter("messages_cancelled_total",
 			"Messages of cancelled jobs (DELETE /v1/jobs/{id}) deleted without running, their cancelled marker written."),
+		itemsFailed: counter("items_failed_total",
+			"Items the model refused (invalid input) answered with an error in their chunk's result, the chunk's other items kept."),
 		deleted:    counter("messages_deleted_total", "Messages deleted from the work queue after their result or DLQ copy was sent."),
 		extensions: counter("visibility_extensions_total", "Visibility timeout extensions (heartbeats) that succeeded, per message."),
 		leasesLost: f.NewCounterVec(prometheus.CounterOpts(opts("leases_lost_total",

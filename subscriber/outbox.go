@@ -31,7 +31,7 @@ func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 	for i, t := range tasks {
 		results[i] = job.Result{
 			V: job.Version, JobID: t.work.JobID, Chunk: t.work.Chunk, Model: model,
-			Outputs: outs[i], Attempt: t.lease.msg.ReceiveCount,
+			Outputs: outs[i], ItemsFailed: itemsFailed(outs[i]), Attempt: t.lease.msg.ReceiveCount,
 			WorkerMS: time.Since(t.lease.received).Milliseconds(),
 		}
 		body, err := encodeResult(&results[i])

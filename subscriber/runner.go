@@ -72,6 +72,9 @@ func (s *Subscriber) dropCancelled(tasks []*task) []*task {
 // memory.
 func (s *Subscriber) process(ctx context.Context, tasks []*task, oomed *bool) (ok int, alone []*task) {
 	outs, err := s.infer(ctx, tasks, false)
+	if len(tasks) == 1 && len(tasks[0].work.Items) > 1 && errors.Is(err, gpu.ErrInvalidInput) {
+		outs, err = s.itemByItem(ctx, tasks[0], err)
+	}
 	switch {
 	case err == nil:
 		// The model has returned, so the batch's device memory is free:
@@ -153,6 +156,9 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) bool {
 	}
 	cost := t.raw
 	outs, err := s.infer(ctx, []*task{t}, true)
+	if len(t.work.Items) > 1 && errors.Is(err, gpu.ErrInvalidInput) {
+		outs, err = s.itemByItem(ctx, t, err) // still holding the device
+	}
 	// Let go of the device before sending anything, as process does, and
 	// let the budget follow the device again.
 	if err == nil {

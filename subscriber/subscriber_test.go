@@ -46,6 +46,7 @@ func (m workingModel) Working() int64 { return m.working.Load() }
 type itemSpec struct {
 	mb, ms, lie, delay int
 	hang, invalid      bool
+	stubborn           bool // ignores ctx: runs its ms out whatever the timeout (issue 20)
 	// Issue 14: "panic" panics in Run, "costpanic" in Cost; "nan" answers
 	// NaN; "out=N" answers an embedding of N floats.
 	panics, costPanics, nan bool
@@ -60,6 +61,8 @@ func parseSpec(text string) itemSpec {
 			s.hang = true
 		case f == "invalid":
 			s.invalid = true
+		case f == "stubborn":
+			s.stubborn = true
 		case f == "panic":
 			s.panics = true
 		case f == "costpanic":
@@ -107,13 +110,14 @@ func (m *testModel) Run(ctx context.Context, items []job.Item) ([]job.Output, er
 	m.runs.Add(1)
 	var need int64
 	var took, delay time.Duration
-	hang := false
+	hang, stubborn := false, false
 	for _, it := range items {
 		s := parseSpec(it.Text)
 		need += int64(s.mb*s.lie) * mib
 		took = max(took, time.Duration(s.ms)*time.Millisecond)
 		delay = max(delay, time.Duration(s.delay)*time.Millisecond)
 		hang = hang || s.hang
+		stubborn = stubborn || s.stubborn
 		if s.invalid {
 			return nil, fmt.Errorf("item %s: %w", it.ID, gpu.ErrInvalidInput)
 		}
@@ -138,6 +142,9 @@ func (m *testModel) Run(ctx context.Context, items []job.Item) ([]job.Output, er
 	if hang {
 		<-ctx.Done()
 		return nil, ctx.Err()
+	}
+	if stubborn {
+		time.Sleep(took)
 	}
 	select {
 	case <-time.After(took):
@@ -386,7 +393,7 @@ func TestPoisonGoesToDLQWithReason(t *testing.T) {
 		h.work.Put(`{"v":1,"job_id":"j","chunk":0,"items":[]}`, nil)
 		h.work.Put(`not json`, map[string]string{"trace": "abc"})
 		h.send("big", 0, "mb=100")
-		h.send("bad", 0, "mb=1", "invalid")
+		h.send("bad", 0, "mb=1 invalid", "invalid") // every item refused: the chunk goes (itemerrors_test.go)
 		h.send("ok", 0, "mb=1")
 		waitFor(t, time.Minute, "4 dead letters and 1 result", func() bool {
 			d, _ := h.dlq.Stats()

@@ -256,7 +256,7 @@ func TestModelPanicsAreInvalidInput(t *testing.T) {
 		for c := range 4 {
 			h.send("mates", c, "mb=1")
 		}
-		h.send("panics", 0, "mb=1", "mb=1 panic")
+		h.send("panics", 0, "mb=1 panic", "mb=1 panic") // all items: one alone is an item error (itemerrors_test.go)
 		h.send("costs", 0, "mb=1 costpanic")
 		h.endedAll(6)
 		h.shutdown()
