@@ -212,9 +212,10 @@ data "aws_iam_policy_document" "subscriber" {
     resources = [aws_sqs_queue.results.arn, aws_sqs_queue.dlq.arn]
   }
 
-  # Claim-checked items; a job's cancel record; and everything it writes,
-  # since it writes only with PutIfAbsent, which reads first (a chunk's
-  # stored result, failed marker and cancelled marker).
+  # Claim-checked items; a job's cancel record; and everything it writes:
+  # a chunk's stored result, failed and cancelled markers are written with
+  # PutIfAbsent, which reads first, and the item-error marker is kept
+  # readable by the same rule (read what you write).
   statement {
     sid     = "ReadItemsAndResults"
     actions = ["s3:GetObject"]
@@ -224,6 +225,7 @@ data "aws_iam_policy_document" "subscriber" {
       "${local.bucket_arn}/failed/*",
       "${local.bucket_arn}/cancel/*",
       "${local.bucket_arn}/cancelled/*",
+      "${local.bucket_arn}/itemerrors/*",
     ]
   }
 

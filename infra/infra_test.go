@@ -2110,11 +2110,12 @@ func albPathMatch(pattern, path string) bool {
 	return regexp.MustCompile(b.String()).MatchString(path)
 }
 
-// The subscriber writes to the bucket only with payload.Store.PutIfAbsent,
-// which reads the key first (the first write wins, and a retry finds it):
-// a prefix it may put but not get fails every write with AccessDenied on
-// AWS, though not on the emulator, which checks no policy. Its failed
-// markers went unwritten that way until this test.
+// The subscriber writes its results and its failed and cancelled markers
+// with payload.Store.PutIfAbsent, which reads the key first (the first write
+// wins, and a retry finds it): a prefix it may put but not get fails every
+// such write with AccessDenied on AWS, though not on the emulator, which
+// checks no policy. Its failed markers went unwritten that way until this
+// test. The rule holds for every prefix it writes: read what you write.
 func TestTheSubscriberMayReadWhatItWrites(t *testing.T) {
 	m := root(t)
 	byAction := map[string]map[string]bool{}
@@ -2144,7 +2145,7 @@ func TestTheSubscriberMayReadWhatItWrites(t *testing.T) {
 	}
 	for res := range byAction["s3:PutObject"] {
 		if !byAction["s3:GetObject"][res] {
-			t.Errorf("the subscriber may put %s but not get it: PutIfAbsent reads first", res)
+			t.Errorf("the subscriber may put %s but not get it: read what you write (PutIfAbsent reads first)", res)
 		}
 	}
 }
