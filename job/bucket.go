@@ -63,3 +63,9 @@ func CancelledKey(jobID string, chunk int) string {
 
 // CancelledPrefix is what the keys of a job's cancelled markers start with.
 func CancelledPrefix(jobID string) string { return "cancelled/" + jobID + "/" }
+
+// DoneKey is where job jobID's DoneMarker is: the subscriber that writes it
+// first (a conditional write) sends the job's one completion event.
+//
+//	done/{job_id}.json              a DoneMarker: the job settled and its event went out, by a subscriber
+func DoneKey(jobID string) string { return "done/" + jobID + ".json" }
