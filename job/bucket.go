@@ -16,6 +16,7 @@ import (
 //	failed/{job_id}/{chunk}.json    a FailedMarker: why a chunk was dead-lettered, by the subscriber
 //	cancel/{job_id}.json            a CancelRecord: the job is cancelled, by the publisher (DELETE)
 //	cancelled/{job_id}/{chunk}.json a CancelledMarker: a chunk deleted unrun, by the subscriber
+//	done/{job_id}.json              a CompletionEvent: the job settled, its event sent (docs/events.md), by a subscriber
 //
 // Cancelled chunks have a prefix of their own rather than a failed marker
 // with a reason: a cancelled chunk has no DLQ copy, the publisher counts
@@ -64,8 +65,6 @@ func CancelledKey(jobID string, chunk int) string {
 // CancelledPrefix is what the keys of a job's cancelled markers start with.
 func CancelledPrefix(jobID string) string { return "cancelled/" + jobID + "/" }
 
-// DoneKey is where job jobID's DoneMarker is: the subscriber that writes it
+// DoneKey is where job jobID's done marker (its CompletionEvent) is: the subscriber that writes it
 // first (a conditional write) sends the job's one completion event.
-//
-//	done/{job_id}.json              a DoneMarker: the job settled and its event went out, by a subscriber
 func DoneKey(jobID string) string { return "done/" + jobID + ".json" }

@@ -60,7 +60,7 @@ const (
 const EventJobSettled = "vramq.job.settled"
 
 // CompletionEvent is what goes to the events topic, once a job, when its
-// last chunk settles (docs/events.md). The DoneMarker is the same record,
+// last chunk settles (docs/events.md). The done marker (DoneKey) is the same record,
 // with PublishError set while the event has not gone out.
 type CompletionEvent struct {
 	V               int    `json:"v"`
