@@ -62,9 +62,6 @@ func (s *Subscriber) jobSettling(jobID string) {
 	})
 }
 
-// maxManifestBytes bounds the manifest read for an event: one int a chunk.
-const maxManifestBytes = 64 << 20
-
 func (s *Subscriber) checkSettled(ctx context.Context, jobID string) error {
 	raw, err := s.payloads.Read(ctx, job.ManifestKey(jobID))
 	if errors.Is(err, payload.ErrMissing) {
