@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
@@ -54,12 +55,26 @@ func (s *Subscriber) jobSettling(jobID string) {
 	s.aux.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 		defer cancel()
+		// One check of a job at a time in this process: two chunks of one
+		// job that settle together (a result and a failed marker, say) would
+		// otherwise both find it settled and both race for the marker. The
+		// conditional write decides on S3 anyway; this spares the requests,
+		// and a bucket whose conditional write is a read then a write.
+		mu := &s.eventLocks[fnv32(jobID)%uint32(len(s.eventLocks))]
+		mu.Lock()
+		defer mu.Unlock()
 		if err := s.checkSettled(ctx, jobID); err != nil {
 			s.m.events.WithLabelValues("error").Inc()
 			s.log.Warn("checking whether a job settled failed; a redelivery of its chunks checks again",
 				"job_id", jobID, "err", err)
 		}
 	})
+}
+
+func fnv32(s string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum32()
 }
 
 func (s *Subscriber) checkSettled(ctx context.Context, jobID string) error {
