@@ -2149,3 +2149,16 @@ func TestTheSubscriberMayReadWhatItWrites(t *testing.T) {
 		}
 	}
 }
+
+// completion_events gives the subscriber the events topic (issue 20): its
+// environment names it only when the topic exists.
+func TestCompletionEventsReachTheSubscriber(t *testing.T) {
+	m := root(t)
+	if _, ok := subscriberEnv(t, m, nil)["VRAMQ_EVENTS_TOPIC_ARN"]; ok {
+		t.Error("VRAMQ_EVENTS_TOPIC_ARN set with completion_events off")
+	}
+	env := subscriberEnv(t, m, map[string]cty.Value{"completion_events": cty.True})
+	if _, ok := env["VRAMQ_EVENTS_TOPIC_ARN"]; !ok {
+		t.Error("completion_events on, and the subscriber is not told the topic")
+	}
+}

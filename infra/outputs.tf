@@ -133,3 +133,8 @@ output "alarm_names" {
     try(aws_cloudwatch_metric_alarm.publisher_unhealthy_targets[0].alarm_name, ""),
   ])
 }
+
+output "events_topic_arn" {
+  description = "ARN of the completion events' SNS topic (docs/events.md); null unless completion_events."
+  value       = local.events_topic_arn
+}

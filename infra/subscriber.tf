@@ -44,7 +44,7 @@ locals {
     VRAMQ_LOG_LEVEL          = var.subscriber_log_level
   }
 
-  subscriber_environment = merge(var.subscriber_environment, local.subscriber_settings, {
+  subscriber_environment = merge(var.subscriber_environment, local.subscriber_settings, local.events_environment, {
     QUEUE_URL         = aws_sqs_queue.work.url
     RESULTS_QUEUE_URL = aws_sqs_queue.results.url
     DLQ_URL           = aws_sqs_queue.dlq.url

@@ -354,7 +354,7 @@ variable "subscriber_environment" {
     condition = length(setintersection(keys(var.subscriber_environment), [
       "QUEUE_URL", "RESULTS_QUEUE_URL", "DLQ_URL", "PAYLOAD_BUCKET", "VRAMQ_DEVICE", "VRAMQ_VISIBILITY_TIMEOUT",
       "VRAMQ_WAIT_TIME", "VRAMQ_SHUTDOWN_GRACE", "VRAMQ_INFERENCE_TIMEOUT", "VRAMQ_TASK_PROTECTION",
-      "VRAMQ_METRICS_ADDR", "VRAMQ_LOG_FORMAT", "VRAMQ_LOG_LEVEL",
+      "VRAMQ_METRICS_ADDR", "VRAMQ_LOG_FORMAT", "VRAMQ_LOG_LEVEL", "VRAMQ_EVENTS_TOPIC_ARN",
     ])) == 0
     error_message = "subscriber_environment: set the queue URLs, device, visibility, wait time, shutdown grace, inference timeout, task protection, metrics address and log settings through this module's own variables."
   }
@@ -682,4 +682,11 @@ variable "tasks_below_desired_alarm_periods" {
     condition     = var.tasks_below_desired_alarm_periods >= 2
     error_message = "tasks_below_desired_alarm_periods: at least 2 (a GPU task takes minutes to start)."
   }
+}
+
+variable "completion_events" {
+  description = "Create an SNS topic that gets one completion event per job when its last chunk settles (docs/events.md), and let the subscriber publish to it (VRAMQ_EVENTS_TOPIC_ARN). Subscribe a queue or a Lambda to the events_topic_arn output."
+  type        = bool
+  default     = false
+  nullable    = false
 }

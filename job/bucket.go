@@ -17,6 +17,7 @@ import (
 //	cancel/{job_id}.json            a CancelRecord: the job is cancelled, by the publisher (DELETE)
 //	cancelled/{job_id}/{chunk}.json a CancelledMarker: a chunk deleted unrun, by the subscriber
 //	itemerrors/{job_id}/{chunk}.json an ItemErrorsMarker: items of a chunk refused, by the subscriber
+//	done/{job_id}.json              a CompletionEvent: the job settled, its event sent (docs/events.md), by a subscriber
 //
 // Cancelled chunks have a prefix of their own rather than a failed marker
 // with a reason: a cancelled chunk has no DLQ copy, the publisher counts
@@ -75,3 +76,7 @@ func ItemErrorsKey(jobID string, chunk int) string {
 // with: the publisher counts a job's failed items with one List and a read
 // of each marker, not a read of every result.
 func ItemErrorsPrefix(jobID string) string { return "itemerrors/" + jobID + "/" }
+
+// DoneKey is where job jobID's done marker (its CompletionEvent) is: the subscriber that writes it
+// first (a conditional write) sends the job's one completion event.
+func DoneKey(jobID string) string { return "done/" + jobID + ".json" }

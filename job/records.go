@@ -58,3 +58,38 @@ type ItemErrorsMarker struct {
 	Chunk       int    `json:"chunk"`
 	ItemsFailed int    `json:"items_failed"`
 }
+
+// Completion event statuses: the publisher's job states once nothing is
+// pending (publisher/status.go).
+const (
+	EventComplete  = "complete"  // every chunk has a result
+	EventPartial   = "partial"   // every chunk settled, some dead-lettered
+	EventCancelled = "cancelled" // every chunk settled, some deleted unrun after DELETE /v1/jobs/{id}
+)
+
+// EventJobSettled is CompletionEvent.Event.
+const EventJobSettled = "vramq.job.settled"
+
+// CompletionEvent is what goes to the events topic, once a job, when its
+// last chunk settles (docs/events.md). The done marker (DoneKey) is the same record,
+// with PublishError set while the event has not gone out.
+type CompletionEvent struct {
+	V               int    `json:"v"`
+	Event           string `json:"event"`
+	JobID           string `json:"job_id"`
+	Status          string `json:"status"`
+	Chunks          int    `json:"chunks"`
+	ChunksDone      int    `json:"chunks_done"`
+	ChunksFailed    int    `json:"chunks_failed"`
+	ChunksCancelled int    `json:"chunks_cancelled"`
+	Items           int    `json:"items"`
+	ItemsDone       int    `json:"items_done"`
+	// ResultsURI is the S3 prefix of the job's results, one object a chunk
+	// (results/{job_id}/{chunk}.json); FailedURI of its failed markers.
+	ResultsURI string `json:"results_uri"`
+	FailedURI  string `json:"failed_uri"`
+	At         string `json:"at"` // RFC 3339, when the job was found settled
+	// PublishError, in the done marker only: the publish failed, and a later
+	// check of the job (a redelivery of one of its chunks) sends it again.
+	PublishError string `json:"publish_error,omitempty"`
+}

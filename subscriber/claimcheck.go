@@ -238,6 +238,13 @@ func (s *Subscriber) storeResults(results []job.Result, bodies [][]byte) ([]*job
 		})
 	}
 	_ = g.Wait()
+	seen := make(map[string]bool)
+	for i, r := range results {
+		if refs[i] != nil && !seen[r.JobID] {
+			seen[r.JobID] = true
+			s.jobSettling(r.JobID)
+		}
+	}
 	return refs, errs
 }
 
@@ -311,6 +318,9 @@ func (s *Subscriber) markFailed(l *lease, reason string) {
 			"message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk, "err", err)
 	case !created:
 		s.log.Info("the chunk has a failed marker already; kept", "message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk)
+	}
+	if err == nil {
+		s.jobSettling(k.JobID)
 	}
 }
 

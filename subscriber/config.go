@@ -30,6 +30,11 @@ type Config struct {
 	// a result too large for a message too (result_too_large).
 	Payloads Payloads
 
+	// Events, when set, receives each job's completion event, once, when
+	// its last chunk settles (subscriber/events.go, docs/events.md). It
+	// needs Payloads, and Payloads must be a Lister.
+	Events EventSink
+
 	Model  gpu.Model  // loaded: its weights are already on the device (required)
 	Device gpu.Device // the device the model runs on (required)
 
@@ -254,6 +259,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DLQ == nil {
 		bad("DLQ", "no dead-letter queue: poison messages need somewhere to go")
+	}
+	if _, ok := c.Payloads.(Lister); c.Events != nil && !ok {
+		bad("Events", "completion events need a payload bucket that can list (-payload-bucket)")
 	}
 	if c.Model == nil {
 		bad("Model", "no model")

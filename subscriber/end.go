@@ -126,6 +126,7 @@ func (s *Subscriber) cancelChunk(t *task) {
 		return
 	}
 	s.m.cancelled.Inc()
+	s.jobSettling(w.JobID)
 	s.log.Info("chunk of a cancelled job deleted unrun", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk)
 	s.ack(t)
 }

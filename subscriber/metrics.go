@@ -42,6 +42,7 @@ type metrics struct {
 	claimChecks     *prometheus.CounterVec
 	resultsStored   prometheus.Counter
 	payloadRequests *prometheus.CounterVec
+	events          *prometheus.CounterVec
 
 	protected        prometheus.Gauge
 	protectionErrors prometheus.Counter
@@ -124,6 +125,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		payloadRequests: f.NewCounterVec(prometheus.CounterOpts(opts("payload_requests_total",
 			"Payload bucket (S3) operations, by operation and outcome; put_if_absent is a read and a conditional write.")),
 			[]string{"op", "outcome"}),
+		events: f.NewCounterVec(prometheus.CounterOpts(opts("completion_events_total",
+			"Job completion events (docs/events.md): sent, or error (the check or the publish failed; a redelivery retries).")),
+			[]string{"outcome"}),
 		protected: gauge("task_protected", "1 while the ECS task is protected from scale-in (messages held), else 0."),
 		protectionErrors: counter("task_protection_errors_total",
 			"Calls to the ECS agent's task protection endpoint that failed (each is retried)."),

@@ -62,7 +62,11 @@ type Subscriber struct {
 	roomKick chan struct{} // poked when waiting or held messages go down
 	runners  sync.WaitGroup
 	aux      sync.WaitGroup // dead-letter sends and cancels started by the poller and the runners
-	fetches  sync.WaitGroup // claim-check fetches started by the poller
+	// eventLocks serialise the completion-event checks of one job (by a
+	// hash of its id; events.go): a few S3 requests each, so sharing a lock
+	// with another job costs little.
+	eventLocks [64]sync.Mutex
+	fetches    sync.WaitGroup // claim-check fetches started by the poller
 	// fetchSlots bounds claim-check fetches in flight, across messages.
 	fetchSlots *semaphore.Weighted
 

@@ -15,6 +15,7 @@ import (
 type options struct {
 	queueURL, resultsURL, dlqURL string
 	payloadBucket                string
+	eventsTopicARN               string // -events-topic-arn: completion events' SNS topic; empty: none
 	device                       string
 	vram, reserve, limit         bytesize.Size
 	maxBatchBytes                bytesize.Size
@@ -59,6 +60,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.payloadBucket, "payload-bucket", "",
 		"S3 bucket of claim-checked items, stored results (results/) and failed markers (failed/);\n"+
 			"empty: none, and items that reference an object (a ref) are dead-lettered")
+	fs.StringVar(&o.eventsTopicARN, "events-topic-arn", "",
+		"ARN of an SNS topic that gets one completion event per job when its last chunk settles\n"+
+			"(docs/events.md); needs -payload-bucket. Empty: no events")
 	fs.StringVar(&o.device, "device", "auto", deviceHelp)
 	fs.Var(&o.vram, "vram", "memory of the simulated device, e.g. 16GiB")
 	fs.Var(&o.reserve, "vram-reserve", "device memory kept free of work")

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -30,6 +31,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/snsevents"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
 	"github.com/vramq/vramq/subscriber/taskprotect"
 )
@@ -169,6 +171,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	c.Model, c.Device, c.Logger, c.Registerer = model, dev, log, reg
 	if o.payloadBucket != "" {
 		c.Payloads = payload.New(awsconfig.S3(awsCfg, getenv), o.payloadBucket)
+	}
+	if o.eventsTopicARN != "" {
+		c.Events = snsevents.New(sns.NewFromConfig(awsCfg), o.eventsTopicARN)
 	}
 	if o.protectionURI != "" {
 		if c.TaskProtection, err = taskprotect.New(o.protectionURI, nil); err != nil {
