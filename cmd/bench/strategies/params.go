@@ -27,7 +27,7 @@ type Params struct {
 	LargeCost     int64    `json:"large_message_bytes"`
 	Runs          []string `json:"strategies"`
 	// Shape is the workload: "1-in-N" (Mixed, every Nth message large) or
-	// "heavy" (workload.HeavyTailed).
+	// "heavy" (workload.HeavyTailed) or "sentences" (workload.Sentences).
 	Shape string `json:"shape"`
 	// ShapeDesc says what Shape is, for the report.
 	ShapeDesc string `json:"shape_description"`
@@ -62,8 +62,8 @@ func Flags(fs *flag.FlagSet) (*Params, FlagValues) {
 	v := FlagValues{budget: &budget, throughput: &throughput, maxBatchBytes: &maxBatchBytes}
 	fs.IntVar(&p.Messages, "messages", 1000, "work messages in the workload")
 	fs.IntVar(&p.LargeEvery, "large-every", 5, "every Nth message is a large one (the bimodal mix; -shape 1-in-N says the same)")
-	fs.StringVar(&p.Shape, "shape", "", "workload: 1-in-N (the bimodal mix, every Nth message large) or heavy (heavy-tailed "+
-		"sizes); empty: 1-in-(-large-every)")
+	fs.StringVar(&p.Shape, "shape", "", "workload: 1-in-N (the bimodal mix, every Nth message large), heavy (heavy-tailed "+
+		"sizes) or sentences (lognormal sentence lengths, drawn per item); empty: 1-in-(-large-every)")
 	fs.Var(&budget, "budget", "device memory for work (the vram budget; the device holds this plus the weights), per subscriber")
 	fs.DurationVar(&p.Launch, "launch", timed.DefaultTiming().Launch, "timing model: fixed time per batch")
 	fs.Var(&throughput, "throughput", "timing model: device throughput, bytes of working memory per second")

@@ -172,13 +172,17 @@ func (sc Scenario) Works() []job.Work { return sc.works }
 
 // shapeWorks makes the messages of a workload shape and says what it is.
 func shapeWorks(shape string, messages int) ([]job.Work, string, error) {
-	if shape == "heavy" {
+	switch shape {
+	case "heavy":
 		spec := workload.HeavyTailed("bench", messages)
 		return spec.Works(), spec.String(), nil
+	case "sentences":
+		spec := workload.Sentences("bench", messages)
+		return spec.Works(), spec.String() + " (`internal/testenv/workload.Sentences`)", nil
 	}
 	n, err := strconv.Atoi(strings.TrimPrefix(shape, "1-in-"))
 	if !strings.HasPrefix(shape, "1-in-") || err != nil || n < 1 {
-		return nil, "", fmt.Errorf("%w: workload shape %q: want 1-in-N (N >= 1) or heavy", cli.ErrUsage, shape)
+		return nil, "", fmt.Errorf("%w: workload shape %q: want 1-in-N (N >= 1), heavy or sentences", cli.ErrUsage, shape)
 	}
 	spec := workload.Mixed("bench", messages)
 	spec.LargeEvery = n

@@ -37,6 +37,9 @@ func TestShapeWorks(t *testing.T) {
 	if works, _, err := shapeWorks("heavy", 5); err != nil || len(works) != 5 {
 		t.Errorf("heavy of 5: %d messages, %v", len(works), err)
 	}
+	if works, desc, err := shapeWorks("sentences", 5); err != nil || len(works) != 5 || !strings.Contains(desc, "lognormal") {
+		t.Errorf("sentences of 5: %d messages, %q, %v", len(works), desc, err)
+	}
 	for _, bad := range []string{"1-in-0", "1-in-x", "2-in-5", "", "pareto"} {
 		if _, _, err := shapeWorks(bad, 5); err == nil {
 			t.Errorf("shape %q accepted", bad)
