@@ -152,9 +152,11 @@ func TestCorrectionCutsOOMsOfUnderestimates(t *testing.T) {
 		t.Fatalf("without the correction only %d OOMs: the test does not exercise under-estimates", off)
 	}
 	// Four messages admitted at once, one each OOMs at most before the one
-	// raise reaches them; then none.
-	if on > 4 || on*4 > off {
-		t.Errorf("with the correction %d OOMs, without %d: want at most 4 and a quarter", on, off)
+	// raise reaches them; then none. Without it every fifth admission can
+	// OOM (11 or 12 of 40 in 40 runs; with it 1 to 3), so half is a bound
+	// that holds on any scheduling and still fails if the raise is lost.
+	if on > 4 || on*2 > off {
+		t.Errorf("with the correction %d OOMs, without %d: want at most 4 and at most half", on, off)
 	}
 	if factor <= 1 || factor > 2 {
 		t.Errorf("factor %v after OOMs, want in (1, 2]", factor)
