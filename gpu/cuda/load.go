@@ -5,6 +5,8 @@ package cuda
 import (
 	"fmt"
 
+	"gorgonia.org/cu"
+
 	"github.com/vramq/vramq/gpu"
 )
 
@@ -28,6 +30,23 @@ func DriverError() error {
 	default:
 		return fmt.Errorf("%w: the NVIDIA driver's cuInit failed: CUresult %d%s", gpu.ErrNoDevice, st, cuInitErrors[st])
 	}
+}
+
+// CheckDevice reports, wrapping gpu.ErrNoDevice, why CUDA device index
+// cannot be used: no driver, or no such device. Every model's constructor
+// asks it before it creates a context.
+func CheckDevice(index int) error {
+	if err := DriverError(); err != nil {
+		return err
+	}
+	n, err := cu.NumDevices()
+	if err != nil {
+		return fmt.Errorf("%w: cuda: counting devices: %v", gpu.ErrNoDevice, err)
+	}
+	if index < 0 || index >= n {
+		return fmt.Errorf("%w: cuda: no device %d (%d found)", gpu.ErrNoDevice, index, n)
+	}
+	return nil
 }
 
 // cuInitErrors are cuda.h's names of what cuInit fails with, for messages.

@@ -67,15 +67,8 @@ func NewCUDAEncoder(index int, name string, w *GPUWeights, cfg GPUConfig) (*CUDA
 	if err := w.CheckShape(cfg); err != nil {
 		return nil, err
 	}
-	if err := cuda.DriverError(); err != nil {
+	if err := cuda.CheckDevice(index); err != nil {
 		return nil, err
-	}
-	n, err := cu.NumDevices()
-	if err != nil {
-		return nil, fmt.Errorf("%w: cuda: counting devices: %v", gpu.ErrNoDevice, err)
-	}
-	if index < 0 || index >= n {
-		return nil, fmt.Errorf("%w: cuda: no device %d (%d found)", gpu.ErrNoDevice, index, n)
 	}
 	m := &CUDAEncoder{
 		cfg:     cfg,

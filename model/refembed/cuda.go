@@ -80,15 +80,8 @@ func NewCUDAEmbedder(index int, w *Weights, cfg Config) (*CUDAEmbedder, error) {
 	if err := w.CheckShape(cfg); err != nil {
 		return nil, err
 	}
-	if err := cuda.DriverError(); err != nil {
+	if err := cuda.CheckDevice(index); err != nil {
 		return nil, err
-	}
-	n, err := cu.NumDevices()
-	if err != nil {
-		return nil, fmt.Errorf("%w: cuda: counting devices: %v", gpu.ErrNoDevice, err)
-	}
-	if index < 0 || index >= n {
-		return nil, fmt.Errorf("%w: cuda: no device %d (%d found)", gpu.ErrNoDevice, index, n)
 	}
 	e := &CUDAEmbedder{
 		cfg:     cfg,
