@@ -2,8 +2,9 @@
 // tools that drive them (loadgen, soak, bench), share: an SQS/S3 endpoint
 // under test (sqstest), a local Lambda runtime (lambdart), fault injection
 // (faultproxy), the run's accounting (accounting), work and results over SQS
-// (jobq), synthetic workloads (workload), process memory (procmem) and the
-// emulated GPU (cudaemu). Nothing under it ships: the rest of internal/ is
+// (jobq), synthetic workloads (workload), process memory (procmem), the
+// emulated GPU (cudaemu) and the check of docs/configuration.md's generated
+// flag tables (configdoc). Nothing under it ships: the rest of internal/ is
 // what the publisher and subscriber binaries link, and TestNotShipped keeps
 // it so.
 package testenv
