@@ -27,6 +27,7 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/gputest"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/model/safetensors"
@@ -50,30 +51,6 @@ var goldenRoot = func() string {
 	return "testdata/model"
 }()
 
-type goldenFile struct {
-	Oracle  string `json:"oracle"`
-	Batches []struct {
-		IDs     [][]int32              `json:"ids"`
-		Outputs map[string][][]float32 `json:"outputs"`
-	} `json:"batches"`
-}
-
-func readGolden(t *testing.T, dir string) goldenFile {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, "golden.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var g goldenFile
-	if err := json.Unmarshal(data, &g); err != nil {
-		t.Fatal(err)
-	}
-	if len(g.Batches) == 0 {
-		t.Fatalf("%s: no batches", dir)
-	}
-	return g
-}
-
 func goldenDirs(t *testing.T) []string {
 	t.Helper()
 	dirs, err := filepath.Glob(filepath.Join(goldenRoot, "*"))
@@ -90,20 +67,6 @@ var goldenModes = []struct {
 }{
 	{"mean", bert.PoolMean, false}, {"cls", bert.PoolCLS, false}, {"max", bert.PoolMax, false},
 	{"mean_norm", bert.PoolMean, true}, {"cls_norm", bert.PoolCLS, true}, {"max_norm", bert.PoolMax, true},
-}
-
-func maxAbsDiff(a, b []float32) float64 {
-	if len(a) != len(b) {
-		return math.Inf(1)
-	}
-	var d float64
-	for i := range a {
-		e := math.Abs(float64(a[i]) - float64(b[i]))
-		if !(e <= d) {
-			d = e // NaN counts as the worst
-		}
-	}
-	return d
 }
 
 func newCUDAEncoder(t testing.TB, m *bert.Model) *bert.CUDAEncoder {
@@ -123,7 +86,7 @@ func newCUDAEncoder(t testing.TB, m *bert.Model) *bert.CUDAEncoder {
 func TestCUDABertMatchesCPUAndONNX(t *testing.T) {
 	for _, dir := range goldenDirs(t) {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
-			g := readGolden(t, dir)
+			g := bert.ReadGolden(t, dir)
 			base, err := bert.Load(dir)
 			if err != nil {
 				t.Fatal(err)
@@ -144,7 +107,7 @@ func TestCUDABertMatchesCPUAndONNX(t *testing.T) {
 						t.Fatal(err)
 					}
 					for i := range ids {
-						do, dc := maxAbsDiff(got[i], want[i]), maxAbsDiff(got[i], cpu[i])
+						do, dc := bert.MaxAbsDiff(got[i], want[i]), bert.MaxAbsDiff(got[i], cpu[i])
 						worstONNX, worstCPU = max(worstONNX, do), max(worstCPU, dc)
 						if !(do <= cudaBertTolerance) || !(dc <= cudaBertTolerance) {
 							t.Errorf("%s, %s, item %d (%d tokens): differs from ONNX Runtime by %.3g, from the CPU by %.3g (tolerance %g)",
@@ -345,21 +308,12 @@ func TestCUDABertOutOfMemoryThenHalving(t *testing.T) {
 	if after := other.free(t); after != free {
 		t.Fatalf("free memory %d before the failed batch, %d after", free, after)
 	}
-	var got [][]float32
-	var split func(part [][]int32) int
-	split = func(part [][]int32) int {
-		out, err := c.Embed(context.Background(), part)
-		if errors.Is(err, gpu.ErrOutOfMemory) && len(part) > 1 {
-			h := len(part) / 2
-			return max(split(part[:h]), split(part[h:]))
-		}
-		if err != nil {
-			t.Fatalf("batch of %d: %v", len(part), err)
-		}
-		got = append(got, out...)
-		return len(part)
+	got, size, err := gputest.Halve(ids, func(part [][]int32) ([][]float32, error) {
+		return c.Embed(context.Background(), part)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	size := split(ids)
 	if size == len(ids) {
 		t.Fatalf("the whole batch ran after failing")
 	}
@@ -368,7 +322,7 @@ func TestCUDABertOutOfMemoryThenHalving(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range want {
-		if d := maxAbsDiff(got[i], want[i]); !(d <= cudaBertTolerance) {
+		if d := bert.MaxAbsDiff(got[i], want[i]); !(d <= cudaBertTolerance) {
 			t.Fatalf("after halving, item %d differs from the CPU by %g", i, d)
 		}
 	}
@@ -613,7 +567,7 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 			}
 			var worst float64
 			for i := range ids {
-				worst = max(worst, maxAbsDiff(got[i], res.Embeddings[i]))
+				worst = max(worst, bert.MaxAbsDiff(got[i], res.Embeddings[i]))
 			}
 			t.Logf("FIGURE cuda-bert torch: %s (%s pooling, normalize %v), %d items: largest |vramq CUDA - PyTorch %s| %.3g (tolerance %g)",
 				filepath.Base(modelDir), s.Pooling, s.Normalize, len(ids), impl, worst, tolerance)
@@ -624,7 +578,7 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 		return c
 	}
 	for _, gdir := range goldenDirs(t) {
-		g := readGolden(t, gdir)
+		g := bert.ReadGolden(t, gdir)
 		compare(gdir, g.Batches[len(g.Batches)-1].IDs, cudaBertTolerance).Close()
 	}
 	m, err := bert.Load(mini)

@@ -56,10 +56,20 @@ func maxAbsDiff(a, b []float32) float64 {
 	}
 	var d float64
 	for i := range a {
-		d = max(d, math.Abs(float64(a[i])-float64(b[i])))
+		e := math.Abs(float64(a[i]) - float64(b[i]))
+		if !(e <= d) {
+			d = e // NaN counts as the worst
+		}
 	}
 	return d
 }
+
+// For the external tests of this directory (cuda_encoder_test.go, package
+// bert_test), which read the same golden files.
+var (
+	ReadGolden = readGolden
+	MaxAbsDiff = maxAbsDiff
+)
 
 // goldenModes are the outputs of a golden file and the Sentence settings
 // that give them.

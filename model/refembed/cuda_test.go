@@ -24,6 +24,7 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/gpu/gputest"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 )
@@ -143,21 +144,12 @@ func TestCUDAOutOfMemoryThenHalving(t *testing.T) {
 	if n := m.Working(); n != 0 {
 		t.Fatalf("after the OOM the model still holds %d bytes", n)
 	}
-	var got []job.Output
-	var split func(part []job.Item) int
-	split = func(part []job.Item) int {
-		outs, err := m.Run(context.Background(), part)
-		if errors.Is(err, gpu.ErrOutOfMemory) && len(part) > 1 {
-			h := len(part) / 2
-			return max(split(part[:h]), split(part[h:]))
-		}
-		if err != nil {
-			t.Fatalf("batch of %d: %v", len(part), err)
-		}
-		got = append(got, outs...)
-		return len(part)
+	got, size, err := gputest.Halve(items, func(part []job.Item) ([]job.Output, error) {
+		return m.Run(context.Background(), part)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	size := split(items)
 	hog()
 	cpu, _ := NewEmbedder(w, cfg, nil)
 	want, _ := cpu.Run(context.Background(), items)
