@@ -1,0 +1,103 @@
+package bert
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestMatMulAdd holds the tiled product, with each kernel and through each
+// entry point, against a float64 triple loop: shapes with partial tiles of
+// rows and columns, leading dimensions wider than the matrices, C's old
+// contents added to, and the padding between rows left untouched.
+func TestMatMulAdd(t *testing.T) {
+	type entry struct {
+		name string
+		f    func(c []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int)
+	}
+	entries := []entry{
+		{"kernelGo", func(c []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int) {
+			matMulAddRows(false, c, ldc, a, lda, b, ldb, m, n, k)
+		}},
+		{"matMulAdd", matMulAdd},
+		{"matMulAddParallel", matMulAddParallel},
+	}
+	if hasFMAKernel {
+		entries = append(entries, entry{"kernelFMA", func(c []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int) {
+			matMulAddRows(true, c, ldc, a, lda, b, ldb, m, n, k)
+		}})
+	} else {
+		t.Logf("no AVX2+FMA here: the assembly kernel is not tested")
+	}
+	r := rand.New(rand.NewPCG(5, 5))
+	type shape struct{ m, n, k int }
+	var shapes []shape
+	for _, m := range []int{1, 5, 6, 7, 13, 48, 49, 100} {
+		for _, n := range []int{1, 15, 16, 17, 32, 40} {
+			for _, k := range []int{0, 1, 3, 32, 100} {
+				shapes = append(shapes, shape{m, n, k})
+			}
+		}
+	}
+	shapes = append(shapes, shape{130, 384, 384}, shape{64, 64, 1536}, shape{97, 1152, 40})
+	for _, e := range entries {
+		for _, s := range shapes {
+			lda, ldb, ldc := s.k+r.IntN(3), s.n+r.IntN(3), s.n+r.IntN(3)
+			a := randSlice(r, max(0, (s.m-1)*lda+s.k))
+			b := randSlice(r, max(0, (s.k-1)*ldb+s.n))
+			c := randSlice(r, max(0, (s.m-1)*ldc+s.n))
+			c0 := append([]float32(nil), c...)
+			e.f(c, ldc, a, lda, b, ldb, s.m, s.n, s.k)
+			if err := checkProduct(c, c0, ldc, a, lda, b, ldb, s.m, s.n, s.k); err != nil {
+				t.Fatalf("%s, %d×%d·%d×%d (lda %d, ldb %d, ldc %d): %v", e.name, s.m, s.k, s.k, s.n, lda, ldb, ldc, err)
+			}
+		}
+	}
+}
+
+func randSlice(r *rand.Rand, n int) []float32 {
+	s := make([]float32, n)
+	for i := range s {
+		s[i] = float32(r.NormFloat64())
+	}
+	return s
+}
+
+// checkProduct says whether c = c0 + a·b to float32 accuracy: each element
+// within 1e-6 of Σ|a·b| (a float32 sum of k terms is off by at most about
+// k·2^-24 of that, and by √k·2^-24 typically), and c0 where no element is.
+func checkProduct(c, c0 []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int) error {
+	inside := make([]bool, len(c))
+	for i := range m {
+		for j := range n {
+			want, mag := float64(c0[i*ldc+j]), math.Abs(float64(c0[i*ldc+j]))
+			for p := range k {
+				x := float64(a[i*lda+p]) * float64(b[p*ldb+j])
+				want += x
+				mag += math.Abs(x)
+			}
+			got := float64(c[i*ldc+j])
+			if math.Abs(got-want) > 1e-6*mag {
+				return fmt.Errorf("c[%d][%d] = %g, want %g (Σ|a·b| %g)", i, j, got, want, mag)
+			}
+			inside[i*ldc+j] = true
+		}
+	}
+	for x, in := range inside {
+		if !in && c[x] != c0[x] {
+			return fmt.Errorf("c[%d], between rows, changed from %g to %g", x, c0[x], c[x])
+		}
+	}
+	return nil
+}
+
+func TestMatMulAddChecksBounds(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Errorf("a B one element short did not panic")
+		}
+	}()
+	a, b, c := make([]float32, 6*4), make([]float32, 4*16-1), make([]float32, 6*16)
+	matMulAdd(c, 16, a, 4, b, 16, 6, 16, 4)
+}
