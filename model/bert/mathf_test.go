@@ -66,7 +66,24 @@ func TestErffMatchesMathErf(t *testing.T) {
 	}
 }
 
+// TestPhifMatchesMathErfc holds Φ against math.Erfc: phif itself, and
+// gelu(v)/v on each path (Go and, where the CPU has them, the AVX2 lanes),
+// whose one more rounding (x·Φ) the bound's few ulps absorb.
 func TestPhifMatchesMathErfc(t *testing.T) {
+	t.Run("phif", func(t *testing.T) { testPhi(t, phif, 0) })
+	mathPaths(t, func(t *testing.T) {
+		testPhi(t, func(v float32) float32 {
+			if v == 0 {
+				return 0.5
+			}
+			x := []float32{v, v, v, v, v, v, v, v}
+			gelu(x)
+			return x[0] / v
+		}, 0x1p-23) // x·Φ and /x: two more roundings
+	})
+}
+
+func testPhi(t *testing.T, phif func(float32) float32, slack float64) {
 	phi := func(v float32) float64 { return 0.5 * math.Erfc(-float64(v)/math.Sqrt2) }
 	// In the lower tail, erfc(z) = t·e^(-z²+…) inherits the rounding of
 	// z = v/√2 and of z² (half an ulp each, relative), times z²: the bound
@@ -81,9 +98,9 @@ func TestPhifMatchesMathErfc(t *testing.T) {
 	for i := range 4_000_001 {
 		v := float32(-13 + 23*float64(i)/4_000_000)
 		z := float64(v) / math.Sqrt2
-		bound := 3e-7 + 6*z*z*0x1p-24
+		bound := slack + 3e-7 + 6*z*z*0x1p-24
 		if z > -1 {
-			bound = 3e-7 / (2 * phi(v))
+			bound = slack + 3e-7/(2*phi(v))
 		}
 		if e := relErr(phif(v), phi(v)) / bound; e > worst {
 			worst, at = e, v
@@ -96,6 +113,10 @@ func TestPhifMatchesMathErfc(t *testing.T) {
 }
 
 func TestGeluMatchesFloat64(t *testing.T) {
+	mathPaths(t, testGelu)
+}
+
+func testGelu(t *testing.T) {
 	xs := make([]float32, 0, 1_000_001)
 	for i := range 1_000_001 {
 		xs = append(xs, float32(-20+40*float64(i)/1_000_000))
@@ -121,6 +142,11 @@ func TestGeluMatchesFloat64(t *testing.T) {
 }
 
 func TestSoftmaxMatchesFloat64(t *testing.T) {
+	mathPaths(t, testSoftmax)
+}
+
+// testSoftmax runs softmax on a row of 300 (37 blocks of 8 and 4 more).
+func testSoftmax(t *testing.T) {
 	row := make([]float32, 300)
 	want := make([]float64, len(row))
 	for i := range row {
@@ -150,5 +176,69 @@ func TestSoftmaxMatchesFloat64(t *testing.T) {
 		if e := relErr(v, want[i]/sum); e > bound {
 			t.Errorf("entry %d: %g, want %g (relative error %.3g)", i, v, want[i]/sum, e)
 		}
+	}
+}
+
+// mathPaths runs f with gelu and softmax in Go, then, where the CPU has
+// AVX2 and FMA, in mathf_amd64.s's lanes.
+func mathPaths(t *testing.T, f func(t *testing.T)) {
+	t.Helper()
+	saved := hasVectorMath
+	t.Cleanup(func() { hasVectorMath = saved })
+	for _, v := range []bool{false, true} {
+		if v && !saved {
+			t.Logf("no AVX2+FMA here: the vector path does not run")
+			continue
+		}
+		hasVectorMath = v
+		t.Run(map[bool]string{false: "go", true: "avx2"}[v], f)
+	}
+	hasVectorMath = saved
+}
+
+// TestExpSubVector holds the eight-lane exp against math.Exp over the
+// range softmax gives it (v - max ≤ 0, masked entries near -MaxFloat32)
+// and up to 88, with the bounds TestExpfMatchesMathExp holds expf to.
+func TestExpSubVector(t *testing.T) {
+	if !hasVectorMath {
+		t.Skip("no AVX2+FMA here")
+	}
+	const n = 2_000_000
+	src := make([]float32, n+5)
+	for i := range n {
+		src[i] = float32(-110 + 198*float64(i)/n)
+	}
+	copy(src[n:], []float32{-math.MaxFloat32, float32(math.Inf(-1)), -1e30, 0, 1})
+	const sub = 1.5
+	dst := make([]float32, len(src))
+	done, sum := expSubVector(dst, src, sub)
+	if done != len(src)&^7 {
+		t.Fatalf("did %d of %d", done, len(src))
+	}
+	var want float64
+	for i, x := range src[:done] {
+		arg := x - sub // rounded to float32, as the lanes do
+		w := math.Exp(float64(arg))
+		want += float64(dst[i])
+		switch {
+		case arg < -103:
+			if dst[i] != 0 {
+				t.Fatalf("e^%g = %g, want 0", arg, dst[i])
+			}
+		case arg < -87.3:
+			if e := math.Abs(float64(dst[i]) - w); e > 1.5e-45 {
+				t.Fatalf("e^%g = %g, want %g (a subnormal step)", arg, dst[i], w)
+			}
+		default:
+			if e := relErr(dst[i], w); e > 2.5e-7 {
+				t.Fatalf("e^%g = %g, want %g (relative error %.3g)", arg, dst[i], w, e)
+			}
+		}
+	}
+	if math.Abs(sum-want) > 1e-12*want {
+		t.Errorf("sum %g, want %g", sum, want)
+	}
+	if dst[done] != 0 || dst[done+1] != 0 {
+		t.Errorf("wrote past the last block of 8")
 	}
 }
