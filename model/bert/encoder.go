@@ -19,7 +19,7 @@ type activations struct {
 	x             []float32 // [rows, h]: the hidden state
 	qkv           []float32 // [rows, 3h]: queries, keys, values side by side
 	scores        []float32 // [batch·heads, seqLen, seqLen]
-	heads         []float32 // [batch·heads, 3, seqLen·headDim]: Q, Kᵀ, V of each head, contiguous (with vek)
+	heads         []float32 // [batch·heads, 3, seqLen·headDim]: Q, Kᵀ, V of each head, contiguous (vek; fma uses Kᵀ's)
 	ctx           []float32 // [rows, h]: attention output before its projection
 	proj          []float32 // [rows, h]: a projection's output before the residual
 	inter         []float32 // [rows, i]: the feed-forward layer's inner activations
