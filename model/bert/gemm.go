@@ -19,6 +19,8 @@ import (
 const (
 	tileRows = 6
 	tileCols = 16
+	// wideCols is the AVX-512 kernel's panel width.
+	wideCols = 64
 	// blockTiles row tiles make a block whose rows of A (6·8·k floats,
 	// 288 KiB at k = 1536) stay in L2 while the columns of B go by.
 	blockTiles = 8
@@ -68,7 +70,7 @@ func checkMatMul(c []float32, ldc int, a []float32, lda int, b []float32, ldb in
 // lda, ldb, ldc) on one goroutine.
 func matMulAdd(c []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int) {
 	checkMatMul(c, ldc, a, lda, b, ldb, m, n, k)
-	matMulAddRows(hasFMAKernel, c, ldc, a, lda, b, ldb, m, n, k)
+	matMulAddRows(bestKernels(), c, ldc, a, lda, b, ldb, m, n, k)
 }
 
 // matMulAddParallel is matMulAdd with the rows of c cut into blocks of
@@ -78,7 +80,7 @@ func matMulAddParallel(c []float32, ldc int, a []float32, lda int, b []float32, 
 	tiles := (m + tileRows - 1) / tileRows
 	workers := runtime.GOMAXPROCS(0)
 	if workers <= 1 || tiles < 2 || m*n*k < 1<<18 {
-		matMulAddRows(hasFMAKernel, c, ldc, a, lda, b, ldb, m, n, k)
+		matMulAddRows(bestKernels(), c, ldc, a, lda, b, ldb, m, n, k)
 		return
 	}
 	// A multiple of workers blocks of at most blockTiles tiles, so that
@@ -88,45 +90,71 @@ func matMulAddParallel(c []float32, ldc int, a []float32, lda int, b []float32, 
 	parallelFor(blocks, func(job int) {
 		r0 := job * tiles / blocks * tileRows
 		r1 := min(m, (job+1)*tiles/blocks*tileRows)
-		matMulAddRows(hasFMAKernel, c[r0*ldc:], ldc, a[r0*lda:], lda, b, ldb, r1-r0, n, k)
+		matMulAddRows(bestKernels(), c[r0*ldc:], ldc, a[r0*lda:], lda, b, ldb, r1-r0, n, k)
 	})
 }
 
-// matMulAddRows is matMulAdd, bounds already checked, with the assembly
-// kernel or kernelGo (a bool, not a function value, so that the tile
-// buffers stay on the stack):
-// for each block of rows, each 16-column panel of B is run past the
-// block's tiles while it is in cache. A last partial tile of rows repeats
-// its last row of A and goes through a 6×16 buffer; the columns past the
-// last multiple of 16 (none in the models' linear layers) are done in Go.
-func matMulAddRows(asm bool, c []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int) {
+// kernels says which kernels matMulAddRows may use: kernelGo alone, or
+// the AVX2 one, or the AVX-512 one for 64-column panels as well (then the
+// AVX2 one for any 16-column panels left).
+type kernels int
+
+const (
+	goKernels kernels = iota
+	avx2Kernels
+	avx512Kernels
+)
+
+// bestKernels is what this machine has.
+func bestKernels() kernels {
+	switch {
+	case hasAVX512Kernel:
+		return avx512Kernels
+	case hasFMAKernel:
+		return avx2Kernels
+	}
+	return goKernels
+}
+
+// matMulAddRows is matMulAdd, bounds already checked, with the given
+// kernels: for each block of rows, each panel of B (64 or 16 columns) is
+// run past the block's tiles while it is in cache. A last partial tile of
+// rows repeats its last row of A and goes through a buffer; the columns
+// past the last multiple of 16 (none in the models' linear layers) are
+// done in Go.
+func matMulAddRows(ks kernels, c []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int) {
 	if k == 0 || m == 0 || n == 0 {
 		return
 	}
 	full := n / tileCols * tileCols
 	var rows [tileRows][]float32
-	var tmp [tileRows * tileCols]float32
+	var tmp [tileRows * wideCols]float32
 	for i0 := 0; i0 < m; i0 += tileRows * blockTiles {
 		i1 := min(m, i0+tileRows*blockTiles)
-		for j := 0; j < full; j += tileCols {
+		for j := 0; j < full; {
+			w := tileCols
+			if ks == avx512Kernels && j+wideCols <= n {
+				w = wideCols
+			}
 			for i := i0; i < i1; i += tileRows {
 				h := min(tileRows, i1-i)
 				for r := range tileRows {
 					rows[r] = a[(i+min(r, h-1))*lda:][:k]
 				}
 				if h == tileRows {
-					kernel(asm, k, &rows, b[j:], ldb, c[i*ldc+j:], ldc)
+					kernel(ks, w, k, &rows, b[j:], ldb, c[i*ldc+j:], ldc)
 					continue
 				}
 				clear(tmp[:])
 				for r := range h {
-					copy(tmp[r*tileCols:][:tileCols], c[(i+r)*ldc+j:])
+					copy(tmp[r*w:][:w], c[(i+r)*ldc+j:])
 				}
-				kernel(asm, k, &rows, b[j:], ldb, tmp[:], tileCols)
+				kernel(ks, w, k, &rows, b[j:], ldb, tmp[:], w)
 				for r := range h {
-					copy(c[(i+r)*ldc+j:][:tileCols], tmp[r*tileCols:])
+					copy(c[(i+r)*ldc+j:][:w], tmp[r*w:])
 				}
 			}
+			j += w
 		}
 		if full == n {
 			continue
@@ -142,10 +170,15 @@ func matMulAddRows(asm bool, c []float32, ldc int, a []float32, lda int, b []flo
 	}
 }
 
-func kernel(asm bool, k int, a *[tileRows][]float32, b []float32, ldb int, c []float32, ldc int) {
-	if asm {
-		kernelFMA(k, a, b, ldb, c, ldc)
-	} else {
+// kernel runs the kernel for a panel w columns wide (wideCols only with
+// avx512Kernels).
+func kernel(ks kernels, w, k int, a *[tileRows][]float32, b []float32, ldb int, c []float32, ldc int) {
+	switch {
+	case w == wideCols:
+		kernelAVX512(k, a, b, ldb, c, ldc)
+	case ks == goKernels:
 		kernelGo(k, a, b, ldb, c, ldc)
+	default:
+		kernelFMA(k, a, b, ldb, c, ldc)
 	}
 }

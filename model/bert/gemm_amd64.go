@@ -7,6 +7,22 @@ import "golang.org/x/sys/cpu"
 // registers).
 var hasFMAKernel = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 
+// hasAVX512Kernel says whether the AVX-512 kernel can run (x/sys/cpu
+// checks that the OS saves the registers).
+var hasAVX512Kernel = hasFMAKernel && cpu.X86.HasAVX512F
+
+//go:noescape
+func kernel6x64AVX512(k int, a *[tileRows]*float32, b *float32, ldb int, c *float32, ldc int)
+
+// kernelAVX512 is kernelFMA for a 64-column panel.
+func kernelAVX512(k int, a *[tileRows][]float32, b []float32, ldb int, c []float32, ldc int) {
+	var p [tileRows]*float32
+	for r := range p {
+		p[r] = &a[r][0]
+	}
+	kernel6x64AVX512(k, &p, &b[0], ldb, &c[0], ldc)
+}
+
 //go:noescape
 func kernel6x16FMA(k int, a *[tileRows]*float32, b *float32, ldb int, c *float32, ldc int)
 

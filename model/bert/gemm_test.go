@@ -16,25 +16,31 @@ func TestMatMulAdd(t *testing.T) {
 		name string
 		f    func(c []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int)
 	}
+	rowsWith := func(ks kernels) func(c []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int) {
+		return func(c []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int) {
+			matMulAddRows(ks, c, ldc, a, lda, b, ldb, m, n, k)
+		}
+	}
 	entries := []entry{
-		{"kernelGo", func(c []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int) {
-			matMulAddRows(false, c, ldc, a, lda, b, ldb, m, n, k)
-		}},
+		{"kernelGo", rowsWith(goKernels)},
 		{"matMulAdd", matMulAdd},
 		{"matMulAddParallel", matMulAddParallel},
 	}
 	if hasFMAKernel {
-		entries = append(entries, entry{"kernelFMA", func(c []float32, ldc int, a []float32, lda int, b []float32, ldb int, m, n, k int) {
-			matMulAddRows(true, c, ldc, a, lda, b, ldb, m, n, k)
-		}})
+		entries = append(entries, entry{"kernelFMA", rowsWith(avx2Kernels)})
 	} else {
-		t.Logf("no AVX2+FMA here: the assembly kernel is not tested")
+		t.Logf("no AVX2+FMA here: the assembly kernels are not tested")
+	}
+	if hasAVX512Kernel {
+		entries = append(entries, entry{"kernelAVX512", rowsWith(avx512Kernels)})
+	} else {
+		t.Logf("no AVX-512 here: its kernel is not tested")
 	}
 	r := rand.New(rand.NewPCG(5, 5))
 	type shape struct{ m, n, k int }
 	var shapes []shape
 	for _, m := range []int{1, 5, 6, 7, 13, 48, 49, 100} {
-		for _, n := range []int{1, 15, 16, 17, 32, 40} {
+		for _, n := range []int{1, 15, 16, 17, 32, 40, 64, 65, 80, 130} {
 			for _, k := range []int{0, 1, 3, 32, 100} {
 				shapes = append(shapes, shape{m, n, k})
 			}
@@ -104,7 +110,8 @@ func TestMatMulAddChecksBounds(t *testing.T) {
 
 // BenchmarkMatMulAdd times one feed-forward-sized product (1024×384 by
 // 384×1536, a batch of 8 items of 128 tokens) with each backend, in
-// GFLOPS per CPU second (all threads) and per wall second.
+// GFLOPS per CPU second (all threads) and per wall second; fma with the
+// AVX2 kernel alone and with the AVX-512 one.
 //
 //	go test -run '^$' -bench BenchmarkMatMulAdd ./model/bert/
 func BenchmarkMatMulAdd(b *testing.B) {
@@ -114,12 +121,22 @@ func BenchmarkMatMulAdd(b *testing.B) {
 	dst := make([]float32, m*n)
 	saved := backend
 	defer func() { backend = saved }()
-	for _, g := range []gemmBackend{gonumGEMM, vekGEMM, fmaGEMM} {
+	wide := hasAVX512Kernel
+	defer func() { hasAVX512Kernel = wide }()
+	for _, name := range []string{"gonum", "vek", "fma-avx2", "fma-avx512"} {
+		g := map[string]gemmBackend{"gonum": gonumGEMM, "vek": vekGEMM}[name]
+		if name[:3] == "fma" {
+			g = fmaGEMM
+			hasAVX512Kernel = name == "fma-avx512"
+			if hasAVX512Kernel && !wide {
+				continue
+			}
+		}
 		if !g.available() {
 			continue
 		}
 		backend = g
-		b.Run(g.String(), func(b *testing.B) {
+		b.Run(name, func(b *testing.B) {
 			cpu0 := processCPU()
 			for b.Loop() {
 				linear(dst, x, w, bias, m, k, n)
