@@ -4,13 +4,13 @@ package bert
 
 // hasFMAKernel is false off amd64: there is no assembly kernel, and the
 // linear layers use gonum.
-const hasFMAKernel = false
+var hasFMAKernel = false
 
 func kernelFMA(k int, a *[tileRows][]float32, b []float32, ldb int, c []float32, ldc int) {
 	kernelGo(k, a, b, ldb, c, ldc)
 }
 
-const hasAVX512Kernel = false
+var hasAVX512Kernel = false
 
 func kernelAVX512(k int, a *[tileRows][]float32, b []float32, ldb int, c []float32, ldc int) {
 	panic("bert: no AVX-512 kernel off amd64")
