@@ -6,15 +6,16 @@ import (
 )
 
 // A register-tiled float32 matrix product for the linear layers and
-// attention: vek's kernel (an axpy per row, C reloaded and stored for
-// every element of A) reached about 40 GFLOPS on this machine's two
-// threads, ONNX Runtime's MLAS about twice that; no pure-Go library on
-// the module proxy has a float32 GEMM with a register-blocked kernel
-// (gonum's is slower than vek's; GoMLX's packgemm needs
-// GOEXPERIMENT=simd). The kernel keeps a 6×16 tile of C in twelve AVX2
-// registers for the whole inner dimension: 12 FMAs for 2 loads of B and
-// 6 broadcasts of A. kernelGo is the same computation in Go, for the
-// equivalence test and for other architectures.
+// attention. vek's kernel (an axpy per row of A, C reloaded and stored
+// for every element of A) reached about 29-40 GFLOPS on this machine,
+// ONNX Runtime's MLAS about twice that; a survey of public Go code found
+// no library with a register-blocked float32 kernel that builds without
+// GOEXPERIMENT=simd (gonum's Sgemm is slower than vek's; GoMLX's packgemm
+// needs the experiment). The kernels keep a tile of C in registers for the
+// whole inner dimension: 6×64 in 24 AVX-512 registers (24 FMAs for 4 loads
+// of B and 6 broadcasts of A), or 6×16 in 12 AVX2 ones (12 FMAs for 2 and
+// 6). kernelGo is the AVX2 kernel's computation in Go, tested alongside it;
+// a CPU without AVX2 and FMA uses the gonum backend instead.
 
 const (
 	tileRows = 6
