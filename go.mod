@@ -31,6 +31,7 @@ require (
 	github.com/viterin/vek v0.4.2
 	github.com/zclconf/go-cty v1.19.0
 	golang.org/x/sync v0.24.0
+	golang.org/x/sys v0.48.0
 	golang.org/x/term v0.44.0
 	golang.org/x/text v0.42.0
 	golang.org/x/time v0.12.0
@@ -79,7 +80,6 @@ require (
 	golang.org/x/exp v0.0.0-20241009180824-f66d83c29e7c // indirect
 	golang.org/x/image v0.24.0 // indirect
 	golang.org/x/mod v0.41.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/tools v0.49.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )

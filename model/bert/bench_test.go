@@ -4,14 +4,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
-
-	"github.com/viterin/vek/vek32"
 )
 
 // BenchmarkEmbed runs the encoder on a model of all-MiniLM-L6-v2's shape
 // (generated weights; speed does not depend on their values) for batches
-// of full-length items, with each matrix-product backend for the linear
-// layers, and reports items/s, tokens/s and items per CPU second (all
+// of full-length items, with each matrix-product backend, and reports items/s, tokens/s and items per CPU second (all
 // threads), the figure that holds still on a shared machine.
 // golden/onnx/bench.mjs runs ONNX Runtime on the same shapes: the baseline.
 //
@@ -19,16 +16,16 @@ import (
 func BenchmarkEmbed(b *testing.B) {
 	m := randomModel(miniLM, 1)
 	r := rand.New(rand.NewPCG(2, 2))
-	saved := useVek
-	defer func() { useVek = saved }()
-	for _, backend := range []string{"gonum", "vek"} {
-		useVek = backend == "vek"
-		if useVek && !vek32.Info().Acceleration {
+	saved := backend
+	defer func() { backend = saved }()
+	for _, g := range []gemmBackend{gonumGEMM, vekGEMM, fmaGEMM} {
+		if !g.available() {
 			continue
 		}
+		backend = g
 		for _, batch := range []int{8, 32} {
 			for _, seq := range []int{16, 128} {
-				benchEmbed(b, m, r, backend, batch, seq)
+				benchEmbed(b, m, r, g.String(), batch, seq)
 			}
 		}
 	}

@@ -65,7 +65,8 @@ func (c Config) seqBytes(seqLen int) int64 {
 // batch, and a sum of single-sequence figures would be short. Each term is
 // bounded instead by one that is: a gonum product allocates at most a fixed
 // cost plus one per 64×64 block, and ⌈batch·l/64⌉ ≤ batch·⌈l/64⌉; vek's
-// and parallelFor's costs are fixed per call, and a batch has at least one
+// and parallelFor's costs (the FMA backend's linear layers are one
+// parallelFor each) are fixed per call, and a batch has at least one
 // sequence to carry them.
 func (c Config) seqOverhead(seqLen int) int64 {
 	h, in := c.HiddenSize, c.IntermediateSize
@@ -73,7 +74,7 @@ func (c Config) seqOverhead(seqLen int) int64 {
 		blocks := int64((seqLen+gemmBlock-1)/gemmBlock) * int64((out+gemmBlock-1)/gemmBlock)
 		gonum := bytesPerParallelOp + blocks*bytesPerGoroutine
 		vek := bytesPerParallelOp + int64(runtime.NumCPU())*bytesPerGoroutine // vekCallBytes when it goes parallel
-		return max(gonum, vek)
+		return max(gonum, vek, parallelForBytes())
 	}
 	perLayer := linear(3*h) + linear(h) + linear(in) + linear(h) +
 		int64(c.NumHeads)*attentionBytes(seqLen, c.HeadDim()) +

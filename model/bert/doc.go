@@ -12,8 +12,9 @@
 // field, rather than produce vectors that look right and are not.
 //
 // Embed takes token ids (the tokenizer is this package's other half) and
-// runs the encoder in float32, its matrix products through vek's AVX2
-// kernels where the CPU has AVX2 and FMA and through gonum's BLAS
+// runs the encoder in float32, its matrix products, GELU and softmax's exp
+// through this package's AVX2+FMA kernels (gemm_amd64.s, mathf_amd64.s)
+// where the CPU has AVX2 and FMA, and through gonum's BLAS and Go
 // elsewhere (see README.md for the measurements behind the choice).
 // Items of different lengths in one batch are padded to the longest; an
 // additive attention mask keeps padding out of every item's output.

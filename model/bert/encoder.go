@@ -19,7 +19,7 @@ type activations struct {
 	x             []float32 // [rows, h]: the hidden state
 	qkv           []float32 // [rows, 3h]: queries, keys, values side by side
 	scores        []float32 // [batch·heads, seqLen, seqLen]
-	heads         []float32 // [batch·heads, 3, seqLen·headDim]: Q, Kᵀ, V of each head, contiguous (with vek)
+	heads         []float32 // [batch·heads, 3, seqLen·headDim]: Q, Kᵀ, V of each head, contiguous (vek; fma uses Kᵀ's)
 	ctx           []float32 // [rows, h]: attention output before its projection
 	proj          []float32 // [rows, h]: a projection's output before the residual
 	inter         []float32 // [rows, i]: the feed-forward layer's inner activations
@@ -108,7 +108,11 @@ func (m *Model) encode(a *activations, ids [][]int32) {
 // vek takes contiguous matrices only, so each head's are copied out first
 // (O(seqLen·d) copies for an O(seqLen²·d) product).
 func (m *Model) attention(a *activations) {
-	if useVek {
+	switch backend {
+	case fmaGEMM:
+		m.attentionFMA(a)
+		return
+	case vekGEMM:
 		m.attentionVek(a)
 		return
 	}
@@ -171,6 +175,41 @@ func (m *Model) attentionVek(a *activations) {
 	})
 }
 
+// attentionFMA is attention with matMulAdd, which reads Q and V in place
+// and writes each head's output into its columns of a.ctx through leading
+// dimensions; only Kᵀ is copied out (into the head's block of a.heads).
+func (m *Model) attentionFMA(a *activations) {
+	c := m.cfg
+	h, d, l := c.HiddenSize, c.HeadDim(), a.seqLen
+	scale := float32(1 / math.Sqrt(float64(d)))
+	parallelFor(a.batch*c.NumHeads, func(job int) {
+		b, hd := job/c.NumHeads, job%c.NumHeads
+		base := b * l * 3 * h
+		kt := a.heads[job*3*l*d:][: l*d : l*d]
+		for i := range l {
+			for j, x := range a.qkv[base+i*3*h+h+hd*d:][:d] {
+				kt[j*l+i] = x
+			}
+		}
+		s := a.scores[job*l*l:][: l*l : l*l]
+		clear(s)
+		matMulAdd(s, l, a.qkv[base+hd*d:], 3*h, kt, l, l, l, d)
+		mask := a.mask[b*l:][:l]
+		for i := range l {
+			row := s[i*l:][:l]
+			for j := range row {
+				row[j] = row[j]*scale + mask[j]
+			}
+			softmax(row)
+		}
+		ctx := a.ctx[b*l*h+hd*d:]
+		for i := range l {
+			clear(ctx[i*h:][:d])
+		}
+		matMulAdd(ctx, h, s, l, a.qkv[base+2*h+hd*d:], 3*h, l, d, l)
+	})
+}
+
 // parallelFor runs f(0) … f(n-1) on up to GOMAXPROCS goroutines, each
 // taking a contiguous range of jobs, and returns when all are done.
 func parallelFor(n int, f func(job int)) {
@@ -193,18 +232,58 @@ func parallelFor(n int, f func(job int)) {
 	wg.Wait()
 }
 
-// useVek says whether linear layers go through vek's AVX2 kernel rather
-// than gonum's Sgemm: on a CPU with AVX2 and FMA it measured 3-5 times
-// gonum's speed on these shapes (see README.md). Elsewhere vek would fall
-// back to a naive triple loop, so gonum does the work. Tests set it to run
-// both.
-var useVek = vek32.Info().Acceleration
+// gemmBackend is what computes the matrix products.
+type gemmBackend int
+
+const (
+	// gonumGEMM is gonum's Sgemm, in pure Go: the fallback everywhere.
+	gonumGEMM gemmBackend = iota
+	// vekGEMM is vek's AVX2 kernel: 3-5 times gonum's speed on these
+	// shapes (see README.md), kept to compare against.
+	vekGEMM
+	// fmaGEMM is matMulAdd's register-tiled AVX2+FMA kernel (gemm.go):
+	// about twice vek's speed.
+	fmaGEMM
+)
+
+func (g gemmBackend) String() string {
+	return [...]string{"gonum", "vek", "fma"}[g]
+}
+
+// available says whether this machine can run g: vek and the FMA kernel
+// need AVX2 and FMA (elsewhere vek would fall back to a naive triple
+// loop).
+func (g gemmBackend) available() bool {
+	switch g {
+	case vekGEMM:
+		return vek32.Info().Acceleration
+	case fmaGEMM:
+		return hasFMAKernel
+	}
+	return true
+}
+
+// backend is the fastest backend this machine has. Tests and benchmarks
+// set it to run each.
+var backend = func() gemmBackend {
+	if fmaGEMM.available() {
+		return fmaGEMM
+	}
+	return gonumGEMM
+}()
 
 // linear sets dst[rows, out] = x[rows, in] · w + bias, w being [in, out]
 // (PyTorch's nn.Linear weight transposed).
 func linear(dst, x, w, bias []float32, rows, in, out int) {
 	dst = dst[: rows*out : rows*out]
-	if useVek {
+	switch backend {
+	case fmaGEMM:
+		for r := range rows {
+			copy(dst[r*out:][:out], bias)
+		}
+		matMulAddParallel(dst, out, x, in, w, out, rows, out, in)
+		return
+	case vekGEMM:
 		vek32.MatMul_Into(dst, x[:rows*in], w, in)
 		for r := range rows {
 			addInto(dst[r*out:][:out], bias)
@@ -276,26 +355,36 @@ func geluRows(x []float32, rows, width int) {
 
 // gelu applies GELU in its exact form, x·Φ(x) = x/2·(1 + erf(x/√2)), which
 // is what Hugging Face's "gelu" is; the tanh approximation differs by up to
-// about 1e-3 and is a different activation ("gelu_new").
+// about 1e-3 and is a different activation ("gelu_new"). Φ is float32's
+// phif (mathf.go), eight lanes at a time where the CPU has AVX2 and FMA:
+// math.Erf in float64 cost 18% of the encoder's time.
 func gelu(xs []float32) {
-	for i, x := range xs {
-		xs[i] = float32(0.5 * float64(x) * (1 + math.Erf(float64(x)/math.Sqrt2)))
+	n := 0
+	if hasVectorMath {
+		n = geluVector(xs)
+	}
+	for i, x := range xs[n:] {
+		xs[n+i] = x * phif(x)
 	}
 }
 
 // softmax replaces row by its softmax. A masked entry (-MaxFloat32 added)
 // becomes exactly 0, as long as one entry is not masked: every item has at
-// least one token.
+// least one token. The sum is kept in float64, so that its rounding does
+// not grow with the row's length.
 func softmax(row []float32) {
 	mx := row[0]
 	for _, v := range row[1:] {
 		mx = max(mx, v)
 	}
-	var sum float64
-	for j, v := range row {
-		e := math.Exp(float64(v - mx))
-		row[j] = float32(e)
-		sum += e
+	n, sum := 0, 0.0
+	if hasVectorMath {
+		n, sum = expSubVector(row, row, mx)
+	}
+	for j, v := range row[n:] {
+		e := expf(v - mx)
+		row[n+j] = e
+		sum += float64(e)
 	}
 	inv := float32(1 / sum)
 	for j := range row {
@@ -336,9 +425,9 @@ func vekCallBytes(m, n, p int) int64 {
 }
 
 // linearCallBytes bounds what one linear layer's product allocates, for
-// either backend.
+// any backend (matMulAddParallel's is one parallelFor).
 func linearCallBytes(rows, in, out int) int64 {
-	return max(vekCallBytes(rows, in, out), gonumCallBytes(rows, out))
+	return max(vekCallBytes(rows, in, out), gonumCallBytes(rows, out), parallelForBytes())
 }
 
 // attentionBytes bounds what one head's two products allocate, for either

@@ -5,8 +5,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
-
-	"github.com/viterin/vek/vek32"
 )
 
 // randomModel builds a model of cfg with weights at the scale of
@@ -73,19 +71,18 @@ func randomIDs(r *rand.Rand, vocab int, lengths ...int) [][]int32 {
 }
 
 // backends runs f once per matrix-product backend this machine has: gonum
-// always, vek where it has AVX2 and FMA.
+// always, vek and the FMA kernel where it has AVX2 and FMA.
 func backends(t *testing.T, f func(t *testing.T)) {
 	t.Helper()
-	saved := useVek
-	t.Cleanup(func() { useVek = saved })
-	names := map[bool]string{false: "gonum", true: "vek"}
-	for _, v := range []bool{false, true} {
-		if v && !vek32.Info().Acceleration {
-			t.Logf("vek: no AVX2+FMA here, only gonum runs")
+	saved := backend
+	t.Cleanup(func() { backend = saved })
+	for _, g := range []gemmBackend{gonumGEMM, vekGEMM, fmaGEMM} {
+		if !g.available() {
+			t.Logf("%v: no AVX2+FMA here, it does not run", g)
 			continue
 		}
-		useVek = v
-		t.Run(names[v], f)
+		backend = g
+		t.Run(g.String(), f)
 	}
-	useVek = saved
+	backend = saved
 }
