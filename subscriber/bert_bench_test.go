@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/testenv/cputime"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/bert"
@@ -113,7 +114,7 @@ func runWorkload(b *testing.B, model gpu.Model, dev *gpu.Sim, works []job.Work) 
 	}
 	ctx, stop := context.WithCancel(b.Context())
 	done := make(chan error, 1)
-	cpu := busyCPU()
+	cpu := cputime.Process()
 	go func() { done <- sub.Run(ctx) }()
 	for sub.Ledger().Deleted < int64(len(works)) {
 		select {
@@ -124,10 +125,10 @@ func runWorkload(b *testing.B, model gpu.Model, dev *gpu.Sim, works []job.Work) 
 	}
 	b.StopTimer() // the shutdown is not the workload's
 	defer b.StartTimer()
-	cpu = busyCPU() - cpu
+	used := cputime.Process() - cpu
 	stop()
 	if err := <-done; err != nil {
 		b.Fatal(err)
 	}
-	return cpu
+	return used.Seconds()
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	runtimemetrics "runtime/metrics"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/testenv/cputime"
 	"github.com/vramq/vramq/job"
 )
 
@@ -212,20 +212,14 @@ func TestPipeMessageIsValidWork(t *testing.T) {
 	}
 }
 
-// cpuClock reads the CPU time the Go scheduler saw in use: all processors'
-// time less their idle time. The subscriber spreads a message's work over
-// goroutines that run at once, so its ns/op (wall time) and its CPU per
-// message differ; cpu-ns/op is the one to compare with the bare loops.
-type cpuClock struct{ start float64 }
+// cpuClock reads this process's CPU time (cputime.Process). The subscriber
+// spreads a message's work over goroutines that run at once, so its ns/op
+// (wall time) and its CPU per message differ; cpu-ns/op is the one to
+// compare with the bare loops.
+type cpuClock struct{ start time.Duration }
 
-func busyCPU() float64 {
-	s := []runtimemetrics.Sample{{Name: "/cpu/classes/total:cpu-seconds"}, {Name: "/cpu/classes/idle:cpu-seconds"}}
-	runtimemetrics.Read(s)
-	return s[0].Value.Float64() - s[1].Value.Float64()
-}
-
-func startCPU() cpuClock { return cpuClock{busyCPU()} }
+func startCPU() cpuClock { return cpuClock{cputime.Process()} }
 
 func (c cpuClock) report(b *testing.B) {
-	b.ReportMetric((busyCPU()-c.start)*1e9/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(cputime.Process()-c.start)/float64(b.N), "cpu-ns/op")
 }

@@ -1,6 +1,8 @@
 package bert
 
 import (
+	"github.com/vramq/vramq/internal/testenv/cputime"
+
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -38,13 +40,13 @@ func benchEmbed(b *testing.B, m *Model, r *rand.Rand, backend string, batch, seq
 	}
 	ids := randomIDs(r, miniLM.VocabSize, lengths...)
 	b.Run(fmt.Sprintf("%s/batch=%d/seq=%d", backend, batch, seq), func(b *testing.B) {
-		cpu0 := processCPU()
+		cpu0 := cputime.Process()
 		for b.Loop() {
 			if _, err := m.Embed(ids); err != nil {
 				b.Fatal(err)
 			}
 		}
-		cpu := (processCPU() - cpu0).Seconds()
+		cpu := (cputime.Process() - cpu0).Seconds()
 		s := b.Elapsed().Seconds()
 		b.ReportMetric(float64(b.N*batch)/s, "items/s")
 		b.ReportMetric(float64(b.N*batch*seq)/s, "tokens/s")

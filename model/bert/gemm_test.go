@@ -1,6 +1,8 @@
 package bert
 
 import (
+	"github.com/vramq/vramq/internal/testenv/cputime"
+
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -137,13 +139,13 @@ func BenchmarkMatMulAdd(b *testing.B) {
 		}
 		backend = g
 		b.Run(name, func(b *testing.B) {
-			cpu0 := processCPU()
+			cpu0 := cputime.Process()
 			for b.Loop() {
 				linear(dst, x, w, bias, m, k, n)
 			}
 			flop := 2 * float64(m) * float64(k) * float64(n) * float64(b.N)
 			b.ReportMetric(flop/b.Elapsed().Seconds()/1e9, "GFLOPS")
-			if cpu := (processCPU() - cpu0).Seconds(); cpu > 0 {
+			if cpu := (cputime.Process() - cpu0).Seconds(); cpu > 0 {
 				b.ReportMetric(flop/cpu/1e9, "GFLOP/cpu-s")
 			}
 		})

@@ -20,6 +20,7 @@ import (
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/vramq/vramq/cmd/bench/stats"
+	"github.com/vramq/vramq/internal/testenv/cputime"
 )
 
 // A timeline records every SQS call a consumer run makes (as the caller
@@ -163,7 +164,7 @@ func (t *timeline) begin(variant string, trial int) time.Time {
 	if t == nil {
 		return now
 	}
-	r := &timelineRun{Variant: variant, Trial: trial, Start: now, cpu0: processCPU(), server0: pidCPU(t.serverPID), machine0: machineCPU()}
+	r := &timelineRun{Variant: variant, Trial: trial, Start: now, cpu0: cputime.Process(), server0: pidCPU(t.serverPID), machine0: machineCPU()}
 	t.cur.Store(r)
 	return now
 }
@@ -178,7 +179,7 @@ func (t *timeline) end(took time.Duration, n int) string {
 	if r == nil {
 		return ""
 	}
-	cpu := processCPU() - r.cpu0
+	cpu := cputime.Process() - r.cpu0
 	server := pidCPU(t.serverPID) - r.server0
 	m := machineCPU()
 	r.mu.Lock()

@@ -1,14 +1,13 @@
 //go:build unix
 
-package overhead
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU is this process's user and system CPU time so far.
-func processCPU() time.Duration {
+func process() time.Duration {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
 		return 0
