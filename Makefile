@@ -155,15 +155,30 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./model/bert/
 
 ## bench: every admission strategy on one workload and simulated device against the offline bound,
-## writing bench/results.md, results.json and the plots; then the overhead and memory benchmarks
+## writing bench/results.md, results.json and the plots. The device costs as the demo's generated
+## BERT (build/demo-bert, made here as make demo makes it), with budget and throughput scaled so that
+## about two and a half large messages fit (bench/README.md). BENCH_MODEL=reference runs the
+## reference model at bin/bench's defaults instead (the figures before 2026-11-24); BENCH_FLAGS adds
+## flags (e.g. BENCH_FLAGS='-repeat 1 -out ""'); bin/bench strategies -h lists them.
 # Not part of make test: it takes a few minutes and measures this machine.
+BENCH_MODEL ?= bert
+BENCH_FLAGS ?=
+BENCH_BERT  := build/demo-bert
+ifeq ($(BENCH_MODEL),bert)
+BENCH_MODEL_FLAGS := -bert $(BENCH_BERT) -budget 200MiB -throughput 2GiB
+else ifeq ($(BENCH_MODEL),reference)
+BENCH_MODEL_FLAGS :=
+else
+BENCH_MODEL_FLAGS = $(error BENCH_MODEL must be bert or reference, not $(BENCH_MODEL))
+endif
 bench: build
+	@if [ "$(BENCH_MODEL)" = bert ]; then $(BIN)/genweights -bert $(BENCH_BERT) >/dev/null; fi
 	@started=0; \
 	if ! $(EMULATOR) status >/dev/null 2>&1; then $(EMULATOR) up; started=1; fi; \
 	trap 'if [ $$started = 1 ]; then $(EMULATOR) down; fi' EXIT; \
 	eval "$$($(EMULATOR) env)"; \
 	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
-	$(BIN)/bench strategies $(BENCH_FLAGS)
+	$(BIN)/bench strategies $(BENCH_MODEL_FLAGS) $(BENCH_FLAGS)
 
 ## soak: bin/soak: 100,000 small messages through the fault proxy with random faults and subscriber
 ## restarts, every chunk accounted for; prints the figures and fails if any is lost. Not part of
