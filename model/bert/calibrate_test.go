@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,18 +16,28 @@ import (
 	"github.com/vramq/vramq/model/bert"
 )
 
+// tokenizerRoot is the MiniLM tokenizer's files: copied next to the test
+// binary as bert-tokenizer by make gpu-verify, else in the checkout.
+var tokenizerRoot = func() string {
+	if fi, err := os.Stat("bert-tokenizer"); err == nil && fi.IsDir() {
+		return "bert-tokenizer"
+	}
+	return "testdata/tokenizer"
+}()
+
 // calibModelDir generates a small BERT with the MiniLM tokenizer (so that
 // "a" is one token) into a directory named name.
 func calibModelDir(t *testing.T, name string, heads, maxSeqLen int) string {
 	t.Helper()
+	return generateModelDir(t, name, bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: heads,
+		IntermediateSize: 64, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12}, maxSeqLen)
+}
+
+func generateModelDir(t *testing.T, name string, cfg bert.Config, maxSeqLen int) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), name)
-	g := bert.Generated{
-		Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: heads,
-			IntermediateSize: 64, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12},
-		MaxSeqLength: maxSeqLen,
-		Seed:         5,
-	}
-	if err := bert.Generate(dir, "testdata/tokenizer", g); err != nil {
+	g := bert.Generated{Config: cfg, MaxSeqLength: maxSeqLen, Seed: 5}
+	if err := bert.Generate(dir, tokenizerRoot, g); err != nil {
 		t.Fatal(err)
 	}
 	return dir
