@@ -843,7 +843,8 @@ func LoadCostModel(path string, m gpu.Model, device string) (CostModelFile, erro
 	}
 	switch {
 	case heads > 0 && f.Form != FormPadded:
-		errs = append(errs, fmt.Errorf("a cost model of tokens and items, not of padded shapes (form %q), for a model with attention", FormPadded))
+		errs = append(errs, fmt.Errorf("a cost model of tokens and items, not of padded shapes (form %q), for a model with attention",
+			FormPadded))
 	case heads > 0 && f.Heads != heads:
 		errs = append(errs, fmt.Errorf("fitted for %d attention heads, not %d", f.Heads, heads))
 	case heads == 0 && f.Form != "":

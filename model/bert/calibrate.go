@@ -35,9 +35,9 @@ type shapeMeasurer interface {
 // (calibrate.ShapeMeter). On a GPU that is the encoder's own measurement:
 // the drop of the driver's free memory, its rounding and cuBLAS's
 // workspace included. On the CPU it is what the sub-batch takes from the
-// Embedder's Allocator (the simulated device): the analytic WorkingBytes.
-// The token ids are spread over the vocabulary; memory depends on the
-// shape alone.
+// Embedder's Allocator (the simulated device): the analytic WorkingBytes,
+// without computing it. The token ids are spread over the vocabulary;
+// memory depends on the shape alone.
 func (e *Embedder) MeasureShape(ctx context.Context, items, seqLen int) (int64, error) {
 	if items < 1 || seqLen < 1 || seqLen > e.MaxSeqLength() {
 		return 0, fmt.Errorf("%w: %s: a batch of %d items × %d tokens; want at least 1 item of 1 to %d tokens",
@@ -64,15 +64,16 @@ func (e *Embedder) MeasureShape(ctx context.Context, items, seqLen int) (int64, 
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	// On the CPU the device's memory is the Allocator's account of the
+	// sub-batch, taken before it computes and not changed by computing, so
+	// the sub-batch is not computed: a default sweep (256 items, up to 512
+	// tokens) would take hours of CPU for the same figures.
 	c := gpu.NewPeakCounter(e.mem)
 	free, err := c.Alloc(e.m.WorkingBytes(items, seqLen))
 	if err != nil {
 		return 0, fmt.Errorf("%s: sub-batch of %d items × %d tokens: %w", e.name, items, seqLen, err)
 	}
-	defer free()
-	if _, err := e.m.Embed(ids); err != nil {
-		return 0, err
-	}
+	free()
 	return c.Peak(), nil
 }
 
