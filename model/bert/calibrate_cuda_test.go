@@ -95,12 +95,10 @@ func TestCUDABertCalibratedCostCoversEveryBatch(t *testing.T) {
 					items = append(items, job.Item{ID: fmt.Sprint(i), Text: textOf(l)})
 				}
 			}
-			if items != nil {
-				// The texts' own ids, so that Run's one sub-batch is this batch.
-				for i, it := range items {
-					if ids[i], err = e.Tokens(it); err != nil || len(ids[i]) != l {
-						t.Fatalf("%d tokens of %q: %d, %v", l, it.Text, len(ids[i]), err)
-					}
+			// The texts' own ids, so that Run's one sub-batch is this batch.
+			for i, it := range items {
+				if ids[i], err = e.Tokens(it); err != nil || len(ids[i]) != l {
+					t.Fatalf("%d tokens of %q: %d, %v", l, it.Text, len(ids[i]), err)
 				}
 			}
 			peak, err := on.Encoder.Measure(ctx, ids)
