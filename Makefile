@@ -84,6 +84,7 @@ gpu-test-bin: cuda-stubs
 	$(GO) build -o build/gpu-test/genweights ./cmd/genweights
 	cp bench/torch/embed.py bench/torch/bert.py build/gpu-test/
 	rm -rf build/gpu-test/bert-models && cp -r model/bert/testdata/model build/gpu-test/bert-models
+	rm -rf build/gpu-test/bert-tokenizer && cp -r model/bert/testdata/tokenizer build/gpu-test/bert-tokenizer
 
 ## gpu-verify: build/gpu-verify/, everything a GPU machine with the driver, cuBLAS and PyTorch (but
 ## no Go) needs for the GPU verification: copy the folder there and run its run.sh with no arguments;
@@ -98,6 +99,7 @@ gpu-verify: cuda-stubs
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/subscriber.test ./subscriber/
 	cp bench/torch/embed.py bench/torch/bert.py gpu/verify/run.sh $(GPU_VERIFY)/
 	cp -r model/bert/testdata/model $(GPU_VERIFY)/bert-models
+	cp -r model/bert/testdata/tokenizer $(GPU_VERIFY)/bert-tokenizer
 	git describe --always --dirty >$(GPU_VERIFY)/COMMIT 2>/dev/null || echo unknown >$(GPU_VERIFY)/COMMIT
 	@du -sh $(GPU_VERIFY)
 

@@ -4,7 +4,9 @@ import "fmt"
 
 // CostModel is the working memory of one forward pass, which is linear in
 // its input: Bytes(tokens, items) = tokens×PerToken + items×PerItem +
-// PerBatch. A model's analytic cost model (the reference model's
+// PerBatch; for a transformer, whose attention grows with the square of the
+// padded length, linear in the features of its padded shape (Padded). A
+// model's analytic cost model (the reference model's
 // refembed.Config.CostModel) has no constant term when the model allocates
 // exactly its buffers; one calibrated on a device (package calibrate) has
 // one, for what a real allocator adds to every batch.
@@ -26,6 +28,12 @@ type CostModel struct {
 	// bound on purpose: admission must never under-estimate, and a sum of
 	// per-message costs is one only if each part carries the constant.
 	PerBatch int64 `json:"per_batch"`
+	// PerScore is the bytes of each attention score a batch holds, for a
+	// transformer that pads a batch to its longest item: items × heads ×
+	// seqLen² of them, the term that grows with the square of the length
+	// (see Padded). 0 for a model without attention; Bytes does not
+	// apply it.
+	PerScore int64 `json:"per_score"`
 }
 
 // Bytes is the working memory of one Run over items items holding tokens
@@ -37,12 +45,23 @@ func (m CostModel) Bytes(tokens, items int64) int64 {
 	return tokens*m.PerToken + items*m.PerItem + m.PerBatch
 }
 
+// Padded is the working memory of one Run over items items padded to
+// seqLen tokens each, by a model with heads attention heads: the padded
+// tokens items×seqLen at PerToken, the items×heads×seqLen² attention scores
+// at PerScore, and the items and the batch as in Bytes.
+func (m CostModel) Padded(items, seqLen, heads int64) int64 {
+	if items == 0 {
+		return 0
+	}
+	return items*seqLen*m.PerToken + items*heads*seqLen*seqLen*m.PerScore + items*m.PerItem + m.PerBatch
+}
+
 // Validate reports a negative coefficient: a cost model that could estimate
 // a batch as needing less memory than a smaller one.
 func (m CostModel) Validate() error {
-	if m.PerToken < 0 || m.PerItem < 0 || m.PerBatch < 0 {
-		return fmt.Errorf("cost model: per token %d, per item %d, per batch %d bytes: none may be negative",
-			m.PerToken, m.PerItem, m.PerBatch)
+	if m.PerToken < 0 || m.PerItem < 0 || m.PerBatch < 0 || m.PerScore < 0 {
+		return fmt.Errorf("cost model: per token %d, per item %d, per batch %d, per score %d bytes: none may be negative",
+			m.PerToken, m.PerItem, m.PerBatch, m.PerScore)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vramq/vramq/gpu/calibrate"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/bert"
 )
@@ -90,5 +91,57 @@ func TestCUDABackendRefusesBadModelDirFirst(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "-model") || !strings.Contains(string(out), "config.json") || strings.Contains(string(out), "cuInit") {
 		t.Errorf("-model with no config.json: %v; want the directory's error, not the GPU's\n%s", err, out)
+	}
+}
+
+// -calibrate -device=cuda:0 -model DIR, the command docs/cuda.md gives for
+// a GPU, on the emulated one: a cost model of padded shapes fitted on the
+// GPU, named for it, that -cost-model then loads for the same GPU.
+func TestCUDACalibrateModelDir(t *testing.T) {
+	if os.Getenv("VRAMQ_EMU_STATE") == "" {
+		t.Skip("needs the emulated GPU (make cuda-emu-test)")
+	}
+	dir := filepath.Join(t.TempDir(), "calib-tiny")
+	g := bert.Generated{
+		Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 1, NumHeads: 2,
+			IntermediateSize: 64, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12},
+		MaxSeqLength: 32,
+		Seed:         5,
+	}
+	if err := bert.Generate(dir, "../../model/bert/testdata/tokenizer", g); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "cost.json")
+	var out strings.Builder
+	args := []string{"-calibrate", "-device=cuda:0", "-model=" + dir, "-calibrate-items=2", "-calibrate-points=4", "-cost-model=" + path,
+		"-metrics-addr=", "-log-format=text"}
+	if err := run(context.Background(), args, func(string) string { return "" }, &out); err != nil {
+		t.Fatalf("run %v: %v\n%s", args, err, out.String())
+	}
+	f, err := calibrate.ReadCostModel(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Model != "bert:calib-tiny" || !strings.HasPrefix(f.Device, "vramq CPU-emulated GPU") || f.Form != calibrate.FormPadded ||
+		f.Heads != 2 || f.MaxTokens != 32 || f.MaxItems != 2 || f.Samples != 8 {
+		t.Errorf("file %+v\n%s", f, out.String())
+	}
+	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d"}
+	o, err := parse([]string{"-device=cuda:0", "-model=" + dir, "-cost-model=" + path}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dev, model, err := openBackend(o, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	defer model.Close()
+	if err := useCostModel(o, dev, model, log); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := model.Cost([]job.Item{{ID: "a", Text: "a a a"}}), f.Padded(1, 5, 2); got != want {
+		t.Errorf("Cost after -cost-model = %d, want the file's %d", got, want)
 	}
 }

@@ -20,21 +20,33 @@ const defaultChunkItems = 32
 // the model and device openBackend gave, writes the report to out and the
 // cost model to -cost-model when set. It touches no queue.
 func measureCostModel(ctx context.Context, o *options, dev gpu.Device, model gpu.Model, log *slog.Logger, out io.Writer) error {
-	m, ok := model.(calibrate.Meter)
-	if !ok {
-		return fmt.Errorf("-calibrate: model %s cannot measure its memory (it is not a calibrate.Meter)", model.Name())
-	}
 	items := o.calibrateItems
 	if items == 0 {
 		items = o.cfg.MaxBatch * defaultChunkItems
 	}
 	sweep := calibrate.DefaultSweep(items)
 	sweep.Points = o.calibratePoints
-	// On the simulated device the model computes on the CPU: a sweep of
-	// 256 items takes a minute or two there, seconds on a GPU.
-	log.Info("calibrating: measuring a sweep of batches one at a time; nothing else should use the device meanwhile",
-		"model", m.Name(), "device", dev.Name(), "max_items", items, "max_tokens", m.MaxTokens(), "points", sweep.Points, "seed", sweep.Seed)
-	c, err := calibrate.Calibrate(ctx, m, gpu.Kind(dev), sweep)
+	var c *calibrate.Calibration
+	var err error
+	// A transformer (-model DIR) is measured by padded shape, with a
+	// length² term for its attention; the reference model by tokens and
+	// items.
+	switch m := model.(type) {
+	case calibrate.ShapeMeter:
+		log.Info("calibrating: measuring padded batches one at a time; nothing else should use the device meanwhile",
+			"model", m.Name(), "device", dev.Name(), "max_items", items, "max_seq_length", m.MaxSeqLength(), "heads", m.AttentionHeads(),
+			"points", sweep.Points, "batches", len(sweep.Shapes(m.MaxSeqLength())), "seed", sweep.Seed)
+		c, err = calibrate.CalibrateShapes(ctx, m, gpu.Kind(dev), sweep)
+	case calibrate.Meter:
+		// On the simulated device the model computes on the CPU: a sweep of
+		// 256 items takes a minute or two there, seconds on a GPU.
+		log.Info("calibrating: measuring a sweep of batches one at a time; nothing else should use the device meanwhile",
+			"model", m.Name(), "device", dev.Name(), "max_items", items, "max_tokens", m.MaxTokens(), "points", sweep.Points,
+			"seed", sweep.Seed)
+		c, err = calibrate.Calibrate(ctx, m, gpu.Kind(dev), sweep)
+	default:
+		return fmt.Errorf("-calibrate: model %s cannot measure its memory (it is not a calibrate.Meter or ShapeMeter)", model.Name())
+	}
 	if err != nil {
 		return err
 	}
@@ -60,8 +72,8 @@ func useCostModel(o *options, dev gpu.Device, model gpu.Model, log *slog.Logger)
 	if err != nil {
 		return fmt.Errorf("-cost-model: %w", err)
 	}
-	log.Info("cost model loaded", "file", o.costModel, "model", f.Model, "device", f.Device,
-		"per_token", f.PerToken, "per_item", f.PerItem, "per_batch", f.PerBatch,
+	log.Info("cost model loaded", "file", o.costModel, "model", f.Model, "device", f.Device, "form", f.Form, "heads", f.Heads,
+		"per_token", f.PerToken, "per_score", f.PerScore, "per_item", f.PerItem, "per_batch", f.PerBatch,
 		"per_batch_size", bytesize.Format(f.PerBatch), "max_items", f.MaxItems, "fitted_at", f.FittedAt)
 	if o.cfg.MaxBatch > f.MaxItems {
 		// Every message has an item, so a batch of -max-batch messages

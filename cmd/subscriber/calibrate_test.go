@@ -13,6 +13,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/model/refembed"
 )
 
@@ -145,6 +146,88 @@ func TestCostModelFlagDecidesAdmission(t *testing.T) {
 	for _, want := range []string{"cost model loaded", "too_large"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the log lacks %q:\n%s", want, logs)
+		}
+	}
+}
+
+// -calibrate -model DIR fits a BERT's cost model by padded shape, with a
+// length² term, here on the simulated device (the CUDA build's test does
+// it on the emulated GPU); -cost-model -model DIR makes Cost apply it, and
+// a file fitted for another device or model stops the start.
+func TestCalibrateBERTEndToEnd(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "calib-tiny")
+	g := bert.Generated{
+		Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: 4,
+			IntermediateSize: 64, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12},
+		MaxSeqLength: 64,
+		Seed:         5,
+	}
+	if err := bert.Generate(dir, "../../model/bert/testdata/tokenizer", g); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "cost.json")
+	var out bytes.Buffer
+	args := []string{"-calibrate", "-device=sim", "-model=" + dir, "-calibrate-items=4", "-calibrate-points=6", "-cost-model=" + path,
+		"-metrics-addr=", "-log-format=text"}
+	if err := run(t.Context(), args, func(string) string { return "" }, &out); err != nil {
+		t.Fatalf("run -calibrate -model: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"padded to 1 to 64 tokens, 4 attention heads", "B/attention score", "cost model written", "max_seq_length=64"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output lacks %q:\n%s", want, out.String())
+		}
+	}
+	f, err := calibrate.ReadCostModel(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Model != "bert:calib-tiny" || f.Device != "sim" || f.Form != calibrate.FormPadded || f.Heads != 4 || f.MaxTokens != 64 ||
+		f.MaxItems != 4 || f.PerScore == 0 {
+		t.Errorf("file %+v", f)
+	}
+
+	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d"}
+	o, err := parse([]string{"-device=sim", "-model=" + dir, "-cost-model=" + path}, func(k string) string { return env[k] }, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	dev, model, err := openBackend(o, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	defer model.Close()
+	if err := useCostModel(o, dev, model, log); err != nil {
+		t.Fatal(err)
+	}
+	items := []job.Item{{ID: "a", Text: "three short words"}} // 5 tokens
+	if got, want := model.Cost(items), f.Padded(1, 5, 4); got != want {
+		t.Errorf("Cost after -cost-model = %d, want the file's %d", got, want)
+	}
+	if !strings.Contains(logs.String(), "form=padded") || !strings.Contains(logs.String(), "heads=4") {
+		t.Errorf("the log does not show the loaded model:\n%s", logs.String())
+	}
+
+	for _, tc := range []struct {
+		edit func(*calibrate.CostModelFile)
+		want string
+	}{
+		{func(f *calibrate.CostModelFile) { f.Device = "NVIDIA H100 80GB HBM3" }, `fitted on device "NVIDIA H100 80GB HBM3", not "sim"`},
+		{func(f *calibrate.CostModelFile) { f.Model = "bert:another" }, `fitted for model "bert:another"`},
+		{func(f *calibrate.CostModelFile) { f.Form, f.Heads, f.PerScore = "", 0, 0 }, "not of padded shapes"},
+	} {
+		bad := f
+		tc.edit(&bad)
+		p := filepath.Join(t.TempDir(), "bad.json")
+		if err := calibrate.SaveCostModel(p, bad); err != nil {
+			t.Fatal(err)
+		}
+		err := run(t.Context(), []string{"-device=sim", "-model=" + dir, "-cost-model=" + p, "-metrics-addr="},
+			func(k string) string { return env[k] }, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), "-cost-model") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v", tc.want, err)
 		}
 	}
 }

@@ -81,7 +81,8 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.weights, "weights", "",
 		"safetensors file of the reference model's weights (make weights writes one; empty: generated from -model-seed)")
 	fs.BoolVar(&o.calibrate, "calibrate", false,
-		"measure the model's working memory on -device with a sweep of batches, print the fitted cost model,\n"+
+		"measure the model's working memory on -device with a sweep of batches (with -model: padded shapes up to\n"+
+			"its max_seq_length, fitted with a length² term for attention), print the fitted cost model,\n"+
 			"write it to -cost-model if set, and exit (touches no queue; nothing else may use the device meanwhile)")
 	fs.IntVar(&o.calibrateItems, "calibrate-items", 0,
 		"most items in one batch of the -calibrate sweep (0: -max-batch × 32, the publisher's default -chunk-items)")

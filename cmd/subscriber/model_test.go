@@ -12,8 +12,8 @@ import (
 
 // TestModelFlag checks -model: a directory the loader refuses stops the
 // start with the loader's error, -model with -weights is a usage error, and
-// a good directory loads (as far as -calibrate, which a BERT model refuses:
-// it cannot measure its memory yet).
+// a good directory loads (as far as -calibrate, which fits its cost model
+// and touches no queue).
 func TestModelFlag(t *testing.T) {
 	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "AWS_REGION": "us-east-1"}
 	getenv := func(k string) string { return env[k] }
@@ -35,9 +35,10 @@ func TestModelFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
-	err = run(t.Context(), []string{"-model=" + dir, "-calibrate", "-log-format=text"}, getenv, &logs)
-	if err == nil || !strings.Contains(err.Error(), "bert:gen-bert") {
-		t.Errorf("-model=%s -calibrate: %v, want the refusal of model bert:gen-bert", dir, err)
+	err = run(t.Context(), []string{"-model=" + dir, "-calibrate", "-calibrate-items=2", "-calibrate-points=4", "-log-format=text"}, getenv,
+		&logs)
+	if err != nil || !strings.Contains(logs.String(), "cost model of bert:gen-bert") {
+		t.Errorf("-model=%s -calibrate: %v, want a cost model of bert:gen-bert:\n%s", dir, err, logs.String())
 	}
 	if !strings.Contains(logs.String(), "model loaded") || !strings.Contains(logs.String(), "max_seq_length=64") {
 		t.Errorf("no log of the loaded model:\n%s", logs.String())

@@ -199,13 +199,25 @@ func sweepText(r *rand.Rand, k int) string {
 type Sample struct {
 	Items  int   `json:"items"`
 	Tokens int64 `json:"tokens"`
+	// SeqLen is the length a padded batch (see ShapeMeter) ran at: Items
+	// items of SeqLen tokens each. 0 for a model that does not pad.
+	SeqLen int `json:"seq_len,omitempty"`
+	// Scores is the attention scores a padded batch holds, Items × heads ×
+	// SeqLen². 0 for a model that does not pad.
+	Scores int64 `json:"scores,omitempty"`
 	// Bytes is the most device memory the batch held at once.
 	Bytes int64 `json:"bytes"`
 }
 
-func (s Sample) String() string {
-	return fmt.Sprintf("batch of %d items, %d tokens, %s", s.Items, s.Tokens, exactBytes(s.Bytes))
+// shape is the batch's size, as a reader would name it.
+func (s Sample) shape() string {
+	if s.SeqLen > 0 {
+		return fmt.Sprintf("batch of %d items × %d tokens", s.Items, s.SeqLen)
+	}
+	return fmt.Sprintf("batch of %d items, %d tokens", s.Items, s.Tokens)
 }
+
+func (s Sample) String() string { return s.shape() + ", " + exactBytes(s.Bytes) }
 
 // Miss is an estimate's largest error over the samples, and the sample where
 // it is.
@@ -229,18 +241,23 @@ func (m Miss) String() string {
 	if m.Bytes == 0 {
 		return "none"
 	}
-	return fmt.Sprintf("%s (%.1f%%) on a batch of %d items, %d tokens (measured %s)",
-		exactBytes(m.Bytes), m.Percent(), m.Sample.Items, m.Sample.Tokens, exactBytes(m.Sample.Bytes))
+	return fmt.Sprintf("%s (%.1f%%) on a %s (measured %s)",
+		exactBytes(m.Bytes), m.Percent(), m.Sample.shape(), exactBytes(m.Sample.Bytes))
 }
 
 // Calibration is a fitted cost model and how it was fitted.
 type Calibration struct {
 	Model, Device string
 	// Sweep is the sweep measured (zero when fitted by Fit alone), and
-	// MaxTokens the model's context it ran with.
+	// MaxTokens the model's context it ran with (for a padded model, its
+	// longest sequence).
 	Sweep     Sweep
 	MaxTokens int
-	Samples   []Sample
+	// Heads is a padded model's attention heads (CalibrateShapes,
+	// FitPadded): the cost model is then one of padded shapes
+	// (gpu.CostModel.Padded). 0 for the others.
+	Heads   int
+	Samples []Sample
 	// Raw is the least-squares fit, coefficients non-negative and rounded
 	// to whole bytes.
 	Raw gpu.CostModel
@@ -321,16 +338,22 @@ func Fit(samples []Sample) (*Calibration, error) {
 		return nil, errors.New("fit: no samples")
 	}
 	for _, s := range samples {
-		if s.Items < 1 || s.Tokens < int64(s.Items) || s.Bytes < 0 {
-			return nil, fmt.Errorf("fit: %v: want at least 1 item, a token per item and no negative bytes", s)
+		if s.Items < 1 || s.Tokens < int64(s.Items) || s.Bytes < 0 || s.SeqLen != 0 || s.Scores != 0 {
+			return nil, fmt.Errorf("fit: %v: want at least 1 item, a token per item, no negative bytes and no padded shape "+
+				"(FitPadded fits those)", s)
 		}
 	}
+	return fit(samples, form{})
+}
+
+// fit is Fit and FitPadded once the samples are checked.
+func fit(samples []Sample, f form) (*Calibration, error) {
 	raw := leastSquares(samples)
-	c := &Calibration{Samples: samples, Raw: raw, FittedAt: time.Now().UTC()}
+	c := &Calibration{Samples: samples, Raw: raw, Heads: f.heads, FittedAt: time.Now().UTC()}
 
 	exact := true
 	for _, s := range samples {
-		under := s.Bytes - raw.Bytes(s.Tokens, int64(s.Items))
+		under := s.Bytes - estimate(raw, s)
 		exact = exact && under == 0
 		if under > c.WorstUnderRaw.Bytes {
 			c.WorstUnderRaw = Miss{Bytes: under, Sample: s}
@@ -339,54 +362,105 @@ func Fit(samples []Sample) (*Calibration, error) {
 	covered := raw
 	covered.PerBatch += c.WorstUnderRaw.Bytes
 	if !exact {
-		c.Margin = coverageMargin(samples, covered)
+		c.Margin = f.coverageMargin(samples, covered)
 	}
 	c.Cost = covered
 	c.Cost.PerBatch += c.Margin
 	for _, s := range samples {
-		if over := c.Cost.Bytes(s.Tokens, int64(s.Items)) - s.Bytes; over > c.WorstOver.Bytes {
+		if over := estimate(c.Cost, s) - s.Bytes; over > c.WorstOver.Bytes {
 			c.WorstOver = Miss{Bytes: over, Sample: s}
 		}
 	}
 	return c, nil
 }
 
+// estimate is what m says s's batch takes: linear in its tokens, items and
+// attention scores (for a padded batch, gpu.CostModel.Padded).
+func estimate(m gpu.CostModel, s Sample) int64 {
+	if s.Items == 0 {
+		return 0
+	}
+	return s.Tokens*m.PerToken + int64(s.Items)*m.PerItem + s.Scores*m.PerScore + m.PerBatch
+}
+
+// features is how many coefficients the fit has: per token, per item, per
+// attention score, per batch, in that order.
+const features = 4
+
+// subsets is every subset of the features, larger ones first and, among
+// those of one size, in lexicographic order: the order leastSquares tries
+// them in.
+var subsets = func() [][]int {
+	var all [][]int
+	for mask := range 1 << features {
+		var sub []int
+		for i := range features {
+			if mask&(1<<i) != 0 {
+				sub = append(sub, i)
+			}
+		}
+		all = append(all, sub)
+	}
+	slices.SortStableFunc(all, func(a, b []int) int {
+		if len(a) != len(b) {
+			return len(b) - len(a)
+		}
+		return slices.Compare(a, b)
+	})
+	return all
+}()
+
 // leastSquares fits the samples with non-negative coefficients: the
-// unconstrained least squares of every subset of the three coefficients
-// (the others held at 0), the feasible one of least squared error. With
-// three unknowns that is exact and cheap. Ties, as when every batch has one
-// item and items cannot be told from batches, go to the first subset in the
-// order tried, which charges per item rather than per batch: per item is
-// the larger charge for the batches of several items the samples did not
-// show.
+// unconstrained least squares of every subset of the coefficients (the
+// others held at 0), the feasible one of least squared error. With four
+// unknowns that is exact and cheap. A feature no sample has (attention
+// scores, for a model without attention) makes every subset with it
+// singular, so it gets 0. Ties, as when every batch has one item and items
+// cannot be told from batches, go to the first subset in the order tried,
+// which charges per item rather than per batch: per item is the larger
+// charge for the batches of several items the samples did not show.
 func leastSquares(samples []Sample) gpu.CostModel {
 	// Columns scaled to at most 1, so the normal equations are well
 	// conditioned whatever the units.
-	var maxT, maxN, maxY float64
+	var scale [features]float64
+	var maxY float64
+	raw := func(s Sample) [features]float64 {
+		return [features]float64{float64(s.Tokens), float64(s.Items), float64(s.Scores), 1}
+	}
 	for _, s := range samples {
-		maxT = max(maxT, float64(s.Tokens))
-		maxN = max(maxN, float64(s.Items))
+		xs := raw(s)
+		for i := range features {
+			scale[i] = max(scale[i], xs[i])
+		}
 		maxY = max(maxY, float64(s.Bytes))
 	}
 	if maxY == 0 {
 		return gpu.CostModel{}
 	}
-	x := func(s Sample) [3]float64 {
-		return [3]float64{float64(s.Tokens) / maxT, float64(s.Items) / maxN, 1}
+	for i := range scale {
+		if scale[i] == 0 {
+			scale[i] = 1 // a column of zeros: singular in any subset with it
+		}
 	}
-	var ata [3][3]float64
-	var aty [3]float64
+	x := func(s Sample) [features]float64 {
+		xs := raw(s)
+		for i := range xs {
+			xs[i] /= scale[i]
+		}
+		return xs
+	}
+	var ata [features][features]float64
+	var aty [features]float64
 	for _, s := range samples {
 		xs, y := x(s), float64(s.Bytes)/maxY
-		for i := range 3 {
+		for i := range features {
 			aty[i] += xs[i] * y
-			for j := range 3 {
+			for j := range features {
 				ata[i][j] += xs[i] * xs[j]
 			}
 		}
 	}
-	subsets := [][]int{{0, 1, 2}, {0, 1}, {0, 2}, {1, 2}, {0}, {1}, {2}, {}}
-	var best [3]float64
+	var best [features]float64
 	bestSSE := math.Inf(1)
 	for _, sub := range subsets {
 		beta, ok := solve(ata, aty, sub)
@@ -396,7 +470,10 @@ func leastSquares(samples []Sample) gpu.CostModel {
 		var sse float64
 		for _, s := range samples {
 			xs := x(s)
-			d := float64(s.Bytes)/maxY - (beta[0]*xs[0] + beta[1]*xs[1] + beta[2]*xs[2])
+			d := float64(s.Bytes) / maxY
+			for i := range features {
+				d -= beta[i] * xs[i]
+			}
 			sse += d * d
 		}
 		// Better only by more than rounding: a tie keeps the earlier.
@@ -404,17 +481,17 @@ func leastSquares(samples []Sample) gpu.CostModel {
 			best, bestSSE = beta, sse
 		}
 	}
-	coef := func(b, scale float64) int64 { return max(0, int64(math.Round(b*maxY/scale))) }
-	return gpu.CostModel{PerToken: coef(best[0], maxT), PerItem: coef(best[1], maxN), PerBatch: coef(best[2], 1)}
+	coef := func(i int) int64 { return max(0, int64(math.Round(best[i]*maxY/scale[i]))) }
+	return gpu.CostModel{PerToken: coef(0), PerItem: coef(1), PerScore: coef(2), PerBatch: coef(3)}
 }
 
 // solve solves the normal equations restricted to the coefficients in sub
 // (the rest 0) by Gaussian elimination with partial pivoting. ok is false
 // when they are singular (columns that cannot be told apart) or a
 // coefficient comes out negative.
-func solve(ata [3][3]float64, aty [3]float64, sub []int) (beta [3]float64, ok bool) {
+func solve(ata [features][features]float64, aty [features]float64, sub []int) (beta [features]float64, ok bool) {
 	k := len(sub)
-	var m [3][4]float64
+	var m [features][features + 1]float64
 	for i, si := range sub {
 		for j, sj := range sub {
 			m[i][j] = ata[si][sj]
@@ -456,48 +533,86 @@ func solve(ata [3][3]float64, aty [3]float64, sub []int) (beta [3]float64, ok bo
 	return beta, true
 }
 
+// form is how a fit's batches are described: by tokens and items (heads
+// 0), or as padded shapes of items × seqLen of a model with heads attention
+// heads (FitPadded).
+type form struct{ heads int }
+
+// coords are a sample's coordinates for the coverage margin: y its items,
+// x its tokens, or for a padded batch its length. Memory never decreases as
+// either grows (for a padded batch every buffer, attention scores
+// included, grows with items and with length).
+func (f form) coords(s Sample) (x, y int64) {
+	if f.heads > 0 {
+		return int64(s.SeqLen), int64(s.Items)
+	}
+	return s.Tokens, int64(s.Items)
+}
+
+// at is est at coordinates (x, y).
+func (f form) at(est gpu.CostModel, x, y int64) int64 {
+	if f.heads > 0 {
+		return est.Padded(y, x, int64(f.heads))
+	}
+	return est.Bytes(x, y)
+}
+
+// minX is the least x a batch of y items has: a token per item, or a
+// padded length of 1.
+func (f form) minX(y int64) int64 {
+	if f.heads > 0 {
+		return 1
+	}
+	return y
+}
+
 // coverageMargin is the most that a batch of the samples' range, between
 // samples, could be under-estimated by est, if memory never decreases as a
-// batch gains tokens or items. A batch (t, n) then needs no more than the
-// least any sample of at least t tokens and n items measured, so its
-// under-estimate is at most that least measurement less est(t, n). That
-// bound only rises where t or n just passes a sample's, so it is enough to
-// take its largest value over n in {1} ∪ {sample items + 1} and t in
-// {n} ∪ {sample tokens + 1}; a batch no sample dominates is outside the
-// range. The coefficients of est are non-negative, which the argument
-// needs.
-func coverageMargin(samples []Sample, est gpu.CostModel) int64 {
-	byTokens := slices.Clone(samples)
-	slices.SortFunc(byTokens, func(a, b Sample) int { return -compareInt64(a.Tokens, b.Tokens) })
-	itemSet := map[int]bool{1: true}
-	for _, s := range samples {
-		itemSet[s.Items+1] = true
+// batch gains tokens (or length) or items. A batch (x, n) then needs no
+// more than the least any sample of at least x and n items measured, so its
+// under-estimate is at most that least measurement less est(x, n). That
+// bound only rises where x or n just passes a sample's, so it is enough to
+// take its largest value over n in {1} ∪ {sample items + 1} and x in
+// {minX(n)} ∪ {sample x + 1}; a batch no sample dominates is outside the
+// range. The coefficients of est are non-negative, so est grows with x and
+// n too, which the argument needs.
+func (f form) coverageMargin(samples []Sample, est gpu.CostModel) int64 {
+	type point struct{ x, y, bytes int64 }
+	byX := make([]point, len(samples))
+	for i, s := range samples {
+		x, y := f.coords(s)
+		byX[i] = point{x, y, s.Bytes}
+	}
+	slices.SortFunc(byX, func(a, b point) int { return -compareInt64(a.x, b.x) })
+	itemSet := map[int64]bool{1: true}
+	for _, p := range byX {
+		itemSet[p.y+1] = true
 	}
 	var margin int64
 	for n := range itemSet {
-		// Token candidates, descending, with the least measurement of
-		// the samples dominating each: one pass down the sorted samples.
+		// Candidates, descending, with the least measurement of the
+		// samples dominating each: one pass down the sorted samples.
 		least := int64(math.MaxInt64)
 		i := 0
-		check := func(t int64) {
-			for ; i < len(byTokens) && byTokens[i].Tokens >= t; i++ {
-				if byTokens[i].Items >= n {
-					least = min(least, byTokens[i].Bytes)
+		check := func(x int64) {
+			for ; i < len(byX) && byX[i].x >= x; i++ {
+				if byX[i].y >= n {
+					least = min(least, byX[i].bytes)
 				}
 			}
 			if least != math.MaxInt64 {
-				margin = max(margin, least-est.Bytes(t, int64(n)))
+				margin = max(margin, least-f.at(est, x, n))
 			}
 		}
-		ts := []int64{int64(n)}
-		for _, s := range byTokens {
-			if s.Tokens+1 > int64(n) {
-				ts = append(ts, s.Tokens+1)
+		xs := []int64{f.minX(n)}
+		for _, p := range byX {
+			if p.x+1 > f.minX(n) {
+				xs = append(xs, p.x+1)
 			}
 		}
-		slices.SortFunc(ts, func(a, b int64) int { return -compareInt64(a, b) })
-		for _, t := range slices.Compact(ts) {
-			check(t)
+		slices.SortFunc(xs, func(a, b int64) int { return -compareInt64(a, b) })
+		for _, x := range slices.Compact(xs) {
+			check(x)
 		}
 	}
 	return margin
@@ -521,8 +636,11 @@ func exactBytes(n int64) string {
 	return fmt.Sprintf("%s (%d B)", bytesize.Format(n), n)
 }
 
-func formatModel(m gpu.CostModel) string {
+func formatModel(m gpu.CostModel, padded bool) string {
 	s := fmt.Sprintf("%d B/token + %d B/item + %d B/batch", m.PerToken, m.PerItem, m.PerBatch)
+	if padded {
+		s = fmt.Sprintf("%d B/padded token + %d B/attention score + %d B/item + %d B/batch", m.PerToken, m.PerScore, m.PerItem, m.PerBatch)
+	}
 	if m.PerBatch >= 1024 {
 		s += " (" + bytesize.Format(m.PerBatch) + ")"
 	}
@@ -541,14 +659,17 @@ func (c *Calibration) String() string {
 		fmt.Fprintf(&b, " in %v", c.Took.Round(time.Millisecond))
 	}
 	fmt.Fprintf(&b, "\n  samples:           %d batches of %d to %d items", len(c.Samples), minItems, maxItems)
-	if c.MaxTokens > 0 {
+	switch {
+	case c.Heads > 0:
+		fmt.Fprintf(&b, " padded to 1 to %d tokens, %d attention heads (seed %d)", c.MaxTokens, c.Heads, c.Sweep.Seed)
+	case c.MaxTokens > 0:
 		fmt.Fprintf(&b, ", 1 to %d tokens per item (seed %d)", c.MaxTokens, c.Sweep.Seed)
 	}
-	fmt.Fprintf(&b, "\n  least squares:     %s\n", formatModel(c.Raw))
+	fmt.Fprintf(&b, "\n  least squares:     %s\n", formatModel(c.Raw, c.Heads > 0))
 	fmt.Fprintf(&b, "  worst under-estimate of the least squares: %s\n", c.WorstUnderRaw)
 	fmt.Fprintf(&b, "  per batch raised by %s to cover every sample, and by a margin of %s for batches between samples\n",
 		exactBytes(c.WorstUnderRaw.Bytes), exactBytes(c.Margin))
-	fmt.Fprintf(&b, "  fitted model:      %s\n", formatModel(c.Cost))
+	fmt.Fprintf(&b, "  fitted model:      %s\n", formatModel(c.Cost, c.Heads > 0))
 	fmt.Fprintf(&b, "  worst over-estimate of the fitted model: %s\n", c.WorstOver)
 	b.WriteString("  (the subscriber charges the per-batch bytes once per message: an upper bound for a batch of several)")
 	return b.String()
@@ -561,10 +682,16 @@ type CostModelFile struct {
 	// model was fitted on; LoadCostModel refuses it for any other.
 	Model  string `json:"model"`
 	Device string `json:"device"`
+	// Form is how the coefficients apply: "" (absent) for tokens and items
+	// (gpu.CostModel.Bytes), FormPadded for padded shapes of a model with
+	// Heads attention heads (gpu.CostModel.Padded).
+	Form  string `json:"form,omitempty"`
+	Heads int    `json:"heads,omitempty"`
 	gpu.CostModel
 	Samples int `json:"samples"`
 	// MaxItems and MaxTokens bound the batches measured: the range the
-	// model was checked on.
+	// model was checked on (for the padded form, MaxTokens is the longest
+	// sequence).
 	MaxItems              int       `json:"max_items"`
 	MaxTokens             int       `json:"max_tokens"`
 	WorstUnderEstimateRaw int64     `json:"worst_under_estimate_raw"`
@@ -573,14 +700,21 @@ type CostModelFile struct {
 	FittedAt              time.Time `json:"fitted_at"`
 }
 
+// FormPadded is CostModelFile.Form for a cost model of padded shapes.
+const FormPadded = "padded"
+
 // File is the calibration as a cost model file.
 func (c *Calibration) File() CostModelFile {
 	maxItems := 0
 	for _, s := range c.Samples {
 		maxItems = max(maxItems, s.Items)
 	}
+	form := ""
+	if c.Heads > 0 {
+		form = FormPadded
+	}
 	return CostModelFile{
-		Model: c.Model, Device: c.Device, CostModel: c.Cost,
+		Model: c.Model, Device: c.Device, Form: form, Heads: c.Heads, CostModel: c.Cost,
 		Samples: len(c.Samples), MaxItems: maxItems, MaxTokens: c.MaxTokens,
 		WorstUnderEstimateRaw: c.WorstUnderRaw.Bytes, Margin: c.Margin, WorstOverEstimate: c.WorstOver.Bytes,
 		FittedAt: c.FittedAt,
@@ -596,6 +730,19 @@ func (f CostModelFile) Validate() error {
 	}
 	if f.Device == "" {
 		errs = append(errs, errors.New(`no "device": the cost model must name the device it was fitted on`))
+	}
+	switch f.Form {
+	case "":
+		if f.Heads != 0 || f.PerScore != 0 {
+			errs = append(errs, fmt.Errorf(`heads %d, per score %d: only a cost model of the %q form has attention`, f.Heads, f.PerScore,
+				FormPadded))
+		}
+	case FormPadded:
+		if f.Heads < 1 {
+			errs = append(errs, fmt.Errorf(`heads %d: a cost model of the %q form needs the model's attention heads`, f.Heads, FormPadded))
+		}
+	default:
+		errs = append(errs, fmt.Errorf(`form %q: want none or %q`, f.Form, FormPadded))
 	}
 	if err := f.CostModel.Validate(); err != nil {
 		errs = append(errs, err)
@@ -650,7 +797,11 @@ func ReadCostModel(path string) (CostModelFile, error) {
 		return f, fmt.Errorf("cost model %s: %w", path, err)
 	}
 	var missing []string
-	for _, k := range []string{"per_token", "per_item", "per_batch"} {
+	keys := []string{"per_token", "per_item", "per_batch"}
+	if f.Form == FormPadded {
+		keys = append(keys, "per_score", "heads")
+	}
+	for _, k := range keys {
 		if _, ok := present[k]; !ok {
 			missing = append(missing, `"`+k+`"`)
 		}
@@ -669,7 +820,8 @@ func ReadCostModel(path string) (CostModelFile, error) {
 // (m.Name() differs) or on another device (device, as Device.Name says,
 // differs): a cost model measured where the allocator adds nothing would
 // under-estimate every batch on a GPU whose driver rounds allocations up.
-// m must be a gpu.CostModelSetter.
+// It refuses a file whose form does not fit m (see AttentionModel). m must
+// be a gpu.CostModelSetter.
 func LoadCostModel(path string, m gpu.Model, device string) (CostModelFile, error) {
 	f, err := ReadCostModel(path)
 	if err != nil {
@@ -681,6 +833,22 @@ func LoadCostModel(path string, m gpu.Model, device string) (CostModelFile, erro
 	}
 	if f.Device != device {
 		errs = append(errs, fmt.Errorf("fitted on device %q, not %q", f.Device, device))
+	}
+	// A cost model without the length² term would under-estimate a
+	// transformer's long batches; one with it, fitted for another number of
+	// heads, would mis-scale them.
+	heads := 0
+	if a, ok := m.(AttentionModel); ok {
+		heads = a.AttentionHeads()
+	}
+	switch {
+	case heads > 0 && f.Form != FormPadded:
+		errs = append(errs, fmt.Errorf("a cost model of tokens and items, not of padded shapes (form %q), for a model with attention",
+			FormPadded))
+	case heads > 0 && f.Heads != heads:
+		errs = append(errs, fmt.Errorf("fitted for %d attention heads, not %d", f.Heads, heads))
+	case heads == 0 && f.Form != "":
+		errs = append(errs, fmt.Errorf("a cost model of padded shapes (form %q), for a model without attention", f.Form))
 	}
 	if len(errs) > 0 {
 		return f, fmt.Errorf("cost model %s: %w; calibrate this model on this device", path, errors.Join(errs...))

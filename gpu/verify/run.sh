@@ -73,6 +73,12 @@ run "7. BERT: OOM recovered by halving" bert.test TestCUDABertOutOfMemoryThenHal
 run "8. BERT: OOM by sequence length" bert.test TestCUDABertOutOfMemoryByLength
 run "9. BERT: the estimate against the device" bert.test TestCUDABertWorkingBytesCoversAllocation
 run "10. BERT: outputs and items/s against PyTorch" bert.test TestCUDABertAgainstTorch
+# The BERT cost model calibrated on this GPU (all-MiniLM-L6-v2's shape,
+# generated weights): the fit, with its length² term, goes to
+# bert-cost-model.json; commit it beside results.md. The command for a real
+# model directory is in docs/cuda.md (subscriber-cuda -calibrate -model DIR).
+export VRAMQ_COST_MODEL_OUT=$out/bert-cost-model.json
+run "11. BERT: the cost model calibrated on the GPU covers every batch" bert.test TestCUDABertCalibratedCostCoversEveryBatch
 
 {
 	echo

@@ -83,7 +83,8 @@ func (c Config) seqOverhead(seqLen int) int64 {
 }
 
 // Cost is the working memory Run needs for items: each item's seqBytes at
-// its length's bucket. It tokenizes every text (which allocates only the
+// its length's bucket; or, once SetCostModel gave a cost model calibrated
+// on the device, what it says (calibratedCost). It tokenizes every text (which allocates only the
 // ids). An item with binary data, which Run refuses, is counted as the
 // empty text.
 //
@@ -101,6 +102,9 @@ func (c Config) seqOverhead(seqLen int) int64 {
 // batch at a time, so there only one rounded buffer is ever live and the
 // per-message granule is conservative; it does not rely on that.)
 func (e *Embedder) Cost(items []job.Item) int64 {
+	if m := e.calibrated.Load(); m != nil {
+		return e.calibratedCost(*m, items)
+	}
 	var total int64
 	for _, it := range items {
 		total += e.m.cfg.seqBytes(e.bucket(e.tokenCount(it)))

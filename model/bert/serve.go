@@ -34,6 +34,9 @@ type Embedder struct {
 	onDevice func() int64
 	closed   atomic.Bool
 	working  atomic.Int64
+	// calibrated is the cost model SetCostModel gave (calibrate.go); nil
+	// until then.
+	calibrated atomic.Pointer[gpu.CostModel]
 	// What Runs computed, in tokens (see Padding).
 	tokens, computed, oneBatch atomic.Int64
 }
