@@ -220,6 +220,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 		before, _ = s.cfg.Device.MemInfo()
 	}
 	start := time.Now()
+	s.stampStarted(tasks, start)
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.InferenceTimeout)
 	type answer struct {
 		outs []job.Output
@@ -282,6 +283,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	if len(a.outs) != len(items) {
 		return nil, fmt.Errorf("model %s returned %d outputs for %d items", s.cfg.Model.Name(), len(a.outs), len(items))
 	}
+	s.stampRan(tasks, start, start.Add(elapsed))
 	per := make([][]job.Output, len(tasks))
 	for i, t := range tasks {
 		n := len(t.work.Items)

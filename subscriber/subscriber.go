@@ -107,6 +107,7 @@ type task struct {
 	// ahead is the task's batch of one, launched while it waited for
 	// admission; nil when it was not. infer takes it.
 	ahead *launched
+	at    stamps // when it reached its stages (stages.go)
 }
 
 // launched is a batch being launched ahead (gpu.Launcher): done is closed
