@@ -64,7 +64,7 @@ func TestLightLoadWaitsForNothing(t *testing.T) {
 		time.Sleep(time.Minute) // idle: the poller waits in a receive
 		synctest.Wait()
 		h.send("lone", 0, "mb=1 ms=5")
-				waitFor(t, time.Minute, "the delete", func() bool { return h.sub.Ledger().Deleted == 1 })
+		waitFor(t, time.Minute, "the delete", func() bool { return h.sub.Ledger().Deleted == 1 })
 		h.shutdown()
 		got := stageSums(t, h)
 		want := map[string]time.Duration{"admit": 0, "batch": 0, "run": run, "encode": 0, "send": 0, "message": run}
