@@ -38,10 +38,18 @@ import (
 // subscriber's result, made before the run, so that both send the same
 // bytes. It runs until ctx ends.
 func echo(ctx context.Context, client *sqs.Client, urls localstack.URLs, wait time.Duration, bodies map[job.Key]string,
-	sends *[]time.Duration) error {
+	pipelined bool, sends *[]time.Duration) error {
 	var deletes sync.WaitGroup
 	defer deletes.Wait()
+	var mu sync.Mutex
+	var sendErr error
 	for ctx.Err() == nil {
+		mu.Lock()
+		if sendErr != nil {
+			mu.Unlock()
+			return sendErr
+		}
+		mu.Unlock()
 		out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 			QueueUrl: &urls.Work, MaxNumberOfMessages: 10, WaitTimeSeconds: int32(wait / time.Second), VisibilityTimeout: 30,
 			MessageAttributeNames:       []string{"All"},
@@ -74,18 +82,34 @@ func echo(ctx context.Context, client *sqs.Client, urls localstack.URLs, wait ti
 			msgs[i] = sqscodec.Message{Body: body, Attributes: attrs}
 			handles[i] = aws.ToString(m.ReceiptHandle)
 		}
-		start := time.Now()
-		sent, err := client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &urls.Results, Entries: sqscodec.Entries(msgs)})
-		*sends = append(*sends, time.Since(start))
-		if err != nil {
-			return fmt.Errorf("echo: sending: %w", err)
-		}
-		if len(sent.Failed) > 0 {
-			return fmt.Errorf("echo: %d of %d sends failed, first %s", len(sent.Failed), len(msgs), aws.ToString(sent.Failed[0].Code))
-		}
-		deletes.Go(func() {
+		send := func() error {
+			start := time.Now()
+			sent, err := client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &urls.Results, Entries: sqscodec.Entries(msgs)})
+			mu.Lock()
+			*sends = append(*sends, time.Since(start))
+			mu.Unlock()
+			if err != nil {
+				return fmt.Errorf("echo: sending: %w", err)
+			}
+			if len(sent.Failed) > 0 {
+				return fmt.Errorf("echo: %d of %d sends failed, first %s", len(sent.Failed), len(msgs), aws.ToString(sent.Failed[0].Code))
+			}
 			_, _ = client.DeleteMessageBatch(context.WithoutCancel(ctx), &sqs.DeleteMessageBatchInput{QueueUrl: &urls.Work,
 				Entries: sqscodec.DeleteEntries(handles)})
+			return nil
+		}
+		if !pipelined {
+			if err := send(); err != nil {
+				return err
+			}
+			continue
+		}
+		deletes.Go(func() {
+			if err := send(); err != nil && ctx.Err() == nil {
+				mu.Lock()
+				sendErr = err
+				mu.Unlock()
+			}
 		})
 	}
 	return nil

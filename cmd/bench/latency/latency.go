@@ -67,7 +67,11 @@ type latencyReport struct {
 const (
 	echoVariant   = "echo: the work body"
 	resultVariant = "echo: the result's bytes"
-	subVariant    = "subscriber"
+	// pipelinedVariant sends the result alongside and receives again at
+	// once, as the subscriber's poller does, so that a long poll is waiting
+	// while the result goes.
+	pipelinedVariant = "echo: the result's bytes, pipelined"
+	subVariant       = "subscriber"
 )
 
 // Run is `bench latency`.
@@ -105,7 +109,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	rep := latencyReport{Command: strings.TrimSpace("bin/bench latency " + strings.Join(args, " ")),
 		Date: time.Now().UTC().Format("2006-01-02"), Host: report.HostLine(), Rate: *perS, Messages: *messages}
-	variants := []string{echoVariant, resultVariant, subVariant}
+	variants := []string{echoVariant, resultVariant, pipelinedVariant, subVariant}
 	for r := range *repeat {
 		for _, i := range stats.Rotation(len(variants), r) {
 			w := workload.Load{JobID: fmt.Sprintf("latency-%d-%d", r, i), Messages: *messages, ChunkItems: *chunkItems,
@@ -116,7 +120,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 			res.Repeat = r + 1
 			rep.Runs = append(rep.Runs, res)
-			fmt.Fprintf(stderr, "bench latency: run %d/%d %-26s p50 %5.1f ms, p90 %5.1f, p99 %5.1f, max %5.1f%s\n", r+1, *repeat,
+			fmt.Fprintf(stderr, "bench latency: run %d/%d %-36s p50 %5.1f ms, p90 %5.1f, p99 %5.1f, max %5.1f%s\n", r+1, *repeat,
 				res.Variant, res.P50, res.P90, res.P99, res.Max, res.detail())
 		}
 	}
@@ -165,13 +169,13 @@ func once(ctx context.Context, env *sqsenv.Env, limit time.Duration, variant str
 	wait := subscriber.DefaultConfig().WaitTime
 	switch variant {
 	case echoVariant:
-		go func() { done <- echo(consumerCtx, env.Client, urls, wait, nil, &sends) }()
-	case resultVariant:
+		go func() { done <- echo(consumerCtx, env.Client, urls, wait, nil, false, &sends) }()
+	case resultVariant, pipelinedVariant:
 		bodies, err := resultBodies(ctx, works, kind, vram)
 		if err != nil {
 			return run{}, err
 		}
-		go func() { done <- echo(consumerCtx, env.Client, urls, wait, bodies, &sends) }()
+		go func() { done <- echo(consumerCtx, env.Client, urls, wait, bodies, variant == pipelinedVariant, &sends) }()
 	default:
 		if sub, err = newSubscriber(env.Client, urls, kind, vram, delay, stderr); err != nil {
 			return run{}, err
@@ -266,7 +270,7 @@ func (rep latencyReport) markdown(w io.Writer) {
 	batch := med(subVariant, func(r run) float64 { return r.BatchP50 })
 	fmt.Fprintf(w, "\nMedians over the runs (p50 / p90 / p99, ms), and the batch's own time, p50 %.2f ms:\n\n", batch)
 	sp50 := med(subVariant, func(r run) float64 { return r.P50 })
-	for _, v := range []string{echoVariant, resultVariant, subVariant} {
+	for _, v := range []string{echoVariant, resultVariant, pipelinedVariant, subVariant} {
 		fmt.Fprintf(w, "- %s: %.2f / %.2f / %.2f", v, med(v, func(r run) float64 { return r.P50 }),
 			med(v, func(r run) float64 { return r.P90 }), med(v, func(r run) float64 { return r.P99 }))
 		if v == subVariant {
