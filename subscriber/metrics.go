@@ -28,6 +28,7 @@ type metrics struct {
 	// subscriber (stages.go); messageSeconds its whole time, from its
 	// receive to its result accepted by SQS.
 	stage          *prometheus.HistogramVec
+	stages         map[string]prometheus.Observer // stage's series, by stage
 	messageSeconds prometheus.Histogram
 	oomRetries     prometheus.Counter
 	results        prometheus.Counter
@@ -75,7 +76,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	gauge := func(name, help string) prometheus.Gauge {
 		return f.NewGauge(prometheus.GaugeOpts(opts(name, help)))
 	}
-	return &metrics{
+	m := &metrics{
 		received: counter("messages_received_total", "Messages received from the work queue."),
 		redelivered: counter("messages_redelivered_total", "Messages received that had been received before "+
 			"(ApproximateReceiveCount above 1): released, timed out, or lost by a consumer."),
@@ -150,4 +151,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 				"then \"other tenants\"; \"no tenant\" without a valid one.")), []string{"tenant"}),
 		tenants: tenant.NewLabels(maxTenantLabels),
 	}
+	m.stages = make(map[string]prometheus.Observer, len(stages))
+	for _, st := range stages {
+		m.stages[st] = m.stage.WithLabelValues(st)
+	}
+	return m
 }
