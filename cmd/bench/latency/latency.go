@@ -134,6 +134,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"the %s model, debug logs kept for the batch times. Command:\n\n```sh\n%s\n```\n\n",
 		rep.Date, rep.Host, sqsenv.Endpoint(), via, load, *messages, *chunkItems, *words, *perS, vram, *delay, *modelKind, rep.Command)
 	rep.markdown(&out)
+	if n := env.ReceiveRetries.Load(); n > 0 {
+		fmt.Fprintf(&out, "\nThe SDK retried %d ReceiveMessage calls (the emulator's dropped answers): a message such a receive "+
+			"had taken waits out its visibility timeout, which shows in p99 and max.\n", n)
+	}
 	return report.Publish(stdout, out.String(), *md, "latency", *jsonOut, rep)
 }
 
@@ -147,6 +151,9 @@ func (r run) detail() string {
 		fmt.Fprintf(&b, " %s %.2f", s, r.Stages[s])
 	}
 	fmt.Fprintf(&b, ", receive to result sent %.2f", r.InSubP50)
+	if r.Redeliver > 0 {
+		fmt.Fprintf(&b, "; %g redelivered", r.Redeliver)
+	}
 	return b.String()
 }
 
