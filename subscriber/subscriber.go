@@ -16,7 +16,8 @@
 //	keeper.go     holds the leases: extends visibility, batches the deletes and releases
 //
 // protector.go keeps the ECS task protected from scale-in while messages are
-// held, through taskprotect.
+// held, through taskprotect. stages.go times each message's way through the stages
+// above (vramq_subscriber_stage_seconds).
 package subscriber
 
 import (
