@@ -65,6 +65,7 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 			continue
 		}
 		t.weight = w
+		s.stampAdmitted(t)
 		s.m.admitted.Inc()
 		s.m.inflight.Add(float64(t.cost))
 		if now := s.inflight.Add(t.cost); now > s.peak.Load() {

@@ -21,9 +21,13 @@ type lease struct {
 	visibleAt time.Time // when SQS will hand the message out again unless extended
 	extending bool      // a ChangeMessageVisibility call for it is in flight
 	ending    bool      // an ack or release was asked for: never extend again
-	release   bool      // the end is a release (visibility = delay), not an ack (delete)
-	delay     time.Duration
-	attempts  int
+	// resultSent is when SQS accepted the message's result, for the delete
+	// stage (stages.go); zero for a message that ends otherwise. Set before
+	// its ack.
+	resultSent time.Time
+	release    bool // the end is a release (visibility = delay), not an ack (delete)
+	delay      time.Duration
+	attempts   int
 }
 
 // keeper owns every lease: one heartbeat extends all held messages that need
@@ -291,6 +295,7 @@ func (k *keeper) sendEnds(ls []*lease, release bool) {
 			} else {
 				k.m.deleted.Inc()
 				k.deleted.Add(1)
+				k.m.observeStage(stageDelete, l.resultSent, time.Now())
 			}
 			k.remove(l)
 		case IsLeaseLost(e):

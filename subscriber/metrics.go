@@ -24,17 +24,23 @@ type metrics struct {
 	batchSize     prometheus.Histogram
 	batchBytes    prometheus.Histogram
 	batchSeconds  prometheus.Histogram
-	oomRetries    prometheus.Counter
-	results       prometheus.Counter
-	released      *prometheus.CounterVec
-	deadLettered  *prometheus.CounterVec
-	cancelled     prometheus.Counter
-	itemsFailed   prometheus.Counter
-	deleted       prometheus.Counter
-	extensions    prometheus.Counter
-	leasesLost    *prometheus.CounterVec
-	requests      *prometheus.CounterVec
-	batchLimit    prometheus.Gauge
+	// stage is each message's time in one stage of its way through the
+	// subscriber (stages.go); messageSeconds its whole time, from its
+	// receive to its result accepted by SQS.
+	stage          *prometheus.HistogramVec
+	stages         map[string]prometheus.Observer // stage's series, by stage
+	messageSeconds prometheus.Histogram
+	oomRetries     prometheus.Counter
+	results        prometheus.Counter
+	released       *prometheus.CounterVec
+	deadLettered   *prometheus.CounterVec
+	cancelled      prometheus.Counter
+	itemsFailed    prometheus.Counter
+	deleted        prometheus.Counter
+	extensions     prometheus.Counter
+	leasesLost     *prometheus.CounterVec
+	requests       *prometheus.CounterVec
+	batchLimit     prometheus.Gauge
 
 	batchLimitChanges  *prometheus.CounterVec
 	estimateCorrection prometheus.Gauge
@@ -70,7 +76,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	gauge := func(name, help string) prometheus.Gauge {
 		return f.NewGauge(prometheus.GaugeOpts(opts(name, help)))
 	}
-	return &metrics{
+	m := &metrics{
 		received: counter("messages_received_total", "Messages received from the work queue."),
 		redelivered: counter("messages_redelivered_total", "Messages received that had been received before "+
 			"(ApproximateReceiveCount above 1): released, timed out, or lost by a consumer."),
@@ -93,6 +99,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Estimated working memory per batch, in bytes.", Buckets: prometheus.ExponentialBuckets(1<<20, 4, 10)}),
 		batchSeconds: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_seconds",
 			Help: "Time to run one batch on the device.", Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}),
+		stage: f.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "stage_seconds",
+			Help: "Each message's time in one stage, by stage: admit (receive to admitted: decode, fetch, buffer, admission), " +
+				"batch (admitted to its batch's start), run (its batch's run on the model), encode (run end to its result's " +
+				"SendMessageBatch call: encode, store, outbox), send (that call, to its result accepted by SQS), " +
+				"delete (result accepted to its delete confirmed).",
+			Buckets: stageBuckets}, []string{"stage"}),
+		messageSeconds: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "message_seconds",
+			Help:    "Each message's time in the subscriber, from its receive to its result accepted by SQS.",
+			Buckets: stageBuckets}),
 		oomRetries: counter("oom_retries_total", "Batches that ran out of device memory and were split or run alone."),
 		results:    counter("results_sent_total", "Result messages sent."),
 		released: f.NewCounterVec(prometheus.CounterOpts(opts("messages_released_total",
@@ -136,4 +151,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 				"then \"other tenants\"; \"no tenant\" without a valid one.")), []string{"tenant"}),
 		tenants: tenant.NewLabels(maxTenantLabels),
 	}
+	m.stages = make(map[string]prometheus.Observer, len(stages))
+	for _, st := range stages {
+		m.stages[st] = m.stage.WithLabelValues(st)
+	}
+	return m
 }

@@ -146,6 +146,8 @@ type outbox struct {
 	// or waiting to run. Without, a partial call goes at once rather than
 	// wait out the linger for company that is not coming. Nil: always.
 	more func() bool
+	// stamp, when set, is told when each call starts (stages.go).
+	stamp func([]outResult, time.Time)
 
 	mu      sync.Mutex
 	pending []outResult
@@ -275,6 +277,9 @@ func (o *outbox) deliver(ctx context.Context, c []outResult) {
 	for i := range c {
 		msgs[i] = c[i].msg
 	}
+	if o.stamp != nil {
+		o.stamp(c, time.Now())
+	}
 	errs, err := o.send(ctx, msgs)
 	if err != nil && len(c) > 1 && permanent(err) {
 		half := len(c) / 2
@@ -306,7 +311,8 @@ func (s *Subscriber) newOutbox() *outbox {
 		// inflight until their batch returns, which is before their
 		// results reach add: the batch's promise covers the gap. Waiting
 		// ones are received and not admitted.
-		more: func() bool { return s.inflight.Load() > 0 || s.waiting.Load() > 0 },
+		more:  func() bool { return s.inflight.Load() > 0 || s.waiting.Load() > 0 },
+		stamp: s.m.stampSending,
 	}
 }
 
@@ -325,6 +331,7 @@ func (s *Subscriber) resultSent(t *task, err error) {
 		s.release(t, s.retryDelay(t.lease.msg.ReceiveCount))
 		return
 	}
+	s.stampSent(t)
 	s.m.results.Inc()
 	s.m.tenantDone.WithLabelValues(s.m.tenants.Label(t.lease.msg.Attributes[job.AttrTenant])).Inc()
 	s.ack(t)

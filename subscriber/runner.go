@@ -43,6 +43,19 @@ func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
 	if oomed && ran {
 		s.corr.outOfMemory(factor)
 	}
+	// Only now, with the batch's results on their way: on a GPU the reading
+	// is a driver call (NVML, per process too), which in line after the run
+	// held every result back by its time.
+	s.readDevice()
+}
+
+// readDevice updates the device memory gauges from a reading now; a failed
+// read leaves them to the budget refresh.
+func (s *Subscriber) readDevice() {
+	if mem, err := s.cfg.Device.MemInfo(); err == nil && mem.Total > 0 {
+		s.m.deviceFree.Set(float64(mem.Free))
+		s.m.deviceProcess.Set(float64(mem.Process))
+	}
 }
 
 // dropCancelled ends the tasks whose job was cancelled while they waited
@@ -220,6 +233,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 		before, _ = s.cfg.Device.MemInfo()
 	}
 	start := time.Now()
+	s.stampStarted(tasks, start)
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.InferenceTimeout)
 	type answer struct {
 		outs []job.Output
@@ -261,12 +275,8 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 			time.Since(start).Round(time.Millisecond), len(tasks), len(items))
 	}
 	elapsed := time.Since(start)
-	after, _ := s.cfg.Device.MemInfo()
-	if after.Total > 0 { // read; a failed read leaves the gauges to the refresh
-		s.m.deviceFree.Set(float64(after.Free))
-		s.m.deviceProcess.Set(float64(after.Process))
-	}
 	if logBatch {
+		after, _ := s.cfg.Device.MemInfo()
 		s.log.Debug("batch", "messages", len(tasks), "items", len(items), "cost", bytesize.Format(cost),
 			"alone", alone, "took", elapsed.Round(time.Microsecond), "ok", a.err == nil,
 			"device_free_before", bytesize.Format(before.Free), "device_free_after", bytesize.Format(after.Free),
@@ -282,6 +292,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	if len(a.outs) != len(items) {
 		return nil, fmt.Errorf("model %s returned %d outputs for %d items", s.cfg.Model.Name(), len(a.outs), len(items))
 	}
+	s.stampRan(tasks, start, start.Add(elapsed))
 	per := make([][]job.Output, len(tasks))
 	for i, t := range tasks {
 		n := len(t.work.Items)

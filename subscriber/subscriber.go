@@ -16,7 +16,8 @@
 //	keeper.go     holds the leases: extends visibility, batches the deletes and releases
 //
 // protector.go keeps the ECS task protected from scale-in while messages are
-// held, through taskprotect.
+// held, through taskprotect. stages.go times each message's way through the stages
+// above (vramq_subscriber_stage_seconds).
 package subscriber
 
 import (
@@ -107,6 +108,7 @@ type task struct {
 	// ahead is the task's batch of one, launched while it waited for
 	// admission; nil when it was not. infer takes it.
 	ahead *launched
+	at    stamps // when it reached its stages (stages.go)
 }
 
 // launched is a batch being launched ahead (gpu.Launcher): done is closed

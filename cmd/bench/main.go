@@ -8,6 +8,8 @@
 //	bench overhead     the subscriber against a bare SDK receive/delete loop,
 //	                   the publisher against a bare SendMessageBatch loop
 //	bench rss          the subscriber's memory with a large backlog
+//	bench latency      the subscriber's latency at light load against a bare
+//	                   SDK echo loop's (the transport alone) and its batches' own time
 //
 // It needs an SQS endpoint (AWS_ENDPOINT_URL, as make bench sets up). Each
 // subcommand is a package of its own under cmd/bench; this file only picks
@@ -20,6 +22,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/vramq/vramq/cmd/bench/latency"
 	"github.com/vramq/vramq/cmd/bench/overhead"
 	"github.com/vramq/vramq/cmd/bench/rss"
 	"github.com/vramq/vramq/cmd/bench/strategies"
@@ -33,7 +36,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: want a subcommand: strategies, sweep, overhead or rss", cli.ErrUsage)
+		return fmt.Errorf("%w: want a subcommand: strategies, sweep, overhead, rss or latency", cli.ErrUsage)
 	}
 	sub, rest := args[0], args[1:]
 	switch sub {
@@ -45,6 +48,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return rss.Run(ctx, rest, stdout, stderr)
 	case "sweep":
 		return sweep.Run(ctx, rest, stdout, stderr)
+	case "latency":
+		return latency.Run(ctx, rest, stdout, stderr)
 	}
-	return fmt.Errorf("%w: unknown subcommand %q: want strategies, sweep, overhead or rss", cli.ErrUsage, sub)
+	return fmt.Errorf("%w: unknown subcommand %q: want strategies, sweep, overhead, rss or latency", cli.ErrUsage, sub)
 }

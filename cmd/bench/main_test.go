@@ -18,7 +18,7 @@ func TestRunDispatches(t *testing.T) {
 			t.Errorf("run(%q) = %v, want a usage error", args, err)
 		}
 	}
-	for _, sub := range []string{"strategies", "sweep", "overhead", "rss"} {
+	for _, sub := range []string{"strategies", "sweep", "overhead", "rss", "latency"} {
 		var stderr bytes.Buffer
 		err := run(t.Context(), []string{sub, "-h"}, &bytes.Buffer{}, &stderr)
 		if !errors.Is(err, cli.ErrUsage) || !strings.HasPrefix(stderr.String(), "Usage of bench "+sub+":") {
