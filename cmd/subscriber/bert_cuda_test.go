@@ -26,16 +26,7 @@ func TestCUDABackendServesModelDir(t *testing.T) {
 	if os.Getenv("VRAMQ_EMU_STATE") == "" {
 		t.Skip("needs the emulated GPU (make cuda-emu-test)")
 	}
-	dir := filepath.Join(t.TempDir(), "served-tiny")
-	g := bert.Generated{
-		Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: 2,
-			IntermediateSize: 64, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12},
-		MaxSeqLength: 96,
-		Seed:         5,
-	}
-	if err := bert.Generate(dir, "../../model/bert/testdata/tokenizer", g); err != nil {
-		t.Fatal(err)
-	}
+	dir := tinyBERT(t, "served-tiny", 2, 2, 96)
 	dev, model, err := openBackend(&options{device: "cuda:0", model: dir}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -101,16 +92,7 @@ func TestCUDACalibrateModelDir(t *testing.T) {
 	if os.Getenv("VRAMQ_EMU_STATE") == "" {
 		t.Skip("needs the emulated GPU (make cuda-emu-test)")
 	}
-	dir := filepath.Join(t.TempDir(), "calib-tiny")
-	g := bert.Generated{
-		Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 1, NumHeads: 2,
-			IntermediateSize: 64, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12},
-		MaxSeqLength: 32,
-		Seed:         5,
-	}
-	if err := bert.Generate(dir, "../../model/bert/testdata/tokenizer", g); err != nil {
-		t.Fatal(err)
-	}
+	dir := tinyBERT(t, "calib-tiny", 1, 2, 32)
 	path := filepath.Join(t.TempDir(), "cost.json")
 	var out strings.Builder
 	args := []string{"-calibrate", "-device=cuda:0", "-model=" + dir, "-calibrate-items=2", "-calibrate-points=4", "-cost-model=" + path,

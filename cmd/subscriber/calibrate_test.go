@@ -13,7 +13,6 @@ import (
 	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/model/refembed"
 )
 
@@ -155,16 +154,7 @@ func TestCostModelFlagDecidesAdmission(t *testing.T) {
 // it on the emulated GPU); -cost-model -model DIR makes Cost apply it, and
 // a file fitted for another device or model stops the start.
 func TestCalibrateBERTEndToEnd(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "calib-tiny")
-	g := bert.Generated{
-		Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: 4,
-			IntermediateSize: 64, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12},
-		MaxSeqLength: 64,
-		Seed:         5,
-	}
-	if err := bert.Generate(dir, "../../model/bert/testdata/tokenizer", g); err != nil {
-		t.Fatal(err)
-	}
+	dir := tinyBERT(t, "calib-tiny", 2, 4, 64)
 	path := filepath.Join(t.TempDir(), "cost.json")
 	var out bytes.Buffer
 	args := []string{"-calibrate", "-device=sim", "-model=" + dir, "-calibrate-items=4", "-calibrate-points=6", "-cost-model=" + path,

@@ -28,12 +28,7 @@ func TestModelFlag(t *testing.T) {
 		t.Errorf("-model with -weights: %v, want a usage error", err)
 	}
 
-	dir := filepath.Join(t.TempDir(), "gen-bert")
-	g := bert.Generated{Config: bert.Config{VocabSize: 30522, HiddenSize: 16, NumLayers: 1, NumHeads: 2,
-		IntermediateSize: 32, MaxPositionEmbeddings: 64, TypeVocabSize: 2, LayerNormEps: 1e-12}, MaxSeqLength: 64, Seed: 1}
-	if err := bert.Generate(dir, "../../model/bert/testdata/tokenizer", g); err != nil {
-		t.Fatal(err)
-	}
+	dir := tinyBERT(t, "gen-bert", 1, 2, 64)
 	var logs bytes.Buffer
 	err = run(t.Context(), []string{"-model=" + dir, "-calibrate", "-calibrate-items=2", "-calibrate-points=4", "-log-format=text"}, getenv,
 		&logs)
@@ -43,4 +38,22 @@ func TestModelFlag(t *testing.T) {
 	if !strings.Contains(logs.String(), "model loaded") || !strings.Contains(logs.String(), "max_seq_length=64") {
 		t.Errorf("no log of the loaded model:\n%s", logs.String())
 	}
+}
+
+// tinyBERT writes a small BERT directory named name, as a user downloads
+// one (the real tokenizer, generated weights: hidden 32, intermediate 64),
+// for the tests that start the subscriber on -model DIR.
+func tinyBERT(t testing.TB, name string, layers, heads, maxSeqLength int) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), name)
+	g := bert.Generated{
+		Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: layers, NumHeads: heads,
+			IntermediateSize: 64, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12},
+		MaxSeqLength: maxSeqLength,
+		Seed:         5,
+	}
+	if err := bert.Generate(dir, "../../model/bert/testdata/tokenizer", g); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
