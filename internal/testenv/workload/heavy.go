@@ -70,14 +70,7 @@ func (s HeavySpec) Works() []job.Work {
 		w := job.Work{V: job.Version, JobID: s.JobID, Chunk: i, Chunks: s.Messages, Items: make([]job.Item, items.words(r))}
 		n := words.words(r)
 		for k := range w.Items {
-			b.Reset()
-			for x := range n {
-				if x > 0 {
-					b.WriteByte(' ')
-				}
-				b.WriteString(word(r.Uint64()))
-			}
-			w.Items[k] = job.Item{ID: fmt.Sprintf("%d-%d", i, k), Text: b.String()}
+			w.Items[k] = job.Item{ID: fmt.Sprintf("%d-%d", i, k), Text: text(&b, n, r.Uint64)}
 		}
 		works[i] = w
 	}

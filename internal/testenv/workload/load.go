@@ -86,14 +86,7 @@ func (l Load) Job(j int) []job.Work {
 		items := min(per, total-i*per)
 		w := job.Work{V: job.Version, JobID: l.ID(j), Chunk: i, Chunks: n, Items: make([]job.Item, items)}
 		for k := range w.Items {
-			b.Reset()
-			for x := range l.Sizes.words(r) {
-				if x > 0 {
-					b.WriteByte(' ')
-				}
-				b.WriteString(word(r.Uint64()))
-			}
-			w.Items[k] = job.Item{ID: fmt.Sprintf("%d-%d", i, k), Text: b.String()}
+			w.Items[k] = job.Item{ID: fmt.Sprintf("%d-%d", i, k), Text: text(&b, l.Sizes.words(r), r.Uint64)}
 		}
 		works[i] = w
 	}

@@ -71,14 +71,7 @@ func (s SentenceSpec) Works() []job.Work {
 		for k := range w.Items {
 			n := int(math.Round(s.MedianWords * math.Exp(s.Sigma*r.NormFloat64())))
 			n = min(max(n, s.MinWords), s.MaxWords)
-			b.Reset()
-			for x := range n {
-				if x > 0 {
-					b.WriteByte(' ')
-				}
-				b.WriteString(word(r.Uint64()))
-			}
-			w.Items[k] = job.Item{ID: fmt.Sprintf("%d-%d", i, k), Text: b.String()}
+			w.Items[k] = job.Item{ID: fmt.Sprintf("%d-%d", i, k), Text: text(&b, n, r.Uint64)}
 		}
 		works[i] = w
 	}

@@ -53,14 +53,7 @@ func (s Spec) Works() []job.Work {
 		}
 		w := job.Work{V: job.Version, JobID: s.JobID, Chunk: i, Chunks: s.Messages, Items: make([]job.Item, items)}
 		for j := range w.Items {
-			b.Reset()
-			for k := range words {
-				if k > 0 {
-					b.WriteByte(' ')
-				}
-				b.WriteString(word(next()))
-			}
-			w.Items[j] = job.Item{ID: fmt.Sprintf("%d-%d", i, j), Text: b.String()}
+			w.Items[j] = job.Item{ID: fmt.Sprintf("%d-%d", i, j), Text: text(&b, words, next)}
 		}
 		works[i] = w
 	}
@@ -68,6 +61,19 @@ func (s Spec) Works() []job.Work {
 }
 
 var syllables = []string{"ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "zu", "pe", "da", "go", "hi", "ju", "bo", "fe"}
+
+// text is n words from next's draws, space-separated, built in b (reset
+// first, so that one builder serves a whole workload).
+func text(b *strings.Builder, n int, next func() uint64) string {
+	b.Reset()
+	for x := range n {
+		if x > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(word(next()))
+	}
+	return b.String()
+}
 
 // word makes a pronounceable word of two to four syllables, about 4000 in all.
 func word(x uint64) string {
