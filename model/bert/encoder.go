@@ -159,14 +159,7 @@ func (m *Model) attentionVek(a *activations) {
 		}
 		s := a.scores[job*l*l:][: l*l : l*l]
 		vek32.MatMul_Into(s, q, kt, d)
-		mask := a.mask[b*l:][:l]
-		for i := range l {
-			row := s[i*l:][:l]
-			for j := range row {
-				row[j] = row[j]*scale + mask[j]
-			}
-			softmax(row)
-		}
+		maskedSoftmax(s, a.mask[b*l:][:l], scale)
 		out := q // Q is spent: the head's output goes in its place
 		vek32.MatMul_Into(out, s, v, l)
 		for i := range l {
@@ -194,14 +187,7 @@ func (m *Model) attentionFMA(a *activations) {
 		s := a.scores[job*l*l:][: l*l : l*l]
 		clear(s)
 		matMulAdd(s, l, a.qkv[base+hd*d:], 3*h, kt, l, l, l, d)
-		mask := a.mask[b*l:][:l]
-		for i := range l {
-			row := s[i*l:][:l]
-			for j := range row {
-				row[j] = row[j]*scale + mask[j]
-			}
-			softmax(row)
-		}
+		maskedSoftmax(s, a.mask[b*l:][:l], scale)
 		ctx := a.ctx[b*l*h+hd*d:]
 		for i := range l {
 			clear(ctx[i*h:][:d])
@@ -365,6 +351,20 @@ func gelu(xs []float32) {
 	}
 	for i, x := range xs[n:] {
 		xs[n+i] = x * phif(x)
+	}
+}
+
+// maskedSoftmax turns each row of the scores s (rows of len(mask)) into
+// attention weights: scaled by scale (1/√d), the additive mask added, then
+// softmax.
+func maskedSoftmax(s, mask []float32, scale float32) {
+	l := len(mask)
+	for i := 0; i+l <= len(s); i += l {
+		row := s[i:][:l]
+		for j := range row {
+			row[j] = row[j]*scale + mask[j]
+		}
+		softmax(row)
 	}
 }
 
