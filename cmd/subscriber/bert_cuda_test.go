@@ -108,18 +108,8 @@ func TestCUDACalibrateModelDir(t *testing.T) {
 		f.Heads != 2 || f.MaxTokens != 32 || f.MaxItems != 2 || f.Samples != 8 {
 		t.Errorf("file %+v\n%s", f, out.String())
 	}
-	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d"}
-	o, err := parse([]string{"-device=cuda:0", "-model=" + dir, "-cost-model=" + path}, func(k string) string { return env[k] }, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dev, model, err := openBackend(o, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	defer model.Close()
+	o, dev, model := openForTest(t, log, "-device=cuda:0", "-model="+dir, "-cost-model="+path)
 	if err := useCostModel(o, dev, model, log); err != nil {
 		t.Fatal(err)
 	}

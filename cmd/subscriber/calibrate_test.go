@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -78,19 +79,9 @@ func TestCalibrateEndToEnd(t *testing.T) {
 	if err := calibrate.SaveCostModel(path, f); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d"}
-	o, err := parse([]string{"-device=sim", "-cost-model=" + path}, func(k string) string { return env[k] }, &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	dev, model, err := openBackend(o, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	defer model.Close()
+	o, dev, model := openForTest(t, log, "-device=sim", "-cost-model="+path)
 	items := []job.Item{{ID: "a", Text: "three short words"}}
 	before := model.Cost(items)
 	if err := useCostModel(o, dev, model, log); err != nil {
@@ -108,8 +99,7 @@ func TestCalibrateEndToEnd(t *testing.T) {
 	if err := calibrate.SaveCostModel(path, f); err != nil {
 		t.Fatal(err)
 	}
-	err = run(t.Context(), []string{"-device=sim", "-cost-model=" + path, "-metrics-addr="}, func(k string) string { return env[k] },
-		&bytes.Buffer{})
+	err = run(t.Context(), []string{"-device=sim", "-cost-model=" + path, "-metrics-addr="}, queueEnv, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "-cost-model") || !strings.Contains(err.Error(), `fitted for model "some-other-model"`) {
 		t.Errorf("a cost model of another model: %v", err)
 	}
@@ -176,19 +166,9 @@ func TestCalibrateBERTEndToEnd(t *testing.T) {
 		t.Errorf("file %+v", f)
 	}
 
-	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d"}
-	o, err := parse([]string{"-device=sim", "-model=" + dir, "-cost-model=" + path}, func(k string) string { return env[k] }, &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	dev, model, err := openBackend(o, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	defer model.Close()
+	o, dev, model := openForTest(t, log, "-device=sim", "-model="+dir, "-cost-model="+path)
 	if err := useCostModel(o, dev, model, log); err != nil {
 		t.Fatal(err)
 	}
@@ -215,9 +195,35 @@ func TestCalibrateBERTEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		err := run(t.Context(), []string{"-device=sim", "-model=" + dir, "-cost-model=" + p, "-metrics-addr="},
-			func(k string) string { return env[k] }, &bytes.Buffer{})
+			queueEnv, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), "-cost-model") || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v", tc.want, err)
 		}
 	}
+}
+
+// queueEnv is an environment that names the three queues, which the
+// subscriber's command line requires.
+func queueEnv(k string) string {
+	return map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d"}[k]
+}
+
+// openForTest parses args as the subscriber's command line (with the
+// queue URLs it requires) and opens the device and model they name, closed
+// when t ends.
+func openForTest(t *testing.T, log *slog.Logger, args ...string) (*options, gpu.Device, closingModel) {
+	t.Helper()
+	o, err := parse(args, queueEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, model, err := openBackend(o, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		model.Close()
+		dev.Close()
+	})
+	return o, dev, model
 }
