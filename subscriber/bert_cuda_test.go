@@ -91,25 +91,25 @@ func TestCUDABertServesModelDir(t *testing.T) {
 		}
 		most = max(most, b.Embedder.Cost(items))
 	}
+	// Another tenant leaves the subscriber the fewest granules that hold
+	// the costliest message: most messages are short, so without a
+	// granule each they would be admitted several batches at once, each
+	// batch's allocation rounded up to a granule of its own. What the other
+	// process's CUDA context takes is measured, not assumed: contexts differ
+	// between drivers and devices.
+	target := (most + bert.Granule - 1) / bert.Granule * bert.Granule
+	_, stop := startHogLeaving(t, b.Device, target)
+	defer stop()
 	m, err := b.Device.MemInfo()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Another tenant leaves the subscriber the fewest granules that hold
-	// the costliest message (the hog's own CUDA context is the emulator's
-	// 256 MiB): most messages are short, so without a granule each they
-	// would be admitted several batches at once, each batch's allocation
-	// rounded up to a granule of its own.
-	target := (most + bert.Granule - 1) / bert.Granule * bert.Granule
-	const hogContext = 256 << 20
-	_, stop := startHog(t, m.Free-hogContext-target)
-	defer stop()
-	if m, err = b.Device.MemInfo(); err != nil {
-		t.Fatal(err)
-	}
 	t.Logf("costliest message %s; free after the hog: %s", bytesize.Format(most), bytesize.Format(m.Free))
-	if m.Free != target {
-		t.Fatalf("free memory %s after the hog, want %s", bytesize.Format(m.Free), bytesize.Format(target))
+	// Less than one granule more than the target, or two batches of the
+	// costliest size could be admitted and the check would be weaker.
+	if m.Free < target || m.Free >= target+bert.Granule {
+		t.Fatalf("free memory %s after the hog, want %s up to one granule (%s) more",
+			bytesize.Format(m.Free), bytesize.Format(target), bytesize.Format(bert.Granule))
 	}
 
 	h := startWith(t, 1, Config{BudgetRefresh: 200 * time.Millisecond, MaxBatch: 2}, func(h *harness, c *Config) {

@@ -29,11 +29,15 @@ const gib = 1 << 30
 
 // TestCUDAHog is not a test: run as a child process with VRAMQ_HOG_BYTES set,
 // it holds that much device memory until its stdin closes, like any other
-// tenant of the GPU would. It prints "ready" once the memory is held.
+// tenant of the GPU would. It prints "ready" once the memory is held. With
+// VRAMQ_HOG_BYTES=ask it first makes its context, prints "context", and reads
+// the byte count from stdin: the parent can then size the hold from what is
+// free once the hog's own context is in place, whatever that context costs
+// (the emulator's is 256 MiB, a real driver's 300-500 MiB and varies).
 func TestCUDAHog(t *testing.T) {
-	n, err := strconv.ParseInt(os.Getenv("VRAMQ_HOG_BYTES"), 10, 64)
-	if err != nil {
-		t.Skip("only a helper process for TestCUDABudgetFollowsFreeMemory")
+	spec := os.Getenv("VRAMQ_HOG_BYTES")
+	if spec == "" {
+		t.Skip("only a helper process for the tests that share the GPU with another process")
 	}
 	runtime.LockOSThread() // the context is this thread's
 	ctx, err := cu.Device(0).MakeContext(cu.SchedBlockingSync)
@@ -41,13 +45,25 @@ func TestCUDAHog(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ctx.Destroy()
-	p, err := cu.MemAlloc(n)
-	if err != nil {
-		t.Fatal(err)
+	in := bufio.NewReader(os.Stdin)
+	if spec == "ask" {
+		fmt.Println("context")
+		line, _ := in.ReadString('\n')
+		spec = strings.TrimSpace(line)
 	}
-	defer cu.MemFree(p)
+	n, err := strconv.ParseInt(spec, 10, 64)
+	if err != nil {
+		t.Fatalf("VRAMQ_HOG_BYTES: %v", err)
+	}
+	if n > 0 {
+		p, err := cu.MemAlloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cu.MemFree(p)
+	}
 	fmt.Println("ready")
-	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	_, _ = in.ReadString('\n')
 }
 
 // startHog starts another process holding n bytes of GPU 0: PyTorch when
@@ -56,19 +72,60 @@ func TestCUDAHog(t *testing.T) {
 // the process and waits for it.
 func startHog(t *testing.T, n int64) (who string, stop func()) {
 	t.Helper()
+	return runHog(t, strconv.FormatInt(n, 10), nil)
+}
+
+// hogPage is what a driver rounds a large allocation up to (2 MiB pages on
+// current NVIDIA drivers and on the emulator; PyTorch's caching allocator
+// rounds large blocks to 2 MiB as well).
+const hogPage = 2 << 20
+
+// startHogLeaving starts another process on GPU 0 that leaves free about
+// leave bytes: at least leave and less than one hogPage more. It measures
+// free memory after the other process has made its CUDA context, so no
+// context size is assumed.
+func startHogLeaving(t *testing.T, dev gpu.Device, leave int64) (who string, stop func()) {
+	t.Helper()
+	return runHog(t, "ask", func() int64 {
+		m, err := dev.MemInfo()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Free < leave {
+			t.Fatalf("only %s free once the other process has its context; want at least %s",
+				bytesize.Format(m.Free), bytesize.Format(leave))
+		}
+		// Whole pages, rounded down, so the driver's rounding up cannot
+		// take the free memory below leave.
+		return (m.Free - leave) / hogPage * hogPage
+	})
+}
+
+// runHog starts the hog process with VRAMQ_HOG_BYTES=spec; with spec "ask",
+// ask is called once the hog has its context and its answer is what it
+// holds.
+func runHog(t *testing.T, spec string, ask func() int64) (who string, stop func()) {
+	t.Helper()
 	var cmd *exec.Cmd
 	if py := os.Getenv("VRAMQ_TORCH_PYTHON"); py != "" {
 		who = "PyTorch"
-		cmd = exec.Command(py, "-c", fmt.Sprintf(`import sys, torch
-x = torch.empty(%d, dtype=torch.uint8, device="cuda:0")
+		cmd = exec.Command(py, "-c", `import os, sys, torch
+spec = os.environ["VRAMQ_HOG_BYTES"]
+torch.cuda.init()
+torch.empty(1, dtype=torch.uint8, device="cuda:0")  # the context, now
+torch.cuda.synchronize()
+if spec == "ask":
+    print("context", flush=True)
+    spec = sys.stdin.readline()
+x = torch.empty(int(spec), dtype=torch.uint8, device="cuda:0")
 torch.cuda.synchronize()
 print("ready", flush=True)
-sys.stdin.readline()`, n))
+sys.stdin.readline()`)
 	} else {
 		who = "a second CUDA process"
 		cmd = exec.Command(os.Args[0], "-test.run", "^TestCUDAHog$")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("VRAMQ_HOG_BYTES=%d", n))
 	}
+	cmd.Env = append(os.Environ(), "VRAMQ_HOG_BYTES="+spec)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -82,16 +139,24 @@ sys.stdin.readline()`, n))
 		t.Fatal(err)
 	}
 	sc := bufio.NewScanner(stdout)
-	ready := false
-	for !ready && sc.Scan() {
-		ready = strings.Contains(sc.Text(), "ready")
-	}
-	if !ready {
-		// It exited without holding the memory: waiting for the budget
-		// to shrink would only time out.
+	waitLine := func(want string) {
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), want) {
+				return
+			}
+		}
+		// It exited without getting there: waiting for the budget to
+		// shrink would only time out.
 		stdin.Close()
-		t.Fatalf("%s exited before holding %d bytes: %v", who, n, cmd.Wait())
+		t.Fatalf("%s (VRAMQ_HOG_BYTES=%s) exited before %q: %v", who, spec, want, cmd.Wait())
 	}
+	if ask != nil {
+		waitLine("context")
+		if _, err := fmt.Fprintln(stdin, ask()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLine("ready")
 	return who, func() {
 		stdin.Close()
 		_ = cmd.Wait()

@@ -92,6 +92,9 @@ cudaemu-mutant:
 # test measures what is free.
 # The SQS emulator is started as make test starts it, for the end-to-end test of
 # a lost device (cmd/subscriber).
+# The tests that share the device with another process run a second time with a
+# CUDA context of a real driver's size (300-500 MiB, not the emulator's default
+# 256 MiB): one that assumed the emulator's context would fail only on a GPU.
 # No -race here: the race detector's runtime (ThreadSanitizer) deadlocked under
 # the emulator twice in about ten runs (a test binary stuck in
 # __sanitizer::FutexWait until go test killed it): the emulator runs each CUDA
@@ -106,7 +109,11 @@ cuda-emu-test: cuda-stubs cudaemu-selftest cuda-bert-mutants
 	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
 	echo "go test -count=1 -p 1 -tags cuda -run CUDA ./model/refembed/ ./model/bert/ ./subscriber/ ./cmd/subscriber/ (on the emulated GPU)"; \
 	$(CUDA_ENV) VRAMQ_EMU_STATE=$(CURDIR)/$(CUDAEMU)/device.state LD_LIBRARY_PATH=$(CURDIR)/$(CUDAEMU) \
-		$(GO) test -count=1 -p 1 -tags cuda -run 'CUDA' ./model/refembed/ ./model/bert/ ./subscriber/ ./cmd/subscriber/
+		$(GO) test -count=1 -p 1 -tags cuda -run 'CUDA' ./model/refembed/ ./model/bert/ ./subscriber/ ./cmd/subscriber/; \
+	rm -f $(CUDAEMU)/device.state; \
+	echo "again the tests that share the device with another process, with a 450 MiB CUDA context (a real driver's size)"; \
+	$(CUDA_ENV) VRAMQ_EMU_CONTEXT_BYTES=471859200 VRAMQ_EMU_STATE=$(CURDIR)/$(CUDAEMU)/device.state LD_LIBRARY_PATH=$(CURDIR)/$(CUDAEMU) \
+		$(GO) test -count=1 -p 1 -tags cuda -run 'CUDA.*(ServesModelDir|FollowsFreeMemory)' ./subscriber/
 
 ## cuda-bert-mutants: the emulated driver built from bert.cu with GELU's tanh approximation for erf, and
 ## with the attention scores not scaled by 1/sqrt(d); the CUDA BERT test against ONNX Runtime must FAIL on
