@@ -5,11 +5,15 @@
 //
 //	eval "$(queues -prefix dev-)"   # sets QUEUE_URL, RESULTS_QUEUE_URL, DLQ_URL
 //
+// With -payload-bucket it also creates the bucket, and with -events the
+// completion events' SNS topic and a queue subscribed to it.
+//
 // It is safe to run again: existing queues with the same attributes are reused.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,9 +25,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/envflag"
@@ -60,6 +67,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.DurationVar(&opts.VisibilityTimeout, "visibility-timeout", defaultVisibility(defs.Work),
 		"the work queue's visibility timeout, in whole seconds")
 	bucket := fs.String("payload-bucket", "", "also create this S3 bucket for claim-checked payloads and results, and print PAYLOAD_BUCKET")
+	events := fs.Bool("events", false, "also create an SNS topic for completion events and a queue subscribed to it "+
+		"(both PREFIXvramq-events), and print VRAMQ_EVENTS_TOPIC_ARN and EVENTS_QUEUE_URL; needs -payload-bucket, as the subscriber's events do")
 	// The flag package reports command-line mistakes itself but envflag's
 	// environment ones not at all; silence it so both are reported the same way.
 	fs.SetOutput(io.Discard)
@@ -70,6 +79,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if err == nil {
 		err = checkOptions(opts, *bucket, defs)
+	}
+	if err == nil && *events && *bucket == "" {
+		err = fmt.Errorf("-events (%s) needs -payload-bucket (%s): the subscriber keeps its done markers there",
+			envflag.Name("events"), envflag.Name("payload-bucket"))
 	}
 	if err != nil {
 		fs.Usage()
@@ -100,8 +113,67 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err := createBucket(ctx, awsconfig.S3(cfg, getenv), *bucket); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(stdout, "PAYLOAD_BUCKET=%s\n", *bucket)
+	if _, err := fmt.Fprintf(stdout, "PAYLOAD_BUCKET=%s\n", *bucket); err != nil {
+		return err
+	}
+	if !*events {
+		return nil
+	}
+	topic, queue, err := createEvents(ctx, sns.NewFromConfig(cfg), sqs.NewFromConfig(cfg), opts.Prefix+"vramq-events")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "VRAMQ_EVENTS_TOPIC_ARN=%s\nEVENTS_QUEUE_URL=%s\n", topic, queue)
 	return err
+}
+
+// createEvents makes the completion events' topic and a queue subscribed to
+// it with raw delivery (each message body is one event, as docs/events.md
+// shows a consumer reading them). Both calls are idempotent in SNS and SQS
+// for the same name and attributes. The queue's policy lets only this topic
+// send to it, as AWS requires for an SNS-to-SQS subscription; the emulator
+// does not check it. Terraform (infra/events.tf) owns the real ones.
+func createEvents(ctx context.Context, topics *sns.Client, queues *sqs.Client, name string) (topicARN, queueURL string, err error) {
+	t, err := topics.CreateTopic(ctx, &sns.CreateTopicInput{Name: &name})
+	if err != nil {
+		return "", "", fmt.Errorf("creating topic %s: %w", name, err)
+	}
+	topicARN = aws.ToString(t.TopicArn)
+	q, err := queues.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: &name})
+	if err != nil {
+		return "", "", fmt.Errorf("creating queue %s: %w", name, err)
+	}
+	queueURL = aws.ToString(q.QueueUrl)
+	a, err := queues.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: q.QueueUrl,
+		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn}})
+	if err != nil {
+		return "", "", fmt.Errorf("queue %s: %w", name, err)
+	}
+	queueARN := a.Attributes[string(sqstypes.QueueAttributeNameQueueArn)]
+	policy, err := json.Marshal(map[string]any{
+		"Version": "2012-10-17",
+		"Statement": []any{map[string]any{
+			"Effect":    "Allow",
+			"Principal": map[string]string{"Service": "sns.amazonaws.com"},
+			"Action":    "sqs:SendMessage",
+			"Resource":  queueARN,
+			"Condition": map[string]any{"ArnEquals": map[string]string{"aws:SourceArn": topicARN}},
+		}},
+	})
+	if err != nil {
+		return "", "", err
+	}
+	_, err = queues.SetQueueAttributes(ctx, &sqs.SetQueueAttributesInput{QueueUrl: q.QueueUrl,
+		Attributes: map[string]string{string(sqstypes.QueueAttributeNamePolicy): string(policy)}})
+	if err != nil {
+		return "", "", fmt.Errorf("queue %s policy: %w", name, err)
+	}
+	_, err = topics.Subscribe(ctx, &sns.SubscribeInput{TopicArn: t.TopicArn, Protocol: aws.String("sqs"),
+		Endpoint: &queueARN, Attributes: map[string]string{"RawMessageDelivery": "true"}})
+	if err != nil {
+		return "", "", fmt.Errorf("subscribing %s to %s: %w", name, topicARN, err)
+	}
+	return topicARN, queueURL, nil
 }
 
 // createBucket makes the payload bucket, or reuses it when this account

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -36,6 +38,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{"no receives", []string{"-max-receive-count", "0"}, nil, "-max-receive-count (VRAMQ_MAX_RECEIVE_COUNT): 0"},
 		{"too many receives", []string{"-max-receive-count", "5000"}, nil, "-max-receive-count (VRAMQ_MAX_RECEIVE_COUNT): 5000"},
 		{"bad bucket", []string{"-payload-bucket", "My_Bucket"}, nil, "-payload-bucket (PAYLOAD_BUCKET)"},
+		{"events without a bucket", []string{"-events"}, nil, "-events (VRAMQ_EVENTS) needs -payload-bucket"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -123,4 +126,66 @@ func TestRunCreatesQueues(t *testing.T) {
 	if p := attrs.Attributes["RedrivePolicy"]; !strings.Contains(p, `"maxReceiveCount":4`) && !strings.Contains(p, `"maxReceiveCount":"4"`) {
 		t.Errorf("RedrivePolicy = %s, want maxReceiveCount 4", p)
 	}
+}
+
+// -events makes a topic and a queue subscribed to it: a message published to
+// the topic arrives on the queue as its raw body, which is how docs/events.md
+// reads the events.
+func TestRunCreatesEventsTopic(t *testing.T) {
+	if os.Getenv("AWS_ENDPOINT_URL") == "" {
+		t.Skip("AWS_ENDPOINT_URL not set; run localstack/emulator.sh up and eval \"$(localstack/emulator.sh env)\"")
+	}
+	b := make([]byte, 5)
+	rand.Read(b)
+	prefix := "test-" + hex.EncodeToString(b) + "-"
+	var out bytes.Buffer
+	err := run(t.Context(), []string{"-prefix", prefix, "-payload-bucket", prefix + "bucket", "-events"}, os.Getenv, &out)
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		k, v, _ := strings.Cut(line, "=")
+		got[k] = v
+	}
+	cfg, cerr := awsconfig.Load(t.Context(), nil)
+	if cerr != nil {
+		t.Fatal(cerr)
+	}
+	client := sqs.NewFromConfig(cfg)
+	topics := sns.NewFromConfig(cfg)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		urls := localstack.URLs{Work: got["QUEUE_URL"], Results: got["RESULTS_QUEUE_URL"], DLQ: got["DLQ_URL"]}
+		_ = localstack.Delete(ctx, client, urls)
+		if u := got["EVENTS_QUEUE_URL"]; u != "" {
+			_, _ = client.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: &u})
+		}
+		if a := got["VRAMQ_EVENTS_TOPIC_ARN"]; a != "" {
+			_, _ = topics.DeleteTopic(ctx, &sns.DeleteTopicInput{TopicArn: &a})
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic, queue := got["VRAMQ_EVENTS_TOPIC_ARN"], got["EVENTS_QUEUE_URL"]
+	if !strings.HasSuffix(topic, ":"+prefix+"vramq-events") || !strings.HasSuffix(queue, "/"+prefix+"vramq-events") {
+		t.Fatalf("output %q: want the topic's ARN and the queue's URL, both named %svramq-events", out.String(), prefix)
+	}
+	const body = `{"v":1,"job_id":"j"}`
+	if _, err := topics.Publish(t.Context(), &sns.PublishInput{TopicArn: &topic, Message: aws.String(body)}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := client.ReceiveMessage(t.Context(), &sqs.ReceiveMessageInput{QueueUrl: &queue, WaitTimeSeconds: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Messages) != 1 || aws.ToString(r.Messages[0].Body) != body {
+		t.Fatalf("received %d messages (first body %q), want one with the raw body %s", len(r.Messages), firstBody(r.Messages), body)
+	}
+}
+
+func firstBody(ms []types.Message) string {
+	if len(ms) == 0 {
+		return ""
+	}
+	return aws.ToString(ms[0].Body)
 }
