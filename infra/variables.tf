@@ -492,12 +492,14 @@ variable "publisher_api_keys_secret_arn" {
   default     = null
 
   validation {
-    # A Secrets Manager secret by its complete ARN, which ends in a hyphen
-    # and six random characters: IAM matches a policy's Resource against
-    # that ARN, so a partial one (without the suffix) grants nothing (Secrets
-    # Manager: "Permissions policy examples" / partial ARNs in the Resource
-    # element). ECS's valueFrom and GetSecretValue accept either; the role's
-    # policy is what fails.
+    # A Secrets Manager secret by its complete ARN, ending in "the final
+    # hyphen and six random characters that Secrets Manager adds at the end
+    # of the ARN" (Secrets Manager API reference, SecretId). The API accepts
+    # a partial ARN as a SecretId, but an IAM policy's Resource is matched
+    # against the complete ARN, so a role policy naming a partial one grants
+    # nothing and the keys are never read. A name that itself ends in a
+    # hyphen and six characters looks complete here; AWS advises against
+    # such names for the same reason.
     condition     = var.publisher_api_keys_secret_arn == null || can(regex("^arn:[^:]+:(secretsmanager:[^:]+:[0-9]{12}:secret:.+-[A-Za-z0-9]{6}|ssm:[^:]+:[0-9]{12}:parameter/.+)$", var.publisher_api_keys_secret_arn))
     error_message = "publisher_api_keys_secret_arn: the complete ARN of a Secrets Manager secret, with the six random characters Secrets Manager appends (arn:aws:secretsmanager:...:secret:name-AbCdEf: aws secretsmanager describe-secret --query ARN), or of an SSM parameter (arn:aws:ssm:...:parameter/...)."
   }
