@@ -612,9 +612,11 @@ func TestTheSubscriberStartsWithWhatTheVariablesAccept(t *testing.T) {
 	_, setsMaxHold := m.variables["subscriber_max_hold_seconds"]
 	td := m.resource(t, "aws_ecs_task_definition", "subscriber")
 	accepted, checked := 0, 0
-	for _, vis := range []int64{3, 30, 900, 901, 3600, 43200} {
-		for _, inference := range []int64{1, 120, 899, 900, 3600} {
-			for _, hold := range []int64{-1, 61, 900, 3600, 43200} {
+	// Around the subscriber's bounds: the default max hold (900 s, -1: not
+	// set), a visibility just over it, an inference timeout at it.
+	for _, vis := range []int64{30, 901, 43200} {
+		for _, inference := range []int64{120, 900, 3600} {
+			for _, hold := range []int64{-1, 900, 3601} {
 				o := map[string]cty.Value{
 					"visibility_timeout_seconds":           cty.NumberIntVal(vis),
 					"subscriber_inference_timeout_seconds": cty.NumberIntVal(inference),
