@@ -162,11 +162,40 @@ resource "aws_cloudwatch_metric_alarm" "subscriber_tasks_below_desired" {
   tags = local.tags
 }
 
+# What clients got: every 5xx the HTTP API answered, whether the function
+# answered it (a 500 internal error, a 503 overloaded: a response, which
+# Lambda counts as a success), API Gateway did (the function crashed, timed
+# out, or its event or response was over Lambda's 6 MB), or the function
+# never ran. Lambda's Errors metric counts only the second kind. HTTP APIs
+# publish "5xx" (lower case, unlike REST APIs' 5XXError) by ApiId
+# (API Gateway: "Working with metrics for HTTP APIs").
+resource "aws_cloudwatch_metric_alarm" "publisher_api_5xx" {
+  count = local.publisher_lambda ? 1 : 0
+
+  alarm_name        = "${local.name}-publisher-5xx"
+  alarm_description = "The job API answered 5xx in the last 5 minutes: the publisher's own 500s and 503s (overloaded, an SQS or S3 failure) and API Gateway's for a function that failed. See the access log group ${aws_cloudwatch_log_group.publisher_access[0].name} (status, error) and the function's logs."
+  namespace         = "AWS/ApiGateway"
+  metric_name       = "5xx"
+  dimensions        = { ApiId = aws_apigatewayv2_api.publisher[0].id }
+
+  statistic           = "Sum"
+  period              = 300
+  evaluation_periods  = 1
+  threshold           = 0
+  comparison_operator = "GreaterThanThreshold"
+  treat_missing_data  = "notBreaching"
+
+  alarm_actions = local.alarm_actions
+  ok_actions    = local.alarm_actions
+
+  tags = local.tags
+}
+
 resource "aws_cloudwatch_metric_alarm" "publisher_lambda_errors" {
   count = local.publisher_lambda ? 1 : 0
 
   alarm_name        = "${local.name}-publisher-errors"
-  alarm_description = "The publisher function failed (crashed or timed out) in the last 5 minutes; clients got 5xx from the API. Its 4xx answers are not errors."
+  alarm_description = "The publisher function failed (crashed or timed out) in the last 5 minutes; API Gateway answered those requests 500. The publisher's own 5xx answers are responses, not function errors: the 5xx alarm counts them."
   namespace         = "AWS/Lambda"
   metric_name       = "Errors"
   dimensions        = { FunctionName = aws_lambda_function.publisher[0].function_name }
@@ -177,6 +206,56 @@ resource "aws_cloudwatch_metric_alarm" "publisher_lambda_errors" {
   threshold           = 0
   comparison_operator = "GreaterThanThreshold"
   treat_missing_data  = "notBreaching"
+
+  alarm_actions = local.alarm_actions
+  ok_actions    = local.alarm_actions
+
+  tags = local.tags
+}
+
+# Fargate's counterpart of the 5xx alarm: answers of the publisher tasks
+# (HTTPCode_Target_5XX_Count) and of the balancer itself, for a target that
+# failed or could not be reached (HTTPCode_ELB_5XX_Count).
+resource "aws_cloudwatch_metric_alarm" "publisher_alb_5xx" {
+  count = local.publisher_fargate ? 1 : 0
+
+  alarm_name          = "${local.name}-publisher-5xx"
+  alarm_description   = "The job API answered 5xx in the last 5 minutes: the publisher's own 500s and 503s (overloaded, an SQS or S3 failure), or the load balancer's for tasks it could not reach. See the log group ${aws_cloudwatch_log_group.publisher.name}."
+  evaluation_periods  = 1
+  threshold           = 0
+  comparison_operator = "GreaterThanThreshold"
+  treat_missing_data  = "notBreaching"
+
+  metric_query {
+    id          = "errors"
+    expression  = "targets + balancer"
+    label       = "5xx answers of the publisher and its load balancer"
+    return_data = true
+  }
+
+  metric_query {
+    id = "targets"
+
+    metric {
+      namespace   = "AWS/ApplicationELB"
+      metric_name = "HTTPCode_Target_5XX_Count"
+      dimensions  = { LoadBalancer = aws_lb.publisher[0].arn_suffix }
+      stat        = "Sum"
+      period      = 300
+    }
+  }
+
+  metric_query {
+    id = "balancer"
+
+    metric {
+      namespace   = "AWS/ApplicationELB"
+      metric_name = "HTTPCode_ELB_5XX_Count"
+      dimensions  = { LoadBalancer = aws_lb.publisher[0].arn_suffix }
+      stat        = "Sum"
+      period      = 300
+    }
+  }
 
   alarm_actions = local.alarm_actions
   ok_actions    = local.alarm_actions

@@ -9,9 +9,11 @@
 #   cancel/{job_id}.json            a job's cancel record (publisher writes on DELETE, subscriber reads)
 #   cancelled/{job_id}/{chunk}.json a chunk deleted unrun after a cancel (subscriber writes, publisher reads)
 #   itemerrors/{job_id}/{chunk}.json items of a chunk the model refused (subscriber writes, publisher reads)
+#   done/{job_id}.json              a settled job's completion event marker (subscriber, completion_events)
 #
-# Objects are written once and expire by prefix; there is no versioning to
-# pay for.
+# Objects are written once and expire by prefix (payload_expiration_days has
+# a key for each, which infra_test.go compares with package job's layout);
+# there is no versioning to pay for.
 
 resource "aws_s3_bucket" "payloads" {
   bucket        = var.payload_bucket_name

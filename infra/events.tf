@@ -23,6 +23,16 @@ locals {
 # What the subscriber needs for events beyond its other work: read the job's
 # manifest, count its settled chunks (List), write and read the done marker,
 # and publish.
+#
+# s3:ListBucket covers every prefix this policy reads, as in iam.tf: S3
+# answers a GetObject of a missing key with 404 only to a caller that may
+# list the bucket, and with 403 to anyone else (S3: GetObject, "Permissions").
+# A missing done marker is the normal case (the first check of a settled
+# job), and a missing manifest is a message naming no job: read as 403, every
+# check failed and no event was ever sent. Which s3:prefix S3 evaluates for
+# that implicit check is not documented, so the Go side should not rest on
+# it either: a conditional write answered 412 says "exists" without a read.
+# Item-error markers are read and listed under the main policy (iam.tf).
 data "aws_iam_policy_document" "subscriber_events" {
   count = var.completion_events ? 1 : 0
 
@@ -52,7 +62,7 @@ data "aws_iam_policy_document" "subscriber_events" {
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["results/*", "failed/*", "cancelled/*"]
+      values   = ["results/*", "failed/*", "cancelled/*", "jobs/*", "done/*"]
     }
   }
 }

@@ -9,10 +9,14 @@
 # wildcard action, and on a "*" resource for SQS or S3.
 #
 # s3:ListBucket is there for missing objects: without it S3 answers GetObject
-# on a missing key with 403 instead of 404, and vramq tells "not there yet"
-# (PutIfAbsent, a job not found, an expired claim-check) from a real failure
-# by the 404. S3 evaluates that check with the key as s3:prefix, so the
-# prefix condition keeps listing to the role's own prefixes.
+# on a missing key with 403 instead of 404 (S3 API reference, GetObject:
+# "If you don't have the s3:ListBucket permission, Amazon S3 returns an HTTP
+# status code 403"), and vramq tells "not there yet" (PutIfAbsent, a job not
+# found, an expired claim-check) from a real failure by the 404. The prefix
+# condition keeps listing to the role's own prefixes, and covers every prefix
+# the role reads (infra_test.go checks that): which s3:prefix S3 evaluates for
+# that implicit check is not documented, so the code should not need it where
+# it can do without (a conditional write answered 412 says "exists" unread).
 
 locals {
   bucket_arn = aws_s3_bucket.payloads.arn
@@ -248,7 +252,7 @@ data "aws_iam_policy_document" "subscriber" {
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["payloads/*", "results/*", "failed/*", "cancel/*", "cancelled/*"]
+      values   = ["payloads/*", "results/*", "failed/*", "cancel/*", "cancelled/*", "itemerrors/*"]
     }
   }
 

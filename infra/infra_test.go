@@ -1171,6 +1171,7 @@ func (m *module) context(t *testing.T, override map[string]cty.Value) *hcl.EvalC
 // implements the same way; any other is unknownFunc.
 func functions() map[string]function.Function {
 	fs := map[string]function.Function{
+		"alltrue":         allTrueFunc,
 		"can":             tryfunc.CanFunc,
 		"coalesce":        stdlib.CoalesceFunc,
 		"compact":         stdlib.CompactFunc,
@@ -1194,6 +1195,24 @@ func functions() map[string]function.Function {
 	}
 	return fs
 }
+
+// allTrueFunc is Terraform's alltrue: true when every element of a list or
+// tuple of bools is (and for none), unknown if any is.
+var allTrueFunc = function.New(&function.Spec{
+	Params: []function.Parameter{{Name: "list", Type: cty.DynamicPseudoType, AllowUnknown: true}},
+	Type:   func([]cty.Value) (cty.Type, error) { return cty.Bool, nil },
+	Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+		if !args[0].IsWhollyKnown() {
+			return cty.UnknownVal(cty.Bool), nil
+		}
+		for _, v := range args[0].AsValueSlice() {
+			if v.IsNull() || v.Type() != cty.Bool || v.False() {
+				return cty.False, nil
+			}
+		}
+		return cty.True, nil
+	},
+})
 
 // unknownFunc stands for a Terraform function go-cty lacks (filebase64sha256,
 // alltrue, ...): its result is unknown.
@@ -2054,9 +2073,18 @@ func TestMetricsAreNotServedThroughTheLoadBalancer(t *testing.T) {
 			t.Errorf("%s: the load balancer may connect to ports %d-%d, not only the API's %d", e.DefRange(), from, to, apiPort)
 		}
 	}
+	// The metrics port takes the scrapers named (metrics_ingress_cidr_blocks,
+	// as the subscriber's does), never the whole VPC: any task or instance in
+	// it could read every tenant's label (issue 25, item 15).
 	tasks := m.resource(t, "aws_security_group", "publisher_tasks")
+	ingress := blocksOf(tasks.Body, "ingress")
+	for _, d := range blocksOf(tasks.Body, "dynamic") {
+		if d.Labels[0] == "ingress" {
+			ingress = append(ingress, blocksOf(d.Body, "content")...)
+		}
+	}
 	scraped := false
-	for _, in := range blocksOf(tasks.Body, "ingress") {
+	for _, in := range ingress {
 		from, to := m.number(t, in.Body.Attributes["from_port"].Expr, fargate), m.number(t, in.Body.Attributes["to_port"].Expr, fargate)
 		switch {
 		case from == apiPort && to == apiPort:
@@ -2066,15 +2094,30 @@ func TestMetricsAreNotServedThroughTheLoadBalancer(t *testing.T) {
 				t.Errorf("%s: the load balancer may reach the metrics port", in.DefRange())
 			}
 			a, ok := in.Body.Attributes["cidr_blocks"]
-			if !ok || !refersTo(a.Expr, "data", "aws_vpc") {
-				t.Errorf("%s: the metrics port is open to something other than the VPC's block", in.DefRange())
+			if !ok || !refersTo(a.Expr, "var", "metrics_ingress_cidr_blocks") || refersTo(a.Expr, "data", "aws_vpc") {
+				t.Errorf("%s: the metrics port is open to more than the scrapers of var.metrics_ingress_cidr_blocks", in.DefRange())
 			}
 		default:
 			t.Errorf("%s: the publisher tasks take ports %d-%d", in.DefRange(), from, to)
 		}
 	}
 	if !scraped {
-		t.Error("no ingress rule lets Prometheus in the VPC scrape the publisher's metrics port")
+		t.Error("no ingress rule lets the scrapers of metrics_ingress_cidr_blocks reach the publisher's metrics port")
+	}
+	// Nobody by default.
+	for _, d := range blocksOf(tasks.Body, "dynamic") {
+		if d.Labels[0] != "ingress" {
+			continue
+		}
+		for _, tc := range []struct {
+			blocks cty.Value
+			want   int
+		}{{cty.ListValEmpty(cty.String), 0}, {strings2("10.0.5.0/24"), 1}} {
+			o := map[string]cty.Value{"publisher_mode": cty.StringVal("fargate"), "metrics_ingress_cidr_blocks": tc.blocks}
+			if v := m.eval(t, d.Body.Attributes["for_each"].Expr, o); !v.IsKnown() || v.LengthInt() != tc.want {
+				t.Errorf("%s: metrics_ingress_cidr_blocks = %#v gives %#v ingress rules, want %d", d.DefRange(), tc.blocks, v, tc.want)
+			}
+		}
 	}
 }
 

@@ -23,19 +23,39 @@ locals {
   # anything else, /metrics included, gets a 404 from the balancer itself.
   publisher_alb_paths = ["/v1/jobs", "/v1/jobs/*", "/healthz"]
 
-  publisher_environment = merge(var.publisher_environment, {
+  publisher_environment = merge(var.publisher_environment, local.publisher_body_environment, {
     QUEUE_URL        = aws_sqs_queue.work.url
     PAYLOAD_BUCKET   = aws_s3_bucket.payloads.id
     VRAMQ_LOG_FORMAT = "json"
   })
 
-  # The routes of the job API; /healthz stays open for probes. /metrics is
-  # not routed: under Lambda each instance counts only its own requests.
+  # The routes of the job API, as publisher.Handler's mux has them
+  # (infra_test.go compares the two): an HTTP API answers 404 itself for a
+  # method and path no route names, so a route left out here is an endpoint
+  # clients cannot reach in lambda mode. {id} is a path variable in both
+  # (API Gateway: "Working with routes for HTTP APIs"). /healthz stays open
+  # for probes. /metrics is not routed: under Lambda each instance counts
+  # only its own requests.
   publisher_routes = {
-    "POST /v1/jobs"     = true
-    "GET /v1/jobs/{id}" = true
-    "GET /healthz"      = false
+    "POST /v1/jobs"        = true
+    "GET /v1/jobs/{id}"    = true
+    "DELETE /v1/jobs/{id}" = true
+    "GET /healthz"         = false
   }
+
+  # The largest request body the publisher takes (VRAMQ_MAX_BODY_BYTES).
+  # Under Lambda the whole request travels inside the invocation event,
+  # which Lambda caps at 6 MB (6291456 bytes) for a synchronous call, and
+  # API Gateway may hand it over base64-encoded (4/3 of the body): 4 MiB
+  # becomes 5592408 bytes, leaving about 700 KB for the headers and the
+  # event's own fields. So a body the publisher accepts reaches it, and
+  # a larger one gets the publisher's JSON 413 instead of API Gateway's bare
+  # 500 (an HTTP API takes payloads of up to 10 MB, so the 6 MB one is what
+  # binds). On Fargate the publisher's own default (32 MiB) applies unless
+  # publisher_max_body_bytes says otherwise.
+  publisher_lambda_max_body_bytes = 4194304
+  publisher_max_body_bytes        = local.publisher_lambda ? coalesce(var.publisher_max_body_bytes, local.publisher_lambda_max_body_bytes) : var.publisher_max_body_bytes
+  publisher_body_environment      = local.publisher_max_body_bytes == null ? {} : { VRAMQ_MAX_BODY_BYTES = tostring(local.publisher_max_body_bytes) }
 }
 
 resource "aws_cloudwatch_log_group" "publisher" {
@@ -85,6 +105,10 @@ resource "aws_lambda_function" "publisher" {
 
   lifecycle {
     precondition {
+      condition     = local.publisher_max_body_bytes <= local.publisher_lambda_max_body_bytes
+      error_message = "publisher_max_body_bytes: at most 4194304 (4 MiB) in lambda mode: Lambda takes a request event of at most 6 MB, and API Gateway may base64-encode the body (4/3 of it) into that event."
+    }
+    precondition {
       condition     = var.publisher_api_keys_secret_arn == null || can(regex("^arn:[^:]+:secretsmanager:", var.publisher_api_keys_secret_arn))
       error_message = "publisher_api_keys_secret_arn: under Lambda the function reads the keys from Secrets Manager itself: give a Secrets Manager secret's ARN (an SSM parameter works with publisher_mode = \"fargate\", where ECS injects it)."
     }
@@ -96,7 +120,7 @@ resource "aws_apigatewayv2_api" "publisher" {
 
   name          = "${local.name}-publisher"
   protocol_type = "HTTP"
-  description   = "vramq job API: POST /v1/jobs, GET /v1/jobs/{id}"
+  description   = "vramq job API: POST /v1/jobs, GET and DELETE /v1/jobs/{id}"
 
   tags = local.tags
 }
@@ -209,8 +233,12 @@ data "aws_vpc" "this" {
 
 # The load balancer's subnets: its nodes take their addresses there, so these
 # blocks are the only proxies the publisher trusts for X-Forwarded-For.
+# Keyed by position, not by id: for_each keys must be known at plan time
+# ("The for_each meta-argument": "keys ... must be known values"), and a
+# subnet created in the same apply has no id until then; the list's length is
+# known.
 data "aws_subnet" "publisher_alb" {
-  for_each = local.publisher_fargate ? toset(var.publisher_alb_subnet_ids) : toset([])
+  for_each = local.publisher_fargate ? { for i, id in var.publisher_alb_subnet_ids : tostring(i) => id } : {}
 
   id = each.value
 }
@@ -250,7 +278,7 @@ resource "aws_security_group" "publisher_tasks" {
   count = local.publisher_fargate ? 1 : 0
 
   name_prefix = "${local.name}-publisher-"
-  description = "vramq publisher tasks: HTTP from the load balancer, metrics from the VPC, HTTPS out to SQS, S3 and ECR"
+  description = "vramq publisher tasks: HTTP from the load balancer, metrics from the scrapers named, HTTPS out to SQS, S3 and ECR"
   vpc_id      = var.vpc_id
 
   ingress {
@@ -261,12 +289,19 @@ resource "aws_security_group" "publisher_tasks" {
     security_groups = [aws_security_group.publisher_alb[0].id]
   }
 
-  ingress {
-    description = "Prometheus scrapes of /metrics, from inside the VPC"
-    from_port   = local.publisher_metrics_port
-    to_port     = local.publisher_metrics_port
-    protocol    = "tcp"
-    cidr_blocks = [data.aws_vpc.this[0].cidr_block]
+  # /metrics names every tenant label and the process's internals: only the
+  # scrapers named (metrics_ingress_cidr_blocks, as for the subscriber), not
+  # the whole VPC. Empty: nobody.
+  dynamic "ingress" {
+    for_each = length(var.metrics_ingress_cidr_blocks) > 0 ? [1] : []
+
+    content {
+      description = "Prometheus scrapes of /metrics"
+      from_port   = local.publisher_metrics_port
+      to_port     = local.publisher_metrics_port
+      protocol    = "tcp"
+      cidr_blocks = var.metrics_ingress_cidr_blocks
+    }
   }
 
   egress {

@@ -32,12 +32,16 @@ locals {
   # The subscriber's settings that the rest of this module relies on: the
   # visibility and wait time match the work queue's, JSON logs feed the
   # OOM-retries metric filter (alarms.tf), the metrics port the health check.
+  # The timeouts are checked against each other as subscriber.Config.Validate
+  # checks them (preconditions of the task definition), so no combination
+  # the variables accept makes every task exit at start.
   subscriber_settings = {
     VRAMQ_DEVICE             = var.subscriber_device
     VRAMQ_VISIBILITY_TIMEOUT = "${var.visibility_timeout_seconds}s"
     VRAMQ_WAIT_TIME          = "${var.receive_wait_time_seconds}s"
     VRAMQ_SHUTDOWN_GRACE     = "${var.subscriber_shutdown_grace_seconds}s"
     VRAMQ_INFERENCE_TIMEOUT  = "${var.subscriber_inference_timeout_seconds}s"
+    VRAMQ_MAX_HOLD           = "${var.subscriber_max_hold_seconds}s"
     VRAMQ_TASK_PROTECTION    = var.subscriber_task_protection ? "on" : "off"
     VRAMQ_METRICS_ADDR       = ":${local.subscriber_metrics_port}"
     VRAMQ_LOG_FORMAT         = "json"
@@ -59,9 +63,9 @@ locals {
 resource "aws_ecs_cluster" "this" {
   name = local.name
 
-  # RunningTaskCount, the denominator of the backlog-per-task metric
-  # (autoscaling.tf) and half of the tasks-below-desired alarm, comes from
-  # Container Insights.
+  # DesiredTaskCount, the denominator of the backlog-per-task metric and half
+  # of the from-zero alarm (autoscaling.tf), and RunningTaskCount, the other
+  # half of the tasks-below-desired alarm, come from Container Insights.
   setting {
     name  = "containerInsights"
     value = "enabled"
@@ -94,8 +98,8 @@ resource "aws_launch_template" "gpu" {
   name_prefix = "${local.name}-gpu-"
   # Pinned (subscriber_ami_id), not read from the recommended-AMI parameter at
   # plan time, which would show a diff on every AMI release. Moving to a new
-  # AMI is a change of the variable: a new launch template version, which
-  # instances pick up as they are replaced (scale-in to zero replaces them all).
+  # AMI is a change of the variable: a new launch template version, which an
+  # instance refresh of the group rolls out (aws_autoscaling_group.gpu).
   image_id = var.subscriber_ami_id
 
   iam_instance_profile {
@@ -195,6 +199,30 @@ resource "aws_autoscaling_group" "gpu" {
       key                 = tag.key
       value               = tag.value
       propagate_at_launch = true
+    }
+  }
+
+  # A new AMI (subscriber_ami_id) or any other launch template change is a
+  # new template version, hence a change of mixed_instances_policy, which
+  # starts an instance refresh (provider: aws_autoscaling_group,
+  # instance_refresh: "A refresh will always be triggered by a change in any
+  # of launch_configuration, launch_template, or mixed_instances_policy").
+  # Without it, running instances keep the old AMI until scaled in.
+  # ECS managed termination protection marks every instance that runs a task
+  # as protected from scale-in, so the refresh must replace protected
+  # instances too ("Refresh"); managed draining then stops their tasks with
+  # SIGTERM (the shutdown grace) before EC2 terminates them. New instances
+  # start before old ones stop (minimum 100 %, maximum 200 % healthy), so
+  # the fleet keeps its GPUs meanwhile.
+  instance_refresh {
+    strategy = "Rolling"
+
+    preferences {
+      min_healthy_percentage       = 100
+      max_healthy_percentage       = 200
+      instance_warmup              = 300
+      skip_matching                = true
+      scale_in_protected_instances = "Refresh"
     }
   }
 
@@ -351,6 +379,14 @@ resource "aws_ecs_task_definition" "subscriber" {
       condition     = var.subscriber_shutdown_grace_seconds >= var.subscriber_inference_timeout_seconds
       error_message = "subscriber_shutdown_grace_seconds must be at least subscriber_inference_timeout_seconds: a batch that started just before SIGTERM may run that long."
     }
+    precondition {
+      condition     = var.subscriber_max_hold_seconds >= var.visibility_timeout_seconds
+      error_message = "subscriber_max_hold_seconds must be at least visibility_timeout_seconds: the subscriber refuses a max hold below its visibility timeout and would exit at every start."
+    }
+    precondition {
+      condition     = var.subscriber_inference_timeout_seconds < var.subscriber_max_hold_seconds
+      error_message = "subscriber_inference_timeout_seconds must be below subscriber_max_hold_seconds: the subscriber refuses an inference timeout at or above its max hold and would exit at every start."
+    }
   }
 }
 
@@ -369,6 +405,14 @@ resource "aws_ecs_service" "subscriber" {
   # group) in place instead of replacing the service; every update of the
   # service is then also a deployment.
   force_new_deployment = true
+
+  # Rebalancing stops running tasks in a crowded zone to start them in
+  # another (ECS: "Balancing an Amazon ECS service across Availability
+  # Zones"): for a GPU task that is a batch cut short and a cold start (a new
+  # instance, a multi-GB image, a model load) for no gain, as every task
+  # works the same queue wherever it runs. Left unset, the service takes
+  # whatever ECS defaults to, which can be ENABLED.
+  availability_zone_rebalancing = "DISABLED"
 
   network_configuration {
     subnets         = var.subnet_ids

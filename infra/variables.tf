@@ -165,7 +165,7 @@ variable "payload_bucket_force_destroy" {
 }
 
 variable "payload_expiration_days" {
-  description = "Days before objects under each prefix of the bucket layout (internal/payload) expire. payloads/ should outlive a message's time on the work queue plus the DLQ (4 + 14 days by default), or a redriven message finds its item gone and is dead-lettered as claim_check; results/, failed/, cancel/, cancelled/ and itemerrors/ are what GET /v1/jobs/{id} reads; jobs/ (manifests) should live as long as results/; idempotency/ only as long as clients retry a POST."
+  description = "Days before objects under each prefix of the bucket layout (internal/payload) expire. payloads/ should outlive a message's time on the work queue plus the DLQ (4 + 14 days by default), or a redriven message finds its item gone and is dead-lettered as claim_check; results/, failed/, cancel/, cancelled/ and itemerrors/ are what GET /v1/jobs/{id} reads; jobs/ (manifests) should live as long as results/; done/ (completion events' markers) as long as a redelivered chunk could settle its job again, which is as long as jobs/; idempotency/ only as long as clients retry a POST."
   type        = map(number)
   default = {
     payloads    = 19
@@ -176,12 +176,13 @@ variable "payload_expiration_days" {
     cancel      = 19
     cancelled   = 19
     itemerrors  = 19
+    done        = 19
   }
   nullable = false
 
   validation {
-    condition     = alltrue([for k, v in var.payload_expiration_days : contains(["payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors"], k) && v >= 1])
-    error_message = "payload_expiration_days: keys among payloads, jobs, idempotency, results, failed, cancel, cancelled, itemerrors; values at least 1."
+    condition     = alltrue([for k, v in var.payload_expiration_days : contains(["payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors", "done"], k) && v >= 1])
+    error_message = "payload_expiration_days: keys among payloads, jobs, idempotency, results, failed, cancel, cancelled, itemerrors, done; values at least 1."
   }
 }
 
@@ -213,7 +214,7 @@ variable "publisher_alb_subnet_ids" {
 }
 
 variable "metrics_ingress_cidr_blocks" {
-  description = "CIDR blocks allowed to scrape the subscriber's /metrics and /healthz on port 9090 (Prometheus). Empty: nobody from outside the task. (The publisher's metrics port, 9090 in fargate mode, takes scrapes from the VPC.)"
+  description = "CIDR blocks allowed to scrape /metrics on port 9090 (Prometheus): the subscriber's (and its /healthz), and in fargate mode the publisher's. Empty: nobody from outside the task. Name the scrapers, not the whole VPC: /metrics shows tenant names and the process's internals."
   type        = list(string)
   default     = []
   nullable    = false
@@ -307,7 +308,7 @@ variable "subscriber_shutdown_grace_seconds" {
 }
 
 variable "subscriber_inference_timeout_seconds" {
-  description = "The subscriber's -inference-timeout (VRAMQ_INFERENCE_TIMEOUT), 1 to 3600: the longest one batch may run. subscriber_shutdown_grace_seconds must cover it."
+  description = "The subscriber's -inference-timeout (VRAMQ_INFERENCE_TIMEOUT), 1 to 3600: the longest one batch may run. subscriber_shutdown_grace_seconds must cover it, and it must be below subscriber_max_hold_seconds (the subscriber refuses to start otherwise; checked at plan time)."
   type        = number
   default     = 120
   nullable    = false
@@ -315,6 +316,18 @@ variable "subscriber_inference_timeout_seconds" {
   validation {
     condition     = var.subscriber_inference_timeout_seconds >= 1 && var.subscriber_inference_timeout_seconds <= 3600 && floor(var.subscriber_inference_timeout_seconds) == var.subscriber_inference_timeout_seconds
     error_message = "subscriber_inference_timeout_seconds: whole seconds, 1 to 3600."
+  }
+}
+
+variable "subscriber_max_hold_seconds" {
+  description = "The subscriber's -max-hold (VRAMQ_MAX_HOLD), 61 to 43200: the longest it keeps extending one message's lease. The subscriber refuses to start unless it is at least visibility_timeout_seconds, above subscriber_inference_timeout_seconds and above its -admit-timeout (60 s); this module checks the first two at plan time, so a setting that would crash-loop the tasks does not apply."
+  type        = number
+  default     = 900
+  nullable    = false
+
+  validation {
+    condition     = var.subscriber_max_hold_seconds >= 61 && var.subscriber_max_hold_seconds <= 43200 && floor(var.subscriber_max_hold_seconds) == var.subscriber_max_hold_seconds
+    error_message = "subscriber_max_hold_seconds: whole seconds, 61 (above the subscriber's 60 s admit timeout) to 43200 (12 h, SQS's longest visibility)."
   }
 }
 
@@ -354,9 +367,9 @@ variable "subscriber_environment" {
     condition = length(setintersection(keys(var.subscriber_environment), [
       "QUEUE_URL", "RESULTS_QUEUE_URL", "DLQ_URL", "PAYLOAD_BUCKET", "VRAMQ_DEVICE", "VRAMQ_VISIBILITY_TIMEOUT",
       "VRAMQ_WAIT_TIME", "VRAMQ_SHUTDOWN_GRACE", "VRAMQ_INFERENCE_TIMEOUT", "VRAMQ_TASK_PROTECTION",
-      "VRAMQ_METRICS_ADDR", "VRAMQ_LOG_FORMAT", "VRAMQ_LOG_LEVEL", "VRAMQ_EVENTS_TOPIC_ARN",
+      "VRAMQ_METRICS_ADDR", "VRAMQ_LOG_FORMAT", "VRAMQ_LOG_LEVEL", "VRAMQ_EVENTS_TOPIC_ARN", "VRAMQ_MAX_HOLD",
     ])) == 0
-    error_message = "subscriber_environment: set the queue URLs, device, visibility, wait time, shutdown grace, inference timeout, task protection, metrics address and log settings through this module's own variables."
+    error_message = "subscriber_environment: set the queue URLs, device, visibility, wait time, shutdown grace, inference timeout, max hold, task protection, metrics address and log settings through this module's own variables."
   }
 }
 
@@ -452,8 +465,8 @@ variable "publisher_environment" {
   nullable    = false
 
   validation {
-    condition     = length(setintersection(keys(var.publisher_environment), ["QUEUE_URL", "PAYLOAD_BUCKET", "VRAMQ_LOG_FORMAT", "VRAMQ_ADDR", "VRAMQ_METRICS_ADDR"])) == 0
-    error_message = "publisher_environment: QUEUE_URL, PAYLOAD_BUCKET, VRAMQ_LOG_FORMAT, VRAMQ_ADDR and VRAMQ_METRICS_ADDR are set by this module."
+    condition     = length(setintersection(keys(var.publisher_environment), ["QUEUE_URL", "PAYLOAD_BUCKET", "VRAMQ_LOG_FORMAT", "VRAMQ_ADDR", "VRAMQ_METRICS_ADDR", "VRAMQ_MAX_BODY_BYTES"])) == 0
+    error_message = "publisher_environment: QUEUE_URL, PAYLOAD_BUCKET, VRAMQ_LOG_FORMAT, VRAMQ_ADDR, VRAMQ_METRICS_ADDR and VRAMQ_MAX_BODY_BYTES (publisher_max_body_bytes) are set by this module."
   }
 
   validation {
@@ -462,14 +475,33 @@ variable "publisher_environment" {
   }
 }
 
+variable "publisher_max_body_bytes" {
+  description = "The publisher's -max-body-bytes (VRAMQ_MAX_BODY_BYTES), the largest request body it takes, in bytes, 1024 to 1073741824. Null: 4194304 (4 MiB) in lambda mode, where more is refused at plan time (Lambda takes a request event of at most 6 MB, and API Gateway may base64-encode the body into it); the publisher's own default (32 MiB) on Fargate."
+  type        = number
+  default     = null
+
+  validation {
+    condition     = var.publisher_max_body_bytes == null || (try(var.publisher_max_body_bytes >= 1024 && var.publisher_max_body_bytes <= 1073741824 && floor(var.publisher_max_body_bytes) == var.publisher_max_body_bytes, false))
+    error_message = "publisher_max_body_bytes: whole bytes, 1024 to 1073741824 (and at most 4194304 in lambda mode)."
+  }
+}
+
 variable "publisher_api_keys_secret_arn" {
-  description = "ARN of the secret holding the publisher's bearer keys, comma- or line-separated. Fargate: a Secrets Manager secret or an SSM SecureString parameter, which ECS injects as VRAMQ_API_KEYS when a task starts (the execution role may read exactly it). Lambda: a Secrets Manager secret, which the function reads itself at each cold start (-api-keys-secret; its role may read exactly it). A secret under a customer managed KMS key also needs kms:Decrypt for that role in the key's policy. Null: no bearer keys."
+  description = "Complete ARN of the secret holding the publisher's bearer keys, comma- or line-separated. Fargate: a Secrets Manager secret (its complete ARN, ending in -AbCdEf: a partial ARN matches nothing in IAM) or an SSM SecureString parameter, which ECS injects as VRAMQ_API_KEYS when a task starts (the execution role may read exactly it). Lambda: a Secrets Manager secret, which the function reads itself at each cold start (-api-keys-secret; its role may read exactly it). A secret under a customer managed KMS key also needs kms:Decrypt for that role in the key's policy. Null: no bearer keys."
   type        = string
   default     = null
 
   validation {
-    condition     = var.publisher_api_keys_secret_arn == null || can(regex("^arn:[^:]+:(secretsmanager:[^:]+:[0-9]{12}:secret:.+|ssm:[^:]+:[0-9]{12}:parameter/.+)$", var.publisher_api_keys_secret_arn))
-    error_message = "publisher_api_keys_secret_arn: the full ARN of a Secrets Manager secret (arn:aws:secretsmanager:...:secret:...) or an SSM parameter (arn:aws:ssm:...:parameter/...)."
+    # A Secrets Manager secret by its complete ARN, ending in "the final
+    # hyphen and six random characters that Secrets Manager adds at the end
+    # of the ARN" (Secrets Manager API reference, SecretId). The API accepts
+    # a partial ARN as a SecretId, but an IAM policy's Resource is matched
+    # against the complete ARN, so a role policy naming a partial one grants
+    # nothing and the keys are never read. A name that itself ends in a
+    # hyphen and six characters looks complete here; AWS advises against
+    # such names for the same reason.
+    condition     = var.publisher_api_keys_secret_arn == null || can(regex("^arn:[^:]+:(secretsmanager:[^:]+:[0-9]{12}:secret:.+-[A-Za-z0-9]{6}|ssm:[^:]+:[0-9]{12}:parameter/.+)$", var.publisher_api_keys_secret_arn))
+    error_message = "publisher_api_keys_secret_arn: the complete ARN of a Secrets Manager secret, with the six random characters Secrets Manager appends (arn:aws:secretsmanager:...:secret:name-AbCdEf: aws secretsmanager describe-secret --query ARN), or of an SSM parameter (arn:aws:ssm:...:parameter/...)."
   }
 }
 
