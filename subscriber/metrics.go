@@ -55,16 +55,15 @@ type metrics struct {
 
 	// tenantDone is results sent by the vramq-tenant attribute, labelled by
 	// tenants (tenant.Labels): anyone who can send to the queue names the
-	// tenant, so its labels are bounded.
+	// tenant, so only the configured tenants (Config.Tenants) have labels
+	// of their own.
 	tenantDone *prometheus.CounterVec
 	tenants    *tenant.Labels
 }
 
-// maxTenantLabels is how many tenants get a series of their own in
-// vramq_subscriber_tenant_results_sent_total; later ones share "other tenants".
-const maxTenantLabels = 100
-
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics registers the subscriber's series on reg; tenants are the
+// configured tenant names (Config.Tenants).
+func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 	f := promauto.With(reg)
 	const ns, sub = "vramq", "subscriber"
 	opts := func(name, help string) prometheus.Opts {
@@ -147,9 +146,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		protectionErrors: counter("task_protection_errors_total",
 			"Calls to the ECS agent's task protection endpoint that failed (each is retried)."),
 		tenantDone: f.NewCounterVec(prometheus.CounterOpts(opts("tenant_results_sent_total",
-			"Result messages sent, by the work message's vramq-tenant attribute: the first 100 tenants seen, "+
-				"then \"other tenants\"; \"no tenant\" without a valid one.")), []string{"tenant"}),
-		tenants: tenant.NewLabels(maxTenantLabels),
+			"Result messages sent, by the work message's vramq-tenant attribute: the tenants named by -tenants, "+
+				"\"other tenants\" for any other name, \"no tenant\" without a valid one.")), []string{"tenant"}),
+		// No label is given to a name first seen on the queue: its sender
+		// chose it, and could take the labels from the real tenants.
+		tenants: tenant.NewLabels(0, tenants...),
 	}
 	m.stages = make(map[string]prometheus.Observer, len(stages))
 	for _, st := range stages {

@@ -146,7 +146,7 @@ func New(cfg Config) (*Subscriber, error) {
 	if cfg.VRAMLimit > 0 {
 		largest = min(largest, cfg.VRAMLimit)
 	}
-	m := newMetrics(cfg.Registerer)
+	m := newMetrics(cfg.Registerer, cfg.Tenants...)
 	adm, err := newResizableAdmission(cfg.Admission, budget, largest, cfg.Count)
 	if err != nil {
 		return nil, fmt.Errorf("subscriber: %w (device %s: %s free, reserve %s)", err, cfg.Device.Name(),
