@@ -87,7 +87,8 @@ func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 		budget: gauge("budget_bytes", "VRAM budget admission works against now, in bytes (vram strategy): "+
 			"free device memory plus this process's working memory, less the reserve, refreshed while running."),
 		budgetMax: gauge("budget_max_bytes", "Largest VRAM budget the device could give, in bytes (vram strategy): "+
-			"total memory less weights and reserve; a message estimated above it is dead-lettered."),
+			"total memory less weights and reserve; a message estimated above it runs in parts that fit, or is dead-lettered "+
+			"when no item fits alone."),
 		deviceTotal: gauge("device_memory_total_bytes", "Device memory in total, in bytes (simulated when the device is sim)."),
 		deviceFree:  gauge("device_memory_free_bytes", "Device memory free at the last reading (budget refresh or batch), in bytes."),
 		deviceProcess: gauge("device_memory_process_bytes", "Device memory this process holds at the last reading, in bytes, "+
@@ -116,7 +117,8 @@ func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 		cancelled: counter("messages_cancelled_total",
 			"Messages of cancelled jobs (DELETE /v1/jobs/{id}) deleted without running, their cancelled marker written."),
 		itemsFailed: counter("items_failed_total",
-			"Items the model refused (invalid input) answered with an error in their chunk's result, the chunk's other items kept."),
+			"Items answered with an error in their chunk's result, the chunk's other items kept: refused by the model "+
+				"(invalid_input), or estimated alone above the largest budget (too_large)."),
 		deleted:    counter("messages_deleted_total", "Messages deleted from the work queue after their result or DLQ copy was sent."),
 		extensions: counter("visibility_extensions_total", "Visibility timeout extensions (heartbeats) that succeeded, per message."),
 		leasesLost: f.NewCounterVec(prometheus.CounterOpts(opts("leases_lost_total",

@@ -114,9 +114,12 @@ type sizeLesson struct {
 // batch that succeeded and the tasks that ran out of memory on their own,
 // still holding admission, and records its splits in sp.
 func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok int, alone []*task) {
-	outs, err := s.infer(ctx, tasks, false)
-	if len(tasks) == 1 && len(tasks[0].work.Items) > 1 && errors.Is(err, gpu.ErrInvalidInput) {
-		outs, err = s.itemByItem(ctx, tasks[0], err)
+	var outs [][]job.Output
+	var err error
+	if len(tasks) == 1 {
+		outs, err = s.runOne(ctx, tasks[0], false)
+	} else {
+		outs, err = s.infer(ctx, tasks, false)
 	}
 	switch {
 	case err == nil:
@@ -198,10 +201,7 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) bool {
 		return false
 	}
 	cost := t.raw
-	outs, err := s.infer(ctx, []*task{t}, true)
-	if len(t.work.Items) > 1 && errors.Is(err, gpu.ErrInvalidInput) {
-		outs, err = s.itemByItem(ctx, t, err) // still holding the device
-	}
+	outs, err := s.runOne(ctx, t, true) // its parts and item search still holding the device
 	// Let go of the device before sending anything, as process does, and
 	// let the budget follow the device again.
 	if err == nil {

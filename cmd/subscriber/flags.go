@@ -75,7 +75,8 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 		"directory of a BERT-family sentence encoder as Hugging Face ships it (config.json, model.safetensors,\n"+
 			"tokenizer.json or vocab.txt, the sentence-transformers files); it runs on the CPU with its memory accounted on\n"+
 			"-device=sim; results carry bert:<directory name>; a directory the loader refuses stops the start with an error\n"+
-			"naming the file and field; items with binary data are dead-lettered as invalid input;\n"+
+			"naming the file and field; an item with binary data is answered with an invalid_input error, the chunk's\n"+
+			"other items run (a chunk whose every item is refused is dead-lettered as invalid input);\n"+
 			"empty: the reference embedding model")
 	fs.Uint64Var(&o.modelSeed, "model-seed", refembed.DefaultConfig().Seed,
 		"seed of the reference model's generated weights (without -weights)")
