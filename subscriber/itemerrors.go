@@ -67,8 +67,8 @@ type span struct {
 // 16 per bit of n. A full bisection of n items takes at most 2n−2 runs, so a
 // chunk of up to 32 items (the publisher's default) is always searched to
 // the end, whatever it holds; one refused item among n costs at most
-// 2⌈log₂ n⌉ runs, so a chunk of 1,000 can have about eight refused items
-// found, more when they sit together. Without a bound, a chunk of 1,000
+// 2⌈log₂ n⌉ runs, and about ten refused items spread through a chunk of
+// 1,000 are all found within its 160, more when they sit together. Without a bound, a chunk of 1,000
 // items with every other one refused would hold the device for about 2,000
 // runs.
 func isolationRuns(n int) int { return 16 * bits.Len(uint(n)) }
@@ -152,8 +152,8 @@ func (s *Subscriber) isolate(ctx context.Context, t *task, outs []job.Output, re
 	for _, sp := range queue {
 		for i := sp.lo; i < sp.hi; i++ {
 			outs[i] = job.Output{ID: items[i].ID, Error: job.NewItemError(job.ItemInvalidInput, fmt.Sprintf(
-				"not run apart: the model refused a group of %d items holding it, and the search for the refused items "+
-					"stopped at its bound of %d runs: %v", sp.hi-sp.lo, bound, sp.err))}
+				"not run apart: the model refused a group of this chunk's items holding it, and the search for the "+
+					"refused items stopped at its bound of %d runs: %v", bound, sp.err))}
 		}
 	}
 	failed := itemsFailed(outs)
