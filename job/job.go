@@ -98,13 +98,16 @@ type Output struct {
 // ItemError is why one item of a chunk could not be processed while the
 // others were (docs/schemas.md).
 type ItemError struct {
-	Code    string `json:"code"`    // ItemInvalidInput
+	Code    string `json:"code"`    // ItemInvalidInput or ItemTooLarge
 	Message string `json:"message"` // the model's words: untrusted, escaped and cut (NewItemError)
 }
 
 // Item error codes.
 const (
 	ItemInvalidInput = "invalid_input" // the model refuses the item itself (gpu.ErrInvalidInput)
+	// ItemTooLarge: the model's estimate of the item's working memory alone
+	// exceeds the largest budget the subscriber's device can give.
+	ItemTooLarge = "too_large"
 )
 
 // MaxItemErrorLen bounds an item error's message in bytes.

@@ -124,10 +124,11 @@ func (s *Subscriber) batch(ctx, workCtx context.Context, in <-chan *task) {
 				s.releaseWaiting(t, "shutdown")
 				continue
 			}
-			if t.ahead != nil || s.suspects.has(t.lease.msg.ID) {
-				// Launched as a batch of one while it waited, or in a
-				// batch that failed (see suspects): runs on its own,
-				// after what was pending in its class.
+			if t.ahead != nil || t.parts != nil || s.suspects.has(t.lease.msg.ID) {
+				// Launched as a batch of one while it waited, run in
+				// parts (parts.go), or in a batch that failed (see
+				// suspects): runs on its own, after what was pending in
+				// its class.
 				flush(t.class)
 				pending[t.class] = &pendingBatch{tasks: []*task{t}, cost: t.cost}
 				flush(t.class)

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/job"
 )
 
@@ -148,6 +149,15 @@ type Config struct {
 	// runs out of memory, up to 64 times this. A budget increase probes at
 	// the next full batch. Negative: the limit never grows back.
 	BatchLimitProbeAfter int
+
+	// Tenants are the tenant names results are counted under in
+	// vramq_subscriber_tenant_results_sent_total, as the publisher names
+	// them (an API key's name, or tenant.OfKey for an unnamed key). The
+	// vramq-tenant attribute is whatever the message's sender wrote, so a
+	// name not listed here counts as "other tenants": the labels are this
+	// fixed set, not what arrives on the queue. Each must be a valid name
+	// (tenant.Valid).
+	Tenants []string
 
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // default: a private registry
@@ -334,6 +344,11 @@ func (c *Config) Validate() error {
 	}
 	if c.TaskProtectionExpiry < time.Minute || c.TaskProtectionExpiry > MaxTaskProtection {
 		bad("TaskProtectionExpiry", "task protection expiry %v: want 1m to 48h", c.TaskProtectionExpiry)
+	}
+	for _, name := range c.Tenants {
+		if !tenant.Valid(name) {
+			bad("Tenants", "tenant %q: want 1 to %d ASCII letters, digits or punctuation", name, tenant.MaxLen)
+		}
 	}
 	if c.TaskProtectionMaxHold < time.Minute || c.TaskProtectionMaxHold > MaxTaskProtection {
 		bad("TaskProtectionMaxHold", "task protection max hold %v: want 1m to 48h", c.TaskProtectionMaxHold)

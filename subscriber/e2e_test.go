@@ -317,9 +317,15 @@ func TestE2EHeartbeatKeepsSlowMessage(t *testing.T) {
 	}
 }
 
+// A malformed message goes to the DLQ with its reason. A chunk estimated
+// over the whole budget whose items each fit is not too large (issue 25,
+// item 10): it runs in parts and is answered whole.
 func TestE2EPoisonGoesToDLQWithReason(t *testing.T) {
 	p := newPipeline(t, 5, subscriber.Config{}, nil)
 	huge := workload.Spec{JobID: "huge", Messages: 1, SmallItems: 64, SmallWords: 600, Seed: 2}.Works() // ~33 MiB
+	if cost := p.model.Cost(huge[0].Items); cost <= p.sub.MaxBudget() {
+		t.Fatalf("the huge chunk is estimated at %d bytes, within the budget %d", cost, p.sub.MaxBudget())
+	}
 	ok := workload.Mixed("ok", 1).Works()
 	p.send(append(huge, ok...))
 	_, err := p.client.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: &p.urls.Work,
@@ -327,30 +333,20 @@ func TestE2EPoisonGoesToDLQWithReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.collect(1, time.Minute)
-	var dead []jobq.DeadLetter
-	for deadline := time.Now().Add(30 * time.Second); len(dead) < 2 && time.Now().Before(deadline); {
-		dead = append(dead, p.deadLetters()...)
-	}
+	c := p.collect(2, time.Minute)
+	dead := p.waitDeadLetters(1)
 	p.shutdown()
-	kinds := map[string]bool{}
-	for _, d := range dead {
-		kind, detail, _ := strings.Cut(d.Reason, ": ")
-		kinds[kind] = true
-		if detail == "" || d.Attrs[job.AttrSource] == "" {
-			t.Errorf("dead letter without detail or source: %+v", d.Attrs)
-		}
-	}
-	if len(dead) != 2 || !kinds["too_large"] || !kinds["malformed"] {
-		t.Errorf("dead letters %+v; want one too_large and one malformed", dead)
-	}
-	for _, d := range dead {
-		if strings.HasPrefix(d.Reason, "too_large") {
-			var w job.Work
-			if err := json.Unmarshal([]byte(d.Body), &w); err != nil || w.JobID != "huge" {
-				t.Errorf("the DLQ copy is not the original message: %v", err)
+	if r := c.Results[job.Key{JobID: "huge"}]; len(r.Outputs) != len(huge[0].Items) || r.ItemsFailed != 0 {
+		t.Errorf("the huge chunk's result has %d outputs, %d failed; want %d, 0", len(r.Outputs), r.ItemsFailed, len(huge[0].Items))
+	} else {
+		for i, o := range r.Outputs {
+			if o.ID != huge[0].Items[i].ID || len(o.Embedding) == 0 {
+				t.Errorf("output %d: %s with %d floats, want %s's embedding", i, o.ID, len(o.Embedding), huge[0].Items[i].ID)
 			}
 		}
+	}
+	if len(dead) != 1 || !strings.HasPrefix(dead[0].Reason, "malformed: ") || dead[0].Attrs[job.AttrSource] == "" {
+		t.Errorf("dead letters %+v; want one malformed, with its source", dead)
 	}
 }
 

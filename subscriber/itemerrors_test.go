@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -79,5 +80,102 @@ func TestTimedOutItemKeepsAdmission(t *testing.T) {
 		}
 		h.stop()
 		<-h.done
+	})
+}
+
+// Issue 25, item 9: the refused item of a chunk of 999 texts is found by
+// halving, in O(log n) runs through the model, not one run per item (1,001
+// runs, holding the device all along); every other item keeps its output.
+func TestRefusedItemFoundByHalving(t *testing.T) {
+	for _, bad := range []int{0, 500, 998} {
+		t.Run(fmt.Sprint("bad item ", bad), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const n = 999
+				h := start(t, 64*mib, Config{MaxBatch: 1})
+				specs := make([]string, n)
+				for i := range specs {
+					specs[i] = fmt.Sprint("mb=0 text", i)
+				}
+				specs[bad] = "invalid"
+				h.send("big", 0, specs...)
+				h.endedAll(1)
+				h.shutdown()
+				got, _ := h.resultsByKey()
+				r, ok := got[job.Key{JobID: "big"}]
+				if !ok {
+					t.Fatalf("no result; dead letters %v", h.reasons())
+				}
+				if len(r.Outputs) != n || r.ItemsFailed != 1 {
+					t.Fatalf("%d outputs, %d failed; want %d, 1", len(r.Outputs), r.ItemsFailed, n)
+				}
+				for i, o := range r.Outputs {
+					if o.ID != fmt.Sprint("i", i) {
+						t.Fatalf("output %d is %s: out of order", i, o.ID)
+					}
+					if i == bad {
+						if o.Error == nil || o.Error.Code != job.ItemInvalidInput || o.Embedding != nil {
+							t.Errorf("refused item: %+v (error %+v)", o, o.Error)
+						}
+						continue
+					}
+					if o.Error != nil || len(o.Embedding) != 1 || o.Embedding[0] != float32(len(specs[i])) {
+						t.Fatalf("output %s: %+v (error %+v)", o.ID, o, o.Error)
+					}
+				}
+				// The whole once, then at most two halves per level of a
+				// bisection of 999 (⌈log₂ 999⌉ = 10 levels).
+				if runs := h.model.runs.Load(); runs > 1+2*10 {
+					t.Errorf("model ran %d times for one refused item in %d, want at most 21", runs, n)
+				}
+			})
+		})
+	}
+}
+
+// The search is bounded: a chunk with many refused items spread through it
+// costs at most the bound's runs, not one per item or the 2n of a full
+// bisection. Items it did not get to run apart are answered with an error
+// that says so; the items of the groups that ran keep their outputs, and
+// the chunk is not dead-lettered.
+func TestRefusedItemSearchIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 999
+		h := start(t, 64*mib, Config{MaxBatch: 1})
+		specs := make([]string, n)
+		for i := range specs {
+			specs[i] = "mb=0"
+			if i%20 == 3 {
+				specs[i] = "invalid"
+			}
+		}
+		h.send("spread", 0, specs...)
+		h.endedAll(1)
+		h.shutdown()
+		bound := isolationRuns(n)
+		if runs := h.model.runs.Load(); runs > int64(1+bound) {
+			t.Errorf("model ran %d times, want at most 1 + %d", runs, bound)
+		}
+		got, _ := h.resultsByKey()
+		r, ok := got[job.Key{JobID: "spread"}]
+		if !ok {
+			t.Fatalf("no result; dead letters %v", h.reasons())
+		}
+		answered, unsearched := 0, 0
+		for i, o := range r.Outputs {
+			switch {
+			case o.Error == nil:
+				answered++
+				if specs[i] == "invalid" {
+					t.Errorf("refused item %s has an answer", o.ID)
+				}
+			case strings.Contains(o.Error.Message, "stopped at its bound"):
+				unsearched++
+			case specs[i] != "invalid":
+				t.Errorf("item %s: error %+v, but the model does not refuse it", o.ID, o.Error)
+			}
+		}
+		if answered == 0 || unsearched == 0 || r.ItemsFailed != n-answered {
+			t.Errorf("%d answered, %d not searched, %d failed of %d", answered, unsearched, r.ItemsFailed, n)
+		}
 	})
 }

@@ -17,11 +17,13 @@ import (
 const probeBackoffMax = 64
 
 // learned is what the subscriber found out by running out of memory: the
-// largest batch that fits. It goes down on an OOM split and back up one step
-// at a time (a probe) after a run of clean full batches or when the budget
-// grows, since what did not fit may have been a few large inputs that are
-// gone, or memory another process has given back. It is kept in a state file
-// so the next start does not find it out again the hard way.
+// largest batch that fits. It goes down on an OOM split where a smaller
+// batch then fitted, unless a message of the batch then failed alone too
+// (runBatch: that message was the cause, not the batch's size), and back up
+// one step at a time (a probe) after a run of clean full batches or when the
+// budget grows, since what did not fit may have been a few large inputs that
+// are gone, or memory another process has given back. It is kept in a state
+// file so the next start does not find it out again the hard way.
 //
 // The hysteresis: a probe is confirmed by one full batch at the new limit;
 // an OOM before that puts the limit back and doubles the clean run the next

@@ -55,16 +55,15 @@ type metrics struct {
 
 	// tenantDone is results sent by the vramq-tenant attribute, labelled by
 	// tenants (tenant.Labels): anyone who can send to the queue names the
-	// tenant, so its labels are bounded.
+	// tenant, so only the configured tenants (Config.Tenants) have labels
+	// of their own.
 	tenantDone *prometheus.CounterVec
 	tenants    *tenant.Labels
 }
 
-// maxTenantLabels is how many tenants get a series of their own in
-// vramq_subscriber_tenant_results_sent_total; later ones share "other tenants".
-const maxTenantLabels = 100
-
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics registers the subscriber's series on reg; tenants are the
+// configured tenant names (Config.Tenants).
+func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 	f := promauto.With(reg)
 	const ns, sub = "vramq", "subscriber"
 	opts := func(name, help string) prometheus.Opts {
@@ -88,7 +87,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		budget: gauge("budget_bytes", "VRAM budget admission works against now, in bytes (vram strategy): "+
 			"free device memory plus this process's working memory, less the reserve, refreshed while running."),
 		budgetMax: gauge("budget_max_bytes", "Largest VRAM budget the device could give, in bytes (vram strategy): "+
-			"total memory less weights and reserve; a message estimated above it is dead-lettered."),
+			"total memory less weights and reserve; a message estimated above it runs in parts that fit, or is dead-lettered "+
+			"when no item fits alone."),
 		deviceTotal: gauge("device_memory_total_bytes", "Device memory in total, in bytes (simulated when the device is sim)."),
 		deviceFree:  gauge("device_memory_free_bytes", "Device memory free at the last reading (budget refresh or batch), in bytes."),
 		deviceProcess: gauge("device_memory_process_bytes", "Device memory this process holds at the last reading, in bytes, "+
@@ -117,7 +117,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		cancelled: counter("messages_cancelled_total",
 			"Messages of cancelled jobs (DELETE /v1/jobs/{id}) deleted without running, their cancelled marker written."),
 		itemsFailed: counter("items_failed_total",
-			"Items the model refused (invalid input) answered with an error in their chunk's result, the chunk's other items kept."),
+			"Items answered with an error in their chunk's result, the chunk's other items kept: refused by the model "+
+				"(invalid_input), or estimated alone above the largest budget (too_large)."),
 		deleted:    counter("messages_deleted_total", "Messages deleted from the work queue after their result or DLQ copy was sent."),
 		extensions: counter("visibility_extensions_total", "Visibility timeout extensions (heartbeats) that succeeded, per message."),
 		leasesLost: f.NewCounterVec(prometheus.CounterOpts(opts("leases_lost_total",
@@ -147,9 +148,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		protectionErrors: counter("task_protection_errors_total",
 			"Calls to the ECS agent's task protection endpoint that failed (each is retried)."),
 		tenantDone: f.NewCounterVec(prometheus.CounterOpts(opts("tenant_results_sent_total",
-			"Result messages sent, by the work message's vramq-tenant attribute: the first 100 tenants seen, "+
-				"then \"other tenants\"; \"no tenant\" without a valid one.")), []string{"tenant"}),
-		tenants: tenant.NewLabels(maxTenantLabels),
+			"Result messages sent, by the work message's vramq-tenant attribute: the tenants named by -tenants, "+
+				"\"other tenants\" for any other name, \"no tenant\" without a valid one.")), []string{"tenant"}),
+		// No label is given to a name first seen on the queue: its sender
+		// chose it, and could take the labels from the real tenants.
+		tenants: tenant.NewLabels(0, tenants...),
 	}
 	m.stages = make(map[string]prometheus.Observer, len(stages))
 	for _, st := range stages {

@@ -175,8 +175,10 @@ func (s *Subscriber) sendOn(ctx context.Context, t *task) {
 }
 
 // enqueue sends a decoded message, already counted as waiting, on to
-// admission, or to the DLQ when it can never fit. Its cost is estimated from
-// its content, so claim-checked items must have been fetched.
+// admission, or to the DLQ when none of its items can ever fit; a message of
+// several items that does not fit whole goes on to run in parts
+// (parts.go). Its cost is estimated from its content, so claim-checked
+// items must have been fetched.
 //
 // Never fitting is exceeding the largest budget the device could give, not
 // the budget now: that may be smaller because another process holds memory
@@ -196,11 +198,29 @@ func (s *Subscriber) enqueue(t *task) {
 		return
 	}
 	if !s.adm.fits(cost) {
-		s.startTasks(1)
-		s.deadLetterAsync(t, "too_large", fmt.Sprintf(
-			"estimated working memory %s exceeds the largest VRAM budget the device can give, %s (%d items)",
-			bytesize.Format(cost), bytesize.Format(s.adm.size), len(w.Items)))
-		return
+		// In parts that fit, if any item does (parts.go).
+		var parts []part
+		var largest int64
+		if len(w.Items) > 1 {
+			parts, largest, err = s.cutParts(w.Items, cost)
+		}
+		if err != nil {
+			s.startTasks(1)
+			s.deadLetterAsync(t, "invalid_input", err.Error())
+			return
+		}
+		if parts == nil {
+			none := ""
+			if len(w.Items) > 1 {
+				none = ", none fits alone"
+			}
+			s.startTasks(1)
+			s.deadLetterAsync(t, "too_large", fmt.Sprintf(
+				"estimated working memory %s exceeds the largest VRAM budget the device can give, %s (%d items%s)",
+				bytesize.Format(cost), bytesize.Format(s.adm.size), len(w.Items), none))
+			return
+		}
+		t.parts, cost = parts, largest
 	}
 	// Never blocks: room() kept waiting, which counts this message, within
 	// the buffer's capacity.

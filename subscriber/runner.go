@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/vramq/vramq/gpu"
@@ -24,24 +25,36 @@ var errTimeout = errors.New("inference timed out")
 // once every message it hit has run, split or alone: a message that fails
 // even with the device to itself is its own problem (it is dead-lettered),
 // not evidence that the estimates are low, and a sender of such messages
-// must not make the subscriber weigh everyone else's more.
+// must not make the subscriber weigh everyone else's more. The same holds
+// for the batch limit (learned.go): a split lowers it only when the batch
+// that ran out of memory held no message that then failed alone, since its
+// halves fitting says nothing about the batch's size when that message was
+// the cause. Lowered at every split level regardless, one such message in
+// each round of 40 kept the limit at 1 or 2, and saved it so.
 func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
 	if tasks = s.dropCancelled(tasks); len(tasks) == 0 {
 		return
 	}
 	factor := batchFactor(tasks)
-	var oomed bool
-	_, alone := s.process(ctx, tasks, &oomed)
+	var sp splits
+	_, alone := s.process(ctx, tasks, &sp)
 	for _, t := range alone {
 		s.adm.giveBack(t.weight)
 		t.weight = 0
 	}
-	ran := true
+	failed := map[*task]bool{}
 	for _, t := range alone {
-		ran = s.runAlone(ctx, t) && ran
+		if !s.runAlone(ctx, t) {
+			failed[t] = true
+		}
 	}
-	if oomed && ran {
+	if sp.oomed && len(failed) == 0 {
 		s.corr.outOfMemory(factor)
+	}
+	for _, l := range sp.lessons {
+		if !slices.ContainsFunc(l.tasks, func(t *task) bool { return failed[t] }) {
+			s.state.lower(l.worked, len(l.tasks), l.budget)
+		}
 	}
 	// Only now, with the batch's results on their way: on a GPU the reading
 	// is a driver call (NVML, per process too), which in line after the run
@@ -78,15 +91,35 @@ func (s *Subscriber) dropCancelled(tasks []*task) []*task {
 	return kept
 }
 
+// splits is what the out-of-memory splits of one batch found out, for
+// runBatch to act on once the messages that ran out of memory alone have
+// run.
+type splits struct {
+	oomed bool // a batch ran out of memory
+	// lessons are the splits where a smaller batch fitted after a larger
+	// one ran out of memory, innermost first.
+	lessons []sizeLesson
+}
+
+// sizeLesson is a batch, tasks, that ran out of memory with the budget at
+// budget, while a batch of worked of its messages then fitted.
+type sizeLesson struct {
+	tasks  []*task
+	worked int
+	budget int64
+}
+
 // process runs tasks as one batch and hands each on, as runBatch does,
 // splitting in halves on out-of-memory. It returns the size of the largest
 // batch that succeeded and the tasks that ran out of memory on their own,
-// still holding admission. It sets *oomed when any of its batches ran out of
-// memory.
-func (s *Subscriber) process(ctx context.Context, tasks []*task, oomed *bool) (ok int, alone []*task) {
-	outs, err := s.infer(ctx, tasks, false)
-	if len(tasks) == 1 && len(tasks[0].work.Items) > 1 && errors.Is(err, gpu.ErrInvalidInput) {
-		outs, err = s.itemByItem(ctx, tasks[0], err)
+// still holding admission, and records its splits in sp.
+func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok int, alone []*task) {
+	var outs [][]job.Output
+	var err error
+	if len(tasks) == 1 {
+		outs, err = s.runOne(ctx, tasks[0], false)
+	} else {
+		outs, err = s.infer(ctx, tasks, false)
 	}
 	switch {
 	case err == nil:
@@ -106,7 +139,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, oomed *bool) (o
 		return len(tasks), nil
 	case errors.Is(err, gpu.ErrOutOfMemory):
 		s.m.oomRetries.Inc()
-		*oomed = true
+		sp.oomed = true
 		if len(tasks) == 1 {
 			s.log.Warn("out of memory in a batch of one; will run it alone", "message_id", tasks[0].lease.msg.ID,
 				"cost", bytesize.Format(tasks[0].cost), "err", err)
@@ -115,11 +148,11 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, oomed *bool) (o
 		half := len(tasks) / 2
 		s.log.Warn("out of memory; splitting the batch in halves", "messages", len(tasks),
 			"cost", bytesize.Format(sumCost(tasks)), "halves", []int{half, len(tasks) - half}, "err", err)
-		ok1, alone1 := s.process(ctx, tasks[:half], oomed)
-		ok2, alone2 := s.process(ctx, tasks[half:], oomed)
+		ok1, alone1 := s.process(ctx, tasks[:half], sp)
+		ok2, alone2 := s.process(ctx, tasks[half:], sp)
 		ok = max(ok1, ok2)
 		if ok > 0 {
-			s.state.lower(ok, len(tasks), s.adm.budget())
+			sp.lessons = append(sp.lessons, sizeLesson{tasks: tasks, worked: ok, budget: s.adm.budget()})
 		}
 		return ok, append(alone1, alone2...)
 	case errors.Is(err, gpu.ErrInvalidInput):
@@ -129,8 +162,8 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, oomed *bool) (o
 		}
 		// Find the bad ones; the rest run.
 		half := len(tasks) / 2
-		ok1, alone1 := s.process(ctx, tasks[:half], oomed)
-		ok2, alone2 := s.process(ctx, tasks[half:], oomed)
+		ok1, alone1 := s.process(ctx, tasks[:half], sp)
+		ok2, alone2 := s.process(ctx, tasks[half:], sp)
 		return max(ok1, ok2), append(alone1, alone2...)
 	case errors.Is(err, gpu.ErrDeviceLost):
 		s.loseDevice(tasks, err)
@@ -168,10 +201,7 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) bool {
 		return false
 	}
 	cost := t.raw
-	outs, err := s.infer(ctx, []*task{t}, true)
-	if len(t.work.Items) > 1 && errors.Is(err, gpu.ErrInvalidInput) {
-		outs, err = s.itemByItem(ctx, t, err) // still holding the device
-	}
+	outs, err := s.runOne(ctx, t, true) // its parts and item search still holding the device
 	// Let go of the device before sending anything, as process does, and
 	// let the budget follow the device again.
 	if err == nil {

@@ -105,6 +105,9 @@ type task struct {
 	factor float64 // the estimate correction cost was weighed with; 0 before admission
 	class  int     // the model's length class (gpu.LengthClasser); 0 without one
 	weight int64   // units held in admission; 0 when none
+	// parts are how a message too large to run whole runs (parts.go); nil
+	// for one that runs whole. cost and raw are then its largest part's.
+	parts []part
 	// ahead is the task's batch of one, launched while it waited for
 	// admission; nil when it was not. infer takes it.
 	ahead *launched
@@ -146,7 +149,7 @@ func New(cfg Config) (*Subscriber, error) {
 	if cfg.VRAMLimit > 0 {
 		largest = min(largest, cfg.VRAMLimit)
 	}
-	m := newMetrics(cfg.Registerer)
+	m := newMetrics(cfg.Registerer, cfg.Tenants...)
 	adm, err := newResizableAdmission(cfg.Admission, budget, largest, cfg.Count)
 	if err != nil {
 		return nil, fmt.Errorf("subscriber: %w (device %s: %s free, reserve %s)", err, cfg.Device.Name(),
@@ -224,9 +227,10 @@ func (s *Subscriber) Budget() int64 {
 
 // MaxBudget is the largest budget the device could give under the vram
 // strategy: its total memory less the model's weights and the reserve,
-// capped by VRAMLimit. A message whose estimate exceeds it can never run and
-// is dead-lettered (too_large); one that only exceeds Budget waits, since
-// the memory another process holds may come back.
+// capped by VRAMLimit. A message whose estimate exceeds it can never run
+// whole: it runs in parts that fit (parts.go), or is dead-lettered
+// (too_large) when no item fits alone; one that only exceeds Budget waits,
+// since the memory another process holds may come back.
 func (s *Subscriber) MaxBudget() int64 {
 	if s.adm.strategy == AdmitVRAM {
 		return s.adm.size

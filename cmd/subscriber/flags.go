@@ -26,6 +26,7 @@ type options struct {
 	logFormat, logLevel          string
 	admission                    string // -admission, read into cfg.Admission
 	taskProtection               string // -task-protection: auto, on or off
+	tenants                      string // -tenants, comma-separated, read into cfg.Tenants
 	// protectionURI is the ECS agent's URI when task scale-in protection
 	// is on; empty when off.
 	protectionURI string
@@ -74,7 +75,8 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 		"directory of a BERT-family sentence encoder as Hugging Face ships it (config.json, model.safetensors,\n"+
 			"tokenizer.json or vocab.txt, the sentence-transformers files); it runs on the CPU with its memory accounted on\n"+
 			"-device=sim; results carry bert:<directory name>; a directory the loader refuses stops the start with an error\n"+
-			"naming the file and field; items with binary data are dead-lettered as invalid input;\n"+
+			"naming the file and field; an item with binary data is answered with an invalid_input error, the chunk's\n"+
+			"other items run (a chunk whose every item is refused is dead-lettered as invalid input);\n"+
 			"empty: the reference embedding model")
 	fs.Uint64Var(&o.modelSeed, "model-seed", refembed.DefaultConfig().Seed,
 		"seed of the reference model's generated weights (without -weights)")
@@ -137,6 +139,10 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.TaskProtectionMaxHold, "task-protection-max-hold", d.TaskProtectionMaxHold,
 		"the longest protection stays on without a 2-minute break, so that a deployment waiting for this task can replace it;\n"+
 			"1m to 48h")
+	fs.StringVar(&o.tenants, "tenants", "",
+		"comma-separated tenant names that get a series of their own in vramq_subscriber_tenant_results_sent_total,\n"+
+			"as the publisher names them (an API key's name, or key-… for an unnamed key); results of any other\n"+
+			"vramq-tenant attribute, which whoever sends to the work queue writes, count as \"other tenants\"")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", defaultMetricsAddr,
 		"address for /metrics and /healthz (empty: off; subscriber healthcheck asks /healthz)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text (log/slog)")
@@ -171,4 +177,5 @@ var configFlags = map[string]string{
 	"MaxMessageBytes": "max-message-bytes", "StateFile": "state-file", "BatchLimitProbeAfter": "batch-limit-probe-after",
 	"EstimateCorrectionMax": "estimate-correction-max",
 	"TaskProtectionExpiry":  "task-protection-expiry", "TaskProtectionMaxHold": "task-protection-max-hold",
+	"Tenants": "tenants",
 }

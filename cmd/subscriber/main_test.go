@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/jobq"
@@ -81,6 +82,27 @@ func TestFlagsAndEnvironment(t *testing.T) {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("-h does not list %s", want)
 		}
+	}
+}
+
+// Issue 25, item 11: -tenants (VRAMQ_TENANTS) names the tenants that get
+// a label of their own, comma-separated; empty names and spaces around
+// them are dropped.
+func TestTenantsFlag(t *testing.T) {
+	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d", "VRAMQ_TENANTS": " acme, globex,,key-0123456789ab "}
+	o, err := parse(nil, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"acme", "globex", "key-0123456789ab"}, o.cfg.Tenants); diff != "" {
+		t.Errorf("tenants (-want +got):\n%s", diff)
+	}
+	o, err = parse([]string{"-tenants=solo"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(o.cfg.Tenants, []string{"solo"}) {
+		t.Errorf("-tenants=solo over the environment: %q", o.cfg.Tenants)
 	}
 }
 
@@ -488,6 +510,7 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		{[]string{"-admit-timeout=20m"}, nil,
 			[]string{"-admit-timeout (VRAMQ_ADMIT_TIMEOUT): admit timeout 20m0s: want positive and below max hold 15m0s"}},
 		{nil, map[string]string{"VRAMQ_TASK_PROTECTION_EXPIRY": "72h"}, []string{"-task-protection-expiry (VRAMQ_TASK_PROTECTION_EXPIRY)"}},
+		{nil, map[string]string{"VRAMQ_TENANTS": "acme,bad name"}, []string{`-tenants (VRAMQ_TENANTS): tenant "bad name"`}},
 	} {
 		vars := maps.Clone(urls)
 		maps.Copy(vars, tc.env)

@@ -781,13 +781,30 @@ func parseTokenizerJSON(data []byte, cfg tokenizerConfig) (*Tokenizer, error) {
 		if err := errors.Join(err1, err2); err != nil {
 			return nil, fmt.Errorf("post_processor (BertProcessing): %w", err)
 		}
+		for _, f := range []struct {
+			name string
+			id   int32
+		}{{"sep", sep}, {"cls", cls}} {
+			if err := t.checkID(f.id); err != nil {
+				return nil, fmt.Errorf("post_processor.%s (BertProcessing): %w", f.name, err)
+			}
+		}
 		t.prefix, t.suffix = []int32{cls}, []int32{sep}
 	case pp.Type == "TemplateProcessing":
+		var used []string // the special tokens the template puts around the text
 		if err := t.setTemplate(pp.Single, func(name string) ([]int32, bool) {
 			st, ok := pp.SpecialTokens[name]
+			used = append(used, name)
 			return st.IDs, ok && len(st.IDs) > 0
 		}); err != nil {
 			return nil, fmt.Errorf("post_processor.single: %w", err)
+		}
+		for _, name := range used {
+			for _, id := range pp.SpecialTokens[name].IDs {
+				if err := t.checkID(id); err != nil {
+					return nil, fmt.Errorf("post_processor.special_tokens[%q].ids: %w", name, err)
+				}
+			}
 		}
 	default:
 		return nil, fmt.Errorf("post_processor.type %q: only TemplateProcessing and BertProcessing are supported", pp.Type)
@@ -801,9 +818,22 @@ func parseTokenizerJSON(data []byte, cfg tokenizerConfig) (*Tokenizer, error) {
 		MASK: lookup(tokenName(cfg.MaskToken, "[MASK]")),
 	}
 	if j.Padding != nil && j.Padding.PadID != nil {
+		if err := t.checkID(*j.Padding.PadID); err != nil {
+			return nil, fmt.Errorf("padding.pad_id: %w", err)
+		}
 		t.specials.PAD = *j.Padding.PadID
 	}
 	return t, nil
+}
+
+// checkID refuses an id the file gives outside the vocabulary and added
+// tokens: Encode would put it in every item, and the model refuses every
+// item that holds one, so such a file is refused at load instead.
+func (t *Tokenizer) checkID(id int32) error {
+	if id < 0 || int(id) >= t.vocabSize {
+		return fmt.Errorf("id %d is outside the vocabulary [0, %d)", id, t.vocabSize)
+	}
+	return nil
 }
 
 // pairID reads BertProcessing's ["[SEP]", 102].

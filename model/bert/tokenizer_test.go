@@ -342,6 +342,19 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 		{"template", "post_processor.single", func(j map[string]any) {
 			j["post_processor"].(map[string]any)["single"] = []any{map[string]any{"SpecialToken": map[string]any{"id": "<s>"}}}
 		}},
+		// Issue 25, item 11: ids outside the vocabulary would load and then fail
+		// every item in the model ("outside the vocabulary").
+		{"template id past the vocabulary", "post_processor.special_tokens", func(j map[string]any) {
+			specialTokens(j)["[SEP]"].(map[string]any)["ids"] = []any{30522}
+		}},
+		{"template id negative", "post_processor.special_tokens", func(j map[string]any) {
+			specialTokens(j)["[CLS]"].(map[string]any)["ids"] = []any{-1}
+		}},
+		{"bert processing id past the vocabulary", "post_processor.cls", func(j map[string]any) {
+			j["post_processor"] = map[string]any{"type": "BertProcessing", "sep": []any{"[SEP]", 102}, "cls": []any{"[CLS]", 1 << 20}}
+		}},
+		{"pad id past the vocabulary", "padding.pad_id", func(j map[string]any) { j["padding"].(map[string]any)["pad_id"] = 30522 }},
+		{"pad id negative", "padding.pad_id", func(j map[string]any) { j["padding"].(map[string]any)["pad_id"] = -2 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var j map[string]any
@@ -434,6 +447,10 @@ func FuzzEncode(f *testing.F) {
 			t.Fatalf("%q: invalid UTF-8 does not read as U+FFFD", text)
 		}
 	})
+}
+
+func specialTokens(j map[string]any) map[string]any {
+	return j["post_processor"].(map[string]any)["special_tokens"].(map[string]any)
 }
 
 func copyTokFile(t testing.TB, from, to string) {
