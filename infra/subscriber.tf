@@ -46,6 +46,7 @@ locals {
     VRAMQ_METRICS_ADDR       = ":${local.subscriber_metrics_port}"
     VRAMQ_LOG_FORMAT         = "json"
     VRAMQ_LOG_LEVEL          = var.subscriber_log_level
+    VRAMQ_TENANTS            = join(",", var.tenants)
   }
 
   subscriber_environment = merge(var.subscriber_environment, local.subscriber_settings, local.events_environment, {

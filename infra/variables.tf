@@ -357,6 +357,20 @@ variable "subscriber_log_level" {
   }
 }
 
+variable "tenants" {
+  description = "Tenant names the subscriber counts results under in its metrics (VRAMQ_TENANTS): the names of the publisher's API keys. Any other vramq-tenant attribute, which whoever can send to the work queue writes, counts as \"other tenants\", so the queue cannot add label series."
+  type        = list(string)
+  default     = []
+  nullable    = false
+
+  validation {
+    # subscriber.Config.Validate's rule (internal/tenant.Valid), less the
+    # comma that separates the names in VRAMQ_TENANTS.
+    condition     = alltrue([for t in var.tenants : can(regex("^[!-+\\--~]{1,128}$", t))])
+    error_message = "tenants: each 1 to 128 printable ASCII characters, no space and no comma."
+  }
+}
+
 variable "subscriber_environment" {
   description = "More environment for the subscriber container, e.g. { VRAMQ_PREFETCH = \"20\", VRAMQ_VRAM_RESERVE = \"1GiB\" } (README: Configuration). The variables this module sets from its own inputs may not be given here."
   type        = map(string)
