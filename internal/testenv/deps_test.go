@@ -8,7 +8,8 @@ import (
 )
 
 // The binaries that ship link nothing of the harness, nor package testing
-// (lambdart and sqstest take a testing.TB).
+// (lambdart and sqstest take a testing.TB), nor vek (model/bert's matrix
+// products are its own FMA kernel or gonum's).
 func TestNotShipped(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "github.com/vramq/vramq/cmd/publisher", "github.com/vramq/vramq/cmd/subscriber").Output()
 	if err != nil {
@@ -19,7 +20,8 @@ func TestNotShipped(t *testing.T) {
 		t.Fatalf("go list named %d packages: %q", len(deps), deps)
 	}
 	for _, p := range deps {
-		if strings.HasPrefix(p, "github.com/vramq/vramq/internal/testenv") || p == "testing" {
+		if strings.HasPrefix(p, "github.com/vramq/vramq/internal/testenv") || p == "testing" ||
+			strings.HasPrefix(p, "github.com/viterin/vek") {
 			t.Errorf("a shipped binary links %s", p)
 		}
 	}
