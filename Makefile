@@ -12,6 +12,11 @@ TOOLS       := build/tools
 STATICCHECK := $(TOOLS)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 EMULATOR    := localstack/emulator.sh
+# The harness (bench, soak, loadgen) is a Go module of its own, so that its
+# dependencies (plotting, the progress bar) stay out of the product's go.mod.
+# build, test, unit, vet and staticcheck run their go command once more in
+# it (go -C).
+HARNESS     := harness
 # go test's own timeout, well inside CI's limit.
 TEST_TIMEOUT ?= 8m
 # vet and staticcheck build with the flags the tests build with, so that make test
@@ -21,9 +26,10 @@ CHECK_FLAGS := -race
 
 .PHONY: build test unit lint fmt-check vet staticcheck fuzz bench bench-micro demo emulator-up emulator-down emulator-status queues clean lambda infra-fmt infra-validate infra-validate-offline
 
-## build: the binaries, into bin/
+## build: the binaries, the harness's (bench, soak, loadgen) too, into bin/
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) -C $(HARNESS) build -o $(CURDIR)/$(BIN)/ ./cmd/...
 
 ## lambda: the publisher as an AWS Lambda function (provided.al2023): bin/publisher-lambda.zip holding bootstrap
 # LAMBDA_ARCH is the function's architecture: arm64 (Graviton) or amd64 (x86_64).
@@ -137,11 +143,13 @@ test: lint cuda-check
 	trap 'if [ $$started = 1 ]; then $(EMULATOR) down; fi' EXIT; \
 	eval "$$($(EMULATOR) env)"; \
 	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
-	$(GO) test -race -count=1 -parallel 4 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) test -race -count=1 -parallel 4 -timeout $(TEST_TIMEOUT) ./...; \
+	$(GO) -C $(HARNESS) test -race -count=1 -parallel 4 -timeout $(TEST_TIMEOUT) ./...
 
 ## unit: the tests that need no emulator (the end-to-end ones skip)
 unit:
 	env -u AWS_ENDPOINT_URL -u AWS_ENDPOINT_URL_SQS $(GO) test -race ./...
+	env -u AWS_ENDPOINT_URL -u AWS_ENDPOINT_URL_SQS $(GO) -C $(HARNESS) test -race ./...
 
 ## fuzz: each fuzz target for FUZZTIME (default 5m), one after another; not part of make test.
 # New inputs that find a failure land in the package's testdata/fuzz/<Name>/:
@@ -196,7 +204,7 @@ soak: build
 bench-micro:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 300ms -count 5 ./job/ ./subscriber/ ./publisher/ | tee /tmp/bench.txt
 
-## lint: gofmt, go vet and staticcheck
+## lint: gofmt, go vet and staticcheck, of the product's module and the harness's
 lint: fmt-check vet staticcheck
 
 fmt-check:
@@ -205,9 +213,11 @@ fmt-check:
 
 vet:
 	$(GO) vet $(CHECK_FLAGS) ./...
+	$(GO) -C $(HARNESS) vet $(CHECK_FLAGS) ./...
 
 staticcheck: $(STATICCHECK)
 	GOFLAGS=$(CHECK_FLAGS) $(STATICCHECK) ./...
+	cd $(HARNESS) && GOFLAGS=$(CHECK_FLAGS) $(CURDIR)/$(STATICCHECK) ./...
 
 $(STATICCHECK):
 	GOBIN=$(CURDIR)/$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)

@@ -5,14 +5,6 @@ import (
 	"sync/atomic"
 )
 
-// A Footprinter is an Allocator that takes more memory for an allocation
-// than was asked for, as a GPU driver rounds every allocation up to its
-// granularity: Footprint(n) is what Alloc(n) takes. A PeakCounter counts
-// it, so a cost model calibrated on such an allocator includes the rounding.
-type Footprinter interface {
-	Footprint(n int64) int64
-}
-
 // A PeakCounter is an Allocator that passes allocations on to another and
 // keeps the most that was held through it at once: what a model's Measure
 // (see package calibrate) reports. Wrapping one Run's allocator, it sees
@@ -28,13 +20,8 @@ type PeakCounter struct {
 // allocates nothing, counts all the same).
 func NewPeakCounter(mem Allocator) *PeakCounter { return &PeakCounter{mem: mem} }
 
-// Alloc allocates n bytes from the wrapped Allocator and counts them, or
-// their Footprint when it is a Footprinter.
+// Alloc allocates n bytes from the wrapped Allocator and counts them.
 func (c *PeakCounter) Alloc(n int64) (func(), error) {
-	took := n
-	if f, ok := c.mem.(Footprinter); ok {
-		took = f.Footprint(n)
-	}
 	free := func() {}
 	if c.mem != nil {
 		var err error
@@ -43,7 +30,7 @@ func (c *PeakCounter) Alloc(n int64) (func(), error) {
 		}
 	}
 	c.mu.Lock()
-	c.held += took
+	c.held += n
 	c.max = max(c.max, c.held)
 	c.mu.Unlock()
 	var freed atomic.Bool
@@ -53,7 +40,7 @@ func (c *PeakCounter) Alloc(n int64) (func(), error) {
 		}
 		free()
 		c.mu.Lock()
-		c.held -= took
+		c.held -= n
 		c.mu.Unlock()
 	}, nil
 }

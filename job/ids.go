@@ -78,9 +78,6 @@ func CheckItemID(id string) error {
 	return nil
 }
 
-// ValidItemID reports whether id is an item id of the grammar.
-func ValidItemID(id string) bool { return CheckItemID(id) == nil }
-
 // Check applies the rule every item obeys, on both sides of the queue: its
 // id is of the grammar, and it has content: text or data inline, or a
 // payload reference instead (never both, and never neither). Errors wrap

@@ -8,8 +8,7 @@ import (
 )
 
 // Measure runs items as one batch, its time included, and returns the
-// memory it took from the model's Allocator: its Cost, or what an allocator
-// that rounds sizes up took for it.
+// memory it asked of the model's Allocator: its Cost.
 func (m *Model) Measure(ctx context.Context, items []job.Item) (int64, error) {
 	c := gpu.NewPeakCounter(m.mem)
 	_, err := m.run(ctx, items, c)

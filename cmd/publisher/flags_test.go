@@ -20,7 +20,7 @@ var ownDefaults = map[string]any{
 // does, each with the reason.
 var noFlag = map[string]string{
 	"SendBackoff":        "set only by tests and benchmarks; the SDK's retryer backs off the calls themselves",
-	"SendConcurrency":    "set only by benchmarks (cmd/bench); a FIFO queue forces 1 anyway",
+	"SendConcurrency":    "set only by benchmarks (harness/cmd/bench); a FIFO queue forces 1 anyway",
 	"IdempotencyTTL":     "bounds the in-memory records kept without a bucket, which is for development",
 	"IdempotencyEntries": "bounds the in-memory records kept without a bucket, which is for development",
 	"IdempotencyStale":   "outlasts a request's enqueue timeout (90 s), which is no setting either",

@@ -20,7 +20,7 @@ func BenchmarkEmbed(b *testing.B) {
 	r := rand.New(rand.NewPCG(2, 2))
 	saved := backend
 	defer func() { backend = saved }()
-	for _, g := range []gemmBackend{gonumGEMM, vekGEMM, fmaGEMM} {
+	for _, g := range []gemmBackend{gonumGEMM, fmaGEMM} {
 		if !g.available() {
 			continue
 		}

@@ -2,7 +2,6 @@ package bert
 
 import (
 	"math/bits"
-	"runtime"
 	"unsafe"
 
 	"github.com/vramq/vramq/job"
@@ -64,17 +63,16 @@ func (c Config) seqBytes(seqLen int) int64 {
 // batch does and a single sequence may not: so it is not linear in the
 // batch, and a sum of single-sequence figures would be short. Each term is
 // bounded instead by one that is: a gonum product allocates at most a fixed
-// cost plus one per 64×64 block, and ⌈batch·l/64⌉ ≤ batch·⌈l/64⌉; vek's
-// and parallelFor's costs (the FMA backend's linear layers are one
-// parallelFor each) are fixed per call, and a batch has at least one
-// sequence to carry them.
+// cost plus one per 64×64 block, and ⌈batch·l/64⌉ ≤ batch·⌈l/64⌉;
+// parallelFor's cost (the FMA backend's linear layers are one parallelFor
+// each) is fixed per call, and a batch has at least one sequence to carry
+// it.
 func (c Config) seqOverhead(seqLen int) int64 {
 	h, in := c.HiddenSize, c.IntermediateSize
 	linear := func(out int) int64 {
 		blocks := int64((seqLen+gemmBlock-1)/gemmBlock) * int64((out+gemmBlock-1)/gemmBlock)
 		gonum := bytesPerParallelOp + blocks*bytesPerGoroutine
-		vek := bytesPerParallelOp + int64(runtime.NumCPU())*bytesPerGoroutine // vekCallBytes when it goes parallel
-		return max(gonum, vek, parallelForBytes())
+		return max(gonum, parallelForBytes())
 	}
 	perLayer := linear(3*h) + linear(h) + linear(in) + linear(h) +
 		int64(c.NumHeads)*attentionBytes(seqLen, c.HeadDim()) +

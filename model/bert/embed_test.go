@@ -16,8 +16,8 @@ var paddingConfig = Config{
 }
 
 // paddingTolerance bounds how far an item's vector may move when it is
-// padded in a batch. Measured: not at all with gonum and vek
-// (TestPaddingChangesNothing -v), since they sum each output element in
+// padded in a batch. Measured: not at all with gonum
+// (TestPaddingChangesNothing -v), since it sums each output element in
 // the same order whatever the number of rows, and masked scores are exact
 // zeros; 1.0e-7 with fma, whose score columns past the last multiple of 16
 // (which padding moves) are summed in Go without fused multiply-adds. The

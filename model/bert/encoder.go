@@ -7,8 +7,6 @@ import (
 
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/blas32"
-
-	"github.com/viterin/vek/vek32"
 )
 
 // activations are one batch's buffers: rows = batch × seqLen token rows,
@@ -19,7 +17,7 @@ type activations struct {
 	x             []float32 // [rows, h]: the hidden state
 	qkv           []float32 // [rows, 3h]: queries, keys, values side by side
 	scores        []float32 // [batch·heads, seqLen, seqLen]
-	heads         []float32 // [batch·heads, 3, seqLen·headDim]: Q, Kᵀ, V of each head, contiguous (vek; fma uses Kᵀ's)
+	heads         []float32 // [batch·heads, 3, seqLen·headDim]: fma copies each head's Kᵀ into the first third of its block; sized as the CUDA encoder's split Q, K, V, which seqBytes bounds with these same floats
 	ctx           []float32 // [rows, h]: attention output before its projection
 	proj          []float32 // [rows, h]: a projection's output before the residual
 	inter         []float32 // [rows, i]: the feed-forward layer's inner activations
@@ -104,16 +102,10 @@ func (m *Model) encode(a *activations, ids [][]int32) {
 
 // attention computes, for each item and head, softmax(Q·Kᵀ/√d + mask)·V
 // from a.qkv into a.ctx. With gonum, Q, K and V of a head are column
-// blocks of a.qkv, read in place through the GEMM's leading dimension;
-// vek takes contiguous matrices only, so each head's are copied out first
-// (O(seqLen·d) copies for an O(seqLen²·d) product).
+// blocks of a.qkv, read in place through the GEMM's leading dimension.
 func (m *Model) attention(a *activations) {
-	switch backend {
-	case fmaGEMM:
+	if backend == fmaGEMM {
 		m.attentionFMA(a)
-		return
-	case vekGEMM:
-		m.attentionVek(a)
 		return
 	}
 	c := m.cfg
@@ -138,33 +130,6 @@ func (m *Model) attention(a *activations) {
 			softmax(row)
 		}
 		gemm(blas.NoTrans, blas.NoTrans, l, d, l, 1, s, l, v, 3*h, 0, a.ctx[b*l*h+hd*d:], h)
-	})
-}
-
-func (m *Model) attentionVek(a *activations) {
-	c := m.cfg
-	h, d, l := c.HiddenSize, c.HeadDim(), a.seqLen
-	scale := float32(1 / math.Sqrt(float64(d)))
-	parallelFor(a.batch*c.NumHeads, func(job int) {
-		b, hd := job/c.NumHeads, job%c.NumHeads
-		blk := a.heads[job*3*l*d:][: 3*l*d : 3*l*d]
-		q, kt, v := blk[:l*d:l*d], blk[l*d:2*l*d:2*l*d], blk[2*l*d:]
-		for i := range l {
-			row := a.qkv[(b*l+i)*3*h:][: 3*h : 3*h]
-			copy(q[i*d:][:d], row[hd*d:])
-			for j, x := range row[h+hd*d:][:d] {
-				kt[j*l+i] = x
-			}
-			copy(v[i*d:][:d], row[2*h+hd*d:])
-		}
-		s := a.scores[job*l*l:][: l*l : l*l]
-		vek32.MatMul_Into(s, q, kt, d)
-		maskedSoftmax(s, a.mask[b*l:][:l], scale)
-		out := q // Q is spent: the head's output goes in its place
-		vek32.MatMul_Into(out, s, v, l)
-		for i := range l {
-			copy(a.ctx[(b*l+i)*h+hd*d:][:d], out[i*d:][:d])
-		}
 	})
 }
 
@@ -224,26 +189,18 @@ type gemmBackend int
 const (
 	// gonumGEMM is gonum's Sgemm, in pure Go: the fallback everywhere.
 	gonumGEMM gemmBackend = iota
-	// vekGEMM is vek's AVX2 kernel: 3-5 times gonum's speed on these
-	// shapes (see README.md), kept to compare against.
-	vekGEMM
-	// fmaGEMM is matMulAdd's register-tiled AVX2+FMA kernel (gemm.go):
-	// about twice vek's speed.
+	// fmaGEMM is matMulAdd's register-tiled AVX2+FMA kernel (gemm.go).
 	fmaGEMM
 )
 
 func (g gemmBackend) String() string {
-	return [...]string{"gonum", "vek", "fma"}[g]
+	return [...]string{"gonum", "fma"}[g]
 }
 
-// available says whether this machine can run g: vek and the FMA kernel
-// need AVX2 and FMA (elsewhere vek would fall back to a naive triple
-// loop).
+// available says whether this machine can run g: the FMA kernel needs
+// AVX2 and FMA.
 func (g gemmBackend) available() bool {
-	switch g {
-	case vekGEMM:
-		return vek32.Info().Acceleration
-	case fmaGEMM:
+	if g == fmaGEMM {
 		return hasFMAKernel
 	}
 	return true
@@ -262,22 +219,12 @@ var backend = func() gemmBackend {
 // (PyTorch's nn.Linear weight transposed).
 func linear(dst, x, w, bias []float32, rows, in, out int) {
 	dst = dst[: rows*out : rows*out]
-	switch backend {
-	case fmaGEMM:
-		for r := range rows {
-			copy(dst[r*out:][:out], bias)
-		}
-		matMulAddParallel(dst, out, x, in, w, out, rows, out, in)
-		return
-	case vekGEMM:
-		vek32.MatMul_Into(dst, x[:rows*in], w, in)
-		for r := range rows {
-			addInto(dst[r*out:][:out], bias)
-		}
-		return
-	}
 	for r := range rows {
 		copy(dst[r*out:][:out], bias)
+	}
+	if backend == fmaGEMM {
+		matMulAddParallel(dst, out, x, in, w, out, rows, out, in)
+		return
 	}
 	gemm(blas.NoTrans, blas.NoTrans, rows, out, in, 1, x, in, w, out, 1, dst, out)
 }
@@ -396,10 +343,9 @@ func softmax(row []float32) {
 // (the figures measured are far smaller, see
 // TestWorkingBytesBoundsAllocation). gonum's Sgemm splits a product into
 // 64×64 blocks of the output and, from 4 blocks up, runs each in a
-// goroutine; vek splits a large one into runtime.NumCPU() row bands, one
-// goroutine each. Each goroutine costs a closure and, when no finished one
-// can be reused, the runtime's goroutine record; each call a WaitGroup and
-// (gonum) a channel.
+// goroutine; the FMA kernel's products run inside parallelFor calls. Each
+// goroutine costs a closure and, when no finished one can be reused, the
+// runtime's goroutine record; each call a WaitGroup and (gonum) a channel.
 const (
 	gemmBlock          = 64
 	bytesPerGoroutine  = 1024
@@ -415,27 +361,17 @@ func gonumCallBytes(m, n int) int64 {
 	return bytesPerParallelOp + blocks*bytesPerGoroutine
 }
 
-// vekCallBytes bounds what one vek product of an m×n matrix and an n×p
-// one allocates: it goes parallel from 4 rows and 100,000 multiply-adds.
-func vekCallBytes(m, n, p int) int64 {
-	if m < 4 || int64(m)*int64(n)*int64(p) < 100_000 {
-		return 0
-	}
-	return bytesPerParallelOp + int64(runtime.NumCPU())*bytesPerGoroutine
-}
-
 // linearCallBytes bounds what one linear layer's product allocates, for
-// any backend (matMulAddParallel's is one parallelFor).
+// either backend (matMulAddParallel's is one parallelFor).
 func linearCallBytes(rows, in, out int) int64 {
-	return max(vekCallBytes(rows, in, out), gonumCallBytes(rows, out), parallelForBytes())
+	return max(gonumCallBytes(rows, out), parallelForBytes())
 }
 
 // attentionBytes bounds what one head's two products allocate, for either
-// backend.
+// backend: gonum's Sgemm calls; the FMA kernel's matMulAdd allocates
+// nothing (its parallelFor is counted once per layer).
 func attentionBytes(seqLen, d int) int64 {
-	gonum := gonumCallBytes(seqLen, seqLen) + gonumCallBytes(seqLen, d)
-	vek := vekCallBytes(seqLen, d, seqLen) + vekCallBytes(seqLen, seqLen, d)
-	return max(gonum, vek)
+	return gonumCallBytes(seqLen, seqLen) + gonumCallBytes(seqLen, d)
 }
 
 // parallelForBytes bounds what one parallelFor call allocates.

@@ -6,8 +6,9 @@ import (
 )
 
 // A register-tiled float32 matrix product for the linear layers and
-// attention. vek's kernel (an axpy per row of A, C reloaded and stored
-// for every element of A) reached about 29-40 GFLOPS on this machine,
+// attention. vek's kernel (github.com/viterin/vek, once a backend here: an
+// axpy per row of A, C reloaded and stored for every element of A)
+// reached about 29-40 GFLOPS on this machine,
 // ONNX Runtime's MLAS about twice that; a survey of public Go code found
 // no library with a register-blocked float32 kernel that builds without
 // GOEXPERIMENT=simd (gonum's Sgemm is slower than vek's; GoMLX's packgemm

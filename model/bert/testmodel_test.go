@@ -71,12 +71,12 @@ func randomIDs(r *rand.Rand, vocab int, lengths ...int) [][]int32 {
 }
 
 // backends runs f once per matrix-product backend this machine has: gonum
-// always, vek and the FMA kernel where it has AVX2 and FMA.
+// always, the FMA kernel where it has AVX2 and FMA.
 func backends(t *testing.T, f func(t *testing.T)) {
 	t.Helper()
 	saved := backend
 	t.Cleanup(func() { backend = saved })
-	for _, g := range []gemmBackend{gonumGEMM, vekGEMM, fmaGEMM} {
+	for _, g := range []gemmBackend{gonumGEMM, fmaGEMM} {
 		if !g.available() {
 			t.Logf("%v: no AVX2+FMA here, it does not run", g)
 			continue

@@ -21,9 +21,8 @@ func (e *Embedder) SetCostModel(m gpu.CostModel) error {
 
 // Measure runs items as one batch and returns the most memory it took from
 // the Embedder's Allocator at once. It counts the batch's own allocations,
-// so it is exact even while other batches run; with a gpu.Allocator that
-// rounds sizes up (one with a Footprint method, as a test's stand-in for a
-// GPU driver) it counts what the allocator really took.
+// so it is exact even while other batches run. It counts the sizes asked
+// for: what an allocator that rounds them up takes beyond is not in it.
 func (e *Embedder) Measure(ctx context.Context, items []job.Item) (int64, error) {
 	c := gpu.NewPeakCounter(e.mem)
 	_, err := e.run(ctx, items, c)

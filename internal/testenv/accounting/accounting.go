@@ -85,15 +85,6 @@ func (b *Books) Expect(works ...job.Work) {
 	}
 }
 
-// ExpectKeys records chunks as accepted by key, like Expect.
-func (b *Books) ExpectKeys(keys ...job.Key) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, k := range keys {
-		b.expect(k)
-	}
-}
-
 func (b *Books) expect(k job.Key) {
 	if _, ok := b.expected[k]; !ok {
 		b.expected[k] = struct{}{}

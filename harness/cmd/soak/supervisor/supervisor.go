@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vramq/vramq/cmd/soak/logscrape"
+	"github.com/vramq/vramq/harness/cmd/soak/logscrape"
 )
 
 // Supervisor runs subscriber processes of Bin with Env, each logging to a

@@ -15,9 +15,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/vramq/vramq/cmd/soak/faultmix"
-	"github.com/vramq/vramq/cmd/soak/peakrss"
-	"github.com/vramq/vramq/cmd/soak/supervisor"
+	"github.com/vramq/vramq/harness/cmd/soak/faultmix"
+	"github.com/vramq/vramq/harness/cmd/soak/peakrss"
+	"github.com/vramq/vramq/harness/cmd/soak/supervisor"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/testenv/accounting"
 	"github.com/vramq/vramq/internal/testenv/faultproxy"

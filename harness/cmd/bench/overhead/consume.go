@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/vramq/vramq/bench/timed"
-	"github.com/vramq/vramq/cmd/bench/sqsenv"
+	"github.com/vramq/vramq/harness/cmd/bench/sqsenv"
 	"github.com/vramq/vramq/internal/sqscodec"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"

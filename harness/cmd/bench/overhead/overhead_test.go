@@ -10,7 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/vramq/vramq/cmd/bench/sqsenv"
+	"github.com/vramq/vramq/harness/cmd/bench/sqsenv"
 	"github.com/vramq/vramq/job"
 )
 

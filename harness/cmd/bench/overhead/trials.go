@@ -5,7 +5,7 @@ import (
 	"io"
 	"slices"
 
-	"github.com/vramq/vramq/cmd/bench/stats"
+	"github.com/vramq/vramq/harness/cmd/bench/stats"
 )
 
 // trialSet is what one comparison measured: messages/s per variant, one

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/bench/timed"
-	"github.com/vramq/vramq/cmd/bench/sqsenv"
+	"github.com/vramq/vramq/harness/cmd/bench/sqsenv"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/subscriber"

@@ -10,7 +10,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 
-	"github.com/vramq/vramq/cmd/bench/report"
+	"github.com/vramq/vramq/harness/cmd/bench/report"
 )
 
 // plotBudget draws device memory in use over time, one panel per strategy

@@ -7,7 +7,7 @@ import (
 
 	"github.com/aws/smithy-go/middleware"
 
-	"github.com/vramq/vramq/cmd/bench/sqsenv"
+	"github.com/vramq/vramq/harness/cmd/bench/sqsenv"
 )
 
 // benchEnv is the endpoint under test as the overhead runs use it: the

@@ -9,7 +9,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 
-	"github.com/vramq/vramq/cmd/bench/report"
+	"github.com/vramq/vramq/harness/cmd/bench/report"
 )
 
 // plotSweep draws throughput over the bound per strategy (one line each)

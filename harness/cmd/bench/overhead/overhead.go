@@ -14,9 +14,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vramq/vramq/cmd/bench/report"
-	"github.com/vramq/vramq/cmd/bench/sqsenv"
-	"github.com/vramq/vramq/cmd/bench/stats"
+	"github.com/vramq/vramq/harness/cmd/bench/report"
+	"github.com/vramq/vramq/harness/cmd/bench/sqsenv"
+	"github.com/vramq/vramq/harness/cmd/bench/stats"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/localstack"
 )

@@ -15,8 +15,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vramq/vramq/cmd/bench/report"
-	"github.com/vramq/vramq/cmd/bench/strategies"
+	"github.com/vramq/vramq/harness/cmd/bench/report"
+	"github.com/vramq/vramq/harness/cmd/bench/strategies"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 )

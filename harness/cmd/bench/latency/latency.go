@@ -19,9 +19,9 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/vramq/vramq/cmd/bench/report"
-	"github.com/vramq/vramq/cmd/bench/sqsenv"
-	"github.com/vramq/vramq/cmd/bench/stats"
+	"github.com/vramq/vramq/harness/cmd/bench/report"
+	"github.com/vramq/vramq/harness/cmd/bench/sqsenv"
+	"github.com/vramq/vramq/harness/cmd/bench/stats"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/testenv/workload"

@@ -19,7 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/smithy-go/middleware"
 
-	"github.com/vramq/vramq/cmd/bench/stats"
+	"github.com/vramq/vramq/harness/cmd/bench/stats"
 	"github.com/vramq/vramq/internal/testenv/cputime"
 )
 

@@ -12,7 +12,7 @@
 //	                   SDK echo loop's (the transport alone) and its batches' own time
 //
 // It needs an SQS endpoint (AWS_ENDPOINT_URL, as make bench sets up). Each
-// subcommand is a package of its own under cmd/bench; this file only picks
+// subcommand is a package of its own under harness/cmd/bench; this file only picks
 // one.
 package main
 
@@ -22,11 +22,11 @@ import (
 	"io"
 	"os"
 
-	"github.com/vramq/vramq/cmd/bench/latency"
-	"github.com/vramq/vramq/cmd/bench/overhead"
-	"github.com/vramq/vramq/cmd/bench/rss"
-	"github.com/vramq/vramq/cmd/bench/strategies"
-	"github.com/vramq/vramq/cmd/bench/sweep"
+	"github.com/vramq/vramq/harness/cmd/bench/latency"
+	"github.com/vramq/vramq/harness/cmd/bench/overhead"
+	"github.com/vramq/vramq/harness/cmd/bench/rss"
+	"github.com/vramq/vramq/harness/cmd/bench/strategies"
+	"github.com/vramq/vramq/harness/cmd/bench/sweep"
 	"github.com/vramq/vramq/internal/cli"
 )
 

@@ -24,10 +24,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/bench/timed"
-	"github.com/vramq/vramq/cmd/bench/report"
-	"github.com/vramq/vramq/cmd/bench/sqsenv"
-	"github.com/vramq/vramq/cmd/bench/stats"
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/harness/cmd/bench/report"
+	"github.com/vramq/vramq/harness/cmd/bench/sqsenv"
+	"github.com/vramq/vramq/harness/cmd/bench/stats"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"

@@ -19,9 +19,9 @@ import (
 
 	"github.com/prometheus/procfs"
 
-	"github.com/vramq/vramq/cmd/bench/report"
-	"github.com/vramq/vramq/cmd/bench/sqsenv"
-	"github.com/vramq/vramq/cmd/bench/stats"
+	"github.com/vramq/vramq/harness/cmd/bench/report"
+	"github.com/vramq/vramq/harness/cmd/bench/sqsenv"
+	"github.com/vramq/vramq/harness/cmd/bench/stats"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/testenv/jobq"
