@@ -142,8 +142,30 @@ func (p *Publisher) loadJob(w http.ResponseWriter, r *http.Request) (m *job.Mani
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's manifest could not be read"))
 		return nil, fail
 	}
+	// Another tenant's job is answered as if it did not exist, so that an
+	// id does not even tell a stranger that the job is there.
+	if len(p.keys) > 0 && (m.Owner == "" || m.Owner != p.owner(r)) {
+		fail(apiErr(http.StatusNotFound, CodeNotFound, "no such job"))
+		return nil, fail
+	}
 	ri.items, ri.chunks = m.Items, m.Chunks
 	return m, fail
+}
+
+// owner is who a job r creates belongs to, and who may read and cancel it:
+// the tenant of r's API key, or "" without keys, when nothing says who the
+// caller is (the tenant header is the caller's own word). The tenant rather
+// than the key: a tenant rotates its key by adding a second one under the
+// same name (SplitKey), and its jobs in flight must stay its own; and a
+// digest of the key stored in the bucket would let whoever reads the
+// bucket test guesses of a weak key offline, where an unnamed key's tenant
+// is 48 bits of its SHA-256 and already goes out with every message.
+func (p *Publisher) owner(r *http.Request) string {
+	if len(p.keys) == 0 {
+		return ""
+	}
+	t, _ := r.Context().Value(tenantKey{}).(string)
+	return t
 }
 
 func pageParams(r *http.Request) (size, start int, e *APIError) {
