@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
@@ -85,57 +86,72 @@ func settledJob(b *testing.B) (*payload.Store, string, int64) {
 }
 
 // BenchmarkJobPageHeap is GET /v1/jobs/{id}?page_size=100 of a settled
-// 10,000-item job with 45 MiB of results (settledJob), by one client and by
-// eight at once, on the emulator's S3. It reports the peak heap above the
-// idle one, in MiB, the bytes of the first page's answer, and, with eight,
-// how many were answered 200.
+// 10,000-item job with 45 MiB of results (settledJob), on the emulator's S3,
+// by one client and by eight at once. It reports the peak heap above the
+// idle one in MiB, the size of one page's answer, how many of the GETs were
+// answered 200, and the peak over the budget of results in flight. "default"
+// is the default configuration; "page=all" lifts the cut by bytes out of
+// reach, so a page is every result and only streaming bounds what a GET
+// holds; "budget=4MiB" is that with the budget of results in flight cut to
+// 4 MiB (below what Validate allows, set here directly), so that it binds.
 //
 //	eval "$(localstack/emulator.sh env)"
 //	go test -run '^$' -bench JobPageHeap -benchtime 3x -benchmem ./publisher
 func BenchmarkJobPageHeap(b *testing.B) {
 	store, jobID, total := settledJob(b)
-	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := p.Handler()
-	for _, clients := range []int{1, 8} {
-		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
-			var worst uint64
-			var pageBytes, ok int
-			for b.Loop() {
-				var mu sync.Mutex
-				ok = 0
-				peak := peakHeap(func() {
-					var wg sync.WaitGroup
-					start := make(chan struct{})
-					for range clients {
-						wg.Go(func() {
-							req := httptest.NewRequest(http.MethodGet, "/v1/jobs/"+jobID+"?page_size=100", nil)
-							w := &countingWriter{h: http.Header{}}
-							<-start
-							h.ServeHTTP(w, req)
-							mu.Lock()
-							defer mu.Unlock()
-							switch w.code {
-							case http.StatusOK:
-								ok++
-								pageBytes = w.bytes
-							case http.StatusServiceUnavailable:
-							default:
-								b.Errorf("GET: %d", w.code)
-							}
-						})
-					}
-					close(start)
-					wg.Wait()
-				})
-				worst = max(worst, peak)
-			}
-			b.ReportMetric(float64(worst)/(1<<20), "peak-heap-MiB")
-			b.ReportMetric(float64(pageBytes)/(1<<20), "page-MiB")
-			b.ReportMetric(float64(total)/(1<<20), "results-MiB")
-			b.ReportMetric(float64(ok), "ok")
-		})
+	for _, bc := range []struct {
+		name             string
+		pageBytes, limit int64
+	}{{"default", 0, 0}, {"page=all", 1 << 40, 0}, {"budget=4MiB", 1 << 40, 4 << 20}} {
+		p, err := New(Config{Queue: nopQueue{}, Payloads: store, MaxPageBytes: bc.pageBytes,
+			Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		budget := p.cfg.MaxResultBytesInFlight
+		if bc.limit > 0 {
+			p.results, budget = semaphore.NewWeighted(bc.limit), bc.limit
+		}
+		h := p.Handler()
+		for _, clients := range []int{1, 8} {
+			b.Run(fmt.Sprintf("%s/clients=%d", bc.name, clients), func(b *testing.B) {
+				var worst uint64
+				var pageBytes, ok int
+				for b.Loop() {
+					var mu sync.Mutex
+					ok = 0
+					peak := peakHeap(func() {
+						var wg sync.WaitGroup
+						start := make(chan struct{})
+						for range clients {
+							wg.Go(func() {
+								req := httptest.NewRequest(http.MethodGet, "/v1/jobs/"+jobID+"?page_size=100", nil)
+								w := &countingWriter{h: http.Header{}}
+								<-start
+								h.ServeHTTP(w, req)
+								mu.Lock()
+								defer mu.Unlock()
+								switch w.code {
+								case http.StatusOK:
+									ok++
+									pageBytes = w.bytes
+								case http.StatusServiceUnavailable:
+								default:
+									b.Errorf("GET: %d", w.code)
+								}
+							})
+						}
+						close(start)
+						wg.Wait()
+					})
+					worst = max(worst, peak)
+				}
+				b.ReportMetric(float64(worst)/(1<<20), "peak-heap-MiB")
+				b.ReportMetric(float64(pageBytes)/(1<<20), "page-MiB")
+				b.ReportMetric(float64(total)/(1<<20), "results-MiB")
+				b.ReportMetric(float64(ok), "ok")
+				b.ReportMetric(float64(worst)/float64(budget), "peak/budget")
+			})
+		}
 	}
 }
