@@ -6,8 +6,14 @@ import "time"
 // needs to know about a job without asking the queue. The publisher writes it
 // before the first chunk is sent.
 type Manifest struct {
-	V            int       `json:"v"`
-	JobID        string    `json:"job_id"`
+	V     int    `json:"v"`
+	JobID string `json:"job_id"`
+	// Owner is the tenant whose API key created the job; GET and DELETE
+	// /v1/jobs/{id} answer only that tenant's keys. Empty when the
+	// publisher had no API keys (no caller to record), and in manifests
+	// written before owners were recorded: a publisher with keys answers
+	// no one for those.
+	Owner        string    `json:"owner,omitempty"`
 	Chunks       int       `json:"chunks"`
 	Items        int       `json:"items"`
 	ClaimChecked int       `json:"claim_checked"`

@@ -27,13 +27,13 @@ func (p *Publisher) deleteJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	st, err := p.status(ctx, m, 0, 0)
+	st, err := p.status(ctx, m)
 	if err == nil && st.Status == StatusRunning {
 		rec := job.CancelRecord{V: job.Version, JobID: m.JobID, At: p.now().UTC()}
 		var raw []byte
 		if raw, err = json.Marshal(rec); err == nil {
 			if _, _, err = p.store.PutIfAbsent(ctx, job.CancelKey(m.JobID), raw); err == nil {
-				st, err = p.status(ctx, m, 0, 0)
+				st, err = p.status(ctx, m)
 			}
 		}
 	}

@@ -49,6 +49,22 @@ type Config struct {
 	// MaxBodyBytes; at least MaxBodyBytes, or a body at the limit could
 	// never be taken.
 	MaxBodyBytesInFlight int64
+	// MaxResultBytesInFlight bounds the bytes of stored results that GET
+	// /v1/jobs/{id} holds at once, over all requests, by the results'
+	// stored size: a result is charged before any of it is read and until
+	// its part of the answer is written (resultpage.go). A request whose
+	// first result finds the budget spent is answered 503 overloaded with
+	// Retry-After; one that has answered some results ends its page there.
+	// The heap the reads take is a small multiple of this: eight GETs
+	// against a 4 MiB budget peaked at 12 to 13 MiB (BenchmarkJobPageHeap).
+	// At least job.MaxResultBytes, the largest result a subscriber stores,
+	// or such a result could never be served.
+	MaxResultBytesInFlight int64
+	// MaxPageBytes cuts a page of results by size as page_size cuts it by
+	// chunks: a page ends before the result that would take its results'
+	// stored size over this, but always holds one. The default keeps a page
+	// within Lambda's 6 MB response.
+	MaxPageBytes int64
 	// MaxItems bounds the items of one job.
 	MaxItems int
 	// MaxItemBytes is the largest item (its JSON in the message) carried
@@ -126,18 +142,20 @@ type Config struct {
 // none: no queue, bucket, API keys, rate limits or trusted proxies.
 func DefaultConfig() Config {
 	return Config{
-		MaxMessageBytes:    256 << 10,
-		MaxBodyBytes:       32 << 20,
-		MaxItems:           10_000,
-		ChunkItems:         32,
-		MaxChunkItems:      1_000,
-		RateLimitClients:   10_000,
-		SendAttempts:       5,
-		SendBackoff:        100 * time.Millisecond,
-		SendConcurrency:    4,
-		IdempotencyTTL:     24 * time.Hour,
-		IdempotencyEntries: 100_000,
-		IdempotencyStale:   2 * time.Minute,
+		MaxMessageBytes:        256 << 10,
+		MaxBodyBytes:           32 << 20,
+		MaxResultBytesInFlight: job.MaxResultBytes,
+		MaxPageBytes:           4 << 20,
+		MaxItems:               10_000,
+		ChunkItems:             32,
+		MaxChunkItems:          1_000,
+		RateLimitClients:       10_000,
+		SendAttempts:           5,
+		SendBackoff:            100 * time.Millisecond,
+		SendConcurrency:        4,
+		IdempotencyTTL:         24 * time.Hour,
+		IdempotencyEntries:     100_000,
+		IdempotencyStale:       2 * time.Minute,
 	}
 }
 
@@ -154,6 +172,8 @@ func (c *Config) setDefaults() {
 	orDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
 	orDefault(&c.MaxBodyBytes, d.MaxBodyBytes)
 	orDefault(&c.MaxBodyBytesInFlight, 2*c.MaxBodyBytes)
+	orDefault(&c.MaxResultBytesInFlight, d.MaxResultBytesInFlight)
+	orDefault(&c.MaxPageBytes, d.MaxPageBytes)
 	orDefault(&c.MaxItems, d.MaxItems)
 	orDefault(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
 	orDefault(&c.ChunkItems, d.ChunkItems)
@@ -211,6 +231,14 @@ func (c *Config) Validate() error {
 		bad("MaxBodyBytesInFlight",
 			"max body bytes in flight %d: want at least max body bytes (%d), or a body at that limit is never taken",
 			c.MaxBodyBytesInFlight, c.MaxBodyBytes)
+	}
+	if c.MaxResultBytesInFlight < job.MaxResultBytes {
+		bad("MaxResultBytesInFlight",
+			"max result bytes in flight %d: want at least %d (job.MaxResultBytes), or a result at that size is never served",
+			c.MaxResultBytesInFlight, job.MaxResultBytes)
+	}
+	if c.MaxPageBytes < 1 {
+		bad("MaxPageBytes", "max page bytes %d: want at least 1", c.MaxPageBytes)
 	}
 	if c.MaxItems < 1 {
 		bad("MaxItems", "max items %d: want at least 1", c.MaxItems)

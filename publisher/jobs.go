@@ -174,7 +174,7 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	}
 	ectx, cancel := detach(r.Context())
 	defer cancel()
-	sent, e := p.enqueue(ectx, jobID, tenantName, plan, len(req.Items))
+	sent, e := p.enqueue(ectx, jobID, tenantName, p.owner(r), plan, len(req.Items))
 	if key != "" {
 		// The answer is recorded even if the client has gone, so its retry
 		// finds it: under a context that outlives the request.
@@ -210,9 +210,10 @@ func (p *Publisher) writeAccepted(w http.ResponseWriter, resp *acceptedBody) {
 	writeJSON(w, http.StatusAccepted, resp)
 }
 
-// enqueue uploads the claim-checked items, writes the manifest, and sends
-// the chunks, returning how many chunks SQS confirmed.
-func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName string, plan *Plan, items int) (int, *APIError) {
+// enqueue uploads the claim-checked items, writes the manifest (with the
+// job's owner), and sends the chunks, returning how many chunks SQS
+// confirmed.
+func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string, plan *Plan, items int) (int, *APIError) {
 	if len(plan.Claims) > 0 {
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(uploadConcurrency)
@@ -232,7 +233,7 @@ func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName string, plan 
 		p.m.claimChecked.Add(float64(len(plan.Claims)))
 	}
 	if p.store != nil {
-		m := job.Manifest{V: 1, JobID: jobID, Chunks: len(plan.Chunks), Items: items, ClaimChecked: len(plan.Claims), CreatedAt: p.now().UTC()}
+		m := job.Manifest{V: 1, JobID: jobID, Owner: owner, Chunks: len(plan.Chunks), Items: items, ClaimChecked: len(plan.Claims), CreatedAt: p.now().UTC()}
 		for _, c := range plan.Chunks {
 			m.ChunkItems = append(m.ChunkItems, c.Items)
 		}

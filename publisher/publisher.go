@@ -43,6 +43,7 @@ type Publisher struct {
 	labels  *tenant.Labels      // per-tenant metric labels
 	rates   *limiter            // nil without rate limits
 	bodies  *semaphore.Weighted // bytes of request bodies in flight
+	results resultBudget        // bytes of stored results in flight (resultpage.go)
 	now     func() time.Time
 }
 
@@ -77,6 +78,7 @@ func New(cfg Config) (*Publisher, error) {
 	p.labels = tenant.NewLabels(maxTenantLabels, p.tenants...)
 	p.rates = newLimiter(&cfg, m)
 	p.bodies = semaphore.NewWeighted(cfg.MaxBodyBytesInFlight)
+	p.results = semaphore.NewWeighted(cfg.MaxResultBytesInFlight)
 	return p, nil
 }
 
@@ -316,8 +318,13 @@ func validJobID(id string) bool {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	writeJSONHeader(w, status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeJSONHeader starts a JSON answer whose body the caller writes.
+func writeJSONHeader(w http.ResponseWriter, status int) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
 }

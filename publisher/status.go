@@ -31,7 +31,8 @@ const (
 	StatusCancelled = "cancelled"
 )
 
-// Paging of results in GET /v1/jobs/{id}, in chunks.
+// Paging of results in GET /v1/jobs/{id}, in chunks (a page is also cut by
+// bytes: Config.MaxPageBytes).
 const (
 	DefaultPageSize = 10
 	MaxPageSize     = 100
@@ -50,13 +51,15 @@ type statusBody struct {
 	// ItemsFailed: items of done chunks the model refused; their outputs
 	// in results carry an error instead of an answer, and items_done does
 	// not count them.
-	ItemsFailed   int           `json:"items_failed"`
-	ClaimChecked  int           `json:"claim_checked"`
-	CreatedAt     time.Time     `json:"created_at"`
-	CancelledAt   *time.Time    `json:"cancelled_at,omitempty"` // when DELETE asked for it
-	Failed        []failedChunk `json:"failed"`
-	Results       []chunkResult `json:"results,omitempty"`
-	NextPageToken string        `json:"next_page_token,omitempty"`
+	ItemsFailed  int           `json:"items_failed"`
+	ClaimChecked int           `json:"claim_checked"`
+	CreatedAt    time.Time     `json:"created_at"`
+	CancelledAt  *time.Time    `json:"cancelled_at,omitempty"` // when DELETE asked for it
+	Failed       []failedChunk `json:"failed"`
+	// GET's answer goes on with results and next_page_token, written as
+	// they are read (resultpage.go).
+
+	done map[int]bool // the chunks with a result
 }
 
 type failedChunk struct {
@@ -81,7 +84,7 @@ const readConcurrency = 8
 
 // getJob is GET /v1/jobs/{id}: progress from the result, failure and
 // cancelled markers the subscribers write, and, once every chunk is settled,
-// the results, a page of chunks at a time.
+// the results, a page at a time, streamed (writePage).
 func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)
 	m, fail := p.loadJob(w, r)
@@ -97,13 +100,17 @@ func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
 		fail(apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_token is past the job's last chunk"))
 		return
 	}
-	body, err := p.status(r.Context(), m, start, pageSize)
+	st, err := p.status(r.Context(), m)
 	if err != nil {
 		p.log.Error("reading job status", "job_id", ri.jobID, "err", err)
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's results could not be read"))
 		return
 	}
-	writeJSON(w, http.StatusOK, body)
+	if st.ChunksPending > 0 {
+		writeJSON(w, http.StatusOK, st)
+		return
+	}
+	p.writePage(w, r, m, st, start, pageSize, fail)
 }
 
 // loadJob reads the manifest of the job r's path names, answering the
@@ -142,8 +149,30 @@ func (p *Publisher) loadJob(w http.ResponseWriter, r *http.Request) (m *job.Mani
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's manifest could not be read"))
 		return nil, fail
 	}
+	// Another tenant's job is answered as if it did not exist, so that an
+	// id does not even tell a stranger that the job is there.
+	if len(p.keys) > 0 && (m.Owner == "" || m.Owner != p.owner(r)) {
+		fail(apiErr(http.StatusNotFound, CodeNotFound, "no such job"))
+		return nil, fail
+	}
 	ri.items, ri.chunks = m.Items, m.Chunks
 	return m, fail
+}
+
+// owner is who a job r creates belongs to, and who may read and cancel it:
+// the tenant of r's API key, or "" without keys, when nothing says who the
+// caller is (the tenant header is the caller's own word). The tenant rather
+// than the key: a tenant rotates its key by adding a second one under the
+// same name (SplitKey), and its jobs in flight must stay its own; and a
+// digest of the key stored in the bucket would let whoever reads the
+// bucket test guesses of a weak key offline, where an unnamed key's tenant
+// is 48 bits of its SHA-256 and already goes out with every message.
+func (p *Publisher) owner(r *http.Request) string {
+	if len(p.keys) == 0 {
+		return ""
+	}
+	t, _ := r.Context().Value(tenantKey{}).(string)
+	return t
 }
 
 func pageParams(r *http.Request) (size, start int, e *APIError) {
@@ -166,9 +195,8 @@ func pageParams(r *http.Request) (size, start int, e *APIError) {
 	return size, start, nil
 }
 
-// status is the job's progress; with pageSize > 0, and once every chunk is
-// settled, a page of its results from chunk start.
-func (p *Publisher) status(ctx context.Context, m *job.Manifest, start, pageSize int) (*statusBody, error) {
+// status is the job's progress.
+func (p *Publisher) status(ctx context.Context, m *job.Manifest) (*statusBody, error) {
 	var done, failedSet, cancelledSet, itemErrSet map[int]bool
 	var cancel *job.CancelRecord
 	g0, gctx0 := errgroup.WithContext(ctx)
@@ -198,7 +226,7 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest, start, pageSize
 	}
 	b := &statusBody{JobID: m.JobID, Chunks: m.Chunks, ChunksDone: len(done), ChunksFailed: len(failedSet),
 		ChunksCancelled: len(cancelledSet), Items: m.Items, ClaimChecked: m.ClaimChecked, CreatedAt: m.CreatedAt,
-		Failed: []failedChunk{}}
+		Failed: []failedChunk{}, done: done}
 	b.ChunksPending = max(m.Chunks-b.ChunksDone-b.ChunksFailed-b.ChunksCancelled, 0)
 	for c := range done {
 		if c < len(m.ChunkItems) {
@@ -261,33 +289,10 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest, start, pageSize
 			return nil
 		})
 	}
-	if b.ChunksPending == 0 && pageSize > 0 {
-		end := min(start+pageSize, m.Chunks)
-		for c := start; c < end; c++ {
-			if !done[c] {
-				continue
-			}
-			g.Go(func() error {
-				res, err := p.readResult(gctx, m.JobID, c)
-				if err != nil {
-					return err
-				}
-				mu.Lock()
-				b.Results = append(b.Results, chunkResult{Chunk: c, Model: res.Model, Outputs: res.Outputs,
-					ItemsFailed: res.ItemsFailed})
-				mu.Unlock()
-				return nil
-			})
-		}
-		if end < m.Chunks {
-			b.NextPageToken = strconv.Itoa(end)
-		}
-	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
 	sort.Slice(b.Failed, func(i, j int) bool { return b.Failed[i].Chunk < b.Failed[j].Chunk })
-	sort.Slice(b.Results, func(i, j int) bool { return b.Results[i].Chunk < b.Results[j].Chunk })
 	return b, nil
 }
 
@@ -322,29 +327,4 @@ func (p *Publisher) chunksUnder(ctx context.Context, prefix string, chunks int) 
 		}
 	}
 	return set, nil
-}
-
-// readResult reads results/{job}/{chunk}.json, at most job.MaxResultBytes
-// of it. The subscriber stores the whole result at that key, never a
-// reference (a result message may refer to the object; the object does not
-// refer on), so a stored result with a reference is refused, not followed:
-// following it would let whoever wrote it make this API serve, or read into
-// memory, any object the publisher's role can read.
-func (p *Publisher) readResult(ctx context.Context, jobID string, chunk int) (*job.Result, error) {
-	key := job.ResultKey(jobID, chunk)
-	raw, err := p.store.ReadLimit(ctx, key, job.MaxResultBytes)
-	if err != nil {
-		return nil, err
-	}
-	var res job.Result
-	if err := json.Unmarshal(raw, &res); err != nil {
-		return nil, fmt.Errorf("result %s: %w", key, err)
-	}
-	switch {
-	case res.Ref != nil:
-		return nil, fmt.Errorf("result %s refers to another object instead of holding the result", key)
-	case res.JobID != jobID || res.Chunk != chunk:
-		return nil, fmt.Errorf("result %s is for another chunk", key)
-	}
-	return &res, nil
 }

@@ -17,6 +17,8 @@ type options struct {
 	apiKeysSecret        string
 	maxMessage, maxItem  bytesize.Size
 	maxBody, maxInFlight bytesize.Size
+	maxResultsInFlight   bytesize.Size
+	maxPage              bytesize.Size
 	memoryLimit          bytesize.Size
 	trustedProxies       string
 	shutdownGrace        time.Duration
@@ -46,6 +48,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	d := publisher.DefaultConfig()
 	c := &o.cfg
 	o.maxBody, o.maxInFlight, o.maxItem = bytesize.Size(d.MaxBodyBytes), bytesize.Size(d.MaxBodyBytesInFlight), bytesize.Size(d.MaxItemBytes)
+	o.maxResultsInFlight, o.maxPage = bytesize.Size(d.MaxResultBytesInFlight), bytesize.Size(d.MaxPageBytes)
 	fs := flag.NewFlagSet("publisher", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue, whose MaximumMessageSize is read at start (required)")
@@ -70,6 +73,13 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 		"most bytes of request bodies held at once, over all requests; a POST over it is answered 503 overloaded with\n"+
 			"Retry-After, at once (0: twice -max-body-bytes). The heap peaks at 5 to 6 times this (BenchmarkConcurrentMaxBodies):\n"+
 			"keep that under the task's memory")
+	fs.Var(&o.maxResultsInFlight, "max-inflight-result-bytes",
+		"most bytes of stored results GET /v1/jobs/{id} holds at once, over all requests, each charged before it is read;\n"+
+			"a GET whose first result is over it is answered 503 overloaded with Retry-After, a later one ends the page\n"+
+			"(at least 64MiB, the largest result a subscriber stores)")
+	fs.Var(&o.maxPage, "max-page-bytes",
+		"a page of results in GET /v1/jobs/{id} ends before the result that would take its stored size over this\n"+
+			"(it always holds one); as page_size does by chunks. The default keeps a page within Lambda's 6 MB response")
 	fs.Var(&o.memoryLimit, "memory-limit",
 		"the Go runtime's soft memory limit (0: GOMEMLIMIT if set, else 90% of the Lambda function's memory or of the\n"+
 			"container's cgroup limit, else none)")
@@ -107,8 +117,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 // configFlags maps publisher.Config fields to the flags that set them.
 var configFlags = map[string]string{
 	"MaxMessageBytes": "max-message-bytes", "MaxBodyBytes": "max-body-bytes", "MaxItems": "max-items",
-	"MaxBodyBytesInFlight": "max-inflight-body-bytes",
-	"MaxItemBytes":         "max-item-bytes", "ChunkItems": "chunk-items", "MaxChunkItems": "max-chunk-items",
+	"MaxBodyBytesInFlight":   "max-inflight-body-bytes",
+	"MaxResultBytesInFlight": "max-inflight-result-bytes", "MaxPageBytes": "max-page-bytes",
+	"MaxItemBytes": "max-item-bytes", "ChunkItems": "chunk-items", "MaxChunkItems": "max-chunk-items",
 	"APIKeys": "api-keys", "SendAttempts": "send-attempts", "RateLimit": "rate-limit", "RateBurst": "rate-burst",
 	"GlobalRateLimit": "global-rate-limit", "GlobalRateBurst": "global-rate-burst",
 	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",

@@ -118,7 +118,23 @@ func (s *Store) ReadLimit(ctx context.Context, key string, limit int64) ([]byte,
 	return b, err
 }
 
-func (s *Store) read(ctx context.Context, bucket, key string, limit int64) ([]byte, error) {
+// Open starts a read of key from this store's bucket, unverified, and
+// returns the object's body with its size, which S3 sends ahead of the body:
+// so a reader can refuse an object, or account for it, before reading any of
+// it. The caller closes the body. A missing object is ErrMissing (wrapped).
+func (s *Store) Open(ctx context.Context, key string) (body io.ReadCloser, size int64, err error) {
+	out, err := s.get(ctx, s.bucket, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	if out.ContentLength == nil || *out.ContentLength < 0 {
+		out.Body.Close()
+		return nil, 0, fmt.Errorf("payload: get s3://%s/%s: the answer has no length", s.bucket, key)
+	}
+	return out.Body, *out.ContentLength, nil
+}
+
+func (s *Store) get(ctx context.Context, bucket, key string) (*s3.GetObjectOutput, error) {
 	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key})
 	if err != nil {
 		var nsk *types.NoSuchKey
@@ -127,6 +143,14 @@ func (s *Store) read(ctx context.Context, bucket, key string, limit int64) ([]by
 			return nil, fmt.Errorf("%w: s3://%s/%s", ErrMissing, bucket, key)
 		}
 		return nil, fmt.Errorf("payload: get s3://%s/%s: %w", bucket, key, err)
+	}
+	return out, nil
+}
+
+func (s *Store) read(ctx context.Context, bucket, key string, limit int64) ([]byte, error) {
+	out, err := s.get(ctx, bucket, key)
+	if err != nil {
+		return nil, err
 	}
 	defer out.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(out.Body, limit))
