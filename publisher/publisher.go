@@ -23,7 +23,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/tenant"
@@ -42,7 +41,7 @@ type Publisher struct {
 	tenants []string            // the tenant of each key, by the index of keys
 	labels  *tenant.Labels      // per-tenant metric labels
 	rates   *limiter            // nil without rate limits
-	bodies  *semaphore.Weighted // bytes of request bodies in flight
+	bodies  *bodyBudget         // request bodies in flight
 	now     func() time.Time
 }
 
@@ -76,7 +75,7 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	p.labels = tenant.NewLabels(maxTenantLabels, p.tenants...)
 	p.rates = newLimiter(&cfg, m)
-	p.bodies = semaphore.NewWeighted(cfg.MaxBodyBytesInFlight)
+	p.bodies = newBodyBudget(&cfg, m)
 	return p, nil
 }
 
