@@ -88,11 +88,11 @@ type Config struct {
 
 	// RateLimit is the steady rate, in requests per second, that one client
 	// may send to /v1/jobs routes: its API key when auth is on, else its
-	// source address (an IPv6 client by its IPv6ClientPrefix). RateBurst is how many it
-	// may send at once after a quiet spell; zero is twice RateLimit. A
-	// request over the limit is answered 429 rate_limited with Retry-After,
-	// before its body is read. 0: no per-client limit (the default here;
-	// cmd/publisher sets one).
+	// source address (an IPv6 client by its IPv6ClientPrefix). RateBurst is
+	// how many it may send at once after a quiet spell; zero is twice
+	// RateLimit. A request over the limit is answered 429 rate_limited with
+	// Retry-After, before its body is read. 0: no per-client limit (the
+	// default here; cmd/publisher sets one).
 	RateLimit float64
 	RateBurst int
 	// GlobalRateLimit and GlobalRateBurst are the same over all clients
@@ -153,8 +153,9 @@ type Config struct {
 // every fixed default lives here, and cmd/publisher's flags start from it.
 // docs/configuration.md lists the values, with the flags that set them.
 // The fields whose default is worked out from others (MaxBodyBytesInFlight,
-// MaxBodyBytesPerClient, MaxItemBytes, RateBurst, GlobalRateBurst) are 0 here, as are those with
-// none: no queue, bucket, API keys, rate limits or trusted proxies.
+// MaxBodyBytesPerClient, MaxItemBytes, RateBurst, GlobalRateBurst) are 0
+// here, as are those with none: no queue, bucket, API keys, rate limits or
+// trusted proxies.
 func DefaultConfig() Config {
 	return Config{
 		MaxMessageBytes:    256 << 10,
