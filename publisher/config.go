@@ -44,8 +44,9 @@ type Config struct {
 	MaxBodyBytes int64
 	// MaxBodyBytesInFlight bounds the bytes of request bodies held at once,
 	// over all requests: a POST that would go over it is answered 503
-	// overloaded with Retry-After, without waiting (inflight.go). So the
-	// heap the requests take is 5 to 6 times this at most. Zero is twice
+	// overloaded with Retry-After, without waiting (inflight.go). A body is
+	// charged for the bytes that have arrived, as they arrive. So the heap
+	// the requests take is 5 to 6 times this at most. Zero is twice
 	// MaxBodyBytes; at least MaxBodyBytes, or a body at the limit could
 	// never be taken.
 	MaxBodyBytesInFlight int64
@@ -65,6 +66,23 @@ type Config struct {
 	// stored size over this, but always holds one. The default keeps a page
 	// within Lambda's 6 MB response.
 	MaxPageBytes int64
+	// MaxBodyBytesPerClient bounds the bytes of bodies one client holds at
+	// once (the client of RateLimit: its API key, else its address), and
+	// MaxBodiesPerClient its POSTs whose bodies are in flight, read or being
+	// read; a POST over either is answered 429 too_many_bodies with
+	// Retry-After, without waiting, so that one client cannot take the whole
+	// budget. MaxBodyBytesPerClient: zero is half MaxBodyBytesInFlight, at
+	// least MaxBodyBytes and at most MaxBodyBytesInFlight.
+	MaxBodyBytesPerClient int64
+	MaxBodiesPerClient    int
+	// MinBodyRate, in bytes a second, and BodyGrace: a body's bytes must
+	// start coming within BodyGrace, never pause for longer, and once
+	// BodyGrace has passed have come at MinBodyRate on average since the
+	// body began. A body that falls behind is cut off, 408 body_too_slow,
+	// and gives back what it held (bodyPace), so that clients that stall or
+	// trickle cannot hold the budget or their share of it.
+	MinBodyRate int64
+	BodyGrace   time.Duration
 	// MaxItems bounds the items of one job.
 	MaxItems int
 	// MaxItemBytes is the largest item (its JSON in the message) carried
@@ -86,11 +104,11 @@ type Config struct {
 
 	// RateLimit is the steady rate, in requests per second, that one client
 	// may send to /v1/jobs routes: its API key when auth is on, else its
-	// source address (an IPv6 client by its /64). RateBurst is how many it
-	// may send at once after a quiet spell; zero is twice RateLimit. A
-	// request over the limit is answered 429 rate_limited with Retry-After,
-	// before its body is read. 0: no per-client limit (the default here;
-	// cmd/publisher sets one).
+	// source address (an IPv6 client by its IPv6ClientPrefix). RateBurst is
+	// how many it may send at once after a quiet spell; zero is twice
+	// RateLimit. A request over the limit is answered 429 rate_limited with
+	// Retry-After, before its body is read. 0: no per-client limit (the
+	// default here; cmd/publisher sets one).
 	RateLimit float64
 	RateBurst int
 	// GlobalRateLimit and GlobalRateBurst are the same over all clients
@@ -98,6 +116,19 @@ type Config struct {
 	// GlobalRateLimit.
 	GlobalRateLimit float64
 	GlobalRateBurst int
+	// IPv6ClientPrefix is the prefix length by which an IPv6 address is one
+	// client, for rate limits and shares of the bodies in flight: every
+	// address in one such prefix is the same client. The default is 56, what
+	// ISPs delegate to one customer site (RIPE-690 advises a /48 or a /56,
+	// and most residential ISPs that follow it give the /56) and what AWS
+	// gives one VPC: a /64 is one LAN, and a site holds 256 of them, so
+	// keying by /64 let one site send 256 times the limit. A /48 would bound
+	// a site given a /48 too, but lump 256 customers of an ISP that gives
+	// /56s into one client. Lower it to 48 where clients hold /48s; raise it
+	// to 64 where many clients share a /56 (a mobile carrier gives each
+	// device a /64 of a shared pool). 32 to 128: a shorter prefix is a
+	// whole ISP's.
+	IPv6ClientPrefix int
 	// RateLimitClients bounds the clients whose buckets are kept in memory
 	// (about 200 bytes each), least recently used first out.
 	RateLimitClients int
@@ -138,14 +169,19 @@ type Config struct {
 // every fixed default lives here, and cmd/publisher's flags start from it.
 // docs/configuration.md lists the values, with the flags that set them.
 // The fields whose default is worked out from others (MaxBodyBytesInFlight,
-// MaxItemBytes, RateBurst, GlobalRateBurst) are 0 here, as are those with
-// none: no queue, bucket, API keys, rate limits or trusted proxies.
+// MaxBodyBytesPerClient, MaxItemBytes, RateBurst, GlobalRateBurst) are 0
+// here, as are those with none: no queue, bucket, API keys, rate limits or
+// trusted proxies.
 func DefaultConfig() Config {
 	return Config{
 		MaxMessageBytes:        256 << 10,
 		MaxBodyBytes:           32 << 20,
 		MaxResultBytesInFlight: job.MaxResultBytes,
 		MaxPageBytes:           4 << 20,
+		MaxBodiesPerClient:     16,
+		MinBodyRate:            16 << 10,
+		BodyGrace:              10 * time.Second,
+		IPv6ClientPrefix:       56,
 		MaxItems:               10_000,
 		ChunkItems:             32,
 		MaxChunkItems:          1_000,
@@ -174,6 +210,11 @@ func (c *Config) setDefaults() {
 	orDefault(&c.MaxBodyBytesInFlight, 2*c.MaxBodyBytes)
 	orDefault(&c.MaxResultBytesInFlight, d.MaxResultBytesInFlight)
 	orDefault(&c.MaxPageBytes, d.MaxPageBytes)
+	orDefault(&c.MaxBodyBytesPerClient, max(c.MaxBodyBytes, c.MaxBodyBytesInFlight/2))
+	orDefault(&c.MaxBodiesPerClient, d.MaxBodiesPerClient)
+	orDefault(&c.MinBodyRate, d.MinBodyRate)
+	orDefault(&c.BodyGrace, d.BodyGrace)
+	orDefault(&c.IPv6ClientPrefix, d.IPv6ClientPrefix)
 	orDefault(&c.MaxItems, d.MaxItems)
 	orDefault(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
 	orDefault(&c.ChunkItems, d.ChunkItems)
@@ -231,6 +272,22 @@ func (c *Config) Validate() error {
 		bad("MaxBodyBytesInFlight",
 			"max body bytes in flight %d: want at least max body bytes (%d), or a body at that limit is never taken",
 			c.MaxBodyBytesInFlight, c.MaxBodyBytes)
+	} else if c.MaxBodyBytesPerClient < c.MaxBodyBytes || c.MaxBodyBytesPerClient > c.MaxBodyBytesInFlight {
+		bad("MaxBodyBytesPerClient",
+			"max body bytes per client %d: want at least max body bytes (%d), or a body at that limit is never taken, "+
+				"and at most max body bytes in flight (%d)", c.MaxBodyBytesPerClient, c.MaxBodyBytes, c.MaxBodyBytesInFlight)
+	}
+	if c.MaxBodiesPerClient < 1 {
+		bad("MaxBodiesPerClient", "max bodies per client %d: want at least 1", c.MaxBodiesPerClient)
+	}
+	if c.MinBodyRate < 1 {
+		bad("MinBodyRate", "min body rate %d: want at least 1 byte a second", c.MinBodyRate)
+	}
+	if c.BodyGrace <= 0 {
+		bad("BodyGrace", "body grace %v: want more than 0", c.BodyGrace)
+	}
+	if c.IPv6ClientPrefix < 32 || c.IPv6ClientPrefix > 128 {
+		bad("IPv6ClientPrefix", "IPv6 client prefix /%d: want 32 to 128 (a shorter prefix is a whole ISP's)", c.IPv6ClientPrefix)
 	}
 	if c.MaxResultBytesInFlight < job.MaxResultBytes {
 		bad("MaxResultBytesInFlight",

@@ -95,10 +95,13 @@ func BenchmarkConcurrentMaxBodies(b *testing.B) {
 				peak := peakHeap(func() {
 					var wg sync.WaitGroup
 					start := make(chan struct{})
-					for range clients {
+					for i := range clients {
 						wg.Go(func() {
 							req := httptest.NewRequest(http.MethodPost, "/v1/jobs", bytes.NewReader(body))
 							req.Header.Set("Content-Type", "application/json")
+							// Clients of their own: this is the bound over
+							// all of them, not one client's share.
+							req.RemoteAddr = fmt.Sprintf("192.0.2.%d:1234", i+1)
 							w := httptest.NewRecorder()
 							<-start
 							h.ServeHTTP(w, req)

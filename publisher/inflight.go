@@ -1,51 +1,161 @@
 package publisher
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/http"
+	"os"
+	"sync"
+	"time"
 
-	"golang.org/x/sync/semaphore"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Bodies in flight: every POST /v1/jobs holds its body, the items decoded
 // from it and the messages cut from them until it is answered, 5 to 6
-// times the body's size at its peak (BenchmarkConcurrentMaxBodies). So
-// the bytes of bodies held at once, across requests, are bounded by a
-// weighted semaphore of MaxBodyBytesInFlight: a request is charged for its
-// body as the body arrives (see readBody), and keeps the charge until it is
-// answered. A request that finds the budget spent is answered 503
-// overloaded with Retry-After at once, and nothing of it is enqueued: it
-// never waits, since a waiting request would hold its connection and
-// semaphore.Weighted queues in order, so one large body would stall the
-// small ones behind it.
+// times the body's size at its peak (BenchmarkConcurrentMaxBodies). So the
+// bytes of bodies held at once are bounded, over all requests by
+// MaxBodyBytesInFlight and for one client by MaxBodyBytesPerClient, and one
+// client's bodies in flight by MaxBodiesPerClient. A body is charged only
+// for the bytes that have arrived, as they arrive (see readBody), and keeps
+// the charge until it is answered: a connection that declares a length and
+// sends nothing holds none of the budget, only one of its client's bodies.
+// A body that stops coming, or comes slower than MinBodyRate, is cut off
+// (bodyPace), so what it did send is not held for long either.
+//
+// A request that finds the budget spent is answered 503 overloaded, one whose
+// client is over its share 429 too_many_bodies, both with Retry-After and at
+// once, and nothing of it is enqueued. It never waits, since a waiting
+// request would hold its connection and its charge, and a queue in order
+// (semaphore.Weighted's) would stall the small bodies behind a large one.
 
-// errOverloaded is what readBody reports when the budget cannot take more.
-var errOverloaded = errors.New("bodies in flight over the budget")
+var (
+	// errOverloaded: the bodies in flight, all clients together, cannot
+	// take more.
+	errOverloaded = errors.New("bodies in flight over the budget")
+	// errClientBodies and errClientBytes: the client has as many bodies, or
+	// bytes of bodies, in flight as it may.
+	errClientBodies = errors.New("the client's bodies in flight at its limit")
+	errClientBytes  = errors.New("the client's bytes of bodies in flight over its share")
+	// errTooSlow: the body stalled or came slower than MinBodyRate.
+	errTooSlow = errors.New("the body came too slowly")
+)
 
-// bodyStep is the first charge, and buffer, of a body: small bodies are
-// charged little, and a large one doubles from here.
-const bodyStep = 64 << 10
+// bodyBudget is the bytes of bodies in flight, all clients together and per
+// client, and each client's bodies in flight. One lock guards the whole and
+// the shares, so that a charge is taken from both or neither. Safe for
+// concurrent use.
+type bodyBudget struct {
+	total, perClient int64
+	perClientBodies  int
+	held             prometheus.Gauge
 
-// readBody reads r's body, which is at most limit bytes, charging sem for its
-// buffer as the body arrives, and returns it with the function that gives
-// the charge back. The buffer grows by doubling up to the declared length,
-// or the limit without one, and each growth is charged before it is made.
-// A declared length is not charged, or allocated, up front: a client that
-// declares 32 MiB and sends nothing would hold that much of the budget, and
-// of the memory, for free. The old buffer a growth copies from is garbage at
-// once, like the rest of what a request leaves to the collector, and not
-// charged: so a body at the limit needs exactly the limit, and always fits an
-// idle budget. The error is an *http.MaxBytesError over the limit,
-// errOverloaded when the budget is spent, or the connection's error.
-func readBody(w http.ResponseWriter, r *http.Request, sem *semaphore.Weighted, limit int64) (body []byte, release func(), err error) {
-	var charged int64
-	release = func() {
-		if charged > 0 {
-			sem.Release(charged)
-			charged = 0
-		}
+	mu      sync.Mutex
+	used    int64
+	clients map[string]*clientBodies // only clients with a body in flight
+}
+
+type clientBodies struct {
+	bytes  int64
+	bodies int
+}
+
+func newBodyBudget(c *Config, m *metrics) *bodyBudget {
+	return &bodyBudget{total: c.MaxBodyBytesInFlight, perClient: c.MaxBodyBytesPerClient, perClientBodies: c.MaxBodiesPerClient,
+		held: m.bodyBytes, clients: map[string]*clientBodies{}}
+}
+
+// open admits one more body of client, charged nothing yet.
+func (b *bodyBudget) open(client string) (*bodyCharge, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cb := b.clients[client]
+	if cb == nil {
+		cb = &clientBodies{}
+		b.clients[client] = cb
 	}
+	if cb.bodies >= b.perClientBodies {
+		return nil, errClientBodies
+	}
+	cb.bodies++
+	return &bodyCharge{b: b, client: client, cb: cb}, nil
+}
+
+// inFlight is the bytes held and the clients holding bodies.
+func (b *bodyBudget) inFlight() (bytes int64, clients int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used, len(b.clients)
+}
+
+// bodyCharge is what one body holds of the budget.
+type bodyCharge struct {
+	b      *bodyBudget
+	client string
+	cb     *clientBodies
+	bytes  int64
+	done   bool
+}
+
+// add charges n more bytes, from the client's share and the whole, or
+// nothing and says which is spent: the whole first, which would refuse the
+// body whatever its client holds.
+func (c *bodyCharge) add(n int64) error {
+	b := c.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.used+n > b.total:
+		return errOverloaded
+	case c.cb.bytes+n > b.perClient:
+		return errClientBytes
+	}
+	c.cb.bytes += n
+	c.bytes += n
+	b.used += n
+	b.held.Set(float64(b.used))
+	return nil
+}
+
+// release gives back the charge and the body's place; once, however often
+// it is called.
+func (c *bodyCharge) release() {
+	b := c.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c.done {
+		return
+	}
+	c.done = true
+	c.cb.bytes -= c.bytes
+	c.cb.bodies--
+	if c.cb.bodies == 0 {
+		delete(b.clients, c.client)
+	}
+	b.used -= c.bytes
+	b.held.Set(float64(b.used))
+}
+
+// bodyStep is the first buffer of a body, allocated before any of it has
+// arrived and so not charged: as much as net/http's own buffer of the
+// connection, so that a connection whose body never comes costs what an
+// idle one does. A body larger than it doubles from here.
+const bodyStep = 4 << 10
+
+// readBody reads the body of r, which is at most MaxBodyBytes, charging its
+// client (clientKey) for each byte as it arrives, and returns it with the
+// function that gives the charge back (to call whatever the error). The
+// buffer doubles up to the declared length, or the limit without one, and is
+// at most twice what is charged while the body comes; a body read whole is
+// held in a buffer of its own size, and charged exactly that, so a body at
+// the limit fits an idle budget. The error is an *http.MaxBytesError over the
+// limit, errClientBodies or errClientBytes when the client is at its share,
+// errOverloaded when the budget is spent, errTooSlow when the body stalled or
+// trickled (bodyPace), or the connection's error.
+func (p *Publisher) readBody(w http.ResponseWriter, r *http.Request) (body []byte, release func(), err error) {
+	limit := p.cfg.MaxBodyBytes
+	release = func() {}
 	want, known := limit, r.ContentLength >= 0
 	if known {
 		if r.ContentLength > limit {
@@ -53,41 +163,199 @@ func readBody(w http.ResponseWriter, r *http.Request, sem *semaphore.Weighted, l
 		}
 		want = r.ContentLength
 	}
-	rd := http.MaxBytesReader(w, r.Body, limit)
-	for {
-		if known && int64(len(body)) == want {
-			return body, release, nil
+	charge, err := p.bodies.open(p.clientKey(r))
+	if err != nil {
+		return nil, release, err
+	}
+	release = charge.release
+	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
+	fail := func(err error) ([]byte, func(), error) {
+		if pace.stop() || errors.Is(err, os.ErrDeadlineExceeded) {
+			// Cut off here, or by the server's ReadTimeout.
+			err = errTooSlow
 		}
-		var n int
-		var err error
+		return nil, release, err
+	}
+	rd := http.MaxBytesReader(w, r.Body, limit)
+	for !known || int64(len(body)) < want {
 		if int64(len(body)) == want {
 			// No length, and the buffer is full at the limit: one byte
 			// more is over it (MaxBytesReader says so), or the body ends.
 			var one [1]byte
-			if n, err = rd.Read(one[:]); n > 0 {
-				return nil, release, &http.MaxBytesError{Limit: limit}
+			n, err := rd.Read(one[:])
+			if n > 0 {
+				return fail(&http.MaxBytesError{Limit: limit})
 			}
-		} else {
-			if len(body) == cap(body) {
-				grown := min(max(2*int64(cap(body)), bodyStep), want)
-				if !sem.TryAcquire(grown - int64(cap(body))) {
-					return nil, release, errOverloaded
-				}
-				charged += grown - int64(cap(body))
-				nb := make([]byte, len(body), grown)
-				copy(nb, body)
-				body = nb
+			if err == io.EOF {
+				break
 			}
-			n, err = rd.Read(body[len(body):cap(body)])
-			body = body[:len(body)+n]
+			if err != nil {
+				return fail(err)
+			}
+			continue
+		}
+		if len(body) == cap(body) {
+			nb := make([]byte, len(body), min(max(2*int64(cap(body)), bodyStep), want))
+			copy(nb, body)
+			body = nb
+		}
+		n, err := rd.Read(body[len(body):cap(body)])
+		body = body[:len(body)+n]
+		if n > 0 {
+			if e := charge.add(int64(n)); e != nil {
+				return fail(e)
+			}
+			if !pace.arrived(int64(len(body))) {
+				return fail(errTooSlow)
+			}
 		}
 		switch {
 		case err == io.EOF && known && int64(len(body)) < want:
-			return nil, release, io.ErrUnexpectedEOF // short of the declared length
+			return fail(io.ErrUnexpectedEOF) // short of the declared length
 		case err == io.EOF:
-			return body, release, nil
+			known, want = true, int64(len(body))
 		case err != nil:
-			return nil, release, err
+			return fail(err)
 		}
 	}
+	if pace.stop() {
+		// Cut off as the last bytes came: the connection can no longer be
+		// read, so the request is refused as it would have been a moment
+		// earlier.
+		return nil, release, errTooSlow
+	}
+	if cap(body) > len(body) {
+		// Read without a length: the buffer grew past the body, and what
+		// is held is what is charged.
+		body = bytes.Clone(body)
+	}
+	return body, release, nil
+}
+
+// bodyError is the answer to a body readBody refused.
+func (p *Publisher) bodyError(w http.ResponseWriter, err error) *APIError {
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		return apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes)
+	case errors.Is(err, errOverloaded):
+		p.m.overloaded.Inc()
+		w.Header().Set("Retry-After", "1")
+		return apiErr(http.StatusServiceUnavailable, CodeOverloaded,
+			"the publisher is holding as many request bodies as it may; nothing was sent, retry after the time in Retry-After")
+	case errors.Is(err, errClientBodies):
+		p.m.bodyRefusals.WithLabelValues(refusedClientBodies).Inc()
+		w.Header().Set("Retry-After", "1")
+		return apiErr(http.StatusTooManyRequests, CodeTooManyBodies,
+			"this client has %d request bodies in flight, as many as it may; nothing was sent, retry after the time in Retry-After",
+			p.cfg.MaxBodiesPerClient)
+	case errors.Is(err, errClientBytes):
+		p.m.bodyRefusals.WithLabelValues(refusedClientBytes).Inc()
+		w.Header().Set("Retry-After", "1")
+		return apiErr(http.StatusTooManyRequests, CodeTooManyBodies,
+			"this client's request bodies in flight would be over its share of %d bytes; nothing was sent, retry after the time in Retry-After",
+			p.cfg.MaxBodyBytesPerClient)
+	case errors.Is(err, errTooSlow):
+		p.m.bodyRefusals.WithLabelValues(refusedTooSlow).Inc()
+		return apiErr(http.StatusRequestTimeout, CodeBodyTooSlow,
+			"the request body stopped for %s or came slower than %d bytes a second; nothing was sent",
+			p.cfg.BodyGrace, p.cfg.MinBodyRate)
+	default:
+		// The error names the connection's addresses: logged, not sent.
+		p.log.Debug("reading a request body", "err", err)
+		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "the request body could not be read whole")
+	}
+}
+
+// Reasons of vramq_publisher_body_refusals_total.
+const (
+	refusedClientBodies = "client_bodies"
+	refusedClientBytes  = "client_bytes"
+	refusedTooSlow      = "too_slow"
+)
+
+// bodyPace holds a body to a minimum data rate: its bytes must start within
+// the grace period, never pause for longer than it, and once it is over
+// have come at rate bytes a second on average since the body began. A body
+// that falls behind is cut off: cut makes the read waiting on it fail at
+// once. So a stalled body gives back its charge and its client's place within
+// the grace period, and one that trickles cannot hold them much longer,
+// where the server's ReadTimeout alone would leave both held for a minute.
+type bodyPace struct {
+	rate  float64 // bytes a second
+	grace time.Duration
+	start time.Time
+	cut   func()
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	due     time.Time // the body falls behind if no more has come by then
+	over    bool      // read whole, or fallen behind
+	tooSlow bool
+}
+
+func startPace(rate float64, grace time.Duration, cut func()) *bodyPace {
+	p := &bodyPace{rate: rate, grace: grace, cut: cut, start: time.Now()}
+	p.due = p.start.Add(grace)
+	p.timer = time.AfterFunc(grace, p.expire)
+	return p
+}
+
+// expire runs on the timer: the body has fallen behind unless more of it
+// came meanwhile (arrived moved the due time on).
+func (p *bodyPace) expire() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.over || time.Now().Before(p.due) {
+		return
+	}
+	p.over, p.tooSlow = true, true
+	p.cut()
+}
+
+// arrived notes that total bytes of the body have come, and reports whether
+// the body is still on pace.
+func (p *bodyPace) arrived(total int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.over {
+		return !p.tooSlow
+	}
+	now := time.Now()
+	// The whole so far, at the rate, was due grace after the start; the
+	// next byte is due within the grace from now, whatever the average.
+	owed := time.Duration(min(float64(total)/p.rate, float64(24*time.Hour/time.Second)) * float64(time.Second))
+	p.due = p.start.Add(p.grace + owed)
+	if next := now.Add(p.grace); next.Before(p.due) {
+		p.due = next
+	}
+	if !p.due.After(now) {
+		p.over, p.tooSlow = true, true
+		p.timer.Stop()
+		return false
+	}
+	p.timer.Reset(p.due.Sub(now))
+	return true
+}
+
+// stop ends the watch, and reports whether the body had fallen behind first.
+func (p *bodyPace) stop() (tooSlow bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.over = true
+	p.timer.Stop()
+	return p.tooSlow
+}
+
+// longAgo is a read deadline that has passed.
+var longAgo = time.Unix(1, 0)
+
+// cutRead is the cut of a body read from w's connection: its read deadline,
+// put in the past, makes the read waiting on the client fail at once. Where
+// the connection has no deadline (under Lambda the body is in memory
+// already) it does nothing, and a body that is late is refused when its read
+// returns.
+func cutRead(w http.ResponseWriter) func() {
+	rc := http.NewResponseController(w)
+	return func() { _ = rc.SetReadDeadline(longAgo) }
 }

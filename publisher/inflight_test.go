@@ -13,11 +13,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"golang.org/x/sync/semaphore"
 )
 
 // heldQueue holds every SendBatch until release is closed, so that the
@@ -43,7 +43,9 @@ func TestBodiesInFlightAreBounded(t *testing.T) {
 	const limit = 1 << 10
 	q := &heldQueue{arrived: make(chan struct{}, 8), release: make(chan struct{})}
 	reg := prometheus.NewRegistry()
-	pub, err := New(Config{Queue: q, MaxBodyBytes: limit, MaxBodyBytesInFlight: 2 * limit, Registerer: reg,
+	// One client (all come from 127.0.0.1) may take the whole budget here:
+	// this is the bound over all clients.
+	pub, err := New(Config{Queue: q, MaxBodyBytes: limit, MaxBodyBytesInFlight: 2 * limit, MaxBodyBytesPerClient: 2 * limit, Registerer: reg,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -107,48 +109,55 @@ func TestBodiesInFlightAreBounded(t *testing.T) {
 	}
 }
 
-// readBody charges what it holds, as the body arrives when its length is
-// not declared, and gives all of it back.
+// readBody charges exactly the body it returns, declared or sent chunked,
+// as one body of its client, and gives all of it back.
 func TestReadBodyCharges(t *testing.T) {
 	const limit = 1 << 20
+	newPub := func(t *testing.T) *Publisher {
+		p, err := New(Config{Queue: &countingQueue{}, MaxBodyBytes: limit, Logger: slog.New(slog.DiscardHandler),
+			Registerer: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
 	for name, chunked := range map[string]bool{"declared length": false, "chunked": true} {
 		t.Run(name, func(t *testing.T) {
-			sem := semaphore.NewWeighted(2 * limit)
+			p := newPub(t)
 			payload := strings.Repeat("x", 300<<10)
 			var rd io.Reader = strings.NewReader(payload)
 			if chunked {
 				rd = io.MultiReader(rd)
 			}
-			r, _ := http.NewRequest("POST", "/", rd)
+			r := httptest.NewRequest("POST", "/", rd)
 			if chunked {
 				r.ContentLength = -1
 			}
-			body, release, err := readBody(nil, r, sem, limit)
+			body, release, err := p.readBody(httptest.NewRecorder(), r)
 			if err != nil || string(body) != payload {
 				t.Fatalf("read %d bytes: %v", len(body), err)
 			}
-			// What is charged now is not free: a charge of the whole
-			// budget fails until release.
-			if sem.TryAcquire(2 * limit) {
-				t.Fatal("nothing was charged for the body")
+			// A buffer of the body's size, give or take the allocator's
+			// rounding; not one grown past it.
+			if used, clients := p.bodies.inFlight(); used != int64(len(body)) || clients != 1 || cap(body) > len(body)+len(body)/16 {
+				t.Errorf("%d bytes held by %d clients, in a buffer of %d; want the body's %d, one client, a buffer of its size",
+					used, clients, cap(body), len(body))
 			}
-			if !sem.TryAcquire(2*limit - int64(cap(body))) {
-				t.Errorf("more than the buffer's %d bytes charged", cap(body))
-			} else {
-				sem.Release(2*limit - int64(cap(body)))
+			if v := testutil.ToFloat64(p.m.bodyBytes); v != float64(len(body)) {
+				t.Errorf("body_bytes_in_flight %v, want %d", v, len(body))
 			}
 			release()
 			release() // twice is harmless
-			if !sem.TryAcquire(2 * limit) {
-				t.Error("the charge was not given back")
+			if used, clients := p.bodies.inFlight(); used != 0 || clients != 0 {
+				t.Errorf("after release: %d bytes held by %d clients", used, clients)
 			}
 		})
 	}
 	// A chunked body over the limit is cut off there.
-	sem := semaphore.NewWeighted(4 * limit)
-	r, _ := http.NewRequest("POST", "/", io.MultiReader(strings.NewReader(strings.Repeat("x", limit+1))))
+	p := newPub(t)
+	r := httptest.NewRequest("POST", "/", io.MultiReader(strings.NewReader(strings.Repeat("x", limit+1))))
 	r.ContentLength = -1
-	_, release, err := readBody(nil, r, sem, limit)
+	_, release, err := p.readBody(httptest.NewRecorder(), r)
 	release()
 	var tooBig *http.MaxBytesError
 	if !errors.As(err, &tooBig) {
@@ -236,4 +245,159 @@ func TestABodyAtTheLimitFitsABudgetOfTheLimit(t *testing.T) {
 	if n := q.count(); n == 0 {
 		t.Error("nothing enqueued")
 	}
+}
+
+// The attacks of issue 25, on the budget its figures were taken with (a body
+// of at most 1 MiB, 2 MiB of bodies in flight): connections that declare a
+// length and send nothing, or send half a body each and stall, must not make
+// the small POSTs of another client 503. Nothing is charged before it
+// arrives, and a body that stops coming is cut off, 408 body_too_slow, giving
+// back all it held.
+func TestStalledBodiesDoNotStarveOthers(t *testing.T) {
+	const limit = 1 << 20
+	small := `{"items":[{"id":"a","text":"x"}]}`
+	for _, tc := range []struct {
+		name    string
+		clients int // each on a connection of its own, from an address of its own
+		sent    int // of a declared limit
+	}{
+		{"32 connections declare a length and send nothing", 32, 0},
+		{"two clients send half a body each and stall", 2, limit / 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := newPipeServer(t, Config{MaxBodyBytes: limit, MaxBodyBytesInFlight: 2 * limit})
+				var stalled []net.Conn
+				for i := range tc.clients {
+					stalled = append(stalled, s.start(fmt.Sprintf("198.51.100.%d:4000", i+1), limit, []byte(strings.Repeat(" ", tc.sent))))
+				}
+				synctest.Wait()
+				var got []string
+				for range 20 {
+					if status, code := s.post("203.0.113.9:5000", small); status != http.StatusAccepted {
+						got = append(got, fmt.Sprint(status, " ", code))
+					}
+				}
+				if len(got) > 0 {
+					t.Errorf("%d of 20 small POSTs from another client refused: %v", len(got), got)
+				}
+				// The stalled bodies are cut off once the grace is over, and
+				// what they held comes back.
+				time.Sleep(DefaultConfig().BodyGrace + time.Second)
+				for i, c := range stalled {
+					if status, code := s.answer(c); status != http.StatusRequestTimeout || code != CodeBodyTooSlow {
+						t.Errorf("stalled client %d: %d %s, want 408 %s", i, status, code, CodeBodyTooSlow)
+					}
+				}
+				synctest.Wait()
+				if used, clients := s.pub.bodies.inFlight(); used != 0 || clients != 0 {
+					t.Errorf("after the stalled bodies were cut: %d bytes held by %d clients, want none", used, clients)
+				}
+			})
+		})
+	}
+}
+
+// One client cannot take the whole budget, by bytes or by bodies: its
+// bodies over its share (here the default, half the budget) or over
+// MaxBodiesPerClient are answered 429 too_many_bodies with Retry-After, and
+// another client's POSTs go through.
+func TestOneClientCannotTakeTheBudget(t *testing.T) {
+	const limit = 1 << 20
+	small := `{"items":[{"id":"a","text":"x"}]}`
+	synctest.Test(t, func(t *testing.T) {
+		s := newPipeServer(t, Config{MaxBodyBytes: limit, MaxBodyBytesInFlight: 4 * limit, MaxBodiesPerClient: 4})
+		// Almost whole bodies, stalled: without a share the fourth would
+		// fill the budget.
+		var held []net.Conn
+		for range 2 {
+			held = append(held, s.start("198.51.100.1:4000", limit, []byte(strings.Repeat(" ", limit-1))))
+		}
+		over := s.start("198.51.100.1:4001", limit, []byte(strings.Repeat(" ", limit-1)))
+		if status, code := s.answer(over); status != http.StatusTooManyRequests || code != CodeTooManyBodies {
+			t.Errorf("a third body over the client's share: %d %s, want 429 %s", status, code, CodeTooManyBodies)
+		}
+		synctest.Wait()
+		if used, _ := s.pub.bodies.inFlight(); used != 2*(limit-1) {
+			t.Errorf("%d bytes held, want the two bodies' %d: the refused one gives back what it was charged", used, 2*(limit-1))
+		}
+		// Bodies that send nothing take none of the share, but a place:
+		// two more fill the client's four.
+		for range 2 {
+			held = append(held, s.start("198.51.100.1:4002", limit, nil))
+		}
+		c := s.dial("198.51.100.1:4003")
+		fmt.Fprintf(c, "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", limit)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if e := errorOf(t, resp.StatusCode, resp.Header, b); resp.StatusCode != http.StatusTooManyRequests || e.Code != CodeTooManyBodies ||
+			resp.Header.Get("Retry-After") != "1" {
+			t.Errorf("a fifth body from the client: %d %s Retry-After %q, want 429 %s at once, Retry-After 1", resp.StatusCode, e.Code,
+				resp.Header.Get("Retry-After"), CodeTooManyBodies)
+		}
+		for i := range 10 {
+			if status, code := s.post(fmt.Sprintf("203.0.113.%d:5000", i+1), small); status != http.StatusAccepted {
+				t.Errorf("another client's small POST: %d %s", status, code)
+			}
+		}
+		if got := testutil.ToFloat64(s.pub.m.bodyRefusals.WithLabelValues(refusedClientBytes)); got != 1 {
+			t.Errorf("body_refusals_total{reason=client_bytes} %v, want 1", got)
+		}
+		if got := testutil.ToFloat64(s.pub.m.bodyRefusals.WithLabelValues(refusedClientBodies)); got != 1 {
+			t.Errorf("body_refusals_total{reason=client_bodies} %v, want 1", got)
+		}
+		time.Sleep(DefaultConfig().BodyGrace + time.Second)
+		for _, c := range held {
+			s.answer(c)
+		}
+	})
+}
+
+// A body that trickles, a byte every few seconds (never pausing for the
+// grace), is cut off once the grace is over for falling behind the minimum
+// rate, 408 body_too_slow; one that comes steadily above the rate takes as
+// long as it needs.
+func TestABodyThatTricklesIsCutOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newPipeServer(t, Config{})
+		grace, rate := DefaultConfig().BodyGrace, DefaultConfig().MinBodyRate
+		c := s.start("198.51.100.1:4000", 1<<10, nil)
+		go func() {
+			for range 1 << 10 {
+				time.Sleep(grace / 2)
+				if _, err := c.Write([]byte(" ")); err != nil {
+					return // cut off: the server closed the connection
+				}
+			}
+		}()
+		if status, code := s.answer(c); status != http.StatusRequestTimeout || code != CodeBodyTooSlow {
+			t.Errorf("a byte every %v: %d %s, want 408 %s", grace/2, status, code, CodeBodyTooSlow)
+		}
+		if got := testutil.ToFloat64(s.pub.m.bodyRefusals.WithLabelValues(refusedTooSlow)); got != 1 {
+			t.Errorf("body_refusals_total{reason=too_slow} %v, want 1", got)
+		}
+		// Four times the grace at twice the rate, a piece every half second.
+		small := `{"items":[{"id":"a","text":"x"}]}`
+		piece := int(2 * rate / 2)
+		n := 4 * int(grace/time.Second) * 2 * piece
+		body := strings.Repeat(" ", n-len(small)) + small
+		steady := s.start("198.51.100.2:4000", len(body), nil)
+		go func() {
+			for i := 0; i < len(body); i += piece {
+				time.Sleep(time.Second / 2)
+				if _, err := steady.Write([]byte(body[i:min(i+piece, len(body))])); err != nil {
+					return
+				}
+			}
+		}()
+		if status, code := s.answer(steady); status != http.StatusAccepted {
+			t.Errorf("%d bytes at %d bytes a second: %d %s, want 202", n, 2*rate, status, code)
+		}
+		if used, clients := s.pub.bodies.inFlight(); used != 0 || clients != 0 {
+			t.Errorf("%d bytes held by %d clients, want none", used, clients)
+		}
+	})
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"mime"
 	"net/http"
@@ -78,23 +77,10 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 		fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes))
 		return
 	}
-	body, release, err := readBody(w, r, p.bodies, p.cfg.MaxBodyBytes)
+	body, release, err := p.readBody(w, r)
 	defer release()
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		switch {
-		case errors.As(err, &tooBig):
-			fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes))
-		case errors.Is(err, errOverloaded):
-			p.m.overloaded.Inc()
-			w.Header().Set("Retry-After", "1")
-			fail(apiErr(http.StatusServiceUnavailable, CodeOverloaded,
-				"the publisher is holding as many request bodies as it may; nothing was sent, retry after the time in Retry-After"))
-		default:
-			// The error names the connection's addresses: logged, not sent.
-			p.log.Debug("reading a request body", "err", err)
-			fail(apiErr(http.StatusBadRequest, CodeMalformedJSON, "the request body could not be read whole"))
-		}
+		fail(p.bodyError(w, err))
 		return
 	}
 	ri.bodyBytes = len(body)

@@ -21,6 +21,8 @@ type metrics struct {
 	rateClients   prometheus.Gauge
 	rateEvictions prometheus.Counter
 	overloaded    prometheus.Counter
+	bodyRefusals  *prometheus.CounterVec // reason: client_bodies, client_bytes, too_slow
+	bodyBytes     prometheus.Gauge
 	tenantJobs    *prometheus.CounterVec // tenant (tenant.Labels)
 	tenantItems   *prometheus.CounterVec // tenant
 }
@@ -55,6 +57,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Token buckets still in use dropped to make room for a new client: the client table is full."}),
 		overloaded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "overloaded_total",
 			Help: "POSTs answered 503 overloaded because the bodies in flight were at -max-inflight-body-bytes."}),
+		bodyRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "body_refusals_total",
+			Help: "POSTs refused for their client's bodies in flight or their body's pace, by reason: client_bodies and client_bytes " +
+				"(429 too_many_bodies, at -max-client-bodies or -max-client-body-bytes), too_slow (408 body_too_slow)."}, []string{"reason"}),
+		bodyBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "body_bytes_in_flight",
+			Help: "Bytes of request bodies held now, all clients together (bounded by -max-inflight-body-bytes)."}),
 		tenantJobs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "tenant_jobs_accepted_total",
 			Help: "Jobs answered 202 with every chunk on the queue, by tenant: the configured keys' names, the first 100 others, " +
 				"then \"other tenants\"; \"no tenant\" when none was named."}, []string{"tenant"}),
@@ -64,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.requests, m.latency, m.jobs, m.replays, m.chunksSent, m.claimChecked, m.sqsCalls,
 		m.sendRetries, m.failedEntries,
-		m.rateLimited, m.rateClients, m.rateEvictions, m.overloaded, m.tenantJobs, m.tenantItems} {
+		m.rateLimited, m.rateClients, m.rateEvictions, m.overloaded, m.bodyRefusals, m.bodyBytes, m.tenantJobs, m.tenantItems} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)

@@ -42,7 +42,7 @@ type Publisher struct {
 	tenants []string            // the tenant of each key, by the index of keys
 	labels  *tenant.Labels      // per-tenant metric labels
 	rates   *limiter            // nil without rate limits
-	bodies  *semaphore.Weighted // bytes of request bodies in flight
+	bodies  *bodyBudget         // request bodies in flight
 	results resultBudget        // bytes of stored results in flight (resultpage.go)
 	now     func() time.Time
 }
@@ -77,7 +77,7 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	p.labels = tenant.NewLabels(maxTenantLabels, p.tenants...)
 	p.rates = newLimiter(&cfg, m)
-	p.bodies = semaphore.NewWeighted(cfg.MaxBodyBytesInFlight)
+	p.bodies = newBodyBudget(&cfg, m)
 	p.results = semaphore.NewWeighted(cfg.MaxResultBytesInFlight)
 	return p, nil
 }

@@ -20,10 +20,12 @@ import (
 //
 // The client is the caller's API key when auth is on (requests with a wrong
 // key are charged to their source address instead, so guessing keys is
-// limited too), else its source address: IPv4 as is, IPv6 by its /64, which
-// is what one host or site is given, so a client cannot mint fresh buckets
-// from its own prefix. See clientAddr for how the source address is read
-// behind a load balancer.
+// limited too), else its source address: IPv4 as is, IPv6 by its prefix of
+// IPv6ClientPrefix bits (a /56 by default), what one site is given, so that a
+// client cannot mint fresh buckets from its own prefix (see
+// Config.IPv6ClientPrefix). See clientAddr for how the source address is
+// read behind a load balancer. The same client has a share of the bodies in
+// flight (inflight.go).
 //
 // Buckets are kept in a map bounded by RateLimitClients, least recently used
 // first out, and dropped once unused long enough to be full again: dropping a
@@ -36,7 +38,6 @@ import (
 type limiter struct {
 	clients *clientBuckets // nil without a per-client limit
 	global  *rate.Limiter  // nil without a global limit
-	trusted []netip.Prefix
 	m       *metrics
 }
 
@@ -44,7 +45,7 @@ func newLimiter(c *Config, m *metrics) *limiter {
 	if c.RateLimit == 0 && c.GlobalRateLimit == 0 {
 		return nil
 	}
-	l := &limiter{trusted: c.TrustedProxies, m: m}
+	l := &limiter{m: m}
 	if c.RateLimit > 0 {
 		l.clients = newClientBuckets(rate.Limit(c.RateLimit), c.RateBurst, c.RateLimitClients)
 	}
@@ -116,32 +117,36 @@ func (p *Publisher) refuse(w http.ResponseWriter, r *http.Request, key string) b
 	return true
 }
 
-// rateLimit charges each request to its client: the API key auth found, or
-// the source address.
+// rateLimit charges each request to its client (clientKey).
 func (p *Publisher) rateLimit(next http.Handler) http.Handler {
 	if p.rates == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := "key:" + scope(r)
-		if scope(r) == "" {
-			key = p.addrKey(r)
-		}
-		if p.refuse(w, r, key) {
+		if p.refuse(w, r, p.clientKey(r)) {
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// addrKey is the bucket of r's source address.
+// clientKey names r's client: the API key auth found, or the source address.
+func (p *Publisher) clientKey(r *http.Request) string {
+	if s := scope(r); s != "" {
+		return "key:" + s
+	}
+	return p.addrKey(r)
+}
+
+// addrKey names the client of r's source address: an IPv6 address by its
+// prefix of IPv6ClientPrefix bits.
 func (p *Publisher) addrKey(r *http.Request) string {
-	a := clientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), p.rates.trusted)
+	a := clientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), p.cfg.TrustedProxies)
 	if !a.IsValid() {
 		return "addr:unknown"
 	}
 	if a.Is6() {
-		pfx, _ := a.Prefix(64)
+		pfx, _ := a.Prefix(p.cfg.IPv6ClientPrefix)
 		return "addr:" + pfx.String()
 	}
 	return "addr:" + a.String()

@@ -3,17 +3,20 @@ package publisher
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -52,22 +55,117 @@ func TestClientAddr(t *testing.T) {
 	}
 }
 
-// IPv6 clients share a bucket per /64; IPv4 clients have one each.
+// An IPv6 client is its prefix of IPv6ClientPrefix bits, a /56 unless set;
+// an IPv4 client is its address.
 func TestAddrKey(t *testing.T) {
-	p := &Publisher{rates: &limiter{}}
-	key := func(remote string) string {
+	key := func(prefix int, remote string) string {
+		t.Helper()
+		p, err := New(Config{Queue: &countingQueue{}, IPv6ClientPrefix: prefix, Logger: slog.New(slog.DiscardHandler),
+			Registerer: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
 		r := httptest.NewRequest("GET", "/", nil)
 		r.RemoteAddr = remote
 		return p.addrKey(r)
 	}
-	if a, b := key("[2001:db8:1:2::1]:1"), key("[2001:db8:1:2:ffff::9]:2"); a != b || a != "addr:2001:db8:1:2::/64" {
-		t.Errorf("two addresses of one /64: keys %q and %q", a, b)
+	for _, tc := range []struct {
+		name   string
+		prefix int // 0: the default
+		a, b   string
+		same   bool
+	}{
+		{"two /64s of one /56, by default", 0, "[2001:db8:1:200::1]:1", "[2001:db8:1:2ff:ffff::9]:2", true},
+		{"two /56s, by default", 0, "[2001:db8:1:200::1]:1", "[2001:db8:1:300::1]:1", false},
+		{"two /56s of one /48, by /48", 48, "[2001:db8:1:200::1]:1", "[2001:db8:1:ff00::1]:1", true},
+		{"two /48s, by /48", 48, "[2001:db8:1::1]:1", "[2001:db8:2::1]:1", false},
+		{"two /64s of one /56, by /64", 64, "[2001:db8:1:200::1]:1", "[2001:db8:1:201::1]:1", false},
+		{"two addresses of one /64, by /64", 64, "[2001:db8:1:2::1]:1", "[2001:db8:1:2:ffff::9]:2", true},
+		{"two IPv4 addresses", 0, "203.0.113.7:1", "203.0.113.8:1", false},
+	} {
+		a, b := key(tc.prefix, tc.a), key(tc.prefix, tc.b)
+		if (a == b) != tc.same {
+			t.Errorf("%s: keys %q and %q, want the same: %v", tc.name, a, b, tc.same)
+		}
 	}
-	if a, b := key("[2001:db8:1:2::1]:1"), key("[2001:db8:1:3::1]:1"); a == b {
-		t.Errorf("two /64s share the key %q", a)
+	if got := key(0, "[2001:db8:1:2ff:ffff::9]:2"); got != "addr:2001:db8:1:200::/56" {
+		t.Errorf("key %q, want the address's /56", got)
 	}
-	if a, b := key("203.0.113.7:1"), key("203.0.113.8:1"); a == b {
-		t.Errorf("two IPv4 clients share the key %q", a)
+	for _, bad := range []int{-1, 16, 31, 129} {
+		_, err := New(Config{Queue: &countingQueue{}, IPv6ClientPrefix: bad, Registerer: prometheus.NewRegistry()})
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "IPv6ClientPrefix" {
+			t.Errorf("IPv6ClientPrefix %d: %v, want it refused", bad, err)
+		}
+	}
+}
+
+// The finding of issue 25: one site, given a /56, sent a request from each
+// of its 256 /64s at once against a limit of burst 1, and all 256 were
+// taken. Keyed by its /56 it is one client, and gets its burst; another
+// site is not refused for it.
+func TestOneSiteIsOneClient(t *testing.T) {
+	// A rate so low that no token comes back while the test runs.
+	p, err := New(Config{Queue: &countingQueue{}, RateLimit: 0.001, RateBurst: 1, Logger: slog.New(slog.DiscardHandler),
+		Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := p.Handler()
+	post := func(remote string) int {
+		r := httptest.NewRequest("POST", "/v1/jobs", strings.NewReader(`{"items":[{"id":"a","text":"x"}]}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.RemoteAddr = remote
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	codes := map[int]int{}
+	for i := range 256 {
+		codes[post(fmt.Sprintf("[2001:db8:0:ab%02x::1]:4000", i))]++
+	}
+	if codes[http.StatusAccepted] != 1 || codes[http.StatusTooManyRequests] != 255 {
+		t.Errorf("one /56, a request from each of its /64s: %v, want its burst of 1 taken and 255 answered 429", codes)
+	}
+	if c := post("[2001:db8:0:ac00::1]:4000"); c != http.StatusAccepted {
+		t.Errorf("the next /56: %d, want 202", c)
+	}
+}
+
+// The global limit holds over all clients together: clients each well
+// within their own limit are refused once the process has taken its burst,
+// told so, and counted under scope global.
+func TestGlobalLimitHoldsAcrossClients(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	p, err := New(Config{Queue: &countingQueue{}, RateLimit: 100, GlobalRateLimit: 0.001, GlobalRateBurst: 5,
+		Logger: slog.New(slog.DiscardHandler), Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := p.Handler()
+	var got []string
+	for i := range 20 {
+		r := httptest.NewRequest("POST", "/v1/jobs", strings.NewReader(`{"items":[{"id":"a","text":"x"}]}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.RemoteAddr = fmt.Sprintf("198.51.100.%d:4000", i+1)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		s := fmt.Sprint(w.Code)
+		if w.Code != http.StatusAccepted {
+			e := errorOf(t, w.Code, w.Header(), w.Body.Bytes())
+			s += " " + e.Code
+			if !strings.Contains(e.Message, "the publisher is taking too many requests") {
+				t.Errorf("client %d: %q, want the global limit named", i, e.Message)
+			}
+		}
+		got = append(got, s)
+	}
+	want := slices.Concat(slices.Repeat([]string{"202"}, 5), slices.Repeat([]string{"429 " + CodeRateLimited}, 15))
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("20 clients, one request each, global burst 5 (-want +got):\n%s", diff)
+	}
+	if n := counterValue(t, reg, "vramq_publisher_rate_limited_total", "scope", scopeGlobal); n != 15 {
+		t.Errorf("rate_limited_total{scope=global} = %v, want 15", n)
 	}
 }
 

@@ -19,6 +19,8 @@ type options struct {
 	maxBody, maxInFlight bytesize.Size
 	maxResultsInFlight   bytesize.Size
 	maxPage              bytesize.Size
+	maxClientBody        bytesize.Size
+	minBodyRate          bytesize.Size
 	memoryLimit          bytesize.Size
 	trustedProxies       string
 	shutdownGrace        time.Duration
@@ -26,17 +28,23 @@ type options struct {
 	cfg                  publisher.Config
 }
 
-// Default rate limits, per client: the binary's own, where the library's
-// are none. One request may carry 10,000 items, so a client that needs more
-// than 50 a second is a loop gone wrong or an attack; 50 a second still lets
-// one client follow ten jobs at five status polls a second each (what
+// Default rate limits: the binary's own, where the library's are none. One
+// request may carry 10,000 items, so a client that needs more than 50 a
+// second is a loop gone wrong or an attack; 50 a second still lets one
+// client follow ten jobs at five status polls a second each (what
 // bin/loadgen does) while it submits more. The burst of 100 takes a batch of
-// submissions at once. The global limit is off by default: what a process
-// can take depends on its size, and under Lambda the API Gateway stage's
-// throttling is the global limit (infra/publisher.tf).
+// submissions at once. The global limit, over all clients of the process, is
+// twenty clients at that rate: a bound on what clients with many addresses
+// (or keys) can send together, which a client keyed by its address cannot
+// get around by minting addresses. It is not a measured capacity: what a
+// process can take depends on its size, so set it from what one task takes.
+// Under Lambda an instance takes one request at a time, and the API Gateway
+// stage's throttling is the global limit (infra/publisher.tf).
 const (
-	defaultRateLimit = 50
-	defaultRateBurst = 100
+	defaultRateLimit       = 50
+	defaultRateBurst       = 100
+	defaultGlobalRateLimit = 20 * defaultRateLimit
+	defaultGlobalRateBurst = 20 * defaultRateBurst
 )
 
 // newFlagSet defines the publisher's flags on o, each defaulting to what
@@ -49,6 +57,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	c := &o.cfg
 	o.maxBody, o.maxInFlight, o.maxItem = bytesize.Size(d.MaxBodyBytes), bytesize.Size(d.MaxBodyBytesInFlight), bytesize.Size(d.MaxItemBytes)
 	o.maxResultsInFlight, o.maxPage = bytesize.Size(d.MaxResultBytesInFlight), bytesize.Size(d.MaxPageBytes)
+	o.maxClientBody, o.minBodyRate = bytesize.Size(d.MaxBodyBytesPerClient), bytesize.Size(d.MinBodyRate)
 	fs := flag.NewFlagSet("publisher", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue, whose MaximumMessageSize is read at start (required)")
@@ -80,6 +89,17 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.Var(&o.maxPage, "max-page-bytes",
 		"a page of results in GET /v1/jobs/{id} ends before the result that would take its stored size over this\n"+
 			"(it always holds one); as page_size does by chunks. The default keeps a page within Lambda's 6 MB response")
+	fs.Var(&o.maxClientBody, "max-client-body-bytes",
+		"most bytes of request bodies one client (its API key, else its address) holds at once; a POST over it is answered\n"+
+			"429 too_many_bodies with Retry-After, at once (0: half -max-inflight-body-bytes, at least -max-body-bytes)")
+	fs.IntVar(&c.MaxBodiesPerClient, "max-client-bodies", d.MaxBodiesPerClient,
+		"most POSTs of one client whose bodies are in flight (being read or handled) at once; one more is answered\n"+
+			"429 too_many_bodies with Retry-After before its body is read")
+	fs.Var(&o.minBodyRate, "min-body-rate",
+		"bytes a second a request body must come at, on average from its start, once -body-grace is over; a slower one\n"+
+			"is cut off, 408 body_too_slow, and gives back what it held")
+	fs.DurationVar(&c.BodyGrace, "body-grace", d.BodyGrace,
+		"how long a request body may take to start, and pause at most, before -min-body-rate applies")
 	fs.Var(&o.memoryLimit, "memory-limit",
 		"the Go runtime's soft memory limit (0: GOMEMLIMIT if set, else 90% of the Lambda function's memory or of the\n"+
 			"container's cgroup limit, else none)")
@@ -91,12 +111,18 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 		"sends of one SendMessageBatch entry that SQS lists as failed, the first included")
 	fs.Float64Var(&c.RateLimit, "rate-limit", defaultRateLimit,
 		"requests per second one client may send to /v1/jobs routes (its API key when auth is on, else its address,\n"+
-			"IPv6 by /64); 0: no limit")
+			"IPv6 by its -ipv6-client-prefix); 0: no limit")
 	fs.IntVar(&c.RateBurst, "rate-burst", defaultRateBurst, "requests one client may send at once after a quiet spell")
-	fs.Float64Var(&c.GlobalRateLimit, "global-rate-limit", d.GlobalRateLimit,
-		"requests per second this process takes from all clients together; 0: no limit\n"+
+	fs.Float64Var(&c.GlobalRateLimit, "global-rate-limit", defaultGlobalRateLimit,
+		"requests per second this process takes from all clients together, twenty clients at the default -rate-limit\n"+
+			"(not a measured capacity: set it from what one task takes); 0: no limit\n"+
 			"(under Lambda, API Gateway's stage throttle is the global limit)")
-	fs.IntVar(&c.GlobalRateBurst, "global-rate-burst", d.GlobalRateBurst, "requests at once over all clients (0: twice -global-rate-limit)")
+	fs.IntVar(&c.GlobalRateBurst, "global-rate-burst", defaultGlobalRateBurst,
+		"requests at once over all clients (0: twice -global-rate-limit)")
+	fs.IntVar(&c.IPv6ClientPrefix, "ipv6-client-prefix", d.IPv6ClientPrefix,
+		"prefix length by which an IPv6 address is one client, for rate limits and shares of the bodies in flight:\n"+
+			"56 is what ISPs delegate to one site (RIPE-690) and AWS to one VPC, and a site holds 256 /64s; 48 where\n"+
+			"clients hold /48s, 64 where many share a /56 (mobile carriers give each device a /64); 32 to 128")
 	fs.IntVar(&c.RateLimitClients, "rate-limit-clients", d.RateLimitClients,
 		"most clients whose rate limits are kept in memory, least recently seen dropped first\n"+
 			"(a flood of addresses cannot grow memory)")
@@ -117,7 +143,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 // configFlags maps publisher.Config fields to the flags that set them.
 var configFlags = map[string]string{
 	"MaxMessageBytes": "max-message-bytes", "MaxBodyBytes": "max-body-bytes", "MaxItems": "max-items",
-	"MaxBodyBytesInFlight":   "max-inflight-body-bytes",
+	"MaxBodyBytesInFlight": "max-inflight-body-bytes", "MaxBodyBytesPerClient": "max-client-body-bytes",
+	"MaxBodiesPerClient": "max-client-bodies", "MinBodyRate": "min-body-rate", "BodyGrace": "body-grace",
+	"IPv6ClientPrefix":       "ipv6-client-prefix",
 	"MaxResultBytesInFlight": "max-inflight-result-bytes", "MaxPageBytes": "max-page-bytes",
 	"MaxItemBytes": "max-item-bytes", "ChunkItems": "chunk-items", "MaxChunkItems": "max-chunk-items",
 	"APIKeys": "api-keys", "SendAttempts": "send-attempts", "RateLimit": "rate-limit", "RateBurst": "rate-burst",

@@ -14,6 +14,8 @@ var ownDefaults = map[string]any{
 	"MaxMessageBytes": 0, // the queue's MaximumMessageSize, read at start
 	"RateLimit":       float64(defaultRateLimit),
 	"RateBurst":       defaultRateBurst,
+	"GlobalRateLimit": float64(defaultGlobalRateLimit),
+	"GlobalRateBurst": defaultGlobalRateBurst,
 }
 
 // noFlag lists the publisher.Config fields DefaultConfig sets that no flag

@@ -71,6 +71,9 @@ func TestParse(t *testing.T) {
 		"metrics on the API": {[]string{"-addr=:8080", "-metrics-addr=:8080"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 		"in flight below a body": {[]string{"-max-body-bytes=1MiB", "-max-inflight-body-bytes=512KiB"},
 			map[string]string{"QUEUE_URL": "q"}, errUsage},
+		"a client's share below a body": {[]string{"-max-body-bytes=1MiB", "-max-client-body-bytes=512KiB"},
+			map[string]string{"QUEUE_URL": "q"}, errUsage},
+		"an IPv6 client of a whole ISP": {[]string{"-ipv6-client-prefix=24"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -189,6 +192,9 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		{[]string{"-trusted-proxies=10.0.0.0/8,alb"}, nil, []string{"-trusted-proxies (VRAMQ_TRUSTED_PROXIES)", `"alb"`}},
 		{[]string{"-rate-limit-clients=-1", "-send-attempts=-2"}, nil,
 			[]string{"-rate-limit-clients (VRAMQ_RATE_LIMIT_CLIENTS)", "-send-attempts (VRAMQ_SEND_ATTEMPTS)"}},
+		{[]string{"-ipv6-client-prefix=129", "-max-client-bodies=-1", "-body-grace=-1s"}, nil,
+			[]string{"-ipv6-client-prefix (VRAMQ_IPV6_CLIENT_PREFIX): IPv6 client prefix /129", "-max-client-bodies (VRAMQ_MAX_CLIENT_BODIES)",
+				"-body-grace (VRAMQ_BODY_GRACE)"}},
 	} {
 		vars := map[string]string{"QUEUE_URL": "http://q"}
 		for k, v := range tc.env {
@@ -211,8 +217,12 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := o.cfg
-	if c.RateLimit != defaultRateLimit || c.RateBurst != defaultRateBurst || c.GlobalRateLimit != 0 || fmt.Sprint(c.TrustedProxies) != "[10.0.0.0/16 192.0.2.1/32]" {
-		t.Errorf("defaults: rate %v burst %d global %v, trusted %v", c.RateLimit, c.RateBurst, c.GlobalRateLimit, c.TrustedProxies)
+	// A global limit is on by default: a client keyed by its address that
+	// mints addresses still meets it.
+	if c.RateLimit != defaultRateLimit || c.RateBurst != defaultRateBurst || c.GlobalRateLimit != 1000 || c.GlobalRateBurst != 2000 ||
+		c.IPv6ClientPrefix != 56 || fmt.Sprint(c.TrustedProxies) != "[10.0.0.0/16 192.0.2.1/32]" {
+		t.Errorf("defaults: rate %v burst %d global %v burst %d, IPv6 client prefix %d, trusted %v", c.RateLimit, c.RateBurst,
+			c.GlobalRateLimit, c.GlobalRateBurst, c.IPv6ClientPrefix, c.TrustedProxies)
 	}
 }
 
