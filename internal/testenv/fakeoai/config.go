@@ -61,6 +61,9 @@ type Config struct {
 	MaxQueuedRequests int
 	// MaxConcurrentRequests is TGI's and TEI's max_concurrent_requests:
 	// requests in flight; past it, 429 "Model is overloaded". 0 = off.
+	// Like MaxQueuedRequests it is checked after the rate limits, so a
+	// request it refuses was charged: configure the front door (Limits) or
+	// a server's own limits, as a test needs, to keep the ledger plain.
 	MaxConcurrentRequests int
 	// BlockSize is the tokens of one KV block. Default 16, vLLM's.
 	BlockSize int
