@@ -3,7 +3,8 @@
 // under test (sqstest), a local Lambda runtime (lambdart), fault injection
 // (faultproxy), the run's accounting (accounting), work and results over SQS
 // (jobq), synthetic workloads (workload), process memory (procmem), the
-// emulated GPU (cudaemu) and the check of docs/configuration.md's generated
+// emulated GPU (cudaemu), an OpenAI-compatible model server (fakeoai) and the
+// check of docs/configuration.md's generated
 // flag tables (configdoc). Nothing under it ships: the rest of internal/ is
 // what the publisher and subscriber binaries link, and TestNotShipped keeps
 // it so.
