@@ -4,8 +4,7 @@
 // (faultproxy), the run's accounting (accounting), work and results over SQS
 // (jobq), synthetic workloads (workload), process memory (procmem), the
 // emulated GPU (cudaemu), an OpenAI-compatible model server (fakeoai) and the
-// check of docs/configuration.md's generated
-// flag tables (configdoc). Nothing under it ships: the rest of internal/ is
-// what the publisher and subscriber binaries link, and TestNotShipped keeps
-// it so.
+// check of docs/configuration.md's generated flag tables (configdoc). Nothing
+// under it ships: the rest of internal/ is what the publisher and subscriber
+// binaries link, and TestNotShipped keeps it so.
 package testenv
