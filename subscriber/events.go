@@ -82,7 +82,8 @@ const (
 	settleBackoff    = time.Second
 	settleBackoffMax = 2 * time.Minute
 	// maxSettleJobs bounds the jobs whose manifest and witness a subscriber
-	// keeps; forgetting one costs a read and a count at its next check.
+	// keeps, and so the checks running or waiting to retry; forgetting one
+	// costs a read and a count at its next check.
 	maxSettleJobs = 4096
 )
 
@@ -127,6 +128,14 @@ func (st *settler) trigger(jobID string) {
 	j := st.jobs[jobID]
 	if j == nil {
 		st.evict()
+		if len(st.jobs) >= maxSettleJobs {
+			// Every job kept has a check running or retrying: the bound
+			// on goroutines holds, whatever a sender of forged job ids
+			// does. A redelivery of one of this job's chunks checks again.
+			st.s.m.events.WithLabelValues("dropped").Inc()
+			st.s.log.Warn("too many jobs being checked; this check is dropped", "job_id", jobID, "jobs", len(st.jobs))
+			return
+		}
 		j = &jobSettle{witness: -1}
 		st.jobs[jobID] = j
 	}

@@ -341,3 +341,42 @@ func TestDoneMarkerNeedsNoReadOfAMissingKey(t *testing.T) {
 		}
 	})
 }
+
+// Item 6: the jobs a subscriber keeps, and so its checks running or
+// waiting to retry, are bounded: jobs with no check running are forgotten
+// to make room, and when every job kept has one, a check of one more is
+// dropped (a redelivery checks again), whatever job ids a sender makes up.
+func TestSettlementChecksBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, sink := newMemPayloads(), &memSink{}
+		putManifest(t, p, "late", 1)
+		h := start(t, 64*mib, Config{Payloads: p, Events: sink})
+		st := h.sub.settle
+		fill := func(running bool) {
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			clear(st.jobs)
+			for i := range maxSettleJobs {
+				st.jobs[fmt.Sprint("kept", i)] = &jobSettle{running: running, witness: -1}
+			}
+		}
+		fill(false)
+		h.sub.jobSettling("idle-room")
+		st.mu.Lock()
+		n, ok := len(st.jobs), st.jobs["idle-room"] != nil
+		st.mu.Unlock()
+		if !ok || n > maxSettleJobs*3/4+1 {
+			t.Errorf("with %d idle jobs kept: %d jobs after one more, the new one kept %v", maxSettleJobs, n, ok)
+		}
+		fill(true)
+		h.send("late", 0, "mb=1")
+		waitFor(t, time.Minute, "a result", func() bool { r, _ := h.results.Stats(); return r == 1 })
+		h.shutdown()
+		if n := counter(h.sub.m.events.WithLabelValues("dropped")); n != 1 {
+			t.Errorf("%d checks dropped; want 1", n)
+		}
+		if evs := eventsOf(sink, "late"); len(evs) != 0 {
+			t.Errorf("events %+v for a check that had no room", evs)
+		}
+	})
+}
