@@ -18,6 +18,7 @@ import (
 //	cancelled/{job_id}/{chunk}.json a CancelledMarker: a chunk deleted unrun, by the subscriber
 //	itemerrors/{job_id}/{chunk}.json an ItemErrorsMarker: items of a chunk refused, by the subscriber
 //	done/{job_id}.json              a CompletionEvent: the job settled, its event sent (docs/events.md), by a subscriber
+//	done/{job_id}.{rev}.json        a CompletionEvent: revision rev (2, 3, ...), a correction of it, by a subscriber
 //
 // Cancelled chunks have a prefix of their own rather than a failed marker
 // with a reason: a cancelled chunk has no DLQ copy, the publisher counts
@@ -78,5 +79,17 @@ func ItemErrorsKey(jobID string, chunk int) string {
 func ItemErrorsPrefix(jobID string) string { return "itemerrors/" + jobID + "/" }
 
 // DoneKey is where job jobID's done marker (its CompletionEvent) is: the subscriber that writes it
-// first (a conditional write) sends the job's one completion event.
+// first (a conditional write) sends the job's completion event.
 func DoneKey(jobID string) string { return "done/" + jobID + ".json" }
+
+// DoneRevisionKey is where the done marker of revision rev of job jobID's
+// completion event is: DoneKey for the first, done/{job_id}.{rev}.json for
+// each correction (a job id has no '.', so no other job's marker is named
+// so). One key a revision, each written with a conditional write, so that
+// of the subscribers that find a correction due exactly one sends it.
+func DoneRevisionKey(jobID string, rev int) string {
+	if rev <= 1 {
+		return DoneKey(jobID)
+	}
+	return "done/" + jobID + "." + strconv.Itoa(rev) + ".json"
+}

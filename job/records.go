@@ -76,20 +76,32 @@ const (
 // EventJobSettled is CompletionEvent.Event.
 const EventJobSettled = "vramq.job.settled"
 
-// CompletionEvent is what goes to the events topic, once a job, when its
-// last chunk settles (docs/events.md). The done marker (DoneKey) is the same record,
-// with PublishError set while the event has not gone out.
+// CompletionEvent is what goes to the events topic when a job's last chunk
+// settles (docs/events.md), and again, with a higher Revision, when a later
+// count of the settled job sees more (Supersedes): a result stored after a
+// chunk was dead-lettered, say. Each revision's done marker
+// (DoneRevisionKey) is the same record, with PublishError set while that
+// revision has not gone out.
 type CompletionEvent struct {
-	V               int    `json:"v"`
-	Event           string `json:"event"`
-	JobID           string `json:"job_id"`
+	V     int    `json:"v"`
+	Event string `json:"event"`
+	JobID string `json:"job_id"`
+	// Revision is 1 for a job's first event and one more for each
+	// correction: a consumer keeps, for each job, the event of the highest
+	// revision it has seen, and (job_id, revision) names one event, which
+	// may be delivered more than once.
+	Revision        int    `json:"revision"`
 	Status          string `json:"status"`
 	Chunks          int    `json:"chunks"`
 	ChunksDone      int    `json:"chunks_done"`
 	ChunksFailed    int    `json:"chunks_failed"`
 	ChunksCancelled int    `json:"chunks_cancelled"`
 	Items           int    `json:"items"`
-	ItemsDone       int    `json:"items_done"`
+	// ItemsDone counts the items of done chunks that have an answer;
+	// ItemsFailed those the model refused (their outputs carry an error).
+	// Items of failed and cancelled chunks are in neither (Tally.Items).
+	ItemsDone   int `json:"items_done"`
+	ItemsFailed int `json:"items_failed"`
 	// ResultsURI is the S3 prefix of the job's results, one object a chunk
 	// (results/{job_id}/{chunk}.json); FailedURI of its failed markers.
 	ResultsURI string `json:"results_uri"`

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -214,41 +213,22 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest) (*statusBody, e
 	if err := g0.Wait(); err != nil {
 		return nil, err
 	}
-	// A result wins over an earlier failure, and either over a cancelled
-	// marker (anyone who can send to the queue can make a subscriber write
-	// one, for any chunk).
-	for c := range done {
-		delete(failedSet, c)
-		delete(cancelledSet, c)
-	}
-	for c := range failedSet {
-		delete(cancelledSet, c)
-	}
-	b := &statusBody{JobID: m.JobID, Chunks: m.Chunks, ChunksDone: len(done), ChunksFailed: len(failedSet),
-		ChunksCancelled: len(cancelledSet), Items: m.Items, ClaimChecked: m.ClaimChecked, CreatedAt: m.CreatedAt,
-		Failed: []failedChunk{}, done: done}
-	b.ChunksPending = max(m.Chunks-b.ChunksDone-b.ChunksFailed-b.ChunksCancelled, 0)
-	for c := range done {
-		if c < len(m.ChunkItems) {
-			b.ItemsDone += m.ChunkItems[c]
-		}
-	}
+	// The settlement rule is job's, the completion event's too: a result
+	// wins over a failure, either over a cancelled marker (anyone who can
+	// send to the queue can make a subscriber write one, for any chunk).
+	tally := job.Settle(m.Chunks, done, failedSet, cancelledSet)
+	done, failedSet = tally.Done, tally.Failed
+	b := &statusBody{JobID: m.JobID, Chunks: m.Chunks, ChunksDone: len(tally.Done), ChunksFailed: len(tally.Failed),
+		ChunksCancelled: len(tally.Cancelled), Items: m.Items, ClaimChecked: m.ClaimChecked, CreatedAt: m.CreatedAt,
+		Failed: []failedChunk{}, Status: tally.Status(cancel != nil), done: tally.Done}
+	b.ChunksPending = tally.Pending()
 	if cancel != nil {
 		at := cancel.At
 		b.CancelledAt = &at
 	}
-	switch {
-	case cancel != nil && (b.ChunksPending > 0 || b.ChunksCancelled > 0):
-		b.Status = StatusCancelled
-	case b.ChunksPending > 0:
-		b.Status = StatusRunning
-	case len(failedSet) == 0:
-		b.Status = StatusComplete
-	default:
-		b.Status = StatusPartial
-	}
 
 	var mu sync.Mutex
+	itemsFailed := map[int]int{}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(readConcurrency)
 	for c := range itemErrSet {
@@ -260,13 +240,9 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest) (*statusBody, e
 			if err != nil {
 				return err
 			}
-			var ie job.ItemErrorsMarker
-			// Anyone who can send to the queue can have a marker written
-			// for any chunk: a count beyond the chunk's items is not used.
-			if json.Unmarshal(raw, &ie) == nil && c < len(m.ChunkItems) && ie.ItemsFailed > 0 && ie.ItemsFailed <= m.ChunkItems[c] {
+			if n := job.ItemsFailedOf(m, c, raw); n > 0 {
 				mu.Lock()
-				b.ItemsFailed += ie.ItemsFailed
-				b.ItemsDone -= ie.ItemsFailed
+				itemsFailed[c] = n
 				mu.Unlock()
 			}
 			return nil
@@ -292,6 +268,7 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest) (*statusBody, e
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	b.ItemsDone, b.ItemsFailed = tally.Items(m, itemsFailed)
 	sort.Slice(b.Failed, func(i, j int) bool { return b.Failed[i].Chunk < b.Failed[j].Chunk })
 	return b, nil
 }
@@ -312,19 +289,12 @@ func (p *Publisher) cancelRecord(ctx context.Context, jobID string) (*job.Cancel
 	return &c, nil
 }
 
-// chunksUnder lists prefix and returns the chunk indices named by its
-// {chunk}.json keys, ignoring anything else.
+// chunksUnder lists prefix and returns the chunks its keys name
+// (job.ChunkOfKey), ignoring anything else.
 func (p *Publisher) chunksUnder(ctx context.Context, prefix string, chunks int) (map[int]bool, error) {
 	keys, err := p.store.List(ctx, prefix)
 	if err != nil {
 		return nil, err
 	}
-	set := make(map[int]bool, len(keys))
-	for _, k := range keys {
-		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(k, prefix), ".json"))
-		if err == nil && n >= 0 && n < chunks && strings.HasSuffix(k, ".json") {
-			set[n] = true
-		}
-	}
-	return set, nil
+	return job.ChunkSet(prefix, keys, chunks), nil
 }

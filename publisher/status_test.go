@@ -207,3 +207,32 @@ func TestJobStatusItemErrors(t *testing.T) {
 		t.Errorf("chunk 0: %d failed, refused item %+v (error %+v)", st.Results[0].ItemsFailed, bad, bad.Error)
 	}
 }
+
+// Issue 25, item 7: only the keys a subscriber writes count. results/j/01.json,
+// results/j/+1.json and their kin under failed/, cancelled/ and itemerrors/
+// look like chunk 1 to strconv.Atoi but are no chunk's (job.ChunkOfKey), so
+// the job stays running with one chunk done, as its completion event counts it.
+func TestJobStatusCountsOnlyChunkKeys(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{})
+	a := s.mustPost(jobBody(t, manyItems("k", 2, 3), 1), nil)
+	works := checkWhole(t, a, e.drain(a.Chunks))
+	if a.Chunks != 2 {
+		t.Fatalf("%d chunks, want 2", a.Chunks)
+	}
+	r := job.Result{V: 1, JobID: a.JobID, Chunk: 0, Model: "m", Attempt: 1,
+		Outputs: []job.Output{{ID: works[0].Items[0].ID, Embedding: []float32{1}}}}
+	e.putJSON(job.ResultKey(a.JobID, 0), r)
+	for _, name := range []string{"01.json", "+1.json", "1.json.bak", "1.JSON", " 1.json", "2.json"} {
+		e.putJSON(job.ResultPrefix(a.JobID)+name, r)
+		e.putJSON(job.FailedPrefix(a.JobID)+name, job.FailedMarker{V: 1, JobID: a.JobID, Chunk: 1, Reason: "forged"})
+		e.putJSON(job.CancelledPrefix(a.JobID)+name, job.CancelledMarker{V: 1, JobID: a.JobID, Chunk: 1})
+	}
+	e.putJSON(job.ItemErrorsPrefix(a.JobID)+"00.json", job.ItemErrorsMarker{V: 1, JobID: a.JobID, Chunk: 0, ItemsFailed: 1})
+	st := s.status(t, a.JobID, "")
+	if st.Status != publisher.StatusRunning || st.ChunksDone != 1 || st.ChunksFailed != 0 || st.ChunksCancelled != 0 ||
+		st.ChunksPending != 1 || st.ItemsDone != 1 || st.ItemsFailed != 0 || len(st.Failed) != 0 {
+		t.Errorf("status %+v; want running, 1 chunk done, 1 pending, 1 item done", st)
+	}
+}

@@ -33,6 +33,10 @@ type Payloads interface {
 	// PutIfAbsent stores body at key unless an object is there already, in
 	// which case it returns that object's content.
 	PutIfAbsent(ctx context.Context, key string, body []byte) (created bool, existing []byte, err error)
+	// Create is PutIfAbsent with the conditional write first and a read
+	// only when it is refused (payload.Store.Create), for done markers: it
+	// works where a missing key reads as 403.
+	Create(ctx context.Context, key string, body []byte) (created bool, existing []byte, err error)
 	// Read fetches key, unverified; an error wraps payload.ErrMissing when
 	// there is no object there. For records such as a job's cancel record.
 	Read(ctx context.Context, key string) ([]byte, error)
@@ -249,41 +253,60 @@ func (s *Subscriber) storeResults(results []job.Result, bodies [][]byte) ([]*job
 }
 
 func (s *Subscriber) storeResult(ctx context.Context, r *job.Result, body []byte) (job.PayloadRef, error) {
-	ref, err := s.storeResultObject(ctx, r, body)
-	if err == nil && r.ItemsFailed > 0 {
+	ref, failed, err := s.storeResultObject(ctx, r, body)
+	if err == nil && failed > 0 {
 		// After the result, and on every delivery: a crash in between
 		// redelivers the message, which writes it then.
-		err = s.markItemErrors(ctx, r)
+		err = s.markItemErrors(ctx, r.Key(), failed)
 	}
 	return ref, err
 }
 
-// markItemErrors writes r's item-error marker, for the publisher's count.
-func (s *Subscriber) markItemErrors(ctx context.Context, r *job.Result) error {
-	body, err := json.Marshal(job.ItemErrorsMarker{V: job.Version, JobID: r.JobID, Chunk: r.Chunk, ItemsFailed: r.ItemsFailed})
+// markItemErrors writes the item-error marker of chunk k, for the counts of
+// GET and of the completion event.
+func (s *Subscriber) markItemErrors(ctx context.Context, k job.Key, failed int) error {
+	body, err := json.Marshal(job.ItemErrorsMarker{V: job.Version, JobID: k.JobID, Chunk: k.Chunk, ItemsFailed: failed})
 	if err != nil {
 		return err
 	}
-	_, err = s.payloads.Put(ctx, job.ItemErrorsKey(r.JobID, r.Chunk), body)
+	_, err = s.payloads.Put(ctx, job.ItemErrorsKey(k.JobID, k.Chunk), body)
 	return err
 }
 
-func (s *Subscriber) storeResultObject(ctx context.Context, r *job.Result, body []byte) (job.PayloadRef, error) {
+// storeResultObject stores r unless the chunk's result is there already,
+// and returns a reference to the stored result and how many of its items
+// failed. The count is the stored result's, not r's: a redelivery of the
+// chunk that is not what ran first (anyone who can send to the queue can
+// send one, with other items) must not change the chunk's item-error
+// marker, so the marker always says what the result GET serves says.
+func (s *Subscriber) storeResultObject(ctx context.Context, r *job.Result, body []byte) (job.PayloadRef, int, error) {
 	key := job.ResultKey(r.JobID, r.Chunk)
 	created, existing, err := s.payloads.PutIfAbsent(ctx, key, body)
 	if err != nil {
-		return job.PayloadRef{}, err
+		return job.PayloadRef{}, 0, err
 	}
 	if created {
-		return refTo(s.payloads.Bucket(), key, body), nil
+		return refTo(s.payloads.Bucket(), key, body), itemErrors(r), nil
 	}
 	var old job.Result
 	if json.Unmarshal(existing, &old) == nil && old.Key() == r.Key() && old.Ref == nil {
-		return refTo(s.payloads.Bucket(), key, existing), nil
+		return refTo(s.payloads.Bucket(), key, existing), itemErrors(&old), nil
 	}
 	// Not a result of this chunk: whatever it is, ours replaces it.
 	s.log.Warn("replacing an object that is not this chunk's result", "key", key, "bytes", len(existing))
-	return s.payloads.Put(ctx, key, body)
+	ref, err := s.payloads.Put(ctx, key, body)
+	return ref, itemErrors(r), err
+}
+
+// itemErrors is how many of r's outputs carry an error.
+func itemErrors(r *job.Result) int {
+	n := 0
+	for _, o := range r.Outputs {
+		if o.Error != nil {
+			n++
+		}
+	}
+	return n
 }
 
 func refTo(bucket, key string, body []byte) job.PayloadRef {
@@ -291,37 +314,61 @@ func refTo(bucket, key string, body []byte) job.PayloadRef {
 	return job.PayloadRef{Bucket: bucket, Key: key, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}
 }
 
-// markFailed writes the failed marker of the chunk l carries, when its body
-// names one. Best effort: the DLQ copy is the record that matters, so a
-// failure is only logged.
+// markFailed writes the failed marker of t's chunk. Best effort: the DLQ
+// copy is the record that matters, so a failure is only logged.
 //
-// The marker is written only where none is: anyone who can send to the
-// queue can send a malformed message naming any job and chunk, and must not
-// replace the reason a real failure left there. A result still wins over a
-// marker in the publisher's answer.
-func (s *Subscriber) markFailed(l *lease, reason string) {
-	k, ok := chunkOf(l.msg)
-	if !ok {
-		return
-	}
-	body, err := json.Marshal(job.FailedMarker{V: job.Version, JobID: k.JobID, Chunk: k.Chunk, Reason: reason,
-		MessageID: l.msg.ID, At: time.Now().UTC().Format(time.RFC3339)})
-	if err != nil {
+// Only for a message that decoded as work (t.work): anyone who can send to
+// the queue can send a body that names any job and chunk and decodes as
+// nothing, and a marker for it would settle that job before its real
+// chunk runs. Only for a chunk of the job's manifest, when it has one: a
+// chunk at or past its count is none of the job's, and no count would use
+// the marker. And only where none is: a sender must not replace the reason
+// a real failure left there. A result still wins over a marker, in GET and
+// in the completion event, and a result stored after a marker corrects the
+// event (events.go).
+func (s *Subscriber) markFailed(t *task, reason string) {
+	w, l := t.work, t.lease
+	if w == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 	defer cancel()
-	created, _, err := s.payloads.PutIfAbsent(ctx, job.FailedKey(k.JobID, k.Chunk), body)
+	if n, ok := s.manifestChunks(ctx, w.JobID); ok && w.Chunk >= n {
+		s.log.Info("no failed marker for a chunk past its job's last", "message_id", l.msg.ID, "job_id", w.JobID,
+			"chunk", w.Chunk, "chunks", n)
+		return
+	}
+	body, err := json.Marshal(job.FailedMarker{V: job.Version, JobID: w.JobID, Chunk: w.Chunk, Reason: reason,
+		MessageID: l.msg.ID, At: time.Now().UTC().Format(time.RFC3339)})
+	if err != nil {
+		return
+	}
+	created, _, err := s.payloads.PutIfAbsent(ctx, job.FailedKey(w.JobID, w.Chunk), body)
 	switch {
 	case err != nil:
 		s.log.Warn("writing the failed marker failed; the DLQ copy stands",
-			"message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk, "err", err)
+			"message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk, "err", err)
 	case !created:
-		s.log.Info("the chunk has a failed marker already; kept", "message_id", l.msg.ID, "job_id", k.JobID, "chunk", k.Chunk)
+		s.log.Info("the chunk has a failed marker already; kept", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk)
 	}
 	if err == nil {
-		s.jobSettling(k.JobID)
+		s.jobSettling(w.JobID)
 	}
+}
+
+// manifestChunks is the chunk count of jobID's manifest, when it can be
+// read: a job without one (a publisher without a bucket) or a read that
+// fails says nothing.
+func (s *Subscriber) manifestChunks(ctx context.Context, jobID string) (int, bool) {
+	raw, err := s.payloads.Read(ctx, job.ManifestKey(jobID))
+	if err != nil {
+		return 0, false
+	}
+	var m job.Manifest
+	if json.Unmarshal(raw, &m) != nil || m.JobID != jobID || m.Chunks < 1 {
+		return 0, false
+	}
+	return m.Chunks, true
 }
 
 // chunkOf finds the chunk a message is for in whatever of its body parses (a

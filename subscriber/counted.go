@@ -100,3 +100,9 @@ func (c countedPayloads) PutIfAbsent(ctx context.Context, key string, body []byt
 	c.count("put_if_absent", err)
 	return created, existing, err
 }
+
+func (c countedPayloads) Create(ctx context.Context, key string, body []byte) (bool, []byte, error) {
+	created, existing, err := c.p.Create(ctx, key, body)
+	c.count("create", err)
+	return created, existing, err
+}

@@ -97,7 +97,7 @@ func (s *Subscriber) deadLetter(t *task, kind, reason string) {
 		// Before the delete, so that a crash in between redelivers the
 		// message (a second DLQ copy) rather than leaving the chunk
 		// dead-lettered without its marker.
-		s.markFailed(l, reason)
+		s.markFailed(t, reason)
 	}
 	s.ack(t)
 }

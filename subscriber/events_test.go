@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -17,15 +18,34 @@ import (
 // List makes memPayloads a Lister, for completion events.
 func (p *memPayloads) List(ctx context.Context, prefix string) ([]string, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	var keys []string
 	for k := range p.objs {
 		if strings.HasPrefix(k, prefix) {
 			keys = append(keys, k)
 		}
 	}
+	if p.listed == nil {
+		p.listed = map[string]int{}
+	}
+	if parts := strings.Split(prefix, "/"); len(parts) > 1 {
+		p.listed[parts[1]] += len(keys)
+	}
+	hook := p.listHook
+	p.mu.Unlock()
+	if hook != nil {
+		if err := hook(ctx, prefix, len(keys)); err != nil {
+			return nil, err
+		}
+	}
 	sort.Strings(keys)
 	return keys, nil
+}
+
+// listedFor is how many keys List returned for job jobID, in all.
+func (p *memPayloads) listedFor(jobID string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.listed[jobID]
 }
 
 // memSink records the events published; fail, when set, decides each
@@ -37,7 +57,7 @@ type memSink struct {
 	fail   func(try int) error
 }
 
-func (s *memSink) Publish(ctx context.Context, jobID string, body []byte) error {
+func (s *memSink) Publish(ctx context.Context, sent *job.CompletionEvent, body []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tries++
@@ -47,7 +67,7 @@ func (s *memSink) Publish(ctx context.Context, jobID string, body []byte) error 
 		}
 	}
 	var ev job.CompletionEvent
-	if err := json.Unmarshal(body, &ev); err != nil || ev.JobID != jobID {
+	if err := json.Unmarshal(body, &ev); err != nil || ev != *sent {
 		return errors.New("bad event")
 	}
 	s.events = append(s.events, ev)
@@ -87,7 +107,7 @@ func TestCompletionEventOnceAcrossSubscribersAndRedeliveries(t *testing.T) {
 		for _, c := range []int{0, 1, 2, 0, 1, 2} {
 			h1.send("j", c, "mb=1")
 		}
-		h1.work.Put(`{"v":1,"job_id":"j","chunk":3,"items":[]}`, nil)
+		h1.send("j", 3, "mb=1 invalid") // dead-lettered: every item refused
 		h1.send("running", 0, "mb=1")
 		waitFor(t, time.Minute, "7 results, 1 dead letter and an event", func() bool {
 			r, _ := h1.results.Stats()
@@ -101,7 +121,7 @@ func TestCompletionEventOnceAcrossSubscribersAndRedeliveries(t *testing.T) {
 		var wg sync.WaitGroup
 		for range 8 {
 			wg.Go(func() {
-				if err := h2.sub.checkSettled(context.Background(), "j"); err != nil {
+				if err := h2.sub.checkSettled(context.Background(), "j", &jobSettle{witness: -1}); err != nil {
 					t.Error(err)
 				}
 			})
@@ -112,7 +132,7 @@ func TestCompletionEventOnceAcrossSubscribersAndRedeliveries(t *testing.T) {
 			t.Fatalf("%d publishes, events %+v; want exactly one", tries, evs)
 		}
 		ev := evs[0]
-		want := job.CompletionEvent{V: job.Version, Event: job.EventJobSettled, JobID: "j", Status: job.EventPartial,
+		want := job.CompletionEvent{V: job.Version, Event: job.EventJobSettled, JobID: "j", Revision: 1, Status: job.EventPartial,
 			Chunks: 4, ChunksDone: 3, ChunksFailed: 1, Items: 4, ItemsDone: 3,
 			ResultsURI: "s3://mem/results/j/", FailedURI: "s3://mem/failed/j/", At: ev.At}
 		if ev != want {
@@ -127,9 +147,9 @@ func TestCompletionEventOnceAcrossSubscribersAndRedeliveries(t *testing.T) {
 	})
 }
 
-// A publish that fails leaves publish_error on the done marker; the next
-// check sends the event again and clears it, and a check after that sends
-// nothing. A job with a chunk deleted unrun is cancelled.
+// A publish that fails is tried again after a backoff, by the check that
+// made it: one event, and a check after that sends nothing. A job with a
+// chunk deleted unrun is cancelled.
 func TestCompletionEventPublishFailureRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newMemPayloads()
@@ -145,15 +165,10 @@ func TestCompletionEventPublishFailureRetried(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.send("c", 0, "mb=1")
-		waitFor(t, time.Minute, "a publish", func() bool { n, _ := sink.sent(); return n >= 1 })
+		waitFor(t, time.Hour, "an event", func() bool { _, evs := sink.sent(); return len(evs) == 1 })
 		h.shutdown()
-		var marker job.CompletionEvent
-		b, _ := p.object(job.DoneKey("c"))
-		if err := json.Unmarshal(b, &marker); err != nil || marker.PublishError != "sns down" {
-			t.Fatalf("done marker %s after a failed publish; want publish_error", b)
-		}
 		for range 2 {
-			if err := h.sub.checkSettled(context.Background(), "c"); err != nil {
+			if err := h.sub.checkSettled(context.Background(), "c", &jobSettle{witness: -1}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -164,10 +179,50 @@ func TestCompletionEventPublishFailureRetried(t *testing.T) {
 		if ev := evs[0]; ev.Status != job.EventCancelled || ev.ChunksDone != 1 || ev.ChunksCancelled != 1 || ev.PublishError != "" {
 			t.Errorf("event %+v; want cancelled, 1 done, 1 cancelled, no publish_error", ev)
 		}
-		b, _ = p.object(job.DoneKey("c"))
-		marker = job.CompletionEvent{}
+		b, _ := p.object(job.DoneKey("c"))
+		var marker job.CompletionEvent
 		if err := json.Unmarshal(b, &marker); err != nil || marker.PublishError != "" {
 			t.Errorf("done marker %s after the retry; want publish_error cleared", b)
+		}
+	})
+}
+
+// A publish that fails on every try leaves publish_error on the done
+// marker once the check gives up; the next check of the job (a redelivery
+// of one of its chunks) sends the event and clears it.
+func TestCompletionEventPublishErrorMarkerSentByALaterCheck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newMemPayloads()
+		var down atomic.Bool
+		down.Store(true)
+		sink := &memSink{fail: func(int) error {
+			if down.Load() {
+				return errors.New("sns down")
+			}
+			return nil
+		}}
+		putManifest(t, p, "c", 1)
+		h := start(t, 64*mib, Config{Payloads: p, Events: sink})
+		h.send("c", 0, "mb=1")
+		waitFor(t, time.Hour, "the check to give up", func() bool {
+			return counter(h.sub.m.events.WithLabelValues("dropped")) == 1
+		})
+		if tries, _ := sink.sent(); tries != settleTries {
+			t.Errorf("%d publishes; want %d, one a try", tries, settleTries)
+		}
+		var marker job.CompletionEvent
+		b, _ := p.object(job.DoneKey("c"))
+		if err := json.Unmarshal(b, &marker); err != nil || marker.PublishError != "sns down" {
+			t.Fatalf("done marker %s after failed publishes; want publish_error", b)
+		}
+		down.Store(false)
+		h.sub.jobSettling("c")
+		waitFor(t, time.Minute, "the event", func() bool { _, evs := sink.sent(); return len(evs) == 1 })
+		h.shutdown()
+		b, _ = p.object(job.DoneKey("c"))
+		marker = job.CompletionEvent{}
+		if err := json.Unmarshal(b, &marker); err != nil || marker.PublishError != "" || marker.Revision != 1 {
+			t.Errorf("done marker %s after the retry; want revision 1, publish_error cleared", b)
 		}
 	})
 }

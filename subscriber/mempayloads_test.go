@@ -26,6 +26,10 @@ type memPayloads struct {
 	reads             map[string]int // Reads, by key
 	// readErr, when set, decides the error of each Read.
 	readErr func(key string) error
+	// listHook, when set, runs before each List returns its n keys; an
+	// error it returns is the List's. It may sleep (an S3 page's latency).
+	listHook func(ctx context.Context, prefix string, n int) error
+	listed   map[string]int // keys returned by List, by the prefix's job (the second path element)
 }
 
 var _ Payloads = (*memPayloads)(nil)
@@ -88,6 +92,12 @@ func (p *memPayloads) PutIfAbsent(ctx context.Context, key string, body []byte) 
 	}
 	p.objs[key] = append([]byte(nil), body...)
 	return true, nil, nil
+}
+
+// Create is PutIfAbsent: the map's check and write are one step, as S3's
+// conditional write is.
+func (p *memPayloads) Create(ctx context.Context, key string, body []byte) (bool, []byte, error) {
+	return p.PutIfAbsent(ctx, key, body)
 }
 
 func (p *memPayloads) Read(ctx context.Context, key string) ([]byte, error) {

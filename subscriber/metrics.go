@@ -139,10 +139,12 @@ func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 		resultsStored: counter("results_stored_total",
 			"Chunk results in the payload bucket (written, or found there from an earlier attempt)."),
 		payloadRequests: f.NewCounterVec(prometheus.CounterOpts(opts("payload_requests_total",
-			"Payload bucket (S3) operations, by operation and outcome; put_if_absent is a read and a conditional write.")),
+			"Payload bucket (S3) operations, by operation and outcome; put_if_absent is a read and a conditional write, "+
+				"create a conditional write and, only when it is refused, a read.")),
 			[]string{"op", "outcome"}),
 		events: f.NewCounterVec(prometheus.CounterOpts(opts("completion_events_total",
-			"Job completion events (docs/events.md): sent, or error (the check or the publish failed; a redelivery retries).")),
+			"Job completion events (docs/events.md): sent (a job's first), corrected (a later revision), "+
+				"error (a try of a check or a publish failed; tried again after a backoff), dropped (a check gave up after its tries).")),
 			[]string{"outcome"}),
 		protected: gauge("task_protected", "1 while the ECS task is protected from scale-in (messages held), else 0."),
 		protectionErrors: counter("task_protection_errors_total",

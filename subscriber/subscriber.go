@@ -63,11 +63,10 @@ type Subscriber struct {
 	roomKick chan struct{} // poked when waiting or held messages go down
 	runners  sync.WaitGroup
 	aux      sync.WaitGroup // dead-letter sends and cancels started by the poller and the runners
-	// eventLocks serialise the completion-event checks of one job (by a
-	// hash of its id; events.go): a few S3 requests each, so sharing a lock
-	// with another job costs little.
-	eventLocks [64]sync.Mutex
-	fetches    sync.WaitGroup // claim-check fetches started by the poller
+	// settle runs the completion-event checks (events.go); nil without
+	// Events.
+	settle  *settler
+	fetches sync.WaitGroup // claim-check fetches started by the poller
 	// fetchSlots bounds claim-check fetches in flight, across messages.
 	fetchSlots *semaphore.Weighted
 
@@ -175,6 +174,9 @@ func New(cfg Config) (*Subscriber, error) {
 	if cfg.Payloads != nil {
 		s.payloads = countedPayloads{cfg.Payloads, m}
 		s.cancels = newCancels(s.payloads.Read, cfg.CancelCheckTTL, s.log)
+		if cfg.Events != nil {
+			s.settle = newSettler(s)
+		}
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold)
 	s.keeper.onRemove = s.pokeRoom
@@ -309,6 +311,11 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	// Results still waiting for company go now, before the keeper drains
 	// the deletes they lead to.
 	s.outbox.close()
+	if s.settle != nil {
+		// After everything that stores a result or a marker: their checks
+		// run to the end, a check in a backoff tries once more at once.
+		s.settle.close()
+	}
 	grace.Stop()
 	// The refresh has stopped with the stages; a shrink still waiting
 	// could only wait for work that is gone.

@@ -77,6 +77,30 @@ func (s *Store) PutIfAbsent(ctx context.Context, key string, body []byte) (creat
 	return true, nil, nil
 }
 
+// Create stores body at key unless an object is already there, as
+// PutIfAbsent does, but writes first: one conditional PutObject
+// (If-None-Match: *), and a read only when S3 refuses it because the object
+// exists (412, or 409 for a concurrent conditional write). Nothing then
+// hangs on how S3 answers a read of a missing key, which is 403 rather than
+// 404 to a role without s3:ListBucket on it. A store that ignores the
+// condition (the fauxqs emulator) overwrites the object and reports it
+// created: use PutIfAbsent where that matters there.
+func (s *Store) Create(ctx context.Context, key string, body []byte) (created bool, existing []byte, err error) {
+	_, err = s.client.PutObject(ctx, &s3.PutObjectInput{
+		Bucket: &s.bucket, Key: &key, Body: bytes.NewReader(body), IfNoneMatch: aws.String("*"),
+		ContentLength: aws.Int64(int64(len(body))), ContentType: aws.String("application/json"),
+	})
+	var apiErr smithy.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode() == "PreconditionFailed" || apiErr.ErrorCode() == "ConditionalRequestConflict") {
+		b, rerr := s.Read(ctx, key)
+		return false, b, rerr
+	}
+	if err != nil {
+		return false, nil, fmt.Errorf("payload: put s3://%s/%s: %w", s.bucket, key, err)
+	}
+	return true, nil, nil
+}
+
 // Get fetches what ref names and checks it against the reference's size and
 // SHA-256: ErrMissing or ErrCorrupt (wrapped) when it cannot be trusted.
 func (s *Store) Get(ctx context.Context, ref job.PayloadRef) ([]byte, error) {
