@@ -216,8 +216,11 @@ data "aws_iam_policy_document" "subscriber" {
     resources = [aws_sqs_queue.results.arn, aws_sqs_queue.dlq.arn]
   }
 
-  # Claim-checked items; a job's cancel record; and everything it writes:
-  # a chunk's stored result, failed and cancelled markers are written with
+  # Claim-checked items; a job's cancel record; its manifest (a failed
+  # marker is written only for a chunk below the manifest's chunk count,
+  # subscriber/claimcheck.go's manifestChunks: without the read a forged
+  # message could mark any chunk number); and everything it writes: a
+  # chunk's stored result, failed and cancelled markers are written with
   # PutIfAbsent, which reads first, and the item-error marker is kept
   # readable by the same rule (read what you write).
   statement {
@@ -225,6 +228,7 @@ data "aws_iam_policy_document" "subscriber" {
     actions = ["s3:GetObject"]
     resources = [
       "${local.bucket_arn}/payloads/*",
+      "${local.bucket_arn}/jobs/*",
       "${local.bucket_arn}/results/*",
       "${local.bucket_arn}/failed/*",
       "${local.bucket_arn}/cancel/*",
@@ -252,7 +256,7 @@ data "aws_iam_policy_document" "subscriber" {
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["payloads/*", "results/*", "failed/*", "cancel/*", "cancelled/*", "itemerrors/*"]
+      values   = ["payloads/*", "jobs/*", "results/*", "failed/*", "cancel/*", "cancelled/*", "itemerrors/*"]
     }
   }
 
