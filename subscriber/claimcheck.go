@@ -19,8 +19,9 @@ import (
 // Payloads is the bucket that holds what does not fit in a message: items
 // the publisher claim-checked, results too large to send, and the results
 // and failure markers the publisher reads back. *payload.Store implements it
-// on S3; its methods must be safe for concurrent use and must not retry
-// beyond their client's own retryer.
+// on S3; its methods must be safe for concurrent use, must not retry
+// beyond their client's own retryer, and must return a queue.ErrRefused
+// (a *queue.Error) where the bucket refuses what was sent for good.
 type Payloads interface {
 	// Bucket names the bucket, for the references written to messages.
 	Bucket() string

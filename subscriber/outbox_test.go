@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,9 +12,8 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/aws/smithy-go"
-
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // sendLog is a results queue for the outbox alone: it records each call's
@@ -186,7 +186,7 @@ func TestOutboxReportsEachEntry(t *testing.T) {
 		o := newTestOutbox(&l, &s)
 		l.fail = func(body string) error {
 			if body == "a-4" {
-				return &EntryError{Code: "InternalError"}
+				return errors.New("InternalError")
 			}
 			return nil
 		}
@@ -285,7 +285,7 @@ func TestFailedResultEntryReleasesOnlyItsMessage(t *testing.T) {
 		var failed atomic.Bool
 		h.results.SendErr = func(body string) error {
 			if strings.Contains(body, `"job_id":"bad"`) && failed.CompareAndSwap(false, true) {
-				return &EntryError{Code: "InternalError", Message: "injected"}
+				return errors.New("injected InternalError")
 			}
 			return nil
 		}
@@ -471,7 +471,7 @@ func TestOutboxIsolatesARefusedEntry(t *testing.T) {
 			calls.Add(1)
 			for _, m := range msgs {
 				if m.Body == "a-3" {
-					return nil, &smithy.GenericAPIError{Code: "AWS.SimpleQueueService.BatchRequestTooLong", Fault: smithy.FaultClient}
+					return nil, &queue.Error{Kind: queue.ErrRefused, Code: "BatchRequestTooLong"}
 				}
 			}
 			return make([]error, len(msgs)), nil

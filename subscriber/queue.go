@@ -1,17 +1,20 @@
 package subscriber
 
-import "github.com/vramq/vramq/subscriber/queue"
+import (
+	"errors"
+
+	"github.com/vramq/vramq/subscriber/queue"
+)
 
 // The queue's types under the names the subscriber's code and its users
 // have always used. They live in package queue so that its conformance
 // suite and in-memory queue (queuetest), which the subscriber's own tests
 // use, need not import the subscriber.
 type (
-	Message    = queue.Message
-	Outgoing   = queue.Outgoing
-	Queue      = queue.Queue
-	Sender     = queue.Sender
-	EntryError = queue.EntryError
+	Message  = queue.Message
+	Outgoing = queue.Outgoing
+	Queue    = queue.Queue
+	Sender   = queue.Sender
 )
 
 // MaxBatch is queue.MaxBatch.
@@ -20,5 +23,5 @@ const MaxBatch = queue.MaxBatch
 // ErrLeaseLost is queue.ErrLeaseLost.
 var ErrLeaseLost = queue.ErrLeaseLost
 
-// IsLeaseLost is queue.IsLeaseLost.
-func IsLeaseLost(err error) bool { return queue.IsLeaseLost(err) }
+// IsLeaseLost reports whether err is a queue.ErrLeaseLost.
+func IsLeaseLost(err error) bool { return errors.Is(err, queue.ErrLeaseLost) }

@@ -5,10 +5,13 @@
 package queuetest
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -20,7 +23,8 @@ type QueueSender interface {
 }
 
 // RunConformance checks the queue.Queue and queue.Sender contract the
-// subscriber relies on, on the empty queue newQueue returns (it may skip t
+// subscriber relies on, the classification of errors included, on the empty
+// queue newQueue returns (it may skip t
 // when its backend is not there). It asserts only what SQS documents, not
 // what one implementation happens to do; it runs against SQS (sqsqueue, on
 // whatever AWS_ENDPOINT_URL names) and against Mem, so the fake stays
@@ -120,13 +124,49 @@ func RunConformance(t *testing.T, newQueue func(t *testing.T) QueueSender) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if errs[0] == nil || !queue.IsLeaseLost(errs[0]) {
-		t.Errorf("extending a deleted message: %v; want a lost lease", errs[0])
-	}
+	classified(t, "extending a deleted message", errs[0], queue.ErrLeaseLost)
 
 	// With every message deleted, nothing comes back, even after the
 	// visibility timeouts that were set would have passed.
 	if left := receive(queue.MaxBatch, time.Second); len(left) != 0 {
 		t.Errorf("%d messages after deleting all", len(left))
+	}
+
+	// An entry with a character SQS does not accept is refused for good,
+	// alone: its neighbour goes.
+	errs, err = q.Send(ctx, []queue.Outgoing{{Body: "nul \x00"}, {Body: "next"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	classified(t, "sending a NUL", errs[0], queue.ErrRefused)
+	if errs[1] != nil {
+		t.Errorf("the refused entry's neighbour: %v", errs[1])
+	}
+	// A call over job.MaxBatchBytes in all is refused for good, whole.
+	half := queue.Outgoing{Body: strings.Repeat("x", job.MaxBatchBytes/2+1)}
+	_, err = q.Send(ctx, []queue.Outgoing{half, half})
+	classified(t, "sending more than a call may carry", err, queue.ErrRefused)
+	var next []queue.Message
+	for deadline := time.Now().Add(5 * time.Second); len(next) == 0 && time.Now().Before(deadline); {
+		next = receive(queue.MaxBatch, time.Minute)
+	}
+	if len(next) != 1 || next[0].Body != "next" {
+		t.Fatalf("after the refusals, received %+v; want only the neighbour", next)
+	}
+	errs, err = q.Delete(ctx, []string{next[0].Handle})
+	noErrs("delete", errs, err)
+}
+
+// classified checks that err is a *queue.Error of kind, which names it.
+func classified(t *testing.T, what string, err, kind error) {
+	t.Helper()
+	var qe *queue.Error
+	if !errors.As(err, &qe) || !errors.Is(err, kind) || qe.Code == "" {
+		t.Errorf("%s: %#v; want a *queue.Error of kind %q, with its code", what, err, kind)
+	}
+	for _, other := range []error{queue.ErrLeaseLost, queue.ErrRefused} {
+		if other != kind && errors.Is(err, other) {
+			t.Errorf("%s: %v is also %q", what, err, other)
+		}
 	}
 }
