@@ -336,7 +336,7 @@ func (c *Config) Validate() error {
 	if c.ShutdownGrace < 0 {
 		bad("ShutdownGrace", "shutdown grace %v: must not be negative", c.ShutdownGrace)
 	}
-	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 1<<20 {
+	if c.MaxMessageBytes < job.MinMessageBytes || c.MaxMessageBytes > job.MaxMessageBytes {
 		bad("MaxMessageBytes", "max message bytes %d: want 1 KiB to 1 MiB", c.MaxMessageBytes)
 	}
 	if c.MaxResultBytes < 1 || c.MaxResultBytes > job.MaxResultBytes {

@@ -3,6 +3,7 @@ package subscriber
 import (
 	"errors"
 
+	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -17,8 +18,8 @@ type (
 	Sender   = queue.Sender
 )
 
-// MaxBatch is queue.MaxBatch.
-const MaxBatch = queue.MaxBatch
+// MaxBatch is job.MaxBatch.
+const MaxBatch = job.MaxBatch
 
 // ErrLeaseLost is queue.ErrLeaseLost.
 var ErrLeaseLost = queue.ErrLeaseLost

@@ -31,7 +31,7 @@ type Outgoing struct {
 // Implementations must be safe for concurrent use and must not retry beyond
 // their client's own retryer.
 //
-// The batch methods take at most MaxBatch entries (the SQS limit) and
+// The batch methods take at most job.MaxBatch entries (the SQS limit) and
 // return one error per entry, nil where the entry succeeded; a non-nil
 // second result means the whole call failed and no entry is known to have
 // succeeded. Errors are classified where they arise: see Error.
@@ -51,9 +51,6 @@ type Queue interface {
 type Sender interface {
 	Send(ctx context.Context, msgs []Outgoing) ([]error, error)
 }
-
-// MaxBatch is the most entries SQS takes in one batch call or one receive.
-const MaxBatch = 10
 
 // The kinds of error the subscriber acts on, as the implementation that
 // met an error classifies it (see Error); any other error may pass.

@@ -54,36 +54,36 @@ func RunConformance(t *testing.T, newQueue func(t *testing.T) QueueSender) {
 	}
 
 	var out []queue.Outgoing
-	for i := range queue.MaxBatch {
+	for i := range job.MaxBatch {
 		out = append(out, queue.Outgoing{Body: fmt.Sprintf(`{"n":%d}`, i), Attributes: map[string]string{"k": fmt.Sprint(i)}})
 	}
 	errs, err := q.Send(ctx, out)
 	noErrs("send 10", errs, err)
-	if len(errs) != queue.MaxBatch {
-		t.Fatalf("send returned %d entry errors for %d entries", len(errs), queue.MaxBatch)
+	if len(errs) != job.MaxBatch {
+		t.Fatalf("send returned %d entry errors for %d entries", len(errs), job.MaxBatch)
 	}
 
 	// Received messages carry body, attributes and a first receive count,
 	// and are hidden from the next receive.
 	got := map[string]queue.Message{}
-	for deadline := time.Now().Add(10 * time.Second); len(got) < queue.MaxBatch && time.Now().Before(deadline); {
-		for _, m := range receive(queue.MaxBatch, time.Minute) {
+	for deadline := time.Now().Add(10 * time.Second); len(got) < job.MaxBatch && time.Now().Before(deadline); {
+		for _, m := range receive(job.MaxBatch, time.Minute) {
 			if _, dup := got[m.Body]; dup {
 				t.Fatalf("message %s received twice while invisible", m.Body)
 			}
 			got[m.Body] = m
 		}
 	}
-	if len(got) != queue.MaxBatch {
-		t.Fatalf("received %d of %d", len(got), queue.MaxBatch)
+	if len(got) != job.MaxBatch {
+		t.Fatalf("received %d of %d", len(got), job.MaxBatch)
 	}
-	for i := range queue.MaxBatch {
+	for i := range job.MaxBatch {
 		m := got[fmt.Sprintf(`{"n":%d}`, i)]
 		if m.Handle == "" || m.ID == "" || m.ReceiveCount != 1 || m.Attributes["k"] != fmt.Sprint(i) {
 			t.Errorf("message %d: %+v", i, m)
 		}
 	}
-	if extra := receive(queue.MaxBatch, time.Minute); len(extra) != 0 {
+	if extra := receive(job.MaxBatch, time.Minute); len(extra) != 0 {
 		t.Errorf("%d messages received again while invisible", len(extra))
 	}
 
@@ -128,7 +128,7 @@ func RunConformance(t *testing.T, newQueue func(t *testing.T) QueueSender) {
 
 	// With every message deleted, nothing comes back, even after the
 	// visibility timeouts that were set would have passed.
-	if left := receive(queue.MaxBatch, time.Second); len(left) != 0 {
+	if left := receive(job.MaxBatch, time.Second); len(left) != 0 {
 		t.Errorf("%d messages after deleting all", len(left))
 	}
 
@@ -148,7 +148,7 @@ func RunConformance(t *testing.T, newQueue func(t *testing.T) QueueSender) {
 	classified(t, "sending more than a call may carry", err, queue.ErrRefused)
 	var next []queue.Message
 	for deadline := time.Now().Add(5 * time.Second); len(next) == 0 && time.Now().Before(deadline); {
-		next = receive(queue.MaxBatch, time.Minute)
+		next = receive(job.MaxBatch, time.Minute)
 	}
 	if len(next) != 1 || next[0].Body != "next" {
 		t.Fatalf("after the refusals, received %+v; want only the neighbour", next)

@@ -15,6 +15,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/vramq/vramq/internal/sqscodec"
+	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -39,7 +40,7 @@ func New(client *sqs.Client, url string) *Queue {
 func (q *Queue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]queue.Message, error) {
 	out, err := q.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 		QueueUrl:                    &q.url,
-		MaxNumberOfMessages:         int32(min(max, queue.MaxBatch)),
+		MaxNumberOfMessages:         int32(min(max, job.MaxBatch)),
 		WaitTimeSeconds:             int32(wait / time.Second),
 		VisibilityTimeout:           int32(visibility / time.Second),
 		MessageAttributeNames:       []string{"All"},
