@@ -14,6 +14,7 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // Payloads is the bucket that holds what does not fit in a message: items
@@ -329,7 +330,7 @@ func (s *Subscriber) markFailed(l *lease, reason string) {
 // malformed message may still name its job), with a job id of the grammar.
 // Never from its attributes: the body is what was validated and run, and
 // attributes may say anything.
-func chunkOf(m Message) (job.Key, bool) {
+func chunkOf(m queue.Message) (job.Key, bool) {
 	var b struct {
 		JobID string `json:"job_id"`
 		Chunk *int   `json:"chunk"`

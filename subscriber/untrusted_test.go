@@ -43,7 +43,7 @@ func (h *harness) endedAll(n int) {
 func (h *harness) reasons() map[string]string {
 	out := map[string]string{}
 	for _, m := range h.dlq.All() {
-		k, _ := chunkOf(Message{Body: m.Body})
+		k, _ := chunkOf(queue.Message{Body: m.Body})
 		out[k.JobID+"/"+strconv.Itoa(k.Chunk)] = m.Attributes[job.AttrReason]
 	}
 	return out
