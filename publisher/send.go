@@ -36,7 +36,7 @@ func (s *sender) batches(jobID, tenant string, chunks []Chunk) [][]Entry {
 	var cur []Entry
 	size := 0
 	for _, c := range chunks {
-		n := len(c.Body) + attrReserve
+		n := job.MessageSize(c.Body, attributes(jobID, c.Index, tenant))
 		if len(cur) > 0 && (len(cur) == job.MaxBatch || size+n > s.maxBatchBytes) {
 			out = append(out, cur)
 			cur, size = nil, 0
