@@ -113,17 +113,17 @@ func attrRuneOK(r rune) bool {
 	return r <= 0xFFFD
 }
 
-// AttrDataType is the data type vramq gives every message attribute.
-const AttrDataType = "String"
+// SQS's limits, and the data type of vramq's attributes.
+const (
+	MaxBatch        = 10       // entries in a batch call or a receive
+	MinMessageBytes = 1 << 10  // a queue's MaximumMessageSize is from this
+	MaxMessageBytes = 1 << 20  // to this (since August 2025; billed per 64 KiB)
+	MaxBatchBytes   = 1 << 20  // a call's MessageSize in all, whatever the queue's; more is refused whole
+	AttrDataType    = "String" // of every attribute vramq sends
+)
 
-// MaxBatchBytes is the most one SendMessageBatch call may carry: the sum of
-// its messages' sizes (MessageSize), at most 1 MiB whatever the queue's
-// largest message. SQS refuses a larger call whole (BatchRequestTooLong).
-const MaxBatchBytes = 1 << 20
-
-// MessageSize is the size SQS counts for a message: its body and, for each
-// attribute, its name, its data type and its value, all in UTF-8 bytes. SQS
-// limits a message, and the sum of a batch call's messages, by this size.
+// MessageSize is the size SQS counts, and limits a message and a call by:
+// the body and each attribute's name, data type and value, in UTF-8 bytes.
 func MessageSize(body string, attrs map[string]string) int {
 	n := len(body)
 	for k, v := range attrs {

@@ -10,18 +10,26 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/job"
 )
 
-// attrReserve is kept free in every message for its attributes, which SQS
-// counts in the message size: name, type and value of vramq-job-id,
-// vramq-chunk and vramq-tenant (a name of at most 128 characters) come to
-// under 220 bytes; the rest is headroom.
-const attrReserve = 256
+// numberReserve stands in for the digits of the chunk numbers, which are not
+// known until the whole job is planned: the body's "chunk" and "chunks" and
+// the vramq-chunk attribute.
+const numberReserve = 3 * 20
 
-// numberReserve stands in for the digits of "chunk" and "chunks", which are
-// not known until the whole job is planned.
-const numberReserve = 2 * 20
+// longestTenant stands in for the job's tenant while it is planned, so that a
+// job is cut the same way whoever sends it: an idempotent retry sends it
+// again under its id, cut as before.
+var longestTenant = strings.Repeat("t", tenant.MaxLen)
+
+// overhead is what a message of job jobID carries besides its items, as SQS
+// counts it (job.MessageSize): the envelope and the attributes, the tenant's
+// at its longest, with room for the chunk numbers.
+func overhead(jobID string) int {
+	return job.MessageSize(envelopePrefix(jobID, 0, 0)+envelopeSuffix, attributes(jobID, 0, longestTenant)) + numberReserve
+}
 
 // Chunk is one planned work message.
 type Chunk struct {
@@ -61,7 +69,7 @@ type Planner struct {
 // maxInlineItem is the largest encoded item that fits a message on its own,
 // whatever the job id and chunk numbers.
 func maxInlineItem(maxMessageBytes int) int {
-	return maxMessageBytes - attrReserve - len(envelopePrefix(newJobIDPlaceholder, 0, 0)) - numberReserve - len(envelopeSuffix)
+	return maxMessageBytes - overhead(newJobIDPlaceholder)
 }
 
 var newJobIDPlaceholder = string(bytes.Repeat([]byte("0"), jobIDLen))
@@ -70,7 +78,8 @@ var newJobIDPlaceholder = string(bytes.Repeat([]byte("0"), jobIDLen))
 // messages fit MaxMessageBytes. An item whose encoding exceeds MaxItemBytes
 // becomes a Claim and travels as {id, ref}; without a bucket it is a 413.
 func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Plan, *APIError) {
-	budget := pl.MaxMessageBytes - attrReserve - len(envelopePrefix(jobID, 0, 0)) - numberReserve - len(envelopeSuffix)
+	budget := pl.MaxMessageBytes - overhead(jobID)
+	attrs := attributes(jobID, 0, longestTenant) // each chunk's, with its number set below
 	p := &Plan{}
 	var (
 		cur     [][]byte // encoded items of the chunk being filled
@@ -132,10 +141,11 @@ func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Pla
 			body.Write(enc)
 		}
 		body.WriteString(envelopeSuffix)
-		if body.Len() > pl.MaxMessageBytes-attrReserve {
+		attrs[job.AttrChunk] = strconv.Itoa(i)
+		if n := job.MessageSize(body.String(), attrs); n > pl.MaxMessageBytes {
 			// The budget above makes this impossible; refuse rather than
 			// send a message SQS would reject halfway through a job.
-			return nil, apiErr(http.StatusInternalServerError, CodeInternal, "chunk %d planned at %d bytes, over the message limit", i, body.Len())
+			return nil, apiErr(http.StatusInternalServerError, CodeInternal, "chunk %d planned at %d bytes, over the message limit", i, n)
 		}
 		p.Chunks[i] = Chunk{Index: i, Items: len(items), Body: body.String()}
 	}

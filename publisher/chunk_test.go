@@ -2,13 +2,22 @@ package publisher
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/vramq/vramq/internal/tenant"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 )
 
@@ -18,8 +27,8 @@ func decodeChunks(t *testing.T, pl *Planner, jobID string, p *Plan) []*job.Work 
 	t.Helper()
 	var works []*job.Work
 	for i, c := range p.Chunks {
-		if len(c.Body)+attrReserve > pl.MaxMessageBytes {
-			t.Errorf("chunk %d is %d bytes (+%d for attributes), over %d", i, len(c.Body), attrReserve, pl.MaxMessageBytes)
+		if n := job.MessageSize(c.Body, attributes(jobID, i, longestTenant)); n > pl.MaxMessageBytes {
+			t.Errorf("chunk %d is %d bytes with its attributes, over %d", i, n, pl.MaxMessageBytes)
 		}
 		w, err := job.DecodeWork([]byte(c.Body))
 		if err != nil {
@@ -90,7 +99,7 @@ func TestPlanBySize(t *testing.T) {
 		// Greedy: the next item would not have fitted.
 		if i < len(works)-1 {
 			next := encodeJSON(job.Item{ID: in[n].ID, Text: in[n].Text})
-			if len(p.Chunks[i].Body)+1+len(next)+attrReserve+numberReserve <= max {
+			if job.MessageSize(p.Chunks[i].Body, attributes(id, i, longestTenant))+1+len(next)+numberReserve <= max {
 				t.Errorf("chunk %d closed at %d bytes with room for the next item (%d bytes)", i, len(p.Chunks[i].Body), len(next))
 			}
 		}
@@ -174,4 +183,54 @@ func TestEncodeJSONEscapesWhatSQSRefuses(t *testing.T) {
 	if err := json.Unmarshal(b, &out); err != nil || out.ID != in.ID || out.Text != in.Text {
 		t.Errorf("round trip: %+v, %v", out, err)
 	}
+}
+
+// A message is cut to the queue's limit as SQS counts it, body and
+// attributes (job.MessageSize), with the tenant's at its longest so that a
+// job is cut the same way whoever sends it. The largest item that travels
+// inline leaves unused only the room kept for the chunk numbers, which are
+// not known until the job is cut (the old 256-byte allowance for attributes,
+// which come to 214 bytes here, left 22 bytes more, and refused items that
+// fit). On SQS (the emulator, when there is one) the message goes on a queue
+// of that size.
+func TestPlanSizesMessagesAsSQSCounts(t *testing.T) {
+	for _, max := range []int{1 << 10, 256 << 10, 1 << 20} {
+		id := newJobID()
+		limit := maxInlineItem(max)
+		text := strings.Repeat("x", limit-len(`{"id":"a","text":""}`))
+		pl := &Planner{MaxMessageBytes: max, MaxItemBytes: limit}
+		p, e := pl.Plan(id, []RequestItem{{ID: "a", Text: text}}, 32)
+		if e != nil || len(p.Chunks) != 1 {
+			t.Fatalf("max %d: %v", max, e)
+		}
+		attrs := job.Attributes(job.Key{JobID: id})
+		attrs[job.AttrTenant] = strings.Repeat("t", tenant.MaxLen)
+		size := job.MessageSize(p.Chunks[0].Body, attrs)
+		// The room is for three numbers, of which this job uses one digit each.
+		if unused := max - size; unused != numberReserve {
+			t.Errorf("max %d: the largest inline item's message is %d bytes: %d unused; want the %d kept for the chunk numbers",
+				max, size, unused, numberReserve)
+		}
+		if max == 1<<10 && os.Getenv("AWS_ENDPOINT_URL") != "" {
+			q := NewSQSQueue(sqstest.Client(t), smallQueue(t, max))
+			errs, err := q.SendBatch(t.Context(), []Entry{{Body: p.Chunks[0].Body, JobID: id, Tenant: attrs[job.AttrTenant]}})
+			if err != nil || errs[0] != nil {
+				t.Errorf("SQS refuses the message: %v %v", err, errs)
+			}
+		}
+	}
+}
+
+// smallQueue is a queue of this test whose largest message is max bytes.
+func smallQueue(t *testing.T, max int) string {
+	client := sqstest.Client(t)
+	name := fmt.Sprintf("vramq-small-%d", time.Now().UnixNano())
+	out, err := client.CreateQueue(t.Context(), &sqs.CreateQueueInput{QueueName: &name,
+		Attributes: map[string]string{"MaximumMessageSize": strconv.Itoa(max)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := aws.ToString(out.QueueUrl)
+	t.Cleanup(func() { _, _ = client.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: &url}) })
+	return url
 }

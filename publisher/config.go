@@ -14,13 +14,6 @@ import (
 	"github.com/vramq/vramq/job"
 )
 
-// SQS's bounds on a message: 1 MiB since August 2025 (billed per 64 KiB); a
-// queue's MaximumMessageSize may be set anywhere from 1 KiB up to it.
-const (
-	SQSMaxMessageBytes = 1 << 20
-	SQSMinMessageBytes = 1 << 10
-)
-
 // Config is everything a Publisher needs. A zero field takes its value from
 // DefaultConfig (the comments below say where a default is worked out
 // instead); Validate says what is wrong with the rest.
@@ -260,8 +253,8 @@ func (c *Config) Validate() error {
 	if c.Queue == nil {
 		bad("Queue", "no work queue")
 	}
-	if c.MaxMessageBytes < SQSMinMessageBytes || c.MaxMessageBytes > SQSMaxMessageBytes {
-		bad("MaxMessageBytes", "max message bytes %d: want %d to %d", c.MaxMessageBytes, SQSMinMessageBytes, SQSMaxMessageBytes)
+	if c.MaxMessageBytes < job.MinMessageBytes || c.MaxMessageBytes > job.MaxMessageBytes {
+		bad("MaxMessageBytes", "max message bytes %d: want %d to %d", c.MaxMessageBytes, job.MinMessageBytes, job.MaxMessageBytes)
 	} else if inline := maxInlineItem(c.MaxMessageBytes); c.MaxItemBytes < 1 || c.MaxItemBytes > inline {
 		bad("MaxItemBytes", "max item bytes %d: want 1 to %d (what fits in a message of %d bytes)",
 			c.MaxItemBytes, inline, c.MaxMessageBytes)

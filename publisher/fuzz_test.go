@@ -47,7 +47,8 @@ func FuzzDecodeJobRequest(f *testing.F) {
 			t.Fatalf("round trip changed the request")
 		}
 
-		p, e := pl.Plan(newJobID(), req.Items, req.chunkItems(3))
+		jobID := newJobID()
+		p, e := pl.Plan(jobID, req.Items, req.chunkItems(3))
 		if e != nil {
 			if e.Status != http.StatusRequestEntityTooLarge || e.Code != CodeItemTooLarge {
 				t.Fatalf("plan refused with %+v", e)
@@ -61,8 +62,8 @@ func FuzzDecodeJobRequest(f *testing.F) {
 					t.Fatalf("chunk %d carries %U, which SQS may refuse", c.Index, r)
 				}
 			}
-			if len(c.Body)+attrReserve > pl.MaxMessageBytes {
-				t.Fatalf("chunk %d is %d bytes", c.Index, len(c.Body))
+			if n := job.MessageSize(c.Body, attributes(jobID, c.Index, longestTenant)); n > pl.MaxMessageBytes {
+				t.Fatalf("chunk %d is %d bytes with its attributes", c.Index, n)
 			}
 			w, err := job.DecodeWork([]byte(c.Body))
 			if err != nil {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vramq/vramq/job"
 )
 
 // maxSizeBody is a POST /v1/jobs body at the default limits: 10,000 items
@@ -81,7 +83,7 @@ func BenchmarkConcurrentMaxBodies(b *testing.B) {
 		inFlight int64
 	}{{"unbounded", 1 << 40}, {"default", 0}} {
 		b.Run(bc.name, func(b *testing.B) {
-			p, err := New(Config{Queue: nopQueue{}, MaxMessageBytes: SQSMaxMessageBytes, MaxBodyBytesInFlight: bc.inFlight,
+			p, err := New(Config{Queue: nopQueue{}, MaxMessageBytes: job.MaxMessageBytes, MaxBodyBytesInFlight: bc.inFlight,
 				Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
 			if err != nil {
 				b.Fatal(err)

@@ -61,10 +61,7 @@ func (q *SQSQueue) FIFO() bool { return q.fifo }
 func (q *SQSQueue) SendBatch(ctx context.Context, entries []Entry) ([]error, error) {
 	msgs := make([]sqscodec.Message, len(entries))
 	for i, e := range entries {
-		msgs[i] = sqscodec.Message{Body: e.Body, Attributes: job.Attributes(job.Key{JobID: e.JobID, Chunk: e.Chunk})}
-		if e.Tenant != "" {
-			msgs[i].Attributes[job.AttrTenant] = e.Tenant
-		}
+		msgs[i] = sqscodec.Message{Body: e.Body, Attributes: attributes(e.JobID, e.Chunk, e.Tenant)}
 		switch {
 		case q.fifo:
 			msgs[i].GroupID = e.JobID
@@ -78,6 +75,16 @@ func (q *SQSQueue) SendBatch(ctx context.Context, entries []Entry) ([]error, err
 		return nil, err
 	}
 	return sqscodec.Errors(len(entries), out.Failed)
+}
+
+// attributes are a work message's: its job id and chunk, and its tenant
+// when it has one.
+func attributes(jobID string, chunk int, tenant string) map[string]string {
+	attrs := job.Attributes(job.Key{JobID: jobID, Chunk: chunk})
+	if tenant != "" {
+		attrs[job.AttrTenant] = tenant
+	}
+	return attrs
 }
 
 // EntryError is one failed entry of a batch call; Retryable tells whether

@@ -10,10 +10,9 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
-)
 
-// maxBatchEntries is SQS's limit on entries per SendMessageBatch.
-const maxBatchEntries = 10
+	"github.com/vramq/vramq/job"
+)
 
 // sender puts a job's chunks on the queue. The SDK retries whole calls that
 // failed (throttling, 5xx, broken connections); what it cannot see are the
@@ -37,8 +36,8 @@ func (s *sender) batches(jobID, tenant string, chunks []Chunk) [][]Entry {
 	var cur []Entry
 	size := 0
 	for _, c := range chunks {
-		n := len(c.Body) + attrReserve
-		if len(cur) > 0 && (len(cur) == maxBatchEntries || size+n > s.maxBatchBytes) {
+		n := job.MessageSize(c.Body, attributes(jobID, c.Index, tenant))
+		if len(cur) > 0 && (len(cur) == job.MaxBatch || size+n > s.maxBatchBytes) {
 			out = append(out, cur)
 			cur, size = nil, 0
 		}

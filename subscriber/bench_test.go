@@ -8,6 +8,8 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 	"github.com/vramq/vramq/subscriber/queuetest"
 )
 
@@ -139,7 +141,7 @@ func BenchmarkAdmission(b *testing.B) {
 // the messages is set-up and not timed.
 func BenchmarkKeeperAck(b *testing.B) {
 	const visibility = time.Minute
-	setup := func(b *testing.B, n int) (*queuetest.Mem, []Message, time.Time) {
+	setup := func(b *testing.B, n int) (*queuetest.Mem, []queue.Message, time.Time) {
 		q := queuetest.NewMem()
 		for range n {
 			q.Put("x", nil)
@@ -183,9 +185,9 @@ func BenchmarkKeeperAck(b *testing.B) {
 				b.StopTimer()
 				q, msgs, _ := setup(b, n)
 				b.StartTimer()
-				for i := 0; i < n; i += MaxBatch {
-					hs := make([]string, 0, MaxBatch)
-					for _, m := range msgs[i:min(i+MaxBatch, n)] {
+				for i := 0; i < n; i += job.MaxBatch {
+					hs := make([]string, 0, job.MaxBatch)
+					for _, m := range msgs[i:min(i+job.MaxBatch, n)] {
 						hs = append(hs, m.Handle)
 					}
 					errs, err := q.Delete(ctx, hs)

@@ -14,13 +14,15 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // Payloads is the bucket that holds what does not fit in a message: items
 // the publisher claim-checked, results too large to send, and the results
 // and failure markers the publisher reads back. *payload.Store implements it
-// on S3; its methods must be safe for concurrent use and must not retry
-// beyond their client's own retryer.
+// on S3; its methods must be safe for concurrent use, must not retry
+// beyond their client's own retryer, and must return a queue.ErrRefused
+// (a *queue.Error) where the bucket refuses what was sent for good.
 type Payloads interface {
 	// Bucket names the bucket, for the references written to messages.
 	Bucket() string
@@ -375,7 +377,7 @@ func (s *Subscriber) manifestChunks(ctx context.Context, jobID string) (int, boo
 // malformed message may still name its job), with a job id of the grammar.
 // Never from its attributes: the body is what was validated and run, and
 // attributes may say anything.
-func chunkOf(m Message) (job.Key, bool) {
+func chunkOf(m queue.Message) (job.Key, bool) {
 	var b struct {
 		JobID string `json:"job_id"`
 		Chunk *int   `json:"chunk"`

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // sendWork puts w on the work queue, with its attributes.
@@ -119,7 +120,7 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 
 		reasons := map[string]string{}
 		for _, m := range h.dlq.All() {
-			k, ok := chunkOf(Message{Body: m.Body, Attributes: m.Attributes})
+			k, ok := chunkOf(queue.Message{Body: m.Body, Attributes: m.Attributes})
 			if !ok {
 				t.Fatalf("dead letter %q names no chunk", m.Body)
 			}
@@ -423,23 +424,23 @@ func TestLargeResultWithoutBucketDeadLetters(t *testing.T) {
 func TestChunkOf(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		m    Message
+		m    queue.Message
 		want job.Key
 		ok   bool
 	}{
 		// Identity comes from the body only (issue 14, item 2): attributes
 		// that name another job are ignored, and without a body naming one
 		// there is no chunk.
-		{"attributes only", Message{Attributes: job.Attributes(job.Key{JobID: "a", Chunk: 2}), Body: "junk"}, job.Key{}, false},
-		{"body", Message{Body: `{"v":9,"job_id":"b","chunk":4,"extra":1}`}, job.Key{JobID: "b", Chunk: 4}, true},
+		{"attributes only", queue.Message{Attributes: job.Attributes(job.Key{JobID: "a", Chunk: 2}), Body: "junk"}, job.Key{}, false},
+		{"body", queue.Message{Body: `{"v":9,"job_id":"b","chunk":4,"extra":1}`}, job.Key{JobID: "b", Chunk: 4}, true},
 		{"attributes of another job",
-			Message{Attributes: job.Attributes(job.Key{JobID: "victim", Chunk: 0}), Body: `{"job_id":"c","chunk":0}`},
+			queue.Message{Attributes: job.Attributes(job.Key{JobID: "victim", Chunk: 0}), Body: `{"job_id":"c","chunk":0}`},
 			job.Key{JobID: "c"}, true},
-		{"job id outside the grammar", Message{Body: `{"job_id":"../x","chunk":0}`}, job.Key{}, false},
-		{"long job id", Message{Body: `{"job_id":"` + strings.Repeat("a", 65) + `","chunk":0}`}, job.Key{}, false},
-		{"no chunk", Message{Body: `{"job_id":"d"}`}, job.Key{}, false},
-		{"negative chunk", Message{Body: `{"job_id":"d","chunk":-1}`}, job.Key{}, false},
-		{"not json", Message{Body: `not json`}, job.Key{}, false},
+		{"job id outside the grammar", queue.Message{Body: `{"job_id":"../x","chunk":0}`}, job.Key{}, false},
+		{"long job id", queue.Message{Body: `{"job_id":"` + strings.Repeat("a", 65) + `","chunk":0}`}, job.Key{}, false},
+		{"no chunk", queue.Message{Body: `{"job_id":"d"}`}, job.Key{}, false},
+		{"negative chunk", queue.Message{Body: `{"job_id":"d","chunk":-1}`}, job.Key{}, false},
+		{"not json", queue.Message{Body: `not json`}, job.Key{}, false},
 	} {
 		got, ok := chunkOf(tc.m)
 		if got != tc.want || ok != tc.ok {

@@ -11,15 +11,16 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // Config is everything a Subscriber needs. A zero field takes its value from
 // DefaultConfig (the comments below say where a default is worked out
 // instead); Validate says what is wrong with the rest.
 type Config struct {
-	Queue   Queue  // the work queue (required)
-	Results Sender // where result messages go (required)
-	DLQ     Sender // where poison messages go, with a reason attribute (required)
+	Queue   queue.Queue  // the work queue (required)
+	Results queue.Sender // where result messages go (required)
+	DLQ     queue.Sender // where poison messages go, with a reason attribute (required)
 
 	// Payloads is the payload bucket (S3), or nil for none. With it, items
 	// that reference an object there (claim-checked by the publisher) are
@@ -336,7 +337,7 @@ func (c *Config) Validate() error {
 	if c.ShutdownGrace < 0 {
 		bad("ShutdownGrace", "shutdown grace %v: must not be negative", c.ShutdownGrace)
 	}
-	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 1<<20 {
+	if c.MaxMessageBytes < job.MinMessageBytes || c.MaxMessageBytes > job.MaxMessageBytes {
 		bad("MaxMessageBytes", "max message bytes %d: want 1 KiB to 1 MiB", c.MaxMessageBytes)
 	}
 	if c.MaxResultBytes < 1 || c.MaxResultBytes > job.MaxResultBytes {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // The subscriber reaches its queues and its bucket through these decorators,
@@ -16,7 +17,7 @@ import (
 
 // countedQueue counts every call by action and outcome, for any Queue.
 type countedQueue struct {
-	q Queue
+	q queue.Queue
 	m *metrics
 }
 
@@ -28,7 +29,7 @@ func (c countedQueue) count(action string, err error) {
 	c.m.requests.WithLabelValues(action, outcome).Inc()
 }
 
-func (c countedQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]Message, error) {
+func (c countedQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]queue.Message, error) {
 	msgs, err := c.q.Receive(ctx, max, wait, visibility)
 	c.count("ReceiveMessage", err)
 	return msgs, err
@@ -47,11 +48,11 @@ func (c countedQueue) ChangeVisibility(ctx context.Context, handles []string, ti
 }
 
 type countedSender struct {
-	s Sender
+	s queue.Sender
 	m *metrics
 }
 
-func (c countedSender) Send(ctx context.Context, msgs []Outgoing) ([]error, error) {
+func (c countedSender) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) {
 	errs, err := c.s.Send(ctx, msgs)
 	countedQueue{m: c.m}.count("SendMessageBatch", err)
 	return errs, err

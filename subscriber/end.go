@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // A message ends in one of three ways, and only through this file:
@@ -74,7 +75,7 @@ func (s *Subscriber) deadLetter(t *task, kind, reason string) {
 	defer cancel()
 	var err error
 	for try := range 3 {
-		errs, e := s.dlq.Send(ctx, []Outgoing{s.deadLetterCopy(l, reason, try)})
+		errs, e := s.dlq.Send(ctx, []queue.Outgoing{s.deadLetterCopy(l, reason, try)})
 		if err = e; err == nil {
 			err = errs[0]
 		}
@@ -134,7 +135,7 @@ func (s *Subscriber) cancelChunk(t *task) {
 // deadLetterCopy is the DLQ copy of l's message with reason: whole on try 0,
 // cut to MaxMessageBytes on try 1, cut and escaped with only vramq's
 // attributes on try 2.
-func (s *Subscriber) deadLetterCopy(l *lease, reason string, try int) Outgoing {
+func (s *Subscriber) deadLetterCopy(l *lease, reason string, try int) queue.Outgoing {
 	// SQS allows ten attributes a message: ours first, then the original's,
 	// in name order (one is kept for AttrBodyTruncated when cutting).
 	attrs := map[string]string{job.AttrReason: reason, job.AttrSource: job.AttributeSafe(l.msg.ID)}
@@ -157,7 +158,7 @@ func (s *Subscriber) deadLetterCopy(l *lease, reason string, try int) Outgoing {
 	}
 	body := l.msg.Body
 	if try == 0 {
-		return Outgoing{Body: body, Attributes: attrs}
+		return queue.Outgoing{Body: body, Attributes: attrs}
 	}
 	if try == 2 {
 		body = job.AttributeSafe(body)
@@ -169,7 +170,7 @@ func (s *Subscriber) deadLetterCopy(l *lease, reason string, try int) Outgoing {
 	if body == "" {
 		body = "-" // SQS refuses an empty body
 	}
-	return Outgoing{Body: body, Attributes: attrs}
+	return queue.Outgoing{Body: body, Attributes: attrs}
 }
 
 // truncateUTF8 cuts s to at most n bytes without splitting a character.

@@ -7,13 +7,16 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // A lease is the subscriber's hold on one received message, from receipt until
 // SQS confirms its delete or release. The keeper extends it while it is held,
 // whether the message is waiting for admission or running.
 type lease struct {
-	msg      Message
+	msg      queue.Message
 	received time.Time
 	lost     atomic.Bool // the handle no longer holds the message, or max hold passed
 
@@ -36,7 +39,7 @@ type lease struct {
 // an ending lease is never extended, no visibility change ever follows a
 // delete.
 type keeper struct {
-	q          Queue
+	q          queue.Queue
 	m          *metrics
 	log        *slog.Logger
 	visibility time.Duration
@@ -61,7 +64,7 @@ type keeper struct {
 	deleted, released, lost, abandoned atomic.Int64
 }
 
-func newKeeper(q Queue, m *metrics, log *slog.Logger, visibility, maxHold time.Duration) *keeper {
+func newKeeper(q queue.Queue, m *metrics, log *slog.Logger, visibility, maxHold time.Duration) *keeper {
 	return &keeper{
 		q: q, m: m, log: log,
 		visibility: visibility, maxHold: maxHold,
@@ -71,13 +74,13 @@ func newKeeper(q Queue, m *metrics, log *slog.Logger, visibility, maxHold time.D
 		kick:       make(chan struct{}, 1),
 		onHold:     func() {},
 		onRemove:   func() {},
-		fullCall:   MaxBatch,
+		fullCall:   job.MaxBatch,
 	}
 }
 
 // hold starts a lease on m, received by a call that started at start (the
 // visibility timeout runs from about then).
-func (k *keeper) hold(m Message, start time.Time) *lease {
+func (k *keeper) hold(m queue.Message, start time.Time) *lease {
 	l := &lease{msg: m, received: time.Now(), visibleAt: start.Add(k.visibility)}
 	k.mu.Lock()
 	k.leases[l] = struct{}{}
@@ -178,7 +181,7 @@ func (k *keeper) heartbeat() {
 	}
 	k.mu.Unlock()
 	for len(due) > 0 {
-		n := min(len(due), MaxBatch)
+		n := min(len(due), job.MaxBatch)
 		chunk := due[:n:n]
 		due = due[n:]
 		k.calls.Add(1)
@@ -210,7 +213,7 @@ func (k *keeper) extend(ls []*lease, start time.Time) {
 		case errs[i] == nil:
 			l.visibleAt = start.Add(k.visibility)
 			k.m.extensions.Inc()
-		case IsLeaseLost(errs[i]):
+		case errors.Is(errs[i], queue.ErrLeaseLost):
 			l.lost.Store(true)
 			k.m.leasesLost.WithLabelValues("extend").Inc()
 			k.log.Warn("lease lost on extension", "message_id", l.msg.ID, "err", errs[i])
@@ -247,7 +250,7 @@ func (k *keeper) flush() {
 		for len(ls) > 0 {
 			n := 1
 			// A batch of releases shares one timeout: group equal delays.
-			for n < len(ls) && n < MaxBatch && (!release || ls[n].delay == ls[0].delay) {
+			for n < len(ls) && n < job.MaxBatch && (!release || ls[n].delay == ls[0].delay) {
 				n++
 			}
 			chunk := ls[:n:n]
@@ -298,7 +301,7 @@ func (k *keeper) sendEnds(ls []*lease, release bool) {
 				k.m.observeStage(stageDelete, l.resultSent, time.Now())
 			}
 			k.remove(l)
-		case IsLeaseLost(e):
+		case errors.Is(e, queue.ErrLeaseLost):
 			// The message expired and may be with another consumer: a
 			// delete that comes too late means a duplicate result, which
 			// consumers collapse by (job_id, chunk).

@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 	"github.com/vramq/vramq/subscriber/queuetest"
 )
 
@@ -31,7 +33,7 @@ func (q *slowQueue) ChangeVisibility(ctx context.Context, handles []string, time
 	return q.Mem.ChangeVisibility(ctx, handles, timeout)
 }
 
-func newTestKeeper(q Queue, visibility, maxHold time.Duration) (*keeper, *metrics) {
+func newTestKeeper(q queue.Queue, visibility, maxHold time.Duration) (*keeper, *metrics) {
 	m := newMetrics(prometheus.NewRegistry())
 	return newKeeper(q, m, slog.New(slog.NewTextHandler(io.Discard, nil)), visibility, maxHold), m
 }
@@ -42,7 +44,7 @@ func receiveAll(t *testing.T, q *queuetest.Mem, k *keeper, n int, visibility tim
 	var ls []*lease
 	for len(ls) < n {
 		start := time.Now()
-		msgs, err := q.Receive(t.Context(), MaxBatch, 0, visibility)
+		msgs, err := q.Receive(t.Context(), job.MaxBatch, 0, visibility)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +73,7 @@ func TestKeeperExtendsAllHeldLeasesInBatches(t *testing.T) {
 			t.Errorf("%d of 25 held messages invisible after 2m with a 30s timeout", invisible)
 		}
 		for _, n := range q.calls {
-			if n > MaxBatch {
+			if n > job.MaxBatch {
 				t.Errorf("a visibility call with %d entries", n)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // complete sends one result message per task, through the outbox, which
@@ -81,7 +82,7 @@ func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 			s.deadLetter(t, "result_too_large", reason)
 			continue
 		}
-		out = append(out, outResult{msg: Outgoing{Body: string(body), Attributes: attrs}, t: t})
+		out = append(out, outResult{msg: queue.Outgoing{Body: string(body), Attributes: attrs}, t: t})
 	}
 	s.outbox.add(out, len(tasks))
 }
@@ -134,7 +135,7 @@ const resultLinger = 100 * time.Millisecond
 // Call close after the last add: it sends what is left and waits for every
 // call.
 type outbox struct {
-	send     func(context.Context, []Outgoing) ([]error, error)
+	send     func(context.Context, []queue.Outgoing) ([]error, error)
 	done     func(t *task, err error)
 	linger   time.Duration
 	maxBytes int // payload of one call: bodies and attributes
@@ -168,7 +169,7 @@ type outbox struct {
 
 // outResult is one result message on its way, and the task it is for.
 type outResult struct {
-	msg  Outgoing
+	msg  queue.Outgoing
 	size int // job.MessageSize of msg, set by add and counted against maxBytes
 	t    *task
 }
@@ -273,7 +274,7 @@ func (o *outbox) sendCall(c []outResult) {
 // is sent again in halves, down to single entries: one result that cannot
 // be sent must not take its neighbours down with it, call after call.
 func (o *outbox) deliver(ctx context.Context, c []outResult) {
-	msgs := make([]Outgoing, len(c))
+	msgs := make([]queue.Outgoing, len(c))
 	for i := range c {
 		msgs[i] = c[i].msg
 	}
@@ -341,5 +342,5 @@ func (s *Subscriber) resultSent(t *task, err error) {
 // SQS limit, or -max-inflight when that is lower, since no more messages can
 // be held at once to join it.
 func (s *Subscriber) fullCall() int {
-	return min(MaxBatch, s.cfg.MaxInflight)
+	return min(job.MaxBatch, s.cfg.MaxInflight)
 }

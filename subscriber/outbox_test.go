@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,9 +12,8 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/aws/smithy-go"
-
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // sendLog is a results queue for the outbox alone: it records each call's
@@ -27,7 +27,7 @@ type sendLog struct {
 	hold  chan struct{}           // when set, each call waits for it to be closed
 }
 
-func (l *sendLog) send(ctx context.Context, msgs []Outgoing) ([]error, error) {
+func (l *sendLog) send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) {
 	if l.hold != nil {
 		<-l.hold
 	}
@@ -81,7 +81,7 @@ func (s *told) count() int {
 func newTestOutbox(l *sendLog, s *told) *outbox {
 	l.start = time.Now()
 	s.errs = map[*task]error{}
-	return &outbox{send: l.send, done: s.done, linger: 100 * time.Millisecond, maxBytes: 1000, full: MaxBatch}
+	return &outbox{send: l.send, done: s.done, linger: 100 * time.Millisecond, maxBytes: 1000, full: job.MaxBatch}
 }
 
 // results makes n results of size bytes each as SQS counts them, with
@@ -91,7 +91,7 @@ func someResults(name string, n, size int) []outResult {
 	rs := make([]outResult, n)
 	for i := range rs {
 		body := fmt.Sprintf("%s-%d", name, i)
-		rs[i] = outResult{msg: Outgoing{Body: body}, t: &task{}}
+		rs[i] = outResult{msg: queue.Outgoing{Body: body}, t: &task{}}
 		if pad := size - len(body) - len("pad") - len(job.AttrDataType); pad > 0 {
 			rs[i].msg.Attributes = map[string]string{"pad": strings.Repeat("x", pad)}
 			if got := job.MessageSize(body, rs[i].msg.Attributes); got != size {
@@ -186,7 +186,7 @@ func TestOutboxReportsEachEntry(t *testing.T) {
 		o := newTestOutbox(&l, &s)
 		l.fail = func(body string) error {
 			if body == "a-4" {
-				return &EntryError{Code: "InternalError"}
+				return errors.New("InternalError")
 			}
 			return nil
 		}
@@ -285,7 +285,7 @@ func TestFailedResultEntryReleasesOnlyItsMessage(t *testing.T) {
 		var failed atomic.Bool
 		h.results.SendErr = func(body string) error {
 			if strings.Contains(body, `"job_id":"bad"`) && failed.CompareAndSwap(false, true) {
-				return &EntryError{Code: "InternalError", Message: "injected"}
+				return errors.New("injected InternalError")
 			}
 			return nil
 		}
@@ -466,12 +466,12 @@ func TestOutboxIsolatesARefusedEntry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var s told
 		var calls atomic.Int32
-		o := &outbox{linger: time.Millisecond, maxBytes: 1 << 20, full: MaxBatch, done: s.done}
-		o.send = func(ctx context.Context, msgs []Outgoing) ([]error, error) {
+		o := &outbox{linger: time.Millisecond, maxBytes: 1 << 20, full: job.MaxBatch, done: s.done}
+		o.send = func(ctx context.Context, msgs []queue.Outgoing) ([]error, error) {
 			calls.Add(1)
 			for _, m := range msgs {
 				if m.Body == "a-3" {
-					return nil, &smithy.GenericAPIError{Code: "AWS.SimpleQueueService.BatchRequestTooLong", Fault: smithy.FaultClient}
+					return nil, &queue.Error{Kind: queue.ErrRefused, Code: "BatchRequestTooLong"}
 				}
 			}
 			return make([]error, len(msgs)), nil

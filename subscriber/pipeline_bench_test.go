@@ -17,6 +17,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/cputime"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // BenchmarkPipeline is the whole subscriber, from receive to delete, on an
@@ -60,8 +61,8 @@ type pipeQueue struct {
 }
 
 var (
-	_ Queue  = (*pipeQueue)(nil)
-	_ Sender = (*pipeQueue)(nil)
+	_ queue.Queue  = (*pipeQueue)(nil)
+	_ queue.Sender = (*pipeQueue)(nil)
 )
 
 func newPipeQueue(n int) *pipeQueue {
@@ -69,15 +70,15 @@ func newPipeQueue(n int) *pipeQueue {
 }
 
 // pipeMessage is the i-th of n work messages, as job.Work would encode it.
-func pipeMessage(i, n int) Message {
+func pipeMessage(i, n int) queue.Message {
 	c, id := strconv.Itoa(i), "m"+strconv.Itoa(i)
 	body := `{"v":1,"job_id":"pipeline","chunk":` + c + `,"chunks":` + strconv.Itoa(n) +
 		`,"items":[{"id":"` + c + `","text":"four words of text"}]}`
-	return Message{ID: id, Handle: id + "#1", Body: body, ReceiveCount: 1,
+	return queue.Message{ID: id, Handle: id + "#1", Body: body, ReceiveCount: 1,
 		Attributes: job.Attributes(job.Key{JobID: "pipeline", Chunk: i})}
 }
 
-func (q *pipeQueue) Receive(ctx context.Context, max int, wait, _ time.Duration) ([]Message, error) {
+func (q *pipeQueue) Receive(ctx context.Context, max int, wait, _ time.Duration) ([]queue.Message, error) {
 	q.mu.Lock()
 	first := q.next
 	k := min(max, q.n-first)
@@ -94,7 +95,7 @@ func (q *pipeQueue) Receive(ctx context.Context, max int, wait, _ time.Duration)
 		}
 		return nil, nil
 	}
-	out := make([]Message, k)
+	out := make([]queue.Message, k)
 	for j := range out {
 		out[j] = pipeMessage(first+j, q.n)
 	}
@@ -112,7 +113,7 @@ func (q *pipeQueue) ChangeVisibility(_ context.Context, handles []string, _ time
 	return make([]error, len(handles)), nil
 }
 
-func (q *pipeQueue) Send(_ context.Context, msgs []Outgoing) ([]error, error) {
+func (q *pipeQueue) Send(_ context.Context, msgs []queue.Outgoing) ([]error, error) {
 	q.sent.Add(int64(len(msgs)))
 	return make([]error, len(msgs)), nil
 }
@@ -126,11 +127,11 @@ func benchBare(b *testing.B, decode bool) {
 	cpu := startCPU()
 	b.ResetTimer()
 	for q.deleted.Load() < int64(b.N) {
-		msgs, err := q.Receive(ctx, MaxBatch, time.Second, 30*time.Second)
+		msgs, err := q.Receive(ctx, job.MaxBatch, time.Second, 30*time.Second)
 		if err != nil {
 			b.Fatal(err)
 		}
-		out := make([]Outgoing, len(msgs))
+		out := make([]queue.Outgoing, len(msgs))
 		handles := make([]string, len(msgs))
 		for i, m := range msgs {
 			body := prebuilt
@@ -147,7 +148,7 @@ func benchBare(b *testing.B, decode bool) {
 				}
 				body = string(enc)
 			}
-			out[i] = Outgoing{Body: body, Attributes: m.Attributes}
+			out[i] = queue.Outgoing{Body: body, Attributes: m.Attributes}
 			handles[i] = m.Handle
 		}
 		if _, err := results.Send(ctx, out); err != nil {

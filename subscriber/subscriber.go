@@ -34,6 +34,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // Subscriber is one consumer. Create it with New, start it with Run.
@@ -41,9 +42,9 @@ type Subscriber struct {
 	cfg     Config
 	log     *slog.Logger
 	m       *metrics
-	queue   Queue
-	results Sender
-	dlq     Sender
+	queue   queue.Queue
+	results queue.Sender
+	dlq     queue.Sender
 	// payloads is the payload bucket, nil when none is configured.
 	payloads Payloads
 	// cancels answers whether a job is cancelled; nil without a bucket.
@@ -368,13 +369,13 @@ func (s *Subscriber) pokeRoom() {
 // room is how many messages the next receive may ask for: no more than the
 // prefetch buffer and the in-flight bound have room for.
 func (s *Subscriber) room() int {
-	n := min(MaxBatch, s.cfg.Prefetch-int(s.waiting.Load()), s.cfg.MaxInflight-int(s.keeper.held.Load()))
+	n := min(job.MaxBatch, s.cfg.Prefetch-int(s.waiting.Load()), s.cfg.MaxInflight-int(s.keeper.held.Load()))
 	return max(n, 0)
 }
 
 // fullReceive is the most one receive can ever ask for under the bounds.
 func (s *Subscriber) fullReceive() int {
-	return min(MaxBatch, s.cfg.Prefetch, s.cfg.MaxInflight)
+	return min(job.MaxBatch, s.cfg.Prefetch, s.cfg.MaxInflight)
 }
 
 // addWaiting counts a message as waiting: received and not started.

@@ -13,10 +13,9 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/aws/smithy-go"
-
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // The tests of this file send what a hostile sender to the work queue can
@@ -44,7 +43,7 @@ func (h *harness) endedAll(n int) {
 func (h *harness) reasons() map[string]string {
 	out := map[string]string{}
 	for _, m := range h.dlq.All() {
-		k, _ := chunkOf(Message{Body: m.Body})
+		k, _ := chunkOf(queue.Message{Body: m.Body})
 		out[k.JobID+"/"+strconv.Itoa(k.Chunk)] = m.Attributes[job.AttrReason]
 	}
 	return out
@@ -120,7 +119,7 @@ func TestResultsSQSCannotTake(t *testing.T) {
 		h := start(t, 64*mib, Config{})
 		h.results.SendErr = func(body string) error {
 			if strings.Contains(body, "refuse-me") {
-				return &EntryError{Code: "AWS.SimpleQueueService.InvalidMessageContents", Message: "no", SenderFault: true}
+				return &queue.Error{Kind: queue.ErrRefused, Code: "InvalidMessageContents"}
 			}
 			return nil
 		}
@@ -208,7 +207,7 @@ func TestResultsThatCanNeverBeStored(t *testing.T) {
 		p := newMemPayloads()
 		p.putErr = func(key string) error {
 			if key == job.ResultKey("s3refuses", 0) {
-				return &smithy.GenericAPIError{Code: "EntityTooLarge", Message: "too large", Fault: smithy.FaultClient}
+				return &queue.Error{Kind: queue.ErrRefused, Code: "EntityTooLarge"}
 			}
 			return nil
 		}

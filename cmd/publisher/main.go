@@ -31,6 +31,7 @@ import (
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
 )
 
@@ -102,7 +103,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	// checked again once it is known.
 	probe := *c
 	probe.Queue, probe.Logger = noQueue{}, slog.New(slog.DiscardHandler)
-	probe.MaxMessageBytes = publisher.SQSMaxMessageBytes
+	probe.MaxMessageBytes = job.MaxMessageBytes
 	if o.maxMessage > 0 {
 		probe.MaxMessageBytes = int(o.maxMessage)
 	}

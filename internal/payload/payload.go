@@ -1,7 +1,6 @@
 // Package payload keeps in S3 what is too large for an SQS message, and reads
-// it back verified: the claim-check pattern of the SQS extended client
-// libraries, which Go lacks. The keys it is given follow the bucket layout
-// of package job (job.ItemKey and the rest).
+// it back verified (the claim-check pattern of the SQS extended client
+// libraries, which Go lacks), under the keys of job's bucket layout.
 package payload
 
 import (
@@ -12,13 +11,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"slices"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 var (
@@ -29,7 +32,8 @@ var (
 	ErrCorrupt = errors.New("payload: object does not match its reference")
 )
 
-// Store is one payload bucket. Safe for concurrent use.
+// Store is one payload bucket, safe for concurrent use. S3's refusals for
+// good are a *queue.Error of kind queue.ErrRefused.
 type Store struct {
 	client *s3.Client
 	bucket string
@@ -47,7 +51,7 @@ func (s *Store) Put(ctx context.Context, key string, body []byte) (job.PayloadRe
 		ContentLength: aws.Int64(int64(len(body))), ContentType: aws.String("application/json"),
 	})
 	if err != nil {
-		return job.PayloadRef{}, fmt.Errorf("payload: put s3://%s/%s: %w", s.bucket, key, err)
+		return job.PayloadRef{}, fmt.Errorf("payload: put s3://%s/%s: %w", s.bucket, key, classify(err))
 	}
 	return job.PayloadRef{Bucket: s.bucket, Key: key, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}, nil
 }
@@ -72,7 +76,7 @@ func (s *Store) PutIfAbsent(ctx context.Context, key string, body []byte) (creat
 		return false, b, rerr
 	}
 	if err != nil {
-		return false, nil, fmt.Errorf("payload: put s3://%s/%s: %w", s.bucket, key, err)
+		return false, nil, fmt.Errorf("payload: put s3://%s/%s: %w", s.bucket, key, classify(err))
 	}
 	return true, nil, nil
 }
@@ -166,7 +170,7 @@ func (s *Store) get(ctx context.Context, bucket, key string) (*s3.GetObjectOutpu
 		if errors.As(err, &nsk) || (errors.As(err, &apiErr) && (apiErr.ErrorCode() == "NoSuchKey" || apiErr.ErrorCode() == "NotFound")) {
 			return nil, fmt.Errorf("%w: s3://%s/%s", ErrMissing, bucket, key)
 		}
-		return nil, fmt.Errorf("payload: get s3://%s/%s: %w", bucket, key, err)
+		return nil, fmt.Errorf("payload: get s3://%s/%s: %w", bucket, key, classify(err))
 	}
 	return out, nil
 }
@@ -191,11 +195,42 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("payload: list s3://%s/%s: %w", s.bucket, prefix, err)
+			return nil, fmt.Errorf("payload: list s3://%s/%s: %w", s.bucket, prefix, classify(err))
 		}
 		for _, o := range page.Contents {
 			keys = append(keys, aws.ToString(o.Key))
 		}
 	}
 	return keys, nil
+}
+
+// refusalCodes are S3's error codes that refuse what was sent, not the
+// moment it was sent in.
+var refusalCodes = []string{
+	"EntityTooLarge",
+	"KeyTooLongError",
+	"InvalidArgument",
+	"MetadataTooLarge",
+	"InvalidRequest",
+	"MalformedXML",
+	"InvalidObjectName",
+}
+
+// classify returns err as a *queue.Error of kind queue.ErrRefused when S3
+// refuses what was sent for good, by one of refusalCodes or by an HTTP 413,
+// and as it is otherwise.
+func classify(err error) error {
+	var apiErr smithy.APIError
+	if errors.As(err, &apiErr) && slices.Contains(refusalCodes, apiErr.ErrorCode()) {
+		return &queue.Error{Kind: queue.ErrRefused, Code: apiErr.ErrorCode(), Err: err}
+	}
+	var re *smithyhttp.ResponseError
+	if errors.As(err, &re) && re.HTTPStatusCode() == http.StatusRequestEntityTooLarge {
+		code := http.StatusText(http.StatusRequestEntityTooLarge)
+		if apiErr != nil {
+			code = apiErr.ErrorCode()
+		}
+		return &queue.Error{Kind: queue.ErrRefused, Code: code, Err: err}
+	}
+	return err
 }

@@ -1,16 +1,15 @@
 // Package queue is the subscriber's view of a message queue, as go-cloud's
 // pubsub/driver is its topics' and subscriptions': the narrow interface an
 // implementation provides (sqsqueue on SQS, queuetest.Mem in memory), the
-// messages it carries and the errors it returns. queuetest holds the
-// conformance suite every implementation must pass.
+// messages it carries and the kinds of error the subscriber acts on (its
+// payload bucket's too). queuetest holds the conformance suite every
+// implementation must pass.
 package queue
 
 import (
 	"context"
 	"errors"
 	"time"
-
-	"github.com/vramq/vramq/internal/sqscodec"
 )
 
 // Message is a received message. Handle is its receipt handle: the lease on it.
@@ -32,11 +31,10 @@ type Outgoing struct {
 // Implementations must be safe for concurrent use and must not retry beyond
 // their client's own retryer.
 //
-// The batch methods take at most MaxBatch entries (the SQS limit) and
+// The batch methods take at most job.MaxBatch entries (the SQS limit) and
 // return one error per entry, nil where the entry succeeded; a non-nil
 // second result means the whole call failed and no entry is known to have
-// succeeded. IsLeaseLost tells an entry error that means the receipt handle
-// is no longer valid.
+// succeeded. Errors are classified where they arise: see Error.
 type Queue interface {
 	// Receive long-polls for up to max messages (at most 10), waiting up to
 	// wait, and makes them invisible to other consumers for visibility.
@@ -54,21 +52,29 @@ type Sender interface {
 	Send(ctx context.Context, msgs []Outgoing) ([]error, error)
 }
 
-// MaxBatch is the most entries SQS takes in one batch call or one receive.
-const MaxBatch = 10
+// The kinds of error the subscriber acts on, as the implementation that
+// met an error classifies it (see Error); any other error may pass.
+var (
+	// ErrLeaseLost: the receipt handle no longer holds its message (it was
+	// deleted, or its visibility lapsed and another consumer may have it).
+	ErrLeaseLost = errors.New("lease lost: receipt handle invalid or message not in flight")
+	// ErrRefused: what was sent is refused for good (too large, a character
+	// the service does not take); sending it again fails the same way.
+	ErrRefused = errors.New("refused for good")
+)
 
-// ErrLeaseLost means a receipt handle no longer holds its message: it was
-// deleted, or its visibility expired and it may be with another consumer.
-var ErrLeaseLost = errors.New("lease lost: receipt handle invalid or message not in flight")
-
-// EntryError is one failed entry of a batch call, with SQS's error code:
-// an implementation on another service reports its failures with the SQS
-// code that means the same, so that IsLeaseLost and the subscriber's
-// refusal rules read them.
-type EntryError = sqscodec.EntryError
-
-// IsLeaseLost reports whether err, from any call, means a lost lease:
-// ErrLeaseLost, or an entry or API error with one of SQS's lease-lost codes.
-func IsLeaseLost(err error) bool {
-	return errors.Is(err, ErrLeaseLost) || sqscodec.LeaseLost(err)
+// Error is an error its implementation classified.
+type Error struct {
+	Kind error  // ErrLeaseLost or ErrRefused
+	Code string // the service's name for it, for logs and reasons, never to decide by
+	Err  error  // the service's own error, if any
 }
+
+func (e *Error) Error() string {
+	if e.Err == nil {
+		return e.Kind.Error() + ": " + e.Code
+	}
+	return e.Err.Error()
+}
+
+func (e *Error) Unwrap() []error { return []error{e.Kind, e.Err} }

@@ -5,10 +5,13 @@
 package queuetest
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -20,7 +23,8 @@ type QueueSender interface {
 }
 
 // RunConformance checks the queue.Queue and queue.Sender contract the
-// subscriber relies on, on the empty queue newQueue returns (it may skip t
+// subscriber relies on, the classification of errors included, on the empty
+// queue newQueue returns (it may skip t
 // when its backend is not there). It asserts only what SQS documents, not
 // what one implementation happens to do; it runs against SQS (sqsqueue, on
 // whatever AWS_ENDPOINT_URL names) and against Mem, so the fake stays
@@ -50,36 +54,36 @@ func RunConformance(t *testing.T, newQueue func(t *testing.T) QueueSender) {
 	}
 
 	var out []queue.Outgoing
-	for i := range queue.MaxBatch {
+	for i := range job.MaxBatch {
 		out = append(out, queue.Outgoing{Body: fmt.Sprintf(`{"n":%d}`, i), Attributes: map[string]string{"k": fmt.Sprint(i)}})
 	}
 	errs, err := q.Send(ctx, out)
 	noErrs("send 10", errs, err)
-	if len(errs) != queue.MaxBatch {
-		t.Fatalf("send returned %d entry errors for %d entries", len(errs), queue.MaxBatch)
+	if len(errs) != job.MaxBatch {
+		t.Fatalf("send returned %d entry errors for %d entries", len(errs), job.MaxBatch)
 	}
 
 	// Received messages carry body, attributes and a first receive count,
 	// and are hidden from the next receive.
 	got := map[string]queue.Message{}
-	for deadline := time.Now().Add(10 * time.Second); len(got) < queue.MaxBatch && time.Now().Before(deadline); {
-		for _, m := range receive(queue.MaxBatch, time.Minute) {
+	for deadline := time.Now().Add(10 * time.Second); len(got) < job.MaxBatch && time.Now().Before(deadline); {
+		for _, m := range receive(job.MaxBatch, time.Minute) {
 			if _, dup := got[m.Body]; dup {
 				t.Fatalf("message %s received twice while invisible", m.Body)
 			}
 			got[m.Body] = m
 		}
 	}
-	if len(got) != queue.MaxBatch {
-		t.Fatalf("received %d of %d", len(got), queue.MaxBatch)
+	if len(got) != job.MaxBatch {
+		t.Fatalf("received %d of %d", len(got), job.MaxBatch)
 	}
-	for i := range queue.MaxBatch {
+	for i := range job.MaxBatch {
 		m := got[fmt.Sprintf(`{"n":%d}`, i)]
 		if m.Handle == "" || m.ID == "" || m.ReceiveCount != 1 || m.Attributes["k"] != fmt.Sprint(i) {
 			t.Errorf("message %d: %+v", i, m)
 		}
 	}
-	if extra := receive(queue.MaxBatch, time.Minute); len(extra) != 0 {
+	if extra := receive(job.MaxBatch, time.Minute); len(extra) != 0 {
 		t.Errorf("%d messages received again while invisible", len(extra))
 	}
 
@@ -120,13 +124,49 @@ func RunConformance(t *testing.T, newQueue func(t *testing.T) QueueSender) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if errs[0] == nil || !queue.IsLeaseLost(errs[0]) {
-		t.Errorf("extending a deleted message: %v; want a lost lease", errs[0])
-	}
+	classified(t, "extending a deleted message", errs[0], queue.ErrLeaseLost)
 
 	// With every message deleted, nothing comes back, even after the
 	// visibility timeouts that were set would have passed.
-	if left := receive(queue.MaxBatch, time.Second); len(left) != 0 {
+	if left := receive(job.MaxBatch, time.Second); len(left) != 0 {
 		t.Errorf("%d messages after deleting all", len(left))
+	}
+
+	// An entry with a character SQS does not accept is refused for good,
+	// alone: its neighbour goes.
+	errs, err = q.Send(ctx, []queue.Outgoing{{Body: "nul \x00"}, {Body: "next"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	classified(t, "sending a NUL", errs[0], queue.ErrRefused)
+	if errs[1] != nil {
+		t.Errorf("the refused entry's neighbour: %v", errs[1])
+	}
+	// A call over job.MaxBatchBytes in all is refused for good, whole.
+	half := queue.Outgoing{Body: strings.Repeat("x", job.MaxBatchBytes/2+1)}
+	_, err = q.Send(ctx, []queue.Outgoing{half, half})
+	classified(t, "sending more than a call may carry", err, queue.ErrRefused)
+	var next []queue.Message
+	for deadline := time.Now().Add(5 * time.Second); len(next) == 0 && time.Now().Before(deadline); {
+		next = receive(job.MaxBatch, time.Minute)
+	}
+	if len(next) != 1 || next[0].Body != "next" {
+		t.Fatalf("after the refusals, received %+v; want only the neighbour", next)
+	}
+	errs, err = q.Delete(ctx, []string{next[0].Handle})
+	noErrs("delete", errs, err)
+}
+
+// classified checks that err is a *queue.Error of kind, which names it.
+func classified(t *testing.T, what string, err, kind error) {
+	t.Helper()
+	var qe *queue.Error
+	if !errors.As(err, &qe) || !errors.Is(err, kind) || qe.Code == "" {
+		t.Errorf("%s: %#v; want a *queue.Error of kind %q, with its code", what, err, kind)
+	}
+	for _, other := range []error{queue.ErrLeaseLost, queue.ErrRefused} {
+		if other != kind && errors.Is(err, other) {
+			t.Errorf("%s: %v is also %q", what, err, other)
+		}
 	}
 }

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/smithy-go"
-
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
 )
@@ -33,10 +31,10 @@ type Mem struct {
 	// SendErr, when set, decides the error of each Send entry. Set it
 	// before the queue is in use.
 	SendErr func(body string) error
-	// MaxBytes, when set, makes Send refuse as SQS does a call whose
-	// messages come to more (job.MessageSize) as a whole. Send always
-	// refuses an entry with a character SQS does not accept, as SQS does.
-	// Set it before the queue is in use.
+	// MaxBytes is the most a Send call may carry, its messages'
+	// job.MessageSize in all: job.MaxBatchBytes, as on SQS, when zero. Send
+	// refuses a larger call whole, and an entry with a character SQS does
+	// not accept, as SQS does. Set it before the queue is in use.
 	MaxBytes int
 }
 
@@ -108,21 +106,20 @@ func (q *Mem) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) 
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.calls["Send"]++
-	if q.MaxBytes > 0 {
-		total := 0
-		for _, m := range msgs {
-			total += job.MessageSize(m.Body, m.Attributes)
-		}
-		if total > q.MaxBytes {
-			return nil, &smithy.GenericAPIError{
-				Code: "AWS.SimpleQueueService.BatchRequestTooLong", Message: "batch too long", Fault: smithy.FaultClient,
-			}
-		}
+	total, limit := 0, q.MaxBytes
+	if limit == 0 {
+		limit = job.MaxBatchBytes
+	}
+	for _, m := range msgs {
+		total += job.MessageSize(m.Body, m.Attributes)
+	}
+	if total > limit {
+		return nil, &queue.Error{Kind: queue.ErrRefused, Code: "BatchRequestTooLong"}
 	}
 	errs := make([]error, len(msgs))
 	for i, m := range msgs {
 		if refusedChars(m) {
-			errs[i] = &queue.EntryError{Code: "InvalidMessageContents", Message: "invalid character", SenderFault: true}
+			errs[i] = &queue.Error{Kind: queue.ErrRefused, Code: "InvalidMessageContents"}
 			continue
 		}
 		if q.SendErr != nil {
@@ -191,12 +188,12 @@ func (q *Mem) inflight(h string, op string) (*memMsg, error) {
 		if _, deleted := q.deletedHandles()[h]; deleted {
 			q.violations = append(q.violations, op+" after delete of "+h)
 		}
-		return nil, &queue.EntryError{Code: "ReceiptHandleIsInvalid", Message: h}
+		return nil, &queue.Error{Kind: queue.ErrLeaseLost, Code: "ReceiptHandleIsInvalid"}
 	case m.deleted:
 		q.violations = append(q.violations, op+" after delete of "+h)
-		return nil, &queue.EntryError{Code: "ReceiptHandleIsInvalid", Message: h}
+		return nil, &queue.Error{Kind: queue.ErrLeaseLost, Code: "ReceiptHandleIsInvalid"}
 	case !m.visibleAt.After(time.Now()):
-		return nil, &queue.EntryError{Code: "MessageNotInflight", Message: h}
+		return nil, &queue.Error{Kind: queue.ErrLeaseLost, Code: "MessageNotInflight"}
 	}
 	return m, nil
 }

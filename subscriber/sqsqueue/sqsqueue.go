@@ -1,17 +1,21 @@
-// Package sqsqueue is the subscriber's queue on Amazon SQS: a queue.Queue
-// and a queue.Sender on one SQS queue, through the SDK's client.
+// Package sqsqueue is the subscriber's queue on Amazon SQS, through the
+// SDK's client, with SQS's answers classified (queue.Error).
 package sqsqueue
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/vramq/vramq/internal/sqscodec"
+	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -36,14 +40,14 @@ func New(client *sqs.Client, url string) *Queue {
 func (q *Queue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]queue.Message, error) {
 	out, err := q.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 		QueueUrl:                    &q.url,
-		MaxNumberOfMessages:         int32(min(max, queue.MaxBatch)),
+		MaxNumberOfMessages:         int32(min(max, job.MaxBatch)),
 		WaitTimeSeconds:             int32(wait / time.Second),
 		VisibilityTimeout:           int32(visibility / time.Second),
 		MessageAttributeNames:       []string{"All"},
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount},
 	})
 	if err != nil {
-		return nil, err
+		return nil, classify(err)
 	}
 	msgs := make([]queue.Message, len(out.Messages))
 	for i, m := range out.Messages {
@@ -63,18 +67,18 @@ func (q *Queue) Receive(ctx context.Context, max int, wait, visibility time.Dura
 func (q *Queue) Delete(ctx context.Context, handles []string) ([]error, error) {
 	out, err := q.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: &q.url, Entries: sqscodec.DeleteEntries(handles)})
 	if err != nil {
-		return nil, err
+		return nil, classify(err)
 	}
-	return sqscodec.Errors(len(handles), out.Failed)
+	return entryErrors(len(handles), out.Failed)
 }
 
 func (q *Queue) ChangeVisibility(ctx context.Context, handles []string, timeout time.Duration) ([]error, error) {
 	out, err := q.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
 		QueueUrl: &q.url, Entries: sqscodec.VisibilityEntries(handles, timeout)})
 	if err != nil {
-		return nil, err
+		return nil, classify(err)
 	}
-	return sqscodec.Errors(len(handles), out.Failed)
+	return entryErrors(len(handles), out.Failed)
 }
 
 func (q *Queue) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) {
@@ -84,7 +88,41 @@ func (q *Queue) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error
 	}
 	out, err := q.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &q.url, Entries: sqscodec.Entries(entries)})
 	if err != nil {
-		return nil, err
+		return nil, classify(err)
 	}
-	return sqscodec.Errors(len(msgs), out.Failed)
+	return entryErrors(len(msgs), out.Failed)
+}
+
+// entryErrors is sqscodec.Errors, each failed entry classified.
+func entryErrors(n int, failed []types.BatchResultErrorEntry) ([]error, error) {
+	errs, err := sqscodec.Errors(n, failed)
+	for i, e := range errs {
+		if e != nil {
+			errs[i] = classify(e)
+		}
+	}
+	return errs, err
+}
+
+// classify returns err, a failed entry or a failed call, as a *queue.Error
+// where SQS's answer says what it means to the subscriber: a lost lease, or
+// a refusal for good (an entry SQS blames on its sender, a code that refuses
+// what was sent, or an HTTP 413 from whatever stands in front of SQS). Any
+// other error is returned as it is.
+func classify(err error) error {
+	code, _ := sqscodec.Code(err)
+	var ee *sqscodec.EntryError
+	var re *smithyhttp.ResponseError
+	switch {
+	case sqscodec.LeaseLost(err):
+		return &queue.Error{Kind: queue.ErrLeaseLost, Code: code, Err: err}
+	case errors.As(err, &ee) && !ee.Retryable(), sqscodec.Refuses(err):
+		return &queue.Error{Kind: queue.ErrRefused, Code: code, Err: err}
+	case errors.As(err, &re) && re.HTTPStatusCode() == http.StatusRequestEntityTooLarge:
+		if code == "" {
+			code = http.StatusText(http.StatusRequestEntityTooLarge)
+		}
+		return &queue.Error{Kind: queue.ErrRefused, Code: code, Err: err}
+	}
+	return err
 }

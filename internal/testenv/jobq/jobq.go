@@ -27,7 +27,7 @@ func Send(ctx context.Context, client *sqs.Client, url string, works []job.Work)
 	for len(works) > 0 {
 		var msgs []sqscodec.Message
 		size := 0
-		for len(msgs) < 10 && len(msgs) < len(works) {
+		for len(msgs) < job.MaxBatch && len(msgs) < len(works) {
 			w := works[len(msgs)]
 			body, err := json.Marshal(w)
 			if err != nil {

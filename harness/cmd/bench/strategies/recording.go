@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // receipts notes when each message was first received, by any subscriber.
@@ -26,7 +26,7 @@ func (r *receipts) firstReceipt(k job.Key) (time.Time, bool) {
 // recordingQueue is one subscriber's work queue: it notes first receipts in
 // rec, and counts the messages, and the large ones, this subscriber deleted.
 type recordingQueue struct {
-	subscriber.Queue
+	queue.Queue
 	rec   *receipts
 	large map[job.Key]bool // read only
 
@@ -35,7 +35,7 @@ type recordingQueue struct {
 	done, big int64
 }
 
-func (q *recordingQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]subscriber.Message, error) {
+func (q *recordingQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]queue.Message, error) {
 	msgs, err := q.Queue.Receive(ctx, max, wait, visibility)
 	now := time.Now()
 	q.rec.mu.Lock()

@@ -7,17 +7,17 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/subscriber"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // fakeWork is a work queue that hands out msgs once and fails the deletes
 // of the handles in fail.
 type fakeWork struct {
-	msgs []subscriber.Message
+	msgs []queue.Message
 	fail map[string]bool
 }
 
-func (f *fakeWork) Receive(context.Context, int, time.Duration, time.Duration) ([]subscriber.Message, error) {
+func (f *fakeWork) Receive(context.Context, int, time.Duration, time.Duration) ([]queue.Message, error) {
 	m := f.msgs
 	f.msgs = nil
 	return m, nil
@@ -41,12 +41,12 @@ func (f *fakeWork) ChangeVisibility(context.Context, []string, time.Duration) ([
 // only deletes SQS confirmed count, large ones by the large set, and a
 // message's first receipt is kept across subscribers.
 func TestRecordingQueueCountsCompletions(t *testing.T) {
-	msg := func(h string, chunk string) subscriber.Message {
-		return subscriber.Message{Handle: h, Attributes: map[string]string{job.AttrJobID: "j", job.AttrChunk: chunk}}
+	msg := func(h string, chunk string) queue.Message {
+		return queue.Message{Handle: h, Attributes: map[string]string{job.AttrJobID: "j", job.AttrChunk: chunk}}
 	}
 	rec := &receipts{first: map[job.Key]time.Time{}}
 	large := map[job.Key]bool{{JobID: "j", Chunk: 1}: true, {JobID: "j", Chunk: 2}: true}
-	fw := &fakeWork{msgs: []subscriber.Message{msg("a", "0"), msg("b", "1"), msg("c", "2")}, fail: map[string]bool{"c": true}}
+	fw := &fakeWork{msgs: []queue.Message{msg("a", "0"), msg("b", "1"), msg("c", "2")}, fail: map[string]bool{"c": true}}
 	q := &recordingQueue{Queue: fw, rec: rec, large: large, keys: map[string]job.Key{}}
 	ctx := context.Background()
 	if _, err := q.Receive(ctx, 10, 0, 0); err != nil {
@@ -63,7 +63,7 @@ func TestRecordingQueueCountsCompletions(t *testing.T) {
 		t.Errorf("completed %d, large %d; want 2 and 1 (c's delete failed)", n, big)
 	}
 	// Another subscriber receiving chunk 1 again does not move its first receipt.
-	other := &recordingQueue{Queue: &fakeWork{msgs: []subscriber.Message{msg("d", "1")}}, rec: rec, large: large, keys: map[string]job.Key{}}
+	other := &recordingQueue{Queue: &fakeWork{msgs: []queue.Message{msg("d", "1")}}, rec: rec, large: large, keys: map[string]job.Key{}}
 	if _, err := other.Receive(ctx, 10, 0, 0); err != nil {
 		t.Fatal(err)
 	}
