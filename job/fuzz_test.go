@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"regexp"
 	"testing"
 
@@ -18,10 +19,15 @@ import (
 //     (restated here as a regexp), at most MaxItems items, unique non-empty
 //     item ids without control characters, and every item has either inline
 //     content or a valid Ref, never both;
+//   - its endpoint is empty or one of the three, and inline content is a
+//     JSON object in body exactly when there is one (text or data when not);
 //   - it survives json.Marshal (plain, and escaped by EncodeForSQS, which
-//     leaves nothing SQS refuses) and DecodeWork again unchanged.
+//     leaves nothing SQS refuses) and DecodeWork again unchanged (a body
+//     as the same JSON value: marshalling compacts it, and the escapes
+//     write some characters another way).
 func FuzzDecodeWork(f *testing.F) {
 	f.Add([]byte(`{"v":1,"job_id":"j","chunk":0,"items":[{"id":"a","text":"hello"}]}`))
+	f.Add([]byte(`{"v":1,"job_id":"j","chunk":0,"endpoint":"/v1/embeddings","items":[{"id":"a","body":{"model":"m","input":"x"}}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		w, err := DecodeWork(body)
 		if err != nil {
@@ -45,6 +51,9 @@ func FuzzDecodeWork(f *testing.F) {
 		if w.V != Version || w.JobID == "" || w.Chunk < 0 || (w.Chunks != 0 && w.Chunk >= w.Chunks) || len(w.Items) == 0 {
 			t.Fatalf("accepted header v=%d job_id=%q chunk=%d chunks=%d items=%d", w.V, w.JobID, w.Chunk, w.Chunks, len(w.Items))
 		}
+		if w.Endpoint != "" && w.Endpoint != "/v1/chat/completions" && w.Endpoint != "/v1/completions" && w.Endpoint != "/v1/embeddings" {
+			t.Fatalf("accepted endpoint %q", w.Endpoint)
+		}
 		seen := map[string]bool{}
 		for i, it := range w.Items {
 			if it.ID == "" || seen[it.ID] {
@@ -54,11 +63,19 @@ func FuzzDecodeWork(f *testing.F) {
 			if len(it.ID) > MaxItemIDBytes || controlChar.MatchString(it.ID) {
 				t.Fatalf("item %d: accepted id %q", i, it.ID)
 			}
-			if it.Ref == nil && it.Text == "" && len(it.Data) == 0 {
+			text, body := it.Text != "" || len(it.Data) > 0, len(it.Body) > 0
+			switch {
+			case w.Endpoint == "" && body:
+				t.Fatalf("item %q: accepted a body without an endpoint", it.ID)
+			case w.Endpoint != "" && text:
+				t.Fatalf("item %q: accepted text or data with an endpoint", it.ID)
+			case it.Ref == nil && !text && !body:
 				t.Fatalf("item %q: accepted without content", it.ID)
+			case body && !isObject(it.Body):
+				t.Fatalf("item %q: accepted body %s, not a JSON object", it.ID, it.Body)
 			}
 			if it.Ref != nil {
-				if it.Text != "" || len(it.Data) > 0 {
+				if text || body {
 					t.Fatalf("item %q: accepted a ref with inline content", it.ID)
 				}
 				if !validRef(it.Ref) {
@@ -79,7 +96,7 @@ func FuzzDecodeWork(f *testing.F) {
 			t.Fatalf("re-encoded message refused: %v\n%s", err, enc)
 		}
 		// "data":"" decodes to an empty, non-nil slice that omitempty drops.
-		if d := cmp.Diff(w, again, cmpopts.EquateEmpty()); d != "" {
+		if d := cmp.Diff(w, again, cmpopts.EquateEmpty(), jsonValue); d != "" {
 			t.Fatalf("round trip changed the message (-first +second):\n%s", d)
 		}
 	})
@@ -93,6 +110,24 @@ var (
 	// in a body, per the SendMessage documentation's character list.
 	sqsRefused = regexp.MustCompile(`[^\x{9}\x{A}\x{D}\x{20}-\x{D7FF}\x{E000}-\x{FFFD}]`)
 )
+
+// jsonValue compares raw JSON (and only that: not the []byte of Data) by
+// the value it holds, where either side has one (EquateEmpty has the rest).
+var jsonValue = cmp.FilterPath(func(p cmp.Path) bool { return p.Last().Type() == reflect.TypeFor[json.RawMessage]() },
+	cmp.FilterValues(func(a, b json.RawMessage) bool { return len(a) > 0 || len(b) > 0 },
+		cmp.Transformer("jsonValue", func(m json.RawMessage) any {
+			var v any
+			if err := json.Unmarshal(m, &v); err != nil {
+				return err.Error()
+			}
+			return v
+		})))
+
+// isObject is the body rule, restated independently: one JSON object.
+func isObject(b []byte) bool {
+	var m map[string]json.RawMessage
+	return json.Unmarshal(b, &m) == nil && m != nil
+}
 
 // validRef is PayloadRef.Validate's rule, restated independently.
 func validRef(r *PayloadRef) bool {

@@ -78,24 +78,42 @@ func CheckItemID(id string) error {
 	return nil
 }
 
-// Check applies the rule every item obeys, on both sides of the queue: its
-// id is of the grammar, and it has content: text or data inline, or a
-// payload reference instead (never both, and never neither). Errors wrap
-// ErrMalformed and one of the errors above.
-func (it *Item) Check() error {
+// Check applies the rule every item of a job without an endpoint obeys, on
+// both sides of the queue: CheckFor("").
+func (it *Item) Check() error { return it.CheckFor("") }
+
+// CheckFor applies the rule every item of a job with this endpoint ("" for
+// none) obeys, on both sides of the queue: its id is of the grammar, and it
+// has content, inline or a payload reference instead (never both, and never
+// neither). Inline content is text or data without an endpoint, a request
+// body (a JSON object) with one, and never the other kind. Errors wrap
+// ErrMalformed and one of the errors above or of endpoint.go.
+func (it *Item) CheckFor(endpoint string) error {
 	if err := CheckItemID(it.ID); err != nil {
 		return fmt.Errorf("%w: item id: %w", ErrMalformed, err)
 	}
-	inline := it.Text != "" || len(it.Data) > 0
+	if endpoint != "" && !ValidEndpoint(endpoint) {
+		return fmt.Errorf("%w: %w", ErrMalformed, ErrUnknownEndpoint)
+	}
+	text := it.Text != "" || len(it.Data) > 0
+	body := len(it.Body) > 0
 	switch {
-	case it.Ref != nil && inline:
+	case endpoint == "" && body:
+		return fmt.Errorf("%w: item %s: %w", ErrMalformed, QuoteID(it.ID), ErrBodyWithoutEndpoint)
+	case endpoint != "" && text:
+		return fmt.Errorf("%w: item %s: %w", ErrMalformed, QuoteID(it.ID), ErrInlineWithEndpoint)
+	case it.Ref != nil && (text || body):
 		return fmt.Errorf("%w: item %s: %w", ErrMalformed, QuoteID(it.ID), ErrMixedItem)
 	case it.Ref != nil:
 		if err := it.Ref.Validate(); err != nil {
 			return fmt.Errorf("item %s: %w", QuoteID(it.ID), err)
 		}
-	case !inline:
+	case endpoint == "" && !text:
 		return fmt.Errorf("%w: item %s: %w", ErrMalformed, QuoteID(it.ID), ErrEmptyItem)
+	case endpoint != "" && !body:
+		return fmt.Errorf("%w: item %s: %w", ErrMalformed, QuoteID(it.ID), ErrNoBody)
+	case endpoint != "" && !isJSONObject(it.Body):
+		return fmt.Errorf("%w: item %s: %w", ErrMalformed, QuoteID(it.ID), ErrBodyNotObject)
 	}
 	return nil
 }

@@ -29,17 +29,22 @@ const (
 	AttrTenant = "vramq-tenant" // who sent the job (internal/tenant); absent when no one is named
 )
 
-// Item is one unit of work: a text to embed, an image to classify. Models read
-// the fields they understand.
+// Item is one unit of work: a text to embed, an image to classify, or a
+// request for a model server. Models read the fields they understand.
 type Item struct {
 	ID   string `json:"id"`
 	Text string `json:"text,omitempty"`
 	// Data carries binary content (base64 in JSON) for models that take it.
 	Data []byte `json:"data,omitempty"`
-	// Ref, instead of Text and Data, points at the item stored in S3 because
-	// it was too large for a message (the claim-check pattern). The object
-	// holds the JSON of the whole Item, without Ref. Consumers fetch it and
-	// verify its size and SHA-256 before use.
+	// Body, in an item of a job that names an endpoint (Work.Endpoint) and
+	// only there, is that endpoint's request JSON, an object, as a client
+	// would send it to OpenAI: the subscriber forwards it. It is carried as
+	// the client sent it, compacted at most (and escaped by EncodeForSQS).
+	Body json.RawMessage `json:"body,omitempty"`
+	// Ref, instead of Text, Data and Body, points at the item stored in S3
+	// because it was too large for a message (the claim-check pattern). The
+	// object holds the JSON of the whole Item, without Ref. Consumers fetch
+	// it and verify its size and SHA-256 before use.
 	Ref *PayloadRef `json:"ref,omitempty"`
 }
 
@@ -71,7 +76,12 @@ type Work struct {
 	JobID  string `json:"job_id"`
 	Chunk  int    `json:"chunk"`
 	Chunks int    `json:"chunks,omitempty"` // chunks in the whole job, when known
-	Items  []Item `json:"items"`
+	// Endpoint, when set, is the OpenAI-compatible route every item's Body
+	// is a request for (EndpointChatCompletions and the others); empty, the
+	// items are text and data for an in-process model. Added in schema
+	// version 1 without changing it, as Output.Error was.
+	Endpoint string `json:"endpoint,omitempty"`
+	Items    []Item `json:"items"`
 }
 
 // Key identifies a chunk across redeliveries: results with the same key are
@@ -93,12 +103,26 @@ type Output struct {
 	// it: a reader that does not know the field sees an output without an
 	// answer.
 	Error *ItemError `json:"error,omitempty"`
+	// Response is the model server's answer to an item of a job with an
+	// endpoint: on success (2xx) the output's only answer; when the server
+	// refused the item itself (a 400 or 422), Error is set too, with code
+	// ItemRequestRefused, and Response keeps the status and the server's
+	// body, as OpenAI's Batch API keeps them in its error file. Added in
+	// schema version 1 without changing it.
+	Response *Response `json:"response,omitempty"`
+}
+
+// Response is a model server's answer to one request: its HTTP status code
+// and its body, JSON as the server sent it (compacted at most).
+type Response struct {
+	StatusCode int             `json:"status_code"`
+	Body       json.RawMessage `json:"body"`
 }
 
 // ItemError is why one item of a chunk could not be processed while the
 // others were (docs/schemas.md).
 type ItemError struct {
-	Code    string `json:"code"`    // ItemInvalidInput or ItemTooLarge
+	Code    string `json:"code"`    // ItemInvalidInput, ItemTooLarge or ItemRequestRefused
 	Message string `json:"message"` // the model's words: untrusted, escaped and cut (NewItemError)
 }
 
@@ -108,6 +132,11 @@ const (
 	// ItemTooLarge: the model's estimate of the item's working memory alone
 	// exceeds the largest budget the subscriber's device can give.
 	ItemTooLarge = "too_large"
+	// ItemRequestRefused: the model server refused the item's request
+	// itself (400, 422: a context too long, an invalid request); the
+	// message carries the status and the server's error message, and the
+	// output's Response the status and body. Never retried.
+	ItemRequestRefused = "request_refused"
 )
 
 // MaxItemErrorLen bounds an item error's message in bytes.
@@ -203,6 +232,9 @@ func (w *Work) Validate() error {
 		return fmt.Errorf("%w: no items", ErrMalformed)
 	case len(w.Items) > MaxItems:
 		return fmt.Errorf("%w: %d items; at most %d in one message", ErrMalformed, len(w.Items), MaxItems)
+	case w.Endpoint != "" && !ValidEndpoint(w.Endpoint):
+		// Not quoted: the sender chose it.
+		return fmt.Errorf("%w: %w", ErrMalformed, ErrUnknownEndpoint)
 	}
 	seen := make(map[string]struct{}, len(w.Items))
 	for i := range w.Items {
@@ -210,7 +242,7 @@ func (w *Work) Validate() error {
 		if it.ID == "" {
 			return fmt.Errorf("%w: item %d has an empty id", ErrMalformed, i)
 		}
-		if err := it.Check(); err != nil {
+		if err := it.CheckFor(w.Endpoint); err != nil {
 			return fmt.Errorf("item %d: %w", i, err)
 		}
 		if _, dup := seen[it.ID]; dup {

@@ -27,8 +27,8 @@ var longestTenant = strings.Repeat("t", tenant.MaxLen)
 // overhead is what a message of job jobID carries besides its items, as SQS
 // counts it (job.MessageSize): the envelope and the attributes, the tenant's
 // at its longest, with room for the chunk numbers.
-func overhead(jobID string) int {
-	return job.MessageSize(envelopePrefix(jobID, 0, 0)+envelopeSuffix, attributes(jobID, 0, longestTenant)) + numberReserve
+func overhead(jobID, endpoint string) int {
+	return job.MessageSize(envelopePrefix(jobID, endpoint, 0, 0)+envelopeSuffix, attributes(jobID, 0, longestTenant)) + numberReserve
 }
 
 // Chunk is one planned work message.
@@ -67,9 +67,11 @@ type Planner struct {
 }
 
 // maxInlineItem is the largest encoded item that fits a message on its own,
-// whatever the job id and chunk numbers.
+// whatever the job id and chunk numbers, in a job without an endpoint. A
+// job with one has a longer envelope: PlanFor claim-checks what no longer
+// fits.
 func maxInlineItem(maxMessageBytes int) int {
-	return maxMessageBytes - overhead(newJobIDPlaceholder)
+	return maxMessageBytes - overhead(newJobIDPlaceholder, "")
 }
 
 var newJobIDPlaceholder = string(bytes.Repeat([]byte("0"), jobIDLen))
@@ -78,8 +80,21 @@ var newJobIDPlaceholder = string(bytes.Repeat([]byte("0"), jobIDLen))
 // messages fit MaxMessageBytes. An item whose encoding exceeds MaxItemBytes
 // becomes a Claim and travels as {id, ref}; without a bucket it is a 413.
 func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Plan, *APIError) {
-	budget := pl.MaxMessageBytes - overhead(jobID)
+	return pl.PlanFor(jobID, "", items, chunkItems)
+}
+
+// PlanFor is Plan for a job with this endpoint ("" for none), which every
+// work message names. An item's body is claim-checked as a text is.
+func (pl *Planner) PlanFor(jobID, endpoint string, items []RequestItem, chunkItems int) (*Plan, *APIError) {
+	if endpoint != "" && !job.ValidEndpoint(endpoint) {
+		// DecodeJobRequest refuses it; the envelope could not hold it.
+		return nil, apiErr(http.StatusInternalServerError, CodeInternal, "a job was planned for an endpoint outside the API")
+	}
+	budget := pl.MaxMessageBytes - overhead(jobID, endpoint)
 	attrs := attributes(jobID, 0, longestTenant) // each chunk's, with its number set below
+	// The envelope of a job with an endpoint is longer than maxInlineItem
+	// allows for, by the endpoint's field.
+	maxItem := min(pl.MaxItemBytes, budget)
 	p := &Plan{}
 	var (
 		cur     [][]byte // encoded items of the chunk being filled
@@ -88,11 +103,11 @@ func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Pla
 	)
 	ie := newItemEncoder()
 	for i, it := range items {
-		enc := ie.encode(&job.Item{ID: it.ID, Text: it.Text, Data: it.Data})
-		if len(enc) > pl.MaxItemBytes {
+		enc := ie.encode(&job.Item{ID: it.ID, Text: it.Text, Data: it.Data, Body: it.Body})
+		if len(enc) > maxItem {
 			if pl.Bucket == "" {
 				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID,
-					"the item is over the %d bytes that fit in a message, and no payload bucket is configured for larger ones", pl.MaxItemBytes)
+					"the item is over the %d bytes that fit in a message, and no payload bucket is configured for larger ones", maxItem)
 			}
 			sum := sha256.Sum256(enc)
 			c := Claim{Index: i, ID: it.ID, Body: enc, Ref: job.PayloadRef{
@@ -126,7 +141,7 @@ func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Pla
 		// Sized exactly, once: a growing buffer, then a copy into a
 		// string, tripled what planning allocates for a large job
 		// (BenchmarkConcurrentMaxBodies).
-		prefix := envelopePrefix(jobID, i, len(chunks))
+		prefix := envelopePrefix(jobID, endpoint, i, len(chunks))
 		size := len(prefix) + len(items) - 1 + len(envelopeSuffix)
 		for _, enc := range items {
 			size += len(enc)
@@ -155,9 +170,14 @@ func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Pla
 // The work message is written by hand around the encoded items so that its
 // size is known exactly while planning; its field order and content are
 // those of job.Work, and tests decode it with job.DecodeWork.
-func envelopePrefix(jobID string, chunk, chunks int) string {
+func envelopePrefix(jobID, endpoint string, chunk, chunks int) string {
+	ep := ""
+	if endpoint != "" {
+		// One of job.Endpoints, none of which JSON escapes.
+		ep = `,"endpoint":"` + endpoint + `"`
+	}
 	return `{"v":` + strconv.Itoa(job.Version) + `,"job_id":"` + jobID + `","chunk":` + strconv.Itoa(chunk) +
-		`,"chunks":` + strconv.Itoa(chunks) + `,"items":[`
+		`,"chunks":` + strconv.Itoa(chunks) + ep + `,"items":[`
 }
 
 const envelopeSuffix = `]}`

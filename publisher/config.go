@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +14,11 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
+
+// maxN is the largest n OpenAI takes in a chat or completions request
+// (CreateChatCompletionRequest, CreateCompletionRequest), and so the largest
+// MaxN.
+const maxN = 128
 
 // Config is everything a Publisher needs. A zero field takes its value from
 // DefaultConfig (the comments below say where a default is worked out
@@ -87,6 +93,20 @@ type Config struct {
 	ChunkItems int
 	// MaxChunkItems caps the per-request option chunk_items.
 	MaxChunkItems int
+
+	// Models, when any, are the only models the body of a request for a
+	// model server may name (its "model", compared exactly); a job with
+	// another is refused 422 model_not_allowed. Empty: any model, and the
+	// subscriber's own list is the only check.
+	Models []string
+	// MaxN bounds n (and best_of) in a request for a model server: the
+	// completions one item may ask for, each up to its max tokens. 1 to
+	// 128, OpenAI's own bound.
+	MaxN int
+	// MaxOutputTokens bounds max_tokens and max_completion_tokens in a
+	// request for a model server. A request that leaves them out is sent
+	// with the subscriber's ceiling instead (docs/api.md).
+	MaxOutputTokens int
 
 	// APIKeys, when any, are the bearer tokens accepted on /v1/jobs routes
 	// (Authorization: Bearer <key>). /healthz and /metrics stay open. An
@@ -178,6 +198,8 @@ func DefaultConfig() Config {
 		MaxItems:               10_000,
 		ChunkItems:             32,
 		MaxChunkItems:          1_000,
+		MaxN:                   8,
+		MaxOutputTokens:        16_384,
 		RateLimitClients:       10_000,
 		SendAttempts:           5,
 		SendBackoff:            100 * time.Millisecond,
@@ -212,6 +234,8 @@ func (c *Config) setDefaults() {
 	orDefault(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
 	orDefault(&c.ChunkItems, d.ChunkItems)
 	orDefault(&c.MaxChunkItems, d.MaxChunkItems)
+	orDefault(&c.MaxN, d.MaxN)
+	orDefault(&c.MaxOutputTokens, d.MaxOutputTokens)
 	if c.RateLimit > 0 && c.RateBurst == 0 {
 		c.RateBurst = defaultBurst(c.RateLimit)
 	}
@@ -300,6 +324,22 @@ func (c *Config) Validate() error {
 	} else if c.MaxChunkItems > job.MaxItems {
 		// Subscribers dead-letter a larger message, whoever sent it.
 		bad("MaxChunkItems", "max chunk items %d: want at most %d (job.MaxItems)", c.MaxChunkItems, job.MaxItems)
+	}
+	seenModel := map[string]bool{}
+	for i, m := range c.Models {
+		switch {
+		case m == "" || strings.TrimSpace(m) != m:
+			bad("Models", "model %d (%q) is empty or has white space around it", i, m)
+		case seenModel[m]:
+			bad("Models", "model %q is listed twice", m)
+		}
+		seenModel[m] = true
+	}
+	if c.MaxN < 1 || c.MaxN > maxN {
+		bad("MaxN", "max n %d: want 1 to %d (OpenAI's bound)", c.MaxN, maxN)
+	}
+	if c.MaxOutputTokens < 1 {
+		bad("MaxOutputTokens", "max output tokens %d: want at least 1", c.MaxOutputTokens)
 	}
 	for i, k := range c.APIKeys {
 		if name, key := SplitKey(k); key == "" {

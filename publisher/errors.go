@@ -9,36 +9,45 @@ import (
 // one HTTP status; docs/api.md lists them all. Clients branch on the code, so
 // a code never changes meaning once published.
 const (
-	CodeUnauthorized       = "unauthorized"            // 401
-	CodeNotFound           = "not_found"               // 404
-	CodeMethodNotAllowed   = "method_not_allowed"      // 405
-	CodeUnsupportedMedia   = "unsupported_media_type"  // 415
-	CodeBodyTooLarge       = "body_too_large"          // 413
-	CodeItemTooLarge       = "item_too_large"          // 413
-	CodeMalformedJSON      = "malformed_json"          // 400
-	CodeUnknownField       = "unknown_field"           // 400
-	CodeInvalidParameter   = "invalid_parameter"       // 400
-	CodeNoItems            = "no_items"                // 422
-	CodeTooManyItems       = "too_many_items"          // 422
-	CodeMissingItemID      = "missing_item_id"         // 422
-	CodeItemIDTooLong      = "item_id_too_long"        // 422
-	CodeDuplicateItemID    = "duplicate_item_id"       // 422
-	CodeEmptyItem          = "empty_item"              // 422
-	CodeInvalidOptions     = "invalid_options"         // 422
-	CodeIdempotencyReused  = "idempotency_key_reused"  // 422
-	CodeIdempotencyBusy    = "idempotency_key_in_use"  // 409
-	CodeRateLimited        = "rate_limited"            // 429
-	CodeInvalidIdempotency = "invalid_idempotency_key" // 400
-	CodeInvalidTenant      = "invalid_tenant"          // 400
-	CodeStatusUnavailable  = "status_unavailable"      // 501
-	CodeEnqueueFailed      = "enqueue_failed"          // 503
-	CodeStoreUnavailable   = "store_unavailable"       // 503
-	CodeInternal           = "internal"                // 500
-	CodeOverloaded         = "overloaded"              // 503
-	CodeTooManyBodies      = "too_many_bodies"         // 429
-	CodeBodyTooSlow        = "body_too_slow"           // 408
-	CodeHeadersTooLarge    = "headers_too_large"       // 431
-	CodeBadRequest         = "bad_request"             // 400, 417, 501, 505: a request net/http refuses before any handler
+	CodeUnauthorized        = "unauthorized"            // 401
+	CodeNotFound            = "not_found"               // 404
+	CodeMethodNotAllowed    = "method_not_allowed"      // 405
+	CodeUnsupportedMedia    = "unsupported_media_type"  // 415
+	CodeBodyTooLarge        = "body_too_large"          // 413
+	CodeItemTooLarge        = "item_too_large"          // 413
+	CodeMalformedJSON       = "malformed_json"          // 400
+	CodeUnknownField        = "unknown_field"           // 400
+	CodeInvalidParameter    = "invalid_parameter"       // 400
+	CodeNoItems             = "no_items"                // 422
+	CodeTooManyItems        = "too_many_items"          // 422
+	CodeMissingItemID       = "missing_item_id"         // 422
+	CodeItemIDTooLong       = "item_id_too_long"        // 422
+	CodeDuplicateItemID     = "duplicate_item_id"       // 422
+	CodeEmptyItem           = "empty_item"              // 422
+	CodeInvalidOptions      = "invalid_options"         // 422
+	CodeInvalidEndpoint     = "invalid_endpoint"        // 422
+	CodeBodyWithoutEndpoint = "body_without_endpoint"   // 422
+	CodeContentWithEndpoint = "content_with_endpoint"   // 422
+	CodeMissingBody         = "missing_body"            // 422
+	CodeInvalidBody         = "invalid_body"            // 422
+	CodeModelNotAllowed     = "model_not_allowed"       // 422
+	CodeStreamNotSupported  = "stream_not_supported"    // 422
+	CodeInvalidN            = "invalid_n"               // 422
+	CodeInvalidMaxTokens    = "invalid_max_tokens"      // 422
+	CodeIdempotencyReused   = "idempotency_key_reused"  // 422
+	CodeIdempotencyBusy     = "idempotency_key_in_use"  // 409
+	CodeRateLimited         = "rate_limited"            // 429
+	CodeInvalidIdempotency  = "invalid_idempotency_key" // 400
+	CodeInvalidTenant       = "invalid_tenant"          // 400
+	CodeStatusUnavailable   = "status_unavailable"      // 501
+	CodeEnqueueFailed       = "enqueue_failed"          // 503
+	CodeStoreUnavailable    = "store_unavailable"       // 503
+	CodeInternal            = "internal"                // 500
+	CodeOverloaded          = "overloaded"              // 503
+	CodeTooManyBodies       = "too_many_bodies"         // 429
+	CodeBodyTooSlow         = "body_too_slow"           // 408
+	CodeHeadersTooLarge     = "headers_too_large"       // 431
+	CodeBadRequest          = "bad_request"             // 400, 417, 501, 505: a request net/http refuses before any handler
 )
 
 // APIError is a client-facing error: an HTTP status and the JSON body

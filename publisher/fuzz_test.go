@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"reflect"
 	"testing"
 
 	"github.com/vramq/vramq/job"
@@ -15,10 +16,13 @@ import (
 //   - a refusal is a 400 or 422 with a code and a message;
 //   - an accepted request obeys every rule the decoder documents;
 //   - its chunks (or a 413 for an item too large) are valid work messages
-//     that carry every item, in order, unchanged.
+//     that carry every item, in order, unchanged (a body as the same JSON
+//     value: it travels compacted, and escaped for SQS).
 func FuzzDecodeJobRequest(f *testing.F) {
 	f.Add([]byte(`{"items":[{"id":"a","text":"hello"}]}`))
-	lim := RequestLimits{MaxItems: 20, MaxChunkItems: 4}
+	f.Add([]byte(`{"endpoint":"/v1/chat/completions","items":[{"id":"a","body":{"model":"m","messages":[{"role":"user","content":"hi"}],"n":2}}]}`))
+	f.Add([]byte(`{"endpoint":"/v1/embeddings","items":[{"id":"a","body":{"model":"m","input":[[1,2],[3]]}}]}`))
+	lim := RequestLimits{MaxItems: 20, MaxChunkItems: 4, MaxN: 3, MaxOutputTokens: 100}
 	pl := &Planner{MaxMessageBytes: 2048, MaxItemBytes: 600}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, e := DecodeJobRequest(body, lim)
@@ -33,10 +37,20 @@ func FuzzDecodeJobRequest(f *testing.F) {
 		}
 		seen := map[string]bool{}
 		for _, it := range req.Items {
-			if it.ID == "" || len(it.ID) > MaxItemIDBytes || seen[it.ID] || (it.Text == "" && len(it.Data) == 0) {
+			text := it.Text != "" || len(it.Data) > 0
+			if it.ID == "" || len(it.ID) > MaxItemIDBytes || seen[it.ID] {
 				t.Fatalf("accepted item %+v", it)
 			}
+			if req.Endpoint == "" && (!text || it.Body != nil) {
+				t.Fatalf("accepted item %+v in a job without an endpoint", it)
+			}
+			if req.Endpoint != "" && (text || !json.Valid(it.Body) || bytes.TrimSpace(it.Body)[0] != '{') {
+				t.Fatalf("accepted item %+v in a job for %s", it, req.Endpoint)
+			}
 			seen[it.ID] = true
+		}
+		if req.Endpoint != "" && !job.ValidEndpoint(req.Endpoint) {
+			t.Fatalf("accepted endpoint %q", req.Endpoint)
 		}
 		// What was accepted survives a round trip through its own encoding.
 		again, e := DecodeJobRequest(encodeJSON(req), lim)
@@ -48,7 +62,7 @@ func FuzzDecodeJobRequest(f *testing.F) {
 		}
 
 		jobID := newJobID()
-		p, e := pl.Plan(jobID, req.Items, req.chunkItems(3))
+		p, e := pl.PlanFor(jobID, req.Endpoint, req.Items, req.chunkItems(3))
 		if e != nil {
 			if e.Status != http.StatusRequestEntityTooLarge || e.Code != CodeItemTooLarge {
 				t.Fatalf("plan refused with %+v", e)
@@ -69,6 +83,9 @@ func FuzzDecodeJobRequest(f *testing.F) {
 			if err != nil {
 				t.Fatalf("chunk %d: %v\n%s", c.Index, err, c.Body)
 			}
+			if w.Endpoint != req.Endpoint {
+				t.Fatalf("chunk %d is for endpoint %q, the job for %q", c.Index, w.Endpoint, req.Endpoint)
+			}
 			got = append(got, w.Items...)
 		}
 		if len(got) != len(req.Items) {
@@ -78,9 +95,21 @@ func FuzzDecodeJobRequest(f *testing.F) {
 			want := req.Items[i]
 			a, _ := json.Marshal(job.Item{ID: it.ID, Text: it.Text, Data: it.Data})
 			b, _ := json.Marshal(job.Item{ID: want.ID, Text: want.Text, Data: want.Data})
-			if !bytes.Equal(a, b) {
-				t.Fatalf("item %d changed: %s, want %s", i, a, b)
+			if !bytes.Equal(a, b) || !sameJSON(it.Body, want.Body) {
+				t.Fatalf("item %d changed: %s %s, want %s %s", i, a, it.Body, b, want.Body)
 			}
 		}
 	})
+}
+
+// sameJSON reports whether a and b are both absent or hold the same JSON value.
+func sameJSON(a, b json.RawMessage) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return len(a) == len(b)
+	}
+	var va, vb any
+	if json.Unmarshal(a, &va) != nil || json.Unmarshal(b, &vb) != nil {
+		return false
+	}
+	return reflect.DeepEqual(va, vb)
 }

@@ -97,7 +97,7 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	}
 	jobID := newJobID()
 	chunkItems := req.chunkItems(p.cfg.ChunkItems)
-	plan, e := p.planner.Plan(jobID, req.Items, chunkItems)
+	plan, e := p.planner.PlanFor(jobID, req.Endpoint, req.Items, chunkItems)
 	if e != nil {
 		fail(e)
 		return
@@ -138,7 +138,7 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 			// The first request failed or died: send the same job again,
 			// under its id, cut the same way.
 			rec.JobID, rec.CreatedAt = old.JobID, old.CreatedAt
-			if plan, e = p.planner.Plan(old.JobID, req.Items, chunkItems); e != nil {
+			if plan, e = p.planner.PlanFor(old.JobID, req.Endpoint, req.Items, chunkItems); e != nil {
 				fail(e)
 				return
 			}
@@ -239,7 +239,8 @@ func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string
 }
 
 func (p *Publisher) limits() RequestLimits {
-	return RequestLimits{MaxItems: p.cfg.MaxItems, MaxChunkItems: p.cfg.MaxChunkItems}
+	return RequestLimits{MaxItems: p.cfg.MaxItems, MaxChunkItems: p.cfg.MaxChunkItems,
+		Models: p.cfg.Models, MaxN: p.cfg.MaxN, MaxOutputTokens: p.cfg.MaxOutputTokens}
 }
 
 // checkContentType accepts one Content-Type header of application/json,

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -15,8 +17,13 @@ import (
 
 // JobRequest is the body of POST /v1/jobs.
 type JobRequest struct {
-	Items   []RequestItem `json:"items"`
-	Options *JobOptions   `json:"options,omitempty"`
+	// Endpoint, when set, makes the job one of requests for a model
+	// server: one of job.Endpoints, and every item then carries that
+	// endpoint's request JSON in Body (checkBody says what is checked).
+	// Empty, the items are text and data for an in-process model.
+	Endpoint string        `json:"endpoint,omitempty"`
+	Items    []RequestItem `json:"items"`
+	Options  *JobOptions   `json:"options,omitempty"`
 }
 
 // RequestItem is one item of a job as a client sends it: job.Item without
@@ -25,6 +32,9 @@ type RequestItem struct {
 	ID   string `json:"id"`
 	Text string `json:"text,omitempty"`
 	Data []byte `json:"data,omitempty"` // base64 in JSON
+	// Body is the request for the job's endpoint, kept as the client sent
+	// it; the work message carries it compacted (chunk.go).
+	Body json.RawMessage `json:"body,omitempty"`
 }
 
 // JobOptions tune one job within the publisher's limits.
@@ -48,6 +58,12 @@ const CodeInvalidItemID = "invalid_item_id"
 type RequestLimits struct {
 	MaxItems      int // most items in one job
 	MaxChunkItems int // largest options.chunk_items accepted
+	// The bounds of a job of requests for a model server: the models a
+	// body may name (none: any), its largest n (and best_of), and its
+	// largest max_tokens and max_completion_tokens.
+	Models          []string
+	MaxN            int
+	MaxOutputTokens int
 }
 
 // DecodeJobRequest parses and validates a POST /v1/jobs body, reporting the
@@ -110,7 +126,7 @@ func decodeError(err error) *APIError {
 // own fields, and so safe to name in an error.
 func knownField(f string) bool {
 	switch f {
-	case "", "items", "items.id", "items.text", "items.data", "options", "options.chunk_items":
+	case "", "endpoint", "items", "items.id", "items.text", "items.data", "items.body", "options", "options.chunk_items":
 		return f != ""
 	}
 	return false
@@ -128,12 +144,22 @@ func (r *JobRequest) validate(lim RequestLimits) *APIError {
 		return apiErr(http.StatusUnprocessableEntity, CodeInvalidOptions,
 			"options.chunk_items must be from 1 to %d (or left out for the default)", lim.MaxChunkItems)
 	}
+	if r.Endpoint != "" && !job.ValidEndpoint(r.Endpoint) {
+		return apiErr(http.StatusUnprocessableEntity, CodeInvalidEndpoint,
+			"endpoint must be one of %s (or left out for items of text and data)", strings.Join(job.Endpoints, ", "))
+	}
 	seen := make(map[string]struct{}, len(r.Items))
-	for i, it := range r.Items {
-		// The rule the subscriber applies to every message (job.Item.Check),
+	for i := range r.Items {
+		it := &r.Items[i]
+		// "body": null is no body, as OpenAI reads a null as the field
+		// left out; dropped so that it travels as no body.
+		if string(it.Body) == "null" {
+			it.Body = nil
+		}
+		// The rule the subscriber applies to every message (job.Item.CheckFor),
 		// so nothing accepted here is dead-lettered there.
-		ji := job.Item{ID: it.ID, Text: it.Text, Data: it.Data}
-		switch err := ji.Check(); {
+		ji := job.Item{ID: it.ID, Text: it.Text, Data: it.Data, Body: it.Body}
+		switch err := ji.CheckFor(r.Endpoint); {
 		case err == nil:
 		case errors.Is(err, job.ErrEmptyID):
 			return apiErr(http.StatusUnprocessableEntity, CodeMissingItemID, "item %d has no id", i)
@@ -141,6 +167,17 @@ func (r *JobRequest) validate(lim RequestLimits) *APIError {
 			return apiErr(http.StatusUnprocessableEntity, CodeItemIDTooLong, "item %d has an id over %d bytes", i, MaxItemIDBytes)
 		case errors.Is(err, job.ErrIDChars):
 			return apiErr(http.StatusUnprocessableEntity, CodeInvalidItemID, "item %d has an id with a control character", i)
+		case errors.Is(err, job.ErrBodyWithoutEndpoint):
+			return itemErr(http.StatusUnprocessableEntity, CodeBodyWithoutEndpoint, it.ID,
+				"the item has a body, and the job names no endpoint: items of text and data have text or data")
+		case errors.Is(err, job.ErrInlineWithEndpoint):
+			return itemErr(http.StatusUnprocessableEntity, CodeContentWithEndpoint, it.ID,
+				"the job names an endpoint: its items carry a request in body, not text or data")
+		case errors.Is(err, job.ErrNoBody):
+			return itemErr(http.StatusUnprocessableEntity, CodeMissingBody, it.ID,
+				"the job names an endpoint, and the item has no body: the request to send to it")
+		case errors.Is(err, job.ErrBodyNotObject):
+			return itemErr(http.StatusUnprocessableEntity, CodeInvalidBody, it.ID, "the item's body is not a JSON object")
 		default:
 			return itemErr(http.StatusUnprocessableEntity, CodeEmptyItem, it.ID, "the item has neither text nor data")
 		}
@@ -148,6 +185,12 @@ func (r *JobRequest) validate(lim RequestLimits) *APIError {
 			return itemErr(http.StatusUnprocessableEntity, CodeDuplicateItemID, it.ID, "an item id appears more than once")
 		}
 		seen[it.ID] = struct{}{}
+		if r.Endpoint != "" {
+			if e := checkBody(r.Endpoint, it.Body, lim); e != nil {
+				e.Item = it.ID
+				return e
+			}
+		}
 	}
 	return nil
 }
@@ -158,4 +201,180 @@ func (r *JobRequest) chunkItems(def int) int {
 		return r.Options.ChunkItems
 	}
 	return def
+}
+
+// checkBody checks the body of an item of a job with this endpoint, a JSON
+// object (job.Item.CheckFor has checked that), as far as the publisher must:
+// the fields that bound the work an item asks for (model, n, best_of,
+// max_tokens, max_completion_tokens), stream (a streamed answer is events,
+// not the one JSON body an output keeps), the fields without which there is
+// no request (messages, prompt, input), and no key given twice. The rest is
+// the server's to judge: a request it refuses is an item error, not a
+// refused job. The first problem is returned, without the item, which the
+// caller sets.
+//
+// The shapes are those of OpenAI's API reference
+// (https://platform.openai.com/docs/api-reference/chat/create, .../completions/create,
+// .../embeddings/create; the OpenAPI document behind them is
+// github.com/openai/openai-openapi, openapi.yaml, schemas
+// CreateChatCompletionRequest, CreateCompletionRequest and
+// CreateEmbeddingRequest):
+//   - every endpoint requires model, a string;
+//   - chat requires messages, an array of at least one message; n is an
+//     integer from 1 to 128 (default 1); max_completion_tokens an integer;
+//     max_tokens an integer, deprecated in favour of max_completion_tokens;
+//     stream a boolean (default false);
+//   - completions require prompt: a string, an array of strings, an array of
+//     token ids (at least one) or an array of token-id arrays (at least one
+//     each); max_tokens is an integer (default 16); n 1 to 128; best_of (the
+//     completions generated on the server, of which the best n return) 0 to
+//     20; stream a boolean;
+//   - embeddings require input: a string that is not empty, or an array of
+//     1 to 2048 strings, of token ids, or of token-id arrays (at least one
+//     each).
+//
+// n, best_of, max_tokens, max_completion_tokens and stream are nullable
+// there, a null meaning the default, so a null is taken as the field left
+// out. A field the publisher bounds must have the type OpenAI gives it, an
+// integer literal or a boolean: a lenient server (vLLM's, through pydantic's
+// lax mode) reads "8", 8.0 and "true" as 8 and true, values the publisher
+// would not have bounded. For the same reason no key may appear twice:
+// servers differ in which of the two they read.
+func checkBody(endpoint string, body json.RawMessage, lim RequestLimits) *APIError {
+	bad := func(code, format string, a ...any) *APIError {
+		return apiErr(http.StatusUnprocessableEntity, code, format, a...)
+	}
+	fields, e := bodyFields(body)
+	if e != nil {
+		return e
+	}
+	var model string
+	if v, ok := present(fields, "model"); !ok || json.Unmarshal(v, &model) != nil || model == "" {
+		return bad(CodeInvalidBody, "the body's model must be a string that is not empty: the model that is to answer")
+	}
+	if len(lim.Models) > 0 && !slices.Contains(lim.Models, model) {
+		return bad(CodeModelNotAllowed, "the body's model is not one this publisher takes requests for: %s", strings.Join(lim.Models, ", "))
+	}
+	if v, ok := present(fields, "stream"); ok && string(v) != "false" {
+		return bad(CodeStreamNotSupported, "stream must be false or left out: an output is the server's whole answer, never a stream of events")
+	}
+	// whole checks that field, when present, is an integer from 1 to max.
+	whole := func(field, code string, max int) *APIError {
+		v, ok := present(fields, field)
+		if !ok {
+			return nil
+		}
+		if n, err := strconv.Atoi(string(v)); err != nil || n < 1 || n > max {
+			return bad(code, "the body's %s must be a whole number from 1 to %d, or left out", field, max)
+		}
+		return nil
+	}
+	var checks []*APIError
+	switch endpoint {
+	case job.EndpointChatCompletions:
+		checks = append(checks, whole("n", CodeInvalidN, lim.MaxN),
+			whole("max_tokens", CodeInvalidMaxTokens, lim.MaxOutputTokens),
+			whole("max_completion_tokens", CodeInvalidMaxTokens, lim.MaxOutputTokens))
+		var msgs []json.RawMessage
+		if v, ok := present(fields, "messages"); !ok || json.Unmarshal(v, &msgs) != nil || len(msgs) == 0 {
+			checks = append(checks, bad(CodeInvalidBody, "the body's messages must be an array of at least one message"))
+		}
+	case job.EndpointCompletions:
+		checks = append(checks, whole("n", CodeInvalidN, lim.MaxN), whole("best_of", CodeInvalidN, lim.MaxN),
+			whole("max_tokens", CodeInvalidMaxTokens, lim.MaxOutputTokens))
+		if v, ok := present(fields, "prompt"); !ok || !textsOrTokens(v, false, 0) {
+			checks = append(checks, bad(CodeInvalidBody,
+				"the body's prompt must be a string, or an array of strings, of token ids or of token-id arrays"))
+		}
+	case job.EndpointEmbeddings:
+		if v, ok := present(fields, "input"); !ok || !textsOrTokens(v, true, maxEmbeddingInputs) {
+			checks = append(checks, bad(CodeInvalidBody,
+				"the body's input must be a string that is not empty, or an array of 1 to %d strings that are not empty, "+
+					"of token ids or of token-id arrays", maxEmbeddingInputs))
+		}
+	}
+	for _, e := range checks {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// maxEmbeddingInputs is the most inputs one embeddings request may hold:
+// OpenAI's bound (CreateEmbeddingRequest's maxItems).
+const maxEmbeddingInputs = 2048
+
+// bodyFields returns the members of JSON object body, each value's JSON as
+// it is there, refusing a key given twice.
+func bodyFields(body json.RawMessage) (map[string]json.RawMessage, *APIError) {
+	notObject := apiErr(http.StatusUnprocessableEntity, CodeInvalidBody, "the item's body is not a JSON object")
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, notObject
+	}
+	fields := make(map[string]json.RawMessage)
+	for dec.More() {
+		t, err := dec.Token()
+		k, ok := t.(string)
+		if err != nil || !ok {
+			return nil, notObject
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, notObject
+		}
+		if _, dup := fields[k]; dup {
+			return nil, apiErr(http.StatusUnprocessableEntity, CodeInvalidBody,
+				"the item's body has a key more than once: servers differ in which one they read")
+		}
+		fields[k] = v
+	}
+	return fields, nil
+}
+
+// present returns field's JSON when the object has it and it is not null.
+func present(fields map[string]json.RawMessage, field string) (json.RawMessage, bool) {
+	v, ok := fields[field]
+	v = bytes.TrimSpace(v)
+	if !ok || string(v) == "null" {
+		return nil, false
+	}
+	return v, true
+}
+
+// textsOrTokens reports whether v has one of the shapes of OpenAI's prompt
+// and input: a string; or a non-empty array, of at most maxLen elements (0:
+// any number), of strings, of token ids (whole numbers from 0), or of
+// non-empty arrays of token ids. With nonEmpty, no string may be empty.
+func textsOrTokens(v json.RawMessage, nonEmpty bool, maxLen int) bool {
+	text := func(v json.RawMessage) bool {
+		var s string
+		return len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil && (!nonEmpty || s != "")
+	}
+	token := func(v json.RawMessage) bool {
+		n, err := strconv.Atoi(string(v))
+		return err == nil && n >= 0
+	}
+	tokens := func(v json.RawMessage) bool {
+		var a []json.RawMessage
+		return len(v) > 0 && v[0] == '[' && json.Unmarshal(v, &a) == nil && len(a) > 0 && allOf(a, token)
+	}
+	if text(v) {
+		return true
+	}
+	var a []json.RawMessage
+	if len(v) == 0 || v[0] != '[' || json.Unmarshal(v, &a) != nil || len(a) == 0 || (maxLen > 0 && len(a) > maxLen) {
+		return false
+	}
+	return allOf(a, text) || allOf(a, token) || allOf(a, tokens)
+}
+
+func allOf(a []json.RawMessage, ok func(json.RawMessage) bool) bool {
+	for _, v := range a {
+		if !ok(v) {
+			return false
+		}
+	}
+	return true
 }

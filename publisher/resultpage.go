@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -99,7 +100,7 @@ func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Man
 		// their JSON.
 		var enc []byte
 		if res.res != nil {
-			enc, res.err = json.Marshal(chunkResult{Chunk: res.chunk, Model: res.res.Model, Outputs: res.res.Outputs,
+			enc, res.err = marshalUnescaped(chunkResult{Chunk: res.chunk, Model: res.res.Model, Outputs: res.res.Outputs,
 				ItemsFailed: res.res.ItemsFailed})
 		}
 		if res.cut || res.err != nil {
@@ -145,6 +146,21 @@ func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Man
 		w.Write([]byte(`,"next_page_token":"` + strconv.Itoa(next) + `"`))
 	}
 	w.Write([]byte("}\n"))
+}
+
+// marshalUnescaped is json.Marshal without its HTML escapes: an output's
+// response is served as the subscriber stored it, and the escapes would
+// rewrite every "<", ">" and "&" of a model server's answer (JSON raw values
+// are only compacted then). The answer is application/json with nosniff,
+// never HTML.
+func marshalUnescaped(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // readPage starts reading the results of jobID's chunks in [start, end)

@@ -146,7 +146,7 @@ func (s *Subscriber) fetchItems(ctx context.Context, w *job.Work) error {
 				return fmt.Errorf("item %q: waiting to fetch s3://%s/%s: %w", id, ref.Bucket, ref.Key, err)
 			}
 			defer s.fetchSlots.Release(1)
-			it, err := s.fetchItem(ctx, w.JobID, id, *ref)
+			it, err := s.fetchItem(ctx, w.JobID, w.Endpoint, id, *ref)
 			s.m.claimChecks.WithLabelValues(claimOutcome(err)).Inc()
 			if errors.As(err, new(*claimRefused)) {
 				return err
@@ -168,8 +168,9 @@ func (s *Subscriber) fetchItems(ctx context.Context, w *job.Work) error {
 // the subscriber at any object its role can read, other items, other jobs'
 // payloads and results among them. Then the content: its size and SHA-256
 // must be the reference's, and it must decode as exactly this item (same
-// id, no reference of its own, content by the rule of job.Item.Check).
-func (s *Subscriber) fetchItem(ctx context.Context, jobID, id string, ref job.PayloadRef) (job.Item, error) {
+// id, no reference of its own, content by the rule of job.Item.CheckFor
+// the message's endpoint).
+func (s *Subscriber) fetchItem(ctx context.Context, jobID, endpoint, id string, ref job.PayloadRef) (job.Item, error) {
 	switch {
 	case ref.Bucket != s.payloads.Bucket() || ref.Key != job.ItemKey(jobID, id):
 		return job.Item{}, &claimRefused{id, whyBadRef, fmt.Errorf("%w: s3://%s/%s", errBadRef, ref.Bucket, ref.Key)}
@@ -197,7 +198,7 @@ func (s *Subscriber) fetchItem(ctx context.Context, jobID, id string, ref job.Pa
 		return job.Item{}, &claimRefused{id, whyNoMatch,
 			fmt.Errorf("%w: s3://%s/%s holds another reference, not the item", errBadObject, ref.Bucket, ref.Key)}
 	}
-	if err := it.Check(); err != nil {
+	if err := it.CheckFor(endpoint); err != nil {
 		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s: %w", errBadObject, ref.Bucket, ref.Key, err)}
 	}
 	return it, nil

@@ -23,6 +23,7 @@ type options struct {
 	minBodyRate          bytesize.Size
 	memoryLimit          bytesize.Size
 	trustedProxies       string
+	models               string
 	shutdownGrace        time.Duration
 	logFormat, logLevel  string
 	cfg                  publisher.Config
@@ -107,6 +108,14 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.Var(&o.maxItem, "max-item-bytes", "largest item (its JSON) carried inline; larger ones go to S3 (0: what fits in a message)")
 	fs.IntVar(&c.ChunkItems, "chunk-items", d.ChunkItems, "most items per chunk, unless the request's options.chunk_items says otherwise")
 	fs.IntVar(&c.MaxChunkItems, "max-chunk-items", d.MaxChunkItems, "largest options.chunk_items a request may ask for")
+	fs.StringVar(&o.models, "models", "",
+		"comma-separated models the body of a request for a model server may name (its \"model\", compared exactly);\n"+
+			"another is refused 422 model_not_allowed (empty: any model; the subscriber's own list still applies)")
+	fs.IntVar(&c.MaxN, "max-n", d.MaxN,
+		"largest n (and best_of) in a request for a model server: the completions one item may ask for; 1 to 128")
+	fs.IntVar(&c.MaxOutputTokens, "max-output-tokens", d.MaxOutputTokens,
+		"largest max_tokens and max_completion_tokens in a request for a model server (a request without them is sent\n"+
+			"with the subscriber's ceiling)")
 	fs.IntVar(&c.SendAttempts, "send-attempts", d.SendAttempts,
 		"sends of one SendMessageBatch entry that SQS lists as failed, the first included")
 	fs.Float64Var(&c.RateLimit, "rate-limit", defaultRateLimit,
@@ -151,4 +160,5 @@ var configFlags = map[string]string{
 	"APIKeys": "api-keys", "SendAttempts": "send-attempts", "RateLimit": "rate-limit", "RateBurst": "rate-burst",
 	"GlobalRateLimit": "global-rate-limit", "GlobalRateBurst": "global-rate-burst",
 	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",
+	"Models": "models", "MaxN": "max-n", "MaxOutputTokens": "max-output-tokens",
 }

@@ -263,6 +263,9 @@ func lambdaTableEnv(queue, bucket string, keys []string) map[string]string {
 		"VRAMQ_MAX_ITEMS":         strconv.Itoa(publishertest.MaxItems),
 		"VRAMQ_MAX_CHUNK_ITEMS":   strconv.Itoa(publishertest.MaxChunkItems),
 		"VRAMQ_MAX_ITEM_BYTES":    "",
+		"VRAMQ_MODELS":            publishertest.Model,
+		"VRAMQ_MAX_N":             strconv.Itoa(publishertest.MaxN),
+		"VRAMQ_MAX_OUTPUT_TOKENS": strconv.Itoa(publishertest.MaxOutputTokens),
 	}
 }
 

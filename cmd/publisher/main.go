@@ -95,6 +95,9 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	c.MaxBodyBytes, c.MaxBodyBytesInFlight, c.MaxItemBytes = int64(o.maxBody), int64(o.maxInFlight), int(o.maxItem)
 	c.MaxResultBytesInFlight, c.MaxPageBytes = int64(o.maxResultsInFlight), int64(o.maxPage)
 	c.MaxBodyBytesPerClient, c.MinBodyRate = int64(o.maxClientBody), int64(o.minBodyRate)
+	if c.Models, err = models(o.models); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
 	if c.TrustedProxies, err = prefixes(o.trustedProxies); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", errUsage, flagName("trusted-proxies"), err)
 	}
@@ -155,6 +158,22 @@ func prefixes(list string) ([]netip.Prefix, error) {
 			return nil, fmt.Errorf("%q is neither an address nor a CIDR block", s)
 		}
 		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// models reads the comma-separated list of -models, trimmed. A list that is
+// given but names no model ("," or " ") is refused: whoever wrote it meant
+// to bound the models, and starting without a bound would take any.
+func models(list string) ([]string, error) {
+	var out []string
+	for _, m := range strings.Split(list, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			out = append(out, m)
+		}
+	}
+	if list != "" && len(out) == 0 {
+		return nil, fmt.Errorf("%s names no model: refusing to start taking any model by mistake", flagName("models"))
 	}
 	return out, nil
 }

@@ -54,6 +54,14 @@ func TestParse(t *testing.T) {
 	if got := strings.Join(o.cfg.APIKeys, ","); got != "key-c,key-d,key-a,key-b" {
 		t.Errorf("keys %q", got)
 	}
+	o, err = parse([]string{"-models= llama-3.1-8b , bge-m3", "-max-n=2"}, env(map[string]string{
+		"QUEUE_URL": "http://q", "VRAMQ_MAX_OUTPUT_TOKENS": "512"}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(o.cfg.Models, ","); got != "llama-3.1-8b,bge-m3" || o.cfg.MaxN != 2 || o.cfg.MaxOutputTokens != 512 {
+		t.Errorf("models %q, max n %d, max output tokens %d", got, o.cfg.MaxN, o.cfg.MaxOutputTokens)
+	}
 
 	for name, tc := range map[string]struct {
 		args []string
@@ -74,6 +82,11 @@ func TestParse(t *testing.T) {
 		"a client's share below a body": {[]string{"-max-body-bytes=1MiB", "-max-client-body-bytes=512KiB"},
 			map[string]string{"QUEUE_URL": "q"}, errUsage},
 		"an IPv6 client of a whole ISP": {[]string{"-ipv6-client-prefix=24"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
+		// A model list given but empty fails closed too.
+		"models: a comma":  {[]string{"-models=,"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
+		"models: a repeat": {[]string{"-models=a,b,a"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
+		"n over OpenAI's":  {[]string{"-max-n=129"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
+		"no output tokens": {nil, map[string]string{"QUEUE_URL": "q", "VRAMQ_MAX_OUTPUT_TOKENS": "-5"}, errUsage},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -192,6 +205,8 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		{[]string{"-trusted-proxies=10.0.0.0/8,alb"}, nil, []string{"-trusted-proxies (VRAMQ_TRUSTED_PROXIES)", `"alb"`}},
 		{[]string{"-rate-limit-clients=-1", "-send-attempts=-2"}, nil,
 			[]string{"-rate-limit-clients (VRAMQ_RATE_LIMIT_CLIENTS)", "-send-attempts (VRAMQ_SEND_ATTEMPTS)"}},
+		{[]string{"-max-n=-1", "-max-output-tokens=-1"}, nil,
+			[]string{"-max-n (VRAMQ_MAX_N): max n -1: want 1 to 128", "-max-output-tokens (VRAMQ_MAX_OUTPUT_TOKENS)"}},
 		{[]string{"-ipv6-client-prefix=129", "-max-client-bodies=-1", "-body-grace=-1s"}, nil,
 			[]string{"-ipv6-client-prefix (VRAMQ_IPV6_CLIENT_PREFIX): IPv6 client prefix /129", "-max-client-bodies (VRAMQ_MAX_CLIENT_BODIES)",
 				"-body-grace (VRAMQ_BODY_GRACE)"}},

@@ -24,6 +24,9 @@ const (
 	MaxBodyBytes    = 64 << 10     // -max-body-bytes
 	MaxItems        = 50           // -max-items
 	MaxChunkItems   = 100          // -max-chunk-items
+	Model           = "test-model" // -models: the one model requests may name
+	MaxN            = 4            // -max-n
+	MaxOutputTokens = 256          // -max-output-tokens
 )
 
 // Canary marks request content in the cases that put some in a path, a
@@ -39,7 +42,8 @@ var Keys = []string{"test-key-1", Key}
 // config without Payloads and without APIKeys.
 func Config() publisher.Config {
 	return publisher.Config{APIKeys: append([]string(nil), Keys...), MaxMessageBytes: MaxMessageBytes,
-		MaxBodyBytes: MaxBodyBytes, MaxItems: MaxItems, MaxChunkItems: MaxChunkItems}
+		MaxBodyBytes: MaxBodyBytes, MaxItems: MaxItems, MaxChunkItems: MaxChunkItems,
+		Models: []string{Model}, MaxN: MaxN, MaxOutputTokens: MaxOutputTokens}
 }
 
 // Case is one request and the answer docs/api.md documents for it.
@@ -90,6 +94,15 @@ func Cases(seedJob, reusedKey string) []Case {
 	for i := range many {
 		many[i] = `{"id":"i` + strings.Repeat("x", i) + `","text":"x"}`
 	}
+	// req is a job of one request for endpoint, with these fields.
+	req := func(endpoint string, fields ...string) string {
+		return `{"endpoint":"` + endpoint + `","items":[{"id":"r","body":{` + strings.Join(fields, ",") + `}}]}`
+	}
+	const (
+		chat, embed = "/v1/chat/completions", "/v1/embeddings"
+		model       = `"model":"` + Model + `"`
+		msgs        = `"messages":[{"role":"user","content":"hi"}]`
+	)
 	ct := func(v string) map[string]string { return map[string]string{"Content-Type": v} }
 	auth := func(v string) map[string]string { return map[string]string{"Authorization": v} }
 	idem := func(v string) map[string]string { return map[string]string{"Idempotency-Key": v} }
@@ -181,6 +194,30 @@ func Cases(seedJob, reusedKey string) []Case {
 		{Name: "echo: field name", Body: `{"items":[{"id":"a","text":"x"}],"` + Canary + `":1}`, Status: 400, Code: publisher.CodeUnknownField},
 		{Name: "echo: JSON syntax", Body: `{"items":` + Canary + `}`, Status: 400, Code: publisher.CodeMalformedJSON},
 		{Name: "invalid UTF-8", Body: "{\"items\":[{\"id\":\"a\xff\",\"text\":\"x\"}]}", Status: 400, Code: publisher.CodeMalformedJSON},
+		// Requests for a model server (issue 27, item 1).
+		{Name: "unknown endpoint", Body: req("/v1/"+Canary, model, msgs), Status: 422, Code: publisher.CodeInvalidEndpoint},
+		{Name: "body without endpoint", Body: `{"items":[{"id":"r","body":{` + model + `,` + msgs + `}}]}`,
+			Status: 422, Code: publisher.CodeBodyWithoutEndpoint, Item: "r"},
+		{Name: "text with endpoint", Body: `{"endpoint":"` + chat + `","items":[{"id":"r","text":"hi"}]}`,
+			Status: 422, Code: publisher.CodeContentWithEndpoint, Item: "r"},
+		{Name: "no body", Body: `{"endpoint":"` + chat + `","items":[{"id":"r"}]}`, Status: 422, Code: publisher.CodeMissingBody, Item: "r"},
+		{Name: "body not an object", Body: `{"endpoint":"` + chat + `","items":[{"id":"r","body":["` + Canary + `"]}]}`,
+			Status: 422, Code: publisher.CodeInvalidBody, Item: "r"},
+		{Name: "body without model", Body: req(chat, msgs), Status: 422, Code: publisher.CodeInvalidBody, Item: "r"},
+		{Name: "model not served", Body: req(chat, `"model":"`+Canary+`"`, msgs), Status: 422, Code: publisher.CodeModelNotAllowed, Item: "r"},
+		{Name: "stream", Body: req(chat, model, msgs, `"stream":true`), Status: 422, Code: publisher.CodeStreamNotSupported, Item: "r"},
+		{Name: "n over the limit", Body: req(chat, model, msgs, `"n":`+strconv.Itoa(MaxN+1)), Status: 422, Code: publisher.CodeInvalidN, Item: "r"},
+		{Name: "max_tokens over the limit", Body: req(chat, model, msgs, `"max_tokens":`+strconv.Itoa(MaxOutputTokens+1)),
+			Status: 422, Code: publisher.CodeInvalidMaxTokens, Item: "r"},
+		{Name: "max_completion_tokens not a number", Body: req(chat, model, msgs, `"max_completion_tokens":"`+Canary+`"`),
+			Status: 422, Code: publisher.CodeInvalidMaxTokens, Item: "r"},
+		{Name: "chat without messages", Body: req(chat, model), Status: 422, Code: publisher.CodeInvalidBody, Item: "r"},
+		{Name: "completions without prompt", Body: req("/v1/completions", model), Status: 422, Code: publisher.CodeInvalidBody, Item: "r"},
+		{Name: "embeddings with empty input", Body: req(embed, model, `"input":[]`), Status: 422, Code: publisher.CodeInvalidBody, Item: "r"},
+		{Name: "a key twice in a body", Body: req(chat, model, msgs, `"n":1`, `"n":99`), Status: 422, Code: publisher.CodeInvalidBody, Item: "r"},
+		{Name: "request too large without bucket", NoBucket: true,
+			Body:   req(embed, model, `"input":"`+strings.Repeat("x", 2*MaxMessageBytes)+`"`),
+			Status: 413, Code: publisher.CodeItemTooLarge, Item: "r"},
 	}
 }
 
