@@ -71,10 +71,10 @@ func (s emulatorStore) Create(ctx context.Context, key string, body []byte) (boo
 	return s.PutIfAbsent(ctx, key, body)
 }
 
-// A job of 6 chunks, one too large to ever run, run by one subscriber, then
+// A job of 6 chunks, one dead-lettered (its claim-check is missing), run by one subscriber, then
 // every chunk again (a redelivery) by another sharing its bucket and topic:
 // exactly one event reaches the subscribed queue, partial, with the counts
-// and where the results are. Then a chunk 5 that fits: its result lands
+// and where the results are. Then a chunk 5 that runs: its result lands
 // after the partial event, and a corrected one follows, revision 2,
 // complete. The two run one after the other: fauxqs's PutObject ignores
 // If-None-Match, so two subscribers settling a job at the same instant
