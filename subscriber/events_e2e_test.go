@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +18,6 @@ import (
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
-	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/snsevents"
@@ -71,10 +71,10 @@ func (s emulatorStore) Create(ctx context.Context, key string, body []byte) (boo
 	return s.PutIfAbsent(ctx, key, body)
 }
 
-// A job of 6 chunks, one too large to ever run, run by one subscriber, then
+// A job of 6 chunks, one dead-lettered (its claim-check is missing), run by one subscriber, then
 // every chunk again (a redelivery) by another sharing its bucket and topic:
 // exactly one event reaches the subscribed queue, partial, with the counts
-// and where the results are. Then a chunk 5 that fits: its result lands
+// and where the results are. Then a chunk 5 that runs: its result lands
 // after the partial event, and a corrected one follows, revision 2,
 // complete. The two run one after the other: fauxqs's PutObject ignores
 // If-None-Match, so two subscribers settling a job at the same instant
@@ -95,18 +95,19 @@ func TestE2ECompletionEventExactlyOnce(t *testing.T) {
 		m.ChunkItems = append(m.ChunkItems, 1)
 		works = append(works, job.Work{V: job.Version, JobID: "evjob", Chunk: c, Items: []job.Item{{ID: "i", Text: "hello events"}}})
 	}
-	// Chunk 5 decodes as work but needs more than the device can give: it
-	// is dead-lettered, too_large, with a failed marker.
-	huge := workload.Spec{JobID: "evjob", Messages: 1, SmallItems: 64, SmallWords: 600, Seed: 2}.Works()[0]
-	huge.Chunk, huge.Chunks = chunks-1, 0
-	m.ChunkItems = append(m.ChunkItems, len(huge.Items))
-	m.Items = chunks - 1 + len(huge.Items)
+	// Chunk 5 decodes as work but its one item's claim-check names an object
+	// that is not there: it is dead-lettered, claim_check, with a failed
+	// marker. (A chunk over the budget no longer is: it runs in parts.)
+	missing := job.Work{V: job.Version, JobID: "evjob", Chunk: chunks - 1, Items: []job.Item{{ID: "gone",
+		Ref: &job.PayloadRef{Bucket: store.Bucket(), Key: job.ItemKey("evjob", "gone"), Size: 10, SHA256: strings.Repeat("0", 64)}}}}
+	m.ChunkItems = append(m.ChunkItems, len(missing.Items))
+	m.Items = chunks - 1 + len(missing.Items)
 	mb, _ := json.Marshal(m)
 	if _, err := store.Put(t.Context(), job.ManifestKey("evjob"), mb); err != nil {
 		t.Fatal(err)
 	}
 	run := func(p *pipeline) {
-		p.send(append(append([]job.Work(nil), works...), huge))
+		p.send(append(append([]job.Work(nil), works...), missing))
 		p.collect(chunks-1, time.Minute)
 	}
 	var events []*sqstypes.Message
@@ -136,10 +137,7 @@ func TestE2ECompletionEventExactlyOnce(t *testing.T) {
 		t.Fatalf("%d events; want exactly one", len(events))
 	}
 	// A chunk 5 that fits, as a redelivery of the real one would.
-	fits := job.Work{V: job.Version, JobID: "evjob", Chunk: chunks - 1}
-	for _, it := range huge.Items {
-		fits.Items = append(fits.Items, job.Item{ID: it.ID, Text: "small"})
-	}
+	fits := job.Work{V: job.Version, JobID: "evjob", Chunk: chunks - 1, Items: []job.Item{{ID: "gone", Text: "small"}}}
 	a.send([]job.Work{fits})
 	a.collect(1, time.Minute)
 	receive(2)
