@@ -104,7 +104,7 @@ type task struct {
 	raw    int64   // the model's own estimate of its working memory, bytes
 	factor float64 // the estimate correction cost was weighed with; 0 before admission
 	class  int     // the model's length class (gpu.LengthClasser); 0 without one
-	weight int64   // units held in admission; 0 when none
+	hold   *hold   // what it holds in admission (admission.go); nil before
 	// parts are how a message too large to run whole runs (parts.go); nil
 	// for one that runs whole. cost and raw are then its largest part's.
 	parts []part
