@@ -30,8 +30,8 @@ func (s Strategy) valid() bool {
 // admit takes waiting messages in order and admits each once admission has
 // room for it. A message not admitted within AdmitTimeout of its receipt is
 // released for another consumer rather than kept waiting here (backpressure).
-func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
-	defer close(out)
+func (s *Subscriber) admit(ctx context.Context, b *batcher) {
+	defer b.close()
 	for t := range s.buffer {
 		if ctx.Err() != nil || t.lease.lost.Load() {
 			s.releaseWaiting(t, "shutdown or lost lease")
@@ -43,18 +43,13 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 		w := s.adm.weight(t.cost)
 		var err error
 		if !s.adm.tryAcquire(w) {
-			s.admitBlocked.Store(true)
-			select {
-			case s.admitKick <- struct{}{}:
-			default:
-			}
+			b.admissionFull()
 			if s.launchesAhead(t) {
 				t.ahead = s.launchAhead(ctx, t)
 			}
 			actx, cancel := context.WithDeadline(ctx, t.lease.received.Add(s.cfg.AdmitTimeout))
 			err = s.adm.acquire(actx, w)
 			cancel()
-			s.admitBlocked.Store(false)
 		}
 		if err != nil {
 			reason := "shutdown"
@@ -69,7 +64,7 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 		s.stampAdmitted(t)
 		s.m.admitted.Inc()
 		t.hold = s.newHold(w, t.cost)
-		out <- t // the batcher always takes it, also during shutdown
+		b.add(t)
 	}
 }
 
