@@ -2,6 +2,8 @@ package subscriber
 
 import (
 	"context"
+	"errors"
+	"sync"
 
 	"github.com/vramq/vramq/internal/bytesize"
 )
@@ -28,8 +30,8 @@ func (s Strategy) valid() bool {
 // admit takes waiting messages in order and admits each once admission has
 // room for it. A message not admitted within AdmitTimeout of its receipt is
 // released for another consumer rather than kept waiting here (backpressure).
-func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
-	defer close(out)
+func (s *Subscriber) admit(ctx context.Context, b *batcher) {
+	defer b.close()
 	for t := range s.buffer {
 		if ctx.Err() != nil || t.lease.lost.Load() {
 			s.releaseWaiting(t, "shutdown or lost lease")
@@ -41,18 +43,13 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 		w := s.adm.weight(t.cost)
 		var err error
 		if !s.adm.tryAcquire(w) {
-			s.admitBlocked.Store(true)
-			select {
-			case s.admitKick <- struct{}{}:
-			default:
-			}
+			b.admissionFull()
 			if s.launchesAhead(t) {
 				t.ahead = s.launchAhead(ctx, t)
 			}
 			actx, cancel := context.WithDeadline(ctx, t.lease.received.Add(s.cfg.AdmitTimeout))
 			err = s.adm.acquire(actx, w)
 			cancel()
-			s.admitBlocked.Store(false)
 		}
 		if err != nil {
 			reason := "shutdown"
@@ -64,34 +61,136 @@ func (s *Subscriber) admit(ctx context.Context, out chan<- *task) {
 			s.releaseWaiting(t, reason)
 			continue
 		}
-		t.weight = w
 		s.stampAdmitted(t)
 		s.m.admitted.Inc()
-		s.m.inflight.Add(float64(t.cost))
-		if now := s.inflight.Add(t.cost); now > s.peak.Load() {
-			s.peak.Store(now) // only this goroutine raises it
-			s.m.inflightPeak.Set(float64(now))
-		}
-		out <- t // the batcher always takes it, also during shutdown
+		t.hold = s.newHold(w, t.cost)
+		b.add(t)
 	}
 }
 
-// giveBack gives back what t holds in admission, once; the message goes on
+// A hold is what one admitted message holds: its weight in admission and
+// its estimated bytes in flight (inflight_bytes, PeakBytes). Its task owns
+// it from admission to the message's end, and every give-back goes through
+// it. Each method gives back only what the hold still has, so a second
+// release gives back nothing, and a release after the weight went
+// elsewhere (yieldWeight, handOver) gives back the rest. A hold counts as
+// open in admission (admission.holds) until its first release, so one
+// that is never released shows once work is done.
+type hold struct {
+	s *Subscriber
+
+	mu        sync.Mutex
+	weight    int64 // units held in admission
+	bytes     int64 // estimated bytes counted in flight
+	exclusive bool  // the whole budget, taken by takeAll: release ends the exclusive run
+	released  bool
+}
+
+// newHold is the hold of a message just admitted with weight w, counting
+// its bytes in flight. Only the admission goroutine calls it with bytes, so
+// only it raises the peak.
+func (s *Subscriber) newHold(w, bytes int64) *hold {
+	s.adm.holds.Add(1)
+	h := &hold{s: s, weight: w, bytes: bytes}
+	if bytes > 0 {
+		s.m.inflight.Add(float64(bytes))
+		if now := s.inflight.Add(bytes); now > s.peak.Load() {
+			s.peak.Store(now)
+			s.m.inflightPeak.Set(float64(now))
+		}
+	}
+	return h
+}
+
+// release gives back everything h still holds, once; the message goes on
 // (to the outbox, or to its end). The bytes leave the in-flight count
 // before the weight goes back, or the next admission could be counted while
 // this one still is, and the peak would show more than the budget for an
-// instant.
-func (s *Subscriber) giveBack(t *task) {
-	if t.cost > 0 {
-		s.m.inflight.Sub(float64(t.cost))
-		s.inflight.Add(-t.cost)
-		t.cost = 0
+// instant; an exclusive run ends once its weight is back. A nil hold (a
+// message never admitted) holds nothing.
+func (h *hold) release() {
+	if h == nil {
+		return
 	}
-	if t.weight > 0 {
-		s.adm.giveBack(t.weight)
-		t.weight = 0
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return
+	}
+	h.released = true
+	h.s.adm.holds.Add(-1)
+	if h.bytes > 0 {
+		h.s.m.inflight.Sub(float64(h.bytes))
+		h.s.inflight.Add(-h.bytes)
+		h.bytes = 0
+	}
+	if h.weight > 0 {
+		h.s.adm.giveBack(h.weight)
+		h.weight = 0
+	}
+	if h.exclusive {
+		h.exclusive = false
+		h.s.adm.endExclusive()
 	}
 }
+
+// yieldWeight gives back h's weight and keeps its bytes in flight: the
+// message is still on its way, to run alone (takeAll).
+func (h *hold) yieldWeight() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.weight > 0 {
+		h.s.adm.giveBack(h.weight)
+		h.weight = 0
+	}
+}
+
+// errReleased is takeAll's on a hold released already.
+var errReleased = errors.New("admission hold already released")
+
+// takeAll waits until no other work is admitted and adds the whole budget
+// to h (admission.acquireAll), which it holds until release; h should hold
+// no weight then, or it would wait for itself. It returns the weight
+// taken. On an error h holds no more than before and the exclusive run has
+// ended.
+func (h *hold) takeAll(ctx context.Context) (int64, error) {
+	a := h.s.adm
+	n, err := a.acquireAll(ctx)
+	if err != nil {
+		a.endExclusive()
+		return 0, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		a.giveBack(n)
+		a.endExclusive()
+		return 0, errReleased
+	}
+	h.weight += n
+	h.exclusive = true
+	return n, nil
+}
+
+// handOver moves the weight of from into a new hold, for a goroutine that
+// waits for a run that outlived its timeout: until the model returns, the
+// device memory it was admitted for is still in use, while the messages go
+// on (released for a retry, with their bytes). An exclusive run stays with
+// its message's hold.
+func (s *Subscriber) handOver(from ...*hold) *hold {
+	to := s.newHold(0, 0)
+	for _, h := range from {
+		h.mu.Lock()
+		to.weight += h.weight
+		h.weight = 0
+		h.mu.Unlock()
+	}
+	return to
+}
+
+// giveBack releases what t holds in admission (hold.release). The ends of
+// a message (end.go) call it, so that no path can forget it.
+func (s *Subscriber) giveBack(t *task) { t.hold.release() }
 
 // launchesAhead reports whether t, waiting for admission, is launched
 // meanwhile: under vram, with a model that launches in two phases, for a

@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"context"
+	"encoding/json"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -67,8 +68,17 @@ func TestIdleReceiveRunsAsOneBatch(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		sent := time.Now()
-		for i := range n { // no yield in between: one receive takes all
-			h.send("burst", i, "mb=1 ms=5")
+		// One Send, under the queue's lock, so that one receive takes all:
+		// puts one by one let a receive running beside them take the first
+		// few alone, now and then.
+		var burst []Outgoing
+		for i := range n {
+			w := job.Work{V: job.Version, JobID: "burst", Chunk: i, Items: []job.Item{{ID: "i0", Text: "mb=1 ms=5"}}}
+			body, _ := json.Marshal(w)
+			burst = append(burst, Outgoing{Body: string(body), Attributes: job.Attributes(w.Key())})
+		}
+		if _, err := h.work.Send(t.Context(), burst); err != nil {
+			t.Fatal(err)
 		}
 		waitFor(t, time.Minute, "all messages deleted", func() bool { return h.sub.Ledger().Deleted == n })
 		h.shutdown()

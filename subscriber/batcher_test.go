@@ -3,11 +3,15 @@ package subscriber
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
@@ -189,5 +193,127 @@ func TestBatcherFillsOrWaitsMaxDelay(t *testing.T) {
 			t.Errorf("%d batches for 6 messages at max batch 4, want 2", runs)
 		}
 		h.shutdown()
+	})
+}
+
+// The batcher alone, with a stand-in for runBatch that notes each batch and
+// holds it until the test lets it return.
+
+// heldRuns is a runBatch that notes each batch's messages and when it
+// started, and returns once let go.
+type heldRuns struct {
+	mu      sync.Mutex
+	batches [][]string
+	starts  []time.Time
+	letGo   chan struct{}
+}
+
+func (r *heldRuns) run(_ context.Context, tasks []*task) {
+	var ids []string
+	for _, t := range tasks {
+		ids = append(ids, t.lease.msg.ID)
+	}
+	r.mu.Lock()
+	r.batches = append(r.batches, ids)
+	r.starts = append(r.starts, time.Now())
+	r.mu.Unlock()
+	<-r.letGo
+}
+
+func (r *heldRuns) got() [][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.batches)
+}
+
+// testBatcher is a batcher over the least of a subscriber: count
+// admission, a learned limit of maxBatch, the given delay, and no queue
+// behind its keeper (nothing here is released).
+func testBatcher(t *testing.T, maxBatch int, delay time.Duration) (*batcher, *heldRuns) {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	s := &Subscriber{cfg: Config{MaxBatchDelay: delay}, log: log, m: newMetrics(prometheus.NewRegistry()), suspects: newSuspects()}
+	var err error
+	if s.adm, err = newAdmission(AdmitCount, 0, 100); err != nil {
+		t.Fatal(err)
+	}
+	s.state = loadLearned("", "model", "device", maxBatch, 0, log)
+	s.keeper = newKeeper(nil, s.m, log, time.Minute, time.Hour)
+	b := s.newBatcher(t.Context())
+	r := &heldRuns{letGo: make(chan struct{})}
+	b.runBatch = r.run
+	return b, r
+}
+
+// admitted hands the batcher a message of class, counted as waiting as the
+// poller counts it.
+func admitted(b *batcher, id string, class int) {
+	b.s.waiting.Add(1)
+	b.add(&task{lease: &lease{msg: Message{ID: id}}, work: &job.Work{}, class: class, cost: 1})
+}
+
+// While something is still on its way, batches gather up to their delay;
+// admission full sends every pending batch at once.
+func TestBatcherSendsAllWhenAdmissionIsFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, r := testBatcher(t, 8, time.Second)
+		ctx, stop := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); b.run(ctx) }()
+		b.s.waiting.Add(1) // one more message on its way: the device is not left idle for it
+		admitted(b, "a1", 1)
+		time.Sleep(time.Millisecond)
+		admitted(b, "b1", 2)
+		admitted(b, "a2", 1)
+		synctest.Wait()
+		if got := r.got(); len(got) != 0 {
+			t.Fatalf("batches %v went before their delay", got)
+		}
+		b.admissionFull()
+		synctest.Wait()
+		want := [][]string{{"a1", "a2"}, {"b1"}}
+		got := r.got() // in the order their goroutines ran
+		slices.SortFunc(got, func(x, y []string) int { return strings.Compare(x[0], y[0]) })
+		if !slices.EqualFunc(got, want, slices.Equal) {
+			t.Fatalf("batches %v, want %v at once when admission is full", got, want)
+		}
+		close(r.letGo)
+		b.close()
+		stop()
+		<-done
+	})
+}
+
+// A batch gathering while another runs goes when that one returns, if
+// nothing else is on its way, rather than at its delay; and until then
+// it waits, as long as something runs.
+func TestBatcherSendsWhatGatheredWhenTheDeviceFrees(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, r := testBatcher(t, 8, time.Second)
+		ctx, stop := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); b.run(ctx) }()
+		admitted(b, "first", 0) // idle device, nothing else coming: at once
+		synctest.Wait()
+		admitted(b, "second", 0)
+		admitted(b, "third", 0)
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		if got := r.got(); len(got) != 1 {
+			t.Fatalf("batches %v while the first ran, want only the first", got)
+		}
+		r.letGo <- struct{}{}
+		synctest.Wait()
+		want := [][]string{{"first"}, {"second", "third"}}
+		if got := r.got(); !slices.EqualFunc(got, want, slices.Equal) {
+			t.Fatalf("batches %v, want %v", got, want)
+		}
+		if waited := r.starts[1].Sub(r.starts[0]); waited != 500*time.Millisecond {
+			t.Errorf("the second batch went %v after the first, want when the first returned, 500ms", waited)
+		}
+		close(r.letGo)
+		b.close()
+		stop()
+		<-done
 	})
 }

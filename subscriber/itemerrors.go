@@ -174,14 +174,13 @@ func (s *Subscriber) isolate(ctx context.Context, t *task, outs []job.Output, re
 // inferItems runs t's items [lo, hi) as a batch of their own, holding t's
 // admission, and returns their outputs.
 func (s *Subscriber) inferItems(ctx context.Context, t *task, lo, hi int, alone bool) ([]job.Output, error) {
-	// The run holds t's admission: when it outlives its timeout, infer
-	// hands what it holds to the goroutine that waits for the model, and t,
-	// released, must not give it back early.
+	// The run shares t's hold: when it outlives its timeout, infer hands
+	// the hold's weight to the goroutine that waits for the model, and t,
+	// released, gives back only its bytes.
 	sub := &task{lease: t.lease, work: &job.Work{V: t.work.V, JobID: t.work.JobID, Chunk: t.work.Chunk,
-		Items: t.work.Items[lo:hi:hi]}, cost: t.cost, raw: t.raw, factor: t.factor, class: t.class, weight: t.weight, at: t.at}
-	t.weight = 0
+		Items: t.work.Items[lo:hi:hi]}, cost: t.cost, raw: t.raw, factor: t.factor, class: t.class, hold: t.hold, at: t.at}
 	got, err := s.infer(ctx, []*task{sub}, alone)
-	t.weight, t.at = sub.weight, sub.at
+	t.at = sub.at
 	if err != nil {
 		return nil, err
 	}

@@ -39,8 +39,7 @@ func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
 	var sp splits
 	_, alone := s.process(ctx, tasks, &sp)
 	for _, t := range alone {
-		s.adm.giveBack(t.weight)
-		t.weight = 0
+		t.hold.yieldWeight()
 	}
 	failed := map[*task]bool{}
 	for _, t := range alone {
@@ -189,26 +188,23 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) bool {
 	if s.shrunkBelow(t, s.adm.budget()) {
 		return false
 	}
-	n, err := s.adm.acquireAll(ctx)
+	n, err := t.hold.takeAll(ctx)
 	if err != nil {
-		s.adm.endExclusive()
 		s.release(t, 0) // shutting down
 		return false
 	}
-	t.weight = n
 	if s.shrunkBelow(t, min(n, s.adm.budget())) {
-		s.adm.endExclusive() // after the weight went back, in release
-		return false
+		return false // the release gave the whole budget back, then ended the exclusive run
 	}
 	cost := t.raw
 	outs, err := s.runOne(ctx, t, true) // its parts and item search still holding the device
 	// Let go of the device before sending anything, as process does, and
-	// let the budget follow the device again.
+	// let the budget follow the device again (the release ends the
+	// exclusive run).
 	if err == nil {
 		s.outbox.promise(1)
 	}
 	s.giveBack(t)
-	s.adm.endExclusive()
 	switch {
 	case err == nil:
 		s.log.Warn("ran alone after out of memory: succeeded", "message_id", t.lease.msg.ID, "cost", bytesize.Format(cost))
@@ -245,8 +241,8 @@ func (s *Subscriber) shrunkBelow(t *task, budget int64) bool {
 
 // infer runs tasks as one batch on the model under InferenceTimeout and
 // splits the outputs back per task. When the model outlives its timeout, the
-// tasks' admission is handed over to a goroutine that frees it only once the
-// model returns: until then the device memory is still in use.
+// tasks' admission weight is handed over to a goroutine that releases it
+// only once the model returns: until then the device memory is still in use.
 func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]job.Output, error) {
 	var items []job.Item
 	for _, t := range tasks {
@@ -291,15 +287,15 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	case a = <-done:
 		cancel()
 	case <-rctx.Done():
-		var held int64
-		for _, t := range tasks {
-			held += t.weight
-			t.weight = 0
+		held := make([]*hold, len(tasks))
+		for i, t := range tasks {
+			held[i] = t.hold
 		}
+		h := s.handOver(held...)
 		go func() {
 			<-done
 			cancel()
-			s.adm.giveBack(held)
+			h.release()
 		}()
 		return nil, fmt.Errorf("%w after %v (%d messages, %d items)", errTimeout,
 			time.Since(start).Round(time.Millisecond), len(tasks), len(items))

@@ -40,6 +40,10 @@ type admission struct {
 	// that none of this process's work was on the device during a read.
 	held     atomic.Int64
 	acquires atomic.Int64
+	// holds counts the holds (admission.go) taken and not yet released:
+	// none once the last message has ended, and a run that outlived its
+	// timeout has returned.
+	holds atomic.Int64
 	// target is the budget admission works towards: size less withheld
 	// weight, once pending shrinks are through.
 	target atomic.Int64

@@ -76,23 +76,14 @@ type Subscriber struct {
 	peak         atomic.Int64 // highest inflight seen
 	pollErrSince atomic.Int64 // unix nanos of the first of consecutive receive errors; 0 when fine
 	started      atomic.Bool
-	// admitBlocked is set while admission waits for room: no message can
-	// join a pending batch until something finishes, so the batcher stops
-	// waiting for more. admitKick tells it so.
-	admitBlocked atomic.Bool
-	admitKick    chan struct{}
-	// running counts batches started and not yet returned from runBatch;
-	// idleKick tells the batcher when it falls to zero (see batch).
-	running  atomic.Int64
-	idleKick chan struct{}
-	suspects *suspects
+	suspects     *suspects
 	// launcher is the model's two-phase form, nil when it has none: a
 	// message waiting for admission is then launched while it waits (see
 	// admit).
 	launcher gpu.Launcher
 	loss     deviceLoss // see devicelost.go
 	// classer is the model's length classes, nil when it has none: the
-	// batcher then keeps one pending batch (see batch).
+	// batcher then keeps one pending batch (see batcher).
 	classer gpu.LengthClasser
 }
 
@@ -104,7 +95,7 @@ type task struct {
 	raw    int64   // the model's own estimate of its working memory, bytes
 	factor float64 // the estimate correction cost was weighed with; 0 before admission
 	class  int     // the model's length class (gpu.LengthClasser); 0 without one
-	weight int64   // units held in admission; 0 when none
+	hold   *hold   // what it holds in admission (admission.go); nil before
 	// parts are how a message too large to run whole runs (parts.go); nil
 	// for one that runs whole. cost and raw are then its largest part's.
 	parts []part
@@ -166,8 +157,6 @@ func New(cfg Config) (*Subscriber, error) {
 		startBudget: budget,
 		buffer:      make(chan *task, cfg.Prefetch),
 		roomKick:    make(chan struct{}, 1),
-		admitKick:   make(chan struct{}, 1),
-		idleKick:    make(chan struct{}, 1),
 		suspects:    newSuspects(),
 
 		fetchSlots: semaphore.NewWeighted(maxFetches),
@@ -294,10 +283,10 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	defer cancelWork()
 
 	var stages sync.WaitGroup
-	admitted := make(chan *task)
+	b := s.newBatcher(workCtx)
 	stages.Go(func() { s.poll(ctx, workCtx) })
-	stages.Go(func() { s.admit(ctx, admitted) })
-	stages.Go(func() { s.batch(ctx, workCtx, admitted) })
+	stages.Go(func() { s.admit(ctx, b) })
+	stages.Go(func() { b.run(ctx) })
 	stages.Go(func() { s.refreshBudget(ctx) })
 
 	<-ctx.Done()

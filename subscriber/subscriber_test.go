@@ -241,6 +241,9 @@ func (h *harness) shutdown() {
 	if l := h.sub.Ledger(); l.Received != l.Deleted+l.Released+l.Lost+l.Abandoned {
 		h.t.Errorf("ledger does not balance: %+v", l)
 	}
+	if err := unreleased(h.sub); err != nil {
+		h.t.Errorf("after shutdown: %v", err)
+	}
 }
 
 // resultsByKey reads every result message, counting duplicates.
