@@ -41,6 +41,9 @@ type Item struct {
 	// holds the JSON of the whole Item, without Ref. Consumers fetch it and
 	// verify its size and SHA-256 before use.
 	Ref *PayloadRef `json:"ref,omitempty"`
+	// Body is the request's JSON for an item of a job that names an
+	// Endpoint: kept as the client sent it, forwarded by the subscriber.
+	Body json.RawMessage `json:"body,omitempty"`
 }
 
 // PayloadRef points at an object in S3 that stands in for content too large
@@ -71,7 +74,11 @@ type Work struct {
 	JobID  string `json:"job_id"`
 	Chunk  int    `json:"chunk"`
 	Chunks int    `json:"chunks,omitempty"` // chunks in the whole job, when known
-	Items  []Item `json:"items"`
+	// Endpoint is the OpenAI-compatible route the items' bodies are for
+	// ("/v1/chat/completions", "/v1/completions", "/v1/embeddings");
+	// empty for items of text or data.
+	Endpoint string `json:"endpoint,omitempty"`
+	Items    []Item `json:"items"`
 }
 
 // Key identifies a chunk across redeliveries: results with the same key are
@@ -93,6 +100,16 @@ type Output struct {
 	// it: a reader that does not know the field sees an output without an
 	// answer.
 	Error *ItemError `json:"error,omitempty"`
+	// Response is the model server's answer for an item of an endpoint
+	// job: its status and body (2xx), or, with Error, the item's own
+	// refusal (4xx).
+	Response *Response `json:"response,omitempty"`
+}
+
+// Response is a model server's answer to one item's request.
+type Response struct {
+	StatusCode int             `json:"status_code"`
+	Body       json.RawMessage `json:"body"`
 }
 
 // ItemError is why one item of a chunk could not be processed while the
@@ -108,6 +125,9 @@ const (
 	// ItemTooLarge: the model's estimate of the item's working memory alone
 	// exceeds the largest budget the subscriber's device can give.
 	ItemTooLarge = "too_large"
+	// ItemRequestRefused: the model server refused the item's request
+	// itself (400, 422, ...); the output's Response carries its answer.
+	ItemRequestRefused = "request_refused"
 )
 
 // MaxItemErrorLen bounds an item error's message in bytes.
