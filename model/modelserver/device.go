@@ -74,7 +74,7 @@ func (d *Device) usedBytes() int64 {
 	if d.snap.waiting > 0 {
 		return d.capacity
 	}
-	return min(d.capacity, int64(math.Ceil(d.snap.usage*float64(d.capacity))))
+	return min(d.capacity, int64(math.Round(d.snap.usage*float64(d.capacity))))
 }
 
 // Close closes the model's idle connections.

@@ -108,3 +108,16 @@ func (t handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	t.h.ServeHTTP(rec, r)
 	return rec.Result(), nil
 }
+
+// http404For serves 404 on path and the rest from h.
+func http404For(path string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == path {
+			http.NotFound(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func httpClient(rt http.RoundTripper) *http.Client { return &http.Client{Transport: rt} }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -36,14 +37,20 @@ import (
 // unspent: marginK times the typical request's cost. A 429 from the limiter
 // raises marginK, a run of clean answers lowers it back.
 //
+// An answer's remaining count cannot include what this process sent while
+// the answer was on its way back: the requests sent in the last transit
+// are taken off it again, as the server may not have seen them yet (at
+// worst a transit's worth of this process's requests is counted twice).
+//
 // golang.org/x/time/rate does not fit: its Limiter has no way to give
 // tokens back or to set the tokens left to what a server says.
 const (
-	marginMin      = 2.0
+	marginMin      = 4.0
 	marginMax      = 32.0
 	marginRaise    = 1.5
 	marginDecay    = 0.9
-	marginCleanRun = 100 // answers before the margin decays a step
+	marginCleanRun = 200 // answers before the margin decays a step
+	transit        = 100 * time.Millisecond
 )
 
 const (
@@ -90,7 +97,13 @@ type rates struct {
 	marginK float64
 	typical float64 // tokens of a typical request (a moving average)
 	clean   int
+	recent  []sent // the requests sent in the last transit, oldest first
 	changed chan struct{}
+}
+
+type sent struct {
+	at     time.Time
+	tokens float64
 }
 
 func newRates(tpm, rpm int, now time.Time) *rates {
@@ -146,6 +159,7 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					}
 				}
 			}
+			r.recent = append(r.recent, sent{now, cost[kindTokens]})
 			if r.typical == 0 {
 				r.typical = cost[kindTokens]
 			} else {
@@ -159,6 +173,10 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 		if until := now.Add(wait); until.After(deadline) {
 			return reservation{}, &gpu.BackoffError{Until: until, Reason: "rate limit: " + which + " per minute"}
 		}
+		// Subscribers that read the same remaining count would all wake
+		// at the same moment for the same refill: a tenth of jitter
+		// spreads them.
+		wait += time.Duration(rand.Float64() * 0.1 * float64(wait))
 		if err := sleep(ctx, wait, ch); err != nil {
 			return reservation{}, err
 		}
@@ -205,6 +223,15 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool) {
 			r.marginK = math.Max(marginMin, r.marginK*marginDecay)
 		}
 	}
+	i := 0
+	for i < len(r.recent) && now.Sub(r.recent[i].at) > transit {
+		i++
+	}
+	r.recent = append(r.recent[:0], r.recent[i:]...)
+	unseen := [2]float64{0, float64(len(r.recent))}
+	for _, s := range r.recent {
+		unseen[kindTokens] += s.tokens
+	}
 	synced := false
 	for k, kind := range kindNames {
 		limit, okL := headerNumber(h, "x-ratelimit-limit-"+kind)
@@ -223,7 +250,7 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool) {
 			b.perSec = (limit - remaining) / reset.Seconds()
 		}
 		if okR {
-			b.level, b.last = math.Min(remaining, limit), now
+			b.level, b.last = math.Min(remaining, limit)-unseen[k], now
 		}
 		synced = true
 	}
