@@ -46,6 +46,16 @@ func wantRetriedThenOK(requests int64) func(t *testing.T, s *fakeoai.Server, m *
 	}
 }
 
+// wantHalvedThenOK: an overload answer, a wait, fewer requests in flight,
+// and the retry went through.
+func wantHalvedThenOK(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
+	t.Helper()
+	wantRetriedThenOK(2)(t, s, m, outs, err)
+	if got := m.conc.now(); got != 4 {
+		t.Errorf("concurrency %d after an overload answer; want 4, halved from 8", got)
+	}
+}
+
 func wantOperator(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
 	t.Helper()
 	if !errors.Is(err, gpu.ErrNeedsOperator) || outs != nil {
@@ -140,15 +150,12 @@ func dispositionCases() []dispositionCase {
 		{row: "too_large_for_rate_limit", fake: fakeoai.Config{Limits: fakeoai.RateLimits{TPM: 50}},
 			items: []job.Item{chatItem("c", "hello", 100)}, check: wantRefused(429)},
 		{row: "overloaded_429", fake: fakeoai.Config{Faults: []fakeoai.Fault{status(429, 1)}}, cfg: Config{MaxConcurrency: 8},
-			items: chat, check: func(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
-				wantRetriedThenOK(2)(t, s, m, outs, err)
-				if got := m.conc.now(); got != 4 {
-					t.Errorf("concurrency %d after TGI's overloaded; want 4", got)
-				}
-			}},
+			items: chat, check: wantHalvedThenOK},
 		{row: "rate_limited", items: chat}, // rateLimitedCase: two models on one limit
-		{row: "overloaded", fake: fakeoai.Config{Faults: []fakeoai.Fault{status(503, 1)}}, items: chat, check: wantRetriedThenOK(2)},
-		{row: "overloaded", fake: fakeoai.Config{Faults: []fakeoai.Fault{status(529, 1)}}, items: chat, check: wantRetriedThenOK(2)},
+		{row: "overloaded", fake: fakeoai.Config{Faults: []fakeoai.Fault{status(503, 1)}}, cfg: Config{MaxConcurrency: 8}, items: chat,
+			check: wantHalvedThenOK},
+		{row: "overloaded", fake: fakeoai.Config{Faults: []fakeoai.Fault{status(529, 1)}}, cfg: Config{MaxConcurrency: 8}, items: chat,
+			check: wantHalvedThenOK},
 		{row: "overloaded", fake: fakeoai.Config{Faults: []fakeoai.Fault{{Kind: fakeoai.FaultStatus, Status: 503, RetryAfter: 2 * time.Hour}}},
 			items: chat, check: func(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
 				// A wait past MaxWait: Run returns with when to come back.
@@ -236,6 +243,9 @@ func TestDispositionRateLimited(t *testing.T) {
 					wantRetriedThenOK(3)(t, s, m, outs, err) // the other model's, then this one's, refused, and again
 					if waited := time.Since(start); waited < 59*time.Second {
 						t.Errorf("went through after %v; the server asked for a minute", waited)
+					}
+					if m.rates.marginK <= marginMin {
+						t.Errorf("margin %v after a 429 of the limiter; want it widened", m.rates.marginK)
 					}
 					return
 				}
