@@ -37,6 +37,12 @@ import (
 // unspent: marginK times the typical request's cost. A 429 from the limiter
 // raises marginK, a run of clean answers lowers it back.
 //
+// Between two answers a mirror also refills only at the rate the other
+// subscribers leave: their consumption is what the server's count fell by
+// beyond this process's own requests, measured over a second or more and
+// averaged. Three subscribers that each saw the whole refill would wake
+// together at every refill and collide; each seeing its share, they pace.
+//
 // An answer's remaining count cannot include what this process sent while
 // the answer was on its way back: the requests sent in the last transit
 // are taken off it again, as the server may not have seen them yet (at
@@ -66,7 +72,17 @@ type bucket struct {
 	capacity float64
 	level    float64
 	last     time.Time
+
+	// A mirror's estimate of the other subscribers' consumption: since
+	// estAt, when the server's count was estLevel, this process sent ours.
+	othersPerSec   float64
+	estAt          time.Time
+	estLevel, ours float64
 }
+
+// othersShare bounds the estimate of the others' consumption, so that a
+// mirror always refills a little and a request is never starved.
+const othersShare = 0.95
 
 func newBucket(perMinute float64, now time.Time, mirror bool) *bucket {
 	return &bucket{mirror: mirror, perSec: perMinute / 60, capacity: perMinute, level: perMinute, last: now}
@@ -74,9 +90,25 @@ func newBucket(perMinute float64, now time.Time, mirror bool) *bucket {
 
 func (b *bucket) refill(now time.Time) {
 	if dt := now.Sub(b.last); dt > 0 {
-		b.level = math.Min(b.capacity, b.level+dt.Seconds()*b.perSec)
+		b.level = math.Min(b.capacity, b.level+dt.Seconds()*(b.perSec-b.othersPerSec))
 		b.last = now
 	}
+}
+
+// estimate updates a mirror's estimate of the others' consumption from the
+// server's count, level, at now.
+func (b *bucket) estimate(level float64, now time.Time) {
+	dt := now.Sub(b.estAt).Seconds()
+	if !b.estAt.IsZero() && dt < 1 {
+		return
+	}
+	// A bucket at its capacity stopped refilling: what it fell by says
+	// nothing then.
+	if full := 0.95 * b.capacity; !b.estAt.IsZero() && b.estLevel < full && level < full {
+		others := math.Max(0, b.estLevel+b.perSec*dt-level-b.ours) / dt
+		b.othersPerSec = math.Min(othersShare*b.perSec, 0.7*b.othersPerSec+0.3*others)
+	}
+	b.estAt, b.estLevel, b.ours = now, level, 0
 }
 
 // tooLargeError is a request whose reservation exceeds a bucket's capacity:
@@ -145,7 +177,7 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					margin = math.Max(0, math.Min(r.margin(k), b.capacity-cost[k]))
 				}
 				if need := cost[k] + margin - b.level; need > 0 {
-					if w := time.Duration(need / b.perSec * float64(time.Second)); w > wait {
+					if w := time.Duration(need / (b.perSec - b.othersPerSec) * float64(time.Second)); w > wait {
 						wait, which = w, kindNames[k]
 					}
 				}
@@ -156,6 +188,7 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 				for _, b := range []*bucket{r.own[k], r.srv[k]} {
 					if b != nil {
 						b.level -= cost[k]
+						b.ours += cost[k]
 					}
 				}
 			}
@@ -232,7 +265,7 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool) {
 	for _, s := range r.recent {
 		unseen[kindTokens] += s.tokens
 	}
-	synced := false
+	more := false
 	for k, kind := range kindNames {
 		limit, okL := headerNumber(h, "x-ratelimit-limit-"+kind)
 		if !okL || limit <= 0 {
@@ -242,6 +275,7 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool) {
 		if b == nil {
 			b = newBucket(limit, now, true)
 			r.srv[k] = b
+			more = true
 		}
 		b.capacity = limit
 		remaining, okR := headerNumber(h, "x-ratelimit-remaining-"+kind)
@@ -250,11 +284,15 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool) {
 			b.perSec = (limit - remaining) / reset.Seconds()
 		}
 		if okR {
+			b.refill(now)
+			before := b.level
 			b.level, b.last = math.Min(remaining, limit)-unseen[k], now
+			b.estimate(math.Min(remaining, limit), now)
+			// Waiters wake only for more room than they were promised.
+			more = more || b.level > before
 		}
-		synced = true
 	}
-	if synced {
+	if more {
 		close(r.changed)
 		r.changed = make(chan struct{})
 	}
