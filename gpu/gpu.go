@@ -14,6 +14,8 @@ package gpu
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/vramq/vramq/job"
 )
@@ -47,7 +49,46 @@ var (
 	ErrNoDevice = errors.New("gpu: no device")
 	// ErrClosed is returned by a device or model used after Close.
 	ErrClosed = errors.New("gpu: closed")
+	// ErrBackoff is returned (wrapped) by Model.Run when what runs the
+	// model (a model server, a rate-limited API) asked to be left alone
+	// until a time further off than the model waits within Run: a rate
+	// limit's window, a daily quota's reset. No message is to blame and
+	// none would run before then. The error is a *BackoffError;
+	// BackoffUntil reads the time. The caller should hand the batch's
+	// messages back with a visibility timeout that ends then, and receive
+	// nothing more until then, so that the wait lives in the queue rather
+	// than in a process holding leases.
+	ErrBackoff = errors.New("gpu: backoff")
+	// ErrNeedsOperator is returned (wrapped) by Model.Run when nothing will
+	// run until a person acts: the account's quota is spent, the API key
+	// is refused, the server does not have the model. No message is to
+	// blame and retrying does not help. The caller should stop receiving,
+	// hand back what it holds, and say why (health, one error log, a
+	// metric) rather than retry each message into the dead-letter queue.
+	ErrNeedsOperator = errors.New("gpu: needs an operator")
 )
+
+// BackoffError is the error of ErrBackoff: come back at Until.
+type BackoffError struct {
+	Until  time.Time
+	Reason string // what asked for the wait, e.g. "429 rate_limit_exceeded"; no secrets, no message content
+}
+
+func (e *BackoffError) Error() string {
+	return fmt.Sprintf("gpu: backoff until %s: %s", e.Until.UTC().Format(time.RFC3339Nano), e.Reason)
+}
+
+func (e *BackoffError) Unwrap() error { return ErrBackoff }
+
+// BackoffUntil returns the time err (an ErrBackoff, however wrapped) says to
+// come back at; ok is false for any other error.
+func BackoffUntil(err error) (until time.Time, ok bool) {
+	var b *BackoffError
+	if errors.As(err, &b) {
+		return b.Until, true
+	}
+	return time.Time{}, false
+}
 
 // MemInfo is a snapshot of a device's memory, in bytes.
 type MemInfo struct {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // sizeModel is the test model noting when each Run starts and how many
@@ -71,11 +72,11 @@ func TestIdleReceiveRunsAsOneBatch(t *testing.T) {
 		// One Send, under the queue's lock, so that one receive takes all:
 		// puts one by one let a receive running beside them take the first
 		// few alone, now and then.
-		var burst []Outgoing
+		var burst []queue.Outgoing
 		for i := range n {
 			w := job.Work{V: job.Version, JobID: "burst", Chunk: i, Items: []job.Item{{ID: "i0", Text: "mb=1 ms=5"}}}
 			body, _ := json.Marshal(w)
-			burst = append(burst, Outgoing{Body: string(body), Attributes: job.Attributes(w.Key())})
+			burst = append(burst, queue.Outgoing{Body: string(body), Attributes: job.Attributes(w.Key())})
 		}
 		if _, err := h.work.Send(t.Context(), burst); err != nil {
 			t.Fatal(err)

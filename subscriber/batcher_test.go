@@ -19,6 +19,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/refembed"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // recordingLauncher is a timed.Model that notes when each batch, named by
@@ -249,7 +250,7 @@ func testBatcher(t *testing.T, maxBatch int, delay time.Duration) (*batcher, *he
 // poller counts it.
 func admitted(b *batcher, id string, class int) {
 	b.s.waiting.Add(1)
-	b.add(&task{lease: &lease{msg: Message{ID: id}}, work: &job.Work{}, class: class, cost: 1})
+	b.add(&task{lease: &lease{msg: queue.Message{ID: id}}, work: &job.Work{}, class: class, cost: 1})
 }
 
 // While something is still on its way, batches gather up to their delay;

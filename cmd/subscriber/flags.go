@@ -36,6 +36,8 @@ type options struct {
 	calibrate                       bool
 	calibrateItems, calibratePoints int
 	costModel                       string
+	// ms are the -model-server flags (modelserver.go).
+	ms modelServerOptions
 }
 
 // The defaults of the flags that set no subscriber.Config field; those that
@@ -94,6 +96,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.costModel, "cost-model", "",
 		"cost model file from -calibrate: estimate each message's working memory with it, refused if fitted for another model\n"+
 			"or device (with -calibrate: where to write it; empty: the model's own estimate)")
+	addModelServerFlags(fs, &o.ms)
 	fs.StringVar(&o.admission, "admission", string(d.Admission),
 		"admission strategy: vram (by estimated memory), count (fixed N at once), none (all received; for comparison)")
 	fs.IntVar(&c.Count, "count", d.Count, "messages at once under -admission=count")

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
@@ -55,6 +56,8 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
+	given := map[string]bool{} // on the command line or from the environment
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	c.Admission = subscriber.Strategy(o.admission)
 	c.VRAMReserve, c.VRAMLimit = int64(o.reserve), int64(o.limit)
 	c.MaxBatchBytes = int64(o.maxBatchBytes)
@@ -95,6 +98,9 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	case "off":
 	default:
 		return nil, fmt.Errorf("%w: -task-protection=%s: want auto, on or off", errUsage, o.taskProtection)
+	}
+	if err := checkModelServer(o, given); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if err := checkDevice(o.device); err != nil {
 		return nil, fmt.Errorf("%w: -device=%s: %v", errUsage, o.device, err)
@@ -142,7 +148,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 
-	dev, model, err := openBackend(o, log)
+	var dev gpu.Device
+	var model closingModel
+	if o.ms.url != "" {
+		dev, model, err = openModelServer(ctx, o, getenv, log)
+	} else {
+		dev, model, err = openBackend(o, log)
+	}
 	if err != nil {
 		return err
 	}

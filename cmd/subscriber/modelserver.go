@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/model/modelserver"
+)
+
+// modelServerOptions are the -model-server flags: with -model-server set,
+// the subscriber sends the items' requests to that server (package
+// model/modelserver) instead of running a model of its own.
+type modelServerOptions struct {
+	url, models                   string
+	apiKeyEnv, apiKeyFile         string
+	timeout, connect, maxWait     time.Duration
+	concurrency, tpm, rpm         int
+	retries                       int
+	kvBytesPerToken               int64
+	modelConfig                   string
+	kvBytesPerValue               int
+	kvCacheTokens, tokensInFlight int64
+	tokenizer                     string
+	maxOutputTokens, maxN         int
+	embedBatch, embedBatchTokens  int
+}
+
+const defaultAPIKeyEnv = "VRAMQ_MODEL_SERVER_API_KEY"
+
+func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
+	fs.StringVar(&o.url, "model-server", "",
+		"root URL of an OpenAI-compatible model server (vLLM, TGI, TEI, Ollama, https://api.openai.com): items carry request bodies\n"+
+			"for /v1/chat/completions, /v1/completions or /v1/embeddings, and results the server's answers (docs/api.md);\n"+
+			"admission counts tokens in the server's KV cache (from its vLLM metrics) or -model-server-tokens-in-flight;\n"+
+			"-vram-reserve is then 0 unless set; empty: the in-process model")
+	fs.StringVar(&o.models, "model-server-models", "",
+		"comma-separated model names a request may name (required with -model-server; checked against GET /v1/models at start)")
+	fs.StringVar(&o.apiKeyEnv, "model-server-api-key-env", defaultAPIKeyEnv,
+		"environment variable that holds the server's API key, sent as a bearer token and never logged (unset or empty: no key)")
+	fs.StringVar(&o.apiKeyFile, "model-server-api-key-file", "",
+		"file that holds the API key instead (a mounted secret)")
+	fs.DurationVar(&o.timeout, "model-server-timeout", modelserver.DefaultRequestTimeout,
+		"longest one request may take, its answer's body read included")
+	fs.DurationVar(&o.connect, "model-server-connect-timeout", modelserver.DefaultConnectTimeout, "longest a connection may take to open")
+	fs.IntVar(&o.retries, "model-server-retries", modelserver.DefaultMaxRetries,
+		"times a request is sent again after a transient failure (5xx, 424, a dropped connection, a timeout) before its batch is released")
+	fs.DurationVar(&o.maxWait, "model-server-max-wait", modelserver.DefaultMaxWait,
+		"longest a batch waits for the server (a rate limit's refill, an overload) before it is handed back; below -inference-timeout")
+	fs.IntVar(&o.concurrency, "model-server-concurrency", modelserver.DefaultMaxConcurrency,
+		"most requests in flight (vLLM max_num_seqs, TGI/TEI max_concurrent_requests); halved on an overload answer, grown back after clean runs")
+	fs.IntVar(&o.tpm, "model-server-tpm", 0,
+		"tokens per minute this subscriber may use (prompt + max_tokens × n, reconciled with usage); 0: none of its own;\n"+
+			"the server's x-ratelimit headers are followed either way")
+	fs.IntVar(&o.rpm, "model-server-rpm", 0, "requests per minute this subscriber may send; 0: none of its own")
+	fs.Int64Var(&o.kvBytesPerToken, "model-server-kv-bytes-per-token", 0,
+		"the server's KV cache per token, in bytes (Llama-3-8B in bf16: 131072); 0: from -model-server-config, else unknown (a byte a token)")
+	fs.StringVar(&o.modelConfig, "model-server-config", "",
+		"the model's config.json: KV bytes per token = 2 × layers × KV heads × head dim × bytes per value")
+	fs.IntVar(&o.kvBytesPerValue, "model-server-kv-bytes-per-value", 0,
+		"bytes of one KV cache value, over -model-server-config's torch_dtype (1 for an fp8 KV cache)")
+	fs.Int64Var(&o.kvCacheTokens, "model-server-kv-cache-tokens", 0,
+		"the server's KV capacity in tokens (blocks × block size), for a server without vllm:cache_config_info")
+	fs.Int64Var(&o.tokensInFlight, "model-server-tokens-in-flight", modelserver.DefaultTokensInFlight,
+		"most tokens (prompt + max output) admitted at once when the KV capacity is not known")
+	fs.StringVar(&o.tokenizer, "model-server-tokenizer", "",
+		"tokenizer.json (or its directory) of a WordPiece (BERT) embedding model: its inputs are counted exactly;\n"+
+			"otherwise tokens are bounded from the bytes and tightened by the answers' usage")
+	fs.IntVar(&o.maxOutputTokens, "model-server-max-output-tokens", modelserver.DefaultMaxOutputTokens,
+		"ceiling of max_tokens: a body without one is sent with it (16 for /v1/completions, its default); one above it is refused")
+	fs.IntVar(&o.maxN, "model-server-max-n", modelserver.DefaultMaxN, "most choices (n) a request may ask")
+	fs.IntVar(&o.embedBatch, "model-server-embed-batch", modelserver.DefaultEmbedBatch,
+		"most inputs of one embeddings request (TEI's max_client_batch_size); halved after a 413")
+	fs.IntVar(&o.embedBatchTokens, "model-server-embed-batch-tokens", modelserver.DefaultEmbedBatchTokens,
+		"most estimated tokens of one embeddings request (TEI's max_batch_tokens)")
+}
+
+// config is the model server's configuration; the key is read from the
+// environment variable the flags name.
+func (o *modelServerOptions) config(getenv func(string) string, log *slog.Logger) modelserver.Config {
+	var models []string
+	for m := range strings.SplitSeq(o.models, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			models = append(models, m)
+		}
+	}
+	c := modelserver.Config{
+		BaseURL: o.url, Models: models, APIKeyFile: o.apiKeyFile,
+		ConnectTimeout: o.connect, RequestTimeout: o.timeout, MaxRetries: o.retries, MaxWait: o.maxWait,
+		MaxConcurrency: o.concurrency, TPM: o.tpm, RPM: o.rpm,
+		KVBytesPerToken: o.kvBytesPerToken, ModelConfig: o.modelConfig, KVBytesPerValue: o.kvBytesPerValue,
+		KVCacheTokens: o.kvCacheTokens, TokensInFlight: o.tokensInFlight, Tokenizer: o.tokenizer,
+		MaxOutputTokens: o.maxOutputTokens, MaxN: o.maxN, EmbedBatch: o.embedBatch, EmbedBatchTokens: o.embedBatchTokens,
+		Logger: log,
+	}
+	if o.apiKeyFile == "" && o.apiKeyEnv != "" {
+		c.APIKey = getenv(o.apiKeyEnv)
+	}
+	if o.retries == 0 {
+		c.MaxRetries = -1 // the flag's 0 is none; the config's 0 is the default
+	}
+	return c
+}
+
+// checkModelServer refuses the flags that make no sense with -model-server,
+// and checks its own before anything starts.
+func checkModelServer(o *options, given map[string]bool) error {
+	ms := &o.ms
+	if ms.url == "" {
+		return nil
+	}
+	for _, f := range []string{"model", "weights", "calibrate", "cost-model", "device"} {
+		if given[f] && !(f == "device" && o.device == "auto") {
+			return fmt.Errorf("-model-server and -%s: the model runs on the server; give one or the other", f)
+		}
+	}
+	if err := ms.config(func(string) string { return "" }, slog.Default()).Validate(); err != nil {
+		return fmt.Errorf("-model-server: %v", err)
+	}
+	if ms.maxWait >= o.cfg.InferenceTimeout {
+		return fmt.Errorf("-model-server-max-wait %v: want below -inference-timeout %v, so that a batch waiting for the server is handed back, not timed out",
+			ms.maxWait, o.cfg.InferenceTimeout)
+	}
+	if !given["vram-reserve"] {
+		// The device's memory is tokens or KV bytes, not a GPU's: the
+		// reserve for a framework's allocations means nothing there. 0
+		// means the default to subscriber.Config, so the least above it.
+		o.cfg.VRAMReserve = 1
+	}
+	return nil
+}
+
+func openModelServer(ctx context.Context, o *options, getenv func(string) string, log *slog.Logger) (gpu.Device, closingModel, error) {
+	m, d, err := modelserver.Open(ctx, o.ms.config(getenv, log))
+	if err != nil {
+		return nil, nil, fmt.Errorf("-model-server: %w", err)
+	}
+	return d, m, nil
+}

@@ -1,0 +1,25 @@
+// Package modelserver runs vramq's work on a model server a team already
+// runs: vLLM, TGI, TEI, Ollama, or OpenAI itself, through the
+// OpenAI-compatible routes /v1/chat/completions, /v1/completions and
+// /v1/embeddings. Open returns a gpu.Model and a gpu.Device, so that the
+// subscriber's admission, batching, halving, leases and item errors work on
+// it unchanged.
+//
+// Each item carries its request's JSON body (job.Item.Body). Run forwards
+// it, with max_tokens set to Config.MaxOutputTokens where the body names
+// none (16 for /v1/completions, that API's default), and answers with the
+// server's status and body (job.Output.Response), or the item's error.
+// Embedding items are sent several to a request.
+//
+// Three budgets hold together: the rate limits (Config.TPM, RPM, and the
+// server's x-ratelimit headers: ratelimit.go), the server's concurrency
+// (concurrency.go), and its KV cache, which is the Device's memory and
+// what Cost is counted in (device.go). Every answer has one disposition,
+// in one table (dispositions.go): wait as the server says, ask for an
+// operator (gpu.ErrNeedsOperator), the item's own error, retry, halve.
+// Waits longer than Config.MaxWait end Run with gpu.ErrBackoff.
+//
+// It speaks HTTP itself rather than through openai-go: the SDK retries on
+// its own (the subscriber decides here) and cannot parse TGI's and TEI's
+// error bodies (internal/testenv/fakeoai's doc names them).
+package modelserver

@@ -1,0 +1,376 @@
+package modelserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/bert"
+)
+
+// Model is a model server as a gpu.Model: Run sends each item's request,
+// Cost is its tokens in device bytes, Working the device bytes of the
+// requests in flight (gpu.WorkingSet). Safe for concurrent use.
+type Model struct {
+	cfg    Config
+	log    *slog.Logger
+	client *http.Client
+	base   string // the server's root, without /v1
+	auth   string // the Authorization header; never logged
+	name   string
+
+	counter *counter
+	unit    int64 // device bytes per token: the KV bytes per token, or 1
+	rates   *rates
+	conc    *concurrency
+	gate    *gate
+	dev     *Device
+	held    atomic.Int64 // device bytes of the requests in flight
+
+	embedCap atomic.Int64 // inputs per embeddings request, lowered by a 413
+	capClean atomic.Int64 // full packs taken since the cap last changed
+
+	mu      sync.Mutex
+	answers map[string]int64 // answers by disposition row
+}
+
+// Open checks cfg, reads the key, asks the server which models it serves
+// (GET /v1/models: a refused key or a missing route stops the start with a
+// clear error) and what its KV cache holds (GET /metrics, vLLM's
+// vllm:cache_config_info, when it answers), and returns the model and its
+// device.
+func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	cfg.setDefaults()
+	cfg.Models = slices.Clone(cfg.Models)
+	if cfg.APIKeyFile != "" {
+		b, err := os.ReadFile(cfg.APIKeyFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("modelserver: the API key file: %w", err)
+		}
+		cfg.APIKey = strings.TrimSpace(string(b))
+		if cfg.APIKey == "" || strings.ContainsAny(cfg.APIKey, "\r\n") {
+			return nil, nil, fmt.Errorf("modelserver: the API key file %s: want one line with the key", cfg.APIKeyFile)
+		}
+	}
+	u, _ := url.Parse(cfg.BaseURL)
+	u.Path = strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v1")
+	m := &Model{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		client:  cfg.HTTPClient,
+		base:    strings.TrimSuffix(u.String(), "/"),
+		name:    "model-server:" + strings.Join(cfg.Models, ","),
+		rates:   newRates(cfg.TPM, cfg.RPM, time.Now()),
+		conc:    newConcurrency(cfg.MaxConcurrency, cfg.Logger),
+		gate:    newGate(),
+		answers: map[string]int64{},
+	}
+	m.embedCap.Store(int64(cfg.EmbedBatch))
+	if cfg.APIKey != "" {
+		m.auth = "Bearer " + cfg.APIKey
+	}
+	if m.client == nil {
+		m.client = newClient(cfg)
+	}
+	var wp *bert.Tokenizer
+	if cfg.Tokenizer != "" {
+		var err error
+		if wp, err = loadTokenizer(cfg.Tokenizer); err != nil {
+			m.log.Warn("the tokenizer is not one this project runs: token counts are bounded from the bytes",
+				"tokenizer", cfg.Tokenizer, "err", err)
+		}
+	}
+	m.counter = newCounter(wp)
+
+	if err := m.probeModels(ctx); err != nil {
+		return nil, nil, err
+	}
+	kvPerToken := cfg.KVBytesPerToken
+	if cfg.ModelConfig != "" {
+		var err error
+		if kvPerToken, err = kvBytesPerToken(cfg.ModelConfig, cfg.KVBytesPerValue); err != nil {
+			return nil, nil, fmt.Errorf("modelserver: KV bytes per token: %w", err)
+		}
+	}
+	m.unit = max(kvPerToken, 1)
+	d := &Device{m: m, name: "model-server " + u.Host}
+	snap, err := m.readMetrics(ctx)
+	switch {
+	case err != nil:
+		m.log.Info("the model server exports no vLLM metrics: its KV cache is not followed", "err", err)
+	case snap.blocks > 0:
+		d.live, d.snap, d.read = true, snap, time.Now()
+	}
+	kvTokens := cfg.KVCacheTokens
+	if d.live {
+		kvTokens = snap.blocks * snap.blockSize
+	}
+	switch {
+	case kvTokens > 0:
+		d.capacity = kvTokens * m.unit
+	default:
+		d.capacity = cfg.TokensInFlight * m.unit
+	}
+	m.dev = d
+	m.log.Info("model server ready", "config", cfg, "kv_bytes_per_token", kvPerToken, "kv_cache_tokens", kvTokens,
+		"kv_followed", d.live, "capacity", d.capacity, "exact_tokens", wp != nil)
+	return m, d, nil
+}
+
+func newClient(cfg Config) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext
+	tr.TLSHandshakeTimeout = cfg.ConnectTimeout
+	// Every request in flight keeps its connection for the next one.
+	tr.MaxIdleConns = 2 * cfg.MaxConcurrency
+	tr.MaxIdleConnsPerHost = 2 * cfg.MaxConcurrency
+	return &http.Client{
+		Transport: tr,
+		// A redirect is an answer, not a place to send the key.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+func loadTokenizer(path string) (*bert.Tokenizer, error) {
+	dir := path
+	if fi, err := os.Stat(path); err != nil {
+		return nil, err
+	} else if !fi.IsDir() {
+		if filepath.Base(path) != "tokenizer.json" {
+			return nil, fmt.Errorf("%s: want a tokenizer.json or its directory", path)
+		}
+		dir = filepath.Dir(path)
+	}
+	return bert.LoadTokenizer(dir)
+}
+
+// probeModels asks GET /v1/models and checks that it serves every model
+// configured.
+func (m *Model) probeModels(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.ConnectTimeout+30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.base+"/v1/models", nil)
+	if err != nil {
+		return fmt.Errorf("modelserver: %w", err)
+	}
+	if m.auth != "" {
+		req.Header.Set("Authorization", m.auth)
+	}
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("modelserver: GET %s/v1/models: %w", redactURL(m.base), err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		return fmt.Errorf("%w: modelserver: GET %s/v1/models answered %s: the server refuses the API key (give it with the key's environment variable or file)",
+			gpu.ErrNeedsOperator, redactURL(m.base), resp.Status)
+	case resp.StatusCode == http.StatusNotFound:
+		return fmt.Errorf("modelserver: GET %s/v1/models answered 404: is that the root of an OpenAI-compatible server?", redactURL(m.base))
+	case resp.StatusCode != http.StatusOK:
+		return fmt.Errorf("modelserver: GET %s/v1/models answered %s", redactURL(m.base), resp.Status)
+	case json.Unmarshal(body, &list) != nil:
+		return fmt.Errorf("modelserver: GET %s/v1/models: the answer is not a model list", redactURL(m.base))
+	}
+	served := make([]string, 0, len(list.Data))
+	for _, d := range list.Data {
+		served = append(served, d.ID)
+	}
+	var missing []string
+	for _, name := range m.cfg.Models {
+		if !slices.Contains(served, name) {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		if len(served) > 20 {
+			served = append(served[:20], "…")
+		}
+		return fmt.Errorf("modelserver: the server does not serve %q; it serves %q", missing, served)
+	}
+	return nil
+}
+
+// Name is "model-server:" and the configured models.
+func (m *Model) Name() string { return m.name }
+
+// Weights is 0: the server holds the weights, outside the budget.
+func (m *Model) Weights() int64 { return 0 }
+
+// Close lets go of idle connections.
+func (m *Model) Close() error {
+	m.client.CloseIdleConnections()
+	return nil
+}
+
+// Working is the device bytes of the requests in flight, as the server's
+// KV cache shows them: the least of what they reserved and what the cache
+// holds in all at the last reading, so never above what is allocated on a
+// server vramq has to itself (a sidecar). 0 when the cache is not
+// followed: the device's free memory is then its capacity, constant, and
+// the budget is that less the reserve.
+func (m *Model) Working() int64 {
+	d := m.dev
+	if !d.live {
+		return 0
+	}
+	d.mu.Lock()
+	used := d.usedBytes()
+	d.mu.Unlock()
+	return min(m.held.Load(), used)
+}
+
+// Cost is the items' tokens, prompt (estimated) plus the most their answers
+// may generate (max_tokens × n), in device bytes: KV bytes per token, or 1
+// when those are not known. An item Run refuses without a request costs
+// nothing.
+func (m *Model) Cost(items []job.Item) int64 {
+	var c int64
+	for _, it := range items {
+		r, refused := m.parse(it)
+		if refused != nil {
+			continue
+		}
+		c += m.tokens(r) * m.unit
+	}
+	return c
+}
+
+// tokens is r's reservation: prompt plus max output × choices.
+func (m *Model) tokens(r *request) int64 {
+	return m.counter.tokens(r.kind(), r.prompt) + r.maxOut*r.choices
+}
+
+// Run sends the items' requests and returns one output per item: the
+// server's answer (Response) for a 2xx; an Error for an item refused, by
+// the subscriber (invalid_input, too_large) or by the server
+// (request_refused, with its Response). Chat and completion items are a
+// request each; embedding items that agree on everything but their input
+// share requests, within Config.EmbedBatch inputs and
+// Config.EmbedBatchTokens tokens. The requests run concurrently, within the
+// concurrency bound, the rate limits and the server's pauses.
+//
+// Run returns an error, and no outputs, when the batch cannot finish: one
+// wrapping gpu.ErrBackoff (the server's wait ends past Config.MaxWait from
+// now), gpu.ErrNeedsOperator, gpu.ErrOutOfMemory (an embedding input the
+// server cannot hold even alone), a transient failure past its retries, or
+// ctx's error.
+func (m *Model) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	deadline := time.Now().Add(m.cfg.MaxWait)
+	outs := make([]job.Output, len(items))
+	var gens []*request
+	groups := map[string][]*request{}
+	var keys []string
+	for i, it := range items {
+		outs[i].ID = it.ID
+		r, refused := m.parse(it)
+		if refused != nil {
+			outs[i].Error = refused
+			continue
+		}
+		r.idx = i
+		if r.ep != embeddings {
+			gens = append(gens, r)
+			continue
+		}
+		if _, ok := groups[r.key]; !ok {
+			keys = append(keys, r.key)
+		}
+		groups[r.key] = append(groups[r.key], r)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for _, r := range gens {
+		g.Go(func() error { return m.generate(gctx, r, outs, deadline) })
+	}
+	for _, k := range keys {
+		for _, p := range m.packs(groups[k]) {
+			g.Go(func() error { return m.embed(gctx, p, outs, deadline) })
+		}
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return outs, nil
+}
+
+// generate runs one chat or completion item.
+func (m *Model) generate(ctx context.Context, r *request, outs []job.Output, deadline time.Time) error {
+	tokens := m.tokens(r)
+	o, err := m.send(ctx, &call{ep: r.ep, body: r.body, tokens: tokens, kv: tokens * m.unit}, deadline)
+	if err != nil {
+		return m.itemErr(err, &outs[r.idx])
+	}
+	if o.row.action == actOK {
+		m.counter.observe(r.kind(), r.prompt, usageOf(o.a.body).PromptTokens)
+	}
+	outs[r.idx] = m.output(r.id, o)
+	return nil
+}
+
+// itemErr turns send's error into an item error where it is the item's (a
+// request larger than a rate limit), or returns it.
+func (m *Model) itemErr(err error, out *job.Output) error {
+	var tl *tooLargeError
+	if errors.As(err, &tl) {
+		out.Error = job.NewItemError(job.ItemTooLarge, tl.Error())
+		return nil
+	}
+	return err
+}
+
+// output is an item's output for a settled answer.
+func (m *Model) output(id string, o *outcome) job.Output {
+	out := job.Output{ID: id, Response: &job.Response{StatusCode: o.a.status, Body: jsonBody(o.a.body)}}
+	if o.row.action != actOK {
+		out.Error = job.NewItemError(job.ItemRequestRefused, o.a.describe(true))
+	}
+	return out
+}
+
+// jsonBody is an answer's body as JSON: itself when it is JSON, else a
+// JSON string of its first bytes (a proxy's page), so that the result can
+// always be encoded.
+func jsonBody(b []byte) json.RawMessage {
+	if json.Valid(b) {
+		return b
+	}
+	const most = 4096
+	if len(b) > most {
+		b = b[:most]
+	}
+	s, _ := json.Marshal(strings.ToValidUTF8(string(b), "\uFFFD"))
+	return s
+}
+
+// count records an answer's row.
+func (m *Model) count(row *disposition) {
+	m.mu.Lock()
+	m.answers[row.name]++
+	m.mu.Unlock()
+}

@@ -1,0 +1,155 @@
+package modelserver
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/vramq/vramq/internal/testenv/fakeoai"
+	"github.com/vramq/vramq/job"
+)
+
+// Chat, completion and embedding items come back with the server's
+// answers; embedding items share requests, and each gets its own vector.
+func TestRunAnswersEachItem(t *testing.T) {
+	inBubble(t, fakeoai.Config{}, Config{EmbedBatch: 4}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		items := []job.Item{chatItem("c", "hello there", 8), completionItem("p", "once upon", 5)}
+		emb := embedItems(6)
+		items = append(items, emb...)
+		outs, err := m.Run(t.Context(), items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOK(t, outs)
+		var chat struct {
+			Object  string `json:"object"`
+			Choices []struct {
+				Message struct{ Content string } `json:"message"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(outs[0].Response.Body, &chat); err != nil || chat.Object != "chat.completion" || len(chat.Choices) != 1 {
+			t.Errorf("chat answer %s (%v)", outs[0].Response.Body, err)
+		}
+		if !strings.Contains(string(outs[1].Response.Body), `"object":"text_completion"`) {
+			t.Errorf("completion answer %s", outs[1].Response.Body)
+		}
+		for i, it := range emb {
+			var in struct{ Input string }
+			_ = json.Unmarshal(it.Body, &in)
+			if diff := cmp.Diff(fakeoai.Embed(in.Input, 16), embeddingOf(t, outs[2+i])); diff != "" {
+				t.Errorf("item %s: not its own embedding (-want +got):\n%s", it.ID, diff)
+			}
+		}
+		// 2 generation requests, and 6 embedding items in requests of 4 at most.
+		if got := s.Stats().Requests; got != 4 {
+			t.Errorf("%d requests; want 4", got)
+		}
+	})
+}
+
+// An item the subscriber refuses itself never reaches the server; the
+// others of the batch run.
+func TestRunRefusesBadItemsLocally(t *testing.T) {
+	inBubble(t, fakeoai.Config{}, Config{MaxOutputTokens: 100}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		items := []job.Item{
+			{ID: "text", Text: "an item of a job without an endpoint"},
+			{ID: "array", Body: json.RawMessage(`[1,2]`)},
+			{ID: "other-model", Body: json.RawMessage(`{"model":"gpt-4o","messages":[{"role":"user","content":"x"}]}`)},
+			{ID: "stream", Body: json.RawMessage(`{"model":"fake-model","stream":true,"messages":[{"role":"user","content":"x"}]}`)},
+			{ID: "too-long", Body: json.RawMessage(`{"model":"fake-model","max_tokens":101,"messages":[{"role":"user","content":"x"}]}`)},
+			{ID: "n", Body: json.RawMessage(`{"model":"fake-model","n":9,"messages":[{"role":"user","content":"x"}]}`)},
+			{ID: "no-route", Body: json.RawMessage(`{"model":"fake-model"}`)},
+			chatItem("good", "fine", 3),
+		}
+		outs, err := m.Run(t.Context(), items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range outs[:len(outs)-1] {
+			if o.Error == nil || o.Error.Code != job.ItemInvalidInput || o.Response != nil {
+				t.Errorf("item %s: %+v; want an invalid_input error without a response", o.ID, o)
+			}
+		}
+		wantOK(t, outs[len(outs)-1:])
+		if got := s.Stats().Requests; got != 1 {
+			t.Errorf("%d requests reached the server; want 1", got)
+		}
+	})
+}
+
+// A body without max_tokens is sent with the ceiling, so that what admission
+// reserved is what the server may generate; the body is otherwise sent as
+// it came.
+func TestMaxTokensSetToTheCeiling(t *testing.T) {
+	got := string(withField([]byte(` {"model":"m", "messages":[]}`), "max_tokens", "64"))
+	if want := `{"max_tokens":64,"model":"m", "messages":[]}`; got != want {
+		t.Errorf("withField: %s, want %s", got, want)
+	}
+	inBubble(t, fakeoai.Config{Limits: fakeoai.RateLimits{TPM: 100000}}, Config{MaxOutputTokens: 500},
+		func(t *testing.T, s *fakeoai.Server, m *Model) {
+			if _, err := m.Run(t.Context(), []job.Item{chatItem("c", "one two three", 0)}); err != nil {
+				t.Fatal(err)
+			}
+			// The fake charges prompt + max_tokens: 3 + (3 + 1 + 3) prompt tokens.
+			if got, want := s.Stats().AdmittedTokens, int64(10+500); got != want {
+				t.Errorf("the server charged %d tokens; want %d (max_tokens 500 sent)", got, want)
+			}
+		})
+}
+
+// Cost is tokens in device bytes: prompt bound plus max output × n.
+func TestCostCountsPromptAndOutput(t *testing.T) {
+	inBubble(t, fakeoai.Config{}, Config{KVBytesPerToken: 10, MaxOutputTokens: 1000}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		body := `{"model":"fake-model","n":2,"max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`
+		msgs := `[{"role":"user","content":"hi"}]`
+		want := (int64(len(msgs)) + templateTokens + 2*50) * 10
+		if got := m.Cost([]job.Item{{ID: "a", Body: json.RawMessage(body)}}); got != want {
+			t.Errorf("Cost = %d, want %d", got, want)
+		}
+		emb := embedItem("e", "four bytes")
+		if got, want := m.Cost([]job.Item{emb}), int64(len("four bytes")+sequenceTokens)*10; got != want {
+			t.Errorf("embedding Cost = %d, want %d", got, want)
+		}
+		if got := m.Cost([]job.Item{{ID: "t", Text: "no body"}}); got != 0 {
+			t.Errorf("Cost of an item Run refuses = %d, want 0", got)
+		}
+	})
+}
+
+// Token estimates start at the byte bound and tighten to what usage shows,
+// with a margin, never below the highest ratio seen.
+func TestEstimatesTightenFromUsage(t *testing.T) {
+	inBubble(t, fakeoai.Config{}, Config{}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		text := strings.Repeat("word ", 40) // 200 bytes, 40 tokens at the fake
+		item := embedItem("e", text)
+		before := m.Cost([]job.Item{item})
+		for range ratioSamples {
+			if _, err := m.Run(t.Context(), []job.Item{item}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		after := m.Cost([]job.Item{item})
+		if after >= before/3 || after < 40 {
+			t.Errorf("Cost %d before, %d after %d answers of 40 prompt tokens; want it tightened towards 40 and not below", before, after, ratioSamples)
+		}
+	})
+}
+
+// The backend's own endpoint inference follows the field each route requires.
+func TestEndpointOf(t *testing.T) {
+	for body, want := range map[string]endpoint{
+		`{"messages":[],"prompt":"x"}`: chat, `{"prompt":"x","input":"y"}`: completions, `{"input":"y"}`: embeddings,
+	} {
+		var obj map[string]json.RawMessage
+		_ = json.Unmarshal([]byte(body), &obj)
+		if got, ok := endpointOf(obj); !ok || got != want {
+			t.Errorf("endpointOf(%s) = %v, %v; want %v", body, got, ok, want)
+		}
+	}
+	if !slices.Contains(actionNames[:], "oom") {
+		t.Error("action names")
+	}
+}

@@ -1,0 +1,261 @@
+package modelserver
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/testenv/fakeoai"
+	"github.com/vramq/vramq/job"
+)
+
+func TestConfigValidateJoinsErrors(t *testing.T) {
+	err := Config{BaseURL: "ftp://x", MaxConcurrency: -1, TPM: -5, APIKey: "k", APIKeyFile: "f", Models: []string{" m"}}.Validate()
+	for _, want := range []string{"base URL", "max concurrency -1", "TPM -5", "an API key and an API key file", `model name " m"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v; want it to say %q", err, want)
+		}
+	}
+	if err := (Config{BaseURL: "http://u:p@h", Models: []string{"m"}}).Validate(); err == nil || strings.Contains(err.Error(), ":p@") {
+		t.Errorf("credentials in the URL: %v; want refused, without them in the error", err)
+	}
+	if err := (Config{BaseURL: "http://localhost:8000/v1", Models: []string{"m"}}).Validate(); err != nil {
+		t.Errorf("a valid config: %v", err)
+	}
+}
+
+// The key is sent, and never logged, whether from the config or a file.
+func TestAPIKeyNeverLogged(t *testing.T) {
+	const key = "sk-test-0123456789abcdef"
+	file := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(file, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range []Config{{APIKey: key}, {APIKeyFile: file}} {
+		synctest.Test(t, func(t *testing.T) {
+			s := fakeoai.NewUnstarted(fakeoai.Config{APIKey: key})
+			defer s.Close()
+			var logs strings.Builder
+			var mu sync.Mutex
+			cfg.Logger = slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			m := openOn(t, s, cfg)
+			outs, err := m.Run(t.Context(), []job.Item{chatItem("c", "x", 2)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantOK(t, outs)
+			mu.Lock()
+			defer mu.Unlock()
+			if strings.Contains(logs.String(), key) || !strings.Contains(logs.String(), "model server ready") {
+				t.Errorf("logs:\n%s\nwant the start logged, without the key", logs.String())
+			}
+		})
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *strings.Builder
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// Open stops with a clear error when the server refuses the key, has no
+// /v1/models, or does not serve a configured model.
+func TestOpenProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fakeoai.Config{APIKey: "right", Models: []string{"a", "b"}})
+		defer s.Close()
+		open := func(cfg Config) error {
+			cfg.HTTPClient, cfg.Logger = s.Client(), quiet()
+			if cfg.BaseURL == "" {
+				cfg.BaseURL = s.URL()
+			}
+			_, _, err := Open(context.Background(), cfg)
+			return err
+		}
+		if err := open(Config{Models: []string{"a"}, APIKey: "wrong"}); !errors.Is(err, gpu.ErrNeedsOperator) || !strings.Contains(err.Error(), "API key") {
+			t.Errorf("a wrong key: %v", err)
+		}
+		if err := open(Config{Models: []string{"a", "c"}, APIKey: "right"}); err == nil || !strings.Contains(err.Error(), `does not serve ["c"]`) {
+			t.Errorf("a model the server does not have: %v", err)
+		}
+		if err := open(Config{BaseURL: s.URL() + "/nowhere", Models: []string{"a"}, APIKey: "right"}); err == nil || !strings.Contains(err.Error(), "404") {
+			t.Errorf("a URL without /v1/models: %v", err)
+		}
+		if err := open(Config{BaseURL: s.URL() + "/v1/", Models: []string{"a", "b"}, APIKey: "right"}); err != nil {
+			t.Errorf("the base URL with /v1: %v", err)
+		}
+	})
+}
+
+// Llama-3-8B's config.json: 32 layers, 8 KV heads of 128, bf16: 128 KiB a token.
+func TestKVBytesPerToken(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct {
+		json    string
+		perVal  int
+		want    int64
+		wantErr string
+	}{
+		"llama3": {json: `{"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"hidden_size":4096,"torch_dtype":"bfloat16"}`,
+			want: 128 << 10},
+		"fp8":     {json: `{"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"hidden_size":4096,"torch_dtype":"bfloat16"}`, perVal: 1, want: 64 << 10},
+		"mha":     {json: `{"num_hidden_layers":2,"num_attention_heads":4,"hidden_size":64,"head_dim":0,"torch_dtype":"float32"}`, want: 2 * 2 * 4 * 16 * 4},
+		"nested":  {json: `{"torch_dtype":"float16","text_config":{"num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":1,"head_dim":8}}`, want: 2 * 8 * 2},
+		"nodtype": {json: `{"num_hidden_layers":1,"num_attention_heads":2,"hidden_size":8}`, wantErr: "torch_dtype"},
+	} {
+		path := filepath.Join(dir, name+".json")
+		if err := os.WriteFile(path, []byte(tc.json), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := kvBytesPerToken(path, tc.perVal)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%s: %v; want an error about %s", name, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: %d, %v; want %d", name, got, err, tc.want)
+		}
+	}
+}
+
+// With a WordPiece tokenizer.json, embedding inputs are counted exactly
+// (model/bert's tokenizer, [CLS] and [SEP] included); another kind of
+// tokenizer leaves the byte bound.
+func TestTokenizerCountsExactly(t *testing.T) {
+	tok := "../bert/testdata/tokenizer/tokenizer.json"
+	inBubble(t, fakeoai.Config{}, Config{Tokenizer: tok}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		if m.counter.wp == nil {
+			t.Fatal("the WordPiece tokenizer was not loaded")
+		}
+		text := "The quick brown fox jumps over the lazy dog."
+		want := int64(len(m.counter.wp.Encode(text, 0)))
+		if got := m.Cost([]job.Item{embedItem("e", text)}); got != want {
+			t.Errorf("Cost %d, want the exact count %d", got, want)
+		}
+	})
+	bpe := filepath.Join(t.TempDir(), "tokenizer.json")
+	if err := os.WriteFile(bpe, []byte(`{"model":{"type":"BPE","vocab":{"a":0}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inBubble(t, fakeoai.Config{}, Config{Tokenizer: bpe}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		if m.counter.wp != nil {
+			t.Error("a BPE tokenizer was taken for WordPiece")
+		}
+	})
+}
+
+// The device follows vLLM's metrics: capacity from cache_config_info, free
+// memory from kv_cache_usage_perc, and the working set is the KV of the
+// requests in flight, no more than the cache holds.
+func TestDeviceFollowsTheKVCache(t *testing.T) {
+	fc := fakeoai.Config{NumGPUBlocks: 600, BlockSize: 16, MaxModelLen: 4096, TokenLatency: 10 * time.Millisecond}
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fc)
+		defer s.Close()
+		cfg := Config{BaseURL: s.URL(), HTTPClient: s.Client(), Models: []string{"fake-model"}, Logger: quiet(),
+			KVBytesPerToken: 1000, MetricsMaxAge: time.Nanosecond}
+		m, d, err := Open(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem, err := d.MemInfo()
+		if want := int64(600 * 16 * 1000); err != nil || mem.Total != want || mem.Free != want || d.Simulated() {
+			t.Fatalf("idle: %+v, %v; want %d total and free, read from the server", mem, err, want)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if _, err := m.Run(context.Background(), []job.Item{chatItem("long", "[[len=2000]] write", 2000)}); err != nil {
+				t.Error(err)
+			}
+		}()
+		time.Sleep(5 * time.Second) // 500 tokens generated
+		mem, err = d.MemInfo()
+		st := s.Stats()
+		used := int64(st.KVBlocksUsed) * 16 * 1000
+		if err != nil || mem.Used != used || mem.Free != mem.Total-used || used == 0 {
+			t.Errorf("mid-run: %+v, %v; want %d used (%d blocks)", mem, err, used, st.KVBlocksUsed)
+		}
+		if w := m.Working(); w != used || mem.Process != used {
+			t.Errorf("working set %d (process %d); want the %d bytes the request holds now, below its reservation", w, mem.Process, used)
+		}
+		<-done
+		if w := m.Working(); w != 0 {
+			t.Errorf("working set %d after the run; want 0", w)
+		}
+	})
+}
+
+// Without metrics the device is its configured tokens in flight, all free.
+func TestDeviceWithoutMetrics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fakeoai.Config{})
+		defer s.Close()
+		h := handlerTransport{h: http404For("/metrics", s)}
+		m, d, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
+			TokensInFlight: 5000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem, err := d.MemInfo()
+		if err != nil || mem.Total != 5000 || mem.Free != 5000 || !d.Simulated() || m.Working() != 0 {
+			t.Errorf("%+v, %v, working %d; want 5000 tokens at a byte each, all free, accounted by vramq", mem, err, m.Working())
+		}
+	})
+}
+
+// Overload halves the requests in flight; clean full runs grow them back.
+func TestConcurrencyHalvesAndGrowsBack(t *testing.T) {
+	c := newConcurrency(8, quiet())
+	var slots []slot
+	for range 8 {
+		s, _ := c.acquire(context.Background())
+		slots = append(slots, s)
+	}
+	c.release(slots[0], true, false)
+	c.release(slots[1], true, false) // the same overload: halves once
+	if got := c.now(); got != 4 {
+		t.Fatalf("after an overload: %d, want 4", got)
+	}
+	for _, s := range slots[2:] {
+		c.release(s, false, true)
+	}
+	for i := 0; c.now() == 4; i++ {
+		if i > 10*concurrencyCleanRun {
+			t.Fatal("the bound never grew back")
+		}
+		var held []slot
+		for range c.now() {
+			s, _ := c.acquire(context.Background())
+			held = append(held, s)
+		}
+		for _, s := range held {
+			c.release(s, false, true)
+		}
+	}
+	if got := c.now(); got != 5 {
+		t.Errorf("grown to %d, want 5 (one step)", got)
+	}
+	// An overload at the new bound puts it back and doubles the wait.
+	s, _ := c.acquire(context.Background())
+	c.release(s, true, false)
+	if got := c.now(); got != 4 || c.need != 2*concurrencyCleanRun {
+		t.Errorf("after the step failed: bound %d, next step after %d; want 4 and %d", got, c.need, 2*concurrencyCleanRun)
+	}
+}

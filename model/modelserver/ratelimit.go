@@ -1,0 +1,353 @@
+package modelserver
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+)
+
+// Rate limits: tokens and requests per minute, each a bucket refilled
+// continuously, as OpenAI's limiter behaves (its x-ratelimit-reset is the
+// time until the bucket is full again, used × window / limit). There are
+// two kinds of bucket, and a request waits until every one has room:
+//
+//   - own buckets, for the limits configured here (Config.TPM, RPM): a
+//     request takes its reservation (prompt estimate + max output × n)
+//     before it is sent, and gets back what its usage shows it did not use;
+//   - mirrors of the server's buckets, made from the first answer that
+//     carries x-ratelimit-limit-*, and set to the server's remaining count
+//     at every answer after. Several subscribers on one endpoint see each
+//     other only there, so they converge through the server's headers
+//     alone. The server charges max_tokens up front and never refunds, so
+//     a mirror is not refunded either: the next answer's remaining count is
+//     the truth.
+//
+// A mirror's refill rate is (limit − remaining) / reset: the rate the
+// server refills at in this process's time, whatever the window's length
+// (a test server running its minutes faster included). Between two answers
+// a mirror cannot see other subscribers' requests, so it keeps a margin
+// unspent: marginK times the typical request's cost. A 429 from the limiter
+// raises marginK, a run of clean answers lowers it back.
+//
+// Between two answers a mirror also refills only at the rate the other
+// subscribers leave: their consumption is what the server's count fell by
+// beyond this process's own requests, measured over a second or more and
+// averaged. Three subscribers that each saw the whole refill would wake
+// together at every refill and collide; each seeing its share, they pace.
+//
+// An answer's remaining count cannot include what this process sent while
+// the answer was on its way back: the requests sent in the last transit
+// are taken off it again, as the server may not have seen them yet (at
+// worst a transit's worth of this process's requests is counted twice).
+//
+// golang.org/x/time/rate does not fit: its Limiter has no way to give
+// tokens back or to set the tokens left to what a server says.
+const (
+	marginMin      = 4.0
+	marginMax      = 32.0
+	marginRaise    = 1.5
+	marginDecay    = 0.9
+	marginCleanRun = 200 // answers before the margin decays a step
+	transit        = 100 * time.Millisecond
+)
+
+const (
+	kindTokens = iota
+	kindRequests
+)
+
+var kindNames = [2]string{"tokens", "requests"}
+
+type bucket struct {
+	mirror   bool
+	perSec   float64
+	capacity float64
+	level    float64
+	last     time.Time
+
+	// A mirror's estimate of the other subscribers' consumption: since
+	// estAt, when the server's count was estLevel, this process sent ours.
+	othersPerSec   float64
+	estAt          time.Time
+	estLevel, ours float64
+}
+
+// othersShare bounds the estimate of the others' consumption, so that a
+// mirror always refills a little and a request is never starved.
+const othersShare = 0.95
+
+func newBucket(perMinute float64, now time.Time, mirror bool) *bucket {
+	return &bucket{mirror: mirror, perSec: perMinute / 60, capacity: perMinute, level: perMinute, last: now}
+}
+
+func (b *bucket) refill(now time.Time) {
+	if dt := now.Sub(b.last); dt > 0 {
+		b.level = math.Min(b.capacity, b.level+dt.Seconds()*(b.perSec-b.othersPerSec))
+		b.last = now
+	}
+}
+
+// estimate updates a mirror's estimate of the others' consumption from the
+// server's count, level, at now.
+func (b *bucket) estimate(level float64, now time.Time) {
+	dt := now.Sub(b.estAt).Seconds()
+	if !b.estAt.IsZero() && dt < 1 {
+		return
+	}
+	// A bucket at its capacity stopped refilling: what it fell by says
+	// nothing then.
+	if full := 0.95 * b.capacity; !b.estAt.IsZero() && b.estLevel < full && level < full {
+		others := math.Max(0, b.estLevel+b.perSec*dt-level-b.ours) / dt
+		b.othersPerSec = math.Min(othersShare*b.perSec, 0.7*b.othersPerSec+0.3*others)
+	}
+	b.estAt, b.estLevel, b.ours = now, level, 0
+}
+
+// tooLargeError is a request whose reservation exceeds a bucket's capacity:
+// no wait would let it through.
+type tooLargeError struct {
+	kind           string
+	cost, capacity float64
+}
+
+func (e *tooLargeError) Error() string {
+	return fmt.Sprintf("the request's %.0f %s exceed the rate limit's %.0f per minute", e.cost, e.kind, e.capacity)
+}
+
+type rates struct {
+	mu      sync.Mutex
+	own     [2]*bucket
+	srv     [2]*bucket
+	marginK float64
+	typical float64 // tokens of a typical request (a moving average)
+	clean   int
+	recent  []sent // the requests sent in the last transit, oldest first
+	changed chan struct{}
+}
+
+type sent struct {
+	at     time.Time
+	tokens float64
+}
+
+func newRates(tpm, rpm int, now time.Time) *rates {
+	r := &rates{marginK: marginMin, changed: make(chan struct{})}
+	if tpm > 0 {
+		r.own[kindTokens] = newBucket(float64(tpm), now, false)
+	}
+	if rpm > 0 {
+		r.own[kindRequests] = newBucket(float64(rpm), now, false)
+	}
+	return r
+}
+
+// reservation is what one request took from the buckets.
+type reservation struct{ tokens float64 }
+
+// take waits until every bucket has room for a request of tokens, and
+// takes it. A wait that would end after deadline returns a
+// *gpu.BackoffError at once, with when it would end.
+func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (reservation, error) {
+	cost := [2]float64{float64(tokens), 1}
+	for {
+		r.mu.Lock()
+		now := time.Now()
+		var wait time.Duration
+		var which string
+		for k := range 2 {
+			for _, b := range []*bucket{r.own[k], r.srv[k]} {
+				if b == nil {
+					continue
+				}
+				if cost[k] > b.capacity {
+					r.mu.Unlock()
+					return reservation{}, &tooLargeError{kindNames[k], cost[k], b.capacity}
+				}
+				b.refill(now)
+				margin := 0.0
+				if b.mirror {
+					margin = math.Max(0, math.Min(r.margin(k), b.capacity-cost[k]))
+				}
+				if need := cost[k] + margin - b.level; need > 0 {
+					if w := time.Duration(need / (b.perSec - b.othersPerSec) * float64(time.Second)); w > wait {
+						wait, which = w, kindNames[k]
+					}
+				}
+			}
+		}
+		if wait <= 0 {
+			for k := range 2 {
+				for _, b := range []*bucket{r.own[k], r.srv[k]} {
+					if b != nil {
+						b.level -= cost[k]
+						b.ours += cost[k]
+					}
+				}
+			}
+			r.recent = append(r.recent, sent{now, cost[kindTokens]})
+			if r.typical == 0 {
+				r.typical = cost[kindTokens]
+			} else {
+				r.typical += 0.1 * (cost[kindTokens] - r.typical)
+			}
+			r.mu.Unlock()
+			return reservation{tokens: cost[kindTokens]}, nil
+		}
+		ch := r.changed
+		r.mu.Unlock()
+		if until := now.Add(wait); until.After(deadline) {
+			return reservation{}, &gpu.BackoffError{Until: until, Reason: "rate limit: " + which + " per minute"}
+		}
+		// Subscribers that read the same remaining count would all wake
+		// at the same moment for the same refill: a tenth of jitter
+		// spreads them.
+		wait += time.Duration(rand.Float64() * 0.1 * float64(wait))
+		if err := sleep(ctx, wait, ch); err != nil {
+			return reservation{}, err
+		}
+	}
+}
+
+// margin is what a mirror of kind keeps unspent. r.mu is held.
+func (r *rates) margin(k int) float64 {
+	if k == kindRequests {
+		return r.marginK
+	}
+	return r.marginK * r.typical
+}
+
+// settle gives an own tokens bucket back what a request did not use: used
+// is its usage's total tokens, 0 for a request that generated nothing.
+func (r *rates) settle(res reservation, used int64) {
+	b := r.own[kindTokens]
+	if b == nil || res.tokens == 0 {
+		return
+	}
+	r.mu.Lock()
+	b.level = math.Min(b.capacity, b.level+res.tokens-float64(used))
+	r.mu.Unlock()
+	r.notify()
+}
+
+// limited records a 429 of the server's rate limiter: the mirrors keep a
+// wider margin from now on.
+func (r *rates) limited() {
+	r.mu.Lock()
+	r.marginK = math.Min(marginMax, r.marginK*marginRaise)
+	r.clean = 0
+	r.mu.Unlock()
+}
+
+// sync sets the mirrors from an answer's headers, read at now.
+func (r *rates) sync(h http.Header, now time.Time, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ok {
+		if r.clean++; r.clean >= marginCleanRun {
+			r.clean = 0
+			r.marginK = math.Max(marginMin, r.marginK*marginDecay)
+		}
+	}
+	i := 0
+	for i < len(r.recent) && now.Sub(r.recent[i].at) > transit {
+		i++
+	}
+	r.recent = append(r.recent[:0], r.recent[i:]...)
+	unseen := [2]float64{0, float64(len(r.recent))}
+	for _, s := range r.recent {
+		unseen[kindTokens] += s.tokens
+	}
+	more := false
+	for k, kind := range kindNames {
+		limit, okL := headerNumber(h, "x-ratelimit-limit-"+kind)
+		if !okL || limit <= 0 {
+			continue
+		}
+		b := r.srv[k]
+		if b == nil {
+			b = newBucket(limit, now, true)
+			r.srv[k] = b
+			more = true
+		}
+		b.capacity = limit
+		remaining, okR := headerNumber(h, "x-ratelimit-remaining-"+kind)
+		reset, okT := parseReset(h.Get("x-ratelimit-reset-" + kind))
+		if okR && okT && remaining < limit && reset > 0 {
+			b.perSec = (limit - remaining) / reset.Seconds()
+		}
+		if okR {
+			b.refill(now)
+			before := b.level
+			b.level, b.last = math.Min(remaining, limit)-unseen[k], now
+			b.estimate(math.Min(remaining, limit), now)
+			// Waiters wake only for more room than they were promised.
+			more = more || b.level > before
+		}
+	}
+	if more {
+		close(r.changed)
+		r.changed = make(chan struct{})
+	}
+}
+
+func (r *rates) notify() {
+	r.mu.Lock()
+	close(r.changed)
+	r.changed = make(chan struct{})
+	r.mu.Unlock()
+}
+
+func headerNumber(h http.Header, name string) (float64, bool) {
+	v := strings.TrimSpace(h.Get(name))
+	if v == "" {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	return f, err == nil && f >= 0 && !math.IsInf(f, 0)
+}
+
+// parseReset reads an x-ratelimit-reset value: a duration as OpenAI writes
+// them ("12ms", "6m0s", "1h2m3s") or a number of seconds.
+func parseReset(v string) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return d, true
+	}
+	if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f < 1e9 {
+		return time.Duration(f * float64(time.Second)), true
+	}
+	return 0, false
+}
+
+// retryAfter reads the wait an answer asks for: retry-after-ms, then
+// Retry-After in seconds or as an HTTP date, the order the OpenAI SDKs read
+// them in. ok is false when there is none.
+func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+	if v := strings.TrimSpace(h.Get("retry-after-ms")); v != "" {
+		if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f < 1e12 {
+			return time.Duration(f * float64(time.Millisecond)), true
+		}
+	}
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0, false
+	}
+	if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f < 1e9 {
+		return time.Duration(f * float64(time.Second)), true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(0, t.Sub(now)), true
+	}
+	return 0, false
+}

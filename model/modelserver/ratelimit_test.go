@@ -1,0 +1,148 @@
+package modelserver
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/testenv/fakeoai"
+	"github.com/vramq/vramq/job"
+)
+
+// Issue 27, item 5: three subscribers sharing one endpoint's limits see
+// each other only through the server's x-ratelimit headers, and still
+// converge under the limit: after the first minute, every minute of the
+// server's ledger uses at least 0.9 of the tokens-per-minute limit, and at
+// most 1% of the answers are 429s. The clock is synctest's, so the six
+// minutes take as long as the work does.
+func TestThreeModelsShareOneLimit(t *testing.T) {
+	const tpm, minutes = 40000, 6
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fakeoai.Config{
+			Limits:       fakeoai.RateLimits{TPM: tpm, RPM: 2000},
+			TokenLatency: 20 * time.Millisecond,
+		})
+		defer s.Close()
+		end := s.Now().Add(minutes*time.Minute + 30*time.Second)
+		var models []*Model
+		for range 3 {
+			models = append(models, openOn(t, s, Config{MaxConcurrency: 16}))
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var errs []error
+		for mi, m := range models {
+			for w := range 16 {
+				wg.Go(func() {
+					for i := 0; s.Now().Before(end); i++ {
+						item := chatItem(fmt.Sprintf("m%dw%di%d", mi, w, i), fmt.Sprintf("tell me about %d and %d", w, i), 64)
+						outs, err := m.Run(context.Background(), []job.Item{item})
+						if until, ok := gpu.BackoffUntil(err); ok {
+							// More workers than the limit serves: this one
+							// waited its MaxWait out, and comes back when
+							// told, as the subscriber hands a message back.
+							time.Sleep(time.Until(until))
+							continue
+						}
+						if err == nil && outs[0].Error != nil {
+							err = fmt.Errorf("item error %+v", outs[0].Error)
+						}
+						if err != nil {
+							mu.Lock()
+							errs = append(errs, err)
+							mu.Unlock()
+							return
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		for _, err := range errs {
+			t.Errorf("Run: %v", err)
+		}
+		st := s.Stats()
+		var answers, limited int64
+		for i, mn := range st.Minutes[1:minutes] {
+			answers += mn.Answers
+			limited += mn.RateLimited
+			if used := float64(mn.Tokens) / tpm; used < 0.9 {
+				t.Errorf("minute %d: %d tokens admitted, %.2f of the limit; want at least 0.9", i+1, mn.Tokens, used)
+			}
+			t.Logf("minute %d: %d requests, %d tokens (%.3f of the limit), %d answers, %d 429s", i+1, mn.Requests, mn.Tokens,
+				float64(mn.Tokens)/tpm, mn.Answers, mn.RateLimited)
+		}
+		if answers == 0 || float64(limited) > 0.01*float64(answers) {
+			t.Errorf("after the first minute, %d of %d answers were 429s; want at most 1%%", limited, answers)
+		}
+		t.Logf("minute 0: %d answers, %d 429s; all: %v", st.Minutes[0].Answers, st.Minutes[0].RateLimited, st.ByStatus)
+	})
+}
+
+// A limit configured here paces requests on its own, without any header,
+// and gets back what usage shows a request did not use.
+func TestOwnLimitsPaceAndRefund(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fakeoai.Config{})
+		defer s.Close()
+		m := openOn(t, s, Config{RPM: 60, TPM: 100000})
+		start := time.Now()
+		for i := range 3 {
+			if _, err := m.Run(t.Context(), []job.Item{chatItem(fmt.Sprint(i), "x", 10)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// 60 RPM: a bucket of 60, so three go at once.
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("3 requests under 60 RPM took %v", d)
+		}
+		b := m.rates.own[kindTokens]
+		m.rates.mu.Lock()
+		b.refill(time.Now())
+		level := b.level
+		m.rates.mu.Unlock()
+		if level < 100000-3*20 {
+			t.Errorf("the own token bucket is at %.0f after 3 small answers; want what usage used given back", level)
+		}
+	})
+}
+
+func TestRateHeaders(t *testing.T) {
+	h := http.Header{}
+	h.Set("x-ratelimit-limit-tokens", "1000")
+	h.Set("x-ratelimit-remaining-tokens", "400")
+	h.Set("x-ratelimit-reset-tokens", "36s")
+	h.Set("x-ratelimit-limit-requests", "60")
+	h.Set("x-ratelimit-remaining-requests", "59")
+	h.Set("x-ratelimit-reset-requests", "1s")
+	now := time.Now()
+	r := newRates(0, 0, now)
+	r.sync(h, now, true)
+	tok, req := r.srv[kindTokens], r.srv[kindRequests]
+	if tok == nil || tok.capacity != 1000 || tok.level != 400 || tok.perSec < 16.66 || tok.perSec > 16.67 {
+		t.Errorf("tokens mirror %+v; want capacity 1000, level 400, 600 tokens in 36s", tok)
+	}
+	if req == nil || req.level != 59 || req.perSec != 1 {
+		t.Errorf("requests mirror %+v; want level 59, one a second", req)
+	}
+	for v, want := range map[string]time.Duration{"12ms": 12 * time.Millisecond, "6m0s": 6 * time.Minute, "1.5": 1500 * time.Millisecond} {
+		if got, ok := parseReset(v); !ok || got != want {
+			t.Errorf("parseReset(%q) = %v, %v", v, got, ok)
+		}
+	}
+	h = http.Header{}
+	h.Set("retry-after-ms", "1500")
+	h.Set("Retry-After", "9")
+	if d, ok := retryAfter(h, now); !ok || d != 1500*time.Millisecond {
+		t.Errorf("retryAfter: %v, %v; want retry-after-ms first", d, ok)
+	}
+	h.Del("retry-after-ms")
+	if d, ok := retryAfter(h, now); !ok || d != 9*time.Second {
+		t.Errorf("retryAfter: %v, %v; want Retry-After's seconds", d, ok)
+	}
+}

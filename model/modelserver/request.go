@@ -1,0 +1,276 @@
+package modelserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+
+	"github.com/vramq/vramq/job"
+)
+
+// endpoint is one of the OpenAI-compatible routes an item's body is for.
+type endpoint int
+
+const (
+	chat endpoint = iota
+	completions
+	embeddings
+)
+
+func (e endpoint) path() string {
+	return [...]string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}[e]
+}
+
+// completionsDefaultMaxTokens is what /v1/completions generates when a
+// body names no max_tokens (OpenAI's and vLLM's default), so setting it is
+// a true bound that changes nothing.
+const completionsDefaultMaxTokens = 16
+
+// request is one item's request, parsed and checked.
+type request struct {
+	idx   int // the item's index in Run's items
+	id    string
+	ep    endpoint
+	model string
+	body  []byte // as sent: the item's body, with max_tokens added when it had none
+	// maxOut × choices is the most tokens the answer may generate:
+	// max_tokens times n (times the prompts of a completions array).
+	maxOut, choices int64
+	prompt          estimate
+
+	// Embeddings only: the inputs, each as its JSON, with their estimates,
+	// and what a request must share to carry them with other items'.
+	inputs   []json.RawMessage
+	inputEst []estimate
+	key      string
+}
+
+// kind names the requests whose token ratio is learned together.
+func (r *request) kind() string { return r.ep.path() + " " + r.model }
+
+// refuse is an item the subscriber refuses itself, before any request.
+func refuse(format string, a ...any) *job.ItemError {
+	return job.NewItemError(job.ItemInvalidInput, fmt.Sprintf(format, a...))
+}
+
+// endpointOf tells an item's endpoint from its body. The work message names
+// it (job.Work.Endpoint), but Model.Run sees items only, so the backend
+// reads the field each endpoint requires: messages (chat), prompt
+// (completions), input (embeddings), in that order.
+func endpointOf(obj map[string]json.RawMessage) (endpoint, bool) {
+	for _, c := range []struct {
+		field string
+		ep    endpoint
+	}{{"messages", chat}, {"prompt", completions}, {"input", embeddings}} {
+		if _, ok := obj[c.field]; ok {
+			return c.ep, true
+		}
+	}
+	return 0, false
+}
+
+// parse checks an item's body as the publisher does (the queue is not
+// trusted) and prepares what is sent.
+func (m *Model) parse(it job.Item) (*request, *job.ItemError) {
+	if len(it.Body) == 0 {
+		return nil, refuse("the item has no request body: this subscriber sends requests to a model server (%s)", m.dev.name)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(it.Body, &obj); err != nil || obj == nil {
+		return nil, refuse("the body is not a JSON object")
+	}
+	ep, ok := endpointOf(obj)
+	if !ok {
+		return nil, refuse("the body has none of messages, prompt or input")
+	}
+	r := &request{id: it.ID, ep: ep, body: it.Body, choices: 1}
+	if err := json.Unmarshal(obj["model"], &r.model); err != nil || r.model == "" {
+		return nil, refuse("model: want a non-empty string")
+	}
+	if !slices.Contains(m.cfg.Models, r.model) {
+		return nil, refuse("model %q is not one this subscriber serves", r.model)
+	}
+	if raw, ok := obj["stream"]; ok {
+		var stream bool
+		if json.Unmarshal(raw, &stream) != nil || stream {
+			return nil, refuse("stream: streaming is not supported")
+		}
+	}
+	if ep == embeddings {
+		return r, m.parseEmbeddings(r, obj)
+	}
+	if raw, ok := obj["n"]; ok {
+		n, err := wholeNumber(raw)
+		if err != nil || n < 1 || n > int64(m.cfg.MaxN) {
+			return nil, refuse("n: want a whole number from 1 to %d", m.cfg.MaxN)
+		}
+		r.choices = n
+	}
+	present := false
+	var maxOut int64
+	for _, f := range []string{"max_completion_tokens", "max_tokens"} {
+		raw, ok := obj[f]
+		if !ok || (ep == completions && f == "max_completion_tokens") || string(bytes.TrimSpace(raw)) == "null" {
+			continue
+		}
+		n, err := wholeNumber(raw)
+		if err != nil || n < 1 || n > int64(m.cfg.MaxOutputTokens) {
+			return nil, refuse("%s: want a whole number from 1 to %d", f, m.cfg.MaxOutputTokens)
+		}
+		if !present {
+			maxOut, present = n, true
+		}
+	}
+	if !present {
+		maxOut = int64(m.cfg.MaxOutputTokens)
+		if ep == completions {
+			maxOut = completionsDefaultMaxTokens
+		}
+		r.body = withField(it.Body, "max_tokens", strconv.FormatInt(maxOut, 10))
+	}
+	r.maxOut = maxOut
+	if ep == chat {
+		msgs := bytes.TrimSpace(obj["messages"])
+		if len(msgs) < 2 || msgs[0] != '[' || string(msgs) == "[]" {
+			return nil, refuse("messages: want a non-empty array")
+		}
+		r.prompt = estimate{bound: int64(len(msgs)) + templateTokens}
+		return r, nil
+	}
+	prompts, est, err := m.textInputs(obj["prompt"], false)
+	if err != nil {
+		return nil, refuse("prompt: %v", err)
+	}
+	r.prompt = est
+	r.choices *= int64(len(prompts))
+	return r, nil
+}
+
+func (m *Model) parseEmbeddings(r *request, obj map[string]json.RawMessage) *job.ItemError {
+	inputs, _, err := m.textInputs(obj["input"], true)
+	if err != nil {
+		return refuse("input: %v", err)
+	}
+	r.inputs = inputs
+	r.inputEst = make([]estimate, len(inputs))
+	for i, in := range inputs {
+		r.inputEst[i] = m.inputEstimate(in)
+		r.prompt = r.prompt.add(r.inputEst[i])
+	}
+	// Items can share a request when everything but their input is the
+	// same, and their inputs are of one kind (the API takes an array of
+	// strings or an array of token arrays, not both).
+	rest := make(map[string]json.RawMessage, len(obj))
+	for k, v := range obj {
+		if k != "input" {
+			var buf bytes.Buffer
+			if json.Compact(&buf, v) == nil {
+				v = buf.Bytes()
+			}
+			rest[k] = v
+		}
+	}
+	key, _ := json.Marshal(rest) // sorted keys
+	kind := "text"
+	if inputs[0][0] == '[' {
+		kind = "tokens"
+	}
+	r.key = kind + " " + string(key)
+	return nil
+}
+
+// textInputs splits a prompt or an input into its texts or token arrays,
+// each as JSON: a string, an array of strings, an array of token ids, or an
+// array of token arrays, not empty.
+func (m *Model) textInputs(raw json.RawMessage, exactOK bool) ([]json.RawMessage, estimate, error) {
+	raw = bytes.TrimSpace(raw)
+	var est estimate
+	bad := fmt.Errorf("want a string, an array of strings, or token arrays, not empty")
+	if len(raw) == 0 {
+		return nil, est, bad
+	}
+	if raw[0] == '"' {
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return nil, est, bad
+		}
+		return []json.RawMessage{raw}, m.counter.textEstimate(s, exactOK), nil
+	}
+	var elems []json.RawMessage
+	if json.Unmarshal(raw, &elems) != nil || len(elems) == 0 {
+		return nil, est, bad
+	}
+	switch first := bytes.TrimSpace(elems[0]); {
+	case len(first) > 0 && first[0] == '"':
+		for i, e := range elems {
+			var s string
+			if json.Unmarshal(e, &s) != nil {
+				return nil, est, bad
+			}
+			elems[i] = bytes.TrimSpace(e)
+			est = est.add(m.counter.textEstimate(s, exactOK))
+		}
+		return elems, est, nil
+	case len(first) > 0 && first[0] == '[':
+		for i, e := range elems {
+			var ids []int64
+			if json.Unmarshal(e, &ids) != nil || len(ids) == 0 {
+				return nil, est, bad
+			}
+			elems[i] = bytes.TrimSpace(e)
+			est.exact += int64(len(ids))
+		}
+		return elems, est, nil
+	default:
+		var ids []int64
+		if json.Unmarshal(raw, &ids) != nil {
+			return nil, est, bad
+		}
+		return []json.RawMessage{raw}, estimate{exact: int64(len(ids))}, nil
+	}
+}
+
+// inputEstimate is one embedding input's tokens.
+func (m *Model) inputEstimate(in json.RawMessage) estimate {
+	if in[0] == '"' {
+		var s string
+		_ = json.Unmarshal(in, &s)
+		return m.counter.textEstimate(s, true)
+	}
+	var ids []int64
+	_ = json.Unmarshal(in, &ids)
+	return estimate{exact: int64(len(ids))}
+}
+
+// withField adds "name":value to a JSON object's text, leaving the rest of
+// it byte for byte as it was.
+func withField(obj []byte, name, value string) []byte {
+	t := bytes.TrimLeft(obj, " \t\r\n")
+	inner := t[1:]
+	sep := ","
+	if rest := bytes.TrimLeft(inner, " \t\r\n"); len(rest) > 0 && rest[0] == '}' {
+		sep = ""
+	}
+	out := make([]byte, 0, len(obj)+len(name)+len(value)+4)
+	out = append(out, '{')
+	out = strconv.AppendQuote(out, name)
+	out = append(out, ':')
+	out = append(out, value...)
+	out = append(out, sep...)
+	return append(out, inner...)
+}
+
+// wholeNumber reads a JSON number that is a whole number (1, 1.0, 1e3).
+func wholeNumber(raw json.RawMessage) (int64, error) {
+	var f float64
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return 0, err
+	}
+	if f != math.Trunc(f) || math.Abs(f) > 1<<53 {
+		return 0, fmt.Errorf("%v is not a whole number", f)
+	}
+	return int64(f), nil
+}
