@@ -21,6 +21,7 @@ type options struct {
 	maxPage              bytesize.Size
 	maxClientBody        bytesize.Size
 	minBodyRate          bytesize.Size
+	maxFile, maxFileLine bytesize.Size
 	memoryLimit          bytesize.Size
 	trustedProxies       string
 	shutdownGrace        time.Duration
@@ -58,6 +59,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	o.maxBody, o.maxInFlight, o.maxItem = bytesize.Size(d.MaxBodyBytes), bytesize.Size(d.MaxBodyBytesInFlight), bytesize.Size(d.MaxItemBytes)
 	o.maxResultsInFlight, o.maxPage = bytesize.Size(d.MaxResultBytesInFlight), bytesize.Size(d.MaxPageBytes)
 	o.maxClientBody, o.minBodyRate = bytesize.Size(d.MaxBodyBytesPerClient), bytesize.Size(d.MinBodyRate)
+	o.maxFile, o.maxFileLine = bytesize.Size(d.MaxFileBytes), bytesize.Size(d.MaxFileLineBytes)
 	fs := flag.NewFlagSet("publisher", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue, whose MaximumMessageSize is read at start (required)")
@@ -107,6 +109,16 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.Var(&o.maxItem, "max-item-bytes", "largest item (its JSON) carried inline; larger ones go to S3 (0: what fits in a message)")
 	fs.IntVar(&c.ChunkItems, "chunk-items", d.ChunkItems, "most items per chunk, unless the request's options.chunk_items says otherwise")
 	fs.IntVar(&c.MaxChunkItems, "max-chunk-items", d.MaxChunkItems, "largest options.chunk_items a request may ask for")
+	fs.Var(&o.maxFile, "max-file-bytes",
+		"largest file POST /v1/files takes (OpenAI's Batch API limit), streamed to the bucket and never held whole;\n"+
+			"a larger one is refused as it goes over, 413 file_too_large, and nothing is kept")
+	fs.IntVar(&c.MaxFileLines, "max-file-lines", d.MaxFileLines,
+		"most lines (JSONL requests) in a file POST /v1/files takes (OpenAI's Batch API limit); more: 400 too_many_lines")
+	fs.Var(&o.maxFileLine, "max-file-line-bytes",
+		"largest line of a file POST /v1/files takes, its newline not counted; larger: 400 line_too_large")
+	fs.DurationVar(&c.FileUploadTimeout, "file-upload-timeout", d.FileUploadTimeout,
+		"longest a POST /v1/files may take to send its file, in place of the server's 1-minute read timeout\n"+
+			"(-min-body-rate applies too; 200 MiB in 30 minutes is 114 KiB a second)")
 	fs.IntVar(&c.SendAttempts, "send-attempts", d.SendAttempts,
 		"sends of one SendMessageBatch entry that SQS lists as failed, the first included")
 	fs.Float64Var(&c.RateLimit, "rate-limit", defaultRateLimit,
@@ -151,4 +163,6 @@ var configFlags = map[string]string{
 	"APIKeys": "api-keys", "SendAttempts": "send-attempts", "RateLimit": "rate-limit", "RateBurst": "rate-burst",
 	"GlobalRateLimit": "global-rate-limit", "GlobalRateBurst": "global-rate-burst",
 	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",
+	"MaxFileBytes": "max-file-bytes", "MaxFileLines": "max-file-lines", "MaxFileLineBytes": "max-file-line-bytes",
+	"FileUploadTimeout": "file-upload-timeout",
 }

@@ -95,6 +95,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	c.MaxBodyBytes, c.MaxBodyBytesInFlight, c.MaxItemBytes = int64(o.maxBody), int64(o.maxInFlight), int(o.maxItem)
 	c.MaxResultBytesInFlight, c.MaxPageBytes = int64(o.maxResultsInFlight), int64(o.maxPage)
 	c.MaxBodyBytesPerClient, c.MinBodyRate = int64(o.maxClientBody), int64(o.minBodyRate)
+	c.MaxFileBytes, c.MaxFileLineBytes = int64(o.maxFile), int64(o.maxFileLine)
 	if c.TrustedProxies, err = prefixes(o.trustedProxies); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", errUsage, flagName("trusted-proxies"), err)
 	}

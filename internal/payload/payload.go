@@ -234,3 +234,12 @@ func classify(err error) error {
 	}
 	return err
 }
+
+// Delete removes key from this store's bucket; a key that is not there is
+// no error (S3 answers both alike).
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: &key}); err != nil {
+		return fmt.Errorf("payload: delete s3://%s/%s: %w", s.bucket, key, err)
+	}
+	return nil
+}
