@@ -72,7 +72,7 @@ type fileForm struct {
 	id, owner, key string
 	createdAt      time.Time
 
-	purpose, anchor, seconds               string
+	purpose, anchor, seconds                string
 	purposeGiven, anchorGiven, secondsGiven bool
 	expiresAfter                            time.Duration
 
@@ -302,13 +302,13 @@ func (p *Publisher) formError(f *fileForm, err error) *APIError {
 // arrive to the client's bodies in flight, up to held, holds the body to
 // its pace, and keeps the first error it met.
 type uploadBody struct {
-	r        io.Reader
-	charge   *bodyCharge
-	pace     *bodyPace
-	held     int64
-	charged  int64
-	arrived  int64
-	err      error
+	r       io.Reader
+	charge  *bodyCharge
+	pace    *bodyPace
+	held    int64
+	charged int64
+	arrived int64
+	err     error
 }
 
 func (b *uploadBody) Read(p []byte) (int, error) {
@@ -355,11 +355,11 @@ type lineCheck struct {
 	maxLines     int
 	maxLineBytes int64
 
-	size     int64
-	lines    int
-	lineLen  int64 // bytes of the current line so far
-	midLine  bool  // the last byte read was not a newline
-	err      error
+	size    int64
+	lines   int
+	lineLen int64 // bytes of the current line so far
+	midLine bool  // the last byte read was not a newline
+	err     error
 }
 
 func (c *lineCheck) Read(p []byte) (int, error) {
