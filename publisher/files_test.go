@@ -300,6 +300,14 @@ func TestFileUploadRefusals(t *testing.T) {
 	if r.status != 415 || !strings.Contains(string(r.body), `"type":"invalid_request_error","param":null,"code":"unsupported_media_type"`) {
 		t.Errorf("a JSON body: %d %s", r.status, r.body)
 	}
+	r = s.do("PATCH", "/v1/files/file-0", map[string]string{"Authorization": "Bearer key-a"}, nil)
+	if r.status != 405 || r.header.Get("Allow") != "GET, HEAD, DELETE" || !strings.Contains(string(r.body), `"type":"invalid_request_error","param":null,"code":"method_not_allowed"`) {
+		t.Errorf("a wrong method: %d %s", r.status, r.body)
+	}
+	r = s.do("GET", "/v1/files/file-0/other", map[string]string{"Authorization": "Bearer key-a"}, nil)
+	if r.status != 404 || !strings.Contains(string(r.body), `"type":"invalid_request_error","param":null,"code":"not_found"`) {
+		t.Errorf("an unknown path under /v1/files/: %d %s", r.status, r.body)
+	}
 	r = s.do("POST", "/v1/files", map[string]string{"Content-Type": "multipart/form-data; boundary=x"}, nil)
 	if r.status != 401 || !strings.Contains(string(r.body), `"type":"invalid_request_error","param":null,"code":"unauthorized"`) {
 		t.Errorf("no key: %d %s", r.status, r.body)
