@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"mime"
 	"mime/multipart"
 	"net/http"
@@ -132,21 +133,30 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 		e = f.check()
 	}
 	var rec *fileRecord
+	recordKey := job.FileRecordKey(f.owner, f.id)
 	if e == nil {
 		rec = &fileRecord{V: 1, ID: f.id, Owner: f.owner, Filename: f.filename, Bytes: f.size, Lines: f.lines,
 			Purpose: f.purpose, CreatedAt: f.createdAt.Unix(), ExpiresAt: f.createdAt.Add(f.expiresAfter).Unix()}
 		raw, _ := json.Marshal(rec) // a struct of strings and numbers
-		if _, err := p.store.Put(r.Context(), job.FileRecordKey(f.owner, f.id), raw); err != nil {
+		if _, err := p.store.Put(r.Context(), recordKey, raw); err != nil {
 			p.log.Error("storing a file record", "file_id", f.id, "err", err)
 			e = apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
 		}
 	}
 	if e != nil {
 		if f.stored {
+			// A failed Put of the record may still have written it: it goes
+			// first, as in a delete.
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), fileCleanupTimeout)
 			defer cancel()
-			if err := p.store.Delete(ctx, f.key); err != nil {
-				p.log.Warn("removing a refused upload (the lifecycle rule will)", "file_id", f.id, "err", err)
+			keys := []string{f.key}
+			if rec != nil {
+				keys = []string{recordKey, f.key}
+			}
+			for _, k := range keys {
+				if err := p.store.Delete(ctx, k); err != nil {
+					p.log.Warn("removing a refused upload (the lifecycle rule will)", "file_id", f.id, "key", k, "err", err)
+				}
 			}
 		}
 		fail(e)
@@ -217,8 +227,13 @@ func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *file
 	size, err := p.store.Upload(ctx, f.key, "application/octet-stream", check)
 	if err != nil {
 		if check.err == nil {
-			// Not the file's fault: S3's. Upload left nothing stored.
-			p.log.Error("storing an uploaded file", "file_id", f.id, "err", err)
+			// Not the file's fault: S3's, or the client went away while a
+			// part was being sent. Upload left nothing stored.
+			level := slog.LevelError
+			if ctx.Err() != nil {
+				level = slog.LevelDebug
+			}
+			p.log.Log(ctx, level, "storing an uploaded file", "file_id", f.id, "err", err)
 			return apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
 		}
 		var limit *APIError
