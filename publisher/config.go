@@ -96,7 +96,10 @@ type Config struct {
 	// lines) and, where OpenAI states none, a line of 10 MiB. An upload
 	// is streamed to the bucket and checked as it streams (files.go): one
 	// over a limit is refused as soon as it goes over, and leaves nothing
-	// stored. MaxFileBytes is at most payload.MaxUploadBytes.
+	// stored. MaxFileBytes is at most payload.MaxUploadBytes. An upload is
+	// charged to the bodies in flight for what it holds in memory, up to
+	// payload.UploadPartBytes or MaxFileBytes, whichever is smaller: a
+	// MaxBodyBytesPerClient below that refuses larger files 429.
 	MaxFileBytes     int64
 	MaxFileLines     int
 	MaxFileLineBytes int64
