@@ -361,7 +361,8 @@ data "aws_iam_policy_document" "publisher" {
     ]
   }
 
-  # Listing results/{job}/, failed/{job}/, cancelled/{job}/ and itemerrors/{job}/ for status, and 404s for the rest.
+  # Listing results/{job}/, failed/{job}/, cancelled/{job}/ and itemerrors/{job}/ for status, files/{owner}/ for
+  # GET /v1/files, and 404s for the rest.
   statement {
     sid       = "ListJobStatus"
     actions   = ["s3:ListBucket"]
@@ -370,8 +371,18 @@ data "aws_iam_policy_document" "publisher" {
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["jobs/*", "idempotency/*", "results/*", "failed/*", "cancel/*", "cancelled/*", "itemerrors/*"]
+      values   = ["jobs/*", "idempotency/*", "results/*", "failed/*", "cancel/*", "cancelled/*", "itemerrors/*", "files/*"]
     }
+  }
+
+  # OpenAI's Files API (publisher/files.go): an upload is a PutObject, or a
+  # multipart upload (s3:PutObject covers its create, parts and complete)
+  # that a refused upload aborts; a file is read, and deleted with its
+  # record (DELETE /v1/files/{id}, or a refused upload's content).
+  statement {
+    sid       = "Files"
+    actions   = ["s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+    resources = ["${local.bucket_arn}/files/*"]
   }
 
   # Under Lambda the function reads its bearer keys itself at a cold start

@@ -19,17 +19,17 @@ locals {
   publisher_port         = 8080
   publisher_metrics_port = 9090
 
-  # The job API's paths, the only ones the load balancer forwards (Fargate);
+  # The API's paths, the only ones the load balancer forwards (Fargate);
   # anything else, /metrics included, gets a 404 from the balancer itself.
-  publisher_alb_paths = ["/v1/jobs", "/v1/jobs/*", "/healthz"]
+  publisher_alb_paths = ["/v1/jobs", "/v1/jobs/*", "/v1/files", "/v1/files/*", "/healthz"]
 
-  publisher_environment = merge(var.publisher_environment, local.publisher_body_environment, {
+  publisher_environment = merge(local.publisher_file_environment, var.publisher_environment, local.publisher_body_environment, {
     QUEUE_URL        = aws_sqs_queue.work.url
     PAYLOAD_BUCKET   = aws_s3_bucket.payloads.id
     VRAMQ_LOG_FORMAT = "json"
   })
 
-  # The routes of the job API, as publisher.Handler's mux has them
+  # The routes of the publisher's API, as publisher.Handler's mux has them
   # (infra_test.go compares the two): an HTTP API answers 404 itself for a
   # method and path no route names, so a route left out here is an endpoint
   # clients cannot reach in lambda mode. {id} is a path variable in both
@@ -37,10 +37,15 @@ locals {
   # for probes. /metrics is not routed: under Lambda each instance counts
   # only its own requests.
   publisher_routes = {
-    "POST /v1/jobs"        = true
-    "GET /v1/jobs/{id}"    = true
-    "DELETE /v1/jobs/{id}" = true
-    "GET /healthz"         = false
+    "POST /v1/jobs"              = true
+    "GET /v1/jobs/{id}"          = true
+    "DELETE /v1/jobs/{id}"       = true
+    "POST /v1/files"             = true
+    "GET /v1/files"              = true
+    "GET /v1/files/{id}"         = true
+    "DELETE /v1/files/{id}"      = true
+    "GET /v1/files/{id}/content" = true
+    "GET /healthz"               = false
   }
 
   # The largest request body the publisher takes (VRAMQ_MAX_BODY_BYTES).
@@ -56,6 +61,13 @@ locals {
   publisher_lambda_max_body_bytes = 4194304
   publisher_max_body_bytes        = local.publisher_lambda ? coalesce(var.publisher_max_body_bytes, local.publisher_lambda_max_body_bytes) : var.publisher_max_body_bytes
   publisher_body_environment      = local.publisher_max_body_bytes == null ? {} : { VRAMQ_MAX_BODY_BYTES = tostring(local.publisher_max_body_bytes) }
+  # A file uploaded to POST /v1/files travels in the invocation event too,
+  # so under Lambda it is bounded alike (docs/api.md, Files): a file the
+  # publisher takes reaches it, and GET /v1/files/{id}/content answers it
+  # within Lambda's 6 MB response (base64: 4/3 of 4 MiB is 5592408
+  # bytes). On Fargate the publisher streams files of up to 200 MiB. A
+  # VRAMQ_MAX_FILE_BYTES in publisher_environment wins over this one.
+  publisher_file_environment = local.publisher_lambda ? { VRAMQ_MAX_FILE_BYTES = tostring(local.publisher_lambda_max_body_bytes) } : {}
 }
 
 resource "aws_cloudwatch_log_group" "publisher" {

@@ -19,6 +19,12 @@ import (
 //	itemerrors/{job_id}/{chunk}.json an ItemErrorsMarker: items of a chunk refused, by the subscriber
 //	done/{job_id}.json              a CompletionEvent: the job settled, its event sent (docs/events.md), by a subscriber
 //	done/{job_id}.{rev}.json        a CompletionEvent: revision rev (2, 3, ...), a correction of it, by a subscriber
+//	files/{owner}/{file_id}.jsonl   an uploaded file's content (POST /v1/files), by the publisher
+//	files/{owner}/{file_id}.json    the file's record (name, size, expiry): the file exists while it does, by the publisher
+//
+// {owner} in files/ is the SHA-256, in hex, of the tenant that owns the file
+// (publisher's owner rule): a tenant name may hold any punctuation, '/'
+// included, which would let one tenant's prefix list another's files.
 //
 // Cancelled chunks have a prefix of their own rather than a failed marker
 // with a reason: a cancelled chunk has no DLQ copy, the publisher counts
@@ -93,3 +99,17 @@ func DoneRevisionKey(jobID string, rev int) string {
 	}
 	return "done/" + jobID + "." + strconv.Itoa(rev) + ".json"
 }
+
+// FilesPrefix is what the keys of owner's files start with, to list them.
+func FilesPrefix(owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return "files/" + hex.EncodeToString(sum[:]) + "/"
+}
+
+// FileKey is where the content of owner's file fileID is.
+func FileKey(owner, fileID string) string { return FilesPrefix(owner) + fileID + ".jsonl" }
+
+// FileRecordKey is where the record of owner's file fileID is: written once
+// its content is stored whole and checked, and deleted first, so a file with
+// a record always has its content.
+func FileRecordKey(owner, fileID string) string { return FilesPrefix(owner) + fileID + ".json" }

@@ -107,6 +107,26 @@ type Config struct {
 	// request for a model server. A request that leaves them out is sent
 	// with the subscriber's ceiling instead (docs/api.md).
 	MaxOutputTokens int
+	// MaxFileBytes, MaxFileLines and MaxFileLineBytes bound a file uploaded
+	// to POST /v1/files: its bytes, its lines (JSONL: a last line without
+	// its newline counts), and the bytes of each line, its newline not
+	// counted. The defaults are OpenAI's Batch API limits (200 MB, taken
+	// as 200 MiB so that every file OpenAI takes is taken here; 50,000
+	// lines) and, where OpenAI states none, a line of 10 MiB. An upload
+	// is streamed to the bucket and checked as it streams (files.go): one
+	// over a limit is refused as soon as it goes over, and leaves nothing
+	// stored. MaxFileBytes is at most payload.MaxUploadBytes. An upload is
+	// charged to the bodies in flight for what it holds in memory, up to
+	// payload.UploadPartBytes or MaxFileBytes, whichever is smaller: a
+	// MaxBodyBytesPerClient below that refuses larger files 429.
+	MaxFileBytes     int64
+	MaxFileLines     int
+	MaxFileLineBytes int64
+	// FileUploadTimeout bounds the time a POST /v1/files may take, its body
+	// included: the server's read and write deadlines are moved to it for
+	// that request, since a file may be far larger than any other body
+	// (-min-body-rate still applies to it).
+	FileUploadTimeout time.Duration
 
 	// APIKeys, when any, are the bearer tokens accepted on /v1/jobs routes
 	// (Authorization: Bearer <key>). /healthz and /metrics stay open. An
@@ -207,6 +227,10 @@ func DefaultConfig() Config {
 		IdempotencyTTL:         24 * time.Hour,
 		IdempotencyEntries:     100_000,
 		IdempotencyStale:       2 * time.Minute,
+		MaxFileBytes:           200 << 20,
+		MaxFileLines:           50_000,
+		MaxFileLineBytes:       10 << 20,
+		FileUploadTimeout:      30 * time.Minute,
 	}
 }
 
@@ -249,6 +273,10 @@ func (c *Config) setDefaults() {
 	orDefault(&c.IdempotencyTTL, d.IdempotencyTTL)
 	orDefault(&c.IdempotencyEntries, d.IdempotencyEntries)
 	orDefault(&c.IdempotencyStale, d.IdempotencyStale)
+	orDefault(&c.MaxFileBytes, d.MaxFileBytes)
+	orDefault(&c.MaxFileLines, d.MaxFileLines)
+	orDefault(&c.MaxFileLineBytes, d.MaxFileLineBytes)
+	orDefault(&c.FileUploadTimeout, d.FileUploadTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -391,6 +419,19 @@ func (c *Config) Validate() error {
 	}
 	if c.IdempotencyStale < 0 {
 		bad("IdempotencyStale", "idempotency stale %v: want at least 0", c.IdempotencyStale)
+	}
+	if c.MaxFileBytes < 1 || c.MaxFileBytes > payload.MaxUploadBytes {
+		bad("MaxFileBytes", "max file bytes %d: want 1 to %d (S3's 10,000 parts of the %d bytes an upload holds at once)",
+			c.MaxFileBytes, int64(payload.MaxUploadBytes), payload.UploadPartBytes)
+	}
+	if c.MaxFileLines < 1 {
+		bad("MaxFileLines", "max file lines %d: want at least 1", c.MaxFileLines)
+	}
+	if c.MaxFileLineBytes < 1 {
+		bad("MaxFileLineBytes", "max file line bytes %d: want at least 1", c.MaxFileLineBytes)
+	}
+	if c.FileUploadTimeout <= 0 {
+		bad("FileUploadTimeout", "file upload timeout %v: want more than 0", c.FileUploadTimeout)
 	}
 	return errors.Join(errs...)
 }

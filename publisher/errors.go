@@ -63,6 +63,9 @@ type APIError struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Item    string `json:"item,omitempty"` // the item id the error is about
+	// Param names the request parameter at fault, on the OpenAI-compatible
+	// routes, which send it as OpenAI's errors do (openai.go).
+	Param string `json:"-"`
 }
 
 func (e *APIError) Error() string {
@@ -93,6 +96,10 @@ type errorBody struct {
 }
 
 func writeError(w http.ResponseWriter, e *APIError) {
+	if o, ok := w.(*openAIWriter); ok {
+		o.writeError(e)
+		return
+	}
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	writeJSON(w, e.Status, errorBody{Error: e})
 }

@@ -292,6 +292,7 @@ type bodyPace struct {
 	due     time.Time // the body falls behind if no more has come by then
 	over    bool      // read whole, or fallen behind
 	tooSlow bool
+	paused  time.Time // when pause stopped the watch; zero while it runs
 }
 
 func startPace(rate float64, grace time.Duration, cut func()) *bodyPace {
@@ -336,6 +337,35 @@ func (p *bodyPace) arrived(total int64) bool {
 	}
 	p.timer.Reset(p.due.Sub(now))
 	return true
+}
+
+// pause stops the watch while the body is not being read for the server's
+// own reasons (an upload sending a part to S3): the client is held neither
+// to its pauses nor to its average rate for that time. resume goes on, total
+// bytes of the body having come.
+func (p *bodyPace) pause() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.over || !p.paused.IsZero() {
+		return
+	}
+	p.paused = time.Now()
+	p.timer.Stop()
+}
+
+func (p *bodyPace) resume(total int64) {
+	p.mu.Lock()
+	if p.over || p.paused.IsZero() {
+		p.mu.Unlock()
+		return
+	}
+	// The time paused is taken off the body's, as if it had started later.
+	p.start = p.start.Add(time.Since(p.paused))
+	p.paused = time.Time{}
+	p.mu.Unlock()
+	if !p.arrived(total) {
+		p.cut() // it was due as the pause began
+	}
 }
 
 // stop ends the watch, and reports whether the body had fallen behind first.

@@ -87,6 +87,9 @@ func New(cfg Config) (*Publisher, error) {
 //	POST /v1/jobs        submit a job (auth, rate limits)
 //	GET  /v1/jobs/{id}   a job's progress and results (auth, rate limits)
 //	DELETE /v1/jobs/{id} cancel a job (auth, rate limits)
+//	POST /v1/files, GET /v1/files, GET and DELETE /v1/files/{id},
+//	GET /v1/files/{id}/content
+//	                     OpenAI's Files API (files.go; auth, rate limits)
 //	GET  /healthz        liveness
 //
 // Every error is JSON, including 404 and 405, and every response says
@@ -104,6 +107,17 @@ func (p *Publisher) Handler() http.Handler {
 	// method gets a JSON 405 rather than the mux's plain-text one.
 	mux.HandleFunc("/v1/jobs", methodNotAllowed("POST"))
 	mux.HandleFunc("/v1/jobs/{id}", methodNotAllowed("GET, HEAD, DELETE"))
+	// The files routes answer every error in OpenAI's shape (openai.go),
+	// their 404s and 405s included.
+	mux.Handle("POST /v1/files", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.postFile)))))
+	mux.Handle("GET /v1/files", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.listFiles)))))
+	mux.Handle("GET /v1/files/{id}", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.getFile)))))
+	mux.Handle("DELETE /v1/files/{id}", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.deleteFile)))))
+	mux.Handle("GET /v1/files/{id}/content", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.fileContent)))))
+	mux.Handle("/v1/files", openAI(methodNotAllowed("GET, HEAD, POST")))
+	mux.Handle("/v1/files/{id}", openAI(methodNotAllowed("GET, HEAD, DELETE")))
+	mux.Handle("/v1/files/{id}/content", openAI(methodNotAllowed("GET, HEAD")))
+	mux.Handle("/v1/files/", openAI(http.HandlerFunc(notFound)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

@@ -150,7 +150,7 @@ func (p *Publisher) loadJob(w http.ResponseWriter, r *http.Request) (m *job.Mani
 	}
 	// Another tenant's job is answered as if it did not exist, so that an
 	// id does not even tell a stranger that the job is there.
-	if len(p.keys) > 0 && (m.Owner == "" || m.Owner != p.owner(r)) {
+	if !p.owns(r, m.Owner) {
 		fail(apiErr(http.StatusNotFound, CodeNotFound, "no such job"))
 		return nil, fail
 	}
@@ -172,6 +172,15 @@ func (p *Publisher) owner(r *http.Request) string {
 	}
 	t, _ := r.Context().Value(tenantKey{}).(string)
 	return t
+}
+
+// owns reports whether r's caller may see, and cancel or delete, what
+// owner owns (a job, a file): anyone, without keys; with keys, the tenant of
+// r's key (owner), and nobody what has no owner, since nothing shows whose
+// it is. Every route that answers for what a tenant owns asks this, and
+// answers 404 when it says no.
+func (p *Publisher) owns(r *http.Request, owner string) bool {
+	return len(p.keys) == 0 || (owner != "" && owner == p.owner(r))
 }
 
 func pageParams(r *http.Request) (size, start int, e *APIError) {

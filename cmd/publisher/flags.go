@@ -21,6 +21,7 @@ type options struct {
 	maxPage              bytesize.Size
 	maxClientBody        bytesize.Size
 	minBodyRate          bytesize.Size
+	maxFile, maxFileLine bytesize.Size
 	memoryLimit          bytesize.Size
 	trustedProxies       string
 	models               string
@@ -59,6 +60,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	o.maxBody, o.maxInFlight, o.maxItem = bytesize.Size(d.MaxBodyBytes), bytesize.Size(d.MaxBodyBytesInFlight), bytesize.Size(d.MaxItemBytes)
 	o.maxResultsInFlight, o.maxPage = bytesize.Size(d.MaxResultBytesInFlight), bytesize.Size(d.MaxPageBytes)
 	o.maxClientBody, o.minBodyRate = bytesize.Size(d.MaxBodyBytesPerClient), bytesize.Size(d.MinBodyRate)
+	o.maxFile, o.maxFileLine = bytesize.Size(d.MaxFileBytes), bytesize.Size(d.MaxFileLineBytes)
 	fs := flag.NewFlagSet("publisher", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.queueURL, "queue-url", "", "URL of the work queue, whose MaximumMessageSize is read at start (required)")
@@ -116,6 +118,16 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.MaxOutputTokens, "max-output-tokens", d.MaxOutputTokens,
 		"largest max_tokens and max_completion_tokens in a request for a model server (a request without them is sent\n"+
 			"with the subscriber's ceiling)")
+	fs.Var(&o.maxFile, "max-file-bytes",
+		"largest file POST /v1/files takes (OpenAI's Batch API limit), streamed to the bucket and never held whole;\n"+
+			"a larger one is refused as it goes over, 413 file_too_large, and nothing is kept")
+	fs.IntVar(&c.MaxFileLines, "max-file-lines", d.MaxFileLines,
+		"most lines (JSONL requests) in a file POST /v1/files takes (OpenAI's Batch API limit); more: 400 too_many_lines")
+	fs.Var(&o.maxFileLine, "max-file-line-bytes",
+		"largest line of a file POST /v1/files takes, its newline not counted; larger: 400 line_too_large")
+	fs.DurationVar(&c.FileUploadTimeout, "file-upload-timeout", d.FileUploadTimeout,
+		"longest a POST /v1/files may take to send its file, in place of the server's 1-minute read timeout\n"+
+			"(-min-body-rate applies too; 200 MiB in 30 minutes is 114 KiB a second)")
 	fs.IntVar(&c.SendAttempts, "send-attempts", d.SendAttempts,
 		"sends of one SendMessageBatch entry that SQS lists as failed, the first included")
 	fs.Float64Var(&c.RateLimit, "rate-limit", defaultRateLimit,
@@ -161,4 +173,6 @@ var configFlags = map[string]string{
 	"GlobalRateLimit": "global-rate-limit", "GlobalRateBurst": "global-rate-burst",
 	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",
 	"Models": "models", "MaxN": "max-n", "MaxOutputTokens": "max-output-tokens",
+	"MaxFileBytes": "max-file-bytes", "MaxFileLines": "max-file-lines", "MaxFileLineBytes": "max-file-line-bytes",
+	"FileUploadTimeout": "file-upload-timeout",
 }

@@ -163,7 +163,11 @@ func (s *Store) Open(ctx context.Context, key string) (body io.ReadCloser, size 
 }
 
 func (s *Store) get(ctx context.Context, bucket, key string) (*s3.GetObjectOutput, error) {
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key})
+	// An object stored by a multipart upload (Upload) carries a checksum of
+	// its parts' checksums, which the SDK cannot check on a read and says so
+	// at warn level each time; S3 checked every part as it came.
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key},
+		func(o *s3.Options) { o.DisableLogOutputChecksumValidationSkipped = true })
 	if err != nil {
 		var nsk *types.NoSuchKey
 		var apiErr smithy.APIError
@@ -233,4 +237,13 @@ func classify(err error) error {
 		return &queue.Error{Kind: queue.ErrRefused, Code: code, Err: err}
 	}
 	return err
+}
+
+// Delete removes key from this store's bucket; a key that is not there is
+// no error (S3 answers both alike).
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: &key}); err != nil {
+		return fmt.Errorf("payload: delete s3://%s/%s: %w", s.bucket, key, err)
+	}
+	return nil
 }

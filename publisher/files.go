@@ -1,0 +1,383 @@
+package publisher
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
+)
+
+// Files, as OpenAI's Files API has them for its Batch API: POST /v1/files
+// uploads a JSONL file (fileupload.go), and GET, GET .../content and DELETE
+// /v1/files/{id} and GET /v1/files read, list and delete them. A file
+// belongs to the tenant whose key uploaded it, by the rule jobs follow
+// (owns); any other key is answered 404, as for a file that does not exist.
+// Each lives in the payload bucket as two objects (job.FileKey,
+// job.FileRecordKey): its content, then its record, written once the
+// content is stored whole and checked. A file is there while its record is
+// and it has not expired.
+
+// Error codes of the files routes; docs/api.md lists them with the rest.
+const (
+	CodeMissingFile      = "missing_file"      // 400: no part named file
+	CodeInvalidMultipart = "invalid_multipart" // 400: not a multipart/form-data body the publisher can read
+	CodeFileTooLarge     = "file_too_large"    // 413: over MaxFileBytes
+	CodeTooManyLines     = "too_many_lines"    // 400: over MaxFileLines
+	CodeLineTooLarge     = "line_too_large"    // 400: a line over MaxFileLineBytes
+	CodeUploadTooSlow    = "upload_too_slow"   // 408: over FileUploadTimeout
+)
+
+// PurposeBatch is the one purpose a file may be uploaded for: input to
+// OpenAI's Batch API.
+const PurposeBatch = "batch"
+
+// File expiry, as OpenAI's: a batch file expires 30 days after it was
+// created unless expires_after says otherwise, 1 hour to 30 days. The
+// bucket's lifecycle rule for files/ deletes it some time after that.
+const (
+	defaultFileExpiry = 30 * 24 * time.Hour
+	minFileExpiry     = time.Hour
+	maxFileExpiry     = 30 * 24 * time.Hour
+)
+
+// Listing: OpenAI's limit, 1 to 10,000, and 10,000 by default.
+const maxFileList = 10_000
+
+// fileObject is a file as the API answers it: OpenAI's FileObject. status is
+// deprecated there but still sent, always "processed" once the upload is
+// answered.
+type fileObject struct {
+	ID        string `json:"id"`
+	Object    string `json:"object"`
+	Bytes     int64  `json:"bytes"`
+	CreatedAt int64  `json:"created_at"`
+	ExpiresAt int64  `json:"expires_at"`
+	Filename  string `json:"filename"`
+	Purpose   string `json:"purpose"`
+	Status    string `json:"status"`
+}
+
+// fileRecord is what the bucket keeps of a file besides its content.
+type fileRecord struct {
+	V         int    `json:"v"`
+	ID        string `json:"id"`
+	Owner     string `json:"owner"` // the owner rule's (owner), "" without keys
+	Filename  string `json:"filename"`
+	Bytes     int64  `json:"bytes"`
+	Lines     int    `json:"lines"` // JSONL lines, as MaxFileLines counts them
+	Purpose   string `json:"purpose"`
+	CreatedAt int64  `json:"created_at"` // Unix seconds
+	ExpiresAt int64  `json:"expires_at"` // Unix seconds
+}
+
+func (f *fileRecord) object() fileObject {
+	return fileObject{ID: f.ID, Object: "file", Bytes: f.Bytes, CreatedAt: f.CreatedAt, ExpiresAt: f.ExpiresAt,
+		Filename: f.Filename, Purpose: f.Purpose, Status: "processed"}
+}
+
+func (f *fileRecord) expired(now time.Time) bool { return now.Unix() >= f.ExpiresAt }
+
+// maxFileRecord bounds the read of a record: a few hundred bytes, and a
+// file name of at most maxFilenameBytes.
+const maxFileRecord = 8 << 10
+
+// File ids: "file-", then 48 bits of the Unix time in milliseconds and 80
+// random bits, in hex. The time first, so that ids sort as the files were
+// created: a listing sorts the keys S3 lists and reads only the records of
+// the page it answers. The random bits keep ids unguessable, though another
+// tenant's id would only get a 404 anyway.
+const (
+	fileIDPrefix = "file-"
+	fileIDLen    = len(fileIDPrefix) + 32
+)
+
+func newFileID(now time.Time) string {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
+	_, _ = rand.Read(b[6:]) // never fails (crypto/rand documents it)
+	return fileIDPrefix + hex.EncodeToString(b[:])
+}
+
+// validFileID is checked before an id reaches an S3 key, so that no id can
+// name another object.
+func validFileID(id string) bool {
+	if len(id) != fileIDLen || !strings.HasPrefix(id, fileIDPrefix) {
+		return false
+	}
+	for i := len(fileIDPrefix); i < len(id); i++ {
+		if c := id[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func noFile() *APIError {
+	return paramErr(http.StatusNotFound, CodeNotFound, "id", "No such File object")
+}
+
+func noFileStore() *APIError {
+	return apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
+		"files need a payload bucket, and this publisher has none (-payload-bucket)")
+}
+
+// loadFile reads the record of the file r's path names, answering the
+// request itself (and returning nil) when there is no bucket, no such file
+// of the caller's, or the record cannot be read.
+func (p *Publisher) loadFile(w http.ResponseWriter, r *http.Request) (f *fileRecord, fail func(*APIError)) {
+	ri := info(r)
+	fail = func(e *APIError) {
+		ri.code = e.Code
+		writeError(w, e)
+	}
+	if p.store == nil {
+		fail(noFileStore())
+		return nil, fail
+	}
+	id := r.PathValue("id")
+	if !validFileID(id) {
+		fail(noFile())
+		return nil, fail
+	}
+	f, err := p.readFileRecord(r, job.FileRecordKey(p.owner(r), id))
+	switch {
+	case errors.Is(err, payload.ErrMissing):
+		fail(noFile())
+		return nil, fail
+	case err != nil:
+		p.log.Error("reading a file record", "file_id", id, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file's record could not be read"))
+		return nil, fail
+	case f.ID != id:
+		fail(noFile())
+		return nil, fail
+	}
+	return f, fail
+}
+
+// readFileRecord reads the record at key: payload.ErrMissing (wrapped) when
+// there is none, or it is not the caller's, or it has expired.
+func (p *Publisher) readFileRecord(r *http.Request, key string) (*fileRecord, error) {
+	raw, err := p.store.ReadLimit(r.Context(), key, maxFileRecord)
+	if err != nil {
+		return nil, err
+	}
+	var f fileRecord
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return nil, err
+	}
+	// The key is the owner's already; the record's own word is checked too,
+	// by the rule every route follows.
+	if !p.owns(r, f.Owner) || f.expired(p.now()) {
+		return nil, payload.ErrMissing
+	}
+	return &f, nil
+}
+
+// getFile is GET /v1/files/{id}: the file object.
+func (p *Publisher) getFile(w http.ResponseWriter, r *http.Request) {
+	f, _ := p.loadFile(w, r)
+	if f == nil {
+		return
+	}
+	writeJSON(w, http.StatusOK, f.object())
+}
+
+// fileContent is GET /v1/files/{id}/content: the file's bytes as uploaded,
+// streamed from the bucket.
+func (p *Publisher) fileContent(w http.ResponseWriter, r *http.Request) {
+	f, fail := p.loadFile(w, r)
+	if f == nil {
+		return
+	}
+	body, size, err := p.store.Open(r.Context(), job.FileKey(f.Owner, f.ID))
+	switch {
+	case errors.Is(err, payload.ErrMissing):
+		// The record is written after the content and deleted before it:
+		// the bucket's lifecycle rule took it.
+		fail(noFile())
+		return
+	case err != nil:
+		p.log.Error("reading a file", "file_id", f.ID, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be read"))
+		return
+	}
+	defer body.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	if n, err := io.Copy(w, body); err != nil {
+		// The status is sent: the client sees a body shorter than its
+		// Content-Length.
+		p.log.Warn("sending a file", "file_id", f.ID, "sent", n, "bytes", size, "err", err)
+	}
+}
+
+// fileDeleted is DELETE's answer: OpenAI's FileDeleted.
+type fileDeleted struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Deleted bool   `json:"deleted"`
+}
+
+// deleteFile is DELETE /v1/files/{id}. The record goes first: once it is
+// gone the file is, for every route; content left behind by a failed
+// delete is the bucket's lifecycle rule's to remove.
+func (p *Publisher) deleteFile(w http.ResponseWriter, r *http.Request) {
+	f, fail := p.loadFile(w, r)
+	if f == nil {
+		return
+	}
+	if err := p.store.Delete(r.Context(), job.FileRecordKey(f.Owner, f.ID)); err != nil {
+		p.log.Error("deleting a file record", "file_id", f.ID, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be deleted; it is still there, and the DELETE may be repeated"))
+		return
+	}
+	if err := p.store.Delete(r.Context(), job.FileKey(f.Owner, f.ID)); err != nil {
+		p.log.Warn("deleting a file's content (its record is gone; the lifecycle rule will remove it)", "file_id", f.ID, "err", err)
+	}
+	writeJSON(w, http.StatusOK, fileDeleted{ID: f.ID, Object: "file", Deleted: true})
+}
+
+// fileList is GET /v1/files's answer: OpenAI's cursor page.
+type fileList struct {
+	Object  string       `json:"object"`
+	Data    []fileObject `json:"data"`
+	FirstID *string      `json:"first_id"`
+	LastID  *string      `json:"last_id"`
+	HasMore bool         `json:"has_more"`
+}
+
+// listFiles is GET /v1/files: the caller's files, newest first unless
+// order=asc, limit of them after the file after names (which need not
+// still exist), only those of purpose when it is given. The keys of the
+// caller's files are listed and sorted by id, which sorts them by creation;
+// then only the records the page needs are read (and one more, for
+// has_more), readConcurrency at a time.
+func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
+	ri := info(r)
+	fail := func(e *APIError) {
+		ri.code = e.Code
+		writeError(w, e)
+	}
+	if p.store == nil {
+		fail(noFileStore())
+		return
+	}
+	q := r.URL.Query()
+	limit := maxFileList
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxFileList {
+			fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "limit", "limit must be a whole number from 1 to %d", maxFileList))
+			return
+		}
+		limit = n
+	}
+	desc := true
+	switch q.Get("order") {
+	case "", "desc":
+	case "asc":
+		desc = false
+	default:
+		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "order", "order must be asc or desc"))
+		return
+	}
+	after := q.Get("after")
+	if after != "" && !validFileID(after) {
+		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "after", "after must be the id of a file"))
+		return
+	}
+	purpose := q.Get("purpose")
+
+	prefix := job.FilesPrefix(p.owner(r))
+	keys, err := p.store.List(r.Context(), prefix)
+	if err != nil {
+		p.log.Error("listing files", "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the files could not be listed"))
+		return
+	}
+	var ids []string
+	for _, k := range keys {
+		if id, ok := strings.CutSuffix(path.Base(k), ".json"); ok && validFileID(id) && k == prefix+id+".json" {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	if desc {
+		slices.Reverse(ids)
+	}
+	if after != "" {
+		i, _ := slices.BinarySearchFunc(ids, after, func(id, after string) int {
+			if desc {
+				return strings.Compare(after, id)
+			}
+			return strings.Compare(id, after)
+		})
+		for i < len(ids) && ids[i] == after {
+			i++
+		}
+		ids = ids[i:]
+	}
+
+	page := []fileObject{}
+	for len(page) <= limit && len(ids) > 0 {
+		// Read as many as the page still needs (one over it: has_more),
+		// at least a round of readConcurrency.
+		n := min(len(ids), max(limit+1-len(page), readConcurrency))
+		recs := make([]*fileRecord, n)
+		g, gctx := errgroup.WithContext(r.Context())
+		g.SetLimit(readConcurrency)
+		for i, id := range ids[:n] {
+			g.Go(func() error {
+				f, err := p.readFileRecord(r.WithContext(gctx), prefix+id+".json")
+				if errors.Is(err, payload.ErrMissing) {
+					return nil // deleted since the listing, or expired
+				}
+				if err != nil {
+					return err
+				}
+				if f.ID == id {
+					recs[i] = f
+				}
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			p.log.Error("reading file records", "err", err)
+			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the files could not be listed"))
+			return
+		}
+		for _, f := range recs {
+			if f != nil && (purpose == "" || f.Purpose == purpose) {
+				page = append(page, f.object())
+			}
+		}
+		ids = ids[n:]
+	}
+	out := fileList{Object: "list", Data: page}
+	if len(page) > limit {
+		out.Data, out.HasMore = page[:limit], true
+	}
+	if len(out.Data) > 0 {
+		out.FirstID, out.LastID = &out.Data[0].ID, &out.Data[len(out.Data)-1].ID
+	}
+	writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,432 @@
+package publisher
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
+)
+
+// An upload, POST /v1/files, is multipart/form-data with the file in a part
+// named file, purpose=batch, and optionally expires_after[anchor]=created_at
+// and expires_after[seconds] (OpenAI's form; expires_after.seconds is taken
+// too). The parts may come in any order: the SDKs send the file first or
+// last.
+//
+// The file is never held whole: its part is streamed to the bucket
+// (payload.Store.Upload: one PutObject when it fits in one part of
+// payload.UploadPartBytes, else a multipart upload a part at a time), and
+// checked as it streams (lineCheck): its bytes, its lines and each line's
+// bytes, so an upload over a limit is refused as soon as it goes over. What
+// was stored of a refused upload is removed before the answer (a multipart
+// upload is aborted; a stored object deleted), and the record that makes
+// the file exist is written only after every check passed.
+//
+// Like a POST /v1/jobs body, an upload takes a place among its client's
+// bodies in flight and is held to -min-body-rate (inflight.go). It is
+// charged for its bytes as they arrive, but only up to what it holds in
+// memory, one part of the upload (or the whole file, when that is smaller):
+// what went on to S3 is not held, and charging a 200 MB file in full would
+// refuse every file over a client's share of the budget.
+
+// The form's other fields: each at most maxFormFieldBytes, at most
+// maxFormParts parts in all, and formSlack bytes besides the file for
+// them, the part headers and the boundaries.
+const (
+	maxFormFieldBytes = 1 << 10
+	maxFormParts      = 16
+	formSlack         = 64 << 10
+	// maxFilenameBytes bounds the file name kept (the part's filename).
+	maxFilenameBytes = 1 << 10
+	// fileWriteGrace is the time, past FileUploadTimeout, to finish the
+	// upload to S3 and write the answer.
+	fileWriteGrace = 2 * time.Minute
+	// fileCleanupTimeout bounds the removal of a refused upload's content,
+	// which runs after the client may have gone.
+	fileCleanupTimeout = 30 * time.Second
+)
+
+// errUploadTimeout: the upload took longer than FileUploadTimeout.
+var errUploadTimeout = errors.New("the upload went past its deadline")
+
+// uploadHeld is the most an upload holds in memory of its file, which is
+// what its body is charged up to.
+func (c *Config) uploadHeld() int64 { return min(payload.UploadPartBytes, c.MaxFileBytes) }
+
+// fileForm is an upload's form as it is read, and what it says.
+type fileForm struct {
+	w    http.ResponseWriter // for the Retry-After of a refusal
+	body *uploadBody
+
+	id, owner, key string
+	createdAt      time.Time
+
+	purpose, anchor, seconds                string
+	purposeGiven, anchorGiven, secondsGiven bool
+	expiresAfter                            time.Duration
+
+	sawFile  bool
+	stored   bool // the file's content is in the bucket
+	filename string
+	size     int64
+	lines    int
+}
+
+// postFile is POST /v1/files.
+func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
+	ri := info(r)
+	fail := func(e *APIError) {
+		ri.code = e.Code
+		writeError(w, e)
+	}
+	if p.store == nil {
+		fail(noFileStore())
+		return
+	}
+	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || mt != "multipart/form-data" || params["boundary"] == "" || len(r.Header.Values("Content-Type")) != 1 {
+		fail(apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia,
+			"Content-Type must be multipart/form-data, with a boundary, given once"))
+		return
+	}
+	limit := p.cfg.MaxFileBytes + formSlack
+	if r.ContentLength > limit {
+		fail(p.fileTooLarge())
+		return
+	}
+	charge, err := p.bodies.open(p.clientKey(r))
+	if err != nil {
+		fail(p.bodyError(w, err))
+		return
+	}
+	defer charge.release()
+	// A file may take far longer to come than the server's ReadTimeout
+	// allows any body: this request's deadlines are its own. Where the
+	// connection has none to move (Lambda), this does nothing.
+	rc := http.NewResponseController(w)
+	now := time.Now()
+	_ = rc.SetReadDeadline(now.Add(p.cfg.FileUploadTimeout))
+	_ = rc.SetWriteDeadline(now.Add(p.cfg.FileUploadTimeout + fileWriteGrace))
+	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
+	body := &uploadBody{r: http.MaxBytesReader(w, r.Body, limit), charge: charge, pace: pace, held: p.cfg.uploadHeld()}
+
+	f := &fileForm{w: w, body: body, owner: p.owner(r), createdAt: p.now()}
+	f.id = newFileID(f.createdAt)
+	f.key = job.FileKey(f.owner, f.id)
+	e := p.readFileForm(r.Context(), multipart.NewReader(body, params["boundary"]), f)
+	if tooSlow := pace.stop(); e != nil && tooSlow {
+		e = p.bodyError(w, errTooSlow)
+	}
+	if e == nil {
+		e = f.check()
+	}
+	var rec *fileRecord
+	recordKey := job.FileRecordKey(f.owner, f.id)
+	if e == nil {
+		rec = &fileRecord{V: 1, ID: f.id, Owner: f.owner, Filename: f.filename, Bytes: f.size, Lines: f.lines,
+			Purpose: f.purpose, CreatedAt: f.createdAt.Unix(), ExpiresAt: f.createdAt.Add(f.expiresAfter).Unix()}
+		raw, _ := json.Marshal(rec) // a struct of strings and numbers
+		if _, err := p.store.Put(r.Context(), recordKey, raw); err != nil {
+			p.log.Error("storing a file record", "file_id", f.id, "err", err)
+			e = apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
+		}
+	}
+	if e != nil {
+		if f.stored {
+			// A failed Put of the record may still have written it: it goes
+			// first, as in a delete.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), fileCleanupTimeout)
+			defer cancel()
+			keys := []string{f.key}
+			if rec != nil {
+				keys = []string{recordKey, f.key}
+			}
+			for _, k := range keys {
+				if err := p.store.Delete(ctx, k); err != nil {
+					p.log.Warn("removing a refused upload (the lifecycle rule will)", "file_id", f.id, "key", k, "err", err)
+				}
+			}
+		}
+		fail(e)
+		return
+	}
+	p.log.Debug("file uploaded", "file_id", f.id, "bytes", f.size, "lines", f.lines)
+	writeJSON(w, http.StatusOK, rec.object())
+}
+
+// readFileForm reads the form's parts, streaming the file's to the bucket.
+// It stops at the first problem, which is refused before more is read: a
+// purpose other than batch given ahead of the file refuses the upload
+// before any of the file is stored.
+func (p *Publisher) readFileForm(ctx context.Context, mr *multipart.Reader, f *fileForm) *APIError {
+	for parts := 0; ; parts++ {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return p.formError(f, err)
+		}
+		if parts == maxFormParts {
+			return apiErr(http.StatusBadRequest, CodeInvalidMultipart, "the form has more than %d parts", maxFormParts)
+		}
+		var e *APIError
+		switch name := part.FormName(); name {
+		case "file":
+			e = p.storeFile(ctx, part, f)
+		case "purpose":
+			f.purpose, e = p.formField(part, f, name)
+			f.purposeGiven = true
+			if e == nil && f.purpose != PurposeBatch {
+				e = badPurpose()
+			}
+		case "expires_after[anchor]", "expires_after.anchor":
+			f.anchor, e = p.formField(part, f, "expires_after")
+			f.anchorGiven = true
+		case "expires_after[seconds]", "expires_after.seconds":
+			f.seconds, e = p.formField(part, f, "expires_after")
+			f.secondsGiven = true
+		default:
+			// OpenAI's SDKs send nothing else; what another client adds is
+			// read past, within the form's bound.
+			if _, err := io.Copy(io.Discard, part); err != nil {
+				e = p.formError(f, err)
+			}
+		}
+		part.Close()
+		if e != nil {
+			return e
+		}
+	}
+}
+
+// storeFile streams the file's part to the bucket, checking it as it goes.
+func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *fileForm) *APIError {
+	if f.sawFile {
+		return paramErr(http.StatusBadRequest, CodeInvalidMultipart, "file", "the form has more than one part named file")
+	}
+	f.sawFile = true
+	name := part.FileName()
+	if len(name) > maxFilenameBytes || !utf8.ValidString(name) {
+		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "file",
+			"the file's name must be valid UTF-8 of at most %d bytes", maxFilenameBytes)
+	}
+	check := &lineCheck{r: part, body: f.body, maxBytes: p.cfg.MaxFileBytes, maxLines: p.cfg.MaxFileLines, maxLineBytes: p.cfg.MaxFileLineBytes}
+	size, err := p.store.Upload(ctx, f.key, "application/octet-stream", check)
+	if err != nil {
+		if check.err == nil {
+			// Not the file's fault: S3's, or the client went away while a
+			// part was being sent. Upload left nothing stored.
+			level := slog.LevelError
+			if ctx.Err() != nil {
+				level = slog.LevelDebug
+			}
+			p.log.Log(ctx, level, "storing an uploaded file", "file_id", f.id, "err", err)
+			return apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
+		}
+		var limit *APIError
+		if errors.As(check.err, &limit) {
+			return limit
+		}
+		return p.formError(f, check.err)
+	}
+	f.stored, f.filename, f.size, f.lines = true, name, size, check.lines
+	return nil
+}
+
+// formField reads a form field other than the file.
+func (p *Publisher) formField(part *multipart.Part, f *fileForm, param string) (string, *APIError) {
+	b, err := io.ReadAll(io.LimitReader(part, maxFormFieldBytes+1))
+	if err != nil {
+		return "", p.formError(f, err)
+	}
+	if len(b) > maxFormFieldBytes {
+		return "", paramErr(http.StatusBadRequest, CodeInvalidParameter, param, "a form field other than file is over %d bytes", maxFormFieldBytes)
+	}
+	return string(b), nil
+}
+
+func badPurpose() *APIError {
+	return paramErr(http.StatusBadRequest, CodeInvalidParameter, "purpose",
+		"purpose must be batch: this API keeps files for the Batch API only")
+}
+
+// check reports what the whole form lacks or gets wrong, and works out the
+// expiry.
+func (f *fileForm) check() *APIError {
+	if !f.sawFile {
+		return paramErr(http.StatusBadRequest, CodeMissingFile, "file", "the form has no part named file")
+	}
+	if !f.purposeGiven {
+		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "purpose", "purpose is required, and must be batch")
+	}
+	f.expiresAfter = defaultFileExpiry
+	if f.anchorGiven && f.anchor != "created_at" {
+		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "expires_after", "expires_after[anchor] must be created_at")
+	}
+	if f.anchorGiven && !f.secondsGiven {
+		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "expires_after", "expires_after needs seconds")
+	}
+	if f.secondsGiven {
+		n, err := strconv.ParseInt(f.seconds, 10, 64)
+		if err != nil || n < int64(minFileExpiry/time.Second) || n > int64(maxFileExpiry/time.Second) {
+			return paramErr(http.StatusBadRequest, CodeInvalidParameter, "expires_after",
+				"expires_after[seconds] must be a whole number from %d to %d", int64(minFileExpiry/time.Second), int64(maxFileExpiry/time.Second))
+		}
+		f.expiresAfter = time.Duration(n) * time.Second
+	}
+	return nil
+}
+
+func (p *Publisher) fileTooLarge() *APIError {
+	return paramErr(http.StatusRequestEntityTooLarge, CodeFileTooLarge, "file",
+		"the file is over the limit of %d bytes (the form, %d bytes more)", p.cfg.MaxFileBytes, formSlack)
+}
+
+// formError is the answer to an error reading the form: the body's own
+// (over its bound, too slow, over the budget, the connection's), or the
+// multipart syntax's when the body read fine.
+func (p *Publisher) formError(f *fileForm, err error) *APIError {
+	var tooBig *http.MaxBytesError
+	body := f.body
+	switch {
+	case body.err == nil:
+		return apiErr(http.StatusBadRequest, CodeInvalidMultipart, "the body is not multipart/form-data the publisher can read")
+	case errors.As(body.err, &tooBig):
+		return p.fileTooLarge()
+	case errors.Is(body.err, errUploadTimeout):
+		return apiErr(http.StatusRequestTimeout, CodeUploadTooSlow,
+			"the upload took longer than %s; nothing was kept", p.cfg.FileUploadTimeout)
+	}
+	return p.bodyError(f.w, body.err)
+}
+
+// uploadBody is an upload's request body: it charges the bytes that
+// arrive to the client's bodies in flight, up to held, holds the body to
+// its pace, and keeps the first error it met.
+type uploadBody struct {
+	r       io.Reader
+	charge  *bodyCharge
+	pace    *bodyPace
+	held    int64
+	charged int64
+	arrived int64
+	err     error
+}
+
+func (b *uploadBody) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	n, err := b.r.Read(p)
+	if n > 0 {
+		b.arrived += int64(n)
+		if c := min(int64(n), b.held-b.charged); c > 0 {
+			if e := b.charge.add(c); e != nil {
+				b.err = e
+				return 0, e
+			}
+			b.charged += c
+		}
+		if !b.pace.arrived(b.arrived) {
+			b.err = errTooSlow
+			return 0, b.err
+		}
+	}
+	if err != nil && err != io.EOF {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The pace's cut, or FileUploadTimeout's deadline: postFile
+			// asks the pace which.
+			err = errUploadTimeout
+		}
+		b.err = err
+	}
+	return n, err
+}
+
+// lineCheck counts a file's bytes and JSONL lines as they are read through
+// it, and fails the read that takes the file over a limit: MaxFileBytes,
+// MaxFileLines, or MaxFileLineBytes for one line (its newline not
+// counted). A line is counted from its first byte, so a last line without
+// a newline is one, and a newline at the end starts none. err is the first
+// error Read returned, other than io.EOF: a limit's *APIError, or the
+// source's.
+type lineCheck struct {
+	r            io.Reader
+	body         *uploadBody // whose pace pauses while a part goes to S3
+	maxBytes     int64
+	maxLines     int
+	maxLineBytes int64
+
+	size    int64
+	lines   int
+	lineLen int64 // bytes of the current line so far
+	midLine bool  // the last byte read was not a newline
+	err     error
+}
+
+func (c *lineCheck) Read(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n, err := c.r.Read(p)
+	if n > 0 {
+		if e := c.scan(p[:n]); e != nil {
+			c.err = e
+			return 0, e
+		}
+	}
+	if err != nil && err != io.EOF {
+		c.err = err
+	}
+	return n, err
+}
+
+// Pause and Resume: payload.Upload stops reading the file while it sends a
+// part to S3, and the client is not to be held to its pace for that time.
+func (c *lineCheck) Pause()  { c.body.pace.pause() }
+func (c *lineCheck) Resume() { c.body.pace.resume(c.body.arrived) }
+
+var _ payload.Pauser = (*lineCheck)(nil)
+
+func (c *lineCheck) scan(b []byte) *APIError {
+	c.size += int64(len(b))
+	if c.size > c.maxBytes {
+		return paramErr(http.StatusRequestEntityTooLarge, CodeFileTooLarge, "file", "the file is over the limit of %d bytes", c.maxBytes)
+	}
+	for len(b) > 0 {
+		if !c.midLine {
+			c.lines++
+			c.lineLen = 0
+			c.midLine = true
+			if c.lines > c.maxLines {
+				return paramErr(http.StatusBadRequest, CodeTooManyLines, "file", "the file has more than %d lines", c.maxLines)
+			}
+		}
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			c.lineLen += int64(len(b))
+			b = nil
+		} else {
+			c.lineLen += int64(i)
+			b = b[i+1:]
+			c.midLine = false
+		}
+		if c.lineLen > c.maxLineBytes {
+			return paramErr(http.StatusBadRequest, CodeLineTooLarge, "file", "line %d of the file is over the limit of %d bytes", c.lines, c.maxLineBytes)
+		}
+	}
+	return nil
+}
