@@ -769,6 +769,11 @@ variable "model_server_command" {
   type        = list(string)
   default     = []
   nullable    = false
+
+  validation {
+    condition     = alltrue([for a in var.model_server_command : a != ""])
+    error_message = "model_server_command: no empty arguments."
+  }
 }
 
 variable "model_server_port" {
