@@ -404,7 +404,7 @@ func TestTheModelServerFlagsExist(t *testing.T) {
 			t.Errorf("cmd/subscriber has no -%s, which the module relies on", f)
 		}
 	}
-	flagRef := regexp.MustCompile("`-(model-server[a-z-]*)")
+	flagRef := regexp.MustCompile("`-(model-server(?:-[a-z]+)*)")
 	envRef := regexp.MustCompile(`\bVRAMQ_MODEL_SERVER[A-Z_]*`)
 	for _, path := range []string{"../docs/deployment.md", "../README.md", "variables.tf"} {
 		b, err := os.ReadFile(path)
