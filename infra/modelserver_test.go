@@ -405,8 +405,8 @@ func TestTheModelServerFlagsExist(t *testing.T) {
 		}
 	}
 	flagRef := regexp.MustCompile("`-(model-server(?:-[a-z]+)*)")
-	envRef := regexp.MustCompile(`\bVRAMQ_MODEL_SERVER[A-Z_]*`)
-	for _, path := range []string{"../docs/deployment.md", "../README.md", "variables.tf"} {
+	envRef := regexp.MustCompile(`\bVRAMQ_MODEL_SERVER(?:_[A-Z]+)*`)
+	for _, path := range []string{"../docs/deployment.md", "../README.md", "variables.tf", "README.md", "examples/complete/main.tf"} {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
