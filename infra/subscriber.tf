@@ -63,10 +63,8 @@ locals {
   model_server_sidecar  = var.model_server_image != null
   model_server_external = var.model_server_url != null
   model_server_on       = local.model_server_sidecar || local.model_server_external
-  # Containers of an awsvpc task share its network namespace, so the sidecar
-  # is on localhost (ECS: "Amazon ECS task networking options for EC2":
-  # containers of a task in awsvpc mode "can communicate with each other
-  # over the localhost interface").
+  # Containers of an awsvpc task share its network namespace (the ECS
+  # developer guide's awsvpc network mode), so the sidecar is on localhost.
   model_server_base_url  = local.model_server_sidecar ? "http://localhost:${var.model_server_port}" : var.model_server_url
   model_server_container = "model-server"
   # The external endpoint's port: the URL's, else its scheme's.

@@ -789,7 +789,7 @@ variable "model_server_port" {
 }
 
 variable "model_server_health_check_command" {
-  description = "With model_server_image: the sidecar's container health check (ECS healthCheck command), which the subscriber's start waits on. Empty (the default): GET /health on model_server_port with the image's python3 (vLLM's and TGI's images have it; vLLM, TGI and TEI all answer /health once the model is loaded). An image without python3 (TEI's) needs its own, e.g. [\"CMD-SHELL\", \"curl -fsS http://localhost:8080/health || exit 1\"] where it has curl."
+  description = "With model_server_image: the sidecar's container health check (ECS healthCheck command), which the subscriber's start waits on. Empty (the default): GET /health on model_server_port (vLLM, TGI and TEI answer it once the model is loaded) with the image's python3 (vLLM's image is a Python one), else its curl. An image with neither needs its own command, e.g. [\"CMD\", \"/usr/local/bin/healthcheck\"]."
   type        = list(string)
   default     = []
   nullable    = false
