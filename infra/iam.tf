@@ -27,14 +27,15 @@ locals {
   ecs_services = merge(
     {
       subscriber = {
-        image         = var.subscriber_image
+        images        = compact([var.subscriber_image, local.model_server_sidecar ? var.model_server_image : ""])
         log_group_arn = aws_cloudwatch_log_group.subscriber.arn
-        secret_arns   = []
+        # The model server's key and the sidecar's secrets (subscriber.tf).
+        secret_arns = local.model_server_secret_arns
       }
     },
     local.publisher_fargate ? {
       publisher = {
-        image         = var.publisher_image
+        images        = compact([var.publisher_image == null ? "" : var.publisher_image])
         log_group_arn = aws_cloudwatch_log_group.publisher.arn
         secret_arns   = var.publisher_api_keys_secret_arn == null ? [] : [var.publisher_api_keys_secret_arn]
       }
@@ -43,12 +44,13 @@ locals {
 
   # An image in ECR (<account>.dkr.ecr.<region>.amazonaws.com/<repository>[:tag|@digest])
   # gets pull rights on exactly its repository; any other registry needs none.
+  # A task may have several images (the subscriber and a model server).
   ecr_repository_arns = {
-    for k, s in local.ecs_services : k => try(format("arn:%s:ecr:%s:%s:repository/%s", local.partition,
-      regex("^(\\d{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)", s.image)[1],
-      regex("^(\\d{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)", s.image)[0],
-      regex("^(\\d{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)", s.image)[2],
-    ), null)
+    for k, s in local.ecs_services : k => distinct(compact([for image in s.images : try(format("arn:%s:ecr:%s:%s:repository/%s", local.partition,
+      regex("^(\\d{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)", image)[1],
+      regex("^(\\d{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)", image)[0],
+      regex("^(\\d{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)", image)[2],
+    ), "")]))
   }
 }
 
@@ -121,10 +123,10 @@ data "aws_iam_policy_document" "execution" {
   for_each = local.ecs_services
 
   dynamic "statement" {
-    for_each = local.ecr_repository_arns[each.key] == null ? [] : [local.ecr_repository_arns[each.key]]
+    for_each = local.ecr_repository_arns[each.key]
 
     content {
-      sid = "PullImage"
+      sid = "PullImage${statement.key}"
       actions = [
         "ecr:BatchCheckLayerAvailability",
         "ecr:BatchGetImage",
@@ -136,7 +138,7 @@ data "aws_iam_policy_document" "execution" {
 
   # GetAuthorizationToken has no resource-level permissions: AWS requires "*".
   dynamic "statement" {
-    for_each = local.ecr_repository_arns[each.key] == null ? [] : [1]
+    for_each = length(local.ecr_repository_arns[each.key]) == 0 ? [] : [1]
 
     content {
       sid       = "LogInToECR"

@@ -697,10 +697,30 @@ func container(t *testing.T, m *module, name string, override map[string]cty.Val
 		t.Fatalf("aws_ecs_task_definition.%s: container_definitions is not jsonencode([...])", name)
 	}
 	defs := m.eval(t, call.Args[0], override)
-	if !defs.IsKnown() || !defs.CanIterateElements() || defs.LengthInt() != 1 {
-		t.Fatalf("aws_ecs_task_definition.%s: want one container definition, got %#v", name, defs)
+	if !defs.IsKnown() || !defs.CanIterateElements() || defs.LengthInt() == 0 {
+		t.Fatalf("aws_ecs_task_definition.%s: want container definitions, got %#v", name, defs)
 	}
-	return defs.AsValueSlice()[0]
+	// The task's own container is named after it; a sidecar (the subscriber's
+	// model server) is another.
+	for _, d := range defs.AsValueSlice() {
+		if n := d.GetAttr("name"); n.IsKnown() && !n.IsNull() && n.AsString() == name {
+			return d
+		}
+	}
+	t.Fatalf("aws_ecs_task_definition.%s: no container named %q", name, name)
+	return cty.NilVal
+}
+
+// containers evaluates every container definition of the task definition
+// name, by container name.
+func containers(t *testing.T, m *module, name string, override map[string]cty.Value) map[string]cty.Value {
+	t.Helper()
+	call := m.resource(t, "aws_ecs_task_definition", name).Body.Attributes["container_definitions"].Expr.(*hclsyntax.FunctionCallExpr)
+	out := map[string]cty.Value{}
+	for _, d := range m.eval(t, call.Args[0], override).AsValueSlice() {
+		out[d.GetAttr("name").AsString()] = d
+	}
+	return out
 }
 
 // subscriberEnv is the environment of the subscriber container, name to
@@ -1177,6 +1197,7 @@ func functions() map[string]function.Function {
 		"compact":         stdlib.CompactFunc,
 		"concat":          stdlib.ConcatFunc,
 		"contains":        stdlib.ContainsFunc,
+		"distinct":        stdlib.DistinctFunc,
 		"floor":           stdlib.FloorFunc,
 		"format":          stdlib.FormatFunc,
 		"join":            stdlib.JoinFunc,
@@ -1189,9 +1210,12 @@ func functions() map[string]function.Function {
 		"regex":           stdlib.RegexFunc,
 		"setintersection": stdlib.SetIntersectionFunc,
 		"sort":            stdlib.SortFunc,
+		"startswith":      startsWithFunc,
+		"tonumber":        stdlib.MakeToFunc(cty.Number),
 		"tostring":        stdlib.MakeToFunc(cty.String),
 		"toset":           stdlib.MakeToFunc(cty.Set(cty.DynamicPseudoType)),
 		"try":             tryfunc.TryFunc,
+		"values":          stdlib.ValuesFunc,
 	}
 	return fs
 }
@@ -1211,6 +1235,15 @@ var allTrueFunc = function.New(&function.Spec{
 			}
 		}
 		return cty.True, nil
+	},
+})
+
+// startsWithFunc is Terraform's startswith.
+var startsWithFunc = function.New(&function.Spec{
+	Params: []function.Parameter{{Name: "str", Type: cty.String}, {Name: "prefix", Type: cty.String}},
+	Type:   function.StaticReturnType(cty.Bool),
+	Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+		return cty.BoolVal(strings.HasPrefix(args[0].AsString(), args[1].AsString())), nil
 	},
 })
 

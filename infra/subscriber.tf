@@ -35,8 +35,7 @@ locals {
   # The timeouts are checked against each other as subscriber.Config.Validate
   # checks them (preconditions of the task definition), so no combination
   # the variables accept makes every task exit at start.
-  subscriber_settings = {
-    VRAMQ_DEVICE             = var.subscriber_device
+  subscriber_settings = merge({
     VRAMQ_VISIBILITY_TIMEOUT = "${var.visibility_timeout_seconds}s"
     VRAMQ_WAIT_TIME          = "${var.receive_wait_time_seconds}s"
     VRAMQ_SHUTDOWN_GRACE     = "${var.subscriber_shutdown_grace_seconds}s"
@@ -47,7 +46,51 @@ locals {
     VRAMQ_LOG_FORMAT         = "json"
     VRAMQ_LOG_LEVEL          = var.subscriber_log_level
     VRAMQ_TENANTS            = join(",", var.tenants)
-  }
+    },
+    # With a model server the subscriber refuses a -device other than auto
+    # (cmd/subscriber's checkModelServer; the environment counts as given):
+    # the model, and the GPU, are the server's.
+    local.model_server_on ? {} : { VRAMQ_DEVICE = var.subscriber_device },
+    local.model_server_on ? {
+      VRAMQ_MODEL_SERVER        = local.model_server_base_url
+      VRAMQ_MODEL_SERVER_MODELS = join(",", var.model_server_models)
+    } : {},
+  )
+
+  # The model server (variables.tf, "Model server"): a sidecar container of
+  # this task, or an endpoint elsewhere; never both (the task definition's
+  # preconditions).
+  model_server_sidecar  = var.model_server_image != null
+  model_server_external = var.model_server_url != null
+  model_server_on       = local.model_server_sidecar || local.model_server_external
+  # Containers of an awsvpc task share its network namespace (the ECS
+  # developer guide's awsvpc network mode), so the sidecar is on localhost.
+  model_server_base_url  = local.model_server_sidecar ? "http://localhost:${var.model_server_port}" : var.model_server_url
+  model_server_container = "model-server"
+  # The external endpoint's port: the URL's, else its scheme's.
+  model_server_url_port = local.model_server_external ? tonumber(try(regex("^https?://[^/:]+:([0-9]+)", var.model_server_url)[0], startswith(var.model_server_url, "https://") ? "443" : "80")) : 443
+
+  # The default health check asks /health, which vLLM, TGI and TEI answer
+  # once the model is loaded, with python3 where the image has it (vLLM's),
+  # else curl.
+  model_server_health_check_command = length(var.model_server_health_check_command) > 0 ? var.model_server_health_check_command : [
+    "CMD-SHELL",
+    "python3 -c \"import urllib.request; urllib.request.urlopen('http://localhost:${var.model_server_port}/health', timeout=5)\" 2>/dev/null || curl -fsS -m 5 http://localhost:${var.model_server_port}/health",
+  ]
+  model_server_health_check_interval = 30
+  model_server_health_check_retries  = 10
+  # How long the subscriber waits for the sidecar to become healthy before
+  # ECS gives up and stops the task (startTimeout of the dependency): the
+  # start period, then every retry.
+  model_server_start_timeout = var.model_server_health_check_start_period + local.model_server_health_check_interval * local.model_server_health_check_retries
+
+  # The secrets ECS injects into the task's containers, which its execution
+  # role may read (iam.tf): the API key the subscriber sends, and the
+  # sidecar's own.
+  model_server_secret_arns = concat(
+    var.model_server_api_key_secret_arn == null ? [] : [var.model_server_api_key_secret_arn],
+    local.model_server_sidecar ? [for k in sort(keys(var.model_server_secrets)) : var.model_server_secrets[k]] : [],
+  )
 
   subscriber_environment = merge(var.subscriber_environment, local.subscriber_settings, local.events_environment, {
     QUEUE_URL         = aws_sqs_queue.work.url
@@ -301,6 +344,21 @@ resource "aws_security_group" "subscriber_tasks" {
     cidr_blocks = ["0.0.0.0/0"]
   }
 
+  # An external model server on a port other than 443 (a vLLM fleet behind an
+  # internal load balancer on http://...:8000, say). A sidecar needs none:
+  # localhost does not pass the security group.
+  dynamic "egress" {
+    for_each = local.model_server_external && local.model_server_url_port != 443 ? [local.model_server_url_port] : []
+
+    content {
+      description = "The model server (model_server_url)"
+      from_port   = egress.value
+      to_port     = egress.value
+      protocol    = "tcp"
+      cidr_blocks = ["0.0.0.0/0"]
+    }
+  }
+
   dynamic "ingress" {
     for_each = length(var.metrics_ingress_cidr_blocks) > 0 ? [1] : []
 
@@ -330,17 +388,37 @@ resource "aws_ecs_task_definition" "subscriber" {
   execution_role_arn = aws_iam_role.execution["subscriber"].arn
   task_role_arn      = aws_iam_role.subscriber_task.arn
 
-  container_definitions = jsonencode([
+  container_definitions = jsonencode(concat([
     {
       name      = "subscriber"
       image     = var.subscriber_image
       essential = true
 
-      resourceRequirements = [
+      # With a model server the subscriber only sends HTTP requests: the GPUs
+      # are the sidecar's, or the endpoint's.
+      resourceRequirements = local.model_server_on ? null : [
         { type = "GPU", value = tostring(var.subscriber_gpus_per_task) },
       ]
 
       environment = [for k, v in local.subscriber_environment : { name = k, value = v }]
+
+      # The model server's key, read by ECS from Secrets Manager or SSM when
+      # the task starts; never in the environment above, which is plain text
+      # in the task definition and the state. Its name is the default of
+      # -model-server-api-key-env.
+      secrets = var.model_server_api_key_secret_arn == null ? null : [
+        { name = "VRAMQ_MODEL_SERVER_API_KEY", valueFrom = var.model_server_api_key_secret_arn },
+      ]
+
+      # The subscriber checks the server's GET /v1/models at start and exits
+      # if it does not answer, so it starts only once the sidecar's health
+      # check passes. ECS reverses the order at shutdown ("When a dependency
+      # is defined for container startup, for container shutdown it is
+      # reversed", ECS API reference, ContainerDependency): the subscriber
+      # finishes its batches against a live server before the server stops.
+      dependsOn = local.model_server_sidecar ? [
+        { containerName = local.model_server_container, condition = "HEALTHY" },
+      ] : null
 
       # The shutdown grace plus the flush, so ECS does not SIGKILL a batch
       # the subscriber is still allowed to finish.
@@ -371,7 +449,52 @@ resource "aws_ecs_task_definition" "subscriber" {
         }
       }
     },
-  ])
+    ], local.model_server_sidecar ? [
+    {
+      name      = local.model_server_container
+      image     = var.model_server_image
+      essential = true
+      command   = length(var.model_server_command) == 0 ? null : var.model_server_command
+
+      # ECS gives each GPU to one container: these are the server's, and its
+      # share of their memory is its own setting (vLLM
+      # --gpu-memory-utilization; docs/deployment.md works one through).
+      resourceRequirements = [
+        { type = "GPU", value = tostring(var.model_server_gpus) },
+      ]
+
+      environment = [for k in sort(keys(var.model_server_environment)) : { name = k, value = var.model_server_environment[k] }]
+      secrets     = length(keys(var.model_server_secrets)) == 0 ? null : [for k in sort(keys(var.model_server_secrets)) : { name = k, valueFrom = var.model_server_secrets[k] }]
+
+      # HEALTHY is what the subscriber's dependsOn waits for, so the check
+      # is always there. Failures in the start period (the weights' download
+      # and load) do not count; after it, an unhealthy essential container
+      # makes the task unhealthy and the service replaces it.
+      healthCheck = {
+        command     = local.model_server_health_check_command
+        interval    = local.model_server_health_check_interval
+        timeout     = 10
+        retries     = local.model_server_health_check_retries
+        startPeriod = var.model_server_health_check_start_period
+      }
+      # How long the subscriber waits for HEALTHY before the task stops
+      # ("If a startTimeout value is specified for containerB and it doesn't
+      # reach the desired status within that time then containerA gives up",
+      # ECS API reference, ContainerDefinition startTimeout).
+      startTimeout = local.model_server_start_timeout
+
+      logConfiguration = {
+        logDriver = "awslogs"
+        options = {
+          awslogs-group         = aws_cloudwatch_log_group.subscriber.name
+          awslogs-region        = local.region
+          awslogs-stream-prefix = local.model_server_container
+          mode                  = "non-blocking"
+          max-buffer-size       = "25m"
+        }
+      }
+    },
+  ] : []))
 
   tags = local.tags
 
@@ -387,6 +510,30 @@ resource "aws_ecs_task_definition" "subscriber" {
     precondition {
       condition     = var.subscriber_inference_timeout_seconds < var.subscriber_max_hold_seconds
       error_message = "subscriber_inference_timeout_seconds must be below subscriber_max_hold_seconds: the subscriber refuses an inference timeout at or above its max hold and would exit at every start."
+    }
+    precondition {
+      condition     = !(local.model_server_sidecar && local.model_server_external)
+      error_message = "model_server_image and model_server_url: give one or the other (a sidecar in the task, or an endpoint elsewhere), not both."
+    }
+    precondition {
+      condition     = !local.model_server_on || length(var.model_server_models) > 0
+      error_message = "model_server_models: required with model_server_image or model_server_url (the subscriber's -model-server-models; it refuses to start without)."
+    }
+    precondition {
+      condition     = local.model_server_sidecar || (length(var.model_server_command) == 0 && length(keys(var.model_server_environment)) == 0 && length(keys(var.model_server_secrets)) == 0 && length(var.model_server_health_check_command) == 0)
+      error_message = "model_server_command, model_server_environment, model_server_secrets and model_server_health_check_command configure the sidecar: give model_server_image too."
+    }
+    precondition {
+      condition     = local.model_server_on || var.model_server_api_key_secret_arn == null
+      error_message = "model_server_api_key_secret_arn: the key of a model server; give model_server_url or model_server_image too."
+    }
+    # cmd/subscriber refuses a -model-server-max-wait (default 1m) at or
+    # above -inference-timeout: a batch waiting for the server must be handed
+    # back, not timed out. One who sets the wait in subscriber_environment
+    # answers for it.
+    precondition {
+      condition     = !local.model_server_on || var.subscriber_inference_timeout_seconds > 60 || contains(keys(var.subscriber_environment), "VRAMQ_MODEL_SERVER_MAX_WAIT")
+      error_message = "subscriber_inference_timeout_seconds: above 60 with a model server (the subscriber's -model-server-max-wait, 1m, must be below it), or set VRAMQ_MODEL_SERVER_MAX_WAIT lower in subscriber_environment."
     }
   }
 }

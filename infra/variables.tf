@@ -373,7 +373,7 @@ variable "tenants" {
 }
 
 variable "subscriber_environment" {
-  description = "More environment for the subscriber container, e.g. { VRAMQ_PREFETCH = \"20\", VRAMQ_VRAM_RESERVE = \"1GiB\" } (README: Configuration). The variables this module sets from its own inputs may not be given here."
+  description = "More environment for the subscriber container, e.g. { VRAMQ_PREFETCH = \"20\", VRAMQ_VRAM_RESERVE = \"1GiB\" } (README: Configuration). The variables this module sets from its own inputs may not be given here With a model server, its tuning goes here too, e.g. { VRAMQ_MODEL_SERVER_TPM = \"2000000\", VRAMQ_MODEL_SERVER_KV_BYTES_PER_TOKEN = \"131072\" } (docs/configuration.md, docs/deployment.md)."
   type        = map(string)
   default     = {}
   nullable    = false
@@ -383,8 +383,14 @@ variable "subscriber_environment" {
       "QUEUE_URL", "RESULTS_QUEUE_URL", "DLQ_URL", "PAYLOAD_BUCKET", "VRAMQ_DEVICE", "VRAMQ_VISIBILITY_TIMEOUT",
       "VRAMQ_WAIT_TIME", "VRAMQ_SHUTDOWN_GRACE", "VRAMQ_INFERENCE_TIMEOUT", "VRAMQ_TASK_PROTECTION",
       "VRAMQ_METRICS_ADDR", "VRAMQ_LOG_FORMAT", "VRAMQ_LOG_LEVEL", "VRAMQ_EVENTS_TOPIC_ARN", "VRAMQ_MAX_HOLD",
+      "VRAMQ_MODEL_SERVER", "VRAMQ_MODEL_SERVER_MODELS", "VRAMQ_MODEL_SERVER_API_KEY_ENV", "VRAMQ_MODEL_SERVER_API_KEY_FILE",
     ])) == 0
-    error_message = "subscriber_environment: set the queue URLs, device, visibility, wait time, shutdown grace, inference timeout, max hold, task protection, metrics address and log settings through this module's own variables."
+    error_message = "subscriber_environment: set the queue URLs, device, visibility, wait time, shutdown grace, inference timeout, max hold, task protection, metrics address, log settings and the model server's URL, models and key through this module's own variables."
+  }
+
+  validation {
+    condition     = !contains(keys(var.subscriber_environment), "VRAMQ_MODEL_SERVER_API_KEY")
+    error_message = "subscriber_environment: no VRAMQ_MODEL_SERVER_API_KEY (plain text in the task definition and the state); give model_server_api_key_secret_arn."
   }
 }
 
@@ -736,4 +742,150 @@ variable "completion_events" {
   type        = bool
   default     = false
   nullable    = false
+}
+
+################################################################################
+# Model server (subscriber -model-server: docs/models.md, docs/deployment.md)
+################################################################################
+
+# Two ways, exclusive: a model server running as a second container of the
+# subscriber's GPU task (model_server_image), reached on localhost (awsvpc
+# tasks share one network namespace); or an endpoint outside the task
+# (model_server_url), e.g. OpenAI or a vLLM fleet behind a load balancer.
+# Neither: the subscriber runs its in-process model, as before.
+
+variable "model_server_image" {
+  description = "Image of a model server run as a sidecar container of the subscriber's task (e.g. vllm/vllm-openai:<tag>, ghcr.io/huggingface/text-generation-inference:<tag>), which gets the task's GPUs; the subscriber waits for its health check to pass (dependsOn HEALTHY) and sends the items' requests to http://localhost:<model_server_port>. An ECR image in this account gets pull rights on exactly its repository. Null: no sidecar. Exclusive with model_server_url."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.model_server_image == null || can(regex("^[^\\s]+$", var.model_server_image))
+    error_message = "model_server_image: an image reference, no spaces."
+  }
+}
+
+variable "model_server_command" {
+  description = "With model_server_image: the sidecar's command (ECS command: the arguments its image's entrypoint takes), e.g. for vllm/vllm-openai [\"--model\", \"meta-llama/Llama-3.1-8B-Instruct\", \"--port\", \"8000\", \"--gpu-memory-utilization\", \"0.9\", \"--max-model-len\", \"8192\"]. The port must be model_server_port. [] runs the image's own default command."
+  type        = list(string)
+  default     = []
+  nullable    = false
+
+  validation {
+    condition     = alltrue([for a in var.model_server_command : a != ""])
+    error_message = "model_server_command: no empty arguments."
+  }
+}
+
+variable "model_server_port" {
+  description = "With model_server_image: the port the sidecar serves its OpenAI-compatible API on (vLLM's default 8000), which the subscriber's -model-server points at (http://localhost:<port>) and the default health check asks. 1024 to 65535, not the subscriber's metrics port 9090."
+  type        = number
+  default     = 8000
+  nullable    = false
+
+  validation {
+    condition     = var.model_server_port >= 1024 && var.model_server_port <= 65535 && floor(var.model_server_port) == var.model_server_port && var.model_server_port != 9090
+    error_message = "model_server_port: a whole number, 1024 to 65535, not 9090 (the subscriber's metrics port in the same network namespace)."
+  }
+}
+
+variable "model_server_health_check_command" {
+  description = "With model_server_image: the sidecar's container health check (ECS healthCheck command), which the subscriber's start waits on. Empty (the default): GET /health on model_server_port (vLLM, TGI and TEI answer it once the model is loaded) with the image's python3 (vLLM's image is a Python one), else its curl. An image with neither needs its own command, e.g. [\"CMD\", \"/usr/local/bin/healthcheck\"]."
+  type        = list(string)
+  default     = []
+  nullable    = false
+
+  validation {
+    condition     = length(var.model_server_health_check_command) == 0 || contains(["CMD", "CMD-SHELL"], try(var.model_server_health_check_command[0], ""))
+    error_message = "model_server_health_check_command: empty for the default, or a command starting with CMD or CMD-SHELL (ECS healthCheck)."
+  }
+}
+
+variable "model_server_health_check_start_period" {
+  description = "With model_server_image: seconds after the sidecar starts before failed health checks count, 0 to 300 (the ECS maximum): downloading and loading the weights, profiling, CUDA graphs. After it, 10 failed checks 30 s apart (5 more minutes) mark the sidecar unhealthy, which stops the task. A model larger than that allows should be baked into the image or read from a volume."
+  type        = number
+  default     = 300
+  nullable    = false
+
+  validation {
+    condition     = var.model_server_health_check_start_period >= 0 && var.model_server_health_check_start_period <= 300 && floor(var.model_server_health_check_start_period) == var.model_server_health_check_start_period
+    error_message = "model_server_health_check_start_period: whole seconds, 0 to 300 (the ECS limit)."
+  }
+}
+
+variable "model_server_gpus" {
+  description = "With model_server_image: GPUs given to the sidecar (its resourceRequirements GPU), 1 to 8; the subscriber container then gets none (it only sends HTTP requests). ECS gives a GPU to one container only, so the server's share of that GPU's memory is its own setting (vLLM --gpu-memory-utilization), not this. The instance types must have at least this many GPUs."
+  type        = number
+  default     = 1
+  nullable    = false
+
+  validation {
+    condition     = var.model_server_gpus >= 1 && var.model_server_gpus <= 8 && floor(var.model_server_gpus) == var.model_server_gpus
+    error_message = "model_server_gpus: a whole number, 1 to 8."
+  }
+}
+
+variable "model_server_environment" {
+  description = "With model_server_image: plain environment of the sidecar, e.g. { HF_HUB_ENABLE_HF_TRANSFER = \"1\" }. Not tokens or keys: environment variables are plain text in the task definition and the Terraform state; give them in model_server_secrets."
+  type        = map(string)
+  default     = {}
+  nullable    = false
+
+  validation {
+    condition     = length(setintersection(keys(var.model_server_environment), ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "API_KEY", "OPENAI_API_KEY"])) == 0
+    error_message = "model_server_environment: no HF_TOKEN, HUGGING_FACE_HUB_TOKEN, VLLM_API_KEY, API_KEY or OPENAI_API_KEY in plain text; give them in model_server_secrets."
+  }
+}
+
+variable "model_server_secrets" {
+  description = "With model_server_image: the sidecar's secret environment, variable name to the complete ARN of a Secrets Manager secret (ending in -AbCdEf) or an SSM SecureString parameter, e.g. { HF_TOKEN = \"arn:aws:secretsmanager:...:secret:hf-token-AbCdEf\" }. ECS injects each when the task starts (container secrets); the task's execution role may read exactly these. A secret under a customer managed KMS key also needs kms:Decrypt for that role in the key's policy."
+  type        = map(string)
+  default     = {}
+  nullable    = false
+
+  validation {
+    # As publisher_api_keys_secret_arn: IAM matches only a complete ARN.
+    condition     = alltrue([for arn in values(var.model_server_secrets) : can(regex("^arn:[^:]+:(secretsmanager:[^:]+:[0-9]{12}:secret:.+-[A-Za-z0-9]{6}|ssm:[^:]+:[0-9]{12}:parameter/.+)$", arn))])
+    error_message = "model_server_secrets: each value the complete ARN of a Secrets Manager secret, with the six random characters Secrets Manager appends (aws secretsmanager describe-secret --query ARN), or of an SSM parameter."
+  }
+
+  validation {
+    condition     = alltrue([for k in keys(var.model_server_secrets) : can(regex("^[A-Za-z_][A-Za-z0-9_]*$", k))])
+    error_message = "model_server_secrets: each key an environment variable name (letters, digits, underscores, not starting with a digit)."
+  }
+}
+
+variable "model_server_url" {
+  description = "Root URL of a model server outside the task (the subscriber's -model-server), e.g. https://api.openai.com or https://vllm.internal.example.com: the subscriber's requests go there and its task gets no GPU (the task still runs on this module's GPU capacity provider). http:// only for an endpoint inside the VPC; no credentials in the URL (give model_server_api_key_secret_arn). Null: none. Exclusive with model_server_image."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.model_server_url == null || can(regex("^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\\s@?#]*)?$", var.model_server_url))
+    error_message = "model_server_url: http(s)://host[:port][/path], with no user, query or fragment (the key goes in model_server_api_key_secret_arn)."
+  }
+}
+
+variable "model_server_models" {
+  description = "The model names requests may name (the subscriber's -model-server-models): required with model_server_image or model_server_url; at start the subscriber checks that GET /v1/models lists every one (vLLM lists --served-model-name, else --model)."
+  type        = list(string)
+  default     = []
+  nullable    = false
+
+  validation {
+    condition     = alltrue([for m in var.model_server_models : can(regex("^[^\\s,]+$", m))])
+    error_message = "model_server_models: each name non-empty, without spaces or commas (the flag is comma-separated)."
+  }
+}
+
+variable "model_server_api_key_secret_arn" {
+  description = "Complete ARN of a Secrets Manager secret (ending in -AbCdEf) or an SSM SecureString parameter holding the model server's API key (an OpenAI key; or the --api-key of a sidecar vLLM, which then reads the same secret through model_server_secrets). ECS injects it into the subscriber container as VRAMQ_MODEL_SERVER_API_KEY (the default of -model-server-api-key-env), never in plain environment; the execution role may read exactly it. Null: no key."
+  type        = string
+  default     = null
+
+  validation {
+    # As publisher_api_keys_secret_arn: IAM matches only a complete ARN.
+    condition     = var.model_server_api_key_secret_arn == null || can(regex("^arn:[^:]+:(secretsmanager:[^:]+:[0-9]{12}:secret:.+-[A-Za-z0-9]{6}|ssm:[^:]+:[0-9]{12}:parameter/.+)$", var.model_server_api_key_secret_arn))
+    error_message = "model_server_api_key_secret_arn: the complete ARN of a Secrets Manager secret, with the six random characters Secrets Manager appends (aws secretsmanager describe-secret --query ARN), or of an SSM parameter."
+  }
 }

@@ -36,6 +36,28 @@ module "vramq" {
   publisher_api_keys_secret_arn = var.publisher_api_keys_secret_arn
 
   alarm_sns_topic_arn = aws_sns_topic.alarms.arn
+
+  # An LLM served by vLLM beside the subscriber, on the task's GPU; the
+  # subscriber starts once the server's health check passes and admits work
+  # by its KV cache (docs/deployment.md works this one through):
+  # subscriber_instance_types = ["g5.2xlarge", "g6.2xlarge"]
+  # subscriber_cpu            = 7168
+  # subscriber_memory         = 28672
+  # model_server_image        = "vllm/vllm-openai:v0.10.1"
+  # model_server_command = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--port", "8000",
+  #   "--gpu-memory-utilization", "0.9", "--max-model-len", "8192", "--max-num-seqs", "32"]
+  # model_server_secrets = { HF_TOKEN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-token-AbCdEf" }
+  # model_server_models  = ["meta-llama/Llama-3.1-8B-Instruct"]
+  # subscriber_environment = {
+  #   VRAMQ_MODEL_SERVER_KV_BYTES_PER_TOKEN = "131072"
+  #   VRAMQ_MODEL_SERVER_CONCURRENCY        = "32"
+  #   VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS  = "1024"
+  # }
+  #
+  # Or OpenAI, its key in Secrets Manager (never in plain environment):
+  # model_server_url                = "https://api.openai.com"
+  # model_server_models             = ["gpt-4o-mini"]
+  # model_server_api_key_secret_arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:openai-key-AbCdEf"
 }
 
 resource "aws_sns_topic" "alarms" {

@@ -1,0 +1,120 @@
+# Real Terraform, not this package's evaluator, plans and applies the
+# module's model server modes against a mocked AWS provider (no account, no
+# network): TestTheModelServerModesApply copies it into the workspace's
+# copy of the module as tests/. The mock's ARNs satisfy the provider's
+# checks of the arguments built from them.
+
+mock_provider "aws" {
+  mock_data "aws_caller_identity" { defaults = { account_id = "111122223333" } }
+  mock_data "aws_partition" { defaults = { partition = "aws" } }
+  mock_data "aws_region" { defaults = { name = "us-east-1" } }
+  mock_resource "aws_iam_role" {
+    defaults = { arn = "arn:aws:iam::111122223333:role/x" }
+  }
+  mock_resource "aws_cloudwatch_log_group" {
+    defaults = { arn = "arn:aws:logs:us-east-1:111122223333:log-group:x" }
+  }
+  mock_resource "aws_iam_instance_profile" {
+    defaults = { arn = "arn:aws:iam::111122223333:instance-profile/x" }
+  }
+  mock_resource "aws_sqs_queue" {
+    defaults = { arn = "arn:aws:sqs:us-east-1:111122223333:x" }
+  }
+  mock_resource "aws_s3_bucket" {
+    defaults = { arn = "arn:aws:s3:::x" }
+  }
+  mock_resource "aws_lambda_function" {
+    defaults = { arn = "arn:aws:lambda:us-east-1:111122223333:function:x" }
+  }
+  mock_resource "aws_ecs_cluster" {
+    defaults = { arn = "arn:aws:ecs:us-east-1:111122223333:cluster/x" }
+  }
+  mock_resource "aws_autoscaling_group" {
+    defaults = { arn = "arn:aws:autoscaling:us-east-1:111122223333:autoScalingGroup:x:autoScalingGroupName/x" }
+  }
+  mock_resource "aws_ecs_task_definition" {
+    defaults = { arn = "arn:aws:ecs:us-east-1:111122223333:task-definition/x:1" }
+  }
+  mock_resource "aws_sns_topic" {
+    defaults = { arn = "arn:aws:sns:us-east-1:111122223333:x" }
+  }
+  mock_resource "aws_appautoscaling_policy" {
+    defaults = { arn = "arn:aws:autoscaling:us-east-1:111122223333:scalingPolicy:x:resource/ecs/service/x/y:policyName/z" }
+  }
+  mock_resource "aws_apigatewayv2_api" {
+    defaults = { arn = "arn:aws:apigateway:us-east-1::/apis/x", execution_arn = "arn:aws:execute-api:us-east-1:111122223333:x" }
+  }
+  mock_data "aws_iam_policy_document" { defaults = { json = "{}" } }
+}
+
+variables {
+  vpc_id               = "vpc-1"
+  subnet_ids           = ["subnet-1"]
+  subscriber_image     = "111122223333.dkr.ecr.us-east-1.amazonaws.com/vramq:v1"
+  subscriber_ami_id    = "ami-0123456789abcdef0"
+  publisher_lambda_zip = "main.tf"
+  # Provider 5.x, which the mirror may hold, refuses larger queues.
+  max_message_size = 262144
+}
+
+run "sidecar" {
+  command = apply
+  variables {
+    model_server_image              = "111122223333.dkr.ecr.us-east-1.amazonaws.com/vllm:v1"
+    model_server_command            = ["--model", "m"]
+    model_server_models             = ["m"]
+    model_server_secrets            = { HF_TOKEN = "arn:aws:secretsmanager:us-east-1:111122223333:secret:hf-AbCdEf" }
+    model_server_api_key_secret_arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:k-AbCdEf"
+  }
+  assert {
+    condition     = length(jsondecode(aws_ecs_task_definition.subscriber.container_definitions)) == 2
+    error_message = "with model_server_image the task has not two containers"
+  }
+  assert {
+    condition     = jsondecode(aws_ecs_task_definition.subscriber.container_definitions)[0].dependsOn[0].condition == "HEALTHY"
+    error_message = "the subscriber does not wait for the sidecar HEALTHY"
+  }
+  assert {
+    condition     = length(local.ecr_repository_arns["subscriber"]) == 2
+    error_message = "the execution role may not pull both images"
+  }
+  assert {
+    condition     = jsondecode(aws_ecs_task_definition.subscriber.container_definitions)[1].healthCheck.startPeriod == 300
+    error_message = "the sidecar has no health check with the start period"
+  }
+  assert {
+    condition     = jsondecode(aws_ecs_task_definition.subscriber.container_definitions)[0].resourceRequirements == null
+    error_message = "the subscriber takes a GPU beside the sidecar"
+  }
+}
+
+run "external" {
+  command = apply
+  variables {
+    model_server_url                = "http://vllm.internal:8000"
+    model_server_models             = ["m"]
+    model_server_api_key_secret_arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:k-AbCdEf"
+  }
+  assert {
+    condition     = local.model_server_url_port == 8000
+    error_message = "the external endpoint's port is not 8000"
+  }
+}
+
+run "both" {
+  command = plan
+  variables {
+    model_server_url    = "https://api.openai.com"
+    model_server_image  = "x"
+    model_server_models = ["m"]
+  }
+  expect_failures = [aws_ecs_task_definition.subscriber]
+}
+
+run "none" {
+  command = apply
+  assert {
+    condition     = length(jsondecode(aws_ecs_task_definition.subscriber.container_definitions)) == 1
+    error_message = "without a model server the task has not one container"
+  }
+}
