@@ -13,8 +13,8 @@
 //	runner.go     runs a batch on the model, splitting it on out-of-memory
 //	outbox.go     sends results in shared SendMessageBatch calls (results.go first stores
 //	              each in the payload bucket, itemerrormarker.go its item-error marker)
-//	end.go        ends every message: ack, release(delay) or deadLetter(kind, reason)
-//	              (failedmarker.go writes a dead-lettered chunk's failed marker)
+//	end.go        ends every message by ack or release(delay), directly or through
+//	              deadLetter (failedmarker.go writes its marker) or cancelChunk
 //	keeper.go     holds the leases: extends visibility, batches the deletes and releases
 //
 // payloads.go is the payload bucket's interface (Payloads).
