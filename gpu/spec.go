@@ -6,12 +6,11 @@ import (
 	"strings"
 )
 
-// DeviceSpecs lists the forms ParseSpec accepts, for flag help and error
-// messages.
+// DeviceSpecs lists the forms ParseSpec accepts, for its error messages.
+// Each opener takes only some of them (see Spec).
 const DeviceSpecs = `"sim", "auto", "cuda:N" or "nvml:N" (N a device index, 0 first)`
 
-// Spec names a device, as the subscriber's -device flag does. Kind is one
-// of:
+// Spec names a device. Kind is one of:
 //
 //   - "sim": the simulated device (Sim), whose memory vramq accounts;
 //   - "cuda": GPU Index in CUDA's numbering, the one CUDA_VISIBLE_DEVICES
@@ -21,13 +20,13 @@ const DeviceSpecs = `"sim", "auto", "cuda:N" or "nvml:N" (N a device index, 0 fi
 //   - "nvml": GPU Index in NVML's numbering (PCI bus order, as nvidia-smi
 //     lists them), whose memory package nvml reads without loading
 //     anything onto it;
-//   - "auto": the first GPU the build can use (cuda:0 with a CUDA backend,
-//     nvml:0 without), or the simulator where nvml.Open finds none.
+//   - "auto": nvml.Open's NVML device 0, else the simulator; cuda:0 in the
+//     subscriber's CUDA build, the simulator in its CPU build.
 //
 // The two numberings agree only under CUDA_DEVICE_ORDER=PCI_BUS_ID without
-// CUDA_VISIBLE_DEVICES; a container given one GPU sees it as 0 in both.
-// That is why "cuda:N" never means an NVML index: a build that cannot
-// number GPUs CUDA's way refuses it.
+// CUDA_VISIBLE_DEVICES (a container given one GPU sees it as 0 in both), so
+// no opener reads one as the other: nvml.Open refuses "cuda:N", and the
+// subscriber's -device (either build) "nvml:N".
 type Spec struct {
 	Kind  string // "sim", "auto", "cuda" or "nvml"
 	Index int    // for "cuda" and "nvml"

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/internal/testenv/faultproxy"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/publisher"
 )
 
@@ -52,16 +53,6 @@ func requestsWith(t *testing.T, s *server, route string, code int) float64 {
 	return 0
 }
 
-// waitFor polls cond every 50ms until it holds or limit passes.
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(limit); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("still waiting for %s after %v", what, limit)
-		}
-	}
-}
-
 // A client that sends half its body and hangs up: the publisher answers
 // 400 to nobody, enqueues nothing and keeps no idempotency record, so the
 // whole request sent again with the same key is a fresh job.
@@ -84,7 +75,7 @@ func TestClientHangsUpMidBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close()
-	waitFor(t, 20*time.Second, "the publisher to answer the cut request", func() bool {
+	wait.For(t, 20*time.Second, "the publisher to answer the cut request", func() bool {
 		return requestsWith(t, s, "POST /v1/jobs", http.StatusBadRequest) == 1
 	})
 	if n := e.queued(); n != 0 {
@@ -144,7 +135,7 @@ func TestClientGoesAwayWhileChunksAreSent(t *testing.T) {
 		}
 		gone <- err
 	}()
-	waitFor(t, 30*time.Second, "the first chunks on the queue", func() bool { return e.queued() > 0 })
+	wait.For(t, 30*time.Second, "the first chunks on the queue", func() bool { return e.queued() > 0 })
 	cancel()
 	if err := <-gone; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the client's request: %v; want it cancelled mid-send", err)
@@ -157,7 +148,7 @@ func TestClientGoesAwayWhileChunksAreSent(t *testing.T) {
 	// The retry, until the first request's sending is over.
 	var r reply
 	waits := 0
-	waitFor(t, 60*time.Second, "the retry to get the job", func() bool {
+	wait.For(t, 60*time.Second, "the retry to get the job", func() bool {
 		r = s.do("POST", "/v1/jobs", key, body)
 		if r.status == http.StatusConflict {
 			waits++

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vramq/vramq/internal/testenv/promsum"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
 )
@@ -96,27 +97,9 @@ func TestPublishWholeJob(t *testing.T) {
 	if _, err := e.store.Read(t.Context(), job.ManifestKey(a.JobID)); err != nil {
 		t.Errorf("manifest: %v", err)
 	}
-	if n := metric(t, s, "vramq_publisher_chunks_sent_total"); n != float64(a.Chunks) {
+	if n := promsum.Sum(t, s.reg, "vramq_publisher_chunks_sent_total"); n != float64(a.Chunks) {
 		t.Errorf("chunks_sent_total %v, want %d", n, a.Chunks)
 	}
-}
-
-// metric sums a counter's series in the server's registry.
-func metric(t *testing.T, s *server, name string) float64 {
-	t.Helper()
-	mfs, err := s.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				v += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return v
 }
 
 // TestIdempotentRetry: a POST retried with the same Idempotency-Key gets the
@@ -246,7 +229,7 @@ func TestInjectedSendFailures(t *testing.T) {
 		t.Fatalf("%d chunks, want 20", a.Chunks)
 	}
 	checkWhole(t, a, e.drain(a.Chunks))
-	if n := metric(t, s, "vramq_publisher_sqs_send_retries_total"); n != 5 {
+	if n := promsum.Sum(t, s.reg, "vramq_publisher_sqs_send_retries_total"); n != 5 {
 		t.Errorf("sqs_send_retries_total %v, want 5", n)
 	}
 

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambdacontext"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/vramq/vramq/internal/testenv/apigw"
 	"github.com/vramq/vramq/publisher"
 )
 
@@ -39,31 +40,18 @@ func lambdaCapture(t *testing.T, seen *lambdaSeen) http.Handler {
 	})
 }
 
-// lambdaEvent is an API Gateway HTTP API event as the service sends it, with
-// the fields the tests vary.
-func lambdaEvent(method, rawPath, query string, headers map[string]string, body string, b64 bool) events.APIGatewayV2HTTPRequest {
-	h := map[string]string{"host": "abc123.execute-api.eu-west-1.amazonaws.com", "user-agent": "curl/8.5.0",
-		"x-forwarded-proto": "https", "x-forwarded-for": "203.0.113.9", "x-forwarded-port": "443"}
-	for k, v := range headers {
-		h[k] = v
-	}
-	return events.APIGatewayV2HTTPRequest{
-		Version: "2.0", RouteKey: "$default", RawPath: rawPath, RawQueryString: query, Headers: h,
-		Body: body, IsBase64Encoded: b64,
-		RequestContext: events.APIGatewayV2HTTPRequestContext{
-			RouteKey: "$default", AccountID: "123456789012", Stage: "$default", RequestID: "JKJaXmPLvHcESHA=",
-			APIID: "abc123", DomainName: "abc123.execute-api.eu-west-1.amazonaws.com", DomainPrefix: "abc123",
-			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: rawPath, Protocol: "HTTP/1.1",
-				SourceIP: "203.0.113.9", UserAgent: "curl/8.5.0"},
-		},
-	}
+// base64Event is ev with its body marked as base64, as API Gateway sends a
+// body that is not UTF-8.
+func base64Event(ev events.APIGatewayV2HTTPRequest) events.APIGatewayV2HTTPRequest {
+	ev.IsBase64Encoded = true
+	return ev
 }
 
 func TestLambdaRequest(t *testing.T) {
 	binary := []byte{0x00, 0xff, 0xfe, 'x', 0x80}
-	stage := lambdaEvent("GET", "/prod/v1/jobs/j-1", "", nil, "", false)
+	stage := apigw.Event("GET", "/prod/v1/jobs/j-1", nil, "")
 	stage.RequestContext.Stage = "prod"
-	customDomain := lambdaEvent("GET", "/v1/jobs/j-1", "", nil, "", false)
+	customDomain := apigw.Event("GET", "/v1/jobs/j-1", nil, "")
 	customDomain.RequestContext.Stage = "v1"
 	customDomain.RequestContext.DomainName = "api.example.com"
 
@@ -72,27 +60,24 @@ func TestLambdaRequest(t *testing.T) {
 		ev   events.APIGatewayV2HTTPRequest
 		want func(*lambdaSeen)
 	}{
-		{"json post", lambdaEvent("POST", "/v1/jobs", "",
-			map[string]string{"content-type": "application/json", "content-length": "13", "idempotency-key": "k-1"}, `{"items":[1]}`, false),
+		{"json post", apigw.Event("POST", "/v1/jobs", map[string]string{"content-type": "application/json", "content-length": "13", "idempotency-key": "k-1"}, `{"items":[1]}`),
 			func(s *lambdaSeen) {
 				s.Method, s.RequestURI, s.Path, s.Body, s.ContentLength = "POST", "/v1/jobs", "/v1/jobs", `{"items":[1]}`, 13
 				s.Header.Set("Content-Type", "application/json")
 				s.Header.Set("Content-Length", "13")
 				s.Header.Set("Idempotency-Key", "k-1")
 			}},
-		{"query and escaped path", lambdaEvent("GET", "/v1/jobs/a%2Fb", "page=2&limit=10&q=a%20b", nil, "", false),
+		{"query and escaped path", apigw.Event("GET", "/v1/jobs/a%2Fb?page=2&limit=10&q=a%20b", nil, ""),
 			func(s *lambdaSeen) {
 				s.Method, s.RequestURI, s.Path, s.RawQuery = "GET", "/v1/jobs/a%2Fb?page=2&limit=10&q=a%20b", "/v1/jobs/a/b", "page=2&limit=10&q=a%20b"
 			}},
-		{"base64 body", lambdaEvent("POST", "/v1/jobs", "", map[string]string{"content-type": "application/octet-stream"},
-			base64.StdEncoding.EncodeToString(binary), true),
+		{"base64 body", base64Event(apigw.Event("POST", "/v1/jobs", map[string]string{"content-type": "application/octet-stream"}, base64.StdEncoding.EncodeToString(binary))),
 			func(s *lambdaSeen) {
 				s.Method, s.RequestURI, s.Path, s.Body, s.ContentLength = "POST", "/v1/jobs", "/v1/jobs", string(binary), int64(len(binary))
 				s.Header.Set("Content-Type", "application/octet-stream")
 				s.Header.Set("Content-Length", "5")
 			}},
-		{"multi-value header stays joined", lambdaEvent("GET", "/healthz", "",
-			map[string]string{"accept": "application/json,text/plain", "authorization": "Bearer k"}, "", false),
+		{"multi-value header stays joined", apigw.Event("GET", "/healthz", map[string]string{"accept": "application/json,text/plain", "authorization": "Bearer k"}, ""),
 			func(s *lambdaSeen) {
 				s.Method, s.RequestURI, s.Path = "GET", "/healthz", "/healthz"
 				s.Header.Set("Accept", "application/json,text/plain")
@@ -102,11 +87,11 @@ func TestLambdaRequest(t *testing.T) {
 		{"custom domain keeps its path", customDomain, func(s *lambdaSeen) {
 			s.Method, s.RequestURI, s.Path, s.Host = "GET", "/v1/jobs/j-1", "/v1/jobs/j-1", "api.example.com"
 		}},
-		{"double slash is a path", lambdaEvent("GET", "//evil.example/x", "", nil, "", false), func(s *lambdaSeen) {
+		{"double slash is a path", apigw.Event("GET", "//evil.example/x", nil, ""), func(s *lambdaSeen) {
 			s.Method, s.RequestURI, s.Path = "GET", "//evil.example/x", "//evil.example/x"
 		}},
 		{"no rawPath falls back to http.path", func() events.APIGatewayV2HTTPRequest {
-			ev := lambdaEvent("GET", "/metrics", "", nil, "", false)
+			ev := apigw.Event("GET", "/metrics", nil, "")
 			ev.RawPath = ""
 			return ev
 		}(), func(s *lambdaSeen) { s.Method, s.RequestURI, s.Path = "GET", "/metrics", "/metrics" }},
@@ -117,8 +102,9 @@ func TestLambdaRequest(t *testing.T) {
 			if err != nil || resp.StatusCode != http.StatusNoContent {
 				t.Fatalf("got %d, %v; want 204 from the handler", resp.StatusCode, err)
 			}
-			want := lambdaSeen{Host: "abc123.execute-api.eu-west-1.amazonaws.com", RemoteAddr: "203.0.113.9:0", Proto: "HTTP/1.1", Header: http.Header{
-				"User-Agent": {"curl/8.5.0"}, "X-Forwarded-Proto": {"https"}, "X-Forwarded-For": {"203.0.113.9"}, "X-Forwarded-Port": {"443"}}}
+			want := lambdaSeen{Host: apigw.Domain, RemoteAddr: apigw.SourceIP + ":0", Proto: "HTTP/1.1", Header: http.Header{
+				"Accept": {"*/*"}, "User-Agent": {"curl/8.5.0"}, "X-Amzn-Trace-Id": {"Root=1-65f0c0de-0123456789abcdef01234567"},
+				"X-Forwarded-Proto": {"https"}, "X-Forwarded-For": {apigw.SourceIP}, "X-Forwarded-Port": {"443"}}}
 			tc.want(&want)
 			if d := cmp.Diff(want, got); d != "" {
 				t.Errorf("request (-want +got):\n%s", d)
@@ -128,7 +114,7 @@ func TestLambdaRequest(t *testing.T) {
 }
 
 func TestLambdaRequestCookiesAndContext(t *testing.T) {
-	ev := lambdaEvent("GET", "/v1/jobs/j-1", "", nil, "", false)
+	ev := apigw.Event("GET", "/v1/jobs/j-1", nil, "")
 	ev.Cookies = []string{"session=abc", "theme=dark"}
 	deadline := time.Now().Add(time.Minute)
 	ctx, cancel := context.WithDeadline(lambdacontext.NewContext(t.Context(), &lambdacontext.LambdaContext{AwsRequestID: "req-1"}), deadline)
@@ -230,7 +216,7 @@ func TestLambdaResponse(t *testing.T) {
 			Body:    `{"error":{"code":"internal","message":"the response is larger than AWS Lambda's limit of 6291456 bytes"}}` + "\n"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := publisher.LambdaHandler(tc.h)(t.Context(), lambdaEvent(tc.method, "/", "", nil, "", false))
+			got, err := publisher.LambdaHandler(tc.h)(t.Context(), apigw.Event(tc.method, "/", nil, ""))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -242,10 +228,10 @@ func TestLambdaResponse(t *testing.T) {
 }
 
 func TestLambdaMalformedEvent(t *testing.T) {
-	noMethod := lambdaEvent("", "/v1/jobs", "", nil, "{}", false)
-	badBase64 := lambdaEvent("POST", "/v1/jobs", "", nil, "not base64!", true)
-	badMethod := lambdaEvent("GE T", "/v1/jobs", "", nil, "", false)
-	badPath := lambdaEvent("GET", "v1/jobs", "", nil, "", false)
+	noMethod := apigw.Event("", "/v1/jobs", nil, "{}")
+	badBase64 := base64Event(apigw.Event("POST", "/v1/jobs", nil, "not base64!"))
+	badMethod := apigw.Event("GE T", "/v1/jobs", nil, "")
+	badPath := apigw.Event("GET", "v1/jobs", nil, "")
 	var empty events.APIGatewayV2HTTPRequest
 	for name, ev := range map[string]events.APIGatewayV2HTTPRequest{
 		"no method": noMethod, "bad base64": badBase64, "bad method": badMethod, "relative path": badPath, "empty event": empty,
@@ -328,7 +314,7 @@ func TestLambdaFunctionURL(t *testing.T) {
 func TestLambdaHeaderCase(t *testing.T) {
 	var got http.Header
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header })
-	ev := lambdaEvent("GET", "/", "", map[string]string{"X-Api-Key": "k", "content-TYPE": "text/plain"}, "", false)
+	ev := apigw.Event("GET", "/", map[string]string{"X-Api-Key": "k", "content-TYPE": "text/plain"}, "")
 	if _, err := publisher.LambdaHandler(h)(t.Context(), ev); err != nil {
 		t.Fatal(err)
 	}

@@ -196,11 +196,10 @@ func (s *Subscriber) giveBack(t *task) { t.hold.release() }
 // meanwhile: under vram, with a model that launches in two phases, for a
 // message that fills a batch on its own (so no batching is lost) and is not
 // a suspect (which runs alone anyway, but only after its batch-mates have
-// let go), nor run in parts (a launch is of a whole message). Its launch then overlaps the batches working on the device, and
-// when memory frees it starts work at once. Without it the device idled
-// through the launch of every large message, since two large messages
-// admitted together also launched together (bench/README.md, the strategy
-// comparison's launch-ahead step, has the figures).
+// let go), nor run in parts (a launch is of a whole message). Its launch
+// then overlaps the batches working on the device, and when memory frees it
+// starts work at once; otherwise the device would idle through the launch of
+// every large message, as two admitted together would launch together.
 func (s *Subscriber) launchesAhead(t *task) bool {
 	return s.launcher != nil && s.adm.strategy == AdmitVRAM && t.cost >= s.batchCap() && t.parts == nil &&
 		!s.suspects.has(t.lease.msg.ID)

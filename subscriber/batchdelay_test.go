@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
 )
@@ -44,7 +45,7 @@ func TestLoneMessageOnIdleDeviceRunsAtOnce(t *testing.T) {
 		synctest.Wait()
 		sent := time.Now()
 		h.send("lone", 0, "mb=1 ms=5")
-		waitFor(t, time.Minute, "the message deleted", func() bool { return h.sub.Ledger().Deleted == 1 })
+		wait.For(t, time.Minute, "the message deleted", func() bool { return h.sub.Ledger().Deleted == 1 })
 		h.shutdown()
 		if len(m.starts) != 1 {
 			t.Fatalf("%d runs, want 1", len(m.starts))
@@ -81,7 +82,7 @@ func TestIdleReceiveRunsAsOneBatch(t *testing.T) {
 		if _, err := h.work.Send(t.Context(), burst); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, time.Minute, "all messages deleted", func() bool { return h.sub.Ledger().Deleted == n })
+		wait.For(t, time.Minute, "all messages deleted", func() bool { return h.sub.Ledger().Deleted == n })
 		h.shutdown()
 		if len(m.sizes) != 1 || m.sizes[0] != n {
 			t.Errorf("batches of %v, want one of %d", m.sizes, n)
@@ -108,7 +109,7 @@ func TestSaturatedBatchesStillFill(t *testing.T) {
 			h.send("busy", i, "mb=1 ms=20")
 			time.Sleep(2 * time.Millisecond)
 		}
-		waitFor(t, time.Minute, "all messages deleted", func() bool { return h.sub.Ledger().Deleted == n })
+		wait.For(t, time.Minute, "all messages deleted", func() bool { return h.sub.Ledger().Deleted == n })
 		h.shutdown()
 		if per := float64(n) / float64(len(m.sizes)); per < 4 {
 			t.Errorf("%.1f messages per batch at saturation, want at least 4 (MaxBatch 8): %v", per, m.sizes)

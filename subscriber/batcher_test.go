@@ -16,6 +16,7 @@ import (
 	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/refembed"
@@ -93,7 +94,7 @@ func TestWaitingLargeMessageLaunchesWhileItWaits(t *testing.T) {
 		for _, w := range works {
 			h.sendWork(w)
 		}
-		waitFor(t, time.Minute, "both messages deleted", func() bool { return h.sub.Ledger().Deleted == 2 })
+		wait.For(t, time.Minute, "both messages deleted", func() bool { return h.sub.Ledger().Deleted == 2 })
 		h.shutdown()
 		first, second := works[0].Items[0].ID, works[1].Items[0].ID
 		if _, ok := m.at(first, "launch-end"); ok {
@@ -161,7 +162,7 @@ func TestBatchesKeepLengthClassesApart(t *testing.T) {
 		for i := range 12 {
 			h.send("classes", i, fmt.Sprintf("mb=1 ms=5 class=%d", i%3))
 		}
-		waitFor(t, time.Minute, "all messages deleted", func() bool { return h.sub.Ledger().Deleted == 12 })
+		wait.For(t, time.Minute, "all messages deleted", func() bool { return h.sub.Ledger().Deleted == 12 })
 		h.shutdown()
 		shared := false
 		for _, classes := range m.runs {
@@ -184,11 +185,11 @@ func TestBatcherFillsOrWaitsMaxDelay(t *testing.T) {
 		// A long batch keeps the device busy, so the batcher waits for
 		// company (on an idle device it would not: batchdelay_test.go).
 		h.send("busy", 0, "mb=1 ms=5000")
-		waitFor(t, time.Minute, "the long batch to run", func() bool { return h.model.runs.Load() == 1 })
+		wait.For(t, time.Minute, "the long batch to run", func() bool { return h.model.runs.Load() == 1 })
 		for i := range 6 {
 			h.send("b", i, "mb=1")
 		}
-		waitFor(t, time.Minute, "7 results", func() bool { r, _ := h.results.Stats(); return r == 7 })
+		wait.For(t, time.Minute, "7 results", func() bool { r, _ := h.results.Stats(); return r == 7 })
 		// Four go as soon as they are admitted; the other two after the delay.
 		if runs := h.model.runs.Load() - 1; runs != 2 {
 			t.Errorf("%d batches for 6 messages at max batch 4, want 2", runs)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/bert"
 )
@@ -130,7 +131,7 @@ func TestCUDABertServesModelDir(t *testing.T) {
 		}
 		want[fmt.Sprint(i)] = outs
 	}
-	waitFor(t, 5*time.Minute, "48 results", func() bool { r, _ := h.results.Stats(); return r == len(msgs) })
+	wait.For(t, 5*time.Minute, "48 results", func() bool { r, _ := h.results.Stats(); return r == len(msgs) })
 	got, dups := h.resultsByKey()
 	if dups != 0 {
 		t.Errorf("%d duplicate results", dups)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/model/bert"
 )
@@ -46,7 +47,7 @@ func TestBERTAdmissionRunsWithoutOOM(t *testing.T) {
 		for _, w := range works {
 			h.sendWork(w)
 		}
-		waitFor(t, 10*time.Minute, "every message deleted", func() bool { return h.sub.Ledger().Deleted == int64(len(works)) })
+		wait.For(t, 10*time.Minute, "every message deleted", func() bool { return h.sub.Ledger().Deleted == int64(len(works)) })
 		h.shutdown()
 		if n := h.dev.OOMs(); n != 0 {
 			t.Errorf("%d out-of-memory errors on the device under vram admission", n)

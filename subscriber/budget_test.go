@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 )
 
@@ -43,13 +44,13 @@ func TestBudgetFollowsAnotherProcess(t *testing.T) {
 			t.Fatalf("budget %d, largest %d; want the device less the reserve", full, h.sub.MaxBudget())
 		}
 		h.mixed(20)
-		waitFor(t, 5*time.Minute, "20 results", func() bool { r, _ := h.results.Stats(); return r == 20 })
+		wait.For(t, 5*time.Minute, "20 results", func() bool { r, _ := h.results.Stats(); return r == 20 })
 		if b := h.sub.Budget(); b != full {
 			t.Fatalf("the subscriber's own batches moved the budget to %d", b)
 		}
 
 		release := otherProcess(t, h.dev, 24*mib)
-		waitFor(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == full-24*mib })
+		wait.For(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == full-24*mib })
 		if g := int64(counter(h.sub.m.budget)); g != full-24*mib {
 			t.Errorf("budget_bytes %d, want %d", g, full-24*mib)
 		}
@@ -60,7 +61,7 @@ func TestBudgetFollowsAnotherProcess(t *testing.T) {
 		for i := range 10 {
 			h.send("shrunk", i, "mb=30 ms=200") // two at once would need 60 MiB of the 40 left
 		}
-		waitFor(t, 5*time.Minute, "10 more results", func() bool { r, _ := h.results.Stats(); return r == 30 })
+		wait.For(t, 5*time.Minute, "10 more results", func() bool { r, _ := h.results.Stats(); return r == 30 })
 		if p := h.sub.PeakBytes(); p > full-24*mib || p == 0 {
 			t.Errorf("admitted %d at once with a budget of %d", p, full-24*mib)
 		}
@@ -69,12 +70,12 @@ func TestBudgetFollowsAnotherProcess(t *testing.T) {
 		}
 
 		release()
-		waitFor(t, time.Minute, "the budget to grow back", func() bool { return h.sub.Budget() == full })
+		wait.For(t, time.Minute, "the budget to grow back", func() bool { return h.sub.Budget() == full })
 		h.sub.peak.Store(0)
 		for i := range 10 {
 			h.send("grown", i, "mb=30 ms=200")
 		}
-		waitFor(t, 5*time.Minute, "10 more results", func() bool { r, _ := h.results.Stats(); return r == 40 })
+		wait.For(t, 5*time.Minute, "10 more results", func() bool { r, _ := h.results.Stats(); return r == 40 })
 		if p := h.sub.PeakBytes(); p != 60*mib {
 			t.Errorf("admitted at most %d at once after growing back, want two large messages, 60 MiB", p)
 		}
@@ -98,10 +99,10 @@ func TestBudgetShrinkPendingAdmitsNothingNew(t *testing.T) {
 			c.Model = workingModel{h.model}
 		})
 		h.send("hog", 0, "mb=40 ms=30000")
-		waitFor(t, time.Minute, "the hog to run", func() bool { return h.model.runs.Load() == 1 })
+		wait.For(t, time.Minute, "the hog to run", func() bool { return h.model.runs.Load() == 1 })
 		// 32 MiB free: the other process takes 28, into the reserve.
 		release := otherProcess(t, h.dev, 28*mib)
-		waitFor(t, 10*time.Second, "the budget to shrink", func() bool { return h.sub.Budget() == 36*mib })
+		wait.For(t, 10*time.Second, "the budget to shrink", func() bool { return h.sub.Budget() == 36*mib })
 		// The shrink queues in the FIFO from a goroutine of its own: wait
 		// until it is there (a message asking in the instant before would
 		// still be admitted within the old budget).
@@ -116,7 +117,7 @@ func TestBudgetShrinkPendingAdmitsNothingNew(t *testing.T) {
 		if n := counter(h.sub.m.admitted); n != 1 {
 			t.Errorf("%d admitted while the shrink waited, want the hog alone", n)
 		}
-		waitFor(t, 2*time.Minute, "7 results", func() bool { r, _ := h.results.Stats(); return r == 7 })
+		wait.For(t, 2*time.Minute, "7 results", func() bool { r, _ := h.results.Stats(); return r == 7 })
 		if h.sub.adm.shrinking() || h.sub.adm.withheldNow() != 28*mib {
 			t.Errorf("shrinking %v, withheld %d; want the shrink through", h.sub.adm.shrinking(), h.sub.adm.withheldNow())
 		}
@@ -124,7 +125,7 @@ func TestBudgetShrinkPendingAdmitsNothingNew(t *testing.T) {
 			t.Errorf("%d out-of-memory errors", n)
 		}
 		release()
-		waitFor(t, time.Minute, "the budget to grow back", func() bool { return h.sub.Budget() == 64*mib })
+		wait.For(t, time.Minute, "the budget to grow back", func() bool { return h.sub.Budget() == 64*mib })
 		if w := h.sub.adm.withheldNow(); w != 0 {
 			t.Errorf("%d still withheld after growing back", w)
 		}
@@ -142,18 +143,18 @@ func TestMessageAboveShrunkBudgetWaits(t *testing.T) {
 			c.Model = workingModel{h.model}
 		})
 		release := otherProcess(t, h.dev, 32*mib)
-		waitFor(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == 32*mib-1 })
+		wait.For(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == 32*mib-1 })
 		h.send("big", 0, "mb=40 ms=10")
 		h.send("huge", 0, "mb=100")
-		waitFor(t, time.Minute, "a backpressure release", func() bool {
+		wait.For(t, time.Minute, "a backpressure release", func() bool {
 			return counter(h.sub.m.released.WithLabelValues("now")) > 0
 		})
-		waitFor(t, time.Minute, "the huge one dead-lettered", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
+		wait.For(t, time.Minute, "the huge one dead-lettered", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
 		if n := h.model.runs.Load(); n != 0 {
 			t.Errorf("ran %d batches with no room for the message", n)
 		}
 		release()
-		waitFor(t, 2*time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
+		wait.For(t, 2*time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r, ok := got[job.Key{JobID: "big"}]; !ok || r.Attempt < 2 {
@@ -177,13 +178,13 @@ func TestExclusiveRunWithShrinkPending(t *testing.T) {
 		h.send("hog", 0, "mb=40 ms=20000")
 		// Admitted beside the hog; allocates 36 MiB after 10 s.
 		h.send("liar", 0, "mb=4 lie=9 delay=10000 ms=100")
-		waitFor(t, 5*time.Second, "both to run", func() bool { return h.model.runs.Load() == 2 })
+		wait.For(t, 5*time.Second, "both to run", func() bool { return h.model.runs.Load() == 2 })
 		release := otherProcess(t, h.dev, 28*mib)
 		defer release()
-		waitFor(t, 9*time.Second, "a pending shrink", func() bool { return h.sub.Budget() == 36*mib && h.sub.adm.shrinking() })
+		wait.For(t, 9*time.Second, "a pending shrink", func() bool { return h.sub.Budget() == 36*mib && h.sub.adm.shrinking() })
 		// The liar runs out of memory (4 MiB free), then alone once the
 		// hog is done: 36 MiB of the 44 the other process leaves.
-		waitFor(t, 2*time.Minute, "2 results", func() bool { r, _ := h.results.Stats(); return r == 2 })
+		wait.For(t, 2*time.Minute, "2 results", func() bool { r, _ := h.results.Stats(); return r == 2 })
 		h.shutdown()
 		if n := counter(h.sub.m.oomRetries); n != 1 || h.dev.OOMs() != 1 {
 			t.Errorf("%d OOM retries, %d OOMs; want the liar's one", n, h.dev.OOMs())
@@ -204,10 +205,10 @@ func TestShutdownWithShrinkPending(t *testing.T) {
 		h := startWith(t, 72*mib, Config{VRAMReserve: 8 * mib, MaxBatch: 1, BudgetRefresh: time.Second, ShutdownGrace: 2 * time.Second},
 			func(h *harness, c *Config) { c.Model = workingModel{h.model} })
 		h.send("hog", 0, "mb=40 ms=600000")
-		waitFor(t, time.Minute, "the hog to run", func() bool { return h.model.runs.Load() == 1 })
+		wait.For(t, time.Minute, "the hog to run", func() bool { return h.model.runs.Load() == 1 })
 		release := otherProcess(t, h.dev, 28*mib)
 		defer release()
-		waitFor(t, 10*time.Second, "a pending shrink", func() bool { return h.sub.adm.shrinking() })
+		wait.For(t, 10*time.Second, "a pending shrink", func() bool { return h.sub.adm.shrinking() })
 		synctest.Wait() // the shrink is in the FIFO
 		for i := range 4 {
 			h.send("small", i, "mb=4")
@@ -234,15 +235,15 @@ func TestBudgetWithoutWorkingSet(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{BudgetRefresh: time.Second})
 		h.send("long", 0, "mb=30 ms=20000")
-		waitFor(t, time.Minute, "it to run", func() bool { return h.model.runs.Load() == 1 })
+		wait.For(t, time.Minute, "it to run", func() bool { return h.model.runs.Load() == 1 })
 		time.Sleep(10 * time.Second)
 		if b := h.sub.Budget(); b != 64*mib-1 {
 			t.Errorf("budget %d while busy, want it untouched", b)
 		}
-		waitFor(t, time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
+		wait.For(t, time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		release := otherProcess(t, h.dev, 16*mib)
 		defer release()
-		waitFor(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == 48*mib-1 })
+		wait.For(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == 48*mib-1 })
 		h.shutdown()
 	})
 }
@@ -254,7 +255,7 @@ func TestCountAdmissionReadsDeviceOnly(t *testing.T) {
 		h := start(t, 64*mib, Config{Admission: AdmitCount, BudgetRefresh: time.Second})
 		release := otherProcess(t, h.dev, 16*mib)
 		defer release()
-		waitFor(t, time.Minute, "the free memory gauge", func() bool { return counter(h.sub.m.deviceFree) == 48*mib })
+		wait.For(t, time.Minute, "the free memory gauge", func() bool { return counter(h.sub.m.deviceFree) == 48*mib })
 		if b := h.sub.Budget(); b != 64*mib-1 {
 			t.Errorf("budget %d under count admission, want the one read at start", b)
 		}
@@ -323,7 +324,7 @@ func TestBudgetKeptWhileDeviceUnreadable(t *testing.T) {
 			t.Errorf("%d warnings for one streak of failures, want 1", n)
 		}
 		dev.fail.Store(false)
-		waitFor(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == 48*mib-1 })
+		wait.For(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == 48*mib-1 })
 		if n := logs.count("budget changed"); n != 1 {
 			t.Errorf("%d budget changes logged, want 1", n)
 		}
@@ -352,11 +353,11 @@ func TestBudgetGrowthProbesTheBatchLimit(t *testing.T) {
 		}
 		small := h.sub.Budget()
 		release()
-		waitFor(t, time.Minute, "the budget to grow", func() bool { return h.sub.Budget() > small })
+		wait.For(t, time.Minute, "the budget to grow", func() bool { return h.sub.Budget() > small })
 		for i := range 8 {
 			h.send("after", i, "mb=1 ms=100")
 		}
-		waitFor(t, time.Minute, "8 results", func() bool { r, _ := h.results.Stats(); return r == 8 })
+		wait.For(t, time.Minute, "8 results", func() bool { r, _ := h.results.Stats(); return r == 8 })
 		h.shutdown()
 		if l := h.sub.state.batchLimit(); l != 3 {
 			t.Errorf("batch limit %d after the budget grew and full batches of 2 ran, want the probe at 3", l)

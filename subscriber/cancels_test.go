@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 )
 
@@ -151,7 +152,7 @@ func TestCancelledChunksEndUnrun(t *testing.T) {
 		for c := range 10 {
 			h.send("live", c, "mb=1 ms=5")
 		}
-		waitFor(t, time.Minute, "10 results and 30 cancelled chunks", func() bool {
+		wait.For(t, time.Minute, "10 results and 30 cancelled chunks", func() bool {
 			r, _ := h.results.Stats()
 			return r == 10 && counter(h.sub.m.cancelled) == 30
 		})
@@ -199,9 +200,9 @@ func TestCancelWhileWaitingForTheDevice(t *testing.T) {
 		for c := range 4 {
 			h.send("j", c, "mb=40 ms=10000")
 		}
-		waitFor(t, time.Minute, "the first chunk to run", func() bool { return h.model.runs.Load() == 1 })
+		wait.For(t, time.Minute, "the first chunk to run", func() bool { return h.model.runs.Load() == 1 })
 		cancelJob(t, p, "j")
-		waitFor(t, 2*time.Minute, "1 result and 3 cancelled chunks", func() bool {
+		wait.For(t, 2*time.Minute, "1 result and 3 cancelled chunks", func() bool {
 			r, _ := h.results.Stats()
 			return r == 1 && counter(h.sub.m.cancelled) == 3
 		})
@@ -231,12 +232,12 @@ func TestCancelMarkerFailureReleases(t *testing.T) {
 		}
 		h := start(t, 64*mib, Config{Payloads: p, RetryDelay: time.Second})
 		h.send("j", 0, "mb=1")
-		waitFor(t, time.Minute, "a release", func() bool { return h.sub.Ledger().Released >= 1 })
+		wait.For(t, time.Minute, "a release", func() bool { return h.sub.Ledger().Released >= 1 })
 		if counter(h.sub.m.cancelled) != 0 || h.sub.Ledger().Deleted != 0 {
 			t.Fatal("deleted without its marker")
 		}
 		failing.Store(false)
-		waitFor(t, time.Minute, "the cancel", func() bool { return counter(h.sub.m.cancelled) == 1 })
+		wait.For(t, time.Minute, "the cancel", func() bool { return counter(h.sub.m.cancelled) == 1 })
 		h.shutdown()
 		if _, ok := p.object(job.CancelledKey("j", 0)); !ok {
 			t.Error("no cancelled marker")

@@ -3,55 +3,19 @@ package subscriber
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/subscriber/queue"
 )
-
-// Payloads is the bucket that holds what does not fit in a message: items
-// the publisher claim-checked, results too large to send, and the results
-// and failure markers the publisher reads back. *payload.Store implements it
-// on S3; its methods must be safe for concurrent use, must not retry
-// beyond their client's own retryer, and must return a queue.ErrRefused
-// (a *queue.Error) where the bucket refuses what was sent for good.
-type Payloads interface {
-	// Bucket names the bucket, for the references written to messages.
-	Bucket() string
-	// Get fetches what ref names, verified against its size and SHA-256;
-	// errors wrap payload.ErrMissing or payload.ErrCorrupt when the object
-	// cannot be trusted, anything else may pass.
-	Get(ctx context.Context, ref job.PayloadRef) ([]byte, error)
-	// Put stores body at key, replacing what is there.
-	Put(ctx context.Context, key string, body []byte) (job.PayloadRef, error)
-	// PutIfAbsent stores body at key unless an object is there already, in
-	// which case it returns that object's content.
-	PutIfAbsent(ctx context.Context, key string, body []byte) (created bool, existing []byte, err error)
-	// Create is PutIfAbsent with the conditional write first and a read
-	// only when it is refused (payload.Store.Create), for done markers: it
-	// works where a missing key reads as 403.
-	Create(ctx context.Context, key string, body []byte) (created bool, existing []byte, err error)
-	// Read fetches key, unverified; an error wraps payload.ErrMissing when
-	// there is no object there. For records such as a job's cancel record.
-	Read(ctx context.Context, key string) ([]byte, error)
-}
-
-var _ Payloads = (*payload.Store)(nil)
 
 // maxFetches bounds the claim-check fetches in flight at once, across
 // messages: each holds a whole object in memory until its message runs.
 const maxFetches = 8
-
-// maxResultWrites bounds the result writes of one batch in flight at once.
-const maxResultWrites = 8
 
 // errBadObject marks an object that passed verification but does not stand
 // for the item that references it: the publisher wrote the wrong thing, and
@@ -216,183 +180,4 @@ func claimOutcome(err error) string {
 		return "invalid"
 	}
 	return "error"
-}
-
-// storeResults writes each result to results/{job_id}/{chunk}.json, in
-// parallel, and returns a reference to each object, nil where the write
-// failed, with that write's error. The first write of a chunk wins: a
-// redelivered chunk reuses the object already there, so a result message
-// sent earlier with a reference to it still verifies (a rewrite with another
-// attempt number would change its SHA-256 under that message).
-func (s *Subscriber) storeResults(results []job.Result, bodies [][]byte) ([]*job.PayloadRef, []error) {
-	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
-	defer cancel()
-	refs := make([]*job.PayloadRef, len(results))
-	errs := make([]error, len(results))
-	var g errgroup.Group
-	g.SetLimit(maxResultWrites)
-	for i := range results {
-		g.Go(func() error {
-			ref, err := s.storeResult(ctx, &results[i], bodies[i])
-			if err != nil {
-				s.log.Warn("storing the result failed", "job_id", results[i].JobID, "chunk", results[i].Chunk, "err", err)
-				errs[i] = err
-				return nil
-			}
-			s.m.resultsStored.Inc()
-			refs[i] = &ref
-			return nil
-		})
-	}
-	_ = g.Wait()
-	seen := make(map[string]bool)
-	for i, r := range results {
-		if refs[i] != nil && !seen[r.JobID] {
-			seen[r.JobID] = true
-			s.jobSettling(r.JobID)
-		}
-	}
-	return refs, errs
-}
-
-func (s *Subscriber) storeResult(ctx context.Context, r *job.Result, body []byte) (job.PayloadRef, error) {
-	ref, failed, err := s.storeResultObject(ctx, r, body)
-	if err == nil && failed > 0 {
-		// After the result, and on every delivery: a crash in between
-		// redelivers the message, which writes it then.
-		err = s.markItemErrors(ctx, r.Key(), failed)
-	}
-	return ref, err
-}
-
-// markItemErrors writes the item-error marker of chunk k, for the counts of
-// GET and of the completion event.
-func (s *Subscriber) markItemErrors(ctx context.Context, k job.Key, failed int) error {
-	body, err := json.Marshal(job.ItemErrorsMarker{V: job.Version, JobID: k.JobID, Chunk: k.Chunk, ItemsFailed: failed})
-	if err != nil {
-		return err
-	}
-	_, err = s.payloads.Put(ctx, job.ItemErrorsKey(k.JobID, k.Chunk), body)
-	return err
-}
-
-// storeResultObject stores r unless the chunk's result is there already,
-// and returns a reference to the stored result and how many of its items
-// failed. The count is the stored result's, not r's: a redelivery of the
-// chunk that is not what ran first (anyone who can send to the queue can
-// send one, with other items) must not change the chunk's item-error
-// marker, so the marker always says what the result GET serves says.
-func (s *Subscriber) storeResultObject(ctx context.Context, r *job.Result, body []byte) (job.PayloadRef, int, error) {
-	key := job.ResultKey(r.JobID, r.Chunk)
-	created, existing, err := s.payloads.PutIfAbsent(ctx, key, body)
-	if err != nil {
-		return job.PayloadRef{}, 0, err
-	}
-	if created {
-		return refTo(s.payloads.Bucket(), key, body), itemErrors(r), nil
-	}
-	var old job.Result
-	if json.Unmarshal(existing, &old) == nil && old.Key() == r.Key() && old.Ref == nil {
-		return refTo(s.payloads.Bucket(), key, existing), itemErrors(&old), nil
-	}
-	// Not a result of this chunk: whatever it is, ours replaces it.
-	s.log.Warn("replacing an object that is not this chunk's result", "key", key, "bytes", len(existing))
-	ref, err := s.payloads.Put(ctx, key, body)
-	return ref, itemErrors(r), err
-}
-
-// itemErrors is how many of r's outputs carry an error.
-func itemErrors(r *job.Result) int {
-	n := 0
-	for _, o := range r.Outputs {
-		if o.Error != nil {
-			n++
-		}
-	}
-	return n
-}
-
-func refTo(bucket, key string, body []byte) job.PayloadRef {
-	sum := sha256.Sum256(body)
-	return job.PayloadRef{Bucket: bucket, Key: key, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}
-}
-
-// markFailed writes the failed marker of t's chunk. Best effort: the DLQ
-// copy is the record that matters, so a failure is only logged.
-//
-// Only for a message that decoded as work (t.work): anyone who can send to
-// the queue can send a body that names any job and chunk and decodes as
-// nothing, and a marker for it would settle that job before its real
-// chunk runs. Only for a chunk of the job's manifest, when it has one: a
-// chunk at or past its count is none of the job's, and no count would use
-// the marker. And only where none is: a sender must not replace the reason
-// a real failure left there. A result still wins over a marker, in GET and
-// in the completion event, and a result stored after a marker corrects the
-// event (events.go).
-func (s *Subscriber) markFailed(t *task, reason string) {
-	w, l := t.work, t.lease
-	if w == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
-	defer cancel()
-	if n, ok := s.manifestChunks(ctx, w.JobID); ok && w.Chunk >= n {
-		s.log.Info("no failed marker for a chunk past its job's last", "message_id", l.msg.ID, "job_id", w.JobID,
-			"chunk", w.Chunk, "chunks", n)
-		return
-	}
-	body, err := json.Marshal(job.FailedMarker{V: job.Version, JobID: w.JobID, Chunk: w.Chunk, Reason: reason,
-		MessageID: l.msg.ID, At: time.Now().UTC().Format(time.RFC3339)})
-	if err != nil {
-		return
-	}
-	created, _, err := s.payloads.PutIfAbsent(ctx, job.FailedKey(w.JobID, w.Chunk), body)
-	switch {
-	case err != nil:
-		s.log.Warn("writing the failed marker failed; the DLQ copy stands",
-			"message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk, "err", err)
-	case !created:
-		s.log.Info("the chunk has a failed marker already; kept", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk)
-	}
-	if err == nil {
-		s.jobSettling(w.JobID)
-	}
-}
-
-// manifestChunks is the chunk count of jobID's manifest, when it can be
-// read: a job without one (a publisher without a bucket) or a read that
-// fails says nothing.
-func (s *Subscriber) manifestChunks(ctx context.Context, jobID string) (int, bool) {
-	raw, err := s.payloads.Read(ctx, job.ManifestKey(jobID))
-	if err != nil {
-		return 0, false
-	}
-	var m job.Manifest
-	if json.Unmarshal(raw, &m) != nil || m.JobID != jobID || m.Chunks < 1 {
-		return 0, false
-	}
-	return m.Chunks, true
-}
-
-// chunkOf finds the chunk a message is for in whatever of its body parses (a
-// malformed message may still name its job), with a job id of the grammar.
-// Never from its attributes: the body is what was validated and run, and
-// attributes may say anything.
-func chunkOf(m queue.Message) (job.Key, bool) {
-	var b struct {
-		JobID string `json:"job_id"`
-		Chunk *int   `json:"chunk"`
-	}
-	if json.Unmarshal([]byte(m.Body), &b) != nil || !job.ValidJobID(b.JobID) || b.Chunk == nil || *b.Chunk < 0 {
-		return job.Key{}, false
-	}
-	return job.Key{JobID: b.JobID, Chunk: *b.Chunk}, true
-}
-
-// typedNil reports a nil *payload.Store put in the interface: a caller that
-// builds the store only when a bucket is configured and assigns it either
-// way means "no bucket", not a store that panics on first use.
-func typedNil(p Payloads) bool {
-	st, ok := p.(*payload.Store)
-	return ok && st == nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
 )
@@ -102,7 +103,7 @@ func TestClaimCheckFetchesVerifiesAndDeadLetters(t *testing.T) {
 		h.sendWork(job.Work{JobID: "anykey", Items: []job.Item{anyKey}})
 		h.work.Put(`{"v":1,"job_id":"malformed","chunk":2,"items":[]}`, nil)
 
-		waitFor(t, time.Minute, "1 result and 9 dead letters", func() bool {
+		wait.For(t, time.Minute, "1 result and 9 dead letters", func() bool {
 			r, _ := h.results.Stats()
 			d, _ := h.dlq.Stats()
 			return r == 1 && d == 9
@@ -186,7 +187,7 @@ func TestClaimCheckWithoutBucketDeadLetters(t *testing.T) {
 		h := start(t, 64*mib, Config{})
 		p := newMemPayloads()
 		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, job.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
-		waitFor(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
+		wait.For(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
 		h.shutdown()
 		reason := h.dlq.All()[0].Attributes[job.AttrReason]
 		if want := `claim_check: item "i0" is claim-checked but no payload bucket is configured`; reason != want {
@@ -218,7 +219,7 @@ func TestClaimCheckTransientFailureReleases(t *testing.T) {
 		h := start(t, 64*mib, Config{Payloads: p, AdmitTimeout: 10 * time.Second, RetryDelay: time.Second})
 		item := claimChecked(t, p, job.ItemKey("flaky", "i0"), job.Item{ID: "i0", Text: "mb=1"})
 		h.sendWork(job.Work{JobID: "flaky", Items: []job.Item{item}})
-		waitFor(t, 2*time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
+		wait.For(t, 2*time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r := got[job.Key{JobID: "flaky"}]; r.Attempt != 3 {
@@ -264,7 +265,7 @@ func TestSlowFetchesDoNotBlockPolling(t *testing.T) {
 		for i := range 5 {
 			h.send("fast", i, "mb=1 ms=10")
 		}
-		waitFor(t, time.Minute, "the 5 fast results", func() bool { r, _ := h.results.Stats(); return r == 5 })
+		wait.For(t, time.Minute, "the 5 fast results", func() bool { r, _ := h.results.Stats(); return r == 5 })
 		if n := p.maxInFlight(); n != maxFetches {
 			t.Errorf("%d fetches at once for 12 wanted; want the bound %d", n, maxFetches)
 		}
@@ -277,7 +278,7 @@ func TestSlowFetchesDoNotBlockPolling(t *testing.T) {
 			t.Errorf("waiting %d, held %d while fetches hang; want the prefetch of 3 for both", w, held)
 		}
 		close(gate)
-		waitFor(t, time.Minute, "all 9 results", func() bool { r, _ := h.results.Stats(); return r == 9 })
+		wait.For(t, time.Minute, "all 9 results", func() bool { r, _ := h.results.Stats(); return r == 9 })
 		h.shutdown()
 		got, dups := h.resultsByKey()
 		for _, k := range []string{"slow-a", "slow-b", "slow-c", "slow-d"} {
@@ -301,7 +302,7 @@ func TestShutdownDuringFetchReleases(t *testing.T) {
 		p.getHook = func(ctx context.Context, key string) error { <-ctx.Done(); return ctx.Err() }
 		h := start(t, 64*mib, Config{Payloads: p})
 		h.sendWork(job.Work{JobID: "j", Items: []job.Item{claimChecked(t, p, job.ItemKey("j", "i0"), job.Item{ID: "i0", Text: "mb=1"})}})
-		waitFor(t, time.Minute, "the fetch", func() bool { return h.sub.waiting.Load() == 1 })
+		wait.For(t, time.Minute, "the fetch", func() bool { return h.sub.waiting.Load() == 1 })
 		h.shutdown()
 		if live, invisible := h.work.Stats(); live != 1 || invisible != 0 {
 			t.Errorf("work queue: %d live, %d invisible; want the message back and visible", live, invisible)
@@ -332,7 +333,7 @@ func TestResultsStoredAndLargeOnesByRef(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.send("again", 3, "mb=1")
-		waitFor(t, time.Minute, "3 results", func() bool { r, _ := h.results.Stats(); return r == 3 })
+		wait.For(t, time.Minute, "3 results", func() bool { r, _ := h.results.Stats(); return r == 3 })
 		h.shutdown()
 
 		got, _ := h.resultsByKey()
@@ -392,7 +393,7 @@ func TestResultStoreFailureReleasesForRetry(t *testing.T) {
 		}
 		h := start(t, 64*mib, Config{Payloads: p, RetryDelay: time.Second})
 		h.send("flaky", 0, "mb=1")
-		waitFor(t, time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
+		wait.For(t, time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r := got[job.Key{JobID: "flaky"}]; r.Attempt != 2 {
@@ -413,7 +414,7 @@ func TestLargeResultWithoutBucketDeadLetters(t *testing.T) {
 			many = append(many, "mb=0")
 		}
 		h.send("large", 0, many...)
-		waitFor(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
+		wait.For(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
 		h.shutdown()
 		if reason := h.dlq.All()[0].Attributes[job.AttrReason]; !strings.HasPrefix(reason, "result_too_large: ") {
 			t.Errorf("reason %q", reason)

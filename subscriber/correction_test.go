@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 )
 
@@ -125,7 +126,7 @@ func runLow(t *testing.T, n int, correctionMax float64) (ooms int64, factor floa
 		for i := range n {
 			h.send("low", i, "mb=10 ms=100")
 		}
-		waitFor(t, 10*time.Minute, "every result", func() bool { r, _ := h.results.Stats(); return r == n })
+		wait.For(t, 10*time.Minute, "every result", func() bool { r, _ := h.results.Stats(); return r == n })
 		h.shutdown()
 		if d, _ := h.dlq.Stats(); d != 0 {
 			t.Errorf("%d messages dead-lettered", d)
@@ -172,7 +173,7 @@ func TestCorrectionNeverMakesTooLarge(t *testing.T) {
 		h.sub.corr.outOfMemory(1)
 		h.sub.corr.outOfMemory(h.sub.corr.now())
 		h.send("big", 0, "mb=38 ms=10") // 38 MiB × 1.5625 is above the 40 MiB budget
-		waitFor(t, time.Minute, "its result", func() bool { r, _ := h.results.Stats(); return r == 1 })
+		wait.For(t, time.Minute, "its result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		h.shutdown()
 		if d, _ := h.dlq.Stats(); d != 0 {
 			t.Errorf("%d dead-lettered", d)
@@ -201,7 +202,7 @@ func TestCorrectionOnlyUnderVRAM(t *testing.T) {
 		for i := range 8 {
 			h.send("job", i, "mb=30 ms=200") // four need 120 MiB of 64
 		}
-		waitFor(t, 10*time.Minute, "8 results", func() bool { r, _ := h.results.Stats(); return r == 8 })
+		wait.For(t, 10*time.Minute, "8 results", func() bool { r, _ := h.results.Stats(); return r == 8 })
 		h.shutdown()
 		if h.dev.OOMs() == 0 {
 			t.Fatal("no OOM: the test does not exercise count admission's OOMs")
@@ -222,7 +223,7 @@ func TestCorrectionIgnoresMessagesThatNeverFit(t *testing.T) {
 			h.send("never", i, "mb=10 lie=10 ms=10") // estimated 10 MiB, really 100
 			h.send("fine", i, "mb=10 ms=10")
 		}
-		waitFor(t, 5*time.Minute, "4 results, 4 dead letters", func() bool {
+		wait.For(t, 5*time.Minute, "4 results, 4 dead letters", func() bool {
 			r, _ := h.results.Stats()
 			d, _ := h.dlq.Stats()
 			return r == 4 && d == 4

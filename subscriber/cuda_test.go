@@ -22,6 +22,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/model/refembed"
 )
 
@@ -196,7 +197,7 @@ func checkBudgetFollowsFreeMemory(t *testing.T, dev gpu.Device, model gpu.Model)
 	take := max(start/4, gib)
 	who, stop := startHog(t, take)
 	taken := free0 - free() // what it took, its own CUDA context included
-	waitFor(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() < start-take })
+	wait.For(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() < start-take })
 	shrunk := h.sub.Budget()
 	t.Logf("FIGURE check3: %s took %s (%s with its context, by NVML's free memory): budget %s -> %s (-%s)",
 		who, bytesize.Format(take), bytesize.Format(taken), bytesize.Format(start), bytesize.Format(shrunk), bytesize.Format(start-shrunk))
@@ -210,13 +211,13 @@ func checkBudgetFollowsFreeMemory(t *testing.T, dev gpu.Device, model gpu.Model)
 	for i := range 20 {
 		h.send("shared", i, strings.Repeat("many words here ", 40), "short one")
 	}
-	waitFor(t, time.Minute, "20 results", func() bool { r, _ := h.results.Stats(); return r == 20 })
+	wait.For(t, time.Minute, "20 results", func() bool { r, _ := h.results.Stats(); return r == 20 })
 	if p := h.sub.PeakBytes(); p > shrunk {
 		t.Errorf("admitted %s at once with a budget of %s", bytesize.Format(p), bytesize.Format(shrunk))
 	}
 
 	stop()
-	waitFor(t, time.Minute, "the budget to come back", func() bool { return h.sub.Budget() > start-reserve/8 })
+	wait.For(t, time.Minute, "the budget to come back", func() bool { return h.sub.Budget() > start-reserve/8 })
 	t.Logf("FIGURE check3: %s exited: budget back to %s", who, bytesize.Format(h.sub.Budget()))
 	if d, _ := h.dlq.Stats(); d != 0 {
 		t.Errorf("%d dead letters", d)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/vramq/vramq/internal/testenv/wait"
 )
 
 // Issue 25, item 8: a message that runs out of memory even with the device
@@ -25,7 +27,7 @@ func TestCulpritDoesNotPinBatchLimit(t *testing.T) {
 				}
 				h.send(fmt.Sprint("round", r), i, spec)
 			}
-			waitFor(t, 10*time.Minute, fmt.Sprint("round ", r), func() bool {
+			wait.For(t, 10*time.Minute, fmt.Sprint("round ", r), func() bool {
 				res, _ := h.results.Stats()
 				d, _ := h.dlq.Stats()
 				return res+d == (r+1)*perRound

@@ -25,6 +25,7 @@ import (
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/promsum"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
@@ -194,37 +195,6 @@ func (p *pipeline) deadLetters() []jobq.DeadLetter {
 	return d
 }
 
-func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	return labelled(t, reg, name, "", "")
-}
-
-// labelled sums the series of a counter or gauge whose label has value;
-// with label "", every series.
-func labelled(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			match := label == ""
-			for _, lp := range m.GetLabel() {
-				match = match || (lp.GetName() == label && lp.GetValue() == value)
-			}
-			if match {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
 // Every message of a mixed workload yields one result, under each strategy;
 // vram runs it with no OOM, while count and none (which do not know sizes)
 // run out of memory and recover by splitting, losing nothing.
@@ -281,7 +251,7 @@ func TestE2EMixedWorkload(t *testing.T) {
 				t.Errorf("%d dead letters, first %q", len(d), d[0].Reason)
 			}
 			ooms := p.dev.OOMs()
-			if tc.wantOOM && (ooms == 0 || metric(t, p.reg, "vramq_subscriber_oom_retries_total") == 0) {
+			if tc.wantOOM && (ooms == 0 || promsum.Sum(t, p.reg, "vramq_subscriber_oom_retries_total") == 0) {
 				t.Errorf("%s admission ran the workload with no OOM; the test does not exercise recovery", tc.name)
 			}
 			if !tc.wantOOM && ooms != 0 {
@@ -312,7 +282,7 @@ func TestE2EHeartbeatKeepsSlowMessage(t *testing.T) {
 	if r.Attempt != 1 || c.Duplicates != 0 {
 		t.Errorf("attempt %d, %d duplicates: the 8 s job was redelivered past its 3 s visibility", r.Attempt, c.Duplicates)
 	}
-	if n := metric(t, p.reg, "vramq_subscriber_visibility_extensions_total"); n < 2 {
+	if n := promsum.Sum(t, p.reg, "vramq_subscriber_visibility_extensions_total"); n < 2 {
 		t.Errorf("%v visibility extensions for an 8 s job with a 3 s timeout", n)
 	}
 }
@@ -375,7 +345,7 @@ func TestE2EBackpressureReleases(t *testing.T) {
 	p.send(waiter.Works()[:1])
 	c := p.collect(2, time.Minute)
 	p.shutdown()
-	if n := metric(t, p.reg, "vramq_subscriber_messages_released_total"); n < 1 {
+	if n := promsum.Sum(t, p.reg, "vramq_subscriber_messages_released_total"); n < 1 {
 		t.Errorf("%v releases; the waiter should have been released by backpressure", n)
 	}
 	if r := c.Results[job.Key{JobID: "waiter"}]; r.Attempt < 2 {
@@ -500,7 +470,7 @@ func TestE2EClaimCheck(t *testing.T) {
 	if len(dead) != 2 {
 		t.Errorf("%d dead letters, want 2", len(dead))
 	}
-	if n := metric(t, p.reg, "vramq_subscriber_results_stored_total"); n != 2 {
+	if n := promsum.Sum(t, p.reg, "vramq_subscriber_results_stored_total"); n != 2 {
 		t.Errorf("%v results stored, want 2", n)
 	}
 }

@@ -13,17 +13,23 @@ import (
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
-// A message ends in one of three ways, and only through this file:
+// A message ends in one of two ways, and only through this file:
 //
 //   - ack: its result, or its DLQ copy, is out; the message is deleted.
 //   - release(delay): it is handed back to the queue, visible again after
 //     delay (0: at once, for another consumer or a retry).
+//
+// Two paths lead to them:
+//
 //   - deadLetter(kind, reason): it can never succeed; a copy goes to the DLQ
 //     with the reason, then it is acked (or released, when the DLQ cannot
 //     be reached).
 //   - cancelChunk: its job was cancelled (DELETE /v1/jobs/{id}) before it
 //     ran; its cancelled marker is written, then it is acked (or released,
 //     when the marker cannot be written).
+//
+// (The keeper also lets go of a lease SQS reports lost, and releases any
+// still held at shutdown.)
 //
 // ack and release give back what the message still holds in admission
 // (giveBack, admission.go), so that no path can forget it, and leave the SQS call to the

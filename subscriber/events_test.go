@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 )
 
@@ -109,7 +110,7 @@ func TestCompletionEventOnceAcrossSubscribersAndRedeliveries(t *testing.T) {
 		}
 		h1.send("j", 3, "mb=1 invalid") // dead-lettered: every item refused
 		h1.send("running", 0, "mb=1")
-		waitFor(t, time.Minute, "7 results, 1 dead letter and an event", func() bool {
+		wait.For(t, time.Minute, "7 results, 1 dead letter and an event", func() bool {
 			r, _ := h1.results.Stats()
 			d, _ := h1.dlq.Stats()
 			n, _ := sink.sent()
@@ -165,7 +166,7 @@ func TestCompletionEventPublishFailureRetried(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.send("c", 0, "mb=1")
-		waitFor(t, time.Hour, "an event", func() bool { _, evs := sink.sent(); return len(evs) == 1 })
+		wait.For(t, time.Hour, "an event", func() bool { _, evs := sink.sent(); return len(evs) == 1 })
 		h.shutdown()
 		for range 2 {
 			if err := h.sub.checkSettled(context.Background(), "c", &jobSettle{witness: -1}); err != nil {
@@ -204,7 +205,7 @@ func TestCompletionEventPublishErrorMarkerSentByALaterCheck(t *testing.T) {
 		putManifest(t, p, "c", 1)
 		h := start(t, 64*mib, Config{Payloads: p, Events: sink})
 		h.send("c", 0, "mb=1")
-		waitFor(t, time.Hour, "the check to give up", func() bool {
+		wait.For(t, time.Hour, "the check to give up", func() bool {
 			return counter(h.sub.m.events.WithLabelValues("dropped")) == 1
 		})
 		if tries, _ := sink.sent(); tries != settleTries {
@@ -217,7 +218,7 @@ func TestCompletionEventPublishErrorMarkerSentByALaterCheck(t *testing.T) {
 		}
 		down.Store(false)
 		h.sub.jobSettling("c")
-		waitFor(t, time.Minute, "the event", func() bool { _, evs := sink.sent(); return len(evs) == 1 })
+		wait.For(t, time.Minute, "the event", func() bool { _, evs := sink.sent(); return len(evs) == 1 })
 		h.shutdown()
 		b, _ = p.object(job.DoneKey("c"))
 		marker = job.CompletionEvent{}

@@ -29,6 +29,8 @@ import (
 	"github.com/vramq/vramq/internal/testenv/accounting"
 	"github.com/vramq/vramq/internal/testenv/faultproxy"
 	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/promsum"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber"
@@ -219,7 +221,7 @@ func (f *faultPipeline) waitIdle(limit time.Duration) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		held := metric(t, f.reg, "vramq_subscriber_messages_held")
+		held := promsum.Sum(t, f.reg, "vramq_subscriber_messages_held")
 		if visible == 0 && inflight == 0 && held == 0 {
 			return
 		}
@@ -228,17 +230,6 @@ func (f *faultPipeline) waitIdle(limit time.Duration) {
 			return
 		}
 		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// waitFor polls cond until it holds or limit passes.
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(limit); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -288,8 +279,8 @@ func TestE2EOutage(t *testing.T) {
 	}, faultproxy.Faults{})
 	works := workload.Mixed("outage", n).Works()
 	p.start(works)
-	sent := func() float64 { return metric(t, p.reg, "vramq_subscriber_results_sent_total") }
-	waitFor(t, 30*time.Second, "no result before the outage", func() bool { return sent() > 0 })
+	sent := func() float64 { return promsum.Sum(t, p.reg, "vramq_subscriber_results_sent_total") }
+	wait.For(t, 30*time.Second, "no result before the outage", func() bool { return sent() > 0 })
 	p.proxy.Down(true)
 	time.Sleep(3 * time.Second) // the outage itself, not a wait for a condition
 	select {
@@ -355,7 +346,7 @@ func TestE2EHangingInference(t *testing.T) {
 					o.Results, o.DeadLettered, o.Reasons, n-len(hangs), len(hangs))
 			}
 			// Each hanging message timed out on each of its maxReceiveCount receives.
-			if got := labelled(t, p.reg, "vramq_subscriber_messages_released_total", "delay", "backoff"); got < float64(2*len(hangs)) {
+			if got := promsum.Labelled(t, p.reg, "vramq_subscriber_messages_released_total", "delay", "backoff"); got < float64(2*len(hangs)) {
 				t.Errorf("%v messages released with a backoff; want at least %d (two timeouts for each hanging one)", got, 2*len(hangs))
 			}
 		})
@@ -416,7 +407,7 @@ func TestE2EOOMStorm(t *testing.T) {
 			t.Errorf("dead-lettered for %q; only out_of_memory is expected", reason)
 		}
 	}
-	if got := metric(t, p.reg, "vramq_subscriber_oom_retries_total"); got == 0 || model.ooms.Load() == 0 {
+	if got := promsum.Sum(t, p.reg, "vramq_subscriber_oom_retries_total"); got == 0 || model.ooms.Load() == 0 {
 		t.Errorf("%v OOM retries, %d injected: the test did not exercise the storm", got, model.ooms.Load())
 	}
 	t.Logf("%d OOMs injected, %d chunks dead-lettered out of memory", model.ooms.Load(), o.DeadLettered)
@@ -433,16 +424,16 @@ func TestE2EExpiredHeartbeat(t *testing.T) {
 		return slowModel{m, func([]job.Item) time.Duration { return 4 * time.Second }}
 	}, faultproxy.Faults{Slow: 1, SlowDelay: 4 * time.Second, Actions: []string{"ChangeMessageVisibilityBatch"}})
 	p.start(workload.Mixed("expire", n).Works())
-	waitFor(t, time.Minute, "no heartbeat sent", func() bool { return p.proxy.Injected()[faultproxy.KindSlow] > 0 })
+	wait.For(t, time.Minute, "no heartbeat sent", func() bool { return p.proxy.Injected()[faultproxy.KindSlow] > 0 })
 	// The heartbeats already sent stay held up; the next ones go through,
 	// so the redelivered messages keep their leases.
 	if err := p.proxy.Set(faultproxy.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	lost := func() float64 {
-		return metric(t, p.reg, "vramq_subscriber_leases_lost_total") + float64(p.sub.Ledger().Lost)
+		return promsum.Sum(t, p.reg, "vramq_subscriber_leases_lost_total") + float64(p.sub.Ledger().Lost)
 	}
-	waitFor(t, time.Minute, "no lease lost with heartbeats held up past the visibility timeout", func() bool { return lost() > 0 })
+	wait.For(t, time.Minute, "no lease lost with heartbeats held up past the visibility timeout", func() bool { return lost() > 0 })
 	o := p.collect(2 * time.Minute)
 	if o.Results != n {
 		t.Errorf("%d results of %d", o.Results, n)
@@ -451,7 +442,7 @@ func TestE2EExpiredHeartbeat(t *testing.T) {
 		t.Errorf("%d receives for %d messages: want the messages redelivered", o.Ledger.Received, n)
 	}
 	t.Logf("leases lost: %v (metric) %d (ledger); duplicates %d + %d late",
-		metric(t, p.reg, "vramq_subscriber_leases_lost_total"), o.Ledger.Lost, o.Duplicates, o.LateResults)
+		promsum.Sum(t, p.reg, "vramq_subscriber_leases_lost_total"), o.Ledger.Lost, o.Duplicates, o.LateResults)
 }
 
 // Claim-checked items under S3 throttling and 500s: the ones whose object is
@@ -497,7 +488,7 @@ func TestE2EClaimCheckUnderS3Faults(t *testing.T) {
 	if s3[faultproxy.KindThrottle]+s3[faultproxy.KindServerError] == 0 {
 		t.Errorf("no S3 fault injected (%v): the test did not exercise them", s3)
 	}
-	if got := labelled(t, p.reg, "vramq_subscriber_claim_checks_total", "outcome", "ok"); got < 3 {
+	if got := promsum.Labelled(t, p.reg, "vramq_subscriber_claim_checks_total", "outcome", "ok"); got < 3 {
 		t.Errorf("%v claim checks passed; want the 3 good ones", got)
 	}
 }

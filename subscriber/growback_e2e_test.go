@@ -10,6 +10,7 @@ import (
 
 	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/testenv/promsum"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/subscriber"
@@ -34,7 +35,7 @@ func TestE2EBatchLimitGrowsBack(t *testing.T) {
 		t.Cleanup(func() { _ = m.Close() })
 		return m
 	})
-	limit := func() int { return int(metric(t, p.reg, "vramq_subscriber_batch_limit_messages")) }
+	limit := func() int { return int(promsum.Sum(t, p.reg, "vramq_subscriber_batch_limit_messages")) }
 
 	large := workload.Mixed("large", 16)
 	large.LargeEvery = 1
@@ -43,7 +44,7 @@ func TestE2EBatchLimitGrowsBack(t *testing.T) {
 	if got := limit(); got >= maxBatch {
 		t.Fatalf("batch limit %d after large messages ran out of memory together; the test does not lower it", got)
 	}
-	if n := labelled(t, p.reg, "vramq_subscriber_batch_limit_changes_total", "cause", "oom"); n == 0 {
+	if n := promsum.Labelled(t, p.reg, "vramq_subscriber_batch_limit_changes_total", "cause", "oom"); n == 0 {
 		t.Errorf("no batch limit change with cause oom counted")
 	}
 	lowered := limit()
@@ -59,12 +60,12 @@ func TestE2EBatchLimitGrowsBack(t *testing.T) {
 		small += 100
 	}
 	t.Logf("limit %d after the large messages, %d after %d small ones; %v probes, %v failed", lowered, limit(), small,
-		labelled(t, p.reg, "vramq_subscriber_batch_limit_changes_total", "cause", "probe"),
-		labelled(t, p.reg, "vramq_subscriber_batch_limit_changes_total", "cause", "probe_failed"))
+		promsum.Labelled(t, p.reg, "vramq_subscriber_batch_limit_changes_total", "cause", "probe"),
+		promsum.Labelled(t, p.reg, "vramq_subscriber_batch_limit_changes_total", "cause", "probe_failed"))
 	if got := limit(); got != maxBatch {
 		t.Errorf("batch limit %d after %d small messages, want it back at -max-batch %d", got, small, maxBatch)
 	}
-	if n := labelled(t, p.reg, "vramq_subscriber_batch_limit_changes_total", "cause", "probe"); n < 1 {
+	if n := promsum.Labelled(t, p.reg, "vramq_subscriber_batch_limit_changes_total", "cause", "probe"); n < 1 {
 		t.Errorf("no probe counted")
 	}
 	if left := p.shutdown(); left != 0 {

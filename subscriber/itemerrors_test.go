@@ -7,6 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 )
 
@@ -66,11 +67,11 @@ func TestTimedOutItemKeepsAdmission(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{MaxBatch: 1, InferenceTimeout: time.Second, RetryDelay: 10 * time.Minute})
 		h.send("slow", 0, "mb=20", "invalid", "mb=20 stubborn ms=60000")
-		waitFor(t, time.Minute, "the slow item timed out", func() bool {
+		wait.For(t, time.Minute, "the slow item timed out", func() bool {
 			return counter(h.sub.m.released.WithLabelValues("backoff")) == 1
 		})
 		h.send("next", 0, "mb=50")
-		waitFor(t, 5*time.Minute, "next ended", func() bool { r, _ := h.results.Stats(); d, _ := h.dlq.Stats(); return r+d == 1 })
+		wait.For(t, 5*time.Minute, "next ended", func() bool { r, _ := h.results.Stats(); d, _ := h.dlq.Stats(); return r+d == 1 })
 		time.Sleep(2 * time.Minute) // the stubborn item has returned
 		if n := counter(h.sub.m.oomRetries); n != 0 {
 			t.Errorf("%d out-of-memory retries: the timed-out item's memory was admitted to another message", n)

@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
 )
@@ -259,7 +260,7 @@ func TestResultsOfSeveralBatchesShareOneCall(t *testing.T) {
 		for i := range 10 {
 			h.send("job", i, "mb=1 ms=50")
 		}
-		waitFor(t, time.Minute, "10 messages deleted", func() bool { live, _ := h.work.Stats(); return live == 0 })
+		wait.For(t, time.Minute, "10 messages deleted", func() bool { live, _ := h.work.Stats(); return live == 0 })
 		h.shutdown()
 		got, dups := h.resultsByKey()
 		if len(got) != 10 || dups != 0 {
@@ -293,7 +294,7 @@ func TestFailedResultEntryReleasesOnlyItsMessage(t *testing.T) {
 			h.send("good", i, "mb=1 ms=50")
 		}
 		h.send("bad", 0, "mb=1 ms=50")
-		waitFor(t, time.Minute, "4 results", func() bool { r, _ := h.results.Stats(); return r == 4 })
+		wait.For(t, time.Minute, "4 results", func() bool { r, _ := h.results.Stats(); return r == 4 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		for k, r := range got {
@@ -326,7 +327,7 @@ func TestShutdownFlushesLingeringResults(t *testing.T) {
 		for i := range 3 {
 			h.send("job", i, "mb=1 ms=10")
 		}
-		waitFor(t, time.Minute, "3 results waiting in the outbox", func() bool { return h.outboxPending() == 3 })
+		wait.For(t, time.Minute, "3 results waiting in the outbox", func() bool { return h.outboxPending() == 3 })
 		if r, _ := h.results.Stats(); r != 0 {
 			t.Fatalf("%d results sent before the linger or shutdown", r)
 		}
@@ -354,13 +355,13 @@ func TestLingeringResultFreesAdmissionAndKeepsItsLease(t *testing.T) {
 		h := start(t, 64*mib, Config{Visibility: 3 * time.Second, MaxBatch: 1})
 		h.setLingers(20 * time.Second)
 		h.send("first", 0, "mb=40 ms=10")
-		waitFor(t, time.Minute, "the first result waiting", func() bool { return h.outboxPending() == 1 })
+		wait.For(t, time.Minute, "the first result waiting", func() bool { return h.outboxPending() == 1 })
 		h.send("second", 0, "mb=40 ms=10") // 80 MiB of 64 with the first's
-		waitFor(t, 5*time.Second, "the second to run", func() bool { return h.model.runs.Load() == 2 })
+		wait.For(t, 5*time.Second, "the second to run", func() bool { return h.model.runs.Load() == 2 })
 		if n := h.outboxPending(); n == 0 {
 			t.Fatal("the first result went before the second ran; the test needs it waiting")
 		}
-		waitFor(t, time.Minute, "both messages deleted", func() bool { return h.sub.Ledger().Deleted == 2 })
+		wait.For(t, time.Minute, "both messages deleted", func() bool { return h.sub.Ledger().Deleted == 2 })
 		h.shutdown()
 		got, dups := h.resultsByKey()
 		if len(got) != 2 || dups != 0 || got[job.Key{JobID: "first"}].Attempt != 1 {
@@ -386,7 +387,7 @@ func TestLingerGivesWayToTheInflightBound(t *testing.T) {
 			h.send("job", i, "mb=1 ms=10")
 		}
 		begin := time.Now()
-		waitFor(t, 2*time.Hour, "6 messages deleted", func() bool { return h.sub.Ledger().Deleted == 6 })
+		wait.For(t, 2*time.Hour, "6 messages deleted", func() bool { return h.sub.Ledger().Deleted == 6 })
 		if took := time.Since(begin); took > time.Minute {
 			t.Errorf("6 messages took %v with -max-inflight=2: results or deletes waited for company", took)
 		}

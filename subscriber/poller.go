@@ -25,11 +25,8 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 	// shutdown cancels them through ctx.
 	defer s.fetches.Wait()
 	// What a receive brings is decoded and sent on by accept, in order, in
-	// a goroutine of its own, so that the next receive goes out meanwhile:
-	// decoding in line left the poller with no receive in flight for a
-	// good share of a run, where a bare SDK loop always had one
-	// (bench/overhead.md, measured with bench overhead -timeline). The
-	// poller takes the leases and counts
+	// a goroutine of its own, so that the next receive goes out meanwhile
+	// rather than after the decoding. The poller takes the leases and counts
 	// the messages as waiting first, so that room() is right for the next
 	// receive. No more than Prefetch messages wait, so no more than Prefetch
 	// receives are queued here, and sending never blocks. Fetches start in

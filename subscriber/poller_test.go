@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/vramq/vramq/internal/testenv/wait"
 )
 
 // Messages count as waiting from their receipt, before they are decoded (so
@@ -24,7 +26,7 @@ func TestWaitingCountsEachMessageUntilItStartsOrLeaves(t *testing.T) {
 		for i := range 3 {
 			h.send("ok", i, "mb=1 ms=10")
 		}
-		waitFor(t, time.Minute, "3 results and 4 dead letters", func() bool {
+		wait.For(t, time.Minute, "3 results and 4 dead letters", func() bool {
 			r, _ := h.results.Stats()
 			d, _ := h.dlq.Stats()
 			return r == 3 && d == 4

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/subscriber/taskprotect"
 	"github.com/vramq/vramq/subscriber/taskprotect/taskprotecttest"
 )
@@ -45,12 +46,12 @@ func TestTaskProtectionFollowsHeldMessages(t *testing.T) {
 		}
 
 		h.send("long", 0, "mb=4 ms=720000") // 12 minutes on the device
-		waitFor(t, time.Minute, "protection on", func() bool { return len(agent.Puts()) == 1 })
+		wait.For(t, time.Minute, "protection on", func() bool { return len(agent.Puts()) == 1 })
 		if counter(h.sub.m.protected) != 1 {
 			t.Error("task_protected is 0 while a message is held")
 		}
-		waitFor(t, 20*time.Minute, "the result", func() bool { live, _ := h.results.Stats(); return live == 1 })
-		waitFor(t, 2*time.Minute, "protection off", func() bool { return len(agent.Puts()) == 4 })
+		wait.For(t, 20*time.Minute, "the result", func() bool { live, _ := h.results.Stats(); return live == 1 })
+		wait.For(t, 2*time.Minute, "protection off", func() bool { return len(agent.Puts()) == 4 })
 		time.Sleep(5 * time.Minute)
 		h.shutdown()
 
@@ -90,7 +91,7 @@ func TestTaskProtectionDoesNotFlapBetweenMessages(t *testing.T) {
 			h.send("stream", i, "mb=4 ms=500")
 			time.Sleep(10 * time.Second)
 		}
-		waitFor(t, time.Minute, "20 results", func() bool { live, _ := h.results.Stats(); return live == 20 })
+		wait.For(t, time.Minute, "20 results", func() bool { live, _ := h.results.Stats(); return live == 20 })
 		time.Sleep(time.Minute)
 		h.shutdown()
 		var enabled []bool
@@ -117,7 +118,7 @@ func TestTaskProtectionClearedAtShutdown(t *testing.T) {
 				"live=" + itoa(int64(live)), "invisible=" + itoa(int64(invisible))}, " ")
 		})
 		h.send("long", 0, "mb=4 ms=600000")
-		waitFor(t, time.Minute, "the job to start", func() bool { return h.model.runs.Load() == 1 })
+		wait.For(t, time.Minute, "the job to start", func() bool { return h.model.runs.Load() == 1 })
 		h.shutdown()
 
 		puts := agent.Puts()
@@ -161,8 +162,8 @@ func TestTaskProtectionErrorsAreCountedAndRetried(t *testing.T) {
 				for i := 1; i <= 5; i++ {
 					h.send("b", i, "mb=4 ms=100")
 				}
-				waitFor(t, 3*time.Minute, "6 results", func() bool { live, _ := h.results.Stats(); return live == 6 })
-				waitFor(t, 2*time.Minute, "protection off", func() bool {
+				wait.For(t, 3*time.Minute, "6 results", func() bool { live, _ := h.results.Stats(); return live == 6 })
+				wait.For(t, 2*time.Minute, "protection off", func() bool {
 					puts := agent.Puts()
 					return len(puts) > 0 && !puts[len(puts)-1].Enabled
 				})
@@ -196,7 +197,7 @@ func TestTaskProtectionAgentDownDoesNotStopWork(t *testing.T) {
 		agent.Fail(1<<30, http.StatusInternalServerError, `{"error":{"Code":"ServerException","Message":"boom"}}`)
 		h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent)})
 		h.mixed(20)
-		waitFor(t, 5*time.Minute, "20 results", func() bool { live, _ := h.results.Stats(); return live == 20 })
+		wait.For(t, 5*time.Minute, "20 results", func() bool { live, _ := h.results.Stats(); return live == 20 })
 		h.shutdown()
 		if n := counter(h.sub.m.protectionErrors); n == 0 {
 			t.Error("no errors counted")
@@ -218,7 +219,7 @@ func TestTaskProtectionLapsesWhenRenewalsFail(t *testing.T) {
 		h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent), TaskProtectionExpiry: 4 * time.Minute,
 			InferenceTimeout: 20 * time.Minute, MaxHold: 30 * time.Minute})
 		h.send("long", 0, "mb=4 ms=600000")
-		waitFor(t, time.Minute, "protection on", func() bool { return len(agent.Puts()) == 1 })
+		wait.For(t, time.Minute, "protection on", func() bool { return len(agent.Puts()) == 1 })
 		agent.Fail(1<<30, http.StatusInternalServerError, `{"error":{"Code":"ServerException"}}`)
 		time.Sleep(3 * time.Minute) // renewals from 2 m fail
 		if counter(h.sub.m.protected) != 1 {
@@ -243,9 +244,9 @@ func TestTaskProtectionTakesBreaksUnderSteadyLoad(t *testing.T) {
 		h := start(t, 64*mib, Config{TaskProtection: inMemory(t, agent), TaskProtectionExpiry: 10 * time.Minute,
 			TaskProtectionMaxHold: 12 * time.Minute, InferenceTimeout: time.Hour, MaxHold: 2 * time.Hour})
 		h.send("long", 0, "mb=4 ms=1800000") // 30 minutes on the device
-		waitFor(t, time.Minute, "protection on", func() bool { return len(agent.Puts()) == 1 })
-		waitFor(t, 40*time.Minute, "the result", func() bool { live, _ := h.results.Stats(); return live == 1 })
-		waitFor(t, 2*time.Minute, "protection off", func() bool {
+		wait.For(t, time.Minute, "protection on", func() bool { return len(agent.Puts()) == 1 })
+		wait.For(t, 40*time.Minute, "the result", func() bool { live, _ := h.results.Stats(); return live == 1 })
+		wait.For(t, 2*time.Minute, "protection off", func() bool {
 			puts := agent.Puts()
 			return !puts[len(puts)-1].Enabled && puts[len(puts)-1].At.Sub(t0) > 30*time.Minute
 		})

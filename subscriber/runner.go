@@ -29,8 +29,8 @@ var errTimeout = errors.New("inference timed out")
 // for the batch limit (learned.go): a split lowers it only when the batch
 // that ran out of memory held no message that then failed alone, since its
 // halves fitting says nothing about the batch's size when that message was
-// the cause. Lowered at every split level regardless, one such message in
-// each round of 40 kept the limit at 1 or 2, and saved it so.
+// the cause. Lowered at every split level regardless, a few such messages
+// would hold the limit near 1, and save it so.
 func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
 	if tasks = s.dropCancelled(tasks); len(tasks) == 0 {
 		return
@@ -249,10 +249,9 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 		items = append(items, t.work.Items...)
 	}
 	cost := sumCost(tasks)
-	// A line per batch is for debugging: at info it stood out in the CPU
-	// profile of the subscriber's overhead with a no-op model
-	// (bench/README.md), and the device reading before the batch is only
-	// for it.
+	// A line per batch, and the device reading before the batch for it,
+	// are for debugging: with a fast model they would be a visible share of
+	// the subscriber's own CPU.
 	logBatch := s.log.Enabled(ctx, slog.LevelDebug)
 	var before gpu.MemInfo
 	if logBatch {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/aws/smithy-go"
 
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 )
 
@@ -76,10 +77,10 @@ func TestMalformedBodyWritesNoFailedMarker(t *testing.T) {
 		h := start(t, 64*mib, Config{Payloads: p, Events: sink})
 		h.work.Put(`{"job_id":"j","chunk":1}`, nil)
 		h.work.Put(`{"v":1,"job_id":"j","chunk":0,"items":[]}`, nil)
-		waitFor(t, time.Minute, "2 dead letters", func() bool { d, _ := h.dlq.Stats(); return d == 2 })
+		wait.For(t, time.Minute, "2 dead letters", func() bool { d, _ := h.dlq.Stats(); return d == 2 })
 		h.send("j", 0, "mb=1")
 		h.send("j", 1, "mb=1")
-		waitFor(t, time.Minute, "2 results and an event", func() bool {
+		wait.For(t, time.Minute, "2 results and an event", func() bool {
 			r, _ := h.results.Stats()
 			return r == 2 && len(eventsOf(sink, "j")) >= 1
 		})
@@ -106,7 +107,7 @@ func TestFailedMarkerOnlyForChunksOfTheJob(t *testing.T) {
 		h.send("j", 2, "mb=1 invalid")
 		h.send("j", 5, "mb=1 invalid")
 		h.send("j", 1, "mb=1 invalid")
-		waitFor(t, time.Minute, "3 dead letters", func() bool { d, _ := h.dlq.Stats(); return d == 3 })
+		wait.For(t, time.Minute, "3 dead letters", func() bool { d, _ := h.dlq.Stats(); return d == 3 })
 		h.shutdown()
 		for _, c := range []int{2, 5} {
 			if m, ok := marker(t, p, "j", c); ok {
@@ -129,13 +130,13 @@ func TestCorrectedEventWhenAResultLandsAfterAPartialOne(t *testing.T) {
 		h := start(t, 64*mib, Config{Payloads: p, Events: sink})
 		h.send("j", 1, "mb=1 invalid") // forged
 		h.send("j", 0, "mb=1")
-		waitFor(t, time.Minute, "a first event", func() bool { return len(eventsOf(sink, "j")) == 1 })
+		wait.For(t, time.Minute, "a first event", func() bool { return len(eventsOf(sink, "j")) == 1 })
 		h.send("j", 1, "mb=1") // the real chunk 1
-		waitFor(t, time.Minute, "a corrected event", func() bool { return len(eventsOf(sink, "j")) >= 2 })
+		wait.For(t, time.Minute, "a corrected event", func() bool { return len(eventsOf(sink, "j")) >= 2 })
 		// Redeliveries after the correction send nothing more.
 		h.send("j", 0, "mb=1")
 		h.send("j", 1, "mb=1")
-		waitFor(t, time.Minute, "4 results", func() bool { r, _ := h.results.Stats(); return r == 4 })
+		wait.For(t, time.Minute, "4 results", func() bool { r, _ := h.results.Stats(); return r == 4 })
 		h.shutdown()
 		evs := eventsOf(sink, "j")
 		if len(evs) != 2 || evs[0].Status != job.EventPartial || evs[1].Status != job.EventComplete || evs[1].ChunksDone != 2 {
@@ -196,7 +197,7 @@ func TestSettlementOfASmallJobNextToAManyChunkJob(t *testing.T) {
 				h.send(small, 1, "mb=1")
 			}
 		}
-		waitFor(t, 4*time.Hour, "every result and the big job's event", func() bool {
+		wait.For(t, 4*time.Hour, "every result and the big job's event", func() bool {
 			r, _ := h.results.Stats()
 			return r == n+2 && len(eventsOf(sink, "big")) == 1
 		})
@@ -224,7 +225,7 @@ func TestSettlementListingGrowsWithChunksNotTheirSquare(t *testing.T) {
 		for c := range n {
 			h.send("big", c, "mb=1")
 		}
-		waitFor(t, time.Hour, "every result and the event", func() bool {
+		wait.For(t, time.Hour, "every result and the event", func() bool {
 			r, _ := h.results.Stats()
 			return r == n && len(eventsOf(sink, "big")) == 1
 		})
@@ -252,7 +253,7 @@ func TestFailedSettlementCheckRetried(t *testing.T) {
 		}
 		h := start(t, 64*mib, Config{Payloads: p, Events: sink})
 		h.send("r", 0, "mb=1")
-		waitFor(t, time.Hour, "the event", func() bool { return len(eventsOf(sink, "r")) == 1 })
+		wait.For(t, time.Hour, "the event", func() bool { return len(eventsOf(sink, "r")) == 1 })
 		h.shutdown()
 		if fails.Load() < 4 {
 			t.Errorf("%d lists of results/r/; want the 3 that failed and one more", fails.Load())
@@ -268,7 +269,7 @@ func TestEventCountsRefusedItems(t *testing.T) {
 		h := start(t, 64*mib, Config{Payloads: p, Events: sink})
 		h.send("ie", 0, "mb=1", "mb=1 invalid")
 		h.send("ie", 1, "mb=1")
-		waitFor(t, time.Minute, "the event", func() bool { return len(eventsOf(sink, "ie")) == 1 })
+		wait.For(t, time.Minute, "the event", func() bool { return len(eventsOf(sink, "ie")) == 1 })
 		h.shutdown()
 		m := doneMarker(t, p, "ie", 1)
 		if m["items"] != 3.0 || m["items_done"] != 2.0 || m["items_failed"] != 1.0 || m["status"] != job.EventComplete {
@@ -286,10 +287,10 @@ func TestItemErrorsMarkerIsTheStoredResults(t *testing.T) {
 		h := start(t, 64*mib, Config{Payloads: p})
 		h.send("none", 0, "mb=1", "mb=1", "mb=1")
 		h.send("one", 0, "mb=1", "mb=1 invalid", "mb=1")
-		waitFor(t, time.Minute, "2 results", func() bool { r, _ := h.results.Stats(); return r == 2 })
+		wait.For(t, time.Minute, "2 results", func() bool { r, _ := h.results.Stats(); return r == 2 })
 		h.send("none", 0, "mb=1 invalid", "mb=1", "mb=1")
 		h.send("one", 0, "mb=1 invalid", "mb=1 invalid", "mb=1")
-		waitFor(t, time.Minute, "4 results", func() bool { r, _ := h.results.Stats(); return r == 4 })
+		wait.For(t, time.Minute, "4 results", func() bool { r, _ := h.results.Stats(); return r == 4 })
 		h.shutdown()
 		if b, ok := p.object(job.ItemErrorsKey("none", 0)); ok {
 			t.Errorf("item-error marker %s for a chunk whose stored result has no error", b)
@@ -332,9 +333,9 @@ func TestDoneMarkerNeedsNoReadOfAMissingKey(t *testing.T) {
 		putManifest(t, p.memPayloads, "iam", 1)
 		h := start(t, 64*mib, Config{Payloads: p, Events: sink})
 		h.send("iam", 0, "mb=1")
-		waitFor(t, time.Hour, "the event", func() bool { return len(eventsOf(sink, "iam")) >= 1 })
+		wait.For(t, time.Hour, "the event", func() bool { return len(eventsOf(sink, "iam")) >= 1 })
 		h.send("iam", 0, "mb=1") // a redelivery: the marker is there, read after the refused write
-		waitFor(t, time.Minute, "2 results", func() bool { r, _ := h.results.Stats(); return r == 2 })
+		wait.For(t, time.Minute, "2 results", func() bool { r, _ := h.results.Stats(); return r == 2 })
 		h.shutdown()
 		if evs := eventsOf(sink, "iam"); len(evs) != 1 {
 			t.Errorf("%d events; want 1", len(evs))
@@ -370,7 +371,7 @@ func TestSettlementChecksBounded(t *testing.T) {
 		}
 		fill(true)
 		h.send("late", 0, "mb=1")
-		waitFor(t, time.Minute, "a result", func() bool { r, _ := h.results.Stats(); return r == 1 })
+		wait.For(t, time.Minute, "a result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		h.shutdown()
 		if n := counter(h.sub.m.events.WithLabelValues("dropped")); n != 1 {
 			t.Errorf("%d checks dropped; want 1", n)

@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/testenv/wait"
 )
 
 // slowReading is a device whose every memory reading takes a while, as
@@ -64,7 +65,7 @@ func TestLightLoadWaitsForNothing(t *testing.T) {
 		time.Sleep(time.Minute) // idle: the poller waits in a receive
 		synctest.Wait()
 		h.send("lone", 0, "mb=1 ms=5")
-		waitFor(t, time.Minute, "the delete", func() bool { return h.sub.Ledger().Deleted == 1 })
+		wait.For(t, time.Minute, "the delete", func() bool { return h.sub.Ledger().Deleted == 1 })
 		h.shutdown()
 		got := stageSums(t, h)
 		want := map[string]time.Duration{"admit": 0, "batch": 0, "run": run, "encode": 0, "send": 0, "message": run}

@@ -11,13 +11,13 @@
 //	admission.go  admits by estimated memory against the budget (semaphore.go, budget.go)
 //	batcher.go    packs admitted messages into device batches
 //	runner.go     runs a batch on the model, splitting it on out-of-memory
-//	outbox.go     sends results in shared SendMessageBatch calls
-//	end.go        ends every message: ack, release(delay) or deadLetter(kind, reason)
+//	outbox.go     sends results in shared SendMessageBatch calls (results.go stores them in the bucket)
+//	end.go        ends every message by ack or release(delay), also via deadLetter or cancelChunk
 //	keeper.go     holds the leases: extends visibility, batches the deletes and releases
 //
-// protector.go keeps the ECS task protected from scale-in while messages are
-// held, through taskprotect. stages.go times each message's way through the stages
-// above (vramq_subscriber_stage_seconds).
+// protector.go keeps the ECS task protected from scale-in while messages are held
+// (taskprotect). stages.go times each message's way through the stages above
+// (vramq_subscriber_stage_seconds).
 package subscriber
 
 import (

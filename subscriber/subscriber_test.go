@@ -21,6 +21,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queuetest"
 )
@@ -263,18 +264,6 @@ func (h *harness) resultsByKey() (map[job.Key]job.Result, int) {
 	return got, dups
 }
 
-// waitFor advances the bubble's clock until cond holds or limit passes.
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func counter(c prometheus.Collector) int { return int(testutil.ToFloat64(c)) }
 
 func observations(h prometheus.Histogram) uint64 {
@@ -301,7 +290,7 @@ func TestVRAMAdmissionRunsMixedWorkloadWithoutOOM(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{Admission: AdmitVRAM, MaxInflight: 40})
 		h.mixed(40)
-		waitFor(t, 5*time.Minute, "40 results", func() bool { live, _ := h.results.Stats(); return live >= 40 })
+		wait.For(t, 5*time.Minute, "40 results", func() bool { live, _ := h.results.Stats(); return live >= 40 })
 		h.shutdown()
 
 		got, dups := h.resultsByKey()
@@ -350,7 +339,7 @@ func TestNaiveStrategiesOOMAndRecover(t *testing.T) {
 					}
 					h.send("job", i, spec)
 				}
-				waitFor(t, 10*time.Minute, "24 results", func() bool { live, _ := h.results.Stats(); return live >= 24 })
+				wait.For(t, 10*time.Minute, "24 results", func() bool { live, _ := h.results.Stats(); return live >= 24 })
 				h.shutdown()
 				got, _ := h.resultsByKey()
 				if len(got) != 24 {
@@ -374,7 +363,7 @@ func TestHeartbeatKeepsSlowMessage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{Visibility: 3 * time.Second})
 		h.send("slow", 0, "mb=1 ms=20000")
-		waitFor(t, time.Minute, "the result", func() bool { live, _ := h.results.Stats(); return live == 1 })
+		wait.For(t, time.Minute, "the result", func() bool { live, _ := h.results.Stats(); return live == 1 })
 		h.shutdown()
 		got, dups := h.resultsByKey()
 		if r := got[job.Key{JobID: "slow"}]; r.Attempt != 1 || dups != 0 {
@@ -398,7 +387,7 @@ func TestPoisonGoesToDLQWithReason(t *testing.T) {
 		h.send("big", 0, "mb=100")
 		h.send("bad", 0, "mb=1 invalid", "invalid") // every item refused: the chunk goes (itemerrors_test.go)
 		h.send("ok", 0, "mb=1")
-		waitFor(t, time.Minute, "4 dead letters and 1 result", func() bool {
+		wait.For(t, time.Minute, "4 dead letters and 1 result", func() bool {
 			d, _ := h.dlq.Stats()
 			r, _ := h.results.Stats()
 			return d == 4 && r == 1
@@ -432,10 +421,10 @@ func TestBackpressureReleasesWhatCannotBeAdmitted(t *testing.T) {
 		h.send("hog", 0, "mb=50 ms=60000")
 		time.Sleep(2 * time.Second) // the hog is admitted first
 		h.send("waiter", 0, "mb=30 ms=10")
-		waitFor(t, 30*time.Second, "a backpressure release", func() bool {
+		wait.For(t, 30*time.Second, "a backpressure release", func() bool {
 			return counter(h.sub.m.released.WithLabelValues("now")) > 0
 		})
-		waitFor(t, 3*time.Minute, "both results", func() bool { live, _ := h.results.Stats(); return live == 2 })
+		wait.For(t, 3*time.Minute, "both results", func() bool { live, _ := h.results.Stats(); return live == 2 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r := got[job.Key{JobID: "waiter"}]; r.Attempt < 2 {
@@ -450,7 +439,7 @@ func TestShutdownReleasesEverythingItHolds(t *testing.T) {
 		for i := range 30 {
 			h.send("job", i, "mb=10 ms=5000")
 		}
-		waitFor(t, time.Minute, "work to start", func() bool { return h.model.runs.Load() > 0 })
+		wait.For(t, time.Minute, "work to start", func() bool { return h.model.runs.Load() > 0 })
 		h.shutdown()
 		// Nothing is left invisible: every message is done or back on the queue.
 		live, invisible := h.work.Stats()
@@ -474,7 +463,7 @@ func TestHangingInferenceIsReleasedThenRedriven(t *testing.T) {
 		h := start(t, 64*mib, Config{InferenceTimeout: 5 * time.Second, RetryDelay: time.Second})
 		h.work.Redrive(h.dlq, 3)
 		h.send("hang", 0, "mb=1 hang")
-		waitFor(t, 5*time.Minute, "the redrive", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
+		wait.For(t, 5*time.Minute, "the redrive", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
 		h.shutdown()
 		if n := h.model.runs.Load(); n != 3 {
 			t.Errorf("ran %d times, want maxReceiveCount=3", n)
@@ -500,7 +489,7 @@ func TestUnderestimateSplitsLearnsAndDeadLetters(t *testing.T) {
 			h.send("lie", i, "mb=4 lie=4 ms=100") // 16 MiB each really: four fit
 		}
 		h.send("huge", 0, "mb=10 lie=10") // 100 MiB really: never fits
-		waitFor(t, 5*time.Minute, "8 results and 1 dead letter", func() bool {
+		wait.For(t, 5*time.Minute, "8 results and 1 dead letter", func() bool {
 			r, _ := h.results.Stats()
 			d, _ := h.dlq.Stats()
 			return r == 8 && d == 1
@@ -540,7 +529,7 @@ func TestResultSendFailureReleasesForRetry(t *testing.T) {
 			return nil
 		}
 		h.send("flaky", 0, "mb=1")
-		waitFor(t, time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
+		wait.For(t, time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
 		h.shutdown()
 		got, _ := h.resultsByKey()
 		if r := got[job.Key{JobID: "flaky"}]; r.Attempt != 3 {

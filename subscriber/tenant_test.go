@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/vramq/vramq/internal/tenant"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 )
 
@@ -38,7 +39,7 @@ func TestResultsCountedByTenant(t *testing.T) {
 		put("b0", "globex")
 		put("n0", "")
 		put("x0", "bad name\n")
-		waitFor(t, time.Minute, "6 results", func() bool { r, _ := h.results.Stats(); return r == 6 })
+		wait.For(t, time.Minute, "6 results", func() bool { r, _ := h.results.Stats(); return r == 6 })
 		h.shutdown()
 		for name, want := range map[string]float64{"acme": 3, "globex": 1, tenant.None: 2} {
 			if got := testutil.ToFloat64(h.sub.m.tenantDone.WithLabelValues(name)); got != want {
@@ -73,7 +74,7 @@ func TestTenantLabelsAreConfigured(t *testing.T) {
 		}
 		put("a0", "acme")
 		put("n0", "")
-		waitFor(t, 5*time.Minute, "152 results", func() bool { r, _ := h.results.Stats(); return r == 152 })
+		wait.For(t, 5*time.Minute, "152 results", func() bool { r, _ := h.results.Stats(); return r == 152 })
 		h.shutdown()
 		for name, want := range map[string]float64{"acme": 1, tenant.Other: 150, tenant.None: 1} {
 			if got := testutil.ToFloat64(h.sub.m.tenantDone.WithLabelValues(name)); got != want {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
 )
@@ -31,7 +32,7 @@ func (h *harness) putRaw(body string, attrs map[string]string) {
 // queue is empty.
 func (h *harness) endedAll(n int) {
 	h.t.Helper()
-	waitFor(h.t, 5*time.Minute, fmt.Sprintf("%d messages ended", n), func() bool {
+	wait.For(h.t, 5*time.Minute, fmt.Sprintf("%d messages ended", n), func() bool {
 		r, _ := h.results.Stats()
 		d, _ := h.dlq.Stats()
 		w, _ := h.work.Stats()

@@ -4,23 +4,18 @@ import (
 	"bytes"
 	"errors"
 	"flag"
-	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
+	"github.com/vramq/vramq/internal/testenv/floats"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/model/refembed"
 )
 
 func noEnv(string) string { return "" }
-
-func sameBits(a, b []float32) bool {
-	return slices.EqualFunc(a, b, func(x, y float32) bool { return math.Float32bits(x) == math.Float32bits(y) })
-}
 
 func TestRunWritesLoadableWeights(t *testing.T) {
 	dir := t.TempDir()
@@ -40,8 +35,8 @@ func TestRunWritesLoadableWeights(t *testing.T) {
 		t.Errorf("config %+v, want %+v", cfg, want)
 	}
 	gen := refembed.GenerateWeights(want)
-	if !sameBits(w.Embedding, gen.Embedding) || !sameBits(w.W1, gen.W1) || !sameBits(w.B1, gen.B1) ||
-		!sameBits(w.W2, gen.W2) || !sameBits(w.B2, gen.B2) {
+	if !floats.SameBits(w.Embedding, gen.Embedding) || !floats.SameBits(w.W1, gen.W1) || !floats.SameBits(w.B1, gen.B1) ||
+		!floats.SameBits(w.W2, gen.W2) || !floats.SameBits(w.B2, gen.B2) {
 		t.Error("the file's weights are not refembed.GenerateWeights' for its config")
 	}
 	if !strings.Contains(out.String(), path) || !strings.Contains(out.String(), "seed 42") {

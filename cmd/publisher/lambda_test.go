@@ -21,6 +21,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/vramq/vramq/internal/testenv/apigw"
 	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/internal/testenv/lambdart"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
@@ -48,7 +49,7 @@ func TestLambdaEndToEnd(t *testing.T) {
 	})
 
 	start := time.Now()
-	resp := fn.invoke(t, lambdaEvent("GET", "/healthz", nil, nil))
+	resp := fn.invoke(t, apigw.Event("GET", "/healthz", nil, ""))
 	t.Logf("first invocation (init included): %v", time.Since(start))
 	if resp.StatusCode != http.StatusOK || strings.TrimSpace(resp.body) != "ok" {
 		t.Fatalf("GET /healthz: %d %q; want 200 ok", resp.StatusCode, resp.body)
@@ -63,7 +64,7 @@ func TestLambdaEndToEnd(t *testing.T) {
 		created := resp.accepted(t, 3)
 		lambdaExpectWork(t, client, queues.Work, created.JobID, 3, lambdaIDs(items))
 
-		resp = fn.invoke(t, lambdaEvent("GET", "/v1/jobs/"+created.JobID, nil, nil))
+		resp = fn.invoke(t, apigw.Event("GET", "/v1/jobs/"+created.JobID, nil, ""))
 		var st struct {
 			JobID        string `json:"job_id"`
 			Status       string `json:"status"`
@@ -78,7 +79,7 @@ func TestLambdaEndToEnd(t *testing.T) {
 
 	t.Run("base64 body", func(t *testing.T) {
 		items := lambdaItems(2)
-		ev := lambdaEvent("POST", "/v1/jobs", jsonHeaders, lambdaJSON(t, map[string]any{"items": items}))
+		ev := apigw.Event("POST", "/v1/jobs", jsonHeaders, lambdaJSON(t, map[string]any{"items": items}))
 		ev.Body, ev.IsBase64Encoded = base64.StdEncoding.EncodeToString([]byte(ev.Body)), true
 		created := fn.invoke(t, ev).accepted(t, 1)
 		lambdaExpectWork(t, client, queues.Work, created.JobID, 1, lambdaIDs(items))
@@ -92,7 +93,7 @@ func TestLambdaEndToEnd(t *testing.T) {
 	})
 
 	t.Run("named stage", func(t *testing.T) {
-		ev := lambdaEvent("GET", "/prod/healthz", nil, nil)
+		ev := apigw.Event("GET", "/prod/healthz", nil, "")
 		ev.RequestContext.Stage = "prod"
 		if resp := fn.invoke(t, ev); resp.StatusCode != http.StatusOK {
 			t.Errorf("GET /prod/healthz on stage prod: %d %s; want 200", resp.StatusCode, resp.body)
@@ -101,7 +102,7 @@ func TestLambdaEndToEnd(t *testing.T) {
 
 	t.Run("claim check", func(t *testing.T) {
 		items := []map[string]any{{"id": "big", "text": strings.Repeat("large ", lambdaMaxItem/6+1)}, {"id": "small", "text": "small"}}
-		created := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", jsonHeaders, lambdaJSON(t, map[string]any{"items": items}))).accepted(t, 1)
+		created := fn.invoke(t, apigw.Event("POST", "/v1/jobs", jsonHeaders, lambdaJSON(t, map[string]any{"items": items}))).accepted(t, 1)
 		works := lambdaExpectWork(t, client, queues.Work, created.JobID, 1, []string{"big", "small"})
 		for _, w := range works {
 			for _, it := range w.Items {
@@ -115,8 +116,8 @@ func TestLambdaEndToEnd(t *testing.T) {
 	t.Run("idempotency", func(t *testing.T) {
 		h := map[string]string{"content-type": "application/json", "idempotency-key": "lambda-retry-1"}
 		body := lambdaJSON(t, map[string]any{"items": lambdaItems(1)})
-		first := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", h, body)).accepted(t, 1)
-		again := fn.invoke(t, lambdaEvent("POST", "/v1/jobs", h, body))
+		first := fn.invoke(t, apigw.Event("POST", "/v1/jobs", h, body)).accepted(t, 1)
+		again := fn.invoke(t, apigw.Event("POST", "/v1/jobs", h, body))
 		if again.StatusCode != http.StatusAccepted || !strings.Contains(again.body, first.JobID) {
 			t.Errorf("retried POST with the same key: %d %s; want 202 with job %s", again.StatusCode, again.body, first.JobID)
 		}
@@ -127,9 +128,9 @@ func TestLambdaEndToEnd(t *testing.T) {
 		// What only an event can get wrong, so not in the API table: the
 		// function answers the publisher's JSON error, not a function error
 		// (which API Gateway would turn into a bare 500).
-		noMethod := lambdaEvent("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a","text":"x"}]}`)
+		noMethod := apigw.Event("POST", "/v1/jobs", jsonHeaders, `{"items":[{"id":"a","text":"x"}]}`)
 		noMethod.RequestContext.HTTP.Method = ""
-		badBase64 := lambdaEvent("POST", "/v1/jobs", jsonHeaders, "not base64!")
+		badBase64 := apigw.Event("POST", "/v1/jobs", jsonHeaders, "not base64!")
 		badBase64.IsBase64Encoded = true
 		for _, tc := range []struct {
 			name string
@@ -165,7 +166,7 @@ func TestLambdaEndToEnd(t *testing.T) {
 		const seedKey = "seed-key"
 		seedHeaders := map[string]string{"content-type": "application/json", "authorization": "Bearer " + publishertest.Key,
 			"idempotency-key": seedKey}
-		seed := keyed.invoke(t, lambdaEvent("POST", "/v1/jobs", seedHeaders, `{"items":[{"id":"seed","text":"x"}]}`)).accepted(t, 1)
+		seed := keyed.invoke(t, apigw.Event("POST", "/v1/jobs", seedHeaders, `{"items":[{"id":"seed","text":"x"}]}`)).accepted(t, 1)
 
 		cases := publishertest.Cases(seed.JobID, seedKey)
 		if len(cases) < 20 {
@@ -183,11 +184,7 @@ func TestLambdaEndToEnd(t *testing.T) {
 				for k, v := range h {
 					lower[strings.ToLower(k)] = v
 				}
-				var body any = tc.Body
-				if tc.Body == "" && (method == "GET" || method == "DELETE") {
-					body = nil // no body at all, as a client's GET has
-				}
-				ev := lambdaEvent(method, path, lower, body)
+				ev := apigw.Event(method, path, lower, tc.Body)
 				if !utf8.ValidString(tc.Body) {
 					// A JSON string cannot carry it: API Gateway sends
 					// such a body in base64.
@@ -224,7 +221,7 @@ func TestLambdaEndToEnd(t *testing.T) {
 		if err != nil || fnErr == nil {
 			t.Errorf("a non-JSON event: %v, %v; want a function error", fnErr, err)
 		}
-		if resp := fn.invoke(t, lambdaEvent("GET", "/healthz", nil, nil)); resp.StatusCode != http.StatusOK {
+		if resp := fn.invoke(t, apigw.Event("GET", "/healthz", nil, "")); resp.StatusCode != http.StatusOK {
 			t.Errorf("GET /healthz after a bad event: %d; want 200", resp.StatusCode)
 		}
 	})
@@ -232,7 +229,7 @@ func TestLambdaEndToEnd(t *testing.T) {
 	t.Run("no metrics", func(t *testing.T) {
 		// API Gateway would route /metrics to API clients: the function
 		// does not serve it.
-		resp := fn.invoke(t, lambdaEvent("GET", "/metrics", nil, nil))
+		resp := fn.invoke(t, apigw.Event("GET", "/metrics", nil, ""))
 		if resp.StatusCode != http.StatusNotFound || strings.Contains(resp.body, "# TYPE") {
 			t.Errorf("GET /metrics: %d, %.200q; want 404", resp.StatusCode, resp.body)
 		}
@@ -462,42 +459,6 @@ func lambdaJSON(t *testing.T, v any) string {
 	return string(b)
 }
 
-// lambdaEvent is an API Gateway HTTP API event, payload 2.0, shaped as the
-// service sends it for a request to the $default stage: lower-case header
-// names, the Host and forwarding headers, a request context. body is a string
-// or nil.
-func lambdaEvent(method, path string, headers map[string]string, body any) events.APIGatewayV2HTTPRequest {
-	const domain = "r4nd0m1d.execute-api.us-east-1.amazonaws.com"
-	now := time.Now()
-	h := map[string]string{
-		"accept": "*/*", "host": domain, "user-agent": "curl/8.5.0",
-		"x-amzn-trace-id": "Root=1-65f0c0de-0123456789abcdef01234567", "x-forwarded-for": "198.51.100.23",
-		"x-forwarded-port": "443", "x-forwarded-proto": "https",
-	}
-	for k, v := range headers {
-		h[k] = v
-	}
-	ev := events.APIGatewayV2HTTPRequest{
-		Version: "2.0", RouteKey: "$default", RawPath: path, Headers: h,
-		RequestContext: events.APIGatewayV2HTTPRequestContext{
-			RouteKey: "$default", AccountID: "123456789012", Stage: "$default", RequestID: fmt.Sprintf("req-%d", now.UnixNano()),
-			APIID: "r4nd0m1d", DomainName: domain, DomainPrefix: "r4nd0m1d",
-			Time: now.UTC().Format("02/Jan/2006:15:04:05 -0700"), TimeEpoch: now.UnixMilli(),
-			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path, Protocol: "HTTP/1.1",
-				SourceIP: "198.51.100.23", UserAgent: "curl/8.5.0"},
-		},
-	}
-	if i := strings.IndexByte(path, '?'); i >= 0 {
-		ev.RawPath, ev.RawQueryString = path[:i], path[i+1:]
-		ev.RequestContext.HTTP.Path = ev.RawPath
-	}
-	if s, ok := body.(string); ok {
-		ev.Body = s
-		h["content-length"] = strconv.Itoa(len(s))
-	}
-	return ev
-}
-
 // lambdaDocumentedEvent is POST /v1/jobs with body as the event document
 // API Gateway's documentation shows for payload 2.0, field for field: a JWT
 // authorizer, cookies, query and stage variables, and the fields the Go type
@@ -550,7 +511,7 @@ func lambdaDocumentedEvent(t *testing.T, body string) json.RawMessage {
 // lambdaFunctionURLEvent is the same request as a Lambda function URL sends
 // it, in its own type: the function must not care which service called.
 func lambdaFunctionURLEvent(method, path string, headers map[string]string, body string) events.LambdaFunctionURLRequest {
-	ev := lambdaEvent(method, path, headers, body)
+	ev := apigw.Event(method, path, headers, body)
 	const domain = "abcdefghijklmnop.lambda-url.us-east-1.on.aws"
 	ev.Headers["host"] = domain
 	return events.LambdaFunctionURLRequest{
@@ -578,8 +539,7 @@ func TestLambdaRateLimitBySourceIP(t *testing.T) {
 		"VRAMQ_RATE_LIMIT": "0.001", "VRAMQ_RATE_BURST": "2", // no token comes back during the test
 	})
 	post := func(sourceIP, forwardedFor string) lambdaResponse {
-		ev := lambdaEvent("POST", "/v1/jobs", map[string]string{"content-type": "application/json", "x-forwarded-for": forwardedFor},
-			lambdaJSON(t, map[string]any{"items": lambdaItems(1)}))
+		ev := apigw.Event("POST", "/v1/jobs", map[string]string{"content-type": "application/json", "x-forwarded-for": forwardedFor}, lambdaJSON(t, map[string]any{"items": lambdaItems(1)}))
 		ev.RequestContext.HTTP.SourceIP = sourceIP
 		return fn.invoke(t, ev)
 	}

@@ -3,8 +3,11 @@
 // under test (sqstest), a local Lambda runtime (lambdart), fault injection
 // (faultproxy), the run's accounting (accounting), work and results over SQS
 // (jobq), synthetic workloads (workload), process memory (procmem), the
-// emulated GPU (cudaemu), an OpenAI-compatible model server (fakeoai) and the
-// check of docs/configuration.md's generated flag tables (configdoc). Nothing
-// under it ships: the rest of internal/ is what the publisher and subscriber
-// binaries link, and TestNotShipped keeps it so.
+// emulated GPU (cudaemu), an OpenAI-compatible model server (fakeoai), the
+// check of docs/configuration.md's generated flag tables (configdoc), and the
+// small helpers many tests share: polling a condition (wait), summing a
+// registry's series (promsum), comparing float slices (floats) and building
+// API Gateway events (apigw). Nothing under it ships: the rest of internal/
+// is what the publisher and subscriber binaries link, and TestNotShipped
+// keeps it so.
 package testenv

@@ -18,7 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,6 +28,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/gpu/gputest"
 	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/internal/testenv/floats"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/model/safetensors"
 )
@@ -634,7 +634,7 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 				if len(theirs[k]) == 0 {
 					t.Fatalf("bert.py --impl %s gave no figure for batch %d × %d tokens", impl, b, l)
 				}
-				o, p := median(ours[shape{"", b, l}]), median(theirs[k])
+				o, p := floats.Median(ours[shape{"", b, l}]), floats.Median(theirs[k])
 				t.Logf("FIGURE cuda-bert throughput: MiniLM shape, batch %d × %d tokens: vramq CUDA %.0f items/s, PyTorch eager (%s) %.0f items/s, ratio %.2f (median of %d rounds)",
 					b, l, o, impl, p, o/p, rounds)
 			}
@@ -664,12 +664,6 @@ func joinInts(xs []int) string {
 		s[i] = strconv.Itoa(x)
 	}
 	return strings.Join(s, ",")
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // A sticky fault injected by the emulated driver, in a kernel or in the

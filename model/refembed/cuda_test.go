@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/gpu/gputest"
 	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/internal/testenv/floats"
 	"github.com/vramq/vramq/job"
 )
 
@@ -274,7 +274,7 @@ func TestCUDAThroughputAgainstTorch(t *testing.T) {
 		}
 	}
 	for _, b := range sizes {
-		o, p := median(ours[b]), median(theirs[b])
+		o, p := floats.Median(ours[b]), floats.Median(theirs[b])
 		t.Logf("FIGURE check4: batch %d: vramq CUDA %.0f items/s, PyTorch %.0f items/s, ratio %.2f (median of %d rounds; vramq %v, torch %v)",
 			b, o, p, o/p, rounds, ours[b], theirs[b])
 	}
@@ -307,12 +307,6 @@ func writeFile(t *testing.T, path string, write func(*os.File) error) {
 	if err := errors.Join(write(f), f.Close()); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // parseTorchBench reads embed.py --bench's JSON lines: batch size to items/s.

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/vramq/vramq/internal/testenv/floats"
 	"github.com/vramq/vramq/model/safetensors"
 )
 
@@ -97,8 +98,8 @@ func FuzzReadSafetensors(f *testing.F) {
 				t.Fatalf("write accepted weights: %v", err)
 			}
 			w2, cfg2, err := ReadWeights(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
-			if err != nil || cfg2 != wcfg || !sameBits(w2.Embedding, w.Embedding) || !sameBits(w2.W1, w.W1) ||
-				!sameBits(w2.B1, w.B1) || !sameBits(w2.W2, w.W2) || !sameBits(w2.B2, w.B2) {
+			if err != nil || cfg2 != wcfg || !floats.SameBits(w2.Embedding, w.Embedding) || !floats.SameBits(w2.W1, w.W1) ||
+				!floats.SameBits(w2.B1, w.B1) || !floats.SameBits(w2.W2, w.W2) || !floats.SameBits(w2.B2, w.B2) {
 				t.Fatalf("weights round trip: %v, config %+v, want %+v", err, cfg2, wcfg)
 			}
 		}

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vramq/vramq/internal/testenv/floats"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/safetensors"
 )
@@ -140,7 +141,7 @@ func TestLoadEmbeddingsFromPython(t *testing.T) {
 		t.Fatalf("%d rows, want %d", len(got), len(pythonEmbeddings))
 	}
 	for i, row := range got {
-		if !sameBits(row, pythonEmbeddings[i]) || cap(row) != len(row) {
+		if !floats.SameBits(row, pythonEmbeddings[i]) || cap(row) != len(row) {
 			t.Errorf("row %d = %v (cap %d), want %v", i, row, cap(row), pythonEmbeddings[i])
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vramq/vramq/internal/testenv/floats"
 	"github.com/vramq/vramq/model/safetensors"
 )
 
@@ -29,10 +30,6 @@ func weightsFile(t testing.TB, cfg Config) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
-}
-
-func sameBits(a, b []float32) bool {
-	return slices.EqualFunc(a, b, func(x, y float32) bool { return math.Float32bits(x) == math.Float32bits(y) })
 }
 
 func TestEmbedWeightsRoundTrip(t *testing.T) {
@@ -67,7 +64,7 @@ func TestEmbedWeightsRoundTrip(t *testing.T) {
 				{"w2", got.W2, want.W2},
 				{"b2", got.B2, want.B2},
 			} {
-				if !sameBits(p.got, p.want) {
+				if !floats.SameBits(p.got, p.want) {
 					t.Errorf("%s differs after the round trip", p.name)
 				}
 			}
@@ -113,7 +110,7 @@ func TestLoadEmbedWeightsRunsLikeGenerated(t *testing.T) {
 	items := sampleItems()
 	got, want := run(t, loaded, items), run(t, generated, items)
 	for i := range want {
-		if !sameBits(got[i].Embedding, want[i].Embedding) {
+		if !floats.SameBits(got[i].Embedding, want[i].Embedding) {
 			t.Errorf("item %d: loaded weights give %v..., generated %v...", i, got[i].Embedding[:3], want[i].Embedding[:3])
 		}
 	}
@@ -300,10 +297,10 @@ func TestReadEmbedWeightsHalfPrecision(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !sameBits(w.Embedding, embWant) {
+	if !floats.SameBits(w.Embedding, embWant) {
 		t.Errorf("BF16 embedding = %v, want %v", w.Embedding, embWant)
 	}
-	if !sameBits(w.W1, w1Want) {
+	if !floats.SameBits(w.W1, w1Want) {
 		t.Errorf("F16 w1 = %v, want %v", w.W1, w1Want)
 	}
 }

@@ -1,0 +1,54 @@
+// Package apigw builds the API Gateway HTTP API events (payload 2.0) that
+// tests hand the publisher's Lambda handler.
+package apigw
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+)
+
+// The API the events come through, and the client they come from.
+const (
+	Domain   = "r4nd0m1d.execute-api.us-east-1.amazonaws.com"
+	SourceIP = "198.51.100.23"
+)
+
+// Event is a request to the $default stage as API Gateway sends it: header
+// names in lower case, the Host and forwarding headers, a request context.
+// target is the path, with the query after a '?'; headers add to those or
+// replace them. A Content-Length comes with a body, and with a POST, PUT or
+// PATCH without one, as an HTTP client sends it; headers may give another.
+func Event(method, target string, headers map[string]string, body string) events.APIGatewayV2HTTPRequest {
+	now := time.Now()
+	h := map[string]string{
+		"accept": "*/*", "host": Domain, "user-agent": "curl/8.5.0",
+		"x-amzn-trace-id": "Root=1-65f0c0de-0123456789abcdef01234567", "x-forwarded-for": SourceIP,
+		"x-forwarded-port": "443", "x-forwarded-proto": "https",
+	}
+	switch method {
+	case "POST", "PUT", "PATCH":
+		h["content-length"] = strconv.Itoa(len(body))
+	default:
+		if body != "" {
+			h["content-length"] = strconv.Itoa(len(body))
+		}
+	}
+	for k, v := range headers {
+		h[k] = v
+	}
+	path, query, _ := strings.Cut(target, "?")
+	return events.APIGatewayV2HTTPRequest{
+		Version: "2.0", RouteKey: "$default", RawPath: path, RawQueryString: query, Headers: h, Body: body,
+		RequestContext: events.APIGatewayV2HTTPRequestContext{
+			RouteKey: "$default", AccountID: "123456789012", Stage: "$default", RequestID: fmt.Sprintf("req-%d", now.UnixNano()),
+			APIID: "r4nd0m1d", DomainName: Domain, DomainPrefix: "r4nd0m1d",
+			Time: now.UTC().Format("02/Jan/2006:15:04:05 -0700"), TimeEpoch: now.UnixMilli(),
+			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path, Protocol: "HTTP/1.1",
+				SourceIP: SourceIP, UserAgent: "curl/8.5.0"},
+		},
+	}
+}
