@@ -19,6 +19,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/vramq/vramq/internal/testenv/apigw"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
@@ -395,8 +396,8 @@ func TestFilesUnderLambda(t *testing.T) {
 		t.Fatal(err)
 	}
 	auth := map[string]string{"authorization": "Bearer key-a"}
-	up := lambdaEvent("POST", "/v1/files", "", map[string]string{"authorization": "Bearer key-a", "content-type": w.FormDataContentType()},
-		base64.StdEncoding.EncodeToString(buf.Bytes()), true)
+	up := base64Event(apigw.Event("POST", "/v1/files", map[string]string{"authorization": "Bearer key-a", "content-type": w.FormDataContentType()},
+		base64.StdEncoding.EncodeToString(buf.Bytes())))
 	out, err := h(t.Context(), up)
 	if err != nil || out.StatusCode != 200 {
 		t.Fatalf("upload: %d %s (%v)", out.StatusCode, out.Body, err)
@@ -405,14 +406,14 @@ func TestFilesUnderLambda(t *testing.T) {
 	if err := json.Unmarshal([]byte(out.Body), &f); err != nil || f.Bytes != int64(len(data)) {
 		t.Fatalf("upload answered %s (%v)", out.Body, err)
 	}
-	out, err = h(t.Context(), lambdaEvent("GET", "/v1/files/"+f.ID+"/content", "", auth, "", false))
+	out, err = h(t.Context(), apigw.Event("GET", "/v1/files/"+f.ID+"/content", auth, ""))
 	if err != nil || out.StatusCode != 200 || !out.IsBase64Encoded {
 		t.Fatalf("content: %d, base64 %v, %s (%v)", out.StatusCode, out.IsBase64Encoded, out.Body, err)
 	}
 	if got, err := base64.StdEncoding.DecodeString(out.Body); err != nil || !bytes.Equal(got, data) {
 		t.Errorf("content: %q (%v); want %q", got, err, data)
 	}
-	out, err = h(t.Context(), lambdaEvent("GET", "/v1/files/"+f.ID, "", map[string]string{"authorization": "Bearer nope"}, "", false))
+	out, err = h(t.Context(), apigw.Event("GET", "/v1/files/"+f.ID, map[string]string{"authorization": "Bearer nope"}, ""))
 	if err != nil || out.StatusCode != 401 || !strings.Contains(out.Body, `"type":"invalid_request_error"`) {
 		t.Errorf("a wrong key: %d %s (%v)", out.StatusCode, out.Body, err)
 	}
