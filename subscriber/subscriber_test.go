@@ -488,6 +488,10 @@ func TestUnderestimateSplitsLearnsAndDeadLetters(t *testing.T) {
 		for i := range 8 {
 			h.send("lie", i, "mb=4 lie=4 ms=100") // 16 MiB each really: four fit
 		}
+		// The huge one after the eight are done: in a batch with them it
+		// would be the culprit that then fails alone, and such a split
+		// rightly teaches the limit nothing (TestCulpritDoesNotPinBatchLimit).
+		wait.For(t, 5*time.Minute, "8 results", func() bool { r, _ := h.results.Stats(); return r == 8 })
 		h.send("huge", 0, "mb=10 lie=10") // 100 MiB really: never fits
 		wait.For(t, 5*time.Minute, "8 results and 1 dead letter", func() bool {
 			r, _ := h.results.Stats()
