@@ -202,7 +202,7 @@ func (s *Subscriber) giveBack(t *task) { t.hold.release() }
 // admitted together also launched together (bench/README.md, the strategy
 // comparison's launch-ahead step, has the figures).
 func (s *Subscriber) launchesAhead(t *task) bool {
-	return s.launcher != nil && s.adm.strategy == AdmitVRAM && t.cost >= s.batchCap() && t.parts == nil &&
+	return s.launcher != nil && t.work.Endpoint == "" && s.adm.strategy == AdmitVRAM && t.cost >= s.batchCap() && t.parts == nil &&
 		!s.suspects.has(t.lease.msg.ID)
 }
 
