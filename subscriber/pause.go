@@ -70,16 +70,16 @@ func (p *pause) needOperator(err error) bool {
 	return true
 }
 
-// state is what holds receiving now: the operator's error, or the time a
-// backoff ends (zero when none is in force at now), and a channel closed
-// when either changes.
-func (p *pause) state(now time.Time) (operator error, until time.Time, changed <-chan struct{}) {
+// state is what holds receiving now: the time a backoff ends (zero when
+// none is in force at now), a channel closed when that or the operator's
+// error changes, and the operator's error.
+func (p *pause) state(now time.Time) (until time.Time, changed <-chan struct{}, operator error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if now.Before(p.until) {
 		until = p.until
 	}
-	return p.operator, until, p.changed
+	return until, p.changed, p.operator
 }
 
 // cause is the operator's error, nil while none is needed.
@@ -93,7 +93,7 @@ func (p *pause) cause() error {
 // ctx ends first.
 func (p *pause) wait(ctx context.Context) bool {
 	for {
-		op, until, changed := p.state(time.Now())
+		until, changed, op := p.state(time.Now())
 		if op == nil && until.IsZero() {
 			return true
 		}
@@ -192,7 +192,7 @@ func (s *Subscriber) needOperator(tasks []*task, err error) {
 // and reports whether it did: a batch that would start after a backoff or
 // a needed operator would only ask the server again.
 func (s *Subscriber) paused(tasks []*task) bool {
-	op, until, _ := s.pause.state(time.Now())
+	until, _, op := s.pause.state(time.Now())
 	switch {
 	case op != nil:
 		for _, t := range tasks {
