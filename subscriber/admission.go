@@ -201,7 +201,7 @@ func (s *Subscriber) giveBack(t *task) { t.hold.release() }
 // starts work at once; otherwise the device would idle through the launch of
 // every large message, as two admitted together would launch together.
 func (s *Subscriber) launchesAhead(t *task) bool {
-	return s.launcher != nil && s.adm.strategy == AdmitVRAM && t.cost >= s.batchCap() && t.parts == nil &&
+	return s.launcher != nil && t.work.Endpoint == "" && s.adm.strategy == AdmitVRAM && t.cost >= s.batchCap() && t.parts == nil &&
 		!s.suspects.has(t.lease.msg.ID)
 }
 

@@ -57,6 +57,10 @@ type metrics struct {
 	// tenants (tenant.Labels): anyone who can send to the queue names the
 	// tenant, so only the configured tenants (Config.Tenants) have labels
 	// of their own.
+	backedOff     *prometheus.CounterVec
+	pausedUntil   prometheus.Gauge
+	needsOperator prometheus.Gauge
+
 	tenantDone *prometheus.CounterVec
 	tenants    *tenant.Labels
 }
@@ -114,6 +118,13 @@ func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 			"Messages handed back to the queue (visibility changed) instead of deleted, by delay kind.")), []string{"delay"}),
 		deadLettered: f.NewCounterVec(prometheus.CounterOpts(opts("messages_dead_lettered_total",
 			"Messages sent to the DLQ, by reason.")), []string{"reason"}),
+		backedOff: f.NewCounterVec(prometheus.CounterOpts(opts("messages_backed_off_total",
+			"Messages handed back until the time the model (a model server) said to come back (gpu.ErrBackoff), "+
+				"by reason: rate_limit, overloaded.")), []string{"reason"}),
+		pausedUntil: gauge("receive_paused_until_seconds", "Unix time until which receiving is paused by the latest "+
+			"backoff (gpu.ErrBackoff); 0 when none has come. Receiving resumes once it has passed."),
+		needsOperator: gauge("needs_operator", "1 once the model said nothing runs until a person acts "+
+			"(gpu.ErrNeedsOperator: a spent quota, a refused key, an unknown model): receiving has stopped and /healthz fails."),
 		cancelled: counter("messages_cancelled_total",
 			"Messages of cancelled jobs (DELETE /v1/jobs/{id}) deleted without running, their cancelled marker written."),
 		itemsFailed: counter("items_failed_total",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"slices"
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
@@ -28,16 +29,32 @@ func (s *Subscriber) recovered(what string, p any, err *error) {
 	*err = fmt.Errorf("%w: model %s panicked in %s: %v", gpu.ErrInvalidInput, s.cfg.Model.Name(), what, p)
 }
 
-func (s *Subscriber) modelCost(items []job.Item) (cost int64, err error) {
+// modelCost is the model's estimate for items of a job that names
+// endpoint ("" for none). Items of an endpoint an in-process model cannot
+// serve cost nothing: they never run on it (modelRun answers them).
+func (s *Subscriber) modelCost(endpoint string, items []job.Item) (cost int64, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			s.recovered("Cost", p, &err)
 		}
 	}()
+	if endpoint != "" {
+		if em, ok := s.cfg.Model.(gpu.EndpointModel); ok {
+			return em.CostEndpoint(endpoint, items), nil
+		}
+		return 0, nil
+	}
 	return s.cfg.Model.Cost(items), nil
 }
 
-func (s *Subscriber) modelClass(items []job.Item) (class int, err error) {
+// modelClass is the batcher's class for items of a job that names endpoint
+// ("" for none): the model's length class, or for an endpoint job a class
+// of that endpoint's own (negative, below every length class), so that a
+// batch never mixes endpoints, nor endpoint requests with text items.
+func (s *Subscriber) modelClass(endpoint string, items []job.Item) (class int, err error) {
+	if endpoint != "" {
+		return -1 - slices.Index(job.Endpoints, endpoint), nil
+	}
 	if s.classer == nil {
 		return 0, nil
 	}
@@ -49,14 +66,35 @@ func (s *Subscriber) modelClass(items []job.Item) (class int, err error) {
 	return s.classer.LengthClass(items), nil
 }
 
-func (s *Subscriber) modelRun(ctx context.Context, items []job.Item) (outs []job.Output, err error) {
+// modelRun runs items of a job that names endpoint ("" for none) as one
+// batch. Endpoint items go to a gpu.EndpointModel with their endpoint; an
+// in-process model never sees them: each is answered with an item error
+// (job.ItemUnsupportedEndpoint), so that such a job ends with its errors
+// rather than crashing the model or being retried into the DLQ.
+func (s *Subscriber) modelRun(ctx context.Context, endpoint string, items []job.Item) (outs []job.Output, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			outs = nil
 			s.recovered("Run", p, &err)
 		}
 	}()
+	if endpoint != "" {
+		if em, ok := s.cfg.Model.(gpu.EndpointModel); ok {
+			return em.RunEndpoint(ctx, endpoint, items)
+		}
+		return unsupportedEndpoint(s.cfg.Model.Name(), endpoint, items), nil
+	}
 	return s.cfg.Model.Run(ctx, items)
+}
+
+func unsupportedEndpoint(model, endpoint string, items []job.Item) []job.Output {
+	outs := make([]job.Output, len(items))
+	for i, it := range items {
+		outs[i] = job.Output{ID: it.ID, Error: job.NewItemError(job.ItemUnsupportedEndpoint, fmt.Sprintf(
+			"the job names endpoint %s, and this subscriber runs the in-process model %s, not a model server (-model-server)",
+			endpoint, model))}
+	}
+	return outs
 }
 
 func (s *Subscriber) modelLaunch(ctx context.Context, items []job.Item) (l gpu.Launched, err error) {

@@ -30,7 +30,7 @@ type part struct {
 // It returns the parts in item order and the largest estimate among those
 // that run; no parts when no item fits (the message is too large as a
 // whole, and dead-lettered so). err is the model's, from Cost.
-func (s *Subscriber) cutParts(items []job.Item, cost int64) (parts []part, largest int64, err error) {
+func (s *Subscriber) cutParts(endpoint string, items []job.Item, cost int64) (parts []part, largest int64, err error) {
 	var cut func(lo, hi int, cost int64) error
 	cut = func(lo, hi int, cost int64) error {
 		if s.adm.fits(cost) {
@@ -46,7 +46,7 @@ func (s *Subscriber) cutParts(items []job.Item, cost int64) (parts []part, large
 		}
 		mid := lo + (hi-lo)/2
 		for _, h := range [][2]int{{lo, mid}, {mid, hi}} {
-			c, err := s.modelCost(items[h[0]:h[1]])
+			c, err := s.modelCost(endpoint, items[h[0]:h[1]])
 			if err != nil {
 				return err
 			}
@@ -66,7 +66,7 @@ func (s *Subscriber) cutParts(items []job.Item, cost int64) (parts []part, large
 	for _, p := range parts[1:] {
 		last := &joined[len(joined)-1]
 		if p.err == nil && last.err == nil {
-			c, err := s.modelCost(items[last.lo:p.hi])
+			c, err := s.modelCost(endpoint, items[last.lo:p.hi])
 			if err != nil {
 				return nil, 0, err
 			}

@@ -75,6 +75,12 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 			}
 		}
 		topUp = time.Time{}
+		// A backoff or a needed operator (pause.go) holds receives back:
+		// what they would bring could not run, and each receive counts
+		// towards a message's DLQ.
+		if !s.pause.wait(ctx) {
+			return
+		}
 		start := time.Now()
 		msgs, err := s.queue.Receive(recvCtx, n, s.cfg.WaitTime, s.cfg.Visibility)
 		if err != nil {
@@ -184,10 +190,10 @@ func (s *Subscriber) sendOn(ctx context.Context, t *task) {
 // back for later or for another consumer.
 func (s *Subscriber) enqueue(t *task) {
 	w := t.work
-	cost, err := s.modelCost(w.Items)
+	cost, err := s.modelCost(w.Endpoint, w.Items)
 	var class int
 	if err == nil {
-		class, err = s.modelClass(w.Items)
+		class, err = s.modelClass(w.Endpoint, w.Items)
 	}
 	if err != nil {
 		s.startTasks(1)
@@ -199,7 +205,7 @@ func (s *Subscriber) enqueue(t *task) {
 		var parts []part
 		var largest int64
 		if len(w.Items) > 1 {
-			parts, largest, err = s.cutParts(w.Items, cost)
+			parts, largest, err = s.cutParts(w.Endpoint, w.Items, cost)
 		}
 		if err != nil {
 			s.startTasks(1)

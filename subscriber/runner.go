@@ -32,7 +32,7 @@ var errTimeout = errors.New("inference timed out")
 // the cause. Lowered at every split level regardless, a few such messages
 // would hold the limit near 1, and save it so.
 func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
-	if tasks = s.dropCancelled(tasks); len(tasks) == 0 {
+	if tasks = s.dropCancelled(tasks); len(tasks) == 0 || s.paused(tasks) {
 		return
 	}
 	factor := batchFactor(tasks)
@@ -167,6 +167,12 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok
 	case errors.Is(err, gpu.ErrDeviceLost):
 		s.loseDevice(tasks, err)
 		return 0, nil
+	case errors.Is(err, gpu.ErrBackoff):
+		s.backOff(tasks, err)
+		return 0, nil
+	case errors.Is(err, gpu.ErrNeedsOperator):
+		s.needOperator(tasks, err)
+		return 0, nil
 	default:
 		s.failTasks(ctx, tasks, err)
 		return 0, nil
@@ -219,6 +225,10 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) bool {
 		s.deadLetter(t, "invalid_input", err.Error())
 	case errors.Is(err, gpu.ErrDeviceLost):
 		s.loseDevice([]*task{t}, err)
+	case errors.Is(err, gpu.ErrBackoff):
+		s.backOff([]*task{t}, err)
+	case errors.Is(err, gpu.ErrNeedsOperator):
+		s.needOperator([]*task{t}, err)
 	default:
 		s.failTasks(ctx, []*task{t}, err)
 	}
@@ -278,7 +288,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 				return
 			}
 		}
-		outs, err := s.modelRun(rctx, items)
+		outs, err := s.modelRun(rctx, tasks[0].work.Endpoint, items) // the batcher never mixes endpoints
 		done <- answer{outs, err}
 	}()
 	var a answer

@@ -82,6 +82,7 @@ type Subscriber struct {
 	// admit).
 	launcher gpu.Launcher
 	loss     deviceLoss // see devicelost.go
+	pause    *pause     // see pause.go
 	// classer is the model's length classes, nil when it has none: the
 	// batcher then keeps one pending batch (see batcher).
 	classer gpu.LengthClasser
@@ -158,6 +159,7 @@ func New(cfg Config) (*Subscriber, error) {
 		buffer:      make(chan *task, cfg.Prefetch),
 		roomKick:    make(chan struct{}, 1),
 		suspects:    newSuspects(),
+		pause:       newPause(),
 
 		fetchSlots: semaphore.NewWeighted(maxFetches),
 	}
@@ -234,11 +236,16 @@ func (s *Subscriber) MaxBudget() int64 {
 func (s *Subscriber) PeakBytes() int64 { return s.peak.Load() }
 
 // Healthy returns an error when the subscriber cannot reach its queue (every
-// receive for the last minute has failed) or has lost its device
-// (gpu.ErrDeviceLost).
+// receive for the last minute has failed), has lost its device
+// (gpu.ErrDeviceLost), or its model needs an operator
+// (gpu.ErrNeedsOperator, pause.go). A backoff (gpu.ErrBackoff) is healthy:
+// waiting is the subscriber doing its job.
 func (s *Subscriber) Healthy() error {
 	if err := s.errDeviceLost(); err != nil {
 		return err
+	}
+	if err := s.pause.cause(); err != nil {
+		return fmt.Errorf("subscriber: stopped until an operator acts: %w", err)
 	}
 	if since := s.pollErrSince.Load(); since != 0 && time.Since(time.Unix(0, since)) > time.Minute {
 		return fmt.Errorf("receives failing since %s", time.Unix(0, since).UTC().Format(time.RFC3339))

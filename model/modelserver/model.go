@@ -249,11 +249,16 @@ func (m *Model) Working() int64 {
 // Cost is the items' tokens, prompt (estimated) plus the most their answers
 // may generate (max_tokens × n), in device bytes: KV bytes per token, or 1
 // when those are not known. An item Run refuses without a request costs
-// nothing.
-func (m *Model) Cost(items []job.Item) int64 {
+// nothing. Without the job's endpoint the route is told from the body (see
+// endpointOf); the subscriber calls CostEndpoint.
+func (m *Model) Cost(items []job.Item) int64 { return m.CostEndpoint("", items) }
+
+// CostEndpoint is Cost for the items of a job that names endpoint
+// (gpu.EndpointModel).
+func (m *Model) CostEndpoint(endpoint string, items []job.Item) int64 {
 	var c int64
 	for _, it := range items {
-		r, refused := m.parse(it)
+		r, refused := m.parse(endpoint, it)
 		if refused != nil {
 			continue
 		}
@@ -281,7 +286,19 @@ func (m *Model) tokens(r *request) int64 {
 // now), gpu.ErrNeedsOperator, gpu.ErrOutOfMemory (an embedding input the
 // server cannot hold even alone), a transient failure past its retries, or
 // ctx's error.
+//
+// Run tells each item's route from its body (see endpointOf); the
+// subscriber calls RunEndpoint with the job's.
 func (m *Model) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	return m.RunEndpoint(ctx, "", items)
+}
+
+// RunEndpoint is Run for the items of a job that names endpoint
+// (gpu.EndpointModel): every item is a request for it, whatever its body
+// holds; an item whose body lacks what the endpoint requires is refused
+// (invalid_input). An endpoint that is not one of job.Endpoints refuses
+// every item.
+func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.Item) ([]job.Output, error) {
 	deadline := time.Now().Add(m.cfg.MaxWait)
 	outs := make([]job.Output, len(items))
 	var gens []*request
@@ -289,7 +306,7 @@ func (m *Model) Run(ctx context.Context, items []job.Item) ([]job.Output, error)
 	var keys []string
 	for i, it := range items {
 		outs[i].ID = it.ID
-		r, refused := m.parse(it)
+		r, refused := m.parse(endpoint, it)
 		if refused != nil {
 			outs[i].Error = refused
 			continue

@@ -153,3 +153,31 @@ func TestEndpointOf(t *testing.T) {
 		t.Error("action names")
 	}
 }
+
+// RunEndpoint sends each item to the job's endpoint, not to the one its
+// body's fields suggest, and refuses an item whose body lacks what that
+// endpoint requires.
+func TestRunEndpointUsesTheJobsEndpoint(t *testing.T) {
+	inBubble(t, fakeoai.Config{}, Config{}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		// Told from its body, this would be a completion (prompt comes
+		// before input).
+		both := job.Item{ID: "both", Body: json.RawMessage(`{"model":"fake-model","input":"a document","prompt":"x"}`)}
+		chatOnly := chatItem("chat", "hello", 4)
+		if m.CostEndpoint(job.EndpointEmbeddings, []job.Item{chatOnly}) != 0 {
+			t.Error("a chat body costs something as an embedding request; want 0 (refused)")
+		}
+		outs, err := m.RunEndpoint(t.Context(), job.EndpointEmbeddings, []job.Item{both, chatOnly})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if outs[0].Error != nil || outs[0].Response == nil || !strings.Contains(string(outs[0].Response.Body), `"object":"list"`) {
+			t.Errorf("item both: %+v %s; want an embeddings answer", outs[0].Error, outs[0].Response.Body)
+		}
+		if outs[1].Error == nil || outs[1].Error.Code != job.ItemInvalidInput || outs[1].Response != nil {
+			t.Errorf("item chat: %+v; want invalid_input, refused before any request", outs[1])
+		}
+		if got := s.Stats().Requests; got != 1 {
+			t.Errorf("%d requests; want 1", got)
+		}
+	})
+}

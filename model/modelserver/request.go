@@ -56,10 +56,12 @@ func refuse(format string, a ...any) *job.ItemError {
 	return job.NewItemError(job.ItemInvalidInput, fmt.Sprintf(format, a...))
 }
 
-// endpointOf tells an item's endpoint from its body. The work message names
-// it (job.Work.Endpoint), but Model.Run sees items only, so the backend
-// reads the field each endpoint requires: messages (chat), prompt
-// (completions), input (embeddings), in that order.
+// endpointOf tells an item's endpoint from its body, for Run and Cost,
+// which see items only: it reads the field each endpoint requires:
+// messages (chat), prompt (completions), input (embeddings), in that order.
+// The subscriber calls RunEndpoint and CostEndpoint with the job's
+// endpoint (job.Work.Endpoint) instead, so a chat body that also carries
+// an input field is still a chat request there.
 func endpointOf(obj map[string]json.RawMessage) (endpoint, bool) {
 	for _, c := range []struct {
 		field string
@@ -72,9 +74,20 @@ func endpointOf(obj map[string]json.RawMessage) (endpoint, bool) {
 	return 0, false
 }
 
+// endpointNamed is the endpoint of a job's path (job.Endpoints).
+func endpointNamed(path string) (endpoint, bool) {
+	for _, e := range []endpoint{chat, completions, embeddings} {
+		if e.path() == path {
+			return e, true
+		}
+	}
+	return 0, false
+}
+
 // parse checks an item's body as the publisher does (the queue is not
-// trusted) and prepares what is sent.
-func (m *Model) parse(it job.Item) (*request, *job.ItemError) {
+// trusted) and prepares what is sent. path is the job's endpoint; "" tells
+// it from the body.
+func (m *Model) parse(path string, it job.Item) (*request, *job.ItemError) {
 	if len(it.Body) == 0 {
 		return nil, refuse("the item has no request body: this subscriber sends requests to a model server (%s)", m.dev.name)
 	}
@@ -82,9 +95,20 @@ func (m *Model) parse(it job.Item) (*request, *job.ItemError) {
 	if err := json.Unmarshal(it.Body, &obj); err != nil || obj == nil {
 		return nil, refuse("the body is not a JSON object")
 	}
-	ep, ok := endpointOf(obj)
-	if !ok {
-		return nil, refuse("the body has none of messages, prompt or input")
+	var ep endpoint
+	if path == "" {
+		var ok bool
+		if ep, ok = endpointOf(obj); !ok {
+			return nil, refuse("the body has none of messages, prompt or input")
+		}
+	} else {
+		var ok bool
+		if ep, ok = endpointNamed(path); !ok {
+			return nil, refuse("endpoint %q is not one this subscriber serves", path)
+		}
+		if _, ok := obj[[...]string{"messages", "prompt", "input"}[ep]]; !ok {
+			return nil, refuse("the body has no %s, which %s requires", [...]string{"messages", "prompt", "input"}[ep], path)
+		}
 	}
 	r := &request{id: it.ID, ep: ep, body: it.Body, choices: 1}
 	if err := json.Unmarshal(obj["model"], &r.model); err != nil || r.model == "" {

@@ -1,0 +1,207 @@
+package subscriber_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/testenv/fakeoai"
+	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/modelserver"
+	"github.com/vramq/vramq/subscriber"
+)
+
+// End-to-end tests of the model-server dispositions the subscriber acts on
+// (pause.go): the whole subscriber on the emulator's queues, its model a
+// model/modelserver backend on an internal/testenv/fakeoai server.
+
+// newServerPipeline is a pipeline whose model is a model-server backend on
+// srv, with maxWait as the longest the backend waits inside Run.
+func newServerPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, srv *fakeoai.Server, maxWait time.Duration) *pipeline {
+	t.Helper()
+	if endpoint() == "" {
+		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
+	}
+	return newPipelineWith(t, maxReceive, cfg, nil, func(*gpu.Sim) gpu.Model {
+		m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
+			MaxWait: maxWait, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		return m
+	})
+}
+
+func chatWork(jobID string, chunk, chunks int, texts ...string) job.Work {
+	w := job.Work{V: job.Version, JobID: jobID, Chunk: chunk, Chunks: chunks, Endpoint: job.EndpointChatCompletions}
+	for i, text := range texts {
+		w.Items = append(w.Items, job.Item{ID: fmt.Sprintf("%s-%d-%d", jobID, chunk, i), Body: json.RawMessage(fmt.Sprintf(
+			`{"model":"fake-model","messages":[{"role":"user","content":%q}],"max_tokens":8}`, text))})
+	}
+	return w
+}
+
+// receives is how many ReceiveMessage calls the subscriber has made.
+func (p *pipeline) receives() float64 {
+	return labelled(p.t, p.reg, "vramq_subscriber_sqs_requests_total", "action", "ReceiveMessage")
+}
+
+// A 429 (TGI's "Model is overloaded") whose Retry-After is past the backend's wait hands the batch's
+// messages back until then, and the subscriber receives nothing meanwhile:
+// the messages come back later and complete, none dead-lettered by the
+// queue's redrive (a third receive would).
+func TestE2EModelServerBackoffWaitsInTheQueue(t *testing.T) {
+	const retryAfter = 10 * time.Second
+	srv := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{
+		{Kind: fakeoai.FaultStatus, Status: 429, RetryAfter: retryAfter, Times: 1}}})
+	defer srv.Close()
+	p := newServerPipeline(t, 2, subscriber.Config{}, srv, time.Second)
+	works := []job.Work{chatWork("a", 0, 2, "hello", "there"), chatWork("a", 1, 2, "again")}
+	p.send(works)
+
+	waitFor(t, 30*time.Second, "backoff", func() bool {
+		return labelled(t, p.reg, "vramq_subscriber_messages_backed_off_total", "reason", "overloaded") > 0
+	})
+	until := time.UnixMilli(int64(metric(t, p.reg, "vramq_subscriber_receive_paused_until_seconds") * 1e3))
+	if d := time.Until(until); d < retryAfter/2 || d > retryAfter+time.Second {
+		t.Fatalf("receiving paused until %v from now; want about the Retry-After, %v", d, retryAfter)
+	}
+	// A receive in flight when the backoff came (a 1 s long poll) may
+	// still answer; none may start after it until the pause ends.
+	time.Sleep(2 * time.Second)
+	before := p.receives()
+	time.Sleep(time.Until(until) - time.Second)
+	if after := p.receives(); after != before {
+		t.Errorf("%v receives while paused; want none", after-before)
+	}
+
+	c := p.collect(len(works), time.Minute)
+	for k, r := range c.Results {
+		for _, o := range r.Outputs {
+			if o.Error != nil || o.Response == nil || o.Response.StatusCode != 200 {
+				t.Errorf("%v item %s: %+v; want the server's answer", k, o.ID, o)
+			}
+		}
+	}
+	if d := p.deadLetters(); len(d) != 0 {
+		t.Errorf("%d dead letters: %+v", len(d), d)
+	}
+	if st := srv.Stats(); st.Faults[fakeoai.FaultStatus] != 1 {
+		t.Errorf("faults injected: %v; want the one 429", st.Faults)
+	}
+	p.shutdown()
+}
+
+// insufficient_quota needs a person: the subscriber stops receiving, hands
+// back what it holds at once, fails its health check with the reason, and
+// keeps running; nothing is dead-lettered.
+func TestE2EModelServerQuotaNeedsOperator(t *testing.T) {
+	srv := fakeoai.New(fakeoai.Config{})
+	defer srv.Close()
+	srv.SetQuotaExhausted(true)
+	p := newServerPipeline(t, 2, subscriber.Config{}, srv, time.Second)
+	works := []job.Work{chatWork("q", 0, 3, "one"), chatWork("q", 1, 3, "two"), chatWork("q", 2, 3, "three")}
+	p.send(works)
+
+	waitFor(t, 30*time.Second, "health failure", func() bool { return p.sub.Healthy() != nil })
+	if err := p.sub.Healthy(); !strings.Contains(err.Error(), "insufficient_quota") {
+		t.Errorf("Healthy: %v; want the reason, insufficient_quota", err)
+	}
+	if got := metric(t, p.reg, "vramq_subscriber_needs_operator"); got != 1 {
+		t.Errorf("needs_operator %v; want 1", got)
+	}
+	// Every message goes back, visible at once: none is held.
+	waitFor(t, 30*time.Second, "messages visible again", func() bool {
+		visible, inflight, err := jobq.Counts(t.Context(), p.client, p.urls.Work)
+		return err == nil && visible == len(works) && inflight == 0
+	})
+	before := p.receives()
+	time.Sleep(3 * time.Second) // three of the 1 s long polls it would make
+	if after := p.receives(); after != before {
+		t.Errorf("%v receives after stopping; want none", after-before)
+	}
+	select {
+	case <-p.done:
+		t.Fatalf("Run returned (%v); want the subscriber to stay up, unhealthy", p.runErr)
+	default:
+	}
+	if p.shutdown() != len(works) {
+		t.Error("not every message is back on the queue")
+	}
+	if d := p.deadLetters(); len(d) != 0 {
+		t.Errorf("%d dead letters: %+v", len(d), d)
+	}
+}
+
+// A queue of an endpoint job of chat completions, one of embeddings and a
+// text job, sent together to gather into batches: each message reaches the
+// model with its own endpoint (a batch never mixes them), so each is
+// answered as its endpoint defines; the text job's item, on a subscriber
+// with no in-process model, is refused as an item of its result.
+func TestE2EModelServerMixedQueue(t *testing.T) {
+	srv := fakeoai.New(fakeoai.Config{})
+	defer srv.Close()
+	p := newServerPipeline(t, 2, subscriber.Config{MaxBatchDelay: 500 * time.Millisecond}, srv, time.Second)
+	emb := job.Work{V: job.Version, JobID: "emb", Chunk: 0, Chunks: 1, Endpoint: job.EndpointEmbeddings,
+		Items: []job.Item{{ID: "e0", Body: json.RawMessage(`{"model":"fake-model","input":"a passage"}`)}}}
+	text := job.Work{V: job.Version, JobID: "text", Chunk: 0, Chunks: 1, Items: []job.Item{{ID: "t0", Text: "plain text"}}}
+	works := []job.Work{chatWork("chat", 0, 1, "hello", "there"), emb, text}
+	p.send(works)
+	c := p.collect(len(works), time.Minute)
+	for k, r := range c.Results {
+		for _, o := range r.Outputs {
+			switch k.JobID {
+			case "chat":
+				if o.Error != nil || o.Response == nil || !strings.Contains(string(o.Response.Body), `"object":"chat.completion"`) {
+					t.Errorf("chat item %s: %+v; want a chat.completion", o.ID, o)
+				}
+			case "emb":
+				if o.Error != nil || o.Response == nil || !strings.Contains(string(o.Response.Body), `"object":"list"`) {
+					t.Errorf("embeddings item %s: %+v; want an embeddings list", o.ID, o)
+				}
+			default:
+				if o.Error == nil || o.Error.Code != job.ItemInvalidInput {
+					t.Errorf("text item %s: %+v; want invalid_input (no request body)", o.ID, o)
+				}
+			}
+		}
+	}
+	if d := p.deadLetters(); len(d) != 0 {
+		t.Errorf("%d dead letters: %+v", len(d), d)
+	}
+	p.shutdown()
+}
+
+// An in-process model answers the items of an endpoint job with
+// unsupported_endpoint, and runs the text job beside it as ever.
+func TestE2EInProcessModelRefusesEndpointItems(t *testing.T) {
+	if endpoint() == "" {
+		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
+	}
+	p := newPipeline(t, 2, subscriber.Config{MaxBatchDelay: 500 * time.Millisecond}, nil)
+	text := job.Work{V: job.Version, JobID: "text", Chunk: 0, Chunks: 1, Items: []job.Item{{ID: "t0", Text: "plain text"}}}
+	works := []job.Work{chatWork("chat", 0, 1, "hello", "there"), text}
+	p.send(works)
+	c := p.collect(len(works), time.Minute)
+	for k, r := range c.Results {
+		for _, o := range r.Outputs {
+			if k.JobID == "chat" {
+				if o.Error == nil || o.Error.Code != job.ItemUnsupportedEndpoint {
+					t.Errorf("chat item %s: %+v; want unsupported_endpoint", o.ID, o)
+				}
+			} else if o.Error != nil || len(o.Embedding) == 0 {
+				t.Errorf("text item %s: %+v; want its embedding", o.ID, o)
+			}
+		}
+	}
+	if d := p.deadLetters(); len(d) != 0 {
+		t.Errorf("%d dead letters: %+v", len(d), d)
+	}
+	p.shutdown()
+}
