@@ -11,6 +11,8 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/internal/testenv/jobq"
+	"github.com/vramq/vramq/internal/testenv/promsum"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/subscriber"
@@ -49,7 +51,7 @@ func chatWork(jobID string, chunk, chunks int, texts ...string) job.Work {
 
 // receives is how many ReceiveMessage calls the subscriber has made.
 func (p *pipeline) receives() float64 {
-	return labelled(p.t, p.reg, "vramq_subscriber_sqs_requests_total", "action", "ReceiveMessage")
+	return promsum.Labelled(p.t, p.reg, "vramq_subscriber_sqs_requests_total", "action", "ReceiveMessage")
 }
 
 // A 429 (TGI's "Model is overloaded") whose Retry-After is past the backend's wait hands the batch's
@@ -65,10 +67,10 @@ func TestE2EModelServerBackoffWaitsInTheQueue(t *testing.T) {
 	works := []job.Work{chatWork("a", 0, 2, "hello", "there"), chatWork("a", 1, 2, "again")}
 	p.send(works)
 
-	waitFor(t, 30*time.Second, "backoff", func() bool {
-		return labelled(t, p.reg, "vramq_subscriber_messages_backed_off_total", "reason", "overloaded") > 0
+	wait.For(t, 30*time.Second, "backoff", func() bool {
+		return promsum.Labelled(t, p.reg, "vramq_subscriber_messages_backed_off_total", "reason", "overloaded") > 0
 	})
-	until := time.UnixMilli(int64(metric(t, p.reg, "vramq_subscriber_receive_paused_until_seconds") * 1e3))
+	until := time.UnixMilli(int64(promsum.Sum(t, p.reg, "vramq_subscriber_receive_paused_until_seconds") * 1e3))
 	if d := time.Until(until); d < retryAfter/2 || d > retryAfter+time.Second {
 		t.Fatalf("receiving paused until %v from now; want about the Retry-After, %v", d, retryAfter)
 	}
@@ -109,15 +111,15 @@ func TestE2EModelServerQuotaNeedsOperator(t *testing.T) {
 	works := []job.Work{chatWork("q", 0, 3, "one"), chatWork("q", 1, 3, "two"), chatWork("q", 2, 3, "three")}
 	p.send(works)
 
-	waitFor(t, 30*time.Second, "health failure", func() bool { return p.sub.Healthy() != nil })
+	wait.For(t, 30*time.Second, "health failure", func() bool { return p.sub.Healthy() != nil })
 	if err := p.sub.Healthy(); !strings.Contains(err.Error(), "insufficient_quota") {
 		t.Errorf("Healthy: %v; want the reason, insufficient_quota", err)
 	}
-	if got := metric(t, p.reg, "vramq_subscriber_needs_operator"); got != 1 {
+	if got := promsum.Sum(t, p.reg, "vramq_subscriber_needs_operator"); got != 1 {
 		t.Errorf("needs_operator %v; want 1", got)
 	}
 	// Every message goes back, visible at once: none is held.
-	waitFor(t, 30*time.Second, "messages visible again", func() bool {
+	wait.For(t, 30*time.Second, "messages visible again", func() bool {
 		visible, inflight, err := jobq.Counts(t.Context(), p.client, p.urls.Work)
 		return err == nil && visible == len(works) && inflight == 0
 	})
