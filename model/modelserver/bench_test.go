@@ -512,7 +512,9 @@ func benchKV(t *testing.T) {
 		kvBlocks, mi.Total, words, out, kvMaxTokens, benchSpeed, kvMinutes, kvMinutes-1,
 		row("vramq (admission stand-in: Cost held against the Device's total)", sv, &tv),
 		row(fmt.Sprintf("fixed concurrency %d (pool / average request of %.0f tokens)", fixed, avg), sf, &tf))
-	t.Logf("vramq answers by row: %v", m.answersSnapshot())
+	probe, charged := newWorkload(99, kvMaxTokens, [2]int{250, 250}, [2]int{136, 136}).next()
+	t.Logf("vramq answers by row: %v; at the end, Cost of an average item (%d tokens charged by the server, 250+7 prompt): %d",
+		m.answersSnapshot(), charged, m.Cost([]job.Item{probe}))
 }
 
 // benchCost sends the same sequential requests directly and through Run,
