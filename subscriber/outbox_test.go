@@ -240,9 +240,9 @@ func (h *harness) setLingers(d time.Duration) {
 	o.linger = d
 	o.more = func() bool { return true }
 	o.mu.Unlock()
-	k.mu.Lock()
-	k.flushDelay = d
-	k.mu.Unlock()
+	// Nothing is pending yet: the batcher can be swapped for one that
+	// waits d, before the first message is sent.
+	k.ends = k.newEnds(h.sub.fullCall(), d)
 }
 
 func (h *harness) outboxPending() int {
