@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/vramq/vramq/internal/batcher"
 )
 
 // maxBatchEntries is SQS's limit on entries per SendMessageBatch.
@@ -31,25 +33,20 @@ type sender struct {
 }
 
 // batches groups chunks into SendMessageBatch calls: ten entries at most,
-// and no more payload than one call may carry.
+// and no more payload than one call may carry. All of a job's chunks are
+// known at once, so the batches are cut by the shared rule (batcher.Split)
+// rather than gathered by a batcher, and send runs them itself: it stops at
+// the first that fails for good, and a FIFO queue takes them in order.
 func (s *sender) batches(jobID, tenant string, chunks []Chunk) [][]Entry {
-	var out [][]Entry
-	var cur []Entry
-	size := 0
-	for _, c := range chunks {
-		n := len(c.Body) + attrReserve
-		if len(cur) > 0 && (len(cur) == maxBatchEntries || size+n > s.maxBatchBytes) {
-			out = append(out, cur)
-			cur, size = nil, 0
-		}
-		cur = append(cur, Entry{Body: c.Body, JobID: jobID, Chunk: c.Index, Tenant: tenant})
-		size += n
+	entries := make([]Entry, len(chunks))
+	for i, c := range chunks {
+		entries[i] = Entry{Body: c.Body, JobID: jobID, Chunk: c.Index, Tenant: tenant}
 	}
-	if len(cur) > 0 {
-		out = append(out, cur)
-	}
-	return out
+	return batcher.Split(entries, entrySize, batcher.Options{MaxItems: maxBatchEntries, MaxBytes: s.maxBatchBytes})
 }
+
+// entrySize is an entry's payload as counted against maxBatchBytes.
+func entrySize(e Entry) int { return len(e.Body) + attrReserve }
 
 // send puts every chunk on the queue and returns how many SQS confirmed. An
 // error means some chunk is not known to be on the queue; the job is then
