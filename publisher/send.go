@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/vramq/vramq/internal/batcher"
 	"github.com/vramq/vramq/job"
 )
 
@@ -30,25 +31,21 @@ type sender struct {
 }
 
 // batches groups chunks into SendMessageBatch calls: ten entries at most,
-// and no more payload than one call may carry.
+// and no more payload than one call may carry. All of a job's chunks are
+// known at once, so the batches are cut by the shared rule (batcher.Split)
+// rather than gathered by a batcher, and send runs them itself: it stops at
+// the first that fails for good, and a FIFO queue takes them in order.
 func (s *sender) batches(jobID, tenant string, chunks []Chunk) [][]Entry {
-	var out [][]Entry
-	var cur []Entry
-	size := 0
-	for _, c := range chunks {
-		n := job.MessageSize(c.Body, attributes(jobID, c.Index, tenant))
-		if len(cur) > 0 && (len(cur) == job.MaxBatch || size+n > s.maxBatchBytes) {
-			out = append(out, cur)
-			cur, size = nil, 0
-		}
-		cur = append(cur, Entry{Body: c.Body, JobID: jobID, Chunk: c.Index, Tenant: tenant})
-		size += n
+	entries := make([]Entry, len(chunks))
+	for i, c := range chunks {
+		entries[i] = Entry{Body: c.Body, JobID: jobID, Chunk: c.Index, Tenant: tenant}
 	}
-	if len(cur) > 0 {
-		out = append(out, cur)
-	}
-	return out
+	return batcher.Split(entries, entrySize, batcher.Options{MaxItems: job.MaxBatch, MaxBytes: s.maxBatchBytes})
 }
+
+// entrySize is an entry's payload as SQS counts it against maxBatchBytes:
+// the body and every attribute's name, type and value (job.MessageSize).
+func entrySize(e Entry) int { return job.MessageSize(e.Body, attributes(e.JobID, e.Chunk, e.Tenant)) }
 
 // send puts every chunk on the queue and returns how many SQS confirmed. An
 // error means some chunk is not known to be on the queue; the job is then

@@ -240,7 +240,7 @@ func testBatcher(t *testing.T, maxBatch int, delay time.Duration) (*batcher, *he
 		t.Fatal(err)
 	}
 	s.state = loadLearned("", "model", "device", maxBatch, 0, log)
-	s.keeper = newKeeper(nil, s.m, log, time.Minute, time.Hour)
+	s.keeper = newKeeper(nil, s.m, log, time.Minute, time.Hour, job.MaxBatch)
 	b := s.newBatcher(t.Context())
 	r := &heldRuns{letGo: make(chan struct{})}
 	b.runBatch = r.run

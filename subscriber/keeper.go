@@ -1,15 +1,20 @@
 package subscriber
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 	"log/slog"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/subscriber/queue"
+	// Named apart from this package's own batcher, which forms device batches.
+	callbatch "github.com/vramq/vramq/internal/batcher"
 )
 
 // A lease is the subscriber's hold on one received message, from receipt until
@@ -24,58 +29,68 @@ type lease struct {
 	visibleAt time.Time // when SQS will hand the message out again unless extended
 	extending bool      // a ChangeMessageVisibility call for it is in flight
 	ending    bool      // an ack or release was asked for: never extend again
+
+	// Set once, before the lease is handed to keeper.ends.
 	// resultSent is when SQS accepted the message's result, for the delete
-	// stage (stages.go); zero for a message that ends otherwise. Set before
-	// its ack.
+	// stage (stages.go); zero for a message that ends otherwise.
 	resultSent time.Time
 	release    bool // the end is a release (visibility = delay), not an ack (delete)
 	delay      time.Duration
-	attempts   int
 }
 
 // keeper owns every lease: one heartbeat extends all held messages that need
 // it, and ends (acks, which delete, and releases) are batched in tens.
-// Because a lease in flight for an extension is never sent for deletion, and
-// an ending lease is never extended, no visibility change ever follows a
-// delete.
+// Because a lease in flight for an extension is handed to the batcher only
+// once that call has answered, and an ending lease is never extended, no
+// visibility change ever follows a delete.
 type keeper struct {
 	q          queue.Queue
 	m          *metrics
 	log        *slog.Logger
 	visibility time.Duration
 	maxHold    time.Duration
-	flushDelay time.Duration // how long an end waits for others to share its call
 	callTO     time.Duration // bound on one SQS call, retries included
 	onHold     func()        // called after a lease enters the table
 	onRemove   func()        // called after a lease leaves the table
-	// fullCall is the most ends a call gathers before it goes at once:
-	// MaxBatch, or fewer when fewer messages may be held at once.
-	fullCall int
+	// ends gathers acks and releases into calls (sendEnds).
+	ends *callbatch.Batcher[*lease]
+	// giveUp is closed when close gives up on the ends still failing:
+	// their retries stop.
+	giveUp     chan struct{}
+	extensions sync.WaitGroup // extend calls in flight
 
-	mu         sync.Mutex
-	leases     map[*lease]struct{}
-	pending    []*lease
-	flushArmed bool
-	flushTimer *time.Timer // the armed flush, stopped when a flush comes first
-	calls      sync.WaitGroup
-	kick       chan struct{}
-	held       atomic.Int64
+	mu     sync.Mutex
+	leases map[*lease]struct{}
+	held   atomic.Int64
 	// How leases ended, for the ledger.
 	deleted, released, lost, abandoned atomic.Int64
 }
 
-func newKeeper(q queue.Queue, m *metrics, log *slog.Logger, visibility, maxHold time.Duration) *keeper {
-	return &keeper{
+// endDelay is the longest an end waits for others to share its call.
+const endDelay = 200 * time.Millisecond
+
+// newKeeper returns a keeper whose calls to end messages hold up to fullCall
+// entries: job.MaxBatch, or fewer when fewer messages may be held at once, since
+// an end that waited for company that cannot come would hold up the next
+// receive for nothing.
+func newKeeper(q queue.Queue, m *metrics, log *slog.Logger, visibility, maxHold time.Duration, fullCall int) *keeper {
+	k := &keeper{
 		q: q, m: m, log: log,
 		visibility: visibility, maxHold: maxHold,
-		flushDelay: 200 * time.Millisecond,
-		callTO:     15 * time.Second,
-		leases:     make(map[*lease]struct{}),
-		kick:       make(chan struct{}, 1),
-		onHold:     func() {},
-		onRemove:   func() {},
-		fullCall:   job.MaxBatch,
+		callTO:   15 * time.Second,
+		leases:   make(map[*lease]struct{}),
+		giveUp:   make(chan struct{}),
+		onHold:   func() {},
+		onRemove: func() {},
 	}
+	k.ends = k.newEnds(fullCall, endDelay)
+	return k
+}
+
+// newEnds is the batcher of k's ends: a call goes when it holds fullCall
+// ends, or delay after its first.
+func (k *keeper) newEnds(fullCall int, delay time.Duration) *callbatch.Batcher[*lease] {
+	return callbatch.New(callbatch.Options{MaxItems: fullCall, MaxDelay: delay}, k.sendEnds)
 }
 
 // hold starts a lease on m, received by a call that started at start (the
@@ -102,43 +117,23 @@ func (k *keeper) release(l *lease, delay time.Duration) { k.end(l, true, delay) 
 
 func (k *keeper) end(l *lease, release bool, delay time.Duration) {
 	k.mu.Lock()
-	defer k.mu.Unlock()
 	if l.ending {
+		k.mu.Unlock()
 		return
 	}
 	l.ending, l.release, l.delay = true, release, delay
-	k.pending = append(k.pending, l)
-	if len(k.pending) >= k.fullCall {
-		k.poke()
-	} else {
-		k.armFlush(k.flushDelay)
+	// An extension on the wire hands the lease over when it answers.
+	waits := l.extending
+	k.mu.Unlock()
+	if !waits {
+		k.ends.Add(l, 0)
 	}
 }
 
-// armFlush schedules a flush; k.mu must be held. One timer is reused: a
-// timer armed for an earlier end and left running after a flush would
-// otherwise fire early for the next ones and send them in small calls.
-func (k *keeper) armFlush(after time.Duration) {
-	if k.flushArmed {
-		return
-	}
-	k.flushArmed = true
-	if k.flushTimer == nil {
-		k.flushTimer = time.AfterFunc(after, k.poke)
-	} else {
-		k.flushTimer.Reset(after)
-	}
-}
-
-func (k *keeper) poke() {
-	select {
-	case k.kick <- struct{}{}:
-	default:
-	}
-}
-
-// run is the heartbeat and flush loop. It returns when ctx ends; close drains
-// what is left.
+// run is the heartbeat loop. It returns when ctx ends; close drains what is
+// left. Each heartbeat also sends the ends waiting for company: an ending
+// lease is no longer extended, so its end must not wait longer than the
+// visibility a heartbeat leaves it.
 func (k *keeper) run(ctx context.Context) {
 	tick := time.NewTicker(k.visibility / 3)
 	defer tick.Stop()
@@ -148,9 +143,7 @@ func (k *keeper) run(ctx context.Context) {
 			return
 		case <-tick.C:
 			k.heartbeat()
-			k.flush()
-		case <-k.kick:
-			k.flush()
+			k.ends.Flush()
 		}
 	}
 }
@@ -180,15 +173,8 @@ func (k *keeper) heartbeat() {
 		}
 	}
 	k.mu.Unlock()
-	for len(due) > 0 {
-		n := min(len(due), job.MaxBatch)
-		chunk := due[:n:n]
-		due = due[n:]
-		k.calls.Add(1)
-		go func() {
-			defer k.calls.Done()
-			k.extend(chunk, now)
-		}()
+	for chunk := range slices.Chunk(due, job.MaxBatch) {
+		k.extensions.Go(func() { k.extend(chunk, now) })
 	}
 }
 
@@ -196,17 +182,17 @@ func (k *keeper) extend(ls []*lease, start time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), k.callTO)
 	defer cancel()
 	errs, err := k.q.ChangeVisibility(ctx, handles(ls), k.visibility)
-	k.mu.Lock()
-	defer k.mu.Unlock()
 	if err != nil {
 		// The whole call failed: the next tick tries again, and the leases
 		// still have at least a third of their timeout.
 		k.log.Warn("visibility extension failed", "messages", len(ls), "err", err)
 	}
+	var ended []*lease
+	k.mu.Lock()
 	for i, l := range ls {
 		l.extending = false
 		if l.ending {
-			k.armFlush(0) // its end was waiting for this call
+			ended = append(ended, l)
 		}
 		switch {
 		case err != nil:
@@ -221,56 +207,95 @@ func (k *keeper) extend(ls []*lease, start time.Time) {
 			k.log.Warn("visibility extension of one message failed", "message_id", l.msg.ID, "err", errs[i])
 		}
 	}
-}
-
-// flush sends every pending end whose lease has no extension in flight.
-func (k *keeper) flush() {
-	k.mu.Lock()
-	k.flushArmed = false
-	if k.flushTimer != nil {
-		k.flushTimer.Stop()
-	}
-	var deletes, releases []*lease
-	rest := k.pending[:0]
-	for _, l := range k.pending {
-		switch {
-		case l.extending:
-			rest = append(rest, l)
-		case l.release:
-			releases = append(releases, l)
-		default:
-			deletes = append(deletes, l)
-		}
-	}
-	clear(k.pending[len(rest):])
-	k.pending = rest
 	k.mu.Unlock()
-
-	send := func(ls []*lease, release bool) {
-		for len(ls) > 0 {
-			n := 1
-			// A batch of releases shares one timeout: group equal delays.
-			for n < len(ls) && n < job.MaxBatch && (!release || ls[n].delay == ls[0].delay) {
-				n++
-			}
-			chunk := ls[:n:n]
-			ls = ls[n:]
-			k.calls.Add(1)
-			go func() {
-				defer k.calls.Done()
-				k.sendEnds(chunk, release)
-			}()
+	if len(ended) > 0 {
+		for _, l := range ended {
+			k.ends.Add(l, 0)
 		}
+		// Their ends have waited for this call already.
+		k.ends.Flush()
 	}
-	send(deletes, false)
-	send(releases, true)
 }
 
+// sendEnds is the handler of k.ends: it deletes the acked leases in one
+// call and releases the others in one call per delay, since a call sets
+// one visibility timeout for all its entries.
+func (k *keeper) sendEnds(ls []*lease) {
+	slices.SortStableFunc(ls, func(a, b *lease) int { return cmp.Compare(endKind(a), endKind(b)) })
+	n := sameKind(ls)
+	if n == len(ls) { // the usual batch: deletes alone
+		k.sendEnd(ls)
+		return
+	}
+	var wg sync.WaitGroup
+	for ; len(ls) > 0; ls = ls[n:] {
+		n = sameKind(ls)
+		call := ls[:n:n]
+		wg.Go(func() { k.sendEnd(call) })
+	}
+	wg.Wait()
+}
+
+// endKind tells the calls of sendEnds apart: -1 for a delete, the delay of
+// a release.
+func endKind(l *lease) time.Duration {
+	if !l.release {
+		return -1
+	}
+	return l.delay
+}
+
+// sameKind is how many of ls, from the first, share its kind of end.
+func sameKind(ls []*lease) int {
+	n := 1
+	for n < len(ls) && endKind(ls[n]) == endKind(ls[0]) {
+		n++
+	}
+	return n
+}
+
+// maxEndAttempts is the most calls that try to delete or release a
+// message, the first included.
 const maxEndAttempts = 5
 
-// sendEnds deletes or releases ls and takes them out of the table, or puts
-// them back for another try with backoff.
-func (k *keeper) sendEnds(ls []*lease, release bool) {
+// The backoff of a failed delete or release (endRetryDelay).
+const (
+	endRetryBase = time.Second
+	endRetryMax  = 5 * time.Second
+)
+
+// endRetryDelay is the wait before retry number n (1 for the first, below
+// maxEndAttempts) of a failed delete or release: endRetryBase, doubled per
+// retry up to endRetryMax, with "equal jitter" (half fixed, half random),
+// so that the ends of one failed call, or of an SQS outage, do not all
+// come back at once. Retries 1 to 4 wait 0.5–1 s, 1–2 s, 2–4 s and 2.5–5 s.
+func endRetryDelay(n int) time.Duration {
+	d := min(endRetryBase<<(n-1), endRetryMax)
+	return d/2 + rand.N(d/2+1)
+}
+
+// sendEnd deletes or releases ls, all of one kind (and one delay), in one
+// call, and takes each out of the table once it is done with, retrying
+// those whose entry failed with backoff, up to maxEndAttempts calls, or
+// until close gives up on them.
+func (k *keeper) sendEnd(ls []*lease) {
+	for attempt := 1; ; attempt++ {
+		ls = k.tryEnd(ls, attempt)
+		if len(ls) == 0 {
+			return
+		}
+		select {
+		case <-time.After(endRetryDelay(attempt)):
+		case <-k.giveUp:
+			return
+		}
+	}
+}
+
+// tryEnd makes one call to delete or release ls and returns those to try
+// again.
+func (k *keeper) tryEnd(ls []*lease, attempt int) (retry []*lease) {
+	release := ls[0].release
 	ctx, cancel := context.WithTimeout(context.Background(), k.callTO)
 	defer cancel()
 	var errs []error
@@ -284,7 +309,6 @@ func (k *keeper) sendEnds(ls []*lease, release bool) {
 	if release {
 		action = "release"
 	}
-	var retry []*lease
 	for i, l := range ls {
 		e := err
 		if e == nil {
@@ -309,26 +333,17 @@ func (k *keeper) sendEnds(ls []*lease, release bool) {
 			k.log.Warn("lease lost before "+action, "message_id", l.msg.ID, "err", e)
 			k.lost.Add(1)
 			k.remove(l)
+		case attempt >= maxEndAttempts:
+			k.log.Error(action+" failed; the message comes back when its visibility expires",
+				"message_id", l.msg.ID, "attempts", attempt, "err", e)
+			k.abandoned.Add(1)
+			k.remove(l)
 		default:
-			l.attempts++
-			if l.attempts >= maxEndAttempts {
-				k.log.Error(action+" failed; the message comes back when its visibility expires",
-					"message_id", l.msg.ID, "attempts", l.attempts, "err", e)
-				k.abandoned.Add(1)
-				k.remove(l)
-				continue
-			}
-			k.log.Warn(action+" failed; retrying", "message_id", l.msg.ID, "attempt", l.attempts, "err", e)
+			k.log.Warn(action+" failed; retrying", "message_id", l.msg.ID, "attempt", attempt, "err", e)
 			retry = append(retry, l)
 		}
 	}
-	if len(retry) > 0 {
-		k.mu.Lock()
-		k.pending = append(k.pending, retry...)
-		backoff := min(k.flushDelay<<retry[0].attempts*10, 5*time.Second)
-		k.mu.Unlock()
-		time.AfterFunc(backoff, k.poke)
-	}
+	return retry
 }
 
 func releaseReason(delay time.Duration) string {
@@ -351,8 +366,11 @@ func (k *keeper) remove(l *lease) {
 }
 
 // close releases any lease still held (there should be none: every path
-// ends its lease), then flushes until every end is sent or ctx ends.
+// ends its lease), then sends every end at once and waits until each is
+// done with or ctx ends. Call it after run has returned.
 func (k *keeper) close(ctx context.Context) error {
+	// An end waiting for an extension joins the batcher when it answers.
+	k.extensions.Wait()
 	k.mu.Lock()
 	var orphans []*lease
 	for l := range k.leases {
@@ -365,22 +383,12 @@ func (k *keeper) close(ctx context.Context) error {
 		k.log.Warn("releasing a message still held at shutdown", "message_id", l.msg.ID)
 		k.release(l, 0)
 	}
-	for {
-		k.flush()
-		k.calls.Wait()
-		k.mu.Lock()
-		left := len(k.pending)
-		k.mu.Unlock()
-		if left == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Join(ctx.Err(),
-				errors.New("messages still pending delete or release at exit; they come back after their visibility timeout"))
-		case <-time.After(50 * time.Millisecond):
-		}
+	if err := k.ends.Shutdown(ctx); err != nil {
+		close(k.giveUp)
+		return errors.Join(err,
+			errors.New("messages still pending delete or release at exit; they come back after their visibility timeout"))
 	}
+	return nil
 }
 
 func handles(ls []*lease) []string {

@@ -2,8 +2,11 @@ package subscriber
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -35,7 +38,7 @@ func (q *slowQueue) ChangeVisibility(ctx context.Context, handles []string, time
 
 func newTestKeeper(q queue.Queue, visibility, maxHold time.Duration) (*keeper, *metrics) {
 	m := newMetrics(prometheus.NewRegistry())
-	return newKeeper(q, m, slog.New(slog.NewTextHandler(io.Discard, nil)), visibility, maxHold), m
+	return newKeeper(q, m, slog.New(slog.NewTextHandler(io.Discard, nil)), visibility, maxHold, job.MaxBatch), m
 }
 
 // receiveAll takes n messages off q under leases of k.
@@ -203,6 +206,176 @@ func TestKeeperNoticesLostLease(t *testing.T) {
 		}
 		if live, _ := q.Stats(); live != 1 {
 			t.Error("a delete with a stale handle removed the other consumer's message")
+		}
+	})
+}
+
+// failingDeletes fails every entry of its first fail Delete calls, with an
+// error worth retrying, and records when each call came.
+type failingDeletes struct {
+	*queuetest.Mem
+	fail  int
+	start time.Time
+	mu    sync.Mutex
+	at    []time.Duration // of each Delete call, since start
+}
+
+func (q *failingDeletes) Delete(ctx context.Context, handles []string) ([]error, error) {
+	q.mu.Lock()
+	q.at = append(q.at, time.Since(q.start))
+	n := len(q.at)
+	q.mu.Unlock()
+	if n > q.fail {
+		return q.Mem.Delete(ctx, handles)
+	}
+	errs := make([]error, len(handles))
+	for i := range errs {
+		errs[i] = errors.New("InternalError: injected") // neither lease lost nor refused: worth retrying
+	}
+	return errs, nil
+}
+
+// A delete whose entry fails is retried after 1 s, then 2, 4 and 5 s (each
+// with up to half taken off at random), and given up after five calls.
+func TestKeeperRetriesEndsWithCappedExponentialBackoff(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		fail       int
+		wantCalls  int
+		wantDelete bool
+	}{
+		{"succeeds at the fifth call", 4, 5, true},
+		{"abandoned after five calls", 100, 5, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				q := &failingDeletes{Mem: queuetest.NewMem(), fail: tc.fail}
+				q.Mem.Put("x", nil)
+				// A long visibility: the ending lease, no longer extended,
+				// outlives the retries.
+				k, _ := newTestKeeper(q, time.Hour, 2*time.Hour)
+				ctx, cancel := context.WithCancel(t.Context())
+				go k.run(ctx)
+				l := receiveAll(t, q.Mem, k, 1, time.Hour)[0]
+				q.start = time.Now()
+				k.ack(l)
+				time.Sleep(time.Minute)
+				cancel()
+				synctest.Wait()
+				if err := k.close(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				q.mu.Lock()
+				at := q.at
+				q.mu.Unlock()
+				if len(at) != tc.wantCalls {
+					t.Fatalf("Delete calls at %v, want %d calls", at, tc.wantCalls)
+				}
+				for i, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second} {
+					if gap := at[i+1] - at[i]; gap < want/2 || gap > want {
+						t.Errorf("retry %d came %v after the call before, want %v to %v (calls at %v)", i+1, gap, want/2, want, at)
+					}
+				}
+				if live, _ := q.Stats(); (live == 0) != tc.wantDelete {
+					t.Errorf("%d messages live; deleted: want %v", live, tc.wantDelete)
+				}
+				abandoned := int64(0)
+				if !tc.wantDelete {
+					abandoned = 1
+				}
+				if k.abandoned.Load() != abandoned || k.held.Load() != 0 {
+					t.Errorf("abandoned %d, held %d; want %d and 0", k.abandoned.Load(), k.held.Load(), abandoned)
+				}
+			})
+		})
+	}
+}
+
+// Close waits for ends still being retried until its context ends, then
+// reports them and stops their retries.
+func TestKeeperCloseGivesUpOnFailingEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &failingDeletes{Mem: queuetest.NewMem(), fail: 100}
+		q.Mem.Put("x", nil)
+		k, _ := newTestKeeper(q, time.Hour, 2*time.Hour)
+		l := receiveAll(t, q.Mem, k, 1, time.Hour)[0]
+		k.ack(l)
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		if err := k.close(ctx); err == nil {
+			t.Fatal("close returned nil with a delete still failing")
+		}
+		q.mu.Lock()
+		calls := len(q.at)
+		q.mu.Unlock()
+		time.Sleep(time.Minute)
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if len(q.at) != calls {
+			t.Errorf("%d Delete calls after close gave up", len(q.at)-calls)
+		}
+		if k.held.Load() != 1 || k.abandoned.Load() != 0 {
+			t.Errorf("held %d, abandoned %d; want the lease left held, not counted", k.held.Load(), k.abandoned.Load())
+		}
+	})
+}
+
+// recordingQueue records each Delete and ChangeVisibility call.
+type recordingQueue struct {
+	*queuetest.Mem
+	mu    sync.Mutex
+	calls []string // "delete n" or "visibility n timeout"
+}
+
+func (q *recordingQueue) Delete(ctx context.Context, handles []string) ([]error, error) {
+	q.mu.Lock()
+	q.calls = append(q.calls, fmt.Sprintf("delete %d", len(handles)))
+	q.mu.Unlock()
+	return q.Mem.Delete(ctx, handles)
+}
+
+func (q *recordingQueue) ChangeVisibility(ctx context.Context, handles []string, timeout time.Duration) ([]error, error) {
+	q.mu.Lock()
+	q.calls = append(q.calls, fmt.Sprintf("visibility %d %v", len(handles), timeout))
+	q.mu.Unlock()
+	return q.Mem.ChangeVisibility(ctx, handles, timeout)
+}
+
+// Ends that wait together go in one call per kind: the deletes in one, the
+// releases in one per delay.
+func TestKeeperSendsOneCallPerKindOfEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &recordingQueue{Mem: queuetest.NewMem()}
+		for range 7 {
+			q.Mem.Put("x", nil)
+		}
+		k, _ := newTestKeeper(q, time.Minute, time.Hour)
+		ctx, cancel := context.WithCancel(t.Context())
+		go k.run(ctx)
+		ls := receiveAll(t, q.Mem, k, 7, time.Minute)
+		k.release(ls[0], 5*time.Second)
+		k.ack(ls[1])
+		k.release(ls[2], 0)
+		k.ack(ls[3])
+		k.release(ls[4], 5*time.Second)
+		k.release(ls[5], 0)
+		k.ack(ls[6])
+		time.Sleep(time.Second)
+		synctest.Wait()
+		q.mu.Lock()
+		got := slices.Sorted(slices.Values(q.calls))
+		q.mu.Unlock()
+		want := []string{"delete 3", "visibility 2 0s", "visibility 2 5s"}
+		if !slices.Equal(got, want) {
+			t.Errorf("calls %q, want %q", got, want)
+		}
+		cancel()
+		synctest.Wait()
+		if err := k.close(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if k.deleted.Load() != 3 || k.released.Load() != 4 || k.held.Load() != 0 {
+			t.Errorf("deleted %d, released %d, held %d; want 3, 4, 0", k.deleted.Load(), k.released.Load(), k.held.Load())
 		}
 	})
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/vramq/vramq/subscriber/queue"
 	"sync"
 	"time"
 
+	// Named apart from this package's own batcher, which forms device batches.
+	callbatch "github.com/vramq/vramq/internal/batcher"
 	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // complete sends one result message per task, through the outbox, which
@@ -119,9 +121,9 @@ const resultLinger = 100 * time.Millisecond
 // device batches, as the keeper does for deletes. Under vram admission a
 // device batch holds a few messages, and a call per batch made results the
 // largest share of the subscriber's requests (bench/overhead.md counts the
-// calls per message); here a call
-// goes when it is full (see full) or holds maxBytes of payload, or when its
-// first result has waited linger.
+// calls per message); here a call goes when it is full (job.MaxBatch results,
+// or fewer when fewer messages may be held at once) or holds a message's
+// worth of payload, or when its first result has waited the linger.
 //
 // A full call is sent by the goroutine whose result filled it (a runner,
 // whose admission is already given back), so it costs no extra goroutine;
@@ -131,18 +133,14 @@ const resultLinger = 100 * time.Millisecond
 // then its lease is held by the keeper and not ending, so heartbeats go
 // on extending it while it waits here.
 //
-// One mutex guards what is pending and the timer; calls run outside it.
 // Call close after the last add: it sends what is left and waits for every
 // call.
 type outbox struct {
-	send     func(context.Context, []queue.Outgoing) ([]error, error)
-	done     func(t *task, err error)
-	linger   time.Duration
-	maxBytes int // payload of one call: bodies and attributes
-	// full is the most results a call can hold: MaxBatch, or fewer when
-	// fewer messages may be held at once, since a result that waited for
-	// company that cannot come would hold up the next receive for nothing.
-	full int
+	send func(context.Context, []queue.Outgoing) ([]error, error)
+	done func(t *task, err error)
+	// calls gathers results into calls (sendCall), on the caller's
+	// goroutine.
+	calls *callbatch.Batcher[outResult]
 	// more reports whether other results may come soon: messages running
 	// or waiting to run. Without, a partial call goes at once rather than
 	// wait out the linger for company that is not coming. Nil: always.
@@ -150,28 +148,33 @@ type outbox struct {
 	// stamp, when set, is told when each call starts (stages.go).
 	stamp func([]outResult, time.Time)
 
-	mu      sync.Mutex
-	pending []outResult
-	bytes   int
+	mu sync.Mutex // guards more and coming
 	// coming counts results promised and not yet added: those of batches
 	// that have returned, and so no longer count in more, and are still
 	// encoding theirs. Two batches that return together would otherwise
 	// each see the other gone and send a call apiece.
 	coming int
-	// gen counts the times pending was emptied. The linger timer carries
-	// the generation it was armed in and does nothing in another, so a
-	// timer that fires while a call is being cut cannot send the next
-	// results early, in a call of one.
-	gen   uint64
-	timer *time.Timer // the current generation's linger; nil when nothing is pending
-	calls sync.WaitGroup
+}
+
+// outboxWith returns an outbox without more or stamp. A call holds up to
+// full results and maxBytes of payload (bodies and attributes), and waits
+// up to linger for them.
+func outboxWith(send func(context.Context, []queue.Outgoing) ([]error, error), done func(*task, error),
+	full, maxBytes int, linger time.Duration) *outbox {
+	o := &outbox{send: send, done: done}
+	o.calls = o.newCalls(full, maxBytes, linger)
+	return o
+}
+
+// newCalls is the batcher of o's calls.
+func (o *outbox) newCalls(full, maxBytes int, linger time.Duration) *callbatch.Batcher[outResult] {
+	return callbatch.New(callbatch.Options{MaxItems: full, MaxBytes: maxBytes, MaxDelay: linger, OnCaller: true}, o.sendCall)
 }
 
 // outResult is one result message on its way, and the task it is for.
 type outResult struct {
-	msg  queue.Outgoing
-	size int // job.MessageSize of msg, set by add and counted against maxBytes
-	t    *task
+	msg queue.Outgoing
+	t   *task
 }
 
 // promise says that results for n tasks will be added soon. A batch makes
@@ -182,65 +185,24 @@ func (o *outbox) promise(n int) {
 	o.mu.Unlock()
 }
 
-// add queues results, sends the calls they fill, and arms the linger for
-// what is left. promised is what the caller promised for them, whether or
-// not every task has a result here.
+// add queues results and sends the calls they fill. promised is what the
+// caller promised for them, whether or not every task has a result here;
+// once every promised result is in and nothing else is running, what is
+// pending goes at once.
 func (o *outbox) add(rs []outResult, promised int) {
-	var full [][]outResult
-	o.mu.Lock()
-	o.coming -= promised
 	for _, r := range rs {
 		// What SQS counts: the body and every attribute's name, type and
 		// value. A count that left the attributes out let calls go over the
 		// limit, refused as a whole with every result in them.
-		r.size = job.MessageSize(r.msg.Body, r.msg.Attributes)
-		if len(o.pending) > 0 && o.bytes+r.size > o.maxBytes {
-			full = append(full, o.cut())
-		}
-		o.pending = append(o.pending, r)
-		o.bytes += r.size
-		if len(o.pending) >= o.full {
-			full = append(full, o.cut())
-		}
+		o.calls.Add(r, job.MessageSize(r.msg.Body, r.msg.Attributes))
 	}
-	if len(o.pending) > 0 && o.coming == 0 && o.more != nil && !o.more() {
-		full = append(full, o.cut())
-	}
-	if len(o.pending) > 0 && o.timer == nil {
-		gen := o.gen
-		o.timer = time.AfterFunc(o.linger, func() { o.expire(gen) })
-	}
-	o.calls.Add(len(full))
-	o.mu.Unlock()
-	for _, c := range full {
-		o.sendCall(c)
-	}
-}
-
-// cut takes everything pending as one call; o.mu must be held.
-func (o *outbox) cut() []outResult {
-	c := o.pending
-	o.pending, o.bytes = nil, 0
-	o.gen++
-	if o.timer != nil {
-		o.timer.Stop()
-		o.timer = nil
-	}
-	return c
-}
-
-// expire sends what is pending when the linger armed in generation gen is
-// over.
-func (o *outbox) expire(gen uint64) {
 	o.mu.Lock()
-	if gen != o.gen || len(o.pending) == 0 {
-		o.mu.Unlock()
-		return
-	}
-	c := o.cut()
-	o.calls.Add(1)
+	o.coming -= promised
+	last := o.coming == 0 && o.more != nil && !o.more()
 	o.mu.Unlock()
-	o.sendCall(c)
+	if last {
+		o.calls.Flush()
+	}
 }
 
 // close sends what is pending at once and waits until every call has
@@ -248,22 +210,12 @@ func (o *outbox) expire(gen uint64) {
 // batch has finished and before the keeper drains, so that no result is
 // left behind and every delete it leads to is flushed.
 func (o *outbox) close() {
-	o.mu.Lock()
-	var c []outResult
-	if len(o.pending) > 0 {
-		c = o.cut()
-		o.calls.Add(1)
-	}
-	o.mu.Unlock()
-	if c != nil {
-		o.sendCall(c)
-	}
-	o.calls.Wait()
+	// Each call is bounded by sendTimeout.
+	_ = o.calls.Shutdown(context.Background())
 }
 
 // sendCall sends one call and tells done how each entry went.
 func (o *outbox) sendCall(c []outResult) {
-	defer o.calls.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 	defer cancel()
 	o.deliver(ctx, c)
@@ -302,19 +254,14 @@ func (o *outbox) deliver(ctx context.Context, c []outResult) {
 // maximum message size in all (256 KiB, or up to 1 MiB where the queue
 // allows it), which MaxMessageBytes stands for.
 func (s *Subscriber) newOutbox() *outbox {
-	return &outbox{
-		send:     s.results.Send,
-		done:     s.resultSent,
-		linger:   resultLinger,
-		maxBytes: s.cfg.MaxMessageBytes,
-		full:     s.fullCall(),
-		// Admitted messages (running, or in a batch about to) count in
-		// inflight until their batch returns, which is before their
-		// results reach add: the batch's promise covers the gap. Waiting
-		// ones are received and not admitted.
-		more:  func() bool { return s.inflight.Load() > 0 || s.waiting.Load() > 0 },
-		stamp: s.m.stampSending,
-	}
+	o := outboxWith(s.results.Send, s.resultSent, s.fullCall(), s.cfg.MaxMessageBytes, resultLinger)
+	// Admitted messages (running, or in a batch about to) count in inflight
+	// until their batch returns, which is before their results reach add:
+	// the batch's promise covers the gap. Waiting ones are received and not
+	// admitted.
+	o.more = func() bool { return s.inflight.Load() > 0 || s.waiting.Load() > 0 }
+	o.stamp = s.m.stampSending
+	return o
 }
 
 // resultSent deletes t's message now that its result is on the results

@@ -82,7 +82,7 @@ func (s *told) count() int {
 func newTestOutbox(l *sendLog, s *told) *outbox {
 	l.start = time.Now()
 	s.errs = map[*task]error{}
-	return &outbox{send: l.send, done: s.done, linger: 100 * time.Millisecond, maxBytes: 1000, full: job.MaxBatch}
+	return outboxWith(l.send, s.done, job.MaxBatch, 1000, 100*time.Millisecond)
 }
 
 // results makes n results of size bytes each as SQS counts them, with
@@ -238,20 +238,15 @@ func TestOutboxCloseSendsAndWaits(t *testing.T) {
 func (h *harness) setLingers(d time.Duration) {
 	o, k := h.sub.outbox, h.sub.keeper
 	o.mu.Lock()
-	o.linger = d
 	o.more = func() bool { return true }
 	o.mu.Unlock()
-	k.mu.Lock()
-	k.flushDelay = d
-	k.mu.Unlock()
+	// Nothing is pending yet: the batchers can be swapped for ones that
+	// wait d, before the first message is sent.
+	o.calls = o.newCalls(h.sub.fullCall(), h.sub.cfg.MaxMessageBytes, d)
+	k.ends = k.newEnds(h.sub.fullCall(), d)
 }
 
-func (h *harness) outboxPending() int {
-	o := h.sub.outbox
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return len(o.pending)
-}
+func (h *harness) outboxPending() int { return h.sub.outbox.calls.Len() }
 
 // Small device batches share result calls, and then delete calls.
 func TestResultsOfSeveralBatchesShareOneCall(t *testing.T) {
@@ -467,7 +462,7 @@ func TestOutboxIsolatesARefusedEntry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var s told
 		var calls atomic.Int32
-		o := &outbox{linger: time.Millisecond, maxBytes: 1 << 20, full: job.MaxBatch, done: s.done}
+		o := outboxWith(nil, s.done, job.MaxBatch, 1<<20, time.Millisecond)
 		o.send = func(ctx context.Context, msgs []queue.Outgoing) ([]error, error) {
 			calls.Add(1)
 			for _, m := range msgs {

@@ -170,9 +170,8 @@ func New(cfg Config) (*Subscriber, error) {
 			s.settle = newSettler(s)
 		}
 	}
-	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold)
+	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold, s.fullCall())
 	s.keeper.onRemove = s.pokeRoom
-	s.keeper.fullCall = s.fullCall()
 	s.outbox = s.newOutbox()
 	s.launcher, _ = cfg.Model.(gpu.Launcher)
 	s.classer, _ = cfg.Model.(gpu.LengthClasser)
