@@ -19,11 +19,15 @@ import (
 // completions need a generative model server; they stay unsupported here.
 
 // embeddingsRequest is the part of an embeddings request body an in-process
-// model reads. Dimensions and user are ignored: the model has one size.
+// model reads; user is ignored.
 type embeddingsRequest struct {
 	Input          json.RawMessage `json:"input"`
 	Model          string          `json:"model"`
 	EncodingFormat string          `json:"encoding_format"`
+	// Dimensions, when given, must be the model's own size: it cannot
+	// shorten its vectors, and one of another size would be a silent
+	// surprise to a client that asked.
+	Dimensions *int `json:"dimensions"`
 }
 
 // embeddingsResponse is OpenAI's CreateEmbeddingResponse.
@@ -160,6 +164,11 @@ func runEmbeddings(ctx context.Context, m gpu.Model, items []job.Item) ([]job.Ou
 			}
 			if len(o.Embedding) == 0 {
 				res[i].Error = job.NewItemError(job.ItemInvalidInput, fmt.Sprintf("input %d: model %s gives no embedding", k, m.Name()))
+				break
+			}
+			if n := r.req.Dimensions; n != nil && *n != len(o.Embedding) {
+				res[i].Error = job.NewItemError(job.ItemInvalidInput, fmt.Sprintf(
+					"dimensions %d: model %s gives %d", *n, m.Name(), len(o.Embedding)))
 				break
 			}
 			d := embeddingData{Object: "embedding", Index: k, Embedding: o.Embedding}
