@@ -138,9 +138,10 @@ type Model interface {
 // The subscriber calls these, rather than Cost and Run, for the items of a
 // job that names an endpoint, each batch holding the items of one endpoint
 // only, so the model never has to guess a request's route from its body.
-// A Model without it is in-process: the subscriber answers such items
-// itself with an item error (job.ItemUnsupportedEndpoint) and never runs
-// them on it.
+// A Model without it is in-process: the subscriber runs the inputs of
+// /v1/embeddings items on it as text items and answers with OpenAI's
+// embeddings response; other endpoints' items it answers itself with an
+// item error (job.ItemUnsupportedEndpoint) and never runs them on it.
 type EndpointModel interface {
 	Model
 	CostEndpoint(endpoint string, items []job.Item) int64

@@ -30,8 +30,9 @@ func (s *Subscriber) recovered(what string, p any, err *error) {
 }
 
 // modelCost is the model's estimate for items of a job that names
-// endpoint ("" for none). Items of an endpoint an in-process model cannot
-// serve cost nothing: they never run on it (modelRun answers them).
+// endpoint ("" for none). An in-process model's embeddings items cost what
+// their inputs would as text items; items of an endpoint it cannot serve
+// cost nothing: they never run on it (modelRun answers them).
 func (s *Subscriber) modelCost(endpoint string, items []job.Item) (cost int64, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -41,6 +42,9 @@ func (s *Subscriber) modelCost(endpoint string, items []job.Item) (cost int64, e
 	if endpoint != "" {
 		if em, ok := s.cfg.Model.(gpu.EndpointModel); ok {
 			return em.CostEndpoint(endpoint, items), nil
+		}
+		if endpoint == job.EndpointEmbeddings {
+			return embeddingsCost(s.cfg.Model, items), nil
 		}
 		return 0, nil
 	}
@@ -68,9 +72,10 @@ func (s *Subscriber) modelClass(endpoint string, items []job.Item) (class int, e
 
 // modelRun runs items of a job that names endpoint ("" for none) as one
 // batch. Endpoint items go to a gpu.EndpointModel with their endpoint; an
-// in-process model never sees them: each is answered with an item error
-// (job.ItemUnsupportedEndpoint), so that such a job ends with its errors
-// rather than crashing the model or being retried into the DLQ.
+// in-process model embeds the inputs of /v1/embeddings items
+// (runEmbeddings) and never sees the others: each is answered with an item
+// error (job.ItemUnsupportedEndpoint), so that such a job ends with its
+// errors rather than crashing the model or being retried into the DLQ.
 func (s *Subscriber) modelRun(ctx context.Context, endpoint string, items []job.Item) (outs []job.Output, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -81,6 +86,9 @@ func (s *Subscriber) modelRun(ctx context.Context, endpoint string, items []job.
 	if endpoint != "" {
 		if em, ok := s.cfg.Model.(gpu.EndpointModel); ok {
 			return em.RunEndpoint(ctx, endpoint, items)
+		}
+		if endpoint == job.EndpointEmbeddings {
+			return runEmbeddings(ctx, s.cfg.Model, items)
 		}
 		return unsupportedEndpoint(s.cfg.Model.Name(), endpoint, items), nil
 	}

@@ -1,13 +1,18 @@
 package subscriber_test
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/openai/openai-go/v3"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/internal/testenv/jobq"
@@ -180,26 +185,116 @@ func TestE2EModelServerMixedQueue(t *testing.T) {
 	p.shutdown()
 }
 
-// An in-process model answers the items of an endpoint job with
-// unsupported_endpoint, and runs the text job beside it as ever.
-func TestE2EInProcessModelRefusesEndpointItems(t *testing.T) {
+// An in-process model serves a job of /v1/embeddings requests: each item's
+// inputs are embedded as a text job's items would be, and its output is the
+// body OpenAI's embeddings endpoint returns (the SDK's own type parses it),
+// base64 when asked; token-id inputs are the item's error. Chat requests
+// stay unsupported_endpoint. Nothing is dead-lettered.
+func TestE2EInProcessModelServesEmbeddings(t *testing.T) {
 	if endpoint() == "" {
 		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
 	}
 	p := newPipeline(t, 2, subscriber.Config{MaxBatchDelay: 500 * time.Millisecond}, nil)
-	text := job.Work{V: job.Version, JobID: "text", Chunk: 0, Chunks: 1, Items: []job.Item{{ID: "t0", Text: "plain text"}}}
-	works := []job.Work{chatWork("chat", 0, 1, "hello", "there"), text}
+	texts := []string{"plain text", "a second sentence of words", "third"}
+	text := job.Work{V: job.Version, JobID: "text", Chunk: 0, Chunks: 1}
+	textOf := map[string]string{} // item ID -> its text
+	for i, s := range texts {
+		id := fmt.Sprintf("t%d", i)
+		textOf[id] = s
+		text.Items = append(text.Items, job.Item{ID: id, Text: s})
+	}
+	emb := job.Work{V: job.Version, JobID: "emb", Chunk: 0, Chunks: 1, Endpoint: job.EndpointEmbeddings, Items: []job.Item{
+		{ID: "one", Body: json.RawMessage(`{"model":"m-one","input":"plain text"}`)},
+		{ID: "many", Body: json.RawMessage(`{"model":"m-many","input":["plain text","a second sentence of words","third"],"encoding_format":"float"}`)},
+		{ID: "b64", Body: json.RawMessage(`{"model":"m-b64","input":["third"],"encoding_format":"base64"}`)},
+		{ID: "ids", Body: json.RawMessage(`{"model":"m-ids","input":[[1,2,3]]}`)},
+	}}
+	works := []job.Work{chatWork("chat", 0, 1, "hello", "there"), text, emb}
 	p.send(works)
 	c := p.collect(len(works), time.Minute)
+	want := map[string][]float32{} // text -> its embedding as a text job's item
+	outs := map[string]job.Output{}
 	for k, r := range c.Results {
 		for _, o := range r.Outputs {
-			if k.JobID == "chat" {
+			switch k.JobID {
+			case "chat":
 				if o.Error == nil || o.Error.Code != job.ItemUnsupportedEndpoint {
 					t.Errorf("chat item %s: %+v; want unsupported_endpoint", o.ID, o)
 				}
-			} else if o.Error != nil || len(o.Embedding) == 0 {
-				t.Errorf("text item %s: %+v; want its embedding", o.ID, o)
+			case "text":
+				if o.Error != nil || len(o.Embedding) == 0 {
+					t.Fatalf("text item %s: %+v; want its embedding", o.ID, o)
+				}
+				want[textOf[o.ID]] = o.Embedding
+			case "emb":
+				outs[o.ID] = o
 			}
+		}
+	}
+	if len(outs) != len(emb.Items) {
+		t.Fatalf("embeddings job: %d outputs; want %d", len(outs), len(emb.Items))
+	}
+	if o := outs["ids"]; o.Error == nil || o.Error.Code != job.ItemInvalidInput || o.Response != nil {
+		t.Errorf("token-id input: %+v; want an invalid_input item error", o)
+	}
+	for _, tc := range []struct {
+		id, model string
+		inputs    []string
+	}{{"one", "m-one", texts[:1]}, {"many", "m-many", texts}, {"b64", "m-b64", texts[2:]}} {
+		o := outs[tc.id]
+		if o.Error != nil || o.Response == nil || o.Response.StatusCode != 200 {
+			t.Errorf("item %s: %+v; want a 200 response", tc.id, o)
+			continue
+		}
+		var got []float32
+		if tc.id == "b64" {
+			var raw struct {
+				Data []struct {
+					Embedding string `json:"embedding"`
+				} `json:"data"`
+			}
+			if err := json.Unmarshal(o.Response.Body, &raw); err != nil || len(raw.Data) != 1 {
+				t.Errorf("item b64: body %s: %v", o.Response.Body, err)
+				continue
+			}
+			b, err := base64.StdEncoding.DecodeString(raw.Data[0].Embedding)
+			if err != nil || len(b)%4 != 0 {
+				t.Errorf("item b64: embedding %q is not base64 float32s: %v", raw.Data[0].Embedding, err)
+				continue
+			}
+			for i := 0; i < len(b); i += 4 {
+				got = append(got, math.Float32frombits(binary.LittleEndian.Uint32(b[i:])))
+			}
+			if d := cmp.Diff(want[tc.inputs[0]], got); d != "" {
+				t.Errorf("item b64: embedding differs from the text job's (-want +got):\n%s", d)
+			}
+			continue
+		}
+		var resp openai.CreateEmbeddingResponse
+		if err := json.Unmarshal(o.Response.Body, &resp); err != nil {
+			t.Errorf("item %s: body %s: %v", tc.id, o.Response.Body, err)
+			continue
+		}
+		if resp.Object != "list" || resp.Model != tc.model || len(resp.Data) != len(tc.inputs) {
+			t.Errorf("item %s: body %s; want a list of %d for model %s", tc.id, o.Response.Body, len(tc.inputs), tc.model)
+			continue
+		}
+		tokens := 0
+		for k, d := range resp.Data {
+			tokens += len(strings.Fields(tc.inputs[k])) // the reference model's token is a word
+			if d.Object != "embedding" || d.Index != int64(k) {
+				t.Errorf("item %s data %d: object %q index %d", tc.id, k, d.Object, d.Index)
+			}
+			got := make([]float32, len(d.Embedding))
+			for i, f := range d.Embedding {
+				got[i] = float32(f)
+			}
+			if dd := cmp.Diff(want[tc.inputs[k]], got); dd != "" {
+				t.Errorf("item %s data %d: embedding differs from the text job's (-want +got):\n%s", tc.id, k, dd)
+			}
+		}
+		if resp.Usage.PromptTokens != int64(tokens) || resp.Usage.TotalTokens != int64(tokens) {
+			t.Errorf("item %s: usage %+v; want %d prompt and total tokens", tc.id, resp.Usage, tokens)
 		}
 	}
 	if d := p.deadLetters(); len(d) != 0 {
