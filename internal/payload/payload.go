@@ -66,19 +66,7 @@ func (s *Store) PutIfAbsent(ctx context.Context, key string, body []byte) (creat
 	} else if !errors.Is(err, ErrMissing) {
 		return false, nil, err
 	}
-	_, err = s.client.PutObject(ctx, &s3.PutObjectInput{
-		Bucket: &s.bucket, Key: &key, Body: bytes.NewReader(body), IfNoneMatch: aws.String("*"),
-		ContentLength: aws.Int64(int64(len(body))), ContentType: aws.String("application/json"),
-	})
-	var apiErr smithy.APIError
-	if errors.As(err, &apiErr) && (apiErr.ErrorCode() == "PreconditionFailed" || apiErr.ErrorCode() == "ConditionalRequestConflict") {
-		b, rerr := s.Read(ctx, key)
-		return false, b, rerr
-	}
-	if err != nil {
-		return false, nil, fmt.Errorf("payload: put s3://%s/%s: %w", s.bucket, key, classify(err))
-	}
-	return true, nil, nil
+	return s.Create(ctx, key, body)
 }
 
 // Create stores body at key unless an object is already there, as
@@ -100,7 +88,7 @@ func (s *Store) Create(ctx context.Context, key string, body []byte) (created bo
 		return false, b, rerr
 	}
 	if err != nil {
-		return false, nil, fmt.Errorf("payload: put s3://%s/%s: %w", s.bucket, key, err)
+		return false, nil, fmt.Errorf("payload: put s3://%s/%s: %w", s.bucket, key, classify(err))
 	}
 	return true, nil, nil
 }
