@@ -17,6 +17,9 @@ EMULATOR    := localstack/emulator.sh
 # build, test, unit, vet and staticcheck run their go command once more in
 # it (go -C).
 HARNESS     := harness
+# infra's Go tests (the Terraform's invariants, read with hcl) are a module of
+# their own too, so that hcl and go-cty stay out of the product's go.mod.
+INFRA_TESTS := infra
 # go test's own timeout, well inside CI's limit.
 TEST_TIMEOUT ?= 8m
 # vet and staticcheck build with the flags the tests build with, so that make test
@@ -144,12 +147,14 @@ test: lint cuda-check
 	eval "$$($(EMULATOR) env)"; \
 	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
 	$(GO) test -race -count=1 -parallel 4 -timeout $(TEST_TIMEOUT) ./...; \
-	$(GO) -C $(HARNESS) test -race -count=1 -parallel 4 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) -C $(HARNESS) test -race -count=1 -parallel 4 -timeout $(TEST_TIMEOUT) ./...; \
+	$(GO) -C $(INFRA_TESTS) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 ## unit: the tests that need no emulator (the end-to-end ones skip)
 unit:
 	env -u AWS_ENDPOINT_URL -u AWS_ENDPOINT_URL_SQS $(GO) test -race ./...
 	env -u AWS_ENDPOINT_URL -u AWS_ENDPOINT_URL_SQS $(GO) -C $(HARNESS) test -race ./...
+	$(GO) -C $(INFRA_TESTS) test -race ./...
 
 ## fuzz: each fuzz target for FUZZTIME (default 5m), one after another; not part of make test.
 # New inputs that find a failure land in the package's testdata/fuzz/<Name>/:
@@ -204,7 +209,7 @@ soak: build
 bench-micro:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 300ms -count 5 ./job/ ./subscriber/ ./publisher/ | tee /tmp/bench.txt
 
-## lint: gofmt, go vet and staticcheck, of the product's module and the harness's
+## lint: gofmt, go vet and staticcheck, of the product's module, the harness's and infra's tests'
 lint: fmt-check vet staticcheck
 
 fmt-check:
@@ -214,10 +219,12 @@ fmt-check:
 vet:
 	$(GO) vet $(CHECK_FLAGS) ./...
 	$(GO) -C $(HARNESS) vet $(CHECK_FLAGS) ./...
+	$(GO) -C $(INFRA_TESTS) vet $(CHECK_FLAGS) ./...
 
 staticcheck: $(STATICCHECK)
 	GOFLAGS=$(CHECK_FLAGS) $(STATICCHECK) ./...
 	cd $(HARNESS) && GOFLAGS=$(CHECK_FLAGS) $(CURDIR)/$(STATICCHECK) ./...
+	cd $(INFRA_TESTS) && GOFLAGS=$(CHECK_FLAGS) $(CURDIR)/$(STATICCHECK) ./...
 
 $(STATICCHECK):
 	GOBIN=$(CURDIR)/$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
@@ -252,7 +259,7 @@ infra-validate:
 ## part of make test, and skipped with the reason where there is no terraform or no mirror.
 ## The mirror's provider may be 5.x: infra/README.md says what that check cannot see.
 infra-validate-offline:
-	$(GO) test -count=1 -run '^(TestTerraformValidate|TestEveryAttributeIsInTheProviderSchema)$$' -v ./infra/
+	$(GO) -C $(INFRA_TESTS) test -count=1 -run '^(TestTerraformValidate|TestEveryAttributeIsInTheProviderSchema)$$' -v ./...
 
 ## queues: create the queues on the endpoint AWS_ENDPOINT_URL names and print their URLs
 queues: build

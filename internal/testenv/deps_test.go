@@ -46,6 +46,8 @@ func TestHarnessModulesOutOfProduct(t *testing.T) {
 		switch r.Path {
 		case "gonum.org/v1/plot", "github.com/schollz/progressbar/v3", "golang.org/x/term":
 			t.Errorf("the product's go.mod requires %s, which only the harness uses", r.Path)
+		case "github.com/hashicorp/hcl/v2", "github.com/zclconf/go-cty":
+			t.Errorf("the product's go.mod requires %s, which only infra's tests use (infra/go.mod)", r.Path)
 		}
 	}
 }
