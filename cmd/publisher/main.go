@@ -146,10 +146,7 @@ func flagName(flag string) string { return "-" + flag + " (" + envflag.Name(flag
 // address is a block of one).
 func prefixes(list string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
-	for _, s := range strings.Split(list, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
+	for _, s := range envflag.List(list) {
 		if a, err := netip.ParseAddr(s); err == nil {
 			out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
 			continue
@@ -167,12 +164,7 @@ func prefixes(list string) ([]netip.Prefix, error) {
 // given but names no model ("," or " ") is refused: whoever wrote it meant
 // to bound the models, and starting without a bound would take any.
 func models(list string) ([]string, error) {
-	var out []string
-	for _, m := range strings.Split(list, ",") {
-		if m = strings.TrimSpace(m); m != "" {
-			out = append(out, m)
-		}
-	}
+	out := envflag.List(list)
 	if list != "" && len(out) == 0 {
 		return nil, fmt.Errorf("%s names no model: refusing to start taking any model by mistake", flagName("models"))
 	}
@@ -184,12 +176,7 @@ func models(list string) ([]string, error) {
 // but names no key ("," or " ") is refused, like an empty file: whoever wrote
 // it meant auth to be on, and starting without it would fail open.
 func apiKeys(list, file string) ([]string, error) {
-	var keys []string
-	for _, k := range strings.Split(list, ",") {
-		if k = strings.TrimSpace(k); k != "" {
-			keys = append(keys, k)
-		}
-	}
+	keys := envflag.List(list)
 	if list != "" && len(keys) == 0 {
 		return nil, fmt.Errorf("%s names no key: refusing to start without auth by mistake", flagName("api-keys"))
 	}

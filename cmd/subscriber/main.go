@@ -61,11 +61,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	c.Admission = subscriber.Strategy(o.admission)
 	c.VRAMReserve, c.VRAMLimit = int64(o.reserve), int64(o.limit)
 	c.MaxBatchBytes = int64(o.maxBatchBytes)
-	for name := range strings.SplitSeq(o.tenants, ",") {
-		if name = strings.TrimSpace(name); name != "" {
-			c.Tenants = append(c.Tenants, name)
-		}
-	}
+	c.Tenants = envflag.List(o.tenants)
 	var missing []string
 	for _, f := range []struct{ name, v string }{{"-queue-url", o.queueURL}, {"-results-queue-url", o.resultsURL}, {"-dlq-url", o.dlqURL}} {
 		if f.v == "" {

@@ -5,10 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/model/modelserver"
 )
 
@@ -82,12 +82,7 @@ func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 // config is the model server's configuration; the key is read from the
 // environment variable the flags name.
 func (o *modelServerOptions) config(getenv func(string) string, log *slog.Logger) modelserver.Config {
-	var models []string
-	for m := range strings.SplitSeq(o.models, ",") {
-		if m = strings.TrimSpace(m); m != "" {
-			models = append(models, m)
-		}
-	}
+	models := envflag.List(o.models)
 	c := modelserver.Config{
 		BaseURL: o.url, Models: models, APIKeyFile: o.apiKeyFile,
 		ConnectTimeout: o.connect, RequestTimeout: o.timeout, MaxRetries: o.retries, MaxWait: o.maxWait,

@@ -68,3 +68,16 @@ func usage(fs *flag.FlagSet) {
 		fmt.Fprintln(w, line)
 	})
 }
+
+// List splits a comma-separated flag value into its items, each trimmed,
+// with the empty ones left out: "a, b,," is [a b]. The flags that take a
+// list (names, models, keys, CIDR blocks) read it the same way.
+func List(s string) []string {
+	var out []string
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}

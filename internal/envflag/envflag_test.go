@@ -3,6 +3,7 @@ package envflag
 import (
 	"bytes"
 	"flag"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,5 +40,21 @@ func TestUsageListsVariables(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "-dlq-url") || !strings.Contains(out.String(), "$DLQ_URL") {
 		t.Errorf("usage does not show the flag and its variable:\n%s", out.String())
+	}
+}
+
+func TestList(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"", nil},
+		{" , ,", nil},
+		{"a", []string{"a"}},
+		{" a, b ,,c ", []string{"a", "b", "c"}},
+	} {
+		if got := List(tc.in); !slices.Equal(got, tc.want) {
+			t.Errorf("List(%q) = %q, want %q", tc.in, got, tc.want)
+		}
 	}
 }
