@@ -30,7 +30,8 @@ import sys
 import time
 
 MAX_HEADER = 100_000_000  # the safetensors reference reader's limit
-DTYPE_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "I32": 4}
+# I64: Hugging Face BERT checkpoints carry the buffer embeddings.position_ids as I64.
+DTYPE_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "I32": 4, "I64": 8}
 WEIGHTS_FORMAT = "vramq-ref-embed-v1"
 BATCH_FORMAT = "vramq-token-batch-v1"
 EMBEDDINGS_FORMAT = "vramq-embeddings-v1"
@@ -93,7 +94,7 @@ def check_format(path, metadata, want):
 def to_tensor(torch, dtype, shape, raw):
     """A CPU tensor of the little-endian bytes raw (this runs on x86 and ARM,
     both little-endian), in memory of its own."""
-    torch_dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32}[dtype]
+    torch_dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32, "I64": torch.int64}[dtype]
     if not raw:
         return torch.empty(shape, dtype=torch_dtype)
     return torch.frombuffer(bytearray(raw), dtype=torch_dtype).reshape(shape)

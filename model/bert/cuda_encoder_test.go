@@ -330,7 +330,8 @@ func TestCUDABertOutOfMemoryThenHalving(t *testing.T) {
 		len(ids), base.MaxSeqLength(), bytesize.Format(need), bytesize.Format(free), size, cudaBertTolerance)
 }
 
-// emulatedGranule is the emulated driver's allocation granule.
+// emulatedGranule is the emulated driver's allocation granule, and the real
+// driver's page (the step in which its free memory moves).
 const emulatedGranule = 2 << 20
 
 // The estimate covers what a batch takes from the device: the device-wide
@@ -362,7 +363,9 @@ func TestCUDABertWorkingBytesCoversAllocation(t *testing.T) {
 		if cpuEst := base.WorkingBytes(shape.items, shape.seqLen); cpuEst < est {
 			t.Errorf("%d×%d: the CPU encoder's estimate %d is below the CUDA allocation %d", shape.items, shape.seqLen, cpuEst, est)
 		}
-		if peak < est {
+		// The driver's free memory moves in whole pages (the granule): a batch
+		// that fits in a page already mapped reads as 0, so one page is allowed.
+		if peak+emulatedGranule < est {
 			t.Errorf("%d×%d: the device lost %d bytes, below the estimate %d: the batch did not allocate what it says", shape.items,
 				shape.seqLen, peak, est)
 		}

@@ -199,6 +199,9 @@ func hogMemory(t *testing.T, m *CUDAEmbedder, leave int64) (release func()) {
 	}
 }
 
+// devicePage is the granule in which the CUDA driver's free memory moves.
+const devicePage = 2 << 20
+
 // Measure reports at least what the batch allocates, and the driver's
 // rounding on top: a calibration sample.
 func TestCUDAMeasure(t *testing.T) {
@@ -211,7 +214,9 @@ func TestCUDAMeasure(t *testing.T) {
 		}
 		cost := m.Cost(items)
 		t.Logf("FIGURE measure: %d items: estimated %s, driver measured %s", n, bytesize.Format(cost), bytesize.Format(peak))
-		if peak < cost-m.CostModel().PerBatch {
+		// The driver's free memory moves in whole pages (2 MiB): a batch that
+		// fits in a page already mapped reads as 0, so one page is allowed.
+		if peak+devicePage < cost-m.CostModel().PerBatch {
 			t.Errorf("%d items: measured %d bytes, below the %d the batch allocates", n, peak, cost)
 		}
 	}
