@@ -21,8 +21,13 @@ import (
 //	done/{job_id}.{rev}.json        a CompletionEvent: revision rev (2, 3, ...), a correction of it, by a subscriber
 //	files/{owner}/{file_id}.jsonl   an uploaded file's content (POST /v1/files), by the publisher
 //	files/{owner}/{file_id}.json    the file's record (name, size, expiry): the file exists while it does, by the publisher
+//	batches/{owner}/{batch_id}.json a batch's record (POST /v1/batches): its request, state and files, by the publisher
+//	batches/{owner}/{batch_id}.ids  the custom_id of each of its lines, one JSON string a line, by the publisher
 //
-// {owner} in files/ is the SHA-256, in hex, of the tenant that owns the file
+// A batch is a job whose id is the batch's id: its chunks, results and
+// markers are the job's, under the keys above.
+//
+// {owner} in files/ and batches/ is the SHA-256, in hex, of the tenant that owns the file
 // (publisher's owner rule): a tenant name may hold any punctuation, '/'
 // included, which would let one tenant's prefix list another's files.
 //
@@ -113,3 +118,17 @@ func FileKey(owner, fileID string) string { return FilesPrefix(owner) + fileID +
 // its content is stored whole and checked, and deleted first, so a file with
 // a record always has its content.
 func FileRecordKey(owner, fileID string) string { return FilesPrefix(owner) + fileID + ".json" }
+
+// BatchesPrefix is what the keys of owner's batches start with, to list them.
+func BatchesPrefix(owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return "batches/" + hex.EncodeToString(sum[:]) + "/"
+}
+
+// BatchKey is where the record of owner's batch batchID is.
+func BatchKey(owner, batchID string) string { return BatchesPrefix(owner) + batchID + ".json" }
+
+// BatchIDsKey is where the custom ids of owner's batch batchID are, in the
+// order of its input file's lines: what its output and error files are
+// written from for lines that have no result.
+func BatchIDsKey(owner, batchID string) string { return BatchesPrefix(owner) + batchID + ".ids" }

@@ -44,6 +44,10 @@ const (
 // OpenAI's Batch API.
 const PurposeBatch = "batch"
 
+// PurposeBatchOutput is the purpose of a batch's output and error files,
+// which the publisher writes (batchfiles.go) and no client may upload.
+const PurposeBatchOutput = "batch_output"
+
 // File expiry, as OpenAI's: a batch file expires 30 days after it was
 // created unless expires_after says otherwise, 1 hour to 30 days. The
 // bucket's lifecycle rule for files/ deletes it some time after that.

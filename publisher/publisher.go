@@ -44,6 +44,9 @@ type Publisher struct {
 	rates   *limiter            // nil without rate limits
 	bodies  *bodyBudget         // request bodies in flight
 	results resultBudget        // bytes of stored results in flight (resultpage.go)
+	// batchBytes bounds the bytes of input files being read into batches
+	// at once (postBatch): MaxFileBytes.
+	batchBytes *semaphore.Weighted
 	now     func() time.Time
 }
 
@@ -79,6 +82,7 @@ func New(cfg Config) (*Publisher, error) {
 	p.rates = newLimiter(&cfg, m)
 	p.bodies = newBodyBudget(&cfg, m)
 	p.results = semaphore.NewWeighted(cfg.MaxResultBytesInFlight)
+	p.batchBytes = semaphore.NewWeighted(cfg.MaxFileBytes)
 	return p, nil
 }
 
@@ -90,6 +94,9 @@ func New(cfg Config) (*Publisher, error) {
 //	POST /v1/files, GET /v1/files, GET and DELETE /v1/files/{id},
 //	GET /v1/files/{id}/content
 //	                     OpenAI's Files API (files.go; auth, rate limits)
+//	POST /v1/batches, GET /v1/batches, GET /v1/batches/{id},
+//	POST /v1/batches/{id}/cancel
+//	                     OpenAI's Batch API (batches.go; auth, rate limits)
 //	GET  /healthz        liveness
 //
 // Every error is JSON, including 404 and 405, and every response says
@@ -118,6 +125,14 @@ func (p *Publisher) Handler() http.Handler {
 	mux.Handle("/v1/files/{id}", openAI(methodNotAllowed("GET, HEAD, DELETE")))
 	mux.Handle("/v1/files/{id}/content", openAI(methodNotAllowed("GET, HEAD")))
 	mux.Handle("/v1/files/", openAI(http.HandlerFunc(notFound)))
+	mux.Handle("POST /v1/batches", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.postBatch)))))
+	mux.Handle("GET /v1/batches", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.listBatches)))))
+	mux.Handle("GET /v1/batches/{id}", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.getBatch)))))
+	mux.Handle("POST /v1/batches/{id}/cancel", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.cancelBatch)))))
+	mux.Handle("/v1/batches", openAI(methodNotAllowed("GET, HEAD, POST")))
+	mux.Handle("/v1/batches/{id}", openAI(methodNotAllowed("GET, HEAD")))
+	mux.Handle("/v1/batches/{id}/cancel", openAI(methodNotAllowed("POST")))
+	mux.Handle("/v1/batches/", openAI(http.HandlerFunc(notFound)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

@@ -58,7 +58,8 @@ type statusBody struct {
 	// GET's answer goes on with results and next_page_token, written as
 	// they are read (resultpage.go).
 
-	done map[int]bool // the chunks with a result
+	done      map[int]bool // the chunks with a result
+	cancelled map[int]bool // the chunks deleted unrun
 }
 
 type failedChunk struct {
@@ -229,7 +230,8 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest) (*statusBody, e
 	done, failedSet = tally.Done, tally.Failed
 	b := &statusBody{JobID: m.JobID, Chunks: m.Chunks, ChunksDone: len(tally.Done), ChunksFailed: len(tally.Failed),
 		ChunksCancelled: len(tally.Cancelled), Items: m.Items, ClaimChecked: m.ClaimChecked, CreatedAt: m.CreatedAt,
-		Failed: []failedChunk{}, Status: tally.Status(cancel != nil), done: tally.Done}
+		Failed: []failedChunk{}, Status: tally.Status(cancel != nil), done: tally.Done,
+		cancelled: tally.Cancelled}
 	b.ChunksPending = tally.Pending()
 	if cancel != nil {
 		at := cancel.At

@@ -1,0 +1,859 @@
+package publisher
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/job"
+)
+
+// Batches, as OpenAI's Batch API has them (its API reference, "Batch"):
+// POST /v1/batches makes a batch of a file uploaded with purpose "batch",
+// GET /v1/batches/{id} and GET /v1/batches read them, and POST
+// /v1/batches/{id}/cancel cancels one. A batch is a job whose id is the
+// batch's: each line of its file is an item of the job, whose id is the
+// line's custom_id and whose body is the line's request, and the job's
+// results become the batch's output and error files when it settles.
+//
+// The batch's record (job.BatchKey) is written when the file is found
+// valid (status validating, then in_progress once every chunk is sent, or
+// failed with every bad line named) and rewritten once, when the job
+// settles (batchfiles.go). Everything between is read from the job: the
+// counts from its results and markers, cancelling from its cancel record.
+// A batch still running at its window's end is cancelled the same way, by
+// the first request that sees it (there is no timer to do it): what has
+// run is in the output file, the rest is batch_expired in the error file.
+
+// Batch statuses: OpenAI's.
+const (
+	batchValidating = "validating"
+	batchFailed     = "failed"
+	batchInProgress = "in_progress"
+	batchFinalizing = "finalizing"
+	batchCompleted  = "completed"
+	batchExpired    = "expired"
+	batchCancelling = "cancelling"
+	batchCancelled  = "cancelled"
+)
+
+// Error codes of the batch routes (docs/api.md), and of errors.data[] of a
+// batch that failed validation.
+const (
+	CodeBatchNotCancellable = "batch_not_cancellable" // 409: the batch has already ended
+	CodeBatchBusy           = "batch_busy"            // 503: too many files being read into batches at once
+	// Validation of a batch's input file (errors.data[].code).
+	CodeInvalidJSONLine    = "invalid_json_line"
+	CodeInvalidCustomID    = "invalid_custom_id"
+	CodeDuplicateCustomID  = "duplicate_custom_id"
+	CodeInvalidMethod      = "invalid_method"
+	CodeMismatchedURL      = "mismatched_url"
+	CodeEmptyFile          = "empty_file"
+	CodeTooManyErrors      = "too_many_errors"
+	CodeEnqueueInterrupted = "enqueue_interrupted"
+)
+
+// completionWindow is the one window OpenAI offers, and so the one a batch
+// may ask for.
+const (
+	completionWindow   = "24h"
+	completionDuration = 24 * time.Hour
+)
+
+// Metadata bounds, OpenAI's: 16 pairs, keys of 64 characters, values of 512.
+const (
+	maxMetadataPairs = 16
+	maxMetadataKey   = 64
+	maxMetadataValue = 512
+)
+
+// Listing: OpenAI's limit for batches, 1 to 100, 20 by default.
+const (
+	defaultBatchList = 20
+	maxBatchList     = 100
+)
+
+// maxBatchErrors bounds the bad lines a failed batch names one by one; one
+// more entry says how many more there were. All 50,000 lines of a file can
+// be bad, and every GET of the batch would carry them all.
+const maxBatchErrors = 1000
+
+// batchSendStale is how long a batch may stay validating before it is taken
+// for one whose publisher died while sending its chunks: far longer than a
+// send may take (enqueueTimeout).
+const batchSendStale = 10 * time.Minute
+
+// maxBatchRequest bounds POST /v1/batches's body: four fields and 16 pairs of
+// metadata come to a few KiB.
+const maxBatchRequest = 64 << 10
+
+// maxBatchRecord bounds the read of a batch record: maxBatchErrors entries of
+// a few hundred bytes at most, and the metadata.
+const maxBatchRecord = 4 << 20
+
+// Batch ids: "batch_", then 48 bits of the Unix time in milliseconds and 80
+// random bits, in hex, as file ids (newFileID): they sort as the batches
+// were made, and are ids of the job grammar, so the batch's job has its id.
+const (
+	batchIDPrefix = "batch_"
+	batchIDLen    = len(batchIDPrefix) + 32
+)
+
+func newBatchID(now time.Time) string {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
+	_, _ = rand.Read(b[6:]) // never fails (crypto/rand documents it)
+	return batchIDPrefix + hex.EncodeToString(b[:])
+}
+
+// validBatchID is checked before an id reaches an S3 key.
+func validBatchID(id string) bool {
+	if len(id) != batchIDLen || !strings.HasPrefix(id, batchIDPrefix) {
+		return false
+	}
+	for i := len(batchIDPrefix); i < len(id); i++ {
+		if c := id[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// batchRecord is what the bucket keeps of a batch.
+type batchRecord struct {
+	V                int               `json:"v"`
+	ID               string            `json:"id"`
+	Owner            string            `json:"owner"` // the owner rule's (owns)
+	Endpoint         string            `json:"endpoint"`
+	InputFileID      string            `json:"input_file_id"`
+	CompletionWindow string            `json:"completion_window"`
+	Metadata         map[string]string `json:"metadata,omitempty"`
+	// OutputExpiresAfter is how long the output and error files are kept, in
+	// seconds; 0 for the files' default.
+	OutputExpiresAfter int64 `json:"output_expires_after,omitempty"`
+	Lines              int   `json:"lines"` // requests in the input file
+	// Status is validating, in_progress or failed until the job settles,
+	// then completed, cancelled or expired.
+	Status       string       `json:"status"`
+	Errors       []batchError `json:"errors,omitempty"`
+	CreatedAt    int64        `json:"created_at"` // Unix seconds, as every time below
+	ExpiresAt    int64        `json:"expires_at"`
+	InProgressAt int64        `json:"in_progress_at,omitempty"`
+	FailedAt     int64        `json:"failed_at,omitempty"`
+	// Set when the job settles (finalizeBatch).
+	CancellingAt int64       `json:"cancelling_at,omitempty"`
+	FinalizingAt int64       `json:"finalizing_at,omitempty"`
+	EndedAt      int64       `json:"ended_at,omitempty"` // completed_at, cancelled_at or expired_at, by Status
+	OutputFileID string      `json:"output_file_id,omitempty"`
+	ErrorFileID  string      `json:"error_file_id,omitempty"`
+	Completed    int         `json:"completed,omitempty"`
+	Failed       int         `json:"failed,omitempty"`
+	Usage        *batchUsage `json:"usage,omitempty"`
+}
+
+func (b *batchRecord) final() bool {
+	switch b.Status {
+	case batchCompleted, batchCancelled, batchExpired, batchFailed:
+		return true
+	}
+	return false
+}
+
+// batchError is an entry of a batch's errors.data: OpenAI's BatchError.
+type batchError struct {
+	Code    string  `json:"code"`
+	Message string  `json:"message"`
+	Param   *string `json:"param"`
+	Line    *int    `json:"line"`
+}
+
+// batchObject is a batch as the API answers it: OpenAI's Batch, with null
+// for every time and file that is not there yet.
+type batchObject struct {
+	ID               string            `json:"id"`
+	Object           string            `json:"object"`
+	Endpoint         string            `json:"endpoint"`
+	Errors           *batchErrors      `json:"errors"`
+	InputFileID      string            `json:"input_file_id"`
+	CompletionWindow string            `json:"completion_window"`
+	Status           string            `json:"status"`
+	OutputFileID     *string           `json:"output_file_id"`
+	ErrorFileID      *string           `json:"error_file_id"`
+	CreatedAt        int64             `json:"created_at"`
+	InProgressAt     *int64            `json:"in_progress_at"`
+	ExpiresAt        *int64            `json:"expires_at"`
+	FinalizingAt     *int64            `json:"finalizing_at"`
+	CompletedAt      *int64            `json:"completed_at"`
+	FailedAt         *int64            `json:"failed_at"`
+	ExpiredAt        *int64            `json:"expired_at"`
+	CancellingAt     *int64            `json:"cancelling_at"`
+	CancelledAt      *int64            `json:"cancelled_at"`
+	RequestCounts    batchCounts       `json:"request_counts"`
+	Usage            *batchUsage       `json:"usage,omitempty"`
+	Metadata         map[string]string `json:"metadata"`
+}
+
+type batchErrors struct {
+	Object string       `json:"object"`
+	Data   []batchError `json:"data"`
+}
+
+type batchCounts struct {
+	Total     int `json:"total"`
+	Completed int `json:"completed"`
+	Failed    int `json:"failed"`
+}
+
+// batchUsage is OpenAI's BatchUsage: the tokens the answers in the output
+// and error files report, added up.
+type batchUsage struct {
+	InputTokens         int64 `json:"input_tokens"`
+	InputTokensDetails  struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	OutputTokens        int64 `json:"output_tokens"`
+	OutputTokensDetails struct {
+		ReasoningTokens int64 `json:"reasoning_tokens"`
+	} `json:"output_tokens_details"`
+	TotalTokens int64 `json:"total_tokens"`
+}
+
+func at(t int64) *int64 {
+	if t == 0 {
+		return nil
+	}
+	return &t
+}
+
+func orNil(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// object is the record as the API answers it, with the counts c (a final
+// record has its own).
+func (b *batchRecord) object(c batchCounts) *batchObject {
+	o := &batchObject{
+		ID: b.ID, Object: "batch", Endpoint: b.Endpoint, InputFileID: b.InputFileID, CompletionWindow: b.CompletionWindow,
+		Status: b.Status, OutputFileID: orNil(b.OutputFileID), ErrorFileID: orNil(b.ErrorFileID), CreatedAt: b.CreatedAt,
+		InProgressAt: at(b.InProgressAt), ExpiresAt: at(b.ExpiresAt), FinalizingAt: at(b.FinalizingAt), FailedAt: at(b.FailedAt),
+		CancellingAt: at(b.CancellingAt), RequestCounts: c, Usage: b.Usage, Metadata: b.Metadata,
+	}
+	if len(b.Errors) > 0 {
+		o.Errors = &batchErrors{Object: "list", Data: b.Errors}
+	}
+	switch b.Status {
+	case batchCompleted:
+		o.CompletedAt = at(b.EndedAt)
+	case batchCancelled:
+		o.CancelledAt = at(b.EndedAt)
+	case batchExpired:
+		o.ExpiredAt = at(b.EndedAt)
+	}
+	if b.final() {
+		o.RequestCounts = batchCounts{Total: b.Lines, Completed: b.Completed, Failed: b.Failed}
+	}
+	return o
+}
+
+func noBatch() *APIError {
+	return paramErr(http.StatusNotFound, CodeNotFound, "id", "No such Batch object")
+}
+
+// batchRequest is POST /v1/batches's body: OpenAI's BatchNewParams.
+type batchRequest struct {
+	InputFileID        string            `json:"input_file_id"`
+	Endpoint           string            `json:"endpoint"`
+	CompletionWindow   string            `json:"completion_window"`
+	Metadata           map[string]string `json:"metadata"`
+	OutputExpiresAfter *struct {
+		Anchor  string `json:"anchor"`
+		Seconds int64  `json:"seconds"`
+	} `json:"output_expires_after"`
+}
+
+func (q *batchRequest) check() *APIError {
+	bad := func(param, format string, a ...any) *APIError {
+		return paramErr(http.StatusBadRequest, CodeInvalidParameter, param, format, a...)
+	}
+	switch {
+	case q.InputFileID == "":
+		return bad("input_file_id", "input_file_id is required: the id of a file uploaded with purpose batch")
+	case !job.ValidEndpoint(q.Endpoint):
+		return bad("endpoint", "endpoint must be one of %s", strings.Join(job.Endpoints, ", "))
+	case q.CompletionWindow != completionWindow:
+		return bad("completion_window", "completion_window must be %q", completionWindow)
+	case len(q.Metadata) > maxMetadataPairs:
+		return bad("metadata", "metadata may hold at most %d pairs", maxMetadataPairs)
+	}
+	for k, v := range q.Metadata {
+		if len([]rune(k)) > maxMetadataKey || len([]rune(v)) > maxMetadataValue {
+			return bad("metadata", "a metadata key may be at most %d characters, and a value %d", maxMetadataKey, maxMetadataValue)
+		}
+	}
+	if e := q.OutputExpiresAfter; e != nil && (e.Anchor != "created_at" || e.Seconds < int64(minFileExpiry/time.Second) ||
+		e.Seconds > int64(maxFileExpiry/time.Second)) {
+		return bad("output_expires_after", "output_expires_after must have anchor created_at and seconds from %d to %d",
+			int64(minFileExpiry/time.Second), int64(maxFileExpiry/time.Second))
+	}
+	return nil
+}
+
+// postBatch is POST /v1/batches. The input file is read and every line
+// checked before anything is sent: a file with a bad line makes a batch
+// that failed at validating, every bad line named, and nothing enqueued.
+// Otherwise the lines become the items of one job, planned and sent as
+// POST /v1/jobs sends a job, and the batch is in_progress. Unlike OpenAI's,
+// the check is done before the answer, so the answer's status is already
+// failed or in_progress: a client polls the same way either way.
+func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
+	ri := info(r)
+	fail := func(e *APIError) {
+		ri.code = e.Code
+		writeError(w, e)
+	}
+	if p.store == nil {
+		fail(apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
+			"batches need a payload bucket, and this publisher has none (-payload-bucket)"))
+		return
+	}
+	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
+		fail(e)
+		return
+	}
+	tenantName, e := p.requestTenant(r)
+	if e != nil {
+		fail(e)
+		return
+	}
+	var q batchRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBatchRequest))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&q); err != nil {
+		fail(decodeError(err))
+		return
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		fail(apiErr(http.StatusBadRequest, CodeMalformedJSON, "the body has data after the batch request"))
+		return
+	}
+	if e := q.check(); e != nil {
+		fail(e)
+		return
+	}
+	owner := p.owner(r)
+	if !validFileID(q.InputFileID) {
+		fail(paramErr(http.StatusNotFound, CodeNotFound, "input_file_id", "No such File object"))
+		return
+	}
+	f, err := p.readFileRecord(r, job.FileRecordKey(owner, q.InputFileID))
+	switch {
+	case errors.Is(err, payload.ErrMissing) || err == nil && f.ID != q.InputFileID:
+		fail(paramErr(http.StatusNotFound, CodeNotFound, "input_file_id", "No such File object"))
+		return
+	case err != nil:
+		p.log.Error("reading a file record", "file_id", q.InputFileID, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the input file's record could not be read"))
+		return
+	case f.Purpose != PurposeBatch:
+		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "input_file_id",
+			"the input file was not uploaded with purpose batch"))
+		return
+	}
+
+	// The lines of a file are held while it becomes a batch (a few times
+	// its size, planned); the bytes of files being read at once are
+	// bounded, so that files of the largest size cannot take the memory
+	// between them. A client that waits too long is told to come back.
+	charge := min(f.Bytes, p.cfg.MaxFileBytes)
+	wctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	err = p.batchBytes.Acquire(wctx, charge)
+	cancel()
+	if err != nil {
+		w.Header().Set("Retry-After", "5")
+		fail(apiErr(http.StatusServiceUnavailable, CodeBatchBusy, "too many files are being read into batches; retry shortly"))
+		return
+	}
+	defer p.batchBytes.Release(charge)
+
+	now := p.now().UTC()
+	b := &batchRecord{V: 1, ID: newBatchID(now), Owner: owner, Endpoint: q.Endpoint, InputFileID: f.ID,
+		CompletionWindow: q.CompletionWindow, Metadata: q.Metadata, CreatedAt: now.Unix(),
+		ExpiresAt: now.Add(completionDuration).Unix()}
+	if q.OutputExpiresAfter != nil {
+		b.OutputExpiresAfter = q.OutputExpiresAfter.Seconds
+	}
+	ri.jobID = b.ID
+	items, bad, err := p.readBatchInput(r.Context(), f, q.Endpoint)
+	if err != nil {
+		p.log.Error("reading a batch's input file", "file_id", f.ID, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the input file could not be read"))
+		return
+	}
+	b.Lines = len(items)
+	var plan *Plan
+	if len(bad) == 0 {
+		var e *APIError
+		if plan, e = p.planner.PlanFor(b.ID, q.Endpoint, items, p.cfg.ChunkItems); e != nil {
+			// Only an item too large for a message without a bucket, or
+			// a planning fault: the file's, or ours, named on the batch.
+			bad = append(bad, batchError{Code: e.Code, Message: e.Message})
+		}
+	}
+	if len(bad) > 0 {
+		b.Status, b.FailedAt, b.Errors = batchFailed, now.Unix(), bad
+		if err := p.putBatch(r.Context(), b); err != nil {
+			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
+			return
+		}
+		writeJSON(w, http.StatusOK, b.object(batchCounts{Total: b.Lines}))
+		return
+	}
+
+	// The record goes first, as validating, and the custom ids beside it:
+	// once a chunk may be on the queue, the batch is there to be read,
+	// cancelled and finalized. A publisher that dies while sending leaves
+	// it validating, which batchView ends once it is stale.
+	ids := make([]byte, 0, len(items)*16)
+	for _, it := range items {
+		ids = append(ids, encodeJSON(it.ID)...)
+		ids = append(ids, '\n')
+	}
+	b.Status = batchValidating
+	if _, err := p.store.Put(r.Context(), job.BatchIDsKey(owner, b.ID), ids); err != nil {
+		p.log.Error("storing a batch's custom ids", "batch_id", b.ID, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
+		return
+	}
+	if err := p.putBatch(r.Context(), b); err != nil {
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
+		return
+	}
+	ectx, ecancel := detach(r.Context())
+	defer ecancel()
+	ri.items, ri.chunks = len(items), len(plan.Chunks)
+	sent, e := p.enqueue(ectx, b.ID, tenantName, owner, plan, len(items))
+	ri.sent = sent
+	if e != nil {
+		// What was sent must not run: the job is cancelled, and the
+		// batch failed, saying why.
+		p.cancelJob(ectx, b.ID)
+		b.Status, b.FailedAt = batchFailed, p.now().Unix()
+		b.Errors = []batchError{{Code: e.Code, Message: e.Message}}
+		_ = p.putBatch(ectx, b)
+		fail(e)
+		return
+	}
+	b.Status, b.InProgressAt = batchInProgress, p.now().Unix()
+	if err := p.putBatch(ectx, b); err != nil {
+		// The job is sent and runs; the batch reads as validating until
+		// a later write. Answer what it is.
+		p.log.Warn("recording a batch in progress", "batch_id", b.ID, "err", err)
+		b.Status, b.InProgressAt = batchValidating, 0
+	}
+	p.m.jobs.Inc()
+	label := p.labels.Label(tenantName)
+	p.m.tenantJobs.WithLabelValues(label).Inc()
+	p.m.tenantItems.WithLabelValues(label).Add(float64(len(items)))
+	writeJSON(w, http.StatusOK, b.object(batchCounts{Total: b.Lines}))
+}
+
+// putBatch writes b's record.
+func (p *Publisher) putBatch(ctx context.Context, b *batchRecord) error {
+	raw, err := json.Marshal(b)
+	if err == nil {
+		_, err = p.store.Put(ctx, job.BatchKey(b.Owner, b.ID), raw)
+	}
+	if err != nil {
+		p.log.Error("writing a batch record", "batch_id", b.ID, "err", err)
+	}
+	return err
+}
+
+// cancelJob writes the job's cancel record, once (the first one's time
+// stands): subscribers delete its chunks unrun from then on.
+func (p *Publisher) cancelJob(ctx context.Context, jobID string) error {
+	raw, err := json.Marshal(job.CancelRecord{V: job.Version, JobID: jobID, At: p.now().UTC()})
+	if err == nil {
+		_, _, err = p.store.PutIfAbsent(ctx, job.CancelKey(jobID), raw)
+	}
+	if err != nil {
+		p.log.Error("cancelling a job", "job_id", jobID, "err", err)
+	}
+	return err
+}
+
+// readBatch reads the record of owner's batch id: payload.ErrMissing
+// (wrapped) when there is none, or it is not the caller's.
+func (p *Publisher) readBatch(r *http.Request, owner, id string) (*batchRecord, error) {
+	raw, err := p.store.ReadLimit(r.Context(), job.BatchKey(owner, id), maxBatchRecord)
+	if err != nil {
+		return nil, err
+	}
+	var b batchRecord
+	if err := json.Unmarshal(raw, &b); err != nil {
+		return nil, fmt.Errorf("batch record %s: %w", id, err)
+	}
+	if b.ID != id || !p.owns(r, b.Owner) {
+		return nil, payload.ErrMissing
+	}
+	return &b, nil
+}
+
+// loadBatch reads the batch r's path names and brings it up to date
+// (batchView), answering r itself (and returning nil) when that fails.
+func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *batchObject, func(*APIError)) {
+	ri := info(r)
+	fail := func(e *APIError) {
+		ri.code = e.Code
+		writeError(w, e)
+	}
+	if p.store == nil {
+		fail(apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
+			"batches need a payload bucket, and this publisher has none (-payload-bucket)"))
+		return nil, nil, fail
+	}
+	id := r.PathValue("id")
+	if !validBatchID(id) {
+		fail(noBatch())
+		return nil, nil, fail
+	}
+	ri.jobID = id
+	b, err := p.readBatch(r, p.owner(r), id)
+	if errors.Is(err, payload.ErrMissing) {
+		fail(noBatch())
+		return nil, nil, fail
+	}
+	var o *batchObject
+	if err == nil {
+		o, err = p.batchView(r.Context(), b)
+	}
+	if err != nil {
+		p.log.Error("reading a batch", "batch_id", id, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be read"))
+		return nil, nil, fail
+	}
+	return b, o, fail
+}
+
+// getBatch is GET /v1/batches/{id}.
+func (p *Publisher) getBatch(w http.ResponseWriter, r *http.Request) {
+	if _, o, _ := p.loadBatch(w, r); o != nil {
+		writeJSON(w, http.StatusOK, o)
+	}
+}
+
+// cancelBatch is POST /v1/batches/{id}/cancel: the job is cancelled, so
+// lines not yet run are not run, and the batch is cancelling until its
+// running chunks end, then cancelled, with what finished in its output
+// file. A batch cancelling or cancelled already is answered as it is; one
+// that has ended otherwise is a 409.
+func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
+	b, o, fail := p.loadBatch(w, r)
+	if o == nil {
+		return
+	}
+	switch o.Status {
+	case batchCancelling, batchCancelled:
+		writeJSON(w, http.StatusOK, o)
+		return
+	case batchCompleted, batchFailed, batchExpired, batchFinalizing:
+		fail(apiErr(http.StatusConflict, CodeBatchNotCancellable, "the batch is %s: it can no longer be cancelled", o.Status))
+		return
+	}
+	ctx := r.Context()
+	if err := p.cancelJob(ctx, b.ID); err != nil {
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be cancelled; try again"))
+		return
+	}
+	o, err := p.batchView(ctx, b)
+	if err != nil {
+		p.log.Error("reading a batch", "batch_id", b.ID, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch was cancelled, but could not be read"))
+		return
+	}
+	writeJSON(w, http.StatusOK, o)
+}
+
+// batchList is GET /v1/batches's answer: OpenAI's cursor page.
+type batchList struct {
+	Object  string         `json:"object"`
+	Data    []*batchObject `json:"data"`
+	FirstID *string        `json:"first_id"`
+	LastID  *string        `json:"last_id"`
+	HasMore bool           `json:"has_more"`
+}
+
+// listBatches is GET /v1/batches: the caller's batches, newest first, limit
+// of them after the batch after names (which need not still exist). Each
+// is brought up to date as GET brings one, readConcurrency at a time.
+func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
+	ri := info(r)
+	fail := func(e *APIError) {
+		ri.code = e.Code
+		writeError(w, e)
+	}
+	if p.store == nil {
+		fail(apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
+			"batches need a payload bucket, and this publisher has none (-payload-bucket)"))
+		return
+	}
+	q := r.URL.Query()
+	limit := defaultBatchList
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxBatchList {
+			fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "limit", "limit must be a whole number from 1 to %d", maxBatchList))
+			return
+		}
+		limit = n
+	}
+	after := q.Get("after")
+	if after != "" && !validBatchID(after) {
+		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "after", "after must be the id of a batch"))
+		return
+	}
+	owner := p.owner(r)
+	prefix := job.BatchesPrefix(owner)
+	keys, err := p.store.List(r.Context(), prefix)
+	if err != nil {
+		p.log.Error("listing batches", "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
+		return
+	}
+	var ids []string
+	for _, k := range keys {
+		if id, ok := strings.CutSuffix(path.Base(k), ".json"); ok && validBatchID(id) && k == prefix+id+".json" && (after == "" || id < after) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	slices.Reverse(ids)
+	out := batchList{Object: "list", Data: []*batchObject{}}
+	if len(ids) > limit {
+		ids, out.HasMore = ids[:limit], true
+	}
+	objs := make([]*batchObject, len(ids))
+	errs := make(chan error, len(ids))
+	sem := make(chan struct{}, readConcurrency)
+	for i, id := range ids {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			b, err := p.readBatch(r, owner, id)
+			if err == nil {
+				objs[i], err = p.batchView(r.Context(), b)
+			}
+			if errors.Is(err, payload.ErrMissing) {
+				err = nil // deleted since the listing
+			}
+			errs <- err
+		}()
+	}
+	for range ids {
+		if e := <-errs; e != nil && err == nil {
+			err = e
+		}
+	}
+	if err != nil {
+		p.log.Error("reading batches", "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
+		return
+	}
+	for _, o := range objs {
+		if o != nil {
+			out.Data = append(out.Data, o)
+		}
+	}
+	if len(out.Data) > 0 {
+		out.FirstID, out.LastID = &out.Data[0].ID, &out.Data[len(out.Data)-1].ID
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// batchView is b as it stands: a batch that has ended is its record; one in
+// progress is counted from its job, expired if its window has passed, and
+// finalized if its job has settled.
+func (p *Publisher) batchView(ctx context.Context, b *batchRecord) (*batchObject, error) {
+	now := p.now()
+	switch b.Status {
+	case batchValidating:
+		if now.Sub(time.Unix(b.CreatedAt, 0)) > batchSendStale {
+			// The publisher that made it died while sending: what it
+			// sent must not run, and the batch failed.
+			if err := p.cancelJob(ctx, b.ID); err != nil {
+				return nil, err
+			}
+			b.Status, b.FailedAt = batchFailed, now.Unix()
+			b.Errors = []batchError{{Code: CodeEnqueueInterrupted,
+				Message: "the publisher stopped while sending the batch's requests; create the batch again"}}
+			if err := p.putBatch(ctx, b); err != nil {
+				return nil, err
+			}
+		}
+		return b.object(batchCounts{Total: b.Lines}), nil
+	case batchInProgress:
+	default:
+		return b.object(batchCounts{}), nil
+	}
+	if now.Unix() >= b.ExpiresAt {
+		// The window is over: the job is cancelled as DELETE cancels it,
+		// and a cancel record at or after expires_at is the expiry.
+		if err := p.cancelJob(ctx, b.ID); err != nil {
+			return nil, err
+		}
+	}
+	raw, err := p.store.Read(ctx, job.ManifestKey(b.ID))
+	if err != nil {
+		return nil, fmt.Errorf("manifest of batch %s: %w", b.ID, err)
+	}
+	var m job.Manifest
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("manifest of batch %s: %w", b.ID, err)
+	}
+	st, err := p.status(ctx, &m)
+	if err != nil {
+		return nil, err
+	}
+	if st.ChunksPending == 0 {
+		return p.finalizeBatch(ctx, b, &m, st)
+	}
+	c := batchCounts{Total: b.Lines, Completed: st.ItemsDone, Failed: st.ItemsFailed + st.unsettledItems(&m)}
+	o := b.object(c)
+	if st.CancelledAt != nil {
+		if ca := st.CancelledAt.Unix(); ca >= b.ExpiresAt {
+			o.Status, o.FinalizingAt = batchFinalizing, &ca
+		} else {
+			o.Status, o.CancellingAt = batchCancelling, &ca
+		}
+	}
+	return o, nil
+}
+
+// unsettledItems counts the items of the job's failed and cancelled chunks.
+func (st *statusBody) unsettledItems(m *job.Manifest) int {
+	n := 0
+	for _, f := range st.Failed {
+		n += m.ChunkItems[f.Chunk]
+	}
+	for c := range st.cancelled {
+		n += m.ChunkItems[c]
+	}
+	return n
+}
+
+// readBatchInput reads f, the input file of a batch for endpoint, line by
+// line: the items of its lines, or the lines that are bad (the first
+// maxBatchErrors of them, then one entry for the rest). A line is
+// OpenAI's request input object, {"custom_id", "method", "url", "body"}:
+// custom_id an item id of the grammar, unique in the file; method POST; url
+// the batch's endpoint; body a request the publisher accepts for it
+// (checkBody, as POST /v1/jobs checks an item's).
+func (p *Publisher) readBatchInput(ctx context.Context, f *fileRecord, endpoint string) ([]RequestItem, []batchError, error) {
+	body, _, err := p.store.Open(ctx, job.FileKey(f.Owner, f.ID))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer body.Close()
+	var (
+		items []RequestItem
+		bad   []batchError
+		more  int
+		seen  = map[string]struct{}{}
+		lim   = p.limits()
+	)
+	badLine := func(n int, code, param, format string, a ...any) {
+		if len(bad) >= maxBatchErrors {
+			more++
+			return
+		}
+		e := batchError{Code: code, Message: fmt.Sprintf(format, a...), Line: &n}
+		if param != "" {
+			e.Param = &param
+		}
+		bad = append(bad, e)
+	}
+	lines := newLineReader(body, p.cfg.MaxFileLineBytes)
+	n, requests := 0, 0
+	for {
+		line, err := lines.next()
+		if err == io.EOF {
+			break
+		}
+		n++
+		if errors.Is(err, errLineTooLong) {
+			badLine(n, CodeLineTooLarge, "", "the line is over %d bytes", p.cfg.MaxFileLineBytes)
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		if n > p.cfg.MaxFileLines {
+			badLine(n, CodeTooManyLines, "", "the file has more than %d lines", p.cfg.MaxFileLines)
+			break
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue // a blank line, at the end of a file most often, is no request
+		}
+		requests++
+		fields, e := bodyFields(line)
+		if e != nil || !json.Valid(line) {
+			badLine(n, CodeInvalidJSONLine, "", "the line is not a JSON object without repeated keys")
+			continue
+		}
+		var id, method, url string
+		if v, ok := present(fields, "custom_id"); !ok || json.Unmarshal(v, &id) != nil || job.CheckItemID(id) != nil {
+			badLine(n, CodeInvalidCustomID, "custom_id",
+				"custom_id must be a string of 1 to %d bytes of UTF-8 without control characters", job.MaxItemIDBytes)
+			continue
+		}
+		if _, dup := seen[id]; dup {
+			badLine(n, CodeDuplicateCustomID, "custom_id", "the custom_id %s is on an earlier line too", job.QuoteID(id))
+			continue
+		}
+		seen[id] = struct{}{}
+		if v, ok := present(fields, "method"); !ok || json.Unmarshal(v, &method) != nil || method != http.MethodPost {
+			badLine(n, CodeInvalidMethod, "method", "method must be POST")
+			continue
+		}
+		if v, ok := present(fields, "url"); !ok || json.Unmarshal(v, &url) != nil || url != endpoint {
+			badLine(n, CodeMismatchedURL, "url", "url must be the batch's endpoint, %s", endpoint)
+			continue
+		}
+		req, _ := present(fields, "body")
+		if len(req) == 0 || req[0] != '{' {
+			badLine(n, CodeInvalidBody, "body", "body must be a JSON object: the request for %s", endpoint)
+			continue
+		}
+		if e := checkBody(endpoint, req, lim); e != nil {
+			badLine(n, e.Code, "body", "%s", e.Message)
+			continue
+		}
+		// req is a copy (json.RawMessage copies what it decodes): the
+		// line's buffer is reused.
+		items = append(items, RequestItem{ID: id, Body: req})
+	}
+	if requests == 0 {
+		bad = append(bad, batchError{Code: CodeEmptyFile, Message: "the input file has no lines"})
+	}
+	if more > 0 {
+		bad = append(bad, batchError{Code: CodeTooManyErrors,
+			Message: fmt.Sprintf("%d more lines are bad; the first %d are named", more, maxBatchErrors)})
+	}
+	return items, bad, nil
+}

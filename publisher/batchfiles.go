@@ -1,0 +1,363 @@
+package publisher
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/vramq/vramq/job"
+)
+
+// A batch's output and error files, as OpenAI writes them (its API
+// reference, "The request output object"): one line per request,
+//
+//	{"id": "batch_req_…", "custom_id": "…", "response": {"status_code", "request_id", "body"}, "error": null}
+//
+// the answers of status 2xx in the output file, and everything else in the
+// error file: a request the server refused (its response kept, and the
+// error), an item the subscriber refused, a request of a chunk that was
+// dead-lettered, and one never run, batch_cancelled or batch_expired.
+// Lines keep the input file's order. They are written when the job has
+// settled, by whichever request finds it so first, streamed from the
+// results into the bucket a chunk at a time; a second request that finds
+// it so before the first has recorded the files writes the same files
+// under the same ids.
+
+// Error codes of the error file's lines that are not the subscriber's item
+// errors (job.ItemInvalidInput and the rest).
+const (
+	lineCancelled    = "batch_cancelled"
+	lineExpired      = "batch_expired"
+	lineDeadLettered = "dead_lettered"   // the line's chunk went to the DLQ; the message says why
+	lineNoOutput     = "missing_output" // the chunk's result has no output for the line
+)
+
+type batchOutputLine struct {
+	ID       string             `json:"id"`
+	CustomID string             `json:"custom_id"`
+	Response *batchLineResponse `json:"response"`
+	Error    *batchLineError    `json:"error"`
+}
+
+type batchLineResponse struct {
+	StatusCode int             `json:"status_code"`
+	RequestID  string          `json:"request_id"`
+	Body       json.RawMessage `json:"body"`
+}
+
+type batchLineError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// finalizeBatch writes the output and error files of b, whose job has
+// settled (st), and records b as ended.
+func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, m *job.Manifest, st *statusBody) (*batchObject, error) {
+	// A client that hangs up does not stop the files half written.
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	now := p.now().Unix()
+	b.FinalizingAt = now
+	b.Status = batchCompleted
+	notRun := lineCancelled
+	if st.CancelledAt != nil {
+		ca := st.CancelledAt.Unix()
+		switch {
+		case ca < b.ExpiresAt:
+			b.Status, b.CancellingAt = batchCancelled, ca
+		case len(st.cancelled) > 0:
+			// Expired with lines not run; a window that closed after
+			// the last line ran leaves the batch completed.
+			b.Status, notRun = batchExpired, lineExpired
+		}
+	}
+	reasons := make(map[int]string, len(st.Failed))
+	for _, f := range st.Failed {
+		reasons[f.Chunk] = f.Reason
+	}
+
+	ids, _, err := p.store.Open(ctx, job.BatchIDsKey(b.Owner, b.ID))
+	if err != nil {
+		return nil, fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
+	}
+	defer ids.Close()
+	out := p.newLineFile(ctx, b, "output")
+	errs := p.newLineFile(ctx, b, "error")
+	defer out.abort()
+	defer errs.abort()
+	var usage batchUsage
+	idLines := bufio.NewReader(ids)
+	for c, n := range m.ChunkItems {
+		var outputs map[string]*job.Output
+		if st.done[c] {
+			if outputs, err = p.chunkOutputs(ctx, b.ID, c); err != nil {
+				return nil, err
+			}
+		}
+		for range n {
+			raw, err := idLines.ReadBytes('\n')
+			var id string
+			if err == nil {
+				err = json.Unmarshal(raw, &id)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
+			}
+			line := batchOutputLine{ID: requestID("batch_req_", b.ID, id), CustomID: id}
+			switch {
+			case st.done[c]:
+				o := outputs[id]
+				switch {
+				case o == nil:
+					line.Error = &batchLineError{Code: lineNoOutput, Message: "the result of the line's chunk has no output for it"}
+				case o.Response != nil:
+					body := o.Response.Body
+					if !json.Valid(body) {
+						body, _ = json.Marshal(string(body))
+					}
+					line.Response = &batchLineResponse{StatusCode: o.Response.StatusCode, RequestID: requestID("req_", b.ID, id), Body: body}
+					if o.Response.StatusCode/100 == 2 {
+						usage.add(body)
+					}
+				}
+				if o != nil && o.Error != nil {
+					line.Error = &batchLineError{Code: o.Error.Code, Message: o.Error.Message}
+				} else if o != nil && o.Response == nil {
+					line.Error = &batchLineError{Code: lineNoOutput, Message: "the model answered the line without a response body"}
+				}
+			case reasons[c] != "":
+				line.Error = &batchLineError{Code: lineDeadLettered, Message: "the line's chunk was dead-lettered: " + reasons[c]}
+			default:
+				line.Error = &batchLineError{Code: notRun, Message: notRunMessage(notRun)}
+			}
+			f := out
+			if line.Error != nil || line.Response.StatusCode/100 != 2 {
+				f = errs
+			}
+			if err := f.write(&line); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if b.OutputFileID, err = out.close(); err != nil {
+		return nil, err
+	}
+	if b.ErrorFileID, err = errs.close(); err != nil {
+		return nil, err
+	}
+	b.Completed, b.Failed = out.lines, errs.lines
+	if usage.TotalTokens > 0 {
+		b.Usage = &usage
+	}
+	b.EndedAt = p.now().Unix()
+	if err := p.putBatch(ctx, b); err != nil {
+		return nil, err
+	}
+	return b.object(batchCounts{}), nil
+}
+
+func notRunMessage(code string) string {
+	if code == lineExpired {
+		return "This request could not be executed before the completion window expired."
+	}
+	return "The batch was cancelled before this request ran."
+}
+
+// requestID is an id for custom id id of batch batchID, the same each time
+// the files are written.
+func requestID(prefix, batchID, id string) string {
+	sum := sha256.Sum256([]byte(batchID + "\x00" + prefix + "\x00" + id))
+	return prefix + hex.EncodeToString(sum[:16])
+}
+
+// chunkOutputs reads the result of chunk c of job jobID, its outputs by item
+// id.
+func (p *Publisher) chunkOutputs(ctx context.Context, jobID string, c int) (map[string]*job.Output, error) {
+	body, size, err := p.store.Open(ctx, job.ResultKey(jobID, c))
+	if err != nil {
+		return nil, err
+	}
+	defer body.Close()
+	if size > job.MaxResultBytes {
+		return nil, fmt.Errorf("result %s is %d bytes, over %d", job.ResultKey(jobID, c), size, job.MaxResultBytes)
+	}
+	res, err := readResult(body, size, jobID, c)
+	if err != nil {
+		return nil, err
+	}
+	outputs := make(map[string]*job.Output, len(res.Outputs))
+	for i := range res.Outputs {
+		outputs[res.Outputs[i].ID] = &res.Outputs[i]
+	}
+	return outputs, nil
+}
+
+// add counts the usage a response body reports: OpenAI's chat and
+// completions say prompt_tokens and completion_tokens, embeddings
+// prompt_tokens and total_tokens.
+func (u *batchUsage) add(body json.RawMessage) {
+	var r struct {
+		Usage struct {
+			PromptTokens        int64 `json:"prompt_tokens"`
+			CompletionTokens    int64 `json:"completion_tokens"`
+			TotalTokens         int64 `json:"total_tokens"`
+			PromptTokensDetails struct {
+				CachedTokens int64 `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+			CompletionTokensDetails struct {
+				ReasoningTokens int64 `json:"reasoning_tokens"`
+			} `json:"completion_tokens_details"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(body, &r) != nil {
+		return
+	}
+	u.InputTokens += r.Usage.PromptTokens
+	u.OutputTokens += r.Usage.CompletionTokens
+	u.InputTokensDetails.CachedTokens += r.Usage.PromptTokensDetails.CachedTokens
+	u.OutputTokensDetails.ReasoningTokens += r.Usage.CompletionTokensDetails.ReasoningTokens
+	u.TotalTokens += max(r.Usage.TotalTokens, r.Usage.PromptTokens+r.Usage.CompletionTokens)
+}
+
+// lineFile is one of a batch's files being written: a JSONL file of the
+// batch's owner, streamed into the bucket as its lines are written, made
+// only when it gets a first line (OpenAI leaves output_file_id or
+// error_file_id null when there is nothing to put there).
+type lineFile struct {
+	p      *Publisher
+	ctx    context.Context
+	b      *batchRecord
+	id     string
+	name   string
+	pw     *io.PipeWriter
+	buf    *bufio.Writer
+	done   chan error
+	size   int64
+	lines  int
+	closed bool
+}
+
+// newLineFile is the file kind ("output" or "error") of b. Its id is made
+// from b's, so that writing the files twice makes the same files.
+func (p *Publisher) newLineFile(ctx context.Context, b *batchRecord, kind string) *lineFile {
+	sum := sha256.Sum256([]byte(b.ID + "\x00" + kind))
+	// The time half of b's id, then bits of the digest: ids still sort by
+	// creation among the owner's files, and are of the file id grammar.
+	id := fileIDPrefix + b.ID[len(batchIDPrefix):len(batchIDPrefix)+12] + hex.EncodeToString(sum[:10])
+	return &lineFile{p: p, ctx: ctx, b: b, id: id, name: b.ID + "_" + kind + ".jsonl"}
+}
+
+func (f *lineFile) write(line *batchOutputLine) error {
+	if f.pw == nil {
+		pr, pw := io.Pipe()
+		f.pw, f.buf, f.done = pw, bufio.NewWriterSize(pw, 64<<10), make(chan error, 1)
+		go func() {
+			n, err := f.p.store.Upload(f.ctx, job.FileKey(f.b.Owner, f.id), "application/octet-stream", pr)
+			f.size = n
+			pr.CloseWithError(err) // a write after a failed upload fails rather than blocks
+			f.done <- err
+		}()
+	}
+	raw, err := marshalUnescaped(line)
+	if err != nil {
+		return err
+	}
+	f.lines++
+	if _, err := f.buf.Write(raw); err != nil {
+		return err
+	}
+	return f.buf.WriteByte('\n')
+}
+
+// close finishes the upload and writes the file's record: the file's id, or
+// "" when it had no lines.
+func (f *lineFile) close() (string, error) {
+	if f.pw == nil {
+		return "", nil
+	}
+	f.closed = true
+	err := f.buf.Flush()
+	f.pw.CloseWithError(err)
+	if uerr := <-f.done; err == nil {
+		err = uerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("writing the %s of batch %s: %w", f.name, f.b.ID, err)
+	}
+	now := f.p.now()
+	expiry := defaultFileExpiry
+	if f.b.OutputExpiresAfter > 0 {
+		expiry = time.Duration(f.b.OutputExpiresAfter) * time.Second
+	}
+	rec := fileRecord{V: 1, ID: f.id, Owner: f.b.Owner, Filename: f.name, Bytes: f.size, Lines: f.lines,
+		Purpose: PurposeBatchOutput, CreatedAt: now.Unix(), ExpiresAt: now.Add(expiry).Unix()}
+	raw, err := json.Marshal(rec)
+	if err == nil {
+		_, err = f.p.store.Put(f.ctx, job.FileRecordKey(f.b.Owner, f.id), raw)
+	}
+	if err != nil {
+		return "", fmt.Errorf("recording the %s of batch %s: %w", f.name, f.b.ID, err)
+	}
+	return f.id, nil
+}
+
+// abort ends an upload that close did not: Upload aborts the multipart
+// upload when its reader fails.
+func (f *lineFile) abort() {
+	if f.pw != nil && !f.closed {
+		f.pw.CloseWithError(errors.New("batch finalization stopped"))
+		<-f.done
+	}
+}
+
+// errLineTooLong is a line over the reader's bound.
+var errLineTooLong = errors.New("line too long")
+
+// lineReader reads a file's lines without their newline, each at most max
+// bytes; a longer one is skipped whole and reported as errLineTooLong.
+type lineReader struct {
+	r   *bufio.Reader
+	max int64
+	buf []byte
+}
+
+func newLineReader(r io.Reader, max int64) *lineReader {
+	return &lineReader{r: bufio.NewReaderSize(r, 64<<10), max: max}
+}
+
+// next returns the next line, valid until the following call, or io.EOF.
+// A last line without a newline is a line; a newline at the end of the file
+// does not start another.
+func (l *lineReader) next() ([]byte, error) {
+	l.buf = l.buf[:0]
+	tooLong := false
+	for {
+		frag, err := l.r.ReadSlice('\n')
+		if !tooLong {
+			if int64(len(l.buf)+len(frag)) > l.max+1 { // +1: the newline
+				tooLong, l.buf = true, l.buf[:0]
+			} else {
+				l.buf = append(l.buf, frag...)
+			}
+		}
+		switch {
+		case err == bufio.ErrBufferFull:
+			continue
+		case err == io.EOF && len(l.buf) == 0 && !tooLong:
+			return nil, io.EOF
+		case err != nil && err != io.EOF:
+			return nil, err
+		}
+		if tooLong {
+			return nil, errLineTooLong
+		}
+		return bytes.TrimSuffix(l.buf, []byte("\n")), nil
+	}
+}
