@@ -220,8 +220,8 @@ type batchCounts struct {
 // batchUsage is OpenAI's BatchUsage: the tokens the answers in the output
 // and error files report, added up.
 type batchUsage struct {
-	InputTokens         int64 `json:"input_tokens"`
-	InputTokensDetails  struct {
+	InputTokens        int64 `json:"input_tokens"`
+	InputTokensDetails struct {
 		CachedTokens int64 `json:"cached_tokens"`
 	} `json:"input_tokens_details"`
 	OutputTokens        int64 `json:"output_tokens"`

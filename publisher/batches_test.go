@@ -280,7 +280,7 @@ func TestBatchInvalidLines(t *testing.T) {
 		fmt.Sprintf(good, 1),
 		`{"custom_id":"x","method":"POST","url":"/v1/embeddings","body":{"model":"ref","input":"x"}`, // 2: not JSON
 		fmt.Sprintf(good, 1), // 3: duplicate custom_id
-		`{"custom_id":"g","method":"GET","url":"/v1/embeddings","body":{"model":"ref","input":"x"}}`,      // 4
+		`{"custom_id":"g","method":"GET","url":"/v1/embeddings","body":{"model":"ref","input":"x"}}`,        // 4
 		`{"custom_id":"u","method":"POST","url":"/v1/chat/completions","body":{"model":"ref","input":"x"}}`, // 5
 		`{"custom_id":"b","method":"POST","url":"/v1/embeddings","body":"x"}`,                               // 6
 		`{"custom_id":"m","method":"POST","url":"/v1/embeddings","body":{"model":"other","input":"x"}}`,     // 7: model not allowed
@@ -318,7 +318,7 @@ func TestBatchInvalidLines(t *testing.T) {
 	}
 	// A request the SDK sends wrong is refused in OpenAI's shape.
 	for what, p := range map[string]openai.BatchNewParams{
-		"endpoint": {InputFileID: f.ID, Endpoint: "/v1/moderations", CompletionWindow: "24h"},
+		"endpoint":          {InputFileID: f.ID, Endpoint: "/v1/moderations", CompletionWindow: "24h"},
 		"completion_window": {InputFileID: f.ID, Endpoint: openai.BatchNewParamsEndpointV1Embeddings, CompletionWindow: "1h"},
 		"input_file_id":     {InputFileID: "file-nope", Endpoint: openai.BatchNewParamsEndpointV1Embeddings, CompletionWindow: "24h"},
 	} {

@@ -35,7 +35,7 @@ import (
 const (
 	lineCancelled    = "batch_cancelled"
 	lineExpired      = "batch_expired"
-	lineDeadLettered = "dead_lettered"   // the line's chunk went to the DLQ; the message says why
+	lineDeadLettered = "dead_lettered"  // the line's chunk went to the DLQ; the message says why
 	lineNoOutput     = "missing_output" // the chunk's result has no output for the line
 )
 

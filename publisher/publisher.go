@@ -47,7 +47,7 @@ type Publisher struct {
 	// batchBytes bounds the bytes of input files being read into batches
 	// at once (postBatch): MaxFileBytes.
 	batchBytes *semaphore.Weighted
-	now     func() time.Time
+	now        func() time.Time
 }
 
 // New checks cfg and builds a Publisher. It makes no AWS calls: read the
