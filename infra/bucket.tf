@@ -11,6 +11,7 @@
 #   itemerrors/{job_id}/{chunk}.json items of a chunk the model refused (subscriber writes, publisher reads)
 #   done/{job_id}.json              a settled job's completion event marker (subscriber, completion_events)
 #   files/{owner}/{file_id}.jsonl   a file uploaded to POST /v1/files, and .json its record (publisher)
+#   batches/{owner}/{batch_id}.json a batch (POST /v1/batches), and .ids its lines' custom ids (publisher)
 #
 # Objects are written once and expire by prefix (payload_expiration_days has
 # a key for each, which infra_test.go compares with package job's layout);

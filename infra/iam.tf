@@ -364,7 +364,7 @@ data "aws_iam_policy_document" "publisher" {
   }
 
   # Listing results/{job}/, failed/{job}/, cancelled/{job}/ and itemerrors/{job}/ for status, files/{owner}/ for
-  # GET /v1/files, and 404s for the rest.
+  # GET /v1/files, batches/{owner}/ for GET /v1/batches, and 404s for the rest.
   statement {
     sid       = "ListJobStatus"
     actions   = ["s3:ListBucket"]
@@ -373,7 +373,7 @@ data "aws_iam_policy_document" "publisher" {
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["jobs/*", "idempotency/*", "results/*", "failed/*", "cancel/*", "cancelled/*", "itemerrors/*", "files/*"]
+      values   = ["jobs/*", "idempotency/*", "results/*", "failed/*", "cancel/*", "cancelled/*", "itemerrors/*", "files/*", "batches/*"]
     }
   }
 
@@ -385,6 +385,15 @@ data "aws_iam_policy_document" "publisher" {
     sid       = "Files"
     actions   = ["s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
     resources = ["${local.bucket_arn}/files/*"]
+  }
+
+  # OpenAI's Batch API (publisher/batches.go): a batch's record and its
+  # lines' custom ids, written at create and rewritten once when it ends; its
+  # output and error files are files/ (above), its job the prefixes above.
+  statement {
+    sid       = "Batches"
+    actions   = ["s3:PutObject", "s3:GetObject"]
+    resources = ["${local.bucket_arn}/batches/*"]
   }
 
   # Under Lambda the function reads its bearer keys itself at a cold start

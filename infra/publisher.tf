@@ -21,7 +21,7 @@ locals {
 
   # The API's paths, the only ones the load balancer forwards (Fargate);
   # anything else, /metrics included, gets a 404 from the balancer itself.
-  publisher_alb_paths = ["/v1/jobs", "/v1/jobs/*", "/v1/files", "/v1/files/*", "/healthz"]
+  publisher_alb_paths = ["/v1/jobs", "/v1/jobs/*", "/v1/files", "/v1/files/*", "/v1/batches", "/v1/batches/*", "/healthz"]
 
   publisher_environment = merge(local.publisher_file_environment, var.publisher_environment, local.publisher_body_environment, {
     QUEUE_URL        = aws_sqs_queue.work.url
@@ -37,15 +37,19 @@ locals {
   # for probes. /metrics is not routed: under Lambda each instance counts
   # only its own requests.
   publisher_routes = {
-    "POST /v1/jobs"              = true
-    "GET /v1/jobs/{id}"          = true
-    "DELETE /v1/jobs/{id}"       = true
-    "POST /v1/files"             = true
-    "GET /v1/files"              = true
-    "GET /v1/files/{id}"         = true
-    "DELETE /v1/files/{id}"      = true
-    "GET /v1/files/{id}/content" = true
-    "GET /healthz"               = false
+    "POST /v1/jobs"                = true
+    "GET /v1/jobs/{id}"            = true
+    "DELETE /v1/jobs/{id}"         = true
+    "POST /v1/files"               = true
+    "GET /v1/files"                = true
+    "GET /v1/files/{id}"           = true
+    "DELETE /v1/files/{id}"        = true
+    "GET /v1/files/{id}/content"   = true
+    "POST /v1/batches"             = true
+    "GET /v1/batches"              = true
+    "GET /v1/batches/{id}"         = true
+    "POST /v1/batches/{id}/cancel" = true
+    "GET /healthz"                 = false
   }
 
   # The largest request body the publisher takes (VRAMQ_MAX_BODY_BYTES).

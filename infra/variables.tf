@@ -165,7 +165,7 @@ variable "payload_bucket_force_destroy" {
 }
 
 variable "payload_expiration_days" {
-  description = "Days before objects under each prefix of the bucket layout (internal/payload) expire. payloads/ should outlive a message's time on the work queue plus the DLQ (4 + 14 days by default), or a redriven message finds its item gone and is dead-lettered as claim_check; results/, failed/, cancel/, cancelled/ and itemerrors/ are what GET /v1/jobs/{id} reads; jobs/ (manifests) should live as long as results/; done/ (completion events' markers) as long as a redelivered chunk could settle its job again, which is as long as jobs/; idempotency/ only as long as clients retry a POST; files/ (POST /v1/files) at least 31, a day past the longest expiry a file may have (30 days, OpenAI's): the publisher stops serving a file at its expires_at, and this removes it later."
+  description = "Days before objects under each prefix of the bucket layout (internal/payload) expire. payloads/ should outlive a message's time on the work queue plus the DLQ (4 + 14 days by default), or a redriven message finds its item gone and is dead-lettered as claim_check; results/, failed/, cancel/, cancelled/ and itemerrors/ are what GET /v1/jobs/{id} reads; jobs/ (manifests) should live as long as results/; done/ (completion events' markers) as long as a redelivered chunk could settle its job again, which is as long as jobs/; idempotency/ only as long as clients retry a POST; files/ (POST /v1/files) at least 31, a day past the longest expiry a file may have (30 days, OpenAI's): the publisher stops serving a file at its expires_at, and this removes it later; batches/ (POST /v1/batches) as long as files/, so a batch is there while its output file is (a batch whose job's results/ expire before any GET finds it settled cannot be finalized: keep results/ past the 24-hour window plus the time clients take to poll)."
   type        = map(number)
   default = {
     payloads    = 19
@@ -178,12 +178,13 @@ variable "payload_expiration_days" {
     itemerrors  = 19
     done        = 19
     files       = 31
+    batches     = 31
   }
   nullable = false
 
   validation {
-    condition     = alltrue([for k, v in var.payload_expiration_days : contains(["payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors", "done", "files"], k) && v >= 1])
-    error_message = "payload_expiration_days: keys among payloads, jobs, idempotency, results, failed, cancel, cancelled, itemerrors, done, files; values at least 1."
+    condition     = alltrue([for k, v in var.payload_expiration_days : contains(["payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors", "done", "files", "batches"], k) && v >= 1])
+    error_message = "payload_expiration_days: keys among payloads, jobs, idempotency, results, failed, cancel, cancelled, itemerrors, done, files, batches; values at least 1."
   }
 }
 

@@ -229,3 +229,16 @@ func TestNewItemErrorEscapesAndCuts(t *testing.T) {
 		t.Errorf("cut to %d bytes (valid %v), want %d", len(odd.Message), utf8.ValidString(odd.Message), MaxItemErrorLen-1)
 	}
 }
+
+func TestBatchOf(t *testing.T) {
+	for id, want := range map[string]string{
+		"batch_0193a1b2c3d4e5f60718293a4b5c6d7e": "batch_0193a1b2c3d4e5f60718293a4b5c6d7e",
+		"0123456789abcdef0123456789abcdef":       "",
+		"batch_":                                 "",
+		"mybatch_1":                              "",
+	} {
+		if got := BatchOf(id); got != want {
+			t.Errorf("BatchOf(%q) = %q; want %q", id, got, want)
+		}
+	}
+}

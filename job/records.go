@@ -86,6 +86,11 @@ type CompletionEvent struct {
 	V     int    `json:"v"`
 	Event string `json:"event"`
 	JobID string `json:"job_id"`
+	// BatchID is the job's id again when the job is a batch of the
+	// publisher's Batch API (BatchOf), so a consumer knows to read it as
+	// one (GET /v1/batches/{id}, which also writes its output files);
+	// absent otherwise.
+	BatchID string `json:"batch_id,omitempty"`
 	// Revision is 1 for a job's first event and one more for each
 	// correction: a consumer keeps, for each job, the event of the highest
 	// revision it has seen, and (job_id, revision) names one event, which
@@ -110,4 +115,18 @@ type CompletionEvent struct {
 	// PublishError, in the done marker only: the publish failed, and a later
 	// check of the job (a redelivery of one of its chunks) sends it again.
 	PublishError string `json:"publish_error,omitempty"`
+}
+
+// BatchIDPrefix starts the id of every batch of the publisher's Batch API,
+// and so of its job (publisher/batches.go).
+const BatchIDPrefix = "batch_"
+
+// BatchOf is the batch whose job jobID is, or "" when it is not a batch's.
+// Anyone who can send to the queue chooses job ids, so this says what the
+// id looks like, not that the publisher made such a batch.
+func BatchOf(jobID string) string {
+	if len(jobID) > len(BatchIDPrefix) && jobID[:len(BatchIDPrefix)] == BatchIDPrefix {
+		return jobID
+	}
+	return ""
 }

@@ -108,7 +108,7 @@ const maxBatchRecord = 4 << 20
 // random bits, in hex, as file ids (newFileID): they sort as the batches
 // were made, and are ids of the job grammar, so the batch's job has its id.
 const (
-	batchIDPrefix = "batch_"
+	batchIDPrefix = job.BatchIDPrefix
 	batchIDLen    = len(batchIDPrefix) + 32
 )
 

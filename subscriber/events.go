@@ -277,7 +277,7 @@ func (s *Subscriber) checkSettled(ctx context.Context, jobID string, j *jobSettl
 		return err
 	}
 	bucket := s.payloads.Bucket()
-	ev := &job.CompletionEvent{V: job.Version, Event: job.EventJobSettled, JobID: jobID, Status: t.Status(false),
+	ev := &job.CompletionEvent{V: job.Version, Event: job.EventJobSettled, JobID: jobID, BatchID: job.BatchOf(jobID), Status: t.Status(false),
 		Chunks: m.Chunks, ChunksDone: len(t.Done), ChunksFailed: len(t.Failed), ChunksCancelled: len(t.Cancelled),
 		Items: m.Items, ItemsDone: itemsDone, ItemsFailed: itemsFailed,
 		ResultsURI: "s3://" + bucket + "/" + job.ResultPrefix(jobID),
