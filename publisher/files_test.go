@@ -374,7 +374,7 @@ func TestFileExpiry(t *testing.T) {
 // Under Lambda the same handler takes an upload from an API Gateway event
 // (base64, as API Gateway sends a multipart body) and answers its content
 // base64-encoded, as a binary body must be.
-func TestFilesUnderLambda(t *testing.T) {
+func TestFilesAndBatchesUnderLambda(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}})
@@ -412,6 +412,24 @@ func TestFilesUnderLambda(t *testing.T) {
 	}
 	if got, err := base64.StdEncoding.DecodeString(out.Body); err != nil || !bytes.Equal(got, data) {
 		t.Errorf("content: %q (%v); want %q", got, err, data)
+	}
+	// A batch of it, read, listed and cancelled through the same handler.
+	out, err = h(t.Context(), apigw.Event("POST", "/v1/batches", map[string]string{"authorization": "Bearer key-a", "content-type": "application/json"},
+		`{"input_file_id":"`+f.ID+`","endpoint":"/v1/embeddings","completion_window":"24h"}`))
+	var b openai.Batch
+	if err != nil || out.StatusCode != 200 || json.Unmarshal([]byte(out.Body), &b) != nil || b.Status != openai.BatchStatusInProgress ||
+		b.RequestCounts.Total != 2 {
+		t.Fatalf("batch: %d %s (%v)", out.StatusCode, out.Body, err)
+	}
+	for _, ev := range []struct{ method, path, want string }{
+		{"GET", "/v1/batches/" + b.ID, `"status":"in_progress"`},
+		{"GET", "/v1/batches?limit=1", `"id":"` + b.ID + `"`},
+		{"POST", "/v1/batches/" + b.ID + "/cancel", `"status":"cancelling"`},
+	} {
+		out, err = h(t.Context(), apigw.Event(ev.method, ev.path, auth, ""))
+		if err != nil || out.StatusCode != 200 || !strings.Contains(out.Body, ev.want) {
+			t.Errorf("%s %s: %d %s (%v)", ev.method, ev.path, out.StatusCode, out.Body, err)
+		}
 	}
 	out, err = h(t.Context(), apigw.Event("GET", "/v1/files/"+f.ID, map[string]string{"authorization": "Bearer nope"}, ""))
 	if err != nil || out.StatusCode != 401 || !strings.Contains(out.Body, `"type":"invalid_request_error"`) {
