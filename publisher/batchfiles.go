@@ -94,10 +94,12 @@ func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, m *job.Ma
 	defer errs.abort()
 	var usage batchUsage
 	idLines := bufio.NewReader(ids)
+	results := p.prefetchOutputs(ctx, b.ID, m.Chunks, st.done)
 	for c, n := range m.ChunkItems {
 		var outputs map[string]*job.Output
 		if st.done[c] {
-			if outputs, err = p.chunkOutputs(ctx, b.ID, c); err != nil {
+			r := results.get(c)
+			if outputs, err = r.outputs, r.err; err != nil {
 				return nil, err
 			}
 		}
@@ -175,6 +177,60 @@ func notRunMessage(code string) string {
 func requestID(prefix, batchID, id string) string {
 	sum := sha256.Sum256([]byte(batchID + "\x00" + prefix + "\x00" + id))
 	return prefix + hex.EncodeToString(sum[:16])
+}
+
+// chunkRead is a chunk's outputs as chunkOutputs read them; held says it
+// holds a place of the prefetch's.
+type chunkRead struct {
+	outputs map[string]*job.Output
+	err     error
+	held    bool
+}
+
+// prefetch reads the results of a job's done chunks readConcurrency at a
+// time and at most that many ahead of its reader, who takes them in chunk
+// order (get). Read one at a time, a large batch's files took a round trip
+// per chunk.
+type prefetch struct {
+	ch    []chan chunkRead // nil for a chunk not done
+	ahead chan struct{}    // a place is held from the read's start until get
+}
+
+func (p *Publisher) prefetchOutputs(ctx context.Context, jobID string, chunks int, done map[int]bool) *prefetch {
+	f := &prefetch{ch: make([]chan chunkRead, chunks), ahead: make(chan struct{}, readConcurrency)}
+	for c := range f.ch {
+		if done[c] {
+			f.ch[c] = make(chan chunkRead, 1)
+		}
+	}
+	go func() {
+		for c, ch := range f.ch {
+			if ch == nil {
+				continue
+			}
+			select {
+			case f.ahead <- struct{}{}:
+				go func() {
+					outputs, err := p.chunkOutputs(ctx, jobID, c)
+					ch <- chunkRead{outputs, err, true}
+				}()
+			case <-ctx.Done():
+				// The reader has stopped (its context ends with it):
+				// nothing more is read.
+				ch <- chunkRead{err: ctx.Err()}
+			}
+		}
+	}()
+	return f
+}
+
+// get waits for chunk c's outputs.
+func (f *prefetch) get(c int) chunkRead {
+	r := <-f.ch[c]
+	if r.held {
+		<-f.ahead
+	}
+	return r
 }
 
 // chunkOutputs reads the result of chunk c of job jobID, its outputs by item
