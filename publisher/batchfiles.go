@@ -187,6 +187,10 @@ type chunkRead struct {
 	held    bool
 }
 
+// finalizeReadAhead is how many results prefetch reads at once; a variable so
+// that BenchmarkBatchLifecycle can compare one at a time.
+var finalizeReadAhead = readConcurrency
+
 // prefetch reads the results of a job's done chunks readConcurrency at a
 // time and at most that many ahead of its reader, who takes them in chunk
 // order (get). Read one at a time, a large batch's files took a round trip
@@ -197,7 +201,7 @@ type prefetch struct {
 }
 
 func (p *Publisher) prefetchOutputs(ctx context.Context, jobID string, chunks int, done map[int]bool) *prefetch {
-	f := &prefetch{ch: make([]chan chunkRead, chunks), ahead: make(chan struct{}, readConcurrency)}
+	f := &prefetch{ch: make([]chan chunkRead, chunks), ahead: make(chan struct{}, finalizeReadAhead)}
 	for c := range f.ch {
 		if done[c] {
 			f.ch[c] = make(chan chunkRead, 1)
