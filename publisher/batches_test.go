@@ -401,3 +401,36 @@ func TestBatchCancelAndExpiry(t *testing.T) {
 		}
 	}
 }
+
+// A batch left validating by a publisher that died while sending its
+// chunks: the first read after batchSendStale (10 minutes) fails it, saying
+// why, and cancels its job, so that what was sent does not run.
+func TestBatchLeftValidatingFails(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{})
+	c := s.sdk("")
+	id := "batch_0193a1b2c3d4e5f60718293a4b5c6d7e"
+	created := time.Now().Add(-11 * time.Minute).Unix()
+	rec := fmt.Sprintf(`{"v":1,"id":%q,"owner":"","endpoint":"/v1/embeddings","input_file_id":"file-0193a1b2c3d4e5f60718293a4b5c6d7e",`+
+		`"completion_window":"24h","lines":3,"status":"validating","created_at":%d,"expires_at":%d}`, id, created, created+24*3600)
+	if _, err := e.store.Put(t.Context(), job.BatchKey("", id), []byte(rec)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Batches.Get(t.Context(), id)
+	if err != nil || b.Status != openai.BatchStatusFailed || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != "enqueue_interrupted" || b.FailedAt == 0 {
+		t.Fatalf("Get: %v %s", err, b.RawJSON())
+	}
+	if _, err := e.store.Read(t.Context(), job.CancelKey(id)); err != nil {
+		t.Errorf("the job's cancel record: %v", err)
+	}
+	// Fresh, it is left as it is.
+	id2 := "batch_0193a1b2c3d4e5f60718293a4b5c6d7f"
+	rec2 := strings.NewReplacer(id, id2, fmt.Sprint(created), fmt.Sprint(time.Now().Unix())).Replace(rec)
+	if _, err := e.store.Put(t.Context(), job.BatchKey("", id2), []byte(rec2)); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := c.Batches.Get(t.Context(), id2); err != nil || b.Status != openai.BatchStatusValidating {
+		t.Errorf("a fresh validating batch: %v %s", err, b.RawJSON())
+	}
+}
