@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
@@ -649,28 +651,21 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 		ids, out.HasMore = ids[:limit], true
 	}
 	objs := make([]*batchObject, len(ids))
-	errs := make(chan error, len(ids))
-	sem := make(chan struct{}, readConcurrency)
+	g, gctx := errgroup.WithContext(r.Context())
+	g.SetLimit(readConcurrency)
 	for i, id := range ids {
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem }()
-			b, err := p.readBatch(r, owner, id)
-			if err == nil {
-				objs[i], err = p.batchView(r.Context(), b)
-			}
+		g.Go(func() error {
+			b, err := p.readBatch(r.WithContext(gctx), owner, id)
 			if errors.Is(err, payload.ErrMissing) {
-				err = nil // deleted since the listing
+				return nil // deleted since the listing
 			}
-			errs <- err
-		}()
+			if err == nil {
+				objs[i], err = p.batchView(gctx, b)
+			}
+			return err
+		})
 	}
-	for range ids {
-		if e := <-errs; e != nil && err == nil {
-			err = e
-		}
-	}
-	if err != nil {
+	if err := g.Wait(); err != nil {
 		p.log.Error("reading batches", "err", err)
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
 		return
