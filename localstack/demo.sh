@@ -120,6 +120,24 @@ awk '/^vramq_subscriber_messages_received_total /{n=$2}
 	/^vramq_subscriber_sqs_requests_total\{/{match($0,/action="[A-Za-z]+"/); a=substr($0,RSTART+8,RLENGTH-9); r[a]+=$2}
 	END{if(n>0){printf "  SQS requests per message (subscriber, %d messages):", n; t=0
 		for(a in r){printf " %s %.2f,", a, r[a]/n; t+=r[a]}; printf " total %.2f\n", t/n}}' .run/demo-metrics.txt
+step "a batch through OpenAI's Batch API: 4 embeddings lines to POST /v1/files, then POST /v1/batches, polled to its end"
+api="http://127.0.0.1:$publisher_port/v1"
+for i in 1 2 3 4; do
+	printf '{"custom_id":"line-%d","method":"POST","url":"/v1/embeddings","body":{"model":"demo","input":"the %d th sentence of the demo batch"}}\n' "$i" "$i"
+done >.run/demo-batch.jsonl
+file_id=$(curl -fsS "$api/files" -F purpose=batch -F file=@.run/demo-batch.jsonl | sed -n 's/.*"id":"\(file-[0-9a-f]*\)".*/\1/p')
+batch=$(curl -fsS "$api/batches" -H 'Content-Type: application/json' \
+	-d '{"input_file_id":"'"$file_id"'","endpoint":"/v1/embeddings","completion_window":"24h"}')
+batch_id=$(sed -n 's/.*"id":"\(batch_[0-9a-f]*\)".*/\1/p' <<<"$batch")
+for _ in $(seq 120); do
+	batch=$(curl -fsS "$api/batches/$batch_id")
+	case $(sed -n 's/.*"status":"\([a-z_]*\)".*/\1/p' <<<"$batch") in completed | failed | expired | cancelled) break ;; esac
+	sleep 0.5
+done
+echo "  $batch_id: $(grep -o '"status":"[a-z_]*"' <<<"$batch"), $(grep -o '"request_counts":{[^}]*}' <<<"$batch")"
+output_id=$(sed -n 's/.*"output_file_id":"\(file-[0-9a-f]*\)".*/\1/p' <<<"$batch")
+[[ -n $output_id ]] && curl -fsS "$api/files/$output_id/content" | cut -c1-150 | sed 's/^/    /'
+
 step "shutdown (SIGTERM)"
 kill -TERM "$pub_pid"
 prc=0
