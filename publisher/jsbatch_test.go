@@ -17,6 +17,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/publisher"
 )
 
@@ -161,7 +162,7 @@ func TestBatchWithTheOpenAIJavaScriptSDK(t *testing.T) {
 	}
 	t.Logf("%s on Node %s: batch %s went %s", sum.SDK, sum.Node, sum.BatchID, strings.Join(sum.Statuses, " → "))
 	if !strings.HasPrefix(sum.SDK, "openai-node ") || sum.RequestCounts.Total != n || sum.RequestCounts.Completed != n ||
-		sum.RequestCounts.Failed != 0 || sum.OutputLines != n || sum.Dimensions == 0 || !sum.Listed ||
+		sum.RequestCounts.Failed != 0 || sum.OutputLines != n || sum.Dimensions != refembed.DefaultConfig().Out || !sum.Listed ||
 		sum.Errors.NotFound.String() != `404 not_found "id"` || sum.Errors.Conflict.String() != "409 batch_not_cancellable null" {
 		t.Errorf("summary: %s", stdout.Bytes())
 	}
