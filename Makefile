@@ -142,16 +142,29 @@ weights:
 ## test: lint, then unit and end-to-end tests against the emulator (started and stopped here)
 # -parallel 4: the end-to-end tests marked parallel mostly wait (visibility timeouts,
 # backoffs, slow models), so four at a time overlap their waits on two cores.
-test: lint cuda-check
+# VRAMQ_REQUIRE_JS_SDK: the JavaScript SDK's test fails, rather than skips, without its install.
+test: lint cuda-check js-sdk
 	@if command -v terraform >/dev/null; then terraform fmt -check -recursive infra; else echo "terraform fmt -check: skipped: no terraform"; fi
 	@started=0; \
 	if ! $(EMULATOR) status >/dev/null 2>&1; then $(EMULATOR) up; started=1; fi; \
 	trap 'if [ $$started = 1 ]; then $(EMULATOR) down; fi' EXIT; \
 	eval "$$($(EMULATOR) env)"; \
 	export AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; \
-	$(GO) test -race -count=1 -parallel 4 -timeout $(TEST_TIMEOUT) ./...; \
+	VRAMQ_REQUIRE_JS_SDK=1 $(GO) test -race -count=1 -parallel 4 -timeout $(TEST_TIMEOUT) ./...; \
 	$(GO) -C $(HARNESS) test -race -count=1 -parallel 4 -timeout $(TEST_TIMEOUT) ./...; \
 	$(GO) -C $(INFRA_TESTS) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+## js-sdk: the official OpenAI JavaScript SDK and a Node 22 for TestBatchWithTheOpenAIJavaScriptSDK,
+## pinned by publisher/testdata/jsclient/package-lock.json (part of make test; again only when the lock changes)
+# npm rewrites node_modules/.package-lock.json on every install, so it stands for the install;
+# --engine-strict=false: npm may run on an older Node than the SDK's, which runs on the bundled one.
+JS_SDK := publisher/testdata/jsclient
+.PHONY: js-sdk
+js-sdk: $(JS_SDK)/node_modules/.package-lock.json
+$(JS_SDK)/node_modules/.package-lock.json: $(JS_SDK)/package-lock.json $(JS_SDK)/package.json
+	@command -v npm >/dev/null || { echo "make js-sdk: npm not found: install Node.js (any version npm runs on)" >&2; exit 1; }
+	cd $(JS_SDK) && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error --engine-strict=false
+	touch $@
 
 ## unit: the tests that need no emulator (the end-to-end ones skip)
 unit:
