@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -56,7 +57,10 @@ const (
 // batch that failed validation.
 const (
 	CodeBatchNotCancellable = "batch_not_cancellable" // 409: the batch has already ended
-	CodeBatchBusy           = "batch_busy"            // 503: too many files being read into batches at once
+	// CodeBatchBusy: 503 when the files being read into batches at once
+	// are at their bound for 30 s; 429 when the client is already creating
+	// one.
+	CodeBatchBusy = "batch_busy"
 	// Validation of a batch's input file (errors.data[].code).
 	CodeInvalidJSONLine    = "invalid_json_line"
 	CodeInvalidCustomID    = "invalid_custom_id"
@@ -343,8 +347,34 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
+	// A client creates one batch at a time: the files being read into
+	// batches share one bound (batchBytes, first come first served), and
+	// this keeps one client from holding all of it while others wait.
+	client := p.clientKey(r)
+	if !p.batchCreators.add(client) {
+		w.Header().Set("Retry-After", "5")
+		fail(apiErr(http.StatusTooManyRequests, CodeBatchBusy, "this client is already creating a batch; retry after the time in Retry-After"))
+		return
+	}
+	defer p.batchCreators.remove(client)
+	// Read as a job's body is read (inflight.go): paced, and charged to the
+	// client's bodies in flight.
+	if r.ContentLength > maxBatchRequest {
+		fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxBatchRequest))
+		return
+	}
+	body, release, err := p.readBody(w, r)
+	defer release()
+	if err != nil {
+		fail(p.bodyError(w, err))
+		return
+	}
+	if len(body) > maxBatchRequest {
+		fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxBatchRequest))
+		return
+	}
 	var q batchRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBatchRequest))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&q); err != nil {
 		fail(decodeError(err))
@@ -851,4 +881,30 @@ func (p *Publisher) readBatchInput(ctx context.Context, f *fileRecord, endpoint 
 			Message: fmt.Sprintf("%d more lines are bad; the first %d are named", more, maxBatchErrors)})
 	}
 	return items, bad, nil
+}
+
+// clientSet is the clients with a batch being created.
+type clientSet struct {
+	mu sync.Mutex
+	in map[string]bool
+}
+
+// add adds client, reporting false when it was there already.
+func (s *clientSet) add(client string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.in[client] {
+		return false
+	}
+	if s.in == nil {
+		s.in = map[string]bool{}
+	}
+	s.in[client] = true
+	return true
+}
+
+func (s *clientSet) remove(client string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.in, client)
 }

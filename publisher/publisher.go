@@ -46,8 +46,9 @@ type Publisher struct {
 	results resultBudget        // bytes of stored results in flight (resultpage.go)
 	// batchBytes bounds the bytes of input files being read into batches
 	// at once (postBatch): MaxFileBytes.
-	batchBytes *semaphore.Weighted
-	now        func() time.Time
+	batchBytes    *semaphore.Weighted
+	batchCreators clientSet // the clients creating a batch, one each
+	now           func() time.Time
 }
 
 // New checks cfg and builds a Publisher. It makes no AWS calls: read the
