@@ -20,21 +20,51 @@ import (
 // Device is the model server as a gpu.Device. Its memory is the server's KV
 // cache in device bytes (Model.Cost's unit): the blocks vllm:cache_config_info
 // names × their size × KV bytes per token, or Config.KVCacheTokens of them,
-// or, knowing neither, Config.TokensInFlight. With vLLM's metrics its free
-// memory follows vllm:kv_cache_usage_perc, and is none while requests wait
-// (vllm:num_requests_waiting): the server has run out of room for what it
-// was given. Without them it is all free, always: the budget is then the
-// capacity, a bound on the tokens vramq has in flight.
+// or, knowing neither, Config.TokensInFlight. Without vLLM's metrics it is
+// all free, always: the budget is then the capacity, a bound on the tokens
+// vramq has in flight.
+//
+// With vLLM's metrics, the device follows the cache, and its free memory is
+// what admission may still fill without the server preempting: kvFill of
+// the pool (the rest is headroom for the sequences running to grow into
+// before others end), scaled by the retraction, less what the cache holds
+// (vllm:kv_cache_usage_perc), never below 0. With the model's working set
+// (Model.Working: the least of its charges and the cache in use), the
+// subscriber's budget, free + working, makes admission take a request while
+// the larger of the charges in flight and the KV allocated, plus its
+// charge, is within that share of the pool: the charges (Model.Cost) are
+// what requests hold on average, and the live usage stops admission when
+// they turn out to hold more, or when another client fills the cache.
+//
+// Retraction is the server's word that admission went too far: a rise of
+// vllm:num_preemptions_total (vLLM freed a running sequence's blocks to
+// recompute it later), or requests waiting (vllm:num_requests_waiting) while
+// the cache is above kvHigh, which is vLLM's queue holding requests for
+// blocks it lacks. Either halves the share admission may fill, down to
+// retractFloor; every later reading without either gives back
+// retractRegrow of the pool, up to the whole share. Requests wait in vLLM
+// with blocks free too, from their arrival to the next step: that says
+// nothing of the cache and is not taken as a signal.
 type Device struct {
 	m        *Model
 	name     string
 	capacity int64
 	live     bool // follows /metrics
 
-	mu   sync.Mutex
-	snap metricsSnap
-	read time.Time
+	mu      sync.Mutex
+	snap    metricsSnap
+	read    time.Time
+	share   float64 // of kvFill admission may fill: 1, lowered by retraction
+	retract int     // retractions so far
 }
+
+// Admission's share of a followed cache and its retraction.
+const (
+	kvFill        = 0.93 // of the pool admission fills; the rest is headroom
+	kvHigh        = 0.97 // usage from which waiting requests wait for blocks
+	retractFloor  = 1.0 / 8
+	retractRegrow = 1.0 / 16
+)
 
 // Name is "model-server" and the server's host.
 func (d *Device) Name() string { return d.name }
@@ -60,21 +90,53 @@ func (d *Device) MemInfo() (gpu.MemInfo, error) {
 			return gpu.MemInfo{}, err
 		}
 		d.mu.Lock()
-		d.snap, d.read = snap, time.Now()
+		d.follow(snap)
 		d.mu.Unlock()
 	}
 	d.mu.Lock()
 	used := d.usedBytes()
+	room := int64(d.share * kvFill * float64(d.capacity))
 	d.mu.Unlock()
-	return gpu.MemInfo{Total: d.capacity, Free: d.capacity - used, Used: used, Process: d.m.Working()}, nil
+	return gpu.MemInfo{Total: d.capacity, Free: max(0, room-used), Used: used, Process: d.m.Working()}, nil
 }
 
-// usedBytes is the KV cache in use at the last reading. d.mu is held.
+// follow takes a new reading of the server's metrics, retracting or
+// growing admission's share. d.mu is held.
+func (d *Device) follow(snap metricsSnap) {
+	prev := d.snap
+	d.snap, d.read = snap, time.Now()
+	preempted := snap.preemptions > prev.preemptions && prev.blocks > 0
+	starved := snap.waiting > 0 && snap.usage >= kvHigh
+	switch {
+	case preempted || starved:
+		from := d.share
+		d.share = max(retractFloor, d.share/2)
+		d.retract++
+		d.m.log.Warn("the model server's KV cache is over-full: admitting less",
+			"preemptions", snap.preemptions-prev.preemptions, "waiting", snap.waiting, "kv_cache_usage", snap.usage,
+			"share_from", from*kvFill, "share_to", d.share*kvFill)
+	case snap.usage < kvHigh:
+		d.share = min(1, d.share+retractRegrow)
+	}
+}
+
+// usedBytes is the KV cache in use at the last reading: all of it while
+// requests wait for blocks. d.mu is held.
 func (d *Device) usedBytes() int64 {
-	if d.snap.waiting > 0 {
+	if d.snap.waiting > 0 && d.snap.usage >= kvHigh {
 		return d.capacity
 	}
 	return min(d.capacity, int64(math.Round(d.snap.usage*float64(d.capacity))))
+}
+
+// blockSize is the server's KV block in tokens; 0 when not followed.
+func (d *Device) blockSize() int64 {
+	if !d.live {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.snap.blockSize
 }
 
 // Close closes the model's idle connections.
@@ -85,12 +147,13 @@ type metricsSnap struct {
 	blocks, blockSize int64   // vllm:cache_config_info's num_gpu_blocks, block_size
 	usage             float64 // vllm:kv_cache_usage_perc, 0 to 1
 	waiting           float64 // vllm:num_requests_waiting
+	preemptions       float64 // vllm:num_preemptions_total
 }
 
 // readMetrics reads vLLM's metrics (docs/usage/metrics.md): the cache's
 // configuration, its usage (kv_cache_usage_perc, or the older name
 // gpu_cache_usage_perc) and the requests waiting, the largest of each over
-// the engines a server runs.
+// the engines a server runs, and the preemptions, summed over them.
 func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	var s metricsSnap
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.base+"/metrics", nil)
@@ -139,6 +202,9 @@ func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	}
 	for _, mt := range family(fams, "vllm:num_requests_waiting") {
 		s.waiting = math.Max(s.waiting, value(mt))
+	}
+	for _, mt := range family(fams, "vllm:num_preemptions_total") {
+		s.preemptions += value(mt)
 	}
 	s.usage = math.Min(1, math.Max(0, s.usage))
 	return s, nil
