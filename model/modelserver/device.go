@@ -25,16 +25,15 @@ import (
 // vramq has in flight.
 //
 // With vLLM's metrics, the device follows the cache, and its free memory is
-// what admission may still fill without the server preempting: kvFill of
-// the pool (the rest is headroom for the sequences running to grow into
-// before others end), scaled by the retraction, less what the cache holds
-// (vllm:kv_cache_usage_perc), never below 0. With the model's working set
-// (Model.Working: the least of its charges and the cache in use), the
-// subscriber's budget, free + working, makes admission take a request while
-// the larger of the charges in flight and the KV allocated, plus its
-// charge, is within that share of the pool: the charges (Model.Cost) are
-// what requests hold on average, and the live usage stops admission when
-// they turn out to hold more, or when another client fills the cache.
+// what admission may still fill: the pool, scaled by the retraction, less
+// what the cache holds (vllm:kv_cache_usage_perc), never below 0. With the
+// model's working set (Model.Working: the least of its charges and the
+// cache in use), the subscriber's budget, free + working, makes admission
+// take a request while the larger of the charges in flight and the KV
+// allocated, plus its charge, is within that: the charges (Model.Cost) are
+// what requests hold on average with a headroom for their spread, and the
+// live usage stops admission when they turn out to hold more, or when
+// another client fills the cache.
 //
 // Retraction is the server's word that admission went too far: a rise of
 // vllm:num_preemptions_total (vLLM freed a running sequence's blocks to
@@ -54,13 +53,12 @@ type Device struct {
 	mu      sync.Mutex
 	snap    metricsSnap
 	read    time.Time
-	share   float64 // of kvFill admission may fill: 1, lowered by retraction
+	share   float64 // of the pool admission may fill: 1, lowered by retraction
 	retract int     // retractions so far
 }
 
 // Admission's share of a followed cache and its retraction.
 const (
-	kvFill        = 0.93 // of the pool admission fills; the rest is headroom
 	kvHigh        = 0.97 // usage from which waiting requests wait for blocks
 	retractFloor  = 1.0 / 8
 	retractRegrow = 1.0 / 16
@@ -95,7 +93,7 @@ func (d *Device) MemInfo() (gpu.MemInfo, error) {
 	}
 	d.mu.Lock()
 	used := d.usedBytes()
-	room := int64(d.share * kvFill * float64(d.capacity))
+	room := int64(d.share * float64(d.capacity))
 	d.mu.Unlock()
 	return gpu.MemInfo{Total: d.capacity, Free: max(0, room-used), Used: used, Process: d.m.Working()}, nil
 }
@@ -114,7 +112,7 @@ func (d *Device) follow(snap metricsSnap) {
 		d.retract++
 		d.m.log.Warn("the model server's KV cache is over-full: admitting less",
 			"preemptions", snap.preemptions-prev.preemptions, "waiting", snap.waiting, "kv_cache_usage", snap.usage,
-			"share_from", from*kvFill, "share_to", d.share*kvFill)
+			"share_from", from, "share_to", d.share)
 	case snap.usage < kvHigh:
 		d.share = min(1, d.share+retractRegrow)
 	}

@@ -161,7 +161,7 @@ func TestTokenizerCountsExactly(t *testing.T) {
 }
 
 // The device follows vLLM's metrics: capacity from cache_config_info, free
-// memory kvFill of it less kv_cache_usage_perc, and the working set is the
+// memory the pool less kv_cache_usage_perc, and the working set is the
 // KV of the requests in flight, no more than the cache holds.
 func TestDeviceFollowsTheKVCache(t *testing.T) {
 	fc := fakeoai.Config{NumGPUBlocks: 600, BlockSize: 16, MaxModelLen: 4096, TokenLatency: 10 * time.Millisecond}
@@ -175,7 +175,7 @@ func TestDeviceFollowsTheKVCache(t *testing.T) {
 			t.Fatal(err)
 		}
 		mem, err := d.MemInfo()
-		room := int64(kvFill * 600 * 16 * 1000)
+		room := int64(600 * 16 * 1000)
 		if want := int64(600 * 16 * 1000); err != nil || mem.Total != want || mem.Free != room || d.Simulated() {
 			t.Fatalf("idle: %+v, %v; want %d total and %d free, read from the server", mem, err, want, room)
 		}

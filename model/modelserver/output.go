@@ -8,29 +8,37 @@ import (
 // What a generation holds of a vLLM server's KV cache. vLLM allocates a
 // sequence's blocks as it goes: its prompt at the first step, then a block
 // whenever its output crosses a block boundary, all freed when it ends. A
-// sequence generating L tokens at one a step therefore holds, averaged
-// over its life, its prompt and L/2 of output. Over the sequences in
-// flight at any moment, longer ones are there longer, so the KV they hold
-// in all is, on average (Little's law), as many times prompt plus
-// E[L²] / 2E[L] as there are sequences, plus half a block each for the
-// last block's unused part. Charging each request that much, rather than
-// prompt + max_tokens (what TGI reserves up front, and what a request
-// could at most take), makes the charges of the requests in flight add up
-// to what the server actually holds for them, which is what lets admission
-// fill the pool: reserving max_tokens for requests that end well short of
-// it leaves most of the pool idle (bench/modelserver.md, section 2). A
-// high quantile of L does not do it either: it charges each request its
-// peak, which the requests in flight never reach together.
+// sequence generating L tokens at one a step holds, at an instant of its
+// life taken at random, its prompt and g ~ uniform(0, L) tokens of output.
+// Longer sequences are in flight longer, so over the sequences in flight
+// at any moment (Little's law) g has the mean E[L²] / 2E[L] and the second
+// moment E[L³] / 3E[L], from the lengths of past answers (usage), and the
+// last block's unused part adds half a block on average.
 //
-// Short of outputSamples answers of a kind, there is nothing to go on, and
-// a request is charged its max_tokens. The learned charge is never above
-// max_tokens (min(L, max_tokens) is what a request so capped generates),
-// and it is the average in flight, not a bound: what keeps the sum of the
-// charges honest when the pool is shared, or the lengths change, is the
-// server's live usage (Device), which admission follows too.
+// A request is charged its prompt and that mean per sequence, plus its
+// share of the headroom the pool needs for the spread: N requests alike in
+// flight hold N means with a standard deviation of √N σ, so kvSpread
+// standard deviations of headroom is kvSpread × σ × √(m / C) for each,
+// where m is the request's mean charge and C the pool (N = C / m at full).
+// Charges that add up to the pool then fill it to its mean, kvSpread
+// standard deviations below preemption, whatever the spread of lengths:
+// the pool is filled the more the narrower the lengths and the more
+// requests it holds. Reserving prompt + max_tokens (what TGI reserves up
+// front, and what a request could at most take) for requests that end well
+// short of it leaves most of the pool idle (bench/modelserver.md, section
+// 2); a high quantile of L charges each request its peak, which the
+// requests in flight never reach together.
+//
+// Short of outputSamples answers of a kind there is nothing to go on, and
+// a request is charged its max_tokens. The charge is never above prompt +
+// max_tokens (min(L, max_tokens) is what a request so capped generates) and
+// never below the prompt. It is an average, not a bound: what keeps it
+// honest when the lengths change, or the pool is shared, is the server's
+// live usage and preemptions, which admission follows too (Device).
 const (
 	outputWindow  = 512 // the last answers' lengths kept, per kind
 	outputSamples = 8   // answers seen before the lengths are trusted
+	kvSpread      = 3   // standard deviations of headroom
 )
 
 // outputs learns the lengths of generated answers per kind of request.
@@ -69,40 +77,45 @@ func (o *outputs) observe(kind string, completion, seqs int64) {
 	k.next = (k.next + 1) % outputWindow
 }
 
-// held is the output tokens one sequence of kind holds on average while in
-// flight, its answer capped at maxOut tokens: Σ min(L, maxOut)² / 2 Σ
-// min(L, maxOut) over the answers seen. ok is false short of
-// outputSamples answers.
-func (o *outputs) held(kind string, maxOut int64) (tokens float64, ok bool) {
+// held is the output tokens one sequence of kind holds while in flight,
+// its answer capped at maxOut tokens: their mean and variance over the
+// answers seen. ok is false short of outputSamples answers.
+func (o *outputs) held(kind string, maxOut int64) (mean, variance float64, ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	k := o.kinds[kind]
 	if k == nil || len(k.l) < outputSamples || maxOut <= 0 {
-		return 0, false
+		return 0, 0, false
 	}
-	var sum, sq float64
+	var s1, s2, s3 float64
 	for _, l := range k.l {
 		c := float64(min(l, maxOut))
-		sum += c
-		sq += c * c
+		s1 += c
+		s2 += c * c
+		s3 += c * c * c
 	}
-	return sq / (2 * sum), true
+	mean = s2 / (2 * s1)
+	return mean, max(0, s3/(3*s1)-mean*mean), true
 }
 
-// kvTokens is the KV charge of r in tokens: its prompt, plus for each
-// sequence what it holds on average of output and half a block, once the
-// server's cache is followed and answers of r's kind have been seen;
-// otherwise, and never more than, prompt + max_tokens × sequences.
+// kvTokens is the KV charge of r in tokens: its prompt and, once the
+// server's cache is followed and answers of r's kind have been seen, its
+// sequences' mean output held, half a block each, and its share of the
+// headroom; otherwise, and never more than, prompt + max_tokens ×
+// sequences.
 func (m *Model) kvTokens(r *request) int64 {
-	prompt := m.counter.tokens(r.kind(), r.prompt)
-	worst := prompt + r.maxOut*r.choices
+	worst := m.counter.tokens(r.kind(), r.prompt) + r.maxOut*r.choices
 	if r.ep == embeddings || !m.dev.live {
 		return worst
 	}
-	h, ok := m.outputs.held(r.kind(), r.maxOut)
+	h, v, ok := m.outputs.held(r.kind(), r.maxOut)
 	if !ok {
 		return worst
 	}
-	perSeq := min(float64(r.maxOut), h+float64(m.dev.blockSize())/2)
-	return min(worst, prompt+int64(math.Ceil(perSeq*float64(r.choices))))
+	prompt := m.counter.likely(r.kind(), r.prompt)
+	seqs := float64(r.choices)
+	mean := float64(prompt) + seqs*(h+float64(m.dev.blockSize())/2)
+	pool := float64(m.dev.capacity / m.unit)
+	charge := mean + kvSpread*math.Sqrt(seqs*v*mean/pool)
+	return min(worst, int64(math.Ceil(charge)))
 }
