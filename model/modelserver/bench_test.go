@@ -645,7 +645,7 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 			aw, ao := (words[0]+words[1])/2, (out[0]+out[1])/2
 			probe, _ := newWorkload(99, kvMaxTokens, [2]int{aw, aw}, [2]int{ao, ao}).next()
 			for ctx.Err() == nil {
-				time.Sleep(serverMinutes(1.0 / 6))
+				time.Sleep(serverMinutes(1.0 / 120))
 				mi, _ := dev.MemInfo()
 				st := sv.Stats()
 				dev.mu.Lock()

@@ -35,15 +35,18 @@ import (
 // live usage stops admission when they turn out to hold more, or when
 // another client fills the cache.
 //
-// Retraction is the server's word that admission went too far: a rise of
-// vllm:num_preemptions_total (vLLM freed a running sequence's blocks to
-// recompute it later), or requests waiting (vllm:num_requests_waiting) while
-// the cache is above kvHigh, which is vLLM's queue holding requests for
-// blocks it lacks. Either halves the share admission may fill, down to
-// retractFloor; every later reading without either gives back
-// retractRegrow of the pool, up to the whole share. Requests wait in vLLM
+// Two signals from the server say admission went too far. Requests
+// waiting (vllm:num_requests_waiting) while the cache is above kvHigh are
+// vLLM's queue holding them for blocks it lacks: the cache counts as full
+// then, and nothing more is admitted while it lasts. (Requests wait in vLLM
 // with blocks free too, from their arrival to the next step: that says
-// nothing of the cache and is not taken as a signal.
+// nothing of the cache.) A rise of vllm:num_preemptions_total means vLLM
+// freed a running sequence's blocks, to recompute it later: the charges
+// were too low for what ran, and the share of the pool admission may fill
+// is halved (retraction), down to retractFloor, then given back by
+// retractStep at most every retractHoldAges × Config.MetricsMaxAge without
+// another preemption, so that each share holds long enough for the
+// subscriber's budget, which waits for two readings that agree, to take it.
 type Device struct {
 	m        *Model
 	name     string
@@ -53,15 +56,17 @@ type Device struct {
 	mu      sync.Mutex
 	snap    metricsSnap
 	read    time.Time
-	share   float64 // of the pool admission may fill: 1, lowered by retraction
-	retract int     // retractions so far
+	share   float64   // of the pool admission may fill: 1, lowered by retraction
+	changed time.Time // when share last changed
+	retract int       // retractions so far
 }
 
 // Admission's share of a followed cache and its retraction.
 const (
-	kvHigh        = 0.97 // usage from which waiting requests wait for blocks
-	retractFloor  = 1.0 / 8
-	retractRegrow = 1.0 / 16
+	kvHigh          = 0.97 // usage from which waiting requests wait for blocks
+	retractFloor    = 1.0 / 8
+	retractStep     = 1.0 / 8
+	retractHoldAges = 4
 )
 
 // Name is "model-server" and the server's host.
@@ -99,22 +104,20 @@ func (d *Device) MemInfo() (gpu.MemInfo, error) {
 }
 
 // follow takes a new reading of the server's metrics, retracting or
-// growing admission's share. d.mu is held.
+// giving back admission's share. d.mu is held.
 func (d *Device) follow(snap metricsSnap) {
 	prev := d.snap
-	d.snap, d.read = snap, time.Now()
-	preempted := snap.preemptions > prev.preemptions && prev.blocks > 0
-	starved := snap.waiting > 0 && snap.usage >= kvHigh
+	now := time.Now()
+	d.snap, d.read = snap, now
 	switch {
-	case preempted || starved:
+	case snap.preemptions > prev.preemptions && prev.blocks > 0:
 		from := d.share
-		d.share = max(retractFloor, d.share/2)
+		d.share, d.changed = max(retractFloor, d.share/2), now
 		d.retract++
-		d.m.log.Warn("the model server's KV cache is over-full: admitting less",
-			"preemptions", snap.preemptions-prev.preemptions, "waiting", snap.waiting, "kv_cache_usage", snap.usage,
-			"share_from", from, "share_to", d.share)
-	case snap.usage < kvHigh:
-		d.share = min(1, d.share+retractRegrow)
+		d.m.log.Warn("the model server preempted requests: admitting to less of its KV cache",
+			"preemptions", snap.preemptions-prev.preemptions, "kv_cache_usage", snap.usage, "share_from", from, "share_to", d.share)
+	case d.share < 1 && snap.usage < kvHigh && now.Sub(d.changed) >= retractHoldAges*d.m.cfg.MetricsMaxAge:
+		d.share, d.changed = min(1, d.share+retractStep), now
 	}
 }
 

@@ -344,14 +344,18 @@ func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.It
 
 // generate runs one chat or completion item.
 func (m *Model) generate(ctx context.Context, r *request, outs []job.Output, deadline time.Time) error {
+	seq := m.outputs.start(r.kind())
 	o, err := m.send(ctx, &call{ep: r.ep, body: r.body, tokens: m.tokens(r), kv: m.kvTokens(r) * m.unit}, deadline)
 	if err != nil {
+		m.outputs.done(r.kind(), seq, 0, 0)
 		return m.itemErr(err, &outs[r.idx])
 	}
-	if o.row.action == actOK {
+	if o.row.action != actOK {
+		m.outputs.done(r.kind(), seq, 0, 0)
+	} else {
 		u := usageOf(o.a.body)
 		m.counter.observe(r.kind(), r.prompt, u.PromptTokens)
-		m.outputs.observe(r.kind(), u.CompletionTokens, r.choices)
+		m.outputs.done(r.kind(), seq, u.CompletionTokens, r.choices)
 	}
 	outs[r.idx] = m.output(r.id, o)
 	return nil

@@ -29,8 +29,13 @@ import (
 // 2); a high quantile of L charges each request its peak, which the
 // requests in flight never reach together.
 //
-// Short of outputSamples answers of a kind there is nothing to go on, and
-// a request is charged its max_tokens. The charge is never above prompt +
+// The first answers of a run are its shortest: the long ones sent with
+// them are still generating. Lengths are therefore learned by cohort: an
+// answer counts once every request of its kind sent before it has been
+// answered too (or failed), so that what is learned is the lengths of all
+// the requests sent over a time, long ones included. Short of outputSamples
+// such answers of a kind there is nothing to go on, and a request is
+// charged its max_tokens. The charge is never above prompt +
 // max_tokens (min(L, max_tokens) is what a request so capped generates) and
 // never below the prompt. It is an average, not a bound: what keeps it
 // honest when the lengths change, or the pool is shared, is the server's
@@ -47,33 +52,68 @@ type outputs struct {
 	kinds map[string]*lengths
 }
 
-// lengths is a ring of the output tokens of one sequence of past answers.
+// lengths is a kind's answers: the requests in flight by their number, in
+// the order sent; the answers not yet counted, waiting for an earlier
+// request; and a ring of the output tokens of one sequence of the answers
+// counted.
 type lengths struct {
-	l    []int64
-	next int
+	sent     int64
+	inflight map[int64]bool
+	pending  map[int64]int64
+	l        []int64
+	next     int
 }
 
 func newOutputs() *outputs { return &outputs{kinds: map[string]*lengths{}} }
 
-// observe learns from an answer of kind whose usage.completion_tokens was
-// completion over seqs sequences (n choices, several prompts).
-func (o *outputs) observe(kind string, completion, seqs int64) {
-	if completion <= 0 || seqs <= 0 {
-		return
-	}
-	per := (completion + seqs - 1) / seqs
-	o.mu.Lock()
-	defer o.mu.Unlock()
+func (o *outputs) kind(kind string) *lengths {
 	k := o.kinds[kind]
 	if k == nil {
-		k = &lengths{}
+		k = &lengths{inflight: map[int64]bool{}, pending: map[int64]int64{}}
 		o.kinds[kind] = k
 	}
+	return k
+}
+
+// start numbers a request of kind being sent; done ends it.
+func (o *outputs) start(kind string) int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := o.kind(kind)
+	k.sent++
+	k.inflight[k.sent] = true
+	return k.sent
+}
+
+// done ends request seq of kind: answered with usage.completion_tokens of
+// completion over seqs sequences (n choices, several prompts), or, with
+// seqs 0, not answered (its length is not known, and no reason to wait).
+func (o *outputs) done(kind string, seq, completion, seqs int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := o.kind(kind)
+	delete(k.inflight, seq)
+	if seqs > 0 && completion >= 0 {
+		k.pending[seq] = (completion + seqs - 1) / seqs
+	}
+	oldest := k.sent + 1
+	for s := range k.inflight {
+		oldest = min(oldest, s)
+	}
+	for s, l := range k.pending {
+		if s < oldest {
+			k.add(l)
+			delete(k.pending, s)
+		}
+	}
+}
+
+func (k *lengths) add(l int64) {
 	if len(k.l) < outputWindow {
-		k.l = append(k.l, per)
+		k.l = append(k.l, l)
 		return
 	}
-	k.l[k.next] = per
+	k.l[k.next] = l
 	k.next = (k.next + 1) % outputWindow
 }
 
@@ -93,6 +133,9 @@ func (o *outputs) held(kind string, maxOut int64) (mean, variance float64, ok bo
 		s1 += c
 		s2 += c * c
 		s3 += c * c * c
+	}
+	if s1 == 0 {
+		return 0, 0, true // answers of no output: the prompt is all they hold
 	}
 	mean = s2 / (2 * s1)
 	return mean, max(0, s3/(3*s1)-mean*mean), true
