@@ -152,9 +152,9 @@ func runPool(ctx context.Context, m *Model, w *workload, workers, batch int, sem
 type admitter struct {
 	dev     gpu.Device
 	waiting chan struct{}
-	m    *Model
-	mu   sync.Mutex
-	cond *sync.Cond
+	m       *Model
+	mu      sync.Mutex
+	cond    *sync.Cond
 	size, budget, held,
 	prev int64 // the last reading; -1 after one that did not count
 	next, turn uint64
@@ -651,7 +651,9 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 				dev.mu.Lock()
 				sh := dev.share
 				dev.mu.Unlock()
-				sem.mu.Lock(); ah, nx, tu := sem.held, sem.next, sem.turn; sem.mu.Unlock()
+				sem.mu.Lock()
+				ah, nx, tu := sem.held, sem.next, sem.turn
+				sem.mu.Unlock()
 				t.Logf("debug: adm %.3f next %d turn %d used %.3f held %.3f cost %d share %.2f budget %d pre %d", float64(ah)/float64(mi.Total), nx, tu, float64(mi.Used)/float64(mi.Total), float64(m.held.Load())/float64(mi.Total),
 					m.Cost([]job.Item{probe})/kvPerToken, sh, sem.budget/kvPerToken, st.Preemptions)
 			}

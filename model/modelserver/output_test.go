@@ -145,7 +145,7 @@ func TestCostWithoutMetricsKeepsMaxTokens(t *testing.T) {
 
 // stubMetrics serves vLLM's metrics as set, and the rest from a fake.
 type stubMetrics struct {
-	mu                         sync.Mutex
+	mu                        sync.Mutex
 	usage, waiting, preempted float64
 }
 
