@@ -640,25 +640,6 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if os.Getenv("KVDEBUG") != "" {
-		go func() {
-			aw, ao := (words[0]+words[1])/2, (out[0]+out[1])/2
-			probe, _ := newWorkload(99, kvMaxTokens, [2]int{aw, aw}, [2]int{ao, ao}).next()
-			for ctx.Err() == nil {
-				time.Sleep(serverMinutes(1.0 / 120))
-				mi, _ := dev.MemInfo()
-				st := sv.Stats()
-				dev.mu.Lock()
-				sh := dev.share
-				dev.mu.Unlock()
-				sem.mu.Lock()
-				ah, nx, tu := sem.held, sem.next, sem.turn
-				sem.mu.Unlock()
-				t.Logf("debug: adm %.3f next %d turn %d used %.3f held %.3f cost %d share %.2f budget %d pre %d", float64(ah)/float64(mi.Total), nx, tu, float64(mi.Used)/float64(mi.Total), float64(m.held.Load())/float64(mi.Total),
-					m.Cost([]job.Item{probe})/kvPerToken, sh, sem.budget/kvPerToken, st.Preemptions)
-			}
-		}()
-	}
 	wgs := []*sync.WaitGroup{
 		runPool(ctx, m, newWorkload(2, kvMaxTokens, words, out), 256, 1, sem, &tv),
 		runSDK(ctx, sf.Client(), sf.URL(), newWorkload(2, kvMaxTokens, words, out), fixed, &tf),
