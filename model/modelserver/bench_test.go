@@ -145,7 +145,7 @@ func runPool(ctx context.Context, m *Model, w *workload, workers, batch int, sem
 // cmd/subscriber sets it for a model server), is read again every
 // budgetRefresh and after every batch (readDevice), and changes when two
 // readings in a row agree within the subscriber's tolerance (1 MiB at that
-// reserve), never above the first. A message's cost is computed when it is
+// reserve), never above the device's total less the reserve. A message's cost is computed when it is
 // received, and at most benchPrefetch messages wait for admission (the
 // subscriber's Prefetch default), the callers standing for the messages
 // held in all (MaxInflight).
@@ -186,7 +186,11 @@ func newAdmitter(ctx context.Context, dev gpu.Device, m *Model) (*admitter, erro
 	if err != nil {
 		return nil, err
 	}
-	a.size, a.budget = b, b
+	mi, err := dev.MemInfo()
+	if err != nil {
+		return nil, err
+	}
+	a.size, a.budget = max(mi.Total-1, b), b
 	context.AfterFunc(ctx, func() {
 		a.mu.Lock()
 		a.cond.Broadcast()
@@ -657,9 +661,9 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 		return fmt.Sprintf("| %s | %.3f | %.3f | %d | %.0f | %.0f | %d | %d |", name, l.kv,
 			float64(st.MaxKVBlocksUsed)/float64(st.NumGPUBlocks), st.Preemptions, l.rpm, float64(gen)/float64(l.minutes), st.MaxRunning, tl.ok.Load())
 	}
-	t.Logf("KV pool %d blocks × 16 tokens (device capacity %d B, %d tokens; first budget %d tokens); prompts %v words, outputs %v tokens, max_tokens %d; speed %d; %d server minutes\n"+
+	t.Logf("KV pool %d blocks × 16 tokens (device capacity %d B, %d tokens); prompts %v words, outputs %v tokens, max_tokens %d; speed %d; %d server minutes\n"+
 		"| consumer | KV use, mean of minutes 1–%d | KV high-water | preemptions | requests/min | prompt+completion tokens/min | most running | items ok |\n|---|---|---|---|---|---|---|---|\n%s\n%s",
-		kvBlocks, mi.Total, mi.Total/kvPerToken, sem.size/kvPerToken, words, out, kvMaxTokens, benchSpeed, kvMinutes, kvMinutes-1,
+		kvBlocks, mi.Total, mi.Total/kvPerToken, words, out, kvMaxTokens, benchSpeed, kvMinutes, kvMinutes-1,
 		row("vramq (the subscriber's rule, stood in)", sv, &tv),
 		row(fmt.Sprintf("fixed concurrency %d (pool / average request of %.0f tokens)", fixed, avg), sf, &tf))
 	aw, ao := (words[0]+words[1])/2, (out[0]+out[1])/2

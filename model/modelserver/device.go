@@ -26,7 +26,7 @@ import (
 //
 // With vLLM's metrics, the device follows the cache, and its free memory is
 // what admission may still fill: the pool, scaled by the retraction, less
-// what the cache holds (vllm:kv_cache_usage_perc), never below 0. With the
+// what the cache holds (vllm:kv_cache_usage_perc). With the
 // model's working set (Model.Working: the least of its charges and the
 // cache in use), the subscriber's budget, free + working, makes admission
 // take a request while the larger of the charges in flight and the KV
@@ -100,7 +100,12 @@ func (d *Device) MemInfo() (gpu.MemInfo, error) {
 	used := d.usedBytes()
 	room := int64(d.share * float64(d.capacity))
 	d.mu.Unlock()
-	return gpu.MemInfo{Total: d.capacity, Free: max(0, room-used), Used: used, Process: d.m.Working()}, nil
+	// Below 0 while retraction holds admission to less than the cache
+	// holds already: free + working then stays the share less what the
+	// requests in flight hold beyond their charges, a reading that holds
+	// still enough for the subscriber's budget to take it, as 0 and the
+	// ever-moving working set would not.
+	return gpu.MemInfo{Total: d.capacity, Free: room - used, Used: used, Process: d.m.Working()}, nil
 }
 
 // follow takes a new reading of the server's metrics, retracting or
