@@ -43,7 +43,7 @@ import (
 const (
 	outputWindow  = 512 // the last answers' lengths kept, per kind
 	outputSamples = 8   // answers seen before the lengths are trusted
-	kvSpread      = 3   // standard deviations of headroom
+	kvSpread      = 3.5 // standard deviations of headroom
 )
 
 // outputs learns the lengths of generated answers per kind of request.
