@@ -43,6 +43,7 @@ import (
 const (
 	outputWindow  = 512 // the last answers' lengths kept, per kind
 	outputSamples = 8   // answers seen before the lengths are trusted
+	outputPending = 4 * outputWindow
 	kvSpread      = 3.5 // standard deviations of headroom
 )
 
@@ -58,6 +59,7 @@ type outputs struct {
 // counted.
 type lengths struct {
 	sent     int64
+	oldest   int64 // the oldest request in flight; sent + 1 when none
 	inflight map[int64]bool
 	pending  map[int64]int64
 	l        []int64
@@ -81,6 +83,9 @@ func (o *outputs) start(kind string) int64 {
 	defer o.mu.Unlock()
 	k := o.kind(kind)
 	k.sent++
+	if len(k.inflight) == 0 {
+		k.oldest = k.sent
+	}
 	k.inflight[k.sent] = true
 	return k.sent
 }
@@ -88,6 +93,9 @@ func (o *outputs) start(kind string) int64 {
 // done ends request seq of kind: answered with usage.completion_tokens of
 // completion over seqs sequences (n choices, several prompts), or, with
 // seqs 0, not answered (its length is not known, and no reason to wait).
+// The answers pending are counted when the oldest request in flight ends,
+// or, should it stay in flight while outputPending answers wait for it,
+// without it.
 func (o *outputs) done(kind string, seq, completion, seqs int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -96,12 +104,18 @@ func (o *outputs) done(kind string, seq, completion, seqs int64) {
 	if seqs > 0 && completion >= 0 {
 		k.pending[seq] = (completion + seqs - 1) / seqs
 	}
-	oldest := k.sent + 1
+	if seq != k.oldest && len(k.pending) <= outputPending {
+		return
+	}
+	if len(k.pending) > outputPending {
+		delete(k.inflight, k.oldest)
+	}
+	k.oldest = k.sent + 1
 	for s := range k.inflight {
-		oldest = min(oldest, s)
+		k.oldest = min(k.oldest, s)
 	}
 	for s, l := range k.pending {
-		if s < oldest {
+		if s < k.oldest {
 			k.add(l)
 			delete(k.pending, s)
 		}

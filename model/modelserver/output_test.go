@@ -60,6 +60,15 @@ func TestOutputsLearnByCohort(t *testing.T) {
 	if got := len(o.kinds["k"].l); got != outputSamples+2 {
 		t.Errorf("%d answers counted after a failed request ended; want %d", got, outputSamples+2)
 	}
+	// Nor is one that stays in flight past outputPending answers.
+	stuck := o.start("j")
+	for range outputPending + 1 {
+		o.done("j", o.start("j"), 5, 1)
+	}
+	if _, _, ok := o.held("j", 1000); !ok {
+		t.Errorf("nothing learned from %d answers sent after a request still in flight", outputPending+1)
+	}
+	o.done("j", stuck, 5, 1)
 }
 
 // Against vLLM's metrics, a chat item is charged prompt + max_tokens until
