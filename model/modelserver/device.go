@@ -26,19 +26,21 @@ import (
 //
 // With vLLM's metrics, the device follows the cache, and its free memory is
 // what admission may still fill: the pool, scaled by the retraction, less
-// what the cache holds (vllm:kv_cache_usage_perc). With the
-// model's working set (Model.Working: the least of its charges and the
-// cache in use), the subscriber's budget, free + working, makes admission
-// take a request while the larger of the charges in flight and the KV
-// allocated, plus its charge, is within that: the charges (Model.Cost) are
-// what requests hold on average with a headroom for their spread, and the
-// live usage stops admission when they turn out to hold more, or when
-// another client fills the cache.
+// what the cache holds (vllm:kv_cache_usage_perc). With the model's working
+// set (Model.Working: the least of its charges and the cache in use), a
+// reading of the subscriber's budget, free + working, has admission take a
+// request while the larger of the charges in flight and the KV allocated,
+// plus its charge, is within that: the charges (Model.Cost) are what
+// requests hold on average with a headroom for their spread, and the live
+// usage lowers the reading when they turn out to hold more, or when another
+// client fills the cache. The subscriber takes a reading only when the next
+// agrees with it, so what holds still (a retraction) reaches admission, and
+// a usage that moves between readings mostly does not.
 //
 // Two signals from the server say admission went too far. Requests
 // waiting (vllm:num_requests_waiting) while the cache is above kvHigh are
 // vLLM's queue holding them for blocks it lacks: the cache counts as full
-// then, and nothing more is admitted while it lasts. (Requests wait in vLLM
+// then, a reading in which nothing more fits. (Requests wait in vLLM
 // with blocks free too, from their arrival to the next step: that says
 // nothing of the cache.) A rise of vllm:num_preemptions_total means vLLM
 // freed a running sequence's blocks, to recompute it later: the charges
