@@ -20,10 +20,10 @@ import (
 // flight hold N means with a standard deviation of √N σ, so kvSpread
 // standard deviations of headroom is kvSpread × σ × √(m / C) for each,
 // where m is the request's mean charge and C the pool (N = C / m at full).
-// Charges that add up to the pool then fill it to its mean, kvSpread
-// standard deviations below preemption, whatever the spread of lengths:
-// the pool is filled the more the narrower the lengths and the more
-// requests it holds. Reserving prompt + max_tokens (what TGI reserves up
+// Charges that add up to the pool then put what the requests hold, on
+// average, kvSpread standard deviations below the pool's end, whatever the
+// spread of lengths: the pool is filled the more the narrower the lengths
+// and the more requests it holds. Reserving prompt + max_tokens (what TGI reserves up
 // front, and what a request could at most take) for requests that end well
 // short of it leaves most of the pool idle (bench/modelserver.md, section
 // 2); a high quantile of L charges each request its peak, which the
@@ -35,7 +35,7 @@ import (
 // answered too (or failed), so that what is learned is the lengths of all
 // the requests sent over a time, long ones included. Short of outputSamples
 // such answers of a kind there is nothing to go on, and a request is
-// charged its max_tokens. The charge is never above prompt +
+// charged its prompt + max_tokens × sequences. The charge is never above prompt +
 // max_tokens (min(L, max_tokens) is what a request so capped generates) and
 // never below the prompt. It is an average, not a bound: what keeps it
 // honest when the lengths change, or the pool is shared, is the server's
