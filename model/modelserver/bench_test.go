@@ -11,8 +11,7 @@ package modelserver
 // and on an error (a gpu.ErrBackoff included) sleeps until the time it
 // names and runs the same batch again, as the subscriber hands the
 // messages back and receives them later. The subscriber's own admission is
-// not run: for the KV pool a weighted semaphore of the Device's capacity,
-// each Run holding Model.Cost of its batch, stands in for it.
+// not run: for the KV pool, admitter stands in for it, with its rule.
 
 import (
 	"context"
@@ -29,8 +28,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/cputime"
@@ -83,7 +80,7 @@ type tally struct {
 }
 
 // runPool drives m with workers callers of batch items each until ctx ends.
-func runPool(ctx context.Context, m *Model, w *workload, workers, batch int, sem *semaphore.Weighted, tl *tally) *sync.WaitGroup {
+func runPool(ctx context.Context, m *Model, w *workload, workers, batch int, sem *admitter, tl *tally) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
@@ -95,14 +92,20 @@ func runPool(ctx context.Context, m *Model, w *workload, workers, batch int, sem
 				for ctx.Err() == nil {
 					cost := int64(0)
 					if sem != nil {
+						if sem.receive(ctx) != nil {
+							return
+						}
 						cost = m.Cost(items)
-						if sem.Acquire(ctx, cost) != nil {
+						err := sem.acquire(ctx, cost)
+						sem.started()
+						if err != nil {
 							return
 						}
 					}
 					outs, err := m.Run(ctx, items)
 					if sem != nil {
-						sem.Release(cost)
+						sem.release(cost)
+						sem.readDevice()
 					}
 					if err == nil {
 						for _, o := range outs {
@@ -132,6 +135,148 @@ func runPool(ctx context.Context, m *Model, w *workload, workers, batch int, sem
 		})
 	}
 	return &wg
+}
+
+// admitter stands in for the subscriber's vram admission
+// (subscriber/admission.go, budget.go, semaphore.go), with its rule: the
+// messages are admitted in order, each holding its Cost, while the sum
+// held is within the budget; the budget starts at the device's free memory
+// plus the model's working set, less the reserve (1 byte, as
+// cmd/subscriber sets it for a model server), is read again every
+// budgetRefresh and after every batch (readDevice), and changes when two
+// readings in a row agree within the subscriber's tolerance (1 MiB at that
+// reserve), never above the device's total less the reserve. A message's cost is computed when it is
+// received, and at most benchPrefetch messages wait for admission (the
+// subscriber's Prefetch default), the callers standing for the messages
+// held in all (MaxInflight).
+type admitter struct {
+	dev     gpu.Device
+	waiting chan struct{}
+	m       *Model
+	mu      sync.Mutex
+	cond    *sync.Cond
+	size, budget, held,
+	prev int64 // the last reading; -1 after one that did not count
+	next, turn uint64
+	resized    int
+}
+
+const (
+	benchBudgetRefresh = 2 * time.Second / benchSpeed // the subscriber's default, in server time
+	benchPrefetch      = 20
+)
+
+// receive takes a place among the messages waiting for admission.
+func (a *admitter) receive(ctx context.Context) error {
+	select {
+	case a.waiting <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// started gives the place back: the message was admitted, or given up.
+func (a *admitter) started() { <-a.waiting }
+
+func newAdmitter(ctx context.Context, dev gpu.Device, m *Model) (*admitter, error) {
+	a := &admitter{dev: dev, m: m, prev: -1, waiting: make(chan struct{}, benchPrefetch)}
+	a.cond = sync.NewCond(&a.mu)
+	b, err := a.reading()
+	if err != nil {
+		return nil, err
+	}
+	mi, err := dev.MemInfo()
+	if err != nil {
+		return nil, err
+	}
+	a.size, a.budget = max(mi.Total-1, b), b
+	context.AfterFunc(ctx, func() {
+		a.mu.Lock()
+		a.cond.Broadcast()
+		a.mu.Unlock()
+	})
+	go func() {
+		tick := time.NewTicker(benchBudgetRefresh)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				a.refresh()
+			}
+		}
+	}()
+	return a, nil
+}
+
+// reading is the subscriber's budgetFrom: free + working − reserve.
+func (a *admitter) reading() (int64, error) {
+	w := a.m.Working()
+	mi, err := a.dev.MemInfo()
+	if err != nil {
+		return 0, err
+	}
+	return mi.Free + w - 1, nil
+}
+
+func (a *admitter) refresh() {
+	b, err := a.reading()
+	if err != nil {
+		return
+	}
+	const tol = 1 << 20 // subscriber.budgetTolerance(1)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	prev := a.prev
+	a.prev = b
+	if prev < 0 || absDiff(prev, b) > tol {
+		return
+	}
+	target := min(max(min(prev, b), 0), a.size)
+	if absDiff(target, a.budget) <= tol {
+		return
+	}
+	a.budget = target
+	a.resized++
+	a.cond.Broadcast()
+}
+
+// readDevice is the subscriber's reading after each batch: it only reads
+// (the metrics, through MemInfo), which is when the Device follows them.
+func (a *admitter) readDevice() { _, _ = a.dev.MemInfo() }
+
+func (a *admitter) acquire(ctx context.Context, w int64) error {
+	w = max(w, 1)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := a.next
+	a.next++
+	for ctx.Err() == nil && (a.turn != t || a.held+w > a.budget) {
+		a.cond.Wait()
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	a.held += w
+	a.turn++
+	a.cond.Broadcast()
+	return nil
+}
+
+func (a *admitter) release(w int64) {
+	a.mu.Lock()
+	a.held -= max(w, 1)
+	a.cond.Broadcast()
+	a.mu.Unlock()
+}
+
+func absDiff(a, b int64) int64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
 }
 
 // post sends one chat item's body directly, as the baselines do.
@@ -463,6 +608,8 @@ func benchShared(t *testing.T) {
 const (
 	kvBlocks  = 2048 // × 16 tokens: 32,768 tokens of KV cache
 	kvMinutes = 4
+	// kvPerToken is Llama-3-8B's 128 KiB.
+	kvPerToken = 128 << 10
 )
 
 // benchKV runs vramq's admission (the stand-in) and a fixed concurrency
@@ -473,8 +620,11 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 	sv, sf := fakeoai.New(cfg), fakeoai.New(cfg)
 	defer sv.Close()
 	defer sf.Close()
+	// Llama-3-8B's KV bytes per token, so that the subscriber's tolerance
+	// (1 MiB) is 8 tokens, as it would be; the metrics are read at most a
+	// second of server time old, Config's default at Speed 1.
 	m, dev, err := Open(t.Context(), Config{BaseURL: sv.URL(), Models: []string{"fake-model"}, Logger: quiet(),
-		MaxOutputTokens: kvMaxTokens, MaxConcurrency: 4096})
+		MaxOutputTokens: kvMaxTokens, MaxConcurrency: 4096, KVBytesPerToken: kvPerToken, MetricsMaxAge: time.Second / benchSpeed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,7 +640,10 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 	var tv, tf tally
 	ctx, cancel := context.WithTimeout(t.Context(), serverMinutes(kvMinutes+0.05))
 	defer cancel()
-	sem := semaphore.NewWeighted(mi.Total)
+	sem, err := newAdmitter(ctx, dev, m)
+	if err != nil {
+		t.Fatal(err)
+	}
 	wgs := []*sync.WaitGroup{
 		runPool(ctx, m, newWorkload(2, kvMaxTokens, words, out), 256, 1, sem, &tv),
 		runSDK(ctx, sf.Client(), sf.URL(), newWorkload(2, kvMaxTokens, words, out), fixed, &tf),
@@ -508,15 +661,19 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 		return fmt.Sprintf("| %s | %.3f | %.3f | %d | %.0f | %.0f | %d | %d |", name, l.kv,
 			float64(st.MaxKVBlocksUsed)/float64(st.NumGPUBlocks), st.Preemptions, l.rpm, float64(gen)/float64(l.minutes), st.MaxRunning, tl.ok.Load())
 	}
-	t.Logf("KV pool %d blocks × 16 tokens (device capacity %d); prompts %v words, outputs %v tokens, max_tokens %d; speed %d; %d server minutes\n"+
+	t.Logf("KV pool %d blocks × 16 tokens (device capacity %d B, %d tokens); prompts %v words, outputs %v tokens, max_tokens %d; speed %d; %d server minutes\n"+
 		"| consumer | KV use, mean of minutes 1–%d | KV high-water | preemptions | requests/min | prompt+completion tokens/min | most running | items ok |\n|---|---|---|---|---|---|---|---|\n%s\n%s",
-		kvBlocks, mi.Total, words, out, kvMaxTokens, benchSpeed, kvMinutes, kvMinutes-1,
-		row("vramq (admission stand-in: Cost held against the Device's total)", sv, &tv),
+		kvBlocks, mi.Total, mi.Total/kvPerToken, words, out, kvMaxTokens, benchSpeed, kvMinutes, kvMinutes-1,
+		row("vramq (the subscriber's rule, stood in)", sv, &tv),
 		row(fmt.Sprintf("fixed concurrency %d (pool / average request of %.0f tokens)", fixed, avg), sf, &tf))
 	aw, ao := (words[0]+words[1])/2, (out[0]+out[1])/2
 	probe, charged := newWorkload(99, kvMaxTokens, [2]int{aw, aw}, [2]int{ao, ao}).next()
-	t.Logf("vramq answers by row: %v; at the end, Cost of an average item (%d tokens charged by the server, %d+7 prompt): %d",
-		m.answersSnapshot(), charged, aw, m.Cost([]job.Item{probe}))
+	dev.mu.Lock()
+	retract, share := dev.retract, dev.share
+	dev.mu.Unlock()
+	t.Logf("vramq answers by row: %v; budget resized %d times, ending at %d tokens; %d retractions, share %.3f at the end; "+
+		"Cost of an average item at the end: %d tokens (the server's worst case %d, %d+7 prompt)",
+		m.answersSnapshot(), sem.resized, sem.budget/kvPerToken, retract, share, m.Cost([]job.Item{probe})/kvPerToken, charged, aw)
 }
 
 // benchCost sends the same sequential requests directly and through Run,

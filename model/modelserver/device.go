@@ -20,21 +20,56 @@ import (
 // Device is the model server as a gpu.Device. Its memory is the server's KV
 // cache in device bytes (Model.Cost's unit): the blocks vllm:cache_config_info
 // names × their size × KV bytes per token, or Config.KVCacheTokens of them,
-// or, knowing neither, Config.TokensInFlight. With vLLM's metrics its free
-// memory follows vllm:kv_cache_usage_perc, and is none while requests wait
-// (vllm:num_requests_waiting): the server has run out of room for what it
-// was given. Without them it is all free, always: the budget is then the
-// capacity, a bound on the tokens vramq has in flight.
+// or, knowing neither, Config.TokensInFlight. Without vLLM's metrics it is
+// all free, always: the budget is then the capacity, a bound on the tokens
+// vramq has in flight.
+//
+// With vLLM's metrics, the device follows the cache, and its free memory is
+// what admission may still fill: the pool, scaled by the retraction, less
+// what the cache holds (vllm:kv_cache_usage_perc). With the model's working
+// set (Model.Working: the least of its charges and the cache in use), a
+// reading of the subscriber's budget, free + working, has admission take a
+// request while the larger of the charges in flight and the KV allocated,
+// plus its charge, is within that: the charges (Model.Cost) are what
+// requests hold on average with a headroom for their spread, and the live
+// usage lowers the reading when they turn out to hold more, or when another
+// client fills the cache. The subscriber takes a reading only when the next
+// agrees with it, so what holds still (a retraction) reaches admission, and
+// a usage that moves between readings mostly does not.
+//
+// Two signals from the server say admission went too far. Requests
+// waiting (vllm:num_requests_waiting) while the cache is above kvHigh are
+// vLLM's queue holding them for blocks it lacks: the cache counts as full
+// then, a reading in which nothing more fits. (Requests wait in vLLM
+// with blocks free too, from their arrival to the next step: that says
+// nothing of the cache.) A rise of vllm:num_preemptions_total means vLLM
+// freed a running sequence's blocks, to recompute it later: the charges
+// were too low for what ran, and the share of the pool admission may fill
+// is halved (retraction), down to retractFloor, then given back by
+// retractStep at most every retractHoldAges × Config.MetricsMaxAge without
+// another preemption, so that each share holds long enough for the
+// subscriber's budget, which waits for two readings that agree, to take it.
 type Device struct {
 	m        *Model
 	name     string
 	capacity int64
 	live     bool // follows /metrics
 
-	mu   sync.Mutex
-	snap metricsSnap
-	read time.Time
+	mu      sync.Mutex
+	snap    metricsSnap
+	read    time.Time
+	share   float64   // of the pool admission may fill: 1, lowered by retraction
+	changed time.Time // when share last changed
+	retract int       // retractions so far
 }
+
+// Admission's share of a followed cache and its retraction.
+const (
+	kvHigh          = 0.97 // usage from which waiting requests wait for blocks
+	retractFloor    = 1.0 / 8
+	retractStep     = 1.0 / 8
+	retractHoldAges = 4
+)
 
 // Name is "model-server" and the server's host.
 func (d *Device) Name() string { return d.name }
@@ -60,21 +95,56 @@ func (d *Device) MemInfo() (gpu.MemInfo, error) {
 			return gpu.MemInfo{}, err
 		}
 		d.mu.Lock()
-		d.snap, d.read = snap, time.Now()
+		d.follow(snap)
 		d.mu.Unlock()
 	}
 	d.mu.Lock()
 	used := d.usedBytes()
+	room := int64(d.share * float64(d.capacity))
 	d.mu.Unlock()
-	return gpu.MemInfo{Total: d.capacity, Free: d.capacity - used, Used: used, Process: d.m.Working()}, nil
+	// Below 0 while retraction holds admission to less than the cache
+	// holds already: free + working then stays the share less what the
+	// requests in flight hold beyond their charges, a reading that holds
+	// still enough for the subscriber's budget to take it, as 0 and the
+	// ever-moving working set would not.
+	return gpu.MemInfo{Total: d.capacity, Free: room - used, Used: used, Process: d.m.Working()}, nil
 }
 
-// usedBytes is the KV cache in use at the last reading. d.mu is held.
+// follow takes a new reading of the server's metrics, retracting or
+// giving back admission's share. d.mu is held.
+func (d *Device) follow(snap metricsSnap) {
+	prev := d.snap
+	now := time.Now()
+	d.snap, d.read = snap, now
+	switch {
+	case snap.preemptions > prev.preemptions && prev.blocks > 0:
+		from := d.share
+		d.share, d.changed = max(retractFloor, d.share/2), now
+		d.retract++
+		d.m.log.Warn("the model server preempted requests: admitting to less of its KV cache",
+			"preemptions", snap.preemptions-prev.preemptions, "kv_cache_usage", snap.usage, "share_from", from, "share_to", d.share)
+	case d.share < 1 && snap.usage < kvHigh && now.Sub(d.changed) >= retractHoldAges*d.m.cfg.MetricsMaxAge:
+		d.share, d.changed = min(1, d.share+retractStep), now
+	}
+}
+
+// usedBytes is the KV cache in use at the last reading: all of it while
+// requests wait for blocks. d.mu is held.
 func (d *Device) usedBytes() int64 {
-	if d.snap.waiting > 0 {
+	if d.snap.waiting > 0 && d.snap.usage >= kvHigh {
 		return d.capacity
 	}
 	return min(d.capacity, int64(math.Round(d.snap.usage*float64(d.capacity))))
+}
+
+// blockSize is the server's KV block in tokens; 0 when not followed.
+func (d *Device) blockSize() int64 {
+	if !d.live {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.snap.blockSize
 }
 
 // Close closes the model's idle connections.
@@ -85,12 +155,13 @@ type metricsSnap struct {
 	blocks, blockSize int64   // vllm:cache_config_info's num_gpu_blocks, block_size
 	usage             float64 // vllm:kv_cache_usage_perc, 0 to 1
 	waiting           float64 // vllm:num_requests_waiting
+	preemptions       float64 // vllm:num_preemptions_total
 }
 
 // readMetrics reads vLLM's metrics (docs/usage/metrics.md): the cache's
 // configuration, its usage (kv_cache_usage_perc, or the older name
 // gpu_cache_usage_perc) and the requests waiting, the largest of each over
-// the engines a server runs.
+// the engines a server runs, and the preemptions, summed over them.
 func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	var s metricsSnap
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.base+"/metrics", nil)
@@ -139,6 +210,9 @@ func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	}
 	for _, mt := range family(fams, "vllm:num_requests_waiting") {
 		s.waiting = math.Max(s.waiting, value(mt))
+	}
+	for _, mt := range family(fams, "vllm:num_preemptions_total") {
+		s.preemptions += value(mt)
 	}
 	s.usage = math.Min(1, math.Max(0, s.usage))
 	return s, nil

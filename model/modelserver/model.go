@@ -37,6 +37,7 @@ type Model struct {
 	name   string
 
 	counter *counter
+	outputs *outputs
 	unit    int64 // device bytes per token: the KV bytes per token, or 1
 	rates   *rates
 	conc    *concurrency
@@ -101,6 +102,7 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 		}
 	}
 	m.counter = newCounter(wp)
+	m.outputs = newOutputs()
 
 	if err := m.probeModels(ctx); err != nil {
 		return nil, nil, err
@@ -113,7 +115,7 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 		}
 	}
 	m.unit = max(kvPerToken, 1)
-	d := &Device{m: m, name: "model-server " + u.Host}
+	d := &Device{m: m, name: "model-server " + u.Host, share: 1}
 	snap, err := m.readMetrics(ctx)
 	switch {
 	case err != nil:
@@ -230,7 +232,7 @@ func (m *Model) Close() error {
 }
 
 // Working is the device bytes of the requests in flight, as the server's
-// KV cache shows them: the least of what they reserved and what the cache
+// KV cache shows them: the least of their charges and what the cache
 // holds in all at the last reading, so never above what is allocated on a
 // server vramq has to itself (a sidecar). 0 when the cache is not
 // followed: the device's free memory is then its capacity, constant, and
@@ -246,10 +248,13 @@ func (m *Model) Working() int64 {
 	return min(m.held.Load(), used)
 }
 
-// Cost is the items' tokens, prompt (estimated) plus the most their answers
-// may generate (max_tokens × n), in device bytes: KV bytes per token, or 1
-// when those are not known. An item Run refuses without a request costs
-// nothing. Without the job's endpoint the route is told from the body (see
+// Cost is the items' KV charges in device bytes (KV bytes per token, or 1
+// when those are not known): an embeddings item's tokens; a generation's
+// prompt (estimated) plus, once the server's cache is followed and answers
+// of its kind have been seen, what its output holds of the cache on
+// average while in flight (kvTokens), else the most it may generate
+// (max_tokens × n). An item Run refuses without a request costs nothing.
+// Without the job's endpoint the route is told from the body (see
 // endpointOf); the subscriber calls CostEndpoint.
 func (m *Model) Cost(items []job.Item) int64 { return m.CostEndpoint("", items) }
 
@@ -262,12 +267,13 @@ func (m *Model) CostEndpoint(endpoint string, items []job.Item) int64 {
 		if refused != nil {
 			continue
 		}
-		c += m.tokens(r) * m.unit
+		c += m.kvTokens(r) * m.unit
 	}
 	return c
 }
 
-// tokens is r's reservation: prompt plus max output × choices.
+// tokens is r's rate reservation: prompt plus max output × choices, what a
+// server's token limit charges.
 func (m *Model) tokens(r *request) int64 {
 	return m.counter.tokens(r.kind(), r.prompt) + r.maxOut*r.choices
 }
@@ -338,13 +344,18 @@ func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.It
 
 // generate runs one chat or completion item.
 func (m *Model) generate(ctx context.Context, r *request, outs []job.Output, deadline time.Time) error {
-	tokens := m.tokens(r)
-	o, err := m.send(ctx, &call{ep: r.ep, body: r.body, tokens: tokens, kv: tokens * m.unit}, deadline)
+	seq := m.outputs.start(r.kind())
+	o, err := m.send(ctx, &call{ep: r.ep, body: r.body, tokens: m.tokens(r), kv: m.kvTokens(r) * m.unit}, deadline)
 	if err != nil {
+		m.outputs.done(r.kind(), seq, 0, 0)
 		return m.itemErr(err, &outs[r.idx])
 	}
-	if o.row.action == actOK {
-		m.counter.observe(r.kind(), r.prompt, usageOf(o.a.body).PromptTokens)
+	if o.row.action != actOK {
+		m.outputs.done(r.kind(), seq, 0, 0)
+	} else {
+		u := usageOf(o.a.body)
+		m.counter.observe(r.kind(), r.prompt, u.PromptTokens)
+		m.outputs.done(r.kind(), seq, u.CompletionTokens, r.choices)
 	}
 	outs[r.idx] = m.output(r.id, o)
 	return nil

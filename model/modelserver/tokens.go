@@ -76,6 +76,23 @@ func (c *counter) tokens(kind string, e estimate) int64 {
 	return e.exact + int64(math.Ceil(float64(e.bound)*v))
 }
 
+// likely is e in tokens for requests of kind, scaled by the highest ratio
+// seen without the margin: what the prompts seen so far would have been
+// charged at most, a closer count than tokens' bound for what a prompt
+// holds of a KV cache, which the cache's live usage checks (Device).
+func (c *counter) likely(kind string, e estimate) int64 {
+	if e.bound == 0 {
+		return e.exact
+	}
+	c.mu.Lock()
+	v := 1.0
+	if r := c.ratios[kind]; r != nil && r.samples >= ratioSamples {
+		v = r.highest
+	}
+	c.mu.Unlock()
+	return e.exact + int64(math.Ceil(float64(e.bound)*min(1, v)))
+}
+
 // observe learns from an answer's usage.prompt_tokens for a request of
 // kind estimated at e.
 func (c *counter) observe(kind string, e estimate, promptTokens int64) {
