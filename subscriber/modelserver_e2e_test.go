@@ -436,6 +436,9 @@ func TestE2EModelServerBackoffKeepsFinishedChunks(t *testing.T) {
 	if refused != 1 {
 		t.Errorf("%d requests refused 429; want the one fault", refused)
 	}
+	if st := fake.Stats(); st.Requests != chunks+1 {
+		t.Errorf("%d requests reached the server; want %d, one per item and the one refused", st.Requests, chunks+1)
+	}
 	// The batch held all eight: three finished, five handed back.
 	if got := promsum.Sum(t, p.reg, "vramq_subscriber_messages_backed_off_total"); got != chunks-3 {
 		t.Errorf("%v messages handed back until the server's time; want %d", got, chunks-3)
