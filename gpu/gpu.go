@@ -57,7 +57,8 @@ var (
 	// BackoffUntil reads the time. The caller should hand the batch's
 	// messages back with a visibility timeout that ends then, and receive
 	// nothing more until then, so that the wait lives in the queue rather
-	// than in a process holding leases.
+	// than in a process holding leases. Items Run finished before the
+	// backoff come with it in a *PartialError.
 	ErrBackoff = errors.New("gpu: backoff")
 	// ErrNeedsOperator is returned (wrapped) by Model.Run when nothing will
 	// run until a person acts: the account's quota is spent, the API key
@@ -88,6 +89,43 @@ func BackoffUntil(err error) (until time.Time, ok bool) {
 		return b.Until, true
 	}
 	return time.Time{}, false
+}
+
+// PartialError is the error of a Run that ended early, wrapping why
+// (ErrBackoff, the one it comes with today), with the outputs of the items
+// it had finished: their requests were answered, and their cost spent,
+// before the rest were stopped. Outputs has one entry per item, in order;
+// Outputs[i] is item i's final output where Done[i], and means nothing
+// where not. A caller that can keep some items' outputs (a message whose
+// items all finished) keeps them, and treats the rest as Err says; one
+// that cannot treats the whole batch so. Partial reads it.
+type PartialError struct {
+	Err     error
+	Outputs []job.Output
+	Done    []bool
+}
+
+func (e *PartialError) Error() string {
+	n := 0
+	for _, d := range e.Done {
+		if d {
+			n++
+		}
+	}
+	return fmt.Sprintf("%v (%d of %d items finished)", e.Err, n, len(e.Done))
+}
+
+func (e *PartialError) Unwrap() error { return e.Err }
+
+// Partial returns the outputs and finished items err (a *PartialError,
+// however wrapped) carries; ok is false for any other error, and for one
+// whose slices do not agree in length.
+func Partial(err error) (outs []job.Output, done []bool, ok bool) {
+	var p *PartialError
+	if !errors.As(err, &p) || len(p.Outputs) != len(p.Done) {
+		return nil, nil, false
+	}
+	return p.Outputs, p.Done, true
 }
 
 // MemInfo is a snapshot of a device's memory, in bytes.
@@ -129,7 +167,8 @@ type Model interface {
 	// Run computes one output per item, in order, as one batch. It returns an
 	// error wrapping ErrOutOfMemory when the device could not hold the batch,
 	// having freed whatever it allocated. It should return promptly when ctx
-	// ends.
+	// ends. On an error it returns no outputs; the outputs of items it
+	// finished before an ErrBackoff may come in the error (PartialError).
 	Run(ctx context.Context, items []job.Item) ([]job.Output, error)
 }
 

@@ -1,13 +1,20 @@
 package subscriber_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -296,6 +303,211 @@ func TestE2EInProcessModelServesEmbeddings(t *testing.T) {
 		if resp.Usage.PromptTokens != int64(tokens) || resp.Usage.TotalTokens != int64(tokens) {
 			t.Errorf("item %s: usage %+v; want %d prompt and total tokens", tc.id, resp.Usage, tokens)
 		}
+	}
+	if d := p.deadLetters(); len(d) != 0 {
+		t.Errorf("%d dead letters: %+v", len(d), d)
+	}
+	p.shutdown()
+}
+
+// recorder serves a fakeoai server through its own URL and keeps, for each
+// request to a model route, the first user message or input it carried and
+// the status the server answered: which items' requests reached the server,
+// and how often.
+type recorder struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	seen map[string][]int // content -> statuses answered, in order
+}
+
+func newRecorder(t *testing.T, fake *fakeoai.Server) *recorder {
+	r := &recorder{seen: map[string][]int{}}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		fake.ServeHTTP(sw, req)
+		if req.Method != http.MethodPost {
+			return
+		}
+		var b struct {
+			Messages []struct {
+				Content string `json:"content"`
+			} `json:"messages"`
+			Input json.RawMessage `json:"input"`
+		}
+		_ = json.Unmarshal(body, &b)
+		key := string(b.Input)
+		if len(b.Messages) > 0 {
+			key = b.Messages[0].Content
+		}
+		r.mu.Lock()
+		r.seen[key] = append(r.seen[key], sw.status)
+		r.mu.Unlock()
+	}))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+// answers returns what the server answered to each content's requests.
+func (r *recorder) answers() map[string][]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.seen)
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// A batch that meets a backoff partway keeps what it finished: the chunks
+// whose requests were answered before the 429 get their results then, and
+// only the others go back to the queue until the server's time. No request
+// answered 200 is sent again. One request at a time makes the count exact:
+// three answered, the fourth refused with a wait past the backend's, five
+// handed back and sent once each after it.
+func TestE2EModelServerBackoffKeepsFinishedChunks(t *testing.T) {
+	const retryAfter = 6 * time.Second
+	fake := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{
+		{Kind: fakeoai.FaultStatus, Status: 429, RetryAfter: retryAfter, Skip: 3, Times: 1}}})
+	defer fake.Close()
+	rec := newRecorder(t, fake)
+	if endpoint() == "" {
+		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
+	}
+	// A batch delay long enough for the eight messages to gather into one
+	// batch.
+	p := newPipelineWith(t, 3, subscriber.Config{MaxBatchDelay: 2 * time.Second}, nil, func(*gpu.Sim) gpu.Model {
+		m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: rec.srv.URL, Models: []string{"fake-model"},
+			MaxWait: time.Second, MaxConcurrency: 1, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		return m
+	})
+	const chunks = 8
+	var works []job.Work
+	for i := range chunks {
+		works = append(works, chatWork("k", i, chunks, fmt.Sprintf("item %d", i)))
+	}
+	p.send(works)
+	c := p.collect(chunks, time.Minute)
+
+	for k, r := range c.Results {
+		for _, o := range r.Outputs {
+			if o.Error != nil || o.Response == nil || o.Response.StatusCode != 200 {
+				t.Errorf("%v item %s: %+v; want the server's answer", k, o.ID, o)
+			}
+		}
+	}
+	if c.Duplicates != 0 {
+		t.Errorf("%d duplicate results", c.Duplicates)
+	}
+	answers := rec.answers()
+	refused := 0
+	for i := range chunks {
+		text := fmt.Sprintf("item %d", i)
+		oks := 0
+		for _, st := range answers[text] {
+			switch st {
+			case 200:
+				oks++
+			case 429:
+				refused++
+			}
+		}
+		if oks != 1 {
+			t.Errorf("%q answered 200 %d times (answers %v); want once", text, oks, answers[text])
+		}
+	}
+	if refused != 1 {
+		t.Errorf("%d requests refused 429; want the one fault", refused)
+	}
+	if st := fake.Stats(); st.Requests != chunks+1 {
+		t.Errorf("%d requests reached the server; want %d, one per item and the one refused", st.Requests, chunks+1)
+	}
+	// The batch held all eight: three finished, five handed back.
+	if got := promsum.Sum(t, p.reg, "vramq_subscriber_messages_backed_off_total"); got != chunks-3 {
+		t.Errorf("%v messages handed back until the server's time; want %d", got, chunks-3)
+	}
+	if d := p.deadLetters(); len(d) != 0 {
+		t.Errorf("%d dead letters: %+v", len(d), d)
+	}
+	p.shutdown()
+}
+
+// partialModel runs its first batch, then says that a backoff came after
+// only the items done marks finished (gpu.PartialError); later batches run.
+type partialModel struct {
+	gpu.Model
+	once  sync.Once
+	done  func(n int) []bool
+	until time.Time
+}
+
+func (m *partialModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	outs, err := m.Model.Run(ctx, items)
+	if err != nil {
+		return nil, err
+	}
+	var perr error
+	m.once.Do(func() {
+		perr = &gpu.PartialError{Err: &gpu.BackoffError{Until: m.until, Reason: "429 test"}, Outputs: outs, Done: m.done(len(items))}
+	})
+	if perr != nil {
+		return nil, perr
+	}
+	return outs, nil
+}
+
+// A message is kept whole or not at all: of a batch of two chunks of two
+// items that a backoff cut after three items finished, the first chunk's
+// result is sent from that batch (attempt 1), and the second, one item short,
+// goes back whole and is run again after the backoff (attempt 2).
+func TestE2EBackoffKeepsWholeChunksOnly(t *testing.T) {
+	until := time.Now().Add(3 * time.Second)
+	pm := &partialModel{until: until, done: func(n int) []bool {
+		d := make([]bool, n)
+		for i := range min(n, 3) {
+			d[i] = true
+		}
+		return d
+	}}
+	p := newPipeline(t, 3, subscriber.Config{MaxBatchDelay: 2 * time.Second}, func(m gpu.Model) gpu.Model {
+		pm.Model = m
+		return pm
+	})
+	works := []job.Work{
+		{V: job.Version, JobID: "w", Chunk: 0, Chunks: 2, Items: []job.Item{{ID: "a", Text: "one"}, {ID: "b", Text: "two"}}},
+		{V: job.Version, JobID: "w", Chunk: 1, Chunks: 2, Items: []job.Item{{ID: "c", Text: "three"}, {ID: "d", Text: "four"}}},
+	}
+	p.send(works)
+	c := p.collect(len(works), time.Minute)
+	for chunk, want := range []int{1, 2} {
+		r := c.Results[job.Key{JobID: "w", Chunk: chunk}]
+		if r.Attempt != want || len(r.Outputs) != 2 || r.ItemsFailed != 0 {
+			t.Errorf("chunk %d: attempt %d, %d outputs, %d failed; want attempt %d, 2 outputs, none failed",
+				chunk, r.Attempt, len(r.Outputs), r.ItemsFailed, want)
+		}
+	}
+	if got := promsum.Sum(t, p.reg, "vramq_subscriber_messages_backed_off_total"); got != 1 {
+		t.Errorf("%v messages handed back until the backoff's end; want 1", got)
+	}
+	if c.Duplicates != 0 {
+		t.Errorf("%d duplicate results", c.Duplicates)
 	}
 	if d := p.deadLetters(); len(d) != 0 {
 		t.Errorf("%d dead letters: %+v", len(d), d)

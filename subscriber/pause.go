@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job"
 )
 
 // What runs the model may say that nothing will run for a while, or until a
@@ -149,8 +150,26 @@ func backoffReason(reason string) string {
 }
 
 // backOff hands tasks back until err's time and pauses receiving until
-// then (gpu.ErrBackoff).
-func (s *Subscriber) backOff(tasks []*task, err error) {
+// then (gpu.ErrBackoff). A task with outputs in outs (every item of its
+// message finished before the backoff: gpu.PartialError, see
+// Subscriber.finished) is completed instead, as a batch that ran: its
+// requests were answered, and handing it back would send them again after
+// the backoff, spending their tokens twice. outs is nil or one entry per
+// task.
+func (s *Subscriber) backOff(tasks []*task, outs [][]job.Output, err error) {
+	var done []*task
+	var doneOuts [][]job.Output
+	if outs != nil {
+		rest := tasks[:0:0]
+		for i, t := range tasks {
+			if outs[i] == nil {
+				rest = append(rest, t)
+				continue
+			}
+			done, doneOuts = append(done, t), append(doneOuts, outs[i])
+		}
+		tasks = rest
+	}
 	until, _ := gpu.BackoffUntil(err)
 	reason := err.Error()
 	var b *gpu.BackoffError
@@ -163,6 +182,15 @@ func (s *Subscriber) backOff(tasks []*task, err error) {
 			"until", until.UTC(), "reason", reason, "messages", len(tasks))
 	}
 	s.releaseUntil(tasks, until, backoffReason(reason))
+	if len(done) > 0 {
+		s.outbox.promise(len(done))
+		for _, t := range done {
+			s.giveBack(t)
+		}
+		s.log.Info("a backoff came with part of the batch finished: its finished messages complete, the rest went back",
+			"completed", len(done), "released", len(tasks))
+		s.complete(done, doneOuts)
+	}
 }
 
 // releaseUntil hands tasks back with a visibility timeout that ends at

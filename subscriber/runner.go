@@ -168,7 +168,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok
 		s.loseDevice(tasks, err)
 		return 0, nil
 	case errors.Is(err, gpu.ErrBackoff):
-		s.backOff(tasks, err)
+		s.backOff(tasks, outs, err)
 		return 0, nil
 	case errors.Is(err, gpu.ErrNeedsOperator):
 		s.needOperator(tasks, err)
@@ -226,7 +226,7 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) bool {
 	case errors.Is(err, gpu.ErrDeviceLost):
 		s.loseDevice([]*task{t}, err)
 	case errors.Is(err, gpu.ErrBackoff):
-		s.backOff([]*task{t}, err)
+		s.backOff([]*task{t}, outs, err)
 	case errors.Is(err, gpu.ErrNeedsOperator):
 		s.needOperator([]*task{t}, err)
 	default:
@@ -319,7 +319,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 			"simulated", s.cfg.Device.Simulated())
 	}
 	if a.err != nil {
-		return nil, a.err
+		return s.finished(tasks, start, elapsed, a.err), a.err
 	}
 	s.m.batchSize.Observe(float64(len(tasks)))
 	s.m.batchBytes.Observe(float64(cost))
@@ -334,6 +334,37 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 		per[i], a.outs = a.outs[:n:n], a.outs[n:]
 	}
 	return per, nil
+}
+
+// finished returns, for a batch of tasks that failed with err after
+// starting at start and running for elapsed, the outputs of the tasks
+// whose items all finished before it, by the outputs err carries
+// (gpu.PartialError), nil for the others; nil when err carries none. A
+// message's result is written once, whole, so a task with an item
+// unfinished has nothing to keep.
+func (s *Subscriber) finished(tasks []*task, start time.Time, elapsed time.Duration, err error) [][]job.Output {
+	outs, done, ok := gpu.Partial(err)
+	n := 0
+	for _, t := range tasks {
+		n += len(t.work.Items)
+	}
+	if !ok || len(outs) != n {
+		return nil
+	}
+	var per [][]job.Output
+	at := 0
+	for i, t := range tasks {
+		k := len(t.work.Items)
+		if !slices.Contains(done[at:at+k], false) {
+			if per == nil {
+				per = make([][]job.Output, len(tasks))
+			}
+			per[i] = outs[at : at+k : at+k]
+			s.stampRan(tasks[i:i+1], start, start.Add(elapsed))
+		}
+		at += k
+	}
+	return per
 }
 
 // failTasks hands back messages whose batch failed for a reason that may pass:

@@ -78,7 +78,9 @@ func newResizableAdmission(s Strategy, budget, largest int64, count int) (*admis
 	a := &admission{strategy: s}
 	switch s {
 	case AdmitVRAM:
-		if budget <= 0 {
+		// A budget of 0 waits for the refresh to grow it; a device that
+		// could never give one is refused.
+		if budget < 0 || max(largest, budget) <= 0 {
 			return nil, fmt.Errorf("admission: VRAM budget is %d bytes; the device has no room for work", budget)
 		}
 		a.size = max(largest, budget)

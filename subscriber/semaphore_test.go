@@ -244,6 +244,19 @@ func TestAdmissionStrategies(t *testing.T) {
 	if _, err := newAdmission(AdmitVRAM, -5, 0); err == nil {
 		t.Error("a negative budget was accepted")
 	}
+	if _, err := newAdmission(AdmitVRAM, 0, 0); err == nil {
+		t.Error("a device that can never give a budget was accepted")
+	}
+	// Full now, but the device could give 100: nothing admitted until a
+	// resize.
+	a, err := newResizableAdmission(AdmitVRAM, 0, 100, 0)
+	if err != nil || a.budget() != 0 || a.sem.TryAcquire(1) {
+		t.Fatalf("a device full now: %v, budget %v; want an admission that admits nothing", err, a)
+	}
+	a.resize(100)
+	if !a.sem.TryAcquire(60) {
+		t.Error("nothing admitted after the budget grew")
+	}
 }
 
 // The semaphore is FIFO: a large message at the head holds back smaller ones

@@ -141,6 +141,18 @@ func New(cfg Config) (*Subscriber, error) {
 	if cfg.VRAMLimit > 0 {
 		largest = min(largest, cfg.VRAMLimit)
 	}
+	if cfg.Admission == AdmitVRAM && budget <= 0 && largest > 0 {
+		// Full now, not for good: another process holds the memory (a shared
+		// GPU; a model server busy with others' requests, or with those of a
+		// predecessor that crashed). Start with nothing admitted, as the
+		// refresh may find it at any time, and let the refresh grow the
+		// budget as memory frees: a process that exited here would be
+		// restarted into the same moment.
+		cfg.Logger.Warn("the device has no room for work now: starting with nothing admitted until memory frees",
+			"device", cfg.Device.Name(), "free", bytesize.Format(mem.Free), "reserve", bytesize.Format(cfg.VRAMReserve),
+			"budget_max", bytesize.Format(largest))
+		budget = 0
+	}
 	m := newMetrics(cfg.Registerer, cfg.Tenants...)
 	adm, err := newResizableAdmission(cfg.Admission, budget, largest, cfg.Count)
 	if err != nil {

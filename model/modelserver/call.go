@@ -38,24 +38,34 @@ var errTransient = errors.New("model server: transient failure")
 // an embeddings request out of memory) or an error ends it: ctx's, a
 // *gpu.BackoffError when the server's wait ends past deadline, an
 // ErrNeedsOperator, a *tooLargeError for the rate limits, or errTransient
-// after Config.MaxRetries.
-func (m *Model) send(ctx context.Context, c *call, deadline time.Time) (*outcome, error) {
+// after Config.MaxRetries. Its waits for a turn end with wait, its
+// requests with ctx (see group).
+func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*outcome, error) {
 	retries := 0
 	for {
-		probe, err := m.gate.enter(ctx, deadline)
+		probe, err := m.gate.enter(wait, deadline)
 		if err != nil {
 			return nil, err
 		}
-		s, err := m.conc.acquire(ctx)
+		s, err := m.conc.acquire(wait)
 		if err != nil {
 			m.gate.abandon(probe)
 			return nil, err
 		}
-		res, err := m.rates.take(ctx, c.tokens, deadline)
+		res, err := m.rates.take(wait, c.tokens, deadline)
 		if err != nil {
 			m.conc.release(s, false, false)
 			m.gate.abandon(probe)
 			return nil, err
+		}
+		if m.gate.closed(time.Now()) {
+			// The server asked for a pause (or an operator) while this
+			// request waited for its turn: it goes back to the gate, not
+			// out to meet the same answer.
+			m.rates.settle(res, 0)
+			m.conc.release(s, false, false)
+			m.gate.abandon(probe)
+			continue
 		}
 		m.held.Add(c.kv)
 		a := m.post(ctx, c)
@@ -92,11 +102,11 @@ func (m *Model) send(ctx context.Context, c *call, deadline time.Time) (*outcome
 			if retries++; retries > m.cfg.MaxRetries {
 				return nil, fmt.Errorf("%w: %s %s after %d tries: %s", errTransient, row.name, c.ep.path(), retries, a.describe(false))
 			}
-			wait := jitter(backoff(transientFirst, transientMax, retries-1))
-			if now.Add(wait).After(deadline) {
+			delay := jitter(backoff(transientFirst, transientMax, retries-1))
+			if now.Add(delay).After(deadline) {
 				return nil, fmt.Errorf("%w: %s %s, and no time left to retry: %s", errTransient, row.name, c.ep.path(), a.describe(false))
 			}
-			if err := sleep(ctx, wait, nil); err != nil {
+			if err := sleep(wait, delay, nil); err != nil {
 				return nil, err
 			}
 		case actWait:

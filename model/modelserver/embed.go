@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 )
@@ -85,19 +83,20 @@ func (p pack) body() []byte {
 }
 
 // embed runs one pack, in halves where the server cannot take it whole or
-// refuses it (to find whose input it refuses).
-func (m *Model) embed(ctx context.Context, p pack, outs []job.Output, deadline time.Time) error {
+// refuses it (to find whose input it refuses); its requests under ctx,
+// their waits under wait (see group).
+func (m *Model) embed(ctx, wait context.Context, p pack, outs []job.Output, deadline time.Time) error {
 	var prompt estimate
 	var tokens int64
 	for _, r := range p {
 		prompt = prompt.add(r.prompt)
 		tokens += m.counter.tokens(r.kind(), r.prompt)
 	}
-	o, err := m.send(ctx, &call{ep: embeddings, body: p.body(), tokens: tokens, kv: tokens * m.unit}, deadline)
+	o, err := m.send(ctx, wait, &call{ep: embeddings, body: p.body(), tokens: tokens, kv: tokens * m.unit}, deadline)
 	var tl *tooLargeError
 	switch {
 	case errors.As(err, &tl) && len(p) > 1:
-		return m.halves(ctx, p, outs, deadline)
+		return m.halves(ctx, wait, p, outs, deadline)
 	case err != nil:
 		return m.itemErr(err, &outs[p[0].idx])
 	}
@@ -132,28 +131,28 @@ func (m *Model) embed(ctx context.Context, p pack, outs []job.Output, deadline t
 			m.lowerCap(n)
 		}
 		if len(p) > 1 {
-			return m.halves(ctx, p, outs, deadline)
+			return m.halves(ctx, wait, p, outs, deadline)
 		}
 	case actOOM:
 		if len(p) > 1 {
-			return m.halves(ctx, p, outs, deadline)
+			return m.halves(ctx, wait, p, outs, deadline)
 		}
 		return fmt.Errorf("%w: the model server could not hold one embeddings item (%d inputs): %s",
 			gpu.ErrOutOfMemory, len(p[0].inputs), o.a.describe(false))
 	case actItem:
 		if len(p) > 1 {
-			return m.halves(ctx, p, outs, deadline)
+			return m.halves(ctx, wait, p, outs, deadline)
 		}
 	}
 	outs[p[0].idx] = m.output(p[0].id, o)
 	return nil
 }
 
-func (m *Model) halves(ctx context.Context, p pack, outs []job.Output, deadline time.Time) error {
-	g, gctx := errgroup.WithContext(ctx)
+func (m *Model) halves(ctx, wait context.Context, p pack, outs []job.Output, deadline time.Time) error {
+	g := newGroup(ctx, wait)
 	half := len(p) / 2
-	g.Go(func() error { return m.embed(gctx, p[:half], outs, deadline) })
-	g.Go(func() error { return m.embed(gctx, p[half:], outs, deadline) })
+	g.Go(func(sent, wait context.Context) error { return m.embed(sent, wait, p[:half], outs, deadline) })
+	g.Go(func(sent, wait context.Context) error { return m.embed(sent, wait, p[half:], outs, deadline) })
 	return g.Wait()
 }
 

@@ -81,6 +81,14 @@ func (g *gate) enter(ctx context.Context, deadline time.Time) (probe bool, err e
 	}
 }
 
+// closed reports whether a request that entered before now should not go
+// out now: a pause or an operator's error came since.
+func (g *gate) closed(now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return now.Before(g.until) || g.opErr != nil && now.Before(g.opUntil)
+}
+
 // leave reports the outcome of a request that entered: a pause until
 // until (zero: none), an operator error, or neither (the server answered
 // and takes requests).

@@ -18,8 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/bert"
@@ -289,7 +287,8 @@ func (m *Model) tokens(r *request) int64 {
 //
 // Run returns an error, and no outputs, when the batch cannot finish: one
 // wrapping gpu.ErrBackoff (the server's wait ends past Config.MaxWait from
-// now), gpu.ErrNeedsOperator, gpu.ErrOutOfMemory (an embedding input the
+// now; the outputs of the items that finished, those sent before it
+// included, come in a gpu.PartialError), gpu.ErrNeedsOperator, gpu.ErrOutOfMemory (an embedding input the
 // server cannot hold even alone), a transient failure past its retries, or
 // ctx's error.
 //
@@ -327,25 +326,26 @@ func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.It
 		}
 		groups[r.key] = append(groups[r.key], r)
 	}
-	g, gctx := errgroup.WithContext(ctx)
+	g := newGroup(ctx, ctx)
 	for _, r := range gens {
-		g.Go(func() error { return m.generate(gctx, r, outs, deadline) })
+		g.Go(func(sent, wait context.Context) error { return m.generate(sent, wait, r, outs, deadline) })
 	}
 	for _, k := range keys {
 		for _, p := range m.packs(groups[k]) {
-			g.Go(func() error { return m.embed(gctx, p, outs, deadline) })
+			g.Go(func(sent, wait context.Context) error { return m.embed(sent, wait, p, outs, deadline) })
 		}
 	}
 	if err := g.Wait(); err != nil {
-		return nil, err
+		return nil, partial(err, outs)
 	}
 	return outs, nil
 }
 
-// generate runs one chat or completion item.
-func (m *Model) generate(ctx context.Context, r *request, outs []job.Output, deadline time.Time) error {
+// generate runs one chat or completion item: its request under ctx, its
+// waits for a turn under wait (see group).
+func (m *Model) generate(ctx, wait context.Context, r *request, outs []job.Output, deadline time.Time) error {
 	seq := m.outputs.start(r.kind())
-	o, err := m.send(ctx, &call{ep: r.ep, body: r.body, tokens: m.tokens(r), kv: m.kvTokens(r) * m.unit}, deadline)
+	o, err := m.send(ctx, wait, &call{ep: r.ep, body: r.body, tokens: m.tokens(r), kv: m.kvTokens(r) * m.unit}, deadline)
 	if err != nil {
 		m.outputs.done(r.kind(), seq, 0, 0)
 		return m.itemErr(err, &outs[r.idx])
