@@ -109,20 +109,30 @@ type benchSub struct {
 
 // startBenchSub starts a subscriber on urls whose model is srv, as
 // cmd/subscriber does with -model-server srv -model-server-models fake-model
-// -model-server-max-output-tokens 128.
-func startBenchSub(t *testing.T, client *sqs.Client, urls localstack.URLs, srv *fakeoai.Server) *benchSub {
+// -model-server-max-output-tokens 128 -model-server-tpm tpm (0: none).
+func startBenchSub(t *testing.T, client *sqs.Client, urls localstack.URLs, srv *fakeoai.Server, tpm int) *benchSub {
 	t.Helper()
-	b := newBenchSub(t, client, urls, srv)
+	b := newBenchSub(t, client, urls, srv, tpm)
 	b.start(t)
 	return b
 }
 
 // newBenchSub is startBenchSub without the start.
-func newBenchSub(t *testing.T, client *sqs.Client, urls localstack.URLs, srv *fakeoai.Server) *benchSub {
+func newBenchSub(t *testing.T, client *sqs.Client, urls localstack.URLs, srv *fakeoai.Server, tpm int) *benchSub {
 	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		// What goes wrong (a backoff, a release) is worth seeing next to
+		// the figures.
+		quiet = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	// The times that are about the server's pace (how long a batch may
+	// wait for it, run on it, or wait to be admitted to it) are its
+	// defaults in server time, divided by the speed as the server's own
+	// are; those about SQS (visibility, hold, long poll) are not.
+	d := subscriber.DefaultConfig()
 	m, dev, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
-		MaxOutputTokens: pbMaxTokens, Logger: quiet})
+		MaxOutputTokens: pbMaxTokens, MaxWait: modelserver.DefaultMaxWait / pbSpeed, TPM: tpm, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +141,8 @@ func newBenchSub(t *testing.T, client *sqs.Client, urls localstack.URLs, srv *fa
 	b.sub, err = subscriber.New(subscriber.Config{
 		Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results), DLQ: sqsqueue.New(client, urls.DLQ),
 		Model: m, Device: dev, Registerer: b.reg, Logger: quiet,
-		VRAMReserve: 1, // checkModelServer's: the device's memory is tokens
+		VRAMReserve:      1, // checkModelServer's: the device's memory is tokens
+		InferenceTimeout: d.InferenceTimeout / pbSpeed, AdmitTimeout: d.AdmitTimeout / pbSpeed,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -268,11 +279,14 @@ func TestBenchPipelineModelServer(t *testing.T) {
 		t.Fatal("no SQS endpoint: set AWS_ENDPOINT_URL (eval \"$(localstack/emulator.sh env)\")")
 	}
 	part := func(name string) bool { return which == "1" || strings.Contains(which, name) }
+	// The server's limit in this process's time, for -model-server-tpm.
+	const realTPM = pbTPM * pbSpeed
 	if part("rate") {
-		t.Run("rate", func(t *testing.T) { benchPipelineRate(t, 1) })
+		t.Run("rate-unconfigured", func(t *testing.T) { benchPipelineRate(t, 1, 0) })
+		t.Run("rate", func(t *testing.T) { benchPipelineRate(t, 1, realTPM) })
 	}
 	if part("shared") {
-		t.Run("shared", func(t *testing.T) { benchPipelineRate(t, 3) })
+		t.Run("shared", func(t *testing.T) { benchPipelineRate(t, 3, realTPM/3) })
 	}
 	if part("cost") {
 		t.Run("cost", benchPipelineCost)
@@ -281,9 +295,10 @@ func TestBenchPipelineModelServer(t *testing.T) {
 
 // benchPipelineRate fills one work queue with more chat work than eleven
 // server minutes take, starts the server and subs subscribers on that queue,
-// and stops them after eleven server minutes: the server's ledger of those
-// minutes, then what became of every message.
-func benchPipelineRate(t *testing.T, subs int) {
+// each with -model-server-tpm tpm, and stops them after eleven server
+// minutes: the server's ledger of those minutes, then what became of every
+// message.
+func benchPipelineRate(t *testing.T, subs, tpm int) {
 	client := sqstest.Client(t)
 	urls := sqstest.Queues(t, client, 0)
 	works := newChatLoad(uint64(subs)).works("pipe", pbChunks, pbChunkItems)
@@ -296,7 +311,7 @@ func benchPipelineRate(t *testing.T, subs int) {
 	start := time.Now() // the server's minute 0 began at New
 	var bs []*benchSub
 	for range subs {
-		bs = append(bs, startBenchSub(t, client, urls, srv))
+		bs = append(bs, startBenchSub(t, client, urls, srv, tpm))
 	}
 	time.Sleep(time.Until(start.Add(pbServerMinutes(pbMinutes + 0.05))))
 	st := srv.Stats() // before shutdown: its grace would run into minute 11
@@ -304,12 +319,14 @@ func benchPipelineRate(t *testing.T, subs int) {
 		t.Fatalf("the server's ledger has %d minutes; want %d complete", len(st.Minutes), pbMinutes)
 	}
 	shutdownAll(t, bs)
+	after := srv.Stats()
 	o := settle(t, client, urls, len(works), bs)
+	// Answers the server gave that no result holds: those of batches
+	// handed back, whose tokens are spent again when they run again.
+	t.Logf("shutdown took %v; the server answered %d requests 200 in all, %d of them in no result",
+		time.Since(start)-pbServerMinutes(pbMinutes+0.05), after.ByStatus[200], after.ByStatus[200]-int64(o.ok))
 	l := readPBLedger(st.Minutes, pbMinutes)
-	name := "1 subscriber"
-	if subs > 1 {
-		name = fmt.Sprintf("%d subscribers, one queue", subs)
-	}
+	name := fmt.Sprintf("%d subscriber(s) on one queue, -model-server-tpm %d each", subs, tpm)
 	t.Logf("limits %d TPM, %d RPM per server minute; speed %d; %d server minutes; %d work messages of %d chat items sent\n"+
 		"| consumer | tokens/min (minutes 1–10) | of TPM | of the most admissible | requests/min | of RPM | minute 0 of TPM | 429s after minute 0 | 429s in all |\n"+
 		"|---|---|---|---|---|---|---|---|---|\n"+
@@ -386,7 +403,7 @@ func benchPipelineCost(t *testing.T) {
 			if err := jobq.Send(ctx, client, urls.Work, works); err != nil {
 				t.Fatal(err)
 			}
-			b = newBenchSub(t, client, urls, srv)
+			b = newBenchSub(t, client, urls, srv, 0)
 			c0 := cputime.Process()
 			b.start(t)
 			for b.sub.Ledger().Deleted < chunks {
