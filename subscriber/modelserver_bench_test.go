@@ -10,7 +10,8 @@ package subscriber_test
 // receive, admission, batching, leases and result sends in the loop. Not a
 // pass/fail test: it prints what it measured, and bench/modelserver.md
 // ("Through the subscriber") records the figures and the command. It runs
-// only when VRAMQ_BENCH_PIPELINE is set (rate, shared, cost, or 1 for all).
+// only when VRAMQ_BENCH_PIPELINE is set (1 for all, or a comma-separated
+// list of rate-unconfigured, rate, shared-full, shared, cost).
 
 import (
 	"context"
@@ -273,20 +274,27 @@ func (o pbOutcome) lost() int { return o.sent - o.results - o.left - o.inflight 
 func TestBenchPipelineModelServer(t *testing.T) {
 	which := os.Getenv("VRAMQ_BENCH_PIPELINE")
 	if which == "" {
-		t.Skip("set VRAMQ_BENCH_PIPELINE=1 (or rate, shared, cost) to run the benchmarks of the subscriber against a model server (about five minutes)")
+		t.Skip("set VRAMQ_BENCH_PIPELINE=1 (or a comma-separated list of rate-unconfigured, rate, shared-full, shared, cost) to run the benchmarks of the subscriber against a model server (about five minutes)")
 	}
 	if endpoint() == "" {
 		t.Fatal("no SQS endpoint: set AWS_ENDPOINT_URL (eval \"$(localstack/emulator.sh env)\")")
 	}
-	part := func(name string) bool { return which == "1" || strings.Contains(which, name) }
+	part := func(name string) bool { return which == "1" || slices.Contains(strings.Split(which, ","), name) }
 	// The server's limit in this process's time, for -model-server-tpm.
 	const realTPM = pbTPM * pbSpeed
+	if part("rate-unconfigured") {
+		t.Run("rate-unconfigured", func(t *testing.T) { benchPipelineRate(t, 1, 0, pbChunkItems) })
+	}
 	if part("rate") {
-		t.Run("rate-unconfigured", func(t *testing.T) { benchPipelineRate(t, 1, 0) })
-		t.Run("rate", func(t *testing.T) { benchPipelineRate(t, 1, realTPM) })
+		t.Run("rate", func(t *testing.T) { benchPipelineRate(t, 1, realTPM, pbChunkItems) })
+	}
+	if part("shared-full") {
+		t.Run("shared-full", func(t *testing.T) { benchPipelineRate(t, 3, realTPM, pbChunkItems) })
 	}
 	if part("shared") {
-		t.Run("shared", func(t *testing.T) { benchPipelineRate(t, 3, realTPM/3) })
+		// A third of the limit each: a 32-item message costs more than a
+		// third of what the limit passes in half of MaxWait, so half that.
+		t.Run("shared", func(t *testing.T) { benchPipelineRate(t, 3, realTPM/3, pbChunkItems/2) })
 	}
 	if part("cost") {
 		t.Run("cost", benchPipelineCost)
@@ -298,10 +306,10 @@ func TestBenchPipelineModelServer(t *testing.T) {
 // each with -model-server-tpm tpm, and stops them after eleven server
 // minutes: the server's ledger of those minutes, then what became of every
 // message.
-func benchPipelineRate(t *testing.T, subs, tpm int) {
+func benchPipelineRate(t *testing.T, subs, tpm, items int) {
 	client := sqstest.Client(t)
 	urls := sqstest.Queues(t, client, 0)
-	works := newChatLoad(uint64(subs)).works("pipe", pbChunks, pbChunkItems)
+	works := newChatLoad(uint64(subs)).works("pipe", pbChunks*pbChunkItems/items, items)
 	if err := jobq.Send(t.Context(), client, urls.Work, works); err != nil {
 		t.Fatal(err)
 	}
@@ -310,8 +318,13 @@ func benchPipelineRate(t *testing.T, subs, tpm int) {
 	defer srv.Close()
 	start := time.Now() // the server's minute 0 began at New
 	var bs []*benchSub
+	// All made before any starts: New reads the device, and a server
+	// with requests waiting (vllm:num_requests_waiting) has no room.
 	for range subs {
-		bs = append(bs, startBenchSub(t, client, urls, srv, tpm))
+		bs = append(bs, newBenchSub(t, client, urls, srv, tpm))
+	}
+	for _, b := range bs {
+		b.start(t)
 	}
 	time.Sleep(time.Until(start.Add(pbServerMinutes(pbMinutes + 0.05))))
 	st := srv.Stats() // before shutdown: its grace would run into minute 11
@@ -334,7 +347,7 @@ func benchPipelineRate(t *testing.T, subs, tpm int) {
 		"| messages | results | duplicate results | back on the queue | in flight after shutdown | dead-lettered | lost | items ok | item errors | messages backed off | messages released | receives |\n"+
 		"|---|---|---|---|---|---|---|---|---|---|---|---|\n"+
 		"| %d | %d | %d | %d | %d | %d | %d | %d | %d | %.0f | %.0f | %.0f |",
-		pbTPM, pbRPM, pbSpeed, pbMinutes, len(works), pbChunkItems,
+		pbTPM, pbRPM, pbSpeed, pbMinutes, len(works), items,
 		name, l.tpm, l.frac, l.minFrac, l.ofMost, l.rpm, l.fracReq, l.min0,
 		l.limited, l.answers, pct(l.limited, l.answers), l.limitedAll, l.answersAll, pct(l.limitedAll, l.answersAll),
 		o.sent, o.results, o.duplicates, o.left, o.inflight, o.dead, o.lost(), o.ok, o.itemErrors, o.backedOff, o.released, o.receives)
