@@ -108,17 +108,10 @@ type benchSub struct {
 	runErr error
 }
 
-// startBenchSub starts a subscriber on urls whose model is srv, as
+// newBenchSub makes a subscriber on urls whose model is srv, as
 // cmd/subscriber does with -model-server srv -model-server-models fake-model
-// -model-server-max-output-tokens 128 -model-server-tpm tpm (0: none).
-func startBenchSub(t *testing.T, client *sqs.Client, urls localstack.URLs, srv *fakeoai.Server, tpm int) *benchSub {
-	t.Helper()
-	b := newBenchSub(t, client, urls, srv, tpm)
-	b.start(t)
-	return b
-}
-
-// newBenchSub is startBenchSub without the start.
+// -model-server-max-output-tokens 128 -model-server-tpm tpm (0: none); start
+// runs it.
 func newBenchSub(t *testing.T, client *sqs.Client, urls localstack.URLs, srv *fakeoai.Server, tpm int) *benchSub {
 	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
