@@ -52,7 +52,8 @@ func (d *Device) Name() string { return d.name }
 func (d *Device) Simulated() bool { return !d.live }
 
 // MemInfo reads the server's KV cache, through a reading of /metrics at
-// most Config.MetricsMaxAge old.
+// most Config.MetricsMaxAge old, its free memory bounded by the configured
+// rate limits.
 func (d *Device) MemInfo() (gpu.MemInfo, error) {
 	mem, err := d.kvInfo()
 	if err != nil {

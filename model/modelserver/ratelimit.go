@@ -217,8 +217,10 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 }
 
 // ownWithin is the tokens the configured limits (Config.TPM, RPM) admit in
-// d: the least of the TPM's and of the RPM's times maxTokens, the most one
-// request may reserve. ok is false with none configured. The server's
+// d: the least of the TPM's and of the RPM's times maxTokens, the output
+// ceiling (a request reserves its prompt too, so the RPM's errs high when
+// max_tokens is at the ceiling and low when requests ask far less). ok is
+// false with none configured. The server's
 // limits, learned from its headers, are left out: they are known only once
 // requests are answered, and a bound read from them, taken by the
 // subscriber's budget while it was low, would admit nothing more to answer.
