@@ -267,7 +267,7 @@ func (o pbOutcome) lost() int { return o.sent - o.results - o.left - o.inflight 
 func TestBenchPipelineModelServer(t *testing.T) {
 	which := os.Getenv("VRAMQ_BENCH_PIPELINE")
 	if which == "" {
-		t.Skip("set VRAMQ_BENCH_PIPELINE=1 (or a comma-separated list of rate-unconfigured, rate, shared-full, shared, cost) to run the benchmarks of the subscriber against a model server (about five minutes)")
+		t.Skip("set VRAMQ_BENCH_PIPELINE=1 (or a comma-separated list of rate-unconfigured, rate, shared-full, shared, cost) to run the benchmarks of the subscriber against a model server (about seven minutes)")
 	}
 	if endpoint() == "" {
 		t.Fatal("no SQS endpoint: set AWS_ENDPOINT_URL (eval \"$(localstack/emulator.sh env)\")")
