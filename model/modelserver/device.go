@@ -49,6 +49,14 @@ import (
 // retractStep at most every retractHoldAges × Config.MetricsMaxAge without
 // another preemption, so that each share holds long enough for the
 // subscriber's budget, which waits for two readings that agree, to take it.
+//
+// The configured rate limits (Config.TPM, RPM) bound its free memory too:
+// to what they admit in half of Config.MaxWait, less what its requests
+// hold. The subscriber admits no more than its budget (free memory plus the
+// working set). A batch admitted beyond what the limits pass before its
+// MaxWait ends backs off partway, its unfinished messages handed back and
+// asked again; with a queue's worth held, every batch would, over and over
+// (bench/modelserver.md, "Through the subscriber").
 type Device struct {
 	m        *Model
 	name     string
@@ -79,8 +87,28 @@ func (d *Device) Name() string { return d.name }
 func (d *Device) Simulated() bool { return !d.live }
 
 // MemInfo reads the server's KV cache, through a reading of /metrics at
-// most Config.MetricsMaxAge old.
+// most Config.MetricsMaxAge old, its free memory bounded by the configured
+// rate limits.
 func (d *Device) MemInfo() (gpu.MemInfo, error) {
+	mem, err := d.kvInfo()
+	if err != nil {
+		return mem, err
+	}
+	if tokens, ok := d.m.rates.ownWithin(d.m.cfg.MaxWait/rateHorizonDiv, float64(d.m.cfg.MaxOutputTokens)); ok {
+		rate := int64(math.Min(tokens*float64(d.m.unit), math.MaxInt64/2))
+		mem.Free = max(0, min(mem.Free, rate-d.m.Working()))
+	}
+	return mem, nil
+}
+
+// rateHorizonDiv makes the rate limits' bound on free memory what they
+// admit in MaxWait/2: a batch admitted with that much ahead of it finishes
+// within MaxWait, the other half left for the margin the mirrors keep and
+// a limiter slower than it says.
+const rateHorizonDiv = 2
+
+// kvInfo is MemInfo of the KV cache alone.
+func (d *Device) kvInfo() (gpu.MemInfo, error) {
 	if !d.live {
 		return gpu.MemInfo{Total: d.capacity, Free: d.capacity}, nil
 	}

@@ -221,6 +221,43 @@ func TestDeviceWithoutMetrics(t *testing.T) {
 	})
 }
 
+// Free memory is bounded by what the configured rate limits pass in half
+// of MaxWait, from the start, so that the subscriber never admits more than
+// finishes before its batches' waits run out; the server's limits, learned
+// from its headers, do not bound it.
+func TestDeviceFollowsTheRateLimits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: fakeoai.RateLimits{TPM: 6000, RPM: 1000}})
+		defer s.Close()
+		h := handlerTransport{h: http404For("/metrics", s)}
+		for _, tc := range []struct {
+			tpm, rpm int
+			free     int64
+		}{
+			{0, 0, 1 << 20},      // none configured
+			{1200, 0, 600},       // 1,200 tokens a minute for 30 s
+			{1200, 10, 500},      // 10 requests a minute for 30 s, of at most 100 tokens
+			{0, 100000, 1 << 20}, // 5,000,000 tokens: the capacity is less
+		} {
+			m, d, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
+				TPM: tc.tpm, RPM: tc.rpm, MaxOutputTokens: 100, TokensInFlight: 1 << 20, MaxWait: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mem, err := d.MemInfo(); err != nil || mem.Total != 1<<20 || mem.Free != tc.free {
+				t.Errorf("TPM %d, RPM %d: %+v, %v; want %d free of %d", tc.tpm, tc.rpm, mem, err, tc.free, 1<<20)
+			}
+			if _, err := m.Run(t.Context(), []job.Item{chatItem("a", "[[len=4]] hello", 100)}); err != nil {
+				t.Fatal(err)
+			}
+			if mem, err := d.MemInfo(); err != nil || mem.Free != tc.free {
+				t.Errorf("TPM %d, RPM %d, after an answer with the server's limits: %+v, %v; want %d free", tc.tpm, tc.rpm, mem, err, tc.free)
+			}
+			m.Close()
+		}
+	})
+}
+
 // Overload halves the requests in flight; clean full runs grow them back.
 func TestConcurrencyHalvesAndGrowsBack(t *testing.T) {
 	c := newConcurrency(8, quiet())

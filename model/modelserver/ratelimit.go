@@ -216,6 +216,31 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 	}
 }
 
+// ownWithin is the tokens the configured limits (Config.TPM, RPM) admit in
+// d: the least of the TPM's and of the RPM's times maxTokens, the output
+// ceiling (a request reserves its prompt too, so the RPM's errs high when
+// max_tokens is at the ceiling and low when requests ask far less). ok is
+// false with none configured. The server's
+// limits, learned from its headers, are left out: they are known only once
+// requests are answered, and a bound read from them, taken by the
+// subscriber's budget while it was low, would admit nothing more to answer.
+func (r *rates) ownWithin(d time.Duration, maxTokens float64) (tokens float64, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	tokens = math.Inf(1)
+	for k, b := range r.own {
+		if b == nil {
+			continue
+		}
+		n := b.perSec * d.Seconds()
+		if k == kindRequests {
+			n *= maxTokens
+		}
+		tokens, ok = math.Min(tokens, n), true
+	}
+	return tokens, ok
+}
+
 // margin is what a mirror of kind keeps unspent. r.mu is held.
 func (r *rates) margin(k int) float64 {
 	if k == kindRequests {
