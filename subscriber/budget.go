@@ -10,7 +10,8 @@ import (
 
 // budgetTolerance is how far apart two budget readings may be and still
 // agree, and how far one must move from the budget in force to change it:
-// an eighth of the reserve, at least 1 MiB. The reserve is the headroom kept
+// an eighth of the reserve, at least 1 MiB, or a 1024th of the device's
+// memory (total) where that is less. The reserve is the headroom kept
 // for what admission does not account (a framework's own allocations,
 // fragmentation), so a drift of a fraction of it is absorbed there; acting
 // on it would only resize admission, and log, every few seconds as other
@@ -18,8 +19,19 @@ import (
 // batches starting or ending between the reads of free memory and of the
 // working set is off by that batch's memory, megabytes at least, so it does
 // not agree with a clean one. The 1 MiB floor is above allocation
-// granularity, for very small reserves.
-func budgetTolerance(reserve int64) int64 { return max(1<<20, reserve/8) }
+// granularity, for very small reserves; it holds on any GPU (1 GiB or
+// more), but a device whose unit is not a byte is smaller: a model server
+// whose KV bytes per token are unknown counts tokens, a million by
+// default, and a 1 MiB floor would be all of it, so its budget would never
+// move after the first reading (bench/modelserver.md, "Through the
+// subscriber").
+func budgetTolerance(reserve, total int64) int64 {
+	floor := int64(1 << 20)
+	if total > 0 { // a device that does not say keeps the floor for GPUs
+		floor = max(1, min(floor, total/1024))
+	}
+	return max(floor, reserve/8)
+}
 
 // budgetReads is how many times one refresh tries for a reading during
 // which this process's working set stayed put.
@@ -131,7 +143,7 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	}
 	prev := st.last
 	st.last = &r
-	tol := budgetTolerance(s.cfg.VRAMReserve)
+	tol := budgetTolerance(s.cfg.VRAMReserve, r.mem.Total)
 	if prev == nil || absDiff(prev.budget, r.budget) > tol {
 		return // wait for a reading that agrees
 	}
