@@ -51,12 +51,13 @@ import (
 // subscriber's budget, which waits for two readings that agree, to take it.
 //
 // The rate limits bound its free memory too: to what they admit in half of
-// Config.MaxWait, less what its requests hold. Those configured
+// Config.MaxWait, in device bytes at the recent messages' ratio of cost to
+// rate tokens (recentCosts), less what its requests hold. Those configured
 // (Config.TPM, RPM) do from the start; the server's, mirrored from its
 // headers, once it has answered, as this process's share of them: what
 // the others' use, seen in the server's counts, leaves it. Before the
 // first answer, with no limit configured, the bound is the concurrency's
-// worth of requests at the output ceiling, and one message at least
+// worth of requests at the output ceiling. Never below one message
 // (rateFloorNum). The subscriber admits no more than its budget (free memory plus the
 // working set). A batch admitted beyond what the limits pass before its
 // MaxWait ends backs off partway, its unfinished messages handed back and
