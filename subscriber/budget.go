@@ -10,16 +10,31 @@ import (
 
 // budgetTolerance is how far apart two budget readings may be and still
 // agree, and how far one must move from the budget in force to change it:
-// an eighth of the reserve, at least 1 MiB. The reserve is the headroom kept
-// for what admission does not account (a framework's own allocations,
-// fragmentation), so a drift of a fraction of it is absorbed there; acting
-// on it would only resize admission, and log, every few seconds as other
-// processes' caches breathe. A reading skewed by one of this process's
-// batches starting or ending between the reads of free memory and of the
-// working set is off by that batch's memory, megabytes at least, so it does
-// not agree with a clean one. The 1 MiB floor is above allocation
-// granularity, for very small reserves.
-func budgetTolerance(reserve int64) int64 { return max(1<<20, reserve/8) }
+// an eighth of the reserve, at least 1 MiB, or less where the device is
+// small: a 1024th of its memory (total), and an eighth of the budget
+// (scale: the larger of the readings and the budget in force). The reserve
+// is the headroom kept for what admission does not account (a framework's
+// own allocations, fragmentation), so a drift of a fraction of it is
+// absorbed there; acting on it would only resize admission, and log, every
+// few seconds as other processes' caches breathe. A reading skewed by one
+// of this process's batches starting or ending between the reads of free
+// memory and of the working set is off by that batch's memory, megabytes
+// at least, so it does not agree with a clean one. The 1 MiB floor is
+// above allocation granularity, for very small reserves; it holds on any
+// GPU (1 GiB or more, and a budget of 8 MiB or more). A device whose unit
+// is not a byte is smaller: a model server whose KV bytes per token are
+// unknown counts tokens, and its budget, bounded by what the rate limits
+// pass, may be ten thousand of them, a few messages; a 1 MiB floor would
+// be more than all of it, and its budget would never move after the first
+// reading (bench/modelserver.md, "Through the subscriber").
+func budgetTolerance(reserve, total, scale int64) int64 {
+	floor := int64(1 << 20)
+	if total > 0 { // a device that does not say keeps the floor for GPUs
+		floor = min(floor, total/1024)
+	}
+	floor = max(1, min(floor, scale/8))
+	return max(floor, reserve/8)
+}
 
 // budgetReads is how many times one refresh tries for a reading during
 // which this process's working set stayed put.
@@ -131,9 +146,12 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	}
 	prev := st.last
 	st.last = &r
-	tol := budgetTolerance(s.cfg.VRAMReserve)
-	if prev == nil || absDiff(prev.budget, r.budget) > tol {
+	if prev == nil {
 		return // wait for a reading that agrees
+	}
+	tol := budgetTolerance(s.cfg.VRAMReserve, r.mem.Total, max(prev.budget, r.budget, s.adm.budget()))
+	if absDiff(prev.budget, r.budget) > tol {
+		return
 	}
 	target := min(max(min(prev.budget, r.budget), 0), s.adm.size)
 	if absDiff(target, s.adm.budget()) <= tol {

@@ -370,3 +370,47 @@ func TestBudgetGrowthProbesTheBatchLimit(t *testing.T) {
 		}
 	})
 }
+
+// A device counted in units other than bytes (a model server's tokens, a
+// million of them) resizes the budget on a change of a few of its
+// thousandths, as a GPU does on a change of a few MiB; the 1 MiB floor of
+// the tolerance would have been the whole device.
+func TestBudgetToleranceInDeviceUnits(t *testing.T) {
+	if got := budgetTolerance(1, 1<<30, 1<<30); got != 1<<20 {
+		t.Errorf("a 1 GiB GPU's tolerance is %d, want the 1 MiB it always had", got)
+	}
+	if got := budgetTolerance(1, 8<<20, 10_000); got != 10_000/8 {
+		t.Errorf("a budget of 10,000 tokens: tolerance %d, want an eighth of it", got)
+	}
+	if got := budgetTolerance(64<<20, 80<<30, 70<<30); got != 8<<20 {
+		t.Errorf("an 80 GiB GPU with a 64 MiB reserve: tolerance %d, want an eighth of the reserve", got)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		const total = 1 << 20 // tokens, as modelserver.DefaultTokensInFlight
+		h := startWith(t, total, Config{BudgetRefresh: time.Second}, func(h *harness, c *Config) {
+			c.Model = workingModel{h.model}
+		})
+		if b := h.sub.Budget(); b != total-1 {
+			t.Fatalf("budget %d, want the device less the reserve", b)
+		}
+		release := otherProcess(t, h.dev, 30_000)
+		wait.For(t, time.Minute, "the budget to shrink by 30,000 units", func() bool { return h.sub.Budget() == total-1-30_000 })
+		release()
+		wait.For(t, time.Minute, "the budget to grow back", func() bool { return h.sub.Budget() == total-1 })
+		h.shutdown()
+	})
+	// A budget of a few messages on a large device (fakeoai's KV pool:
+	// 8 Mi tokens), as a model server's rate limits leave it: a change of
+	// a third of it is followed, though a 1024th of the device is more.
+	synctest.Test(t, func(t *testing.T) {
+		const total = 8 << 20
+		h := startWith(t, total, Config{BudgetRefresh: time.Second}, func(h *harness, c *Config) {
+			c.Model = workingModel{h.model}
+		})
+		defer otherProcess(t, h.dev, total-12_000)()
+		wait.For(t, time.Minute, "a budget of 12,000 units", func() bool { return h.sub.Budget() == 12_000-1 })
+		defer otherProcess(t, h.dev, 4_000)()
+		wait.For(t, time.Minute, "the budget to shrink to 8,000 units", func() bool { return h.sub.Budget() == 8_000-1 })
+		h.shutdown()
+	})
+}

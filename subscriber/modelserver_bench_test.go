@@ -11,7 +11,7 @@ package subscriber_test
 // pass/fail test: it prints what it measured, and bench/modelserver.md
 // ("Through the subscriber") records the figures and the command. It runs
 // only when VRAMQ_BENCH_PIPELINE is set (1 for all, or a comma-separated
-// list of rate-unconfigured, rate, shared-full, shared, cost).
+// list of rate-unconfigured, rate, shared-full, shared-headers, shared, cost).
 
 import (
 	"context"
@@ -267,7 +267,7 @@ func (o pbOutcome) lost() int { return o.sent - o.results - o.left - o.inflight 
 func TestBenchPipelineModelServer(t *testing.T) {
 	which := os.Getenv("VRAMQ_BENCH_PIPELINE")
 	if which == "" {
-		t.Skip("set VRAMQ_BENCH_PIPELINE=1 (or a comma-separated list of rate-unconfigured, rate, shared-full, shared, cost) to run the benchmarks of the subscriber against a model server (about seven minutes)")
+		t.Skip("set VRAMQ_BENCH_PIPELINE=1 (or a comma-separated list of rate-unconfigured, rate, shared-full, shared-headers, shared, cost) to run the benchmarks of the subscriber against a model server (about seven minutes)")
 	}
 	if endpoint() == "" {
 		t.Fatal("no SQS endpoint: set AWS_ENDPOINT_URL (eval \"$(localstack/emulator.sh env)\")")
@@ -283,6 +283,11 @@ func TestBenchPipelineModelServer(t *testing.T) {
 	}
 	if part("shared-full") {
 		t.Run("shared-full", func(t *testing.T) { benchPipelineRate(t, 3, realTPM, pbChunkItems) })
+	}
+	if part("shared-headers") {
+		// Nothing configured: the three share the limit through the
+		// server's headers alone.
+		t.Run("shared-headers", func(t *testing.T) { benchPipelineRate(t, 3, 0, pbChunkItems) })
 	}
 	if part("shared") {
 		// A third of the limit each: a 32-item message costs more than a

@@ -226,7 +226,7 @@ func (a *admitter) refresh() {
 	if err != nil {
 		return
 	}
-	const tol = 1 << 20 // subscriber.budgetTolerance(1)
+	const tol = 1 << 20 // subscriber.budgetTolerance(1, …): a device of 1 GiB or more, a budget of 8 MiB or more
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	prev := a.prev

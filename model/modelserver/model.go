@@ -42,6 +42,7 @@ type Model struct {
 	gate    *gate
 	dev     *Device
 	held    atomic.Int64 // device bytes of the requests in flight
+	costs   recentCosts  // of the last messages costed, for Device.MemInfo's floor
 
 	embedCap atomic.Int64 // inputs per embeddings request, lowered by a 413
 	capClean atomic.Int64 // full packs taken since the cap last changed
@@ -259,14 +260,16 @@ func (m *Model) Cost(items []job.Item) int64 { return m.CostEndpoint("", items) 
 // CostEndpoint is Cost for the items of a job that names endpoint
 // (gpu.EndpointModel).
 func (m *Model) CostEndpoint(endpoint string, items []job.Item) int64 {
-	var c int64
+	var c, rate int64
 	for _, it := range items {
 		r, refused := m.parse(endpoint, it)
 		if refused != nil {
 			continue
 		}
 		c += m.kvTokens(r) * m.unit
+		rate += m.tokens(r)
 	}
+	m.costs.add(c, rate)
 	return c
 }
 

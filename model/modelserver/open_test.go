@@ -3,6 +3,7 @@ package modelserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -223,37 +224,114 @@ func TestDeviceWithoutMetrics(t *testing.T) {
 
 // Free memory is bounded by what the configured rate limits pass in half
 // of MaxWait, from the start, so that the subscriber never admits more than
-// finishes before its batches' waits run out; the server's limits, learned
-// from its headers, do not bound it.
+// finishes before its batches' waits run out. With none configured, until
+// the server's first answer says what its limits are, it is the
+// concurrency's worth of requests at the output ceiling; a server whose
+// answers carry no limits leaves it unbounded after.
 func TestDeviceFollowsTheRateLimits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: fakeoai.RateLimits{TPM: 6000, RPM: 1000}})
+		s := fakeoai.NewUnstarted(fakeoai.Config{})
 		defer s.Close()
 		h := handlerTransport{h: http404For("/metrics", s)}
 		for _, tc := range []struct {
-			tpm, rpm int
-			free     int64
+			tpm, rpm      int
+			before, after int64
 		}{
-			{0, 0, 1 << 20},      // none configured
-			{1200, 0, 600},       // 1,200 tokens a minute for 30 s
-			{1200, 10, 500},      // 10 requests a minute for 30 s, of at most 100 tokens
-			{0, 100000, 1 << 20}, // 5,000,000 tokens: the capacity is less
+			{0, 0, 16 * 100, 1 << 20},     // none configured
+			{1200, 0, 600, 600},           // 1,200 tokens a minute for 30 s
+			{1200, 10, 500, 500},          // 10 requests a minute for 30 s, of at most 100 tokens
+			{0, 100000, 1 << 20, 1 << 20}, // 5,000,000 tokens: the capacity is less
 		} {
 			m, d, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
 				TPM: tc.tpm, RPM: tc.rpm, MaxOutputTokens: 100, TokensInFlight: 1 << 20, MaxWait: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if mem, err := d.MemInfo(); err != nil || mem.Total != 1<<20 || mem.Free != tc.free {
-				t.Errorf("TPM %d, RPM %d: %+v, %v; want %d free of %d", tc.tpm, tc.rpm, mem, err, tc.free, 1<<20)
+			if mem, err := d.MemInfo(); err != nil || mem.Total != 1<<20 || mem.Free != tc.before {
+				t.Errorf("TPM %d, RPM %d: %+v, %v; want %d free of %d", tc.tpm, tc.rpm, mem, err, tc.before, 1<<20)
 			}
 			if _, err := m.Run(t.Context(), []job.Item{chatItem("a", "[[len=4]] hello", 100)}); err != nil {
 				t.Fatal(err)
 			}
-			if mem, err := d.MemInfo(); err != nil || mem.Free != tc.free {
-				t.Errorf("TPM %d, RPM %d, after an answer with the server's limits: %+v, %v; want %d free", tc.tpm, tc.rpm, mem, err, tc.free)
+			if mem, err := d.MemInfo(); err != nil || mem.Free != tc.after {
+				t.Errorf("TPM %d, RPM %d, after an answer with no limits: %+v, %v; want %d free", tc.tpm, tc.rpm, mem, err, tc.after)
 			}
 			m.Close()
+		}
+	})
+}
+
+// Two subscribers on one server with no limit configured: each one's free
+// memory follows the server's limits, learned from its headers, as its
+// share of them. After the first answer it is what the limit passes in
+// half of MaxWait plus what remains of the server's bucket; once the other
+// takes most of the limit, it falls to what the other leaves; and it never
+// falls below one message, or nothing would be admitted, answered, and
+// learned again.
+func TestDeviceSharesTheServersLimits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// 6,000 tokens a minute: 3,000 in the 30 s of half of MaxWait.
+		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: fakeoai.RateLimits{TPM: 6000, RPM: 1000}})
+		defer s.Close()
+		h := handlerTransport{h: http404For("/metrics", s)}
+		open := func() (*Model, *Device) {
+			m, d, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
+				MaxOutputTokens: 100, TokensInFlight: 1 << 20, MaxWait: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { m.Close() })
+			return m, d
+		}
+		a, da := open()
+		b, _ := open()
+		free := func() int64 {
+			t.Helper()
+			mem, err := da.MemInfo()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return mem.Free
+		}
+		if f := free(); f != 16*100 {
+			t.Errorf("before any answer: %d free; want the concurrency's 16 requests of 100 tokens", f)
+		}
+		if _, err := a.Run(t.Context(), []job.Item{chatItem("a", "[[len=4]] hello", 100)}); err != nil {
+			t.Fatal(err)
+		}
+		if f := free(); f <= 3000 || f > 3000+6000 {
+			t.Errorf("after an answer: %d free; want what 6,000 TPM passes in 30 s and at most its whole bucket more", f)
+		}
+		// For two minutes b sends all it can, ten requests at a time,
+		// and a one request every five seconds: the limit is used up,
+		// most of it by b.
+		ctx, stop := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer stop()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := 0; ctx.Err() == nil; i++ {
+				items := make([]job.Item, 10)
+				for j := range items {
+					items[j] = chatItem(fmt.Sprintf("b%d-%d", i, j), "[[len=4]] hello", 100)
+				}
+				_, _ = b.Run(ctx, items) // a backoff, or the end of the two minutes
+			}
+		}()
+		for i := 0; ctx.Err() == nil; i++ {
+			_, _ = a.Run(ctx, []job.Item{chatItem(fmt.Sprintf("a%d", i), "[[len=4]] hello", 100)})
+			time.Sleep(5 * time.Second)
+		}
+		<-done
+		if f := free(); f >= 3000/2 {
+			t.Errorf("with the other subscriber taking most of the limit: %d free; want under half of what the limit passes in 30 s", f)
+		}
+		msg := make([]job.Item, 40)
+		for j := range msg {
+			msg[j] = chatItem(fmt.Sprintf("m%d", j), "[[len=4]] hello", 100)
+		}
+		if cost := a.Cost(msg); free() < cost {
+			t.Errorf("%d free, under the %d of the message just costed: it would never be admitted", free(), cost)
 		}
 	})
 }

@@ -131,6 +131,9 @@ type rates struct {
 	clean   int
 	recent  []sent // the requests sent in the last transit, oldest first
 	changed chan struct{}
+	// answered is whether the server has answered yet: until it has, its
+	// limits are unknown (learnedWithin).
+	answered bool
 }
 
 type sent struct {
@@ -220,10 +223,8 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 // d: the least of the TPM's and of the RPM's times maxTokens, the output
 // ceiling (a request reserves its prompt too, so the RPM's errs high when
 // max_tokens is at the ceiling and low when requests ask far less). ok is
-// false with none configured. The server's
-// limits, learned from its headers, are left out: they are known only once
-// requests are answered, and a bound read from them, taken by the
-// subscriber's budget while it was low, would admit nothing more to answer.
+// false with none configured. The server's limits, learned from its
+// headers, are learnedWithin's.
 func (r *rates) ownWithin(d time.Duration, maxTokens float64) (tokens float64, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -235,6 +236,43 @@ func (r *rates) ownWithin(d time.Duration, maxTokens float64) (tokens float64, o
 		n := b.perSec * d.Seconds()
 		if k == kindRequests {
 			n *= maxTokens
+		}
+		tokens, ok = math.Min(tokens, n), true
+	}
+	return tokens, ok
+}
+
+// learnedWithin is the tokens the server's limits, as the mirrors learned
+// them from its headers, let this process pass in d: its share of their
+// refill (the rate less the others' estimated consumption) over d, plus
+// what the server says remains beyond the margin a mirror keeps; for the
+// requests' mirror, times the typical request's tokens. This is what lets
+// several subscribers on one endpoint share its limit with nothing
+// configured: each one's budget follows the share the server's counts
+// leave it. ok is false once the server has answered with no limits in its
+// headers. Before its first answer the limits are unknown, and the
+// subscriber, admitting at its first reading, would fill its whole budget
+// at once: without a configured limit (ownWithin) that is bounded to
+// preAnswer tokens then.
+func (r *rates) learnedWithin(d time.Duration, preAnswer float64) (tokens float64, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.answered {
+		if r.own[kindTokens] != nil || r.own[kindRequests] != nil {
+			return 0, false
+		}
+		return preAnswer, true
+	}
+	now := time.Now()
+	tokens = math.Inf(1)
+	for k, b := range r.srv {
+		if b == nil {
+			continue
+		}
+		b.refill(now)
+		n := (b.perSec-b.othersPerSec)*d.Seconds() + math.Max(0, b.level-r.margin(k))
+		if k == kindRequests {
+			n *= r.typical
 		}
 		tokens, ok = math.Min(tokens, n), true
 	}
@@ -275,6 +313,7 @@ func (r *rates) limited() {
 func (r *rates) sync(h http.Header, now time.Time, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.answered = true
 	if ok {
 		if r.clean++; r.clean >= marginCleanRun {
 			r.clean = 0
