@@ -46,10 +46,12 @@ import (
 func TestSIGKILLMidInferenceLosesNothing(t *testing.T) {
 	client := sqstest.Client(t)
 	urls := sqstest.Queues(t, client, 5)
-	spec := workload.Mixed("sigkill", 24)
+	spec := workload.Mixed("sigkill", 48)
 	// Batches long enough to be killed in, short enough for a race-enabled
-	// binary on a loaded machine.
-	spec.LargeEvery, spec.LargeItems = 2, 8
+	// binary on a loaded machine. 24 messages of 8-item large ones were all
+	// done between two scrapes 50 ms apart on an idle machine: the kill
+	// never came mid-inference, and the test failed waiting for it.
+	spec.LargeEvery, spec.LargeItems = 2, 24
 	books := accounting.New()
 	books.Expect(spec.Works()...)
 	if err := jobq.Send(t.Context(), client, urls.Work, spec.Works()); err != nil {
@@ -315,7 +317,10 @@ func (p *subscriberProc) waitFor(t *testing.T, what string, cond func(metrics) b
 			t.Fatalf("subscriber %q exited (%v) before %s; log:\n%s", p.name, p.err, what, p.logs.String())
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no %s after a minute; log of %q:\n%s", what, p.name, p.logs.String())
+			m, err := p.fetch()
+			t.Fatalf("no %s after a minute (last scrape: received %v, deleted %v, held %v; %v); log of %q:\n%s", what,
+				m.get("vramq_subscriber_messages_received_total"), m.get("vramq_subscriber_messages_deleted_total"),
+				m.get("vramq_subscriber_messages_held"), err, p.name, p.logs.String())
 		}
 		if m, err := p.fetch(); err == nil && cond(m) {
 			return

@@ -158,15 +158,30 @@ func TestSIGTERMMidRunLosesNothing(t *testing.T) {
 	if body := get(t, "http://"+metricsAddr+"/healthz"); !strings.Contains(body, "ok") {
 		t.Errorf("/healthz: %q", body)
 	}
-	metrics := get(t, "http://"+metricsAddr+"/metrics")
-	for _, want := range []string{
+	// A result is on the queue before its message's delete is sent (the
+	// deletes are batched), so the delete's series may come a moment after
+	// the first result: scrape until every series is there, a few seconds
+	// at most.
+	wants := []string{
 		"vramq_subscriber_messages_received_total", "vramq_subscriber_budget_bytes 3.", // 30 MiB less reserve
 		`vramq_subscriber_sqs_requests_total{action="ReceiveMessage",outcome="ok"}`,
 		`vramq_subscriber_sqs_requests_total{action="DeleteMessageBatch",outcome="ok"}`,
 		"vramq_subscriber_batch_messages_bucket", "vramq_subscriber_inflight_bytes_peak", "go_goroutines",
-	} {
-		if !strings.Contains(metrics, want) {
-			t.Errorf("/metrics lacks %s", want)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		metrics := get(t, "http://"+metricsAddr+"/metrics")
+		var missing []string
+		for _, want := range wants {
+			if !strings.Contains(metrics, want) {
+				missing = append(missing, want)
+			}
+		}
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("/metrics lacks %s", strings.Join(missing, ", "))
+			break
 		}
 	}
 
