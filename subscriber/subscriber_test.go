@@ -242,6 +242,13 @@ func (h *harness) shutdown() {
 	if l := h.sub.Ledger(); l.Received != l.Deleted+l.Released+l.Lost+l.Abandoned {
 		h.t.Errorf("ledger does not balance: %+v", l)
 	}
+	// A batch cut off by the grace holds its weight until the model
+	// returns (runner.go hands it over to a goroutine that waits for
+	// that), which may be a moment after Run returns: wait for it, as long
+	// as a model's run may take to see its cancellation.
+	for deadline := time.Now().Add(10 * time.Second); unreleased(h.sub) != nil && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if err := unreleased(h.sub); err != nil {
 		h.t.Errorf("after shutdown: %v", err)
 	}
