@@ -3,9 +3,6 @@ package publisher
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -110,33 +107,14 @@ const maxBatchRequest = 64 << 10
 // a few hundred bytes at most, and the metadata.
 const maxBatchRecord = 4 << 20
 
-// Batch ids: "batch_", then 48 bits of the Unix time in milliseconds and 80
-// random bits, in hex, as file ids (newFileID): they sort as the batches
+// Batch ids: "batch_", then a timeID, as file ids: they sort as the batches
 // were made, and are ids of the job grammar, so the batch's job has its id.
-const (
-	batchIDPrefix = job.BatchIDPrefix
-	batchIDLen    = len(batchIDPrefix) + 32
-)
+const batchIDPrefix = job.BatchIDPrefix
 
-func newBatchID(now time.Time) string {
-	var b [16]byte
-	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
-	_, _ = rand.Read(b[6:]) // never fails (crypto/rand documents it)
-	return batchIDPrefix + hex.EncodeToString(b[:])
-}
+func newBatchID(now time.Time) string { return newTimeID(batchIDPrefix, now) }
 
 // validBatchID is checked before an id reaches an S3 key.
-func validBatchID(id string) bool {
-	if len(id) != batchIDLen || !strings.HasPrefix(id, batchIDPrefix) {
-		return false
-	}
-	for i := len(batchIDPrefix); i < len(id); i++ {
-		if c := id[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
-}
+func validBatchID(id string) bool { return validTimeID(batchIDPrefix, id) }
 
 // batchRecord is what the bucket keeps of a batch.
 type batchRecord struct {
@@ -277,6 +255,11 @@ func (b *batchRecord) object(c batchCounts) *batchObject {
 	return o
 }
 
+func noBatchStore() *APIError {
+	return apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
+		"batches need a payload bucket, and this publisher has none (-payload-bucket)")
+}
+
 func noBatch() *APIError {
 	return paramErr(http.StatusNotFound, CodeNotFound, "id", "No such Batch object")
 }
@@ -334,8 +317,7 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 	}
 	if p.store == nil {
-		fail(apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
-			"batches need a payload bucket, and this publisher has none (-payload-bucket)"))
+		fail(noBatchStore())
 		return
 	}
 	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
@@ -556,8 +538,7 @@ func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRec
 		writeError(w, e)
 	}
 	if p.store == nil {
-		fail(apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
-			"batches need a payload bucket, and this publisher has none (-payload-bucket)"))
+		fail(noBatchStore())
 		return nil, nil, fail
 	}
 	id := r.PathValue("id")
@@ -641,8 +622,7 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 	}
 	if p.store == nil {
-		fail(apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
-			"batches need a payload bucket, and this publisher has none (-payload-bucket)"))
+		fail(noBatchStore())
 		return
 	}
 	q := r.URL.Query()

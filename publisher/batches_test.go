@@ -3,7 +3,6 @@ package publisher_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -13,15 +12,12 @@ import (
 	"time"
 
 	"github.com/openai/openai-go/v3"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/publisher"
-	"github.com/vramq/vramq/subscriber"
-	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // Issue 28, batches: the official OpenAI SDK for Go as the client of the
@@ -194,24 +190,7 @@ func (e *env) runServerSubscriber(srv *fakeoai.Server) {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() { _ = m.Close() })
-	dev := gpu.NewSim(1 << 30)
-	sub, err := subscriber.New(subscriber.Config{
-		Queue: sqsqueue.New(e.client, e.urls.Work), Results: sqsqueue.New(e.client, e.urls.Results),
-		DLQ: sqsqueue.New(e.client, e.urls.DLQ), Payloads: e.store, Model: m, Device: dev,
-		WaitTime: time.Second, Visibility: 10 * time.Second, Logger: testLogger(), Registerer: prometheus.NewRegistry(),
-	})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
-	e.t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			e.t.Errorf("subscriber: %v", err)
-		}
-	})
+	e.runModel(m, gpu.NewSim(1<<30))
 }
 
 // A chat-completions batch runs on a model server (the fake): the answers

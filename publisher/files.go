@@ -98,30 +98,38 @@ func (f *fileRecord) expired(now time.Time) bool { return now.Unix() >= f.Expire
 // file name of at most maxFilenameBytes.
 const maxFileRecord = 8 << 10
 
-// File ids: "file-", then 48 bits of the Unix time in milliseconds and 80
-// random bits, in hex. The time first, so that ids sort as the files were
-// created: a listing sorts the keys S3 lists and reads only the records of
-// the page it answers. The random bits keep ids unguessable, though another
-// tenant's id would only get a 404 anyway.
-const (
-	fileIDPrefix = "file-"
-	fileIDLen    = len(fileIDPrefix) + 32
-)
+// File ids: "file-", then a timeID. The time first, so that ids sort as the
+// files were created: a listing sorts the keys S3 lists and reads only the
+// records of the page it answers. The random bits keep ids unguessable,
+// though another tenant's id would only get a 404 anyway.
+const fileIDPrefix = "file-"
 
-func newFileID(now time.Time) string {
-	var b [16]byte
-	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
-	_, _ = rand.Read(b[6:]) // never fails (crypto/rand documents it)
-	return fileIDPrefix + hex.EncodeToString(b[:])
-}
+func newFileID(now time.Time) string { return newTimeID(fileIDPrefix, now) }
 
 // validFileID is checked before an id reaches an S3 key, so that no id can
 // name another object.
-func validFileID(id string) bool {
-	if len(id) != fileIDLen || !strings.HasPrefix(id, fileIDPrefix) {
+func validFileID(id string) bool { return validTimeID(fileIDPrefix, id) }
+
+// timeIDHex is the hex digits of a timeID: 48 bits of the Unix time in
+// milliseconds, then 80 random bits.
+const timeIDHex = 32
+
+// newTimeID is prefix and the hex of 48 bits of now in Unix milliseconds
+// and 80 random bits: the ids of files and batches.
+func newTimeID(prefix string, now time.Time) string {
+	var b [timeIDHex / 2]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
+	_, _ = rand.Read(b[6:]) // never fails (crypto/rand documents it)
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// validTimeID reports whether id is prefix and timeIDHex lower-case hex
+// digits, as newTimeID makes them.
+func validTimeID(prefix, id string) bool {
+	if len(id) != len(prefix)+timeIDHex || !strings.HasPrefix(id, prefix) {
 		return false
 	}
-	for i := len(fileIDPrefix); i < len(id); i++ {
+	for i := len(prefix); i < len(id); i++ {
 		if c := id[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
 			return false
 		}

@@ -37,6 +37,13 @@ func (e *env) runSubscriberWith(wrap func(gpu.Model) gpu.Model) {
 	if wrap != nil {
 		model = wrap(model)
 	}
+	e.runModel(model, dev)
+}
+
+// runModel runs a real subscriber of model on dev, on the env's queues and
+// bucket, until the test ends.
+func (e *env) runModel(model gpu.Model, dev gpu.Device) {
+	e.t.Helper()
 	sub, err := subscriber.New(subscriber.Config{
 		Queue:       sqsqueue.New(e.client, e.urls.Work),
 		Results:     sqsqueue.New(e.client, e.urls.Results),
