@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -603,15 +601,6 @@ func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, o)
 }
 
-// batchList is GET /v1/batches's answer: OpenAI's cursor page.
-type batchList struct {
-	Object  string         `json:"object"`
-	Data    []*batchObject `json:"data"`
-	FirstID *string        `json:"first_id"`
-	LastID  *string        `json:"last_id"`
-	HasMore bool           `json:"has_more"`
-}
-
 // listBatches is GET /v1/batches: the caller's batches, newest first, limit
 // of them after the batch after names (which need not still exist). Each
 // is brought up to date as GET brings one, readConcurrency at a time.
@@ -626,14 +615,10 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	limit := defaultBatchList
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > maxBatchList {
-			fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "limit", "limit must be a whole number from 1 to %d", maxBatchList))
-			return
-		}
-		limit = n
+	limit, e := listLimit(q, defaultBatchList, maxBatchList)
+	if e != nil {
+		fail(e)
+		return
 	}
 	after := q.Get("after")
 	if after != "" && !validBatchID(after) {
@@ -641,24 +626,22 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	owner := p.owner(r)
-	prefix := job.BatchesPrefix(owner)
-	keys, err := p.store.List(r.Context(), prefix)
+	all, err := p.listIDs(r.Context(), job.BatchesPrefix(owner), validBatchID)
 	if err != nil {
 		p.log.Error("listing batches", "err", err)
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
 		return
 	}
+	// Newest first, past after.
 	var ids []string
-	for _, k := range keys {
-		if id, ok := strings.CutSuffix(path.Base(k), ".json"); ok && validBatchID(id) && k == prefix+id+".json" && (after == "" || id < after) {
+	for _, id := range slices.Backward(all) {
+		if after == "" || id < after {
 			ids = append(ids, id)
 		}
 	}
-	slices.Sort(ids)
-	slices.Reverse(ids)
-	out := batchList{Object: "list", Data: []*batchObject{}}
-	if len(ids) > limit {
-		ids, out.HasMore = ids[:limit], true
+	more := len(ids) > limit
+	if more {
+		ids = ids[:limit]
 	}
 	objs := make([]*batchObject, len(ids))
 	g, gctx := errgroup.WithContext(r.Context())
@@ -680,14 +663,13 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
 		return
 	}
+	var data []*batchObject
 	for _, o := range objs {
 		if o != nil {
-			out.Data = append(out.Data, o)
+			data = append(data, o)
 		}
 	}
-	if len(out.Data) > 0 {
-		out.FirstID, out.LastID = &out.Data[0].ID, &out.Data[len(out.Data)-1].ID
-	}
+	out := newListPage(data, more, func(o *batchObject) string { return o.ID })
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -716,13 +698,6 @@ func (p *Publisher) batchView(ctx context.Context, b *batchRecord) (*batchObject
 	default:
 		return b.object(batchCounts{}), nil
 	}
-	if now.Unix() >= b.ExpiresAt {
-		// The window is over: the job is cancelled as DELETE cancels it,
-		// and a cancel record at or after expires_at is the expiry.
-		if err := p.cancelJob(ctx, b.ID); err != nil {
-			return nil, err
-		}
-	}
 	raw, err := p.store.Read(ctx, job.ManifestKey(b.ID))
 	if err != nil {
 		return nil, fmt.Errorf("manifest of batch %s: %w", b.ID, err)
@@ -737,6 +712,16 @@ func (p *Publisher) batchView(ctx context.Context, b *batchRecord) (*batchObject
 	}
 	if st.ChunksPending == 0 {
 		return p.finalizeBatch(ctx, b, &m, st)
+	}
+	if st.CancelledAt == nil && now.Unix() >= b.ExpiresAt {
+		// The window is over: the job is cancelled as DELETE cancels it,
+		// once, by the first read that sees it; a cancel record at or after
+		// expires_at is the expiry.
+		if err := p.cancelJob(ctx, b.ID); err != nil {
+			return nil, err
+		}
+		at := now.UTC()
+		st.CancelledAt = &at
 	}
 	c := batchCounts{Total: b.Lines, Completed: st.ItemsDone, Failed: st.ItemsFailed + st.unsettledItems(&m)}
 	o := b.object(c)

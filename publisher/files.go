@@ -8,7 +8,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -268,15 +267,6 @@ func (p *Publisher) deleteFile(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, fileDeleted{ID: f.ID, Object: "file", Deleted: true})
 }
 
-// fileList is GET /v1/files's answer: OpenAI's cursor page.
-type fileList struct {
-	Object  string       `json:"object"`
-	Data    []fileObject `json:"data"`
-	FirstID *string      `json:"first_id"`
-	LastID  *string      `json:"last_id"`
-	HasMore bool         `json:"has_more"`
-}
-
 // listFiles is GET /v1/files: the caller's files, newest first unless
 // order=asc, limit of them after the file after names (which need not
 // still exist), only those of purpose when it is given. The keys of the
@@ -294,14 +284,10 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	limit := maxFileList
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > maxFileList {
-			fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "limit", "limit must be a whole number from 1 to %d", maxFileList))
-			return
-		}
-		limit = n
+	limit, e := listLimit(q, maxFileList, maxFileList)
+	if e != nil {
+		fail(e)
+		return
 	}
 	desc := true
 	switch q.Get("order") {
@@ -320,19 +306,12 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 	purpose := q.Get("purpose")
 
 	prefix := job.FilesPrefix(p.owner(r))
-	keys, err := p.store.List(r.Context(), prefix)
+	ids, err := p.listIDs(r.Context(), prefix, validFileID)
 	if err != nil {
 		p.log.Error("listing files", "err", err)
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the files could not be listed"))
 		return
 	}
-	var ids []string
-	for _, k := range keys {
-		if id, ok := strings.CutSuffix(path.Base(k), ".json"); ok && validFileID(id) && k == prefix+id+".json" {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
 	if desc {
 		slices.Reverse(ids)
 	}
@@ -384,12 +363,10 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 		}
 		ids = ids[n:]
 	}
-	out := fileList{Object: "list", Data: page}
-	if len(page) > limit {
-		out.Data, out.HasMore = page[:limit], true
+	more := len(page) > limit
+	if more {
+		page = page[:limit]
 	}
-	if len(out.Data) > 0 {
-		out.FirstID, out.LastID = &out.Data[0].ID, &out.Data[len(out.Data)-1].ID
-	}
+	out := newListPage(page, more, func(f fileObject) string { return f.ID })
 	writeJSON(w, http.StatusOK, out)
 }
