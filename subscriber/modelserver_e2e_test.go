@@ -1,18 +1,13 @@
 package subscriber_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"maps"
 	"math"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -310,68 +305,6 @@ func TestE2EInProcessModelServesEmbeddings(t *testing.T) {
 	p.shutdown()
 }
 
-// recorder serves a fakeoai server through its own URL and keeps, for each
-// request to a model route, the first user message or input it carried and
-// the status the server answered: which items' requests reached the server,
-// and how often.
-type recorder struct {
-	srv  *httptest.Server
-	mu   sync.Mutex
-	seen map[string][]int // content -> statuses answered, in order
-}
-
-func newRecorder(t *testing.T, fake *fakeoai.Server) *recorder {
-	r := &recorder{seen: map[string][]int{}}
-	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		body, _ := io.ReadAll(req.Body)
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
-		fake.ServeHTTP(sw, req)
-		if req.Method != http.MethodPost {
-			return
-		}
-		var b struct {
-			Messages []struct {
-				Content string `json:"content"`
-			} `json:"messages"`
-			Input json.RawMessage `json:"input"`
-		}
-		_ = json.Unmarshal(body, &b)
-		key := string(b.Input)
-		if len(b.Messages) > 0 {
-			key = b.Messages[0].Content
-		}
-		r.mu.Lock()
-		r.seen[key] = append(r.seen[key], sw.status)
-		r.mu.Unlock()
-	}))
-	t.Cleanup(r.srv.Close)
-	return r
-}
-
-// answers returns what the server answered to each content's requests.
-func (r *recorder) answers() map[string][]int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return maps.Clone(r.seen)
-}
-
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	w.status = code
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
 // A batch that meets a backoff partway keeps what it finished: the chunks
 // whose requests were answered before the 429 get their results then, and
 // only the others go back to the queue until the server's time. No request
@@ -383,14 +316,14 @@ func TestE2EModelServerBackoffKeepsFinishedChunks(t *testing.T) {
 	fake := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{
 		{Kind: fakeoai.FaultStatus, Status: 429, RetryAfter: retryAfter, Skip: 3, Times: 1}}})
 	defer fake.Close()
-	rec := newRecorder(t, fake)
+	rec := fakeoai.NewRecorder(t, fake)
 	if endpoint() == "" {
 		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
 	}
 	// A batch delay long enough for the eight messages to gather into one
 	// batch.
 	p := newPipelineWith(t, 3, subscriber.Config{MaxBatchDelay: 2 * time.Second}, nil, func(*gpu.Sim) gpu.Model {
-		m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: rec.srv.URL, Models: []string{"fake-model"},
+		m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: rec.URL(), Models: []string{"fake-model"},
 			MaxWait: time.Second, MaxConcurrency: 1, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
@@ -416,7 +349,7 @@ func TestE2EModelServerBackoffKeepsFinishedChunks(t *testing.T) {
 	if c.Duplicates != 0 {
 		t.Errorf("%d duplicate results", c.Duplicates)
 	}
-	answers := rec.answers()
+	answers := rec.Answers()
 	refused := 0
 	for i := range chunks {
 		text := fmt.Sprintf("item %d", i)

@@ -1,14 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"slices"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -37,7 +32,7 @@ import (
 func TestModelServerCrashMidBatch(t *testing.T) {
 	fake := fakeoai.New(fakeoai.Config{TokenLatency: 100 * time.Millisecond})
 	defer fake.Close()
-	rec := newRequestLog(t, fake)
+	rec := fakeoai.NewRecorder(t, fake)
 	client := sqstest.Client(t)
 	urls := sqstest.Queues(t, client, 5)
 	s3c := sqstest.S3(t)
@@ -73,7 +68,7 @@ func TestModelServerCrashMidBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	results := newResultLog()
-	env := []string{"VRAMQ_MODEL_SERVER=" + rec.srv.URL, "VRAMQ_MODEL_SERVER_MODELS=fake-model", "VRAMQ_VRAM=", "VRAMQ_VRAM_RESERVE=",
+	env := []string{"VRAMQ_MODEL_SERVER=" + rec.URL(), "VRAMQ_MODEL_SERVER_MODELS=fake-model", "VRAMQ_VRAM=", "VRAMQ_VRAM_RESERVE=",
 		"PAYLOAD_BUCKET=" + bucket, "VRAMQ_VISIBILITY_TIMEOUT=4s"}
 
 	a := startSubscriber(t, "killed", urls, env...)
@@ -88,7 +83,7 @@ func TestModelServerCrashMidBatch(t *testing.T) {
 	if err := a.wait(30 * time.Second); err == nil {
 		t.Fatal("the subscriber exited cleanly after SIGKILL")
 	}
-	before := rec.answers()
+	before := rec.Answers()
 
 	b := startSubscriber(t, "successor", urls, env...)
 	for deadline := time.Now().Add(2 * time.Minute); results.chunks() < len(works); {
@@ -162,7 +157,7 @@ func TestModelServerCrashMidBatch(t *testing.T) {
 		t.Errorf("%d of %d chunks redelivered; want at least one (killed mid-batch), at most the %v held, "+
 			"and none of the %v finished", len(redelivered), len(works), held, deleted)
 	}
-	after := rec.answers()
+	after := rec.Answers()
 	repeated := 0
 	for i, key := range keys {
 		k := chunkOfKey(i, chatChunks, perChunk)
@@ -207,90 +202,6 @@ func count(xs []int, x int) int {
 		}
 	}
 	return n
-}
-
-// requestLog serves a fakeoai server through its own URL and keeps, for
-// each item content a model route's request carried (a chat's first
-// message, each embeddings input), the status of each answer: 0 when none
-// was written (the client went away first).
-type requestLog struct {
-	srv  *httptest.Server
-	mu   sync.Mutex
-	seen map[string][]int
-}
-
-func newRequestLog(t *testing.T, fake *fakeoai.Server) *requestLog {
-	l := &requestLog{seen: map[string][]int{}}
-	l.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		body, _ := io.ReadAll(req.Body)
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		sw := &statusRecorder{ResponseWriter: w}
-		fake.ServeHTTP(sw, req)
-		if req.Method != http.MethodPost {
-			return
-		}
-		var b struct {
-			Messages []struct {
-				Content string `json:"content"`
-			} `json:"messages"`
-			Input json.RawMessage `json:"input"`
-		}
-		_ = json.Unmarshal(body, &b)
-		var contents []string
-		if len(b.Messages) > 0 {
-			contents = append(contents, b.Messages[0].Content)
-		}
-		var one string
-		if json.Unmarshal(b.Input, &one) == nil {
-			contents = append(contents, one)
-		} else {
-			var many []string
-			_ = json.Unmarshal(b.Input, &many)
-			contents = append(contents, many...)
-		}
-		l.mu.Lock()
-		for _, c := range contents {
-			l.seen[c] = append(l.seen[c], sw.status)
-		}
-		l.mu.Unlock()
-	}))
-	t.Cleanup(l.srv.Close)
-	return l
-}
-
-func (l *requestLog) answers() map[string][]int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make(map[string][]int, len(l.seen))
-	for k, v := range l.seen {
-		out[k] = slices.Clone(v)
-	}
-	return out
-}
-
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusRecorder) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusRecorder) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusRecorder) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
 }
 
 // resultLog reads result messages and keeps each one's attempt (the

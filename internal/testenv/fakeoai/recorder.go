@@ -1,0 +1,109 @@
+package fakeoai
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// Recorder serves a Server through a URL of its own and keeps, for each
+// item content a model route's request carried (a chat's first message,
+// each embeddings input), the status of every answer to it, in order: 0
+// when none was written (the client went away first). Tests read it to
+// tell which items reached the server, and how often.
+type Recorder struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	seen map[string][]int
+}
+
+// NewRecorder serves s through a Recorder until the test ends.
+func NewRecorder(t testing.TB, s *Server) *Recorder {
+	r := &Recorder{seen: map[string][]int{}}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		sw := &statusWriter{ResponseWriter: w}
+		s.ServeHTTP(sw, req)
+		if req.Method != http.MethodPost {
+			return
+		}
+		contents := requestContents(body)
+		r.mu.Lock()
+		for _, c := range contents {
+			r.seen[c] = append(r.seen[c], sw.status)
+		}
+		r.mu.Unlock()
+	}))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+// URL is the recorder's base URL, to give a client in place of the server's.
+func (r *Recorder) URL() string { return r.srv.URL }
+
+// Answers returns the statuses answered to each content's requests.
+func (r *Recorder) Answers() map[string][]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := maps.Clone(r.seen)
+	for k, v := range out {
+		out[k] = slices.Clone(v)
+	}
+	return out
+}
+
+// requestContents is what a request body asks about: a chat's first
+// message, an embeddings request's input or inputs.
+func requestContents(body []byte) []string {
+	var b struct {
+		Messages []struct {
+			Content string `json:"content"`
+		} `json:"messages"`
+		Input json.RawMessage `json:"input"`
+	}
+	_ = json.Unmarshal(body, &b)
+	var contents []string
+	if len(b.Messages) > 0 {
+		contents = append(contents, b.Messages[0].Content)
+	}
+	var one string
+	if json.Unmarshal(b.Input, &one) == nil {
+		return append(contents, one)
+	}
+	var many []string
+	_ = json.Unmarshal(b.Input, &many)
+	return append(contents, many...)
+}
+
+// statusWriter keeps the status of the answer it writes.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
