@@ -222,11 +222,15 @@ func TestCUDAMeasure(t *testing.T) {
 	}
 }
 
-// Check 4: items/s of this backend against PyTorch running the same model
-// with the same weights on the same GPU, for three batch sizes, taking turns
-// in one run. It runs when VRAMQ_TORCH_PYTHON names a python with PyTorch
-// (and bench/torch/embed.py is next to the test binary or in the checkout).
-func TestCUDAThroughputAgainstTorch(t *testing.T) {
+// Check 4: this backend's outputs against PyTorch running the same model
+// with the same weights on the same GPU; then items/s of both, for three
+// batch sizes, taking turns in one run, as figures only. Nothing asserts a
+// ratio, so the name says outputs: this is a test model, one kernel per item,
+// and runs 0.06 of PyTorch's items/s at batch 512 on an H200
+// (bench/gpu/nvidia-h200.md), which no threshold worth stating would pass.
+// It runs when VRAMQ_TORCH_PYTHON names a python with PyTorch (and
+// bench/torch/embed.py is next to the test binary or in the checkout).
+func TestCUDAOutputsAgainstTorch(t *testing.T) {
 	python, script := torchReference(t)
 	m, w, cfg := newCUDATestModel(t)
 	dir := t.TempDir()
