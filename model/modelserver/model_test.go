@@ -181,3 +181,22 @@ func TestRunEndpointUsesTheJobsEndpoint(t *testing.T) {
 		}
 	})
 }
+
+// A body that names no max_tokens is bounded by what its API generates
+// without one: a chat request by the configured ceiling (set in the body),
+// a completions request by 16, that API's default, not by the ceiling, so
+// admission reserves what the server may generate and no more (docs/api.md).
+func TestMaxTokensLeftOutIsBoundedByTheAPIsDefault(t *testing.T) {
+	inBubble(t, fakeoai.Config{}, Config{KVBytesPerToken: 10, MaxOutputTokens: 1000}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		cost := func(body string) int64 { return m.Cost([]job.Item{{ID: "a", Body: json.RawMessage(body)}}) }
+		const prompt, chat = `"prompt":"hi"`, `"messages":[{"role":"user","content":"hi"}]`
+		for _, tc := range []struct{ without, with string }{
+			{`{"model":"fake-model",` + prompt + `}`, `{"model":"fake-model",` + prompt + `,"max_tokens":16}`},
+			{`{"model":"fake-model",` + chat + `}`, `{"model":"fake-model",` + chat + `,"max_tokens":1000}`},
+		} {
+			if got, want := cost(tc.without), cost(tc.with); got != want || got == 0 {
+				t.Errorf("Cost(%s) = %d; want %d, the Cost of %s", tc.without, got, want, tc.with)
+			}
+		}
+	})
+}
