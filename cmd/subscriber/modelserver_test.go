@@ -20,9 +20,9 @@ import (
 // real subscriber, on the emulator's queues, against the fake model server
 // (with a 503 and a dropped connection on the way); the results carry the
 // server's answers, and an item the server refuses carries its refusal. It
-// used to skip unless job.Item.Check took an item with a body, which it
-// never does (a body needs an endpoint: CheckFor), so it skipped on every
-// run: a feature it guards that breaks must fail it, never skip it.
+// never skips: a guard on a feature it needs skipped it on every run
+// (job.Item.Check refuses any body, which needs an endpoint), so a
+// regression there must fail it instead.
 func TestModelServerEndToEnd(t *testing.T) {
 	srv := fakeoai.New(fakeoai.Config{MaxModelLen: 512, Faults: []fakeoai.Fault{
 		{Kind: fakeoai.FaultStatus, Status: 503, Times: 1}, {Kind: fakeoai.FaultDrop, Skip: 3, Times: 1}}})
