@@ -3,8 +3,10 @@ package publisher
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"hash"
 	"io"
 	"log/slog"
 	"mime"
@@ -82,6 +84,27 @@ type fileForm struct {
 	filename string
 	size     int64
 	lines    int
+
+	// With an Idempotency-Key: the digest of the file's content, and
+	// whether the file is only read, to compare with the first request's.
+	content hash.Hash
+	replay  bool
+}
+
+// sum is the form's digest for its idempotency record: the file, its name,
+// and the fields as given.
+func (f *fileForm) sum() string {
+	if f.content == nil {
+		return ""
+	}
+	given := func(ok bool, v string) []byte {
+		if !ok {
+			return nil
+		}
+		return []byte("=" + v)
+	}
+	return requestSum("POST /v1/files", f.content.Sum(nil), []byte(f.filename), given(f.purposeGiven, f.purpose),
+		given(f.anchorGiven, f.anchor), given(f.secondsGiven, f.seconds))
 }
 
 // postFile is POST /v1/files.
@@ -106,12 +129,32 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 		fail(p.fileTooLarge())
 		return
 	}
+	// An upload can take FileUploadTimeout: a retry is told the first is
+	// still at work until then.
+	once, e := p.newCreateOnce(r, p.cfg.FileUploadTimeout+fileWriteGrace)
+	if e != nil {
+		fail(e)
+		return
+	}
 	charge, err := p.bodies.open(p.clientKey(r))
 	if err != nil {
 		fail(p.bodyError(w, err))
 		return
 	}
 	defer charge.release()
+	// The request's digest is known only once its form is read: the key is
+	// claimed first, and a retry of an upload that was answered reads its
+	// form, storing nothing, to tell whether it is the same.
+	replay := false
+	if once != nil {
+		c, e := once.claim(r, w, kindFile, "")
+		if e != nil {
+			fail(e)
+			return
+		}
+		replay = c == claimReplay
+		defer once.fail(r.Context())
+	}
 	// A file may take far longer to come than the server's ReadTimeout
 	// allows any body: this request's deadlines are its own. Where the
 	// connection has none to move (Lambda), this does nothing.
@@ -122,15 +165,23 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
 	body := &uploadBody{r: http.MaxBytesReader(w, r.Body, limit), charge: charge, pace: pace, held: p.cfg.uploadHeld()}
 
-	f := &fileForm{w: w, body: body, owner: p.owner(r), createdAt: p.now()}
+	f := &fileForm{w: w, body: body, owner: p.owner(r), createdAt: p.now(), replay: replay}
+	if once != nil {
+		f.content = sha256.New()
+	}
 	f.id = newFileID(f.createdAt)
 	f.key = job.FileKey(f.owner, f.id)
-	e := p.readFileForm(r.Context(), multipart.NewReader(body, params["boundary"]), f)
+	e = p.readFileForm(r.Context(), multipart.NewReader(body, params["boundary"]), f)
 	if tooSlow := pace.stop(); e != nil && tooSlow {
 		e = p.bodyError(w, errTooSlow)
 	}
 	if e == nil {
 		e = f.check()
+	}
+	if e == nil && replay {
+		if e = once.replay(w, f.sum()); e == nil {
+			return
+		}
 	}
 	var rec *fileRecord
 	recordKey := job.FileRecordKey(f.owner, f.id)
@@ -163,7 +214,7 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.log.Debug("file uploaded", "file_id", f.id, "bytes", f.size, "lines", f.lines)
-	writeJSON(w, http.StatusOK, rec.object())
+	once.answer(r.Context(), w, f.sum(), rec.object())
 }
 
 // readFileForm reads the form's parts, streaming the file's to the bucket.
@@ -223,7 +274,23 @@ func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *file
 		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "file",
 			"the file's name must be valid UTF-8 of at most %d bytes", maxFilenameBytes)
 	}
-	check := &lineCheck{r: part, body: f.body, maxBytes: p.cfg.MaxFileBytes, maxLines: p.cfg.MaxFileLines, maxLineBytes: p.cfg.MaxFileLineBytes}
+	var src io.Reader = part
+	if f.content != nil {
+		src = io.TeeReader(part, f.content)
+	}
+	check := &lineCheck{r: src, body: f.body, maxBytes: p.cfg.MaxFileBytes, maxLines: p.cfg.MaxFileLines, maxLineBytes: p.cfg.MaxFileLineBytes}
+	if f.replay {
+		// Read and checked as the first was, and nothing kept.
+		if _, err := io.Copy(io.Discard, check); err != nil {
+			var limit *APIError
+			if errors.As(check.err, &limit) {
+				return limit
+			}
+			return p.formError(f, err)
+		}
+		f.filename, f.lines = name, check.lines
+		return nil
+	}
 	size, err := p.store.Upload(ctx, f.key, "application/octet-stream", check)
 	if err != nil {
 		if check.err == nil {
