@@ -38,10 +38,12 @@ import (
 //
 // Like a POST /v1/jobs body, an upload takes a place among its client's
 // bodies in flight and is held to -min-body-rate (inflight.go). It is
-// charged for its bytes as they arrive, but only up to what it holds in
-// memory, one part of the upload (or the whole file, when that is smaller):
-// what went on to S3 is not held, and charging a 200 MB file in full would
-// refuse every file over a client's share of the budget.
+// charged for the bytes it holds: those that have arrived of the part being
+// filled, at most one part of the upload (or the whole file, when that is
+// smaller), given back as the part goes to S3, whose buffer goes with it.
+// What went on to S3 is not held, and charging a 200 MB file in full would
+// refuse every file over a client's share of the budget. Uploads, which may
+// last FileUploadTimeout, hold at most their part of the budget (bodyBudget).
 
 // The form's other fields: each at most maxFormFieldBytes, at most
 // maxFormParts parts in all, and formSlack bytes besides the file for
@@ -136,7 +138,7 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
-	charge, err := p.bodies.open(p.clientKey(r))
+	charge, err := p.bodies.openUpload(p.clientKey(r))
 	if err != nil {
 		fail(p.bodyError(w, err))
 		return
@@ -163,7 +165,11 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 	_ = rc.SetReadDeadline(now.Add(p.cfg.FileUploadTimeout))
 	_ = rc.SetWriteDeadline(now.Add(p.cfg.FileUploadTimeout + fileWriteGrace))
 	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
-	body := &uploadBody{r: http.MaxBytesReader(w, r.Body, limit), charge: charge, pace: pace, held: p.cfg.uploadHeld()}
+	held := p.cfg.uploadHeld()
+	if replay {
+		held = bodyStep // the file is read past, not held: only the reader's buffer
+	}
+	body := &uploadBody{r: http.MaxBytesReader(w, r.Body, limit), charge: charge, pace: pace, held: held}
 
 	f := &fileForm{w: w, body: body, owner: p.owner(r), createdAt: p.now(), replay: replay}
 	if once != nil {
@@ -381,8 +387,8 @@ func (p *Publisher) formError(f *fileForm, err error) *APIError {
 }
 
 // uploadBody is an upload's request body: it charges the bytes that
-// arrive to the client's bodies in flight, up to held, holds the body to
-// its pace, and keeps the first error it met.
+// arrive to the client's bodies in flight, up to held, gives them back once
+// sent, holds the body to its pace, and keeps the first error it met.
 type uploadBody struct {
 	r       io.Reader
 	charge  *bodyCharge
@@ -391,6 +397,13 @@ type uploadBody struct {
 	charged int64
 	arrived int64
 	err     error
+}
+
+// sent gives back what the upload was charged: payload.Upload has sent
+// the part that held it, and let its buffer go.
+func (b *uploadBody) sent() {
+	b.charge.sub(b.charged)
+	b.charged = 0
 }
 
 func (b *uploadBody) Read(p []byte) (int, error) {
@@ -463,8 +476,13 @@ func (c *lineCheck) Read(p []byte) (int, error) {
 
 // Pause and Resume: payload.Upload stops reading the file while it sends a
 // part to S3, and the client is not to be held to its pace for that time.
-func (c *lineCheck) Pause()  { c.body.pace.pause() }
-func (c *lineCheck) Resume() { c.body.pace.resume(c.body.arrived) }
+// On Resume the part has gone, and the upload holds none of what came
+// before: its charge is given back, and what comes next is charged anew.
+func (c *lineCheck) Pause() { c.body.pace.pause() }
+func (c *lineCheck) Resume() {
+	c.body.sent()
+	c.body.pace.resume(c.body.arrived)
+}
 
 var _ payload.Pauser = (*lineCheck)(nil)
 
