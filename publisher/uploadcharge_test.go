@@ -54,6 +54,7 @@ func TestTricklingUploadsLeaveRoomForOthers(t *testing.T) {
 			}
 		}
 		used, _ := s.pub.bodies.inFlight()
+		t.Logf("uploads hold %d bytes", used)
 		if used > 2*limit {
 			t.Errorf("stalled uploads hold %d bytes of the %d in flight; want at most half", used, 4*limit)
 		}
