@@ -126,7 +126,9 @@ type Config struct {
 	// stored. MaxFileBytes is at most payload.MaxUploadBytes. An upload is
 	// charged to the bodies in flight for what it holds in memory, up to
 	// payload.UploadPartBytes or MaxFileBytes, whichever is smaller: a
-	// MaxBodyBytesPerClient below that refuses larger files 429.
+	// MaxBodyBytesPerClient below that refuses larger files 429. Uploads
+	// together hold at most half MaxBodyBytesInFlight, and one client's
+	// half of that, each at least that much (bodyBudget, inflight.go).
 	MaxFileBytes     int64
 	MaxFileLines     int
 	MaxFileLineBytes int64
