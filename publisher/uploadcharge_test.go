@@ -3,16 +3,21 @@ package publisher
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
 )
 
 // startUpload sends from the headers of POST /v1/files declaring a body of
@@ -132,4 +137,57 @@ func TestAnUploadGivesBackWhatItSent(t *testing.T) {
 			t.Errorf("released: %d bytes, %d clients", used, clients)
 		}
 	})
+}
+
+// TestAnUploadIsChargedWhatItHolds (issue 34, item 2), through the handler
+// and S3: an upload that has sent its first part and a little more holds
+// that little, and is charged only that, while its client has not sent the
+// rest; before, it stayed charged a whole part until its end.
+func TestAnUploadIsChargedWhatItHolds(t *testing.T) {
+	t.Parallel()
+	c := sqstest.S3(t)
+	store := payload.New(c, sqstest.Bucket(t, c))
+	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, in := io.Pipe()
+	req := httptest.NewRequest(http.MethodPost, "/v1/files", src)
+	req.Header.Set("Content-Type", "multipart/form-data; boundary=b")
+	done := make(chan int)
+	go func() {
+		w := httptest.NewRecorder()
+		p.Handler().ServeHTTP(w, req)
+		done <- w.Code
+	}()
+	// Lines of 200 bytes: a part's worth is within the lines a file may have.
+	line := []byte(`{"custom_id":"x","pad":"` + strings.Repeat("p", 175) + `"}` + "\n")
+	var first []byte
+	first = append(first, "--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"+
+		"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.jsonl\"\r\n\r\n"...)
+	for len(first) < payload.UploadPartBytes+100<<10 {
+		first = append(first, line...)
+	}
+	// The write returns once the server has read it all: the first part,
+	// sent to S3 before the server reads on, and what came after it. The
+	// byte after that is read only once what came before is charged.
+	if _, err := in.Write(first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Write(line[:1]); err != nil {
+		t.Fatal(err)
+	}
+	used, _ := p.bodies.inFlight()
+	if used == 0 || used > 200<<10 {
+		t.Errorf("an upload past its first part holds %d bytes of the bodies in flight; want what came after the part (about 100 KiB)", used)
+	}
+	_, _ = in.Write(line[1:])
+	_, _ = in.Write([]byte("\r\n--b--\r\n"))
+	in.Close()
+	if code := <-done; code != http.StatusOK {
+		t.Errorf("the upload: %d", code)
+	}
+	if used, clients := p.bodies.inFlight(); used != 0 || clients != 0 {
+		t.Errorf("after the upload, %d bytes held by %d clients", used, clients)
+	}
 }
