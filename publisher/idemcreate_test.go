@@ -68,10 +68,12 @@ func (f *lossyFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // TestRetriedCreatesAreReplayed (issue 34, item 1): the OpenAI SDK for Go
 // retries an upload and a batch create whose answers were lost, with the
-// Idempotency-Key it was given; each retry is answered what the first
-// request was, byte for byte, and creates nothing: one file, one batch, one
-// job's chunks on the queue. The same key with another request is 422
-// idempotency_key_reused; another tenant's same key is its own.
+// Idempotency-Key it was given (the SDK's retry, or net/http's own on a
+// reused connection, which a request with that header allows); each retry
+// is answered what the first request was, byte for byte, and creates
+// nothing: one file, one batch, one job's chunks on the queue. The same key
+// with another request is 422 idempotency_key_reused; another tenant's same
+// key is its own.
 func TestRetriedCreatesAreReplayed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
