@@ -322,6 +322,11 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
+	once, e := p.newCreateOnce(r, batchSendStale)
+	if e != nil {
+		fail(e)
+		return
+	}
 	tenantName, e := p.requestTenant(r)
 	if e != nil {
 		fail(e)
@@ -367,6 +372,22 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	if e := q.check(); e != nil {
 		fail(e)
 		return
+	}
+	sum := requestSum("POST /v1/batches", body)
+	if once != nil {
+		// A retry of a create that answered 200 gets that answer again,
+		// and no second batch (idempotency.go).
+		switch c, e := once.claim(r, w, kindBatch, sum); {
+		case e != nil:
+			fail(e)
+			return
+		case c == claimReplay:
+			if e := once.replay(w, sum); e != nil {
+				fail(e)
+			}
+			return
+		}
+		defer once.fail(r.Context())
 	}
 	owner := p.owner(r)
 	if !validFileID(q.InputFileID) {
@@ -433,7 +454,7 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
 			return
 		}
-		writeJSON(w, http.StatusOK, b.object(batchCounts{Total: b.Lines}))
+		once.answer(r.Context(), w, sum, b.object(batchCounts{Total: b.Lines}))
 		return
 	}
 
@@ -482,7 +503,7 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	label := p.labels.Label(tenantName)
 	p.m.tenantJobs.WithLabelValues(label).Inc()
 	p.m.tenantItems.WithLabelValues(label).Add(float64(len(items)))
-	writeJSON(w, http.StatusOK, b.object(batchCounts{Total: b.Lines}))
+	once.answer(r.Context(), w, sum, b.object(batchCounts{Total: b.Lines}))
 }
 
 // putBatch writes b's record.

@@ -60,6 +60,14 @@ type Config struct {
 	// At least job.MaxResultBytes, the largest result a subscriber stores,
 	// or such a result could never be served.
 	MaxResultBytesInFlight int64
+	// MaxResultBytesPerClient bounds the bytes of stored results one client
+	// (its API key, else its address, as for bodies) holds at once: a GET
+	// whose first result would take its client over it is answered 429
+	// too_many_results with Retry-After, one that has answered some results
+	// ends its page there, so that one client's unread GETs cannot hold the
+	// whole budget. Zero is half MaxResultBytesInFlight; at least
+	// job.MaxResultBytes and at most MaxResultBytesInFlight.
+	MaxResultBytesPerClient int64
 	// MaxPageBytes cuts a page of results by size as page_size cuts it by
 	// chunks: a page ends before the result that would take its results'
 	// stored size over this, but always holds one. The default keeps a page
@@ -118,7 +126,9 @@ type Config struct {
 	// stored. MaxFileBytes is at most payload.MaxUploadBytes. An upload is
 	// charged to the bodies in flight for what it holds in memory, up to
 	// payload.UploadPartBytes or MaxFileBytes, whichever is smaller: a
-	// MaxBodyBytesPerClient below that refuses larger files 429.
+	// MaxBodyBytesPerClient below that refuses larger files 429. Uploads
+	// together hold at most half MaxBodyBytesInFlight, and one client's
+	// half of that, each at least that much (bodyBudget, inflight.go).
 	MaxFileBytes     int64
 	MaxFileLines     int
 	MaxFileLineBytes int64
@@ -202,14 +212,14 @@ type Config struct {
 // every fixed default lives here, and cmd/publisher's flags start from it.
 // docs/configuration.md lists the values, with the flags that set them.
 // The fields whose default is worked out from others (MaxBodyBytesInFlight,
-// MaxBodyBytesPerClient, MaxItemBytes, RateBurst, GlobalRateBurst) are 0
-// here, as are those with none: no queue, bucket, API keys, rate limits or
-// trusted proxies.
+// MaxBodyBytesPerClient, MaxResultBytesPerClient, MaxItemBytes, RateBurst,
+// GlobalRateBurst) are 0 here, as are those with none: no queue, bucket, API
+// keys, rate limits or trusted proxies.
 func DefaultConfig() Config {
 	return Config{
 		MaxMessageBytes:        256 << 10,
 		MaxBodyBytes:           32 << 20,
-		MaxResultBytesInFlight: job.MaxResultBytes,
+		MaxResultBytesInFlight: 2 * job.MaxResultBytes,
 		MaxPageBytes:           4 << 20,
 		MaxBodiesPerClient:     16,
 		MinBodyRate:            16 << 10,
@@ -248,6 +258,7 @@ func (c *Config) setDefaults() {
 	orDefault(&c.MaxBodyBytes, d.MaxBodyBytes)
 	orDefault(&c.MaxBodyBytesInFlight, 2*c.MaxBodyBytes)
 	orDefault(&c.MaxResultBytesInFlight, d.MaxResultBytesInFlight)
+	orDefault(&c.MaxResultBytesPerClient, max(job.MaxResultBytes, c.MaxResultBytesInFlight/2))
 	orDefault(&c.MaxPageBytes, d.MaxPageBytes)
 	orDefault(&c.MaxBodyBytesPerClient, max(c.MaxBodyBytes, c.MaxBodyBytesInFlight/2))
 	orDefault(&c.MaxBodiesPerClient, d.MaxBodiesPerClient)
@@ -338,6 +349,10 @@ func (c *Config) Validate() error {
 		bad("MaxResultBytesInFlight",
 			"max result bytes in flight %d: want at least %d (job.MaxResultBytes), or a result at that size is never served",
 			c.MaxResultBytesInFlight, job.MaxResultBytes)
+	} else if c.MaxResultBytesPerClient < job.MaxResultBytes || c.MaxResultBytesPerClient > c.MaxResultBytesInFlight {
+		bad("MaxResultBytesPerClient",
+			"max result bytes per client %d: want at least %d (job.MaxResultBytes), or a result at that size is never served, "+
+				"and at most max result bytes in flight (%d)", c.MaxResultBytesPerClient, job.MaxResultBytes, c.MaxResultBytesInFlight)
 	}
 	if c.MaxPageBytes < 1 {
 		bad("MaxPageBytes", "max page bytes %d: want at least 1", c.MaxPageBytes)

@@ -45,6 +45,7 @@ const (
 	CodeInternal            = "internal"                // 500
 	CodeOverloaded          = "overloaded"              // 503
 	CodeTooManyBodies       = "too_many_bodies"         // 429
+	CodeTooManyResults      = "too_many_results"        // 429
 	CodeBodyTooSlow         = "body_too_slow"           // 408
 	CodeHeadersTooLarge     = "headers_too_large"       // 431
 	CodeBadRequest          = "bad_request"             // 400, 417, 501, 505: a request net/http refuses before any handler

@@ -3,8 +3,10 @@ package publisher
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"hash"
 	"io"
 	"log/slog"
 	"mime"
@@ -36,10 +38,12 @@ import (
 //
 // Like a POST /v1/jobs body, an upload takes a place among its client's
 // bodies in flight and is held to -min-body-rate (inflight.go). It is
-// charged for its bytes as they arrive, but only up to what it holds in
-// memory, one part of the upload (or the whole file, when that is smaller):
-// what went on to S3 is not held, and charging a 200 MB file in full would
-// refuse every file over a client's share of the budget.
+// charged for the bytes it holds: those that have arrived of the part being
+// filled, at most one part of the upload (or the whole file, when that is
+// smaller), given back as the part goes to S3, whose buffer goes with it.
+// What went on to S3 is not held, and charging a 200 MB file in full would
+// refuse every file over a client's share of the budget. Uploads, which may
+// last FileUploadTimeout, hold at most their part of the budget (bodyBudget).
 
 // The form's other fields: each at most maxFormFieldBytes, at most
 // maxFormParts parts in all, and formSlack bytes besides the file for
@@ -82,6 +86,27 @@ type fileForm struct {
 	filename string
 	size     int64
 	lines    int
+
+	// With an Idempotency-Key: the digest of the file's content, and
+	// whether the file is only read, to compare with the first request's.
+	content hash.Hash
+	replay  bool
+}
+
+// sum is the form's digest for its idempotency record: the file, its name,
+// and the fields as given.
+func (f *fileForm) sum() string {
+	if f.content == nil {
+		return ""
+	}
+	given := func(ok bool, v string) []byte {
+		if !ok {
+			return nil
+		}
+		return []byte("=" + v)
+	}
+	return requestSum("POST /v1/files", f.content.Sum(nil), []byte(f.filename), given(f.purposeGiven, f.purpose),
+		given(f.anchorGiven, f.anchor), given(f.secondsGiven, f.seconds))
 }
 
 // postFile is POST /v1/files.
@@ -106,12 +131,32 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 		fail(p.fileTooLarge())
 		return
 	}
-	charge, err := p.bodies.open(p.clientKey(r))
+	// An upload can take FileUploadTimeout: a retry is told the first is
+	// still at work until then.
+	once, e := p.newCreateOnce(r, p.cfg.FileUploadTimeout+fileWriteGrace)
+	if e != nil {
+		fail(e)
+		return
+	}
+	charge, err := p.bodies.openUpload(p.clientKey(r))
 	if err != nil {
 		fail(p.bodyError(w, err))
 		return
 	}
 	defer charge.release()
+	// The request's digest is known only once its form is read: the key is
+	// claimed first, and a retry of an upload that was answered reads its
+	// form, storing nothing, to tell whether it is the same.
+	replay := false
+	if once != nil {
+		c, e := once.claim(r, w, kindFile, "")
+		if e != nil {
+			fail(e)
+			return
+		}
+		replay = c == claimReplay
+		defer once.fail(r.Context())
+	}
 	// A file may take far longer to come than the server's ReadTimeout
 	// allows any body: this request's deadlines are its own. Where the
 	// connection has none to move (Lambda), this does nothing.
@@ -120,17 +165,29 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 	_ = rc.SetReadDeadline(now.Add(p.cfg.FileUploadTimeout))
 	_ = rc.SetWriteDeadline(now.Add(p.cfg.FileUploadTimeout + fileWriteGrace))
 	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
-	body := &uploadBody{r: http.MaxBytesReader(w, r.Body, limit), charge: charge, pace: pace, held: p.cfg.uploadHeld()}
+	held := p.cfg.uploadHeld()
+	if replay {
+		held = bodyStep // the file is read past, not held: only the reader's buffer
+	}
+	body := &uploadBody{r: http.MaxBytesReader(w, r.Body, limit), charge: charge, pace: pace, held: held}
 
-	f := &fileForm{w: w, body: body, owner: p.owner(r), createdAt: p.now()}
+	f := &fileForm{w: w, body: body, owner: p.owner(r), createdAt: p.now(), replay: replay}
+	if once != nil {
+		f.content = sha256.New()
+	}
 	f.id = newFileID(f.createdAt)
 	f.key = job.FileKey(f.owner, f.id)
-	e := p.readFileForm(r.Context(), multipart.NewReader(body, params["boundary"]), f)
+	e = p.readFileForm(r.Context(), multipart.NewReader(body, params["boundary"]), f)
 	if tooSlow := pace.stop(); e != nil && tooSlow {
 		e = p.bodyError(w, errTooSlow)
 	}
 	if e == nil {
 		e = f.check()
+	}
+	if e == nil && replay {
+		if e = once.replay(w, f.sum()); e == nil {
+			return
+		}
 	}
 	var rec *fileRecord
 	recordKey := job.FileRecordKey(f.owner, f.id)
@@ -163,7 +220,7 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.log.Debug("file uploaded", "file_id", f.id, "bytes", f.size, "lines", f.lines)
-	writeJSON(w, http.StatusOK, rec.object())
+	once.answer(r.Context(), w, f.sum(), rec.object())
 }
 
 // readFileForm reads the form's parts, streaming the file's to the bucket.
@@ -223,7 +280,23 @@ func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *file
 		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "file",
 			"the file's name must be valid UTF-8 of at most %d bytes", maxFilenameBytes)
 	}
-	check := &lineCheck{r: part, body: f.body, maxBytes: p.cfg.MaxFileBytes, maxLines: p.cfg.MaxFileLines, maxLineBytes: p.cfg.MaxFileLineBytes}
+	var src io.Reader = part
+	if f.content != nil {
+		src = io.TeeReader(part, f.content)
+	}
+	check := &lineCheck{r: src, body: f.body, maxBytes: p.cfg.MaxFileBytes, maxLines: p.cfg.MaxFileLines, maxLineBytes: p.cfg.MaxFileLineBytes}
+	if f.replay {
+		// Read and checked as the first was, and nothing kept.
+		if _, err := io.Copy(io.Discard, check); err != nil {
+			var limit *APIError
+			if errors.As(check.err, &limit) {
+				return limit
+			}
+			return p.formError(f, err)
+		}
+		f.filename, f.lines = name, check.lines
+		return nil
+	}
 	size, err := p.store.Upload(ctx, f.key, "application/octet-stream", check)
 	if err != nil {
 		if check.err == nil {
@@ -314,8 +387,8 @@ func (p *Publisher) formError(f *fileForm, err error) *APIError {
 }
 
 // uploadBody is an upload's request body: it charges the bytes that
-// arrive to the client's bodies in flight, up to held, holds the body to
-// its pace, and keeps the first error it met.
+// arrive to the client's bodies in flight, up to held, gives them back once
+// sent, holds the body to its pace, and keeps the first error it met.
 type uploadBody struct {
 	r       io.Reader
 	charge  *bodyCharge
@@ -324,6 +397,13 @@ type uploadBody struct {
 	charged int64
 	arrived int64
 	err     error
+}
+
+// sent gives back what the upload was charged: payload.Upload has sent
+// the part that held it, and let its buffer go.
+func (b *uploadBody) sent() {
+	b.charge.sub(b.charged)
+	b.charged = 0
 }
 
 func (b *uploadBody) Read(p []byte) (int, error) {
@@ -396,8 +476,13 @@ func (c *lineCheck) Read(p []byte) (int, error) {
 
 // Pause and Resume: payload.Upload stops reading the file while it sends a
 // part to S3, and the client is not to be held to its pace for that time.
-func (c *lineCheck) Pause()  { c.body.pace.pause() }
-func (c *lineCheck) Resume() { c.body.pace.resume(c.body.arrived) }
+// On Resume the part has gone, and the upload holds none of what came
+// before: its charge is given back, and what comes next is charged anew.
+func (c *lineCheck) Pause() { c.body.pace.pause() }
+func (c *lineCheck) Resume() {
+	c.body.sent()
+	c.body.pace.resume(c.body.arrived)
+}
 
 var _ payload.Pauser = (*lineCheck)(nil)
 

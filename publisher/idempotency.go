@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
@@ -47,7 +48,18 @@ type idemRecord struct {
 	CreatedAt     time.Time     `json:"created_at"`
 	UpdatedAt     time.Time     `json:"updated_at"`
 	Response      *acceptedBody `json:"response,omitempty"`
+	// Kind is what the request created: "" a job (POST /v1/jobs), or
+	// kindBatch or kindFile; then Answer is the body of its first 200,
+	// replayed as it was.
+	Kind   string          `json:"kind,omitempty"`
+	Answer json.RawMessage `json:"answer,omitempty"`
 }
+
+// Kinds of idemRecord besides a job's.
+const (
+	kindBatch = "batch"
+	kindFile  = "file"
+)
 
 // idemStore keeps idempotency records. claim stores rec unless a record is
 // already there, which it returns instead; put overwrites.
@@ -167,4 +179,164 @@ func (m *memIdem) evict(now time.Time) {
 		}
 		m.order = m.order[1:]
 	}
+}
+
+// idempotencyHeader reads r's Idempotency-Key: whether it has one, and the
+// answer when it is malformed (given twice, or not 1 to 255 visible ASCII
+// characters).
+func idempotencyHeader(r *http.Request) (key string, has bool, e *APIError) {
+	h, has := r.Header["Idempotency-Key"]
+	if has && (len(h) != 1 || !validIdempotencyKey(h[0])) {
+		return "", true, apiErr(http.StatusBadRequest, CodeInvalidIdempotency,
+			"Idempotency-Key must be given once, as 1 to %d visible ASCII characters", maxIdempotencyKey)
+	}
+	if !has {
+		return "", false, nil
+	}
+	return h[0], true, nil
+}
+
+// createOnce is an Idempotency-Key on a create of the OpenAI routes, POST
+// /v1/batches and POST /v1/files, kept in the records POST /v1/jobs keeps,
+// under the same name (the caller's scope and the key): a key is one
+// request's, whichever route it was first used on. The first request claims
+// the key (sending); its 200 is recorded (accepted) and answered again,
+// byte for byte, to a retry with the same request, which creates nothing;
+// any other answer (a refusal, a 503) records failed, and a retry then
+// creates as if it were the first. A retry while the first is at work is
+// 409, until stale has passed: the longest the first can take, after which
+// it has died. A nil *createOnce (no key) records nothing. Not safe for
+// concurrent use: one request's.
+type createOnce struct {
+	p     *Publisher
+	key   string // the record's name
+	rec   idemRecord
+	stale time.Duration
+	done  bool // the answer is recorded
+}
+
+// Outcomes of createOnce.claim other than an error.
+const (
+	claimNew    = iota // no request had the key, or its create failed: create
+	claimReplay        // the first request was answered 200: replay it
+)
+
+// claim records the key, a request of kind whose digest is sum (or, for
+// an upload whose digest is known only once it is read, ""), as sending.
+// It returns claimNew, or claimReplay with the record, or the answer to
+// give: the key used for another request, or a request still at work.
+func (c *createOnce) claim(r *http.Request, w http.ResponseWriter, kind, sum string) (int, *APIError) {
+	c.done = true // until the record is this request's
+	now := c.p.now().UTC()
+	c.rec = idemRecord{V: 1, Kind: kind, RequestSHA256: sum, State: stateSending, CreatedAt: now, UpdatedAt: now}
+	old, err := c.p.idem.claim(r.Context(), c.key, c.rec)
+	if err != nil {
+		c.p.log.Error("idempotency record", "err", err)
+		return 0, apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable,
+			"the idempotency record could not be written; nothing was created, try again")
+	}
+	if old == nil {
+		c.done = false
+		return claimNew, nil
+	}
+	switch {
+	case old.Kind != kind || sum != "" && old.RequestSHA256 != "" && old.RequestSHA256 != sum:
+		return 0, reusedKey()
+	case old.State == stateAccepted:
+		c.rec = *old
+		return claimReplay, nil
+	case old.State == stateSending && now.Sub(old.UpdatedAt) < c.stale:
+		w.Header().Set("Retry-After", "1")
+		return 0, apiErr(http.StatusConflict, CodeIdempotencyBusy, "a request with this Idempotency-Key is still being handled; retry shortly")
+	}
+	// The first request failed, or died: nothing of it stands, and this one
+	// creates in its place.
+	if err := c.p.idem.put(r.Context(), c.key, c.rec); err != nil {
+		c.p.log.Error("idempotency record", "err", err)
+		return 0, apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable,
+			"the idempotency record could not be written; nothing was created, try again")
+	}
+	c.done = false
+	return claimNew, nil
+}
+
+func reusedKey() *APIError {
+	return apiErr(http.StatusUnprocessableEntity, CodeIdempotencyReused, "this Idempotency-Key was used for another request")
+}
+
+// replay answers the first request's 200 again, if the request is the same
+// (sum; an upload's is known only once it is read), else that the key was
+// used for another.
+func (c *createOnce) replay(w http.ResponseWriter, sum string) *APIError {
+	if c.rec.RequestSHA256 != sum {
+		return reusedKey()
+	}
+	c.p.m.replays.Inc()
+	w.Header().Set("Idempotent-Replayed", "true")
+	writeJSONHeader(w, http.StatusOK)
+	w.Write(c.rec.Answer)
+	w.Write([]byte("\n")) // as writeJSON ends it
+	return nil
+}
+
+// answer writes v as the 200 of the create, and records it, with the
+// request's digest sum, for a retry to get again.
+func (c *createOnce) answer(ctx context.Context, w http.ResponseWriter, sum string, v any) {
+	raw := encodeJSON(v)
+	if c != nil {
+		c.rec.State, c.rec.UpdatedAt, c.rec.RequestSHA256, c.rec.Answer = stateAccepted, c.p.now().UTC(), sum, raw
+		c.record(ctx)
+	}
+	writeJSONHeader(w, http.StatusOK)
+	w.Write(raw)
+	w.Write([]byte("\n"))
+}
+
+// fail records that the create failed, unless its answer was recorded:
+// deferred by the handler, so that every way out but a 200 leaves the key
+// to a retry.
+func (c *createOnce) fail(ctx context.Context) {
+	if c == nil || c.done {
+		return
+	}
+	c.rec.State, c.rec.UpdatedAt = stateFailed, c.p.now().UTC()
+	c.record(ctx)
+}
+
+// record writes the record even if the client has gone, so that its retry
+// finds it: under a context that outlives the request.
+func (c *createOnce) record(ctx context.Context) {
+	c.done = true
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := c.p.idem.put(ctx, c.key, c.rec); err != nil {
+		// A retry finds sending and is 409 until stale: what the first
+		// created stands, and is not created twice.
+		c.p.log.Warn("recording the outcome of an idempotent request", "kind", c.rec.Kind, "err", err)
+	}
+}
+
+// newCreateOnce is r's Idempotency-Key on a create that may take up to
+// stale (at least IdempotencyStale is waited for), nil when r has none, or
+// the answer when the header is malformed. Keys are the caller's, as those of
+// POST /v1/jobs are (idemKey, scope): one API key's never replays another's.
+func (p *Publisher) newCreateOnce(r *http.Request, stale time.Duration) (*createOnce, *APIError) {
+	k, has, e := idempotencyHeader(r)
+	if !has || e != nil {
+		return nil, e
+	}
+	info(r).idempotencyKey = true
+	return &createOnce{p: p, key: idemKey(scope(r), k), stale: max(stale, p.cfg.IdempotencyStale)}, nil
+}
+
+// requestSum is the digest a create's record keeps of its request: the
+// route's, so that a key first used on another route never matches.
+func requestSum(route string, parts ...[]byte) string {
+	h := sha256.New()
+	h.Write([]byte(route))
+	for _, p := range parts {
+		h.Write([]byte{0})
+		h.Write(p)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }

@@ -40,30 +40,59 @@ var (
 	errClientBytes  = errors.New("the client's bytes of bodies in flight over its share")
 	// errTooSlow: the body stalled or came slower than MinBodyRate.
 	errTooSlow = errors.New("the body came too slowly")
+	// errUploads and errClientUploads: uploads, all clients' or the
+	// client's, hold as much of the budget as they may (see bodyBudget).
+	errUploads       = errors.New("uploads in flight over their part of the budget")
+	errClientUploads = errors.New("the client's uploads in flight over its share")
 )
 
 // bodyBudget is the bytes of bodies in flight, all clients together and per
 // client, and each client's bodies in flight. One lock guards the whole and
 // the shares, so that a charge is taken from both or neither. Safe for
 // concurrent use.
+//
+// Uploads (POST /v1/files) are bodies that may take FileUploadTimeout, 30
+// minutes, where a job's is cut off by the server's read timeout within a
+// minute: so clients trickling uploads at the minimum rate could hold the
+// whole budget for that long. An upload is charged for what it holds (see
+// uploadBody), and uploads hold at most half the budget, all clients
+// together (uploads), so that the POSTs of jobs and batches always find room
+// for a body at the limit; and one client's uploads at most half of that
+// (perClientUploads), besides its share of the whole, so that one client's
+// uploads cannot take the rest from others'. Each is at least what one
+// upload holds (Config.uploadHeld), or a large file could never come.
 type bodyBudget struct {
-	total, perClient int64
-	perClientBodies  int
-	held             prometheus.Gauge
+	total, perClient          int64
+	uploads, perClientUploads int64
+	perClientBodies           int
+	held                      prometheus.Gauge
 
-	mu      sync.Mutex
-	used    int64
-	clients map[string]*clientBodies // only clients with a body in flight
+	mu          sync.Mutex
+	used        int64
+	uploadsUsed int64
+	clients     map[string]*clientBodies // only clients with a body in flight
 }
 
 type clientBodies struct {
-	bytes  int64
-	bodies int
+	bytes   int64
+	uploads int64 // of bytes, those of uploads
+	bodies  int
 }
 
 func newBodyBudget(c *Config, m *metrics) *bodyBudget {
+	held := c.uploadHeld()
+	uploads := min(c.MaxBodyBytesInFlight, max(held, c.MaxBodyBytesInFlight/2))
 	return &bodyBudget{total: c.MaxBodyBytesInFlight, perClient: c.MaxBodyBytesPerClient, perClientBodies: c.MaxBodiesPerClient,
-		held: m.bodyBytes, clients: map[string]*clientBodies{}}
+		uploads: uploads, perClientUploads: max(held, uploads/2), held: m.bodyBytes, clients: map[string]*clientBodies{}}
+}
+
+// openUpload admits one more body of client that is an upload.
+func (b *bodyBudget) openUpload(client string) (*bodyCharge, error) {
+	c, err := b.open(client)
+	if c != nil {
+		c.upload = true
+	}
+	return c, err
 }
 
 // open admits one more body of client, charged nothing yet.
@@ -95,10 +124,12 @@ type bodyCharge struct {
 	client string
 	cb     *clientBodies
 	bytes  int64
+	upload bool
 	done   bool
 }
 
-// add charges n more bytes, from the client's share and the whole, or
+// add charges n more bytes, from the client's share and the whole (and, for
+// an upload, from the uploads' part and the client's share of it), or
 // nothing and says which is spent: the whole first, which would refuse the
 // body whatever its client holds.
 func (c *bodyCharge) add(n int64) error {
@@ -108,14 +139,39 @@ func (c *bodyCharge) add(n int64) error {
 	switch {
 	case b.used+n > b.total:
 		return errOverloaded
+	case c.upload && b.uploadsUsed+n > b.uploads:
+		return errUploads
 	case c.cb.bytes+n > b.perClient:
 		return errClientBytes
+	case c.upload && c.cb.uploads+n > b.perClientUploads:
+		return errClientUploads
 	}
+	c.move(n)
+	return nil
+}
+
+// sub gives back n of what the body was charged: an upload's, once the
+// part that held them has gone to S3.
+func (c *bodyCharge) sub(n int64) {
+	b := c.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !c.done {
+		c.move(-min(n, c.bytes))
+	}
+}
+
+// move charges n (given back, when negative); b.mu is held.
+func (c *bodyCharge) move(n int64) {
+	b := c.b
 	c.cb.bytes += n
 	c.bytes += n
 	b.used += n
+	if c.upload {
+		c.cb.uploads += n
+		b.uploadsUsed += n
+	}
 	b.held.Set(float64(b.used))
-	return nil
 }
 
 // release gives back the charge and the body's place; once, however often
@@ -127,14 +183,12 @@ func (c *bodyCharge) release() {
 	if c.done {
 		return
 	}
+	c.move(-c.bytes)
 	c.done = true
-	c.cb.bytes -= c.bytes
 	c.cb.bodies--
 	if c.cb.bodies == 0 {
 		delete(b.clients, c.client)
 	}
-	b.used -= c.bytes
-	b.held.Set(float64(b.used))
 }
 
 // bodyStep is the first buffer of a body, allocated before any of it has
@@ -243,6 +297,17 @@ func (p *Publisher) bodyError(w http.ResponseWriter, err error) *APIError {
 		w.Header().Set("Retry-After", "1")
 		return apiErr(http.StatusServiceUnavailable, CodeOverloaded,
 			"the publisher is holding as many request bodies as it may; nothing was sent, retry after the time in Retry-After")
+	case errors.Is(err, errUploads):
+		p.m.overloaded.Inc()
+		w.Header().Set("Retry-After", "1")
+		return apiErr(http.StatusServiceUnavailable, CodeOverloaded,
+			"the publisher is holding as many uploads as it may; nothing was kept, retry after the time in Retry-After")
+	case errors.Is(err, errClientUploads):
+		p.m.bodyRefusals.WithLabelValues(refusedClientBytes).Inc()
+		w.Header().Set("Retry-After", "1")
+		return apiErr(http.StatusTooManyRequests, CodeTooManyBodies,
+			"this client's uploads in flight would hold more than its share of %d bytes; nothing was kept, retry after the time in Retry-After",
+			p.bodies.perClientUploads)
 	case errors.Is(err, errClientBodies):
 		p.m.bodyRefusals.WithLabelValues(refusedClientBodies).Inc()
 		w.Header().Set("Retry-After", "1")

@@ -43,7 +43,7 @@ type Publisher struct {
 	labels  *tenant.Labels      // per-tenant metric labels
 	rates   *limiter            // nil without rate limits
 	bodies  *bodyBudget         // request bodies in flight
-	results resultBudget        // bytes of stored results in flight (resultpage.go)
+	results *resultShares       // bytes of stored results in flight (resultpage.go)
 	// batchBytes bounds the bytes of input files being read into batches
 	// at once (postBatch): MaxFileBytes.
 	batchBytes    *semaphore.Weighted
@@ -82,7 +82,7 @@ func New(cfg Config) (*Publisher, error) {
 	p.labels = tenant.NewLabels(maxTenantLabels, p.tenants...)
 	p.rates = newLimiter(&cfg, m)
 	p.bodies = newBodyBudget(&cfg, m)
-	p.results = semaphore.NewWeighted(cfg.MaxResultBytesInFlight)
+	p.results = newResultShares(&cfg)
 	p.batchBytes = semaphore.NewWeighted(cfg.MaxFileBytes)
 	return p, nil
 }

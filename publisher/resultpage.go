@@ -36,6 +36,15 @@ import (
 // overloaded with Retry-After, and one that has written results ends its
 // page there, its next_page_token naming the result it could not take. So a
 // request never waits on another, and two cannot wait on each other.
+//
+// Each client (clientKey: its API key, else its address) holds at most
+// MaxResultBytesPerClient of the budget, as it holds at most its share of
+// the bodies in flight (inflight.go): a client's GETs that read slowly, or
+// not at all, keep their charges until the server's write timeout, and
+// without a share two of them could hold the whole budget. A GET that its
+// own client's other GETs keep from its first result is answered 429
+// too_many_results with Retry-After, one that has written results ends its
+// page there; other clients' GETs go on.
 
 // resultBudget is the budget of results in flight: a *semaphore.Weighted
 // of MaxResultBytesInFlight, used only through these two methods, so that a
@@ -46,6 +55,61 @@ type resultBudget interface {
 }
 
 var _ resultBudget = (*semaphore.Weighted)(nil)
+
+// errClientResults: the client's results in flight would be over its share.
+var errClientResults = errors.New("the client's results in flight over its share")
+
+// resultShares is the budget of results in flight with each client's share
+// of it. One lock guards the shares, so that a charge is taken from the
+// client's share and the whole, or from neither. Safe for concurrent use.
+type resultShares struct {
+	total     resultBudget
+	perClient int64
+
+	mu      sync.Mutex
+	clients map[string]int64 // only clients holding a charge
+}
+
+func newResultShares(c *Config) *resultShares {
+	return &resultShares{total: semaphore.NewWeighted(c.MaxResultBytesInFlight), perClient: c.MaxResultBytesPerClient,
+		clients: map[string]int64{}}
+}
+
+// clientResults is what one client's pages charge the budget through.
+type clientResults struct {
+	s      *resultShares
+	client string
+}
+
+func (s *resultShares) client(key string) clientResults { return clientResults{s, key} }
+
+// take charges n to the client's share and to the whole, or to neither and
+// says which cannot take it: the client's share first, so that a client
+// held up by its own GETs is told so rather than that the publisher is busy.
+func (c clientResults) take(n int64) error {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.clients[c.client]+n > s.perClient {
+		return errClientResults
+	}
+	if !s.total.TryAcquire(n) {
+		return errResultsOverloaded
+	}
+	s.clients[c.client] += n
+	return nil
+}
+
+// give gives back n that take charged.
+func (c clientResults) give(n int64) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.total.Release(n)
+	if s.clients[c.client] -= n; s.clients[c.client] <= 0 {
+		delete(s.clients, c.client)
+	}
+}
 
 // resultsAhead is how many results one request reads ahead of the one it
 // writes.
@@ -68,7 +132,7 @@ type pageResult struct {
 // resultPage reads the results of one page for its writer, in chunk order,
 // charging each to the budget.
 type resultPage struct {
-	budget  resultBudget
+	budget  clientResults
 	results chan *pageResult // in chunk order; closed when the page has no more
 	held    atomic.Int64     // this page's charges not given back
 	freed   chan struct{}    // a charge came back (capacity 1)
@@ -84,7 +148,7 @@ type resultPage struct {
 func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Manifest, st *statusBody, start, pageSize int, fail func(*APIError)) {
 	ctx := r.Context()
 	end := min(start+pageSize, m.Chunks)
-	pg := p.readPage(ctx, m.JobID, st.done, start, end, p.cfg.MaxPageBytes)
+	pg := p.readPage(ctx, p.results.client(p.clientKey(r)), m.JobID, st.done, start, end, p.cfg.MaxPageBytes)
 	defer pg.close()
 	head, err := json.Marshal(st)
 	if err != nil {
@@ -112,11 +176,17 @@ func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Man
 				fail(apiErr(http.StatusServiceUnavailable, CodeOverloaded,
 					"the publisher is holding as many results as it may; retry after the time in Retry-After"))
 				return
+			case written == 0 && errors.Is(res.err, errClientResults):
+				w.Header().Set("Retry-After", "1")
+				fail(apiErr(http.StatusTooManyRequests, CodeTooManyResults,
+					"this client's requests in flight hold results up to its share of %d bytes; retry after the time in Retry-After",
+					p.cfg.MaxResultBytesPerClient))
+				return
 			case written == 0:
 				p.log.Error("reading job results", "job_id", m.JobID, "chunk", res.chunk, "err", res.err)
 				fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's results could not be read"))
 				return
-			case !errors.Is(res.err, errResultsOverloaded):
+			case !errors.Is(res.err, errResultsOverloaded) && !errors.Is(res.err, errClientResults):
 				p.log.Warn("ending a page of results early", "job_id", m.JobID, "chunk", res.chunk, "err", res.err)
 			}
 			next = res.chunk
@@ -165,7 +235,7 @@ func marshalUnescaped(v any) ([]byte, error) {
 
 // readPage starts reading the results of jobID's chunks in [start, end)
 // that done lists, for a page of at most maxBytes of stored results (but
-// one). Take them with next, in order, give each back with release once
+// one), charging them to budget. Take them with next, in order, give each back with release once
 // written, and close the page when done with it.
 //
 // Three stages, each in chunk order: the objects are opened (GetObject,
@@ -174,9 +244,9 @@ func marshalUnescaped(v any) ([]byte, error) {
 // resultsAhead ahead of the writer. Charges are taken in the writer's order
 // because a page waits only for its own charges to come back: a later result
 // charged first could hold what the writer's next one needs.
-func (p *Publisher) readPage(ctx context.Context, jobID string, done map[int]bool, start, end int, maxBytes int64) *resultPage {
+func (p *Publisher) readPage(ctx context.Context, budget clientResults, jobID string, done map[int]bool, start, end int, maxBytes int64) *resultPage {
 	ctx, cancel := context.WithCancel(ctx)
-	pg := &resultPage{budget: p.results, results: make(chan *pageResult, resultsAhead-1),
+	pg := &resultPage{budget: budget, results: make(chan *pageResult, resultsAhead-1),
 		freed: make(chan struct{}, 1), cancel: cancel}
 	type opened struct {
 		chunk  int
@@ -273,16 +343,17 @@ func (p *Publisher) readPage(ctx context.Context, jobID string, done map[int]boo
 }
 
 // charge takes n bytes of the budget for this page, waiting only while the
-// page itself holds charges that will come back.
+// page itself holds charges that will come back. The error is
+// errResultsOverloaded or errClientResults when others hold what it needs.
 func (pg *resultPage) charge(ctx context.Context, n int64) error {
-	for !pg.budget.TryAcquire(n) {
+	for err := pg.budget.take(n); err != nil; err = pg.budget.take(n) {
 		if pg.held.Load() == 0 {
 			// Every charge of this page was given back before the load
 			// saw none (release gives back first): one more try sees them.
-			if pg.budget.TryAcquire(n) {
+			if err = pg.budget.take(n); err == nil {
 				break
 			}
-			return errResultsOverloaded
+			return err
 		}
 		select {
 		case <-pg.freed:
@@ -309,7 +380,7 @@ func (pg *resultPage) release(r *pageResult) {
 	if r.charge == 0 {
 		return
 	}
-	pg.budget.Release(r.charge)
+	pg.budget.give(r.charge)
 	pg.held.Add(-r.charge)
 	r.charge, r.res = 0, nil
 	select {

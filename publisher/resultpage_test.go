@@ -95,7 +95,7 @@ func TestResultsInFlightAreBounded(t *testing.T) {
 	}
 	const budget = 1 << 20
 	b := &watchedBudget{sem: semaphore.NewWeighted(budget)}
-	p.results = b
+	p.results.total = b
 	h := p.Handler()
 	get := func(query string) (*httptest.ResponseRecorder, []int, string) {
 		t.Helper()

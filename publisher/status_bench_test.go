@@ -110,7 +110,8 @@ func BenchmarkJobPageHeap(b *testing.B) {
 		}
 		budget := p.cfg.MaxResultBytesInFlight
 		if bc.limit > 0 {
-			p.results, budget = semaphore.NewWeighted(bc.limit), bc.limit
+			// One share of all of it: the GETs here are one client's.
+			p.results.total, p.results.perClient, budget = semaphore.NewWeighted(bc.limit), bc.limit, bc.limit
 		}
 		h := p.Handler()
 		for _, clients := range []int{1, 8} {

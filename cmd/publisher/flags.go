@@ -20,6 +20,7 @@ type options struct {
 	maxResultsInFlight   bytesize.Size
 	maxPage              bytesize.Size
 	maxClientBody        bytesize.Size
+	maxClientResults     bytesize.Size
 	minBodyRate          bytesize.Size
 	maxFile, maxFileLine bytesize.Size
 	memoryLimit          bytesize.Size
@@ -60,6 +61,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	o.maxBody, o.maxInFlight, o.maxItem = bytesize.Size(d.MaxBodyBytes), bytesize.Size(d.MaxBodyBytesInFlight), bytesize.Size(d.MaxItemBytes)
 	o.maxResultsInFlight, o.maxPage = bytesize.Size(d.MaxResultBytesInFlight), bytesize.Size(d.MaxPageBytes)
 	o.maxClientBody, o.minBodyRate = bytesize.Size(d.MaxBodyBytesPerClient), bytesize.Size(d.MinBodyRate)
+	o.maxClientResults = bytesize.Size(d.MaxResultBytesPerClient)
 	o.maxFile, o.maxFileLine = bytesize.Size(d.MaxFileBytes), bytesize.Size(d.MaxFileLineBytes)
 	fs := flag.NewFlagSet("publisher", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -89,6 +91,10 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 		"most bytes of stored results GET /v1/jobs/{id} holds at once, over all requests, each charged before it is read;\n"+
 			"a GET whose first result is over it is answered 503 overloaded with Retry-After, a later one ends the page\n"+
 			"(at least 64MiB, the largest result a subscriber stores)")
+	fs.Var(&o.maxClientResults, "max-client-result-bytes",
+		"most bytes of stored results one client (its API key, else its address) holds at once in its GETs; a GET whose first\n"+
+			"result is over it is answered 429 too_many_results with Retry-After, a later one ends the page\n"+
+			"(0: half -max-inflight-result-bytes, at least 64MiB)")
 	fs.Var(&o.maxPage, "max-page-bytes",
 		"a page of results in GET /v1/jobs/{id} ends before the result that would take its stored size over this\n"+
 			"(it always holds one); as page_size does by chunks. The default keeps a page within Lambda's 6 MB response")
@@ -168,7 +174,8 @@ var configFlags = map[string]string{
 	"MaxBodiesPerClient": "max-client-bodies", "MinBodyRate": "min-body-rate", "BodyGrace": "body-grace",
 	"IPv6ClientPrefix":       "ipv6-client-prefix",
 	"MaxResultBytesInFlight": "max-inflight-result-bytes", "MaxPageBytes": "max-page-bytes",
-	"MaxItemBytes": "max-item-bytes", "ChunkItems": "chunk-items", "MaxChunkItems": "max-chunk-items",
+	"MaxResultBytesPerClient": "max-client-result-bytes",
+	"MaxItemBytes":            "max-item-bytes", "ChunkItems": "chunk-items", "MaxChunkItems": "max-chunk-items",
 	"APIKeys": "api-keys", "SendAttempts": "send-attempts", "RateLimit": "rate-limit", "RateBurst": "rate-burst",
 	"GlobalRateLimit": "global-rate-limit", "GlobalRateBurst": "global-rate-burst",
 	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",

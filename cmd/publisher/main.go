@@ -95,6 +95,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	c.MaxBodyBytes, c.MaxBodyBytesInFlight, c.MaxItemBytes = int64(o.maxBody), int64(o.maxInFlight), int(o.maxItem)
 	c.MaxResultBytesInFlight, c.MaxPageBytes = int64(o.maxResultsInFlight), int64(o.maxPage)
 	c.MaxBodyBytesPerClient, c.MinBodyRate = int64(o.maxClientBody), int64(o.minBodyRate)
+	c.MaxResultBytesPerClient = int64(o.maxClientResults)
 	if c.Models, err = models(o.models); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -120,7 +120,10 @@ func (s *Store) uploadParts(ctx context.Context, key string, uploadID *string, b
 			break
 		}
 		resume()
-		buf = buf[:0]
+		// The part's buffer goes with it: a stream slow to yield the next
+		// holds only what it has yielded of it (the publisher charges an
+		// upload so), not a whole part while it waits.
+		buf = nil
 		eof, err := fillPart(&buf, src)
 		if err != nil {
 			return 0, err

@@ -1,0 +1,193 @@
+package publisher
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
+)
+
+// startUpload sends from the headers of POST /v1/files declaring a body of
+// declared bytes, the form up to the file, and file's bytes; it returns once
+// the server has read them, or stopped reading (it refused the upload: answer
+// says why). Call it in a synctest bubble.
+func (s *pipeServer) startUpload(from string, declared int, file []byte) net.Conn {
+	s.t.Helper()
+	c := s.dial(from)
+	if _, err := fmt.Fprintf(c, "POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: %d\r\n\r\n", declared); err != nil {
+		s.t.Fatalf("headers from %s: %v", from, err)
+	}
+	form := "--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n" +
+		"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n"
+	go func() { _, _ = c.Write(append([]byte(form), file...)) }()
+	synctest.Wait()
+	return c
+}
+
+// TestTricklingUploadsLeaveRoomForOthers (issue 34, item 2): clients whose
+// uploads stall after most of a file hold at most the uploads' half of the
+// bodies in flight, and each client at most half of that: another client's
+// POST finds room for a body at the limit. Before, an upload was held to its
+// client's share alone, and three such clients held the whole budget, so that
+// every other POST was 503.
+func TestTricklingUploadsLeaveRoomForOthers(t *testing.T) {
+	const limit = 256 << 10
+	synctest.Test(t, func(t *testing.T) {
+		// The content never goes to S3 here: a file that fits in one part
+		// is stored once it has all come, and none of these does.
+		store := payload.New(s3.New(s3.Options{Region: "us-east-1"}), "unused")
+		s := newPipeServer(t, Config{Payloads: store, MaxBodyBytes: limit, MaxBodyBytesInFlight: 4 * limit, MaxFileBytes: limit})
+		file := []byte(strings.Repeat(`{"custom_id":"x"}`+"\n", 200<<10/18))
+		var held []net.Conn
+		for client := range 3 {
+			for range 2 {
+				c := s.startUpload(fmt.Sprintf("198.51.100.%d:4000", client+1), limit+32<<10, file)
+				held = append(held, c)
+			}
+		}
+		used, _ := s.pub.bodies.inFlight()
+		t.Logf("uploads hold %d bytes", used)
+		if used > 2*limit {
+			t.Errorf("stalled uploads hold %d bytes of the %d in flight; want at most half", used, 4*limit)
+		}
+		other, err := s.pub.bodies.open("addr:203.0.113.1")
+		if err == nil {
+			err = other.add(limit)
+			other.release()
+		}
+		if err != nil {
+			t.Errorf("another client's body at the limit, with uploads stalled: %v; want room for it", err)
+		}
+		// Of each client's two, the second is over its share of the uploads
+		// (429 too_many_bodies); the third client's are over the uploads'
+		// part of the budget (503 overloaded).
+		if got := testutil.ToFloat64(s.pub.m.bodyRefusals.WithLabelValues(refusedClientBytes)); got != 2 {
+			t.Errorf("body_refusals_total{reason=client_bytes} %v, want 2", got)
+		}
+		if got := testutil.ToFloat64(s.pub.m.overloaded); got != 2 {
+			t.Errorf("overloaded_total %v, want 2", got)
+		}
+		for _, c := range held {
+			c.Close()
+		}
+		synctest.Wait()
+		if used, clients := s.pub.bodies.inFlight(); used != 0 || clients != 0 {
+			t.Errorf("after the uploads ended, %d bytes held by %d clients", used, clients)
+		}
+		time.Sleep(time.Second)
+	})
+}
+
+// TestAnUploadGivesBackWhatItSent (issue 34, item 2): an upload is charged
+// for the bytes it holds: those of the part it is filling, given back once
+// payload.Upload has sent the part (Resume), and charged anew as more come.
+func TestAnUploadGivesBackWhatItSent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, err := New(Config{Queue: nopQueue{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		charge, err := p.bodies.openUpload("c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer charge.release()
+		src, in := io.Pipe()
+		body := &uploadBody{r: src, charge: charge, pace: startPace(1<<20, time.Hour, func() {}), held: 1 << 20}
+		defer body.pace.stop()
+		check := &lineCheck{r: body, body: body, maxBytes: 1 << 30, maxLines: 1 << 20, maxLineBytes: 1 << 20}
+		go func() {
+			_, _ = in.Write([]byte(strings.Repeat("a\n", 500)))
+			_, _ = in.Write([]byte(strings.Repeat("b\n", 100)))
+			in.Close()
+		}()
+		buf := make([]byte, 1000)
+		if _, err := io.ReadFull(check, buf); err != nil {
+			t.Fatal(err)
+		}
+		if used, _ := p.bodies.inFlight(); used != 1000 {
+			t.Errorf("after 1000 bytes of a part: %d charged", used)
+		}
+		check.Pause()
+		check.Resume() // the part went to S3
+		if used, _ := p.bodies.inFlight(); used != 0 {
+			t.Errorf("after the part was sent: %d charged; want 0", used)
+		}
+		if _, err := io.ReadAll(check); err != nil {
+			t.Fatal(err)
+		}
+		if used, _ := p.bodies.inFlight(); used != 200 {
+			t.Errorf("after 200 bytes of the next part: %d charged", used)
+		}
+		charge.release()
+		if used, clients := p.bodies.inFlight(); used != 0 || clients != 0 {
+			t.Errorf("released: %d bytes, %d clients", used, clients)
+		}
+	})
+}
+
+// TestAnUploadIsChargedWhatItHolds (issue 34, item 2), through the handler
+// and S3: an upload that has sent its first part and a little more holds
+// that little, and is charged only that, while its client has not sent the
+// rest; before, it stayed charged a whole part until its end.
+func TestAnUploadIsChargedWhatItHolds(t *testing.T) {
+	t.Parallel()
+	c := sqstest.S3(t)
+	store := payload.New(c, sqstest.Bucket(t, c))
+	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, in := io.Pipe()
+	req := httptest.NewRequest(http.MethodPost, "/v1/files", src)
+	req.Header.Set("Content-Type", "multipart/form-data; boundary=b")
+	done := make(chan int)
+	go func() {
+		w := httptest.NewRecorder()
+		p.Handler().ServeHTTP(w, req)
+		done <- w.Code
+	}()
+	// Lines of 200 bytes: a part's worth is within the lines a file may have.
+	line := []byte(`{"custom_id":"x","pad":"` + strings.Repeat("p", 175) + `"}` + "\n")
+	var first []byte
+	first = append(first, "--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"+
+		"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.jsonl\"\r\n\r\n"...)
+	for len(first) < payload.UploadPartBytes+100<<10 {
+		first = append(first, line...)
+	}
+	// The write returns once the server has read it all: the first part,
+	// sent to S3 before the server reads on, and what came after it. The
+	// byte after that is read only once what came before is charged.
+	if _, err := in.Write(first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Write(line[:1]); err != nil {
+		t.Fatal(err)
+	}
+	used, _ := p.bodies.inFlight()
+	if used == 0 || used > 200<<10 {
+		t.Errorf("an upload past its first part holds %d bytes of the bodies in flight; want what came after the part (about 100 KiB)", used)
+	}
+	_, _ = in.Write(line[1:])
+	_, _ = in.Write([]byte("\r\n--b--\r\n"))
+	in.Close()
+	if code := <-done; code != http.StatusOK {
+		t.Errorf("the upload: %d", code)
+	}
+	if used, clients := p.bodies.inFlight(); used != 0 || clients != 0 {
+		t.Errorf("after the upload, %d bytes held by %d clients", used, clients)
+	}
+}
