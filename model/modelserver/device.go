@@ -285,12 +285,13 @@ func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return s, fmt.Errorf("GET /metrics: %s", resp.Status)
+		return s, fmt.Errorf("GET /metrics: %s", clip(resp.Status, maxServerString))
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return s, fmt.Errorf("GET /metrics: %w", err)
+		// The parser's error quotes the line it stopped at.
+		return s, fmt.Errorf("GET /metrics: %s", clip(err.Error(), maxServerMessage))
 	}
 	for _, mt := range family(fams, "vllm:cache_config_info") {
 		for _, l := range mt.GetLabel() {
@@ -321,6 +322,16 @@ func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	}
 	for _, mt := range family(fams, "vllm:num_preemptions_total") {
 		s.preemptions += value(mt)
+	}
+	// A NaN would pass every comparison above as if it were not there and
+	// read as an empty cache (math.Max(0, NaN) is NaN, and so is the
+	// usage in bytes); an Inf as a full or an endless one. A reading that
+	// holds one is no reading: it fails, as an unreachable /metrics does.
+	for name, v := range map[string]float64{"kv_cache_usage_perc": s.usage, "num_requests_waiting": s.waiting,
+		"num_preemptions_total": s.preemptions} {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return metricsSnap{}, fmt.Errorf("GET /metrics: vllm:%s is %v: not a reading", name, v)
+		}
 	}
 	s.usage = math.Min(1, math.Max(0, s.usage))
 	return s, nil
