@@ -314,24 +314,29 @@ func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	if usage == nil {
 		usage = family(fams, "vllm:gpu_cache_usage_perc")
 	}
-	for _, mt := range usage {
-		s.usage = math.Max(s.usage, value(mt))
-	}
-	for _, mt := range family(fams, "vllm:num_requests_waiting") {
-		s.waiting = math.Max(s.waiting, value(mt))
-	}
-	for _, mt := range family(fams, "vllm:num_preemptions_total") {
-		s.preemptions += value(mt)
-	}
-	// A NaN would pass every comparison above as if it were not there and
+	// A NaN would pass every comparison below as if it were not there and
 	// read as an empty cache (math.Max(0, NaN) is NaN, and so is the
 	// usage in bytes); an Inf as a full or an endless one. A reading that
 	// holds one is no reading: it fails, as an unreachable /metrics does.
-	for name, v := range map[string]float64{"kv_cache_usage_perc": s.usage, "num_requests_waiting": s.waiting,
-		"num_preemptions_total": s.preemptions} {
+	var bad error
+	read := func(mt *dto.Metric, name string) float64 {
+		v := value(mt)
 		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return metricsSnap{}, fmt.Errorf("GET /metrics: vllm:%s is %v: not a reading", name, v)
+			bad = fmt.Errorf("GET /metrics: vllm:%s is %v: not a reading", name, v)
 		}
+		return v
+	}
+	for _, mt := range usage {
+		s.usage = math.Max(s.usage, read(mt, "kv_cache_usage_perc"))
+	}
+	for _, mt := range family(fams, "vllm:num_requests_waiting") {
+		s.waiting = math.Max(s.waiting, read(mt, "num_requests_waiting"))
+	}
+	for _, mt := range family(fams, "vllm:num_preemptions_total") {
+		s.preemptions += read(mt, "num_preemptions_total")
+	}
+	if bad != nil {
+		return metricsSnap{}, bad
 	}
 	s.usage = math.Min(1, math.Max(0, s.usage))
 	return s, nil

@@ -419,7 +419,6 @@ func (r *run) room() int64 {
 	return r.left
 }
 
-
 // itemErr turns send's error into an item error where it is the item's (a
 // request larger than a rate limit), or returns it.
 func (m *Model) itemErr(err error, out *job.Output) error {
