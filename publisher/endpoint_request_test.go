@@ -192,8 +192,16 @@ func TestDecodeEndpointRequestValid(t *testing.T) {
 			}
 		})
 	}
-	// Without -models, any model is taken.
+	// With -allow-remote-urls, a remote image is taken.
+	remote := endpointJob(job.EndpointChatCompletions,
+		`{"model":"llama","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`)
 	lim := endpointLimits
+	lim.AllowRemoteURLs = true
+	if _, e := DecodeJobRequest([]byte(remote), lim); e != nil {
+		t.Errorf("a remote URL, allowed: %v", e)
+	}
+	// Without -models, any model is taken.
+	lim = endpointLimits
 	lim.Models = nil
 	if _, e := DecodeJobRequest([]byte(endpointJob(job.EndpointEmbeddings, `{"model":"any/model:v2","input":"x"}`)), lim); e != nil {
 		t.Errorf("without a model list: %v", e)
