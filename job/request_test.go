@@ -1,7 +1,10 @@
 package job
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -119,4 +122,40 @@ func TestCheckRequestURLs(t *testing.T) {
 	if _, err := CheckRequest(EndpointChatCompletions, []byte(remote), lim); err != nil {
 		t.Errorf("a remote URL, allowed: %v", err)
 	}
+}
+
+// FuzzCheckRequest feeds arbitrary bodies to the rule. Invariants: a
+// refusal is a *BodyError of one of the kinds; an accepted body's canonical
+// form is valid JSON, holds no null ceiling, names its ceiling for a
+// generation, and is accepted again as itself, with the same facts: what
+// the subscriber sends is what the rule would accept from the queue.
+func FuzzCheckRequest(f *testing.F) {
+	f.Add(EndpointChatCompletions, []byte(body(`"model":"llama"`, testMessages, `"max_tokens":null`)))
+	f.Add(EndpointCompletions, []byte(body(`"model":"llama"`, `"prompt":["a","b"]`, `"n":2`, `"best_of":3`)))
+	f.Add(EndpointEmbeddings, []byte(body(`"model":"llama"`, `"input":[[1,2],[3]]`)))
+	f.Add(EndpointChatCompletions, []byte(body(`"model":"llama"`, `"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,x"}}]}]`)))
+	f.Fuzz(func(t *testing.T, endpoint string, b []byte) {
+		r, err := CheckRequest(endpoint, b, testRequestLimits)
+		if err != nil {
+			var be *BodyError
+			kinds := []error{ErrBodyInvalid, ErrModelNotAllowed, ErrStream, ErrN, ErrMaxTokens, ErrRemoteURL}
+			if r != nil || !errors.As(err, &be) || !slices.ContainsFunc(kinds, func(k error) bool { return errors.Is(err, k) }) {
+				t.Fatalf("CheckRequest: %v, %v; want a *BodyError of a kind", r, err)
+			}
+			return
+		}
+		if !json.Valid(r.Body) || bytes.Contains(r.Body, []byte(`"max_tokens":null`)) {
+			t.Fatalf("canonical body %s", r.Body)
+		}
+		if endpoint != EndpointEmbeddings && (r.MaxOut < 1 || r.MaxOut > int64(testRequestLimits.MaxOutputTokens)) {
+			t.Fatalf("max out %d", r.MaxOut)
+		}
+		again, err := CheckRequest(endpoint, r.Body, testRequestLimits)
+		if err != nil {
+			t.Fatalf("the canonical body %s is refused: %v", r.Body, err)
+		}
+		if !bytes.Equal(again.Body, r.Body) || again.MaxOut != r.MaxOut || again.Sequences() != r.Sequences() || again.Model != r.Model {
+			t.Fatalf("checked again: %+v; want %+v", again, r)
+		}
+	})
 }
