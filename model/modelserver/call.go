@@ -22,7 +22,11 @@ type call struct {
 	ep     endpoint
 	body   []byte
 	tokens int64 // prompt estimate + max output × choices: the rate reservation
-	kv     int64 // device bytes it holds while in flight
+	// floor is the part of tokens that is certain, what any limiter that
+	// admits the request charges at least: the exact prompt tokens + max
+	// output × choices (the estimate from bytes may overshoot).
+	floor int64
+	kv    int64 // device bytes it holds while in flight
 	// most is the longest answer worth reading whole (run.room): past it
 	// the answer's body is not kept, whatever it holds.
 	most int64
@@ -165,7 +169,7 @@ func (m *Model) post(ctx context.Context, c *call) *answer {
 	defer stop()
 	// The headers are the freshest word on the limits: every other
 	// request waits on them, not on this one's body.
-	m.rates.sync(resp.Header, time.Now(), resp.StatusCode/100 == 2, float64(c.tokens))
+	m.rates.sync(resp.Header, time.Now(), resp.StatusCode/100 == 2, float64(c.floor))
 	most := min(int64(maxResponseBytes), c.most)
 	body, err := io.ReadAll(io.LimitReader(resp.Body, most+1))
 	if err != nil {

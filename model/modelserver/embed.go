@@ -91,7 +91,8 @@ func (m *Model) embed(ctx, wait context.Context, p pack, run *run) error {
 		prompt = prompt.add(r.prompt)
 		tokens += m.counter.tokens(r.kind(), r.prompt)
 	}
-	o, err := m.send(ctx, wait, &call{ep: embeddings, body: p.body(), tokens: tokens, kv: tokens * m.unit, most: run.room()}, run.deadline)
+	o, err := m.send(ctx, wait, &call{ep: embeddings, body: p.body(), tokens: tokens, floor: prompt.exact, kv: tokens * m.unit,
+		most: run.room()}, run.deadline)
 	var tl *tooLargeError
 	switch {
 	case errors.As(err, &tl) && len(p) > 1:

@@ -363,7 +363,8 @@ func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.It
 // waits for a turn under wait (see group).
 func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error {
 	seq := m.outputs.start(r.kind())
-	o, err := m.send(ctx, wait, &call{ep: r.ep, body: r.body, tokens: m.tokens(r), kv: m.kvTokens(r) * m.unit, most: run.room()}, run.deadline)
+	o, err := m.send(ctx, wait, &call{ep: r.ep, body: r.body, tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
+		kv: m.kvTokens(r) * m.unit, most: run.room()}, run.deadline)
 	if err != nil {
 		m.outputs.done(r.kind(), seq, 0, 0)
 		return m.itemErr(err, &run.outs[r.idx])

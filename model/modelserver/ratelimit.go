@@ -322,7 +322,8 @@ func (r *rates) limited() {
 }
 
 // sync sets the mirrors from an answer's headers, read at now. ok is
-// whether the answer was a success, of a request that reserved tokens.
+// whether the answer was a success, of a request that took at least
+// tokens (call.floor).
 //
 // A success whose limit is below what its own request took contradicts
 // itself: the server admitted what it says it never would. Such a limit
