@@ -178,3 +178,27 @@ func TestRunAnswersBoundedByResultLimit(t *testing.T) {
 		}
 	})
 }
+
+// A limit learned from a refusal's headers that is below a request does not
+// fail it as too_large: the server judges it, and its answer sets the
+// mirror again. Before, one 429 with x-ratelimit-limit-tokens: 1 failed
+// every later item without a request.
+func TestLearnedLimitBelowARequestIsAskedAgain(t *testing.T) {
+	fault := fakeoai.Fault{Kind: fakeoai.FaultStatus, Status: http.StatusTooManyRequests, Times: 1,
+		ErrType: "tokens", ErrCode: "rate_limit_exceeded",
+		Header: http.Header{"X-Ratelimit-Limit-Tokens": {"1"}, "X-Ratelimit-Remaining-Tokens": {"0"}, "Retry-After": {"1"}}}
+	inBubble(t, fakeoai.Config{Faults: []fakeoai.Fault{fault}}, Config{MaxConcurrency: 1}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		items := make([]job.Item, 5)
+		for i := range items {
+			items[i] = chatItem(fmt.Sprint("c", i), "hello", 8)
+		}
+		outs, err := m.Run(t.Context(), items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOK(t, outs)
+		if got := s.Stats().Requests; got != 6 {
+			t.Errorf("%d requests; want 6: the 429, then one an item", got)
+		}
+	})
+}
