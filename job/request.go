@@ -161,17 +161,17 @@ func CheckRequest(endpoint string, body []byte, lim RequestLimits) (*Request, er
 	if v, ok := present(fields, "stream"); ok && string(v) != "false" {
 		return nil, bodyErr(ErrStream, "stream must be false or left out: an output is the server's whole answer, never a stream of events")
 	}
-	// whole reads field, when present, as an integer from 1 to most.
-	whole := func(field string, kind error, most int) (int64, bool, error) {
+	// whole reads field as an integer from 1 to most; 0 when absent.
+	whole := func(field string, kind error, most int) (int64, error) {
 		v, ok := present(fields, field)
 		if !ok {
-			return 0, false, nil
+			return 0, nil
 		}
 		n, err := strconv.ParseInt(string(v), 10, 64)
 		if err != nil || n < 1 || n > int64(most) {
-			return 0, false, bodyErr(kind, "the body's %s must be a whole number from 1 to %d, or left out", field, most)
+			return 0, bodyErr(kind, "the body's %s must be a whole number from 1 to %d, or left out", field, most)
 		}
-		return n, true, nil
+		return n, nil
 	}
 	if endpoint == EndpointEmbeddings {
 		v, ok := present(fields, "input")
@@ -183,34 +183,31 @@ func CheckRequest(endpoint string, body []byte, lim RequestLimits) (*Request, er
 		r.Body = canonical(members, "", "")
 		return r, nil
 	}
-	var err1 error
-	var ok bool
-	if r.N, ok, err1 = whole("n", ErrN, lim.MaxN); err1 != nil {
-		return nil, err1
-	} else if !ok {
-		r.N = 1
+	if r.N, err = whole("n", ErrN, lim.MaxN); err != nil {
+		return nil, err
 	}
-	if r.BestOf, _, err1 = whole("best_of", ErrN, lim.MaxN); err1 != nil {
-		return nil, err1
+	r.N = max(r.N, 1)
+	if r.BestOf, err = whole("best_of", ErrN, lim.MaxN); err != nil {
+		return nil, err
 	}
 	if r.BestOf > 0 && r.BestOf < r.N {
 		return nil, bodyErr(ErrN, "the body's best_of must not be below its n: the server generates best_of and returns the best n")
 	}
-	ceilings := []string{"max_tokens"}
-	if endpoint == EndpointChatCompletions {
-		ceilings = append(ceilings, "max_completion_tokens")
+	// Both ceilings are bounded on both endpoints. Chat's server reads one
+	// or the other (vLLM the first that is set of max_completion_tokens
+	// and max_tokens), so the larger bounds it; completions have only
+	// max_tokens (a max_completion_tokens there is not read).
+	mt, err := whole("max_tokens", ErrMaxTokens, lim.MaxOutputTokens)
+	if err != nil {
+		return nil, err
 	}
-	for _, f := range ceilings {
-		n, ok, err := whole(f, ErrMaxTokens, lim.MaxOutputTokens)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			// A server reads one or the other (vLLM the first, of
-			// max_completion_tokens and max_tokens, that is set): the
-			// larger bounds either.
-			r.MaxOut = max(r.MaxOut, n)
-		}
+	mct, err := whole("max_completion_tokens", ErrMaxTokens, lim.MaxOutputTokens)
+	if err != nil {
+		return nil, err
+	}
+	r.MaxOut = mt
+	if endpoint == EndpointChatCompletions {
+		r.MaxOut = max(mt, mct)
 	}
 	addMax := ""
 	if r.MaxOut == 0 {
