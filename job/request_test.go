@@ -82,6 +82,7 @@ func TestCheckRequestRefusals(t *testing.T) {
 		{"best_of below n", EndpointCompletions, body(`"model":"llama"`, `"prompt":"x"`, `"n":3`, `"best_of":2`), ErrN},
 		{"best_of on chat", EndpointChatCompletions, body(`"model":"llama"`, testMessages, `"best_of":50`), ErrN},
 		{"n as a float", EndpointChatCompletions, body(`"model":"llama"`, testMessages, `"n":2.0`), ErrN},
+		{"max_completion_tokens over on completions", EndpointCompletions, body(`"model":"llama"`, `"prompt":"x"`, `"max_completion_tokens":100000`), ErrMaxTokens},
 		{"max_tokens as a float", EndpointChatCompletions, body(`"model":"llama"`, testMessages, `"max_tokens":1e3`), ErrMaxTokens},
 		{"embeddings past 2048 inputs", EndpointEmbeddings, body(`"model":"llama"`, `"input":[`+strings.Join(long, ",")+`]`), ErrBodyInvalid},
 		{"a negative token", EndpointEmbeddings, body(`"model":"llama"`, `"input":[1,-1]`), ErrBodyInvalid},
