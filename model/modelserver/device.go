@@ -281,7 +281,7 @@ func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	}
 	resp, err := m.client.Do(req)
 	if err != nil {
-		return s, fmt.Errorf("GET /metrics: %w", err)
+		return s, fmt.Errorf("GET /metrics: %w", clipErr(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

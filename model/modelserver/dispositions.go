@@ -3,6 +3,7 @@ package modelserver
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"unicode/utf8"
@@ -218,9 +219,7 @@ func codeString(raw json.RawMessage) string {
 // refused API key in the message.
 func (a *answer) describe(message bool) string {
 	if a.err != nil {
-		// A transport's error may quote what the server sent (a
-		// malformed status line).
-		return "no answer: " + clip(a.err.Error(), maxServerMessage)
+		return "no answer: " + clipErr(a.err).Error()
 	}
 	s := a.statusText()
 	if a.errType != "" || a.errCode != "" {
@@ -244,6 +243,16 @@ const (
 	maxServerString  = 128
 	maxServerMessage = 1024
 )
+
+// clipErr is err, or its text clipped when longer than a server's message
+// may be: a transport's error may quote what the server sent (a malformed
+// status line of up to a megabyte).
+func clipErr(err error) error {
+	if len(err.Error()) <= maxServerMessage {
+		return err
+	}
+	return errors.New(clip(err.Error(), maxServerMessage))
+}
 
 // clip is s, valid UTF-8, cut to at most n bytes and an ellipsis without
 // splitting a character.

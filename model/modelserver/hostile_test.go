@@ -202,3 +202,19 @@ func TestLearnedLimitBelowARequestIsAskedAgain(t *testing.T) {
 		}
 	})
 }
+
+// A transport's error that quotes megabytes of the server's (a malformed
+// status line) is cut; a short one is kept as it is, for errors.Is.
+func TestClipErr(t *testing.T) {
+	long := errors.New(strings.Repeat("é", 2<<20))
+	if got := clipErr(long).Error(); len(got) > maxServerMessage+len("…") {
+		t.Errorf("clipErr: %d bytes; want at most %d", len(got), maxServerMessage)
+	}
+	short := fmt.Errorf("dial: %w", errors.ErrUnsupported)
+	if got := clipErr(short); !errors.Is(got, errors.ErrUnsupported) {
+		t.Errorf("clipErr(%v) = %v; want it unchanged", short, got)
+	}
+	if got := clip("a\xffb", 10); got != "a\uFFFDb" {
+		t.Errorf("clip: %q; want valid UTF-8", got)
+	}
+}

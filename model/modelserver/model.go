@@ -190,7 +190,7 @@ func (m *Model) probeModels(ctx context.Context) error {
 	}
 	resp, err := m.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("modelserver: GET %s/v1/models: %w", redactURL(m.base), err)
+		return fmt.Errorf("modelserver: GET %s/v1/models: %w", redactURL(m.base), clipErr(err))
 	}
 	defer resp.Body.Close()
 	var list struct {
