@@ -57,7 +57,7 @@ func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 		"longest a batch waits for the server (a rate limit's refill, an overload) before it is handed back; below -inference-timeout")
 	fs.DurationVar(&o.maxServerWait, "model-server-max-server-wait", modelserver.DefaultMaxServerWait,
 		"ceiling on any wait the server asks for (Retry-After, retry-after-ms, x-ratelimit-reset-*): a longer one is cut to it,\n"+
-			"counted in vramq_model_server_waits_capped_total and logged")
+			"counted in vramq_subscriber_model_server_waits_capped_total and logged")
 	fs.BoolVar(&o.allowRemoteURLs, "model-server-allow-remote-urls", false,
 		"let chat content parts name remote URLs (image_url, audio_url, video_url), which a multimodal server fetches;\n"+
 			"off, only data: URLs pass and an item naming another is refused (invalid_input) without a request (docs/security.md)")

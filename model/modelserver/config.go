@@ -46,7 +46,7 @@ type Config struct {
 	// seconds or as an HTTP date), retry-after-ms, x-ratelimit-reset-*,
 	// and the waits computed from its rate-limit headers. A wait past it
 	// is taken as MaxServerWait, counted
-	// (vramq_model_server_waits_capped_total) and logged: a broken or
+	// (vramq_subscriber_model_server_waits_capped_total) and logged: a broken or
 	// hostile server's "Retry-After: 999999999" must not stop the
 	// subscriber for decades. Default 1h.
 	MaxServerWait time.Duration

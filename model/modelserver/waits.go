@@ -38,7 +38,7 @@ const (
 
 func newWaits(ceiling time.Duration, log *slog.Logger) *waits {
 	return &waits{ceiling: ceiling, log: log, capped: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "vramq_model_server_waits_capped_total",
+		Name: "vramq_subscriber_model_server_waits_capped_total",
 		Help: "Waits the model server asked for (Retry-After, retry-after-ms, x-ratelimit-reset-*, or a refill its rate-limit headers imply) " +
 			"that were past -model-server-max-server-wait and were cut to it, by the header they came from.",
 	}, []string{"header"})}
