@@ -115,6 +115,12 @@ type Config struct {
 	// request for a model server. A request that leaves them out is sent
 	// with the subscriber's ceiling instead (docs/api.md).
 	MaxOutputTokens int
+	// AllowRemoteURLs lets a chat request's content parts name URLs other
+	// than data: ones (image_url and its kin), which a multimodal server
+	// fetches; off, such a request is refused 422 invalid_body. The
+	// subscriber has its own switch (-model-server-allow-remote-urls), and
+	// refuses them too unless it is on (docs/security.md).
+	AllowRemoteURLs bool
 	// MaxFileBytes, MaxFileLines and MaxFileLineBytes bound a file uploaded
 	// to POST /v1/files: its bytes, its lines (JSONL: a last line without
 	// its newline counts), and the bytes of each line, its newline not

@@ -122,6 +122,18 @@ func TestDecodeEndpointRequestRefusals(t *testing.T) {
 		{"embeddings with input a number", endpointJob(embed, c(model, `"input":5`)), 422, CodeInvalidBody, "x"},
 		{"embeddings over 2048 inputs", endpointJob(embed, c(model, `"input":[`+strings.Join(tooMany, ",")+`]`)), 422, CodeInvalidBody, "x"},
 
+		// Issue 34, items 9 and 10: the one rule (job.CheckRequest) the
+		// subscriber applies too. Keys that a case-insensitive reader (Go's
+		// encoding/json: Ollama) takes for a bounded one; best_of below n
+		// or on chat past MaxN; a remote URL a multimodal server fetches.
+		{"MAX_TOKENS", endpointJob(chat, c(model, msgs, `"MAX_TOKENS":100000`)), 422, CodeInvalidBody, "x"},
+		{"MODEL", endpointJob(chat, c(model, `"MODEL":"gpt-4o"`, msgs)), 422, CodeInvalidBody, "x"},
+		{"N", endpointJob(compl, c(model, prompt, `"N":100000`)), 422, CodeInvalidBody, "x"},
+		{"best_of below n", endpointJob(compl, c(model, prompt, `"n":3`, `"best_of":2`)), 422, CodeInvalidN, "x"},
+		{"best_of on chat over", endpointJob(chat, c(model, msgs, `"best_of":100000`)), 422, CodeInvalidN, "x"},
+		{"remote image_url", endpointJob(chat, c(model,
+			`"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://images.internal/a.png"}}]}]`)), 422, CodeInvalidBody, "x"},
+
 		// The second item is the one at fault.
 		{"second item", `{"endpoint":"` + embed + `","items":[{"id":"a","body":` + c(model, input) + `},{"id":"b","body":` + c(model) + `}]}`,
 			422, CodeInvalidBody, "b"},
@@ -167,6 +179,8 @@ func TestDecodeEndpointRequestValid(t *testing.T) {
 		{"embeddings of tokens", job.EndpointEmbeddings, c(`"model":"bge"`, `"input":[0,1,2]`)},
 		{"embeddings of token arrays", job.EndpointEmbeddings, c(`"model":"bge"`, `"input":[[1],[2,3]]`, `"dimensions":256`)},
 		{"embeddings with max_tokens, which is not theirs", job.EndpointEmbeddings, c(`"model":"bge"`, `"input":"x"`, `"max_tokens":"any"`)},
+		{"chat with a data: image", job.EndpointChatCompletions, c(`"model":"llama"`,
+			`"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}}]}]`)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, e := DecodeJobRequest([]byte(endpointJob(tc.endpoint, tc.body)), endpointLimits)
@@ -178,8 +192,16 @@ func TestDecodeEndpointRequestValid(t *testing.T) {
 			}
 		})
 	}
-	// Without -models, any model is taken.
+	// With -allow-remote-urls, a remote image is taken.
+	remote := endpointJob(job.EndpointChatCompletions,
+		`{"model":"llama","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`)
 	lim := endpointLimits
+	lim.AllowRemoteURLs = true
+	if _, e := DecodeJobRequest([]byte(remote), lim); e != nil {
+		t.Errorf("a remote URL, allowed: %v", e)
+	}
+	// Without -models, any model is taken.
+	lim = endpointLimits
 	lim.Models = nil
 	if _, e := DecodeJobRequest([]byte(endpointJob(job.EndpointEmbeddings, `{"model":"any/model:v2","input":"x"}`)), lim); e != nil {
 		t.Errorf("without a model list: %v", e)

@@ -240,7 +240,7 @@ func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string
 
 func (p *Publisher) limits() RequestLimits {
 	return RequestLimits{MaxItems: p.cfg.MaxItems, MaxChunkItems: p.cfg.MaxChunkItems,
-		Models: p.cfg.Models, MaxN: p.cfg.MaxN, MaxOutputTokens: p.cfg.MaxOutputTokens}
+		Models: p.cfg.Models, MaxN: p.cfg.MaxN, MaxOutputTokens: p.cfg.MaxOutputTokens, AllowRemoteURLs: p.cfg.AllowRemoteURLs}
 }
 
 // checkContentType accepts one Content-Type header of application/json,

@@ -7,8 +7,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"slices"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -64,6 +62,9 @@ type RequestLimits struct {
 	Models          []string
 	MaxN            int
 	MaxOutputTokens int
+	// AllowRemoteURLs lets a chat body's content parts name URLs other
+	// than data: ones (job.RequestLimits).
+	AllowRemoteURLs bool
 }
 
 // DecodeJobRequest parses and validates a POST /v1/jobs body, reporting the
@@ -203,107 +204,28 @@ func (r *JobRequest) chunkItems(def int) int {
 	return def
 }
 
-// checkBody checks the body of an item of a job with this endpoint, a JSON
-// object (job.Item.CheckFor has checked that), as far as the publisher must:
-// the fields that bound the work an item asks for (model, n, best_of,
-// max_tokens, max_completion_tokens), stream (a streamed answer is events,
-// not the one JSON body an output keeps), the fields without which there is
-// no request (messages, prompt, input), and no key given twice. The rest is
-// the server's to judge: a request it refuses is an item error, not a
-// refused job. The first problem is returned, without the item, which the
-// caller sets.
-//
-// The shapes are those of OpenAI's API reference
-// (https://platform.openai.com/docs/api-reference/chat/create, .../completions/create,
-// .../embeddings/create; the OpenAPI document behind them is
-// github.com/openai/openai-openapi, openapi.yaml, schemas
-// CreateChatCompletionRequest, CreateCompletionRequest and
-// CreateEmbeddingRequest):
-//   - every endpoint requires model, a string;
-//   - chat requires messages, an array of at least one message; n is an
-//     integer from 1 to 128 (default 1); max_completion_tokens an integer;
-//     max_tokens an integer, deprecated in favour of max_completion_tokens;
-//     stream a boolean (default false);
-//   - completions require prompt: a string, an array of strings, an array of
-//     token ids (at least one) or an array of token-id arrays (at least one
-//     each); max_tokens is an integer (default 16); n 1 to 128; best_of (the
-//     completions generated on the server, of which the best n return) 0 to
-//     20; stream a boolean;
-//   - embeddings require input: a string that is not empty, or an array of
-//     1 to 2048 strings, of token ids, or of token-id arrays (at least one
-//     each).
-//
-// n, best_of, max_tokens, max_completion_tokens and stream are nullable
-// there, a null meaning the default, so a null is taken as the field left
-// out. A field the publisher bounds must have the type OpenAI gives it, an
-// integer literal or a boolean: a lenient server (vLLM's, through pydantic's
-// lax mode) reads "8", 8.0 and "true" as 8 and true, values the publisher
-// would not have bounded. For the same reason no key may appear twice:
-// servers differ in which of the two they read.
+// checkBody checks the body of an item of a job with this endpoint with the
+// one rule for request bodies (job.CheckRequest, whose comment says what it
+// checks and why), which the subscriber applies again to what it takes from
+// the queue: what the publisher accepts, the subscriber does not refuse.
+// The first problem is returned, without the item, which the caller sets.
 func checkBody(endpoint string, body json.RawMessage, lim RequestLimits) *APIError {
-	bad := func(code, format string, a ...any) *APIError {
-		return apiErr(http.StatusUnprocessableEntity, code, format, a...)
-	}
-	fields, e := bodyFields(body)
-	if e != nil {
-		return e
-	}
-	var model string
-	if v, ok := present(fields, "model"); !ok || json.Unmarshal(v, &model) != nil || model == "" {
-		return bad(CodeInvalidBody, "the body's model must be a string that is not empty: the model that is to answer")
-	}
-	if len(lim.Models) > 0 && !slices.Contains(lim.Models, model) {
-		return bad(CodeModelNotAllowed, "the body's model is not one this publisher takes requests for: %s", strings.Join(lim.Models, ", "))
-	}
-	if v, ok := present(fields, "stream"); ok && string(v) != "false" {
-		return bad(CodeStreamNotSupported, "stream must be false or left out: an output is the server's whole answer, never a stream of events")
-	}
-	// whole checks that field, when present, is an integer from 1 to max.
-	whole := func(field, code string, max int) *APIError {
-		v, ok := present(fields, field)
-		if !ok {
-			return nil
-		}
-		if n, err := strconv.Atoi(string(v)); err != nil || n < 1 || n > max {
-			return bad(code, "the body's %s must be a whole number from 1 to %d, or left out", field, max)
-		}
+	_, err := job.CheckRequest(endpoint, body, job.RequestLimits{
+		Models: lim.Models, MaxN: lim.MaxN, MaxOutputTokens: lim.MaxOutputTokens, AllowRemoteURLs: lim.AllowRemoteURLs,
+	})
+	if err == nil {
 		return nil
 	}
-	var checks []*APIError
-	switch endpoint {
-	case job.EndpointChatCompletions:
-		checks = append(checks, whole("n", CodeInvalidN, lim.MaxN),
-			whole("max_tokens", CodeInvalidMaxTokens, lim.MaxOutputTokens),
-			whole("max_completion_tokens", CodeInvalidMaxTokens, lim.MaxOutputTokens))
-		var msgs []json.RawMessage
-		if v, ok := present(fields, "messages"); !ok || json.Unmarshal(v, &msgs) != nil || len(msgs) == 0 {
-			checks = append(checks, bad(CodeInvalidBody, "the body's messages must be an array of at least one message"))
-		}
-	case job.EndpointCompletions:
-		checks = append(checks, whole("n", CodeInvalidN, lim.MaxN), whole("best_of", CodeInvalidN, lim.MaxN),
-			whole("max_tokens", CodeInvalidMaxTokens, lim.MaxOutputTokens))
-		if v, ok := present(fields, "prompt"); !ok || !textsOrTokens(v, false, 0) {
-			checks = append(checks, bad(CodeInvalidBody,
-				"the body's prompt must be a string, or an array of strings, of token ids or of token-id arrays"))
-		}
-	case job.EndpointEmbeddings:
-		if v, ok := present(fields, "input"); !ok || !textsOrTokens(v, true, maxEmbeddingInputs) {
-			checks = append(checks, bad(CodeInvalidBody,
-				"the body's input must be a string that is not empty, or an array of 1 to %d strings that are not empty, "+
-					"of token ids or of token-id arrays", maxEmbeddingInputs))
+	code := CodeInvalidBody
+	for kind, c := range map[error]string{job.ErrModelNotAllowed: CodeModelNotAllowed, job.ErrStream: CodeStreamNotSupported,
+		job.ErrN: CodeInvalidN, job.ErrMaxTokens: CodeInvalidMaxTokens} {
+		if errors.Is(err, kind) {
+			code = c
 		}
 	}
-	for _, e := range checks {
-		if e != nil {
-			return e
-		}
-	}
-	return nil
+	// The rule's messages are fixed text that names fields, never values.
+	return apiErr(http.StatusUnprocessableEntity, code, "%s", err.Error())
 }
-
-// maxEmbeddingInputs is the most inputs one embeddings request may hold:
-// OpenAI's bound (CreateEmbeddingRequest's maxItems).
-const maxEmbeddingInputs = 2048
 
 // bodyFields returns the members of JSON object body, each value's JSON as
 // it is there, refusing a key given twice.
@@ -341,40 +263,4 @@ func present(fields map[string]json.RawMessage, field string) (json.RawMessage, 
 		return nil, false
 	}
 	return v, true
-}
-
-// textsOrTokens reports whether v has one of the shapes of OpenAI's prompt
-// and input: a string; or a non-empty array, of at most maxLen elements (0:
-// any number), of strings, of token ids (whole numbers from 0), or of
-// non-empty arrays of token ids. With nonEmpty, no string may be empty.
-func textsOrTokens(v json.RawMessage, nonEmpty bool, maxLen int) bool {
-	text := func(v json.RawMessage) bool {
-		var s string
-		return len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil && (!nonEmpty || s != "")
-	}
-	token := func(v json.RawMessage) bool {
-		n, err := strconv.Atoi(string(v))
-		return err == nil && n >= 0
-	}
-	tokens := func(v json.RawMessage) bool {
-		var a []json.RawMessage
-		return len(v) > 0 && v[0] == '[' && json.Unmarshal(v, &a) == nil && len(a) > 0 && allOf(a, token)
-	}
-	if text(v) {
-		return true
-	}
-	var a []json.RawMessage
-	if len(v) == 0 || v[0] != '[' || json.Unmarshal(v, &a) != nil || len(a) == 0 || (maxLen > 0 && len(a) > maxLen) {
-		return false
-	}
-	return allOf(a, text) || allOf(a, token) || allOf(a, tokens)
-}
-
-func allOf(a []json.RawMessage, ok func(json.RawMessage) bool) bool {
-	for _, v := range a {
-		if !ok(v) {
-			return false
-		}
-	}
-	return true
 }

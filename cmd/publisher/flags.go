@@ -124,6 +124,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.MaxOutputTokens, "max-output-tokens", d.MaxOutputTokens,
 		"largest max_tokens and max_completion_tokens in a request for a model server (a request without them is sent\n"+
 			"with the subscriber's ceiling)")
+	fs.BoolVar(&c.AllowRemoteURLs, "allow-remote-urls", d.AllowRemoteURLs,
+		"let a chat request's content parts name remote URLs (image_url, audio_url, video_url), which a multimodal server\n"+
+			"fetches; off, only data: URLs pass and another is refused 422 invalid_body (docs/security.md)")
 	fs.Var(&o.maxFile, "max-file-bytes",
 		"largest file POST /v1/files takes (OpenAI's Batch API limit), streamed to the bucket and never held whole;\n"+
 			"a larger one is refused as it goes over, 413 file_too_large, and nothing is kept")
@@ -179,7 +182,7 @@ var configFlags = map[string]string{
 	"APIKeys": "api-keys", "SendAttempts": "send-attempts", "RateLimit": "rate-limit", "RateBurst": "rate-burst",
 	"GlobalRateLimit": "global-rate-limit", "GlobalRateBurst": "global-rate-burst",
 	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",
-	"Models": "models", "MaxN": "max-n", "MaxOutputTokens": "max-output-tokens",
+	"Models": "models", "MaxN": "max-n", "MaxOutputTokens": "max-output-tokens", "AllowRemoteURLs": "allow-remote-urls",
 	"MaxFileBytes": "max-file-bytes", "MaxFileLines": "max-file-lines", "MaxFileLineBytes": "max-file-line-bytes",
 	"FileUploadTimeout": "file-upload-timeout",
 }

@@ -144,10 +144,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 
+	// The registry comes first: the model server's backend registers its
+	// own metrics when it opens.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var dev gpu.Device
 	var model closingModel
 	if o.ms.url != "" {
-		dev, model, err = openModelServer(ctx, o, getenv, log)
+		dev, model, err = openModelServer(ctx, o, getenv, log, reg)
 	} else {
 		dev, model, err = openBackend(o, log)
 	}
@@ -175,8 +179,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("AWS configuration: %w", err)
 	}
 	client := sqs.NewFromConfig(awsCfg)
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	c := o.cfg
 	c.Queue = sqsqueue.New(client, o.queueURL)
 	c.Results = sqsqueue.New(client, o.resultsURL)

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/model/modelserver"
@@ -28,6 +30,8 @@ type modelServerOptions struct {
 	tokenizer                     string
 	maxOutputTokens, maxN         int
 	embedBatch, embedBatchTokens  int
+	maxServerWait                 time.Duration
+	allowRemoteURLs               bool
 }
 
 const defaultAPIKeyEnv = "VRAMQ_MODEL_SERVER_API_KEY"
@@ -51,6 +55,12 @@ func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 		"times a request is sent again after a transient failure (5xx, 424, a dropped connection, a timeout) before its batch is released")
 	fs.DurationVar(&o.maxWait, "model-server-max-wait", modelserver.DefaultMaxWait,
 		"longest a batch waits for the server (a rate limit's refill, an overload) before it is handed back; below -inference-timeout")
+	fs.DurationVar(&o.maxServerWait, "model-server-max-server-wait", modelserver.DefaultMaxServerWait,
+		"ceiling on any wait the server asks for (Retry-After, retry-after-ms, x-ratelimit-reset-*): a longer one is cut to it,\n"+
+			"counted in vramq_subscriber_model_server_waits_capped_total and logged")
+	fs.BoolVar(&o.allowRemoteURLs, "model-server-allow-remote-urls", false,
+		"let chat content parts name remote URLs (image_url, audio_url, video_url), which a multimodal server fetches;\n"+
+			"off, only data: URLs pass and an item naming another is refused (invalid_input) without a request (docs/security.md)")
 	fs.IntVar(&o.concurrency, "model-server-concurrency", modelserver.DefaultMaxConcurrency,
 		"most requests in flight (vLLM max_num_seqs, TGI/TEI max_concurrent_requests); halved on an overload answer, grown back after clean runs")
 	fs.IntVar(&o.tpm, "model-server-tpm", 0,
@@ -90,6 +100,7 @@ func (o *modelServerOptions) config(getenv func(string) string, log *slog.Logger
 		KVBytesPerToken: o.kvBytesPerToken, ModelConfig: o.modelConfig, KVBytesPerValue: o.kvBytesPerValue,
 		KVCacheTokens: o.kvCacheTokens, TokensInFlight: o.tokensInFlight, Tokenizer: o.tokenizer,
 		MaxOutputTokens: o.maxOutputTokens, MaxN: o.maxN, EmbedBatch: o.embedBatch, EmbedBatchTokens: o.embedBatchTokens,
+		MaxServerWait: o.maxServerWait, AllowRemoteURLs: o.allowRemoteURLs,
 		Logger: log,
 	}
 	if o.apiKeyFile == "" && o.apiKeyEnv != "" {
@@ -129,8 +140,10 @@ func checkModelServer(o *options, given map[string]bool) error {
 	return nil
 }
 
-func openModelServer(ctx context.Context, o *options, getenv func(string) string, log *slog.Logger) (gpu.Device, closingModel, error) {
-	m, d, err := modelserver.Open(ctx, o.ms.config(getenv, log))
+func openModelServer(ctx context.Context, o *options, getenv func(string) string, log *slog.Logger, reg prometheus.Registerer) (gpu.Device, closingModel, error) {
+	c := o.ms.config(getenv, log)
+	c.Registerer = reg
+	m, d, err := modelserver.Open(ctx, c)
 	if err != nil {
 		return nil, nil, fmt.Errorf("-model-server: %w", err)
 	}

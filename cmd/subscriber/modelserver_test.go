@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -126,12 +127,15 @@ func TestModelServerFlags(t *testing.T) {
 	}
 	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d",
 		"VRAMQ_MODEL_SERVER": "http://localhost:8000", "VRAMQ_MODEL_SERVER_MODELS": "a, b", "KEY": "sk-secret"}
-	o, err := parse([]string{"-model-server-api-key-env=KEY", "-model-server-tpm=100000"}, func(k string) string { return env[k] }, io.Discard)
+	o, err := parse([]string{"-model-server-api-key-env=KEY", "-model-server-tpm=100000", "-model-server-max-server-wait=10m",
+		"-model-server-allow-remote-urls"}, func(k string) string { return env[k] }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := o.ms.config(func(k string) string { return env[k] }, nil)
-	if c.APIKey != "sk-secret" || c.TPM != 100000 || !cmp.Equal(c.Models, []string{"a", "b"}) || o.cfg.VRAMReserve != 1 {
-		t.Errorf("config %+v, reserve %d; want the key from $KEY, TPM 100000, models a and b, no reserve", c, o.cfg.VRAMReserve)
+	if c.APIKey != "sk-secret" || c.TPM != 100000 || !cmp.Equal(c.Models, []string{"a", "b"}) || o.cfg.VRAMReserve != 1 ||
+		c.MaxServerWait != 10*time.Minute || !c.AllowRemoteURLs {
+		t.Errorf("config %+v, reserve %d; want the key from $KEY, TPM 100000, models a and b, no reserve, a 10m ceiling on server waits, remote URLs",
+			c, o.cfg.VRAMReserve)
 	}
 }

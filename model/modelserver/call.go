@@ -22,7 +22,14 @@ type call struct {
 	ep     endpoint
 	body   []byte
 	tokens int64 // prompt estimate + max output × choices: the rate reservation
-	kv     int64 // device bytes it holds while in flight
+	// floor is the part of tokens that is certain, what any limiter that
+	// admits the request charges at least: the exact prompt tokens + max
+	// output × choices (the estimate from bytes may overshoot).
+	floor int64
+	kv    int64 // device bytes it holds while in flight
+	// most is the longest answer worth reading whole (run.room): past it
+	// the answer's body is not kept, whatever it holds.
+	most int64
 }
 
 // outcome is an answer send settled on, with its row.
@@ -102,7 +109,7 @@ func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*o
 			if retries++; retries > m.cfg.MaxRetries {
 				return nil, fmt.Errorf("%w: %s %s after %d tries: %s", errTransient, row.name, c.ep.path(), retries, a.describe(false))
 			}
-			delay := jitter(backoff(transientFirst, transientMax, retries-1))
+			delay := m.waits.retry(retries)
 			if now.Add(delay).After(deadline) {
 				return nil, fmt.Errorf("%w: %s %s, and no time left to retry: %s", errTransient, row.name, c.ep.path(), a.describe(false))
 			}
@@ -111,13 +118,13 @@ func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*o
 			}
 		case actWait:
 			m.rates.limited()
-			d, ok := retryAfter(a.header, now)
+			d, ok := m.retryAfter(a.header, now)
 			if !ok {
 				d = m.gate.overloaded()
 			}
 			m.gate.leave(probe, now.Add(d), "429 "+orString(a.errCode, "rate limited"), nil)
 		case actOverloaded:
-			d, ok := retryAfter(a.header, now)
+			d, ok := m.retryAfter(a.header, now)
 			if !ok {
 				d = m.gate.overloaded()
 			}
@@ -162,18 +169,20 @@ func (m *Model) post(ctx context.Context, c *call) *answer {
 	defer stop()
 	// The headers are the freshest word on the limits: every other
 	// request waits on them, not on this one's body.
-	m.rates.sync(resp.Header, time.Now(), resp.StatusCode/100 == 2)
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+	m.rates.sync(resp.Header, time.Now(), resp.StatusCode/100 == 2, float64(c.floor))
+	most := min(int64(maxResponseBytes), c.most)
+	body, err := io.ReadAll(io.LimitReader(resp.Body, most+1))
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
 		return &answer{ep: c.ep, err: fmt.Errorf("reading the answer: %w", err)}
 	}
-	if len(body) > maxResponseBytes {
-		body = nil // not the endpoint's JSON, whatever it was
+	var cut int64
+	if int64(len(body)) > most {
+		body, cut = nil, most // not kept, whatever it was
 	}
-	return &answer{ep: c.ep, status: resp.StatusCode, header: resp.Header, body: body}
+	return &answer{ep: c.ep, status: resp.StatusCode, header: resp.Header, body: body, cut: cut}
 }
 
 // usage is an answer's usage object.

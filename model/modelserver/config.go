@@ -8,6 +8,10 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vramq/vramq/job"
 )
 
 // Config says which server to call and within what limits. Only BaseURL and
@@ -38,6 +42,14 @@ type Config struct {
 	// 424, a dropped connection, a timeout) is sent again within Run
 	// before Run gives up with a plain error. Default 3; negative: none.
 	MaxRetries int
+	// MaxServerWait caps every wait a server asks for: Retry-After (in
+	// seconds or as an HTTP date), retry-after-ms, x-ratelimit-reset-*,
+	// and the waits computed from its rate-limit headers. A wait past it
+	// is taken as MaxServerWait, counted
+	// (vramq_subscriber_model_server_waits_capped_total) and logged: a broken or
+	// hostile server's "Retry-After: 999999999" must not stop the
+	// subscriber for decades. Default 1h.
+	MaxServerWait time.Duration
 	// MaxWait is the longest Run waits for the server in all: for a rate
 	// limit to refill, for an overloaded server to take requests again.
 	// When the server names a later time, Run returns at once with a
@@ -86,8 +98,20 @@ type Config struct {
 	// without one is sent with it, and one above it is refused. Default
 	// 16384, the publisher's -max-output-tokens default.
 	MaxOutputTokens int
-	// MaxN bounds a body's n. Default 8, the publisher's -max-n default.
+	// MaxN bounds a body's n and best_of. Default 8, the publisher's
+	// -max-n default.
 	MaxN int
+	// AllowRemoteURLs lets a chat body's content parts name URLs other
+	// than data: ones (image_url and its kin), which a multimodal server
+	// fetches. Off, such an item is refused (invalid_input) without a
+	// request: a message must not choose what the server fetches.
+	AllowRemoteURLs bool
+	// ResultBytes bounds the answers one Run keeps, in all: an answer that
+	// would take them past it fails its item (too_large) instead, so that
+	// a run's result stays within what a subscriber stores
+	// (job.MaxResultBytes). Default job.MaxResultBytes less a sixteenth,
+	// for the result's ids and errors.
+	ResultBytes int64
 	// EmbedBatch is the most inputs of one embeddings request (TEI's
 	// max_client_batch_size). Default 32.
 	EmbedBatch int
@@ -103,6 +127,8 @@ type Config struct {
 	HTTPClient *http.Client
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Registerer, when set, gets the backend's metrics.
+	Registerer prometheus.Registerer
 }
 
 // Defaults.
@@ -118,6 +144,8 @@ const (
 	DefaultEmbedBatch       = 32
 	DefaultEmbedBatchTokens = 16384
 	DefaultMetricsMaxAge    = time.Second
+	DefaultMaxServerWait    = time.Hour
+	DefaultResultBytes      = job.MaxResultBytes - job.MaxResultBytes/16
 )
 
 func (c *Config) setDefaults() {
@@ -135,6 +163,10 @@ func (c *Config) setDefaults() {
 	def(&c.RequestTimeout, DefaultRequestTimeout)
 	def(&c.MaxWait, DefaultMaxWait)
 	def(&c.MetricsMaxAge, DefaultMetricsMaxAge)
+	def(&c.MaxServerWait, DefaultMaxServerWait)
+	if c.ResultBytes == 0 {
+		c.ResultBytes = DefaultResultBytes
+	}
 	defInt(&c.MaxRetries, DefaultMaxRetries)
 	defInt(&c.MaxConcurrency, DefaultMaxConcurrency)
 	defInt(&c.MaxOutputTokens, DefaultMaxOutputTokens)
@@ -181,7 +213,7 @@ func (c Config) Validate() error {
 		bad("the API key holds a line break")
 	}
 	for name, d := range map[string]time.Duration{"connect timeout": c.ConnectTimeout, "request timeout": c.RequestTimeout,
-		"max wait": c.MaxWait, "metrics max age": c.MetricsMaxAge} {
+		"max wait": c.MaxWait, "metrics max age": c.MetricsMaxAge, "max server wait": c.MaxServerWait} {
 		if d < 0 {
 			bad("%s %v: want 0 (the default) or more", name, d)
 		}
@@ -198,7 +230,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for name, v := range map[string]int64{"KV bytes per token": c.KVBytesPerToken, "KV cache tokens": c.KVCacheTokens,
-		"tokens in flight": c.TokensInFlight} {
+		"tokens in flight": c.TokensInFlight, "result bytes": c.ResultBytes} {
 		if v < 0 {
 			bad("%s %d: want 0 or more", name, v)
 		}
@@ -224,6 +256,8 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("max_concurrency", c.MaxConcurrency),
 		slog.Int("tpm", c.TPM), slog.Int("rpm", c.RPM),
 		slog.Duration("max_wait", c.MaxWait),
+		slog.Duration("max_server_wait", c.MaxServerWait),
+		slog.Bool("allow_remote_urls", c.AllowRemoteURLs),
 	)
 }
 

@@ -281,16 +281,17 @@ func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	}
 	resp, err := m.client.Do(req)
 	if err != nil {
-		return s, fmt.Errorf("GET /metrics: %w", err)
+		return s, fmt.Errorf("GET /metrics: %w", clipErr(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return s, fmt.Errorf("GET /metrics: %s", resp.Status)
+		return s, fmt.Errorf("GET /metrics: %s", clip(resp.Status, maxServerString))
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return s, fmt.Errorf("GET /metrics: %w", err)
+		// The parser's error quotes the line it stopped at.
+		return s, fmt.Errorf("GET /metrics: %s", clip(err.Error(), maxServerMessage))
 	}
 	for _, mt := range family(fams, "vllm:cache_config_info") {
 		for _, l := range mt.GetLabel() {
@@ -313,14 +314,29 @@ func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	if usage == nil {
 		usage = family(fams, "vllm:gpu_cache_usage_perc")
 	}
+	// A NaN would pass every comparison below as if it were not there and
+	// read as an empty cache (math.Max(0, NaN) is NaN, and so is the
+	// usage in bytes); an Inf as a full or an endless one. A reading that
+	// holds one is no reading: it fails, as an unreachable /metrics does.
+	var bad error
+	read := func(mt *dto.Metric, name string) float64 {
+		v := value(mt)
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			bad = fmt.Errorf("GET /metrics: vllm:%s is %v: not a reading", name, v)
+		}
+		return v
+	}
 	for _, mt := range usage {
-		s.usage = math.Max(s.usage, value(mt))
+		s.usage = math.Max(s.usage, read(mt, "kv_cache_usage_perc"))
 	}
 	for _, mt := range family(fams, "vllm:num_requests_waiting") {
-		s.waiting = math.Max(s.waiting, value(mt))
+		s.waiting = math.Max(s.waiting, read(mt, "num_requests_waiting"))
 	}
 	for _, mt := range family(fams, "vllm:num_preemptions_total") {
-		s.preemptions += value(mt)
+		s.preemptions += read(mt, "num_preemptions_total")
+	}
+	if bad != nil {
+		return metricsSnap{}, bad
 	}
 	s.usage = math.Min(1, math.Max(0, s.usage))
 	return s, nil

@@ -3,6 +3,7 @@ package modelserver
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"unicode/utf8"
@@ -50,6 +51,9 @@ type answer struct {
 	header http.Header
 	body   []byte
 	err    error // no answer: a refused or dropped connection, a timeout
+	// cut, when not 0, is the bytes past which the body was not read:
+	// body is nil then.
+	cut int64
 
 	// The error's fields, from whichever shape the server writes:
 	// OpenAI's {"error":{"message","type","code"}}, TGI's
@@ -171,6 +175,12 @@ func (a *answer) parseError() {
 		Type      string          `json:"type"`
 		Code      json.RawMessage `json:"code"`
 	}
+	// Every string of the server's is cut here, once: they go on into item
+	// errors, logs, the gate's reason and the operator's error that
+	// /healthz shows, and a broken or hostile server may send megabytes.
+	defer func() {
+		a.errMessage, a.errType, a.errCode = clip(a.errMessage, maxServerMessage), clip(a.errType, maxServerString), clip(a.errCode, maxServerString)
+	}()
 	if json.Unmarshal(a.body, &top) != nil {
 		a.errMessage = string(a.body) // plain text (axum's 413, a proxy's page)
 		return
@@ -209,7 +219,7 @@ func codeString(raw json.RawMessage) string {
 // refused API key in the message.
 func (a *answer) describe(message bool) string {
 	if a.err != nil {
-		return "no answer: " + a.err.Error()
+		return "no answer: " + clipErr(a.err).Error()
 	}
 	s := a.statusText()
 	if a.errType != "" || a.errCode != "" {
@@ -224,11 +234,35 @@ func (a *answer) describe(message bool) string {
 	case !message:
 		return s
 	}
-	if n := 300; len(msg) > n {
-		for n > 0 && !utf8.RuneStart(msg[n]) {
-			n--
-		}
-		msg = msg[:n] + "…"
+	return s + ": " + clip(msg, 300)
+}
+
+// The most bytes of a server's string kept: an error's type or code, a
+// status line, a model id; and an error's message.
+const (
+	maxServerString  = 128
+	maxServerMessage = 1024
+)
+
+// clipErr is err, or its text clipped when longer than a server's message
+// may be: a transport's error may quote what the server sent (a malformed
+// status line of up to a megabyte).
+func clipErr(err error) error {
+	if len(err.Error()) <= maxServerMessage {
+		return err
 	}
-	return s + ": " + msg
+	return errors.New(clip(err.Error(), maxServerMessage))
+}
+
+// clip is s, valid UTF-8, cut to at most n bytes and an ellipsis without
+// splitting a character.
+func clip(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }

@@ -157,8 +157,9 @@ func dispositionCases() []dispositionCase {
 		{row: "overloaded", fake: fakeoai.Config{Faults: []fakeoai.Fault{status(529, 1)}}, cfg: Config{MaxConcurrency: 8}, items: chat,
 			check: wantHalvedThenOK},
 		{row: "overloaded", fake: fakeoai.Config{Faults: []fakeoai.Fault{{Kind: fakeoai.FaultStatus, Status: 503, RetryAfter: 2 * time.Hour}}},
-			items: chat, check: func(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
-				// A wait past MaxWait: Run returns with when to come back.
+			cfg: Config{MaxServerWait: 3 * time.Hour}, items: chat, check: func(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
+				// A wait past MaxWait (within MaxServerWait): Run returns
+				// with when to come back.
 				until, ok := gpu.BackoffUntil(err)
 				if !errors.Is(err, gpu.ErrBackoff) || !ok || until.Before(time.Now().Add(119*time.Minute)) {
 					t.Errorf("Run: %v (until %v); want ErrBackoff until two hours from now", err, until)

@@ -5,9 +5,11 @@
 // subscriber's admission, batching, halving, leases and item errors work on
 // it unchanged.
 //
-// Each item carries its request's JSON body (job.Item.Body). Run forwards
-// it, with max_tokens set to Config.MaxOutputTokens where the body names
-// none (16 for /v1/completions, that API's default), and answers with the
+// Each item carries its request's JSON body (job.Item.Body). Run checks it
+// by the rule the publisher applies (job.CheckRequest) and forwards the
+// canonical body the rule returns, never the bytes it received: with
+// max_tokens set to Config.MaxOutputTokens where the body names no ceiling
+// (16 for /v1/completions, that API's default). It answers with the
 // server's status and body (job.Output.Response), or the item's error.
 // Embedding items are sent several to a request.
 //
@@ -17,7 +19,11 @@
 // what Cost is counted in (device.go). Every answer has one disposition,
 // in one table (dispositions.go): wait as the server says, ask for an
 // operator (gpu.ErrNeedsOperator), the item's own error, retry, halve.
-// Waits longer than Config.MaxWait end Run with gpu.ErrBackoff.
+// Waits longer than Config.MaxWait end Run with gpu.ErrBackoff; every wait
+// comes from one policy (waits.go), which cuts any the server asks for to
+// Config.MaxServerWait. What the server sends is untrusted: its strings
+// are cut, its non-finite metrics refused, and its answers to one Run
+// bounded in all by Config.ResultBytes.
 //
 // It speaks HTTP itself rather than through openai-go: the SDK retries on
 // its own (the subscriber decides here) and cannot parse TGI's and TEI's

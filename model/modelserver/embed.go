@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
@@ -85,27 +84,28 @@ func (p pack) body() []byte {
 // embed runs one pack, in halves where the server cannot take it whole or
 // refuses it (to find whose input it refuses); its requests under ctx,
 // their waits under wait (see group).
-func (m *Model) embed(ctx, wait context.Context, p pack, outs []job.Output, deadline time.Time) error {
+func (m *Model) embed(ctx, wait context.Context, p pack, run *run) error {
 	var prompt estimate
 	var tokens int64
 	for _, r := range p {
 		prompt = prompt.add(r.prompt)
 		tokens += m.counter.tokens(r.kind(), r.prompt)
 	}
-	o, err := m.send(ctx, wait, &call{ep: embeddings, body: p.body(), tokens: tokens, kv: tokens * m.unit}, deadline)
+	o, err := m.send(ctx, wait, &call{ep: embeddings, body: p.body(), tokens: tokens, floor: prompt.exact, kv: tokens * m.unit,
+		most: run.room()}, run.deadline)
 	var tl *tooLargeError
 	switch {
 	case errors.As(err, &tl) && len(p) > 1:
-		return m.halves(ctx, wait, p, outs, deadline)
+		return m.halves(ctx, wait, p, run)
 	case err != nil:
-		return m.itemErr(err, &outs[p[0].idx])
+		return m.itemErr(err, &run.outs[p[0].idx])
 	}
 	switch o.row.action {
 	case actOK:
 		u := usageOf(o.a.body)
 		m.counter.observe(p[0].kind(), prompt, u.PromptTokens)
 		if len(p) == 1 {
-			outs[p[0].idx] = m.output(p[0].id, o)
+			run.keep(p[0].idx, m.output(p[0].id, o))
 			return nil
 		}
 		bodies, ok := m.cut(p, o.a.body, u)
@@ -113,9 +113,9 @@ func (m *Model) embed(ctx, wait context.Context, p pack, outs []job.Output, dead
 			// The answer does not hold one entry per input: no item can
 			// have its own, and each says so.
 			for _, r := range p {
-				outs[r.idx] = job.Output{ID: r.id, Response: &job.Response{StatusCode: o.a.status, Body: jsonBody(o.a.body)},
+				run.keep(r.idx, job.Output{ID: r.id, Response: &job.Response{StatusCode: o.a.status, Body: jsonBody(o.a.body)},
 					Error: job.NewItemError(job.ItemRequestRefused, fmt.Sprintf("%s: the answer holds no embedding per input (%d inputs sent with other items')",
-						o.a.statusText(), len(r.inputs)))}
+						o.a.statusText(), len(r.inputs)))})
 			}
 			return nil
 		}
@@ -123,7 +123,7 @@ func (m *Model) embed(ctx, wait context.Context, p pack, outs []job.Output, dead
 			m.cleanPack()
 		}
 		for i, r := range p {
-			outs[r.idx] = job.Output{ID: r.id, Response: &job.Response{StatusCode: o.a.status, Body: bodies[i]}}
+			run.keep(r.idx, job.Output{ID: r.id, Response: &job.Response{StatusCode: o.a.status, Body: bodies[i]}})
 		}
 		return nil
 	case actTooLarge:
@@ -131,28 +131,28 @@ func (m *Model) embed(ctx, wait context.Context, p pack, outs []job.Output, dead
 			m.lowerCap(n)
 		}
 		if len(p) > 1 {
-			return m.halves(ctx, wait, p, outs, deadline)
+			return m.halves(ctx, wait, p, run)
 		}
 	case actOOM:
 		if len(p) > 1 {
-			return m.halves(ctx, wait, p, outs, deadline)
+			return m.halves(ctx, wait, p, run)
 		}
 		return fmt.Errorf("%w: the model server could not hold one embeddings item (%d inputs): %s",
 			gpu.ErrOutOfMemory, len(p[0].inputs), o.a.describe(false))
 	case actItem:
 		if len(p) > 1 {
-			return m.halves(ctx, wait, p, outs, deadline)
+			return m.halves(ctx, wait, p, run)
 		}
 	}
-	outs[p[0].idx] = m.output(p[0].id, o)
+	run.keep(p[0].idx, m.output(p[0].id, o))
 	return nil
 }
 
-func (m *Model) halves(ctx, wait context.Context, p pack, outs []job.Output, deadline time.Time) error {
+func (m *Model) halves(ctx, wait context.Context, p pack, run *run) error {
 	g := newGroup(ctx, wait)
 	half := len(p) / 2
-	g.Go(func(sent, wait context.Context) error { return m.embed(sent, wait, p[:half], outs, deadline) })
-	g.Go(func(sent, wait context.Context) error { return m.embed(sent, wait, p[half:], outs, deadline) })
+	g.Go(func(sent, wait context.Context) error { return m.embed(sent, wait, p[:half], run) })
+	g.Go(func(sent, wait context.Context) error { return m.embed(sent, wait, p[half:], run) })
 	return g.Wait()
 }
 

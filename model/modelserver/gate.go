@@ -2,7 +2,6 @@ package modelserver
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -20,13 +19,7 @@ import (
 // After an answer that needs an operator (an exhausted quota, a refused
 // key), every request fails at once with that answer's error for
 // operatorRetry, then a probe asks the server again.
-const (
-	operatorRetry  = 30 * time.Second
-	overloadFirst  = time.Second // the wait after an overload answer that names none
-	overloadMax    = 30 * time.Second
-	transientFirst = 500 * time.Millisecond // the SDKs' first retry delay
-	transientMax   = 8 * time.Second
-)
+const operatorRetry = 30 * time.Second
 
 type gate struct {
 	mu        sync.Mutex
@@ -38,9 +31,10 @@ type gate struct {
 	opErr     error
 	opUntil   time.Time
 	changed   chan struct{}
+	waits     *waits
 }
 
-func newGate() *gate { return &gate{probe: true, changed: make(chan struct{})} }
+func newGate(w *waits) *gate { return &gate{probe: true, changed: make(chan struct{}), waits: w} }
 
 // enter waits until a request may go. probe says it goes alone: the caller
 // must call leave with its outcome. A pause that ends after deadline
@@ -136,35 +130,20 @@ func (g *gate) abandon(probe bool) {
 	g.mu.Unlock()
 }
 
-// overloaded returns the wait after an overload answer that named none:
-// doubling from overloadFirst to overloadMax over answers in a row, with
-// a fifth of jitter so that subscribers do not come back together.
+// overloaded returns the wait after an overload answer that named none,
+// growing over such answers in a row (waits.overload).
 func (g *gate) overloaded() time.Duration {
 	g.mu.Lock()
 	n := g.overloads
 	g.overloads++
 	g.mu.Unlock()
-	return jitter(backoff(overloadFirst, overloadMax, n))
+	return g.waits.overload(n)
 }
 
 func (g *gate) answered() {
 	g.mu.Lock()
 	g.overloads = 0
 	g.mu.Unlock()
-}
-
-func backoff(first, most time.Duration, n int) time.Duration {
-	d := first
-	for range min(n, 30) {
-		if d *= 2; d >= most {
-			return most
-		}
-	}
-	return d
-}
-
-func jitter(d time.Duration) time.Duration {
-	return d - time.Duration(rand.Float64()*0.2*float64(d))
 }
 
 // sleep waits d (forever when negative), or until wake closes, or until

@@ -43,6 +43,8 @@ type Model struct {
 	dev     *Device
 	held    atomic.Int64 // device bytes of the requests in flight
 	costs   recentCosts  // of the last messages costed, for Device.MemInfo's floor
+	waits   *waits
+	limits  job.RequestLimits // the rule's bounds for a request body (parse)
 
 	embedCap atomic.Int64 // inputs per embeddings request, lowered by a 413
 	capClean atomic.Int64 // full packs taken since the cap last changed
@@ -74,16 +76,25 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	}
 	u, _ := url.Parse(cfg.BaseURL)
 	u.Path = strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v1")
+	w := newWaits(cfg.MaxServerWait, cfg.Logger)
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(w.capped); err != nil {
+			return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
+		}
+	}
 	m := &Model{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		client:  cfg.HTTPClient,
 		base:    strings.TrimSuffix(u.String(), "/"),
 		name:    "model-server:" + strings.Join(cfg.Models, ","),
-		rates:   newRates(cfg.TPM, cfg.RPM, time.Now()),
+		waits:   w,
+		rates:   newRates(cfg.TPM, cfg.RPM, time.Now(), w),
 		conc:    newConcurrency(cfg.MaxConcurrency, cfg.Logger),
-		gate:    newGate(),
+		gate:    newGate(w),
 		answers: map[string]int64{},
+		limits: job.RequestLimits{Models: cfg.Models, MaxN: cfg.MaxN, MaxOutputTokens: cfg.MaxOutputTokens,
+			AllowRemoteURLs: cfg.AllowRemoteURLs},
 	}
 	m.embedCap.Store(int64(cfg.EmbedBatch))
 	if cfg.APIKey != "" {
@@ -179,7 +190,7 @@ func (m *Model) probeModels(ctx context.Context) error {
 	}
 	resp, err := m.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("modelserver: GET %s/v1/models: %w", redactURL(m.base), err)
+		return fmt.Errorf("modelserver: GET %s/v1/models: %w", redactURL(m.base), clipErr(err))
 	}
 	defer resp.Body.Close()
 	var list struct {
@@ -195,13 +206,20 @@ func (m *Model) probeModels(ctx context.Context) error {
 	case resp.StatusCode == http.StatusNotFound:
 		return fmt.Errorf("modelserver: GET %s/v1/models answered 404: is that the root of an OpenAI-compatible server?", redactURL(m.base))
 	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("modelserver: GET %s/v1/models answered %s", redactURL(m.base), resp.Status)
+		return fmt.Errorf("modelserver: GET %s/v1/models answered %s", redactURL(m.base), clip(resp.Status, maxServerString))
 	case json.Unmarshal(body, &list) != nil:
 		return fmt.Errorf("modelserver: GET %s/v1/models: the answer is not a model list", redactURL(m.base))
 	}
 	served := make([]string, 0, len(list.Data))
 	for _, d := range list.Data {
 		served = append(served, d.ID)
+	}
+	shown := make([]string, 0, min(len(served), 21))
+	for _, id := range served[:min(len(served), 20)] {
+		shown = append(shown, clip(id, maxServerString))
+	}
+	if len(served) > 20 {
+		shown = append(shown, "…")
 	}
 	var missing []string
 	for _, name := range m.cfg.Models {
@@ -210,10 +228,7 @@ func (m *Model) probeModels(ctx context.Context) error {
 		}
 	}
 	if len(missing) > 0 {
-		if len(served) > 20 {
-			served = append(served[:20], "…")
-		}
-		return fmt.Errorf("modelserver: the server does not serve %q; it serves %q", missing, served)
+		return fmt.Errorf("modelserver: the server does not serve %q; it serves %q", missing, shown)
 	}
 	return nil
 }
@@ -307,8 +322,8 @@ func (m *Model) Run(ctx context.Context, items []job.Item) ([]job.Output, error)
 // (invalid_input). An endpoint that is not one of job.Endpoints refuses
 // every item.
 func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.Item) ([]job.Output, error) {
-	deadline := time.Now().Add(m.cfg.MaxWait)
-	outs := make([]job.Output, len(items))
+	run := &run{outs: make([]job.Output, len(items)), deadline: time.Now().Add(m.cfg.MaxWait), limit: m.cfg.ResultBytes, left: m.cfg.ResultBytes}
+	outs := run.outs
 	var gens []*request
 	groups := map[string][]*request{}
 	var keys []string
@@ -331,11 +346,11 @@ func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.It
 	}
 	g := newGroup(ctx, ctx)
 	for _, r := range gens {
-		g.Go(func(sent, wait context.Context) error { return m.generate(sent, wait, r, outs, deadline) })
+		g.Go(func(sent, wait context.Context) error { return m.generate(sent, wait, r, run) })
 	}
 	for _, k := range keys {
 		for _, p := range m.packs(groups[k]) {
-			g.Go(func(sent, wait context.Context) error { return m.embed(sent, wait, p, outs, deadline) })
+			g.Go(func(sent, wait context.Context) error { return m.embed(sent, wait, p, run) })
 		}
 	}
 	if err := g.Wait(); err != nil {
@@ -346,12 +361,13 @@ func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.It
 
 // generate runs one chat or completion item: its request under ctx, its
 // waits for a turn under wait (see group).
-func (m *Model) generate(ctx, wait context.Context, r *request, outs []job.Output, deadline time.Time) error {
+func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error {
 	seq := m.outputs.start(r.kind())
-	o, err := m.send(ctx, wait, &call{ep: r.ep, body: r.body, tokens: m.tokens(r), kv: m.kvTokens(r) * m.unit}, deadline)
+	o, err := m.send(ctx, wait, &call{ep: r.ep, body: r.body, tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
+		kv: m.kvTokens(r) * m.unit, most: run.room()}, run.deadline)
 	if err != nil {
 		m.outputs.done(r.kind(), seq, 0, 0)
-		return m.itemErr(err, &outs[r.idx])
+		return m.itemErr(err, &run.outs[r.idx])
 	}
 	if o.row.action != actOK {
 		m.outputs.done(r.kind(), seq, 0, 0)
@@ -360,8 +376,48 @@ func (m *Model) generate(ctx, wait context.Context, r *request, outs []job.Outpu
 		m.counter.observe(r.kind(), r.prompt, u.PromptTokens)
 		m.outputs.done(r.kind(), seq, u.CompletionTokens, r.choices)
 	}
-	outs[r.idx] = m.output(r.id, o)
+	run.keep(r.idx, m.output(r.id, o))
 	return nil
+}
+
+// run is one Run's outputs, its deadline, and what its answers may still
+// take of Config.ResultBytes.
+type run struct {
+	outs     []job.Output
+	deadline time.Time
+	limit    int64
+
+	mu   sync.Mutex
+	left int64
+}
+
+// keep sets output i, its answer charged to what the run may keep: an
+// answer past that fails its item instead (too_large), so that the outputs
+// of one message stay within what its result may hold, however large the
+// server's answers.
+func (r *run) keep(i int, o job.Output) {
+	if o.Response != nil {
+		n := int64(len(o.Response.Body))
+		r.mu.Lock()
+		over := n > r.left
+		if !over {
+			r.left -= n
+		}
+		r.mu.Unlock()
+		if over {
+			o = job.Output{ID: o.ID, Error: job.NewItemError(job.ItemTooLarge, fmt.Sprintf(
+				"the server's answer of %d bytes is past what this message's result may still hold (%d bytes of answers in all)", n, r.limit))}
+		}
+	}
+	r.outs[i] = o
+}
+
+// room is what the run's answers may still take: no answer longer is
+// worth reading whole.
+func (r *run) room() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.left
 }
 
 // itemErr turns send's error into an item error where it is the item's (a
@@ -377,6 +433,10 @@ func (m *Model) itemErr(err error, out *job.Output) error {
 
 // output is an item's output for a settled answer.
 func (m *Model) output(id string, o *outcome) job.Output {
+	if o.a.cut > 0 {
+		return job.Output{ID: id, Error: job.NewItemError(job.ItemTooLarge, fmt.Sprintf(
+			"the server's answer is over %d bytes: past what this message's result may hold", o.a.cut))}
+	}
 	out := job.Output{ID: id, Response: &job.Response{StatusCode: o.a.status, Body: jsonBody(o.a.body)}}
 	if o.row.action != actOK {
 		out.Error = job.NewItemError(job.ItemRequestRefused, o.a.describe(true))

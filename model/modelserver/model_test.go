@@ -1,10 +1,15 @@
 package modelserver
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
+	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -81,13 +86,9 @@ func TestRunRefusesBadItemsLocally(t *testing.T) {
 }
 
 // A body without max_tokens is sent with the ceiling, so that what admission
-// reserved is what the server may generate; the body is otherwise sent as
-// it came.
+// reserved is what the server may generate (the canonical body of
+// job.CheckRequest).
 func TestMaxTokensSetToTheCeiling(t *testing.T) {
-	got := string(withField([]byte(` {"model":"m", "messages":[]}`), "max_tokens", "64"))
-	if want := `{"max_tokens":64,"model":"m", "messages":[]}`; got != want {
-		t.Errorf("withField: %s, want %s", got, want)
-	}
 	inBubble(t, fakeoai.Config{Limits: fakeoai.RateLimits{TPM: 100000}}, Config{MaxOutputTokens: 500},
 		func(t *testing.T, s *fakeoai.Server, m *Model) {
 			if _, err := m.Run(t.Context(), []job.Item{chatItem("c", "one two three", 0)}); err != nil {
@@ -197,6 +198,73 @@ func TestMaxTokensLeftOutIsBoundedByTheAPIsDefault(t *testing.T) {
 			if got, want := cost(tc.without), cost(tc.with); got != want || got == 0 {
 				t.Errorf("Cost(%s) = %d; want %d, the Cost of %s", tc.without, got, want, tc.with)
 			}
+		}
+	})
+}
+
+// Issue 34, item 9: the backend checks each item with the publisher's rule
+// (job.CheckRequest) and sends the canonical body it checked, not the bytes
+// it received. Before, "max_tokens": null was sent after the ceiling the
+// backend prepended (the server read the null: no ceiling), and "MAX_TOKENS"
+// reached a server that reads keys without regard to case (the fake, as
+// Ollama, decodes with encoding/json), past the ceiling and the accounting.
+func TestCanonicalBodyIsSent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: fakeoai.RateLimits{TPM: 1_000_000}})
+		defer s.Close()
+		var mu sync.Mutex
+		var sent []string
+		capture := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				b, _ := io.ReadAll(r.Body)
+				r.Body = io.NopCloser(bytes.NewReader(b))
+				mu.Lock()
+				sent = append(sent, string(b))
+				mu.Unlock()
+			}
+			s.ServeHTTP(w, r)
+		})
+		m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(handlerTransport{capture}),
+			Models: []string{"fake-model"}, MaxOutputTokens: 500, Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		msgs := `"messages":[{"role":"user","content":"one two three"}]`
+		outs, err := m.RunEndpoint(t.Context(), job.EndpointChatCompletions, []job.Item{
+			{ID: "null", Body: json.RawMessage(`{"model":"fake-model","max_tokens":null,` + msgs + `}`)},
+			{ID: "upper", Body: json.RawMessage(`{"model":"fake-model","MAX_TOKENS":100000,` + msgs + `}`)},
+			{ID: "remote", Body: json.RawMessage(`{"model":"fake-model","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://10.0.0.1/"}}]}]}`)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOK(t, outs[:1])
+		for _, o := range outs[1:] {
+			if o.Error == nil || o.Error.Code != job.ItemInvalidInput {
+				t.Errorf("item %s: %+v; want invalid_input without a request", o.ID, o)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if want := `{"model":"fake-model",` + msgs + `,"max_tokens":500}`; len(sent) != 1 || sent[0] != want {
+			t.Errorf("sent %q; want only %s", sent, want)
+		}
+		// The fake charges prompt + max_tokens: 10 + the ceiling.
+		if got, want := s.Stats().AdmittedTokens, int64(10+500); got != want {
+			t.Errorf("the server charged %d tokens; want %d (the ceiling, not the context)", got, want)
+		}
+	})
+}
+
+// best_of is counted: the server generates max(n, best_of) sequences, each
+// up to max_tokens.
+func TestCostCountsBestOf(t *testing.T) {
+	inBubble(t, fakeoai.Config{}, Config{MaxOutputTokens: 1000}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		one := m.CostEndpoint(job.EndpointCompletions, []job.Item{{ID: "a", Body: json.RawMessage(`{"model":"fake-model","prompt":"x","max_tokens":100}`)}})
+		three := m.CostEndpoint(job.EndpointCompletions, []job.Item{{ID: "a", Body: json.RawMessage(`{"model":"fake-model","prompt":"x","max_tokens":100,"best_of":3}`)}})
+		if three-one != 200 {
+			t.Errorf("Cost %d with best_of 3, %d without; want 200 more (two more sequences of 100)", three, one)
 		}
 	})
 }

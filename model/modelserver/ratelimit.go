@@ -2,9 +2,10 @@ package modelserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -134,6 +135,8 @@ type rates struct {
 	// answered is whether the server has answered yet: until it has, its
 	// limits are unknown (learnedWithin).
 	answered bool
+	waits    *waits
+	log      *slog.Logger
 }
 
 type sent struct {
@@ -141,8 +144,8 @@ type sent struct {
 	tokens float64
 }
 
-func newRates(tpm, rpm int, now time.Time) *rates {
-	r := &rates{marginK: marginMin, changed: make(chan struct{})}
+func newRates(tpm, rpm int, now time.Time, w *waits) *rates {
+	r := &rates{marginK: marginMin, changed: make(chan struct{}), waits: w, log: w.log}
 	if tpm > 0 {
 		r.own[kindTokens] = newBucket(float64(tpm), now, false)
 	}
@@ -171,8 +174,16 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					continue
 				}
 				if cost[k] > b.capacity {
-					r.mu.Unlock()
-					return reservation{}, &tooLargeError{kindNames[k], cost[k], b.capacity}
+					if !b.mirror {
+						r.mu.Unlock()
+						return reservation{}, &tooLargeError{kindNames[k], cost[k], b.capacity}
+					}
+					// The server's limit, as its headers give it, is
+					// below this request: no wait would let it through
+					// the mirror. The server judges it instead (OpenAI
+					// answers 429 "Request too large", an item's error),
+					// and its answer's headers set the mirror again.
+					continue
 				}
 				b.refill(now)
 				margin := 0.0
@@ -180,7 +191,11 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					margin = math.Max(0, math.Min(r.margin(k), b.capacity-cost[k]))
 				}
 				if need := cost[k] + margin - b.level; need > 0 {
-					if w := time.Duration(need / (b.perSec - b.othersPerSec) * float64(time.Second)); w > wait {
+					w := seconds(need / (b.perSec - b.othersPerSec))
+					if b.mirror {
+						w = r.waits.server(w, "x-ratelimit-"+kindNames[k], "")
+					}
+					if w > wait {
 						wait, which = w, kindNames[k]
 					}
 				}
@@ -209,10 +224,7 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 		if until := now.Add(wait); until.After(deadline) {
 			return reservation{}, &gpu.BackoffError{Until: until, Reason: "rate limit: " + which + " per minute"}
 		}
-		// Subscribers that read the same remaining count would all wake
-		// at the same moment for the same refill: a tenth of jitter
-		// spreads them.
-		wait += time.Duration(rand.Float64() * 0.1 * float64(wait))
+		wait = r.waits.spread(wait)
 		if err := sleep(ctx, wait, ch); err != nil {
 			return reservation{}, err
 		}
@@ -309,8 +321,16 @@ func (r *rates) limited() {
 	r.mu.Unlock()
 }
 
-// sync sets the mirrors from an answer's headers, read at now.
-func (r *rates) sync(h http.Header, now time.Time, ok bool) {
+// sync sets the mirrors from an answer's headers, read at now. ok is
+// whether the answer was a success, of a request that took at least
+// tokens (call.floor).
+//
+// A success whose limit is below what its own request took contradicts
+// itself: the server admitted what it says it never would. Such a limit
+// is not believed: its mirror is dropped, and the next answer's headers
+// set it again, so that one broken or hostile header cannot fail every
+// later request as too large, with none ever sent again to correct it.
+func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.answered = true
@@ -335,6 +355,15 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool) {
 		if !okL || limit <= 0 {
 			continue
 		}
+		if took := [2]float64{tokens, 1}[k]; ok && limit < took {
+			if r.srv[k] != nil {
+				r.srv[k] = nil
+				more = true
+			}
+			r.log.Warn("the model server's rate-limit header contradicts the request it just answered: not followed",
+				"header", "x-ratelimit-limit-"+kind, "limit", limit, "request", took)
+			continue
+		}
 		b := r.srv[k]
 		if b == nil {
 			b = newBucket(limit, now, true)
@@ -344,6 +373,9 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool) {
 		b.capacity = limit
 		remaining, okR := headerNumber(h, "x-ratelimit-remaining-"+kind)
 		reset, okT := parseReset(h.Get("x-ratelimit-reset-" + kind))
+		if okT {
+			reset = r.waits.server(reset, "x-ratelimit-reset-"+kind, h.Get("x-ratelimit-reset-"+kind))
+		}
 		if okR && okT && remaining < limit && reset > 0 {
 			b.perSec = (limit - remaining) / reset.Seconds()
 		}
@@ -379,7 +411,9 @@ func headerNumber(h http.Header, name string) (float64, bool) {
 }
 
 // parseReset reads an x-ratelimit-reset value: a duration as OpenAI writes
-// them ("12ms", "6m0s", "1h2m3s") or a number of seconds.
+// them ("12ms", "6m0s", "1h2m3s") or a number of seconds. A value past
+// what a Duration holds reads as the longest one: the ceiling
+// (waits.server) is the caller's.
 func parseReset(v string) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -388,30 +422,57 @@ func parseReset(v string) (time.Duration, bool) {
 	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
 		return d, true
 	}
-	if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f < 1e9 {
-		return time.Duration(f * float64(time.Second)), true
+	if f, ok := number(v); ok {
+		return seconds(f), true
 	}
 	return 0, false
 }
 
-// retryAfter reads the wait an answer asks for: retry-after-ms, then
-// Retry-After in seconds or as an HTTP date, the order the OpenAI SDKs read
-// them in. ok is false when there is none.
-func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+// retryAfter reads the wait an answer asks for, and the header it came
+// from: retry-after-ms, then Retry-After in seconds or as an HTTP date,
+// the order the OpenAI SDKs read them in. ok is false when there is none.
+// A wait past what a Duration holds reads as the longest one: the ceiling
+// is the caller's (Model.retryAfter).
+func retryAfter(h http.Header, now time.Time) (d time.Duration, header string, ok bool) {
 	if v := strings.TrimSpace(h.Get("retry-after-ms")); v != "" {
-		if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f < 1e12 {
-			return time.Duration(f * float64(time.Millisecond)), true
+		if f, ok := number(v); ok {
+			return seconds(f / 1000), "retry-after-ms", true
 		}
 	}
 	v := strings.TrimSpace(h.Get("Retry-After"))
 	if v == "" {
-		return 0, false
+		return 0, "", false
 	}
-	if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f < 1e9 {
-		return time.Duration(f * float64(time.Second)), true
+	if f, ok := number(v); ok {
+		return seconds(f), "Retry-After", true
 	}
 	if t, err := http.ParseTime(v); err == nil {
-		return max(0, t.Sub(now)), true
+		return max(0, t.Sub(now)), "Retry-After", true
 	}
-	return 0, false
+	return 0, "", false
+}
+
+// retryAfter is the wait an answer asks for (retryAfter), within the
+// ceiling on any wait a server asks for.
+func (m *Model) retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+	d, header, ok := retryAfter(h, now)
+	if !ok {
+		return 0, false
+	}
+	return m.waits.server(d, header, h.Get(header)), true
+}
+
+// number reads a number of a header that is 0 or more, a number too large
+// for a float64 as +Inf.
+func number(v string) (float64, bool) {
+	f, err := strconv.ParseFloat(v, 64)
+	return f, (err == nil || errors.Is(err, strconv.ErrRange)) && f >= 0
+}
+
+// seconds is f seconds as a Duration, the longest one past what it holds.
+func seconds(f float64) time.Duration {
+	if f >= float64(math.MaxInt64)/float64(time.Second) {
+		return math.MaxInt64
+	}
+	return time.Duration(f * float64(time.Second))
 }

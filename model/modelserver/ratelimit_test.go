@@ -121,8 +121,8 @@ func TestRateHeaders(t *testing.T) {
 	h.Set("x-ratelimit-remaining-requests", "59")
 	h.Set("x-ratelimit-reset-requests", "1s")
 	now := time.Now()
-	r := newRates(0, 0, now)
-	r.sync(h, now, true)
+	r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+	r.sync(h, now, true, 1)
 	tok, req := r.srv[kindTokens], r.srv[kindRequests]
 	if tok == nil || tok.capacity != 1000 || tok.level != 400 || tok.perSec < 16.66 || tok.perSec > 16.67 {
 		t.Errorf("tokens mirror %+v; want capacity 1000, level 400, 600 tokens in 36s", tok)
@@ -138,11 +138,37 @@ func TestRateHeaders(t *testing.T) {
 	h = http.Header{}
 	h.Set("retry-after-ms", "1500")
 	h.Set("Retry-After", "9")
-	if d, ok := retryAfter(h, now); !ok || d != 1500*time.Millisecond {
+	if d, _, ok := retryAfter(h, now); !ok || d != 1500*time.Millisecond {
 		t.Errorf("retryAfter: %v, %v; want retry-after-ms first", d, ok)
 	}
 	h.Del("retry-after-ms")
-	if d, ok := retryAfter(h, now); !ok || d != 9*time.Second {
+	if d, _, ok := retryAfter(h, now); !ok || d != 9*time.Second {
 		t.Errorf("retryAfter: %v, %v; want Retry-After's seconds", d, ok)
+	}
+}
+
+// A success whose x-ratelimit-limit-* is below what its own request took
+// contradicts itself: that limit is not followed, and a mirror it had is
+// dropped; a later answer with a limit that holds sets it again.
+func TestContradictoryLimitDropsTheMirror(t *testing.T) {
+	now := time.Now()
+	r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+	h := http.Header{}
+	h.Set("x-ratelimit-limit-tokens", "1000")
+	h.Set("x-ratelimit-remaining-tokens", "900")
+	r.sync(h, now, true, 100)
+	if r.srv[kindTokens] == nil {
+		t.Fatal("no mirror from a limit that holds")
+	}
+	h.Set("x-ratelimit-limit-tokens", "1")
+	h.Set("x-ratelimit-remaining-tokens", "0")
+	r.sync(h, now, true, 100)
+	if b := r.srv[kindTokens]; b != nil {
+		t.Errorf("mirror %+v after a success of 100 tokens under a limit of 1; want none", b)
+	}
+	// A refusal's limit is not contradicted by what it refused.
+	r.sync(h, now, false, 100)
+	if b := r.srv[kindTokens]; b == nil || b.capacity != 1 {
+		t.Errorf("mirror %+v after a refusal under a limit of 1; want it followed", b)
 	}
 }

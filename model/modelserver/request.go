@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"math"
-	"slices"
-	"strconv"
 
 	"github.com/vramq/vramq/job"
 )
@@ -24,18 +21,13 @@ func (e endpoint) path() string {
 	return [...]string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}[e]
 }
 
-// completionsDefaultMaxTokens is what /v1/completions generates when a
-// body names no max_tokens (OpenAI's and vLLM's default), so setting it is
-// a true bound that changes nothing.
-const completionsDefaultMaxTokens = 16
-
 // request is one item's request, parsed and checked.
 type request struct {
 	idx   int // the item's index in Run's items
 	id    string
 	ep    endpoint
 	model string
-	body  []byte // as sent: the item's body, with max_tokens added when it had none
+	body  []byte // as sent: the canonical body job.CheckRequest returned
 	// maxOut × choices is the most tokens the answer may generate:
 	// max_tokens times n (times the prompts of a completions array).
 	maxOut, choices int64
@@ -84,97 +76,49 @@ func endpointNamed(path string) (endpoint, bool) {
 	return 0, false
 }
 
-// parse checks an item's body as the publisher does (the queue is not
-// trusted) and prepares what is sent. path is the job's endpoint; "" tells
+// parse checks an item's body with the rule the publisher applies
+// (job.CheckRequest: the queue is not trusted) and prepares what is sent,
+// the canonical body the rule returns. path is the job's endpoint; "" tells
 // it from the body.
 func (m *Model) parse(path string, it job.Item) (*request, *job.ItemError) {
 	if len(it.Body) == 0 {
 		return nil, refuse("the item has no request body: this subscriber sends requests to a model server (%s)", m.dev.name)
 	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(it.Body, &obj); err != nil || obj == nil {
-		return nil, refuse("the body is not a JSON object")
-	}
-	var ep endpoint
+	ep, ok := endpointNamed(path)
 	if path == "" {
-		var ok bool
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(it.Body, &obj); err != nil || obj == nil {
+			return nil, refuse("the body is not a JSON object")
+		}
 		if ep, ok = endpointOf(obj); !ok {
 			return nil, refuse("the body has none of messages, prompt or input")
 		}
-	} else {
-		var ok bool
-		if ep, ok = endpointNamed(path); !ok {
-			return nil, refuse("endpoint %q is not one this subscriber serves", path)
-		}
-		if _, ok := obj[[...]string{"messages", "prompt", "input"}[ep]]; !ok {
-			return nil, refuse("the body has no %s, which %s requires", [...]string{"messages", "prompt", "input"}[ep], path)
-		}
+	} else if !ok {
+		return nil, refuse("endpoint %q is not one this subscriber serves", path)
 	}
-	r := &request{id: it.ID, ep: ep, body: it.Body, choices: 1}
-	if err := json.Unmarshal(obj["model"], &r.model); err != nil || r.model == "" {
-		return nil, refuse("model: want a non-empty string")
+	q, err := job.CheckRequest(ep.path(), it.Body, m.limits)
+	if err != nil {
+		return nil, refuse("%v", err)
 	}
-	if !slices.Contains(m.cfg.Models, r.model) {
-		return nil, refuse("model %q is not one this subscriber serves", r.model)
-	}
-	if raw, ok := obj["stream"]; ok {
-		var stream bool
-		if json.Unmarshal(raw, &stream) != nil || stream {
-			return nil, refuse("stream: streaming is not supported")
-		}
-	}
-	if ep == embeddings {
-		return r, m.parseEmbeddings(r, obj)
-	}
-	if raw, ok := obj["n"]; ok {
-		n, err := wholeNumber(raw)
-		if err != nil || n < 1 || n > int64(m.cfg.MaxN) {
-			return nil, refuse("n: want a whole number from 1 to %d", m.cfg.MaxN)
-		}
-		r.choices = n
-	}
-	present := false
-	var maxOut int64
-	for _, f := range []string{"max_completion_tokens", "max_tokens"} {
-		raw, ok := obj[f]
-		if !ok || (ep == completions && f == "max_completion_tokens") || string(bytes.TrimSpace(raw)) == "null" {
-			continue
-		}
-		n, err := wholeNumber(raw)
-		if err != nil || n < 1 || n > int64(m.cfg.MaxOutputTokens) {
-			return nil, refuse("%s: want a whole number from 1 to %d", f, m.cfg.MaxOutputTokens)
-		}
-		if !present {
-			maxOut, present = n, true
-		}
-	}
-	if !present {
-		maxOut = int64(m.cfg.MaxOutputTokens)
-		if ep == completions {
-			maxOut = completionsDefaultMaxTokens
-		}
-		r.body = withField(it.Body, "max_tokens", strconv.FormatInt(maxOut, 10))
-	}
-	r.maxOut = maxOut
-	if ep == chat {
-		msgs := bytes.TrimSpace(obj["messages"])
-		if len(msgs) < 2 || msgs[0] != '[' || string(msgs) == "[]" {
-			return nil, refuse("messages: want a non-empty array")
-		}
-		r.prompt = estimate{bound: int64(len(msgs)) + templateTokens}
+	r := &request{id: it.ID, ep: ep, model: q.Model, body: q.Body, maxOut: q.MaxOut, choices: q.Sequences()}
+	switch ep {
+	case embeddings:
+		return r, m.parseEmbeddings(r, q.Input)
+	case chat:
+		r.prompt = estimate{bound: int64(len(q.Messages)) + templateTokens}
 		return r, nil
 	}
-	prompts, est, err := m.textInputs(obj["prompt"], false)
-	if err != nil {
-		return nil, refuse("prompt: %v", err)
+	prompts, est, perr := m.textInputs(q.Prompt, false)
+	if perr != nil {
+		return nil, refuse("prompt: %v", perr)
 	}
 	r.prompt = est
 	r.choices *= int64(len(prompts))
 	return r, nil
 }
 
-func (m *Model) parseEmbeddings(r *request, obj map[string]json.RawMessage) *job.ItemError {
-	inputs, _, err := m.textInputs(obj["input"], true)
+func (m *Model) parseEmbeddings(r *request, input json.RawMessage) *job.ItemError {
+	inputs, _, err := m.textInputs(input, true)
 	if err != nil {
 		return refuse("input: %v", err)
 	}
@@ -187,13 +131,11 @@ func (m *Model) parseEmbeddings(r *request, obj map[string]json.RawMessage) *job
 	// Items can share a request when everything but their input is the
 	// same, and their inputs are of one kind (the API takes an array of
 	// strings or an array of token arrays, not both).
+	var obj map[string]json.RawMessage
+	_ = json.Unmarshal(r.body, &obj) // the canonical body: compact, one of each key
 	rest := make(map[string]json.RawMessage, len(obj))
 	for k, v := range obj {
 		if k != "input" {
-			var buf bytes.Buffer
-			if json.Compact(&buf, v) == nil {
-				v = buf.Bytes()
-			}
 			rest[k] = v
 		}
 	}
@@ -267,34 +209,4 @@ func (m *Model) inputEstimate(in json.RawMessage) estimate {
 	var ids []int64
 	_ = json.Unmarshal(in, &ids)
 	return estimate{exact: int64(len(ids))}
-}
-
-// withField adds "name":value to a JSON object's text, leaving the rest of
-// it byte for byte as it was.
-func withField(obj []byte, name, value string) []byte {
-	t := bytes.TrimLeft(obj, " \t\r\n")
-	inner := t[1:]
-	sep := ","
-	if rest := bytes.TrimLeft(inner, " \t\r\n"); len(rest) > 0 && rest[0] == '}' {
-		sep = ""
-	}
-	out := make([]byte, 0, len(obj)+len(name)+len(value)+4)
-	out = append(out, '{')
-	out = strconv.AppendQuote(out, name)
-	out = append(out, ':')
-	out = append(out, value...)
-	out = append(out, sep...)
-	return append(out, inner...)
-}
-
-// wholeNumber reads a JSON number that is a whole number (1, 1.0, 1e3).
-func wholeNumber(raw json.RawMessage) (int64, error) {
-	var f float64
-	if err := json.Unmarshal(raw, &f); err != nil {
-		return 0, err
-	}
-	if f != math.Trunc(f) || math.Abs(f) > 1<<53 {
-		return 0, fmt.Errorf("%v is not a whole number", f)
-	}
-	return int64(f), nil
 }

@@ -97,4 +97,14 @@
 //     TEI bodies named above follow their source.
 //   - Streaming (stream: true is refused with a 400), tools, logprobs,
 //     the Responses and Batch APIs.
+//
+// # A broken or hostile server
+//
+// What no server it follows does, a test may still ask for, to show the
+// client survives it: FaultHeader sets headers over an answer (a Retry-After
+// of years, an x-ratelimit-limit-tokens of 1 on a request it admitted),
+// Fault.ErrType and ErrCode an error object's fields (megabytes of them),
+// SetKVUsage a non-finite vllm:kv_cache_usage_perc. Its request decoding is
+// encoding/json's, which matches keys without regard to case, as Ollama's
+// gin binding does: "MAX_TOKENS" reaches it as max_tokens.
 package fakeoai

@@ -77,6 +77,7 @@ func (s *Server) serveModel(rw http.ResponseWriter, r *http.Request) {
 	limit := s.cfg.PayloadLimit
 	s.mu.Unlock()
 	if fault != nil {
+		w.extra = fault.Header
 		switch fault.Kind {
 		case FaultDrop:
 			w.drop()

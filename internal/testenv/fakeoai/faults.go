@@ -24,6 +24,10 @@ const (
 	// FaultNotJSON answers Status (200 when 0) with an HTML page, as a
 	// proxy in front of a server might; nothing is charged.
 	FaultNotJSON FaultKind = "not_json"
+	// FaultHeader serves the request as usual and sets Header over the
+	// answer's headers: a broken or hostile server's rate-limit headers,
+	// say an x-ratelimit-limit-tokens of 1 on a request it admitted.
+	FaultHeader FaultKind = "header"
 )
 
 // Fault is one fault to inject. Each POST to a model route is a candidate
@@ -47,6 +51,15 @@ type Fault struct {
 	RetryAfter time.Duration
 	// Delay is the stall of FaultSlowBody.
 	Delay time.Duration
+	// Header is set over the answer's headers, the rate-limit headers
+	// included, for FaultHeader and FaultStatus: what no server this
+	// double follows sends, for the tests of a broken or hostile one (a
+	// Retry-After of years, a contradictory limit).
+	Header http.Header
+	// ErrType and ErrCode make a FaultStatus answer OpenAI's error object
+	// with this type and code, whatever its status (an
+	// insufficient_quota 429, or a hostile server's type of megabytes).
+	ErrType, ErrCode string
 
 	Rate  float64
 	Skip  int
@@ -69,6 +82,10 @@ func (f Fault) validate() error {
 	case FaultSlowBody:
 		if f.Delay <= 0 {
 			return fmt.Errorf("fakeoai: slow-body fault delay %v: want positive", f.Delay)
+		}
+	case FaultHeader:
+		if len(f.Header) == 0 {
+			return fmt.Errorf("fakeoai: header fault without headers")
 		}
 	case FaultDrop, FaultDropAfter:
 	default:
@@ -137,6 +154,10 @@ func (s *Server) writeFault(w http.ResponseWriter, f *Fault) {
 		return
 	}
 	msg := f.Message
+	if f.ErrType != "" || f.ErrCode != "" {
+		writeOpenAI(w, f.Status, orDefault(msg, "injected by fakeoai"), f.ErrType, "", f.ErrCode)
+		return
+	}
 	switch f.Status {
 	case http.StatusRequestEntityTooLarge:
 		if msg == "" {

@@ -47,6 +47,9 @@ func (m *vllmMetrics) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
 	running, waiting := len(s.running), len(s.waiting)
 	usage := float64(s.used) / float64(s.cfg.NumGPUBlocks)
+	if s.kvUsage != nil {
+		usage = *s.kvUsage
+	}
 	pre, prompt, gen := s.stats.Preemptions, s.stats.PromptTokens, s.stats.CompletionTokens
 	blocks, size := s.cfg.NumGPUBlocks, s.cfg.BlockSize
 	s.mu.Unlock()

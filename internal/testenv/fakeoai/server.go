@@ -34,7 +34,8 @@ type Server struct {
 	waiting  []*job
 	used     int // KV blocks
 	kvLast   time.Time
-	inflight int // requests between admission and answer, for TGI's limit
+	inflight int      // requests between admission and answer, for TGI's limit
+	kvUsage  *float64 // SetKVUsage's
 	ids      uint64
 
 	wake      chan struct{}
@@ -171,6 +172,15 @@ func (s *Server) SetQuotaExhausted(on bool) {
 	s.limits.exhausted = on
 }
 
+// SetKVUsage makes /metrics report v as vllm:kv_cache_usage_perc, whatever
+// the pool holds, as a broken exporter might (a NaN, say); a nil v reports
+// the pool's usage again.
+func (s *Server) SetKVUsage(v *float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.kvUsage = v
+}
+
 // SetTokenLatency changes the scheduler's step from the next step on.
 func (s *Server) SetTokenLatency(d time.Duration) error {
 	if d < 0 {
@@ -213,6 +223,7 @@ type answer struct {
 	s      *Server
 	status int
 	start  time.Time
+	extra  http.Header // a fault's, set over the others (Fault.Header)
 }
 
 func (a *answer) WriteHeader(status int) {
@@ -226,6 +237,9 @@ func (a *answer) WriteHeader(status int) {
 	h.Set("x-request-id", "req_"+strconv.FormatUint(a.s.ids, 16))
 	a.s.limits.headers(h, a.s.clock.now(), a.s.clock)
 	a.s.mu.Unlock()
+	for k, v := range a.extra {
+		h[http.CanonicalHeaderKey(k)] = v
+	}
 	h.Set("openai-processing-ms", strconv.FormatInt(time.Since(a.start).Milliseconds(), 10))
 	a.ResponseWriter.WriteHeader(status)
 }
