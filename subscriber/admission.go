@@ -29,12 +29,18 @@ func (s Strategy) valid() bool {
 
 // admit takes waiting messages in order and admits each once admission has
 // room for it. A message not admitted within AdmitTimeout of its receipt is
-// released for another consumer rather than kept waiting here (backpressure).
+// handed back for another consumer rather than kept waiting here
+// (backpressure), as a fresh copy: waiting is not its fault.
 func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 	defer b.close()
 	for t := range s.buffer {
-		if ctx.Err() != nil || t.lease.lost.Load() {
-			s.releaseWaiting(t, "shutdown or lost lease")
+		if t.lease.lost.Load() {
+			s.startTasks(1)
+			s.release(t, 0) // gone already: a copy would run it twice
+			continue
+		}
+		if ctx.Err() != nil {
+			s.releaseWaiting(t, "shutdown")
 			continue
 		}
 		if s.adm.strategy == AdmitVRAM {
@@ -55,7 +61,7 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 			reason := "shutdown"
 			if ctx.Err() == nil {
 				reason = "backpressure"
-				s.log.Info("not admitted in time; released for another consumer",
+				s.log.Info("not admitted in time; handed back for another consumer",
 					"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.cost), "admit_timeout", s.cfg.AdmitTimeout)
 			}
 			s.releaseWaiting(t, reason)
@@ -217,9 +223,10 @@ func (s *Subscriber) launchAhead(ctx context.Context, t *task) *launched {
 	return a
 }
 
-// releaseWaiting hands back a message that never started.
+// releaseWaiting hands back a message that never started, at no cost to
+// its receive count: why is "shutdown" or "backpressure".
 func (s *Subscriber) releaseWaiting(t *task, why string) {
-	s.log.Debug("releasing unstarted message", "message_id", t.lease.msg.ID, "why", why)
+	s.log.Debug("handing back unstarted message", "message_id", t.lease.msg.ID, "why", why)
 	s.startTasks(1)
-	s.release(t, 0)
+	s.handBack(t, 0, why)
 }

@@ -62,6 +62,9 @@ type Subscriber struct {
 	buffer   chan *task    // received, decoded, waiting for admission
 	waiting  atomic.Int64  // received and not started: fetching, buffer, admission, batcher
 	roomKick chan struct{} // poked when waiting or held messages go down
+	// stopping is closed when Run's context ends: what waits for the model
+	// is handed back at once rather than after the grace.
+	stopping chan struct{}
 	runners  sync.WaitGroup
 	aux      sync.WaitGroup // dead-letter sends and cancels started by the poller and the runners
 	// settle runs the completion-event checks (events.go); nil without
@@ -170,6 +173,7 @@ func New(cfg Config) (*Subscriber, error) {
 		startBudget: budget,
 		buffer:      make(chan *task, cfg.Prefetch),
 		roomKick:    make(chan struct{}, 1),
+		stopping:    make(chan struct{}),
 		suspects:    newSuspects(),
 		pause:       newPause(),
 
@@ -308,6 +312,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	stages.Go(func() { s.refreshBudget(ctx) })
 
 	<-ctx.Done()
+	close(s.stopping)
 	s.log.Info("shutting down: no more receives; releasing unstarted messages", "running_grace", s.cfg.ShutdownGrace)
 	grace := time.AfterFunc(s.cfg.ShutdownGrace, func() {
 		s.log.Warn("shutdown grace over: cancelling running batches; their messages are released")
@@ -364,6 +369,16 @@ func (s *Subscriber) Ledger() Ledger {
 	k := s.keeper
 	return Ledger{Received: s.received.Load(), Deleted: k.deleted.Load(), Released: k.released.Load(),
 		Lost: k.lost.Load(), Abandoned: k.abandoned.Load()}
+}
+
+// isStopping reports whether Run's context has ended.
+func (s *Subscriber) isStopping() bool {
+	select {
+	case <-s.stopping:
+		return true
+	default:
+		return false
+	}
 }
 
 func (s *Subscriber) pokeRoom() {
