@@ -48,14 +48,25 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 		}
 		w := s.adm.weight(t.cost)
 		var err error
-		if !s.adm.tryAcquire(w) {
+		slotsOK := t.slots == 0 || s.adm.slots.TryAcquire(t.slots)
+		if !slotsOK || !s.adm.tryAcquire(w) {
 			b.admissionFull()
 			if s.launchesAhead(t) {
 				t.ahead = s.launchAhead(ctx, t)
 			}
 			actx, cancel := context.WithDeadline(ctx, t.lease.received.Add(s.cfg.AdmitTimeout))
-			err = s.adm.acquire(actx, w)
+			if !slotsOK {
+				if err = s.adm.slots.Acquire(actx, t.slots); err == nil {
+					slotsOK = true
+				}
+			}
+			if err == nil {
+				err = s.adm.acquire(actx, w)
+			}
 			cancel()
+		}
+		if err != nil && slotsOK && t.slots > 0 {
+			s.adm.slots.Release(t.slots)
 		}
 		if err != nil {
 			reason := "shutdown"
@@ -70,6 +81,7 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 		s.stampAdmitted(t)
 		s.m.admitted.Inc()
 		t.hold = s.newHold(w, t.cost)
+		t.hold.slots = t.slots
 		b.add(t)
 	}
 }
@@ -87,6 +99,7 @@ type hold struct {
 
 	mu        sync.Mutex
 	weight    int64 // units held in admission
+	slots     int64 // the model's request slots held (admission.slots)
 	bytes     int64 // estimated bytes counted in flight
 	exclusive bool  // the whole budget, taken by takeAll: release ends the exclusive run
 	released  bool
@@ -133,6 +146,10 @@ func (h *hold) release() {
 	if h.weight > 0 {
 		h.s.adm.giveBack(h.weight)
 		h.weight = 0
+	}
+	if h.slots > 0 {
+		h.s.adm.slots.Release(h.slots)
+		h.slots = 0
 	}
 	if h.exclusive {
 		h.exclusive = false
@@ -188,7 +205,8 @@ func (s *Subscriber) handOver(from ...*hold) *hold {
 	for _, h := range from {
 		h.mu.Lock()
 		to.weight += h.weight
-		h.weight = 0
+		to.slots += h.slots // its requests are still out
+		h.weight, h.slots = 0, 0
 		h.mu.Unlock()
 	}
 	return to

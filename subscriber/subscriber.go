@@ -100,6 +100,7 @@ type task struct {
 	factor float64 // the estimate correction cost was weighed with; 0 before admission
 	class  int     // the model's length class (gpu.LengthClasser); 0 without one
 	hold   *hold   // what it holds in admission (admission.go); nil before
+	slots  int64   // the model's request slots it takes (gpu.Slotted); 0 without
 	// parts are how a message too large to run whole runs (parts.go); nil
 	// for one that runs whole. cost and raw are then its largest part's.
 	parts []part
@@ -184,6 +185,11 @@ func New(cfg Config) (*Subscriber, error) {
 		s.cancels = newCancels(s.payloads.Read, cfg.CancelCheckTTL, s.log)
 		if cfg.Events != nil {
 			s.settle = newSettler(s)
+		}
+	}
+	if sl, ok := cfg.Model.(gpu.Slotted); ok && cfg.Admission == AdmitVRAM {
+		if n := sl.Slots(); n > 0 {
+			adm.slots, adm.slotCap = semaphore.NewWeighted(n), n
 		}
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold, s.fullCall())
