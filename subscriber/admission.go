@@ -29,12 +29,18 @@ func (s Strategy) valid() bool {
 
 // admit takes waiting messages in order and admits each once admission has
 // room for it. A message not admitted within AdmitTimeout of its receipt is
-// released for another consumer rather than kept waiting here (backpressure).
+// handed back for another consumer rather than kept waiting here
+// (backpressure), as a fresh copy: waiting is not its fault.
 func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 	defer b.close()
 	for t := range s.buffer {
-		if ctx.Err() != nil || t.lease.lost.Load() {
-			s.releaseWaiting(t, "shutdown or lost lease")
+		if t.lease.lost.Load() {
+			s.startTasks(1)
+			s.release(t, 0) // gone already: a copy would run it twice
+			continue
+		}
+		if ctx.Err() != nil {
+			s.releaseWaiting(t, "shutdown")
 			continue
 		}
 		if s.adm.strategy == AdmitVRAM {
@@ -42,20 +48,31 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 		}
 		w := s.adm.weight(t.cost)
 		var err error
-		if !s.adm.tryAcquire(w) {
+		slotsOK := t.slots == 0 || s.adm.slots.TryAcquire(t.slots)
+		if !slotsOK || !s.adm.tryAcquire(w) {
 			b.admissionFull()
 			if s.launchesAhead(t) {
 				t.ahead = s.launchAhead(ctx, t)
 			}
 			actx, cancel := context.WithDeadline(ctx, t.lease.received.Add(s.cfg.AdmitTimeout))
-			err = s.adm.acquire(actx, w)
+			if !slotsOK {
+				if err = s.adm.slots.Acquire(actx, t.slots); err == nil {
+					slotsOK = true
+				}
+			}
+			if err == nil {
+				err = s.adm.acquire(actx, w)
+			}
 			cancel()
+		}
+		if err != nil && slotsOK && t.slots > 0 {
+			s.adm.slots.Release(t.slots)
 		}
 		if err != nil {
 			reason := "shutdown"
 			if ctx.Err() == nil {
 				reason = "backpressure"
-				s.log.Info("not admitted in time; released for another consumer",
+				s.log.Info("not admitted in time; handed back for another consumer",
 					"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.cost), "admit_timeout", s.cfg.AdmitTimeout)
 			}
 			s.releaseWaiting(t, reason)
@@ -64,6 +81,7 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 		s.stampAdmitted(t)
 		s.m.admitted.Inc()
 		t.hold = s.newHold(w, t.cost)
+		t.hold.slots = t.slots
 		b.add(t)
 	}
 }
@@ -81,6 +99,7 @@ type hold struct {
 
 	mu        sync.Mutex
 	weight    int64 // units held in admission
+	slots     int64 // the model's request slots held (admission.slots)
 	bytes     int64 // estimated bytes counted in flight
 	exclusive bool  // the whole budget, taken by takeAll: release ends the exclusive run
 	released  bool
@@ -127,6 +146,10 @@ func (h *hold) release() {
 	if h.weight > 0 {
 		h.s.adm.giveBack(h.weight)
 		h.weight = 0
+	}
+	if h.slots > 0 {
+		h.s.adm.slots.Release(h.slots)
+		h.slots = 0
 	}
 	if h.exclusive {
 		h.exclusive = false
@@ -182,7 +205,8 @@ func (s *Subscriber) handOver(from ...*hold) *hold {
 	for _, h := range from {
 		h.mu.Lock()
 		to.weight += h.weight
-		h.weight = 0
+		to.slots += h.slots // its requests are still out
+		h.weight, h.slots = 0, 0
 		h.mu.Unlock()
 	}
 	return to
@@ -217,9 +241,10 @@ func (s *Subscriber) launchAhead(ctx context.Context, t *task) *launched {
 	return a
 }
 
-// releaseWaiting hands back a message that never started.
+// releaseWaiting hands back a message that never started, at no cost to
+// its receive count: why is "shutdown" or "backpressure".
 func (s *Subscriber) releaseWaiting(t *task, why string) {
-	s.log.Debug("releasing unstarted message", "message_id", t.lease.msg.ID, "why", why)
+	s.log.Debug("handing back unstarted message", "message_id", t.lease.msg.ID, "why", why)
 	s.startTasks(1)
-	s.release(t, 0)
+	s.handBack(t, 0, why)
 }

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vramq/vramq/internal/testenv/wait"
+	"github.com/vramq/vramq/job"
 )
 
 // holdSubscriber is the least of a subscriber that holds work: an
@@ -166,4 +171,50 @@ func TestHoldTakeAllFails(t *testing.T) {
 	if s.adm.resize(60); s.adm.budget() != 60 || s.adm.withheldNow() != 40 {
 		t.Fatalf("budget %d, withheld %d: an exclusive run did not end", s.adm.budget(), s.adm.withheldNow())
 	}
+}
+
+// slottedModel is the test model with request slots (gpu.Slotted): each
+// item is a request, and it counts the most items it ran at once.
+type slottedModel struct {
+	*testModel
+	slots         int64
+	running, most atomic.Int64
+}
+
+func (m *slottedModel) Slots() int64 { return m.slots }
+
+func (m *slottedModel) SlotsFor(_ string, items []job.Item) int64 { return int64(len(items)) }
+
+func (m *slottedModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	n := m.running.Add(int64(len(items)))
+	for most := m.most.Load(); n > most && !m.most.CompareAndSwap(most, n); most = m.most.Load() {
+	}
+	defer m.running.Add(-int64(len(items)))
+	return m.testModel.Run(ctx, items)
+}
+
+// A model that runs only so many requests at once (a model server's
+// concurrency) is admitted no more than its slots, though memory would take
+// all: the rest wait unstarted, where a job's cancel still reaches them.
+// A message needing more slots than there are takes them all and runs.
+func TestAdmissionHoldsToTheModelsSlots(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var model *slottedModel
+		h := startWith(t, 1<<30, Config{MaxBatch: 8, Prefetch: 20}, func(h *harness, c *Config) {
+			model = &slottedModel{testModel: h.model, slots: 4}
+			c.Model = model
+		})
+		for i := range 12 {
+			h.send("job", i, "mb=1 ms=1000", "mb=1 ms=1000")
+		}
+		h.send("big", 0, "mb=1 ms=10", "mb=1 ms=10", "mb=1 ms=10", "mb=1 ms=10", "mb=1 ms=10", "mb=1 ms=10")
+		wait.For(t, time.Minute, "13 results", func() bool { r, _ := h.results.Stats(); return r == 13 })
+		if most := model.most.Load(); most > 6 {
+			t.Errorf("%d requests ran at once; want at most 4 (6 for the message that takes every slot)", most)
+		}
+		h.shutdown()
+		if n := h.sub.adm.slots.TryAcquire(4); !n {
+			t.Error("the slots are not all back after shutdown")
+		}
+	})
 }

@@ -79,7 +79,7 @@ func (s *Subscriber) claim(ctx context.Context, t *task) {
 	switch {
 	case ctx.Err() != nil:
 		s.startTasks(1)
-		s.release(t, 0)
+		s.handBack(t, 0, "shutdown")
 	case err == nil:
 		s.enqueue(t)
 	case errors.As(err, &refused):

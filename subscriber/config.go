@@ -95,8 +95,13 @@ type Config struct {
 	// is no longer extended; from Visibility to 12h (the SQS limit).
 	MaxHold time.Duration
 	// AdmitTimeout is the backpressure bound: a message not admitted this long
-	// after receipt is released for another consumer; below MaxHold.
+	// after receipt is handed back for another consumer (a fresh copy, at no
+	// cost to its receive count); below MaxHold.
 	AdmitTimeout time.Duration
+	// OperatorProbe is how often one message runs as a probe while the model
+	// needs an operator (gpu.ErrNeedsOperator: a spent quota, a refused
+	// key): when it gets through, work resumes. 1s to 12h.
+	OperatorProbe time.Duration
 	// InferenceTimeout bounds one batch on the device; below MaxHold.
 	InferenceTimeout time.Duration
 	// RetryDelay is the visibility given to a message released after a
@@ -183,6 +188,7 @@ func DefaultConfig() Config {
 		Visibility:            30 * time.Second,
 		MaxHold:               15 * time.Minute,
 		AdmitTimeout:          time.Minute,
+		OperatorProbe:         5 * time.Minute,
 		InferenceTimeout:      2 * time.Minute,
 		RetryDelay:            5 * time.Second,
 		CancelCheckTTL:        5 * time.Second,
@@ -218,6 +224,7 @@ func (c *Config) setDefaults() {
 	orDefault(&c.Visibility, d.Visibility)
 	orDefault(&c.MaxHold, d.MaxHold)
 	orDefault(&c.AdmitTimeout, d.AdmitTimeout)
+	orDefault(&c.OperatorProbe, d.OperatorProbe)
 	orDefault(&c.InferenceTimeout, d.InferenceTimeout)
 	orDefault(&c.RetryDelay, d.RetryDelay)
 	orDefault(&c.CancelCheckTTL, d.CancelCheckTTL)
@@ -294,6 +301,9 @@ func (c *Config) Validate() error {
 	}
 	if c.BudgetRefresh > 0 && c.BudgetRefresh < minBudgetRefresh {
 		bad("BudgetRefresh", "budget refresh %v: want at least %v, or negative for none", c.BudgetRefresh, minBudgetRefresh)
+	}
+	if c.OperatorProbe < time.Second || c.OperatorProbe > maxVisibility {
+		bad("OperatorProbe", "operator probe %v: want 1s to 12h", c.OperatorProbe)
 	}
 	if c.Prefetch < 1 {
 		bad("Prefetch", "prefetch %d: want at least 1", c.Prefetch)

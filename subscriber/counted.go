@@ -47,6 +47,10 @@ func (c countedQueue) ChangeVisibility(ctx context.Context, handles []string, ti
 	return errs, err
 }
 
+func (c countedQueue) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) {
+	return countedSender{c.q, c.m}.Send(ctx, msgs)
+}
+
 type countedSender struct {
 	s queue.Sender
 	m *metrics

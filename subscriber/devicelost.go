@@ -59,7 +59,7 @@ func (s *Subscriber) loseDevice(tasks []*task, err error) {
 			"err", err, "messages", len(tasks))
 	}
 	for _, t := range tasks {
-		s.release(t, 0)
+		s.handBack(t, 0, "device_lost")
 	}
 }
 

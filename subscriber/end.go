@@ -13,11 +13,16 @@ import (
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
-// A message ends in one of two ways, and only through this file:
+// A message ends in one of three ways, and only through this file:
 //
 //   - ack: its result, or its DLQ copy, is out; the message is deleted.
 //   - release(delay): it is handed back to the queue, visible again after
-//     delay (0: at once, for another consumer or a retry).
+//     delay (0: at once, for another consumer or a retry), for a failure
+//     that may be its own (a timeout, a model error): the next receive
+//     counts towards its redrive.
+//   - handBack(delay, why): a wait that is not its fault; a fresh copy goes
+//     to the queue and the message is deleted, so its receive count starts
+//     again.
 //
 // Two paths lead to them:
 //
@@ -31,7 +36,7 @@ import (
 // (The keeper also lets go of a lease SQS reports lost, and releases any
 // still held at shutdown.)
 //
-// ack and release give back what the message still holds in admission
+// ack, release and handBack give back what the message still holds in admission
 // (giveBack, admission.go), so that no path can forget it, and leave the SQS call to the
 // keeper, which batches it with others (keeper.ack, keeper.release);
 // deadLetter ends through them once its copy is out. Only a message's first
@@ -51,6 +56,18 @@ func (s *Subscriber) ack(t *task) {
 func (s *Subscriber) release(t *task, delay time.Duration) {
 	s.giveBack(t)
 	s.keeper.release(t.lease, delay)
+}
+
+// handBack hands t's message back to the queue at no cost to its receive
+// count (keeper.handBack: a fresh copy, visible after delay, then a delete
+// of this one), for why: a wait that is not the message's fault
+// (backpressure, a shutdown, a wait for the model longer than a lease
+// holds, a lost or shrunk device). A release would be received again, one
+// receive nearer the DLQ each time.
+func (s *Subscriber) handBack(t *task, delay time.Duration, why string) {
+	s.giveBack(t)
+	s.m.handedBack.WithLabelValues(why).Inc()
+	s.keeper.handBack(t.lease, delay)
 }
 
 // maxReasonLen keeps the reason attribute readable and well inside SQS's

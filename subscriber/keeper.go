@@ -4,17 +4,19 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/subscriber/queue"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	// Named apart from this package's own batcher, which forms device batches.
 	callbatch "github.com/vramq/vramq/internal/batcher"
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // A lease is the subscriber's hold on one received message, from receipt until
@@ -29,12 +31,20 @@ type lease struct {
 	visibleAt time.Time // when SQS will hand the message out again unless extended
 	extending bool      // a ChangeMessageVisibility call for it is in flight
 	ending    bool      // an ack or release was asked for: never extend again
+	// waiting: the message waits for its model server (a backoff, a needed
+	// operator), which is not its own doing, so max hold does not count
+	// while it waits; holdFrom is where max hold counts from: its receive,
+	// or the end of its last wait.
+	waiting  bool
+	holdFrom time.Time
+	sent     bool // a hand-back's copy is on the queue: only the delete is left
 
 	// Set once, before the lease is handed to keeper.ends.
 	// resultSent is when SQS accepted the message's result, for the delete
 	// stage (stages.go); zero for a message that ends otherwise.
 	resultSent time.Time
 	release    bool // the end is a release (visibility = delay), not an ack (delete)
+	handBack   bool // the end is a copy sent back (with delay), then a delete
 	delay      time.Duration
 }
 
@@ -96,7 +106,8 @@ func (k *keeper) newEnds(fullCall int, delay time.Duration) *callbatch.Batcher[*
 // hold starts a lease on m, received by a call that started at start (the
 // visibility timeout runs from about then).
 func (k *keeper) hold(m queue.Message, start time.Time) *lease {
-	l := &lease{msg: m, received: time.Now(), visibleAt: start.Add(k.visibility)}
+	now := time.Now()
+	l := &lease{msg: m, received: now, holdFrom: now, visibleAt: start.Add(k.visibility)}
 	k.mu.Lock()
 	k.leases[l] = struct{}{}
 	k.mu.Unlock()
@@ -114,6 +125,37 @@ func (k *keeper) ack(l *lease) { k.end(l, false, 0) }
 // returns at once; the call is batched. Only the first ack or release of a
 // lease counts.
 func (k *keeper) release(l *lease, delay time.Duration) { k.end(l, true, delay) }
+
+// handBack gives l's message back to the queue at no cost to its receive
+// count: a copy goes to the queue, visible after delay (at most
+// queue.MaxDelay), and then l's message is deleted. SQS counts every
+// receive of a message towards its redrive, and a release is received
+// again, so a message that waits for something that is not its fault (a
+// rate limit, a restart, admission) is handed back this way. It returns at
+// once; the calls are batched. Only the first end of a lease counts.
+func (k *keeper) handBack(l *lease, delay time.Duration) {
+	k.mu.Lock()
+	if !l.ending {
+		l.handBack = true
+	}
+	k.mu.Unlock()
+	k.end(l, false, min(max(delay, 0), queue.MaxDelay))
+}
+
+// setWaiting marks ls as waiting for the model (true) or no longer
+// (false): max hold does not count while a lease waits, and counts afresh
+// from the end of its wait.
+func (k *keeper) setWaiting(ls []*lease, waiting bool) {
+	now := time.Now()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, l := range ls {
+		if l.waiting && !waiting {
+			l.holdFrom = now
+		}
+		l.waiting = waiting
+	}
+}
 
 func (k *keeper) end(l *lease, release bool, delay time.Duration) {
 	k.mu.Lock()
@@ -160,7 +202,7 @@ func (k *keeper) heartbeat() {
 		if l.ending || l.extending || l.lost.Load() {
 			continue
 		}
-		if now.Sub(l.received) >= k.maxHold {
+		if !l.waiting && now.Sub(l.holdFrom) >= k.maxHold {
 			l.lost.Store(true)
 			k.m.leasesLost.WithLabelValues("max_hold").Inc()
 			k.log.Warn("lease held past max hold; no longer extended", "message_id", l.msg.ID,
@@ -236,10 +278,13 @@ func (k *keeper) sendEnds(ls []*lease) {
 	wg.Wait()
 }
 
-// endKind tells the calls of sendEnds apart: -1 for a delete, the delay of
-// a release.
+// endKind tells the calls of sendEnds apart: -1 for a delete, -2 for a
+// hand-back (its copies' delays are per entry), the delay of a release.
 func endKind(l *lease) time.Duration {
-	if !l.release {
+	switch {
+	case l.handBack:
+		return -2
+	case !l.release:
 		return -1
 	}
 	return l.delay
@@ -295,6 +340,14 @@ func (k *keeper) sendEnd(ls []*lease) {
 // tryEnd makes one call to delete or release ls and returns those to try
 // again.
 func (k *keeper) tryEnd(ls []*lease, attempt int) (retry []*lease) {
+	if ls[0].handBack {
+		var send []*lease
+		ls, send = k.sendCopies(ls, attempt)
+		retry = send
+		if len(ls) == 0 {
+			return retry
+		}
+	}
 	release := ls[0].release
 	ctx, cancel := context.WithTimeout(context.Background(), k.callTO)
 	defer cancel()
@@ -316,14 +369,27 @@ func (k *keeper) tryEnd(ls []*lease, attempt int) (retry []*lease) {
 		}
 		switch {
 		case e == nil:
-			if release {
+			switch {
+			case l.handBack:
+				k.m.released.WithLabelValues("handed_back").Inc()
+				k.released.Add(1)
+			case release:
 				k.m.released.WithLabelValues(releaseReason(l.delay)).Inc()
 				k.released.Add(1)
-			} else {
+			default:
 				k.m.deleted.Inc()
 				k.deleted.Add(1)
 				k.m.observeStage(stageDelete, l.resultSent, time.Now())
 			}
+			k.remove(l)
+		case errors.Is(e, queue.ErrLeaseLost) && l.handBack:
+			// Its copy is on the queue and the original came back too: the
+			// two run, and consumers collapse their results by (job_id,
+			// chunk). Counted as handed back: the work is on the queue.
+			k.m.leasesLost.WithLabelValues(action).Inc()
+			k.log.Warn("lease lost before the delete of a message handed back: it is on the queue twice",
+				"message_id", l.msg.ID, "err", e)
+			k.released.Add(1)
 			k.remove(l)
 		case errors.Is(e, queue.ErrLeaseLost):
 			// The message expired and may be with another consumer: a
@@ -380,8 +446,8 @@ func (k *keeper) close(ctx context.Context) error {
 	}
 	k.mu.Unlock()
 	for _, l := range orphans {
-		k.log.Warn("releasing a message still held at shutdown", "message_id", l.msg.ID)
-		k.release(l, 0)
+		k.log.Warn("handing back a message still held at shutdown", "message_id", l.msg.ID)
+		k.handBack(l, 0)
 	}
 	if err := k.ends.Shutdown(ctx); err != nil {
 		close(k.giveUp)
@@ -397,4 +463,80 @@ func handles(ls []*lease) []string {
 		hs[i] = l.msg.Handle
 	}
 	return hs
+}
+
+// AttrHandedBack, on a message the subscriber handed back as a fresh copy
+// (keeper.handBack), counts the hand-backs of the original: the copy's
+// receive count starts again, so this is where the waits it went through
+// show.
+const AttrHandedBack = "vramq-handed-back"
+
+// maxAttributes is SQS's limit on a message's attributes.
+const maxAttributes = 10
+
+// handBackCopy is the copy of l's message that a hand-back sends: the same
+// body, attributes and group, with AttrHandedBack counted up (when SQS's
+// ten attributes leave room for it), visible after l's delay.
+func handBackCopy(l *lease) queue.Outgoing {
+	n, _ := strconv.Atoi(l.msg.Attributes[AttrHandedBack])
+	n++
+	attrs := maps.Clone(l.msg.Attributes)
+	if attrs == nil {
+		attrs = map[string]string{}
+	}
+	if _, ok := attrs[AttrHandedBack]; ok || len(attrs) < maxAttributes {
+		attrs[AttrHandedBack] = strconv.Itoa(n)
+	}
+	return queue.Outgoing{Body: l.msg.Body, Attributes: attrs, GroupID: l.msg.GroupID, Delay: l.delay,
+		DedupID: l.msg.ID + "-h" + strconv.Itoa(n)}
+}
+
+// sendCopies sends the copies of the hand-backs in ls not sent yet, and
+// returns those whose copy is out (to be deleted) and those to try again.
+// A copy the queue refuses for good, or that keeps failing, falls back to
+// a release with the same delay: it costs a receive, but the message stays
+// on the queue.
+func (k *keeper) sendCopies(ls []*lease, attempt int) (sent, retry []*lease) {
+	var todo []*lease
+	for _, l := range ls {
+		if l.sent {
+			sent = append(sent, l)
+		} else {
+			todo = append(todo, l)
+		}
+	}
+	if len(todo) == 0 {
+		return sent, nil
+	}
+	msgs := make([]queue.Outgoing, len(todo))
+	for i, l := range todo {
+		msgs[i] = handBackCopy(l)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), k.callTO)
+	errs, err := k.q.Send(ctx, msgs)
+	cancel()
+	var fallback []*lease
+	for i, l := range todo {
+		e := err
+		if e == nil {
+			e = errs[i]
+		}
+		switch {
+		case e == nil:
+			l.sent = true
+			sent = append(sent, l)
+		case errors.Is(e, queue.ErrRefused) || attempt >= maxEndAttempts:
+			k.log.Warn("handing a message back as a copy failed; releasing it instead (this receive counts)",
+				"message_id", l.msg.ID, "attempts", attempt, "err", e)
+			l.handBack, l.release = false, true
+			fallback = append(fallback, l)
+		default:
+			k.log.Warn("handing a message back as a copy failed; retrying", "message_id", l.msg.ID, "attempt", attempt, "err", e)
+			retry = append(retry, l)
+		}
+	}
+	if len(fallback) > 0 {
+		k.sendEnds(fallback)
+	}
+	return sent, retry
 }

@@ -60,6 +60,8 @@ type metrics struct {
 	backedOff     *prometheus.CounterVec
 	pausedUntil   prometheus.Gauge
 	needsOperator prometheus.Gauge
+	handedBack    *prometheus.CounterVec
+	modelWaiting  prometheus.Gauge
 
 	tenantDone *prometheus.CounterVec
 	tenants    *tenant.Labels
@@ -119,12 +121,19 @@ func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 		deadLettered: f.NewCounterVec(prometheus.CounterOpts(opts("messages_dead_lettered_total",
 			"Messages sent to the DLQ, by reason.")), []string{"reason"}),
 		backedOff: f.NewCounterVec(prometheus.CounterOpts(opts("messages_backed_off_total",
-			"Messages handed back until the time the model (a model server) said to come back (gpu.ErrBackoff), "+
-				"by reason: rate_limit, overloaded.")), []string{"reason"}),
+			"Messages whose batch the model (a model server) asked to wait (gpu.ErrBackoff): they wait, holding their "+
+				"leases, until the time it said, by reason: rate_limit, overloaded.")), []string{"reason"}),
+		handedBack: f.NewCounterVec(prometheus.CounterOpts(opts("messages_handed_back_total",
+			"Messages handed back to the queue as a fresh copy (its receive count starts again) and deleted, for a wait "+
+				"that is not theirs, by reason: backpressure (not admitted in time), shutdown, wait (a wait for the "+
+				"model longer than a lease holds), device_lost, device_shrunk.")), []string{"reason"}),
+		modelWaiting: gauge("messages_waiting_for_model", "Messages held, their leases extended, while the model asks "+
+			"to wait (a backoff, or a needed operator until a probe gets through)."),
 		pausedUntil: gauge("receive_paused_until_seconds", "Unix time until which receiving is paused by the latest "+
 			"backoff (gpu.ErrBackoff); 0 when none has come. Receiving resumes once it has passed."),
-		needsOperator: gauge("needs_operator", "1 once the model said nothing runs until a person acts "+
-			"(gpu.ErrNeedsOperator: a spent quota, a refused key, an unknown model): receiving has stopped and /healthz fails."),
+		needsOperator: gauge("needs_operator", "1 while the model says nothing runs until a person acts "+
+			"(gpu.ErrNeedsOperator: a spent quota, a refused key, an unknown model): receiving has stopped, one probe "+
+			"runs every -operator-probe, and readiness fails; 0 again once a probe succeeds."),
 		cancelled: counter("messages_cancelled_total",
 			"Messages of cancelled jobs (DELETE /v1/jobs/{id}) deleted without running, their cancelled marker written."),
 		itemsFailed: counter("items_failed_total",

@@ -51,6 +51,20 @@ func (s *Subscriber) modelCost(endpoint string, items []job.Item) (cost int64, e
 	return s.cfg.Model.Cost(items), nil
 }
 
+// modelSlots is the request slots items take under admission (gpu.Slotted),
+// at most all of them; 0 when the model has none.
+func (s *Subscriber) modelSlots(endpoint string, items []job.Item) (n int64) {
+	if s.adm.slots == nil {
+		return 0
+	}
+	defer func() {
+		if recover() != nil {
+			n = s.adm.slotCap // a model that panics here is refused when it runs
+		}
+	}()
+	return min(s.cfg.Model.(gpu.Slotted).SlotsFor(endpoint, items), s.adm.slotCap)
+}
+
 // modelClass is the batcher's class for items of a job that names endpoint
 // ("" for none): the model's length class, or for an endpoint job a class
 // of that endpoint's own (negative, below every length class), so that a

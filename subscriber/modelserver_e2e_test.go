@@ -107,42 +107,70 @@ func TestE2EModelServerBackoffWaitsInTheQueue(t *testing.T) {
 	p.shutdown()
 }
 
-// insufficient_quota needs a person: the subscriber stops receiving, hands
-// back what it holds at once, fails its health check with the reason, and
-// keeps running; nothing is dead-lettered.
-func TestE2EModelServerQuotaNeedsOperator(t *testing.T) {
-	srv := fakeoai.New(fakeoai.Config{})
+// A server that asks to wait (a 429 whose Retry-After is past the backend's
+// wait), then answers insufficient_quota, then is healthy again, with the
+// queue's redrive at two receives: the subscriber holds its messages through
+// both (none visible, nothing received meanwhile), reports the spent quota
+// while it lasts, and resumes by itself once a probe gets through: every
+// chunk completes once, none is dead-lettered. (TestWaitsNeverCostAReceive
+// runs the same for 6 + 6 hours in virtual time.)
+func TestE2EModelServerWaitsThenQuotaThenResumes(t *testing.T) {
+	srv := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{
+		{Kind: fakeoai.FaultStatus, Status: 429, RetryAfter: 2 * time.Second}}})
 	defer srv.Close()
-	srv.SetQuotaExhausted(true)
-	p := newServerPipeline(t, 2, subscriber.Config{}, srv, time.Second)
+	p := newServerPipeline(t, 2, subscriber.Config{OperatorProbe: time.Second}, srv, time.Second)
 	works := []job.Work{chatWork("q", 0, 3, "one"), chatWork("q", 1, 3, "two"), chatWork("q", 2, 3, "three")}
 	p.send(works)
 
-	wait.For(t, 30*time.Second, "health failure", func() bool { return p.sub.Healthy() != nil })
+	wait.For(t, 30*time.Second, "backoff", func() bool {
+		return promsum.Sum(t, p.reg, "vramq_subscriber_messages_backed_off_total") > 0
+	})
+	time.Sleep(5 * time.Second) // two Retry-Afters: asked again, told to wait again
+
+	if err := srv.SetFaults(); err != nil {
+		t.Fatal(err)
+	}
+	srv.SetQuotaExhausted(true)
+	wait.For(t, time.Minute, "the spent quota reported", func() bool { return p.sub.Healthy() != nil })
 	if err := p.sub.Healthy(); !strings.Contains(err.Error(), "insufficient_quota") {
 		t.Errorf("Healthy: %v; want the reason, insufficient_quota", err)
 	}
 	if got := promsum.Sum(t, p.reg, "vramq_subscriber_needs_operator"); got != 1 {
 		t.Errorf("needs_operator %v; want 1", got)
 	}
-	// Every message goes back, visible at once: none is held.
-	wait.For(t, 30*time.Second, "messages visible again", func() bool {
-		visible, inflight, err := jobq.Counts(t.Context(), p.client, p.urls.Work)
-		return err == nil && visible == len(works) && inflight == 0
-	})
+	// Held, not handed back: a receive would count towards the redrive.
+	visible, inflight, err := jobq.Counts(t.Context(), p.client, p.urls.Work)
+	if err != nil || visible != 0 || inflight != len(works) {
+		t.Errorf("work queue: %d visible, %d in flight (%v); want all %d held", visible, inflight, err, len(works))
+	}
 	before := p.receives()
 	time.Sleep(3 * time.Second) // three of the 1 s long polls it would make
 	if after := p.receives(); after != before {
-		t.Errorf("%v receives after stopping; want none", after-before)
+		t.Errorf("%v receives while the quota is spent; want none", after-before)
 	}
-	select {
-	case <-p.done:
-		t.Fatalf("Run returned (%v); want the subscriber to stay up, unhealthy", p.runErr)
-	default:
+
+	srv.SetQuotaExhausted(false)
+	c := p.collect(len(works), 2*time.Minute)
+	for k, r := range c.Results {
+		for _, o := range r.Outputs {
+			if o.Error != nil || o.Response == nil || o.Response.StatusCode != 200 {
+				t.Errorf("%v item %s: %+v; want the server's answer", k, o.ID, o)
+			}
+		}
+		if r.Attempt != 1 {
+			t.Errorf("%v: attempt %d; want 1, every wait held on the first receive", k, r.Attempt)
+		}
 	}
-	if p.shutdown() != len(works) {
-		t.Error("not every message is back on the queue")
+	if c.Duplicates != 0 {
+		t.Errorf("%d duplicate results", c.Duplicates)
 	}
+	if err := p.sub.Healthy(); err != nil {
+		t.Errorf("Healthy after the quota came back: %v", err)
+	}
+	if got := promsum.Sum(t, p.reg, "vramq_subscriber_needs_operator"); got != 0 {
+		t.Errorf("needs_operator %v after a probe got through; want 0", got)
+	}
+	p.shutdown()
 	if d := p.deadLetters(); len(d) != 0 {
 		t.Errorf("%d dead letters: %+v", len(d), d)
 	}
@@ -408,8 +436,9 @@ func (m *partialModel) Run(ctx context.Context, items []job.Item) ([]job.Output,
 
 // A message is kept whole or not at all: of a batch of two chunks of two
 // items that a backoff cut after three items finished, the first chunk's
-// result is sent from that batch (attempt 1), and the second, one item short,
-// goes back whole and is run again after the backoff (attempt 2).
+// result is sent from that batch, and the second, one item short, waits
+// whole, holding its lease, and runs again after the backoff: both on their
+// first receive.
 func TestE2EBackoffKeepsWholeChunksOnly(t *testing.T) {
 	until := time.Now().Add(3 * time.Second)
 	pm := &partialModel{until: until, done: func(n int) []bool {
@@ -429,7 +458,7 @@ func TestE2EBackoffKeepsWholeChunksOnly(t *testing.T) {
 	}
 	p.send(works)
 	c := p.collect(len(works), time.Minute)
-	for chunk, want := range []int{1, 2} {
+	for chunk, want := range []int{1, 1} {
 		r := c.Results[job.Key{JobID: "w", Chunk: chunk}]
 		if r.Attempt != want || len(r.Outputs) != 2 || r.ItemsFailed != 0 {
 			t.Errorf("chunk %d: attempt %d, %d outputs, %d failed; want attempt %d, 2 outputs, none failed",
@@ -437,7 +466,7 @@ func TestE2EBackoffKeepsWholeChunksOnly(t *testing.T) {
 		}
 	}
 	if got := promsum.Sum(t, p.reg, "vramq_subscriber_messages_backed_off_total"); got != 1 {
-		t.Errorf("%v messages handed back until the backoff's end; want 1", got)
+		t.Errorf("%v messages waiting for the backoff's end; want 1", got)
 	}
 	if c.Duplicates != 0 {
 		t.Errorf("%d duplicate results", c.Duplicates)

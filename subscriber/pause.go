@@ -12,39 +12,56 @@ import (
 )
 
 // What runs the model may say that nothing will run for a while, or until a
-// person acts; no message is to blame for either, so neither may count
-// against a message's receives (the queue's redrive would dead-letter every
-// one in turn):
+// person acts. No message is to blame for either, and SQS counts every
+// receive of a message towards its redrive (a message handed back and
+// received again is one receive nearer the DLQ), so a wait never hands a
+// message back to be received again:
 //
-//   - gpu.ErrBackoff (a rate limit's window or a daily quota, past the
-//     wait the model does inside Run): the batch's messages go back with a
-//     visibility timeout that ends when the server said to come back, and
-//     the poller receives nothing until then. The wait lives in the queue,
-//     not in a process holding leases. Messages already held when it
-//     comes, and those a receive in flight brings, go back the same way
-//     when their batch would start, without running.
+//   - gpu.ErrBackoff (a rate limit's window, an overloaded server, a daily
+//     quota, past the wait the model does inside Run): the batch's messages
+//     that did not finish wait in their runner, holding their leases (the
+//     keeper extends them; max hold does not count while they wait), until
+//     the server's time, then run again. Nothing is received meanwhile,
+//     and a batch that would start waits the same way.
 //   - gpu.ErrNeedsOperator (a spent quota, a refused key, an unknown
-//     model): the poller stops for good, every held message goes back at
-//     once (visibility 0, for a subscriber that works), Healthy reports the
-//     reason, and one ERROR log and a metric say so. The process does not
-//     exit, unlike a lost device (devicelost.go): a fresh process would
-//     have the same key and the same quota, and each restart would receive
-//     a round of messages again, counting towards their DLQ. Nor does it
-//     probe: only a real request shows that a quota is back, and a request
-//     needs a message. It stays up and unhealthy until an operator acts
-//     (fixes the key or quota and restarts the task).
+//     model): a circuit that opens. Nothing is received; held messages
+//     wait as above; readiness fails with the reason (Ready), and one
+//     ERROR log and the needs_operator gauge say so. Every OperatorProbe
+//     one message runs as a probe (a message already held, or, with none
+//     held, one received for it): when it gets through, the circuit
+//     closes and work resumes without a restart; when it does not, the
+//     next probe is an OperatorProbe later.
+//
+// A wait longer than a lease can hold (SQS keeps a message invisible for at
+// most 12 hours from its receive) hands the message back as a fresh copy
+// visible again when the wait ends, or in 15 minutes at most (SQS's longest
+// delay), and deletes the original (keeper.handBack): a fresh copy starts
+// a fresh receive count. A shutdown hands waiting messages back the same
+// way, at once.
 type pause struct {
 	mu       sync.Mutex
-	until    time.Time // receive nothing before; zero when not backing off
+	until    time.Time // nothing runs before; zero when not backing off
 	reason   string
-	operator error         // set once: nothing runs until a person acts
-	changed  chan struct{} // closed and replaced when until or operator changes
+	operator error     // non-nil while the circuit is open: nothing runs but a probe
+	probeAt  time.Time // with operator: when the next probe may run
+	// probeReceive: the poller was let receive one message for a probe,
+	// since no batch was waiting to be one.
+	probeReceive bool
+	probing      bool // a probe batch is running
+	waiters      int  // batches waiting for the pause to end
+	changed      chan struct{}
 }
 
 func newPause() *pause { return &pause{changed: make(chan struct{})} }
 
-// backOff pauses receiving until until, or later if already so; it
-// reports whether it moved the pause.
+// notify wakes everything waiting on p's state. Call it with p.mu held.
+func (p *pause) notify() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// backOff pauses until until, or later if already so; it reports whether
+// it moved the pause.
 func (p *pause) backOff(until time.Time, reason string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -52,35 +69,117 @@ func (p *pause) backOff(until time.Time, reason string) bool {
 		return false
 	}
 	p.until, p.reason = until, reason
-	close(p.changed)
-	p.changed = make(chan struct{})
+	p.notify()
 	return true
 }
 
-// needOperator stops receiving for good; it reports whether this was the
-// first time.
-func (p *pause) needOperator(err error) bool {
+// needOperator opens the circuit, or keeps it open after a failed probe,
+// with the next probe every from now; it reports whether it opened it.
+func (p *pause) needOperator(err error, now time.Time, every time.Duration) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.operator != nil {
+	first := p.operator == nil
+	p.operator, p.probeAt, p.probing, p.probeReceive = err, now.Add(every), false, false
+	p.notify()
+	return first
+}
+
+// probed ends a probe that did not need an operator: the circuit closes.
+// It reports whether the circuit was open.
+func (p *pause) probed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.probing = false
+	if p.operator == nil {
 		return false
 	}
-	p.operator = err
-	close(p.changed)
-	p.changed = make(chan struct{})
+	p.operator, p.probeReceive = nil, false
+	p.notify()
 	return true
 }
 
-// state is what holds receiving now: the time a backoff ends (zero when
-// none is in force at now), a channel closed when that or the operator's
-// error changes, and the operator's error.
-func (p *pause) state(now time.Time) (until time.Time, changed <-chan struct{}, operator error) {
+// turn says whether a batch may run now: go, as a probe of the open
+// circuit when probe. Otherwise it must wait until wake (zero: until
+// changed is closed).
+func (p *pause) turn(now time.Time) (ok, probe bool, wake time.Time, changed <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	changed = p.changed
+	switch {
+	case now.Before(p.until):
+		return false, false, p.until, changed
+	case p.operator == nil:
+		return true, false, time.Time{}, changed
+	case !p.probing && (p.probeReceive || !now.Before(p.probeAt)):
+		p.probing, p.probeReceive = true, false
+		return true, true, time.Time{}, changed
+	case p.probing:
+		return false, false, time.Time{}, changed
+	}
+	return false, false, p.probeAt, changed
+}
+
+// wakeAt is when a wait that begins now ends at the earliest, for a message
+// handed back meanwhile: the backoff's end, or the next probe.
+func (p *pause) wakeAt(now time.Time) time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if now.Before(p.until) {
-		until = p.until
+		return p.until
 	}
-	return until, p.changed, p.operator
+	if p.operator != nil {
+		return p.probeAt
+	}
+	return now
+}
+
+// addWaiter counts a batch waiting for the pause (n = 1) or no longer
+// (n = -1).
+func (p *pause) addWaiter(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.waiters += n
+	p.notify()
+}
+
+// receive tells the poller how many messages it may receive now: -1 for
+// no limit, 1 for a probe (the circuit is open, a probe is due and no
+// batch waits to be it), 0 for none, until wake (zero: until changed).
+func (p *pause) receive(now time.Time) (n int, wake time.Time, changed <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	changed = p.changed
+	switch {
+	case now.Before(p.until):
+		return 0, p.until, changed
+	case p.operator == nil:
+		return -1, time.Time{}, changed
+	case p.probing || p.probeReceive || p.waiters > 0:
+		return 0, time.Time{}, changed
+	case now.Before(p.probeAt):
+		return 0, p.probeAt, changed
+	}
+	// One receive for a probe; if it brings nothing, the next is a probe
+	// interval away (gotNothing).
+	p.probeReceive = true
+	return 1, time.Time{}, changed
+}
+
+// gotNothing says a probe's receive brought no message.
+func (p *pause) gotNothing(now time.Time, every time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.probeReceive {
+		p.probeReceive, p.probeAt = false, now.Add(every)
+	}
+}
+
+// watch is the operator's error now, and a channel closed when p's state
+// changes.
+func (p *pause) watch() (operator error, changed <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.operator, p.changed
 }
 
 // cause is the operator's error, nil while none is needed.
@@ -90,51 +189,15 @@ func (p *pause) cause() error {
 	return p.operator
 }
 
-// wait blocks the poller while receiving is paused; it returns false when
-// ctx ends first.
-func (p *pause) wait(ctx context.Context) bool {
-	for {
-		until, changed, op := p.state(time.Now())
-		if op == nil && until.IsZero() {
-			return true
-		}
-		var timer <-chan time.Time
-		var t *time.Timer
-		if op == nil {
-			t = time.NewTimer(time.Until(until))
-			timer = t.C
-		}
-		select {
-		case <-ctx.Done():
-		case <-changed:
-		case <-timer:
-		}
-		if t != nil {
-			t.Stop()
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-	}
-}
-
 // maxVisibility is SQS's longest visibility timeout, counted from the
 // receive: a ChangeMessageVisibility past it is refused.
 const maxVisibility = 12 * time.Hour
 
-// backoffDelay is the visibility timeout that hands l's message back until
-// until: whole seconds, rounded up so that it does not come back early,
-// and within what is left of SQS's 12 hours since its receive (a minute
-// short, since the lease's clock starts after SQS's).
-func backoffDelay(l *lease, until, now time.Time) time.Duration {
-	d := until.Sub(now)
-	if left := maxVisibility - time.Minute - now.Sub(l.received); d > left {
-		d = left
-	}
-	if d <= 0 {
-		return 0
-	}
-	return (d + time.Second - 1).Truncate(time.Second)
+// leaseLimit is the latest a message received at received can wait holding
+// its lease: the last extension, a visibility timeout long, must end within
+// SQS's 12 hours, with a minute to spare for the clocks.
+func (s *Subscriber) leaseLimit(l *lease) time.Time {
+	return l.received.Add(maxVisibility - s.cfg.Visibility - time.Minute)
 }
 
 // backoffReason is a metric label for a backoff's reason, which is the
@@ -149,26 +212,21 @@ func backoffReason(reason string) string {
 	return "overloaded"
 }
 
-// backOff hands tasks back until err's time and pauses receiving until
-// then (gpu.ErrBackoff). A task with outputs in outs (every item of its
+// backOff pauses until err's time (gpu.ErrBackoff) and returns the tasks
+// that must wait for it. A task with outputs in outs (every item of its
 // message finished before the backoff: gpu.PartialError, see
 // Subscriber.finished) is completed instead, as a batch that ran: its
-// requests were answered, and handing it back would send them again after
-// the backoff, spending their tokens twice. outs is nil or one entry per
-// task.
-func (s *Subscriber) backOff(tasks []*task, outs [][]job.Output, err error) {
+// requests were answered, and running it again would send them again,
+// spending their tokens twice. outs is nil or one entry per task.
+func (s *Subscriber) backOff(tasks []*task, outs [][]job.Output, err error) (wait []*task) {
 	var done []*task
 	var doneOuts [][]job.Output
-	if outs != nil {
-		rest := tasks[:0:0]
-		for i, t := range tasks {
-			if outs[i] == nil {
-				rest = append(rest, t)
-				continue
-			}
-			done, doneOuts = append(done, t), append(doneOuts, outs[i])
+	for i, t := range tasks {
+		if outs == nil || outs[i] == nil {
+			wait = append(wait, t)
+			continue
 		}
-		tasks = rest
+		done, doneOuts = append(done, t), append(doneOuts, outs[i])
 	}
 	until, _ := gpu.BackoffUntil(err)
 	reason := err.Error()
@@ -176,63 +234,172 @@ func (s *Subscriber) backOff(tasks []*task, outs [][]job.Output, err error) {
 	if errors.As(err, &b) {
 		reason = b.Reason
 	}
+	for range wait {
+		s.m.backedOff.WithLabelValues(backoffReason(reason)).Inc()
+	}
 	if s.pause.backOff(until, reason) {
 		s.m.pausedUntil.Set(float64(until.UnixMilli()) / 1e3)
-		s.log.Warn("the model asks to be left alone: releasing its messages until then, receiving nothing meanwhile",
-			"until", until.UTC(), "reason", reason, "messages", len(tasks))
+		s.log.Warn("the model asks to wait: its messages wait holding their leases, nothing is received meanwhile",
+			"until", until.UTC(), "reason", reason, "messages", len(wait))
 	}
-	s.releaseUntil(tasks, until, backoffReason(reason))
 	if len(done) > 0 {
 		s.outbox.promise(len(done))
 		for _, t := range done {
 			s.giveBack(t)
 		}
-		s.log.Info("a backoff came with part of the batch finished: its finished messages complete, the rest went back",
-			"completed", len(done), "released", len(tasks))
+		s.log.Info("a backoff came with part of the batch finished: its finished messages complete, the rest wait",
+			"completed", len(done), "waiting", len(wait))
 		s.complete(done, doneOuts)
 	}
+	return wait
 }
 
-// releaseUntil hands tasks back with a visibility timeout that ends at
-// until (as far as SQS allows), counting them by reason.
-func (s *Subscriber) releaseUntil(tasks []*task, until time.Time, reason string) {
-	now := time.Now()
-	for _, t := range tasks {
-		s.m.backedOff.WithLabelValues(reason).Inc()
-		s.release(t, backoffDelay(t.lease, until, now))
-	}
-}
-
-// needOperator hands tasks back at once and stops receiving for good
-// (gpu.ErrNeedsOperator).
-func (s *Subscriber) needOperator(tasks []*task, err error) {
-	if s.pause.needOperator(err) {
+// needOperator opens the circuit (gpu.ErrNeedsOperator), or keeps it open
+// after a probe that failed, and returns tasks to wait.
+func (s *Subscriber) needOperator(tasks []*task, err error) []*task {
+	if s.pause.needOperator(err, time.Now(), s.cfg.OperatorProbe) {
 		s.m.needsOperator.Set(1)
-		s.log.Error("the model needs an operator: no more messages are taken, held ones go back to the queue; "+
-			"the subscriber stays up and unhealthy until someone acts", "err", err, "messages", len(tasks))
+		s.log.Error("the model needs an operator: nothing is received, held messages wait holding their leases, "+
+			"and one message runs as a probe every operator_probe until it gets through", "err", err,
+			"messages", len(tasks), "operator_probe", s.cfg.OperatorProbe)
+	} else {
+		s.log.Warn("a probe of the model still needs an operator", "err", err, "next_probe_in", s.cfg.OperatorProbe)
 	}
-	for _, t := range tasks {
-		s.release(t, 0)
+	return tasks
+}
+
+// probeDone closes the circuit after a probe that did not need an
+// operator.
+func (s *Subscriber) probeDone() {
+	if s.pause.probed() {
+		s.m.needsOperator.Set(0)
+		s.log.Info("a probe got through: the model takes work again; receiving resumes")
 	}
 }
 
-// paused hands tasks back without running them when receiving is paused,
-// and reports whether it did: a batch that would start after a backoff or
-// a needed operator would only ask the server again.
-func (s *Subscriber) paused(tasks []*task) bool {
-	until, _, op := s.pause.state(time.Now())
-	switch {
-	case op != nil:
-		for _, t := range tasks {
-			s.release(t, 0)
+// awaitTurn waits while the model asks to wait and returns the tasks to run
+// now: all of them, or the first alone as the probe of an open circuit
+// (probe), with the rest to run after it. A task whose lease cannot be held
+// to the wait's end is handed back meanwhile (a fresh copy, visible when
+// the wait ends), and shutdown hands back every task still waiting; run is
+// empty when none is left.
+func (s *Subscriber) awaitTurn(ctx context.Context, tasks []*task) (run, rest []*task, probe bool) {
+	var waiting []*lease // marked waiting in the keeper, counted in the gauge
+	defer func() {
+		if waiting != nil {
+			s.keeper.setWaiting(waiting, false)
+			s.m.modelWaiting.Sub(float64(len(waiting)))
+			s.pause.addWaiter(-1)
 		}
-	case !until.IsZero():
-		s.pause.mu.Lock()
-		reason := s.pause.reason
-		s.pause.mu.Unlock()
-		s.releaseUntil(tasks, until, backoffReason(reason))
-	default:
-		return false
+	}()
+	for {
+		now := time.Now()
+		ok, probe, wake, changed := s.pause.turn(now)
+		if ok {
+			if probe {
+				return tasks[:1], tasks[1:], true
+			}
+			return tasks, nil, false
+		}
+		if waiting == nil {
+			for _, t := range tasks {
+				waiting = append(waiting, t.lease)
+			}
+			s.keeper.setWaiting(waiting, true)
+			s.m.modelWaiting.Add(float64(len(waiting)))
+			s.pause.addWaiter(1)
+		}
+		// Hand back what cannot wait longer holding its lease.
+		kept := tasks[:0]
+		next := wake
+		for _, t := range tasks {
+			limit := s.leaseLimit(t.lease)
+			if !now.Before(limit) {
+				s.handBack(t, s.pause.wakeAt(now).Sub(now), "wait")
+				continue
+			}
+			if next.IsZero() || limit.Before(next) {
+				next = limit
+			}
+			kept = append(kept, t)
+		}
+		tasks = kept
+		if len(tasks) == 0 {
+			return nil, nil, false
+		}
+		var timer <-chan time.Time
+		if !next.IsZero() {
+			t := time.NewTimer(next.Sub(now))
+			defer t.Stop()
+			timer = t.C
+		}
+		select {
+		case <-changed:
+		case <-timer:
+		case <-ctx.Done():
+		case <-s.stopping:
+		}
+		if ctx.Err() != nil || s.isStopping() {
+			for _, t := range tasks {
+				s.handBack(t, 0, "shutdown")
+			}
+			return nil, nil, false
+		}
 	}
-	return true
+}
+
+// waitToReceive blocks the poller while the model asks to wait, and
+// returns how many messages it may receive (-1: no limit; 1: a probe's);
+// false when ctx ends first.
+func (s *Subscriber) waitToReceive(ctx context.Context) (int, bool) {
+	for {
+		n, wake, changed := s.pause.receive(time.Now())
+		if n != 0 {
+			return n, true
+		}
+		var timer <-chan time.Time
+		var t *time.Timer
+		if !wake.IsZero() {
+			t = time.NewTimer(time.Until(wake))
+			timer = t.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-changed:
+		case <-timer:
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if ctx.Err() != nil {
+			return 0, false
+		}
+	}
+}
+
+// receiveContext is ctx, cancelled also when the model opens the circuit
+// while the receive is in flight: an operator stop does not wait out a
+// long poll. (A backoff lets it answer: what it brings waits, holding its
+// leases, like any message held.) stop releases its resources.
+func (s *Subscriber) receiveContext(ctx context.Context) (rctx context.Context, stop func()) {
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	if op, _ := s.pause.watch(); op != nil {
+		return rctx, cancel // a probe's receive: the circuit is open already
+	}
+	go func() {
+		for {
+			op, changed := s.pause.watch()
+			if op != nil {
+				cancel()
+				return
+			}
+			select {
+			case <-changed:
+			case <-done:
+				return
+			}
+		}
+	}()
+	return rctx, func() { close(done); cancel() }
 }

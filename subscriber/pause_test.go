@@ -1,31 +1,18 @@
 package subscriber
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
-)
 
-// A backoff's visibility ends when the server said, in whole seconds not
-// before it, and never past what SQS allows: 12 hours from the receive.
-func TestBackoffDelay(t *testing.T) {
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	for _, tc := range []struct {
-		name     string
-		received time.Time
-		until    time.Time
-		want     time.Duration
-	}{
-		{"rounded up", now, now.Add(90*time.Second + time.Millisecond), 91 * time.Second},
-		{"a daily quota", now, now.Add(24 * time.Hour), 12*time.Hour - time.Minute},
-		{"held for hours", now.Add(-11 * time.Hour), now.Add(5 * time.Hour), 59 * time.Minute},
-		{"past", now, now.Add(-time.Second), 0},
-		{"no hold left", now.Add(-12 * time.Hour), now.Add(time.Hour), 0},
-	} {
-		if got := backoffDelay(&lease{received: tc.received}, tc.until, now); got != tc.want {
-			t.Errorf("%s: %v; want %v", tc.name, got, tc.want)
-		}
-	}
-}
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/testenv/promsum"
+	"github.com/vramq/vramq/job"
+)
 
 func TestBackoffReason(t *testing.T) {
 	for reason, want := range map[string]string{
@@ -39,4 +26,95 @@ func TestBackoffReason(t *testing.T) {
 			t.Errorf("backoffReason(%q) = %q; want %q", reason, got, want)
 		}
 	}
+}
+
+// phasedModel answers as a model server behind a spent limit would: a
+// rate limit (429 rate_limit_exceeded, come back in a minute) until
+// quotaAt, then a spent quota (429 insufficient_quota, needs an operator)
+// until healthyAt, then it runs. It counts the items it answered.
+type phasedModel struct {
+	gpu.Model
+	quotaAt, healthyAt time.Time
+
+	mu       sync.Mutex
+	answered map[string]int // by job/chunk/item
+	calls    int
+}
+
+func (m *phasedModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	m.mu.Lock()
+	m.calls++
+	m.mu.Unlock()
+	now := time.Now()
+	switch {
+	case now.Before(m.quotaAt):
+		return nil, &gpu.BackoffError{Until: now.Add(time.Minute), Reason: "429 rate_limit_exceeded"}
+	case now.Before(m.healthyAt):
+		return nil, fmt.Errorf("429 insufficient_quota: %w", gpu.ErrNeedsOperator)
+	}
+	outs, err := m.Model.Run(ctx, items)
+	if err == nil {
+		m.mu.Lock()
+		for _, it := range items {
+			m.answered[it.Text]++
+		}
+		m.mu.Unlock()
+	}
+	return outs, err
+}
+
+// Six hours of a rate limit, then six of a spent quota, then a healthy
+// server, with the queue's redrive at two receives: nothing may be
+// dead-lettered (neither by the queue's redrive nor by the subscriber),
+// every item is answered once, and the subscriber resumes by itself, without
+// a restart, once a probe gets through. The waits hold the leases while SQS
+// lets them (12 hours from a receive), then hand the messages back as fresh
+// copies.
+func TestWaitsNeverCostAReceive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var model *phasedModel
+		h := startWith(t, 64*mib, Config{MaxBatch: 4, Visibility: 30 * time.Second}, func(h *harness, c *Config) {
+			h.work.Redrive(h.dlq, 2)
+			now := time.Now()
+			model = &phasedModel{Model: c.Model, quotaAt: now.Add(6 * time.Hour), healthyAt: now.Add(12 * time.Hour),
+				answered: map[string]int{}}
+			c.Model = model
+		})
+		defer h.stop()
+		const n = 20
+		for i := range n {
+			h.send("job", i, fmt.Sprintf("mb=1 ms=10 id=%d", i))
+		}
+		time.Sleep(6*time.Hour + 30*time.Minute)
+		if err := h.sub.Healthy(); !errors.Is(err, gpu.ErrNeedsOperator) {
+			t.Errorf("Healthy during the spent quota: %v, want gpu.ErrNeedsOperator", err)
+		}
+		time.Sleep(6*time.Hour + 30*time.Minute)
+		if err := h.sub.Healthy(); err != nil {
+			t.Errorf("Healthy after the quota came back: %v", err)
+		}
+		h.shutdown()
+		if d, _ := h.dlq.Stats(); d != 0 {
+			t.Errorf("%d messages dead-lettered; want none", d)
+		}
+		got, dups := h.resultsByKey()
+		if len(got) != n || dups != 0 {
+			t.Errorf("%d results (%d duplicates); want %d, none duplicated", len(got), dups, n)
+		}
+		model.mu.Lock()
+		defer model.mu.Unlock()
+		for i := range n {
+			if k := fmt.Sprintf("mb=1 ms=10 id=%d", i); model.answered[k] != 1 {
+				t.Errorf("item %d answered %d times; want once", i, model.answered[k])
+			}
+		}
+		if live, _ := h.work.Stats(); live != 0 {
+			t.Errorf("%d messages left on the work queue", live)
+		}
+		handedBack := promsum.Sum(t, h.reg, "vramq_subscriber_messages_handed_back_total")
+		if handedBack == 0 {
+			t.Errorf("no message was handed back, though the wait outlasted SQS's 12 hours of visibility")
+		}
+		t.Logf("model calls %d, messages handed back %v", model.calls, handedBack)
+	})
 }

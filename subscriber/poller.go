@@ -76,16 +76,29 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 		}
 		topUp = time.Time{}
 		// A backoff or a needed operator (pause.go) holds receives back:
-		// what they would bring could not run, and each receive counts
-		// towards a message's DLQ.
-		if !s.pause.wait(ctx) {
+		// what they would bring could not run; a probe of an open circuit
+		// may take one message.
+		allowed, ok := s.waitToReceive(ctx)
+		if !ok {
 			return
 		}
+		if allowed > 0 {
+			n = min(n, allowed)
+		}
 		start := time.Now()
-		msgs, err := s.queue.Receive(recvCtx, n, s.cfg.WaitTime, s.cfg.Visibility)
+		rctx, stopRecv := s.receiveContext(recvCtx)
+		msgs, err := s.queue.Receive(rctx, n, s.cfg.WaitTime, s.cfg.Visibility)
+		cut := rctx.Err() != nil && recvCtx.Err() == nil
+		stopRecv()
+		if allowed > 0 && len(msgs) == 0 {
+			s.pause.gotNothing(time.Now(), s.cfg.OperatorProbe)
+		}
 		if err != nil {
 			if recvCtx.Err() != nil {
 				return
+			}
+			if cut {
+				continue // the circuit opened: an operator stop does not wait out a long poll
 			}
 			failures++
 			s.pollErrSince.CompareAndSwap(0, start.UnixNano())
@@ -126,7 +139,7 @@ func (s *Subscriber) accept(ctx context.Context, l *lease) {
 	t := &task{lease: l}
 	if ctx.Err() != nil {
 		s.startTasks(1)
-		s.release(t, 0)
+		s.handBack(t, 0, "shutdown")
 		return
 	}
 	w, err := job.DecodeWork([]byte(l.msg.Body))
@@ -228,6 +241,7 @@ func (s *Subscriber) enqueue(t *task) {
 	// Never blocks: room() kept waiting, which counts this message, within
 	// the buffer's capacity.
 	t.cost, t.raw, t.class = cost, cost, class
+	t.slots = s.modelSlots(w.Endpoint, w.Items)
 	s.buffer <- t
 }
 

@@ -31,19 +31,40 @@ var errTimeout = errors.New("inference timed out")
 // halves fitting says nothing about the batch's size when that message was
 // the cause. Lowered at every split level regardless, a few such messages
 // would hold the limit near 1, and save it so.
+//
+// While the model asks to wait (pause.go) the batch waits before it runs,
+// and the messages a backoff or a needed operator stopped wait and run
+// again, holding their leases and their admission: nothing else could
+// run meanwhile anyway.
 func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
-	if tasks = s.dropCancelled(tasks); len(tasks) == 0 || s.paused(tasks) {
-		return
+	for len(tasks) > 0 {
+		if tasks = s.dropCancelled(tasks); len(tasks) == 0 {
+			return
+		}
+		run, rest, probe := s.awaitTurn(ctx, tasks)
+		if len(run) == 0 {
+			return
+		}
+		sp := s.runOnce(ctx, run)
+		if probe && !sp.operator {
+			s.probeDone()
+		}
+		tasks = append(sp.wait, rest...)
 	}
+}
+
+// runOnce runs tasks as one batch, as runBatch describes, and returns what
+// its splits found, with the tasks that must wait for the model.
+func (s *Subscriber) runOnce(ctx context.Context, tasks []*task) *splits {
 	factor := batchFactor(tasks)
-	var sp splits
-	_, alone := s.process(ctx, tasks, &sp)
+	sp := &splits{}
+	_, alone := s.process(ctx, tasks, sp)
 	for _, t := range alone {
 		t.hold.yieldWeight()
 	}
 	failed := map[*task]bool{}
 	for _, t := range alone {
-		if !s.runAlone(ctx, t) {
+		if !s.runAlone(ctx, t, sp) {
 			failed[t] = true
 		}
 	}
@@ -59,6 +80,7 @@ func (s *Subscriber) runBatch(ctx context.Context, tasks []*task) {
 	// is a driver call (NVML, per process too), which in line after the run
 	// held every result back by its time.
 	s.readDevice()
+	return sp
 }
 
 // readDevice updates the device memory gauges from a reading now; a failed
@@ -98,6 +120,11 @@ type splits struct {
 	// lessons are the splits where a smaller batch fitted after a larger
 	// one ran out of memory, innermost first.
 	lessons []sizeLesson
+	// wait are the tasks a backoff or a needed operator stopped, still
+	// holding their leases and admission: they run again after the wait.
+	wait []*task
+	// operator: the model said it needs an operator.
+	operator bool
 }
 
 // sizeLesson is a batch, tasks, that ran out of memory with the budget at
@@ -168,10 +195,11 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok
 		s.loseDevice(tasks, err)
 		return 0, nil
 	case errors.Is(err, gpu.ErrBackoff):
-		s.backOff(tasks, outs, err)
+		sp.wait = append(sp.wait, s.backOff(tasks, outs, err)...)
 		return 0, nil
 	case errors.Is(err, gpu.ErrNeedsOperator):
-		s.needOperator(tasks, err)
+		sp.operator = true
+		sp.wait = append(sp.wait, s.needOperator(tasks, err)...)
 		return 0, nil
 	default:
 		s.failTasks(ctx, tasks, err)
@@ -189,14 +217,15 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok
 // error may be its doing, and the message is handed back for a retry rather
 // than lost (the queue's redrive policy ends one that keeps failing).
 //
-// It reports whether the message ran.
-func (s *Subscriber) runAlone(ctx context.Context, t *task) bool {
+// It reports whether the message ran; one that must wait for the model
+// joins sp.wait.
+func (s *Subscriber) runAlone(ctx context.Context, t *task, sp *splits) bool {
 	if s.shrunkBelow(t, s.adm.budget()) {
 		return false
 	}
 	n, err := t.hold.takeAll(ctx)
 	if err != nil {
-		s.release(t, 0) // shutting down
+		s.handBack(t, 0, "shutdown")
 		return false
 	}
 	if s.shrunkBelow(t, min(n, s.adm.budget())) {
@@ -226,9 +255,10 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) bool {
 	case errors.Is(err, gpu.ErrDeviceLost):
 		s.loseDevice([]*task{t}, err)
 	case errors.Is(err, gpu.ErrBackoff):
-		s.backOff([]*task{t}, outs, err)
+		sp.wait = append(sp.wait, s.backOff([]*task{t}, outs, err)...)
 	case errors.Is(err, gpu.ErrNeedsOperator):
-		s.needOperator([]*task{t}, err)
+		sp.operator = true
+		sp.wait = append(sp.wait, s.needOperator([]*task{t}, err)...)
 	default:
 		s.failTasks(ctx, []*task{t}, err)
 	}
@@ -236,16 +266,17 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task) bool {
 }
 
 // shrunkBelow hands t back for a retry, and reports true, when the budget
-// it would run alone with is below its estimate (vram only).
+// it would run alone with is below its estimate (vram only): another
+// process's doing, not the message's, so at no cost to its receive count.
 func (s *Subscriber) shrunkBelow(t *task, budget int64) bool {
 	if s.adm.strategy != AdmitVRAM || t.raw <= budget {
 		return false
 	}
-	delay := s.retryDelay(t.lease.msg.ReceiveCount)
+	delay := s.cfg.RetryDelay
 	s.log.Warn("out of memory in a batch of one while another process holds device memory: "+
-		"the budget is below its estimate; released for a retry",
+		"the budget is below its estimate; handed back for a retry",
 		"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.raw), "budget", bytesize.Format(budget), "retry_in", delay)
-	s.release(t, delay)
+	s.handBack(t, delay, "device_shrunk")
 	return true
 }
 
@@ -378,10 +409,13 @@ func (s *Subscriber) failTasks(ctx context.Context, tasks []*task, err error) {
 		}
 	}
 	for _, t := range tasks {
-		delay := time.Duration(0)
-		if ctx.Err() == nil {
-			delay = s.retryDelay(t.lease.msg.ReceiveCount)
+		if ctx.Err() != nil {
+			// Cut off by the shutdown's grace: not the message's failure.
+			s.log.Warn("batch cut off by shutdown; message handed back", "message_id", t.lease.msg.ID, "err", err)
+			s.handBack(t, 0, "shutdown")
+			continue
 		}
+		delay := s.retryDelay(t.lease.msg.ReceiveCount)
 		s.log.Warn("batch failed; message released", "message_id", t.lease.msg.ID, "receive_count", t.lease.msg.ReceiveCount,
 			"retry_in", delay, "err", err)
 		s.release(t, delay)

@@ -34,6 +34,11 @@ type admission struct {
 	// unbounded (none).
 	size int64
 	sem  *semaphore.Weighted
+	// slots are the model's request slots (gpu.Slotted), acquired before
+	// the memory and given back with it; nil when it has none. slotCap is
+	// their number.
+	slots   *semaphore.Weighted
+	slotCap int64
 
 	// held is the weight work holds (not the withheld weight) and acquires
 	// counts work's acquisitions: together they tell the budget refresh

@@ -62,6 +62,9 @@ type Subscriber struct {
 	buffer   chan *task    // received, decoded, waiting for admission
 	waiting  atomic.Int64  // received and not started: fetching, buffer, admission, batcher
 	roomKick chan struct{} // poked when waiting or held messages go down
+	// stopping is closed when Run's context ends: what waits for the model
+	// is handed back at once rather than after the grace.
+	stopping chan struct{}
 	runners  sync.WaitGroup
 	aux      sync.WaitGroup // dead-letter sends and cancels started by the poller and the runners
 	// settle runs the completion-event checks (events.go); nil without
@@ -97,6 +100,7 @@ type task struct {
 	factor float64 // the estimate correction cost was weighed with; 0 before admission
 	class  int     // the model's length class (gpu.LengthClasser); 0 without one
 	hold   *hold   // what it holds in admission (admission.go); nil before
+	slots  int64   // the model's request slots it takes (gpu.Slotted); 0 without
 	// parts are how a message too large to run whole runs (parts.go); nil
 	// for one that runs whole. cost and raw are then its largest part's.
 	parts []part
@@ -170,6 +174,7 @@ func New(cfg Config) (*Subscriber, error) {
 		startBudget: budget,
 		buffer:      make(chan *task, cfg.Prefetch),
 		roomKick:    make(chan struct{}, 1),
+		stopping:    make(chan struct{}),
 		suspects:    newSuspects(),
 		pause:       newPause(),
 
@@ -180,6 +185,11 @@ func New(cfg Config) (*Subscriber, error) {
 		s.cancels = newCancels(s.payloads.Read, cfg.CancelCheckTTL, s.log)
 		if cfg.Events != nil {
 			s.settle = newSettler(s)
+		}
+	}
+	if sl, ok := cfg.Model.(gpu.Slotted); ok && cfg.Admission == AdmitVRAM {
+		if n := sl.Slots(); n > 0 {
+			adm.slots, adm.slotCap = semaphore.NewWeighted(n), n
 		}
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold, s.fullCall())
@@ -308,6 +318,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	stages.Go(func() { s.refreshBudget(ctx) })
 
 	<-ctx.Done()
+	close(s.stopping)
 	s.log.Info("shutting down: no more receives; releasing unstarted messages", "running_grace", s.cfg.ShutdownGrace)
 	grace := time.AfterFunc(s.cfg.ShutdownGrace, func() {
 		s.log.Warn("shutdown grace over: cancelling running batches; their messages are released")
@@ -364,6 +375,16 @@ func (s *Subscriber) Ledger() Ledger {
 	k := s.keeper
 	return Ledger{Received: s.received.Load(), Deleted: k.deleted.Load(), Released: k.released.Load(),
 		Lost: k.lost.Load(), Abandoned: k.abandoned.Load()}
+}
+
+// isStopping reports whether Run's context has ended.
+func (s *Subscriber) isStopping() bool {
+	select {
+	case <-s.stopping:
+		return true
+	default:
+		return false
+	}
 }
 
 func (s *Subscriber) pokeRoom() {

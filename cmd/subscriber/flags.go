@@ -115,7 +115,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.MaxHold, "max-hold", d.MaxHold,
 		"longest a message is held before its lease is let go; from -visibility-timeout to 12h")
 	fs.DurationVar(&c.AdmitTimeout, "admit-timeout", d.AdmitTimeout,
-		"a message not admitted this long after receipt is released (backpressure); below -max-hold")
+		"a message not admitted this long after receipt is handed back as a fresh copy (backpressure; no cost to its receive count); below -max-hold")
+	fs.DurationVar(&c.OperatorProbe, "operator-probe", d.OperatorProbe,
+		"while the model needs an operator (spent quota, refused key), one message runs as a probe this often; work resumes when one gets through; 1s to 12h")
 	fs.DurationVar(&c.InferenceTimeout, "inference-timeout", d.InferenceTimeout, "longest one batch may run; below -max-hold")
 	fs.DurationVar(&c.RetryDelay, "retry-delay", d.RetryDelay,
 		"visibility of a message released after a transient failure, doubled per receive up to 15m")
@@ -176,7 +178,7 @@ var configFlags = map[string]string{
 	"MaxBatchDelay": "max-batch-delay", "MaxBatchBytes": "max-batch-bytes", "WaitTime": "wait-time",
 	"Visibility": "visibility-timeout", "MaxHold": "max-hold", "AdmitTimeout": "admit-timeout",
 	"InferenceTimeout": "inference-timeout", "RetryDelay": "retry-delay", "ShutdownGrace": "shutdown-grace",
-	"CancelCheckTTL":  "cancel-check-ttl",
+	"CancelCheckTTL": "cancel-check-ttl", "OperatorProbe": "operator-probe",
 	"MaxMessageBytes": "max-message-bytes", "StateFile": "state-file", "BatchLimitProbeAfter": "batch-limit-probe-after",
 	"EstimateCorrectionMax": "estimate-correction-max",
 	"TaskProtectionExpiry":  "task-protection-expiry", "TaskProtectionMaxHold": "task-protection-max-hold",

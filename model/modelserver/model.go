@@ -465,3 +465,45 @@ func (m *Model) count(row *disposition) {
 	m.answers[row.name]++
 	m.mu.Unlock()
 }
+
+// inflightRounds is how many rounds of Config.MaxConcurrency requests the
+// subscriber may have admitted at once to a server without KV metrics: one
+// running, one ready to take each slot as it frees.
+const inflightRounds = 2
+
+var _ gpu.Slotted = (*Model)(nil)
+
+// Slots bounds what the subscriber admits to a server without KV metrics
+// (TGI, TEI, Ollama, OpenAI: nothing tells how full it is) to
+// inflightRounds rounds of its concurrency. More would not run sooner:
+// every request past the concurrency waits in this process, while its
+// message is held as running, out of reach of its job's cancel (checked
+// before a batch starts) and of other subscribers, and a chunk completes
+// only once all its requests have, so a job's progress would wait for the
+// whole backlog. With vLLM's metrics the KV cache bounds admission
+// (Device), and this is 0: no bound.
+func (m *Model) Slots() int64 {
+	if m.dev.live {
+		return 0
+	}
+	return int64(inflightRounds * m.cfg.MaxConcurrency)
+}
+
+// SlotsFor is the requests items make: one per chat or completion item,
+// and embedding items EmbedBatch inputs to a request. Items refused
+// without a request take none.
+func (m *Model) SlotsFor(endpoint string, items []job.Item) int64 {
+	var reqs, inputs int64
+	for _, it := range items {
+		r, refused := m.parse(endpoint, it)
+		switch {
+		case refused != nil:
+		case r.ep == embeddings:
+			inputs++
+		default:
+			reqs++
+		}
+	}
+	per := int64(max(m.cfg.EmbedBatch, 1))
+	return reqs + (inputs+per-1)/per
+}

@@ -19,13 +19,29 @@ type Message struct {
 	Body         string
 	Attributes   map[string]string // string message attributes
 	ReceiveCount int               // ApproximateReceiveCount, 1 on first delivery
+	// GroupID is the MessageGroupId it was sent with (a FIFO queue's group,
+	// a fair queue's tenant), empty when none: a copy sent back to the
+	// queue keeps it.
+	GroupID string
 }
 
-// Outgoing is a message to send to the results queue or the DLQ.
+// Outgoing is a message to send: to the results queue or the DLQ, or back
+// to the work queue as a fresh copy of one received (Subscriber's hand-back).
 type Outgoing struct {
 	Body       string
 	Attributes map[string]string
+	// GroupID is the MessageGroupId to send with; none when empty.
+	GroupID string
+	// Delay keeps the message invisible this long after the send (SQS's
+	// DelaySeconds, whole seconds, at most 15 minutes). A FIFO queue takes
+	// no per-message delay: an implementation on one sends it at once.
+	Delay time.Duration
+	// DedupID is a FIFO queue's MessageDeduplicationId; ignored elsewhere.
+	DedupID string
 }
+
+// MaxDelay is the longest Outgoing.Delay SQS takes.
+const MaxDelay = 15 * time.Minute
 
 // Queue is the narrow view of the work queue the subscriber needs.
 // Implementations must be safe for concurrent use and must not retry beyond
@@ -44,6 +60,9 @@ type Queue interface {
 	// ChangeVisibility sets the visibility timeout of messages to timeout
 	// from now: a heartbeat when positive, a release when zero.
 	ChangeVisibility(ctx context.Context, handles []string, timeout time.Duration) ([]error, error)
+	// Send puts messages on the work queue itself: a held message handed
+	// back as a fresh copy (with a fresh receive count), then deleted.
+	Sender
 }
 
 // Sender sends messages to one queue: results or the DLQ. Same batch

@@ -58,11 +58,18 @@ func refusedChars(m queue.Outgoing) bool {
 type memMsg struct {
 	id, body  string
 	attrs     map[string]string
+	group     string
 	visibleAt time.Time
+	received  time.Time // its last receive: SQS's 12 hours of visibility count from it
 	receives  int
 	handle    string
 	deleted   bool
 }
+
+// maxVisibility is the longest SQS keeps a message invisible after a
+// receive: a ChangeMessageVisibility past it is refused (the SQS API
+// reference, ChangeMessageVisibility: "the maximum is 12 hours").
+const maxVisibility = 12 * time.Hour
 
 // NewMem returns an empty queue.
 func NewMem() *Mem {
@@ -96,9 +103,12 @@ func (q *Mem) Put(body string, attrs map[string]string) {
 	q.put(body, attrs)
 }
 
-func (q *Mem) put(body string, attrs map[string]string) {
+func (q *Mem) put(body string, attrs map[string]string) { q.putDelayed(body, attrs, "", 0) }
+
+func (q *Mem) putDelayed(body string, attrs map[string]string, group string, delay time.Duration) {
 	q.nextID++
-	q.msgs = append(q.msgs, &memMsg{id: fmt.Sprintf("m%d", q.nextID), body: body, attrs: attrs})
+	q.msgs = append(q.msgs, &memMsg{id: fmt.Sprintf("m%d", q.nextID), body: body, attrs: attrs, group: group,
+		visibleAt: time.Now().Add(delay)})
 	q.notify()
 }
 
@@ -127,7 +137,11 @@ func (q *Mem) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) 
 				continue
 			}
 		}
-		q.put(m.Body, m.Attributes)
+		if m.Delay < 0 || m.Delay > queue.MaxDelay {
+			errs[i] = &queue.Error{Kind: queue.ErrRefused, Code: "InvalidParameterValue"}
+			continue
+		}
+		q.putDelayed(m.Body, m.Attributes, m.GroupID, m.Delay.Truncate(time.Second))
 	}
 	return errs, nil
 }
@@ -160,8 +174,9 @@ func (q *Mem) Receive(ctx context.Context, max int, wait, visibility time.Durati
 			delete(q.byHandle, m.handle)
 			m.handle = fmt.Sprintf("%s#%d", m.id, m.receives)
 			q.byHandle[m.handle] = m
-			m.visibleAt = now.Add(visibility)
-			out = append(out, queue.Message{ID: m.id, Handle: m.handle, Body: m.body, Attributes: m.attrs, ReceiveCount: m.receives})
+			m.visibleAt, m.received = now.Add(visibility), now
+			out = append(out, queue.Message{ID: m.id, Handle: m.handle, Body: m.body, Attributes: m.attrs, ReceiveCount: m.receives,
+				GroupID: m.group})
 		}
 		wake := q.wake
 		q.mu.Unlock()
@@ -233,6 +248,10 @@ func (q *Mem) ChangeVisibility(ctx context.Context, handles []string, timeout ti
 		m, err := q.inflight(h, "change visibility")
 		if err != nil {
 			errs[i] = err
+			continue
+		}
+		if time.Now().Add(timeout).Sub(m.received) > maxVisibility {
+			errs[i] = &queue.Error{Kind: queue.ErrRefused, Code: "InvalidParameterValue"}
 			continue
 		}
 		m.visibleAt = time.Now().Add(timeout)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -25,6 +26,7 @@ import (
 type Queue struct {
 	client *sqs.Client
 	url    string
+	fifo   bool // its name ends in .fifo: no per-message delay, a deduplication id on every send
 }
 
 var (
@@ -34,17 +36,18 @@ var (
 
 // New returns the queue at url, reached through client.
 func New(client *sqs.Client, url string) *Queue {
-	return &Queue{client: client, url: url}
+	return &Queue{client: client, url: url, fifo: strings.HasSuffix(url, ".fifo")}
 }
 
 func (q *Queue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]queue.Message, error) {
 	out, err := q.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
-		QueueUrl:                    &q.url,
-		MaxNumberOfMessages:         int32(min(max, job.MaxBatch)),
-		WaitTimeSeconds:             int32(wait / time.Second),
-		VisibilityTimeout:           int32(visibility / time.Second),
-		MessageAttributeNames:       []string{"All"},
-		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount},
+		QueueUrl:              &q.url,
+		MaxNumberOfMessages:   int32(min(max, job.MaxBatch)),
+		WaitTimeSeconds:       int32(wait / time.Second),
+		VisibilityTimeout:     int32(visibility / time.Second),
+		MessageAttributeNames: []string{"All"},
+		MessageSystemAttributeNames: []types.MessageSystemAttributeName{
+			types.MessageSystemAttributeNameApproximateReceiveCount, types.MessageSystemAttributeNameMessageGroupId},
 	})
 	if err != nil {
 		return nil, classify(err)
@@ -56,6 +59,7 @@ func (q *Queue) Receive(ctx context.Context, max int, wait, visibility time.Dura
 			Handle:     aws.ToString(m.ReceiptHandle),
 			Body:       aws.ToString(m.Body),
 			Attributes: sqscodec.Strings(m.MessageAttributes),
+			GroupID:    m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)],
 		}
 		if n, err := strconv.Atoi(m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)]); err == nil {
 			msgs[i].ReceiveCount = n
@@ -82,11 +86,18 @@ func (q *Queue) ChangeVisibility(ctx context.Context, handles []string, timeout 
 }
 
 func (q *Queue) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) {
-	entries := make([]sqscodec.Message, len(msgs))
+	entries := make([]types.SendMessageBatchRequestEntry, len(msgs))
 	for i, m := range msgs {
-		entries[i] = sqscodec.Message{Body: m.Body, Attributes: m.Attributes}
+		c := sqscodec.Message{Body: m.Body, Attributes: m.Attributes, GroupID: m.GroupID}
+		if q.fifo {
+			c.DedupID = m.DedupID
+		}
+		entries[i] = sqscodec.Entry(i, c)
+		if !q.fifo && m.Delay > 0 {
+			entries[i].DelaySeconds = int32(m.Delay / time.Second)
+		}
 	}
-	out, err := q.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &q.url, Entries: sqscodec.Entries(entries)})
+	out, err := q.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &q.url, Entries: entries})
 	if err != nil {
 		return nil, classify(err)
 	}

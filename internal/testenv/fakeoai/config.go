@@ -71,6 +71,10 @@ type Config struct {
 	// MaxNumSeqs, which never preempts. It must hold one sequence of
 	// MaxModelLen, as vLLM refuses to start otherwise.
 	NumGPUBlocks int
+	// NoMetrics serves no vLLM metrics (GET /metrics is 404), as a server
+	// whose fullness nothing tells: TGI's and TEI's metrics have none of
+	// vLLM's names, and Ollama and OpenAI serve none.
+	NoMetrics bool
 
 	// Faults are injected from the start; SetFaults replaces them.
 	Faults []Fault

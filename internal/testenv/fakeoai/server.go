@@ -94,7 +94,9 @@ func NewUnstarted(cfg Config) *Server {
 	s.mux.HandleFunc("POST /v1/completions", s.serveModel)
 	s.mux.HandleFunc("POST /v1/embeddings", s.serveModel)
 	s.mux.HandleFunc("GET /v1/models", s.serveModels)
-	s.mux.Handle("GET /metrics", s.metrics)
+	if !cfg.NoMetrics {
+		s.mux.Handle("GET /metrics", s.metrics)
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeOpenAI(w, http.StatusNotFound, fmt.Sprintf("Invalid URL (%s %s)", r.Method, r.URL.Path), "invalid_request_error", "", "")
 	})
