@@ -272,6 +272,11 @@ func TestBatchInvalidLines(t *testing.T) {
 	if bt.Status != openai.BatchStatusFailed || bt.FailedAt == 0 || bt.InProgressAt != 0 {
 		t.Fatalf("batch: %s", bt.RawJSON())
 	}
+	// Issue 34, item 14: the counts add up. Nothing ran, so each of the
+	// file's 10 requests, good or bad, failed with the batch.
+	if c := bt.RequestCounts; c.Total != int64(len(lines)) || c.Completed != 0 || c.Failed != c.Total {
+		t.Errorf("request_counts of a batch that failed validation: %+v; want total %d, all of them failed", c, len(lines))
+	}
 	type want struct {
 		line        int64
 		code, param string
