@@ -622,6 +622,10 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 		fail(noBatchStore())
 		return
 	}
+	if e := p.canList(r); e != nil {
+		fail(e)
+		return
+	}
 	q := r.URL.Query()
 	limit, e := listLimit(q, defaultBatchList, maxBatchList)
 	if e != nil {

@@ -283,6 +283,10 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 		fail(noFileStore())
 		return
 	}
+	if e := p.canList(r); e != nil {
+		fail(e)
+		return
+	}
 	q := r.URL.Query()
 	limit, e := listLimit(q, maxFileList, maxFileList)
 	if e != nil {

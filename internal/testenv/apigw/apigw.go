@@ -4,6 +4,8 @@ package apigw
 
 import (
 	"fmt"
+	"net/textproto"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +51,42 @@ func Event(method, target string, headers map[string]string, body string) events
 			Time: now.UTC().Format("02/Jan/2006:15:04:05 -0700"), TimeEpoch: now.UnixMilli(),
 			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: method, Path: path, Protocol: "HTTP/1.1",
 				SourceIP: SourceIP, UserAgent: "curl/8.5.0"},
+		},
+	}
+}
+
+// RESTEvent is the request of Event as a REST API's proxy integration
+// sends it (payload 1.0) through its stage "prod": headers both single-
+// and multi-valued, the query as decoded parameters (null without one),
+// the path without the stage, which requestContext.path keeps. A REST API
+// keeps header names as the client sent them; these are canonical.
+func RESTEvent(method, target string, headers map[string]string, body string) events.APIGatewayProxyRequest {
+	v2 := Event(method, target, headers, body)
+	h := map[string]string{}
+	mh := map[string][]string{}
+	for k, v := range v2.Headers {
+		k = textproto.CanonicalMIMEHeaderKey(k)
+		h[k] = v
+		mh[k] = []string{v}
+	}
+	path, query, _ := strings.Cut(target, "?")
+	var q map[string]string
+	var mq map[string][]string
+	if vs, err := url.ParseQuery(query); err == nil && len(vs) > 0 {
+		q, mq = map[string]string{}, map[string][]string(vs)
+		for k, v := range vs {
+			q[k] = v[len(v)-1] // the last value, as API Gateway documents
+		}
+	}
+	rc := v2.RequestContext
+	return events.APIGatewayProxyRequest{
+		Resource: "/{proxy+}", Path: path, HTTPMethod: method, Headers: h, MultiValueHeaders: mh,
+		QueryStringParameters: q, MultiValueQueryStringParameters: mq, Body: body,
+		RequestContext: events.APIGatewayProxyRequestContext{
+			AccountID: rc.AccountID, Stage: "prod", DomainName: rc.DomainName, DomainPrefix: rc.DomainPrefix,
+			RequestID: rc.RequestID, Protocol: "HTTP/1.1", ResourcePath: "/{proxy+}", Path: "/prod" + path,
+			HTTPMethod: method, RequestTimeEpoch: rc.TimeEpoch, APIID: rc.APIID,
+			Identity: events.APIGatewayRequestIdentity{SourceIP: SourceIP, UserAgent: "curl/8.5.0"},
 		},
 	}
 }
