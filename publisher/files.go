@@ -207,11 +207,33 @@ func (p *Publisher) getFile(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, f.object())
 }
 
+// contentLinkExpiry is how long the presigned URL a large download is sent
+// to may be started in: long enough for a client to follow the redirect,
+// short enough that a URL seen in a log is soon worthless.
+const contentLinkExpiry = 5 * time.Minute
+
 // fileContent is GET /v1/files/{id}/content: the file's bytes as uploaded,
-// streamed from the bucket.
+// streamed from the bucket; or, for a file too large for the response
+// (under Lambda, which sends a response in one piece of at most 6 MB), a
+// 307 to a presigned URL of the content, which the SDKs' HTTP clients
+// follow. S3 serves that GET itself, to any size; the redirect goes to
+// another host, so a client's bearer key is not sent on to S3 (Go's
+// net/http and the Fetch standard both drop Authorization there).
 func (p *Publisher) fileContent(w http.ResponseWriter, r *http.Request) {
 	f, fail := p.loadFile(w, r)
 	if f == nil {
+		return
+	}
+	if most := maxResponseBody(r); most >= 0 && f.Bytes > most && r.Method != http.MethodHead {
+		u, err := p.store.PresignGet(r.Context(), job.FileKey(f.Owner, f.ID), "application/octet-stream", contentLinkExpiry)
+		if err != nil {
+			p.log.Error("presigning a file's content", "file_id", f.ID, "err", err)
+			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be read"))
+			return
+		}
+		w.Header().Set("Location", u)
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusTemporaryRedirect)
 		return
 	}
 	body, size, err := p.store.Open(r.Context(), job.FileKey(f.Owner, f.ID))

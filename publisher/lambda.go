@@ -164,6 +164,23 @@ func lambdaResponseSize(out events.APIGatewayV2HTTPResponse) int {
 	return int(n)
 }
 
+// lambdaMaxBody is the largest body sure to fit in a response under
+// lambdaMaxResponse: base64 (a binary body is sent so) makes 4 bytes of
+// 3, and 64 KiB is left for the headers and the JSON around them.
+const lambdaMaxBody = (lambdaMaxResponse - 64<<10) / 4 * 3
+
+type lambdaKey struct{}
+
+// maxResponseBody is the largest response body r may be answered with:
+// lambdaMaxBody when it came through the Lambda adapter, which sends a
+// response in one piece; -1, no limit, when the server streams it.
+func maxResponseBody(r *http.Request) int64 {
+	if in, _ := r.Context().Value(lambdaKey{}).(bool); in {
+		return lambdaMaxBody
+	}
+	return -1
+}
+
 type lambdaCounter int
 
 func (c *lambdaCounter) Write(p []byte) (int, error) {
@@ -226,7 +243,8 @@ func lambdaRequest(ctx context.Context, ev events.APIGatewayV2HTTPRequest) (*htt
 	// NewRequestWithContext checks the method is a valid token; its URL,
 	// parsed as a client's, is then replaced by the server-side one. The
 	// caller's identity is the authorizer's, from the request context.
-	r, err := http.NewRequestWithContext(withCaller(ctx, v2Identity(&ev.RequestContext)), method, "/", bytes.NewReader(body))
+	ctx = context.WithValue(withCaller(ctx, v2Identity(&ev.RequestContext)), lambdaKey{}, true)
+	r, err := http.NewRequestWithContext(ctx, method, "/", bytes.NewReader(body))
 	if err != nil {
 		return nil, errors.New("the event's method is not an HTTP method")
 	}

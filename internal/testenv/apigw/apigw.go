@@ -3,7 +3,11 @@
 package apigw
 
 import (
+	"context"
+	"encoding/base64"
 	"fmt"
+	"io"
+	"net/http"
 	"net/textproto"
 	"net/url"
 	"strconv"
@@ -89,4 +93,53 @@ func RESTEvent(method, target string, headers map[string]string, body string) ev
 			Identity: events.APIGatewayRequestIdentity{SourceIP: SourceIP, UserAgent: "curl/8.5.0"},
 		},
 	}
+}
+
+// Handler is an HTTP API in front of the Lambda function fn, for a test's
+// HTTP clients: each request becomes the event Event makes of it, its
+// headers in lower case and joined with commas, its body base64-encoded (as
+// API Gateway sends a body it does not take for text), and fn's response
+// becomes the HTTP response. A function error is 500 {"message":"Internal
+// Server Error"}, as an HTTP API answers one.
+func Handler(fn func(context.Context, events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		headers := map[string]string{}
+		for k, vs := range r.Header {
+			headers[strings.ToLower(k)] = strings.Join(vs, ",")
+		}
+		ev := Event(r.Method, r.URL.RequestURI(), headers, "")
+		if len(body) > 0 {
+			ev.Body, ev.IsBase64Encoded = base64.StdEncoding.EncodeToString(body), true
+		}
+		out, err := fn(r.Context(), ev)
+		if err != nil {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, `{"message":"Internal Server Error"}`)
+			return
+		}
+		for k, v := range out.Headers {
+			w.Header().Set(k, v)
+		}
+		for _, c := range out.Cookies {
+			w.Header().Add("Set-Cookie", c)
+		}
+		b := []byte(out.Body)
+		if out.IsBase64Encoded {
+			if b, err = base64.StdEncoding.DecodeString(out.Body); err != nil {
+				w.WriteHeader(http.StatusBadGateway)
+				return
+			}
+		}
+		if w.Header().Get("Content-Length") == "" || r.Method != http.MethodHead {
+			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		}
+		w.WriteHeader(out.StatusCode)
+		_, _ = w.Write(b)
+	})
 }
