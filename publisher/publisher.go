@@ -117,7 +117,7 @@ func (p *Publisher) Handler() http.Handler {
 	mux.HandleFunc("/v1/jobs/{id}", methodNotAllowed("GET, HEAD, DELETE"))
 	// The files routes answer every error in OpenAI's shape (openai.go),
 	// their 404s and 405s included.
-	mux.Handle("POST /v1/files", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.postFile)))))
+	mux.Handle("POST /v1/files", openAI(p.auth(p.rateLimit(p.withinFileLimit(http.HandlerFunc(p.postFile))))))
 	mux.Handle("GET /v1/files", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.listFiles)))))
 	mux.Handle("GET /v1/files/{id}", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.getFile)))))
 	mux.Handle("DELETE /v1/files/{id}", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.deleteFile)))))
