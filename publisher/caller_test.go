@@ -219,3 +219,34 @@ func TestKeylessCallersOwnTheirFilesAndBatches(t *testing.T) {
 		t.Errorf("GET /v1/files over HTTP without keys: %d %s; want 401 caller_unknown", r.status, r.body)
 	}
 }
+
+// Without keys an Idempotency-Key is the caller identity's own: another
+// caller sending the same key and body makes its own job, where it was
+// answered the first caller's job (its id, which owns then refused it);
+// the same caller again is the replay.
+func TestKeylessIdempotencyIsPerCaller(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{})
+	h := publisher.LambdaEventHandler(s.pub.Handler())
+	iam := func(arn string) *events.APIGatewayV2HTTPRequestContextAuthorizerDescription {
+		return &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{IAM: &events.APIGatewayV2HTTPRequestContextAuthorizerIAMDescription{UserARN: arn}}
+	}
+	alice, bob := v2Caller("alice", iam("arn:aws:iam::123456789012:user/alice")), v2Caller("bob", iam("arn:aws:iam::123456789012:user/bob"))
+	body := string(jobBody(t, manyItems("i", 2, 2), 0))
+	post := func(c lambdaCaller) (id string, replayed bool) {
+		a := c.call(t, h, "POST", "/v1/jobs", map[string]string{"content-type": "application/json", "idempotency-key": "nightly-1"}, body, false)
+		var acc accepted
+		if a.StatusCode != 202 || json.Unmarshal([]byte(a.Body), &acc) != nil {
+			t.Fatalf("%s: POST: %d %s", c.name, a.StatusCode, a.Body)
+		}
+		return acc.JobID, a.Headers["Idempotent-Replayed"] == "true"
+	}
+	first, _ := post(alice)
+	if id, replayed := post(bob); id == first || replayed {
+		t.Errorf("bob's POST with alice's Idempotency-Key: job %s (replayed %v); want a job of his own, not alice's %s", id, replayed, first)
+	}
+	if id, _ := post(alice); id != first {
+		t.Errorf("alice's retry: job %s; want her first, %s", id, first)
+	}
+}
