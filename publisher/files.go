@@ -123,9 +123,9 @@ const maxFileRecord = 8 << 10
 // (withPurpose). The time first, so that ids sort as the files were
 // created: a listing sorts the keys S3 lists and reads only the records of
 // the page it answers. The purpose bit lets a listing for one purpose pass
-// the other's files by without reading their records, and the time one
-// whose expiry cannot be later than now. The random bits (79) keep ids
-// unguessable, though another tenant's id would only get a 404 anyway.
+// the other's files by without reading their records, and the time lets it
+// pass by files older than the longest expiry. The random bits (79) keep
+// ids unguessable, though another tenant's id would only get a 404 anyway.
 const fileIDPrefix = "file-"
 
 // newFileID is the id of a file uploaded now.
@@ -143,9 +143,11 @@ func withPurpose(id, purpose string) string {
 
 const hexDigits = "0123456789abcdef"
 
-// idPurpose is the purpose withPurpose put in id. Files made before ids
-// carried one (vramq before issue 34) may say another than their records
-// do: their records decide what is listed, this only what is read.
+// idPurpose is the purpose withPurpose put in id. The id of a file made
+// before ids carried one (vramq before issue 34) says either at random, so
+// a listing by purpose may leave such a file out (never list one of the
+// other purpose: the record's is checked too) until it expires, within 30
+// days.
 func idPurpose(id string) string {
 	if strings.IndexByte(hexDigits, id[len(id)-1])&1 == 1 {
 		return PurposeBatchOutput
@@ -153,20 +155,14 @@ func idPurpose(id string) string {
 	return PurposeBatch
 }
 
-// idTime is when a file of id was made: the timeID's milliseconds.
-func idTime(id, prefix string) time.Time {
-	b, _ := hex.DecodeString(id[len(prefix) : len(prefix)+12])
-	var ms int64
-	for _, c := range b {
-		ms = ms<<8 | int64(c)
-	}
-	return time.UnixMilli(ms)
-}
-
 // surelyExpired reports whether file id has expired whatever its record
-// says: it was made longer ago than the longest expiry.
+// says: it was made (its timeID's milliseconds) longer ago than the longest
+// expiry.
 func surelyExpired(id string, now time.Time) bool {
-	return now.Sub(idTime(id, fileIDPrefix)) > maxFileExpiry
+	var b [8]byte
+	_, _ = hex.Decode(b[2:], []byte(id[len(fileIDPrefix):len(fileIDPrefix)+12])) // validFileID: hex
+	made := time.UnixMilli(int64(binary.BigEndian.Uint64(b[:])))
+	return now.Sub(made) > maxFileExpiry
 }
 
 // validFileID is checked before an id reaches an S3 key, so that no id can
