@@ -27,7 +27,8 @@ import (
 // empty), so one handler serves both.
 //
 // Each event becomes one server-side *http.Request carrying the invocation's
-// context (its deadline, and lambdacontext.FromContext for the request id),
+// context (its deadline, and lambdacontext.FromContext for the request id)
+// and the caller identity the event's authorizer gave (caller.go),
 // and h's whole response is buffered: both services take a response in one
 // piece, of at most 6 MB.
 //
@@ -93,7 +94,9 @@ func LambdaEventHandler(h http.Handler) func(context.Context, json.RawMessage) (
 // query string rebuilt from its parameters (API Gateway gives them decoded),
 // the path as API Gateway gives it (without the stage), and the caller's
 // identity from the request context's identity (IAM) or authorizer claims
-// (JWT). Set-Cookie goes back in multiValueHeaders.
+// (JWT). Set-Cookie goes back in multiValueHeaders. A REST API passes a
+// binary body (an upload, a file's content) base64-encoded only for the
+// media types its binaryMediaTypes lists.
 func LambdaProxyHandler(h http.Handler) func(context.Context, events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
 	v2 := LambdaHandler(h)
 	return func(ctx context.Context, ev events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
