@@ -73,7 +73,7 @@ func countedStore(t *testing.T, e *env) (*payload.Store, *s3front.Front) {
 // Issue 34, item 5: a listing reads at most limit+1+100 records, whatever
 // the caller holds. Of a tenant's files, newest first: 150 uploads that
 // expired, 20 output files, one live upload. purpose=batch_output passes
-// the uploads by on their ids and reads one round of 8 (it read 158
+// the uploads by on their ids and reads one round of 8 (it read 152
 // records before); purpose=batch reads 102, answers an empty page with
 // has_more (the bound cut it short), and deletes the expired records it
 // read, so that the next listing reaches the live upload; a file made
