@@ -183,6 +183,11 @@ func TestKeylessCallersOwnTheirFilesAndBatches(t *testing.T) {
 					t.Errorf("%s: %s %s of %s's: %d %s; want 404 not_found", c.name, r.method, r.path, o.name, a.StatusCode, a.Body)
 				}
 			}
+			a := c.call(t, h, "POST", "/v1/batches", map[string]string{"content-type": "application/json"},
+				`{"input_file_id":"`+theirs.file+`","endpoint":"/v1/embeddings","completion_window":"24h"}`, false)
+			if a.StatusCode != 404 || !strings.Contains(a.Body, `"param":"input_file_id"`) {
+				t.Errorf("%s: a batch of %s's file: %d %s; want 404 for input_file_id", c.name, o.name, a.StatusCode, a.Body)
+			}
 		}
 	}
 	for _, c := range callers {
