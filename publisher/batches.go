@@ -126,7 +126,9 @@ type batchRecord struct {
 	// OutputExpiresAfter is how long the output and error files are kept, in
 	// seconds; 0 for the files' default.
 	OutputExpiresAfter int64 `json:"output_expires_after,omitempty"`
-	Lines              int   `json:"lines"` // requests in the input file
+	// Lines is the requests in the input file, the bad ones of a batch that
+	// failed validation included.
+	Lines int `json:"lines"`
 	// Status is validating, in_progress or failed until the job settles,
 	// then completed, cancelled or expired.
 	Status       string       `json:"status"`
@@ -247,7 +249,13 @@ func (b *batchRecord) object(c batchCounts) *batchObject {
 	case batchExpired:
 		o.ExpiredAt = at(b.EndedAt)
 	}
-	if b.final() {
+	switch {
+	case b.Status == batchFailed:
+		// Nothing of a batch that failed ran: every request failed with
+		// it, so that the counts add up (total = completed + failed), as
+		// they do for every other batch that has ended.
+		o.RequestCounts = batchCounts{Total: b.Lines, Failed: b.Lines}
+	case b.final():
 		o.RequestCounts = batchCounts{Total: b.Lines, Completed: b.Completed, Failed: b.Failed}
 	}
 	return o
@@ -432,13 +440,13 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		b.OutputExpiresAfter = q.OutputExpiresAfter.Seconds
 	}
 	ri.jobID = b.ID
-	items, bad, err := p.readBatchInput(r.Context(), f, q.Endpoint)
+	items, requests, bad, err := p.readBatchInput(r.Context(), f, q.Endpoint)
 	if err != nil {
 		p.log.Error("reading a batch's input file", "file_id", f.ID, "err", err)
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the input file could not be read"))
 		return
 	}
-	b.Lines = len(items)
+	b.Lines = requests
 	var plan *Plan
 	if len(bad) == 0 {
 		var e *APIError
@@ -635,6 +643,10 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 		fail(noBatchStore())
 		return
 	}
+	if e := p.canList(r); e != nil {
+		fail(e)
+		return
+	}
 	q := r.URL.Query()
 	limit, e := listLimit(q, defaultBatchList, maxBatchList)
 	if e != nil {
@@ -774,19 +786,18 @@ func (st *statusBody) unsettledItems(m *job.Manifest) int {
 // OpenAI's request input object, {"custom_id", "method", "url", "body"}:
 // custom_id an item id of the grammar, unique in the file; method POST; url
 // the batch's endpoint; body a request the publisher accepts for it
-// (checkBody, as POST /v1/jobs checks an item's).
-func (p *Publisher) readBatchInput(ctx context.Context, f *fileRecord, endpoint string) ([]RequestItem, []batchError, error) {
+// (checkBody, as POST /v1/jobs checks an item's). requests counts the
+// lines that are requests, bad or not: every line but blank ones.
+func (p *Publisher) readBatchInput(ctx context.Context, f *fileRecord, endpoint string) (items []RequestItem, requests int, bad []batchError, err error) {
 	body, _, err := p.store.Open(ctx, job.FileKey(f.Owner, f.ID))
 	if err != nil {
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	defer body.Close()
 	var (
-		items []RequestItem
-		bad   []batchError
-		more  int
-		seen  = map[string]struct{}{}
-		lim   = p.limits()
+		more int
+		seen = map[string]struct{}{}
+		lim  = p.limits()
 	)
 	badLine := func(n int, code, param, format string, a ...any) {
 		if len(bad) >= maxBatchErrors {
@@ -800,7 +811,7 @@ func (p *Publisher) readBatchInput(ctx context.Context, f *fileRecord, endpoint 
 		bad = append(bad, e)
 	}
 	lines := newLineReader(body, p.cfg.MaxFileLineBytes)
-	n, requests := 0, 0
+	n := 0
 	for {
 		line, err := lines.next()
 		if err == io.EOF {
@@ -808,11 +819,12 @@ func (p *Publisher) readBatchInput(ctx context.Context, f *fileRecord, endpoint 
 		}
 		n++
 		if errors.Is(err, errLineTooLong) {
+			requests++
 			badLine(n, CodeLineTooLarge, "", "the line is over %d bytes", p.cfg.MaxFileLineBytes)
 			continue
 		}
 		if err != nil {
-			return nil, nil, err
+			return nil, 0, nil, err
 		}
 		if n > p.cfg.MaxFileLines {
 			badLine(n, CodeTooManyLines, "", "the file has more than %d lines", p.cfg.MaxFileLines)
@@ -866,7 +878,7 @@ func (p *Publisher) readBatchInput(ctx context.Context, f *fileRecord, endpoint 
 		bad = append(bad, batchError{Code: CodeTooManyErrors,
 			Message: fmt.Sprintf("%d more lines are bad; the first %d are named", more, maxBatchErrors)})
 	}
-	return items, bad, nil
+	return items, requests, bad, nil
 }
 
 // clientSet is the clients with a batch being created.

@@ -172,6 +172,14 @@ func TestBatchEmbeddingsWithTheOpenAISDK(t *testing.T) {
 	if _, err := b.Files.Get(t.Context(), done.OutputFileID); err == nil {
 		t.Errorf("another tenant reads the output file")
 	}
+	// Each purpose's listing has its own file, told apart by id (issue 34,
+	// item 5).
+	for purpose, want := range map[string]string{"batch_output": done.OutputFileID, "batch": f.ID} {
+		if page, err := a.Files.List(t.Context(), openai.FileListParams{Purpose: openai.String(purpose)}); err != nil ||
+			len(page.Data) != 1 || page.Data[0].ID != want {
+			t.Errorf("files of purpose %s: %v %s; want only %s", purpose, err, page.RawJSON(), want)
+		}
+	}
 	page, err := a.Batches.List(t.Context(), openai.BatchListParams{})
 	if err != nil || len(page.Data) != 1 || page.Data[0].ID != bt.ID || page.Data[0].Status != openai.BatchStatusCompleted {
 		t.Errorf("list: %v %+v", err, page)
@@ -271,6 +279,11 @@ func TestBatchInvalidLines(t *testing.T) {
 	bt := newBatch(t, a, f.ID, openai.BatchNewParamsEndpointV1Embeddings)
 	if bt.Status != openai.BatchStatusFailed || bt.FailedAt == 0 || bt.InProgressAt != 0 {
 		t.Fatalf("batch: %s", bt.RawJSON())
+	}
+	// Issue 34, item 14: the counts add up. Nothing ran, so each of the
+	// file's 10 requests, good or bad, failed with the batch.
+	if c := bt.RequestCounts; c.Total != int64(len(lines)) || c.Completed != 0 || c.Failed != c.Total {
+		t.Errorf("request_counts of a batch that failed validation: %+v; want total %d, all of them failed", c, len(lines))
 	}
 	type want struct {
 		line        int64

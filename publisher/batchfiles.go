@@ -308,9 +308,10 @@ type lineFile struct {
 // from b's, so that writing the files twice makes the same files.
 func (p *Publisher) newLineFile(ctx context.Context, b *batchRecord, kind string) *lineFile {
 	sum := sha256.Sum256([]byte(b.ID + "\x00" + kind))
-	// The time half of b's id, then bits of the digest: ids still sort by
-	// creation among the owner's files, and are of the file id grammar.
-	id := fileIDPrefix + b.ID[len(batchIDPrefix):len(batchIDPrefix)+12] + hex.EncodeToString(sum[:10])
+	// The time half of b's id, then bits of the digest, the last one the
+	// purpose's: ids still sort by creation among the owner's files, and
+	// are of the file id grammar.
+	id := withPurpose(fileIDPrefix+b.ID[len(batchIDPrefix):len(batchIDPrefix)+12]+hex.EncodeToString(sum[:10]), PurposeBatchOutput)
 	return &lineFile{p: p, ctx: ctx, b: b, id: id, name: b.ID + "_" + kind + ".jsonl"}
 }
 

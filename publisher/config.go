@@ -138,6 +138,16 @@ type Config struct {
 	MaxFileBytes     int64
 	MaxFileLines     int
 	MaxFileLineBytes int64
+	// MaxFiles bounds the files one owner (the tenant of an API key; without
+	// keys, a caller identity, or all callers without one together) holds:
+	// an upload while it holds that many is refused 403 too_many_files
+	// before its body is read. Its batches' output and error files count,
+	// but are always written. Files count until deleted or expired; one
+	// that expired is counted until a listing reads it (and deletes it) or
+	// 30 days after it was made. Uploads at once may go past it by as many
+	// as are at once. It also bounds what a listing lists: twice this many
+	// keys, S3 listing 1,000 a call.
+	MaxFiles int
 	// FileUploadTimeout bounds the time a POST /v1/files may take, its body
 	// included: the server's read and write deadlines are moved to it for
 	// that request, since a file may be far larger than any other body
@@ -246,6 +256,7 @@ func DefaultConfig() Config {
 		MaxFileBytes:           200 << 20,
 		MaxFileLines:           50_000,
 		MaxFileLineBytes:       10 << 20,
+		MaxFiles:               10_000,
 		FileUploadTimeout:      30 * time.Minute,
 	}
 }
@@ -293,6 +304,7 @@ func (c *Config) setDefaults() {
 	orDefault(&c.MaxFileBytes, d.MaxFileBytes)
 	orDefault(&c.MaxFileLines, d.MaxFileLines)
 	orDefault(&c.MaxFileLineBytes, d.MaxFileLineBytes)
+	orDefault(&c.MaxFiles, d.MaxFiles)
 	orDefault(&c.FileUploadTimeout, d.FileUploadTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -450,6 +462,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxFileLineBytes < 1 {
 		bad("MaxFileLineBytes", "max file line bytes %d: want at least 1", c.MaxFileLineBytes)
+	}
+	if c.MaxFiles < 1 {
+		bad("MaxFiles", "max files %d: want at least 1", c.MaxFiles)
 	}
 	if c.FileUploadTimeout <= 0 {
 		bad("FileUploadTimeout", "file upload timeout %v: want more than 0", c.FileUploadTimeout)

@@ -1,11 +1,13 @@
 package publisher
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -37,6 +39,7 @@ const (
 	CodeTooManyLines     = "too_many_lines"    // 400: over MaxFileLines
 	CodeLineTooLarge     = "line_too_large"    // 400: a line over MaxFileLineBytes
 	CodeUploadTooSlow    = "upload_too_slow"   // 408: over FileUploadTimeout
+	CodeTooManyFiles     = "too_many_files"    // 403: the owner holds MaxFiles files
 )
 
 // PurposeBatch is the one purpose a file may be uploaded for: input to
@@ -58,6 +61,25 @@ const (
 
 // Listing: OpenAI's limit, 1 to 10,000, and 10,000 by default.
 const maxFileList = 10_000
+
+// maxListSkips bounds the records a listing reads beyond its page and the
+// one more that says has_more: records of files that expired, or were
+// deleted, since the keys were listed.
+const maxListSkips = 100
+
+// removeExpiredFile deletes owner's expired file id, record first, as
+// DELETE does: it is gone for every route already, and this keeps the
+// next listing from reading it again (the bucket's lifecycle rule would
+// remove it only days later). A failure is left to the lifecycle rule.
+func (p *Publisher) removeExpiredFile(ctx context.Context, owner, id string) {
+	if err := p.store.Delete(ctx, job.FileRecordKey(owner, id)); err != nil {
+		p.log.Warn("deleting an expired file's record", "file_id", id, "err", err)
+		return
+	}
+	if err := p.store.Delete(ctx, job.FileKey(owner, id)); err != nil {
+		p.log.Warn("deleting an expired file's content", "file_id", id, "err", err)
+	}
+}
 
 // fileObject is a file as the API answers it: OpenAI's FileObject. status is
 // deprecated there but still sent, always "processed" once the upload is
@@ -97,20 +119,58 @@ func (f *fileRecord) expired(now time.Time) bool { return now.Unix() >= f.Expire
 // file name of at most maxFilenameBytes.
 const maxFileRecord = 8 << 10
 
-// File ids: "file-", then a timeID. The time first, so that ids sort as the
-// files were created: a listing sorts the keys S3 lists and reads only the
-// records of the page it answers. The random bits keep ids unguessable,
-// though another tenant's id would only get a 404 anyway.
+// File ids: "file-", then a timeID whose last bit says the file's purpose
+// (withPurpose). The time first, so that ids sort as the files were
+// created: a listing sorts the keys S3 lists and reads only the records of
+// the page it answers. The purpose bit lets a listing for one purpose pass
+// the other's files by without reading their records, and the time lets it
+// pass by files older than the longest expiry. The random bits (79) keep
+// ids unguessable, though another tenant's id would only get a 404 anyway.
 const fileIDPrefix = "file-"
 
-func newFileID(now time.Time) string { return newTimeID(fileIDPrefix, now) }
+// newFileID is the id of a file uploaded now.
+func newFileID(now time.Time) string { return withPurpose(newTimeID(fileIDPrefix, now), PurposeBatch) }
+
+// withPurpose is id, a file id, with its last bit set for purpose: 1 for a
+// batch's output or error file, 0 for an upload.
+func withPurpose(id, purpose string) string {
+	v := strings.IndexByte(hexDigits, id[len(id)-1]) &^ 1
+	if purpose == PurposeBatchOutput {
+		v |= 1
+	}
+	return id[:len(id)-1] + hexDigits[v:v+1]
+}
+
+const hexDigits = "0123456789abcdef"
+
+// idPurpose is the purpose withPurpose put in id. The id of a file made
+// before ids carried one (vramq before issue 34) says either at random, so
+// a listing by purpose may leave such a file out (never list one of the
+// other purpose: the record's is checked too) until it expires, within 30
+// days.
+func idPurpose(id string) string {
+	if strings.IndexByte(hexDigits, id[len(id)-1])&1 == 1 {
+		return PurposeBatchOutput
+	}
+	return PurposeBatch
+}
+
+// surelyExpired reports whether file id has expired whatever its record
+// says: it was made (its timeID's milliseconds) longer ago than the longest
+// expiry.
+func surelyExpired(id string, now time.Time) bool {
+	var b [8]byte
+	_, _ = hex.Decode(b[2:], []byte(id[len(fileIDPrefix):len(fileIDPrefix)+12])) // validFileID: hex
+	made := time.UnixMilli(int64(binary.BigEndian.Uint64(b[:])))
+	return now.Sub(made) > maxFileExpiry
+}
 
 // validFileID is checked before an id reaches an S3 key, so that no id can
 // name another object.
 func validFileID(id string) bool { return validTimeID(fileIDPrefix, id) }
 
 // timeIDHex is the hex digits of a timeID: 48 bits of the Unix time in
-// milliseconds, then 80 random bits.
+// milliseconds, then 80 random bits (a file id's last one its purpose).
 const timeIDHex = 32
 
 // newTimeID is prefix and the hex of 48 bits of now in Unix milliseconds
@@ -179,8 +239,13 @@ func (p *Publisher) loadFile(w http.ResponseWriter, r *http.Request) (f *fileRec
 	return f, fail
 }
 
+// errFileExpired is readFileRecord's payload.ErrMissing for a record that
+// is there, the caller's, and expired.
+var errFileExpired = fmt.Errorf("%w: the file has expired", payload.ErrMissing)
+
 // readFileRecord reads the record at key: payload.ErrMissing (wrapped) when
-// there is none, or it is not the caller's, or it has expired.
+// there is none, or it is not the caller's, or it has expired
+// (errFileExpired).
 func (p *Publisher) readFileRecord(r *http.Request, key string) (*fileRecord, error) {
 	raw, err := p.store.ReadLimit(r.Context(), key, maxFileRecord)
 	if err != nil {
@@ -192,8 +257,11 @@ func (p *Publisher) readFileRecord(r *http.Request, key string) (*fileRecord, er
 	}
 	// The key is the owner's already; the record's own word is checked too,
 	// by the rule every route follows.
-	if !p.owns(r, f.Owner) || f.expired(p.now()) {
+	if !p.owns(r, f.Owner) {
 		return nil, payload.ErrMissing
+	}
+	if f.expired(p.now()) {
+		return nil, errFileExpired
 	}
 	return &f, nil
 }
@@ -207,11 +275,33 @@ func (p *Publisher) getFile(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, f.object())
 }
 
+// contentLinkExpiry is how long the presigned URL a large download is sent
+// to may be started in: long enough for a client to follow the redirect,
+// short enough that a URL seen in a log is soon worthless.
+const contentLinkExpiry = 5 * time.Minute
+
 // fileContent is GET /v1/files/{id}/content: the file's bytes as uploaded,
-// streamed from the bucket.
+// streamed from the bucket; or, for a file too large for the response
+// (under Lambda, which sends a response in one piece of at most 6 MB), a
+// 307 to a presigned URL of the content, which the SDKs' HTTP clients
+// follow. S3 serves that GET itself, to any size; the redirect goes to
+// another host, so a client's bearer key is not sent on to S3 (Go's
+// net/http and the Fetch standard both drop Authorization there).
 func (p *Publisher) fileContent(w http.ResponseWriter, r *http.Request) {
 	f, fail := p.loadFile(w, r)
 	if f == nil {
+		return
+	}
+	if most := maxResponseBody(r); most >= 0 && f.Bytes > most && r.Method != http.MethodHead {
+		u, err := p.store.PresignGet(r.Context(), job.FileKey(f.Owner, f.ID), "application/octet-stream", contentLinkExpiry)
+		if err != nil {
+			p.log.Error("presigning a file's content", "file_id", f.ID, "err", err)
+			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be read"))
+			return
+		}
+		w.Header().Set("Location", u)
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusTemporaryRedirect)
 		return
 	}
 	body, size, err := p.store.Open(r.Context(), job.FileKey(f.Owner, f.ID))
@@ -271,8 +361,12 @@ func (p *Publisher) deleteFile(w http.ResponseWriter, r *http.Request) {
 // order=asc, limit of them after the file after names (which need not
 // still exist), only those of purpose when it is given. The keys of the
 // caller's files are listed and sorted by id, which sorts them by creation;
-// then only the records the page needs are read (and one more, for
-// has_more), readConcurrency at a time.
+// ids of the other purpose (idPurpose) and of files made longer ago than
+// the longest expiry are passed by unread; then only the records the page
+// needs are read (and one more, for has_more), readConcurrency at a time,
+// and at most limit+1+maxListSkips of them: a page the bound cuts short
+// says has_more. Expired records that are read are deleted, so that each
+// costs one read once.
 func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)
 	fail := func(e *APIError) {
@@ -281,6 +375,10 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	if p.store == nil {
 		fail(noFileStore())
+		return
+	}
+	if e := p.canList(r); e != nil {
+		fail(e)
 		return
 	}
 	q := r.URL.Query()
@@ -312,6 +410,10 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the files could not be listed"))
 		return
 	}
+	now := p.now()
+	ids = slices.DeleteFunc(ids, func(id string) bool {
+		return surelyExpired(id, now) || purpose != "" && idPurpose(id) != purpose
+	})
 	if desc {
 		slices.Reverse(ids)
 	}
@@ -329,16 +431,20 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 	}
 
 	page := []fileObject{}
-	for len(page) <= limit && len(ids) > 0 {
+	reads, most := 0, limit+1+maxListSkips
+	for len(page) <= limit && len(ids) > 0 && reads < most {
 		// Read as many as the page still needs (one over it: has_more),
-		// at least a round of readConcurrency.
-		n := min(len(ids), max(limit+1-len(page), readConcurrency))
+		// at least a round of readConcurrency, within the bound.
+		n := min(len(ids), max(limit+1-len(page), readConcurrency), most-reads)
 		recs := make([]*fileRecord, n)
 		g, gctx := errgroup.WithContext(r.Context())
 		g.SetLimit(readConcurrency)
 		for i, id := range ids[:n] {
 			g.Go(func() error {
 				f, err := p.readFileRecord(r.WithContext(gctx), prefix+id+".json")
+				if errors.Is(err, errFileExpired) {
+					p.removeExpiredFile(gctx, p.owner(r), id)
+				}
 				if errors.Is(err, payload.ErrMissing) {
 					return nil // deleted since the listing, or expired
 				}
@@ -361,12 +467,49 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 				page = append(page, f.object())
 			}
 		}
-		ids = ids[n:]
+		ids, reads = ids[n:], reads+n
 	}
-	more := len(page) > limit
-	if more {
+	// Past limit, or cut short by the bound with ids left unread.
+	more := len(page) > limit || len(ids) > 0 && reads >= most
+	if len(page) > limit {
 		page = page[:limit]
 	}
 	out := newListPage(page, more, func(f fileObject) string { return f.ID })
 	writeJSON(w, http.StatusOK, out)
+}
+
+// withinFileLimit refuses an upload, before its body is read, while the
+// caller's owner holds MaxFiles files: their records' keys, less those
+// surely expired (one List a 1,000 keys, no record read). 403, not 429:
+// the SDKs retry a 429, and only a DELETE or an expiry makes room.
+func (p *Publisher) withinFileLimit(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.store == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		fail := func(e *APIError) {
+			info(r).code = e.Code
+			writeError(w, e)
+		}
+		ids, err := p.listIDs(r.Context(), job.FilesPrefix(p.owner(r)), validFileID)
+		if err != nil {
+			p.log.Error("counting files", "err", err)
+			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the files could not be counted; nothing was kept"))
+			return
+		}
+		now := p.now()
+		held := 0
+		for _, id := range ids {
+			if !surelyExpired(id, now) {
+				held++
+			}
+		}
+		if held >= p.cfg.MaxFiles {
+			fail(paramErr(http.StatusForbidden, CodeTooManyFiles, "file",
+				"this caller holds %d files, the most it may (-max-files); delete some (DELETE /v1/files/{id}) or wait for them to expire", p.cfg.MaxFiles))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }

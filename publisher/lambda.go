@@ -27,7 +27,8 @@ import (
 // empty), so one handler serves both.
 //
 // Each event becomes one server-side *http.Request carrying the invocation's
-// context (its deadline, and lambdacontext.FromContext for the request id),
+// context (its deadline, and lambdacontext.FromContext for the request id)
+// and the caller identity the event's authorizer gave (caller.go),
 // and h's whole response is buffered: both services take a response in one
 // piece, of at most 6 MB.
 //
@@ -57,6 +58,93 @@ func LambdaHandler(h http.Handler) func(context.Context, events.APIGatewayV2HTTP
 	}
 }
 
+// LambdaEventHandler runs h as an AWS Lambda function behind any of API
+// Gateway's proxy integrations: an HTTP API or function URL (payload 2.0,
+// LambdaHandler), or a REST API or an HTTP API on payload 1.0
+// (LambdaProxyHandler); it tells them apart by the event's version field,
+// which payload 2.0 always gives as "2.0". Pass it to lambda.Start.
+func LambdaEventHandler(h http.Handler) func(context.Context, json.RawMessage) (any, error) {
+	v2, v1 := LambdaHandler(h), LambdaProxyHandler(h)
+	return func(ctx context.Context, raw json.RawMessage) (any, error) {
+		var probe struct {
+			Version string `json:"version"`
+		}
+		if err := json.Unmarshal(raw, &probe); err != nil {
+			return lambdaError(apiErr(http.StatusBadRequest, CodeInvalidEvent, "the event is not a JSON object"), ""), nil
+		}
+		if probe.Version == "2.0" {
+			var ev events.APIGatewayV2HTTPRequest
+			if err := json.Unmarshal(raw, &ev); err != nil {
+				return lambdaError(apiErr(http.StatusBadRequest, CodeInvalidEvent, "the event is not an API Gateway payload 2.0 event"), ""), nil
+			}
+			return v2(ctx, ev)
+		}
+		var ev events.APIGatewayProxyRequest
+		if err := json.Unmarshal(raw, &ev); err != nil {
+			return lambdaV1Response(lambdaError(apiErr(http.StatusBadRequest, CodeInvalidEvent, "the event is not an API Gateway proxy event"), "")), nil
+		}
+		return v1(ctx, ev)
+	}
+}
+
+// LambdaProxyHandler runs h as an AWS Lambda function behind an API Gateway
+// REST API's proxy integration, or an HTTP API on payload format 1.0. The
+// event is read as the payload 2.0 event it stands for, and served as
+// LambdaHandler serves one: multi-value headers joined with commas, the
+// query string rebuilt from its parameters (API Gateway gives them decoded),
+// the path as API Gateway gives it (without the stage), and the caller's
+// identity from the request context's identity (IAM) or authorizer claims
+// (JWT). Set-Cookie goes back in multiValueHeaders. A REST API passes a
+// binary body (an upload, a file's content) base64-encoded only for the
+// media types its binaryMediaTypes lists.
+func LambdaProxyHandler(h http.Handler) func(context.Context, events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
+	v2 := LambdaHandler(h)
+	return func(ctx context.Context, ev events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
+		if ev.HTTPMethod == "" {
+			return lambdaV1Response(lambdaError(apiErr(http.StatusBadRequest, CodeInvalidEvent,
+				"the event has no httpMethod: not an API Gateway proxy event"), "")), nil
+		}
+		headers := make(map[string]string, len(ev.Headers)+len(ev.MultiValueHeaders))
+		for k, v := range ev.Headers {
+			headers[k] = v
+		}
+		for k, vs := range ev.MultiValueHeaders {
+			if len(vs) > 0 {
+				headers[k] = strings.Join(vs, ", ")
+			}
+		}
+		query := url.Values{}
+		for k, vs := range ev.MultiValueQueryStringParameters {
+			query[k] = vs
+		}
+		for k, v := range ev.QueryStringParameters {
+			if _, ok := query[k]; !ok {
+				query.Set(k, v)
+			}
+		}
+		rc := ev.RequestContext
+		out, err := v2(withCaller(ctx, v1Identity(&rc)), events.APIGatewayV2HTTPRequest{
+			Version: "1.0", RawPath: ev.Path, RawQueryString: query.Encode(), Headers: headers,
+			Body: ev.Body, IsBase64Encoded: ev.IsBase64Encoded,
+			RequestContext: events.APIGatewayV2HTTPRequestContext{
+				DomainName: rc.DomainName, RequestID: rc.RequestID,
+				HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: ev.HTTPMethod, Path: ev.Path,
+					Protocol: rc.Protocol, SourceIP: rc.Identity.SourceIP},
+			},
+		})
+		return lambdaV1Response(out), err
+	}
+}
+
+// lambdaV1Response is out in payload 1.0's shape.
+func lambdaV1Response(out events.APIGatewayV2HTTPResponse) events.APIGatewayProxyResponse {
+	r := events.APIGatewayProxyResponse{StatusCode: out.StatusCode, Headers: out.Headers, Body: out.Body, IsBase64Encoded: out.IsBase64Encoded}
+	if len(out.Cookies) > 0 {
+		r.MultiValueHeaders = map[string][]string{"Set-Cookie": out.Cookies}
+	}
+	return r
+}
+
 // lambdaMaxResponse is Lambda's limit on a synchronous response, the JSON
 // document included. Lambda refuses a larger one, and aws-lambda-go then
 // exits the process: better a clear 500 from a function that stays warm.
@@ -77,6 +165,23 @@ func lambdaResponseSize(out events.APIGatewayV2HTTPResponse) int {
 		return 0 // the Lambda client fails on the same error and reports it
 	}
 	return int(n)
+}
+
+// lambdaMaxBody is the largest body sure to fit in a response under
+// lambdaMaxResponse: base64 (a binary body is sent so) makes 4 bytes of
+// 3, and 64 KiB is left for the headers and the JSON around them.
+const lambdaMaxBody = (lambdaMaxResponse - 64<<10) / 4 * 3
+
+type lambdaKey struct{}
+
+// maxResponseBody is the largest response body r may be answered with:
+// lambdaMaxBody when it came through the Lambda adapter, which sends a
+// response in one piece; -1, no limit, when the server streams it.
+func maxResponseBody(r *http.Request) int64 {
+	if in, _ := r.Context().Value(lambdaKey{}).(bool); in {
+		return lambdaMaxBody
+	}
+	return -1
 }
 
 type lambdaCounter int
@@ -139,7 +244,9 @@ func lambdaRequest(ctx context.Context, ev events.APIGatewayV2HTTPRequest) (*htt
 	}
 
 	// NewRequestWithContext checks the method is a valid token; its URL,
-	// parsed as a client's, is then replaced by the server-side one.
+	// parsed as a client's, is then replaced by the server-side one. The
+	// caller's identity is the authorizer's, from the request context.
+	ctx = context.WithValue(withCaller(ctx, v2Identity(&ev.RequestContext)), lambdaKey{}, true)
 	r, err := http.NewRequestWithContext(ctx, method, "/", bytes.NewReader(body))
 	if err != nil {
 		return nil, errors.New("the event's method is not an HTTP method")

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -323,5 +325,64 @@ func TestLambdaHeaderCase(t *testing.T) {
 	}
 	if _, ok := got["Host"]; ok || !strings.Contains(got.Get("User-Agent"), "curl") {
 		t.Errorf("headers %v; want no Host (it is in r.Host) and the user agent", got)
+	}
+}
+
+// A REST API's proxy event (payload 1.0) becomes the request a payload 2.0
+// event of the same call would: repeated query parameters and headers kept
+// (API Gateway gives both decoded, in multi-value maps), the path without
+// the stage, the body decoded from base64; the response comes back in
+// payload 1.0's shape, each Set-Cookie in multiValueHeaders. An event of
+// neither shape is a 400 in the publisher's format, not a function error.
+func TestLambdaProxyRequest(t *testing.T) {
+	var seen lambdaSeen
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		lambdaCapture(t, &seen).ServeHTTP(httptest.NewRecorder(), r)
+		w.Header().Add("Set-Cookie", "a=1; Expires=Wed, 21 Oct 2026 07:28:00 GMT")
+		w.Header().Add("Set-Cookie", "b=2")
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte{0xff, 0x00, 0x01})
+	})
+	ev := apigw.RESTEvent("POST", "/v1/jobs?x=1&x=2&y=a+b", map[string]string{"content-type": "application/json"}, "")
+	ev.MultiValueHeaders["Accept"] = []string{"text/plain", "application/json"}
+	ev.Headers["Accept"] = "application/json" // the last, as API Gateway gives it
+	ev.Body, ev.IsBase64Encoded = base64.StdEncoding.EncodeToString([]byte(`{"items":[]}`)), true
+	out, err := publisher.LambdaProxyHandler(h)(t.Context(), ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen.Method != "POST" || seen.Path != "/v1/jobs" || seen.Body != `{"items":[]}` || seen.ContentLength != 12 ||
+		seen.Host != apigw.Domain || seen.RemoteAddr != apigw.SourceIP+":0" {
+		t.Errorf("request: %+v", seen)
+	}
+	if q, _ := url.ParseQuery(seen.RawQuery); !cmp.Equal(q, url.Values{"x": {"1", "2"}, "y": {"a b"}}) {
+		t.Errorf("query %q; want x=1, x=2 and y=a b", seen.RawQuery)
+	}
+	if got := seen.Header.Get("Accept"); got != "text/plain, application/json" {
+		t.Errorf("Accept %q; want both values", got)
+	}
+	want := events.APIGatewayProxyResponse{StatusCode: 201,
+		Headers:           map[string]string{"Content-Type": "application/octet-stream"},
+		MultiValueHeaders: map[string][]string{"Set-Cookie": {"a=1; Expires=Wed, 21 Oct 2026 07:28:00 GMT", "b=2"}},
+		Body:              base64.StdEncoding.EncodeToString([]byte{0xff, 0x00, 0x01}), IsBase64Encoded: true}
+	if diff := cmp.Diff(want, out); diff != "" {
+		t.Errorf("response (-want +got):\n%s", diff)
+	}
+	dispatch := publisher.LambdaEventHandler(h)
+	for name, raw := range map[string]string{
+		"not an object":           `[1,2]`,
+		"no method (payload 1.0)": `{"path":"/v1/jobs"}`,
+		"no method (payload 2.0)": `{"version":"2.0","rawPath":"/v1/jobs"}`,
+	} {
+		res, err := dispatch(t.Context(), json.RawMessage(raw))
+		b, _ := json.Marshal(res)
+		var got struct {
+			StatusCode int    `json:"statusCode"`
+			Body       string `json:"body"`
+		}
+		if err != nil || json.Unmarshal(b, &got) != nil || got.StatusCode != 400 || !strings.Contains(got.Body, `"code":"invalid_event"`) {
+			t.Errorf("%s: %s (%v); want 400 invalid_event", name, b, err)
+		}
 	}
 }

@@ -117,7 +117,7 @@ func (p *Publisher) Handler() http.Handler {
 	mux.HandleFunc("/v1/jobs/{id}", methodNotAllowed("GET, HEAD, DELETE"))
 	// The files routes answer every error in OpenAI's shape (openai.go),
 	// their 404s and 405s included.
-	mux.Handle("POST /v1/files", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.postFile)))))
+	mux.Handle("POST /v1/files", openAI(p.auth(p.rateLimit(p.withinFileLimit(http.HandlerFunc(p.postFile))))))
 	mux.Handle("GET /v1/files", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.listFiles)))))
 	mux.Handle("GET /v1/files/{id}", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.getFile)))))
 	mux.Handle("DELETE /v1/files/{id}", openAI(p.auth(p.rateLimit(http.HandlerFunc(p.deleteFile)))))
@@ -318,10 +318,19 @@ func (p *Publisher) auth(next http.Handler) http.Handler {
 
 type scopeKey struct{}
 
-// scope is the caller's idempotency scope: its key's digest, or "" without auth.
+// scope is the caller's idempotency scope, and its client for rate limits
+// and shares (clientKey): its key's digest; without keys, the digest of the
+// identity API Gateway gave (caller.go), so that one caller's
+// Idempotency-Key never replays another's answer; else "".
 func scope(r *http.Request) string {
-	s, _ := r.Context().Value(scopeKey{}).(string)
-	return s
+	if s, _ := r.Context().Value(scopeKey{}).(string); s != "" {
+		return s
+	}
+	if id := callerIdentity(r); id != "" {
+		sum := sha256.Sum256([]byte(id))
+		return "caller-" + hex.EncodeToString(sum[:])
+	}
+	return ""
 }
 
 // jobIDLen is the length of a job id: 128 random bits in hex.

@@ -130,7 +130,8 @@ func (p *Publisher) rateLimit(next http.Handler) http.Handler {
 	})
 }
 
-// clientKey names r's client: the API key auth found, or the source address.
+// clientKey names r's client: its scope (the API key auth found, or the caller
+// identity API Gateway gave), or the source address.
 func (p *Publisher) clientKey(r *http.Request) string {
 	if s := scope(r); s != "" {
 		return "key:" + s

@@ -159,29 +159,32 @@ func (p *Publisher) loadJob(w http.ResponseWriter, r *http.Request) (m *job.Mani
 	return m, fail
 }
 
-// owner is who a job r creates belongs to, and who may read and cancel it:
-// the tenant of r's API key, or "" without keys, when nothing says who the
-// caller is (the tenant header is the caller's own word). The tenant rather
-// than the key: a tenant rotates its key by adding a second one under the
-// same name (SplitKey), and its jobs in flight must stay its own; and a
-// digest of the key stored in the bucket would let whoever reads the
-// bucket test guesses of a weak key offline, where an unnamed key's tenant
-// is 48 bits of its SHA-256 and already goes out with every message.
+// owner is who a job, file or batch r creates belongs to, and who may read,
+// cancel and delete it: the tenant of r's API key; without keys, the
+// identity API Gateway's authorizer vouched for (caller.go), or "" when
+// there is none (the tenant header is the caller's own word). The tenant
+// rather than the key: a tenant rotates its key by adding a second one
+// under the same name (SplitKey), and its jobs in flight must stay its
+// own; and a digest of the key stored in the bucket would let whoever
+// reads the bucket test guesses of a weak key offline, where an unnamed
+// key's tenant is 48 bits of its SHA-256 and already goes out with every
+// message.
 func (p *Publisher) owner(r *http.Request) string {
 	if len(p.keys) == 0 {
-		return ""
+		return callerIdentity(r)
 	}
 	t, _ := r.Context().Value(tenantKey{}).(string)
 	return t
 }
 
 // owns reports whether r's caller may see, and cancel or delete, what
-// owner owns (a job, a file): anyone, without keys; with keys, the tenant of
-// r's key (owner), and nobody what has no owner, since nothing shows whose
-// it is. Every route that answers for what a tenant owns asks this, and
-// answers 404 when it says no.
+// owner owns (a job, a file, a batch): the caller it was made by (owner).
+// With keys, nobody owns what has no owner, since nothing shows whose it
+// is; without keys, a caller without an identity owns what such callers
+// made, and no identity's. Every route that answers for what a caller owns
+// asks this, and answers 404 when it says no.
 func (p *Publisher) owns(r *http.Request, owner string) bool {
-	return len(p.keys) == 0 || (owner != "" && owner == p.owner(r))
+	return owner == p.owner(r) && (len(p.keys) == 0 || owner != "")
 }
 
 func pageParams(r *http.Request) (size, start int, e *APIError) {

@@ -134,6 +134,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 		"most lines (JSONL requests) in a file POST /v1/files takes (OpenAI's Batch API limit); more: 400 too_many_lines")
 	fs.Var(&o.maxFileLine, "max-file-line-bytes",
 		"largest line of a file POST /v1/files takes, its newline not counted; larger: 400 line_too_large")
+	fs.IntVar(&c.MaxFiles, "max-files", d.MaxFiles,
+		"most files one owner holds (a key's tenant; without keys, a caller identity from API Gateway), its batches'\n"+
+			"output files counted; an upload past it: 403 too_many_files")
 	fs.DurationVar(&c.FileUploadTimeout, "file-upload-timeout", d.FileUploadTimeout,
 		"longest a POST /v1/files may take to send its file, in place of the server's 1-minute read timeout\n"+
 			"(-min-body-rate applies too; 200 MiB in 30 minutes is 114 KiB a second)")
@@ -184,5 +187,5 @@ var configFlags = map[string]string{
 	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",
 	"Models": "models", "MaxN": "max-n", "MaxOutputTokens": "max-output-tokens", "AllowRemoteURLs": "allow-remote-urls",
 	"MaxFileBytes": "max-file-bytes", "MaxFileLines": "max-file-lines", "MaxFileLineBytes": "max-file-line-bytes",
-	"FileUploadTimeout": "file-upload-timeout",
+	"FileUploadTimeout": "file-upload-timeout", "MaxFiles": "max-files",
 }

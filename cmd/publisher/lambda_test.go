@@ -64,7 +64,16 @@ func TestLambdaEndToEnd(t *testing.T) {
 		created := resp.accepted(t, 3)
 		lambdaExpectWork(t, client, queues.Work, created.JobID, 3, lambdaIDs(items))
 
-		resp = fn.invoke(t, apigw.Event("GET", "/v1/jobs/"+created.JobID, nil, ""))
+		// The job is the JWT subject's that the documented event's
+		// authorizer names (issue 34, item 4): a request without it is
+		// answered as for a job that does not exist.
+		if resp := fn.invoke(t, apigw.Event("GET", "/v1/jobs/"+created.JobID, nil, "")); resp.StatusCode != http.StatusNotFound {
+			t.Errorf("GET /v1/jobs/%s without the authorizer's identity: %d %s; want 404", created.JobID, resp.StatusCode, resp.body)
+		}
+		get := apigw.Event("GET", "/v1/jobs/"+created.JobID, nil, "")
+		get.RequestContext.Authorizer = &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{JWT: &events.APIGatewayV2HTTPRequestContextAuthorizerJWTDescription{
+			Claims: map[string]string{"sub": "client-1", "iss": "https://issuer.example.com"}}}
+		resp = fn.invoke(t, get)
 		var st struct {
 			JobID        string `json:"job_id"`
 			Status       string `json:"status"`
@@ -74,6 +83,27 @@ func TestLambdaEndToEnd(t *testing.T) {
 		}
 		if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(resp.body), &st) != nil || st.JobID != created.JobID || st.Chunks != 3 || st.Items != 7 {
 			t.Errorf("GET /v1/jobs/%s: %d %s; want 200 with the job's 3 chunks and 7 items", created.JobID, resp.StatusCode, resp.body)
+		}
+	})
+
+	// A REST API's proxy event (payload 1.0) runs the same handler: the
+	// function tells the payloads apart (issue 34, item 4), answers in
+	// payload 1.0's shape, and the job is the IAM caller's.
+	t.Run("REST API event", func(t *testing.T) {
+		items := lambdaItems(2)
+		iam := func(ev events.APIGatewayProxyRequest) events.APIGatewayProxyRequest {
+			ev.RequestContext.Identity.UserArn = "arn:aws:iam::123456789012:user/rest-client"
+			return ev
+		}
+		resp := fn.invoke(t, iam(apigw.RESTEvent("POST", "/v1/jobs", jsonHeaders, lambdaJSON(t, map[string]any{"items": items}))))
+		created := resp.accepted(t, 1)
+		lambdaExpectWork(t, client, queues.Work, created.JobID, 1, lambdaIDs(items))
+		if resp := fn.invoke(t, iam(apigw.RESTEvent("GET", "/v1/jobs/"+created.JobID+"?page_size=1", nil, ""))); resp.StatusCode != http.StatusOK ||
+			!strings.Contains(resp.body, created.JobID) {
+			t.Errorf("GET of the job by its IAM caller: %d %s", resp.StatusCode, resp.body)
+		}
+		if resp := fn.invoke(t, apigw.RESTEvent("GET", "/v1/jobs/"+created.JobID, nil, "")); resp.StatusCode != http.StatusNotFound {
+			t.Errorf("GET of the job without an identity: %d %s; want 404", resp.StatusCode, resp.body)
 		}
 	})
 

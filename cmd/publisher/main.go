@@ -262,7 +262,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if getenv("AWS_LAMBDA_RUNTIME_API") != "" {
 		// No /metrics: API Gateway would route it to API clients, and
 		// nothing scrapes a Lambda instance.
-		lambdaStart(publisher.LambdaHandler(p.Handler()))
+		lambdaStart(publisher.LambdaEventHandler(p.Handler()))
 		return nil
 	}
 	return serve(ctx, o, p.Handler(), p.MetricsHandler(), log)

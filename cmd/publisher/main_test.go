@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -176,15 +177,20 @@ func TestRun(t *testing.T) {
 	if err := run(t.Context(), nil, env(vars), &logs); err != nil {
 		t.Fatal(err)
 	}
-	h, ok := started.(func(context.Context, events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error))
+	// Either payload version: the handler reads the event's JSON.
+	h, ok := started.(func(context.Context, json.RawMessage) (any, error))
 	if !ok {
 		t.Fatalf("lambda.Start got %T", started)
 	}
-	res, err := h(t.Context(), events.APIGatewayV2HTTPRequest{RawPath: "/healthz",
+	ev, err := json.Marshal(events.APIGatewayV2HTTPRequest{Version: "2.0", RawPath: "/healthz",
 		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: "GET",
 			Path: "/healthz"}}})
-	if err != nil || res.StatusCode != 200 {
-		t.Errorf("healthz through the Lambda handler: %+v %v", res, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := h(t.Context(), ev)
+	if res, ok := out.(events.APIGatewayV2HTTPResponse); err != nil || !ok || res.StatusCode != 200 {
+		t.Errorf("healthz through the Lambda handler: %+v %v", out, err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -234,4 +235,21 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		return fmt.Errorf("payload: delete s3://%s/%s: %w", s.bucket, key, err)
 	}
 	return nil
+}
+
+// PresignGet is a URL that reads key from this store's bucket with a plain
+// GET, signed with the store's credentials (SigV4 in the query string) and
+// good for expires from now, or less when those credentials expire sooner:
+// S3 checks a presigned URL's signature and expiry when a request starts,
+// so a download that starts in time runs to its end.
+func (s *Store) PresignGet(ctx context.Context, key, contentType string, expires time.Duration) (string, error) {
+	in := &s3.GetObjectInput{Bucket: &s.bucket, Key: &key}
+	if contentType != "" {
+		in.ResponseContentType = &contentType
+	}
+	req, err := s3.NewPresignClient(s.client).PresignGetObject(ctx, in, s3.WithPresignExpires(expires))
+	if err != nil {
+		return "", fmt.Errorf("payload: presigning s3://%s/%s: %w", s.bucket, key, err)
+	}
+	return req.URL, nil
 }

@@ -6,8 +6,9 @@
 // emulated GPU (cudaemu), an OpenAI-compatible model server (fakeoai), the
 // check of docs/configuration.md's generated flag tables (configdoc), and the
 // small helpers many tests share: polling a condition (wait), summing a
-// registry's series (promsum), comparing float slices (floats) and building
-// API Gateway events (apigw). Nothing under it ships: the rest of internal/
-// is what the publisher and subscriber binaries link, and TestNotShipped
-// keeps it so.
+// registry's series (promsum), comparing float slices (floats), API Gateway
+// events and an HTTP API in front of a Lambda handler (apigw), and an S3
+// front that counts reads and checks presigned URLs as S3 does (s3front).
+// Nothing under it ships: the rest of internal/ is what the publisher and
+// subscriber binaries link, and TestNotShipped keeps it so.
 package testenv

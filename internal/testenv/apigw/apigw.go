@@ -3,7 +3,13 @@
 package apigw
 
 import (
+	"context"
+	"encoding/base64"
 	"fmt"
+	"io"
+	"net/http"
+	"net/textproto"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -51,4 +57,89 @@ func Event(method, target string, headers map[string]string, body string) events
 				SourceIP: SourceIP, UserAgent: "curl/8.5.0"},
 		},
 	}
+}
+
+// RESTEvent is the request of Event as a REST API's proxy integration
+// sends it (payload 1.0) through its stage "prod": headers both single-
+// and multi-valued, the query as decoded parameters (null without one),
+// the path without the stage, which requestContext.path keeps. A REST API
+// keeps header names as the client sent them; these are canonical.
+func RESTEvent(method, target string, headers map[string]string, body string) events.APIGatewayProxyRequest {
+	v2 := Event(method, target, headers, body)
+	h := map[string]string{}
+	mh := map[string][]string{}
+	for k, v := range v2.Headers {
+		k = textproto.CanonicalMIMEHeaderKey(k)
+		h[k] = v
+		mh[k] = []string{v}
+	}
+	path, query, _ := strings.Cut(target, "?")
+	var q map[string]string
+	var mq map[string][]string
+	if vs, err := url.ParseQuery(query); err == nil && len(vs) > 0 {
+		q, mq = map[string]string{}, map[string][]string(vs)
+		for k, v := range vs {
+			q[k] = v[len(v)-1] // the last value, as API Gateway documents
+		}
+	}
+	rc := v2.RequestContext
+	return events.APIGatewayProxyRequest{
+		Resource: "/{proxy+}", Path: path, HTTPMethod: method, Headers: h, MultiValueHeaders: mh,
+		QueryStringParameters: q, MultiValueQueryStringParameters: mq, Body: body,
+		RequestContext: events.APIGatewayProxyRequestContext{
+			AccountID: rc.AccountID, Stage: "prod", DomainName: rc.DomainName, DomainPrefix: rc.DomainPrefix,
+			RequestID: rc.RequestID, Protocol: "HTTP/1.1", ResourcePath: "/{proxy+}", Path: "/prod" + path,
+			HTTPMethod: method, RequestTimeEpoch: rc.TimeEpoch, APIID: rc.APIID,
+			Identity: events.APIGatewayRequestIdentity{SourceIP: SourceIP, UserAgent: "curl/8.5.0"},
+		},
+	}
+}
+
+// Handler is an HTTP API in front of the Lambda function fn, for a test's
+// HTTP clients: each request becomes the event Event makes of it, its
+// headers in lower case and joined with commas, its body base64-encoded (as
+// API Gateway sends a body it does not take for text), and fn's response
+// becomes the HTTP response. A function error is 500 {"message":"Internal
+// Server Error"}, as an HTTP API answers one.
+func Handler(fn func(context.Context, events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		headers := map[string]string{}
+		for k, vs := range r.Header {
+			headers[strings.ToLower(k)] = strings.Join(vs, ",")
+		}
+		ev := Event(r.Method, r.URL.RequestURI(), headers, "")
+		if len(body) > 0 {
+			ev.Body, ev.IsBase64Encoded = base64.StdEncoding.EncodeToString(body), true
+		}
+		out, err := fn(r.Context(), ev)
+		if err != nil {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, `{"message":"Internal Server Error"}`)
+			return
+		}
+		for k, v := range out.Headers {
+			w.Header().Set(k, v)
+		}
+		for _, c := range out.Cookies {
+			w.Header().Add("Set-Cookie", c)
+		}
+		b := []byte(out.Body)
+		if out.IsBase64Encoded {
+			if b, err = base64.StdEncoding.DecodeString(out.Body); err != nil {
+				w.WriteHeader(http.StatusBadGateway)
+				return
+			}
+		}
+		if w.Header().Get("Content-Length") == "" || r.Method != http.MethodHead {
+			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		}
+		w.WriteHeader(out.StatusCode)
+		_, _ = w.Write(b)
+	})
 }
