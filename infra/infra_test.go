@@ -159,9 +159,9 @@ func TestTheBucketIsEncryptedPrivateAndTLSOnly(t *testing.T) {
 		}
 	}
 	// Every prefix of the bucket layout (internal/payload) expires.
-	days := m.eval(t, m.variables["payload_expiration_days"].Body.Attributes["default"].Expr, nil)
+	days := expirationDays(t, m, nil)
 	for _, prefix := range []string{"payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors"} {
-		if !days.Type().IsObjectType() || !days.Type().HasAttribute(prefix) {
+		if _, ok := days[prefix]; !ok {
 			t.Errorf("payload_expiration_days has no default for %s/", prefix)
 		}
 	}
@@ -1204,10 +1204,13 @@ func functions() map[string]function.Function {
 		"jsonencode":      stdlib.JSONEncodeFunc,
 		"keys":            stdlib.KeysFunc,
 		"length":          stdlib.LengthFunc,
+		"lookup":          stdlib.LookupFunc,
+		"lower":           stdlib.LowerFunc,
 		"max":             stdlib.MaxFunc,
 		"merge":           stdlib.MergeFunc,
 		"min":             stdlib.MinFunc,
 		"regex":           stdlib.RegexFunc,
+		"regexall":        stdlib.RegexAllFunc,
 		"setintersection": stdlib.SetIntersectionFunc,
 		"sort":            stdlib.SortFunc,
 		"startswith":      startsWithFunc,

@@ -72,6 +72,13 @@ locals {
   # bytes). On Fargate the publisher streams files of up to 200 MiB. A
   # VRAMQ_MAX_FILE_BYTES in publisher_environment wins over this one.
   publisher_file_environment = local.publisher_lambda ? { VRAMQ_MAX_FILE_BYTES = tostring(local.publisher_lambda_max_body_bytes) } : {}
+  # The file limit the function gets, in bytes, as the publisher reads it
+  # (internal/bytesize: a number, then an optional unit; 0 is its 200 MiB
+  # default): -1 where it does not parse here, which the precondition
+  # refuses with the rest.
+  publisher_size_units     = { "" = 1, b = 1, kb = 1000, mb = 1000000, gb = 1000000000, kib = 1024, mib = 1048576, gib = 1073741824 }
+  publisher_max_file_given = regexall("^\\s*([0-9]+(?:\\.[0-9]+)?)\\s?([A-Za-z]*)\\s*$", lookup(merge(local.publisher_file_environment, var.publisher_environment), "VRAMQ_MAX_FILE_BYTES", "0"))
+  publisher_max_file_bytes = try(floor(tonumber(local.publisher_max_file_given[0][0]) * local.publisher_size_units[lower(local.publisher_max_file_given[0][1])]), -1)
 }
 
 resource "aws_cloudwatch_log_group" "publisher" {
@@ -123,6 +130,12 @@ resource "aws_lambda_function" "publisher" {
     precondition {
       condition     = local.publisher_max_body_bytes <= local.publisher_lambda_max_body_bytes
       error_message = "publisher_max_body_bytes: at most 4194304 (4 MiB) in lambda mode: Lambda takes a request event of at most 6 MB, and API Gateway may base64-encode the body (4/3 of it) into that event."
+    }
+    # A file the publisher takes must reach it in the invocation event and
+    # go back out in the 6 MB response, as bodies must.
+    precondition {
+      condition     = local.publisher_max_file_bytes >= 1 && local.publisher_max_file_bytes <= local.publisher_lambda_max_body_bytes
+      error_message = "VRAMQ_MAX_FILE_BYTES in publisher_environment: 1 byte to 4194304 (4 MiB) in lambda mode, in bytes or with a unit (B, KB, MB, GB, KiB, MiB, GiB): an upload travels in Lambda's 6 MB request event and a download in its 6 MB response, both base64-encoded (4/3). Larger files need publisher_mode = \"fargate\"."
     }
     precondition {
       condition     = var.publisher_api_keys_secret_arn == null || can(regex("^arn:[^:]+:secretsmanager:", var.publisher_api_keys_secret_arn))

@@ -165,22 +165,10 @@ variable "payload_bucket_force_destroy" {
 }
 
 variable "payload_expiration_days" {
-  description = "Days before objects under each prefix of the bucket layout (internal/payload) expire. payloads/ should outlive a message's time on the work queue plus the DLQ (4 + 14 days by default), or a redriven message finds its item gone and is dead-lettered as claim_check; results/, failed/, cancel/, cancelled/ and itemerrors/ are what GET /v1/jobs/{id} reads; jobs/ (manifests) should live as long as results/; done/ (completion events' markers) as long as a redelivered chunk could settle its job again, which is as long as jobs/; idempotency/ only as long as clients retry a POST; files/ (POST /v1/files) at least 31, a day past the longest expiry a file may have (30 days, OpenAI's): the publisher stops serving a file at its expires_at, and this removes it later; batches/ (POST /v1/batches) as long as files/, so a batch is there while its output file is (a batch whose job's results/ expire before any GET finds it settled cannot be finalized: keep results/ past the 24-hour window plus the time clients take to poll)."
+  description = "Days before objects under each prefix of the bucket layout (internal/payload) expire, by prefix; a prefix left out keeps its default (bucket.tf, local.payload_expiration_defaults), so { results = 30 } changes results/ only. payloads/ should outlive a message's time on the work queue plus the DLQ (4 + 14 days by default), or a redriven message finds its item gone and is dead-lettered as claim_check; results/, failed/, cancel/, cancelled/ and itemerrors/ are what GET /v1/jobs/{id} reads; jobs/ (manifests) should live as long as results/; done/ (completion events' markers) at least as long as jobs/, since a redelivered chunk could settle its job again while its manifest is there (checked at plan time); idempotency/ only as long as clients retry a POST; files/ (POST /v1/files) at least 31, a day past the longest expiry a file may have (30 days, OpenAI's): the publisher stops serving a file at its expires_at, and this removes it later; batches/ (POST /v1/batches) no longer than files/, so every batch listed names output and error files that are still there (checked at plan time; a batch whose job's results/ expire before any GET finds it settled cannot be finalized: keep results/ past the 24-hour window plus the time clients take to poll). Defaults: payloads, jobs, results, failed, cancel, cancelled, itemerrors and done 19; idempotency 2; files and batches 31."
   type        = map(number)
-  default = {
-    payloads    = 19
-    jobs        = 19
-    idempotency = 2
-    results     = 19
-    failed      = 19
-    cancel      = 19
-    cancelled   = 19
-    itemerrors  = 19
-    done        = 19
-    files       = 31
-    batches     = 31
-  }
-  nullable = false
+  default     = {}
+  nullable    = false
 
   validation {
     condition     = alltrue([for k, v in var.payload_expiration_days : contains(["payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors", "done", "files", "batches"], k) && v >= 1])
