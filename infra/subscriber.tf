@@ -431,7 +431,7 @@ resource "aws_ecs_task_definition" "subscriber" {
       healthCheck = length(var.subscriber_health_check_command) == 0 ? null : {
         command  = var.subscriber_health_check_command
         interval = 30
-        # The check gives /healthz 5 s itself.
+        # The check gives /livez 5 s itself.
         timeout     = 6
         retries     = 3
         startPeriod = var.subscriber_health_check_start_period

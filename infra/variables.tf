@@ -204,7 +204,7 @@ variable "publisher_alb_subnet_ids" {
 }
 
 variable "metrics_ingress_cidr_blocks" {
-  description = "CIDR blocks allowed to scrape /metrics on port 9090 (Prometheus): the subscriber's (and its /healthz), and in fargate mode the publisher's. Empty: nobody from outside the task. Name the scrapers, not the whole VPC: /metrics shows tenant names and the process's internals."
+  description = "CIDR blocks allowed to scrape /metrics on port 9090 (Prometheus): the subscriber's (and its /livez and /healthz), and in fargate mode the publisher's. Empty: nobody from outside the task. Name the scrapers, not the whole VPC: /metrics shows tenant names and the process's internals."
   type        = list(string)
   default     = []
   nullable    = false
@@ -384,7 +384,7 @@ variable "subscriber_environment" {
 }
 
 variable "subscriber_health_check_command" {
-  description = "Container health check of the subscriber (ECS healthCheck command). The default is the binary's own `subscriber healthcheck`, which asks /healthz on VRAMQ_METRICS_ADDR and needs no shell or curl, so it works in the distroless and the CUDA image alike. [] turns the check off."
+  description = "Container health check of the subscriber (ECS healthCheck command). The default is the binary's own `subscriber healthcheck`, which asks liveness, /livez, on VRAMQ_METRICS_ADDR (not /healthz, which also fails while the model needs an operator: ECS would replace a task a replacement cannot help) and needs no shell or curl, so it works in the distroless and the CUDA image alike. [] turns the check off."
   type        = list(string)
   default     = ["CMD", "/usr/local/bin/subscriber", "healthcheck"]
   nullable    = false
