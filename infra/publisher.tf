@@ -15,6 +15,13 @@ locals {
   publisher_lambda  = var.publisher_mode == "lambda"
   publisher_fargate = var.publisher_mode == "fargate"
 
+  # The gateway's authorization of the authorised routes (publisher_routes).
+  # With bearer keys the publisher checks the Authorization header of every
+  # route itself, so the gateway must let it through unchecked; that is
+  # also what lets the OpenAI SDKs (Authorization: Bearer <key>) reach the
+  # Files and Batch routes. Without keys, SigV4.
+  publisher_authorization = var.publisher_authorization != null ? var.publisher_authorization : (var.publisher_api_keys_secret_arn == null ? "AWS_IAM" : "NONE")
+
   publisher_lambda_zip   = coalesce(var.publisher_lambda_zip, "${path.module}/../bin/publisher-lambda.zip")
   publisher_port         = 8080
   publisher_metrics_port = 9090
@@ -149,9 +156,20 @@ resource "aws_apigatewayv2_api" "publisher" {
 
   name          = "${local.name}-publisher"
   protocol_type = "HTTP"
-  description   = "vramq job API: POST /v1/jobs, GET and DELETE /v1/jobs/{id}"
+  description   = "vramq job API: /v1/jobs, and OpenAI's Files and Batch API: /v1/files, /v1/batches"
 
   tags = local.tags
+
+  lifecycle {
+    # SigV4 and a JWT travel in the Authorization header, where the
+    # publisher looks for its bearer key on every route: a request the
+    # gateway lets through would be refused 401 by the publisher, and the
+    # other way round.
+    precondition {
+      condition     = var.publisher_api_keys_secret_arn == null || local.publisher_authorization == "NONE"
+      error_message = "publisher_api_keys_secret_arn with publisher_authorization = \"AWS_IAM\" or \"JWT\": the publisher checks its bearer keys in the Authorization header that SigV4 and JWT use, so no request could pass both. Leave publisher_authorization null (NONE with keys), or give no keys."
+    }
+  }
 }
 
 resource "aws_apigatewayv2_integration" "publisher" {
@@ -168,7 +186,7 @@ resource "aws_apigatewayv2_integration" "publisher" {
 }
 
 resource "aws_apigatewayv2_authorizer" "jwt" {
-  count = local.publisher_lambda && var.publisher_authorization == "JWT" ? 1 : 0
+  count = local.publisher_lambda && local.publisher_authorization == "JWT" ? 1 : 0
 
   api_id           = aws_apigatewayv2_api.publisher[0].id
   name             = "jwt"
@@ -194,8 +212,8 @@ resource "aws_apigatewayv2_route" "publisher" {
   api_id             = aws_apigatewayv2_api.publisher[0].id
   route_key          = each.key
   target             = "integrations/${aws_apigatewayv2_integration.publisher[0].id}"
-  authorization_type = each.value ? var.publisher_authorization : "NONE"
-  authorizer_id      = each.value && var.publisher_authorization == "JWT" ? aws_apigatewayv2_authorizer.jwt[0].id : null
+  authorization_type = each.value ? local.publisher_authorization : "NONE"
+  authorizer_id      = each.value && local.publisher_authorization == "JWT" ? aws_apigatewayv2_authorizer.jwt[0].id : null
 }
 
 resource "aws_cloudwatch_log_group" "publisher_access" {

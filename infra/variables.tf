@@ -564,14 +564,13 @@ variable "publisher_lambda_reserved_concurrency" {
 }
 
 variable "publisher_authorization" {
-  description = "Authorization of the API Gateway routes /v1/jobs: AWS_IAM (callers sign with SigV4 and need execute-api:Invoke), JWT (an OIDC issuer, see publisher_jwt_issuer) or NONE (only the publisher's own bearer keys, VRAMQ_API_KEYS, if any). Lambda mode only."
+  description = "Lambda mode: the API Gateway authorization of every route but /healthz: AWS_IAM (callers sign with SigV4 and need execute-api:Invoke; the OpenAI SDKs cannot, so the Files and Batch routes serve SigV4 clients only), JWT (an OIDC issuer, see publisher_jwt_issuer; an OpenAI SDK passes the token as its api_key) or NONE (the publisher's own bearer keys, publisher_api_keys_secret_arn, which the OpenAI SDKs send as they are; with no keys, anyone). Null (default): NONE when publisher_api_keys_secret_arn is given, else AWS_IAM. The publisher checks its keys on every route, in the Authorization header that SigV4 and JWT use too, so keys with AWS_IAM or JWT are refused at plan time: no request could pass both."
   type        = string
-  default     = "AWS_IAM"
-  nullable    = false
+  default     = null
 
   validation {
-    condition     = contains(["AWS_IAM", "JWT", "NONE"], var.publisher_authorization)
-    error_message = "publisher_authorization: AWS_IAM, JWT or NONE."
+    condition     = var.publisher_authorization == null || contains(["AWS_IAM", "JWT", "NONE"], coalesce(var.publisher_authorization, "NONE"))
+    error_message = "publisher_authorization: AWS_IAM, JWT, NONE or null."
   }
 }
 
