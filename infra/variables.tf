@@ -136,14 +136,13 @@ variable "max_message_size" {
 }
 
 variable "max_receive_count" {
-  description = "Receives of a work message before SQS moves it to the DLQ (the redrive policy), 1 to 1000. Every receive counts, not only failures: a transient failure is retried after -retry-delay (5 s) doubled per receive, so 8 receives ride out about 10 minutes of an S3 or SQS outage (5+10+...+320 s = 635 s of delays); a deployment, a scale-in or a drained instance hands back messages not yet started (one receive each), and so does backpressure (-admit-timeout). 12 leaves 4 for those. Poison the subscriber recognises goes to the DLQ at once, with a reason, whatever this is; a message that crashes the subscriber costs up to this many task restarts. localstack/queues.json keeps 5 for fast local tests."
+  description = "Receives of a work message before SQS moves it to the DLQ (the redrive policy), 1 to 1000; null (default): 12, or 72 with a model server. Every receive counts, not only failures: a transient failure is retried after -retry-delay (5 s) doubled per receive, so 8 receives ride out about 10 minutes of an S3 or SQS outage (5+10+...+320 s = 635 s of delays); a deployment, a scale-in or a drained instance hands back messages not yet started (one receive each), and so does backpressure (-admit-timeout). 12 leaves 4 for those. A model server adds hand-backs no message is to blame for: a batch that would wait for the server past -model-server-max-wait (1 minute: a rate limit's refill under a backlog, a daily quota) is handed back, a receive for each of its messages and each one prefetched, so with a model server 60 more (an hour of such waits) are added, and less is refused at plan time. Poison the subscriber recognises goes to the DLQ at once, with a reason, whatever this is; a message that crashes the subscriber costs up to this many task restarts. localstack/queues.json keeps 5 for fast local tests."
   type        = number
-  default     = 12
-  nullable    = false
+  default     = null
 
   validation {
-    condition     = var.max_receive_count >= 1 && var.max_receive_count <= 1000
-    error_message = "max_receive_count: 1 to 1000."
+    condition     = var.max_receive_count == null || (coalesce(var.max_receive_count, 1) >= 1 && coalesce(var.max_receive_count, 1) <= 1000)
+    error_message = "max_receive_count: 1 to 1000, or null."
   }
 }
 
@@ -763,6 +762,13 @@ variable "model_server_command" {
     condition     = alltrue([for a in var.model_server_command : a != ""])
     error_message = "model_server_command: no empty arguments."
   }
+
+  # A key in the command is plain text in the task definition, what
+  # DescribeTaskDefinition shows and the Terraform state.
+  validation {
+    condition     = alltrue([for a in var.model_server_command : !can(regex("(^|\\s)--api-key(=|\\s|$)", a))])
+    error_message = "model_server_command: no --api-key (plain text in the task definition and the state): give the sidecar its key as a secret, model_server_secrets = { VLLM_API_KEY = \"<secret ARN>\" } (vLLM reads VLLM_API_KEY), and the subscriber the same secret as model_server_api_key_secret_arn."
+  }
 }
 
 variable "model_server_port" {
@@ -810,6 +816,44 @@ variable "model_server_gpus" {
   validation {
     condition     = var.model_server_gpus >= 1 && var.model_server_gpus <= 8 && floor(var.model_server_gpus) == var.model_server_gpus
     error_message = "model_server_gpus: a whole number, 1 to 8."
+  }
+}
+
+variable "model_server_min_output_tokens_per_second" {
+  description = "With a model server: the slowest generation, in output tokens a second of one request, that the timeouts must allow for at the subscriber's ceiling of output tokens (VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS in subscriber_environment, else its 16384), 1 to 1000. The module sets the request timeout (VRAMQ_MODEL_SERVER_TIMEOUT, unless given) to cover that generation, and refuses at plan time an inference timeout that cannot cover it after -model-server-max-wait: a generation that long would time out on every attempt."
+  type        = number
+  default     = 20
+  nullable    = false
+
+  validation {
+    condition     = var.model_server_min_output_tokens_per_second >= 1 && var.model_server_min_output_tokens_per_second <= 1000
+    error_message = "model_server_min_output_tokens_per_second: 1 to 1000."
+  }
+}
+
+variable "model_server_shared_memory_size" {
+  description = "With model_server_image: the sidecar's /dev/shm in MiB (ECS linuxParameters.sharedMemorySize), 64 to below subscriber_memory, whose memory it uses. Docker gives a container 64 MiB; vLLM's processes share tensors through /dev/shm (its Docker guide runs the image with --ipc=host or a larger --shm-size), which an awsvpc task cannot share with the host."
+  type        = number
+  default     = 4096
+  nullable    = false
+
+  validation {
+    condition     = var.model_server_shared_memory_size >= 64 && floor(var.model_server_shared_memory_size) == var.model_server_shared_memory_size
+    error_message = "model_server_shared_memory_size: a whole number of MiB, at least 64 (and below subscriber_memory, checked at plan time)."
+  }
+}
+
+variable "model_server_weights_volume" {
+  description = "With model_server_image: a directory of the GPU instance (host_path, on its root volume: size subscriber_root_volume_size for the weights) mounted in the sidecar at container_path (for vllm/vllm-openai, /root/.cache/huggingface), so a task started again on the same instance finds the weights it downloaded instead of downloading them again. Null: none; the weights are downloaded at every start."
+  type = object({
+    host_path      = string
+    container_path = string
+  })
+  default = null
+
+  validation {
+    condition     = var.model_server_weights_volume == null || can(regex("^/[^:]*[^/:]$", var.model_server_weights_volume.host_path)) && can(regex("^/[^:]*[^/:]$", var.model_server_weights_volume.container_path))
+    error_message = "model_server_weights_volume: host_path and container_path are absolute paths, not / itself, without ':'."
   }
 }
 

@@ -58,10 +58,13 @@ module "vramq" {
   #   VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS  = "1024"
   # }
   #
-  # Or OpenAI, its key in Secrets Manager (never in plain environment):
+  # Or OpenAI, its key in Secrets Manager (never in plain environment), on
+  # instances without a GPU (and subscriber_ami_id the ECS-optimized AMI):
   # model_server_url                = "https://api.openai.com"
   # model_server_models             = ["gpt-4o-mini"]
   # model_server_api_key_secret_arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:openai-key-AbCdEf"
+  # subscriber_instance_types       = ["c7i.large", "m7i.large"]
+  # subscriber_environment          = { VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS = "1024" }
 }
 
 # The publisher's bearer keys, unless publisher_api_keys_secret_arn names a
