@@ -220,7 +220,7 @@ variable "subscriber_image" {
 }
 
 variable "subscriber_ami_id" {
-  description = "AMI of the GPU instances, pinned: the ECS GPU-optimised Amazon Linux 2023 AMI of your region, e.g. the current recommended one: aws ssm get-parameter --name /aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id --query Parameter.Value --output text. To move to a newer one, set the new id and apply: a new launch template version, which instances take as they are replaced."
+  description = "AMI of the GPU instances, pinned: the ECS GPU-optimised Amazon Linux 2023 AMI of your region, e.g. the current recommended one: aws ssm get-parameter --name /aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id --query Parameter.Value --output text. To move to a newer one, set the new id and apply: a new launch template version, which instances take as they are replaced. With model_server_url (no GPU instances), the ECS-optimized Amazon Linux 2023 AMI instead (.../amazon-linux-2023/recommended/image_id)."
   type        = string
   nullable    = false
 
@@ -238,7 +238,7 @@ variable "subscriber_device" {
 }
 
 variable "subscriber_instance_types" {
-  description = "GPU instance types for the capacity provider's Auto Scaling group, in order of preference. One GPU each by default (g5.xlarge: A10G 24 GB; g6.xlarge: L4 24 GB), so one task per instance."
+  description = "GPU instance types for the capacity provider's Auto Scaling group, in order of preference. One GPU each by default (g5.xlarge: A10G 24 GB; g6.xlarge: L4 24 GB), so one task per instance. Each must have the GPUs a task takes (subscriber_gpus_per_task, or model_server_gpus with a sidecar); with model_server_url, types without a GPU (c7i.large, m7i.large), since the server does the inference (both checked at plan time)."
   type        = list(string)
   default     = ["g5.xlarge", "g6.xlarge"]
   nullable    = false
@@ -264,7 +264,7 @@ variable "subscriber_root_volume_size" {
 }
 
 variable "subscriber_gpus_per_task" {
-  description = "GPUs given to each subscriber task (resourceRequirements GPU). The subscriber uses one device."
+  description = "GPUs given to each subscriber task (resourceRequirements GPU). The subscriber uses one device. Every instance type must have at least this many (checked at plan time)."
   type        = number
   default     = 1
   nullable    = false
