@@ -156,7 +156,9 @@ func TestBearerKeysAndGatewayAuthorizationAreOneChoice(t *testing.T) {
 			}
 		}
 	}
-	if m.validates(t, "publisher_authorization", cty.StringVal("BEARER")) {
-		t.Error("publisher_authorization takes BEARER, which API Gateway does not know")
+	for _, bad := range []string{"BEARER", ""} {
+		if m.validates(t, "publisher_authorization", cty.StringVal(bad)) {
+			t.Errorf("publisher_authorization takes %q, which API Gateway does not know", bad)
+		}
 	}
 }

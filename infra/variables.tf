@@ -568,7 +568,7 @@ variable "publisher_authorization" {
   default     = null
 
   validation {
-    condition     = var.publisher_authorization == null || contains(["AWS_IAM", "JWT", "NONE"], coalesce(var.publisher_authorization, "NONE"))
+    condition     = contains(["AWS_IAM", "JWT", "NONE"], var.publisher_authorization == null ? "NONE" : var.publisher_authorization)
     error_message = "publisher_authorization: AWS_IAM, JWT, NONE or null."
   }
 }
