@@ -4,12 +4,15 @@
 locals {
   alarm_actions = var.alarm_sns_topic_arn == null ? [] : [var.alarm_sns_topic_arn]
 
+  # The namespace of the metrics the subscriber publishes through its logs
+  # (metric filters below).
+  log_metric_namespace = "vramq/${local.name}"
+
   # The OOM-retries metric: how the subscriber publishes it to CloudWatch.
   # Every batch that runs out of memory and is split or set aside to run alone
   # (the vramq_subscriber_oom_retries_total counter on /metrics) logs exactly
   # one of these two WARN lines (subscriber/runner.go); the filter counts them in
   # the task's JSON logs. No CloudWatch agent, no PutMetricData permission.
-  oom_metric_namespace = "vramq/${local.name}"
   oom_log_messages = [
     "out of memory; splitting the batch in halves",
     "out of memory in a batch of one; will run it alone",
@@ -95,7 +98,7 @@ resource "aws_cloudwatch_log_metric_filter" "oom_retries" {
   pattern        = "{ $.level = \"WARN\" && ($.msg = \"${local.oom_log_messages[0]}\" || $.msg = \"${local.oom_log_messages[1]}\") }"
 
   metric_transformation {
-    namespace     = local.oom_metric_namespace
+    namespace     = local.log_metric_namespace
     name          = "SubscriberOOMRetries"
     value         = "1"
     default_value = "0"
@@ -106,7 +109,7 @@ resource "aws_cloudwatch_log_metric_filter" "oom_retries" {
 resource "aws_cloudwatch_metric_alarm" "oom_retries" {
   alarm_name        = "${local.name}-subscriber-oom-retries"
   alarm_description = "The subscribers split or isolated more than ${var.oom_retries_alarm_threshold} batches for out-of-memory in 5 minutes: a model's Cost under-estimates what Run allocates, or something else uses the GPU. Nothing is lost, but throughput suffers."
-  namespace         = local.oom_metric_namespace
+  namespace         = local.log_metric_namespace
   metric_name       = aws_cloudwatch_log_metric_filter.oom_retries.metric_transformation[0].name
 
   statistic           = "Sum"
@@ -128,7 +131,7 @@ resource "aws_cloudwatch_log_metric_filter" "needs_operator" {
   pattern        = "{ $.level = \"ERROR\" && $.msg = \"${local.operator_log_message}\" }"
 
   metric_transformation {
-    namespace     = local.oom_metric_namespace
+    namespace     = local.log_metric_namespace
     name          = "SubscriberNeedsOperator"
     value         = "1"
     default_value = "0"
@@ -143,7 +146,7 @@ resource "aws_cloudwatch_log_metric_filter" "needs_operator" {
 resource "aws_cloudwatch_metric_alarm" "needs_operator" {
   alarm_name        = "${local.name}-subscriber-needs-operator"
   alarm_description = "A subscriber stopped taking work until someone acts: its model server refused with a spent quota (429 insufficient_quota), a refused key (401) or an unknown model (see the ERROR lines in ${aws_cloudwatch_log_group.subscriber.name}). The task stays up and ECS does not replace it (its health check is liveness); its messages wait on the queue. Fix the cause, then restart the tasks: aws ecs update-service --cluster ${aws_ecs_cluster.this.name} --service ${aws_ecs_service.subscriber.name} --force-new-deployment."
-  namespace         = local.oom_metric_namespace
+  namespace         = local.log_metric_namespace
   metric_name       = aws_cloudwatch_log_metric_filter.needs_operator.metric_transformation[0].name
 
   statistic           = "Sum"
