@@ -4,16 +4,27 @@
 locals {
   alarm_actions = var.alarm_sns_topic_arn == null ? [] : [var.alarm_sns_topic_arn]
 
+  # The namespace of the metrics the subscriber publishes through its logs
+  # (metric filters below).
+  log_metric_namespace = "vramq/${local.name}"
+
   # The OOM-retries metric: how the subscriber publishes it to CloudWatch.
   # Every batch that runs out of memory and is split or set aside to run alone
   # (the vramq_subscriber_oom_retries_total counter on /metrics) logs exactly
   # one of these two WARN lines (subscriber/runner.go); the filter counts them in
   # the task's JSON logs. No CloudWatch agent, no PutMetricData permission.
-  oom_metric_namespace = "vramq/${local.name}"
   oom_log_messages = [
     "out of memory; splitting the batch in halves",
     "out of memory in a batch of one; will run it alone",
   ]
+
+  # The operator state: a subscriber whose model said nothing runs until a
+  # person acts (a spent quota, a refused key, an unknown model) logs this
+  # line once, at ERROR (subscriber/pause.go), and sets
+  # vramq_subscriber_needs_operator to 1. The task stays up: its liveness
+  # check ignores the state (ECS replacing it would only hand the same
+  # messages round again, a receive each, towards the DLQ).
+  operator_log_message = "the model needs an operator: no more messages are taken, held ones go back to the queue; the subscriber stays up and unhealthy until someone acts"
 }
 
 resource "aws_cloudwatch_metric_alarm" "dlq_not_empty" {
@@ -87,7 +98,7 @@ resource "aws_cloudwatch_log_metric_filter" "oom_retries" {
   pattern        = "{ $.level = \"WARN\" && ($.msg = \"${local.oom_log_messages[0]}\" || $.msg = \"${local.oom_log_messages[1]}\") }"
 
   metric_transformation {
-    namespace     = local.oom_metric_namespace
+    namespace     = local.log_metric_namespace
     name          = "SubscriberOOMRetries"
     value         = "1"
     default_value = "0"
@@ -98,7 +109,7 @@ resource "aws_cloudwatch_log_metric_filter" "oom_retries" {
 resource "aws_cloudwatch_metric_alarm" "oom_retries" {
   alarm_name        = "${local.name}-subscriber-oom-retries"
   alarm_description = "The subscribers split or isolated more than ${var.oom_retries_alarm_threshold} batches for out-of-memory in 5 minutes: a model's Cost under-estimates what Run allocates, or something else uses the GPU. Nothing is lost, but throughput suffers."
-  namespace         = local.oom_metric_namespace
+  namespace         = local.log_metric_namespace
   metric_name       = aws_cloudwatch_log_metric_filter.oom_retries.metric_transformation[0].name
 
   statistic           = "Sum"
@@ -114,12 +125,49 @@ resource "aws_cloudwatch_metric_alarm" "oom_retries" {
   tags = local.tags
 }
 
+resource "aws_cloudwatch_log_metric_filter" "needs_operator" {
+  name           = "${local.name}-subscriber-needs-operator"
+  log_group_name = aws_cloudwatch_log_group.subscriber.name
+  pattern        = "{ $.level = \"ERROR\" && $.msg = \"${local.operator_log_message}\" }"
+
+  metric_transformation {
+    namespace     = local.log_metric_namespace
+    name          = "SubscriberNeedsOperator"
+    value         = "1"
+    default_value = "0"
+    unit          = "Count"
+  }
+}
+
+# Each task logs the line once, when it stops, so this fires when
+# subscribers stop for an operator and clears 5 minutes later, while the
+# tasks still wait: /healthz (readiness) and vramq_subscriber_needs_operator
+# keep saying so until the tasks are restarted.
+resource "aws_cloudwatch_metric_alarm" "needs_operator" {
+  alarm_name        = "${local.name}-subscriber-needs-operator"
+  alarm_description = "A subscriber stopped taking work until someone acts: its model server refused with a spent quota (429 insufficient_quota), a refused key (401) or an unknown model (see the ERROR lines in ${aws_cloudwatch_log_group.subscriber.name}). The task stays up and ECS does not replace it (its health check is liveness); its messages wait on the queue. Fix the cause, then restart the tasks: aws ecs update-service --cluster ${aws_ecs_cluster.this.name} --service ${aws_ecs_service.subscriber.name} --force-new-deployment."
+  namespace         = local.log_metric_namespace
+  metric_name       = aws_cloudwatch_log_metric_filter.needs_operator.metric_transformation[0].name
+
+  statistic           = "Sum"
+  period              = 300
+  evaluation_periods  = 1
+  threshold           = 0
+  comparison_operator = "GreaterThanThreshold"
+  treat_missing_data  = "notBreaching"
+
+  alarm_actions = local.alarm_actions
+  ok_actions    = local.alarm_actions
+
+  tags = local.tags
+}
+
 # Fewer tasks running than the service wants, for long enough that it is not a
 # scale-out in progress: tasks failing their health check (ECS replaces them),
 # crashing at start, or no GPU capacity to place them.
 resource "aws_cloudwatch_metric_alarm" "subscriber_tasks_below_desired" {
   alarm_name          = "${local.name}-subscriber-tasks-below-desired"
-  alarm_description   = "Fewer subscriber tasks run than desired for ${var.tasks_below_desired_alarm_periods * 5} minutes: failing health checks (/healthz answers 503 after a minute of failed receives), crashes at start (see the log group ${aws_cloudwatch_log_group.subscriber.name} and stopped tasks' reasons), or no GPU instances to be had."
+  alarm_description   = "Fewer subscriber tasks run than desired for ${var.tasks_below_desired_alarm_periods * 5} minutes: failing health checks (/livez answers 503 after a minute of failed receives, or a lost device), crashes at start (see the log group ${aws_cloudwatch_log_group.subscriber.name} and stopped tasks' reasons), or no GPU instances to be had."
   evaluation_periods  = var.tasks_below_desired_alarm_periods
   threshold           = 0
   comparison_operator = "GreaterThanThreshold"

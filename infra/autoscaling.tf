@@ -18,11 +18,12 @@
 # the same tasks again until they run (overshoot). With the desired count the
 # policy sees its own decision at once.
 #
-# The metric math is plain arithmetic, whose behaviour CloudWatch documents
-# ("Using metric math", basic arithmetic functions): a missing value counts
-# as 0, and a data point that would divide by zero is dropped. So while no
+# The metric math is plain arithmetic ("Using metric math", basic arithmetic
+# functions): a data point that would divide by zero is dropped. So while no
 # task is wanted the metric has no data point (not 0, not infinity), and
-# target tracking leaves the count to the step policy below. No IF(): the
+# target tracking leaves the count to the step policy below. Whether a value
+# missing from one operand reads as 0 or drops the data point, the metric
+# never reads 0 while messages wait (infra's tests try both readings). No IF(): the
 # Application Auto Scaling guide on metric math promises the arithmetic
 # operators, and this needs nothing else.
 #
@@ -191,11 +192,12 @@ resource "aws_cloudwatch_metric_alarm" "subscriber_backlog_without_capacity" {
 
   metric_query {
     id = "backlog_without_capacity"
-    # Plain arithmetic: visible x (1 - desired) is the visible messages while
-    # no task is wanted (desired is 0, or missing, which metric math counts
-    # as 0: a service that never ran), and 0 or less once one is (desired,
-    # a Maximum of a task count, is then at least 1).
-    expression  = "visible * (1 - desired)"
+    # visible x (1 - desired) is the visible messages while no task is
+    # wanted, and 0 or less once one is (desired, a Maximum of a task count,
+    # is then at least 1). A service that never ran, or whose count has not
+    # reached CloudWatch yet, has no desired data point: FILL reads that as
+    # 0 rather than leaving it to how arithmetic treats a missing operand.
+    expression  = "visible * (1 - FILL(desired, 0))"
     label       = "Visible messages while no subscriber task is wanted"
     return_data = true
   }

@@ -13,9 +13,29 @@
 #   files/{owner}/{file_id}.jsonl   a file uploaded to POST /v1/files, and .json its record (publisher)
 #   batches/{owner}/{batch_id}.json a batch (POST /v1/batches), and .ids its lines' custom ids (publisher)
 #
-# Objects are written once and expire by prefix (payload_expiration_days has
-# a key for each, which infra_test.go compares with package job's layout);
+# Objects are written once and expire by prefix (local.payload_expiration_days
+# has a key for each, which infra_test.go compares with package job's layout);
 # there is no versioning to pay for.
+
+locals {
+  # The variable names only the prefixes it changes: a map variable's default
+  # is replaced whole by any value given, so the defaults live here and the
+  # variable is merged over them.
+  payload_expiration_defaults = {
+    payloads    = 19
+    jobs        = 19
+    idempotency = 2
+    results     = 19
+    failed      = 19
+    cancel      = 19
+    cancelled   = 19
+    itemerrors  = 19
+    done        = 19
+    files       = 31
+    batches     = 31
+  }
+  payload_expiration_days = merge(local.payload_expiration_defaults, var.payload_expiration_days)
+}
 
 resource "aws_s3_bucket" "payloads" {
   bucket        = var.payload_bucket_name
@@ -61,7 +81,7 @@ resource "aws_s3_bucket_lifecycle_configuration" "payloads" {
   bucket = aws_s3_bucket.payloads.id
 
   dynamic "rule" {
-    for_each = var.payload_expiration_days
+    for_each = local.payload_expiration_days
 
     content {
       id     = "expire-${rule.key}"
@@ -85,6 +105,24 @@ resource "aws_s3_bucket_lifecycle_configuration" "payloads" {
 
     abort_incomplete_multipart_upload {
       days_after_initiation = 1
+    }
+  }
+
+  lifecycle {
+    # A batch's record is rewritten when it settles, as its output and error
+    # files are written (publisher/batchfiles.go): with batches/ kept no
+    # longer than files/, a batch that GET /v1/batches lists never names a
+    # file that is gone.
+    precondition {
+      condition     = local.payload_expiration_days.files >= local.payload_expiration_days.batches
+      error_message = "payload_expiration_days: files must be at least batches, or a listed batch names output and error files that have expired."
+    }
+    # A redelivered chunk can settle its job again while the job's manifest
+    # (jobs/) is there; without its done/ marker the job's completion event
+    # is sent a second time.
+    precondition {
+      condition     = local.payload_expiration_days.done >= local.payload_expiration_days.jobs
+      error_message = "payload_expiration_days: done must be at least jobs, or a chunk redelivered after its job's marker expired sends the job's completion event again."
     }
   }
 }

@@ -241,19 +241,9 @@ func TestEveryKeyPrefixExpiresAndListsForItsReaders(t *testing.T) {
 	m := root(t)
 	layout := layoutPrefixes(t)
 
-	days := m.eval(t, m.variables["payload_expiration_days"].Body.Attributes["default"].Expr, nil)
-	lc := m.resource(t, "aws_s3_bucket_lifecycle_configuration", "payloads")
-	iterated := false
-	for _, d := range blocksOf(lc.Body, "dynamic") {
-		if d.Labels[0] == "rule" && refersTo(d.Body.Attributes["for_each"].Expr, "var", "payload_expiration_days") {
-			iterated = true
-		}
-	}
-	if !iterated {
-		t.Error("aws_s3_bucket_lifecycle_configuration.payloads has no rule per key of var.payload_expiration_days")
-	}
+	days := expirationDays(t, m, nil)
 	for _, p := range layout {
-		if !days.Type().HasAttribute(p) {
+		if _, ok := days[p]; !ok {
 			t.Errorf("%s/ (job/bucket.go) has no expiry: payload_expiration_days has no default for it", p)
 		}
 		if !m.validates(t, "payload_expiration_days", cty.MapVal(map[string]cty.Value{p: cty.NumberIntVal(7)})) {
@@ -302,14 +292,18 @@ func TestEveryKeyPrefixExpiresAndListsForItsReaders(t *testing.T) {
 
 // metricMath evaluates a CloudWatch metric math expression of plain
 // arithmetic (+ - * / ^, parentheses, numbers, metric ids) for one
-// timestamp, as "Using metric math" documents it: a missing value counts as
-// 0, and a data point that would divide by zero is dropped (ok false). A
-// timestamp where every metric is missing has no data point. Any function
-// (IF, FILL, MAX, ...) is an error: the Application Auto Scaling guide on
-// metric math names the arithmetic operators, and what CloudWatch does with
-// the rest in a target tracking policy is not what this checks.
-func metricMath(expr string, values map[string]*float64) (v float64, ok bool, err error) {
-	toks := regexp.MustCompile(`\s*([A-Za-z_][A-Za-z0-9_]*|[0-9]+(?:\.[0-9]+)?|[-+*/^()]|\S)`).FindAllStringSubmatch(expr, -1)
+// timestamp: a data point that would divide by zero is dropped (ok false),
+// and a timestamp where every metric is missing has no data point. What
+// arithmetic does with a value missing from one operand is read two ways
+// (missing): as 0, or as dropping the data point; callers ask both, so no
+// verdict rests on one reading of "Using metric math". With fill, FILL(id,
+// n) is taken too: id's value, or n where it is missing (CloudWatch's FILL,
+// which alarms take). Any other function is an error: the Application Auto
+// Scaling guide on metric math names the arithmetic operators, and what
+// CloudWatch does with the rest in a target tracking policy is not what
+// this checks.
+func metricMath(expr string, values map[string]*float64, missing missingReading, fill bool) (v float64, ok bool, err error) {
+	toks := regexp.MustCompile(`\s*([A-Za-z_][A-Za-z0-9_]*|[0-9]+(?:\.[0-9]+)?|[-+*/^(),]|\S)`).FindAllStringSubmatch(expr, -1)
 	var pos int
 	present := false
 	for _, v := range values {
@@ -398,7 +392,27 @@ func metricMath(expr string, values map[string]*float64) (v float64, ok bool, er
 				return 0, fmt.Errorf("%q: %s is no metric of the query", expr, tok)
 			}
 			if v == nil {
+				dropped = dropped || missing == missingDrops
 				return 0, nil
+			}
+			return *v, nil
+		case fill && tok == "FILL" && peek() == "(":
+			pos++
+			id := peek()
+			pos++
+			v, ok := values[id]
+			if !ok || peek() != "," {
+				return 0, fmt.Errorf("%q: FILL takes a metric id and a number here", expr)
+			}
+			pos++
+			n, err := strconv.ParseFloat(peek(), 64)
+			pos++
+			if err != nil || peek() != ")" {
+				return 0, fmt.Errorf("%q: FILL takes a metric id and a number here", expr)
+			}
+			pos++
+			if v == nil {
+				return n, nil
 			}
 			return *v, nil
 		case regexp.MustCompile(`^[A-Z]`).MatchString(tok):
@@ -412,6 +426,16 @@ func metricMath(expr string, values map[string]*float64) (v float64, ok bool, er
 	}
 	return v, !dropped, err
 }
+
+// missingReading is how metricMath reads a value missing from one operand.
+type missingReading int
+
+const (
+	missingZero  missingReading = iota // the value is 0
+	missingDrops                       // the timestamp has no data point
+)
+
+var missingReadings = map[missingReading]string{missingZero: "a missing value read as 0", missingDrops: "a missing value dropping the data point"}
 
 // metricQuery is a policy's or an alarm's metric math: its metrics by id
 // (their metric_name), and the expression whose data it returns.
@@ -445,14 +469,15 @@ func metricsOf(t *testing.T, m *module, body *hclsyntax.Body, typ string) metric
 	return q
 }
 
-// eval evaluates q with the metrics given by name (nil: missing).
-func (q metricQuery) eval(t *testing.T, byName map[string]*float64) (float64, bool) {
+// eval evaluates q with the metrics given by name (nil: missing), reading
+// a missing operand as missing says; fill allows FILL (alarms).
+func (q metricQuery) eval(t *testing.T, byName map[string]*float64, missing missingReading, fill bool) (float64, bool) {
 	t.Helper()
 	values := map[string]*float64{}
 	for id, name := range q.metrics {
 		values[id] = byName[name]
 	}
-	v, ok, err := metricMath(q.expr, values)
+	v, ok, err := metricMath(q.expr, values, missing, fill)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -497,9 +522,11 @@ func TestScaleInCountsMessagesInFlight(t *testing.T) {
 		{"no task count reported", f(5), f(0), nil, func(v float64, ok bool) bool { return !ok || v > 0 }, "no data point, or above 0: never 0 while messages wait"},
 		{"in flight while none is wanted", f(0), f(3), f(0), func(v float64, ok bool) bool { return !ok || v > 0 }, "no data point, or above 0: never 0 while messages wait"},
 	} {
-		v, ok := q.eval(t, map[string]*float64{visibleMetric: tc.visible, inFlightMetric: tc.inFlight, desiredMetric: tc.desired})
-		if !tc.want(v, ok) {
-			t.Errorf("%s: %q gives %v (data point: %v); want %s", tc.name, q.expr, v, ok, tc.says)
+		for missing, reading := range missingReadings {
+			v, ok := q.eval(t, map[string]*float64{visibleMetric: tc.visible, inFlightMetric: tc.inFlight, desiredMetric: tc.desired}, missing, false)
+			if !tc.want(v, ok) {
+				t.Errorf("%s, %s: %q gives %v (data point: %v); want %s", tc.name, reading, q.expr, v, ok, tc.says)
+			}
 		}
 	}
 }
@@ -529,9 +556,14 @@ func TestOneMessageStartsOneGPUTask(t *testing.T) {
 		{"no messages", f(0), f(0), false},
 		{"no queue data", nil, f(0), false},
 	} {
-		v, ok := q.eval(t, map[string]*float64{visibleMetric: tc.visible, desiredMetric: tc.desired})
-		if got := ok && v > 0; got != tc.breach {
-			t.Errorf("%s: %q gives %v (data point: %v): breaching %v, want %v", tc.name, q.expr, v, ok, got, tc.breach)
+		// Issue 34 item 13: the task count is missing until Container
+		// Insights reports the service; the alarm must breach then whichever
+		// way arithmetic reads a missing operand (FILL says which).
+		for missing, reading := range missingReadings {
+			v, ok := q.eval(t, map[string]*float64{visibleMetric: tc.visible, desiredMetric: tc.desired}, missing, true)
+			if got := ok && v > 0; got != tc.breach {
+				t.Errorf("%s, %s: %q gives %v (data point: %v): breaching %v, want %v", tc.name, reading, q.expr, v, ok, got, tc.breach)
+			}
 		}
 	}
 

@@ -159,9 +159,9 @@ func TestTheBucketIsEncryptedPrivateAndTLSOnly(t *testing.T) {
 		}
 	}
 	// Every prefix of the bucket layout (internal/payload) expires.
-	days := m.eval(t, m.variables["payload_expiration_days"].Body.Attributes["default"].Expr, nil)
+	days := expirationDays(t, m, nil)
 	for _, prefix := range []string{"payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors"} {
-		if !days.Type().IsObjectType() || !days.Type().HasAttribute(prefix) {
+		if _, ok := days[prefix]; !ok {
 			t.Errorf("payload_expiration_days has no default for %s/", prefix)
 		}
 	}
@@ -1192,6 +1192,7 @@ func (m *module) context(t *testing.T, override map[string]cty.Value) *hcl.EvalC
 func functions() map[string]function.Function {
 	fs := map[string]function.Function{
 		"alltrue":         allTrueFunc,
+		"ceil":            stdlib.CeilFunc,
 		"can":             tryfunc.CanFunc,
 		"coalesce":        stdlib.CoalesceFunc,
 		"compact":         stdlib.CompactFunc,
@@ -1204,10 +1205,13 @@ func functions() map[string]function.Function {
 		"jsonencode":      stdlib.JSONEncodeFunc,
 		"keys":            stdlib.KeysFunc,
 		"length":          stdlib.LengthFunc,
+		"lookup":          stdlib.LookupFunc,
+		"lower":           stdlib.LowerFunc,
 		"max":             stdlib.MaxFunc,
 		"merge":           stdlib.MergeFunc,
 		"min":             stdlib.MinFunc,
 		"regex":           stdlib.RegexFunc,
+		"regexall":        stdlib.RegexAllFunc,
 		"setintersection": stdlib.SetIntersectionFunc,
 		"sort":            stdlib.SortFunc,
 		"startswith":      startsWithFunc,
@@ -1552,10 +1556,16 @@ func TestTheReceiveCountOutlastsRetriesAndHandbacks(t *testing.T) {
 		span += delay << (n - 1)
 	}
 	want := n + handbacks
-	got := m.number(t, m.variables["max_receive_count"].Body.Attributes["default"].Expr, nil)
+	got := receiveCount(t, m, nil)
 	if got < want {
 		t.Errorf("max_receive_count defaults to %d: %d receives ride out %v of failures with -retry-delay %v, plus %d hand-backs, is %d", got, n, outage, delay, handbacks, want)
 	}
+}
+
+// receiveCount is the work queue's maxReceiveCount with override.
+func receiveCount(t *testing.T, m *module, override map[string]cty.Value) int64 {
+	t.Helper()
+	return m.number(t, m.itemExpr(m.jsonencoded(t, m.resource(t, "aws_sqs_queue", "work"), "redrive_policy"), "maxReceiveCount"), override)
 }
 
 // Task scale-in protection, renewed while a task holds messages, would keep

@@ -73,7 +73,7 @@ func TestTheModelServerModesApply(t *testing.T) {
 	}
 	run("init", "-backend=false", "-input=false", "-no-color")
 	out2 := run("test", "-no-color")
-	if !strings.Contains(out2, "4 passed, 0 failed") {
+	if !strings.Contains(out2, "7 passed, 0 failed") {
 		t.Errorf("terraform test:\n%s", out2)
 	}
 }

@@ -31,6 +31,8 @@ func sidecar() map[string]cty.Value {
 		"model_server_command": strings2("--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory-utilization", "0.9"),
 		"model_server_models":  strings2("meta-llama/Llama-3.1-8B-Instruct"),
 		"model_server_secrets": cty.MapVal(map[string]cty.Value{"HF_TOKEN": cty.StringVal(testHFToken)}),
+		// A ceiling of output tokens the default timeouts cover.
+		"subscriber_environment": cty.MapVal(map[string]cty.Value{"VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS": cty.StringVal("1024")}),
 	}
 }
 
@@ -40,6 +42,7 @@ func external() map[string]cty.Value {
 		"model_server_url":                cty.StringVal("https://api.openai.com"),
 		"model_server_models":             strings2("gpt-4o-mini", "text-embedding-3-small"),
 		"model_server_api_key_secret_arn": cty.StringVal(testSecretARN),
+		"subscriber_environment":          cty.MapVal(map[string]cty.Value{"VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS": cty.StringVal("1024")}),
 	}
 }
 
@@ -64,8 +67,28 @@ func TestTheModelServerVariablesAreValidated(t *testing.T) {
 			bad:  []cty.Value{cty.StringVal("vllm openai")},
 		},
 		"model_server_command": {
-			good: []cty.Value{cty.ListValEmpty(cty.String), strings2("--model", "m")},
-			bad:  []cty.Value{strings2("--model", "")},
+			good: []cty.Value{cty.ListValEmpty(cty.String), strings2("--model", "m"), strings2("--model", "m", "--api-key-header", "x")},
+			// Issue 34 item 12: a key in the command is plain text in the
+			// task definition and the state; VLLM_API_KEY is a secret.
+			bad: []cty.Value{strings2("--model", ""), strings2("--model", "m", "--api-key", "sk-1"), strings2("--api-key=sk-1"),
+				strings2("vllm serve m --api-key sk-1")},
+		},
+		"model_server_min_output_tokens_per_second": {
+			good: []cty.Value{cty.NumberIntVal(1), cty.NumberIntVal(20), cty.NumberFloatVal(2.5)},
+			bad:  []cty.Value{cty.NumberIntVal(0), cty.NumberIntVal(1001)},
+		},
+		"model_server_shared_memory_size": {
+			good: []cty.Value{cty.NumberIntVal(64), cty.NumberIntVal(4096), cty.NumberIntVal(16384)},
+			bad:  []cty.Value{cty.NumberIntVal(0), cty.NumberIntVal(63), cty.NumberFloatVal(1024.5)},
+		},
+		"model_server_weights_volume": {
+			good: []cty.Value{cty.NullVal(cty.Object(map[string]cty.Type{"host_path": cty.String, "container_path": cty.String})),
+				cty.ObjectVal(map[string]cty.Value{"host_path": cty.StringVal("/var/lib/vramq/weights"), "container_path": cty.StringVal("/root/.cache/huggingface")})},
+			bad: []cty.Value{
+				cty.ObjectVal(map[string]cty.Value{"host_path": cty.StringVal("weights"), "container_path": cty.StringVal("/root/.cache/huggingface")}),
+				cty.ObjectVal(map[string]cty.Value{"host_path": cty.StringVal("/"), "container_path": cty.StringVal("/root/.cache/huggingface")}),
+				cty.ObjectVal(map[string]cty.Value{"host_path": cty.StringVal("/w"), "container_path": cty.StringVal("/a:b")}),
+			},
 		},
 		"model_server_port": {
 			good: []cty.Value{cty.NumberIntVal(8000), cty.NumberIntVal(8080)},
@@ -162,7 +185,8 @@ func TestTheModelServerModesAreExclusive(t *testing.T) {
 		{"a key without a server", map[string]cty.Value{"model_server_api_key_secret_arn": cty.StringVal(testSecretARN)}, false},
 		// -model-server-max-wait must be below -inference-timeout.
 		{"inference timeout at the max wait", with(external(), "subscriber_inference_timeout_seconds", cty.NumberIntVal(int64(maxWait.Seconds()))), false},
-		{"inference timeout above the max wait", with(external(), "subscriber_inference_timeout_seconds", cty.NumberIntVal(int64(maxWait.Seconds())+1)), true},
+		{"inference timeout above the max wait", with(external(), "subscriber_inference_timeout_seconds", cty.NumberIntVal(int64(maxWait.Seconds())+1),
+			"subscriber_environment", cty.MapVal(map[string]cty.Value{"VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS": cty.StringVal("16")})), true},
 		{"inference timeout at the max wait, no model server", map[string]cty.Value{"subscriber_inference_timeout_seconds": cty.NumberIntVal(int64(maxWait.Seconds()))}, true},
 	} {
 		if got := allTrue(m.preconditions(t, td, c.o)); got != c.want {

@@ -128,6 +128,7 @@ output "alarm_names" {
     aws_cloudwatch_metric_alarm.dlq_oldest_message_age.alarm_name,
     aws_cloudwatch_metric_alarm.work_oldest_message_age.alarm_name,
     aws_cloudwatch_metric_alarm.oom_retries.alarm_name,
+    aws_cloudwatch_metric_alarm.needs_operator.alarm_name,
     aws_cloudwatch_metric_alarm.subscriber_tasks_below_desired.alarm_name,
     try(aws_cloudwatch_metric_alarm.publisher_api_5xx[0].alarm_name, ""),
     try(aws_cloudwatch_metric_alarm.publisher_lambda_errors[0].alarm_name, ""),

@@ -15,6 +15,13 @@ locals {
   publisher_lambda  = var.publisher_mode == "lambda"
   publisher_fargate = var.publisher_mode == "fargate"
 
+  # The gateway's authorization of the authorised routes (publisher_routes).
+  # With bearer keys the publisher checks the Authorization header of every
+  # route itself, so the gateway must let it through unchecked; that is
+  # also what lets the OpenAI SDKs (Authorization: Bearer <key>) reach the
+  # Files and Batch routes. Without keys, SigV4.
+  publisher_authorization = var.publisher_authorization != null ? var.publisher_authorization : (var.publisher_api_keys_secret_arn == null ? "AWS_IAM" : "NONE")
+
   publisher_lambda_zip   = coalesce(var.publisher_lambda_zip, "${path.module}/../bin/publisher-lambda.zip")
   publisher_port         = 8080
   publisher_metrics_port = 9090
@@ -72,6 +79,13 @@ locals {
   # bytes). On Fargate the publisher streams files of up to 200 MiB. A
   # VRAMQ_MAX_FILE_BYTES in publisher_environment wins over this one.
   publisher_file_environment = local.publisher_lambda ? { VRAMQ_MAX_FILE_BYTES = tostring(local.publisher_lambda_max_body_bytes) } : {}
+  # The file limit the function gets, in bytes, as the publisher reads it
+  # (internal/bytesize: a number, then an optional unit; 0 is its 200 MiB
+  # default): -1 where it does not parse here, which the precondition
+  # refuses with the rest.
+  publisher_size_units     = { "" = 1, b = 1, kb = 1000, mb = 1000000, gb = 1000000000, kib = 1024, mib = 1048576, gib = 1073741824 }
+  publisher_max_file_given = regexall("^\\s*([0-9]+(?:\\.[0-9]+)?)\\s?([A-Za-z]*)\\s*$", lookup(merge(local.publisher_file_environment, var.publisher_environment), "VRAMQ_MAX_FILE_BYTES", "0"))
+  publisher_max_file_bytes = try(floor(tonumber(local.publisher_max_file_given[0][0]) * local.publisher_size_units[lower(local.publisher_max_file_given[0][1])]), -1)
 }
 
 resource "aws_cloudwatch_log_group" "publisher" {
@@ -124,6 +138,12 @@ resource "aws_lambda_function" "publisher" {
       condition     = local.publisher_max_body_bytes <= local.publisher_lambda_max_body_bytes
       error_message = "publisher_max_body_bytes: at most 4194304 (4 MiB) in lambda mode: Lambda takes a request event of at most 6 MB, and API Gateway may base64-encode the body (4/3 of it) into that event."
     }
+    # A file the publisher takes must reach it in the invocation event and
+    # go back out in the 6 MB response, as bodies must.
+    precondition {
+      condition     = local.publisher_max_file_bytes >= 1 && local.publisher_max_file_bytes <= local.publisher_lambda_max_body_bytes
+      error_message = "VRAMQ_MAX_FILE_BYTES in publisher_environment: 1 byte to 4194304 (4 MiB) in lambda mode, in bytes or with a unit (B, KB, MB, GB, KiB, MiB, GiB): an upload travels in Lambda's 6 MB request event and a download in its 6 MB response, both base64-encoded (4/3). Larger files need publisher_mode = \"fargate\"."
+    }
     precondition {
       condition     = var.publisher_api_keys_secret_arn == null || can(regex("^arn:[^:]+:secretsmanager:", var.publisher_api_keys_secret_arn))
       error_message = "publisher_api_keys_secret_arn: under Lambda the function reads the keys from Secrets Manager itself: give a Secrets Manager secret's ARN (an SSM parameter works with publisher_mode = \"fargate\", where ECS injects it)."
@@ -136,9 +156,20 @@ resource "aws_apigatewayv2_api" "publisher" {
 
   name          = "${local.name}-publisher"
   protocol_type = "HTTP"
-  description   = "vramq job API: POST /v1/jobs, GET and DELETE /v1/jobs/{id}"
+  description   = "vramq job API: /v1/jobs, and OpenAI's Files and Batch API: /v1/files, /v1/batches"
 
   tags = local.tags
+
+  lifecycle {
+    # SigV4 and a JWT travel in the Authorization header, where the
+    # publisher looks for its bearer key on every route: a request the
+    # gateway lets through would be refused 401 by the publisher, and the
+    # other way round.
+    precondition {
+      condition     = var.publisher_api_keys_secret_arn == null || local.publisher_authorization == "NONE"
+      error_message = "publisher_api_keys_secret_arn with publisher_authorization = \"AWS_IAM\" or \"JWT\": the publisher checks its bearer keys in the Authorization header that SigV4 and JWT use, so no request could pass both. Leave publisher_authorization null (NONE with keys), or give no keys."
+    }
+  }
 }
 
 resource "aws_apigatewayv2_integration" "publisher" {
@@ -155,7 +186,7 @@ resource "aws_apigatewayv2_integration" "publisher" {
 }
 
 resource "aws_apigatewayv2_authorizer" "jwt" {
-  count = local.publisher_lambda && var.publisher_authorization == "JWT" ? 1 : 0
+  count = local.publisher_lambda && local.publisher_authorization == "JWT" ? 1 : 0
 
   api_id           = aws_apigatewayv2_api.publisher[0].id
   name             = "jwt"
@@ -181,8 +212,8 @@ resource "aws_apigatewayv2_route" "publisher" {
   api_id             = aws_apigatewayv2_api.publisher[0].id
   route_key          = each.key
   target             = "integrations/${aws_apigatewayv2_integration.publisher[0].id}"
-  authorization_type = each.value ? var.publisher_authorization : "NONE"
-  authorizer_id      = each.value && var.publisher_authorization == "JWT" ? aws_apigatewayv2_authorizer.jwt[0].id : null
+  authorization_type = each.value ? local.publisher_authorization : "NONE"
+  authorizer_id      = each.value && local.publisher_authorization == "JWT" ? aws_apigatewayv2_authorizer.jwt[0].id : null
 }
 
 resource "aws_cloudwatch_log_group" "publisher_access" {

@@ -16,6 +16,13 @@ locals {
     results = aws_sqs_queue.results
     dlq     = aws_sqs_queue.dlq
   }
+
+  # The work queue's receive budget (variables.tf, max_receive_count): 12
+  # for the retries of a 10-minute outage and a few hand-backs; with a model
+  # server also an hour of hand-backs, one each -model-server-max-wait, at
+  # which a batch waiting for the server is handed back.
+  max_receive_count_floor = 12 + (local.model_server_on ? ceil(3600 / local.model_server_max_wait_seconds) : 0)
+  max_receive_count       = var.max_receive_count != null ? var.max_receive_count : local.max_receive_count_floor
 }
 
 # Created first: the work queue's redrive policy names it.
@@ -50,10 +57,17 @@ resource "aws_sqs_queue" "work" {
   # Poison the subscriber recognises goes there at once, with a reason.
   redrive_policy = jsonencode({
     deadLetterTargetArn = aws_sqs_queue.dlq.arn
-    maxReceiveCount     = var.max_receive_count
+    maxReceiveCount     = local.max_receive_count
   })
 
   tags = local.tags
+
+  lifecycle {
+    precondition {
+      condition     = local.max_receive_count >= local.max_receive_count_floor
+      error_message = "max_receive_count: at least ${local.max_receive_count_floor} with a model server: 12 for retries and hand-backs, and 60 for an hour of waits past -model-server-max-wait (1 minute), each a hand-back of every message held; with fewer, good messages are dead-lettered while the server is busy."
+    }
+  }
 }
 
 resource "aws_sqs_queue" "results" {

@@ -65,8 +65,9 @@ locals {
   model_server_on       = local.model_server_sidecar || local.model_server_external
   # Containers of an awsvpc task share its network namespace (the ECS
   # developer guide's awsvpc network mode), so the sidecar is on localhost.
-  model_server_base_url  = local.model_server_sidecar ? "http://localhost:${var.model_server_port}" : var.model_server_url
-  model_server_container = "model-server"
+  model_server_base_url       = local.model_server_sidecar ? "http://localhost:${var.model_server_port}" : var.model_server_url
+  model_server_container      = "model-server"
+  model_server_weights_volume = "model-weights"
   # The external endpoint's port: the URL's, else its scheme's.
   model_server_url_port = local.model_server_external ? tonumber(try(regex("^https?://[^/:]+:([0-9]+)", var.model_server_url)[0], startswith(var.model_server_url, "https://") ? "443" : "80")) : 443
 
@@ -92,7 +93,28 @@ locals {
     local.model_server_sidecar ? [for k in sort(keys(var.model_server_secrets)) : var.model_server_secrets[k]] : [],
   )
 
-  subscriber_environment = merge(var.subscriber_environment, local.subscriber_settings, local.events_environment, {
+  # Model-server mode. A generation of the subscriber's ceiling of output
+  # tokens (-model-server-max-output-tokens) at the slowest rate allowed for
+  # must fit one request's timeout, which the module sets unless given, and
+  # the inference timeout after the longest wait for the server (checked by
+  # the task definition's preconditions): otherwise it times out on every
+  # attempt and its message is dead-lettered.
+  model_server_max_output_tokens    = try(tonumber(var.subscriber_environment["VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS"]), 16384)
+  model_server_generation_seconds   = ceil(local.model_server_max_output_tokens / var.model_server_min_output_tokens_per_second)
+  model_server_request_timeout      = max(120, local.model_server_generation_seconds)
+  model_server_max_wait_seconds     = 60
+  model_server_max_wait_given       = contains(keys(var.subscriber_environment), "VRAMQ_MODEL_SERVER_MAX_WAIT")
+  model_server_inference_needs      = local.model_server_generation_seconds + (local.model_server_max_wait_given ? 0 : local.model_server_max_wait_seconds)
+  model_server_inference_timeout_ok = !local.model_server_on || var.subscriber_inference_timeout_seconds >= local.model_server_inference_needs
+  # Every message held when the server asks for a pause, or needs an
+  # operator, is handed back, a receive each: one receive's worth (SQS's
+  # most, 10) waits ahead of the running batches instead of the default 20.
+  model_server_defaults = local.model_server_on ? {
+    VRAMQ_PREFETCH             = "10"
+    VRAMQ_MODEL_SERVER_TIMEOUT = "${local.model_server_request_timeout}s"
+  } : {}
+
+  subscriber_environment = merge(local.model_server_defaults, var.subscriber_environment, local.subscriber_settings, local.events_environment, {
     QUEUE_URL         = aws_sqs_queue.work.url
     RESULTS_QUEUE_URL = aws_sqs_queue.results.url
     DLQ_URL           = aws_sqs_queue.dlq.url
@@ -103,6 +125,24 @@ locals {
 ################################################################################
 # Cluster and GPU capacity
 ################################################################################
+
+# What each instance type of the group carries (EC2 DescribeInstanceTypes):
+# its GPUs, which the task definition's preconditions hold against what a
+# task takes. Keyed by position, as the keys of a for_each must be known at
+# plan time.
+data "aws_ec2_instance_type" "subscriber" {
+  for_each = { for i, t in var.subscriber_instance_types : tostring(i) => t }
+
+  instance_type = each.value
+}
+
+locals {
+  # GPUs of each instance type, by name.
+  subscriber_instance_gpus = { for d in data.aws_ec2_instance_type.subscriber : d.instance_type => (length(d.gpus) == 0 ? 0 : sum([for g in d.gpus : g.count])) }
+  # GPUs a task takes: the sidecar's, none beside an external endpoint, else
+  # the subscriber's own.
+  subscriber_task_gpus = local.model_server_external ? 0 : (local.model_server_sidecar ? var.model_server_gpus : var.subscriber_gpus_per_task)
+}
 
 resource "aws_ecs_cluster" "this" {
   name = local.name
@@ -159,7 +199,7 @@ resource "aws_launch_template" "gpu" {
     #!/bin/bash
     cat >>/etc/ecs/ecs.config <<'CONFIG'
     ECS_CLUSTER=${aws_ecs_cluster.this.name}
-    ECS_ENABLE_GPU_SUPPORT=true
+    ECS_ENABLE_GPU_SUPPORT=${!local.model_server_external}
     ECS_AWSVPC_BLOCK_IMDS=true
     ECS_ENABLE_SPOT_INSTANCE_DRAINING=${var.subscriber_spot}
     CONFIG
@@ -431,7 +471,7 @@ resource "aws_ecs_task_definition" "subscriber" {
       healthCheck = length(var.subscriber_health_check_command) == 0 ? null : {
         command  = var.subscriber_health_check_command
         interval = 30
-        # The check gives /healthz 5 s itself.
+        # The check gives /livez 5 s itself.
         timeout     = 6
         retries     = 3
         startPeriod = var.subscriber_health_check_start_period
@@ -466,6 +506,20 @@ resource "aws_ecs_task_definition" "subscriber" {
       environment = [for k in sort(keys(var.model_server_environment)) : { name = k, value = var.model_server_environment[k] }]
       secrets     = length(keys(var.model_server_secrets)) == 0 ? null : [for k in sort(keys(var.model_server_secrets)) : { name = k, valueFrom = var.model_server_secrets[k] }]
 
+      # vLLM's processes exchange tensors through /dev/shm, 64 MiB in a
+      # container by default: too little for them (vLLM's Docker guide runs
+      # its image with --ipc=host, which awsvpc tasks cannot have, or a
+      # larger --shm-size, which this is).
+      linuxParameters = {
+        sharedMemorySize = var.model_server_shared_memory_size
+      }
+
+      # The weights, kept on the instance across task restarts when
+      # model_server_weights_volume says where.
+      mountPoints = var.model_server_weights_volume == null ? null : [
+        { sourceVolume = local.model_server_weights_volume, containerPath = var.model_server_weights_volume.container_path, readOnly = false },
+      ]
+
       # HEALTHY is what the subscriber's dependsOn waits for, so the check
       # is always there. Failures in the start period (the weights' download
       # and load) do not count; after it, an unhealthy essential container
@@ -496,6 +550,15 @@ resource "aws_ecs_task_definition" "subscriber" {
     },
   ] : []))
 
+  dynamic "volume" {
+    for_each = local.model_server_sidecar && var.model_server_weights_volume != null ? [var.model_server_weights_volume.host_path] : []
+
+    content {
+      name      = local.model_server_weights_volume
+      host_path = volume.value
+    }
+  }
+
   tags = local.tags
 
   lifecycle {
@@ -520,12 +583,34 @@ resource "aws_ecs_task_definition" "subscriber" {
       error_message = "model_server_models: required with model_server_image or model_server_url (the subscriber's -model-server-models; it refuses to start without)."
     }
     precondition {
-      condition     = local.model_server_sidecar || (length(var.model_server_command) == 0 && length(keys(var.model_server_environment)) == 0 && length(keys(var.model_server_secrets)) == 0 && length(var.model_server_health_check_command) == 0)
-      error_message = "model_server_command, model_server_environment, model_server_secrets and model_server_health_check_command configure the sidecar: give model_server_image too."
+      condition     = local.model_server_sidecar || (length(var.model_server_command) == 0 && length(keys(var.model_server_environment)) == 0 && length(keys(var.model_server_secrets)) == 0 && length(var.model_server_health_check_command) == 0 && var.model_server_weights_volume == null)
+      error_message = "model_server_command, model_server_environment, model_server_secrets, model_server_health_check_command and model_server_weights_volume configure the sidecar: give model_server_image too."
+    }
+    precondition {
+      condition     = !local.model_server_sidecar || var.model_server_shared_memory_size < var.subscriber_memory
+      error_message = "model_server_shared_memory_size: below subscriber_memory, the task's memory, which /dev/shm uses."
     }
     precondition {
       condition     = local.model_server_on || var.model_server_api_key_secret_arn == null
       error_message = "model_server_api_key_secret_arn: the key of a model server; give model_server_url or model_server_image too."
+    }
+    # ECS places a task only on an instance with the GPUs it asks for: with
+    # fewer, the service never starts it and managed scaling may keep
+    # launching instances that cannot take it.
+    precondition {
+      condition     = alltrue([for n in values(local.subscriber_instance_gpus) : n >= local.subscriber_task_gpus])
+      error_message = "subscriber_instance_types: a task takes ${local.subscriber_task_gpus} GPUs (model_server_gpus with a sidecar, else subscriber_gpus_per_task), and these instance types have ${jsonencode(local.subscriber_instance_gpus)}: every type must have at least that many."
+    }
+    # An external model server does the inference: the subscriber only sends
+    # HTTP, and a GPU instance per task would be paid for nothing (and grown
+    # by messages parked in the queue while the server asks for a pause).
+    precondition {
+      condition     = !local.model_server_external || alltrue([for n in values(local.subscriber_instance_gpus) : n == 0])
+      error_message = "model_server_url: subscriber_instance_types ${jsonencode(local.subscriber_instance_gpus)} have GPUs, which an external model server leaves unused: give instance types without (c7i.large, m7i.large) and the ECS-optimized AMI (not the GPU one) as subscriber_ami_id."
+    }
+    precondition {
+      condition     = local.model_server_inference_timeout_ok
+      error_message = "subscriber_inference_timeout_seconds: with a model server, at least ${local.model_server_inference_needs} s: ${local.model_server_max_output_tokens} output tokens (VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS, the subscriber's ceiling) at ${var.model_server_min_output_tokens_per_second} a second (model_server_min_output_tokens_per_second) after -model-server-max-wait (60 s); a generation that long would time out on every attempt. Lower the ceiling in subscriber_environment to what the jobs need, or raise the timeout (and subscriber_shutdown_grace_seconds, subscriber_max_hold_seconds with it)."
     }
     # cmd/subscriber refuses a -model-server-max-wait (default 1m) at or
     # above -inference-timeout: a batch waiting for the server must be handed

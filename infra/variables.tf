@@ -136,14 +136,13 @@ variable "max_message_size" {
 }
 
 variable "max_receive_count" {
-  description = "Receives of a work message before SQS moves it to the DLQ (the redrive policy), 1 to 1000. Every receive counts, not only failures: a transient failure is retried after -retry-delay (5 s) doubled per receive, so 8 receives ride out about 10 minutes of an S3 or SQS outage (5+10+...+320 s = 635 s of delays); a deployment, a scale-in or a drained instance hands back messages not yet started (one receive each), and so does backpressure (-admit-timeout). 12 leaves 4 for those. Poison the subscriber recognises goes to the DLQ at once, with a reason, whatever this is; a message that crashes the subscriber costs up to this many task restarts. localstack/queues.json keeps 5 for fast local tests."
+  description = "Receives of a work message before SQS moves it to the DLQ (the redrive policy), 1 to 1000; null (default): 12, or 72 with a model server. Every receive counts, not only failures: a transient failure is retried after -retry-delay (5 s) doubled per receive, so 8 receives ride out about 10 minutes of an S3 or SQS outage (5+10+...+320 s = 635 s of delays); a deployment, a scale-in or a drained instance hands back messages not yet started (one receive each), and so does backpressure (-admit-timeout). 12 leaves 4 for those. A model server adds hand-backs no message is to blame for: a batch that would wait for the server past -model-server-max-wait (1 minute: a rate limit's refill under a backlog, a daily quota) is handed back, a receive for each of its messages and each one prefetched, so with a model server 60 more (an hour of such waits) are added, and less is refused at plan time. Poison the subscriber recognises goes to the DLQ at once, with a reason, whatever this is; a message that crashes the subscriber costs up to this many task restarts. localstack/queues.json keeps 5 for fast local tests."
   type        = number
-  default     = 12
-  nullable    = false
+  default     = null
 
   validation {
-    condition     = var.max_receive_count >= 1 && var.max_receive_count <= 1000
-    error_message = "max_receive_count: 1 to 1000."
+    condition     = var.max_receive_count == null || (coalesce(var.max_receive_count, 1) >= 1 && coalesce(var.max_receive_count, 1) <= 1000)
+    error_message = "max_receive_count: 1 to 1000, or null."
   }
 }
 
@@ -165,22 +164,10 @@ variable "payload_bucket_force_destroy" {
 }
 
 variable "payload_expiration_days" {
-  description = "Days before objects under each prefix of the bucket layout (internal/payload) expire. payloads/ should outlive a message's time on the work queue plus the DLQ (4 + 14 days by default), or a redriven message finds its item gone and is dead-lettered as claim_check; results/, failed/, cancel/, cancelled/ and itemerrors/ are what GET /v1/jobs/{id} reads; jobs/ (manifests) should live as long as results/; done/ (completion events' markers) as long as a redelivered chunk could settle its job again, which is as long as jobs/; idempotency/ only as long as clients retry a POST; files/ (POST /v1/files) at least 31, a day past the longest expiry a file may have (30 days, OpenAI's): the publisher stops serving a file at its expires_at, and this removes it later; batches/ (POST /v1/batches) as long as files/, so a batch is there while its output file is (a batch whose job's results/ expire before any GET finds it settled cannot be finalized: keep results/ past the 24-hour window plus the time clients take to poll)."
+  description = "Days before objects under each prefix of the bucket layout (internal/payload) expire, by prefix; a prefix left out keeps its default (bucket.tf, local.payload_expiration_defaults), so { results = 30 } changes results/ only. payloads/ should outlive a message's time on the work queue plus the DLQ (4 + 14 days by default), or a redriven message finds its item gone and is dead-lettered as claim_check; results/, failed/, cancel/, cancelled/ and itemerrors/ are what GET /v1/jobs/{id} reads; jobs/ (manifests) should live as long as results/; done/ (completion events' markers) at least as long as jobs/, since a redelivered chunk could settle its job again while its manifest is there (checked at plan time); idempotency/ only as long as clients retry a POST; files/ (POST /v1/files) at least 31, a day past the longest expiry a file may have (30 days, OpenAI's): the publisher stops serving a file at its expires_at, and this removes it later; batches/ (POST /v1/batches) no longer than files/, so every batch listed names output and error files that are still there (checked at plan time; a batch whose job's results/ expire before any GET finds it settled cannot be finalized: keep results/ past the 24-hour window plus the time clients take to poll). Defaults: payloads, jobs, results, failed, cancel, cancelled, itemerrors and done 19; idempotency 2; files and batches 31."
   type        = map(number)
-  default = {
-    payloads    = 19
-    jobs        = 19
-    idempotency = 2
-    results     = 19
-    failed      = 19
-    cancel      = 19
-    cancelled   = 19
-    itemerrors  = 19
-    done        = 19
-    files       = 31
-    batches     = 31
-  }
-  nullable = false
+  default     = {}
+  nullable    = false
 
   validation {
     condition     = alltrue([for k, v in var.payload_expiration_days : contains(["payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors", "done", "files", "batches"], k) && v >= 1])
@@ -216,7 +203,7 @@ variable "publisher_alb_subnet_ids" {
 }
 
 variable "metrics_ingress_cidr_blocks" {
-  description = "CIDR blocks allowed to scrape /metrics on port 9090 (Prometheus): the subscriber's (and its /healthz), and in fargate mode the publisher's. Empty: nobody from outside the task. Name the scrapers, not the whole VPC: /metrics shows tenant names and the process's internals."
+  description = "CIDR blocks allowed to scrape /metrics on port 9090 (Prometheus): the subscriber's (and its /livez and /healthz), and in fargate mode the publisher's. Empty: nobody from outside the task. Name the scrapers, not the whole VPC: /metrics shows tenant names and the process's internals."
   type        = list(string)
   default     = []
   nullable    = false
@@ -233,7 +220,7 @@ variable "subscriber_image" {
 }
 
 variable "subscriber_ami_id" {
-  description = "AMI of the GPU instances, pinned: the ECS GPU-optimised Amazon Linux 2023 AMI of your region, e.g. the current recommended one: aws ssm get-parameter --name /aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id --query Parameter.Value --output text. To move to a newer one, set the new id and apply: a new launch template version, which instances take as they are replaced."
+  description = "AMI of the GPU instances, pinned: the ECS GPU-optimised Amazon Linux 2023 AMI of your region, e.g. the current recommended one: aws ssm get-parameter --name /aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id --query Parameter.Value --output text. To move to a newer one, set the new id and apply: a new launch template version, which instances take as they are replaced. With model_server_url (no GPU instances), the ECS-optimized Amazon Linux 2023 AMI instead (.../amazon-linux-2023/recommended/image_id)."
   type        = string
   nullable    = false
 
@@ -251,7 +238,7 @@ variable "subscriber_device" {
 }
 
 variable "subscriber_instance_types" {
-  description = "GPU instance types for the capacity provider's Auto Scaling group, in order of preference. One GPU each by default (g5.xlarge: A10G 24 GB; g6.xlarge: L4 24 GB), so one task per instance."
+  description = "GPU instance types for the capacity provider's Auto Scaling group, in order of preference. One GPU each by default (g5.xlarge: A10G 24 GB; g6.xlarge: L4 24 GB), so one task per instance. Each must have the GPUs a task takes (subscriber_gpus_per_task, or model_server_gpus with a sidecar); with model_server_url, types without a GPU (c7i.large, m7i.large), since the server does the inference (both checked at plan time)."
   type        = list(string)
   default     = ["g5.xlarge", "g6.xlarge"]
   nullable    = false
@@ -277,7 +264,7 @@ variable "subscriber_root_volume_size" {
 }
 
 variable "subscriber_gpus_per_task" {
-  description = "GPUs given to each subscriber task (resourceRequirements GPU). The subscriber uses one device."
+  description = "GPUs given to each subscriber task (resourceRequirements GPU). The subscriber uses one device. Every instance type must have at least this many (checked at plan time)."
   type        = number
   default     = 1
   nullable    = false
@@ -396,7 +383,7 @@ variable "subscriber_environment" {
 }
 
 variable "subscriber_health_check_command" {
-  description = "Container health check of the subscriber (ECS healthCheck command). The default is the binary's own `subscriber healthcheck`, which asks /healthz on VRAMQ_METRICS_ADDR and needs no shell or curl, so it works in the distroless and the CUDA image alike. [] turns the check off."
+  description = "Container health check of the subscriber (ECS healthCheck command). The default is the binary's own `subscriber healthcheck`, which asks liveness, /livez, on VRAMQ_METRICS_ADDR (not /healthz, which also fails while the model needs an operator: ECS would replace a task a replacement cannot help) and needs no shell or curl, so it works in the distroless and the CUDA image alike. [] turns the check off."
   type        = list(string)
   default     = ["CMD", "/usr/local/bin/subscriber", "healthcheck"]
   nullable    = false
@@ -576,14 +563,13 @@ variable "publisher_lambda_reserved_concurrency" {
 }
 
 variable "publisher_authorization" {
-  description = "Authorization of the API Gateway routes /v1/jobs: AWS_IAM (callers sign with SigV4 and need execute-api:Invoke), JWT (an OIDC issuer, see publisher_jwt_issuer) or NONE (only the publisher's own bearer keys, VRAMQ_API_KEYS, if any). Lambda mode only."
+  description = "Lambda mode: the API Gateway authorization of every route but /healthz: AWS_IAM (callers sign with SigV4 and need execute-api:Invoke; the OpenAI SDKs cannot, so the Files and Batch routes serve SigV4 clients only), JWT (an OIDC issuer, see publisher_jwt_issuer; an OpenAI SDK passes the token as its api_key) or NONE (the publisher's own bearer keys, publisher_api_keys_secret_arn, which the OpenAI SDKs send as they are; with no keys, anyone). Null (default): NONE when publisher_api_keys_secret_arn is given, else AWS_IAM. The publisher checks its keys on every route, in the Authorization header that SigV4 and JWT use too, so keys with AWS_IAM or JWT are refused at plan time: no request could pass both."
   type        = string
-  default     = "AWS_IAM"
-  nullable    = false
+  default     = null
 
   validation {
-    condition     = contains(["AWS_IAM", "JWT", "NONE"], var.publisher_authorization)
-    error_message = "publisher_authorization: AWS_IAM, JWT or NONE."
+    condition     = contains(["AWS_IAM", "JWT", "NONE"], var.publisher_authorization == null ? "NONE" : var.publisher_authorization)
+    error_message = "publisher_authorization: AWS_IAM, JWT, NONE or null."
   }
 }
 
@@ -776,6 +762,13 @@ variable "model_server_command" {
     condition     = alltrue([for a in var.model_server_command : a != ""])
     error_message = "model_server_command: no empty arguments."
   }
+
+  # A key in the command is plain text in the task definition, what
+  # DescribeTaskDefinition shows and the Terraform state.
+  validation {
+    condition     = alltrue([for a in var.model_server_command : !can(regex("(^|\\s)--api-key(=|\\s|$)", a))])
+    error_message = "model_server_command: no --api-key (plain text in the task definition and the state): give the sidecar its key as a secret, model_server_secrets = { VLLM_API_KEY = \"<secret ARN>\" } (vLLM reads VLLM_API_KEY), and the subscriber the same secret as model_server_api_key_secret_arn."
+  }
 }
 
 variable "model_server_port" {
@@ -823,6 +816,44 @@ variable "model_server_gpus" {
   validation {
     condition     = var.model_server_gpus >= 1 && var.model_server_gpus <= 8 && floor(var.model_server_gpus) == var.model_server_gpus
     error_message = "model_server_gpus: a whole number, 1 to 8."
+  }
+}
+
+variable "model_server_min_output_tokens_per_second" {
+  description = "With a model server: the slowest generation, in output tokens a second of one request, that the timeouts must allow for at the subscriber's ceiling of output tokens (VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS in subscriber_environment, else its 16384), 1 to 1000. The module sets the request timeout (VRAMQ_MODEL_SERVER_TIMEOUT, unless given) to cover that generation, and refuses at plan time an inference timeout that cannot cover it after -model-server-max-wait: a generation that long would time out on every attempt."
+  type        = number
+  default     = 20
+  nullable    = false
+
+  validation {
+    condition     = var.model_server_min_output_tokens_per_second >= 1 && var.model_server_min_output_tokens_per_second <= 1000
+    error_message = "model_server_min_output_tokens_per_second: 1 to 1000."
+  }
+}
+
+variable "model_server_shared_memory_size" {
+  description = "With model_server_image: the sidecar's /dev/shm in MiB (ECS linuxParameters.sharedMemorySize), 64 to below subscriber_memory, whose memory it uses. Docker gives a container 64 MiB; vLLM's processes share tensors through /dev/shm (its Docker guide runs the image with --ipc=host or a larger --shm-size), which an awsvpc task cannot share with the host."
+  type        = number
+  default     = 4096
+  nullable    = false
+
+  validation {
+    condition     = var.model_server_shared_memory_size >= 64 && floor(var.model_server_shared_memory_size) == var.model_server_shared_memory_size
+    error_message = "model_server_shared_memory_size: a whole number of MiB, at least 64 (and below subscriber_memory, checked at plan time)."
+  }
+}
+
+variable "model_server_weights_volume" {
+  description = "With model_server_image: a directory of the GPU instance (host_path, on its root volume: size subscriber_root_volume_size for the weights) mounted in the sidecar at container_path (for vllm/vllm-openai, /root/.cache/huggingface), so a task started again on the same instance finds the weights it downloaded instead of downloading them again. Null: none; the weights are downloaded at every start."
+  type = object({
+    host_path      = string
+    container_path = string
+  })
+  default = null
+
+  validation {
+    condition     = var.model_server_weights_volume == null || can(regex("^/[^:]*[^/:]$", var.model_server_weights_volume.host_path)) && can(regex("^/[^:]*[^/:]$", var.model_server_weights_volume.container_path))
+    error_message = "model_server_weights_volume: host_path and container_path are absolute paths, not / itself, without ':'."
   }
 }
 

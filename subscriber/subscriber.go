@@ -256,11 +256,26 @@ func (s *Subscriber) MaxBudget() int64 {
 // PeakBytes is the most estimated working memory admitted at once so far.
 func (s *Subscriber) PeakBytes() int64 { return s.peak.Load() }
 
-// Healthy returns an error when the subscriber cannot reach its queue (every
-// receive for the last minute has failed), has lost its device
-// (gpu.ErrDeviceLost), or its model needs an operator
-// (gpu.ErrNeedsOperator, pause.go). A backoff (gpu.ErrBackoff) is healthy:
-// waiting is the subscriber doing its job.
+// Live returns an error when restarting the subscriber could help: it
+// cannot reach its queue (every receive for the last minute has failed) or
+// has lost its device (gpu.ErrDeviceLost). A model that needs an operator
+// is not one: a new process would meet the same spent quota or refused key,
+// receive a round of messages and hand them back, each receive counting
+// towards the DLQ. A backoff (gpu.ErrBackoff) is live too.
+func (s *Subscriber) Live() error {
+	if err := s.errDeviceLost(); err != nil {
+		return err
+	}
+	if since := s.pollErrSince.Load(); since != 0 && time.Since(time.Unix(0, since)) > time.Minute {
+		return fmt.Errorf("receives failing since %s", time.Unix(0, since).UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// Healthy is readiness: Live's errors, and an error while its model needs
+// an operator (gpu.ErrNeedsOperator, pause.go), when it takes no work until
+// someone acts. A backoff (gpu.ErrBackoff) is healthy: waiting is the
+// subscriber doing its job.
 func (s *Subscriber) Healthy() error {
 	if err := s.errDeviceLost(); err != nil {
 		return err
@@ -268,10 +283,7 @@ func (s *Subscriber) Healthy() error {
 	if err := s.pause.cause(); err != nil {
 		return fmt.Errorf("subscriber: stopped until an operator acts: %w", err)
 	}
-	if since := s.pollErrSince.Load(); since != 0 && time.Since(time.Unix(0, since)) > time.Minute {
-		return fmt.Errorf("receives failing since %s", time.Unix(0, since).UTC().Format(time.RFC3339))
-	}
-	return nil
+	return s.Live()
 }
 
 // Run consumes until ctx ends, then shuts down: it stops receiving, hands

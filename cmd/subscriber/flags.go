@@ -149,7 +149,8 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 			"as the publisher names them (an API key's name, or key-… for an unnamed key); results of any other\n"+
 			"vramq-tenant attribute, which whoever sends to the work queue writes, count as \"other tenants\"")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", defaultMetricsAddr,
-		"address for /metrics and /healthz (empty: off; subscriber healthcheck asks /healthz)")
+		"address for /metrics, /livez (liveness) and /healthz (readiness: also fails while the model needs an operator)\n"+
+			"(empty: off; subscriber healthcheck asks /livez)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text (log/slog)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return fs
@@ -165,7 +166,7 @@ type healthcheckOptions struct {
 func newHealthcheckFlagSet(o *healthcheckOptions, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("subscriber healthcheck", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.metricsAddr, "metrics-addr", defaultMetricsAddr, "address the subscriber serves /healthz on")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", defaultMetricsAddr, "address the subscriber serves /livez on")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Second,
 		"how long the whole check may take (keep it under the container health check's own timeout)")
 	return fs

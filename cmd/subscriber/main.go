@@ -2,7 +2,7 @@
 // embedding model, or a BERT-family model directory (-model), on a
 // simulated device in this build. Every flag has an
 // environment variable of the same meaning; -h lists them. `subscriber
-// healthcheck` asks a running subscriber's /healthz, for container health
+// healthcheck` asks a running subscriber's /livez, for container health
 // checks in images without a shell.
 package main
 
@@ -219,18 +219,34 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	return sub.Run(ctx)
 }
 
-// serve exposes /metrics and /healthz. The listener is opened before Run so a
-// port already in use fails the start, not a probe later.
-func serve(addr string, reg *prometheus.Registry, sub *subscriber.Subscriber, log *slog.Logger) (*http.Server, error) {
+// prober is what the health endpoints ask (*subscriber.Subscriber).
+type prober interface {
+	Live() error
+	Healthy() error
+}
+
+// serve exposes /metrics, /livez and /healthz. /livez is liveness, what a
+// container health check asks (`subscriber healthcheck`): it fails only
+// where a new process could do better. /healthz is readiness: it also fails
+// while the model needs an operator (a spent quota, a refused key), which a
+// replacement would meet again, after taking a round of messages and
+// handing them back; vramq_subscriber_needs_operator on /metrics says the
+// same. The listener is opened before Run so a port already in use fails
+// the start, not a probe later.
+func serve(addr string, reg *prometheus.Registry, sub prober, log *slog.Logger) (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		if err := sub.Healthy(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
+	probe := func(check func() error) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if err := check(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
 		}
-		fmt.Fprintln(w, "ok")
-	})
+	}
+	mux.HandleFunc("GET /livez", probe(sub.Live))
+	mux.HandleFunc("GET /healthz", probe(sub.Healthy))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener: %w", err)
@@ -241,7 +257,7 @@ func serve(addr string, reg *prometheus.Registry, sub *subscriber.Subscriber, lo
 			log.Error("metrics server", "err", err)
 		}
 	}()
-	log.Info("serving /metrics and /healthz", "addr", ln.Addr().String())
+	log.Info("serving /metrics, /livez and /healthz", "addr", ln.Addr().String())
 	return srv, nil
 }
 
@@ -264,10 +280,12 @@ func metricsServer(h http.Handler, l serverLimits) *http.Server {
 		IdleTimeout: l.idle, MaxHeaderBytes: l.maxHeader}
 }
 
-// healthcheck asks a running subscriber's /healthz and fails unless it
+// healthcheck asks a running subscriber's /livez and fails unless it
 // answers 200. It is for container health checks (an ECS task definition's
 // healthCheck, Docker's HEALTHCHECK) in images that have no shell or curl,
 // such as distroless: ["CMD", "/usr/local/bin/subscriber", "healthcheck"].
+// Liveness, not /healthz: ECS replaces a task that fails its check, and a
+// subscriber waiting for an operator is not helped by that.
 func healthcheck(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	var ho healthcheckOptions
 	fs := newHealthcheckFlagSet(&ho, stderr)
@@ -287,7 +305,7 @@ func healthcheck(ctx context.Context, args []string, getenv func(string) string,
 	if ho.timeout <= 0 {
 		return fmt.Errorf("%w: healthcheck: -timeout=%v: want a positive duration", errUsage, ho.timeout)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/livez", nil)
 	if err != nil {
 		return err
 	}
@@ -303,7 +321,7 @@ func healthcheck(ctx context.Context, args []string, getenv func(string) string,
 	return nil
 }
 
-// healthClient asks the local /healthz only: no proxy from the environment
+// healthClient asks the local /livez only: no proxy from the environment
 // (HTTP_PROXY would otherwise apply to a container's host name), no
 // redirects followed (only the subscriber's own 200 counts), and the whole
 // exchange, connecting included, within timeout.

@@ -480,7 +480,7 @@ func TestHealthcheckCommand(t *testing.T) {
 	var healthy atomic.Bool
 	healthy.Store(true)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/healthz" {
+		if r.URL.Path != "/livez" {
 			http.NotFound(w, r)
 			return
 		}
@@ -614,7 +614,7 @@ func slowloris(t *testing.T, addr string, lines int) (sent int, stillOpen bool) 
 func TestHealthcheckTimeoutAndRedirect(t *testing.T) {
 	hang := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" { // a subscriber that accepts and never answers
+		if r.URL.Path == "/livez" { // a subscriber that accepts and never answers
 			select {
 			case <-hang:
 			case <-r.Context().Done():

@@ -45,6 +45,10 @@ mock_provider "aws" {
     defaults = { arn = "arn:aws:apigateway:us-east-1::/apis/x", execution_arn = "arn:aws:execute-api:us-east-1:111122223333:x" }
   }
   mock_data "aws_iam_policy_document" { defaults = { json = "{}" } }
+  # One GPU per instance type, as the default g5.xlarge and g6.xlarge have.
+  mock_data "aws_ec2_instance_type" {
+    defaults = { gpus = [{ count = 1, manufacturer = "NVIDIA", memory_size = 24576, name = "A10G" }] }
+  }
 }
 
 variables {
@@ -65,6 +69,8 @@ run "sidecar" {
     model_server_models             = ["m"]
     model_server_secrets            = { HF_TOKEN = "arn:aws:secretsmanager:us-east-1:111122223333:secret:hf-AbCdEf" }
     model_server_api_key_secret_arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:k-AbCdEf"
+    model_server_weights_volume     = { host_path = "/var/lib/vramq/weights", container_path = "/root/.cache/huggingface" }
+    subscriber_environment          = { VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS = "1024" }
   }
   assert {
     condition     = length(jsondecode(aws_ecs_task_definition.subscriber.container_definitions)) == 2
@@ -86,6 +92,48 @@ run "sidecar" {
     condition     = jsondecode(aws_ecs_task_definition.subscriber.container_definitions)[0].resourceRequirements == null
     error_message = "the subscriber takes a GPU beside the sidecar"
   }
+  assert {
+    condition     = jsondecode(aws_ecs_task_definition.subscriber.container_definitions)[1].linuxParameters.sharedMemorySize == 4096
+    error_message = "the sidecar has no /dev/shm of model_server_shared_memory_size"
+  }
+  assert {
+    condition     = jsondecode(aws_ecs_task_definition.subscriber.container_definitions)[1].mountPoints[0].containerPath == "/root/.cache/huggingface" && one([for v in aws_ecs_task_definition.subscriber.volume : v.host_path if v.name == jsondecode(aws_ecs_task_definition.subscriber.container_definitions)[1].mountPoints[0].sourceVolume]) == "/var/lib/vramq/weights"
+    error_message = "the weights volume is not the instance's directory mounted in the sidecar"
+  }
+}
+
+# Issue 34 item 12: ECS places a task only where its GPUs are.
+run "sidecar_on_too_few_gpus" {
+  command = plan
+  variables {
+    model_server_image     = "111122223333.dkr.ecr.us-east-1.amazonaws.com/vllm:v1"
+    model_server_models    = ["m"]
+    model_server_gpus      = 2
+    subscriber_environment = { VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS = "1024" }
+  }
+  expect_failures = [aws_ecs_task_definition.subscriber]
+}
+
+# An external server leaves GPUs unused: GPU instance types are refused.
+run "external_on_gpu_instances" {
+  command = plan
+  variables {
+    model_server_url       = "https://api.openai.com"
+    model_server_models    = ["m"]
+    subscriber_environment = { VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS = "1024" }
+  }
+  expect_failures = [aws_ecs_task_definition.subscriber]
+}
+
+# At the subscriber's default ceiling of 16,384 output tokens a generation
+# outlasts the default 120 s inference timeout.
+run "sidecar_with_the_default_ceiling" {
+  command = plan
+  variables {
+    model_server_image  = "111122223333.dkr.ecr.us-east-1.amazonaws.com/vllm:v1"
+    model_server_models = ["m"]
+  }
+  expect_failures = [aws_ecs_task_definition.subscriber]
 }
 
 run "external" {
@@ -94,10 +142,20 @@ run "external" {
     model_server_url                = "http://vllm.internal:8000"
     model_server_models             = ["m"]
     model_server_api_key_secret_arn = "arn:aws:secretsmanager:us-east-1:111122223333:secret:k-AbCdEf"
+    subscriber_instance_types       = ["c7i.large", "m7i.large"]
+    subscriber_environment          = { VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS = "1024" }
+  }
+  override_data {
+    target = data.aws_ec2_instance_type.subscriber
+    values = { gpus = [] }
   }
   assert {
     condition     = local.model_server_url_port == 8000
     error_message = "the external endpoint's port is not 8000"
+  }
+  assert {
+    condition     = strcontains(base64decode(aws_launch_template.gpu.user_data), "ECS_ENABLE_GPU_SUPPORT=false")
+    error_message = "the instances of an external model server's tasks still enable GPU support"
   }
 }
 

@@ -1,6 +1,7 @@
 # The whole pipeline with a handful of variables: the queues, the payload
 # bucket, the subscriber on GPU instances, the publisher as a Lambda function
-# behind an HTTP API (IAM auth), the alarms mailed to an address.
+# behind an HTTP API (bearer keys from a secret, as the OpenAI SDKs send
+# them), the alarms mailed to an address.
 
 provider "aws" {
   region = var.region
@@ -27,13 +28,16 @@ module "vramq" {
   # Visible messages per wanted task the fleet holds the queue at.
   subscriber_backlog_per_task_target = 100
 
-  publisher_mode          = var.publisher_mode
-  publisher_authorization = "AWS_IAM"
+  publisher_mode = var.publisher_mode
+  # Every route but /healthz takes Authorization: Bearer <key>, a key from
+  # this secret, which the publisher checks: what the OpenAI SDKs send to the
+  # Files and Batch routes, and curl to /v1/jobs. publisher_authorization is
+  # left to follow (NONE at the gateway with keys; AWS_IAM, SigV4, without).
+  publisher_api_keys_secret_arn = var.publisher_api_keys_secret_arn != null ? var.publisher_api_keys_secret_arn : aws_secretsmanager_secret.publisher_keys[0].arn
   # fargate only:
-  publisher_image               = var.publisher_image
-  publisher_alb_subnet_ids      = var.publisher_alb_subnet_ids
-  publisher_certificate_arn     = var.publisher_certificate_arn
-  publisher_api_keys_secret_arn = var.publisher_api_keys_secret_arn
+  publisher_image           = var.publisher_image
+  publisher_alb_subnet_ids  = var.publisher_alb_subnet_ids
+  publisher_certificate_arn = var.publisher_certificate_arn
 
   alarm_sns_topic_arn = aws_sns_topic.alarms.arn
 
@@ -54,10 +58,24 @@ module "vramq" {
   #   VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS  = "1024"
   # }
   #
-  # Or OpenAI, its key in Secrets Manager (never in plain environment):
+  # Or OpenAI, its key in Secrets Manager (never in plain environment), on
+  # instances without a GPU (and subscriber_ami_id the ECS-optimized AMI):
   # model_server_url                = "https://api.openai.com"
   # model_server_models             = ["gpt-4o-mini"]
   # model_server_api_key_secret_arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:openai-key-AbCdEf"
+  # subscriber_instance_types       = ["c7i.large", "m7i.large"]
+  # subscriber_environment          = { VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS = "1024" }
+}
+
+# The publisher's bearer keys, unless publisher_api_keys_secret_arn names a
+# secret of yours. It is created empty: the keys never pass through
+# Terraform or its state. Put them in before the first request (README,
+# "Use it"); until then the publisher cannot start.
+resource "aws_secretsmanager_secret" "publisher_keys" {
+  count = var.publisher_api_keys_secret_arn == null ? 1 : 0
+
+  name_prefix = "${var.name_prefix}vramq-publisher-keys-"
+  description = "vramq publisher bearer keys: comma- or line-separated, key or name:key"
 }
 
 resource "aws_sns_topic" "alarms" {

@@ -3,6 +3,11 @@ output "api_url" {
   value       = module.vramq.api_url
 }
 
+output "publisher_keys_secret_arn" {
+  description = "The secret of the publisher's bearer keys: put them in it (aws secretsmanager put-secret-value --secret-id <arn> --secret-string 'team-a:KEY')."
+  value       = var.publisher_api_keys_secret_arn != null ? var.publisher_api_keys_secret_arn : aws_secretsmanager_secret.publisher_keys[0].arn
+}
+
 output "environment" {
   description = "QUEUE_URL, RESULTS_QUEUE_URL, DLQ_URL and PAYLOAD_BUCKET of this deployment."
   value       = module.vramq.environment

@@ -68,7 +68,7 @@ variable "publisher_certificate_arn" {
 }
 
 variable "publisher_api_keys_secret_arn" {
-  description = "For publisher_mode = \"fargate\": Secrets Manager secret (or SSM SecureString parameter) of the publisher's bearer keys, comma-separated. Null: none."
+  description = "Complete ARN of a Secrets Manager secret of yours holding the publisher's bearer keys (comma- or line-separated, key or name:key; fargate mode also takes an SSM SecureString parameter). Null: the example creates an empty secret for them (output publisher_keys_secret_arn)."
   type        = string
   default     = null
 }
