@@ -21,10 +21,11 @@ locals {
   # The operator state: a subscriber whose model said nothing runs until a
   # person acts (a spent quota, a refused key, an unknown model) logs this
   # line once, at ERROR (subscriber/pause.go), and sets
-  # vramq_subscriber_needs_operator to 1. The task stays up: its liveness
-  # check ignores the state (ECS replacing it would only hand the same
-  # messages round again, a receive each, towards the DLQ).
-  operator_log_message = "the model needs an operator: no more messages are taken, held ones go back to the queue; the subscriber stays up and unhealthy until someone acts"
+  # vramq_subscriber_needs_operator to 1; it probes every -operator-probe and
+  # resumes by itself once a probe gets through. The task stays up: its
+  # liveness check ignores the state (a replacement has the same key and
+  # quota).
+  operator_log_message = "the model needs an operator: nothing is received, held messages wait holding their leases, and one message runs as a probe every operator_probe until it gets through"
 }
 
 resource "aws_cloudwatch_metric_alarm" "dlq_not_empty" {

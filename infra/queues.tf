@@ -18,11 +18,11 @@ locals {
   }
 
   # The work queue's receive budget (variables.tf, max_receive_count): 12
-  # for the retries of a 10-minute outage and a few hand-backs; with a model
-  # server also an hour of hand-backs, one each -model-server-max-wait, at
-  # which a batch waiting for the server is handed back.
-  max_receive_count_floor = 12 + (local.model_server_on ? ceil(3600 / local.model_server_max_wait_seconds) : 0)
-  max_receive_count       = var.max_receive_count != null ? var.max_receive_count : local.max_receive_count_floor
+  # for the retries of a 10-minute outage. Waits that are not a message's
+  # fault (a model server's rate limit or spent quota, backpressure, a
+  # restart) cost no receive (docs/reliability.md), so a model server needs
+  # no more.
+  max_receive_count = var.max_receive_count != null ? var.max_receive_count : 12
 }
 
 # Created first: the work queue's redrive policy names it.
@@ -61,13 +61,6 @@ resource "aws_sqs_queue" "work" {
   })
 
   tags = local.tags
-
-  lifecycle {
-    precondition {
-      condition     = local.max_receive_count >= local.max_receive_count_floor
-      error_message = "max_receive_count: at least ${local.max_receive_count_floor} with a model server: 12 for retries and hand-backs, and 60 for an hour of waits past -model-server-max-wait (1 minute), each a hand-back of every message held; with fewer, good messages are dead-lettered while the server is busy."
-    }
-  }
 }
 
 resource "aws_sqs_queue" "results" {
