@@ -37,6 +37,10 @@ func (f *fakeWork) ChangeVisibility(context.Context, []string, time.Duration) ([
 	return nil, nil
 }
 
+func (f *fakeWork) Send(_ context.Context, msgs []queue.Outgoing) ([]error, error) {
+	return make([]error, len(msgs)), nil
+}
+
 // TestRecordingQueueCountsCompletions checks the per-subscriber spread:
 // only deletes SQS confirmed count, large ones by the large set, and a
 // message's first receipt is kept across subscribers.
