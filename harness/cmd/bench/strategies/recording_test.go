@@ -75,3 +75,24 @@ func TestRecordingQueueCountsCompletions(t *testing.T) {
 		t.Error("a second receipt moved the first")
 	}
 }
+
+// A hand-back (a copy sent to the work queue, then the original deleted)
+// is not a completion.
+func TestRecordingQueueSkipsHandBacks(t *testing.T) {
+	msg := queue.Message{Handle: "a", Attributes: map[string]string{job.AttrJobID: "j", job.AttrChunk: "0"}}
+	fw := &fakeWork{msgs: []queue.Message{msg}, fail: map[string]bool{}}
+	q := &recordingQueue{Queue: fw, rec: &receipts{first: map[job.Key]time.Time{}}, keys: map[string]job.Key{}}
+	ctx := context.Background()
+	if _, err := q.Receive(ctx, 10, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Send(ctx, []queue.Outgoing{{Body: "x", Attributes: msg.Attributes}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Delete(ctx, []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	if q.done != 0 {
+		t.Errorf("a hand-back counted as %d completions; want 0", q.done)
+	}
+}
