@@ -327,17 +327,20 @@ func (s *Subscriber) awaitTurn(ctx context.Context, tasks []*task) (run, rest []
 		if len(tasks) == 0 {
 			return nil, nil, false
 		}
-		var timer <-chan time.Time
+		var timer *time.Timer
+		var fired <-chan time.Time
 		if !next.IsZero() {
-			t := time.NewTimer(next.Sub(now))
-			defer t.Stop()
-			timer = t.C
+			timer = time.NewTimer(next.Sub(now))
+			fired = timer.C
 		}
 		select {
 		case <-changed:
-		case <-timer:
+		case <-fired:
 		case <-ctx.Done():
 		case <-s.stopping:
+		}
+		if timer != nil {
+			timer.Stop()
 		}
 		if ctx.Err() != nil || s.isStopping() {
 			for _, t := range tasks {
