@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -87,6 +88,7 @@ func TestParse(t *testing.T) {
 		"models: a repeat": {[]string{"-models=a,b,a"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 		"n over OpenAI's":  {[]string{"-max-n=129"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 		"no output tokens": {nil, map[string]string{"QUEUE_URL": "q", "VRAMQ_MAX_OUTPUT_TOKENS": "-5"}, errUsage},
+		"a negative sweep": {[]string{"-batch-sweep-interval=-1s"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -176,15 +178,16 @@ func TestRun(t *testing.T) {
 	if err := run(t.Context(), nil, env(vars), &logs); err != nil {
 		t.Fatal(err)
 	}
-	h, ok := started.(func(context.Context, events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error))
+	h, ok := started.(func(context.Context, json.RawMessage) (any, error))
 	if !ok {
 		t.Fatalf("lambda.Start got %T", started)
 	}
-	res, err := h(t.Context(), events.APIGatewayV2HTTPRequest{RawPath: "/healthz",
+	ev, _ := json.Marshal(events.APIGatewayV2HTTPRequest{RawPath: "/healthz",
 		RequestContext: events.APIGatewayV2HTTPRequestContext{HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: "GET",
 			Path: "/healthz"}}})
-	if err != nil || res.StatusCode != 200 {
-		t.Errorf("healthz through the Lambda handler: %+v %v", res, err)
+	out, err := h(t.Context(), ev)
+	if res, ok := out.(events.APIGatewayV2HTTPResponse); err != nil || !ok || res.StatusCode != 200 {
+		t.Errorf("healthz through the Lambda handler: %+v %v", out, err)
 	}
 }
 
