@@ -2238,3 +2238,32 @@ func TestCompletionEventsReachTheSubscriber(t *testing.T) {
 		t.Error("completion_events on, and the subscriber is not told the topic")
 	}
 }
+
+// Issue 32, item 5: under Lambda the batch sweeper runs on an EventBridge
+// schedule, which invokes the publisher's function (allowed to, from that
+// rule alone) whenever the function exists.
+func TestTheBatchSweepScheduleInvokesThePublisher(t *testing.T) {
+	m := root(t)
+	fn := m.resource(t, "aws_lambda_function", "publisher")
+	rule := m.resource(t, "aws_cloudwatch_event_rule", "publisher_batch_sweep")
+	target := m.resource(t, "aws_cloudwatch_event_target", "publisher_batch_sweep")
+	perm := m.resource(t, "aws_lambda_permission", "publisher_batch_sweep")
+	for _, b := range []*hclsyntax.Block{rule, target, perm} {
+		if m.attr(t, b, "count", nil).Equals(m.attr(t, fn, "count", nil)).False() {
+			t.Errorf("%s.%s exists where the publisher's function does not, or the other way round", b.Labels[0], b.Labels[1])
+		}
+	}
+	expr := m.attr(t, rule, "schedule_expression", nil)
+	if expr.IsNull() || !regexp.MustCompile(`^rate\(\d+ minutes?\)$`).MatchString(expr.AsString()) {
+		t.Errorf("schedule_expression %#v: want rate(N minutes)", expr)
+	}
+	if !refersTo(target.Body.Attributes["rule"].Expr, "aws_cloudwatch_event_rule", "publisher_batch_sweep") ||
+		!refersTo(target.Body.Attributes["arn"].Expr, "aws_lambda_function", "publisher") {
+		t.Error("the schedule's target is not the publisher's function on the sweep rule")
+	}
+	if p := m.attr(t, perm, "principal", nil); !p.RawEquals(cty.StringVal("events.amazonaws.com")) ||
+		!refersTo(perm.Body.Attributes["source_arn"].Expr, "aws_cloudwatch_event_rule", "publisher_batch_sweep") ||
+		!refersTo(perm.Body.Attributes["function_name"].Expr, "aws_lambda_function", "publisher") {
+		t.Error("the publisher's function does not let the sweep rule (and it alone) invoke it")
+	}
+}
