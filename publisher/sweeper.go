@@ -21,8 +21,12 @@ import (
 
 // DefaultSweepInterval is -batch-sweep-interval's default: how late, at
 // most, a batch nobody reads is finalized after its job settles, or
-// expired after its window.
-const DefaultSweepInterval = 30 * time.Second
+// expired after its window (a read of a settled batch nudges it at once).
+// A pass costs each open batch a few S3 requests (its record, its
+// manifest, and the lists and reads of its job's status: about 3 GETs and 4
+// LISTs), in every publisher process; a minute is also the finest rate an
+// EventBridge schedule offers, so both modes keep the same promise.
+const DefaultSweepInterval = time.Minute
 
 // sweepConcurrency is how many batches a pass advances at once: each is a
 // few reads and lists, and a finalization streams its results.
