@@ -147,6 +147,7 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 		if _, err := p.putBatchIf(ctx, &b, etag); err != nil {
 			return ignoreLost(err)
 		}
+		p.m.batchesEnded.WithLabelValues(b.Status).Inc()
 	case batchInProgress:
 		m, st, err := p.batchJob(ctx, &b)
 		if err != nil {
@@ -169,6 +170,7 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 		if err := p.finalizeBatch(ctx, &b, etag, m, st); err != nil {
 			return ignoreLost(err)
 		}
+		p.m.batchesEnded.WithLabelValues(b.Status).Inc()
 	case batchFinalizing:
 		if now.Unix()-b.FinalizingAt < int64(finalizeStale/time.Second) {
 			return nil // its finalizer is at work
@@ -185,6 +187,7 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 		if err := p.finalizeBatch(ctx, &b, etag, m, st); err != nil {
 			return ignoreLost(err)
 		}
+		p.m.batchesEnded.WithLabelValues(b.Status).Inc()
 	}
 	// Ended, here or before.
 	return p.store.Delete(ctx, job.OpenBatchKey(b.Owner, b.ID))

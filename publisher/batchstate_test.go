@@ -137,6 +137,32 @@ func TestBatchSettledReadsFinalizeOnce(t *testing.T) {
 	if _, err := e.store.Read(t.Context(), job.OpenBatchKey("", bt.ID)); err == nil {
 		t.Error("the batch ended, and its open marker is still there")
 	}
+	if n := counterWith(t, s, "vramq_publisher_batches_ended_total", "status", "completed"); n != 1 {
+		t.Errorf("batches_ended_total{status=completed} is %v; want 1", n)
+	}
+}
+
+// counterWith is the value of the publisher's counter name where label is
+// value.
+func counterWith(t *testing.T, s *server, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // A batch nobody reads expires at its window: the sweeper cancels its job,

@@ -56,6 +56,7 @@ func (p *Publisher) Sweep(ctx context.Context) error {
 		}
 		g.Go(func() error {
 			if errs[i] = p.advanceBatch(ctx, key); errs[i] != nil {
+				p.m.sweepErrors.Inc()
 				p.log.Warn("advancing a batch", "key", key, "err", errs[i])
 			}
 			return nil
@@ -79,6 +80,7 @@ func (p *Publisher) RunSweeper(ctx context.Context, interval time.Duration) {
 			_ = p.Sweep(ctx)
 		case key := <-p.nudges:
 			if err := p.advanceBatch(ctx, key); err != nil {
+				p.m.sweepErrors.Inc()
 				p.log.Warn("advancing a batch", "key", key, "err", err)
 			}
 		}
