@@ -2267,3 +2267,37 @@ func TestTheBatchSweepScheduleInvokesThePublisher(t *testing.T) {
 		t.Error("the publisher's function does not let the sweep rule (and it alone) invoke it")
 	}
 }
+
+// With completion events under Lambda, the topic invokes the publisher's
+// function (allowed to, from that topic alone) with the events of batches'
+// jobs, and no others.
+func TestBatchCompletionEventsInvokeThePublisher(t *testing.T) {
+	m := root(t)
+	sub := m.resource(t, "aws_sns_topic_subscription", "publisher_batch_events")
+	perm := m.resource(t, "aws_lambda_permission", "publisher_batch_events")
+	for _, on := range []bool{false, true} {
+		vars := map[string]cty.Value{"completion_events": cty.BoolVal(on)}
+		want := m.attr(t, m.resource(t, "aws_lambda_function", "publisher"), "count", vars)
+		if !on {
+			want = cty.NumberIntVal(0)
+		}
+		for _, b := range []*hclsyntax.Block{sub, perm} {
+			if got := m.attr(t, b, "count", vars); !got.RawEquals(want) {
+				t.Errorf("completion_events %v: %s.%s count %#v; want %#v", on, b.Labels[0], b.Labels[1], got, want)
+			}
+		}
+	}
+	if p := m.attr(t, sub, "protocol", nil); !p.RawEquals(cty.StringVal("lambda")) ||
+		!refersTo(sub.Body.Attributes["endpoint"].Expr, "aws_lambda_function", "publisher") ||
+		!refersTo(sub.Body.Attributes["topic_arn"].Expr, "aws_sns_topic", "events") {
+		t.Error("the subscription does not deliver the events topic to the publisher's function")
+	}
+	if f := m.attr(t, sub, "filter_policy", nil); f.IsNull() || !strings.Contains(f.AsString(), `"batch_id"`) ||
+		!m.attr(t, sub, "filter_policy_scope", nil).RawEquals(cty.StringVal("MessageBody")) {
+		t.Errorf("filter_policy %#v: want the events with a batch_id in their body alone", f)
+	}
+	if p := m.attr(t, perm, "principal", nil); !p.RawEquals(cty.StringVal("sns.amazonaws.com")) ||
+		!refersTo(perm.Body.Attributes["source_arn"].Expr, "aws_sns_topic", "events") {
+		t.Error("the publisher's function does not let the events topic (and it alone) invoke it")
+	}
+}

@@ -317,3 +317,26 @@ func TestBatchCancelEndedByOwner(t *testing.T) {
 		}
 	}
 }
+
+// Under Lambda, the completion event of a batch's job (SNS, subscribed to
+// the publisher's function) finalizes it at once, without a sweep; an event
+// of a batch that has ended already changes nothing.
+func TestBatchCompletionEventFinalizes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serveUnswept(publisher.Config{ChunkItems: 1})
+	c := s.sdk("")
+	bt := newBatch(t, c, upload(t, c, "event.jsonl", embeddingLines(2)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	putResults(t, e, bt.ID, 0, 2)
+	fn := publisher.LambdaEvents(s.pub.Handler(), s.pub)
+	ev := snsEvent(fmt.Sprintf(`{"v":1,"event":"job.completed","job_id":%q,"batch_id":%q,"revision":1,"status":"completed"}`, bt.ID, bt.ID))
+	if _, err := fn(t.Context(), ev); err != nil {
+		t.Fatal(err)
+	}
+	if st := record(t, e, bt.ID)["status"]; st != "completed" {
+		t.Fatalf("after its completion event the batch is %v; want completed", st)
+	}
+	if _, err := fn(t.Context(), ev); err != nil {
+		t.Errorf("the event again: %v", err)
+	}
+}

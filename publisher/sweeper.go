@@ -3,6 +3,7 @@ package publisher
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -95,4 +96,23 @@ func (p *Publisher) nudge(key string) {
 	case p.nudges <- key:
 	default:
 	}
+}
+
+// AdvanceBatch advances batch id now, as a sweep would: what its completion
+// event triggers. Its marker names its owner, so it is found by a List of
+// the open batches; a batch with none has ended already.
+func (p *Publisher) AdvanceBatch(ctx context.Context, id string) error {
+	if p.store == nil || !validBatchID(id) {
+		return nil
+	}
+	keys, err := p.store.List(ctx, job.OpenBatchesPrefix)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if key, ok := job.OpenBatchRecord(k); ok && strings.HasSuffix(k, "/"+id) {
+			return p.advanceBatch(ctx, key)
+		}
+	}
+	return nil
 }

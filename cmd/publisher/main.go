@@ -264,7 +264,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if getenv("AWS_LAMBDA_RUNTIME_API") != "" {
 		// No /metrics: API Gateway would route it to API clients, and
 		// nothing scrapes a Lambda instance.
-		lambdaStart(publisher.LambdaEvents(p.Handler(), p.Sweep))
+		lambdaStart(publisher.LambdaEvents(p.Handler(), p))
 		return nil
 	}
 	if o.bucket != "" && o.sweepInterval > 0 {
