@@ -37,7 +37,7 @@ func snsEvent(messages ...string) json.RawMessage {
 	for _, m := range messages {
 		ev.Records = append(ev.Records, events.SNSEventRecord{EventVersion: "1.0", EventSource: "aws:sns",
 			EventSubscriptionArn: "arn:aws:sns:us-east-1:123456789012:vramq-events:2bcfbf39",
-			SNS: events.SNSEntity{Type: "Notification", TopicArn: "arn:aws:sns:us-east-1:123456789012:vramq-events", Message: m}})
+			SNS:                  events.SNSEntity{Type: "Notification", TopicArn: "arn:aws:sns:us-east-1:123456789012:vramq-events", Message: m}})
 	}
 	raw, _ := json.Marshal(ev)
 	return raw
