@@ -218,35 +218,41 @@ func TestBatchNobodyReadsExpires(t *testing.T) {
 }
 
 // A finalizer that dies after its claim (a restart, a Lambda invocation cut
-// off) leaves the record finalizing: the sweeper leaves a fresh claim to its
-// holder, and takes one older than finalizeStale (10 minutes) over, writing
-// the files and ending the batch.
+// off; here, the bucket refusing its output file) leaves the record
+// finalizing: the sweeper leaves a fresh claim to its holder, and takes one
+// older than finalizeStale (10 minutes) over, writing the files and ending
+// the batch.
 func TestBatchFinalizationResumes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	store, _ := condStore(t, e)
+	store, proxy := condStore(t, e)
 	s := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store})
 	c := s.sdk("")
 	bt := newBatch(t, c, upload(t, c, "resume.jsonl", embeddingLines(3)).ID, openai.BatchNewParamsEndpointV1Embeddings)
 	putResults(t, e, bt.ID, 0, 3)
-	claim := func(at time.Time) {
-		t.Helper()
-		m := record(t, e, bt.ID)
-		m["status"], m["finalizing_at"] = "finalizing", at.Unix()
-		raw, _ := json.Marshal(m)
-		if _, err := e.store.Put(t.Context(), job.BatchKey("", bt.ID), raw); err != nil {
-			t.Fatal(err)
-		}
-	}
 
-	claim(time.Now())
+	proxy.Refuse("PUT", store.Bucket(), "files/")
+	proxy.Refuse("POST", store.Bucket(), "files/")
+	if err := s.pub.Sweep(t.Context()); err == nil {
+		t.Fatal("the sweep wrote the output file where the bucket refused it")
+	}
+	proxy.Reset()
+	m := record(t, e, bt.ID)
+	if m["status"] != "finalizing" {
+		t.Fatalf("a finalizer that died: the record is %v; want finalizing", m["status"])
+	}
 	if err := s.pub.Sweep(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if st := record(t, e, bt.ID)["status"]; st != "finalizing" {
 		t.Fatalf("a fresh claim: the sweep made the batch %v; want it left finalizing", st)
 	}
-	claim(time.Now().Add(-11 * time.Minute))
+	// Ten minutes on, as far as the claim can tell.
+	m["finalizing_at"] = time.Now().Add(-11 * time.Minute).Unix()
+	raw, _ := json.Marshal(m)
+	if _, err := e.store.Put(t.Context(), job.BatchKey("", bt.ID), raw); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.pub.Sweep(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -31,8 +31,9 @@ type Proxy struct {
 	rp     *httputil.ReverseProxy
 	write  sync.Mutex // held over a conditional write's check and the write
 
-	mu  sync.Mutex
-	log []string // "METHOD /bucket/key", in order
+	mu     sync.Mutex
+	log    []string // "METHOD /bucket/key", in order
+	refuse []string // "METHOD /bucket/prefix" answered 403 (Refuse)
 }
 
 // New starts a proxy in front of the S3 endpoint target, closed when t ends.
@@ -52,7 +53,15 @@ func New(t testing.TB, target string) *Proxy {
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.log = append(p.log, r.Method+" "+r.URL.Path)
+	refused := false
+	for _, f := range p.refuse {
+		refused = refused || strings.HasPrefix(r.Method+" "+r.URL.Path, f)
+	}
 	p.mu.Unlock()
+	if refused {
+		fail(w, http.StatusForbidden, "AccessDenied", "Access Denied")
+		return
+	}
 	if r.Method != http.MethodPut && r.Method != http.MethodDelete && r.Method != http.MethodPost {
 		p.rp.ServeHTTP(w, r)
 		return
@@ -123,9 +132,19 @@ func (p *Proxy) Count(method, bucket, prefix string) int {
 	return n
 }
 
-// Reset forgets the requests counted so far.
+// Reset forgets the requests counted so far, and what Refuse refuses.
 func (p *Proxy) Reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.log = nil
+	p.log, p.refuse = nil, nil
+}
+
+// Refuse answers every request of method for keys of bucket that start with
+// prefix with S3's 403 AccessDenied from now on, until Reset: a write that
+// fails for good (the SDK does not retry it), which leaves the work as a
+// publisher that died there would.
+func (p *Proxy) Refuse(method, bucket, prefix string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refuse = append(p.refuse, method+" /"+bucket+"/"+prefix)
 }
