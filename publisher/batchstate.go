@@ -163,11 +163,15 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 			}
 			return nil
 		}
+		prev := b
 		b.Status, b.FinalizingAt = batchFinalizing, now.Unix()
 		if etag, err = p.putBatchIf(ctx, &b, etag); err != nil {
 			return ignoreLost(err) // another finalizer claimed it
 		}
 		if err := p.finalizeBatch(ctx, &b, etag, m, st); err != nil {
+			if !errors.Is(err, payload.ErrPrecondition) {
+				p.release(ctx, &prev, etag)
+			}
 			return ignoreLost(err)
 		}
 		p.m.batchesEnded.WithLabelValues(b.Status).Inc()
@@ -191,6 +195,18 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 	}
 	// Ended, here or before.
 	return p.store.Delete(ctx, job.OpenBatchKey(b.Owner, b.ID))
+}
+
+// release gives back the finalizing claim at etag of a finalizer that
+// failed (an S3 error), putting prev, the record as it was before the claim,
+// so that the next pass tries again rather than waiting for the claim to go
+// stale. A claim it cannot give back goes stale (finalizeStale).
+func (p *Publisher) release(ctx context.Context, prev *batchRecord, etag string) {
+	ctx, cancel := detach(ctx)
+	defer cancel()
+	if _, err := p.putBatchIf(ctx, prev, etag); err != nil {
+		p.log.Warn("giving back a batch's finalizing claim", "batch_id", prev.ID, "err", err)
+	}
 }
 
 // ignoreLost is err, or nil when it is a conditional write that another

@@ -217,8 +217,9 @@ func TestBatchNobodyReadsExpires(t *testing.T) {
 	}
 }
 
-// A finalizer that dies after its claim (a restart, a Lambda invocation cut
-// off; here, the bucket refusing its output file) leaves the record
+// A finalizer that fails (here, the bucket refusing its output file) gives
+// its claim back, and the next pass finalizes the batch. One that dies after
+// its claim (a restart, a Lambda invocation cut off) leaves the record
 // finalizing: the sweeper leaves a fresh claim to its holder, and takes one
 // older than finalizeStale (10 minutes) over, writing the files and ending
 // the batch.
@@ -230,6 +231,16 @@ func TestBatchFinalizationResumes(t *testing.T) {
 	c := s.sdk("")
 	bt := newBatch(t, c, upload(t, c, "resume.jsonl", embeddingLines(3)).ID, openai.BatchNewParamsEndpointV1Embeddings)
 	putResults(t, e, bt.ID, 0, 3)
+	ended := func(b *openai.Batch) {
+		t.Helper()
+		done, err := c.Batches.Get(t.Context(), b.ID)
+		if err != nil || done.Status != openai.BatchStatusCompleted || done.RequestCounts.Completed != 3 {
+			t.Fatalf("%v %s; want completed", err, done.RawJSON())
+		}
+		if out := fileLines(t, c, done.OutputFileID); len(out) != 3 {
+			t.Errorf("the output file has %d lines; want 3", len(out))
+		}
+	}
 
 	proxy.Refuse("PUT", store.Bucket(), "files/")
 	proxy.Refuse("POST", store.Bucket(), "files/")
@@ -237,32 +248,38 @@ func TestBatchFinalizationResumes(t *testing.T) {
 		t.Fatal("the sweep wrote the output file where the bucket refused it")
 	}
 	proxy.Reset()
-	m := record(t, e, bt.ID)
-	if m["status"] != "finalizing" {
-		t.Fatalf("a finalizer that died: the record is %v; want finalizing", m["status"])
+	if st := record(t, e, bt.ID)["status"]; st != "in_progress" {
+		t.Fatalf("a finalizer that failed left the record %v; want its claim given back (in_progress)", st)
 	}
 	if err := s.pub.Sweep(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if st := record(t, e, bt.ID)["status"]; st != "finalizing" {
+	ended(bt)
+
+	// A finalizer that died: its claim, as it left it.
+	bd := newBatch(t, c, upload(t, c, "died.jsonl", embeddingLines(3)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	putResults(t, e, bd.ID, 0, 3)
+	claim := func(at time.Time) {
+		t.Helper()
+		m := record(t, e, bd.ID)
+		m["status"], m["finalizing_at"] = "finalizing", at.Unix()
+		raw, _ := json.Marshal(m)
+		if _, err := e.store.Put(t.Context(), job.BatchKey("", bd.ID), raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim(time.Now())
+	if err := s.pub.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st := record(t, e, bd.ID)["status"]; st != "finalizing" {
 		t.Fatalf("a fresh claim: the sweep made the batch %v; want it left finalizing", st)
 	}
-	// Ten minutes on, as far as the claim can tell.
-	m["finalizing_at"] = time.Now().Add(-11 * time.Minute).Unix()
-	raw, _ := json.Marshal(m)
-	if _, err := e.store.Put(t.Context(), job.BatchKey("", bt.ID), raw); err != nil {
-		t.Fatal(err)
-	}
+	claim(time.Now().Add(-11 * time.Minute))
 	if err := s.pub.Sweep(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	done, err := c.Batches.Get(t.Context(), bt.ID)
-	if err != nil || done.Status != openai.BatchStatusCompleted || done.RequestCounts.Completed != 3 {
-		t.Fatalf("a stale claim: %v %s", err, done.RawJSON())
-	}
-	if out := fileLines(t, c, done.OutputFileID); len(out) != 3 {
-		t.Errorf("the output file has %d lines; want 3", len(out))
-	}
+	ended(bd)
 }
 
 // A cancel of a running batch writes its job's cancel record and nothing
