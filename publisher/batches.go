@@ -127,14 +127,15 @@ type batchRecord struct {
 	OutputExpiresAfter int64 `json:"output_expires_after,omitempty"`
 	Lines              int   `json:"lines"` // requests in the input file
 	// Status is validating, in_progress or failed until the job settles,
-	// then completed, cancelled or expired.
+	// then finalizing (the finalizer's claim), then completed, cancelled or
+	// expired (batchstate.go).
 	Status       string       `json:"status"`
 	Errors       []batchError `json:"errors,omitempty"`
 	CreatedAt    int64        `json:"created_at"` // Unix seconds, as every time below
 	ExpiresAt    int64        `json:"expires_at"`
 	InProgressAt int64        `json:"in_progress_at,omitempty"`
 	FailedAt     int64        `json:"failed_at,omitempty"`
-	// Set when the job settles (finalizeBatch).
+	// Set by the finalizer (finalizeBatch).
 	CancellingAt int64       `json:"cancelling_at,omitempty"`
 	FinalizingAt int64       `json:"finalizing_at,omitempty"`
 	EndedAt      int64       `json:"ended_at,omitempty"` // completed_at, cancelled_at or expired_at, by Status
