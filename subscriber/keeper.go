@@ -128,7 +128,7 @@ func (k *keeper) release(l *lease, delay time.Duration) { k.end(l, true, delay) 
 
 // handBack gives l's message back to the queue at no cost to its receive
 // count: a copy goes to the queue, visible after delay (at most
-// queue.MaxDelay), and then l's message is deleted. SQS counts every
+// job.MaxDelay), and then l's message is deleted. SQS counts every
 // receive of a message towards its redrive, and a release is received
 // again, so a message that waits for something that is not its fault (a
 // rate limit, a restart, admission) is handed back this way. It returns at
@@ -139,7 +139,7 @@ func (k *keeper) handBack(l *lease, delay time.Duration) {
 		l.handBack = true
 	}
 	k.mu.Unlock()
-	k.end(l, false, min(max(delay, 0), queue.MaxDelay))
+	k.end(l, false, min(max(delay, 0), job.MaxDelay))
 }
 
 // setWaiting marks ls as waiting for the model (true) or no longer
