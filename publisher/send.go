@@ -121,9 +121,9 @@ func (s *sender) sendBatch(ctx context.Context, pending []Entry, sent *atomic.In
 	}
 }
 
-// sendRetry is the backoff between tries of failed entries, first waiting
-// first: exponential up to 2 s, with "equal jitter", so that a burst of
-// failed entries from many requests does not come back in lockstep.
+// sendRetry is the backoff between tries of failed entries: first
+// (Config.SendBackoff), doubled up to 2 s, with "equal jitter" so that a
+// burst of failed entries from many requests does not come back in lockstep.
 func sendRetry(first time.Duration) backoff.Policy {
 	return backoff.Policy{First: first, Max: 2 * time.Second, Jitter: backoff.Equal}
 }
