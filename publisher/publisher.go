@@ -73,7 +73,7 @@ func New(cfg Config) (*Publisher, error) {
 		p.idem = newMemIdem(cfg.IdempotencyTTL, cfg.IdempotencyEntries)
 	}
 	p.sender = &sender{
-		queue: cfg.Queue, attempts: cfg.SendAttempts, backoff: cfg.SendBackoff, maxBackoff: 2 * time.Second,
+		queue: cfg.Queue, attempts: cfg.SendAttempts, retry: sendRetry(cfg.SendBackoff),
 		maxBatchBytes: cfg.MaxMessageBytes, concurrency: cfg.SendConcurrency, m: m, log: cfg.Logger,
 	}
 	for _, k := range cfg.APIKeys {

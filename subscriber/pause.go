@@ -189,15 +189,11 @@ func (p *pause) cause() error {
 	return p.operator
 }
 
-// maxVisibility is SQS's longest visibility timeout, counted from the
-// receive: a ChangeMessageVisibility past it is refused.
-const maxVisibility = 12 * time.Hour
-
 // leaseLimit is the latest a message received at received can wait holding
 // its lease: the last extension, a visibility timeout long, must end within
 // SQS's 12 hours, with a minute to spare for the clocks.
 func (s *Subscriber) leaseLimit(l *lease) time.Time {
-	return l.received.Add(maxVisibility - s.cfg.Visibility - time.Minute)
+	return l.received.Add(job.MaxVisibility - s.cfg.Visibility - time.Minute)
 }
 
 // backoffReason is a metric label for a backoff's reason, which is the
