@@ -144,8 +144,11 @@ func (p *pause) addWaiter(n int) {
 
 // receive tells the poller how many messages it may receive now: -1 for
 // no limit, 1 for a probe (the circuit is open, a probe is due and no
-// batch waits to be it), 0 for none, until wake (zero: until changed).
-func (p *pause) receive(now time.Time) (n int, wake time.Time, changed <-chan struct{}) {
+// batch waits to be it), 0 for none, until wake (zero: until changed). A
+// probe's receive moves the next probe every on: should its message never
+// reach a batch (a cancelled job's, a malformed one) or the receive bring
+// none, the next probe is received then.
+func (p *pause) receive(now time.Time, every time.Duration) (n int, wake time.Time, changed <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	changed = p.changed
@@ -154,24 +157,21 @@ func (p *pause) receive(now time.Time) (n int, wake time.Time, changed <-chan st
 		return 0, p.until, changed
 	case p.operator == nil:
 		return -1, time.Time{}, changed
-	case p.probing || p.probeReceive || p.waiters > 0:
+	case p.probing || p.waiters > 0:
 		return 0, time.Time{}, changed
 	case now.Before(p.probeAt):
 		return 0, p.probeAt, changed
 	}
-	// One receive for a probe; if it brings nothing, the next is a probe
-	// interval away (gotNothing).
-	p.probeReceive = true
+	p.probeReceive, p.probeAt = true, now.Add(every)
 	return 1, time.Time{}, changed
 }
 
-// gotNothing says a probe's receive brought no message.
-func (p *pause) gotNothing(now time.Time, every time.Duration) {
+// gotNothing says a probe's receive brought no message: the next is
+// received at the next probe.
+func (p *pause) gotNothing() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.probeReceive {
-		p.probeReceive, p.probeAt = false, now.Add(every)
-	}
+	p.probeReceive = false
 }
 
 // watch is a channel closed when p's state changes, and the operator's
@@ -352,7 +352,7 @@ func (s *Subscriber) awaitTurn(ctx context.Context, tasks []*task) (run, rest []
 // false when ctx ends first.
 func (s *Subscriber) waitToReceive(ctx context.Context) (int, bool) {
 	for {
-		n, wake, changed := s.pause.receive(time.Now())
+		n, wake, changed := s.pause.receive(time.Now(), s.cfg.OperatorProbe)
 		if n != 0 {
 			return n, true
 		}

@@ -134,23 +134,36 @@ func TestPauseCircuit(t *testing.T) {
 	if ok, _, wake, _ := p.turn(now.Add(time.Minute)); ok || !wake.Equal(now.Add(every)) {
 		t.Errorf("turn before the probe is due: ok %v, wake %v; want a wait until %v", ok, wake, now.Add(every))
 	}
-	if n, _, _ := p.receive(now.Add(time.Minute)); n != 0 {
+	if n, _, _ := p.receive(now.Add(time.Minute), every); n != 0 {
 		t.Errorf("receive before the probe is due: %d; want none", n)
 	}
 	// No batch waits: the poller receives one message for the probe.
-	if n, _, _ := p.receive(now.Add(every)); n != 1 {
+	if n, _, _ := p.receive(now.Add(every), every); n != 1 {
 		t.Fatalf("receive when the probe is due and nothing waits: %d; want 1", n)
 	}
-	if n, _, _ := p.receive(now.Add(every)); n != 0 {
+	if n, _, _ := p.receive(now.Add(every), every); n != 0 {
 		t.Errorf("a second receive for the same probe: %d; want none", n)
 	}
-	p.gotNothing(now.Add(every), every)
-	if n, wake, _ := p.receive(now.Add(every + time.Second)); n != 0 || !wake.Equal(now.Add(2*every)) {
+	p.gotNothing()
+	if n, wake, _ := p.receive(now.Add(every+time.Second), every); n != 0 || !wake.Equal(now.Add(2*every)) {
 		t.Errorf("after a probe's receive brought nothing: %d, wake %v; want none until %v", n, wake, now.Add(2*every))
 	}
+	// A probe's message that never reaches a batch (a cancelled job's):
+	// the next probe is received an interval later, not never.
+	if n, _, _ := p.receive(now.Add(2*every), every); n != 1 {
+		t.Fatalf("the second probe's receive: %d; want 1", n)
+	}
+	if n, wake, _ := p.receive(now.Add(2*every+time.Second), every); n != 0 || !wake.Equal(now.Add(3*every)) {
+		t.Errorf("with a probe's message lost before its batch: %d, wake %v; want the next probe at %v", n, wake, now.Add(3*every))
+	}
+	if n, _, _ := p.receive(now.Add(3*every), every); n != 1 {
+		t.Errorf("a probe interval after a lost probe's message: %d; want 1", n)
+	}
+	p.gotNothing()
+	now = now.Add(2 * every)
 	// A batch waits: it is the probe, alone.
 	p.addWaiter(1)
-	if n, _, _ := p.receive(now.Add(2 * every)); n != 0 {
+	if n, _, _ := p.receive(now.Add(2*every), every); n != 0 {
 		t.Errorf("receive while a batch waits to be the probe: %d; want none", n)
 	}
 	ok, probe, _, _ := p.turn(now.Add(2 * every))
@@ -167,7 +180,7 @@ func TestPauseCircuit(t *testing.T) {
 	if ok, probe, _, _ := p.turn(now.Add(2 * every)); !ok || probe {
 		t.Errorf("after the circuit closed: ok %v probe %v; want every batch to run", ok, probe)
 	}
-	if n, _, _ := p.receive(now.Add(2 * every)); n != -1 {
+	if n, _, _ := p.receive(now.Add(2*every), every); n != -1 {
 		t.Errorf("receive after the circuit closed: %d; want no limit", n)
 	}
 }

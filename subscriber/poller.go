@@ -97,7 +97,7 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 		cut := rctx.Err() != nil && recvCtx.Err() == nil
 		stopRecv()
 		if allowed > 0 && len(msgs) == 0 {
-			s.pause.gotNothing(time.Now(), s.cfg.OperatorProbe)
+			s.pause.gotNothing()
 		}
 		if err != nil {
 			if recvCtx.Err() != nil {
