@@ -93,7 +93,7 @@ gpu-test-bin: cuda-stubs
 	$(GO) build -o build/gpu-test/genweights ./cmd/genweights
 	cp bench/torch/embed.py bench/torch/bert.py build/gpu-test/
 	rm -rf build/gpu-test/bert-models && cp -r model/bert/testdata/model build/gpu-test/bert-models
-	rm -rf build/gpu-test/bert-tokenizer && cp -r model/bert/testdata/tokenizer build/gpu-test/bert-tokenizer
+	rm -rf build/gpu-test/bert-tokenizer && cp -r model/wordpiece/testdata/tokenizer build/gpu-test/bert-tokenizer
 
 ## gpu-verify: build/gpu-verify/, everything a GPU machine with the driver, cuBLAS and PyTorch (but
 ## no Go) needs for the GPU verification: copy the folder there and run its run.sh with no arguments;
@@ -108,7 +108,7 @@ gpu-verify: cuda-stubs
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/subscriber.test ./subscriber/
 	cp bench/torch/embed.py bench/torch/bert.py gpu/verify/run.sh $(GPU_VERIFY)/
 	cp -r model/bert/testdata/model $(GPU_VERIFY)/bert-models
-	cp -r model/bert/testdata/tokenizer $(GPU_VERIFY)/bert-tokenizer
+	cp -r model/wordpiece/testdata/tokenizer $(GPU_VERIFY)/bert-tokenizer
 	git describe --always --dirty >$(GPU_VERIFY)/COMMIT 2>/dev/null || echo unknown >$(GPU_VERIFY)/COMMIT
 	@du -sh $(GPU_VERIFY)
 	# The folder (63 MiB) and the checkout together pass the 64 MiB a lent GPU machine takes: the
@@ -183,7 +183,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadSafetensors$$' -fuzztime $(FUZZTIME) ./model/refembed/
 	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./model/safetensors/
-	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./model/bert/
+	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./model/wordpiece/
 
 ## bench: every admission strategy on one workload and simulated device against the offline bound,
 ## writing bench/results.md, results.json and the plots. The device costs as the demo's generated
@@ -286,12 +286,12 @@ clean:
 	-$(EMULATOR) down
 	rm -rf $(BIN) build .run
 
-## golden-tokenizer: regenerate model/bert/testdata/tokenizer/{texts,golden}.json with Hugging Face's
+## golden-tokenizer: regenerate model/wordpiece/testdata/tokenizer/{texts,golden}.json with Hugging Face's
 ## tokenizers (transformers.js and the Rust library's Node binding, pinned by the generator's
 ## package-lock.json). Not part of make test, which compares against the committed files.
 # --ignore-scripts: onnxruntime-node (a dependency of transformers.js) would download
 # CUDA parts from the internet; the tokenizers need no ONNX Runtime.
-TOKENIZER_GOLDEN := model/bert/golden/tokenizer
+TOKENIZER_GOLDEN := model/wordpiece/golden
 .PHONY: golden-tokenizer
 golden-tokenizer:
 	cd $(TOKENIZER_GOLDEN) && npm ci --ignore-scripts --no-audit --no-fund

@@ -22,7 +22,7 @@ var tokenizerRoot = func() string {
 	if fi, err := os.Stat("bert-tokenizer"); err == nil && fi.IsDir() {
 		return "bert-tokenizer"
 	}
-	return "testdata/tokenizer"
+	return "../wordpiece/testdata/tokenizer"
 }()
 
 // calibModelDir generates a small BERT with the MiniLM tokenizer (so that

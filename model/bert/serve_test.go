@@ -12,6 +12,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/wordpiece"
 )
 
 // servedShape is a small model with the real tokenizer's vocabulary, so
@@ -27,7 +28,7 @@ var servedShape = Generated{
 func servedModelDir(t testing.TB) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "served-tiny")
-	if err := Generate(dir, "testdata/tokenizer", servedShape); err != nil {
+	if err := Generate(dir, "../wordpiece/testdata/tokenizer", servedShape); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -126,7 +127,7 @@ func TestOpenRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := LoadTokenizer("testdata/tokenizer")
+	tok, err := wordpiece.Load("../wordpiece/testdata/tokenizer")
 	if err != nil {
 		t.Fatal(err)
 	}

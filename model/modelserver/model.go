@@ -20,7 +20,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/model/wordpiece"
 )
 
 // Model is a model server as a gpu.Model: Run sends each item's request,
@@ -103,7 +103,7 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	if m.client == nil {
 		m.client = newClient(cfg)
 	}
-	var wp *bert.Tokenizer
+	var wp *wordpiece.Tokenizer
 	if cfg.Tokenizer != "" {
 		var err error
 		if wp, err = loadTokenizer(cfg.Tokenizer); err != nil {
@@ -163,7 +163,7 @@ func newClient(cfg Config) *http.Client {
 	}
 }
 
-func loadTokenizer(path string) (*bert.Tokenizer, error) {
+func loadTokenizer(path string) (*wordpiece.Tokenizer, error) {
 	dir := path
 	if fi, err := os.Stat(path); err != nil {
 		return nil, err
@@ -173,7 +173,7 @@ func loadTokenizer(path string) (*bert.Tokenizer, error) {
 		}
 		dir = filepath.Dir(path)
 	}
-	return bert.LoadTokenizer(dir)
+	return wordpiece.Load(dir)
 }
 
 // probeModels asks GET /v1/models and checks that it serves every model

@@ -139,7 +139,7 @@ func TestKVBytesPerToken(t *testing.T) {
 // (model/bert's tokenizer, [CLS] and [SEP] included); another kind of
 // tokenizer leaves the byte bound.
 func TestTokenizerCountsExactly(t *testing.T) {
-	tok := "../bert/testdata/tokenizer/tokenizer.json"
+	tok := "../wordpiece/testdata/tokenizer/tokenizer.json"
 	inBubble(t, fakeoai.Config{}, Config{Tokenizer: tok}, func(t *testing.T, s *fakeoai.Server, m *Model) {
 		if m.counter.wp == nil {
 			t.Fatal("the WordPiece tokenizer was not loaded")
