@@ -9,6 +9,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/wordpiece"
 )
 
@@ -171,10 +172,10 @@ func (e *Embedder) Close() error {
 
 // Tokens returns item's token ids as Run computes them: at most
 // MaxSeqLength, [CLS] and [SEP] included. An item with binary data instead
-// of text is an error wrapping gpu.ErrInvalidInput.
+// of text is an error wrapping fault.ErrInvalidInput.
 func (e *Embedder) Tokens(it job.Item) ([]int32, error) {
 	if len(it.Data) > 0 {
-		return nil, fmt.Errorf("%w: item %s has binary data; %s embeds text only", gpu.ErrInvalidInput, job.QuoteID(it.ID), e.name)
+		return nil, fmt.Errorf("%w: item %s has binary data; %s embeds text only", fault.ErrInvalidInput, job.QuoteID(it.ID), e.name)
 	}
 	return e.tok.Encode(it.Text, e.m.MaxSeqLength()), nil
 }
@@ -205,7 +206,7 @@ type launched struct {
 
 // Launch tokenizes items and sorts them into sub-batches by length
 // bucket: the host's side of a batch, which takes no device memory. An item
-// with binary data fails the batch with gpu.ErrInvalidInput.
+// with binary data fails the batch with fault.ErrInvalidInput.
 func (e *Embedder) Launch(ctx context.Context, items []job.Item) (gpu.Launched, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

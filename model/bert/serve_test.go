@@ -12,6 +12,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/wordpiece"
 )
 
@@ -107,7 +108,7 @@ func TestEmbedderRefusesBinaryData(t *testing.T) {
 	}
 	items := []job.Item{{ID: "ok", Text: "fine"}, {ID: "bin", Data: []byte{0, 1, 2}}}
 	_, err = e.Run(context.Background(), items)
-	if !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), `"bin"`) || !strings.Contains(err.Error(), "binary data") {
+	if !errors.Is(err, fault.ErrInvalidInput) || !strings.Contains(err.Error(), `"bin"`) || !strings.Contains(err.Error(), "binary data") {
 		t.Errorf("Run with binary data: %v, want invalid input naming item \"bin\"", err)
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/wordpiece"
 )
 
@@ -202,7 +203,7 @@ func (m *Model) probeModels(ctx context.Context) error {
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		return fmt.Errorf("%w: modelserver: GET %s/v1/models answered %s: the server refuses the API key (give it with the key's environment variable or file)",
-			gpu.ErrNeedsOperator, redactURL(m.base), resp.Status)
+			fault.ErrNeedsOperator, redactURL(m.base), resp.Status)
 	case resp.StatusCode == http.StatusNotFound:
 		return fmt.Errorf("modelserver: GET %s/v1/models answered 404: is that the root of an OpenAI-compatible server?", redactURL(m.base))
 	case resp.StatusCode != http.StatusOK:
@@ -304,9 +305,9 @@ func (m *Model) tokens(r *request) int64 {
 // concurrency bound, the rate limits and the server's pauses.
 //
 // Run returns an error, and no outputs, when the batch cannot finish: one
-// wrapping gpu.ErrBackoff (the server's wait ends past Config.MaxWait from
+// wrapping fault.ErrBackoff (the server's wait ends past Config.MaxWait from
 // now; the outputs of the items that finished, those sent before it
-// included, come in a gpu.PartialError), gpu.ErrNeedsOperator, gpu.ErrOutOfMemory (an embedding input the
+// included, come in a fault.PartialError), fault.ErrNeedsOperator, gpu.ErrOutOfMemory (an embedding input the
 // server cannot hold even alone), a transient failure past its retries, or
 // ctx's error.
 //
