@@ -245,6 +245,31 @@ staticcheck: $(STATICCHECK)
 $(STATICCHECK):
 	GOBIN=$(CURDIR)/$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
+## deadcode: the product's unreachable functions (golang.org/x/tools/cmd/deadcode), listed and counted:
+## those no main reaches, neither the services' in the default build nor in the cuda build (bin/subscriber-cuda)
+## nor the harness's; test helpers (internal/testenv/, the *test packages, bench/timed) are not counted.
+## Not part of make test (about a minute of two cores).
+# One run covers the product's and the harness's mains through a go.work in build/ (the harness is a
+# module of its own); a function is listed only when both builds leave it out.
+DEADCODE         := $(TOOLS)/deadcode
+DEADCODE_VERSION := v0.52.0
+DEADCODE_DIR     := build/deadcode
+DEADCODE_HELPERS := ^(internal/testenv/|bench/timed/|harness/|[^:]*test/[^/:]*\.go:)
+.PHONY: deadcode
+deadcode: $(DEADCODE) cuda-stubs
+	mkdir -p $(DEADCODE_DIR) && rm -f $(DEADCODE_DIR)/go.work $(DEADCODE_DIR)/go.work.sum
+	cd $(DEADCODE_DIR) && GOWORK= $(GO) work init $(CURDIR) $(CURDIR)/$(HARNESS)
+	GOWORK=$(CURDIR)/$(DEADCODE_DIR)/go.work $(DEADCODE) -filter '^github.com/vramq/vramq/' ./... ./$(HARNESS)/... \
+		| sort >$(DEADCODE_DIR)/default.txt
+	GOWORK=$(CURDIR)/$(DEADCODE_DIR)/go.work $(CUDA_ENV) $(DEADCODE) -tags cuda -filter '^github.com/vramq/vramq/' ./... ./$(HARNESS)/... \
+		| sort >$(DEADCODE_DIR)/cuda.txt
+	@comm -12 $(DEADCODE_DIR)/default.txt $(DEADCODE_DIR)/cuda.txt | { grep -Ev '$(DEADCODE_HELPERS)' || true; } >$(DEADCODE_DIR)/product.txt
+	@cat $(DEADCODE_DIR)/product.txt
+	@echo "deadcode: $$(wc -l <$(DEADCODE_DIR)/product.txt) unreachable functions outside test helpers"
+
+$(DEADCODE):
+	GOBIN=$(CURDIR)/$(TOOLS) $(GO) install golang.org/x/tools/cmd/deadcode@$(DEADCODE_VERSION)
+
 ## demo: emulator, queues, subscriber on a simulated GPU, a mixed workload, a summary
 demo: build
 	localstack/demo.sh
