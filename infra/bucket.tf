@@ -12,6 +12,7 @@
 #   done/{job_id}.json              a settled job's completion event marker (subscriber, completion_events)
 #   files/{owner}/{file_id}.jsonl   a file uploaded to POST /v1/files, and .json its record (publisher)
 #   batches/{owner}/{batch_id}.json a batch (POST /v1/batches), and .ids its lines' custom ids (publisher)
+#   batches/open/{batch_id}         a batch not yet ended, for the publisher's sweeper (deleted when it ends)
 #
 # Objects are written once and expire by prefix (local.payload_expiration_days
 # has a key for each, which infra_test.go compares with package job's layout);

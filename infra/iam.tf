@@ -388,11 +388,13 @@ data "aws_iam_policy_document" "publisher" {
   }
 
   # OpenAI's Batch API (publisher/batches.go): a batch's record and its
-  # lines' custom ids, written at create and rewritten once when it ends; its
-  # output and error files are files/ (above), its job the prefixes above.
+  # lines' custom ids, written at create and moved by conditional writes
+  # until it ends, and its open marker (batches/open/), deleted when it ends
+  # (publisher/batchstate.go); its output and error files are files/
+  # (above), its job the prefixes above.
   statement {
     sid       = "Batches"
-    actions   = ["s3:PutObject", "s3:GetObject"]
+    actions   = ["s3:PutObject", "s3:GetObject", "s3:DeleteObject"]
     resources = ["${local.bucket_arn}/batches/*"]
   }
 

@@ -2249,3 +2249,66 @@ func TestCompletionEventsReachTheSubscriber(t *testing.T) {
 		t.Error("completion_events on, and the subscriber is not told the topic")
 	}
 }
+
+// Issue 32, item 5: under Lambda the batch sweeper runs on an EventBridge
+// schedule, which invokes the publisher's function (allowed to, from that
+// rule alone) whenever the function exists.
+func TestTheBatchSweepScheduleInvokesThePublisher(t *testing.T) {
+	m := root(t)
+	fn := m.resource(t, "aws_lambda_function", "publisher")
+	rule := m.resource(t, "aws_cloudwatch_event_rule", "publisher_batch_sweep")
+	target := m.resource(t, "aws_cloudwatch_event_target", "publisher_batch_sweep")
+	perm := m.resource(t, "aws_lambda_permission", "publisher_batch_sweep")
+	for _, b := range []*hclsyntax.Block{rule, target, perm} {
+		if m.attr(t, b, "count", nil).Equals(m.attr(t, fn, "count", nil)).False() {
+			t.Errorf("%s.%s exists where the publisher's function does not, or the other way round", b.Labels[0], b.Labels[1])
+		}
+	}
+	expr := m.attr(t, rule, "schedule_expression", nil)
+	if expr.IsNull() || !regexp.MustCompile(`^rate\(\d+ minutes?\)$`).MatchString(expr.AsString()) {
+		t.Errorf("schedule_expression %#v: want rate(N minutes)", expr)
+	}
+	if !refersTo(target.Body.Attributes["rule"].Expr, "aws_cloudwatch_event_rule", "publisher_batch_sweep") ||
+		!refersTo(target.Body.Attributes["arn"].Expr, "aws_lambda_function", "publisher") {
+		t.Error("the schedule's target is not the publisher's function on the sweep rule")
+	}
+	if p := m.attr(t, perm, "principal", nil); !p.RawEquals(cty.StringVal("events.amazonaws.com")) ||
+		!refersTo(perm.Body.Attributes["source_arn"].Expr, "aws_cloudwatch_event_rule", "publisher_batch_sweep") ||
+		!refersTo(perm.Body.Attributes["function_name"].Expr, "aws_lambda_function", "publisher") {
+		t.Error("the publisher's function does not let the sweep rule (and it alone) invoke it")
+	}
+}
+
+// With completion events under Lambda, the topic invokes the publisher's
+// function (allowed to, from that topic alone) with the events of batches'
+// jobs, and no others.
+func TestBatchCompletionEventsInvokeThePublisher(t *testing.T) {
+	m := root(t)
+	sub := m.resource(t, "aws_sns_topic_subscription", "publisher_batch_events")
+	perm := m.resource(t, "aws_lambda_permission", "publisher_batch_events")
+	for _, on := range []bool{false, true} {
+		vars := map[string]cty.Value{"completion_events": cty.BoolVal(on)}
+		want := m.attr(t, m.resource(t, "aws_lambda_function", "publisher"), "count", vars)
+		if !on {
+			want = cty.NumberIntVal(0)
+		}
+		for _, b := range []*hclsyntax.Block{sub, perm} {
+			if got := m.attr(t, b, "count", vars); !got.RawEquals(want) {
+				t.Errorf("completion_events %v: %s.%s count %#v; want %#v", on, b.Labels[0], b.Labels[1], got, want)
+			}
+		}
+	}
+	if p := m.attr(t, sub, "protocol", nil); !p.RawEquals(cty.StringVal("lambda")) ||
+		!refersTo(sub.Body.Attributes["endpoint"].Expr, "aws_lambda_function", "publisher") ||
+		!refersTo(sub.Body.Attributes["topic_arn"].Expr, "aws_sns_topic", "events") {
+		t.Error("the subscription does not deliver the events topic to the publisher's function")
+	}
+	if f := m.attr(t, sub, "filter_policy", nil); f.IsNull() || !strings.Contains(f.AsString(), `"batch_id"`) ||
+		!m.attr(t, sub, "filter_policy_scope", nil).RawEquals(cty.StringVal("MessageBody")) {
+		t.Errorf("filter_policy %#v: want the events with a batch_id in their body alone", f)
+	}
+	if p := m.attr(t, perm, "principal", nil); !p.RawEquals(cty.StringVal("sns.amazonaws.com")) ||
+		!refersTo(perm.Body.Attributes["source_arn"].Expr, "aws_sns_topic", "events") {
+		t.Error("the publisher's function does not let the events topic (and it alone) invoke it")
+	}
+}

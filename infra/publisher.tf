@@ -268,6 +268,65 @@ resource "aws_lambda_permission" "publisher_api" {
   source_arn    = "${aws_apigatewayv2_api.publisher[0].execution_arn}/*/*"
 }
 
+# The batch sweeper (publisher/sweeper.go): under Lambda nothing runs
+# between requests, so an EventBridge schedule invokes the same function
+# with a Scheduled Event, which runs one pass (publisher.LambdaEvents): it
+# expires batches at their window and finalizes those whose job has settled.
+# A batch therefore ends at most a minute (plus the pass) after its job
+# settles, read or not (at once with completion_events, below). A pass that finalizes a batch larger than the
+# function's timeout allows is cut off; the next pass after 10 minutes takes
+# its claim over (finalizeStale).
+resource "aws_cloudwatch_event_rule" "publisher_batch_sweep" {
+  count = local.publisher_lambda ? 1 : 0
+
+  name                = "${local.name}-publisher-batch-sweep"
+  description         = "vramq: the publisher's batch sweeper (expiry and finalization of batches)"
+  schedule_expression = "rate(1 minute)"
+
+  tags = local.tags
+}
+
+resource "aws_cloudwatch_event_target" "publisher_batch_sweep" {
+  count = local.publisher_lambda ? 1 : 0
+
+  rule = aws_cloudwatch_event_rule.publisher_batch_sweep[0].name
+  arn  = aws_lambda_function.publisher[0].arn
+}
+
+resource "aws_lambda_permission" "publisher_batch_sweep" {
+  count = local.publisher_lambda ? 1 : 0
+
+  statement_id  = "AllowInvokeFromTheBatchSweepSchedule"
+  action        = "lambda:InvokeFunction"
+  function_name = aws_lambda_function.publisher[0].function_name
+  principal     = "events.amazonaws.com"
+  source_arn    = aws_cloudwatch_event_rule.publisher_batch_sweep[0].arn
+}
+
+# With completion_events, the function also takes the events of batches'
+# jobs (those with a batch_id) from the topic, and finalizes each batch as
+# soon as its job settles (publisher.LambdaEvents); the schedule above is
+# then the backstop.
+resource "aws_sns_topic_subscription" "publisher_batch_events" {
+  count = local.publisher_lambda && var.completion_events ? 1 : 0
+
+  topic_arn           = aws_sns_topic.events[0].arn
+  protocol            = "lambda"
+  endpoint            = aws_lambda_function.publisher[0].arn
+  filter_policy_scope = "MessageBody"
+  filter_policy       = jsonencode({ batch_id = [{ exists = true }] })
+}
+
+resource "aws_lambda_permission" "publisher_batch_events" {
+  count = local.publisher_lambda && var.completion_events ? 1 : 0
+
+  statement_id  = "AllowInvokeFromTheCompletionEvents"
+  action        = "lambda:InvokeFunction"
+  function_name = aws_lambda_function.publisher[0].function_name
+  principal     = "sns.amazonaws.com"
+  source_arn    = aws_sns_topic.events[0].arn
+}
+
 ################################################################################
 # Fargate + Application Load Balancer
 ################################################################################

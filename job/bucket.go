@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strconv"
+	"strings"
 )
 
 // The payload bucket's layout: every object vramq keeps there, so the
@@ -132,3 +133,25 @@ func BatchKey(owner, batchID string) string { return BatchesPrefix(owner) + batc
 // order of its input file's lines: what its output and error files are
 // written from for lines that have no result.
 func BatchIDsKey(owner, batchID string) string { return BatchesPrefix(owner) + batchID + ".ids" }
+
+// OpenBatchesPrefix is what the keys of the batches not yet ended start
+// with: the publisher's sweeper lists it, so that its pass costs what the
+// open batches number, not every batch ever made. It is under batches/ (its
+// expiry and the publisher's grants), and "open" is no owner's hash.
+const OpenBatchesPrefix = "batches/open/"
+
+// OpenBatchKey marks owner's batch batchID as open: written before its
+// record at create, deleted once the batch has ended. The key names the
+// record (OpenBatchRecord), so the sweeper reads no marker.
+func OpenBatchKey(owner, batchID string) string {
+	return OpenBatchesPrefix + strings.TrimPrefix(BatchesPrefix(owner), "batches/") + batchID
+}
+
+// OpenBatchRecord is the BatchKey of the batch an OpenBatchKey marks.
+func OpenBatchRecord(openKey string) (string, bool) {
+	rest, ok := strings.CutPrefix(openKey, OpenBatchesPrefix)
+	if !ok || rest == "" || strings.HasSuffix(rest, "/") {
+		return "", false
+	}
+	return "batches/" + rest + ".json", true
+}

@@ -88,8 +88,8 @@ type CompletionEvent struct {
 	JobID string `json:"job_id"`
 	// BatchID is the job's id again when the job is a batch of the
 	// publisher's Batch API (BatchOf), so a consumer knows to read it as
-	// one (GET /v1/batches/{id}, which also writes its output files);
-	// absent otherwise.
+	// one (GET /v1/batches/{id}), and the publisher's function, subscribed
+	// under Lambda, finalizes it at once; absent otherwise.
 	BatchID string `json:"batch_id,omitempty"`
 	// Revision is 1 for a job's first event and one more for each
 	// correction: a consumer keeps, for each job, the event of the highest

@@ -2,6 +2,7 @@ package job
 
 import (
 	"fmt"
+	"time"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -113,13 +114,24 @@ func attrRuneOK(r rune) bool {
 	return r <= 0xFFFD
 }
 
-// SQS's limits, and the data type of vramq's attributes.
+// SQS's limits, and the data type of vramq's attributes. These are the
+// only definitions of them in vramq: every other package uses these.
 const (
 	MaxBatch        = 10       // entries in a batch call or a receive
 	MinMessageBytes = 1 << 10  // a queue's MaximumMessageSize is from this
 	MaxMessageBytes = 1 << 20  // to this (since August 2025; billed per 64 KiB)
 	MaxBatchBytes   = 1 << 20  // a call's MessageSize in all, whatever the queue's; more is refused whole
 	AttrDataType    = "String" // of every attribute vramq sends
+)
+
+// SQS's limits on time, from the SQS API reference: ReceiveMessage's
+// WaitTimeSeconds, SendMessage's DelaySeconds and ChangeMessageVisibility's
+// VisibilityTimeout ("the maximum is 12 hours", counted from the receive;
+// an extension past it is refused). Each is set in whole seconds.
+const (
+	MaxLongPoll   = 20 * time.Second // the longest a receive waits for a message
+	MaxDelay      = 15 * time.Minute // the longest a sent message stays invisible
+	MaxVisibility = 12 * time.Hour   // the longest a received message stays invisible
 )
 
 // MessageSize is the size SQS counts, and limits a message and a call by:

@@ -9,6 +9,9 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"time"
+
+	"github.com/vramq/vramq/job"
 )
 
 // The roles of the queues in queues.json; also the keys of its "queues" object.
@@ -107,12 +110,14 @@ func (q Queue) clone() Queue {
 // accepts, so a typo or an out-of-range value fails the build's tests instead
 // of a deployment.
 var attributeRanges = map[string][2]int{
-	"DelaySeconds":                  {0, 900},
-	"MaximumMessageSize":            {1024, 1048576},
+	"DelaySeconds":                  {0, seconds(job.MaxDelay)},
+	"MaximumMessageSize":            {job.MinMessageBytes, job.MaxMessageBytes},
 	"MessageRetentionPeriod":        {60, 1209600},
-	"ReceiveMessageWaitTimeSeconds": {0, 20},
-	"VisibilityTimeout":             {0, 43200},
+	"ReceiveMessageWaitTimeSeconds": {0, seconds(job.MaxLongPoll)},
+	"VisibilityTimeout":             {0, seconds(job.MaxVisibility)},
 }
+
+func seconds(d time.Duration) int { return int(d / time.Second) }
 
 // maxReceiveCountRange is what SQS accepts in a RedrivePolicy.
 var maxReceiveCountRange = [2]int{1, 1000}

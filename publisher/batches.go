@@ -29,12 +29,11 @@ import (
 //
 // The batch's record (job.BatchKey) is written when the file is found
 // valid (status validating, then in_progress once every chunk is sent, or
-// failed with every bad line named) and rewritten once, when the job
-// settles (batchfiles.go). Everything between is read from the job: the
-// counts from its results and markers, cancelling from its cancel record.
-// A batch still running at its window's end is cancelled the same way, by
-// the first request that sees it (there is no timer to do it): what has
-// run is in the output file, the rest is batch_expired in the error file.
+// failed with every bad line named); from then on one owner moves it, by
+// conditional writes (batchstate.go): the finalizer ends it once its job has
+// settled, and the sweeper expires it at its window. Reads never write:
+// between the record's states, the counts are read from the job, and
+// cancelling from its cancel record, which is what a cancel writes.
 
 // Batch statuses: OpenAI's.
 const (
@@ -130,14 +129,15 @@ type batchRecord struct {
 	// failed validation included.
 	Lines int `json:"lines"`
 	// Status is validating, in_progress or failed until the job settles,
-	// then completed, cancelled or expired.
+	// then finalizing (the finalizer's claim), then completed, cancelled or
+	// expired (batchstate.go).
 	Status       string       `json:"status"`
 	Errors       []batchError `json:"errors,omitempty"`
 	CreatedAt    int64        `json:"created_at"` // Unix seconds, as every time below
 	ExpiresAt    int64        `json:"expires_at"`
 	InProgressAt int64        `json:"in_progress_at,omitempty"`
 	FailedAt     int64        `json:"failed_at,omitempty"`
-	// Set when the job settles (finalizeBatch).
+	// Set by the finalizer (finalizeBatch).
 	CancellingAt int64       `json:"cancelling_at,omitempty"`
 	FinalizingAt int64       `json:"finalizing_at,omitempty"`
 	EndedAt      int64       `json:"ended_at,omitempty"` // completed_at, cancelled_at or expired_at, by Status
@@ -469,7 +469,7 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	// The record goes first, as validating, and the custom ids beside it:
 	// once a chunk may be on the queue, the batch is there to be read,
 	// cancelled and finalized. A publisher that dies while sending leaves
-	// it validating, which batchView ends once it is stale.
+	// it validating, which the sweeper fails once it is stale.
 	ids := make([]byte, 0, len(items)*16)
 	for _, it := range items {
 		ids = append(ids, encodeJSON(it.ID)...)
@@ -478,6 +478,10 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	b.Status = batchValidating
 	if _, err := p.store.Put(r.Context(), job.BatchIDsKey(owner, b.ID), ids); err != nil {
 		p.log.Error("storing a batch's custom ids", "batch_id", b.ID, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
+		return
+	}
+	if err := p.openBatch(r.Context(), b); err != nil {
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
 		return
 	}
@@ -556,8 +560,8 @@ func (p *Publisher) readBatch(r *http.Request, owner, id string) (*batchRecord, 
 	return &b, nil
 }
 
-// loadBatch reads the batch r's path names and brings it up to date
-// (batchView), answering r itself (and returning nil) when that fails.
+// loadBatch reads the batch r's path names and how it stands (batchView),
+// answering r itself (and returning nil) when that fails.
 func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *batchObject, func(*APIError)) {
 	ri := info(r)
 	fail := func(e *APIError) {
@@ -598,11 +602,12 @@ func (p *Publisher) getBatch(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// cancelBatch is POST /v1/batches/{id}/cancel: the job is cancelled, so
-// lines not yet run are not run, and the batch is cancelling until its
-// running chunks end, then cancelled, with what finished in its output
-// file. A batch cancelling or cancelled already is answered as it is; one
-// that has ended otherwise is a 409.
+// cancelBatch is POST /v1/batches/{id}/cancel: the job is cancelled (its
+// cancel record, the command), so lines not yet run are not run, and the
+// batch is cancelling until its running chunks end; the finalizer then ends
+// it cancelled, with what finished in its output file (batchstate.go). A
+// batch cancelling or cancelled already is answered as it is; one that has
+// ended otherwise, or is finalizing, is a 409.
 func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 	b, o, fail := p.loadBatch(w, r)
 	if o == nil {
@@ -632,7 +637,7 @@ func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 
 // listBatches is GET /v1/batches: the caller's batches, newest first, limit
 // of them after the batch after names (which need not still exist). Each
-// is brought up to date as GET brings one, readConcurrency at a time.
+// is read as GET reads one, readConcurrency at a time.
 func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)
 	fail := func(e *APIError) {
@@ -704,68 +709,6 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	}
 	out := newListPage(data, more, func(o *batchObject) string { return o.ID })
 	writeJSON(w, http.StatusOK, out)
-}
-
-// batchView is b as it stands: a batch that has ended is its record; one in
-// progress is counted from its job, expired if its window has passed, and
-// finalized if its job has settled.
-func (p *Publisher) batchView(ctx context.Context, b *batchRecord) (*batchObject, error) {
-	now := p.now()
-	switch b.Status {
-	case batchValidating:
-		if now.Sub(time.Unix(b.CreatedAt, 0)) > batchSendStale {
-			// The publisher that made it died while sending: what it
-			// sent must not run, and the batch failed.
-			if err := p.cancelJob(ctx, b.ID); err != nil {
-				return nil, err
-			}
-			b.Status, b.FailedAt = batchFailed, now.Unix()
-			b.Errors = []batchError{{Code: CodeEnqueueInterrupted,
-				Message: "the publisher stopped while sending the batch's requests; create the batch again"}}
-			if err := p.putBatch(ctx, b); err != nil {
-				return nil, err
-			}
-		}
-		return b.object(batchCounts{Total: b.Lines}), nil
-	case batchInProgress:
-	default:
-		return b.object(batchCounts{}), nil
-	}
-	raw, err := p.store.Read(ctx, job.ManifestKey(b.ID))
-	if err != nil {
-		return nil, fmt.Errorf("manifest of batch %s: %w", b.ID, err)
-	}
-	var m job.Manifest
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, fmt.Errorf("manifest of batch %s: %w", b.ID, err)
-	}
-	st, err := p.status(ctx, &m)
-	if err != nil {
-		return nil, err
-	}
-	if st.ChunksPending == 0 {
-		return p.finalizeBatch(ctx, b, &m, st)
-	}
-	if st.CancelledAt == nil && now.Unix() >= b.ExpiresAt {
-		// The window is over: the job is cancelled as DELETE cancels it,
-		// once, by the first read that sees it; a cancel record at or after
-		// expires_at is the expiry.
-		if err := p.cancelJob(ctx, b.ID); err != nil {
-			return nil, err
-		}
-		at := now.UTC()
-		st.CancelledAt = &at
-	}
-	c := batchCounts{Total: b.Lines, Completed: st.ItemsDone, Failed: st.ItemsFailed + st.unsettledItems(&m)}
-	o := b.object(c)
-	if st.CancelledAt != nil {
-		if ca := st.CancelledAt.Unix(); ca >= b.ExpiresAt {
-			o.Status, o.FinalizingAt = batchFinalizing, &ca
-		} else {
-			o.Status, o.CancellingAt = batchCancelling, &ca
-		}
-	}
-	return o, nil
 }
 
 // unsettledItems counts the items of the job's failed and cancelled chunks.

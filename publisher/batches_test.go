@@ -364,6 +364,11 @@ func TestBatchCancelAndExpiry(t *testing.T) {
 	if got := waitBatch(t, c, bx.ID, 0, openai.BatchStatusFinalizing); got.FinalizingAt == 0 {
 		t.Errorf("expiring: %s", got.RawJSON())
 	}
+	// The sweeper cancels its job (the read above wrote nothing), before
+	// the subscriber can run it.
+	if err := s.pub.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 
 	e.runSubscriber() // deletes the chunks of both unrun
 	cancelled := waitBatch(t, c, bt.ID, time.Minute, openai.BatchStatusCancelled)
@@ -395,18 +400,27 @@ func TestBatchCancelAndExpiry(t *testing.T) {
 }
 
 // A batch left validating by a publisher that died while sending its
-// chunks: the first read after batchSendStale (10 minutes) fails it, saying
-// why, and cancels its job, so that what was sent does not run.
+// chunks: the first sweep after batchSendStale (10 minutes) fails it, saying
+// why, and cancels its job, so that what was sent does not run. A read
+// changes nothing.
 func TestBatchLeftValidatingFails(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{})
+	s := e.serveUnswept(publisher.Config{})
 	c := s.sdk("")
 	id := "batch_0193a1b2c3d4e5f60718293a4b5c6d7e"
 	created := time.Now().Add(-11 * time.Minute).Unix()
 	rec := fmt.Sprintf(`{"v":1,"id":%q,"owner":"","endpoint":"/v1/embeddings","input_file_id":"file-0193a1b2c3d4e5f60718293a4b5c6d7e",`+
 		`"completion_window":"24h","lines":3,"status":"validating","created_at":%d,"expires_at":%d}`, id, created, created+24*3600)
-	if _, err := e.store.Put(t.Context(), job.BatchKey("", id), []byte(rec)); err != nil {
+	for key, body := range map[string]string{job.BatchKey("", id): rec, job.OpenBatchKey("", id): ""} {
+		if _, err := e.store.Put(t.Context(), key, []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, err := c.Batches.Get(t.Context(), id); err != nil || b.Status != openai.BatchStatusValidating {
+		t.Fatalf("Get before the sweep: %v %s", err, b.RawJSON())
+	}
+	if err := s.pub.Sweep(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	b, err := c.Batches.Get(t.Context(), id)
@@ -419,7 +433,12 @@ func TestBatchLeftValidatingFails(t *testing.T) {
 	// Fresh, it is left as it is.
 	id2 := "batch_0193a1b2c3d4e5f60718293a4b5c6d7f"
 	rec2 := strings.NewReplacer(id, id2, fmt.Sprint(created), fmt.Sprint(time.Now().Unix())).Replace(rec)
-	if _, err := e.store.Put(t.Context(), job.BatchKey("", id2), []byte(rec2)); err != nil {
+	for key, body := range map[string]string{job.BatchKey("", id2): rec2, job.OpenBatchKey("", id2): ""} {
+		if _, err := e.store.Put(t.Context(), key, []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.pub.Sweep(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := c.Batches.Get(t.Context(), id2); err != nil || b.Status != openai.BatchStatusValidating {

@@ -24,11 +24,11 @@ import (
 // error file: a request the server refused (its response kept, and the
 // error), an item the subscriber refused, a request of a chunk that was
 // dead-lettered, and one never run, batch_cancelled or batch_expired.
-// Lines keep the input file's order. They are written when the job has
-// settled, by whichever request finds it so first, streamed from the
-// results into the bucket a chunk at a time; a second request that finds
-// it so before the first has recorded the files writes the same files
-// under the same ids.
+// Lines keep the input file's order. They are written once the job has
+// settled, by the finalizer that holds the batch's finalizing claim
+// (batchstate.go), streamed from the results into the bucket a chunk at a
+// time; one that takes over a stale claim writes the same files under the
+// same ids.
 
 // Error codes of the error file's lines that are not the subscriber's item
 // errors (job.ItemInvalidInput and the rest).
@@ -58,13 +58,13 @@ type batchLineError struct {
 }
 
 // finalizeBatch writes the output and error files of b, whose job has
-// settled (st), and records b as ended.
-func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, m *job.Manifest, st *statusBody) (*batchObject, error) {
-	// A client that hangs up does not stop the files half written.
+// settled (st) and whose finalizing claim is the record at etag, and records
+// b as ended, if the claim is still its own (payload.ErrPrecondition
+// otherwise: one that took a stale claim over wrote the same files).
+func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *statusBody) error {
+	// A sweep that is stopped does not stop the files half written.
 	ctx, cancel := detach(ctx)
 	defer cancel()
-	now := p.now().Unix()
-	b.FinalizingAt = now
 	b.Status = batchCompleted
 	notRun := lineCancelled
 	if st.CancelledAt != nil {
@@ -85,7 +85,7 @@ func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, m *job.Ma
 
 	ids, _, err := p.store.Open(ctx, job.BatchIDsKey(b.Owner, b.ID))
 	if err != nil {
-		return nil, fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
+		return fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
 	}
 	defer ids.Close()
 	out := p.newLineFile(ctx, b, "output")
@@ -100,7 +100,7 @@ func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, m *job.Ma
 		if st.done[c] {
 			r := results.get(c)
 			if outputs, err = r.outputs, r.err; err != nil {
-				return nil, err
+				return err
 			}
 		}
 		for range n {
@@ -110,7 +110,7 @@ func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, m *job.Ma
 				err = json.Unmarshal(raw, &id)
 			}
 			if err != nil {
-				return nil, fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
+				return fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
 			}
 			line := batchOutputLine{ID: requestID("batch_req_", b.ID, id), CustomID: id}
 			switch {
@@ -144,25 +144,23 @@ func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, m *job.Ma
 				f = errs
 			}
 			if err := f.write(&line); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
 	if b.OutputFileID, err = out.close(); err != nil {
-		return nil, err
+		return err
 	}
 	if b.ErrorFileID, err = errs.close(); err != nil {
-		return nil, err
+		return err
 	}
 	b.Completed, b.Failed = out.lines, errs.lines
 	if usage.TotalTokens > 0 {
 		b.Usage = &usage
 	}
 	b.EndedAt = p.now().Unix()
-	if err := p.putBatch(ctx, b); err != nil {
-		return nil, err
-	}
-	return b.object(batchCounts{}), nil
+	_, err = p.putBatchIf(ctx, b, etag)
+	return err
 }
 
 func notRunMessage(code string) string {

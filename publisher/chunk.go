@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vramq/vramq/internal/batcher"
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/job"
 )
@@ -96,11 +97,7 @@ func (pl *Planner) PlanFor(jobID, endpoint string, items []RequestItem, chunkIte
 	// allows for, by the endpoint's field.
 	maxItem := min(pl.MaxItemBytes, budget)
 	p := &Plan{}
-	var (
-		cur     [][]byte // encoded items of the chunk being filled
-		curSize int
-		chunks  [][][]byte
-	)
+	encs := make([][]byte, len(items))
 	ie := newItemEncoder()
 	for i, it := range items {
 		enc := ie.encode(&job.Item{ID: it.ID, Text: it.Text, Data: it.Data, Body: it.Body})
@@ -122,20 +119,12 @@ func (pl *Planner) PlanFor(jobID, endpoint string, items []RequestItem, chunkIte
 					"even the item's payload reference does not fit in a message")
 			}
 		}
-		sep := 0
-		if len(cur) > 0 {
-			sep = 1 // the comma
-		}
-		if len(cur) > 0 && (len(cur) >= chunkItems || curSize+sep+len(enc) > budget) {
-			chunks = append(chunks, cur)
-			cur, curSize, sep = nil, 0, 0
-		}
-		cur = append(cur, enc)
-		curSize += sep + len(enc)
+		encs[i] = enc
 	}
-	if len(cur) > 0 {
-		chunks = append(chunks, cur)
-	}
+	// A chunk's items are joined by commas: each item is charged its comma,
+	// and the budget has room for the one more than a chunk has.
+	chunks := batcher.Cut(encs, batcher.Bounds{Count: chunkItems, Size: int64(budget) + 1},
+		func(enc []byte) (int, int64) { return 1, int64(len(enc)) + 1 })
 	p.Chunks = make([]Chunk, len(chunks))
 	for i, items := range chunks {
 		// Sized exactly, once: a growing buffer, then a copy into a

@@ -109,6 +109,31 @@ func TestPlanBySize(t *testing.T) {
 	}
 }
 
+// Two items fill a message when their encodings and the comma between
+// them fill it exactly; one byte more and the second opens a chunk.
+func TestPlanCountsTheCommas(t *testing.T) {
+	const max = 2 << 10
+	pl := &Planner{MaxMessageBytes: max, MaxItemBytes: maxInlineItem(max)}
+	id := newJobID()
+	budget := max - overhead(id, "")
+	short := RequestItem{ID: "b", Text: "y"}
+	for _, tc := range []struct {
+		over   int
+		chunks int
+	}{{0, 1}, {1, 2}} {
+		shortLen := len(encodeJSON(job.Item{ID: short.ID, Text: short.Text}))
+		text := strings.Repeat("x", budget-1-shortLen-len(`{"id":"a","text":""}`)+tc.over)
+		p, e := pl.Plan(id, []RequestItem{{ID: "a", Text: text}, short}, 32)
+		if e != nil {
+			t.Fatal(e)
+		}
+		decodeChunks(t, pl, id, p)
+		if len(p.Chunks) != tc.chunks {
+			t.Errorf("%d bytes over the budget with the comma: %d chunks, want %d", tc.over, len(p.Chunks), tc.chunks)
+		}
+	}
+}
+
 func TestPlanExactFit(t *testing.T) {
 	// An item exactly at the inline limit travels inline, alone; one byte
 	// more and it is claim-checked.

@@ -6,6 +6,7 @@ package publisher_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -64,8 +65,27 @@ type server struct {
 }
 
 // serve starts a publisher with cfg (Queue, Payloads and Logger filled in
-// where unset, Registerer always) and the queue's real limits.
+// where unset, Registerer always) and the queue's real limits, with its
+// batch sweeper running as in server mode (every second, here).
 func (e *env) serve(cfg publisher.Config) *server {
+	e.t.Helper()
+	s := e.serveUnswept(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.pub.RunSweeper(ctx, time.Second)
+	}()
+	e.t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return s
+}
+
+// serveUnswept is serve without the sweeper: a test advances batches itself
+// (Sweep).
+func (e *env) serveUnswept(cfg publisher.Config) *server {
 	e.t.Helper()
 	lim, err := publisher.QueueLimits(e.t.Context(), e.client, e.urls.Work)
 	if err != nil {

@@ -25,6 +25,8 @@ type metrics struct {
 	bodyBytes     prometheus.Gauge
 	tenantJobs    *prometheus.CounterVec // tenant (tenant.Labels)
 	tenantItems   *prometheus.CounterVec // tenant
+	batchesEnded  *prometheus.CounterVec // status (batchstate.go)
+	sweepErrors   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -67,11 +69,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 				"then \"other tenants\"; \"no tenant\" when none was named."}, []string{"tenant"}),
 		tenantItems: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "tenant_items_accepted_total",
 			Help: "Items of the jobs in vramq_publisher_tenant_jobs_accepted_total, by tenant (labelled the same way)."}, []string{"tenant"}),
+		batchesEnded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "batches_ended_total",
+			Help: "Batches this process's finalizer or sweeper ended, by status: completed, cancelled, expired, failed."}, []string{"status"}),
+		sweepErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "batch_sweep_errors_total",
+			Help: "Batches the sweeper or a nudge could not advance (an S3 error): tried again at the next pass."}),
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.requests, m.latency, m.jobs, m.replays, m.chunksSent, m.claimChecked, m.sqsCalls,
 		m.sendRetries, m.failedEntries,
-		m.rateLimited, m.rateClients, m.rateEvictions, m.overloaded, m.bodyRefusals, m.bodyBytes, m.tenantJobs, m.tenantItems} {
+		m.rateLimited, m.rateClients, m.rateEvictions, m.overloaded, m.bodyRefusals, m.bodyBytes, m.tenantJobs, m.tenantItems,
+		m.batchesEnded, m.sweepErrors} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)

@@ -49,6 +49,7 @@ type Publisher struct {
 	batchBytes    *semaphore.Weighted
 	batchCreators clientSet // the clients creating a batch, one each
 	now           func() time.Time
+	nudges        chan string // records of batches a read found settled (sweeper.go)
 }
 
 // New checks cfg and builds a Publisher. It makes no AWS calls: read the
@@ -62,7 +63,8 @@ func New(cfg Config) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("publisher metrics: %w", err)
 	}
-	p := &Publisher{cfg: cfg, log: cfg.Logger, m: m, store: cfg.Payloads, now: time.Now}
+	p := &Publisher{cfg: cfg, log: cfg.Logger, m: m, store: cfg.Payloads, now: time.Now,
+		nudges: make(chan string, nudgeBuffer)}
 	p.planner = Planner{MaxMessageBytes: cfg.MaxMessageBytes, MaxItemBytes: cfg.MaxItemBytes}
 	if cfg.Payloads != nil {
 		p.planner.Bucket = cfg.Payloads.Bucket()
@@ -71,7 +73,7 @@ func New(cfg Config) (*Publisher, error) {
 		p.idem = newMemIdem(cfg.IdempotencyTTL, cfg.IdempotencyEntries)
 	}
 	p.sender = &sender{
-		queue: cfg.Queue, attempts: cfg.SendAttempts, backoff: cfg.SendBackoff, maxBackoff: 2 * time.Second,
+		queue: cfg.Queue, attempts: cfg.SendAttempts, retry: sendRetry(cfg.SendBackoff),
 		maxBatchBytes: cfg.MaxMessageBytes, concurrency: cfg.SendConcurrency, m: m, log: cfg.Logger,
 	}
 	for _, k := range cfg.APIKeys {

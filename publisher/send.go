@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/batcher"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -24,11 +24,10 @@ import (
 // refused for good and a setup that needs an operator.
 type sender struct {
 	queue         Queue
-	attempts      int           // per entry, the first send included
-	backoff       time.Duration // before the first retry; doubled per attempt
-	maxBackoff    time.Duration
-	maxBatchBytes int // total payload of one SendMessageBatch
-	concurrency   int // batches in flight at once for one job
+	attempts      int            // per entry, the first send included
+	retry         backoff.Policy // the wait before each retry
+	maxBatchBytes int            // total payload of one SendMessageBatch
+	concurrency   int            // batches in flight at once for one job
 	m             *metrics
 	log           *slog.Logger
 }
@@ -118,22 +117,18 @@ func (s *sender) sendBatch(ctx context.Context, pending []Entry, sent *atomic.In
 		s.log.Warn("retrying failed SendMessageBatch entries", "job_id", retry[0].JobID, "entries", len(retry),
 			"attempt", attempt, "err", firstErr)
 		s.m.sendRetries.Add(float64(len(retry)))
-		if err := sleep(ctx, s.delay(attempt)); err != nil {
+		if err := sleep(ctx, s.retry.Delay(attempt)); err != nil {
 			return err
 		}
 		pending = retry
 	}
 }
 
-// delay is the wait before retry number attempt: exponential with "equal
-// jitter" (half fixed, half random), so a burst of failed entries from many
-// requests does not come back in lockstep.
-func (s *sender) delay(attempt int) time.Duration {
-	d := s.backoff << (attempt - 1)
-	if d > s.maxBackoff || d <= 0 {
-		d = s.maxBackoff
-	}
-	return d/2 + rand.N(d/2+1)
+// sendRetry is the backoff between tries of failed entries: first
+// (Config.SendBackoff), doubled up to 2 s, with "equal jitter" so that a
+// burst of failed entries from many requests does not come back in lockstep.
+func sendRetry(first time.Duration) backoff.Policy {
+	return backoff.Policy{First: first, Max: 2 * time.Second, Jitter: backoff.Equal}
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -31,7 +31,7 @@ func testSender(t *testing.T, q Queue) *sender {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &sender{queue: q, attempts: 5, backoff: 100 * time.Millisecond, maxBackoff: 2 * time.Second,
+	return &sender{queue: q, attempts: 5, retry: sendRetry(100 * time.Millisecond),
 		maxBatchBytes: 1 << 20, concurrency: 4, m: m, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 

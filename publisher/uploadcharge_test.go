@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -19,6 +20,17 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 )
+
+// emptyBucket answers every request as S3 answers a ListObjectsV2 of a
+// bucket with no keys.
+type emptyBucket struct{}
+
+func (emptyBucket) Do(r *http.Request) (*http.Response, error) {
+	const body = `<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">` +
+		`<Name>unused</Name><KeyCount>0</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated></ListBucketResult>`
+	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"application/xml"}},
+		Body: io.NopCloser(strings.NewReader(body)), Request: r}, nil
+}
 
 // startUpload sends from the headers of POST /v1/files declaring a body of
 // declared bytes, the form up to the file, and file's bytes; it returns once
@@ -47,8 +59,11 @@ func TestTricklingUploadsLeaveRoomForOthers(t *testing.T) {
 	const limit = 256 << 10
 	synctest.Test(t, func(t *testing.T) {
 		// The content never goes to S3 here: a file that fits in one part
-		// is stored once it has all come, and none of these does.
-		store := payload.New(s3.New(s3.Options{Region: "us-east-1"}), "unused")
+		// is stored once it has all come, and none of these does. The
+		// bucket only answers the file count (-max-files), in process: a
+		// DNS lookup inside the bubble would break every later test.
+		store := payload.New(s3.New(s3.Options{Region: "us-east-1", BaseEndpoint: aws.String("http://s3.test"), UsePathStyle: true,
+			Credentials: aws.AnonymousCredentials{}, HTTPClient: emptyBucket{}}), "unused")
 		s := newPipeServer(t, Config{Payloads: store, MaxBodyBytes: limit, MaxBodyBytesInFlight: 4 * limit, MaxFileBytes: limit})
 		file := []byte(strings.Repeat(`{"custom_id":"x"}`+"\n", 200<<10/18))
 		var held []net.Conn

@@ -184,7 +184,7 @@ func DefaultConfig() Config {
 		MaxInflight:           100,
 		MaxBatch:              8,
 		MaxBatchDelay:         10 * time.Millisecond,
-		WaitTime:              20 * time.Second,
+		WaitTime:              job.MaxLongPoll,
 		Visibility:            30 * time.Second,
 		MaxHold:               15 * time.Minute,
 		AdmitTimeout:          time.Minute,
@@ -302,7 +302,7 @@ func (c *Config) Validate() error {
 	if c.BudgetRefresh > 0 && c.BudgetRefresh < minBudgetRefresh {
 		bad("BudgetRefresh", "budget refresh %v: want at least %v, or negative for none", c.BudgetRefresh, minBudgetRefresh)
 	}
-	if c.OperatorProbe < time.Second || c.OperatorProbe > maxVisibility {
+	if c.OperatorProbe < time.Second || c.OperatorProbe > job.MaxVisibility {
 		bad("OperatorProbe", "operator probe %v: want 1s to 12h", c.OperatorProbe)
 	}
 	if c.Prefetch < 1 {
@@ -323,13 +323,13 @@ func (c *Config) Validate() error {
 	if c.MaxBatchDelay < 0 {
 		bad("MaxBatchDelay", "max batch delay %v is negative", c.MaxBatchDelay)
 	}
-	if c.WaitTime < 0 || c.WaitTime > 20*time.Second || c.WaitTime%time.Second != 0 {
+	if c.WaitTime < 0 || c.WaitTime > job.MaxLongPoll || c.WaitTime%time.Second != 0 {
 		bad("WaitTime", "wait time %v: want whole seconds from 0 to 20s", c.WaitTime)
 	}
-	if c.Visibility < 3*time.Second || c.Visibility > 12*time.Hour || c.Visibility%time.Second != 0 {
+	if c.Visibility < 3*time.Second || c.Visibility > job.MaxVisibility || c.Visibility%time.Second != 0 {
 		bad("Visibility", "visibility timeout %v: want whole seconds from 3s to 12h", c.Visibility)
 	}
-	if c.MaxHold > 12*time.Hour || c.MaxHold < c.Visibility {
+	if c.MaxHold > job.MaxVisibility || c.MaxHold < c.Visibility {
 		bad("MaxHold", "max hold %v: want from the visibility timeout (%v) to 12h", c.MaxHold, c.Visibility)
 	}
 	if c.AdmitTimeout <= 0 || c.AdmitTimeout >= c.MaxHold {

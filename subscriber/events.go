@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
@@ -76,16 +77,16 @@ const (
 	// across jobs.
 	settleSlots = 8
 	// settleTries bounds the tries of one check; the backoff between them
-	// doubles from settleBackoff up to settleBackoffMax, with jitter, about
-	// eight minutes in all.
-	settleTries      = 10
-	settleBackoff    = time.Second
-	settleBackoffMax = 2 * time.Minute
+	// is settleRetry's, about eight minutes in all.
+	settleTries = 10
 	// maxSettleJobs bounds the jobs whose manifest and witness a subscriber
 	// keeps, and so the checks running or waiting to retry; forgetting one
 	// costs a read and a count at its next check.
 	maxSettleJobs = 4096
 )
+
+// settleRetry is the backoff between the tries of one check.
+var settleRetry = backoff.Policy{First: time.Second, Max: 2 * time.Minute, Jitter: backoff.Equal}
 
 // settler runs the settlement checks of one subscriber.
 type settler struct {
@@ -166,7 +167,7 @@ func (st *settler) evict() {
 // run checks jobID until a check succeeds with no trigger since it began,
 // or its tries are spent.
 func (st *settler) run(jobID string, j *jobSettle) {
-	tries, delay := 0, settleBackoff
+	tries := 0
 	final := false
 	for {
 		st.mu.Lock()
@@ -183,7 +184,7 @@ func (st *settler) run(jobID string, j *jobSettle) {
 				st.done(jobID, j)
 				return
 			}
-			wait := delay/2 + rand.N(delay/2+1)
+			wait := settleRetry.Delay(tries)
 			st.s.log.Warn("checking whether a job settled failed; trying again", "job_id", jobID, "try", tries,
 				"retry_in", wait, "err", err)
 			select {
@@ -191,7 +192,6 @@ func (st *settler) run(jobID string, j *jobSettle) {
 			case <-st.stop:
 				final = true
 			}
-			delay = min(2*delay, settleBackoffMax)
 			continue
 		}
 		st.mu.Lock()
@@ -201,7 +201,7 @@ func (st *settler) run(jobID string, j *jobSettle) {
 			return
 		}
 		st.mu.Unlock()
-		tries, delay = 0, settleBackoff
+		tries = 0
 	}
 }
 

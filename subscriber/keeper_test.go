@@ -244,8 +244,8 @@ func TestKeeperRetriesEndsWithCappedExponentialBackoff(t *testing.T) {
 		wantCalls  int
 		wantDelete bool
 	}{
-		{"succeeds at the fifth call", 4, 5, true},
-		{"abandoned after five calls", 100, 5, false},
+		{"succeeds at the eighth call", 7, maxEndAttempts, true},
+		{"abandoned after eight calls", 100, maxEndAttempts, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -271,7 +271,8 @@ func TestKeeperRetriesEndsWithCappedExponentialBackoff(t *testing.T) {
 				if len(at) != tc.wantCalls {
 					t.Fatalf("Delete calls at %v, want %d calls", at, tc.wantCalls)
 				}
-				for i, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second} {
+				for i, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second,
+					5 * time.Second, 5 * time.Second} {
 					if gap := at[i+1] - at[i]; gap < want/2 || gap > want {
 						t.Errorf("retry %d came %v after the call before, want %v to %v (calls at %v)", i+1, gap, want/2, want, at)
 					}

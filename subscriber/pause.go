@@ -174,12 +174,12 @@ func (p *pause) gotNothing(now time.Time, every time.Duration) {
 	}
 }
 
-// watch is the operator's error now, and a channel closed when p's state
-// changes.
-func (p *pause) watch() (operator error, changed <-chan struct{}) {
+// watch is a channel closed when p's state changes, and the operator's
+// error now.
+func (p *pause) watch() (changed <-chan struct{}, operator error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.operator, p.changed
+	return p.changed, p.operator
 }
 
 // cause is the operator's error, nil while none is needed.
@@ -189,15 +189,11 @@ func (p *pause) cause() error {
 	return p.operator
 }
 
-// maxVisibility is SQS's longest visibility timeout, counted from the
-// receive: a ChangeMessageVisibility past it is refused.
-const maxVisibility = 12 * time.Hour
-
 // leaseLimit is the latest a message received at received can wait holding
 // its lease: the last extension, a visibility timeout long, must end within
 // SQS's 12 hours, with a minute to spare for the clocks.
 func (s *Subscriber) leaseLimit(l *lease) time.Time {
-	return l.received.Add(maxVisibility - s.cfg.Visibility - time.Minute)
+	return l.received.Add(job.MaxVisibility - s.cfg.Visibility - time.Minute)
 }
 
 // backoffReason is a metric label for a backoff's reason, which is the
@@ -327,17 +323,20 @@ func (s *Subscriber) awaitTurn(ctx context.Context, tasks []*task) (run, rest []
 		if len(tasks) == 0 {
 			return nil, nil, false
 		}
-		var timer <-chan time.Time
+		var timer *time.Timer
+		var fired <-chan time.Time
 		if !next.IsZero() {
-			t := time.NewTimer(next.Sub(now))
-			defer t.Stop()
-			timer = t.C
+			timer = time.NewTimer(next.Sub(now))
+			fired = timer.C
 		}
 		select {
 		case <-changed:
-		case <-timer:
+		case <-fired:
 		case <-ctx.Done():
 		case <-s.stopping:
+		}
+		if timer != nil {
+			timer.Stop()
 		}
 		if ctx.Err() != nil || s.isStopping() {
 			for _, t := range tasks {
@@ -384,12 +383,12 @@ func (s *Subscriber) waitToReceive(ctx context.Context) (int, bool) {
 func (s *Subscriber) receiveContext(ctx context.Context) (rctx context.Context, stop func()) {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	if op, _ := s.pause.watch(); op != nil {
+	if _, op := s.pause.watch(); op != nil {
 		return rctx, cancel // a probe's receive: the circuit is open already
 	}
 	go func() {
 		for {
-			op, changed := s.pause.watch()
+			changed, op := s.pause.watch()
 			if op != nil {
 				cancel()
 				return

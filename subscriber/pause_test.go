@@ -119,3 +119,56 @@ func TestWaitsNeverCostAReceive(t *testing.T) {
 		t.Logf("model calls %d, messages handed back %v", model.calls, handedBack)
 	})
 }
+
+// The circuit's states: open, it lets no batch run and no receive go until
+// the probe is due; then one batch runs as the probe, or, with no batch
+// waiting, the poller may receive one message for it (and, if that receive
+// brings none, waits another interval); a probe that gets through closes it.
+func TestPauseCircuit(t *testing.T) {
+	p := newPause()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const every = 5 * time.Minute
+	quota := fmt.Errorf("429 insufficient_quota: %w", fault.ErrNeedsOperator)
+	if !p.needOperator(quota, now, every) || p.needOperator(quota, now, every) {
+		t.Fatal("needOperator: want it to open the circuit once")
+	}
+	if ok, _, wake, _ := p.turn(now.Add(time.Minute)); ok || !wake.Equal(now.Add(every)) {
+		t.Errorf("turn before the probe is due: ok %v, wake %v; want a wait until %v", ok, wake, now.Add(every))
+	}
+	if n, _, _ := p.receive(now.Add(time.Minute)); n != 0 {
+		t.Errorf("receive before the probe is due: %d; want none", n)
+	}
+	// No batch waits: the poller receives one message for the probe.
+	if n, _, _ := p.receive(now.Add(every)); n != 1 {
+		t.Fatalf("receive when the probe is due and nothing waits: %d; want 1", n)
+	}
+	if n, _, _ := p.receive(now.Add(every)); n != 0 {
+		t.Errorf("a second receive for the same probe: %d; want none", n)
+	}
+	p.gotNothing(now.Add(every), every)
+	if n, wake, _ := p.receive(now.Add(every + time.Second)); n != 0 || !wake.Equal(now.Add(2*every)) {
+		t.Errorf("after a probe's receive brought nothing: %d, wake %v; want none until %v", n, wake, now.Add(2*every))
+	}
+	// A batch waits: it is the probe, alone.
+	p.addWaiter(1)
+	if n, _, _ := p.receive(now.Add(2 * every)); n != 0 {
+		t.Errorf("receive while a batch waits to be the probe: %d; want none", n)
+	}
+	ok, probe, _, _ := p.turn(now.Add(2 * every))
+	if !ok || !probe {
+		t.Fatalf("turn when the probe is due: ok %v probe %v; want the probe", ok, probe)
+	}
+	if ok, _, _, _ := p.turn(now.Add(2 * every)); ok {
+		t.Error("a second batch runs while the probe is out")
+	}
+	p.addWaiter(-1)
+	if !p.probed() || p.cause() != nil {
+		t.Fatal("a probe that got through did not close the circuit")
+	}
+	if ok, probe, _, _ := p.turn(now.Add(2 * every)); !ok || probe {
+		t.Errorf("after the circuit closed: ok %v probe %v; want every batch to run", ok, probe)
+	}
+	if n, _, _ := p.receive(now.Add(2 * every)); n != -1 {
+		t.Errorf("receive after the circuit closed: %d; want no limit", n)
+	}
+}

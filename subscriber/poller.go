@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 )
@@ -13,6 +14,11 @@ import (
 // fillWait is the longest the poller waits for room for a full receive
 // while messages are still waiting to start.
 const fillWait = 500 * time.Millisecond
+
+// receiveRetry is the wait after failed receives in a row: 1 s, doubled up
+// to 20 s, without jitter (one poller per process, and the SDK has jittered
+// its own retries already).
+var receiveRetry = backoff.Policy{First: time.Second, Max: 20 * time.Second}
 
 // poll receives while ctx lasts, asking only for what the buffers have room
 // for. The receive itself runs under recvCtx, which shutdown does not cancel
@@ -104,7 +110,7 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 			s.pollErrSince.CompareAndSwap(0, start.UnixNano())
 			// The SDK has already retried; this only keeps a dead endpoint
 			// from being hammered.
-			wait := min(time.Second<<min(failures-1, 5), 20*time.Second)
+			wait := receiveRetry.Delay(failures)
 			s.log.Error("receive failed", "err", err, "consecutive", failures, "retry_in", wait)
 			select {
 			case <-time.After(wait):

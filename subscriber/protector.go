@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/subscriber/taskprotect"
 )
 
@@ -65,6 +66,11 @@ const protectionIdle = 30 * time.Second
 // scheduler several looks at the task; a deployment that waited on it waits
 // at most maxHold plus this.
 const protectionBreak = 2 * time.Minute
+
+// protectRetry is the wait after failed protection calls in a row: 1 s,
+// doubled up to a minute. Protection is one task's own state, so no crowd
+// of tasks needs spreading.
+var protectRetry = backoff.Policy{First: time.Second, Max: time.Minute}
 
 func newProtector(tp TaskProtection, expiry, maxHold time.Duration, held func() int64, m *metrics, log *slog.Logger) *protector {
 	return &protector{tp: tp, expiry: expiry, maxHold: maxHold, idle: protectionIdle, held: held, m: m, log: log, kick: make(chan struct{}, 1)}
@@ -202,10 +208,10 @@ func (p *protector) failed(ctx context.Context, to string, err error) {
 	}
 	p.failures++
 	p.m.protectionErrors.Inc()
-	backoff := min(time.Second<<min(p.failures-1, 6), time.Minute)
-	p.retryAt = time.Now().Add(backoff)
+	wait := protectRetry.Delay(p.failures)
+	p.retryAt = time.Now().Add(wait)
 	p.log.Warn("turning task scale-in protection "+to+" failed; messages are processed regardless",
-		"consecutive", p.failures, "retry_in", backoff, "err", err)
+		"consecutive", p.failures, "retry_in", wait, "err", err)
 }
 
 // clear turns protection off at shutdown, once every message has ended, so

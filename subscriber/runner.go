@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -423,12 +424,11 @@ func (s *Subscriber) failTasks(ctx context.Context, tasks []*task, err error) {
 	}
 }
 
+// retryDelay is how long a message that failed stays invisible before its
+// next receive: Config.RetryDelay, doubled per receive after the first up
+// to the longest delay SQS takes, in whole seconds as SQS counts them.
 func (s *Subscriber) retryDelay(receives int) time.Duration {
-	d := s.cfg.RetryDelay
-	for i := 1; i < receives && d < 15*time.Minute; i++ {
-		d *= 2
-	}
-	return min(d, 15*time.Minute).Truncate(time.Second)
+	return backoff.Policy{First: s.cfg.RetryDelay, Max: job.MaxDelay}.Delay(receives).Truncate(time.Second)
 }
 
 func sumCost(tasks []*task) int64 {

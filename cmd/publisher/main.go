@@ -84,6 +84,9 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	if o.queueURL == "" {
 		return nil, fmt.Errorf("%w: missing -queue-url (or QUEUE_URL)", errUsage)
 	}
+	if o.sweepInterval < 0 {
+		return nil, fmt.Errorf("%w: %s must be 0 or more", errUsage, flagName("batch-sweep-interval"))
+	}
 	if o.metricsAddr != "" && o.metricsAddr == o.addr {
 		return nil, fmt.Errorf("%w: %s is the API's address: /metrics must be served apart from the API", errUsage, flagName("metrics-addr"))
 	}
@@ -262,8 +265,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if getenv("AWS_LAMBDA_RUNTIME_API") != "" {
 		// No /metrics: API Gateway would route it to API clients, and
 		// nothing scrapes a Lambda instance.
-		lambdaStart(publisher.LambdaEventHandler(p.Handler()))
+		lambdaStart(publisher.LambdaEvents(p.Handler(), p))
 		return nil
+	}
+	if o.bucket != "" && o.sweepInterval > 0 {
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go p.RunSweeper(sctx, o.sweepInterval)
 	}
 	return serve(ctx, o, p.Handler(), p.MetricsHandler(), log)
 }

@@ -88,6 +88,7 @@ func TestParse(t *testing.T) {
 		"models: a repeat": {[]string{"-models=a,b,a"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 		"n over OpenAI's":  {[]string{"-max-n=129"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 		"no output tokens": {nil, map[string]string{"QUEUE_URL": "q", "VRAMQ_MAX_OUTPUT_TOKENS": "-5"}, errUsage},
+		"a negative sweep": {[]string{"-batch-sweep-interval=-1s"}, map[string]string{"QUEUE_URL": "q"}, errUsage},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out bytes.Buffer

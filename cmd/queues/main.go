@@ -34,6 +34,7 @@ import (
 
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/envflag"
+	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 )
 
@@ -216,7 +217,7 @@ func checkOptions(o localstack.Options, bucket string, defs localstack.Queues) e
 	if o.MaxReceiveCount < 1 || o.MaxReceiveCount > 1000 {
 		bad("max-receive-count", "%d: want 1 to 1000 (SQS's redrive policy)", o.MaxReceiveCount)
 	}
-	if v := o.VisibilityTimeout; v < 0 || v > 12*time.Hour || v%time.Second != 0 {
+	if v := o.VisibilityTimeout; v < 0 || v > job.MaxVisibility || v%time.Second != 0 {
 		bad("visibility-timeout", "%v: want whole seconds from 0 to 12h (SQS)", v)
 	}
 	if bucket != "" && !validBucket(bucket) {

@@ -44,6 +44,9 @@ mock_provider "aws" {
   mock_resource "aws_apigatewayv2_api" {
     defaults = { arn = "arn:aws:apigateway:us-east-1::/apis/x", execution_arn = "arn:aws:execute-api:us-east-1:111122223333:x" }
   }
+  mock_resource "aws_cloudwatch_event_rule" {
+    defaults = { arn = "arn:aws:events:us-east-1:111122223333:rule/x" }
+  }
   mock_data "aws_iam_policy_document" { defaults = { json = "{}" } }
   # One GPU per instance type, as the default g5.xlarge and g6.xlarge have.
   mock_data "aws_ec2_instance_type" {

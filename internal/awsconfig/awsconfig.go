@@ -20,6 +20,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go/logging"
+
+	"github.com/vramq/vramq/job"
 )
 
 // Load reads the standard AWS configuration. Retries are the SDK's own
@@ -113,15 +115,12 @@ type Timeouts struct {
 	// ResponseHeader bounds the wait for the response's headers once the
 	// request, body included, is written. It must exceed the longest wait an
 	// API makes on purpose: an SQS long poll answers after up to 20 s
-	// (MaxLongPoll) when no message comes.
+	// (job.MaxLongPoll) when no message comes.
 	ResponseHeader time.Duration
 	// Attempt bounds one attempt as a whole, body upload and download
 	// included: a last resort against a response that stalls half-way.
 	Attempt time.Duration
 }
-
-// MaxLongPoll is SQS's longest ReceiveMessage wait (WaitTimeSeconds 20).
-const MaxLongPoll = 20 * time.Second
 
 // DefaultTimeouts are Load's. Dial is a third of the SDK's default of 30 s:
 // AWS endpoints answer a connect within milliseconds, and a dial that hangs
@@ -132,7 +131,7 @@ const MaxLongPoll = 20 * time.Second
 var DefaultTimeouts = Timeouts{
 	Dial:           10 * time.Second,
 	TLSHandshake:   10 * time.Second,
-	ResponseHeader: MaxLongPoll + 30*time.Second,
+	ResponseHeader: job.MaxLongPoll + 30*time.Second,
 	Attempt:        5 * time.Minute,
 }
 

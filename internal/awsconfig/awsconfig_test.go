@@ -18,6 +18,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/vramq/vramq/job"
 )
 
 // The client Load configures reaches the service clients with its timeouts,
@@ -44,8 +46,8 @@ func TestLoadSetsTimeoutsThatOutlastALongPoll(t *testing.T) {
 		t.Errorf("SQS client: response header %v, TLS %v, dial %v, attempt %v; want %+v",
 			tr.ResponseHeaderTimeout, tr.TLSHandshakeTimeout, b.GetDialer().Timeout, b.GetTimeout(), d)
 	}
-	if d.ResponseHeader <= MaxLongPoll || d.Attempt <= d.ResponseHeader {
-		t.Errorf("timeouts %+v: the response-header wait must exceed a %v long poll, and an attempt the header wait", d, MaxLongPoll)
+	if d.ResponseHeader <= job.MaxLongPoll || d.Attempt <= d.ResponseHeader {
+		t.Errorf("timeouts %+v: the response-header wait must exceed a %v long poll, and an attempt the header wait", d, job.MaxLongPoll)
 	}
 	for name, v := range map[string]time.Duration{"dial": d.Dial, "TLS handshake": d.TLSHandshake} {
 		if v <= 0 {

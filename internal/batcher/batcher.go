@@ -7,6 +7,10 @@
 // is gocloud.dev/pubsub/batcher's with a delay added: an SQS call of up to
 // ten entries costs the same whether it carries one or ten, so an item may
 // wait a little for company.
+//
+// Cut is the one rule for cutting a list into groups bounded by a count
+// and a size: the batches here, a job's chunks, SendMessageBatch calls,
+// a model server's shared requests.
 package batcher
 
 import (
@@ -42,18 +46,10 @@ type Options struct {
 }
 
 // take returns how many of n items, whose sizes size gives, make the first
-// batch, and whether that batch is full (see full). A batch holds one item
-// at least, whatever its size.
+// batch (by Bounds.Take), and whether that batch is full (see full).
 func (o Options) take(n int, size func(i int) int) (k int, full bool) {
-	bytes := 0
-	for ; k < n && (o.MaxItems <= 0 || k < o.MaxItems); k++ {
-		s := size(k)
-		if k > 0 && o.MaxBytes > 0 && bytes+s > o.MaxBytes {
-			return k, true
-		}
-		bytes += s
-	}
-	return k, o.full(k, bytes)
+	k, bytes := Bounds{Count: o.MaxItems, Size: int64(o.MaxBytes)}.Take(n, func(i int) (int, int64) { return 1, int64(size(i)) })
+	return k, k < n || o.full(k, int(bytes))
 }
 
 // full reports whether a batch of n items and bytes takes no more: it
@@ -71,15 +67,10 @@ func (o Options) fits(n, bytes int) bool {
 
 // Split cuts items, in order, into the batches a Batcher with o makes of
 // items that are all pending at once: within MaxItems and MaxBytes, size
-// giving each item's bytes. The batches share items' backing array.
+// giving each item's bytes (Cut, each item counting one). The batches share
+// items' backing array.
 func Split[T any](items []T, size func(T) int, o Options) [][]T {
-	var out [][]T
-	for len(items) > 0 {
-		k, _ := o.take(len(items), func(i int) int { return size(items[i]) })
-		out = append(out, items[:k:k])
-		items = items[k:]
-	}
-	return out
+	return Cut(items, Bounds{Count: o.MaxItems, Size: int64(o.MaxBytes)}, func(t T) (int, int64) { return 1, int64(size(t)) })
 }
 
 // A Batcher gathers items and hands them to its handler in batches, in the

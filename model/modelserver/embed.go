@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/batcher"
 	"github.com/vramq/vramq/job"
 )
 
@@ -30,22 +31,11 @@ const embedCapGrowRun = 64
 // input cap and Config.EmbedBatchTokens tokens; an item past either alone
 // is a request of its own.
 func (m *Model) packs(rs []*request) []pack {
-	most := int(m.embedCap.Load())
-	budget := int64(m.cfg.EmbedBatchTokens)
-	var out []pack
-	var cur pack
-	n, tokens := 0, int64(0)
-	for _, r := range rs {
-		k, t := len(r.inputs), m.counter.tokens(r.kind(), r.prompt)
-		if len(cur) > 0 && (n+k > most || tokens+t > budget) {
-			out = append(out, cur)
-			cur, n, tokens = nil, 0, 0
-		}
-		cur = append(cur, r)
-		n, tokens = n+k, tokens+t
-	}
-	if len(cur) > 0 {
-		out = append(out, cur)
+	b := batcher.Bounds{Count: int(m.embedCap.Load()), Size: int64(m.cfg.EmbedBatchTokens)}
+	groups := batcher.Cut(rs, b, func(r *request) (int, int64) { return len(r.inputs), m.counter.tokens(r.kind(), r.prompt) })
+	out := make([]pack, len(groups))
+	for i, g := range groups {
+		out[i] = g
 	}
 	return out
 }

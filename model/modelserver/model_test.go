@@ -3,6 +3,7 @@ package modelserver
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -265,6 +266,30 @@ func TestCostCountsBestOf(t *testing.T) {
 		three := m.CostEndpoint(job.EndpointCompletions, []job.Item{{ID: "a", Body: json.RawMessage(`{"model":"fake-model","prompt":"x","max_tokens":100,"best_of":3}`)}})
 		if three-one != 200 {
 			t.Errorf("Cost %d with best_of 3, %d without; want 200 more (two more sequences of 100)", three, one)
+		}
+	})
+}
+
+// Embedding items share requests by their inputs, not their number: with 4
+// inputs a request, items of 1, 2, 1, 3 and 1 inputs go as 1+2+1 and 3+1.
+func TestEmbedRequestsBoundedByInputs(t *testing.T) {
+	inBubble(t, fakeoai.Config{}, Config{EmbedBatch: 4}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		var items []job.Item
+		for i, n := range []int{1, 2, 1, 3, 1} {
+			inputs := make([]string, n)
+			for j := range inputs {
+				inputs[j] = fmt.Sprintf("%q", fmt.Sprintf("item %d input %d", i, j))
+			}
+			body := `{"model":"fake-model","input":[` + strings.Join(inputs, ",") + `]}`
+			items = append(items, job.Item{ID: fmt.Sprintf("e%d", i), Body: json.RawMessage(body)})
+		}
+		outs, err := m.Run(t.Context(), items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOK(t, outs)
+		if got := s.Stats().Requests; got != 2 {
+			t.Errorf("%d requests; want 2", got)
 		}
 	})
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vramq/vramq/internal/backoff"
 )
 
 // waits is the one policy for every wait the backend takes between
@@ -21,15 +23,16 @@ type waits struct {
 	capped  *prometheus.CounterVec
 }
 
-// The growing waits: doubling from first to most over the attempts in a
-// row, less up to a fifth of jitter so that subscribers do not come back
-// together.
+// The growing waits: doubling from the first to the most over the attempts
+// in a row, less up to a fifth of jitter (backoff.Policy) so that
+// subscribers do not come back together.
+var (
+	overloadWaits  = backoff.Policy{First: time.Second, Max: 30 * time.Second, Jitter: growJitter}           // after an overload answer that names no wait
+	transientWaits = backoff.Policy{First: 500 * time.Millisecond, Max: 8 * time.Second, Jitter: growJitter} // the SDKs' first retry delay
+)
+
 const (
-	overloadFirst  = time.Second // the wait after an overload answer that names none
-	overloadMax    = 30 * time.Second
-	transientFirst = 500 * time.Millisecond // the SDKs' first retry delay
-	transientMax   = 8 * time.Second
-	growJitter     = 0.2
+	growJitter = 0.2
 	// spreadJitter is the share added to a wait for a rate limit's refill:
 	// subscribers that read the same remaining count would all wake at
 	// the same moment for it.
@@ -45,11 +48,11 @@ func newWaits(ceiling time.Duration, log *slog.Logger) *waits {
 }
 
 // retry is the wait before the n-th retry (from 1) of a transient failure.
-func (w *waits) retry(n int) time.Duration { return grow(transientFirst, transientMax, n-1) }
+func (w *waits) retry(n int) time.Duration { return transientWaits.Delay(n) }
 
 // overload is the wait after the n-th overload answer in a row (from 0)
 // that named no wait.
-func (w *waits) overload(n int) time.Duration { return grow(overloadFirst, overloadMax, n) }
+func (w *waits) overload(n int) time.Duration { return overloadWaits.Delay(n + 1) }
 
 // spread is d and up to a tenth more, at random.
 func (w *waits) spread(d time.Duration) time.Duration {
@@ -66,15 +69,4 @@ func (w *waits) server(d time.Duration, header, raw string) time.Duration {
 	w.log.Warn("the model server asked for a wait past -model-server-max-server-wait: waiting that long instead",
 		"header", header, "value", clip(raw, maxServerString), "asked", d, "waiting", w.ceiling)
 	return w.ceiling
-}
-
-func grow(first, most time.Duration, n int) time.Duration {
-	d := first
-	for range min(n, 30) {
-		if d *= 2; d >= most {
-			d = most
-			break
-		}
-	}
-	return d - time.Duration(rand.Float64()*growJitter*float64(d))
 }

@@ -33,15 +33,12 @@ type Outgoing struct {
 	// GroupID is the MessageGroupId to send with; none when empty.
 	GroupID string
 	// Delay keeps the message invisible this long after the send (SQS's
-	// DelaySeconds, whole seconds, at most 15 minutes). A FIFO queue takes
+	// DelaySeconds, whole seconds, at most job.MaxDelay). A FIFO queue takes
 	// no per-message delay: an implementation on one sends it at once.
 	Delay time.Duration
 	// DedupID is a FIFO queue's MessageDeduplicationId; ignored elsewhere.
 	DedupID string
 }
-
-// MaxDelay is the longest Outgoing.Delay SQS takes.
-const MaxDelay = 15 * time.Minute
 
 // Queue is the narrow view of the work queue the subscriber needs.
 // Implementations must be safe for concurrent use and must not retry beyond

@@ -155,6 +155,25 @@ func RunConformance(t *testing.T, newQueue func(t *testing.T) QueueSender) {
 	}
 	errs, err = q.Delete(ctx, []string{next[0].Handle})
 	noErrs("delete", errs, err)
+
+	// A message sent with a delay (a hand-back's copy: DelaySeconds) stays
+	// hidden until the delay has passed, then comes with its attributes and
+	// a first receive count.
+	errs, err = q.Send(ctx, []queue.Outgoing{{Body: "later", Attributes: map[string]string{"k": "v"}, Delay: 2 * time.Second}})
+	noErrs("send with a delay", errs, err)
+	sent := time.Now()
+	var later []queue.Message
+	for deadline := sent.Add(10 * time.Second); len(later) == 0 && time.Now().Before(deadline); {
+		later = receive(job.MaxBatch, time.Minute)
+	}
+	if len(later) != 1 || later[0].Body != "later" || later[0].Attributes["k"] != "v" || later[0].ReceiveCount != 1 {
+		t.Fatalf("the delayed message: %+v", later)
+	}
+	if waited := time.Since(sent); waited < 2*time.Second-100*time.Millisecond {
+		t.Errorf("a message sent with a 2 s delay was received after %v", waited)
+	}
+	errs, err = q.Delete(ctx, []string{later[0].Handle})
+	noErrs("delete", errs, err)
 }
 
 // classified checks that err is a *queue.Error of kind, which names it.

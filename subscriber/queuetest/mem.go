@@ -66,11 +66,6 @@ type memMsg struct {
 	deleted   bool
 }
 
-// maxVisibility is the longest SQS keeps a message invisible after a
-// receive: a ChangeMessageVisibility past it is refused (the SQS API
-// reference, ChangeMessageVisibility: "the maximum is 12 hours").
-const maxVisibility = 12 * time.Hour
-
 // NewMem returns an empty queue.
 func NewMem() *Mem {
 	return &Mem{byHandle: map[string]*memMsg{}, wake: make(chan struct{}), calls: map[string]int{}}
@@ -137,7 +132,7 @@ func (q *Mem) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) 
 				continue
 			}
 		}
-		if m.Delay < 0 || m.Delay > queue.MaxDelay {
+		if m.Delay < 0 || m.Delay > job.MaxDelay {
 			errs[i] = &queue.Error{Kind: queue.ErrRefused, Code: "InvalidParameterValue"}
 			continue
 		}
@@ -250,7 +245,7 @@ func (q *Mem) ChangeVisibility(ctx context.Context, handles []string, timeout ti
 			errs[i] = err
 			continue
 		}
-		if time.Now().Add(timeout).Sub(m.received) > maxVisibility {
+		if time.Now().Add(timeout).Sub(m.received) > job.MaxVisibility {
 			errs[i] = &queue.Error{Kind: queue.ErrRefused, Code: "InvalidParameterValue"}
 			continue
 		}

@@ -182,7 +182,7 @@ func (b *Books) Drain(ctx context.Context, client *sqs.Client, resultsURL, dlqUR
 
 // receive takes one batch from url, records each message and deletes them.
 func receive(ctx context.Context, client *sqs.Client, url string, record func(types.Message)) error {
-	out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: &url, MaxNumberOfMessages: 10,
+	out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: &url, MaxNumberOfMessages: job.MaxBatch,
 		WaitTimeSeconds: 1, VisibilityTimeout: receiveVisibility, MessageAttributeNames: []string{"All"}})
 	if err != nil {
 		return fmt.Errorf("receiving from %s: %w", url, err)

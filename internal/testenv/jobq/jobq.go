@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/vramq/vramq/internal/batcher"
 	"github.com/vramq/vramq/internal/sqscodec"
 	"github.com/vramq/vramq/job"
 )
@@ -24,29 +25,19 @@ import (
 // failed is an error: these are tools, not the publisher, and must not hide a
 // loss.
 func Send(ctx context.Context, client *sqs.Client, url string, works []job.Work) error {
-	for len(works) > 0 {
-		var msgs []sqscodec.Message
-		size := 0
-		for len(msgs) < job.MaxBatch && len(msgs) < len(works) {
-			w := works[len(msgs)]
-			body, err := json.Marshal(w)
-			if err != nil {
-				return err
-			}
-			// Escaped as the publisher sends work: ids with characters SQS
-			// refuses raw still go.
-			text := string(job.EncodeForSQS(body))
-			plain := job.Attributes(w.Key())
-			n := job.MessageSize(text, plain)
-			if len(msgs) > 0 && size+n > job.MaxBatchBytes {
-				break // the next call takes it
-			}
-			size += n
-			msgs = append(msgs, sqscodec.Message{Body: text, Attributes: plain})
+	msgs := make([]sqscodec.Message, len(works))
+	for i, w := range works {
+		body, err := json.Marshal(w)
+		if err != nil {
+			return err
 		}
-		entries := sqscodec.Entries(msgs)
-		n := len(entries)
-		out, err := client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &url, Entries: entries})
+		// Escaped as the publisher sends work: ids with characters SQS
+		// refuses raw still go.
+		msgs[i] = sqscodec.Message{Body: string(job.EncodeForSQS(body)), Attributes: job.Attributes(w.Key())}
+	}
+	size := func(m sqscodec.Message) int { return job.MessageSize(m.Body, m.Attributes) }
+	for _, call := range batcher.Split(msgs, size, batcher.Options{MaxItems: job.MaxBatch, MaxBytes: job.MaxBatchBytes}) {
+		out, err := client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &url, Entries: sqscodec.Entries(call)})
 		if err != nil {
 			return fmt.Errorf("sending work: %w", err)
 		}
@@ -54,7 +45,6 @@ func Send(ctx context.Context, client *sqs.Client, url string, works []job.Work)
 			f := out.Failed[0]
 			return fmt.Errorf("sending work: %d entries failed, first %s: %s", len(out.Failed), aws.ToString(f.Code), aws.ToString(f.Message))
 		}
-		works = works[n:]
 	}
 	return nil
 }
@@ -76,7 +66,7 @@ func NewCollector() *Collector { return &Collector{Results: map[job.Key]job.Resu
 // records them and deletes them. It returns how many messages it read.
 func (c *Collector) Poll(ctx context.Context, client *sqs.Client, url string, wait int32) (int, error) {
 	out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
-		QueueUrl: &url, MaxNumberOfMessages: 10, WaitTimeSeconds: wait, VisibilityTimeout: c.Visibility,
+		QueueUrl: &url, MaxNumberOfMessages: job.MaxBatch, WaitTimeSeconds: wait, VisibilityTimeout: c.Visibility,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("receiving results: %w", err)
@@ -118,7 +108,7 @@ type DeadLetter struct {
 func DrainDLQ(ctx context.Context, client *sqs.Client, url string) ([]DeadLetter, error) {
 	var out []DeadLetter
 	for {
-		r, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: &url, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
+		r, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: &url, MaxNumberOfMessages: job.MaxBatch, WaitTimeSeconds: 1,
 			MessageAttributeNames: []string{"All"}})
 		if err != nil {
 			return out, fmt.Errorf("receiving dead letters: %w", err)

@@ -32,7 +32,30 @@ type recordingQueue struct {
 
 	mu        sync.Mutex
 	keys      map[string]job.Key // by receipt handle, until deleted
+	resent    map[job.Key]int    // copies sent back (a hand-back), whose original's delete is no completion
 	done, big int64
+}
+
+// Send notes the copies a hand-back sends to the work queue: the delete of
+// the original that follows is not a completion.
+func (q *recordingQueue) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) {
+	errs, err := q.Queue.Send(ctx, msgs)
+	if err != nil {
+		return errs, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i, m := range msgs {
+		chunk, cerr := strconv.Atoi(m.Attributes[job.AttrChunk])
+		if cerr != nil || i < len(errs) && errs[i] != nil {
+			continue
+		}
+		if q.resent == nil {
+			q.resent = map[job.Key]int{}
+		}
+		q.resent[job.Key{JobID: m.Attributes[job.AttrJobID], Chunk: chunk}]++
+	}
+	return errs, err
 }
 
 func (q *recordingQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]queue.Message, error) {
@@ -69,6 +92,10 @@ func (q *recordingQueue) Delete(ctx context.Context, handles []string) ([]error,
 		}
 		if k, ok := q.keys[h]; ok {
 			delete(q.keys, h)
+			if q.resent[k] > 0 {
+				q.resent[k]--
+				continue
+			}
 			q.done++
 			if q.large[k] {
 				q.big++

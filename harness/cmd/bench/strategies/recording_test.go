@@ -37,6 +37,10 @@ func (f *fakeWork) ChangeVisibility(context.Context, []string, time.Duration) ([
 	return nil, nil
 }
 
+func (f *fakeWork) Send(_ context.Context, msgs []queue.Outgoing) ([]error, error) {
+	return make([]error, len(msgs)), nil
+}
+
 // TestRecordingQueueCountsCompletions checks the per-subscriber spread:
 // only deletes SQS confirmed count, large ones by the large set, and a
 // message's first receipt is kept across subscribers.
@@ -69,5 +73,26 @@ func TestRecordingQueueCountsCompletions(t *testing.T) {
 	}
 	if again, _ := rec.firstReceipt(job.Key{JobID: "j", Chunk: 1}); !again.Equal(first) {
 		t.Error("a second receipt moved the first")
+	}
+}
+
+// A hand-back (a copy sent to the work queue, then the original deleted)
+// is not a completion.
+func TestRecordingQueueSkipsHandBacks(t *testing.T) {
+	msg := queue.Message{Handle: "a", Attributes: map[string]string{job.AttrJobID: "j", job.AttrChunk: "0"}}
+	fw := &fakeWork{msgs: []queue.Message{msg}, fail: map[string]bool{}}
+	q := &recordingQueue{Queue: fw, rec: &receipts{first: map[job.Key]time.Time{}}, keys: map[string]job.Key{}}
+	ctx := context.Background()
+	if _, err := q.Receive(ctx, 10, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Send(ctx, []queue.Outgoing{{Body: "x", Attributes: msg.Attributes}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Delete(ctx, []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	if q.done != 0 {
+		t.Errorf("a hand-back counted as %d completions; want 0", q.done)
 	}
 }
