@@ -93,7 +93,7 @@ gpu-test-bin: cuda-stubs
 	$(GO) build -o build/gpu-test/genweights ./cmd/genweights
 	cp bench/torch/embed.py bench/torch/bert.py build/gpu-test/
 	rm -rf build/gpu-test/bert-models && cp -r model/bert/testdata/model build/gpu-test/bert-models
-	rm -rf build/gpu-test/bert-tokenizer && cp -r model/bert/testdata/tokenizer build/gpu-test/bert-tokenizer
+	rm -rf build/gpu-test/bert-tokenizer && cp -r model/wordpiece/testdata/tokenizer build/gpu-test/bert-tokenizer
 
 ## gpu-verify: build/gpu-verify/, everything a GPU machine with the driver, cuBLAS and PyTorch (but
 ## no Go) needs for the GPU verification: copy the folder there and run its run.sh with no arguments;
@@ -108,7 +108,7 @@ gpu-verify: cuda-stubs
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/subscriber.test ./subscriber/
 	cp bench/torch/embed.py bench/torch/bert.py gpu/verify/run.sh $(GPU_VERIFY)/
 	cp -r model/bert/testdata/model $(GPU_VERIFY)/bert-models
-	cp -r model/bert/testdata/tokenizer $(GPU_VERIFY)/bert-tokenizer
+	cp -r model/wordpiece/testdata/tokenizer $(GPU_VERIFY)/bert-tokenizer
 	git describe --always --dirty >$(GPU_VERIFY)/COMMIT 2>/dev/null || echo unknown >$(GPU_VERIFY)/COMMIT
 	@du -sh $(GPU_VERIFY)
 	# The folder (63 MiB) and the checkout together pass the 64 MiB a lent GPU machine takes: the
@@ -183,7 +183,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadSafetensors$$' -fuzztime $(FUZZTIME) ./model/refembed/
 	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./model/safetensors/
-	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./model/bert/
+	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./model/wordpiece/
 
 ## bench: every admission strategy on one workload and simulated device against the offline bound,
 ## writing bench/results.md, results.json and the plots. The device costs as the demo's generated
@@ -245,6 +245,31 @@ staticcheck: $(STATICCHECK)
 $(STATICCHECK):
 	GOBIN=$(CURDIR)/$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
+## deadcode: the product's unreachable functions (golang.org/x/tools/cmd/deadcode), listed and counted:
+## those no main reaches, neither the services' in the default build nor in the cuda build (bin/subscriber-cuda)
+## nor the harness's; test helpers (internal/testenv/, the *test packages, bench/timed) are not counted.
+## Not part of make test (about a minute of two cores).
+# One run covers the product's and the harness's mains through a go.work in build/ (the harness is a
+# module of its own); a function is listed only when both builds leave it out.
+DEADCODE         := $(TOOLS)/deadcode
+DEADCODE_VERSION := v0.52.0
+DEADCODE_DIR     := build/deadcode
+DEADCODE_HELPERS := ^(internal/testenv/|bench/timed/|harness/|[^:]*test/[^/:]*\.go:)
+.PHONY: deadcode
+deadcode: $(DEADCODE) cuda-stubs
+	mkdir -p $(DEADCODE_DIR) && rm -f $(DEADCODE_DIR)/go.work $(DEADCODE_DIR)/go.work.sum
+	cd $(DEADCODE_DIR) && GOWORK= $(GO) work init $(CURDIR) $(CURDIR)/$(HARNESS)
+	GOWORK=$(CURDIR)/$(DEADCODE_DIR)/go.work $(DEADCODE) -filter '^github.com/vramq/vramq/' ./... ./$(HARNESS)/... \
+		| sort >$(DEADCODE_DIR)/default.txt
+	GOWORK=$(CURDIR)/$(DEADCODE_DIR)/go.work $(CUDA_ENV) $(DEADCODE) -tags cuda -filter '^github.com/vramq/vramq/' ./... ./$(HARNESS)/... \
+		| sort >$(DEADCODE_DIR)/cuda.txt
+	@comm -12 $(DEADCODE_DIR)/default.txt $(DEADCODE_DIR)/cuda.txt | { grep -Ev '$(DEADCODE_HELPERS)' || true; } >$(DEADCODE_DIR)/product.txt
+	@cat $(DEADCODE_DIR)/product.txt
+	@echo "deadcode: $$(wc -l <$(DEADCODE_DIR)/product.txt) unreachable functions outside test helpers"
+
+$(DEADCODE):
+	GOBIN=$(CURDIR)/$(TOOLS) $(GO) install golang.org/x/tools/cmd/deadcode@$(DEADCODE_VERSION)
+
 ## demo: emulator, queues, subscriber on a simulated GPU, a mixed workload, a summary
 demo: build
 	localstack/demo.sh
@@ -286,12 +311,12 @@ clean:
 	-$(EMULATOR) down
 	rm -rf $(BIN) build .run
 
-## golden-tokenizer: regenerate model/bert/testdata/tokenizer/{texts,golden}.json with Hugging Face's
+## golden-tokenizer: regenerate model/wordpiece/testdata/tokenizer/{texts,golden}.json with Hugging Face's
 ## tokenizers (transformers.js and the Rust library's Node binding, pinned by the generator's
 ## package-lock.json). Not part of make test, which compares against the committed files.
 # --ignore-scripts: onnxruntime-node (a dependency of transformers.js) would download
 # CUDA parts from the internet; the tokenizers need no ONNX Runtime.
-TOKENIZER_GOLDEN := model/bert/golden/tokenizer
+TOKENIZER_GOLDEN := model/wordpiece/golden
 .PHONY: golden-tokenizer
 golden-tokenizer:
 	cd $(TOKENIZER_GOLDEN) && npm ci --ignore-scripts --no-audit --no-fund

@@ -14,27 +14,20 @@ package gpu
 import (
 	"context"
 	"errors"
-	"fmt"
-	"time"
 
 	"github.com/vramq/vramq/job"
 )
 
 // The errors of the device layer. Models and backends wrap them, so that
-// callers never import a driver package to recognise one.
+// callers never import a driver package to recognise one. The kinds that
+// are not about a device (an input refused, a wait, a setup that needs a
+// person) are job/fault's, which models wrap too.
 var (
 	// ErrOutOfMemory is returned (wrapped) by Model.Run when the device
 	// could not hold the batch. It is a signal, not a failure: the caller
 	// may retry smaller. Backends map their driver's out-of-memory error
 	// to it.
 	ErrOutOfMemory = errors.New("gpu: out of memory")
-	// ErrInvalidInput is returned (wrapped) by Model.Run when an input can
-	// never be processed, whatever the memory: the subscriber does not
-	// retry it. A message of several items is then run an item at a time,
-	// and each item Run refuses is answered with an error in the result
-	// (job.ItemError); a message with nothing else is dead-lettered. Any
-	// other error from Run is taken as transient, except ErrDeviceLost.
-	ErrInvalidInput = errors.New("gpu: invalid input")
 	// ErrDeviceLost is returned (wrapped) by Model.Run when the device can
 	// run nothing more in this process: a sticky CUDA error (an illegal
 	// address, a launch failure) leaves the context unusable, and every
@@ -49,84 +42,7 @@ var (
 	ErrNoDevice = errors.New("gpu: no device")
 	// ErrClosed is returned by a device or model used after Close.
 	ErrClosed = errors.New("gpu: closed")
-	// ErrBackoff is returned (wrapped) by Model.Run when what runs the
-	// model (a model server, a rate-limited API) asked to be left alone
-	// until a time further off than the model waits within Run: a rate
-	// limit's window, a daily quota's reset. No message is to blame and
-	// none would run before then. The error is a *BackoffError;
-	// BackoffUntil reads the time. The caller should hand the batch's
-	// messages back with a visibility timeout that ends then, and receive
-	// nothing more until then, so that the wait lives in the queue rather
-	// than in a process holding leases. Items Run finished before the
-	// backoff come with it in a *PartialError.
-	ErrBackoff = errors.New("gpu: backoff")
-	// ErrNeedsOperator is returned (wrapped) by Model.Run when nothing will
-	// run until a person acts: the account's quota is spent, the API key
-	// is refused, the server does not have the model. No message is to
-	// blame and retrying does not help. The caller should stop receiving,
-	// hand back what it holds, and say why (health, one error log, a
-	// metric) rather than retry each message into the dead-letter queue.
-	ErrNeedsOperator = errors.New("gpu: needs an operator")
 )
-
-// BackoffError is the error of ErrBackoff: come back at Until.
-type BackoffError struct {
-	Until  time.Time
-	Reason string // what asked for the wait, e.g. "429 rate_limit_exceeded"; no secrets, no message content
-}
-
-func (e *BackoffError) Error() string {
-	return fmt.Sprintf("gpu: backoff until %s: %s", e.Until.UTC().Format(time.RFC3339Nano), e.Reason)
-}
-
-func (e *BackoffError) Unwrap() error { return ErrBackoff }
-
-// BackoffUntil returns the time err (an ErrBackoff, however wrapped) says to
-// come back at; ok is false for any other error.
-func BackoffUntil(err error) (until time.Time, ok bool) {
-	var b *BackoffError
-	if errors.As(err, &b) {
-		return b.Until, true
-	}
-	return time.Time{}, false
-}
-
-// PartialError is the error of a Run that ended early, wrapping why
-// (ErrBackoff, the one it comes with today), with the outputs of the items
-// it had finished: their requests were answered, and their cost spent,
-// before the rest were stopped. Outputs has one entry per item, in order;
-// Outputs[i] is item i's final output where Done[i], and means nothing
-// where not. A caller that can keep some items' outputs (a message whose
-// items all finished) keeps them, and treats the rest as Err says; one
-// that cannot treats the whole batch so. Partial reads it.
-type PartialError struct {
-	Err     error
-	Outputs []job.Output
-	Done    []bool
-}
-
-func (e *PartialError) Error() string {
-	n := 0
-	for _, d := range e.Done {
-		if d {
-			n++
-		}
-	}
-	return fmt.Sprintf("%v (%d of %d items finished)", e.Err, n, len(e.Done))
-}
-
-func (e *PartialError) Unwrap() error { return e.Err }
-
-// Partial returns the outputs and finished items err (a *PartialError,
-// however wrapped) carries; ok is false for any other error, and for one
-// whose slices do not agree in length.
-func Partial(err error) (outs []job.Output, done []bool, ok bool) {
-	var p *PartialError
-	if !errors.As(err, &p) || len(p.Outputs) != len(p.Done) {
-		return nil, nil, false
-	}
-	return p.Outputs, p.Done, true
-}
 
 // MemInfo is a snapshot of a device's memory, in bytes.
 type MemInfo struct {
@@ -166,9 +82,13 @@ type Model interface {
 	Cost(items []job.Item) int64
 	// Run computes one output per item, in order, as one batch. It returns an
 	// error wrapping ErrOutOfMemory when the device could not hold the batch,
-	// having freed whatever it allocated. It should return promptly when ctx
+	// having freed whatever it allocated, and one wrapping
+	// fault.ErrInvalidInput for an input it can never process; any other
+	// error is taken as transient, except ErrDeviceLost and job/fault's
+	// ErrBackoff and ErrNeedsOperator. It should return promptly when ctx
 	// ends. On an error it returns no outputs; the outputs of items it
-	// finished before an ErrBackoff may come in the error (PartialError).
+	// finished before an ErrBackoff may come in the error
+	// (fault.PartialError[job.Output]).
 	Run(ctx context.Context, items []job.Item) ([]job.Output, error)
 }
 

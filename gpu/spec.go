@@ -48,11 +48,3 @@ func ParseSpec(s string) (Spec, error) {
 	}
 	return Spec{}, fmt.Errorf("gpu: unknown device %q; want %s", s, DeviceSpecs)
 }
-
-// String is the spec as ParseSpec reads it.
-func (s Spec) String() string {
-	if s.Kind == "cuda" || s.Kind == "nvml" {
-		return s.Kind + ":" + strconv.Itoa(s.Index)
-	}
-	return s.Kind
-}

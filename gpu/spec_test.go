@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -49,4 +50,12 @@ func TestKindIsTheProductNotTheInstance(t *testing.T) {
 	if k := Kind(productDevice{NewSim(1)}); k != "NVIDIA T4" {
 		t.Errorf("Kind of a GPU = %q, want its product name without the UUID", k)
 	}
+}
+
+// String is the spec as ParseSpec reads it: only tests print a Spec.
+func (s Spec) String() string {
+	if s.Kind == "cuda" || s.Kind == "nvml" {
+		return s.Kind + ":" + strconv.Itoa(s.Index)
+	}
+	return s.Kind
 }

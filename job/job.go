@@ -128,7 +128,7 @@ type ItemError struct {
 
 // Item error codes.
 const (
-	ItemInvalidInput = "invalid_input" // the model refuses the item itself (gpu.ErrInvalidInput)
+	ItemInvalidInput = "invalid_input" // the model refuses the item itself (fault.ErrInvalidInput)
 	// ItemTooLarge: the model's estimate of the item's working memory alone
 	// exceeds the largest budget the subscriber's device can give.
 	ItemTooLarge = "too_large"

@@ -111,13 +111,6 @@ func (b *bodyBudget) open(client string) (*bodyCharge, error) {
 	return &bodyCharge{b: b, client: client, cb: cb}, nil
 }
 
-// inFlight is the bytes held and the clients holding bodies.
-func (b *bodyBudget) inFlight() (bytes int64, clients int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.used, len(b.clients)
-}
-
 // bodyCharge is what one body holds of the budget.
 type bodyCharge struct {
 	b      *bodyBudget

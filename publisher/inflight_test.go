@@ -401,3 +401,10 @@ func TestABodyThatTricklesIsCutOff(t *testing.T) {
 		}
 	})
 }
+
+// inFlight is the bytes held and the clients holding bodies.
+func (b *bodyBudget) inFlight() (bytes int64, clients int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used, len(b.clients)
+}

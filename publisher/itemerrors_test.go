@@ -9,6 +9,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/publisher"
 )
 
@@ -19,7 +20,7 @@ type refusingModel struct{ gpu.Model }
 func (m refusingModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
 	for _, it := range items {
 		if strings.HasPrefix(it.Text, "REFUSE") {
-			return nil, fmt.Errorf("item %s is not text \x01: %w", it.ID, gpu.ErrInvalidInput)
+			return nil, fmt.Errorf("item %s is not text \x01: %w", it.ID, fault.ErrInvalidInput)
 		}
 	}
 	return m.Model.Run(ctx, items)
@@ -47,7 +48,7 @@ func TestPipelineItemErrors(t *testing.T) {
 		o := outs[it.ID]
 		if it.ID == items[2].ID {
 			if o.Error == nil || o.Error.Code != job.ItemInvalidInput || o.Embedding != nil ||
-				o.Error.Message != `item doc-002 is not text \x01: gpu: invalid input` {
+				o.Error.Message != `item doc-002 is not text \x01: invalid input` {
 				t.Errorf("refused item: %+v (error %+v)", o, o.Error)
 			}
 			continue

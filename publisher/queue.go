@@ -19,7 +19,11 @@ type Queue interface {
 	// call as a whole failed (after the client's own retries) and none of the
 	// entries can be assumed sent. Otherwise the slice has one element per
 	// entry: nil when it was sent, an error (an *EntryError for SQS) when it
-	// was not. It must be safe for concurrent use.
+	// was not. Errors wrap their kind (job/fault) where they have one:
+	// fault.ErrInvalidInput for an entry refused for good,
+	// fault.ErrNeedsOperator where nothing will be sent until the setup
+	// changes, fault.ErrBackoff for throttling. It must be safe for
+	// concurrent use.
 	SendBatch(ctx context.Context, entries []Entry) ([]error, error)
 }
 
@@ -72,7 +76,7 @@ func (q *SQSQueue) SendBatch(ctx context.Context, entries []Entry) ([]error, err
 	}
 	out, err := q.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: &q.url, Entries: sqscodec.Entries(msgs)})
 	if err != nil {
-		return nil, err
+		return nil, sqscodec.Classify(err)
 	}
 	return sqscodec.Errors(len(entries), out.Failed)
 }
@@ -87,8 +91,8 @@ func attributes(jobID string, chunk int, tenant string) map[string]string {
 	return attrs
 }
 
-// EntryError is one failed entry of a batch call; Retryable tells whether
-// sending it again may help.
+// EntryError is one failed entry of a batch call; it wraps its kind
+// (job/fault), which tells whether sending it again may help.
 type EntryError = sqscodec.EntryError
 
 // Limits are what the publisher reads from the queue at start.

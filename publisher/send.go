@@ -13,12 +13,15 @@ import (
 	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/batcher"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // sender puts a job's chunks on the queue. The SDK retries whole calls that
 // failed (throttling, 5xx, broken connections); what it cannot see are the
 // entries a successful SendMessageBatch lists in Failed, so those, and only
-// those, are retried here, with jittered exponential backoff.
+// those, are retried here, with jittered exponential backoff: all but the
+// ones whose kind (job/fault) says sending again cannot help, an entry
+// refused for good and a setup that needs an operator.
 type sender struct {
 	queue         Queue
 	attempts      int            // per entry, the first send included
@@ -93,7 +96,7 @@ func (s *sender) sendBatch(ctx context.Context, pending []Entry, sent *atomic.In
 			if firstErr == nil {
 				firstErr = e
 			}
-			if ee != nil && !ee.Retryable() {
+			if errors.Is(e, fault.ErrInvalidInput) || errors.Is(e, fault.ErrNeedsOperator) {
 				if permanent == nil {
 					permanent = fmt.Errorf("chunk %d of job %s refused by the queue: %w", pending[i].Chunk, pending[i].JobID, e)
 				}

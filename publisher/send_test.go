@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // queueFunc is a Queue made of a function.
@@ -139,6 +140,36 @@ func TestSendPermanentEntryError(t *testing.T) {
 	var ee *EntryError
 	if !errors.As(err, &ee) || ee.Code != "InvalidMessageContents" || n != 2 || calls != 1 {
 		t.Errorf("sent %d in %d calls, %v; want 2 in 1 and the entry's error", n, calls, err)
+	}
+}
+
+// An entry that fails by the setup (a disabled KMS key) is not sent again:
+// no retry can succeed until an operator acts, and the job says so at once;
+// one that was throttled is sent again, as SQS's own trouble is.
+func TestSendNeedsOperatorEntryIsNotRetried(t *testing.T) {
+	for _, tc := range []struct {
+		code          string
+		calls, sent   int
+		needsOperator bool
+	}{
+		{"KmsDisabled", 1, 0, true},
+		{"AWS.SimpleQueueService.KmsThrottled", 2, 1, false},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			calls := 0
+			s := testSender(t, queueFunc(func(_ context.Context, entries []Entry) ([]error, error) {
+				calls++
+				errs := make([]error, len(entries))
+				if calls == 1 {
+					errs[0] = &EntryError{Code: tc.code, Message: "injected"}
+				}
+				return errs, nil
+			}))
+			n, err := s.send(t.Context(), "j", "", chunks(1, 10))
+			if calls != tc.calls || n != tc.sent || errors.Is(err, fault.ErrNeedsOperator) != tc.needsOperator {
+				t.Errorf("%s: sent %d in %d calls, %v; want %d in %d, needing an operator: %v", tc.code, n, calls, err, tc.sent, tc.calls, tc.needsOperator)
+			}
+		})
 	}
 }
 

@@ -49,7 +49,7 @@ func BenchmarkLengthBatching(b *testing.B) {
 	dir := filepath.Join(b.TempDir(), "bench-bert")
 	g := bert.Generated{Config: bert.Config{VocabSize: 30522, HiddenSize: 64, NumLayers: 2, NumHeads: 2,
 		IntermediateSize: 256, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12}, MaxSeqLength: 128, Seed: 1}
-	if err := bert.Generate(dir, "../model/bert/testdata/tokenizer", g); err != nil {
+	if err := bert.Generate(dir, "../model/wordpiece/testdata/tokenizer", g); err != nil {
 		b.Fatal(err)
 	}
 	works := workload.Mixed("length-batching", 40).Works()

@@ -18,7 +18,7 @@ import (
 )
 
 // bertCUDADir generates a small BERT model directory with the real
-// tokenizer (model/bert/testdata/tokenizer, all-MiniLM-L6-v2's), so texts
+// tokenizer (model/wordpiece/testdata/tokenizer, all-MiniLM-L6-v2's), so texts
 // tokenize as they would for a served sentence encoder. The golden
 // tiny-f32 directory cannot be served: its 512-id vocabulary is below the
 // tokenizer's. Its CUDA outputs are checked against ONNX Runtime in gpu's
@@ -33,7 +33,7 @@ func bertCUDADir(t *testing.T) string {
 		MaxSeqLength: 96,
 		Seed:         11,
 	}
-	if err := bert.Generate(dir, "../model/bert/testdata/tokenizer", g); err != nil {
+	if err := bert.Generate(dir, "../model/wordpiece/testdata/tokenizer", g); err != nil {
 		t.Fatal(err)
 	}
 	return dir

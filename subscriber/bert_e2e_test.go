@@ -12,6 +12,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/model/wordpiece"
 	"github.com/vramq/vramq/subscriber"
 )
 
@@ -25,7 +26,7 @@ func TestE2EBERTModelDirectory(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "e2e-bert")
 	g := bert.Generated{Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: 4,
 		IntermediateSize: 128, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12}, MaxSeqLength: 64, Seed: 5}
-	if err := bert.Generate(dir, "../model/bert/testdata/tokenizer", g); err != nil {
+	if err := bert.Generate(dir, "../model/wordpiece/testdata/tokenizer", g); err != nil {
 		t.Fatal(err)
 	}
 	p := newPipelineWith(t, 5, subscriber.Config{MaxBatch: 4}, nil, func(dev *gpu.Sim) gpu.Model {
@@ -69,7 +70,7 @@ func TestE2EBERTModelDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := bert.LoadTokenizer(dir)
+	tok, err := wordpiece.Load(dir)
 	if err != nil {
 		t.Fatal(err)
 	}

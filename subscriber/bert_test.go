@@ -20,7 +20,7 @@ func TestBERTAdmissionRunsWithoutOOM(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "admit-bert")
 	g := bert.Generated{Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: 4,
 		IntermediateSize: 128, MaxPositionEmbeddings: 64, TypeVocabSize: 2, LayerNormEps: 1e-12}, MaxSeqLength: 64, Seed: 3}
-	if err := bert.Generate(dir, "../model/bert/testdata/tokenizer", g); err != nil {
+	if err := bert.Generate(dir, "../model/wordpiece/testdata/tokenizer", g); err != nil {
 		t.Fatal(err)
 	}
 	probe, err := bert.Open(dir, nil)

@@ -99,7 +99,7 @@ type Config struct {
 	// cost to its receive count); below MaxHold.
 	AdmitTimeout time.Duration
 	// OperatorProbe is how often one message runs as a probe while the model
-	// needs an operator (gpu.ErrNeedsOperator: a spent quota, a refused
+	// needs an operator (fault.ErrNeedsOperator: a spent quota, a refused
 	// key): when it gets through, work resumes. 1s to 12h.
 	OperatorProbe time.Duration
 	// InferenceTimeout bounds one batch on the device; below MaxHold.

@@ -106,12 +106,6 @@ func (c *correction) ran() {
 		"clean_batches", correctionCleanRun)
 }
 
-func (c *correction) now() float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.factor
-}
-
 func round2(f float64) float64 { return math.Round(f*100) / 100 }
 
 // batchFactor is the largest factor among tasks' admissions.

@@ -237,3 +237,9 @@ func TestCorrectionIgnoresMessagesThatNeverFit(t *testing.T) {
 		}
 	})
 }
+
+func (c *correction) now() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.factor
+}

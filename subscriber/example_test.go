@@ -42,7 +42,7 @@ func (c *captioner) Run(ctx context.Context, items []job.Item) ([]job.Output, er
 	for i, it := range items {
 		// Run the batch on the device here. Map the framework's OOM to
 		// gpu.ErrOutOfMemory (the subscriber then splits the batch), and an
-		// input that can never work to gpu.ErrInvalidInput (alone, the
+		// input that can never work to fault.ErrInvalidInput (alone, the
 		// item gets an error in the result; a chunk of nothing else goes to
 		// the DLQ).
 		outs[i] = job.Output{ID: it.ID, Data: []byte(`{"caption":"a cat"}`)}

@@ -7,14 +7,14 @@ import (
 	"math/bits"
 	"slices"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // runOne runs one message as a batch of its own (in a batch of one, or
 // alone with the whole device) and returns its outputs. A message too large
 // to run whole runs in its parts (parts.go), one after another, each with
-// what t holds in admission. An item the model refuses (gpu.ErrInvalidInput)
+// what t holds in admission. An item the model refuses (fault.ErrInvalidInput)
 // must not cost the chunk: the items of a refused run are searched by
 // halving (isolate), and each item the model refuses alone is answered with
 // an error instead of an answer (job.ItemError); so is an item too large to
@@ -29,7 +29,7 @@ func (s *Subscriber) runOne(ctx context.Context, t *task, alone bool) ([][]job.O
 	items := t.work.Items
 	if t.parts == nil {
 		outs, err := s.infer(ctx, []*task{t}, alone)
-		if err == nil || len(items) == 1 || !errors.Is(err, gpu.ErrInvalidInput) {
+		if err == nil || len(items) == 1 || !errors.Is(err, fault.ErrInvalidInput) {
 			return outs, err
 		}
 		return s.isolate(ctx, t, make([]job.Output, len(items)), []span{{lo: 0, hi: len(items), err: err}}, alone)
@@ -45,7 +45,7 @@ func (s *Subscriber) runOne(ctx context.Context, t *task, alone bool) ([][]job.O
 		switch {
 		case err == nil:
 			copy(outs[p.lo:], got)
-		case errors.Is(err, gpu.ErrInvalidInput):
+		case errors.Is(err, fault.ErrInvalidInput):
 			refused = append(refused, span{lo: p.lo, hi: p.hi, err: err})
 		default:
 			return nil, err
@@ -104,7 +104,7 @@ func (s *Subscriber) isolate(ctx context.Context, t *task, outs []job.Output, re
 		case err == nil:
 			copy(outs[lo:], got)
 			return nil, nil
-		case errors.Is(err, gpu.ErrInvalidInput):
+		case errors.Is(err, fault.ErrInvalidInput):
 			return err, nil
 		}
 		return nil, err
@@ -161,7 +161,7 @@ func (s *Subscriber) isolate(ctx context.Context, t *task, outs []job.Output, re
 		if len(refused) > 0 {
 			return nil, refused[0].err
 		}
-		return nil, fmt.Errorf("%w: every item of the message is too large to run", gpu.ErrInvalidInput)
+		return nil, fmt.Errorf("%w: every item of the message is too large to run", fault.ErrInvalidInput)
 	}
 	if failed > 0 {
 		s.m.itemsFailed.Add(float64(failed))

@@ -36,7 +36,7 @@ func TestRefusedItemIsAnItemError(t *testing.T) {
 			}
 			if i == 1 {
 				if o.Error == nil || o.Error.Code != job.ItemInvalidInput ||
-					!strings.Contains(o.Error.Message, "item i1: gpu: invalid input") || o.Embedding != nil {
+					!strings.Contains(o.Error.Message, "item i1: invalid input") || o.Embedding != nil {
 					t.Errorf("refused item: %+v (error %+v); want invalid_input and no embedding", o, o.Error)
 				}
 				continue

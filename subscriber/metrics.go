@@ -121,7 +121,7 @@ func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 		deadLettered: f.NewCounterVec(prometheus.CounterOpts(opts("messages_dead_lettered_total",
 			"Messages sent to the DLQ, by reason.")), []string{"reason"}),
 		backedOff: f.NewCounterVec(prometheus.CounterOpts(opts("messages_backed_off_total",
-			"Messages whose batch the model (a model server) asked to wait (gpu.ErrBackoff): they wait, holding their "+
+			"Messages whose batch the model (a model server) asked to wait (fault.ErrBackoff): they wait, holding their "+
 				"leases, until the time it said, by reason: rate_limit, overloaded.")), []string{"reason"}),
 		handedBack: f.NewCounterVec(prometheus.CounterOpts(opts("messages_handed_back_total",
 			"Messages handed back to the queue as a fresh copy (its receive count starts again) and deleted, for a wait "+
@@ -130,9 +130,9 @@ func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 		modelWaiting: gauge("messages_waiting_for_model", "Messages held, their leases extended, while the model asks "+
 			"to wait (a backoff, or a needed operator until a probe gets through)."),
 		pausedUntil: gauge("receive_paused_until_seconds", "Unix time until which receiving is paused by the latest "+
-			"backoff (gpu.ErrBackoff); 0 when none has come. Receiving resumes once it has passed."),
+			"backoff (fault.ErrBackoff); 0 when none has come. Receiving resumes once it has passed."),
 		needsOperator: gauge("needs_operator", "1 while the model says nothing runs until a person acts "+
-			"(gpu.ErrNeedsOperator: a spent quota, a refused key, an unknown model): receiving has stopped, one probe "+
+			"(fault.ErrNeedsOperator: a spent quota, a refused key, an unknown model): receiving has stopped, one probe "+
 			"runs every -operator-probe, and readiness fails; 0 again once a probe succeeds."),
 		cancelled: counter("messages_cancelled_total",
 			"Messages of cancelled jobs (DELETE /v1/jobs/{id}) deleted without running, their cancelled marker written."),

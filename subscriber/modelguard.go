@@ -8,6 +8,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // The model is the one part of the subscriber that reads what a message's
@@ -16,7 +17,7 @@ import (
 // up to -max-inflight messages held, every one of them redelivered to the
 // next subscriber to panic again. So every call into the model (Cost, LengthClass,
 // Run, Launch and the launched Run) recovers a panic into an error wrapping
-// gpu.ErrInvalidInput, which process and runAlone already answer: a batch is
+// fault.ErrInvalidInput, which process and runAlone already answer: a batch is
 // split in halves until the item that panics is alone, and that message is
 // dead-lettered as invalid_input; the rest run. A panic in a goroutine the
 // model starts itself cannot be recovered here.
@@ -26,7 +27,7 @@ import (
 func (s *Subscriber) recovered(what string, p any, err *error) {
 	s.log.Error("the model panicked; its batch is treated as invalid input",
 		"call", what, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-	*err = fmt.Errorf("%w: model %s panicked in %s: %v", gpu.ErrInvalidInput, s.cfg.Model.Name(), what, p)
+	*err = fmt.Errorf("%w: model %s panicked in %s: %v", fault.ErrInvalidInput, s.cfg.Model.Name(), what, p)
 }
 
 // modelCost is the model's estimate for items of a job that names

@@ -21,6 +21,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/promsum"
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/subscriber"
 )
@@ -411,7 +412,7 @@ func TestE2EModelServerBackoffKeepsFinishedChunks(t *testing.T) {
 }
 
 // partialModel runs its first batch, then says that a backoff came after
-// only the items done marks finished (gpu.PartialError); later batches run.
+// only the items done marks finished (fault.PartialError); later batches run.
 type partialModel struct {
 	gpu.Model
 	once  sync.Once
@@ -426,7 +427,7 @@ func (m *partialModel) Run(ctx context.Context, items []job.Item) ([]job.Output,
 	}
 	var perr error
 	m.once.Do(func() {
-		perr = &gpu.PartialError{Err: &gpu.BackoffError{Until: m.until, Reason: "429 test"}, Outputs: outs, Done: m.done(len(items))}
+		perr = &fault.PartialError[job.Output]{Err: &fault.BackoffError{Until: m.until, Reason: "429 test"}, Outputs: outs, Done: m.done(len(items))}
 	})
 	if perr != nil {
 		return nil, perr

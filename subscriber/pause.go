@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // What runs the model may say that nothing will run for a while, or until a
@@ -17,13 +17,13 @@ import (
 // received again is one receive nearer the DLQ), so a wait never hands a
 // message back to be received again:
 //
-//   - gpu.ErrBackoff (a rate limit's window, an overloaded server, a daily
+//   - fault.ErrBackoff (a rate limit's window, an overloaded server, a daily
 //     quota, past the wait the model does inside Run): the batch's messages
 //     that did not finish wait in their runner, holding their leases (the
 //     keeper extends them; max hold does not count while they wait), until
 //     the server's time, then run again. Nothing is received meanwhile,
 //     and a batch that would start waits the same way.
-//   - gpu.ErrNeedsOperator (a spent quota, a refused key, an unknown
+//   - fault.ErrNeedsOperator (a spent quota, a refused key, an unknown
 //     model): a circuit that opens. Nothing is received; held messages
 //     wait as above; readiness fails with the reason (Ready), and one
 //     ERROR log and the needs_operator gauge say so. Every OperatorProbe
@@ -208,9 +208,9 @@ func backoffReason(reason string) string {
 	return "overloaded"
 }
 
-// backOff pauses until err's time (gpu.ErrBackoff) and returns the tasks
+// backOff pauses until err's time (fault.ErrBackoff) and returns the tasks
 // that must wait for it. A task with outputs in outs (every item of its
-// message finished before the backoff: gpu.PartialError, see
+// message finished before the backoff: fault.PartialError, see
 // Subscriber.finished) is completed instead, as a batch that ran: its
 // requests were answered, and running it again would send them again,
 // spending their tokens twice. outs is nil or one entry per task.
@@ -224,9 +224,9 @@ func (s *Subscriber) backOff(tasks []*task, outs [][]job.Output, err error) (wai
 		}
 		done, doneOuts = append(done, t), append(doneOuts, outs[i])
 	}
-	until, _ := gpu.BackoffUntil(err)
+	until, _ := fault.BackoffUntil(err)
 	reason := err.Error()
-	var b *gpu.BackoffError
+	var b *fault.BackoffError
 	if errors.As(err, &b) {
 		reason = b.Reason
 	}
@@ -250,7 +250,7 @@ func (s *Subscriber) backOff(tasks []*task, outs [][]job.Output, err error) (wai
 	return wait
 }
 
-// needOperator opens the circuit (gpu.ErrNeedsOperator), or keeps it open
+// needOperator opens the circuit (fault.ErrNeedsOperator), or keeps it open
 // after a probe that failed, and returns tasks to wait.
 func (s *Subscriber) needOperator(tasks []*task, err error) []*task {
 	if s.pause.needOperator(err, time.Now(), s.cfg.OperatorProbe) {

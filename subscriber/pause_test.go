@@ -12,6 +12,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/promsum"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 func TestBackoffReason(t *testing.T) {
@@ -48,9 +49,9 @@ func (m *phasedModel) Run(ctx context.Context, items []job.Item) ([]job.Output, 
 	now := time.Now()
 	switch {
 	case now.Before(m.quotaAt):
-		return nil, &gpu.BackoffError{Until: now.Add(time.Minute), Reason: "429 rate_limit_exceeded"}
+		return nil, &fault.BackoffError{Until: now.Add(time.Minute), Reason: "429 rate_limit_exceeded"}
 	case now.Before(m.healthyAt):
-		return nil, fmt.Errorf("429 insufficient_quota: %w", gpu.ErrNeedsOperator)
+		return nil, fmt.Errorf("429 insufficient_quota: %w", fault.ErrNeedsOperator)
 	}
 	outs, err := m.Model.Run(ctx, items)
 	if err == nil {
@@ -86,8 +87,8 @@ func TestWaitsNeverCostAReceive(t *testing.T) {
 			h.send("job", i, fmt.Sprintf("mb=1 ms=10 id=%d", i))
 		}
 		time.Sleep(6*time.Hour + 30*time.Minute)
-		if err := h.sub.Healthy(); !errors.Is(err, gpu.ErrNeedsOperator) {
-			t.Errorf("Healthy during the spent quota: %v, want gpu.ErrNeedsOperator", err)
+		if err := h.sub.Healthy(); !errors.Is(err, fault.ErrNeedsOperator) {
+			t.Errorf("Healthy during the spent quota: %v, want fault.ErrNeedsOperator", err)
 		}
 		time.Sleep(6*time.Hour + 30*time.Minute)
 		if err := h.sub.Healthy(); err != nil {
@@ -127,7 +128,7 @@ func TestPauseCircuit(t *testing.T) {
 	p := newPause()
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	const every = 5 * time.Minute
-	quota := fmt.Errorf("429 insufficient_quota: %w", gpu.ErrNeedsOperator)
+	quota := fmt.Errorf("429 insufficient_quota: %w", fault.ErrNeedsOperator)
 	if !p.needOperator(quota, now, every) || p.needOperator(quota, now, every) {
 		t.Fatal("needOperator: want it to open the circuit once")
 	}

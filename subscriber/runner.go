@@ -12,6 +12,7 @@ import (
 	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 var errTimeout = errors.New("inference timed out")
@@ -182,7 +183,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok
 			sp.lessons = append(sp.lessons, sizeLesson{tasks: tasks, worked: ok, budget: s.adm.budget()})
 		}
 		return ok, append(alone1, alone2...)
-	case errors.Is(err, gpu.ErrInvalidInput):
+	case errors.Is(err, fault.ErrInvalidInput):
 		if len(tasks) == 1 {
 			s.deadLetter(tasks[0], "invalid_input", err.Error())
 			return 0, nil
@@ -195,10 +196,10 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok
 	case errors.Is(err, gpu.ErrDeviceLost):
 		s.loseDevice(tasks, err)
 		return 0, nil
-	case errors.Is(err, gpu.ErrBackoff):
+	case errors.Is(err, fault.ErrBackoff):
 		sp.wait = append(sp.wait, s.backOff(tasks, outs, err)...)
 		return 0, nil
-	case errors.Is(err, gpu.ErrNeedsOperator):
+	case errors.Is(err, fault.ErrNeedsOperator):
 		sp.operator = true
 		sp.wait = append(sp.wait, s.needOperator(tasks, err)...)
 		return 0, nil
@@ -251,13 +252,13 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task, sp *splits) bool {
 		s.deadLetter(t, "out_of_memory", fmt.Sprintf(
 			"out of memory with the device to itself: estimated %s, budget %s: %v",
 			bytesize.Format(cost), bytesize.Format(n), err))
-	case errors.Is(err, gpu.ErrInvalidInput):
+	case errors.Is(err, fault.ErrInvalidInput):
 		s.deadLetter(t, "invalid_input", err.Error())
 	case errors.Is(err, gpu.ErrDeviceLost):
 		s.loseDevice([]*task{t}, err)
-	case errors.Is(err, gpu.ErrBackoff):
+	case errors.Is(err, fault.ErrBackoff):
 		sp.wait = append(sp.wait, s.backOff([]*task{t}, outs, err)...)
-	case errors.Is(err, gpu.ErrNeedsOperator):
+	case errors.Is(err, fault.ErrNeedsOperator):
 		sp.operator = true
 		sp.wait = append(sp.wait, s.needOperator([]*task{t}, err)...)
 	default:
@@ -371,11 +372,11 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 // finished returns, for a batch of tasks that failed with err after
 // starting at start and running for elapsed, the outputs of the tasks
 // whose items all finished before it, by the outputs err carries
-// (gpu.PartialError), nil for the others; nil when err carries none. A
+// (fault.PartialError), nil for the others; nil when err carries none. A
 // message's result is written once, whole, so a task with an item
 // unfinished has nothing to keep.
 func (s *Subscriber) finished(tasks []*task, start time.Time, elapsed time.Duration, err error) [][]job.Output {
-	outs, done, ok := gpu.Partial(err)
+	outs, done, ok := fault.Partial[job.Output](err)
 	n := 0
 	for _, t := range tasks {
 		n += len(t.work.Items)

@@ -71,12 +71,6 @@ type shrink struct {
 	got    bool // whether it acquired; written before done closes
 }
 
-// newAdmission returns an admission whose budget cannot grow beyond where it
-// starts; newResizableAdmission one that can.
-func newAdmission(s Strategy, budget int64, count int) (*admission, error) {
-	return newResizableAdmission(s, budget, budget, count)
-}
-
 // newResizableAdmission returns an admission that starts at budget and can be
 // resized up to largest (vram only; the other strategies ignore both).
 func newResizableAdmission(s Strategy, budget, largest int64, count int) (*admission, error) {
@@ -259,22 +253,6 @@ func (a *admission) pendingSum() int64 {
 		n += p.n
 	}
 	return n
-}
-
-// shrinking reports whether a shrink is still waiting for work to let go.
-func (a *admission) shrinking() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.fold()
-	return len(a.pending) > 0
-}
-
-// withheldNow is the weight withheld, pending shrinks not counted.
-func (a *admission) withheldNow() int64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.fold()
-	return a.withheld
 }
 
 // acquireAll waits until no other work is admitted and takes the whole

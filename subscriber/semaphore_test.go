@@ -288,3 +288,25 @@ func TestAdmissionIsFIFO(t *testing.T) {
 		}
 	})
 }
+
+// newAdmission returns an admission whose budget cannot grow beyond where it
+// starts; newResizableAdmission one that can.
+func newAdmission(s Strategy, budget int64, count int) (*admission, error) {
+	return newResizableAdmission(s, budget, budget, count)
+}
+
+// shrinking reports whether a shrink is still waiting for work to let go.
+func (a *admission) shrinking() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.fold()
+	return len(a.pending) > 0
+}
+
+// withheldNow is the weight withheld, pending shrinks not counted.
+func (a *admission) withheldNow() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.fold()
+	return a.withheld
+}

@@ -261,7 +261,7 @@ func (s *Subscriber) PeakBytes() int64 { return s.peak.Load() }
 // has lost its device (gpu.ErrDeviceLost). A model that needs an operator
 // is not one: a new process would meet the same spent quota or refused key,
 // receive a round of messages and hand them back, each receive counting
-// towards the DLQ. A backoff (gpu.ErrBackoff) is live too.
+// towards the DLQ. A backoff (fault.ErrBackoff) is live too.
 func (s *Subscriber) Live() error {
 	if err := s.errDeviceLost(); err != nil {
 		return err
@@ -273,8 +273,8 @@ func (s *Subscriber) Live() error {
 }
 
 // Healthy is readiness: Live's errors, and an error while its model needs
-// an operator (gpu.ErrNeedsOperator, pause.go), when it takes no work until
-// someone acts. A backoff (gpu.ErrBackoff) is healthy: waiting is the
+// an operator (fault.ErrNeedsOperator, pause.go), when it takes no work until
+// someone acts. A backoff (fault.ErrBackoff) is healthy: waiting is the
 // subscriber doing its job.
 func (s *Subscriber) Healthy() error {
 	if err := s.errDeviceLost(); err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/subscriber/queuetest"
 )
 
@@ -120,7 +121,7 @@ func (m *testModel) Run(ctx context.Context, items []job.Item) ([]job.Output, er
 		hang = hang || s.hang
 		stubborn = stubborn || s.stubborn
 		if s.invalid {
-			return nil, fmt.Errorf("item %s: %w", it.ID, gpu.ErrInvalidInput)
+			return nil, fmt.Errorf("item %s: %w", it.ID, fault.ErrInvalidInput)
 		}
 		if s.panics {
 			var seen []string

@@ -16,6 +16,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -261,8 +262,8 @@ func TestModelPanicsAreInvalidInput(t *testing.T) {
 		h.shutdown()
 		reasons := h.reasons()
 		for key, want := range map[string]string{
-			"panics/0": "invalid_input: gpu: invalid input: model test-model panicked in Run: runtime error: index out of range [2] with length 0",
-			"costs/0":  "invalid_input: gpu: invalid input: model test-model panicked in Cost: test model: cost of i0",
+			"panics/0": "invalid_input: invalid input: model test-model panicked in Run: runtime error: index out of range [2] with length 0",
+			"costs/0":  "invalid_input: invalid input: model test-model panicked in Cost: test model: cost of i0",
 		} {
 			if reasons[key] != want {
 				t.Errorf("%s: reason %q, want %q", key, reasons[key], want)
@@ -289,11 +290,11 @@ func TestLaunchPanicsAreInvalidInput(t *testing.T) {
 	m := &panickyLauncher{&testModel{}}
 	s := &Subscriber{cfg: Config{Model: m}, launcher: m, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	_, err := s.modelLaunch(t.Context(), nil)
-	if !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launch: launch") {
+	if !errors.Is(err, fault.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launch: launch") {
 		t.Errorf("Launch: %v", err)
 	}
 	_, err = s.launchedRun(t.Context(), panickyLaunched{})
-	if !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launched.Run") {
+	if !errors.Is(err, fault.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launched.Run") {
 		t.Errorf("Launched.Run: %v", err)
 	}
 }

@@ -2,7 +2,8 @@
 """PyTorch reference of vramq's reference embedding model (model/refembed/embed.go).
 
 Reads the model's weights and a token batch, both safetensors files written
-by Go (refembed.WriteWeights, cmd/genweights; refembed.WriteTokenBatch), and
+by Go (refembed.WriteWeights, cmd/genweights; refembed.WriteTokenBatch, in
+model/refembed/handoff_test.go), and
 
   --out PATH    writes the embeddings of every item of the batch, F32
                 "embeddings" [N, Out], for Go to compare (refembed.LoadEmbeddings);

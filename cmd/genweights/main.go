@@ -72,7 +72,7 @@ func run(args []string, getenv func(string) string, stdout io.Writer) error {
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", cfg.MaxTokens, "most tokens read from one item (recorded in the file's metadata)")
 	b := demoBERT
 	bertDir := fs.String("bert", "", "write a BERT model directory with generated weights to `DIR` instead of -out (its vectors mean nothing)")
-	tokDir := fs.String("tokenizer", "model/bert/testdata/tokenizer",
+	tokDir := fs.String("tokenizer", "model/wordpiece/testdata/tokenizer",
 		"with -bert: `DIR` of the tokenizer files to copy (tokenizer.json, vocab.txt, ...)")
 	fs.IntVar(&b.HiddenSize, "bert-hidden", b.HiddenSize, "with -bert: hidden size (the intermediate size is 4 times it)")
 	fs.IntVar(&b.NumLayers, "bert-layers", b.NumLayers, "with -bert: encoder layers")

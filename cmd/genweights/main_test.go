@@ -107,7 +107,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 func TestRunWritesBERTDirectory(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "gen")
 	var out bytes.Buffer
-	args := []string{"-bert", dir, "-tokenizer", "../../model/bert/testdata/tokenizer", "-bert-hidden", "24", "-bert-layers", "1",
+	args := []string{"-bert", dir, "-tokenizer", "../../model/wordpiece/testdata/tokenizer", "-bert-hidden", "24", "-bert-layers", "1",
 		"-bert-heads", "3", "-bert-max-seq-length", "40"}
 	if err := run(args, noEnv, &out); err != nil {
 		t.Fatal(err)

@@ -52,7 +52,7 @@ func tinyBERT(t testing.TB, name string, layers, heads, maxSeqLength int) string
 		MaxSeqLength: maxSeqLength,
 		Seed:         5,
 	}
-	if err := bert.Generate(dir, "../../model/bert/testdata/tokenizer", g); err != nil {
+	if err := bert.Generate(dir, "../../model/wordpiece/testdata/tokenizer", g); err != nil {
 		t.Fatal(err)
 	}
 	return dir

@@ -41,25 +41,23 @@ func OpenIndex(index int) (gpu.Device, error) {
 	if ret := gonvml.Init(); ret != gonvml.SUCCESS {
 		return nil, fmt.Errorf("%w: nvml: init: %v (is the NVIDIA driver installed and its library on the loader path?)", gpu.ErrNoDevice, ret)
 	}
-	dev, err := openNVMLDevice(index)
-	if err != nil {
-		gonvml.Shutdown()
-		return nil, err
-	}
-	return dev, nil
-}
-
-func openNVMLDevice(index int) (*nvmlDevice, error) {
 	dev, ret := gonvml.DeviceGetHandleByIndex(index)
 	switch ret {
 	case gonvml.SUCCESS:
 	case gonvml.ERROR_INVALID_ARGUMENT, gonvml.ERROR_NOT_FOUND:
 		count, _ := gonvml.DeviceGetCount()
+		gonvml.Shutdown()
 		return nil, fmt.Errorf("%w: nvml: no device %d (%d found): %v", gpu.ErrNoDevice, index, count, ret)
 	default:
+		gonvml.Shutdown()
 		return nil, fmt.Errorf("nvml: device %d: %v", index, ret)
 	}
-	return describeNVMLDevice(dev, strconv.Itoa(index))
+	d, err := describeNVMLDevice(dev, strconv.Itoa(index))
+	if err != nil {
+		gonvml.Shutdown()
+		return nil, err
+	}
+	return d, nil
 }
 
 // OpenUUID opens the GPU whose UUID is uuid ("GPU-" and 36 hex digits

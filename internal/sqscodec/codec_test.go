@@ -11,6 +11,7 @@ import (
 	"github.com/aws/smithy-go"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/vramq/vramq/job/fault"
 )
 
 func TestEntriesAreIndexedAndCarryStringAttributes(t *testing.T) {
@@ -138,6 +139,46 @@ func TestRefuses(t *testing.T) {
 	} {
 		if got := Refuses(tc.err); got != tc.refuses {
 			t.Errorf("Refuses(%v) = %v", tc.err, got)
+		}
+	}
+}
+
+// Kind over each kind SQS's codes fall in, for a failed entry and an API
+// error, in either spelling; Classify keeps what SQS said reachable.
+func TestKind(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		kind error // nil: none
+	}{
+		{&EntryError{Code: "InvalidMessageContents"}, fault.ErrInvalidInput},
+		{&EntryError{Code: "InternalError", SenderFault: true}, fault.ErrInvalidInput},
+		{&smithy.GenericAPIError{Code: "AWS.SimpleQueueService.BatchRequestTooLong"}, fault.ErrInvalidInput},
+		{&EntryError{Code: "KmsThrottled"}, fault.ErrBackoff},
+		{&smithy.GenericAPIError{Code: "AWS.SimpleQueueService.RequestThrottled"}, fault.ErrBackoff},
+		{&smithy.GenericAPIError{Code: "ThrottlingException"}, fault.ErrBackoff},
+		{&types.QueueDoesNotExist{}, fault.ErrNeedsOperator},
+		{&smithy.GenericAPIError{Code: "AWS.SimpleQueueService.NonExistentQueue"}, fault.ErrNeedsOperator},
+		{&EntryError{Code: "KmsDisabled"}, fault.ErrNeedsOperator},
+		{&EntryError{Code: "KMS.DisabledException"}, fault.ErrNeedsOperator},
+		{&smithy.GenericAPIError{Code: "KMS.ThrottlingException"}, fault.ErrBackoff},
+		{&smithy.GenericAPIError{Code: "AccessDenied"}, fault.ErrNeedsOperator},
+		{&smithy.GenericAPIError{Code: "InvalidClientTokenId"}, fault.ErrNeedsOperator},
+		{&EntryError{Code: "ReceiptHandleIsInvalid", SenderFault: true}, nil},
+		{&EntryError{Code: "InternalError"}, nil},
+		{&smithy.GenericAPIError{Code: "ServiceUnavailable"}, nil},
+		{errors.New("ThrottlingException"), nil},
+	} {
+		if got := Kind(tc.err); got != tc.kind {
+			t.Errorf("Kind(%v) = %v; want %v", tc.err, got, tc.kind)
+		}
+		c := Classify(tc.err)
+		if tc.kind != nil && !errors.Is(c, tc.kind) || !errors.Is(c, tc.err) {
+			t.Errorf("Classify(%v) = %v; want it wrapping %v", tc.err, c, tc.kind)
+		}
+		for _, k := range []error{fault.ErrInvalidInput, fault.ErrBackoff, fault.ErrNeedsOperator} {
+			if k != tc.kind && errors.Is(c, k) {
+				t.Errorf("Classify(%v) = %v is %v too", tc.err, c, k)
+			}
 		}
 	}
 }

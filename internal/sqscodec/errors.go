@@ -3,12 +3,15 @@ package sqscodec
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
+
+	"github.com/vramq/vramq/job/fault"
 )
 
 // EntryError is one failed entry of a batch call.
@@ -24,6 +27,12 @@ func (e *EntryError) Error() string { return fmt.Sprintf("sqs: %s: %s", e.Code, 
 // blames on the sender (a body it refuses, a bad attribute) fail the same way
 // every time; the rest are SQS's own trouble.
 func (e *EntryError) Retryable() bool { return !e.SenderFault }
+
+// Unwrap is the entry's kind of failure (Kind): a failed entry is
+// classified where it is read, whoever reads it.
+func (e *EntryError) Unwrap() error {
+	return kind(PlainCode(e.Code), e.SenderFault)
+}
 
 // Errors maps a response's Failed list onto the request's n entries, whose
 // ids must be their indexes ("0", "1", ...), as the entry builders of this
@@ -107,3 +116,79 @@ var refusalCodes = []string{
 // Refuses reports whether err, a failed entry or an API error, carries a
 // code by which SQS refuses what was sent for good (in either spelling).
 func Refuses(err error) bool { return HasCode(err, refusalCodes...) }
+
+// throttleCodes are the codes by which SQS, or the KMS key it encrypts
+// with, refuses the rate of requests rather than what they carry: the same
+// request later may succeed. SendMessageBatch's API reference lists
+// RequestThrottled and KmsThrottled; ThrottlingException is AWS's common
+// error (Common Errors, SQS API reference). The SDK's retryer has retried
+// them already by the time they are read here.
+var throttleCodes = []string{
+	(*types.RequestThrottled)(nil).ErrorCode(),
+	(*types.KmsThrottled)(nil).ErrorCode(), "KMS.ThrottlingException",
+	"ThrottlingException",
+}
+
+// operatorCodes are the codes by which nothing sent to the queue can
+// succeed until a person changes the setup: the queue, its encryption key,
+// its policy or the credentials (SendMessageBatch's errors and AWS's common
+// ones, SQS API reference). The second spelling of a code is the query
+// protocol's, which SQS sends in x-amzn-query-error and emulators send as
+// the code (the SDK's service model lists them: NonExistentQueue for
+// QueueDoesNotExist, KMS.DisabledException for KmsDisabled, ...).
+var operatorCodes = []string{
+	(*types.QueueDoesNotExist)(nil).ErrorCode(), "NonExistentQueue",
+	(*types.InvalidAddress)(nil).ErrorCode(),
+	(*types.InvalidSecurity)(nil).ErrorCode(),
+	(*types.UnsupportedOperation)(nil).ErrorCode(),
+	(*types.KmsAccessDenied)(nil).ErrorCode(), "KMS.AccessDeniedException",
+	(*types.KmsDisabled)(nil).ErrorCode(), "KMS.DisabledException",
+	(*types.KmsInvalidKeyUsage)(nil).ErrorCode(), "KMS.InvalidKeyUsageException",
+	(*types.KmsInvalidState)(nil).ErrorCode(), "KMS.InvalidStateException",
+	(*types.KmsNotFound)(nil).ErrorCode(), "KMS.NotFoundException",
+	(*types.KmsOptInRequired)(nil).ErrorCode(), "KMS.OptInRequired",
+	"AccessDenied", "AccessDeniedException", "InvalidClientTokenId", "UnrecognizedClientException",
+	"SignatureDoesNotMatch", "IncompleteSignature", "ExpiredToken", "MissingAuthenticationToken",
+	"OptInRequired", "NotAuthorized",
+}
+
+// Kind returns the kind of failure (job/fault) err, a failed entry or an
+// API error, is by its code: fault.ErrInvalidInput where SQS refuses what
+// was sent for good (Refuses, or an entry it blames on the sender),
+// fault.ErrBackoff where it refuses the rate, fault.ErrNeedsOperator where
+// nothing will succeed until the setup changes. It is nil for a lost
+// lease (the subscriber's own kind) and for every other error: SQS's own
+// trouble, a broken connection, which sending again may mend.
+func Kind(err error) error {
+	code, ok := Code(err)
+	if !ok {
+		return nil
+	}
+	var ee *EntryError
+	return kind(code, errors.As(err, &ee) && ee.SenderFault)
+}
+
+func kind(code string, senderFault bool) error {
+	switch {
+	case slices.Contains(leaseLostCodes, code):
+		return nil
+	case slices.Contains(throttleCodes, code):
+		return fault.ErrBackoff
+	case slices.Contains(operatorCodes, code):
+		return fault.ErrNeedsOperator
+	case slices.Contains(refusalCodes, code), senderFault:
+		return fault.ErrInvalidInput
+	}
+	return nil
+}
+
+// Classify returns err wrapped in its Kind, so that errors.Is finds the
+// kind and errors.As still finds what SQS said; err as it is where it has
+// no kind, or already is one.
+func Classify(err error) error {
+	k := Kind(err)
+	if k == nil || errors.Is(err, k) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", k, err)
+}

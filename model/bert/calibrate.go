@@ -6,6 +6,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // An Embedder is a calibrate.ShapeMeter: `subscriber -calibrate -model DIR`
@@ -41,7 +42,7 @@ type shapeMeasurer interface {
 func (e *Embedder) MeasureShape(ctx context.Context, items, seqLen int) (int64, error) {
 	if items < 1 || seqLen < 1 || seqLen > e.MaxSeqLength() {
 		return 0, fmt.Errorf("%w: %s: a batch of %d items × %d tokens; want at least 1 item of 1 to %d tokens",
-			gpu.ErrInvalidInput, e.name, items, seqLen, e.MaxSeqLength())
+			fault.ErrInvalidInput, e.name, items, seqLen, e.MaxSeqLength())
 	}
 	if e.closed.Load() {
 		return 0, fmt.Errorf("%s: %w", e.name, ErrClosed)

@@ -13,6 +13,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/gpu/calibrate"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/bert"
 )
 
@@ -22,7 +23,7 @@ var tokenizerRoot = func() string {
 	if fi, err := os.Stat("bert-tokenizer"); err == nil && fi.IsDir() {
 		return "bert-tokenizer"
 	}
-	return "testdata/tokenizer"
+	return "../wordpiece/testdata/tokenizer"
 }()
 
 // calibModelDir generates a small BERT with the MiniLM tokenizer (so that
@@ -100,7 +101,7 @@ func TestMeasureShapeOnSim(t *testing.T) {
 		}
 	}
 	for _, sh := range []calibrate.Shape{{Items: 0, SeqLen: 4}, {Items: 1, SeqLen: 0}, {Items: 1, SeqLen: 97}} {
-		if _, err := e.MeasureShape(t.Context(), sh.Items, sh.SeqLen); !errors.Is(err, gpu.ErrInvalidInput) {
+		if _, err := e.MeasureShape(t.Context(), sh.Items, sh.SeqLen); !errors.Is(err, fault.ErrInvalidInput) {
 			t.Errorf("%+v: %v, want ErrInvalidInput", sh, err)
 		}
 	}

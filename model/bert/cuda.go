@@ -8,6 +8,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/gpu/cuda"
+	"github.com/vramq/vramq/model/wordpiece"
 )
 
 // OnCUDA is a model directory served on a GPU.
@@ -30,7 +31,7 @@ func OpenCUDA(dir string, index int) (*OnCUDA, error) {
 	if err != nil {
 		return nil, err
 	}
-	tok, err := LoadTokenizer(dir)
+	tok, err := wordpiece.Load(dir)
 	if err != nil {
 		return nil, err
 	}

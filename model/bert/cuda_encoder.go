@@ -14,6 +14,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/gpu/cuda"
 	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/job/fault"
 
 	"gorgonia.org/cu"
 )
@@ -150,7 +151,7 @@ func (m *CUDAEncoder) WorkingBytes(items, seqLen int) int64 {
 // Embed returns one vector per item of token ids ([CLS] … [SEP]), as one
 // batch padded to the longest item. An item that is empty, longer than
 // MaxSeqLength or holds an id outside the vocabulary is an error wrapping
-// gpu.ErrInvalidInput, and nothing runs. Once the batch is on the GPU, Embed
+// fault.ErrInvalidInput, and nothing runs. Once the batch is on the GPU, Embed
 // waits for it even if ctx ends, so that its memory is free on return.
 func (m *CUDAEncoder) Embed(ctx context.Context, ids [][]int32) ([][]float32, error) {
 	out, _, err := m.run(ctx, ids, false)
@@ -197,14 +198,14 @@ func (m *CUDAEncoder) run(ctx context.Context, ids [][]int32, measure bool) (out
 
 func (m *CUDAEncoder) checkItem(item []int32) error {
 	if len(item) == 0 {
-		return fmt.Errorf("%w: no tokens (a tokenized text has at least [CLS] and [SEP])", gpu.ErrInvalidInput)
+		return fmt.Errorf("%w: no tokens (a tokenized text has at least [CLS] and [SEP])", fault.ErrInvalidInput)
 	}
 	if len(item) > m.cfg.MaxSeqLength {
-		return fmt.Errorf("%w: %d tokens, over the model's limit of %d", gpu.ErrInvalidInput, len(item), m.cfg.MaxSeqLength)
+		return fmt.Errorf("%w: %d tokens, over the model's limit of %d", fault.ErrInvalidInput, len(item), m.cfg.MaxSeqLength)
 	}
 	for p, id := range item {
 		if id < 0 || int(id) >= m.cfg.Vocab {
-			return fmt.Errorf("%w: token %d is id %d, outside the vocabulary [0, %d)", gpu.ErrInvalidInput, p, id, m.cfg.Vocab)
+			return fmt.Errorf("%w: token %d is id %d, outside the vocabulary [0, %d)", fault.ErrInvalidInput, p, id, m.cfg.Vocab)
 		}
 	}
 	return nil

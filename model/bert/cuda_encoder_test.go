@@ -29,6 +29,7 @@ import (
 	"github.com/vramq/vramq/gpu/gputest"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/testenv/floats"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/model/safetensors"
 )
@@ -184,7 +185,7 @@ func TestCUDABertInvalidInput(t *testing.T) {
 		"empty": {{101, 102}, {}}, "too long": {long}, "id past the vocabulary": {{101, int32(base.Config().VocabSize), 102}},
 		"negative id": {{-1}},
 	} {
-		if _, err := c.Embed(context.Background(), ids); !errors.Is(err, gpu.ErrInvalidInput) {
+		if _, err := c.Embed(context.Background(), ids); !errors.Is(err, fault.ErrInvalidInput) {
 			t.Errorf("%s: err %v, want ErrInvalidInput", name, err)
 		}
 	}

@@ -11,7 +11,7 @@
 // pooling it does not know, extra modules — it refuses, naming the file and
 // field, rather than produce vectors that look right and are not.
 //
-// Embed takes token ids (the tokenizer is this package's other half) and
+// Embed takes token ids (from model/wordpiece's tokenizer) and
 // runs the encoder in float32, its matrix products, GELU and softmax's exp
 // through this package's AVX2+FMA kernels (gemm_amd64.s, mathf_amd64.s)
 // where the CPU has AVX2 and FMA, and through gonum's BLAS and Go

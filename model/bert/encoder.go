@@ -193,10 +193,6 @@ const (
 	fmaGEMM
 )
 
-func (g gemmBackend) String() string {
-	return [...]string{"gonum", "fma"}[g]
-}
-
 // available says whether this machine can run g: the FMA kernel needs
 // AVX2 and FMA.
 func (g gemmBackend) available() bool {

@@ -151,3 +151,7 @@ func BenchmarkMatMulAdd(b *testing.B) {
 		})
 	}
 }
+
+func (g gemmBackend) String() string {
+	return [...]string{"gonum", "fma"}[g]
+}

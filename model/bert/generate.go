@@ -30,7 +30,7 @@ func (g Generated) Validate() error {
 }
 
 // tokenizerFiles are copied from the tokenizer directory into a generated
-// model: what LoadTokenizer reads, and what a downloaded model has.
+// model: what wordpiece.Load reads, and what a downloaded model has.
 var tokenizerFiles = []string{"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"}
 
 // Generate writes a sentence-transformers model directory to dir, as a

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/safetensors"
 )
 
@@ -361,7 +361,7 @@ func TestLoadVariants(t *testing.T) {
 		if m.MaxSeqLength() != 16 {
 			t.Errorf("MaxSeqLength() = %d, want 16", m.MaxSeqLength())
 		}
-		if _, err := m.Embed([][]int32{make([]int32, 17)}); !errors.Is(err, gpu.ErrInvalidInput) {
+		if _, err := m.Embed([][]int32{make([]int32, 17)}); !errors.Is(err, fault.ErrInvalidInput) {
 			t.Errorf("Embed of 17 tokens: %v, want ErrInvalidInput", err)
 		}
 	})
@@ -381,7 +381,7 @@ func TestEmbedRefuses(t *testing.T) {
 		"id past vocab": {ok, {101, 512, 102}},
 		"negative id":   {{101, -1, 102}},
 	} {
-		if out, err := m.Embed(ids); !errors.Is(err, gpu.ErrInvalidInput) {
+		if out, err := m.Embed(ids); !errors.Is(err, fault.ErrInvalidInput) {
 			t.Errorf("%s: Embed = %d vectors, %v; want ErrInvalidInput", name, len(out), err)
 		}
 	}

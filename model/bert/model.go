@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // Model is a loaded sentence encoder. It is immutable once loaded: Embed
@@ -66,7 +66,7 @@ func (m *Model) WeightDType() string { return m.w.sourceDType }
 // tokenizer gives them), computed as one batch padded to the longest item.
 // An empty batch gives no vectors. An item that is empty, longer than
 // MaxSeqLength or holds an id outside the vocabulary is an error wrapping
-// gpu.ErrInvalidInput, and nothing is computed.
+// fault.ErrInvalidInput, and nothing is computed.
 func (m *Model) Embed(ids [][]int32) ([][]float32, error) {
 	seqLen := 0
 	for i, item := range ids {
@@ -95,14 +95,14 @@ var errEmptyItem = errors.New("no tokens (a tokenized text has at least [CLS] an
 
 func (m *Model) checkItem(item []int32) error {
 	if len(item) == 0 {
-		return fmt.Errorf("%w: %w", gpu.ErrInvalidInput, errEmptyItem)
+		return fmt.Errorf("%w: %w", fault.ErrInvalidInput, errEmptyItem)
 	}
 	if len(item) > m.sentence.MaxSeqLength {
-		return fmt.Errorf("%w: %d tokens, over the model's limit of %d", gpu.ErrInvalidInput, len(item), m.sentence.MaxSeqLength)
+		return fmt.Errorf("%w: %d tokens, over the model's limit of %d", fault.ErrInvalidInput, len(item), m.sentence.MaxSeqLength)
 	}
 	for p, id := range item {
 		if id < 0 || int(id) >= m.cfg.VocabSize {
-			return fmt.Errorf("%w: token %d is id %d, outside the vocabulary [0, %d)", gpu.ErrInvalidInput, p, id, m.cfg.VocabSize)
+			return fmt.Errorf("%w: token %d is id %d, outside the vocabulary [0, %d)", fault.ErrInvalidInput, p, id, m.cfg.VocabSize)
 		}
 	}
 	return nil

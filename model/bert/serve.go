@@ -9,6 +9,8 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/wordpiece"
 )
 
 // Embedder serves a Model to vramq's subscriber: it is a gpu.Model whose
@@ -22,7 +24,7 @@ import (
 // An Embedder is safe for concurrent use.
 type Embedder struct {
 	m           *Model
-	tok         *Tokenizer
+	tok         *wordpiece.Tokenizer
 	name        string
 	mem         gpu.Allocator // nil: account nothing
 	freeWeights func()
@@ -73,7 +75,7 @@ func Open(dir string, mem gpu.Allocator) (*Embedder, error) {
 	if err != nil {
 		return nil, err
 	}
-	tok, err := LoadTokenizer(dir)
+	tok, err := wordpiece.Load(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +84,7 @@ func Open(dir string, mem gpu.Allocator) (*Embedder, error) {
 
 // CheckTokenizer refuses a tokenizer whose ids run past m's vocabulary, as
 // NewEmbedder does: for a caller that must know before loading m elsewhere.
-func CheckTokenizer(m *Model, tok *Tokenizer) error {
+func CheckTokenizer(m *Model, tok *wordpiece.Tokenizer) error {
 	if tok.VocabSize() > m.cfg.VocabSize {
 		return fmt.Errorf("bert: %s: the tokenizer has %d ids, the model's vocab_size is %d", m.dir, tok.VocabSize(), m.cfg.VocabSize)
 	}
@@ -93,7 +95,7 @@ func CheckTokenizer(m *Model, tok *Tokenizer) error {
 // account nothing); the error wraps gpu.ErrOutOfMemory when they do not
 // fit. A tokenizer whose ids run past the model's vocabulary is refused
 // here, at start, rather than item by item later.
-func NewEmbedder(m *Model, tok *Tokenizer, mem gpu.Allocator) (*Embedder, error) {
+func NewEmbedder(m *Model, tok *wordpiece.Tokenizer, mem gpu.Allocator) (*Embedder, error) {
 	if err := CheckTokenizer(m, tok); err != nil {
 		return nil, err
 	}
@@ -147,7 +149,7 @@ type Encoder interface {
 // (configuration, sentence settings, the cost model) and is not run. Cost
 // adds a granule of the device's allocator per call (see Granule). Close
 // closes enc.
-func NewEmbedderOn(m *Model, tok *Tokenizer, enc Encoder, weights int64, working func() int64) (*Embedder, error) {
+func NewEmbedderOn(m *Model, tok *wordpiece.Tokenizer, enc Encoder, weights int64, working func() int64) (*Embedder, error) {
 	e, err := NewEmbedder(m, tok, nil)
 	if err != nil {
 		return nil, err
@@ -170,10 +172,10 @@ func (e *Embedder) Close() error {
 
 // Tokens returns item's token ids as Run computes them: at most
 // MaxSeqLength, [CLS] and [SEP] included. An item with binary data instead
-// of text is an error wrapping gpu.ErrInvalidInput.
+// of text is an error wrapping fault.ErrInvalidInput.
 func (e *Embedder) Tokens(it job.Item) ([]int32, error) {
 	if len(it.Data) > 0 {
-		return nil, fmt.Errorf("%w: item %s has binary data; %s embeds text only", gpu.ErrInvalidInput, job.QuoteID(it.ID), e.name)
+		return nil, fmt.Errorf("%w: item %s has binary data; %s embeds text only", fault.ErrInvalidInput, job.QuoteID(it.ID), e.name)
 	}
 	return e.tok.Encode(it.Text, e.m.MaxSeqLength()), nil
 }
@@ -204,7 +206,7 @@ type launched struct {
 
 // Launch tokenizes items and sorts them into sub-batches by length
 // bucket: the host's side of a batch, which takes no device memory. An item
-// with binary data fails the batch with gpu.ErrInvalidInput.
+// with binary data fails the batch with fault.ErrInvalidInput.
 func (e *Embedder) Launch(ctx context.Context, items []job.Item) (gpu.Launched, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

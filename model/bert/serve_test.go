@@ -12,6 +12,8 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/wordpiece"
 )
 
 // servedShape is a small model with the real tokenizer's vocabulary, so
@@ -27,7 +29,7 @@ var servedShape = Generated{
 func servedModelDir(t testing.TB) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "served-tiny")
-	if err := Generate(dir, "testdata/tokenizer", servedShape); err != nil {
+	if err := Generate(dir, "../wordpiece/testdata/tokenizer", servedShape); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -106,7 +108,7 @@ func TestEmbedderRefusesBinaryData(t *testing.T) {
 	}
 	items := []job.Item{{ID: "ok", Text: "fine"}, {ID: "bin", Data: []byte{0, 1, 2}}}
 	_, err = e.Run(context.Background(), items)
-	if !errors.Is(err, gpu.ErrInvalidInput) || !strings.Contains(err.Error(), `"bin"`) || !strings.Contains(err.Error(), "binary data") {
+	if !errors.Is(err, fault.ErrInvalidInput) || !strings.Contains(err.Error(), `"bin"`) || !strings.Contains(err.Error(), "binary data") {
 		t.Errorf("Run with binary data: %v, want invalid input naming item \"bin\"", err)
 	}
 }
@@ -126,7 +128,7 @@ func TestOpenRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := LoadTokenizer("testdata/tokenizer")
+	tok, err := wordpiece.Load("../wordpiece/testdata/tokenizer")
 	if err != nil {
 		t.Fatal(err)
 	}

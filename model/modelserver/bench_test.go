@@ -8,7 +8,7 @@ package modelserver
 //
 // Every Run here is driven by a pool of callers standing in for the
 // subscriber's admitted batches: each takes a batch of items, calls Run,
-// and on an error (a gpu.ErrBackoff included) sleeps until the time it
+// and on an error (a fault.ErrBackoff included) sleeps until the time it
 // names and runs the same batch again, as the subscriber hands the
 // messages back and receives them later. The subscriber's own admission is
 // not run: for the KV pool, admitter stands in for it, with its rule.
@@ -33,6 +33,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/cputime"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 const (
@@ -122,7 +123,7 @@ func runPool(ctx context.Context, m *Model, w *workload, workers, batch int, sem
 					}
 					tl.handedBack.Add(int64(len(items)))
 					wait := time.Second / benchSpeed
-					if until, ok := gpu.BackoffUntil(err); ok {
+					if until, ok := fault.BackoffUntil(err); ok {
 						wait = time.Until(until)
 					}
 					select {

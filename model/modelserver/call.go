@@ -10,7 +10,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // maxResponseBytes bounds an answer's body: a batch of embeddings of a few
@@ -43,7 +43,7 @@ var errTransient = errors.New("model server: transient failure")
 
 // send sends c until an answer settles it (ok, the item's own, too large,
 // an embeddings request out of memory) or an error ends it: ctx's, a
-// *gpu.BackoffError when the server's wait ends past deadline, an
+// *fault.BackoffError when the server's wait ends past deadline, an
 // ErrNeedsOperator, a *tooLargeError for the rate limits, or errTransient
 // after Config.MaxRetries. Its waits for a turn end with wait, its
 // requests with ctx (see group).
@@ -130,7 +130,7 @@ func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*o
 			}
 			m.gate.leave(probe, now.Add(d), row.name+" "+a.statusText(), nil)
 		case actOperator:
-			err := fmt.Errorf("%w: the model server answered %s (%s): %s", gpu.ErrNeedsOperator, a.statusText(), row.name, a.describe(false))
+			err := fmt.Errorf("%w: the model server answered %s (%s): %s", fault.ErrNeedsOperator, a.statusText(), row.name, a.describe(false))
 			if m.gate.latch(probe, err) {
 				m.log.Error("the model server refuses every request until someone acts", "answer", row.name, "status", a.status,
 					"type", a.errType, "code", a.errCode)

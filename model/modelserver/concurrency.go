@@ -100,9 +100,3 @@ func (c *concurrency) release(s slot, overloaded, clean bool) {
 		c.log.Info("model server keeping up: more requests in flight", "from", c.probeFrom, "to", c.limit)
 	}
 }
-
-func (c *concurrency) now() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.limit
-}

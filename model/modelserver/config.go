@@ -53,7 +53,7 @@ type Config struct {
 	// MaxWait is the longest Run waits for the server in all: for a rate
 	// limit to refill, for an overloaded server to take requests again.
 	// When the server names a later time, Run returns at once with a
-	// gpu.ErrBackoff error carrying it. Keep it below the subscriber's
+	// fault.ErrBackoff error carrying it. Keep it below the subscriber's
 	// inference timeout. Default 1m.
 	MaxWait time.Duration
 

@@ -25,7 +25,7 @@ const (
 	// a growing backoff), halve the requests in flight, send again.
 	actOverloaded
 	// actOperator: nothing works until a person acts: Run returns an error
-	// wrapping gpu.ErrNeedsOperator.
+	// wrapping fault.ErrNeedsOperator.
 	actOperator
 	// actTransient: retried a bounded number of times with backoff, then
 	// Run returns a plain error and the subscriber releases the message.

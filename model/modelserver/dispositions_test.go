@@ -14,6 +14,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // One case per row of the disposition table, each against the fake server
@@ -58,14 +59,14 @@ func wantHalvedThenOK(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Outp
 
 func wantOperator(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
 	t.Helper()
-	if !errors.Is(err, gpu.ErrNeedsOperator) || outs != nil {
+	if !errors.Is(err, fault.ErrNeedsOperator) || outs != nil {
 		t.Fatalf("Run: %v, %d outputs; want an ErrNeedsOperator error", err, len(outs))
 	}
 	if got := s.Stats().Requests; got != 1 {
 		t.Errorf("%d requests; want 1, never retried", got)
 	}
 	// Until someone acts, the backend does not ask the server again.
-	if _, err := m.Run(context.Background(), []job.Item{chatItem("again", "x", 2)}); !errors.Is(err, gpu.ErrNeedsOperator) {
+	if _, err := m.Run(context.Background(), []job.Item{chatItem("again", "x", 2)}); !errors.Is(err, fault.ErrNeedsOperator) {
 		t.Errorf("the next Run: %v; want ErrNeedsOperator at once", err)
 	}
 	if got := s.Stats().Requests; got != 1 {
@@ -100,8 +101,8 @@ func dispositionCases() []dispositionCase {
 			items: chat, check: func(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
 				// Past its retries, a plain error: the subscriber releases
 				// the message for later.
-				if !errors.Is(err, errTransient) || errors.Is(err, gpu.ErrBackoff) || errors.Is(err, gpu.ErrNeedsOperator) ||
-					errors.Is(err, gpu.ErrOutOfMemory) || errors.Is(err, gpu.ErrInvalidInput) {
+				if !errors.Is(err, errTransient) || errors.Is(err, fault.ErrBackoff) || errors.Is(err, fault.ErrNeedsOperator) ||
+					errors.Is(err, gpu.ErrOutOfMemory) || errors.Is(err, fault.ErrInvalidInput) {
 					t.Errorf("Run: %v; want a transient error, none of the sentinels", err)
 				}
 				if got := s.Stats().Requests; got != 3 {
@@ -160,8 +161,8 @@ func dispositionCases() []dispositionCase {
 			cfg: Config{MaxServerWait: 3 * time.Hour}, items: chat, check: func(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
 				// A wait past MaxWait (within MaxServerWait): Run returns
 				// with when to come back.
-				until, ok := gpu.BackoffUntil(err)
-				if !errors.Is(err, gpu.ErrBackoff) || !ok || until.Before(time.Now().Add(119*time.Minute)) {
+				until, ok := fault.BackoffUntil(err)
+				if !errors.Is(err, fault.ErrBackoff) || !ok || until.Before(time.Now().Add(119*time.Minute)) {
 					t.Errorf("Run: %v (until %v); want ErrBackoff until two hours from now", err, until)
 				}
 			}},
@@ -250,7 +251,7 @@ func TestDispositionRateLimited(t *testing.T) {
 					}
 					return
 				}
-				until, ok := gpu.BackoffUntil(err)
+				until, ok := fault.BackoffUntil(err)
 				if !ok || until.Before(start.Add(59*time.Second)) || until.After(start.Add(61*time.Second)) {
 					t.Errorf("Run: %v (until %v after start); want ErrBackoff a minute from now", err, until.Sub(start))
 				}

@@ -18,8 +18,8 @@
 // (concurrency.go), and its KV cache, which is the Device's memory and
 // what Cost is counted in (device.go). Every answer has one disposition,
 // in one table (dispositions.go): wait as the server says, ask for an
-// operator (gpu.ErrNeedsOperator), the item's own error, retry, halve.
-// Waits longer than Config.MaxWait end Run with gpu.ErrBackoff; every wait
+// operator (fault.ErrNeedsOperator), the item's own error, retry, halve.
+// Waits longer than Config.MaxWait end Run with fault.ErrBackoff; every wait
 // comes from one policy (waits.go), which cuts any the server asks for to
 // Config.MaxServerWait. What the server sends is untrusted: its strings
 // are cut, its non-finite metrics refused, and its answers to one Run

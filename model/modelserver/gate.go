@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // The gate holds every request back while the server has asked for a
@@ -38,7 +38,7 @@ func newGate(w *waits) *gate { return &gate{probe: true, changed: make(chan stru
 
 // enter waits until a request may go. probe says it goes alone: the caller
 // must call leave with its outcome. A pause that ends after deadline
-// returns a *gpu.BackoffError at once.
+// returns a *fault.BackoffError at once.
 func (g *gate) enter(ctx context.Context, deadline time.Time) (probe bool, err error) {
 	for {
 		g.mu.Lock()
@@ -55,7 +55,7 @@ func (g *gate) enter(ctx context.Context, deadline time.Time) (probe bool, err e
 			if g.until.After(deadline) {
 				until, reason := g.until, g.reason
 				g.mu.Unlock()
-				return false, &gpu.BackoffError{Until: until, Reason: reason}
+				return false, &fault.BackoffError{Until: until, Reason: reason}
 			}
 			wait = g.until.Sub(now)
 		case g.probe && g.probing:

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"sync"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // A group runs a batch's requests, as an errgroup would, with two contexts
@@ -16,7 +16,7 @@ import (
 // wait, so no request starts after it. It ends the requests already sent
 // too, unless it is a backoff: the server took those before it asked for
 // the wait and is spending their tokens, so they are answered, and their
-// items' outputs go back with the backoff (gpu.PartialError) rather than
+// items' outputs go back with the backoff (fault.PartialError) rather than
 // being asked for again once it ends.
 type group struct {
 	wg           sync.WaitGroup
@@ -43,7 +43,7 @@ func (g *group) Go(f func(sent, wait context.Context) error) {
 			g.once.Do(func() {
 				g.err = err
 				g.halt()
-				if !errors.Is(err, gpu.ErrBackoff) {
+				if !errors.Is(err, fault.ErrBackoff) {
 					g.cancel()
 				}
 			})
@@ -63,7 +63,7 @@ func (g *group) Wait() error {
 // partial is err with the outputs of the items that finished (answered, or
 // refused as the item's own fault) when err is a backoff and some did.
 func partial(err error, outs []job.Output) error {
-	if !errors.Is(err, gpu.ErrBackoff) {
+	if !errors.Is(err, fault.ErrBackoff) {
 		return err
 	}
 	done := make([]bool, len(outs))
@@ -77,5 +77,5 @@ func partial(err error, outs []job.Output) error {
 	if !some {
 		return err
 	}
-	return &gpu.PartialError{Err: err, Outputs: outs, Done: done}
+	return &fault.PartialError[job.Output]{Err: err, Outputs: outs, Done: done}
 }

@@ -10,9 +10,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -22,7 +22,7 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // A backoff keeps what the batch finished. Two chat requests are out when
 // an embeddings request is answered 429 with an hour's wait: they are
 // answered, not cancelled, and their items' outputs come with the backoff
-// (gpu.PartialError). (That nothing is sent after it is in the
+// (fault.PartialError). (That nothing is sent after it is in the
 // subscriber's TestE2EModelServerBackoffKeepsFinishedChunks, one request at
 // a time.)
 func TestBackoffKeepsFinishedItems(t *testing.T) {
@@ -54,10 +54,10 @@ func TestBackoffKeepsFinishedItems(t *testing.T) {
 
 		items := []job.Item{chatItem("c0", "one", 8), chatItem("c1", "two", 8), embedItem("e", "three")}
 		outs, err := m.Run(t.Context(), items)
-		if !errors.Is(err, gpu.ErrBackoff) || outs != nil {
+		if !errors.Is(err, fault.ErrBackoff) || outs != nil {
 			t.Fatalf("Run = %d outputs, %v; want none and a backoff", len(outs), err)
 		}
-		got, done, ok := gpu.Partial(err)
+		got, done, ok := fault.Partial[job.Output](err)
 		if !ok {
 			t.Fatalf("the backoff %v carries no outputs", err)
 		}

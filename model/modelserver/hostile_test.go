@@ -13,9 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // Issue 34, item 8: a broken or hostile server must not stop the pipeline.
@@ -56,16 +56,16 @@ func TestServerWaitsAreCapped(t *testing.T) {
 		{"Retry-After", "Fri, 31 Dec 9999 23:59:59 GMT"},
 	} {
 		t.Run(tc.header+"="+tc.value, func(t *testing.T) {
-			fault := fakeoai.Fault{Kind: fakeoai.FaultStatus, Status: http.StatusTooManyRequests, Times: 1,
+			injected := fakeoai.Fault{Kind: fakeoai.FaultStatus, Status: http.StatusTooManyRequests, Times: 1,
 				ErrType: "requests", ErrCode: "rate_limit_exceeded", Header: http.Header{tc.header: {tc.value}}}
 			var logs strings.Builder
 			var mu sync.Mutex
 			log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))
-			inBubble(t, fakeoai.Config{Faults: []fakeoai.Fault{fault}}, Config{Logger: log}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+			inBubble(t, fakeoai.Config{Faults: []fakeoai.Fault{injected}}, Config{Logger: log}, func(t *testing.T, s *fakeoai.Server, m *Model) {
 				start := time.Now()
 				_, err := m.Run(t.Context(), []job.Item{chatItem("c", "hello", 8)})
-				until, ok := gpu.BackoffUntil(err)
-				if !errors.Is(err, gpu.ErrBackoff) || !ok || until.After(start.Add(DefaultMaxServerWait)) || until.Before(start.Add(DefaultMaxServerWait-time.Second)) {
+				until, ok := fault.BackoffUntil(err)
+				if !errors.Is(err, fault.ErrBackoff) || !ok || until.After(start.Add(DefaultMaxServerWait)) || until.Before(start.Add(DefaultMaxServerWait-time.Second)) {
 					t.Errorf("Run: %v (until %v from now); want a backoff of the ceiling, %v", err, until.Sub(start), DefaultMaxServerWait)
 				}
 				if got := testutil.ToFloat64(m.waits.capped.WithLabelValues(tc.header)); got != 1 {
@@ -137,7 +137,7 @@ func TestServerStringsBounded(t *testing.T) {
 			t.Errorf("item error %.200v; want request_refused within %d bytes", e, job.MaxItemErrorLen)
 		}
 		_, err = m.Run(t.Context(), []job.Item{chatItem("c", "hello", 8)})
-		if !errors.Is(err, gpu.ErrNeedsOperator) || len(err.Error()) > 1024 {
+		if !errors.Is(err, fault.ErrNeedsOperator) || len(err.Error()) > 1024 {
 			t.Errorf("Run: an error of %d bytes (%.200v…); want ErrNeedsOperator within 1 KiB", len(err.Error()), err)
 		}
 		mu.Lock()

@@ -20,7 +20,8 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/wordpiece"
 )
 
 // Model is a model server as a gpu.Model: Run sends each item's request,
@@ -103,7 +104,7 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	if m.client == nil {
 		m.client = newClient(cfg)
 	}
-	var wp *bert.Tokenizer
+	var wp *wordpiece.Tokenizer
 	if cfg.Tokenizer != "" {
 		var err error
 		if wp, err = loadTokenizer(cfg.Tokenizer); err != nil {
@@ -163,7 +164,7 @@ func newClient(cfg Config) *http.Client {
 	}
 }
 
-func loadTokenizer(path string) (*bert.Tokenizer, error) {
+func loadTokenizer(path string) (*wordpiece.Tokenizer, error) {
 	dir := path
 	if fi, err := os.Stat(path); err != nil {
 		return nil, err
@@ -173,7 +174,7 @@ func loadTokenizer(path string) (*bert.Tokenizer, error) {
 		}
 		dir = filepath.Dir(path)
 	}
-	return bert.LoadTokenizer(dir)
+	return wordpiece.Load(dir)
 }
 
 // probeModels asks GET /v1/models and checks that it serves every model
@@ -202,7 +203,7 @@ func (m *Model) probeModels(ctx context.Context) error {
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		return fmt.Errorf("%w: modelserver: GET %s/v1/models answered %s: the server refuses the API key (give it with the key's environment variable or file)",
-			gpu.ErrNeedsOperator, redactURL(m.base), resp.Status)
+			fault.ErrNeedsOperator, redactURL(m.base), resp.Status)
 	case resp.StatusCode == http.StatusNotFound:
 		return fmt.Errorf("modelserver: GET %s/v1/models answered 404: is that the root of an OpenAI-compatible server?", redactURL(m.base))
 	case resp.StatusCode != http.StatusOK:
@@ -304,9 +305,9 @@ func (m *Model) tokens(r *request) int64 {
 // concurrency bound, the rate limits and the server's pauses.
 //
 // Run returns an error, and no outputs, when the batch cannot finish: one
-// wrapping gpu.ErrBackoff (the server's wait ends past Config.MaxWait from
+// wrapping fault.ErrBackoff (the server's wait ends past Config.MaxWait from
 // now; the outputs of the items that finished, those sent before it
-// included, come in a gpu.PartialError), gpu.ErrNeedsOperator, gpu.ErrOutOfMemory (an embedding input the
+// included, come in a fault.PartialError), fault.ErrNeedsOperator, gpu.ErrOutOfMemory (an embedding input the
 // server cannot hold even alone), a transient failure past its retries, or
 // ctx's error.
 //

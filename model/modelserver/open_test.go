@@ -13,9 +13,9 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 func TestConfigValidateJoinsErrors(t *testing.T) {
@@ -87,7 +87,7 @@ func TestOpenProbes(t *testing.T) {
 			_, _, err := Open(context.Background(), cfg)
 			return err
 		}
-		if err := open(Config{Models: []string{"a"}, APIKey: "wrong"}); !errors.Is(err, gpu.ErrNeedsOperator) || !strings.Contains(err.Error(), "API key") {
+		if err := open(Config{Models: []string{"a"}, APIKey: "wrong"}); !errors.Is(err, fault.ErrNeedsOperator) || !strings.Contains(err.Error(), "API key") {
 			t.Errorf("a wrong key: %v", err)
 		}
 		if err := open(Config{Models: []string{"a", "c"}, APIKey: "right"}); err == nil || !strings.Contains(err.Error(), `does not serve ["c"]`) {
@@ -139,7 +139,7 @@ func TestKVBytesPerToken(t *testing.T) {
 // (model/bert's tokenizer, [CLS] and [SEP] included); another kind of
 // tokenizer leaves the byte bound.
 func TestTokenizerCountsExactly(t *testing.T) {
-	tok := "../bert/testdata/tokenizer/tokenizer.json"
+	tok := "../wordpiece/testdata/tokenizer/tokenizer.json"
 	inBubble(t, fakeoai.Config{}, Config{Tokenizer: tok}, func(t *testing.T, s *fakeoai.Server, m *Model) {
 		if m.counter.wp == nil {
 			t.Fatal("the WordPiece tokenizer was not loaded")

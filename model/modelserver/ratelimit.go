@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // Rate limits: tokens and requests per minute, each a bucket refilled
@@ -160,7 +160,7 @@ type reservation struct{ tokens float64 }
 
 // take waits until every bucket has room for a request of tokens, and
 // takes it. A wait that would end after deadline returns a
-// *gpu.BackoffError at once, with when it would end.
+// *fault.BackoffError at once, with when it would end.
 func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (reservation, error) {
 	cost := [2]float64{float64(tokens), 1}
 	for {
@@ -222,7 +222,7 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 		ch := r.changed
 		r.mu.Unlock()
 		if until := now.Add(wait); until.After(deadline) {
-			return reservation{}, &gpu.BackoffError{Until: until, Reason: "rate limit: " + which + " per minute"}
+			return reservation{}, &fault.BackoffError{Until: until, Reason: "rate limit: " + which + " per minute"}
 		}
 		wait = r.waits.spread(wait)
 		if err := sleep(ctx, wait, ch); err != nil {

@@ -9,9 +9,9 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 )
 
 // Issue 27, item 5: three subscribers sharing one endpoint's limits see
@@ -42,7 +42,7 @@ func TestThreeModelsShareOneLimit(t *testing.T) {
 					for i := 0; s.Now().Before(end); i++ {
 						item := chatItem(fmt.Sprintf("m%dw%di%d", mi, w, i), fmt.Sprintf("tell me about %d and %d", w, i), 64)
 						outs, err := m.Run(context.Background(), []job.Item{item})
-						if until, ok := gpu.BackoffUntil(err); ok {
+						if until, ok := fault.BackoffUntil(err); ok {
 							// More workers than the limit serves: this one
 							// waited its MaxWait out, and comes back when
 							// told, as the subscriber hands a message back.

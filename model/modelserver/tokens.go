@@ -4,7 +4,7 @@ import (
 	"math"
 	"sync"
 
-	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/model/wordpiece"
 )
 
 // Token counts. Admission, the rate limits and the KV budget all need a
@@ -46,7 +46,7 @@ func (e estimate) add(o estimate) estimate { return estimate{e.exact + o.exact, 
 // counter turns estimates into tokens, and learns the ratio of each kind
 // of request (an endpoint and a model, since each has its tokenizer).
 type counter struct {
-	wp *bert.Tokenizer // nil: embedding inputs are bounded too
+	wp *wordpiece.Tokenizer // nil: embedding inputs are bounded too
 
 	mu     sync.Mutex
 	ratios map[string]*ratio
@@ -58,7 +58,7 @@ type ratio struct {
 	value   float64 // what estimates use: 1 until ratioSamples are in
 }
 
-func newCounter(wp *bert.Tokenizer) *counter {
+func newCounter(wp *wordpiece.Tokenizer) *counter {
 	return &counter{wp: wp, ratios: map[string]*ratio{}}
 }
 

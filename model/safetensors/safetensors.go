@@ -392,13 +392,6 @@ func (f *File) chunks(t *stTensor, fn func([]byte)) error {
 	return nil
 }
 
-// raw is t's bytes as they are in the file.
-func (f *File) raw(t *stTensor) ([]byte, error) {
-	out := make([]byte, 0, t.end-t.begin)
-	err := f.chunks(t, func(p []byte) { out = append(out, p...) })
-	return out, err
-}
-
 // float32s reads t as float32 values. F32 is read as it is; F16 and BF16
 // are widened, which is exact (every value of either is a float32 value),
 // so a half-precision checkpoint gives every backend the same float32
@@ -430,20 +423,6 @@ func (f *File) float32s(t *stTensor) ([]float32, error) {
 	default:
 		return nil, fmt.Errorf("safetensors: tensor %q is %s, want F32 (or F16 or BF16, widened to float32)", t.name, t.dtype)
 	}
-	return out, err
-}
-
-// int32s reads t, which must be I32, as int32 values.
-func (f *File) int32s(t *stTensor) ([]int32, error) {
-	if t.dtype != "I32" {
-		return nil, fmt.Errorf("safetensors: tensor %q is %s, want I32", t.name, t.dtype)
-	}
-	out := make([]int32, 0, (t.end-t.begin)/4)
-	err := f.chunks(t, func(p []byte) {
-		for i := 0; i < len(p); i += 4 {
-			out = append(out, int32(binary.LittleEndian.Uint32(p[i:])))
-		}
-	})
 	return out, err
 }
 

@@ -106,7 +106,7 @@ func TestReadSafetensorsReferenceVectors(t *testing.T) {
 	if err != nil || !slices.Equal(f.tensor("test").shape, []int64{2, 0}) {
 		t.Errorf("zero-sized: %+v, %v", f, err)
 	}
-	if v, err := f.int32s(f.tensor("test")); err != nil || len(v) != 0 {
+	if v, err := f.Int32s("test"); err != nil || len(v) != 0 {
 		t.Errorf("zero-sized tensor read as %v, %v", v, err)
 	}
 }

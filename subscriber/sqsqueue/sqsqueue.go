@@ -119,7 +119,8 @@ func entryErrors(n int, failed []types.BatchResultErrorEntry) ([]error, error) {
 // where SQS's answer says what it means to the subscriber: a lost lease, or
 // a refusal for good (an entry SQS blames on its sender, a code that refuses
 // what was sent, or an HTTP 413 from whatever stands in front of SQS). Any
-// other error is returned as it is.
+// other error is returned wrapped in its job/fault kind where its code has
+// one (throttled, needs an operator: sqscodec.Classify), else as it is.
 func classify(err error) error {
 	code, _ := sqscodec.Code(err)
 	var ee *sqscodec.EntryError
@@ -135,5 +136,5 @@ func classify(err error) error {
 		}
 		return &queue.Error{Kind: queue.ErrRefused, Code: code, Err: err}
 	}
-	return err
+	return sqscodec.Classify(err)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
@@ -60,7 +61,7 @@ func (flakyModel) Run(_ context.Context, items []job.Item) ([]job.Output, error)
 	out := make([]job.Output, len(items))
 	for i, it := range items {
 		if strings.HasPrefix(it.ID, "3-") {
-			return nil, fmt.Errorf("item %s: %w", it.ID, gpu.ErrInvalidInput)
+			return nil, fmt.Errorf("item %s: %w", it.ID, fault.ErrInvalidInput)
 		}
 		out[i] = job.Output{ID: it.ID, Data: json.RawMessage("1")}
 	}

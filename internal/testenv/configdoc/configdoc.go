@@ -9,8 +9,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/vramq/vramq/internal/envflag"
 )
 
 // Check fails t where the tables in the file at path differ from what sets
@@ -22,7 +20,7 @@ func Check(t testing.TB, path, who string, update bool, sets ...*flag.FlagSet) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := envflag.UpdateReferences(doc, sets...)
+	want, err := UpdateReferences(doc, sets...)
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}

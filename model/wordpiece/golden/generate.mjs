@@ -1,4 +1,4 @@
-// Writes the tokenizer golden files of model/bert (run by `make golden-tokenizer`):
+// Writes the tokenizer golden files of model/wordpiece (run by `make golden-tokenizer`):
 //
 //   testdata/tokenizer/texts.json   the input texts, generated here deterministically
 //   testdata/tokenizer/golden.json  for each text, the ids of two tokenizers nobody in this
@@ -24,7 +24,7 @@ const require = createRequire(import.meta.url);
 const rust = require('tokenizers');
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const testdata = path.resolve(here, '../../testdata');
+const testdata = path.resolve(here, '../testdata');
 const tokDir = path.join(testdata, 'tokenizer');
 
 // ---- deterministic texts ----------------------------------------------------
@@ -325,7 +325,7 @@ try {
 const pkg = (name) => JSON.parse(readFileSync(path.join(here, 'node_modules', name, 'package.json'), 'utf8')).version;
 writeFileSync(path.join(tokDir, 'texts.json'), JSON.stringify(texts, null, 0).replace(/","/g, '",\n"') + '\n');
 writeFileSync(path.join(tokDir, 'golden.json'), JSON.stringify({
-  generator: 'model/bert/golden/tokenizer/generate.mjs',
+  generator: 'model/wordpiece/golden/generate.mjs',
   js: '@huggingface/transformers ' + pkg('@huggingface/transformers'),
   rust: 'tokenizers (Node binding of the Rust library) ' + pkg('tokenizers'),
   sweep_from: handWritten.length + generated.length,

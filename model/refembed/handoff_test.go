@@ -14,7 +14,8 @@ import (
 // PyTorch one in bench/torch/embed.py) is two more safetensors files, so
 // that both sides parse one format: Go tokenizes (the tokenizer exists only
 // here) and writes a token batch; the other side writes the embeddings it
-// computed from it.
+// computed from it. Only the GPU checks (cuda_test.go) hand off, so the
+// format lives with the tests.
 //
 // A token batch holds two I32 tensors, exactly as Config.Tokenize
 // returns them, and metadata:

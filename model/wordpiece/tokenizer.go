@@ -1,4 +1,4 @@
-package bert
+package wordpiece
 
 import (
 	"bufio"
@@ -24,7 +24,7 @@ import (
 // post-processor's special tokens ([CLS] … [SEP]). Added tokens (the special ones such
 // as [MASK] among them) are matched in the text first, as that library does.
 //
-// A Tokenizer is immutable after LoadTokenizer and safe for concurrent use.
+// A Tokenizer is immutable after Load and safe for concurrent use.
 type Tokenizer struct {
 	// vocab finds the pieces that start a word; cont those that continue one,
 	// without their "##" prefix.
@@ -556,12 +556,12 @@ func startsWithWord(s string) bool {
 // tokenizer_config.json.
 var ErrNoTokenizer = errors.New("no tokenizer.json, nor vocab.txt with tokenizer_config.json")
 
-// LoadTokenizer loads the tokenizer of a model directory as Hugging Face's hub has it:
+// Load loads the tokenizer of a model directory as Hugging Face's hub has it:
 // tokenizer.json where there is one, else vocab.txt with tokenizer_config.json. It
 // refuses, naming the file and field, anything but a BERT WordPiece tokenizer
 // (another model type, normalizer, pre-tokenizer or post-processor) rather than
 // produce ids the model was not trained on.
-func LoadTokenizer(dir string) (*Tokenizer, error) {
+func Load(dir string) (*Tokenizer, error) {
 	cfg, err := readTokenizerConfig(dir)
 	if err != nil {
 		return nil, err

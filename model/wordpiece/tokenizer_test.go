@@ -1,4 +1,4 @@
-package bert
+package wordpiece
 
 import (
 	"encoding/json"
@@ -17,7 +17,7 @@ import (
 	"golang.org/x/text/unicode/rangetable"
 )
 
-// The golden files come from golden/tokenizer/generate.mjs (make golden-tokenizer):
+// The golden files come from golden/generate.mjs (make golden-tokenizer):
 // the ids of Hugging Face's Rust tokenizers library (through its Node binding) and of
 // transformers.js for texts.json, on the committed all-MiniLM-L6-v2 tokenizer.json.
 const tokDir = "testdata/tokenizer"
@@ -64,7 +64,7 @@ func readTokGolden(t testing.TB) ([]string, tokGolden) {
 
 func loadTokenizerT(t testing.TB, dir string) *Tokenizer {
 	t.Helper()
-	tok, err := LoadTokenizer(dir)
+	tok, err := Load(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,9 +320,9 @@ func TestSpecials(t *testing.T) {
 	}
 }
 
-// TestLoadTokenizerRefuses: anything but a BERT WordPiece tokenizer is refused with
+// TestLoadRefuses: anything but a BERT WordPiece tokenizer is refused with
 // an error that names the file and the field.
-func TestLoadTokenizerRefuses(t *testing.T) {
+func TestLoadRefuses(t *testing.T) {
 	base, err := os.ReadFile(filepath.Join(tokDir, "tokenizer.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -364,7 +364,7 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 			tc.edit(j)
 			dir := t.TempDir()
 			writeTokJSON(t, filepath.Join(dir, "tokenizer.json"), j)
-			_, err := LoadTokenizer(dir)
+			_, err := Load(dir)
 			if err == nil || !strings.Contains(err.Error(), "tokenizer.json") || !strings.Contains(err.Error(), tc.field) {
 				t.Fatalf("got error %v, want one naming tokenizer.json and %s", err, tc.field)
 			}
@@ -372,7 +372,7 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 	}
 
 	t.Run("empty dir", func(t *testing.T) {
-		if _, err := LoadTokenizer(t.TempDir()); !errors.Is(err, ErrNoTokenizer) {
+		if _, err := Load(t.TempDir()); !errors.Is(err, ErrNoTokenizer) {
 			t.Fatalf("got %v, want ErrNoTokenizer", err)
 		}
 	})
@@ -382,14 +382,14 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "special_tokens_map.json"), []byte(`{"cls_token": `), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := LoadTokenizer(dir); err == nil || !strings.Contains(err.Error(), "special_tokens_map.json") {
+		if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "special_tokens_map.json") {
 			t.Fatalf("got error %v, want one naming special_tokens_map.json", err)
 		}
 	})
 	t.Run("vocab.txt alone", func(t *testing.T) {
 		dir := t.TempDir()
 		copyTokFile(t, filepath.Join(tokDir, "vocab.txt"), filepath.Join(dir, "vocab.txt"))
-		if _, err := LoadTokenizer(dir); !errors.Is(err, ErrNoTokenizer) {
+		if _, err := Load(dir); !errors.Is(err, ErrNoTokenizer) {
 			t.Fatalf("got %v, want ErrNoTokenizer", err)
 		}
 	})
@@ -406,7 +406,7 @@ func TestLoadTokenizerRefuses(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(tc.config), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			_, err := LoadTokenizer(dir)
+			_, err := Load(dir)
 			if err == nil || !strings.Contains(err.Error(), "tokenizer_config.json") && !strings.Contains(err.Error(), "vocab.txt") || !strings.Contains(err.Error(), tc.field) {
 				t.Fatalf("got error %v, want one naming the file and %s", err, tc.field)
 			}

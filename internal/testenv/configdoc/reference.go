@@ -1,4 +1,4 @@
-package envflag
+package configdoc
 
 import (
 	"bytes"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/vramq/vramq/internal/envflag"
 )
 
 // Reference writes fs as a Markdown table: each flag with its environment
@@ -25,7 +27,7 @@ func Reference(w io.Writer, fs *flag.FlagSet) error {
 		case f.DefValue == "":
 			def = "(none)"
 		}
-		fmt.Fprintf(&b, "| `-%s` | `%s` | %s | %s |\n", f.Name, Name(f.Name), def, cell(text))
+		fmt.Fprintf(&b, "| `-%s` | `%s` | %s | %s |\n", f.Name, envflag.Name(f.Name), def, cell(text))
 	})
 	_, err := w.Write(b.Bytes())
 	return err

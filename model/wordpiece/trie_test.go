@@ -1,4 +1,4 @@
-package bert
+package wordpiece
 
 import (
 	"math/rand/v2"

@@ -1,4 +1,4 @@
-package envflag
+package configdoc
 
 import (
 	"flag"
