@@ -1,8 +1,13 @@
 package infra_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -150,5 +155,68 @@ func TestTheEdgePassesPresignedURLsAsSigned(t *testing.T) {
 		if len(bs) != 1 || literalText(bs[0].Body.Attributes[want[0]].Expr) != want[1] {
 			t.Errorf("presigned_get: want %s.%s = %q", block, want[0], want[1])
 		}
+	}
+}
+
+// TestTheEdgeApplies runs testdata/edge.tftest.hcl with terraform test
+// against a mocked AWS provider, as TestTheModelServerModesApply does its
+// file: the edge applies with keys (no cycle between the function and the
+// distribution), is absent by default, and is refused with SigV4 by a real
+// plan. It needs terraform >= 1.7 and the plugin mirror, and skips without
+// them.
+func TestTheEdgeApplies(t *testing.T) {
+	w := terraformWorkspace(t)
+	out, err := exec.Command(w.terraform, "version", "-json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Version string `json:"terraform_version"`
+	}
+	if err := json.Unmarshal(out, &v); err != nil {
+		t.Fatal(err)
+	}
+	if compareVersions(v.Version, "1.7.0") < 0 {
+		t.Skipf("terraform %s has no mock providers (1.7)", v.Version)
+	}
+	dir := filepath.Join(t.TempDir(), "infra")
+	if err := copyModules(".", dir, w.version); err != nil {
+		t.Fatal(err)
+	}
+	if compareVersions(w.version, "6.0.0") < 0 { // as TestTheModelServerModesApply
+		p := filepath.Join(dir, "main.tf")
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, bytes.ReplaceAll(b, []byte("data.aws_region.current.region"), []byte("data.aws_region.current.name")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hcl, err := os.ReadFile("testdata/edge.tftest.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "tests"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tests", "edge.tftest.hcl"), hcl, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, w.terraform, append([]string{"-chdir=" + dir}, args...)...)
+		cmd.Env = w.env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("terraform %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	run("init", "-backend=false", "-input=false", "-no-color")
+	if out := run("test", "-no-color"); !strings.Contains(out, "3 passed, 0 failed") {
+		t.Errorf("terraform test:\n%s", out)
 	}
 }
