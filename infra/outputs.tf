@@ -57,8 +57,9 @@ output "environment" {
 }
 
 output "api_url" {
-  description = "Base URL of the publisher's job API (POST {api_url}/v1/jobs): the HTTP API's in lambda mode, the load balancer's in fargate mode."
+  description = "Base URL of the publisher's job API (POST {api_url}/v1/jobs): the edge's with publisher_edge, else the HTTP API's in lambda mode, the load balancer's in fargate mode."
   value = try(
+    "https://${aws_cloudfront_distribution.publisher[0].domain_name}",
     # The $default stage's URL ends in a slash; {api_url}/v1/jobs must not get two.
     trimsuffix(aws_apigatewayv2_stage.publisher[0].invoke_url, "/"),
     format("%s://%s", var.publisher_certificate_arn == null ? "http" : "https", aws_lb.publisher[0].dns_name),

@@ -120,7 +120,10 @@ resource "aws_lambda_function" "publisher" {
     # (cmd/publisher/secret.go), given the secret's ARN.
     variables = merge(local.publisher_environment, var.publisher_api_keys_secret_arn == null ? {} : {
       VRAMQ_API_KEYS_SECRET = var.publisher_api_keys_secret_arn
-    })
+      }, local.publisher_edge ? {
+      # Large downloads redirect within the edge's origin (edge.tf).
+      VRAMQ_PUBLIC_URL = "https://${aws_cloudfront_distribution.publisher[0].domain_name}"
+    } : {})
   }
 
   logging_config {

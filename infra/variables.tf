@@ -610,6 +610,13 @@ variable "publisher_throttling_rate_limit" {
   }
 }
 
+variable "publisher_edge" {
+  description = "Lambda mode: put a CloudFront distribution in front of the publisher (edge.tf) that serves the API and, under /files/, the payload bucket on one origin, and give clients its URL (output api_url). A file too large for Lambda's 6 MB response is then redirected within the API's origin, which the OpenAI SDK for Go follows with its default client; without it the redirect goes to S3's host, which that SDK refuses (the JavaScript SDK follows either). Off by default: SigV4 (publisher_authorization AWS_IAM, the default without keys) cannot pass it, it is a second public entry point and a distribution to deploy, and clients that are not the Go SDK do without it. Needs bearer keys or JWT."
+  type        = bool
+  default     = false
+  nullable    = false
+}
+
 variable "publisher_image" {
   description = "With publisher_mode = \"fargate\": the publisher image (Dockerfile.publisher). Unused in lambda mode."
   type        = string

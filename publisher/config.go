@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"net/url"
 	"strings"
 	"time"
 
@@ -153,6 +154,16 @@ type Config struct {
 	// that request, since a file may be far larger than any other body
 	// (-min-body-rate still applies to it).
 	FileUploadTimeout time.Duration
+	// PublicURL is the origin (scheme, host, port) clients reach the API at
+	// through an edge that also serves the payload bucket's file keys
+	// (/files/...) from the bucket, Host set to the bucket's and the query
+	// kept (infra/edge.tf, CloudFront). Under Lambda a file too large for
+	// the response is answered 307 to PublicURL plus the path and query of
+	// its presigned S3 URL, so the redirect stays on the clients' base
+	// URL's origin, which is all the OpenAI SDK for Go follows. Empty (the
+	// default): to the presigned URL itself, on S3's origin. Nothing else
+	// reads it.
+	PublicURL string
 
 	// APIKeys, when any, are the bearer tokens accepted on /v1/jobs routes
 	// (Authorization: Bearer <key>). /healthz and /metrics stay open. An
@@ -465,6 +476,14 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxFiles < 1 {
 		bad("MaxFiles", "max files %d: want at least 1", c.MaxFiles)
+	}
+	if c.PublicURL != "" {
+		u, err := url.Parse(c.PublicURL)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil ||
+			(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+			bad("PublicURL", "public URL %q: want an origin, http(s)://host[:port], without a path, query or fragment "+
+				"(the edge serves the bucket's keys at its root)", c.PublicURL)
+		}
 	}
 	if c.FileUploadTimeout <= 0 {
 		bad("FileUploadTimeout", "file upload timeout %v: want more than 0", c.FileUploadTimeout)

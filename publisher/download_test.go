@@ -27,6 +27,7 @@ import (
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/apigw"
+	"github.com/vramq/vramq/internal/testenv/edge"
 	"github.com/vramq/vramq/internal/testenv/s3front"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
@@ -73,6 +74,17 @@ func storeOutputFile(t *testing.T, e *env, owner string, size int) largeFile {
 // presigned URLs as S3 does.
 func lambdaDownloads(t *testing.T) (s *server, lambdaURL string, front *s3front.Front) {
 	t.Helper()
+	s, lambdaURL, _, front = lambdaDownloadsEdged(t, false)
+	return s, lambdaURL, front
+}
+
+// lambdaDownloadsEdged is lambdaDownloads, and with edged an edge in front
+// of the HTTP API and the bucket (edgeURL, the publisher's PublicURL), as
+// infra/edge.tf's CloudFront distribution is: it routes the bucket's file
+// keys to the front, which is path-style here (/{bucket}/files/...) where
+// S3's own presigned URLs put the bucket in the host (/files/...).
+func lambdaDownloadsEdged(t *testing.T, edged bool) (s *server, lambdaURL, edgeURL string, front *s3front.Front) {
+	t.Helper()
 	e := newEnv(t, true)
 	endpoint := os.Getenv("AWS_ENDPOINT_URL_S3")
 	if endpoint == "" {
@@ -88,10 +100,20 @@ func lambdaDownloads(t *testing.T) (s *server, lambdaURL string, front *s3front.
 	}
 	front = s3front.Start(t, endpoint, creds)
 	client := s3.NewFromConfig(cfg, func(o *s3.Options) { o.BaseEndpoint, o.UsePathStyle = aws.String(front.URL), true })
-	s = e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, Payloads: payload.New(client, e.store.Bucket())})
-	lam := httptest.NewServer(apigw.Handler(publisher.LambdaHandler(s.pub.Handler())))
+	pc := publisher.Config{APIKeys: []string{"acme:key-a"}, Payloads: payload.New(client, e.store.Bucket())}
+	var ed *edge.Edge
+	if edged {
+		ed = edge.Start(t, "/"+e.store.Bucket()+"/"+strings.SplitAfter(job.FilesPrefix("acme"), "/")[0], front.URL)
+		pc.PublicURL, edgeURL = ed.URL, ed.URL
+	}
+	s = e.serve(pc)
+	fn := apigw.Handler(publisher.LambdaHandler(s.pub.Handler()))
+	lam := httptest.NewServer(fn)
 	t.Cleanup(lam.Close)
-	return s, lam.URL, front
+	if edged {
+		ed.Route(fn)
+	}
+	return s, lam.URL, edgeURL, front
 }
 
 // followingDoer is a net/http client as an HTTP doer of the OpenAI SDK for
@@ -214,48 +236,124 @@ func TestLargeDownloadUnderLambdaRedirectsToS3(t *testing.T) {
 	}
 }
 
-// The same download with the official JavaScript SDK (download.mjs): its
-// fetch follows the redirect, drops the bearer key on the way to S3's host
-// (or S3, the front, would answer 400), and reads the whole file.
+// The same download with the official JavaScript SDK (download.mjs), from
+// the HTTP API and through the edge: its fetch follows the redirect, to
+// S3's host or within the edge's origin, drops the bearer key on the way
+// to S3's host or has the edge drop it (or S3, the front, would answer
+// 400), and reads the whole file.
 func TestLargeDownloadUnderLambdaWithTheJavaScriptSDK(t *testing.T) {
 	t.Parallel()
 	node := jsNode(t)
-	s, lambdaURL, front := lambdaDownloads(t)
-	f := storeOutputFile(t, s.env, "acme", 6<<20)
+	for _, via := range []struct {
+		name  string
+		edged bool
+	}{{"the HTTP API", false}, {"the edge", true}} {
+		s, base, edgeURL, front := lambdaDownloadsEdged(t, via.edged)
+		f := storeOutputFile(t, s.env, "acme", 6<<20)
+		dest := front.URL // where the redirect ends
+		if via.edged {
+			base, dest = edgeURL, edgeURL
+		}
+		host, err := url.Parse(dest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		cmd := exec.CommandContext(ctx, node, "download.mjs")
+		cmd.Dir = jsClientDir
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, "OPENAI_") {
+				cmd.Env = append(cmd.Env, kv)
+			}
+		}
+		cmd.Env = append(cmd.Env, "OPENAI_BASE_URL="+base+"/v1", "OPENAI_API_KEY=key-a", "VRAMQ_FILE_ID="+f.id)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err = cmd.Run()
+		cancel()
+		if err != nil {
+			var exit *exec.ExitError
+			if errors.As(err, &exit) {
+				t.Fatalf("%s: node download.mjs exited %d:\n%s%s", via.name, exit.ExitCode(), stderr.Bytes(), stdout.Bytes())
+			}
+			t.Fatalf("%s: node download.mjs: %v\n%s", via.name, err, stderr.Bytes())
+		}
+		var got struct {
+			SDK        string `json:"sdk"`
+			Status     int    `json:"status"`
+			Redirected bool   `json:"redirected"`
+			Host       string `json:"host"`
+			Bytes      int    `json:"bytes"`
+			SHA256     string `json:"sha256"`
+		}
+		if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+			t.Fatalf("%s: download.mjs printed %q: %v", via.name, stdout.Bytes(), err)
+		}
+		sum := sha256.Sum256(f.data)
+		if got.Status != 200 || !got.Redirected || got.Host != host.Host || got.Bytes != len(f.data) || got.SHA256 != hex.EncodeToString(sum[:]) {
+			t.Errorf("%s, %s: %s; want 200 from %s after a redirect, %d bytes, sha256 %x", via.name, got.SDK, stdout.Bytes(), host.Host, len(f.data), sum)
+		}
+	}
+}
 
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "download.mjs")
-	cmd.Dir = jsClientDir
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "OPENAI_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
+// Issue 34, item 6: the OpenAI SDK for Go with its default options, whose
+// transport refuses any request off its base URL's origin, downloads a
+// file too large for Lambda's response through the edge (infra/edge.tf):
+// the publisher, told the edge's origin (PublicURL), redirects to the
+// presigned URL's path and query there, and the edge serves it from the
+// bucket. The SDK's client keeps the bearer key on a redirect within the
+// origin; the edge leaves it out of the request to S3, as CloudFront does,
+// or S3 (the front) would refuse two kinds of authentication (400).
+func TestLargeDownloadUnderLambdaThroughTheEdgeWithTheGoSDK(t *testing.T) {
+	t.Parallel()
+	s, _, edgeURL, front := lambdaDownloadsEdged(t, true)
+	f := storeOutputFile(t, s.env, "acme", 6<<20+1)
+
+	c := openai.NewClient(option.WithBaseURL(edgeURL+"/v1/"), option.WithAPIKey("key-a"), option.WithMaxRetries(0))
+	res, err := c.Files.Content(t.Context(), f.id)
+	if err != nil {
+		t.Fatalf("Content through the edge, the SDK's default client: %s", apiError(err))
 	}
-	cmd.Env = append(cmd.Env, "OPENAI_BASE_URL="+lambdaURL+"/v1", "OPENAI_API_KEY=key-a", "VRAMQ_FILE_ID="+f.id)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			t.Fatalf("node download.mjs exited %d:\n%s%s", exit.ExitCode(), stderr.Bytes(), stdout.Bytes())
-		}
-		t.Fatalf("node download.mjs: %v\n%s", err, stderr.Bytes())
+	got, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if err != nil || !bytes.Equal(got, f.data) {
+		t.Errorf("Content through the edge: %d bytes (%v); want the file's %d", len(got), err, len(f.data))
 	}
-	var got struct {
-		SDK        string `json:"sdk"`
-		Status     int    `json:"status"`
-		Redirected bool   `json:"redirected"`
-		Host       string `json:"host"`
-		Bytes      int    `json:"bytes"`
-		SHA256     string `json:"sha256"`
+	if n := front.Count(s3front.Reads(job.FileKey("acme", f.id))); n != 1 {
+		t.Errorf("S3 served the file %d times through the edge; want once", n)
 	}
-	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
-		t.Fatalf("download.mjs printed %q: %v", stdout.Bytes(), err)
+
+	// The redirect: the edge's origin, the presigned URL's path and query.
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	req, err := http.NewRequestWithContext(t.Context(), "GET", edgeURL+"/v1/files/"+f.id+"/content", nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	sum := sha256.Sum256(f.data)
-	fu, _ := url.Parse(front.URL)
-	if got.Status != 200 || !got.Redirected || got.Host != fu.Host || got.Bytes != len(f.data) || got.SHA256 != hex.EncodeToString(sum[:]) {
-		t.Errorf("%s: %s; want 200 from %s after a redirect, %d bytes, sha256 %x", got.SDK, stdout.Bytes(), fu.Host, len(f.data), sum)
+	req.Header.Set("Authorization", "Bearer key-a")
+	res, err = noFollow.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	loc, err := url.Parse(res.Header.Get("Location"))
+	wantPath := "/" + s.store.Bucket() + "/" + job.FileKey("acme", f.id)
+	if res.StatusCode != http.StatusTemporaryRedirect || err != nil || loc.Scheme+"://"+loc.Host != edgeURL || loc.Path != wantPath ||
+		loc.Query().Get("X-Amz-Signature") == "" || loc.Query().Get("X-Amz-Expires") != "300" {
+		t.Fatalf("GET content through the edge: %d, Location %q; want 307 to %s%s presigned for 300 s",
+			res.StatusCode, res.Header.Get("Location"), edgeURL, wantPath)
+	}
+	// Altered on the way, it is S3's to refuse, as from its own host.
+	tampered := *loc
+	tq := tampered.Query()
+	tq.Set("X-Amz-Expires", "604800")
+	tampered.RawQuery = tq.Encode()
+	res, err = http.Get(tampered.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 403 || !bytes.Contains(b, []byte("SignatureDoesNotMatch")) {
+		t.Errorf("the redirect, altered: %d %s; want S3's 403 SignatureDoesNotMatch", res.StatusCode, b)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -298,6 +299,18 @@ func (p *Publisher) fileContent(w http.ResponseWriter, r *http.Request) {
 			p.log.Error("presigning a file's content", "file_id", f.ID, "err", err)
 			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be read"))
 			return
+		}
+		if p.cfg.PublicURL != "" {
+			// The same path and query on the API's own origin, which the
+			// edge routes to the bucket: S3 checks the signature against
+			// the bucket's host, which the edge sets.
+			pu, err := url.Parse(u)
+			if err != nil {
+				p.log.Error("presigning a file's content", "file_id", f.ID, "err", err)
+				fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be read"))
+				return
+			}
+			u = strings.TrimSuffix(p.cfg.PublicURL, "/") + pu.EscapedPath() + "?" + pu.RawQuery
 		}
 		w.Header().Set("Location", u)
 		w.Header().Set("Cache-Control", "no-store")

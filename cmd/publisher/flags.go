@@ -141,6 +141,11 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.FileUploadTimeout, "file-upload-timeout", d.FileUploadTimeout,
 		"longest a POST /v1/files may take to send its file, in place of the server's 1-minute read timeout\n"+
 			"(-min-body-rate applies too; 200 MiB in 30 minutes is 114 KiB a second)")
+	fs.StringVar(&c.PublicURL, "public-url", d.PublicURL,
+		"the origin (https://host) clients reach the API at through an edge that also serves the payload bucket's\n"+
+			"/files/ keys from the bucket (infra/edge.tf, CloudFront); under Lambda a file too large for the response is\n"+
+			"redirected there, the presigned S3 URL's path and query on the API's own origin, which the OpenAI SDK for Go\n"+
+			"follows (empty: redirected to S3's own host)")
 	fs.IntVar(&c.SendAttempts, "send-attempts", d.SendAttempts,
 		"sends of one SendMessageBatch entry that SQS lists as failed, the first included")
 	fs.Float64Var(&c.RateLimit, "rate-limit", defaultRateLimit,
@@ -192,5 +197,5 @@ var configFlags = map[string]string{
 	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",
 	"Models": "models", "MaxN": "max-n", "MaxOutputTokens": "max-output-tokens", "AllowRemoteURLs": "allow-remote-urls",
 	"MaxFileBytes": "max-file-bytes", "MaxFileLines": "max-file-lines", "MaxFileLineBytes": "max-file-line-bytes",
-	"FileUploadTimeout": "file-upload-timeout", "MaxFiles": "max-files",
+	"FileUploadTimeout": "file-upload-timeout", "MaxFiles": "max-files", "PublicURL": "public-url",
 }

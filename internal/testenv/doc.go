@@ -8,7 +8,9 @@
 // small helpers many tests share: polling a condition (wait), summing a
 // registry's series (promsum), comparing float slices (floats), API Gateway
 // events and an HTTP API in front of a Lambda handler (apigw), and an S3
-// front that counts reads and checks presigned URLs as S3 does (s3front).
+// front that counts reads and checks presigned URLs as S3 does (s3front),
+// and the CloudFront edge that puts the API and the bucket on one origin
+// (edge).
 // Nothing under it ships: the rest of internal/ is what the publisher and
 // subscriber binaries link, and TestNotShipped keeps it so.
 package testenv

@@ -34,6 +34,10 @@ module "vramq" {
   # Files and Batch routes, and curl to /v1/jobs. publisher_authorization is
   # left to follow (NONE at the gateway with keys; AWS_IAM, SigV4, without).
   publisher_api_keys_secret_arn = var.publisher_api_keys_secret_arn != null ? var.publisher_api_keys_secret_arn : aws_secretsmanager_secret.publisher_keys[0].arn
+  # lambda only: CloudFront in front of the API and the bucket, so that the
+  # OpenAI SDK for Go follows a large download's redirect (api_url is then
+  # the edge's URL).
+  publisher_edge = var.publisher_edge
   # fargate only:
   publisher_image           = var.publisher_image
   publisher_alb_subnet_ids  = var.publisher_alb_subnet_ids

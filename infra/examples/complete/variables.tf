@@ -49,6 +49,12 @@ variable "publisher_mode" {
   default     = "lambda"
 }
 
+variable "publisher_edge" {
+  description = "Lambda mode: a CloudFront edge in front of the API and the payload bucket, for clients of the OpenAI SDK for Go that download files over 4.5 MB (docs/deployment.md, Large downloads under Lambda)."
+  type        = bool
+  default     = false
+}
+
 variable "publisher_image" {
   description = "The publisher image in ECR, for publisher_mode = \"fargate\"."
   type        = string
