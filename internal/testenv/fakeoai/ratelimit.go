@@ -228,8 +228,8 @@ func (b both) tooLarge(cost float64) bool { return b.short.tooLarge(cost) || b.m
 func (b both) wait(cost float64, now time.Time) time.Duration {
 	return max(b.short.wait(cost, now), b.minute.wait(cost, now))
 }
-func (b both) take(cost float64, now time.Time)   { b.short.take(cost, now); b.minute.take(cost, now) }
-func (b both) remaining(now time.Time) float64    { return b.minute.remaining(now) }
+func (b both) take(cost float64, now time.Time)  { b.short.take(cost, now); b.minute.take(cost, now) }
+func (b both) remaining(now time.Time) float64   { return b.minute.remaining(now) }
 func (b both) reset(now time.Time) time.Duration { return b.minute.reset(now) }
 
 // limiter holds the requests and tokens limits; a nil meter enforces
