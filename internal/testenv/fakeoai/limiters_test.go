@@ -228,3 +228,18 @@ func chatBody(content string, maxTokens int) string {
 		"messages": []map[string]string{{"role": "user", "content": content}}})
 	return string(b)
 }
+
+// Changing the kind keeps what was used: 60 tokens of a sliding window
+// stay used in the bucket that replaces it.
+func TestSetRateLimitsKind(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: fakeoai.RateLimits{Kind: fakeoai.LimitSlidingWindow, TPM: 100}})
+		defer s.Close()
+		post(t, s, "/v1/completions", completionBody("a b c d", 56))
+		if err := s.SetRateLimits(fakeoai.RateLimits{Kind: fakeoai.LimitBucket, TPM: 100}); err != nil {
+			t.Fatal(err)
+		}
+		res, _ := post(t, s, "/v1/completions", completionBody("a b c d", 196)) // too large: headers only
+		wantHeaders(t, res, map[string]string{"x-ratelimit-remaining-tokens": "40", "x-ratelimit-reset-tokens": "36s"})
+	})
+}
