@@ -80,19 +80,60 @@ type Config struct {
 	Faults []Fault
 }
 
-// RateLimits are OpenAI's requests and tokens per minute. Each is a bucket
-// of Burst's share of the limit, refilled continuously at the limit per
-// minute; a request takes one request and prompt + max_tokens × n tokens
-// (prompt tokens for embeddings) when it is admitted.
+// RateLimits are the requests and tokens per minute, counted as Kind says.
+// A request takes one request and, at arrival, prompt + max_tokens × n
+// tokens (prompt tokens for embeddings; Azure counts best_of for n; the
+// fixed window counts usage when answered instead).
 type RateLimits struct {
+	// Kind is the limiter: LimitBucket (OpenAI's, the default),
+	// LimitAnthropic, LimitSlidingWindow, LimitFixedWindow (LiteLLM's) or
+	// LimitAzure.
+	Kind     LimitKind
 	RPM, TPM int // 0 = no limit, and no headers for it
 	// Burst sets the buckets' capacity to limit × Burst / 1m, for limits
-	// enforced over shorter periods than a minute. 0 = one minute.
+	// enforced over shorter periods than a minute. 0 = one minute. Bucket
+	// kinds only.
 	Burst time.Duration
-	// FreeRejections stops a 429 from taking a request from the RPM bucket,
+	// Window is LimitAzure's short window for requests, each admitting
+	// RPM × Window / 1m (at least 1): 1 s or 10 s by Azure's docs. It must
+	// divide a minute. 0 = 1 s.
+	Window time.Duration
+	// FreeRejections stops a 429 from taking a request from the RPM limit,
 	// which it does by default: "unsuccessful requests contribute to your
 	// per-minute limit".
 	FreeRejections bool
+}
+
+func (r RateLimits) window() time.Duration {
+	if r.Window == 0 {
+		return time.Second
+	}
+	return r.Window
+}
+
+// validate reports what is wrong with r.
+func (r RateLimits) validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("fakeoai: rate limits: "+format, a...)) }
+	if !r.Kind.valid() {
+		bad("kind %q: want bucket, anthropic, sliding-window, fixed-window or azure", r.Kind)
+	}
+	if r.RPM < 0 || r.TPM < 0 {
+		bad("RPM %d, TPM %d: want 0 or more", r.RPM, r.TPM)
+	}
+	if r.Burst < 0 {
+		bad("burst %v: want 0 or more", r.Burst)
+	}
+	if r.Burst != 0 && r.Kind != "" && r.Kind != LimitBucket && r.Kind != LimitAnthropic {
+		bad("burst %v: only a bucket has one, not %s", r.Burst, r.Kind)
+	}
+	if r.Window < 0 || (r.Window > 0 && time.Minute%r.Window != 0) {
+		bad("window %v: want a divisor of a minute", r.Window)
+	}
+	if r.Window != 0 && r.Kind != LimitAzure {
+		bad("window %v: only azure has one, not %q", r.Window, r.Kind)
+	}
+	return errors.Join(errs...)
 }
 
 func (c Config) withDefaults() Config {
@@ -134,10 +175,11 @@ func (c Config) Validate() error {
 	if !(c.Speed > 0) {
 		bad("speed %v: want positive", c.Speed)
 	}
-	for name, d := range map[string]time.Duration{"token latency": c.TokenLatency, "rate burst": c.Limits.Burst} {
-		if d < 0 {
-			bad("%s %v: want 0 or more", name, d)
-		}
+	if c.TokenLatency < 0 {
+		bad("token latency %v: want 0 or more", c.TokenLatency)
+	}
+	if err := c.Limits.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.ContextLengthStatus != http.StatusUnprocessableEntity && c.ContextLengthStatus != http.StatusBadRequest {
 		bad("context length status %d: want 422 or 400", c.ContextLengthStatus)
@@ -148,7 +190,7 @@ func (c Config) Validate() error {
 			bad("%s %d: want positive", name, v)
 		}
 	}
-	for name, v := range map[string]int{"RPM": c.Limits.RPM, "TPM": c.Limits.TPM, "max client batch": c.MaxClientBatch,
+	for name, v := range map[string]int{"max client batch": c.MaxClientBatch,
 		"max queued requests": c.MaxQueuedRequests, "max concurrent requests": c.MaxConcurrentRequests} {
 		if v < 0 {
 			bad("%s %d: want 0 or more", name, v)

@@ -1,5 +1,6 @@
-// Package fakeoai is a test double of an OpenAI-compatible model server: the
-// OpenAI API's rate limits in front, a vLLM-style scheduler with a paged KV
+// Package fakeoai is a test double of an OpenAI-compatible model server: a
+// provider's rate limiter in front (OpenAI's, Anthropic's, Azure OpenAI's or
+// a gateway's window, RateLimits.Kind), a vLLM-style scheduler with a paged KV
 // cache behind, and the error answers of OpenAI, vLLM, TGI and TEI, with
 // faults to inject. Tests and benchmarks of the subscriber's model-server
 // backend run against it; it never ships.
@@ -52,6 +53,66 @@
 //     413; "batch size N > maximum allowed batch size M" as a 413 validation
 //     error; 429 "Model is overloaded".
 //
+// # Rate limiters
+//
+// RateLimits.Kind picks the limiter; each follows what its provider
+// documents, read through the search tool:
+//   - LimitBucket, OpenAI's: the rate limits guide above. The reset headers
+//     are durations until the limit is whole again, and an observed reset of
+//     used × window / limit shows a continuous refill.
+//   - LimitAnthropic: Anthropic's rate limits page
+//     (https://docs.anthropic.com/en/api/rate-limits), read as quoted by
+//     third parties (https://restack.io/p/anthropic-answer-rate-limiting-rule-cat-ai
+//     and others; the page itself was not in the search corpus): "the token
+//     bucket algorithm", capacity continuously replenished up to the limit;
+//     anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}, the
+//     reset an RFC 3339 time at which the limit is whole again; retry-after
+//     in seconds on a 429. The body,
+//     {"type":"error","error":{"type":"rate_limit_error","message":...}}, is
+//     Anthropic's error shape with a message of our own.
+//   - LimitSlidingWindow: a strict sliding 60 s window, as Redis sorted-set
+//     limiters in gateways keep it (requests that fall out of the last 60 s
+//     free their charge, no sooner). OpenAI's headers: the reset is until the
+//     newest charge leaves the window, retry-after(-ms) until enough old ones
+//     have.
+//   - LimitFixedWindow, LiteLLM's proxy limiter
+//     (litellm/proxy/hooks/parallel_request_limiter.py, and
+//     https://docs.litellm.ai/docs/proxy/response_headers): a counter per
+//     calendar minute; a request passes while the minute's count is below the
+//     limit (current_tpm >= tpm_limit refuses), requests counted at arrival,
+//     tokens added from the answer's usage, so a minute can end past its
+//     limit; a 429 carries retry-after, the seconds (with fractions) to the
+//     next minute, and the message "LiteLLM Rate Limit Handler for rate
+//     limit type = key. Crossed TPM, RPM Limit. current rpm: ..." in
+//     LiteLLM's {"error":{message,type,param,code:"429"}}. Its docs list
+//     x-ratelimit-{limit,remaining,reset}-{requests,tokens} "in the OpenAI
+//     format"; the reset sent is the time to the next minute.
+//   - LimitAzure, Azure OpenAI's quota page
+//     (https://learn.microsoft.com/en-us/azure/ai-services/openai/how-to/quota,
+//     quoted in Microsoft's Q&A answers 1336515, 1689036 and 1851574): the
+//     tokens charged are "the maximum tokens estimated to be processed",
+//     from the prompt, max_tokens and best_of, when the request is received,
+//     against "a running token count ... which resets every minute";
+//     requests are evaluated "over a small period of time, typically 1 or 10
+//     seconds", so at 600 RPM and 1 s the 11th request in a second is
+//     refused (RateLimits.Window). A 429 carries retry-after-ms and
+//     Retry-After and {"error":{"code":"429","message":"Requests to the
+//     ChatCompletions_Create Operation under Azure OpenAI API version ...
+//     have exceeded token rate limit of your current OpenAI S0 pricing
+//     tier. Please retry after N seconds. ..."}}; the headers are
+//     x-ratelimit-remaining-{requests,tokens}, of the minute, so a client
+//     can see requests left and still be refused.
+//
+// What the kinds cannot show: Anthropic's separate input and output token
+// limits (ITPM, OTPM; one TPM here, charged prompt + max_tokens, and its
+// OpenAI-compatible route's exact answers); Azure's x-ratelimit-limit-*
+// (Azure documents none; some report a per-second figure, not sent here),
+// its undocumented sub-second enforcement and its dynamic quota; LiteLLM's
+// v3 limiter (a window starting at a key's first request), its
+// max_parallel_requests and its per-key, per-user and per-team limits;
+// the Redis round trips and replicas of a real gateway, whose counts lag.
+// Every limit is one per server, not per model or key.
+//
 // # Tokens and outputs
 //
 // CountTokens counts one token per whitespace-separated word. A chat prompt
@@ -71,7 +132,8 @@
 //
 // The server keeps its own clock, Speed times as fast as the real one (or as
 // synctest's). Every duration in Config and Fault is server time: rate
-// windows and their refill, the per-token latency of generation, slow bodies,
+// windows and their refill (a fixed window's minute is a minute of this
+// clock, aligned to its zero), the per-token latency of generation, slow bodies,
 // the per-minute ledger. Durations the server sends (x-ratelimit-reset-*,
 // Retry-After, retry-after-ms) are converted to real time, so a client that
 // waits what it is told waits the right time; limits stay per server minute,
@@ -83,11 +145,12 @@
 //   - Real tokenizers: counts are words, so a client's byte-based bound is
 //     looser here than on a BPE vocabulary, and exact counts here say nothing
 //     of a real tokenizer's.
-//   - OpenAI's unpublished limiter: limits are one continuously refilled
-//     bucket per kind for the whole server (OpenAI keeps them per model and
+//   - OpenAI's unpublished limiter: LimitBucket is one continuously refilled
+//     bucket per limit for the whole server (OpenAI keeps them per model and
 //     may enforce them over sub-minute windows: RateLimits.Burst approximates
 //     that); the cost charged is prompt + max_tokens × n, never refunded; no
-//     daily limits, no *_usage_based headers.
+//     daily limits, no *_usage_based headers. The other kinds' limits are
+//     under "Rate limiters".
 //   - vLLM's real scheduler: prefill is one step whatever the prompt's length,
 //     there is no chunked prefill, prefix caching, max_num_batched_tokens or
 //     swap; each choice of n and each embedding input is its own sequence;

@@ -22,6 +22,7 @@ type work struct {
 	prompt    int     // usage.prompt_tokens
 	maxTokens int     // per choice; 0 for embeddings
 	n         int
+	bestOf    int // completions' best_of, which Azure's estimate counts
 	dim       int
 	base64    bool
 }
@@ -128,18 +129,20 @@ func (s *Server) serveModel(rw http.ResponseWriter, r *http.Request) {
 			"insufficient_quota", "", "insufficient_quota")
 		return
 	}
-	cost := wk.cost()
+	cost := s.limits.cost(wk)
 	if rej := s.limits.admit(cost, now); rej != nil {
 		if rej.wait > 0 {
 			s.stats.RateLimited++
 			s.minute(now).RateLimited++
-			setRetryAfter(w.Header(), rej.wait, s.clock)
 		} else {
 			s.stats.TooLarge++
 		}
-		msg := rej.message(wk.model, s.clock)
+		// The body is made under the lock (it reads the counts); the
+		// answer's headers take the lock again.
+		rw := &heldAnswer{header: http.Header{}}
+		s.limits.write(rw, rej, wk, now, s.clock)
 		s.mu.Unlock()
-		writeOpenAI(w, http.StatusTooManyRequests, msg, rej.kind, "", "rate_limit_exceeded")
+		rw.replay(w)
 		return
 	}
 	s.stats.Admitted++
@@ -197,6 +200,7 @@ func (s *Server) serveModel(rw http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.inflight--
 	now = s.clock.now()
+	s.limits.answered(wk.prompt+completionTokens, now)
 	m = s.minute(now)
 	m.PromptTokens += int64(wk.prompt)
 	m.CompletionTokens += int64(completionTokens)
@@ -340,6 +344,9 @@ func (s *Server) parse(path string, body []byte) (*work, *badRequest) {
 			return nil, invalid("prompt", "Invalid 'prompt': %v.", err)
 		}
 		wk.model, stream, n, wk.inputs = req.Model, req.Stream, req.N, in
+		if req.BestOf != nil {
+			wk.bestOf = *req.BestOf
+		}
 		for _, i := range in {
 			wk.prompt += i.tokens
 		}

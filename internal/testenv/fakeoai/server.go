@@ -156,8 +156,8 @@ func (s *Server) setFaults(faults []Fault) {
 // SetRateLimits replaces the rate limits from now on; what was used of the
 // old buckets stays used.
 func (s *Server) SetRateLimits(l RateLimits) error {
-	if l.RPM < 0 || l.TPM < 0 || l.Burst < 0 {
-		return fmt.Errorf("fakeoai: rate limits %+v: want 0 or more", l)
+	if err := l.validate(); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -21,7 +21,9 @@ type Stats struct {
 	Faults map[FaultKind]int64
 
 	// Admitted are the requests the rate limiter let through, and
-	// AdmittedTokens the tokens charged for them.
+	// AdmittedTokens their estimated cost at arrival (prompt + max_tokens ×
+	// n, best_of for n under LimitAzure), which LimitFixedWindow records
+	// but does not charge: it counts usage.
 	Admitted, AdmittedTokens int64
 	// PromptTokens and CompletionTokens are the usage of the answers
 	// generated (a FaultDropAfter's included).
@@ -43,8 +45,9 @@ type Stats struct {
 // Minute is one server minute of the ledger.
 type Minute struct {
 	Start time.Time // server time
-	// Requests and Tokens are what the rate limiter admitted and charged
-	// (prompt + max_tokens × n), the figures OpenAI's limits are about.
+	// Requests and Tokens are what the rate limiter admitted and their
+	// estimated cost (as AdmittedTokens), the figures OpenAI's limits are
+	// about; a fixed window's are about PromptTokens + CompletionTokens.
 	Requests, Tokens int64
 	// PromptTokens and CompletionTokens are the usage of the answers
 	// generated in this minute.

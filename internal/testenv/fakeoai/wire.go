@@ -32,6 +32,7 @@ type completionRequest struct {
 	Prompt    json.RawMessage `json:"prompt"`
 	MaxTokens *int            `json:"max_tokens"`
 	N         *int            `json:"n"`
+	BestOf    *int            `json:"best_of"`
 	Stream    bool            `json:"stream"`
 }
 
@@ -245,4 +246,34 @@ func marshal(v any) []byte {
 		panic(err) // only the double's own types come here
 	}
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+}
+
+// heldAnswer records an answer made under the server's lock, to be written
+// once it is released.
+type heldAnswer struct {
+	header http.Header
+	status int
+	body   []byte
+}
+
+func (h *heldAnswer) Header() http.Header { return h.header }
+func (h *heldAnswer) WriteHeader(status int) {
+	if h.status == 0 {
+		h.status = status
+	}
+}
+func (h *heldAnswer) Write(b []byte) (int, error) {
+	if h.status == 0 {
+		h.status = http.StatusOK
+	}
+	h.body = append(h.body, b...)
+	return len(b), nil
+}
+
+func (h *heldAnswer) replay(w http.ResponseWriter) {
+	for k, v := range h.header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(h.status)
+	w.Write(h.body)
 }
