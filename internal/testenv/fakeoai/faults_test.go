@@ -126,7 +126,12 @@ func TestDrop(t *testing.T) {
 			if err == nil || errors.As(err, &apiErr) {
 				t.Fatalf("err %v: want a connection error", err)
 			}
+			// The client sees the connection close before the server's
+			// handler has returned and counted the drop.
 			st := s.Stats()
+			for deadline := time.Now().Add(5 * time.Second); st.ByStatus[0] == 0 && time.Now().Before(deadline); st = s.Stats() {
+				time.Sleep(time.Millisecond)
+			}
 			wantTokens := map[fakeoai.FaultKind]int64{fakeoai.FaultDrop: 0, fakeoai.FaultDropAfter: 7}[kind]
 			if st.ByStatus[0] != 1 || st.AdmittedTokens != wantTokens || st.Faults[kind] != 1 {
 				t.Errorf("by status %v, admitted tokens %d (want %d), faults %v", st.ByStatus, st.AdmittedTokens, wantTokens, st.Faults)
