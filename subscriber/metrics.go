@@ -61,6 +61,7 @@ type metrics struct {
 	pausedUntil   prometheus.Gauge
 	needsOperator prometheus.Gauge
 	handedBack    *prometheus.CounterVec
+	answersKept   prometheus.Counter
 	modelWaiting  prometheus.Gauge
 
 	tenantDone *prometheus.CounterVec
@@ -127,6 +128,8 @@ func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 			"Messages handed back to the queue as a fresh copy (its receive count starts again) and deleted, for a wait "+
 				"that is not theirs, by reason: backpressure (not admitted in time), shutdown, wait (a wait for the "+
 				"model longer than a lease holds), device_lost, device_shrunk.")), []string{"reason"}),
+		answersKept: counter("answers_kept_total", "Items answered before a backoff in a message that waits for the model: "+
+			"their answers are kept on the waiting message, and only its other items are asked again."),
 		modelWaiting: gauge("messages_waiting_for_model", "Messages held, their leases extended, while the model asks "+
 			"to wait (a backoff, or a needed operator until a probe gets through)."),
 		pausedUntil: gauge("receive_paused_until_seconds", "Unix time until which receiving is paused by the latest "+

@@ -435,11 +435,11 @@ func (m *partialModel) Run(ctx context.Context, items []job.Item) ([]job.Output,
 	return outs, nil
 }
 
-// A message is kept whole or not at all: of a batch of two chunks of two
+// A message's result is written whole: of a batch of two chunks of two
 // items that a backoff cut after three items finished, the first chunk's
-// result is sent from that batch, and the second, one item short, waits
-// whole, holding its lease, and runs again after the backoff: both on their
-// first receive.
+// result is sent from that batch, and the second, one item short, waits,
+// holding its lease and its answered item, and its other item runs after the
+// backoff: both on their first receive, each with both outputs.
 func TestE2EBackoffKeepsWholeChunksOnly(t *testing.T) {
 	until := time.Now().Add(3 * time.Second)
 	pm := &partialModel{until: until, done: func(n int) []bool {

@@ -32,6 +32,7 @@ func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 	var kept []job.Result
 	var keptBodies [][]byte
 	for i, t := range tasks {
+		outs[i] = t.whole(outs[i]) // with what it kept through a wait, if anything
 		results[i] = job.Result{
 			V: job.Version, JobID: t.work.JobID, Chunk: t.work.Chunk, Model: model,
 			Outputs: outs[i], ItemsFailed: itemsFailed(outs[i]), Attempt: t.lease.msg.ReceiveCount,

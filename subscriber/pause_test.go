@@ -11,6 +11,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/promsum"
+	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
 )
@@ -184,4 +185,66 @@ func TestPauseCircuit(t *testing.T) {
 	if n, _, _ := p.receive(now.Add(2*every), every); n != -1 {
 		t.Errorf("receive after the circuit closed: %d; want no limit", n)
 	}
+}
+
+// partlyModel answers the first of a message's items and then asks to wait
+// a minute, once (a backoff that came with part of the batch finished: the
+// model server's gpu.PartialError); it counts how often each item is asked.
+type partlyModel struct {
+	gpu.Model
+	mu    sync.Mutex
+	asked map[string]int
+	cut   bool
+}
+
+func (m *partlyModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+	outs, err := m.Model.Run(ctx, items)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.cut {
+		m.cut = true
+		done := make([]bool, len(items))
+		done[0] = true
+		m.asked[items[0].Text]++
+		return nil, &fault.PartialError[job.Output]{Err: &fault.BackoffError{Until: time.Now().Add(time.Minute), Reason: "429 test"},
+			Outputs: outs, Done: done}
+	}
+	for _, it := range items {
+		m.asked[it.Text]++
+	}
+	return outs, nil
+}
+
+// A message that waits after a backoff keeps the answers its items got
+// before it: only its other items are asked again, and its result holds
+// every item in order, once.
+func TestWaitingMessageKeepsItsAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var model *partlyModel
+		h := startWith(t, 64*mib, Config{MaxBatch: 1}, func(h *harness, c *Config) {
+			model = &partlyModel{Model: c.Model, asked: map[string]int{}}
+			c.Model = model
+		})
+		h.send("job", 0, "mb=1 ms=10 a", "mb=1 ms=10 b", "mb=1 ms=10 c")
+		wait.For(t, 5*time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })
+		h.shutdown()
+		model.mu.Lock()
+		defer model.mu.Unlock()
+		for _, it := range []string{"a", "b", "c"} {
+			if n := model.asked["mb=1 ms=10 "+it]; n != 1 {
+				t.Errorf("item %s asked %d times; want once", it, n)
+			}
+		}
+		got, _ := h.resultsByKey()
+		r := got[job.Key{JobID: "job"}]
+		if len(r.Outputs) != 3 || r.Outputs[0].ID != "i0" || r.Outputs[1].ID != "i1" || r.Outputs[2].ID != "i2" {
+			t.Errorf("result outputs %+v; want i0, i1, i2 in order", r.Outputs)
+		}
+		if n := counter(h.sub.m.answersKept); n != 1 {
+			t.Errorf("answers_kept_total %d; want 1", n)
+		}
+	})
 }

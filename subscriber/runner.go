@@ -384,20 +384,36 @@ func (s *Subscriber) finished(tasks []*task, start time.Time, elapsed time.Durat
 	if !ok || len(outs) != n {
 		return nil
 	}
+	// Tasks that wait for the model after this batch stay here, and keep
+	// what their items got (answered.go).
+	waits := errors.Is(err, fault.ErrBackoff) || errors.Is(err, fault.ErrNeedsOperator)
 	var per [][]job.Output
 	at := 0
 	for i, t := range tasks {
 		k := len(t.work.Items)
-		if !slices.Contains(done[at:at+k], false) {
+		switch {
+		case !slices.Contains(done[at:at+k], false):
 			if per == nil {
 				per = make([][]job.Output, len(tasks))
 			}
 			per[i] = outs[at : at+k : at+k]
 			s.stampRan(tasks[i:i+1], start, start.Add(elapsed))
+		case waits && t.parts == nil && t.keep(outs[at:at+k], done[at:at+k]):
+			s.m.answersKept.Add(float64(countTrue(done[at : at+k])))
 		}
 		at += k
 	}
 	return per
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }
 
 // failTasks hands back messages whose batch failed for a reason that may pass:

@@ -101,6 +101,9 @@ type task struct {
 	class  int     // the model's length class (gpu.LengthClasser); 0 without one
 	hold   *hold   // what it holds in admission (admission.go); nil before
 	slots  int64   // the model's request slots it takes (gpu.Slotted); 0 without
+	// answered holds the answers a backoff came with for some of its items
+	// while it waits (answered.go); nil when none.
+	answered *answered
 	// parts are how a message too large to run whole runs (parts.go); nil
 	// for one that runs whole. cost and raw are then its largest part's.
 	parts []part
