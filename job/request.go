@@ -247,6 +247,22 @@ type member struct {
 // errNotObject is objectMembers' answer to what is not one JSON object.
 var errNotObject = bodyErr(ErrBodyInvalid, "the item's body is not a JSON object")
 
+// Members returns the members of the JSON object b by key, each value
+// compacted, refusing a key given twice or in two cases (servers differ in
+// which one they read), as CheckRequest does a body's: for the objects
+// around a body, such as a batch file's lines.
+func Members(b []byte) (map[string]json.RawMessage, error) {
+	ms, err := objectMembers(b, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]json.RawMessage, len(ms))
+	for _, m := range ms {
+		out[m.key] = m.value
+	}
+	return out, nil
+}
+
 // objectMembers returns the members of JSON object b in order, each value
 // compacted, refusing a key given twice, two keys equal but for case, and
 // a key equal but for case to one of known.

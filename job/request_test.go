@@ -160,3 +160,18 @@ func FuzzCheckRequest(f *testing.F) {
 		}
 	})
 }
+
+// Members reads an object around a body (a batch file's line) by the body
+// rule's reading: a key given twice, or in two cases, is refused, as is
+// anything but one object.
+func TestMembers(t *testing.T) {
+	m, err := Members([]byte(`{"custom_id":"a", "body": {"x" : 1}}`))
+	if err != nil || string(m["custom_id"]) != `"a"` || string(m["body"]) != `{"x":1}` {
+		t.Errorf("Members: %q, %v", m, err)
+	}
+	for _, bad := range []string{`{"a":1,"a":2}`, `{"custom_id":"a","CUSTOM_ID":"b"}`, `[1]`, `{"a":1} {}`, `{"a":`, ``} {
+		if _, err := Members([]byte(bad)); !errors.Is(err, ErrBodyInvalid) {
+			t.Errorf("Members(%q): %v; want ErrBodyInvalid", bad, err)
+		}
+	}
+}

@@ -777,8 +777,8 @@ func (p *Publisher) readBatchInput(ctx context.Context, f *fileRecord, endpoint 
 			continue // a blank line, at the end of a file most often, is no request
 		}
 		requests++
-		fields, e := bodyFields(line)
-		if e != nil || !json.Valid(line) {
+		fields, err := job.Members(line)
+		if err != nil {
 			badLine(n, CodeInvalidJSONLine, "", "the line is not a JSON object without repeated keys")
 			continue
 		}

@@ -227,34 +227,6 @@ func checkBody(endpoint string, body json.RawMessage, lim RequestLimits) *APIErr
 	return apiErr(http.StatusUnprocessableEntity, code, "%s", err.Error())
 }
 
-// bodyFields returns the members of JSON object body, each value's JSON as
-// it is there, refusing a key given twice.
-func bodyFields(body json.RawMessage) (map[string]json.RawMessage, *APIError) {
-	notObject := apiErr(http.StatusUnprocessableEntity, CodeInvalidBody, "the item's body is not a JSON object")
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil, notObject
-	}
-	fields := make(map[string]json.RawMessage)
-	for dec.More() {
-		t, err := dec.Token()
-		k, ok := t.(string)
-		if err != nil || !ok {
-			return nil, notObject
-		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return nil, notObject
-		}
-		if _, dup := fields[k]; dup {
-			return nil, apiErr(http.StatusUnprocessableEntity, CodeInvalidBody,
-				"the item's body has a key more than once: servers differ in which one they read")
-		}
-		fields[k] = v
-	}
-	return fields, nil
-}
-
 // present returns field's JSON when the object has it and it is not null.
 func present(fields map[string]json.RawMessage, field string) (json.RawMessage, bool) {
 	v, ok := fields[field]
