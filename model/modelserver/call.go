@@ -30,6 +30,9 @@ type call struct {
 	// most is the longest answer worth reading whole (run.room): past it
 	// the answer's body is not kept, whatever it holds.
 	most int64
+	// sentAt is when its current try took its rate reservation (zero
+	// without one), for rates.sync.
+	sentAt time.Time
 }
 
 // outcome is an answer send settled on, with its row.
@@ -60,6 +63,7 @@ func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*o
 			return nil, err
 		}
 		res, err := m.rates.take(wait, c.tokens, deadline)
+		c.sentAt = res.at
 		if err != nil {
 			m.conc.release(s, false, false)
 			m.gate.abandon(probe)
@@ -169,7 +173,7 @@ func (m *Model) post(ctx context.Context, c *call) *answer {
 	defer stop()
 	// The headers are the freshest word on the limits: every other
 	// request waits on them, not on this one's body.
-	m.rates.sync(resp.Header, time.Now(), resp.StatusCode/100 == 2, float64(c.floor))
+	m.rates.sync(resp.Header, time.Now(), resp.StatusCode/100 == 2, float64(c.floor), c.sentAt)
 	most := min(int64(maxResponseBytes), c.most)
 	body, err := io.ReadAll(io.LimitReader(resp.Body, most+1))
 	if err != nil {

@@ -39,15 +39,16 @@ import (
 // raises marginK, a run of clean answers lowers it back.
 //
 // Between two answers a mirror also refills only at the rate the other
-// subscribers leave: their consumption is what the server's count fell by
-// beyond this process's own requests, measured over a second or more and
+// subscribers leave: their consumption is what the server counts as taken
+// beyond all this process sent within the limit's span (bucket.estimate),
 // averaged. Three subscribers that each saw the whole refill would wake
 // together at every refill and collide; each seeing its share, they pace.
 //
 // An answer's remaining count cannot include what this process sent while
 // the answer was on its way back: the requests sent in the last transit
-// are taken off it again, as the server may not have seen them yet (at
-// worst a transit's worth of this process's requests is counted twice).
+// are taken off it again, as the server may not have seen them yet, all
+// but the answered request itself, which it has (at worst a transit's
+// worth of this process's other requests is counted twice).
 //
 // golang.org/x/time/rate does not fit: its Limiter has no way to give
 // tokens back or to set the tokens left to what a server says.
@@ -74,11 +75,11 @@ type bucket struct {
 	level    float64
 	last     time.Time
 
-	// A mirror's estimate of the other subscribers' consumption: since
-	// estAt, when the server's count was estLevel, this process sent ours.
-	othersPerSec   float64
-	estAt          time.Time
-	estLevel, ours float64
+	// A mirror's estimate of the other subscribers' consumption, last
+	// updated at estAt, from this process's own sends of the last minute.
+	othersPerSec float64
+	estAt        time.Time
+	own          []sent // oldest first; tokens is the cost in the bucket's kind
 }
 
 // othersShare bounds the estimate of the others' consumption, so that a
@@ -96,20 +97,65 @@ func (b *bucket) refill(now time.Time) {
 	}
 }
 
+// span is the limit's span in this process's time: the time its refill
+// takes to give back a whole limit (a minute for a limit a minute; less
+// for a test server whose minutes run faster). Whatever the limiter (a
+// bucket refilled at the limit a minute, a sliding or fixed minute's
+// window), what was taken longer ago than that has been given back.
+func (b *bucket) span() time.Duration {
+	if b.perSec <= 0 {
+		return time.Minute
+	}
+	return min(max(time.Duration(b.capacity/b.perSec*float64(time.Second)), time.Second), 10*time.Minute)
+}
+
+// charge records this process's cost of a request sent at now (mirrors).
+func (b *bucket) charge(cost float64, now time.Time) {
+	b.own = append(b.own, sent{now, cost})
+}
+
+// ownWithin is what this process sent within the limit's span.
+func (b *bucket) ownWithin(now time.Time) float64 {
+	span := b.span()
+	i := 0
+	for i < len(b.own) && now.Sub(b.own[i].at) > span {
+		i++
+	}
+	b.own = append(b.own[:0], b.own[i:]...)
+	sum := 0.0
+	for _, s := range b.own {
+		sum += s.tokens
+	}
+	return sum
+}
+
 // estimate updates a mirror's estimate of the others' consumption from the
-// server's count, level, at now.
+// server's count, level, at now, on evidence only: what the server counts
+// as taken from the limit (capacity less level) beyond all that this
+// process sent within the limit's span. No limiter over a minute holds
+// more of one process's use than it sent in that minute (a bucket refilled
+// at the limit a minute holds less; a window, exactly that), so a larger
+// deficit is others' doing, spread over the span; a smaller one says
+// nothing of them. The refill the mirror expected and did not see is no evidence: a
+// window gives back only what leaves it, in lumps, and a lone subscriber
+// that read its own past as others' use waited up to 20 times too long
+// (bench/modelserver.md, "Against each limiter kind"). Three subscribers
+// that hold a limit full each see the other two's share. The estimate
+// follows the evidence with some inertia, and decays as it ages out of
+// the minute.
 func (b *bucket) estimate(level float64, now time.Time) {
-	dt := now.Sub(b.estAt).Seconds()
-	if !b.estAt.IsZero() && dt < 1 {
+	switch {
+	case b.estAt.IsZero():
+		// The first reading: this process has no minute of its own sends
+		// to weigh the deficit against yet.
+		b.estAt = now
+		return
+	case now.Sub(b.estAt) < time.Second:
 		return
 	}
-	// A bucket at its capacity stopped refilling: what it fell by says
-	// nothing then.
-	if full := 0.95 * b.capacity; !b.estAt.IsZero() && b.estLevel < full && level < full {
-		others := math.Max(0, b.estLevel+b.perSec*dt-level-b.ours) / dt
-		b.othersPerSec = math.Min(othersShare*b.perSec, 0.7*b.othersPerSec+0.3*others)
-	}
-	b.estAt, b.estLevel, b.ours = now, level, 0
+	others := math.Max(0, b.capacity-level-b.ownWithin(now)) / b.span().Seconds()
+	b.othersPerSec = math.Min(othersShare*b.perSec, 0.7*b.othersPerSec+0.3*others)
+	b.estAt = now
 }
 
 // tooLargeError is a request whose reservation exceeds a bucket's capacity:
@@ -156,7 +202,10 @@ func newRates(tpm, rpm int, now time.Time, w *waits) *rates {
 }
 
 // reservation is what one request took from the buckets.
-type reservation struct{ tokens float64 }
+type reservation struct {
+	tokens float64
+	at     time.Time // when it was taken: the request's entry in rates.recent
+}
 
 // take waits until every bucket has room for a request of tokens, and
 // takes it. A wait that would end after deadline returns a
@@ -206,7 +255,9 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 				for _, b := range []*bucket{r.own[k], r.srv[k]} {
 					if b != nil {
 						b.level -= cost[k]
-						b.ours += cost[k]
+						if b.mirror {
+							b.charge(cost[k], now)
+						}
 					}
 				}
 			}
@@ -217,7 +268,7 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 				r.typical += 0.1 * (cost[kindTokens] - r.typical)
 			}
 			r.mu.Unlock()
-			return reservation{tokens: cost[kindTokens]}, nil
+			return reservation{tokens: cost[kindTokens], at: now}, nil
 		}
 		ch := r.changed
 		r.mu.Unlock()
@@ -323,14 +374,16 @@ func (r *rates) limited() {
 
 // sync sets the mirrors from an answer's headers, read at now. ok is
 // whether the answer was a success, of a request that took at least
-// tokens (call.floor).
+// tokens (call.floor), sent at sentAt (its reservation's at; zero when
+// unknown): the server has seen that request, whenever it was sent, so it
+// is not among those taken off the answer's count as unseen.
 //
 // A success whose limit is below what its own request took contradicts
 // itself: the server admitted what it says it never would. Such a limit
 // is not believed: its mirror is dropped, and the next answer's headers
 // set it again, so that one broken or hostile header cannot fail every
 // later request as too large, with none ever sent again to correct it.
-func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64) {
+func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sentAt time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.answered = true
@@ -345,9 +398,15 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64) {
 		i++
 	}
 	r.recent = append(r.recent[:0], r.recent[i:]...)
-	unseen := [2]float64{0, float64(len(r.recent))}
+	var unseen [2]float64
+	self := !sentAt.IsZero()
 	for _, s := range r.recent {
+		if self && s.at.Equal(sentAt) {
+			self = false // the answered request itself: seen
+			continue
+		}
 		unseen[kindTokens] += s.tokens
+		unseen[kindRequests]++
 	}
 	more := false
 	for k, kind := range kindNames {
