@@ -436,7 +436,13 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			reset = r.waits.server(reset, "x-ratelimit-reset-"+kind, h.Get("x-ratelimit-reset-"+kind))
 		}
 		if okR && okT && remaining < limit && reset > 0 {
-			b.perSec = (limit - remaining) / reset.Seconds()
+			// Never below the limit a minute: a window's reset is the time
+			// to its next minute or its oldest charge, not to a full
+			// bucket, and early in a fixed minute (limit − remaining) /
+			// reset read as a refill of a few tokens a second, a wait of
+			// 20 minutes for one message (bench/modelserver.md). A faster
+			// clock (a test server) still reads faster.
+			b.perSec = math.Max((limit-remaining)/reset.Seconds(), limit/60)
 		}
 		if okR {
 			b.refill(now)

@@ -130,6 +130,19 @@ func TestRateHeaders(t *testing.T) {
 	if req == nil || req.level != 59 || req.perSec != 1 {
 		t.Errorf("requests mirror %+v; want level 59, one a second", req)
 	}
+	// LiteLLM's fixed minute, a second into it: the reset is the time to the
+	// next minute, not to a full bucket, and (limit − remaining) / reset
+	// would read as 34 tokens a second, a 20-minute wait for 40,000 tokens.
+	// The refill is never read below the limit a minute.
+	h = http.Header{}
+	h.Set("x-ratelimit-limit-tokens", "60000")
+	h.Set("x-ratelimit-remaining-tokens", "58000")
+	h.Set("x-ratelimit-reset-tokens", "59s")
+	r = newRates(0, 0, now, newWaits(time.Hour, quiet()))
+	r.sync(h, now, true, 1, time.Time{})
+	if tok := r.srv[kindTokens]; tok == nil || tok.perSec < 1000 {
+		t.Errorf("tokens mirror %+v early in a fixed minute; want a refill of at least 1,000 a second (60,000 a minute)", tok)
+	}
 	for v, want := range map[string]time.Duration{"12ms": 12 * time.Millisecond, "6m0s": 6 * time.Minute, "1.5": 1500 * time.Millisecond} {
 		if got, ok := parseReset(v); !ok || got != want {
 			t.Errorf("parseReset(%q) = %v, %v", v, got, ok)
@@ -177,15 +190,19 @@ func TestContradictoryLimitDropsTheMirror(t *testing.T) {
 // window (the server's headers alone tell it the limit) must not read the
 // window's lumpy refill as other consumers and stall itself: every minute
 // after the first uses at least 0.9 of the limit, with at most 1% 429s. A
-// guard, not a reproduction: single-item requests at 16 at once do not
-// stall here with the estimator before bucket.estimate's evidence rule
-// either; the stall was seen in real time with 32-item messages
-// (bench/modelserver.md, "Against each limiter kind").
+// guard, not a reproduction: these single-item requests did not stall
+// before bucket.estimate's evidence rule either; the stall was seen in
+// real time with 32-item messages (bench/modelserver.md, "Against each
+// limiter kind").
 func TestOneModelAgainstASlidingWindow(t *testing.T) {
+	oneModelAgainst(t, fakeoai.LimitSlidingWindow)
+}
+
+func oneModelAgainst(t *testing.T, kind fakeoai.LimitKind) {
 	const tpm, minutes = 40000, 6
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{
-			Limits:       fakeoai.RateLimits{TPM: tpm, RPM: 2000, Kind: fakeoai.LimitSlidingWindow},
+			Limits:       fakeoai.RateLimits{TPM: tpm, RPM: 2000, Kind: kind},
 			TokenLatency: 20 * time.Millisecond,
 		})
 		defer s.Close()
