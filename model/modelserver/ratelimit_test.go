@@ -271,3 +271,23 @@ func TestOneRequestAMinute(t *testing.T) {
 		t.Logf("%d requests answered in 7 minutes; the server's answers: %v", sent, s.Stats().ByStatus)
 	})
 }
+
+// The evidence of others' use weighs the server's deficit against all this
+// process sent in the limit's minute, whatever refill the last headers
+// implied: near a window's boundary they imply many times the limit, and a
+// span read from that took this process's sends of a few seconds ago for
+// others' use (a stall of minutes in the real-time benchmark).
+func TestOthersWeighedOverTheMinute(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	b := newBucket(60000, now, true)
+	b.estimate(60000, now) // the first reading
+	b.charge(25000, now.Add(10*time.Second))
+	b.charge(25000, now.Add(20*time.Second))
+	b.perSec = 20000 // (limit − remaining) / reset with a reset of seconds
+	b.estimate(8000, now.Add(30*time.Second))
+	// Deficit 52,000, of which this process sent 50,000: 2,000 a minute
+	// are others', 33 a second, weighed in at 0.3.
+	if got := b.othersPerSec; got > 20 {
+		t.Errorf("others' use %v a second; want about 10 (0.3 of 33): this process's own sends are not others'", got)
+	}
+}
