@@ -62,10 +62,10 @@ func (p *pipeline) receives() float64 {
 	return promsum.Labelled(p.t, p.reg, "vramq_subscriber_sqs_requests_total", "action", "ReceiveMessage")
 }
 
-// A 429 (TGI's "Model is overloaded") whose Retry-After is past the backend's wait hands the batch's
-// messages back until then, and the subscriber receives nothing meanwhile:
-// the messages come back later and complete, none dead-lettered by the
-// queue's redrive (a third receive would).
+// A 429 (TGI's "Model is overloaded") whose Retry-After is past the backend's
+// wait holds the batch's messages, their leases extended, until then, and the
+// subscriber receives nothing meanwhile: the messages run again and complete,
+// none dead-lettered by the queue's redrive (a third receive would).
 func TestE2EModelServerBackoffWaitsInTheQueue(t *testing.T) {
 	const retryAfter = 10 * time.Second
 	srv := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{
@@ -336,10 +336,10 @@ func TestE2EInProcessModelServesEmbeddings(t *testing.T) {
 
 // A batch that meets a backoff partway keeps what it finished: the chunks
 // whose requests were answered before the 429 get their results then, and
-// only the others go back to the queue until the server's time. No request
-// answered 200 is sent again. One request at a time makes the count exact:
-// three answered, the fourth refused with a wait past the backend's, five
-// handed back and sent once each after it.
+// only the others wait, holding their leases, until the server's time. No
+// request answered 200 is sent again. One request at a time makes the count
+// exact: three answered, the fourth refused with a wait past the backend's,
+// five waiting and sent once each after it.
 func TestE2EModelServerBackoffKeepsFinishedChunks(t *testing.T) {
 	const retryAfter = 6 * time.Second
 	fake := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{
