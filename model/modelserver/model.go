@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -41,6 +43,7 @@ type Model struct {
 	rates   *rates
 	conc    *concurrency
 	gate    *gate
+	order   *prefixOrder
 	dev     *Device
 	held    atomic.Int64 // device bytes of the requests in flight
 	costs   recentCosts  // of the last messages costed, for Device.MemInfo's floor
@@ -78,9 +81,12 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	u, _ := url.Parse(cfg.BaseURL)
 	u.Path = strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v1")
 	w := newWaits(cfg.MaxServerWait, cfg.Logger)
+	order := newPrefixOrder()
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(w.capped); err != nil {
-			return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
+		for _, c := range []prometheus.Collector{w.capped, order.groups, order.warm} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
+			}
 		}
 	}
 	m := &Model{
@@ -93,6 +99,7 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 		rates:   newRates(cfg.TPM, cfg.RPM, time.Now(), w),
 		conc:    newConcurrency(cfg.MaxConcurrency, cfg.Logger),
 		gate:    newGate(w),
+		order:   order,
 		answers: map[string]int64{},
 		limits: job.RequestLimits{Models: cfg.Models, MaxN: cfg.MaxN, MaxOutputTokens: cfg.MaxOutputTokens,
 			AllowRemoteURLs: cfg.AllowRemoteURLs},
@@ -365,7 +372,7 @@ func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.It
 func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error {
 	seq := m.outputs.start(r.kind())
 	o, err := m.send(ctx, wait, &call{ep: r.ep, body: r.body, tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
-		kv: m.kvTokens(r) * m.unit, most: run.room()}, run.deadline)
+		kv: m.kvTokens(r) * m.unit, most: run.room(), prefix: job.PrefixKey(r.ep.path(), r.body)}, run.deadline)
 	if err != nil {
 		m.outputs.done(r.kind(), seq, 0, 0)
 		return m.itemErr(err, &run.outs[r.idx])
