@@ -71,6 +71,14 @@ type Config struct {
 	// MaxNumSeqs, which never preempts. It must hold one sequence of
 	// MaxModelLen, as vLLM refuses to start otherwise.
 	NumGPUBlocks int
+	// PrefixCaching is vLLM's --enable-prefix-caching: a prompt's leading
+	// blocks already cached are not computed again (prefixcache.go).
+	PrefixCaching bool
+	// MaxNumBatchedTokens is vLLM's max_num_batched_tokens with chunked
+	// prefill: the tokens one step computes, a generated token counting
+	// one and a prompt its uncached tokens, so a long prompt takes steps
+	// of its own. 0 computes any prompt in one step.
+	MaxNumBatchedTokens int
 	// NoMetrics serves no vLLM metrics (GET /metrics is 404), as a server
 	// whose fullness nothing tells: TGI's and TEI's metrics have none of
 	// vLLM's names, and Ollama and OpenAI serve none.
@@ -191,7 +199,8 @@ func (c Config) Validate() error {
 		}
 	}
 	for name, v := range map[string]int{"max client batch": c.MaxClientBatch,
-		"max queued requests": c.MaxQueuedRequests, "max concurrent requests": c.MaxConcurrentRequests} {
+		"max queued requests": c.MaxQueuedRequests, "max concurrent requests": c.MaxConcurrentRequests,
+		"max num batched tokens": c.MaxNumBatchedTokens} {
 		if v < 0 {
 			bad("%s %d: want 0 or more", name, v)
 		}

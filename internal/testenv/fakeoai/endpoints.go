@@ -245,9 +245,10 @@ func (s *Server) jobs(wk *work) *group {
 			g.jobs = append(g.jobs, &job{group: g, prompt: in.tokens})
 			continue
 		}
+		hashes := s.blockHashes(in.text, in.tokens)
 		for c := range wk.n {
 			natural := max(1, s.cfg.OutputTokens(in.text, c))
-			g.jobs = append(g.jobs, &job{group: g, prompt: in.tokens, natural: natural, length: min(wk.maxTokens, natural)})
+			g.jobs = append(g.jobs, &job{group: g, prompt: in.tokens, natural: natural, length: min(wk.maxTokens, natural), hashes: hashes})
 		}
 	}
 	return g

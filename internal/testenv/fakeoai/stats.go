@@ -31,6 +31,10 @@ type Stats struct {
 
 	// Preemptions counts sequences preempted for want of KV blocks.
 	Preemptions int64
+	// PrefixQueryTokens are the prompt tokens of generations scheduled,
+	// PrefixHitTokens those of them the prefix cache held (vLLM's
+	// prefix_cache_queries and prefix_cache_hits, in tokens).
+	PrefixQueryTokens, PrefixHitTokens int64
 	// Running and Waiting are sequences now; KVBlocksUsed the blocks they
 	// hold of NumGPUBlocks; MaxRunning and MaxKVBlocksUsed the high-water
 	// marks.
