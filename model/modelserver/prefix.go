@@ -9,9 +9,10 @@ import (
 )
 
 // prefixOrder decides which of the requests waiting for a place in flight
-// takes the next one: the oldest whose prefix key (job.PrefixKey) is warm,
-// that is, shared by a request in flight or by the last one sent, so that
-// the server's prefix cache still holds its blocks; else the oldest. A
+// takes the next one: the oldest of the warmest prefix group (job.PrefixKey;
+// warmth), the one with the most requests in flight, so that the server's
+// prefix cache still holds its blocks and sends fewer groups at once; the
+// oldest when none is warm. A
 // server whose KV pool cannot hold every prefix at once evicts one group's
 // blocks for another's when their requests are sent interleaved, and
 // prefills each prompt whole again.
@@ -103,12 +104,11 @@ func (o *prefixOrder) next() {
 	if o.busy || len(o.waiting) == 0 {
 		return
 	}
-	pick := 0
+	pick, best := 0, 0
 	if o.waiting[0].passed < prefixPassMax {
 		for i, t := range o.waiting {
-			if o.isWarm(t.key) {
-				pick = i
-				break
+			if w := o.warmth(t.key); w > best {
+				pick, best = i, w
 			}
 		}
 	}
@@ -121,8 +121,20 @@ func (o *prefixOrder) next() {
 	close(t.ready)
 }
 
-func (o *prefixOrder) isWarm(key string) bool {
-	return key != "" && (o.inflight[key] > 0 || key == o.last)
+func (o *prefixOrder) isWarm(key string) bool { return o.warmth(key) > 0 }
+
+// warmth ranks key's group: by its requests in flight, the more the
+// likelier the server keeps its blocks; the group sent last counts one
+// more. 0: cold.
+func (o *prefixOrder) warmth(key string) int {
+	if key == "" {
+		return 0
+	}
+	w := o.inflight[key]
+	if key == o.last {
+		w++
+	}
+	return w
 }
 
 // sending counts a request of key going out; sent, its answer back.

@@ -93,3 +93,33 @@ func TestPrefixOrderGivesUp(t *testing.T) {
 		}
 	})
 }
+
+// Of two warm groups, the one with more in flight goes first: the server
+// is likelier to keep its blocks.
+func TestPrefixOrderPrefersTheWarmest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := newPrefixOrder()
+		ctx := context.Background()
+		if err := o.wait(ctx, "b"); err != nil {
+			t.Fatal(err)
+		}
+		o.sending("a")
+		o.sending("b")
+		o.sending("b")
+		var got []string
+		for _, k := range []string{"a", "b"} {
+			go func() {
+				if o.wait(ctx, k) == nil {
+					got = append(got, k)
+					o.pass()
+				}
+			}()
+			synctest.Wait()
+		}
+		o.pass()
+		synctest.Wait()
+		if !slices.Equal(got, []string{"b", "a"}) {
+			t.Errorf("turns %v, want b (2 in flight) before a (1)", got)
+		}
+	})
+}
