@@ -79,6 +79,14 @@ type Config struct {
 	// one and a prompt its uncached tokens, so a long prompt takes steps
 	// of its own. 0 computes any prompt in one step.
 	MaxNumBatchedTokens int
+	// PriorityScheduling is vLLM's --scheduling-policy priority: the
+	// waiting queue is ordered by each request's "priority" (lower first,
+	// then by arrival); a running sequence is never preempted for a
+	// waiting one, as vLLM's V1 engine does not.
+	PriorityScheduling bool
+	// StepTokenCost is what each token a step computes adds to its
+	// TokenLatency: the more a step holds, the longer it takes.
+	StepTokenCost time.Duration
 	// NoMetrics serves no vLLM metrics (GET /metrics is 404), as a server
 	// whose fullness nothing tells: TGI's and TEI's metrics have none of
 	// vLLM's names, and Ollama and OpenAI serve none.
@@ -183,8 +191,8 @@ func (c Config) Validate() error {
 	if !(c.Speed > 0) {
 		bad("speed %v: want positive", c.Speed)
 	}
-	if c.TokenLatency < 0 {
-		bad("token latency %v: want 0 or more", c.TokenLatency)
+	if c.TokenLatency < 0 || c.StepTokenCost < 0 {
+		bad("token latency %v, step token cost %v: want 0 or more", c.TokenLatency, c.StepTokenCost)
 	}
 	if err := c.Limits.validate(); err != nil {
 		errs = append(errs, err)

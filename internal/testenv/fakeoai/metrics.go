@@ -36,7 +36,7 @@ func (s *Server) metricsHandler() http.Handler {
 			[]string{"block_size", "num_gpu_blocks"}, prometheus.Labels{"engine": "0"}),
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(m)
+	reg.MustRegister(m, s.ttft)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }
 

@@ -28,6 +28,9 @@ type job struct {
 	hashes  []uint64 // of its prompt's full blocks, with prefix caching
 	shared  int      // leading blocks of blocks held in the prefix cache
 	prefill int      // prompt tokens still to compute before it generates
+
+	arrived  time.Time // server time it was queued
+	answered bool      // its first token is out (online.go's account)
 }
 
 // finishReason is "length" when max_tokens cut the choice short.
@@ -52,13 +55,17 @@ type group struct {
 	preemptions int
 	aborted     bool
 	done        chan struct{}
+	online      bool // OnlineLoad's, answered to no one
+	priority    int  // the request's, with PriorityScheduling
 }
 
 // enqueue puts g's sequences at the tail of the queue. s.mu is held.
 func (s *Server) enqueue(g *group) {
 	g.left = len(g.jobs)
 	g.done = make(chan struct{})
-	s.waiting = append(s.waiting, g.jobs...)
+	for _, j := range g.jobs {
+		s.queue(j)
+	}
 	s.inflight++
 	select {
 	case s.wake <- struct{}{}:
@@ -72,6 +79,8 @@ func (s *Server) schedule() {
 	for {
 		s.mu.Lock()
 		s.dropAborted()
+		now := s.clock.now()
+		s.topUpOnline(now)
 		if len(s.running) == 0 && len(s.waiting) == 0 {
 			s.mu.Unlock()
 			select {
@@ -81,8 +90,9 @@ func (s *Server) schedule() {
 				return
 			}
 		}
-		s.step()
-		latency := s.cfg.TokenLatency
+		tokens := s.step()
+		latency := s.cfg.TokenLatency + time.Duration(tokens)*s.cfg.StepTokenCost
+		s.account(now, latency)
 		s.mu.Unlock()
 
 		if !s.clock.sleep(latency, s.quit) {
@@ -100,11 +110,13 @@ func (s *Server) schedule() {
 // A step computes at most Config.MaxNumBatchedTokens tokens, as vLLM's
 // chunked prefill does: a token for each running sequence that generates,
 // then the prompts of those still in prefill, oldest first, then new ones.
-func (s *Server) step() {
+// It returns the tokens it computed.
+func (s *Server) step() int {
 	budget := s.cfg.MaxNumBatchedTokens
 	if budget == 0 {
 		budget = int(^uint(0) >> 1)
 	}
+	start := budget
 	preempted := false
 	for i := 0; i < len(s.running); i++ {
 		j := s.running[i]
@@ -118,7 +130,7 @@ func (s *Server) step() {
 			s.release(victim)
 			victim.group.preemptions++
 			s.stats.Preemptions++
-			s.waiting = slices.Insert(s.waiting, 0, victim)
+			s.waiting = slices.Insert(s.waiting, 0, victim) // first again, whatever its priority
 			preempted = true
 			if victim == j {
 				break
@@ -159,6 +171,7 @@ func (s *Server) step() {
 		}
 	}
 	s.stats.MaxRunning = max(s.stats.MaxRunning, len(s.running))
+	return start - budget
 }
 
 // prefill computes up to budget tokens of j's prompt and returns how many;
@@ -192,6 +205,9 @@ func (s *Server) finish() {
 		s.release(j)
 		if j.group.left--; j.group.left == 0 {
 			close(j.group.done)
+			if j.group.online {
+				s.onlineDone()
+			}
 		}
 		return true
 	})

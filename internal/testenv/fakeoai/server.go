@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"log"
 	"math/rand/v2"
@@ -36,6 +37,8 @@ type Server struct {
 	used     int                     // KV blocks held by running sequences
 	cache    map[uint64]*cachedBlock // the prefix cache's blocks by hash
 	idle     *list.List              // of hashes: cached blocks no one holds, the next to evict first
+	online   *online                 // StartOnline's load
+	ttft     prometheus.Histogram    // of every generation, server seconds
 	kvLast   time.Time
 	inflight int      // requests between admission and answer, for TGI's limit
 	kvUsage  *float64 // SetKVUsage's
@@ -85,6 +88,7 @@ func NewUnstarted(cfg Config) *Server {
 		stats:    Stats{ByStatus: map[int]int64{}, Faults: map[FaultKind]int64{}},
 		kvLast:   now,
 		cache:    map[uint64]*cachedBlock{},
+		ttft:     newTTFT(cfg.Models[0]),
 		idle:     list.New(),
 		wake:     make(chan struct{}, 1),
 		quit:     make(chan struct{}),
