@@ -86,7 +86,10 @@ func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*o
 		}
 		m.held.Add(c.kv)
 		m.order.sending(c.prefix)
+		m.online.sending()
+		sentAt := time.Now()
 		a := m.post(ctx, c)
+		m.online.took(time.Since(sentAt))
 		m.order.sent(c.prefix)
 		m.held.Add(-c.kv)
 		if a == nil {

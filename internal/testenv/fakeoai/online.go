@@ -71,7 +71,7 @@ func (s *Server) topUpOnline(now time.Time) {
 		return
 	}
 	for n := o.target(now, s.cfg.MaxNumSeqs); o.inFlight < n; o.inFlight++ {
-		g := &group{online: true}
+		g := &group{online: o}
 		g.jobs = []*job{{group: g, prompt: o.load.Prompt, natural: o.load.Output, length: o.load.Output, arrived: now}}
 		g.left = 1
 		g.done = make(chan struct{})
@@ -101,14 +101,14 @@ func (s *Server) account(now time.Time, d time.Duration) {
 	end := now.Add(d)
 	online := 0
 	for _, j := range s.running {
-		if j.group.online {
+		if j.group.online != nil {
 			online++
 		}
 		if j.generated > 0 && !j.answered && j.length > 0 {
 			j.answered = true
 			ttft := end.Sub(j.arrived)
 			s.ttft.Observe(ttft.Seconds())
-			if j.group.online {
+			if j.group.online != nil {
 				s.stats.OnlineTTFTs = append(s.stats.OnlineTTFTs, ttft)
 			}
 		}
@@ -120,12 +120,10 @@ func (s *Server) account(now time.Time, d time.Duration) {
 	}
 }
 
-// onlineDone counts an online request answered. s.mu is held.
-func (s *Server) onlineDone() {
-	if s.online != nil {
-		s.online.inFlight--
-		s.stats.OnlineRequests++
-	}
+// onlineDone counts a request of load o answered. s.mu is held.
+func (s *Server) onlineDone(o *online) {
+	o.inFlight--
+	s.stats.OnlineRequests++
 }
 
 // ttftBuckets are vLLM's for vllm:time_to_first_token_seconds.

@@ -55,8 +55,8 @@ type group struct {
 	preemptions int
 	aborted     bool
 	done        chan struct{}
-	online      bool // OnlineLoad's, answered to no one
-	priority    int  // the request's, with PriorityScheduling
+	online      *online // the OnlineLoad it is of, answered to no one; nil: a client's
+	priority    int     // the request's, with PriorityScheduling
 }
 
 // enqueue puts g's sequences at the tail of the queue. s.mu is held.
@@ -205,8 +205,8 @@ func (s *Server) finish() {
 		s.release(j)
 		if j.group.left--; j.group.left == 0 {
 			close(j.group.done)
-			if j.group.online {
-				s.onlineDone()
+			if j.group.online != nil {
+				s.onlineDone(j.group.online)
 			}
 		}
 		return true
