@@ -31,6 +31,13 @@ import (
 // adds Increase (it takes the slack back). The bound never passes the
 // concurrency bound (Config.MaxConcurrency and its overload halving).
 //
+// Online traffic that grows finds its slots held by the batch, and waits,
+// before any of that shows: so a slack gate keeps Headroom of the server's
+// sequences free. The server's capacity is learned as the most requests it
+// ran at a reading when others waited (it was full); an interval that ran
+// more than capacity less Headroom gives the excess back, and an increase
+// stops short of it.
+//
 // The signals are vLLM's (docs/usage/metrics.md: vllm:num_requests_waiting,
 // vllm:kv_cache_usage_perc, the vllm:time_to_first_token_seconds
 // histogram), TGI's tgi_queue_size and TEI's te_queue_size. A server that
@@ -72,13 +79,17 @@ type Online struct {
 	// the lowest median latency seen past which an interval is congested.
 	// Default 1.5.
 	LatencySlack float64
+	// Headroom is the server's sequences kept free for online traffic to
+	// grow into between two intervals. Default MaxConcurrency/16, at
+	// least 1.
+	Headroom int
 }
 
 func (o Online) validate() error {
 	var errs []error
-	if o.Interval < 0 || o.TargetWaiting < 0 || o.TargetTTFT < 0 || o.Increase < 0 {
-		errs = append(errs, fmt.Errorf("modelserver: online: interval %v, target waiting %d, target TTFT %v, increase %d: want 0 or more",
-			o.Interval, o.TargetWaiting, o.TargetTTFT, o.Increase))
+	if o.Interval < 0 || o.TargetWaiting < 0 || o.TargetTTFT < 0 || o.Increase < 0 || o.Headroom < 0 {
+		errs = append(errs, fmt.Errorf("modelserver: online: interval %v, target waiting %d, target TTFT %v, increase %d, headroom %d: want 0 or more",
+			o.Interval, o.TargetWaiting, o.TargetTTFT, o.Increase, o.Headroom))
 	}
 	if o.KVHigh < 0 || o.KVHigh > 1 || o.Decrease < 0 || o.Decrease >= 1 || o.LatencySlack < 0 || (o.LatencySlack > 0 && o.LatencySlack <= 1) {
 		errs = append(errs, fmt.Errorf("modelserver: online: KV high %v, decrease %v, latency slack %v: want KV high and decrease in [0, 1), slack above 1",
@@ -100,6 +111,9 @@ func (o *Online) setDefaults(maxConcurrency int) {
 	if o.LatencySlack == 0 {
 		o.LatencySlack = 1.5
 	}
+	if o.Headroom == 0 {
+		o.Headroom = max(1, maxConcurrency/16)
+	}
 }
 
 // online is the controller. Its methods are safe on a nil *online (the mode
@@ -117,6 +131,7 @@ type online struct {
 	best     time.Duration   // lowest interval median seen
 	ttft     []histBucket    // the histogram at the last reading
 	why      string          // the last interval's congestion, for the log
+	capacity float64         // most running seen while others waited; 0: not yet
 
 	bound     prometheus.Gauge
 	givenWays prometheus.Counter
@@ -132,6 +147,8 @@ type histBucket struct {
 type signals struct {
 	metrics          bool // false: the server serves none; latency rules
 	waiting, kvUsage float64
+	running          float64       // the most at a reading of the interval
+	full             float64       // the most running at a reading that found others waiting
 	ttftP99          time.Duration // 0: no first token in the interval
 }
 
@@ -217,12 +234,21 @@ func (o *online) step(sig signals) int {
 			why = fmt.Sprintf("median latency %v, lowest %v", med, o.best)
 		}
 	}
+	o.capacity = max(o.capacity, sig.full)
+	slack := math.Inf(1) // sequences the server may still take before the headroom
+	if sig.metrics && o.capacity > 0 {
+		slack = o.capacity - float64(o.cfg.Headroom) - sig.running
+	}
 	switch {
 	case why != "":
 		o.limit = max(1, int(float64(o.limit)*o.cfg.Decrease))
 		o.givenWays.Inc()
+	case slack < 0:
+		why = fmt.Sprintf("%v running, within %d of the %v the server runs", sig.running, o.cfg.Headroom, o.capacity)
+		o.limit = max(1, o.limit-int(math.Ceil(-slack)))
+		o.givenWays.Inc()
 	case o.peak >= o.limit:
-		o.limit = min(o.max, o.limit+o.cfg.Increase)
+		o.limit = min(o.max, o.limit+int(math.Min(float64(o.cfg.Increase), slack)))
 	}
 	o.why = why
 	o.peak, o.lat = o.inflight, o.lat[:0]
@@ -265,6 +291,8 @@ func (o *online) run(ctx context.Context, m *Model) {
 			acc.metrics = acc.metrics && sig.metrics
 			acc.waiting = math.Min(acc.waiting, sig.waiting)
 			acc.kvUsage = math.Max(acc.kvUsage, sig.kvUsage)
+			acc.running = math.Max(acc.running, sig.running)
+			acc.full = math.Max(acc.full, sig.full)
 		}
 		if n++; n < onlineReadings {
 			continue
@@ -294,7 +322,8 @@ func (o *online) reason() string {
 }
 
 // read takes the server's signals from GET /metrics: the requests waiting
-// (summed over the engines and routes that report them), the KV cache's
+// and running (summed over the engines and routes that report them:
+// vLLM's num_requests_running, TGI's and TEI's batch_current_size), the KV cache's
 // usage (the fullest engine's), and the TTFT histogram.
 func (o *online) read(ctx context.Context, m *Model) (signals, []histBucket, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.base+"/metrics", nil)
@@ -326,6 +355,16 @@ func (o *online) read(ctx context.Context, m *Model) (signals, []histBucket, err
 			finite = finite && !math.IsNaN(v) && !math.IsInf(v, 0)
 			sig.waiting += v
 		}
+	}
+	for _, name := range []string{"vllm:num_requests_running", "tgi_batch_current_size", "te_batch_current_size"} {
+		for _, mt := range family(fams, name) {
+			v := value(mt)
+			finite = finite && !math.IsNaN(v) && !math.IsInf(v, 0)
+			sig.running += v
+		}
+	}
+	if sig.waiting > 0 {
+		sig.full = sig.running
 	}
 	for _, mt := range family(fams, "vllm:kv_cache_usage_perc") {
 		v := value(mt)

@@ -74,6 +74,40 @@ func TestOnlineGivesWayAndTakesBack(t *testing.T) {
 	})
 }
 
+// The slack gate: once the server has shown it runs 64 (others waited
+// then), an interval that ran past 64 less the headroom gives the excess
+// back, and an increase stops at it.
+func TestOnlineKeepsHeadroom(t *testing.T) {
+	o := newOnline(Online{Interval: time.Second, Increase: 8, Headroom: 4}, 64, newConcurrency(64, quiet()))
+	interval := func(busy int, sig signals) int {
+		for range busy {
+			o.sending()
+		}
+		for range busy {
+			o.took(time.Millisecond)
+		}
+		sig.metrics = true
+		return o.step(sig)
+	}
+	steps := []struct {
+		name string
+		busy int
+		sig  signals
+		want int
+	}{
+		{"online requests wait; capacity unknown", 64, signals{waiting: 1, running: 64}, 32},
+		{"64 running while others waited: 4 into the headroom", 32, signals{running: 64, full: 64}, 28},
+		{"50 running: room for 10, Increase 8", 28, signals{running: 50}, 36},
+		{"57 running: room for 3", 36, signals{running: 57}, 39},
+		{"62 running: 2 into the headroom", 39, signals{running: 62}, 37},
+	}
+	for _, s := range steps {
+		if got := interval(s.busy, s.sig); got != s.want {
+			t.Fatalf("%s: bound %d, want %d", s.name, got, s.want)
+		}
+	}
+}
+
 // Each signal, past its target, is congestion; under it, none.
 func TestOnlineSignals(t *testing.T) {
 	cfg := Online{Interval: time.Second, TargetWaiting: 2, TargetTTFT: 500 * time.Millisecond}
@@ -200,8 +234,10 @@ func TestOnlineFollowsTheServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(10 * time.Second)
-		if got := m.online.current(); got != 8 {
-			t.Errorf("bound %d once online traffic ended, want 8", got)
+		// The server ran 8 while others waited: its capacity, less the
+		// headroom of 8/16 → 1.
+		if got := m.online.current(); got != 7 {
+			t.Errorf("bound %d once online traffic ended, want 7", got)
 		}
 		cancel()
 	})

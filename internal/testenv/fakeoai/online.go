@@ -76,6 +76,10 @@ func (s *Server) topUpOnline(now time.Time) {
 		g.left = 1
 		g.done = make(chan struct{})
 		s.queue(g.jobs[0])
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
