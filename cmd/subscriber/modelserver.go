@@ -95,6 +95,8 @@ func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 		"online-first mode: requests that may wait in the server's queue at every reading of an interval before the batch gives way")
 	fs.DurationVar(&o.online.TargetTTFT, "model-server-online-ttft", 0,
 		"online-first mode: time-to-first-token p99 over an interval (vLLM's histogram) past which the batch gives way; 0: not followed")
+	fs.IntVar(&o.online.Headroom, "model-server-online-headroom", 0,
+		"online-first mode: the server's sequences kept free for online traffic to grow into; 0: 1/32 of -model-server-concurrency")
 	fs.IntVar(&o.online.Priority, "model-server-online-priority", 0,
 		"online-first mode: the vLLM priority every generation is sent with, replacing the body's own (lower goes first;\n"+
 			"the server needs --scheduling-policy priority); 0: none sent")

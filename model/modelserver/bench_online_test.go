@@ -115,7 +115,7 @@ func TestBenchOnline(t *testing.T) {
 	consumers := []onlineConsumer{
 		{name: "online alone (no batch)", none: true},
 		{name: "online-first (this mode)", model: func(c *Config) {
-			c.Online = Online{Interval: interval, Priority: 10}
+			c.Online = Online{Interval: interval, Priority: 10} // headroom 2, increase 8: the defaults at 64
 		}},
 		{name: "fixed concurrency 64", model: nil},
 		{name: "backs off on 429/5xx only", server: func(fc *fakeoai.Config) {

@@ -68,7 +68,7 @@ type Online struct {
 	// Default 0.5.
 	Decrease float64
 	// Increase is what an uncongested interval adds. Default
-	// MaxConcurrency/16, at least 1.
+	// MaxConcurrency/8, at least 1.
 	Increase int
 	// Priority, when not 0, is sent as every generation's "priority"
 	// (replacing a body's own, which an untrusted client could set to go
@@ -80,7 +80,7 @@ type Online struct {
 	// Default 1.5.
 	LatencySlack float64
 	// Headroom is the server's sequences kept free for online traffic to
-	// grow into between two intervals. Default MaxConcurrency/16, at
+	// grow into between two intervals. Default MaxConcurrency/32, at
 	// least 1.
 	Headroom int
 }
@@ -106,13 +106,13 @@ func (o *Online) setDefaults(maxConcurrency int) {
 		o.Decrease = 0.5
 	}
 	if o.Increase == 0 {
-		o.Increase = max(1, maxConcurrency/16)
+		o.Increase = max(1, maxConcurrency/8)
 	}
 	if o.LatencySlack == 0 {
 		o.LatencySlack = 1.5
 	}
 	if o.Headroom == 0 {
-		o.Headroom = max(1, maxConcurrency/16)
+		o.Headroom = max(1, maxConcurrency/32)
 	}
 }
 
