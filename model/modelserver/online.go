@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"net/http"
 	"slices"
 	"strconv"
 	"sync"
@@ -15,8 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // Online is online-first mode: the server also serves traffic this
@@ -326,25 +322,9 @@ func (o *online) reason() string {
 // vLLM's num_requests_running, TGI's and TEI's batch_current_size), the KV cache's
 // usage (the fullest engine's), and the TTFT histogram.
 func (o *online) read(ctx context.Context, m *Model) (signals, []histBucket, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.base+"/metrics", nil)
+	fams, err := m.scrape(ctx)
 	if err != nil {
 		return signals{}, nil, err
-	}
-	if m.auth != "" {
-		req.Header.Set("Authorization", m.auth)
-	}
-	resp, err := m.client.Do(req)
-	if err != nil {
-		return signals{}, nil, fmt.Errorf("GET /metrics: %w", clipErr(err))
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return signals{}, nil, fmt.Errorf("GET /metrics: %s", clip(resp.Status, maxServerString))
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return signals{}, nil, fmt.Errorf("GET /metrics: %s", clip(err.Error(), maxServerMessage))
 	}
 	sig := signals{}
 	finite := true
