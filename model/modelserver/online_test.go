@@ -1,10 +1,14 @@
 package modelserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -240,5 +244,56 @@ func TestOnlineFollowsTheServer(t *testing.T) {
 			t.Errorf("bound %d once online traffic ended, want 7", got)
 		}
 		cancel()
+	})
+}
+
+// recordingTransport keeps the bodies of the generation requests it passes
+// on.
+type recordingTransport struct {
+	next   http.RoundTripper
+	mu     sync.Mutex
+	bodies []string
+}
+
+func (r *recordingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Path == "/v1/chat/completions" {
+		b, _ := io.ReadAll(req.Body)
+		r.mu.Lock()
+		r.bodies = append(r.bodies, string(b))
+		r.mu.Unlock()
+		req.Body = io.NopCloser(bytes.NewReader(b))
+	}
+	return r.next.RoundTrip(req)
+}
+
+// In online-first mode with a priority, what reaches the server carries
+// it, whatever the item's body said.
+func TestOnlinePriorityReachesTheServer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fakeoai.Config{PriorityScheduling: true})
+		defer s.Close()
+		rec := &recordingTransport{next: s.Client().Transport}
+		m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(rec), Models: []string{"fake-model"},
+			Logger: quiet(), Online: Online{Interval: time.Second, Priority: 10}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		items := []job.Item{chatItem("a", "hi", 4),
+			{ID: "b", Body: json.RawMessage(`{"model":"fake-model","messages":[{"role":"user","content":"x"}],"max_tokens":4,"priority":-5}`)}}
+		outs, err := m.Run(t.Context(), items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOK(t, outs)
+		if len(rec.bodies) != 2 {
+			t.Fatalf("%d requests sent, want 2", len(rec.bodies))
+		}
+		for _, b := range rec.bodies {
+			var v struct{ Priority *int }
+			if json.Unmarshal([]byte(b), &v) != nil || v.Priority == nil || *v.Priority != 10 {
+				t.Errorf("sent %s, want priority 10", b)
+			}
+		}
 	})
 }
