@@ -1,6 +1,7 @@
 package modelserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -191,16 +192,32 @@ func (o *online) took(d time.Duration) {
 	o.mu.Unlock()
 }
 
-// mark sets a generation's priority, when one is configured.
+// mark sets a generation's priority, when one is configured, and takes out
+// any priority the request carried otherwise: on a server started with
+// --scheduling-policy priority (vLLM) a lower number is served first, so a
+// client's own "priority" would let one tenant's items jump ahead of
+// another's and of the product's online traffic. Which work goes first is
+// the operator's to say, not a request's.
 func (o *online) mark(body []byte) []byte {
-	if o == nil || o.cfg.Priority == 0 {
-		return body
+	prio := 0
+	if o != nil {
+		prio = o.cfg.Priority
+	}
+	if prio == 0 && !bytes.Contains(body, []byte(`"priority"`)) {
+		return body // nothing to set or take out: no decode on the hot path
 	}
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(body, &fields) != nil {
 		return body // refused already by the rule: not sent
 	}
-	fields["priority"] = json.RawMessage(strconv.Itoa(o.cfg.Priority))
+	if prio == 0 {
+		if _, ok := fields["priority"]; !ok {
+			return body // the bytes were inside a string
+		}
+		delete(fields, "priority")
+	} else {
+		fields["priority"] = json.RawMessage(strconv.Itoa(prio))
+	}
 	b, err := json.Marshal(fields)
 	if err != nil {
 		return body

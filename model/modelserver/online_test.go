@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -176,6 +177,14 @@ func TestOnlineMarksPriority(t *testing.T) {
 	var off *online
 	if b := off.mark([]byte(`{"model":"m"}`)); string(b) != `{"model":"m"}` {
 		t.Errorf("mode off: body %s changed", b)
+	}
+	// A client's own priority never reaches the server: on a
+	// priority-scheduled vLLM it would let its items jump the queue.
+	if b := off.mark([]byte(`{"model":"m","priority":-100}`)); string(b) != `{"model":"m"}` {
+		t.Errorf("mode off: a client's priority passed: %s", b)
+	}
+	if b := off.mark([]byte(`{"model":"m","messages":[{"role":"user","content":"\"priority\""}]}`)); !strings.Contains(string(b), `\"priority\"`) {
+		t.Errorf("mode off: a body that names priority in a string changed: %s", b)
 	}
 }
 
