@@ -107,6 +107,8 @@ gpu-verify: cuda-stubs
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/bert.test ./model/bert/
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/subscriber.test ./subscriber/
 	cp bench/torch/embed.py bench/torch/bert.py gpu/verify/run.sh $(GPU_VERIFY)/
+	# The model-server path against a real engine (gpu/verify/engine): pure Go, so no cuda stubs.
+	CGO_ENABLED=0 $(GO) build -ldflags='-s -w' -o $(GPU_VERIFY)/engine ./gpu/verify/engine
 	cp -r model/bert/testdata/model $(GPU_VERIFY)/bert-models
 	cp -r model/wordpiece/testdata/tokenizer $(GPU_VERIFY)/bert-tokenizer
 	git describe --always --dirty >$(GPU_VERIFY)/COMMIT 2>/dev/null || echo unknown >$(GPU_VERIFY)/COMMIT
