@@ -110,12 +110,19 @@ func run(ctx context.Context, o options, modelName string, w io.Writer) (err err
 		return nil
 	}
 	if o.url == "" {
+		var env []string
+		if r.engine == "transformers" {
+			if dir, env, err = hfCache(filepath.Join(o.dir, "hf")); err != nil {
+				r.err = err
+				return err
+			}
+		}
 		if err := writeModel(dir); err != nil {
 			r.err = err
 			return err
 		}
 		r.opts.modelConfig = filepath.Join(dir, "config.json")
-		s, err := start(ctx, r.engine, serverOpts{python: o.python, dir: dir, logPath: r.logPath, maxSeqs: o.seqs,
+		s, err := start(ctx, r.engine, serverOpts{python: o.python, dir: dir, env: env, logPath: r.logPath, maxSeqs: o.seqs,
 			gpuBlocks: o.blocks, maxLen: o.maxLen, ready: o.ready}, r.found)
 		if s != nil {
 			r.argv = s.argv

@@ -8,14 +8,38 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 )
 
-// servedName is the model's name on vLLM's routes.
-const servedName = "vramq-engine"
+// servedName is the model's name on vLLM's routes; cachedRepo its name in
+// the Hugging Face cache layout transformers' server lists models from.
+const (
+	servedName = "vramq-engine"
+	cachedRepo = "vramq/engine"
+)
+
+// hfCache lays the model out under root as Hugging Face's cache holds a
+// repository (hub/models--vramq--engine/snapshots/REV, refs/main naming
+// REV): transformers' server lists only cached repositories on
+// GET /v1/models, which the model-server backend checks at Open, and loads
+// one offline from there. It returns the snapshot directory to write the
+// model into and the environment that points the server at root.
+func hfCache(root string) (string, []string, error) {
+	const rev = "0000000000000000000000000000000000000000"
+	repo := filepath.Join(root, "hub", "models--"+strings.ReplaceAll(cachedRepo, "/", "--"))
+	snap := filepath.Join(repo, "snapshots", rev)
+	if err := os.MkdirAll(filepath.Join(repo, "refs"), 0o755); err != nil {
+		return "", nil, err
+	}
+	if err := os.WriteFile(filepath.Join(repo, "refs", "main"), []byte(rev), 0o644); err != nil {
+		return "", nil, err
+	}
+	return snap, []string{"HF_HOME=" + root, "HF_HUB_CACHE=" + filepath.Join(root, "hub")}, nil
+}
 
 // saveScript saves a model of random weights from the config.json in
 // argv[1], into the same directory, for transformers' server, which has no
@@ -32,7 +56,8 @@ AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).save_pretraine
 // has them.
 type serverOpts struct {
 	python    string
-	dir       string // the model directory writeModel wrote
+	dir       string   // the model directory writeModel wrote
+	env       []string // added to the server's environment
 	logPath   string
 	maxSeqs   int // vLLM's --max-num-seqs: the capacity online traffic is a share of
 	gpuBlocks int // vLLM's --num-gpu-blocks-override, blocks of 16 tokens
@@ -70,7 +95,7 @@ func vllmArgv(o serverOpts, port int) []string {
 }
 
 // transformersArgv is transformers' server; it loads the model a request
-// names, here the directory itself.
+// names from the cache hfCache laid out.
 func transformersArgv(o serverOpts, f findings, port int) []string {
 	head := []string{o.python, "-m", "transformers.commands.transformers_cli"}
 	if p := f.Binaries["transformers"]; p != "" {
@@ -91,7 +116,7 @@ func start(ctx context.Context, engine string, o serverOpts, f findings) (*serve
 		return nil, err
 	}
 	defer log.Close()
-	env := append(os.Environ(), offlineEnv...)
+	env := append(append(os.Environ(), offlineEnv...), o.env...)
 	s := &server{base: "http://127.0.0.1:" + strconv.Itoa(port), exited: make(chan struct{})}
 	switch engine {
 	case "vllm":
@@ -102,7 +127,7 @@ func start(ctx context.Context, engine string, o serverOpts, f findings) (*serve
 		if err := save.Run(); err != nil {
 			return nil, fmt.Errorf("saving random weights from config.json: %w (log: %s)", err, o.logPath)
 		}
-		s.argv, s.model = transformersArgv(o, f, port), o.dir
+		s.argv, s.model = transformersArgv(o, f, port), cachedRepo
 	default:
 		return nil, fmt.Errorf("no server to start for %q", engine)
 	}
