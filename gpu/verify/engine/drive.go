@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -51,7 +52,10 @@ type driveOpts struct {
 	// A phase runs on past its length until it has this many batch items
 	// and online answers, where it has either: tests end phases by count.
 	minBatch, minOnline int64
-	logger              *slog.Logger
+	// overrun bounds how long past its length a phase waits for those
+	// counts (a server that stopped answering); default 2m.
+	overrun time.Duration
+	logger  *slog.Logger
 }
 
 // phaseResult is one phase's figures; -1 where the server exports no
@@ -69,6 +73,7 @@ type phaseResult struct {
 	ttft                   []time.Duration // online: to the first event, or the whole answer unstreamed
 	batchSlots, idleSlots  float64         // mean batch requests in flight; mean max_num_seqs less online's
 	bound, giveWays        float64         // online-first: its bound at the end, its give-ways; -1 off
+	cut                    bool            // ended by overrun, its counts not reached
 }
 
 // phase is one of the four runs.
@@ -229,9 +234,10 @@ func runPhase(ctx context.Context, o driveOpts, p phase) (phaseResult, error) {
 				kvMax = max(kvMax, kv)
 			}
 		}
-		done = time.Since(t0) >= o.phase &&
-			(!p.batch || batchOK.Load()+batchFailed.Load() >= o.minBatch) &&
+		counted := (!p.batch || batchOK.Load()+batchFailed.Load() >= o.minBatch) &&
 			(!p.online || online.Load()+onlineFailed.Load() >= o.minOnline)
+		res.cut = !counted && time.Since(t0) >= o.phase+cmp.Or(o.overrun, 2*time.Minute)
+		done = time.Since(t0) >= o.phase && counted || res.cut
 	}
 	res.seconds = time.Since(t0).Seconds()
 	if p.onlineFirst {
@@ -393,6 +399,23 @@ func sum(f *dto.MetricFamily) float64 {
 		}
 	}
 	return s
+}
+
+// drain waits until the server shows no request running or waiting, at
+// most limit; a server without metrics is given a few seconds.
+func drain(ctx context.Context, base string, limit time.Duration) {
+	t0 := time.Now()
+	for time.Since(t0) < limit && ctx.Err() == nil {
+		f, err := scrape(ctx, base)
+		if err != nil {
+			sleep(ctx, 5*time.Second)
+			return
+		}
+		if gauge(f, "vllm:num_requests_running")+gauge(f, "vllm:num_requests_waiting") == 0 {
+			return
+		}
+		sleep(ctx, 250*time.Millisecond)
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -239,5 +243,42 @@ func TestDriveAgainstFake(t *testing.T) {
 	}
 	if !strings.Contains(sec, "- online + batch, online-first: batch in flight") || !strings.Contains(sec, "without batch (") {
 		t.Errorf("no online-first summary line:\n%s", sec)
+	}
+}
+
+// A server that takes requests and never answers cuts each phase short
+// after its overrun, marked so, rather than holding the GPU run forever.
+func TestPhaseCutWhenServerHangs(t *testing.T) {
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/models":
+			_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"stuck"}]}`)
+		case "/v1/chat/completions":
+			// The backend lets a request it sent run on when its Run is
+			// cancelled; the test ends them.
+			select {
+			case <-r.Context().Done():
+			case <-stop:
+			}
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	defer close(stop)
+	o := driveOpts{base: srv.URL, model: "stuck", seqs: 4, period: time.Second, workers: 1, batchItems: 1, maxTokens: 8,
+		onlineMax: 8, minBatch: 1, minOnline: 1, overrun: 300 * time.Millisecond, logger: slog.New(slog.DiscardHandler)}
+	for _, p := range phases[:2] {
+		res, err := runPhase(t.Context(), o, p)
+		if err != nil {
+			t.Fatalf("%s: %v", p.name, err)
+		}
+		if !res.cut || res.onlineOK+res.batchOK != 0 {
+			t.Errorf("%s: cut %v, %d online and %d batch answers from a server that never answers", p.name, res.cut, res.onlineOK, res.batchOK)
+		}
+		if res.kvMean != -1 || res.preemptions != -1 || res.serverTokens != -1 {
+			t.Errorf("%s: figures %v %v %v from a server without /metrics, want -1 (n/a)", p.name, res.kvMean, res.preemptions, res.serverTokens)
+		}
 	}
 }

@@ -141,7 +141,12 @@ func run(ctx context.Context, o options, modelName string, w io.Writer) (err err
 			r.opts.extra = `"ignore_eos":true`
 		}
 	}
-	for _, p := range phases {
+	for i, p := range phases {
+		if i > 0 {
+			// The backend lets requests it sent run on when a Run is
+			// cancelled: the next phase starts on an idle server.
+			drain(ctx, r.opts.base, time.Minute)
+		}
 		res, err := runPhase(ctx, r.opts, p)
 		if err != nil {
 			r.err = err

@@ -120,7 +120,11 @@ func writeFigures(p func(string, ...any), rs []phaseResult, stream bool) {
 		if r.serverTokens >= 0 {
 			stps = fmt.Sprintf("%.0f", r.serverTokens/r.seconds)
 		}
-		p("| %s | %.1f | %s | %s | %s | %s | %s | %d | %d | %d | %s | %s | %.1f | %.1f | %s |", r.name, r.seconds, batch, btps,
+		name := r.name
+		if r.cut {
+			name += " (cut short: no answer within the overrun)"
+		}
+		p("| %s | %.1f | %s | %s | %s | %s | %s | %d | %d | %d | %s | %s | %.1f | %.1f | %s |", name, r.seconds, batch, btps,
 			stps, kv, na(r.preemptions, "%.0f"), r.s429, r.s503, r.sOther, online, ttft, r.batchSlots, r.idleSlots, bound)
 	}
 	// Issue 36's two figures for online-first mode, here against the real

@@ -124,6 +124,14 @@ func fakeVLLM(args []string) int {
 		fmt.Fprintln(os.Stderr, strings.Join(errs, "; "))
 		return 3
 	}
+	// A run that failed to stop it must not leave it behind.
+	parent := os.Getppid()
+	go func() {
+		for os.Getppid() == parent {
+			time.Sleep(100 * time.Millisecond)
+		}
+		os.Exit(1)
+	}()
 	s := fakeoai.NewUnstarted(fakeoai.Config{Models: []string{*name}, MaxNumSeqs: *seqs, BlockSize: 16, NumGPUBlocks: *blocks,
 		MaxModelLen: *maxLen, PriorityScheduling: *policy == "priority", TokenLatency: time.Millisecond})
 	// As vLLM does, the port is bound only once the model is loaded.
