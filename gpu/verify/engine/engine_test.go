@@ -282,3 +282,37 @@ func TestPhaseCutWhenServerHangs(t *testing.T) {
 		}
 	}
 }
+
+// The project's WordPiece loader and transformers.js, an independent
+// reading of Hugging Face's tokenizer.json, give the same ids for the
+// generated tokenizer (testdata/hfjs.mjs wrote the golden file from it):
+// what vLLM's tokenizer will make of the benchmark's prompts is what the
+// backend counts.
+func TestGeneratedTokenizerMatchesTransformersJS(t *testing.T) {
+	var golden struct {
+		Generator string
+		Encode    []struct {
+			Text string
+			IDs  []int32
+		}
+		EOS int `json:"eos_token_id"`
+		BOS int `json:"bos_token_id"`
+	}
+	readJSON(t, filepath.Join("testdata", "hfjs-golden.json"), &golden)
+	if golden.EOS != eosID || golden.BOS != bosID || len(golden.Encode) == 0 {
+		t.Fatalf("%s read eos %d, bos %d and %d texts; the model has %d and %d", golden.Generator, golden.EOS, golden.BOS, len(golden.Encode), eosID, bosID)
+	}
+	dir := t.TempDir()
+	if err := writeModel(dir); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := wordpiece.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range golden.Encode {
+		if got := tok.Encode(e.Text, -1); !slicesEqual(got, e.IDs) {
+			t.Errorf("%q: wordpiece %v, %s %v", e.Text, got, golden.Generator, e.IDs)
+		}
+	}
+}

@@ -58,7 +58,15 @@ func main() {
 	fs.IntVar(&o.maxTokens, "max-tokens", 512, "a batch item's max_tokens")
 	fs.IntVar(&o.onlineMax, "online-tokens", 64, "an online request's max_tokens")
 	fs.BoolVar(&o.stream, "stream", true, "online requests stream, and their TTFT is measured; false: their whole latency (a server that cannot stream)")
+	writeOnly := fs.String("write-model", "", "only write the generated model (config.json, tokenizer) into this directory, and exit")
 	_ = fs.Parse(os.Args[1:])
+	if *writeOnly != "" {
+		if err := writeModel(*writeOnly); err != nil {
+			fmt.Fprintln(os.Stderr, "engine:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var w io.Writer = os.Stdout
