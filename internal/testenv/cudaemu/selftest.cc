@@ -471,6 +471,198 @@ static void test_sgemm_batched(sgemm_batched_fn batched, sgemm_fn sgemm, void *h
 	}
 }
 
+// --- cublasGemmEx: binary16 and bfloat16 operands, float32 accumulation ------
+
+typedef int (*gemm_ex_fn)(void *, int, int, int, int, int, const void *, const void *, int, int, const void *, int, int,
+	const void *, void *, int, int, int, int);
+typedef int (*gemm_ex_batched_fn)(void *, int, int, int, int, int, const void *, const void *, int, int, long long,
+	const void *, int, int, long long, const void *, void *, int, int, long long, int, int, int);
+
+enum { R_32F = 0, R_16F = 2, R_16BF = 14, COMPUTE_16F = 64, COMPUTE_32F = 68, FAST_16F = 74, ALGO_DEFAULT = -1, ALGO_TENSOR_OP = 99 };
+
+// to16 is what GemmEx writes for f into a C of type ct (16F or 16BF): C =
+// alpha·1·1 with alpha f, rounded once.
+static uint16_t to16(gemm_ex_fn ex, void *h, int ct, float f) {
+	uint16_t one = ct == R_16F ? 0x3c00 : 0x3f80;
+	unsigned long long dA = upload(std::vector<uint16_t>{one}), dC;
+	MUST(cuMemAlloc_v2(&dC, 2));
+	float beta = 0;
+	MUST(ex(h, 0, 0, 1, 1, 1, &f, (const void *)dA, ct, 1, (const void *)dA, ct, 1, &beta, (void *)dC, ct, 1, COMPUTE_32F, ALGO_TENSOR_OP));
+	uint16_t got = download<uint16_t>(dC, 1)[0];
+	cuMemFree_v2(dA), cuMemFree_v2(dC);
+	return got;
+}
+
+// from16 is the float32 GemmEx reads bits of type t (16F or 16BF) as: C =
+// bits·1 into a float32 C.
+static float from16(gemm_ex_fn ex, void *h, int t, uint16_t bits) {
+	uint16_t one = t == R_16F ? 0x3c00 : 0x3f80;
+	unsigned long long dA = upload(std::vector<uint16_t>{bits}), dB = upload(std::vector<uint16_t>{one}), dC;
+	MUST(cuMemAlloc_v2(&dC, 4));
+	float alpha = 1, beta = 0;
+	MUST(ex(h, 0, 0, 1, 1, 1, &alpha, (const void *)dA, t, 1, (const void *)dB, t, 1, &beta, (void *)dC, R_32F, 1, COMPUTE_32F, ALGO_DEFAULT));
+	float got = download<float>(dC, 1)[0];
+	cuMemFree_v2(dA), cuMemFree_v2(dB), cuMemFree_v2(dC);
+	return got;
+}
+
+static void test_gemm_ex_conversions(gemm_ex_fn ex, void *h) {
+	// IEEE 754 binary16, round to nearest even: ties, the largest finite,
+	// overflow, subnormals (and one rounding up into the normals), zero's
+	// sign, NaN.
+	struct { float f; uint16_t want; } halves[] = {
+		{1.0f, 0x3c00}, {-2.0f, 0xc000}, {0.1f, 0x2e66}, {65504.0f, 0x7bff}, {65519.99f, 0x7bff}, {65520.0f, 0x7c00},
+		{1e30f, 0x7c00}, {-INFINITY, 0xfc00}, {ldexpf(1, -14), 0x0400}, {ldexpf(1, -24), 0x0001}, {ldexpf(1, -25), 0x0000},
+		{ldexpf(3, -26), 0x0001}, {1e-8f, 0x0000}, {ldexpf(1023, -24) + ldexpf(1, -25), 0x0400},
+		{ldexpf(1021, -24) + ldexpf(1, -25), 0x03fe}, {1.0f + ldexpf(1, -11), 0x3c00}, {1.0f + ldexpf(3, -11), 0x3c02},
+		{-0.0f, 0x8000},
+	};
+	for (auto &c : halves) {
+		uint16_t got = to16(ex, h, R_16F, c.f);
+		CHECK(got == c.want, "GemmEx float32 %.9g to binary16: 0x%04x, want 0x%04x", c.f, got, c.want);
+	}
+	uint16_t nan = to16(ex, h, R_16F, NAN);
+	CHECK((nan & 0x7c00) == 0x7c00 && (nan & 0x3ff) != 0, "GemmEx NaN to binary16: 0x%04x, not a NaN", nan);
+	struct { uint16_t bits; float want; } back[] = {
+		{0x0001, ldexpf(1, -24)}, {0x03ff, ldexpf(1023, -24)}, {0x0400, ldexpf(1, -14)}, {0x7bff, 65504.0f},
+		{0xfc00, -INFINITY}, {0x3555, 0.333251953125f},
+	};
+	for (auto &c : back) {
+		float got = from16(ex, h, R_16F, c.bits);
+		CHECK(got == c.want, "GemmEx binary16 0x%04x to float32: %.9g, want %.9g", c.bits, got, c.want);
+	}
+	struct { float f; uint16_t want; } bf[] = {
+		{1.0f, 0x3f80}, {1.0f + ldexpf(1, -8), 0x3f80}, {1.0f + ldexpf(3, -8), 0x3f82}, {-3.0f, 0xc040},
+		{3.4028235e38f, 0x7f80}, {ldexpf(1, -133), 0x0001},
+	};
+	for (auto &c : bf) {
+		uint16_t got = to16(ex, h, R_16BF, c.f);
+		CHECK(got == c.want, "GemmEx float32 %.9g to bfloat16: 0x%04x, want 0x%04x", c.f, got, c.want);
+	}
+	CHECK(from16(ex, h, R_16BF, 0x3fc0) == 1.5f, "GemmEx bfloat16 0x3fc0 to float32: not 1.5");
+}
+
+static std::vector<uint16_t> halves_of(const std::vector<float> &v, gemm_ex_fn ex, void *h) {
+	std::vector<uint16_t> out(v.size());
+	for (size_t i = 0; i < v.size(); i++) out[i] = to16(ex, h, R_16F, v[i]);
+	return out;
+}
+
+static void test_gemm_ex(gemm_ex_fn ex, gemm_ex_batched_fn exb, void *h) {
+	test_gemm_ex_conversions(ex, h);
+
+	// Float32 accumulation: 4096 products of 1·1 sum to 4096; a binary16
+	// accumulator stops at 2048, where adding 1 rounds back down.
+	{
+		int k = 4096;
+		std::vector<uint16_t> ones(k, 0x3c00);
+		unsigned long long dA = upload(ones), dC, dC16;
+		MUST(cuMemAlloc_v2(&dC, 4));
+		MUST(cuMemAlloc_v2(&dC16, 2));
+		float alpha = 1, beta = 0;
+		MUST(ex(h, 1, 0, 1, 1, k, &alpha, (const void *)dA, R_16F, k, (const void *)dA, R_16F, k, &beta, (void *)dC, R_32F, 1, COMPUTE_32F, ALGO_TENSOR_OP));
+		MUST(ex(h, 1, 0, 1, 1, k, &alpha, (const void *)dA, R_16F, k, (const void *)dA, R_16F, k, &beta, (void *)dC16, R_16F, 1, COMPUTE_32F, ALGO_TENSOR_OP));
+		float got = download<float>(dC, 1)[0];
+		uint16_t got16 = download<uint16_t>(dC16, 1)[0];
+		CHECK(got == 4096.0f && got16 == 0x6c00, "GemmEx: 4096 products of 1 sum to %g (binary16 0x%04x), want 4096 (0x6c00)", got, got16);
+		cuMemFree_v2(dA), cuMemFree_v2(dC), cuMemFree_v2(dC16);
+	}
+
+	// Every transpose mode, padded leading dimensions, beta 0 on NaN memory
+	// and beta 2: against a direct computation on the binary16 operands.
+	int m = 11, n = 6, k = 37;
+	const char *names = "NT";
+	for (int ta = 0; ta < 2; ta++)
+		for (int tb = 0; tb < 2; tb++)
+			for (float beta : {0.0f, 2.0f}) {
+				int arows = ta ? k : m, acols = ta ? m : k, brows = tb ? n : k, bcols = tb ? k : n;
+				int lda = arows + 2, ldb = brows + 3, ldc = m + 1;
+				std::vector<float> Af(lda * acols), Bf(ldb * bcols), C(ldc * n);
+				for (auto &v : Af) v = 4 * frand();
+				for (auto &v : Bf) v = 4 * frand();
+				for (auto &v : C) v = frand();
+				auto A = halves_of(Af, ex, h), B = halves_of(Bf, ex, h);
+				unsigned long long dA = upload(A), dB = upload(B), dC;
+				if (beta == 0.0f) {
+					MUST(cuMemAlloc_v2(&dC, C.size() * 4));
+				} else {
+					dC = upload(C);
+				}
+				float alpha = 0.5f;
+				MUST(ex(h, ta, tb, m, n, k, &alpha, (const void *)dA, R_16F, lda, (const void *)dB, R_16F, ldb, &beta, (void *)dC, R_32F, ldc, COMPUTE_32F, ALGO_TENSOR_OP));
+				auto got = download<float>(dC, C.size());
+				double worst = 0;
+				for (int i = 0; i < m; i++)
+					for (int j = 0; j < n; j++) {
+						double s = 0;
+						for (int l = 0; l < k; l++) {
+							double a = from16(ex, h, R_16F, ta ? A[l + i * lda] : A[i + l * lda]);
+							double b = from16(ex, h, R_16F, tb ? B[j + l * ldb] : B[l + j * ldb]);
+							s += a * b;
+						}
+						double want = alpha * s + (beta == 0 ? 0 : beta * C[i + j * ldc]);
+						double d = fabs(want - got[i + j * ldc]) / fmax(1.0, fabs(want));
+						worst = isnan(d) ? INFINITY : fmax(worst, d);
+					}
+				CHECK(worst < 1e-5, "GemmEx 16F %c%c beta %g: largest relative error %g", names[ta], names[tb], beta, worst);
+				cuMemFree_v2(dA), cuMemFree_v2(dB), cuMemFree_v2(dC);
+			}
+
+	// The strided-batched form equals GemmEx product by product, binary16 C.
+	{
+		int count = 3;
+		long long sa = 40 * 5, sb = 40 * 4, sc = 6 * 4;
+		std::vector<float> Af(sa * count), Bf(sb * count);
+		for (auto &x : Af) x = frand();
+		for (auto &x : Bf) x = frand();
+		auto A = halves_of(Af, ex, h), B = halves_of(Bf, ex, h);
+		unsigned long long dA = upload(A), dB = upload(B), dC, dC1;
+		MUST(cuMemAlloc_v2(&dC, sc * count * 2));
+		MUST(cuMemAlloc_v2(&dC1, sc * 2));
+		const float alpha = 1, beta = 0;
+		MUST(exb(h, 1, 0, 5, 4, 40, &alpha, (const void *)dA, R_16F, 40, sa, (const void *)dB, R_16F, 40, sb, &beta, (void *)dC, R_16F, 6, sc, count, COMPUTE_32F, ALGO_TENSOR_OP));
+		auto got = download<uint16_t>(dC, sc * count);
+		for (int i = 0; i < count; i++) {
+			MUST(ex(h, 1, 0, 5, 4, 40, &alpha, (const void *)(dA + 2 * i * sa), R_16F, 40, (const void *)(dB + 2 * i * sb), R_16F, 40, &beta, (void *)dC1, R_16F, 6, COMPUTE_32F, ALGO_TENSOR_OP));
+			auto one = download<uint16_t>(dC1, sc);
+			int bad = 0;
+			for (int j = 0; j < 4; j++)
+				for (int r = 0; r < 5; r++) bad += one[j * 6 + r] != got[i * sc + j * 6 + r];
+			CHECK(bad == 0, "cublasGemmStridedBatchedEx: product %d differs from cublasGemmEx in %d values", i, bad);
+		}
+		cuMemFree_v2(dA), cuMemFree_v2(dB), cuMemFree_v2(dC), cuMemFree_v2(dC1);
+	}
+
+	// What cuBLAS does not support is refused (CUBLAS_STATUS_NOT_SUPPORTED):
+	// A and B of different types, a binary16 accumulator (not emulated);
+	// an unknown algorithm is an invalid value.
+	{
+		unsigned long long d;
+		MUST(cuMemAlloc_v2(&d, 64));
+		float one = 1, zero = 0;
+		int mixed = ex(h, 0, 0, 1, 1, 1, &one, (const void *)d, R_16F, 1, (const void *)d, R_32F, 1, &zero, (void *)d, R_32F, 1, COMPUTE_32F, ALGO_DEFAULT);
+		int c16 = ex(h, 0, 0, 1, 1, 1, &one, (const void *)d, R_16F, 1, (const void *)d, R_16F, 1, &zero, (void *)d, R_16F, 1, COMPUTE_16F, ALGO_DEFAULT);
+		int algo = ex(h, 0, 0, 1, 1, 1, &one, (const void *)d, R_16F, 1, (const void *)d, R_16F, 1, &zero, (void *)d, R_32F, 1, COMPUTE_32F, 50);
+		CHECK(mixed == 15 && c16 == 15 && algo == 7, "GemmEx: mixed types %d, binary16 compute %d, algorithm 50 %d; want 15, 15, 7", mixed, c16, algo);
+		cuMemFree_v2(d);
+	}
+
+	// CUBLAS_COMPUTE_32F_FAST_16F may round float32 inputs to binary16 (the
+	// emulator always does): 1 + 2^-12 becomes 1.
+	{
+		std::vector<float> a{1.0f + ldexpf(1, -12)}, b{1.0f};
+		unsigned long long dA = upload(a), dB = upload(b), dC;
+		MUST(cuMemAlloc_v2(&dC, 4));
+		float one = 1, zero = 0;
+		MUST(ex(h, 0, 0, 1, 1, 1, &one, (const void *)dA, R_32F, 1, (const void *)dB, R_32F, 1, &zero, (void *)dC, R_32F, 1, COMPUTE_32F, ALGO_DEFAULT));
+		float exact = download<float>(dC, 1)[0];
+		MUST(ex(h, 0, 0, 1, 1, 1, &one, (const void *)dA, R_32F, 1, (const void *)dB, R_32F, 1, &zero, (void *)dC, R_32F, 1, FAST_16F, ALGO_DEFAULT));
+		float fast = download<float>(dC, 1)[0];
+		CHECK(exact == a[0] && fast == 1.0f, "GemmEx float32: %.9g with COMPUTE_32F, %.9g with FAST_16F; want %.9g and 1", exact, fast, a[0]);
+		cuMemFree_v2(dA), cuMemFree_v2(dB), cuMemFree_v2(dC);
+	}
+}
+
 int main(int argc, char **argv) {
 	if (argc < 4) {
 		fprintf(stderr, "usage: selftest LIBCUBLAS EMBED_PTX BERT_PTX\n");
@@ -523,6 +715,13 @@ int main(int argc, char **argv) {
 	test_sgemm(sgemm, h);
 	test_sgemm_batched(batched, sgemm, h);
 	test_bert_attention(bert_mod, batched, h);
+	auto ex = (gemm_ex_fn)dlsym(lib, "cublasGemmEx");
+	auto exb = (gemm_ex_batched_fn)dlsym(lib, "cublasGemmStridedBatchedEx");
+	if (!ex || !exb) {
+		fprintf(stderr, "FATAL no cublasGemmEx or cublasGemmStridedBatchedEx\n");
+		return 2;
+	}
+	test_gemm_ex(ex, exb, h);
 
 	// A stale PTX: an entry with a parameter the .cu no longer has.
 	{
