@@ -24,6 +24,7 @@ extern "C" {
 int cuInit(unsigned);
 int cuCtxCreate_v2(void **, unsigned, int);
 int cuCtxDestroy_v2(void *);
+int cuCtxSetCurrent(void *);
 int cuModuleLoadData(void **, const void *);
 int cuModuleGetFunction(void **, void *, const char *);
 int cuMemAlloc_v2(unsigned long long *, size_t);
@@ -778,6 +779,46 @@ int main(int argc, char **argv) {
 		CHECK(cuLaunchKernel(fn, 8, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr) == 0, "the overrunning launch itself failed");
 		CHECK(cuCtxSynchronize() == 700, "no CUDA_ERROR_ILLEGAL_ADDRESS after a kernel ran past its buffer");
 		MUST(cuCtxDestroy_v2(ctx));
+	}
+
+	// A kernel running far past the end of its buffer, as a grid-stride loop
+	// over a wrong length does: its blocks run in a shuffled order, so the
+	// first address one touches may lie megabytes past the end. It must
+	// fault there, not write into the host memory above: here a 4 MiB
+	// allocation of another context, the next mapping above (found by
+	// allocating until one lands within 2 GiB above, as mmap fills the
+	// highest hole first), read back through that context afterwards:
+	// unchanged. With one guard page above each allocation it was 9 KiB
+	// above, and nearly every block of the 4096 wrote into it.
+	for (int trial = 0; trial < 4; trial++) {
+		void *first, *second;
+		MUST(cuCtxCreate_v2(&first, 0, 0));
+		MUST(cuCtxCreate_v2(&second, 0, 0));
+		MUST(cuModuleLoadData(&mod, ptx.c_str()));
+		std::vector<float> ones(1 << 20, 1.0f), x(256), bias(256);
+		unsigned long long db = upload(bias), above = 0, dx = 0;
+		auto next_above = [&] { return above > dx && above - dx < (2ULL << 30); };
+		for (int attempt = 0; attempt < 64 && !next_above(); attempt++) {
+			MUST(cuCtxSetCurrent(first));
+			above = upload(ones);
+			MUST(cuCtxSetCurrent(second));
+			dx = upload(x);
+		}
+		CHECK(next_above(), "no allocation landed just above another (%llx, %llx): the test shows nothing", above, dx);
+		void *fn;
+		MUST(cuModuleGetFunction(&fn, mod, "bias_gelu"));
+		long nn = 1 << 22, w = 1; // a grid-stride loop over 16 MiB of a 1 KiB buffer
+		void *args[] = {&dx, &db, &nn, &w};
+		CHECK(cuLaunchKernel(fn, 4096, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr) == 0, "the overrunning launch itself failed");
+		CHECK(cuCtxSynchronize() == 700, "no CUDA_ERROR_ILLEGAL_ADDRESS after a kernel ran far past its buffer");
+		MUST(cuCtxDestroy_v2(second));
+		MUST(cuCtxSetCurrent(first));
+		auto got = download<float>(above, ones.size());
+		size_t changed = 0;
+		for (float v : got) changed += v != 1.0f;
+		CHECK(changed == 0, "a kernel running past its buffer changed %zu floats of the allocation mapped %llu bytes above it (trial %d)",
+			changed, above - dx, trial);
+		MUST(cuCtxDestroy_v2(first));
 	}
 
 	// Device memory of another context is not this one's: a kernel given it
