@@ -543,9 +543,27 @@ static void test_gemm_ex_conversions(gemm_ex_fn ex, void *h) {
 	CHECK(from16(ex, h, R_16BF, 0x3fc0) == 1.5f, "GemmEx bfloat16 0x3fc0 to float32: not 1.5");
 }
 
-static std::vector<uint16_t> halves_of(const std::vector<float> &v, gemm_ex_fn ex, void *h) {
-	std::vector<uint16_t> out(v.size());
-	for (size_t i = 0; i < v.size(); i++) out[i] = to16(ex, h, R_16F, v[i]);
+// random_halves is n binary16 values of either sign between 1/8 and 4.
+static std::vector<uint16_t> random_halves(size_t n) {
+	std::vector<uint16_t> out(n);
+	for (auto &v : out) {
+		rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+		uint64_t r = rng_state >> 33;
+		v = uint16_t(((r & 1) << 15) | ((12 + (r >> 1) % 5) << 10) | ((r >> 4) & 0x3ff));
+	}
+	return out;
+}
+
+// floats_of is what GemmEx reads the binary16 values v as: one product of
+// v (as a column) and 1 into a float32 column.
+static std::vector<float> floats_of(gemm_ex_fn ex, void *h, const std::vector<uint16_t> &v) {
+	unsigned long long dA = upload(v), dB = upload(std::vector<uint16_t>{0x3c00}), dC;
+	MUST(cuMemAlloc_v2(&dC, v.size() * 4));
+	float alpha = 1, beta = 0;
+	int m = int(v.size());
+	MUST(ex(h, 0, 0, m, 1, 1, &alpha, (const void *)dA, R_16F, m, (const void *)dB, R_16F, 1, &beta, (void *)dC, R_32F, m, COMPUTE_32F, ALGO_DEFAULT));
+	auto out = download<float>(dC, v.size());
+	cuMemFree_v2(dA), cuMemFree_v2(dB), cuMemFree_v2(dC);
 	return out;
 }
 
@@ -578,11 +596,10 @@ static void test_gemm_ex(gemm_ex_fn ex, gemm_ex_batched_fn exb, void *h) {
 			for (float beta : {0.0f, 2.0f}) {
 				int arows = ta ? k : m, acols = ta ? m : k, brows = tb ? n : k, bcols = tb ? k : n;
 				int lda = arows + 2, ldb = brows + 3, ldc = m + 1;
-				std::vector<float> Af(lda * acols), Bf(ldb * bcols), C(ldc * n);
-				for (auto &v : Af) v = 4 * frand();
-				for (auto &v : Bf) v = 4 * frand();
+				std::vector<float> C(ldc * n);
 				for (auto &v : C) v = frand();
-				auto A = halves_of(Af, ex, h), B = halves_of(Bf, ex, h);
+				auto A = random_halves(lda * acols), B = random_halves(ldb * bcols);
+				auto Af = floats_of(ex, h, A), Bf = floats_of(ex, h, B);
 				unsigned long long dA = upload(A), dB = upload(B), dC;
 				if (beta == 0.0f) {
 					MUST(cuMemAlloc_v2(&dC, C.size() * 4));
@@ -597,8 +614,8 @@ static void test_gemm_ex(gemm_ex_fn ex, gemm_ex_batched_fn exb, void *h) {
 					for (int j = 0; j < n; j++) {
 						double s = 0;
 						for (int l = 0; l < k; l++) {
-							double a = from16(ex, h, R_16F, ta ? A[l + i * lda] : A[i + l * lda]);
-							double b = from16(ex, h, R_16F, tb ? B[j + l * ldb] : B[l + j * ldb]);
+							double a = ta ? Af[l + i * lda] : Af[i + l * lda];
+							double b = tb ? Bf[j + l * ldb] : Bf[l + j * ldb];
 							s += a * b;
 						}
 						double want = alpha * s + (beta == 0 ? 0 : beta * C[i + j * ldc]);
@@ -613,10 +630,7 @@ static void test_gemm_ex(gemm_ex_fn ex, gemm_ex_batched_fn exb, void *h) {
 	{
 		int count = 3;
 		long long sa = 40 * 5, sb = 40 * 4, sc = 6 * 4;
-		std::vector<float> Af(sa * count), Bf(sb * count);
-		for (auto &x : Af) x = frand();
-		for (auto &x : Bf) x = frand();
-		auto A = halves_of(Af, ex, h), B = halves_of(Bf, ex, h);
+		auto A = random_halves(sa * count), B = random_halves(sb * count);
 		unsigned long long dA = upload(A), dB = upload(B), dC, dC1;
 		MUST(cuMemAlloc_v2(&dC, sc * count * 2));
 		MUST(cuMemAlloc_v2(&dC1, sc * 2));
