@@ -341,12 +341,30 @@ const emulatedGranule = 2 << 20
 // emulator's granule (nothing else is allocated while a batch runs, cuBLAS
 // included). The CPU encoder's estimate (model/bert's WorkingBytes) is at
 // least as large, so a cost model built on it covers this backend too.
+//
+// In half precision the same, with the half-precision operands on top of
+// the CPU encoder's estimate (GPUConfig.HalfSeqBytes per item, as the GPU
+// Embedder's Cost adds them).
 func TestCUDABertWorkingBytesCoversAllocation(t *testing.T) {
 	base, err := bert.Load(filepath.Join(goldenRoot, "tiny-f32"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newCUDAEncoder(t, base)
+	for _, prec := range []bert.GPUPrecision{bert.GPUFloat32, bert.GPUFloat16} {
+		t.Run(prec.String(), func(t *testing.T) {
+			cfg, w := base.GPU()
+			cfg.Precision = prec
+			c, err := bert.NewCUDAEncoder(0, base.Name(), w, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			workingBytesCoverAllocation(t, base, c)
+		})
+	}
+}
+
+func workingBytesCoverAllocation(t *testing.T, base *bert.Model, c *bert.CUDAEncoder) {
 	emulated := strings.HasPrefix(c.Device(), "vramq CPU-emulated GPU")
 	for _, shape := range []struct{ items, seqLen int }{{1, 2}, {3, 17}, {8, 128}, {33, 64}} {
 		ids := longBatch(base, shape.items)
@@ -361,8 +379,9 @@ func TestCUDABertWorkingBytesCoversAllocation(t *testing.T) {
 		}
 		t.Logf("FIGURE cuda-bert memory: %d items × %d tokens: estimate %s, device measured %s, CPU encoder's estimate %s",
 			shape.items, shape.seqLen, bytesize.Format(est), bytesize.Format(peak), bytesize.Format(base.WorkingBytes(shape.items, shape.seqLen)))
-		if cpuEst := base.WorkingBytes(shape.items, shape.seqLen); cpuEst < est {
-			t.Errorf("%d×%d: the CPU encoder's estimate %d is below the CUDA allocation %d", shape.items, shape.seqLen, cpuEst, est)
+		if cpuEst := base.WorkingBytes(shape.items, shape.seqLen) + int64(shape.items)*c.HalfSeqBytes(shape.seqLen); cpuEst < est {
+			t.Errorf("%d×%d: the CPU encoder's estimate (and the half-precision operands) %d is below the CUDA allocation %d",
+				shape.items, shape.seqLen, cpuEst, est)
 		}
 		// The driver's free memory moves in whole pages (the granule): a batch
 		// that fits in a page already mapped reads as 0, so one page is allowed.
@@ -702,4 +721,92 @@ func TestCUDABertEmuStickyFaultLosesDevice(t *testing.T) {
 			}
 		})
 	}
+}
+
+// halfTolerance is what half precision must hold against the CPU encoder
+// on unit-normalized embeddings: every component within 1e-2 and a cosine
+// of at least 0.9999 (binary16 keeps 11 significant bits, bfloat16 8; the
+// products accumulate in float32). Measured on the emulated GPU: see the
+// FIGURE lines of TestCUDABertHalfPrecisionMatchesCPU.
+var halfTolerance = struct{ abs, cosine float64 }{1e-2, 0.9999}
+
+// The encoder in half precision (weights stored in binary16 or bfloat16,
+// products through cublasGemmEx with float32 accumulation), for both
+// golden models and every normalized pooling, against the CPU encoder in
+// float32. It must differ from the float32 encoder by more than float32
+// rounding (else the half path did not run) and hold its weights in less
+// memory.
+func TestCUDABertHalfPrecisionMatchesCPU(t *testing.T) {
+	for _, prec := range []bert.GPUPrecision{bert.GPUFloat16, bert.GPUBFloat16} {
+		tol := halfTolerance
+		for _, dir := range goldenDirs(t) {
+			t.Run(prec.String()+"/"+filepath.Base(dir), func(t *testing.T) {
+				g := bert.ReadGolden(t, dir)
+				base, err := bert.Load(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var worstAbs, worstF32 float64
+				worstCos := 1.0
+				for _, mode := range goldenModes {
+					if !mode.normalize {
+						continue
+					}
+					s := base.Sentence()
+					s.Pooling, s.Normalize = mode.pooling, mode.normalize
+					m := base.WithSentence(s)
+					cfg, w := m.GPU()
+					f32 := newCUDAEncoder(t, m)
+					cfg.Precision = prec
+					c, err := bert.NewCUDAEncoder(0, m.Name(), w, cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if c.Weights() >= f32.Weights() {
+						t.Errorf("%v weights take %d bytes, float32 %d", prec, c.Weights(), f32.Weights())
+					}
+					for bi, batch := range g.Batches {
+						got, err := c.Embed(context.Background(), batch.IDs)
+						if err != nil {
+							t.Fatalf("batch %d: %v", bi, err)
+						}
+						single, err := f32.Embed(context.Background(), batch.IDs)
+						if err != nil {
+							t.Fatal(err)
+						}
+						cpu, err := m.Embed(batch.IDs)
+						if err != nil {
+							t.Fatal(err)
+						}
+						for i := range batch.IDs {
+							d, cos := bert.MaxAbsDiff(got[i], cpu[i]), cosine(got[i], cpu[i])
+							worstAbs, worstCos = max(worstAbs, d), min(worstCos, cos)
+							worstF32 = max(worstF32, bert.MaxAbsDiff(got[i], single[i]))
+							if !(d <= tol.abs) || !(cos >= tol.cosine) {
+								t.Errorf("%s, batch %d, item %d (%d tokens): differs from the CPU by %.3g, cosine %.6f (tolerance %g, %g)",
+									mode.key, bi, i, len(batch.IDs[i]), d, cos, tol.abs, tol.cosine)
+							}
+						}
+					}
+					c.Close()
+					f32.Close()
+				}
+				if worstF32 <= cudaBertTolerance {
+					t.Errorf("%v differs from float32 by at most %.3g: the half-precision path did not run", prec, worstF32)
+				}
+				t.Logf("FIGURE cuda-bert %v %s: largest |%v - cpu| %.3g, least cosine %.6f (tolerance %g, %g); largest |%v - float32 cuda| %.3g",
+					prec, filepath.Base(dir), prec, worstAbs, worstCos, tol.abs, tol.cosine, prec, worstF32)
+			})
+		}
+	}
+}
+
+func cosine(a, b []float32) float64 {
+	var ab, aa, bb float64
+	for i := range a {
+		ab += float64(a[i]) * float64(b[i])
+		aa += float64(a[i]) * float64(a[i])
+		bb += float64(b[i]) * float64(b[i])
+	}
+	return ab / math.Sqrt(aa*bb)
 }

@@ -307,6 +307,56 @@ extern "C" GLOBAL void bert_pool(const float *x, const int *lens, float *out, i6
 	}
 }
 
+// half_bits rounds f to IEEE 754 binary16 (bf16 0) or to bfloat16 (bf16 1),
+// to nearest even, by integer arithmetic on its bits (this file has no
+// cuda_fp16.h): the rounding of cvt.rn, and of gpu/cuda.HalfBits, which
+// converts the weights.
+DEVICE unsigned short half_bits(float f, i64 bf16) {
+	union {
+		float f;
+		unsigned u;
+	} v = {f};
+	unsigned x = v.u, ax = x & 0x7fffffffu;
+	if (bf16) {
+		if (ax > 0x7f800000u) {
+			return (unsigned short)((x >> 16) | 0x40u);
+		}
+		return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+	}
+	unsigned short sign = (unsigned short)((x >> 16) & 0x8000u);
+	if (ax > 0x7f800000u) {
+		return sign | 0x7e00u | (unsigned short)((ax >> 13) & 0x3ffu);
+	}
+	if (ax >= 0x477ff000u) {
+		return sign | 0x7c00u; // 65520 and up: infinity
+	}
+	if (ax < 0x33000000u) {
+		return sign; // below 2^-25: zero
+	}
+	if (ax < 0x38800000u) { // a subnormal, in units of 2^-24
+		unsigned e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, shift = 126 - e;
+		unsigned hm = m >> shift, rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+		if (rem > halfway || (rem == halfway && (hm & 1u))) {
+			hm++;
+		}
+		return sign | (unsigned short)hm;
+	}
+	unsigned hm = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
+	if (rem > 0x1000u || (rem == 0x1000u && (hm & 1u))) {
+		hm++;
+	}
+	return sign | (unsigned short)hm;
+}
+
+// bert_to_half sets y[i] to x[i] rounded to binary16 (bf16 0) or bfloat16
+// (bf16 1): the operands of a half-precision GEMM, from the float32
+// activations every other kernel reads and writes. Grid-stride.
+extern "C" GLOBAL void bert_to_half(const float *x, unsigned short *y, i64 n, i64 bf16) {
+	for (i64 k = (i64)ctaid() * ntid() + tid(); k < n; k += (i64)nctaid() * ntid()) {
+		y[k] = half_bits(x[k], bf16);
+	}
+}
+
 // bert_l2norm scales each row of y ([n, width]) to unit length, dividing
 // by max(‖row‖, 1e-12) as torch.nn.functional.normalize does. One block
 // per row.
@@ -337,3 +387,4 @@ using bertk::bert_bias_gelu;
 using bertk::bert_erf;
 using bertk::bert_pool;
 using bertk::bert_l2norm;
+using bertk::bert_to_half;
