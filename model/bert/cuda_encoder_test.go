@@ -810,3 +810,135 @@ func cosine(a, b []float32) float64 {
 	}
 	return ab / math.Sqrt(aa*bb)
 }
+
+// bertBaseShape is bert-base-uncased's shape (110M parameters).
+var bertBaseShape = map[string]any{
+	"model_type": "bert", "architectures": []string{"BertModel"}, "vocab_size": 30522, "hidden_size": 768,
+	"num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 512,
+	"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu", "position_embedding_type": "absolute",
+}
+
+// halfThroughputFloor is the least ratio of this backend's half-precision
+// items/s to PyTorch's float16 with scaled-dot-product attention that issue
+// 37 accepts, at each shape.
+const halfThroughputFloor = 1.0
+
+// On a GPU with PyTorch: the encoder in binary16 against PyTorch in
+// float16 with scaled-dot-product attention (bench/torch/bert.py --dtype
+// float16 --attention sdpa: the plain encoder and, where installed,
+// transformers.BertModel; the faster is the bar), MiniLM-L6 and BERT-base
+// shapes (generated weights) at batch × length 8×32, 32×128, 128×128 and
+// 128×512, taking turns in one run, median of three rounds. Each shape's
+// ratio must reach halfThroughputFloor; a failure lists every shape's
+// figures. The cosine of each output against the float32 encoder's must
+// reach 0.9999. Skips without VRAMQ_TORCH_PYTHON (make cuda-emu-test);
+// make gpu-verify's run.sh sets it.
+func TestCUDABertHalfThroughputAtLeastTorchSDPA(t *testing.T) {
+	python, script := torchBert(t)
+	impls := []string{"plain"}
+	if exec.Command(python, "-c", "import transformers").Run() == nil {
+		impls = append(impls, "transformers")
+	}
+	shapes := []struct{ batch, seqLen int }{{8, 32}, {32, 128}, {128, 128}, {128, 512}}
+	const rounds = 3
+	var below []string
+	for _, model := range []struct {
+		name string
+		cfg  map[string]any
+	}{{"MiniLM-L6", miniLMShape}, {"BERT-base", bertBaseShape}} {
+		dir := filepath.Join(t.TempDir(), model.name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeBertDir(t, dir, model.cfg)
+		m, err := bert.Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, w := m.GPU()
+		f32 := newCUDAEncoder(t, m)
+		cfg.Precision = bert.GPUFloat16
+		f16, err := bert.NewCUDAEncoder(0, m.Name(), w, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type shape struct{ batch, seqLen int }
+		ours, theirs := map[shape][]float64{}, map[string]map[shape][]float64{}
+		cosines := map[shape]float64{}
+		for round := range rounds {
+			for _, sh := range shapes {
+				ids := longBatch(m, sh.batch)
+				for i := range ids {
+					ids[i] = ids[i][:sh.seqLen]
+				}
+				if round == 0 {
+					half, err := f16.Embed(context.Background(), ids)
+					if err != nil {
+						t.Fatalf("%s %d×%d: %v", model.name, sh.batch, sh.seqLen, err)
+					}
+					single, err := f32.Embed(context.Background(), ids)
+					if err != nil {
+						t.Fatalf("%s %d×%d float32: %v", model.name, sh.batch, sh.seqLen, err)
+					}
+					worst := 1.0
+					for i := range ids {
+						worst = min(worst, cosine(half[i], single[i]))
+					}
+					cosines[shape(sh)] = worst
+					if !(worst >= 0.9999) {
+						t.Errorf("%s %d×%d: float16 against float32: cosine %.6f, want at least 0.9999", model.name, sh.batch, sh.seqLen, worst)
+					}
+				}
+				ours[shape(sh)] = append(ours[shape(sh)], bertItemsPerSecond(t, f16, ids))
+			}
+			// One process per implementation and round, every shape (and
+			// the others of the grid, not reported): loading BERT-base's
+			// weights once, not once per shape.
+			for _, impl := range impls {
+				out, err := exec.Command(python, script, "--model", dir, "--device", "cuda", "--impl", impl,
+					"--dtype", "float16", "--attention", "sdpa", "--bench", "8,32,128", "--seq", "32,128,512").Output()
+				if err != nil {
+					t.Fatalf("%s --impl %s --dtype float16 --attention sdpa: %v", script, impl, err)
+				}
+				if theirs[impl] == nil {
+					theirs[impl] = map[shape][]float64{}
+				}
+				for line := range strings.Lines(string(out)) {
+					var r struct {
+						Batch, Seq int
+						ItemsPerS  float64 `json:"items_per_s"`
+					}
+					if err := json.Unmarshal([]byte(line), &r); err != nil {
+						t.Fatalf("bert.py --bench: %q: %v", line, err)
+					}
+					k := shape{r.Batch, r.Seq}
+					theirs[impl][k] = append(theirs[impl][k], r.ItemsPerS)
+				}
+			}
+		}
+		for _, sh := range shapes {
+			k := shape(sh)
+			o, best, bestImpl := floats.Median(ours[k]), 0.0, ""
+			for _, impl := range impls {
+				if len(theirs[impl][k]) == 0 {
+					t.Fatalf("bert.py --impl %s gave no figure for batch %d × %d tokens", impl, sh.batch, sh.seqLen)
+				}
+				if p := floats.Median(theirs[impl][k]); p > best {
+					best, bestImpl = p, impl
+				}
+			}
+			line := fmt.Sprintf("%s, batch %d × %d tokens: vramq CUDA float16 %.0f items/s, PyTorch float16 + SDPA (%s) %.0f items/s, ratio %.2f (median of %d rounds); cosine against float32 %.6f",
+				model.name, sh.batch, sh.seqLen, o, bestImpl, best, o/best, rounds, cosines[k])
+			t.Logf("FIGURE cuda-bert half throughput: %s", line)
+			if !(o/best >= halfThroughputFloor) {
+				below = append(below, line)
+			}
+		}
+		f16.Close()
+		f32.Close()
+	}
+	if len(below) > 0 {
+		t.Errorf("half-precision throughput under %.1f× PyTorch float16 + SDPA at %d shapes; measured:\n  %s",
+			halfThroughputFloor, len(below), strings.Join(below, "\n  "))
+	}
+}
