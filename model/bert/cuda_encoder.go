@@ -51,7 +51,7 @@ type CUDAEncoder struct {
 
 	// Owned by the context's goroutine.
 	w   []cu.DevicePtr // in GPUWeights.tensors' order; the GEMMs' in half precision if cfg.Precision says so
-	fns struct{ embed, addLN, split, merge, softmax, gelu, pool, norm, erf, toHalf cu.Function }
+	fns struct{ embed, addLN, split, merge, softmax, gelu, pool, norm, erf, toHalf, attention cu.Function }
 	own *cuda.Owner
 }
 
@@ -90,6 +90,7 @@ func (m *CUDAEncoder) setup(index int, w *GPUWeights) error {
 		"bert_embed": &m.fns.embed, "bert_add_layernorm": &m.fns.addLN, "bert_split_heads": &m.fns.split,
 		"bert_merge_heads": &m.fns.merge, "bert_softmax": &m.fns.softmax, "bert_bias_gelu": &m.fns.gelu,
 		"bert_pool": &m.fns.pool, "bert_l2norm": &m.fns.norm, "bert_erf": &m.fns.erf, "bert_to_half": &m.fns.toHalf,
+		"bert_attention": &m.fns.attention,
 	}); err != nil {
 		return err
 	}
@@ -312,7 +313,10 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 		buf(0), buf(1), buf(2), buf(3), buf(4), buf(5), buf(6), buf(7), buf(8), buf(9)
 	// In half precision: Q, K and V by head, then one other operand (see
 	// GPUConfig.halfOperands).
-	half := c.Precision != GPUFloat32
+	half, fused := c.Precision != GPUFloat32, c.Attention == GPUAttentionFused
+	// A tile of keys per thread, at least one thread per component of a
+	// head (bert_attention's accumulators), at least two warps.
+	attnThreads := max(cuda.Pow2(c.Hidden/c.Heads), 64)
 	qkvHalves, _ := c.halfOperands(items, seqLen)
 	dQKV16 := buf(10)
 	dOther16 := dQKV16 + cu.DevicePtr((2*qkvHalves+gpuAlign-1)/gpuAlign*gpuAlign)
@@ -378,6 +382,12 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 			// column-major, that is Sᵀ = K·Qᵀ: A = K (d×L column-major,
 			// transposed), B = Q (d×L, as is).
 			func() error {
+				if fused {
+					// softmax(QKᵀ/√d)·V in one kernel, into Q's place;
+					// the two steps after are then nothing.
+					return cuda.Launch(m.fns.attention, min(int(nScoreRows), 65535), attnThreads,
+						&dQ, &dK, &dV, &dLens, &nScoreRows, &seqL, &headsL, &dL, &scale)
+				}
 				if !half {
 					return m.own.Blas.GemmBatched(true, false, seqLen, seqLen, d, dK, d, sd, dQ, d, sd, dScores, seqLen, ss, nb)
 				}
@@ -388,6 +398,9 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 					dScores, seqLen, ss, cuda.Float32, nb)
 			},
 			func() error {
+				if fused {
+					return nil
+				}
 				return cuda.Launch(m.fns.softmax, min(int(nScoreRows), 65535), min(cuda.Pow2(seqLen), 256),
 					&dScores, &dLens, &nScoreRows, &seqL, &headsL, &scale)
 			},
@@ -395,6 +408,9 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 			// Oᵀ = Vᵀ·Pᵀ, with A = V (d×L) and B = P (L×L), into Q's
 			// place (Q is spent).
 			func() error {
+				if fused {
+					return nil
+				}
 				if !half {
 					return m.own.Blas.GemmBatched(false, false, d, seqLen, seqLen, dV, d, sd, dScores, seqLen, ss, dQ, d, sd, nb)
 				}

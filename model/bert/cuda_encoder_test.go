@@ -344,16 +344,22 @@ const emulatedGranule = 2 << 20
 //
 // In half precision the same, with the half-precision operands on top of
 // the CPU encoder's estimate (GPUConfig.HalfSeqBytes per item, as the GPU
-// Embedder's Cost adds them).
+// Embedder's Cost adds them); and with fused attention, which allocates no
+// scores.
 func TestCUDABertWorkingBytesCoversAllocation(t *testing.T) {
 	base, err := bert.Load(filepath.Join(goldenRoot, "tiny-f32"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, prec := range []bert.GPUPrecision{bert.GPUFloat32, bert.GPUFloat16} {
-		t.Run(prec.String(), func(t *testing.T) {
+	for _, v := range []struct {
+		name string
+		prec bert.GPUPrecision
+		attn bert.GPUAttention
+	}{{"float32", bert.GPUFloat32, bert.GPUAttentionGEMM}, {"float16", bert.GPUFloat16, bert.GPUAttentionGEMM},
+		{"fused", bert.GPUFloat32, bert.GPUAttentionFused}} {
+		t.Run(v.name, func(t *testing.T) {
 			cfg, w := base.GPU()
-			cfg.Precision = prec
+			cfg.Precision, cfg.Attention = v.prec, v.attn
 			c, err := bert.NewCUDAEncoder(0, base.Name(), w, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -940,5 +946,85 @@ func TestCUDABertHalfThroughputAtLeastTorchSDPA(t *testing.T) {
 	if len(below) > 0 {
 		t.Errorf("half-precision throughput under %.1f× PyTorch float16 + SDPA at %d shapes; measured:\n  %s",
 			halfThroughputFloor, len(below), strings.Join(below, "\n  "))
+	}
+}
+
+// Fused attention (one kernel, an online softmax over tiles of keys, no
+// scores buffer) against the CPU encoder and the unfused GEMM path, for
+// both golden models, every pooling, each batch as ONNX Runtime ran it: in
+// float32 within cudaBertTolerance of the CPU, and with float16 products
+// within halfTolerance.
+func TestCUDABertFusedAttentionMatchesUnfused(t *testing.T) {
+	for _, dir := range goldenDirs(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			g := bert.ReadGolden(t, dir)
+			base, err := bert.Load(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var worstCPU, worstGEMM, worstHalf float64
+			for _, mode := range goldenModes {
+				s := base.Sentence()
+				s.Pooling, s.Normalize = mode.pooling, mode.normalize
+				m := base.WithSentence(s)
+				unfused := newCUDAEncoder(t, m)
+				cfg, w := m.GPU()
+				cfg.Attention = bert.GPUAttentionFused
+				fused, err := bert.NewCUDAEncoder(0, m.Name(), w, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var half *bert.CUDAEncoder
+				if mode.normalize {
+					cfg.Precision = bert.GPUFloat16
+					if half, err = bert.NewCUDAEncoder(0, m.Name(), w, cfg); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for bi, batch := range g.Batches {
+					got, err := fused.Embed(context.Background(), batch.IDs)
+					if err != nil {
+						t.Fatalf("batch %d: %v", bi, err)
+					}
+					gemm, err := unfused.Embed(context.Background(), batch.IDs)
+					if err != nil {
+						t.Fatal(err)
+					}
+					cpu, err := m.Embed(batch.IDs)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i := range batch.IDs {
+						dc, dg := bert.MaxAbsDiff(got[i], cpu[i]), bert.MaxAbsDiff(got[i], gemm[i])
+						worstCPU, worstGEMM = max(worstCPU, dc), max(worstGEMM, dg)
+						if !(dc <= cudaBertTolerance) || !(dg <= cudaBertTolerance) {
+							t.Errorf("%s, batch %d, item %d (%d tokens): fused differs from the CPU by %.3g, from the GEMM path by %.3g (tolerance %g)",
+								mode.key, bi, i, len(batch.IDs[i]), dc, dg, cudaBertTolerance)
+						}
+					}
+					if half == nil {
+						continue
+					}
+					h16, err := half.Embed(context.Background(), batch.IDs)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i := range batch.IDs {
+						d, cos := bert.MaxAbsDiff(h16[i], cpu[i]), cosine(h16[i], cpu[i])
+						worstHalf = max(worstHalf, d)
+						if !(d <= halfTolerance.abs) || !(cos >= halfTolerance.cosine) {
+							t.Errorf("%s, batch %d, item %d: fused float16 differs from the CPU by %.3g, cosine %.6f", mode.key, bi, i, d, cos)
+						}
+					}
+				}
+				fused.Close()
+				unfused.Close()
+				if half != nil {
+					half.Close()
+				}
+			}
+			t.Logf("FIGURE cuda-bert fused attention %s: largest |fused - cpu| %.3g, |fused - GEMM path| %.3g (tolerance %g); float16 fused |.- cpu| %.3g",
+				filepath.Base(dir), worstCPU, worstGEMM, cudaBertTolerance, worstHalf)
+		})
 	}
 }

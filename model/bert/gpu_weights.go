@@ -48,6 +48,20 @@ func (p GPUPrecision) String() string {
 	return fmt.Sprintf("precision %d", int(p))
 }
 
+// GPUAttention is how the CUDA encoder computes attention.
+type GPUAttention int
+
+const (
+	// GPUAttentionGEMM is two strided-batched GEMMs around a softmax
+	// kernel, through a buffer of items·heads·seqLen² scores. The default.
+	GPUAttentionGEMM GPUAttention = iota
+	// GPUAttentionFused is one kernel (bert_attention) with an online
+	// softmax over tiles of keys: no scores buffer, so a batch's memory
+	// grows with seqLen, not its square (CUDAWorkingBytes says so). In
+	// float32 whatever the precision of the projections.
+	GPUAttentionFused
+)
+
 // GPUConfig is the shape of a BERT encoder and how its output is pooled,
 // as the CUDA backend needs it (model/bert reads it from a model directory).
 type GPUConfig struct {
@@ -60,6 +74,8 @@ type GPUConfig struct {
 	// Precision is the matrix products' number format; the zero value is
 	// float32.
 	Precision GPUPrecision
+	// Attention is how attention is computed; the zero value is GEMMs.
+	Attention GPUAttention
 }
 
 // GPULayerWeights are one encoder layer's parameters in float32. Linear
@@ -109,6 +125,12 @@ func (c GPUConfig) Validate() error {
 	}
 	if c.Precision < GPUFloat32 || c.Precision > GPUBFloat16 {
 		errs = append(errs, fmt.Errorf("%v unknown", c.Precision))
+	}
+	if c.Attention < GPUAttentionGEMM || c.Attention > GPUAttentionFused {
+		errs = append(errs, fmt.Errorf("attention %d unknown", c.Attention))
+	}
+	if c.Attention == GPUAttentionFused && c.Heads > 0 && c.Hidden/c.Heads > 1024 {
+		errs = append(errs, fmt.Errorf("fused attention: head width %d over 1024 (one thread per component)", c.Hidden/c.Heads))
 	}
 	return errors.Join(errs...)
 }
@@ -199,21 +221,26 @@ const gpuAlign = 256
 // bertBuffers are the byte sizes of one batch's device buffers, in the
 // order the CUDA encoder carves its one allocation: token ids, item
 // lengths, the hidden state, the fused Q/K/V projection, the same split by
-// head, the attention scores (items·heads·seqLen²), the attention output, a
-// projection's output, the feed-forward layer's inner activations, the
-// pooled vectors, and in half precision the products' half-precision
-// operands (halfOperands; 0 in float32).
+// head, the attention scores (items·heads·seqLen²; none with fused
+// attention), the attention output, a projection's output, the
+// feed-forward layer's inner activations, the pooled vectors, and in half
+// precision the products' half-precision operands (halfOperands; 0 in
+// float32).
 func (c GPUConfig) bertBuffers(items, seqLen int) [11]int64 {
 	b, l := int64(items), int64(seqLen)
 	rows := b * l
 	h, in, heads := int64(c.Hidden), int64(c.Intermediate), int64(c.Heads)
+	scores := 4 * b * heads * l * l
+	if c.Attention == GPUAttentionFused {
+		scores = 0
+	}
 	var half int64
 	if c.Precision != GPUFloat32 {
 		qkv, other := c.halfOperands(items, seqLen)
 		half = (2*qkv+gpuAlign-1)/gpuAlign*gpuAlign + 2*other // the other starts aligned, as cuBLAS prefers
 	}
 	return [11]int64{4 * rows, 4 * b, 4 * rows * h, 4 * rows * 3 * h, 4 * rows * 3 * h,
-		4 * b * heads * l * l, 4 * rows * h, 4 * rows * h, 4 * rows * in, 4 * b * h, half}
+		scores, 4 * rows * h, 4 * rows * h, 4 * rows * in, 4 * b * h, half}
 }
 
 // HalfSeqBytes bounds what one sequence of at most seqLen tokens adds to a
@@ -234,11 +261,15 @@ func (c GPUConfig) HalfSeqBytes(seqLen int) int64 {
 // take: Q, K and V by head (qkv), which the scores and the attention output
 // read, and beside them one other (the attention probabilities, or a
 // projection's input: the hidden state, the attention output or the inner
-// activations), the largest of those.
+// activations), the largest of those. Fused attention reads Q, K and V in
+// float32: only the projections' inputs.
 func (c GPUConfig) halfOperands(items, seqLen int) (qkv, other int64) {
 	b, l := int64(items), int64(seqLen)
 	rows := b * l
 	h, in, heads := int64(c.Hidden), int64(c.Intermediate), int64(c.Heads)
+	if c.Attention == GPUAttentionFused {
+		return 0, max(rows*in, rows*h)
+	}
 	return 3 * rows * h, max(b*heads*l*l, rows*in, rows*h)
 }
 

@@ -353,6 +353,54 @@ static void test_bert_attention(void *mod, sgemm_batched_fn batched, void *handl
 // unless it is far off. Rows whose scores lie hundreds apart, each block
 // taking several rows (so a stale maximum of the row before is far off),
 // make a maximum computed wrong overflow or underflow.
+// bert_attention (the fused attention) against a direct computation in
+// double: rows of 70 keys in tiles of 32 (three tiles, the last partial),
+// items of 70, 1 and 45 keys (the rest masked), fewer blocks than rows (so
+// that each block's shared rows are reused), and one item whose scores lie
+// hundreds apart, so that a tile raising the running maximum must rescale
+// what the earlier tiles summed. Then with tiles of 64.
+static void test_bert_fused_attention(void *mod) {
+	void *fn;
+	MUST(cuModuleGetFunction(&fn, mod, "bert_attention"));
+	long items = 3, heads = 2, seq = 70, d = 20, nb = items * heads, nrows = nb * seq;
+	std::vector<int> lens = {70, 1, 45};
+	std::vector<float> q(nrows * d), k(nrows * d), v(nrows * d);
+	for (auto &x : q) x = frand();
+	for (auto &x : k) x = frand();
+	for (auto &x : v) x = frand();
+	// Item 2's keys grow along the sequence: its scores reach the hundreds
+	// only in the later tiles.
+	for (long hd = 0; hd < heads; hd++)
+		for (long j = 0; j < seq; j++)
+			for (long e = 0; e < d; e++) k[((2 * heads + hd) * seq + j) * d + e] *= 1 + j;
+	double scale = 1 / sqrt(double(d));
+	std::vector<double> want(nrows * d);
+	for (long r = 0; r < nrows; r++) {
+		long bh = r / seq, len = lens[bh / heads];
+		std::vector<double> s(len);
+		double mx = -1e300, sum = 0;
+		for (long j = 0; j < len; j++) {
+			double dot = 0;
+			for (long e = 0; e < d; e++) dot += double(q[r * d + e]) * k[(bh * seq + j) * d + e];
+			s[j] = dot * scale;
+			mx = s[j] > mx ? s[j] : mx;
+		}
+		for (long j = 0; j < len; j++) sum += s[j] = exp(s[j] - mx);
+		for (long e = 0; e < d; e++) {
+			double c = 0;
+			for (long j = 0; j < len; j++) c += s[j] / sum * v[(bh * seq + j) * d + e];
+			want[r * d + e] = c;
+		}
+	}
+	for (unsigned threads : {32u, 64u}) {
+		unsigned long long dq = upload(q), dk = upload(k), dv = upload(v), dl = upload(lens);
+		launch(fn, 7, threads, {&dq, &dk, &dv, &dl, &nrows, &seq, &heads, &d, &scale});
+		double diff = max_abs_diff(download<float>(dq, nrows * d), want);
+		CHECK(diff < 1e-5, "bert_attention, tiles of %u keys: off by %g", threads, diff);
+		cuMemFree_v2(dq), cuMemFree_v2(dk), cuMemFree_v2(dv), cuMemFree_v2(dl);
+	}
+}
+
 static void test_bert_softmax_range(void *mod) {
 	void *softmax;
 	MUST(cuModuleGetFunction(&softmax, mod, "bert_softmax"));
@@ -710,6 +758,7 @@ int main(int argc, char **argv) {
 	test_bert_layernorms(bert_mod);
 	test_bert_gelu_erf(bert_mod);
 	test_bert_softmax_range(bert_mod);
+	test_bert_fused_attention(bert_mod);
 	test_bert_pool_norm(bert_mod);
 
 	void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);

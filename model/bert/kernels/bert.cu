@@ -260,6 +260,72 @@ extern "C" GLOBAL void bert_softmax(float *s, const int *lens, i64 nrows, i64 se
 	}
 }
 
+// bert_attention is the attention of every (item, head, query) row in one
+// kernel, softmax(q·Kᵀ·scale + mask)·V, without the scores matrix: one block
+// per row (grid-stride over the items·heads·seqLen rows of qo, laid out as
+// bert_split_heads leaves Q, K and V), the keys in tiles of blockDim.x. Each
+// tile's scores live in registers and one shared row; the softmax is the
+// online one: a running maximum m and sum l, the accumulator rescaled by
+// e^(m_old - m_new) whenever a tile raises the maximum, the output acc/l at
+// the end. Keys past the item's length lens[item] are never read (the
+// unfused softmax gives them weight exactly 0). The output overwrites the
+// query row, which only this block reads. blockDim.x must be a power of two
+// of at least d (each of the first d threads accumulates one output
+// component) and at most 1024.
+//
+// Memory: the scores of one tile per block, so a batch needs nothing that
+// grows with seqLen² (the unfused path's items·heads·seqLen² floats).
+extern "C" GLOBAL void bert_attention(float *qo, const float *k, const float *v, const int *lens, i64 nrows,
+	i64 seq_len, i64 heads, i64 d, double scale) {
+	SHARED float qs[1024];
+	SHARED float ps[1024];
+	SHARED double part[1024];
+	float sc = (float)scale;
+	i64 tile = ntid();
+	for (i64 r = ctaid(); r < nrows; r += nctaid()) {
+		float *q = qo + r * d;
+		const float *kb = k + (r / seq_len) * seq_len * d, *vb = v + (r / seq_len) * seq_len * d;
+		i64 len = lens[r / (heads * seq_len)];
+		for (i64 e = tid(); e < d; e += ntid()) {
+			qs[e] = q[e];
+		}
+		__syncthreads(); // the whole query row before any dot product
+		float m = -float_max, l = 0.0f, acc = 0.0f;
+		for (i64 j0 = 0; j0 < len; j0 += tile) {
+			i64 j = j0 + tid();
+			float s = -float_max;
+			if (j < len) {
+				float dot = 0.0f;
+				for (i64 e = 0; e < d; e++) {
+					dot += qs[e] * kb[j * d + e];
+				}
+				s = dot * sc;
+			}
+			// block_max's barriers also order this tile's reads of ps and
+			// qs (the last tile's, the last row's) before their next writes.
+			float mt = (float)block_max(s, part);
+			float mn = mt > m ? mt : m;
+			float p = j < len ? exp_f(s - mn) : 0.0f;
+			ps[tid()] = p;
+			double sum = block_sum(p, part); // its first barrier publishes ps
+			float corr = exp_f(m - mn);
+			l = l * corr + (float)sum;
+			if (tid() < d) {
+				i64 n = len - j0 < tile ? len - j0 : tile;
+				float a = acc * corr;
+				for (i64 t = 0; t < n; t++) {
+					a += ps[t] * vb[(j0 + t) * d + tid()];
+				}
+				acc = a;
+			}
+			m = mn;
+		}
+		if (tid() < d) {
+			q[tid()] = acc / l;
+		}
+	}
+}
+
 // bert_bias_gelu sets x[i][j] = GELU(x[i][j] + bias[j]) for an n×width
 // row-major x, in the exact form v·Φ(v) (Hugging Face's "gelu").
 extern "C" GLOBAL void bert_bias_gelu(float *x, const float *bias, i64 n, i64 width) {
@@ -388,3 +454,4 @@ using bertk::bert_erf;
 using bertk::bert_pool;
 using bertk::bert_l2norm;
 using bertk::bert_to_half;
+using bertk::bert_attention;
