@@ -772,18 +772,8 @@ func TestCUDABertHalfPrecisionMatchesCPU(t *testing.T) {
 						t.Errorf("%v weights take %d bytes, float32 %d", prec, c.Weights(), f32.Weights())
 					}
 					for bi, batch := range g.Batches {
-						got, err := c.Embed(context.Background(), batch.IDs)
-						if err != nil {
-							t.Fatalf("batch %d: %v", bi, err)
-						}
-						single, err := f32.Embed(context.Background(), batch.IDs)
-						if err != nil {
-							t.Fatal(err)
-						}
-						cpu, err := m.Embed(batch.IDs)
-						if err != nil {
-							t.Fatal(err)
-						}
+						out := embedAll(t, m, batch.IDs, c, f32)
+						got, single, cpu := out[0], out[1], out[2]
 						for i := range batch.IDs {
 							d, cos := bert.MaxAbsDiff(got[i], cpu[i]), cosine(got[i], cpu[i])
 							worstAbs, worstCos = max(worstAbs, d), min(worstCos, cos)
@@ -805,6 +795,24 @@ func TestCUDABertHalfPrecisionMatchesCPU(t *testing.T) {
 			})
 		}
 	}
+}
+
+// embedAll is ids embedded by each of encs in turn, then by m on the CPU.
+func embedAll(t *testing.T, m *bert.Model, ids [][]int32, encs ...*bert.CUDAEncoder) [][][]float32 {
+	t.Helper()
+	var out [][][]float32
+	for i, c := range encs {
+		got, err := c.Embed(context.Background(), ids)
+		if err != nil {
+			t.Fatalf("encoder %d: %v", i, err)
+		}
+		out = append(out, got)
+	}
+	cpu, err := m.Embed(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(out, cpu)
 }
 
 func cosine(a, b []float32) float64 {
@@ -982,18 +990,8 @@ func TestCUDABertFusedAttentionMatchesUnfused(t *testing.T) {
 					}
 				}
 				for bi, batch := range g.Batches {
-					got, err := fused.Embed(context.Background(), batch.IDs)
-					if err != nil {
-						t.Fatalf("batch %d: %v", bi, err)
-					}
-					gemm, err := unfused.Embed(context.Background(), batch.IDs)
-					if err != nil {
-						t.Fatal(err)
-					}
-					cpu, err := m.Embed(batch.IDs)
-					if err != nil {
-						t.Fatal(err)
-					}
+					out := embedAll(t, m, batch.IDs, fused, unfused)
+					got, gemm, cpu := out[0], out[1], out[2]
 					for i := range batch.IDs {
 						dc, dg := bert.MaxAbsDiff(got[i], cpu[i]), bert.MaxAbsDiff(got[i], gemm[i])
 						worstCPU, worstGEMM = max(worstCPU, dc), max(worstGEMM, dg)

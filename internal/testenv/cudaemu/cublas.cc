@@ -384,20 +384,7 @@ int cublasSgemm_v2(void *hp, int transa, int transb, int m, int n, int k, const 
 	if (int st = check((Handle *)hp, transa, transb, m, n, k, alpha, lda, ldb, beta, ldc); st != ST_SUCCESS) {
 		return st;
 	}
-	if (m == 0 || n == 0) {
-		return ST_SUCCESS;
-	}
-	int run;
-	if (int r = vramqEmuBeginWork(&run); r != EMU_SUCCESS) {
-		return ST_EXECUTION_FAILED;
-	}
-	if (!run) {
-		return ST_SUCCESS; // an injected fault: reported by the next call
-	}
-	if (!gemm<F32, F32>(transa != 0, transb != 0, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc)) {
-		vramqEmuFault(EMU_ILLEGAL_ADDRESS);
-	}
-	return ST_SUCCESS;
+	return gemm_ex(transa, transb, m, n, k, alpha, A, DT_32F, lda, 0, B, DT_32F, ldb, 0, beta, C, DT_32F, ldc, 0, 1, COMPUTE_32F);
 }
 
 // batchCount products as cublasSgemm_v2's, the i-th on A + i·strideA,
@@ -411,24 +398,8 @@ int cublasSgemmStridedBatched(void *hp, int transa, int transb, int m, int n, in
 	if (batchCount < 0) {
 		return ST_INVALID_VALUE;
 	}
-	if (m == 0 || n == 0 || batchCount == 0) {
-		return ST_SUCCESS;
-	}
-	int run;
-	if (int r = vramqEmuBeginWork(&run); r != EMU_SUCCESS) {
-		return ST_EXECUTION_FAILED;
-	}
-	if (!run) {
-		return ST_SUCCESS;
-	}
-	for (int i = 0; i < batchCount; i++) {
-		if (!gemm<F32, F32>(transa != 0, transb != 0, m, n, k, *alpha, A + i * strideA, lda, B + i * strideB, ldb, *beta,
-			    C + i * strideC, ldc)) {
-			vramqEmuFault(EMU_ILLEGAL_ADDRESS);
-			break;
-		}
-	}
-	return ST_SUCCESS;
+	return gemm_ex(transa, transb, m, n, k, alpha, A, DT_32F, lda, strideA, B, DT_32F, ldb, strideB, beta, C, DT_32F, ldc,
+		strideC, batchCount, COMPUTE_32F);
 }
 
 // cublasGemmEx: C = alpha·op(A)·op(B) + beta·C with typed operands
