@@ -36,6 +36,21 @@ const (
 	GPUBFloat16
 )
 
+// PrecisionOfWeights is the half precision a checkpoint stored in dtype
+// (Model.WeightDType: "F16", "BF16", or several joined with "+") asks for:
+// its own when every tensor has it, float32 otherwise. A model published
+// in float16 was trained or exported for it; one in float32 keeps outputs
+// that match the CPU encoder.
+func PrecisionOfWeights(dtype string) GPUPrecision {
+	switch dtype {
+	case "F16":
+		return GPUFloat16
+	case "BF16":
+		return GPUBFloat16
+	}
+	return GPUFloat32
+}
+
 func (p GPUPrecision) String() string {
 	switch p {
 	case GPUFloat32:

@@ -75,3 +75,12 @@ func TestCUDAWorkingBytesFusedIsLinearInLength(t *testing.T) {
 		}
 	}
 }
+
+func TestPrecisionOfWeights(t *testing.T) {
+	for dtype, want := range map[string]GPUPrecision{"F16": GPUFloat16, "BF16": GPUBFloat16, "F32": GPUFloat32,
+		"F16+F32": GPUFloat32, "BF16+F16": GPUFloat32, "": GPUFloat32} {
+		if got := PrecisionOfWeights(dtype); got != want {
+			t.Errorf("PrecisionOfWeights(%q) = %v, want %v", dtype, got, want)
+		}
+	}
+}
