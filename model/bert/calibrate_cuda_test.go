@@ -80,6 +80,16 @@ func TestCUDABertCalibratedCostCoversEveryBatch(t *testing.T) {
 	}
 	t.Logf("FIGURE cuda-bert calibrated cost: a 3-token text %s (analytic %s), a %d-token text %s (analytic %s)",
 		bytesize.Format(e.Cost(short)), bytesize.Format(analyticShort), maxLen, bytesize.Format(e.Cost(long)), bytesize.Format(analyticLong))
+	// Issue 37's figure: the largest batch of 3-token texts a fixed budget
+	// admits, each its own message (charged the per-batch bytes each), with
+	// the margin measured and with the bound from monotonicity that was the
+	// margin before.
+	const budget = 8 << 30
+	now := e.Cost(short)
+	before := now + c.MonotoneBound - c.Margin
+	t.Logf("FIGURE cuda-bert calibrated cost: margin %s measured (bound from monotonicity %s): a 3-token text %s (before %s); "+
+		"3-token messages in an 8 GiB budget: %d (before %d)", bytesize.Format(c.Margin), bytesize.Format(c.MonotoneBound),
+		bytesize.Format(now), bytesize.Format(before), budget/now, budget/before)
 
 	var closest int64 = -1
 	for _, n := range counts {
