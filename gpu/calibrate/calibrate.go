@@ -267,9 +267,10 @@ type Calibration struct {
 	// batches between samples, as the calibration measured it (see
 	// measuredMargin): the most a fit covering half the samples
 	// under-estimated the other half, and at least the unit the device
-	// counts memory in; or MonotoneBound where that is smaller. It is 0 when every sample lies exactly on Raw, as
-	// an allocator that adds nothing to the buffers' sizes gives, since
-	// then so do the batches in between.
+	// counts memory in; or MonotoneBound where that is smaller. It is 0
+	// when every sample lies exactly on Raw, as an allocator that adds
+	// nothing to the buffers' sizes gives, since then so do the batches in
+	// between.
 	Margin int64
 	// MonotoneBound is the margin that would cover every batch of the
 	// sweep's range if all that were known of memory is that it never
@@ -392,8 +393,8 @@ func fit(samples []Sample, f form) (*Calibration, error) {
 // interleaved halves (every other sample of the sweep's order, so each half
 // spans the whole range at half the density), each half is fitted and
 // covered as fit does, and the margin is the worst under-estimate of the
-// other half's samples, whichever half was fitted. Half the density makes
-// the gaps between fitted samples twice what the full fit has. It is at
+// other half's samples, whichever half was fitted. A half's samples lie
+// twice as far apart as the full sweep's, so what it misses errs large. It is at
 // least the unit the device counts memory in (the greatest common divisor
 // of the measurements: a GPU driver's 2 MiB granule), since a batch
 // between samples can round up one unit further than any sample did.
