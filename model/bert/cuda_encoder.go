@@ -27,14 +27,15 @@ var bertPTX string
 
 // CUDAEncoder is a BERT sentence encoder (model/bert's, same weights and
 // arithmetic) on an NVIDIA GPU: cuBLAS GEMMs for the projections and,
-// strided-batched, for the two attention products; the kernels of
-// kernels/bert.cu for everything between. The weights are uploaded once, as
-// float32, or with GPUConfig.Precision half, the GEMMs' weight matrices as
-// binary16 or bfloat16 (see GPUFloat16). Each batch allocates exactly CUDAWorkingBytes on the device as
-// one allocation, and frees it before Embed returns, whatever happened: an
-// estimate that is too small fails as gpu.ErrOutOfMemory, and so does any
-// out-of-memory of the driver or cuBLAS, so a caller halving the batch
-// recovers. A sticky CUDA error makes this and every later call fail with
+// strided-batched, for the two attention products (or one kernel, with
+// GPUAttentionFused); the kernels of kernels/bert.cu for everything
+// between. The weights are uploaded once, as float32, or with a half
+// GPUConfig.Precision the GEMMs' weight matrices as binary16 or bfloat16
+// (see GPUFloat16). Each batch allocates exactly CUDAWorkingBytes on the
+// device as one allocation, and frees it before Embed returns, whatever
+// happened: an estimate that is too small fails as gpu.ErrOutOfMemory, and
+// so does any out-of-memory of the driver or cuBLAS, so a caller halving
+// the batch recovers. A sticky CUDA error makes this and every later call fail with
 // gpu.ErrDeviceLost.
 //
 // As for refembed.CUDAEmbedder, a cuda.Owner (one goroutine locked to its
