@@ -98,7 +98,10 @@ func (c Config) seqOverhead(seqLen int) int64 {
 // is the least that still adds up, whichever messages share a batch and
 // however many batches the device runs at once. (CUDAEncoder runs one
 // batch at a time, so there only one rounded buffer is ever live and the
-// per-message granule is conservative; it does not rely on that.)
+// per-message granule is conservative; it does not rely on that.) An
+// encoder in half precision also holds half-precision copies of its
+// products' operands: each item is charged its bucket's share of them too
+// (halfOperandSizer).
 func (e *Embedder) Cost(items []job.Item) int64 {
 	if m := e.calibrated.Load(); m != nil {
 		return e.calibratedCost(*m, items)
