@@ -41,9 +41,10 @@ type CUDAOptions struct {
 func OpenCUDA(dir string, index int) (*OnCUDA, error) { return OpenCUDAWith(dir, index, CUDAOptions{}) }
 
 // OpenCUDAWith is OpenCUDA with the encoder's precision and attention
-// chosen by o. A cost model calibrated (calibrate.LoadCostModel) for one
-// choice does not describe another: the file does not record it, so
-// calibrate with the options the subscriber serves with.
+// chosen by o. Other than the zero options, the model's name says which
+// (variantName): its outputs are not float32's, and a cost model
+// calibrated for one choice does not describe another's memory, so
+// calibrate.LoadCostModel, which matches names, refuses it.
 func OpenCUDAWith(dir string, index int, o CUDAOptions) (*OnCUDA, error) {
 	m, err := Load(dir)
 	if err != nil {
@@ -82,5 +83,6 @@ func OpenCUDAWith(dir string, index int, o CUDAOptions) (*OnCUDA, error) {
 	if err != nil {
 		return nil, errors.Join(err, enc.Close(), dev.Close())
 	}
+	e.name = variantName(e.name, cfg)
 	return &OnCUDA{Device: dev, Embedder: e, Encoder: enc, CrossCheck: check}, nil
 }

@@ -3,6 +3,7 @@ package bert
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // GPUPooling is how the CUDA BERT encoder turns token vectors into one
@@ -49,6 +50,24 @@ func PrecisionOfWeights(dtype string) GPUPrecision {
 		return GPUBFloat16
 	}
 	return GPUFloat32
+}
+
+// variantName is name with the encoder's choices that are not the
+// defaults after an "@": "bert:m@float16", "bert:m@fused-attention",
+// "bert:m@bfloat16+fused-attention"; name itself for float32 with GEMM
+// attention.
+func variantName(name string, c GPUConfig) string {
+	var parts []string
+	if c.Precision != GPUFloat32 {
+		parts = append(parts, c.Precision.String())
+	}
+	if c.Attention == GPUAttentionFused {
+		parts = append(parts, "fused-attention")
+	}
+	if len(parts) == 0 {
+		return name
+	}
+	return name + "@" + strings.Join(parts, "+")
 }
 
 func (p GPUPrecision) String() string {

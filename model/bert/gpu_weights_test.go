@@ -84,3 +84,16 @@ func TestPrecisionOfWeights(t *testing.T) {
 		}
 	}
 }
+
+func TestVariantName(t *testing.T) {
+	for _, c := range []struct {
+		p    GPUPrecision
+		a    GPUAttention
+		want string
+	}{{GPUFloat32, GPUAttentionGEMM, "bert:m"}, {GPUFloat16, GPUAttentionGEMM, "bert:m@float16"},
+		{GPUFloat32, GPUAttentionFused, "bert:m@fused-attention"}, {GPUBFloat16, GPUAttentionFused, "bert:m@bfloat16+fused-attention"}} {
+		if got := variantName("bert:m", GPUConfig{Precision: c.p, Attention: c.a}); got != c.want {
+			t.Errorf("%v, attention %d: %q, want %q", c.p, c.a, got, c.want)
+		}
+	}
+}
