@@ -627,7 +627,7 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 	batches, lengths := []int{8, 32, 128}, []int{32, 128}
 	const rounds = 3
 	ours, theirs := map[shape][]float64{}, map[shape][]float64{}
-	for round := range rounds {
+	for range rounds {
 		for _, l := range lengths {
 			for _, b := range batches {
 				ids := longBatch(m, b)
@@ -638,19 +638,8 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 			}
 		}
 		for _, impl := range impls {
-			out, err := exec.Command(python, script, "--model", mini, "--device", "cuda", "--impl", impl,
-				"--bench", joinInts(batches), "--seq", joinInts(lengths)).Output()
-			if err != nil {
-				t.Fatalf("round %d: %s --bench --impl %s: %v", round, script, impl, err)
-			}
-			for line := range strings.Lines(string(out)) {
-				var r struct {
-					Batch, Seq int
-					ItemsPerS  float64 `json:"items_per_s"`
-				}
-				if err := json.Unmarshal([]byte(line), &r); err != nil {
-					t.Fatalf("bert.py --bench: %q: %v", line, err)
-				}
+			for _, r := range torchBench(t, python, script, "--model", mini, "--device", "cuda", "--impl", impl,
+				"--bench", joinInts(batches), "--seq", joinInts(lengths)) {
 				k := shape{impl, r.Batch, r.Seq}
 				theirs[k] = append(theirs[k], r.ItemsPerS)
 			}
@@ -669,6 +658,30 @@ func TestCUDABertAgainstTorch(t *testing.T) {
 			}
 		}
 	}
+}
+
+// torchFigure is one line of bert.py --bench: a shape and its items/s.
+type torchFigure struct {
+	Batch, Seq int
+	ItemsPerS  float64 `json:"items_per_s"`
+}
+
+// torchBench runs bert.py --bench with args and reads its figures.
+func torchBench(t *testing.T, python string, args ...string) []torchFigure {
+	t.Helper()
+	out, err := exec.Command(python, args...).Output()
+	if err != nil {
+		t.Fatalf("%s %s: %v", python, strings.Join(args, " "), err)
+	}
+	var figures []torchFigure
+	for line := range strings.Lines(string(out)) {
+		var r torchFigure
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("bert.py --bench: %q: %v", line, err)
+		}
+		figures = append(figures, r)
+	}
+	return figures
 }
 
 func bertItemsPerSecond(t *testing.T, c *bert.CUDAEncoder, ids [][]int32) float64 {
@@ -916,22 +929,11 @@ func TestCUDABertHalfThroughputAtLeastTorchSDPA(t *testing.T) {
 			// the others of the grid, not reported): loading BERT-base's
 			// weights once, not once per shape.
 			for _, impl := range impls {
-				out, err := exec.Command(python, script, "--model", dir, "--device", "cuda", "--impl", impl,
-					"--dtype", "float16", "--attention", "sdpa", "--bench", "8,32,128", "--seq", "32,128,512").Output()
-				if err != nil {
-					t.Fatalf("%s --impl %s --dtype float16 --attention sdpa: %v", script, impl, err)
-				}
 				if theirs[impl] == nil {
 					theirs[impl] = map[shape][]float64{}
 				}
-				for line := range strings.Lines(string(out)) {
-					var r struct {
-						Batch, Seq int
-						ItemsPerS  float64 `json:"items_per_s"`
-					}
-					if err := json.Unmarshal([]byte(line), &r); err != nil {
-						t.Fatalf("bert.py --bench: %q: %v", line, err)
-					}
+				for _, r := range torchBench(t, python, script, "--model", dir, "--device", "cuda", "--impl", impl,
+					"--dtype", "float16", "--attention", "sdpa", "--bench", "8,32,128", "--seq", "32,128,512") {
 					k := shape{r.Batch, r.Seq}
 					theirs[impl][k] = append(theirs[impl][k], r.ItemsPerS)
 				}

@@ -181,6 +181,29 @@ static void test_bias_l2norm(void *mod) {
 	}
 }
 
+// gemm_error is the largest difference of got (m×n, leading dimension ldc)
+// from alpha·op(A)·op(B) + beta·C computed directly in double, column-major,
+// op a transpose where ta or tb; relative to max(1, |want|) when relative;
+// infinite for a NaN.
+static double gemm_error(bool ta, bool tb, int m, int n, int k, double alpha, const std::vector<float> &A, int lda,
+	const std::vector<float> &B, int ldb, double beta, const std::vector<float> &C, int ldc, const std::vector<float> &got,
+	bool relative) {
+	double worst = 0;
+	for (int i = 0; i < m; i++)
+		for (int j = 0; j < n; j++) {
+			double s = 0;
+			for (int l = 0; l < k; l++) {
+				double a = ta ? A[l + i * lda] : A[i + l * lda];
+				double b = tb ? B[j + l * ldb] : B[l + j * ldb];
+				s += a * b;
+			}
+			double want = alpha * s + (beta == 0 ? 0 : beta * C[i + j * ldc]);
+			double d = fabs(want - got[i + j * ldc]) / (relative ? fmax(1.0, fabs(want)) : 1.0);
+			worst = isnan(d) ? INFINITY : fmax(worst, d);
+		}
+	return worst;
+}
+
 static void test_sgemm(sgemm_fn sgemm, void *h) {
 	int m = 13, n = 7, k = 9;
 	const char *names = "NTC";
@@ -204,19 +227,7 @@ static void test_sgemm(sgemm_fn sgemm, void *h) {
 				MUST(sgemm(h, ta, tb, m, n, k, &alpha, (const float *)dA, lda, (const float *)dB, ldb, &beta, (float *)dC, ldc));
 				MUST(cuCtxSynchronize());
 				auto got = download<float>(dC, C.size());
-				double worst = 0;
-				for (int i = 0; i < m; i++)
-					for (int j = 0; j < n; j++) {
-						double s = 0;
-						for (int l = 0; l < k; l++) {
-							double a = ta ? A[l + i * lda] : A[i + l * lda];
-							double b = tb ? B[j + l * ldb] : B[l + j * ldb];
-							s += a * b;
-						}
-						double want = alpha * s + (beta == 0 ? 0 : beta * C[i + j * ldc]);
-						double d = fabs(want - got[i + j * ldc]);
-						worst = isnan(d) ? INFINITY : fmax(worst, d);
-					}
+				double worst = gemm_error(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, got, false);
 				// Rows past m inside ldc are not C's: untouched.
 				int touched = 0;
 				if (beta != 0.0f)
@@ -657,19 +668,7 @@ static void test_gemm_ex(gemm_ex_fn ex, gemm_ex_batched_fn exb, void *h) {
 				float alpha = 0.5f;
 				MUST(ex(h, ta, tb, m, n, k, &alpha, (const void *)dA, R_16F, lda, (const void *)dB, R_16F, ldb, &beta, (void *)dC, R_32F, ldc, COMPUTE_32F, ALGO_TENSOR_OP));
 				auto got = download<float>(dC, C.size());
-				double worst = 0;
-				for (int i = 0; i < m; i++)
-					for (int j = 0; j < n; j++) {
-						double s = 0;
-						for (int l = 0; l < k; l++) {
-							double a = ta ? Af[l + i * lda] : Af[i + l * lda];
-							double b = tb ? Bf[j + l * ldb] : Bf[l + j * ldb];
-							s += a * b;
-						}
-						double want = alpha * s + (beta == 0 ? 0 : beta * C[i + j * ldc]);
-						double d = fabs(want - got[i + j * ldc]) / fmax(1.0, fabs(want));
-						worst = isnan(d) ? INFINITY : fmax(worst, d);
-					}
+				double worst = gemm_error(ta, tb, m, n, k, alpha, Af, lda, Bf, ldb, beta, C, ldc, got, true);
 				CHECK(worst < 1e-5, "GemmEx 16F %c%c beta %g: largest relative error %g", names[ta], names[tb], beta, worst);
 				cuMemFree_v2(dA), cuMemFree_v2(dB), cuMemFree_v2(dC);
 			}
