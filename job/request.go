@@ -161,6 +161,9 @@ func CheckRequest(endpoint string, body []byte, lim RequestLimits) (*Request, er
 	if v, ok := present(fields, "stream"); ok && string(v) != "false" {
 		return nil, bodyErr(ErrStream, "stream must be false or left out: an output is the server's whole answer, never a stream of events")
 	}
+	if endpoint == EndpointMessages {
+		return checkMessagesRequest(r, members, fields, lim)
+	}
 	// whole reads field as an integer from 1 to most; 0 when absent.
 	whole := func(field string, kind error, most int) (int64, error) {
 		v, ok := present(fields, field)
