@@ -466,55 +466,10 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// The record goes first, as validating, and the custom ids beside it:
-	// once a chunk may be on the queue, the batch is there to be read,
-	// cancelled and finalized. A publisher that dies while sending leaves
-	// it validating, which the sweeper fails once it is stale.
-	ids := make([]byte, 0, len(items)*16)
-	for _, it := range items {
-		ids = append(ids, encodeJSON(it.ID)...)
-		ids = append(ids, '\n')
-	}
-	b.Status = batchValidating
-	if _, err := p.store.Put(r.Context(), job.BatchIDsKey(owner, b.ID), ids); err != nil {
-		p.log.Error("storing a batch's custom ids", "batch_id", b.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
-		return
-	}
-	if err := p.openBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
-		return
-	}
-	if err := p.putBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
-		return
-	}
-	ectx, ecancel := detach(r.Context())
-	defer ecancel()
-	ri.items, ri.chunks = len(items), len(plan.Chunks)
-	sent, e := p.enqueue(ectx, b.ID, tenantName, owner, plan, len(items))
-	ri.sent = sent
-	if e != nil {
-		// What was sent must not run: the job is cancelled, and the
-		// batch failed, saying why.
-		p.cancelJob(ectx, b.ID)
-		b.Status, b.FailedAt = batchFailed, p.now().Unix()
-		b.Errors = []batchError{{Code: e.Code, Message: e.Message}}
-		_ = p.putBatch(ectx, b)
+	if e := p.startBatch(r.Context(), b, items, plan, tenantName, ri); e != nil {
 		fail(e)
 		return
 	}
-	b.Status, b.InProgressAt = batchInProgress, p.now().Unix()
-	if err := p.putBatch(ectx, b); err != nil {
-		// The job is sent and runs; the batch reads as validating until
-		// a later write. Answer what it is.
-		p.log.Warn("recording a batch in progress", "batch_id", b.ID, "err", err)
-		b.Status, b.InProgressAt = batchValidating, 0
-	}
-	p.m.jobs.Inc()
-	label := p.labels.Label(tenantName)
-	p.m.tenantJobs.WithLabelValues(label).Inc()
-	p.m.tenantItems.WithLabelValues(label).Add(float64(len(items)))
 	once.answer(r.Context(), w, sum, b.object(batchCounts{Total: b.Lines}))
 }
 

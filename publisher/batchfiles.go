@@ -62,6 +62,9 @@ type batchLineError struct {
 // b as ended, if the claim is still its own (payload.ErrPrecondition
 // otherwise: one that took a stale claim over wrote the same files).
 func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *statusBody) error {
+	if isMessageBatch(b) {
+		return p.finalizeMessageBatch(ctx, b, etag, m, st)
+	}
 	// A sweep that is stopped does not stop the files half written.
 	ctx, cancel := detach(ctx)
 	defer cancel()
