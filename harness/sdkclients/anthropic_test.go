@@ -103,8 +103,12 @@ func wantStatus(t *testing.T, what string, err error, status int) {
 // auto-pager, a cancel mid-run, delete, and another tenant's 404s as its
 // NotFound errors.
 func TestMessageBatchesWithTheAnthropicGoSDK(t *testing.T) {
+	// 31 steps of 20 ms a request, 16 at a time, without KV metrics (the
+	// subscriber admits two rounds of that): the large batch runs for
+	// about 15 s, past the 5 s a subscriber's answer about a job's cancel
+	// lasts, so the cancel reaches chunks not yet started.
 	srv := fakeoai.New(fakeoai.Config{TokenLatency: 20 * time.Millisecond, NoMetrics: true,
-		OutputTokens: func(string, int) int { return 6 }})
+		OutputTokens: func(string, int) int { return 30 }})
 	defer srv.Close()
 	url := pipeline(t, srv, "acme:key-a", "globex:key-b")
 	a, b := sdk(url, "key-a"), sdk(url, "key-b")
@@ -118,7 +122,7 @@ func TestMessageBatchesWithTheAnthropicGoSDK(t *testing.T) {
 		!small.ExpiresAt.Equal(small.CreatedAt.Add(24*time.Hour)) || small.ResultsURL != "" {
 		t.Errorf("created: %s", small.RawJSON())
 	}
-	large, err := a.Messages.Batches.New(ctx, anthropic.MessageBatchNewParams{Requests: requests(400, 8)})
+	large, err := a.Messages.Batches.New(ctx, anthropic.MessageBatchNewParams{Requests: requests(400, 32)})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -182,7 +186,7 @@ func TestMessageBatchesWithTheAnthropicGoSDK(t *testing.T) {
 		r := stream.Current()
 		msg := r.Result.AsSucceeded().Message
 		if r.CustomID != fmt.Sprintf("q-%d", n) || r.Result.Type != "succeeded" || msg.Role != "assistant" || len(msg.Content) != 1 ||
-			msg.Content[0].Text == "" || msg.Usage.OutputTokens == 0 || msg.StopReason != anthropic.StopReasonEndTurn {
+			msg.Content[0].Text == "" || msg.Usage.OutputTokens == 0 || msg.StopReason != anthropic.StopReasonMaxTokens {
 			t.Errorf("result %d: %s", n, r.RawJSON())
 		}
 		n++
