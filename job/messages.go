@@ -2,7 +2,6 @@ package job
 
 import (
 	"encoding/json"
-	"errors"
 	"strconv"
 )
 
@@ -33,46 +32,12 @@ func checkMessagesRequest(r *Request, members []member, fields map[string]json.R
 	if !ok {
 		return nil, bodyErr(ErrBodyInvalid, "the body's messages must be an array of at least one message")
 	}
-	if err := checkAnthropicMessages(v, lim.AllowRemoteURLs); err != nil {
+	if err := checkMessages(v, lim.AllowRemoteURLs, checkBlock); err != nil {
 		return nil, err
 	}
 	r.Messages = v
 	r.Body = canonical(members, "", "")
 	return r, nil
-}
-
-// checkAnthropicMessages checks messages: an array of at least one object,
-// whose content blocks' sources name no remote URL unless allowed.
-func checkAnthropicMessages(v json.RawMessage, allowRemote bool) error {
-	bad := bodyErr(ErrBodyInvalid, "the body's messages must be an array of at least one message")
-	var msgs []json.RawMessage
-	if v[0] != '[' || json.Unmarshal(v, &msgs) != nil || len(msgs) == 0 {
-		return bad
-	}
-	for _, raw := range msgs {
-		members, err := objectMembers(raw, messageFields)
-		switch {
-		case errors.Is(err, errNotObject):
-			return bad
-		case err != nil:
-			return bodyErr(ErrBodyInvalid, "a message of the body has a key more than once, or one the rule reads in another case")
-		}
-		for _, m := range members {
-			if m.key != "content" || m.value[0] != '[' {
-				continue
-			}
-			var blocks []json.RawMessage
-			if json.Unmarshal(m.value, &blocks) != nil {
-				return bad
-			}
-			for _, b := range blocks {
-				if err := checkBlock(b, allowRemote); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
 }
 
 // checkBlock checks a content block: its source, where it has one, is read

@@ -253,16 +253,9 @@ func (p *Publisher) messageBatchView(r *http.Request, b *batchRecord) (*messageB
 // cancelledBefore is when b's job was cancelled, if that was before its
 // window's end (a cancel at or after it is the expiry).
 func (p *Publisher) cancelledBefore(ctx context.Context, b *batchRecord) (*int64, error) {
-	raw, err := p.store.ReadLimit(ctx, job.CancelKey(b.ID), 4<<10)
-	if errors.Is(err, payload.ErrMissing) {
-		return nil, nil
-	}
-	if err != nil {
+	c, err := p.cancelRecord(ctx, b.ID)
+	if err != nil || c == nil {
 		return nil, err
-	}
-	var c job.CancelRecord
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return nil, fmt.Errorf("cancel record of %s: %w", b.ID, err)
 	}
 	if at := c.At.Unix(); at < b.ExpiresAt {
 		return &at, nil
@@ -790,25 +783,11 @@ func messageResultOf(o *job.Output) messageResult {
 func (p *Publisher) finalizeMessageBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *statusBody) error {
 	ctx, cancel := detach(ctx)
 	defer cancel()
-	b.Status = batchCompleted
+	b.ending(st)
 	notRun := "canceled"
-	if st.CancelledAt != nil {
-		switch ca := st.CancelledAt.Unix(); {
-		case ca < b.ExpiresAt:
-			b.Status, b.CancellingAt = batchCancelled, ca
-		case len(st.cancelled) > 0:
-			b.Status, notRun = batchExpired, "expired"
-		}
+	if b.Status == batchExpired {
+		notRun = "expired"
 	}
-	reasons := make(map[int]string, len(st.Failed))
-	for _, f := range st.Failed {
-		reasons[f.Chunk] = f.Reason
-	}
-	ids, _, err := p.store.Open(ctx, job.BatchIDsKey(b.Owner, b.ID))
-	if err != nil {
-		return fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
-	}
-	defer ids.Close()
 	pr, pw := io.Pipe()
 	uploaded := make(chan error, 1)
 	go func() {
@@ -816,7 +795,7 @@ func (p *Publisher) finalizeMessageBatch(ctx context.Context, b *batchRecord, et
 		pr.CloseWithError(err) // a write after a failed upload fails rather than blocks
 		uploaded <- err
 	}()
-	err = p.writeMessageResults(ctx, pw, b, ids, m, st, reasons, notRun)
+	err := p.writeMessageResults(ctx, pw, b, m, st, notRun)
 	pw.CloseWithError(err) // an error aborts the upload
 	if uerr := <-uploaded; err == nil {
 		err = uerr
@@ -830,53 +809,35 @@ func (p *Publisher) finalizeMessageBatch(ctx context.Context, b *batchRecord, et
 }
 
 // writeMessageResults writes b's result lines to w, counting them into b.
-func (p *Publisher) writeMessageResults(ctx context.Context, w io.Writer, b *batchRecord, ids io.Reader, m *job.Manifest, st *statusBody,
-	reasons map[int]string, notRun string) error {
+func (p *Publisher) writeMessageResults(ctx context.Context, w io.Writer, b *batchRecord, m *job.Manifest, st *statusBody, notRun string) error {
 	out := bufio.NewWriterSize(w, 64<<10)
-	idLines := bufio.NewReader(ids)
-	results := p.prefetchOutputs(ctx, b.ID, m.Chunks, st.done)
 	b.Completed, b.Failed = 0, 0
-	for c, n := range m.ChunkItems {
-		var outputs map[string]*job.Output
-		if st.done[c] {
-			r := results.get(c)
-			if r.err != nil {
-				return r.err
-			}
-			outputs = r.outputs
+	err := p.eachLine(ctx, b, m, st, func(l *batchLine) error {
+		line := messageResultLine{CustomID: l.id}
+		switch {
+		case l.done:
+			line.Result = messageResultOf(l.o)
+		case l.reason != "":
+			line.Result = messageResultOf(&job.Output{Error: &job.ItemError{Code: lineDeadLettered,
+				Message: "the request's chunk was dead-lettered: " + l.reason}})
+		default:
+			line.Result = messageResult{Type: notRun}
 		}
-		for range n {
-			raw, err := idLines.ReadBytes('\n')
-			var id string
-			if err == nil {
-				err = json.Unmarshal(raw, &id)
-			}
-			if err != nil {
-				return fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
-			}
-			line := messageResultLine{CustomID: id}
-			switch {
-			case st.done[c]:
-				line.Result = messageResultOf(outputs[id])
-			case reasons[c] != "":
-				line.Result = messageResultOf(&job.Output{Error: &job.ItemError{Code: "dead_lettered",
-					Message: "the request's chunk was dead-lettered: " + reasons[c]}})
-			default:
-				line.Result = messageResult{Type: notRun}
-			}
-			switch line.Result.Type {
-			case "succeeded":
-				b.Completed++
-			case "errored":
-				b.Failed++
-			}
-			if raw, err = marshalUnescaped(&line); err != nil {
-				return err
-			}
-			if _, err := out.Write(append(raw, '\n')); err != nil {
-				return err
-			}
+		switch line.Result.Type {
+		case "succeeded":
+			b.Completed++
+		case "errored":
+			b.Failed++
 		}
+		raw, err := marshalUnescaped(&line)
+		if err != nil {
+			return err
+		}
+		_, err = out.Write(append(raw, '\n'))
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	return out.Flush()
 }
