@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
@@ -515,38 +513,16 @@ func (p *Publisher) readBatch(r *http.Request, owner, id string) (*batchRecord, 
 	return &b, nil
 }
 
+// openAIBatches are the /v1/batches routes' batches.
+func (p *Publisher) openAIBatches() batchRoute[*batchObject] {
+	return batchRoute[*batchObject]{valid: validBatchID, missing: noBatch,
+		view: func(r *http.Request, b *batchRecord) (*batchObject, error) { return p.batchView(r.Context(), b) }}
+}
+
 // loadBatch reads the batch r's path names and how it stands (batchView),
 // answering r itself (and returning nil) when that fails.
 func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *batchObject, func(*APIError)) {
-	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
-	if p.store == nil {
-		fail(noBatchStore())
-		return nil, nil, fail
-	}
-	id := r.PathValue("id")
-	if !validBatchID(id) {
-		fail(noBatch())
-		return nil, nil, fail
-	}
-	ri.jobID = id
-	b, err := p.readBatch(r, p.owner(r), id)
-	if errors.Is(err, payload.ErrMissing) {
-		fail(noBatch())
-		return nil, nil, fail
-	}
-	var o *batchObject
-	if err == nil {
-		o, err = p.batchView(r.Context(), b)
-	}
-	if err != nil {
-		p.log.Error("reading a batch", "batch_id", id, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be read"))
-		return nil, nil, fail
-	}
+	b, o, fail, _ := p.openAIBatches().load(p, w, r)
 	return b, o, fail
 }
 
@@ -636,31 +612,11 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	if more {
 		ids = ids[:limit]
 	}
-	objs := make([]*batchObject, len(ids))
-	g, gctx := errgroup.WithContext(r.Context())
-	g.SetLimit(readConcurrency)
-	for i, id := range ids {
-		g.Go(func() error {
-			b, err := p.readBatch(r.WithContext(gctx), owner, id)
-			if errors.Is(err, payload.ErrMissing) {
-				return nil // deleted since the listing
-			}
-			if err == nil {
-				objs[i], err = p.batchView(gctx, b)
-			}
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
+	data, err := p.openAIBatches().readAll(p, r, owner, ids)
+	if err != nil {
 		p.log.Error("reading batches", "err", err)
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
 		return
-	}
-	var data []*batchObject
-	for _, o := range objs {
-		if o != nil {
-			data = append(data, o)
-		}
 	}
 	out := newListPage(data, more, func(o *batchObject) string { return o.ID })
 	writeJSON(w, http.StatusOK, out)

@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
@@ -451,38 +449,15 @@ func validCustomID(id string) bool {
 	return true
 }
 
+// messageBatches are the /v1/messages/batches routes' batches.
+func (p *Publisher) messageBatches() batchRoute[*messageBatch] {
+	return batchRoute[*messageBatch]{valid: validMessageBatchID, missing: noMessageBatch, view: p.messageBatchView}
+}
+
 // loadMessageBatch reads the message batch r's path names, as it stands,
 // answering r itself (and returning nil) when that fails.
 func (p *Publisher) loadMessageBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *messageBatch, func(*APIError)) {
-	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
-	id := r.PathValue("id")
-	if p.store == nil {
-		fail(noBatchStore())
-		return nil, nil, fail
-	}
-	if !validMessageBatchID(id) {
-		fail(noMessageBatch())
-		return nil, nil, fail
-	}
-	ri.jobID = id
-	b, err := p.readBatch(r, p.owner(r), id)
-	if errors.Is(err, payload.ErrMissing) {
-		fail(noMessageBatch())
-		return nil, nil, fail
-	}
-	var mb *messageBatch
-	if err == nil {
-		mb, err = p.messageBatchView(r, b)
-	}
-	if err != nil {
-		p.log.Error("reading a message batch", "batch_id", id, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be read"))
-		return nil, nil, fail
-	}
+	b, mb, fail, _ := p.messageBatches().load(p, w, r)
 	return b, mb, fail
 }
 
@@ -648,32 +623,15 @@ func (p *Publisher) listMessageBatches(w http.ResponseWriter, r *http.Request) {
 		ids = slices.Clone(older[max(0, len(older)-limit):])
 		slices.Reverse(ids)
 	}
-	views := make([]*messageBatch, len(ids))
-	g, gctx := errgroup.WithContext(r.Context())
-	g.SetLimit(readConcurrency)
-	for i, id := range ids {
-		g.Go(func() error {
-			rr := r.WithContext(gctx)
-			b, err := p.readBatch(rr, owner, id)
-			if errors.Is(err, payload.ErrMissing) {
-				return nil // deleted since the listing
-			}
-			if err == nil {
-				views[i], err = p.messageBatchView(rr, b)
-			}
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
+	views, err := p.messageBatches().readAll(p, r, owner, ids)
+	if err != nil {
 		p.log.Error("reading message batches", "err", err)
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
 		return
 	}
-	page := messageBatchPage{Data: []*messageBatch{}, HasMore: more}
-	for _, v := range views {
-		if v != nil {
-			page.Data = append(page.Data, v)
-		}
+	page := messageBatchPage{Data: views, HasMore: more}
+	if page.Data == nil {
+		page.Data = []*messageBatch{}
 	}
 	if n := len(page.Data); n > 0 {
 		page.FirstID, page.LastID = &page.Data[0].ID, &page.Data[n-1].ID
