@@ -570,25 +570,11 @@ func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 // of them after the batch after names (which need not still exist). Each
 // is read as GET reads one, readConcurrency at a time.
 func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
-	if p.store == nil {
-		fail(noBatchStore())
-		return
-	}
-	if e := p.canList(r); e != nil {
-		fail(e)
+	limit, fail, ok := p.openAIBatches().startList(p, w, r, defaultBatchList, maxBatchList)
+	if !ok {
 		return
 	}
 	q := r.URL.Query()
-	limit, e := listLimit(q, defaultBatchList, maxBatchList)
-	if e != nil {
-		fail(e)
-		return
-	}
 	after := q.Get("after")
 	if after != "" && !validBatchID(after) {
 		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "after", "after must be the id of a batch"))

@@ -87,3 +87,26 @@ func (br batchRoute[T]) readAll(p *Publisher, r *http.Request, owner string, ids
 	}
 	return out, nil
 }
+
+// startList checks what a listing of batches needs (a bucket, a caller who
+// can list) and reads its limit (def when the query has none, at most
+// most), answering r itself (and returning ok false) when one fails.
+func (br batchRoute[T]) startList(p *Publisher, w http.ResponseWriter, r *http.Request, def, most int) (limit int, fail func(*APIError), ok bool) {
+	ri := info(r)
+	fail = func(e *APIError) {
+		ri.code = e.Code
+		writeError(w, e)
+	}
+	e := p.canList(r)
+	switch {
+	case p.store == nil:
+		e = noBatchStore()
+	case e == nil:
+		limit, e = listLimit(r.URL.Query(), def, most)
+	}
+	if e != nil {
+		fail(e)
+		return 0, fail, false
+	}
+	return limit, fail, true
+}

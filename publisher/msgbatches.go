@@ -566,25 +566,11 @@ type messageBatchPage struct {
 // batches, newest first; after_id pages on to older ones, before_id back to
 // newer ones (the limit of them nearest it), as Anthropic's cursors do.
 func (p *Publisher) listMessageBatches(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
-	if p.store == nil {
-		fail(noBatchStore())
-		return
-	}
-	if e := p.canList(r); e != nil {
-		fail(e)
+	limit, fail, ok := p.messageBatches().startList(p, w, r, defaultMsgBatchList, maxMsgBatchList)
+	if !ok {
 		return
 	}
 	q := r.URL.Query()
-	limit, e := listLimit(q, defaultMsgBatchList, maxMsgBatchList)
-	if e != nil {
-		fail(e)
-		return
-	}
 	after, before := q.Get("after_id"), q.Get("before_id")
 	if after != "" && !validMessageBatchID(after) || before != "" && !validMessageBatchID(before) {
 		fail(apiErr(http.StatusBadRequest, CodeInvalidParameter, "after_id and before_id must be ids of message batches"))
