@@ -552,18 +552,7 @@ func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 		fail(apiErr(http.StatusConflict, CodeBatchNotCancellable, "the batch is %s: it can no longer be cancelled", o.Status))
 		return
 	}
-	ctx := r.Context()
-	if err := p.cancelJob(ctx, b.ID); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be cancelled; try again"))
-		return
-	}
-	o, err := p.batchView(ctx, b)
-	if err != nil {
-		p.log.Error("reading a batch", "batch_id", b.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch was cancelled, but could not be read"))
-		return
-	}
-	writeJSON(w, http.StatusOK, o)
+	p.openAIBatches().cancel(p, w, r, b, fail)
 }
 
 // listBatches is GET /v1/batches: the caller's batches, newest first, limit

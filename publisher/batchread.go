@@ -110,3 +110,19 @@ func (br batchRoute[T]) startList(p *Publisher, w http.ResponseWriter, r *http.R
 	}
 	return limit, fail, true
 }
+
+// cancel writes the cancel of b's job, the command the subscribers obey and
+// the finalizer ends the batch on, and answers r with b as it stands then.
+func (br batchRoute[T]) cancel(p *Publisher, w http.ResponseWriter, r *http.Request, b *batchRecord, fail func(*APIError)) {
+	if err := p.cancelJob(r.Context(), b.ID); err != nil {
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be cancelled; try again"))
+		return
+	}
+	v, err := br.view(r, b)
+	if err != nil {
+		p.log.Error("reading a batch", "batch_id", b.ID, "err", err)
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch was cancelled, but could not be read"))
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}

@@ -485,17 +485,7 @@ func (p *Publisher) cancelMessageBatch(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, mb)
 		return
 	}
-	if err := p.cancelJob(r.Context(), b.ID); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be canceled; try again"))
-		return
-	}
-	mb, err := p.messageBatchView(r, b)
-	if err != nil {
-		p.log.Error("reading a message batch", "batch_id", b.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch was canceled, but could not be read"))
-		return
-	}
-	writeJSON(w, http.StatusOK, mb)
+	p.messageBatches().cancel(p, w, r, b, fail)
 }
 
 // deleteMessageBatch is DELETE /v1/messages/batches/{id}: an ended batch's
