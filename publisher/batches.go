@@ -338,16 +338,11 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
-	// A client creates one batch at a time: the files being read into
-	// batches share one bound (batchBytes, first come first served), and
-	// this keeps one client from holding all of it while others wait.
-	client := p.clientKey(r)
-	if !p.batchCreators.add(client) {
-		w.Header().Set("Retry-After", "5")
-		fail(apiErr(http.StatusTooManyRequests, CodeBatchBusy, "this client is already creating a batch; retry after the time in Retry-After"))
+	done, ok := p.oneCreate(w, r, fail)
+	if !ok {
 		return
 	}
-	defer p.batchCreators.remove(client)
+	defer done()
 	// Read as a job's body is read (inflight.go): paced, and charged to the
 	// client's bodies in flight.
 	if r.ContentLength > maxBatchRequest {
@@ -419,16 +414,11 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	// its size, planned); the bytes of files being read at once are
 	// bounded, so that files of the largest size cannot take the memory
 	// between them. A client that waits too long is told to come back.
-	charge := min(f.Bytes, p.cfg.MaxFileBytes)
-	wctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-	err = p.batchBytes.Acquire(wctx, charge)
-	cancel()
-	if err != nil {
-		w.Header().Set("Retry-After", "5")
-		fail(apiErr(http.StatusServiceUnavailable, CodeBatchBusy, "too many files are being read into batches; retry shortly"))
+	release, taken := p.takeBatchBytes(w, r, fail, min(f.Bytes, p.cfg.MaxFileBytes))
+	if !taken {
 		return
 	}
-	defer p.batchBytes.Release(charge)
+	defer release()
 
 	now := p.now().UTC()
 	b := &batchRecord{V: 1, ID: newBatchID(now), Owner: owner, Endpoint: q.Endpoint, InputFileID: f.ID,

@@ -300,13 +300,11 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
-	client := p.clientKey(r)
-	if !p.batchCreators.add(client) {
-		w.Header().Set("Retry-After", "5")
-		fail(apiErr(http.StatusTooManyRequests, CodeBatchBusy, "this client is already creating a batch; retry after the time in Retry-After"))
+	done, ok := p.oneCreate(w, r, fail)
+	if !ok {
 		return
 	}
-	defer p.batchCreators.remove(client)
+	defer done()
 	tooLarge := apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxMsgBatchBytes)
 	if r.ContentLength > maxMsgBatchBytes {
 		fail(tooLarge)
@@ -318,15 +316,11 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength >= 0 {
 		charge = min(r.ContentLength, charge)
 	}
-	wctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-	err := p.batchBytes.Acquire(wctx, charge)
-	cancel()
-	if err != nil {
-		w.Header().Set("Retry-After", "5")
-		fail(apiErr(http.StatusServiceUnavailable, CodeBatchBusy, "too many batches are being read; retry shortly"))
+	release, ok := p.takeBatchBytes(w, r, fail, charge)
+	if !ok {
 		return
 	}
-	defer p.batchBytes.Release(charge)
+	defer release()
 	items, e := p.readMessageRequests(http.MaxBytesReader(w, r.Body, maxMsgBatchBytes))
 	if e != nil {
 		if e.Status == http.StatusRequestEntityTooLarge {
