@@ -287,8 +287,11 @@ func (q *batchRequest) check() *APIError {
 	switch {
 	case q.InputFileID == "":
 		return bad("input_file_id", "input_file_id is required: the id of a file uploaded with purpose batch")
-	case !job.ValidEndpoint(q.Endpoint):
-		return bad("endpoint", "endpoint must be one of %s", strings.Join(job.Endpoints, ", "))
+	case !job.ValidEndpoint(q.Endpoint) || q.Endpoint == job.EndpointMessages:
+		// /v1/messages is Anthropic's, whose batches are Message Batches
+		// (msgbatches.go); OpenAI's Batch API has no such endpoint.
+		openAI := slices.DeleteFunc(slices.Clone(job.Endpoints), func(e string) bool { return e == job.EndpointMessages })
+		return bad("endpoint", "endpoint must be one of %s", strings.Join(openAI, ", "))
 	case q.CompletionWindow != completionWindow:
 		return bad("completion_window", "completion_window must be %q", completionWindow)
 	case len(q.Metadata) > maxMetadataPairs:

@@ -174,6 +174,12 @@ func TestMessageBatchesEndToEnd(t *testing.T) {
 	if !strings.Contains(string(dup.body), "requests.1.custom_id") {
 		t.Errorf("the duplicate is not named: %s", dup.body)
 	}
+	// /v1/messages is no endpoint of OpenAI's Batch API.
+	r := s.do(http.MethodPost, "/v1/batches", map[string]string{"Authorization": "Bearer key-a", "Content-Type": "application/json"},
+		[]byte(`{"input_file_id":"file-0","endpoint":"/v1/messages","completion_window":"24h"}`))
+	if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), `"param":"endpoint"`) {
+		t.Errorf("an OpenAI batch of /v1/messages: %d %s", r.status, r.body)
+	}
 	if n := e.queued(); n != 0 {
 		t.Fatalf("%d messages enqueued by refused creates", n)
 	}
@@ -266,7 +272,7 @@ func TestMessageBatchesEndToEnd(t *testing.T) {
 
 	// Cancel the large one once some of it has run.
 	a.wait(large.ID, time.Minute, func(b msgBatch) bool { return b.RequestCounts.Succeeded > 0 })
-	r := a.do(http.MethodPost, "/v1/messages/batches/"+large.ID+"/cancel", nil)
+	r = a.do(http.MethodPost, "/v1/messages/batches/"+large.ID+"/cancel", nil)
 	var canceling msgBatch
 	r.json(t, &canceling)
 	if r.status != http.StatusOK || canceling.ProcessingStatus != "canceling" || canceling.CancelInitiatedAt == nil {
