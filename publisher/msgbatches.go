@@ -321,7 +321,14 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	items, e := p.readMessageRequests(http.MaxBytesReader(w, r.Body, maxMsgBatchBytes))
+	// Read at the pace every body must keep (bodyPace): a create that
+	// trickles would hold its share of the bytes above from others.
+	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
+	items, e := p.readMessageRequests(&pacedReader{r: http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), pace: pace})
+	if pace.stop() {
+		fail(p.bodyError(w, errTooSlow))
+		return
+	}
 	if e != nil {
 		if e.Status == http.StatusRequestEntityTooLarge {
 			e = tooLarge
@@ -350,6 +357,23 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 			ExpiresAt: *rfc3339(b.ExpiresAt), RequestCounts: messageCounts{Processing: b.Lines}}
 	}
 	writeJSON(w, http.StatusOK, mb)
+}
+
+// pacedReader reads a body whose pace bodyPace keeps: a read that finds it
+// behind fails with errTooSlow.
+type pacedReader struct {
+	r    io.Reader
+	pace *bodyPace
+	n    int64
+}
+
+func (pr *pacedReader) Read(b []byte) (int, error) {
+	n, err := pr.r.Read(b)
+	pr.n += int64(n)
+	if n > 0 && !pr.pace.arrived(pr.n) {
+		return n, errTooSlow
+	}
+	return n, err
 }
 
 // messageRequest is an element of a create's requests.

@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -352,4 +354,35 @@ func TestMessageBatchesEndToEnd(t *testing.T) {
 	wantAnthropicError(t, "GET after delete", a.do(http.MethodGet, "/v1/messages/batches/"+first.ID, nil), 404, "not_found_error")
 	wantAnthropicError(t, "results after delete", a.do(http.MethodGet, "/v1/messages/batches/"+first.ID+"/results", nil), 404, "not_found_error")
 	a.wait(second.ID, time.Minute, ended)
+}
+
+// A create whose body stalls is cut off at the pace every body must keep,
+// 408 in Anthropic's shape, and gives back its client's place: the same
+// client's next create is taken. The server's own timer ends the stall
+// (BodyGrace); nothing here is timed.
+func TestMessageBatchCreateThatStallsIsCutOff(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, BodyGrace: 500 * time.Millisecond})
+	c, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	part := `{"requests":[{"custom_id":"a","params":`
+	if _, err := fmt.Fprintf(c, "POST /v1/messages/batches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-api-key: key-a\r\n"+
+		"anthropic-version: 2023-06-01\r\nContent-Length: 100000\r\n\r\n%s", part); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	wantAnthropicError(t, "a stalled create", reply{resp.StatusCode, resp.Header, body}, http.StatusRequestTimeout, "invalid_request_error")
+	r := anthropicClient{s, "key-a"}.do(http.MethodPost, "/v1/messages/batches", createBody(1, question))
+	if r.status != http.StatusOK {
+		t.Errorf("the next create: %d %s", r.status, r.body)
+	}
 }
