@@ -15,6 +15,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
+	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/publisher"
 )
@@ -384,5 +385,61 @@ func TestMessageBatchCreateThatStallsIsCutOff(t *testing.T) {
 	r := anthropicClient{s, "key-a"}.do(http.MethodPost, "/v1/messages/batches", createBody(1, question))
 	if r.status != http.StatusOK {
 		t.Errorf("the next create: %d %s", r.status, r.body)
+	}
+}
+
+// A batch whose window ends before its requests run (its record's
+// expires_at moved into the past, as 24 hours would) ends with every
+// request expired, each result of type expired, and no cancel initiated.
+func TestMessageBatchExpiry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{ChunkItems: 2})
+	a := anthropicClient{s, ""}
+	r := a.do(http.MethodPost, "/v1/messages/batches", createBody(3, question))
+	var mb msgBatch
+	r.json(t, &mb)
+	key := job.BatchKey("", mb.ID)
+	raw, err := e.store.Read(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		ExpiresAt int64 `json:"expires_at"`
+	}
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		t.Fatal(err)
+	}
+	raw = bytes.Replace(raw, []byte(fmt.Sprintf(`"expires_at":%d`, rec.ExpiresAt)), []byte(fmt.Sprintf(`"expires_at":%d`, time.Now().Unix()-1)), 1)
+	if _, err := e.store.Put(t.Context(), key, raw); err != nil {
+		t.Fatal(err)
+	}
+	// The sweeper cancels its job at the window's end, before any
+	// subscriber runs it; the subscriber then deletes its chunks unrun.
+	if err := s.pub.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	e.runSubscriber()
+	done := a.wait(mb.ID, time.Minute, ended)
+	if c := done.RequestCounts; c.Expired != 3 || c.Succeeded+c.Errored+c.Canceled+c.Processing != 0 || done.CancelInitiatedAt != nil {
+		t.Errorf("expired: %+v", done)
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, *done.ResultsURL, nil)
+	req.Header.Set("anthropic-version", "2023-06-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	n := 0
+	for ; sc.Scan(); n++ {
+		var l msgResultLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil || l.Result.Type != "expired" || l.CustomID != fmt.Sprintf("r-%d", n) {
+			t.Errorf("result %d: %s", n, sc.Bytes())
+		}
+	}
+	if n != 3 {
+		t.Errorf("%d results", n)
 	}
 }
