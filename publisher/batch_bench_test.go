@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -77,45 +76,22 @@ func benchmarkBatchLifecycle(b *testing.B) {
 		req.Header.Set("Content-Type", "application/json")
 		w := httptest.NewRecorder()
 		b.StartTimer()
-		t0 := time.Now()
-		createHeap = float64(peakHeap(func() { h.ServeHTTP(w, req) })) / (1 << 20)
-		createS = time.Since(t0).Seconds()
+		createS, createHeap = timedHeap(func() { h.ServeHTTP(w, req) })
 		b.StopTimer()
 		var bo batchObject
 		if err := json.Unmarshal(w.Body.Bytes(), &bo); err != nil || bo.Status != batchInProgress {
 			b.Fatalf("create: %d %s", w.Code, w.Body)
 		}
-		chunks := (lines + 15) / 16
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, 16)
-		for ch := range chunks {
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				var r strings.Builder
-				fmt.Fprintf(&r, `{"v":1,"job_id":"%s","chunk":%d,"model":"bge-small","outputs":[`, bo.ID, ch)
-				for i := ch * 16; i < min(lines, ch*16+16); i++ {
-					if i > ch*16 {
-						r.WriteByte(',')
-					}
-					fmt.Fprintf(&r, `{"id":"doc-%05d","response":{"status_code":200,"body":{"object":"list","data":[{"object":"embedding","index":0,"embedding":%s}],"model":"bge-small","usage":{"prompt_tokens":12,"total_tokens":12}}}}`, i, emb)
-				}
-				r.WriteString(`],"attempt":1,"worker_ms":3}`)
-				if _, err := store.Put(b.Context(), job.ResultKey(bo.ID, ch), []byte(r.String())); err != nil {
-					b.Error(err)
-				}
-			})
-		}
-		wg.Wait()
+		putResults(b, store, bo.ID, lines, 16, "bge-small", func(i int) string {
+			return fmt.Sprintf(`{"id":"doc-%05d","response":{"status_code":200,"body":{"object":"list","data":[{"object":"embedding","index":0,"embedding":%s}],"model":"bge-small","usage":{"prompt_tokens":12,"total_tokens":12}}}}`, i, emb)
+		})
 		// The sweeper finalizes it (a read only shows it finalizing).
 		b.StartTimer()
-		t0 = time.Now()
-		finalHeap = float64(peakHeap(func() {
+		finalS, finalHeap = timedHeap(func() {
 			if err := p.Sweep(b.Context()); err != nil {
 				b.Error(err)
 			}
-		})) / (1 << 20)
-		finalS = time.Since(t0).Seconds()
+		})
 		b.StopTimer()
 		req = httptest.NewRequest(http.MethodGet, "/v1/batches/"+bo.ID, nil)
 		w = httptest.NewRecorder()

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
@@ -289,8 +287,11 @@ func (q *batchRequest) check() *APIError {
 	switch {
 	case q.InputFileID == "":
 		return bad("input_file_id", "input_file_id is required: the id of a file uploaded with purpose batch")
-	case !job.ValidEndpoint(q.Endpoint):
-		return bad("endpoint", "endpoint must be one of %s", strings.Join(job.Endpoints, ", "))
+	case !job.ValidEndpoint(q.Endpoint) || q.Endpoint == job.EndpointMessages:
+		// /v1/messages is Anthropic's, whose batches are Message Batches
+		// (msgbatches.go); OpenAI's Batch API has no such endpoint.
+		openAI := slices.DeleteFunc(slices.Clone(job.Endpoints), func(e string) bool { return e == job.EndpointMessages })
+		return bad("endpoint", "endpoint must be one of %s", strings.Join(openAI, ", "))
 	case q.CompletionWindow != completionWindow:
 		return bad("completion_window", "completion_window must be %q", completionWindow)
 	case len(q.Metadata) > maxMetadataPairs:
@@ -340,16 +341,11 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
-	// A client creates one batch at a time: the files being read into
-	// batches share one bound (batchBytes, first come first served), and
-	// this keeps one client from holding all of it while others wait.
-	client := p.clientKey(r)
-	if !p.batchCreators.add(client) {
-		w.Header().Set("Retry-After", "5")
-		fail(apiErr(http.StatusTooManyRequests, CodeBatchBusy, "this client is already creating a batch; retry after the time in Retry-After"))
+	done, ok := p.oneCreate(w, r, fail)
+	if !ok {
 		return
 	}
-	defer p.batchCreators.remove(client)
+	defer done()
 	// Read as a job's body is read (inflight.go): paced, and charged to the
 	// client's bodies in flight.
 	if r.ContentLength > maxBatchRequest {
@@ -421,16 +417,11 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	// its size, planned); the bytes of files being read at once are
 	// bounded, so that files of the largest size cannot take the memory
 	// between them. A client that waits too long is told to come back.
-	charge := min(f.Bytes, p.cfg.MaxFileBytes)
-	wctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-	err = p.batchBytes.Acquire(wctx, charge)
-	cancel()
-	if err != nil {
-		w.Header().Set("Retry-After", "5")
-		fail(apiErr(http.StatusServiceUnavailable, CodeBatchBusy, "too many files are being read into batches; retry shortly"))
+	release, taken := p.takeBatchBytes(w, r, fail, min(f.Bytes, p.cfg.MaxFileBytes))
+	if !taken {
 		return
 	}
-	defer p.batchBytes.Release(charge)
+	defer release()
 
 	now := p.now().UTC()
 	b := &batchRecord{V: 1, ID: newBatchID(now), Owner: owner, Endpoint: q.Endpoint, InputFileID: f.ID,
@@ -466,55 +457,10 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// The record goes first, as validating, and the custom ids beside it:
-	// once a chunk may be on the queue, the batch is there to be read,
-	// cancelled and finalized. A publisher that dies while sending leaves
-	// it validating, which the sweeper fails once it is stale.
-	ids := make([]byte, 0, len(items)*16)
-	for _, it := range items {
-		ids = append(ids, encodeJSON(it.ID)...)
-		ids = append(ids, '\n')
-	}
-	b.Status = batchValidating
-	if _, err := p.store.Put(r.Context(), job.BatchIDsKey(owner, b.ID), ids); err != nil {
-		p.log.Error("storing a batch's custom ids", "batch_id", b.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
-		return
-	}
-	if err := p.openBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
-		return
-	}
-	if err := p.putBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
-		return
-	}
-	ectx, ecancel := detach(r.Context())
-	defer ecancel()
-	ri.items, ri.chunks = len(items), len(plan.Chunks)
-	sent, e := p.enqueue(ectx, b.ID, tenantName, owner, plan, len(items))
-	ri.sent = sent
-	if e != nil {
-		// What was sent must not run: the job is cancelled, and the
-		// batch failed, saying why.
-		p.cancelJob(ectx, b.ID)
-		b.Status, b.FailedAt = batchFailed, p.now().Unix()
-		b.Errors = []batchError{{Code: e.Code, Message: e.Message}}
-		_ = p.putBatch(ectx, b)
+	if e := p.startBatch(r.Context(), b, items, plan, tenantName, ri); e != nil {
 		fail(e)
 		return
 	}
-	b.Status, b.InProgressAt = batchInProgress, p.now().Unix()
-	if err := p.putBatch(ectx, b); err != nil {
-		// The job is sent and runs; the batch reads as validating until
-		// a later write. Answer what it is.
-		p.log.Warn("recording a batch in progress", "batch_id", b.ID, "err", err)
-		b.Status, b.InProgressAt = batchValidating, 0
-	}
-	p.m.jobs.Inc()
-	label := p.labels.Label(tenantName)
-	p.m.tenantJobs.WithLabelValues(label).Inc()
-	p.m.tenantItems.WithLabelValues(label).Add(float64(len(items)))
 	once.answer(r.Context(), w, sum, b.object(batchCounts{Total: b.Lines}))
 }
 
@@ -560,38 +506,16 @@ func (p *Publisher) readBatch(r *http.Request, owner, id string) (*batchRecord, 
 	return &b, nil
 }
 
+// openAIBatches are the /v1/batches routes' batches.
+func (p *Publisher) openAIBatches() batchRoute[*batchObject] {
+	return batchRoute[*batchObject]{valid: validBatchID, missing: noBatch,
+		view: func(r *http.Request, b *batchRecord) (*batchObject, error) { return p.batchView(r.Context(), b) }}
+}
+
 // loadBatch reads the batch r's path names and how it stands (batchView),
 // answering r itself (and returning nil) when that fails.
 func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *batchObject, func(*APIError)) {
-	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
-	if p.store == nil {
-		fail(noBatchStore())
-		return nil, nil, fail
-	}
-	id := r.PathValue("id")
-	if !validBatchID(id) {
-		fail(noBatch())
-		return nil, nil, fail
-	}
-	ri.jobID = id
-	b, err := p.readBatch(r, p.owner(r), id)
-	if errors.Is(err, payload.ErrMissing) {
-		fail(noBatch())
-		return nil, nil, fail
-	}
-	var o *batchObject
-	if err == nil {
-		o, err = p.batchView(r.Context(), b)
-	}
-	if err != nil {
-		p.log.Error("reading a batch", "batch_id", id, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be read"))
-		return nil, nil, fail
-	}
+	b, o, fail, _ := p.openAIBatches().load(p, w, r)
 	return b, o, fail
 }
 
@@ -621,43 +545,18 @@ func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 		fail(apiErr(http.StatusConflict, CodeBatchNotCancellable, "the batch is %s: it can no longer be cancelled", o.Status))
 		return
 	}
-	ctx := r.Context()
-	if err := p.cancelJob(ctx, b.ID); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be cancelled; try again"))
-		return
-	}
-	o, err := p.batchView(ctx, b)
-	if err != nil {
-		p.log.Error("reading a batch", "batch_id", b.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch was cancelled, but could not be read"))
-		return
-	}
-	writeJSON(w, http.StatusOK, o)
+	p.openAIBatches().cancel(p, w, r, b, fail)
 }
 
 // listBatches is GET /v1/batches: the caller's batches, newest first, limit
 // of them after the batch after names (which need not still exist). Each
 // is read as GET reads one, readConcurrency at a time.
 func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
-	if p.store == nil {
-		fail(noBatchStore())
-		return
-	}
-	if e := p.canList(r); e != nil {
-		fail(e)
+	limit, fail, ok := p.openAIBatches().startList(p, w, r, defaultBatchList, maxBatchList)
+	if !ok {
 		return
 	}
 	q := r.URL.Query()
-	limit, e := listLimit(q, defaultBatchList, maxBatchList)
-	if e != nil {
-		fail(e)
-		return
-	}
 	after := q.Get("after")
 	if after != "" && !validBatchID(after) {
 		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "after", "after must be the id of a batch"))
@@ -681,31 +580,11 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	if more {
 		ids = ids[:limit]
 	}
-	objs := make([]*batchObject, len(ids))
-	g, gctx := errgroup.WithContext(r.Context())
-	g.SetLimit(readConcurrency)
-	for i, id := range ids {
-		g.Go(func() error {
-			b, err := p.readBatch(r.WithContext(gctx), owner, id)
-			if errors.Is(err, payload.ErrMissing) {
-				return nil // deleted since the listing
-			}
-			if err == nil {
-				objs[i], err = p.batchView(gctx, b)
-			}
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
+	data, err := p.openAIBatches().readAll(p, r, owner, ids)
+	if err != nil {
 		p.log.Error("reading batches", "err", err)
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
 		return
-	}
-	var data []*batchObject
-	for _, o := range objs {
-		if o != nil {
-			data = append(data, o)
-		}
 	}
 	out := newListPage(data, more, func(o *batchObject) string { return o.ID })
 	writeJSON(w, http.StatusOK, out)

@@ -100,6 +100,10 @@ func New(cfg Config) (*Publisher, error) {
 //	POST /v1/batches, GET /v1/batches, GET /v1/batches/{id},
 //	POST /v1/batches/{id}/cancel
 //	                     OpenAI's Batch API (batches.go; auth, rate limits)
+//	POST /v1/messages/batches, GET /v1/messages/batches, GET and DELETE
+//	/v1/messages/batches/{id}, POST /v1/messages/batches/{id}/cancel,
+//	GET /v1/messages/batches/{id}/results
+//	                     Anthropic's Message Batches (msgbatches.go; auth, rate limits)
 //	GET  /healthz        liveness
 //
 // Every error is JSON, including 404 and 405, and every response says
@@ -136,6 +140,7 @@ func (p *Publisher) Handler() http.Handler {
 	mux.Handle("/v1/batches/{id}", openAI(methodNotAllowed("GET, HEAD")))
 	mux.Handle("/v1/batches/{id}/cancel", openAI(methodNotAllowed("POST")))
 	mux.Handle("/v1/batches/", openAI(http.HandlerFunc(notFound)))
+	p.messageBatchRoutes(mux) // Anthropic's Message Batches (msgbatches.go)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

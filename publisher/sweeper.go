@@ -102,7 +102,7 @@ func (p *Publisher) nudge(key string) {
 // event triggers. Its marker names its owner, so it is found by a List of
 // the open batches; a batch with none has ended already.
 func (p *Publisher) AdvanceBatch(ctx context.Context, id string) error {
-	if p.store == nil || !validBatchID(id) {
+	if p.store == nil || !validBatchID(id) && !validMessageBatchID(id) {
 		return nil
 	}
 	keys, err := p.store.List(ctx, job.OpenBatchesPrefix)
