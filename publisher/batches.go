@@ -128,6 +128,12 @@ type batchRecord struct {
 	// Lines is the requests in the input file, the bad ones of a batch that
 	// failed validation included.
 	Lines int `json:"lines"`
+	// Tenant is the tenant of the key that created the batch, whose job it
+	// is (the chunks' attribute).
+	Tenant string `json:"tenant,omitempty"`
+	// ValidatingAt is when a validator claimed the batch, or last said it
+	// was still at work (batchvalidate.go): 0 while no one has.
+	ValidatingAt int64 `json:"validating_at,omitempty"`
 	// Status is validating, in_progress or failed until the job settles,
 	// then finalizing (the finalizer's claim), then completed, cancelled or
 	// expired (batchstate.go).
@@ -417,105 +423,26 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// The lines of a file are held while it becomes a batch (a few times
-	// its size, planned); the bytes of files being read at once are
-	// bounded, so that files of the largest size cannot take the memory
-	// between them. A client that waits too long is told to come back.
-	charge := min(f.Bytes, p.cfg.MaxFileBytes)
-	wctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-	err = p.batchBytes.Acquire(wctx, charge)
-	cancel()
-	if err != nil {
-		w.Header().Set("Retry-After", "5")
-		fail(apiErr(http.StatusServiceUnavailable, CodeBatchBusy, "too many files are being read into batches; retry shortly"))
-		return
-	}
-	defer p.batchBytes.Release(charge)
-
 	now := p.now().UTC()
-	b := &batchRecord{V: 1, ID: newBatchID(now), Owner: owner, Endpoint: q.Endpoint, InputFileID: f.ID,
-		CompletionWindow: q.CompletionWindow, Metadata: q.Metadata, CreatedAt: now.Unix(),
-		ExpiresAt: now.Add(completionDuration).Unix()}
+	b := &batchRecord{V: batchRecordVersion, ID: newBatchID(now), Owner: owner, Endpoint: q.Endpoint, InputFileID: f.ID,
+		CompletionWindow: q.CompletionWindow, Metadata: q.Metadata, Tenant: tenantName, Status: batchValidating,
+		CreatedAt: now.Unix(), ExpiresAt: now.Add(completionDuration).Unix()}
 	if q.OutputExpiresAfter != nil {
 		b.OutputExpiresAfter = q.OutputExpiresAfter.Seconds
 	}
 	ri.jobID = b.ID
-	items, requests, bad, err := p.readBatchInput(r.Context(), f, q.Endpoint)
-	if err != nil {
-		p.log.Error("reading a batch's input file", "file_id", f.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the input file could not be read"))
-		return
-	}
-	b.Lines = requests
-	var plan *Plan
-	if len(bad) == 0 {
-		var e *APIError
-		if plan, e = p.planner.PlanFor(b.ID, q.Endpoint, items, p.cfg.ChunkItems); e != nil {
-			// Only an item too large for a message without a bucket, or
-			// a planning fault: the file's, or ours, named on the batch.
-			bad = append(bad, batchError{Code: e.Code, Message: e.Message})
-		}
-	}
-	if len(bad) > 0 {
-		b.Status, b.FailedAt, b.Errors = batchFailed, now.Unix(), bad
-		if err := p.putBatch(r.Context(), b); err != nil {
-			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
-			return
-		}
-		once.answer(r.Context(), w, sum, b.object(batchCounts{Total: b.Lines}))
-		return
-	}
-
-	// The record goes first, as validating, and the custom ids beside it:
-	// once a chunk may be on the queue, the batch is there to be read,
-	// cancelled and finalized. A publisher that dies while sending leaves
-	// it validating, which the sweeper fails once it is stale.
-	ids := make([]byte, 0, len(items)*16)
-	for _, it := range items {
-		ids = append(ids, encodeJSON(it.ID)...)
-		ids = append(ids, '\n')
-	}
-	b.Status = batchValidating
-	if _, err := p.store.Put(r.Context(), job.BatchIDsKey(owner, b.ID), ids); err != nil {
-		p.log.Error("storing a batch's custom ids", "batch_id", b.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
-		return
-	}
+	// The marker first, so that no batch is left without one; then the
+	// record, validating, for the validator to claim (batchvalidate.go).
 	if err := p.openBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded"))
 		return
 	}
 	if err := p.putBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded"))
 		return
 	}
-	ectx, ecancel := detach(r.Context())
-	defer ecancel()
-	ri.items, ri.chunks = len(items), len(plan.Chunks)
-	sent, e := p.enqueue(ectx, b.ID, tenantName, owner, plan, len(items))
-	ri.sent = sent
-	if e != nil {
-		// What was sent must not run: the job is cancelled, and the
-		// batch failed, saying why.
-		p.cancelJob(ectx, b.ID)
-		b.Status, b.FailedAt = batchFailed, p.now().Unix()
-		b.Errors = []batchError{{Code: e.Code, Message: e.Message}}
-		_ = p.putBatch(ectx, b)
-		fail(e)
-		return
-	}
-	b.Status, b.InProgressAt = batchInProgress, p.now().Unix()
-	if err := p.putBatch(ectx, b); err != nil {
-		// The job is sent and runs; the batch reads as validating until
-		// a later write. Answer what it is.
-		p.log.Warn("recording a batch in progress", "batch_id", b.ID, "err", err)
-		b.Status, b.InProgressAt = batchValidating, 0
-	}
-	p.m.jobs.Inc()
-	label := p.labels.Label(tenantName)
-	p.m.tenantJobs.WithLabelValues(label).Inc()
-	p.m.tenantItems.WithLabelValues(label).Add(float64(len(items)))
-	once.answer(r.Context(), w, sum, b.object(batchCounts{Total: b.Lines}))
+	p.nudge(job.BatchKey(b.Owner, b.ID))
+	once.answer(r.Context(), w, sum, b.object(batchCounts{}))
 }
 
 // putBatch writes b's record.
@@ -721,107 +648,6 @@ func (st *statusBody) unsettledItems(m *job.Manifest) int {
 		n += m.ChunkItems[c]
 	}
 	return n
-}
-
-// readBatchInput reads f, the input file of a batch for endpoint, line by
-// line: the items of its lines, or the lines that are bad (the first
-// maxBatchErrors of them, then one entry for the rest). A line is
-// OpenAI's request input object, {"custom_id", "method", "url", "body"}:
-// custom_id an item id of the grammar, unique in the file; method POST; url
-// the batch's endpoint; body a request the publisher accepts for it
-// (checkBody, as POST /v1/jobs checks an item's). requests counts the
-// lines that are requests, bad or not: every line but blank ones.
-func (p *Publisher) readBatchInput(ctx context.Context, f *fileRecord, endpoint string) (items []RequestItem, requests int, bad []batchError, err error) {
-	body, _, err := p.store.Open(ctx, job.FileKey(f.Owner, f.ID))
-	if err != nil {
-		return nil, 0, nil, err
-	}
-	defer body.Close()
-	var (
-		more int
-		seen = map[string]struct{}{}
-		lim  = p.limits()
-	)
-	badLine := func(n int, code, param, format string, a ...any) {
-		if len(bad) >= maxBatchErrors {
-			more++
-			return
-		}
-		e := batchError{Code: code, Message: fmt.Sprintf(format, a...), Line: &n}
-		if param != "" {
-			e.Param = &param
-		}
-		bad = append(bad, e)
-	}
-	lines := newLineReader(body, p.cfg.MaxFileLineBytes)
-	n := 0
-	for {
-		line, err := lines.next()
-		if err == io.EOF {
-			break
-		}
-		n++
-		if errors.Is(err, errLineTooLong) {
-			requests++
-			badLine(n, CodeLineTooLarge, "", "the line is over %d bytes", p.cfg.MaxFileLineBytes)
-			continue
-		}
-		if err != nil {
-			return nil, 0, nil, err
-		}
-		if n > p.cfg.MaxFileLines {
-			badLine(n, CodeTooManyLines, "", "the file has more than %d lines", p.cfg.MaxFileLines)
-			break
-		}
-		if len(bytes.TrimSpace(line)) == 0 {
-			continue // a blank line, at the end of a file most often, is no request
-		}
-		requests++
-		fields, err := job.Members(line)
-		if err != nil {
-			badLine(n, CodeInvalidJSONLine, "", "the line is not a JSON object without repeated keys")
-			continue
-		}
-		var id, method, url string
-		if v, ok := present(fields, "custom_id"); !ok || json.Unmarshal(v, &id) != nil || job.CheckItemID(id) != nil {
-			badLine(n, CodeInvalidCustomID, "custom_id",
-				"custom_id must be a string of 1 to %d bytes of UTF-8 without control characters", job.MaxItemIDBytes)
-			continue
-		}
-		if _, dup := seen[id]; dup {
-			badLine(n, CodeDuplicateCustomID, "custom_id", "the custom_id %s is on an earlier line too", job.QuoteID(id))
-			continue
-		}
-		seen[id] = struct{}{}
-		if v, ok := present(fields, "method"); !ok || json.Unmarshal(v, &method) != nil || method != http.MethodPost {
-			badLine(n, CodeInvalidMethod, "method", "method must be POST")
-			continue
-		}
-		if v, ok := present(fields, "url"); !ok || json.Unmarshal(v, &url) != nil || url != endpoint {
-			badLine(n, CodeMismatchedURL, "url", "url must be the batch's endpoint, %s", endpoint)
-			continue
-		}
-		req, _ := present(fields, "body")
-		if len(req) == 0 || req[0] != '{' {
-			badLine(n, CodeInvalidBody, "body", "body must be a JSON object: the request for %s", endpoint)
-			continue
-		}
-		if e := checkBody(endpoint, req, lim); e != nil {
-			badLine(n, e.Code, "body", "%s", e.Message)
-			continue
-		}
-		// req is a copy (json.RawMessage copies what it decodes): the
-		// line's buffer is reused.
-		items = append(items, RequestItem{ID: id, Body: req})
-	}
-	if requests == 0 {
-		bad = append(bad, batchError{Code: CodeEmptyFile, Message: "the input file has no lines"})
-	}
-	if more > 0 {
-		bad = append(bad, batchError{Code: CodeTooManyErrors,
-			Message: fmt.Sprintf("%d more lines are bad; the first %d are named", more, maxBatchErrors)})
-	}
-	return items, requests, bad, nil
 }
 
 // clientSet is the clients with a batch being created.

@@ -23,7 +23,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/tenant"
@@ -31,23 +30,20 @@ import (
 
 // Publisher is the HTTP API over one work queue. Safe for concurrent use.
 type Publisher struct {
-	cfg     Config
-	log     *slog.Logger
-	m       *metrics
-	planner Planner
-	sender  *sender
-	idem    idemStore
-	store   *payload.Store
-	keys    [][sha256.Size]byte // SHA-256 of each API key
-	tenants []string            // the tenant of each key, by the index of keys
-	labels  *tenant.Labels      // per-tenant metric labels
-	rates   *limiter            // nil without rate limits
-	bodies  *bodyBudget         // request bodies in flight
-	results *resultShares       // bytes of stored results in flight (resultpage.go)
-	// batchBytes bounds the bytes of input files being read into batches
-	// at once (postBatch): MaxFileBytes.
-	batchBytes    *semaphore.Weighted
-	batchCreators clientSet // the clients creating a batch, one each
+	cfg           Config
+	log           *slog.Logger
+	m             *metrics
+	planner       Planner
+	sender        *sender
+	idem          idemStore
+	store         *payload.Store
+	keys          [][sha256.Size]byte // SHA-256 of each API key
+	tenants       []string            // the tenant of each key, by the index of keys
+	labels        *tenant.Labels      // per-tenant metric labels
+	rates         *limiter            // nil without rate limits
+	bodies        *bodyBudget         // request bodies in flight
+	results       *resultShares       // bytes of stored results in flight (resultpage.go)
+	batchCreators clientSet           // the clients creating a batch, one each
 	now           func() time.Time
 	nudges        chan string // records of batches a read found settled (sweeper.go)
 }
@@ -85,7 +81,6 @@ func New(cfg Config) (*Publisher, error) {
 	p.rates = newLimiter(&cfg, m)
 	p.bodies = newBodyBudget(&cfg, m)
 	p.results = newResultShares(&cfg)
-	p.batchBytes = semaphore.NewWeighted(cfg.MaxFileBytes)
 	return p, nil
 }
 
