@@ -27,9 +27,9 @@ import (
 // line's custom_id and whose body is the line's request, and the job's
 // results become the batch's output and error files when it settles.
 //
-// The batch's record (job.BatchKey) is written when the file is found
-// valid (status validating, then in_progress once every chunk is sent, or
-// failed with every bad line named); from then on one owner moves it, by
+// The batch's record (job.BatchKey) is written validating when the batch is
+// created; its validator makes it in_progress once every chunk is sent, or
+// failed with every bad line named (batchvalidate.go); from then on one owner moves it, by
 // conditional writes (batchstate.go): the finalizer ends it once its job has
 // settled, and the sweeper expires it at its window. Reads never write:
 // between the record's states, the counts are read from the job, and
@@ -315,13 +315,13 @@ func (q *batchRequest) check() *APIError {
 	return nil
 }
 
-// postBatch is POST /v1/batches. The input file is read and every line
-// checked before anything is sent: a file with a bad line makes a batch
-// that failed at validating, every bad line named, and nothing enqueued.
-// Otherwise the lines become the items of one job, planned and sent as
-// POST /v1/jobs sends a job, and the batch is in_progress. Unlike OpenAI's,
-// the check is done before the answer, so the answer's status is already
-// failed or in_progress: a client polls the same way either way.
+// postBatch is POST /v1/batches: the request and the input file's record
+// are checked, and the batch is recorded validating and answered so, as
+// OpenAI answers; its file is read, checked line by line and sent as one
+// job after the answer (batchvalidate.go). A file with a bad line ends the
+// batch failed, every bad line named, and nothing enqueued; otherwise the
+// lines become the items of a job whose id is the batch's, and the batch is
+// in_progress. A client polls either way.
 func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)
 	fail := func(e *APIError) {
@@ -346,9 +346,9 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
-	// A client creates one batch at a time: the files being read into
-	// batches share one bound (batchBytes, first come first served), and
-	// this keeps one client from holding all of it while others wait.
+	// A client creates one batch at a time: a create is a few reads and
+	// writes of the bucket, and this keeps one client from taking every
+	// connection to it while others wait.
 	client := p.clientKey(r)
 	if !p.batchCreators.add(client) {
 		w.Header().Set("Retry-After", "5")
