@@ -1,0 +1,93 @@
+package publisher_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher"
+)
+
+// gateQueue is a queue whose sends of chunks from chunk on wait for open
+// to be closed; reached is closed at the first that waits.
+type gateQueue struct {
+	publisher.Queue
+	from    int
+	open    chan struct{}
+	reached chan struct{}
+	once    sync.Once
+}
+
+func (q *gateQueue) SendBatch(ctx context.Context, entries []publisher.Entry) ([]error, error) {
+	for _, e := range entries {
+		if e.Chunk >= q.from {
+			q.once.Do(func() { close(q.reached) })
+			<-q.open
+			break
+		}
+	}
+	return q.Queue.SendBatch(ctx, entries)
+}
+
+// Issue 32, item 5: a validator that stops halfway through sending a batch
+// (standing in for a publisher that died: its sends hang) loses nothing and
+// makes nothing twice. Its claim is on the record; another publisher's
+// sweep, once the claim is stale, cancels the job and fails the batch; and
+// when the first validator wakes, its conditional write is refused: the
+// batch stays failed, and its job cancelled.
+func TestBatchValidatorStoppedMidSendFailsOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	store, _ := condStore(t, e)
+	gate := &gateQueue{from: 40, open: make(chan struct{}), reached: make(chan struct{})}
+	first := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store, Queue: gate})
+	gate.Queue = publisher.NewSQSQueue(e.client, e.urls.Work)
+	other := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store})
+	c := first.sdk("")
+	bt, err := c.Batches.New(t.Context(), openai.BatchNewParams{InputFileID: upload(t, c, "stopped.jsonl", embeddingLines(100)).ID,
+		Endpoint: openai.BatchNewParamsEndpointV1Embeddings, CompletionWindow: openai.BatchNewParamsCompletionWindow24h})
+	if err != nil || bt.Status != openai.BatchStatusValidating {
+		t.Fatalf("create: %v %s", apiError(err), bt.RawJSON())
+	}
+	swept := make(chan error, 1)
+	go func() { swept <- first.pub.Sweep(context.Background()) }()
+	<-gate.reached
+
+	rec := record(t, e, bt.ID)
+	if rec["status"] != "validating" || rec["validating_at"] == nil {
+		t.Fatalf("mid-send the record is %v; want validating, claimed", rec)
+	}
+	// Another publisher's sweep while the claim is fresh leaves it.
+	if err := other.pub.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st := record(t, e, bt.ID)["status"]; st != "validating" {
+		t.Fatalf("a sweep during a fresh claim made the batch %v", st)
+	}
+	// The claim as a validator that died 11 minutes ago left it.
+	rec["validating_at"] = time.Now().Add(-11 * time.Minute).Unix()
+	raw, _ := json.Marshal(rec)
+	if _, err := e.store.Put(t.Context(), job.BatchKey("", bt.ID), raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.pub.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	close(gate.open)
+	if err := <-swept; err != nil {
+		t.Fatal(err)
+	}
+
+	b, err := c.Batches.Get(t.Context(), bt.ID)
+	if err != nil || b.Status != openai.BatchStatusFailed || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != "enqueue_interrupted" {
+		t.Fatalf("after both: %v %s; want failed, enqueue_interrupted", apiError(err), b.RawJSON())
+	}
+	if _, err := e.store.Read(t.Context(), job.CancelKey(bt.ID)); err != nil {
+		t.Errorf("the job's cancel record: %v; want what was sent cancelled", err)
+	}
+}
