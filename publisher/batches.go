@@ -64,7 +64,16 @@ const (
 	CodeEmptyFile          = "empty_file"
 	CodeTooManyErrors      = "too_many_errors"
 	CodeEnqueueInterrupted = "enqueue_interrupted"
+	// A line for an endpoint of OpenAI's that no subscriber serves
+	// (job.BatchEndpoints).
+	CodeEndpointNotServed = "endpoint_not_served"
+	// Over OpenAI's 50,000 embedding inputs a batch.
+	CodeTooManyEmbeddingInputs = "too_many_embedding_inputs"
 )
+
+// maxBatchEmbeddingInputs is OpenAI's bound on the inputs of all the
+// embeddings requests of one batch (its Batch API guide, "Rate limits").
+const maxBatchEmbeddingInputs = 50_000
 
 // completionWindow is the one window OpenAI offers, and so the one a batch
 // may ask for.
@@ -128,6 +137,8 @@ type batchRecord struct {
 	// Lines is the requests in the input file, the bad ones of a batch that
 	// failed validation included.
 	Lines int `json:"lines"`
+	// Model is the model of the file's first request: OpenAI's Batch.model.
+	Model string `json:"model,omitempty"`
 	// Tenant is the tenant of the key that created the batch, whose job it
 	// is (the chunks' attribute).
 	Tenant string `json:"tenant,omitempty"`
@@ -193,6 +204,7 @@ type batchObject struct {
 	CancelledAt      *int64            `json:"cancelled_at"`
 	RequestCounts    batchCounts       `json:"request_counts"`
 	Usage            *batchUsage       `json:"usage,omitempty"`
+	Model            string            `json:"model,omitempty"`
 	Metadata         map[string]string `json:"metadata"`
 }
 
@@ -242,7 +254,7 @@ func (b *batchRecord) object(c batchCounts) *batchObject {
 		ID: b.ID, Object: "batch", Endpoint: b.Endpoint, InputFileID: b.InputFileID, CompletionWindow: b.CompletionWindow,
 		Status: b.Status, OutputFileID: orNil(b.OutputFileID), ErrorFileID: orNil(b.ErrorFileID), CreatedAt: b.CreatedAt,
 		InProgressAt: at(b.InProgressAt), ExpiresAt: at(b.ExpiresAt), FinalizingAt: at(b.FinalizingAt), FailedAt: at(b.FailedAt),
-		CancellingAt: at(b.CancellingAt), RequestCounts: c, Usage: b.Usage, Metadata: b.Metadata,
+		CancellingAt: at(b.CancellingAt), RequestCounts: c, Usage: b.Usage, Model: b.Model, Metadata: b.Metadata,
 	}
 	if len(b.Errors) > 0 {
 		o.Errors = &batchErrors{Object: "list", Data: b.Errors}
@@ -295,8 +307,8 @@ func (q *batchRequest) check() *APIError {
 	switch {
 	case q.InputFileID == "":
 		return bad("input_file_id", "input_file_id is required: the id of a file uploaded with purpose batch")
-	case !job.ValidEndpoint(q.Endpoint):
-		return bad("endpoint", "endpoint must be one of %s", strings.Join(job.Endpoints, ", "))
+	case !slices.Contains(job.BatchEndpoints, q.Endpoint):
+		return bad("endpoint", "endpoint must be one of %s", strings.Join(job.BatchEndpoints, ", "))
 	case q.CompletionWindow != completionWindow:
 		return bad("completion_window", "completion_window must be %q", completionWindow)
 	case len(q.Metadata) > maxMetadataPairs:

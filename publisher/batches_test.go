@@ -331,7 +331,7 @@ func TestBatchInvalidLines(t *testing.T) {
 	}
 	// A request the SDK sends wrong is refused in OpenAI's shape.
 	for what, p := range map[string]openai.BatchNewParams{
-		"endpoint":          {InputFileID: f.ID, Endpoint: "/v1/moderations", CompletionWindow: "24h"},
+		"endpoint":          {InputFileID: f.ID, Endpoint: "/v1/images/generations", CompletionWindow: "24h"},
 		"completion_window": {InputFileID: f.ID, Endpoint: openai.BatchNewParamsEndpointV1Embeddings, CompletionWindow: "1h"},
 		"input_file_id":     {InputFileID: "file-nope", Endpoint: openai.BatchNewParamsEndpointV1Embeddings, CompletionWindow: "24h"},
 	} {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/vramq/vramq/internal/payload"
@@ -128,6 +129,7 @@ type validation struct {
 	sizes  []int64 // the encoded size of each request, claim-checked ones as their reference
 	items  int
 	claims int
+	inputs int // embedding inputs (count)
 }
 
 // check is the first pass: every line checked, and the ids and sizes of
@@ -144,6 +146,9 @@ func (v *validation) check(ctx context.Context) error {
 		if claim != nil {
 			v.claims++
 		}
+		if err := v.count(it.Body); err != nil {
+			return err
+		}
 		v.ids = append(append(v.ids, encodeJSON(it.ID)...), '\n')
 		v.sizes = append(v.sizes, int64(len(enc)))
 		return nil
@@ -152,6 +157,35 @@ func (v *validation) check(ctx context.Context) error {
 		return err
 	}
 	v.b.Lines, v.bad, v.items = requests, bad, len(v.sizes)
+	return nil
+}
+
+// count takes the model of the first request for the batch's, and counts
+// the inputs of embeddings requests against OpenAI's bound for a batch: a
+// string or one array of token ids is an input, an array of them one each.
+func (v *validation) count(body json.RawMessage) error {
+	var r struct {
+		Model string          `json:"model"`
+		Input json.RawMessage `json:"input"`
+	}
+	if err := json.Unmarshal(body, &r); err != nil {
+		return err // checkBody took it
+	}
+	if v.b.Model == "" {
+		v.b.Model = r.Model
+	}
+	if v.b.Endpoint != job.EndpointEmbeddings {
+		return nil
+	}
+	var inputs []json.RawMessage
+	if json.Unmarshal(r.Input, &inputs) != nil || len(inputs) == 0 || inputs[0][0] != '"' && inputs[0][0] != '[' {
+		v.inputs++
+	} else {
+		v.inputs += len(inputs)
+	}
+	if v.inputs > maxBatchEmbeddingInputs {
+		return fileFault(CodeTooManyEmbeddingInputs, "the batch's requests have more than %d embedding inputs together", maxBatchEmbeddingInputs)
+	}
 	return nil
 }
 
@@ -331,6 +365,10 @@ func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good fun
 		req, _ := present(fields, "body")
 		if len(req) == 0 || req[0] != '{' {
 			badLine(n, CodeInvalidBody, "body", "body must be a JSON object: the request for %s", endpoint)
+			continue
+		}
+		if !job.ValidEndpoint(endpoint) {
+			badLine(n, CodeEndpointNotServed, "url", "%s is not served here: the subscribers run %s", endpoint, strings.Join(job.Endpoints, ", "))
 			continue
 		}
 		if e := checkBody(endpoint, req, lim); e != nil {

@@ -3,6 +3,8 @@ package publisher_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -89,5 +91,62 @@ func TestBatchValidatorStoppedMidSendFailsOnce(t *testing.T) {
 	}
 	if _, err := e.store.Read(t.Context(), job.CancelKey(bt.ID)); err != nil {
 		t.Errorf("the job's cancel record: %v; want what was sent cancelled", err)
+	}
+}
+
+// Issue 35, item 1: a batch may name any endpoint of OpenAI's Batch API.
+// One the subscribers do not run (/v1/responses, /v1/moderations) is taken
+// at create and refused at validation, every line named; one they run
+// validates, and the batch reports its model, as OpenAI's Batch does.
+func TestBatchEndpointsOfOpenAI(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{})
+	c := s.sdk("")
+	for _, ep := range []openai.BatchNewParamsEndpoint{openai.BatchNewParamsEndpointV1Responses, openai.BatchNewParamsEndpointV1Moderations} {
+		var in strings.Builder
+		for i := range 3 {
+			fmt.Fprintf(&in, `{"custom_id":"r-%d","method":"POST","url":%q,"body":{"model":"ref","input":"x"}}`+"\n", i, ep)
+		}
+		bt := newBatch(t, c, upload(t, c, "other.jsonl", []byte(in.String())).ID, ep)
+		if bt.Status != openai.BatchStatusFailed || len(bt.Errors.Data) != 3 {
+			t.Fatalf("a batch for %s: %s; want failed, its 3 lines named", ep, bt.RawJSON())
+		}
+		for i, d := range bt.Errors.Data {
+			if d.Code != "endpoint_not_served" || d.Line != int64(i+1) || d.Param != "url" {
+				t.Errorf("%s, error %d: %+v", ep, i, d)
+			}
+		}
+	}
+	bt := newBatch(t, c, upload(t, c, "embed.jsonl", embeddingLines(2)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	if bt.Status != openai.BatchStatusInProgress || bt.Model != "ref" {
+		t.Errorf("an embeddings batch: %s; want in_progress, model ref", bt.RawJSON())
+	}
+	if q := e.queued(); q != 1 {
+		t.Errorf("%d messages on the queue; want the embeddings batch's one", q)
+	}
+}
+
+// OpenAI takes at most 50,000 embedding inputs in a batch, across its
+// requests: 25 lines of 2,000 inputs validate, 26 fail the batch.
+func TestBatchEmbeddingInputsBound(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{})
+	c := s.sdk("")
+	inputs := `["x"` + strings.Repeat(`,"x"`, 1999) + `]`
+	file := func(lines int) []byte {
+		var in strings.Builder
+		for i := range lines {
+			fmt.Fprintf(&in, `{"custom_id":"e-%d","method":"POST","url":"/v1/embeddings","body":{"model":"ref","input":%s}}`+"\n", i, inputs)
+		}
+		return []byte(in.String())
+	}
+	if bt := newBatch(t, c, upload(t, c, "at.jsonl", file(25)).ID, openai.BatchNewParamsEndpointV1Embeddings); bt.Status != openai.BatchStatusInProgress {
+		t.Errorf("50,000 inputs: %s; want in_progress", bt.RawJSON())
+	}
+	bt := newBatch(t, c, upload(t, c, "over.jsonl", file(26)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	if bt.Status != openai.BatchStatusFailed || len(bt.Errors.Data) != 1 || bt.Errors.Data[0].Code != "too_many_embedding_inputs" {
+		t.Errorf("52,000 inputs: %s; want failed, too_many_embedding_inputs", bt.RawJSON())
 	}
 }
