@@ -157,7 +157,7 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 			if _, err := p.putBatchIf(ctx, &b, etag); err != nil {
 				return ignoreLost(err)
 			}
-			p.m.batchesEnded.WithLabelValues(b.Status).Inc()
+			p.ended(&b)
 		}
 	case batchInProgress:
 		m, st, err := p.batchJob(ctx, &b)
@@ -185,7 +185,7 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 			}
 			return ignoreLost(err)
 		}
-		p.m.batchesEnded.WithLabelValues(b.Status).Inc()
+		p.ended(&b)
 	case batchFinalizing:
 		if now.Unix()-b.FinalizingAt < int64(finalizeStale/time.Second) {
 			return nil // its finalizer is at work
@@ -202,10 +202,18 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 		if err := p.finalizeBatch(ctx, &b, etag, m, st); err != nil {
 			return ignoreLost(err)
 		}
-		p.m.batchesEnded.WithLabelValues(b.Status).Inc()
+		p.ended(&b)
 	}
 	// Ended, here or before.
 	return p.store.Delete(ctx, job.OpenBatchKey(b.Owner, b.ID))
+}
+
+// ended counts b, which has just ended by this process's write, and sends
+// its webhook event: the owner of a batch's last transition is the one
+// that announces it.
+func (p *Publisher) ended(b *batchRecord) {
+	p.m.batchesEnded.WithLabelValues(b.Status).Inc()
+	p.hooks.batchEnded(b)
 }
 
 // release gives back the finalizing claim at etag of a finalizer that

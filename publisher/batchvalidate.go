@@ -275,7 +275,7 @@ func (v *validation) fail(ctx context.Context, errs []batchError) (bool, error) 
 	if _, err := v.p.putBatchIf(ctx, b, v.etag); err != nil {
 		return false, ignoreLost(err)
 	}
-	v.p.m.batchesEnded.WithLabelValues(b.Status).Inc()
+	v.p.ended(b)
 	return true, nil
 }
 

@@ -46,6 +46,7 @@ type Publisher struct {
 	batchCreators clientSet           // the clients creating a batch, one each
 	now           func() time.Time
 	nudges        chan string // records of batches a read found settled (sweeper.go)
+	hooks         *webhooks   // nil without -batch-webhook-url
 }
 
 // New checks cfg and builds a Publisher. It makes no AWS calls: read the
@@ -81,6 +82,9 @@ func New(cfg Config) (*Publisher, error) {
 	p.rates = newLimiter(&cfg, m)
 	p.bodies = newBodyBudget(&cfg, m)
 	p.results = newResultShares(&cfg)
+	if p.hooks, err = newWebhooks(cfg.BatchWebhookURL, cfg.BatchWebhookSecret, cfg.Logger); err != nil {
+		return nil, fmt.Errorf("publisher config: %w", err)
+	}
 	return p, nil
 }
 
