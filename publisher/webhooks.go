@@ -39,7 +39,7 @@ import (
 
 // Webhook delivery bounds.
 const (
-	webhookTries    = 10               // about 40 minutes of retries at webhookRetry
+	webhookTries    = 10               // 15 to 31 minutes of retries at webhookRetry
 	webhookTimeout  = 30 * time.Second // an attempt's, answer included
 	webhookInFlight = 256              // events being delivered at once; more are dropped, logged
 )

@@ -130,7 +130,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 			"fetches; off, only data: URLs pass and another is refused 422 invalid_body (docs/security.md)")
 	fs.StringVar(&c.BatchWebhookURL, "batch-webhook-url", "",
 		"where OpenAI's batch webhook events (batch.completed, batch.failed, batch.expired, batch.cancelled) are POSTed\n"+
-			"when a batch ends, retried with backoff for about 40 minutes (docs/api.md); empty: none sent")
+			"when a batch ends, tried 10 times with backoff over up to about half an hour (docs/api.md); empty: none sent")
 	fs.StringVar(&c.BatchWebhookSecret, "batch-webhook-secret", "",
 		"the secret -batch-webhook-url's events are signed with (Standard Webhooks, as OpenAI signs them): whsec_ and base64")
 	fs.Var(&o.maxFile, "max-file-bytes",
