@@ -104,11 +104,8 @@ func TestBatchEndpointsOfOpenAI(t *testing.T) {
 	s := e.serve(publisher.Config{})
 	c := s.sdk("")
 	for _, ep := range []openai.BatchNewParamsEndpoint{openai.BatchNewParamsEndpointV1Responses, openai.BatchNewParamsEndpointV1Moderations} {
-		var in strings.Builder
-		for i := range 3 {
-			fmt.Fprintf(&in, `{"custom_id":"r-%d","method":"POST","url":%q,"body":{"model":"ref","input":"x"}}`+"\n", i, ep)
-		}
-		bt := newBatch(t, c, upload(t, c, "other.jsonl", []byte(in.String())).ID, ep)
+		in := requestLines(3, string(ep), `{"model":"ref","input":"x"}`)
+		bt := newBatch(t, c, upload(t, c, "other.jsonl", in).ID, ep)
 		if bt.Status != openai.BatchStatusFailed || len(bt.Errors.Data) != 3 {
 			t.Fatalf("a batch for %s: %s; want failed, its 3 lines named", ep, bt.RawJSON())
 		}
@@ -135,18 +132,21 @@ func TestBatchEmbeddingInputsBound(t *testing.T) {
 	s := e.serve(publisher.Config{})
 	c := s.sdk("")
 	inputs := `["x"` + strings.Repeat(`,"x"`, 1999) + `]`
-	file := func(lines int) []byte {
-		var in strings.Builder
-		for i := range lines {
-			fmt.Fprintf(&in, `{"custom_id":"e-%d","method":"POST","url":"/v1/embeddings","body":{"model":"ref","input":%s}}`+"\n", i, inputs)
-		}
-		return []byte(in.String())
-	}
-	if bt := newBatch(t, c, upload(t, c, "at.jsonl", file(25)).ID, openai.BatchNewParamsEndpointV1Embeddings); bt.Status != openai.BatchStatusInProgress {
+	body := `{"model":"ref","input":` + inputs + `}`
+	if bt := newBatch(t, c, upload(t, c, "at.jsonl", requestLines(25, "/v1/embeddings", body)).ID, openai.BatchNewParamsEndpointV1Embeddings); bt.Status != openai.BatchStatusInProgress {
 		t.Errorf("50,000 inputs: %s; want in_progress", bt.RawJSON())
 	}
-	bt := newBatch(t, c, upload(t, c, "over.jsonl", file(26)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	bt := newBatch(t, c, upload(t, c, "over.jsonl", requestLines(26, "/v1/embeddings", body)).ID, openai.BatchNewParamsEndpointV1Embeddings)
 	if bt.Status != openai.BatchStatusFailed || len(bt.Errors.Data) != 1 || bt.Errors.Data[0].Code != "too_many_embedding_inputs" {
 		t.Errorf("52,000 inputs: %s; want failed, too_many_embedding_inputs", bt.RawJSON())
 	}
+}
+
+// requestLines is a batch input file of n requests for url, each with body.
+func requestLines(n int, url, body string) []byte {
+	var in strings.Builder
+	for i := range n {
+		fmt.Fprintf(&in, `{"custom_id":"r-%d","method":"POST","url":%q,"body":%s}`+"\n", i, url, body)
+	}
+	return []byte(in.String())
 }
