@@ -662,28 +662,29 @@ func (st *statusBody) unsettledItems(m *job.Manifest) int {
 	return n
 }
 
-// clientSet is the clients with a batch being created.
-type clientSet struct {
+// keySet is a set of keys taken one at a time: the clients with a batch
+// being created, the batches being advanced.
+type keySet struct {
 	mu sync.Mutex
 	in map[string]bool
 }
 
-// add adds client, reporting false when it was there already.
-func (s *clientSet) add(client string) bool {
+// add adds key, reporting false when it was there already.
+func (s *keySet) add(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.in[client] {
+	if s.in[key] {
 		return false
 	}
 	if s.in == nil {
 		s.in = map[string]bool{}
 	}
-	s.in[client] = true
+	s.in[key] = true
 	return true
 }
 
-func (s *clientSet) remove(client string) {
+func (s *keySet) remove(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.in, client)
+	delete(s.in, key)
 }

@@ -15,19 +15,28 @@ import (
 	"github.com/vramq/vramq/publisher"
 )
 
-// gateQueue is a queue whose sends of chunks from chunk on wait for open
-// to be closed; reached is closed at the first that waits.
+// gateQueue is a queue whose sends of the first job it is sent, from chunk
+// from on, wait for open to be closed; reached is closed at the first that
+// waits. Other jobs' sends go through.
 type gateQueue struct {
 	publisher.Queue
 	from    int
 	open    chan struct{}
 	reached chan struct{}
+	mu      sync.Mutex
+	job     string
 	once    sync.Once
 }
 
 func (q *gateQueue) SendBatch(ctx context.Context, entries []publisher.Entry) ([]error, error) {
+	q.mu.Lock()
+	if q.job == "" {
+		q.job = entries[0].JobID
+	}
+	gated := entries[0].JobID == q.job
+	q.mu.Unlock()
 	for _, e := range entries {
-		if e.Chunk >= q.from {
+		if gated && e.Chunk >= q.from {
 			q.once.Do(func() { close(q.reached) })
 			<-q.open
 			break
@@ -149,4 +158,36 @@ func requestLines(n int, url, body string) []byte {
 		fmt.Fprintf(&in, `{"custom_id":"r-%d","method":"POST","url":%q,"body":%s}`+"\n", i, url, body)
 	}
 	return []byte(in.String())
+}
+
+// A batch being validated holds no other back: while one batch's validation
+// waits on the queue (its sends held), another batch created after it is
+// validated and in_progress; then the first is too. Before, the sweeper
+// advanced nudged batches one at a time, in the loop that also ran its
+// passes, so the second waited for the first's whole file.
+func TestBatchValidationHoldsNoOtherBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	gate := &gateQueue{from: 0, open: make(chan struct{}), reached: make(chan struct{}),
+		Queue: publisher.NewSQSQueue(e.client, e.urls.Work)}
+	s := e.serve(publisher.Config{Queue: gate})
+	// Before the sweeper is stopped, so that a failing test ends.
+	var release sync.Once
+	open := func() { release.Do(func() { close(gate.open) }) }
+	t.Cleanup(open)
+	c := s.sdk("")
+	first, err := c.Batches.New(t.Context(), openai.BatchNewParams{InputFileID: upload(t, c, "held.jsonl", embeddingLines(3)).ID,
+		Endpoint: openai.BatchNewParamsEndpointV1Embeddings, CompletionWindow: openai.BatchNewParamsCompletionWindow24h})
+	if err != nil {
+		t.Fatal(apiError(err))
+	}
+	<-gate.reached
+	if b := newBatch(t, c, upload(t, c, "next.jsonl", embeddingLines(3)).ID, openai.BatchNewParamsEndpointV1Embeddings); b.Status != openai.BatchStatusInProgress {
+		t.Errorf("the second batch: %s; want in_progress", b.RawJSON())
+	}
+	if b, err := c.Batches.Get(t.Context(), first.ID); err != nil || b.Status != openai.BatchStatusValidating {
+		t.Errorf("the held batch: %v %s; want still validating", err, b.RawJSON())
+	}
+	open()
+	waitBatch(t, c, first.ID, time.Minute, openai.BatchStatusInProgress)
 }

@@ -43,7 +43,8 @@ type Publisher struct {
 	rates         *limiter            // nil without rate limits
 	bodies        *bodyBudget         // request bodies in flight
 	results       *resultShares       // bytes of stored results in flight (resultpage.go)
-	batchCreators clientSet           // the clients creating a batch, one each
+	batchCreators keySet              // the clients creating a batch, one each
+	advancing     keySet              // the batches this process is advancing (advanceBatch)
 	now           func() time.Time
 	nudges        chan string // records of batches a read found settled (sweeper.go)
 	hooks         *webhooks   // nil without -batch-webhook-url
