@@ -1,10 +1,14 @@
 package publisher_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/base64"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -95,5 +99,55 @@ func TestBatchWebhooksVerifyWithTheOpenAISDK(t *testing.T) {
 	other := openai.NewClient(option.WithWebhookSecret("whsec_" + base64.StdEncoding.EncodeToString([]byte("another secret of thirty-two b.."))))
 	if _, err := other.Webhooks.Unwrap(d.body, d.header); err == nil {
 		t.Error("Unwrap with another secret took the event")
+	}
+}
+
+// The same event verified with the official JavaScript SDK (npm openai,
+// pinned in testdata/jsclient/package-lock.json): webhook.mjs hands the
+// delivery's body and headers to client.webhooks.unwrap with the secret,
+// which takes it and reads batch.failed for the batch; with another secret
+// it throws.
+func TestBatchWebhooksWithTheOpenAIJavaScriptSDK(t *testing.T) {
+	t.Parallel()
+	node := jsNode(t)
+	url, got := webhookReceiver(t)
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{BatchWebhookURL: url, BatchWebhookSecret: webhookSecret})
+	c := s.sdk("")
+	bad := newBatch(t, c, upload(t, c, "bad.jsonl", []byte("{\n")).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	d := next(t, got)
+	headers := map[string]string{}
+	for k := range d.header {
+		headers[strings.ToLower(k)] = d.header.Get(k)
+	}
+	unwrap := func(secret string) (string, error) {
+		in, _ := json.Marshal(map[string]any{"body": string(d.body), "headers": headers, "secret": secret})
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, node, "webhook.mjs")
+		cmd.Dir = jsClientDir
+		cmd.Stdin = bytes.NewReader(in)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		if err != nil {
+			return stderr.String(), err
+		}
+		return stdout.String(), nil
+	}
+	out, err := unwrap(webhookSecret)
+	if err != nil {
+		t.Fatalf("webhooks.unwrap: %v: %s", err, out)
+	}
+	var ev struct {
+		ID, Type, Object string
+		Data             struct{ ID string }
+	}
+	if err := json.Unmarshal([]byte(out), &ev); err != nil || ev.Type != "batch.failed" || ev.Data.ID != bad.ID || ev.Object != "event" ||
+		ev.ID != d.header.Get("webhook-id") {
+		t.Errorf("the event as the JavaScript SDK read it: %s (%v)", out, err)
+	}
+	if out, err := unwrap("whsec_" + base64.StdEncoding.EncodeToString([]byte("another secret of thirty-two b.."))); err == nil {
+		t.Errorf("webhooks.unwrap with another secret took the event: %s", out)
 	}
 }
