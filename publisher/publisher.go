@@ -30,24 +30,25 @@ import (
 
 // Publisher is the HTTP API over one work queue. Safe for concurrent use.
 type Publisher struct {
-	cfg           Config
-	log           *slog.Logger
-	m             *metrics
-	planner       Planner
-	sender        *sender
-	idem          idemStore
-	store         *payload.Store
-	keys          [][sha256.Size]byte // SHA-256 of each API key
-	tenants       []string            // the tenant of each key, by the index of keys
-	labels        *tenant.Labels      // per-tenant metric labels
-	rates         *limiter            // nil without rate limits
-	bodies        *bodyBudget         // request bodies in flight
-	results       *resultShares       // bytes of stored results in flight (resultpage.go)
-	batchCreators keySet              // the clients creating a batch, one each
-	advancing     keySet              // the batches this process is advancing (advanceBatch)
+	cfg     Config
+	log     *slog.Logger
+	m       *metrics
+	planner Planner
+	sender  *sender
+	idem    idemStore
+	store   *payload.Store
+	keys    [][sha256.Size]byte // SHA-256 of each API key
+	tenants []string            // the tenant of each key, by the index of keys
+	labels  *tenant.Labels      // per-tenant metric labels
+	rates   *limiter            // nil without rate limits
+	bodies  *bodyBudget         // request bodies in flight
+	results *resultShares       // bytes of stored results in flight (resultpage.go)
+	// Batches (batches.go, batchvalidate.go, batchstate.go, webhooks.go).
+	batchCreators keySet    // the clients creating a batch, one each
+	advancing     keySet    // the batches this process is advancing (advanceBatch)
+	hooks         *webhooks // nil without BatchWebhookURL
 	now           func() time.Time
 	nudges        chan string // records of batches a read found settled (sweeper.go)
-	hooks         *webhooks   // nil without -batch-webhook-url
 }
 
 // New checks cfg and builds a Publisher. It makes no AWS calls: read the
