@@ -181,7 +181,8 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 		"how long in-flight requests may finish after SIGTERM or SIGINT; then connections are closed and the exit is 0")
 	fs.DurationVar(&o.sweepInterval, "batch-sweep-interval", publisher.DefaultSweepInterval,
 		"how often the batch sweeper expires batches at their window and finalizes those whose job has settled, read\n"+
-			"or not (a read that finds one settled has it finalized at once); 0: no sweeper in this process. Under\n"+
+			"or not (a read that finds one settled has it finalized at once); it also validates new batches, at once when\n"+
+			"this process created them; 0: no sweeper in this process (its batches wait for another's). Under\n"+
 			"Lambda an EventBridge schedule invokes the sweep instead, every minute (infra/publisher.tf)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
