@@ -22,6 +22,20 @@ const (
 	EndpointMessages = "/v1/messages"
 )
 
+// The endpoints OpenAI's Batch API takes that no job may name: a model
+// server's /v1/responses and /v1/moderations are not forwarded, so a batch
+// for one is refused line by line (BatchEndpoints).
+const (
+	EndpointResponses   = "/v1/responses"
+	EndpointModerations = "/v1/moderations"
+)
+
+// BatchEndpoints lists the endpoints a batch may name, as OpenAI's Batch
+// API lists them (its API reference, "Create batch": endpoint): those of
+// Endpoints run, the others are refused when the batch is validated, each
+// line named.
+var BatchEndpoints = []string{EndpointResponses, EndpointChatCompletions, EndpointCompletions, EndpointEmbeddings, EndpointModerations}
+
 // Endpoints lists the endpoints a job may name, longest first.
 var Endpoints = []string{EndpointChatCompletions, EndpointCompletions, EndpointEmbeddings, EndpointMessages}
 
