@@ -59,7 +59,7 @@ func (s *Subscriber) loseDevice(tasks []*task, err error) {
 			"err", err, "messages", len(tasks))
 	}
 	for _, t := range tasks {
-		s.handBack(t, 0, "device_lost")
+		t.HandBack(0, "device_lost")
 	}
 }
 

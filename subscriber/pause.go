@@ -311,7 +311,7 @@ func (s *Subscriber) awaitTurn(ctx context.Context, tasks []*task) (run, rest []
 		for _, t := range tasks {
 			limit := s.leaseLimit(t.lease)
 			if !now.Before(limit) {
-				s.handBack(t, s.pause.wakeAt(now).Sub(now), "wait")
+				t.HandBack(s.pause.wakeAt(now).Sub(now), "wait")
 				continue
 			}
 			if next.IsZero() || limit.Before(next) {
@@ -340,7 +340,7 @@ func (s *Subscriber) awaitTurn(ctx context.Context, tasks []*task) (run, rest []
 		}
 		if ctx.Err() != nil || s.isStopping() {
 			for _, t := range tasks {
-				s.handBack(t, 0, "shutdown")
+				t.HandBack(0, "shutdown")
 			}
 			return nil, nil, false
 		}

@@ -142,10 +142,10 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 // down. A message with claim-checked items is fetched off the accept loop,
 // so a slow bucket does not hold up the messages behind it.
 func (s *Subscriber) accept(ctx context.Context, l *lease) {
-	t := &task{lease: l}
+	t := &task{lease: l, ends: s.ends}
 	if ctx.Err() != nil {
 		s.startTasks(1)
-		s.handBack(t, 0, "shutdown")
+		t.HandBack(0, "shutdown")
 		return
 	}
 	w, err := job.DecodeWork([]byte(l.msg.Body))
@@ -163,13 +163,13 @@ func (s *Subscriber) accept(ctx context.Context, l *lease) {
 		switch {
 		case yes:
 			s.startTasks(1)
-			s.aux.Go(func() { s.cancelChunk(t) })
+			s.aux.Go(func() { t.Cancel() })
 			return
 		case !known:
 			s.fetches.Go(func() {
 				if s.cancels.cancelled(ctx, w.JobID) {
 					s.startTasks(1)
-					s.cancelChunk(t)
+					t.Cancel()
 					return
 				}
 				s.sendOn(ctx, t)
@@ -263,5 +263,5 @@ func unconfigured(w *job.Work) string {
 // deadLetterAsync dead-letters t, which holds no admission, off the accept
 // loop: a slow DLQ does not hold up the messages behind it.
 func (s *Subscriber) deadLetterAsync(t *task, kind, reason string) {
-	s.aux.Go(func() { s.deadLetter(t, kind, reason) })
+	s.aux.Go(func() { t.DeadLetter(kind, reason) })
 }

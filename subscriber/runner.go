@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -109,7 +108,7 @@ func (s *Subscriber) dropCancelled(tasks []*task) []*task {
 			continue
 		}
 		s.giveBack(t)
-		s.aux.Go(func() { s.cancelChunk(t) })
+		s.aux.Go(func() { t.Cancel() })
 	}
 	return kept
 }
@@ -185,7 +184,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok
 		return ok, append(alone1, alone2...)
 	case errors.Is(err, fault.ErrInvalidInput):
 		if len(tasks) == 1 {
-			s.deadLetter(tasks[0], "invalid_input", err.Error())
+			tasks[0].DeadLetter("invalid_input", err.Error())
 			return 0, nil
 		}
 		// Find the bad ones; the rest run.
@@ -227,7 +226,7 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task, sp *splits) bool {
 	}
 	n, err := t.hold.takeAll(ctx)
 	if err != nil {
-		s.handBack(t, 0, "shutdown")
+		t.HandBack(0, "shutdown")
 		return false
 	}
 	if s.shrunkBelow(t, min(n, s.adm.budget())) {
@@ -249,11 +248,11 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task, sp *splits) bool {
 		return true
 	case errors.Is(err, gpu.ErrOutOfMemory):
 		s.m.oomRetries.Inc()
-		s.deadLetter(t, "out_of_memory", fmt.Sprintf(
+		t.DeadLetter("out_of_memory", fmt.Sprintf(
 			"out of memory with the device to itself: estimated %s, budget %s: %v",
 			bytesize.Format(cost), bytesize.Format(n), err))
 	case errors.Is(err, fault.ErrInvalidInput):
-		s.deadLetter(t, "invalid_input", err.Error())
+		t.DeadLetter("invalid_input", err.Error())
 	case errors.Is(err, gpu.ErrDeviceLost):
 		s.loseDevice([]*task{t}, err)
 	case errors.Is(err, fault.ErrBackoff):
@@ -278,7 +277,7 @@ func (s *Subscriber) shrunkBelow(t *task, budget int64) bool {
 	s.log.Warn("out of memory in a batch of one while another process holds device memory: "+
 		"the budget is below its estimate; handed back for a retry",
 		"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.raw), "budget", bytesize.Format(budget), "retry_in", delay)
-	s.handBack(t, delay, "device_shrunk")
+	t.HandBack(delay, "device_shrunk")
 	return true
 }
 
@@ -430,21 +429,14 @@ func (s *Subscriber) failTasks(ctx context.Context, tasks []*task, err error) {
 		if ctx.Err() != nil {
 			// Cut off by the shutdown's grace: not the message's failure.
 			s.log.Warn("batch cut off by shutdown; message handed back", "message_id", t.lease.msg.ID, "err", err)
-			s.handBack(t, 0, "shutdown")
+			t.HandBack(0, "shutdown")
 			continue
 		}
-		delay := s.retryDelay(t.lease.msg.ReceiveCount)
+		delay := t.retryAfter()
 		s.log.Warn("batch failed; message released", "message_id", t.lease.msg.ID, "receive_count", t.lease.msg.ReceiveCount,
 			"retry_in", delay, "err", err)
-		s.release(t, delay)
+		t.Release(delay)
 	}
-}
-
-// retryDelay is how long a message that failed stays invisible before its
-// next receive: Config.RetryDelay, doubled per receive after the first up
-// to the longest delay SQS takes, in whole seconds as SQS counts them.
-func (s *Subscriber) retryDelay(receives int) time.Duration {
-	return backoff.Policy{First: s.cfg.RetryDelay, Max: job.MaxDelay}.Delay(receives).Truncate(time.Second)
 }
 
 func sumCost(tasks []*task) int64 {

@@ -32,6 +32,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
@@ -44,7 +45,8 @@ type Subscriber struct {
 	m       *metrics
 	queue   queue.Queue
 	results queue.Sender
-	dlq     queue.Sender
+	// ends is what every message needs to end itself (message.go).
+	ends *ends
 	// payloads is the payload bucket, nil when none is configured.
 	payloads Payloads
 	// cancels answers whether a job is cancelled; nil without a bucket.
@@ -89,28 +91,6 @@ type Subscriber struct {
 	// classer is the model's length classes, nil when it has none: the
 	// batcher then keeps one pending batch (see batcher).
 	classer gpu.LengthClasser
-}
-
-// task is a decoded message on its way through admission and the device.
-type task struct {
-	lease  *lease
-	work   *job.Work
-	cost   int64   // working memory admission weighs, bytes: raw, corrected (correction.go)
-	raw    int64   // the model's own estimate of its working memory, bytes
-	factor float64 // the estimate correction cost was weighed with; 0 before admission
-	class  int     // the model's length class (gpu.LengthClasser); 0 without one
-	hold   *hold   // what it holds in admission (admission.go); nil before
-	slots  int64   // the model's request slots it takes (gpu.Slotted); 0 without
-	// answered holds the answers a backoff came with for some of its items
-	// while it waits (answered.go); nil when none.
-	answered *answered
-	// parts are how a message too large to run whole runs (parts.go); nil
-	// for one that runs whole. cost and raw are then its largest part's.
-	parts []part
-	// ahead is the task's batch of one, launched while it waited for
-	// admission; nil when it was not. infer takes it.
-	ahead *launched
-	at    stamps // when it reached its stages (stages.go)
 }
 
 // launched is a batch being launched ahead (gpu.Launcher): done is closed
@@ -172,7 +152,6 @@ func New(cfg Config) (*Subscriber, error) {
 		m:           m,
 		queue:       countedQueue{cfg.Queue, m},
 		results:     countedSender{cfg.Results, m},
-		dlq:         countedSender{cfg.DLQ, m},
 		adm:         adm,
 		startBudget: budget,
 		buffer:      make(chan *task, cfg.Prefetch),
@@ -197,6 +176,9 @@ func New(cfg Config) (*Subscriber, error) {
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold, s.fullCall())
 	s.keeper.onRemove = s.pokeRoom
+	s.ends = &ends{keeper: s.keeper, dlq: countedSender{cfg.DLQ, m}, payloads: s.payloads, m: m, log: s.log,
+		retry: backoff.Policy{First: cfg.RetryDelay, Max: job.MaxDelay}, maxMessageBytes: cfg.MaxMessageBytes,
+		settling: s.jobSettling}
 	s.outbox = s.newOutbox()
 	s.launcher, _ = cfg.Model.(gpu.Launcher)
 	s.classer, _ = cfg.Model.(gpu.LengthClasser)
