@@ -36,7 +36,7 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 	for t := range s.buffer {
 		if t.lease.lost.Load() {
 			s.startTasks(1)
-			t.Release(0) // gone already: a copy would run it twice
+			s.end(t, endRelease(0)) // gone already: a copy would run it twice
 			continue
 		}
 		if ctx.Err() != nil {
@@ -246,5 +246,5 @@ func (s *Subscriber) launchAhead(ctx context.Context, t *task) *launched {
 func (s *Subscriber) releaseWaiting(t *task, why string) {
 	s.log.Debug("handing back unstarted message", "message_id", t.lease.msg.ID, "why", why)
 	s.startTasks(1)
-	t.HandBack(0, why)
+	s.end(t, endHandBack(0, why))
 }
