@@ -212,8 +212,8 @@ func (s *Subscriber) handOver(from ...*hold) *hold {
 	return to
 }
 
-// giveBack releases what t holds in admission (hold.release). The ends of
-// a message (end.go) call it, so that no path can forget it.
+// giveBack releases what t holds in admission (hold.release), as every end
+// of a message does first (message.go), so that no path can forget it.
 func (s *Subscriber) giveBack(t *task) { t.hold.release() }
 
 // launchesAhead reports whether t, waiting for admission, is launched

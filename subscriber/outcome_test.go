@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"reflect"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -40,5 +41,13 @@ func TestOutcomeEndsItsMessage(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// The struct that wires the stages stays small (issue 32): a stage's state
+// goes in that stage's struct, not beside the others'.
+func TestSubscriberWiresStagesInFewFields(t *testing.T) {
+	if n := reflect.TypeFor[Subscriber]().NumField(); n > 15 {
+		t.Errorf("Subscriber has %d fields; at most 15: group the new state into its stage's struct", n)
 	}
 }

@@ -12,7 +12,8 @@
 //	batcher.go    packs admitted messages into device batches
 //	runner.go     runs a batch on the model, splitting it on out-of-memory
 //	outbox.go     sends results in shared SendMessageBatch calls (results.go stores them in the bucket)
-//	end.go        ends every message by ack or release(delay), also via deadLetter or cancelChunk
+//	message.go    a received message, which ends itself once: Ack, Release, HandBack, DeadLetter, Cancel
+//	outcome.go    the one function that turns a stage's outcome into a message's end
 //	keeper.go     holds the leases: extends visibility, batches the deletes and releases
 //
 // protector.go keeps the ECS task protected from scale-in while messages are held
@@ -39,58 +40,88 @@ import (
 )
 
 // Subscriber is one consumer. Create it with New, start it with Run.
+//
+// It wires the stages a message passes (docs/architecture.md), each a
+// goroutine or a pool of them joined by channels, and holds each stage's
+// state in a struct of its own: receiving, admitting, running, sending.
 type Subscriber struct {
 	cfg     Config
 	log     *slog.Logger
 	m       *metrics
+	started atomic.Bool
+
+	receiving
+	admitting
+	running
+	sending
+}
+
+// receiving is the receive stage's state (poller.go, claimcheck.go): it
+// receives no more than there is room for, holds a lease on each message
+// (keeper.go), decodes and estimates it, and sends it on to admission
+// through buffer.
+type receiving struct {
 	queue   queue.Queue
-	results queue.Sender
-	// ends is what every message needs to end itself (message.go).
-	ends *ends
-	// payloads is the payload bucket, nil when none is configured.
-	payloads Payloads
-	// cancels answers whether a job is cancelled; nil without a bucket.
-	cancels *cancels
 	keeper  *keeper
-	outbox  *outbox    // result sends, shared across batches
 	protect *protector // nil without task protection
-	adm     *admission
+	// cancels answers whether a job is cancelled; nil without a bucket.
+	cancels  *cancels
+	buffer   chan *task     // received, decoded, waiting for admission
+	waiting  atomic.Int64   // received and not started: fetching, buffer, admission, batcher
+	roomKick chan struct{}  // poked when waiting or held messages go down
+	fetches  sync.WaitGroup // claim-check fetches started by the poller
+	// fetchSlots bounds claim-check fetches in flight, across messages.
+	fetchSlots   *semaphore.Weighted
+	received     atomic.Int64
+	pollErrSince atomic.Int64 // unix nanos of the first of consecutive receive errors; 0 when fine
+}
+
+// admitting is the admit stage's state (admission.go): what admission
+// weighs a message by, and what it holds.
+type admitting struct {
+	adm *admission
 	// startBudget is the budget New read, kept for Budget under count and
 	// none, which do not admit by it.
 	startBudget int64
-	state       *learned
-	corr        *correction // see correction.go
-
-	buffer   chan *task    // received, decoded, waiting for admission
-	waiting  atomic.Int64  // received and not started: fetching, buffer, admission, batcher
-	roomKick chan struct{} // poked when waiting or held messages go down
-	// stopping is closed when Run's context ends: what waits for the model
-	// is handed back at once rather than after the grace.
-	stopping chan struct{}
-	runners  sync.WaitGroup
-	aux      sync.WaitGroup // dead-letter sends and cancels started by the poller and the runners
-	// settle runs the completion-event checks (events.go); nil without
-	// Events.
-	settle  *settler
-	fetches sync.WaitGroup // claim-check fetches started by the poller
-	// fetchSlots bounds claim-check fetches in flight, across messages.
-	fetchSlots *semaphore.Weighted
-
-	received     atomic.Int64
-	inflight     atomic.Int64 // estimated bytes admitted and not given back
-	peak         atomic.Int64 // highest inflight seen
-	pollErrSince atomic.Int64 // unix nanos of the first of consecutive receive errors; 0 when fine
-	started      atomic.Bool
-	suspects     *suspects
+	corr        *correction  // see correction.go
+	inflight    atomic.Int64 // estimated bytes admitted and not given back
+	peak        atomic.Int64 // highest inflight seen
 	// launcher is the model's two-phase form, nil when it has none: a
 	// message waiting for admission is then launched while it waits (see
 	// admit).
 	launcher gpu.Launcher
-	loss     deviceLoss // see devicelost.go
-	pause    *pause     // see pause.go
+}
+
+// running is the state of the batch and run stages (batcher.go,
+// runner.go): how large a batch may be, which messages run alone, and
+// whether the model or the device lets anything run.
+type running struct {
+	state    *learned // see learned.go
+	suspects *suspects
 	// classer is the model's length classes, nil when it has none: the
 	// batcher then keeps one pending batch (see batcher).
 	classer gpu.LengthClasser
+	runners sync.WaitGroup
+	loss    deviceLoss // see devicelost.go
+	pause   *pause     // see pause.go
+	// stopping is closed when Run's context ends: what waits for the model
+	// is handed back at once rather than after the grace.
+	stopping chan struct{}
+}
+
+// sending is the send stage's state (outbox.go, results.go, events.go) and
+// what a message needs to end (message.go).
+type sending struct {
+	results queue.Sender
+	outbox  *outbox // result sends, shared across batches
+	// payloads is the payload bucket, nil when none is configured.
+	payloads Payloads
+	// settle runs the completion-event checks (events.go); nil without
+	// Events.
+	settle *settler
+	// ends is what every message needs to end itself (message.go).
+	ends *ends
+	aux  sync.WaitGroup // ends run off the poller and the runners (endAsync)
 }
 
 // launched is a batch being launched ahead (gpu.Launcher): done is closed
@@ -147,20 +178,18 @@ func New(cfg Config) (*Subscriber, error) {
 			bytesize.Format(mem.Free), bytesize.Format(cfg.VRAMReserve))
 	}
 	s := &Subscriber{
-		cfg:         cfg,
-		log:         cfg.Logger,
-		m:           m,
-		queue:       countedQueue{cfg.Queue, m},
-		results:     countedSender{cfg.Results, m},
-		adm:         adm,
-		startBudget: budget,
-		buffer:      make(chan *task, cfg.Prefetch),
-		roomKick:    make(chan struct{}, 1),
-		stopping:    make(chan struct{}),
-		suspects:    newSuspects(),
-		pause:       newPause(),
-
-		fetchSlots: semaphore.NewWeighted(maxFetches),
+		cfg: cfg,
+		log: cfg.Logger,
+		m:   m,
+		receiving: receiving{
+			queue:      countedQueue{cfg.Queue, m},
+			buffer:     make(chan *task, cfg.Prefetch),
+			roomKick:   make(chan struct{}, 1),
+			fetchSlots: semaphore.NewWeighted(maxFetches),
+		},
+		admitting: admitting{adm: adm, startBudget: budget},
+		running:   running{suspects: newSuspects(), pause: newPause(), stopping: make(chan struct{})},
+		sending:   sending{results: countedSender{cfg.Results, m}},
 	}
 	if cfg.Payloads != nil {
 		s.payloads = countedPayloads{cfg.Payloads, m}
