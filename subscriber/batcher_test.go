@@ -241,6 +241,7 @@ func testBatcher(t *testing.T, maxBatch int, delay time.Duration) (*batcher, *he
 	}
 	s.state = loadLearned("", "model", "device", maxBatch, 0, log)
 	s.keeper = newKeeper(nil, s.m, log, time.Minute, time.Hour, job.MaxBatch)
+	s.waitingGauge = s.m.waiting
 	b := s.newBatcher(t.Context())
 	r := &heldRuns{letGo: make(chan struct{})}
 	b.runBatch = r.run

@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/gpu"
@@ -66,10 +67,13 @@ type receiving struct {
 	protect *protector // nil without task protection
 	// cancels answers whether a job is cancelled; nil without a bucket.
 	cancels  *cancels
-	buffer   chan *task     // received, decoded, waiting for admission
-	waiting  atomic.Int64   // received and not started: fetching, buffer, admission, batcher
-	roomKick chan struct{}  // poked when waiting or held messages go down
-	fetches  sync.WaitGroup // claim-check fetches started by the poller
+	buffer   chan *task    // received, decoded, waiting for admission
+	waiting  atomic.Int64  // received and not started: fetching, buffer, admission, batcher
+	roomKick chan struct{} // poked when waiting or held messages go down
+	// prefetch and maxInflight bound waiting and held (Config).
+	prefetch, maxInflight int
+	waitingGauge          prometheus.Gauge // vramq_subscriber_messages_waiting
+	fetches               sync.WaitGroup   // claim-check fetches started by the poller
 	// fetchSlots bounds claim-check fetches in flight, across messages.
 	fetchSlots   *semaphore.Weighted
 	received     atomic.Int64
@@ -182,9 +186,10 @@ func New(cfg Config) (*Subscriber, error) {
 		log: cfg.Logger,
 		m:   m,
 		receiving: receiving{
-			queue:      countedQueue{cfg.Queue, m},
-			buffer:     make(chan *task, cfg.Prefetch),
-			roomKick:   make(chan struct{}, 1),
+			queue:    countedQueue{cfg.Queue, m},
+			buffer:   make(chan *task, cfg.Prefetch),
+			roomKick: make(chan struct{}, 1),
+			prefetch: cfg.Prefetch, maxInflight: cfg.MaxInflight, waitingGauge: m.waiting,
 			fetchSlots: semaphore.NewWeighted(maxFetches),
 		},
 		admitting: admitting{adm: adm, startBudget: budget},
@@ -404,44 +409,42 @@ func (s *Subscriber) Ledger() Ledger {
 }
 
 // isStopping reports whether Run's context has ended.
-func (s *Subscriber) isStopping() bool {
+func (r *running) isStopping() bool {
 	select {
-	case <-s.stopping:
+	case <-r.stopping:
 		return true
 	default:
 		return false
 	}
 }
 
-func (s *Subscriber) pokeRoom() {
+func (r *receiving) pokeRoom() {
 	select {
-	case s.roomKick <- struct{}{}:
+	case r.roomKick <- struct{}{}:
 	default:
 	}
 }
 
 // room is how many messages the next receive may ask for: no more than the
 // prefetch buffer and the in-flight bound have room for.
-func (s *Subscriber) room() int {
-	n := min(job.MaxBatch, s.cfg.Prefetch-int(s.waiting.Load()), s.cfg.MaxInflight-int(s.keeper.held.Load()))
+func (r *receiving) room() int {
+	n := min(job.MaxBatch, r.prefetch-int(r.waiting.Load()), r.maxInflight-int(r.keeper.held.Load()))
 	return max(n, 0)
 }
 
 // fullReceive is the most one receive can ever ask for under the bounds.
-func (s *Subscriber) fullReceive() int {
-	return min(job.MaxBatch, s.cfg.Prefetch, s.cfg.MaxInflight)
+func (r *receiving) fullReceive() int {
+	return min(job.MaxBatch, r.prefetch, r.maxInflight)
 }
 
 // addWaiting counts a message as waiting: received and not started.
-func (s *Subscriber) addWaiting() {
-	s.waiting.Add(1)
-	s.m.waiting.Set(float64(s.waiting.Load()))
+func (r *receiving) addWaiting() {
+	r.waitingGauge.Set(float64(r.waiting.Add(1)))
 }
 
 // startTasks marks tasks as no longer waiting: started, or ended without
 // running.
-func (s *Subscriber) startTasks(n int) {
-	s.waiting.Add(-int64(n))
-	s.m.waiting.Set(float64(s.waiting.Load()))
-	s.pokeRoom()
+func (r *receiving) startTasks(n int) {
+	r.waitingGauge.Set(float64(r.waiting.Add(-int64(n))))
+	r.pokeRoom()
 }
