@@ -17,7 +17,7 @@ import (
 var errTimeout = errors.New("inference timed out")
 
 // runBatch runs one batch and hands each of its messages on: with its
-// result to the outbox, or to its end (outcome.go). Messages that ran out of
+// result to the outbox, or to its end (message.go). Messages that ran out of
 // memory even in a batch of their own are then run alone, with the whole
 // budget, after this batch's other messages have let go of theirs: waiting
 // for the whole budget while still holding part of it would wait forever.

@@ -12,8 +12,8 @@
 //	batcher.go    packs admitted messages into device batches
 //	runner.go     runs a batch on the model, splitting it on out-of-memory
 //	outbox.go     sends results in shared SendMessageBatch calls (results.go stores them in the bucket)
-//	message.go    a received message, which ends itself once: Ack, Release, HandBack, DeadLetter, Cancel
-//	outcome.go    the one function that turns a stage's outcome into a message's end
+//	message.go    a received message, which ends itself once (Ack, Release, HandBack, DeadLetter,
+//	              Cancel), and Subscriber.end, which turns a stage's outcome into one of those ends
 //	keeper.go     holds the leases: extends visibility, batches the deletes and releases
 //
 // protector.go keeps the ECS task protected from scale-in while messages are held
