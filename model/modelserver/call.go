@@ -170,6 +170,9 @@ func (m *Model) post(ctx context.Context, c *call) *answer {
 	if m.auth != "" {
 		req.Header.Set("Authorization", m.auth)
 	}
+	if c.ep == messages {
+		req.Header.Set("anthropic-version", anthropicVersion)
+	}
 	resp, err := m.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -200,11 +203,15 @@ func (m *Model) post(ctx context.Context, c *call) *answer {
 	return &answer{ep: c.ep, status: resp.StatusCode, header: resp.Header, body: body, cut: cut}
 }
 
-// usage is an answer's usage object.
+// usage is an answer's usage object: OpenAI's, or Anthropic's input_tokens
+// and output_tokens (a native Messages answer), read as its prompt and
+// completion tokens.
 type usage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
+	InputTokens      int64 `json:"input_tokens"`
+	OutputTokens     int64 `json:"output_tokens"`
 }
 
 func usageOf(body []byte) usage {
@@ -212,6 +219,9 @@ func usageOf(body []byte) usage {
 		Usage usage `json:"usage"`
 	}
 	_ = json.Unmarshal(body, &v)
+	if v.Usage.PromptTokens == 0 && v.Usage.CompletionTokens == 0 {
+		v.Usage.PromptTokens, v.Usage.CompletionTokens = v.Usage.InputTokens, v.Usage.OutputTokens
+	}
 	if v.Usage.TotalTokens == 0 {
 		v.Usage.TotalTokens = v.Usage.PromptTokens + v.Usage.CompletionTokens
 	}

@@ -387,7 +387,11 @@ func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.It
 // waits for a turn under wait (see group).
 func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error {
 	seq := m.outputs.start(r.kind())
-	o, err := m.send(ctx, wait, &call{ep: r.ep, body: m.online.mark(r.body), tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
+	ep, body := r.ep, r.body
+	if r.chat != nil {
+		ep, body = chat, r.chat
+	}
+	o, err := m.send(ctx, wait, &call{ep: ep, body: m.online.mark(body), tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
 		kv: m.kvTokens(r) * m.unit, most: run.room(), prefix: job.PrefixKey(r.ep.path(), r.body)}, run.deadline)
 	if err != nil {
 		m.outputs.done(r.kind(), seq, 0, 0)
@@ -399,6 +403,9 @@ func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error 
 		u := usageOf(o.a.body)
 		m.counter.observe(r.kind(), r.prompt, u.PromptTokens)
 		m.outputs.done(r.kind(), seq, u.CompletionTokens, r.choices)
+		if r.chat != nil {
+			o.a.body = fromChat(o.a.body, r.stops)
+		}
 	}
 	run.keep(r.idx, m.output(r.id, o))
 	return nil
