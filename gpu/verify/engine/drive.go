@@ -137,10 +137,10 @@ func runPhase(ctx context.Context, o driveOpts, p phase) (phaseResult, error) {
 			MaxOutputTokens: o.maxTokens, ModelConfig: o.modelConfig, HTTPClient: &http.Client{Transport: batchRT},
 			Registerer: reg, MaxWait: time.Minute}
 		if p.onlineFirst {
-			// What docs/models.md has a team set for a vLLM fleet that
-			// also serves a product: no online request left waiting, and
-			// the batch's generations behind the product's in the queue.
-			cfg.Online = modelserver.Online{Interval: time.Second, Priority: 1}
+			// docs/models.md's example for a vLLM fleet that also serves a
+			// product: no online request left waiting, a TTFT p99 of 500 ms,
+			// and the batch's generations behind the product's in the queue.
+			cfg.Online = modelserver.Online{Interval: 2 * time.Second, TargetTTFT: 500 * time.Millisecond, Priority: 10}
 		}
 		m, _, err := modelserver.Open(ctx, cfg)
 		if err != nil {
