@@ -117,10 +117,10 @@ func slicesEqual(a, b []int32) bool {
 // fakePython writes an interpreter that answers the probe with the
 // modules given installed, and puts only its directory on PATH, so that no
 // binary of the machine's is found.
-func fakePython(t *testing.T, modules map[string]string) string {
+func fakePython(t *testing.T, modules, scripts map[string]string) string {
 	t.Helper()
 	dir := t.TempDir()
-	ans, _ := json.Marshal(map[string]any{"python": "3.12.0", "executable": "/fake/python3", "modules": modules})
+	ans, _ := json.Marshal(map[string]any{"python": "3.12.0", "executable": "/fake/python3", "modules": modules, "scripts": scripts})
 	path := filepath.Join(dir, "python3")
 	script := "#!/bin/sh\necho '" + string(ans) + "'\n" // echo: a builtin, with nothing on PATH
 	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
@@ -134,7 +134,9 @@ func fakePython(t *testing.T, modules map[string]string) string {
 // section names everything it looked for as not found. This is the path
 // CI runs end to end.
 func TestNotInstalledSection(t *testing.T) {
-	python := fakePython(t, map[string]string{"transformers": "4.57.1"}) // transformers without torch: no server
+	// transformers serve beside the interpreter, but not its serving extras.
+	python := fakePython(t, map[string]string{"transformers": "4.57.1", "torch": "2.9.0", "uvicorn": "0.38.0"},
+		map[string]string{"transformers": "/venv/bin/transformers"})
 	var out bytes.Buffer
 	o := options{dir: t.TempDir(), python: python, engine: "auto", seqs: 8, blocks: 64, maxLen: 512}
 	if err := run(t.Context(), o, servedName, &out); err != nil {
@@ -144,8 +146,8 @@ func TestNotInstalledSection(t *testing.T) {
 	for _, want := range []string{
 		heading,
 		"- python (" + python + "): Python 3.12.0 at /fake/python3",
-		"vllm (not found); transformers (4.57.1); torch (not found); fastapi (not found); uvicorn (not found)",
-		"vllm (not found); transformers (not found); nvidia-smi (not found)",
+		"vllm (not found); transformers (4.57.1); torch (2.9.0); fastapi (not found); uvicorn (0.38.0)",
+		"vllm (not found); transformers (/venv/bin/transformers); nvidia-smi (not found)",
 		"- device (name, driver, memory): no nvidia-smi on PATH",
 		"- server: none run: " + errNoEngine.Error(),
 	} {
@@ -182,12 +184,27 @@ func TestEngineChoice(t *testing.T) {
 	}{
 		{map[string]string{"vllm": "0.11.0", "transformers": "4.57.1", "torch": "2.9.0"}, "vllm"},
 		{map[string]string{"vllm": "0.11.0"}, "vllm"},
-		{map[string]string{"transformers": "4.57.1", "torch": "2.9.0"}, "transformers"},
-		{map[string]string{"transformers": "4.57.1"}, ""},
+		{map[string]string{"transformers": "4.57.1", "torch": "2.9.0", "fastapi": "0.1", "uvicorn": "0.1"}, "transformers"},
+		{map[string]string{"transformers": "4.57.1", "torch": "2.9.0", "fastapi": "0.1"}, ""},
+		{map[string]string{"transformers": "4.57.1", "torch": "2.9.0", "uvicorn": "0.1"}, ""},
+		{map[string]string{"transformers": "4.57.1", "fastapi": "0.1", "uvicorn": "0.1"}, ""},
 		{map[string]string{"torch": "2.9.0"}, ""},
 		{map[string]string{}, ""},
 	} {
-		if got := (findings{Modules: c.mods}).engine(); got != c.want {
+		if got := (findings{Modules: c.mods, Binaries: map[string]string{"transformers": "/bin/transformers"}}).engine(); got != c.want {
+			t.Errorf("engine(%v) = %q, want %q", c.mods, got, c.want)
+		}
+	}
+	// Without the transformers binary (a release older than transformers
+	// serve), no server.
+	for _, c := range []struct {
+		mods map[string]string
+		want string
+	}{
+		{map[string]string{"transformers": "4.40.0", "torch": "2.9.0", "fastapi": "0.1", "uvicorn": "0.1"}, ""},
+		{map[string]string{"vllm": "0.11.0"}, "vllm"},
+	} {
+		if got := (findings{Modules: c.mods, Binaries: map[string]string{"transformers": ""}}).engine(); got != c.want {
 			t.Errorf("engine(%v) = %q, want %q", c.mods, got, c.want)
 		}
 	}
@@ -200,7 +217,7 @@ func TestDriveAgainstFake(t *testing.T) {
 	s := fakeoai.New(fakeoai.Config{MaxNumSeqs: 8, BlockSize: 16, NumGPUBlocks: 256, MaxModelLen: 1024, TokenLatency: time.Millisecond, PriorityScheduling: true})
 	defer s.Close()
 	var out bytes.Buffer
-	o := options{dir: t.TempDir(), python: fakePython(t, nil), url: s.URL(), period: time.Second, seqs: 8,
+	o := options{dir: t.TempDir(), python: fakePython(t, nil, nil), url: s.URL(), period: time.Second, seqs: 8,
 		workers: 2, batchItems: 2, maxTokens: 32, onlineMax: 8, stream: false}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // a hang fails rather than stalls the suite
 	defer cancel()

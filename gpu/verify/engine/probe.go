@@ -20,8 +20,10 @@ var (
 // without importing it (importing vLLM takes seconds and may start CUDA):
 // a module that cannot start shows when its server does, in the server's log.
 const probeScript = `
-import importlib.util, importlib.metadata, json, sys
-out = {"python": sys.version.split()[0], "executable": sys.executable, "modules": {}}
+import importlib.util, importlib.metadata, json, os, shutil, sys
+here = os.path.dirname(sys.executable)
+out = {"python": sys.version.split()[0], "executable": sys.executable, "modules": {},
+       "scripts": {b: shutil.which(b, path=here) or "" for b in ("vllm", "transformers")}}
 for name in sys.argv[1:]:
     try:
         found = importlib.util.find_spec(name) is not None
@@ -63,6 +65,9 @@ func probe(ctx context.Context, python string) findings {
 	var got struct {
 		Python, Executable string
 		Modules            map[string]string
+		// Scripts are the binaries beside the interpreter (a virtual
+		// environment's bin/, often not on PATH).
+		Scripts map[string]string
 	}
 	switch {
 	case err != nil:
@@ -74,6 +79,11 @@ func probe(ctx context.Context, python string) findings {
 	}
 	for _, m := range lookModules {
 		f.Modules[m] = got.Modules[m]
+	}
+	for b, p := range got.Scripts {
+		if _, ok := f.Binaries[b]; ok && f.Binaries[b] == "" {
+			f.Binaries[b] = p
+		}
 	}
 	f.Device = "no nvidia-smi on PATH"
 	if f.Binaries["nvidia-smi"] != "" {
@@ -88,12 +98,16 @@ func probe(ctx context.Context, python string) findings {
 }
 
 // engine is the server the run starts: "vllm", "transformers", or "" when
-// neither is installed.
+// neither is installed. transformers' server is its `transformers serve`
+// command (the `transformers` binary; older releases have only
+// transformers-cli, whose serve is another API) with the serving extras
+// (transformers[serving]: FastAPI and uvicorn) and PyTorch.
 func (f findings) engine() string {
 	switch {
 	case f.Modules["vllm"] != "":
 		return "vllm"
-	case f.Modules["transformers"] != "" && f.Modules["torch"] != "":
+	case f.Binaries["transformers"] != "" && f.Modules["transformers"] != "" && f.Modules["torch"] != "" &&
+		f.Modules["fastapi"] != "" && f.Modules["uvicorn"] != "":
 		return "transformers"
 	}
 	return ""

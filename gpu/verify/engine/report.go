@@ -42,7 +42,7 @@ func (r report) write(w io.Writer) error {
 	p("- binaries looked for on PATH: %s", strings.Join(bins, "; "))
 	switch r.engine {
 	case "":
-		p("- server: none run: %v; looked for vLLM (module vllm), then transformers' server (modules transformers and torch)", errNoEngine)
+		p("- server: none run: %v; looked for vLLM (module vllm), then transformers' server (the transformers binary, modules transformers, torch, fastapi and uvicorn)", errNoEngine)
 	case "vllm":
 		p("- server: vLLM %s, random weights (--load-format dummy), KV pool %d blocks of 16 tokens", r.found.Modules["vllm"], r.blocks)
 	case "transformers":

@@ -96,12 +96,8 @@ func vllmArgv(o serverOpts, port int) []string {
 
 // transformersArgv is transformers' server; it loads the model a request
 // names from the cache hfCache laid out.
-func transformersArgv(o serverOpts, f findings, port int) []string {
-	head := []string{o.python, "-m", "transformers.commands.transformers_cli"}
-	if p := f.Binaries["transformers"]; p != "" {
-		head = []string{p}
-	}
-	return append(head, "serve", "--host", "127.0.0.1", "--port", strconv.Itoa(port))
+func transformersArgv(f findings, port int) []string {
+	return []string{f.Binaries["transformers"], "serve", "--host", "127.0.0.1", "--port", strconv.Itoa(port)}
 }
 
 // start starts engine's server and waits until it answers HTTP, the
@@ -127,7 +123,7 @@ func start(ctx context.Context, engine string, o serverOpts, f findings) (*serve
 		if err := save.Run(); err != nil {
 			return nil, fmt.Errorf("saving random weights from config.json: %w (log: %s)", err, o.logPath)
 		}
-		s.argv, s.model = transformersArgv(o, f, port), cachedRepo
+		s.argv, s.model = transformersArgv(f, port), cachedRepo
 	default:
 		return nil, fmt.Errorf("no server to start for %q", engine)
 	}
@@ -217,4 +213,4 @@ func logTail(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-var errNoEngine = errors.New("neither vLLM nor transformers with PyTorch is installed")
+var errNoEngine = errors.New("neither vLLM nor transformers serve with PyTorch is installed")
