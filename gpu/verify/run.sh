@@ -11,7 +11,7 @@
 # bench/gpu/<device>.md. The checks are the ones bench/README.md "On a GPU" lists.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-cd "$here"
+cd "$here" || exit 1
 out=${OUT:-$here}
 log=$out/log.txt
 res=$out/results.md
