@@ -135,7 +135,7 @@ func runPhase(ctx context.Context, o driveOpts, p phase) (phaseResult, error) {
 	if p.batch {
 		cfg := modelserver.Config{BaseURL: o.base, Models: []string{o.model}, Logger: o.logger, MaxConcurrency: o.seqs,
 			MaxOutputTokens: o.maxTokens, ModelConfig: o.modelConfig, HTTPClient: &http.Client{Transport: batchRT},
-			Registerer: reg, MaxWait: time.Minute}
+			Registerer: reg}
 		if p.onlineFirst {
 			// docs/models.md's example for a vLLM fleet that also serves a
 			// product: no online request left waiting, a TTFT p99 of 500 ms,

@@ -147,7 +147,7 @@ func TestNotInstalledSection(t *testing.T) {
 		heading,
 		"- python (" + python + "): Python 3.12.0 at /fake/python3",
 		"vllm (not found); transformers (4.57.1); torch (2.9.0); fastapi (not found); uvicorn (0.38.0)",
-		"vllm (not found); transformers (/venv/bin/transformers); nvidia-smi (not found)",
+		"beside the interpreter: vllm (not found); transformers (/venv/bin/transformers); nvidia-smi (not found)",
 		"- device (name, driver, memory): no nvidia-smi on PATH",
 		"- server: none run: " + errNoEngine.Error(),
 	} {

@@ -95,7 +95,7 @@ func run(ctx context.Context, o options, modelName string, w io.Writer) (err err
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	dir := filepath.Join(o.dir, "model")
-	r := report{found: probe(ctx, o.python), blocks: o.blocks, logPath: filepath.Join(o.dir, "server.log")}
+	r := report{found: probe(ctx, o.python), blocks: o.blocks, logPath: filepath.Join(o.dir, "server.log"), date: time.Now()}
 	r.opts = driveOpts{seqs: o.seqs, phase: o.phase, period: o.period, workers: o.workers, batchItems: o.batchItems,
 		maxTokens: o.maxTokens, onlineMax: o.onlineMax, stream: o.stream, minBatch: 1, minOnline: 1, logger: logger}
 	defer func() {

@@ -19,6 +19,7 @@ type report struct {
 	err     error  // why the run stopped short, nil when it did not
 	logTail string // the server's last lines when it failed
 	logPath string
+	date    time.Time
 }
 
 // heading starts the section; run.sh and the tests find it by this line.
@@ -29,6 +30,7 @@ func (r report) write(w io.Writer) error {
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format+"\n", a...) }
 	p("%s", heading)
 	p("")
+	p("- date: %s", r.date.UTC().Format("2006-01-02T15:04Z"))
 	p("- device (name, driver, memory): %s", r.found.Device)
 	p("- python (%s): %s", r.found.Python, r.found.PythonInfo)
 	var mods, bins []string
@@ -39,24 +41,24 @@ func (r report) write(w io.Writer) error {
 		bins = append(bins, x+" "+orNot(r.found.Binaries[x]))
 	}
 	p("- python modules looked for: %s", strings.Join(mods, "; "))
-	p("- binaries looked for on PATH: %s", strings.Join(bins, "; "))
+	p("- binaries looked for on PATH and beside the interpreter: %s", strings.Join(bins, "; "))
 	switch r.engine {
 	case "":
 		p("- server: none run: %v; looked for vLLM (module vllm), then transformers' server (the transformers binary, modules transformers, torch, fastapi and uvicorn)", errNoEngine)
 	case "vllm":
 		p("- server: vLLM %s, random weights (--load-format dummy), KV pool %d blocks of 16 tokens", r.found.Modules["vllm"], r.blocks)
 	case "transformers":
-		p("- server: transformers %s (transformers serve), random weights saved from config.json (from_config)", r.found.Modules["transformers"])
+		p("- server: transformers %s (transformers serve), random weights saved from config.json (from_config) as the cache entry %s", r.found.Modules["transformers"], cachedRepo)
 	default:
 		p("- server: %s at %s (already running)", r.engine, r.opts.base)
 	}
 	if len(r.argv) > 0 {
 		p("- command: `%s`", strings.Join(r.argv, " "))
-	}
-	if len(r.argv) > 0 {
 		p("- model: generated here (gpu/verify/engine/model.go), nothing from a hub: Llama-style, 8 layers of 1,024, 16 heads, 8 KV heads of 64 (%d B of KV a token), a WordPiece tokenizer of %d tokens", kvBytesPerToken, vocabSize)
-		p("- load: %d batch callers × %d chat items a Run through the model-server backend (max_tokens %d); online: a closed loop of %s-token answers, its requests in flight moving between 20%% and 90%% of max_num_seqs %d over %v; %v a phase",
-			r.opts.workers, r.opts.batchItems, r.opts.maxTokens, fmt.Sprint(r.opts.onlineMax), r.opts.seqs, r.opts.period, r.opts.phase)
+	}
+	if r.engine != "" {
+		p("- load: %d batch callers × %d chat items a Run through the model-server backend (max_tokens %d); online: a closed loop of requests for up to %d tokens, its requests in flight moving from 20%% to 90%% of max_num_seqs %d and back over %v; %v a phase",
+			r.opts.workers, r.opts.batchItems, r.opts.maxTokens, r.opts.onlineMax, r.opts.seqs, r.opts.period, r.opts.phase)
 	}
 	if r.err != nil {
 		p("- result: FAILED: %v", r.err)
