@@ -48,6 +48,7 @@ type driveOpts struct {
 	onlineMax   int    // an online request's max_tokens
 	stream      bool   // online requests stream, so that TTFT is their first event
 	extra       string // JSON members every generation carries (vLLM's "ignore_eos":true)
+	priority    int    // online-first's priority for the batch; 0 for a server without priorities
 	modelConfig string // config.json, for the backend's KV bytes per token
 	// A phase runs on past its length until it has this many batch items
 	// and online answers, where it has either: tests end phases by count.
@@ -140,7 +141,7 @@ func runPhase(ctx context.Context, o driveOpts, p phase) (phaseResult, error) {
 			// docs/models.md's example for a vLLM fleet that also serves a
 			// product: no online request left waiting, a TTFT p99 of 500 ms,
 			// and the batch's generations behind the product's in the queue.
-			cfg.Online = modelserver.Online{Interval: 2 * time.Second, TargetTTFT: 500 * time.Millisecond, Priority: 10}
+			cfg.Online = modelserver.Online{Interval: 2 * time.Second, TargetTTFT: 500 * time.Millisecond, Priority: o.priority}
 		}
 		m, _, err := modelserver.Open(ctx, cfg)
 		if err != nil {

@@ -97,7 +97,10 @@ func run(ctx context.Context, o options, modelName string, w io.Writer) (err err
 	dir := filepath.Join(o.dir, "model")
 	r := report{found: probe(ctx, o.python), blocks: o.blocks, logPath: filepath.Join(o.dir, "server.log"), date: time.Now()}
 	r.opts = driveOpts{seqs: o.seqs, phase: o.phase, period: o.period, workers: o.workers, batchItems: o.batchItems,
-		maxTokens: o.maxTokens, onlineMax: o.onlineMax, stream: o.stream, minBatch: 1, minOnline: 1, logger: logger}
+		maxTokens: o.maxTokens, onlineMax: o.onlineMax, stream: o.stream, minBatch: 1, minOnline: 1, logger: logger,
+		// transformers' server refuses a request with a field it does not
+		// know, and has no priorities to mark batch requests with.
+		priority: 10}
 	defer func() {
 		if werr := r.write(w); err == nil {
 			err = werr
@@ -120,6 +123,7 @@ func run(ctx context.Context, o options, modelName string, w io.Writer) (err err
 	if o.url == "" {
 		var env []string
 		if r.engine == "transformers" {
+			r.opts.priority = 0
 			if dir, env, err = hfCache(filepath.Join(o.dir, "hf")); err != nil {
 				r.err = err
 				return err
