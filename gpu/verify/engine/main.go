@@ -8,21 +8,22 @@
 //
 //	engine -out engine.md [-dir DIR] [-python python3] [-phase 40s]
 //
-// It exits 0 when no server is installed (the section says so) and 1 when
-// one is but the run failed.
+// It exits 0 when no server is installed (the section says so), 1 when one
+// is but the run failed, and 2 on a bad command line.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
+
+	"github.com/vramq/vramq/internal/cli"
 )
 
 type options struct {
@@ -34,9 +35,11 @@ type options struct {
 	stream                        bool
 }
 
-func main() {
+func main() { cli.Main("engine", parseAndRun) }
+
+func parseAndRun(ctx context.Context) error {
 	var o options
-	fs := flag.NewFlagSet("engine", flag.ExitOnError)
+	fs := flag.NewFlagSet("engine", flag.ContinueOnError)
 	python := os.Getenv("VRAMQ_TORCH_PYTHON")
 	if python == "" {
 		python = "python3"
@@ -59,30 +62,25 @@ func main() {
 	fs.IntVar(&o.onlineMax, "online-tokens", 64, "an online request's max_tokens")
 	fs.BoolVar(&o.stream, "stream", true, "online requests stream, and their TTFT is measured; false: their whole latency (a server that cannot stream)")
 	writeOnly := fs.String("write-model", "", "only write the generated model (config.json, tokenizer) into this directory, and exit")
-	_ = fs.Parse(os.Args[1:])
-	if *writeOnly != "" {
-		if err := writeModel(*writeOnly); err != nil {
-			fmt.Fprintln(os.Stderr, "engine:", err)
-			os.Exit(1)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
 		}
-		return
+		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	if *writeOnly != "" {
+		return writeModel(*writeOnly)
+	}
 	var w io.Writer = os.Stdout
 	if o.out != "" {
 		f, err := os.Create(o.out)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "engine:", err)
-			os.Exit(2)
+			return err
 		}
-		defer f.Close()
-		w = f
+		err = run(ctx, o, *modelName, f)
+		return errors.Join(err, f.Close())
 	}
-	if err := run(ctx, o, *modelName, w); err != nil {
-		fmt.Fprintln(os.Stderr, "engine:", err)
-		os.Exit(1)
-	}
+	return run(ctx, o, *modelName, w)
 }
 
 // run probes, starts, drives and reports; the section is written whatever
