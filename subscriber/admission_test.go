@@ -46,7 +46,7 @@ func TestHoldReleasesOnce(t *testing.T) {
 	if !s.adm.tryAcquire(60) {
 		t.Fatal("no room for 60 of 100")
 	}
-	h := s.newHold(60, 60)
+	h := s.newHold(need{weight: 60}, 60)
 	if s.inflight.Load() != 60 || s.PeakBytes() != 60 || s.adm.holds.Load() != 1 {
 		t.Fatalf("in flight %d, peak %d, holds %d; want 60, 60, 1", s.inflight.Load(), s.PeakBytes(), s.adm.holds.Load())
 	}
@@ -70,7 +70,7 @@ func TestMissedReleaseIsSeen(t *testing.T) {
 	if !s.adm.tryAcquire(30) {
 		t.Fatal("no room")
 	}
-	kept := s.newHold(30, 30)
+	kept := s.newHold(need{weight: 30}, 30)
 	if err := unreleased(s); err == nil {
 		t.Fatal("a hold never released went unseen")
 	}
@@ -87,7 +87,7 @@ func TestHoldHandOver(t *testing.T) {
 	if !s.adm.tryAcquire(70) {
 		t.Fatal("no room")
 	}
-	a, b := s.newHold(40, 40), s.newHold(30, 30)
+	a, b := s.newHold(need{weight: 40}, 40), s.newHold(need{weight: 30}, 30)
 	waiting := s.handOver(a, b)
 	a.release()
 	b.release()
@@ -110,7 +110,7 @@ func TestHoldTakesAllAndEndsExclusive(t *testing.T) {
 		if !s.adm.tryAcquire(20) || !s.adm.tryAcquire(30) {
 			t.Fatal("no room")
 		}
-		alone, other := s.newHold(20, 20), s.newHold(30, 30)
+		alone, other := s.newHold(need{weight: 20}, 20), s.newHold(need{weight: 30}, 30)
 		alone.yieldWeight()
 		if s.adm.held.Load() != 30 || s.inflight.Load() != 50 {
 			t.Fatalf("weight %d, bytes %d after yielding; want 30, 50 (the bytes stay)", s.adm.held.Load(), s.inflight.Load())
@@ -151,7 +151,7 @@ func TestHoldTakesAllAndEndsExclusive(t *testing.T) {
 // keeps nothing; one released already takes nothing.
 func TestHoldTakeAllFails(t *testing.T) {
 	s := holdSubscriber(t, 100)
-	h := s.newHold(0, 10)
+	h := s.newHold(need{weight: 0}, 10)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	if !s.adm.tryAcquire(1) {

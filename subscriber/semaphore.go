@@ -10,8 +10,11 @@ import (
 	"golang.org/x/sync/semaphore"
 )
 
-// admission is a weighted semaphore whose units depend on the strategy:
-// bytes for vram, messages for count and none.
+// admission hands out named resources, each a weighted semaphore: the
+// weight, whose units depend on the strategy (bytes for vram, messages for
+// count and none), and the model's request slots (gpu.Slotted). A message
+// needs some of each (need), taken together by take or tryTake and given
+// back together by putBack, so that no path holds one without the other.
 //
 // semaphore.Weighted is FIFO: a large message at the head waits for room and
 // the smaller ones behind it wait too. That is deliberate: skipping ahead
@@ -60,6 +63,53 @@ type admission struct {
 	// for them to end (see acquireAll).
 	exclusive int
 	closed    bool
+}
+
+// need is what one message takes of admission's resources: its weight
+// (weight) and the model's request slots (0 for a model without them).
+type need struct {
+	weight int64
+	slots  int64
+}
+
+// take waits, under ctx, until all of n is free and takes it; on an error
+// it holds none of it. The slots are taken first: a model server's slots
+// are far fewer than its memory, and a message waiting for them must not
+// hold weight that messages of the other endpoints could run with.
+func (a *admission) take(ctx context.Context, n need) error {
+	if n.slots > 0 {
+		if err := a.slots.Acquire(ctx, n.slots); err != nil {
+			return err
+		}
+	}
+	if err := a.acquire(ctx, n.weight); err != nil {
+		a.putBack(need{slots: n.slots})
+		return err
+	}
+	return nil
+}
+
+// tryTake takes all of n if it is free now, else nothing.
+func (a *admission) tryTake(n need) bool {
+	if n.slots > 0 && !a.slots.TryAcquire(n.slots) {
+		return false
+	}
+	if !a.tryAcquire(n.weight) {
+		a.putBack(need{slots: n.slots})
+		return false
+	}
+	return true
+}
+
+// putBack gives back n, taken by take or tryTake (the weight also by
+// acquireAll).
+func (a *admission) putBack(n need) {
+	if n.weight > 0 {
+		a.giveBack(n.weight)
+	}
+	if n.slots > 0 {
+		a.slots.Release(n.slots)
+	}
 }
 
 // shrink is one acquisition of withheld weight, in its own goroutine so

@@ -6,9 +6,60 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 )
 
 // The resizable admission alone.
+
+// A message's need (weight and request slots) is taken whole or not at
+// all: a try or a wait that cannot have every part keeps none of them, so
+// that no message holds slots while it waits for memory it never gets, nor
+// memory while it waits for slots.
+func TestNeedTakenWholeOrNotAtAll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, err := newAdmission(AdmitVRAM, 100, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.close()
+		a.slots, a.slotCap = semaphore.NewWeighted(4), 4
+		whole := func(what string) {
+			t.Helper()
+			if !a.tryTake(need{weight: 100, slots: 4}) {
+				t.Fatalf("after %s: the 100 units and 4 slots are not all free", what)
+			}
+			a.putBack(need{weight: 100, slots: 4})
+		}
+		if !a.tryTake(need{weight: 90, slots: 1}) {
+			t.Fatal("no room for 90 units and a slot")
+		}
+		if a.tryTake(need{weight: 20, slots: 2}) {
+			t.Fatal("took 20 units with 10 free")
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		if err := a.take(ctx, need{weight: 20, slots: 2}); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("take of 20 units with 10 free: %v; want the deadline's error", err)
+		}
+		cancel()
+		a.putBack(need{weight: 90, slots: 1})
+		whole("a try and a wait for weight that was not free")
+
+		if !a.tryTake(need{weight: 1, slots: 4}) {
+			t.Fatal("no room for every slot")
+		}
+		if a.tryTake(need{weight: 10, slots: 1}) {
+			t.Fatal("took a slot with none free")
+		}
+		ctx, cancel = context.WithTimeout(t.Context(), time.Second)
+		if err := a.take(ctx, need{weight: 10, slots: 1}); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("take of a slot with none free: %v; want the deadline's error", err)
+		}
+		cancel()
+		a.putBack(need{weight: 1, slots: 4})
+		whole("a try and a wait for slots that were not free")
+	})
+}
 
 func TestAdmissionGrowsAndShrinks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -308,3 +308,21 @@ func TestUnexpectedStatus(t *testing.T) {
 		}
 	})
 }
+
+// A request whose context ends in flight, never answered, gives back its
+// turn too (the probe's passes on), as one that waited for its turn and
+// was given up while the gate was closed.
+func TestUnansweredTryGivesBackItsTurn(t *testing.T) {
+	inBubble(t, fakeoai.Config{TokenLatency: time.Second}, Config{}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+		defer cancel()
+		items := []job.Item{chatItem("a", "x", 8), chatItem("b", "y", 8), chatItem("c", "z", 8)}
+		if _, err := m.Run(ctx, items); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Run under a context that ends in flight: %v; want its deadline", err)
+		}
+		wantNothingHeld(t, m)
+		if m.answered("ok") != 0 {
+			t.Fatalf("rows %v; want no answer read", m.answers)
+		}
+	})
+}
