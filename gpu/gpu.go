@@ -116,8 +116,9 @@ type EndpointModel interface {
 // more than Slots takes all of them.
 type Slotted interface {
 	// Slots is how many request slots admission may have handed out at
-	// once; 0 for no bound.
-	Slots() int64
+	// once now, and the most it may ever be; 0 for no bound. The
+	// subscriber reads it again as often as the device's memory.
+	Slots() (now, most int64)
 	// SlotsFor is how many slots items take: the requests they make.
 	SlotsFor(endpoint string, items []job.Item) int64
 }

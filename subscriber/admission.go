@@ -46,7 +46,7 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 		if s.adm.strategy == AdmitVRAM {
 			t.cost, t.factor = s.corr.apply(t.raw, s.adm.size)
 		}
-		n := need{weight: s.adm.weight(t.cost), slots: t.slots}
+		n := s.adm.fitSlots(need{weight: s.adm.weight(t.cost), slots: t.slots})
 		var err error
 		if !s.adm.tryTake(n) {
 			b.admissionFull()

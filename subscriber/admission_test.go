@@ -178,10 +178,16 @@ func TestHoldTakeAllFails(t *testing.T) {
 type slottedModel struct {
 	*testModel
 	slots         int64
+	now           atomic.Int64 // the slots it offers now, when not 0; slots otherwise
 	running, most atomic.Int64
 }
 
-func (m *slottedModel) Slots() int64 { return m.slots }
+func (m *slottedModel) Slots() (now, most int64) {
+	if n := m.now.Load(); n > 0 {
+		return n, m.slots
+	}
+	return m.slots, m.slots
+}
 
 func (m *slottedModel) SlotsFor(_ string, items []job.Item) int64 { return int64(len(items)) }
 
@@ -213,8 +219,44 @@ func TestAdmissionHoldsToTheModelsSlots(t *testing.T) {
 			t.Errorf("%d requests ran at once; want at most 4 (6 for the message that takes every slot)", most)
 		}
 		h.shutdown()
-		if n := h.sub.adm.slots.TryAcquire(4); !n {
+		if n := h.sub.adm.slots.tryAcquire(4); !n {
 			t.Error("the slots are not all back after shutdown")
 		}
+	})
+}
+
+// The slots follow what the model can run now: a model that offers fewer
+// (its concurrency halved, its requests slower) is admitted fewer requests
+// from the next budget refresh on, and more again once it offers them.
+func TestAdmissionFollowsTheModelsSlots(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var model *slottedModel
+		h := startWith(t, 1<<30, Config{MaxBatch: 8, Prefetch: 20}, func(h *harness, c *Config) {
+			model = &slottedModel{testModel: h.model, slots: 8}
+			c.Model = model
+		})
+		model.now.Store(2)
+		time.Sleep(2 * h.sub.cfg.BudgetRefresh)
+		if got := h.sub.adm.slots.budget(); got != 2 {
+			t.Fatalf("%d slots after the model offers 2; want 2", got)
+		}
+		for i := range 8 {
+			h.send("job", i, "mb=1 ms=1000")
+		}
+		wait.For(t, time.Minute, "8 results", func() bool { r, _ := h.results.Stats(); return r == 8 })
+		if most := model.most.Load(); most > 2 {
+			t.Errorf("%d requests ran at once; want at most the 2 slots offered", most)
+		}
+		model.most.Store(0)
+		model.now.Store(8)
+		time.Sleep(2 * h.sub.cfg.BudgetRefresh)
+		for i := range 8 {
+			h.send("job", 8+i, "mb=1 ms=1000")
+		}
+		wait.For(t, time.Minute, "16 results", func() bool { r, _ := h.results.Stats(); return r == 16 })
+		if most := model.most.Load(); most <= 2 {
+			t.Errorf("%d requests ran at once after the model offers 8 slots again; want more than 2", most)
+		}
+		h.shutdown()
 	})
 }

@@ -126,6 +126,7 @@ func (s *Subscriber) refreshBudget(ctx context.Context) {
 }
 
 func (s *Subscriber) refreshOnce(st *budgetState) {
+	s.refreshSlots()
 	r, ok, err := s.readBudget()
 	if err != nil {
 		if !st.failing {
@@ -175,6 +176,20 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	s.adm.resize(target)
 	if target > old {
 		s.state.budgetGrew(target)
+	}
+}
+
+// refreshSlots resizes the model's request slots to what it can run now
+// (gpu.Slotted): fewer once its concurrency is halved or its requests take
+// longer, more again as they recover. A shrink waits for admitted messages
+// to let go, as the budget's does.
+func (s *Subscriber) refreshSlots() {
+	if s.adm.slots == nil {
+		return
+	}
+	now, _ := s.cfg.Model.(gpu.Slotted).Slots()
+	if old := s.adm.slots.resize(now); old != s.adm.slots.budget() {
+		s.log.Info("request slots changed", "old", old, "new", s.adm.slots.budget(), "model", s.cfg.Model.Name())
 	}
 }
 

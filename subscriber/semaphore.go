@@ -38,9 +38,10 @@ type admission struct {
 	size int64
 	sem  *semaphore.Weighted
 	// slots are the model's request slots (gpu.Slotted), acquired before
-	// the memory and given back with it; nil when it has none. slotCap is
-	// their number.
-	slots   *semaphore.Weighted
+	// the memory and given back with it; nil when it has none. Their
+	// number changes with what the model can run now (resized by the
+	// budget refresh, as the weight is); slotCap is the most it may be.
+	slots   *admission
 	slotCap int64
 
 	// held is the weight work holds (not the withheld weight) and acquires
@@ -78,7 +79,7 @@ type need struct {
 // hold weight that messages of the other endpoints could run with.
 func (a *admission) take(ctx context.Context, n need) error {
 	if n.slots > 0 {
-		if err := a.slots.Acquire(ctx, n.slots); err != nil {
+		if err := a.slots.acquire(ctx, n.slots); err != nil {
 			return err
 		}
 	}
@@ -91,7 +92,7 @@ func (a *admission) take(ctx context.Context, n need) error {
 
 // tryTake takes all of n if it is free now, else nothing.
 func (a *admission) tryTake(n need) bool {
-	if n.slots > 0 && !a.slots.TryAcquire(n.slots) {
+	if n.slots > 0 && !a.slots.tryAcquire(n.slots) {
 		return false
 	}
 	if !a.tryAcquire(n.weight) {
@@ -108,8 +109,24 @@ func (a *admission) putBack(n need) {
 		a.giveBack(n.weight)
 	}
 	if n.slots > 0 {
-		a.slots.Release(n.slots)
+		a.slots.giveBack(n.slots)
 	}
+}
+
+// newSlots returns the resizable pool of a model's request slots: now of
+// them, at most most.
+func newSlots(now, most int64) (*admission, error) {
+	return newResizableAdmission(AdmitVRAM, now, most, 0)
+}
+
+// fitSlots is n with its slots no more than the pool has now: a message
+// that needs more than there are takes them all, and one waiting for more
+// than a shrink left would wait until the admit timeout.
+func (a *admission) fitSlots(n need) need {
+	if a.slots != nil {
+		n.slots = min(n.slots, max(a.slots.budget(), 1))
+	}
+	return n
 }
 
 // shrink is one acquisition of withheld weight, in its own goroutine so
@@ -342,6 +359,9 @@ func (a *admission) endExclusive() {
 // close cancels pending shrinks, so that no goroutine outlives the
 // subscriber, and stops further resizes.
 func (a *admission) close() {
+	if a.slots != nil {
+		a.slots.close()
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.closed = true

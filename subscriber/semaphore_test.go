@@ -6,8 +6,6 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"golang.org/x/sync/semaphore"
 )
 
 // The resizable admission alone.
@@ -23,7 +21,10 @@ func TestNeedTakenWholeOrNotAtAll(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer a.close()
-		a.slots, a.slotCap = semaphore.NewWeighted(4), 4
+		if a.slots, err = newSlots(4, 4); err != nil {
+			t.Fatal(err)
+		}
+		a.slotCap = 4
 		whole := func(what string) {
 			t.Helper()
 			if !a.tryTake(need{weight: 100, slots: 4}) {

@@ -191,8 +191,11 @@ func New(cfg Config) (*Subscriber, error) {
 		}
 	}
 	if sl, ok := cfg.Model.(gpu.Slotted); ok && cfg.Admission == AdmitVRAM {
-		if n := sl.Slots(); n > 0 {
-			adm.slots, adm.slotCap = semaphore.NewWeighted(n), n
+		if now, most := sl.Slots(); most > 0 {
+			if adm.slots, err = newSlots(now, most); err != nil {
+				return nil, fmt.Errorf("subscriber: the model's request slots: %w", err)
+			}
+			adm.slotCap = most
 		}
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold, s.fullCall())

@@ -92,6 +92,7 @@ func (m *Model) try(ctx, wait context.Context, c *call, deadline time.Time) (set
 		return nil, nil, nil
 	}
 	m.held.Add(c.kv)
+	sent := time.Now()
 	a := m.post(ctx, c)
 	m.held.Add(-c.kv)
 	if a == nil {
@@ -106,6 +107,7 @@ func (m *Model) try(ctx, wait context.Context, c *call, deadline time.Time) (set
 		if row.action == actOK {
 			t.used = usageOf(a.body).TotalTokens
 			t.clean = true
+			m.took.observe(now.Sub(sent))
 		}
 		if row.action != actOOM || c.ep == embeddings {
 			m.gate.answered()

@@ -43,6 +43,7 @@ type Model struct {
 	gate    *gate
 	dev     *Device
 	held    atomic.Int64 // device bytes of the requests in flight
+	took    requestTime  // of the requests answered ok, for Slots
 	costs   recentCosts  // of the last messages costed, for Device.MemInfo's floor
 	waits   *waits
 	limits  job.RequestLimits // the rule's bounds for a request body (parse)
@@ -467,27 +468,36 @@ func (m *Model) count(row *disposition) {
 	m.mu.Unlock()
 }
 
-// inflightRounds is how many rounds of Config.MaxConcurrency requests the
-// subscriber may have admitted at once to a server without KV metrics: one
-// running, one ready to take each slot as it frees.
+// inflightRounds is the most rounds of the concurrency's requests the
+// subscriber may have admitted at once to a server without KV metrics:
+// one running, one ready to take each slot as it frees.
 const inflightRounds = 2
 
 var _ gpu.Slotted = (*Model)(nil)
 
 // Slots bounds what the subscriber admits to a server without KV metrics
-// (TGI, TEI, Ollama, OpenAI: nothing tells how full it is) to
-// inflightRounds rounds of its concurrency. More would not run sooner:
-// every request past the concurrency waits in this process, while its
-// message is held as running, out of reach of its job's cancel (checked
-// before a batch starts) and of other subscribers, and a chunk completes
-// only once all its requests have, so a job's progress would wait for the
-// whole backlog. With vLLM's metrics the KV cache bounds admission
-// (Device), and this is 0: no bound.
-func (m *Model) Slots() int64 {
+// (TGI, TEI, Ollama, OpenAI: nothing tells how full it is) to what it can
+// run within half of MaxWait: its concurrency now (halved by an overload)
+// times the rounds of requests of the expected time (learned from its
+// answers) that take no longer, at least one and at most inflightRounds.
+// More would not run sooner: every request past the concurrency waits in
+// this process, while its message is held as running, out of reach of its
+// job's cancel (checked before a batch starts) and of other subscribers,
+// and a chunk completes only once all its requests have, so a job's
+// progress would wait for the whole backlog; and a request that cannot
+// start until its batch's MaxWait is nearly spent backs the batch off
+// partway. The most is inflightRounds rounds of Config.MaxConcurrency. With
+// vLLM's metrics the KV cache bounds admission (Device), and both are 0:
+// no bound.
+func (m *Model) Slots() (now, most int64) {
 	if m.dev.live {
-		return 0
+		return 0, 0
 	}
-	return int64(inflightRounds * m.cfg.MaxConcurrency)
+	rounds := inflightRounds
+	if t, ok := m.took.mean(); ok {
+		rounds = min(inflightRounds, max(1, int((m.cfg.MaxWait/rateHorizonDiv)/t)))
+	}
+	return int64(rounds * m.conc.now()), int64(inflightRounds * m.cfg.MaxConcurrency)
 }
 
 // SlotsFor is the requests items make: one per chat or completion item,

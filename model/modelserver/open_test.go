@@ -375,3 +375,39 @@ func TestConcurrencyHalvesAndGrowsBack(t *testing.T) {
 		t.Errorf("after the step failed: bound %d, next step after %d; want 4 and %d", got, c.need, 2*concurrencyCleanRun)
 	}
 }
+
+// Without KV metrics, the slots the subscriber may admit are what the
+// server can run within half of MaxWait: two rounds of its concurrency
+// before any answer and while requests are quick, one once they take more
+// than a quarter of MaxWait each, and rounds of a halved concurrency after
+// an overload. The most stays two rounds of the configured concurrency.
+func TestSlotsFollowWhatRunsWithinTheWait(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		latency  time.Duration // a step: a request is a prefill and 10 tokens
+		overload bool
+		want     int64
+	}{
+		{name: "quick", latency: 100 * time.Millisecond, want: 32}, // 1.1 s a request
+		{name: "slow", latency: 2 * time.Second, want: 16},         // 22 s a request: one round in 30 s
+		{name: "overloaded", latency: 100 * time.Millisecond, overload: true, want: 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fc := fakeoai.Config{NoMetrics: true, TokenLatency: tc.latency, OutputTokens: func(string, int) int { return 10 }}
+			if tc.overload {
+				fc.Faults = []fakeoai.Fault{status(503, 1)}
+			}
+			inBubble(t, fc, Config{MaxWait: time.Minute}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+				if now, most := m.Slots(); now != 32 || most != 32 {
+					t.Fatalf("before any answer: %d slots of at most %d; want 32 of 32", now, most)
+				}
+				if _, err := m.Run(t.Context(), []job.Item{chatItem("a", "x", 16), chatItem("b", "y", 16)}); err != nil {
+					t.Fatal(err)
+				}
+				if now, most := m.Slots(); now != tc.want || most != 32 {
+					t.Errorf("after the answers: %d slots of at most %d; want %d of 32", now, most, tc.want)
+				}
+			})
+		})
+	}
+}
