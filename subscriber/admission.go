@@ -46,7 +46,7 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 		if s.adm.strategy == AdmitVRAM {
 			t.cost, t.factor = s.corr.apply(t.raw, s.adm.size)
 		}
-		n := s.adm.fitSlots(need{weight: s.adm.weight(t.cost), slots: t.slots})
+		n := s.adm.fit(need{weight: s.adm.weight(t.cost), res: t.needs})
 		var err error
 		if !s.adm.tryTake(n) {
 			b.admissionFull()
@@ -184,8 +184,10 @@ func (s *Subscriber) handOver(from ...*hold) *hold {
 	for _, h := range from {
 		h.mu.Lock()
 		to.need.weight += h.need.weight
-		to.need.slots += h.need.slots // its requests are still out
-		h.need.weight, h.need.slots = 0, 0
+		for r, v := range h.need.res {
+			to.need.res[r] += v // its requests are still out
+		}
+		h.need = need{}
 		h.mu.Unlock()
 	}
 	return to

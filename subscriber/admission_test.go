@@ -13,6 +13,7 @@ import (
 
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // holdSubscriber is the least of a subscriber that holds work: an
@@ -173,8 +174,8 @@ func TestHoldTakeAllFails(t *testing.T) {
 	}
 }
 
-// slottedModel is the test model with request slots (gpu.Slotted): each
-// item is a request, and it counts the most items it ran at once.
+// slottedModel is the test model with request slots (backend.Offerer):
+// each item is a request, and it counts the most items it ran at once.
 type slottedModel struct {
 	*testModel
 	slots         int64
@@ -182,14 +183,17 @@ type slottedModel struct {
 	running, most atomic.Int64
 }
 
-func (m *slottedModel) Slots() (now, most int64) {
+func (m *slottedModel) Offers() (now, most backend.Vector) {
+	now[backend.Slots], most[backend.Slots] = m.slots, m.slots
 	if n := m.now.Load(); n > 0 {
-		return n, m.slots
+		now[backend.Slots] = n
 	}
-	return m.slots, m.slots
+	return now, most
 }
 
-func (m *slottedModel) SlotsFor(_ string, items []job.Item) int64 { return int64(len(items)) }
+func (m *slottedModel) Needs(_ string, items []job.Item) backend.Vector {
+	return backend.Vector{backend.Slots: int64(len(items))}
+}
 
 func (m *slottedModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
 	n := m.running.Add(int64(len(items)))
@@ -219,7 +223,7 @@ func TestAdmissionHoldsToTheModelsSlots(t *testing.T) {
 			t.Errorf("%d requests ran at once; want at most 4 (6 for the message that takes every slot)", most)
 		}
 		h.shutdown()
-		if n := h.sub.adm.slots.tryAcquire(4); !n {
+		if n := h.sub.adm.pools[backend.Slots].tryAcquire(4); !n {
 			t.Error("the slots are not all back after shutdown")
 		}
 	})
@@ -237,7 +241,7 @@ func TestAdmissionFollowsTheModelsSlots(t *testing.T) {
 		})
 		model.now.Store(2)
 		time.Sleep(2 * h.sub.cfg.BudgetRefresh)
-		if got := h.sub.adm.slots.budget(); got != 2 {
+		if got := h.sub.adm.pools[backend.Slots].budget(); got != 2 {
 			t.Fatalf("%d slots after the model offers 2; want 2", got)
 		}
 		for i := range 8 {

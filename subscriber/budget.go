@@ -6,6 +6,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // budgetTolerance is how far apart two budget readings may be and still
@@ -23,10 +24,9 @@ import (
 // above allocation granularity, for very small reserves; it holds on any
 // GPU (1 GiB or more, and a budget of 8 MiB or more). A device whose unit
 // is not a byte is smaller: a model server whose KV bytes per token are
-// unknown counts tokens, and its budget, bounded by what the rate limits
-// pass, may be ten thousand of them, a few messages; a 1 MiB floor would
-// be more than all of it, and its budget would never move after the first
-// reading (bench/modelserver.md, "Through the subscriber").
+// unknown counts tokens, and its KV cache may be thirty thousand of them, a
+// few messages' worth; a 1 MiB floor would be more than all of it, and its
+// budget would never move after the first reading.
 func budgetTolerance(reserve, total, scale int64) int64 {
 	floor := int64(1 << 20)
 	if total > 0 { // a device that does not say keeps the floor for GPUs
@@ -101,6 +101,7 @@ func (s *Subscriber) readBudget() (r budgetReading, ok bool, err error) {
 type budgetState struct {
 	last    *budgetReading // the previous clean reading, nil after a failure
 	failing bool           // reading device memory failed last time
+	offers  *backend.Vector // the model's previous offer, nil before the first
 }
 
 // refreshBudget reads the device every BudgetRefresh until ctx ends: it
@@ -126,7 +127,7 @@ func (s *Subscriber) refreshBudget(ctx context.Context) {
 }
 
 func (s *Subscriber) refreshOnce(st *budgetState) {
-	s.refreshSlots()
+	s.refreshOffers(st)
 	r, ok, err := s.readBudget()
 	if err != nil {
 		if !st.failing {
@@ -179,17 +180,29 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	}
 }
 
-// refreshSlots resizes the model's request slots to what it can run now
-// (gpu.Slotted): fewer once its concurrency is halved or its requests take
-// longer, more again as they recover. A shrink waits for admitted messages
-// to let go, as the budget's does.
-func (s *Subscriber) refreshSlots() {
-	if s.adm.slots == nil {
+// refreshOffers resizes the pools of the resources the model offers
+// (backend.Offerer) to what it offers now, once two readings in a row
+// offer it: to the lesser of them, so that one reading that overstates
+// admits nothing, and one that understates shrinks nothing that is not
+// low again at the next. A shrink waits for admitted messages to let go,
+// as the budget's does.
+func (s *Subscriber) refreshOffers(st *budgetState) {
+	if s.adm.offerer == nil {
 		return
 	}
-	now, _ := s.cfg.Model.(gpu.Slotted).Slots()
-	if old := s.adm.slots.resize(now); old != s.adm.slots.budget() {
-		s.log.Info("request slots changed", "old", old, "new", s.adm.slots.budget(), "model", s.cfg.Model.Name())
+	now, _ := s.adm.offerer.Offers()
+	prev := now
+	if st.offers != nil {
+		prev = *st.offers
+	}
+	st.offers = &now
+	for r, p := range s.adm.pools {
+		if p == nil {
+			continue
+		}
+		if old := p.resize(offered(min(prev[r], now[r]), s.adm.most[r])); old != p.budget() {
+			s.log.Debug("the model's offer changed", "resource", backend.Resource(r).String(), "old", old, "new", p.budget())
+		}
 	}
 }
 

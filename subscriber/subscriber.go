@@ -34,6 +34,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -95,12 +96,12 @@ type Subscriber struct {
 type task struct {
 	lease  *lease
 	work   *job.Work
-	cost   int64   // working memory admission weighs, bytes: raw, corrected (correction.go)
-	raw    int64   // the model's own estimate of its working memory, bytes
-	factor float64 // the estimate correction cost was weighed with; 0 before admission
-	class  int     // the model's length class (gpu.LengthClasser); 0 without one
-	hold   *hold   // what it holds in admission (admission.go); nil before
-	slots  int64   // the model's request slots it takes (gpu.Slotted); 0 without
+	cost   int64          // working memory admission weighs, bytes: raw, corrected (correction.go)
+	raw    int64          // the model's own estimate of its working memory, bytes
+	factor float64        // the estimate correction cost was weighed with; 0 before admission
+	class  int            // the model's length class (gpu.LengthClasser); 0 without one
+	hold   *hold          // what it holds in admission (admission.go); nil before
+	needs  backend.Vector // what it takes of the resources the model offers (backend.Offerer)
 	// answered holds the answers a backoff came with for some of its items
 	// while it waits (answered.go); nil when none.
 	answered *answered
@@ -190,12 +191,9 @@ func New(cfg Config) (*Subscriber, error) {
 			s.settle = newSettler(s)
 		}
 	}
-	if sl, ok := cfg.Model.(gpu.Slotted); ok && cfg.Admission == AdmitVRAM {
-		if now, most := sl.Slots(); most > 0 {
-			if adm.slots, err = newSlots(now, most); err != nil {
-				return nil, fmt.Errorf("subscriber: the model's request slots: %w", err)
-			}
-			adm.slotCap = most
+	if o, ok := cfg.Model.(backend.Offerer); ok && cfg.Admission == AdmitVRAM {
+		if err := adm.offer(o); err != nil {
+			return nil, fmt.Errorf("subscriber: %w", err)
 		}
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold, s.fullCall())
