@@ -99,8 +99,8 @@ func (s *Subscriber) readBudget() (r budgetReading, ok bool, err error) {
 
 // budgetState is what the refresh carries from one tick to the next.
 type budgetState struct {
-	last    *budgetReading // the previous clean reading, nil after a failure
-	failing bool           // reading device memory failed last time
+	last    *budgetReading  // the previous clean reading, nil after a failure
+	failing bool            // reading device memory failed last time
 	offers  *backend.Vector // the model's previous offer, nil before the first
 }
 
