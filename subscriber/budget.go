@@ -181,11 +181,10 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 }
 
 // refreshOffers resizes the pools of the resources the model offers
-// (backend.Offerer) to what it offers now, once two readings in a row
-// offer it: to the lesser of them, so that one reading that overstates
-// admits nothing, and one that understates shrinks nothing that is not
-// low again at the next. A shrink waits for admitted messages to let go,
-// as the budget's does.
+// (backend.Offerer) to the lesser of its last two offers: a growth waits
+// for a second reading that confirms it, so that one reading that
+// overstates admits nothing, and a drop takes effect at once. A shrink
+// waits for admitted messages to let go, as the budget's does.
 func (s *Subscriber) refreshOffers(st *budgetState) {
 	if s.adm.offerer == nil {
 		return
