@@ -203,17 +203,25 @@ func (m *slottedModel) Run(ctx context.Context, items []job.Item) ([]job.Output,
 	return m.testModel.Run(ctx, items)
 }
 
+// startSlotted starts a subscriber on a slottedModel of slots, with
+// memory for every message.
+func startSlotted(t *testing.T, slots int64) (*harness, *slottedModel) {
+	t.Helper()
+	var model *slottedModel
+	h := startWith(t, 1<<30, Config{MaxBatch: 8, Prefetch: 20}, func(h *harness, c *Config) {
+		model = &slottedModel{testModel: h.model, slots: slots}
+		c.Model = model
+	})
+	return h, model
+}
+
 // A model that runs only so many requests at once (a model server's
 // concurrency) is admitted no more than its slots, though memory would take
 // all: the rest wait unstarted, where a job's cancel still reaches them.
 // A message needing more slots than there are takes them all and runs.
 func TestAdmissionHoldsToTheModelsSlots(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var model *slottedModel
-		h := startWith(t, 1<<30, Config{MaxBatch: 8, Prefetch: 20}, func(h *harness, c *Config) {
-			model = &slottedModel{testModel: h.model, slots: 4}
-			c.Model = model
-		})
+		h, model := startSlotted(t, 4)
 		for i := range 12 {
 			h.send("job", i, "mb=1 ms=1000", "mb=1 ms=1000")
 		}
@@ -234,11 +242,7 @@ func TestAdmissionHoldsToTheModelsSlots(t *testing.T) {
 // from the next budget refresh on, and more again once it offers them.
 func TestAdmissionFollowsTheModelsSlots(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var model *slottedModel
-		h := startWith(t, 1<<30, Config{MaxBatch: 8, Prefetch: 20}, func(h *harness, c *Config) {
-			model = &slottedModel{testModel: h.model, slots: 8}
-			c.Model = model
-		})
+		h, model := startSlotted(t, 8)
 		model.now.Store(2)
 		time.Sleep(2 * h.sub.cfg.BudgetRefresh)
 		if got := h.sub.adm.pools[backend.Slots].budget(); got != 2 {
