@@ -239,12 +239,13 @@ func TestAdmissionHoldsToTheModelsSlots(t *testing.T) {
 
 // The slots follow what the model can run now: a model that offers fewer
 // (its concurrency halved, its requests slower) is admitted fewer requests
-// from the next budget refresh on, and more again once it offers them.
+// once two budget refreshes in a row read it, and more again once it
+// offers them.
 func TestAdmissionFollowsTheModelsSlots(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h, model := startSlotted(t, 8)
 		model.now.Store(2)
-		time.Sleep(2 * h.sub.cfg.BudgetRefresh)
+		time.Sleep(3 * h.sub.cfg.BudgetRefresh) // two offers that agree
 		if got := h.sub.adm.pools[backend.Slots].budget(); got != 2 {
 			t.Fatalf("%d slots after the model offers 2; want 2", got)
 		}
@@ -257,7 +258,7 @@ func TestAdmissionFollowsTheModelsSlots(t *testing.T) {
 		}
 		model.most.Store(0)
 		model.now.Store(8)
-		time.Sleep(2 * h.sub.cfg.BudgetRefresh)
+		time.Sleep(3 * h.sub.cfg.BudgetRefresh) // two offers that agree
 		for i := range 8 {
 			h.send("job", 8+i, "mb=1 ms=1000")
 		}

@@ -152,11 +152,8 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 		return // wait for a reading that agrees
 	}
 	tol := budgetTolerance(s.cfg.VRAMReserve, r.mem.Total, max(prev.budget, r.budget, s.adm.budget()))
-	if absDiff(prev.budget, r.budget) > tol {
-		return
-	}
-	target := min(max(min(prev.budget, r.budget), 0), s.adm.size)
-	if absDiff(target, s.adm.budget()) <= tol {
+	target, ok := agreed(prev.budget, r.budget, s.adm.budget(), tol, 0, s.adm.size)
+	if !ok {
 		return
 	}
 	// Logged and exported before admission changes, so that whoever sees
@@ -180,27 +177,43 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	}
 }
 
+// agreed is the target two readings a and b agree on, and whether it
+// replaces now: none when they are more than tol apart; else the lesser,
+// within lo..hi, when it is more than tol from now. Two readings that
+// agree are what holds still (a shrink or a growth that lasts), not a
+// moment's noise, and a change within tol is not worth a resize.
+func agreed(a, b, now, tol, lo, hi int64) (int64, bool) {
+	if absDiff(a, b) > tol {
+		return 0, false
+	}
+	target := min(max(min(a, b), lo), hi)
+	return target, absDiff(target, now) > tol
+}
+
 // refreshOffers resizes the pools of the resources the model offers
-// (backend.Offerer) to the lesser of its last two offers: a growth waits
-// for a second reading that confirms it, so that one reading that
-// overstates admits nothing, and a drop takes effect at once. A shrink
-// waits for admitted messages to let go, as the budget's does.
+// (backend.Offerer) as the budget is resized: to what two offers in a row
+// agree on (agreed, within the tolerance of a device that does not say
+// its size), never below one (offered). A shrink waits for admitted
+// messages to let go, as the budget's does.
 func (s *Subscriber) refreshOffers(st *budgetState) {
 	if s.adm.offerer == nil {
 		return
 	}
 	now, _ := s.adm.offerer.Offers()
-	prev := now
-	if st.offers != nil {
-		prev = *st.offers
-	}
+	prev := st.offers
 	st.offers = &now
+	if prev == nil {
+		return // wait for an offer that agrees
+	}
 	for r, p := range s.adm.pools {
 		if p == nil {
 			continue
 		}
-		if old := p.resize(offered(min(prev[r], now[r]), s.adm.most[r])); old != p.budget() {
-			s.log.Debug("the model's offer changed", "resource", backend.Resource(r).String(), "old", old, "new", p.budget())
+		cur := p.budget()
+		tol := budgetTolerance(0, 0, max(prev[r], now[r], cur))
+		if target, ok := agreed(prev[r], now[r], cur, tol, 1, s.adm.most[r]); ok {
+			p.resize(target)
+			s.log.Debug("the model's offer changed", "resource", backend.Resource(r).String(), "old", cur, "new", target)
 		}
 	}
 }
