@@ -425,8 +425,8 @@ func TestAgreed(t *testing.T) {
 		want                   int64
 		ok                     bool
 	}{
-		{a: 100, b: 150, now: 10, tol: 20}, // readings disagree
-		{a: 100, b: 110, now: 95, tol: 20}, // agree, on what is in force
+		{a: 100, b: 150, now: 10, tol: 20},           // readings disagree
+		{a: 100, b: 110, now: 95, tol: 20, hi: 1000}, // agree, on what is in force
 		{a: 100, b: 110, now: 10, tol: 20, hi: 1000, want: 100, ok: true},
 		{a: 0, b: 5, now: 100, tol: 20, lo: 1, hi: 1000, want: 1, ok: true}, // never below lo
 		{a: 900, b: 905, now: 10, tol: 20, hi: 500, want: 500, ok: true},    // nor above hi
