@@ -33,6 +33,7 @@ type call struct {
 	// sentAt is when its current try took its rate reservation (zero
 	// without one), for rates.sync.
 	sentAt time.Time
+	prefix string // job.PrefixKey of body, for prefixOrder
 }
 
 // outcome is an answer send settled on, with its row.
@@ -92,8 +93,12 @@ func (m *Model) try(ctx, wait context.Context, c *call, deadline time.Time) (set
 		return nil, nil, nil
 	}
 	m.held.Add(c.kv)
+	m.order.sending(c.prefix)
+	m.online.sending()
 	sent := time.Now()
 	a := m.post(ctx, c)
+	m.online.took(time.Since(sent))
+	m.order.sent(c.prefix)
 	m.held.Add(-c.kv)
 	if a == nil {
 		return nil, nil, ctx.Err()
@@ -166,8 +171,9 @@ type turn struct {
 	onLatch    func() // called when opErr closes a gate that was open
 }
 
-// takeTurn waits for the gate, a concurrency slot and the rate limits, in
-// that order, under wait; on an error it holds nothing.
+// takeTurn waits for the gate, the prefix order's pass, a concurrency slot
+// and the rate limits, in that order, under wait; on an error it holds
+// nothing.
 func (m *Model) takeTurn(wait context.Context, c *call, deadline time.Time) (t *turn, err error) {
 	probe, err := m.gate.enter(wait, deadline)
 	if err != nil {
@@ -180,7 +186,11 @@ func (m *Model) takeTurn(wait context.Context, c *call, deadline time.Time) (t *
 			t = nil
 		}
 	}()
+	if err := m.order.wait(wait, c.prefix); err != nil {
+		return t, err
+	}
 	s, err := m.conc.acquire(wait)
+	m.order.pass()
 	if err != nil {
 		return t, err
 	}
@@ -235,6 +245,9 @@ func (m *Model) post(ctx context.Context, c *call) *answer {
 	if m.auth != "" {
 		req.Header.Set("Authorization", m.auth)
 	}
+	if c.ep == messages {
+		req.Header.Set("anthropic-version", anthropicVersion)
+	}
 	resp, err := m.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -265,11 +278,15 @@ func (m *Model) post(ctx context.Context, c *call) *answer {
 	return &answer{ep: c.ep, status: resp.StatusCode, header: resp.Header, body: body, cut: cut}
 }
 
-// usage is an answer's usage object.
+// usage is an answer's usage object: OpenAI's, or Anthropic's input_tokens
+// and output_tokens (a native Messages answer), read as its prompt and
+// completion tokens.
 type usage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
+	InputTokens      int64 `json:"input_tokens"`
+	OutputTokens     int64 `json:"output_tokens"`
 }
 
 func usageOf(body []byte) usage {
@@ -277,6 +294,9 @@ func usageOf(body []byte) usage {
 		Usage usage `json:"usage"`
 	}
 	_ = json.Unmarshal(body, &v)
+	if v.Usage.PromptTokens == 0 && v.Usage.CompletionTokens == 0 {
+		v.Usage.PromptTokens, v.Usage.CompletionTokens = v.Usage.InputTokens, v.Usage.OutputTokens
+	}
 	if v.Usage.TotalTokens == 0 {
 		v.Usage.TotalTokens = v.Usage.PromptTokens + v.Usage.CompletionTokens
 	}
