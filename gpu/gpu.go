@@ -92,21 +92,6 @@ type Model interface {
 	Run(ctx context.Context, items []job.Item) ([]job.Output, error)
 }
 
-// EndpointModel is implemented by a Model that serves requests for an
-// OpenAI-compatible endpoint (job.Work.Endpoint): a model server's backend.
-// The subscriber calls these, rather than Cost and Run, for the items of a
-// job that names an endpoint, each batch holding the items of one endpoint
-// only, so the model never has to guess a request's route from its body.
-// A Model without it is in-process: the subscriber runs the inputs of
-// /v1/embeddings items on it as text items and answers with OpenAI's
-// embeddings response; other endpoints' items it answers itself with an
-// item error (job.ItemUnsupportedEndpoint) and never runs them on it.
-type EndpointModel interface {
-	Model
-	CostEndpoint(endpoint string, items []job.Item) int64
-	RunEndpoint(ctx context.Context, endpoint string, items []job.Item) ([]job.Output, error)
-}
-
 // Launcher is implemented by a Model whose batches begin with a phase that
 // needs no device memory: the host's side of a launch (tokenizing, building
 // the inputs, queueing the work). Launch does that phase; Run on what it

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/publisher"
 	"github.com/vramq/vramq/subscriber"
@@ -37,19 +38,19 @@ func (e *env) runSubscriberWith(wrap func(gpu.Model) gpu.Model) {
 	if wrap != nil {
 		model = wrap(model)
 	}
-	e.runModel(model, dev)
+	e.runModel(backend.InProcess{Model: model}, dev)
 }
 
-// runModel runs a real subscriber of model on dev, on the env's queues and
+// runModel runs a real subscriber of b on dev, on the env's queues and
 // bucket, until the test ends.
-func (e *env) runModel(model gpu.Model, dev gpu.Device) {
+func (e *env) runModel(b backend.Backend, dev gpu.Device) {
 	e.t.Helper()
 	sub, err := subscriber.New(subscriber.Config{
 		Queue:       sqsqueue.New(e.client, e.urls.Work),
 		Results:     sqsqueue.New(e.client, e.urls.Results),
 		DLQ:         sqsqueue.New(e.client, e.urls.DLQ),
 		Payloads:    e.store,
-		Model:       model,
+		Backend:     b,
 		Device:      dev,
 		VRAMReserve: 1 << 20,
 		WaitTime:    time.Second, // short polls keep shutdown quick

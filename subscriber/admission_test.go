@@ -210,7 +210,7 @@ func startSlotted(t *testing.T, slots int64) (*harness, *slottedModel) {
 	var model *slottedModel
 	h := startWith(t, 1<<30, Config{MaxBatch: 8, Prefetch: 20}, func(h *harness, c *Config) {
 		model = &slottedModel{testModel: h.model, slots: slots}
-		c.Model = model
+		c.Backend = backend.InProcess{Model: model}
 	})
 	return h, model
 }

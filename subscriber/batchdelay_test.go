@@ -10,6 +10,7 @@ import (
 
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -39,7 +40,7 @@ func TestLoneMessageOnIdleDeviceRunsAtOnce(t *testing.T) {
 		var m *sizeModel
 		h := startWith(t, 100*mib, Config{MaxBatch: 8, MaxBatchDelay: delay}, func(h *harness, c *Config) {
 			m = &sizeModel{testModel: h.model}
-			c.Model = m
+			c.Backend = backend.InProcess{Model: m}
 		})
 		time.Sleep(time.Minute) // long idle: the poller waits in a receive
 		synctest.Wait()
@@ -65,7 +66,7 @@ func TestIdleReceiveRunsAsOneBatch(t *testing.T) {
 		var m *sizeModel
 		h := startWith(t, 100*mib, Config{MaxBatch: 8, MaxBatchDelay: delay}, func(h *harness, c *Config) {
 			m = &sizeModel{testModel: h.model}
-			c.Model = m
+			c.Backend = backend.InProcess{Model: m}
 		})
 		time.Sleep(time.Minute)
 		synctest.Wait()
@@ -103,7 +104,7 @@ func TestSaturatedBatchesStillFill(t *testing.T) {
 		var m *sizeModel
 		h := startWith(t, 100*mib, Config{MaxBatch: 8, MaxBatchDelay: 50 * time.Millisecond}, func(h *harness, c *Config) {
 			m = &sizeModel{testModel: h.model}
-			c.Model = m
+			c.Backend = backend.InProcess{Model: m}
 		})
 		for i := range n {
 			h.send("busy", i, "mb=1 ms=20")

@@ -19,6 +19,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/subscriber/queue"
 )
@@ -85,7 +86,7 @@ func TestWaitingLargeMessageLaunchesWhileItWaits(t *testing.T) {
 				t.Fatal(err)
 			}
 			m = &recordingLauncher{Model: tm, events: map[string]time.Time{}}
-			c.Model = m
+			c.Backend = backend.InProcess{Model: m}
 		})
 		works := workload.Spec{JobID: "large", Messages: 2, LargeEvery: 1, LargeItems: 32, LargeWords: 600, Seed: 3}.Works()
 		if c := m.Cost(works[0].Items); c <= 10*mib || c > 20*mib {
@@ -157,7 +158,7 @@ func TestBatchesKeepLengthClassesApart(t *testing.T) {
 		var m *classModel
 		h := startWith(t, 100*mib, Config{MaxBatch: 8, MaxBatchDelay: 50 * time.Millisecond}, func(h *harness, c *Config) {
 			m = &classModel{testModel: h.model}
-			c.Model = m
+			c.Backend = backend.InProcess{Model: m}
 		})
 		for i := range 12 {
 			h.send("classes", i, fmt.Sprintf("mb=1 ms=5 class=%d", i%3))

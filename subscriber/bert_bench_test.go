@@ -15,6 +15,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/cputime"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/subscriber/queuetest"
 )
@@ -105,7 +106,7 @@ func runWorkload(b *testing.B, model gpu.Model, dev *gpu.Sim, works []job.Work) 
 		q.Put(string(body), job.Attributes(w.Key()))
 	}
 	sub, err := New(Config{
-		Queue: q, Results: results, DLQ: queuetest.NewMem(), Model: model, Device: dev, VRAMReserve: 1 << 20,
+		Queue: q, Results: results, DLQ: queuetest.NewMem(), Backend: backend.InProcess{Model: model}, Device: dev, VRAMReserve: 1 << 20,
 		Prefetch: 20, MaxInflight: 100, MaxBatch: 8, WaitTime: time.Second,
 		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(),
 	})

@@ -14,6 +14,7 @@ import (
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/bert"
 )
 
@@ -114,7 +115,7 @@ func TestCUDABertServesModelDir(t *testing.T) {
 	}
 
 	h := startWith(t, 1, Config{BudgetRefresh: 200 * time.Millisecond, MaxBatch: 2}, func(h *harness, c *Config) {
-		c.Model, c.Device = b.Embedder, b.Device
+		c.Backend, c.Device = backend.InProcess{Model: b.Embedder}, b.Device
 	})
 	defer h.shutdown()
 	budget := h.sub.Budget()

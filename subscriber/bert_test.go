@@ -9,6 +9,7 @@ import (
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/internal/testenv/workload"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/bert"
 )
 
@@ -42,7 +43,7 @@ func TestBERTAdmissionRunsWithoutOOM(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = e.Close() })
-			c.Model = e
+			c.Backend = backend.InProcess{Model: e}
 		})
 		for _, w := range works {
 			h.sendWork(w)

@@ -67,7 +67,7 @@ func budgetFrom(cfg Config, free, working int64) int64 {
 // this process's work is admitted: then none of it is on the device. ok is
 // false when no reading was clean; mem is the last MemInfo read either way.
 func (s *Subscriber) readBudget() (r budgetReading, ok bool, err error) {
-	ws, reports := s.cfg.Model.(gpu.WorkingSet)
+	ws, reports := capabilities(s.cfg.Backend).(gpu.WorkingSet)
 	for range budgetReads {
 		var w1, acq1 int64
 		if reports {

@@ -16,6 +16,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // The subscriber, its budget following the device.
@@ -37,7 +38,7 @@ func otherProcess(t *testing.T, dev *gpu.Sim, n int64) func() {
 func TestBudgetFollowsAnotherProcess(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := startWith(t, 64*mib, Config{MaxInflight: 40, BudgetRefresh: time.Second}, func(h *harness, c *Config) {
-			c.Model = workingModel{h.model}
+			c.Backend = backend.InProcess{Model: workingModel{h.model}}
 		})
 		full := h.sub.Budget()
 		if full != 64*mib-1 || h.sub.MaxBudget() != full {
@@ -96,7 +97,7 @@ func TestBudgetShrinkPendingAdmitsNothingNew(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// 72 MiB less an 8 MiB reserve: a budget of 64 MiB.
 		h := startWith(t, 72*mib, Config{VRAMReserve: 8 * mib, MaxBatch: 1, BudgetRefresh: time.Second}, func(h *harness, c *Config) {
-			c.Model = workingModel{h.model}
+			c.Backend = backend.InProcess{Model: workingModel{h.model}}
 		})
 		h.send("hog", 0, "mb=40 ms=30000")
 		wait.For(t, time.Minute, "the hog to run", func() bool { return h.model.runs.Load() == 1 })
@@ -140,7 +141,7 @@ func TestBudgetShrinkPendingAdmitsNothingNew(t *testing.T) {
 func TestMessageAboveShrunkBudgetWaits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := startWith(t, 64*mib, Config{AdmitTimeout: 10 * time.Second, BudgetRefresh: time.Second}, func(h *harness, c *Config) {
-			c.Model = workingModel{h.model}
+			c.Backend = backend.InProcess{Model: workingModel{h.model}}
 		})
 		release := otherProcess(t, h.dev, 32*mib)
 		wait.For(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == 32*mib-1 })
@@ -175,7 +176,7 @@ func TestMessageAboveShrunkBudgetWaits(t *testing.T) {
 func TestExclusiveRunWithShrinkPending(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := startWith(t, 72*mib, Config{VRAMReserve: 8 * mib, MaxBatch: 1, BudgetRefresh: time.Second}, func(h *harness, c *Config) {
-			c.Model = workingModel{h.model}
+			c.Backend = backend.InProcess{Model: workingModel{h.model}}
 		})
 		h.send("hog", 0, "mb=40 ms=20000")
 		// Admitted beside the hog; allocates 36 MiB after 10 s.
@@ -205,7 +206,7 @@ func TestExclusiveRunWithShrinkPending(t *testing.T) {
 func TestShutdownWithShrinkPending(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := startWith(t, 72*mib, Config{VRAMReserve: 8 * mib, MaxBatch: 1, BudgetRefresh: time.Second, ShutdownGrace: 2 * time.Second},
-			func(h *harness, c *Config) { c.Model = workingModel{h.model} })
+			func(h *harness, c *Config) { c.Backend = backend.InProcess{Model: workingModel{h.model}} })
 		h.send("hog", 0, "mb=40 ms=600000")
 		wait.For(t, time.Minute, "the hog to run", func() bool { return h.model.runs.Load() == 1 })
 		release := otherProcess(t, h.dev, 28*mib)
@@ -313,7 +314,7 @@ func TestBudgetKeptWhileDeviceUnreadable(t *testing.T) {
 		logs := &messages{n: map[string]int{}}
 		h := startWith(t, 64*mib, Config{BudgetRefresh: time.Second}, func(h *harness, c *Config) {
 			dev.Sim = h.dev
-			c.Device, c.Model, c.Logger = dev, workingModel{h.model}, slog.New(logs)
+			c.Device, c.Backend, c.Logger = dev, backend.InProcess{Model: workingModel{h.model}}, slog.New(logs)
 		})
 		dev.fail.Store(true)
 		release := otherProcess(t, h.dev, 16*mib)
@@ -347,7 +348,7 @@ func TestBudgetGrowthProbesTheBatchLimit(t *testing.T) {
 		var release func()
 		h := startWith(t, 64*mib, Config{MaxBatch: 8, BudgetRefresh: time.Second, BatchLimitProbeAfter: 1000, StateFile: state},
 			func(h *harness, c *Config) {
-				c.Model = workingModel{h.model}
+				c.Backend = backend.InProcess{Model: workingModel{h.model}}
 				release = otherProcess(t, h.dev, 32*mib)
 			})
 		if l := h.sub.state.batchLimit(); l != 2 {
@@ -390,7 +391,7 @@ func TestBudgetToleranceInDeviceUnits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const total = 1 << 20 // tokens, as modelserver.DefaultTokensInFlight
 		h := startWith(t, total, Config{BudgetRefresh: time.Second}, func(h *harness, c *Config) {
-			c.Model = workingModel{h.model}
+			c.Backend = backend.InProcess{Model: workingModel{h.model}}
 		})
 		if b := h.sub.Budget(); b != total-1 {
 			t.Fatalf("budget %d, want the device less the reserve", b)
@@ -407,7 +408,7 @@ func TestBudgetToleranceInDeviceUnits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const total = 8 << 20
 		h := startWith(t, total, Config{BudgetRefresh: time.Second}, func(h *harness, c *Config) {
-			c.Model = workingModel{h.model}
+			c.Backend = backend.InProcess{Model: workingModel{h.model}}
 		})
 		defer otherProcess(t, h.dev, total-12_000)()
 		wait.For(t, time.Minute, "a budget of 12,000 units", func() bool { return h.sub.Budget() == 12_000-1 })

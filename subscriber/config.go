@@ -11,6 +11,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -37,8 +38,11 @@ type Config struct {
 	// needs Payloads, and Payloads must be a Lister.
 	Events EventSink
 
-	Model  gpu.Model  // loaded: its weights are already on the device (required)
-	Device gpu.Device // the device the model runs on (required)
+	// Backend runs the work (required): a model server
+	// (model/modelserver), or backend.InProcess with a loaded model, its
+	// weights already on Device.
+	Backend backend.Backend
+	Device  gpu.Device // the device whose memory bounds the backend (required)
 
 	// Admission is the strategy.
 	Admission Strategy
@@ -281,8 +285,8 @@ func (c *Config) Validate() error {
 	if _, ok := c.Payloads.(Lister); c.Events != nil && !ok {
 		bad("Events", "completion events need a payload bucket that can list (-payload-bucket)")
 	}
-	if c.Model == nil {
-		bad("Model", "no model")
+	if c.Backend == nil {
+		bad("Backend", "no backend")
 	}
 	if c.Device == nil {
 		bad("Device", "no device")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 )
 
 func testCorrection(max float64) (*correction, prometheus.Gauge) {
@@ -122,7 +123,7 @@ func (m lowModel) Cost(items []job.Item) int64 { return m.testModel.Cost(items) 
 func runLow(t *testing.T, n int, correctionMax float64) (ooms int64, factor float64) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := Config{MaxBatch: 1, MaxInflight: 20, EstimateCorrectionMax: correctionMax}
-		h := startWith(t, 40*mib, cfg, func(h *harness, c *Config) { c.Model = lowModel{h.model} })
+		h := startWith(t, 40*mib, cfg, func(h *harness, c *Config) { c.Backend = backend.InProcess{Model: lowModel{h.model}} })
 		for i := range n {
 			h.send("low", i, "mb=10 ms=100")
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/testenv/wait"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/refembed"
 )
 
@@ -180,7 +181,7 @@ func TestCUDABudgetFollowsFreeMemory(t *testing.T) {
 func checkBudgetFollowsFreeMemory(t *testing.T, dev gpu.Device, model gpu.Model) {
 	const reserve = 256 << 20
 	h := startWith(t, 1, Config{VRAMReserve: reserve, BudgetRefresh: 500 * time.Millisecond}, func(h *harness, c *Config) {
-		c.Model, c.Device = model, dev
+		c.Backend, c.Device = backend.InProcess{Model: model}, dev
 	})
 	defer h.shutdown()
 	free := func() int64 {

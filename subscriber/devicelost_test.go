@@ -11,6 +11,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // lostModel loses its device at its run number at, and fails every run after
@@ -35,8 +36,8 @@ func TestDeviceLostEndsTheWorker(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var model *lostModel
 		h := startWith(t, 64*mib, Config{MaxBatch: 1, Visibility: 5 * time.Minute}, func(h *harness, c *Config) {
-			model = &lostModel{Model: c.Model, at: 3}
-			c.Model = model
+			model = &lostModel{Model: h.model, at: 3}
+			c.Backend = backend.InProcess{Model: model}
 		})
 		defer h.stop()
 		for i := range 12 {

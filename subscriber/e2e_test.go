@@ -30,6 +30,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
@@ -47,7 +48,7 @@ type pipeline struct {
 	receiveRetries *atomic.Int64
 	urls           localstack.URLs
 	dev            *gpu.Sim
-	model          gpu.Model
+	model          backend.Backend
 	sub            *subscriber.Subscriber
 	reg            *prometheus.Registry
 	stop           context.CancelFunc
@@ -100,6 +101,12 @@ func newPipelineVia(t *testing.T, maxReceive int, cfg subscriber.Config, wrap fu
 // budget and the reserve).
 func newPipelineWith(t *testing.T, maxReceive int, cfg subscriber.Config, via *sqs.Client, load func(*gpu.Sim) gpu.Model) *pipeline {
 	t.Helper()
+	return newPipelineOn(t, maxReceive, cfg, via, func(dev *gpu.Sim) backend.Backend { return backend.InProcess{Model: load(dev)} })
+}
+
+// newPipelineOn is newPipelineWith with the backend that load makes.
+func newPipelineOn(t *testing.T, maxReceive int, cfg subscriber.Config, via *sqs.Client, load func(*gpu.Sim) backend.Backend) *pipeline {
+	t.Helper()
 	client, retries := sqstest.CountingClient(t)
 	p := &pipeline{t: t, client: client, receiveRetries: retries, reg: prometheus.NewRegistry()}
 	p.urls = sqstest.Queues(t, p.client, maxReceive)
@@ -112,7 +119,7 @@ func newPipelineWith(t *testing.T, maxReceive int, cfg subscriber.Config, via *s
 	cfg.Queue = sqsqueue.New(via, p.urls.Work)
 	cfg.Results = sqsqueue.New(via, p.urls.Results)
 	cfg.DLQ = sqsqueue.New(via, p.urls.DLQ)
-	cfg.Model, cfg.Device, cfg.Registerer = p.model, p.dev, p.reg
+	cfg.Backend, cfg.Device, cfg.Registerer = p.model, p.dev, p.reg
 	cfg.VRAMReserve = 1 << 20
 	if cfg.WaitTime == 0 {
 		cfg.WaitTime = time.Second // short polls keep shutdown quick in tests
@@ -293,7 +300,7 @@ func TestE2EHeartbeatKeepsSlowMessage(t *testing.T) {
 func TestE2EPoisonGoesToDLQWithReason(t *testing.T) {
 	p := newPipeline(t, 5, subscriber.Config{}, nil)
 	huge := workload.Spec{JobID: "huge", Messages: 1, SmallItems: 64, SmallWords: 600, Seed: 2}.Works() // ~33 MiB
-	if cost := p.model.Cost(huge[0].Items); cost <= p.sub.MaxBudget() {
+	if cost := p.model.Cost("", huge[0].Items); cost <= p.sub.MaxBudget() {
 		t.Fatalf("the huge chunk is estimated at %d bytes, within the budget %d", cost, p.sub.MaxBudget())
 	}
 	ok := workload.Mixed("ok", 1).Works()

@@ -14,6 +14,7 @@ import (
 	"github.com/vramq/vramq/gpu/nvml"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
@@ -73,7 +74,7 @@ func Example() {
 		Queue:   sqsqueue.New(client, os.Getenv("QUEUE_URL")),
 		Results: sqsqueue.New(client, os.Getenv("RESULTS_QUEUE_URL")),
 		DLQ:     sqsqueue.New(client, os.Getenv("DLQ_URL")),
-		Model:   &captioner{bytesPerPixel: 600},
+		Backend: backend.InProcess{Model: &captioner{bytesPerPixel: 600}},
 		Device:  dev,
 	})
 	if err != nil {

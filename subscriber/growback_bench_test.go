@@ -14,6 +14,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queuetest"
 )
 
@@ -102,7 +103,7 @@ func growBackRun(b *testing.B, probeAfter int) (float64, int) {
 	work, results, dlq := queuetest.NewMem(), queuetest.NewMem(), queuetest.NewMem()
 	dev := gpu.NewSim(16 * mib)
 	cfg := Config{Queue: work, Results: results, DLQ: dlq, Device: dev,
-		Model:     &serialModel{dev: dev, launch: 4 * time.Millisecond, per: 250 * time.Microsecond},
+		Backend:   backend.InProcess{Model: &serialModel{dev: dev, launch: 4 * time.Millisecond, per: 250 * time.Microsecond}},
 		Admission: AdmitCount, Count: 200, MaxBatch: 8, MaxBatchDelay: 20 * time.Millisecond, VRAMReserve: 1,
 		WaitTime: time.Second, BatchLimitProbeAfter: probeAfter,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry()}

@@ -206,7 +206,7 @@ func benchLimiter(t *testing.T, kind fakeoai.LimitKind, configured bool, minutes
 	b := &benchSub{reg: prometheus.NewRegistry(), done: make(chan struct{})}
 	b.sub, err = subscriber.New(subscriber.Config{
 		Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results), DLQ: sqsqueue.New(client, urls.DLQ),
-		Model: m, Device: dev, Registerer: b.reg, Logger: logger,
+		Backend: m, Device: dev, Registerer: b.reg, Logger: logger,
 		VRAMReserve: 1, // checkModelServer's: the device's memory is tokens
 	})
 	if err != nil {

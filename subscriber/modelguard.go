@@ -28,29 +28,18 @@ import (
 func (s *Subscriber) recovered(what string, p any, err *error) {
 	s.log.Error("the model panicked; its batch is treated as invalid input",
 		"call", what, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-	*err = fmt.Errorf("%w: model %s panicked in %s: %v", fault.ErrInvalidInput, s.cfg.Model.Name(), what, p)
+	*err = fmt.Errorf("%w: model %s panicked in %s: %v", fault.ErrInvalidInput, s.cfg.Backend.Name(), what, p)
 }
 
-// modelCost is the model's estimate for items of a job that names
-// endpoint ("" for none). An in-process model's embeddings items cost what
-// their inputs would as text items; items of an endpoint it cannot serve
-// cost nothing: they never run on it (modelRun answers them).
+// modelCost is the backend's estimate for items of a job that names
+// endpoint ("" for none).
 func (s *Subscriber) modelCost(endpoint string, items []job.Item) (cost int64, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			s.recovered("Cost", p, &err)
 		}
 	}()
-	if endpoint != "" {
-		if em, ok := s.cfg.Model.(gpu.EndpointModel); ok {
-			return em.CostEndpoint(endpoint, items), nil
-		}
-		if endpoint == job.EndpointEmbeddings {
-			return embeddingsCost(s.cfg.Model, items), nil
-		}
-		return 0, nil
-	}
-	return s.cfg.Model.Cost(items), nil
+	return s.cfg.Backend.Cost(endpoint, items), nil
 }
 
 // modelNeeds is what items take of the resources the model offers
@@ -87,11 +76,7 @@ func (s *Subscriber) modelClass(endpoint string, items []job.Item) (class int, e
 }
 
 // modelRun runs items of a job that names endpoint ("" for none) as one
-// batch. Endpoint items go to a gpu.EndpointModel with their endpoint; an
-// in-process model embeds the inputs of /v1/embeddings items
-// (runEmbeddings) and never sees the others: each is answered with an item
-// error (job.ItemUnsupportedEndpoint), so that such a job ends with its
-// errors rather than crashing the model or being retried into the DLQ.
+// batch on the backend.
 func (s *Subscriber) modelRun(ctx context.Context, endpoint string, items []job.Item) (outs []job.Output, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -99,26 +84,26 @@ func (s *Subscriber) modelRun(ctx context.Context, endpoint string, items []job.
 			s.recovered("Run", p, &err)
 		}
 	}()
-	if endpoint != "" {
-		if em, ok := s.cfg.Model.(gpu.EndpointModel); ok {
-			return em.RunEndpoint(ctx, endpoint, items)
-		}
-		if endpoint == job.EndpointEmbeddings {
-			return runEmbeddings(ctx, s.cfg.Model, items)
-		}
-		return unsupportedEndpoint(s.cfg.Model.Name(), endpoint, items), nil
-	}
-	return s.cfg.Model.Run(ctx, items)
+	return s.cfg.Backend.Run(ctx, endpoint, items)
 }
 
-func unsupportedEndpoint(model, endpoint string, items []job.Item) []job.Output {
-	outs := make([]job.Output, len(items))
-	for i, it := range items {
-		outs[i] = job.Output{ID: it.ID, Error: job.NewItemError(job.ItemUnsupportedEndpoint, fmt.Sprintf(
-			"the job names endpoint %s, and this subscriber runs the in-process model %s, not a model server (-model-server)",
-			endpoint, model))}
+// capabilities is what the backend's optional capabilities are asked of:
+// an in-process backend's model (gpu.Launcher, gpu.LengthClasser,
+// gpu.WorkingSet), or the backend itself.
+func capabilities(b backend.Backend) any {
+	if ip, ok := b.(backend.InProcess); ok {
+		return ip.Model
 	}
-	return outs
+	return b
+}
+
+// weights is the device memory the backend's model holds: 0 but for a
+// model in this process, whose weights are on the device.
+func weights(b backend.Backend) int64 {
+	if ip, ok := b.(backend.InProcess); ok {
+		return ip.Model.Weights()
+	}
+	return 0
 }
 
 func (s *Subscriber) modelLaunch(ctx context.Context, items []job.Item) (l gpu.Launched, err error) {

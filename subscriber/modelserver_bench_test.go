@@ -134,7 +134,7 @@ func newBenchSub(t *testing.T, client *sqs.Client, urls localstack.URLs, srv *fa
 	b := &benchSub{reg: prometheus.NewRegistry(), done: make(chan struct{})}
 	b.sub, err = subscriber.New(subscriber.Config{
 		Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results), DLQ: sqsqueue.New(client, urls.DLQ),
-		Model: m, Device: dev, Registerer: b.reg, Logger: quiet,
+		Backend: m, Device: dev, Registerer: b.reg, Logger: quiet,
 		VRAMReserve:      1, // checkModelServer's: the device's memory is tokens
 		InferenceTimeout: d.InferenceTimeout / pbSpeed, AdmitTimeout: d.AdmitTimeout / pbSpeed,
 	})

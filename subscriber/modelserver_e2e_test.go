@@ -22,6 +22,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/subscriber"
 )
@@ -37,7 +38,7 @@ func newServerPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, srv 
 	if endpoint() == "" {
 		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
 	}
-	return newPipelineWith(t, maxReceive, cfg, nil, func(*gpu.Sim) gpu.Model {
+	return newPipelineOn(t, maxReceive, cfg, nil, func(*gpu.Sim) backend.Backend {
 		m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
 			MaxWait: maxWait, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
@@ -351,7 +352,7 @@ func TestE2EModelServerBackoffKeepsFinishedChunks(t *testing.T) {
 	}
 	// A batch delay long enough for the eight messages to gather into one
 	// batch.
-	p := newPipelineWith(t, 3, subscriber.Config{MaxBatchDelay: 2 * time.Second}, nil, func(*gpu.Sim) gpu.Model {
+	p := newPipelineOn(t, 3, subscriber.Config{MaxBatchDelay: 2 * time.Second}, nil, func(*gpu.Sim) backend.Backend {
 		m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: rec.URL(), Models: []string{"fake-model"},
 			MaxWait: time.Second, MaxConcurrency: 1, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {

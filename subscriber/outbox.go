@@ -26,7 +26,7 @@ import (
 // over MaxResultBytes, one too large for a message without a bucket, and
 // one that S3 or SQS refuse for good.
 func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
-	model := s.cfg.Model.Name()
+	model := s.cfg.Backend.Name()
 	results := make([]job.Result, len(tasks))
 	var keep []*task
 	var kept []job.Result

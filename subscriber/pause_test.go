@@ -14,6 +14,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 )
 
 func TestBackoffReason(t *testing.T) {
@@ -78,9 +79,9 @@ func TestWaitsNeverCostAReceive(t *testing.T) {
 		h := startWith(t, 64*mib, Config{MaxBatch: 4, Visibility: 30 * time.Second}, func(h *harness, c *Config) {
 			h.work.Redrive(h.dlq, 2)
 			now := time.Now()
-			model = &phasedModel{Model: c.Model, quotaAt: now.Add(6 * time.Hour), healthyAt: now.Add(12 * time.Hour),
+			model = &phasedModel{Model: h.model, quotaAt: now.Add(6 * time.Hour), healthyAt: now.Add(12 * time.Hour),
 				answered: map[string]int{}}
-			c.Model = model
+			c.Backend = backend.InProcess{Model: model}
 		})
 		defer h.stop()
 		const n = 20
@@ -225,8 +226,8 @@ func TestWaitingMessageKeepsItsAnswers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var model *partlyModel
 		h := startWith(t, 64*mib, Config{MaxBatch: 1}, func(h *harness, c *Config) {
-			model = &partlyModel{Model: c.Model, asked: map[string]int{}}
-			c.Model = model
+			model = &partlyModel{Model: h.model, asked: map[string]int{}}
+			c.Backend = backend.InProcess{Model: model}
 		})
 		h.send("job", 0, "mb=1 ms=10 a", "mb=1 ms=10 b", "mb=1 ms=10 c")
 		wait.For(t, 5*time.Minute, "the result", func() bool { r, _ := h.results.Stats(); return r == 1 })

@@ -17,6 +17,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/cputime"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -170,7 +171,7 @@ func benchSubscriber(b *testing.B) {
 	results := &pipeQueue{}
 	sub, err := New(Config{
 		Queue: q, Results: results, DLQ: &pipeQueue{},
-		Model: timed.Noop{}, Device: gpu.NewSim(1 << 30), VRAMReserve: 1 << 20,
+		Backend: backend.InProcess{Model: timed.Noop{}}, Device: gpu.NewSim(1 << 30), VRAMReserve: 1 << 20,
 		Prefetch: 20, MaxInflight: 100, MaxBatch: 10, WaitTime: time.Second,
 		Logger:     slog.New(slog.NewJSONHandler(io.Discard, nil)),
 		Registerer: prometheus.NewRegistry(),

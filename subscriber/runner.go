@@ -392,7 +392,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	s.m.batchBytes.Observe(float64(cost))
 	s.m.batchSeconds.Observe(elapsed.Seconds())
 	if len(a.outs) != len(items) {
-		return nil, fmt.Errorf("model %s returned %d outputs for %d items", s.cfg.Model.Name(), len(a.outs), len(items))
+		return nil, fmt.Errorf("model %s returned %d outputs for %d items", s.cfg.Backend.Name(), len(a.outs), len(items))
 	}
 	s.stampRan(tasks, start, start.Add(elapsed))
 	per := make([][]job.Output, len(tasks))

@@ -37,7 +37,6 @@ import (
 	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -153,14 +152,15 @@ func New(cfg Config) (*Subscriber, error) {
 		return nil, fmt.Errorf("subscriber: reading device memory: %w", err)
 	}
 	var working int64
-	if ws, ok := cfg.Model.(gpu.WorkingSet); ok {
+	caps := capabilities(cfg.Backend)
+	if ws, ok := caps.(gpu.WorkingSet); ok {
 		working = ws.Working()
 	}
 	budget := budgetFrom(cfg, mem.Free, working)
 	// The largest budget the device could ever give: all of it but the
 	// weights and the reserve. Never below the budget now, in case the
 	// model's Weights says more than it holds.
-	largest := max(mem.Total-cfg.Model.Weights()-cfg.VRAMReserve, budget)
+	largest := max(mem.Total-weights(cfg.Backend)-cfg.VRAMReserve, budget)
 	if cfg.VRAMLimit > 0 {
 		largest = min(largest, cfg.VRAMLimit)
 	}
@@ -204,8 +204,8 @@ func New(cfg Config) (*Subscriber, error) {
 			s.settle = newSettler(s)
 		}
 	}
-	if o, ok := cfg.Model.(backend.Offerer); ok && cfg.Admission == AdmitVRAM {
-		if err := adm.offer(o); err != nil {
+	if cfg.Admission == AdmitVRAM {
+		if err := adm.offer(cfg.Backend); err != nil {
 			return nil, fmt.Errorf("subscriber: %w", err)
 		}
 	}
@@ -215,14 +215,14 @@ func New(cfg Config) (*Subscriber, error) {
 		retry: backoff.Policy{First: cfg.RetryDelay, Max: job.MaxDelay}, maxMessageBytes: cfg.MaxMessageBytes,
 		settling: s.jobSettling}
 	s.outbox = s.newOutbox()
-	s.launcher, _ = cfg.Model.(gpu.Launcher)
-	s.classer, _ = cfg.Model.(gpu.LengthClasser)
+	s.launcher, _ = caps.(gpu.Launcher)
+	s.classer, _ = caps.(gpu.LengthClasser)
 	if cfg.TaskProtection != nil {
 		s.protect = newProtector(cfg.TaskProtection, cfg.TaskProtectionExpiry, cfg.TaskProtectionMaxHold, s.keeper.held.Load, m, s.log)
 		s.keeper.onHold = s.protect.poke
 		s.keeper.onRemove = func() { s.pokeRoom(); s.protect.poke() }
 	}
-	s.state = loadLearned(cfg.StateFile, cfg.Model.Name(), cfg.Device.Name(), cfg.MaxBatch, cfg.BatchLimitProbeAfter, s.log)
+	s.state = loadLearned(cfg.StateFile, cfg.Backend.Name(), cfg.Device.Name(), cfg.MaxBatch, cfg.BatchLimitProbeAfter, s.log)
 	s.state.m = m
 	s.corr = newCorrection(cfg.EstimateCorrectionMax, s.log, m.estimateCorrection)
 	m.budget.Set(float64(budget))
@@ -237,13 +237,13 @@ func New(cfg Config) (*Subscriber, error) {
 		"device", cfg.Device.Name(), "simulated", cfg.Device.Simulated(),
 		"memory_total", bytesize.Format(mem.Total), "memory_free", bytesize.Format(mem.Free),
 		"memory_process", bytesize.Format(mem.Process),
-		"weights", bytesize.Format(cfg.Model.Weights()), "reserve", bytesize.Format(cfg.VRAMReserve),
+		"weights", bytesize.Format(weights(cfg.Backend)), "reserve", bytesize.Format(cfg.VRAMReserve),
 		"budget", bytesize.Format(budget), "budget_max", bytesize.Format(largest), "budget_refresh", cfg.BudgetRefresh,
-		"admission", string(cfg.Admission), "model", cfg.Model.Name(), "batch_limit", s.state.batchLimit())
-	if _, ok := cfg.Model.(gpu.WorkingSet); !ok && cfg.Admission == AdmitVRAM && cfg.BudgetRefresh > 0 {
+		"admission", string(cfg.Admission), "model", cfg.Backend.Name(), "batch_limit", s.state.batchLimit())
+	if _, ok := caps.(gpu.WorkingSet); !ok && cfg.Admission == AdmitVRAM && cfg.BudgetRefresh > 0 {
 		s.log.Info("the model does not report its working set (gpu.WorkingSet): "+
 			"the budget is read again only while none of its batches is admitted",
-			"model", cfg.Model.Name())
+			"model", cfg.Backend.Name())
 	}
 	return s, nil
 }

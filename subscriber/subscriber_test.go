@@ -24,6 +24,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queuetest"
 )
 
@@ -191,7 +192,7 @@ func startWith(t *testing.T, capacity int64, cfg Config, setup func(*harness, *C
 	h := &harness{t: t, work: queuetest.NewMem(), results: queuetest.NewMem(), dlq: queuetest.NewMem(), dev: gpu.NewSim(capacity),
 		reg: prometheus.NewRegistry()}
 	h.model = &testModel{dev: h.dev}
-	cfg.Queue, cfg.Results, cfg.DLQ, cfg.Model, cfg.Device = h.work, h.results, h.dlq, h.model, h.dev
+	cfg.Queue, cfg.Results, cfg.DLQ, cfg.Backend, cfg.Device = h.work, h.results, h.dlq, backend.InProcess{Model: h.model}, h.dev
 	cfg.Registerer = h.reg
 	if cfg.VRAMReserve == 0 {
 		cfg.VRAMReserve = 1 // keep the whole simulated device for work

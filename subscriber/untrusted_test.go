@@ -17,6 +17,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -288,7 +289,7 @@ func (panickyLaunched) Run(context.Context) ([]job.Output, error) { panic("launc
 // Item 8, the two-phase calls: Launch and the launched Run recover too.
 func TestLaunchPanicsAreInvalidInput(t *testing.T) {
 	m := &panickyLauncher{&testModel{}}
-	s := &Subscriber{cfg: Config{Model: m}, admitting: admitting{launcher: m}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := &Subscriber{cfg: Config{Backend: backend.InProcess{Model: m}}, admitting: admitting{launcher: m}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	_, err := s.modelLaunch(t.Context(), nil)
 	if !errors.Is(err, fault.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launch: launch") {
 		t.Errorf("Launch: %v", err)

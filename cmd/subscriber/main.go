@@ -30,7 +30,9 @@ import (
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/bert"
+	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/snsevents"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
@@ -149,29 +151,36 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var dev gpu.Device
-	var model closingModel
+	var be backend.Backend
 	if o.ms.url != "" {
-		dev, model, err = openModelServer(ctx, o, getenv, log, reg)
-	} else {
-		dev, model, err = openBackend(o, log)
-	}
-	if err != nil {
-		return err
-	}
-	defer dev.Close()
-	defer model.Close()
-	if _, ok := model.(*bert.Embedder); o.model != "" && !ok {
-		// A backend that does not run BERT must not serve another model
-		// under a request for this one.
-		return fmt.Errorf("%w: -model: the %s backend runs only the reference model; use -device=sim", errUsage, dev.Name())
-	}
-	if o.calibrate {
-		return measureCostModel(ctx, o, dev, model, log, stderr)
-	}
-	if o.costModel != "" {
-		if err := useCostModel(o, dev, model, log); err != nil {
+		var m *modelserver.Model
+		if dev, m, err = openModelServer(ctx, o, getenv, log, reg); err != nil {
 			return err
 		}
+		defer dev.Close()
+		defer m.Close()
+		be = m
+	} else {
+		var model closingModel
+		if dev, model, err = openBackend(o, log); err != nil {
+			return err
+		}
+		defer dev.Close()
+		defer model.Close()
+		if _, ok := model.(*bert.Embedder); o.model != "" && !ok {
+			// A backend that does not run BERT must not serve another model
+			// under a request for this one.
+			return fmt.Errorf("%w: -model: the %s backend runs only the reference model; use -device=sim", errUsage, dev.Name())
+		}
+		if o.calibrate {
+			return measureCostModel(ctx, o, dev, model, log, stderr)
+		}
+		if o.costModel != "" {
+			if err := useCostModel(o, dev, model, log); err != nil {
+				return err
+			}
+		}
+		be = backend.InProcess{Model: model}
 	}
 
 	awsCfg, err := awsconfig.Load(ctx, log)
@@ -183,7 +192,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	c.Queue = sqsqueue.New(client, o.queueURL)
 	c.Results = sqsqueue.New(client, o.resultsURL)
 	c.DLQ = sqsqueue.New(client, o.dlqURL)
-	c.Model, c.Device, c.Logger, c.Registerer = model, dev, log, reg
+	c.Backend, c.Device, c.Logger, c.Registerer = be, dev, log, reg
 	if o.payloadBucket != "" {
 		c.Payloads = payload.New(awsconfig.S3(awsCfg, getenv), o.payloadBucket)
 	}

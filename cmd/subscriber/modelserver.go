@@ -158,7 +158,7 @@ func checkModelServer(o *options, given map[string]bool) error {
 	return nil
 }
 
-func openModelServer(ctx context.Context, o *options, getenv func(string) string, log *slog.Logger, reg prometheus.Registerer) (gpu.Device, closingModel, error) {
+func openModelServer(ctx context.Context, o *options, getenv func(string) string, log *slog.Logger, reg prometheus.Registerer) (gpu.Device, *modelserver.Model, error) {
 	c := o.ms.config(getenv, log)
 	c.Registerer = reg
 	m, d, err := modelserver.Open(ctx, c)

@@ -54,7 +54,7 @@ func pipeline(t *testing.T, srv *fakeoai.Server, keys ...string) string {
 		t.Fatal(err)
 	}
 	sub, err := subscriber.New(subscriber.Config{Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results),
-		DLQ: sqsqueue.New(client, urls.DLQ), Payloads: store, Model: m, Device: gpu.NewSim(1 << 30), VRAMReserve: 1 << 20,
+		DLQ: sqsqueue.New(client, urls.DLQ), Payloads: store, Backend: m, Device: gpu.NewSim(1 << 30), VRAMReserve: 1 << 20,
 		WaitTime: time.Second, Visibility: 10 * time.Second, Logger: quiet, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)

@@ -1,12 +1,43 @@
-// Package backend names what admission weighs, besides device memory, of
-// the backend a subscriber runs work on: the resources it offers, with how
-// much of each, and what a batch of items needs of each. A model server
-// offers them (its request slots, its rate limits' tokens); the in-process
-// model on its GPU offers none, its bound being the device's memory
-// (package gpu).
+// Package backend is what a subscriber runs work on: a Backend costs and
+// runs the items of a job, and names the resources it offers admission
+// besides memory, with how much of each, and what a batch of items needs of
+// each. There are two: a model server (package model/modelserver), which
+// offers its request slots and its rate limits' tokens, and a model that
+// runs in this process on a device (InProcess), which offers none, its
+// bound being the device's memory (package gpu).
 package backend
 
-import "github.com/vramq/vramq/job"
+import (
+	"context"
+
+	"github.com/vramq/vramq/job"
+)
+
+// Backend runs the items of jobs. Implementations are safe for concurrent
+// use: the subscriber runs several batches at once when admission allows.
+type Backend interface {
+	// Name identifies the backend's model in results and logs.
+	Name() string
+	// Cost estimates the memory Run needs for items of a job that names
+	// endpoint ("" for none), in the unit of the memory the subscriber's
+	// budget is read from (device bytes for a model on a GPU). Costs add
+	// up: a batch needs at most the sum of the costs of its parts. The
+	// subscriber admits work by this number, so an estimate below what Run
+	// really takes brings back the out-of-memory failures vramq exists to
+	// prevent.
+	Cost(endpoint string, items []job.Item) int64
+	// Run computes one output per item, in order, as one batch of items of
+	// a job that names endpoint ("" for none); every batch holds the items
+	// of one endpoint. Its errors are gpu.Model.Run's: gpu.ErrOutOfMemory
+	// when the batch did not fit (retry smaller), one wrapping
+	// fault.ErrInvalidInput for an input it can never process,
+	// gpu.ErrDeviceLost, fault.ErrBackoff (with the finished items'
+	// outputs in a fault.PartialError[job.Output]) and
+	// fault.ErrNeedsOperator; any other is transient. On an error it
+	// returns no outputs. It should return promptly when ctx ends.
+	Run(ctx context.Context, endpoint string, items []job.Item) ([]job.Output, error)
+	Offerer
+}
 
 // Resource is one thing a backend offers that admission hands out.
 type Resource int
@@ -33,7 +64,7 @@ func (r Resource) String() string { return resourceNames[r] }
 // Vector is an amount of each Resource.
 type Vector [NumResources]int64
 
-// Offerer is implemented by a backend that offers resources. The
+// Offerer is the part of a Backend that offers resources. The
 // subscriber admits a message only when what it needs of every resource
 // fits, as well as its device memory, takes them together and gives them
 // back together once the message has ended. A message that needs more of

@@ -79,7 +79,7 @@ func runOnline(t *testing.T, c onlineConsumer) onlineResult {
 					for i := range batch {
 						batch[i], _ = w.next()
 					}
-					outs, err := m.Run(ctx, batch)
+					outs, err := m.Run(ctx, "", batch)
 					if err != nil {
 						continue
 					}

@@ -98,7 +98,7 @@ func runPrefix(t *testing.T, blocks int, items []job.Item) prefixResult {
 	for range prefixBenchWorkers {
 		wg.Go(func() {
 			for b := range batches {
-				outs, err := m.Run(context.Background(), b)
+				outs, err := m.Run(context.Background(), "", b)
 				mu.Lock()
 				if err != nil {
 					r.failed += len(b)

@@ -96,14 +96,14 @@ func runPool(ctx context.Context, m *Model, w *workload, workers, batch int, sem
 						if sem.receive(ctx) != nil {
 							return
 						}
-						cost = m.Cost(items)
+						cost = m.Cost("", items)
 						err := sem.acquire(ctx, cost)
 						sem.started()
 						if err != nil {
 							return
 						}
 					}
-					outs, err := m.Run(ctx, items)
+					outs, err := m.Run(ctx, "", items)
 					if sem != nil {
 						sem.release(cost)
 						sem.readDevice()
@@ -674,7 +674,7 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 	dev.mu.Unlock()
 	t.Logf("vramq answers by row: %v; budget resized %d times, ending at %d tokens; %d retractions, share %.3f at the end; "+
 		"Cost of an average item at the end: %d tokens (the server's worst case %d, %d+7 prompt)",
-		m.answersSnapshot(), sem.resized, sem.budget/kvPerToken, retract, share, m.Cost([]job.Item{probe})/kvPerToken, charged, aw)
+		m.answersSnapshot(), sem.resized, sem.budget/kvPerToken, retract, share, m.Cost("", []job.Item{probe})/kvPerToken, charged, aw)
 }
 
 // benchCost sends the same sequential requests directly and through Run,
@@ -700,7 +700,7 @@ func benchCost(t *testing.T) {
 				it, _ := w.next()
 				t0 := time.Now()
 				if viaRun {
-					outs, err := m.Run(ctx, []job.Item{it})
+					outs, err := m.Run(ctx, "", []job.Item{it})
 					if err != nil || outs[0].Error != nil {
 						t.Fatalf("Run: %v %+v", err, outs)
 					}

@@ -66,7 +66,7 @@ func wantOperator(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, 
 		t.Errorf("%d requests; want 1, never retried", got)
 	}
 	// Until someone acts, the backend does not ask the server again.
-	if _, err := m.Run(context.Background(), []job.Item{chatItem("again", "x", 2)}); !errors.Is(err, fault.ErrNeedsOperator) {
+	if _, err := m.Run(context.Background(), "", []job.Item{chatItem("again", "x", 2)}); !errors.Is(err, fault.ErrNeedsOperator) {
 		t.Errorf("the next Run: %v; want ErrNeedsOperator at once", err)
 	}
 	if got := s.Stats().Requests; got != 1 {
@@ -205,7 +205,7 @@ func TestDispositions(t *testing.T) {
 				if tc.row == "insufficient_quota" {
 					s.SetQuotaExhausted(true)
 				}
-				outs, err := m.Run(t.Context(), tc.items)
+				outs, err := m.Run(t.Context(), "", tc.items)
 				tc.check(t, s, m, outs, err)
 				wantNothingHeld(t, m)
 				if got := m.answered(tc.row); got == 0 {
@@ -249,12 +249,12 @@ func TestDispositionRateLimited(t *testing.T) {
 				s := fakeoai.NewUnstarted(fakeoai.Config{Limits: fakeoai.RateLimits{RPM: 1}})
 				defer s.Close()
 				first := openOn(t, s, Config{})
-				if _, err := first.Run(t.Context(), []job.Item{chatItem("a", "x", 2)}); err != nil {
+				if _, err := first.Run(t.Context(), "", []job.Item{chatItem("a", "x", 2)}); err != nil {
 					t.Fatal(err)
 				}
 				m := openOn(t, s, Config{MaxWait: maxWait})
 				start := time.Now()
-				outs, err := m.Run(t.Context(), []job.Item{chatItem("b", "y", 2)})
+				outs, err := m.Run(t.Context(), "", []job.Item{chatItem("b", "y", 2)})
 				if m.answered("rate_limited") != 1 {
 					t.Errorf("rows %v; want one rate_limited", m.answers)
 				}
@@ -299,7 +299,7 @@ func TestUnexpectedStatus(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		outs, err := m.Run(t.Context(), []job.Item{chatItem("c", "x", 2)})
+		outs, err := m.Run(t.Context(), "", []job.Item{chatItem("c", "x", 2)})
 		if err != nil || outs[0].Error == nil || outs[0].Error.Code != job.ItemRequestRefused || outs[0].Response.StatusCode != 302 {
 			t.Errorf("Run: %+v, %v; want request_refused with the 302", outs, err)
 		}
@@ -317,7 +317,7 @@ func TestUnansweredTryGivesBackItsTurn(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
 		defer cancel()
 		items := []job.Item{chatItem("a", "x", 8), chatItem("b", "y", 8), chatItem("c", "z", 8)}
-		if _, err := m.Run(ctx, items); !errors.Is(err, context.DeadlineExceeded) {
+		if _, err := m.Run(ctx, "", items); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Run under a context that ends in flight: %v; want its deadline", err)
 		}
 		wantNothingHeld(t, m)

@@ -47,13 +47,13 @@ func TestBackoffKeepsFinishedItems(t *testing.T) {
 		defer m.Close()
 		// A process's first request goes alone (gate.go); this one opens
 		// the gate for the batch.
-		if _, err := m.Run(t.Context(), []job.Item{chatItem("w", "warm", 1)}); err != nil {
+		if _, err := m.Run(t.Context(), "", []job.Item{chatItem("w", "warm", 1)}); err != nil {
 			t.Fatal(err)
 		}
 		before := s.Stats().Requests
 
 		items := []job.Item{chatItem("c0", "one", 8), chatItem("c1", "two", 8), embedItem("e", "three")}
-		outs, err := m.Run(t.Context(), items)
+		outs, err := m.Run(t.Context(), "", items)
 		if !errors.Is(err, fault.ErrBackoff) || outs != nil {
 			t.Fatalf("Run = %d outputs, %v; want none and a backoff", len(outs), err)
 		}

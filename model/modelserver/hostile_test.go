@@ -32,7 +32,7 @@ func TestContradictoryRateLimitIsNotBelieved(t *testing.T) {
 		for i := range items {
 			items[i] = chatItem(fmt.Sprint("c", i), "hello", 8)
 		}
-		outs, err := m.Run(t.Context(), items)
+		outs, err := m.Run(t.Context(), "", items)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,7 +63,7 @@ func TestServerWaitsAreCapped(t *testing.T) {
 			log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))
 			inBubble(t, fakeoai.Config{Faults: []fakeoai.Fault{injected}}, Config{Logger: log}, func(t *testing.T, s *fakeoai.Server, m *Model) {
 				start := time.Now()
-				_, err := m.Run(t.Context(), []job.Item{chatItem("c", "hello", 8)})
+				_, err := m.Run(t.Context(), "", []job.Item{chatItem("c", "hello", 8)})
 				until, ok := fault.BackoffUntil(err)
 				if !errors.Is(err, fault.ErrBackoff) || !ok || until.After(start.Add(DefaultMaxServerWait)) || until.Before(start.Add(DefaultMaxServerWait-time.Second)) {
 					t.Errorf("Run: %v (until %v from now); want a backoff of the ceiling, %v", err, until.Sub(start), DefaultMaxServerWait)
@@ -88,7 +88,7 @@ func TestRateLimitResetIsCapped(t *testing.T) {
 	fault := fakeoai.Fault{Kind: fakeoai.FaultHeader, Times: 1, Header: http.Header{
 		"X-Ratelimit-Limit-Tokens": {"1000000"}, "X-Ratelimit-Remaining-Tokens": {"0"}, "X-Ratelimit-Reset-Tokens": {"999999999s"}}}
 	inBubble(t, fakeoai.Config{Faults: []fakeoai.Fault{fault}}, Config{MaxConcurrency: 1}, func(t *testing.T, s *fakeoai.Server, m *Model) {
-		outs, err := m.Run(t.Context(), []job.Item{chatItem("a", "hello", 8), chatItem("b", "hello", 8)})
+		outs, err := m.Run(t.Context(), "", []job.Item{chatItem("a", "hello", 8), chatItem("b", "hello", 8)})
 		if err != nil {
 			t.Fatalf("Run: %v; want both answered within MaxWait", err)
 		}
@@ -129,14 +129,14 @@ func TestServerStringsBounded(t *testing.T) {
 		{Kind: fakeoai.FaultStatus, Status: http.StatusBadRequest, ErrType: huge, ErrCode: huge, Message: huge, Paths: []string{"/v1/completions"}},
 	}
 	inBubble(t, fakeoai.Config{Faults: faults}, Config{Logger: log}, func(t *testing.T, s *fakeoai.Server, m *Model) {
-		outs, err := m.Run(t.Context(), []job.Item{completionItem("p", "hello", 8)})
+		outs, err := m.Run(t.Context(), "", []job.Item{completionItem("p", "hello", 8)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if e := outs[0].Error; e == nil || e.Code != job.ItemRequestRefused || len(e.Message) > job.MaxItemErrorLen {
 			t.Errorf("item error %.200v; want request_refused within %d bytes", e, job.MaxItemErrorLen)
 		}
-		_, err = m.Run(t.Context(), []job.Item{chatItem("c", "hello", 8)})
+		_, err = m.Run(t.Context(), "", []job.Item{chatItem("c", "hello", 8)})
 		if !errors.Is(err, fault.ErrNeedsOperator) || len(err.Error()) > 1024 {
 			t.Errorf("Run: an error of %d bytes (%.200v…); want ErrNeedsOperator within 1 KiB", len(err.Error()), err)
 		}
@@ -157,7 +157,7 @@ func TestRunAnswersBoundedByResultLimit(t *testing.T) {
 		for i := range items {
 			items[i] = chatItem(fmt.Sprint("c", i), "hello", 8)
 		}
-		outs, err := m.Run(t.Context(), items)
+		outs, err := m.Run(t.Context(), "", items)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,7 +192,7 @@ func TestLearnedLimitBelowARequestIsAskedAgain(t *testing.T) {
 		for i := range items {
 			items[i] = chatItem(fmt.Sprint("c", i), "hello", 8)
 		}
-		outs, err := m.Run(t.Context(), items)
+		outs, err := m.Run(t.Context(), "", items)
 		if err != nil {
 			t.Fatal(err)
 		}

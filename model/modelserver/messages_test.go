@@ -75,7 +75,7 @@ func TestMessagesNativeAndTranslated(t *testing.T) {
 			defer m.Close()
 			items := []job.Item{body("whole", 32, ""), body("cut", 3, ""),
 				body("tools", 32, `,"tools":[{"name":"f","input_schema":{"type":"object"}}]`)}
-			outs, err := m.RunEndpoint(t.Context(), job.EndpointMessages, items)
+			outs, err := m.Run(t.Context(), job.EndpointMessages, items)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -258,9 +258,6 @@ func (m *Model) probeModels(ctx context.Context) error {
 // Name is "model-server:" and the configured models.
 func (m *Model) Name() string { return m.name }
 
-// Weights is 0: the server holds the weights, outside the budget.
-func (m *Model) Weights() int64 { return 0 }
-
 // Close stops online-first mode's readings and lets go of idle connections.
 func (m *Model) Close() error {
 	if m.stop != nil {
@@ -287,19 +284,15 @@ func (m *Model) Working() int64 {
 	return min(m.held.Load(), used)
 }
 
-// Cost is the items' KV charges in device bytes (KV bytes per token, or 1
-// when those are not known): an embeddings item's tokens; a generation's
-// prompt (estimated) plus, once the server's cache is followed and answers
-// of its kind have been seen, what its output holds of the cache on
-// average while in flight (kvTokens), else the most it may generate
-// (max_tokens × n). An item Run refuses without a request costs nothing.
-// Without the job's endpoint the route is told from the body (see
-// endpointOf); the subscriber calls CostEndpoint.
-func (m *Model) Cost(items []job.Item) int64 { return m.CostEndpoint("", items) }
-
-// CostEndpoint is Cost for the items of a job that names endpoint
-// (gpu.EndpointModel).
-func (m *Model) CostEndpoint(endpoint string, items []job.Item) int64 {
+// Cost is the KV charges of items of a job that names endpoint ("" for
+// none: the route is then told from each body, see endpointOf), in device
+// bytes (KV bytes per token, or 1 when those are not known): an embeddings
+// item's tokens; a generation's prompt (estimated) plus, once the server's
+// cache is followed and answers of its kind have been seen, what its output
+// holds of the cache on average while in flight (kvTokens), else the most
+// it may generate (max_tokens × n). An item Run refuses without a request
+// costs nothing.
+func (m *Model) Cost(endpoint string, items []job.Item) int64 {
 	var c int64
 	for _, it := range items {
 		r, refused := m.parse(endpoint, it)
@@ -317,14 +310,19 @@ func (m *Model) tokens(r *request) int64 {
 	return m.counter.tokens(r.kind(), r.prompt) + r.maxOut*r.choices
 }
 
-// Run sends the items' requests and returns one output per item: the
-// server's answer (Response) for a 2xx; an Error for an item refused, by
-// the subscriber (invalid_input, too_large) or by the server
-// (request_refused, with its Response). Chat and completion items are a
-// request each; embedding items that agree on everything but their input
-// share requests, within Config.EmbedBatch inputs and
-// Config.EmbedBatchTokens tokens. The requests run concurrently, within the
-// concurrency bound, the rate limits and the server's pauses.
+// Run sends the requests of items of a job that names endpoint and
+// returns one output per item: the server's answer (Response) for a 2xx;
+// an Error for an item refused, by the subscriber (invalid_input,
+// too_large) or by the server (request_refused, with its Response). With
+// an endpoint, every item is a request for it, whatever its body holds; an
+// item whose body lacks what the endpoint requires is refused
+// (invalid_input), and an endpoint that is not one of job.Endpoints refuses
+// every item. Without one ("") each item's route is told from its body
+// (see endpointOf). Chat and completion items are a request each;
+// embedding items that agree on everything but their input share
+// requests, within Config.EmbedBatch inputs and Config.EmbedBatchTokens
+// tokens. The requests run concurrently, within the concurrency bound, the
+// rate limits and the server's pauses.
 //
 // Run returns an error, and no outputs, when the batch cannot finish: one
 // wrapping fault.ErrBackoff (the server's wait ends past Config.MaxWait from
@@ -332,19 +330,7 @@ func (m *Model) tokens(r *request) int64 {
 // included, come in a fault.PartialError), fault.ErrNeedsOperator, gpu.ErrOutOfMemory (an embedding input the
 // server cannot hold even alone), a transient failure past its retries, or
 // ctx's error.
-//
-// Run tells each item's route from its body (see endpointOf); the
-// subscriber calls RunEndpoint with the job's.
-func (m *Model) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
-	return m.RunEndpoint(ctx, "", items)
-}
-
-// RunEndpoint is Run for the items of a job that names endpoint
-// (gpu.EndpointModel): every item is a request for it, whatever its body
-// holds; an item whose body lacks what the endpoint requires is refused
-// (invalid_input). An endpoint that is not one of job.Endpoints refuses
-// every item.
-func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.Item) ([]job.Output, error) {
+func (m *Model) Run(ctx context.Context, endpoint string, items []job.Item) ([]job.Output, error) {
 	run := &run{outs: make([]job.Output, len(items)), deadline: time.Now().Add(m.cfg.MaxWait), limit: m.cfg.ResultBytes, left: m.cfg.ResultBytes}
 	outs := run.outs
 	var gens []*request
@@ -512,7 +498,7 @@ const rateHorizonDiv = 2
 // while no limit bounds them, past any limit a server has.
 const rateMost = 1 << 50
 
-var _ backend.Offerer = (*Model)(nil)
+var _ backend.Backend = (*Model)(nil)
 
 // Offers is what the subscriber may have admitted to the server at once
 // (backend.Offerer):

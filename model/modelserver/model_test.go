@@ -26,7 +26,7 @@ func TestRunAnswersEachItem(t *testing.T) {
 		items := []job.Item{chatItem("c", "hello there", 8), completionItem("p", "once upon", 5)}
 		emb := embedItems(6)
 		items = append(items, emb...)
-		outs, err := m.Run(t.Context(), items)
+		outs, err := m.Run(t.Context(), "", items)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +71,7 @@ func TestRunRefusesBadItemsLocally(t *testing.T) {
 			{ID: "no-route", Body: json.RawMessage(`{"model":"fake-model"}`)},
 			chatItem("good", "fine", 3),
 		}
-		outs, err := m.Run(t.Context(), items)
+		outs, err := m.Run(t.Context(), "", items)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +93,7 @@ func TestRunRefusesBadItemsLocally(t *testing.T) {
 func TestMaxTokensSetToTheCeiling(t *testing.T) {
 	inBubble(t, fakeoai.Config{Limits: fakeoai.RateLimits{TPM: 100000}}, Config{MaxOutputTokens: 500},
 		func(t *testing.T, s *fakeoai.Server, m *Model) {
-			if _, err := m.Run(t.Context(), []job.Item{chatItem("c", "one two three", 0)}); err != nil {
+			if _, err := m.Run(t.Context(), "", []job.Item{chatItem("c", "one two three", 0)}); err != nil {
 				t.Fatal(err)
 			}
 			// The fake charges prompt + max_tokens: 3 + (3 + 1 + 3) prompt tokens.
@@ -109,14 +109,14 @@ func TestCostCountsPromptAndOutput(t *testing.T) {
 		body := `{"model":"fake-model","n":2,"max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`
 		msgs := `[{"role":"user","content":"hi"}]`
 		want := (int64(len(msgs)) + templateTokens + 2*50) * 10
-		if got := m.Cost([]job.Item{{ID: "a", Body: json.RawMessage(body)}}); got != want {
+		if got := m.Cost("", []job.Item{{ID: "a", Body: json.RawMessage(body)}}); got != want {
 			t.Errorf("Cost = %d, want %d", got, want)
 		}
 		emb := embedItem("e", "four bytes")
-		if got, want := m.Cost([]job.Item{emb}), int64(len("four bytes")+sequenceTokens)*10; got != want {
+		if got, want := m.Cost("", []job.Item{emb}), int64(len("four bytes")+sequenceTokens)*10; got != want {
 			t.Errorf("embedding Cost = %d, want %d", got, want)
 		}
-		if got := m.Cost([]job.Item{{ID: "t", Text: "no body"}}); got != 0 {
+		if got := m.Cost("", []job.Item{{ID: "t", Text: "no body"}}); got != 0 {
 			t.Errorf("Cost of an item Run refuses = %d, want 0", got)
 		}
 	})
@@ -128,13 +128,13 @@ func TestEstimatesTightenFromUsage(t *testing.T) {
 	inBubble(t, fakeoai.Config{}, Config{}, func(t *testing.T, s *fakeoai.Server, m *Model) {
 		text := strings.Repeat("word ", 40) // 200 bytes, 40 tokens at the fake
 		item := embedItem("e", text)
-		before := m.Cost([]job.Item{item})
+		before := m.Cost("", []job.Item{item})
 		for range ratioSamples {
-			if _, err := m.Run(t.Context(), []job.Item{item}); err != nil {
+			if _, err := m.Run(t.Context(), "", []job.Item{item}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		after := m.Cost([]job.Item{item})
+		after := m.Cost("", []job.Item{item})
 		if after >= before/3 || after < 40 {
 			t.Errorf("Cost %d before, %d after %d answers of 40 prompt tokens; want it tightened towards 40 and not below", before, after, ratioSamples)
 		}
@@ -166,10 +166,10 @@ func TestRunEndpointUsesTheJobsEndpoint(t *testing.T) {
 		// before input).
 		both := job.Item{ID: "both", Body: json.RawMessage(`{"model":"fake-model","input":"a document","prompt":"x"}`)}
 		chatOnly := chatItem("chat", "hello", 4)
-		if m.CostEndpoint(job.EndpointEmbeddings, []job.Item{chatOnly}) != 0 {
+		if m.Cost(job.EndpointEmbeddings, []job.Item{chatOnly}) != 0 {
 			t.Error("a chat body costs something as an embedding request; want 0 (refused)")
 		}
-		outs, err := m.RunEndpoint(t.Context(), job.EndpointEmbeddings, []job.Item{both, chatOnly})
+		outs, err := m.Run(t.Context(), job.EndpointEmbeddings, []job.Item{both, chatOnly})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -191,7 +191,7 @@ func TestRunEndpointUsesTheJobsEndpoint(t *testing.T) {
 // admission reserves what the server may generate and no more (docs/api.md).
 func TestMaxTokensLeftOutIsBoundedByTheAPIsDefault(t *testing.T) {
 	inBubble(t, fakeoai.Config{}, Config{KVBytesPerToken: 10, MaxOutputTokens: 1000}, func(t *testing.T, s *fakeoai.Server, m *Model) {
-		cost := func(body string) int64 { return m.Cost([]job.Item{{ID: "a", Body: json.RawMessage(body)}}) }
+		cost := func(body string) int64 { return m.Cost("", []job.Item{{ID: "a", Body: json.RawMessage(body)}}) }
 		const prompt, chat = `"prompt":"hi"`, `"messages":[{"role":"user","content":"hi"}]`
 		for _, tc := range []struct{ without, with string }{
 			{`{"model":"fake-model",` + prompt + `}`, `{"model":"fake-model",` + prompt + `,"max_tokens":16}`},
@@ -233,7 +233,7 @@ func TestCanonicalBodyIsSent(t *testing.T) {
 		}
 		defer m.Close()
 		msgs := `"messages":[{"role":"user","content":"one two three"}]`
-		outs, err := m.RunEndpoint(t.Context(), job.EndpointChatCompletions, []job.Item{
+		outs, err := m.Run(t.Context(), job.EndpointChatCompletions, []job.Item{
 			{ID: "null", Body: json.RawMessage(`{"model":"fake-model","max_tokens":null,` + msgs + `}`)},
 			{ID: "upper", Body: json.RawMessage(`{"model":"fake-model","MAX_TOKENS":100000,` + msgs + `}`)},
 			{ID: "remote", Body: json.RawMessage(`{"model":"fake-model","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://10.0.0.1/"}}]}]}`)},
@@ -263,8 +263,8 @@ func TestCanonicalBodyIsSent(t *testing.T) {
 // up to max_tokens.
 func TestCostCountsBestOf(t *testing.T) {
 	inBubble(t, fakeoai.Config{}, Config{MaxOutputTokens: 1000}, func(t *testing.T, s *fakeoai.Server, m *Model) {
-		one := m.CostEndpoint(job.EndpointCompletions, []job.Item{{ID: "a", Body: json.RawMessage(`{"model":"fake-model","prompt":"x","max_tokens":100}`)}})
-		three := m.CostEndpoint(job.EndpointCompletions, []job.Item{{ID: "a", Body: json.RawMessage(`{"model":"fake-model","prompt":"x","max_tokens":100,"best_of":3}`)}})
+		one := m.Cost(job.EndpointCompletions, []job.Item{{ID: "a", Body: json.RawMessage(`{"model":"fake-model","prompt":"x","max_tokens":100}`)}})
+		three := m.Cost(job.EndpointCompletions, []job.Item{{ID: "a", Body: json.RawMessage(`{"model":"fake-model","prompt":"x","max_tokens":100,"best_of":3}`)}})
 		if three-one != 200 {
 			t.Errorf("Cost %d with best_of 3, %d without; want 200 more (two more sequences of 100)", three, one)
 		}
@@ -284,7 +284,7 @@ func TestEmbedRequestsBoundedByInputs(t *testing.T) {
 			body := `{"model":"fake-model","input":[` + strings.Join(inputs, ",") + `]}`
 			items = append(items, job.Item{ID: fmt.Sprintf("e%d", i), Body: json.RawMessage(body)})
 		}
-		outs, err := m.Run(t.Context(), items)
+		outs, err := m.Run(t.Context(), "", items)
 		if err != nil {
 			t.Fatal(err)
 		}

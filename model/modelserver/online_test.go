@@ -235,7 +235,7 @@ func TestOnlineFollowsTheServer(t *testing.T) {
 					items[i] = chatItem(fmt.Sprint("b", i), "[[len=5]] q", 8)
 				}
 				for ctx.Err() == nil {
-					_, _ = m.Run(ctx, items)
+					_, _ = m.Run(ctx, "", items)
 				}
 			}()
 		}
@@ -290,7 +290,7 @@ func TestOnlinePriorityReachesTheServer(t *testing.T) {
 		defer m.Close()
 		items := []job.Item{chatItem("a", "hi", 4),
 			{ID: "b", Body: json.RawMessage(`{"model":"fake-model","messages":[{"role":"user","content":"x"}],"max_tokens":4,"priority":-5}`)}}
-		outs, err := m.Run(t.Context(), items)
+		outs, err := m.Run(t.Context(), "", items)
 		if err != nil {
 			t.Fatal(err)
 		}

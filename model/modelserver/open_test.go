@@ -49,7 +49,7 @@ func TestAPIKeyNeverLogged(t *testing.T) {
 			var mu sync.Mutex
 			cfg.Logger = slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			m := openOn(t, s, cfg)
-			outs, err := m.Run(t.Context(), []job.Item{chatItem("c", "x", 2)})
+			outs, err := m.Run(t.Context(), "", []job.Item{chatItem("c", "x", 2)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -147,7 +147,7 @@ func TestTokenizerCountsExactly(t *testing.T) {
 		}
 		text := "The quick brown fox jumps over the lazy dog."
 		want := int64(len(m.counter.wp.Encode(text, 0)))
-		if got := m.Cost([]job.Item{embedItem("e", text)}); got != want {
+		if got := m.Cost("", []job.Item{embedItem("e", text)}); got != want {
 			t.Errorf("Cost %d, want the exact count %d", got, want)
 		}
 	})
@@ -184,7 +184,7 @@ func TestDeviceFollowsTheKVCache(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			if _, err := m.Run(context.Background(), []job.Item{chatItem("long", "[[len=2000]] write", 2000)}); err != nil {
+			if _, err := m.Run(context.Background(), "", []job.Item{chatItem("long", "[[len=2000]] write", 2000)}); err != nil {
 				t.Error(err)
 			}
 		}()
@@ -261,7 +261,7 @@ func TestOfferFollowsTheRateLimits(t *testing.T) {
 				}
 			}
 			check("before any answer", tc.before)
-			if _, err := m.Run(t.Context(), []job.Item{chatItem("a", "[[len=4]] hello", 100)}); err != nil {
+			if _, err := m.Run(t.Context(), "", []job.Item{chatItem("a", "[[len=4]] hello", 100)}); err != nil {
 				t.Fatal(err)
 			}
 			check("after an answer with no limits", tc.after)
@@ -298,7 +298,7 @@ func TestOfferSharesTheServersLimits(t *testing.T) {
 		if f := offered(); f != 16*100 {
 			t.Errorf("before any answer: %d offered; want the concurrency's 16 requests of 100 tokens", f)
 		}
-		if _, err := a.Run(t.Context(), []job.Item{chatItem("a", "[[len=4]] hello", 100)}); err != nil {
+		if _, err := a.Run(t.Context(), "", []job.Item{chatItem("a", "[[len=4]] hello", 100)}); err != nil {
 			t.Fatal(err)
 		}
 		if f := offered(); f <= 3000 || f > 3000+6000 {
@@ -317,11 +317,11 @@ func TestOfferSharesTheServersLimits(t *testing.T) {
 				for j := range items {
 					items[j] = chatItem(fmt.Sprintf("b%d-%d", i, j), "[[len=4]] hello", 100)
 				}
-				_, _ = b.Run(ctx, items) // a backoff, or the end of the two minutes
+				_, _ = b.Run(ctx, "", items) // a backoff, or the end of the two minutes
 			}
 		}()
 		for i := 0; ctx.Err() == nil; i++ {
-			_, _ = a.Run(ctx, []job.Item{chatItem(fmt.Sprintf("a%d", i), "[[len=4]] hello", 100)})
+			_, _ = a.Run(ctx, "", []job.Item{chatItem(fmt.Sprintf("a%d", i), "[[len=4]] hello", 100)})
 			time.Sleep(5 * time.Second)
 		}
 		<-done
@@ -396,7 +396,7 @@ func TestSlotsFollowWhatRunsWithinTheWait(t *testing.T) {
 				if now, most := m.Offers(); now[backend.Slots] != 32 || most[backend.Slots] != 32 {
 					t.Fatalf("before any answer: %d slots of at most %d; want 32 of 32", now[backend.Slots], most[backend.Slots])
 				}
-				if _, err := m.Run(t.Context(), []job.Item{chatItem("a", "x", 16), chatItem("b", "y", 16)}); err != nil {
+				if _, err := m.Run(t.Context(), "", []job.Item{chatItem("a", "x", 16), chatItem("b", "y", 16)}); err != nil {
 					t.Fatal(err)
 				}
 				if now, most := m.Offers(); now[backend.Slots] != tc.want || most[backend.Slots] != 32 {

@@ -81,7 +81,7 @@ func TestCostLearnsOutputsFromUsage(t *testing.T) {
 		const text = "[[len=40]] say something"
 		prompt := int64(fakeoai.ChatPromptTokens([]fakeoai.Message{{Role: "user", Content: text}}))
 		item := chatItem("a", text, 512)
-		worst := m.Cost([]job.Item{item})
+		worst := m.Cost("", []job.Item{item})
 		if worst < prompt+512 {
 			t.Fatalf("Cost before any answer = %d; want prompt + max_tokens, at least %d", worst, prompt+512)
 		}
@@ -89,7 +89,7 @@ func TestCostLearnsOutputsFromUsage(t *testing.T) {
 		for i := range items {
 			items[i] = chatItem(fmt.Sprint(i), text, 512)
 		}
-		outs, err := m.Run(t.Context(), items)
+		outs, err := m.Run(t.Context(), "", items)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -97,23 +97,23 @@ func TestCostLearnsOutputsFromUsage(t *testing.T) {
 		// 40 tokens: 20 held on average, 8 of a half block, a headroom of
 		// 3 standard deviations shared over the pool (a few tokens), and
 		// the prompt counted from its bytes, tightened by usage.
-		got := m.Cost([]job.Item{item})
+		got := m.Cost("", []job.Item{item})
 		if got < prompt+28 || got > 2*prompt+40 {
 			t.Errorf("Cost after %d answers of 40 tokens = %d; want the prompt (%d tokens) + about 28", len(items), got, prompt)
 		}
 		capped := chatItem("c", text, 5)
-		if got, most := m.Cost([]job.Item{capped}), m.counter.tokens("/v1/chat/completions fake-model", m.mustParse(t, capped).prompt)+5; got > most || got < prompt {
+		if got, most := m.Cost("", []job.Item{capped}), m.counter.tokens("/v1/chat/completions fake-model", m.mustParse(t, capped).prompt)+5; got > most || got < prompt {
 			t.Errorf("Cost with max_tokens 5 = %d; want at most prompt + 5 = %d, at least the prompt %d", got, most, prompt)
 		}
 		// Answers of no output at all: the charge is still the prompt.
 		const empty = "[[len=0]] nothing"
 		for i := range 2 * outputSamples {
-			if _, err := m.Run(t.Context(), []job.Item{chatItem(fmt.Sprint("e", i), empty, 512)}); err != nil {
+			if _, err := m.Run(t.Context(), "", []job.Item{chatItem(fmt.Sprint("e", i), empty, 512)}); err != nil {
 				t.Fatal(err)
 			}
 		}
 		ep := int64(fakeoai.ChatPromptTokens([]fakeoai.Message{{Role: "user", Content: empty}}))
-		if got := m.Cost([]job.Item{chatItem("e", empty, 512)}); got < ep {
+		if got := m.Cost("", []job.Item{chatItem("e", empty, 512)}); got < ep {
 			t.Errorf("Cost after answers of no output = %d; want at least the prompt, %d", got, ep)
 		}
 	})
@@ -142,11 +142,11 @@ func TestCostWithoutMetricsKeepsMaxTokens(t *testing.T) {
 		}
 		item := chatItem("a", "[[len=5]] hi", 300)
 		for i := range 2 * outputSamples {
-			if _, err := m.Run(t.Context(), []job.Item{chatItem(fmt.Sprint(i), "[[len=5]] hi", 300)}); err != nil {
+			if _, err := m.Run(t.Context(), "", []job.Item{chatItem(fmt.Sprint(i), "[[len=5]] hi", 300)}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if got, want := m.Cost([]job.Item{item}), m.tokens(m.mustParse(t, item)); got != want {
+		if got, want := m.Cost("", []job.Item{item}), m.tokens(m.mustParse(t, item)); got != want {
 			t.Errorf("Cost after answers of 5 tokens = %d; want the prompt + 300, %d", got, want)
 		}
 	})

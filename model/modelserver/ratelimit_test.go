@@ -41,7 +41,7 @@ func TestThreeModelsShareOneLimit(t *testing.T) {
 				wg.Go(func() {
 					for i := 0; s.Now().Before(end); i++ {
 						item := chatItem(fmt.Sprintf("m%dw%di%d", mi, w, i), fmt.Sprintf("tell me about %d and %d", w, i), 64)
-						outs, err := m.Run(context.Background(), []job.Item{item})
+						outs, err := m.Run(context.Background(), "", []job.Item{item})
 						if until, ok := fault.BackoffUntil(err); ok {
 							// More workers than the limit serves: this one
 							// waited its MaxWait out, and comes back when
@@ -93,7 +93,7 @@ func TestOwnLimitsPaceAndRefund(t *testing.T) {
 		m := openOn(t, s, Config{RPM: 60, TPM: 100000})
 		start := time.Now()
 		for i := range 3 {
-			if _, err := m.Run(t.Context(), []job.Item{chatItem(fmt.Sprint(i), "x", 10)}); err != nil {
+			if _, err := m.Run(t.Context(), "", []job.Item{chatItem(fmt.Sprint(i), "x", 10)}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -213,7 +213,7 @@ func oneModelAgainst(t *testing.T, kind fakeoai.LimitKind) {
 			wg.Go(func() {
 				for i := 0; s.Now().Before(end); i++ {
 					item := chatItem(fmt.Sprintf("w%di%d", w, i), fmt.Sprintf("tell me about %d and %d", w, i), 64)
-					_, err := m.Run(context.Background(), []job.Item{item})
+					_, err := m.Run(context.Background(), "", []job.Item{item})
 					if until, ok := fault.BackoffUntil(err); ok {
 						time.Sleep(time.Until(until))
 						continue
@@ -255,7 +255,7 @@ func TestOneRequestAMinute(t *testing.T) {
 		start := time.Now()
 		sent := 0
 		for i := 0; time.Since(start) < 7*time.Minute; i++ {
-			outs, err := m.Run(context.Background(), []job.Item{chatItem(fmt.Sprintf("r%d", i), "hello", 4)})
+			outs, err := m.Run(context.Background(), "", []job.Item{chatItem(fmt.Sprintf("r%d", i), "hello", 4)})
 			if until, ok := fault.BackoffUntil(err); ok {
 				time.Sleep(time.Until(until))
 				continue

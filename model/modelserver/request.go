@@ -54,12 +54,12 @@ func refuse(format string, a ...any) *job.ItemError {
 	return job.NewItemError(job.ItemInvalidInput, fmt.Sprintf(format, a...))
 }
 
-// endpointOf tells an item's endpoint from its body, for Run and Cost,
-// which see items only: it reads the field each endpoint requires:
-// messages (chat), prompt (completions), input (embeddings), in that order.
-// The subscriber calls RunEndpoint and CostEndpoint with the job's
-// endpoint (job.Work.Endpoint) instead, so a chat body that also carries
-// an input field is still a chat request there.
+// endpointOf tells an item's endpoint from its body, for Run and Cost
+// called without one: it reads the field each endpoint requires: messages
+// (chat), prompt (completions), input (embeddings), in that order. The
+// subscriber passes the job's endpoint (job.Work.Endpoint) instead, so a
+// chat body that also carries an input field is still a chat request
+// there.
 func endpointOf(obj map[string]json.RawMessage) (endpoint, bool) {
 	for _, c := range []struct {
 		field string

@@ -160,7 +160,7 @@ func runPhase(ctx context.Context, o driveOpts, p phase) (phaseResult, error) {
 						rngMu.Unlock()
 						items[i] = genItem(fmt.Sprintf("b%d-%d-%d", w, n, i), o.model, words, o.maxTokens, o.extra)
 					}
-					outs, err := m.RunEndpoint(ctx, job.EndpointChatCompletions, items)
+					outs, err := m.Run(ctx, job.EndpointChatCompletions, items)
 					if err != nil {
 						// As the subscriber would hand the messages back: the
 						// batch is not counted, and the caller tries anew.

@@ -23,6 +23,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
@@ -74,7 +75,7 @@ func TestDirectRunAccountsForEveryMessage(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	sub, err := subscriber.New(subscriber.Config{
 		Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results), DLQ: sqsqueue.New(client, urls.DLQ),
-		Model: flakyModel{}, Device: gpu.NewSim(1 << 30), VRAMReserve: 1 << 20, WaitTime: time.Second,
+		Backend: backend.InProcess{Model: flakyModel{}}, Device: gpu.NewSim(1 << 30), VRAMReserve: 1 << 20, WaitTime: time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: reg,
 	})
 	if err != nil {

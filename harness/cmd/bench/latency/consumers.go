@@ -22,6 +22,7 @@ import (
 	"github.com/vramq/vramq/internal/sqscodec"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
@@ -187,7 +188,7 @@ func newSubscriber(client *sqs.Client, urls localstack.URLs, kind string, vram i
 	r.batches.warn = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})
 	cfg := subscriber.DefaultConfig()
 	cfg.Queue, cfg.Results, cfg.DLQ = sqsqueue.New(client, urls.Work), sqsqueue.New(client, urls.Results), sqsqueue.New(client, urls.DLQ)
-	cfg.Model, cfg.Device, cfg.Registerer, cfg.Logger = model, dev, r.reg, slog.New(r.batches)
+	cfg.Backend, cfg.Device, cfg.Registerer, cfg.Logger = backend.InProcess{Model: model}, dev, r.reg, slog.New(r.batches)
 	if delay >= 0 {
 		cfg.MaxBatchDelay = delay
 	}

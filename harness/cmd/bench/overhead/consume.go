@@ -22,6 +22,7 @@ import (
 	"github.com/vramq/vramq/internal/sqscodec"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
@@ -88,7 +89,7 @@ func (cc consumeConfig) subscriber(ctx context.Context, e *benchEnv, urls locals
 		Queue:       sqsqueue.New(e.Client, urls.Work),
 		Results:     sqsqueue.New(e.Client, urls.Results),
 		DLQ:         sqsqueue.New(e.Client, urls.DLQ),
-		Model:       timed.Noop{},
+		Backend:     backend.InProcess{Model: timed.Noop{}},
 		Device:      sqsenv.NoopDevice(),
 		VRAMReserve: 1 << 20,
 		Prefetch:    cc.Prefetch,

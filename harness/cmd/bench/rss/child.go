@@ -15,6 +15,7 @@ import (
 	"github.com/vramq/vramq/harness/cmd/bench/sqsenv"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
@@ -45,7 +46,7 @@ func runRSSChild(ctx context.Context, args []string, stderr io.Writer) error {
 		Queue:       sqsqueue.New(client, *work),
 		Results:     sqsqueue.New(client, *results),
 		DLQ:         sqsqueue.New(client, *dlq),
-		Model:       timed.Noop{},
+		Backend:     backend.InProcess{Model: timed.Noop{}},
 		Device:      sqsenv.NoopDevice(),
 		VRAMReserve: 1 << 20,
 		WaitTime:    time.Second,

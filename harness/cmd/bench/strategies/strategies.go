@@ -35,6 +35,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/bert"
 	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/subscriber"
@@ -383,7 +384,7 @@ func runStrategy(ctx context.Context, client *sqs.Client, s strategy, sc Scenari
 		cfg.Queue, cfg.Results, cfg.DLQ = w.rq, sqsqueue.New(client, urls.Results), sqsqueue.New(client, urls.DLQ)
 		// Admission works with the estimate, wrong by -estimate-error; the
 		// device allocates the true cost.
-		cfg.Model, cfg.Device, cfg.Registerer = sc.est.model(w.model), w.dev, w.reg
+		cfg.Backend, cfg.Device, cfg.Registerer = backend.InProcess{Model: sc.est.model(w.model)}, w.dev, w.reg
 		// Config takes a zero reserve for "the default", so the device has one
 		// byte more than the budget and that byte is the reserve.
 		cfg.VRAMReserve = 1

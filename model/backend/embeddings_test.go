@@ -1,4 +1,4 @@
-package subscriber
+package backend
 
 import (
 	"encoding/json"
@@ -22,22 +22,22 @@ func TestEmbeddingsItemsCostTheirInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	s := &Subscriber{cfg: Config{Model: m}}
+	b := InProcess{Model: m}
 	items := []job.Item{
 		{ID: "a", Body: json.RawMessage(`{"model":"x","input":"one two three"}`)},
 		{ID: "b", Body: json.RawMessage(`{"model":"x","input":["four five","six"]}`)},
 		{ID: "c", Body: json.RawMessage(`{"model":"x","input":[[1,2]]}`)},
 	}
 	texts := []job.Item{{ID: "a", Text: "one two three"}, {ID: "b", Text: "four five"}, {ID: "b", Text: "six"}}
-	got, err := s.modelCost(job.EndpointEmbeddings, items)
-	if want := m.Cost(texts); err != nil || got != want || want == 0 {
-		t.Errorf("cost %d, %v; want %d, the cost of the inputs as texts", got, err, want)
+	got := b.Cost(job.EndpointEmbeddings, items)
+	if want := m.Cost(texts); got != want || want == 0 {
+		t.Errorf("cost %d; want %d, the cost of the inputs as texts", got, want)
 	}
-	if got, err := s.modelCost(job.EndpointEmbeddings, items[2:]); err != nil || got != 0 {
-		t.Errorf("token-id item: cost %d, %v; want 0", got, err)
+	if got := b.Cost(job.EndpointEmbeddings, items[2:]); got != 0 {
+		t.Errorf("token-id item: cost %d; want 0", got)
 	}
-	if got, err := s.modelCost(job.EndpointChatCompletions, items[:1]); err != nil || got != 0 {
-		t.Errorf("chat item: cost %d, %v; want 0 (it never runs here)", got, err)
+	if got := b.Cost(job.EndpointChatCompletions, items[:1]); got != 0 {
+		t.Errorf("chat item: cost %d; want 0 (it never runs here)", got)
 	}
 }
 
@@ -47,7 +47,7 @@ func TestEmbeddingsUsageCountsBERTTokens(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "embed-bert")
 	g := bert.Generated{Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: 4,
 		IntermediateSize: 128, MaxPositionEmbeddings: 64, TypeVocabSize: 2, LayerNormEps: 1e-12}, MaxSeqLength: 64, Seed: 3}
-	if err := bert.Generate(dir, "../model/wordpiece/testdata/tokenizer", g); err != nil {
+	if err := bert.Generate(dir, "../wordpiece/testdata/tokenizer", g); err != nil {
 		t.Fatal(err)
 	}
 	e, err := bert.Open(dir, nil)
