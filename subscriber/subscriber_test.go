@@ -569,7 +569,7 @@ func TestConfigValidation(t *testing.T) {
 	cfg := Config{Visibility: 2 * time.Second, WaitTime: 30 * time.Second, Admission: "fifo", MaxMessageBytes: 10}
 	cfg.setDefaults()
 	err := cfg.Validate()
-	for _, want := range []string{"no work queue", "no model", "admission \"fifo\"", "wait time", "visibility timeout", "max message bytes"} {
+	for _, want := range []string{"no work queue", "no backend", "admission \"fifo\"", "wait time", "visibility timeout", "max message bytes"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v; want it to mention %q", err, want)
 		}
