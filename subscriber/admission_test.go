@@ -174,8 +174,9 @@ func TestHoldTakeAllFails(t *testing.T) {
 	}
 }
 
-// slottedModel is the test model with request slots (backend.Offerer):
-// each item is a request, and it counts the most items it ran at once.
+// slottedModel is a backend on the test model with request slots
+// (backend.Offerer): each item is a request, and it counts the most items
+// it ran at once.
 type slottedModel struct {
 	*testModel
 	slots         int64
@@ -195,7 +196,9 @@ func (m *slottedModel) Needs(_ string, items []job.Item) backend.Vector {
 	return backend.Vector{backend.Slots: int64(len(items))}
 }
 
-func (m *slottedModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
+func (m *slottedModel) Cost(_ string, items []job.Item) int64 { return m.testModel.Cost(items) }
+
+func (m *slottedModel) Run(ctx context.Context, _ string, items []job.Item) ([]job.Output, error) {
 	n := m.running.Add(int64(len(items)))
 	for most := m.most.Load(); n > most && !m.most.CompareAndSwap(most, n); most = m.most.Load() {
 	}
@@ -210,7 +213,7 @@ func startSlotted(t *testing.T, slots int64) (*harness, *slottedModel) {
 	var model *slottedModel
 	h := startWith(t, 1<<30, Config{MaxBatch: 8, Prefetch: 20}, func(h *harness, c *Config) {
 		model = &slottedModel{testModel: h.model, slots: slots}
-		c.Backend = backend.InProcess{Model: model}
+		c.Backend = model
 	})
 	return h, model
 }
