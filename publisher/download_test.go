@@ -162,7 +162,7 @@ func TestLargeDownloadUnderLambdaRedirectsToS3(t *testing.T) {
 			continue
 		}
 		if err != nil {
-			t.Fatalf("%s: Content: %s", mode.name, apiError(err))
+			t.Fatalf("%s: Content: %s", mode.name, sdkAPIError(err))
 		}
 		got, err := io.ReadAll(res.Body)
 		res.Body.Close()
@@ -312,7 +312,7 @@ func TestLargeDownloadUnderLambdaThroughTheEdgeWithTheGoSDK(t *testing.T) {
 	c := openai.NewClient(option.WithBaseURL(edgeURL+"/v1/"), option.WithAPIKey("key-a"), option.WithMaxRetries(0))
 	res, err := c.Files.Content(t.Context(), f.id)
 	if err != nil {
-		t.Fatalf("Content through the edge, the SDK's default client: %s", apiError(err))
+		t.Fatalf("Content through the edge, the SDK's default client: %s", sdkAPIError(err))
 	}
 	got, err := io.ReadAll(res.Body)
 	res.Body.Close()

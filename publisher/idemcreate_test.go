@@ -109,7 +109,7 @@ func TestRetriedCreatesAreReplayed(t *testing.T) {
 	front.arm(http.MethodPost, "/v1/files")
 	f, err := newFile(a, "upload-1", data)
 	if err != nil {
-		t.Fatalf("Files.New: %s", apiError(err))
+		t.Fatalf("Files.New: %s", sdkAPIError(err))
 	}
 	checkReplay("upload", f.RawJSON())
 	if page, err := a.Files.List(ctx, openai.FileListParams{}); err != nil || len(page.Data) != 1 || page.Data[0].ID != f.ID {
@@ -118,7 +118,7 @@ func TestRetriedCreatesAreReplayed(t *testing.T) {
 	_, err = newFile(a, "upload-1", batchLines(4, "r"))
 	wantAPIError(t, "the upload's key with another file", err, 422, "idempotency_key_reused", "")
 	if fb, err := newFile(b, "upload-1", data); err != nil || fb.ID == f.ID {
-		t.Errorf("another tenant's upload with the same key: %v %s; want a file of its own", apiError(err), fb.RawJSON())
+		t.Errorf("another tenant's upload with the same key: %v %s; want a file of its own", sdkAPIError(err), fb.RawJSON())
 	}
 
 	params := openai.BatchNewParams{InputFileID: f.ID, Endpoint: openai.BatchNewParamsEndpointV1Embeddings,
@@ -126,7 +126,7 @@ func TestRetriedCreatesAreReplayed(t *testing.T) {
 	front.arm(http.MethodPost, "/v1/batches")
 	bt, err := a.Batches.New(ctx, params, key("batch-1"))
 	if err != nil {
-		t.Fatalf("Batches.New: %s", apiError(err))
+		t.Fatalf("Batches.New: %s", sdkAPIError(err))
 	}
 	checkReplay("batch", bt.RawJSON())
 	if page, err := a.Batches.List(ctx, openai.BatchListParams{}); err != nil || len(page.Data) != 1 || page.Data[0].ID != bt.ID {

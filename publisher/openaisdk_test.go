@@ -1,0 +1,372 @@
+package publisher_test
+
+// The tests of the publisher's Files and Batch APIs with the official OpenAI
+// SDK for Go (v3.98.0) as the client: that the SDK reads every answer. They
+// are what keeps openai-go in the product's module (issue 32, item 4 would
+// have them in harness/sdkclients); the other tests use apiClient.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/vramq/vramq/internal/testenv/fakeoai"
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher"
+)
+
+// sdk is the official OpenAI client for Go on the publisher s, with key.
+func (s *server) sdk(key string) openai.Client {
+	return openai.NewClient(option.WithBaseURL(s.url+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+}
+
+// upload sends data as a batch file named name with c.
+func sdkUpload(t *testing.T, c openai.Client, name string, data []byte) *openai.FileObject {
+	t.Helper()
+	f, err := c.Files.New(t.Context(), openai.FileNewParams{
+		File: openai.File(bytes.NewReader(data), name, "application/jsonl"), Purpose: openai.FilePurposeBatch,
+	})
+	if err != nil {
+		t.Fatalf("uploading %s: %v", name, sdkAPIError(err))
+	}
+	return f
+}
+
+// apiError shows an error of the SDK with its body, which its Error hides.
+func sdkAPIError(err error) string {
+	var e *openai.Error
+	if errors.As(err, &e) {
+		return fmt.Sprintf("%d %s", e.StatusCode, e.RawJSON())
+	}
+	return fmt.Sprint(err)
+}
+
+// wantAPIError checks that err is the API's answer status with code and
+// param, in OpenAI's shape as the SDK reads it.
+func sdkWantAPIError(t *testing.T, what string, err error, status int, code, param string) {
+	t.Helper()
+	var e *openai.Error
+	if !errors.As(err, &e) {
+		t.Errorf("%s: %v; want an API error", what, err)
+		return
+	}
+	typ := "invalid_request_error"
+	if status >= 500 {
+		typ = "server_error"
+	}
+	if e.StatusCode != status || e.Code != code || e.Param != param || e.Type != typ || e.Message == "" ||
+		(param != "" && !e.JSON.Param.Valid()) || !e.JSON.Type.Valid() {
+		t.Errorf("%s: %s; want %d with code %q, param %q, type %q and a message", what, sdkAPIError(err), status, code, param, typ)
+	}
+}
+
+// Issue 28, files: the OpenAI SDK for Go uploads a batch file, retrieves
+// it, reads its content, lists it among others (paged both ways), and
+// deletes it; another tenant's key gets 404 on each of them and lists
+// none of them, and a second key of the owner's tenant reads them as the
+// first does.
+func TestFilesWithTheOpenAISDK(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a", "acme:key-a2", "globex:key-b"}})
+	a, a2, b := s.sdk("key-a"), s.sdk("key-a2"), s.sdk("key-b")
+	ctx := t.Context()
+
+	data := batchLines(3, "r")
+	before := time.Now().Unix()
+	f := sdkUpload(t, a, "requests.jsonl", data)
+	if !strings.HasPrefix(f.ID, "file-") || f.Object != "file" || f.Bytes != int64(len(data)) || f.Filename != "requests.jsonl" ||
+		f.Purpose != openai.FileObjectPurposeBatch || f.JSON.Status.Raw() != `"processed"` ||
+		f.CreatedAt < before || f.CreatedAt > time.Now().Unix() || f.ExpiresAt != f.CreatedAt+30*24*3600 {
+		t.Errorf("uploaded: %s", f.RawJSON())
+	}
+	for _, c := range []openai.Client{a, a2} {
+		got, err := c.Files.Get(ctx, f.ID)
+		if err != nil {
+			t.Fatalf("Get: %s", sdkAPIError(err))
+		}
+		if diff := cmp.Diff(f.RawJSON(), got.RawJSON()); diff != "" {
+			t.Errorf("Get differs from the upload's answer (-upload +get):\n%s", diff)
+		}
+		res, err := c.Files.Content(ctx, f.ID)
+		if err != nil {
+			t.Fatalf("Content: %s", sdkAPIError(err))
+		}
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err != nil || !bytes.Equal(body, data) {
+			t.Errorf("Content: %q (%v); want %q", body, err, data)
+		}
+	}
+
+	// Another tenant: 404 on everything, in OpenAI's shape, and nothing listed.
+	_, err := b.Files.Get(ctx, f.ID)
+	sdkWantAPIError(t, "another tenant's Get", err, 404, "not_found", "id")
+	_, err = b.Files.Content(ctx, f.ID)
+	sdkWantAPIError(t, "another tenant's Content", err, 404, "not_found", "id")
+	_, err = b.Files.Delete(ctx, f.ID)
+	sdkWantAPIError(t, "another tenant's Delete", err, 404, "not_found", "id")
+	if page, err := b.Files.List(ctx, openai.FileListParams{}); err != nil || len(page.Data) != 0 || page.HasMore {
+		t.Errorf("another tenant's List: %v, %s", err, page.RawJSON())
+	}
+	if _, err := a.Files.Get(ctx, f.ID); err != nil {
+		t.Errorf("the owner's Get after another tenant's Delete: %s", sdkAPIError(err))
+	}
+	other := sdkUpload(t, b, "globex.jsonl", batchLines(1, "g"))
+
+	// Paging: four more of acme's, listed two at a time, newest first and
+	// oldest first; the SDK's auto-pager follows has_more and after.
+	ids := []string{f.ID}
+	for i := range 4 {
+		ids = append(ids, sdkUpload(t, a, fmt.Sprintf("more-%d.jsonl", i), batchLines(1, "m")).ID)
+	}
+	slices.Sort(ids)
+	first, err := a.Files.List(ctx, openai.FileListParams{Limit: openai.Int(2)})
+	if err != nil || len(first.Data) != 2 || !first.HasMore {
+		t.Fatalf("List, limit 2: %v, %s", err, first.RawJSON())
+	}
+	for _, order := range []openai.FileListParamsOrder{openai.FileListParamsOrderDesc, openai.FileListParamsOrderAsc, ""} {
+		var got []string
+		var created []int64
+		pager := a.Files.ListAutoPaging(ctx, openai.FileListParams{Limit: openai.Int(2), Order: order, Purpose: openai.String("batch")})
+		for pager.Next() {
+			got = append(got, pager.Current().ID)
+			created = append(created, pager.Current().CreatedAt)
+		}
+		if err := pager.Err(); err != nil {
+			t.Fatalf("listing, order %q: %s", order, sdkAPIError(err))
+		}
+		want := slices.Clone(ids)
+		if order != openai.FileListParamsOrderAsc {
+			slices.Reverse(want)
+			slices.Reverse(created)
+		}
+		if !cmp.Equal(got, want) || !slices.IsSorted(created) {
+			t.Errorf("listing, order %q: %q created %v; want %q", order, got, created, want)
+		}
+	}
+	if page, err := a.Files.List(ctx, openai.FileListParams{Purpose: openai.String("fine-tune")}); err != nil || len(page.Data) != 0 {
+		t.Errorf("listing purpose fine-tune: %v, %s", err, page.RawJSON())
+	}
+
+	// Delete: gone for every route, and from the bucket.
+	del, err := a2.Files.Delete(ctx, f.ID)
+	if err != nil || !del.Deleted || del.ID != f.ID || del.Object != "file" {
+		t.Fatalf("Delete: %s, %v", sdkAPIError(err), del)
+	}
+	_, err = a.Files.Get(ctx, f.ID)
+	sdkWantAPIError(t, "Get of a deleted file", err, 404, "not_found", "id")
+	_, err = a.Files.Content(ctx, f.ID)
+	sdkWantAPIError(t, "Content of a deleted file", err, 404, "not_found", "id")
+	_, err = a.Files.Delete(ctx, f.ID)
+	sdkWantAPIError(t, "Delete of a deleted file", err, 404, "not_found", "id")
+	var left []string
+	pager := a.Files.ListAutoPaging(ctx, openai.FileListParams{})
+	for pager.Next() {
+		left = append(left, pager.Current().ID)
+	}
+	if slices.Contains(left, f.ID) || len(left) != 4 || pager.Err() != nil {
+		t.Errorf("listing after the delete: %q, %v", left, pager.Err())
+	}
+	keys, err := e.store.List(ctx, "files/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if strings.Contains(k, f.ID) {
+			t.Errorf("the deleted file's %s is still in the bucket", k)
+		}
+	}
+	if len(keys) != 2*5 {
+		t.Errorf("the bucket holds %d objects under files/; want the content and record of 5 files: %q", len(keys), keys)
+	}
+	if _, err := b.Files.Get(ctx, other.ID); err != nil {
+		t.Errorf("globex's own file: %s", sdkAPIError(err))
+	}
+}
+
+// sdkFileLines downloads file id with c and parses its lines; none for "".
+func sdkFileLines(t *testing.T, c openai.Client, id string) []outputLine {
+	t.Helper()
+	if id == "" {
+		return nil
+	}
+	res, err := c.Files.Content(t.Context(), id)
+	if err != nil {
+		t.Fatalf("content of %s: %s", id, sdkAPIError(err))
+	}
+	defer res.Body.Close()
+	data, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return outputLines(t, id, data)
+}
+
+// sdkBatch is batch id as c reads it.
+func sdkBatch(t *testing.T, c openai.Client, id string) *openai.Batch {
+	t.Helper()
+	b, err := c.Batches.Get(t.Context(), id)
+	if err != nil {
+		t.Fatalf("Get %s: %s", id, sdkAPIError(err))
+	}
+	return b
+}
+
+// sdkNewBatch is newBatch with c, whose key is key: the batch is created and
+// read with c, and waited for with apiClient.
+func (s *server) sdkNewBatch(t *testing.T, c openai.Client, key, fileID string, endpoint openai.BatchNewParamsEndpoint) *openai.Batch {
+	t.Helper()
+	b, err := c.Batches.New(t.Context(), openai.BatchNewParams{InputFileID: fileID, Endpoint: endpoint,
+		CompletionWindow: openai.BatchNewParamsCompletionWindow24h, Metadata: map[string]string{"run": "nightly"}})
+	if err != nil {
+		t.Fatalf("Batches.New: %s", sdkAPIError(err))
+	}
+	if b.Status != openai.BatchStatusValidating || b.InProgressAt != 0 || b.JSON.Errors.Raw() != "null" {
+		t.Fatalf("Batches.New answered %s; want it validating", b.RawJSON())
+	}
+	waitBatch(t, s.client(key), b.ID, time.Minute, "in_progress", "failed", "cancelling", "finalizing", "completed")
+	return sdkBatch(t, c, b.ID)
+}
+
+// An embeddings batch runs on the in-process model: created, polled to
+// completed, its output file holds one line per request in the file's
+// order, each body OpenAI's embeddings response as the SDK's type reads it;
+// no error file. The batch lists for its owner and for no one else, who
+// gets 404 on it, on its cancel and on a batch of the owner's file.
+func TestBatchEmbeddingsWithTheOpenAISDK(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}, ChunkItems: 4})
+	a, b := s.sdk("key-a"), s.sdk("key-b")
+	const n = 10
+	f := sdkUpload(t, a, "embed.jsonl", embeddingLines(n))
+	before := time.Now().Unix()
+	bt := s.sdkNewBatch(t, a, "key-a", f.ID, openai.BatchNewParamsEndpointV1Embeddings)
+	if !strings.HasPrefix(bt.ID, "batch_") || bt.Object != "batch" || bt.Endpoint != "/v1/embeddings" || bt.InputFileID != f.ID ||
+		bt.CompletionWindow != "24h" || bt.Status != openai.BatchStatusInProgress || bt.RequestCounts.Total != n ||
+		bt.CreatedAt < before || bt.ExpiresAt != bt.CreatedAt+24*3600 || bt.InProgressAt < bt.CreatedAt ||
+		bt.Metadata["run"] != "nightly" || bt.JSON.OutputFileID.Raw() != "null" || bt.JSON.Errors.Raw() != "null" {
+		t.Errorf("created: %s", bt.RawJSON())
+	}
+	for what, err := range map[string]error{
+		"Get":    func() error { _, err := b.Batches.Get(t.Context(), bt.ID); return err }(),
+		"Cancel": func() error { _, err := b.Batches.Cancel(t.Context(), bt.ID); return err }(),
+	} {
+		sdkWantAPIError(t, "another tenant's "+what, err, 404, "not_found", "id")
+	}
+	_, err := b.Batches.New(t.Context(), openai.BatchNewParams{InputFileID: f.ID, Endpoint: openai.BatchNewParamsEndpointV1Embeddings,
+		CompletionWindow: openai.BatchNewParamsCompletionWindow24h})
+	sdkWantAPIError(t, "a batch of another tenant's file", err, 404, "not_found", "input_file_id")
+	if page, err := b.Batches.List(t.Context(), openai.BatchListParams{}); err != nil || len(page.Data) != 0 {
+		t.Errorf("another tenant lists %d batches (%v)", len(page.Data), err)
+	}
+
+	e.runSubscriber()
+	waitBatch(t, s.client("key-a"), bt.ID, time.Minute, "completed")
+	done := sdkBatch(t, a, bt.ID)
+	if done.RequestCounts.Completed != n || done.RequestCounts.Failed != 0 || done.CompletedAt < done.InProgressAt ||
+		done.FinalizingAt == 0 || done.OutputFileID == "" || done.JSON.ErrorFileID.Raw() != "null" || done.Usage.InputTokens == 0 {
+		t.Errorf("completed: %s", done.RawJSON())
+	}
+	out := sdkFileLines(t, a, done.OutputFileID)
+	if len(out) != n {
+		t.Fatalf("%d output lines; want %d", len(out), n)
+	}
+	for i, l := range out {
+		if l.CustomID != fmt.Sprintf("e-%d", i) || !strings.HasPrefix(l.ID, "batch_req_") || l.Error != nil || l.Response == nil ||
+			l.Response.StatusCode != 200 || l.Response.RequestID == "" {
+			t.Fatalf("output line %d: %+v", i, l)
+		}
+		var emb openai.CreateEmbeddingResponse
+		if err := json.Unmarshal(l.Response.Body, &emb); err != nil || len(emb.Data) != 1 || len(emb.Data[0].Embedding) == 0 ||
+			emb.Model != "ref" || emb.Usage.PromptTokens == 0 {
+			t.Errorf("output line %d's body: %s (%v)", i, l.Response.Body, err)
+		}
+	}
+	of, err := a.Files.Get(t.Context(), done.OutputFileID)
+	if err != nil || of.Purpose != "batch_output" || of.Filename != bt.ID+"_output.jsonl" {
+		t.Errorf("output file: %v %s", err, of.RawJSON())
+	}
+	if _, err := b.Files.Get(t.Context(), done.OutputFileID); err == nil {
+		t.Errorf("another tenant reads the output file")
+	}
+	// Each purpose's listing has its own file, told apart by id (issue 34,
+	// item 5).
+	for purpose, want := range map[string]string{"batch_output": done.OutputFileID, "batch": f.ID} {
+		if page, err := a.Files.List(t.Context(), openai.FileListParams{Purpose: openai.String(purpose)}); err != nil ||
+			len(page.Data) != 1 || page.Data[0].ID != want {
+			t.Errorf("files of purpose %s: %v %s; want only %s", purpose, err, page.RawJSON(), want)
+		}
+	}
+	page, err := a.Batches.List(t.Context(), openai.BatchListParams{})
+	if err != nil || len(page.Data) != 1 || page.Data[0].ID != bt.ID || page.Data[0].Status != openai.BatchStatusCompleted {
+		t.Errorf("list: %v %+v", err, page)
+	}
+	_, err = a.Batches.Cancel(t.Context(), bt.ID)
+	sdkWantAPIError(t, "cancelling a completed batch", err, 409, "batch_not_cancellable", "")
+}
+
+// A chat-completions batch runs on a model server (the fake): the answers
+// are in the output file, parsed by the SDK's ChatCompletion; the request
+// the server refused (a prompt over its context) is in the error file with
+// its 400 and body, and counted failed.
+func TestBatchChatCompletionsWithTheOpenAISDK(t *testing.T) {
+	t.Parallel()
+	srv := fakeoai.New(fakeoai.Config{MaxModelLen: 64, ContextLengthStatus: 400})
+	defer srv.Close()
+	e := newEnv(t, true)
+	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, ChunkItems: 3})
+	a := s.sdk("key-a")
+	var in bytes.Buffer
+	const n = 7
+	for i := range n {
+		content := fmt.Sprintf("question %d", i)
+		if i == 4 {
+			content = strings.Repeat("long ", 200) // over the fake's 64-token context
+		}
+		fmt.Fprintf(&in, `{"custom_id":"c-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"fake-model","messages":[{"role":"user","content":%q}],"max_tokens":8}}`+"\n", i, content)
+	}
+	f := sdkUpload(t, a, "chat.jsonl", in.Bytes())
+	bt := s.sdkNewBatch(t, a, "key-a", f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
+	e.runServerSubscriber(srv)
+	waitBatch(t, s.client("key-a"), bt.ID, time.Minute, "completed")
+	done := sdkBatch(t, a, bt.ID)
+	if done.RequestCounts.Total != n || done.RequestCounts.Completed != n-1 || done.RequestCounts.Failed != 1 ||
+		done.Usage.OutputTokens == 0 || done.Usage.TotalTokens != done.Usage.InputTokens+done.Usage.OutputTokens {
+		t.Errorf("completed: %s", done.RawJSON())
+	}
+	out, errs := sdkFileLines(t, a, done.OutputFileID), sdkFileLines(t, a, done.ErrorFileID)
+	if len(out) != n-1 || len(errs) != 1 {
+		t.Fatalf("%d output and %d error lines", len(out), len(errs))
+	}
+	for i, l := range out {
+		want := i
+		if i >= 4 {
+			want++
+		}
+		var cc openai.ChatCompletion
+		if l.CustomID != fmt.Sprintf("c-%d", want) || l.Response == nil || l.Response.StatusCode != 200 ||
+			json.Unmarshal(l.Response.Body, &cc) != nil || len(cc.Choices) != 1 || cc.Choices[0].Message.Content == "" {
+			t.Errorf("output line %d: %+v", i, l)
+		}
+	}
+	l := errs[0]
+	var apiErr struct {
+		Error struct{ Message string } `json:"error"`
+	}
+	if l.CustomID != "c-4" || l.Response == nil || l.Response.StatusCode != 400 || l.Error == nil || l.Error.Code != job.ItemRequestRefused ||
+		json.Unmarshal(l.Response.Body, &apiErr) != nil || apiErr.Error.Message == "" {
+		t.Errorf("error line: %+v", l)
+	}
+}
