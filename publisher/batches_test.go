@@ -1,45 +1,25 @@
 package publisher_test
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
-	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 // Issue 28, batches: the official OpenAI SDK for Go as the client of the
 // publisher's Batch API, with a real subscriber on the emulator's queues
 // running the lines.
 
-// outputLine is a line of a batch's output or error file, as OpenAI's API
-// reference gives "the request output object" (the SDK has no type for it).
-type outputLine struct {
-	ID       string `json:"id"`
-	CustomID string `json:"custom_id"`
-	Response *struct {
-		StatusCode int             `json:"status_code"`
-		RequestID  string          `json:"request_id"`
-		Body       json.RawMessage `json:"body"`
-	} `json:"response"`
-	Error *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
 // fileLines downloads file id with c and parses its lines; none for "".
-func fileLines(t *testing.T, c *apiClient, id string) []outputLine {
+func fileLines(t *testing.T, c *apiClient, id string) []publishertest.OutputLine {
 	t.Helper()
 	if id == "" {
 		return nil
@@ -48,33 +28,7 @@ func fileLines(t *testing.T, c *apiClient, id string) []outputLine {
 	if err != nil {
 		t.Fatalf("content of %s: %s", id, apiError(err))
 	}
-	return outputLines(t, id, data)
-}
-
-// outputLines parses the lines of file id, data.
-func outputLines(t *testing.T, id string, data []byte) []outputLine {
-	t.Helper()
-	var out []outputLine
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var l outputLine
-		// Strict: every key is one the reference names, and both response
-		// and error are there (null when empty).
-		dec := json.NewDecoder(bytes.NewReader(sc.Bytes()))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&l); err != nil {
-			t.Fatalf("line %q of %s: %v", sc.Text(), id, err)
-		}
-		if !bytes.Contains(sc.Bytes(), []byte(`"response":`)) || !bytes.Contains(sc.Bytes(), []byte(`"error":`)) {
-			t.Errorf("line %q of %s lacks response or error", sc.Text(), id)
-		}
-		out = append(out, l)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return publishertest.OutputLines(t, id, data)
 }
 
 // waitBatch polls the batch with c until its status is one of want.
@@ -96,13 +50,8 @@ func waitBatch(t *testing.T, c *apiClient, id string, limit time.Duration, want 
 	}
 }
 
-func embeddingLines(n int) []byte {
-	var b bytes.Buffer
-	for i := range n {
-		fmt.Fprintf(&b, `{"custom_id":"e-%d","method":"POST","url":"/v1/embeddings","body":{"model":"ref","input":"the %d th text to embed"}}`+"\n", i, i)
-	}
-	return b.Bytes()
-}
+// embeddingLines is a batch file for the reference model (publishertest.EmbeddingLines).
+var embeddingLines = publishertest.EmbeddingLines
 
 // newBatch creates a batch of fileID with c, which answers it validating
 // as OpenAI does, and returns it as its validator leaves it: in_progress or
@@ -137,13 +86,7 @@ func (s *server) sweep(t *testing.T) func() {
 // model-server backend on srv, until the test ends.
 func (e *env) runServerSubscriber(srv *fakeoai.Server) {
 	e.t.Helper()
-	m, _, err := modelserver.Open(e.t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
-		Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { _ = m.Close() })
-	e.runModel(m, gpu.NewSim(1<<30))
+	e.runModel(publishertest.ServerModel(e.t, srv))
 }
 
 // A file with bad lines makes a batch that failed at validating, each bad

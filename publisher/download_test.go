@@ -357,3 +357,12 @@ func TestLargeDownloadUnderLambdaThroughTheEdgeWithTheGoSDK(t *testing.T) {
 		t.Errorf("the redirect, altered: %d %s; want S3's 403 SignatureDoesNotMatch", res.StatusCode, b)
 	}
 }
+
+// sdkAPIError shows an error of the SDK with its body, which its Error hides.
+func sdkAPIError(err error) string {
+	var e *openai.Error
+	if errors.As(err, &e) {
+		return fmt.Sprintf("%d %s", e.StatusCode, e.RawJSON())
+	}
+	return fmt.Sprint(err)
+}

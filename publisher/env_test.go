@@ -6,12 +6,10 @@ package publisher_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strconv"
 	"testing"
@@ -27,6 +25,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 type env struct {
@@ -70,16 +69,7 @@ type server struct {
 func (e *env) serve(cfg publisher.Config) *server {
 	e.t.Helper()
 	s := e.serveUnswept(cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		s.pub.RunSweeper(ctx, time.Second)
-	}()
-	e.t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	publishertest.Sweep(e.t, s.pub)
 	return s
 }
 
@@ -87,31 +77,11 @@ func (e *env) serve(cfg publisher.Config) *server {
 // (Sweep).
 func (e *env) serveUnswept(cfg publisher.Config) *server {
 	e.t.Helper()
-	lim, err := publisher.QueueLimits(e.t.Context(), e.client, e.urls.Work)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = lim.MaxMessageBytes
-	}
-	if cfg.Queue == nil {
-		cfg.Queue = publisher.NewSQSQueue(e.client, e.urls.Work)
-	}
-	if cfg.Payloads == nil {
-		cfg.Payloads = e.store
-	}
-	s := &server{env: e, reg: prometheus.NewRegistry()}
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger()
 	}
-	cfg.Registerer = s.reg
-	if s.pub, err = publisher.New(cfg); err != nil {
-		e.t.Fatal(err)
-	}
-	srv := httptest.NewServer(s.pub.Handler())
-	e.t.Cleanup(srv.Close)
-	s.url = srv.URL
-	return s
+	p := publishertest.Serve(e.t, e.client, e.urls.Work, e.store, cfg)
+	return &server{env: e, pub: p.Pub, reg: p.Reg, url: p.URL}
 }
 
 // reply is an HTTP response, read.

@@ -19,6 +19,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 // upload sends data as a batch file named name with c.
@@ -51,13 +52,8 @@ func wantAPIError(t *testing.T, what string, err error, status int, code, param 
 	}
 }
 
-func batchLines(n int, tag string) []byte {
-	var b bytes.Buffer
-	for i := range n {
-		fmt.Fprintf(&b, `{"custom_id":"%s-%d","method":"POST","url":"/v1/embeddings","body":{"model":"m","input":"x"}}`+"\n", tag, i)
-	}
-	return b.Bytes()
-}
+// batchLines is a batch file of n embeddings requests (publishertest.BatchLines).
+var batchLines = publishertest.BatchLines
 
 // rawUpload posts a form of the fields before (name, value), a file part
 // unless file is nil, and the fields after; it returns the status and body.

@@ -1,9 +1,8 @@
-package publisher_test
+package sdkclients
 
-// The tests of the publisher's Files and Batch APIs with the official OpenAI
-// SDK for Go (v3.98.0) as the client: that the SDK reads every answer. They
-// are what keeps openai-go in the product's module (issue 32, item 4 would
-// have them in harness/sdkclients); the other tests use apiClient.
+// The publisher's Files and Batch APIs with the official OpenAI SDK for Go
+// (v3.98.0) as the client, on the emulator: the SDK reads every answer.
+// Moved from the publisher's package (issue 32, item 4).
 
 import (
 	"bytes"
@@ -11,23 +10,58 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/google/go-cmp/cmp"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
+	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
-// sdk is the official OpenAI client for Go on the publisher s, with key.
-func (s *server) sdk(key string) openai.Client {
-	return openai.NewClient(option.WithBaseURL(s.url+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+// stack is a publisher with cfg, its sweeper running, on fresh queues and a
+// bucket of the emulator's.
+type stack struct {
+	*publishertest.Served
+	t      *testing.T
+	client *sqs.Client
+	urls   localstack.URLs
+	store  *payload.Store
+}
+
+func newStack(t *testing.T, cfg publisher.Config) *stack {
+	t.Helper()
+	s := &stack{t: t, client: sqstest.Client(t)}
+	s.urls = sqstest.Queues(t, s.client, 5)
+	s3c := sqstest.S3(t)
+	s.store = payload.New(s3c, sqstest.Bucket(t, s3c))
+	s.Served = publishertest.Serve(t, s.client, s.urls.Work, s.store, cfg)
+	publishertest.Sweep(t, s.Pub)
+	return s
+}
+
+// run runs a subscriber of model on dev on the stack's queues until the
+// test ends.
+func (s *stack) run(model gpu.Model, dev gpu.Device) {
+	s.t.Helper()
+	publishertest.RunSubscriber(s.t, s.client, s.urls, s.store, model, dev, slog.New(slog.DiscardHandler))
+}
+
+// sdk is the official OpenAI client for Go on the stack's publisher, with key.
+func (s *stack) sdk(key string) openai.Client {
+	return openai.NewClient(option.WithBaseURL(s.URL+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
 }
 
 // upload sends data as a batch file named name with c.
@@ -77,12 +111,11 @@ func sdkWantAPIError(t *testing.T, what string, err error, status int, code, par
 // first does.
 func TestFilesWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a", "acme:key-a2", "globex:key-b"}})
+	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a", "acme:key-a2", "globex:key-b"}})
 	a, a2, b := s.sdk("key-a"), s.sdk("key-a2"), s.sdk("key-b")
 	ctx := t.Context()
 
-	data := batchLines(3, "r")
+	data := publishertest.BatchLines(3, "r")
 	before := time.Now().Unix()
 	f := sdkUpload(t, a, "requests.jsonl", data)
 	if !strings.HasPrefix(f.ID, "file-") || f.Object != "file" || f.Bytes != int64(len(data)) || f.Filename != "requests.jsonl" ||
@@ -122,13 +155,13 @@ func TestFilesWithTheOpenAISDK(t *testing.T) {
 	if _, err := a.Files.Get(ctx, f.ID); err != nil {
 		t.Errorf("the owner's Get after another tenant's Delete: %s", sdkAPIError(err))
 	}
-	other := sdkUpload(t, b, "globex.jsonl", batchLines(1, "g"))
+	other := sdkUpload(t, b, "globex.jsonl", publishertest.BatchLines(1, "g"))
 
 	// Paging: four more of acme's, listed two at a time, newest first and
 	// oldest first; the SDK's auto-pager follows has_more and after.
 	ids := []string{f.ID}
 	for i := range 4 {
-		ids = append(ids, sdkUpload(t, a, fmt.Sprintf("more-%d.jsonl", i), batchLines(1, "m")).ID)
+		ids = append(ids, sdkUpload(t, a, fmt.Sprintf("more-%d.jsonl", i), publishertest.BatchLines(1, "m")).ID)
 	}
 	slices.Sort(ids)
 	first, err := a.Files.List(ctx, openai.FileListParams{Limit: openai.Int(2)})
@@ -178,7 +211,7 @@ func TestFilesWithTheOpenAISDK(t *testing.T) {
 	if slices.Contains(left, f.ID) || len(left) != 4 || pager.Err() != nil {
 		t.Errorf("listing after the delete: %q, %v", left, pager.Err())
 	}
-	keys, err := e.store.List(ctx, "files/")
+	keys, err := s.store.List(ctx, "files/")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,8 +228,44 @@ func TestFilesWithTheOpenAISDK(t *testing.T) {
 	}
 }
 
+// sdkWaitBatch polls the batch with c until its status is one of want.
+func sdkWaitBatch(t *testing.T, c openai.Client, id string, limit time.Duration, want ...openai.BatchStatus) *openai.Batch {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		b, err := c.Batches.Get(t.Context(), id)
+		if err != nil {
+			t.Fatalf("Get %s: %s", id, sdkAPIError(err))
+		}
+		if slices.Contains(want, b.Status) {
+			return b
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("batch %s is %s after %v; want %v: %s", id, b.Status, limit, want, b.RawJSON())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// sdkNewBatch creates a batch of fileID with c, which answers it validating
+// as OpenAI does, and returns it as its validator leaves it: in_progress or
+// failed.
+func sdkNewBatch(t *testing.T, c openai.Client, fileID string, endpoint openai.BatchNewParamsEndpoint) *openai.Batch {
+	t.Helper()
+	b, err := c.Batches.New(t.Context(), openai.BatchNewParams{InputFileID: fileID, Endpoint: endpoint,
+		CompletionWindow: openai.BatchNewParamsCompletionWindow24h, Metadata: map[string]string{"run": "nightly"}})
+	if err != nil {
+		t.Fatalf("Batches.New: %s", sdkAPIError(err))
+	}
+	if b.Status != openai.BatchStatusValidating || b.InProgressAt != 0 || b.JSON.Errors.Raw() != "null" {
+		t.Fatalf("Batches.New answered %s; want it validating", b.RawJSON())
+	}
+	return sdkWaitBatch(t, c, b.ID, time.Minute, openai.BatchStatusInProgress, openai.BatchStatusFailed,
+		openai.BatchStatusCancelling, openai.BatchStatusFinalizing, openai.BatchStatusCompleted)
+}
+
 // sdkFileLines downloads file id with c and parses its lines; none for "".
-func sdkFileLines(t *testing.T, c openai.Client, id string) []outputLine {
+func sdkFileLines(t *testing.T, c openai.Client, id string) []publishertest.OutputLine {
 	t.Helper()
 	if id == "" {
 		return nil
@@ -210,33 +279,7 @@ func sdkFileLines(t *testing.T, c openai.Client, id string) []outputLine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return outputLines(t, id, data)
-}
-
-// sdkBatch is batch id as c reads it.
-func sdkBatch(t *testing.T, c openai.Client, id string) *openai.Batch {
-	t.Helper()
-	b, err := c.Batches.Get(t.Context(), id)
-	if err != nil {
-		t.Fatalf("Get %s: %s", id, sdkAPIError(err))
-	}
-	return b
-}
-
-// sdkNewBatch is newBatch with c, whose key is key: the batch is created and
-// read with c, and waited for with apiClient.
-func (s *server) sdkNewBatch(t *testing.T, c openai.Client, key, fileID string, endpoint openai.BatchNewParamsEndpoint) *openai.Batch {
-	t.Helper()
-	b, err := c.Batches.New(t.Context(), openai.BatchNewParams{InputFileID: fileID, Endpoint: endpoint,
-		CompletionWindow: openai.BatchNewParamsCompletionWindow24h, Metadata: map[string]string{"run": "nightly"}})
-	if err != nil {
-		t.Fatalf("Batches.New: %s", sdkAPIError(err))
-	}
-	if b.Status != openai.BatchStatusValidating || b.InProgressAt != 0 || b.JSON.Errors.Raw() != "null" {
-		t.Fatalf("Batches.New answered %s; want it validating", b.RawJSON())
-	}
-	waitBatch(t, s.client(key), b.ID, time.Minute, "in_progress", "failed", "cancelling", "finalizing", "completed")
-	return sdkBatch(t, c, b.ID)
+	return publishertest.OutputLines(t, id, data)
 }
 
 // An embeddings batch runs on the in-process model: created, polled to
@@ -246,13 +289,12 @@ func (s *server) sdkNewBatch(t *testing.T, c openai.Client, key, fileID string, 
 // gets 404 on it, on its cancel and on a batch of the owner's file.
 func TestBatchEmbeddingsWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}, ChunkItems: 4})
+	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}, ChunkItems: 4})
 	a, b := s.sdk("key-a"), s.sdk("key-b")
 	const n = 10
-	f := sdkUpload(t, a, "embed.jsonl", embeddingLines(n))
+	f := sdkUpload(t, a, "embed.jsonl", publishertest.EmbeddingLines(n))
 	before := time.Now().Unix()
-	bt := s.sdkNewBatch(t, a, "key-a", f.ID, openai.BatchNewParamsEndpointV1Embeddings)
+	bt := sdkNewBatch(t, a, f.ID, openai.BatchNewParamsEndpointV1Embeddings)
 	if !strings.HasPrefix(bt.ID, "batch_") || bt.Object != "batch" || bt.Endpoint != "/v1/embeddings" || bt.InputFileID != f.ID ||
 		bt.CompletionWindow != "24h" || bt.Status != openai.BatchStatusInProgress || bt.RequestCounts.Total != n ||
 		bt.CreatedAt < before || bt.ExpiresAt != bt.CreatedAt+24*3600 || bt.InProgressAt < bt.CreatedAt ||
@@ -272,9 +314,8 @@ func TestBatchEmbeddingsWithTheOpenAISDK(t *testing.T) {
 		t.Errorf("another tenant lists %d batches (%v)", len(page.Data), err)
 	}
 
-	e.runSubscriber()
-	waitBatch(t, s.client("key-a"), bt.ID, time.Minute, "completed")
-	done := sdkBatch(t, a, bt.ID)
+	s.run(publishertest.RefModel(t))
+	done := sdkWaitBatch(t, a, bt.ID, time.Minute, openai.BatchStatusCompleted)
 	if done.RequestCounts.Completed != n || done.RequestCounts.Failed != 0 || done.CompletedAt < done.InProgressAt ||
 		done.FinalizingAt == 0 || done.OutputFileID == "" || done.JSON.ErrorFileID.Raw() != "null" || done.Usage.InputTokens == 0 {
 		t.Errorf("completed: %s", done.RawJSON())
@@ -325,8 +366,7 @@ func TestBatchChatCompletionsWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
 	srv := fakeoai.New(fakeoai.Config{MaxModelLen: 64, ContextLengthStatus: 400})
 	defer srv.Close()
-	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, ChunkItems: 3})
+	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"}, ChunkItems: 3})
 	a := s.sdk("key-a")
 	var in bytes.Buffer
 	const n = 7
@@ -338,10 +378,9 @@ func TestBatchChatCompletionsWithTheOpenAISDK(t *testing.T) {
 		fmt.Fprintf(&in, `{"custom_id":"c-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"fake-model","messages":[{"role":"user","content":%q}],"max_tokens":8}}`+"\n", i, content)
 	}
 	f := sdkUpload(t, a, "chat.jsonl", in.Bytes())
-	bt := s.sdkNewBatch(t, a, "key-a", f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
-	e.runServerSubscriber(srv)
-	waitBatch(t, s.client("key-a"), bt.ID, time.Minute, "completed")
-	done := sdkBatch(t, a, bt.ID)
+	bt := sdkNewBatch(t, a, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
+	s.run(publishertest.ServerModel(t, srv))
+	done := sdkWaitBatch(t, a, bt.ID, time.Minute, openai.BatchStatusCompleted)
 	if done.RequestCounts.Total != n || done.RequestCounts.Completed != n-1 || done.RequestCounts.Failed != 1 ||
 		done.Usage.OutputTokens == 0 || done.Usage.TotalTokens != done.Usage.InputTokens+done.Usage.OutputTokens {
 		t.Errorf("completed: %s", done.RawJSON())
