@@ -17,6 +17,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 // Issue 32, item 5: a batch advances itself. Its record is moved by one
@@ -36,20 +37,6 @@ func condStore(t *testing.T, e *env) (*payload.Store, *s3cond.Proxy) {
 	opts := c.Options()
 	opts.BaseEndpoint = aws.String(proxy.URL)
 	return payload.New(s3.New(opts), e.store.Bucket()), proxy
-}
-
-// putResults stores a result for chunks from..to-1 of a batch of
-// embeddingLines, one line a chunk, as a subscriber stores one.
-func putResults(t *testing.T, e *env, batchID string, from, to int) {
-	t.Helper()
-	body := `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],"model":"ref","usage":{"prompt_tokens":3,"total_tokens":3}}`
-	for c := from; c < to; c++ {
-		res := fmt.Sprintf(`{"v":1,"job_id":%q,"chunk":%d,"model":"ref","outputs":[{"id":"e-%d","response":{"status_code":200,"body":%s}}],"attempt":1,"worker_ms":1}`,
-			batchID, c, c, body)
-		if _, err := e.store.Put(t.Context(), job.ResultKey(batchID, c), []byte(res)); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // record reads a batch's record from the bucket, as no client can.
@@ -97,7 +84,7 @@ func TestBatchSettledReadsFinalizeOnce(t *testing.T) {
 	s := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store})
 	c := s.client("")
 	bt := newBatch(t, c, upload(t, c, "settled.jsonl", embeddingLines(16)).ID, "/v1/embeddings", s.sweep(t))
-	putResults(t, e, bt.ID, 0, 16)
+	publishertest.PutResults(t, e.store, bt.ID, 0, 16)
 	bucket := store.Bucket()
 
 	proxy.Reset()
@@ -229,7 +216,7 @@ func TestBatchFinalizationResumes(t *testing.T) {
 	s := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store})
 	c := s.client("")
 	bt := newBatch(t, c, upload(t, c, "resume.jsonl", embeddingLines(3)).ID, "/v1/embeddings", s.sweep(t))
-	putResults(t, e, bt.ID, 0, 3)
+	publishertest.PutResults(t, e.store, bt.ID, 0, 3)
 	ended := func(b *batch) {
 		t.Helper()
 		done, err := c.getBatch(t.Context(), b.ID)
@@ -257,7 +244,7 @@ func TestBatchFinalizationResumes(t *testing.T) {
 
 	// A finalizer that died: its claim, as it left it.
 	bd := newBatch(t, c, upload(t, c, "died.jsonl", embeddingLines(3)).ID, "/v1/embeddings", s.sweep(t))
-	putResults(t, e, bd.ID, 0, 3)
+	publishertest.PutResults(t, e.store, bd.ID, 0, 3)
 	claim := func(at time.Time) {
 		t.Helper()
 		m := record(t, e, bd.ID)
@@ -349,7 +336,7 @@ func TestBatchCompletionEventFinalizes(t *testing.T) {
 	s := e.serveUnswept(publisher.Config{ChunkItems: 1})
 	c := s.client("")
 	bt := newBatch(t, c, upload(t, c, "event.jsonl", embeddingLines(2)).ID, "/v1/embeddings", s.sweep(t))
-	putResults(t, e, bt.ID, 0, 2)
+	publishertest.PutResults(t, e.store, bt.ID, 0, 2)
 	fn := publisher.LambdaEvents(s.pub.Handler(), s.pub)
 	ev := snsEvent(fmt.Sprintf(`{"v":1,"event":"job.completed","job_id":%q,"batch_id":%q,"revision":1,"status":"completed"}`, bt.ID, bt.ID))
 	if _, err := fn(t.Context(), ev); err != nil {

@@ -6,6 +6,7 @@ package sdkclients
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -407,5 +408,47 @@ func TestBatchChatCompletionsWithTheOpenAISDK(t *testing.T) {
 	if l.CustomID != "c-4" || l.Response == nil || l.Response.StatusCode != 400 || l.Error == nil || l.Error.Code != job.ItemRequestRefused ||
 		json.Unmarshal(l.Response.Body, &apiErr) != nil || apiErr.Error.Message == "" {
 		t.Errorf("error line: %+v", l)
+	}
+}
+
+// Issue 35, item 1: a batch's end is announced as OpenAI announces it, a
+// webhook event signed by the Standard Webhooks scheme: openai-go's
+// Webhooks.Unwrap, given the secret, verifies each and reads it as its
+// own event type, batch.failed for a batch whose file has a bad line and
+// batch.completed for one whose job settled.
+func TestBatchWebhooksVerifyWithTheOpenAISDK(t *testing.T) {
+	t.Parallel()
+	url, got := publishertest.WebhookReceiver(t)
+	s := newStack(t, publisher.Config{ChunkItems: 1, BatchWebhookURL: url, BatchWebhookSecret: publishertest.WebhookSecret})
+	c := s.sdk("")
+	verifier := openai.NewClient(option.WithWebhookSecret(publishertest.WebhookSecret))
+
+	bad := sdkNewBatch(t, c, sdkUpload(t, c, "bad.jsonl", []byte("{\n")).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	d := publishertest.NextDelivery(t, got)
+	ev, err := verifier.Webhooks.Unwrap(d.Body, d.Header)
+	if err != nil {
+		t.Fatalf("Unwrap: %v (%s)", err, d.Body)
+	}
+	if f := ev.AsBatchFailed(); f.Type != "batch.failed" || f.Data.ID != bad.ID || f.Object != "event" || !strings.HasPrefix(f.ID, "evt_") ||
+		f.CreatedAt == 0 || d.Header.Get("webhook-id") != f.ID {
+		t.Errorf("batch.failed: %s (webhook-id %s)", d.Body, d.Header.Get("webhook-id"))
+	}
+
+	bt := sdkNewBatch(t, c, sdkUpload(t, c, "ok.jsonl", publishertest.EmbeddingLines(2)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	publishertest.PutResults(t, s.store, bt.ID, 0, 2)
+	d = publishertest.NextDelivery(t, got)
+	if ev, err = verifier.Webhooks.Unwrap(d.Body, d.Header); err != nil {
+		t.Fatalf("Unwrap: %v (%s)", err, d.Body)
+	}
+	if done := ev.AsBatchCompleted(); done.Type != "batch.completed" || done.Data.ID != bt.ID {
+		t.Errorf("batch.completed: %s", d.Body)
+	}
+	if b, err := c.Batches.Get(t.Context(), bt.ID); err != nil || b.Status != openai.BatchStatusCompleted {
+		t.Errorf("the batch announced completed: %v %s", sdkAPIError(err), b.RawJSON())
+	}
+	// Another secret's signature is refused: the SDK checks it.
+	other := openai.NewClient(option.WithWebhookSecret("whsec_" + base64.StdEncoding.EncodeToString([]byte("another secret of thirty-two b.."))))
+	if _, err := other.Webhooks.Unwrap(d.Body, d.Header); err == nil {
+		t.Error("Unwrap with another secret took the event")
 	}
 }
