@@ -44,12 +44,19 @@ type stack struct {
 
 func newStack(t *testing.T, cfg publisher.Config) *stack {
 	t.Helper()
+	s := newBare(t)
+	s.Served = publishertest.Serve(t, s.client, s.urls.Work, s.store, cfg)
+	publishertest.Sweep(t, s.Pub)
+	return s
+}
+
+// newBare is a stack's queues and bucket, with no publisher yet.
+func newBare(t *testing.T) *stack {
+	t.Helper()
 	s := &stack{t: t, client: sqstest.Client(t)}
 	s.urls = sqstest.Queues(t, s.client, 5)
 	s3c := sqstest.S3(t)
 	s.store = payload.New(s3c, sqstest.Bucket(t, s3c))
-	s.Served = publishertest.Serve(t, s.client, s.urls.Work, s.store, cfg)
-	publishertest.Sweep(t, s.Pub)
 	return s
 }
 
