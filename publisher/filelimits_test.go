@@ -5,19 +5,15 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
-
-	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/s3front"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 // fileID is a file id made at created, of the grammar newFileID's are:
@@ -51,22 +47,7 @@ func putFileRecord(t *testing.T, store *payload.Store, owner string, created tim
 
 // countedStore is e's bucket through an S3 front that counts requests.
 func countedStore(t *testing.T, e *env) (*payload.Store, *s3front.Front) {
-	t.Helper()
-	endpoint := os.Getenv("AWS_ENDPOINT_URL_S3")
-	if endpoint == "" {
-		endpoint = os.Getenv("AWS_ENDPOINT_URL")
-	}
-	cfg, err := awsconfig.Load(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, err := cfg.Credentials.Retrieve(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := s3front.Start(t, endpoint, creds)
-	client := s3.NewFromConfig(cfg, func(o *s3.Options) { o.BaseEndpoint, o.UsePathStyle = aws.String(front.URL), true })
-	return payload.New(client, e.store.Bucket()), front
+	return publishertest.FrontedStore(t, e.store)
 }
 
 // Issue 34, item 5: a listing reads at most limit+1+100 records, whatever

@@ -80,21 +80,9 @@ type Downloads struct {
 func LambdaDownloads(t testing.TB, client *sqs.Client, workURL string, store *payload.Store, edged bool) *Downloads {
 	t.Helper()
 	d := &Downloads{Store: store}
-	endpoint := os.Getenv("AWS_ENDPOINT_URL_S3")
-	if endpoint == "" {
-		endpoint = os.Getenv("AWS_ENDPOINT_URL")
-	}
-	cfg, err := awsconfig.Load(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, err := cfg.Credentials.Retrieve(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Front = s3front.Start(t, endpoint, creds)
-	s3c := s3.NewFromConfig(cfg, func(o *s3.Options) { o.BaseEndpoint, o.UsePathStyle = aws.String(d.Front.URL), true })
-	pc := publisher.Config{APIKeys: []string{"acme:key-a"}, Payloads: payload.New(s3c, store.Bucket())}
+	var fronted *payload.Store
+	fronted, d.Front = FrontedStore(t, store)
+	pc := publisher.Config{APIKeys: []string{"acme:key-a"}, Payloads: fronted}
 	var ed *edge.Edge
 	if edged {
 		ed = edge.Start(t, "/"+store.Bucket()+"/"+strings.SplitAfter(job.FilesPrefix("acme"), "/")[0], d.Front.URL)
@@ -110,4 +98,26 @@ func LambdaDownloads(t testing.TB, client *sqs.Client, workURL string, store *pa
 	}
 	d.LambdaURL = lam.URL
 	return d
+}
+
+// FrontedStore is store's bucket reached through an S3 front (the emulator's
+// S3, AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, behind s3front), which counts
+// requests and checks presigned URLs as S3 does.
+func FrontedStore(t testing.TB, store *payload.Store) (*payload.Store, *s3front.Front) {
+	t.Helper()
+	endpoint := os.Getenv("AWS_ENDPOINT_URL_S3")
+	if endpoint == "" {
+		endpoint = os.Getenv("AWS_ENDPOINT_URL")
+	}
+	cfg, err := awsconfig.Load(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := cfg.Credentials.Retrieve(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := s3front.Start(t, endpoint, creds)
+	client := s3.NewFromConfig(cfg, func(o *s3.Options) { o.BaseEndpoint, o.UsePathStyle = aws.String(front.URL), true })
+	return payload.New(client, store.Bucket()), front
 }
