@@ -14,9 +14,9 @@ import (
 	"github.com/vramq/vramq/publisher/publishertest"
 )
 
-// Issue 28, batches: the official OpenAI SDK for Go as the client of the
-// publisher's Batch API, with a real subscriber on the emulator's queues
-// running the lines.
+// Issue 28, batches: the publisher's Batch API through apiClient, with a
+// real subscriber on the emulator's queues running the lines (the tests
+// with the OpenAI SDK for Go as the client are harness/sdkclients's).
 
 // fileLines downloads file id with c and parses its lines; none for "".
 func fileLines(t *testing.T, c *apiClient, id string) []publishertest.OutputLine {
@@ -143,7 +143,7 @@ func TestBatchInvalidLines(t *testing.T) {
 	if q := e.queued(); q != 0 {
 		t.Errorf("%d messages on the queue; want none", q)
 	}
-	// A request the SDK sends wrong is refused in OpenAI's shape.
+	// A create with a bad field is refused in OpenAI's shape.
 	for what, p := range map[string]batchParams{
 		"endpoint":          {InputFileID: f.ID, Endpoint: "/v1/images/generations", CompletionWindow: "24h"},
 		"completion_window": {InputFileID: f.ID, Endpoint: "/v1/embeddings", CompletionWindow: "1h"},
