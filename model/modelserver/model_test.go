@@ -157,7 +157,7 @@ func TestEndpointOf(t *testing.T) {
 	}
 }
 
-// RunEndpoint sends each item to the job's endpoint, not to the one its
+// Run with an endpoint sends each item to the job's endpoint, not to the one its
 // body's fields suggest, and refuses an item whose body lacks what that
 // endpoint requires.
 func TestRunEndpointUsesTheJobsEndpoint(t *testing.T) {
