@@ -139,7 +139,8 @@ func is2xx(a *answer) bool { return a.err == nil && a.status >= 200 && a.status 
 
 // endpointJSON reports whether a 2xx body is what the endpoint defines: an
 // object with a choices array (chat, completions), a data array
-// (embeddings), or a content array (Anthropic's messages).
+// (embeddings), a content array (Anthropic's messages), an output array (a
+// response) or a results array (a moderation).
 func endpointJSON(a *answer) bool {
 	var v map[string]json.RawMessage
 	if json.Unmarshal(a.body, &v) != nil {
@@ -151,6 +152,10 @@ func endpointJSON(a *answer) bool {
 		field = "data"
 	case messages:
 		field = "content"
+	case responses:
+		field = "output"
+	case moderations:
+		field = "results"
 	}
 	arr := bytes.TrimSpace(v[field])
 	return len(arr) > 0 && arr[0] == '['
