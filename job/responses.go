@@ -1,8 +1,8 @@
 package job
 
 import (
-	"errors"
 	"encoding/json"
+	"errors"
 	"strconv"
 )
 
