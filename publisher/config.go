@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -122,6 +123,14 @@ type Config struct {
 	// subscriber has its own switch (-model-server-allow-remote-urls), and
 	// refuses them too unless it is on (docs/security.md).
 	AllowRemoteURLs bool
+	// ServedEndpoints are the endpoints of OpenAI's (job.BatchEndpoints)
+	// that the subscribers' model servers serve: a job or batch for
+	// another is refused (a batch at validation, each line named).
+	// Default DefaultServedEndpoints; add /v1/responses where the servers
+	// are vLLM's, /v1/moderations where they serve it. Anthropic's
+	// /v1/messages is always taken: a subscriber translates it where its
+	// server has no such route.
+	ServedEndpoints []string
 	// BatchWebhookURL, when set, is sent OpenAI's batch.completed,
 	// batch.failed, batch.expired and batch.cancelled events, signed with
 	// BatchWebhookSecret ("whsec_" and base64, Standard Webhooks) as OpenAI
@@ -272,6 +281,7 @@ func DefaultConfig() Config {
 		IdempotencyStale:       2 * time.Minute,
 		MaxFileBytes:           200 << 20,
 		MaxFileLines:           50_000,
+		ServedEndpoints:        slices.Clone(DefaultServedEndpoints),
 		MaxFileLineBytes:       10 << 20,
 		MaxFiles:               10_000,
 		FileUploadTimeout:      30 * time.Minute,
@@ -410,6 +420,11 @@ func (c *Config) Validate() error {
 	} else if c.MaxChunkItems > job.MaxItems {
 		// Subscribers dead-letter a larger message, whoever sent it.
 		bad("MaxChunkItems", "max chunk items %d: want at most %d (job.MaxItems)", c.MaxChunkItems, job.MaxItems)
+	}
+	for i, e := range c.ServedEndpoints {
+		if !slices.Contains(job.BatchEndpoints, e) {
+			bad("ServedEndpoints", "served endpoint %d (%q) is not one of %s", i, e, strings.Join(job.BatchEndpoints, ", "))
+		}
 	}
 	seenModel := map[string]bool{}
 	for i, m := range c.Models {

@@ -251,7 +251,8 @@ func (p *Publisher) putManifest(ctx context.Context, jobID, owner string, chunkI
 
 func (p *Publisher) limits() RequestLimits {
 	return RequestLimits{MaxItems: p.cfg.MaxItems, MaxChunkItems: p.cfg.MaxChunkItems,
-		Models: p.cfg.Models, MaxN: p.cfg.MaxN, MaxOutputTokens: p.cfg.MaxOutputTokens, AllowRemoteURLs: p.cfg.AllowRemoteURLs}
+		Models: p.cfg.Models, MaxN: p.cfg.MaxN, MaxOutputTokens: p.cfg.MaxOutputTokens, AllowRemoteURLs: p.cfg.AllowRemoteURLs,
+		Endpoints: p.cfg.ServedEndpoints}
 }
 
 // checkContentType accepts one Content-Type header of application/json,

@@ -103,6 +103,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	c.MaxFileBytes, c.MaxFileLineBytes = int64(o.maxFile), int64(o.maxFileLine)
+	c.ServedEndpoints = envflag.List(o.servedEndpoints)
 	if c.TrustedProxies, err = prefixes(o.trustedProxies); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", errUsage, flagName("trusted-proxies"), err)
 	}
