@@ -459,6 +459,11 @@ func (m *Model) itemErr(err error, out *job.Output) error {
 		out.Error = job.NewItemError(job.ItemTooLarge, tl.Error())
 		return nil
 	}
+	var te *timeoutError
+	if errors.As(err, &te) {
+		out.Error = job.NewItemError(job.ItemRequestTimeout, te.Error())
+		return nil
+	}
 	return err
 }
 
