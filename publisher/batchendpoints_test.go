@@ -5,12 +5,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"mime/multipart"
 	"testing"
 	"time"
 
+	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/publisher"
 )
 
@@ -171,5 +174,34 @@ func TestBatchResponsesAndModerationsWhereServed(t *testing.T) {
 	r := d.post([]byte(`{"endpoint":"/v1/moderations","items":[{"id":"a","body":{"model":"fake-model","input":"x"}}]}`), nil)
 	if r.status != 422 {
 		t.Errorf("a moderations job where it is not served: %d %s", r.status, r.body)
+	}
+}
+
+// A line whose request timed out on every try (here the server's 504, with
+// no retries) is in the error file with OpenAI's code request_timeout, and
+// counted failed; the batch completes.
+func TestBatchRequestTimeoutInTheErrorFile(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	srv := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{{Kind: fakeoai.FaultStatus, Status: 504}}})
+	t.Cleanup(srv.Close)
+	m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"}, MaxRetries: -1,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	e.runModel(m, gpu.NewSim(1<<30))
+	s := e.serve(publisher.Config{})
+	line := `{"custom_id":"slow","method":"POST","url":"/v1/chat/completions","body":{"model":"fake-model","max_tokens":8,` +
+		`"messages":[{"role":"user","content":"hi"}]}}` + "\n"
+	b := s.createBatch(t, s.uploadBatchFile(t, []byte(line)), job.EndpointChatCompletions)
+	b = s.waitBatchJSON(t, b.ID, func(b batchJSON) bool { return b.Status == "completed" })
+	if b.RequestCounts.Failed != 1 || b.OutputFileID != nil || b.ErrorFileID == nil {
+		t.Fatalf("batch %+v; want completed, its one line failed", b)
+	}
+	out := s.fileResults(t, *b.ErrorFileID)
+	if len(out) != 1 || out[0].CustomID != "slow" || out[0].Error == nil || out[0].Error.Code != job.ItemRequestTimeout {
+		t.Errorf("error file %+v; want the line with request_timeout", out)
 	}
 }
