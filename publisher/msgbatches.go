@@ -42,7 +42,7 @@ import (
 // anthropic-version; their errors take Anthropic's shape.
 
 const (
-	msgBatchIDPrefix = "msgbatch_"
+	msgBatchIDPrefix = job.MessageBatchIDPrefix
 	// Anthropic's bounds of one create: 100,000 requests or 256 MB.
 	maxMsgBatchRequests = 100_000
 	maxMsgBatchBytes    = 256 << 20
