@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -295,6 +296,11 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
+	once, e := p.newCreateOnce(r, batchSendStale)
+	if e != nil {
+		fail(e)
+		return
+	}
 	tenantName, e := p.requestTenant(r)
 	if e != nil {
 		fail(e)
@@ -324,7 +330,14 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	// Read at the pace every body must keep (bodyPace): a create that
 	// trickles would hold its share of the bytes above from others.
 	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
-	items, e := p.readMessageRequests(&pacedReader{r: http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), pace: pace})
+	var body io.Reader = &pacedReader{r: http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), pace: pace}
+	// With an Idempotency-Key, the body's digest, taken as it is read (a
+	// create is read to its end when it is taken), to compare a retry with.
+	digest := sha256.New()
+	if once != nil {
+		body = io.TeeReader(body, digest)
+	}
+	items, e := p.readMessageRequests(body)
 	if pace.stop() {
 		fail(p.bodyError(w, errTooSlow))
 		return
@@ -335,6 +348,23 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		}
 		fail(e)
 		return
+	}
+	// The key is claimed once the request is known whole, as postBatch
+	// claims it: a retry of a create that was answered gets that answer
+	// again, and no second batch (idempotency.go).
+	sum := requestSum("POST /v1/messages/batches", digest.Sum(nil))
+	if once != nil {
+		switch c, e := once.claim(r, w, kindMessageBatch, sum); {
+		case e != nil:
+			fail(e)
+			return
+		case c == claimReplay:
+			if e := once.replay(w, sum); e != nil {
+				fail(e)
+			}
+			return
+		}
+		defer once.fail(r.Context())
 	}
 	now := p.now().UTC()
 	owner := p.owner(r)
@@ -356,7 +386,7 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		mb = &messageBatch{ID: b.ID, Type: "message_batch", ProcessingStatus: msgInProgress, CreatedAt: *rfc3339(b.CreatedAt),
 			ExpiresAt: *rfc3339(b.ExpiresAt), RequestCounts: messageCounts{Processing: b.Lines}}
 	}
-	writeJSON(w, http.StatusOK, mb)
+	once.answer(r.Context(), w, sum, mb)
 }
 
 // pacedReader reads a body whose pace bodyPace keeps: a read that finds it
