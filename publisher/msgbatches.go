@@ -328,9 +328,19 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	// Read at the pace every body must keep (bodyPace): a create that
-	// trickles would hold its share of the bytes above from others.
+	// trickles would hold its share of the bytes above from others. And
+	// charged to the client's bodies in flight as an upload is (a body
+	// that may be far larger than a job's: up to what an upload holds),
+	// so that a client's creates and its other bodies share one bound.
+	bodies, err := p.bodies.openUpload(p.clientKey(r))
+	if err != nil {
+		fail(p.bodyError(w, err))
+		return
+	}
+	defer bodies.release()
 	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
-	var body io.Reader = &pacedReader{r: http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), pace: pace}
+	read := &uploadBody{r: http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), charge: bodies, pace: pace, held: p.cfg.uploadHeld()}
+	var body io.Reader = read
 	// With an Idempotency-Key, the body's digest, taken as it is read (a
 	// create is read to its end when it is taken), to compare a retry with.
 	digest := sha256.New()
@@ -340,6 +350,10 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	items, e := p.readMessageRequests(body)
 	if pace.stop() {
 		fail(p.bodyError(w, errTooSlow))
+		return
+	}
+	if read.err != nil && !errors.As(read.err, new(*http.MaxBytesError)) {
+		fail(p.bodyError(w, read.err)) // over the client's share, or the uploads'
 		return
 	}
 	if e != nil {
@@ -387,23 +401,6 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 			ExpiresAt: *rfc3339(b.ExpiresAt), RequestCounts: messageCounts{Processing: b.Lines}}
 	}
 	once.answer(r.Context(), w, sum, mb)
-}
-
-// pacedReader reads a body whose pace bodyPace keeps: a read that finds it
-// behind fails with errTooSlow.
-type pacedReader struct {
-	r    io.Reader
-	pace *bodyPace
-	n    int64
-}
-
-func (pr *pacedReader) Read(b []byte) (int, error) {
-	n, err := pr.r.Read(b)
-	pr.n += int64(n)
-	if n > 0 && !pr.pace.arrived(pr.n) {
-		return n, errTooSlow
-	}
-	return n, err
 }
 
 // messageRequest is an element of a create's requests.
