@@ -261,6 +261,24 @@ func (c *createOnce) claim(r *http.Request, w http.ResponseWriter, kind, sum str
 	return claimNew, nil
 }
 
+// start claims the key for a create of kind whose digest is sum, and says
+// whether the create goes on: false when the request has had its answer
+// (the first one's 200 replayed, or a refusal written with fail). When it
+// goes on, the caller defers c.fail.
+func (c *createOnce) start(r *http.Request, w http.ResponseWriter, kind, sum string, fail func(*APIError)) bool {
+	switch n, e := c.claim(r, w, kind, sum); {
+	case e != nil:
+		fail(e)
+		return false
+	case n == claimReplay:
+		if e := c.replay(w, sum); e != nil {
+			fail(e)
+		}
+		return false
+	}
+	return true
+}
+
 func reusedKey() *APIError {
 	return apiErr(http.StatusUnprocessableEntity, CodeIdempotencyReused, "this Idempotency-Key was used for another request")
 }

@@ -368,14 +368,7 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	// again, and no second batch (idempotency.go).
 	sum := requestSum("POST /v1/messages/batches", digest.Sum(nil))
 	if once != nil {
-		switch c, e := once.claim(r, w, kindMessageBatch, sum); {
-		case e != nil:
-			fail(e)
-			return
-		case c == claimReplay:
-			if e := once.replay(w, sum); e != nil {
-				fail(e)
-			}
+		if !once.start(r, w, kindMessageBatch, sum, fail) {
 			return
 		}
 		defer once.fail(r.Context())

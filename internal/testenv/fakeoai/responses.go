@@ -90,7 +90,7 @@ func parseResponses(wk *work, body []byte) (*int, bool, *badRequest) {
 		msgs = append(msgs, Message{Role: "user", Content: s})
 	case json.Unmarshal(req.Input, &items) == nil && len(items) > 0:
 		for i, m := range items {
-			text, err := responseText(m.Content)
+			text, err := partsText(m.Content, "input_text", "output_text")
 			if err != nil {
 				return nil, false, invalid(fmt.Sprintf("input[%d].content", i), "Invalid 'input[%d].content': %v.", i, err)
 			}
@@ -107,29 +107,6 @@ func parseResponses(wk *work, body []byte) (*int, bool, *badRequest) {
 	wk.prompt = ChatPromptTokens(msgs)
 	wk.inputs = []input{{text: strings.Join(texts, "\n"), tokens: wk.prompt}}
 	return req.MaxOutputTokens, req.Stream, nil
-}
-
-// responseText is a Responses message's text: a string, or its parts of
-// type input_text or output_text joined.
-func responseText(raw json.RawMessage) (string, error) {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s, nil
-	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", fmt.Errorf("content must be a string or an array of content parts")
-	}
-	var texts []string
-	for _, p := range parts {
-		if p.Type == "input_text" || p.Type == "output_text" {
-			texts = append(texts, p.Text)
-		}
-	}
-	return strings.Join(texts, "\n"), nil
 }
 
 // renderResponse is the 200 answer of /v1/responses: the first sequence's
