@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openai/openai-go/v3"
-
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
 )
@@ -59,10 +57,10 @@ func TestBatchValidatorStoppedMidSendFailsOnce(t *testing.T) {
 	first := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store, Queue: gate})
 	gate.Queue = publisher.NewSQSQueue(e.client, e.urls.Work)
 	other := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store})
-	c := first.sdk("")
-	bt, err := c.Batches.New(t.Context(), openai.BatchNewParams{InputFileID: upload(t, c, "stopped.jsonl", embeddingLines(100)).ID,
-		Endpoint: openai.BatchNewParamsEndpointV1Embeddings, CompletionWindow: openai.BatchNewParamsCompletionWindow24h})
-	if err != nil || bt.Status != openai.BatchStatusValidating {
+	c := first.client("")
+	bt, err := c.createBatch(t.Context(), batchParams{InputFileID: upload(t, c, "stopped.jsonl", embeddingLines(100)).ID,
+		Endpoint: "/v1/embeddings", CompletionWindow: "24h"})
+	if err != nil || bt.Status != "validating" {
 		t.Fatalf("create: %v %s", apiError(err), bt.RawJSON())
 	}
 	swept := make(chan error, 1)
@@ -94,8 +92,8 @@ func TestBatchValidatorStoppedMidSendFailsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	b, err := c.Batches.Get(t.Context(), bt.ID)
-	if err != nil || b.Status != openai.BatchStatusFailed || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != "enqueue_interrupted" {
+	b, err := c.getBatch(t.Context(), bt.ID)
+	if err != nil || b.Status != "failed" || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != "enqueue_interrupted" {
 		t.Fatalf("after both: %v %s; want failed, enqueue_interrupted", apiError(err), b.RawJSON())
 	}
 	if _, err := e.store.Read(t.Context(), job.CancelKey(bt.ID)); err != nil {
@@ -111,11 +109,11 @@ func TestBatchEndpointsOfOpenAI(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	s := e.serve(publisher.Config{})
-	c := s.sdk("")
-	for _, ep := range []openai.BatchNewParamsEndpoint{openai.BatchNewParamsEndpointV1Responses, openai.BatchNewParamsEndpointV1Moderations} {
+	c := s.client("")
+	for _, ep := range []string{"/v1/responses", "/v1/moderations"} {
 		in := requestLines(3, string(ep), `{"model":"ref","input":"x"}`)
 		bt := newBatch(t, c, upload(t, c, "other.jsonl", in).ID, ep)
-		if bt.Status != openai.BatchStatusFailed || len(bt.Errors.Data) != 3 {
+		if bt.Status != "failed" || len(bt.Errors.Data) != 3 {
 			t.Fatalf("a batch for %s: %s; want failed, its 3 lines named", ep, bt.RawJSON())
 		}
 		for i, d := range bt.Errors.Data {
@@ -124,8 +122,8 @@ func TestBatchEndpointsOfOpenAI(t *testing.T) {
 			}
 		}
 	}
-	bt := newBatch(t, c, upload(t, c, "embed.jsonl", embeddingLines(2)).ID, openai.BatchNewParamsEndpointV1Embeddings)
-	if bt.Status != openai.BatchStatusInProgress || bt.Model != "ref" {
+	bt := newBatch(t, c, upload(t, c, "embed.jsonl", embeddingLines(2)).ID, "/v1/embeddings")
+	if bt.Status != "in_progress" || bt.Model != "ref" {
 		t.Errorf("an embeddings batch: %s; want in_progress, model ref", bt.RawJSON())
 	}
 	if q := e.queued(); q != 1 {
@@ -139,14 +137,14 @@ func TestBatchEmbeddingInputsBound(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	s := e.serve(publisher.Config{})
-	c := s.sdk("")
+	c := s.client("")
 	inputs := `["x"` + strings.Repeat(`,"x"`, 1999) + `]`
 	body := `{"model":"ref","input":` + inputs + `}`
-	if bt := newBatch(t, c, upload(t, c, "at.jsonl", requestLines(25, "/v1/embeddings", body)).ID, openai.BatchNewParamsEndpointV1Embeddings); bt.Status != openai.BatchStatusInProgress {
+	if bt := newBatch(t, c, upload(t, c, "at.jsonl", requestLines(25, "/v1/embeddings", body)).ID, "/v1/embeddings"); bt.Status != "in_progress" {
 		t.Errorf("50,000 inputs: %s; want in_progress", bt.RawJSON())
 	}
-	bt := newBatch(t, c, upload(t, c, "over.jsonl", requestLines(26, "/v1/embeddings", body)).ID, openai.BatchNewParamsEndpointV1Embeddings)
-	if bt.Status != openai.BatchStatusFailed || len(bt.Errors.Data) != 1 || bt.Errors.Data[0].Code != "too_many_embedding_inputs" {
+	bt := newBatch(t, c, upload(t, c, "over.jsonl", requestLines(26, "/v1/embeddings", body)).ID, "/v1/embeddings")
+	if bt.Status != "failed" || len(bt.Errors.Data) != 1 || bt.Errors.Data[0].Code != "too_many_embedding_inputs" {
 		t.Errorf("52,000 inputs: %s; want failed, too_many_embedding_inputs", bt.RawJSON())
 	}
 }
@@ -175,19 +173,19 @@ func TestBatchValidationHoldsNoOtherBack(t *testing.T) {
 	var release sync.Once
 	open := func() { release.Do(func() { close(gate.open) }) }
 	t.Cleanup(open)
-	c := s.sdk("")
-	first, err := c.Batches.New(t.Context(), openai.BatchNewParams{InputFileID: upload(t, c, "held.jsonl", embeddingLines(3)).ID,
-		Endpoint: openai.BatchNewParamsEndpointV1Embeddings, CompletionWindow: openai.BatchNewParamsCompletionWindow24h})
+	c := s.client("")
+	first, err := c.createBatch(t.Context(), batchParams{InputFileID: upload(t, c, "held.jsonl", embeddingLines(3)).ID,
+		Endpoint: "/v1/embeddings", CompletionWindow: "24h"})
 	if err != nil {
 		t.Fatal(apiError(err))
 	}
 	<-gate.reached
-	if b := newBatch(t, c, upload(t, c, "next.jsonl", embeddingLines(3)).ID, openai.BatchNewParamsEndpointV1Embeddings); b.Status != openai.BatchStatusInProgress {
+	if b := newBatch(t, c, upload(t, c, "next.jsonl", embeddingLines(3)).ID, "/v1/embeddings"); b.Status != "in_progress" {
 		t.Errorf("the second batch: %s; want in_progress", b.RawJSON())
 	}
-	if b, err := c.Batches.Get(t.Context(), first.ID); err != nil || b.Status != openai.BatchStatusValidating {
+	if b, err := c.getBatch(t.Context(), first.ID); err != nil || b.Status != "validating" {
 		t.Errorf("the held batch: %v %s; want still validating", err, b.RawJSON())
 	}
 	open()
-	waitBatch(t, c, first.ID, time.Minute, openai.BatchStatusInProgress)
+	waitBatch(t, c, first.ID, time.Minute, "in_progress")
 }

@@ -1,76 +1,34 @@
 package sdkclients
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
-	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/publisher"
-	"github.com/vramq/vramq/subscriber"
-	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // pipeline is a publisher behind an httptest server and a real subscriber
 // whose model server is srv, on fresh queues and a bucket of the emulator's.
 func pipeline(t *testing.T, srv *fakeoai.Server, keys ...string) string {
 	t.Helper()
-	client := sqstest.Client(t)
-	urls := sqstest.Queues(t, client, 5)
-	s3c := sqstest.S3(t)
-	store := payload.New(s3c, sqstest.Bucket(t, s3c))
-	quiet := slog.New(slog.DiscardHandler)
-	lim, err := publisher.QueueLimits(t.Context(), client, urls.Work)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := publisher.New(publisher.Config{Queue: publisher.NewSQSQueue(client, urls.Work), Payloads: store, APIKeys: keys,
-		MaxMessageBytes: lim.MaxMessageBytes, ChunkItems: 2, Logger: quiet, Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	swept := make(chan struct{})
-	go func() {
-		defer close(swept)
-		pub.RunSweeper(ctx, time.Second)
-	}()
-	hs := httptest.NewServer(pub.Handler())
+	s := newStack(t, publisher.Config{APIKeys: keys, ChunkItems: 2})
 	m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
-		Messages: modelserver.MessagesNative, Logger: quiet})
+		Messages: modelserver.MessagesNative, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := subscriber.New(subscriber.Config{Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results),
-		DLQ: sqsqueue.New(client, urls.DLQ), Payloads: store, Model: m, Device: gpu.NewSim(1 << 30), VRAMReserve: 1 << 20,
-		WaitTime: time.Second, Visibility: 10 * time.Second, Logger: quiet, Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ran := make(chan error, 1)
-	go func() { ran <- sub.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-ran; err != nil {
-			t.Errorf("subscriber: %v", err)
-		}
-		<-swept
-		hs.Close()
-		_ = m.Close()
-	})
-	return hs.URL
+	t.Cleanup(func() { _ = m.Close() })
+	s.run(m, gpu.NewSim(1<<30))
+	return s.URL
 }
 
 func sdk(url, key string) anthropic.Client {
