@@ -18,10 +18,12 @@ import (
 // "output_text", text, annotations []}]}], usage {input_tokens,
 // input_tokens_details {cached_tokens}, output_tokens,
 // output_tokens_details {reasoning_tokens}, total_tokens}}; vLLM serves the
-// route with these shapes. "Create moderation"
+// route ("Online Serving", https://docs.vllm.ai/en/stable/serving/online_serving.html,
+// lists /v1/responses and no /v1/moderations). "Create moderation"
 // (.../moderations/create) takes input (a string, an array of strings, or
 // an array of parts of type text or image_url) and model, and answers
-// {id "modr-…", model, results [{flagged, categories, category_scores}]}: a
+// {id "modr-…", model, results [{flagged, categories, category_scores,
+// category_applied_input_types}]}: a
 // result per string of an array of strings, one for an array of parts. The
 // double flags a text that holds "attack" as violence, and nothing else;
 // its scores are 0.9 for a flagged category and 0.001 otherwise.
@@ -140,6 +142,8 @@ type moderationResult struct {
 	Flagged        bool               `json:"flagged"`
 	Categories     map[string]bool    `json:"categories"`
 	CategoryScores map[string]float64 `json:"category_scores"`
+	// AppliedTo is every category's ["text"]: the double reads no image.
+	AppliedTo map[string][]string `json:"category_applied_input_types"`
 }
 
 // moderationCategories are those of omni-moderation-latest.
@@ -187,8 +191,9 @@ func parseModerations(wk *work, body []byte) *badRequest {
 func renderModeration(wk *work, id uint64) moderation {
 	m := moderation{ID: fmt.Sprintf("modr-fakeoai%012d", id), Model: wk.model}
 	for _, in := range wk.inputs {
-		r := moderationResult{Categories: map[string]bool{}, CategoryScores: map[string]float64{}}
+		r := moderationResult{Categories: map[string]bool{}, CategoryScores: map[string]float64{}, AppliedTo: map[string][]string{}}
 		for _, c := range moderationCategories {
+			r.AppliedTo[c] = []string{"text"}
 			flagged := c == "violence" && strings.Contains(in.text, "attack")
 			r.Categories[c], r.CategoryScores[c] = flagged, 0.001
 			if flagged {
