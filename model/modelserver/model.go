@@ -323,7 +323,8 @@ func (m *Model) Run(ctx context.Context, items []job.Item) ([]job.Output, error)
 // (invalid_input). An endpoint that is not one of job.Endpoints refuses
 // every item.
 func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.Item) ([]job.Output, error) {
-	run := &run{outs: make([]job.Output, len(items)), deadline: time.Now().Add(m.cfg.MaxWait), limit: m.cfg.ResultBytes, left: m.cfg.ResultBytes}
+	run := &run{outs: make([]job.Output, len(items)), deadline: time.Now().Add(m.cfg.MaxWait), limit: m.cfg.ResultBytes, left: m.cfg.ResultBytes,
+		told: gpu.Answers(ctx)}
 	outs := run.outs
 	var gens []*request
 	groups := map[string][]*request{}
@@ -387,6 +388,7 @@ type run struct {
 	outs     []job.Output
 	deadline time.Time
 	limit    int64
+	told     func(int, job.Output) // gpu.Answers of Run's context, or nil
 
 	mu   sync.Mutex
 	left int64
@@ -411,6 +413,9 @@ func (r *run) keep(i int, o job.Output) {
 		}
 	}
 	r.outs[i] = o
+	if r.told != nil && o.Response != nil {
+		r.told(i, o) // paid for: the caller keeps it before the batch ends
+	}
 }
 
 // room is what the run's answers may still take: no answer longer is
