@@ -311,6 +311,10 @@ func (m *Model) tokens(r *request) int64 {
 // server cannot hold even alone), a transient failure past its retries, or
 // ctx's error.
 //
+// Each answer of the server (an output with a Response) is also told to
+// gpu.Answers(ctx), when set, as it arrives: the subscriber keeps it where a
+// later run of the item finds it.
+//
 // Run tells each item's route from its body (see endpointOf); the
 // subscriber calls RunEndpoint with the job's.
 func (m *Model) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
