@@ -27,3 +27,16 @@ func Answers(ctx context.Context) func(i int, out job.Output) {
 	f, _ := ctx.Value(answerKey{}).(func(int, job.Output))
 	return f
 }
+
+// Itemwise is implemented by a Model whose items are independent requests
+// that each hold their working memory only while in flight, and that tells
+// each item's answer as it arrives (WithAnswers): a model server's backend.
+// A batch of them does not hold its cost until its last item ends, as a
+// batch on a device does: the subscriber gives back each item's share of
+// its admission when the item's answer arrives, and admits the next work
+// into what it held.
+type Itemwise interface {
+	// ItemCosts is each item's own cost, in Cost's units: together they
+	// are Cost of all of them, and an item that makes no request costs 0.
+	ItemCosts(endpoint string, items []job.Item) []int64
+}

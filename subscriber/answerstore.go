@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 )
 
@@ -63,43 +62,21 @@ func answersOf(t *task) string {
 	return job.AnswersPrefix(t.lease.msg.Attributes[job.AttrTenant], t.work.JobID, t.work.Chunk)
 }
 
-// watch returns ctx with gpu.WithAnswers set to keep the answers of tasks'
-// items (in order, as infer batches them), and wait, which returns once every
-// keep started has ended: the batch's messages may be handed back only
-// after their answers are stored, or another process would ask again. A
-// keep that fails is logged and the item is asked again on a later run:
-// the answer is in this batch's outputs still.
-func (a *answerStore) watch(ctx context.Context, tasks []*task) (context.Context, func()) {
+// keeper returns what keeps an answer of a batch's item (watchItems calls
+// it as the answer arrives), and wait, which returns once every keep
+// started has ended: the batch's messages may be handed back only after
+// their answers are stored, or another process would ask again. A keep
+// that fails is logged and the item is asked again on a later run: the
+// answer is in this batch's outputs still. nil without a store.
+func (a *answerStore) keeper(ctx context.Context) (keep func(t *task, it job.Item, out job.Output), wait func()) {
 	if a == nil {
-		return ctx, func() {}
-	}
-	var ends []int // ends[k] is one past task k's last item in the batch
-	n := 0
-	for _, t := range tasks {
-		n += len(t.work.Items)
-		ends = append(ends, n)
+		return nil, func() {}
 	}
 	var wg sync.WaitGroup
 	// The keeps outlive the batch's context: an answer got is stored
 	// whatever ends the batch, within its own time.
 	keepCtx := context.WithoutCancel(ctx)
-	told := func(i int, out job.Output) {
-		k := 0
-		for k < len(ends) && i >= ends[k] {
-			k++
-		}
-		if k == len(ends) {
-			return
-		}
-		t := tasks[k]
-		first := 0
-		if k > 0 {
-			first = ends[k-1]
-		}
-		it := t.work.Items[i-first]
-		if it.ID != out.ID {
-			return
-		}
+	keep = func(t *task, it job.Item, out job.Output) {
 		body, err := json.Marshal(out)
 		if err != nil {
 			return // the result fails to encode too, and says so
@@ -117,7 +94,7 @@ func (a *answerStore) watch(ctx context.Context, tasks []*task) (context.Context
 			a.m.answersStored.Inc()
 		})
 	}
-	return gpu.WithAnswers(ctx, told), wg.Wait
+	return keep, wg.Wait
 }
 
 // mayHold reports whether answers may be kept for t's chunk: only a message

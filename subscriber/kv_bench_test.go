@@ -101,7 +101,7 @@ func TestBenchPipelineKV(t *testing.T) {
 	// the server's pace divided by its speed (the other benchmarks' rule).
 	d := subscriber.DefaultConfig()
 	m, dev, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: sv.URL(), Models: []string{"fake-model"},
-		MaxOutputTokens: kvbMaxTokMax, KVBytesPerToken: kvbPerTok, MaxWait: modelserver.DefaultMaxWait / pbSpeed,
+		MaxOutputTokens: kvbMaxTokMax, MaxConcurrency: 4096, KVBytesPerToken: kvbPerTok, MaxWait: modelserver.DefaultMaxWait / pbSpeed,
 		MetricsMaxAge: modelserver.DefaultMetricsMaxAge / pbSpeed, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

@@ -303,7 +303,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	start := time.Now()
 	s.stampStarted(tasks, start)
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.InferenceTimeout)
-	rctx, stored := s.answers.watch(rctx, tasks)
+	rctx, stored := s.watchItems(rctx, tasks)
 	type answer struct {
 		outs []job.Output
 		err  error
