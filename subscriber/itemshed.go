@@ -195,12 +195,13 @@ func (h *hold) setBytes(n int64) {
 // the pool filling as requests end.
 const itemPartDiv = 8
 
-// partLimit is the largest cost a message runs whole, or a part of one:
-// the largest budget, or for an itemwise model under vram admission an
-// itemPartDiv-th of it.
-func (s *Subscriber) partLimit() int64 {
+// fitsPart reports whether a message, or a part of one, of this cost runs
+// whole: whether it fits admission (admission.fits), and for an itemwise
+// model under vram admission whether it is at most an itemPartDiv-th of
+// the largest budget.
+func (s *Subscriber) fitsPart(cost int64) bool {
 	if _, ok := s.cfg.Model.(gpu.Itemwise); ok && s.adm.strategy == AdmitVRAM {
-		return max(1, s.adm.size/itemPartDiv)
+		return cost <= max(1, s.adm.size/itemPartDiv)
 	}
-	return s.adm.size
+	return s.adm.fits(cost)
 }

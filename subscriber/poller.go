@@ -245,7 +245,7 @@ func (s *Subscriber) enqueue(t *task) {
 		s.deadLetterAsync(t, "invalid_input", err.Error())
 		return
 	}
-	if !s.adm.fits(cost) || (len(w.Items) > 1 && cost > s.partLimit()) {
+	if !s.adm.fits(cost) || (len(w.Items) > 1 && !s.fitsPart(cost)) {
 		// In parts that fit, if any item does (parts.go).
 		var parts []part
 		var largest int64
