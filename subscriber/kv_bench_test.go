@@ -98,7 +98,10 @@ func TestBenchPipelineKV(t *testing.T) {
 		quiet = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	// As cmd/subscriber wires -model-server, with the times that are about
-	// the server's pace divided by its speed (the other benchmarks' rule).
+	// the server's pace divided by its speed (the other benchmarks' rule),
+	// and -model-server-concurrency 4096 so that admission alone bounds
+	// the requests, as in model/modelserver's KV benchmark: the default of
+	// 16 holds this pool to 16 requests of about 1,200 tokens.
 	d := subscriber.DefaultConfig()
 	m, dev, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: sv.URL(), Models: []string{"fake-model"},
 		MaxOutputTokens: kvbMaxTokMax, MaxConcurrency: 4096, KVBytesPerToken: kvbPerTok, MaxWait: modelserver.DefaultMaxWait / pbSpeed,
