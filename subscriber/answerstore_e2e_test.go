@@ -1,25 +1,22 @@
 package subscriber_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/internal/testenv/promsum"
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/subscriber"
-	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
 
 // End-to-end tests of the answer store (answerstore.go): a subscriber that
@@ -44,35 +41,24 @@ func serverModel(t *testing.T, url string, cfg modelserver.Config) gpu.Model {
 // successor starts another subscriber on p's queues, as a process that takes
 // over after p's stopped (a restart, a scale-out), with model and cfg.
 func (p *pipeline) successor(cfg subscriber.Config, model gpu.Model) *pipeline {
-	t := p.t
-	t.Helper()
-	q := &pipeline{t: t, client: p.client, receiveRetries: p.receiveRetries, urls: p.urls, dev: p.dev, model: model,
+	p.t.Helper()
+	q := &pipeline{t: p.t, client: p.client, receiveRetries: p.receiveRetries, urls: p.urls, dev: p.dev, model: model,
 		reg: prometheus.NewRegistry()}
-	cfg.Queue = sqsqueue.New(p.client, p.urls.Work)
-	cfg.Results = sqsqueue.New(p.client, p.urls.Results)
-	cfg.DLQ = sqsqueue.New(p.client, p.urls.DLQ)
-	cfg.Model, cfg.Device, cfg.Registerer = model, p.dev, q.reg
-	cfg.VRAMReserve = 1 << 20
-	cfg.WaitTime, cfg.Visibility = time.Second, 10*time.Second
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	}
-	var err error
-	if q.sub, err = subscriber.New(cfg); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	q.stop, q.done = cancel, make(chan struct{})
-	go func() {
-		defer close(q.done)
-		q.runErr = q.sub.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-q.done
-	})
+	q.start(cfg, p.client)
 	return q
+}
+
+// answerServer is a fake model server with cfg, its Recorder, and a payload
+// bucket on the endpoint under test, for the answer store's tests.
+func answerServer(t *testing.T, cfg fakeoai.Config) (*fakeoai.Server, *fakeoai.Recorder, *payload.Store) {
+	t.Helper()
+	fake := fakeoai.New(cfg)
+	t.Cleanup(fake.Close)
+	rec := fakeoai.NewRecorder(t, fake)
+	if endpoint() == "" {
+		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
+	}
+	return fake, rec, newStore(t)
 }
 
 // stopped stops p's subscriber, as a SIGTERM does, and waits for it.
@@ -143,14 +129,8 @@ func answeredOnce(t *testing.T, rec *fakeoai.Recorder, w job.Work, r job.Result)
 // answer: no item is answered twice.
 func TestE2EOverloadLateInBatchAsksNoAnswerTwice(t *testing.T) {
 	const answered = 4
-	fake := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{
+	fake, rec, store := answerServer(t, fakeoai.Config{Faults: []fakeoai.Fault{
 		{Kind: fakeoai.FaultStatus, Status: 429, Skip: answered}}}) // every request after the fourth, until cleared
-	defer fake.Close()
-	rec := fakeoai.NewRecorder(t, fake)
-	if endpoint() == "" {
-		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
-	}
-	store := newStore(t)
 	// One request at a time makes the count exact; a wait of 0.5 s makes
 	// the overload's own (a second or more) a backoff of the batch.
 	msCfg := modelserver.Config{MaxWait: 500 * time.Millisecond, MaxConcurrency: 1}
@@ -185,13 +165,7 @@ func TestE2EOverloadLateInBatchAsksNoAnswerTwice(t *testing.T) {
 // The chunk goes back to the queue, and the subscriber that takes it asks
 // only for the items without an answer.
 func TestE2ESigtermMidBatchAsksNoAnswerTwice(t *testing.T) {
-	fake := fakeoai.New(fakeoai.Config{TokenLatency: 10 * time.Millisecond})
-	defer fake.Close()
-	rec := fakeoai.NewRecorder(t, fake)
-	if endpoint() == "" {
-		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
-	}
-	store := newStore(t)
+	_, rec, store := answerServer(t, fakeoai.Config{TokenLatency: 10 * time.Millisecond})
 	// Two requests at a time, each 1 s (100 steps of 10 ms): whenever the
 	// SIGTERM comes, two are generating, and a grace of 0.3 s cuts them off.
 	msCfg := modelserver.Config{MaxWait: 30 * time.Second, MaxConcurrency: 2}
