@@ -193,3 +193,28 @@ func TestE2ESigtermMidBatchAsksNoAnswerTwice(t *testing.T) {
 	}
 	q.shutdown()
 }
+
+// A model server's message over an eighth of the budget runs in parts; a
+// backoff in its third part (after four answers) holds it in the
+// subscriber, and when it runs again from its first part, the parts
+// answered before are not asked again, nor the items of the third that
+// were: every item answered once.
+func TestE2EBackoffInPartsAsksNoAnswerTwice(t *testing.T) {
+	const answered = 4
+	_, rec, _ := answerServer(t, fakeoai.Config{Faults: []fakeoai.Fault{
+		{Kind: fakeoai.FaultStatus, Status: 429, RetryAfter: 2 * time.Second, Skip: answered, Times: 1}}})
+	msCfg := modelserver.Config{MaxWait: 500 * time.Millisecond, MaxConcurrency: 1, KVBytesPerToken: 1 << 10}
+	w := longChat("parts", 1, 1, 1, 1, 1, 1, 1, 1)
+	// A budget of twice the message: parts of an eighth of it are two items.
+	limit := 2 * serverModel(t, rec.URL(), msCfg).Cost(w.Items)
+	p := newPipelineWith(t, 5, subscriber.Config{VRAMLimit: limit}, nil, func(*gpu.Sim) gpu.Model {
+		return serverModel(t, rec.URL(), msCfg)
+	})
+	p.send([]job.Work{w})
+	c := p.collect(1, time.Minute)
+	answeredOnce(t, rec, w, c.Results[job.Key{JobID: "parts", Chunk: 0}])
+	if got := promsum.Sum(t, p.reg, "vramq_subscriber_messages_backed_off_total"); got != 1 {
+		t.Errorf("%v messages backed off; want the one", got)
+	}
+	p.shutdown()
+}

@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"context"
+	"sync"
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
@@ -52,6 +53,7 @@ func (s *Subscriber) watchItems(ctx context.Context, tasks []*task) (context.Con
 		if keep != nil {
 			keep(t, t.work.Items[j], out)
 		}
+		t.told.put(out)
 		if shed != nil {
 			shed(k, j)
 		}
@@ -95,20 +97,83 @@ func (s *Subscriber) shedder(tasks []*task) func(k, j int) {
 	}
 }
 
-// fitPart makes t's hold, before part p of its message runs, the part's own
-// weight (its items' costs, corrected as the message's were) for an
-// itemwise model under vram admission: the hold was the largest part's, and
-// the part before gave back its share as its items answered. A hold short
-// of it gives back what it has and waits for the whole weight, as an
+// inferPart runs part p of t's message, as inferItems does, asking only
+// for its items that have no answer yet: a message run in parts that waited
+// for the model (a backoff) runs again from its first part, and the
+// answers its parts got before are kept on it (told), not asked twice.
+// The part holds the weight of the items it asks for (fitPart).
+func (s *Subscriber) inferPart(ctx context.Context, t *task, p part, alone bool) ([]job.Output, error) {
+	if t.told == nil {
+		t.told = &toldAnswers{outs: map[string]job.Output{}}
+	}
+	items := t.work.Items[p.lo:p.hi]
+	outs := make([]job.Output, len(items))
+	var ask []job.Item
+	var at []int
+	for i, it := range items {
+		if o, ok := t.told.get(it.ID); ok {
+			outs[i] = o
+			continue
+		}
+		ask, at = append(ask, it), append(at, i)
+	}
+	if len(ask) == 0 {
+		return outs, nil
+	}
+	if err := s.fitPart(ctx, t, ask, alone); err != nil {
+		return nil, err
+	}
+	// The run shares t's hold and its record of answers, as inferItems's.
+	sub := &task{lease: t.lease, work: &job.Work{V: t.work.V, JobID: t.work.JobID, Chunk: t.work.Chunk, Endpoint: t.work.Endpoint,
+		Items: ask}, cost: t.cost, raw: t.raw, factor: t.factor, class: t.class, hold: t.hold, at: t.at, told: t.told}
+	got, err := s.infer(ctx, []*task{sub}, alone)
+	t.at = sub.at
+	if err != nil {
+		return nil, err
+	}
+	for k, i := range at {
+		outs[i] = got[0][k]
+	}
+	return outs, nil
+}
+
+// toldAnswers is the answers a message run in parts got, by item id.
+type toldAnswers struct {
+	mu   sync.Mutex
+	outs map[string]job.Output
+}
+
+// put records out; a nil record (a message that runs whole) records none.
+func (a *toldAnswers) put(out job.Output) {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	a.outs[out.ID] = out
+	a.mu.Unlock()
+}
+
+func (a *toldAnswers) get(id string) (job.Output, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	o, ok := a.outs[id]
+	return o, ok
+}
+
+// fitPart makes t's hold, before a part of its message runs, the weight of
+// the items it asks for (their costs, corrected as the message's were) for
+// an itemwise model under vram admission: the hold was the largest part's,
+// and the part before gave back its share as its items answered. A hold
+// short of it gives back what it has and waits for the whole weight, as an
 // admission does: holding part of it while waiting for the rest would
 // deadlock with others doing the same. Its error is ctx's.
-func (s *Subscriber) fitPart(ctx context.Context, t *task, p part, alone bool) error {
+func (s *Subscriber) fitPart(ctx context.Context, t *task, items []job.Item, alone bool) error {
 	iw, ok := s.cfg.Model.(gpu.Itemwise)
 	if !ok || s.adm.strategy != AdmitVRAM || alone || t.hold == nil || t.raw <= 0 {
 		return nil
 	}
 	var raw int64
-	for _, c := range iw.ItemCosts(t.work.Endpoint, t.work.Items[p.lo:p.hi]) {
+	for _, c := range iw.ItemCosts(t.work.Endpoint, items) {
 		raw += c
 	}
 	w := s.adm.weight(int64(float64(raw) * float64(t.cost) / float64(t.raw)))

@@ -133,7 +133,7 @@ func TestPartsHoldTheirOwnWeight(t *testing.T) {
 			t.Fatal("no room")
 		}
 		msg := itemTask(s, 70, "a", "b", "c") // its largest part is c's
-		if err := s.fitPart(t.Context(), msg, part{lo: 0, hi: 2}, false); err != nil {
+		if err := s.fitPart(t.Context(), msg, msg.work.Items[0:2], false); err != nil {
 			t.Fatal(err)
 		}
 		if got := msg.hold.held(); got != 30 || s.adm.held.Load() != 30 {
@@ -143,7 +143,7 @@ func TestPartsHoldTheirOwnWeight(t *testing.T) {
 			t.Fatal("the first part's excess was not given back")
 		}
 		fitted := make(chan error, 1)
-		go func() { fitted <- s.fitPart(t.Context(), msg, part{lo: 2, hi: 3}, false) }()
+		go func() { fitted <- s.fitPart(t.Context(), msg, msg.work.Items[2:3], false) }()
 		synctest.Wait()
 		if len(fitted) != 0 {
 			t.Fatal("the second part ran past the budget")
