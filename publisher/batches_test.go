@@ -101,14 +101,35 @@ func embeddingLines(n int) []byte {
 	return b.Bytes()
 }
 
-func newBatch(t *testing.T, c openai.Client, fileID string, endpoint openai.BatchNewParamsEndpoint) *openai.Batch {
+// newBatch creates a batch of fileID with c, which answers it validating
+// as OpenAI does, and returns it as its validator leaves it: in_progress or
+// failed. sweep, for a publisher without its sweeper running, is called
+// once first, to validate it.
+func newBatch(t *testing.T, c openai.Client, fileID string, endpoint openai.BatchNewParamsEndpoint, sweep ...func()) *openai.Batch {
 	t.Helper()
 	b, err := c.Batches.New(t.Context(), openai.BatchNewParams{InputFileID: fileID, Endpoint: endpoint,
 		CompletionWindow: openai.BatchNewParamsCompletionWindow24h, Metadata: map[string]string{"run": "nightly"}})
 	if err != nil {
 		t.Fatalf("Batches.New: %s", apiError(err))
 	}
-	return b
+	if b.Status != openai.BatchStatusValidating || b.InProgressAt != 0 || b.JSON.Errors.Raw() != "null" {
+		t.Fatalf("Batches.New answered %s; want it validating", b.RawJSON())
+	}
+	for _, f := range sweep {
+		f()
+	}
+	return waitBatch(t, c, b.ID, time.Minute, openai.BatchStatusInProgress, openai.BatchStatusFailed,
+		openai.BatchStatusCancelling, openai.BatchStatusFinalizing, openai.BatchStatusCompleted)
+}
+
+// sweep is a pass of s's sweeper, for newBatch.
+func (s *server) sweep(t *testing.T) func() {
+	return func() {
+		t.Helper()
+		if err := s.pub.Sweep(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // An embeddings batch runs on the in-process model: created, polled to
@@ -310,7 +331,7 @@ func TestBatchInvalidLines(t *testing.T) {
 	}
 	// A request the SDK sends wrong is refused in OpenAI's shape.
 	for what, p := range map[string]openai.BatchNewParams{
-		"endpoint":          {InputFileID: f.ID, Endpoint: "/v1/moderations", CompletionWindow: "24h"},
+		"endpoint":          {InputFileID: f.ID, Endpoint: "/v1/images/generations", CompletionWindow: "24h"},
 		"completion_window": {InputFileID: f.ID, Endpoint: openai.BatchNewParamsEndpointV1Embeddings, CompletionWindow: "1h"},
 		"input_file_id":     {InputFileID: "file-nope", Endpoint: openai.BatchNewParamsEndpointV1Embeddings, CompletionWindow: "24h"},
 	} {
@@ -410,8 +431,8 @@ func TestBatchLeftValidatingFails(t *testing.T) {
 	c := s.sdk("")
 	id := "batch_0193a1b2c3d4e5f60718293a4b5c6d7e"
 	created := time.Now().Add(-11 * time.Minute).Unix()
-	rec := fmt.Sprintf(`{"v":1,"id":%q,"owner":"","endpoint":"/v1/embeddings","input_file_id":"file-0193a1b2c3d4e5f60718293a4b5c6d7e",`+
-		`"completion_window":"24h","lines":3,"status":"validating","created_at":%d,"expires_at":%d}`, id, created, created+24*3600)
+	rec := fmt.Sprintf(`{"v":2,"id":%q,"owner":"","endpoint":"/v1/embeddings","input_file_id":"file-0193a1b2c3d4e5f60718293a4b5c6d7e",`+
+		`"completion_window":"24h","lines":3,"status":"validating","validating_at":%d,"created_at":%d,"expires_at":%d}`, id, created, created, created+24*3600)
 	for key, body := range map[string]string{job.BatchKey("", id): rec, job.OpenBatchKey("", id): ""} {
 		if _, err := e.store.Put(t.Context(), key, []byte(body)); err != nil {
 			t.Fatal(err)

@@ -97,7 +97,7 @@ func TestBatchSettledReadsFinalizeOnce(t *testing.T) {
 	store, proxy := condStore(t, e)
 	s := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store})
 	c := s.sdk("")
-	bt := newBatch(t, c, upload(t, c, "settled.jsonl", embeddingLines(16)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	bt := newBatch(t, c, upload(t, c, "settled.jsonl", embeddingLines(16)).ID, openai.BatchNewParamsEndpointV1Embeddings, s.sweep(t))
 	putResults(t, e, bt.ID, 0, 16)
 	bucket := store.Bucket()
 
@@ -175,7 +175,7 @@ func TestBatchNobodyReadsExpires(t *testing.T) {
 	e := newEnv(t, true)
 	s := e.serveUnswept(publisher.Config{ChunkItems: 2})
 	c := s.sdk("")
-	bx := newBatch(t, c, upload(t, c, "expire.jsonl", embeddingLines(4)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	bx := newBatch(t, c, upload(t, c, "expire.jsonl", embeddingLines(4)).ID, openai.BatchNewParamsEndpointV1Embeddings, s.sweep(t))
 	key := job.BatchKey("", bx.ID)
 	raw, err := e.store.Read(t.Context(), key)
 	if err != nil {
@@ -229,7 +229,7 @@ func TestBatchFinalizationResumes(t *testing.T) {
 	store, proxy := condStore(t, e)
 	s := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store})
 	c := s.sdk("")
-	bt := newBatch(t, c, upload(t, c, "resume.jsonl", embeddingLines(3)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	bt := newBatch(t, c, upload(t, c, "resume.jsonl", embeddingLines(3)).ID, openai.BatchNewParamsEndpointV1Embeddings, s.sweep(t))
 	putResults(t, e, bt.ID, 0, 3)
 	ended := func(b *openai.Batch) {
 		t.Helper()
@@ -257,7 +257,7 @@ func TestBatchFinalizationResumes(t *testing.T) {
 	ended(bt)
 
 	// A finalizer that died: its claim, as it left it.
-	bd := newBatch(t, c, upload(t, c, "died.jsonl", embeddingLines(3)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	bd := newBatch(t, c, upload(t, c, "died.jsonl", embeddingLines(3)).ID, openai.BatchNewParamsEndpointV1Embeddings, s.sweep(t))
 	putResults(t, e, bd.ID, 0, 3)
 	claim := func(at time.Time) {
 		t.Helper()
@@ -293,7 +293,7 @@ func TestBatchCancelEndedByOwner(t *testing.T) {
 	store, proxy := condStore(t, e)
 	s := e.serveUnswept(publisher.Config{ChunkItems: 2, Payloads: store})
 	c := s.sdk("")
-	bt := newBatch(t, c, upload(t, c, "cancel.jsonl", embeddingLines(6)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	bt := newBatch(t, c, upload(t, c, "cancel.jsonl", embeddingLines(6)).ID, openai.BatchNewParamsEndpointV1Embeddings, s.sweep(t))
 	body := `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],"model":"ref","usage":{"prompt_tokens":3,"total_tokens":3}}`
 	res := `{"v":1,"job_id":"` + bt.ID + `","chunk":0,"model":"ref","outputs":[` +
 		`{"id":"e-0","response":{"status_code":200,"body":` + body + `}},{"id":"e-1","response":{"status_code":200,"body":` + body + `}}],"attempt":1,"worker_ms":1}`
@@ -349,7 +349,7 @@ func TestBatchCompletionEventFinalizes(t *testing.T) {
 	e := newEnv(t, true)
 	s := e.serveUnswept(publisher.Config{ChunkItems: 1})
 	c := s.sdk("")
-	bt := newBatch(t, c, upload(t, c, "event.jsonl", embeddingLines(2)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	bt := newBatch(t, c, upload(t, c, "event.jsonl", embeddingLines(2)).ID, openai.BatchNewParamsEndpointV1Embeddings, s.sweep(t))
 	putResults(t, e, bt.ID, 0, 2)
 	fn := publisher.LambdaEvents(s.pub.Handler(), s.pub)
 	ev := snsEvent(fmt.Sprintf(`{"v":1,"event":"job.completed","job_id":%q,"batch_id":%q,"revision":1,"status":"completed"}`, bt.ID, bt.ID))

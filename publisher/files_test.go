@@ -417,9 +417,13 @@ func TestFilesAndBatchesUnderLambda(t *testing.T) {
 	out, err = h(t.Context(), apigw.Event("POST", "/v1/batches", map[string]string{"authorization": "Bearer key-a", "content-type": "application/json"},
 		`{"input_file_id":"`+f.ID+`","endpoint":"/v1/embeddings","completion_window":"24h"}`))
 	var b openai.Batch
-	if err != nil || out.StatusCode != 200 || json.Unmarshal([]byte(out.Body), &b) != nil || b.Status != openai.BatchStatusInProgress ||
-		b.RequestCounts.Total != 2 {
+	if err != nil || out.StatusCode != 200 || json.Unmarshal([]byte(out.Body), &b) != nil || b.Status != openai.BatchStatusValidating {
 		t.Fatalf("batch: %d %s (%v)", out.StatusCode, out.Body, err)
+	}
+	// Validated after the answer: under Lambda by the schedule's sweep, here
+	// by the test server's sweeper.
+	if v := waitBatch(t, s.sdk("key-a"), b.ID, time.Minute, openai.BatchStatusInProgress); v.RequestCounts.Total != 2 {
+		t.Fatalf("batch validated: %s", v.RawJSON())
 	}
 	for _, ev := range []struct{ method, path, want string }{
 		{"GET", "/v1/batches/" + b.ID, `"status":"in_progress"`},

@@ -36,7 +36,7 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 	for t := range s.buffer {
 		if t.lease.lost.Load() {
 			s.startTasks(1)
-			s.release(t, 0) // gone already: a copy would run it twice
+			s.end(t, endRelease(0)) // gone already: a copy would run it twice
 			continue
 		}
 		if ctx.Err() != nil {
@@ -212,8 +212,8 @@ func (s *Subscriber) handOver(from ...*hold) *hold {
 	return to
 }
 
-// giveBack releases what t holds in admission (hold.release). The ends of
-// a message (end.go) call it, so that no path can forget it.
+// giveBack releases what t holds in admission (hold.release), as every end
+// of a message does first (message.go), so that no path can forget it.
 func (s *Subscriber) giveBack(t *task) { t.hold.release() }
 
 // launchesAhead reports whether t, waiting for admission, is launched
@@ -246,5 +246,5 @@ func (s *Subscriber) launchAhead(ctx context.Context, t *task) *launched {
 func (s *Subscriber) releaseWaiting(t *task, why string) {
 	s.log.Debug("handing back unstarted message", "message_id", t.lease.msg.ID, "why", why)
 	s.startTasks(1)
-	s.handBack(t, 0, why)
+	s.end(t, endHandBack(0, why))
 }

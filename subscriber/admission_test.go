@@ -24,7 +24,7 @@ func holdSubscriber(t *testing.T, budget int64) *Subscriber {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.close)
-	return &Subscriber{adm: a, m: newMetrics(prometheus.NewRegistry())}
+	return &Subscriber{admitting: admitting{adm: a}, m: newMetrics(prometheus.NewRegistry())}
 }
 
 // unreleased reports what admission still counts as held once every message
@@ -52,7 +52,7 @@ func TestHoldReleasesOnce(t *testing.T) {
 	}
 	h.release()
 	h.release()
-	s.giveBack(&task{hold: h}) // an end after the runner let go (end.go)
+	s.giveBack(&task{hold: h}) // an end after the runner let go (message.go)
 	if err := unreleased(s); err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ type call struct {
 	// sentAt is when its current try took its rate reservation (zero
 	// without one), for rates.sync.
 	sentAt time.Time
+	prefix string // job.PrefixKey of body, for prefixOrder
 }
 
 // outcome is an answer send settled on, with its row.
@@ -57,7 +58,12 @@ func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*o
 		if err != nil {
 			return nil, err
 		}
+		if err := m.order.wait(wait, c.prefix); err != nil {
+			m.gate.abandon(probe)
+			return nil, err
+		}
 		s, err := m.conc.acquire(wait)
+		m.order.pass()
 		if err != nil {
 			m.gate.abandon(probe)
 			return nil, err
@@ -79,7 +85,12 @@ func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*o
 			continue
 		}
 		m.held.Add(c.kv)
+		m.order.sending(c.prefix)
+		m.online.sending()
+		sentAt := time.Now()
 		a := m.post(ctx, c)
+		m.online.took(time.Since(sentAt))
+		m.order.sent(c.prefix)
 		m.held.Add(-c.kv)
 		if a == nil {
 			m.rates.settle(res, 0)
@@ -159,6 +170,9 @@ func (m *Model) post(ctx context.Context, c *call) *answer {
 	if m.auth != "" {
 		req.Header.Set("Authorization", m.auth)
 	}
+	if c.ep == messages {
+		req.Header.Set("anthropic-version", anthropicVersion)
+	}
 	resp, err := m.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -189,11 +203,15 @@ func (m *Model) post(ctx context.Context, c *call) *answer {
 	return &answer{ep: c.ep, status: resp.StatusCode, header: resp.Header, body: body, cut: cut}
 }
 
-// usage is an answer's usage object.
+// usage is an answer's usage object: OpenAI's, or Anthropic's input_tokens
+// and output_tokens (a native Messages answer), read as its prompt and
+// completion tokens.
 type usage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
+	InputTokens      int64 `json:"input_tokens"`
+	OutputTokens     int64 `json:"output_tokens"`
 }
 
 func usageOf(body []byte) usage {
@@ -201,6 +219,9 @@ func usageOf(body []byte) usage {
 		Usage usage `json:"usage"`
 	}
 	_ = json.Unmarshal(body, &v)
+	if v.Usage.PromptTokens == 0 && v.Usage.CompletionTokens == 0 {
+		v.Usage.PromptTokens, v.Usage.CompletionTokens = v.Usage.InputTokens, v.Usage.OutputTokens
+	}
 	if v.Usage.TotalTokens == 0 {
 		v.Usage.TotalTokens = v.Usage.PromptTokens + v.Usage.CompletionTokens
 	}

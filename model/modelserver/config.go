@@ -106,6 +106,12 @@ type Config struct {
 	// fetches. Off, such an item is refused (invalid_input) without a
 	// request: a message must not choose what the server fetches.
 	AllowRemoteURLs bool
+	// Messages is how an Anthropic Messages request (job.EndpointMessages)
+	// reaches the server: MessagesChat (the default) translates it to
+	// /v1/chat/completions and back, which every server here serves;
+	// MessagesNative sends it to the server's own /v1/messages (vLLM,
+	// SGLang, llama.cpp), which carries every field (messages.go).
+	Messages string
 	// ResultBytes bounds the answers one Run keeps, in all: an answer that
 	// would take them past it fails its item (too_large) instead, so that
 	// a run's result stays within what a subscriber stores
@@ -129,6 +135,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer, when set, gets the backend's metrics.
 	Registerer prometheus.Registerer
+
+	// Online, with an Interval, is online-first mode (online.go).
+	Online Online
 }
 
 // Defaults.
@@ -181,6 +190,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Messages == "" {
+		c.Messages = MessagesChat
 	}
 }
 
@@ -241,8 +253,14 @@ func (c Config) Validate() error {
 	if c.KVBytesPerValue > 0 && c.ModelConfig == "" {
 		bad("KV bytes per value without a model config.json")
 	}
+	if c.Messages != MessagesChat && c.Messages != MessagesNative {
+		bad("messages %q: want %s or %s", c.Messages, MessagesChat, MessagesNative)
+	}
 	if c.TPM > 0 && int64(c.MaxOutputTokens) > int64(c.TPM) {
 		bad("max output tokens %d above the TPM limit %d: such a request could never be sent", c.MaxOutputTokens, c.TPM)
+	}
+	if err := c.Online.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

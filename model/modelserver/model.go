@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -41,6 +43,9 @@ type Model struct {
 	rates   *rates
 	conc    *concurrency
 	gate    *gate
+	order   *prefixOrder
+	online  *online // nil: online-first mode off
+	stop    context.CancelFunc
 	dev     *Device
 	held    atomic.Int64 // device bytes of the requests in flight
 	costs   recentCosts  // of the last messages costed, for Device.MemInfo's floor
@@ -78,9 +83,12 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	u, _ := url.Parse(cfg.BaseURL)
 	u.Path = strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v1")
 	w := newWaits(cfg.MaxServerWait, cfg.Logger)
+	order := newPrefixOrder()
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(w.capped); err != nil {
-			return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
+		for _, c := range []prometheus.Collector{w.capped, order.groups, order.warm} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
+			}
 		}
 	}
 	m := &Model{
@@ -93,9 +101,18 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 		rates:   newRates(cfg.TPM, cfg.RPM, time.Now(), w),
 		conc:    newConcurrency(cfg.MaxConcurrency, cfg.Logger),
 		gate:    newGate(w),
+		order:   order,
 		answers: map[string]int64{},
 		limits: job.RequestLimits{Models: cfg.Models, MaxN: cfg.MaxN, MaxOutputTokens: cfg.MaxOutputTokens,
 			AllowRemoteURLs: cfg.AllowRemoteURLs},
+	}
+	m.online = newOnline(cfg.Online, cfg.MaxConcurrency, m.conc)
+	if m.online != nil && cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{m.online.bound, m.online.givenWays} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
+			}
+		}
 	}
 	m.embedCap.Store(int64(cfg.EmbedBatch))
 	if cfg.APIKey != "" {
@@ -145,6 +162,9 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 		d.capacity = cfg.TokensInFlight * m.unit
 	}
 	m.dev = d
+	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
+	m.stop = stop
+	go m.online.run(bg, m)
 	m.log.Info("model server ready", "config", cfg, "kv_bytes_per_token", kvPerToken, "kv_cache_tokens", kvTokens,
 		"kv_followed", d.live, "capacity", d.capacity, "exact_tokens", wp != nil)
 	return m, d, nil
@@ -240,8 +260,11 @@ func (m *Model) Name() string { return m.name }
 // Weights is 0: the server holds the weights, outside the budget.
 func (m *Model) Weights() int64 { return 0 }
 
-// Close lets go of idle connections.
+// Close stops online-first mode's readings and lets go of idle connections.
 func (m *Model) Close() error {
+	if m.stop != nil {
+		m.stop()
+	}
 	m.client.CloseIdleConnections()
 	return nil
 }
@@ -369,8 +392,12 @@ func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.It
 // waits for a turn under wait (see group).
 func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error {
 	seq := m.outputs.start(r.kind())
-	o, err := m.send(ctx, wait, &call{ep: r.ep, body: r.body, tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
-		kv: m.kvTokens(r) * m.unit, most: run.room()}, run.deadline)
+	ep, body := r.ep, r.body
+	if r.chat != nil {
+		ep, body = chat, r.chat
+	}
+	o, err := m.send(ctx, wait, &call{ep: ep, body: m.online.mark(body), tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
+		kv: m.kvTokens(r) * m.unit, most: run.room(), prefix: job.PrefixKey(r.ep.path(), r.body)}, run.deadline)
 	if err != nil {
 		m.outputs.done(r.kind(), seq, 0, 0)
 		return m.itemErr(err, &run.outs[r.idx])
@@ -381,6 +408,9 @@ func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error 
 		u := usageOf(o.a.body)
 		m.counter.observe(r.kind(), r.prompt, u.PromptTokens)
 		m.outputs.done(r.kind(), seq, u.CompletionTokens, r.choices)
+		if r.chat != nil {
+			o.a.body = fromChat(o.a.body, r.stops)
+		}
 	}
 	run.keep(r.idx, m.output(r.id, o))
 	return nil

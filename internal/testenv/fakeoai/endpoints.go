@@ -23,8 +23,10 @@ type work struct {
 	maxTokens int     // per choice; 0 for embeddings
 	n         int
 	bestOf    int // completions' best_of, which Azure's estimate counts
+	priority  int // vLLM's, for PriorityScheduling
 	dim       int
 	base64    bool
+	stops     []string // /v1/messages' stop_sequences
 }
 
 type input struct {
@@ -57,6 +59,9 @@ func (b *badRequest) write(w http.ResponseWriter) {
 		return
 	case "tei":
 		writeTEIOpenAI(w, b.status, b.msg, "validation")
+		return
+	case "anthropic":
+		writeAnthropic(w, b.status, anthropicType(b.status), b.msg)
 		return
 	}
 	writeOpenAI(w, b.status, b.msg, "invalid_request_error", b.param, b.code)
@@ -110,6 +115,9 @@ func (s *Server) serveModel(rw http.ResponseWriter, r *http.Request) {
 	}
 
 	wk, bad := s.parse(r.URL.Path, body)
+	if bad != nil && bad.format == "" && r.URL.Path == "/v1/messages" {
+		bad.format = "anthropic"
+	}
 	if bad != nil {
 		if bad.contextLength {
 			s.count(func(st *Stats) { st.ContextLength++ })
@@ -239,15 +247,18 @@ func (s *Server) count(f func(*Stats)) {
 // jobs makes the sequences of wk: one per choice of each prompt, or one per
 // embedding input. s.mu is held.
 func (s *Server) jobs(wk *work) *group {
-	g := &group{}
+	g := &group{priority: wk.priority}
+	now := s.clock.now()
 	for _, in := range wk.inputs {
 		if wk.embeddings() {
-			g.jobs = append(g.jobs, &job{group: g, prompt: in.tokens})
+			g.jobs = append(g.jobs, &job{group: g, prompt: in.tokens, arrived: now})
 			continue
 		}
+		hashes := s.blockHashes(in.text, in.tokens)
 		for c := range wk.n {
 			natural := max(1, s.cfg.OutputTokens(in.text, c))
-			g.jobs = append(g.jobs, &job{group: g, prompt: in.tokens, natural: natural, length: min(wk.maxTokens, natural)})
+			g.jobs = append(g.jobs, &job{group: g, prompt: in.tokens, natural: natural, length: min(wk.maxTokens, natural), hashes: hashes,
+				arrived: now})
 		}
 	}
 	return g
@@ -258,6 +269,8 @@ func (s *Server) render(wk *work, g *group, id uint64, created int64, completion
 	total := wk.prompt + completionTokens
 	var v any
 	switch wk.path {
+	case "/v1/messages":
+		v = renderMessage(wk, g, id, completionTokens)
 	case "/v1/chat/completions":
 		c := chatCompletion{ID: fmt.Sprintf("chatcmpl-fakeoai%012d", id), Object: "chat.completion", Created: created,
 			Model: wk.model, ServiceTier: "default", SystemFingerprint: "fp_fakeoai",
@@ -309,6 +322,11 @@ func (s *Server) parse(path string, body []byte) (*work, *badRequest) {
 	var maxTokens *int
 	var n *int
 	switch path {
+	case "/v1/messages":
+		var bad *badRequest
+		if maxTokens, stream, bad = parseMessages(wk, body); bad != nil {
+			return nil, bad
+		}
 	case "/v1/chat/completions":
 		var req chatRequest
 		if err := json.Unmarshal(body, &req); err != nil {
@@ -327,7 +345,7 @@ func (s *Server) parse(path string, body []byte) (*work, *badRequest) {
 			msgs[i] = Message{Role: m.Role, Name: m.Name, Content: text}
 			texts[i] = text
 		}
-		wk.model, stream, n = req.Model, req.Stream, req.N
+		wk.model, stream, n, wk.priority = req.Model, req.Stream, req.N, req.Priority
 		wk.prompt = ChatPromptTokens(msgs)
 		wk.inputs = []input{{text: strings.Join(texts, "\n"), tokens: wk.prompt}}
 		maxTokens = req.MaxCompletionTokens
@@ -343,7 +361,7 @@ func (s *Server) parse(path string, body []byte) (*work, *badRequest) {
 		if err != nil {
 			return nil, invalid("prompt", "Invalid 'prompt': %v.", err)
 		}
-		wk.model, stream, n, wk.inputs = req.Model, req.Stream, req.N, in
+		wk.model, stream, n, wk.inputs, wk.priority = req.Model, req.Stream, req.N, in, req.Priority
 		if req.BestOf != nil {
 			wk.bestOf = *req.BestOf
 		}
@@ -388,6 +406,9 @@ func (s *Server) parse(path string, body []byte) (*work, *badRequest) {
 	known := false
 	for _, m := range cfg.Models {
 		known = known || m == wk.model
+	}
+	if !known && path == "/v1/messages" {
+		return nil, &badRequest{status: http.StatusNotFound, format: "anthropic", msg: "model: " + wk.model}
 	}
 	if !known {
 		return nil, &badRequest{status: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", wk.model), code: "model_not_found"}
