@@ -17,7 +17,7 @@ import (
 // chat batch cancelled 10 s after its create runs, after the cancel, no more
 // than what was in flight (two rounds of the server's concurrency, a chunk
 // at most past them), since the subscriber admits no more than that
-// (gpu.Slotted) and a chunk not started is dropped by the cancel: the rest
+// (backend.Slots) and a chunk not started is dropped by the cancel: the rest
 // of the batch's lines are batch_cancelled. Before, every message was
 // admitted at once, each waiting inside the process for a request slot, and
 // all 3,000 lines ran. The fake takes 11 steps of 20 ms a request (a

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -46,12 +47,12 @@ import (
 type task struct {
 	lease  *lease
 	work   *job.Work
-	cost   int64   // working memory admission weighs, bytes: raw, corrected (correction.go)
-	raw    int64   // the model's own estimate of its working memory, bytes
-	factor float64 // the estimate correction cost was weighed with; 0 before admission
-	class  int     // the model's length class (gpu.LengthClasser); 0 without one
-	hold   *hold   // what it holds in admission (admission.go); nil before
-	slots  int64   // the model's request slots it takes (gpu.Slotted); 0 without
+	cost   int64          // working memory admission weighs, bytes: raw, corrected (correction.go)
+	raw    int64          // the model's own estimate of its working memory, bytes
+	factor float64        // the estimate correction cost was weighed with; 0 before admission
+	class  int            // the model's length class (gpu.LengthClasser); 0 without one
+	hold   *hold          // what it holds in admission (admission.go); nil before
+	needs  backend.Vector // what it takes of the resources the model offers (backend.Offerer)
 	// answered holds the answers a backoff came with for some of its items
 	// while it waits (answered.go); nil when none.
 	answered *answered

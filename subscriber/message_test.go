@@ -45,7 +45,7 @@ func newMessageEnds(t *testing.T) *messageEnds {
 	if !e.s.adm.tryAcquire(60) {
 		t.Fatal("no room for 60 of 100")
 	}
-	e.t = &task{lease: l, work: w, hold: e.s.newHold(60, 60), ends: &ends{
+	e.t = &task{lease: l, work: w, hold: e.s.newHold(need{weight: 60}, 60), ends: &ends{
 		keeper: k, dlq: e.dlq, payloads: e.payloads, m: m, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		retry: backoff.Policy{First: time.Second, Max: job.MaxDelay}, maxMessageBytes: job.MaxMessageBytes,
 		settling: func(string) {},

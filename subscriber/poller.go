@@ -273,7 +273,7 @@ func (s *Subscriber) enqueue(t *task) {
 	// Never blocks: room() kept waiting, which counts this message, within
 	// the buffer's capacity.
 	t.cost, t.raw, t.class = cost, cost, class
-	t.slots = s.modelSlots(w.Endpoint, w.Items)
+	t.needs = s.modelNeeds(w.Endpoint, w.Items)
 	s.buffer <- t
 }
 

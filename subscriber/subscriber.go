@@ -37,6 +37,7 @@ import (
 	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -207,9 +208,9 @@ func New(cfg Config) (*Subscriber, error) {
 			s.settle = newSettler(s)
 		}
 	}
-	if sl, ok := cfg.Model.(gpu.Slotted); ok && cfg.Admission == AdmitVRAM {
-		if n := sl.Slots(); n > 0 {
-			adm.slots, adm.slotCap = semaphore.NewWeighted(n), n
+	if o, ok := cfg.Model.(backend.Offerer); ok && cfg.Admission == AdmitVRAM {
+		if err := adm.offer(o); err != nil {
+			return nil, fmt.Errorf("subscriber: %w", err)
 		}
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold, s.fullCall())

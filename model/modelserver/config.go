@@ -64,11 +64,11 @@ type Config struct {
 	MaxConcurrency int
 	// TPM and RPM are tokens and requests per minute this subscriber may
 	// use; 0: no limit of its own. The server's x-ratelimit headers are
-	// followed either way. They also bound the Device's free memory, and so
-	// what the subscriber admits, to what they pass in MaxWait/2: without
-	// them a subscriber in front of a rate limit admits a queue's worth,
-	// and its batches back off (bench/modelserver.md, "Through the
-	// subscriber").
+	// followed either way. They also bound what the subscriber admits, in
+	// rate tokens of their own (Model.Offers), to what they pass in
+	// MaxWait/2: without them a subscriber in front of a rate limit admits
+	// a queue's worth, and its batches back off (bench/modelserver.md,
+	// "Through the subscriber").
 	TPM, RPM int
 
 	// KVBytesPerToken is the server's KV cache per token. 0: computed from
