@@ -16,9 +16,11 @@ import (
 // meanwhile, and a message too large for the budget would hold its largest
 // part through every part (bench/modelserver.md, "KV through the
 // subscriber": 0.24 of the pool used). So, under vram admission, each
-// item's share of its message's hold is given back as its answer arrives
-// (shed), and a message run in parts holds each part's own weight while
-// that part runs (fitPart).
+// item's share of its message's weight is given back as its answer
+// arrives (shed), and a message run in parts holds each part's own weight
+// while that part runs (fitPart). Its request slots and rate tokens
+// (need.res) are held until the message ends: a rate limit's tokens are
+// spent by the answer, not freed by it.
 
 // watchItems returns ctx with gpu.WithAnswers set for what acts on each
 // answer of tasks' items (in order, as infer batches them) as it arrives:
@@ -184,7 +186,7 @@ func (s *Subscriber) fitPart(ctx context.Context, t *task, items []job.Item, alo
 func (h *hold) held() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.weight
+	return h.need.weight
 }
 
 // shed gives back up to w of h's weight, and as many of its bytes in
@@ -196,8 +198,8 @@ func (h *hold) shed(w int64) {
 	if h.released || h.exclusive || w <= 0 {
 		return
 	}
-	n := min(w, h.weight)
-	h.weight -= n
+	n := min(w, h.need.weight)
+	h.need.weight -= n
 	h.setBytes(h.bytes - min(n, h.bytes))
 	if n > 0 {
 		h.s.adm.giveBack(n)
@@ -212,9 +214,9 @@ func (h *hold) fit(ctx context.Context, w int64) error {
 		h.mu.Unlock()
 		return nil
 	}
-	if h.weight >= w {
-		excess := h.weight - w
-		h.weight = w
+	if h.need.weight >= w {
+		excess := h.need.weight - w
+		h.need.weight = w
 		h.setBytes(w)
 		h.mu.Unlock()
 		if excess > 0 {
@@ -222,8 +224,8 @@ func (h *hold) fit(ctx context.Context, w int64) error {
 		}
 		return nil
 	}
-	had := h.weight
-	h.weight = 0
+	had := h.need.weight
+	h.need.weight = 0
 	h.setBytes(0)
 	h.mu.Unlock()
 	if had > 0 {
@@ -238,7 +240,7 @@ func (h *hold) fit(ctx context.Context, w int64) error {
 		h.s.adm.giveBack(w)
 		return errReleased
 	}
-	h.weight = w
+	h.need.weight = w
 	h.setBytes(w)
 	return nil
 }

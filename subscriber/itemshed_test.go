@@ -29,7 +29,7 @@ func itemTask(s *Subscriber, w int64, ids ...string) *task {
 	for _, id := range ids {
 		t.work.Items = append(t.work.Items, job.Item{ID: id})
 	}
-	t.hold = s.newHold(w, w)
+	t.hold = s.newHold(need{weight: w}, w)
 	return t
 }
 

@@ -86,8 +86,7 @@ var _ gpu.Itemwise = (*Model)(nil)
 // ItemCosts is each item's KV charge in device bytes, as CostEndpoint
 // charges them (0 for an item Run refuses without a request): a request
 // holds the cache only while it is in flight, so the subscriber gives back
-// an item's charge when its answer arrives. Unlike CostEndpoint, it does
-// not count as a message costed (recentCosts): it splits one.
+// an item's charge when its answer arrives.
 func (m *Model) ItemCosts(endpoint string, items []job.Item) []int64 {
 	cs := make([]int64, len(items))
 	for i, it := range items {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/backend"
