@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/backend"
@@ -333,6 +334,10 @@ func (m *Model) tokens(r *request) int64 {
 // server cannot hold even alone), a transient failure past its retries, or
 // ctx's error.
 //
+// Each answer of the server (an output with a Response) is also told to
+// gpu.Answers(ctx), when set, as it arrives: the subscriber keeps it where a
+// later run of the item finds it.
+//
 // Run tells each item's route from its body (see endpointOf); the
 // subscriber calls RunEndpoint with the job's.
 func (m *Model) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
@@ -345,7 +350,8 @@ func (m *Model) Run(ctx context.Context, items []job.Item) ([]job.Output, error)
 // (invalid_input). An endpoint that is not one of job.Endpoints refuses
 // every item.
 func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.Item) ([]job.Output, error) {
-	run := &run{outs: make([]job.Output, len(items)), deadline: time.Now().Add(m.cfg.MaxWait), limit: m.cfg.ResultBytes, left: m.cfg.ResultBytes}
+	run := &run{outs: make([]job.Output, len(items)), deadline: time.Now().Add(m.cfg.MaxWait), limit: m.cfg.ResultBytes, left: m.cfg.ResultBytes,
+		told: gpu.Answers(ctx)}
 	outs := run.outs
 	var gens []*request
 	groups := map[string][]*request{}
@@ -416,6 +422,7 @@ type run struct {
 	outs     []job.Output
 	deadline time.Time
 	limit    int64
+	told     func(int, job.Output) // gpu.Answers of Run's context, or nil
 
 	mu   sync.Mutex
 	left int64
@@ -440,6 +447,9 @@ func (r *run) keep(i int, o job.Output) {
 		}
 	}
 	r.outs[i] = o
+	if r.told != nil && o.Response != nil {
+		r.told(i, o) // paid for: the caller keeps it before the batch ends
+	}
 }
 
 // room is what the run's answers may still take: no answer longer is
