@@ -1,8 +1,6 @@
 package publisher
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"math"
 	"net/netip"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/internal/config"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
@@ -278,76 +277,56 @@ func DefaultConfig() Config {
 	}
 }
 
-// orDefault sets *p to def when it is the zero value.
-func orDefault[T comparable](p *T, def T) {
-	var zero T
-	if *p == zero {
-		*p = def
-	}
-}
-
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
-	orDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
-	orDefault(&c.MaxBodyBytes, d.MaxBodyBytes)
-	orDefault(&c.MaxBodyBytesInFlight, 2*c.MaxBodyBytes)
-	orDefault(&c.MaxResultBytesInFlight, d.MaxResultBytesInFlight)
-	orDefault(&c.MaxResultBytesPerClient, max(job.MaxResultBytes, c.MaxResultBytesInFlight/2))
-	orDefault(&c.MaxPageBytes, d.MaxPageBytes)
-	orDefault(&c.MaxBodyBytesPerClient, max(c.MaxBodyBytes, c.MaxBodyBytesInFlight/2))
-	orDefault(&c.MaxBodiesPerClient, d.MaxBodiesPerClient)
-	orDefault(&c.MinBodyRate, d.MinBodyRate)
-	orDefault(&c.BodyGrace, d.BodyGrace)
-	orDefault(&c.IPv6ClientPrefix, d.IPv6ClientPrefix)
-	orDefault(&c.MaxItems, d.MaxItems)
-	orDefault(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
-	orDefault(&c.ChunkItems, d.ChunkItems)
-	orDefault(&c.MaxChunkItems, d.MaxChunkItems)
-	orDefault(&c.MaxN, d.MaxN)
-	orDefault(&c.MaxOutputTokens, d.MaxOutputTokens)
+	config.OrDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
+	config.OrDefault(&c.MaxBodyBytes, d.MaxBodyBytes)
+	config.OrDefault(&c.MaxBodyBytesInFlight, 2*c.MaxBodyBytes)
+	config.OrDefault(&c.MaxResultBytesInFlight, d.MaxResultBytesInFlight)
+	config.OrDefault(&c.MaxResultBytesPerClient, max(job.MaxResultBytes, c.MaxResultBytesInFlight/2))
+	config.OrDefault(&c.MaxPageBytes, d.MaxPageBytes)
+	config.OrDefault(&c.MaxBodyBytesPerClient, max(c.MaxBodyBytes, c.MaxBodyBytesInFlight/2))
+	config.OrDefault(&c.MaxBodiesPerClient, d.MaxBodiesPerClient)
+	config.OrDefault(&c.MinBodyRate, d.MinBodyRate)
+	config.OrDefault(&c.BodyGrace, d.BodyGrace)
+	config.OrDefault(&c.IPv6ClientPrefix, d.IPv6ClientPrefix)
+	config.OrDefault(&c.MaxItems, d.MaxItems)
+	config.OrDefault(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
+	config.OrDefault(&c.ChunkItems, d.ChunkItems)
+	config.OrDefault(&c.MaxChunkItems, d.MaxChunkItems)
+	config.OrDefault(&c.MaxN, d.MaxN)
+	config.OrDefault(&c.MaxOutputTokens, d.MaxOutputTokens)
 	if c.RateLimit > 0 && c.RateBurst == 0 {
 		c.RateBurst = defaultBurst(c.RateLimit)
 	}
 	if c.GlobalRateLimit > 0 && c.GlobalRateBurst == 0 {
 		c.GlobalRateBurst = defaultBurst(c.GlobalRateLimit)
 	}
-	orDefault(&c.RateLimitClients, d.RateLimitClients)
-	orDefault(&c.SendAttempts, d.SendAttempts)
-	orDefault(&c.SendBackoff, d.SendBackoff)
-	orDefault(&c.SendConcurrency, d.SendConcurrency)
-	orDefault(&c.IdempotencyTTL, d.IdempotencyTTL)
-	orDefault(&c.IdempotencyEntries, d.IdempotencyEntries)
-	orDefault(&c.IdempotencyStale, d.IdempotencyStale)
-	orDefault(&c.MaxFileBytes, d.MaxFileBytes)
-	orDefault(&c.MaxFileLines, d.MaxFileLines)
-	orDefault(&c.MaxFileLineBytes, d.MaxFileLineBytes)
-	orDefault(&c.MaxFiles, d.MaxFiles)
-	orDefault(&c.FileUploadTimeout, d.FileUploadTimeout)
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Registerer == nil {
-		c.Registerer = prometheus.NewRegistry()
-	}
+	config.OrDefault(&c.RateLimitClients, d.RateLimitClients)
+	config.OrDefault(&c.SendAttempts, d.SendAttempts)
+	config.OrDefault(&c.SendBackoff, d.SendBackoff)
+	config.OrDefault(&c.SendConcurrency, d.SendConcurrency)
+	config.OrDefault(&c.IdempotencyTTL, d.IdempotencyTTL)
+	config.OrDefault(&c.IdempotencyEntries, d.IdempotencyEntries)
+	config.OrDefault(&c.IdempotencyStale, d.IdempotencyStale)
+	config.OrDefault(&c.MaxFileBytes, d.MaxFileBytes)
+	config.OrDefault(&c.MaxFileLines, d.MaxFileLines)
+	config.OrDefault(&c.MaxFileLineBytes, d.MaxFileLineBytes)
+	config.OrDefault(&c.MaxFiles, d.MaxFiles)
+	config.OrDefault(&c.FileUploadTimeout, d.FileUploadTimeout)
+	config.OrDefault(&c.Logger, slog.Default())
+	config.OrDefault(&c.Registerer, prometheus.Registerer(prometheus.NewRegistry()))
 }
 
 // FieldError is one problem Validate found, with the name of the Config
-// field it is about, so that a command can name its own flag for it.
-type FieldError struct {
-	Field string // a Config field, e.g. "MaxItems"
-	Err   error
-}
-
-func (e *FieldError) Error() string { return e.Err.Error() }
-func (e *FieldError) Unwrap() error { return e.Err }
+// field it is about (e.g. "MaxItems"), so that a command can name its own flag for it.
+type FieldError = config.FieldError
 
 // Validate reports every problem with c (after defaults), joined; each is a
 // *FieldError.
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(field, format string, a ...any) {
-		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, a...)})
-	}
+	var problems config.Problems
+	bad := problems.Add
 	if c.Queue == nil {
 		bad("Queue", "no work queue")
 	}
@@ -502,5 +481,5 @@ func (c *Config) Validate() error {
 	if c.FileUploadTimeout <= 0 {
 		bad("FileUploadTimeout", "file upload timeout %v: want more than 0", c.FileUploadTimeout)
 	}
-	return errors.Join(errs...)
+	return problems.Err()
 }

@@ -1,14 +1,13 @@
 package subscriber
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/config"
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/subscriber/queue"
@@ -202,45 +201,33 @@ func DefaultConfig() Config {
 	}
 }
 
-// orDefault sets *p to def when it is the zero value.
-func orDefault[T comparable](p *T, def T) {
-	var zero T
-	if *p == zero {
-		*p = def
-	}
-}
-
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
-	orDefault(&c.Admission, d.Admission)
-	orDefault(&c.Count, d.Count)
-	orDefault(&c.VRAMReserve, d.VRAMReserve)
-	orDefault(&c.BudgetRefresh, d.BudgetRefresh)
-	orDefault(&c.Prefetch, d.Prefetch)
-	orDefault(&c.MaxInflight, d.MaxInflight)
-	orDefault(&c.MaxBatch, d.MaxBatch)
-	orDefault(&c.MaxBatchDelay, d.MaxBatchDelay)
-	orDefault(&c.WaitTime, d.WaitTime)
-	orDefault(&c.Visibility, d.Visibility)
-	orDefault(&c.MaxHold, d.MaxHold)
-	orDefault(&c.AdmitTimeout, d.AdmitTimeout)
-	orDefault(&c.OperatorProbe, d.OperatorProbe)
-	orDefault(&c.InferenceTimeout, d.InferenceTimeout)
-	orDefault(&c.RetryDelay, d.RetryDelay)
-	orDefault(&c.CancelCheckTTL, d.CancelCheckTTL)
-	orDefault(&c.ShutdownGrace, d.ShutdownGrace)
-	orDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
-	orDefault(&c.MaxResultBytes, d.MaxResultBytes)
-	orDefault(&c.TaskProtectionExpiry, d.TaskProtectionExpiry)
-	orDefault(&c.TaskProtectionMaxHold, d.TaskProtectionMaxHold)
-	orDefault(&c.BatchLimitProbeAfter, d.BatchLimitProbeAfter)
-	orDefault(&c.EstimateCorrectionMax, d.EstimateCorrectionMax)
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Registerer == nil {
-		c.Registerer = prometheus.NewRegistry()
-	}
+	config.OrDefault(&c.Admission, d.Admission)
+	config.OrDefault(&c.Count, d.Count)
+	config.OrDefault(&c.VRAMReserve, d.VRAMReserve)
+	config.OrDefault(&c.BudgetRefresh, d.BudgetRefresh)
+	config.OrDefault(&c.Prefetch, d.Prefetch)
+	config.OrDefault(&c.MaxInflight, d.MaxInflight)
+	config.OrDefault(&c.MaxBatch, d.MaxBatch)
+	config.OrDefault(&c.MaxBatchDelay, d.MaxBatchDelay)
+	config.OrDefault(&c.WaitTime, d.WaitTime)
+	config.OrDefault(&c.Visibility, d.Visibility)
+	config.OrDefault(&c.MaxHold, d.MaxHold)
+	config.OrDefault(&c.AdmitTimeout, d.AdmitTimeout)
+	config.OrDefault(&c.OperatorProbe, d.OperatorProbe)
+	config.OrDefault(&c.InferenceTimeout, d.InferenceTimeout)
+	config.OrDefault(&c.RetryDelay, d.RetryDelay)
+	config.OrDefault(&c.CancelCheckTTL, d.CancelCheckTTL)
+	config.OrDefault(&c.ShutdownGrace, d.ShutdownGrace)
+	config.OrDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
+	config.OrDefault(&c.MaxResultBytes, d.MaxResultBytes)
+	config.OrDefault(&c.TaskProtectionExpiry, d.TaskProtectionExpiry)
+	config.OrDefault(&c.TaskProtectionMaxHold, d.TaskProtectionMaxHold)
+	config.OrDefault(&c.BatchLimitProbeAfter, d.BatchLimitProbeAfter)
+	config.OrDefault(&c.EstimateCorrectionMax, d.EstimateCorrectionMax)
+	config.OrDefault(&c.Logger, slog.Default())
+	config.OrDefault(&c.Registerer, prometheus.Registerer(prometheus.NewRegistry()))
 	if typedNil(c.Payloads) {
 		c.Payloads = nil
 	}
@@ -252,23 +239,15 @@ func (c *Config) setDefaults() {
 const minBudgetRefresh = 100 * time.Millisecond
 
 // FieldError is one problem Validate found, with the name of the Config
-// field it is about, so that a command can name its own flag for it.
-type FieldError struct {
-	Field string // a Config field, e.g. "MaxHold"
-	Err   error
-}
-
-func (e *FieldError) Error() string { return e.Err.Error() }
-func (e *FieldError) Unwrap() error { return e.Err }
+// field it is about (e.g. "MaxHold"), so that a command can name its own flag for it.
+type FieldError = config.FieldError
 
 // Validate reports every problem with c (after defaults), joined; each is a
 // *FieldError naming the field it is about (for a bound set by another
 // field, the one bounded: AdmitTimeout for "below max hold").
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(field, format string, a ...any) {
-		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, a...)})
-	}
+	var problems config.Problems
+	bad := problems.Add
 	if c.Queue == nil {
 		bad("Queue", "no work queue")
 	}
@@ -364,5 +343,5 @@ func (c *Config) Validate() error {
 	if c.TaskProtectionMaxHold < time.Minute || c.TaskProtectionMaxHold > MaxTaskProtection {
 		bad("TaskProtectionMaxHold", "task protection max hold %v: want 1m to 48h", c.TaskProtectionMaxHold)
 	}
-	return errors.Join(errs...)
+	return problems.Err()
 }
