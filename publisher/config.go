@@ -355,9 +355,7 @@ func (c *Config) Validate() error {
 			"max body bytes per client %d: want at least max body bytes (%d), or a body at that limit is never taken, "+
 				"and at most max body bytes in flight (%d)", c.MaxBodyBytesPerClient, c.MaxBodyBytes, c.MaxBodyBytesInFlight)
 	}
-	if c.MaxBodiesPerClient < 1 {
-		bad("MaxBodiesPerClient", "max bodies per client %d: want at least 1", c.MaxBodiesPerClient)
-	}
+	config.AtLeast(&problems, "MaxBodiesPerClient", "max bodies per client", c.MaxBodiesPerClient, 1)
 	if c.MinBodyRate < 1 {
 		bad("MinBodyRate", "min body rate %d: want at least 1 byte a second", c.MinBodyRate)
 	}
@@ -376,12 +374,8 @@ func (c *Config) Validate() error {
 			"max result bytes per client %d: want at least %d (job.MaxResultBytes), or a result at that size is never served, "+
 				"and at most max result bytes in flight (%d)", c.MaxResultBytesPerClient, job.MaxResultBytes, c.MaxResultBytesInFlight)
 	}
-	if c.MaxPageBytes < 1 {
-		bad("MaxPageBytes", "max page bytes %d: want at least 1", c.MaxPageBytes)
-	}
-	if c.MaxItems < 1 {
-		bad("MaxItems", "max items %d: want at least 1", c.MaxItems)
-	}
+	config.AtLeast(&problems, "MaxPageBytes", "max page bytes", c.MaxPageBytes, 1)
+	config.AtLeast(&problems, "MaxItems", "max items", c.MaxItems, 1)
 	if c.ChunkItems < 1 {
 		bad("ChunkItems", "chunk items %d: want at least 1", c.ChunkItems)
 	} else if c.MaxChunkItems < c.ChunkItems {
@@ -403,9 +397,7 @@ func (c *Config) Validate() error {
 	if c.MaxN < 1 || c.MaxN > maxN {
 		bad("MaxN", "max n %d: want 1 to %d (OpenAI's bound)", c.MaxN, maxN)
 	}
-	if c.MaxOutputTokens < 1 {
-		bad("MaxOutputTokens", "max output tokens %d: want at least 1", c.MaxOutputTokens)
-	}
+	config.AtLeast(&problems, "MaxOutputTokens", "max output tokens", c.MaxOutputTokens, 1)
 	for i, k := range c.APIKeys {
 		if name, key := SplitKey(k); key == "" {
 			bad("APIKeys", "API key %d (tenant %q) is empty", i, name)
@@ -427,9 +419,7 @@ func (c *Config) Validate() error {
 			bad(r.burstField, "%s burst %d: want at least 1", r.name, r.burst)
 		}
 	}
-	if c.RateLimitClients < 1 {
-		bad("RateLimitClients", "rate limit clients %d: want at least 1", c.RateLimitClients)
-	}
+	config.AtLeast(&problems, "RateLimitClients", "rate limit clients", c.RateLimitClients, 1)
 	for _, p := range c.TrustedProxies {
 		switch {
 		case !p.IsValid():
@@ -439,37 +429,19 @@ func (c *Config) Validate() error {
 			bad("TrustedProxies", "trusted proxy %v is every address: list the load balancers' own addresses", p)
 		}
 	}
-	if c.SendAttempts < 1 {
-		bad("SendAttempts", "send attempts %d: want at least 1", c.SendAttempts)
-	}
-	if c.SendBackoff < 0 {
-		bad("SendBackoff", "send backoff %v: want at least 0", c.SendBackoff)
-	}
-	if c.SendConcurrency < 1 {
-		bad("SendConcurrency", "send concurrency %d: want at least 1", c.SendConcurrency)
-	}
-	if c.IdempotencyTTL < 0 {
-		bad("IdempotencyTTL", "idempotency TTL %v: want at least 0", c.IdempotencyTTL)
-	}
-	if c.IdempotencyEntries < 1 {
-		bad("IdempotencyEntries", "idempotency entries %d: want at least 1", c.IdempotencyEntries)
-	}
-	if c.IdempotencyStale < 0 {
-		bad("IdempotencyStale", "idempotency stale %v: want at least 0", c.IdempotencyStale)
-	}
+	config.AtLeast(&problems, "SendAttempts", "send attempts", c.SendAttempts, 1)
+	config.AtLeast(&problems, "SendBackoff", "send backoff", c.SendBackoff, 0)
+	config.AtLeast(&problems, "SendConcurrency", "send concurrency", c.SendConcurrency, 1)
+	config.AtLeast(&problems, "IdempotencyTTL", "idempotency TTL", c.IdempotencyTTL, 0)
+	config.AtLeast(&problems, "IdempotencyEntries", "idempotency entries", c.IdempotencyEntries, 1)
+	config.AtLeast(&problems, "IdempotencyStale", "idempotency stale", c.IdempotencyStale, 0)
 	if c.MaxFileBytes < 1 || c.MaxFileBytes > payload.MaxUploadBytes {
 		bad("MaxFileBytes", "max file bytes %d: want 1 to %d (S3's 10,000 parts of the %d bytes an upload holds at once)",
 			c.MaxFileBytes, int64(payload.MaxUploadBytes), payload.UploadPartBytes)
 	}
-	if c.MaxFileLines < 1 {
-		bad("MaxFileLines", "max file lines %d: want at least 1", c.MaxFileLines)
-	}
-	if c.MaxFileLineBytes < 1 {
-		bad("MaxFileLineBytes", "max file line bytes %d: want at least 1", c.MaxFileLineBytes)
-	}
-	if c.MaxFiles < 1 {
-		bad("MaxFiles", "max files %d: want at least 1", c.MaxFiles)
-	}
+	config.AtLeast(&problems, "MaxFileLines", "max file lines", c.MaxFileLines, 1)
+	config.AtLeast(&problems, "MaxFileLineBytes", "max file line bytes", c.MaxFileLineBytes, 1)
+	config.AtLeast(&problems, "MaxFiles", "max files", c.MaxFiles, 1)
 	if c.PublicURL != "" {
 		u, err := url.Parse(c.PublicURL)
 		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil ||

@@ -269,9 +269,7 @@ func (c *Config) Validate() error {
 	if !c.Admission.valid() {
 		bad("Admission", "admission %q: want vram, count or none", c.Admission)
 	}
-	if c.Count < 1 {
-		bad("Count", "count %d: want at least 1", c.Count)
-	}
+	config.AtLeast(&problems, "Count", "count", c.Count, 1)
 	if c.VRAMReserve < 0 {
 		bad("VRAMReserve", "VRAM reserve %d: must not be negative", c.VRAMReserve)
 	}
@@ -284,15 +282,9 @@ func (c *Config) Validate() error {
 	if c.OperatorProbe < time.Second || c.OperatorProbe > job.MaxVisibility {
 		bad("OperatorProbe", "operator probe %v: want 1s to 12h", c.OperatorProbe)
 	}
-	if c.Prefetch < 1 {
-		bad("Prefetch", "prefetch %d: want at least 1", c.Prefetch)
-	}
-	if c.MaxInflight < 1 {
-		bad("MaxInflight", "max in-flight %d: want at least 1", c.MaxInflight)
-	}
-	if c.MaxBatch < 1 {
-		bad("MaxBatch", "max batch %d: want at least 1", c.MaxBatch)
-	}
+	config.AtLeast(&problems, "Prefetch", "prefetch", c.Prefetch, 1)
+	config.AtLeast(&problems, "MaxInflight", "max in-flight", c.MaxInflight, 1)
+	config.AtLeast(&problems, "MaxBatch", "max batch", c.MaxBatch, 1)
 	if !(c.EstimateCorrectionMax >= 1 && c.EstimateCorrectionMax <= 4) { // NaN too
 		bad("EstimateCorrectionMax", "estimate correction max %v: want 1 to 4 (1: off)", c.EstimateCorrectionMax)
 	}

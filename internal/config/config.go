@@ -39,3 +39,12 @@ func OrDefault[T comparable](p *T, def T) {
 		*p = def
 	}
 }
+
+// AtLeast adds a problem with field when v, what the field sets, is below
+// min: "max items 0: want at least 1".
+func AtLeast[T ~int | ~int64](p *Problems, field, what string, v, min T) {
+	if v < min {
+		// min with %d: a Duration's bound reads "0", as a count's does.
+		p.Add(field, "%s %v: want at least %d", what, v, min)
+	}
+}

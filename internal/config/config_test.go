@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 func TestProblemsJoinsEveryFieldError(t *testing.T) {
@@ -33,5 +34,17 @@ func TestOrDefaultFillsOnlyZero(t *testing.T) {
 	OrDefault(&m, 5)
 	if n != 5 || m != 7 {
 		t.Fatalf("OrDefault: got %d and %d; want 5 (was zero) and 7 (was set)", n, m)
+	}
+}
+
+func TestAtLeastReadsAsTheChecksItServes(t *testing.T) {
+	var p Problems
+	AtLeast(&p, "MaxItems", "max items", 0, 1)
+	AtLeast(&p, "SendBackoff", "send backoff", -time.Second, 0)
+	AtLeast(&p, "Count", "count", 1, 1) // at the bound: no problem
+	got := p.Err()
+	want := "max items 0: want at least 1\nsend backoff -1s: want at least 0"
+	if got == nil || got.Error() != want {
+		t.Fatalf("problems = %v; want %q", got, want)
 	}
 }
