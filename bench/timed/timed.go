@@ -59,24 +59,14 @@ func New(cfg refembed.Config, timing Timing, mem gpu.Allocator) (*Model, error) 
 		return nil, err
 	}
 	m := &Model{
-		cfg:         cfg,
-		cost:        cfg.CostModel(),
-		timing:      timing,
-		name:        fmt.Sprintf("timed-embed-v%d-d%d-h%d-o%d-t%d", cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens),
-		weights:     cfg.WeightBytes(),
-		out:         cfg.Out,
-		mem:         mem,
-		dev:         newSharedDevice(timing.Throughput),
-		freeWeights: func() {},
+		cfg:     cfg,
+		cost:    cfg.CostModel(),
+		timing:  timing,
+		name:    fmt.Sprintf("timed-embed-v%d-d%d-h%d-o%d-t%d", cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens),
+		weights: cfg.WeightBytes(),
+		out:     cfg.Out,
 	}
-	if mem != nil {
-		free, err := mem.Alloc(m.weights)
-		if err != nil {
-			return nil, fmt.Errorf("%s: load weights: %w", m.name, err)
-		}
-		m.freeWeights = free
-	}
-	return m, nil
+	return m.load(mem)
 }
 
 // NewFor is the timed stand-in of another model, of: of's
@@ -93,15 +83,21 @@ func NewFor(of gpu.Model, out int, timing Timing, mem gpu.Allocator) (*Model, er
 		return nil, err
 	}
 	m := &Model{
-		costOf:      of.Cost,
-		timing:      timing,
-		name:        "timed-" + of.Name(),
-		weights:     of.Weights(),
-		out:         out,
-		mem:         mem,
-		dev:         newSharedDevice(timing.Throughput),
-		freeWeights: func() {},
+		costOf:  of.Cost,
+		timing:  timing,
+		name:    "timed-" + of.Name(),
+		weights: of.Weights(),
+		out:     out,
 	}
+	return m.load(mem)
+}
+
+// load gives m a device of its own to time batches on and puts its
+// weights on mem (none: a model whose memory nobody accounts).
+func (m *Model) load(mem gpu.Allocator) (*Model, error) {
+	m.mem = mem
+	m.dev = newSharedDevice(m.timing.Throughput)
+	m.freeWeights = func() {}
 	if mem != nil {
 		free, err := mem.Alloc(m.weights)
 		if err != nil {
