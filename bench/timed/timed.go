@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/refembed"
 )
@@ -182,7 +183,7 @@ func (m *Model) launch(ctx context.Context, items []job.Item, mem gpu.Allocator)
 		return nil, fmt.Errorf("%s: %w", m.name, gpu.ErrClosed)
 	}
 	if len(items) > 0 {
-		if err := sleep(ctx, m.timing.Launch); err != nil {
+		if err := backoff.Sleep(ctx, m.timing.Launch); err != nil {
 			return nil, err
 		}
 	}
@@ -245,18 +246,4 @@ func unitVector(text string, n int) []float32 {
 		}
 	}
 	return v
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
