@@ -49,10 +49,7 @@ const uploadConcurrency = 8
 // at an item not yet in S3.
 func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
+	fail := failWith(w, r)
 	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
 		fail(e)
 		return

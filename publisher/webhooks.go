@@ -129,7 +129,7 @@ func (w *webhooks) deliver(ctx context.Context, ev *webhookEvent) {
 	var err error
 	for try := 1; try <= webhookTries; try++ {
 		if try > 1 {
-			if sleep(ctx, w.retry.Delay(try-1)) != nil {
+			if backoff.Sleep(ctx, w.retry.Delay(try-1)) != nil {
 				return
 			}
 		}
