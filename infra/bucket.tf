@@ -9,6 +9,7 @@
 #   cancel/{job_id}.json            a job's cancel record (publisher writes on DELETE, subscriber reads)
 #   cancelled/{job_id}/{chunk}.json a chunk deleted unrun after a cancel (subscriber writes, publisher reads)
 #   itemerrors/{job_id}/{chunk}.json items of a chunk the model refused (subscriber writes, publisher reads)
+#   answers/{owner}/{job_id}/{chunk}/ items' answers until the chunk's result is out (subscriber only)
 #   done/{job_id}.json              a settled job's completion event marker (subscriber, completion_events)
 #   files/{owner}/{file_id}.jsonl   a file uploaded to POST /v1/files, and .json its record (publisher)
 #   batches/{owner}/{batch_id}.json a batch (POST /v1/batches), and .ids its lines' custom ids (publisher)
@@ -31,6 +32,7 @@ locals {
     cancel      = 19
     cancelled   = 19
     itemerrors  = 19
+    answers     = 19
     done        = 19
     files       = 31
     batches     = 31

@@ -236,6 +236,7 @@ data "aws_iam_policy_document" "subscriber" {
       "${local.bucket_arn}/cancel/*",
       "${local.bucket_arn}/cancelled/*",
       "${local.bucket_arn}/itemerrors/*",
+      "${local.bucket_arn}/answers/*",
     ]
   }
 
@@ -247,7 +248,16 @@ data "aws_iam_policy_document" "subscriber" {
       "${local.bucket_arn}/failed/*",
       "${local.bucket_arn}/cancelled/*",
       "${local.bucket_arn}/itemerrors/*",
+      "${local.bucket_arn}/answers/*",
     ]
+  }
+
+  # Items' answers are kept until their chunk's result is out, then deleted
+  # (subscriber/answerstore.go); what a delete misses expires (bucket.tf).
+  statement {
+    sid       = "ForgetAnswers"
+    actions   = ["s3:DeleteObject"]
+    resources = ["${local.bucket_arn}/answers/*"]
   }
 
   statement {
@@ -258,7 +268,7 @@ data "aws_iam_policy_document" "subscriber" {
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["payloads/*", "jobs/*", "results/*", "failed/*", "cancel/*", "cancelled/*", "itemerrors/*"]
+      values   = ["payloads/*", "jobs/*", "results/*", "failed/*", "cancel/*", "cancelled/*", "itemerrors/*", "answers/*"]
     }
   }
 

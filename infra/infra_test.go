@@ -160,7 +160,7 @@ func TestTheBucketIsEncryptedPrivateAndTLSOnly(t *testing.T) {
 	}
 	// Every prefix of the bucket layout (internal/payload) expires.
 	days := expirationDays(t, m, nil)
-	for _, prefix := range []string{"payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors"} {
+	for _, prefix := range []string{"payloads", "jobs", "idempotency", "results", "failed", "cancel", "cancelled", "itemerrors", "answers"} {
 		if _, ok := days[prefix]; !ok {
 			t.Errorf("payload_expiration_days has no default for %s/", prefix)
 		}

@@ -18,6 +18,7 @@ import (
 //	cancel/{job_id}.json            a CancelRecord: the job is cancelled, by the publisher (DELETE)
 //	cancelled/{job_id}/{chunk}.json a CancelledMarker: a chunk deleted unrun, by the subscriber
 //	itemerrors/{job_id}/{chunk}.json an ItemErrorsMarker: items of a chunk refused, by the subscriber
+//	answers/{owner}/{job_id}/{chunk}/{sha256(item id)}.json an item's Output, kept as it is answered until its chunk's result is out, by the subscriber
 //	done/{job_id}.json              a CompletionEvent: the job settled, its event sent (docs/events.md), by a subscriber
 //	done/{job_id}.{rev}.json        a CompletionEvent: revision rev (2, 3, ...), a correction of it, by a subscriber
 //	files/{owner}/{file_id}.jsonl   an uploaded file's content (POST /v1/files), by the publisher
@@ -44,6 +45,21 @@ import (
 func ItemKey(jobID, itemID string) string {
 	sum := sha256.Sum256([]byte(itemID))
 	return "payloads/" + jobID + "/" + hex.EncodeToString(sum[:]) + ".json"
+}
+
+// AnswersPrefix is what the keys of the answers kept for chunk chunk of job
+// jobID, sent by tenant, start with: {owner} is the SHA-256 of the tenant,
+// as in files/, so that one tenant's chunk never reads another's answers.
+func AnswersPrefix(tenant, jobID string, chunk int) string {
+	sum := sha256.Sum256([]byte(tenant))
+	return "answers/" + hex.EncodeToString(sum[:]) + "/" + jobID + "/" + strconv.Itoa(chunk) + "/"
+}
+
+// AnswerKey is where the Output of item itemID is kept under an
+// AnswersPrefix: named by the SHA-256 of the item's id, as ItemKey is.
+func AnswerKey(prefix, itemID string) string {
+	sum := sha256.Sum256([]byte(itemID))
+	return prefix + hex.EncodeToString(sum[:]) + ".json"
 }
 
 // ManifestKey is where job jobID's Manifest is.

@@ -20,29 +20,26 @@ const (
 	// server's /v1/messages, or translates it to /v1/chat/completions and
 	// back (model/modelserver/messages.go).
 	EndpointMessages = "/v1/messages"
-)
-
-// The endpoints OpenAI's Batch API takes that no job may name: a model
-// server's /v1/responses and /v1/moderations are not forwarded, so a batch
-// for one is refused line by line (BatchEndpoints).
-const (
+	// EndpointResponses and EndpointModerations are forwarded as they are;
+	// not every server serves them (vLLM serves /v1/responses), so the
+	// publisher takes batches for them only where its deployment lists
+	// them as served (its ServedEndpoints).
 	EndpointResponses   = "/v1/responses"
 	EndpointModerations = "/v1/moderations"
 )
 
 // BatchEndpoints lists the endpoints a batch may name, as OpenAI's Batch
-// API lists them (its API reference, "Create batch": endpoint): those of
-// Endpoints run, the others are refused when the batch is validated, each
-// line named.
+// API lists them (its API reference, "Create batch": endpoint).
 var BatchEndpoints = []string{EndpointResponses, EndpointChatCompletions, EndpointCompletions, EndpointEmbeddings, EndpointModerations}
 
-// Endpoints lists the endpoints a job may name, longest first.
-var Endpoints = []string{EndpointChatCompletions, EndpointCompletions, EndpointEmbeddings, EndpointMessages}
+// Endpoints lists the endpoints a job may name. A subscriber's class for
+// an endpoint is its index here, so new ones go at the end.
+var Endpoints = []string{EndpointChatCompletions, EndpointCompletions, EndpointEmbeddings, EndpointMessages, EndpointResponses, EndpointModerations}
 
 // ValidEndpoint reports whether e is one of Endpoints.
 func ValidEndpoint(e string) bool {
 	switch e {
-	case EndpointChatCompletions, EndpointCompletions, EndpointEmbeddings, EndpointMessages:
+	case EndpointChatCompletions, EndpointCompletions, EndpointEmbeddings, EndpointMessages, EndpointResponses, EndpointModerations:
 		return true
 	}
 	return false
@@ -51,7 +48,7 @@ func ValidEndpoint(e string) bool {
 // Errors of the rule for items of a job with an endpoint (Item.CheckFor),
 // wrapped with ErrMalformed.
 var (
-	ErrUnknownEndpoint     = errors.New("endpoint is not /v1/chat/completions, /v1/completions, /v1/embeddings or /v1/messages")
+	ErrUnknownEndpoint     = errors.New("endpoint is not /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages, /v1/responses or /v1/moderations")
 	ErrBodyWithoutEndpoint = errors.New("item has a request body, and the job names no endpoint")
 	ErrInlineWithEndpoint  = errors.New("item has text or data, and the job names an endpoint: its content is a request body")
 	ErrNoBody              = errors.New("item has no request body")

@@ -122,7 +122,7 @@ type Response struct {
 // ItemError is why one item of a chunk could not be processed while the
 // others were (docs/schemas.md).
 type ItemError struct {
-	Code    string `json:"code"`    // ItemInvalidInput, ItemTooLarge, ItemRequestRefused or ItemUnsupportedEndpoint
+	Code    string `json:"code"`    // ItemInvalidInput, ItemTooLarge, ItemRequestRefused, ItemRequestTimeout or ItemUnsupportedEndpoint
 	Message string `json:"message"` // the model's words: untrusted, escaped and cut (NewItemError)
 }
 
@@ -137,6 +137,11 @@ const (
 	// message carries the status and the server's error message, and the
 	// output's Response the status and body. Never retried.
 	ItemRequestRefused = "request_refused"
+	// ItemRequestTimeout: the item's request timed out on every try, by
+	// the subscriber's per-request deadline or the server's (408, 504):
+	// OpenAI's Batch API writes such a line to the error file with this
+	// code.
+	ItemRequestTimeout = "request_timeout"
 	// ItemUnsupportedEndpoint: the item is a request for an endpoint
 	// (Work.Endpoint) and the subscriber that took it runs an in-process
 	// model, not a model server (-model-server): it answers the item with

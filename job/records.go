@@ -87,8 +87,9 @@ type CompletionEvent struct {
 	Event string `json:"event"`
 	JobID string `json:"job_id"`
 	// BatchID is the job's id again when the job is a batch of the
-	// publisher's Batch API (BatchOf), so a consumer knows to read it as
-	// one (GET /v1/batches/{id}), and the publisher's function, subscribed
+	// publisher's Batch API or a Message Batch (BatchOf), so a consumer
+	// knows to read it as one (GET /v1/batches/{id}, GET
+	// /v1/messages/batches/{id}), and the publisher's function, subscribed
 	// under Lambda, finalizes it at once; absent otherwise.
 	BatchID string `json:"batch_id,omitempty"`
 	// Revision is 1 for a job's first event and one more for each
@@ -118,15 +119,21 @@ type CompletionEvent struct {
 }
 
 // BatchIDPrefix starts the id of every batch of the publisher's Batch API,
-// and so of its job (publisher/batches.go).
-const BatchIDPrefix = "batch_"
+// and so of its job (publisher/batches.go); MessageBatchIDPrefix that of
+// every Message Batch (publisher/msgbatches.go).
+const (
+	BatchIDPrefix        = "batch_"
+	MessageBatchIDPrefix = "msgbatch_"
+)
 
-// BatchOf is the batch whose job jobID is, or "" when it is not a batch's.
-// Anyone who can send to the queue chooses job ids, so this says what the
-// id looks like, not that the publisher made such a batch.
+// BatchOf is the batch whose job jobID is, of either API, or "" when it is
+// not a batch's. Anyone who can send to the queue chooses job ids, so this
+// says what the id looks like, not that the publisher made such a batch.
 func BatchOf(jobID string) string {
-	if len(jobID) > len(BatchIDPrefix) && jobID[:len(BatchIDPrefix)] == BatchIDPrefix {
-		return jobID
+	for _, prefix := range []string{BatchIDPrefix, MessageBatchIDPrefix} {
+		if len(jobID) > len(prefix) && jobID[:len(prefix)] == prefix {
+			return jobID
+		}
 	}
 	return ""
 }

@@ -131,11 +131,12 @@ func bodyErr(kind error, format string, a ...any) *BodyError {
 
 // The fields the rule reads at the top of a body: a key that equals one of
 // them but for case is refused.
-var ruleFields = []string{"model", "messages", "prompt", "input", "n", "best_of", "max_tokens", "max_completion_tokens", "stream"}
+var ruleFields = []string{"model", "messages", "prompt", "input", "n", "best_of", "max_tokens", "max_completion_tokens", "stream",
+	"max_output_tokens", "background"}
 
 // nullable are the bounded fields whose null means the default: dropped
 // from the canonical body.
-var nullable = []string{"n", "best_of", "max_tokens", "max_completion_tokens", "stream"}
+var nullable = []string{"n", "best_of", "max_tokens", "max_completion_tokens", "stream", "max_output_tokens", "background"}
 
 // CheckRequest checks body, a request for endpoint (one of Endpoints), and
 // returns it with its canonical body, or a *BodyError.
@@ -161,8 +162,13 @@ func CheckRequest(endpoint string, body []byte, lim RequestLimits) (*Request, er
 	if v, ok := present(fields, "stream"); ok && string(v) != "false" {
 		return nil, bodyErr(ErrStream, "stream must be false or left out: an output is the server's whole answer, never a stream of events")
 	}
-	if endpoint == EndpointMessages {
+	switch endpoint {
+	case EndpointMessages:
 		return checkMessagesRequest(r, members, fields, lim)
+	case EndpointResponses:
+		return checkResponsesRequest(r, members, fields, lim)
+	case EndpointModerations:
+		return checkModerationsRequest(r, members, fields, lim)
 	}
 	// whole reads field as an integer from 1 to most; 0 when absent.
 	whole := func(field string, kind error, most int) (int64, error) {

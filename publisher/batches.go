@@ -396,14 +396,7 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	if once != nil {
 		// A retry of a create that answered 200 gets that answer again,
 		// and no second batch (idempotency.go).
-		switch c, e := once.claim(r, w, kindBatch, sum); {
-		case e != nil:
-			fail(e)
-			return
-		case c == claimReplay:
-			if e := once.replay(w, sum); e != nil {
-				fail(e)
-			}
+		if !once.start(r, w, kindBatch, sum, fail) {
 			return
 		}
 		defer once.fail(r.Context())

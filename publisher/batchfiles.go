@@ -226,7 +226,8 @@ func (p *Publisher) chunkOutputs(ctx context.Context, jobID string, c int) (map[
 
 // add counts the usage a response body reports: OpenAI's chat and
 // completions say prompt_tokens and completion_tokens, embeddings
-// prompt_tokens and total_tokens.
+// prompt_tokens and total_tokens, responses input_tokens and output_tokens
+// (with their own details), as the batch's usage does.
 func (u *batchUsage) add(body json.RawMessage) {
 	var r struct {
 		Usage struct {
@@ -239,10 +240,23 @@ func (u *batchUsage) add(body json.RawMessage) {
 			CompletionTokensDetails struct {
 				ReasoningTokens int64 `json:"reasoning_tokens"`
 			} `json:"completion_tokens_details"`
+			InputTokens        int64 `json:"input_tokens"`
+			OutputTokens       int64 `json:"output_tokens"`
+			InputTokensDetails struct {
+				CachedTokens int64 `json:"cached_tokens"`
+			} `json:"input_tokens_details"`
+			OutputTokensDetails struct {
+				ReasoningTokens int64 `json:"reasoning_tokens"`
+			} `json:"output_tokens_details"`
 		} `json:"usage"`
 	}
 	if json.Unmarshal(body, &r) != nil {
 		return
+	}
+	if r.Usage.PromptTokens == 0 && r.Usage.CompletionTokens == 0 {
+		r.Usage.PromptTokens, r.Usage.CompletionTokens = r.Usage.InputTokens, r.Usage.OutputTokens
+		r.Usage.PromptTokensDetails.CachedTokens = r.Usage.InputTokensDetails.CachedTokens
+		r.Usage.CompletionTokensDetails.ReasoningTokens = r.Usage.OutputTokensDetails.ReasoningTokens
 	}
 	u.InputTokens += r.Usage.PromptTokens
 	u.OutputTokens += r.Usage.CompletionTokens

@@ -367,8 +367,8 @@ func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good fun
 			badLine(n, CodeInvalidBody, "body", "body must be a JSON object: the request for %s", endpoint)
 			continue
 		}
-		if !job.ValidEndpoint(endpoint) {
-			badLine(n, CodeEndpointNotServed, "url", "%s is not served here: the subscribers run %s", endpoint, strings.Join(job.Endpoints, ", "))
+		if !lim.serves(endpoint) {
+			badLine(n, CodeEndpointNotServed, "url", "%s is not served here: the model servers serve %s", endpoint, strings.Join(lim.servedList(), ", "))
 			continue
 		}
 		if e := checkBody(endpoint, req, lim); e != nil {

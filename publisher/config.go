@@ -1,17 +1,17 @@
 package publisher
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"math"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/internal/config"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
@@ -122,6 +122,14 @@ type Config struct {
 	// subscriber has its own switch (-model-server-allow-remote-urls), and
 	// refuses them too unless it is on (docs/security.md).
 	AllowRemoteURLs bool
+	// ServedEndpoints are the endpoints of OpenAI's (job.BatchEndpoints)
+	// that the subscribers' model servers serve: a job or batch for
+	// another is refused (a batch at validation, each line named).
+	// Default DefaultServedEndpoints; add /v1/responses where the servers
+	// are vLLM's, /v1/moderations where they serve it. Anthropic's
+	// /v1/messages is always taken: a subscriber translates it where its
+	// server has no such route.
+	ServedEndpoints []string
 	// BatchWebhookURL, when set, is sent OpenAI's batch.completed,
 	// batch.failed, batch.expired and batch.cancelled events, signed with
 	// BatchWebhookSecret ("whsec_" and base64, Standard Webhooks) as OpenAI
@@ -272,82 +280,63 @@ func DefaultConfig() Config {
 		IdempotencyStale:       2 * time.Minute,
 		MaxFileBytes:           200 << 20,
 		MaxFileLines:           50_000,
+		ServedEndpoints:        slices.Clone(DefaultServedEndpoints),
 		MaxFileLineBytes:       10 << 20,
 		MaxFiles:               10_000,
 		FileUploadTimeout:      30 * time.Minute,
 	}
 }
 
-// orDefault sets *p to def when it is the zero value.
-func orDefault[T comparable](p *T, def T) {
-	var zero T
-	if *p == zero {
-		*p = def
-	}
-}
-
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
-	orDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
-	orDefault(&c.MaxBodyBytes, d.MaxBodyBytes)
-	orDefault(&c.MaxBodyBytesInFlight, 2*c.MaxBodyBytes)
-	orDefault(&c.MaxResultBytesInFlight, d.MaxResultBytesInFlight)
-	orDefault(&c.MaxResultBytesPerClient, max(job.MaxResultBytes, c.MaxResultBytesInFlight/2))
-	orDefault(&c.MaxPageBytes, d.MaxPageBytes)
-	orDefault(&c.MaxBodyBytesPerClient, max(c.MaxBodyBytes, c.MaxBodyBytesInFlight/2))
-	orDefault(&c.MaxBodiesPerClient, d.MaxBodiesPerClient)
-	orDefault(&c.MinBodyRate, d.MinBodyRate)
-	orDefault(&c.BodyGrace, d.BodyGrace)
-	orDefault(&c.IPv6ClientPrefix, d.IPv6ClientPrefix)
-	orDefault(&c.MaxItems, d.MaxItems)
-	orDefault(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
-	orDefault(&c.ChunkItems, d.ChunkItems)
-	orDefault(&c.MaxChunkItems, d.MaxChunkItems)
-	orDefault(&c.MaxN, d.MaxN)
-	orDefault(&c.MaxOutputTokens, d.MaxOutputTokens)
+	config.OrDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
+	config.OrDefault(&c.MaxBodyBytes, d.MaxBodyBytes)
+	config.OrDefault(&c.MaxBodyBytesInFlight, 2*c.MaxBodyBytes)
+	config.OrDefault(&c.MaxResultBytesInFlight, d.MaxResultBytesInFlight)
+	config.OrDefault(&c.MaxResultBytesPerClient, max(job.MaxResultBytes, c.MaxResultBytesInFlight/2))
+	config.OrDefault(&c.MaxPageBytes, d.MaxPageBytes)
+	config.OrDefault(&c.MaxBodyBytesPerClient, max(c.MaxBodyBytes, c.MaxBodyBytesInFlight/2))
+	config.OrDefault(&c.MaxBodiesPerClient, d.MaxBodiesPerClient)
+	config.OrDefault(&c.MinBodyRate, d.MinBodyRate)
+	config.OrDefault(&c.BodyGrace, d.BodyGrace)
+	config.OrDefault(&c.IPv6ClientPrefix, d.IPv6ClientPrefix)
+	config.OrDefault(&c.MaxItems, d.MaxItems)
+	config.OrDefault(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
+	config.OrDefault(&c.ChunkItems, d.ChunkItems)
+	config.OrDefault(&c.MaxChunkItems, d.MaxChunkItems)
+	config.OrDefault(&c.MaxN, d.MaxN)
+	config.OrDefault(&c.MaxOutputTokens, d.MaxOutputTokens)
 	if c.RateLimit > 0 && c.RateBurst == 0 {
 		c.RateBurst = defaultBurst(c.RateLimit)
 	}
 	if c.GlobalRateLimit > 0 && c.GlobalRateBurst == 0 {
 		c.GlobalRateBurst = defaultBurst(c.GlobalRateLimit)
 	}
-	orDefault(&c.RateLimitClients, d.RateLimitClients)
-	orDefault(&c.SendAttempts, d.SendAttempts)
-	orDefault(&c.SendBackoff, d.SendBackoff)
-	orDefault(&c.SendConcurrency, d.SendConcurrency)
-	orDefault(&c.IdempotencyTTL, d.IdempotencyTTL)
-	orDefault(&c.IdempotencyEntries, d.IdempotencyEntries)
-	orDefault(&c.IdempotencyStale, d.IdempotencyStale)
-	orDefault(&c.MaxFileBytes, d.MaxFileBytes)
-	orDefault(&c.MaxFileLines, d.MaxFileLines)
-	orDefault(&c.MaxFileLineBytes, d.MaxFileLineBytes)
-	orDefault(&c.MaxFiles, d.MaxFiles)
-	orDefault(&c.FileUploadTimeout, d.FileUploadTimeout)
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Registerer == nil {
-		c.Registerer = prometheus.NewRegistry()
-	}
+	config.OrDefault(&c.RateLimitClients, d.RateLimitClients)
+	config.OrDefault(&c.SendAttempts, d.SendAttempts)
+	config.OrDefault(&c.SendBackoff, d.SendBackoff)
+	config.OrDefault(&c.SendConcurrency, d.SendConcurrency)
+	config.OrDefault(&c.IdempotencyTTL, d.IdempotencyTTL)
+	config.OrDefault(&c.IdempotencyEntries, d.IdempotencyEntries)
+	config.OrDefault(&c.IdempotencyStale, d.IdempotencyStale)
+	config.OrDefault(&c.MaxFileBytes, d.MaxFileBytes)
+	config.OrDefault(&c.MaxFileLines, d.MaxFileLines)
+	config.OrDefault(&c.MaxFileLineBytes, d.MaxFileLineBytes)
+	config.OrDefault(&c.MaxFiles, d.MaxFiles)
+	config.OrDefault(&c.FileUploadTimeout, d.FileUploadTimeout)
+	config.OrDefault(&c.Logger, slog.Default())
+	config.OrDefault(&c.Registerer, prometheus.Registerer(prometheus.NewRegistry()))
 }
 
 // FieldError is one problem Validate found, with the name of the Config
-// field it is about, so that a command can name its own flag for it.
-type FieldError struct {
-	Field string // a Config field, e.g. "MaxItems"
-	Err   error
-}
-
-func (e *FieldError) Error() string { return e.Err.Error() }
-func (e *FieldError) Unwrap() error { return e.Err }
+// field it is about (e.g. "MaxItems"), so that a command can name its own flag for it.
+type FieldError = config.FieldError
 
 // Validate reports every problem with c (after defaults), joined; each is a
 // *FieldError.
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(field, format string, a ...any) {
-		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, a...)})
-	}
+	var problems config.Problems
+	bad := problems.Add
 	if c.Queue == nil {
 		bad("Queue", "no work queue")
 	}
@@ -376,9 +365,7 @@ func (c *Config) Validate() error {
 			"max body bytes per client %d: want at least max body bytes (%d), or a body at that limit is never taken, "+
 				"and at most max body bytes in flight (%d)", c.MaxBodyBytesPerClient, c.MaxBodyBytes, c.MaxBodyBytesInFlight)
 	}
-	if c.MaxBodiesPerClient < 1 {
-		bad("MaxBodiesPerClient", "max bodies per client %d: want at least 1", c.MaxBodiesPerClient)
-	}
+	config.AtLeast(&problems, "MaxBodiesPerClient", "max bodies per client", c.MaxBodiesPerClient, 1)
 	if c.MinBodyRate < 1 {
 		bad("MinBodyRate", "min body rate %d: want at least 1 byte a second", c.MinBodyRate)
 	}
@@ -397,12 +384,8 @@ func (c *Config) Validate() error {
 			"max result bytes per client %d: want at least %d (job.MaxResultBytes), or a result at that size is never served, "+
 				"and at most max result bytes in flight (%d)", c.MaxResultBytesPerClient, job.MaxResultBytes, c.MaxResultBytesInFlight)
 	}
-	if c.MaxPageBytes < 1 {
-		bad("MaxPageBytes", "max page bytes %d: want at least 1", c.MaxPageBytes)
-	}
-	if c.MaxItems < 1 {
-		bad("MaxItems", "max items %d: want at least 1", c.MaxItems)
-	}
+	config.AtLeast(&problems, "MaxPageBytes", "max page bytes", c.MaxPageBytes, 1)
+	config.AtLeast(&problems, "MaxItems", "max items", c.MaxItems, 1)
 	if c.ChunkItems < 1 {
 		bad("ChunkItems", "chunk items %d: want at least 1", c.ChunkItems)
 	} else if c.MaxChunkItems < c.ChunkItems {
@@ -410,6 +393,11 @@ func (c *Config) Validate() error {
 	} else if c.MaxChunkItems > job.MaxItems {
 		// Subscribers dead-letter a larger message, whoever sent it.
 		bad("MaxChunkItems", "max chunk items %d: want at most %d (job.MaxItems)", c.MaxChunkItems, job.MaxItems)
+	}
+	for i, e := range c.ServedEndpoints {
+		if !slices.Contains(job.BatchEndpoints, e) {
+			bad("ServedEndpoints", "served endpoint %d (%q) is not one of %s", i, e, strings.Join(job.BatchEndpoints, ", "))
+		}
 	}
 	seenModel := map[string]bool{}
 	for i, m := range c.Models {
@@ -424,9 +412,7 @@ func (c *Config) Validate() error {
 	if c.MaxN < 1 || c.MaxN > maxN {
 		bad("MaxN", "max n %d: want 1 to %d (OpenAI's bound)", c.MaxN, maxN)
 	}
-	if c.MaxOutputTokens < 1 {
-		bad("MaxOutputTokens", "max output tokens %d: want at least 1", c.MaxOutputTokens)
-	}
+	config.AtLeast(&problems, "MaxOutputTokens", "max output tokens", c.MaxOutputTokens, 1)
 	for i, k := range c.APIKeys {
 		if name, key := SplitKey(k); key == "" {
 			bad("APIKeys", "API key %d (tenant %q) is empty", i, name)
@@ -448,9 +434,7 @@ func (c *Config) Validate() error {
 			bad(r.burstField, "%s burst %d: want at least 1", r.name, r.burst)
 		}
 	}
-	if c.RateLimitClients < 1 {
-		bad("RateLimitClients", "rate limit clients %d: want at least 1", c.RateLimitClients)
-	}
+	config.AtLeast(&problems, "RateLimitClients", "rate limit clients", c.RateLimitClients, 1)
 	for _, p := range c.TrustedProxies {
 		switch {
 		case !p.IsValid():
@@ -460,37 +444,19 @@ func (c *Config) Validate() error {
 			bad("TrustedProxies", "trusted proxy %v is every address: list the load balancers' own addresses", p)
 		}
 	}
-	if c.SendAttempts < 1 {
-		bad("SendAttempts", "send attempts %d: want at least 1", c.SendAttempts)
-	}
-	if c.SendBackoff < 0 {
-		bad("SendBackoff", "send backoff %v: want at least 0", c.SendBackoff)
-	}
-	if c.SendConcurrency < 1 {
-		bad("SendConcurrency", "send concurrency %d: want at least 1", c.SendConcurrency)
-	}
-	if c.IdempotencyTTL < 0 {
-		bad("IdempotencyTTL", "idempotency TTL %v: want at least 0", c.IdempotencyTTL)
-	}
-	if c.IdempotencyEntries < 1 {
-		bad("IdempotencyEntries", "idempotency entries %d: want at least 1", c.IdempotencyEntries)
-	}
-	if c.IdempotencyStale < 0 {
-		bad("IdempotencyStale", "idempotency stale %v: want at least 0", c.IdempotencyStale)
-	}
+	config.AtLeast(&problems, "SendAttempts", "send attempts", c.SendAttempts, 1)
+	config.AtLeast(&problems, "SendBackoff", "send backoff", c.SendBackoff, 0)
+	config.AtLeast(&problems, "SendConcurrency", "send concurrency", c.SendConcurrency, 1)
+	config.AtLeast(&problems, "IdempotencyTTL", "idempotency TTL", c.IdempotencyTTL, 0)
+	config.AtLeast(&problems, "IdempotencyEntries", "idempotency entries", c.IdempotencyEntries, 1)
+	config.AtLeast(&problems, "IdempotencyStale", "idempotency stale", c.IdempotencyStale, 0)
 	if c.MaxFileBytes < 1 || c.MaxFileBytes > payload.MaxUploadBytes {
 		bad("MaxFileBytes", "max file bytes %d: want 1 to %d (S3's 10,000 parts of the %d bytes an upload holds at once)",
 			c.MaxFileBytes, int64(payload.MaxUploadBytes), payload.UploadPartBytes)
 	}
-	if c.MaxFileLines < 1 {
-		bad("MaxFileLines", "max file lines %d: want at least 1", c.MaxFileLines)
-	}
-	if c.MaxFileLineBytes < 1 {
-		bad("MaxFileLineBytes", "max file line bytes %d: want at least 1", c.MaxFileLineBytes)
-	}
-	if c.MaxFiles < 1 {
-		bad("MaxFiles", "max files %d: want at least 1", c.MaxFiles)
-	}
+	config.AtLeast(&problems, "MaxFileLines", "max file lines", c.MaxFileLines, 1)
+	config.AtLeast(&problems, "MaxFileLineBytes", "max file line bytes", c.MaxFileLineBytes, 1)
+	config.AtLeast(&problems, "MaxFiles", "max files", c.MaxFiles, 1)
 	if c.PublicURL != "" {
 		u, err := url.Parse(c.PublicURL)
 		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil ||
@@ -502,5 +468,5 @@ func (c *Config) Validate() error {
 	if c.FileUploadTimeout <= 0 {
 		bad("FileUploadTimeout", "file upload timeout %v: want more than 0", c.FileUploadTimeout)
 	}
-	return errors.Join(errs...)
+	return problems.Err()
 }

@@ -96,6 +96,16 @@ type errorBody struct {
 	Sent   *int      `json:"sent,omitempty"`
 }
 
+// failWith is how a handler answers an error: it writes e and keeps its code
+// for the request's log line and metrics (observe).
+func failWith(w http.ResponseWriter, r *http.Request) func(*APIError) {
+	ri := info(r)
+	return func(e *APIError) {
+		ri.code = e.Code
+		writeError(w, e)
+	}
+}
+
 func writeError(w http.ResponseWriter, e *APIError) {
 	if o, ok := w.(*openAIWriter); ok {
 		o.writeError(e)

@@ -210,11 +210,7 @@ func noFileStore() *APIError {
 // request itself (and returning nil) when there is no bucket, no such file
 // of the caller's, or the record cannot be read.
 func (p *Publisher) loadFile(w http.ResponseWriter, r *http.Request) (f *fileRecord, fail func(*APIError)) {
-	ri := info(r)
-	fail = func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
+	fail = failWith(w, r)
 	if p.store == nil {
 		fail(noFileStore())
 		return nil, fail
@@ -381,11 +377,7 @@ func (p *Publisher) deleteFile(w http.ResponseWriter, r *http.Request) {
 // says has_more. Expired records that are read are deleted, so that each
 // costs one read once.
 func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
+	fail := failWith(w, r)
 	if p.store == nil {
 		fail(noFileStore())
 		return
@@ -501,10 +493,7 @@ func (p *Publisher) withinFileLimit(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		fail := func(e *APIError) {
-			info(r).code = e.Code
-			writeError(w, e)
-		}
+		fail := failWith(w, r)
 		ids, err := p.listIDs(r.Context(), job.FilesPrefix(p.owner(r)), validFileID)
 		if err != nil {
 			p.log.Error("counting files", "err", err)

@@ -111,11 +111,7 @@ func (f *fileForm) sum() string {
 
 // postFile is POST /v1/files.
 func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
+	fail := failWith(w, r)
 	if p.store == nil {
 		fail(noFileStore())
 		return

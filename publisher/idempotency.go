@@ -49,7 +49,7 @@ type idemRecord struct {
 	UpdatedAt     time.Time     `json:"updated_at"`
 	Response      *acceptedBody `json:"response,omitempty"`
 	// Kind is what the request created: "" a job (POST /v1/jobs), or
-	// kindBatch or kindFile; then Answer is the body of its first 200,
+	// kindBatch, kindFile or kindMessageBatch; then Answer is the body of its first 200,
 	// replayed as it was.
 	Kind   string          `json:"kind,omitempty"`
 	Answer json.RawMessage `json:"answer,omitempty"`
@@ -57,8 +57,9 @@ type idemRecord struct {
 
 // Kinds of idemRecord besides a job's.
 const (
-	kindBatch = "batch"
-	kindFile  = "file"
+	kindBatch        = "batch"
+	kindFile         = "file"
+	kindMessageBatch = "message_batch"
 )
 
 // idemStore keeps idempotency records. claim stores rec unless a record is
@@ -196,8 +197,8 @@ func idempotencyHeader(r *http.Request) (key string, has bool, e *APIError) {
 	return h[0], true, nil
 }
 
-// createOnce is an Idempotency-Key on a create of the OpenAI routes, POST
-// /v1/batches and POST /v1/files, kept in the records POST /v1/jobs keeps,
+// createOnce is an Idempotency-Key on a create of the batch routes, POST
+// /v1/batches, POST /v1/files and POST /v1/messages/batches, kept in the records POST /v1/jobs keeps,
 // under the same name (the caller's scope and the key): a key is one
 // request's, whichever route it was first used on. The first request claims
 // the key (sending); its 200 is recorded (accepted) and answered again,
@@ -258,6 +259,24 @@ func (c *createOnce) claim(r *http.Request, w http.ResponseWriter, kind, sum str
 	}
 	c.done = false
 	return claimNew, nil
+}
+
+// start claims the key for a create of kind whose digest is sum, and says
+// whether the create goes on: false when the request has had its answer
+// (the first one's 200 replayed, or a refusal written with fail). When it
+// goes on, the caller defers c.fail.
+func (c *createOnce) start(r *http.Request, w http.ResponseWriter, kind, sum string, fail func(*APIError)) bool {
+	switch n, e := c.claim(r, w, kind, sum); {
+	case e != nil:
+		fail(e)
+		return false
+	case n == claimReplay:
+		if e := c.replay(w, sum); e != nil {
+			fail(e)
+		}
+		return false
+	}
+	return true
 }
 
 func reusedKey() *APIError {

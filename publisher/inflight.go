@@ -282,37 +282,31 @@ func (p *Publisher) readBody(w http.ResponseWriter, r *http.Request) (body []byt
 // bodyError is the answer to a body readBody refused.
 func (p *Publisher) bodyError(w http.ResponseWriter, err error) *APIError {
 	var tooBig *http.MaxBytesError
+	// retryLater counts a refusal that passes with time and asks the client
+	// to come back in a second.
+	retryLater := func(c prometheus.Counter, status int, code, format string, a ...any) *APIError {
+		c.Inc()
+		w.Header().Set("Retry-After", "1")
+		return apiErr(status, code, format+", retry after the time in Retry-After", a...)
+	}
 	switch {
 	case errors.As(err, &tooBig):
 		return apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes)
 	case errors.Is(err, errOverloaded):
-		p.m.overloaded.Inc()
-		w.Header().Set("Retry-After", "1")
-		return apiErr(http.StatusServiceUnavailable, CodeOverloaded,
-			"the publisher is holding as many request bodies as it may; nothing was sent, retry after the time in Retry-After")
+		return retryLater(p.m.overloaded, http.StatusServiceUnavailable, CodeOverloaded,
+			"the publisher is holding as many request bodies as it may; nothing was sent")
 	case errors.Is(err, errUploads):
-		p.m.overloaded.Inc()
-		w.Header().Set("Retry-After", "1")
-		return apiErr(http.StatusServiceUnavailable, CodeOverloaded,
-			"the publisher is holding as many uploads as it may; nothing was kept, retry after the time in Retry-After")
+		return retryLater(p.m.overloaded, http.StatusServiceUnavailable, CodeOverloaded,
+			"the publisher is holding as many uploads as it may; nothing was kept")
 	case errors.Is(err, errClientUploads):
-		p.m.bodyRefusals.WithLabelValues(refusedClientBytes).Inc()
-		w.Header().Set("Retry-After", "1")
-		return apiErr(http.StatusTooManyRequests, CodeTooManyBodies,
-			"this client's uploads in flight would hold more than its share of %d bytes; nothing was kept, retry after the time in Retry-After",
-			p.bodies.perClientUploads)
+		return retryLater(p.m.bodyRefusals.WithLabelValues(refusedClientBytes), http.StatusTooManyRequests, CodeTooManyBodies,
+			"this client's uploads in flight would hold more than its share of %d bytes; nothing was kept", p.bodies.perClientUploads)
 	case errors.Is(err, errClientBodies):
-		p.m.bodyRefusals.WithLabelValues(refusedClientBodies).Inc()
-		w.Header().Set("Retry-After", "1")
-		return apiErr(http.StatusTooManyRequests, CodeTooManyBodies,
-			"this client has %d request bodies in flight, as many as it may; nothing was sent, retry after the time in Retry-After",
-			p.cfg.MaxBodiesPerClient)
+		return retryLater(p.m.bodyRefusals.WithLabelValues(refusedClientBodies), http.StatusTooManyRequests, CodeTooManyBodies,
+			"this client has %d request bodies in flight, as many as it may; nothing was sent", p.cfg.MaxBodiesPerClient)
 	case errors.Is(err, errClientBytes):
-		p.m.bodyRefusals.WithLabelValues(refusedClientBytes).Inc()
-		w.Header().Set("Retry-After", "1")
-		return apiErr(http.StatusTooManyRequests, CodeTooManyBodies,
-			"this client's request bodies in flight would be over its share of %d bytes; nothing was sent, retry after the time in Retry-After",
-			p.cfg.MaxBodyBytesPerClient)
+		return retryLater(p.m.bodyRefusals.WithLabelValues(refusedClientBytes), http.StatusTooManyRequests, CodeTooManyBodies,
+			"this client's request bodies in flight would be over its share of %d bytes; nothing was sent", p.cfg.MaxBodyBytesPerClient)
 	case errors.Is(err, errTooSlow):
 		p.m.bodyRefusals.WithLabelValues(refusedTooSlow).Inc()
 		return apiErr(http.StatusRequestTimeout, CodeBodyTooSlow,

@@ -49,10 +49,7 @@ const uploadConcurrency = 8
 // at an item not yet in S3.
 func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
+	fail := failWith(w, r)
 	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
 		fail(e)
 		return
@@ -251,7 +248,8 @@ func (p *Publisher) putManifest(ctx context.Context, jobID, owner string, chunkI
 
 func (p *Publisher) limits() RequestLimits {
 	return RequestLimits{MaxItems: p.cfg.MaxItems, MaxChunkItems: p.cfg.MaxChunkItems,
-		Models: p.cfg.Models, MaxN: p.cfg.MaxN, MaxOutputTokens: p.cfg.MaxOutputTokens, AllowRemoteURLs: p.cfg.AllowRemoteURLs}
+		Models: p.cfg.Models, MaxN: p.cfg.MaxN, MaxOutputTokens: p.cfg.MaxOutputTokens, AllowRemoteURLs: p.cfg.AllowRemoteURLs,
+		Endpoints: p.cfg.ServedEndpoints}
 }
 
 // checkContentType accepts one Content-Type header of application/json,

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,7 +43,7 @@ import (
 // anthropic-version; their errors take Anthropic's shape.
 
 const (
-	msgBatchIDPrefix = "msgbatch_"
+	msgBatchIDPrefix = job.MessageBatchIDPrefix
 	// Anthropic's bounds of one create: 100,000 requests or 256 MB.
 	maxMsgBatchRequests = 100_000
 	maxMsgBatchBytes    = 256 << 20
@@ -295,6 +296,11 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
+	once, e := p.newCreateOnce(r, batchSendStale)
+	if e != nil {
+		fail(e)
+		return
+	}
 	tenantName, e := p.requestTenant(r)
 	if e != nil {
 		fail(e)
@@ -322,11 +328,32 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	// Read at the pace every body must keep (bodyPace): a create that
-	// trickles would hold its share of the bytes above from others.
+	// trickles would hold its share of the bytes above from others. And
+	// charged to the client's bodies in flight as an upload is (a body
+	// that may be far larger than a job's: up to what an upload holds),
+	// so that a client's creates and its other bodies share one bound.
+	bodies, err := p.bodies.openUpload(p.clientKey(r))
+	if err != nil {
+		fail(p.bodyError(w, err))
+		return
+	}
+	defer bodies.release()
 	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
-	items, e := p.readMessageRequests(&pacedReader{r: http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), pace: pace})
+	read := &uploadBody{r: http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), charge: bodies, pace: pace, held: p.cfg.uploadHeld()}
+	var body io.Reader = read
+	// With an Idempotency-Key, the body's digest, taken as it is read (a
+	// create is read to its end when it is taken), to compare a retry with.
+	digest := sha256.New()
+	if once != nil {
+		body = io.TeeReader(body, digest)
+	}
+	items, e := p.readMessageRequests(body)
 	if pace.stop() {
 		fail(p.bodyError(w, errTooSlow))
+		return
+	}
+	if read.err != nil && !errors.As(read.err, new(*http.MaxBytesError)) {
+		fail(p.bodyError(w, read.err)) // over the client's share, or the uploads'
 		return
 	}
 	if e != nil {
@@ -335,6 +362,16 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		}
 		fail(e)
 		return
+	}
+	// The key is claimed once the request is known whole, as postBatch
+	// claims it: a retry of a create that was answered gets that answer
+	// again, and no second batch (idempotency.go).
+	sum := requestSum("POST /v1/messages/batches", digest.Sum(nil))
+	if once != nil {
+		if !once.start(r, w, kindMessageBatch, sum, fail) {
+			return
+		}
+		defer once.fail(r.Context())
 	}
 	now := p.now().UTC()
 	owner := p.owner(r)
@@ -356,24 +393,7 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		mb = &messageBatch{ID: b.ID, Type: "message_batch", ProcessingStatus: msgInProgress, CreatedAt: *rfc3339(b.CreatedAt),
 			ExpiresAt: *rfc3339(b.ExpiresAt), RequestCounts: messageCounts{Processing: b.Lines}}
 	}
-	writeJSON(w, http.StatusOK, mb)
-}
-
-// pacedReader reads a body whose pace bodyPace keeps: a read that finds it
-// behind fails with errTooSlow.
-type pacedReader struct {
-	r    io.Reader
-	pace *bodyPace
-	n    int64
-}
-
-func (pr *pacedReader) Read(b []byte) (int, error) {
-	n, err := pr.r.Read(b)
-	pr.n += int64(n)
-	if n > 0 && !pr.pace.arrived(pr.n) {
-		return n, errTooSlow
-	}
-	return n, err
+	once.answer(r.Context(), w, sum, mb)
 }
 
 // messageRequest is an element of a create's requests.

@@ -69,6 +69,9 @@ type RequestLimits struct {
 	// AllowRemoteURLs lets a chat body's content parts name URLs other
 	// than data: ones (job.RequestLimits).
 	AllowRemoteURLs bool
+	// Endpoints are those the deployment's model servers serve
+	// (Config.ServedEndpoints); none: DefaultServedEndpoints.
+	Endpoints []string
 }
 
 // DecodeJobRequest parses and validates a POST /v1/jobs body, reporting the
@@ -152,6 +155,10 @@ func (r *JobRequest) validate(lim RequestLimits) *APIError {
 	if r.Endpoint != "" && !job.ValidEndpoint(r.Endpoint) {
 		return apiErr(http.StatusUnprocessableEntity, CodeInvalidEndpoint,
 			"endpoint must be one of %s (or left out for items of text and data)", strings.Join(job.Endpoints, ", "))
+	}
+	if r.Endpoint != "" && !lim.serves(r.Endpoint) {
+		return apiErr(http.StatusUnprocessableEntity, CodeInvalidEndpoint,
+			"endpoint %s is not served by this deployment's model servers, which serve %s and /v1/messages", r.Endpoint, strings.Join(lim.servedList(), ", "))
 	}
 	seen := make(map[string]struct{}, len(r.Items))
 	for i := range r.Items {

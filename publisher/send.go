@@ -117,7 +117,7 @@ func (s *sender) sendBatch(ctx context.Context, pending []Entry, sent *atomic.In
 		s.log.Warn("retrying failed SendMessageBatch entries", "job_id", retry[0].JobID, "entries", len(retry),
 			"attempt", attempt, "err", firstErr)
 		s.m.sendRetries.Add(float64(len(retry)))
-		if err := sleep(ctx, s.retry.Delay(attempt)); err != nil {
+		if err := backoff.Sleep(ctx, s.retry.Delay(attempt)); err != nil {
 			return err
 		}
 		pending = retry
@@ -129,15 +129,4 @@ func (s *sender) sendBatch(ctx context.Context, pending []Entry, sent *atomic.In
 // burst of failed entries from many requests does not come back in lockstep.
 func sendRetry(first time.Duration) backoff.Policy {
 	return backoff.Policy{First: first, Max: 2 * time.Second, Jitter: backoff.Equal}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

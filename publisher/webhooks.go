@@ -101,7 +101,9 @@ func webhookKey(secret string) ([]byte, error) {
 // batchEnded sends b's event, b having just ended, without waiting for it.
 func (w *webhooks) batchEnded(b *batchRecord) {
 	typ, ok := webhookEventTypes[b.Status]
-	if w == nil || !ok {
+	// OpenAI's events name OpenAI's batches: a Message Batch has none
+	// (Anthropic sends no webhooks for them).
+	if w == nil || !ok || isMessageBatch(b) {
 		return
 	}
 	ev := webhookEvent{Object: "event", Type: typ, CreatedAt: max(b.EndedAt, b.FailedAt)}
@@ -127,7 +129,7 @@ func (w *webhooks) deliver(ctx context.Context, ev *webhookEvent) {
 	var err error
 	for try := 1; try <= webhookTries; try++ {
 		if try > 1 {
-			if sleep(ctx, w.retry.Delay(try-1)) != nil {
+			if backoff.Sleep(ctx, w.retry.Delay(try-1)) != nil {
 				return
 			}
 		}

@@ -12,8 +12,8 @@ import (
 // model server's answer is paid for (tokens of a rate limit, a quota), and a
 // chunk of 32 long generations that backs off after 31 would otherwise ask
 // all 32 again, at every backoff. Its result is still written once, whole,
-// in the order of its items. (A message handed back, or a process that dies,
-// loses them: they are in no store.)
+// in the order of its items. A message handed back, or redelivered after a
+// process dies, finds them in the answer store instead (answerstore.go).
 type answered struct {
 	items []job.Item   // the message's items, as received
 	outs  []job.Output // by item, where done

@@ -1,14 +1,13 @@
 package subscriber
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/config"
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/backend"
@@ -206,45 +205,33 @@ func DefaultConfig() Config {
 	}
 }
 
-// orDefault sets *p to def when it is the zero value.
-func orDefault[T comparable](p *T, def T) {
-	var zero T
-	if *p == zero {
-		*p = def
-	}
-}
-
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
-	orDefault(&c.Admission, d.Admission)
-	orDefault(&c.Count, d.Count)
-	orDefault(&c.VRAMReserve, d.VRAMReserve)
-	orDefault(&c.BudgetRefresh, d.BudgetRefresh)
-	orDefault(&c.Prefetch, d.Prefetch)
-	orDefault(&c.MaxInflight, d.MaxInflight)
-	orDefault(&c.MaxBatch, d.MaxBatch)
-	orDefault(&c.MaxBatchDelay, d.MaxBatchDelay)
-	orDefault(&c.WaitTime, d.WaitTime)
-	orDefault(&c.Visibility, d.Visibility)
-	orDefault(&c.MaxHold, d.MaxHold)
-	orDefault(&c.AdmitTimeout, d.AdmitTimeout)
-	orDefault(&c.OperatorProbe, d.OperatorProbe)
-	orDefault(&c.InferenceTimeout, d.InferenceTimeout)
-	orDefault(&c.RetryDelay, d.RetryDelay)
-	orDefault(&c.CancelCheckTTL, d.CancelCheckTTL)
-	orDefault(&c.ShutdownGrace, d.ShutdownGrace)
-	orDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
-	orDefault(&c.MaxResultBytes, d.MaxResultBytes)
-	orDefault(&c.TaskProtectionExpiry, d.TaskProtectionExpiry)
-	orDefault(&c.TaskProtectionMaxHold, d.TaskProtectionMaxHold)
-	orDefault(&c.BatchLimitProbeAfter, d.BatchLimitProbeAfter)
-	orDefault(&c.EstimateCorrectionMax, d.EstimateCorrectionMax)
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Registerer == nil {
-		c.Registerer = prometheus.NewRegistry()
-	}
+	config.OrDefault(&c.Admission, d.Admission)
+	config.OrDefault(&c.Count, d.Count)
+	config.OrDefault(&c.VRAMReserve, d.VRAMReserve)
+	config.OrDefault(&c.BudgetRefresh, d.BudgetRefresh)
+	config.OrDefault(&c.Prefetch, d.Prefetch)
+	config.OrDefault(&c.MaxInflight, d.MaxInflight)
+	config.OrDefault(&c.MaxBatch, d.MaxBatch)
+	config.OrDefault(&c.MaxBatchDelay, d.MaxBatchDelay)
+	config.OrDefault(&c.WaitTime, d.WaitTime)
+	config.OrDefault(&c.Visibility, d.Visibility)
+	config.OrDefault(&c.MaxHold, d.MaxHold)
+	config.OrDefault(&c.AdmitTimeout, d.AdmitTimeout)
+	config.OrDefault(&c.OperatorProbe, d.OperatorProbe)
+	config.OrDefault(&c.InferenceTimeout, d.InferenceTimeout)
+	config.OrDefault(&c.RetryDelay, d.RetryDelay)
+	config.OrDefault(&c.CancelCheckTTL, d.CancelCheckTTL)
+	config.OrDefault(&c.ShutdownGrace, d.ShutdownGrace)
+	config.OrDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
+	config.OrDefault(&c.MaxResultBytes, d.MaxResultBytes)
+	config.OrDefault(&c.TaskProtectionExpiry, d.TaskProtectionExpiry)
+	config.OrDefault(&c.TaskProtectionMaxHold, d.TaskProtectionMaxHold)
+	config.OrDefault(&c.BatchLimitProbeAfter, d.BatchLimitProbeAfter)
+	config.OrDefault(&c.EstimateCorrectionMax, d.EstimateCorrectionMax)
+	config.OrDefault(&c.Logger, slog.Default())
+	config.OrDefault(&c.Registerer, prometheus.Registerer(prometheus.NewRegistry()))
 	if typedNil(c.Payloads) {
 		c.Payloads = nil
 	}
@@ -256,23 +243,15 @@ func (c *Config) setDefaults() {
 const minBudgetRefresh = 100 * time.Millisecond
 
 // FieldError is one problem Validate found, with the name of the Config
-// field it is about, so that a command can name its own flag for it.
-type FieldError struct {
-	Field string // a Config field, e.g. "MaxHold"
-	Err   error
-}
-
-func (e *FieldError) Error() string { return e.Err.Error() }
-func (e *FieldError) Unwrap() error { return e.Err }
+// field it is about (e.g. "MaxHold"), so that a command can name its own flag for it.
+type FieldError = config.FieldError
 
 // Validate reports every problem with c (after defaults), joined; each is a
 // *FieldError naming the field it is about (for a bound set by another
 // field, the one bounded: AdmitTimeout for "below max hold").
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(field, format string, a ...any) {
-		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, a...)})
-	}
+	var problems config.Problems
+	bad := problems.Add
 	if c.Queue == nil {
 		bad("Queue", "no work queue")
 	}
@@ -294,9 +273,7 @@ func (c *Config) Validate() error {
 	if !c.Admission.valid() {
 		bad("Admission", "admission %q: want vram, count or none", c.Admission)
 	}
-	if c.Count < 1 {
-		bad("Count", "count %d: want at least 1", c.Count)
-	}
+	config.AtLeast(&problems, "Count", "count", c.Count, 1)
 	if c.VRAMReserve < 0 {
 		bad("VRAMReserve", "VRAM reserve %d: must not be negative", c.VRAMReserve)
 	}
@@ -309,15 +286,9 @@ func (c *Config) Validate() error {
 	if c.OperatorProbe < time.Second || c.OperatorProbe > job.MaxVisibility {
 		bad("OperatorProbe", "operator probe %v: want 1s to 12h", c.OperatorProbe)
 	}
-	if c.Prefetch < 1 {
-		bad("Prefetch", "prefetch %d: want at least 1", c.Prefetch)
-	}
-	if c.MaxInflight < 1 {
-		bad("MaxInflight", "max in-flight %d: want at least 1", c.MaxInflight)
-	}
-	if c.MaxBatch < 1 {
-		bad("MaxBatch", "max batch %d: want at least 1", c.MaxBatch)
-	}
+	config.AtLeast(&problems, "Prefetch", "prefetch", c.Prefetch, 1)
+	config.AtLeast(&problems, "MaxInflight", "max in-flight", c.MaxInflight, 1)
+	config.AtLeast(&problems, "MaxBatch", "max batch", c.MaxBatch, 1)
 	if !(c.EstimateCorrectionMax >= 1 && c.EstimateCorrectionMax <= 4) { // NaN too
 		bad("EstimateCorrectionMax", "estimate correction max %v: want 1 to 4 (1: off)", c.EstimateCorrectionMax)
 	}
@@ -368,5 +339,5 @@ func (c *Config) Validate() error {
 	if c.TaskProtectionMaxHold < time.Minute || c.TaskProtectionMaxHold > MaxTaskProtection {
 		bad("TaskProtectionMaxHold", "task protection max hold %v: want 1m to 48h", c.TaskProtectionMaxHold)
 	}
-	return errors.Join(errs...)
+	return problems.Err()
 }

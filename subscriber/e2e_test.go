@@ -112,10 +112,18 @@ func newPipelineOn(t *testing.T, maxReceive int, cfg subscriber.Config, via *sqs
 	p.urls = sqstest.Queues(t, p.client, maxReceive)
 	p.dev = gpu.NewSim(refembed.DefaultConfig().WeightBytes() + budget + 1<<20)
 	p.model = load(p.dev)
-	var err error
 	if via == nil {
 		via = p.client
 	}
+	p.start(cfg, via)
+	return p
+}
+
+// start runs a subscriber with cfg on p's queues, reached through via, its
+// model p.model on p.dev, until the test ends.
+func (p *pipeline) start(cfg subscriber.Config, via *sqs.Client) {
+	t := p.t
+	t.Helper()
 	cfg.Queue = sqsqueue.New(via, p.urls.Work)
 	cfg.Results = sqsqueue.New(via, p.urls.Results)
 	cfg.DLQ = sqsqueue.New(via, p.urls.DLQ)
@@ -131,6 +139,7 @@ func newPipelineOn(t *testing.T, maxReceive int, cfg subscriber.Config, via *sqs
 	if testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
+	var err error
 	p.sub, err = subscriber.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +154,6 @@ func newPipelineOn(t *testing.T, maxReceive int, cfg subscriber.Config, via *sqs
 		cancel()
 		<-p.done
 	})
-	return p
 }
 
 func (p *pipeline) send(works []job.Work) {

@@ -41,7 +41,7 @@ func (s *Subscriber) runOne(ctx context.Context, t *task, alone bool) ([][]job.O
 			outs[p.lo] = job.Output{ID: items[p.lo].ID, Error: p.err}
 			continue
 		}
-		got, err := s.inferItems(ctx, t, p.lo, p.hi, alone)
+		got, err := s.inferPart(ctx, t, p, alone)
 		switch {
 		case err == nil:
 			copy(outs[p.lo:], got)

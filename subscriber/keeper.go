@@ -26,6 +26,9 @@ type lease struct {
 	msg      queue.Message
 	received time.Time
 	lost     atomic.Bool // the handle no longer holds the message, or max hold passed
+	// answersKept: answers of its items are in the answer store
+	// (answerstore.go), to delete once its result is out.
+	answersKept atomic.Bool
 
 	// Guarded by keeper.mu.
 	visibleAt time.Time // when SQS will hand the message out again unless extended

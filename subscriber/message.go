@@ -56,6 +56,9 @@ type task struct {
 	// answered holds the answers a backoff came with for some of its items
 	// while it waits (answered.go); nil when none.
 	answered *answered
+	// told is what its items' answers were, as they arrived, for a
+	// message run in parts (itemshed.go); nil for one that runs whole.
+	told *toldAnswers
 	// parts are how a message too large to run whole runs (parts.go); nil
 	// for one that runs whole. cost and raw are then its largest part's.
 	parts []part

@@ -62,7 +62,10 @@ type metrics struct {
 	needsOperator prometheus.Gauge
 	handedBack    *prometheus.CounterVec
 	answersKept   prometheus.Counter
-	modelWaiting  prometheus.Gauge
+	// answersStored and answersRecalled count the answer store's items
+	// (answerstore.go).
+	answersStored, answersRecalled prometheus.Counter
+	modelWaiting                   prometheus.Gauge
 
 	tenantDone *prometheus.CounterVec
 	tenants    *tenant.Labels
@@ -130,6 +133,11 @@ func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 				"model longer than a lease holds), device_lost, device_shrunk.")), []string{"reason"}),
 		answersKept: counter("answers_kept_total", "Items answered before a backoff in a message that waits for the model: "+
 			"their answers are kept on the waiting message, and only its other items are asked again."),
+		answersStored: counter("answers_stored_total", "Items' answers kept in the payload bucket as the model "+
+			"answered them (a model server's), until their chunk's result is out, so that a message handed back or "+
+			"redelivered asks only for the items without one."),
+		answersRecalled: counter("answers_recalled_total", "Items of redelivered messages whose kept answers were read "+
+			"from the payload bucket instead of being asked of the model again."),
 		modelWaiting: gauge("messages_waiting_for_model", "Messages held, their leases extended, while the model asks "+
 			"to wait (a backoff, or a needed operator until a probe gets through)."),
 		pausedUntil: gauge("receive_paused_until_seconds", "Unix time until which receiving is paused by the latest "+

@@ -33,7 +33,7 @@ type part struct {
 func (s *Subscriber) cutParts(endpoint string, items []job.Item, cost int64) (parts []part, largest int64, err error) {
 	var cut func(lo, hi int, cost int64) error
 	cut = func(lo, hi int, cost int64) error {
-		if s.adm.fits(cost) {
+		if s.fitsPart(cost) || (hi-lo == 1 && s.adm.fits(cost)) {
 			parts = append(parts, part{lo: lo, hi: hi})
 			largest = max(largest, cost)
 			return nil

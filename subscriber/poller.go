@@ -180,9 +180,35 @@ func (s *Subscriber) accept(ctx context.Context, l *lease) {
 	s.sendOn(ctx, t)
 }
 
-// sendOn sends a decoded message on: to admission, through a claim-check
-// fetch when it has claim-checked items.
+// sendOn sends a decoded message on: to admission, through a read of the
+// answers kept for it when it was received before (answerstore.go) and a
+// claim-check fetch when it has claim-checked items.
 func (s *Subscriber) sendOn(ctx context.Context, t *task) {
+	if s.answers.mayHold(t) {
+		s.fetches.Go(func() {
+			if s.answers.recall(ctx, t) != nil {
+				s.startTasks(1)
+				s.end(t, endHandBack(0, "shutdown"))
+				return
+			}
+			if len(t.work.Items) == 0 {
+				// Every item was answered: the result goes out as a
+				// batch's would.
+				s.startTasks(1)
+				s.outbox.promise(1)
+				s.complete([]*task{t}, [][]job.Output{nil})
+				return
+			}
+			s.fetchOrEnqueue(ctx, t)
+		})
+		return
+	}
+	s.fetchOrEnqueue(ctx, t)
+}
+
+// fetchOrEnqueue sends t on to admission, through a claim-check fetch when
+// it has claim-checked items.
+func (s *Subscriber) fetchOrEnqueue(ctx context.Context, t *task) {
 	w := t.work
 	if !hasRefs(w) {
 		s.enqueue(t)
@@ -219,7 +245,7 @@ func (s *Subscriber) enqueue(t *task) {
 		s.endAsync(t, endDeadLetter("invalid_input", err.Error()))
 		return
 	}
-	if !s.adm.fits(cost) {
+	if !s.adm.fits(cost) || (len(w.Items) > 1 && !s.fitsPart(cost)) {
 		// In parts that fit, if any item does (parts.go).
 		var parts []part
 		var largest int64

@@ -337,6 +337,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	start := time.Now()
 	s.stampStarted(tasks, start)
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.InferenceTimeout)
+	rctx, stored := s.watchItems(rctx, tasks)
 	type answer struct {
 		outs []job.Output
 		err  error
@@ -362,6 +363,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	select {
 	case a = <-done:
 		cancel()
+		stored() // before any of its messages can be handed back
 	case <-rctx.Done():
 		held := make([]*hold, len(tasks))
 		for i, t := range tasks {

@@ -120,6 +120,9 @@ type sending struct {
 	outbox  *outbox // result sends, shared across batches
 	// payloads is the payload bucket, nil when none is configured.
 	payloads Payloads
+	// answers keeps items' answers until their chunk's result is out
+	// (answerstore.go); nil without a bucket that lists and deletes.
+	answers *answerStore
 	// settle runs the completion-event checks (events.go); nil without
 	// Events.
 	settle *settler
@@ -199,6 +202,7 @@ func New(cfg Config) (*Subscriber, error) {
 	}
 	if cfg.Payloads != nil {
 		s.payloads = countedPayloads{cfg.Payloads, m}
+		s.answers = newAnswerStore(s.payloads, cfg.Payloads, s.log, m)
 		s.cancels = newCancels(s.payloads.Read, cfg.CancelCheckTTL, s.log)
 		if cfg.Events != nil {
 			s.settle = newSettler(s)
@@ -362,6 +366,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	// Results still waiting for company go now, before the keeper drains
 	// the deletes they lead to.
 	s.outbox.close()
+	s.answers.wait() // the deletes of the answers of the results just sent
 	if s.settle != nil {
 		// After everything that stores a result or a marker: their checks
 		// run to the end, a check in a backoff tries once more at once.

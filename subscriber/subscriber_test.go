@@ -504,10 +504,15 @@ func TestUnderestimateSplitsLearnsAndDeadLetters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		state := filepath.Join(t.TempDir(), "state.json")
 		// MaxBatchBytes at the budget, so the eight form one batch.
-		h := start(t, 64*mib, Config{MaxBatch: 8, MaxBatchDelay: time.Second, MaxBatchBytes: 64 * mib, StateFile: state})
-		for i := range 8 {
-			h.send("lie", i, "mb=4 lie=4 ms=100") // 16 MiB each really: four fit
-		}
+		// The eight are on the queue before the subscriber starts, so that
+		// one receive takes them all: sent while it runs, a receive could
+		// take the first few alone, and a batch of those fits.
+		h := startWith(t, 64*mib, Config{MaxBatch: 8, MaxBatchDelay: time.Second, MaxBatchBytes: 64 * mib, StateFile: state},
+			func(h *harness, _ *Config) {
+				for i := range 8 {
+					h.send("lie", i, "mb=4 lie=4 ms=100") // 16 MiB each really: four fit
+				}
+			})
 		// The huge one after the eight are done: in a batch with them it
 		// would be the culprit that then fails alone, and such a split
 		// rightly teaches the limit nothing (TestCulpritDoesNotPinBatchLimit).

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/refembed"
 )
@@ -59,24 +60,14 @@ func New(cfg refembed.Config, timing Timing, mem gpu.Allocator) (*Model, error) 
 		return nil, err
 	}
 	m := &Model{
-		cfg:         cfg,
-		cost:        cfg.CostModel(),
-		timing:      timing,
-		name:        fmt.Sprintf("timed-embed-v%d-d%d-h%d-o%d-t%d", cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens),
-		weights:     cfg.WeightBytes(),
-		out:         cfg.Out,
-		mem:         mem,
-		dev:         newSharedDevice(timing.Throughput),
-		freeWeights: func() {},
+		cfg:     cfg,
+		cost:    cfg.CostModel(),
+		timing:  timing,
+		name:    fmt.Sprintf("timed-embed-v%d-d%d-h%d-o%d-t%d", cfg.Vocab, cfg.Dim, cfg.Hidden, cfg.Out, cfg.MaxTokens),
+		weights: cfg.WeightBytes(),
+		out:     cfg.Out,
 	}
-	if mem != nil {
-		free, err := mem.Alloc(m.weights)
-		if err != nil {
-			return nil, fmt.Errorf("%s: load weights: %w", m.name, err)
-		}
-		m.freeWeights = free
-	}
-	return m, nil
+	return m.load(mem)
 }
 
 // NewFor is the timed stand-in of another model, of: of's
@@ -93,15 +84,21 @@ func NewFor(of gpu.Model, out int, timing Timing, mem gpu.Allocator) (*Model, er
 		return nil, err
 	}
 	m := &Model{
-		costOf:      of.Cost,
-		timing:      timing,
-		name:        "timed-" + of.Name(),
-		weights:     of.Weights(),
-		out:         out,
-		mem:         mem,
-		dev:         newSharedDevice(timing.Throughput),
-		freeWeights: func() {},
+		costOf:  of.Cost,
+		timing:  timing,
+		name:    "timed-" + of.Name(),
+		weights: of.Weights(),
+		out:     out,
 	}
+	return m.load(mem)
+}
+
+// load gives m a device of its own to time batches on and puts its
+// weights on mem (none: a model whose memory nobody accounts).
+func (m *Model) load(mem gpu.Allocator) (*Model, error) {
+	m.mem = mem
+	m.dev = newSharedDevice(m.timing.Throughput)
+	m.freeWeights = func() {}
 	if mem != nil {
 		free, err := mem.Alloc(m.weights)
 		if err != nil {
@@ -186,7 +183,7 @@ func (m *Model) launch(ctx context.Context, items []job.Item, mem gpu.Allocator)
 		return nil, fmt.Errorf("%s: %w", m.name, gpu.ErrClosed)
 	}
 	if len(items) > 0 {
-		if err := sleep(ctx, m.timing.Launch); err != nil {
+		if err := backoff.Sleep(ctx, m.timing.Launch); err != nil {
 			return nil, err
 		}
 	}
@@ -249,18 +246,4 @@ func unitVector(text string, n int) []float32 {
 		}
 	}
 	return v
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/vramq/vramq/internal/bytesize"
@@ -26,6 +27,7 @@ type options struct {
 	memoryLimit          bytesize.Size
 	trustedProxies       string
 	models               string
+	servedEndpoints      string
 	shutdownGrace        time.Duration
 	sweepInterval        time.Duration
 	logFormat, logLevel  string
@@ -120,6 +122,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.models, "models", "",
 		"comma-separated models the body of a request for a model server may name (its \"model\", compared exactly);\n"+
 			"another is refused 422 model_not_allowed (empty: any model; the subscriber's own list still applies)")
+	fs.StringVar(&o.servedEndpoints, "served-endpoints", strings.Join(d.ServedEndpoints, ","),
+		"comma-separated endpoints of OpenAI's that the subscribers' model servers serve: a job or batch for another is\n"+
+			"refused (add /v1/responses for vLLM, /v1/moderations where the servers serve it; /v1/messages is always taken)")
 	fs.IntVar(&c.MaxN, "max-n", d.MaxN,
 		"largest n (and best_of) in a request for a model server: the completions one item may ask for; 1 to 128")
 	fs.IntVar(&c.MaxOutputTokens, "max-output-tokens", d.MaxOutputTokens,
@@ -202,7 +207,8 @@ var configFlags = map[string]string{
 	"GlobalRateLimit": "global-rate-limit", "GlobalRateBurst": "global-rate-burst",
 	"RateLimitClients": "rate-limit-clients", "TrustedProxies": "trusted-proxies",
 	"Models": "models", "MaxN": "max-n", "MaxOutputTokens": "max-output-tokens", "AllowRemoteURLs": "allow-remote-urls",
-	"MaxFileBytes": "max-file-bytes", "MaxFileLines": "max-file-lines", "MaxFileLineBytes": "max-file-line-bytes",
+	"ServedEndpoints": "served-endpoints",
+	"MaxFileBytes":    "max-file-bytes", "MaxFileLines": "max-file-lines", "MaxFileLineBytes": "max-file-line-bytes",
 	"FileUploadTimeout": "file-upload-timeout", "MaxFiles": "max-files", "PublicURL": "public-url",
 	"BatchWebhookURL": "batch-webhook-url", "BatchWebhookSecret": "batch-webhook-secret",
 }

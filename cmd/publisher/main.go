@@ -9,7 +9,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -72,14 +71,8 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	o := &options{}
 	c := &o.cfg
 	fs := newFlagSet(o, stderr)
-	if err := envflag.Parse(fs, args, getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := cli.Parse(fs, args, getenv); err != nil {
+		return nil, err
 	}
 	if o.queueURL == "" {
 		return nil, fmt.Errorf("%w: missing -queue-url (or QUEUE_URL)", errUsage)
@@ -103,6 +96,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	c.MaxFileBytes, c.MaxFileLineBytes = int64(o.maxFile), int64(o.maxFileLine)
+	c.ServedEndpoints = envflag.List(o.servedEndpoints)
 	if c.TrustedProxies, err = prefixes(o.trustedProxies); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", errUsage, flagName("trusted-proxies"), err)
 	}

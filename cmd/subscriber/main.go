@@ -49,14 +49,8 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	o := &options{}
 	c := &o.cfg
 	fs := newFlagSet(o, stderr)
-	if err := envflag.Parse(fs, args, getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := cli.Parse(fs, args, getenv); err != nil {
+		return nil, err
 	}
 	given := map[string]bool{} // on the command line or from the environment
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })

@@ -54,7 +54,8 @@ func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 		"longest one request may take, its answer's body read included")
 	fs.DurationVar(&o.connect, "model-server-connect-timeout", modelserver.DefaultConnectTimeout, "longest a connection may take to open")
 	fs.IntVar(&o.retries, "model-server-retries", modelserver.DefaultMaxRetries,
-		"times a request is sent again after a transient failure (5xx, 424, a dropped connection, a timeout) before its batch is released")
+		"times a request is sent again after a transient failure (5xx, 424, a dropped connection, a timeout) before its batch is\n"+
+			"released; one that timed out on every try fails its item instead, request_timeout")
 	fs.DurationVar(&o.maxWait, "model-server-max-wait", modelserver.DefaultMaxWait,
 		"longest a batch waits for the server (a rate limit's refill, an overload) before it is handed back; below -inference-timeout")
 	fs.DurationVar(&o.maxServerWait, "model-server-max-server-wait", modelserver.DefaultMaxServerWait,

@@ -37,22 +37,6 @@ func HalfBits(f float32) uint16 {
 	return sign | uint16(hm)
 }
 
-// HalfValue is the float32 that binary16 h stands for, exactly.
-func HalfValue(h uint16) float32 {
-	sign, e, m := uint32(h&0x8000)<<16, uint32(h>>10)&0x1f, uint32(h&0x3ff)
-	switch e {
-	case 0:
-		v := float32(m) * 0x1p-24
-		if sign != 0 {
-			return -v
-		}
-		return v
-	case 31:
-		return math.Float32frombits(sign | 0x7f800000 | m<<13)
-	}
-	return math.Float32frombits(sign | (e+112)<<23 | m<<13)
-}
-
 // BFloat16Bits is f rounded to bfloat16 (float32's top 16 bits), NaN kept
 // NaN (quiet).
 func BFloat16Bits(f float32) uint16 {
@@ -62,6 +46,3 @@ func BFloat16Bits(f float32) uint16 {
 	}
 	return uint16((x + 0x7fff + (x>>16)&1) >> 16)
 }
-
-// BFloat16Value is the float32 that bfloat16 b stands for, exactly.
-func BFloat16Value(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }

@@ -83,3 +83,25 @@ func TestHalfRoundsToNearestEven(t *testing.T) {
 		check(float32((lo + hi) / 2)) // exact in float32: a half has 11 significant bits
 	}
 }
+
+// The inverses of the roundings, which only the tests need: the device
+// converts back itself.
+
+// HalfValue is the float32 that binary16 h stands for, exactly.
+func HalfValue(h uint16) float32 {
+	sign, e, m := uint32(h&0x8000)<<16, uint32(h>>10)&0x1f, uint32(h&0x3ff)
+	switch e {
+	case 0:
+		v := float32(m) * 0x1p-24
+		if sign != 0 {
+			return -v
+		}
+		return v
+	case 31:
+		return math.Float32frombits(sign | 0x7f800000 | m<<13)
+	}
+	return math.Float32frombits(sign | (e+112)<<23 | m<<13)
+}
+
+// BFloat16Value is the float32 that bfloat16 b stands for, exactly.
+func BFloat16Value(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }

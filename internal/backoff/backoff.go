@@ -15,6 +15,7 @@
 package backoff
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -63,4 +64,20 @@ func (p Policy) Delay(attempt int) time.Duration {
 		return d
 	}
 	return d - time.Duration(rand.Float64()*min(j, 1)*float64(d))
+}
+
+// Sleep waits d, or less if ctx ends first, and then says ctx's error: nil
+// when the whole wait passed. A d of zero or less does not wait.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -1,8 +1,11 @@
 package backoff
 
 import (
+	"context"
+	"errors"
 	"math"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -73,4 +76,26 @@ func TestDelay(t *testing.T) {
 			t.Errorf("%s: %d distinct waits in 1000; want them to vary: %v", tc.name, len(seen), varies)
 		}
 	}
+}
+
+func TestSleep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		if err := Sleep(t.Context(), 3*time.Second); err != nil || time.Since(start) != 3*time.Second {
+			t.Fatalf("Sleep(3s) = %v after %v; want nil after 3s", err, time.Since(start))
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		start = time.Now()
+		if err := Sleep(ctx, time.Hour); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != time.Second {
+			t.Fatalf("Sleep(1h) under a 1s deadline = %v after %v; want the deadline after 1s", err, time.Since(start))
+		}
+		cancel()
+		if err := Sleep(ctx, 0); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Sleep(0) with ctx ended = %v; want ctx's error", err)
+		}
+		if err := Sleep(t.Context(), -time.Second); err != nil || time.Since(start) != time.Second {
+			t.Fatalf("Sleep(-1s) = %v, waited %v; want nil at once", err, time.Since(start)-time.Second)
+		}
+	})
 }

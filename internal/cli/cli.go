@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/vramq/vramq/internal/envflag"
 )
 
 // ErrUsage marks a bad command line or environment: the binary exits 2.
@@ -39,6 +41,22 @@ func ExitCode(name string, err error, w io.Writer) int {
 		fmt.Fprintf(w, "%s: %v\n", name, err)
 		return 1
 	}
+}
+
+// Parse sets fs's flags from args and then the environment (envflag.Parse)
+// for a command that takes no arguments besides its flags: a bad flag, value
+// or argument is an error wrapping ErrUsage; -h is flag.ErrHelp as it is.
+func Parse(fs *flag.FlagSet, args []string, getenv func(string) string) error {
+	if err := envflag.Parse(fs, args, getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", ErrUsage, fs.Args())
+	}
+	return nil
 }
 
 // NewLogger returns the binaries' slog logger: JSON for machines (CloudWatch

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 )
@@ -61,5 +62,37 @@ func TestLeaves(t *testing.T) {
 	}
 	if Leaves[*fieldErr](nil) != nil {
 		t.Error("Leaves(nil) is not empty")
+	}
+}
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		is    error
+		wantN int
+	}{
+		{"flags", []string{"-n", "3"}, nil, nil, 3},
+		{"environment", nil, map[string]string{"VRAMQ_N": "4"}, nil, 4},
+		{"help", []string{"-h"}, nil, flag.ErrHelp, 0},
+		{"bad value", []string{"-n", "x"}, nil, ErrUsage, 0},
+		{"stray argument", []string{"-n", "3", "extra"}, nil, ErrUsage, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			n := fs.Int("n", 0, "a number")
+			err := Parse(fs, tc.args, func(k string) string { return tc.env[k] })
+			if tc.is == nil && err != nil || tc.is != nil && !errors.Is(err, tc.is) {
+				t.Fatalf("Parse = %v; want %v", err, tc.is)
+			}
+			if tc.is == ErrUsage && errors.Is(err, flag.ErrHelp) {
+				t.Fatalf("Parse = %v, a help error; want only a usage error", err)
+			}
+			if tc.is == nil && *n != tc.wantN {
+				t.Fatalf("-n = %d; want %d", *n, tc.wantN)
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package bert
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -59,7 +60,7 @@ func Generate(dir, tokDir string, g Generated) error {
 		if err != nil {
 			return fmt.Errorf("bert: generate: tokenizer: %w", err)
 		}
-		if err := writeAtomic(filepath.Join(dir, name), data); err != nil {
+		if err := writeFileAtomic(filepath.Join(dir, name), data); err != nil {
 			return err
 		}
 	}
@@ -98,7 +99,7 @@ func Generate(dir, tokDir string, g Generated) error {
 		if err != nil {
 			return err
 		}
-		if err := writeAtomic(filepath.Join(dir, filepath.FromSlash(name)), append(data, '\n')); err != nil {
+		if err := writeFileAtomic(filepath.Join(dir, filepath.FromSlash(name)), append(data, '\n')); err != nil {
 			return err
 		}
 	}
@@ -154,34 +155,28 @@ func writeGeneratedWeights(path string, g Generated) error {
 		add(p+"output.LayerNorm.weight", one(h))
 		add(p+"output.LayerNorm.bias", normal(0.1, h))
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".model-*.safetensors")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if err := safetensors.Write(tmp, map[string]string{"format": "pt", "generator": "vramq genweights -bert"}, ts); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return writeAtomic(path, func(w io.Writer) error {
+		return safetensors.Write(w, map[string]string{"format": "pt", "generator": "vramq genweights -bert"}, ts)
+	})
 }
 
-// writeAtomic writes data to path through a file beside it, renamed into
-// place, so a reader never sees half of one.
-func writeAtomic(path string, data []byte) error {
+// writeFileAtomic writes data to path as writeAtomic does.
+func writeFileAtomic(path string, data []byte) error {
+	return writeAtomic(path, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+}
+
+// writeAtomic writes what write writes to path through a file beside it,
+// renamed into place, so a reader never sees half of one.
+func writeAtomic(path string, write func(io.Writer) error) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".gen-*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
+	if err := write(tmp); err != nil {
 		tmp.Close()
 		return err
 	}

@@ -63,11 +63,11 @@ func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*o
 		}
 		a, row := failed.a, failed.row
 		if retries++; retries > m.cfg.MaxRetries {
-			return nil, fmt.Errorf("%w: %s %s after %d tries: %s", errTransient, row.name, c.ep.path(), retries, a.describe(false))
+			return nil, pastRetries(row, fmt.Errorf("%w: %s %s after %d tries: %s", errTransient, row.name, c.ep.path(), retries, a.describe(false)))
 		}
 		delay := m.waits.retry(retries)
 		if time.Now().Add(delay).After(deadline) {
-			return nil, fmt.Errorf("%w: %s %s, and no time left to retry: %s", errTransient, row.name, c.ep.path(), a.describe(false))
+			return nil, pastRetries(row, fmt.Errorf("%w: %s %s, and no time left to retry: %s", errTransient, row.name, c.ep.path(), a.describe(false)))
 		}
 		if err := sleep(wait, delay, nil); err != nil {
 			return nil, err
@@ -121,7 +121,7 @@ func (m *Model) try(ctx, wait context.Context, c *call, deadline time.Time) (set
 		// Generation out of memory: fewer in flight, and again.
 		t.overloaded = true
 		failed = &outcome{a, row}
-	case actTransient:
+	case actTransient, actTimeout:
 		failed = &outcome{a, row}
 	case actWait:
 		m.rates.limited()
@@ -253,7 +253,7 @@ func (m *Model) post(ctx context.Context, c *call) *answer {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return &answer{ep: c.ep, err: err}
+		return &answer{ep: c.ep, err: deadlineOf(rctx, err)}
 	}
 	defer resp.Body.Close()
 	// Any transport's body read ends with the request's time, not only
@@ -269,7 +269,7 @@ func (m *Model) post(ctx context.Context, c *call) *answer {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return &answer{ep: c.ep, err: fmt.Errorf("reading the answer: %w", err)}
+		return &answer{ep: c.ep, err: fmt.Errorf("reading the answer: %w", deadlineOf(rctx, err))}
 	}
 	var cut int64
 	if int64(len(body)) > most {

@@ -2,8 +2,11 @@ package modelserver
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"unicode/utf8"
@@ -38,9 +41,15 @@ const (
 	// subscriber halves its batch); generation halves the requests in
 	// flight and is retried as a transient failure.
 	actOOM
+	// actTimeout: the request timed out, by the subscriber's per-request
+	// deadline (Config.RequestTimeout) or the server's (408, 504): retried
+	// as actTransient; past its retries it is the item's error
+	// (job.ItemRequestTimeout), as OpenAI's Batch API writes such a line,
+	// rather than a failure of every item run with it.
+	actTimeout
 )
 
-var actionNames = [...]string{"ok", "item", "wait", "overloaded", "operator", "transient", "too_large", "oom"}
+var actionNames = [...]string{"ok", "item", "wait", "overloaded", "operator", "transient", "too_large", "oom", "timeout"}
 
 func (a action) String() string { return actionNames[a] }
 
@@ -72,7 +81,9 @@ type disposition struct {
 // dispositions is every answer's fate, one row per family, first match
 // wins. The tests have one case per row (dispositions_test.go).
 var dispositions = []disposition{
-	// A reset connection, a dropped one, a timeout, a body cut short.
+	// No answer within Config.RequestTimeout, the body's read included.
+	{"timeout", func(a *answer) bool { return a.err != nil && isTimeout(a.err) }, actTimeout},
+	// A reset connection, a dropped one, a body cut short.
 	{"no_answer", func(a *answer) bool { return a.err != nil }, actTransient},
 	{"ok", func(a *answer) bool { return is2xx(a) && endpointJSON(a) }, actOK},
 	// A 2xx whose body is not the endpoint's JSON (a proxy's page, a
@@ -110,10 +121,13 @@ var dispositions = []disposition{
 	{"rate_limited", func(a *answer) bool { return a.status == http.StatusTooManyRequests }, actWait},
 	// vLLM's 503 past --max-num-queued-reqs, Triton's 503, Dynamo's 529.
 	{"overloaded", func(a *answer) bool { return a.status == http.StatusServiceUnavailable || a.status == 529 }, actOverloaded},
-	// A request timeout or a conflict: the SDKs retry these.
-	{"retryable_4xx", func(a *answer) bool {
-		return a.status == http.StatusRequestTimeout || a.status == http.StatusConflict
-	}, actTransient},
+	// The server's own deadline, or a gateway's in front of it: the SDKs
+	// retry these.
+	{"server_timeout", func(a *answer) bool {
+		return a.status == http.StatusRequestTimeout || a.status == http.StatusGatewayTimeout
+	}, actTimeout},
+	// A conflict: the SDKs retry it.
+	{"retryable_4xx", func(a *answer) bool { return a.status == http.StatusConflict }, actTransient},
 	// 5xx and TGI's 424 (an error during generation): transient, whatever
 	// their body.
 	{"server_error", func(a *answer) bool { return a.status >= 500 || a.status == http.StatusFailedDependency }, actTransient},
@@ -135,11 +149,46 @@ func classify(a *answer) *disposition {
 	panic("modelserver: no disposition takes the answer") // the last row takes every one
 }
 
+// isTimeout reports whether err is a request's deadline: its context's, or
+// a transport's timeout.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// deadlineOf is err, a request's failure, marked as its deadline's when
+// rctx's deadline had passed: a transport whose body read is cut by it
+// (post closes the body) says only that it was closed.
+func deadlineOf(rctx context.Context, err error) error {
+	if isTimeout(err) || !errors.Is(rctx.Err(), context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
+}
+
+// timeoutError is a request that timed out on each of its tries: the
+// item's error (job.ItemRequestTimeout), not its batch's.
+type timeoutError struct{ err error }
+
+func (e *timeoutError) Error() string { return e.err.Error() }
+func (e *timeoutError) Unwrap() error { return e.err }
+
+// pastRetries is send's error for a request that failed transiently on
+// every try its retries allowed: a timeoutError when the last try timed
+// out.
+func pastRetries(row *disposition, err error) error {
+	if row.action == actTimeout {
+		return &timeoutError{err}
+	}
+	return err
+}
+
 func is2xx(a *answer) bool { return a.err == nil && a.status >= 200 && a.status < 300 }
 
 // endpointJSON reports whether a 2xx body is what the endpoint defines: an
 // object with a choices array (chat, completions), a data array
-// (embeddings), or a content array (Anthropic's messages).
+// (embeddings), a content array (Anthropic's messages), an output array (a
+// response) or a results array (a moderation).
 func endpointJSON(a *answer) bool {
 	var v map[string]json.RawMessage
 	if json.Unmarshal(a.body, &v) != nil {
@@ -151,6 +200,10 @@ func endpointJSON(a *answer) bool {
 		field = "data"
 	case messages:
 		field = "content"
+	case responses:
+		field = "output"
+	case moderations:
+		field = "results"
 	}
 	arr := bytes.TrimSpace(v[field])
 	return len(arr) > 0 && arr[0] == '['

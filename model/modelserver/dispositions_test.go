@@ -57,6 +57,25 @@ func wantHalvedThenOK(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Outp
 	}
 }
 
+// wantTimedOut: every try timed out, and the item's output is the error
+// request_timeout, with no error for the run.
+func wantTimedOut(requests int64) func(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
+	return func(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("Run: %v; want the item's error, not the run's", err)
+		}
+		for _, o := range outs {
+			if o.Error == nil || o.Error.Code != job.ItemRequestTimeout || o.Response != nil {
+				t.Errorf("output %+v; want the error request_timeout", o)
+			}
+		}
+		if got := s.Stats().Requests; got != requests {
+			t.Errorf("%d requests; want %d", got, requests)
+		}
+	}
+}
+
 func wantOperator(t *testing.T, s *fakeoai.Server, m *Model, outs []job.Output, err error) {
 	t.Helper()
 	if !errors.Is(err, fault.ErrNeedsOperator) || outs != nil {
@@ -109,8 +128,12 @@ func dispositionCases() []dispositionCase {
 					t.Errorf("%d requests; want 3 (2 retries)", got)
 				}
 			}},
-		{row: "no_answer", fake: fakeoai.Config{Faults: []fakeoai.Fault{{Kind: fakeoai.FaultSlowBody, Delay: time.Hour, Times: 1}}},
+		{row: "timeout", fake: fakeoai.Config{Faults: []fakeoai.Fault{{Kind: fakeoai.FaultSlowBody, Delay: time.Hour, Times: 1}}},
 			cfg: Config{RequestTimeout: time.Minute, MaxWait: 5 * time.Minute}, items: chat, check: wantRetriedThenOK(2)},
+		// A request that times out on every try is its item's error,
+		// request_timeout, and no other item's: the batch goes on.
+		{row: "timeout", fake: fakeoai.Config{Faults: []fakeoai.Fault{{Kind: fakeoai.FaultSlowBody, Delay: time.Hour}}},
+			cfg: Config{RequestTimeout: time.Minute, MaxWait: time.Hour, MaxRetries: 1}, items: chat, check: wantTimedOut(2)},
 		{row: "ok", items: chat, check: wantRetriedThenOK(1)},
 		{row: "ok_not_endpoint_json", fake: fakeoai.Config{Faults: []fakeoai.Fault{{Kind: fakeoai.FaultNotJSON}}},
 			items: chat, check: wantRefused(200)},
@@ -166,7 +189,10 @@ func dispositionCases() []dispositionCase {
 					t.Errorf("Run: %v (until %v); want ErrBackoff until two hours from now", err, until)
 				}
 			}},
-		{row: "retryable_4xx", fake: fakeoai.Config{Faults: []fakeoai.Fault{status(408, 1)}}, items: chat, check: wantRetriedThenOK(2)},
+		{row: "retryable_4xx", fake: fakeoai.Config{Faults: []fakeoai.Fault{status(409, 1)}}, items: chat, check: wantRetriedThenOK(2)},
+		{row: "server_timeout", fake: fakeoai.Config{Faults: []fakeoai.Fault{status(408, 1)}}, items: chat, check: wantRetriedThenOK(2)},
+		{row: "server_timeout", fake: fakeoai.Config{Faults: []fakeoai.Fault{status(504, 0)}}, cfg: Config{MaxRetries: 1}, items: chat,
+			check: wantTimedOut(2)},
 		{row: "refused", items: []job.Item{chatItem("long", strings.Repeat("w ", 8000), 1000)}, check: wantRefused(422)},
 		{row: "refused", fake: fakeoai.Config{ContextLengthStatus: 400},
 			items: []job.Item{chatItem("long", strings.Repeat("w ", 8000), 1000)}, check: wantRefused(400)},

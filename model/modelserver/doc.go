@@ -1,7 +1,8 @@
 // Package modelserver runs vramq's work on a model server a team already
 // runs: vLLM, TGI, TEI, Ollama, or OpenAI itself, through the
 // OpenAI-compatible routes /v1/chat/completions, /v1/completions and
-// /v1/embeddings, and Anthropic's /v1/messages (sent to the server's own, or
+// /v1/embeddings, /v1/responses and /v1/moderations where the server has
+// them, and Anthropic's /v1/messages (sent to the server's own, or
 // translated to chat completions and back: messages.go). Open returns a
 // gpu.Model and a gpu.Device, so that the subscriber's admission, batching,
 // halving, leases and item errors work on it unchanged.
@@ -9,8 +10,9 @@
 // Each item carries its request's JSON body (job.Item.Body). Run checks it
 // by the rule the publisher applies (job.CheckRequest) and forwards the
 // canonical body the rule returns, never the bytes it received: with
-// max_tokens set to Config.MaxOutputTokens where the body names no ceiling
-// (16 for /v1/completions, that API's default). It answers with the
+// max_tokens (a response's max_output_tokens) set to Config.MaxOutputTokens
+// where the body names no ceiling (16 for /v1/completions, that API's
+// default). It answers with the
 // server's status and body (job.Output.Response), or the item's error.
 // Embedding items are sent several to a request.
 //

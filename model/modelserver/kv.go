@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job"
 )
 
 // hfConfig is what a Hugging Face config.json says about a decoder's
@@ -76,4 +79,20 @@ func kvBytesPerToken(path string, perValue int) (int64, error) {
 		}
 	}
 	return 2 * int64(c.NumHiddenLayers) * int64(kvHeads) * int64(headDim) * int64(bytes), nil
+}
+
+var _ gpu.Itemwise = (*Model)(nil)
+
+// ItemCosts is each item's KV charge in device bytes, as Cost
+// charges them (0 for an item Run refuses without a request): a request
+// holds the cache only while it is in flight, so the subscriber gives back
+// an item's charge when its answer arrives.
+func (m *Model) ItemCosts(endpoint string, items []job.Item) []int64 {
+	cs := make([]int64, len(items))
+	for i, it := range items {
+		if r, refused := m.parse(endpoint, it); refused == nil {
+			cs[i] = m.kvTokens(r) * m.unit
+		}
+	}
+	return cs
 }

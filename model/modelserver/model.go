@@ -21,13 +21,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/wordpiece"
 )
 
-// Model is a model server as a gpu.Model: Run sends each item's request,
+// Model is a model server as a backend.Backend: Run sends each item's request,
 // Cost is its tokens in device bytes, Working the device bytes of the
 // requests in flight (gpu.WorkingSet). Safe for concurrent use.
 type Model struct {
@@ -330,8 +331,13 @@ func (m *Model) tokens(r *request) int64 {
 // included, come in a fault.PartialError), fault.ErrNeedsOperator, gpu.ErrOutOfMemory (an embedding input the
 // server cannot hold even alone), a transient failure past its retries, or
 // ctx's error.
+//
+// Each answer of the server (an output with a Response) is also told to
+// gpu.Answers(ctx), when set, as it arrives: the subscriber keeps it where a
+// later run of the item finds it.
 func (m *Model) Run(ctx context.Context, endpoint string, items []job.Item) ([]job.Output, error) {
-	run := &run{outs: make([]job.Output, len(items)), deadline: time.Now().Add(m.cfg.MaxWait), limit: m.cfg.ResultBytes, left: m.cfg.ResultBytes}
+	run := &run{outs: make([]job.Output, len(items)), deadline: time.Now().Add(m.cfg.MaxWait), limit: m.cfg.ResultBytes, left: m.cfg.ResultBytes,
+		told: gpu.Answers(ctx)}
 	outs := run.outs
 	var gens []*request
 	groups := map[string][]*request{}
@@ -402,6 +408,7 @@ type run struct {
 	outs     []job.Output
 	deadline time.Time
 	limit    int64
+	told     func(int, job.Output) // gpu.Answers of Run's context, or nil
 
 	mu   sync.Mutex
 	left int64
@@ -426,6 +433,9 @@ func (r *run) keep(i int, o job.Output) {
 		}
 	}
 	r.outs[i] = o
+	if r.told != nil && o.Response != nil {
+		r.told(i, o) // paid for: the caller keeps it before the batch ends
+	}
 }
 
 // room is what the run's answers may still take: no answer longer is
@@ -442,6 +452,11 @@ func (m *Model) itemErr(err error, out *job.Output) error {
 	var tl *tooLargeError
 	if errors.As(err, &tl) {
 		out.Error = job.NewItemError(job.ItemTooLarge, tl.Error())
+		return nil
+	}
+	var te *timeoutError
+	if errors.As(err, &te) {
+		out.Error = job.NewItemError(job.ItemRequestTimeout, te.Error())
 		return nil
 	}
 	return err

@@ -16,10 +16,16 @@ const (
 	completions
 	embeddings
 	messages // Anthropic's (messages.go)
+	// responses and moderations are forwarded as they are, to a server
+	// that serves them (the publisher takes them only where its
+	// deployment says so).
+	responses
+	moderations
 )
 
 func (e endpoint) path() string {
-	return [...]string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"}[e]
+	return [...]string{job.EndpointChatCompletions, job.EndpointCompletions, job.EndpointEmbeddings, job.EndpointMessages,
+		job.EndpointResponses, job.EndpointModerations}[e]
 }
 
 // request is one item's request, parsed and checked.
@@ -74,7 +80,7 @@ func endpointOf(obj map[string]json.RawMessage) (endpoint, bool) {
 
 // endpointNamed is the endpoint of a job's path (job.Endpoints).
 func endpointNamed(path string) (endpoint, bool) {
-	for _, e := range []endpoint{chat, completions, embeddings, messages} {
+	for _, e := range []endpoint{chat, completions, embeddings, messages, responses, moderations} {
 		if e.path() == path {
 			return e, true
 		}
@@ -112,6 +118,11 @@ func (m *Model) parse(path string, it job.Item) (*request, *job.ItemError) {
 		return r, m.parseEmbeddings(r, q.Input)
 	case chat:
 		r.prompt = estimate{bound: int64(len(q.Messages)) + templateTokens}
+		return r, nil
+	case responses, moderations:
+		// Instructions and input items, or a moderation's parts: the
+		// whole body bounds the prompt.
+		r.prompt = estimate{bound: int64(len(q.Body)) + templateTokens}
 		return r, nil
 	case messages:
 		// The system prompt is outside messages: the whole body bounds both.

@@ -34,7 +34,9 @@ type input struct {
 	tokens int
 }
 
-func (wk *work) embeddings() bool { return wk.path == "/v1/embeddings" }
+// embeddings reports whether wk generates nothing: an embedding's or a
+// moderation's inputs are read once each, as TEI reads them.
+func (wk *work) embeddings() bool { return wk.path == "/v1/embeddings" || wk.path == "/v1/moderations" }
 
 // cost is what the request takes from the TPM bucket: prompt tokens plus
 // max_tokens for each choice of each prompt.
@@ -271,6 +273,10 @@ func (s *Server) render(wk *work, g *group, id uint64, created int64, completion
 	switch wk.path {
 	case "/v1/messages":
 		v = renderMessage(wk, g, id, completionTokens)
+	case "/v1/responses":
+		v = renderResponse(wk, g, id, created, completionTokens)
+	case "/v1/moderations":
+		v = renderModeration(wk, id)
 	case "/v1/chat/completions":
 		c := chatCompletion{ID: fmt.Sprintf("chatcmpl-fakeoai%012d", id), Object: "chat.completion", Created: created,
 			Model: wk.model, ServiceTier: "default", SystemFingerprint: "fp_fakeoai",
@@ -325,6 +331,15 @@ func (s *Server) parse(path string, body []byte) (*work, *badRequest) {
 	case "/v1/messages":
 		var bad *badRequest
 		if maxTokens, stream, bad = parseMessages(wk, body); bad != nil {
+			return nil, bad
+		}
+	case "/v1/responses":
+		var bad *badRequest
+		if maxTokens, stream, bad = parseResponses(wk, body); bad != nil {
+			return nil, bad
+		}
+	case "/v1/moderations":
+		if bad := parseModerations(wk, body); bad != nil {
 			return nil, bad
 		}
 	case "/v1/chat/completions":

@@ -65,7 +65,7 @@ type Fault struct {
 	Skip  int
 	Times int
 	// Paths limits the fault to these routes, for example
-	// "/v1/embeddings"; empty for the three model routes.
+	// "/v1/embeddings"; empty: every model route.
 	Paths []string
 }
 

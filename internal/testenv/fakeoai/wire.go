@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -173,7 +174,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // messageText reads a chat message's content: a string, an array of parts
 // (the text ones count), or null.
-func messageText(raw json.RawMessage) (string, error) {
+func messageText(raw json.RawMessage) (string, error) { return partsText(raw, "text") }
+
+// partsText reads a message's content: a string, an array of parts (those
+// of the types given count), or null.
+func partsText(raw json.RawMessage, types ...string) (string, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return "", nil
@@ -191,7 +196,7 @@ func messageText(raw json.RawMessage) (string, error) {
 	}
 	var texts []string
 	for _, p := range parts {
-		if p.Type == "text" {
+		if slices.Contains(types, p.Type) {
 			texts = append(texts, p.Text)
 		}
 	}

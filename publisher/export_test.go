@@ -1,0 +1,4 @@
+package publisher
+
+// TimedHeap is timedHeap, for the tests of package publisher_test.
+var TimedHeap = timedHeap
