@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -78,9 +80,12 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	u, _ := url.Parse(cfg.BaseURL)
 	u.Path = strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v1")
 	w := newWaits(cfg.MaxServerWait, cfg.Logger)
+	rates := newRates(cfg.TPM, cfg.RPM, time.Now(), w)
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(w.capped); err != nil {
-			return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
+		for _, c := range []prometheus.Collector{w.capped, rates.paused} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
+			}
 		}
 	}
 	m := &Model{
@@ -90,7 +95,7 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 		base:    strings.TrimSuffix(u.String(), "/"),
 		name:    "model-server:" + strings.Join(cfg.Models, ","),
 		waits:   w,
-		rates:   newRates(cfg.TPM, cfg.RPM, time.Now(), w),
+		rates:   rates,
 		conc:    newConcurrency(cfg.MaxConcurrency, cfg.Logger),
 		gate:    newGate(w),
 		answers: map[string]int64{},

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/vramq/vramq/job/fault"
 )
 
@@ -53,7 +55,7 @@ import (
 // golang.org/x/time/rate does not fit: its Limiter has no way to give
 // tokens back or to set the tokens left to what a server says.
 const (
-	marginMin      = 4.0
+	marginMin      = 1.0
 	marginMax      = 32.0
 	marginRaise    = 1.5
 	marginDecay    = 0.9
@@ -80,6 +82,13 @@ type bucket struct {
 	othersPerSec float64
 	estAt        time.Time
 	own          []sent // oldest first; tokens is the cost in the bucket's kind
+
+	// readings are the refill rates the headers implied within the
+	// limit's span (rateReading), for a mirror whose server sends resets.
+	readings []sent
+	// inferred is a mirror of a limit the headers do not give (Azure's):
+	// its capacity is the most it has been shown to hold.
+	inferred bool
 }
 
 // othersShare bounds the estimate of the others' consumption, so that a
@@ -107,6 +116,30 @@ func (b *bucket) refill(now time.Time) {
 // server whose minutes run faster than real ones is measured wrongly
 // here, which is why the figures are taken in real time.
 const limitSpan = time.Minute
+
+// rateReading sets a mirror's refill from a rate its server's headers
+// imply at now, (limit − remaining) / reset: the least such rate read
+// within the limit's span, never below the limit a minute. For a bucket
+// the reading is the same at every answer (the reset is the time to a
+// full bucket); a window's reset is the time to its next minute or its
+// oldest charge, and near a fixed minute's end it reads as many times the
+// limit: a mirror refilled at that sent the next minute's limit at once
+// and met 429s before the minute was out. The least reading of a minute
+// holds for both, and a test server's faster clock still reads faster.
+func (b *bucket) rateReading(perSec float64, now time.Time) {
+	i := 0
+	for i < len(b.readings) && now.Sub(b.readings[i].at) > limitSpan {
+		i++
+	}
+	// Only the readings that may yet be the least are kept: each is below
+	// every later one.
+	j := len(b.readings)
+	for j > i && b.readings[j-1].tokens >= perSec {
+		j--
+	}
+	b.readings = append(b.readings[i:j], sent{now, perSec})
+	b.perSec = math.Max(b.readings[0].tokens, b.capacity/limitSpan.Seconds())
+}
 
 // charge records this process's cost of a request sent at now (mirrors).
 func (b *bucket) charge(cost float64, now time.Time) {
@@ -168,7 +201,13 @@ func (e *tooLargeError) Error() string {
 }
 
 type rates struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// sends are this process's requests of the last paceSpan, oldest
+	// first (perSecond).
+	sends       []time.Time
+	paused      *prometheus.HistogramVec
+	loggedUntil time.Time // the end of the last pause logged
+
 	own     [2]*bucket
 	srv     [2]*bucket
 	marginK float64
@@ -189,7 +228,13 @@ type sent struct {
 }
 
 func newRates(tpm, rpm int, now time.Time, w *waits) *rates {
-	r := &rates{marginK: marginMin, changed: make(chan struct{}), waits: w, log: w.log}
+	r := &rates{marginK: marginMin, changed: make(chan struct{}), waits: w, log: w.log,
+		paused: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "vramq_subscriber_model_server_rate_wait_seconds",
+			Help: "Time a request waited before it was sent, for room under a rate limit this process keeps by its own " +
+				"reckoning (each wait at most a minute), by the limit of its longest wait.",
+			Buckets: []float64{0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60},
+		}, []string{"limit"})}
 	if tpm > 0 {
 		r.own[kindTokens] = newBucket(float64(tpm), now, false)
 	}
@@ -205,16 +250,59 @@ type reservation struct {
 	at     time.Time // when it was taken: the request's entry in rates.recent
 }
 
+// Pauses this process imposes on itself, by its own reckoning of a limit
+// (take), are bounded by the limit's span: every limit here is per minute,
+// and whatever its kind gives back within a minute what was taken from it,
+// so a longer wait is the estimate of others' use speaking, which the
+// server's next answer corrects better than a wait does. A pause of
+// longPause or more is logged with its reason; every one is counted
+// (rates.paused).
+const longPause = 10 * time.Second
+
+// paceSpan is the span over which requests are spread: Azure OpenAI
+// evaluates its requests limit over windows of 1 s or 10 s, each taking
+// RPM × window / 1m, and OpenAI may enforce its limits over sub-minute
+// windows. At most a second's share of the RPM goes in any second and a
+// transit, so that the server, which sees them a transit late, counts no
+// more in any of its seconds.
+const paceSpan = time.Second + transit
+
+// perSecond is the requests that may go within any paceSpan: a second's
+// share of the least requests limit, after the others' estimated use of
+// a mirror's, at least one; ok is false with no requests limit known.
+// r.mu is held.
+func (r *rates) perSecond() (n int, ok bool) {
+	n = math.MaxInt
+	for _, b := range []*bucket{r.own[kindRequests], r.srv[kindRequests]} {
+		if b != nil {
+			n, ok = min(n, max(1, int((b.perSec-b.othersPerSec)*time.Second.Seconds()))), true
+		}
+	}
+	return n, ok
+}
+
 // take waits until every bucket has room for a request of tokens, and
 // takes it. A wait that would end after deadline returns a
 // *fault.BackoffError at once, with when it would end.
 func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (reservation, error) {
 	cost := [2]float64{float64(tokens), 1}
+	var waited, longest time.Duration
+	held := ""
 	for {
 		r.mu.Lock()
 		now := time.Now()
 		var wait time.Duration
-		var which string
+		var which, label string
+		if n, ok := r.perSecond(); ok {
+			i := 0
+			for i < len(r.sends) && now.Sub(r.sends[i]) >= paceSpan {
+				i++
+			}
+			r.sends = append(r.sends[:0], r.sends[i:]...)
+			if len(r.sends) >= n {
+				wait, which, label = r.sends[len(r.sends)-n].Add(paceSpan).Sub(now), "requests per second", "requests_per_second"
+			}
+		}
 		for k := range 2 {
 			for _, b := range []*bucket{r.own[k], r.srv[k]} {
 				if b == nil {
@@ -238,17 +326,22 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					margin = math.Max(0, math.Min(r.margin(k), b.capacity-cost[k]))
 				}
 				if need := cost[k] + margin - b.level; need > 0 {
-					w := seconds(need / (b.perSec - b.othersPerSec))
+					w := min(limitSpan, seconds(need/(b.perSec-b.othersPerSec)))
+					source := "configured_"
 					if b.mirror {
-						w = r.waits.server(w, "x-ratelimit-"+kindNames[k], "")
+						w, source = r.waits.server(w, "x-ratelimit-"+kindNames[k], ""), "server_"
 					}
 					if w > wait {
-						wait, which = w, kindNames[k]
+						wait, which, label = w, kindNames[k]+" per minute", source+kindNames[k]
 					}
 				}
 			}
 		}
 		if wait <= 0 {
+			if held != "" {
+				r.paused.WithLabelValues(held).Observe(waited.Seconds())
+			}
+			r.sends = append(r.sends, now)
 			for k := range 2 {
 				for _, b := range []*bucket{r.own[k], r.srv[k]} {
 					if b != nil {
@@ -269,12 +362,28 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 			return reservation{tokens: cost[kindTokens], at: now}, nil
 		}
 		ch := r.changed
+		until := now.Add(wait)
+		logIt := wait >= longPause && until.After(r.loggedUntil)
+		if logIt {
+			r.loggedUntil = until
+		}
 		r.mu.Unlock()
-		if until := now.Add(wait); until.After(deadline) {
-			return reservation{}, &fault.BackoffError{Until: until, Reason: "rate limit: " + which + " per minute"}
+		if logIt {
+			r.log.Info("requests wait for room under the rate limit", "limit", which, "wait", wait, "until", until,
+				"source", label)
+		}
+		if until.After(deadline) {
+			return reservation{}, &fault.BackoffError{Until: until, Reason: "rate limit: " + which}
 		}
 		wait = r.waits.spread(wait)
-		if err := sleep(ctx, wait, ch); err != nil {
+		start := time.Now()
+		err := sleep(ctx, wait, ch)
+		waited += time.Since(start)
+		if wait > longest {
+			longest, held = wait, label
+		}
+		if err != nil {
+			r.paused.WithLabelValues(held).Observe(waited.Seconds())
 			return reservation{}, err
 		}
 	}
@@ -408,11 +517,35 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 	}
 	more := false
 	for k, kind := range kindNames {
+		took := [2]float64{tokens, 1}[k]
 		limit, okL := headerNumber(h, "x-ratelimit-limit-"+kind)
+		inferred := false
+		if !okL {
+			// Azure OpenAI sends the minute's remaining counts and no
+			// limit: the limit is the configured one, else at least what
+			// remains plus what the answered request took from it, the
+			// most any answer has shown.
+			remaining, okR := headerNumber(h, "x-ratelimit-remaining-"+kind)
+			if !okR {
+				continue
+			}
+			switch {
+			case r.own[k] != nil:
+				limit = r.own[k].capacity
+			case !ok:
+				limit = remaining
+			default:
+				limit = remaining + took
+			}
+			if b := r.srv[k]; b != nil && b.inferred {
+				limit = math.Max(limit, b.capacity)
+			}
+			okL, inferred = true, true
+		}
 		if !okL || limit <= 0 {
 			continue
 		}
-		if took := [2]float64{tokens, 1}[k]; ok && limit < took {
+		if ok && limit < took && !inferred {
 			if r.srv[k] != nil {
 				r.srv[k] = nil
 				more = true
@@ -427,20 +560,21 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			r.srv[k] = b
 			more = true
 		}
-		b.capacity = limit
+		b.capacity, b.inferred = limit, inferred
+		if inferred {
+			b.perSec = limit / limitSpan.Seconds()
+		}
 		remaining, okR := headerNumber(h, "x-ratelimit-remaining-"+kind)
 		reset, okT := parseReset(h.Get("x-ratelimit-reset-" + kind))
 		if okT {
 			reset = r.waits.server(reset, "x-ratelimit-reset-"+kind, h.Get("x-ratelimit-reset-"+kind))
 		}
 		if okR && okT && remaining < limit && reset > 0 {
-			// Never below the limit a minute: a window's reset is the time
-			// to its next minute or its oldest charge, not to a full
-			// bucket, and early in a fixed minute (limit − remaining) /
-			// reset read as a refill of a few tokens a second, a wait of
-			// 20 minutes for one message (bench/modelserver.md). A faster
-			// clock (a test server) still reads faster.
-			b.perSec = math.Max((limit-remaining)/reset.Seconds(), limit/60)
+			// Never below the limit a minute: early in a fixed minute
+			// (limit − remaining) / reset read as a refill of a few tokens
+			// a second, a wait of 20 minutes for one message
+			// (bench/modelserver.md).
+			b.rateReading((limit-remaining)/reset.Seconds(), now)
 		}
 		if okR {
 			b.refill(now)
