@@ -3,11 +3,17 @@ package modelserver
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
@@ -322,4 +328,112 @@ func TestOthersWeighedOverTheMinute(t *testing.T) {
 	if got := b.othersPerSec; got > 20 {
 		t.Errorf("others' use %v a second; want about 10 (0.3 of 33): this process's own sends are not others'", got)
 	}
+}
+
+// A fixed minute's reset near its end is seconds, and (limit − remaining)
+// / reset reads as many times the limit: the mirror refills at the least
+// rate read within the minute, here the limit a minute, not at the
+// reading that would send the next minute's limit at once.
+func TestRefillIsTheMinutesLeastReading(t *testing.T) {
+	now := time.Now()
+	r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+	h := http.Header{}
+	h.Set("x-ratelimit-limit-tokens", "60000")
+	h.Set("x-ratelimit-remaining-tokens", "59000")
+	h.Set("x-ratelimit-reset-tokens", "59s")
+	r.sync(h, now, true, 1000, time.Time{})
+	h.Set("x-ratelimit-remaining-tokens", "2000")
+	h.Set("x-ratelimit-reset-tokens", "2s")
+	r.sync(h, now.Add(57*time.Second), true, 1000, time.Time{})
+	if got := r.srv[kindTokens].perSec; got > 1001 {
+		t.Errorf("refill %.0f tokens a second two seconds before a fixed minute's end; want 1,000 (60,000 a minute)", got)
+	}
+	// A bucket's readings agree, a faster one (a test server's clock) included.
+	h.Set("x-ratelimit-remaining-tokens", "50000")
+	h.Set("x-ratelimit-reset-tokens", "1s")
+	for i := range 3 {
+		r.sync(h, now.Add(time.Duration(3+i)*time.Minute), true, 1000, time.Time{})
+	}
+	if got := r.srv[kindTokens].perSec; got != 10000 {
+		t.Errorf("refill %.0f tokens a second after a minute of readings of 10,000; want 10,000", got)
+	}
+}
+
+// Azure sends x-ratelimit-remaining-* and no limit: the mirrors follow the
+// remaining counts, each limit at least what remains plus what the
+// answered request took, the most any answer has shown.
+func TestLimitInferredFromRemaining(t *testing.T) {
+	now := time.Now()
+	r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+	h := http.Header{}
+	h.Set("x-ratelimit-remaining-tokens", "58000")
+	h.Set("x-ratelimit-remaining-requests", "590")
+	r.sync(h, now, true, 1000, time.Time{})
+	h.Set("x-ratelimit-remaining-tokens", "59000")
+	h.Set("x-ratelimit-remaining-requests", "599")
+	r.sync(h, now.Add(time.Minute), true, 1000, time.Time{})
+	h.Set("x-ratelimit-remaining-tokens", "10000")
+	r.sync(h, now.Add(time.Minute+30*time.Second), true, 1000, time.Time{})
+	tok, req := r.srv[kindTokens], r.srv[kindRequests]
+	if tok == nil || tok.capacity != 60000 || tok.level != 10000 || tok.perSec != 1000 {
+		t.Errorf("tokens mirror %+v; want capacity 60,000 (59,000 + 1,000), level 10,000, 1,000 a second", tok)
+	}
+	if req == nil || req.capacity != 600 || req.perSec != 10 {
+		t.Errorf("requests mirror %+v; want capacity 600, 10 a second", req)
+	}
+	if n, _ := r.perSecond(); n < 9 || n > 10 {
+		t.Errorf("%d requests a second; want 10 (9 after the first deficit, the answered request, read as others')", n)
+	}
+	// Configured limits are the limits the remaining counts count down from.
+	r = newRates(30000, 0, now, newWaits(time.Hour, quiet()))
+	r.sync(h, now, true, 1000, time.Time{})
+	if tok := r.srv[kindTokens]; tok == nil || tok.capacity != 30000 {
+		t.Errorf("tokens mirror %+v; want the configured 30,000", tok)
+	}
+}
+
+// Issue 33, Build item 2: a pause this process imposes on itself by its
+// own reckoning is at most a minute, whatever its estimate of others' use,
+// is logged with its reason when long, and is counted.
+func TestSelfPauseBoundedLoggedCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs strings.Builder
+		log := slog.New(slog.NewTextHandler(&logs, nil))
+		now := time.Now()
+		r := newRates(0, 0, now, newWaits(time.Hour, log))
+		b := newBucket(60000, now, true)
+		b.level, b.othersPerSec = 0, othersShare*b.perSec // a refill of 50 a second left to this process
+		r.srv[kindTokens], r.answered, r.typical = b, true, 1000
+		_, err := r.take(t.Context(), 30000, now)
+		until, ok := fault.BackoffUntil(err)
+		if !ok || until.Sub(now) > limitSpan {
+			t.Fatalf("take: %v; want a backoff of at most %v (the estimate alone says 10 minutes)", err, limitSpan)
+		}
+		if !strings.Contains(logs.String(), "requests wait for room under the rate limit") || !strings.Contains(logs.String(), "limit=\"tokens per minute\"") {
+			t.Errorf("log %q; want the pause and its reason", logs.String())
+		}
+		// A wait taken is counted by the limit that held it.
+		r = newRates(600, 0, now, newWaits(time.Hour, quiet()))
+		for range 2 {
+			if _, err := r.take(t.Context(), 300, now.Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := testutil.CollectAndCount(r.paused); n != 0 {
+			t.Errorf("%d series after two requests that fit; want none", n)
+		}
+		if _, err := r.take(t.Context(), 300, now.Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(now); d < 30*time.Second {
+			t.Errorf("the third request of 300 under 600 a minute went after %v; want 30 s", d)
+		}
+		var m dto.Metric
+		if err := r.paused.WithLabelValues("configured_tokens").(prometheus.Histogram).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if n, sum := m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum(); n != 1 || sum < 30 {
+			t.Errorf("pauses counted: %d, %.1f s; want 1 of 30 s", n, sum)
+		}
+	})
 }
