@@ -30,6 +30,7 @@ type Server struct {
 	limits   limiter
 	stats    Stats
 	minutes  []*minuteAcc
+	seconds  []Second
 	running  []*job // in the order they were scheduled
 	waiting  []*job
 	used     int // KV blocks
