@@ -86,6 +86,9 @@ type bucket struct {
 	// readings are the refill rates the headers implied within the
 	// limit's span (rateReading), for a mirror whose server sends resets.
 	readings []sent
+	// proven is a mirror's room that the server's last answer showed: its
+	// remaining count, less what this process sent since.
+	proven float64
 	// inferred is a mirror of a limit the headers do not give (Azure's):
 	// its capacity is the most it has been shown to hold.
 	inferred bool
@@ -99,11 +102,63 @@ func newBucket(perMinute float64, now time.Time, mirror bool) *bucket {
 	return &bucket{mirror: mirror, perSec: perMinute / 60, capacity: perMinute, level: perMinute, last: now}
 }
 
-func (b *bucket) refill(now time.Time) {
-	if dt := now.Sub(b.last); dt > 0 {
-		b.level = math.Min(b.capacity, b.level+dt.Seconds()*(b.perSec-b.othersPerSec))
-		b.last = now
+// refill brings a bucket's level to now: an own bucket refills at its
+// limit, a mirror at the share of its server's refill the others leave.
+// While answers are on their way (capped), a mirror's refill stops at the
+// room it can prove (bucket.proven), which the next answer updates: a
+// window gives back only what leaves it, in lumps (a fixed one all at its
+// minute, which Azure's headers do not say), and a mirror that counted a
+// continuous refill between answers sent requests the window refused.
+// With none on its way, no answer would come to prove more, and the
+// continuous refill lets one request go, which the server judges.
+func (b *bucket) refill(now time.Time, capped bool) {
+	dt := now.Sub(b.last)
+	if dt <= 0 {
+		return
 	}
+	b.last = now
+	if !b.mirror {
+		b.level = math.Min(b.capacity, b.level+dt.Seconds()*b.perSec)
+		return
+	}
+	next := math.Min(b.capacity, b.level+dt.Seconds()*(b.perSec-b.othersPerSec))
+	if capped {
+		next = math.Min(next, math.Max(b.proven, b.floor(now)))
+	}
+	b.level = math.Max(b.level, next)
+}
+
+// floor is the least a mirror's limit holds at now: no limiter over a
+// minute (a bucket refilled at the limit a minute, a sliding or a fixed
+// minute's window) holds more of one process's use than it sent in the
+// minute, so the limit less all this process sent within limitSpan, less
+// the others' estimated use of a minute, remains. Between two answers a
+// mirror counts only this: a window gives back only what leaves it, in
+// lumps (a fixed one all at its minute, which Azure's headers do not
+// say), and a mirror that counted a continuous refill there sent requests
+// the window refused.
+func (b *bucket) floor(now time.Time) float64 {
+	return b.capacity - b.ownWithin(now) - b.othersPerSec*limitSpan.Seconds()
+}
+
+// floorWait is how long until the floor holds need: until enough of this
+// process's sends have left the limit's span; limitSpan when none would do.
+func (b *bucket) floorWait(need float64, now time.Time) time.Duration {
+	allowed := b.capacity - b.othersPerSec*limitSpan.Seconds() - need
+	if allowed < 0 {
+		return limitSpan
+	}
+	sum := b.ownWithin(now)
+	for _, s := range b.own {
+		if sum <= allowed {
+			break
+		}
+		sum -= s.tokens
+		if sum <= allowed {
+			return s.at.Add(limitSpan).Sub(now)
+		}
+	}
+	return 0
 }
 
 // limitSpan is the span of the limits vramq follows, per minute: whatever
@@ -218,6 +273,9 @@ type rates struct {
 	// answered is whether the server has answered yet: until it has, its
 	// limits are unknown (learnedWithin).
 	answered bool
+	// inflight is the requests that took a reservation and have not
+	// settled it: answers on their way.
+	inflight int
 	waits    *waits
 	log      *slog.Logger
 }
@@ -320,17 +378,24 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					// and its answer's headers set the mirror again.
 					continue
 				}
-				b.refill(now)
+				b.refill(now, r.inflight > 0)
 				margin := 0.0
 				if b.mirror {
 					margin = math.Max(0, math.Min(r.margin(k), b.capacity-cost[k]))
 				}
 				if need := cost[k] + margin - b.level; need > 0 {
-					w := min(limitSpan, seconds(need/(b.perSec-b.othersPerSec)))
-					source := "configured_"
+					w, source := seconds(need/(b.perSec-b.othersPerSec)), "configured_"
 					if b.mirror {
-						w, source = r.waits.server(w, "x-ratelimit-"+kindNames[k], ""), "server_"
+						source = "server_"
+						if r.inflight > 0 && b.proven < cost[k]+margin {
+							// Until an answer proves the room (it wakes
+							// this wait), or this process's sends leave
+							// the minute.
+							w = max(w, b.floorWait(cost[k]+margin, now))
+						}
+						w = r.waits.server(w, "x-ratelimit-"+kindNames[k], "")
 					}
+					w = min(limitSpan, w)
 					if w > wait {
 						wait, which, label = w, kindNames[k]+" per minute", source+kindNames[k]
 					}
@@ -347,12 +412,14 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					if b != nil {
 						b.level -= cost[k]
 						if b.mirror {
+							b.proven -= cost[k]
 							b.charge(cost[k], now)
 						}
 					}
 				}
 			}
 			r.recent = append(r.recent, sent{now, cost[kindTokens]})
+			r.inflight++
 			if r.typical == 0 {
 				r.typical = cost[kindTokens]
 			} else {
@@ -439,7 +506,7 @@ func (r *rates) learnedWithin(d time.Duration, preAnswer float64) (tokens float6
 		if b == nil {
 			continue
 		}
-		b.refill(now)
+		b.refill(now, r.inflight > 0)
 		n := (b.perSec-b.othersPerSec)*d.Seconds() + math.Max(0, b.level-r.margin(k))
 		if k == kindRequests {
 			n *= r.typical
@@ -457,15 +524,23 @@ func (r *rates) margin(k int) float64 {
 	return r.marginK * r.typical
 }
 
-// settle gives an own tokens bucket back what a request did not use: used
-// is its usage's total tokens, 0 for a request that generated nothing.
+// settle ends a request's reservation: used is its usage's total tokens,
+// 0 for a request that generated nothing (or was never sent). The tokens
+// buckets get back what it did not use, a mirror too: a limiter that
+// counts usage (LiteLLM's) counts only that, and one that charges the
+// reservation (OpenAI's, Azure's) says so in the next answer's remaining
+// count, which a mirror never rises above (sync).
 func (r *rates) settle(res reservation, used int64) {
-	b := r.own[kindTokens]
-	if b == nil || res.tokens == 0 {
+	if res.at.IsZero() {
 		return
 	}
 	r.mu.Lock()
-	b.level = math.Min(b.capacity, b.level+res.tokens-float64(used))
+	r.inflight--
+	for _, b := range []*bucket{r.own[kindTokens], r.srv[kindTokens]} {
+		if b != nil {
+			b.level = math.Min(b.capacity, b.level+math.Max(0, res.tokens-float64(used)))
+		}
+	}
 	r.mu.Unlock()
 	r.notify()
 }
@@ -577,12 +652,18 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			b.rateReading((limit-remaining)/reset.Seconds(), now)
 		}
 		if okR {
-			b.refill(now)
-			before := b.level
-			b.level, b.last = math.Min(remaining, limit)-unseen[k], now
+			b.refill(now, r.inflight > 0)
+			before := b.proven
+			// The answer sets what is proven, and lowers the level to it;
+			// it never raises the level faster than the mirror's refill,
+			// so that a window's return, all at once at a fixed minute,
+			// is spent at the limit's pace rather than at once (which
+			// Azure's strict minute and LiteLLM's refuse at its end).
+			b.proven = math.Min(remaining, limit) - unseen[k]
+			b.level, b.last = math.Min(b.level, b.proven), now
 			b.estimate(math.Min(remaining, limit), now)
-			// Waiters wake only for more room than they were promised.
-			more = more || b.level > before
+			// Waiters wake only for more room than was proven.
+			more = more || b.proven > before
 		}
 	}
 	if more {
