@@ -86,9 +86,6 @@ type bucket struct {
 	// readings are the refill rates the headers implied within the
 	// limit's span (rateReading), for a mirror whose server sends resets.
 	readings []sent
-	// proven is a mirror's room that the server's last answer showed: its
-	// remaining count, less what this process sent since.
-	proven float64
 	// inferred is a mirror of a limit the headers do not give (Azure's):
 	// its capacity is the most it has been shown to hold.
 	inferred bool
@@ -102,63 +99,11 @@ func newBucket(perMinute float64, now time.Time, mirror bool) *bucket {
 	return &bucket{mirror: mirror, perSec: perMinute / 60, capacity: perMinute, level: perMinute, last: now}
 }
 
-// refill brings a bucket's level to now: an own bucket refills at its
-// limit, a mirror at the share of its server's refill the others leave.
-// While answers are on their way (capped), a mirror's refill stops at the
-// room it can prove (bucket.proven), which the next answer updates: a
-// window gives back only what leaves it, in lumps (a fixed one all at its
-// minute, which Azure's headers do not say), and a mirror that counted a
-// continuous refill between answers sent requests the window refused.
-// With none on its way, no answer would come to prove more, and the
-// continuous refill lets one request go, which the server judges.
-func (b *bucket) refill(now time.Time, capped bool) {
-	dt := now.Sub(b.last)
-	if dt <= 0 {
-		return
+func (b *bucket) refill(now time.Time) {
+	if dt := now.Sub(b.last); dt > 0 {
+		b.level = math.Min(b.capacity, b.level+dt.Seconds()*(b.perSec-b.othersPerSec))
+		b.last = now
 	}
-	b.last = now
-	if !b.mirror {
-		b.level = math.Min(b.capacity, b.level+dt.Seconds()*b.perSec)
-		return
-	}
-	next := math.Min(b.capacity, b.level+dt.Seconds()*(b.perSec-b.othersPerSec))
-	if capped {
-		next = math.Min(next, math.Max(b.proven, b.floor(now)))
-	}
-	b.level = math.Max(b.level, next)
-}
-
-// floor is the least a mirror's limit holds at now: no limiter over a
-// minute (a bucket refilled at the limit a minute, a sliding or a fixed
-// minute's window) holds more of one process's use than it sent in the
-// minute, so the limit less all this process sent within limitSpan, less
-// the others' estimated use of a minute, remains. Between two answers a
-// mirror counts only this: a window gives back only what leaves it, in
-// lumps (a fixed one all at its minute, which Azure's headers do not
-// say), and a mirror that counted a continuous refill there sent requests
-// the window refused.
-func (b *bucket) floor(now time.Time) float64 {
-	return b.capacity - b.ownWithin(now) - b.othersPerSec*limitSpan.Seconds()
-}
-
-// floorWait is how long until the floor holds need: until enough of this
-// process's sends have left the limit's span; limitSpan when none would do.
-func (b *bucket) floorWait(need float64, now time.Time) time.Duration {
-	allowed := b.capacity - b.othersPerSec*limitSpan.Seconds() - need
-	if allowed < 0 {
-		return limitSpan
-	}
-	sum := b.ownWithin(now)
-	for _, s := range b.own {
-		if sum <= allowed {
-			break
-		}
-		sum -= s.tokens
-		if sum <= allowed {
-			return s.at.Add(limitSpan).Sub(now)
-		}
-	}
-	return 0
 }
 
 // limitSpan is the span of the limits vramq follows, per minute: whatever
@@ -273,9 +218,9 @@ type rates struct {
 	// answered is whether the server has answered yet: until it has, its
 	// limits are unknown (learnedWithin).
 	answered bool
-	// inflight is the requests that took a reservation and have not
-	// settled it: answers on their way.
-	inflight int
+	// windowRequests is the most requests a window of unnamed length has
+	// been shown to hold (perSecond).
+	windowRequests float64
 	waits    *waits
 	log      *slog.Logger
 }
@@ -327,10 +272,15 @@ const paceSpan = time.Second + transit
 
 // perSecond is the requests that may go within any paceSpan: a second's
 // share of the least requests limit, after the others' estimated use of
-// a mirror's, at least one; ok is false with no requests limit known.
-// r.mu is held.
+// a mirror's, at least one; ok is false with no requests limit known. A
+// window's count that no header names the length of (Azure's) is taken
+// as 10 s's: a tenth of it a second is within it whether its window is
+// 1 s or 10 s. r.mu is held.
 func (r *rates) perSecond() (n int, ok bool) {
 	n = math.MaxInt
+	if r.windowRequests > 0 {
+		n, ok = max(1, int(r.windowRequests/10)), true
+	}
 	for _, b := range []*bucket{r.own[kindRequests], r.srv[kindRequests]} {
 		if b != nil {
 			n, ok = min(n, max(1, int((b.perSec-b.othersPerSec)*time.Second.Seconds()))), true
@@ -378,24 +328,17 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					// and its answer's headers set the mirror again.
 					continue
 				}
-				b.refill(now, r.inflight > 0)
+				b.refill(now)
 				margin := 0.0
 				if b.mirror {
 					margin = math.Max(0, math.Min(r.margin(k), b.capacity-cost[k]))
 				}
 				if need := cost[k] + margin - b.level; need > 0 {
-					w, source := seconds(need/(b.perSec-b.othersPerSec)), "configured_"
+					w := min(limitSpan, seconds(need/(b.perSec-b.othersPerSec)))
+					source := "configured_"
 					if b.mirror {
-						source = "server_"
-						if r.inflight > 0 && b.proven < cost[k]+margin {
-							// Until an answer proves the room (it wakes
-							// this wait), or this process's sends leave
-							// the minute.
-							w = max(w, b.floorWait(cost[k]+margin, now))
-						}
-						w = r.waits.server(w, "x-ratelimit-"+kindNames[k], "")
+						w, source = r.waits.server(w, "x-ratelimit-"+kindNames[k], ""), "server_"
 					}
-					w = min(limitSpan, w)
 					if w > wait {
 						wait, which, label = w, kindNames[k]+" per minute", source+kindNames[k]
 					}
@@ -412,14 +355,12 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					if b != nil {
 						b.level -= cost[k]
 						if b.mirror {
-							b.proven -= cost[k]
 							b.charge(cost[k], now)
 						}
 					}
 				}
 			}
 			r.recent = append(r.recent, sent{now, cost[kindTokens]})
-			r.inflight++
 			if r.typical == 0 {
 				r.typical = cost[kindTokens]
 			} else {
@@ -506,7 +447,7 @@ func (r *rates) learnedWithin(d time.Duration, preAnswer float64) (tokens float6
 		if b == nil {
 			continue
 		}
-		b.refill(now, r.inflight > 0)
+		b.refill(now)
 		n := (b.perSec-b.othersPerSec)*d.Seconds() + math.Max(0, b.level-r.margin(k))
 		if k == kindRequests {
 			n *= r.typical
@@ -524,23 +465,15 @@ func (r *rates) margin(k int) float64 {
 	return r.marginK * r.typical
 }
 
-// settle ends a request's reservation: used is its usage's total tokens,
-// 0 for a request that generated nothing (or was never sent). The tokens
-// buckets get back what it did not use, a mirror too: a limiter that
-// counts usage (LiteLLM's) counts only that, and one that charges the
-// reservation (OpenAI's, Azure's) says so in the next answer's remaining
-// count, which a mirror never rises above (sync).
+// settle gives an own tokens bucket back what a request did not use: used
+// is its usage's total tokens, 0 for a request that generated nothing.
 func (r *rates) settle(res reservation, used int64) {
-	if res.at.IsZero() {
+	b := r.own[kindTokens]
+	if b == nil || res.tokens == 0 {
 		return
 	}
 	r.mu.Lock()
-	r.inflight--
-	for _, b := range []*bucket{r.own[kindTokens], r.srv[kindTokens]} {
-		if b != nil {
-			b.level = math.Min(b.capacity, b.level+math.Max(0, res.tokens-float64(used)))
-		}
-	}
+	b.level = math.Min(b.capacity, b.level+res.tokens-float64(used))
 	r.mu.Unlock()
 	r.notify()
 }
@@ -596,14 +529,24 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 		limit, okL := headerNumber(h, "x-ratelimit-limit-"+kind)
 		inferred := false
 		if !okL {
-			// Azure OpenAI sends the minute's remaining counts and no
-			// limit: the limit is the configured one, else at least what
-			// remains plus what the answered request took from it, the
-			// most any answer has shown.
+			// Azure OpenAI sends remaining counts and no limit: the
+			// tokens of its minute, the requests of a window of 1 s or
+			// 10 s, which one it does not say. A window's requests are
+			// spread (perSecond), not mirrored over a minute; a
+			// configured RPM spreads them as it is.
 			remaining, okR := headerNumber(h, "x-ratelimit-remaining-"+kind)
 			if !okR {
 				continue
 			}
+			if k == kindRequests {
+				if ok && r.own[k] == nil {
+					r.windowRequests = math.Max(r.windowRequests, remaining+took)
+				}
+				continue
+			}
+			// The tokens limit is the configured one, else at least what
+			// remains plus what the answered request took from it, the
+			// most any answer has shown.
 			switch {
 			case r.own[k] != nil:
 				limit = r.own[k].capacity
@@ -652,18 +595,12 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			b.rateReading((limit-remaining)/reset.Seconds(), now)
 		}
 		if okR {
-			b.refill(now, r.inflight > 0)
-			before := b.proven
-			// The answer sets what is proven, and lowers the level to it;
-			// it never raises the level faster than the mirror's refill,
-			// so that a window's return, all at once at a fixed minute,
-			// is spent at the limit's pace rather than at once (which
-			// Azure's strict minute and LiteLLM's refuse at its end).
-			b.proven = math.Min(remaining, limit) - unseen[k]
-			b.level, b.last = math.Min(b.level, b.proven), now
+			b.refill(now)
+			before := b.level
+			b.level, b.last = math.Min(remaining, limit)-unseen[k], now
 			b.estimate(math.Min(remaining, limit), now)
-			// Waiters wake only for more room than was proven.
-			more = more || b.proven > before
+			// Waiters wake only for more room than they were promised.
+			more = more || b.level > before
 		}
 	}
 	if more {
