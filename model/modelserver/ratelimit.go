@@ -82,6 +82,12 @@ type bucket struct {
 	othersPerSec float64
 	estAt        time.Time
 	own          []sent // oldest first; tokens is the cost in the bucket's kind
+	// proven is a mirror's room the server's last answer showed: its
+	// remaining count, less what this process sent since; wholeAt is when
+	// that answer's reset said the limit would be whole again (zero
+	// without a reset header).
+	proven  float64
+	wholeAt time.Time
 
 	// readings are the refill rates the headers implied within the
 	// limit's span (rateReading), for a mirror whose server sends resets.
@@ -89,6 +95,29 @@ type bucket struct {
 	// inferred is a mirror of a limit the headers do not give (Azure's):
 	// its capacity is the most it has been shown to hold.
 	inferred bool
+}
+
+// floorWait is how long until no limit over a minute can hold this
+// process's sends of the minute, less need, against it: until enough of
+// them have left the limit's span (no limiter over a minute holds more
+// of one process's use than it sent in the minute). limitSpan when none
+// would do.
+func (b *bucket) floorWait(need float64, now time.Time) time.Duration {
+	allowed := b.capacity - b.othersPerSec*limitSpan.Seconds() - need
+	if allowed < 0 {
+		return limitSpan
+	}
+	sum := b.ownWithin(now)
+	for _, s := range b.own {
+		if sum <= allowed {
+			break
+		}
+		sum -= s.tokens
+		if sum <= allowed {
+			return s.at.Add(limitSpan).Sub(now)
+		}
+	}
+	return 0
 }
 
 // othersShare bounds the estimate of the others' consumption, so that a
@@ -99,11 +128,25 @@ func newBucket(perMinute float64, now time.Time, mirror bool) *bucket {
 	return &bucket{mirror: mirror, perSec: perMinute / 60, capacity: perMinute, level: perMinute, last: now}
 }
 
-func (b *bucket) refill(now time.Time) {
-	if dt := now.Sub(b.last); dt > 0 {
-		b.level = math.Min(b.capacity, b.level+dt.Seconds()*(b.perSec-b.othersPerSec))
-		b.last = now
+// refill brings a bucket's level to now, at its refill less the others'
+// share. While capped (an answer on its way, whose remaining count will
+// say more), a mirror refills no further than its proven room: a window
+// gives back only what leaves it, in lumps (a fixed one all at its
+// minute, which Azure's headers do not say), and a mirror that counted a
+// continuous refill between answers sent the request that a window's end
+// refused, about one a minute. With no answer on its way, the refill lets
+// a request go, whose answer says more.
+func (b *bucket) refill(now time.Time, capped bool) {
+	dt := now.Sub(b.last)
+	if dt <= 0 {
+		return
 	}
+	b.last = now
+	next := math.Min(b.capacity, b.level+dt.Seconds()*(b.perSec-b.othersPerSec))
+	if capped && b.mirror {
+		next = math.Min(next, b.proven)
+	}
+	b.level = math.Max(b.level, next)
 }
 
 // limitSpan is the span of the limits vramq follows, per minute: whatever
@@ -218,11 +261,14 @@ type rates struct {
 	// answered is whether the server has answered yet: until it has, its
 	// limits are unknown (learnedWithin).
 	answered bool
+	// inflight is the requests that took a reservation and have not
+	// settled it: answers on their way.
+	inflight int
 	// windowRequests is the most requests a window of unnamed length has
 	// been shown to hold (perSecond).
 	windowRequests float64
-	waits    *waits
-	log      *slog.Logger
+	waits          *waits
+	log            *slog.Logger
 }
 
 type sent struct {
@@ -270,6 +316,19 @@ const longPause = 10 * time.Second
 // more in any of its seconds.
 const paceSpan = time.Second + transit
 
+// answerRecheck is the longest a request waits for an answer on its way to
+// prove room for it before it looks again (an answer wakes it sooner);
+// probeAfter the longest one waits, with none on its way, for its own
+// sends to leave the minute before it goes to ask.
+const (
+	answerRecheck = time.Second
+	probeAfter    = 5 * time.Second
+)
+
+// loneShare is the share of a limit others may be estimated to use for a
+// process to count itself alone on it.
+const loneShare = 0.02
+
 // perSecond is the requests that may go within any paceSpan: a second's
 // share of the least requests limit, after the others' estimated use of
 // a mirror's, at least one; ok is false with no requests limit known. A
@@ -295,12 +354,14 @@ func (r *rates) perSecond() (n int, ok bool) {
 func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (reservation, error) {
 	cost := [2]float64{float64(tokens), 1}
 	var waited, longest time.Duration
+	var waitFrom time.Time // when this request began to wait, none on its way, for proof of room
 	held := ""
 	for {
 		r.mu.Lock()
 		now := time.Now()
 		var wait time.Duration
 		var which, label string
+		pending := false // the longest wait ends with an answer on its way
 		if n, ok := r.perSecond(); ok {
 			i := 0
 			for i < len(r.sends) && now.Sub(r.sends[i]) >= paceSpan {
@@ -328,19 +389,51 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					// and its answer's headers set the mirror again.
 					continue
 				}
-				b.refill(now)
+				b.refill(now, r.inflight > 0)
 				margin := 0.0
 				if b.mirror {
 					margin = math.Max(0, math.Min(r.margin(k), b.capacity-cost[k]))
 				}
-				if need := cost[k] + margin - b.level; need > 0 {
-					w := min(limitSpan, seconds(need/(b.perSec-b.othersPerSec)))
-					source := "configured_"
+				// With an answer on its way, a mirror sends only into room
+				// proven: its level may hold usage given back that the
+				// server has not confirmed (settle).
+				need := cost[k] + margin - b.level
+				if unconfirmed := b.mirror && r.inflight > 0 && b.proven < cost[k]+margin; need > 0 || unconfirmed {
+					w := min(limitSpan, seconds(max(0, need)/(b.perSec-b.othersPerSec)))
+					source, unproven := "configured_", false
 					if b.mirror {
 						w, source = r.waits.server(w, "x-ratelimit-"+kindNames[k], ""), "server_"
+						switch {
+						case b.proven >= cost[k]+margin:
+						case r.inflight > 0:
+							// Room an answer on its way may prove: it
+							// wakes this wait, which is no reason to give
+							// the batch back.
+							w, unproven = max(w, answerRecheck), true
+						case b.othersPerSec <= loneShare*b.perSec:
+							// None on its way: alone on the limit, this
+							// process waits for its own sends to leave the
+							// minute, which no limiter over a minute holds
+							// longer, or for the time the last answer said
+							// the limit would be whole again (a fixed
+							// minute's end), whichever comes first, but at
+							// most probeAfter: then one request goes, and
+							// its answer says more (a bucket refills
+							// continuously, which neither shows). Sent at
+							// once, a request met a window's end about
+							// once a minute.
+							if waitFrom.IsZero() {
+								waitFrom = now
+							}
+							fw := min(b.floorWait(cost[k]+margin, now), waitFrom.Add(probeAfter).Sub(now))
+							if !b.wholeAt.IsZero() {
+								fw = min(fw, b.wholeAt.Sub(now))
+							}
+							w = max(w, fw)
+						}
 					}
 					if w > wait {
-						wait, which, label = w, kindNames[k]+" per minute", source+kindNames[k]
+						wait, which, label, pending = w, kindNames[k]+" per minute", source+kindNames[k], unproven
 					}
 				}
 			}
@@ -355,12 +448,14 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					if b != nil {
 						b.level -= cost[k]
 						if b.mirror {
+							b.proven -= cost[k]
 							b.charge(cost[k], now)
 						}
 					}
 				}
 			}
 			r.recent = append(r.recent, sent{now, cost[kindTokens]})
+			r.inflight++
 			if r.typical == 0 {
 				r.typical = cost[kindTokens]
 			} else {
@@ -380,7 +475,7 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 			r.log.Info("requests wait for room under the rate limit", "limit", which, "wait", wait, "until", until,
 				"source", label)
 		}
-		if until.After(deadline) {
+		if until.After(deadline) && !pending {
 			return reservation{}, &fault.BackoffError{Until: until, Reason: "rate limit: " + which}
 		}
 		wait = r.waits.spread(wait)
@@ -447,7 +542,7 @@ func (r *rates) learnedWithin(d time.Duration, preAnswer float64) (tokens float6
 		if b == nil {
 			continue
 		}
-		b.refill(now)
+		b.refill(now, r.inflight > 0)
 		n := (b.perSec-b.othersPerSec)*d.Seconds() + math.Max(0, b.level-r.margin(k))
 		if k == kindRequests {
 			n *= r.typical
@@ -468,12 +563,16 @@ func (r *rates) margin(k int) float64 {
 // settle gives an own tokens bucket back what a request did not use: used
 // is its usage's total tokens, 0 for a request that generated nothing.
 func (r *rates) settle(res reservation, used int64) {
-	b := r.own[kindTokens]
-	if b == nil || res.tokens == 0 {
+	if res.at.IsZero() {
 		return
 	}
 	r.mu.Lock()
-	b.level = math.Min(b.capacity, b.level+res.tokens-float64(used))
+	r.inflight--
+	for _, b := range []*bucket{r.own[kindTokens], r.srv[kindTokens]} {
+		if b != nil {
+			b.level = math.Min(b.capacity, b.level+math.Max(0, res.tokens-float64(used)))
+		}
+	}
 	r.mu.Unlock()
 	r.notify()
 }
@@ -595,12 +694,22 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			b.rateReading((limit-remaining)/reset.Seconds(), now)
 		}
 		if okR {
-			b.refill(now)
-			before := b.level
-			b.level, b.last = math.Min(remaining, limit)-unseen[k], now
+			b.refill(now, r.inflight > 0)
+			before := b.proven
+			// The answer proves its remaining count, and lowers the level
+			// to it; it never raises the level faster than the mirror's
+			// refill, so that a window's return, all at once at a fixed
+			// minute, is spent at the limit's pace rather than at once,
+			// and three sharing it do not all take it.
+			b.proven = math.Min(remaining, limit) - unseen[k]
+			b.wholeAt = time.Time{}
+			if okT {
+				b.wholeAt = now.Add(reset)
+			}
+			b.level, b.last = math.Min(b.level, b.proven), now
 			b.estimate(math.Min(remaining, limit), now)
-			// Waiters wake only for more room than they were promised.
-			more = more || b.level > before
+			// Waiters wake only for more room than was proven.
+			more = more || b.proven > before
 		}
 	}
 	if more {

@@ -111,7 +111,7 @@ func TestOwnLimitsPaceAndRefund(t *testing.T) {
 		}
 		b := m.rates.own[kindTokens]
 		m.rates.mu.Lock()
-		b.refill(time.Now())
+		b.refill(time.Now(), false)
 		level := b.level
 		m.rates.mu.Unlock()
 		if level < 100000-3*20 {
