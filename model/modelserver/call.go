@@ -91,10 +91,12 @@ func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*o
 		m.count(row)
 		used := int64(0)
 		if row.action == actOK {
-			used = usageOf(a.body).TotalTokens
+			u := usageOf(a.body)
+			used = u.TotalTokens
 			if used == 0 {
 				used = int64(res.tokens) // no usage: keep the reservation
 			}
+			m.rates.charged(res, u.PromptTokens, c.floor)
 		}
 		m.rates.settle(res, used)
 		genOOM := row.action == actOOM && c.ep != embeddings

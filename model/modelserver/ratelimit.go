@@ -83,11 +83,8 @@ type bucket struct {
 	estAt        time.Time
 	own          []sent // oldest first; tokens is the cost in the bucket's kind
 	// proven is a mirror's room the server's last answer showed: its
-	// remaining count, less what this process sent since; wholeAt is when
-	// that answer's reset said the limit would be whole again (zero
-	// without a reset header).
-	proven  float64
-	wholeAt time.Time
+	// remaining count, less what this process sent since.
+	proven float64
 
 	// readings are the refill rates the headers implied within the
 	// limit's span (rateReading), for a mirror whose server sends resets.
@@ -97,27 +94,71 @@ type bucket struct {
 	inferred bool
 }
 
-// floorWait is how long until no limit over a minute can hold this
-// process's sends of the minute, less need, against it: until enough of
-// them have left the limit's span (no limiter over a minute holds more
-// of one process's use than it sent in the minute). limitSpan when none
-// would do.
-func (b *bucket) floorWait(need float64, now time.Time) time.Duration {
-	allowed := b.capacity - b.othersPerSec*limitSpan.Seconds() - need
-	if allowed < 0 {
+// A lone mirror (othersPerSec at most loneShare of its refill) counts its
+// room from this process's own sends: no limiter over a minute (a bucket
+// refilled at the limit a minute, a sliding or a fixed minute's window)
+// holds more of one process's use than it sent in the minute, so the
+// limit less all it sent within the span remains: its floor, exact for a
+// sliding window, the least a bucket or a fixed minute holds. Paced by
+// its floor, a lone process never sends more than the limit in any
+// minute, which no kind refuses: a sliding window's lumps are taken as
+// they come back, a fixed minute's return is not all taken at its start
+// (LiteLLM counts usage as answers come, and admitted the requests in
+// flight past its limit, then refused the minute's last), and Azure's
+// strict minute is never overrun. Each send counts what the server
+// charges once its answer says (charged), until then its reservation.
+const loneShare = 0.02
+
+func (b *bucket) lone() bool { return b.othersPerSec <= loneShare*b.perSec }
+
+// span is the limit's span as its refill shows it: a minute, or less for
+// a server whose minutes run faster (a test server's).
+func (b *bucket) span() time.Duration {
+	if b.perSec <= 0 {
 		return limitSpan
 	}
-	sum := b.ownWithin(now)
+	return min(limitSpan, seconds(b.capacity/b.perSec))
+}
+
+// floor is the limit less this process's sends within the span (the
+// server sees them a transit later, and lets them go a transit later).
+func (b *bucket) floor(now time.Time) float64 {
+	return b.capacity - b.ownWithin(now, b.span())
+}
+
+// floorWait is how long until the floor holds need: until enough of this
+// process's sends have left the span; the span when none would do.
+func (b *bucket) floorWait(need float64, now time.Time) time.Duration {
+	allowed := b.capacity - need
+	if allowed < 0 {
+		return b.span()
+	}
+	span := b.span()
+	sum := b.ownWithin(now, span)
 	for _, s := range b.own {
 		if sum <= allowed {
 			break
 		}
+		if now.Sub(s.at) >= span+transit {
+			continue
+		}
 		sum -= s.tokens
 		if sum <= allowed {
-			return s.at.Add(limitSpan).Sub(now)
+			return s.at.Add(span + transit).Sub(now)
 		}
 	}
 	return 0
+}
+
+// charged sets what the send seq is counted at, once its answer says
+// what the server charged (never more than its reservation).
+func (b *bucket) charged(seq uint64, tokens float64) {
+	for i := len(b.own) - 1; i >= 0; i-- {
+		if b.own[i].seq == seq {
+			b.own[i].tokens = math.Min(b.own[i].tokens, tokens)
+			return
+		}
+	}
 }
 
 // othersShare bounds the estimate of the others' consumption, so that a
@@ -128,16 +169,27 @@ func newBucket(perMinute float64, now time.Time, mirror bool) *bucket {
 	return &bucket{mirror: mirror, perSec: perMinute / 60, capacity: perMinute, level: perMinute, last: now}
 }
 
-// refill brings a bucket's level to now, at its refill less the others'
-// share. While capped (an answer on its way, whose remaining count will
-// say more), a mirror refills no further than its proven room: a window
-// gives back only what leaves it, in lumps (a fixed one all at its
-// minute, which Azure's headers do not say), and a mirror that counted a
+// refill brings a bucket's level to now: an own bucket's and a shared
+// mirror's at its refill (less the others' share), a lone mirror's to the
+// least of its floor and the room its server's last answer proved. While
+// capped (an answer on its way, whose remaining count will say more), a
+// shared mirror refills no further than its proven room: a window gives
+// back only what leaves it, in lumps, and a mirror that counted a
 // continuous refill between answers sent the request that a window's end
-// refused, about one a minute. With no answer on its way, the refill lets
-// a request go, whose answer says more.
+// refused, about one a minute.
 func (b *bucket) refill(now time.Time, capped bool) {
-	dt := now.Sub(b.last)
+	dt := max(0, now.Sub(b.last))
+	if b.mirror && b.lone() {
+		if !capped {
+			// With no answer on its way, the room proven is the last
+			// one's, older by dt: refilled as a bucket would be, it lets
+			// one request go to ask, where the server showed less than
+			// the floor (others' use not yet estimated).
+			b.proven = math.Min(b.capacity, b.proven+dt.Seconds()*b.perSec)
+		}
+		b.level, b.last = math.Min(b.proven, b.floor(now)), now
+		return
+	}
 	if dt <= 0 {
 		return
 	}
@@ -180,25 +232,28 @@ func (b *bucket) rateReading(perSec float64, now time.Time) {
 	for j > i && b.readings[j-1].tokens >= perSec {
 		j--
 	}
-	b.readings = append(b.readings[i:j], sent{now, perSec})
+	b.readings = append(b.readings[i:j], sent{now, perSec, 0})
 	b.perSec = math.Max(b.readings[0].tokens, b.capacity/limitSpan.Seconds())
 }
 
-// charge records this process's cost of a request sent at now (mirrors).
-func (b *bucket) charge(cost float64, now time.Time) {
-	b.own = append(b.own, sent{now, cost})
+// charge records this process's cost of a request sent at now, its
+// reservation seq (mirrors).
+func (b *bucket) charge(cost float64, now time.Time, seq uint64) {
+	b.own = append(b.own, sent{now, cost, seq})
 }
 
-// ownWithin is what this process sent within the limit's span.
-func (b *bucket) ownWithin(now time.Time) float64 {
+// ownWithin is what this process sent within span (and a transit) of now.
+func (b *bucket) ownWithin(now time.Time, span time.Duration) float64 {
 	i := 0
-	for i < len(b.own) && now.Sub(b.own[i].at) > limitSpan {
+	for i < len(b.own) && now.Sub(b.own[i].at) >= limitSpan+transit {
 		i++
 	}
 	b.own = append(b.own[:0], b.own[i:]...)
 	sum := 0.0
 	for _, s := range b.own {
-		sum += s.tokens
+		if now.Sub(s.at) < span+transit {
+			sum += s.tokens
+		}
 	}
 	return sum
 }
@@ -227,7 +282,7 @@ func (b *bucket) estimate(level float64, now time.Time) {
 	case now.Sub(b.estAt) < time.Second:
 		return
 	}
-	others := math.Max(0, b.capacity-level-b.ownWithin(now)) / limitSpan.Seconds()
+	others := math.Max(0, b.capacity-level-b.ownWithin(now, limitSpan)) / limitSpan.Seconds()
 	b.othersPerSec = math.Min(othersShare*b.perSec, 0.7*b.othersPerSec+0.3*others)
 	b.estAt = now
 }
@@ -264,6 +319,7 @@ type rates struct {
 	// inflight is the requests that took a reservation and have not
 	// settled it: answers on their way.
 	inflight int
+	seq      uint64 // of the last reservation
 	// windowRequests is the most requests a window of unnamed length has
 	// been shown to hold (perSecond).
 	windowRequests float64
@@ -274,6 +330,7 @@ type rates struct {
 type sent struct {
 	at     time.Time
 	tokens float64
+	seq    uint64 // the reservation's (mirrors' own sends)
 }
 
 func newRates(tpm, rpm int, now time.Time, w *waits) *rates {
@@ -297,6 +354,7 @@ func newRates(tpm, rpm int, now time.Time, w *waits) *rates {
 type reservation struct {
 	tokens float64
 	at     time.Time // when it was taken: the request's entry in rates.recent
+	seq    uint64    // which one: several may be taken at one instant
 }
 
 // Pauses this process imposes on itself, by its own reckoning of a limit
@@ -317,17 +375,8 @@ const longPause = 10 * time.Second
 const paceSpan = time.Second + transit
 
 // answerRecheck is the longest a request waits for an answer on its way to
-// prove room for it before it looks again (an answer wakes it sooner);
-// probeAfter the longest one waits, with none on its way, for its own
-// sends to leave the minute before it goes to ask.
-const (
-	answerRecheck = time.Second
-	probeAfter    = 5 * time.Second
-)
-
-// loneShare is the share of a limit others may be estimated to use for a
-// process to count itself alone on it.
-const loneShare = 0.02
+// prove room for it before it looks again (an answer wakes it sooner).
+const answerRecheck = time.Second
 
 // perSecond is the requests that may go within any paceSpan: a second's
 // share of the least requests limit, after the others' estimated use of
@@ -354,7 +403,6 @@ func (r *rates) perSecond() (n int, ok bool) {
 func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (reservation, error) {
 	cost := [2]float64{float64(tokens), 1}
 	var waited, longest time.Duration
-	var waitFrom time.Time // when this request began to wait, none on its way, for proof of room
 	held := ""
 	for {
 		r.mu.Lock()
@@ -391,46 +439,30 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 				}
 				b.refill(now, r.inflight > 0)
 				margin := 0.0
-				if b.mirror {
+				if b.mirror && !b.lone() {
+					// Alone, its floor and the proven room are exact or err
+					// low: no margin for others' sends between answers.
 					margin = math.Max(0, math.Min(r.margin(k), b.capacity-cost[k]))
 				}
-				// With an answer on its way, a mirror sends only into room
-				// proven: its level may hold usage given back that the
-				// server has not confirmed (settle).
+				// With an answer on its way, a shared mirror sends only into
+				// room proven.
 				need := cost[k] + margin - b.level
-				if unconfirmed := b.mirror && r.inflight > 0 && b.proven < cost[k]+margin; need > 0 || unconfirmed {
+				if unconfirmed := b.mirror && !b.lone() && r.inflight > 0 && b.proven < cost[k]+margin; need > 0 || unconfirmed {
 					w := min(limitSpan, seconds(max(0, need)/(b.perSec-b.othersPerSec)))
 					source, unproven := "configured_", false
 					if b.mirror {
-						w, source = r.waits.server(w, "x-ratelimit-"+kindNames[k], ""), "server_"
+						source = "server_"
 						switch {
-						case b.proven >= cost[k]+margin:
+						case b.lone() && b.floor(now) < cost[k]+margin:
+							// Until its own sends leave the span.
+							w = b.floorWait(cost[k]+margin, now)
 						case r.inflight > 0:
 							// Room an answer on its way may prove: it
 							// wakes this wait, which is no reason to give
 							// the batch back.
-							w, unproven = max(w, answerRecheck), true
-						case b.othersPerSec <= loneShare*b.perSec:
-							// None on its way: alone on the limit, this
-							// process waits for its own sends to leave the
-							// minute, which no limiter over a minute holds
-							// longer, or for the time the last answer said
-							// the limit would be whole again (a fixed
-							// minute's end), whichever comes first, but at
-							// most probeAfter: then one request goes, and
-							// its answer says more (a bucket refills
-							// continuously, which neither shows). Sent at
-							// once, a request met a window's end about
-							// once a minute.
-							if waitFrom.IsZero() {
-								waitFrom = now
-							}
-							fw := min(b.floorWait(cost[k]+margin, now), waitFrom.Add(probeAfter).Sub(now))
-							if !b.wholeAt.IsZero() {
-								fw = min(fw, b.wholeAt.Sub(now))
-							}
-							w = max(w, fw)
+							w, unproven = answerRecheck, true
 						}
+						w = r.waits.server(w, "x-ratelimit-"+kindNames[k], "")
 					}
 					if w > wait {
 						wait, which, label, pending = w, kindNames[k]+" per minute", source+kindNames[k], unproven
@@ -439,6 +471,7 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 			}
 		}
 		if wait <= 0 {
+			r.seq++
 			if held != "" {
 				r.paused.WithLabelValues(held).Observe(waited.Seconds())
 			}
@@ -449,12 +482,12 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 						b.level -= cost[k]
 						if b.mirror {
 							b.proven -= cost[k]
-							b.charge(cost[k], now)
+							b.charge(cost[k], now, r.seq)
 						}
 					}
 				}
 			}
-			r.recent = append(r.recent, sent{now, cost[kindTokens]})
+			r.recent = append(r.recent, sent{now, cost[kindTokens], r.seq})
 			r.inflight++
 			if r.typical == 0 {
 				r.typical = cost[kindTokens]
@@ -462,7 +495,7 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 				r.typical += 0.1 * (cost[kindTokens] - r.typical)
 			}
 			r.mu.Unlock()
-			return reservation{tokens: cost[kindTokens], at: now}, nil
+			return reservation{tokens: cost[kindTokens], at: now, seq: r.seq}, nil
 		}
 		ch := r.changed
 		until := now.Add(wait)
@@ -568,13 +601,28 @@ func (r *rates) settle(res reservation, used int64) {
 	}
 	r.mu.Lock()
 	r.inflight--
-	for _, b := range []*bucket{r.own[kindTokens], r.srv[kindTokens]} {
-		if b != nil {
-			b.level = math.Min(b.capacity, b.level+math.Max(0, res.tokens-float64(used)))
-		}
+	if b := r.own[kindTokens]; b != nil {
+		b.level = math.Min(b.capacity, b.level+math.Max(0, res.tokens-float64(used)))
 	}
 	r.mu.Unlock()
 	r.notify()
+}
+
+// charged records what an answered request was charged by a limiter that
+// charges at arrival: its usage's prompt tokens plus floor, the request's
+// certain part (call.floor: max output × choices, and the prompt tokens
+// counted exactly, counted twice here, which errs high), never more than
+// its reservation. A limiter that counts usage charges less. The floor of
+// a lone mirror (bucket.floor) counts it so from now on.
+func (r *rates) charged(res reservation, promptTokens, floor int64) {
+	if res.at.IsZero() || promptTokens <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b := r.srv[kindTokens]; b != nil {
+		b.charged(res.seq, float64(promptTokens+floor))
+	}
 }
 
 // limited records a 429 of the server's rate limiter: the mirrors keep a
@@ -696,17 +744,10 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 		if okR {
 			b.refill(now, r.inflight > 0)
 			before := b.proven
-			// The answer proves its remaining count, and lowers the level
-			// to it; it never raises the level faster than the mirror's
-			// refill, so that a window's return, all at once at a fixed
-			// minute, is spent at the limit's pace rather than at once,
-			// and three sharing it do not all take it.
+			// The answer proves its remaining count (a lone mirror's level
+			// is also bounded by its floor: refill).
 			b.proven = math.Min(remaining, limit) - unseen[k]
-			b.wholeAt = time.Time{}
-			if okT {
-				b.wholeAt = now.Add(reset)
-			}
-			b.level, b.last = math.Min(b.level, b.proven), now
+			b.level, b.last = b.proven, now
 			b.estimate(math.Min(remaining, limit), now)
 			// Waiters wake only for more room than was proven.
 			more = more || b.proven > before

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -231,8 +232,14 @@ func TestOneModelAgainstAzure(t *testing.T) {
 // Issue 33, Build item 2: LiteLLM's fixed minute (tokens counted from
 // usage, a request admitted while the count is below the limit) with at
 // most 1% 429s after the first minute.
+//
+// A lone subscriber counts each request at what a limiter charging at
+// arrival takes (prompt + max_tokens), which LiteLLM's usage falls short
+// of by the output not generated: here outputs are max_tokens less 4.
 func TestOneModelAgainstAFixedWindow(t *testing.T) {
-	oneModelAgainst(t, fakeoai.RateLimits{TPM: 40000, RPM: 2000, Kind: fakeoai.LimitFixedWindow}, false, 0.95)
+	oneModelSends(t, fakeoai.RateLimits{TPM: 40000, RPM: 2000, Kind: fakeoai.LimitFixedWindow}, false, 0.9, func(w, i int) job.Item {
+		return chatItem(fmt.Sprintf("w%di%d", w, i), fmt.Sprintf("[[len=60]] tell me about %d and %d", w, i), 64)
+	})
 }
 
 // oneModelAgainst runs 16 callers of one Model against a server of limits
@@ -240,6 +247,37 @@ func TestOneModelAgainstAFixedWindow(t *testing.T) {
 // least least of the binding limit used in every minute after the first
 // (none asked for 0), with at most 1% 429s.
 func oneModelAgainst(t *testing.T, limits fakeoai.RateLimits, configured bool, least float64) {
+	oneModelSends(t, limits, configured, least, func(w, i int) job.Item {
+		return chatItem(fmt.Sprintf("w%di%d", w, i), fmt.Sprintf("tell me about %d and %d", w, i), 64)
+	})
+}
+
+// Issue 33: the benchmark's requests (prompts of 50 to 2,000 tokens,
+// max_tokens 16 to 512, outputs 40 to 100% of it) pass about 47 a minute
+// under 60,000 TPM, so one refused request a minute is 2% of them: a
+// lone subscriber that sent into a window's end once a minute (its refill
+// counted between answers, where a window gives nothing back) met that
+// against every window kind. Now none, learned or configured.
+func TestOneModelAgainstEachWindowLargeRequests(t *testing.T) {
+	for _, kind := range []fakeoai.LimitKind{fakeoai.LimitSlidingWindow, fakeoai.LimitFixedWindow, fakeoai.LimitAzure} {
+		for _, configured := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s,configured=%v", kind, configured), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(33, uint64(len(kind))))
+				var mu sync.Mutex
+				oneModelSends(t, fakeoai.RateLimits{TPM: 60000, RPM: 600, Kind: kind}, configured, 0.9, func(w, i int) job.Item {
+					mu.Lock()
+					prompt, maxTokens := 50+rng.IntN(1951), 16+rng.IntN(497)
+					out := max(1, int(float64(maxTokens)*(0.4+0.6*rng.Float64())))
+					mu.Unlock()
+					return chatItem(fmt.Sprintf("w%di%d", w, i), fmt.Sprintf("[[len=%d]] w%di%d%s", out, w, i, strings.Repeat(" w", prompt-10)), maxTokens)
+				})
+			})
+		}
+	}
+}
+
+// oneModelSends is oneModelAgainst with the items of item(caller, i).
+func oneModelSends(t *testing.T, limits fakeoai.RateLimits, configured bool, least float64, item func(w, i int) job.Item) {
 	const minutes = 6
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{
@@ -257,8 +295,7 @@ func oneModelAgainst(t *testing.T, limits fakeoai.RateLimits, configured bool, l
 		for w := range 16 {
 			wg.Go(func() {
 				for i := 0; s.Now().Before(end); i++ {
-					item := chatItem(fmt.Sprintf("w%di%d", w, i), fmt.Sprintf("tell me about %d and %d", w, i), 64)
-					_, err := m.Run(context.Background(), []job.Item{item})
+					_, err := m.Run(context.Background(), []job.Item{item(w, i)})
 					if until, ok := fault.BackoffUntil(err); ok {
 						time.Sleep(time.Until(until))
 						continue
@@ -330,8 +367,8 @@ func TestOthersWeighedOverTheMinute(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	b := newBucket(60000, now, true)
 	b.estimate(60000, now) // the first reading
-	b.charge(25000, now.Add(10*time.Second))
-	b.charge(25000, now.Add(20*time.Second))
+	b.charge(25000, now.Add(10*time.Second), 1)
+	b.charge(25000, now.Add(20*time.Second), 2)
 	b.perSec = 20000 // (limit − remaining) / reset with a reset of seconds
 	b.estimate(8000, now.Add(30*time.Second))
 	// Deficit 52,000, of which this process sent 50,000: 2,000 a minute
