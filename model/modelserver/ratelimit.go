@@ -17,34 +17,43 @@ import (
 	"github.com/vramq/vramq/job/fault"
 )
 
-// Rate limits: tokens and requests per minute, each a bucket refilled
-// continuously, as OpenAI's limiter behaves (its x-ratelimit-reset is the
-// time until the bucket is full again, used × window / limit). There are
+// Rate limits: tokens and requests per minute. Providers count them
+// differently (OpenAI and Anthropic a bucket refilled continuously, LiteLLM
+// and most gateways a fixed or sliding minute, Azure OpenAI a minute for
+// tokens and windows of 1 s or 10 s for requests), and the headers do not
+// say which; what holds for every kind is that no limiter over a minute
+// holds more of one process's use than it sent in the minute. There are
 // two kinds of bucket, and a request waits until every one has room:
 //
-//   - own buckets, for the limits configured here (Config.TPM, RPM): a
-//     request takes its reservation (prompt estimate + max output × n)
-//     before it is sent, and gets back what its usage shows it did not use;
-//   - mirrors of the server's buckets, made from the first answer that
-//     carries x-ratelimit-limit-*, and set to the server's remaining count
-//     at every answer after. Several subscribers on one endpoint see each
-//     other only there, so they converge through the server's headers
-//     alone. The server charges max_tokens up front and never refunds, so
-//     a mirror is not refunded either: the next answer's remaining count is
-//     the truth.
+//   - own buckets, for the limits configured here (Config.TPM, RPM),
+//     refilled continuously: a request takes its reservation (prompt
+//     estimate + max output × n) before it is sent, and gets back what its
+//     usage shows it did not use;
+//   - mirrors of the server's limits, made from the first answer that
+//     carries x-ratelimit-limit-* (or, as Azure's, a remaining count
+//     alone: its limit inferred), and set to the server's remaining count
+//     at every answer after (bucket.proven). Several subscribers on one
+//     endpoint see each other only there, so they converge through the
+//     server's headers alone. A mirror is not refunded: the next answer's
+//     remaining count says what the server charged.
 //
-// A mirror's refill rate is (limit − remaining) / reset: the rate the
-// server refills at in this process's time, whatever the window's length
-// (a test server running its minutes faster included). Between two answers
-// a mirror cannot see other subscribers' requests, so it keeps a margin
-// unspent: marginK times the typical request's cost. A 429 from the limiter
-// raises marginK, a run of clean answers lowers it back.
+// Between answers a mirror counts room in one of two ways. Alone on its
+// limit (no evidence of others: bucket.lone), it counts the limit less all
+// it sent within the minute (bucket.floor), each send at what the server
+// charged once answered, bounded by the room the last answer proved: it
+// never has more than the limit in any minute, which no kind refuses, and
+// it takes a sliding window's lumps as they come back. With others on it,
+// it refills at the rate the others leave (their consumption is what the
+// server counts as taken beyond all this process sent within the minute,
+// bucket.estimate), no further than the last answer proved while another
+// answer is on its way, and keeps a margin unspent: marginK times the
+// typical request's cost, which a 429 from the limiter raises and a run of
+// clean answers lowers back. Three subscribers that each saw the whole
+// refill would wake together at every refill and collide; each seeing its
+// share, they pace.
 //
-// Between two answers a mirror also refills only at the rate the other
-// subscribers leave: their consumption is what the server counts as taken
-// beyond all this process sent within the limit's span (bucket.estimate),
-// averaged. Three subscribers that each saw the whole refill would wake
-// together at every refill and collide; each seeing its share, they pace.
+// Requests are spread besides: at most a second's share of the RPM in any
+// second (perSecond), as Azure evaluates them.
 //
 // An answer's remaining count cannot include what this process sent while
 // the answer was on its way back: the requests sent in the last transit
