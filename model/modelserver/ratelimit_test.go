@@ -385,13 +385,8 @@ func TestOthersWeighedOverTheMinute(t *testing.T) {
 func TestRefillIsTheMinutesLeastReading(t *testing.T) {
 	now := time.Now()
 	r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
-	h := http.Header{}
-	h.Set("x-ratelimit-limit-tokens", "60000")
-	h.Set("x-ratelimit-remaining-tokens", "59000")
-	h.Set("x-ratelimit-reset-tokens", "59s")
-	r.sync(h, now, true, 1000, time.Time{})
-	h.Set("x-ratelimit-remaining-tokens", "2000")
-	h.Set("x-ratelimit-reset-tokens", "2s")
+	r.sync(header("limit-tokens", "60000", "remaining-tokens", "59000", "reset-tokens", "59s"), now, true, 1000, time.Time{})
+	h := header("limit-tokens", "60000", "remaining-tokens", "2000", "reset-tokens", "2s")
 	r.sync(h, now.Add(57*time.Second), true, 1000, time.Time{})
 	if got := r.srv[kindTokens].perSec; got > 1001 {
 		t.Errorf("refill %.0f tokens a second two seconds before a fixed minute's end; want 1,000 (60,000 a minute)", got)
@@ -413,14 +408,9 @@ func TestRefillIsTheMinutesLeastReading(t *testing.T) {
 func TestLimitInferredFromRemaining(t *testing.T) {
 	now := time.Now()
 	r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
-	h := http.Header{}
-	h.Set("x-ratelimit-remaining-tokens", "58000")
-	h.Set("x-ratelimit-remaining-requests", "90")
-	r.sync(h, now, true, 1000, time.Time{})
-	h.Set("x-ratelimit-remaining-tokens", "59000")
-	h.Set("x-ratelimit-remaining-requests", "99")
-	r.sync(h, now.Add(time.Minute), true, 1000, time.Time{})
-	h.Set("x-ratelimit-remaining-tokens", "10000")
+	r.sync(header("remaining-tokens", "58000", "remaining-requests", "90"), now, true, 1000, time.Time{})
+	r.sync(header("remaining-tokens", "59000", "remaining-requests", "99"), now.Add(time.Minute), true, 1000, time.Time{})
+	h := header("remaining-tokens", "10000", "remaining-requests", "99")
 	r.sync(h, now.Add(time.Minute+30*time.Second), true, 1000, time.Time{})
 	tok, req := r.srv[kindTokens], r.srv[kindRequests]
 	if tok == nil || tok.capacity != 60000 || tok.level != 10000 || tok.perSec != 1000 {
@@ -486,4 +476,14 @@ func TestSelfPauseBoundedLoggedCounted(t *testing.T) {
 			t.Errorf("pauses counted: %d, %.1f s; want 1 of 30 s", n, sum)
 		}
 	})
+}
+
+// header is x-ratelimit-* headers from name, value pairs, the names
+// without the prefix.
+func header(kv ...string) http.Header {
+	h := http.Header{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		h.Set("x-ratelimit-"+kv[i], kv[i+1])
+	}
+	return h
 }
