@@ -243,3 +243,33 @@ func TestSetRateLimitsKind(t *testing.T) {
 		wantHeaders(t, res, map[string]string{"x-ratelimit-remaining-tokens": "40", "x-ratelimit-reset-tokens": "36s"})
 	})
 }
+
+// The ledger by second holds what the minutes hold, each in the second it
+// was admitted or answered: the most any 60 s held is read from it.
+func TestLedgerBySecond(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: fakeoai.RateLimits{RPM: 600, TPM: 100_000}})
+		defer s.Close()
+		for range 3 {
+			if res, got := post(t, s, "/v1/chat/completions", chatBody("[[len=4]] hi", 5)); res.StatusCode != http.StatusOK {
+				t.Fatalf("%d %s", res.StatusCode, got)
+			}
+			time.Sleep(1500 * time.Millisecond)
+		}
+		st := s.Stats()
+		var tokens, used int64
+		busy := 0
+		for _, sec := range st.Seconds {
+			tokens += sec.Tokens
+			used += sec.Used
+			if sec.Tokens > 0 {
+				busy++
+			}
+		}
+		m := st.Minutes[0]
+		if tokens != m.Tokens || used != m.PromptTokens+m.CompletionTokens || busy != 3 {
+			t.Errorf("seconds hold %d tokens, %d used, in %d seconds; want the minute's %d and %d, in 3", tokens, used, busy, m.Tokens,
+				m.PromptTokens+m.CompletionTokens)
+		}
+	})
+}
