@@ -213,3 +213,24 @@ func (e *itemEncoder) encode(it *job.Item) []byte {
 	}
 	return job.EncodeForSQS(b) // a new slice
 }
+
+// plannedItems is the request's items in the order they are cut into
+// chunks: as sent, or, with options.group_prefixes, the items that share a
+// prefix key (job.PrefixKey) together, so that a subscriber sends them to
+// the model server together and its prefix cache serves all but the first.
+// Their outputs then come back in that order; the order is the same every
+// time the job is planned, so an idempotent retry cuts it as before.
+func (r *JobRequest) plannedItems() []RequestItem {
+	if r.Options == nil || !r.Options.GroupPrefixes || r.Endpoint == "" {
+		return r.Items
+	}
+	keys := make([]string, len(r.Items))
+	for i, it := range r.Items {
+		keys[i] = job.PrefixKey(r.Endpoint, it.Body)
+	}
+	out := make([]RequestItem, len(r.Items))
+	for i, j := range job.PrefixOrder(keys) {
+		out[i] = r.Items[j]
+	}
+	return out
+}

@@ -97,7 +97,7 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	}
 	jobID := newJobID()
 	chunkItems := req.chunkItems(p.cfg.ChunkItems)
-	plan, e := p.planner.PlanFor(jobID, req.Endpoint, req.Items, chunkItems)
+	plan, e := p.planner.PlanFor(jobID, req.Endpoint, req.plannedItems(), chunkItems)
 	if e != nil {
 		fail(e)
 		return
@@ -138,7 +138,7 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 			// The first request failed or died: send the same job again,
 			// under its id, cut the same way.
 			rec.JobID, rec.CreatedAt = old.JobID, old.CreatedAt
-			if plan, e = p.planner.PlanFor(old.JobID, req.Endpoint, req.Items, chunkItems); e != nil {
+			if plan, e = p.planner.PlanFor(old.JobID, req.Endpoint, req.plannedItems(), chunkItems); e != nil {
 				fail(e)
 				return
 			}

@@ -42,6 +42,10 @@ type JobOptions struct {
 	// chunks spread a job over more subscribers; larger ones cost fewer
 	// messages.
 	ChunkItems int `json:"chunk_items,omitempty"`
+	// GroupPrefixes cuts the items of a job for a model server so that
+	// those sharing a prefix (job.PrefixKey) travel together; their
+	// outputs then come back grouped so (plannedItems).
+	GroupPrefixes bool `json:"group_prefixes,omitempty"`
 }
 
 // MaxItemIDBytes bounds an item id: the grammar's bound (job.CheckItemID),
@@ -127,7 +131,7 @@ func decodeError(err error) *APIError {
 // own fields, and so safe to name in an error.
 func knownField(f string) bool {
 	switch f {
-	case "", "endpoint", "items", "items.id", "items.text", "items.data", "items.body", "options", "options.chunk_items":
+	case "", "endpoint", "items", "items.id", "items.text", "items.data", "items.body", "options", "options.chunk_items", "options.group_prefixes":
 		return f != ""
 	}
 	return false

@@ -32,6 +32,7 @@ type modelServerOptions struct {
 	embedBatch, embedBatchTokens  int
 	maxServerWait                 time.Duration
 	allowRemoteURLs               bool
+	online                        modelserver.Online
 }
 
 const defaultAPIKeyEnv = "VRAMQ_MODEL_SERVER_API_KEY"
@@ -87,6 +88,18 @@ func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 		"most inputs of one embeddings request (TEI's max_client_batch_size); halved after a 413")
 	fs.IntVar(&o.embedBatchTokens, "model-server-embed-batch-tokens", modelserver.DefaultEmbedBatchTokens,
 		"most estimated tokens of one embeddings request (TEI's max_batch_tokens)")
+	fs.DurationVar(&o.online.Interval, "model-server-online-interval", 0,
+		"online-first mode: the server also serves traffic vramq does not send, and every interval the batch's requests in flight\n"+
+			"are halved when the server shows online requests waiting (or the TTFT or KV targets passed) and grown when not (docs/models.md); 0: off")
+	fs.IntVar(&o.online.TargetWaiting, "model-server-online-waiting", 0,
+		"online-first mode: requests that may wait in the server's queue at every reading of an interval before the batch gives way")
+	fs.DurationVar(&o.online.TargetTTFT, "model-server-online-ttft", 0,
+		"online-first mode: time-to-first-token p99 over an interval (vLLM's histogram) past which the batch gives way; 0: not followed")
+	fs.IntVar(&o.online.Headroom, "model-server-online-headroom", 0,
+		"online-first mode: the server's sequences kept free for online traffic to grow into; 0: 1/32 of -model-server-concurrency")
+	fs.IntVar(&o.online.Priority, "model-server-online-priority", 0,
+		"online-first mode: the vLLM priority every generation is sent with, replacing the body's own (lower goes first;\n"+
+			"the server needs --scheduling-policy priority); 0: none sent")
 }
 
 // config is the model server's configuration; the key is read from the
@@ -100,7 +113,7 @@ func (o *modelServerOptions) config(getenv func(string) string, log *slog.Logger
 		KVBytesPerToken: o.kvBytesPerToken, ModelConfig: o.modelConfig, KVBytesPerValue: o.kvBytesPerValue,
 		KVCacheTokens: o.kvCacheTokens, TokensInFlight: o.tokensInFlight, Tokenizer: o.tokenizer,
 		MaxOutputTokens: o.maxOutputTokens, MaxN: o.maxN, EmbedBatch: o.embedBatch, EmbedBatchTokens: o.embedBatchTokens,
-		MaxServerWait: o.maxServerWait, AllowRemoteURLs: o.allowRemoteURLs,
+		MaxServerWait: o.maxServerWait, AllowRemoteURLs: o.allowRemoteURLs, Online: o.online,
 		Logger: log,
 	}
 	if o.apiKeyFile == "" && o.apiKeyEnv != "" {

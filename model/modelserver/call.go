@@ -33,6 +33,7 @@ type call struct {
 	// sentAt is when its current try took its rate reservation (zero
 	// without one), for rates.sync.
 	sentAt time.Time
+	prefix string // job.PrefixKey of body, for prefixOrder
 }
 
 // outcome is an answer send settled on, with its row.
@@ -57,7 +58,12 @@ func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*o
 		if err != nil {
 			return nil, err
 		}
+		if err := m.order.wait(wait, c.prefix); err != nil {
+			m.gate.abandon(probe)
+			return nil, err
+		}
 		s, err := m.conc.acquire(wait)
+		m.order.pass()
 		if err != nil {
 			m.gate.abandon(probe)
 			return nil, err
@@ -79,7 +85,12 @@ func (m *Model) send(ctx, wait context.Context, c *call, deadline time.Time) (*o
 			continue
 		}
 		m.held.Add(c.kv)
+		m.order.sending(c.prefix)
+		m.online.sending()
+		sentAt := time.Now()
 		a := m.post(ctx, c)
+		m.online.took(time.Since(sentAt))
+		m.order.sent(c.prefix)
 		m.held.Add(-c.kv)
 		if a == nil {
 			m.rates.settle(res, 0)

@@ -35,6 +35,7 @@ type concurrency struct {
 	need      int
 	probeFrom int // the bound before the step being tried; 0: none
 	wake      chan struct{}
+	ceiling   int // online.go's bound below limit; 0: none
 }
 
 func newConcurrency(n int, log *slog.Logger) *concurrency {
@@ -50,7 +51,7 @@ type slot struct {
 func (c *concurrency) acquire(ctx context.Context) (slot, error) {
 	for {
 		c.mu.Lock()
-		if c.inflight < c.limit {
+		if c.inflight < c.limit && (c.ceiling == 0 || c.inflight < c.ceiling) {
 			c.inflight++
 			s := slot{epoch: c.epoch, full: c.inflight == c.limit}
 			c.mu.Unlock()
@@ -62,6 +63,16 @@ func (c *concurrency) acquire(ctx context.Context) (slot, error) {
 			return slot{}, err
 		}
 	}
+}
+
+// setCeiling bounds the requests in flight to n as well (online-first
+// mode); 0 lifts it.
+func (c *concurrency) setCeiling(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ceiling = n
+	close(c.wake)
+	c.wake = make(chan struct{})
 }
 
 // release ends s: overloaded when its answer said the server had too many

@@ -129,6 +129,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer, when set, gets the backend's metrics.
 	Registerer prometheus.Registerer
+
+	// Online, with an Interval, is online-first mode (online.go).
+	Online Online
 }
 
 // Defaults.
@@ -243,6 +246,9 @@ func (c Config) Validate() error {
 	}
 	if c.TPM > 0 && int64(c.MaxOutputTokens) > int64(c.TPM) {
 		bad("max output tokens %d above the TPM limit %d: such a request could never be sent", c.MaxOutputTokens, c.TPM)
+	}
+	if err := c.Online.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -272,26 +272,9 @@ type metricsSnap struct {
 // the engines a server runs, and the preemptions, summed over them.
 func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	var s metricsSnap
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.base+"/metrics", nil)
+	fams, err := m.scrape(ctx)
 	if err != nil {
 		return s, err
-	}
-	if m.auth != "" {
-		req.Header.Set("Authorization", m.auth)
-	}
-	resp, err := m.client.Do(req)
-	if err != nil {
-		return s, fmt.Errorf("GET /metrics: %w", clipErr(err))
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return s, fmt.Errorf("GET /metrics: %s", clip(resp.Status, maxServerString))
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		// The parser's error quotes the line it stopped at.
-		return s, fmt.Errorf("GET /metrics: %s", clip(err.Error(), maxServerMessage))
 	}
 	for _, mt := range family(fams, "vllm:cache_config_info") {
 		for _, l := range mt.GetLabel() {
@@ -340,6 +323,33 @@ func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	}
 	s.usage = math.Min(1, math.Max(0, s.usage))
 	return s, nil
+}
+
+// scrape reads the server's GET /metrics, for the KV cache (readMetrics)
+// and online-first mode (online.go).
+func (m *Model) scrape(ctx context.Context) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.base+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	if m.auth != "" {
+		req.Header.Set("Authorization", m.auth)
+	}
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET /metrics: %w", clipErr(err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: %s", clip(resp.Status, maxServerString))
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		// The parser's error quotes the line it stopped at.
+		return nil, fmt.Errorf("GET /metrics: %s", clip(err.Error(), maxServerMessage))
+	}
+	return fams, nil
 }
 
 func family(fams map[string]*dto.MetricFamily, name string) []*dto.Metric {

@@ -43,6 +43,9 @@ type Model struct {
 	rates   *rates
 	conc    *concurrency
 	gate    *gate
+	order   *prefixOrder
+	online  *online // nil: online-first mode off
+	stop    context.CancelFunc
 	dev     *Device
 	held    atomic.Int64 // device bytes of the requests in flight
 	costs   recentCosts  // of the last messages costed, for Device.MemInfo's floor
@@ -80,9 +83,10 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	u, _ := url.Parse(cfg.BaseURL)
 	u.Path = strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v1")
 	w := newWaits(cfg.MaxServerWait, cfg.Logger)
+	order := newPrefixOrder()
 	rates := newRates(cfg.TPM, cfg.RPM, time.Now(), w)
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{w.capped, rates.paused} {
+		for _, c := range []prometheus.Collector{w.capped, order.groups, order.warm, rates.paused} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
 			}
@@ -98,9 +102,18 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 		rates:   rates,
 		conc:    newConcurrency(cfg.MaxConcurrency, cfg.Logger),
 		gate:    newGate(w),
+		order:   order,
 		answers: map[string]int64{},
 		limits: job.RequestLimits{Models: cfg.Models, MaxN: cfg.MaxN, MaxOutputTokens: cfg.MaxOutputTokens,
 			AllowRemoteURLs: cfg.AllowRemoteURLs},
+	}
+	m.online = newOnline(cfg.Online, cfg.MaxConcurrency, m.conc)
+	if m.online != nil && cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{m.online.bound, m.online.givenWays} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
+			}
+		}
 	}
 	m.embedCap.Store(int64(cfg.EmbedBatch))
 	if cfg.APIKey != "" {
@@ -150,6 +163,9 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 		d.capacity = cfg.TokensInFlight * m.unit
 	}
 	m.dev = d
+	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
+	m.stop = stop
+	go m.online.run(bg, m)
 	m.log.Info("model server ready", "config", cfg, "kv_bytes_per_token", kvPerToken, "kv_cache_tokens", kvTokens,
 		"kv_followed", d.live, "capacity", d.capacity, "exact_tokens", wp != nil)
 	return m, d, nil
@@ -245,8 +261,11 @@ func (m *Model) Name() string { return m.name }
 // Weights is 0: the server holds the weights, outside the budget.
 func (m *Model) Weights() int64 { return 0 }
 
-// Close lets go of idle connections.
+// Close stops online-first mode's readings and lets go of idle connections.
 func (m *Model) Close() error {
+	if m.stop != nil {
+		m.stop()
+	}
 	m.client.CloseIdleConnections()
 	return nil
 }
@@ -369,8 +388,8 @@ func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.It
 // waits for a turn under wait (see group).
 func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error {
 	seq := m.outputs.start(r.kind())
-	o, err := m.send(ctx, wait, &call{ep: r.ep, body: r.body, tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
-		kv: m.kvTokens(r) * m.unit, most: run.room()}, run.deadline)
+	o, err := m.send(ctx, wait, &call{ep: r.ep, body: m.online.mark(r.body), tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
+		kv: m.kvTokens(r) * m.unit, most: run.room(), prefix: job.PrefixKey(r.ep.path(), r.body)}, run.deadline)
 	if err != nil {
 		m.outputs.done(r.kind(), seq, 0, 0)
 		return m.itemErr(err, &run.outs[r.idx])

@@ -71,6 +71,22 @@ type Config struct {
 	// MaxNumSeqs, which never preempts. It must hold one sequence of
 	// MaxModelLen, as vLLM refuses to start otherwise.
 	NumGPUBlocks int
+	// PrefixCaching is vLLM's --enable-prefix-caching: a prompt's leading
+	// blocks already cached are not computed again (prefixcache.go).
+	PrefixCaching bool
+	// MaxNumBatchedTokens is vLLM's max_num_batched_tokens with chunked
+	// prefill: the tokens one step computes, a generated token counting
+	// one and a prompt its uncached tokens, so a long prompt takes steps
+	// of its own. 0 computes any prompt in one step.
+	MaxNumBatchedTokens int
+	// PriorityScheduling is vLLM's --scheduling-policy priority: the
+	// waiting queue is ordered by each request's "priority" (lower first,
+	// then by arrival); a running sequence is never preempted for a
+	// waiting one, as vLLM's V1 engine does not.
+	PriorityScheduling bool
+	// StepTokenCost is what each token a step computes adds to its
+	// TokenLatency: the more a step holds, the longer it takes.
+	StepTokenCost time.Duration
 	// NoMetrics serves no vLLM metrics (GET /metrics is 404), as a server
 	// whose fullness nothing tells: TGI's and TEI's metrics have none of
 	// vLLM's names, and Ollama and OpenAI serve none.
@@ -175,8 +191,8 @@ func (c Config) Validate() error {
 	if !(c.Speed > 0) {
 		bad("speed %v: want positive", c.Speed)
 	}
-	if c.TokenLatency < 0 {
-		bad("token latency %v: want 0 or more", c.TokenLatency)
+	if c.TokenLatency < 0 || c.StepTokenCost < 0 {
+		bad("token latency %v, step token cost %v: want 0 or more", c.TokenLatency, c.StepTokenCost)
 	}
 	if err := c.Limits.validate(); err != nil {
 		errs = append(errs, err)
@@ -191,7 +207,8 @@ func (c Config) Validate() error {
 		}
 	}
 	for name, v := range map[string]int{"max client batch": c.MaxClientBatch,
-		"max queued requests": c.MaxQueuedRequests, "max concurrent requests": c.MaxConcurrentRequests} {
+		"max queued requests": c.MaxQueuedRequests, "max concurrent requests": c.MaxConcurrentRequests,
+		"max num batched tokens": c.MaxNumBatchedTokens} {
 		if v < 0 {
 			bad("%s %d: want 0 or more", name, v)
 		}

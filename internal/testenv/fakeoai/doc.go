@@ -34,7 +34,9 @@
 //   - vLLM: docs/usage/metrics.md (https://docs.vllm.ai/en/stable/usage/metrics/)
 //     for vllm:num_requests_running, vllm:num_requests_waiting,
 //     vllm:kv_cache_usage_perc, vllm:num_preemptions_total,
-//     vllm:cache_config_info; docs/configuration/optimization.md
+//     vllm:cache_config_info, vllm:prefix_cache_queries and
+//     vllm:prefix_cache_hits (counters, in tokens); prefixcache.go cites
+//     the prefix cache's design; docs/configuration/optimization.md
 //     (https://docs.vllm.ai/en/stable/configuration/optimization/) for
 //     preemption by recomputation when KV blocks run out; the V1 scheduler
 //     (vllm/v1/core/sched/scheduler.py) for its order: running requests first,

@@ -23,6 +23,7 @@ type work struct {
 	maxTokens int     // per choice; 0 for embeddings
 	n         int
 	bestOf    int // completions' best_of, which Azure's estimate counts
+	priority  int // vLLM's, for PriorityScheduling
 	dim       int
 	base64    bool
 }
@@ -241,15 +242,18 @@ func (s *Server) count(f func(*Stats)) {
 // jobs makes the sequences of wk: one per choice of each prompt, or one per
 // embedding input. s.mu is held.
 func (s *Server) jobs(wk *work) *group {
-	g := &group{}
+	g := &group{priority: wk.priority}
+	now := s.clock.now()
 	for _, in := range wk.inputs {
 		if wk.embeddings() {
-			g.jobs = append(g.jobs, &job{group: g, prompt: in.tokens})
+			g.jobs = append(g.jobs, &job{group: g, prompt: in.tokens, arrived: now})
 			continue
 		}
+		hashes := s.blockHashes(in.text, in.tokens)
 		for c := range wk.n {
 			natural := max(1, s.cfg.OutputTokens(in.text, c))
-			g.jobs = append(g.jobs, &job{group: g, prompt: in.tokens, natural: natural, length: min(wk.maxTokens, natural)})
+			g.jobs = append(g.jobs, &job{group: g, prompt: in.tokens, natural: natural, length: min(wk.maxTokens, natural), hashes: hashes,
+				arrived: now})
 		}
 	}
 	return g
@@ -329,7 +333,7 @@ func (s *Server) parse(path string, body []byte) (*work, *badRequest) {
 			msgs[i] = Message{Role: m.Role, Name: m.Name, Content: text}
 			texts[i] = text
 		}
-		wk.model, stream, n = req.Model, req.Stream, req.N
+		wk.model, stream, n, wk.priority = req.Model, req.Stream, req.N, req.Priority
 		wk.prompt = ChatPromptTokens(msgs)
 		wk.inputs = []input{{text: strings.Join(texts, "\n"), tokens: wk.prompt}}
 		maxTokens = req.MaxCompletionTokens
@@ -345,7 +349,7 @@ func (s *Server) parse(path string, body []byte) (*work, *badRequest) {
 		if err != nil {
 			return nil, invalid("prompt", "Invalid 'prompt': %v.", err)
 		}
-		wk.model, stream, n, wk.inputs = req.Model, req.Stream, req.N, in
+		wk.model, stream, n, wk.inputs, wk.priority = req.Model, req.Stream, req.N, in, req.Priority
 		if req.BestOf != nil {
 			wk.bestOf = *req.BestOf
 		}

@@ -14,6 +14,7 @@ import (
 type vllmMetrics struct {
 	s                                                   *Server
 	running, waiting, kvUsage, preemptions, prompt, gen *prometheus.Desc
+	prefixQueries, prefixHits                           *prometheus.Desc
 	cacheInfo                                           *prometheus.Desc
 }
 
@@ -28,16 +29,19 @@ func (s *Server) metricsHandler() http.Handler {
 		preemptions: d("vllm:num_preemptions_total", "Cumulative number of preemption from the engine."),
 		prompt:      d("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
 		gen:         d("vllm:generation_tokens_total", "Number of generation tokens processed."),
+		prefixQueries: d("vllm:prefix_cache_queries_total",
+			"Prefix cache queries, in terms of number of queried tokens."),
+		prefixHits: d("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
 		cacheInfo: prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
 			[]string{"block_size", "num_gpu_blocks"}, prometheus.Labels{"engine": "0"}),
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(m)
+	reg.MustRegister(m, s.ttft)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }
 
 func (m *vllmMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.running, m.waiting, m.kvUsage, m.preemptions, m.prompt, m.gen, m.cacheInfo} {
+	for _, d := range []*prometheus.Desc{m.running, m.waiting, m.kvUsage, m.preemptions, m.prompt, m.gen, m.prefixQueries, m.prefixHits, m.cacheInfo} {
 		ch <- d
 	}
 }
@@ -51,6 +55,7 @@ func (m *vllmMetrics) Collect(ch chan<- prometheus.Metric) {
 		usage = *s.kvUsage
 	}
 	pre, prompt, gen := s.stats.Preemptions, s.stats.PromptTokens, s.stats.CompletionTokens
+	queries, hits := s.stats.PrefixQueryTokens, s.stats.PrefixHitTokens
 	blocks, size := s.cfg.NumGPUBlocks, s.cfg.BlockSize
 	s.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(m.running, prometheus.GaugeValue, float64(running))
@@ -59,5 +64,7 @@ func (m *vllmMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.preemptions, prometheus.CounterValue, float64(pre))
 	ch <- prometheus.MustNewConstMetric(m.prompt, prometheus.CounterValue, float64(prompt))
 	ch <- prometheus.MustNewConstMetric(m.gen, prometheus.CounterValue, float64(gen))
+	ch <- prometheus.MustNewConstMetric(m.prefixQueries, prometheus.CounterValue, float64(queries))
+	ch <- prometheus.MustNewConstMetric(m.prefixHits, prometheus.CounterValue, float64(hits))
 	ch <- prometheus.MustNewConstMetric(m.cacheInfo, prometheus.GaugeValue, 1, strconv.Itoa(size), strconv.Itoa(blocks))
 }

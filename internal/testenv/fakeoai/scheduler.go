@@ -24,6 +24,13 @@ type job struct {
 	generated int
 	blocks    int
 	stepped   bool // ran at least one step (an embedding is done then)
+
+	hashes  []uint64 // of its prompt's full blocks, with prefix caching
+	shared  int      // leading blocks of blocks held in the prefix cache
+	prefill int      // prompt tokens still to compute before it generates
+
+	arrived  time.Time // server time it was queued
+	answered bool      // its first token is out (online.go's account)
 }
 
 // finishReason is "length" when max_tokens cut the choice short.
@@ -48,13 +55,17 @@ type group struct {
 	preemptions int
 	aborted     bool
 	done        chan struct{}
+	online      *online // the OnlineLoad it is of, answered to no one; nil: a client's
+	priority    int     // the request's, with PriorityScheduling
 }
 
 // enqueue puts g's sequences at the tail of the queue. s.mu is held.
 func (s *Server) enqueue(g *group) {
 	g.left = len(g.jobs)
 	g.done = make(chan struct{})
-	s.waiting = append(s.waiting, g.jobs...)
+	for _, j := range g.jobs {
+		s.queue(j)
+	}
 	s.inflight++
 	select {
 	case s.wake <- struct{}{}:
@@ -68,6 +79,8 @@ func (s *Server) schedule() {
 	for {
 		s.mu.Lock()
 		s.dropAborted()
+		now := s.clock.now()
+		s.topUpOnline(now)
 		if len(s.running) == 0 && len(s.waiting) == 0 {
 			s.mu.Unlock()
 			select {
@@ -77,8 +90,9 @@ func (s *Server) schedule() {
 				return
 			}
 		}
-		s.step()
-		latency := s.cfg.TokenLatency
+		tokens := s.step()
+		latency := s.cfg.TokenLatency + time.Duration(tokens)*s.cfg.StepTokenCost
+		s.account(now, latency)
 		s.mu.Unlock()
 
 		if !s.clock.sleep(latency, s.quit) {
@@ -92,23 +106,31 @@ func (s *Server) schedule() {
 }
 
 // step allocates and generates one step's tokens. s.mu is held.
-func (s *Server) step() {
-	now := s.clock.now()
+//
+// A step computes at most Config.MaxNumBatchedTokens tokens, as vLLM's
+// chunked prefill does: a token for each running sequence that generates,
+// then the prompts of those still in prefill, oldest first, then new ones.
+// It returns the tokens it computed.
+func (s *Server) step() int {
+	budget := s.cfg.MaxNumBatchedTokens
+	if budget == 0 {
+		budget = int(^uint(0) >> 1)
+	}
+	start := budget
 	preempted := false
 	for i := 0; i < len(s.running); i++ {
 		j := s.running[i]
-		if j.done() {
+		if j.done() || j.prefill > 0 {
 			continue
 		}
 		need := blocksFor(j.prompt+j.generated+1, s.cfg.BlockSize) - j.blocks
 		for need > s.free() {
 			victim := s.running[len(s.running)-1]
 			s.running = s.running[:len(s.running)-1]
-			s.setUsed(now, s.used-victim.blocks)
-			victim.blocks = 0
+			s.release(victim)
 			victim.group.preemptions++
 			s.stats.Preemptions++
-			s.waiting = slices.Insert(s.waiting, 0, victim)
+			s.waiting = slices.Insert(s.waiting, 0, victim) // first again, whatever its priority
 			preempted = true
 			if victim == j {
 				break
@@ -117,44 +139,75 @@ func (s *Server) step() {
 		if i >= len(s.running) { // j itself was preempted
 			break
 		}
-		s.setUsed(now, s.used+need)
+		s.grow(need)
 		j.blocks += need
 		j.generated++
+		budget--
 	}
-	for !preempted && len(s.waiting) > 0 && len(s.running) < s.cfg.MaxNumSeqs {
+	for _, j := range s.running {
+		if j.prefill > 0 && budget > 0 {
+			budget -= s.prefill(j, budget)
+		}
+	}
+	for !preempted && budget > 0 && len(s.waiting) > 0 && len(s.running) < s.cfg.MaxNumSeqs {
 		j := s.waiting[0]
 		need := 0
 		if j.length > 0 {
 			need = blocksFor(j.prompt+j.generated+1, s.cfg.BlockSize)
 		}
-		if need > s.free() {
+		hit, idle := s.hits(j)
+		hit = min(hit, need)
+		if need-hit+min(idle, hit) > s.free() {
 			break
 		}
 		s.waiting = s.waiting[1:]
 		s.running = append(s.running, j)
-		s.setUsed(now, s.used+need)
-		j.blocks = need
-		if j.length > 0 {
-			j.generated++
-		}
+		s.attach(j, need)
+		budget -= s.prefill(j, budget)
 	}
 	for _, j := range s.running {
-		j.stepped = true
+		if j.prefill == 0 {
+			j.stepped = true
+		}
 	}
 	s.stats.MaxRunning = max(s.stats.MaxRunning, len(s.running))
+	return start - budget
+}
+
+// prefill computes up to budget tokens of j's prompt and returns how many;
+// the step that ends it yields j's first token, whose block attach took.
+// s.mu is held.
+func (s *Server) prefill(j *job, budget int) int {
+	n := min(j.prefill, budget)
+	if j.prefill -= n; j.prefill == 0 && j.length > 0 {
+		j.generated++
+	}
+	return n
+}
+
+// grow takes n fresh blocks, evicting idle cached ones when no block that
+// never held anything is left. s.mu is held.
+func (s *Server) grow(n int) {
+	for clean := s.cfg.NumGPUBlocks - s.used - s.idle.Len(); clean < n; clean++ {
+		e := s.idle.Front()
+		s.idle.Remove(e)
+		delete(s.cache, e.Value.(uint64))
+	}
+	s.setUsed(s.clock.now(), s.used+n)
 }
 
 // finish retires the sequences the last step completed. s.mu is held.
 func (s *Server) finish() {
-	now := s.clock.now()
 	s.running = slices.DeleteFunc(s.running, func(j *job) bool {
 		if !j.done() {
 			return false
 		}
-		s.setUsed(now, s.used-j.blocks)
-		j.blocks = 0
+		s.release(j)
 		if j.group.left--; j.group.left == 0 {
 			close(j.group.done)
+			if j.group.online != nil {
+				s.onlineDone(j.group.online)
+			}
 		}
 		return true
 	})
@@ -163,13 +216,11 @@ func (s *Server) finish() {
 // dropAborted takes out the sequences of requests whose client went away.
 // s.mu is held.
 func (s *Server) dropAborted() {
-	now := s.clock.now()
 	gone := func(j *job) bool {
 		if !j.group.aborted {
 			return false
 		}
-		s.setUsed(now, s.used-j.blocks)
-		j.blocks = 0
+		s.release(j)
 		return true
 	}
 	s.running = slices.DeleteFunc(s.running, gone)

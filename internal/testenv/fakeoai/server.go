@@ -1,8 +1,10 @@
 package fakeoai
 
 import (
+	"container/list"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"log"
 	"math/rand/v2"
@@ -33,7 +35,11 @@ type Server struct {
 	seconds  []Second
 	running  []*job // in the order they were scheduled
 	waiting  []*job
-	used     int // KV blocks
+	used     int                     // KV blocks held by running sequences
+	cache    map[uint64]*cachedBlock // the prefix cache's blocks by hash
+	idle     *list.List              // of hashes: cached blocks no one holds, the next to evict first
+	online   *online                 // StartOnline's load
+	ttft     prometheus.Histogram    // of every generation, server seconds
 	kvLast   time.Time
 	inflight int      // requests between admission and answer, for TGI's limit
 	kvUsage  *float64 // SetKVUsage's
@@ -82,6 +88,9 @@ func NewUnstarted(cfg Config) *Server {
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		stats:    Stats{ByStatus: map[int]int64{}, Faults: map[FaultKind]int64{}},
 		kvLast:   now,
+		cache:    map[uint64]*cachedBlock{},
+		ttft:     newTTFT(cfg.Models[0]),
+		idle:     list.New(),
 		wake:     make(chan struct{}, 1),
 		quit:     make(chan struct{}),
 		loopDone: make(chan struct{}),

@@ -32,6 +32,20 @@ type Stats struct {
 
 	// Preemptions counts sequences preempted for want of KV blocks.
 	Preemptions int64
+	// PrefixQueryTokens are the prompt tokens of generations scheduled,
+	// PrefixHitTokens those of them the prefix cache held (vLLM's
+	// prefix_cache_queries and prefix_cache_hits, in tokens).
+	PrefixQueryTokens, PrefixHitTokens int64
+
+	// OnlineTTFTs are the times to first token of OnlineLoad's requests,
+	// server time, in the order they came; OnlineRequests those answered.
+	OnlineTTFTs    []time.Duration
+	OnlineRequests int64
+	// IdleSlotSeconds integrates the slots (MaxNumSeqs) OnlineLoad's
+	// target leaves idle over server time, OtherSlotSeconds the sequences
+	// of the requests sent over HTTP running meanwhile: their ratio is the
+	// share of what online left idle that the others used.
+	IdleSlotSeconds, OtherSlotSeconds float64
 	// Running and Waiting are sequences now; KVBlocksUsed the blocks they
 	// hold of NumGPUBlocks; MaxRunning and MaxKVBlocksUsed the high-water
 	// marks.
@@ -108,6 +122,7 @@ func (s *Server) Stats() Stats {
 	st := s.stats
 	st.ByStatus = maps.Clone(s.stats.ByStatus)
 	st.Faults = maps.Clone(s.stats.Faults)
+	st.OnlineTTFTs = slices.Clone(s.stats.OnlineTTFTs)
 	st.Running, st.Waiting, st.KVBlocksUsed, st.NumGPUBlocks = len(s.running), len(s.waiting), s.used, s.cfg.NumGPUBlocks
 	st.Seconds = slices.Clone(s.seconds)
 	st.Minutes = make([]Minute, len(s.minutes))

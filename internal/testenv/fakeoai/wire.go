@@ -19,6 +19,7 @@ type chatRequest struct {
 	MaxCompletionTokens *int          `json:"max_completion_tokens"`
 	N                   *int          `json:"n"`
 	Stream              bool          `json:"stream"`
+	Priority            int           `json:"priority"` // vLLM's
 }
 
 type chatMessage struct {
@@ -34,6 +35,7 @@ type completionRequest struct {
 	N         *int            `json:"n"`
 	BestOf    *int            `json:"best_of"`
 	Stream    bool            `json:"stream"`
+	Priority  int             `json:"priority"` // vLLM's
 }
 
 type embeddingRequest struct {
