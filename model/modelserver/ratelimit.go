@@ -503,8 +503,9 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 			} else {
 				r.typical += 0.1 * (cost[kindTokens] - r.typical)
 			}
+			res := reservation{tokens: cost[kindTokens], at: now, seq: r.seq}
 			r.mu.Unlock()
-			return reservation{tokens: cost[kindTokens], at: now, seq: r.seq}, nil
+			return res, nil
 		}
 		ch := r.changed
 		until := now.Add(wait)
