@@ -121,7 +121,9 @@ const loneShare = 0.02
 func (b *bucket) lone() bool { return b.othersPerSec <= loneShare*b.perSec }
 
 // span is the limit's span as its refill shows it: a minute, or less for
-// a server whose minutes run faster (a test server's).
+// a server whose minutes run faster (a test server's). The refill is the
+// least read in a minute (rateReading), which a window's boundary does not
+// inflate; the estimate of others' use keeps the fixed minute (limitSpan).
 func (b *bucket) span() time.Duration {
 	if b.perSec <= 0 {
 		return limitSpan
