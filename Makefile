@@ -107,12 +107,14 @@ gpu-verify: cuda-stubs
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/bert.test ./model/bert/
 	$(CUDA_ENV) $(GO) test -c -tags cuda -ldflags='-s -w' -o $(GPU_VERIFY)/subscriber.test ./subscriber/
 	cp bench/torch/embed.py bench/torch/bert.py gpu/verify/run.sh $(GPU_VERIFY)/
+	# The model-server path against a real engine (gpu/verify/engine): pure Go, so no cuda stubs.
+	CGO_ENABLED=0 $(GO) build -ldflags='-s -w' -o $(GPU_VERIFY)/engine ./gpu/verify/engine
 	cp -r model/bert/testdata/model $(GPU_VERIFY)/bert-models
 	cp -r model/wordpiece/testdata/tokenizer $(GPU_VERIFY)/bert-tokenizer
 	git describe --always --dirty >$(GPU_VERIFY)/COMMIT 2>/dev/null || echo unknown >$(GPU_VERIFY)/COMMIT
 	@du -sh $(GPU_VERIFY)
-	# The folder (63 MiB) and the checkout together pass the 64 MiB a lent GPU machine takes: the
-	# archive (13 MiB) travels instead; there, tar -xJf gpu-verify.tar.xz && gpu-verify/run.sh.
+	# The folder (70 MiB) and the checkout together pass the 64 MiB a lent GPU machine takes: the
+	# archive (15 MiB) travels instead; there, tar -xJf gpu-verify.tar.xz && gpu-verify/run.sh.
 	tar -C build -cf - gpu-verify | xz -T0 -6 >build/gpu-verify.tar.xz
 
 ## cuda-check: vet the cuda-tagged code and link both cuda binaries, so the CUDA backend cannot rot

@@ -107,21 +107,6 @@ type EndpointModel interface {
 	RunEndpoint(ctx context.Context, endpoint string, items []job.Item) ([]job.Output, error)
 }
 
-// Slotted is implemented by a Model that runs only so many requests at once
-// whatever their memory (a model server without KV metrics: its
-// concurrency), so that admitting more than it can start soon would only
-// hold messages as running while their requests wait in the process, out of
-// reach of a job's cancel and of other consumers. The subscriber admits a
-// message only when its slots fit as well as its memory; a message needing
-// more than Slots takes all of them.
-type Slotted interface {
-	// Slots is how many request slots admission may have handed out at
-	// once; 0 for no bound.
-	Slots() int64
-	// SlotsFor is how many slots items take: the requests they make.
-	SlotsFor(endpoint string, items []job.Item) int64
-}
-
 // Launcher is implemented by a Model whose batches begin with a phase that
 // needs no device memory: the host's side of a launch (tokenizing, building
 // the inputs, queueing the work). Launch does that phase; Run on what it

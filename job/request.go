@@ -161,6 +161,9 @@ func CheckRequest(endpoint string, body []byte, lim RequestLimits) (*Request, er
 	if v, ok := present(fields, "stream"); ok && string(v) != "false" {
 		return nil, bodyErr(ErrStream, "stream must be false or left out: an output is the server's whole answer, never a stream of events")
 	}
+	if endpoint == EndpointMessages {
+		return checkMessagesRequest(r, members, fields, lim)
+	}
 	// whole reads field as an integer from 1 to most; 0 when absent.
 	whole := func(field string, kind error, most int) (int64, error) {
 		v, ok := present(fields, field)
@@ -223,7 +226,7 @@ func CheckRequest(endpoint string, body []byte, lim RequestLimits) (*Request, er
 		if !ok {
 			return nil, bodyErr(ErrBodyInvalid, "the body's messages must be an array of at least one message")
 		}
-		if err := checkMessages(v, lim.AllowRemoteURLs); err != nil {
+		if err := checkMessages(v, lim.AllowRemoteURLs, checkPart); err != nil {
 			return nil, err
 		}
 		r.Messages = v
@@ -346,10 +349,10 @@ var (
 	partFields    = []string{"type", "url", "image_url", "audio_url", "video_url"}
 )
 
-// checkMessages checks chat's messages: an array of at least one object,
-// whose content, when it is an array of parts, names no remote URL unless
-// allowed.
-func checkMessages(v json.RawMessage, allowRemote bool) error {
+// checkMessages checks messages: an array of at least one object, whose
+// content, when it is an array of parts, names no remote URL unless allowed,
+// each part checked by part (chat's checkPart, Anthropic's checkBlock).
+func checkMessages(v json.RawMessage, allowRemote bool, part func(json.RawMessage, bool) error) error {
 	bad := bodyErr(ErrBodyInvalid, "the body's messages must be an array of at least one message")
 	var msgs []json.RawMessage
 	if v[0] != '[' || json.Unmarshal(v, &msgs) != nil || len(msgs) == 0 {
@@ -372,7 +375,7 @@ func checkMessages(v json.RawMessage, allowRemote bool) error {
 				return bad
 			}
 			for _, p := range parts {
-				if err := checkPart(p, allowRemote); err != nil {
+				if err := part(p, allowRemote); err != nil {
 					return err
 				}
 			}

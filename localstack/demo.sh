@@ -4,7 +4,8 @@
 # the subscriber on a simulated GPU and the publisher, posts jobs of mixed
 # sizes through the publisher's API (one item big enough to go through S3),
 # follows them to the end, prints a summary and a few results, and stops what
-# it started.
+# it started. Last, a Message Batch (Anthropic's API) runs on a second
+# subscriber, whose model server is the project's fake (bin/fakemodel).
 #
 #   ADMISSION=count make demo     the same workload under another strategy
 #   MESSAGES=40 make demo         bigger jobs (messages' worth of items per job)
@@ -26,12 +27,14 @@ metrics_port="${DEMO_METRICS_PORT:-9464}"
 publisher_port="${DEMO_PUBLISHER_PORT:-8086}"
 sub_log=.run/demo-subscriber.log
 pub_log=.run/demo-publisher.log
+ms_log=.run/demo-subscriber-model-server.log
 
 started_emulator=0
 sub_pid=""
 pub_pid=""
+fake_pid=""
 cleanup() {
-	for pid in $pub_pid $sub_pid; do
+	for pid in $pub_pid $sub_pid $fake_pid; do
 		if kill -0 "$pid" 2>/dev/null; then
 			kill -TERM "$pid" 2>/dev/null || true
 			wait "$pid" 2>/dev/null || true
@@ -138,21 +141,53 @@ echo "  $batch_id: $(grep -o '"status":"[a-z_]*"' <<<"$batch"), $(grep -o '"requ
 output_id=$(sed -n 's/.*"output_file_id":"\(file-[0-9a-f]*\)".*/\1/p' <<<"$batch")
 [[ -n $output_id ]] && curl -fsS "$api/files/$output_id/content" | cut -c1-150 | sed 's/^/    /'
 
+step "a batch through Anthropic's Message Batches: 4 requests to POST /v1/messages/batches, on a model server's /v1/messages"
+# The in-process model serves no /v1/messages: its subscriber stops first, so
+# that the batch's chunks go to one whose model server does (the fake).
+kill -TERM "$sub_pid"
+rc=0
+wait "$sub_pid" || rc=$?
+sub_pid=""
+bin/fakemodel >.run/demo-fakemodel.url &
+fake_pid=$!
+for _ in $(seq 50); do [[ -s .run/demo-fakemodel.url ]] && break; sleep 0.1; done
+bin/subscriber -model-server="$(head -1 .run/demo-fakemodel.url)" -model-server-models=fake-model -model-server-messages=native \
+	-wait-time=2s -log-format=text -metrics-addr="127.0.0.1:$metrics_port" >"$ms_log" 2>&1 &
+sub_pid=$!
+wait_healthy "http://127.0.0.1:$metrics_port/healthz" "$sub_pid" "$ms_log"
+requests=""
+for i in 1 2 3 4; do
+	requests+="${requests:+,}"'{"custom_id":"q-'"$i"'","params":{"model":"fake-model","max_tokens":16,"messages":[{"role":"user","content":"question '"$i"' of the demo"}]}}'
+done
+anthropic=(-H 'Content-Type: application/json' -H 'anthropic-version: 2023-06-01')
+msgbatch=$(curl -fsS "$api/messages/batches" "${anthropic[@]}" -d '{"requests":['"$requests"']}')
+msgbatch_id=$(sed -n 's/.*"id":"\(msgbatch_[0-9a-f]*\)".*/\1/p' <<<"$msgbatch")
+for _ in $(seq 120); do
+	msgbatch=$(curl -fsS "$api/messages/batches/$msgbatch_id" "${anthropic[@]}")
+	grep -q '"processing_status":"ended"' <<<"$msgbatch" && break
+	sleep 0.5
+done
+echo "  $msgbatch_id: $(grep -o '"processing_status":"[a-z_]*"' <<<"$msgbatch"), $(grep -o '"request_counts":{[^}]*}' <<<"$msgbatch")"
+curl -fsS "$api/messages/batches/$msgbatch_id/results" "${anthropic[@]}" | cut -c1-150 | sed 's/^/    /'
+
 step "shutdown (SIGTERM)"
 kill -TERM "$pub_pid"
 prc=0
 wait "$pub_pid" || prc=$?
 pub_pid=""
 kill -TERM "$sub_pid"
-rc=0
-wait "$sub_pid" || rc=$?
+msrc=0
+wait "$sub_pid" || msrc=$?
 sub_pid=""
-echo "  publisher exited with status $prc, subscriber with status $rc"
+kill -TERM "$fake_pid"
+wait "$fake_pid" || true
+fake_pid=""
+echo "  publisher exited with status $prc, subscriber with status $rc, model-server subscriber with status $msrc"
 grep -E 'level=WARN' "$sub_log" | head -5 || true
 echo
 echo "  a few batches from the subscriber's log (device memory free as each began and ended):"
 grep -E 'msg=batch' "$sub_log" | head -3 | sed 's/^/    /'
-[[ $rc == 0 && $prc == 0 ]]
+[[ $rc == 0 && $prc == 0 && $msrc == 0 ]]
 echo
 echo "demo done: summary also in .run/demo-summary.json"
 echo "model: $what"

@@ -1,14 +1,12 @@
 package publisher
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,13 +14,12 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
-	"github.com/vramq/vramq/job"
 )
 
 // BenchmarkBatchLifecycle makes a batch of the largest file OpenAI takes
-// in lines (50,000 embeddings requests) and finalizes it: the create (read
-// the file from the bucket, check every line, plan, record; the queue takes
-// every chunk at once) and the first GET once every chunk has a result
+// in lines (50,000 embeddings requests) and finalizes it: the create and
+// its validation (the sweep that reads the file from the bucket twice,
+// checks every line, and sends it; the queue takes every chunk at once) and the first GET once every chunk has a result
 // (stream the 50,000 answers into the output file), each timed and its
 // heap peak above idle sampled (peakHeap). The results are written as a
 // subscriber writes them (16 lines a chunk, a 384-float embedding each),
@@ -55,70 +52,32 @@ func benchmarkBatchLifecycle(b *testing.B) {
 		b.Fatal(err)
 	}
 	h := p.Handler()
-	var file bytes.Buffer
-	for i := range lines {
-		fmt.Fprintf(&file, `{"custom_id":"doc-%05d","method":"POST","url":"/v1/embeddings","body":{"model":"bge-small","input":"the text of document %d, a sentence or two long"}}`+"\n", i, i)
-	}
-	now := time.Now()
-	fileID := newFileID(now)
-	rec, _ := json.Marshal(fileRecord{V: 1, ID: fileID, Filename: "docs.jsonl", Bytes: int64(file.Len()), Lines: lines,
-		Purpose: PurposeBatch, CreatedAt: now.Unix(), ExpiresAt: now.Add(time.Hour).Unix()})
-	for key, body := range map[string][]byte{job.FileKey("", fileID): file.Bytes(), job.FileRecordKey("", fileID): rec} {
-		if _, err := store.Put(b.Context(), key, body); err != nil {
-			b.Fatal(err)
-		}
-	}
+	fileID, fileBytes := putBatchFile(b, store, lines, func(i int) string {
+		return fmt.Sprintf(`{"custom_id":"doc-%05d","method":"POST","url":"/v1/embeddings","body":{"model":"bge-small","input":"the text of document %d, a sentence or two long"}}`, i, i)
+	})
 	emb := "[" + strings.TrimSuffix(strings.Repeat("0.0123456789,", 384), ",") + "]"
 	var createS, finalS, createHeap, finalHeap float64
 	for b.Loop() {
-		b.StopTimer()
-		req := httptest.NewRequest(http.MethodPost, "/v1/batches", strings.NewReader(
-			`{"input_file_id":"`+fileID+`","endpoint":"/v1/embeddings","completion_window":"24h"}`))
-		req.Header.Set("Content-Type", "application/json")
-		w := httptest.NewRecorder()
-		b.StartTimer()
 		t0 := time.Now()
-		createHeap = float64(peakHeap(func() { h.ServeHTTP(w, req) })) / (1 << 20)
-		createS = time.Since(t0).Seconds()
+		peak, bo := createAndValidate(b, p, fileID)
+		createHeap, createS = float64(peak)/(1<<20), time.Since(t0).Seconds()
 		b.StopTimer()
-		var bo batchObject
-		if err := json.Unmarshal(w.Body.Bytes(), &bo); err != nil || bo.Status != batchInProgress {
-			b.Fatalf("create: %d %s", w.Code, w.Body)
+		if bo.Status != batchInProgress {
+			b.Fatalf("create: %s", bo.Status)
 		}
-		chunks := (lines + 15) / 16
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, 16)
-		for ch := range chunks {
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				var r strings.Builder
-				fmt.Fprintf(&r, `{"v":1,"job_id":"%s","chunk":%d,"model":"bge-small","outputs":[`, bo.ID, ch)
-				for i := ch * 16; i < min(lines, ch*16+16); i++ {
-					if i > ch*16 {
-						r.WriteByte(',')
-					}
-					fmt.Fprintf(&r, `{"id":"doc-%05d","response":{"status_code":200,"body":{"object":"list","data":[{"object":"embedding","index":0,"embedding":%s}],"model":"bge-small","usage":{"prompt_tokens":12,"total_tokens":12}}}}`, i, emb)
-				}
-				r.WriteString(`],"attempt":1,"worker_ms":3}`)
-				if _, err := store.Put(b.Context(), job.ResultKey(bo.ID, ch), []byte(r.String())); err != nil {
-					b.Error(err)
-				}
-			})
-		}
-		wg.Wait()
+		putResults(b, store, bo.ID, lines, 16, "bge-small", func(i int) string {
+			return fmt.Sprintf(`{"id":"doc-%05d","response":{"status_code":200,"body":{"object":"list","data":[{"object":"embedding","index":0,"embedding":%s}],"model":"bge-small","usage":{"prompt_tokens":12,"total_tokens":12}}}}`, i, emb)
+		})
 		// The sweeper finalizes it (a read only shows it finalizing).
 		b.StartTimer()
-		t0 = time.Now()
-		finalHeap = float64(peakHeap(func() {
+		finalS, finalHeap = timedHeap(func() {
 			if err := p.Sweep(b.Context()); err != nil {
 				b.Error(err)
 			}
-		})) / (1 << 20)
-		finalS = time.Since(t0).Seconds()
+		})
 		b.StopTimer()
-		req = httptest.NewRequest(http.MethodGet, "/v1/batches/"+bo.ID, nil)
-		w = httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/v1/batches/"+bo.ID, nil)
+		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req)
 		if err := json.Unmarshal(w.Body.Bytes(), &bo); err != nil || bo.Status != batchCompleted || bo.RequestCounts.Completed != lines {
 			b.Fatalf("finalize: %d %s", w.Code, w.Body)
@@ -129,5 +88,5 @@ func benchmarkBatchLifecycle(b *testing.B) {
 	b.ReportMetric(finalS, "finalize-s")
 	b.ReportMetric(createHeap, "create-heap-MiB")
 	b.ReportMetric(finalHeap, "finalize-heap-MiB")
-	b.ReportMetric(float64(file.Len())/(1<<20), "file-MiB")
+	b.ReportMetric(float64(fileBytes)/(1<<20), "file-MiB")
 }

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openai/openai-go/v3"
-
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/publisher"
 )
@@ -17,7 +15,7 @@ import (
 // chat batch cancelled 10 s after its create runs, after the cancel, no more
 // than what was in flight (two rounds of the server's concurrency, a chunk
 // at most past them), since the subscriber admits no more than that
-// (gpu.Slotted) and a chunk not started is dropped by the cancel: the rest
+// (backend.Slots) and a chunk not started is dropped by the cancel: the rest
 // of the batch's lines are batch_cancelled. Before, every message was
 // admitted at once, each waiting inside the process for a request slot, and
 // all 3,000 lines ran. The fake takes 11 steps of 20 ms a request (a
@@ -30,7 +28,7 @@ func TestBatchCancelReachesUnstartedChunks(t *testing.T) {
 	defer srv.Close()
 	e := newEnv(t, true)
 	s := e.serve(publisher.Config{})
-	c := s.sdk("")
+	c := s.client("")
 	const n = 3000
 	var in bytes.Buffer
 	for i := range n {
@@ -39,13 +37,13 @@ func TestBatchCancelReachesUnstartedChunks(t *testing.T) {
 	f := upload(t, c, "cancel.jsonl", in.Bytes())
 	e.runServerSubscriber(srv)
 	created := time.Now()
-	bt := newBatch(t, c, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
+	bt := newBatch(t, c, f.ID, "/v1/chat/completions")
 	time.Sleep(time.Until(created.Add(10 * time.Second)))
-	if _, err := c.Batches.Cancel(t.Context(), bt.ID); err != nil {
+	if _, err := c.cancelBatch(t.Context(), bt.ID); err != nil {
 		t.Fatalf("cancel: %s", apiError(err))
 	}
 	atCancel := srv.Stats().Admitted
-	done := waitBatch(t, c, bt.ID, 2*time.Minute, openai.BatchStatusCancelled)
+	done := waitBatch(t, c, bt.ID, 2*time.Minute, "cancelled")
 	cancelled := 0
 	for _, l := range fileLines(t, c, done.ErrorFileID) {
 		if l.Error != nil && l.Error.Code == "batch_cancelled" {

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 )
@@ -27,9 +25,9 @@ import (
 // line's custom_id and whose body is the line's request, and the job's
 // results become the batch's output and error files when it settles.
 //
-// The batch's record (job.BatchKey) is written when the file is found
-// valid (status validating, then in_progress once every chunk is sent, or
-// failed with every bad line named); from then on one owner moves it, by
+// The batch's record (job.BatchKey) is written validating when the batch is
+// created; its validator makes it in_progress once every chunk is sent, or
+// failed with every bad line named (batchvalidate.go); from then on one owner moves it, by
 // conditional writes (batchstate.go): the finalizer ends it once its job has
 // settled, and the sweeper expires it at its window. Reads never write:
 // between the record's states, the counts are read from the job, and
@@ -64,7 +62,16 @@ const (
 	CodeEmptyFile          = "empty_file"
 	CodeTooManyErrors      = "too_many_errors"
 	CodeEnqueueInterrupted = "enqueue_interrupted"
+	// A line for an endpoint of OpenAI's that no subscriber serves
+	// (job.BatchEndpoints).
+	CodeEndpointNotServed = "endpoint_not_served"
+	// Over OpenAI's 50,000 embedding inputs a batch.
+	CodeTooManyEmbeddingInputs = "too_many_embedding_inputs"
 )
+
+// maxBatchEmbeddingInputs is OpenAI's bound on the inputs of all the
+// embeddings requests of one batch (its Batch API guide, "Rate limits").
+const maxBatchEmbeddingInputs = 50_000
 
 // completionWindow is the one window OpenAI offers, and so the one a batch
 // may ask for.
@@ -128,6 +135,14 @@ type batchRecord struct {
 	// Lines is the requests in the input file, the bad ones of a batch that
 	// failed validation included.
 	Lines int `json:"lines"`
+	// Model is the model of the file's first request: OpenAI's Batch.model.
+	Model string `json:"model,omitempty"`
+	// Tenant is the tenant of the key that created the batch, whose job it
+	// is (the chunks' attribute).
+	Tenant string `json:"tenant,omitempty"`
+	// ValidatingAt is when a validator claimed the batch, or last said it
+	// was still at work (batchvalidate.go): 0 while no one has.
+	ValidatingAt int64 `json:"validating_at,omitempty"`
 	// Status is validating, in_progress or failed until the job settles,
 	// then finalizing (the finalizer's claim), then completed, cancelled or
 	// expired (batchstate.go).
@@ -187,6 +202,7 @@ type batchObject struct {
 	CancelledAt      *int64            `json:"cancelled_at"`
 	RequestCounts    batchCounts       `json:"request_counts"`
 	Usage            *batchUsage       `json:"usage,omitempty"`
+	Model            string            `json:"model,omitempty"`
 	Metadata         map[string]string `json:"metadata"`
 }
 
@@ -236,7 +252,7 @@ func (b *batchRecord) object(c batchCounts) *batchObject {
 		ID: b.ID, Object: "batch", Endpoint: b.Endpoint, InputFileID: b.InputFileID, CompletionWindow: b.CompletionWindow,
 		Status: b.Status, OutputFileID: orNil(b.OutputFileID), ErrorFileID: orNil(b.ErrorFileID), CreatedAt: b.CreatedAt,
 		InProgressAt: at(b.InProgressAt), ExpiresAt: at(b.ExpiresAt), FinalizingAt: at(b.FinalizingAt), FailedAt: at(b.FailedAt),
-		CancellingAt: at(b.CancellingAt), RequestCounts: c, Usage: b.Usage, Metadata: b.Metadata,
+		CancellingAt: at(b.CancellingAt), RequestCounts: c, Usage: b.Usage, Model: b.Model, Metadata: b.Metadata,
 	}
 	if len(b.Errors) > 0 {
 		o.Errors = &batchErrors{Object: "list", Data: b.Errors}
@@ -289,8 +305,8 @@ func (q *batchRequest) check() *APIError {
 	switch {
 	case q.InputFileID == "":
 		return bad("input_file_id", "input_file_id is required: the id of a file uploaded with purpose batch")
-	case !job.ValidEndpoint(q.Endpoint):
-		return bad("endpoint", "endpoint must be one of %s", strings.Join(job.Endpoints, ", "))
+	case !slices.Contains(job.BatchEndpoints, q.Endpoint):
+		return bad("endpoint", "endpoint must be one of %s", strings.Join(job.BatchEndpoints, ", "))
 	case q.CompletionWindow != completionWindow:
 		return bad("completion_window", "completion_window must be %q", completionWindow)
 	case len(q.Metadata) > maxMetadataPairs:
@@ -309,13 +325,13 @@ func (q *batchRequest) check() *APIError {
 	return nil
 }
 
-// postBatch is POST /v1/batches. The input file is read and every line
-// checked before anything is sent: a file with a bad line makes a batch
-// that failed at validating, every bad line named, and nothing enqueued.
-// Otherwise the lines become the items of one job, planned and sent as
-// POST /v1/jobs sends a job, and the batch is in_progress. Unlike OpenAI's,
-// the check is done before the answer, so the answer's status is already
-// failed or in_progress: a client polls the same way either way.
+// postBatch is POST /v1/batches: the request and the input file's record
+// are checked, and the batch is recorded validating and answered so, as
+// OpenAI answers; its file is read, checked line by line and sent as one
+// job after the answer (batchvalidate.go). A file with a bad line ends the
+// batch failed, every bad line named, and nothing enqueued; otherwise the
+// lines become the items of a job whose id is the batch's, and the batch is
+// in_progress. A client polls either way.
 func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)
 	fail := func(e *APIError) {
@@ -340,16 +356,11 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
-	// A client creates one batch at a time: the files being read into
-	// batches share one bound (batchBytes, first come first served), and
-	// this keeps one client from holding all of it while others wait.
-	client := p.clientKey(r)
-	if !p.batchCreators.add(client) {
-		w.Header().Set("Retry-After", "5")
-		fail(apiErr(http.StatusTooManyRequests, CodeBatchBusy, "this client is already creating a batch; retry after the time in Retry-After"))
+	done, ok := p.oneCreate(w, r, fail)
+	if !ok {
 		return
 	}
-	defer p.batchCreators.remove(client)
+	defer done()
 	// Read as a job's body is read (inflight.go): paced, and charged to the
 	// client's bodies in flight.
 	if r.ContentLength > maxBatchRequest {
@@ -417,105 +428,26 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// The lines of a file are held while it becomes a batch (a few times
-	// its size, planned); the bytes of files being read at once are
-	// bounded, so that files of the largest size cannot take the memory
-	// between them. A client that waits too long is told to come back.
-	charge := min(f.Bytes, p.cfg.MaxFileBytes)
-	wctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-	err = p.batchBytes.Acquire(wctx, charge)
-	cancel()
-	if err != nil {
-		w.Header().Set("Retry-After", "5")
-		fail(apiErr(http.StatusServiceUnavailable, CodeBatchBusy, "too many files are being read into batches; retry shortly"))
-		return
-	}
-	defer p.batchBytes.Release(charge)
-
 	now := p.now().UTC()
-	b := &batchRecord{V: 1, ID: newBatchID(now), Owner: owner, Endpoint: q.Endpoint, InputFileID: f.ID,
-		CompletionWindow: q.CompletionWindow, Metadata: q.Metadata, CreatedAt: now.Unix(),
-		ExpiresAt: now.Add(completionDuration).Unix()}
+	b := &batchRecord{V: batchRecordVersion, ID: newBatchID(now), Owner: owner, Endpoint: q.Endpoint, InputFileID: f.ID,
+		CompletionWindow: q.CompletionWindow, Metadata: q.Metadata, Tenant: tenantName, Status: batchValidating,
+		CreatedAt: now.Unix(), ExpiresAt: now.Add(completionDuration).Unix()}
 	if q.OutputExpiresAfter != nil {
 		b.OutputExpiresAfter = q.OutputExpiresAfter.Seconds
 	}
 	ri.jobID = b.ID
-	items, requests, bad, err := p.readBatchInput(r.Context(), f, q.Endpoint)
-	if err != nil {
-		p.log.Error("reading a batch's input file", "file_id", f.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the input file could not be read"))
-		return
-	}
-	b.Lines = requests
-	var plan *Plan
-	if len(bad) == 0 {
-		var e *APIError
-		if plan, e = p.planner.PlanFor(b.ID, q.Endpoint, items, p.cfg.ChunkItems); e != nil {
-			// Only an item too large for a message without a bucket, or
-			// a planning fault: the file's, or ours, named on the batch.
-			bad = append(bad, batchError{Code: e.Code, Message: e.Message})
-		}
-	}
-	if len(bad) > 0 {
-		b.Status, b.FailedAt, b.Errors = batchFailed, now.Unix(), bad
-		if err := p.putBatch(r.Context(), b); err != nil {
-			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
-			return
-		}
-		once.answer(r.Context(), w, sum, b.object(batchCounts{Total: b.Lines}))
-		return
-	}
-
-	// The record goes first, as validating, and the custom ids beside it:
-	// once a chunk may be on the queue, the batch is there to be read,
-	// cancelled and finalized. A publisher that dies while sending leaves
-	// it validating, which the sweeper fails once it is stale.
-	ids := make([]byte, 0, len(items)*16)
-	for _, it := range items {
-		ids = append(ids, encodeJSON(it.ID)...)
-		ids = append(ids, '\n')
-	}
-	b.Status = batchValidating
-	if _, err := p.store.Put(r.Context(), job.BatchIDsKey(owner, b.ID), ids); err != nil {
-		p.log.Error("storing a batch's custom ids", "batch_id", b.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
-		return
-	}
+	// The marker first, so that no batch is left without one; then the
+	// record, validating, for the validator to claim (batchvalidate.go).
 	if err := p.openBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded"))
 		return
 	}
 	if err := p.putBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent"))
+		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded"))
 		return
 	}
-	ectx, ecancel := detach(r.Context())
-	defer ecancel()
-	ri.items, ri.chunks = len(items), len(plan.Chunks)
-	sent, e := p.enqueue(ectx, b.ID, tenantName, owner, plan, len(items))
-	ri.sent = sent
-	if e != nil {
-		// What was sent must not run: the job is cancelled, and the
-		// batch failed, saying why.
-		p.cancelJob(ectx, b.ID)
-		b.Status, b.FailedAt = batchFailed, p.now().Unix()
-		b.Errors = []batchError{{Code: e.Code, Message: e.Message}}
-		_ = p.putBatch(ectx, b)
-		fail(e)
-		return
-	}
-	b.Status, b.InProgressAt = batchInProgress, p.now().Unix()
-	if err := p.putBatch(ectx, b); err != nil {
-		// The job is sent and runs; the batch reads as validating until
-		// a later write. Answer what it is.
-		p.log.Warn("recording a batch in progress", "batch_id", b.ID, "err", err)
-		b.Status, b.InProgressAt = batchValidating, 0
-	}
-	p.m.jobs.Inc()
-	label := p.labels.Label(tenantName)
-	p.m.tenantJobs.WithLabelValues(label).Inc()
-	p.m.tenantItems.WithLabelValues(label).Add(float64(len(items)))
-	once.answer(r.Context(), w, sum, b.object(batchCounts{Total: b.Lines}))
+	p.nudge(job.BatchKey(b.Owner, b.ID))
+	once.answer(r.Context(), w, sum, b.object(batchCounts{}))
 }
 
 // putBatch writes b's record.
@@ -560,38 +492,16 @@ func (p *Publisher) readBatch(r *http.Request, owner, id string) (*batchRecord, 
 	return &b, nil
 }
 
+// openAIBatches are the /v1/batches routes' batches.
+func (p *Publisher) openAIBatches() batchRoute[*batchObject] {
+	return batchRoute[*batchObject]{valid: validBatchID, missing: noBatch,
+		view: func(r *http.Request, b *batchRecord) (*batchObject, error) { return p.batchView(r.Context(), b) }}
+}
+
 // loadBatch reads the batch r's path names and how it stands (batchView),
 // answering r itself (and returning nil) when that fails.
 func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *batchObject, func(*APIError)) {
-	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
-	if p.store == nil {
-		fail(noBatchStore())
-		return nil, nil, fail
-	}
-	id := r.PathValue("id")
-	if !validBatchID(id) {
-		fail(noBatch())
-		return nil, nil, fail
-	}
-	ri.jobID = id
-	b, err := p.readBatch(r, p.owner(r), id)
-	if errors.Is(err, payload.ErrMissing) {
-		fail(noBatch())
-		return nil, nil, fail
-	}
-	var o *batchObject
-	if err == nil {
-		o, err = p.batchView(r.Context(), b)
-	}
-	if err != nil {
-		p.log.Error("reading a batch", "batch_id", id, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be read"))
-		return nil, nil, fail
-	}
+	b, o, fail, _ := p.openAIBatches().load(p, w, r)
 	return b, o, fail
 }
 
@@ -621,43 +531,18 @@ func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 		fail(apiErr(http.StatusConflict, CodeBatchNotCancellable, "the batch is %s: it can no longer be cancelled", o.Status))
 		return
 	}
-	ctx := r.Context()
-	if err := p.cancelJob(ctx, b.ID); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be cancelled; try again"))
-		return
-	}
-	o, err := p.batchView(ctx, b)
-	if err != nil {
-		p.log.Error("reading a batch", "batch_id", b.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch was cancelled, but could not be read"))
-		return
-	}
-	writeJSON(w, http.StatusOK, o)
+	p.openAIBatches().cancel(p, w, r, b, fail)
 }
 
 // listBatches is GET /v1/batches: the caller's batches, newest first, limit
 // of them after the batch after names (which need not still exist). Each
 // is read as GET reads one, readConcurrency at a time.
 func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
-	if p.store == nil {
-		fail(noBatchStore())
-		return
-	}
-	if e := p.canList(r); e != nil {
-		fail(e)
+	limit, fail, ok := p.openAIBatches().startList(p, w, r, defaultBatchList, maxBatchList)
+	if !ok {
 		return
 	}
 	q := r.URL.Query()
-	limit, e := listLimit(q, defaultBatchList, maxBatchList)
-	if e != nil {
-		fail(e)
-		return
-	}
 	after := q.Get("after")
 	if after != "" && !validBatchID(after) {
 		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "after", "after must be the id of a batch"))
@@ -681,31 +566,11 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	if more {
 		ids = ids[:limit]
 	}
-	objs := make([]*batchObject, len(ids))
-	g, gctx := errgroup.WithContext(r.Context())
-	g.SetLimit(readConcurrency)
-	for i, id := range ids {
-		g.Go(func() error {
-			b, err := p.readBatch(r.WithContext(gctx), owner, id)
-			if errors.Is(err, payload.ErrMissing) {
-				return nil // deleted since the listing
-			}
-			if err == nil {
-				objs[i], err = p.batchView(gctx, b)
-			}
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
+	data, err := p.openAIBatches().readAll(p, r, owner, ids)
+	if err != nil {
 		p.log.Error("reading batches", "err", err)
 		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
 		return
-	}
-	var data []*batchObject
-	for _, o := range objs {
-		if o != nil {
-			data = append(data, o)
-		}
 	}
 	out := newListPage(data, more, func(o *batchObject) string { return o.ID })
 	writeJSON(w, http.StatusOK, out)
@@ -723,129 +588,29 @@ func (st *statusBody) unsettledItems(m *job.Manifest) int {
 	return n
 }
 
-// readBatchInput reads f, the input file of a batch for endpoint, line by
-// line: the items of its lines, or the lines that are bad (the first
-// maxBatchErrors of them, then one entry for the rest). A line is
-// OpenAI's request input object, {"custom_id", "method", "url", "body"}:
-// custom_id an item id of the grammar, unique in the file; method POST; url
-// the batch's endpoint; body a request the publisher accepts for it
-// (checkBody, as POST /v1/jobs checks an item's). requests counts the
-// lines that are requests, bad or not: every line but blank ones.
-func (p *Publisher) readBatchInput(ctx context.Context, f *fileRecord, endpoint string) (items []RequestItem, requests int, bad []batchError, err error) {
-	body, _, err := p.store.Open(ctx, job.FileKey(f.Owner, f.ID))
-	if err != nil {
-		return nil, 0, nil, err
-	}
-	defer body.Close()
-	var (
-		more int
-		seen = map[string]struct{}{}
-		lim  = p.limits()
-	)
-	badLine := func(n int, code, param, format string, a ...any) {
-		if len(bad) >= maxBatchErrors {
-			more++
-			return
-		}
-		e := batchError{Code: code, Message: fmt.Sprintf(format, a...), Line: &n}
-		if param != "" {
-			e.Param = &param
-		}
-		bad = append(bad, e)
-	}
-	lines := newLineReader(body, p.cfg.MaxFileLineBytes)
-	n := 0
-	for {
-		line, err := lines.next()
-		if err == io.EOF {
-			break
-		}
-		n++
-		if errors.Is(err, errLineTooLong) {
-			requests++
-			badLine(n, CodeLineTooLarge, "", "the line is over %d bytes", p.cfg.MaxFileLineBytes)
-			continue
-		}
-		if err != nil {
-			return nil, 0, nil, err
-		}
-		if n > p.cfg.MaxFileLines {
-			badLine(n, CodeTooManyLines, "", "the file has more than %d lines", p.cfg.MaxFileLines)
-			break
-		}
-		if len(bytes.TrimSpace(line)) == 0 {
-			continue // a blank line, at the end of a file most often, is no request
-		}
-		requests++
-		fields, err := job.Members(line)
-		if err != nil {
-			badLine(n, CodeInvalidJSONLine, "", "the line is not a JSON object without repeated keys")
-			continue
-		}
-		var id, method, url string
-		if v, ok := present(fields, "custom_id"); !ok || json.Unmarshal(v, &id) != nil || job.CheckItemID(id) != nil {
-			badLine(n, CodeInvalidCustomID, "custom_id",
-				"custom_id must be a string of 1 to %d bytes of UTF-8 without control characters", job.MaxItemIDBytes)
-			continue
-		}
-		if _, dup := seen[id]; dup {
-			badLine(n, CodeDuplicateCustomID, "custom_id", "the custom_id %s is on an earlier line too", job.QuoteID(id))
-			continue
-		}
-		seen[id] = struct{}{}
-		if v, ok := present(fields, "method"); !ok || json.Unmarshal(v, &method) != nil || method != http.MethodPost {
-			badLine(n, CodeInvalidMethod, "method", "method must be POST")
-			continue
-		}
-		if v, ok := present(fields, "url"); !ok || json.Unmarshal(v, &url) != nil || url != endpoint {
-			badLine(n, CodeMismatchedURL, "url", "url must be the batch's endpoint, %s", endpoint)
-			continue
-		}
-		req, _ := present(fields, "body")
-		if len(req) == 0 || req[0] != '{' {
-			badLine(n, CodeInvalidBody, "body", "body must be a JSON object: the request for %s", endpoint)
-			continue
-		}
-		if e := checkBody(endpoint, req, lim); e != nil {
-			badLine(n, e.Code, "body", "%s", e.Message)
-			continue
-		}
-		// req is a copy (json.RawMessage copies what it decodes): the
-		// line's buffer is reused.
-		items = append(items, RequestItem{ID: id, Body: req})
-	}
-	if requests == 0 {
-		bad = append(bad, batchError{Code: CodeEmptyFile, Message: "the input file has no lines"})
-	}
-	if more > 0 {
-		bad = append(bad, batchError{Code: CodeTooManyErrors,
-			Message: fmt.Sprintf("%d more lines are bad; the first %d are named", more, maxBatchErrors)})
-	}
-	return items, requests, bad, nil
-}
-
-// clientSet is the clients with a batch being created.
-type clientSet struct {
+// keySet is a set of keys taken one at a time: the clients with a batch
+// being created, the batches being advanced.
+type keySet struct {
 	mu sync.Mutex
 	in map[string]bool
 }
 
-// add adds client, reporting false when it was there already.
-func (s *clientSet) add(client string) bool {
+// add adds key, reporting false when it was there already.
+func (s *keySet) add(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.in[client] {
+	if s.in[key] {
 		return false
 	}
 	if s.in == nil {
 		s.in = map[string]bool{}
 	}
-	s.in[client] = true
+	s.in[key] = true
 	return true
 }
 
-func (s *clientSet) remove(client string) {
+func (s *keySet) remove(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.in, client)
+	delete(s.in, key)
 }

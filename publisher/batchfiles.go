@@ -62,91 +62,58 @@ type batchLineError struct {
 // b as ended, if the claim is still its own (payload.ErrPrecondition
 // otherwise: one that took a stale claim over wrote the same files).
 func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *statusBody) error {
+	if isMessageBatch(b) {
+		return p.finalizeMessageBatch(ctx, b, etag, m, st)
+	}
 	// A sweep that is stopped does not stop the files half written.
 	ctx, cancel := detach(ctx)
 	defer cancel()
-	b.Status = batchCompleted
+	b.ending(st)
 	notRun := lineCancelled
-	if st.CancelledAt != nil {
-		ca := st.CancelledAt.Unix()
-		switch {
-		case ca < b.ExpiresAt:
-			b.Status, b.CancellingAt = batchCancelled, ca
-		case len(st.cancelled) > 0:
-			// Expired with lines not run; a window that closed after
-			// the last line ran leaves the batch completed.
-			b.Status, notRun = batchExpired, lineExpired
-		}
+	if b.Status == batchExpired {
+		notRun = lineExpired
 	}
-	reasons := make(map[int]string, len(st.Failed))
-	for _, f := range st.Failed {
-		reasons[f.Chunk] = f.Reason
-	}
-
-	ids, _, err := p.store.Open(ctx, job.BatchIDsKey(b.Owner, b.ID))
-	if err != nil {
-		return fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
-	}
-	defer ids.Close()
 	out := p.newLineFile(ctx, b, "output")
 	errs := p.newLineFile(ctx, b, "error")
 	defer out.abort()
 	defer errs.abort()
 	var usage batchUsage
-	idLines := bufio.NewReader(ids)
-	results := p.prefetchOutputs(ctx, b.ID, m.Chunks, st.done)
-	for c, n := range m.ChunkItems {
-		var outputs map[string]*job.Output
-		if st.done[c] {
-			r := results.get(c)
-			if outputs, err = r.outputs, r.err; err != nil {
-				return err
-			}
-		}
-		for range n {
-			raw, err := idLines.ReadBytes('\n')
-			var id string
-			if err == nil {
-				err = json.Unmarshal(raw, &id)
-			}
-			if err != nil {
-				return fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
-			}
-			line := batchOutputLine{ID: requestID("batch_req_", b.ID, id), CustomID: id}
+	err := p.eachLine(ctx, b, m, st, func(l *batchLine) error {
+		line := batchOutputLine{ID: requestID("batch_req_", b.ID, l.id), CustomID: l.id}
+		switch {
+		case l.done:
+			o := l.o
 			switch {
-			case st.done[c]:
-				o := outputs[id]
-				switch {
-				case o == nil:
-					line.Error = &batchLineError{Code: lineNoOutput, Message: "the result of the line's chunk has no output for it"}
-				case o.Response != nil:
-					body := o.Response.Body
-					if !json.Valid(body) {
-						body, _ = json.Marshal(string(body))
-					}
-					line.Response = &batchLineResponse{StatusCode: o.Response.StatusCode, RequestID: requestID("req_", b.ID, id), Body: body}
-					if o.Response.StatusCode/100 == 2 {
-						usage.add(body)
-					}
+			case o == nil:
+				line.Error = &batchLineError{Code: lineNoOutput, Message: "the result of the line's chunk has no output for it"}
+			case o.Response != nil:
+				body := o.Response.Body
+				if !json.Valid(body) {
+					body, _ = json.Marshal(string(body))
 				}
-				if o != nil && o.Error != nil {
-					line.Error = &batchLineError{Code: o.Error.Code, Message: o.Error.Message}
-				} else if o != nil && o.Response == nil {
-					line.Error = &batchLineError{Code: lineNoOutput, Message: "the model answered the line without a response body"}
+				line.Response = &batchLineResponse{StatusCode: o.Response.StatusCode, RequestID: requestID("req_", b.ID, l.id), Body: body}
+				if o.Response.StatusCode/100 == 2 {
+					usage.add(body)
 				}
-			case reasons[c] != "":
-				line.Error = &batchLineError{Code: lineDeadLettered, Message: "the line's chunk was dead-lettered: " + reasons[c]}
-			default:
-				line.Error = &batchLineError{Code: notRun, Message: notRunMessage(notRun)}
 			}
-			f := out
-			if line.Error != nil || line.Response.StatusCode/100 != 2 {
-				f = errs
+			if o != nil && o.Error != nil {
+				line.Error = &batchLineError{Code: o.Error.Code, Message: o.Error.Message}
+			} else if o != nil && o.Response == nil {
+				line.Error = &batchLineError{Code: lineNoOutput, Message: "the model answered the line without a response body"}
 			}
-			if err := f.write(&line); err != nil {
-				return err
-			}
+		case l.reason != "":
+			line.Error = &batchLineError{Code: lineDeadLettered, Message: "the line's chunk was dead-lettered: " + l.reason}
+		default:
+			line.Error = &batchLineError{Code: notRun, Message: notRunMessage(notRun)}
 		}
+		f := out
+		if line.Error != nil || line.Response.StatusCode/100 != 2 {
+			f = errs
+		}
+		return f.write(&line)
+	})
+	if err != nil {
+		return err
 	}
 	if b.OutputFileID, err = out.close(); err != nil {
 		return err

@@ -16,8 +16,9 @@ import (
 // that of two that try the same step one wins and the other, refused with
 // S3's 412, leaves the batch to it:
 //
-//	validating  -> in_progress  postBatch, once every chunk is sent
-//	validating  -> failed       postBatch (a bad file, a failed send); the sweeper once stale (batchSendStale)
+//	validating  -> in_progress  its validator, once every chunk is sent (batchvalidate.go)
+//	validating  -> failed       its validator (a bad file, a failed send); the sweeper, once the
+//	                            validator's claim is stale (batchSendStale)
 //	in_progress -> finalizing   the finalizer's claim, once the job has settled
 //	finalizing  -> completed | cancelled | expired
 //	                            the claim's holder, having written the output and error files;
@@ -119,6 +120,13 @@ func (p *Publisher) batchView(ctx context.Context, b *batchRecord) (*batchObject
 // record was read. The sweeper runs it for every open batch; a nudge for
 // one.
 func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
+	// A pass and a nudge may reach the same batch at once: this process
+	// advances it once, whatever its store makes of conditional writes
+	// (the emulator ignores them).
+	if !p.advancing.add(key) {
+		return nil
+	}
+	defer p.advancing.remove(key)
 	raw, etag, err := p.store.ReadVersion(ctx, key, maxBatchRecord)
 	if errors.Is(err, payload.ErrMissing) {
 		return nil // its marker outlived it (create failed after the marker)
@@ -133,21 +141,31 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 	now := p.now()
 	switch b.Status {
 	case batchValidating:
-		if now.Sub(time.Unix(b.CreatedAt, 0)) <= batchSendStale {
-			return nil
+		claimed := b.ValidatingAt
+		if b.V < batchRecordVersion {
+			claimed = b.CreatedAt // validated before it was recorded, and being sent
 		}
-		// The publisher that made it died while sending: what it sent
-		// must not run, and the batch failed.
-		if err := p.cancelJob(ctx, b.ID); err != nil {
-			return err
+		switch {
+		case claimed == 0:
+			if ended, err := p.validateBatch(ctx, &b, etag); err != nil || !ended {
+				return err
+			}
+		case now.Unix()-claimed <= int64(batchSendStale/time.Second):
+			return nil // its validator is at work
+		default:
+			// Its validator died, perhaps while sending: what it sent
+			// must not run, and the batch failed.
+			if err := p.cancelJob(ctx, b.ID); err != nil {
+				return err
+			}
+			b.Status, b.FailedAt = batchFailed, now.Unix()
+			b.Errors = []batchError{{Code: CodeEnqueueInterrupted,
+				Message: "the publisher stopped while validating or sending the batch's requests; create the batch again"}}
+			if _, err := p.putBatchIf(ctx, &b, etag); err != nil {
+				return ignoreLost(err)
+			}
+			p.ended(&b)
 		}
-		b.Status, b.FailedAt = batchFailed, now.Unix()
-		b.Errors = []batchError{{Code: CodeEnqueueInterrupted,
-			Message: "the publisher stopped while sending the batch's requests; create the batch again"}}
-		if _, err := p.putBatchIf(ctx, &b, etag); err != nil {
-			return ignoreLost(err)
-		}
-		p.m.batchesEnded.WithLabelValues(b.Status).Inc()
 	case batchInProgress:
 		m, st, err := p.batchJob(ctx, &b)
 		if err != nil {
@@ -174,7 +192,7 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 			}
 			return ignoreLost(err)
 		}
-		p.m.batchesEnded.WithLabelValues(b.Status).Inc()
+		p.ended(&b)
 	case batchFinalizing:
 		if now.Unix()-b.FinalizingAt < int64(finalizeStale/time.Second) {
 			return nil // its finalizer is at work
@@ -191,10 +209,18 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 		if err := p.finalizeBatch(ctx, &b, etag, m, st); err != nil {
 			return ignoreLost(err)
 		}
-		p.m.batchesEnded.WithLabelValues(b.Status).Inc()
+		p.ended(&b)
 	}
 	// Ended, here or before.
 	return p.store.Delete(ctx, job.OpenBatchKey(b.Owner, b.ID))
+}
+
+// ended counts b, which has just ended by this process's write, and sends
+// its webhook event: the owner of a batch's last transition is the one
+// that announces it.
+func (p *Publisher) ended(b *batchRecord) {
+	p.m.batchesEnded.WithLabelValues(b.Status).Inc()
+	p.hooks.batchEnded(b)
 }
 
 // release gives back the finalizing claim at etag of a finalizer that

@@ -11,13 +11,13 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/openai/openai-go/v3"
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/s3cond"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 // Issue 32, item 5: a batch advances itself. Its record is moved by one
@@ -39,20 +39,6 @@ func condStore(t *testing.T, e *env) (*payload.Store, *s3cond.Proxy) {
 	return payload.New(s3.New(opts), e.store.Bucket()), proxy
 }
 
-// putResults stores a result for chunks from..to-1 of a batch of
-// embeddingLines, one line a chunk, as a subscriber stores one.
-func putResults(t *testing.T, e *env, batchID string, from, to int) {
-	t.Helper()
-	body := `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],"model":"ref","usage":{"prompt_tokens":3,"total_tokens":3}}`
-	for c := from; c < to; c++ {
-		res := fmt.Sprintf(`{"v":1,"job_id":%q,"chunk":%d,"model":"ref","outputs":[{"id":"e-%d","response":{"status_code":200,"body":%s}}],"attempt":1,"worker_ms":1}`,
-			batchID, c, c, body)
-		if _, err := e.store.Put(t.Context(), job.ResultKey(batchID, c), []byte(res)); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // record reads a batch's record from the bucket, as no client can.
 func record(t *testing.T, e *env, id string) map[string]any {
 	t.Helper()
@@ -68,13 +54,13 @@ func record(t *testing.T, e *env, id string) map[string]any {
 }
 
 // getAll GETs batch id with n clients at once, and returns the statuses.
-func getAll(t *testing.T, c openai.Client, id string, n int) []openai.BatchStatus {
+func getAll(t *testing.T, c *apiClient, id string, n int) []string {
 	t.Helper()
-	got := make([]openai.BatchStatus, n)
+	got := make([]string, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			b, err := c.Batches.Get(t.Context(), id)
+			b, err := c.getBatch(t.Context(), id)
 			if err != nil {
 				t.Errorf("Get: %s", apiError(err))
 				return
@@ -96,14 +82,14 @@ func TestBatchSettledReadsFinalizeOnce(t *testing.T) {
 	e := newEnv(t, true)
 	store, proxy := condStore(t, e)
 	s := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store})
-	c := s.sdk("")
-	bt := newBatch(t, c, upload(t, c, "settled.jsonl", embeddingLines(16)).ID, openai.BatchNewParamsEndpointV1Embeddings)
-	putResults(t, e, bt.ID, 0, 16)
+	c := s.client("")
+	bt := newBatch(t, c, upload(t, c, "settled.jsonl", embeddingLines(16)).ID, "/v1/embeddings", s.sweep(t))
+	publishertest.PutResults(t, e.store, bt.ID, 0, 16)
 	bucket := store.Bucket()
 
 	proxy.Reset()
 	for i, st := range getAll(t, c, bt.ID, 12) {
-		if st != openai.BatchStatusFinalizing {
+		if st != "finalizing" {
 			t.Errorf("reader %d saw %s; want finalizing", i, st)
 		}
 	}
@@ -127,8 +113,8 @@ func TestBatchSettledReadsFinalizeOnce(t *testing.T) {
 	if n := proxy.Count("GET", bucket, "results/"); n != 16 {
 		t.Errorf("the batch's 16 results were read %d times; want once each (one finalization)", n)
 	}
-	done, err := c.Batches.Get(t.Context(), bt.ID)
-	if err != nil || done.Status != openai.BatchStatusCompleted || done.RequestCounts.Completed != 16 || done.ErrorFileID != "" {
+	done, err := c.getBatch(t.Context(), bt.ID)
+	if err != nil || done.Status != "completed" || done.RequestCounts.Completed != 16 || done.ErrorFileID != "" {
 		t.Fatalf("after the sweeps: %v %s", err, done.RawJSON())
 	}
 	if out := fileLines(t, c, done.OutputFileID); len(out) != 16 {
@@ -174,8 +160,8 @@ func TestBatchNobodyReadsExpires(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	s := e.serveUnswept(publisher.Config{ChunkItems: 2})
-	c := s.sdk("")
-	bx := newBatch(t, c, upload(t, c, "expire.jsonl", embeddingLines(4)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	c := s.client("")
+	bx := newBatch(t, c, upload(t, c, "expire.jsonl", embeddingLines(4)).ID, "/v1/embeddings", s.sweep(t))
 	key := job.BatchKey("", bx.ID)
 	raw, err := e.store.Read(t.Context(), key)
 	if err != nil {
@@ -202,7 +188,7 @@ func TestBatchNobodyReadsExpires(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	expired, err := c.Batches.Get(t.Context(), bx.ID)
+	expired, err := c.getBatch(t.Context(), bx.ID)
 	if err != nil || expired.ExpiredAt == 0 || expired.RequestCounts.Failed != 4 || expired.OutputFileID != "" {
 		t.Fatalf("expired: %v %s", err, expired.RawJSON())
 	}
@@ -228,13 +214,13 @@ func TestBatchFinalizationResumes(t *testing.T) {
 	e := newEnv(t, true)
 	store, proxy := condStore(t, e)
 	s := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store})
-	c := s.sdk("")
-	bt := newBatch(t, c, upload(t, c, "resume.jsonl", embeddingLines(3)).ID, openai.BatchNewParamsEndpointV1Embeddings)
-	putResults(t, e, bt.ID, 0, 3)
-	ended := func(b *openai.Batch) {
+	c := s.client("")
+	bt := newBatch(t, c, upload(t, c, "resume.jsonl", embeddingLines(3)).ID, "/v1/embeddings", s.sweep(t))
+	publishertest.PutResults(t, e.store, bt.ID, 0, 3)
+	ended := func(b *batch) {
 		t.Helper()
-		done, err := c.Batches.Get(t.Context(), b.ID)
-		if err != nil || done.Status != openai.BatchStatusCompleted || done.RequestCounts.Completed != 3 {
+		done, err := c.getBatch(t.Context(), b.ID)
+		if err != nil || done.Status != "completed" || done.RequestCounts.Completed != 3 {
 			t.Fatalf("%v %s; want completed", err, done.RawJSON())
 		}
 		if out := fileLines(t, c, done.OutputFileID); len(out) != 3 {
@@ -257,8 +243,8 @@ func TestBatchFinalizationResumes(t *testing.T) {
 	ended(bt)
 
 	// A finalizer that died: its claim, as it left it.
-	bd := newBatch(t, c, upload(t, c, "died.jsonl", embeddingLines(3)).ID, openai.BatchNewParamsEndpointV1Embeddings)
-	putResults(t, e, bd.ID, 0, 3)
+	bd := newBatch(t, c, upload(t, c, "died.jsonl", embeddingLines(3)).ID, "/v1/embeddings", s.sweep(t))
+	publishertest.PutResults(t, e.store, bd.ID, 0, 3)
 	claim := func(at time.Time) {
 		t.Helper()
 		m := record(t, e, bd.ID)
@@ -292,8 +278,8 @@ func TestBatchCancelEndedByOwner(t *testing.T) {
 	e := newEnv(t, true)
 	store, proxy := condStore(t, e)
 	s := e.serveUnswept(publisher.Config{ChunkItems: 2, Payloads: store})
-	c := s.sdk("")
-	bt := newBatch(t, c, upload(t, c, "cancel.jsonl", embeddingLines(6)).ID, openai.BatchNewParamsEndpointV1Embeddings)
+	c := s.client("")
+	bt := newBatch(t, c, upload(t, c, "cancel.jsonl", embeddingLines(6)).ID, "/v1/embeddings", s.sweep(t))
 	body := `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],"model":"ref","usage":{"prompt_tokens":3,"total_tokens":3}}`
 	res := `{"v":1,"job_id":"` + bt.ID + `","chunk":0,"model":"ref","outputs":[` +
 		`{"id":"e-0","response":{"status_code":200,"body":` + body + `}},{"id":"e-1","response":{"status_code":200,"body":` + body + `}}],"attempt":1,"worker_ms":1}`
@@ -302,21 +288,21 @@ func TestBatchCancelEndedByOwner(t *testing.T) {
 	}
 	bucket := store.Bucket()
 	proxy.Reset()
-	cb, err := c.Batches.Cancel(t.Context(), bt.ID)
-	if err != nil || cb.Status != openai.BatchStatusCancelling || cb.CancellingAt == 0 {
+	cb, err := c.cancelBatch(t.Context(), bt.ID)
+	if err != nil || cb.Status != "cancelling" || cb.CancellingAt == 0 {
 		t.Fatalf("cancel: %v %s", err, cb.RawJSON())
 	}
 	e.runSubscriber() // deletes the two chunks unrun
 	deadline := time.Now().Add(time.Minute)
 	for {
-		b, err := c.Batches.Get(t.Context(), bt.ID)
+		b, err := c.getBatch(t.Context(), bt.ID)
 		if err != nil {
 			t.Fatal(apiError(err))
 		}
-		if b.Status == openai.BatchStatusFinalizing {
+		if b.Status == "finalizing" {
 			break
 		}
-		if b.Status != openai.BatchStatusCancelling || time.Now().After(deadline) {
+		if b.Status != "cancelling" || time.Now().After(deadline) {
 			t.Fatalf("the cancelled batch reads %s; want cancelling, then finalizing", b.Status)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -330,7 +316,7 @@ func TestBatchCancelEndedByOwner(t *testing.T) {
 	if st := record(t, e, bt.ID)["status"]; st != "cancelled" {
 		t.Fatalf("after the sweep the record is %v; want cancelled", st)
 	}
-	cancelled, err := c.Batches.Get(t.Context(), bt.ID)
+	cancelled, err := c.getBatch(t.Context(), bt.ID)
 	if err != nil || cancelled.CancelledAt == 0 || cancelled.RequestCounts.Completed != 2 || cancelled.RequestCounts.Failed != 4 {
 		t.Fatalf("cancelled: %v %s", err, cancelled.RawJSON())
 	}
@@ -348,9 +334,9 @@ func TestBatchCompletionEventFinalizes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	s := e.serveUnswept(publisher.Config{ChunkItems: 1})
-	c := s.sdk("")
-	bt := newBatch(t, c, upload(t, c, "event.jsonl", embeddingLines(2)).ID, openai.BatchNewParamsEndpointV1Embeddings)
-	putResults(t, e, bt.ID, 0, 2)
+	c := s.client("")
+	bt := newBatch(t, c, upload(t, c, "event.jsonl", embeddingLines(2)).ID, "/v1/embeddings", s.sweep(t))
+	publishertest.PutResults(t, e.store, bt.ID, 0, 2)
 	fn := publisher.LambdaEvents(s.pub.Handler(), s.pub)
 	ev := snsEvent(fmt.Sprintf(`{"v":1,"event":"job.completed","job_id":%q,"batch_id":%q,"revision":1,"status":"completed"}`, bt.ID, bt.ID))
 	if _, err := fn(t.Context(), ev); err != nil {

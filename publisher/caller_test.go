@@ -160,7 +160,7 @@ func TestKeylessCallersOwnTheirFilesAndBatches(t *testing.T) {
 		a = c.call(t, h, "POST", "/v1/batches", map[string]string{"content-type": "application/json"},
 			`{"input_file_id":"`+f.ID+`","endpoint":"/v1/embeddings","completion_window":"24h"}`, false)
 		var b struct{ ID, Status string }
-		if a.StatusCode != 200 || json.Unmarshal([]byte(a.Body), &b) != nil || b.Status != "in_progress" {
+		if a.StatusCode != 200 || json.Unmarshal([]byte(a.Body), &b) != nil || b.Status != "validating" {
 			t.Fatalf("%s: batch: %d %s", c.name, a.StatusCode, a.Body)
 		}
 		mine[c.name] = owned{f.ID, b.ID}

@@ -91,69 +91,101 @@ func (pl *Planner) PlanFor(jobID, endpoint string, items []RequestItem, chunkIte
 		// DecodeJobRequest refuses it; the envelope could not hold it.
 		return nil, apiErr(http.StatusInternalServerError, CodeInternal, "a job was planned for an endpoint outside the API")
 	}
-	budget := pl.MaxMessageBytes - overhead(jobID, endpoint)
-	attrs := attributes(jobID, 0, longestTenant) // each chunk's, with its number set below
-	// The envelope of a job with an endpoint is longer than maxInlineItem
-	// allows for, by the endpoint's field.
-	maxItem := min(pl.MaxItemBytes, budget)
+	budget, maxItem := pl.bounds(jobID, endpoint)
 	p := &Plan{}
 	encs := make([][]byte, len(items))
 	ie := newItemEncoder()
 	for i, it := range items {
-		enc := ie.encode(&job.Item{ID: it.ID, Text: it.Text, Data: it.Data, Body: it.Body})
-		if len(enc) > maxItem {
-			if pl.Bucket == "" {
-				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID,
-					"the item is over the %d bytes that fit in a message, and no payload bucket is configured for larger ones", maxItem)
-			}
-			sum := sha256.Sum256(enc)
-			c := Claim{Index: i, ID: it.ID, Body: enc, Ref: job.PayloadRef{
-				Bucket: pl.Bucket, Key: job.ItemKey(jobID, it.ID), Size: int64(len(enc)), SHA256: hex.EncodeToString(sum[:]),
-			}}
-			p.Claims = append(p.Claims, c)
-			ref := c.Ref
-			enc = ie.encode(&job.Item{ID: it.ID, Ref: &ref})
-			if len(enc) > budget {
-				// Only a pathological bucket name could do this.
-				return nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID,
-					"even the item's payload reference does not fit in a message")
-			}
+		enc, claim, e := pl.encodeItem(ie, jobID, i, it, budget, maxItem)
+		if e != nil {
+			return nil, e
+		}
+		if claim != nil {
+			p.Claims = append(p.Claims, *claim)
 		}
 		encs[i] = enc
 	}
-	// A chunk's items are joined by commas: each item is charged its comma,
-	// and the budget has room for the one more than a chunk has.
-	chunks := batcher.Cut(encs, batcher.Bounds{Count: chunkItems, Size: int64(budget) + 1},
-		func(enc []byte) (int, int64) { return 1, int64(len(enc)) + 1 })
+	chunks := cutChunks(encs, chunkItems, budget, func(enc []byte) int64 { return int64(len(enc)) })
 	p.Chunks = make([]Chunk, len(chunks))
 	for i, items := range chunks {
-		// Sized exactly, once: a growing buffer, then a copy into a
-		// string, tripled what planning allocates for a large job
-		// (BenchmarkConcurrentMaxBodies).
-		prefix := envelopePrefix(jobID, endpoint, i, len(chunks))
-		size := len(prefix) + len(items) - 1 + len(envelopeSuffix)
-		for _, enc := range items {
-			size += len(enc)
+		c, e := pl.chunk(jobID, endpoint, i, len(chunks), items)
+		if e != nil {
+			return nil, e
 		}
-		var body strings.Builder
-		body.Grow(size)
-		body.WriteString(prefix)
-		for j, enc := range items {
-			if j > 0 {
-				body.WriteByte(',')
-			}
-			body.Write(enc)
-		}
-		body.WriteString(envelopeSuffix)
-		attrs[job.AttrChunk] = strconv.Itoa(i)
-		if n := job.MessageSize(body.String(), attrs); n > pl.MaxMessageBytes {
-			// The budget above makes this impossible; refuse rather than
-			// send a message SQS would reject halfway through a job.
-			return nil, apiErr(http.StatusInternalServerError, CodeInternal, "chunk %d planned at %d bytes, over the message limit", i, n)
-		}
-		p.Chunks[i] = Chunk{Index: i, Items: len(items), Body: body.String()}
+		p.Chunks[i] = c
 	}
 	return p, nil
+}
+
+// bounds are the bytes a message of job jobID has for its items, and the
+// largest encoded item carried inline.
+func (pl *Planner) bounds(jobID, endpoint string) (budget, maxItem int) {
+	budget = pl.MaxMessageBytes - overhead(jobID, endpoint)
+	// The envelope of a job with an endpoint is longer than maxInlineItem
+	// allows for, by the endpoint's field.
+	return budget, min(pl.MaxItemBytes, budget)
+}
+
+// encodeItem encodes item i of job jobID for its message, or, when that is
+// over maxItem, its reference and the Claim to upload.
+func (pl *Planner) encodeItem(ie *itemEncoder, jobID string, i int, it RequestItem, budget, maxItem int) ([]byte, *Claim, *APIError) {
+	enc := ie.encode(&job.Item{ID: it.ID, Text: it.Text, Data: it.Data, Body: it.Body})
+	if len(enc) <= maxItem {
+		return enc, nil, nil
+	}
+	if pl.Bucket == "" {
+		return nil, nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID,
+			"the item is over the %d bytes that fit in a message, and no payload bucket is configured for larger ones", maxItem)
+	}
+	sum := sha256.Sum256(enc)
+	c := &Claim{Index: i, ID: it.ID, Body: enc, Ref: job.PayloadRef{
+		Bucket: pl.Bucket, Key: job.ItemKey(jobID, it.ID), Size: int64(len(enc)), SHA256: hex.EncodeToString(sum[:]),
+	}}
+	ref := c.Ref
+	enc = ie.encode(&job.Item{ID: it.ID, Ref: &ref})
+	if len(enc) > budget {
+		// Only a pathological bucket name could do this.
+		return nil, nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID,
+			"even the item's payload reference does not fit in a message")
+	}
+	return enc, c, nil
+}
+
+// cutChunks cuts a job's encoded items, whose sizes size gives, into its
+// chunks. A chunk's items are joined by commas: each item is charged its
+// comma, and the budget has room for the one more than a chunk has.
+func cutChunks[T any](encs []T, chunkItems, budget int, size func(T) int64) [][]T {
+	return batcher.Cut(encs, batcher.Bounds{Count: chunkItems, Size: int64(budget) + 1},
+		func(enc T) (int, int64) { return 1, size(enc) + 1 })
+}
+
+// chunk is chunk i of the chunks of job jobID, made of its encoded items.
+func (pl *Planner) chunk(jobID, endpoint string, i, chunks int, items [][]byte) (Chunk, *APIError) {
+	// Sized exactly, once: a growing buffer, then a copy into a string,
+	// tripled what planning allocates for a large job
+	// (BenchmarkConcurrentMaxBodies).
+	prefix := envelopePrefix(jobID, endpoint, i, chunks)
+	size := len(prefix) + len(items) - 1 + len(envelopeSuffix)
+	for _, enc := range items {
+		size += len(enc)
+	}
+	var body strings.Builder
+	body.Grow(size)
+	body.WriteString(prefix)
+	for j, enc := range items {
+		if j > 0 {
+			body.WriteByte(',')
+		}
+		body.Write(enc)
+	}
+	body.WriteString(envelopeSuffix)
+	attrs := attributes(jobID, i, longestTenant)
+	if n := job.MessageSize(body.String(), attrs); n > pl.MaxMessageBytes {
+		// The budget makes this impossible; refuse rather than send a
+		// message SQS would reject halfway through a job.
+		return Chunk{}, apiErr(http.StatusInternalServerError, CodeInternal, "chunk %d planned at %d bytes, over the message limit", i, n)
+	}
+	return Chunk{Index: i, Items: len(items), Body: body.String()}, nil
 }
 
 // The work message is written by hand around the encoded items so that its

@@ -122,6 +122,12 @@ type Config struct {
 	// subscriber has its own switch (-model-server-allow-remote-urls), and
 	// refuses them too unless it is on (docs/security.md).
 	AllowRemoteURLs bool
+	// BatchWebhookURL, when set, is sent OpenAI's batch.completed,
+	// batch.failed, batch.expired and batch.cancelled events, signed with
+	// BatchWebhookSecret ("whsec_" and base64, Standard Webhooks) as OpenAI
+	// signs them (webhooks.go).
+	BatchWebhookURL    string
+	BatchWebhookSecret string
 	// MaxFileBytes, MaxFileLines and MaxFileLineBytes bound a file uploaded
 	// to POST /v1/files: its bytes, its lines (JSONL: a last line without
 	// its newline counts), and the bytes of each line, its newline not
@@ -344,6 +350,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Queue == nil {
 		bad("Queue", "no work queue")
+	}
+	if c.BatchWebhookURL != "" {
+		if u, err := url.Parse(c.BatchWebhookURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			bad("BatchWebhookURL", "batch webhook URL %q: want an http or https URL", c.BatchWebhookURL)
+		}
+		if _, err := webhookKey(c.BatchWebhookSecret); err != nil {
+			bad("BatchWebhookSecret", "%v", err)
+		}
 	}
 	if c.MaxMessageBytes < job.MinMessageBytes || c.MaxMessageBytes > job.MaxMessageBytes {
 		bad("MaxMessageBytes", "max message bytes %d: want %d to %d", c.MaxMessageBytes, job.MinMessageBytes, job.MaxMessageBytes)

@@ -6,18 +6,14 @@ package publisher_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strconv"
 	"testing"
-	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +23,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 type env struct {
@@ -70,16 +67,7 @@ type server struct {
 func (e *env) serve(cfg publisher.Config) *server {
 	e.t.Helper()
 	s := e.serveUnswept(cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		s.pub.RunSweeper(ctx, time.Second)
-	}()
-	e.t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	publishertest.Sweep(e.t, s.pub)
 	return s
 }
 
@@ -87,31 +75,11 @@ func (e *env) serve(cfg publisher.Config) *server {
 // (Sweep).
 func (e *env) serveUnswept(cfg publisher.Config) *server {
 	e.t.Helper()
-	lim, err := publisher.QueueLimits(e.t.Context(), e.client, e.urls.Work)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = lim.MaxMessageBytes
-	}
-	if cfg.Queue == nil {
-		cfg.Queue = publisher.NewSQSQueue(e.client, e.urls.Work)
-	}
-	if cfg.Payloads == nil {
-		cfg.Payloads = e.store
-	}
-	s := &server{env: e, reg: prometheus.NewRegistry()}
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger()
 	}
-	cfg.Registerer = s.reg
-	if s.pub, err = publisher.New(cfg); err != nil {
-		e.t.Fatal(err)
-	}
-	srv := httptest.NewServer(s.pub.Handler())
-	e.t.Cleanup(srv.Close)
-	s.url = srv.URL
-	return s
+	p := publishertest.Serve(e.t, e.client, e.urls.Work, e.store, cfg)
+	return &server{env: e, pub: p.Pub, reg: p.Reg, url: p.URL}
 }
 
 // reply is an HTTP response, read.
@@ -186,42 +154,13 @@ type received struct {
 	attrs map[string]string
 }
 
-// drain receives the messages on the work queue until it has want new
-// ones and a receive brings nothing new, or 20 s pass. Messages are told
-// apart by message id, across calls: a receive retried by the SDK after its
-// response was lost strands the messages of the lost attempt until their
-// visibility ends (see docs/reliability.md), so they are kept invisible for only 2 s
-// and, when they come back, are not counted twice. Two sends of one chunk
-// are two message ids, and are both counted.
+// drain is publishertest.Drain of the env's work queue, its messages told
+// apart across calls.
 func (e *env) drain(want int) []received {
 	e.t.Helper()
 	var out []received
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
-		r, err := e.client.ReceiveMessage(e.t.Context(), &sqs.ReceiveMessageInput{QueueUrl: &e.urls.Work, MaxNumberOfMessages: 10,
-			WaitTimeSeconds: 1, VisibilityTimeout: 2, MessageAttributeNames: []string{"All"}})
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		fresh := 0
-		for _, m := range r.Messages {
-			if e.seen[aws.ToString(m.MessageId)] {
-				continue
-			}
-			e.seen[aws.ToString(m.MessageId)] = true
-			fresh++
-			w, err := job.DecodeWork([]byte(aws.ToString(m.Body)))
-			if err != nil {
-				e.t.Fatalf("message on the work queue: %v", err)
-			}
-			attrs := map[string]string{}
-			for k, v := range m.MessageAttributes {
-				attrs[k] = aws.ToString(v.StringValue)
-			}
-			out = append(out, received{w, attrs})
-		}
-		if fresh == 0 && len(out) >= want {
-			return out
-		}
+	for _, m := range publishertest.Drain(e.t, e.client, e.urls.Work, e.seen, want) {
+		out = append(out, received{m.Work, m.Attrs})
 	}
 	return out
 }

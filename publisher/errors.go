@@ -101,6 +101,10 @@ func writeError(w http.ResponseWriter, e *APIError) {
 		o.writeError(e)
 		return
 	}
+	if a, ok := w.(*anthropicWriter); ok {
+		a.writeError(e)
+		return
+	}
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	writeJSON(w, e.Status, errorBody{Error: e})
 }

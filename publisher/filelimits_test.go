@@ -5,20 +5,15 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/openai/openai-go/v3"
-
-	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/s3front"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 // fileID is a file id made at created, of the grammar newFileID's are:
@@ -52,22 +47,7 @@ func putFileRecord(t *testing.T, store *payload.Store, owner string, created tim
 
 // countedStore is e's bucket through an S3 front that counts requests.
 func countedStore(t *testing.T, e *env) (*payload.Store, *s3front.Front) {
-	t.Helper()
-	endpoint := os.Getenv("AWS_ENDPOINT_URL_S3")
-	if endpoint == "" {
-		endpoint = os.Getenv("AWS_ENDPOINT_URL")
-	}
-	cfg, err := awsconfig.Load(t.Context(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, err := cfg.Credentials.Retrieve(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := s3front.Start(t, endpoint, creds)
-	client := s3.NewFromConfig(cfg, func(o *s3.Options) { o.BaseEndpoint, o.UsePathStyle = aws.String(front.URL), true })
-	return payload.New(client, e.store.Bucket()), front
+	return publishertest.FrontedStore(t, e.store)
 }
 
 // Issue 34, item 5: a listing reads at most limit+1+100 records, whatever
@@ -83,7 +63,7 @@ func TestFileListingReadsAreBounded(t *testing.T) {
 	e := newEnv(t, true)
 	store, front := countedStore(t, e)
 	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, Payloads: store})
-	a := s.sdk("key-a")
+	a := s.client("key-a")
 	now := time.Now()
 	live := putFileRecord(t, e.store, "acme", now.Add(-3*time.Hour), "batch", now.Add(time.Hour))
 	putFileRecord(t, e.store, "acme", now.Add(-31*24*time.Hour), "batch", now.Add(time.Hour)) // a record S3 still holds, past any expiry
@@ -98,7 +78,7 @@ func TestFileListingReadsAreBounded(t *testing.T) {
 	reads := func() int { return front.Count(s3front.Reads("files/")) }
 
 	before := reads()
-	page, err := a.Files.List(t.Context(), openai.FileListParams{Limit: openai.Int(1), Purpose: openai.String("batch_output")})
+	page, err := a.listFiles(t.Context(), "limit=1&purpose=batch_output")
 	if err != nil || len(page.Data) != 1 || page.Data[0].ID != outputs[len(outputs)-1] || !page.HasMore {
 		t.Errorf("limit 1, purpose batch_output: %v %s; want the newest output file, %s, and has_more", err, page.RawJSON(), outputs[len(outputs)-1])
 	}
@@ -109,7 +89,7 @@ func TestFileListingReadsAreBounded(t *testing.T) {
 	var got []string
 	for call := 1; call <= 3 && len(got) == 0; call++ {
 		before = reads()
-		page, err = a.Files.List(t.Context(), openai.FileListParams{Limit: openai.Int(1), Purpose: openai.String("batch")})
+		page, err = a.listFiles(t.Context(), "limit=1&purpose=batch")
 		if err != nil {
 			t.Fatalf("limit 1, purpose batch: %s", apiError(err))
 		}
@@ -145,13 +125,13 @@ func TestFileCountIsBounded(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}, MaxFiles: 3})
-	a, b := s.sdk("key-a"), s.sdk("key-b")
+	a, b := s.client("key-a"), s.client("key-b")
 	var ids []string
 	for i := range 3 {
 		ids = append(ids, upload(t, a, fmt.Sprintf("f%d.jsonl", i), batchLines(1, "c")).ID)
 	}
-	over := openai.FileNewParams{File: openai.File(bytes.NewReader(batchLines(1, "o")), "over.jsonl", "application/jsonl"), Purpose: openai.FilePurposeBatch}
-	_, err := a.Files.New(t.Context(), over)
+	over := fileParams{name: "over.jsonl", data: batchLines(1, "o")}
+	_, err := a.newFile(t.Context(), over)
 	wantAPIError(t, "the 4th upload with -max-files 3", err, 403, "too_many_files", "file")
 	keys, err := e.store.List(t.Context(), job.FilesPrefix("acme"))
 	if err != nil || len(keys) != 2*3 {
@@ -159,12 +139,12 @@ func TestFileCountIsBounded(t *testing.T) {
 	}
 	upload(t, b, "globex.jsonl", batchLines(1, "g"))
 
-	if _, err := a.Files.Delete(t.Context(), ids[0]); err != nil {
+	if err := a.deleteFile(t.Context(), ids[0]); err != nil {
 		t.Fatalf("Delete: %s", apiError(err))
 	}
 	putFileRecord(t, e.store, "acme", time.Now().Add(-31*24*time.Hour), "batch", time.Now().Add(time.Hour))
 	upload(t, a, "room.jsonl", batchLines(1, "r"))
-	_, err = a.Files.New(t.Context(), over)
+	_, err = a.newFile(t.Context(), over)
 	wantAPIError(t, "an upload at the limit again", err, 403, "too_many_files", "file")
 }
 
@@ -176,16 +156,15 @@ func TestBatchLinesAreBoundedByTheFileLimits(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, MaxItems: 2, ChunkItems: 2, MaxFileLines: 5})
-	a := s.sdk("key-a")
+	a := s.client("key-a")
 	f := upload(t, a, "five.jsonl", batchLines(5, "b"))
-	if bt := newBatch(t, a, f.ID, openai.BatchNewParamsEndpointV1Embeddings); bt.Status != openai.BatchStatusInProgress || bt.RequestCounts.Total != 5 {
+	if bt := newBatch(t, a, f.ID, "/v1/embeddings"); bt.Status != "in_progress" || bt.RequestCounts.Total != 5 {
 		t.Errorf("a 5-line batch with -max-items 2: %s", bt.RawJSON())
 	}
 	if r := s.post(jobBody(t, manyItems("j", 3, 2), 0), map[string]string{"Authorization": "Bearer key-a"}); r.status != 422 ||
 		!bytes.Contains(r.body, []byte("too_many_items")) {
 		t.Errorf("a job of 3 items with -max-items 2: %d %s", r.status, r.body)
 	}
-	_, err := a.Files.New(t.Context(), openai.FileNewParams{File: openai.File(bytes.NewReader(batchLines(6, "x")), "six.jsonl", "application/jsonl"),
-		Purpose: openai.FilePurposeBatch})
+	_, err := a.newFile(t.Context(), fileParams{name: "six.jsonl", data: batchLines(6, "x")})
 	wantAPIError(t, "a 6-line file with -max-file-lines 5", err, 400, "too_many_lines", "file")
 }

@@ -219,13 +219,12 @@ func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string
 		p.m.claimChecked.Add(float64(len(plan.Claims)))
 	}
 	if p.store != nil {
-		m := job.Manifest{V: 1, JobID: jobID, Owner: owner, Chunks: len(plan.Chunks), Items: items, ClaimChecked: len(plan.Claims), CreatedAt: p.now().UTC()}
+		var chunkItems []int
 		for _, c := range plan.Chunks {
-			m.ChunkItems = append(m.ChunkItems, c.Items)
+			chunkItems = append(chunkItems, c.Items)
 		}
-		if _, err := p.store.Put(ctx, job.ManifestKey(jobID), encodeJSON(m)); err != nil {
-			p.log.Error("job manifest", "job_id", jobID, "err", err)
-			return 0, apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "writing the job's manifest failed; nothing was sent")
+		if e := p.putManifest(ctx, jobID, owner, chunkItems, items, len(plan.Claims)); e != nil {
+			return 0, e
 		}
 	}
 	sent, err := p.sender.send(ctx, jobID, tenantName, plan.Chunks)
@@ -236,6 +235,18 @@ func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string
 				"(retry with the same Idempotency-Key to send it again under the same id)", sent, len(plan.Chunks))
 	}
 	return sent, nil
+}
+
+// putManifest writes the manifest of job jobID, whose chunks hold
+// chunkItems items each.
+func (p *Publisher) putManifest(ctx context.Context, jobID, owner string, chunkItems []int, items, claims int) *APIError {
+	m := job.Manifest{V: 1, JobID: jobID, Owner: owner, Chunks: len(chunkItems), Items: items, ClaimChecked: claims,
+		ChunkItems: chunkItems, CreatedAt: p.now().UTC()}
+	if _, err := p.store.Put(ctx, job.ManifestKey(jobID), encodeJSON(m)); err != nil {
+		p.log.Error("job manifest", "job_id", jobID, "err", err)
+		return apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "writing the job's manifest failed; nothing was sent")
+	}
+	return nil
 }
 
 func (p *Publisher) limits() RequestLimits {

@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openai/openai-go/v3"
-
 	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/publisher"
 )
@@ -168,12 +166,12 @@ func TestBatchWithTheOpenAIJavaScriptSDK(t *testing.T) {
 	}
 
 	// The script's batch is this publisher's, completed, with its file.
-	c := s.sdk("key-js")
-	b, err := c.Batches.Get(t.Context(), sum.BatchID)
+	c := s.client("key-js")
+	b, err := c.getBatch(t.Context(), sum.BatchID)
 	if err != nil {
 		t.Fatalf("the script's batch %q: %s", sum.BatchID, apiError(err))
 	}
-	if b.Status != openai.BatchStatusCompleted || b.InputFileID != sum.FileID || b.OutputFileID != sum.OutputFileID ||
+	if b.Status != "completed" || b.InputFileID != sum.FileID || b.OutputFileID != sum.OutputFileID ||
 		b.RequestCounts.Completed != n || b.Metadata["client"] != "openai-node" {
 		t.Errorf("the script's batch as the publisher has it: %s", b.RawJSON())
 	}

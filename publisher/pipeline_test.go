@@ -1,20 +1,17 @@
 package publisher_test
 
 import (
-	"context"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/publisher"
-	"github.com/vramq/vramq/subscriber"
-	"github.com/vramq/vramq/subscriber/sqsqueue"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 // runSubscriber runs a real subscriber (the reference model on a simulated
@@ -25,15 +22,7 @@ func (e *env) runSubscriber() { e.runSubscriberWith(nil) }
 // not nil.
 func (e *env) runSubscriberWith(wrap func(gpu.Model) gpu.Model) {
 	e.t.Helper()
-	mcfg := refembed.DefaultConfig()
-	w := refembed.GenerateWeights(mcfg)
-	dev := gpu.NewSim(w.Bytes() + 64<<20)
-	embedder, err := refembed.NewEmbedder(w, mcfg, dev)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { _ = embedder.Close() })
-	var model gpu.Model = embedder
+	model, dev := publishertest.RefModel(e.t)
 	if wrap != nil {
 		model = wrap(model)
 	}
@@ -44,31 +33,7 @@ func (e *env) runSubscriberWith(wrap func(gpu.Model) gpu.Model) {
 // bucket, until the test ends.
 func (e *env) runModel(model gpu.Model, dev gpu.Device) {
 	e.t.Helper()
-	sub, err := subscriber.New(subscriber.Config{
-		Queue:       sqsqueue.New(e.client, e.urls.Work),
-		Results:     sqsqueue.New(e.client, e.urls.Results),
-		DLQ:         sqsqueue.New(e.client, e.urls.DLQ),
-		Payloads:    e.store,
-		Model:       model,
-		Device:      dev,
-		VRAMReserve: 1 << 20,
-		WaitTime:    time.Second, // short polls keep shutdown quick
-		Visibility:  10 * time.Second,
-		Logger:      testLogger(),
-		Registerer:  prometheus.NewRegistry(),
-	})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
-	e.t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			e.t.Errorf("subscriber: %v", err)
-		}
-	})
+	publishertest.RunSubscriber(e.t, e.client, e.urls, e.store, model, dev, testLogger())
 }
 
 // waitSettled polls GET /v1/jobs/{id} until the job is no longer running.

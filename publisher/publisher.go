@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"golang.org/x/sync/semaphore"
 	"log/slog"
 	"net/http"
 	"path"
@@ -23,7 +24,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/tenant"
@@ -44,10 +44,14 @@ type Publisher struct {
 	rates   *limiter            // nil without rate limits
 	bodies  *bodyBudget         // request bodies in flight
 	results *resultShares       // bytes of stored results in flight (resultpage.go)
-	// batchBytes bounds the bytes of input files being read into batches
-	// at once (postBatch): MaxFileBytes.
+	// Batches (batches.go, batchvalidate.go, batchstate.go, webhooks.go).
+	// batchBytes bounds the bytes of Message Batch creates held at once
+	// while they are planned (msgbatches.go): MaxFileBytes. An OpenAI batch
+	// holds none: its file is validated streamed (batchvalidate.go).
 	batchBytes    *semaphore.Weighted
-	batchCreators clientSet // the clients creating a batch, one each
+	batchCreators keySet    // the clients creating a batch, one each
+	advancing     keySet    // the batches this process is advancing (advanceBatch)
+	hooks         *webhooks // nil without BatchWebhookURL
 	now           func() time.Time
 	nudges        chan string // records of batches a read found settled (sweeper.go)
 }
@@ -86,6 +90,9 @@ func New(cfg Config) (*Publisher, error) {
 	p.bodies = newBodyBudget(&cfg, m)
 	p.results = newResultShares(&cfg)
 	p.batchBytes = semaphore.NewWeighted(cfg.MaxFileBytes)
+	if p.hooks, err = newWebhooks(cfg.BatchWebhookURL, cfg.BatchWebhookSecret, cfg.Logger); err != nil {
+		return nil, fmt.Errorf("publisher config: %w", err)
+	}
 	return p, nil
 }
 
@@ -100,6 +107,10 @@ func New(cfg Config) (*Publisher, error) {
 //	POST /v1/batches, GET /v1/batches, GET /v1/batches/{id},
 //	POST /v1/batches/{id}/cancel
 //	                     OpenAI's Batch API (batches.go; auth, rate limits)
+//	POST /v1/messages/batches, GET /v1/messages/batches, GET and DELETE
+//	/v1/messages/batches/{id}, POST /v1/messages/batches/{id}/cancel,
+//	GET /v1/messages/batches/{id}/results
+//	                     Anthropic's Message Batches (msgbatches.go; auth, rate limits)
 //	GET  /healthz        liveness
 //
 // Every error is JSON, including 404 and 405, and every response says
@@ -136,6 +147,7 @@ func (p *Publisher) Handler() http.Handler {
 	mux.Handle("/v1/batches/{id}", openAI(methodNotAllowed("GET, HEAD")))
 	mux.Handle("/v1/batches/{id}/cancel", openAI(methodNotAllowed("POST")))
 	mux.Handle("/v1/batches/", openAI(http.HandlerFunc(notFound)))
+	p.messageBatchRoutes(mux) // Anthropic's Message Batches (msgbatches.go)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -68,8 +69,28 @@ func (p *Publisher) Sweep(ctx context.Context) error {
 }
 
 // RunSweeper sweeps every interval, and advances each batch it is nudged
-// about, until ctx ends.
+// about, until ctx ends. Nudged batches are advanced by sweepConcurrency
+// workers of their own, beside the passes: a nudge may start a long step
+// (a batch's validation reads its whole file), and that must hold back
+// neither the passes nor the other nudged batches.
 func (p *Publisher) RunSweeper(ctx context.Context, interval time.Duration) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for range sweepConcurrency {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case key := <-p.nudges:
+					if err := p.advanceBatch(ctx, key); err != nil {
+						p.m.sweepErrors.Inc()
+						p.log.Warn("advancing a batch", "key", key, "err", err)
+					}
+				}
+			}
+		})
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	_ = p.Sweep(ctx)
@@ -79,11 +100,6 @@ func (p *Publisher) RunSweeper(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			_ = p.Sweep(ctx)
-		case key := <-p.nudges:
-			if err := p.advanceBatch(ctx, key); err != nil {
-				p.m.sweepErrors.Inc()
-				p.log.Warn("advancing a batch", "key", key, "err", err)
-			}
 		}
 	}
 }
@@ -102,7 +118,7 @@ func (p *Publisher) nudge(key string) {
 // event triggers. Its marker names its owner, so it is found by a List of
 // the open batches; a batch with none has ended already.
 func (p *Publisher) AdvanceBatch(ctx context.Context, id string) error {
-	if p.store == nil || !validBatchID(id) {
+	if p.store == nil || !validBatchID(id) && !validMessageBatchID(id) {
 		return nil
 	}
 	keys, err := p.store.List(ctx, job.OpenBatchesPrefix)

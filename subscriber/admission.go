@@ -36,7 +36,7 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 	for t := range s.buffer {
 		if t.lease.lost.Load() {
 			s.startTasks(1)
-			s.release(t, 0) // gone already: a copy would run it twice
+			s.end(t, endRelease(0)) // gone already: a copy would run it twice
 			continue
 		}
 		if ctx.Err() != nil {
@@ -46,27 +46,16 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 		if s.adm.strategy == AdmitVRAM {
 			t.cost, t.factor = s.corr.apply(t.raw, s.adm.size)
 		}
-		w := s.adm.weight(t.cost)
+		n := s.adm.fit(need{weight: s.adm.weight(t.cost), res: t.needs})
 		var err error
-		slotsOK := t.slots == 0 || s.adm.slots.TryAcquire(t.slots)
-		if !slotsOK || !s.adm.tryAcquire(w) {
+		if !s.adm.tryTake(n) {
 			b.admissionFull()
 			if s.launchesAhead(t) {
 				t.ahead = s.launchAhead(ctx, t)
 			}
 			actx, cancel := context.WithDeadline(ctx, t.lease.received.Add(s.cfg.AdmitTimeout))
-			if !slotsOK {
-				if err = s.adm.slots.Acquire(actx, t.slots); err == nil {
-					slotsOK = true
-				}
-			}
-			if err == nil {
-				err = s.adm.acquire(actx, w)
-			}
+			err = s.adm.take(actx, n)
 			cancel()
-		}
-		if err != nil && slotsOK && t.slots > 0 {
-			s.adm.slots.Release(t.slots)
 		}
 		if err != nil {
 			reason := "shutdown"
@@ -80,13 +69,12 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 		}
 		s.stampAdmitted(t)
 		s.m.admitted.Inc()
-		t.hold = s.newHold(w, t.cost)
-		t.hold.slots = t.slots
+		t.hold = s.newHold(n, t.cost)
 		b.add(t)
 	}
 }
 
-// A hold is what one admitted message holds: its weight in admission and
+// A hold is what one admitted message holds: its need in admission and
 // its estimated bytes in flight (inflight_bytes, PeakBytes). Its task owns
 // it from admission to the message's end, and every give-back goes through
 // it. Each method gives back only what the hold still has, so a second
@@ -98,19 +86,18 @@ type hold struct {
 	s *Subscriber
 
 	mu        sync.Mutex
-	weight    int64 // units held in admission
-	slots     int64 // the model's request slots held (admission.slots)
+	need      need  // what it holds in admission
 	bytes     int64 // estimated bytes counted in flight
 	exclusive bool  // the whole budget, taken by takeAll: release ends the exclusive run
 	released  bool
 }
 
-// newHold is the hold of a message just admitted with weight w, counting
-// its bytes in flight. Only the admission goroutine calls it with bytes, so
+// newHold is the hold of a message just admitted with n, counting its
+// bytes in flight. Only the admission goroutine calls it with bytes, so
 // only it raises the peak.
-func (s *Subscriber) newHold(w, bytes int64) *hold {
+func (s *Subscriber) newHold(n need, bytes int64) *hold {
 	s.adm.holds.Add(1)
-	h := &hold{s: s, weight: w, bytes: bytes}
+	h := &hold{s: s, need: n, bytes: bytes}
 	if bytes > 0 {
 		s.m.inflight.Add(float64(bytes))
 		if now := s.inflight.Add(bytes); now > s.peak.Load() {
@@ -143,14 +130,8 @@ func (h *hold) release() {
 		h.s.inflight.Add(-h.bytes)
 		h.bytes = 0
 	}
-	if h.weight > 0 {
-		h.s.adm.giveBack(h.weight)
-		h.weight = 0
-	}
-	if h.slots > 0 {
-		h.s.adm.slots.Release(h.slots)
-		h.slots = 0
-	}
+	h.s.adm.putBack(h.need)
+	h.need = need{}
 	if h.exclusive {
 		h.exclusive = false
 		h.s.adm.endExclusive()
@@ -162,10 +143,8 @@ func (h *hold) release() {
 func (h *hold) yieldWeight() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.weight > 0 {
-		h.s.adm.giveBack(h.weight)
-		h.weight = 0
-	}
+	h.s.adm.putBack(need{weight: h.need.weight})
+	h.need.weight = 0
 }
 
 // errReleased is takeAll's on a hold released already.
@@ -190,7 +169,7 @@ func (h *hold) takeAll(ctx context.Context) (int64, error) {
 		a.endExclusive()
 		return 0, errReleased
 	}
-	h.weight += n
+	h.need.weight += n
 	h.exclusive = true
 	return n, nil
 }
@@ -201,19 +180,21 @@ func (h *hold) takeAll(ctx context.Context) (int64, error) {
 // on (released for a retry, with their bytes). An exclusive run stays with
 // its message's hold.
 func (s *Subscriber) handOver(from ...*hold) *hold {
-	to := s.newHold(0, 0)
+	to := s.newHold(need{}, 0)
 	for _, h := range from {
 		h.mu.Lock()
-		to.weight += h.weight
-		to.slots += h.slots // its requests are still out
-		h.weight, h.slots = 0, 0
+		to.need.weight += h.need.weight
+		for r, v := range h.need.res {
+			to.need.res[r] += v // its requests are still out
+		}
+		h.need = need{}
 		h.mu.Unlock()
 	}
 	return to
 }
 
-// giveBack releases what t holds in admission (hold.release). The ends of
-// a message (end.go) call it, so that no path can forget it.
+// giveBack releases what t holds in admission (hold.release), as every end
+// of a message does first (message.go), so that no path can forget it.
 func (s *Subscriber) giveBack(t *task) { t.hold.release() }
 
 // launchesAhead reports whether t, waiting for admission, is launched
@@ -246,5 +227,5 @@ func (s *Subscriber) launchAhead(ctx context.Context, t *task) *launched {
 func (s *Subscriber) releaseWaiting(t *task, why string) {
 	s.log.Debug("handing back unstarted message", "message_id", t.lease.msg.ID, "why", why)
 	s.startTasks(1)
-	s.handBack(t, 0, why)
+	s.end(t, endHandBack(0, why))
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // holdSubscriber is the least of a subscriber that holds work: an
@@ -24,7 +25,7 @@ func holdSubscriber(t *testing.T, budget int64) *Subscriber {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.close)
-	return &Subscriber{adm: a, m: newMetrics(prometheus.NewRegistry())}
+	return &Subscriber{admitting: admitting{adm: a}, m: newMetrics(prometheus.NewRegistry())}
 }
 
 // unreleased reports what admission still counts as held once every message
@@ -46,13 +47,13 @@ func TestHoldReleasesOnce(t *testing.T) {
 	if !s.adm.tryAcquire(60) {
 		t.Fatal("no room for 60 of 100")
 	}
-	h := s.newHold(60, 60)
+	h := s.newHold(need{weight: 60}, 60)
 	if s.inflight.Load() != 60 || s.PeakBytes() != 60 || s.adm.holds.Load() != 1 {
 		t.Fatalf("in flight %d, peak %d, holds %d; want 60, 60, 1", s.inflight.Load(), s.PeakBytes(), s.adm.holds.Load())
 	}
 	h.release()
 	h.release()
-	s.giveBack(&task{hold: h}) // an end after the runner let go (end.go)
+	s.giveBack(&task{hold: h}) // an end after the runner let go (message.go)
 	if err := unreleased(s); err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +71,7 @@ func TestMissedReleaseIsSeen(t *testing.T) {
 	if !s.adm.tryAcquire(30) {
 		t.Fatal("no room")
 	}
-	kept := s.newHold(30, 30)
+	kept := s.newHold(need{weight: 30}, 30)
 	if err := unreleased(s); err == nil {
 		t.Fatal("a hold never released went unseen")
 	}
@@ -87,7 +88,7 @@ func TestHoldHandOver(t *testing.T) {
 	if !s.adm.tryAcquire(70) {
 		t.Fatal("no room")
 	}
-	a, b := s.newHold(40, 40), s.newHold(30, 30)
+	a, b := s.newHold(need{weight: 40}, 40), s.newHold(need{weight: 30}, 30)
 	waiting := s.handOver(a, b)
 	a.release()
 	b.release()
@@ -110,7 +111,7 @@ func TestHoldTakesAllAndEndsExclusive(t *testing.T) {
 		if !s.adm.tryAcquire(20) || !s.adm.tryAcquire(30) {
 			t.Fatal("no room")
 		}
-		alone, other := s.newHold(20, 20), s.newHold(30, 30)
+		alone, other := s.newHold(need{weight: 20}, 20), s.newHold(need{weight: 30}, 30)
 		alone.yieldWeight()
 		if s.adm.held.Load() != 30 || s.inflight.Load() != 50 {
 			t.Fatalf("weight %d, bytes %d after yielding; want 30, 50 (the bytes stay)", s.adm.held.Load(), s.inflight.Load())
@@ -151,7 +152,7 @@ func TestHoldTakesAllAndEndsExclusive(t *testing.T) {
 // keeps nothing; one released already takes nothing.
 func TestHoldTakeAllFails(t *testing.T) {
 	s := holdSubscriber(t, 100)
-	h := s.newHold(0, 10)
+	h := s.newHold(need{weight: 0}, 10)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	if !s.adm.tryAcquire(1) {
@@ -173,17 +174,26 @@ func TestHoldTakeAllFails(t *testing.T) {
 	}
 }
 
-// slottedModel is the test model with request slots (gpu.Slotted): each
-// item is a request, and it counts the most items it ran at once.
+// slottedModel is the test model with request slots (backend.Offerer):
+// each item is a request, and it counts the most items it ran at once.
 type slottedModel struct {
 	*testModel
 	slots         int64
+	now           atomic.Int64 // the slots it offers now, when not 0; slots otherwise
 	running, most atomic.Int64
 }
 
-func (m *slottedModel) Slots() int64 { return m.slots }
+func (m *slottedModel) Offers() (now, most backend.Vector) {
+	now[backend.Slots], most[backend.Slots] = m.slots, m.slots
+	if n := m.now.Load(); n > 0 {
+		now[backend.Slots] = n
+	}
+	return now, most
+}
 
-func (m *slottedModel) SlotsFor(_ string, items []job.Item) int64 { return int64(len(items)) }
+func (m *slottedModel) Needs(_ string, items []job.Item) backend.Vector {
+	return backend.Vector{backend.Slots: int64(len(items))}
+}
 
 func (m *slottedModel) Run(ctx context.Context, items []job.Item) ([]job.Output, error) {
 	n := m.running.Add(int64(len(items)))
@@ -193,17 +203,25 @@ func (m *slottedModel) Run(ctx context.Context, items []job.Item) ([]job.Output,
 	return m.testModel.Run(ctx, items)
 }
 
+// startSlotted starts a subscriber on a slottedModel of slots, with
+// memory for every message.
+func startSlotted(t *testing.T, slots int64) (*harness, *slottedModel) {
+	t.Helper()
+	var model *slottedModel
+	h := startWith(t, 1<<30, Config{MaxBatch: 8, Prefetch: 20}, func(h *harness, c *Config) {
+		model = &slottedModel{testModel: h.model, slots: slots}
+		c.Model = model
+	})
+	return h, model
+}
+
 // A model that runs only so many requests at once (a model server's
 // concurrency) is admitted no more than its slots, though memory would take
 // all: the rest wait unstarted, where a job's cancel still reaches them.
 // A message needing more slots than there are takes them all and runs.
 func TestAdmissionHoldsToTheModelsSlots(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var model *slottedModel
-		h := startWith(t, 1<<30, Config{MaxBatch: 8, Prefetch: 20}, func(h *harness, c *Config) {
-			model = &slottedModel{testModel: h.model, slots: 4}
-			c.Model = model
-		})
+		h, model := startSlotted(t, 4)
 		for i := range 12 {
 			h.send("job", i, "mb=1 ms=1000", "mb=1 ms=1000")
 		}
@@ -213,8 +231,41 @@ func TestAdmissionHoldsToTheModelsSlots(t *testing.T) {
 			t.Errorf("%d requests ran at once; want at most 4 (6 for the message that takes every slot)", most)
 		}
 		h.shutdown()
-		if n := h.sub.adm.slots.TryAcquire(4); !n {
+		if n := h.sub.adm.pools[backend.Slots].tryAcquire(4); !n {
 			t.Error("the slots are not all back after shutdown")
 		}
+	})
+}
+
+// The slots follow what the model can run now: a model that offers fewer
+// (its concurrency halved, its requests slower) is admitted fewer requests
+// once two budget refreshes in a row read it, and more again once it
+// offers them.
+func TestAdmissionFollowsTheModelsSlots(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h, model := startSlotted(t, 8)
+		model.now.Store(2)
+		time.Sleep(3 * h.sub.cfg.BudgetRefresh) // two offers that agree
+		if got := h.sub.adm.pools[backend.Slots].budget(); got != 2 {
+			t.Fatalf("%d slots after the model offers 2; want 2", got)
+		}
+		for i := range 8 {
+			h.send("job", i, "mb=1 ms=1000")
+		}
+		wait.For(t, time.Minute, "8 results", func() bool { r, _ := h.results.Stats(); return r == 8 })
+		if most := model.most.Load(); most > 2 {
+			t.Errorf("%d requests ran at once; want at most the 2 slots offered", most)
+		}
+		model.most.Store(0)
+		model.now.Store(8)
+		time.Sleep(3 * h.sub.cfg.BudgetRefresh) // two offers that agree
+		for i := range 8 {
+			h.send("job", 8+i, "mb=1 ms=1000")
+		}
+		wait.For(t, time.Minute, "16 results", func() bool { r, _ := h.results.Stats(); return r == 16 })
+		if most := model.most.Load(); most <= 2 {
+			t.Errorf("%d requests ran at once after the model offers 8 slots again; want more than 2", most)
+		}
+		h.shutdown()
 	})
 }

@@ -234,13 +234,14 @@ func (r *heldRuns) got() [][]string {
 func testBatcher(t *testing.T, maxBatch int, delay time.Duration) (*batcher, *heldRuns) {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
-	s := &Subscriber{cfg: Config{MaxBatchDelay: delay}, log: log, m: newMetrics(prometheus.NewRegistry()), suspects: newSuspects()}
+	s := &Subscriber{cfg: Config{MaxBatchDelay: delay}, log: log, m: newMetrics(prometheus.NewRegistry()), running: running{suspects: newSuspects()}}
 	var err error
 	if s.adm, err = newAdmission(AdmitCount, 0, 100); err != nil {
 		t.Fatal(err)
 	}
 	s.state = loadLearned("", "model", "device", maxBatch, 0, log)
 	s.keeper = newKeeper(nil, s.m, log, time.Minute, time.Hour, job.MaxBatch)
+	s.waitingGauge = s.m.waiting
 	b := s.newBatcher(t.Context())
 	r := &heldRuns{letGo: make(chan struct{})}
 	b.runBatch = r.run

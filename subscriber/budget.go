@@ -6,6 +6,7 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // budgetTolerance is how far apart two budget readings may be and still
@@ -23,10 +24,9 @@ import (
 // above allocation granularity, for very small reserves; it holds on any
 // GPU (1 GiB or more, and a budget of 8 MiB or more). A device whose unit
 // is not a byte is smaller: a model server whose KV bytes per token are
-// unknown counts tokens, and its budget, bounded by what the rate limits
-// pass, may be ten thousand of them, a few messages; a 1 MiB floor would
-// be more than all of it, and its budget would never move after the first
-// reading (bench/modelserver.md, "Through the subscriber").
+// unknown counts tokens, and its KV cache may be thirty thousand of them, a
+// few messages' worth; a 1 MiB floor would be more than all of it, and its
+// budget would never move after the first reading.
 func budgetTolerance(reserve, total, scale int64) int64 {
 	floor := int64(1 << 20)
 	if total > 0 { // a device that does not say keeps the floor for GPUs
@@ -99,8 +99,9 @@ func (s *Subscriber) readBudget() (r budgetReading, ok bool, err error) {
 
 // budgetState is what the refresh carries from one tick to the next.
 type budgetState struct {
-	last    *budgetReading // the previous clean reading, nil after a failure
-	failing bool           // reading device memory failed last time
+	last    *budgetReading  // the previous clean reading, nil after a failure
+	failing bool            // reading device memory failed last time
+	offers  *backend.Vector // the model's previous offer, nil before the first
 }
 
 // refreshBudget reads the device every BudgetRefresh until ctx ends: it
@@ -126,6 +127,7 @@ func (s *Subscriber) refreshBudget(ctx context.Context) {
 }
 
 func (s *Subscriber) refreshOnce(st *budgetState) {
+	s.refreshOffers(st)
 	r, ok, err := s.readBudget()
 	if err != nil {
 		if !st.failing {
@@ -150,11 +152,8 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 		return // wait for a reading that agrees
 	}
 	tol := budgetTolerance(s.cfg.VRAMReserve, r.mem.Total, max(prev.budget, r.budget, s.adm.budget()))
-	if absDiff(prev.budget, r.budget) > tol {
-		return
-	}
-	target := min(max(min(prev.budget, r.budget), 0), s.adm.size)
-	if absDiff(target, s.adm.budget()) <= tol {
+	target, ok := agreed(prev.budget, r.budget, s.adm.budget(), tol, 0, s.adm.size)
+	if !ok {
 		return
 	}
 	// Logged and exported before admission changes, so that whoever sees
@@ -175,6 +174,47 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	s.adm.resize(target)
 	if target > old {
 		s.state.budgetGrew(target)
+	}
+}
+
+// agreed is the target two readings a and b agree on, and whether it
+// replaces now: none when they are more than tol apart; else the lesser,
+// within lo..hi, when it is more than tol from now. Two readings that
+// agree are what holds still (a shrink or a growth that lasts), not a
+// moment's noise, and a change within tol is not worth a resize.
+func agreed(a, b, now, tol, lo, hi int64) (int64, bool) {
+	if absDiff(a, b) > tol {
+		return 0, false
+	}
+	target := min(max(min(a, b), lo), hi)
+	return target, absDiff(target, now) > tol
+}
+
+// refreshOffers resizes the pools of the resources the model offers
+// (backend.Offerer) as the budget is resized: to what two offers in a row
+// agree on (agreed, within the tolerance of a device that does not say
+// its size), never below one (offered). A shrink waits for admitted
+// messages to let go, as the budget's does.
+func (s *Subscriber) refreshOffers(st *budgetState) {
+	if s.adm.offerer == nil {
+		return
+	}
+	now, _ := s.adm.offerer.Offers()
+	prev := st.offers
+	st.offers = &now
+	if prev == nil {
+		return // wait for an offer that agrees
+	}
+	for r, p := range s.adm.pools {
+		if p == nil {
+			continue
+		}
+		cur := p.budget()
+		tol := budgetTolerance(0, 0, max(prev[r], now[r], cur))
+		if target, ok := agreed(prev[r], now[r], cur, tol, 1, s.adm.most[r]); ok {
+			p.resize(target)
+			s.log.Debug("the model's offer changed", "resource", backend.Resource(r).String(), "old", cur, "new", target)
+		}
 	}
 }
 

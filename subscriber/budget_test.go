@@ -416,3 +416,24 @@ func TestBudgetToleranceInDeviceUnits(t *testing.T) {
 		h.shutdown()
 	})
 }
+
+// Two readings change what is in force only when they agree (within tol)
+// on a target more than tol from it: the lesser of them, within bounds.
+func TestAgreed(t *testing.T) {
+	for _, tc := range []struct {
+		a, b, now, tol, lo, hi int64
+		want                   int64
+		ok                     bool
+	}{
+		{a: 100, b: 150, now: 10, tol: 20},           // readings disagree
+		{a: 100, b: 110, now: 95, tol: 20, hi: 1000}, // agree, on what is in force
+		{a: 100, b: 110, now: 10, tol: 20, hi: 1000, want: 100, ok: true},
+		{a: 0, b: 5, now: 100, tol: 20, lo: 1, hi: 1000, want: 1, ok: true}, // never below lo
+		{a: 900, b: 905, now: 10, tol: 20, hi: 500, want: 500, ok: true},    // nor above hi
+	} {
+		got, ok := agreed(tc.a, tc.b, tc.now, tc.tol, tc.lo, tc.hi)
+		if ok != tc.ok || ok && got != tc.want {
+			t.Errorf("agreed(%d, %d, now %d, tol %d, %d..%d) = %d, %v; want %d, %v", tc.a, tc.b, tc.now, tc.tol, tc.lo, tc.hi, got, ok, tc.want, tc.ok)
+		}
+	}
+}

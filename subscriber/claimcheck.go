@@ -79,19 +79,19 @@ func (s *Subscriber) claim(ctx context.Context, t *task) {
 	switch {
 	case ctx.Err() != nil:
 		s.startTasks(1)
-		s.handBack(t, 0, "shutdown")
+		s.end(t, endHandBack(0, "shutdown"))
 	case err == nil:
 		s.enqueue(t)
 	case errors.As(err, &refused):
 		s.log.Warn("claim-checked item refused", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk, "err", refused.err)
 		s.startTasks(1)
-		s.deadLetterAsync(t, "claim_check", refused.Error())
+		s.endAsync(t, endDeadLetter("claim_check", refused.Error()))
 	default:
-		delay := s.retryDelay(l.msg.ReceiveCount)
+		delay := t.retryAfter()
 		s.log.Warn("fetching a claim-checked item failed; message released for a retry", "message_id", l.msg.ID,
 			"receive_count", l.msg.ReceiveCount, "retry_in", delay, "err", err)
 		s.startTasks(1)
-		s.release(t, delay)
+		s.end(t, endFailed())
 	}
 }
 

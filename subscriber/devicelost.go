@@ -51,15 +51,12 @@ func (d *deviceLoss) cause() error {
 	return nil
 }
 
-// loseDevice hands tasks back with no delay and, the first time, shuts the
-// subscriber down.
-func (s *Subscriber) loseDevice(tasks []*task, err error) {
+// loseDevice shuts the subscriber down the first time a run of n messages
+// loses the device; the runner hands them back (failure).
+func (s *Subscriber) loseDevice(n int, err error) {
 	if s.loss.lose(err) {
 		s.log.Error("the device is lost: no more messages are taken, held ones go back to the queue, and the subscriber exits",
-			"err", err, "messages", len(tasks))
-	}
-	for _, t := range tasks {
-		s.handBack(t, 0, "device_lost")
+			"err", err, "messages", n)
 	}
 }
 

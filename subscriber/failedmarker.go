@@ -21,15 +21,15 @@ import (
 // a real failure left there. A result still wins over a marker, in GET and
 // in the completion event, and a result stored after a marker corrects the
 // event (events.go).
-func (s *Subscriber) markFailed(t *task, reason string) {
+func (e *ends) markFailed(t *task, reason string) {
 	w, l := t.work, t.lease
 	if w == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 	defer cancel()
-	if n, ok := s.manifestChunks(ctx, w.JobID); ok && w.Chunk >= n {
-		s.log.Info("no failed marker for a chunk past its job's last", "message_id", l.msg.ID, "job_id", w.JobID,
+	if n, ok := e.manifestChunks(ctx, w.JobID); ok && w.Chunk >= n {
+		e.log.Info("no failed marker for a chunk past its job's last", "message_id", l.msg.ID, "job_id", w.JobID,
 			"chunk", w.Chunk, "chunks", n)
 		return
 	}
@@ -38,24 +38,24 @@ func (s *Subscriber) markFailed(t *task, reason string) {
 	if err != nil {
 		return
 	}
-	created, _, err := s.payloads.PutIfAbsent(ctx, job.FailedKey(w.JobID, w.Chunk), body)
+	created, _, err := e.payloads.PutIfAbsent(ctx, job.FailedKey(w.JobID, w.Chunk), body)
 	switch {
 	case err != nil:
-		s.log.Warn("writing the failed marker failed; the DLQ copy stands",
+		e.log.Warn("writing the failed marker failed; the DLQ copy stands",
 			"message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk, "err", err)
 	case !created:
-		s.log.Info("the chunk has a failed marker already; kept", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk)
+		e.log.Info("the chunk has a failed marker already; kept", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk)
 	}
 	if err == nil {
-		s.jobSettling(w.JobID)
+		e.settling(w.JobID)
 	}
 }
 
 // manifestChunks is the chunk count of jobID's manifest, when it can be
 // read: a job without one (a publisher without a bucket) or a read that
 // fails says nothing.
-func (s *Subscriber) manifestChunks(ctx context.Context, jobID string) (int, bool) {
-	raw, err := s.payloads.Read(ctx, job.ManifestKey(jobID))
+func (e *ends) manifestChunks(ctx context.Context, jobID string) (int, bool) {
+	raw, err := e.payloads.Read(ctx, job.ManifestKey(jobID))
 	if err != nil {
 		return 0, false
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // The model is the one part of the subscriber that reads what a message's
@@ -52,18 +53,18 @@ func (s *Subscriber) modelCost(endpoint string, items []job.Item) (cost int64, e
 	return s.cfg.Model.Cost(items), nil
 }
 
-// modelSlots is the request slots items take under admission (gpu.Slotted),
-// at most all of them; 0 when the model has none.
-func (s *Subscriber) modelSlots(endpoint string, items []job.Item) (n int64) {
-	if s.adm.slots == nil {
-		return 0
+// modelNeeds is what items take of the resources the model offers
+// (backend.Offerer); none when it offers none.
+func (s *Subscriber) modelNeeds(endpoint string, items []job.Item) (n backend.Vector) {
+	if s.adm.offerer == nil {
+		return n
 	}
 	defer func() {
 		if recover() != nil {
-			n = s.adm.slotCap // a model that panics here is refused when it runs
+			n = s.adm.most // a model that panics here is refused when it runs
 		}
 	}()
-	return min(s.cfg.Model.(gpu.Slotted).SlotsFor(endpoint, items), s.adm.slotCap)
+	return s.adm.offerer.Needs(endpoint, items)
 }
 
 // modelClass is the batcher's class for items of a job that names endpoint

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/openai/openai-go/v3"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/internal/testenv/jobq"
@@ -301,7 +300,21 @@ func TestE2EInProcessModelServesEmbeddings(t *testing.T) {
 			}
 			continue
 		}
-		var resp openai.CreateEmbeddingResponse
+		// The fields of OpenAI's embeddings response the test reads:
+		// https://platform.openai.com/docs/api-reference/embeddings/object
+		var resp struct {
+			Object string `json:"object"`
+			Model  string `json:"model"`
+			Data   []struct {
+				Object    string    `json:"object"`
+				Index     int64     `json:"index"`
+				Embedding []float64 `json:"embedding"`
+			} `json:"data"`
+			Usage struct {
+				PromptTokens int64 `json:"prompt_tokens"`
+				TotalTokens  int64 `json:"total_tokens"`
+			} `json:"usage"`
+		}
 		if err := json.Unmarshal(o.Response.Body, &resp); err != nil {
 			t.Errorf("item %s: body %s: %v", tc.id, o.Response.Body, err)
 			continue

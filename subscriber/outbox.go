@@ -41,11 +41,11 @@ func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 		body, err := encodeResult(&results[i])
 		switch {
 		case err != nil:
-			s.deadLetter(t, "invalid_output", unencodable(outs[i], err))
+			s.end(t, endDeadLetter("invalid_output", unencodable(outs[i], err)))
 			continue
 		case len(body) > s.cfg.MaxResultBytes:
-			s.deadLetter(t, "result_too_large", fmt.Sprintf("result of %d bytes (%d items) exceeds the %d-byte result limit",
-				len(body), len(outs[i]), s.cfg.MaxResultBytes))
+			s.end(t, endDeadLetter("result_too_large", fmt.Sprintf("result of %d bytes (%d items) exceeds the %d-byte result limit",
+				len(body), len(outs[i]), s.cfg.MaxResultBytes)))
 			continue
 		}
 		keep, kept, keptBodies = append(keep, t), append(kept, results[i]), append(keptBodies, body)
@@ -60,12 +60,12 @@ func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 		r, body := kept[i], keptBodies[i]
 		if refs != nil && refs[i] == nil {
 			if permanent(storeErrs[i]) {
-				s.deadLetter(t, "result_refused", "the payload bucket refuses the result: "+refusalCode(storeErrs[i]))
+				s.end(t, endDeadLetter("result_refused", "the payload bucket refuses the result: "+refusalCode(storeErrs[i])))
 				continue
 			}
 			// Consumers of the bucket expect every result in it.
 			s.log.Warn("result not stored; message released for a retry", "message_id", t.lease.msg.ID)
-			s.release(t, s.retryDelay(t.lease.msg.ReceiveCount))
+			s.end(t, endFailed())
 			continue
 		}
 		attrs := job.Attributes(r.Key())
@@ -82,7 +82,7 @@ func (s *Subscriber) complete(tasks []*task, outs [][]job.Output) {
 			if err != nil {
 				reason = "encoding the result's reference: " + err.Error()
 			}
-			s.deadLetter(t, "result_too_large", reason)
+			s.end(t, endDeadLetter("result_too_large", reason))
 			continue
 		}
 		out = append(out, outResult{msg: queue.Outgoing{Body: string(body), Attributes: attrs}, t: t})
@@ -272,18 +272,18 @@ func (s *Subscriber) resultSent(t *task, err error) {
 	if permanent(err) {
 		// Sending it again would fail the same way, until the queue's
 		// redrive policy moved it to the DLQ without a reason.
-		s.deadLetter(t, "result_refused", "the results queue refuses the result: "+refusalCode(err))
+		s.end(t, endDeadLetter("result_refused", "the results queue refuses the result: "+refusalCode(err)))
 		return
 	}
 	if err != nil {
 		s.log.Warn("sending result failed; message released for a retry", "message_id", t.lease.msg.ID, "err", err)
-		s.release(t, s.retryDelay(t.lease.msg.ReceiveCount))
+		s.end(t, endFailed())
 		return
 	}
 	s.stampSent(t)
 	s.m.results.Inc()
 	s.m.tenantDone.WithLabelValues(s.m.tenants.Label(t.lease.msg.Attributes[job.AttrTenant])).Inc()
-	s.ack(t)
+	s.end(t, endAck())
 }
 
 // fullCall is the most entries a result or delete call can gather: the

@@ -208,20 +208,24 @@ func backoffReason(reason string) string {
 	return "overloaded"
 }
 
-// backOff pauses until err's time (fault.ErrBackoff) and returns the tasks
-// that must wait for it. A task with outputs in outs (every item of its
+// backOff pauses until err's time (fault.ErrBackoff) and returns an outcome
+// for each of tasks: waits, or carried for one completed. A task with outputs in outs (every item of its
 // message finished before the backoff: fault.PartialError, see
 // Subscriber.finished) is completed instead, as a batch that ran: its
 // requests were answered, and running it again would send them again,
 // spending their tokens twice. outs is nil or one entry per task.
-func (s *Subscriber) backOff(tasks []*task, outs [][]job.Output, err error) (wait []*task) {
+func (s *Subscriber) backOff(tasks []*task, outs [][]job.Output, err error) []outcome {
 	var done []*task
 	var doneOuts [][]job.Output
+	os := make([]outcome, len(tasks))
+	waiting := 0
 	for i, t := range tasks {
 		if outs == nil || outs[i] == nil {
-			wait = append(wait, t)
+			os[i] = outcome{kind: waits}
+			waiting++
 			continue
 		}
+		os[i] = outcome{kind: carried}
 		done, doneOuts = append(done, t), append(doneOuts, outs[i])
 	}
 	until, _ := fault.BackoffUntil(err)
@@ -230,13 +234,13 @@ func (s *Subscriber) backOff(tasks []*task, outs [][]job.Output, err error) (wai
 	if errors.As(err, &b) {
 		reason = b.Reason
 	}
-	for range wait {
+	for range waiting {
 		s.m.backedOff.WithLabelValues(backoffReason(reason)).Inc()
 	}
 	if s.pause.backOff(until, reason) {
 		s.m.pausedUntil.Set(float64(until.UnixMilli()) / 1e3)
 		s.log.Warn("the model asks to wait: its messages wait holding their leases, nothing is received meanwhile",
-			"until", until.UTC(), "reason", reason, "messages", len(wait))
+			"until", until.UTC(), "reason", reason, "messages", waiting)
 	}
 	if len(done) > 0 {
 		s.outbox.promise(len(done))
@@ -244,24 +248,23 @@ func (s *Subscriber) backOff(tasks []*task, outs [][]job.Output, err error) (wai
 			s.giveBack(t)
 		}
 		s.log.Info("a backoff came with part of the batch finished: its finished messages complete, the rest wait",
-			"completed", len(done), "waiting", len(wait))
+			"completed", len(done), "waiting", waiting)
 		s.complete(done, doneOuts)
 	}
-	return wait
+	return os
 }
 
 // needOperator opens the circuit (fault.ErrNeedsOperator), or keeps it open
-// after a probe that failed, and returns tasks to wait.
-func (s *Subscriber) needOperator(tasks []*task, err error) []*task {
+// after a probe that failed, for a run of n messages, which wait.
+func (s *Subscriber) needOperator(n int, err error) {
 	if s.pause.needOperator(err, time.Now(), s.cfg.OperatorProbe) {
 		s.m.needsOperator.Set(1)
 		s.log.Error("the model needs an operator: nothing is received, held messages wait holding their leases, "+
 			"and one message runs as a probe every operator_probe until it gets through", "err", err,
-			"messages", len(tasks), "operator_probe", s.cfg.OperatorProbe)
+			"messages", n, "operator_probe", s.cfg.OperatorProbe)
 	} else {
 		s.log.Warn("a probe of the model still needs an operator", "err", err, "next_probe_in", s.cfg.OperatorProbe)
 	}
-	return tasks
 }
 
 // probeDone closes the circuit after a probe that did not need an
@@ -311,7 +314,7 @@ func (s *Subscriber) awaitTurn(ctx context.Context, tasks []*task) (run, rest []
 		for _, t := range tasks {
 			limit := s.leaseLimit(t.lease)
 			if !now.Before(limit) {
-				s.handBack(t, s.pause.wakeAt(now).Sub(now), "wait")
+				s.end(t, endHandBack(s.pause.wakeAt(now).Sub(now), "wait"))
 				continue
 			}
 			if next.IsZero() || limit.Before(next) {
@@ -340,7 +343,7 @@ func (s *Subscriber) awaitTurn(ctx context.Context, tasks []*task) (run, rest []
 		}
 		if ctx.Err() != nil || s.isStopping() {
 			for _, t := range tasks {
-				s.handBack(t, 0, "shutdown")
+				s.end(t, endHandBack(0, "shutdown"))
 			}
 			return nil, nil, false
 		}

@@ -142,16 +142,16 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 // down. A message with claim-checked items is fetched off the accept loop,
 // so a slow bucket does not hold up the messages behind it.
 func (s *Subscriber) accept(ctx context.Context, l *lease) {
-	t := &task{lease: l}
+	t := &task{lease: l, ends: s.ends}
 	if ctx.Err() != nil {
 		s.startTasks(1)
-		s.handBack(t, 0, "shutdown")
+		s.end(t, endHandBack(0, "shutdown"))
 		return
 	}
 	w, err := job.DecodeWork([]byte(l.msg.Body))
 	if err != nil {
 		s.startTasks(1)
-		s.deadLetterAsync(t, "malformed", err.Error())
+		s.endAsync(t, endDeadLetter("malformed", err.Error()))
 		return
 	}
 	t.work = w
@@ -163,13 +163,13 @@ func (s *Subscriber) accept(ctx context.Context, l *lease) {
 		switch {
 		case yes:
 			s.startTasks(1)
-			s.aux.Go(func() { s.cancelChunk(t) })
+			s.endAsync(t, endCancel())
 			return
 		case !known:
 			s.fetches.Go(func() {
 				if s.cancels.cancelled(ctx, w.JobID) {
 					s.startTasks(1)
-					s.cancelChunk(t)
+					s.end(t, endCancel())
 					return
 				}
 				s.sendOn(ctx, t)
@@ -190,7 +190,7 @@ func (s *Subscriber) sendOn(ctx context.Context, t *task) {
 	}
 	if s.payloads == nil {
 		s.startTasks(1)
-		s.deadLetterAsync(t, "claim_check", unconfigured(w))
+		s.endAsync(t, endDeadLetter("claim_check", unconfigured(w)))
 		return
 	}
 	s.fetches.Go(func() { s.claim(ctx, t) })
@@ -216,7 +216,7 @@ func (s *Subscriber) enqueue(t *task) {
 	}
 	if err != nil {
 		s.startTasks(1)
-		s.deadLetterAsync(t, "invalid_input", err.Error())
+		s.endAsync(t, endDeadLetter("invalid_input", err.Error()))
 		return
 	}
 	if !s.adm.fits(cost) {
@@ -228,7 +228,7 @@ func (s *Subscriber) enqueue(t *task) {
 		}
 		if err != nil {
 			s.startTasks(1)
-			s.deadLetterAsync(t, "invalid_input", err.Error())
+			s.endAsync(t, endDeadLetter("invalid_input", err.Error()))
 			return
 		}
 		if parts == nil {
@@ -237,9 +237,9 @@ func (s *Subscriber) enqueue(t *task) {
 				none = ", none fits alone"
 			}
 			s.startTasks(1)
-			s.deadLetterAsync(t, "too_large", fmt.Sprintf(
+			s.endAsync(t, endDeadLetter("too_large", fmt.Sprintf(
 				"estimated working memory %s exceeds the largest VRAM budget the device can give, %s (%d items%s)",
-				bytesize.Format(cost), bytesize.Format(s.adm.size), len(w.Items), none))
+				bytesize.Format(cost), bytesize.Format(s.adm.size), len(w.Items), none)))
 			return
 		}
 		t.parts, cost = parts, largest
@@ -247,7 +247,7 @@ func (s *Subscriber) enqueue(t *task) {
 	// Never blocks: room() kept waiting, which counts this message, within
 	// the buffer's capacity.
 	t.cost, t.raw, t.class = cost, cost, class
-	t.slots = s.modelSlots(w.Endpoint, w.Items)
+	t.needs = s.modelNeeds(w.Endpoint, w.Items)
 	s.buffer <- t
 }
 
@@ -258,10 +258,4 @@ func unconfigured(w *job.Work) string {
 		}
 	}
 	return "no payload bucket is configured"
-}
-
-// deadLetterAsync dead-letters t, which holds no admission, off the accept
-// loop: a slow DLQ does not hold up the messages behind it.
-func (s *Subscriber) deadLetterAsync(t *task, kind, reason string) {
-	s.aux.Go(func() { s.deadLetter(t, kind, reason) })
 }

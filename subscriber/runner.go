@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -18,7 +17,7 @@ import (
 var errTimeout = errors.New("inference timed out")
 
 // runBatch runs one batch and hands each of its messages on: with its
-// result to the outbox, or to its end (end.go). Messages that ran out of
+// result to the outbox, or to its end (message.go). Messages that ran out of
 // memory even in a batch of their own are then run alone, with the whole
 // budget, after this batch's other messages have let go of theirs: waiting
 // for the whole budget while still holding part of it would wait forever.
@@ -108,8 +107,7 @@ func (s *Subscriber) dropCancelled(tasks []*task) []*task {
 			kept = append(kept, t)
 			continue
 		}
-		s.giveBack(t)
-		s.aux.Go(func() { s.cancelChunk(t) })
+		s.endAsync(t, endCancel())
 	}
 	return kept
 }
@@ -183,29 +181,74 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok
 			sp.lessons = append(sp.lessons, sizeLesson{tasks: tasks, worked: ok, budget: s.adm.budget()})
 		}
 		return ok, append(alone1, alone2...)
-	case errors.Is(err, fault.ErrInvalidInput):
-		if len(tasks) == 1 {
-			s.deadLetter(tasks[0], "invalid_input", err.Error())
-			return 0, nil
-		}
+	case errors.Is(err, fault.ErrInvalidInput) && len(tasks) > 1:
 		// Find the bad ones; the rest run.
 		half := len(tasks) / 2
 		ok1, alone1 := s.process(ctx, tasks[:half], sp)
 		ok2, alone2 := s.process(ctx, tasks[half:], sp)
 		return max(ok1, ok2), append(alone1, alone2...)
+	}
+	s.endAll(tasks, s.failure(ctx, tasks, outs, err, sp), sp)
+	return 0, nil
+}
+
+// failure is what err, from a run of tasks that did not run out of memory,
+// means for each of them: one outcome a task. What it means for the
+// subscriber is done here: a lost device shuts it down, a backoff or a
+// needed operator pauses it (pause.go), and the messages of a batch that
+// failed become suspects, to run alone next time.
+//
+// A failure that may pass (a timeout, a model error) releases its messages
+// after a delay that grows with their receive count, and the queue's
+// redrive policy dead-letters one that keeps failing; one cut off by the
+// shutdown's grace is not the message's failure and goes back at once.
+func (s *Subscriber) failure(ctx context.Context, tasks []*task, outs [][]job.Output, err error, sp *splits) []outcome {
+	switch {
+	case errors.Is(err, fault.ErrInvalidInput):
+		return same(len(tasks), endDeadLetter("invalid_input", err.Error()))
 	case errors.Is(err, gpu.ErrDeviceLost):
-		s.loseDevice(tasks, err)
-		return 0, nil
+		s.loseDevice(len(tasks), err)
+		return same(len(tasks), endHandBack(0, "device_lost"))
 	case errors.Is(err, fault.ErrBackoff):
-		sp.wait = append(sp.wait, s.backOff(tasks, outs, err)...)
-		return 0, nil
+		return s.backOff(tasks, outs, err)
 	case errors.Is(err, fault.ErrNeedsOperator):
 		sp.operator = true
-		sp.wait = append(sp.wait, s.needOperator(tasks, err)...)
-		return 0, nil
-	default:
-		s.failTasks(ctx, tasks, err)
-		return 0, nil
+		s.needOperator(len(tasks), err)
+		return same(len(tasks), outcome{kind: waits})
+	case ctx.Err() != nil:
+		for _, t := range tasks {
+			s.log.Warn("batch cut off by shutdown; message handed back", "message_id", t.lease.msg.ID, "err", err)
+		}
+		return same(len(tasks), endHandBack(0, "shutdown"))
+	}
+	for _, t := range tasks {
+		if len(tasks) > 1 {
+			s.suspects.add(t.lease.msg.ID)
+		}
+		s.log.Warn("batch failed; message released", "message_id", t.lease.msg.ID, "receive_count", t.lease.msg.ReceiveCount,
+			"retry_in", t.retryAfter(), "err", err)
+	}
+	return same(len(tasks), endFailed())
+}
+
+// same is n outcomes o.
+func same(n int, o outcome) []outcome {
+	os := make([]outcome, n)
+	for i := range os {
+		os[i] = o
+	}
+	return os
+}
+
+// endAll ends each of tasks as its outcome says; the ones that wait for the
+// model join sp.wait, to run again after the wait.
+func (s *Subscriber) endAll(tasks []*task, os []outcome, sp *splits) {
+	for i, t := range tasks {
+		if os[i].kind == waits {
+			sp.wait = append(sp.wait, t)
+			continue
+		}
+		s.end(t, os[i])
 	}
 }
 
@@ -227,7 +270,7 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task, sp *splits) bool {
 	}
 	n, err := t.hold.takeAll(ctx)
 	if err != nil {
-		s.handBack(t, 0, "shutdown")
+		s.end(t, endHandBack(0, "shutdown"))
 		return false
 	}
 	if s.shrunkBelow(t, min(n, s.adm.budget())) {
@@ -249,20 +292,11 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task, sp *splits) bool {
 		return true
 	case errors.Is(err, gpu.ErrOutOfMemory):
 		s.m.oomRetries.Inc()
-		s.deadLetter(t, "out_of_memory", fmt.Sprintf(
+		s.end(t, endDeadLetter("out_of_memory", fmt.Sprintf(
 			"out of memory with the device to itself: estimated %s, budget %s: %v",
-			bytesize.Format(cost), bytesize.Format(n), err))
-	case errors.Is(err, fault.ErrInvalidInput):
-		s.deadLetter(t, "invalid_input", err.Error())
-	case errors.Is(err, gpu.ErrDeviceLost):
-		s.loseDevice([]*task{t}, err)
-	case errors.Is(err, fault.ErrBackoff):
-		sp.wait = append(sp.wait, s.backOff([]*task{t}, outs, err)...)
-	case errors.Is(err, fault.ErrNeedsOperator):
-		sp.operator = true
-		sp.wait = append(sp.wait, s.needOperator([]*task{t}, err)...)
+			bytesize.Format(cost), bytesize.Format(n), err)))
 	default:
-		s.failTasks(ctx, []*task{t}, err)
+		s.endAll([]*task{t}, s.failure(ctx, []*task{t}, outs, err, sp), sp)
 	}
 	return false
 }
@@ -278,7 +312,7 @@ func (s *Subscriber) shrunkBelow(t *task, budget int64) bool {
 	s.log.Warn("out of memory in a batch of one while another process holds device memory: "+
 		"the budget is below its estimate; handed back for a retry",
 		"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.raw), "budget", bytesize.Format(budget), "retry_in", delay)
-	s.handBack(t, delay, "device_shrunk")
+	s.end(t, endHandBack(delay, "device_shrunk"))
 	return true
 }
 
@@ -414,37 +448,6 @@ func countTrue(bs []bool) int {
 		}
 	}
 	return n
-}
-
-// failTasks hands back messages whose batch failed for a reason that may pass:
-// a timeout, a model error. Each comes back after a delay that grows with its
-// receive count, and the queue's redrive policy dead-letters one that keeps
-// failing. During shutdown they come back at once.
-func (s *Subscriber) failTasks(ctx context.Context, tasks []*task, err error) {
-	if len(tasks) > 1 && ctx.Err() == nil {
-		for _, t := range tasks {
-			s.suspects.add(t.lease.msg.ID)
-		}
-	}
-	for _, t := range tasks {
-		if ctx.Err() != nil {
-			// Cut off by the shutdown's grace: not the message's failure.
-			s.log.Warn("batch cut off by shutdown; message handed back", "message_id", t.lease.msg.ID, "err", err)
-			s.handBack(t, 0, "shutdown")
-			continue
-		}
-		delay := s.retryDelay(t.lease.msg.ReceiveCount)
-		s.log.Warn("batch failed; message released", "message_id", t.lease.msg.ID, "receive_count", t.lease.msg.ReceiveCount,
-			"retry_in", delay, "err", err)
-		s.release(t, delay)
-	}
-}
-
-// retryDelay is how long a message that failed stays invisible before its
-// next receive: Config.RetryDelay, doubled per receive after the first up
-// to the longest delay SQS takes, in whole seconds as SQS counts them.
-func (s *Subscriber) retryDelay(receives int) time.Duration {
-	return backoff.Policy{First: s.cfg.RetryDelay, Max: job.MaxDelay}.Delay(receives).Truncate(time.Second)
 }
 
 func sumCost(tasks []*task) int64 {

@@ -8,10 +8,17 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sync/semaphore"
+
+	"github.com/vramq/vramq/model/backend"
 )
 
-// admission is a weighted semaphore whose units depend on the strategy:
-// bytes for vram, messages for count and none.
+// admission hands out named resources, each a weighted semaphore: the
+// weight, whose units depend on the strategy (bytes for vram, messages for
+// count and none), and under vram the resources the model offers besides
+// memory (backend.Offerer: a model server's request slots and rate-limit
+// tokens), each a resizable admission of its own. A message needs some of
+// each (need), taken together by take or tryTake and given back together
+// by putBack, so that no path holds one without the others.
 //
 // semaphore.Weighted is FIFO: a large message at the head waits for room and
 // the smaller ones behind it wait too. That is deliberate: skipping ahead
@@ -34,11 +41,13 @@ type admission struct {
 	// unbounded (none).
 	size int64
 	sem  *semaphore.Weighted
-	// slots are the model's request slots (gpu.Slotted), acquired before
-	// the memory and given back with it; nil when it has none. slotCap is
-	// their number.
-	slots   *semaphore.Weighted
-	slotCap int64
+	// pools are the resources the model offers (backend.Offerer), nil for
+	// one it does not; offerer is nil when it offers none. How much of
+	// each changes with what the model says it can take now (resized by
+	// the budget refresh, as the weight is), up to most.
+	offerer backend.Offerer
+	pools   [backend.NumResources]*admission
+	most    backend.Vector
 
 	// held is the weight work holds (not the withheld weight) and acquires
 	// counts work's acquisitions: together they tell the budget refresh
@@ -60,6 +69,113 @@ type admission struct {
 	// for them to end (see acquireAll).
 	exclusive int
 	closed    bool
+}
+
+// need is what one message takes of admission's resources: its weight
+// and what it takes of each resource the model offers (0 of one it does
+// not).
+type need struct {
+	weight int64
+	res    backend.Vector
+}
+
+// offer gives admission the resources o offers, a pool for each with a
+// most above 0.
+func (a *admission) offer(o backend.Offerer) error {
+	now, most := o.Offers()
+	for r := range backend.NumResources {
+		if most[r] <= 0 {
+			continue
+		}
+		p, err := newResizableAdmission(AdmitVRAM, offered(now[r], most[r]), most[r], 0)
+		if err != nil {
+			return fmt.Errorf("the model's %s: %w", r, err)
+		}
+		a.pools[r] = p
+		a.offerer = o
+	}
+	a.most = most
+	return nil
+}
+
+// offered is the size of a pool for an offer of now, at most most: never
+// below 1, so that a message is always admitted, alone, however little a
+// model offers. A model server whose rate limits are spent by other
+// clients offers nothing, and learns its share again only from the
+// answers to requests it sends: a pool of none would admit no message,
+// and no answer would ever raise it.
+func offered(now, most int64) int64 { return min(max(now, 1), most) }
+
+// take waits, under ctx, until all of n is free and takes it; on an error
+// it holds none of it. The model's resources are taken before the weight:
+// a model server's slots and rate tokens run out long before its memory,
+// and a message waiting for them must not hold weight that messages of
+// the other endpoints could run with.
+func (a *admission) take(ctx context.Context, n need) error {
+	var got need
+	for r, p := range a.pools {
+		if p == nil || n.res[r] <= 0 {
+			continue
+		}
+		if err := p.acquire(ctx, n.res[r]); err != nil {
+			a.putBack(got)
+			return err
+		}
+		got.res[r] = n.res[r]
+	}
+	if err := a.acquire(ctx, n.weight); err != nil {
+		a.putBack(got)
+		return err
+	}
+	return nil
+}
+
+// tryTake takes all of n if it is free now, else nothing.
+func (a *admission) tryTake(n need) bool {
+	var got need
+	for r, p := range a.pools {
+		if p == nil || n.res[r] <= 0 {
+			continue
+		}
+		if !p.tryAcquire(n.res[r]) {
+			a.putBack(got)
+			return false
+		}
+		got.res[r] = n.res[r]
+	}
+	if !a.tryAcquire(n.weight) {
+		a.putBack(got)
+		return false
+	}
+	return true
+}
+
+// putBack gives back n, taken by take or tryTake (the weight also by
+// acquireAll).
+func (a *admission) putBack(n need) {
+	if n.weight > 0 {
+		a.giveBack(n.weight)
+	}
+	for r, p := range a.pools {
+		if p != nil && n.res[r] > 0 {
+			p.giveBack(n.res[r])
+		}
+	}
+}
+
+// fit is n with what it takes of each resource no more than is offered
+// now, and nothing of one that is not: a message that needs more than
+// there is takes it all, and one waiting for more than a shrink left would
+// wait until the admit timeout.
+func (a *admission) fit(n need) need {
+	for r, p := range a.pools {
+		if p == nil {
+			n.res[r] = 0
+			continue
+		}
+		n.res[r] = min(n.res[r], max(p.budget(), 1))
+	}
+	return n
 }
 
 // shrink is one acquisition of withheld weight, in its own goroutine so
@@ -292,6 +408,11 @@ func (a *admission) endExclusive() {
 // close cancels pending shrinks, so that no goroutine outlives the
 // subscriber, and stops further resizes.
 func (a *admission) close() {
+	for _, p := range a.pools {
+		if p != nil {
+			p.close()
+		}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.closed = true

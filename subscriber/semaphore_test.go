@@ -6,9 +6,90 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // The resizable admission alone.
+
+// offering is a model's offer of resources (backend.Offerer) that tests
+// set: each item takes one slot and 10 rate tokens.
+type offering struct {
+	now, most backend.Vector
+}
+
+func (o *offering) Offers() (now, most backend.Vector) { return o.now, o.most }
+
+func (o *offering) Needs(_ string, items []job.Item) backend.Vector {
+	return backend.Vector{backend.Slots: int64(len(items)), backend.RateTokens: 10 * int64(len(items))}
+}
+
+// A message's need (its weight and what it takes of each resource the
+// model offers) is taken whole or not at all: a try or a wait that cannot
+// have every part keeps none of them, so that no message holds slots while
+// it waits for memory or rate tokens it never gets, nor memory while it
+// waits for slots.
+func TestNeedTakenWholeOrNotAtAll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, err := newAdmission(AdmitVRAM, 100, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.close()
+		all := backend.Vector{backend.Slots: 4, backend.RateTokens: 50}
+		if err := a.offer(&offering{now: all, most: all}); err != nil {
+			t.Fatal(err)
+		}
+		n := func(weight, slots, tokens int64) need {
+			return need{weight: weight, res: backend.Vector{backend.Slots: slots, backend.RateTokens: tokens}}
+		}
+		for _, tc := range []struct {
+			name        string
+			held, asked need
+		}{
+			{"weight", n(90, 1, 10), n(20, 2, 10)},
+			{"slots", n(1, 4, 10), n(10, 1, 10)},
+			{"rate tokens", n(1, 1, 45), n(10, 1, 10)},
+		} {
+			if !a.tryTake(tc.held) {
+				t.Fatalf("%s: no room for %+v", tc.name, tc.held)
+			}
+			if a.tryTake(tc.asked) {
+				t.Fatalf("%s: took %+v beside %+v", tc.name, tc.asked, tc.held)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			if err := a.take(ctx, tc.asked); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("%s: take of %+v beside %+v: %v; want the deadline's error", tc.name, tc.asked, tc.held, err)
+			}
+			cancel()
+			a.putBack(tc.held)
+			if whole := n(100, 4, 50); !a.tryTake(whole) {
+				t.Fatalf("after a try and a wait for %s that were not free: %+v is not all free", tc.name, whole)
+			} else {
+				a.putBack(whole)
+			}
+		}
+	})
+}
+
+// What a message takes of a resource is no more than is offered now (it
+// then runs with nothing else holding any), and nothing of a resource the
+// model does not offer.
+func TestNeedFitsTheOffer(t *testing.T) {
+	a, err := newAdmission(AdmitVRAM, 100, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.close()
+	if err := a.offer(&offering{now: backend.Vector{backend.Slots: 4}, most: backend.Vector{backend.Slots: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	got := a.fit(need{weight: 5, res: backend.Vector{backend.Slots: 6, backend.RateTokens: 60}})
+	if want := (need{weight: 5, res: backend.Vector{backend.Slots: 4}}); got != want {
+		t.Errorf("fit: %+v; want %+v", got, want)
+	}
+}
 
 func TestAdmissionGrowsAndShrinks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -12,7 +12,8 @@
 //	batcher.go    packs admitted messages into device batches
 //	runner.go     runs a batch on the model, splitting it on out-of-memory
 //	outbox.go     sends results in shared SendMessageBatch calls (results.go stores them in the bucket)
-//	end.go        ends every message by ack or release(delay), also via deadLetter or cancelChunk
+//	message.go    a received message, which ends itself once (Ack, Release, HandBack, DeadLetter,
+//	              Cancel), and Subscriber.end, which turns a stage's outcome into one of those ends
 //	keeper.go     holds the leases: extends visibility, batches the deletes and releases
 //
 // protector.go keeps the ECS task protected from scale-in while messages are held
@@ -29,88 +30,103 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // Subscriber is one consumer. Create it with New, start it with Run.
+//
+// It wires the stages a message passes (docs/architecture.md), each a
+// goroutine or a pool of them joined by channels, and holds each stage's
+// state in a struct of its own: receiving, admitting, running, sending.
 type Subscriber struct {
 	cfg     Config
 	log     *slog.Logger
 	m       *metrics
-	queue   queue.Queue
-	results queue.Sender
-	dlq     queue.Sender
-	// payloads is the payload bucket, nil when none is configured.
-	payloads Payloads
-	// cancels answers whether a job is cancelled; nil without a bucket.
-	cancels *cancels
-	keeper  *keeper
-	outbox  *outbox    // result sends, shared across batches
-	protect *protector // nil without task protection
-	adm     *admission
-	// startBudget is the budget New read, kept for Budget under count and
-	// none, which do not admit by it.
-	startBudget int64
-	state       *learned
-	corr        *correction // see correction.go
+	started atomic.Bool
 
+	receiving
+	admitting
+	running
+	sending
+}
+
+// receiving is the receive stage's state (poller.go, claimcheck.go): it
+// receives no more than there is room for, holds a lease on each message
+// (keeper.go), decodes and estimates it, and sends it on to admission
+// through buffer.
+type receiving struct {
+	queue   queue.Queue
+	keeper  *keeper
+	protect *protector // nil without task protection
+	// cancels answers whether a job is cancelled; nil without a bucket.
+	cancels  *cancels
 	buffer   chan *task    // received, decoded, waiting for admission
 	waiting  atomic.Int64  // received and not started: fetching, buffer, admission, batcher
 	roomKick chan struct{} // poked when waiting or held messages go down
-	// stopping is closed when Run's context ends: what waits for the model
-	// is handed back at once rather than after the grace.
-	stopping chan struct{}
-	runners  sync.WaitGroup
-	aux      sync.WaitGroup // dead-letter sends and cancels started by the poller and the runners
-	// settle runs the completion-event checks (events.go); nil without
-	// Events.
-	settle  *settler
-	fetches sync.WaitGroup // claim-check fetches started by the poller
+	// prefetch and maxInflight bound waiting and held (Config).
+	prefetch, maxInflight int
+	waitingGauge          prometheus.Gauge // vramq_subscriber_messages_waiting
+	fetches               sync.WaitGroup   // claim-check fetches started by the poller
 	// fetchSlots bounds claim-check fetches in flight, across messages.
-	fetchSlots *semaphore.Weighted
-
+	fetchSlots   *semaphore.Weighted
 	received     atomic.Int64
-	inflight     atomic.Int64 // estimated bytes admitted and not given back
-	peak         atomic.Int64 // highest inflight seen
 	pollErrSince atomic.Int64 // unix nanos of the first of consecutive receive errors; 0 when fine
-	started      atomic.Bool
-	suspects     *suspects
+}
+
+// admitting is the admit stage's state (admission.go): what admission
+// weighs a message by, and what it holds.
+type admitting struct {
+	adm *admission
+	// startBudget is the budget New read, kept for Budget under count and
+	// none, which do not admit by it.
+	startBudget int64
+	corr        *correction  // see correction.go
+	inflight    atomic.Int64 // estimated bytes admitted and not given back
+	peak        atomic.Int64 // highest inflight seen
 	// launcher is the model's two-phase form, nil when it has none: a
 	// message waiting for admission is then launched while it waits (see
 	// admit).
 	launcher gpu.Launcher
-	loss     deviceLoss // see devicelost.go
-	pause    *pause     // see pause.go
+}
+
+// running is the state of the batch and run stages (batcher.go,
+// runner.go): how large a batch may be, which messages run alone, and
+// whether the model or the device lets anything run.
+type running struct {
+	state    *learned // see learned.go
+	suspects *suspects
 	// classer is the model's length classes, nil when it has none: the
 	// batcher then keeps one pending batch (see batcher).
 	classer gpu.LengthClasser
+	runners sync.WaitGroup
+	loss    deviceLoss // see devicelost.go
+	pause   *pause     // see pause.go
+	// stopping is closed when Run's context ends: what waits for the model
+	// is handed back at once rather than after the grace.
+	stopping chan struct{}
 }
 
-// task is a decoded message on its way through admission and the device.
-type task struct {
-	lease  *lease
-	work   *job.Work
-	cost   int64   // working memory admission weighs, bytes: raw, corrected (correction.go)
-	raw    int64   // the model's own estimate of its working memory, bytes
-	factor float64 // the estimate correction cost was weighed with; 0 before admission
-	class  int     // the model's length class (gpu.LengthClasser); 0 without one
-	hold   *hold   // what it holds in admission (admission.go); nil before
-	slots  int64   // the model's request slots it takes (gpu.Slotted); 0 without
-	// answered holds the answers a backoff came with for some of its items
-	// while it waits (answered.go); nil when none.
-	answered *answered
-	// parts are how a message too large to run whole runs (parts.go); nil
-	// for one that runs whole. cost and raw are then its largest part's.
-	parts []part
-	// ahead is the task's batch of one, launched while it waited for
-	// admission; nil when it was not. infer takes it.
-	ahead *launched
-	at    stamps // when it reached its stages (stages.go)
+// sending is the send stage's state (outbox.go, results.go, events.go) and
+// what a message needs to end (message.go).
+type sending struct {
+	results queue.Sender
+	outbox  *outbox // result sends, shared across batches
+	// payloads is the payload bucket, nil when none is configured.
+	payloads Payloads
+	// settle runs the completion-event checks (events.go); nil without
+	// Events.
+	settle *settler
+	// ends is what every message needs to end itself (message.go).
+	ends *ends
+	aux  sync.WaitGroup // ends run off the poller and the runners (endAsync)
 }
 
 // launched is a batch being launched ahead (gpu.Launcher): done is closed
@@ -167,21 +183,19 @@ func New(cfg Config) (*Subscriber, error) {
 			bytesize.Format(mem.Free), bytesize.Format(cfg.VRAMReserve))
 	}
 	s := &Subscriber{
-		cfg:         cfg,
-		log:         cfg.Logger,
-		m:           m,
-		queue:       countedQueue{cfg.Queue, m},
-		results:     countedSender{cfg.Results, m},
-		dlq:         countedSender{cfg.DLQ, m},
-		adm:         adm,
-		startBudget: budget,
-		buffer:      make(chan *task, cfg.Prefetch),
-		roomKick:    make(chan struct{}, 1),
-		stopping:    make(chan struct{}),
-		suspects:    newSuspects(),
-		pause:       newPause(),
-
-		fetchSlots: semaphore.NewWeighted(maxFetches),
+		cfg: cfg,
+		log: cfg.Logger,
+		m:   m,
+		receiving: receiving{
+			queue:    countedQueue{cfg.Queue, m},
+			buffer:   make(chan *task, cfg.Prefetch),
+			roomKick: make(chan struct{}, 1),
+			prefetch: cfg.Prefetch, maxInflight: cfg.MaxInflight, waitingGauge: m.waiting,
+			fetchSlots: semaphore.NewWeighted(maxFetches),
+		},
+		admitting: admitting{adm: adm, startBudget: budget},
+		running:   running{suspects: newSuspects(), pause: newPause(), stopping: make(chan struct{})},
+		sending:   sending{results: countedSender{cfg.Results, m}},
 	}
 	if cfg.Payloads != nil {
 		s.payloads = countedPayloads{cfg.Payloads, m}
@@ -190,13 +204,16 @@ func New(cfg Config) (*Subscriber, error) {
 			s.settle = newSettler(s)
 		}
 	}
-	if sl, ok := cfg.Model.(gpu.Slotted); ok && cfg.Admission == AdmitVRAM {
-		if n := sl.Slots(); n > 0 {
-			adm.slots, adm.slotCap = semaphore.NewWeighted(n), n
+	if o, ok := cfg.Model.(backend.Offerer); ok && cfg.Admission == AdmitVRAM {
+		if err := adm.offer(o); err != nil {
+			return nil, fmt.Errorf("subscriber: %w", err)
 		}
 	}
 	s.keeper = newKeeper(s.queue, m, s.log, cfg.Visibility, cfg.MaxHold, s.fullCall())
 	s.keeper.onRemove = s.pokeRoom
+	s.ends = &ends{keeper: s.keeper, dlq: countedSender{cfg.DLQ, m}, payloads: s.payloads, m: m, log: s.log,
+		retry: backoff.Policy{First: cfg.RetryDelay, Max: job.MaxDelay}, maxMessageBytes: cfg.MaxMessageBytes,
+		settling: s.jobSettling}
 	s.outbox = s.newOutbox()
 	s.launcher, _ = cfg.Model.(gpu.Launcher)
 	s.classer, _ = cfg.Model.(gpu.LengthClasser)
@@ -393,44 +410,42 @@ func (s *Subscriber) Ledger() Ledger {
 }
 
 // isStopping reports whether Run's context has ended.
-func (s *Subscriber) isStopping() bool {
+func (r *running) isStopping() bool {
 	select {
-	case <-s.stopping:
+	case <-r.stopping:
 		return true
 	default:
 		return false
 	}
 }
 
-func (s *Subscriber) pokeRoom() {
+func (r *receiving) pokeRoom() {
 	select {
-	case s.roomKick <- struct{}{}:
+	case r.roomKick <- struct{}{}:
 	default:
 	}
 }
 
 // room is how many messages the next receive may ask for: no more than the
 // prefetch buffer and the in-flight bound have room for.
-func (s *Subscriber) room() int {
-	n := min(job.MaxBatch, s.cfg.Prefetch-int(s.waiting.Load()), s.cfg.MaxInflight-int(s.keeper.held.Load()))
+func (r *receiving) room() int {
+	n := min(job.MaxBatch, r.prefetch-int(r.waiting.Load()), r.maxInflight-int(r.keeper.held.Load()))
 	return max(n, 0)
 }
 
 // fullReceive is the most one receive can ever ask for under the bounds.
-func (s *Subscriber) fullReceive() int {
-	return min(job.MaxBatch, s.cfg.Prefetch, s.cfg.MaxInflight)
+func (r *receiving) fullReceive() int {
+	return min(job.MaxBatch, r.prefetch, r.maxInflight)
 }
 
 // addWaiting counts a message as waiting: received and not started.
-func (s *Subscriber) addWaiting() {
-	s.waiting.Add(1)
-	s.m.waiting.Set(float64(s.waiting.Load()))
+func (r *receiving) addWaiting() {
+	r.waitingGauge.Set(float64(r.waiting.Add(1)))
 }
 
 // startTasks marks tasks as no longer waiting: started, or ended without
 // running.
-func (s *Subscriber) startTasks(n int) {
-	s.waiting.Add(-int64(n))
-	s.m.waiting.Set(float64(s.waiting.Load()))
-	s.pokeRoom()
+func (r *receiving) startTasks(n int) {
+	r.waitingGauge.Set(float64(r.waiting.Add(-int64(n))))
+	r.pokeRoom()
 }

@@ -288,7 +288,7 @@ func (panickyLaunched) Run(context.Context) ([]job.Output, error) { panic("launc
 // Item 8, the two-phase calls: Launch and the launched Run recover too.
 func TestLaunchPanicsAreInvalidInput(t *testing.T) {
 	m := &panickyLauncher{&testModel{}}
-	s := &Subscriber{cfg: Config{Model: m}, launcher: m, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := &Subscriber{cfg: Config{Model: m}, admitting: admitting{launcher: m}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	_, err := s.modelLaunch(t.Context(), nil)
 	if !errors.Is(err, fault.ErrInvalidInput) || !strings.Contains(err.Error(), "panicked in Launch: launch") {
 		t.Errorf("Launch: %v", err)

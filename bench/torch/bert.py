@@ -14,7 +14,11 @@ JSON file of token-id lists, and
 --impl plain (the default) is the encoder written out here in PyTorch eager
 (exact-erf GELU, additive mask of finfo.min, scores scaled by 1/sqrt(d));
 --impl transformers runs transformers.BertModel on the same directory, where
-that package is installed. Pooling (--pooling mean|cls|max, --normalize) is
+that package is installed. --dtype float16 (or bfloat16) runs either in half
+precision, as torch_dtype=float16 does (weights and activations in that type;
+PyTorch's GEMMs and layer norm accumulate in float32); --attention sdpa uses
+torch.nn.functional.scaled_dot_product_attention (flash or memory-efficient
+kernels where they apply) instead of the explicit softmax(QK^T/sqrt(d))V. Pooling (--pooling mean|cls|max, --normalize) is
 sentence-transformers'. Needs Python 3 and PyTorch; safetensors is parsed by
 embed.py's reader (next to this file).
 
@@ -33,14 +37,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from embed import read_safetensors, to_tensor  # noqa: E402
 
 
-def load_plain(torch, model_dir, device):
+def load_plain(torch, model_dir, device, dtype):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     _, tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
     prefix = "bert." if "bert.embeddings.word_embeddings.weight" in tensors else ""
 
     def get(name):
-        return to_tensor(torch, *tensors[prefix + name]).float().to(device)
+        return to_tensor(torch, *tensors[prefix + name]).float().to(device=device, dtype=dtype)
 
     w = {
         "word": get("embeddings.word_embeddings.weight"),
@@ -67,20 +71,25 @@ def load_plain(torch, model_dir, device):
     return cfg, w
 
 
-def encode_plain(torch, cfg, w, ids, mask):
-    """The last hidden state [B, L, h] of ids [B, L] (int64), mask [B, L] (1 for a token)."""
+def encode_plain(torch, cfg, w, ids, mask, sdpa=False):
+    """The last hidden state [B, L, h] of ids [B, L] (int64), mask [B, L] (1 for a token), in the weights' dtype."""
     f = torch.nn.functional
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     d, eps = h // heads, cfg.get("layer_norm_eps", 1e-12)
     b, l = ids.shape
     x = w["word"][ids] + w["pos"][:l].unsqueeze(0) + w["type"]
     x = f.layer_norm(x, (h,), *w["ln"], eps)
-    add = (1.0 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
+    dt = w["word"].dtype
+    add = (1.0 - mask[:, None, None, :].to(dt)) * torch.finfo(dt).min
     split = lambda t: t.view(b, l, heads, d).transpose(1, 2)  # noqa: E731
     for lw in w["layers"]:
         q, k, v = (split(f.linear(x, *lw[n])) for n in ("q", "k", "v"))
-        s = q @ k.transpose(-1, -2) / math.sqrt(d) + add
-        ctx = (s.softmax(-1) @ v).transpose(1, 2).reshape(b, l, h)
+        if sdpa:
+            ctx = f.scaled_dot_product_attention(q, k, v, attn_mask=add)
+        else:
+            s = q @ k.transpose(-1, -2) / math.sqrt(d) + add
+            ctx = s.softmax(-1) @ v
+        ctx = ctx.transpose(1, 2).reshape(b, l, h)
         x = f.layer_norm(x + f.linear(ctx, *lw["o"]), (h,), *lw["ln1"], eps)
         inner = f.gelu(f.linear(x, *lw["i"]))  # exact erf
         x = f.layer_norm(x + f.linear(inner, *lw["out"]), (h,), *lw["ln2"], eps)
@@ -110,6 +119,8 @@ def main(argv=None):
     p.add_argument("--bench", help="comma-separated batch sizes to time")
     p.add_argument("--seq", default="32,128", help="comma-separated sequence lengths to time")
     p.add_argument("--min-seconds", type=float, default=1.0)
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    p.add_argument("--attention", choices=["eager", "sdpa"], default="eager")
     args = p.parse_args(argv)
     if not args.out and not args.bench:
         p.error("nothing to do: give --out, --bench or both")
@@ -117,23 +128,24 @@ def main(argv=None):
     import torch
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, args.dtype)
     torch.backends.cuda.matmul.allow_tf32 = False  # full float32 GEMMs, as the Go backend
     torch.backends.cudnn.allow_tf32 = False
     if args.impl == "transformers":
         import transformers
 
-        hf = transformers.BertModel.from_pretrained(args.model, add_pooling_layer=False, attn_implementation="eager")
-        hf = hf.float().to(device).eval()
+        hf = transformers.BertModel.from_pretrained(args.model, add_pooling_layer=False, attn_implementation=args.attention)
+        hf = hf.to(device=device, dtype=dtype).eval()
         cfg = hf.config.to_dict()
 
         def encode(ids, mask):
             return hf(input_ids=ids, attention_mask=mask).last_hidden_state
 
     else:
-        cfg, w = load_plain(torch, args.model, device)
+        cfg, w = load_plain(torch, args.model, device, dtype)
 
         def encode(ids, mask):
-            return encode_plain(torch, cfg, w, ids, mask)
+            return encode_plain(torch, cfg, w, ids, mask, sdpa=args.attention == "sdpa")
 
     def run(items):
         """One batch as bert.CUDAEncoder.Embed runs one: ids from the host, vectors back."""
@@ -144,7 +156,7 @@ def main(argv=None):
             ids[r, : len(it)] = torch.tensor(it)
             mask[r, : len(it)] = 1
         ids, mask = ids.to(device), mask.to(device)
-        return pool(torch, encode(ids, mask), mask, args.pooling, args.normalize).cpu()
+        return pool(torch, encode(ids, mask).float(), mask, args.pooling, args.normalize).cpu()
 
     def sync():
         if device.type == "cuda":
@@ -171,7 +183,7 @@ def main(argv=None):
                     secs = time.perf_counter() - start
                     if iters >= 5 and secs >= args.min_seconds:
                         break
-                print(json.dumps({"impl": args.impl, "batch": b, "seq": l, "iters": iters, "seconds": round(secs, 6),
+                print(json.dumps({"impl": args.impl, "dtype": args.dtype, "attention": args.attention, "batch": b, "seq": l, "iters": iters, "seconds": round(secs, 6),
                                   "items_per_s": round(b * iters / secs, 1)}), flush=True)
 
 

@@ -128,6 +128,11 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.AllowRemoteURLs, "allow-remote-urls", d.AllowRemoteURLs,
 		"let a chat request's content parts name remote URLs (image_url, audio_url, video_url), which a multimodal server\n"+
 			"fetches; off, only data: URLs pass and another is refused 422 invalid_body (docs/security.md)")
+	fs.StringVar(&c.BatchWebhookURL, "batch-webhook-url", "",
+		"where OpenAI's batch webhook events (batch.completed, batch.failed, batch.expired, batch.cancelled) are POSTed\n"+
+			"when a batch ends, tried 10 times with backoff over up to about half an hour (docs/api.md); empty: none sent")
+	fs.StringVar(&c.BatchWebhookSecret, "batch-webhook-secret", "",
+		"the secret -batch-webhook-url's events are signed with (Standard Webhooks, as OpenAI signs them): whsec_ and base64")
 	fs.Var(&o.maxFile, "max-file-bytes",
 		"largest file POST /v1/files takes (OpenAI's Batch API limit), streamed to the bucket and never held whole;\n"+
 			"a larger one is refused as it goes over, 413 file_too_large, and nothing is kept")
@@ -176,7 +181,8 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 		"how long in-flight requests may finish after SIGTERM or SIGINT; then connections are closed and the exit is 0")
 	fs.DurationVar(&o.sweepInterval, "batch-sweep-interval", publisher.DefaultSweepInterval,
 		"how often the batch sweeper expires batches at their window and finalizes those whose job has settled, read\n"+
-			"or not (a read that finds one settled has it finalized at once); 0: no sweeper in this process. Under\n"+
+			"or not (a read that finds one settled has it finalized at once); it also validates new batches, at once when\n"+
+			"this process created them; 0: no sweeper in this process (its batches wait for another's). Under\n"+
 			"Lambda an EventBridge schedule invokes the sweep instead, every minute (infra/publisher.tf)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -198,4 +204,5 @@ var configFlags = map[string]string{
 	"Models": "models", "MaxN": "max-n", "MaxOutputTokens": "max-output-tokens", "AllowRemoteURLs": "allow-remote-urls",
 	"MaxFileBytes": "max-file-bytes", "MaxFileLines": "max-file-lines", "MaxFileLineBytes": "max-file-line-bytes",
 	"FileUploadTimeout": "file-upload-timeout", "MaxFiles": "max-files", "PublicURL": "public-url",
+	"BatchWebhookURL": "batch-webhook-url", "BatchWebhookSecret": "batch-webhook-secret",
 }

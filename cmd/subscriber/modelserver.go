@@ -33,6 +33,7 @@ type modelServerOptions struct {
 	maxServerWait                 time.Duration
 	allowRemoteURLs               bool
 	online                        modelserver.Online
+	messages                      string
 }
 
 const defaultAPIKeyEnv = "VRAMQ_MODEL_SERVER_API_KEY"
@@ -62,6 +63,10 @@ func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 	fs.BoolVar(&o.allowRemoteURLs, "model-server-allow-remote-urls", false,
 		"let chat content parts name remote URLs (image_url, audio_url, video_url), which a multimodal server fetches;\n"+
 			"off, only data: URLs pass and an item naming another is refused (invalid_input) without a request (docs/security.md)")
+	fs.StringVar(&o.messages, "model-server-messages", modelserver.MessagesChat,
+		"how an Anthropic Messages request (a Message Batch's) reaches the server: chat translates it to /v1/chat/completions\n"+
+			"and back (every server; fields it cannot carry are refused, docs/api.md); native sends it to the server's /v1/messages\n"+
+			"(vLLM, SGLang, llama.cpp)")
 	fs.IntVar(&o.concurrency, "model-server-concurrency", modelserver.DefaultMaxConcurrency,
 		"most requests in flight (vLLM max_num_seqs, TGI/TEI max_concurrent_requests); halved on an overload answer, grown back after clean runs")
 	fs.IntVar(&o.tpm, "model-server-tpm", 0,
@@ -113,7 +118,7 @@ func (o *modelServerOptions) config(getenv func(string) string, log *slog.Logger
 		KVBytesPerToken: o.kvBytesPerToken, ModelConfig: o.modelConfig, KVBytesPerValue: o.kvBytesPerValue,
 		KVCacheTokens: o.kvCacheTokens, TokensInFlight: o.tokensInFlight, Tokenizer: o.tokenizer,
 		MaxOutputTokens: o.maxOutputTokens, MaxN: o.maxN, EmbedBatch: o.embedBatch, EmbedBatchTokens: o.embedBatchTokens,
-		MaxServerWait: o.maxServerWait, AllowRemoteURLs: o.allowRemoteURLs, Online: o.online,
+		MaxServerWait: o.maxServerWait, AllowRemoteURLs: o.allowRemoteURLs, Online: o.online, Messages: o.messages,
 		Logger: log,
 	}
 	if o.apiKeyFile == "" && o.apiKeyEnv != "" {

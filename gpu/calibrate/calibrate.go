@@ -69,7 +69,7 @@ type Sweep struct {
 	// Points is how many token totals are measured for MaxItems items;
 	// smaller item counts get proportionally fewer (at least 4), so that
 	// totals are about as far apart for every count. More points make the
-	// coverage margin (see Calibration) smaller and the sweep longer.
+	// margin (see Calibration) smaller and the sweep longer.
 	Points int
 	// Seed picks the random splits and words.
 	Seed uint64
@@ -264,13 +264,23 @@ type Calibration struct {
 	// WorstUnderRaw is Raw's largest under-estimate of a sample.
 	WorstUnderRaw Miss
 	// Margin is what PerBatch gets on top of covering every sample, for
-	// batches between samples: the most any batch in the sweep's range
-	// could be under-estimated if no batch takes less memory than one with
-	// fewer tokens and fewer items, given what the samples measured. It is
-	// 0 when every sample lies exactly on Raw, as an allocator that adds
+	// batches between samples, as the calibration measured it (see
+	// measuredMargin): the most a fit covering half the samples
+	// under-estimated the other half, and at least the unit the device
+	// counts memory in; or MonotoneBound where that is smaller. It is 0
+	// when every sample lies exactly on Raw, as an allocator that adds
 	// nothing to the buffers' sizes gives, since then so do the batches in
 	// between.
 	Margin int64
+	// MonotoneBound is the margin that would cover every batch of the
+	// sweep's range if all that were known of memory is that it never
+	// decreases as a batch gains tokens (or length) or items: the most any
+	// batch between samples could then be under-estimated. It was the
+	// margin before, and is reported beside it: it takes the gap between
+	// neighbouring samples of the largest batches (tens of MiB for BERT-base
+	// on a GPU) and, being a per-batch constant, charged it to a 3-token
+	// text as to a batch of 64 × 512.
+	MonotoneBound int64
 	// Cost is the fitted model: Raw with PerBatch raised by WorstUnderRaw
 	// and Margin. No sample is under-estimated by it.
 	Cost gpu.CostModel
@@ -329,7 +339,7 @@ func Calibrate(ctx context.Context, m Meter, device string, s Sweep) (*Calibrati
 
 // Fit fits bytes = PerToken×tokens + PerItem×items + PerBatch to samples:
 // least squares with every coefficient non-negative (Raw), then PerBatch
-// raised so that no sample is under-estimated, then by the coverage margin
+// raised so that no sample is under-estimated, then by the measured margin
 // for batches between samples (see Calibration.Margin). The samples should
 // include the corners of the range to be covered: the fewest and most items,
 // each with the fewest and most tokens, as a Sweep's do.
@@ -362,7 +372,11 @@ func fit(samples []Sample, f form) (*Calibration, error) {
 	covered := raw
 	covered.PerBatch += c.WorstUnderRaw.Bytes
 	if !exact {
-		c.Margin = f.coverageMargin(samples, covered)
+		// The bound from monotonicity covers every batch of the range, so
+		// where it is the smaller (dense samples, a fine granule) it is
+		// enough.
+		c.MonotoneBound = f.coverageMargin(samples, covered)
+		c.Margin = min(measuredMargin(samples), c.MonotoneBound)
 	}
 	c.Cost = covered
 	c.Cost.PerBatch += c.Margin
@@ -372,6 +386,60 @@ func fit(samples []Sample, f form) (*Calibration, error) {
 		}
 	}
 	return c, nil
+}
+
+// measuredMargin is how far past the covered fit a batch the fit did not
+// see went, as the samples show it: the samples are split in two
+// interleaved halves (every other sample of the sweep's order, so each half
+// spans the whole range at half the density), each half is fitted and
+// covered as fit does, and the margin is the worst under-estimate of the
+// other half's samples, whichever half was fitted. A half's samples lie
+// twice as far apart as the full sweep's, so what it misses errs large. It is at
+// least the unit the device counts memory in (the greatest common divisor
+// of the measurements: a GPU driver's 2 MiB granule), since a batch
+// between samples can round up one unit further than any sample did.
+//
+// It is a measurement, not a bound: a device whose memory jumped between
+// samples by more than the samples show anywhere else would exceed it. The
+// subscriber's out-of-memory split is the backstop for that; the bound
+// from monotonicity alone (Calibration.MonotoneBound) charged every message
+// tens of MiB against it.
+func measuredMargin(samples []Sample) int64 {
+	var unit int64
+	for _, s := range samples {
+		unit = gcd(unit, s.Bytes)
+	}
+	margin := unit
+	if len(samples) < 2 {
+		return margin
+	}
+	for fold := range 2 {
+		var fitted, held []Sample
+		for i, s := range samples {
+			if i%2 == fold {
+				fitted = append(fitted, s)
+			} else {
+				held = append(held, s)
+			}
+		}
+		m := leastSquares(fitted)
+		var under int64
+		for _, s := range fitted {
+			under = max(under, s.Bytes-estimate(m, s))
+		}
+		m.PerBatch += under
+		for _, s := range held {
+			margin = max(margin, s.Bytes-estimate(m, s))
+		}
+	}
+	return margin
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // estimate is what m says s's batch takes: linear in its tokens, items and
@@ -669,6 +737,8 @@ func (c *Calibration) String() string {
 	fmt.Fprintf(&b, "  worst under-estimate of the least squares: %s\n", c.WorstUnderRaw)
 	fmt.Fprintf(&b, "  per batch raised by %s to cover every sample, and by a margin of %s for batches between samples\n",
 		exactBytes(c.WorstUnderRaw.Bytes), exactBytes(c.Margin))
+	fmt.Fprintf(&b, "  (the margin is the less of what held-out samples measured and the bound from monotonicity alone, %s)\n",
+		exactBytes(c.MonotoneBound))
 	fmt.Fprintf(&b, "  fitted model:      %s\n", formatModel(c.Cost, c.Heads > 0))
 	fmt.Fprintf(&b, "  worst over-estimate of the fitted model: %s\n", c.WorstOver)
 	b.WriteString("  (the subscriber charges the per-batch bytes once per message: an upper bound for a batch of several)")

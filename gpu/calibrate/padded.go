@@ -10,7 +10,7 @@ import (
 
 // Why padded shapes are fitted here, beside the token-and-item fit, and not
 // in the model's package: calibration is one idea (a sweep, a
-// non-negative least squares, a coverage margin, a file checked at load),
+// non-negative least squares, a measured margin, a file checked at load),
 // and a transformer differs from the reference model only in what a batch
 // is. Its memory depends on the padded shape (items × length), and its
 // attention scores grow with the square of the length, so the sweep is one
@@ -58,8 +58,9 @@ type Shape struct{ Items, SeqLen int }
 //
 // Every item count, not counts 25% apart as Batches has: a padded batch's
 // memory is nearly proportional to its items, so a gap of a quarter in
-// items would make the coverage margin a quarter of the largest batch. With
-// every count, the margin is about one sequence at the longest length, and
+// items would put a quarter of the largest batch between samples (and into
+// the bound from monotonicity, Calibration.MonotoneBound). With every
+// count, the gap is about one sequence at the longest length, and
 // with lengths proportionally as dense as the items are many, about as
 // many bytes apart at every count.
 func (s Sweep) Shapes(maxSeqLen int) []Shape {
@@ -117,7 +118,7 @@ func CalibrateShapes(ctx context.Context, m ShapeMeter, device string, s Sweep) 
 // + PerItem×items + PerBatch (gpu.CostModel.Padded) to samples of padded
 // shapes (Items and SeqLen set; their Tokens and Scores are set here), as
 // Fit does: non-negative least squares, PerBatch raised to cover every
-// sample, then by the coverage margin over the shapes between samples. The
+// sample, then by the margin measured for the shapes between samples. The
 // samples should include the corners: the fewest and most items, each at
 // the shortest and longest length, as a Sweep's Shapes do.
 func FitPadded(samples []Sample, heads int) (*Calibration, error) {

@@ -244,3 +244,48 @@ func (m *linearModel) Cost([]job.Item) int64                                 { r
 func (m *linearModel) Run(context.Context, []job.Item) ([]job.Output, error) { return nil, nil }
 func (m *linearModel) CostModel() gpu.CostModel                              { return m.s.CostModel() }
 func (m *linearModel) SetCostModel(c gpu.CostModel) error                    { return m.s.SetCostModel(c) }
+
+// The margin for batches between samples is what the calibration measured
+// (samples held out of a fit), not the gap between neighbouring samples of
+// the largest batches, which is tens of MiB for BERT-base's shapes and was
+// charged to every message: on a device that rounds like a GPU driver, it is
+// a granule or two, and still no shape of the range is under-estimated.
+// The figures are a 3-token text's charge and the most 3-token texts a
+// budget admits, with the bound from monotonicity (the margin before) and
+// with the measured margin.
+func TestMarginIsMeasuredNotTheGapBetweenSamples(t *testing.T) {
+	const granule = 2 << 20
+	d := &shapeDevice{name: "bert:base-shape", hidden: 768, inner: 3072, heads: 12, maxSeqLen: 512, granule: granule}
+	s := DefaultSweep(64)
+	c, err := CalibrateShapes(t.Context(), d, "emu", s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s", c)
+	if c.Margin > 2*granule {
+		t.Errorf("margin %s; want at most two granules (%s): what the samples held out showed", exactBytes(c.Margin), exactBytes(2*granule))
+	}
+	if c.MonotoneBound <= 8*granule {
+		t.Errorf("bound from monotonicity %s: the sweep's gaps are too small for the test to show anything", exactBytes(c.MonotoneBound))
+	}
+	for n := int64(1); n <= int64(s.MaxItems); n++ {
+		for l := int64(1); l <= int64(d.maxSeqLen); l++ {
+			if est, need := c.Cost.Padded(n, l, d.heads), d.bytes(n, l); est < need {
+				t.Fatalf("%d items × %d tokens: estimated %d, takes %d", n, l, est, need)
+			}
+		}
+	}
+	before := c.Cost
+	before.PerBatch += c.MonotoneBound - c.Margin
+	const budget = 8 << 30
+	for _, m := range []struct {
+		name string
+		cost gpu.CostModel
+	}{{"monotone bound (before)", before}, {"measured margin (after)", c.Cost}} {
+		text := m.cost.Padded(1, 3, d.heads)
+		t.Logf("FIGURE calibrated margin, %s: margin %s; a 3-token text charged %s (it takes %s); "+
+			"3-token texts in an 8 GiB budget: %d charged per message, %d with the per-batch bytes once",
+			m.name, exactBytes(m.cost.PerBatch-c.Raw.PerBatch-c.WorstUnderRaw.Bytes), exactBytes(text), exactBytes(d.bytes(1, 3)),
+			budget/text, (budget-m.cost.PerBatch)/(text-m.cost.PerBatch))
+	}
+}

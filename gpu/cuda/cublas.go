@@ -23,6 +23,36 @@ typedef int (*cublas_sgemm_batched_fn)(void *handle, int transa, int transb, int
 	const float *alpha, const float *A, int lda, long long strideA, const float *B, int ldb, long long strideB,
 	const float *beta, float *C, int ldc, long long strideC, int batchCount);
 
+// cublasGemmEx and cublasGemmStridedBatchedEx (CUDA 11+ signatures: the
+// compute type is a cublasComputeType_t). Alpha and beta are float32, the
+// scale type of a float32 compute type.
+typedef int (*cublas_gemm_ex_fn)(void *handle, int transa, int transb, int m, int n, int k,
+	const void *alpha, const void *A, int Atype, int lda, const void *B, int Btype, int ldb,
+	const void *beta, void *C, int Ctype, int ldc, int computeType, int algo);
+typedef int (*cublas_gemm_batched_ex_fn)(void *handle, int transa, int transb, int m, int n, int k,
+	const void *alpha, const void *A, int Atype, int lda, long long strideA, const void *B, int Btype, int ldb,
+	long long strideB, const void *beta, void *C, int Ctype, int ldc, long long strideC, int batchCount,
+	int computeType, int algo);
+
+// CUBLAS_COMPUTE_32F: products and sums in float32 whatever the operands'
+// type; with binary16 or bfloat16 operands cuBLAS runs it on the tensor
+// cores. CUBLAS_GEMM_DEFAULT lets it pick the kernel (the _TENSOR_OP
+// algorithms are deprecated since CUDA 11: tensor cores are the default).
+enum { vramq_compute_32f = 68, vramq_gemm_default = -1 };
+
+static int vramq_cublas_gemm_ex(void *f, void *h, int transa, int transb, int m, int n, int k,
+	uint64_t A, int lda, long long sA, uint64_t B, int ldb, long long sB, int abtype,
+	uint64_t C, int ldc, long long sC, int ctype, int count, int batched) {
+	const float alpha = 1.0f, beta = 0.0f;
+	if (!batched) {
+		return ((cublas_gemm_ex_fn)f)(h, transa, transb, m, n, k, &alpha, (const void *)(uintptr_t)A, abtype, lda,
+			(const void *)(uintptr_t)B, abtype, ldb, &beta, (void *)(uintptr_t)C, ctype, ldc, vramq_compute_32f, vramq_gemm_default);
+	}
+	return ((cublas_gemm_batched_ex_fn)f)(h, transa, transb, m, n, k, &alpha, (const void *)(uintptr_t)A, abtype, lda, sA,
+		(const void *)(uintptr_t)B, abtype, ldb, sB, &beta, (void *)(uintptr_t)C, ctype, ldc, sC, count,
+		vramq_compute_32f, vramq_gemm_default);
+}
+
 static int vramq_cublas_create(void *f, void **h) { return ((cublas_create_fn)f)(h); }
 static int vramq_cublas_destroy(void *f, void *h) { return ((cublas_destroy_fn)f)(h); }
 static int vramq_cublas_sgemm(void *f, void *h, int m, int n, int k,
@@ -75,7 +105,10 @@ const cublasStatusAllocFailed = 3
 type Blas struct {
 	lib                             unsafe.Pointer
 	create, destroy, sgemm, batched unsafe.Pointer
-	handle                          unsafe.Pointer
+	// gemmEx and batchedEx are nil in a cuBLAS without them (before 11):
+	// half precision is then refused (HasGemmEx).
+	gemmEx, batchedEx unsafe.Pointer
+	handle            unsafe.Pointer
 	// Path is the library loaded: the first of VRAMQ_CUBLAS or
 	// libcublas.so.13, .12, .11 that made a handle.
 	Path string
@@ -138,14 +171,81 @@ func (b *Blas) bind() error {
 		{"cublasCreate_v2", &b.create}, {"cublasDestroy_v2", &b.destroy},
 		{"cublasSgemm_v2", &b.sgemm}, {"cublasSgemmStridedBatched", &b.batched},
 	} {
-		cname := C.CString(s.name)
-		*s.dst = C.dlsym(b.lib, cname)
-		C.free(unsafe.Pointer(cname))
-		if *s.dst == nil {
+		if *s.dst = b.sym(s.name); *s.dst == nil {
 			return fmt.Errorf("%s: no symbol %s", b.Path, s.name)
 		}
 	}
+	b.gemmEx, b.batchedEx = b.sym("cublasGemmEx"), b.sym("cublasGemmStridedBatchedEx")
 	return nil
+}
+
+func (b *Blas) sym(name string) unsafe.Pointer {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	return C.dlsym(b.lib, cname)
+}
+
+// DataType is a GEMM operand's element type, numbered as cudaDataType.
+type DataType int
+
+const (
+	Float32  DataType = 0  // CUDA_R_32F
+	Float16  DataType = 2  // CUDA_R_16F: IEEE 754 binary16
+	BFloat16 DataType = 14 // CUDA_R_16BF
+)
+
+// ElemBytes is the size of one element of t.
+func (t DataType) ElemBytes() int64 {
+	if t == Float32 {
+		return 4
+	}
+	return 2
+}
+
+// HasGemmEx says whether the loaded cuBLAS has the typed GEMMs (GemmEx,
+// GemmBatchedEx) half precision needs.
+func (b *Blas) HasGemmEx() bool { return b.gemmEx != nil && b.batchedEx != nil }
+
+// GemmEx is Gemm with typed operands: the row-major rows×m matrix c (of
+// type ct) is a (rows×k) times bm (k×m), both of type abt, every product
+// and sum in float32 (CUBLAS_COMPUTE_32F: on the tensor cores for binary16
+// and bfloat16), c rounded to ct once. cuBLAS refuses (CUBLAS_STATUS_NOT_SUPPORTED)
+// any combination but abt = ct, or half-precision abt with a float32 c.
+func (b *Blas) GemmEx(c cu.DevicePtr, ct DataType, a, bm cu.DevicePtr, abt DataType, rows, k, m int) error {
+	if !b.HasGemmEx() {
+		return fmt.Errorf("%s has no cublasGemmEx", b.Path)
+	}
+	g := rowMajorGemm(rows, k, m)
+	st := C.vramq_cublas_gemm_ex(b.gemmEx, b.handle, 0, 0, C.int(g.m), C.int(g.n), C.int(g.k),
+		C.uint64_t(bm), C.int(g.lda), 0, C.uint64_t(a), C.int(g.ldb), 0, C.int(abt), C.uint64_t(c), C.int(g.ldc), 0, C.int(ct), 1, 0)
+	if st != 0 {
+		return cublasError("cublasGemmEx", st)
+	}
+	return nil
+}
+
+// GemmBatchedEx is GemmBatched with typed operands, as GemmEx: A and B of
+// type abt, C of ct; strides in elements of each operand's type.
+func (b *Blas) GemmBatchedEx(ta, tb bool, m, n, k int, a cu.DevicePtr, lda int, sa int64, bm cu.DevicePtr, ldb int, sb int64,
+	abt DataType, c cu.DevicePtr, ldc int, sc int64, ct DataType, count int) error {
+	if !b.HasGemmEx() {
+		return fmt.Errorf("%s has no cublasGemmStridedBatchedEx", b.Path)
+	}
+	st := C.vramq_cublas_gemm_ex(b.batchedEx, b.handle, op(ta), op(tb), C.int(m), C.int(n), C.int(k),
+		C.uint64_t(a), C.int(lda), C.longlong(sa), C.uint64_t(bm), C.int(ldb), C.longlong(sb), C.int(abt),
+		C.uint64_t(c), C.int(ldc), C.longlong(sc), C.int(ct), C.int(count), 1)
+	if st != 0 {
+		return cublasError("cublasGemmStridedBatchedEx", st)
+	}
+	return nil
+}
+
+// op is cuBLAS's cublasOperation_t: CUBLAS_OP_T when t, else CUBLAS_OP_N.
+func op(t bool) C.int {
+	if t {
+		return 1
+	}
+	return 0
 }
 
 // Gemm sets the row-major rows×m matrix c to a (rows×k) times b (k×m); see
@@ -165,12 +265,6 @@ func (b *Blas) Gemm(c, a, bm cu.DevicePtr, rows, k, m int) error {
 // floats; ta and tb say whether A and B are transposed.
 func (b *Blas) GemmBatched(ta, tb bool, m, n, k int, a cu.DevicePtr, lda int, sa int64, bm cu.DevicePtr, ldb int, sb int64,
 	c cu.DevicePtr, ldc int, sc int64, count int) error {
-	op := func(t bool) C.int {
-		if t {
-			return 1
-		}
-		return 0
-	}
 	st := C.vramq_cublas_sgemm_batched(b.batched, b.handle, op(ta), op(tb), C.int(m), C.int(n), C.int(k),
 		C.uint64_t(a), C.int(lda), C.longlong(sa), C.uint64_t(bm), C.int(ldb), C.longlong(sb),
 		C.uint64_t(c), C.int(ldc), C.longlong(sc), C.int(count))

@@ -19,7 +19,7 @@ import (
 const BufAlign = 256
 
 // Upload copies src to a new device buffer.
-func Upload[T int32 | float32](src []T) (cu.DevicePtr, error) {
+func Upload[T int32 | float32 | uint16](src []T) (cu.DevicePtr, error) {
 	n := int64(len(src)) * int64(unsafe.Sizeof(src[0]))
 	p, err := cu.MemAlloc(n)
 	if err != nil {

@@ -11,7 +11,7 @@
 # bench/gpu/<device>.md. The checks are the ones bench/README.md "On a GPU" lists.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-cd "$here"
+cd "$here" || exit 1
 out=${OUT:-$here}
 log=$out/log.txt
 res=$out/results.md
@@ -73,6 +73,7 @@ run "7. BERT: OOM recovered by halving" bert.test TestCUDABertOutOfMemoryThenHal
 run "8. BERT: OOM by sequence length" bert.test TestCUDABertOutOfMemoryByLength
 run "9. BERT: the estimate against the device" bert.test TestCUDABertWorkingBytesCoversAllocation
 run "10. BERT: outputs against PyTorch, items/s reported, not asserted" bert.test TestCUDABertAgainstTorch
+run "10b. BERT float16: items/s at least PyTorch float16 + SDPA (a ratio floor), MiniLM-L6 and BERT-base" bert.test TestCUDABertHalfThroughputAtLeastTorchSDPA
 # The BERT cost model calibrated on this GPU (all-MiniLM-L6-v2's shape,
 # generated weights): the fit, with its length² term, goes to
 # bert-cost-model.json; commit it beside results.md. The command for a real
@@ -94,5 +95,13 @@ run "11. BERT: the cost model calibrated on the GPU covers every batch" bert.tes
 	grep -hE -- '--- FAIL|panic:|_test.go:[0-9]+:' "$log" | grep -v FIGURE | head -40
 	echo '```'
 } >>"$res"
+# The model-server path against a real engine where one is installed
+# (gpu/verify/engine); its section says what it looked for otherwise. The
+# model and the server's log stay here: transformers' random weights are
+# hundreds of MB. VRAMQ_ENGINE_FLAGS passes flags (engine -h lists them).
+read -ra engine_flags <<<"${VRAMQ_ENGINE_FLAGS:-}"
+"$here/engine" -dir "$here/engine-run" -out "$out/engine.md" -python "$python" -phase 25s "${engine_flags[@]}" >>"$log" 2>&1 || fail=1
+{ echo; cat "$out/engine.md"; } >>"$res"
+[ -f "$here/engine-run/server.log" ] && tail -c 200000 "$here/engine-run/server.log" >"$out/engine-server.log"
 cat "$res"
 exit $fail

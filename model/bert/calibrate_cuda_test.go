@@ -80,6 +80,16 @@ func TestCUDABertCalibratedCostCoversEveryBatch(t *testing.T) {
 	}
 	t.Logf("FIGURE cuda-bert calibrated cost: a 3-token text %s (analytic %s), a %d-token text %s (analytic %s)",
 		bytesize.Format(e.Cost(short)), bytesize.Format(analyticShort), maxLen, bytesize.Format(e.Cost(long)), bytesize.Format(analyticLong))
+	// Issue 37's figure: the largest batch of 3-token texts a fixed budget
+	// admits, each its own message (charged the per-batch bytes each), with
+	// the margin measured and with the bound from monotonicity that was the
+	// margin before.
+	const budget = 8 << 30
+	now := e.Cost(short)
+	before := now + c.MonotoneBound - c.Margin
+	t.Logf("FIGURE cuda-bert calibrated cost: margin %s measured (bound from monotonicity %s): a 3-token text %s (before %s); "+
+		"3-token messages in an 8 GiB budget: %d (before %d)", bytesize.Format(c.Margin), bytesize.Format(c.MonotoneBound),
+		bytesize.Format(now), bytesize.Format(before), budget/now, budget/before)
 
 	var closest int64 = -1
 	for _, n := range counts {
@@ -121,4 +131,39 @@ func TestCUDABertCalibratedCostCoversEveryBatch(t *testing.T) {
 	}
 	t.Logf("FIGURE cuda-bert calibrated cost: %d item counts × %d lengths up to %d, none under-estimated; the closest Cost was over by %s",
 		len(counts), len(lengths), maxLen, bytesize.Format(closest))
+}
+
+// An encoder served in half precision is another model to a cost model:
+// its name says its precision (and fused attention), so a cost model
+// fitted for the float32 encoder of the same directory is refused, and one
+// fitted for it is taken.
+func TestCUDABertHalfPrecisionRefusesFloat32CostModel(t *testing.T) {
+	cfg := bert.Config{VocabSize: 30522, HiddenSize: 64, NumLayers: 1, NumHeads: 4, IntermediateSize: 128,
+		MaxPositionEmbeddings: 64, TypeVocabSize: 2, LayerNormEps: 1e-12}
+	dir := generateModelDir(t, "variant", cfg, 64)
+	on, err := bert.OpenCUDAWith(dir, 0, bert.CUDAOptions{Precision: bert.GPUFloat16, Attention: bert.GPUAttentionFused})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer on.Device.Close()
+	defer on.Embedder.Close()
+	if got, want := on.Embedder.Name(), "bert:variant@float16+fused-attention"; got != want {
+		t.Errorf("name %q, want %q", got, want)
+	}
+	device := gpu.Kind(on.Device)
+	for _, c := range []struct {
+		model string
+		ok    bool
+	}{{"bert:variant", false}, {"bert:variant@float16+fused-attention", true}} {
+		path := filepath.Join(t.TempDir(), "cost.json")
+		f := calibrate.CostModelFile{Model: c.model, Device: device, Form: calibrate.FormPadded, Heads: cfg.NumHeads,
+			CostModel: gpu.CostModel{PerToken: 1, PerScore: 1, PerBatch: 1}}
+		if err := calibrate.SaveCostModel(path, f); err != nil {
+			t.Fatal(err)
+		}
+		_, err := calibrate.LoadCostModel(path, on.Embedder, device)
+		if c.ok != (err == nil) {
+			t.Errorf("a cost model fitted for %q: %v; want it taken: %v", c.model, err, c.ok)
+		}
+	}
 }

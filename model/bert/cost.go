@@ -98,19 +98,35 @@ func (c Config) seqOverhead(seqLen int) int64 {
 // is the least that still adds up, whichever messages share a batch and
 // however many batches the device runs at once. (CUDAEncoder runs one
 // batch at a time, so there only one rounded buffer is ever live and the
-// per-message granule is conservative; it does not rely on that.)
+// per-message granule is conservative; it does not rely on that.) An
+// encoder in half precision also holds half-precision copies of its
+// products' operands: each item is charged its bucket's share of them too
+// (halfOperandSizer).
 func (e *Embedder) Cost(items []job.Item) int64 {
 	if m := e.calibrated.Load(); m != nil {
 		return e.calibratedCost(*m, items)
 	}
+	half, _ := e.enc.(halfOperandSizer)
 	var total int64
 	for _, it := range items {
-		total += e.m.cfg.seqBytes(e.bucket(e.tokenCount(it)))
+		b := e.bucket(e.tokenCount(it))
+		total += e.m.cfg.seqBytes(b)
+		if half != nil {
+			total += half.HalfSeqBytes(b)
+		}
 	}
 	if e.enc != nil && len(items) > 0 {
 		total += Granule
 	}
 	return total
+}
+
+// halfOperandSizer is an Encoder that multiplies in half precision and so
+// allocates, beside the buffers seqBytes bounds, half-precision copies of
+// its products' operands: at most HalfSeqBytes(bucket) per sequence
+// (GPUConfig.HalfSeqBytes). The CUDA encoder is one.
+type halfOperandSizer interface {
+	HalfSeqBytes(seqLen int) int64
 }
 
 // Granule is the unit a GPU driver rounds allocations up to: 2 MiB, the

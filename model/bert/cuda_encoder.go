@@ -27,13 +27,15 @@ var bertPTX string
 
 // CUDAEncoder is a BERT sentence encoder (model/bert's, same weights and
 // arithmetic) on an NVIDIA GPU: cuBLAS GEMMs for the projections and,
-// strided-batched, for the two attention products; the kernels of
-// kernels/bert.cu for everything between. The weights are uploaded once, as
-// float32. Each batch allocates exactly CUDAWorkingBytes on the device as
-// one allocation, and frees it before Embed returns, whatever happened: an
-// estimate that is too small fails as gpu.ErrOutOfMemory, and so does any
-// out-of-memory of the driver or cuBLAS, so a caller halving the batch
-// recovers. A sticky CUDA error makes this and every later call fail with
+// strided-batched, for the two attention products (or one kernel, with
+// GPUAttentionFused); the kernels of kernels/bert.cu for everything
+// between. The weights are uploaded once, as float32, or with a half
+// GPUConfig.Precision the GEMMs' weight matrices as binary16 or bfloat16
+// (see GPUFloat16). Each batch allocates exactly CUDAWorkingBytes on the
+// device as one allocation, and frees it before Embed returns, whatever
+// happened: an estimate that is too small fails as gpu.ErrOutOfMemory, and
+// so does any out-of-memory of the driver or cuBLAS, so a caller halving
+// the batch recovers. A sticky CUDA error makes this and every later call fail with
 // gpu.ErrDeviceLost.
 //
 // As for refembed.CUDAEmbedder, a cuda.Owner (one goroutine locked to its
@@ -49,8 +51,8 @@ type CUDAEncoder struct {
 	lost    atomic.Pointer[error]
 
 	// Owned by the context's goroutine.
-	w   []cu.DevicePtr // in GPUWeights.tensors' order
-	fns struct{ embed, addLN, split, merge, softmax, gelu, pool, norm, erf cu.Function }
+	w   []cu.DevicePtr // in GPUWeights.tensors' order; the GEMMs' in half precision if cfg.Precision says so
+	fns struct{ embed, addLN, split, merge, softmax, gelu, pool, norm, erf, toHalf, attention cu.Function }
 	own *cuda.Owner
 }
 
@@ -74,7 +76,7 @@ func NewCUDAEncoder(index int, name string, w *GPUWeights, cfg GPUConfig) (*CUDA
 	m := &CUDAEncoder{
 		cfg:     cfg,
 		name:    name,
-		weights: w.Bytes(),
+		weights: w.BytesAt(cfg.Precision),
 	}
 	m.own = cuda.NewOwner(name)
 	m.own.DeviceName = fmt.Sprintf("cuda:%d", index) // until open names the GPU
@@ -88,18 +90,72 @@ func (m *CUDAEncoder) setup(index int, w *GPUWeights) error {
 	if err := m.own.Open(index, bertPTX, map[string]*cu.Function{
 		"bert_embed": &m.fns.embed, "bert_add_layernorm": &m.fns.addLN, "bert_split_heads": &m.fns.split,
 		"bert_merge_heads": &m.fns.merge, "bert_softmax": &m.fns.softmax, "bert_bias_gelu": &m.fns.gelu,
-		"bert_pool": &m.fns.pool, "bert_l2norm": &m.fns.norm, "bert_erf": &m.fns.erf,
+		"bert_pool": &m.fns.pool, "bert_l2norm": &m.fns.norm, "bert_erf": &m.fns.erf, "bert_to_half": &m.fns.toHalf,
+		"bert_attention": &m.fns.attention,
 	}); err != nil {
 		return err
 	}
-	for _, t := range w.tensors() {
-		p, err := cuda.Upload(t)
+	if err := m.checkPrecision(index); err != nil {
+		return err
+	}
+	for i, t := range w.tensors() {
+		var p cu.DevicePtr
+		var err error
+		if halfWidth(m.cfg.Precision, i) == 2 {
+			p, err = cuda.Upload(m.halves(t))
+		} else {
+			p, err = cuda.Upload(t)
+		}
 		if err != nil {
 			return fmt.Errorf("%s: load weights: %w", m.name, cuda.MapError(err))
 		}
 		m.w = append(m.w, p)
 	}
 	return nil
+}
+
+// checkPrecision refuses a half precision the GPU or cuBLAS cannot run:
+// bfloat16 needs compute capability 8.0 (Ampere) and up, both need
+// cublasGemmEx.
+func (m *CUDAEncoder) checkPrecision(index int) error {
+	p := m.cfg.Precision
+	if p == GPUFloat32 {
+		return nil
+	}
+	if !m.own.Blas.HasGemmEx() {
+		return fmt.Errorf("%s: %v: %s has no cublasGemmEx", m.name, p, m.own.Blas.Path)
+	}
+	if p == GPUBFloat16 {
+		major, err := cu.Device(index).Attribute(cu.ComputeCapabilityMajor)
+		if err != nil {
+			return fmt.Errorf("%s: %v: compute capability: %w", m.name, p, err)
+		}
+		if major < 8 {
+			return fmt.Errorf("%s: %v needs compute capability 8.0 or later; %s has %d.x", m.name, p, m.own.DeviceName, major)
+		}
+	}
+	return nil
+}
+
+// halves is t rounded to the encoder's half precision, as the GPU rounds.
+func (m *CUDAEncoder) halves(t []float32) []uint16 {
+	conv := cuda.HalfBits
+	if m.cfg.Precision == GPUBFloat16 {
+		conv = cuda.BFloat16Bits
+	}
+	out := make([]uint16, len(t))
+	for i, v := range t {
+		out[i] = conv(v)
+	}
+	return out
+}
+
+// halfType is the cuBLAS type of the encoder's half-precision operands.
+func (m *CUDAEncoder) halfType() cuda.DataType {
+	if m.cfg.Precision == GPUBFloat16 {
+		return cuda.BFloat16
+	}
+	return cuda.Float16
 }
 
 func (m *CUDAEncoder) teardown() {
@@ -138,6 +194,11 @@ func (m *CUDAEncoder) MemGetInfo() (free, total int64, err error) {
 	}
 	return free, total, err
 }
+
+// HalfSeqBytes is what one sequence of at most seqLen tokens adds to a
+// batch's half-precision operands (GPUConfig.HalfSeqBytes): 0 in float32.
+// Embedder.Cost adds it per item.
+func (m *CUDAEncoder) HalfSeqBytes(seqLen int) int64 { return m.cfg.HalfSeqBytes(seqLen) }
 
 // Working is the device memory batches hold now.
 func (m *CUDAEncoder) Working() int64 { return m.working.Load() }
@@ -251,6 +312,34 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 	buf := func(i int) cu.DevicePtr { return base + cu.DevicePtr(offs[i]) }
 	dIDs, dLens, dX, dQKV, dHeads, dScores, dCtx, dProj, dInter, dOut :=
 		buf(0), buf(1), buf(2), buf(3), buf(4), buf(5), buf(6), buf(7), buf(8), buf(9)
+	// In half precision: Q, K and V by head, then one other operand (see
+	// GPUConfig.halfOperands).
+	half, fused := c.Precision != GPUFloat32, c.Attention == GPUAttentionFused
+	// A tile of keys per thread, at least one thread per component of a
+	// head (bert_attention's accumulators), at least two warps.
+	attnThreads := max(cuda.Pow2(c.Hidden/c.Heads), 64)
+	qkvHalves, _ := c.halfOperands(items, seqLen)
+	dQKV16 := buf(10)
+	dOther16 := dQKV16 + cu.DevicePtr((2*qkvHalves+gpuAlign-1)/gpuAlign*gpuAlign)
+	abt := m.halfType()
+	var bf16 int64
+	if c.Precision == GPUBFloat16 {
+		bf16 = 1
+	}
+	toHalf := func(src, dst cu.DevicePtr, n int64) error {
+		return cuda.Launch(m.fns.toHalf, cuda.Grid(n), 256, &src, &dst, &n, &bf16)
+	}
+	// gemm is Blas.Gemm (dst = act·w, row-major rows×k times k×out), in half
+	// precision through the other operand's place.
+	gemm := func(dst, act, w cu.DevicePtr, k, out int) error {
+		if !half {
+			return m.own.Blas.Gemm(dst, act, w, rows, k, out)
+		}
+		if err := toHalf(act, dOther16, int64(rows*k)); err != nil {
+			return err
+		}
+		return m.own.Blas.GemmEx(dst, cuda.Float32, dOther16, w, abt, rows, k, out)
+	}
 
 	if err := cu.MemcpyHtoD(dIDs, unsafe.Pointer(&tokens[0]), 4*int64(rows)); err != nil {
 		return nil, 0, err
@@ -270,6 +359,7 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 		sd, ss              = int64(seqLen * d), int64(seqLen * seqLen)
 		nb                  = items * heads
 		dQ, dK, dV          = dHeads, dHeads + cu.DevicePtr(4*rows*h), dHeads + cu.DevicePtr(8*rows*h)
+		dQ16, dK16, dV16    = dQKV16, dQKV16 + cu.DevicePtr(2*rows*h), dQKV16 + cu.DevicePtr(4*rows*h)
 		wEmb                = m.w[:5]
 		dWord, dPos, dType0 = wEmb[0], wEmb[1], wEmb[2]
 		dEmbGamma, dEmbBeta = wEmb[3], wEmb[4]
@@ -285,7 +375,7 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 		qkvW, qkvB, aoW, aoB, aG, aB, iW, iB, oW, oB, oG, oBeta :=
 			lw[0], lw[1], lw[2], lw[3], lw[4], lw[5], lw[6], lw[7], lw[8], lw[9], lw[10], lw[11]
 		steps = append(steps,
-			func() error { return m.own.Blas.Gemm(dQKV, dX, qkvW, rows, h, 3*h) },
+			func() error { return gemm(dQKV, dX, qkvW, h, 3*h) },
 			func() error {
 				return cuda.Launch(m.fns.split, cuda.Grid(int64(rows*3*h)), 256, &dQKV, &qkvB, &dHeads, &nItems, &seqL, &headsL, &dL)
 			},
@@ -293,9 +383,25 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 			// column-major, that is Sᵀ = K·Qᵀ: A = K (d×L column-major,
 			// transposed), B = Q (d×L, as is).
 			func() error {
-				return m.own.Blas.GemmBatched(true, false, seqLen, seqLen, d, dK, d, sd, dQ, d, sd, dScores, seqLen, ss, nb)
+				if fused {
+					// softmax(QKᵀ/√d)·V in one kernel, into Q's place;
+					// the two steps after are then nothing.
+					return cuda.Launch(m.fns.attention, min(int(nScoreRows), 65535), attnThreads,
+						&dQ, &dK, &dV, &dLens, &nScoreRows, &seqL, &headsL, &dL, &scale)
+				}
+				if !half {
+					return m.own.Blas.GemmBatched(true, false, seqLen, seqLen, d, dK, d, sd, dQ, d, sd, dScores, seqLen, ss, nb)
+				}
+				if err := toHalf(dHeads, dQKV16, int64(3*rows*h)); err != nil {
+					return err
+				}
+				return m.own.Blas.GemmBatchedEx(true, false, seqLen, seqLen, d, dK16, d, sd, dQ16, d, sd, abt,
+					dScores, seqLen, ss, cuda.Float32, nb)
 			},
 			func() error {
+				if fused {
+					return nil
+				}
 				return cuda.Launch(m.fns.softmax, min(int(nScoreRows), 65535), min(cuda.Pow2(seqLen), 256),
 					&dScores, &dLens, &nScoreRows, &seqL, &headsL, &scale)
 			},
@@ -303,20 +409,30 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 			// Oᵀ = Vᵀ·Pᵀ, with A = V (d×L) and B = P (L×L), into Q's
 			// place (Q is spent).
 			func() error {
-				return m.own.Blas.GemmBatched(false, false, d, seqLen, seqLen, dV, d, sd, dScores, seqLen, ss, dQ, d, sd, nb)
+				if fused {
+					return nil
+				}
+				if !half {
+					return m.own.Blas.GemmBatched(false, false, d, seqLen, seqLen, dV, d, sd, dScores, seqLen, ss, dQ, d, sd, nb)
+				}
+				if err := toHalf(dScores, dOther16, nScoreRows*seqL); err != nil {
+					return err
+				}
+				return m.own.Blas.GemmBatchedEx(false, false, d, seqLen, seqLen, dV16, d, sd, dOther16, seqLen, ss, abt,
+					dQ, d, sd, cuda.Float32, nb)
 			},
 			func() error {
 				return cuda.Launch(m.fns.merge, cuda.Grid(int64(rows*h)), 256, &dQ, &dCtx, &nItems, &seqL, &headsL, &dL)
 			},
-			func() error { return m.own.Blas.Gemm(dProj, dCtx, aoW, rows, h, h) },
+			func() error { return gemm(dProj, dCtx, aoW, h, h) },
 			func() error {
 				return cuda.Launch(m.fns.addLN, rowBlocks, rowThreads, &dX, &dProj, &aoB, &aG, &aB, &nRows, &hL, &eps)
 			},
-			func() error { return m.own.Blas.Gemm(dInter, dX, iW, rows, h, in) },
+			func() error { return gemm(dInter, dX, iW, h, in) },
 			func() error {
 				return cuda.Launch(m.fns.gelu, cuda.Grid(int64(rows*in)), 256, &dInter, &iB, &nRows, &inL)
 			},
-			func() error { return m.own.Blas.Gemm(dProj, dInter, oW, rows, in, h) },
+			func() error { return gemm(dProj, dInter, oW, in, h) },
 			func() error {
 				return cuda.Launch(m.fns.addLN, rowBlocks, rowThreads, &dX, &dProj, &oB, &oG, &oBeta, &nRows, &hL, &eps)
 			},

@@ -53,3 +53,47 @@ func TestCUDAWorkingBytesShape(t *testing.T) {
 		t.Errorf("8 items, 256 → 512 tokens: %d more bytes, want %d", got, want)
 	}
 }
+
+// With fused attention a batch's memory grows with its length, not its
+// square: twice the length takes at most twice the bytes (and the
+// buffers' alignment), where the GEMM path's scores take four times.
+func TestCUDAWorkingBytesFusedIsLinearInLength(t *testing.T) {
+	c := GPUConfig{Vocab: 30522, Hidden: 384, Layers: 6, Heads: 12, Intermediate: 1536, MaxPositions: 512,
+		LayerNormEps: 1e-12, MaxSeqLength: 512}
+	for _, p := range []GPUPrecision{GPUFloat32, GPUFloat16} {
+		c.Precision = p
+		for _, l := range []int{16, 64, 256} {
+			c.Attention = GPUAttentionFused
+			short, long := c.CUDAWorkingBytes(32, l), c.CUDAWorkingBytes(32, 2*l)
+			if long > 2*short+int64(len(c.bertBuffers(1, 1)))*gpuAlign {
+				t.Errorf("%v, fused: %d items × %d tokens take %d bytes, × %d tokens %d: more than twice", p, 32, l, short, 2*l, long)
+			}
+			c.Attention = GPUAttentionGEMM
+			if gemm := c.CUDAWorkingBytes(32, 2*l); l == 256 && gemm <= long*3/2 {
+				t.Errorf("%v: the GEMM path's %d bytes at 32 × %d are not well over fused attention's %d: the test shows nothing", p, gemm, 2*l, long)
+			}
+		}
+	}
+}
+
+func TestPrecisionOfWeights(t *testing.T) {
+	for dtype, want := range map[string]GPUPrecision{"F16": GPUFloat16, "BF16": GPUBFloat16, "F32": GPUFloat32,
+		"F16+F32": GPUFloat32, "BF16+F16": GPUFloat32, "": GPUFloat32} {
+		if got := PrecisionOfWeights(dtype); got != want {
+			t.Errorf("PrecisionOfWeights(%q) = %v, want %v", dtype, got, want)
+		}
+	}
+}
+
+func TestVariantName(t *testing.T) {
+	for _, c := range []struct {
+		p    GPUPrecision
+		a    GPUAttention
+		want string
+	}{{GPUFloat32, GPUAttentionGEMM, "bert:m"}, {GPUFloat16, GPUAttentionGEMM, "bert:m@float16"},
+		{GPUFloat32, GPUAttentionFused, "bert:m@fused-attention"}, {GPUBFloat16, GPUAttentionFused, "bert:m@bfloat16+fused-attention"}} {
+		if got := variantName("bert:m", GPUConfig{Precision: c.p, Attention: c.a}); got != c.want {
+			t.Errorf("%v, attention %d: %q, want %q", c.p, c.a, got, c.want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"time"
 )
 
 // concurrency bounds the requests in flight to the server. The bound starts
@@ -40,6 +41,47 @@ type concurrency struct {
 
 func newConcurrency(n int, log *slog.Logger) *concurrency {
 	return &concurrency{log: log, limit: n, max: n, need: concurrencyCleanRun, wake: make(chan struct{})}
+}
+
+// now is the bound on the requests in flight now: the limit, or the
+// online-first ceiling when that is lower.
+func (c *concurrency) now() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ceiling > 0 {
+		return min(c.limit, c.ceiling)
+	}
+	return c.limit
+}
+
+// requestTime is the expected time of a request from its send to its
+// answer: a moving average over the answered ones, each weighing
+// 1/requestTimeWeight, so that it follows a server that slows down within
+// a few dozen answers. Safe for concurrent use.
+type requestTime struct {
+	mu  sync.Mutex
+	avg time.Duration
+	n   int
+}
+
+const requestTimeWeight = 8
+
+func (r *requestTime) observe(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n++; r.n == 1 {
+		r.avg = d
+		return
+	}
+	r.avg += (d - r.avg) / requestTimeWeight
+}
+
+// mean is the expected time; ok is false before any answer, or while it
+// rounds to nothing.
+func (r *requestTime) mean() (time.Duration, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.avg, r.n > 0 && r.avg > 0
 }
 
 // slot is one request's place in flight.

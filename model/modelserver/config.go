@@ -64,11 +64,11 @@ type Config struct {
 	MaxConcurrency int
 	// TPM and RPM are tokens and requests per minute this subscriber may
 	// use; 0: no limit of its own. The server's x-ratelimit headers are
-	// followed either way. They also bound the Device's free memory, and so
-	// what the subscriber admits, to what they pass in MaxWait/2: without
-	// them a subscriber in front of a rate limit admits a queue's worth,
-	// and its batches back off (bench/modelserver.md, "Through the
-	// subscriber").
+	// followed either way. They also bound what the subscriber admits, in
+	// rate tokens of their own (Model.Offers), to what they pass in
+	// MaxWait/2: without them a subscriber in front of a rate limit admits
+	// a queue's worth, and its batches back off (bench/modelserver.md,
+	// "Through the subscriber").
 	TPM, RPM int
 
 	// KVBytesPerToken is the server's KV cache per token. 0: computed from
@@ -106,6 +106,12 @@ type Config struct {
 	// fetches. Off, such an item is refused (invalid_input) without a
 	// request: a message must not choose what the server fetches.
 	AllowRemoteURLs bool
+	// Messages is how an Anthropic Messages request (job.EndpointMessages)
+	// reaches the server: MessagesChat (the default) translates it to
+	// /v1/chat/completions and back, which every server here serves;
+	// MessagesNative sends it to the server's own /v1/messages (vLLM,
+	// SGLang, llama.cpp), which carries every field (messages.go).
+	Messages string
 	// ResultBytes bounds the answers one Run keeps, in all: an answer that
 	// would take them past it fails its item (too_large) instead, so that
 	// a run's result stays within what a subscriber stores
@@ -185,6 +191,9 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Messages == "" {
+		c.Messages = MessagesChat
+	}
 }
 
 // Validate reports every problem with c, its defaults applied, joined.
@@ -243,6 +252,9 @@ func (c Config) Validate() error {
 	}
 	if c.KVBytesPerValue > 0 && c.ModelConfig == "" {
 		bad("KV bytes per value without a model config.json")
+	}
+	if c.Messages != MessagesChat && c.Messages != MessagesNative {
+		bad("messages %q: want %s or %s", c.Messages, MessagesChat, MessagesNative)
 	}
 	if c.TPM > 0 && int64(c.MaxOutputTokens) > int64(c.TPM) {
 		bad("max output tokens %d above the TPM limit %d: such a request could never be sent", c.MaxOutputTokens, c.TPM)

@@ -50,19 +50,8 @@ import (
 // another preemption, so that each share holds long enough for the
 // subscriber's budget, which waits for two readings that agree, to take it.
 //
-// The rate limits bound its free memory too: to what they admit in half of
-// Config.MaxWait, in device bytes at the recent messages' ratio of cost to
-// rate tokens (recentCosts), less what its requests hold. Those configured
-// (Config.TPM, RPM) do from the start; the server's, mirrored from its
-// headers, once it has answered, as this process's share of them: what
-// the others' use, seen in the server's counts, leaves it. Before the
-// first answer, with no limit configured, the bound is the concurrency's
-// worth of requests at the output ceiling. Never below one message
-// (rateFloorNum). The subscriber admits no more than its budget (free memory plus the
-// working set). A batch admitted beyond what the limits pass before its
-// MaxWait ends backs off partway, its unfinished messages handed back and
-// asked again; with a queue's worth held, every batch would, over and over
-// (bench/modelserver.md, "Through the subscriber").
+// The rate limits are not memory: they bound admission as a resource of
+// their own (Model.Offers, backend.RateTokens), in tokens.
 type Device struct {
 	m        *Model
 	name     string
@@ -93,102 +82,8 @@ func (d *Device) Name() string { return d.name }
 func (d *Device) Simulated() bool { return !d.live }
 
 // MemInfo reads the server's KV cache, through a reading of /metrics at
-// most Config.MetricsMaxAge old, its free memory bounded by the rate
-// limits: the configured ones and the server's, as its headers tell them
-// (rates.learnedWithin), whichever passes less in MaxWait/2, never below
-// the floor (rateFloor).
+// most Config.MetricsMaxAge old.
 func (d *Device) MemInfo() (gpu.MemInfo, error) {
-	mem, err := d.kvInfo()
-	if err != nil {
-		return mem, err
-	}
-	h, maxOut := d.m.cfg.MaxWait/rateHorizonDiv, float64(d.m.cfg.MaxOutputTokens)
-	own, okOwn := d.m.rates.ownWithin(h, maxOut)
-	learned, okLearned := d.m.rates.learnedWithin(h, float64(d.m.cfg.MaxConcurrency)*maxOut)
-	if okOwn || okLearned {
-		tokens := math.Inf(1)
-		if okOwn {
-			tokens = own
-		}
-		if okLearned {
-			tokens = math.Min(tokens, learned)
-		}
-		most, perToken := d.m.costs.read()
-		if perToken == 0 {
-			perToken = float64(d.m.unit)
-		}
-		rate := int64(math.Min(tokens*perToken, math.MaxInt64/2))
-		rate = max(rate, most*rateFloorNum/rateFloorDen)
-		mem.Free = max(0, min(mem.Free, rate-d.m.Working()))
-	}
-	return mem, nil
-}
-
-// rateHorizonDiv makes the rate limits' bound on free memory what they
-// admit in MaxWait/2: a batch admitted with that much ahead of it finishes
-// within MaxWait, the other half left for the margin the mirrors keep and
-// a limiter slower than it says.
-const rateHorizonDiv = 2
-
-// The rate limits' bound on free memory is never below the largest of the
-// last messages' costs, and an eighth more (rateFloorNum/rateFloorDen):
-// the subscriber admits a message only within its budget (free memory
-// plus the working set, less its reserve), whatever it holds, so a bound
-// below one message would admit nothing at all; no request would then be
-// answered, and no answer would raise the learned bound again (the
-// mirrors' share of a refill shrinks with the others' consumption, and
-// what the server says remains is read only from answers). The eighth is
-// for the reserve and for a message costed before the answers tightened
-// the estimates of those after it. A message alone may then take longer
-// than MaxWait/2 to pass the limit: the other half of MaxWait is for it.
-const (
-	rateFloorNum = 9
-	rateFloorDen = 8
-)
-
-// recentCosts keeps the costs of the last messages costed (Model.Cost,
-// CostEndpoint): the one the subscriber admits next is most likely among
-// them, as it costs each message when it receives it, a few ahead. With
-// each, the tokens its requests reserve of the rate limits (prompt plus
-// max output): a request's cost in device bytes is its KV charge, which
-// once the cache is followed is what its output holds on average, well
-// under what the rate limits charge for it, so the limits' tokens are
-// turned into device bytes at the ratio of the two.
-type recentCosts struct {
-	mu   sync.Mutex
-	ring [32]struct{ cost, rate int64 }
-	next int
-}
-
-func (c *recentCosts) add(cost, rate int64) {
-	if cost <= 0 || rate <= 0 {
-		return
-	}
-	c.mu.Lock()
-	c.ring[c.next].cost, c.ring[c.next].rate = cost, rate
-	c.next = (c.next + 1) % len(c.ring)
-	c.mu.Unlock()
-}
-
-// read returns the largest cost kept, and the device bytes per rate token
-// over all kept (0 with none).
-func (c *recentCosts) read() (most int64, perToken float64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var cost, rate int64
-	for _, e := range c.ring {
-		most = max(most, e.cost)
-		cost += e.cost
-		rate += e.rate
-	}
-	if rate > 0 {
-		perToken = float64(cost) / float64(rate)
-	}
-	return most, perToken
-}
-
-// kvInfo is MemInfo of the KV cache alone.
-func (d *Device) kvInfo() (gpu.MemInfo, error) {
 	if !d.live {
 		return gpu.MemInfo{Total: d.capacity, Free: d.capacity}, nil
 	}

@@ -138,16 +138,19 @@ func classify(a *answer) *disposition {
 func is2xx(a *answer) bool { return a.err == nil && a.status >= 200 && a.status < 300 }
 
 // endpointJSON reports whether a 2xx body is what the endpoint defines: an
-// object with a choices array (chat, completions) or a data array
-// (embeddings).
+// object with a choices array (chat, completions), a data array
+// (embeddings), or a content array (Anthropic's messages).
 func endpointJSON(a *answer) bool {
 	var v map[string]json.RawMessage
 	if json.Unmarshal(a.body, &v) != nil {
 		return false
 	}
 	field := "choices"
-	if a.ep == embeddings {
+	switch a.ep {
+	case embeddings:
 		field = "data"
+	case messages:
+		field = "content"
 	}
 	arr := bytes.TrimSpace(v[field])
 	return len(arr) > 0 && arr[0] == '['

@@ -207,6 +207,7 @@ func TestDispositions(t *testing.T) {
 				}
 				outs, err := m.Run(t.Context(), tc.items)
 				tc.check(t, s, m, outs, err)
+				wantNothingHeld(t, m)
 				if got := m.answered(tc.row); got == 0 {
 					t.Errorf("no answer took row %s; rows: %v", tc.row, m.answers)
 				}
@@ -218,6 +219,22 @@ func TestDispositions(t *testing.T) {
 		if !covered[d.name] {
 			t.Errorf("row %s has no case", d.name)
 		}
+	}
+}
+
+// wantNothingHeld checks that every request's turn was given back, on
+// whichever path its try ended: no concurrency slot taken, no probe in
+// flight at the gate, no KV charge counted in flight.
+func wantNothingHeld(t *testing.T, m *Model) {
+	t.Helper()
+	m.conc.mu.Lock()
+	inflight := m.conc.inflight
+	m.conc.mu.Unlock()
+	m.gate.mu.Lock()
+	probing := m.gate.probing
+	m.gate.mu.Unlock()
+	if inflight != 0 || probing || m.held.Load() != 0 {
+		t.Errorf("after Run: %d concurrency slots taken, probe in flight %v, %d KV bytes held; want none", inflight, probing, m.held.Load())
 	}
 }
 
@@ -288,6 +305,24 @@ func TestUnexpectedStatus(t *testing.T) {
 		}
 		if m.answered("unexpected") != 1 {
 			t.Errorf("rows %v; want one unexpected", m.answers)
+		}
+	})
+}
+
+// A request whose context ends in flight, never answered, gives back its
+// turn too (the probe's passes on), as one that waited for its turn and
+// was given up while the gate was closed.
+func TestUnansweredTryGivesBackItsTurn(t *testing.T) {
+	inBubble(t, fakeoai.Config{TokenLatency: time.Second}, Config{}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+		defer cancel()
+		items := []job.Item{chatItem("a", "x", 8), chatItem("b", "y", 8), chatItem("c", "z", 8)}
+		if _, err := m.Run(ctx, items); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Run under a context that ends in flight: %v; want its deadline", err)
+		}
+		wantNothingHeld(t, m)
+		if m.answered("ok") != 0 {
+			t.Fatalf("rows %v; want no answer read", m.answers)
 		}
 	})
 }

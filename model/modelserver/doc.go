@@ -1,9 +1,10 @@
 // Package modelserver runs vramq's work on a model server a team already
 // runs: vLLM, TGI, TEI, Ollama, or OpenAI itself, through the
 // OpenAI-compatible routes /v1/chat/completions, /v1/completions and
-// /v1/embeddings. Open returns a gpu.Model and a gpu.Device, so that the
-// subscriber's admission, batching, halving, leases and item errors work on
-// it unchanged.
+// /v1/embeddings, and Anthropic's /v1/messages (sent to the server's own, or
+// translated to chat completions and back: messages.go). Open returns a
+// gpu.Model and a gpu.Device, so that the subscriber's admission, batching,
+// halving, leases and item errors work on it unchanged.
 //
 // Each item carries its request's JSON body (job.Item.Body). Run checks it
 // by the rule the publisher applies (job.CheckRequest) and forwards the

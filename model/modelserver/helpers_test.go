@@ -121,9 +121,3 @@ func http404For(path string, h http.Handler) http.Handler {
 }
 
 func httpClient(rt http.RoundTripper) *http.Client { return &http.Client{Transport: rt} }
-
-func (c *concurrency) now() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.limit
-}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -20,9 +21,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/wordpiece"
 )
 
@@ -48,7 +49,7 @@ type Model struct {
 	stop    context.CancelFunc
 	dev     *Device
 	held    atomic.Int64 // device bytes of the requests in flight
-	costs   recentCosts  // of the last messages costed, for Device.MemInfo's floor
+	took    requestTime  // of the requests answered ok, for Slots
 	waits   *waits
 	limits  job.RequestLimits // the rule's bounds for a request body (parse)
 
@@ -300,16 +301,14 @@ func (m *Model) Cost(items []job.Item) int64 { return m.CostEndpoint("", items) 
 // CostEndpoint is Cost for the items of a job that names endpoint
 // (gpu.EndpointModel).
 func (m *Model) CostEndpoint(endpoint string, items []job.Item) int64 {
-	var c, rate int64
+	var c int64
 	for _, it := range items {
 		r, refused := m.parse(endpoint, it)
 		if refused != nil {
 			continue
 		}
 		c += m.kvTokens(r) * m.unit
-		rate += m.tokens(r)
 	}
-	m.costs.add(c, rate)
 	return c
 }
 
@@ -388,7 +387,11 @@ func (m *Model) RunEndpoint(ctx context.Context, endpoint string, items []job.It
 // waits for a turn under wait (see group).
 func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error {
 	seq := m.outputs.start(r.kind())
-	o, err := m.send(ctx, wait, &call{ep: r.ep, body: m.online.mark(r.body), tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
+	ep, body := r.ep, r.body
+	if r.chat != nil {
+		ep, body = chat, r.chat
+	}
+	o, err := m.send(ctx, wait, &call{ep: ep, body: m.online.mark(body), tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
 		kv: m.kvTokens(r) * m.unit, most: run.room(), prefix: job.PrefixKey(r.ep.path(), r.body)}, run.deadline)
 	if err != nil {
 		m.outputs.done(r.kind(), seq, 0, 0)
@@ -400,6 +403,9 @@ func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error 
 		u := usageOf(o.a.body)
 		m.counter.observe(r.kind(), r.prompt, u.PromptTokens)
 		m.outputs.done(r.kind(), seq, u.CompletionTokens, r.choices)
+		if r.chat != nil {
+			o.a.body = fromChat(o.a.body, r.stops)
+		}
 	}
 	run.keep(r.idx, m.output(r.id, o))
 	return nil
@@ -491,44 +497,94 @@ func (m *Model) count(row *disposition) {
 	m.mu.Unlock()
 }
 
-// inflightRounds is how many rounds of Config.MaxConcurrency requests the
-// subscriber may have admitted at once to a server without KV metrics: one
-// running, one ready to take each slot as it frees.
+// inflightRounds is the most rounds of the concurrency's requests the
+// subscriber may have admitted at once to a server without KV metrics:
+// one running, one ready to take each slot as it frees.
 const inflightRounds = 2
 
-var _ gpu.Slotted = (*Model)(nil)
+// rateHorizonDiv makes what the subscriber may have admitted what the
+// server can run, and the rate limits pass, in MaxWait/rateHorizonDiv: a
+// batch admitted with that much ahead of it finishes within MaxWait, the
+// other half left for the margin the mirrors keep and a limiter slower
+// than it says.
+const rateHorizonDiv = 2
 
-// Slots bounds what the subscriber admits to a server without KV metrics
-// (TGI, TEI, Ollama, OpenAI: nothing tells how full it is) to
-// inflightRounds rounds of its concurrency. More would not run sooner:
-// every request past the concurrency waits in this process, while its
-// message is held as running, out of reach of its job's cancel (checked
-// before a batch starts) and of other subscribers, and a chunk completes
-// only once all its requests have, so a job's progress would wait for the
-// whole backlog. With vLLM's metrics the KV cache bounds admission
-// (Device), and this is 0: no bound.
-func (m *Model) Slots() int64 {
-	if m.dev.live {
-		return 0
+// rateMost is the most rate tokens Offers ever offers: what it offers
+// while no limit bounds them, past any limit a server has.
+const rateMost = 1 << 50
+
+var _ backend.Offerer = (*Model)(nil)
+
+// Offers is what the subscriber may have admitted to the server at once
+// (backend.Offerer):
+//
+//   - backend.Slots, without KV metrics (TGI, TEI, Ollama, OpenAI: nothing
+//     tells how full it is): what it can run within half of MaxWait, its
+//     concurrency now (halved by an overload) times the rounds of
+//     requests of the expected time (learned from its answers) that take
+//     no longer, at least one and at most inflightRounds. More would not
+//     run sooner: every request past the concurrency waits in this
+//     process, while its message is held as running, out of reach of its
+//     job's cancel (checked before a batch starts) and of other
+//     subscribers; a chunk completes only once all its requests have, so
+//     a job's progress would wait for the whole backlog; and a request
+//     that cannot start until its batch's MaxWait is nearly spent backs
+//     the batch off partway. With vLLM's metrics the KV cache bounds
+//     admission (Device), and slots are not offered.
+//   - backend.RateTokens: what the rate limits pass in half of MaxWait,
+//     the configured ones (Config.TPM, RPM) from the start, the server's,
+//     mirrored from its headers, once it has answered, as this process's
+//     share of them: what the others' use, seen in the server's counts,
+//     leaves it. Before the first answer, with no limit configured, the
+//     concurrency's worth of requests at the output ceiling; once the
+//     server has answered with no limits, rateMost. A batch admitted
+//     beyond what the limits pass before its MaxWait ends backs off
+//     partway, its unfinished messages handed back and asked again; with
+//     a queue's worth held, every batch would, over and over
+//     (bench/modelserver.md, "Through the subscriber").
+func (m *Model) Offers() (now, most backend.Vector) {
+	if !m.dev.live {
+		rounds := inflightRounds
+		if t, ok := m.took.mean(); ok {
+			rounds = min(inflightRounds, max(1, int((m.cfg.MaxWait/rateHorizonDiv)/t)))
+		}
+		now[backend.Slots] = int64(rounds * m.conc.now())
+		most[backend.Slots] = int64(inflightRounds * m.cfg.MaxConcurrency)
 	}
-	return int64(inflightRounds * m.cfg.MaxConcurrency)
+	h, maxOut := m.cfg.MaxWait/rateHorizonDiv, float64(m.cfg.MaxOutputTokens)
+	tokens := math.Inf(1)
+	if own, ok := m.rates.ownWithin(h, maxOut); ok {
+		tokens = own
+	}
+	if learned, ok := m.rates.learnedWithin(h, float64(m.cfg.MaxConcurrency)*maxOut); ok {
+		tokens = math.Min(tokens, learned)
+	}
+	now[backend.RateTokens] = int64(math.Max(0, math.Min(tokens, rateMost)))
+	most[backend.RateTokens] = rateMost
+	return now, most
 }
 
-// SlotsFor is the requests items make: one per chat or completion item,
-// and embedding items EmbedBatch inputs to a request. Items refused
-// without a request take none.
-func (m *Model) SlotsFor(endpoint string, items []job.Item) int64 {
-	var reqs, inputs int64
+// Needs is what items take (backend.Offerer): a slot for each request, one
+// per chat or completion item and one per EmbedBatch embedding inputs, and
+// the rate tokens their requests reserve (prompt plus max output ×
+// choices). Items refused without a request take nothing.
+func (m *Model) Needs(endpoint string, items []job.Item) backend.Vector {
+	var reqs, inputs, tokens int64
 	for _, it := range items {
 		r, refused := m.parse(endpoint, it)
 		switch {
 		case refused != nil:
+			continue
 		case r.ep == embeddings:
 			inputs++
 		default:
 			reqs++
 		}
+		tokens += m.tokens(r)
 	}
 	per := int64(max(m.cfg.EmbedBatch, 1))
-	return reqs + (inputs+per-1)/per
+	var v backend.Vector
+	v[backend.Slots] = reqs + (inputs+per-1)/per
+	v[backend.RateTokens] = tokens
+	return v
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // Chat, completion and embedding items come back with the server's
@@ -290,6 +291,26 @@ func TestEmbedRequestsBoundedByInputs(t *testing.T) {
 		wantOK(t, outs)
 		if got := s.Stats().Requests; got != 2 {
 			t.Errorf("%d requests; want 2", got)
+		}
+	})
+}
+
+// A message needs a slot for each request its items make (one per chat
+// item, one per EmbedBatch embedding inputs) and the rate tokens those
+// requests reserve; an item refused without a request needs nothing.
+func TestNeedsCountRequestsAndTheirTokens(t *testing.T) {
+	inBubble(t, fakeoai.Config{}, Config{EmbedBatch: 2}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		chats := []job.Item{chatItem("a", "hello", 16), chatItem("b", "there", 16)}
+		embeds := embedItems(3)
+		refused := job.Item{ID: "r", Body: json.RawMessage(`{"model":"not-served","messages":[]}`)}
+		got := m.Needs("", append(append(slices.Clone(chats), embeds...), refused))
+		if got[backend.Slots] != 2+2 {
+			t.Errorf("%d slots; want 4: two chat requests, two of embeddings for three inputs", got[backend.Slots])
+		}
+		c, e := m.Needs("", chats), m.Needs("", embeds)
+		if c[backend.RateTokens] < 2*16 || e[backend.RateTokens] <= 0 || got[backend.RateTokens] != c[backend.RateTokens]+e[backend.RateTokens] {
+			t.Errorf("rate tokens %d for all, %d for the chats, %d for the embeddings; want the chats' max tokens at least, and the refused item's none",
+				got[backend.RateTokens], c[backend.RateTokens], e[backend.RateTokens])
 		}
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 )
 
 func TestConfigValidateJoinsErrors(t *testing.T) {
@@ -222,13 +223,15 @@ func TestDeviceWithoutMetrics(t *testing.T) {
 	})
 }
 
-// Free memory is bounded by what the configured rate limits pass in half
-// of MaxWait, from the start, so that the subscriber never admits more than
-// finishes before its batches' waits run out. With none configured, until
-// the server's first answer says what its limits are, it is the
-// concurrency's worth of requests at the output ceiling; a server whose
-// answers carry no limits leaves it unbounded after.
-func TestDeviceFollowsTheRateLimits(t *testing.T) {
+// The rate limits bound admission in tokens of their own
+// (backend.RateTokens), not the device's memory: what the configured ones
+// pass in half of MaxWait, from the start, so that the subscriber never
+// admits more than finishes before its batches' waits run out. With none
+// configured, until the server's first answer says what its limits are,
+// it is the concurrency's worth of requests at the output ceiling; a
+// server whose answers carry no limits leaves them unbounded after
+// (rateMost). The device's memory is its capacity all along.
+func TestOfferFollowsTheRateLimits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{})
 		defer s.Close()
@@ -237,70 +240,69 @@ func TestDeviceFollowsTheRateLimits(t *testing.T) {
 			tpm, rpm      int
 			before, after int64
 		}{
-			{0, 0, 16 * 100, 1 << 20},     // none configured
+			{0, 0, 16 * 100, rateMost},    // none configured
 			{1200, 0, 600, 600},           // 1,200 tokens a minute for 30 s
 			{1200, 10, 500, 500},          // 10 requests a minute for 30 s, of at most 100 tokens
-			{0, 100000, 1 << 20, 1 << 20}, // 5,000,000 tokens: the capacity is less
+			{0, 100000, 5000000, 5000000}, // 100,000 requests a minute for 30 s, of at most 100 tokens
 		} {
 			m, d, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
 				TPM: tc.tpm, RPM: tc.rpm, MaxOutputTokens: 100, TokensInFlight: 1 << 20, MaxWait: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if mem, err := d.MemInfo(); err != nil || mem.Total != 1<<20 || mem.Free != tc.before {
-				t.Errorf("TPM %d, RPM %d: %+v, %v; want %d free of %d", tc.tpm, tc.rpm, mem, err, tc.before, 1<<20)
+			check := func(when string, want int64) {
+				t.Helper()
+				if now, most := m.Offers(); now[backend.RateTokens] != want || most[backend.RateTokens] != rateMost {
+					t.Errorf("TPM %d, RPM %d, %s: %d rate tokens of at most %d offered; want %d of %d",
+						tc.tpm, tc.rpm, when, now[backend.RateTokens], most[backend.RateTokens], want, int64(rateMost))
+				}
+				if mem, err := d.MemInfo(); err != nil || mem.Total != 1<<20 || mem.Free != 1<<20 {
+					t.Errorf("TPM %d, RPM %d, %s: %+v, %v; want all %d free: the limits are not memory", tc.tpm, tc.rpm, when, mem, err, 1<<20)
+				}
 			}
+			check("before any answer", tc.before)
 			if _, err := m.Run(t.Context(), []job.Item{chatItem("a", "[[len=4]] hello", 100)}); err != nil {
 				t.Fatal(err)
 			}
-			if mem, err := d.MemInfo(); err != nil || mem.Free != tc.after {
-				t.Errorf("TPM %d, RPM %d, after an answer with no limits: %+v, %v; want %d free", tc.tpm, tc.rpm, mem, err, tc.after)
-			}
+			check("after an answer with no limits", tc.after)
 			m.Close()
 		}
 	})
 }
 
-// Two subscribers on one server with no limit configured: each one's free
-// memory follows the server's limits, learned from its headers, as its
-// share of them. After the first answer it is what the limit passes in
-// half of MaxWait plus what remains of the server's bucket; once the other
-// takes most of the limit, it falls to what the other leaves; and it never
-// falls below one message, or nothing would be admitted, answered, and
-// learned again.
-func TestDeviceSharesTheServersLimits(t *testing.T) {
+// Two subscribers on one server with no limit configured: what each one's
+// rate tokens offer follows the server's limits, learned from its headers,
+// as its share of them. After the first answer it is what the limit passes
+// in half of MaxWait plus what remains of the server's bucket; once the
+// other takes most of the limit, it falls to what the other leaves.
+func TestOfferSharesTheServersLimits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// 6,000 tokens a minute: 3,000 in the 30 s of half of MaxWait.
 		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: fakeoai.RateLimits{TPM: 6000, RPM: 1000}})
 		defer s.Close()
 		h := handlerTransport{h: http404For("/metrics", s)}
-		open := func() (*Model, *Device) {
-			m, d, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
+		open := func() *Model {
+			m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
 				MaxOutputTokens: 100, TokensInFlight: 1 << 20, MaxWait: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { m.Close() })
-			return m, d
+			return m
 		}
-		a, da := open()
-		b, _ := open()
-		free := func() int64 {
-			t.Helper()
-			mem, err := da.MemInfo()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return mem.Free
+		a, b := open(), open()
+		offered := func() int64 {
+			now, _ := a.Offers()
+			return now[backend.RateTokens]
 		}
-		if f := free(); f != 16*100 {
-			t.Errorf("before any answer: %d free; want the concurrency's 16 requests of 100 tokens", f)
+		if f := offered(); f != 16*100 {
+			t.Errorf("before any answer: %d offered; want the concurrency's 16 requests of 100 tokens", f)
 		}
 		if _, err := a.Run(t.Context(), []job.Item{chatItem("a", "[[len=4]] hello", 100)}); err != nil {
 			t.Fatal(err)
 		}
-		if f := free(); f <= 3000 || f > 3000+6000 {
-			t.Errorf("after an answer: %d free; want what 6,000 TPM passes in 30 s and at most its whole bucket more", f)
+		if f := offered(); f <= 3000 || f > 3000+6000 {
+			t.Errorf("after an answer: %d offered; want what 6,000 TPM passes in 30 s and at most its whole bucket more", f)
 		}
 		// For five minutes b sends all it can, ten requests at a time,
 		// and a one request every five seconds: the limit is used up,
@@ -326,15 +328,8 @@ func TestDeviceSharesTheServersLimits(t *testing.T) {
 			time.Sleep(5 * time.Second)
 		}
 		<-done
-		if f := free(); f >= 3000/2 {
-			t.Errorf("with the other subscriber taking most of the limit: %d free; want under half of what the limit passes in 30 s", f)
-		}
-		msg := make([]job.Item, 40)
-		for j := range msg {
-			msg[j] = chatItem(fmt.Sprintf("m%d", j), "[[len=4]] hello", 100)
-		}
-		if cost := a.Cost(msg); free() < cost {
-			t.Errorf("%d free, under the %d of the message just costed: it would never be admitted", free(), cost)
+		if f := offered(); f >= 3000/2 {
+			t.Errorf("with the other subscriber taking most of the limit: %d offered; want under half of what the limit passes in 30 s", f)
 		}
 	})
 }
@@ -376,5 +371,41 @@ func TestConcurrencyHalvesAndGrowsBack(t *testing.T) {
 	c.release(s, true, false)
 	if got := c.now(); got != 4 || c.need != 2*concurrencyCleanRun {
 		t.Errorf("after the step failed: bound %d, next step after %d; want 4 and %d", got, c.need, 2*concurrencyCleanRun)
+	}
+}
+
+// Without KV metrics, the slots the subscriber may admit are what the
+// server can run within half of MaxWait: two rounds of its concurrency
+// before any answer and while requests are quick, one once they take more
+// than a quarter of MaxWait each, and rounds of a halved concurrency after
+// an overload. The most stays two rounds of the configured concurrency.
+func TestSlotsFollowWhatRunsWithinTheWait(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		latency  time.Duration // a step: a request is a prefill and 10 tokens
+		overload bool
+		want     int64
+	}{
+		{name: "quick", latency: 100 * time.Millisecond, want: 32}, // 1.1 s a request
+		{name: "slow", latency: 2 * time.Second, want: 16},         // 22 s a request: one round in 30 s
+		{name: "overloaded", latency: 100 * time.Millisecond, overload: true, want: 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fc := fakeoai.Config{NoMetrics: true, TokenLatency: tc.latency, OutputTokens: func(string, int) int { return 10 }}
+			if tc.overload {
+				fc.Faults = []fakeoai.Fault{status(503, 1)}
+			}
+			inBubble(t, fc, Config{MaxWait: time.Minute}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+				if now, most := m.Offers(); now[backend.Slots] != 32 || most[backend.Slots] != 32 {
+					t.Fatalf("before any answer: %d slots of at most %d; want 32 of 32", now[backend.Slots], most[backend.Slots])
+				}
+				if _, err := m.Run(t.Context(), []job.Item{chatItem("a", "x", 16), chatItem("b", "y", 16)}); err != nil {
+					t.Fatal(err)
+				}
+				if now, most := m.Offers(); now[backend.Slots] != tc.want || most[backend.Slots] != 32 {
+					t.Errorf("after the answers: %d slots of at most %d; want %d of 32", now[backend.Slots], most[backend.Slots], tc.want)
+				}
+			})
+		})
 	}
 }

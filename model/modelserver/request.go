@@ -15,10 +15,11 @@ const (
 	chat endpoint = iota
 	completions
 	embeddings
+	messages // Anthropic's (messages.go)
 )
 
 func (e endpoint) path() string {
-	return [...]string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}[e]
+	return [...]string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"}[e]
 }
 
 // request is one item's request, parsed and checked.
@@ -38,6 +39,11 @@ type request struct {
 	inputs   []json.RawMessage
 	inputEst []estimate
 	key      string
+
+	// Messages only, translated (messages.go): the chat completions
+	// request sent instead, and the stop sequences to name in the answer.
+	chat  []byte
+	stops []string
 }
 
 // kind names the requests whose token ratio is learned together.
@@ -68,7 +74,7 @@ func endpointOf(obj map[string]json.RawMessage) (endpoint, bool) {
 
 // endpointNamed is the endpoint of a job's path (job.Endpoints).
 func endpointNamed(path string) (endpoint, bool) {
-	for _, e := range []endpoint{chat, completions, embeddings} {
+	for _, e := range []endpoint{chat, completions, embeddings, messages} {
 		if e.path() == path {
 			return e, true
 		}
@@ -106,6 +112,17 @@ func (m *Model) parse(path string, it job.Item) (*request, *job.ItemError) {
 		return r, m.parseEmbeddings(r, q.Input)
 	case chat:
 		r.prompt = estimate{bound: int64(len(q.Messages)) + templateTokens}
+		return r, nil
+	case messages:
+		// The system prompt is outside messages: the whole body bounds both.
+		r.prompt = estimate{bound: int64(len(q.Body)) + templateTokens}
+		if m.cfg.Messages == MessagesNative {
+			return r, nil
+		}
+		var err error
+		if r.chat, r.stops, err = toChat(q.Body); err != nil {
+			return nil, refuse("%v", err)
+		}
 		return r, nil
 	}
 	prompts, est, perr := m.textInputs(q.Prompt, false)

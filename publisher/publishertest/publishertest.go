@@ -3,6 +3,10 @@
 // the HTTP server (publisher's tests) and the Lambda function (cmd/publisher's
 // tests, through the Runtime API) run one and the same contract: a case added
 // here is checked on both transports, and neither can drift from the other.
+//
+// It also holds the end-to-end environment (Serve, RunSubscriber,
+// LambdaDownloads, ...) that the package's tests share with the harness's
+// SDK tests (harness/sdkclients), which cannot import _test files.
 package publishertest
 
 import (

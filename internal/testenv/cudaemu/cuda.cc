@@ -15,8 +15,8 @@
 //   calling thread only) and each costs VRAMQ_EMU_CONTEXT_BYTES of device
 //   memory. Destroying one frees what it allocated.
 // - A kernel argument that is a pointer outside the current context's
-//   allocations, or a kernel touching memory past its buffer's end (the guard
-//   page faults; kernels.cc turns the fault into an error), breaks the
+//   allocations, or a kernel touching memory up to a GiB past its buffer's
+//   end (the guard faults; kernels.cc turns the fault into an error), breaks the
 //   context with CUDA_ERROR_ILLEGAL_ADDRESS; the launch itself succeeds and every later call in the context returns the error,
 //   as an asynchronous fault on a GPU does. VRAMQ_EMU_FAULT injects the same
 //   at a chosen launch.
@@ -60,6 +60,14 @@ namespace {
 
 constexpr uint64_t granule = 2 << 20;
 constexpr uint64_t page = 4096;
+// overrun_guard is the inaccessible reservation above each allocation. A
+// kernel's blocks run in a shuffled order, and a grid-stride loop over a
+// wrong length touches first whatever its block starts at: with one guard
+// page, that was often the host memory mapped above (another allocation,
+// or the Go runtime's own span records, which corrupted its heap: a test
+// binary crashed in the garbage collector after the overrun test). A GiB of
+// address space, never backed, catches any overrun of less than that.
+constexpr uint64_t overrun_guard = 1ULL << 30;
 constexpr int max_procs = 256;
 
 uint64_t env_bytes(const char *name, uint64_t def) {
@@ -290,7 +298,7 @@ CUresult alloc(Context *c, uint64_t *out, uint64_t size) {
 		}
 	}
 	uint64_t body = (size + page - 1) / page * page;
-	uint64_t map_size = body + 2 * page;
+	uint64_t map_size = page + body + overrun_guard;
 	char *m = (char *)mmap(nullptr, map_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (m == MAP_FAILED) {
 		std::lock_guard<std::mutex> g(dev.mu);

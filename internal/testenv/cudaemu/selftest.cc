@@ -24,6 +24,7 @@ extern "C" {
 int cuInit(unsigned);
 int cuCtxCreate_v2(void **, unsigned, int);
 int cuCtxDestroy_v2(void *);
+int cuCtxSetCurrent(void *);
 int cuModuleLoadData(void **, const void *);
 int cuModuleGetFunction(void **, void *, const char *);
 int cuMemAlloc_v2(unsigned long long *, size_t);
@@ -180,6 +181,29 @@ static void test_bias_l2norm(void *mod) {
 	}
 }
 
+// gemm_error is the largest difference of got (m×n, leading dimension ldc)
+// from alpha·op(A)·op(B) + beta·C computed directly in double, column-major,
+// op a transpose where ta or tb; relative to max(1, |want|) when relative;
+// infinite for a NaN.
+static double gemm_error(bool ta, bool tb, int m, int n, int k, double alpha, const std::vector<float> &A, int lda,
+	const std::vector<float> &B, int ldb, double beta, const std::vector<float> &C, int ldc, const std::vector<float> &got,
+	bool relative) {
+	double worst = 0;
+	for (int i = 0; i < m; i++)
+		for (int j = 0; j < n; j++) {
+			double s = 0;
+			for (int l = 0; l < k; l++) {
+				double a = ta ? A[l + i * lda] : A[i + l * lda];
+				double b = tb ? B[j + l * ldb] : B[l + j * ldb];
+				s += a * b;
+			}
+			double want = alpha * s + (beta == 0 ? 0 : beta * C[i + j * ldc]);
+			double d = fabs(want - got[i + j * ldc]) / (relative ? fmax(1.0, fabs(want)) : 1.0);
+			worst = isnan(d) ? INFINITY : fmax(worst, d);
+		}
+	return worst;
+}
+
 static void test_sgemm(sgemm_fn sgemm, void *h) {
 	int m = 13, n = 7, k = 9;
 	const char *names = "NTC";
@@ -203,19 +227,7 @@ static void test_sgemm(sgemm_fn sgemm, void *h) {
 				MUST(sgemm(h, ta, tb, m, n, k, &alpha, (const float *)dA, lda, (const float *)dB, ldb, &beta, (float *)dC, ldc));
 				MUST(cuCtxSynchronize());
 				auto got = download<float>(dC, C.size());
-				double worst = 0;
-				for (int i = 0; i < m; i++)
-					for (int j = 0; j < n; j++) {
-						double s = 0;
-						for (int l = 0; l < k; l++) {
-							double a = ta ? A[l + i * lda] : A[i + l * lda];
-							double b = tb ? B[j + l * ldb] : B[l + j * ldb];
-							s += a * b;
-						}
-						double want = alpha * s + (beta == 0 ? 0 : beta * C[i + j * ldc]);
-						double d = fabs(want - got[i + j * ldc]);
-						worst = isnan(d) ? INFINITY : fmax(worst, d);
-					}
+				double worst = gemm_error(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, got, false);
 				// Rows past m inside ldc are not C's: untouched.
 				int touched = 0;
 				if (beta != 0.0f)
@@ -352,6 +364,54 @@ static void test_bert_attention(void *mod, sgemm_batched_fn batched, void *handl
 // unless it is far off. Rows whose scores lie hundreds apart, each block
 // taking several rows (so a stale maximum of the row before is far off),
 // make a maximum computed wrong overflow or underflow.
+// bert_attention (the fused attention) against a direct computation in
+// double: rows of 70 keys in tiles of 32 (three tiles, the last partial),
+// items of 70, 1 and 45 keys (the rest masked), fewer blocks than rows (so
+// that each block's shared rows are reused), and one item whose scores lie
+// hundreds apart, so that a tile raising the running maximum must rescale
+// what the earlier tiles summed. Then with tiles of 64.
+static void test_bert_fused_attention(void *mod) {
+	void *fn;
+	MUST(cuModuleGetFunction(&fn, mod, "bert_attention"));
+	long items = 3, heads = 2, seq = 70, d = 20, nb = items * heads, nrows = nb * seq;
+	std::vector<int> lens = {70, 1, 45};
+	std::vector<float> q(nrows * d), k(nrows * d), v(nrows * d);
+	for (auto &x : q) x = frand();
+	for (auto &x : k) x = frand();
+	for (auto &x : v) x = frand();
+	// Item 2's keys grow along the sequence: its scores reach the hundreds
+	// only in the later tiles.
+	for (long hd = 0; hd < heads; hd++)
+		for (long j = 0; j < seq; j++)
+			for (long e = 0; e < d; e++) k[((2 * heads + hd) * seq + j) * d + e] *= 1 + j;
+	double scale = 1 / sqrt(double(d));
+	std::vector<double> want(nrows * d);
+	for (long r = 0; r < nrows; r++) {
+		long bh = r / seq, len = lens[bh / heads];
+		std::vector<double> s(len);
+		double mx = -1e300, sum = 0;
+		for (long j = 0; j < len; j++) {
+			double dot = 0;
+			for (long e = 0; e < d; e++) dot += double(q[r * d + e]) * k[(bh * seq + j) * d + e];
+			s[j] = dot * scale;
+			mx = s[j] > mx ? s[j] : mx;
+		}
+		for (long j = 0; j < len; j++) sum += s[j] = exp(s[j] - mx);
+		for (long e = 0; e < d; e++) {
+			double c = 0;
+			for (long j = 0; j < len; j++) c += s[j] / sum * v[(bh * seq + j) * d + e];
+			want[r * d + e] = c;
+		}
+	}
+	for (unsigned threads : {32u, 64u}) {
+		unsigned long long dq = upload(q), dk = upload(k), dv = upload(v), dl = upload(lens);
+		launch(fn, 7, threads, {&dq, &dk, &dv, &dl, &nrows, &seq, &heads, &d, &scale});
+		double diff = max_abs_diff(download<float>(dq, nrows * d), want);
+		CHECK(diff < 1e-5, "bert_attention, tiles of %u keys: off by %g", threads, diff);
+		cuMemFree_v2(dq), cuMemFree_v2(dk), cuMemFree_v2(dv), cuMemFree_v2(dl);
+	}
+}
+
 static void test_bert_softmax_range(void *mod) {
 	void *softmax;
 	MUST(cuModuleGetFunction(&softmax, mod, "bert_softmax"));
@@ -471,6 +531,200 @@ static void test_sgemm_batched(sgemm_batched_fn batched, sgemm_fn sgemm, void *h
 	}
 }
 
+// --- cublasGemmEx: binary16 and bfloat16 operands, float32 accumulation ------
+
+typedef int (*gemm_ex_fn)(void *, int, int, int, int, int, const void *, const void *, int, int, const void *, int, int,
+	const void *, void *, int, int, int, int);
+typedef int (*gemm_ex_batched_fn)(void *, int, int, int, int, int, const void *, const void *, int, int, long long,
+	const void *, int, int, long long, const void *, void *, int, int, long long, int, int, int);
+
+enum { R_32F = 0, R_16F = 2, R_16BF = 14, COMPUTE_16F = 64, COMPUTE_32F = 68, FAST_16F = 74, ALGO_DEFAULT = -1, ALGO_TENSOR_OP = 99 };
+
+// to16 is what GemmEx writes for f into a C of type ct (16F or 16BF): C =
+// alpha·1·1 with alpha f, rounded once.
+static uint16_t to16(gemm_ex_fn ex, void *h, int ct, float f) {
+	uint16_t one = ct == R_16F ? 0x3c00 : 0x3f80;
+	unsigned long long dA = upload(std::vector<uint16_t>{one}), dC;
+	MUST(cuMemAlloc_v2(&dC, 2));
+	float beta = 0;
+	MUST(ex(h, 0, 0, 1, 1, 1, &f, (const void *)dA, ct, 1, (const void *)dA, ct, 1, &beta, (void *)dC, ct, 1, COMPUTE_32F, ALGO_TENSOR_OP));
+	uint16_t got = download<uint16_t>(dC, 1)[0];
+	cuMemFree_v2(dA), cuMemFree_v2(dC);
+	return got;
+}
+
+// from16 is the float32 GemmEx reads bits of type t (16F or 16BF) as: C =
+// bits·1 into a float32 C.
+static float from16(gemm_ex_fn ex, void *h, int t, uint16_t bits) {
+	uint16_t one = t == R_16F ? 0x3c00 : 0x3f80;
+	unsigned long long dA = upload(std::vector<uint16_t>{bits}), dB = upload(std::vector<uint16_t>{one}), dC;
+	MUST(cuMemAlloc_v2(&dC, 4));
+	float alpha = 1, beta = 0;
+	MUST(ex(h, 0, 0, 1, 1, 1, &alpha, (const void *)dA, t, 1, (const void *)dB, t, 1, &beta, (void *)dC, R_32F, 1, COMPUTE_32F, ALGO_DEFAULT));
+	float got = download<float>(dC, 1)[0];
+	cuMemFree_v2(dA), cuMemFree_v2(dB), cuMemFree_v2(dC);
+	return got;
+}
+
+static void test_gemm_ex_conversions(gemm_ex_fn ex, void *h) {
+	// IEEE 754 binary16, round to nearest even: ties, the largest finite,
+	// overflow, subnormals (and one rounding up into the normals), zero's
+	// sign, NaN.
+	struct { float f; uint16_t want; } halves[] = {
+		{1.0f, 0x3c00}, {-2.0f, 0xc000}, {0.1f, 0x2e66}, {65504.0f, 0x7bff}, {65519.99f, 0x7bff}, {65520.0f, 0x7c00},
+		{1e30f, 0x7c00}, {-INFINITY, 0xfc00}, {ldexpf(1, -14), 0x0400}, {ldexpf(1, -24), 0x0001}, {ldexpf(1, -25), 0x0000},
+		{ldexpf(3, -26), 0x0001}, {1e-8f, 0x0000}, {ldexpf(1023, -24) + ldexpf(1, -25), 0x0400},
+		{ldexpf(1021, -24) + ldexpf(1, -25), 0x03fe}, {1.0f + ldexpf(1, -11), 0x3c00}, {1.0f + ldexpf(3, -11), 0x3c02},
+		{-0.0f, 0x8000},
+	};
+	for (auto &c : halves) {
+		uint16_t got = to16(ex, h, R_16F, c.f);
+		CHECK(got == c.want, "GemmEx float32 %.9g to binary16: 0x%04x, want 0x%04x", c.f, got, c.want);
+	}
+	uint16_t nan = to16(ex, h, R_16F, NAN);
+	CHECK((nan & 0x7c00) == 0x7c00 && (nan & 0x3ff) != 0, "GemmEx NaN to binary16: 0x%04x, not a NaN", nan);
+	struct { uint16_t bits; float want; } back[] = {
+		{0x0001, ldexpf(1, -24)}, {0x03ff, ldexpf(1023, -24)}, {0x0400, ldexpf(1, -14)}, {0x7bff, 65504.0f},
+		{0xfc00, -INFINITY}, {0x3555, 0.333251953125f},
+	};
+	for (auto &c : back) {
+		float got = from16(ex, h, R_16F, c.bits);
+		CHECK(got == c.want, "GemmEx binary16 0x%04x to float32: %.9g, want %.9g", c.bits, got, c.want);
+	}
+	struct { float f; uint16_t want; } bf[] = {
+		{1.0f, 0x3f80}, {1.0f + ldexpf(1, -8), 0x3f80}, {1.0f + ldexpf(3, -8), 0x3f82}, {-3.0f, 0xc040},
+		{3.4028235e38f, 0x7f80}, {ldexpf(1, -133), 0x0001},
+	};
+	for (auto &c : bf) {
+		uint16_t got = to16(ex, h, R_16BF, c.f);
+		CHECK(got == c.want, "GemmEx float32 %.9g to bfloat16: 0x%04x, want 0x%04x", c.f, got, c.want);
+	}
+	CHECK(from16(ex, h, R_16BF, 0x3fc0) == 1.5f, "GemmEx bfloat16 0x3fc0 to float32: not 1.5");
+}
+
+// random_halves is n binary16 values of either sign between 1/8 and 4.
+static std::vector<uint16_t> random_halves(size_t n) {
+	std::vector<uint16_t> out(n);
+	for (auto &v : out) {
+		rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+		uint64_t r = rng_state >> 33;
+		v = uint16_t(((r & 1) << 15) | ((12 + (r >> 1) % 5) << 10) | ((r >> 4) & 0x3ff));
+	}
+	return out;
+}
+
+// floats_of is what GemmEx reads the binary16 values v as: one product of
+// v (as a column) and 1 into a float32 column.
+static std::vector<float> floats_of(gemm_ex_fn ex, void *h, const std::vector<uint16_t> &v) {
+	unsigned long long dA = upload(v), dB = upload(std::vector<uint16_t>{0x3c00}), dC;
+	MUST(cuMemAlloc_v2(&dC, v.size() * 4));
+	float alpha = 1, beta = 0;
+	int m = int(v.size());
+	MUST(ex(h, 0, 0, m, 1, 1, &alpha, (const void *)dA, R_16F, m, (const void *)dB, R_16F, 1, &beta, (void *)dC, R_32F, m, COMPUTE_32F, ALGO_DEFAULT));
+	auto out = download<float>(dC, v.size());
+	cuMemFree_v2(dA), cuMemFree_v2(dB), cuMemFree_v2(dC);
+	return out;
+}
+
+static void test_gemm_ex(gemm_ex_fn ex, gemm_ex_batched_fn exb, void *h) {
+	test_gemm_ex_conversions(ex, h);
+
+	// Float32 accumulation: 4096 products of 1·1 sum to 4096; a binary16
+	// accumulator stops at 2048, where adding 1 rounds back down.
+	{
+		int k = 4096;
+		std::vector<uint16_t> ones(k, 0x3c00);
+		unsigned long long dA = upload(ones), dC, dC16;
+		MUST(cuMemAlloc_v2(&dC, 4));
+		MUST(cuMemAlloc_v2(&dC16, 2));
+		float alpha = 1, beta = 0;
+		MUST(ex(h, 1, 0, 1, 1, k, &alpha, (const void *)dA, R_16F, k, (const void *)dA, R_16F, k, &beta, (void *)dC, R_32F, 1, COMPUTE_32F, ALGO_TENSOR_OP));
+		MUST(ex(h, 1, 0, 1, 1, k, &alpha, (const void *)dA, R_16F, k, (const void *)dA, R_16F, k, &beta, (void *)dC16, R_16F, 1, COMPUTE_32F, ALGO_TENSOR_OP));
+		float got = download<float>(dC, 1)[0];
+		uint16_t got16 = download<uint16_t>(dC16, 1)[0];
+		CHECK(got == 4096.0f && got16 == 0x6c00, "GemmEx: 4096 products of 1 sum to %g (binary16 0x%04x), want 4096 (0x6c00)", got, got16);
+		cuMemFree_v2(dA), cuMemFree_v2(dC), cuMemFree_v2(dC16);
+	}
+
+	// Every transpose mode, padded leading dimensions, beta 0 on NaN memory
+	// and beta 2: against a direct computation on the binary16 operands.
+	int m = 11, n = 6, k = 37;
+	const char *names = "NT";
+	for (int ta = 0; ta < 2; ta++)
+		for (int tb = 0; tb < 2; tb++)
+			for (float beta : {0.0f, 2.0f}) {
+				int arows = ta ? k : m, acols = ta ? m : k, brows = tb ? n : k, bcols = tb ? k : n;
+				int lda = arows + 2, ldb = brows + 3, ldc = m + 1;
+				std::vector<float> C(ldc * n);
+				for (auto &v : C) v = frand();
+				auto A = random_halves(lda * acols), B = random_halves(ldb * bcols);
+				auto Af = floats_of(ex, h, A), Bf = floats_of(ex, h, B);
+				unsigned long long dA = upload(A), dB = upload(B), dC;
+				if (beta == 0.0f) {
+					MUST(cuMemAlloc_v2(&dC, C.size() * 4));
+				} else {
+					dC = upload(C);
+				}
+				float alpha = 0.5f;
+				MUST(ex(h, ta, tb, m, n, k, &alpha, (const void *)dA, R_16F, lda, (const void *)dB, R_16F, ldb, &beta, (void *)dC, R_32F, ldc, COMPUTE_32F, ALGO_TENSOR_OP));
+				auto got = download<float>(dC, C.size());
+				double worst = gemm_error(ta, tb, m, n, k, alpha, Af, lda, Bf, ldb, beta, C, ldc, got, true);
+				CHECK(worst < 1e-5, "GemmEx 16F %c%c beta %g: largest relative error %g", names[ta], names[tb], beta, worst);
+				cuMemFree_v2(dA), cuMemFree_v2(dB), cuMemFree_v2(dC);
+			}
+
+	// The strided-batched form equals GemmEx product by product, binary16 C.
+	{
+		int count = 3;
+		long long sa = 40 * 5, sb = 40 * 4, sc = 6 * 4;
+		auto A = random_halves(sa * count), B = random_halves(sb * count);
+		unsigned long long dA = upload(A), dB = upload(B), dC, dC1;
+		MUST(cuMemAlloc_v2(&dC, sc * count * 2));
+		MUST(cuMemAlloc_v2(&dC1, sc * 2));
+		const float alpha = 1, beta = 0;
+		MUST(exb(h, 1, 0, 5, 4, 40, &alpha, (const void *)dA, R_16F, 40, sa, (const void *)dB, R_16F, 40, sb, &beta, (void *)dC, R_16F, 6, sc, count, COMPUTE_32F, ALGO_TENSOR_OP));
+		auto got = download<uint16_t>(dC, sc * count);
+		for (int i = 0; i < count; i++) {
+			MUST(ex(h, 1, 0, 5, 4, 40, &alpha, (const void *)(dA + 2 * i * sa), R_16F, 40, (const void *)(dB + 2 * i * sb), R_16F, 40, &beta, (void *)dC1, R_16F, 6, COMPUTE_32F, ALGO_TENSOR_OP));
+			auto one = download<uint16_t>(dC1, sc);
+			int bad = 0;
+			for (int j = 0; j < 4; j++)
+				for (int r = 0; r < 5; r++) bad += one[j * 6 + r] != got[i * sc + j * 6 + r];
+			CHECK(bad == 0, "cublasGemmStridedBatchedEx: product %d differs from cublasGemmEx in %d values", i, bad);
+		}
+		cuMemFree_v2(dA), cuMemFree_v2(dB), cuMemFree_v2(dC), cuMemFree_v2(dC1);
+	}
+
+	// What cuBLAS does not support is refused (CUBLAS_STATUS_NOT_SUPPORTED):
+	// A and B of different types, a binary16 accumulator (not emulated);
+	// an unknown algorithm is an invalid value.
+	{
+		unsigned long long d;
+		MUST(cuMemAlloc_v2(&d, 64));
+		float one = 1, zero = 0;
+		int mixed = ex(h, 0, 0, 1, 1, 1, &one, (const void *)d, R_16F, 1, (const void *)d, R_32F, 1, &zero, (void *)d, R_32F, 1, COMPUTE_32F, ALGO_DEFAULT);
+		int c16 = ex(h, 0, 0, 1, 1, 1, &one, (const void *)d, R_16F, 1, (const void *)d, R_16F, 1, &zero, (void *)d, R_16F, 1, COMPUTE_16F, ALGO_DEFAULT);
+		int algo = ex(h, 0, 0, 1, 1, 1, &one, (const void *)d, R_16F, 1, (const void *)d, R_16F, 1, &zero, (void *)d, R_32F, 1, COMPUTE_32F, 50);
+		CHECK(mixed == 15 && c16 == 15 && algo == 7, "GemmEx: mixed types %d, binary16 compute %d, algorithm 50 %d; want 15, 15, 7", mixed, c16, algo);
+		cuMemFree_v2(d);
+	}
+
+	// CUBLAS_COMPUTE_32F_FAST_16F may round float32 inputs to binary16 (the
+	// emulator always does): 1 + 2^-12 becomes 1.
+	{
+		std::vector<float> a{1.0f + ldexpf(1, -12)}, b{1.0f};
+		unsigned long long dA = upload(a), dB = upload(b), dC;
+		MUST(cuMemAlloc_v2(&dC, 4));
+		float one = 1, zero = 0;
+		MUST(ex(h, 0, 0, 1, 1, 1, &one, (const void *)dA, R_32F, 1, (const void *)dB, R_32F, 1, &zero, (void *)dC, R_32F, 1, COMPUTE_32F, ALGO_DEFAULT));
+		float exact = download<float>(dC, 1)[0];
+		MUST(ex(h, 0, 0, 1, 1, 1, &one, (const void *)dA, R_32F, 1, (const void *)dB, R_32F, 1, &zero, (void *)dC, R_32F, 1, FAST_16F, ALGO_DEFAULT));
+		float fast = download<float>(dC, 1)[0];
+		CHECK(exact == a[0] && fast == 1.0f, "GemmEx float32: %.9g with COMPUTE_32F, %.9g with FAST_16F; want %.9g and 1", exact, fast, a[0]);
+		cuMemFree_v2(dA), cuMemFree_v2(dB), cuMemFree_v2(dC);
+	}
+}
+
 int main(int argc, char **argv) {
 	if (argc < 4) {
 		fprintf(stderr, "usage: selftest LIBCUBLAS EMBED_PTX BERT_PTX\n");
@@ -503,6 +757,7 @@ int main(int argc, char **argv) {
 	test_bert_layernorms(bert_mod);
 	test_bert_gelu_erf(bert_mod);
 	test_bert_softmax_range(bert_mod);
+	test_bert_fused_attention(bert_mod);
 	test_bert_pool_norm(bert_mod);
 
 	void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -523,6 +778,13 @@ int main(int argc, char **argv) {
 	test_sgemm(sgemm, h);
 	test_sgemm_batched(batched, sgemm, h);
 	test_bert_attention(bert_mod, batched, h);
+	auto ex = (gemm_ex_fn)dlsym(lib, "cublasGemmEx");
+	auto exb = (gemm_ex_batched_fn)dlsym(lib, "cublasGemmStridedBatchedEx");
+	if (!ex || !exb) {
+		fprintf(stderr, "FATAL no cublasGemmEx or cublasGemmStridedBatchedEx\n");
+		return 2;
+	}
+	test_gemm_ex(ex, exb, h);
 
 	// A stale PTX: an entry with a parameter the .cu no longer has.
 	{
@@ -579,6 +841,46 @@ int main(int argc, char **argv) {
 		CHECK(cuLaunchKernel(fn, 8, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr) == 0, "the overrunning launch itself failed");
 		CHECK(cuCtxSynchronize() == 700, "no CUDA_ERROR_ILLEGAL_ADDRESS after a kernel ran past its buffer");
 		MUST(cuCtxDestroy_v2(ctx));
+	}
+
+	// A kernel running far past the end of its buffer, as a grid-stride loop
+	// over a wrong length does: its blocks run in a shuffled order, so the
+	// first address one touches may lie megabytes past the end. It must
+	// fault there, not write into the host memory above: here a 4 MiB
+	// allocation of another context, the next mapping above (found by
+	// allocating until one lands within 2 GiB above, as mmap fills the
+	// highest hole first), read back through that context afterwards:
+	// unchanged. With one guard page above each allocation it was 9 KiB
+	// above, and nearly every block of the 4096 wrote into it.
+	for (int trial = 0; trial < 4; trial++) {
+		void *first, *second;
+		MUST(cuCtxCreate_v2(&first, 0, 0));
+		MUST(cuCtxCreate_v2(&second, 0, 0));
+		MUST(cuModuleLoadData(&mod, ptx.c_str()));
+		std::vector<float> ones(1 << 20, 1.0f), x(256), bias(256);
+		unsigned long long db = upload(bias), above = 0, dx = 0;
+		auto next_above = [&] { return above > dx && above - dx < (2ULL << 30); };
+		for (int attempt = 0; attempt < 64 && !next_above(); attempt++) {
+			MUST(cuCtxSetCurrent(first));
+			above = upload(ones);
+			MUST(cuCtxSetCurrent(second));
+			dx = upload(x);
+		}
+		CHECK(next_above(), "no allocation landed just above another (%llx, %llx): the test shows nothing", above, dx);
+		void *fn;
+		MUST(cuModuleGetFunction(&fn, mod, "bias_gelu"));
+		long nn = 1 << 22, w = 1; // a grid-stride loop over 16 MiB of a 1 KiB buffer
+		void *args[] = {&dx, &db, &nn, &w};
+		CHECK(cuLaunchKernel(fn, 4096, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr) == 0, "the overrunning launch itself failed");
+		CHECK(cuCtxSynchronize() == 700, "no CUDA_ERROR_ILLEGAL_ADDRESS after a kernel ran far past its buffer");
+		MUST(cuCtxDestroy_v2(second));
+		MUST(cuCtxSetCurrent(first));
+		auto got = download<float>(above, ones.size());
+		size_t changed = 0;
+		for (float v : got) changed += v != 1.0f;
+		CHECK(changed == 0, "a kernel running past its buffer changed %zu floats of the allocation mapped %llu bytes above it (trial %d)",
+			changed, above - dx, trial);
+		MUST(cuCtxDestroy_v2(first));
 	}
 
 	// Device memory of another context is not this one's: a kernel given it

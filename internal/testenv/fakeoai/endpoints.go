@@ -26,6 +26,7 @@ type work struct {
 	priority  int // vLLM's, for PriorityScheduling
 	dim       int
 	base64    bool
+	stops     []string // /v1/messages' stop_sequences
 }
 
 type input struct {
@@ -58,6 +59,9 @@ func (b *badRequest) write(w http.ResponseWriter) {
 		return
 	case "tei":
 		writeTEIOpenAI(w, b.status, b.msg, "validation")
+		return
+	case "anthropic":
+		writeAnthropic(w, b.status, anthropicType(b.status), b.msg)
 		return
 	}
 	writeOpenAI(w, b.status, b.msg, "invalid_request_error", b.param, b.code)
@@ -111,6 +115,9 @@ func (s *Server) serveModel(rw http.ResponseWriter, r *http.Request) {
 	}
 
 	wk, bad := s.parse(r.URL.Path, body)
+	if bad != nil && bad.format == "" && r.URL.Path == "/v1/messages" {
+		bad.format = "anthropic"
+	}
 	if bad != nil {
 		if bad.contextLength {
 			s.count(func(st *Stats) { st.ContextLength++ })
@@ -264,6 +271,8 @@ func (s *Server) render(wk *work, g *group, id uint64, created int64, completion
 	total := wk.prompt + completionTokens
 	var v any
 	switch wk.path {
+	case "/v1/messages":
+		v = renderMessage(wk, g, id, completionTokens)
 	case "/v1/chat/completions":
 		c := chatCompletion{ID: fmt.Sprintf("chatcmpl-fakeoai%012d", id), Object: "chat.completion", Created: created,
 			Model: wk.model, ServiceTier: "default", SystemFingerprint: "fp_fakeoai",
@@ -315,6 +324,11 @@ func (s *Server) parse(path string, body []byte) (*work, *badRequest) {
 	var maxTokens *int
 	var n *int
 	switch path {
+	case "/v1/messages":
+		var bad *badRequest
+		if maxTokens, stream, bad = parseMessages(wk, body); bad != nil {
+			return nil, bad
+		}
 	case "/v1/chat/completions":
 		var req chatRequest
 		if err := json.Unmarshal(body, &req); err != nil {
@@ -394,6 +408,9 @@ func (s *Server) parse(path string, body []byte) (*work, *badRequest) {
 	known := false
 	for _, m := range cfg.Models {
 		known = known || m == wk.model
+	}
+	if !known && path == "/v1/messages" {
+		return nil, &badRequest{status: http.StatusNotFound, format: "anthropic", msg: "model: " + wk.model}
 	}
 	if !known {
 		return nil, &badRequest{status: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", wk.model), code: "model_not_found"}

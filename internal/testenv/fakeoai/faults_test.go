@@ -1,9 +1,7 @@
 package fakeoai_test
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -12,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/openai/openai-go/v3"
 
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 )
@@ -40,32 +37,6 @@ func TestStatusFaults(t *testing.T) {
 			t.Errorf("fault %d: a retry hint", c.status)
 		}
 	}
-}
-
-// The SDK sees the injected 5xx as API errors with their status, and reads
-// a retry hint when a fault has one.
-func TestStatusFaultsSDK(t *testing.T) {
-	s := start(t, fakeoai.Config{})
-	msg := "CUDA out of memory. Tried to allocate 2.00 GiB"
-	if err := s.SetFaults(fakeoai.Fault{Kind: fakeoai.FaultStatus, Status: 500, Message: msg, RetryAfter: 3 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	var res *http.Response
-	_, err := sdk(s).Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
-		Model: "fake-model", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
-	apiErr := wantAPIError(t, err, 500, "server_error", "")
-	if apiErr != nil {
-		res = apiErr.Response
-		if apiErr.Message != msg || res.Header.Get("retry-after-ms") != "3000" || res.Header.Get("Retry-After") != "3" {
-			t.Errorf("message %q, retry-after-ms %q", apiErr.Message, res.Header.Get("retry-after-ms"))
-		}
-	}
-	if err := s.SetFaults(fakeoai.Fault{Kind: fakeoai.FaultStatus, Status: 529}); err != nil {
-		t.Fatal(err)
-	}
-	_, err = sdk(s).Embeddings.New(context.Background(), openai.EmbeddingNewParams{
-		Model: "fake-model", Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("x")}})
-	wantAPIError(t, err, 529, "overloaded_error", "")
 }
 
 // Skip, Times and Paths choose the requests a fault takes.
@@ -120,11 +91,10 @@ func TestDrop(t *testing.T) {
 	for _, kind := range []fakeoai.FaultKind{fakeoai.FaultDrop, fakeoai.FaultDropAfter} {
 		t.Run(string(kind), func(t *testing.T) {
 			s := start(t, fakeoai.Config{Limits: fakeoai.RateLimits{TPM: 1000}, Faults: []fakeoai.Fault{{Kind: kind, Times: 1}}})
-			_, err := sdk(s).Completions.New(context.Background(), openai.CompletionNewParams{
-				Model: "fake-model", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("a b")}, MaxTokens: openai.Int(5)})
-			var apiErr *openai.Error
-			if err == nil || errors.As(err, &apiErr) {
-				t.Fatalf("err %v: want a connection error", err)
+			res, err := s.Client().Post(s.URL()+"/v1/completions", "application/json", strings.NewReader(completionBody("a b", 5)))
+			if err == nil {
+				res.Body.Close()
+				t.Fatalf("answered %d: want a connection error", res.StatusCode)
 			}
 			// The client sees the connection close before the server's
 			// handler has returned and counted the drop.
@@ -191,10 +161,8 @@ func TestNotJSON(t *testing.T) {
 			t.Errorf("%d %q %s, want %d and HTML", res.StatusCode, res.Header.Get("Content-Type"), got, want)
 		}
 	}
-	_, err := sdk(s).Completions.New(context.Background(), openai.CompletionNewParams{Model: "fake-model",
-		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}})
-	if err != nil {
-		t.Errorf("after the faults: %v", err)
+	if res, got := post(t, s, "/v1/completions", completionBody("x", 1)); res.StatusCode != http.StatusOK || !json.Valid([]byte(got)) {
+		t.Errorf("after the faults: %d %s", res.StatusCode, got)
 	}
 }
 

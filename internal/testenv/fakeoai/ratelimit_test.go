@@ -13,6 +13,14 @@ import (
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 )
 
+// start serves a double with cfg until the test ends.
+func start(t *testing.T, cfg fakeoai.Config) *fakeoai.Server {
+	t.Helper()
+	s := fakeoai.New(cfg)
+	t.Cleanup(s.Close)
+	return s
+}
+
 // post sends body to path and reads the whole answer.
 func post(t *testing.T, s *fakeoai.Server, path, body string) (*http.Response, string) {
 	t.Helper()

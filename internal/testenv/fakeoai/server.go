@@ -103,6 +103,7 @@ func NewUnstarted(cfg Config) *Server {
 	s.mux.HandleFunc("POST /v1/chat/completions", s.serveModel)
 	s.mux.HandleFunc("POST /v1/completions", s.serveModel)
 	s.mux.HandleFunc("POST /v1/embeddings", s.serveModel)
+	s.mux.HandleFunc("POST /v1/messages", s.serveModel)
 	s.mux.HandleFunc("GET /v1/models", s.serveModels)
 	if !cfg.NoMetrics {
 		s.mux.Handle("GET /metrics", s.metrics)

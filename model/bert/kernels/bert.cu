@@ -260,6 +260,72 @@ extern "C" GLOBAL void bert_softmax(float *s, const int *lens, i64 nrows, i64 se
 	}
 }
 
+// bert_attention is the attention of every (item, head, query) row in one
+// kernel, softmax(q·Kᵀ·scale + mask)·V, without the scores matrix: one block
+// per row (grid-stride over the items·heads·seqLen rows of qo, laid out as
+// bert_split_heads leaves Q, K and V), the keys in tiles of blockDim.x. Each
+// tile's scores live in registers and one shared row; the softmax is the
+// online one: a running maximum m and sum l, the accumulator rescaled by
+// e^(m_old - m_new) whenever a tile raises the maximum, the output acc/l at
+// the end. Keys past the item's length lens[item] are never read (the
+// unfused softmax gives them weight exactly 0). The output overwrites the
+// query row, which only this block reads. blockDim.x must be a power of two
+// of at least d (each of the first d threads accumulates one output
+// component) and at most 1024.
+//
+// Memory: the scores of one tile per block, so a batch needs nothing that
+// grows with seqLen² (the unfused path's items·heads·seqLen² floats).
+extern "C" GLOBAL void bert_attention(float *qo, const float *k, const float *v, const int *lens, i64 nrows,
+	i64 seq_len, i64 heads, i64 d, double scale) {
+	SHARED float qs[1024];
+	SHARED float ps[1024];
+	SHARED double part[1024];
+	float sc = (float)scale;
+	i64 tile = ntid();
+	for (i64 r = ctaid(); r < nrows; r += nctaid()) {
+		float *q = qo + r * d;
+		const float *kb = k + (r / seq_len) * seq_len * d, *vb = v + (r / seq_len) * seq_len * d;
+		i64 len = lens[r / (heads * seq_len)];
+		for (i64 e = tid(); e < d; e += ntid()) {
+			qs[e] = q[e];
+		}
+		__syncthreads(); // the whole query row before any dot product
+		float m = -float_max, l = 0.0f, acc = 0.0f;
+		for (i64 j0 = 0; j0 < len; j0 += tile) {
+			i64 j = j0 + tid();
+			float s = -float_max;
+			if (j < len) {
+				float dot = 0.0f;
+				for (i64 e = 0; e < d; e++) {
+					dot += qs[e] * kb[j * d + e];
+				}
+				s = dot * sc;
+			}
+			// block_max's barriers also order this tile's reads of ps and
+			// qs (the last tile's, the last row's) before their next writes.
+			float mt = (float)block_max(s, part);
+			float mn = mt > m ? mt : m;
+			float p = j < len ? exp_f(s - mn) : 0.0f;
+			ps[tid()] = p;
+			double sum = block_sum(p, part); // its first barrier publishes ps
+			float corr = exp_f(m - mn);
+			l = l * corr + (float)sum;
+			if (tid() < d) {
+				i64 n = len - j0 < tile ? len - j0 : tile;
+				float a = acc * corr;
+				for (i64 t = 0; t < n; t++) {
+					a += ps[t] * vb[(j0 + t) * d + tid()];
+				}
+				acc = a;
+			}
+			m = mn;
+		}
+		if (tid() < d) {
+			q[tid()] = acc / l;
+		}
+	}
+}
+
 // bert_bias_gelu sets x[i][j] = GELU(x[i][j] + bias[j]) for an n×width
 // row-major x, in the exact form v·Φ(v) (Hugging Face's "gelu").
 extern "C" GLOBAL void bert_bias_gelu(float *x, const float *bias, i64 n, i64 width) {
@@ -307,6 +373,56 @@ extern "C" GLOBAL void bert_pool(const float *x, const int *lens, float *out, i6
 	}
 }
 
+// half_bits rounds f to IEEE 754 binary16 (bf16 0) or to bfloat16 (bf16 1),
+// to nearest even, by integer arithmetic on its bits (this file has no
+// cuda_fp16.h): the rounding of cvt.rn, and of gpu/cuda.HalfBits, which
+// converts the weights.
+DEVICE unsigned short half_bits(float f, i64 bf16) {
+	union {
+		float f;
+		unsigned u;
+	} v = {f};
+	unsigned x = v.u, ax = x & 0x7fffffffu;
+	if (bf16) {
+		if (ax > 0x7f800000u) {
+			return (unsigned short)((x >> 16) | 0x40u);
+		}
+		return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+	}
+	unsigned short sign = (unsigned short)((x >> 16) & 0x8000u);
+	if (ax > 0x7f800000u) {
+		return sign | 0x7e00u | (unsigned short)((ax >> 13) & 0x3ffu);
+	}
+	if (ax >= 0x477ff000u) {
+		return sign | 0x7c00u; // 65520 and up: infinity
+	}
+	if (ax < 0x33000000u) {
+		return sign; // below 2^-25: zero
+	}
+	if (ax < 0x38800000u) { // a subnormal, in units of 2^-24
+		unsigned e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, shift = 126 - e;
+		unsigned hm = m >> shift, rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+		if (rem > halfway || (rem == halfway && (hm & 1u))) {
+			hm++;
+		}
+		return sign | (unsigned short)hm;
+	}
+	unsigned hm = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
+	if (rem > 0x1000u || (rem == 0x1000u && (hm & 1u))) {
+		hm++;
+	}
+	return sign | (unsigned short)hm;
+}
+
+// bert_to_half sets y[i] to x[i] rounded to binary16 (bf16 0) or bfloat16
+// (bf16 1): the operands of a half-precision GEMM, from the float32
+// activations every other kernel reads and writes. Grid-stride.
+extern "C" GLOBAL void bert_to_half(const float *x, unsigned short *y, i64 n, i64 bf16) {
+	for (i64 k = (i64)ctaid() * ntid() + tid(); k < n; k += (i64)nctaid() * ntid()) {
+		y[k] = half_bits(x[k], bf16);
+	}
+}
+
 // bert_l2norm scales each row of y ([n, width]) to unit length, dividing
 // by max(‖row‖, 1e-12) as torch.nn.functional.normalize does. One block
 // per row.
@@ -337,3 +453,5 @@ using bertk::bert_bias_gelu;
 using bertk::bert_erf;
 using bertk::bert_pool;
 using bertk::bert_l2norm;
+using bertk::bert_to_half;
+using bertk::bert_attention;

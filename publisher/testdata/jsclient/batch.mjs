@@ -76,7 +76,7 @@ async function main() {
     metadata: { client: 'openai-node' },
   });
   check(created.object === 'batch' && created.id.startsWith('batch_') && created.input_file_id === file.id &&
-    created.endpoint === '/v1/embeddings' && created.request_counts?.total === n && created.metadata?.client === 'openai-node',
+    created.endpoint === '/v1/embeddings' && created.status === 'validating' && created.metadata?.client === 'openai-node',
   `created batch: ${JSON.stringify(created)}`);
 
   const deadline = Date.now() + deadlineS * 1000;

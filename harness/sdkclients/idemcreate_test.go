@@ -1,4 +1,7 @@
-package publisher_test
+package sdkclients
+
+// Moved from the publisher's package (issue 32, item 4): the retries are
+// openai-go's.
 
 import (
 	"bytes"
@@ -12,6 +15,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 // lossyFront serves h, except that the first request to the armed route is
@@ -76,9 +80,8 @@ func (f *lossyFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // key is its own.
 func TestRetriedCreatesAreReplayed(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}})
-	front := &lossyFront{h: s.pub.Handler()}
+	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}})
+	front := &lossyFront{h: s.Pub.Handler()}
 	srv := httptest.NewServer(front)
 	t.Cleanup(srv.Close)
 	sdk := func(key string) openai.Client {
@@ -101,7 +104,7 @@ func TestRetriedCreatesAreReplayed(t *testing.T) {
 		}
 	}
 
-	data := batchLines(3, "r")
+	data := publishertest.BatchLines(3, "r")
 	newFile := func(c openai.Client, k string, data []byte) (*openai.FileObject, error) {
 		return c.Files.New(ctx, openai.FileNewParams{File: openai.File(bytes.NewReader(data), "requests.jsonl", "application/jsonl"),
 			Purpose: openai.FilePurposeBatch}, key(k))
@@ -109,16 +112,16 @@ func TestRetriedCreatesAreReplayed(t *testing.T) {
 	front.arm(http.MethodPost, "/v1/files")
 	f, err := newFile(a, "upload-1", data)
 	if err != nil {
-		t.Fatalf("Files.New: %s", apiError(err))
+		t.Fatalf("Files.New: %s", sdkAPIError(err))
 	}
 	checkReplay("upload", f.RawJSON())
 	if page, err := a.Files.List(ctx, openai.FileListParams{}); err != nil || len(page.Data) != 1 || page.Data[0].ID != f.ID {
 		t.Errorf("files after a retried upload: %v %s; want only %s", err, page.RawJSON(), f.ID)
 	}
-	_, err = newFile(a, "upload-1", batchLines(4, "r"))
-	wantAPIError(t, "the upload's key with another file", err, 422, "idempotency_key_reused", "")
+	_, err = newFile(a, "upload-1", publishertest.BatchLines(4, "r"))
+	sdkWantAPIError(t, "the upload's key with another file", err, 422, "idempotency_key_reused", "")
 	if fb, err := newFile(b, "upload-1", data); err != nil || fb.ID == f.ID {
-		t.Errorf("another tenant's upload with the same key: %v %s; want a file of its own", apiError(err), fb.RawJSON())
+		t.Errorf("another tenant's upload with the same key: %v %s; want a file of its own", sdkAPIError(err), fb.RawJSON())
 	}
 
 	params := openai.BatchNewParams{InputFileID: f.ID, Endpoint: openai.BatchNewParamsEndpointV1Embeddings,
@@ -126,18 +129,18 @@ func TestRetriedCreatesAreReplayed(t *testing.T) {
 	front.arm(http.MethodPost, "/v1/batches")
 	bt, err := a.Batches.New(ctx, params, key("batch-1"))
 	if err != nil {
-		t.Fatalf("Batches.New: %s", apiError(err))
+		t.Fatalf("Batches.New: %s", sdkAPIError(err))
 	}
 	checkReplay("batch", bt.RawJSON())
 	if page, err := a.Batches.List(ctx, openai.BatchListParams{}); err != nil || len(page.Data) != 1 || page.Data[0].ID != bt.ID {
 		t.Errorf("batches after a retried create: %v %s; want only %s", err, page.RawJSON(), bt.ID)
 	}
-	if msgs := e.drain(1); len(msgs) != 1 || msgs[0].work.JobID != bt.ID {
+	if msgs := publishertest.Drain(t, s.client, s.urls.Work, map[string]bool{}, 1); len(msgs) != 1 || msgs[0].Work.JobID != bt.ID {
 		t.Errorf("%d chunks on the queue; want the batch's one, once", len(msgs))
 	}
 	params.Metadata = map[string]string{"run": "another"}
 	_, err = a.Batches.New(ctx, params, key("batch-1"))
-	wantAPIError(t, "the batch's key with another request", err, 422, "idempotency_key_reused", "")
+	sdkWantAPIError(t, "the batch's key with another request", err, 422, "idempotency_key_reused", "")
 	_, err = a.Batches.New(ctx, params, key("upload-1"))
-	wantAPIError(t, "the upload's key on a batch", err, 422, "idempotency_key_reused", "")
+	sdkWantAPIError(t, "the upload's key on a batch", err, 422, "idempotency_key_reused", "")
 }

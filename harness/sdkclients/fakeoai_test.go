@@ -1,4 +1,4 @@
-package fakeoai_test
+package sdkclients
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/openai/openai-go/v3"
@@ -18,7 +19,7 @@ import (
 // The official SDK (openai-go v3.98.0) decodes every answer of the double:
 // a wrong field name or type would leave its respjson field invalid.
 
-func sdk(s *fakeoai.Server, opts ...option.RequestOption) *openai.Client {
+func oaiSDK(s *fakeoai.Server, opts ...option.RequestOption) *openai.Client {
 	c := openai.NewClient(append([]option.RequestOption{
 		option.WithBaseURL(s.URL() + "/v1/"),
 		option.WithAPIKey("sk-test"),
@@ -28,17 +29,10 @@ func sdk(s *fakeoai.Server, opts ...option.RequestOption) *openai.Client {
 	return &c
 }
 
-func start(t *testing.T, cfg fakeoai.Config) *fakeoai.Server {
-	t.Helper()
-	s := fakeoai.New(cfg)
-	t.Cleanup(s.Close)
-	return s
-}
-
 func TestSDKChatCompletion(t *testing.T) {
-	s := start(t, fakeoai.Config{Models: []string{"llama"}, APIKey: "sk-test"})
+	s := startFake(t, fakeoai.Config{Models: []string{"llama"}, APIKey: "sk-test"})
 	prompt := "summarise this short note [[len=7]]"
-	c, err := sdk(s).Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+	c, err := oaiSDK(s).Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
 		Model:     "llama",
 		Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"), openai.UserMessage(prompt)},
 		MaxTokens: openai.Int(5),
@@ -71,7 +65,7 @@ func TestSDKChatCompletion(t *testing.T) {
 		}
 	}
 
-	c, err = sdk(s).Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+	c, err = oaiSDK(s).Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
 		Model: "llama", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)},
 		MaxCompletionTokens: openai.Int(100),
 	})
@@ -84,8 +78,8 @@ func TestSDKChatCompletion(t *testing.T) {
 }
 
 func TestSDKCompletion(t *testing.T) {
-	s := start(t, fakeoai.Config{})
-	c, err := sdk(s).Completions.New(context.Background(), openai.CompletionNewParams{
+	s := startFake(t, fakeoai.Config{})
+	c, err := oaiSDK(s).Completions.New(context.Background(), openai.CompletionNewParams{
 		Model:     "fake-model",
 		Prompt:    openai.CompletionNewParamsPromptUnion{OfArrayOfStrings: []string{"one two three", "four five"}},
 		MaxTokens: openai.Int(3),
@@ -112,10 +106,10 @@ func TestSDKCompletion(t *testing.T) {
 }
 
 func TestSDKEmbeddings(t *testing.T) {
-	s := start(t, fakeoai.Config{EmbedDim: 8})
+	s := startFake(t, fakeoai.Config{EmbedDim: 8})
 	in := []string{"first text here", "second"}
 	for _, format := range []openai.EmbeddingNewParamsEncodingFormat{"", openai.EmbeddingNewParamsEncodingFormatBase64} {
-		e, err := sdk(s).Embeddings.New(context.Background(), openai.EmbeddingNewParams{
+		e, err := oaiSDK(s).Embeddings.New(context.Background(), openai.EmbeddingNewParams{
 			Model: "fake-model", Input: openai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: in}, EncodingFormat: format,
 		})
 		if err != nil {
@@ -138,7 +132,7 @@ func TestSDKEmbeddings(t *testing.T) {
 	}
 
 	// One string, and the dimensions a request asks for.
-	e, err := sdk(s).Embeddings.New(context.Background(), openai.EmbeddingNewParams{
+	e, err := oaiSDK(s).Embeddings.New(context.Background(), openai.EmbeddingNewParams{
 		Model: "fake-model", Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("solo")}, Dimensions: openai.Int(3),
 	})
 	if err != nil {
@@ -150,8 +144,8 @@ func TestSDKEmbeddings(t *testing.T) {
 }
 
 func TestSDKModelsAndAuth(t *testing.T) {
-	s := start(t, fakeoai.Config{Models: []string{"a", "b"}, APIKey: "sk-test"})
-	page, err := sdk(s).Models.List(context.Background())
+	s := startFake(t, fakeoai.Config{Models: []string{"a", "b"}, APIKey: "sk-test"})
+	page, err := oaiSDK(s).Models.List(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,23 +157,23 @@ func TestSDKModelsAndAuth(t *testing.T) {
 		t.Errorf("models (-want +got):\n%s", diff)
 	}
 
-	_, err = sdk(s, option.WithAPIKey("sk-wrong")).Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+	_, err = oaiSDK(s, option.WithAPIKey("sk-wrong")).Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
 		Model: "a", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
-	wantAPIError(t, err, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key")
+	wantOpenAIError(t, err, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key")
 
-	_, err = sdk(s).Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+	_, err = oaiSDK(s).Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
 		Model: "gpt-unknown", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
-	wantAPIError(t, err, http.StatusNotFound, "invalid_request_error", "model_not_found")
+	wantOpenAIError(t, err, http.StatusNotFound, "invalid_request_error", "model_not_found")
 }
 
 // The SDK reads a 429's code and the rate-limit headers of every answer.
 func TestSDKRateLimitError(t *testing.T) {
-	s := start(t, fakeoai.Config{Limits: fakeoai.RateLimits{RPM: 60, TPM: 100}})
+	s := startFake(t, fakeoai.Config{Limits: fakeoai.RateLimits{RPM: 60, TPM: 100}})
 	var res *http.Response
 	params := openai.ChatCompletionNewParams{Model: "fake-model",
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello")}, MaxTokens: openai.Int(40)}
 	// hello costs ChatPromptTokens = 3+3+1+1 = 8, plus 40: 48 of 100.
-	if _, err := sdk(s).Chat.Completions.New(context.Background(), params, option.WithResponseInto(&res)); err != nil {
+	if _, err := oaiSDK(s).Chat.Completions.New(context.Background(), params, option.WithResponseInto(&res)); err != nil {
 		t.Fatal(err)
 	}
 	if got := res.Header.Get("x-ratelimit-limit-tokens"); got != "100" {
@@ -191,11 +185,11 @@ func TestSDKRateLimitError(t *testing.T) {
 	if rem, _ := strconv.Atoi(res.Header.Get("x-ratelimit-remaining-tokens")); rem < 52 || rem > 53 {
 		t.Errorf("x-ratelimit-remaining-tokens %q, want 52 (53 if refilled)", res.Header.Get("x-ratelimit-remaining-tokens"))
 	}
-	if _, err := sdk(s).Chat.Completions.New(context.Background(), params); err != nil {
+	if _, err := oaiSDK(s).Chat.Completions.New(context.Background(), params); err != nil {
 		t.Fatal(err)
 	}
-	_, err := sdk(s).Chat.Completions.New(context.Background(), params, option.WithResponseInto(&res))
-	apiErr := wantAPIError(t, err, http.StatusTooManyRequests, "tokens", "rate_limit_exceeded")
+	_, err := oaiSDK(s).Chat.Completions.New(context.Background(), params, option.WithResponseInto(&res))
+	apiErr := wantOpenAIError(t, err, http.StatusTooManyRequests, "tokens", "rate_limit_exceeded")
 	if apiErr != nil && !strings.Contains(apiErr.Message, "Rate limit reached for fake-model") {
 		t.Errorf("message %q", apiErr.Message)
 	}
@@ -206,11 +200,11 @@ func TestSDKRateLimitError(t *testing.T) {
 	}
 
 	s.SetQuotaExhausted(true)
-	_, err = sdk(s).Chat.Completions.New(context.Background(), params)
-	wantAPIError(t, err, http.StatusTooManyRequests, "insufficient_quota", "insufficient_quota")
+	_, err = oaiSDK(s).Chat.Completions.New(context.Background(), params)
+	wantOpenAIError(t, err, http.StatusTooManyRequests, "insufficient_quota", "insufficient_quota")
 }
 
-func wantAPIError(t *testing.T, err error, status int, typ, code string) *openai.Error {
+func wantOpenAIError(t *testing.T, err error, status int, typ, code string) *openai.Error {
 	t.Helper()
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) {
@@ -221,4 +215,54 @@ func wantAPIError(t *testing.T, err error, status int, typ, code string) *openai
 		t.Errorf("status %d, type %q, code %q; want %d, %q, %q (%s)", apiErr.StatusCode, apiErr.Type, apiErr.Code, status, typ, code, apiErr.RawJSON())
 	}
 	return apiErr
+}
+
+// The SDK sees the injected 5xx as API errors with their status, and reads
+// a retry hint when a fault has one.
+func TestStatusFaultsSDK(t *testing.T) {
+	s := startFake(t, fakeoai.Config{})
+	msg := "CUDA out of memory. Tried to allocate 2.00 GiB"
+	if err := s.SetFaults(fakeoai.Fault{Kind: fakeoai.FaultStatus, Status: 500, Message: msg, RetryAfter: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	var res *http.Response
+	_, err := oaiSDK(s).Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+		Model: "fake-model", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+	apiErr := wantOpenAIError(t, err, 500, "server_error", "")
+	if apiErr != nil {
+		res = apiErr.Response
+		if apiErr.Message != msg || res.Header.Get("retry-after-ms") != "3000" || res.Header.Get("Retry-After") != "3" {
+			t.Errorf("message %q, retry-after-ms %q", apiErr.Message, res.Header.Get("retry-after-ms"))
+		}
+	}
+	if err := s.SetFaults(fakeoai.Fault{Kind: fakeoai.FaultStatus, Status: 529}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = oaiSDK(s).Embeddings.New(context.Background(), openai.EmbeddingNewParams{
+		Model: "fake-model", Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("x")}})
+	wantOpenAIError(t, err, 529, "overloaded_error", "")
+}
+
+// With ContextLengthStatus 400, prompt + max_tokens past max model len is
+// OpenAI's 400 context_length_exceeded as the SDK reads it (the default,
+// TGI's 422, is internal/testenv/fakeoai's TestContextLength).
+func TestContextLengthSDK(t *testing.T) {
+	s := startFake(t, fakeoai.Config{MaxModelLen: 32, ContextLengthStatus: http.StatusBadRequest})
+	_, err := oaiSDK(s).Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "fake-model",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}, MaxTokens: openai.Int(30)})
+	if e := wantOpenAIError(t, err, http.StatusBadRequest, "invalid_request_error", "context_length_exceeded"); e != nil &&
+		!strings.HasPrefix(e.Message, "This model's maximum context length is 32 tokens. However, you requested 38 tokens") {
+		t.Errorf("message %q", e.Message)
+	}
+	if st := s.Stats(); st.ContextLength != 1 || st.Admitted != 0 {
+		t.Errorf("context length %d, admitted %d", st.ContextLength, st.Admitted)
+	}
+}
+
+// startFake serves a double with cfg until the test ends.
+func startFake(t *testing.T, cfg fakeoai.Config) *fakeoai.Server {
+	t.Helper()
+	s := fakeoai.New(cfg)
+	t.Cleanup(s.Close)
+	return s
 }

@@ -1,0 +1,116 @@
+package publisher
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/vramq/vramq/job"
+)
+
+// What a batch's finalizer reads, whatever its API writes of it (OpenAI's
+// output and error files, batchfiles.go; Anthropic's results,
+// msgbatches.go): how the batch ends, and each of its requests in the
+// create's order with what became of it.
+
+// ending sets the status b ends with, its job having settled (st):
+// cancelled when its job was cancelled before the window's end; expired
+// when the window's end cancelled requests not yet run (a window that
+// closed after the last one ran leaves it completed); completed otherwise.
+func (b *batchRecord) ending(st *statusBody) {
+	b.Status = batchCompleted
+	if st.CancelledAt == nil {
+		return
+	}
+	switch ca := st.CancelledAt.Unix(); {
+	case ca < b.ExpiresAt:
+		b.Status, b.CancellingAt = batchCancelled, ca
+	case len(st.cancelled) > 0:
+		b.Status = batchExpired
+	}
+}
+
+// batchLine is one request of a settled batch: its custom id, and what
+// became of it: it ran (done), with output o (nil when its chunk's result
+// has none for it); or its chunk was dead-lettered, for reason; or it was
+// not run.
+type batchLine struct {
+	id     string
+	done   bool
+	o      *job.Output
+	reason string
+}
+
+// eachLine calls f with each request of b, whose job has settled (m, st),
+// in the create's order, the results read ahead (prefetchOutputs).
+func (p *Publisher) eachLine(ctx context.Context, b *batchRecord, m *job.Manifest, st *statusBody, f func(*batchLine) error) error {
+	reasons := make(map[int]string, len(st.Failed))
+	for _, f := range st.Failed {
+		reasons[f.Chunk] = f.Reason
+	}
+	ids, _, err := p.store.Open(ctx, job.BatchIDsKey(b.Owner, b.ID))
+	if err != nil {
+		return fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
+	}
+	defer ids.Close()
+	idLines := bufio.NewReader(ids)
+	results := p.prefetchOutputs(ctx, b.ID, m.Chunks, st.done)
+	for c, n := range m.ChunkItems {
+		var outputs map[string]*job.Output
+		if st.done[c] {
+			r := results.get(c)
+			if r.err != nil {
+				return r.err
+			}
+			outputs = r.outputs
+		}
+		for range n {
+			raw, err := idLines.ReadBytes('\n')
+			var id string
+			if err == nil {
+				err = json.Unmarshal(raw, &id)
+			}
+			if err != nil {
+				return fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
+			}
+			if err := f(&batchLine{id: id, done: st.done[c], o: outputs[id], reason: reasons[c]}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// oneCreate takes client's place among the clients creating a batch: a
+// client creates one batch at a time, so that the bytes being read into
+// batches (takeBatchBytes, first come first served) are not all one
+// client's while others wait. done gives it back; false, having answered
+// r with fail, when the client already holds it.
+func (p *Publisher) oneCreate(w http.ResponseWriter, r *http.Request, fail func(*APIError)) (done func(), ok bool) {
+	client := p.clientKey(r)
+	if !p.batchCreators.add(client) {
+		w.Header().Set("Retry-After", "5")
+		fail(apiErr(http.StatusTooManyRequests, CodeBatchBusy, "this client is already creating a batch; retry after the time in Retry-After"))
+		return nil, false
+	}
+	return func() { p.batchCreators.remove(client) }, true
+}
+
+// takeBatchBytes takes charge bytes of the bound on what creates hold at
+// once (-max-file-bytes: a file's lines, or a create's requests, a few times
+// their size once planned), waiting up to 30 s; release gives them back.
+// false, having answered r with fail, when the wait ran out.
+func (p *Publisher) takeBatchBytes(w http.ResponseWriter, r *http.Request, fail func(*APIError), charge int64) (release func(), ok bool) {
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	err := p.batchBytes.Acquire(ctx, charge)
+	cancel()
+	if err != nil {
+		w.Header().Set("Retry-After", "5")
+		fail(apiErr(http.StatusServiceUnavailable, CodeBatchBusy, "too many batches are being created; retry shortly"))
+		return nil, false
+	}
+	return func() { p.batchBytes.Release(charge) }, true
+}

@@ -1,0 +1,160 @@
+package subscriber
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"reflect"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/vramq/vramq/internal/backoff"
+	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/subscriber/queuetest"
+)
+
+// messageEnds is one received message with everything its ends reach: the
+// work queue and its keeper, the DLQ, the bucket, and the admission it
+// holds 60 of 100 units of.
+type messageEnds struct {
+	q, dlq   *queuetest.Mem
+	payloads *memPayloads
+	s        *Subscriber // its admission only
+	t        *task
+}
+
+func newMessageEnds(t *testing.T) *messageEnds {
+	t.Helper()
+	e := &messageEnds{q: queuetest.NewMem(), dlq: queuetest.NewMem(), payloads: newMemPayloads(), s: holdSubscriber(t, 100)}
+	e.q.Put(`{"v":1,"job_id":"j1","chunk":0,"items":[{"id":"a","text":"x"}]}`, nil)
+	k, m := newTestKeeper(e.q, 30*time.Second, time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	go k.run(ctx)
+	t.Cleanup(func() {
+		cancel()
+		if err := k.close(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	l := receiveAll(t, e.q, k, 1, 30*time.Second)[0]
+	w, err := job.DecodeWork([]byte(l.msg.Body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.s.adm.tryAcquire(60) {
+		t.Fatal("no room for 60 of 100")
+	}
+	e.t = &task{lease: l, work: w, hold: e.s.newHold(need{weight: 60}, 60), ends: &ends{
+		keeper: k, dlq: e.dlq, payloads: e.payloads, m: m, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		retry: backoff.Policy{First: time.Second, Max: job.MaxDelay}, maxMessageBytes: job.MaxMessageBytes,
+		settling: func(string) {},
+	}}
+	return e
+}
+
+// A message ends once, by whichever end comes first: what a later end would
+// do (a DLQ copy, a marker, a fresh copy, a visibility change) never
+// happens, and what the message held in admission is back after the first.
+func TestMessageEndsOnceByItsFirstEnd(t *testing.T) {
+	ends := []struct {
+		name string
+		end  func(*task)
+	}{
+		{"ack", func(t *task) { t.Ack() }},
+		{"release", func(t *task) { t.Release(time.Minute) }},
+		{"hand back", func(t *task) { t.HandBack(time.Minute, "wait") }},
+		{"dead letter", func(t *task) { t.DeadLetter("invalid_input", "bad") }},
+		{"cancel", func(t *task) { t.Cancel() }},
+	}
+	// What each end leaves behind once the keeper has sent it, alone.
+	type trace struct{ deletes, visibility, sends, dlq, markers int }
+	seen := func(e *messageEnds) trace {
+		return trace{e.q.Calls("Delete"), e.q.Calls("ChangeVisibility"), e.q.Calls("Send"),
+			len(e.dlq.All()), e.payloads.count()}
+	}
+	alone := map[string]trace{}
+	for _, first := range ends {
+		synctest.Test(t, func(t *testing.T) {
+			e := newMessageEnds(t)
+			first.end(e.t)
+			time.Sleep(time.Second) // past the keeper's batching delay
+			alone[first.name] = seen(e)
+		})
+	}
+	for _, first := range ends {
+		for _, later := range ends {
+			t.Run(first.name+" then "+later.name, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					e := newMessageEnds(t)
+					first.end(e.t)
+					if err := unreleased(e.s); err != nil {
+						t.Errorf("after %s: %v", first.name, err)
+					}
+					for _, l := range ends {
+						l.end(e.t)
+					}
+					later.end(e.t)
+					time.Sleep(time.Second)
+					if got, want := seen(e), alone[first.name]; got != want {
+						t.Errorf("%s, then every end: %+v; %s alone: %+v", first.name, got, first.name, want)
+					}
+					if err := unreleased(e.s); err != nil {
+						t.Error(err)
+					}
+				})
+			})
+		}
+	}
+}
+
+func (p *memPayloads) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.objs)
+}
+
+// Each outcome ends its message the one way it names, and the two that are
+// not ends (the message went on, or waits for the model) leave it held.
+func TestOutcomeEndsItsMessage(t *testing.T) {
+	type trace struct{ deletes, visibility, sends, dlq, markers int }
+	cases := []struct {
+		name string
+		o    outcome
+		want trace
+	}{
+		{"ack", endAck(), trace{deletes: 1}},
+		{"failed", endFailed(), trace{visibility: 1}},
+		{"release", endRelease(0), trace{visibility: 1}},
+		{"hand back", endHandBack(time.Minute, "wait"), trace{deletes: 1, sends: 1}},
+		{"dead letter", endDeadLetter("invalid_input", "bad"), trace{deletes: 1, dlq: 1, markers: 1}},
+		{"cancel", endCancel(), trace{deletes: 1, markers: 1}},
+		{"carried", outcome{kind: carried}, trace{}},
+		{"waits", outcome{kind: waits}, trace{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newMessageEnds(t)
+				(&Subscriber{}).end(e.t, c.o)
+				time.Sleep(time.Second) // past the keeper's batching delay
+				got := trace{e.q.Calls("Delete"), e.q.Calls("ChangeVisibility"), e.q.Calls("Send"),
+					len(e.dlq.All()), e.payloads.count()}
+				if got != c.want {
+					t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+				}
+				if ended := e.t.ended.Load(); ended != (c.want != trace{}) {
+					t.Errorf("%s: message ended %v", c.name, ended)
+				}
+			})
+		})
+	}
+}
+
+// The struct that wires the stages stays small (issue 32): a stage's state
+// goes in that stage's struct, not beside the others'.
+func TestSubscriberWiresStagesInFewFields(t *testing.T) {
+	if n := reflect.TypeFor[Subscriber]().NumField(); n > 15 {
+		t.Errorf("Subscriber has %d fields; at most 15: group the new state into its stage's struct", n)
+	}
+}
