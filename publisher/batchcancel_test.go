@@ -23,7 +23,13 @@ import (
 // and runs about 72 lines a second.
 func TestBatchCancelReachesUnstartedChunks(t *testing.T) {
 	t.Parallel()
-	srv := fakeoai.New(fakeoai.Config{TokenLatency: 20 * time.Millisecond, NoMetrics: true,
+	// A server that answers 16 requests at a time in about half a second
+	// each, as the one issue 32 measured this against did (it ran 320 of
+	// 3,000 lines in the 10 s before a cancel): about 32 lines a second.
+	// How many lines a server runs before the cancel is its speed, not
+	// admission's doing; what admission decides is how many of the rest
+	// still run after it.
+	srv := fakeoai.New(fakeoai.Config{TokenLatency: 45 * time.Millisecond, NoMetrics: true,
 		OutputTokens: func(string, int) int { return 10 }})
 	defer srv.Close()
 	e := newEnv(t, true)
@@ -53,13 +59,16 @@ func TestBatchCancelReachesUnstartedChunks(t *testing.T) {
 	after := srv.Stats().Admitted - atCancel
 	t.Logf("%d of %d lines batch_cancelled (%.0f%%), %d completed; %d requests at the server at the cancel, %d after it",
 		cancelled, n, 100*float64(cancelled)/n, done.RequestCounts.Completed, atCancel, after)
+	if cancelled < n*8/10 {
+		t.Errorf("%d of %d lines batch_cancelled; want at least 80%%", cancelled, n)
+	}
 	if cancelled+int(done.RequestCounts.Completed) != n {
 		t.Errorf("%d cancelled + %d completed; want all %d lines accounted", cancelled, done.RequestCounts.Completed, n)
 	}
 	// Two rounds of 16 in flight, the rest of a 32-item chunk, and what
 	// starts while the subscriber's cached answer for the job lasts
-	// (-cancel-check-ttl, 5 s, at about 72 lines a second).
-	if most := int64(2*16 + 32 + 5*72); after > most {
+	// (-cancel-check-ttl, 5 s, at about 32 lines a second).
+	if most := int64(2*16 + 32 + 5*32); after > most {
 		t.Errorf("%d requests after the cancel; want at most %d", after, most)
 	}
 }

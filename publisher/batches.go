@@ -334,10 +334,7 @@ func (q *batchRequest) check() *APIError {
 // in_progress. A client polls either way.
 func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
+	fail := failWith(w, r)
 	if p.store == nil {
 		fail(noBatchStore())
 		return

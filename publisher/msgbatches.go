@@ -284,10 +284,7 @@ func (p *Publisher) apiOrigin(r *http.Request) string {
 // (startBatch).
 func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)
-	fail := func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
-	}
+	fail := failWith(w, r)
 	if p.store == nil {
 		fail(noBatchStore())
 		return

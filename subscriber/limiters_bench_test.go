@@ -1,24 +1,30 @@
 package subscriber_test
 
-// Issue 33's measurement in real time: one real subscriber (the
-// model-server backend, the emulator's SQS queues) against
-// internal/testenv/fakeoai with each limiter kind it offers, its clock the
-// real one, limits either configured (-model-server-tpm/-rpm) or learned
-// from the server's headers. Not a pass/fail test: it prints what it
-// measured, and bench/modelserver.md ("Against each limiter kind, in real
-// time") records the figures and the command. It runs only when
-// VRAMQ_BENCH_LIMITERS is set: 1 for every kind, or a comma-separated list
-// of bucket, sliding-window, fixed-window, azure; VRAMQ_BENCH_LIMITERS_MINUTES
-// is the complete minutes measured after minute 0 (default 4). Every kind
-// and mode runs at once, each with a server, queues and subscriber of its
-// own, when go test's -parallel allows (its default is GOMAXPROCS: pass
-// -parallel 8).
+// Issue 33's measurement in real time: real subscribers (the model-server
+// backend, the emulator's SQS queues) against internal/testenv/fakeoai with
+// each limiter kind it offers, its clock the real one, in four modes: one
+// subscriber with the limits configured (-model-server-tpm/-rpm), one that
+// learns them from the server's headers, three that share one server and
+// see each other only through its headers, and a client after OpenAI's
+// cookbook processor beside them (cookbook). Not a pass/fail test: it
+// prints what it measured, and bench/modelserver.md ("Against each limiter
+// kind, in real time") records the figures and the command. It runs only
+// when VRAMQ_BENCH_LIMITERS is set: 1 for every kind, or a comma-separated
+// list of bucket, sliding-window, fixed-window, azure;
+// VRAMQ_BENCH_LIMITERS_MINUTES is the complete minutes measured after
+// minute 0 (default 4). Every kind and mode runs at once, each with a
+// server and queues of its own, when go test's -parallel allows (its
+// default is GOMAXPROCS: pass -parallel 16).
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -53,6 +59,9 @@ const (
 type limiterLoad struct {
 	rng *rand.Rand
 	n   int
+	// cost is each item's charge at arrival, prompt + max_tokens: what the
+	// cookbook's client counts with tiktoken.
+	cost map[string]int
 }
 
 func (l *limiterLoad) item() job.Item {
@@ -63,6 +72,10 @@ func (l *limiterLoad) item() job.Item {
 	// A chat prompt is its words plus 7 (fakeoai's ChatPromptTokens: 3 for
 	// the message, 1 for the role, 3 priming the reply); three are below.
 	text := fmt.Sprintf("[[len=%d]] item %s%s", out, id, strings.Repeat(" w", prompt-10))
+	if l.cost == nil {
+		l.cost = map[string]int{}
+	}
+	l.cost[id] = prompt + maxTokens
 	return job.Item{ID: id, Body: []byte(fmt.Sprintf(
 		`{"model":"fake-model","messages":[{"role":"user","content":%q}],"max_tokens":%d}`, text, maxTokens))}
 }
@@ -101,24 +114,32 @@ func (w *warnCounter) Handle(_ context.Context, r slog.Record) error {
 func (w *warnCounter) WithAttrs([]slog.Attr) slog.Handler { return w }
 func (w *warnCounter) WithGroup(string) slog.Handler      { return w }
 
+// lbModes are the ways each kind is met: a subscriber configured with the
+// limits, one learning them from headers, three sharing them through the
+// headers alone, and the cookbook-style client.
+var lbModes = []string{"configured", "learned", "three sharing", "cookbook"}
+
 // lbResult is one kind and mode's figures.
 type lbResult struct {
 	name                      string
 	charged, used, minCharged float64 // of TPM, minutes 1..N
+	busiest                   float64 // the most tokens (charged; used for a fixed window) in any 60 s after minute 0, of TPM
 	limited, answers          int64   // minutes 1..N
 	sent, results, dead, left int
 	ok                        int
 	askedTwice, answeredTwice int
 	answered                  int // 200s at the fake, the whole run
+	perSub                    []int
 	warnings                  int64
 	firstWarnings, perMinute  []string
 	backedOff, released       float64
+	givenUp                   int // cookbook: items refused 5 times
 }
 
 func TestBenchLimiters(t *testing.T) {
 	which := os.Getenv("VRAMQ_BENCH_LIMITERS")
 	if which == "" {
-		t.Skip("set VRAMQ_BENCH_LIMITERS=1 (or a comma-separated list of bucket, sliding-window, fixed-window, azure) to run the real-time benchmark of one subscriber against each limiter kind (VRAMQ_BENCH_LIMITERS_MINUTES+1 minutes, default 5)")
+		t.Skip("set VRAMQ_BENCH_LIMITERS=1 (or a comma-separated list of bucket, sliding-window, fixed-window, azure) to run the real-time benchmark of subscribers against each limiter kind (VRAMQ_BENCH_LIMITERS_MINUTES+1 minutes, default 5)")
 	}
 	if endpoint() == "" {
 		t.Fatal("no SQS endpoint: set AWS_ENDPOINT_URL (eval \"$(localstack/emulator.sh env)\")")
@@ -140,14 +161,12 @@ func TestBenchLimiters(t *testing.T) {
 	var results []lbResult
 	t.Run("runs", func(t *testing.T) {
 		for i, k := range kinds {
-			for _, configured := range []bool{true, false} {
-				name := fmt.Sprintf("%s/learned", k)
-				if configured {
-					name = fmt.Sprintf("%s/configured", k)
-				}
+			for mi, mode := range lbModes {
+				name := fmt.Sprintf("%s/%d %s", k, mi, mode)
 				t.Run(name, func(t *testing.T) {
 					t.Parallel()
-					r := benchLimiter(t, k, configured, minutes, uint64(i))
+					// The same items for every mode of a kind.
+					r := benchLimiter(t, k, mode, minutes, uint64(i))
 					r.name = name
 					mu.Lock()
 					results = append(results, r)
@@ -158,13 +177,14 @@ func TestBenchLimiters(t *testing.T) {
 	})
 	slices.SortFunc(results, func(a, b lbResult) int { return strings.Compare(a.name, b.name) })
 	var b strings.Builder
-	fmt.Fprintf(&b, "TPM %d, RPM %d, real time, minutes 1–%d; one subscriber each, 32-item chunks\n", lbTPM, lbRPM, minutes)
-	b.WriteString("| kind / limits | charged / TPM (min minute) | used / TPM | 429s after minute 0 | messages sent | results | dead-lettered | items answered 200 | items ok in results | goodput | items asked twice | items answered twice | backed off | released | warnings |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "TPM %d, RPM %d, real time, minutes 1–%d; 32-item chunks\n", lbTPM, lbRPM, minutes)
+	b.WriteString("| kind / mode | charged / TPM (lowest minute) | used / TPM | most in any 60 s / TPM | 429s after minute 0 | goodput | messages sent | results | dead-lettered | items answered 200 | items ok in results | items asked twice | items answered twice | per subscriber (items answered 200) | backed off | released | given up | warnings |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %s | %.3f (%.3f) | %.3f | %d of %d (%.1f%%) | %d | %d | %d | %d | %d | %.2f | %d | %d | %.0f | %.0f | %d |\n",
-			r.name, r.charged, r.minCharged, r.used, r.limited, r.answers, pct(r.limited, r.answers), r.sent, r.results, r.dead,
-			r.answered, r.ok, float64(r.ok)/max(1, float64(r.answered)), r.askedTwice, r.answeredTwice, r.backedOff, r.released, r.warnings)
+		goodput := float64(r.ok) / max(1, float64(r.answered))
+		fmt.Fprintf(&b, "| %s | %.3f (%.3f) | %.3f | %.3f | %d of %d (%.1f%%) | %.2f | %d | %d | %d | %d | %d | %d | %d | %v | %.0f | %.0f | %d | %d |\n",
+			r.name, r.charged, r.minCharged, r.used, r.busiest, r.limited, r.answers, pct(r.limited, r.answers), goodput, r.sent, r.results, r.dead,
+			r.answered, r.ok, r.askedTwice, r.answeredTwice, r.perSub, r.backedOff, r.released, r.givenUp, r.warnings)
 	}
 	for _, r := range results {
 		fmt.Fprintf(&b, "\n%s per minute (charged, used of TPM; requests; 429s of answers):\n  %s\n  first warnings: %q\n", r.name,
@@ -173,9 +193,9 @@ func TestBenchLimiters(t *testing.T) {
 	t.Log(b.String())
 }
 
-// benchLimiter runs one subscriber against a server of kind for minutes+1
-// real minutes and reads what happened.
-func benchLimiter(t *testing.T, kind fakeoai.LimitKind, configured bool, minutes int, seed uint64) lbResult {
+// benchLimiter runs mode against a server of kind for minutes+1 real
+// minutes and reads what happened.
+func benchLimiter(t *testing.T, kind fakeoai.LimitKind, mode string, minutes int, seed uint64) lbResult {
 	client := sqstest.Client(t)
 	urls := sqstest.Queues(t, client, 0)
 	// More than the limit can take in the run (about 47 items a minute at
@@ -183,46 +203,72 @@ func benchLimiter(t *testing.T, kind fakeoai.LimitKind, configured bool, minutes
 	chunks := (minutes+3)*2*lbTPM/1290/pbChunkItems + 2
 	load := &limiterLoad{rng: rand.New(rand.NewPCG(seed, 33))}
 	works := load.works("lim", chunks)
-	if err := jobq.Send(t.Context(), client, urls.Work, works); err != nil {
-		t.Fatal(err)
-	}
 	srv := fakeoai.NewUnstarted(fakeoai.Config{TokenLatency: lbTokenLatency, MaxNumSeqs: 1024,
 		Limits: fakeoai.RateLimits{Kind: kind, TPM: lbTPM, RPM: lbRPM}})
 	defer srv.Close()
-	rec := fakeoai.NewRecorder(t, srv)
 	start := time.Now() // the server's minute 0 began at NewUnstarted
+	end := start.Add(time.Duration(minutes+1)*time.Minute + 3*time.Second)
 
+	var r lbResult
 	warns := &warnCounter{}
-	logger := slog.New(warns)
-	cfg := modelserver.Config{BaseURL: rec.URL(), Models: []string{"fake-model"}, Logger: logger}
-	if configured {
-		cfg.TPM, cfg.RPM = lbTPM, lbRPM
+	var recs []*fakeoai.Recorder
+	if mode == "cookbook" {
+		rec := fakeoai.NewRecorder(t, srv)
+		recs = append(recs, rec)
+		var items []job.Item
+		for _, w := range works {
+			items = append(items, w.Items...)
+		}
+		ctx, cancel := context.WithDeadline(t.Context(), end)
+		r.ok, r.givenUp = cookbook(ctx, rec.URL(), items, load.cost)
+		cancel()
+		r.answered = r.ok
+	} else {
+		if err := jobq.Send(t.Context(), client, urls.Work, works); err != nil {
+			t.Fatal(err)
+		}
+		n := 1
+		if mode == "three sharing" {
+			n = 3
+		}
+		var subs []*benchSub
+		for range n {
+			rec := fakeoai.NewRecorder(t, srv)
+			recs = append(recs, rec)
+			cfg := modelserver.Config{BaseURL: rec.URL(), Models: []string{"fake-model"}, Logger: slog.New(warns)}
+			if mode == "configured" {
+				cfg.TPM, cfg.RPM = lbTPM, lbRPM
+			}
+			m, dev, err := modelserver.Open(t.Context(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = m.Close(); _ = dev.Close() })
+			b := &benchSub{reg: prometheus.NewRegistry(), done: make(chan struct{})}
+			b.sub, err = subscriber.New(subscriber.Config{
+				Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results), DLQ: sqsqueue.New(client, urls.DLQ),
+				Backend: m, Device: dev, Registerer: b.reg, Logger: slog.New(warns),
+				VRAMReserve: 1, // checkModelServer's: the device's memory is tokens
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			subs = append(subs, b)
+		}
+		for _, b := range subs {
+			b.start(t)
+		}
+		time.Sleep(time.Until(end))
+		shutdownAll(t, subs)
+		o := settle(t, client, urls, len(works), subs)
+		r.sent, r.results, r.dead, r.left, r.ok, r.backedOff, r.released = o.sent, o.results, o.dead, o.left, o.ok, o.backedOff, o.released
+		r.answered = 0
 	}
-	m, dev, err := modelserver.Open(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close(); _ = dev.Close() })
-	b := &benchSub{reg: prometheus.NewRegistry(), done: make(chan struct{})}
-	b.sub, err = subscriber.New(subscriber.Config{
-		Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results), DLQ: sqsqueue.New(client, urls.DLQ),
-		Backend: m, Device: dev, Registerer: b.reg, Logger: logger,
-		VRAMReserve: 1, // checkModelServer's: the device's memory is tokens
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.start(t)
-	time.Sleep(time.Until(start.Add(time.Duration(minutes+1)*time.Minute + 3*time.Second)))
 	st := srv.Stats()
 	if len(st.Minutes) <= minutes {
 		t.Fatalf("the server's ledger has %d minutes; want %d complete", len(st.Minutes), minutes+1)
 	}
-	shutdownAll(t, []*benchSub{b})
-	o := settle(t, client, urls, len(works), []*benchSub{b})
-
-	r := lbResult{sent: o.sent, results: o.results, dead: o.dead, left: o.left, ok: o.ok, backedOff: o.backedOff, released: o.released,
-		warnings: warns.n.Load(), firstWarnings: warns.first, minCharged: 1e9}
+	r.warnings, r.firstWarnings, r.minCharged = warns.n.Load(), warns.first, 1e9
 	var charged, used int64
 	for i, mi := range st.Minutes[:minutes+1] {
 		r.perMinute = append(r.perMinute, fmt.Sprintf("%d: %.3f, %.3f; %d; %d of %d", i, float64(mi.Tokens)/lbTPM,
@@ -238,7 +284,22 @@ func benchLimiter(t *testing.T, kind fakeoai.LimitKind, configured bool, minutes
 	}
 	r.charged = float64(charged) / float64(minutes*lbTPM)
 	r.used = float64(used) / float64(minutes*lbTPM)
-	for _, statuses := range rec.Answers() {
+	r.busiest = busiestMinute(st.Seconds, 60, 60*(minutes+1), kind == fakeoai.LimitFixedWindow) / lbTPM
+	if mode != "cookbook" {
+		r.answered = 0
+	}
+	all := map[string][]int{}
+	for _, rec := range recs {
+		mine := 0
+		for item, statuses := range rec.Answers() {
+			all[item] = append(all[item], statuses...)
+			if slices.Contains(statuses, 200) {
+				mine++
+			}
+		}
+		r.perSub = append(r.perSub, mine)
+	}
+	for _, statuses := range all {
 		if len(statuses) > 1 {
 			r.askedTwice++
 		}
@@ -248,10 +309,138 @@ func benchLimiter(t *testing.T, kind fakeoai.LimitKind, configured bool, minutes
 				oks++
 			}
 		}
-		r.answered += oks
+		if mode != "cookbook" {
+			r.answered += oks
+		}
 		if oks > 1 {
 			r.answeredTwice++
 		}
 	}
 	return r
+}
+
+// busiestMinute is the most tokens in any 60 consecutive seconds of
+// secs[from:to] (used ones for a fixed window, else charged).
+func busiestMinute(secs []fakeoai.Second, from, to int, used bool) float64 {
+	to = min(to, len(secs))
+	var sum, most int64
+	for i := from; i < to; i++ {
+		v := secs[i].Tokens
+		if used {
+			v = secs[i].Used
+		}
+		sum += v
+		if i-60 >= from {
+			if used {
+				sum -= secs[i-60].Used
+			} else {
+				sum -= secs[i-60].Tokens
+			}
+		}
+		most = max(most, sum)
+	}
+	return float64(most)
+}
+
+// cookbook sends items as OpenAI's cookbook api_request_parallel_processor.py
+// does (examples/api_request_parallel_processor.py): request and token
+// capacities that start full at the limits and refill continuously at
+// them, capped at a minute's worth; a request goes when both hold its
+// charge (its tiktoken count of the prompt plus max_tokens: cost), with no
+// bound on those in flight; after a 429 nothing is dispatched for 15 s;
+// a refused request goes again, up to 5 attempts in all. It runs until
+// ctx ends and returns the items answered 200 and those given up.
+func cookbook(ctx context.Context, base string, items []job.Item, cost map[string]int) (ok, givenUp int) {
+	type try struct {
+		item     job.Item
+		attempts int
+	}
+	var mu sync.Mutex
+	var retry []try
+	var lastLimited time.Time
+	var wg sync.WaitGroup
+	var okN, givenUpN atomic.Int64
+	reqs, toks := float64(lbRPM), float64(lbTPM)
+	last := time.Now()
+	next := 0
+	for ctx.Err() == nil {
+		mu.Lock()
+		if pause := 15*time.Second - time.Since(lastLimited); pause > 0 {
+			mu.Unlock()
+			sleepCtx(ctx, pause)
+			continue
+		}
+		var cur *try
+		if len(retry) > 0 {
+			cur, retry = &retry[0], retry[1:]
+		} else if next < len(items) {
+			cur = &try{item: items[next]}
+			next++
+		}
+		mu.Unlock()
+		if cur == nil {
+			sleepCtx(ctx, time.Millisecond)
+			continue
+		}
+		c := float64(cost[cur.item.ID])
+		for ctx.Err() == nil {
+			now := time.Now()
+			dt := now.Sub(last).Seconds()
+			last = now
+			reqs = math.Min(lbRPM, reqs+dt*lbRPM/60)
+			toks = math.Min(lbTPM, toks+dt*lbTPM/60)
+			if reqs >= 1 && toks >= c {
+				break
+			}
+			sleepCtx(ctx, time.Millisecond) // the processor's 1 ms loop
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		reqs--
+		toks -= c
+		cur.attempts++
+		wg.Add(1)
+		go func(tr try) {
+			defer wg.Done()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(tr.item.Body))
+			if err != nil {
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return
+			}
+			var body struct{}
+			_ = json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode == http.StatusOK:
+				okN.Add(1)
+			case resp.StatusCode == http.StatusTooManyRequests:
+				mu.Lock()
+				lastLimited = time.Now()
+				if tr.attempts < 5 {
+					retry = append(retry, tr)
+				} else {
+					givenUpN.Add(1)
+				}
+				mu.Unlock()
+			default:
+				givenUpN.Add(1)
+			}
+		}(*cur)
+	}
+	wg.Wait()
+	return int(okN.Load()), int(givenUpN.Load())
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }

@@ -110,9 +110,11 @@ func (m *Model) try(ctx, wait context.Context, c *call, deadline time.Time) (set
 	switch row.action {
 	case actOK, actItem, actTooLarge, actOOM:
 		if row.action == actOK {
-			t.used = usageOf(a.body).TotalTokens
+			u := usageOf(a.body)
+			t.used = u.TotalTokens
 			t.clean = true
 			m.took.observe(now.Sub(sent))
+			m.rates.charged(t.res, u.PromptTokens, c.floor)
 		}
 		if row.action != actOOM || c.ep == embeddings {
 			m.gate.answered()

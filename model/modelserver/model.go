@@ -86,8 +86,9 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	u.Path = strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v1")
 	w := newWaits(cfg.MaxServerWait, cfg.Logger)
 	order := newPrefixOrder()
+	rates := newRates(cfg.TPM, cfg.RPM, time.Now(), w)
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{w.capped, order.groups, order.warm} {
+		for _, c := range []prometheus.Collector{w.capped, order.groups, order.warm, rates.paused} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
 			}
@@ -100,7 +101,7 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 		base:    strings.TrimSuffix(u.String(), "/"),
 		name:    "model-server:" + strings.Join(cfg.Models, ","),
 		waits:   w,
-		rates:   newRates(cfg.TPM, cfg.RPM, time.Now(), w),
+		rates:   rates,
 		conc:    newConcurrency(cfg.MaxConcurrency, cfg.Logger),
 		gate:    newGate(w),
 		order:   order,

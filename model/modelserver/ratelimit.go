@@ -12,37 +12,48 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/vramq/vramq/job/fault"
 )
 
-// Rate limits: tokens and requests per minute, each a bucket refilled
-// continuously, as OpenAI's limiter behaves (its x-ratelimit-reset is the
-// time until the bucket is full again, used × window / limit). There are
+// Rate limits: tokens and requests per minute. Providers count them
+// differently (OpenAI and Anthropic a bucket refilled continuously, LiteLLM
+// and most gateways a fixed or sliding minute, Azure OpenAI a minute for
+// tokens and windows of 1 s or 10 s for requests), and the headers do not
+// say which; what holds for every kind is that no limiter over a minute
+// holds more of one process's use than it sent in the minute. There are
 // two kinds of bucket, and a request waits until every one has room:
 //
-//   - own buckets, for the limits configured here (Config.TPM, RPM): a
-//     request takes its reservation (prompt estimate + max output × n)
-//     before it is sent, and gets back what its usage shows it did not use;
-//   - mirrors of the server's buckets, made from the first answer that
-//     carries x-ratelimit-limit-*, and set to the server's remaining count
-//     at every answer after. Several subscribers on one endpoint see each
-//     other only there, so they converge through the server's headers
-//     alone. The server charges max_tokens up front and never refunds, so
-//     a mirror is not refunded either: the next answer's remaining count is
-//     the truth.
+//   - own buckets, for the limits configured here (Config.TPM, RPM),
+//     refilled continuously: a request takes its reservation (prompt
+//     estimate + max output × n) before it is sent, and gets back what its
+//     usage shows it did not use;
+//   - mirrors of the server's limits, made from the first answer that
+//     carries x-ratelimit-limit-* (or, as Azure's, a remaining count
+//     alone: its limit inferred), and set to the server's remaining count
+//     at every answer after (bucket.proven). Several subscribers on one
+//     endpoint see each other only there, so they converge through the
+//     server's headers alone. A mirror is not refunded: the next answer's
+//     remaining count says what the server charged.
 //
-// A mirror's refill rate is (limit − remaining) / reset: the rate the
-// server refills at in this process's time, whatever the window's length
-// (a test server running its minutes faster included). Between two answers
-// a mirror cannot see other subscribers' requests, so it keeps a margin
-// unspent: marginK times the typical request's cost. A 429 from the limiter
-// raises marginK, a run of clean answers lowers it back.
+// Between answers a mirror counts room in one of two ways. Alone on its
+// limit (no evidence of others: bucket.lone), it counts the limit less all
+// it sent within the minute (bucket.floor), each send at what the server
+// charged once answered, bounded by the room the last answer proved: it
+// never has more than the limit in any minute, which no kind refuses, and
+// it takes a sliding window's lumps as they come back. With others on it,
+// it refills at the rate the others leave (their consumption is what the
+// server counts as taken beyond all this process sent within the minute,
+// bucket.estimate), no further than the last answer proved while another
+// answer is on its way, and keeps a margin unspent: marginK times the
+// typical request's cost, which a 429 from the limiter raises and a run of
+// clean answers lowers back. Three subscribers that each saw the whole
+// refill would wake together at every refill and collide; each seeing its
+// share, they pace.
 //
-// Between two answers a mirror also refills only at the rate the other
-// subscribers leave: their consumption is what the server counts as taken
-// beyond all this process sent within the limit's span (bucket.estimate),
-// averaged. Three subscribers that each saw the whole refill would wake
-// together at every refill and collide; each seeing its share, they pace.
+// Requests are spread besides: at most a second's share of the RPM in any
+// second (perSecond), as Azure evaluates them.
 //
 // An answer's remaining count cannot include what this process sent while
 // the answer was on its way back: the requests sent in the last transit
@@ -53,7 +64,7 @@ import (
 // golang.org/x/time/rate does not fit: its Limiter has no way to give
 // tokens back or to set the tokens left to what a server says.
 const (
-	marginMin      = 4.0
+	marginMin      = 1.0
 	marginMax      = 32.0
 	marginRaise    = 1.5
 	marginDecay    = 0.9
@@ -80,6 +91,85 @@ type bucket struct {
 	othersPerSec float64
 	estAt        time.Time
 	own          []sent // oldest first; tokens is the cost in the bucket's kind
+	// proven is a mirror's room the server's last answer showed: its
+	// remaining count, less what this process sent since.
+	proven float64
+
+	// readings are the refill rates the headers implied within the
+	// limit's span (rateReading), for a mirror whose server sends resets.
+	readings []sent
+	// inferred is a mirror of a limit the headers do not give (Azure's):
+	// its capacity is the most it has been shown to hold.
+	inferred bool
+}
+
+// A lone mirror (othersPerSec at most loneShare of its refill) counts its
+// room from this process's own sends: no limiter over a minute (a bucket
+// refilled at the limit a minute, a sliding or a fixed minute's window)
+// holds more of one process's use than it sent in the minute, so the
+// limit less all it sent within the span remains: its floor, exact for a
+// sliding window, the least a bucket or a fixed minute holds. Paced by
+// its floor, a lone process never sends more than the limit in any
+// minute, which no kind refuses: a sliding window's lumps are taken as
+// they come back, a fixed minute's return is not all taken at its start
+// (LiteLLM counts usage as answers come, and admitted the requests in
+// flight past its limit, then refused the minute's last), and Azure's
+// strict minute is never overrun. Each send counts what the server
+// charges once its answer says (charged), until then its reservation.
+const loneShare = 0.02
+
+func (b *bucket) lone() bool { return b.othersPerSec <= loneShare*b.perSec }
+
+// span is the limit's span as its refill shows it: a minute, or less for
+// a server whose minutes run faster (a test server's). The refill is the
+// least read in a minute (rateReading), which a window's boundary does not
+// inflate; the estimate of others' use keeps the fixed minute (limitSpan).
+func (b *bucket) span() time.Duration {
+	if b.perSec <= 0 {
+		return limitSpan
+	}
+	return min(limitSpan, seconds(b.capacity/b.perSec))
+}
+
+// floor is the limit less this process's sends within the span (the
+// server sees them a transit later, and lets them go a transit later).
+func (b *bucket) floor(now time.Time) float64 {
+	return b.capacity - b.ownWithin(now, b.span())
+}
+
+// floorWait is how long until the floor holds need: until enough of this
+// process's sends have left the span; the span when none would do.
+func (b *bucket) floorWait(need float64, now time.Time) time.Duration {
+	allowed := b.capacity - need
+	if allowed < 0 {
+		return b.span()
+	}
+	span := b.span()
+	sum := b.ownWithin(now, span)
+	for _, s := range b.own {
+		if sum <= allowed {
+			break
+		}
+		if now.Sub(s.at) >= span+transit {
+			continue
+		}
+		sum -= s.tokens
+		if sum <= allowed {
+			return s.at.Add(span + transit).Sub(now)
+		}
+	}
+	return 0
+}
+
+// charged sets what the send seq is counted at, once its answer says
+// what the server charged (never more than its reservation).
+func (b *bucket) charged(seq uint64, tokens float64) {
+	for i := len(b.own) - 1; i >= 0; i-- {
+		if b.own[i].seq == seq {
+			b.own[i].tokens = math.Min(b.own[i].tokens, tokens)
+			return
+		}
+	}
 }
 
 // othersShare bounds the estimate of the others' consumption, so that a
@@ -90,11 +180,36 @@ func newBucket(perMinute float64, now time.Time, mirror bool) *bucket {
 	return &bucket{mirror: mirror, perSec: perMinute / 60, capacity: perMinute, level: perMinute, last: now}
 }
 
-func (b *bucket) refill(now time.Time) {
-	if dt := now.Sub(b.last); dt > 0 {
-		b.level = math.Min(b.capacity, b.level+dt.Seconds()*(b.perSec-b.othersPerSec))
-		b.last = now
+// refill brings a bucket's level to now: an own bucket's and a shared
+// mirror's at its refill (less the others' share), a lone mirror's to the
+// least of its floor and the room its server's last answer proved. While
+// capped (an answer on its way, whose remaining count will say more), a
+// shared mirror refills no further than its proven room: a window gives
+// back only what leaves it, in lumps, and a mirror that counted a
+// continuous refill between answers sent the request that a window's end
+// refused, about one a minute.
+func (b *bucket) refill(now time.Time, capped bool) {
+	dt := max(0, now.Sub(b.last))
+	if b.mirror && b.lone() {
+		if !capped {
+			// With no answer on its way, the room proven is the last
+			// one's, older by dt: refilled as a bucket would be, it lets
+			// one request go to ask, where the server showed less than
+			// the floor (others' use not yet estimated).
+			b.proven = math.Min(b.capacity, b.proven+dt.Seconds()*b.perSec)
+		}
+		b.level, b.last = math.Min(b.proven, b.floor(now)), now
+		return
 	}
+	if dt <= 0 {
+		return
+	}
+	b.last = now
+	next := math.Min(b.capacity, b.level+dt.Seconds()*(b.perSec-b.othersPerSec))
+	if capped && b.mirror {
+		next = math.Min(next, b.proven)
+	}
+	b.level = math.Max(b.level, next)
 }
 
 // limitSpan is the span of the limits vramq follows, per minute: whatever
@@ -108,21 +223,48 @@ func (b *bucket) refill(now time.Time) {
 // here, which is why the figures are taken in real time.
 const limitSpan = time.Minute
 
-// charge records this process's cost of a request sent at now (mirrors).
-func (b *bucket) charge(cost float64, now time.Time) {
-	b.own = append(b.own, sent{now, cost})
+// rateReading sets a mirror's refill from a rate its server's headers
+// imply at now, (limit − remaining) / reset: the least such rate read
+// within the limit's span, never below the limit a minute. For a bucket
+// the reading is the same at every answer (the reset is the time to a
+// full bucket); a window's reset is the time to its next minute or its
+// oldest charge, and near a fixed minute's end it reads as many times the
+// limit: a mirror refilled at that sent the next minute's limit at once
+// and met 429s before the minute was out. The least reading of a minute
+// holds for both, and a test server's faster clock still reads faster.
+func (b *bucket) rateReading(perSec float64, now time.Time) {
+	i := 0
+	for i < len(b.readings) && now.Sub(b.readings[i].at) > limitSpan {
+		i++
+	}
+	// Only the readings that may yet be the least are kept: each is below
+	// every later one.
+	j := len(b.readings)
+	for j > i && b.readings[j-1].tokens >= perSec {
+		j--
+	}
+	b.readings = append(b.readings[i:j], sent{now, perSec, 0})
+	b.perSec = math.Max(b.readings[0].tokens, b.capacity/limitSpan.Seconds())
 }
 
-// ownWithin is what this process sent within the limit's span.
-func (b *bucket) ownWithin(now time.Time) float64 {
+// charge records this process's cost of a request sent at now, its
+// reservation seq (mirrors).
+func (b *bucket) charge(cost float64, now time.Time, seq uint64) {
+	b.own = append(b.own, sent{now, cost, seq})
+}
+
+// ownWithin is what this process sent within span (and a transit) of now.
+func (b *bucket) ownWithin(now time.Time, span time.Duration) float64 {
 	i := 0
-	for i < len(b.own) && now.Sub(b.own[i].at) > limitSpan {
+	for i < len(b.own) && now.Sub(b.own[i].at) >= limitSpan+transit {
 		i++
 	}
 	b.own = append(b.own[:0], b.own[i:]...)
 	sum := 0.0
 	for _, s := range b.own {
-		sum += s.tokens
+		if now.Sub(s.at) < span+transit {
+			sum += s.tokens
+		}
 	}
 	return sum
 }
@@ -151,7 +293,7 @@ func (b *bucket) estimate(level float64, now time.Time) {
 	case now.Sub(b.estAt) < time.Second:
 		return
 	}
-	others := math.Max(0, b.capacity-level-b.ownWithin(now)) / limitSpan.Seconds()
+	others := math.Max(0, b.capacity-level-b.ownWithin(now, limitSpan)) / limitSpan.Seconds()
 	b.othersPerSec = math.Min(othersShare*b.perSec, 0.7*b.othersPerSec+0.3*others)
 	b.estAt = now
 }
@@ -168,7 +310,13 @@ func (e *tooLargeError) Error() string {
 }
 
 type rates struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// sends are this process's requests of the last paceSpan, oldest
+	// first (perSecond).
+	sends       []time.Time
+	paused      *prometheus.HistogramVec
+	loggedUntil time.Time // the end of the last pause logged
+
 	own     [2]*bucket
 	srv     [2]*bucket
 	marginK float64
@@ -179,17 +327,31 @@ type rates struct {
 	// answered is whether the server has answered yet: until it has, its
 	// limits are unknown (learnedWithin).
 	answered bool
-	waits    *waits
-	log      *slog.Logger
+	// inflight is the requests that took a reservation and have not
+	// settled it: answers on their way.
+	inflight int
+	seq      uint64 // of the last reservation
+	// windowRequests is the most requests a window of unnamed length has
+	// been shown to hold (perSecond).
+	windowRequests float64
+	waits          *waits
+	log            *slog.Logger
 }
 
 type sent struct {
 	at     time.Time
 	tokens float64
+	seq    uint64 // the reservation's (mirrors' own sends)
 }
 
 func newRates(tpm, rpm int, now time.Time, w *waits) *rates {
-	r := &rates{marginK: marginMin, changed: make(chan struct{}), waits: w, log: w.log}
+	r := &rates{marginK: marginMin, changed: make(chan struct{}), waits: w, log: w.log,
+		paused: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "vramq_subscriber_model_server_rate_wait_seconds",
+			Help: "Time a request waited before it was sent, for room under a rate limit this process keeps by its own " +
+				"reckoning (each wait at most a minute), by the limit of its longest wait.",
+			Buckets: []float64{0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60},
+		}, []string{"limit"})}
 	if tpm > 0 {
 		r.own[kindTokens] = newBucket(float64(tpm), now, false)
 	}
@@ -203,6 +365,47 @@ func newRates(tpm, rpm int, now time.Time, w *waits) *rates {
 type reservation struct {
 	tokens float64
 	at     time.Time // when it was taken: the request's entry in rates.recent
+	seq    uint64    // which one: several may be taken at one instant
+}
+
+// Pauses this process imposes on itself, by its own reckoning of a limit
+// (take), are bounded by the limit's span: every limit here is per minute,
+// and whatever its kind gives back within a minute what was taken from it,
+// so a longer wait is the estimate of others' use speaking, which the
+// server's next answer corrects better than a wait does. A pause of
+// longPause or more is logged with its reason; every one is counted
+// (rates.paused).
+const longPause = 10 * time.Second
+
+// paceSpan is the span over which requests are spread: Azure OpenAI
+// evaluates its requests limit over windows of 1 s or 10 s, each taking
+// RPM × window / 1m, and OpenAI may enforce its limits over sub-minute
+// windows. At most a second's share of the RPM goes in any second and a
+// transit, so that the server, which sees them a transit late, counts no
+// more in any of its seconds.
+const paceSpan = time.Second + transit
+
+// answerRecheck is the longest a request waits for an answer on its way to
+// prove room for it before it looks again (an answer wakes it sooner).
+const answerRecheck = time.Second
+
+// perSecond is the requests that may go within any paceSpan: a second's
+// share of the least requests limit, after the others' estimated use of
+// a mirror's, at least one; ok is false with no requests limit known. A
+// window's count that no header names the length of (Azure's) is taken
+// as 10 s's: a tenth of it a second is within it whether its window is
+// 1 s or 10 s. r.mu is held.
+func (r *rates) perSecond() (n int, ok bool) {
+	n = math.MaxInt
+	if r.windowRequests > 0 {
+		n, ok = max(1, int(r.windowRequests/10)), true
+	}
+	for _, b := range []*bucket{r.own[kindRequests], r.srv[kindRequests]} {
+		if b != nil {
+			n, ok = min(n, max(1, int((b.perSec-b.othersPerSec)*time.Second.Seconds()))), true
+		}
+	}
+	return n, ok
 }
 
 // take waits until every bucket has room for a request of tokens, and
@@ -210,11 +413,24 @@ type reservation struct {
 // *fault.BackoffError at once, with when it would end.
 func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (reservation, error) {
 	cost := [2]float64{float64(tokens), 1}
+	var waited, longest time.Duration
+	held := ""
 	for {
 		r.mu.Lock()
 		now := time.Now()
 		var wait time.Duration
-		var which string
+		var which, label string
+		pending := false // the longest wait ends with an answer on its way
+		if n, ok := r.perSecond(); ok {
+			i := 0
+			for i < len(r.sends) && now.Sub(r.sends[i]) >= paceSpan {
+				i++
+			}
+			r.sends = append(r.sends[:0], r.sends[i:]...)
+			if len(r.sends) >= n {
+				wait, which, label = r.sends[len(r.sends)-n].Add(paceSpan).Sub(now), "requests per second", "requests_per_second"
+			}
+		}
 		for k := range 2 {
 			for _, b := range []*bucket{r.own[k], r.srv[k]} {
 				if b == nil {
@@ -232,49 +448,90 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					// and its answer's headers set the mirror again.
 					continue
 				}
-				b.refill(now)
+				b.refill(now, r.inflight > 0)
 				margin := 0.0
-				if b.mirror {
+				if b.mirror && !b.lone() {
+					// Alone, its floor and the proven room are exact or err
+					// low: no margin for others' sends between answers.
 					margin = math.Max(0, math.Min(r.margin(k), b.capacity-cost[k]))
 				}
-				if need := cost[k] + margin - b.level; need > 0 {
-					w := seconds(need / (b.perSec - b.othersPerSec))
+				// With an answer on its way, a shared mirror sends only into
+				// room proven.
+				need := cost[k] + margin - b.level
+				if unconfirmed := b.mirror && !b.lone() && r.inflight > 0 && b.proven < cost[k]+margin; need > 0 || unconfirmed {
+					w := min(limitSpan, seconds(max(0, need)/(b.perSec-b.othersPerSec)))
+					source, unproven := "configured_", false
 					if b.mirror {
+						source = "server_"
+						switch {
+						case b.lone() && b.floor(now) < cost[k]+margin:
+							// Until its own sends leave the span.
+							w = b.floorWait(cost[k]+margin, now)
+						case r.inflight > 0:
+							// Room an answer on its way may prove: it
+							// wakes this wait, which is no reason to give
+							// the batch back.
+							w, unproven = answerRecheck, true
+						}
 						w = r.waits.server(w, "x-ratelimit-"+kindNames[k], "")
 					}
 					if w > wait {
-						wait, which = w, kindNames[k]
+						wait, which, label, pending = w, kindNames[k]+" per minute", source+kindNames[k], unproven
 					}
 				}
 			}
 		}
 		if wait <= 0 {
+			r.seq++
+			if held != "" {
+				r.paused.WithLabelValues(held).Observe(waited.Seconds())
+			}
+			r.sends = append(r.sends, now)
 			for k := range 2 {
 				for _, b := range []*bucket{r.own[k], r.srv[k]} {
 					if b != nil {
 						b.level -= cost[k]
 						if b.mirror {
-							b.charge(cost[k], now)
+							b.proven -= cost[k]
+							b.charge(cost[k], now, r.seq)
 						}
 					}
 				}
 			}
-			r.recent = append(r.recent, sent{now, cost[kindTokens]})
+			r.recent = append(r.recent, sent{now, cost[kindTokens], r.seq})
+			r.inflight++
 			if r.typical == 0 {
 				r.typical = cost[kindTokens]
 			} else {
 				r.typical += 0.1 * (cost[kindTokens] - r.typical)
 			}
+			res := reservation{tokens: cost[kindTokens], at: now, seq: r.seq}
 			r.mu.Unlock()
-			return reservation{tokens: cost[kindTokens], at: now}, nil
+			return res, nil
 		}
 		ch := r.changed
+		until := now.Add(wait)
+		logIt := wait >= longPause && until.After(r.loggedUntil)
+		if logIt {
+			r.loggedUntil = until
+		}
 		r.mu.Unlock()
-		if until := now.Add(wait); until.After(deadline) {
-			return reservation{}, &fault.BackoffError{Until: until, Reason: "rate limit: " + which + " per minute"}
+		if logIt {
+			r.log.Info("requests wait for room under the rate limit", "limit", which, "wait", wait, "until", until,
+				"source", label)
+		}
+		if until.After(deadline) && !pending {
+			return reservation{}, &fault.BackoffError{Until: until, Reason: "rate limit: " + which}
 		}
 		wait = r.waits.spread(wait)
-		if err := sleep(ctx, wait, ch); err != nil {
+		start := time.Now()
+		err := sleep(ctx, wait, ch)
+		waited += time.Since(start)
+		if wait > longest {
+			longest, held = wait, label
+		}
+		if err != nil {
+			r.paused.WithLabelValues(held).Observe(waited.Seconds())
 			return reservation{}, err
 		}
 	}
@@ -330,7 +587,7 @@ func (r *rates) learnedWithin(d time.Duration, preAnswer float64) (tokens float6
 		if b == nil {
 			continue
 		}
-		b.refill(now)
+		b.refill(now, r.inflight > 0)
 		n := (b.perSec-b.othersPerSec)*d.Seconds() + math.Max(0, b.level-r.margin(k))
 		if k == kindRequests {
 			n *= r.typical
@@ -351,14 +608,33 @@ func (r *rates) margin(k int) float64 {
 // settle gives an own tokens bucket back what a request did not use: used
 // is its usage's total tokens, 0 for a request that generated nothing.
 func (r *rates) settle(res reservation, used int64) {
-	b := r.own[kindTokens]
-	if b == nil || res.tokens == 0 {
+	if res.at.IsZero() {
 		return
 	}
 	r.mu.Lock()
-	b.level = math.Min(b.capacity, b.level+res.tokens-float64(used))
+	r.inflight--
+	if b := r.own[kindTokens]; b != nil {
+		b.level = math.Min(b.capacity, b.level+math.Max(0, res.tokens-float64(used)))
+	}
 	r.mu.Unlock()
 	r.notify()
+}
+
+// charged records what an answered request was charged by a limiter that
+// charges at arrival: its usage's prompt tokens plus floor, the request's
+// certain part (call.floor: max output × choices, and the prompt tokens
+// counted exactly, counted twice here, which errs high), never more than
+// its reservation. A limiter that counts usage charges less. The floor of
+// a lone mirror (bucket.floor) counts it so from now on.
+func (r *rates) charged(res reservation, promptTokens, floor int64) {
+	if res.at.IsZero() || promptTokens <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b := r.srv[kindTokens]; b != nil {
+		b.charged(res.seq, float64(promptTokens+floor))
+	}
 }
 
 // limited records a 429 of the server's rate limiter: the mirrors keep a
@@ -408,11 +684,45 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 	}
 	more := false
 	for k, kind := range kindNames {
+		took := [2]float64{tokens, 1}[k]
 		limit, okL := headerNumber(h, "x-ratelimit-limit-"+kind)
+		inferred := false
+		if !okL {
+			// Azure OpenAI sends remaining counts and no limit: the
+			// tokens of its minute, the requests of a window of 1 s or
+			// 10 s, which one it does not say. A window's requests are
+			// spread (perSecond), not mirrored over a minute; a
+			// configured RPM spreads them as it is.
+			remaining, okR := headerNumber(h, "x-ratelimit-remaining-"+kind)
+			if !okR {
+				continue
+			}
+			if k == kindRequests {
+				if ok && r.own[k] == nil {
+					r.windowRequests = math.Max(r.windowRequests, remaining+took)
+				}
+				continue
+			}
+			// The tokens limit is the configured one, else at least what
+			// remains plus what the answered request took from it, the
+			// most any answer has shown.
+			switch {
+			case r.own[k] != nil:
+				limit = r.own[k].capacity
+			case !ok:
+				limit = remaining
+			default:
+				limit = remaining + took
+			}
+			if b := r.srv[k]; b != nil && b.inferred {
+				limit = math.Max(limit, b.capacity)
+			}
+			okL, inferred = true, true
+		}
 		if !okL || limit <= 0 {
 			continue
 		}
-		if took := [2]float64{tokens, 1}[k]; ok && limit < took {
+		if ok && limit < took && !inferred {
 			if r.srv[k] != nil {
 				r.srv[k] = nil
 				more = true
@@ -427,28 +737,32 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			r.srv[k] = b
 			more = true
 		}
-		b.capacity = limit
+		b.capacity, b.inferred = limit, inferred
+		if inferred {
+			b.perSec = limit / limitSpan.Seconds()
+		}
 		remaining, okR := headerNumber(h, "x-ratelimit-remaining-"+kind)
 		reset, okT := parseReset(h.Get("x-ratelimit-reset-" + kind))
 		if okT {
 			reset = r.waits.server(reset, "x-ratelimit-reset-"+kind, h.Get("x-ratelimit-reset-"+kind))
 		}
 		if okR && okT && remaining < limit && reset > 0 {
-			// Never below the limit a minute: a window's reset is the time
-			// to its next minute or its oldest charge, not to a full
-			// bucket, and early in a fixed minute (limit − remaining) /
-			// reset read as a refill of a few tokens a second, a wait of
-			// 20 minutes for one message (bench/modelserver.md). A faster
-			// clock (a test server) still reads faster.
-			b.perSec = math.Max((limit-remaining)/reset.Seconds(), limit/60)
+			// Never below the limit a minute: early in a fixed minute
+			// (limit − remaining) / reset read as a refill of a few tokens
+			// a second, a wait of 20 minutes for one message
+			// (bench/modelserver.md).
+			b.rateReading((limit-remaining)/reset.Seconds(), now)
 		}
 		if okR {
-			b.refill(now)
-			before := b.level
-			b.level, b.last = math.Min(remaining, limit)-unseen[k], now
+			b.refill(now, r.inflight > 0)
+			before := b.proven
+			// The answer proves its remaining count (a lone mirror's level
+			// is also bounded by its floor: refill).
+			b.proven = math.Min(remaining, limit) - unseen[k]
+			b.level, b.last = b.proven, now
 			b.estimate(math.Min(remaining, limit), now)
-			// Waiters wake only for more room than they were promised.
-			more = more || b.level > before
+			// Waiters wake only for more room than was proven.
+			more = more || b.proven > before
 		}
 	}
 	if more {

@@ -3,11 +3,18 @@ package modelserver
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
@@ -85,7 +92,9 @@ func TestThreeModelsShareOneLimit(t *testing.T) {
 }
 
 // A limit configured here paces requests on its own, without any header,
-// and gets back what usage shows a request did not use.
+// and gets back what usage shows a request did not use. Requests go at
+// most a second's share of the RPM in any second (paceSpan): a bucket of a
+// minute would send 60 at once, which Azure's 1 s windows refuse.
 func TestOwnLimitsPaceAndRefund(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{})
@@ -97,13 +106,13 @@ func TestOwnLimitsPaceAndRefund(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// 60 RPM: a bucket of 60, so three go at once.
-		if d := time.Since(start); d > time.Second {
-			t.Errorf("3 requests under 60 RPM took %v", d)
+		// 60 RPM: one a second (and a transit), never three at once.
+		if d := time.Since(start); d < 2*paceSpan || d > 3*time.Second {
+			t.Errorf("3 requests under 60 RPM took %v; want them a second apart, %v in all", d, 2*paceSpan)
 		}
 		b := m.rates.own[kindTokens]
 		m.rates.mu.Lock()
-		b.refill(time.Now())
+		b.refill(time.Now(), false)
 		level := b.level
 		m.rates.mu.Unlock()
 		if level < 100000-3*20 {
@@ -195,25 +204,98 @@ func TestContradictoryLimitDropsTheMirror(t *testing.T) {
 // real time with 32-item messages (bench/modelserver.md, "Against each
 // limiter kind").
 func TestOneModelAgainstASlidingWindow(t *testing.T) {
-	oneModelAgainst(t, fakeoai.LimitSlidingWindow)
+	oneModelAgainst(t, fakeoai.RateLimits{TPM: 40000, RPM: 2000, Kind: fakeoai.LimitSlidingWindow}, false, 0.95)
 }
 
-func oneModelAgainst(t *testing.T, kind fakeoai.LimitKind) {
-	const tpm, minutes = 40000, 6
+// Issue 33, Build item 1: Azure OpenAI evaluates requests over 1 s or 10 s
+// windows (10 a second at 600 RPM) and charges each its estimate at
+// arrival against a count reset every minute; its headers give remaining
+// counts (tokens of the minute, requests of the window) and no limit or
+// window length. Sixteen callers of single small requests would send past
+// both; a lone subscriber holds at most 1% 429s after the first minute and
+// uses at least 0.95 of the binding limit (requests here), configured or
+// learned from a 10 s window's counts, as Azure's answers show them.
+// Learned from a 1 s window's, it spreads a tenth of the window's count a
+// second (perSecond), a tenth of the RPM: no 429, and no figure asked.
+func TestOneModelAgainstAzure(t *testing.T) {
+	for _, c := range []struct {
+		window     time.Duration
+		configured bool
+		least      float64
+	}{{10 * time.Second, false, 0.95}, {10 * time.Second, true, 0.95}, {time.Second, true, 0.95}, {time.Second, false, 0}} {
+		t.Run(fmt.Sprintf("window=%v,configured=%v", c.window, c.configured), func(t *testing.T) {
+			oneModelAgainst(t, fakeoai.RateLimits{TPM: 40000, RPM: 600, Kind: fakeoai.LimitAzure, Window: c.window}, c.configured, c.least)
+		})
+	}
+}
+
+// Issue 33, Build item 2: LiteLLM's fixed minute (tokens counted from
+// usage, a request admitted while the count is below the limit) with at
+// most 1% 429s after the first minute.
+//
+// A lone subscriber counts each request at what a limiter charging at
+// arrival takes (prompt + max_tokens), which LiteLLM's usage falls short
+// of by the output not generated: here outputs are max_tokens less 4.
+func TestOneModelAgainstAFixedWindow(t *testing.T) {
+	oneModelSends(t, fakeoai.RateLimits{TPM: 40000, RPM: 2000, Kind: fakeoai.LimitFixedWindow}, false, 0.9, func(w, i int) job.Item {
+		return chatItem(fmt.Sprintf("w%di%d", w, i), fmt.Sprintf("[[len=60]] tell me about %d and %d", w, i), 64)
+	})
+}
+
+// oneModelAgainst runs 16 callers of one Model against a server of limits
+// for six minutes, its limits configured too when configured, and wants at
+// least least of the binding limit used in every minute after the first
+// (none asked for 0), with at most 1% 429s.
+func oneModelAgainst(t *testing.T, limits fakeoai.RateLimits, configured bool, least float64) {
+	oneModelSends(t, limits, configured, least, func(w, i int) job.Item {
+		return chatItem(fmt.Sprintf("w%di%d", w, i), fmt.Sprintf("tell me about %d and %d", w, i), 64)
+	})
+}
+
+// Issue 33: the benchmark's requests (prompts of 50 to 2,000 tokens,
+// max_tokens 16 to 512, outputs 40 to 100% of it) pass about 47 a minute
+// under 60,000 TPM, so one refused request a minute is 2% of them: a
+// lone subscriber that sent into a window's end once a minute (its refill
+// counted between answers, where a window gives nothing back) met that
+// against every window kind. Now none, learned or configured.
+func TestOneModelAgainstEachWindowLargeRequests(t *testing.T) {
+	for _, kind := range []fakeoai.LimitKind{fakeoai.LimitSlidingWindow, fakeoai.LimitFixedWindow, fakeoai.LimitAzure} {
+		for _, configured := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s,configured=%v", kind, configured), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(33, uint64(len(kind))))
+				var mu sync.Mutex
+				oneModelSends(t, fakeoai.RateLimits{TPM: 60000, RPM: 600, Kind: kind}, configured, 0.9, func(w, i int) job.Item {
+					mu.Lock()
+					prompt, maxTokens := 50+rng.IntN(1951), 16+rng.IntN(497)
+					out := max(1, int(float64(maxTokens)*(0.4+0.6*rng.Float64())))
+					mu.Unlock()
+					return chatItem(fmt.Sprintf("w%di%d", w, i), fmt.Sprintf("[[len=%d]] w%di%d%s", out, w, i, strings.Repeat(" w", prompt-10)), maxTokens)
+				})
+			})
+		}
+	}
+}
+
+// oneModelSends is oneModelAgainst with the items of item(caller, i).
+func oneModelSends(t *testing.T, limits fakeoai.RateLimits, configured bool, least float64, item func(w, i int) job.Item) {
+	const minutes = 6
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{
-			Limits:       fakeoai.RateLimits{TPM: tpm, RPM: 2000, Kind: kind},
+			Limits:       limits,
 			TokenLatency: 20 * time.Millisecond,
 		})
 		defer s.Close()
 		end := s.Now().Add(minutes*time.Minute + 30*time.Second)
-		m := openOn(t, s, Config{MaxConcurrency: 16})
+		cfg := Config{MaxConcurrency: 16}
+		if configured {
+			cfg.TPM, cfg.RPM = limits.TPM, limits.RPM
+		}
+		m := openOn(t, s, cfg)
 		var wg sync.WaitGroup
 		for w := range 16 {
 			wg.Go(func() {
 				for i := 0; s.Now().Before(end); i++ {
-					item := chatItem(fmt.Sprintf("w%di%d", w, i), fmt.Sprintf("tell me about %d and %d", w, i), 64)
-					_, err := m.Run(context.Background(), "", []job.Item{item})
+					_, err := m.Run(context.Background(), "", []job.Item{item(w, i)})
 					if until, ok := fault.BackoffUntil(err); ok {
 						time.Sleep(time.Until(until))
 						continue
@@ -231,11 +313,15 @@ func oneModelAgainst(t *testing.T, kind fakeoai.LimitKind) {
 		for i, mn := range st.Minutes[1:minutes] {
 			answers += mn.Answers
 			limited += mn.RateLimited
-			used := float64(mn.Tokens) / tpm
-			t.Logf("minute %d: %d requests, %d tokens (%.3f of the limit), %d answers, %d 429s", i+1, mn.Requests, mn.Tokens, used,
+			tokens := mn.Tokens
+			if limits.Kind == fakeoai.LimitFixedWindow {
+				tokens = mn.PromptTokens + mn.CompletionTokens // what LiteLLM counts
+			}
+			used := max(float64(tokens)/float64(limits.TPM), float64(mn.Requests)/float64(limits.RPM))
+			t.Logf("minute %d: %d requests, %d tokens (%.3f of the binding limit), %d answers, %d 429s", i+1, mn.Requests, tokens, used,
 				mn.Answers, mn.RateLimited)
-			if used < 0.9 {
-				t.Errorf("minute %d: %.3f of the limit; want at least 0.9", i+1, used)
+			if used < least {
+				t.Errorf("minute %d: %.3f of the binding limit; want at least %.2f", i+1, used, least)
 			}
 		}
 		if answers == 0 || float64(limited) > 0.01*float64(answers) {
@@ -281,8 +367,8 @@ func TestOthersWeighedOverTheMinute(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	b := newBucket(60000, now, true)
 	b.estimate(60000, now) // the first reading
-	b.charge(25000, now.Add(10*time.Second))
-	b.charge(25000, now.Add(20*time.Second))
+	b.charge(25000, now.Add(10*time.Second), 1)
+	b.charge(25000, now.Add(20*time.Second), 2)
 	b.perSec = 20000 // (limit − remaining) / reset with a reset of seconds
 	b.estimate(8000, now.Add(30*time.Second))
 	// Deficit 52,000, of which this process sent 50,000: 2,000 a minute
@@ -290,4 +376,114 @@ func TestOthersWeighedOverTheMinute(t *testing.T) {
 	if got := b.othersPerSec; got > 20 {
 		t.Errorf("others' use %v a second; want about 10 (0.3 of 33): this process's own sends are not others'", got)
 	}
+}
+
+// A fixed minute's reset near its end is seconds, and (limit − remaining)
+// / reset reads as many times the limit: the mirror refills at the least
+// rate read within the minute, here the limit a minute, not at the
+// reading that would send the next minute's limit at once.
+func TestRefillIsTheMinutesLeastReading(t *testing.T) {
+	now := time.Now()
+	r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+	r.sync(header("limit-tokens", "60000", "remaining-tokens", "59000", "reset-tokens", "59s"), now, true, 1000, time.Time{})
+	h := header("limit-tokens", "60000", "remaining-tokens", "2000", "reset-tokens", "2s")
+	r.sync(h, now.Add(57*time.Second), true, 1000, time.Time{})
+	if got := r.srv[kindTokens].perSec; got > 1001 {
+		t.Errorf("refill %.0f tokens a second two seconds before a fixed minute's end; want 1,000 (60,000 a minute)", got)
+	}
+	// A bucket's readings agree, a faster one (a test server's clock) included.
+	h.Set("x-ratelimit-remaining-tokens", "50000")
+	h.Set("x-ratelimit-reset-tokens", "1s")
+	for i := range 3 {
+		r.sync(h, now.Add(time.Duration(3+i)*time.Minute), true, 1000, time.Time{})
+	}
+	if got := r.srv[kindTokens].perSec; got != 10000 {
+		t.Errorf("refill %.0f tokens a second after a minute of readings of 10,000; want 10,000", got)
+	}
+}
+
+// Azure sends x-ratelimit-remaining-* and no limit: the mirrors follow the
+// remaining counts, each limit at least what remains plus what the
+// answered request took, the most any answer has shown.
+func TestLimitInferredFromRemaining(t *testing.T) {
+	now := time.Now()
+	r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+	r.sync(header("remaining-tokens", "58000", "remaining-requests", "90"), now, true, 1000, time.Time{})
+	r.sync(header("remaining-tokens", "59000", "remaining-requests", "99"), now.Add(time.Minute), true, 1000, time.Time{})
+	h := header("remaining-tokens", "10000", "remaining-requests", "99")
+	r.sync(h, now.Add(time.Minute+30*time.Second), true, 1000, time.Time{})
+	tok, req := r.srv[kindTokens], r.srv[kindRequests]
+	if tok == nil || tok.capacity != 60000 || tok.level != 10000 || tok.perSec != 1000 {
+		t.Errorf("tokens mirror %+v; want capacity 60,000 (59,000 + 1,000), level 10,000, 1,000 a second", tok)
+	}
+	// The requests count is a window's, 1 s or 10 s long: a tenth of it a
+	// second, no mirror of a minute.
+	if req != nil {
+		t.Errorf("requests mirror %+v; want none", req)
+	}
+	if n, _ := r.perSecond(); n != 10 {
+		t.Errorf("%d requests a second; want 10", n)
+	}
+	// Configured limits are the limits the remaining counts count down from.
+	r = newRates(30000, 0, now, newWaits(time.Hour, quiet()))
+	r.sync(h, now, true, 1000, time.Time{})
+	if tok := r.srv[kindTokens]; tok == nil || tok.capacity != 30000 {
+		t.Errorf("tokens mirror %+v; want the configured 30,000", tok)
+	}
+}
+
+// Issue 33, Build item 2: a pause this process imposes on itself by its
+// own reckoning is at most a minute, whatever its estimate of others' use,
+// is logged with its reason when long, and is counted.
+func TestSelfPauseBoundedLoggedCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs strings.Builder
+		log := slog.New(slog.NewTextHandler(&logs, nil))
+		now := time.Now()
+		r := newRates(0, 0, now, newWaits(time.Hour, log))
+		b := newBucket(60000, now, true)
+		b.level, b.othersPerSec = 0, othersShare*b.perSec // a refill of 50 a second left to this process
+		r.srv[kindTokens], r.answered, r.typical = b, true, 1000
+		_, err := r.take(t.Context(), 30000, now)
+		until, ok := fault.BackoffUntil(err)
+		if !ok || until.Sub(now) > limitSpan {
+			t.Fatalf("take: %v; want a backoff of at most %v (the estimate alone says 10 minutes)", err, limitSpan)
+		}
+		if !strings.Contains(logs.String(), "requests wait for room under the rate limit") || !strings.Contains(logs.String(), "limit=\"tokens per minute\"") {
+			t.Errorf("log %q; want the pause and its reason", logs.String())
+		}
+		// A wait taken is counted by the limit that held it.
+		r = newRates(600, 0, now, newWaits(time.Hour, quiet()))
+		for range 2 {
+			if _, err := r.take(t.Context(), 300, now.Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := testutil.CollectAndCount(r.paused); n != 0 {
+			t.Errorf("%d series after two requests that fit; want none", n)
+		}
+		if _, err := r.take(t.Context(), 300, now.Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(now); d < 30*time.Second {
+			t.Errorf("the third request of 300 under 600 a minute went after %v; want 30 s", d)
+		}
+		var m dto.Metric
+		if err := r.paused.WithLabelValues("configured_tokens").(prometheus.Histogram).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if n, sum := m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum(); n != 1 || sum < 30 {
+			t.Errorf("pauses counted: %d, %.1f s; want 1 of 30 s", n, sum)
+		}
+	})
+}
+
+// header is x-ratelimit-* headers from name, value pairs, the names
+// without the prefix.
+func header(kv ...string) http.Header {
+	h := http.Header{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		h.Set("x-ratelimit-"+kv[i], kv[i+1])
+	}
+	return h
 }

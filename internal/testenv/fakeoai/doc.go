@@ -102,8 +102,12 @@
 //     ChatCompletions_Create Operation under Azure OpenAI API version ...
 //     have exceeded token rate limit of your current OpenAI S0 pricing
 //     tier. Please retry after N seconds. ..."}}; the headers are
-//     x-ratelimit-remaining-{requests,tokens}, of the minute, so a client
-//     can see requests left and still be refused.
+//     x-ratelimit-remaining-{requests,tokens}: tokens of the minute, requests
+//     of the short window (Microsoft Q&A 2156987: at 300 RPM the headers
+//     start at 50 requests, 10 seconds' worth, and 50,000 tokens, the TPM;
+//     https://clemenssiebler.com/posts/understanding-azure-openai-x-ratelimit-remaining-tokens-x-ratelimit-remaining-requests-headers/:
+//     at 120 RPM, 19 requests remain after one). A client sees no limit and
+//     no window length, and may see requests left and still be refused.
 //
 // What the kinds cannot show: Anthropic's separate input and output token
 // limits (ITPM, OTPM; one TPM here, charged prompt + max_tokens, and its

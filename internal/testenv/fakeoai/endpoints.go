@@ -160,6 +160,7 @@ func (s *Server) serveModel(rw http.ResponseWriter, r *http.Request) {
 	m := s.minute(now)
 	m.Requests++
 	m.Tokens += int64(cost)
+	s.second(now).Tokens += int64(cost)
 
 	// The server behind: TGI's concurrency, vLLM's queue, then the scheduler.
 	seqs := len(wk.inputs)
@@ -214,6 +215,7 @@ func (s *Server) serveModel(rw http.ResponseWriter, r *http.Request) {
 	m = s.minute(now)
 	m.PromptTokens += int64(wk.prompt)
 	m.CompletionTokens += int64(completionTokens)
+	s.second(now).Used += int64(wk.prompt + completionTokens)
 	s.stats.PromptTokens += int64(wk.prompt)
 	s.stats.CompletionTokens += int64(completionTokens)
 	s.ids++

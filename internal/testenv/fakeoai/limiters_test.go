@@ -124,8 +124,8 @@ func TestFixedWindowResetsAtTheMinute(t *testing.T) {
 }
 
 // Azure evaluates requests over short windows: at 600 RPM and 1 s windows,
-// the 11th request in a second is refused while the minute has 589 left,
-// which is all its headers tell; the next second admits again. Tokens are
+// the 11th request in a second is refused, its headers saying none is left
+// in the window; the next second admits again. Tokens are
 // an estimate at arrival counting best_of, against a minute's count.
 func TestAzurePerSecondCap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -141,7 +141,7 @@ func TestAzurePerSecondCap(t *testing.T) {
 			!strings.Contains(got, "exceeded call rate limit") || !strings.Contains(got, `"code":"429"`) {
 			t.Fatalf("11th in the first second: %d %s", res.StatusCode, got)
 		}
-		wantHeaders(t, res, map[string]string{"retry-after-ms": "1000", "Retry-After": "1", "x-ratelimit-remaining-requests": "589",
+		wantHeaders(t, res, map[string]string{"retry-after-ms": "1000", "Retry-After": "1", "x-ratelimit-remaining-requests": "0",
 			"x-ratelimit-limit-requests": "", "x-ratelimit-reset-requests": "", "x-ratelimit-limit-tokens": ""})
 		time.Sleep(time.Second)
 		if res, _ := post(t, s, "/v1/chat/completions", chatBody("hi", 5)); res.StatusCode != http.StatusOK {
@@ -153,7 +153,7 @@ func TestAzurePerSecondCap(t *testing.T) {
 		defer s.Close()
 		body := `{"model":"fake-model","prompt":"a b","max_tokens":10,"best_of":5}` // 2 + 10 × 5 = 52
 		res, _ := post(t, s, "/v1/completions", body)
-		wantHeaders(t, res, map[string]string{"x-ratelimit-remaining-tokens": "48", "x-ratelimit-remaining-requests": "59"})
+		wantHeaders(t, res, map[string]string{"x-ratelimit-remaining-tokens": "48", "x-ratelimit-remaining-requests": "9"})
 		time.Sleep(15 * time.Second)
 		res, got := post(t, s, "/v1/completions", body)
 		if res.StatusCode != http.StatusTooManyRequests || !strings.Contains(got, "exceeded token rate limit") || !strings.Contains(got, "retry after 45 seconds") {
@@ -241,5 +241,35 @@ func TestSetRateLimitsKind(t *testing.T) {
 		}
 		res, _ := post(t, s, "/v1/completions", completionBody("a b c d", 196)) // too large: headers only
 		wantHeaders(t, res, map[string]string{"x-ratelimit-remaining-tokens": "40", "x-ratelimit-reset-tokens": "36s"})
+	})
+}
+
+// The ledger by second holds what the minutes hold, each in the second it
+// was admitted or answered: the most any 60 s held is read from it.
+func TestLedgerBySecond(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: fakeoai.RateLimits{RPM: 600, TPM: 100_000}})
+		defer s.Close()
+		for range 3 {
+			if res, got := post(t, s, "/v1/chat/completions", chatBody("[[len=4]] hi", 5)); res.StatusCode != http.StatusOK {
+				t.Fatalf("%d %s", res.StatusCode, got)
+			}
+			time.Sleep(1500 * time.Millisecond)
+		}
+		st := s.Stats()
+		var tokens, used int64
+		busy := 0
+		for _, sec := range st.Seconds {
+			tokens += sec.Tokens
+			used += sec.Used
+			if sec.Tokens > 0 {
+				busy++
+			}
+		}
+		m := st.Minutes[0]
+		if tokens != m.Tokens || used != m.PromptTokens+m.CompletionTokens || busy != 3 {
+			t.Errorf("seconds hold %d tokens, %d used, in %d seconds; want the minute's %d and %d, in 3", tokens, used, busy, m.Tokens,
+				m.PromptTokens+m.CompletionTokens)
+		}
 	})
 }

@@ -34,8 +34,9 @@ const (
 	// LimitAzure is Azure OpenAI's: requests evaluated over short windows
 	// (Window, 1 s or 10 s) of RPM × Window / 1m each, tokens charged at
 	// arrival as an estimate (prompt + max_tokens × max(n, best_of))
-	// against a count reset every minute. Azure's x-ratelimit-remaining-*,
-	// retry-after-ms and Retry-After.
+	// against a count reset every minute. Azure's x-ratelimit-remaining-*
+	// (requests of the short window, tokens of the minute), retry-after-ms
+	// and Retry-After.
 	LimitAzure LimitKind = "azure"
 )
 
@@ -219,8 +220,8 @@ func (f *fixed) reset(now time.Time) time.Duration {
 }
 
 // both is Azure's requests limit: a short window's share of RPM and the
-// minute's RPM. The headers report the minute's remaining count, which is
-// why a client can see requests left and still be refused.
+// minute's RPM. x-ratelimit-remaining-requests is the short window's
+// count (doc.go, "Rate limiters").
 type both struct{ short, minute *fixed }
 
 func (b both) limit() int                 { return b.minute.lim }
@@ -229,7 +230,7 @@ func (b both) wait(cost float64, now time.Time) time.Duration {
 	return max(b.short.wait(cost, now), b.minute.wait(cost, now))
 }
 func (b both) take(cost float64, now time.Time)  { b.short.take(cost, now); b.minute.take(cost, now) }
-func (b both) remaining(now time.Time) float64   { return b.minute.remaining(now) }
+func (b both) remaining(now time.Time) float64   { return b.short.remaining(now) }
 func (b both) reset(now time.Time) time.Duration { return b.minute.reset(now) }
 
 // limiter holds the requests and tokens limits; a nil meter enforces

@@ -32,6 +32,7 @@ type Server struct {
 	limits   limiter
 	stats    Stats
 	minutes  []*minuteAcc
+	seconds  []Second
 	running  []*job // in the order they were scheduled
 	waiting  []*job
 	used     int                     // KV blocks held by running sequences

@@ -55,6 +55,18 @@ type Stats struct {
 	// Minutes is the ledger, one entry per server minute since New, the
 	// last one still running.
 	Minutes []Minute
+	// Seconds is the same ledger's tokens by server second, for the most
+	// any 60 s held (a limit over a minute says nothing of the minutes
+	// that straddle two of the ledger's).
+	Seconds []Second
+}
+
+// Second is one server second of the ledger's tokens.
+type Second struct {
+	// Tokens is what the rate limiter admitted (Minute.Tokens), Used the
+	// usage of the answers generated (PromptTokens + CompletionTokens),
+	// what a fixed window counts.
+	Tokens, Used int64
 }
 
 // Minute is one server minute of the ledger.
@@ -91,6 +103,15 @@ func (s *Server) minute(t time.Time) *minuteAcc {
 	return s.minutes[max(i, 0)]
 }
 
+// second returns the ledger's entry of server time t. s.mu is held.
+func (s *Server) second(t time.Time) *Second {
+	i := max(0, int(t.Sub(s.clock.start)/time.Second))
+	for len(s.seconds) <= i {
+		s.seconds = append(s.seconds, Second{})
+	}
+	return &s.seconds[i]
+}
+
 // Stats returns a snapshot of the counters and the ledger.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
@@ -103,6 +124,7 @@ func (s *Server) Stats() Stats {
 	st.Faults = maps.Clone(s.stats.Faults)
 	st.OnlineTTFTs = slices.Clone(s.stats.OnlineTTFTs)
 	st.Running, st.Waiting, st.KVBlocksUsed, st.NumGPUBlocks = len(s.running), len(s.waiting), s.used, s.cfg.NumGPUBlocks
+	st.Seconds = slices.Clone(s.seconds)
 	st.Minutes = make([]Minute, len(s.minutes))
 	for i, m := range s.minutes {
 		st.Minutes[i] = m.Minute
