@@ -11,7 +11,7 @@ locals {
   # The OOM-retries metric: how the subscriber publishes it to CloudWatch.
   # Every batch that runs out of memory and is split or set aside to run alone
   # (the vramq_subscriber_oom_retries_total counter on /metrics) logs exactly
-  # one of these two WARN lines (subscriber/runner.go); the filter counts them in
+  # one of these two WARN lines (subscriber/run.go); the filter counts them in
   # the task's JSON logs. No CloudWatch agent, no PutMetricData permission.
   oom_log_messages = [
     "out of memory; splitting the batch in halves",
@@ -20,7 +20,7 @@ locals {
 
   # The operator state: a subscriber whose model said nothing runs until a
   # person acts (a spent quota, a refused key, an unknown model) logs this
-  # line once, at ERROR (subscriber/pause.go), and sets
+  # line once, at ERROR (subscriber/run.go), and sets
   # vramq_subscriber_needs_operator to 1; it probes every -operator-probe and
   # resumes by itself once a probe gets through. The task stays up: its
   # liveness check ignores the state (a replacement has the same key and

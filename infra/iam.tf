@@ -253,7 +253,7 @@ data "aws_iam_policy_document" "subscriber" {
   }
 
   # Items' answers are kept until their chunk's result is out, then deleted
-  # (subscriber/answerstore.go); what a delete misses expires (bucket.tf).
+  # (subscriber/run.go); what a delete misses expires (bucket.tf).
   statement {
     sid       = "ForgetAnswers"
     actions   = ["s3:DeleteObject"]

@@ -590,13 +590,13 @@ func TestTheOOMMetricFilterMatchesTheSubscriberLogs(t *testing.T) {
 	if !msgs.IsKnown() || !msgs.CanIterateElements() || msgs.LengthInt() == 0 {
 		t.Fatal("local.oom_log_messages does not evaluate to a list of messages")
 	}
-	src, err := os.ReadFile(filepath.Join("..", "subscriber", "runner.go"))
+	src, err := os.ReadFile(filepath.Join("..", "subscriber", "run.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, v := range msgs.AsValueSlice() {
 		if !strings.Contains(string(src), "s.log.Warn("+strconv.Quote(v.AsString())) {
-			t.Errorf("the metric filter counts %q, which subscriber/runner.go no longer logs at WARN", v.AsString())
+			t.Errorf("the metric filter counts %q, which subscriber/run.go no longer logs at WARN", v.AsString())
 		}
 	}
 }

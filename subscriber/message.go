@@ -11,11 +11,15 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
+
+// A received message, and how it ends (Ack, Release, HandBack, DeadLetter, Cancel: the first end wins),
+// with the times it reached each stage.
 
 // A task is one received work message on its way through the stages, and
 // it owns its end. It holds its lease (the receipt, kept visible by the
@@ -51,13 +55,13 @@ type task struct {
 	raw    int64          // the model's own estimate of its working memory, bytes
 	factor float64        // the estimate correction cost was weighed with; 0 before admission
 	class  int            // the model's length class (gpu.LengthClasser); 0 without one
-	hold   *hold          // what it holds in admission (admission.go); nil before
+	hold   *hold          // what it holds in admission (admit.go); nil before
 	needs  backend.Vector // what it takes of the resources the model offers (backend.Offerer)
 	// answered holds the answers a backoff came with for some of its items
-	// while it waits (answered.go); nil when none.
+	// while it waits (run.go); nil when none.
 	answered *answered
 	// told is what its items' answers were, as they arrived, for a
-	// message run in parts (itemshed.go); nil for one that runs whole.
+	// message run in parts (run.go); nil for one that runs whole.
 	told *toldAnswers
 	// parts are how a message too large to run whole runs (parts.go); nil
 	// for one that runs whole. cost and raw are then its largest part's.
@@ -65,7 +69,7 @@ type task struct {
 	// ahead is the task's batch of one, launched while it waited for
 	// admission; nil when it was not. infer takes it.
 	ahead *launched
-	at    stamps // when it reached its stages (stages.go)
+	at    stamps // when it reached its stages (message.go)
 
 	ends  *ends       // what ending it needs; shared by every task of a Subscriber
 	ended atomic.Bool // an end was asked for: later ones do nothing
@@ -151,7 +155,7 @@ const (
 	// ends it once the result is out); nothing to end here.
 	carried outcomeKind = iota
 	// waits: the model asks to wait; the message waits holding its lease
-	// and its admission, and runs again after the wait (pause.go).
+	// and its admission, and runs again after the wait (run.go).
 	waits
 	acked        // its result or its DLQ copy is out: delete it
 	retried      // a failure that may be its own: release it after its retry delay
@@ -345,4 +349,87 @@ func truncateUTF8(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// A message's way through the subscriber, timed per stage in
+// vramq_subscriber_stage_seconds{stage} (docs/metrics.md), so that where
+// its latency goes is measured rather than guessed (bench/README.md,
+// "Adaptive batch delay"). Each stage is observed once per message, on the
+// way to a result only: a message that ends otherwise (released,
+// dead-lettered) leaves the stages it never reached unobserved.
+const (
+	stageAdmit  = "admit"  // receive (lease.received) to admitted
+	stageBatch  = "batch"  // admitted to the start of its first batch
+	stageRun    = "run"    // its successful batch's run on the model
+	stageEncode = "encode" // run end to its result's SendMessageBatch call: encode, store, outbox
+	stageSend   = "send"   // that call, to its result accepted by SQS
+	stageDelete = "delete" // result accepted to its delete confirmed
+)
+
+// stageBuckets run from 100 µs to a minute, a factor of √2 apart: light
+// load puts a stage at a fraction of a millisecond to a few, and a
+// histogram's median is only as fine as its buckets.
+var stageBuckets = prometheus.ExponentialBucketsRange(100e-6, 60, 40)
+
+// stamps are the times a task reached its stages; zero before.
+type stamps struct {
+	admitted time.Time
+	started  time.Time // its first batch's start
+	ran      time.Time // its successful batch's end
+	sending  time.Time // its result's SendMessageBatch call's start
+}
+
+// stages are the stage histogram's series, one per stage, looked up once:
+// a message observes five or six.
+var stages = []string{stageAdmit, stageBatch, stageRun, stageEncode, stageSend, stageDelete}
+
+func (m *metrics) observeStage(stage string, from, to time.Time) {
+	if from.IsZero() {
+		return
+	}
+	m.stages[stage].Observe(to.Sub(from).Seconds())
+}
+
+// admitted stamps t as admitted now.
+func (s *Subscriber) stampAdmitted(t *task) {
+	t.at.admitted = time.Now()
+	s.m.observeStage(stageAdmit, t.lease.received, t.at.admitted)
+}
+
+// stampStarted stamps tasks as started in a batch at start, the first time
+// only: a retry after an out-of-memory split is part of the run.
+func (s *Subscriber) stampStarted(tasks []*task, start time.Time) {
+	for _, t := range tasks {
+		if t.at.started.IsZero() {
+			t.at.started = start
+			s.m.observeStage(stageBatch, t.at.admitted, start)
+		}
+	}
+}
+
+// stampRan stamps tasks as run, by a batch that started at start, at end.
+func (s *Subscriber) stampRan(tasks []*task, start, end time.Time) {
+	for _, t := range tasks {
+		t.at.ran = end
+		s.m.observeStage(stageRun, start, end)
+	}
+}
+
+// stampSending stamps rs as going out in a call that starts at start.
+func (m *metrics) stampSending(rs []outResult, start time.Time) {
+	for _, r := range rs {
+		if r.t.at.sending.IsZero() {
+			r.t.at.sending = start
+			m.observeStage(stageEncode, r.t.at.ran, start)
+		}
+	}
+}
+
+// stampSent observes t's send stage and its whole time, its result
+// accepted by SQS now, and stamps its lease for the delete stage.
+func (s *Subscriber) stampSent(t *task) {
+	now := time.Now()
+	s.m.observeStage(stageSend, t.at.sending, now)
+	s.m.messageSeconds.Observe(now.Sub(t.lease.received).Seconds())
+	t.lease.resultSent = now
 }

@@ -25,7 +25,7 @@ type metrics struct {
 	batchBytes    prometheus.Histogram
 	batchSeconds  prometheus.Histogram
 	// stage is each message's time in one stage of its way through the
-	// subscriber (stages.go); messageSeconds its whole time, from its
+	// subscriber (message.go); messageSeconds its whole time, from its
 	// receive to its result accepted by SQS.
 	stage          *prometheus.HistogramVec
 	stages         map[string]prometheus.Observer // stage's series, by stage
@@ -63,7 +63,7 @@ type metrics struct {
 	handedBack    *prometheus.CounterVec
 	answersKept   prometheus.Counter
 	// answersStored and answersRecalled count the answer store's items
-	// (answerstore.go).
+	// (run.go).
 	answersStored, answersRecalled prometheus.Counter
 	modelWaiting                   prometheus.Gauge
 

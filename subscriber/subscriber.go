@@ -7,17 +7,17 @@
 //
 // A message passes through one stage per file:
 //
-//	poller.go     receives, leases, decodes and estimates (claimcheck.go fetches claim-checked items)
-//	admission.go  admits by estimated memory against the budget (semaphore.go, budget.go)
-//	batcher.go    packs admitted messages into device batches
-//	runner.go     runs a batch on the model, splitting it on out-of-memory
-//	outbox.go     sends results in shared SendMessageBatch calls (results.go stores them in the bucket)
+//	receive.go     receives, leases, decodes and estimates (claimcheck.go fetches claim-checked items)
+//	admit.go  admits by estimated memory against the budget (admit.go, budget.go)
+//	batch.go    packs admitted messages into device batches
+//	run.go     runs a batch on the model, splitting it on out-of-memory
+//	send.go     sends results in shared SendMessageBatch calls (send.go stores them in the bucket)
 //	message.go    a received message, which ends itself once (Ack, Release, HandBack, DeadLetter,
 //	              Cancel), and Subscriber.end, which turns a stage's outcome into one of those ends
-//	keeper.go     holds the leases: extends visibility, batches the deletes and releases
+//	receive.go     holds the leases: extends visibility, batches the deletes and releases
 //
 // protector.go keeps the ECS task protected from scale-in while messages are held
-// (taskprotect). stages.go times each message's way through the stages above
+// (taskprotect). message.go times each message's way through the stages above
 // (vramq_subscriber_stage_seconds).
 package subscriber
 
@@ -57,9 +57,9 @@ type Subscriber struct {
 	sending
 }
 
-// receiving is the receive stage's state (poller.go, claimcheck.go): it
+// receiving is the receive stage's state (receive.go, claimcheck.go): it
 // receives no more than there is room for, holds a lease on each message
-// (keeper.go), decodes and estimates it, and sends it on to admission
+// (receive.go), decodes and estimates it, and sends it on to admission
 // through buffer.
 type receiving struct {
 	queue   queue.Queue
@@ -80,7 +80,7 @@ type receiving struct {
 	pollErrSince atomic.Int64 // unix nanos of the first of consecutive receive errors; 0 when fine
 }
 
-// admitting is the admit stage's state (admission.go): what admission
+// admitting is the admit stage's state (admit.go): what admission
 // weighs a message by, and what it holds.
 type admitting struct {
 	adm *admission
@@ -96,8 +96,8 @@ type admitting struct {
 	launcher gpu.Launcher
 }
 
-// running is the state of the batch and run stages (batcher.go,
-// runner.go): how large a batch may be, which messages run alone, and
+// running is the state of the batch and run stages (batch.go,
+// run.go): how large a batch may be, which messages run alone, and
 // whether the model or the device lets anything run.
 type running struct {
 	state    *learned // see learned.go
@@ -107,13 +107,13 @@ type running struct {
 	classer gpu.LengthClasser
 	runners sync.WaitGroup
 	loss    deviceLoss // see devicelost.go
-	pause   *pause     // see pause.go
+	pause   *pause     // see run.go
 	// stopping is closed when Run's context ends: what waits for the model
 	// is handed back at once rather than after the grace.
 	stopping chan struct{}
 }
 
-// sending is the send stage's state (outbox.go, results.go, events.go) and
+// sending is the send stage's state (send.go, events.go) and
 // what a message needs to end (message.go).
 type sending struct {
 	results queue.Sender
@@ -121,7 +121,7 @@ type sending struct {
 	// payloads is the payload bucket, nil when none is configured.
 	payloads Payloads
 	// answers keeps items' answers until their chunk's result is out
-	// (answerstore.go); nil without a bucket that lists and deletes.
+	// (run.go); nil without a bucket that lists and deletes.
 	answers *answerStore
 	// settle runs the completion-event checks (events.go); nil without
 	// Events.
@@ -297,7 +297,7 @@ func (s *Subscriber) Live() error {
 }
 
 // Healthy is readiness: Live's errors, and an error while its model needs
-// an operator (fault.ErrNeedsOperator, pause.go), when it takes no work until
+// an operator (fault.ErrNeedsOperator, run.go), when it takes no work until
 // someone acts. A backoff (fault.ErrBackoff) is healthy: waiting is the
 // subscriber doing its job.
 func (s *Subscriber) Healthy() error {

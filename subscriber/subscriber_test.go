@@ -245,7 +245,7 @@ func (h *harness) shutdown() {
 		h.t.Errorf("ledger does not balance: %+v", l)
 	}
 	// A batch cut off by the grace holds its weight until the model
-	// returns (runner.go hands it over to a goroutine that waits for
+	// returns (run.go hands it over to a goroutine that waits for
 	// that), which may be a moment after Run returns: wait for it, as long
 	// as a model's run may take to see its cancellation.
 	for deadline := time.Now().Add(10 * time.Second); unreleased(h.sub) != nil && time.Now().Before(deadline); {

@@ -139,7 +139,7 @@ func runPool(ctx context.Context, m *Model, w *workload, workers, batch int, sem
 }
 
 // admitter stands in for the subscriber's vram admission
-// (subscriber/admission.go, budget.go, semaphore.go), with its rule: the
+// (subscriber/admit.go, budget.go), with its rule: the
 // messages are admitted in order, each holding its Cost, while the sum
 // held is within the budget; the budget starts at the device's free memory
 // plus the model's working set, less the reserve (1 byte, as

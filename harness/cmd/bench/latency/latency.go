@@ -30,7 +30,7 @@ import (
 )
 
 // stages are the subscriber's stages in the order a message passes them
-// (subscriber/stages.go).
+// (subscriber/message.go).
 var stages = []string{"admit", "batch", "run", "encode", "send", "delete"}
 
 // run is one variant's run: end-to-end latencies in milliseconds and, for

@@ -60,7 +60,7 @@ func writeStrategyMarkdown(w io.Writer, rep strategyReport) {
 		"classic prefetch-10 consumer, whose only bound that is); the others hold the default 20 waiting and 100 in all. "+
 		"`vram` also caps a batch's estimated memory (a quarter of the budget by default) and launches a message that fills a "+
 		"batch on its own while it waits for memory (launch-ahead); the subscriber offers both only under vram admission "+
-		"(`subscriber/batcher.go`), "+
+		"(`subscriber/batch.go`), "+
 		"so `vram-plain` is vram admission with both off (`MaxBatchBytes` at its largest): batches form exactly as under "+
 		"`count` and `none` (up to max batch, the batch delay, or admission full). "+
 		"Compare `vram-plain` with the count strategies for admission alone, and `vram` with `vram-plain` for the two batching features.")

@@ -4,20 +4,306 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/backoff"
 	// Named apart from this package's own batcher, which forms device batches.
 	callbatch "github.com/vramq/vramq/internal/batcher"
+	"github.com/vramq/vramq/internal/bytesize"
+	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
+
+// The receive stage: long polls (the poller), the leases it holds on what it received (the keeper: visibility
+// extended while a message is held, deletes and hand-backs batched), the check of what a message asks for
+// (modelguard) and the counted SQS and S3 clients every stage calls through.
+
+// fillWait is the longest the poller waits for room for a full receive
+// while messages are still waiting to start.
+const fillWait = 500 * time.Millisecond
+
+// receiveRetry is the wait after failed receives in a row: 1 s, doubled up
+// to 20 s, without jitter (one poller per process, and the SDK has jittered
+// its own retries already).
+var receiveRetry = backoff.Policy{First: time.Second, Max: 20 * time.Second}
+
+// poll receives while ctx lasts, asking only for what the buffers have room
+// for. The receive itself runs under recvCtx, which shutdown does not cancel
+// at once: a long poll cut off mid-flight can lose the messages SQS already
+// took for it (they stay invisible for a whole timeout), so shutdown lets it
+// answer and hands its messages straight back.
+func (s *Subscriber) poll(ctx, recvCtx context.Context) {
+	defer close(s.buffer)
+	// Fetches send to the buffer, so it closes only after they are done;
+	// shutdown cancels them through ctx.
+	defer s.fetches.Wait()
+	// What a receive brings is decoded and sent on by accept, in order, in
+	// a goroutine of its own, so that the next receive goes out meanwhile
+	// rather than after the decoding. The poller takes the leases and counts
+	// the messages as waiting first, so that room() is right for the next
+	// receive. No more than Prefetch messages wait, so no more than Prefetch
+	// receives are queued here, and sending never blocks. Fetches start in
+	// accept: the acceptor is done before they are waited for.
+	received := make(chan []*lease, s.cfg.Prefetch)
+	var acceptor sync.WaitGroup
+	acceptor.Go(func() {
+		for ls := range received {
+			for _, l := range ls {
+				s.accept(ctx, l)
+			}
+		}
+	})
+	defer acceptor.Wait()
+	defer close(received)
+	failures := 0
+	var topUp time.Time // when a partial receive may go, while waiting for room for a full one
+	for ctx.Err() == nil {
+		n := s.room()
+		if n == 0 {
+			select {
+			case <-s.roomKick:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		// A receive costs one request for one message or ten. While
+		// messages are still waiting to start there is no hurry, so wait a
+		// little for room for a full receive rather than asking each time
+		// one slot frees, which under load makes a request per message.
+		// Waiting ends when the buffer runs dry, and after fillWait in any
+		// case, in case what waits is stuck (a slow claim-check fetch).
+		if n < s.fullReceive() && s.waiting.Load() > 0 {
+			if topUp.IsZero() {
+				topUp = time.Now().Add(fillWait)
+			}
+			if wait := time.Until(topUp); wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-s.roomKick:
+				case <-t.C:
+				case <-ctx.Done():
+				}
+				t.Stop()
+				continue
+			}
+		}
+		topUp = time.Time{}
+		// A backoff or a needed operator (run.go) holds receives back:
+		// what they would bring could not run; a probe of an open circuit
+		// may take one message.
+		allowed, ok := s.waitToReceive(ctx)
+		if !ok {
+			return
+		}
+		if allowed > 0 {
+			n = min(n, allowed)
+		}
+		start := time.Now()
+		rctx, stopRecv := s.receiveContext(recvCtx)
+		msgs, err := s.queue.Receive(rctx, n, s.cfg.WaitTime, s.cfg.Visibility)
+		cut := rctx.Err() != nil && recvCtx.Err() == nil
+		stopRecv()
+		if allowed > 0 && len(msgs) == 0 {
+			s.pause.gotNothing()
+		}
+		if err != nil {
+			if recvCtx.Err() != nil {
+				return
+			}
+			if cut {
+				continue // the circuit opened: an operator stop does not wait out a long poll
+			}
+			failures++
+			s.pollErrSince.CompareAndSwap(0, start.UnixNano())
+			// The SDK has already retried; this only keeps a dead endpoint
+			// from being hammered.
+			wait := receiveRetry.Delay(failures)
+			s.log.Error("receive failed", "err", err, "consecutive", failures, "retry_in", wait)
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+			}
+			continue
+		}
+		failures = 0
+		s.pollErrSince.Store(0)
+		if len(msgs) == 0 {
+			continue
+		}
+		ls := make([]*lease, len(msgs))
+		for i, m := range msgs {
+			ls[i] = s.keeper.hold(m, start)
+			s.m.received.Inc()
+			if m.ReceiveCount > 1 {
+				s.m.redelivered.Inc()
+			}
+			s.received.Add(1)
+			s.addWaiting()
+		}
+		received <- ls
+	}
+}
+
+// accept sends on a received message, leased and counted as waiting: to the
+// buffer, to the DLQ when it can never run, or straight back when shutting
+// down. A message with claim-checked items is fetched off the accept loop,
+// so a slow bucket does not hold up the messages behind it.
+func (s *Subscriber) accept(ctx context.Context, l *lease) {
+	t := &task{lease: l, ends: s.ends}
+	if ctx.Err() != nil {
+		s.startTasks(1)
+		s.end(t, endHandBack(0, "shutdown"))
+		return
+	}
+	w, err := job.DecodeWork([]byte(l.msg.Body))
+	if err != nil {
+		s.startTasks(1)
+		s.endAsync(t, endDeadLetter("malformed", err.Error()))
+		return
+	}
+	t.work = w
+	// A chunk of a cancelled job ends here, before any fetch or admission.
+	// The answer is usually cached; when it is not, the read runs off the
+	// accept loop, as a claim-check fetch does.
+	if s.cancels != nil {
+		yes, known := s.cancels.cached(w.JobID)
+		switch {
+		case yes:
+			s.startTasks(1)
+			s.endAsync(t, endCancel())
+			return
+		case !known:
+			s.fetches.Go(func() {
+				if s.cancels.cancelled(ctx, w.JobID) {
+					s.startTasks(1)
+					s.end(t, endCancel())
+					return
+				}
+				s.sendOn(ctx, t)
+			})
+			return
+		}
+	}
+	s.sendOn(ctx, t)
+}
+
+// sendOn sends a decoded message on: to admission, through a read of the
+// answers kept for it when it was received before (run.go) and a
+// claim-check fetch when it has claim-checked items.
+func (s *Subscriber) sendOn(ctx context.Context, t *task) {
+	if s.answers.mayHold(t) {
+		s.fetches.Go(func() {
+			if s.answers.recall(ctx, t) != nil {
+				s.startTasks(1)
+				s.end(t, endHandBack(0, "shutdown"))
+				return
+			}
+			if len(t.work.Items) == 0 {
+				// Every item was answered: the result goes out as a
+				// batch's would.
+				s.startTasks(1)
+				s.outbox.promise(1)
+				s.complete([]*task{t}, [][]job.Output{nil})
+				return
+			}
+			s.fetchOrEnqueue(ctx, t)
+		})
+		return
+	}
+	s.fetchOrEnqueue(ctx, t)
+}
+
+// fetchOrEnqueue sends t on to admission, through a claim-check fetch when
+// it has claim-checked items.
+func (s *Subscriber) fetchOrEnqueue(ctx context.Context, t *task) {
+	w := t.work
+	if !hasRefs(w) {
+		s.enqueue(t)
+		return
+	}
+	if s.payloads == nil {
+		s.startTasks(1)
+		s.endAsync(t, endDeadLetter("claim_check", unconfigured(w)))
+		return
+	}
+	s.fetches.Go(func() { s.claim(ctx, t) })
+}
+
+// enqueue sends a decoded message, already counted as waiting, on to
+// admission, or to the DLQ when none of its items can ever fit; a message of
+// several items that does not fit whole goes on to run in parts
+// (parts.go). Its cost is estimated from its content, so claim-checked
+// items must have been fetched.
+//
+// Never fitting is exceeding the largest budget the device could give, not
+// the budget now: that may be smaller because another process holds memory
+// for a while, and dead-lettering would lose work that fits once it lets
+// go. Such a message waits in admission, and the admit timeout hands it
+// back for later or for another consumer.
+func (s *Subscriber) enqueue(t *task) {
+	w := t.work
+	cost, err := s.modelCost(w.Endpoint, w.Items)
+	var class int
+	if err == nil {
+		class, err = s.modelClass(w.Endpoint, w.Items)
+	}
+	if err != nil {
+		s.startTasks(1)
+		s.endAsync(t, endDeadLetter("invalid_input", err.Error()))
+		return
+	}
+	if !s.adm.fits(cost) || (len(w.Items) > 1 && !s.fitsPart(cost)) {
+		// In parts that fit, if any item does (parts.go).
+		var parts []part
+		var largest int64
+		if len(w.Items) > 1 {
+			parts, largest, err = s.cutParts(w.Endpoint, w.Items, cost)
+		}
+		if err != nil {
+			s.startTasks(1)
+			s.endAsync(t, endDeadLetter("invalid_input", err.Error()))
+			return
+		}
+		if parts == nil {
+			none := ""
+			if len(w.Items) > 1 {
+				none = ", none fits alone"
+			}
+			s.startTasks(1)
+			s.endAsync(t, endDeadLetter("too_large", fmt.Sprintf(
+				"estimated working memory %s exceeds the largest VRAM budget the device can give, %s (%d items%s)",
+				bytesize.Format(cost), bytesize.Format(s.adm.size), len(w.Items), none)))
+			return
+		}
+		t.parts, cost = parts, largest
+	}
+	// Never blocks: room() kept waiting, which counts this message, within
+	// the buffer's capacity.
+	t.cost, t.raw, t.class = cost, cost, class
+	t.needs = s.modelNeeds(w.Endpoint, w.Items)
+	s.buffer <- t
+}
+
+func unconfigured(w *job.Work) string {
+	for _, it := range w.Items {
+		if it.Ref != nil {
+			return fmt.Sprintf("item %s is claim-checked but no payload bucket is configured", job.QuoteID(it.ID))
+		}
+	}
+	return "no payload bucket is configured"
+}
 
 // A lease is the subscriber's hold on one received message, from receipt until
 // SQS confirms its delete or release. The keeper extends it while it is held,
@@ -27,7 +313,7 @@ type lease struct {
 	received time.Time
 	lost     atomic.Bool // the handle no longer holds the message, or max hold passed
 	// answersKept: answers of its items are in the answer store
-	// (answerstore.go), to delete once its result is out.
+	// (run.go), to delete once its result is out.
 	answersKept atomic.Bool
 
 	// Guarded by keeper.mu.
@@ -44,7 +330,7 @@ type lease struct {
 
 	// Set once, before the lease is handed to keeper.ends.
 	// resultSent is when SQS accepted the message's result, for the delete
-	// stage (stages.go); zero for a message that ends otherwise.
+	// stage (message.go); zero for a message that ends otherwise.
 	resultSent time.Time
 	release    bool // the end is a release (visibility = delay), not an ack (delete)
 	handBack   bool // the end is a copy sent back (with delay), then a delete
@@ -538,4 +824,220 @@ func (k *keeper) sendCopies(ls []*lease, attempt int) (sent, retry []*lease) {
 		k.sendEnds(fallback)
 	}
 	return sent, retry
+}
+
+// The model is the one part of the subscriber that reads what a message's
+// sender chose, item by item, in code vramq does not control (tokenizers,
+// image decoders, a CUDA backend). A panic there would end the process with
+// up to -max-inflight messages held, every one of them redelivered to the
+// next subscriber to panic again. So every call into the model (Cost, LengthClass,
+// Run, Launch and the launched Run) recovers a panic into an error wrapping
+// fault.ErrInvalidInput, which process and runAlone already answer: a batch is
+// split in halves until the item that panics is alone, and that message is
+// dead-lettered as invalid_input; the rest run. A panic in a goroutine the
+// model starts itself cannot be recovered here.
+
+// recovered turns a recovered panic value into the invalid-input error of
+// the call, and logs its stack, which is for operators, not for the reason.
+func (s *Subscriber) recovered(what string, p any, err *error) {
+	s.log.Error("the model panicked; its batch is treated as invalid input",
+		"call", what, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	*err = fmt.Errorf("%w: model %s panicked in %s: %v", fault.ErrInvalidInput, s.cfg.Backend.Name(), what, p)
+}
+
+// modelCost is the backend's estimate for items of a job that names
+// endpoint ("" for none).
+func (s *Subscriber) modelCost(endpoint string, items []job.Item) (cost int64, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.recovered("Cost", p, &err)
+		}
+	}()
+	return s.cfg.Backend.Cost(endpoint, items), nil
+}
+
+// modelNeeds is what items take of the resources the model offers
+// (backend.Offerer); none when it offers none.
+func (s *Subscriber) modelNeeds(endpoint string, items []job.Item) (n backend.Vector) {
+	if s.adm.offerer == nil {
+		return n
+	}
+	defer func() {
+		if recover() != nil {
+			n = s.adm.most // a model that panics here is refused when it runs
+		}
+	}()
+	return s.adm.offerer.Needs(endpoint, items)
+}
+
+// modelClass is the batcher's class for items of a job that names endpoint
+// ("" for none): the model's length class, or for an endpoint job a class
+// of that endpoint's own (negative, below every length class), so that a
+// batch never mixes endpoints, nor endpoint requests with text items.
+func (s *Subscriber) modelClass(endpoint string, items []job.Item) (class int, err error) {
+	if endpoint != "" {
+		return -1 - slices.Index(job.Endpoints, endpoint), nil
+	}
+	if s.classer == nil {
+		return 0, nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			s.recovered("LengthClass", p, &err)
+		}
+	}()
+	return s.classer.LengthClass(items), nil
+}
+
+// modelRun runs items of a job that names endpoint ("" for none) as one
+// batch on the backend.
+func (s *Subscriber) modelRun(ctx context.Context, endpoint string, items []job.Item) (outs []job.Output, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			outs = nil
+			s.recovered("Run", p, &err)
+		}
+	}()
+	return s.cfg.Backend.Run(ctx, endpoint, items)
+}
+
+// capabilities is what the backend's optional capabilities are asked of:
+// an in-process backend's model (gpu.Launcher, gpu.LengthClasser,
+// gpu.WorkingSet), or the backend itself.
+func capabilities(b backend.Backend) any {
+	if ip, ok := b.(backend.InProcess); ok {
+		return ip.Model
+	}
+	return b
+}
+
+// weights is the device memory the backend's model holds: 0 but for a
+// model in this process, whose weights are on the device.
+func weights(b backend.Backend) int64 {
+	if ip, ok := b.(backend.InProcess); ok {
+		return ip.Model.Weights()
+	}
+	return 0
+}
+
+func (s *Subscriber) modelLaunch(ctx context.Context, items []job.Item) (l gpu.Launched, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			l = nil
+			s.recovered("Launch", p, &err)
+		}
+	}()
+	return s.launcher.Launch(ctx, items)
+}
+
+func (s *Subscriber) launchedRun(ctx context.Context, l gpu.Launched) (outs []job.Output, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			outs = nil
+			s.recovered("Launched.Run", p, &err)
+		}
+	}()
+	return l.Run(ctx)
+}
+
+// The subscriber reaches its queues and its bucket through these decorators,
+// which count every call by outcome (vramq_subscriber_sqs_requests_total,
+// vramq_subscriber_payload_requests_total) whatever implements them, so that
+// the request counts hold for the in-memory fakes too.
+
+// countedQueue counts every call by action and outcome, for any Queue.
+type countedQueue struct {
+	q queue.Queue
+	m *metrics
+}
+
+func (c countedQueue) count(action string, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	c.m.requests.WithLabelValues(action, outcome).Inc()
+}
+
+func (c countedQueue) Receive(ctx context.Context, max int, wait, visibility time.Duration) ([]queue.Message, error) {
+	msgs, err := c.q.Receive(ctx, max, wait, visibility)
+	c.count("ReceiveMessage", err)
+	return msgs, err
+}
+
+func (c countedQueue) Delete(ctx context.Context, handles []string) ([]error, error) {
+	errs, err := c.q.Delete(ctx, handles)
+	c.count("DeleteMessageBatch", err)
+	return errs, err
+}
+
+func (c countedQueue) ChangeVisibility(ctx context.Context, handles []string, timeout time.Duration) ([]error, error) {
+	errs, err := c.q.ChangeVisibility(ctx, handles, timeout)
+	c.count("ChangeMessageVisibilityBatch", err)
+	return errs, err
+}
+
+func (c countedQueue) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) {
+	return countedSender{c.q, c.m}.Send(ctx, msgs)
+}
+
+type countedSender struct {
+	s queue.Sender
+	m *metrics
+}
+
+func (c countedSender) Send(ctx context.Context, msgs []queue.Outgoing) ([]error, error) {
+	errs, err := c.s.Send(ctx, msgs)
+	countedQueue{m: c.m}.count("SendMessageBatch", err)
+	return errs, err
+}
+
+// countedPayloads counts every payload bucket operation by outcome.
+type countedPayloads struct {
+	p Payloads
+	m *metrics
+}
+
+func (c countedPayloads) count(op string, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	c.m.payloadRequests.WithLabelValues(op, outcome).Inc()
+}
+
+func (c countedPayloads) Bucket() string { return c.p.Bucket() }
+
+func (c countedPayloads) Get(ctx context.Context, ref job.PayloadRef) ([]byte, error) {
+	b, err := c.p.Get(ctx, ref)
+	c.count("get", err)
+	return b, err
+}
+
+func (c countedPayloads) Put(ctx context.Context, key string, body []byte) (job.PayloadRef, error) {
+	ref, err := c.p.Put(ctx, key, body)
+	c.count("put", err)
+	return ref, err
+}
+
+func (c countedPayloads) Read(ctx context.Context, key string) ([]byte, error) {
+	b, err := c.p.Read(ctx, key)
+	if errors.Is(err, payload.ErrMissing) {
+		c.count("read", nil) // an answer: the object is not there
+	} else {
+		c.count("read", err)
+	}
+	return b, err
+}
+
+func (c countedPayloads) PutIfAbsent(ctx context.Context, key string, body []byte) (bool, []byte, error) {
+	created, existing, err := c.p.PutIfAbsent(ctx, key, body)
+	c.count("put_if_absent", err)
+	return created, existing, err
+}
+
+func (c countedPayloads) Create(ctx context.Context, key string, body []byte) (bool, []byte, error) {
+	created, existing, err := c.p.Create(ctx, key, body)
+	c.count("create", err)
+	return created, existing, err
 }

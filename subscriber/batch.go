@@ -7,6 +7,9 @@ import (
 	"time"
 )
 
+// The batch stage: admitted messages are put together into the device batches the model runs, by size and
+// delay (batcher).
+
 // A batcher packs admitted messages into device batches: a batch goes when
 // it reaches the batch limit, MaxBatchDelay after its first message, at
 // once when admission is full (nothing more can join it until something

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/bytesize"
