@@ -6,11 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +17,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/publishertest"
 )
 
 // jsFlowsSummary is what batchflows.mjs prints last when every check passed.
@@ -44,9 +43,6 @@ type jsEnded struct {
 	Completed int    `json:"completed"`
 	Failed    int    `json:"failed"`
 }
-
-// expiresAt is the window's end in a batch record.
-var expiresAt = regexp.MustCompile(`"expires_at":[0-9]+`)
 
 // Issue 35, "Done when": the OpenAI JavaScript SDK runs a batch of each of
 // the five endpoints (the publisher serving all five, the fake model
@@ -110,7 +106,7 @@ func TestBatchFlowsWithTheOpenAIJavaScriptSDK(t *testing.T) {
 		if json.Unmarshal(last, &ask) != nil || ask.Expire == "" {
 			continue
 		}
-		if err := expireBatch(ctx, e, "acme", ask.Expire); err != nil {
+		if err := publishertest.ExpireBatch(ctx, e.store, "acme", ask.Expire); err != nil {
 			t.Errorf("expiring %s: %v", ask.Expire, err)
 			break
 		}
@@ -153,26 +149,4 @@ func TestBatchFlowsWithTheOpenAIJavaScriptSDK(t *testing.T) {
 			t.Errorf("%s batch %+v: %v %s", want, got, err, b.RawJSON())
 		}
 	}
-}
-
-// expireBatch moves owner's batch id's window into the past, with the
-// record's version as the condition: the publisher may be writing it too.
-func expireBatch(ctx context.Context, e *env, owner, id string) error {
-	key := job.BatchKey(owner, id)
-	for range 10 {
-		raw, etag, err := e.store.ReadVersion(ctx, key, 1<<20)
-		if err != nil {
-			return err
-		}
-		loc := expiresAt.FindIndex(raw)
-		if loc == nil {
-			return fmt.Errorf("no expires_at in %s", raw)
-		}
-		past := fmt.Appendf(nil, `"expires_at":%d`, time.Now().Unix()-1)
-		raw = append(append(append([]byte(nil), raw[:loc[0]]...), past...), raw[loc[1]:]...)
-		if _, err = e.store.PutIfMatch(ctx, key, raw, etag); err == nil {
-			return nil
-		}
-	}
-	return fmt.Errorf("the record of %s kept changing", id)
 }
