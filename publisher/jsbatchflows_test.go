@@ -49,7 +49,9 @@ type jsEnded struct {
 // server answering), each with output_expires_after, and checks its output
 // lines, its files' expiry and its usage; then a batch cancelled once some
 // of it has run and one that expires mid-run, each line then in the output
-// file or the error file (batch_cancelled, batch_expired), once. Expiry is
+// file or the error file (batch_cancelled, batch_expired), once. Each
+// batch's end is a webhook event the SDK's webhooks.unwrap verifies and
+// reads as batch.completed, batch.cancelled or batch.expired. Expiry is
 // the record's window moved into the past, as 24 hours would, when the
 // script asks on stdout; the publisher's reads and sweeper do the rest.
 func TestBatchFlowsWithTheOpenAIJavaScriptSDK(t *testing.T) {
@@ -66,8 +68,10 @@ func TestBatchFlowsWithTheOpenAIJavaScriptSDK(t *testing.T) {
 			return outTokens
 		}})
 	defer srv.Close()
+	hook, delivered := publishertest.WebhookReceiver(t)
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-js"}, ChunkItems: 2, ServedEndpoints: job.BatchEndpoints})
+	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-js"}, ChunkItems: 2, ServedEndpoints: job.BatchEndpoints,
+		BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret})
 	e.runServerSubscriber(srv)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
@@ -133,7 +137,31 @@ func TestBatchFlowsWithTheOpenAIJavaScriptSDK(t *testing.T) {
 		t.Errorf("summary: %s", last)
 	}
 
-	// What the script saw is what the publisher holds.
+	// What the script saw is what the publisher holds, and announced: each
+	// batch's end is one event, which the SDK's webhooks.unwrap verifies.
+	wantEvents := map[string]string{sum.Cancelled.BatchID: "batch.cancelled", sum.Expired.BatchID: "batch.expired"}
+	for _, ep := range sum.Endpoints {
+		wantEvents[ep.BatchID] = "batch.completed"
+	}
+	for range len(wantEvents) {
+		d := publishertest.NextDelivery(t, delivered)
+		out, err := jsUnwrap(t, node, d, publishertest.WebhookSecret)
+		if err != nil {
+			t.Fatalf("webhooks.unwrap: %v: %s", err, out)
+		}
+		var ev struct {
+			ID, Type, Object string
+			Data             struct{ ID string }
+		}
+		if err := json.Unmarshal([]byte(out), &ev); err != nil || ev.Type != wantEvents[ev.Data.ID] || ev.Object != "event" ||
+			ev.ID != d.Header.Get("webhook-id") {
+			t.Errorf("the event as the JavaScript SDK read it: %s (%v); want %s", out, err, wantEvents[ev.Data.ID])
+		}
+		delete(wantEvents, ev.Data.ID)
+	}
+	if len(wantEvents) != 0 {
+		t.Errorf("no event for %v", wantEvents)
+	}
 	c := s.client("key-js")
 	for _, ep := range job.BatchEndpoints {
 		got := sum.Endpoints[ep]

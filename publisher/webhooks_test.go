@@ -28,26 +28,7 @@ func TestBatchWebhooksWithTheOpenAIJavaScriptSDK(t *testing.T) {
 	c := s.client("")
 	bad := newBatch(t, c, upload(t, c, "bad.jsonl", []byte("{\n")).ID, "/v1/embeddings")
 	d := publishertest.NextDelivery(t, got)
-	headers := map[string]string{}
-	for k := range d.Header {
-		headers[strings.ToLower(k)] = d.Header.Get(k)
-	}
-	unwrap := func(secret string) (string, error) {
-		in, _ := json.Marshal(map[string]any{"body": string(d.Body), "headers": headers, "secret": secret})
-		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, node, "webhook.mjs")
-		cmd.Dir = jsClientDir
-		cmd.Stdin = bytes.NewReader(in)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		if err != nil {
-			return stderr.String(), err
-		}
-		return stdout.String(), nil
-	}
-	out, err := unwrap(publishertest.WebhookSecret)
+	out, err := jsUnwrap(t, node, d, publishertest.WebhookSecret)
 	if err != nil {
 		t.Fatalf("webhooks.unwrap: %v: %s", err, out)
 	}
@@ -59,7 +40,30 @@ func TestBatchWebhooksWithTheOpenAIJavaScriptSDK(t *testing.T) {
 		ev.ID != d.Header.Get("webhook-id") {
 		t.Errorf("the event as the JavaScript SDK read it: %s (%v)", out, err)
 	}
-	if out, err := unwrap("whsec_" + base64.StdEncoding.EncodeToString([]byte("another secret of thirty-two b.."))); err == nil {
+	if out, err := jsUnwrap(t, node, d, "whsec_"+base64.StdEncoding.EncodeToString([]byte("another secret of thirty-two b.."))); err == nil {
 		t.Errorf("webhooks.unwrap with another secret took the event: %s", out)
 	}
+}
+
+// jsUnwrap hands delivery d to the JavaScript SDK's webhooks.unwrap with
+// secret (webhook.mjs), and returns the event as the SDK read it, or its
+// error's message.
+func jsUnwrap(t *testing.T, node string, d publishertest.Delivery, secret string) (string, error) {
+	t.Helper()
+	headers := map[string]string{}
+	for k := range d.Header {
+		headers[strings.ToLower(k)] = d.Header.Get(k)
+	}
+	in, _ := json.Marshal(map[string]any{"body": string(d.Body), "headers": headers, "secret": secret})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "webhook.mjs")
+	cmd.Dir = jsClientDir
+	cmd.Stdin = bytes.NewReader(in)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stderr.String(), err
+	}
+	return stdout.String(), nil
 }
