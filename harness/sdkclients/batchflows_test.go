@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/publisher"
@@ -25,7 +26,8 @@ const keep = 7200
 // cancelled once some of it has run, and one expired mid-run (its record's
 // window moved into the past, as 24 hours would): each ends with every
 // line once in the output file (what finished is kept) or the error file
-// (batch_cancelled, batch_expired), its files kept output_expires_after.
+// (batch_cancelled, batch_expired), its files kept output_expires_after;
+// each end is a webhook event that Webhooks.Unwrap verifies.
 func TestBatchCompletionsCancelAndExpiryWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
 	const n, slow, outTokens = 3, 400, 5
@@ -40,7 +42,9 @@ func TestBatchCompletionsCancelAndExpiryWithTheOpenAISDK(t *testing.T) {
 			return outTokens
 		}})
 	defer srv.Close()
-	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"}, ChunkItems: 2})
+	hook, delivered := publishertest.WebhookReceiver(t)
+	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"}, ChunkItems: 2,
+		BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret})
 	a := s.sdk("key-a")
 	s.run(publishertest.ServerModel(t, srv))
 	ctx := t.Context()
@@ -82,14 +86,14 @@ func TestBatchCompletionsCancelAndExpiryWithTheOpenAISDK(t *testing.T) {
 		if l.CustomID != fmt.Sprintf("c-%d", i) || l.Response == nil || l.Response.StatusCode != 200 ||
 			json.Unmarshal(l.Response.Body, &c) != nil || c.Object != "text_completion" || len(c.Choices) != 1 ||
 			c.Choices[0].Text == "" || c.Usage.CompletionTokens != outTokens {
-			t.Errorf("completions line %d: %+v", i, l)
+			t.Errorf("completions line %d: %s", i, lineJSON(l))
 		}
 	}
 	kept("the completions batch's output file", done.OutputFileID)
 
 	// stopped runs a slow batch until some of it has completed, stops it,
 	// and checks where each of its lines went.
-	stopped := func(name string, stop func(id string), want openai.BatchStatus, code string) {
+	stopped := func(name string, stop func(id string), want openai.BatchStatus, code string) string {
 		t.Helper()
 		b := create(name, "/v1/chat/completions", slow, `{"model":"fake-model","messages":[{"role":"user","content":"slow question %d"}],"max_tokens":64}`)
 		deadline := time.Now().Add(time.Minute)
@@ -111,13 +115,13 @@ func TestBatchCompletionsCancelAndExpiryWithTheOpenAISDK(t *testing.T) {
 		seen := map[string]int{}
 		for _, l := range out {
 			if l.Response == nil || l.Response.StatusCode != 200 || l.Error != nil {
-				t.Errorf("%s output line: %+v", name, l)
+				t.Errorf("%s output line: %s", name, lineJSON(l))
 			}
 			seen[l.CustomID]++
 		}
 		for _, l := range errs {
 			if l.Response != nil || l.Error == nil || l.Error.Code != code || l.Error.Message == "" {
-				t.Errorf("%s error line: %+v; want %s", name, l, code)
+				t.Errorf("%s error line: %s; want %s", name, lineJSON(l), code)
 			}
 			seen[l.CustomID]++
 		}
@@ -133,8 +137,9 @@ func TestBatchCompletionsCancelAndExpiryWithTheOpenAISDK(t *testing.T) {
 		}
 		kept(name+"'s output file", end.OutputFileID)
 		kept(name+"'s error file", end.ErrorFileID)
+		return end.ID
 	}
-	stopped("cancel", func(id string) {
+	cancelled := stopped("cancel", func(id string) {
 		c, err := a.Batches.Cancel(ctx, id)
 		if err != nil {
 			t.Fatalf("Cancel: %s", sdkAPIError(err))
@@ -143,9 +148,40 @@ func TestBatchCompletionsCancelAndExpiryWithTheOpenAISDK(t *testing.T) {
 			t.Fatalf("Cancel answered %s", c.RawJSON())
 		}
 	}, openai.BatchStatusCancelled, "batch_cancelled")
-	stopped("expire", func(id string) {
+	expired := stopped("expire", func(id string) {
 		if err := publishertest.ExpireBatch(ctx, s.store, "acme", id); err != nil {
 			t.Fatal(err)
 		}
 	}, openai.BatchStatusExpired, "batch_expired")
+
+	// Each end is announced: Webhooks.Unwrap verifies each event and reads
+	// it as its own type.
+	verifier := openai.NewClient(option.WithWebhookSecret(publishertest.WebhookSecret))
+	want := map[string]string{done.ID: "batch.completed", cancelled: "batch.cancelled", expired: "batch.expired"}
+	for range len(want) {
+		d := publishertest.NextDelivery(t, delivered)
+		ev, err := verifier.Webhooks.Unwrap(d.Body, d.Header)
+		if err != nil {
+			t.Fatalf("Unwrap: %v (%s)", err, d.Body)
+		}
+		var id string
+		switch ev.Type {
+		case "batch.completed":
+			id = ev.AsBatchCompleted().Data.ID
+		case "batch.cancelled":
+			id = ev.AsBatchCancelled().Data.ID
+		case "batch.expired":
+			id = ev.AsBatchExpired().Data.ID
+		}
+		if want[id] != ev.Type || ev.ID != d.Header.Get("webhook-id") {
+			t.Errorf("event %s; want %s for its batch", d.Body, want[id])
+		}
+		delete(want, id)
+	}
+}
+
+// lineJSON shows a line of a batch's file as it was written.
+func lineJSON(l publishertest.OutputLine) string {
+	b, _ := json.Marshal(l)
+	return string(b)
 }
