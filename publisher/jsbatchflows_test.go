@@ -7,14 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
 	"github.com/vramq/vramq/publisher/publishertest"
@@ -58,15 +56,7 @@ func TestBatchFlowsWithTheOpenAIJavaScriptSDK(t *testing.T) {
 	t.Parallel()
 	node := jsNode(t)
 	const n, slow, outTokens = 3, 400, 5
-	// A slow line is 40 steps of 10 ms: the slow batches run for seconds
-	// at the fake's concurrency, long enough to be stopped mid-run.
-	srv := fakeoai.New(fakeoai.Config{TokenLatency: 20 * time.Millisecond, NoMetrics: true,
-		OutputTokens: func(prompt string, _ int) int {
-			if strings.Contains(prompt, "slow") {
-				return 40
-			}
-			return outTokens
-		}})
+	srv := publishertest.MidRunFake(outTokens)
 	defer srv.Close()
 	hook, delivered := publishertest.WebhookReceiver(t)
 	e := newEnv(t, true)
@@ -76,14 +66,7 @@ func TestBatchFlowsWithTheOpenAIJavaScriptSDK(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "batchflows.mjs")
-	cmd.Dir = jsClientDir
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "OPENAI_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, "OPENAI_BASE_URL="+s.url+"/v1", "OPENAI_API_KEY=key-js",
+	cmd := jsCommand(ctx, node, "batchflows.mjs", "OPENAI_", "OPENAI_BASE_URL="+s.url+"/v1", "OPENAI_API_KEY=key-js",
 		"VRAMQ_BATCH_LINES="+strconv.Itoa(n), "VRAMQ_SLOW_LINES="+strconv.Itoa(slow),
 		"VRAMQ_OUTPUT_TOKENS="+strconv.Itoa(outTokens), "VRAMQ_BATCH_DEADLINE_S=180")
 	var stderr bytes.Buffer
@@ -145,17 +128,9 @@ func TestBatchFlowsWithTheOpenAIJavaScriptSDK(t *testing.T) {
 	}
 	for range len(wantEvents) {
 		d := publishertest.NextDelivery(t, delivered)
-		out, err := jsUnwrap(t, node, d, publishertest.WebhookSecret)
-		if err != nil {
-			t.Fatalf("webhooks.unwrap: %v: %s", err, out)
-		}
-		var ev struct {
-			ID, Type, Object string
-			Data             struct{ ID string }
-		}
-		if err := json.Unmarshal([]byte(out), &ev); err != nil || ev.Type != wantEvents[ev.Data.ID] || ev.Object != "event" ||
-			ev.ID != d.Header.Get("webhook-id") {
-			t.Errorf("the event as the JavaScript SDK read it: %s (%v); want %s", out, err, wantEvents[ev.Data.ID])
+		ev := jsEvent(t, node, d)
+		if ev.Type != wantEvents[ev.Data.ID] {
+			t.Errorf("the event as the JavaScript SDK read it: %s; want %s", ev.raw, wantEvents[ev.Data.ID])
 		}
 		delete(wantEvents, ev.Data.ID)
 	}

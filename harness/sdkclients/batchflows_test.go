@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/publisher"
 	"github.com/vramq/vramq/publisher/publishertest"
 )
@@ -31,16 +29,7 @@ const keep = 7200
 func TestBatchCompletionsCancelAndExpiryWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
 	const n, slow, outTokens = 3, 400, 5
-	// A slow line is 40 steps of 20 ms: a slow batch runs well past the 5 s
-	// a subscriber's answer about a job's cancel lasts, so a stop reaches
-	// chunks not yet started.
-	srv := fakeoai.New(fakeoai.Config{TokenLatency: 20 * time.Millisecond, NoMetrics: true,
-		OutputTokens: func(prompt string, _ int) int {
-			if strings.Contains(prompt, "slow") {
-				return 40
-			}
-			return outTokens
-		}})
+	srv := publishertest.MidRunFake(outTokens)
 	defer srv.Close()
 	hook, delivered := publishertest.WebhookReceiver(t)
 	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"}, ChunkItems: 2,

@@ -22,22 +22,9 @@
 import OpenAI from 'openai';
 import { VERSION } from 'openai/version';
 import { createInterface } from 'node:readline';
+import { checks } from './checks.mjs';
 
-function fail(msg) {
-  console.error(`batchflows.mjs: ${msg}`);
-  process.exit(1);
-}
-
-function check(ok, msg) {
-  if (!ok) fail(msg);
-}
-
-function describe(err) {
-  if (err instanceof OpenAI.APIError) {
-    return `${err.constructor.name} ${err.status}: ${JSON.stringify(err.error)}`;
-  }
-  return String(err?.stack ?? err);
-}
+const { check } = checks('batchflows.mjs', OpenAI.APIError);
 
 const client = new OpenAI({ maxRetries: 0 });
 const n = Number(process.env.VRAMQ_BATCH_LINES);

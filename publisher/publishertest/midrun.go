@@ -4,11 +4,28 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 )
+
+// MidRunFake is a fake model server for a batch stopped mid-run (cancelled,
+// expired): a prompt with "slow" in it is 40 steps of 20 ms, so that a
+// batch of a few hundred such lines runs well past the 5 s a subscriber's
+// answer about a job's cancel lasts, and a stop reaches chunks not yet
+// started; any other prompt is quick, its answer quickTokens long.
+func MidRunFake(quickTokens int) *fakeoai.Server {
+	return fakeoai.New(fakeoai.Config{TokenLatency: 20 * time.Millisecond, NoMetrics: true,
+		OutputTokens: func(prompt string, _ int) int {
+			if strings.Contains(prompt, "slow") {
+				return 40
+			}
+			return quickTokens
+		}})
+}
 
 // expiresAt is the window's end in a batch record.
 var expiresAt = regexp.MustCompile(`"expires_at":[0-9]+`)
