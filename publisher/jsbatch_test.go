@@ -78,6 +78,22 @@ func jsNode(t *testing.T) string {
 	return node
 }
 
+// jsCommand runs script of jsClientDir with node, in this process's
+// environment less the variables the SDK reads itself (sdkPrefix:
+// OPENAI_, ANTHROPIC_), so that whatever the caller's shell has (an
+// organization, a project) does not leak into the requests, plus env.
+func jsCommand(ctx context.Context, node, script, sdkPrefix string, env ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, node, script)
+	cmd.Dir = jsClientDir
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, sdkPrefix) {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
+	return cmd
+}
+
 // jsSummary is what batch.mjs prints when every check passed.
 type jsSummary struct {
 	SDK           string   `json:"sdk"`
@@ -132,16 +148,7 @@ func TestBatchWithTheOpenAIJavaScriptSDK(t *testing.T) {
 	const n = 7
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "batch.mjs")
-	cmd.Dir = jsClientDir
-	// The SDK reads OPENAI_* itself; whatever the caller's shell has (an
-	// organization, a project) must not leak into the requests.
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "OPENAI_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, "OPENAI_BASE_URL="+s.url+"/v1", "OPENAI_API_KEY=key-js",
+	cmd := jsCommand(ctx, node, "batch.mjs", "OPENAI_", "OPENAI_BASE_URL="+s.url+"/v1", "OPENAI_API_KEY=key-js",
 		"VRAMQ_BATCH_LINES="+strconv.Itoa(n), "VRAMQ_BATCH_DEADLINE_S=60")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

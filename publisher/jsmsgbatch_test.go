@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -82,17 +81,8 @@ func TestMessageBatchesWithTheAnthropicJavaScriptSDK(t *testing.T) {
 	const n, large = 5, 400
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "msgbatch.mjs")
-	cmd.Dir = jsClientDir
-	// The SDK reads ANTHROPIC_* itself; the caller's shell must not leak
-	// into the requests.
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ANTHROPIC_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, "ANTHROPIC_BASE_URL="+s.url, "ANTHROPIC_API_KEY=key-js", "VRAMQ_OTHER_API_KEY=key-other",
-		"VRAMQ_BATCH_REQUESTS="+strconv.Itoa(n), "VRAMQ_CANCEL_REQUESTS="+strconv.Itoa(large), "VRAMQ_BATCH_DEADLINE_S=120")
+	cmd := jsCommand(ctx, node, "msgbatch.mjs", "ANTHROPIC_", "ANTHROPIC_BASE_URL="+s.url, "ANTHROPIC_API_KEY=key-js",
+		"VRAMQ_OTHER_API_KEY=key-other", "VRAMQ_BATCH_REQUESTS="+strconv.Itoa(n), "VRAMQ_CANCEL_REQUESTS="+strconv.Itoa(large), "VRAMQ_BATCH_DEADLINE_S=120")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

@@ -13,24 +13,9 @@
 
 import OpenAI, { ConflictError, NotFoundError, toFile } from 'openai';
 import { VERSION } from 'openai/version';
+import { checks } from './checks.mjs';
 
-function fail(msg) {
-  console.error(`batch.mjs: ${msg}`);
-  process.exit(1);
-}
-
-function check(ok, msg) {
-  if (!ok) fail(msg);
-}
-
-// An error of the SDK shows its status and OpenAI-shaped body, which a plain
-// message would not.
-function describe(err) {
-  if (err instanceof OpenAI.APIError) {
-    return `${err.constructor.name} ${err.status}: ${JSON.stringify(err.error)}`;
-  }
-  return String(err?.stack ?? err);
-}
+const { fail, check, describe } = checks('batch.mjs', OpenAI.APIError);
 
 async function expectError(what, cls, status, code, param, call) {
   try {

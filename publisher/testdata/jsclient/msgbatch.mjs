@@ -17,22 +17,9 @@
 
 import Anthropic, { BadRequestError, NotFoundError } from '@anthropic-ai/sdk';
 import { VERSION } from '@anthropic-ai/sdk/version';
+import { checks } from './checks.mjs';
 
-function fail(msg) {
-  console.error(`msgbatch.mjs: ${msg}`);
-  process.exit(1);
-}
-
-function check(ok, msg) {
-  if (!ok) fail(msg);
-}
-
-function describe(err) {
-  if (err instanceof Anthropic.APIError) {
-    return `${err.constructor.name} ${err.status}: ${JSON.stringify(err.error)}`;
-  }
-  return String(err?.stack ?? err);
-}
+const { fail, check, describe } = checks('msgbatch.mjs', Anthropic.APIError);
 
 // expectError runs call, which must fail with the SDK's class cls; it
 // returns the status and Anthropic's error type the SDK read.
