@@ -156,7 +156,7 @@ test: lint cuda-check js-sdk
 	$(GO) -C $(HARNESS) test -race -count=1 -parallel 4 -timeout $(TEST_TIMEOUT) ./...; \
 	$(GO) -C $(INFRA_TESTS) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
-## js-sdk: the official OpenAI JavaScript SDK and a Node 22 for TestBatchWithTheOpenAIJavaScriptSDK,
+## js-sdk: the official OpenAI and Anthropic JavaScript SDKs and a Node 22 for the publisher's *JavaScriptSDK tests,
 ## pinned by publisher/testdata/jsclient/package-lock.json (part of make test; again only when the lock changes)
 # npm rewrites node_modules/.package-lock.json on every install, so it stands for the install;
 # --engine-strict=false: npm may run on an older Node than the SDK's, which runs on the bundled one.
