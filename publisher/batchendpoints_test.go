@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/modelserver"
@@ -185,13 +184,13 @@ func TestBatchRequestTimeoutInTheErrorFile(t *testing.T) {
 	e := newEnv(t, true)
 	srv := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{{Kind: fakeoai.FaultStatus, Status: 504}}})
 	t.Cleanup(srv.Close)
-	m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"}, MaxRetries: -1,
+	m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"}, MaxRetries: -1,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	e.runModel(m, gpu.NewSim(1<<30))
+	e.runModel(m, nil)
 	s := e.serve(publisher.Config{})
 	line := `{"custom_id":"slow","method":"POST","url":"/v1/chat/completions","body":{"model":"fake-model","max_tokens":8,` +
 		`"messages":[{"role":"user","content":"hi"}]}}` + "\n"

@@ -86,7 +86,7 @@ func (s *server) sweep(t *testing.T) func() {
 // model-server backend on srv, until the test ends.
 func (e *env) runServerSubscriber(srv *fakeoai.Server) {
 	e.t.Helper()
-	e.runModel(publishertest.ServerModel(e.t, srv))
+	e.runModel(publishertest.ServerModel(e.t, srv), nil)
 }
 
 // A file with bad lines makes a batch that failed at validating, each bad

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/publisher"
@@ -70,13 +69,13 @@ func TestMessageBatchesWithTheAnthropicJavaScriptSDK(t *testing.T) {
 	defer srv.Close()
 	e := newEnv(t, true)
 	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-js", "globex:key-other"}, ChunkItems: 2})
-	m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
+	m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
 		Messages: modelserver.MessagesNative, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	e.runModel(m, gpu.NewSim(1<<30))
+	e.runModel(m, nil)
 
 	const n, large = 5, 400
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)

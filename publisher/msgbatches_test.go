@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/modelserver"
@@ -265,13 +264,13 @@ func TestMessageBatchesEndToEnd(t *testing.T) {
 	}
 	wantAnthropicError(t, "limit 1001", a.do(http.MethodGet, "/v1/messages/batches?limit=1001", nil), 400, "invalid_request_error")
 
-	m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
+	m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
 		Messages: modelserver.MessagesNative, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	e.runModel(m, gpu.NewSim(1<<30))
+	e.runModel(m, nil)
 
 	// Cancel the large one once some of it has run.
 	a.wait(large.ID, time.Minute, func(b msgBatch) bool { return b.RequestCounts.Succeeded > 0 })

@@ -31,7 +31,7 @@ import (
 func serverModel(t *testing.T, url string, cfg modelserver.Config) *modelserver.Model {
 	t.Helper()
 	cfg.BaseURL, cfg.Models, cfg.Logger = url, []string{"fake-model"}, slog.New(slog.DiscardHandler)
-	m, _, err := modelserver.Open(t.Context(), cfg)
+	m, err := modelserver.Open(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ const budgetReads = 3
 // working set.
 type budgetReading struct {
 	budget  int64
-	mem     gpu.MemInfo
+	mem     backend.Reading
 	working int64
 }
 
@@ -75,7 +75,7 @@ func (s *Subscriber) readBudget() (r budgetReading, ok bool, err error) {
 		} else {
 			w1, acq1 = s.adm.held.Load(), s.adm.acquires.Load()
 		}
-		mem, err := s.cfg.Device.MemInfo()
+		mem, err := s.mem.Read()
 		if err != nil {
 			return budgetReading{}, false, err
 		}
@@ -223,4 +223,18 @@ func absDiff(a, b int64) int64 {
 		return a - b
 	}
 	return b - a
+}
+
+// memoryOf is what bounds cfg.Backend: the Memory it owns, else
+// cfg.Device's; nil when neither is there (Validate refuses it).
+func memoryOf(cfg Config) backend.Memory {
+	if o, ok := cfg.Backend.(backend.MemoryOwner); ok {
+		if m := o.Memory(); m != nil {
+			return m
+		}
+	}
+	if cfg.Device == nil {
+		return nil
+	}
+	return backend.DeviceMemory(cfg.Device)
 }

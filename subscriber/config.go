@@ -38,10 +38,14 @@ type Config struct {
 	Events EventSink
 
 	// Backend runs the work (required): a model server
-	// (model/modelserver), or backend.InProcess with a loaded model, its
-	// weights already on Device.
+	// (model/modelserver), whose KV cache bounds it, or
+	// backend.InProcess with a loaded model, its weights already on its
+	// device.
 	Backend backend.Backend
-	Device  gpu.Device // the device whose memory bounds the backend (required)
+	// Device is the device whose memory bounds a Backend that owns no
+	// Memory (backend.MemoryOwner): an InProcess without its Device. Set
+	// it for such a backend only.
+	Device gpu.Device
 
 	// Admission is the strategy.
 	Admission Strategy
@@ -267,8 +271,14 @@ func (c *Config) Validate() error {
 	if c.Backend == nil {
 		bad("Backend", "no backend")
 	}
-	if c.Device == nil {
-		bad("Device", "no device")
+	if c.Backend != nil {
+		// One owner for the memory that bounds the backend.
+		switch owned := memoryOf(Config{Backend: c.Backend}) != nil; {
+		case owned && c.Device != nil:
+			bad("Device", "the backend owns the memory that bounds it (backend.MemoryOwner): leave Device unset")
+		case !owned && c.Device == nil:
+			bad("Device", "no device")
+		}
 	}
 	if !c.Admission.valid() {
 		bad("Admission", "admission %q: want vram, count or none", c.Admission)

@@ -103,7 +103,7 @@ func TestBenchPipelineKV(t *testing.T) {
 	// the requests, as in model/modelserver's KV benchmark: the default of
 	// 16 holds this pool to 16 requests of about 1,200 tokens.
 	d := subscriber.DefaultConfig()
-	m, dev, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: sv.URL(), Models: []string{"fake-model"},
+	m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: sv.URL(), Models: []string{"fake-model"},
 		MaxOutputTokens: kvbMaxTokMax, MaxConcurrency: 4096, KVBytesPerToken: kvbPerTok, MaxWait: modelserver.DefaultMaxWait / pbSpeed,
 		MetricsMaxAge: modelserver.DefaultMetricsMaxAge / pbSpeed, Logger: quiet})
 	if err != nil {
@@ -113,7 +113,7 @@ func TestBenchPipelineKV(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	sub, err := subscriber.New(subscriber.Config{
 		Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results), DLQ: sqsqueue.New(client, urls.DLQ),
-		Backend: m, Device: dev, Registerer: reg, Logger: quiet, VRAMReserve: 1,
+		Backend: m, Registerer: reg, Logger: quiet, VRAMReserve: 1,
 		InferenceTimeout: d.InferenceTimeout / pbSpeed, AdmitTimeout: d.AdmitTimeout / pbSpeed, BudgetRefresh: d.BudgetRefresh / pbSpeed,
 	})
 	if err != nil {

@@ -239,15 +239,15 @@ func benchLimiter(t *testing.T, kind fakeoai.LimitKind, mode string, minutes int
 			if mode == "configured" {
 				cfg.TPM, cfg.RPM = lbTPM, lbRPM
 			}
-			m, dev, err := modelserver.Open(t.Context(), cfg)
+			m, err := modelserver.Open(t.Context(), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = m.Close(); _ = dev.Close() })
+			t.Cleanup(func() { _ = m.Close() })
 			b := &benchSub{reg: prometheus.NewRegistry(), done: make(chan struct{})}
 			b.sub, err = subscriber.New(subscriber.Config{
 				Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results), DLQ: sqsqueue.New(client, urls.DLQ),
-				Backend: m, Device: dev, Registerer: b.reg, Logger: slog.New(warns),
+				Backend: m, Registerer: b.reg, Logger: slog.New(warns),
 				VRAMReserve: 1, // checkModelServer's: the device's memory is tokens
 			})
 			if err != nil {

@@ -125,16 +125,16 @@ func newBenchSub(t *testing.T, client *sqs.Client, urls localstack.URLs, srv *fa
 	// defaults in server time, divided by the speed as the server's own
 	// are; those about SQS (visibility, hold, long poll) are not.
 	d := subscriber.DefaultConfig()
-	m, dev, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
+	m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
 		MaxOutputTokens: pbMaxTokens, MaxWait: modelserver.DefaultMaxWait / pbSpeed, TPM: tpm, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = m.Close(); _ = dev.Close() })
+	t.Cleanup(func() { _ = m.Close() })
 	b := &benchSub{reg: prometheus.NewRegistry(), done: make(chan struct{})}
 	b.sub, err = subscriber.New(subscriber.Config{
 		Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results), DLQ: sqsqueue.New(client, urls.DLQ),
-		Backend: m, Device: dev, Registerer: b.reg, Logger: quiet,
+		Backend: m, Registerer: b.reg, Logger: quiet,
 		VRAMReserve:      1, // checkModelServer's: the device's memory is tokens
 		InferenceTimeout: d.InferenceTimeout / pbSpeed, AdmitTimeout: d.AdmitTimeout / pbSpeed,
 	})

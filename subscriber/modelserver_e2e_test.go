@@ -38,7 +38,7 @@ func newServerPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, srv 
 		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
 	}
 	return newPipelineOn(t, maxReceive, cfg, nil, func(*gpu.Sim) backend.Backend {
-		m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
+		m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
 			MaxWait: maxWait, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
@@ -366,7 +366,7 @@ func TestE2EModelServerBackoffKeepsFinishedChunks(t *testing.T) {
 	// A batch delay long enough for the eight messages to gather into one
 	// batch.
 	p := newPipelineOn(t, 3, subscriber.Config{MaxBatchDelay: 2 * time.Second}, nil, func(*gpu.Sim) backend.Backend {
-		m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: rec.URL(), Models: []string{"fake-model"},
+		m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: rec.URL(), Models: []string{"fake-model"},
 			MaxWait: time.Second, MaxConcurrency: 1, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -95,7 +96,7 @@ func (s *Subscriber) runOnce(ctx context.Context, tasks []*task) *splits {
 // readDevice updates the device memory gauges from a reading now; a failed
 // read leaves them to the budget refresh.
 func (s *Subscriber) readDevice() {
-	if mem, err := s.cfg.Device.MemInfo(); err == nil && mem.Total > 0 {
+	if mem, err := s.mem.Read(); err == nil && mem.Total > 0 {
 		s.m.deviceFree.Set(float64(mem.Free))
 		s.m.deviceProcess.Set(float64(mem.Process))
 	}
@@ -338,9 +339,9 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	// are for debugging: with a fast model they would be a visible share of
 	// the subscriber's own CPU.
 	logBatch := s.log.Enabled(ctx, slog.LevelDebug)
-	var before gpu.MemInfo
+	var before backend.Reading
 	if logBatch {
-		before, _ = s.cfg.Device.MemInfo()
+		before, _ = s.mem.Read()
 	}
 	start := time.Now()
 	s.stampStarted(tasks, start)
@@ -388,12 +389,12 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	}
 	elapsed := time.Since(start)
 	if logBatch {
-		after, _ := s.cfg.Device.MemInfo()
+		after, _ := s.mem.Read()
 		s.log.Debug("batch", "messages", len(tasks), "items", len(items), "cost", bytesize.Format(cost),
 			"alone", alone, "took", elapsed.Round(time.Microsecond), "ok", a.err == nil,
 			"device_free_before", bytesize.Format(before.Free), "device_free_after", bytesize.Format(after.Free),
 			"device_process_before", bytesize.Format(before.Process), "device_process_after", bytesize.Format(after.Process),
-			"simulated", s.cfg.Device.Simulated())
+			"simulated", s.mem.Simulated())
 	}
 	if a.err != nil {
 		return s.finished(tasks, start, elapsed, a.err), a.err

@@ -37,6 +37,7 @@ import (
 	"github.com/vramq/vramq/internal/backoff"
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
@@ -84,6 +85,7 @@ type receiving struct {
 // weighs a message by, and what it holds.
 type admitting struct {
 	adm *admission
+	mem backend.Memory // what the budget is read from (memoryOf)
 	// startBudget is the budget New read, kept for Budget under count and
 	// none, which do not admit by it.
 	startBudget int64
@@ -150,7 +152,8 @@ func New(cfg Config) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("subscriber config: %w", err)
 	}
-	mem, err := cfg.Device.MemInfo()
+	memory := memoryOf(cfg)
+	mem, err := memory.Read()
 	if err != nil {
 		return nil, fmt.Errorf("subscriber: reading device memory: %w", err)
 	}
@@ -175,14 +178,14 @@ func New(cfg Config) (*Subscriber, error) {
 		// budget as memory frees: a process that exited here would be
 		// restarted into the same moment.
 		cfg.Logger.Warn("the device has no room for work now: starting with nothing admitted until memory frees",
-			"device", cfg.Device.Name(), "free", bytesize.Format(mem.Free), "reserve", bytesize.Format(cfg.VRAMReserve),
+			"device", memory.Name(), "free", bytesize.Format(mem.Free), "reserve", bytesize.Format(cfg.VRAMReserve),
 			"budget_max", bytesize.Format(largest))
 		budget = 0
 	}
 	m := newMetrics(cfg.Registerer, cfg.Tenants...)
 	adm, err := newResizableAdmission(cfg.Admission, budget, largest, cfg.Count)
 	if err != nil {
-		return nil, fmt.Errorf("subscriber: %w (device %s: %s free, reserve %s)", err, cfg.Device.Name(),
+		return nil, fmt.Errorf("subscriber: %w (device %s: %s free, reserve %s)", err, memory.Name(),
 			bytesize.Format(mem.Free), bytesize.Format(cfg.VRAMReserve))
 	}
 	s := &Subscriber{
@@ -196,7 +199,7 @@ func New(cfg Config) (*Subscriber, error) {
 			prefetch: cfg.Prefetch, maxInflight: cfg.MaxInflight, waitingGauge: m.waiting,
 			fetchSlots: semaphore.NewWeighted(maxFetches),
 		},
-		admitting: admitting{adm: adm, startBudget: budget},
+		admitting: admitting{adm: adm, mem: memory, startBudget: budget},
 		running:   running{suspects: newSuspects(), pause: newPause(), stopping: make(chan struct{})},
 		sending:   sending{results: countedSender{cfg.Results, m}},
 	}
@@ -226,7 +229,7 @@ func New(cfg Config) (*Subscriber, error) {
 		s.keeper.onHold = s.protect.poke
 		s.keeper.onRemove = func() { s.pokeRoom(); s.protect.poke() }
 	}
-	s.state = loadLearned(cfg.StateFile, cfg.Backend.Name(), cfg.Device.Name(), cfg.MaxBatch, cfg.BatchLimitProbeAfter, s.log)
+	s.state = loadLearned(cfg.StateFile, cfg.Backend.Name(), memory.Name(), cfg.MaxBatch, cfg.BatchLimitProbeAfter, s.log)
 	s.state.m = m
 	s.corr = newCorrection(cfg.EstimateCorrectionMax, s.log, m.estimateCorrection)
 	m.budget.Set(float64(budget))
@@ -238,7 +241,7 @@ func New(cfg Config) (*Subscriber, error) {
 	m.deviceProcess.Set(float64(mem.Process))
 	m.batchLimit.Set(float64(s.state.batchLimit()))
 	s.log.Info("subscriber ready",
-		"device", cfg.Device.Name(), "simulated", cfg.Device.Simulated(),
+		"device", memory.Name(), "simulated", memory.Simulated(),
 		"memory_total", bytesize.Format(mem.Total), "memory_free", bytesize.Format(mem.Free),
 		"memory_process", bytesize.Format(mem.Process),
 		"weights", bytesize.Format(weights(cfg.Backend)), "reserve", bytesize.Format(cfg.VRAMReserve),

@@ -25,14 +25,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/awsconfig"
 	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/bert"
-	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/snsevents"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
@@ -144,19 +142,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	// own metrics when it opens.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var dev gpu.Device
 	var be backend.Backend
 	if o.ms.url != "" {
-		var m *modelserver.Model
-		if dev, m, err = openModelServer(ctx, o, getenv, log, reg); err != nil {
+		m, err := openModelServer(ctx, o, getenv, log, reg)
+		if err != nil {
 			return err
 		}
-		defer dev.Close()
 		defer m.Close()
 		be = m
 	} else {
-		var model closingModel
-		if dev, model, err = openBackend(o, log); err != nil {
+		dev, model, err := openBackend(o, log)
+		if err != nil {
 			return err
 		}
 		defer dev.Close()
@@ -174,7 +170,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 				return err
 			}
 		}
-		be = backend.InProcess{Model: model}
+		be = backend.InProcess{Model: model, Device: dev}
 	}
 
 	awsCfg, err := awsconfig.Load(ctx, log)
@@ -186,7 +182,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	c.Queue = sqsqueue.New(client, o.queueURL)
 	c.Results = sqsqueue.New(client, o.resultsURL)
 	c.DLQ = sqsqueue.New(client, o.dlqURL)
-	c.Backend, c.Device, c.Logger, c.Registerer = be, dev, log, reg
+	c.Backend, c.Logger, c.Registerer = be, log, reg
 	if o.payloadBucket != "" {
 		c.Payloads = payload.New(awsconfig.S3(awsCfg, getenv), o.payloadBucket)
 	}

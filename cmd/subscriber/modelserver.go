@@ -9,7 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/envflag"
 	"github.com/vramq/vramq/model/modelserver"
 )
@@ -159,12 +158,12 @@ func checkModelServer(o *options, given map[string]bool) error {
 	return nil
 }
 
-func openModelServer(ctx context.Context, o *options, getenv func(string) string, log *slog.Logger, reg prometheus.Registerer) (gpu.Device, *modelserver.Model, error) {
+func openModelServer(ctx context.Context, o *options, getenv func(string) string, log *slog.Logger, reg prometheus.Registerer) (*modelserver.Model, error) {
 	c := o.ms.config(getenv, log)
 	c.Registerer = reg
-	m, d, err := modelserver.Open(ctx, c)
+	m, err := modelserver.Open(ctx, c)
 	if err != nil {
-		return nil, nil, fmt.Errorf("-model-server: %w", err)
+		return nil, fmt.Errorf("-model-server: %w", err)
 	}
-	return d, m, nil
+	return m, nil
 }

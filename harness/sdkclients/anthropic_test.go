@@ -21,7 +21,7 @@ import (
 func pipeline(t *testing.T, srv *fakeoai.Server, keys ...string) string {
 	t.Helper()
 	s := newStack(t, publisher.Config{APIKeys: keys, ChunkItems: 2})
-	m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
+	m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
 		Messages: modelserver.MessagesNative, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -29,7 +29,7 @@ func TestBatchResponsesAndModerationsWithTheOpenAISDK(t *testing.T) {
 	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"}, ChunkItems: 2,
 		ServedEndpoints: []string{job.EndpointChatCompletions, job.EndpointResponses, job.EndpointModerations}})
 	a := s.sdk("key-a")
-	s.run(publishertest.ServerModel(t, srv))
+	s.run(publishertest.ServerModel(t, srv), nil)
 	const n = 3
 	lines := func(url, body string) []byte {
 		var in bytes.Buffer

@@ -35,7 +35,7 @@ func TestBatchCompletionsCancelAndExpiryWithTheOpenAISDK(t *testing.T) {
 	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"}, ChunkItems: 2,
 		BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret})
 	a := s.sdk("key-a")
-	s.run(publishertest.ServerModel(t, srv))
+	s.run(publishertest.ServerModel(t, srv), nil)
 	ctx := t.Context()
 
 	create := func(name, url string, lines int, body string) *openai.Batch {

@@ -389,7 +389,7 @@ func TestBatchChatCompletionsWithTheOpenAISDK(t *testing.T) {
 	}
 	f := sdkUpload(t, a, "chat.jsonl", in.Bytes())
 	bt := sdkNewBatch(t, a, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
-	s.run(publishertest.ServerModel(t, srv))
+	s.run(publishertest.ServerModel(t, srv), nil)
 	done := sdkWaitBatch(t, a, bt.ID, time.Minute, openai.BatchStatusCompleted)
 	if done.RequestCounts.Total != n || done.RequestCounts.Completed != n-1 || done.RequestCounts.Failed != 1 ||
 		done.Usage.OutputTokens == 0 || done.Usage.TotalTokens != done.Usage.InputTokens+done.Usage.OutputTokens {

@@ -20,6 +20,9 @@ import (
 // gpu.LengthClasser) are asked of Model, for text items.
 type InProcess struct {
 	Model gpu.Model
+	// Device is the device Model runs on, whose memory bounds it
+	// (Memory). Nil leaves that to the subscriber's Config.Device.
+	Device gpu.Device
 }
 
 var _ Backend = InProcess{}
@@ -51,6 +54,14 @@ func (b InProcess) Run(ctx context.Context, endpoint string, items []job.Item) (
 		return runEmbeddings(ctx, b.Model, items)
 	}
 	return unsupportedEndpoint(b.Model.Name(), endpoint, items), nil
+}
+
+// Memory is Device's memory, in bytes; nil without a Device.
+func (b InProcess) Memory() Memory {
+	if b.Device == nil {
+		return nil
+	}
+	return DeviceMemory(b.Device)
 }
 
 // Offers is nothing: the device's memory bounds the model, and the

@@ -65,7 +65,7 @@ func runOnline(t *testing.T, c onlineConsumer) onlineResult {
 		if c.model != nil {
 			c.model(&cfg)
 		}
-		m, _, err := Open(t.Context(), cfg)
+		m, err := Open(t.Context(), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -80,7 +80,7 @@ func runPrefix(t *testing.T, blocks int, items []job.Item) prefixResult {
 	s := fakeoai.New(fakeoai.Config{Speed: prefixBenchSpeed, TokenLatency: benchTokenLatency, MaxModelLen: 4096,
 		NumGPUBlocks: blocks, PrefixCaching: true, MaxNumBatchedTokens: 2048})
 	defer s.Close()
-	m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), Models: []string{"fake-model"}, Logger: quiet(),
+	m, err := Open(t.Context(), Config{BaseURL: s.URL(), Models: []string{"fake-model"}, Logger: quiet(),
 		MaxConcurrency: 32, MaxOutputTokens: 2 * prefixBenchOut})
 	if err != nil {
 		t.Fatal(err)

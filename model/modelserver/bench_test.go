@@ -29,11 +29,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/cputime"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 )
 
 const (
@@ -151,7 +151,7 @@ func runPool(ctx context.Context, m *Model, w *workload, workers, batch int, sem
 // subscriber's Prefetch default), the callers standing for the messages
 // held in all (MaxInflight).
 type admitter struct {
-	dev     gpu.Device
+	dev     backend.Memory
 	waiting chan struct{}
 	m       *Model
 	mu      sync.Mutex
@@ -180,14 +180,14 @@ func (a *admitter) receive(ctx context.Context) error {
 // started gives the place back: the message was admitted, or given up.
 func (a *admitter) started() { <-a.waiting }
 
-func newAdmitter(ctx context.Context, dev gpu.Device, m *Model) (*admitter, error) {
+func newAdmitter(ctx context.Context, dev backend.Memory, m *Model) (*admitter, error) {
 	a := &admitter{dev: dev, m: m, prev: -1, waiting: make(chan struct{}, benchPrefetch)}
 	a.cond = sync.NewCond(&a.mu)
 	b, err := a.reading()
 	if err != nil {
 		return nil, err
 	}
-	mi, err := dev.MemInfo()
+	mi, err := dev.Read()
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +215,7 @@ func newAdmitter(ctx context.Context, dev gpu.Device, m *Model) (*admitter, erro
 // reading is the subscriber's budgetFrom: free + working − reserve.
 func (a *admitter) reading() (int64, error) {
 	w := a.m.Working()
-	mi, err := a.dev.MemInfo()
+	mi, err := a.dev.Read()
 	if err != nil {
 		return 0, err
 	}
@@ -245,8 +245,8 @@ func (a *admitter) refresh() {
 }
 
 // readDevice is the subscriber's reading after each batch: it only reads
-// (the metrics, through MemInfo), which is when the Device follows them.
-func (a *admitter) readDevice() { _, _ = a.dev.MemInfo() }
+// (the metrics, through Read), which is when the KV cache follows them.
+func (a *admitter) readDevice() { _, _ = a.dev.Read() }
 
 func (a *admitter) acquire(ctx context.Context, w int64) error {
 	w = max(w, 1)
@@ -503,7 +503,7 @@ func benchOpen(t *testing.T, s *fakeoai.Server, cfg Config) *Model {
 	cfg.BaseURL = s.URL()
 	cfg.Models = []string{"fake-model"}
 	cfg.Logger = quiet()
-	m, _, err := Open(t.Context(), cfg)
+	m, err := Open(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -624,13 +624,13 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 	// Llama-3-8B's KV bytes per token, so that the subscriber's tolerance
 	// (1 MiB) is 8 tokens, as it would be; the metrics are read at most a
 	// second of server time old, Config's default at Speed 1.
-	m, dev, err := Open(t.Context(), Config{BaseURL: sv.URL(), Models: []string{"fake-model"}, Logger: quiet(),
+	m, dev, err := openKV(t.Context(), Config{BaseURL: sv.URL(), Models: []string{"fake-model"}, Logger: quiet(),
 		MaxOutputTokens: kvMaxTokens, MaxConcurrency: 4096, KVBytesPerToken: kvPerToken, MetricsMaxAge: time.Second / benchSpeed})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	mi, err := dev.MemInfo()
+	mi, err := dev.Read()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -321,7 +321,7 @@ func TestUnexpectedStatus(t *testing.T) {
 		})
 		client := &http.Client{Transport: handlerTransport{redirect},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-		m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: client, Models: []string{"fake-model"}, Logger: quiet()})
+		m, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: client, Models: []string{"fake-model"}, Logger: quiet()})
 		if err != nil {
 			t.Fatal(err)
 		}

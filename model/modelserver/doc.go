@@ -4,8 +4,9 @@
 // /v1/embeddings, /v1/responses and /v1/moderations where the server has
 // them, and Anthropic's /v1/messages (sent to the server's own, or
 // translated to chat completions and back: messages.go). Open returns a
-// gpu.Model and a gpu.Device, so that the subscriber's admission, batching,
-// halving, leases and item errors work on it unchanged.
+// Model, a backend.Backend that owns its KV cache (Model.Memory), so that
+// the subscriber's admission, batching, halving, leases and item errors
+// work on it as on a model in this process, with no device of its own.
 //
 // Each item carries its request's JSON body (job.Item.Body). Run checks it
 // by the rule the publisher applies (job.CheckRequest) and forwards the
@@ -18,8 +19,8 @@
 //
 // Three budgets hold together: the rate limits (Config.TPM, RPM, and the
 // server's x-ratelimit headers: ratelimit.go), the server's concurrency
-// (concurrency.go), and its KV cache, which is the Device's memory and
-// what Cost is counted in (device.go). Every answer has one disposition,
+// (concurrency.go), and its KV cache, which is the backend's Memory
+// (KV) and what Cost is counted in (kvcache.go). Every answer has one disposition,
 // in one table (dispositions.go): wait as the server says, ask for an
 // operator (fault.ErrNeedsOperator), the item's own error, retry, halve.
 // Waits longer than Config.MaxWait end Run with fault.ErrBackoff; every wait

@@ -39,7 +39,7 @@ func TestBackoffKeepsFinishedItems(t *testing.T) {
 			}
 			return base.RoundTrip(r)
 		})}
-		m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: client, Models: []string{"fake-model"},
+		m, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: client, Models: []string{"fake-model"},
 			MaxConcurrency: 3, MaxWait: time.Minute, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)

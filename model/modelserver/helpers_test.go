@@ -1,6 +1,7 @@
 package modelserver
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -36,7 +37,7 @@ func openOn(t *testing.T, s *fakeoai.Server, cfg Config) *Model {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	m, _, err := Open(t.Context(), cfg)
+	m, err := Open(t.Context(), cfg)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -121,3 +122,12 @@ func http404For(path string, h http.Handler) http.Handler {
 }
 
 func httpClient(rt http.RoundTripper) *http.Client { return &http.Client{Transport: rt} }
+
+// openKV is Open, with the model's KV cache.
+func openKV(ctx context.Context, cfg Config) (*Model, *KV, error) {
+	m, err := Open(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, m.dev, nil
+}

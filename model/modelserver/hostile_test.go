@@ -109,7 +109,7 @@ func TestNonFiniteKVReadingRefused(t *testing.T) {
 			}
 			s.SetKVUsage(&v)
 			time.Sleep(2 * time.Second) // past MetricsMaxAge: the next MemInfo reads /metrics
-			mem, err := m.dev.MemInfo()
+			mem, err := m.dev.Read()
 			if err == nil || !strings.Contains(err.Error(), "kv_cache_usage_perc") {
 				t.Errorf("usage %v: MemInfo %+v, %v; want the reading refused", v, mem, err)
 			}

@@ -67,7 +67,7 @@ func TestMessagesNativeAndTranslated(t *testing.T) {
 			s := fakeoai.New(fakeoai.Config{OutputTokens: func(string, int) int { return 6 }})
 			defer s.Close()
 			rec := &paths{next: s.Client().Transport}
-			m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), Models: []string{"fake-model"}, Messages: c.mode,
+			m, err := Open(t.Context(), Config{BaseURL: s.URL(), Models: []string{"fake-model"}, Messages: c.mode,
 				HTTPClient: &http.Client{Transport: rec}, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)

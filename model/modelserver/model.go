@@ -48,7 +48,7 @@ type Model struct {
 	order   *prefixOrder
 	online  *online // nil: online-first mode off
 	stop    context.CancelFunc
-	dev     *Device
+	dev     *KV
 	held    atomic.Int64 // device bytes of the requests in flight
 	took    requestTime  // of the requests answered ok, for Slots
 	waits   *waits
@@ -64,22 +64,22 @@ type Model struct {
 // Open checks cfg, reads the key, asks the server which models it serves
 // (GET /v1/models: a refused key or a missing route stops the start with a
 // clear error) and what its KV cache holds (GET /metrics, vLLM's
-// vllm:cache_config_info, when it answers), and returns the model and its
-// device.
-func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
+// vllm:cache_config_info, when it answers), and returns the model, which
+// owns its KV cache (Memory).
+func Open(ctx context.Context, cfg Config) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	cfg.setDefaults()
 	cfg.Models = slices.Clone(cfg.Models)
 	if cfg.APIKeyFile != "" {
 		b, err := os.ReadFile(cfg.APIKeyFile)
 		if err != nil {
-			return nil, nil, fmt.Errorf("modelserver: the API key file: %w", err)
+			return nil, fmt.Errorf("modelserver: the API key file: %w", err)
 		}
 		cfg.APIKey = strings.TrimSpace(string(b))
 		if cfg.APIKey == "" || strings.ContainsAny(cfg.APIKey, "\r\n") {
-			return nil, nil, fmt.Errorf("modelserver: the API key file %s: want one line with the key", cfg.APIKeyFile)
+			return nil, fmt.Errorf("modelserver: the API key file %s: want one line with the key", cfg.APIKeyFile)
 		}
 	}
 	u, _ := url.Parse(cfg.BaseURL)
@@ -90,7 +90,7 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	if cfg.Registerer != nil {
 		for _, c := range []prometheus.Collector{w.capped, order.groups, order.warm, rates.paused} {
 			if err := cfg.Registerer.Register(c); err != nil {
-				return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
+				return nil, fmt.Errorf("modelserver: metrics: %w", err)
 			}
 		}
 	}
@@ -113,7 +113,7 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	if m.online != nil && cfg.Registerer != nil {
 		for _, c := range []prometheus.Collector{m.online.bound, m.online.givenWays} {
 			if err := cfg.Registerer.Register(c); err != nil {
-				return nil, nil, fmt.Errorf("modelserver: metrics: %w", err)
+				return nil, fmt.Errorf("modelserver: metrics: %w", err)
 			}
 		}
 	}
@@ -136,17 +136,17 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	m.outputs = newOutputs()
 
 	if err := m.probeModels(ctx); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	kvPerToken := cfg.KVBytesPerToken
 	if cfg.ModelConfig != "" {
 		var err error
 		if kvPerToken, err = kvBytesPerToken(cfg.ModelConfig, cfg.KVBytesPerValue); err != nil {
-			return nil, nil, fmt.Errorf("modelserver: KV bytes per token: %w", err)
+			return nil, fmt.Errorf("modelserver: KV bytes per token: %w", err)
 		}
 	}
 	m.unit = max(kvPerToken, 1)
-	d := &Device{m: m, name: "model-server " + u.Host, share: 1}
+	d := &KV{m: m, name: "model-server " + u.Host, share: 1}
 	snap, err := m.readMetrics(ctx)
 	switch {
 	case err != nil:
@@ -170,7 +170,7 @@ func Open(ctx context.Context, cfg Config) (*Model, *Device, error) {
 	go m.online.run(bg, m)
 	m.log.Info("model server ready", "config", cfg, "kv_bytes_per_token", kvPerToken, "kv_cache_tokens", kvTokens,
 		"kv_followed", d.live, "capacity", d.capacity, "exact_tokens", wp != nil)
-	return m, d, nil
+	return m, nil
 }
 
 func newClient(cfg Config) *http.Client {
@@ -268,6 +268,9 @@ func (m *Model) Close() error {
 	m.client.CloseIdleConnections()
 	return nil
 }
+
+// Memory is the server's KV cache, which bounds admission in Cost's unit.
+func (m *Model) Memory() backend.Memory { return m.dev }
 
 // Working is the device bytes of the requests in flight, as the server's
 // KV cache shows them: the least of their charges and what the cache
@@ -531,7 +534,7 @@ var _ backend.Backend = (*Model)(nil)
 //     a job's progress would wait for the whole backlog; and a request
 //     that cannot start until its batch's MaxWait is nearly spent backs
 //     the batch off partway. With vLLM's metrics the KV cache bounds
-//     admission (Device), and slots are not offered.
+//     admission (KV), and slots are not offered.
 //   - backend.RateTokens: what the rate limits pass in half of MaxWait,
 //     the configured ones (Config.TPM, RPM) from the start, the server's,
 //     mirrored from its headers, once it has answered, as this process's

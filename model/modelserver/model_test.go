@@ -226,7 +226,7 @@ func TestCanonicalBodyIsSent(t *testing.T) {
 			}
 			s.ServeHTTP(w, r)
 		})
-		m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(handlerTransport{capture}),
+		m, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(handlerTransport{capture}),
 			Models: []string{"fake-model"}, MaxOutputTokens: 500, Logger: quiet()})
 		if err != nil {
 			t.Fatal(err)

@@ -282,7 +282,7 @@ func TestOnlinePriorityReachesTheServer(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{PriorityScheduling: true})
 		defer s.Close()
 		rec := &recordingTransport{next: s.Client().Transport}
-		m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(rec), Models: []string{"fake-model"},
+		m, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(rec), Models: []string{"fake-model"},
 			Logger: quiet(), Online: Online{Interval: time.Second, Priority: 10}})
 		if err != nil {
 			t.Fatal(err)

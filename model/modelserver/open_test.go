@@ -85,7 +85,7 @@ func TestOpenProbes(t *testing.T) {
 			if cfg.BaseURL == "" {
 				cfg.BaseURL = s.URL()
 			}
-			_, _, err := Open(context.Background(), cfg)
+			_, err := Open(context.Background(), cfg)
 			return err
 		}
 		if err := open(Config{Models: []string{"a"}, APIKey: "wrong"}); !errors.Is(err, fault.ErrNeedsOperator) || !strings.Contains(err.Error(), "API key") {
@@ -172,11 +172,11 @@ func TestDeviceFollowsTheKVCache(t *testing.T) {
 		defer s.Close()
 		cfg := Config{BaseURL: s.URL(), HTTPClient: s.Client(), Models: []string{"fake-model"}, Logger: quiet(),
 			KVBytesPerToken: 1000, MetricsMaxAge: time.Nanosecond}
-		m, d, err := Open(t.Context(), cfg)
+		m, d, err := openKV(t.Context(), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		mem, err := d.MemInfo()
+		mem, err := d.Read()
 		room := int64(600 * 16 * 1000)
 		if want := int64(600 * 16 * 1000); err != nil || mem.Total != want || mem.Free != room || d.Simulated() {
 			t.Fatalf("idle: %+v, %v; want %d total and %d free, read from the server", mem, err, want, room)
@@ -189,7 +189,7 @@ func TestDeviceFollowsTheKVCache(t *testing.T) {
 			}
 		}()
 		time.Sleep(5 * time.Second) // 500 tokens generated
-		mem, err = d.MemInfo()
+		mem, err = d.Read()
 		st := s.Stats()
 		used := int64(st.KVBlocksUsed) * 16 * 1000
 		if err != nil || mem.Used != used || mem.Free != room-used || used == 0 {
@@ -211,12 +211,12 @@ func TestDeviceWithoutMetrics(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{})
 		defer s.Close()
 		h := handlerTransport{h: http404For("/metrics", s)}
-		m, d, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
+		m, d, err := openKV(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
 			TokensInFlight: 5000})
 		if err != nil {
 			t.Fatal(err)
 		}
-		mem, err := d.MemInfo()
+		mem, err := d.Read()
 		if err != nil || mem.Total != 5000 || mem.Free != 5000 || !d.Simulated() || m.Working() != 0 {
 			t.Errorf("%+v, %v, working %d; want 5000 tokens at a byte each, all free, accounted by vramq", mem, err, m.Working())
 		}
@@ -245,7 +245,7 @@ func TestOfferFollowsTheRateLimits(t *testing.T) {
 			{1200, 10, 500, 500},          // 10 requests a minute for 30 s, of at most 100 tokens
 			{0, 100000, 5000000, 5000000}, // 100,000 requests a minute for 30 s, of at most 100 tokens
 		} {
-			m, d, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
+			m, d, err := openKV(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
 				TPM: tc.tpm, RPM: tc.rpm, MaxOutputTokens: 100, TokensInFlight: 1 << 20, MaxWait: time.Minute})
 			if err != nil {
 				t.Fatal(err)
@@ -256,7 +256,7 @@ func TestOfferFollowsTheRateLimits(t *testing.T) {
 					t.Errorf("TPM %d, RPM %d, %s: %d rate tokens of at most %d offered; want %d of %d",
 						tc.tpm, tc.rpm, when, now[backend.RateTokens], most[backend.RateTokens], want, int64(rateMost))
 				}
-				if mem, err := d.MemInfo(); err != nil || mem.Total != 1<<20 || mem.Free != 1<<20 {
+				if mem, err := d.Read(); err != nil || mem.Total != 1<<20 || mem.Free != 1<<20 {
 					t.Errorf("TPM %d, RPM %d, %s: %+v, %v; want all %d free: the limits are not memory", tc.tpm, tc.rpm, when, mem, err, 1<<20)
 				}
 			}
@@ -282,7 +282,7 @@ func TestOfferSharesTheServersLimits(t *testing.T) {
 		defer s.Close()
 		h := handlerTransport{h: http404For("/metrics", s)}
 		open := func() *Model {
-			m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
+			m, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
 				MaxOutputTokens: 100, TokensInFlight: 1 << 20, MaxWait: time.Minute})
 			if err != nil {
 				t.Fatal(err)

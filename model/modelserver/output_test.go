@@ -135,7 +135,7 @@ func TestCostWithoutMetricsKeepsMaxTokens(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{})
 		defer s.Close()
-		m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(handlerTransport{h: http404For("/metrics", s)}),
+		m, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(handlerTransport{h: http404For("/metrics", s)}),
 			Models: []string{"fake-model"}, Logger: quiet(), KVCacheTokens: 100000})
 		if err != nil {
 			t.Fatal(err)
@@ -192,7 +192,7 @@ func TestDeviceRetractsOnPreemptionAndWaiting(t *testing.T) {
 		defer s.Close()
 		st := &stubMetrics{}
 		const age = time.Second
-		m, d, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(handlerTransport{h: st.handler(s)}),
+		m, d, err := openKV(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(handlerTransport{h: st.handler(s)}),
 			Models: []string{"fake-model"}, Logger: quiet(), MetricsMaxAge: age})
 		if err != nil {
 			t.Fatal(err)
@@ -202,7 +202,7 @@ func TestDeviceRetractsOnPreemptionAndWaiting(t *testing.T) {
 			t.Helper()
 			st.set(usage, waiting, preempted)
 			time.Sleep(age)
-			mem, err := d.MemInfo()
+			mem, err := d.Read()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -253,7 +253,7 @@ func TestDeviceRetractsOnTheFakesPreemption(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fc)
 		defer s.Close()
-		m, d, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: s.Client(), Models: []string{"fake-model"}, Logger: quiet(),
+		m, d, err := openKV(t.Context(), Config{BaseURL: s.URL(), HTTPClient: s.Client(), Models: []string{"fake-model"}, Logger: quiet(),
 			MetricsMaxAge: time.Nanosecond})
 		if err != nil {
 			t.Fatal(err)
@@ -272,14 +272,14 @@ func TestDeviceRetractsOnTheFakesPreemption(t *testing.T) {
 				resp.Body.Close()
 			})
 		}
-		if _, err := d.MemInfo(); err != nil {
+		if _, err := d.Read(); err != nil {
 			t.Fatal(err)
 		}
 		wg.Wait()
 		if s.Stats().Preemptions == 0 {
 			t.Fatal("the fake did not preempt")
 		}
-		mem, err := d.MemInfo()
+		mem, err := d.Read()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,7 +20,7 @@ func TestResponsesAndModerationsAreForwarded(t *testing.T) {
 	s := fakeoai.New(fakeoai.Config{OutputTokens: func(string, int) int { return 6 }})
 	defer s.Close()
 	rec := &paths{next: s.Client().Transport}
-	m, _, err := Open(t.Context(), Config{BaseURL: s.URL(), Models: []string{"fake-model"},
+	m, err := Open(t.Context(), Config{BaseURL: s.URL(), Models: []string{"fake-model"},
 		HTTPClient: &http.Client{Transport: rec}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

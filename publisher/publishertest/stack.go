@@ -82,11 +82,19 @@ func Sweep(t testing.TB, pub *publisher.Publisher) {
 	})
 }
 
-// RunSubscriber runs a real subscriber of b on dev, on the queues urls
-// and the bucket of store, until the test ends.
+// RunSubscriber runs a real subscriber of b on dev (nil for a backend
+// that owns its memory, a model server), on the queues urls and the bucket
+// of store, until the test ends.
 func RunSubscriber(t testing.TB, client *sqs.Client, urls localstack.URLs, store *payload.Store, b backend.Backend, dev gpu.Device,
 	logger *slog.Logger) {
 	t.Helper()
+	var reserve int64 = 1 << 20
+	if dev == nil {
+		// A model server's KV cache is counted in tokens, and a reserve
+		// for a framework's allocations means nothing there
+		// (cmd/subscriber's default).
+		reserve = 1
+	}
 	sub, err := subscriber.New(subscriber.Config{
 		Queue:       sqsqueue.New(client, urls.Work),
 		Results:     sqsqueue.New(client, urls.Results),
@@ -94,7 +102,7 @@ func RunSubscriber(t testing.TB, client *sqs.Client, urls localstack.URLs, store
 		Payloads:    store,
 		Backend:     b,
 		Device:      dev,
-		VRAMReserve: 1 << 20,
+		VRAMReserve: reserve,
 		WaitTime:    time.Second, // short polls keep shutdown quick
 		Visibility:  10 * time.Second,
 		Logger:      logger,
@@ -129,15 +137,16 @@ func RefModel(t testing.TB) (gpu.Model, gpu.Device) {
 	return embedder, dev
 }
 
-// ServerModel is the model-server backend on srv (model "fake-model") and a
-// simulated device for it, closed when the test ends.
-func ServerModel(t testing.TB, srv *fakeoai.Server) (backend.Backend, gpu.Device) {
+// ServerModel is the model-server backend on srv (model "fake-model"),
+// which owns its memory (RunSubscriber's dev is nil for it), closed when
+// the test ends.
+func ServerModel(t testing.TB, srv *fakeoai.Server) backend.Backend {
 	t.Helper()
-	m, _, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
+	m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	return m, gpu.NewSim(1 << 30)
+	return m
 }

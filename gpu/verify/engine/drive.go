@@ -143,7 +143,7 @@ func runPhase(ctx context.Context, o driveOpts, p phase) (phaseResult, error) {
 			// and the batch's generations behind the product's in the queue.
 			cfg.Online = modelserver.Online{Interval: 2 * time.Second, TargetTTFT: 500 * time.Millisecond, Priority: o.priority}
 		}
-		m, _, err := modelserver.Open(ctx, cfg)
+		m, err := modelserver.Open(ctx, cfg)
 		if err != nil {
 			return res, fmt.Errorf("%s: opening the model-server backend: %w", p.name, err)
 		}

@@ -14,17 +14,18 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/model/backend"
 )
 
-// Device is the model server as a gpu.Device. Its memory is the server's KV
-// cache in device bytes (Model.Cost's unit): the blocks vllm:cache_config_info
+// KV is the model server's KV cache as the Memory that bounds its
+// admission (backend.Memory, Model.Memory), in Model.Cost's unit (KV bytes
+// per token × tokens, or tokens): the blocks vllm:cache_config_info
 // names × their size × KV bytes per token, or Config.KVCacheTokens of them,
 // or, knowing neither, Config.TokensInFlight. Without vLLM's metrics it is
 // all free, always: the budget is then the capacity, a bound on the tokens
 // vramq has in flight.
 //
-// With vLLM's metrics, the device follows the cache, and its free memory is
+// With vLLM's metrics, it follows the cache, and its free memory is
 // what admission may still fill: the pool, scaled by the retraction, less
 // what the cache holds (vllm:kv_cache_usage_perc). With the model's working
 // set (Model.Working: the least of its charges and the cache in use), a
@@ -52,7 +53,7 @@ import (
 //
 // The rate limits are not memory: they bound admission as a resource of
 // their own (Model.Offers, backend.RateTokens), in tokens.
-type Device struct {
+type KV struct {
 	m        *Model
 	name     string
 	capacity int64
@@ -75,17 +76,17 @@ const (
 )
 
 // Name is "model-server" and the server's host.
-func (d *Device) Name() string { return d.name }
+func (d *KV) Name() string { return d.name }
 
 // Simulated is true when nothing is read from the server: the memory is
 // vramq's own account of what it has in flight.
-func (d *Device) Simulated() bool { return !d.live }
+func (d *KV) Simulated() bool { return !d.live }
 
-// MemInfo reads the server's KV cache, through a reading of /metrics at
+// Read reads the server's KV cache, through a reading of /metrics at
 // most Config.MetricsMaxAge old.
-func (d *Device) MemInfo() (gpu.MemInfo, error) {
+func (d *KV) Read() (backend.Reading, error) {
 	if !d.live {
-		return gpu.MemInfo{Total: d.capacity, Free: d.capacity}, nil
+		return backend.Reading{Total: d.capacity, Free: d.capacity}, nil
 	}
 	d.mu.Lock()
 	stale := time.Since(d.read) >= d.m.cfg.MetricsMaxAge
@@ -95,7 +96,7 @@ func (d *Device) MemInfo() (gpu.MemInfo, error) {
 		snap, err := d.m.readMetrics(ctx)
 		cancel()
 		if err != nil {
-			return gpu.MemInfo{}, err
+			return backend.Reading{}, err
 		}
 		d.mu.Lock()
 		d.follow(snap)
@@ -110,12 +111,12 @@ func (d *Device) MemInfo() (gpu.MemInfo, error) {
 	// requests in flight hold beyond their charges, a reading that holds
 	// still enough for the subscriber's budget to take it, as 0 and the
 	// ever-moving working set would not.
-	return gpu.MemInfo{Total: d.capacity, Free: room - used, Used: used, Process: d.m.Working()}, nil
+	return backend.Reading{Total: d.capacity, Free: room - used, Used: used, Process: d.m.Working()}, nil
 }
 
 // follow takes a new reading of the server's metrics, retracting or
 // giving back admission's share. d.mu is held.
-func (d *Device) follow(snap metricsSnap) {
+func (d *KV) follow(snap metricsSnap) {
 	prev := d.snap
 	now := time.Now()
 	d.snap, d.read = snap, now
@@ -133,7 +134,7 @@ func (d *Device) follow(snap metricsSnap) {
 
 // usedBytes is the KV cache in use at the last reading: all of it while
 // requests wait for blocks. d.mu is held.
-func (d *Device) usedBytes() int64 {
+func (d *KV) usedBytes() int64 {
 	if d.snap.waiting > 0 && d.snap.usage >= kvHigh {
 		return d.capacity
 	}
@@ -141,7 +142,7 @@ func (d *Device) usedBytes() int64 {
 }
 
 // blockSize is the server's KV block in tokens; 0 when not followed.
-func (d *Device) blockSize() int64 {
+func (d *KV) blockSize() int64 {
 	if !d.live {
 		return 0
 	}
@@ -149,9 +150,6 @@ func (d *Device) blockSize() int64 {
 	defer d.mu.Unlock()
 	return d.snap.blockSize
 }
-
-// Close closes the model's idle connections.
-func (d *Device) Close() error { return d.m.Close() }
 
 // metricsSnap is what /metrics says of the KV cache.
 type metricsSnap struct {

@@ -1,0 +1,46 @@
+package backend
+
+import "github.com/vramq/vramq/gpu"
+
+// Memory is what bounds a backend's admission as a whole, in the
+// backend's own unit: the device bytes of a model in this process, or the
+// KV-cache tokens of a model server. Backend.Cost is in the same unit. The
+// subscriber's budget is read from it: free plus what this process's work
+// holds, less the reserve. Implementations are safe for concurrent use.
+type Memory interface {
+	// Name says what holds the memory, e.g. "sim", "NVIDIA H100 80GB HBM3
+	// (0)" or "model-server host:8000"; the subscriber's state file is kept
+	// per name.
+	Name() string
+	// Simulated is true when the reading is vramq's own account rather
+	// than read from the hardware or the server.
+	Simulated() bool
+	// Read reads it now.
+	Read() (Reading, error)
+}
+
+// Reading is a snapshot of a Memory, in its unit.
+type Reading struct {
+	Total, Free, Used int64
+	// Process is what this process holds, when the memory can tell (NVML
+	// can, per process; a model server's KV cache, the share of vramq's
+	// requests); 0 when unknown.
+	Process int64
+}
+
+// MemoryOwner is a Backend that owns its Memory. A Backend that is not
+// one, or whose Memory is nil, is bounded by the subscriber's
+// Config.Device.
+type MemoryOwner interface {
+	Memory() Memory
+}
+
+// DeviceMemory is a device's memory, in bytes, as a Memory.
+func DeviceMemory(d gpu.Device) Memory { return deviceMemory{d} }
+
+type deviceMemory struct{ gpu.Device }
+
+func (d deviceMemory) Read() (Reading, error) {
+	m, err := d.MemInfo()
+	return Reading(m), err
+}
