@@ -129,6 +129,11 @@ func (p *pipeline) start(cfg subscriber.Config, via *sqs.Client) {
 	cfg.DLQ = sqsqueue.New(via, p.urls.DLQ)
 	cfg.Backend, cfg.Device, cfg.Registerer = p.model, p.dev, p.reg
 	cfg.VRAMReserve = 1 << 20
+	if o, ok := p.model.(backend.MemoryOwner); ok && o.Memory() != nil {
+		// A model server: its KV cache bounds it, in tokens, where a
+		// reserve for a framework's allocations means nothing.
+		cfg.Device, cfg.VRAMReserve = nil, 1
+	}
 	if cfg.WaitTime == 0 {
 		cfg.WaitTime = time.Second // short polls keep shutdown quick in tests
 	}
