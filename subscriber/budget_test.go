@@ -438,3 +438,32 @@ func TestAgreed(t *testing.T) {
 		}
 	}
 }
+
+// A backend that owns its memory (backend.MemoryOwner: a model with its
+// device, a model server with its KV cache) bounds the budget with no
+// Config.Device, and the budget follows that memory; a Device given
+// besides is refused, as a second owner of the one bound.
+func TestBudgetFollowsTheBackendsOwnMemory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startWith(t, 64*mib, Config{BudgetRefresh: time.Second}, func(h *harness, c *Config) {
+			c.Backend, c.Device = backend.InProcess{Model: workingModel{h.model}, Device: h.dev}, nil
+		})
+		full := h.sub.Budget()
+		if full != 64*mib-1 {
+			t.Fatalf("budget %d, want the backend's device less the reserve", full)
+		}
+		release := otherProcess(t, h.dev, 24*mib)
+		defer release()
+		wait.For(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == full-24*mib })
+		h.shutdown()
+	})
+	dev := gpu.NewSim(mib)
+	both := Config{Backend: backend.InProcess{Model: &testModel{dev: dev}, Device: dev}, Device: dev}
+	if err := both.Validate(); err == nil || !strings.Contains(err.Error(), "leave Device unset") {
+		t.Errorf("a Device besides the backend's own: %v, want it refused", err)
+	}
+	neither := Config{Backend: backend.InProcess{Model: &testModel{dev: dev}}}
+	if err := neither.Validate(); err == nil || !strings.Contains(err.Error(), "no device") {
+		t.Errorf("no memory at all: %v, want it refused", err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -219,6 +220,33 @@ func TestDeviceWithoutMetrics(t *testing.T) {
 		mem, err := d.Read()
 		if err != nil || mem.Total != 5000 || mem.Free != 5000 || !d.Simulated() || m.Working() != 0 {
 			t.Errorf("%+v, %v, working %d; want 5000 tokens at a byte each, all free, accounted by vramq", mem, err, m.Working())
+		}
+	})
+}
+
+// The model server is no device: its KV cache is the Memory the backend
+// owns (backend.MemoryOwner), which the subscriber reads its budget from
+// with no Config.Device, and neither it nor the model is a gpu.Device.
+func TestKVCacheIsTheBackendsMemory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := fakeoai.NewUnstarted(fakeoai.Config{})
+		defer s.Close()
+		h := handlerTransport{h: http404For("/metrics", s)}
+		m, err := Open(t.Context(), Config{BaseURL: s.URL(), HTTPClient: httpClient(h), Models: []string{"fake-model"}, Logger: quiet(),
+			TokensInFlight: 5000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		var b backend.Backend = m
+		if o, ok := b.(backend.MemoryOwner); !ok || o.Memory() != backend.Memory(m.dev) {
+			t.Fatalf("the model server's backend does not own its KV cache as its Memory")
+		}
+		if _, ok := any(m.Memory()).(gpu.Device); ok {
+			t.Error("the KV cache is a gpu.Device")
+		}
+		if _, ok := any(m).(gpu.Device); ok {
+			t.Error("the model is a gpu.Device")
 		}
 	})
 }
