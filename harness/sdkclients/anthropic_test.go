@@ -10,7 +10,6 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 
-	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/publisher"
@@ -27,7 +26,7 @@ func pipeline(t *testing.T, srv *fakeoai.Server, keys ...string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	s.run(m, gpu.NewSim(1<<30))
+	s.run(m, nil)
 	return s.URL
 }
 
