@@ -74,8 +74,7 @@ func Example() {
 		Queue:   sqsqueue.New(client, os.Getenv("QUEUE_URL")),
 		Results: sqsqueue.New(client, os.Getenv("RESULTS_QUEUE_URL")),
 		DLQ:     sqsqueue.New(client, os.Getenv("DLQ_URL")),
-		Backend: backend.InProcess{Model: &captioner{bytesPerPixel: 600}},
-		Device:  dev,
+		Backend: backend.InProcess{Model: &captioner{bytesPerPixel: 600}, Device: dev},
 	})
 	if err != nil {
 		log.Fatal(err)
