@@ -394,7 +394,7 @@ func (m *Model) Run(ctx context.Context, endpoint string, items []job.Item) ([]j
 // generate runs one chat or completion item: its request under ctx, its
 // waits for a turn under wait (see group).
 func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error {
-	seq := m.outputs.start(r.kind())
+	seq := m.outputs.begin(r.kind(), cohort(r))
 	ep, body := r.ep, r.body
 	if r.chat != nil {
 		ep, body = chat, r.chat
@@ -402,15 +402,15 @@ func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error 
 	o, err := m.send(ctx, wait, &call{ep: ep, body: m.online.mark(body), tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
 		kv: m.kvTokens(r) * m.unit, most: run.room(), prefix: job.PrefixKey(r.ep.path(), r.body)}, run.deadline)
 	if err != nil {
-		m.outputs.done(r.kind(), seq, 0, 0)
+		m.outputs.end(seq, 0, 0)
 		return m.itemErr(err, &run.outs[r.idx])
 	}
 	if o.row.action != actOK {
-		m.outputs.done(r.kind(), seq, 0, 0)
+		m.outputs.end(seq, 0, 0)
 	} else {
 		u := usageOf(o.a.body)
 		m.counter.observe(r.kind(), r.prompt, u.PromptTokens)
-		m.outputs.done(r.kind(), seq, u.CompletionTokens, r.choices)
+		m.outputs.end(seq, u.CompletionTokens, r.choices)
 		if r.chat != nil {
 			o.a.body = fromChat(o.a.body, r.stops)
 		}
