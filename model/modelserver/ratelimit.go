@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -101,7 +102,62 @@ type bucket struct {
 	// inferred is a mirror of a limit the headers do not give (Azure's):
 	// its capacity is the most it has been shown to hold.
 	inferred bool
+	// sharedAt is when the estimate last showed others on the limit.
+	sharedAt time.Time
+	// A fixed minute's end, as answers show it (windowEnd), from the
+	// last answer's end and remaining count (lastEnd, lastRemaining).
+	windowEnd, lastEnd time.Time
+	lastRemaining      float64
 }
+
+// windowLeft is the time left of a fixed minute, as the answers showed
+// its end (observeWindow); ok is false where none did within sharedHold.
+func (b *bucket) windowLeft(now time.Time) (time.Duration, bool) {
+	if b.windowEnd.IsZero() || now.Sub(b.windowEnd) > sharedHold {
+		return 0, false
+	}
+	left := b.windowEnd.Sub(now) % limitSpan
+	if left <= 0 {
+		left += limitSpan
+	}
+	return left, true
+}
+
+// sameEnd is how close two answers' window ends must be to be one: the
+// fake and OpenAI write resets to the millisecond; a request's transit
+// varies by a few.
+const sameEnd = 25 * time.Millisecond
+
+// observeWindow reads a fixed minute's end from an answer at now: its
+// remaining count and, where the server sends one, its reset. A fixed
+// minute's reset ends at the same instant whatever was charged between
+// two answers; a bucket's and a sliding window's move with each charge.
+// Without a reset (Azure's), a minute's start shows as its remaining
+// count jumping back up by more than a quarter of the limit.
+func (b *bucket) observeWindow(remaining float64, reset time.Duration, hasReset bool, now time.Time) {
+	if hasReset {
+		end := now.Add(reset)
+		if d := end.Sub(b.lastEnd); reset > 0 && d < sameEnd && d > -sameEnd && remaining < b.lastRemaining {
+			b.windowEnd = end
+		}
+		b.lastEnd = end
+	} else if !b.lastEnd.IsZero() && remaining > b.lastRemaining+b.capacity/4 {
+		b.windowEnd = now.Add(limitSpan)
+	} else if b.lastEnd.IsZero() {
+		b.lastEnd = now
+	}
+	b.lastRemaining = remaining
+}
+
+// shared is whether others were seen on the limit within sharedHold: the
+// evidence of a fixed minute's comes only late in each minute, when its
+// count has passed all this process sent in the last one, and is gone
+// again once the minute restarts, where the others are not.
+func (b *bucket) shared(now time.Time) bool {
+	return !b.sharedAt.IsZero() && now.Sub(b.sharedAt) < sharedHold
+}
+
+const sharedHold = 2 * limitSpan
 
 // A lone mirror (othersPerSec at most loneShare of its refill) counts its
 // room from this process's own sends: no limiter over a minute (a bucket
@@ -296,6 +352,85 @@ func (b *bucket) estimate(level float64, now time.Time) {
 	others := math.Max(0, b.capacity-level-b.ownWithin(now, limitSpan)) / limitSpan.Seconds()
 	b.othersPerSec = math.Min(othersShare*b.perSec, 0.7*b.othersPerSec+0.3*others)
 	b.estAt = now
+	if !b.lone() {
+		b.sharedAt = now
+	}
+}
+
+// Sharing a limit (a mirror with evidence of others: !bucket.lone), each
+// process paces its own sends at a rate of its own, r.pace, found by AIMD:
+// it grows by paceIncrease of the limit a second, and is cut by paceCut
+// when an answer shows the limit nearly spent (congested: the room left
+// under two typical requests or paceFull of the limit) and by paceCut429
+// on a 429, each at most once in cutEvery. The server's room a mirror
+// follows cannot divide it: three processes read the same remaining count
+// and each sent into it (1.9–3.4% 429s in the real-time benchmark), and
+// whoever asked first took the most (65, 118 and 415 items against one
+// bucket). Paced below the limit together, they leave room in it, and
+// the mirror's proven room binds none of them; all reading the same counts
+// are cut together, and equal increases after proportional cuts bring
+// their rates together (Chiu and Jain's argument for AIMD). Each starts at
+// what the estimate of others' use leaves it, from a random point in its
+// first request's cost, so that they do not send in step.
+const (
+	paceIncrease = 0.004
+	paceCut      = 0.85
+	paceCut429   = 0.6
+	paceFull     = 0.05
+	paceLeast    = 0.02 // of the limit: a share is never starved
+	paceBurst    = 2 * time.Second
+	cutEvery     = 5 * time.Second
+)
+
+func (r *rates) minPace() float64 { return paceLeast * r.srv[kindTokens].perSec }
+
+// advancePace brings the pace and its room to now. r.mu is held, and a
+// pace is set.
+func (r *rates) advancePace(now time.Time) {
+	b := r.srv[kindTokens]
+	dt := max(0, now.Sub(r.paceAt)).Seconds()
+	r.paceLevel = math.Min(r.paceLevel+r.pace*dt, math.Max(r.typical, r.pace*paceBurst.Seconds()))
+	r.pace = math.Min(b.perSec, r.pace+paceIncrease*b.perSec*dt)
+	r.paceAt = now
+}
+
+// paceWait is how long the next send waits for the pace: 0 alone on the
+// limit (no pace) or with room. r.mu is held.
+func (r *rates) paceWait(now time.Time) time.Duration {
+	b := r.srv[kindTokens]
+	if b == nil || !b.shared(now) {
+		r.pace = 0
+		return 0
+	}
+	if r.pace == 0 {
+		r.pace = math.Max(r.minPace(), math.Min(b.perSec-b.othersPerSec, b.perSec/3))
+		r.paceLevel, r.paceAt = -rand.Float64()*r.typical, now
+	}
+	r.advancePace(now)
+	if r.paceLevel >= 0 {
+		return 0
+	}
+	return seconds(-r.paceLevel / r.pace)
+}
+
+// congestion cuts the pace when an answer's room, b's proven, shows the
+// shared limit nearly spent. r.mu is held.
+func (r *rates) congestion(b *bucket, now time.Time) {
+	if r.pace == 0 || !b.shared(now) || now.Sub(r.cutAt) < cutEvery {
+		return
+	}
+	congested := b.proven < math.Max(2*r.typical, paceFull*b.capacity)
+	if left, ok := b.windowLeft(now); ok {
+		// What remains of a fixed minute lasts to its end only at less
+		// than the limit's rate: the processes together spent faster.
+		congested = congested || b.proven < b.perSec*left.Seconds()
+	}
+	if !congested {
+		return
+	}
+	r.advancePace(now)
+	r.pace = math.Max(r.pace*paceCut, r.minPace())
+	r.cutAt = now
 }
 
 // tooLargeError is a request whose reservation exceeds a bucket's capacity:
@@ -334,7 +469,13 @@ type rates struct {
 	// windowRequests is the most requests a window of unnamed length has
 	// been shown to hold (perSecond).
 	windowRequests float64
-	waits          *waits
+	// pace is this process's own rate on a shared tokens mirror, tokens
+	// a second (0 while alone: sharePace); paceLevel its room, negative
+	// while the last sends are not yet paid off, as of paceAt; cutAt the
+	// last time the pace was cut.
+	pace, paceLevel float64
+	paceAt, cutAt   time.Time
+	waits           *waits
 	log            *slog.Logger
 }
 
@@ -481,8 +622,14 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 				}
 			}
 		}
+		if w := r.paceWait(now); w > wait {
+			wait, which, label, pending = w, "its share of a shared tokens limit", "shared_tokens", false
+		}
 		if wait <= 0 {
 			r.seq++
+			if r.pace > 0 {
+				r.paceLevel -= cost[kindTokens]
+			}
 			if held != "" {
 				r.paused.WithLabelValues(held).Observe(waited.Seconds())
 			}
@@ -643,6 +790,11 @@ func (r *rates) limited() {
 	r.mu.Lock()
 	r.marginK = math.Min(marginMax, r.marginK*marginRaise)
 	r.clean = 0
+	if r.pace > 0 {
+		r.advancePace(time.Now())
+		r.pace = math.Max(r.pace*paceCut429, r.minPace())
+		r.cutAt = time.Now()
+	}
 	r.mu.Unlock()
 }
 
@@ -761,6 +913,10 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			b.proven = math.Min(remaining, limit) - unseen[k]
 			b.level, b.last = b.proven, now
 			b.estimate(math.Min(remaining, limit), now)
+			b.observeWindow(remaining, reset, okT, now)
+			if k == kindTokens && ok {
+				r.congestion(b, now)
+			}
 			// Waiters wake only for more room than was proven.
 			more = more || b.proven > before
 		}
