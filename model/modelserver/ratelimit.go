@@ -374,7 +374,7 @@ func (b *bucket) estimate(level float64, now time.Time) {
 // first request's cost, so that they do not send in step.
 const (
 	paceIncrease = 0.004
-	paceCut      = 0.85
+	paceCut      = 0.45
 	paceCut429   = 0.6
 	paceFull     = 0.05
 	paceLeast    = 0.02 // of the limit: a share is never starved
@@ -429,7 +429,8 @@ func (r *rates) congestion(b *bucket, now time.Time) {
 		return
 	}
 	r.advancePace(now)
-	r.pace = math.Max(r.pace*paceCut, r.minPace())
+	share := r.pace / (r.pace + b.othersPerSec)
+	r.pace = math.Max(r.pace*(1-paceCut*share), r.minPace())
 	r.cutAt = now
 }
 

@@ -503,7 +503,7 @@ func TestThreeModelsShareEachLimiterKind(t *testing.T) {
 }
 
 func threeShare(t *testing.T, limits fakeoai.RateLimits) {
-	const minutes = 8
+	const minutes = 12
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: limits, TokenLatency: 5 * time.Millisecond})
 		defer s.Close()
