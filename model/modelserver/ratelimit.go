@@ -106,8 +106,8 @@ type bucket struct {
 	sharedAt time.Time
 	// A fixed minute's end, as answers show it (windowEnd), from the
 	// last answer's end and remaining count (lastEnd, lastRemaining).
-	windowEnd, lastEnd time.Time
-	lastRemaining      float64
+	windowEnd, lastEnd, lastAt time.Time
+	lastRemaining              float64
 }
 
 // windowLeft is the time left of a fixed minute, as the answers showed
@@ -141,12 +141,13 @@ func (b *bucket) observeWindow(remaining float64, reset time.Duration, hasReset 
 			b.windowEnd = end
 		}
 		b.lastEnd = end
-	} else if !b.lastEnd.IsZero() && remaining > b.lastRemaining+b.capacity/4 {
-		b.windowEnd = now.Add(limitSpan)
-	} else if b.lastEnd.IsZero() {
-		b.lastEnd = now
+	} else if !b.lastAt.IsZero() && remaining > b.lastRemaining+b.capacity/4 {
+		// The minute started after the last answer: taken as started
+		// then, a process that hears seldom (one sending less) reckons
+		// its minute shorter and its slack larger, and is cut less.
+		b.windowEnd = b.lastAt.Add(limitSpan)
 	}
-	b.lastRemaining = remaining
+	b.lastRemaining, b.lastAt = remaining, now
 }
 
 // shared is whether others were seen on the limit within sharedHold: the
@@ -380,6 +381,7 @@ const (
 	paceLeast    = 0.02 // of the limit: a share is never starved
 	paceBurst    = 2 * time.Second
 	cutEvery     = 5 * time.Second
+	growAfter    = limitSpan
 )
 
 func (r *rates) minPace() float64 { return paceLeast * r.srv[kindTokens].perSec }
@@ -416,22 +418,40 @@ func (r *rates) paceWait(now time.Time) time.Duration {
 // congestion cuts the pace when an answer's room, b's proven, shows the
 // shared limit nearly spent. r.mu is held.
 func (r *rates) congestion(b *bucket, now time.Time) {
-	if r.pace == 0 || !b.shared(now) || now.Sub(r.cutAt) < cutEvery {
+	if r.pace == 0 || !b.shared(now) {
 		return
 	}
-	congested := b.proven < math.Max(2*r.typical, paceFull*b.capacity)
+	// short is how far the room falls short of the least it should hold.
+	short := math.Max(2*r.typical, paceFull*b.capacity) - b.proven
+	slack := b.proven
 	if left, ok := b.windowLeft(now); ok {
 		// What remains of a fixed minute lasts to its end only at less
 		// than the limit's rate: the processes together spent faster.
-		congested = congested || b.proven < b.perSec*left.Seconds()
+		slack -= b.perSec * left.Seconds()
+		short = math.Max(short, -slack-2*r.typical)
 	}
-	if !congested {
+	if slack >= b.capacity/2 {
+		// Half the limit unused: the pace is not what divides it, and
+		// grows by half, once in cutEvery, towards what the evidence of
+		// others leaves this process, rather than by paceIncrease alone.
+		r.advancePace(now)
+		if now.Sub(r.cutAt) >= growAfter && now.Sub(r.grownAt) >= cutEvery {
+			r.pace = math.Max(r.pace, math.Min(1.5*r.pace, b.perSec-b.othersPerSec))
+			r.grownAt = now
+		}
+		return
+	}
+	// A cut shows in the room only as the sends it slowed would have
+	// been charged: while the room recovers from the last cut, no other
+	// (a bucket emptied by a burst refills slowly, and cut after cut had
+	// left it a tenth unused).
+	if short <= 0 || now.Sub(r.cutAt) < cutEvery || (short < r.cutShort && now.Sub(r.cutAt) < growAfter/3) {
 		return
 	}
 	r.advancePace(now)
 	share := r.pace / (r.pace + b.othersPerSec)
 	r.pace = math.Max(r.pace*(1-paceCut*share), r.minPace())
-	r.cutAt = now
+	r.cutAt, r.cutShort = now, short
 }
 
 // tooLargeError is a request whose reservation exceeds a bucket's capacity:
@@ -476,8 +496,10 @@ type rates struct {
 	// last time the pace was cut.
 	pace, paceLevel float64
 	paceAt, cutAt   time.Time
+	grownAt         time.Time
+	cutShort        float64 // how short the room fell at the last cut (congestion)
 	waits           *waits
-	log            *slog.Logger
+	log             *slog.Logger
 }
 
 type sent struct {
@@ -914,7 +936,13 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			b.proven = math.Min(remaining, limit) - unseen[k]
 			b.level, b.last = b.proven, now
 			b.estimate(math.Min(remaining, limit), now)
-			b.observeWindow(remaining, reset, okT, now)
+			at := now
+			if !sentAt.IsZero() {
+				// The counts are the server's when it admitted the
+				// request; a long generation makes them old at now.
+				at = sentAt
+			}
+			b.observeWindow(remaining, reset, okT, at)
 			if k == kindTokens && ok {
 				r.congestion(b, now)
 			}

@@ -503,7 +503,7 @@ func TestThreeModelsShareEachLimiterKind(t *testing.T) {
 }
 
 func threeShare(t *testing.T, limits fakeoai.RateLimits) {
-	const minutes = 12
+	const minutes = 20
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: limits, TokenLatency: 5 * time.Millisecond})
 		defer s.Close()
