@@ -52,6 +52,9 @@ import (
 // clean answers lowers back. Three subscribers that each saw the whole
 // refill would wake together at every refill and collide; each seeing its
 // share, they pace.
+// Each also paces its own sends at a rate of its own, found by AIMD on
+// the counts the answers show (rates.congestion), so that the room the
+// mirrors follow is seldom what divides the limit.
 //
 // Requests are spread besides: at most a second's share of the RPM in any
 // second (perSecond), as Azure evaluates them.
@@ -358,21 +361,32 @@ func (b *bucket) estimate(level float64, now time.Time) {
 	}
 }
 
-// Sharing a limit (a mirror with evidence of others: !bucket.lone), each
-// process paces its own sends at a rate of its own, r.pace, found by AIMD:
-// it grows by paceIncrease of the limit a second, and is cut by paceCut
-// when an answer shows the limit nearly spent (congested: the room left
-// under two typical requests or paceFull of the limit) and by paceCut429
-// on a 429, each at most once in cutEvery. The server's room a mirror
-// follows cannot divide it: three processes read the same remaining count
-// and each sent into it (1.9–3.4% 429s in the real-time benchmark), and
-// whoever asked first took the most (65, 118 and 415 items against one
-// bucket). Paced below the limit together, they leave room in it, and
-// the mirror's proven room binds none of them; all reading the same counts
-// are cut together, and equal increases after proportional cuts bring
-// their rates together (Chiu and Jain's argument for AIMD). Each starts at
-// what the estimate of others' use leaves it, from a random point in its
-// first request's cost, so that they do not send in step.
+// Sharing a limit (a mirror with evidence of others within sharedHold:
+// bucket.shared), each process paces its own sends at a rate of its own,
+// r.pace, found by AIMD. The server's room a mirror follows cannot divide
+// the limit: three processes read the same remaining count and each sent
+// into it (1.9–3.4% 429s in the real-time benchmark), and whoever asked
+// first took the most (65, 118 and 415 items against one bucket). Paced
+// below the limit together, they leave room in it, and the mirror's proven
+// room binds none of them.
+//
+//   - The pace grows by paceIncrease of the limit a second; with half the
+//     limit unused and no cut for growAfter, by half at a time up to what
+//     the estimate of others' use leaves.
+//   - It is cut when an answer shows the limit congested: its room under
+//     two typical requests or paceFull of the limit, or, for a fixed
+//     minute whose end the answers show (observeWindow), less room than
+//     the limit's rate lasts to that end. The cut takes paceCut times this
+//     process's share of the draw (its pace over its pace and the others'
+//     estimated use), so that the larger share gives up more; all reading
+//     the same counts are cut together, and equal increases after
+//     proportional cuts bring their rates together (Chiu and Jain's
+//     argument for AIMD). At most one cut in cutEvery, and none while the
+//     room recovers from the last one.
+//   - A 429 cuts it to paceCut429, the penalty the increases then decay.
+//   - It starts at a third of the limit at most (what the estimate of
+//     others leaves, which lags them), with its room at a random point in
+//     a typical request's cost, so that processes do not send in step.
 const (
 	paceIncrease = 0.004
 	paceCut      = 0.45
@@ -491,13 +505,14 @@ type rates struct {
 	// been shown to hold (perSecond).
 	windowRequests float64
 	// pace is this process's own rate on a shared tokens mirror, tokens
-	// a second (0 while alone: sharePace); paceLevel its room, negative
-	// while the last sends are not yet paid off, as of paceAt; cutAt the
-	// last time the pace was cut.
+	// a second (0 while alone: paceWait); paceLevel its room, negative
+	// while the last sends are not yet paid off, as of paceAt; cutAt and
+	// grownAt the last times it was cut and grown by half (congestion),
+	// cutShort how short the room fell at that cut.
 	pace, paceLevel float64
 	paceAt, cutAt   time.Time
 	grownAt         time.Time
-	cutShort        float64 // how short the room fell at the last cut (congestion)
+	cutShort        float64
 	waits           *waits
 	log             *slog.Logger
 }

@@ -573,3 +573,30 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits) {
 		}
 	})
 }
+
+// A fixed minute's end is read from answers whose resets end at one
+// instant while the count falls; a sliding window's, whose reset is its
+// newest charge's, moves with each charge and is not one. Azure sends no
+// reset: its minute starts between the answer before its count jumped
+// back up and that answer, taken at the earlier.
+func TestFixedMinuteEndFromAnswers(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
+	fixed := newBucket(60000, t0, true)
+	fixed.observeWindow(50000, 50*time.Second, true, t0)
+	fixed.observeWindow(48000, 47*time.Second, true, t0.Add(3*time.Second))
+	if left, ok := fixed.windowLeft(t0.Add(10 * time.Second)); !ok || left != 40*time.Second {
+		t.Errorf("fixed minute: %v left (%v) 10 s in; want 40s", left, ok)
+	}
+	sliding := newBucket(60000, t0, true)
+	sliding.observeWindow(50000, time.Minute, true, t0)
+	sliding.observeWindow(48000, time.Minute, true, t0.Add(3*time.Second))
+	if left, ok := sliding.windowLeft(t0.Add(10 * time.Second)); ok {
+		t.Errorf("sliding window: read as a fixed minute with %v left", left)
+	}
+	azure := newBucket(60000, t0, true)
+	azure.observeWindow(3000, 0, false, t0)
+	azure.observeWindow(58000, 0, false, t0.Add(2*time.Second))
+	if left, ok := azure.windowLeft(t0.Add(30 * time.Second)); !ok || left != 30*time.Second {
+		t.Errorf("Azure's minute: %v left (%v) 30 s after the answer before the jump; want 30s", left, ok)
+	}
+}
