@@ -134,13 +134,16 @@ const sameEnd = 25 * time.Millisecond
 // observeWindow reads a fixed minute's end from an answer at now: its
 // remaining count and, where the server sends one, its reset. A fixed
 // minute's reset ends at the same instant whatever was charged between
-// two answers; a bucket's and a sliding window's move with each charge.
+// two answers; a bucket's and a sliding window's move with each charge,
+// but two requests sent at one instant may show one end: the answers
+// compared are a second apart or more.
 // Without a reset (Azure's), a minute's start shows as its remaining
 // count jumping back up by more than a quarter of the limit.
 func (b *bucket) observeWindow(remaining float64, reset time.Duration, hasReset bool, now time.Time) {
 	if hasReset {
 		end := now.Add(reset)
-		if d := end.Sub(b.lastEnd); reset > 0 && d < sameEnd && d > -sameEnd && remaining < b.lastRemaining {
+		apart := now.Sub(b.lastAt).Abs() >= time.Second
+		if d := end.Sub(b.lastEnd); apart && reset > 0 && d < sameEnd && d > -sameEnd && remaining < b.lastRemaining {
 			b.windowEnd = end
 		}
 		b.lastEnd = end
@@ -396,6 +399,7 @@ const (
 	paceBurst    = 2 * time.Second
 	cutEvery     = 5 * time.Second
 	growAfter    = limitSpan
+	pacedMargin  = 6.0
 )
 
 func (r *rates) minPace() float64 { return paceLeast * r.srv[kindTokens].perSec }
@@ -633,6 +637,13 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					// Alone, its floor and the proven room are exact or err
 					// low: no margin for others' sends between answers.
 					margin = math.Max(0, math.Min(r.margin(k), b.capacity-cost[k]))
+					if r.pace > 0 && k == kindTokens {
+						// Paced, its 429s cut the pace (limited): a
+						// margin raised by them too, and slow to decay,
+						// held this process out of room the others
+						// took (a third of its share, for minutes).
+						margin = math.Min(margin, pacedMargin*r.typical)
+					}
 				}
 				// With an answer on its way, a shared mirror sends only into
 				// room proven.

@@ -292,21 +292,7 @@ func oneModelSends(t *testing.T, limits fakeoai.RateLimits, configured bool, lea
 		}
 		m := openOn(t, s, cfg)
 		var wg sync.WaitGroup
-		for w := range 16 {
-			wg.Go(func() {
-				for i := 0; s.Now().Before(end); i++ {
-					_, err := m.Run(context.Background(), []job.Item{item(w, i)})
-					if until, ok := fault.BackoffUntil(err); ok {
-						time.Sleep(time.Until(until))
-						continue
-					}
-					if err != nil {
-						t.Errorf("Run: %v", err)
-						return
-					}
-				}
-			})
-		}
+		runCallers(t, &wg, m, s, end, item, func([]job.Output) {})
 		wg.Wait()
 		st := s.Stats()
 		var answers, limited int64
@@ -508,7 +494,7 @@ func TestThreeModelsShareEachLimiterKind(t *testing.T) {
 // most 1% 429s after minute 0 and each Model's items within 20% of the
 // mean. For the fixed minute, admitted counts usage, as LiteLLM does.
 func threeShare(t *testing.T, limits fakeoai.RateLimits) {
-	const minutes = 20
+	const minutes = 30
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: limits, TokenLatency: 5 * time.Millisecond})
 		defer s.Close()
@@ -527,31 +513,19 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits) {
 		var wg sync.WaitGroup
 		for mi := range 3 {
 			m := openOn(t, s, Config{MaxConcurrency: 16})
-			for w := range 16 {
-				wg.Go(func() {
-					for i := 0; s.Now().Before(end); i++ {
-						outs, err := m.Run(context.Background(), []job.Item{item(fmt.Sprintf("m%dw%di%d", mi, w, i))})
-						if until, isBackoff := fault.BackoffUntil(err); isBackoff {
-							time.Sleep(time.Until(until))
-							continue
-						}
-						if err != nil {
-							t.Errorf("Run: %v", err)
-							return
-						}
-						if s.Now().Before(from) {
-							continue
-						}
-						mu.Lock()
-						for _, o := range outs {
-							if o.Error == nil {
-								ok[mi]++
-							}
-						}
-						mu.Unlock()
+			item := func(w, i int) job.Item { return item(fmt.Sprintf("m%dw%di%d", mi, w, i)) }
+			runCallers(t, &wg, m, s, end, item, func(outs []job.Output) {
+				if s.Now().Before(from) {
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				for _, o := range outs {
+					if o.Error == nil {
+						ok[mi]++
 					}
-				})
-			}
+				}
+			})
 		}
 		wg.Wait()
 		st := s.Stats()
@@ -595,6 +569,9 @@ func TestFixedMinuteEndFromAnswers(t *testing.T) {
 	sliding := newBucket(60000, t0, true)
 	sliding.observeWindow(50000, time.Minute, true, t0)
 	sliding.observeWindow(48000, time.Minute, true, t0.Add(3*time.Second))
+	// Two requests sent together, the later one the window's newest.
+	sliding.observeWindow(47000, time.Minute, true, t0.Add(4*time.Second))
+	sliding.observeWindow(46000, time.Minute-time.Millisecond, true, t0.Add(4*time.Second+time.Millisecond))
 	if left, ok := sliding.windowLeft(t0.Add(10 * time.Second)); ok {
 		t.Errorf("sliding window: read as a fixed minute with %v left", left)
 	}
@@ -603,5 +580,28 @@ func TestFixedMinuteEndFromAnswers(t *testing.T) {
 	azure.observeWindow(58000, 0, false, t0.Add(2*time.Second))
 	if left, ok := azure.windowLeft(t0.Add(30 * time.Second)); !ok || left != 30*time.Second {
 		t.Errorf("Azure's minute: %v left (%v) 30 s after the answer before the jump; want 30s", left, ok)
+	}
+}
+
+// runCallers starts 16 callers of m on wg, each running single items of
+// item(caller, i) until end on s's clock, waiting out a backoff as the
+// subscriber would, each answer's outputs to answered.
+func runCallers(t *testing.T, wg *sync.WaitGroup, m *Model, s *fakeoai.Server, end time.Time, item func(w, i int) job.Item,
+	answered func([]job.Output)) {
+	for w := range 16 {
+		wg.Go(func() {
+			for i := 0; s.Now().Before(end); i++ {
+				outs, err := m.Run(context.Background(), []job.Item{item(w, i)})
+				if until, ok := fault.BackoffUntil(err); ok {
+					time.Sleep(time.Until(until))
+					continue
+				}
+				if err != nil {
+					t.Errorf("Run: %v", err)
+					return
+				}
+				answered(outs)
+			}
+		})
 	}
 }
