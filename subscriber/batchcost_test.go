@@ -54,16 +54,7 @@ func runShortTexts(t *testing.T, n, maxBatch int, perBatch, budget int64) *harne
 	})
 	time.Sleep(time.Minute) // the first receive waits for what comes
 	synctest.Wait()
-	// One Send, so that one receive takes all (see TestIdleReceiveRunsAsOneBatch).
-	var burst []queue.Outgoing
-	for i := range n {
-		w := job.Work{V: job.Version, JobID: "short", Chunk: i, Items: []job.Item{{ID: "i0", Text: "mb=1 ms=10"}}}
-		body, _ := json.Marshal(w)
-		burst = append(burst, queue.Outgoing{Body: string(body), Attributes: job.Attributes(w.Key())})
-	}
-	if _, err := h.work.Send(t.Context(), burst); err != nil {
-		t.Fatal(err)
-	}
+	h.sendBurst("short", n, "mb=1 ms=10")
 	wait.For(t, time.Minute, "all messages deleted", func() bool { return h.sub.Ledger().Deleted == int64(n) })
 	return h
 }
@@ -108,4 +99,20 @@ func TestBatchStillChargedPerBatchBytes(t *testing.T) {
 			t.Error(err)
 		}
 	})
+}
+
+// sendBurst puts n one-item messages of text on the work queue in one Send,
+// under the queue's lock, so that one receive takes all: puts one by one
+// let a receive running beside them take the first few alone, now and then.
+func (h *harness) sendBurst(jobID string, n int, text string) {
+	h.t.Helper()
+	var burst []queue.Outgoing
+	for i := range n {
+		w := job.Work{V: job.Version, JobID: jobID, Chunk: i, Items: []job.Item{{ID: "i0", Text: text}}}
+		body, _ := json.Marshal(w)
+		burst = append(burst, queue.Outgoing{Body: string(body), Attributes: job.Attributes(w.Key())})
+	}
+	if _, err := h.work.Send(h.t.Context(), burst); err != nil {
+		h.t.Fatal(err)
+	}
 }
