@@ -22,7 +22,7 @@ type gpuChoice struct {
 func cudaOptions(o *options) (gpuChoice, error) {
 	var c gpuChoice
 	switch o.precision {
-	case "float32":
+	case "", "float32": // "": options built in code rather than by the flags
 	case "float16":
 		c.precision = bert.GPUFloat16
 	case "bfloat16":
@@ -33,7 +33,7 @@ func cudaOptions(o *options) (gpuChoice, error) {
 		return c, fmt.Errorf("-gpu-precision=%s: want float32, float16, bfloat16 or weights", o.precision)
 	}
 	switch o.attention {
-	case "gemm":
+	case "", "gemm":
 	case "fused":
 		c.attention = bert.GPUAttentionFused
 	default:
