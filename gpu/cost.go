@@ -22,11 +22,9 @@ type CostModel struct {
 	// rounding of each buffer up to the allocation granularity and the
 	// workspace of a GEMM library. Zero in an analytic model.
 	//
-	// The subscriber estimates each message with its own Cost call and
-	// admits a batch of k messages by the sum, so PerBatch is charged once
-	// per message, k times, where the batch needs it once. That is an upper
-	// bound on purpose: admission must never under-estimate, and a sum of
-	// per-message costs is one only if each part carries the constant.
+	// Each Cost call carries it once, so a sum of per-message costs is an
+	// upper bound whatever messages share a batch; a model that says so
+	// (BatchCoster) lets the subscriber charge it once per batch instead.
 	PerBatch int64 `json:"per_batch"`
 	// PerScore is the bytes of each attention score a batch holds, for a
 	// transformer that pads a batch to its longest item: items × heads ×
@@ -77,4 +75,16 @@ type CostModelSetter interface {
 	// fails m.Validate. Safe to call at any time, but set it before the
 	// model is used: costs already estimated keep the old model.
 	SetCostModel(m CostModel) error
+}
+
+// A BatchCoster is a model whose every non-empty Cost call includes a part
+// that a batch needs once, however many messages share it (a cost model's
+// PerBatch; a GPU's allocation rounding). A batch of messages m₁…mₖ then
+// needs at most BatchBytes + Σ(Cost(mᵢ) − BatchBytes), and the subscriber
+// charges it so: each message its own part, each batch the rest once.
+type BatchCoster interface {
+	Model
+	// BatchBytes is the per-batch part of each non-empty Cost now; at most
+	// that Cost. Safe to call concurrently with Cost.
+	BatchBytes() int64
 }

@@ -49,6 +49,9 @@ const batchRecordVersion = 2
 // batchSendStale.
 const validationBeat = batchSendStale / 4
 
+// validationTimeout bounds one validation that has no deadline of its own.
+const validationTimeout = time.Hour
+
 // sendWindow is how many chunks a validation holds for sending at once: a
 // SendMessageBatch call's worth for each call the sender makes at once, up
 // to four.
@@ -59,7 +62,16 @@ func (p *Publisher) sendWindow() int { return job.MaxBatch * min(p.cfg.SendConcu
 // given back, for the next pass to try again, or, once chunks may have been
 // sent, the batch failed.
 func (p *Publisher) validateBatch(ctx context.Context, b *batchRecord, etag string) (ended bool, err error) {
-	// A pass that is stopped does not stop a validation halfway.
+	// A pass that is stopped does not stop a validation halfway, and one
+	// without a deadline of its own (not a Lambda invocation's) may take as
+	// long as its claim is refreshed, up to validationTimeout: a job's 90 s
+	// (enqueueTimeout) is for a request's body, and a file of OpenAI's
+	// largest size, read twice from a slow store, takes longer.
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, validationTimeout)
+		defer cancel()
+	}
 	ctx, cancel := detach(ctx)
 	defer cancel()
 	prev := *b

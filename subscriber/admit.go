@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -202,9 +203,93 @@ func (s *Subscriber) handOver(from ...*hold) *hold {
 	return to
 }
 
-// giveBack releases what t holds in admission (hold.release), as every end
-// of a message does first (message.go), so that no path can forget it.
-func (s *Subscriber) giveBack(t *task) { t.hold.release() }
+// giveBack releases what t holds in admission (hold.release), and its
+// share of its batch's per-batch part, as every end of a message does first
+// (message.go), so that no path can forget it.
+func (s *Subscriber) giveBack(t *task) {
+	t.hold.release()
+	s.leaveBatch(t)
+}
+
+// A batchShare is the part of a batch's cost that the batch needs once
+// (gpu.BatchCoster), held in a hold of its own, for as long as any of its
+// messages still holds its own part: the batch's messages end at different
+// times (a split after out-of-memory runs its halves in turn), and the
+// part is needed until the last of them has let go of the device. Admission
+// weighs each message with its whole cost, the part included, so that no
+// batch is ever admitted short of it; the batcher then moves the part of the
+// first message to join a batch into the share and gives back the others'
+// (batcher.gather).
+type batchShare struct {
+	h       *hold
+	members atomic.Int64
+}
+
+// batchPart is what of t's cost its batch needs once: none unless under
+// vram with a model that has a per-batch part, and never more than t's own
+// estimate.
+func (s *Subscriber) batchPart(t *task) int64 {
+	if s.batchCoster == nil || s.adm.strategy != AdmitVRAM || t.hold == nil {
+		return 0
+	}
+	return max(min(s.batchCoster.BatchBytes(), t.raw), 0)
+}
+
+// joinBatch makes t a member of sh, which already holds the per-batch part
+// t's cost carries: t gives its own back.
+func (s *Subscriber) joinBatch(t *task, sh *batchShare, part int64) {
+	t.hold.shed(part)
+	sh.members.Add(1)
+	t.batch.Store(sh)
+}
+
+// openBatch is a share funded by t's per-batch part, moved out of its hold,
+// with t its first member.
+func (s *Subscriber) openBatch(t *task, part int64) *batchShare {
+	sh := &batchShare{h: t.hold.split(part)}
+	sh.members.Add(1)
+	t.batch.Store(sh)
+	return sh
+}
+
+// leaveBatch ends t's membership of its batch's share, once; the last
+// member to leave releases it. A message that runs alone after
+// out-of-memory leaves before it waits for the whole budget, or it would
+// wait for its own batch's part.
+func (s *Subscriber) leaveBatch(t *task) {
+	if sh := t.batch.Swap(nil); sh != nil && sh.members.Add(-1) == 0 {
+		sh.h.release()
+	}
+}
+
+// batchHolds is the holds of tasks' batch shares, for handOver: a run that
+// outlived its timeout still needs its batch's part.
+func batchHolds(tasks []*task) []*hold {
+	var hs []*hold
+	for _, t := range tasks {
+		if sh := t.batch.Load(); sh != nil && !slices.Contains(hs, sh.h) {
+			hs = append(hs, sh.h)
+		}
+	}
+	return hs
+}
+
+// split moves up to w of h's weight, and as many of its bytes in flight,
+// into a new hold, which from then on gives them back itself: admission
+// and the in-flight count see no change.
+func (h *hold) split(w int64) *hold {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var n int64
+	if !h.released && !h.exclusive {
+		n = max(min(w, h.need.weight), 0)
+	}
+	b := min(n, h.bytes)
+	h.need.weight -= n
+	h.bytes -= b
+	h.s.adm.holds.Add(1)
+	return &hold{s: h.s, need: need{weight: n}, bytes: b}
+}
 
 // launchesAhead reports whether t, waiting for admission, is launched
 // meanwhile: under vram, with a model that launches in two phases, for a

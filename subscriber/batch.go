@@ -57,6 +57,7 @@ type batcher struct {
 	runBatch func(context.Context, []*task) // s.runBatch; another in tests of the batcher alone
 
 	in       chan *task    // admitted messages; closed after admission's last
+	took     chan struct{} // the message add handed over is in a batch, its per-batch part given back
 	full     chan struct{} // admission waits for room for its next message
 	returned chan struct{} // a batch has returned from runBatch
 
@@ -70,19 +71,24 @@ type batcher struct {
 // pendingBatch is a batch gathering messages of one length class.
 type pendingBatch struct {
 	tasks []*task
-	cost  int64
-	due   time.Time // MaxBatchDelay after its first message
+	cost  int64       // the per-batch part (share) once
+	share *batchShare // nil while no message has brought a per-batch part
+	due   time.Time   // MaxBatchDelay after its first message
 }
 
 // newBatcher returns a batcher whose batches run under work.
 func (s *Subscriber) newBatcher(work context.Context) *batcher {
 	return &batcher{s: s, work: work, runBatch: s.runBatch,
-		in: make(chan *task), full: make(chan struct{}), returned: make(chan struct{}), pending: map[int]*pendingBatch{}}
+		in: make(chan *task), took: make(chan struct{}), full: make(chan struct{}), returned: make(chan struct{}), pending: map[int]*pendingBatch{}}
 }
 
 // add hands the batcher t, admitted. It always takes it, also during
-// shutdown.
-func (b *batcher) add(t *task) { b.in <- t }
+// shutdown, and returns once t is in a batch: what t gives back of its
+// per-batch part (gather) is then free for admission's next message.
+func (b *batcher) add(t *task) {
+	b.in <- t
+	<-b.took
+}
 
 // admissionFull tells the batcher that admission has no room for its next
 // message: no message can join a pending batch until something finishes,
@@ -110,9 +116,10 @@ func (b *batcher) run(ctx context.Context) {
 			}
 			if ctx.Err() != nil {
 				b.s.releaseWaiting(t, "shutdown")
-				continue
+			} else {
+				b.gather(t)
 			}
-			b.gather(t)
+			b.took <- struct{}{}
 		case <-b.full:
 			b.sendAll()
 		case <-b.returned:
@@ -147,6 +154,14 @@ func (b *batcher) gather(t *task) {
 	}
 	p.tasks = append(p.tasks, t)
 	p.cost += t.cost
+	if part := s.batchPart(t); part > 0 {
+		if p.share == nil {
+			p.share = s.openBatch(t, part)
+		} else {
+			s.joinBatch(t, p.share, part)
+			p.cost -= part
+		}
+	}
 	b.gathered++
 	switch {
 	case b.idle():

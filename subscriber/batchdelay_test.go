@@ -2,7 +2,6 @@ package subscriber
 
 import (
 	"context"
-	"encoding/json"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -11,7 +10,6 @@ import (
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/backend"
-	"github.com/vramq/vramq/subscriber/queue"
 )
 
 // sizeModel is the test model noting when each Run starts and how many
@@ -71,18 +69,7 @@ func TestIdleReceiveRunsAsOneBatch(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		sent := time.Now()
-		// One Send, under the queue's lock, so that one receive takes all:
-		// puts one by one let a receive running beside them take the first
-		// few alone, now and then.
-		var burst []queue.Outgoing
-		for i := range n {
-			w := job.Work{V: job.Version, JobID: "burst", Chunk: i, Items: []job.Item{{ID: "i0", Text: "mb=1 ms=5"}}}
-			body, _ := json.Marshal(w)
-			burst = append(burst, queue.Outgoing{Body: string(body), Attributes: job.Attributes(w.Key())})
-		}
-		if _, err := h.work.Send(t.Context(), burst); err != nil {
-			t.Fatal(err)
-		}
+		h.sendBurst("burst", n, "mb=1 ms=5")
 		wait.For(t, time.Minute, "all messages deleted", func() bool { return h.sub.Ledger().Deleted == n })
 		h.shutdown()
 		if len(m.sizes) != 1 || m.sizes[0] != n {

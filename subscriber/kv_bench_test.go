@@ -99,12 +99,11 @@ func TestBenchPipelineKV(t *testing.T) {
 	}
 	// As cmd/subscriber wires -model-server, with the times that are about
 	// the server's pace divided by its speed (the other benchmarks' rule),
-	// and -model-server-concurrency 4096 so that admission alone bounds
-	// the requests, as in model/modelserver's KV benchmark: the default of
-	// 16 holds this pool to 16 requests of about 1,200 tokens.
+	// and the default -model-server-concurrency: with the cache followed,
+	// one request per block, so that admission alone bounds the requests.
 	d := subscriber.DefaultConfig()
 	m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: sv.URL(), Models: []string{"fake-model"},
-		MaxOutputTokens: kvbMaxTokMax, MaxConcurrency: 4096, KVBytesPerToken: kvbPerTok, MaxWait: modelserver.DefaultMaxWait / pbSpeed,
+		MaxOutputTokens: kvbMaxTokMax, KVBytesPerToken: kvbPerTok, MaxWait: modelserver.DefaultMaxWait / pbSpeed,
 		MetricsMaxAge: modelserver.DefaultMetricsMaxAge / pbSpeed, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

@@ -69,6 +69,9 @@ type task struct {
 	// ahead is the task's batch of one, launched while it waited for
 	// admission; nil when it was not. infer takes it.
 	ahead *launched
+	// batch is the per-batch part of the cost its pending or running
+	// batch holds once for all its messages (batchShare); nil when none.
+	batch atomic.Pointer[batchShare]
 	at    stamps // when it reached its stages (message.go)
 
 	ends  *ends       // what ending it needs; shared by every task of a Subscriber

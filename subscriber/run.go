@@ -71,6 +71,7 @@ func (s *Subscriber) runOnce(ctx context.Context, tasks []*task) *splits {
 	_, alone := s.process(ctx, tasks, sp)
 	for _, t := range alone {
 		t.hold.yieldWeight()
+		s.leaveBatch(t)
 	}
 	failed := map[*task]bool{}
 	for _, t := range alone {
@@ -378,7 +379,7 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 		for i, t := range tasks {
 			held[i] = t.hold
 		}
-		h := s.handOver(held...)
+		h := s.handOver(append(held, batchHolds(tasks)...)...)
 		go func() {
 			<-done
 			cancel()

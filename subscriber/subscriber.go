@@ -107,9 +107,12 @@ type running struct {
 	// classer is the model's length classes, nil when it has none: the
 	// batcher then keeps one pending batch (see batcher).
 	classer gpu.LengthClasser
-	runners sync.WaitGroup
-	loss    deviceLoss // see devicelost.go
-	pause   *pause     // see run.go
+	// batchCoster is the model's per-batch part of a cost, nil when it
+	// has none: the batcher then charges it once per batch (batchShare).
+	batchCoster gpu.BatchCoster
+	runners     sync.WaitGroup
+	loss        deviceLoss // see devicelost.go
+	pause       *pause     // see run.go
 	// stopping is closed when Run's context ends: what waits for the model
 	// is handed back at once rather than after the grace.
 	stopping chan struct{}
@@ -224,6 +227,7 @@ func New(cfg Config) (*Subscriber, error) {
 	s.outbox = s.newOutbox()
 	s.launcher, _ = caps.(gpu.Launcher)
 	s.classer, _ = caps.(gpu.LengthClasser)
+	s.batchCoster, _ = caps.(gpu.BatchCoster)
 	if cfg.TaskProtection != nil {
 		s.protect = newProtector(cfg.TaskProtection, cfg.TaskProtectionExpiry, cfg.TaskProtectionMaxHold, s.keeper.held.Load, m, s.log)
 		s.keeper.onHold = s.protect.poke

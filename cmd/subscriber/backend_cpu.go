@@ -9,6 +9,9 @@ import (
 	"github.com/vramq/vramq/gpu"
 )
 
+// cudaBuild is whether this binary runs models on a GPU (-gpu-precision).
+const cudaBuild = false
+
 const deviceHelp = "device: sim (simulated memory, the model on the CPU), auto (sim in this build),\n" +
 	"or cuda:N (needs the CUDA build, bin/subscriber-cuda from make cuda)"
 

@@ -13,6 +13,9 @@ import (
 	"github.com/vramq/vramq/model/refembed"
 )
 
+// cudaBuild is whether this binary runs models on a GPU (-gpu-precision).
+const cudaBuild = true
+
 const deviceHelp = "device: cuda:N (GPU N in CUDA's numbering), auto (cuda:0), or sim (simulated memory, the model on the CPU)"
 
 func checkDevice(spec string) error {
@@ -75,7 +78,12 @@ func openBackend(o *options, log *slog.Logger) (gpu.Device, closingModel, error)
 // (bert.OpenCUDA). A directory the loader refuses stops the start, with
 // its error naming the file and field, before anything is put on the GPU.
 func openCUDABERT(o *options, index int, log *slog.Logger) (gpu.Device, closingModel, error) {
-	b, err := bert.OpenCUDA(o.model, index)
+	choice, err := cudaOptions(o)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	b, err := bert.OpenCUDAWith(o.model, index,
+		bert.CUDAOptions{Precision: choice.precision, PrecisionFromWeights: choice.fromWeights, Attention: choice.attention})
 	if err != nil {
 		return nil, nil, fmt.Errorf("-model: loading onto cuda:%d: %w", index, err)
 	}
@@ -88,6 +96,7 @@ func openCUDABERT(o *options, index int, log *slog.Logger) (gpu.Device, closingM
 	log.Info("model loaded onto the GPU", "model", b.Embedder.Name(), "dir", o.model, "device", b.Encoder.Device(), "memory", b.Device.Name(),
 		"layers", c.NumLayers, "hidden", c.HiddenSize, "heads", c.NumHeads, "max_seq_length", s.MaxSeqLength,
 		"pooling", s.Pooling.String(), "normalize", s.Normalize, "dtype", m.WeightDType(),
+		"precision", o.precision, "attention", o.attention,
 		"weights", bytesize.Format(b.Encoder.Weights()), "resident", bytesize.Format(b.Embedder.Weights()),
 		"total", bytesize.Format(mem.Total), "free", bytesize.Format(mem.Free), "process", bytesize.Format(mem.Process),
 		"cross_check", b.CrossCheck)

@@ -117,3 +117,22 @@ func TestCUDACalibrateModelDir(t *testing.T) {
 		t.Errorf("Cost after -cost-model = %d, want the file's %d", got, want)
 	}
 }
+
+// -gpu-precision and -gpu-attention reach the CUDA encoder: the model's
+// name says which it runs (bert.OpenCUDAWith). Run by make cuda-emu-test.
+func TestCUDABackendTakesPrecisionFlags(t *testing.T) {
+	if os.Getenv("VRAMQ_EMU_STATE") == "" {
+		t.Skip("needs the emulated GPU (make cuda-emu-test)")
+	}
+	dir := tinyBERT(t, "half-tiny", 2, 2, 96)
+	o := &options{device: "cuda:0", model: dir, precision: "float16", attention: "fused"}
+	dev, model, err := openBackend(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	defer model.Close()
+	if name := model.Name(); !strings.HasSuffix(name, "@float16+fused-attention") {
+		t.Errorf("the model is %s, want it run in float16 with fused attention", name)
+	}
+}

@@ -22,6 +22,7 @@ type options struct {
 	modelSeed                    uint64
 	weights                      string
 	model                        string // a BERT-family model directory; empty: the reference model
+	precision, attention         string // -gpu-precision, -gpu-attention (precision.go)
 	metricsAddr                  string
 	logFormat, logLevel          string
 	admission                    string // -admission, read into cfg.Admission
@@ -80,6 +81,13 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 			"naming the file and field; an item with binary data is answered with an invalid_input error, the chunk's\n"+
 			"other items run (a chunk whose every item is refused is dead-lettered as invalid input);\n"+
 			"empty: the reference embedding model")
+	fs.StringVar(&o.precision, "gpu-precision", "float32",
+		"number format of -model's matrix products on a GPU (the CUDA build, -device=cuda:N or auto): float32 (outputs as\n"+
+			"the CPU's), float16 or bfloat16 (tensor cores, float32 accumulation; bfloat16 needs compute capability 8.0),\n"+
+			"or weights (the checkpoint's dtype: one all float16 or all bfloat16 runs so, others float32)")
+	fs.StringVar(&o.attention, "gpu-attention", "gemm",
+		"how -model computes attention on a GPU (the CUDA build): gemm (two batched GEMMs around a softmax) or fused\n"+
+			"(one kernel, memory linear in the sequence length)")
 	fs.Uint64Var(&o.modelSeed, "model-seed", refembed.DefaultConfig().Seed,
 		"seed of the reference model's generated weights (without -weights)")
 	fs.StringVar(&o.weights, "weights", "",

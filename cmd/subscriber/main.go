@@ -95,6 +95,9 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	if err := checkDevice(o.device); err != nil {
 		return nil, fmt.Errorf("%w: -device=%s: %v", errUsage, o.device, err)
 	}
+	if _, err := cudaOptions(o); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
 	// Check the flags now, before the model loads: the queues, model and
 	// device are set later, so their errors are left to subscriber.New.
 	if err := configError(o.cfg.Validate(), true); err != nil {

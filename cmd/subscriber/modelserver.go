@@ -67,8 +67,9 @@ func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 		"how an Anthropic Messages request (a Message Batch's) reaches the server: chat translates it to /v1/chat/completions\n"+
 			"and back (every server; fields it cannot carry are refused, docs/api.md); native sends it to the server's /v1/messages\n"+
 			"(vLLM, SGLang, llama.cpp)")
-	fs.IntVar(&o.concurrency, "model-server-concurrency", modelserver.DefaultMaxConcurrency,
-		"most requests in flight (vLLM max_num_seqs, TGI/TEI max_concurrent_requests); halved on an overload answer, grown back after clean runs")
+	fs.IntVar(&o.concurrency, "model-server-concurrency", 0,
+		"most requests in flight (vLLM max_num_seqs, TGI/TEI max_concurrent_requests); halved on an overload answer, grown back after clean runs;\n"+
+			"0: one per KV block when the server's KV cache is followed (its vLLM metrics), which then bounds admission; else 16")
 	fs.IntVar(&o.tpm, "model-server-tpm", 0,
 		"tokens per minute this subscriber may use (prompt + max_tokens × n, reconciled with usage); 0: none of its own;\n"+
 			"the server's x-ratelimit headers are followed either way")

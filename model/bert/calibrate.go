@@ -106,8 +106,8 @@ func (e *Embedder) SetCostModel(m gpu.CostModel) error {
 // covers every shape it was calibrated over, and it grows with length),
 // which is at most its items' charges plus the per-batch bytes; the
 // sub-batches run in turn, so the batch needs the most of them, below the
-// sum. A batch of several messages is charged the per-batch bytes once per
-// message, as gpu.CostModel.PerBatch says.
+// sum. BatchBytes says which part that is, so that a batch of several
+// messages is charged it once.
 func (e *Embedder) calibratedCost(m gpu.CostModel, items []job.Item) int64 {
 	if len(items) == 0 {
 		return 0

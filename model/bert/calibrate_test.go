@@ -166,6 +166,27 @@ func TestCalibratedCostCoversRun(t *testing.T) {
 	}
 	check([]job.Item{{ID: "a", Text: textOf(128)}, {ID: "b", Text: textOf(2)}, {ID: "c", Text: textOf(40)}, {ID: "d", Text: textOf(127)},
 		{ID: "e", Text: strings.Repeat("a ", 500)}})
+	// Messages of one short text each, run as one batch, are covered with
+	// the per-batch part charged once (gpu.BatchCoster), as the subscriber
+	// charges them.
+	if e.BatchBytes() != c.Cost.PerBatch {
+		t.Errorf("BatchBytes %d, want the fit's PerBatch %d", e.BatchBytes(), c.Cost.PerBatch)
+	}
+	for n := 1; n <= 6; n++ {
+		items := make([]job.Item, n)
+		est := e.BatchBytes()
+		for i := range items {
+			items[i] = job.Item{ID: fmt.Sprint(i), Text: textOf(3)}
+			est += e.Cost(items[i:i+1]) - e.BatchBytes()
+		}
+		mem.reset()
+		if _, err := e.Run(context.Background(), items); err != nil {
+			t.Fatal(err)
+		}
+		if peak := mem.reset(); est < peak {
+			t.Errorf("%d messages of a 3-token text, the per-batch part once: estimated %d, Run took %d", n, est, peak)
+		}
+	}
 	if _, err := calibrate.LoadCostModel(path, e, "NVIDIA H100 80GB HBM3"); err == nil || !strings.Contains(err.Error(), "fitted on device") {
 		t.Errorf("a cost model fitted on sim loaded for a GPU: %v", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"unsafe"
 
+	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 )
 
@@ -91,14 +92,11 @@ func (c Config) seqOverhead(seqLen int) int64 {
 // items' seqBytes (GPUConfig.CUDAWorkingBytes; TestCUDAWorkingBytesUnderCost),
 // and the driver rounds it up, by less than a granule. The sub-batches of a
 // batch run in turn, so the batch holds one rounded buffer at a time and
-// needs the rounding once; the subscriber sums the costs of a batch's
-// messages, each from its own call, so a batch of k messages is charged k
-// granules where it needs one. A granule per item would be sound too, but
-// charge 2 MiB for a short text's few hundred KiB; a granule per message
-// is the least that still adds up, whichever messages share a batch and
-// however many batches the device runs at once. (CUDAEncoder runs one
-// batch at a time, so there only one rounded buffer is ever live and the
-// per-message granule is conservative; it does not rely on that.) An
+// needs the rounding once. A granule per item would be sound too, but
+// charge 2 MiB for a short text's few hundred KiB; a granule per call is
+// what makes costs add up, whichever messages share a batch and however
+// many batches the device runs at once, and BatchBytes tells the
+// subscriber that it is the per-batch part, charged once per batch. An
 // encoder in half precision also holds half-precision copies of its
 // products' operands: each item is charged its bucket's share of them too
 // (halfOperandSizer).
@@ -120,6 +118,22 @@ func (e *Embedder) Cost(items []job.Item) int64 {
 	}
 	return total
 }
+
+// BatchBytes is the part of each non-empty Cost that a batch needs once
+// (gpu.BatchCoster): the calibrated cost model's PerBatch, or on an
+// Encoder the Granule its allocations round up by; none for the analytic
+// cost on the host, whose figures hold per sequence.
+func (e *Embedder) BatchBytes() int64 {
+	if m := e.calibrated.Load(); m != nil {
+		return m.PerBatch
+	}
+	if e.enc != nil {
+		return Granule
+	}
+	return 0
+}
+
+var _ gpu.BatchCoster = (*Embedder)(nil)
 
 // halfOperandSizer is an Encoder that multiplies in half precision and so
 // allocates, beside the buffers seqBytes bounds, half-precision copies of

@@ -38,3 +38,25 @@ func TestMiniLMCostFigures(t *testing.T) {
 		}
 	}
 }
+
+// TestMiniLMShortTextsInBudget is the source of docs/models.md's figure for
+// item 3 of issue 37 (-v logs it): how many 3-token texts, one a message, an
+// all-MiniLM-L6-v2-shaped model on a GPU admits in an 8 GiB budget when each
+// message is charged the Granule its batch needs once (before), and when a
+// batch is charged it once (after: the subscriber's batchShare), in
+// batches of the subscriber's default -max-batch of 32 messages; the last
+// message to join a batch needs room for its whole cost while it is
+// admitted, so a granule more is set aside.
+func TestMiniLMShortTextsInBudget(t *testing.T) {
+	const budget, maxBatch = 8 << 30, 32
+	own := miniLM.seqBytes(bucketOf(3, 512))
+	before := budget / (own + Granule)
+	batch := maxBatch*own + Granule
+	full := (budget - Granule) / batch
+	after := full*maxBatch + min(max((budget-Granule-full*batch-Granule)/own, 0), maxBatch-1)
+	t.Logf("3-token texts in %s: %d charged a granule each (%s a text), %d charged it once a batch of %d (%s a text)",
+		bytesize.Format(budget), before, bytesize.Format(own+Granule), after, maxBatch, bytesize.Format(own))
+	if after <= before {
+		t.Errorf("charging the granule once a batch admits %d texts, no more than %d", after, before)
+	}
+}

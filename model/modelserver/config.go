@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
@@ -60,7 +61,10 @@ type Config struct {
 	// MaxConcurrency is the most requests in flight at once (vLLM's
 	// max_num_seqs, TGI's and TEI's max_concurrent_requests, Ollama's
 	// OLLAMA_NUM_PARALLEL). It is halved on an overload answer and grown
-	// back after clean runs. Default 16.
+	// back after clean runs. Default: when the server's KV cache is
+	// followed (its vLLM metrics), one request per KV block, the most
+	// the cache can hold at once, so that the cache bounds admission;
+	// else 16 (DefaultMaxConcurrency).
 	MaxConcurrency int
 	// TPM and RPM are tokens and requests per minute this subscriber may
 	// use; 0: no limit of its own. The server's x-ratelimit headers are
@@ -157,6 +161,20 @@ const (
 	DefaultResultBytes      = job.MaxResultBytes - job.MaxResultBytes/16
 )
 
+// defaultConcurrency is MaxConcurrency when none is given. A server whose
+// KV cache is followed bounds admission by that cache (Device), and a
+// fixed 16 would hold a pool of long contexts and short answers to a
+// fraction of it (0.551 of the pool in bench/modelserver.md's KV run
+// through the subscriber): the bound is then one request per block, the
+// most sequences the cache can hold at once, which the cache reaches
+// first. Elsewhere nothing else bounds the requests, and 16 does.
+func defaultConcurrency(kvFollowed bool, blocks int64) int {
+	if kvFollowed && blocks > 0 {
+		return int(min(blocks, math.MaxInt32))
+	}
+	return DefaultMaxConcurrency
+}
+
 func (c *Config) setDefaults() {
 	def := func(p *time.Duration, d time.Duration) {
 		if *p == 0 {
@@ -177,7 +195,6 @@ func (c *Config) setDefaults() {
 		c.ResultBytes = DefaultResultBytes
 	}
 	defInt(&c.MaxRetries, DefaultMaxRetries)
-	defInt(&c.MaxConcurrency, DefaultMaxConcurrency)
 	defInt(&c.MaxOutputTokens, DefaultMaxOutputTokens)
 	defInt(&c.MaxN, DefaultMaxN)
 	defInt(&c.EmbedBatch, DefaultEmbedBatch)

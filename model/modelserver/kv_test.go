@@ -57,3 +57,29 @@ func TestRunTellsEachAnswer(t *testing.T) {
 		}
 	})
 }
+
+// Left to its default, the concurrency bound is the KV cache's when the
+// cache is followed, so that a user who sets nothing gets the pool's
+// worth of requests and not 16; a server without KV metrics keeps 16, its
+// only bound; a bound given is kept either way.
+func TestDefaultConcurrencyFollowsTheKVCache(t *testing.T) {
+	kv := fakeoai.Config{BlockSize: 16, NumGPUBlocks: 2048, MaxNumSeqs: 4096}
+	for _, tc := range []struct {
+		name string
+		fake fakeoai.Config
+		set  int
+		want int
+	}{
+		{"kv followed", kv, 0, 2048},
+		{"kv followed, bound given", kv, 8, 8},
+		{"no kv metrics", fakeoai.Config{NoMetrics: true}, 0, DefaultMaxConcurrency},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inBubble(t, tc.fake, Config{MaxConcurrency: tc.set}, func(t *testing.T, _ *fakeoai.Server, m *Model) {
+				if got := m.conc.now(); got != tc.want || m.cfg.MaxConcurrency != tc.want {
+					t.Fatalf("concurrency bound %d (config %d); want %d", got, m.cfg.MaxConcurrency, tc.want)
+				}
+			})
+		})
+	}
+}

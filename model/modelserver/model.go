@@ -102,20 +102,11 @@ func Open(ctx context.Context, cfg Config) (*Model, error) {
 		name:    "model-server:" + strings.Join(cfg.Models, ","),
 		waits:   w,
 		rates:   rates,
-		conc:    newConcurrency(cfg.MaxConcurrency, cfg.Logger),
 		gate:    newGate(w),
 		order:   order,
 		answers: map[string]int64{},
 		limits: job.RequestLimits{Models: cfg.Models, MaxN: cfg.MaxN, MaxOutputTokens: cfg.MaxOutputTokens,
 			AllowRemoteURLs: cfg.AllowRemoteURLs},
-	}
-	m.online = newOnline(cfg.Online, cfg.MaxConcurrency, m.conc)
-	if m.online != nil && cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{m.online.bound, m.online.givenWays} {
-			if err := cfg.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("modelserver: metrics: %w", err)
-			}
-		}
 	}
 	m.embedCap.Store(int64(cfg.EmbedBatch))
 	if cfg.APIKey != "" {
@@ -165,6 +156,19 @@ func Open(ctx context.Context, cfg Config) (*Model, error) {
 		d.capacity = cfg.TokensInFlight * m.unit
 	}
 	m.dev = d
+	if m.cfg.MaxConcurrency == 0 {
+		m.cfg.MaxConcurrency = defaultConcurrency(d.live, snap.blocks)
+		cfg.MaxConcurrency = m.cfg.MaxConcurrency
+	}
+	m.conc = newConcurrency(cfg.MaxConcurrency, cfg.Logger)
+	m.online = newOnline(cfg.Online, cfg.MaxConcurrency, m.conc)
+	if m.online != nil && cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{m.online.bound, m.online.givenWays} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("modelserver: metrics: %w", err)
+			}
+		}
+	}
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stop = stop
 	go m.online.run(bg, m)
@@ -173,13 +177,25 @@ func Open(ctx context.Context, cfg Config) (*Model, error) {
 	return m, nil
 }
 
+// idleConns is the connections kept for reuse when MaxConcurrency is left
+// to its default: more than a KV-bounded server runs at once in
+// bench/modelserver.md (at most 92).
+const idleConns = 256
+
 func newClient(cfg Config) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext
 	tr.TLSHandshakeTimeout = cfg.ConnectTimeout
-	// Every request in flight keeps its connection for the next one.
-	tr.MaxIdleConns = 2 * cfg.MaxConcurrency
-	tr.MaxIdleConnsPerHost = 2 * cfg.MaxConcurrency
+	// Every request in flight keeps its connection for the next one. The
+	// default concurrency is not known before the server's metrics are
+	// read (defaultConcurrency); idle connections past idleConns are closed
+	// and dialled again, which costs time, not correctness.
+	idle := cfg.MaxConcurrency
+	if idle == 0 {
+		idle = idleConns
+	}
+	tr.MaxIdleConns = 2 * idle
+	tr.MaxIdleConnsPerHost = 2 * idle
 	return &http.Client{
 		Transport: tr,
 		// A redirect is an answer, not a place to send the key.
@@ -381,7 +397,7 @@ func (m *Model) Run(ctx context.Context, endpoint string, items []job.Item) ([]j
 // generate runs one chat or completion item: its request under ctx, its
 // waits for a turn under wait (see group).
 func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error {
-	seq := m.outputs.start(r.kind())
+	seq := m.outputs.begin(r.kind(), cohort(r))
 	ep, body := r.ep, r.body
 	if r.chat != nil {
 		ep, body = chat, r.chat
@@ -389,15 +405,15 @@ func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error 
 	o, err := m.send(ctx, wait, &call{ep: ep, body: m.online.mark(body), tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
 		kv: m.kvTokens(r) * m.unit, most: run.room(), prefix: job.PrefixKey(r.ep.path(), r.body)}, run.deadline)
 	if err != nil {
-		m.outputs.done(r.kind(), seq, 0, 0)
+		m.outputs.end(seq, 0, 0)
 		return m.itemErr(err, &run.outs[r.idx])
 	}
 	if o.row.action != actOK {
-		m.outputs.done(r.kind(), seq, 0, 0)
+		m.outputs.end(seq, 0, 0)
 	} else {
 		u := usageOf(o.a.body)
 		m.counter.observe(r.kind(), r.prompt, u.PromptTokens)
-		m.outputs.done(r.kind(), seq, u.CompletionTokens, r.choices)
+		m.outputs.end(seq, u.CompletionTokens, r.choices)
 		if r.chat != nil {
 			o.a.body = fromChat(o.a.body, r.stops)
 		}

@@ -1,7 +1,9 @@
 package modelserver
 
 import (
+	"fmt"
 	"math"
+	"math/bits"
 	"sync"
 )
 
@@ -122,6 +124,36 @@ func (o *outputs) done(kind string, seq, completion, seqs int64) {
 	}
 }
 
+// A request's answers are learned twice: among all of its kind, and among
+// those of its prompt-length cohort (cohort), whose lengths are the ones
+// charged once outputSamples of them are in, since how long a model answers
+// often follows how long it was asked (a summary of a long document, a
+// short reply to a short turn); the kind's serve a cohort not seen yet.
+type outputSeq struct {
+	kind, cohort string
+	k, c         int64
+}
+
+// begin numbers a request of kind in cohort being sent; end ends it, as
+// done.
+func (o *outputs) begin(kind, cohort string) outputSeq {
+	return outputSeq{kind: kind, cohort: cohort, k: o.start(kind), c: o.start(cohort)}
+}
+
+func (o *outputs) end(s outputSeq, completion, seqs int64) {
+	o.done(s.kind, s.k, completion, seqs)
+	o.done(s.cohort, s.c, completion, seqs)
+}
+
+// cohort is r's kind and its prompt length's power of two: prompts within
+// a factor of two of each other share their answers' lengths. The length
+// is the prompt's estimate unscaled (its exact tokens and its bound from
+// bytes), which, unlike the learned count, a prompt keeps from its send to
+// its answer.
+func cohort(r *request) string {
+	return fmt.Sprintf("%s prompt~2^%d", r.kind(), bits.Len64(uint64(max(0, r.prompt.exact+r.prompt.bound))))
+}
+
 func (k *lengths) add(l int64) {
 	if len(k.l) < outputWindow {
 		k.l = append(k.l, l)
@@ -165,7 +197,10 @@ func (m *Model) kvTokens(r *request) int64 {
 	if r.ep == embeddings || !m.dev.live {
 		return worst
 	}
-	h, v, ok := m.outputs.held(r.kind(), r.maxOut)
+	h, v, ok := m.outputs.held(cohort(r), r.maxOut)
+	if !ok {
+		h, v, ok = m.outputs.held(r.kind(), r.maxOut)
+	}
 	if !ok {
 		return worst
 	}

@@ -288,3 +288,41 @@ func TestDeviceRetractsOnTheFakesPreemption(t *testing.T) {
 		}
 	})
 }
+
+// Output lengths are learned per prompt-length cohort: when short prompts
+// get long answers and long prompts short ones, each is charged its own
+// cohort's, not the mean of both; a cohort not seen yet is charged its
+// kind's.
+func TestCostLearnsOutputsByPromptCohort(t *testing.T) {
+	fc := fakeoai.Config{TokenLatency: time.Millisecond}
+	inBubble(t, fc, Config{MaxOutputTokens: 1000}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		short := "[[len=400]] a short question"
+		long := "[[len=4]] summarise" + strings.Repeat(" word", 300)
+		var items []job.Item
+		for i := range 2 * outputSamples {
+			items = append(items, chatItem(fmt.Sprint("s", i), short, 512), chatItem(fmt.Sprint("l", i), long, 512))
+		}
+		outs, err := m.Run(t.Context(), "", items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOK(t, outs)
+		prompt := func(text string) int64 {
+			return int64(fakeoai.ChatPromptTokens([]fakeoai.Message{{Role: "user", Content: text}}))
+		}
+		// A short prompt holds about 200 tokens of its 400-token answer;
+		// a long one 2 of its 4. Pooled, both would hold about 200 (long
+		// answers weigh the held mean by their length).
+		if got := m.Cost("", []job.Item{chatItem("s", short, 512)}) - prompt(short); got < 180 {
+			t.Errorf("a short prompt's output charge = %d; want its cohort's, about 200 or more", got)
+		}
+		if got := m.Cost("", []job.Item{chatItem("l", long, 512)}) - prompt(long); got > 60 {
+			t.Errorf("a long prompt's output charge = %d; want its cohort's, a few tokens", got)
+		}
+		// A prompt of a length not seen is charged the kind's lengths.
+		mid := "[[len=4]] medium" + strings.Repeat(" word", 60)
+		if got := m.Cost("", []job.Item{chatItem("m", mid, 512)}); got >= prompt(mid)+512 {
+			t.Errorf("an unseen cohort's charge = %d; want the kind's lengths, below prompt + max_tokens %d", got, prompt(mid)+512)
+		}
+	})
+}
