@@ -13,7 +13,7 @@ import (
 
 // runOne runs one message as a batch of its own (in a batch of one, or
 // alone with the whole device) and returns its outputs. A message too large
-// to run whole runs in its parts (parts.go), one after another, each with
+// to run whole runs in its parts (admit.go), one after another, each with
 // what t holds in admission. An item the model refuses (fault.ErrInvalidInput)
 // must not cost the chunk: the items of a refused run are searched by
 // halving (isolate), and each item the model refuses alone is answered with
