@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/job"
 )
 
@@ -78,6 +79,34 @@ func (t *task) whole(outs []job.Output) []job.Output {
 	w.Items = a.items
 	t.work, t.answered = &w, nil
 	return all
+}
+
+// keptBytes is what the answers t's result holds from outside t's items
+// now take of a result (gpu.AnswerBytes): those kept through a wait or
+// recalled (answered), and, for a message run in parts, those its parts got
+// (told). A model that bounds a run's answers by what a result may hold
+// counts them as the run's own (gpu.WithKept), so that a kept answer counts
+// exactly as a fresh one.
+func (t *task) keptBytes() int64 {
+	if t.of != nil {
+		return t.of.keptBytes()
+	}
+	var n int64
+	if a := t.answered; a != nil {
+		for i, o := range a.outs {
+			if a.done[i] {
+				n += gpu.AnswerBytes(o)
+			}
+		}
+	}
+	if a := t.told; a != nil {
+		a.mu.Lock()
+		for _, o := range a.outs {
+			n += gpu.AnswerBytes(o)
+		}
+		a.mu.Unlock()
+	}
+	return n
 }
 
 // answerBucket is what the answer store needs of the payload bucket besides

@@ -63,6 +63,10 @@ type task struct {
 	// told is what its items' answers were, as they arrived, for a
 	// message run in parts (run.go); nil for one that runs whole.
 	told *toldAnswers
+	// of is the message a run of some of its items is of (inferPart,
+	// inferItems), whose answers held elsewhere count against this run's
+	// (keptBytes); nil for a message itself.
+	of *task
 	// parts are how a message too large to run whole runs (admit.go); nil
 	// for one that runs whole. cost and raw are then its largest part's.
 	parts []part

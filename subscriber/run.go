@@ -345,6 +345,13 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	s.stampStarted(tasks, start)
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.InferenceTimeout)
 	rctx, stored := s.watchItems(rctx, tasks)
+	var kept int64
+	for _, t := range tasks {
+		kept += t.keptBytes()
+	}
+	if kept > 0 {
+		rctx = gpu.WithKept(rctx, kept)
+	}
 	type answer struct {
 		outs []job.Output
 		err  error
@@ -586,7 +593,7 @@ func (s *Subscriber) inferPart(ctx context.Context, t *task, p part, alone bool)
 	}
 	// The run shares t's hold and its record of answers, as inferItems's.
 	sub := &task{lease: t.lease, work: &job.Work{V: t.work.V, JobID: t.work.JobID, Chunk: t.work.Chunk, Endpoint: t.work.Endpoint,
-		Items: ask}, cost: t.cost, raw: t.raw, factor: t.factor, class: t.class, hold: t.hold, at: t.at, told: t.told}
+		Items: ask}, cost: t.cost, raw: t.raw, factor: t.factor, class: t.class, hold: t.hold, at: t.at, told: t.told, of: t}
 	got, err := s.infer(ctx, []*task{sub}, alone)
 	t.at = sub.at
 	if err != nil {
