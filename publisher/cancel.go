@@ -18,7 +18,7 @@ const maxCancelRecord = 4 << 10
 //
 // The cancel is a record in the payload bucket, written once (a conditional
 // put, so the first cancel's time stands); subscribers read it through a
-// cache (subscriber/cancels.go), so chunks received up to its TTL after the
+// cache (subscriber/receive.go), so chunks received up to its TTL after the
 // cancel may still run.
 func (p *Publisher) deleteJob(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)

@@ -20,7 +20,7 @@ import (
 	"github.com/vramq/vramq/subscriber"
 )
 
-// End-to-end tests of the answer store (run.go): a subscriber that
+// End-to-end tests of the answer store (answers.go): a subscriber that
 // stops with some of a chunk's items answered hands the chunk back, and the
 // next subscriber, another process with its own backend, asks the model
 // server only for the items that had no answer. The fake's Recorder counts

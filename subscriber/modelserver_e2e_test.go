@@ -27,7 +27,7 @@ import (
 )
 
 // End-to-end tests of the model-server dispositions the subscriber acts on
-// (run.go): the whole subscriber on the emulator's queues, its model a
+// (run.go, pause.go): the whole subscriber on the emulator's queues, its model a
 // model/modelserver backend on an internal/testenv/fakeoai server.
 
 // newServerPipeline is a pipeline whose model is a model-server backend on
