@@ -84,19 +84,39 @@ func (p *Publisher) eachLine(ctx context.Context, b *batchRecord, m *job.Manifes
 	return nil
 }
 
-// oneCreate takes client's place among the clients creating a batch: a
-// client creates one batch at a time, so that the bytes being read into
-// batches (takeBatchBytes, first come first served) are not all one
-// client's while others wait. done gives it back; false, having answered
-// r with fail, when the client already holds it.
-func (p *Publisher) oneCreate(w http.ResponseWriter, r *http.Request, fail func(*APIError)) (done func(), ok bool) {
+// startCreate is what both batch creates (postBatch, postMessageBatch) do
+// before they read the request: a store to keep the batch, a JSON body, an
+// Idempotency-Key that is valid (once is nil without one), the tenant, and
+// the client's place among the clients creating a batch: a client creates
+// one batch at a time, so that the bytes being read into batches
+// (takeBatchBytes, first come first served) are not all one client's while
+// others wait. done gives the place back; false, having answered r with
+// fail, when any of these is refused.
+func (p *Publisher) startCreate(w http.ResponseWriter, r *http.Request, fail func(*APIError)) (once *createOnce, tenantName string, done func(), ok bool) {
+	if p.store == nil {
+		fail(noBatchStore())
+		return nil, "", nil, false
+	}
+	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
+		fail(e)
+		return nil, "", nil, false
+	}
+	once, e := p.newCreateOnce(r, batchSendStale)
+	if e != nil {
+		fail(e)
+		return nil, "", nil, false
+	}
+	if tenantName, e = p.requestTenant(r); e != nil {
+		fail(e)
+		return nil, "", nil, false
+	}
 	client := p.clientKey(r)
 	if !p.batchCreators.add(client) {
 		w.Header().Set("Retry-After", "5")
 		fail(apiErr(http.StatusTooManyRequests, CodeBatchBusy, "this client is already creating a batch; retry after the time in Retry-After"))
-		return nil, false
+		return nil, "", nil, false
 	}
-	return func() { p.batchCreators.remove(client) }, true
+	return once, tenantName, func() { p.batchCreators.remove(client) }, true
 }
 
 // takeBatchBytes takes charge bytes of the bound on what creates hold at

@@ -285,25 +285,7 @@ func (p *Publisher) apiOrigin(r *http.Request) string {
 func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	ri := info(r)
 	fail := failWith(w, r)
-	if p.store == nil {
-		fail(noBatchStore())
-		return
-	}
-	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
-		fail(e)
-		return
-	}
-	once, e := p.newCreateOnce(r, batchSendStale)
-	if e != nil {
-		fail(e)
-		return
-	}
-	tenantName, e := p.requestTenant(r)
-	if e != nil {
-		fail(e)
-		return
-	}
-	done, ok := p.oneCreate(w, r, fail)
+	once, tenantName, done, ok := p.startCreate(w, r, fail)
 	if !ok {
 		return
 	}
