@@ -15,6 +15,7 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // Batches, as OpenAI's Batch API has them (its API reference, "Batch"):
@@ -124,7 +125,7 @@ func validBatchID(id string) bool { return validTimeID(batchIDPrefix, id) }
 type batchRecord struct {
 	V                int               `json:"v"`
 	ID               string            `json:"id"`
-	Owner            string            `json:"owner"` // the owner rule's (owns)
+	Owner            string            `json:"owner"` // the owner rule's (api.Gate.Owns)
 	Endpoint         string            `json:"endpoint"`
 	InputFileID      string            `json:"input_file_id"`
 	CompletionWindow string            `json:"completion_window"`
@@ -277,13 +278,13 @@ func (b *batchRecord) object(c batchCounts) *batchObject {
 	return o
 }
 
-func noBatchStore() *APIError {
-	return apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
+func noBatchStore() *api.Error {
+	return api.Err(http.StatusNotImplemented, api.CodeStatusUnavailable,
 		"batches need a payload bucket, and this publisher has none (-payload-bucket)")
 }
 
-func noBatch() *APIError {
-	return paramErr(http.StatusNotFound, CodeNotFound, "id", "No such Batch object")
+func noBatch() *api.Error {
+	return api.ParamErr(http.StatusNotFound, api.CodeNotFound, "id", "No such Batch object")
 }
 
 // batchRequest is POST /v1/batches's body: OpenAI's BatchNewParams.
@@ -298,9 +299,9 @@ type batchRequest struct {
 	} `json:"output_expires_after"`
 }
 
-func (q *batchRequest) check() *APIError {
-	bad := func(param, format string, a ...any) *APIError {
-		return paramErr(http.StatusBadRequest, CodeInvalidParameter, param, format, a...)
+func (q *batchRequest) check() *api.Error {
+	bad := func(param, format string, a ...any) *api.Error {
+		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, param, format, a...)
 	}
 	switch {
 	case q.InputFileID == "":
@@ -333,8 +334,8 @@ func (q *batchRequest) check() *APIError {
 // lines become the items of a job whose id is the batch's, and the batch is
 // in_progress. A client polls either way.
 func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
-	fail := failWith(w, r)
+	ri := api.Info(r)
+	fail := api.FailWith(w, r)
 	once, tenantName, done, ok := p.startCreate(w, r, fail)
 	if !ok {
 		return
@@ -343,17 +344,17 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	// Read as a job's body is read (inflight.go): paced, and charged to the
 	// client's bodies in flight.
 	if r.ContentLength > maxBatchRequest {
-		fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxBatchRequest))
+		fail(api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxBatchRequest))
 		return
 	}
-	body, release, err := p.readBody(w, r)
+	body, release, err := p.gate.ReadBody(w, r)
 	defer release()
 	if err != nil {
-		fail(p.bodyError(w, err))
+		fail(p.gate.BodyError(w, err))
 		return
 	}
 	if len(body) > maxBatchRequest {
-		fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxBatchRequest))
+		fail(api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxBatchRequest))
 		return
 	}
 	var q batchRequest
@@ -364,7 +365,7 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		fail(apiErr(http.StatusBadRequest, CodeMalformedJSON, "the body has data after the batch request"))
+		fail(api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "the body has data after the batch request"))
 		return
 	}
 	if e := q.check(); e != nil {
@@ -380,22 +381,22 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		}
 		defer once.fail(r.Context())
 	}
-	owner := p.owner(r)
+	owner := p.gate.Owner(r)
 	if !validFileID(q.InputFileID) {
-		fail(paramErr(http.StatusNotFound, CodeNotFound, "input_file_id", "No such File object"))
+		fail(api.ParamErr(http.StatusNotFound, api.CodeNotFound, "input_file_id", "No such File object"))
 		return
 	}
 	f, err := p.readFileRecord(r, job.FileRecordKey(owner, q.InputFileID))
 	switch {
 	case errors.Is(err, payload.ErrMissing) || err == nil && f.ID != q.InputFileID:
-		fail(paramErr(http.StatusNotFound, CodeNotFound, "input_file_id", "No such File object"))
+		fail(api.ParamErr(http.StatusNotFound, api.CodeNotFound, "input_file_id", "No such File object"))
 		return
 	case err != nil:
 		p.log.Error("reading a file record", "file_id", q.InputFileID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the input file's record could not be read"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the input file's record could not be read"))
 		return
 	case f.Purpose != PurposeBatch:
-		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "input_file_id",
+		fail(api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "input_file_id",
 			"the input file was not uploaded with purpose batch"))
 		return
 	}
@@ -407,15 +408,15 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	if q.OutputExpiresAfter != nil {
 		b.OutputExpiresAfter = q.OutputExpiresAfter.Seconds
 	}
-	ri.jobID = b.ID
+	ri.JobID = b.ID
 	// The marker first, so that no batch is left without one; then the
 	// record, validating, for the validator to claim (batchvalidate.go).
 	if err := p.openBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be recorded"))
 		return
 	}
 	if err := p.putBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be recorded"))
 		return
 	}
 	p.nudge(job.BatchKey(b.Owner, b.ID))
@@ -458,7 +459,7 @@ func (p *Publisher) readBatch(r *http.Request, owner, id string) (*batchRecord, 
 	if err := json.Unmarshal(raw, &b); err != nil {
 		return nil, fmt.Errorf("batch record %s: %w", id, err)
 	}
-	if b.ID != id || !p.owns(r, b.Owner) {
+	if b.ID != id || !p.gate.Owns(r, b.Owner) {
 		return nil, payload.ErrMissing
 	}
 	return &b, nil
@@ -472,7 +473,7 @@ func (p *Publisher) openAIBatches() batchRoute[*batchObject] {
 
 // loadBatch reads the batch r's path names and how it stands (batchView),
 // answering r itself (and returning nil) when that fails.
-func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *batchObject, func(*APIError)) {
+func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *batchObject, func(*api.Error)) {
 	b, o, fail, _ := p.openAIBatches().load(p, w, r)
 	return b, o, fail
 }
@@ -480,7 +481,7 @@ func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRec
 // getBatch is GET /v1/batches/{id}.
 func (p *Publisher) getBatch(w http.ResponseWriter, r *http.Request) {
 	if _, o, _ := p.loadBatch(w, r); o != nil {
-		writeJSON(w, http.StatusOK, o)
+		api.WriteJSON(w, http.StatusOK, o)
 	}
 }
 
@@ -497,10 +498,10 @@ func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	switch o.Status {
 	case batchCancelling, batchCancelled:
-		writeJSON(w, http.StatusOK, o)
+		api.WriteJSON(w, http.StatusOK, o)
 		return
 	case batchCompleted, batchFailed, batchExpired, batchFinalizing:
-		fail(apiErr(http.StatusConflict, CodeBatchNotCancellable, "the batch is %s: it can no longer be cancelled", o.Status))
+		fail(api.Err(http.StatusConflict, CodeBatchNotCancellable, "the batch is %s: it can no longer be cancelled", o.Status))
 		return
 	}
 	p.openAIBatches().cancel(p, w, r, b, fail)
@@ -517,14 +518,14 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	after := q.Get("after")
 	if after != "" && !validBatchID(after) {
-		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "after", "after must be the id of a batch"))
+		fail(api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "after", "after must be the id of a batch"))
 		return
 	}
-	owner := p.owner(r)
+	owner := p.gate.Owner(r)
 	all, err := p.listIDs(r.Context(), job.BatchesPrefix(owner), validBatchID)
 	if err != nil {
 		p.log.Error("listing batches", "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batches could not be listed"))
 		return
 	}
 	// Newest first, past after.
@@ -541,11 +542,11 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	data, err := p.openAIBatches().readAll(p, r, owner, ids)
 	if err != nil {
 		p.log.Error("reading batches", "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batches could not be listed"))
 		return
 	}
-	out := newListPage(data, more, func(o *batchObject) string { return o.ID })
-	writeJSON(w, http.StatusOK, out)
+	out := api.NewListPage(data, more, func(o *batchObject) string { return o.ID })
+	api.WriteJSON(w, http.StatusOK, out)
 }
 
 // unsettledItems counts the items of the job's failed and cancelled chunks.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // A batch's input file is validated after POST /v1/batches has answered
@@ -376,7 +377,7 @@ func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good fun
 		}
 		req, _ := present(fields, "body")
 		if len(req) == 0 || req[0] != '{' {
-			badLine(n, CodeInvalidBody, "body", "body must be a JSON object: the request for %s", endpoint)
+			badLine(n, api.CodeInvalidBody, "body", "body must be a JSON object: the request for %s", endpoint)
 			continue
 		}
 		if !lim.serves(endpoint) {

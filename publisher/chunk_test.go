@@ -19,6 +19,7 @@ import (
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // decodeChunks decodes every planned message with the subscriber's decoder
@@ -154,7 +155,7 @@ func TestPlanExactFit(t *testing.T) {
 		t.Fatalf("%d chunks, %d claims; want 2 and 0", len(p.Chunks), len(p.Claims))
 	}
 	_, e = pl.Plan(id, []RequestItem{{ID: "a", Text: text + "x"}}, 32)
-	if e == nil || e.Status != 413 || e.Code != CodeItemTooLarge || e.Item != "a" {
+	if e == nil || e.Status != 413 || e.Code != api.CodeItemTooLarge || e.Item != "a" {
 		t.Fatalf("one byte over without a bucket: %v, want 413 item_too_large", e)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // TestCreateOnceStates (issue 34, item 1): what a create with an
@@ -26,7 +27,7 @@ func TestCreateOnceStates(t *testing.T) {
 	req := httptest.NewRequest(http.MethodPost, "/v1/batches", nil)
 	req.Header.Set("Idempotency-Key", "k-1")
 	const stale = time.Hour
-	claim := func(kind, sum string) (*createOnce, *httptest.ResponseRecorder, int, *APIError) {
+	claim := func(kind, sum string) (*createOnce, *httptest.ResponseRecorder, int, *api.Error) {
 		t.Helper()
 		c, e := p.newCreateOnce(req, stale)
 		if c == nil || e != nil {
@@ -36,7 +37,7 @@ func TestCreateOnceStates(t *testing.T) {
 		got, e := c.claim(req, w, kind, sum)
 		return c, w, got, e
 	}
-	wantCode := func(what string, e *APIError, code string) {
+	wantCode := func(what string, e *api.Error, code string) {
 		t.Helper()
 		if e == nil || e.Code != code {
 			t.Errorf("%s: %v; want %s", what, e, code)
@@ -54,7 +55,7 @@ func TestCreateOnceStates(t *testing.T) {
 		t.Errorf("claim after a failed create: %d, %v; want to create", got, e)
 	}
 	_, w, _, e := claim(kindBatch, "a")
-	wantCode("claim while the first is at work", e, CodeIdempotencyBusy)
+	wantCode("claim while the first is at work", e, api.CodeIdempotencyBusy)
 	if w.Header().Get("Retry-After") != "1" {
 		t.Errorf("409's Retry-After: %q", w.Header().Get("Retry-After"))
 	}
@@ -78,10 +79,10 @@ func TestCreateOnceStates(t *testing.T) {
 		t.Errorf("replay: %v %d %q (Idempotent-Replayed %q); want 200 %q", e, w.Code, w.Body, w.Header().Get("Idempotent-Replayed"), first)
 	}
 	_, _, _, e = claim(kindBatch, "b")
-	wantCode("the key with another request", e, CodeIdempotencyReused)
+	wantCode("the key with another request", e, api.CodeIdempotencyReused)
 	c, _, got, e = claim(kindFile, "")
 	if e == nil && got == claimReplay {
 		e = c.replay(httptest.NewRecorder(), "a")
 	}
-	wantCode("the key on another route", e, CodeIdempotencyReused)
+	wantCode("the key on another route", e, api.CodeIdempotencyReused)
 }

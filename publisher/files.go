@@ -20,13 +20,14 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // Files, as OpenAI's Files API has them for its Batch API: POST /v1/files
 // uploads a JSONL file (fileupload.go), and GET, GET .../content and DELETE
 // /v1/files/{id} and GET /v1/files read, list and delete them. A file
 // belongs to the tenant whose key uploaded it, by the rule jobs follow
-// (owns); any other key is answered 404, as for a file that does not exist.
+// (api.Gate.Owns); any other key is answered 404, as for a file that does not exist.
 // Each lives in the payload bucket as two objects (job.FileKey,
 // job.FileRecordKey): its content, then its record, written once the
 // content is stored whole and checked. A file is there while its record is
@@ -100,7 +101,7 @@ type fileObject struct {
 type fileRecord struct {
 	V         int    `json:"v"`
 	ID        string `json:"id"`
-	Owner     string `json:"owner"` // the owner rule's (owner), "" without keys
+	Owner     string `json:"owner"` // the owner rule's (api.Gate.Owner), "" without keys
 	Filename  string `json:"filename"`
 	Bytes     int64  `json:"bytes"`
 	Lines     int    `json:"lines"` // JSONL lines, as MaxFileLines counts them
@@ -197,20 +198,20 @@ func validTimeID(prefix, id string) bool {
 	return true
 }
 
-func noFile() *APIError {
-	return paramErr(http.StatusNotFound, CodeNotFound, "id", "No such File object")
+func noFile() *api.Error {
+	return api.ParamErr(http.StatusNotFound, api.CodeNotFound, "id", "No such File object")
 }
 
-func noFileStore() *APIError {
-	return apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
+func noFileStore() *api.Error {
+	return api.Err(http.StatusNotImplemented, api.CodeStatusUnavailable,
 		"files need a payload bucket, and this publisher has none (-payload-bucket)")
 }
 
 // loadFile reads the record of the file r's path names, answering the
 // request itself (and returning nil) when there is no bucket, no such file
 // of the caller's, or the record cannot be read.
-func (p *Publisher) loadFile(w http.ResponseWriter, r *http.Request) (f *fileRecord, fail func(*APIError)) {
-	fail = failWith(w, r)
+func (p *Publisher) loadFile(w http.ResponseWriter, r *http.Request) (f *fileRecord, fail func(*api.Error)) {
+	fail = api.FailWith(w, r)
 	if p.store == nil {
 		fail(noFileStore())
 		return nil, fail
@@ -220,14 +221,14 @@ func (p *Publisher) loadFile(w http.ResponseWriter, r *http.Request) (f *fileRec
 		fail(noFile())
 		return nil, fail
 	}
-	f, err := p.readFileRecord(r, job.FileRecordKey(p.owner(r), id))
+	f, err := p.readFileRecord(r, job.FileRecordKey(p.gate.Owner(r), id))
 	switch {
 	case errors.Is(err, payload.ErrMissing):
 		fail(noFile())
 		return nil, fail
 	case err != nil:
 		p.log.Error("reading a file record", "file_id", id, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file's record could not be read"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the file's record could not be read"))
 		return nil, fail
 	case f.ID != id:
 		fail(noFile())
@@ -254,7 +255,7 @@ func (p *Publisher) readFileRecord(r *http.Request, key string) (*fileRecord, er
 	}
 	// The key is the owner's already; the record's own word is checked too,
 	// by the rule every route follows.
-	if !p.owns(r, f.Owner) {
+	if !p.gate.Owns(r, f.Owner) {
 		return nil, payload.ErrMissing
 	}
 	if f.expired(p.now()) {
@@ -269,7 +270,7 @@ func (p *Publisher) getFile(w http.ResponseWriter, r *http.Request) {
 	if f == nil {
 		return
 	}
-	writeJSON(w, http.StatusOK, f.object())
+	api.WriteJSON(w, http.StatusOK, f.object())
 }
 
 // contentLinkExpiry is how long the presigned URL a large download is sent
@@ -289,11 +290,11 @@ func (p *Publisher) fileContent(w http.ResponseWriter, r *http.Request) {
 	if f == nil {
 		return
 	}
-	if most := maxResponseBody(r); most >= 0 && f.Bytes > most && r.Method != http.MethodHead {
+	if most := api.MaxResponseBody(r); most >= 0 && f.Bytes > most && r.Method != http.MethodHead {
 		u, err := p.store.PresignGet(r.Context(), job.FileKey(f.Owner, f.ID), "application/octet-stream", contentLinkExpiry)
 		if err != nil {
 			p.log.Error("presigning a file's content", "file_id", f.ID, "err", err)
-			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be read"))
+			fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the file could not be read"))
 			return
 		}
 		if p.cfg.PublicURL != "" {
@@ -303,7 +304,7 @@ func (p *Publisher) fileContent(w http.ResponseWriter, r *http.Request) {
 			pu, err := url.Parse(u)
 			if err != nil {
 				p.log.Error("presigning a file's content", "file_id", f.ID, "err", err)
-				fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be read"))
+				fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the file could not be read"))
 				return
 			}
 			u = strings.TrimSuffix(p.cfg.PublicURL, "/") + pu.EscapedPath() + "?" + pu.RawQuery
@@ -322,7 +323,7 @@ func (p *Publisher) fileContent(w http.ResponseWriter, r *http.Request) {
 		return
 	case err != nil:
 		p.log.Error("reading a file", "file_id", f.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be read"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the file could not be read"))
 		return
 	}
 	defer body.Close()
@@ -357,13 +358,13 @@ func (p *Publisher) deleteFile(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := p.store.Delete(r.Context(), job.FileRecordKey(f.Owner, f.ID)); err != nil {
 		p.log.Error("deleting a file record", "file_id", f.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be deleted; it is still there, and the DELETE may be repeated"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the file could not be deleted; it is still there, and the DELETE may be repeated"))
 		return
 	}
 	if err := p.store.Delete(r.Context(), job.FileKey(f.Owner, f.ID)); err != nil {
 		p.log.Warn("deleting a file's content (its record is gone; the lifecycle rule will remove it)", "file_id", f.ID, "err", err)
 	}
-	writeJSON(w, http.StatusOK, fileDeleted{ID: f.ID, Object: "file", Deleted: true})
+	api.WriteJSON(w, http.StatusOK, fileDeleted{ID: f.ID, Object: "file", Deleted: true})
 }
 
 // listFiles is GET /v1/files: the caller's files, newest first unless
@@ -377,17 +378,17 @@ func (p *Publisher) deleteFile(w http.ResponseWriter, r *http.Request) {
 // says has_more. Expired records that are read are deleted, so that each
 // costs one read once.
 func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
-	fail := failWith(w, r)
+	fail := api.FailWith(w, r)
 	if p.store == nil {
 		fail(noFileStore())
 		return
 	}
-	if e := p.canList(r); e != nil {
+	if e := p.gate.CanList(r); e != nil {
 		fail(e)
 		return
 	}
 	q := r.URL.Query()
-	limit, e := listLimit(q, maxFileList, maxFileList)
+	limit, e := api.ListLimit(q, maxFileList, maxFileList)
 	if e != nil {
 		fail(e)
 		return
@@ -398,21 +399,21 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 	case "asc":
 		desc = false
 	default:
-		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "order", "order must be asc or desc"))
+		fail(api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "order", "order must be asc or desc"))
 		return
 	}
 	after := q.Get("after")
 	if after != "" && !validFileID(after) {
-		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "after", "after must be the id of a file"))
+		fail(api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "after", "after must be the id of a file"))
 		return
 	}
 	purpose := q.Get("purpose")
 
-	prefix := job.FilesPrefix(p.owner(r))
+	prefix := job.FilesPrefix(p.gate.Owner(r))
 	ids, err := p.listIDs(r.Context(), prefix, validFileID)
 	if err != nil {
 		p.log.Error("listing files", "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the files could not be listed"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the files could not be listed"))
 		return
 	}
 	now := p.now()
@@ -448,7 +449,7 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 			g.Go(func() error {
 				f, err := p.readFileRecord(r.WithContext(gctx), prefix+id+".json")
 				if errors.Is(err, errFileExpired) {
-					p.removeExpiredFile(gctx, p.owner(r), id)
+					p.removeExpiredFile(gctx, p.gate.Owner(r), id)
 				}
 				if errors.Is(err, payload.ErrMissing) {
 					return nil // deleted since the listing, or expired
@@ -464,7 +465,7 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 		}
 		if err := g.Wait(); err != nil {
 			p.log.Error("reading file records", "err", err)
-			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the files could not be listed"))
+			fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the files could not be listed"))
 			return
 		}
 		for _, f := range recs {
@@ -479,8 +480,8 @@ func (p *Publisher) listFiles(w http.ResponseWriter, r *http.Request) {
 	if len(page) > limit {
 		page = page[:limit]
 	}
-	out := newListPage(page, more, func(f fileObject) string { return f.ID })
-	writeJSON(w, http.StatusOK, out)
+	out := api.NewListPage(page, more, func(f fileObject) string { return f.ID })
+	api.WriteJSON(w, http.StatusOK, out)
 }
 
 // withinFileLimit refuses an upload, before its body is read, while the
@@ -493,11 +494,11 @@ func (p *Publisher) withinFileLimit(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		fail := failWith(w, r)
-		ids, err := p.listIDs(r.Context(), job.FilesPrefix(p.owner(r)), validFileID)
+		fail := api.FailWith(w, r)
+		ids, err := p.listIDs(r.Context(), job.FilesPrefix(p.gate.Owner(r)), validFileID)
 		if err != nil {
 			p.log.Error("counting files", "err", err)
-			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the files could not be counted; nothing was kept"))
+			fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the files could not be counted; nothing was kept"))
 			return
 		}
 		now := p.now()
@@ -508,7 +509,7 @@ func (p *Publisher) withinFileLimit(next http.Handler) http.Handler {
 			}
 		}
 		if held >= p.cfg.MaxFiles {
-			fail(paramErr(http.StatusForbidden, CodeTooManyFiles, "file",
+			fail(api.ParamErr(http.StatusForbidden, CodeTooManyFiles, "file",
 				"this caller holds %d files, the most it may (-max-files); delete some (DELETE /v1/files/{id}) or wait for them to expire", p.cfg.MaxFiles))
 			return
 		}

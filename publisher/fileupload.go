@@ -19,6 +19,7 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // An upload, POST /v1/files, is multipart/form-data with the file in a part
@@ -111,14 +112,14 @@ func (f *fileForm) sum() string {
 
 // postFile is POST /v1/files.
 func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
-	fail := failWith(w, r)
+	fail := api.FailWith(w, r)
 	if p.store == nil {
 		fail(noFileStore())
 		return
 	}
 	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mt != "multipart/form-data" || params["boundary"] == "" || len(r.Header.Values("Content-Type")) != 1 {
-		fail(apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia,
+		fail(api.Err(http.StatusUnsupportedMediaType, api.CodeUnsupportedMedia,
 			"Content-Type must be multipart/form-data, with a boundary, given once"))
 		return
 	}
@@ -134,12 +135,12 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
-	charge, err := p.bodies.openUpload(p.clientKey(r))
+	charge, err := p.gate.OpenUpload(r)
 	if err != nil {
-		fail(p.bodyError(w, err))
+		fail(p.gate.BodyError(w, err))
 		return
 	}
-	defer charge.release()
+	defer charge.Release()
 	// The request's digest is known only once its form is read: the key is
 	// claimed first, and a retry of an upload that was answered reads its
 	// form, storing nothing, to tell whether it is the same.
@@ -160,22 +161,22 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	_ = rc.SetReadDeadline(now.Add(p.cfg.FileUploadTimeout))
 	_ = rc.SetWriteDeadline(now.Add(p.cfg.FileUploadTimeout + fileWriteGrace))
-	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
+	pace := api.StartPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, api.CutRead(w))
 	held := p.cfg.uploadHeld()
 	if replay {
-		held = bodyStep // the file is read past, not held: only the reader's buffer
+		held = api.BodyStep // the file is read past, not held: only the reader's buffer
 	}
 	body := &uploadBody{r: http.MaxBytesReader(w, r.Body, limit), charge: charge, pace: pace, held: held}
 
-	f := &fileForm{w: w, body: body, owner: p.owner(r), createdAt: p.now(), replay: replay}
+	f := &fileForm{w: w, body: body, owner: p.gate.Owner(r), createdAt: p.now(), replay: replay}
 	if once != nil {
 		f.content = sha256.New()
 	}
 	f.id = newFileID(f.createdAt)
 	f.key = job.FileKey(f.owner, f.id)
 	e = p.readFileForm(r.Context(), multipart.NewReader(body, params["boundary"]), f)
-	if tooSlow := pace.stop(); e != nil && tooSlow {
-		e = p.bodyError(w, errTooSlow)
+	if tooSlow := pace.Stop(); e != nil && tooSlow {
+		e = p.gate.BodyError(w, api.ErrTooSlow)
 	}
 	if e == nil {
 		e = f.check()
@@ -193,7 +194,7 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 		raw, _ := json.Marshal(rec) // a struct of strings and numbers
 		if _, err := p.store.Put(r.Context(), recordKey, raw); err != nil {
 			p.log.Error("storing a file record", "file_id", f.id, "err", err)
-			e = apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
+			e = api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
 		}
 	}
 	if e != nil {
@@ -223,7 +224,7 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 // It stops at the first problem, which is refused before more is read: a
 // purpose other than batch given ahead of the file refuses the upload
 // before any of the file is stored.
-func (p *Publisher) readFileForm(ctx context.Context, mr *multipart.Reader, f *fileForm) *APIError {
+func (p *Publisher) readFileForm(ctx context.Context, mr *multipart.Reader, f *fileForm) *api.Error {
 	for parts := 0; ; parts++ {
 		part, err := mr.NextPart()
 		if err == io.EOF {
@@ -233,9 +234,9 @@ func (p *Publisher) readFileForm(ctx context.Context, mr *multipart.Reader, f *f
 			return p.formError(f, err)
 		}
 		if parts == maxFormParts {
-			return apiErr(http.StatusBadRequest, CodeInvalidMultipart, "the form has more than %d parts", maxFormParts)
+			return api.Err(http.StatusBadRequest, CodeInvalidMultipart, "the form has more than %d parts", maxFormParts)
 		}
-		var e *APIError
+		var e *api.Error
 		switch name := part.FormName(); name {
 		case "file":
 			e = p.storeFile(ctx, part, f)
@@ -266,14 +267,14 @@ func (p *Publisher) readFileForm(ctx context.Context, mr *multipart.Reader, f *f
 }
 
 // storeFile streams the file's part to the bucket, checking it as it goes.
-func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *fileForm) *APIError {
+func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *fileForm) *api.Error {
 	if f.sawFile {
-		return paramErr(http.StatusBadRequest, CodeInvalidMultipart, "file", "the form has more than one part named file")
+		return api.ParamErr(http.StatusBadRequest, CodeInvalidMultipart, "file", "the form has more than one part named file")
 	}
 	f.sawFile = true
 	name := part.FileName()
 	if len(name) > maxFilenameBytes || !utf8.ValidString(name) {
-		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "file",
+		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "file",
 			"the file's name must be valid UTF-8 of at most %d bytes", maxFilenameBytes)
 	}
 	var src io.Reader = part
@@ -284,7 +285,7 @@ func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *file
 	if f.replay {
 		// Read and checked as the first was, and nothing kept.
 		if _, err := io.Copy(io.Discard, check); err != nil {
-			var limit *APIError
+			var limit *api.Error
 			if errors.As(check.err, &limit) {
 				return limit
 			}
@@ -303,9 +304,9 @@ func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *file
 				level = slog.LevelDebug
 			}
 			p.log.Log(ctx, level, "storing an uploaded file", "file_id", f.id, "err", err)
-			return apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
+			return api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
 		}
-		var limit *APIError
+		var limit *api.Error
 		if errors.As(check.err, &limit) {
 			return limit
 		}
@@ -316,42 +317,42 @@ func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *file
 }
 
 // formField reads a form field other than the file.
-func (p *Publisher) formField(part *multipart.Part, f *fileForm, param string) (string, *APIError) {
+func (p *Publisher) formField(part *multipart.Part, f *fileForm, param string) (string, *api.Error) {
 	b, err := io.ReadAll(io.LimitReader(part, maxFormFieldBytes+1))
 	if err != nil {
 		return "", p.formError(f, err)
 	}
 	if len(b) > maxFormFieldBytes {
-		return "", paramErr(http.StatusBadRequest, CodeInvalidParameter, param, "a form field other than file is over %d bytes", maxFormFieldBytes)
+		return "", api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, param, "a form field other than file is over %d bytes", maxFormFieldBytes)
 	}
 	return string(b), nil
 }
 
-func badPurpose() *APIError {
-	return paramErr(http.StatusBadRequest, CodeInvalidParameter, "purpose",
+func badPurpose() *api.Error {
+	return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "purpose",
 		"purpose must be batch: this API keeps files for the Batch API only")
 }
 
 // check reports what the whole form lacks or gets wrong, and works out the
 // expiry.
-func (f *fileForm) check() *APIError {
+func (f *fileForm) check() *api.Error {
 	if !f.sawFile {
-		return paramErr(http.StatusBadRequest, CodeMissingFile, "file", "the form has no part named file")
+		return api.ParamErr(http.StatusBadRequest, CodeMissingFile, "file", "the form has no part named file")
 	}
 	if !f.purposeGiven {
-		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "purpose", "purpose is required, and must be batch")
+		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "purpose", "purpose is required, and must be batch")
 	}
 	f.expiresAfter = defaultFileExpiry
 	if f.anchorGiven && f.anchor != "created_at" {
-		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "expires_after", "expires_after[anchor] must be created_at")
+		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "expires_after", "expires_after[anchor] must be created_at")
 	}
 	if f.anchorGiven && !f.secondsGiven {
-		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "expires_after", "expires_after needs seconds")
+		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "expires_after", "expires_after needs seconds")
 	}
 	if f.secondsGiven {
 		n, err := strconv.ParseInt(f.seconds, 10, 64)
 		if err != nil || n < int64(minFileExpiry/time.Second) || n > int64(maxFileExpiry/time.Second) {
-			return paramErr(http.StatusBadRequest, CodeInvalidParameter, "expires_after",
+			return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "expires_after",
 				"expires_after[seconds] must be a whole number from %d to %d", int64(minFileExpiry/time.Second), int64(maxFileExpiry/time.Second))
 		}
 		f.expiresAfter = time.Duration(n) * time.Second
@@ -359,27 +360,27 @@ func (f *fileForm) check() *APIError {
 	return nil
 }
 
-func (p *Publisher) fileTooLarge() *APIError {
-	return paramErr(http.StatusRequestEntityTooLarge, CodeFileTooLarge, "file",
+func (p *Publisher) fileTooLarge() *api.Error {
+	return api.ParamErr(http.StatusRequestEntityTooLarge, CodeFileTooLarge, "file",
 		"the file is over the limit of %d bytes (the form, %d bytes more)", p.cfg.MaxFileBytes, formSlack)
 }
 
 // formError is the answer to an error reading the form: the body's own
 // (over its bound, too slow, over the budget, the connection's), or the
 // multipart syntax's when the body read fine.
-func (p *Publisher) formError(f *fileForm, err error) *APIError {
+func (p *Publisher) formError(f *fileForm, err error) *api.Error {
 	var tooBig *http.MaxBytesError
 	body := f.body
 	switch {
 	case body.err == nil:
-		return apiErr(http.StatusBadRequest, CodeInvalidMultipart, "the body is not multipart/form-data the publisher can read")
+		return api.Err(http.StatusBadRequest, CodeInvalidMultipart, "the body is not multipart/form-data the publisher can read")
 	case errors.As(body.err, &tooBig):
 		return p.fileTooLarge()
 	case errors.Is(body.err, errUploadTimeout):
-		return apiErr(http.StatusRequestTimeout, CodeUploadTooSlow,
+		return api.Err(http.StatusRequestTimeout, CodeUploadTooSlow,
 			"the upload took longer than %s; nothing was kept", p.cfg.FileUploadTimeout)
 	}
-	return p.bodyError(f.w, body.err)
+	return p.gate.BodyError(f.w, body.err)
 }
 
 // uploadBody is an upload's request body: it charges the bytes that
@@ -387,8 +388,8 @@ func (p *Publisher) formError(f *fileForm, err error) *APIError {
 // sent, holds the body to its pace, and keeps the first error it met.
 type uploadBody struct {
 	r       io.Reader
-	charge  *bodyCharge
-	pace    *bodyPace
+	charge  *api.BodyCharge
+	pace    *api.BodyPace
 	held    int64
 	charged int64
 	arrived int64
@@ -398,7 +399,7 @@ type uploadBody struct {
 // sent gives back what the upload was charged: payload.Upload has sent
 // the part that held it, and let its buffer go.
 func (b *uploadBody) sent() {
-	b.charge.sub(b.charged)
+	b.charge.Sub(b.charged)
 	b.charged = 0
 }
 
@@ -410,14 +411,14 @@ func (b *uploadBody) Read(p []byte) (int, error) {
 	if n > 0 {
 		b.arrived += int64(n)
 		if c := min(int64(n), b.held-b.charged); c > 0 {
-			if e := b.charge.add(c); e != nil {
+			if e := b.charge.Add(c); e != nil {
 				b.err = e
 				return 0, e
 			}
 			b.charged += c
 		}
-		if !b.pace.arrived(b.arrived) {
-			b.err = errTooSlow
+		if !b.pace.Arrived(b.arrived) {
+			b.err = api.ErrTooSlow
 			return 0, b.err
 		}
 	}
@@ -437,7 +438,7 @@ func (b *uploadBody) Read(p []byte) (int, error) {
 // MaxFileLines, or MaxFileLineBytes for one line (its newline not
 // counted). A line is counted from its first byte, so a last line without
 // a newline is one, and a newline at the end starts none. err is the first
-// error Read returned, other than io.EOF: a limit's *APIError, or the
+// error Read returned, other than io.EOF: a limit's *api.Error, or the
 // source's.
 type lineCheck struct {
 	r            io.Reader
@@ -474,18 +475,18 @@ func (c *lineCheck) Read(p []byte) (int, error) {
 // part to S3, and the client is not to be held to its pace for that time.
 // On Resume the part has gone, and the upload holds none of what came
 // before: its charge is given back, and what comes next is charged anew.
-func (c *lineCheck) Pause() { c.body.pace.pause() }
+func (c *lineCheck) Pause() { c.body.pace.Pause() }
 func (c *lineCheck) Resume() {
 	c.body.sent()
-	c.body.pace.resume(c.body.arrived)
+	c.body.pace.Resume(c.body.arrived)
 }
 
 var _ payload.Pauser = (*lineCheck)(nil)
 
-func (c *lineCheck) scan(b []byte) *APIError {
+func (c *lineCheck) scan(b []byte) *api.Error {
 	c.size += int64(len(b))
 	if c.size > c.maxBytes {
-		return paramErr(http.StatusRequestEntityTooLarge, CodeFileTooLarge, "file", "the file is over the limit of %d bytes", c.maxBytes)
+		return api.ParamErr(http.StatusRequestEntityTooLarge, CodeFileTooLarge, "file", "the file is over the limit of %d bytes", c.maxBytes)
 	}
 	for len(b) > 0 {
 		if !c.midLine {
@@ -493,7 +494,7 @@ func (c *lineCheck) scan(b []byte) *APIError {
 			c.lineLen = 0
 			c.midLine = true
 			if c.lines > c.maxLines {
-				return paramErr(http.StatusBadRequest, CodeTooManyLines, "file", "the file has more than %d lines", c.maxLines)
+				return api.ParamErr(http.StatusBadRequest, CodeTooManyLines, "file", "the file has more than %d lines", c.maxLines)
 			}
 		}
 		i := bytes.IndexByte(b, '\n')
@@ -506,7 +507,7 @@ func (c *lineCheck) scan(b []byte) *APIError {
 			c.midLine = false
 		}
 		if c.lineLen > c.maxLineBytes {
-			return paramErr(http.StatusBadRequest, CodeLineTooLarge, "file", "line %d of the file is over the limit of %d bytes", c.lines, c.maxLineBytes)
+			return api.ParamErr(http.StatusBadRequest, CodeLineTooLarge, "file", "line %d of the file is over the limit of %d bytes", c.lines, c.maxLineBytes)
 		}
 	}
 	return nil

@@ -4,11 +4,10 @@ import (
 	"errors"
 	"io"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"testing/iotest"
-	"testing/synctest"
-	"time"
+
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // lineCheck counts JSONL lines as MaxFileLines documents them, whatever
@@ -40,7 +39,7 @@ func TestLineCheck(t *testing.T) {
 			}
 			c := &lineCheck{r: r, maxBytes: tc.maxBytes, maxLines: tc.maxLines, maxLineBytes: tc.maxLine}
 			_, err := io.Copy(io.Discard, c)
-			var e *APIError
+			var e *api.Error
 			switch {
 			case tc.code == "" && (err != nil || c.lines != tc.lines):
 				t.Errorf("%s (byte by byte: %v): %d lines, %v; want %d lines", tc.name, one, c.lines, err, tc.lines)
@@ -49,55 +48,4 @@ func TestLineCheck(t *testing.T) {
 			}
 		}
 	}
-}
-
-// An upload stops reading its client while it sends a part to S3 (payload
-// .Pauser): the client must not be cut off as too slow for S3's time. A
-// pause longer than the grace leaves the body on pace; the grace runs again
-// from the resume, and a client that then stalls is cut off as before.
-func TestPacePausesWhileAPartGoesToS3(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const grace = time.Second
-		var cuts atomic.Int32
-		p := startPace(1<<20, grace, func() { cuts.Add(1) })
-		if !p.arrived(1 << 10) {
-			t.Fatal("the first bytes are late")
-		}
-		p.pause()
-		time.Sleep(10 * grace) // S3 taking its time with a part
-		synctest.Wait()
-		if cuts.Load() != 0 {
-			t.Fatal("the body was cut off while paused")
-		}
-		p.resume(1 << 10)
-		if !p.arrived(2 << 10) {
-			t.Fatal("the body is late after the pause")
-		}
-		time.Sleep(grace / 2)
-		synctest.Wait()
-		if cuts.Load() != 0 || p.stop() {
-			t.Fatal("the body was cut off within the grace after the pause")
-		}
-
-		// Without the pause, the same wait cuts it off.
-		q := startPace(1<<20, grace, func() { cuts.Add(1) })
-		q.arrived(1 << 10)
-		time.Sleep(10 * grace)
-		synctest.Wait()
-		if cuts.Load() != 1 || !q.stop() {
-			t.Errorf("%d cuts, want the unpaused body cut off", cuts.Load())
-		}
-
-		// Paused and resumed, then stalled: cut off a grace later.
-		r := startPace(1<<20, grace, func() { cuts.Add(1) })
-		r.arrived(1 << 10)
-		r.pause()
-		time.Sleep(10 * grace)
-		r.resume(1 << 10)
-		time.Sleep(2 * grace)
-		synctest.Wait()
-		if cuts.Load() != 2 || !r.stop() {
-			t.Errorf("%d cuts, want the body that stalled after its pause cut off", cuts.Load())
-		}
-	})
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // FuzzDecodeJobRequest feeds arbitrary bodies to the request decoder and,
@@ -64,7 +65,7 @@ func FuzzDecodeJobRequest(f *testing.F) {
 		jobID := newJobID()
 		p, e := pl.PlanFor(jobID, req.Endpoint, req.Items, req.chunkItems(3))
 		if e != nil {
-			if e.Status != http.StatusRequestEntityTooLarge || e.Code != CodeItemTooLarge {
+			if e.Status != http.StatusRequestEntityTooLarge || e.Code != api.CodeItemTooLarge {
 				t.Fatalf("plan refused with %+v", e)
 			}
 			return

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // Idempotency: a POST with an Idempotency-Key header is recorded, before
@@ -185,10 +186,10 @@ func (m *memIdem) evict(now time.Time) {
 // idempotencyHeader reads r's Idempotency-Key: whether it has one, and the
 // answer when it is malformed (given twice, or not 1 to 255 visible ASCII
 // characters).
-func idempotencyHeader(r *http.Request) (key string, has bool, e *APIError) {
+func idempotencyHeader(r *http.Request) (key string, has bool, e *api.Error) {
 	h, has := r.Header["Idempotency-Key"]
 	if has && (len(h) != 1 || !validIdempotencyKey(h[0])) {
-		return "", true, apiErr(http.StatusBadRequest, CodeInvalidIdempotency,
+		return "", true, api.Err(http.StatusBadRequest, api.CodeInvalidIdempotency,
 			"Idempotency-Key must be given once, as 1 to %d visible ASCII characters", maxIdempotencyKey)
 	}
 	if !has {
@@ -226,14 +227,14 @@ const (
 // an upload whose digest is known only once it is read, ""), as sending.
 // It returns claimNew, or claimReplay with the record, or the answer to
 // give: the key used for another request, or a request still at work.
-func (c *createOnce) claim(r *http.Request, w http.ResponseWriter, kind, sum string) (int, *APIError) {
+func (c *createOnce) claim(r *http.Request, w http.ResponseWriter, kind, sum string) (int, *api.Error) {
 	c.done = true // until the record is this request's
 	now := c.p.now().UTC()
 	c.rec = idemRecord{V: 1, Kind: kind, RequestSHA256: sum, State: stateSending, CreatedAt: now, UpdatedAt: now}
 	old, err := c.p.idem.claim(r.Context(), c.key, c.rec)
 	if err != nil {
 		c.p.log.Error("idempotency record", "err", err)
-		return 0, apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable,
+		return 0, api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable,
 			"the idempotency record could not be written; nothing was created, try again")
 	}
 	if old == nil {
@@ -248,13 +249,13 @@ func (c *createOnce) claim(r *http.Request, w http.ResponseWriter, kind, sum str
 		return claimReplay, nil
 	case old.State == stateSending && now.Sub(old.UpdatedAt) < c.stale:
 		w.Header().Set("Retry-After", "1")
-		return 0, apiErr(http.StatusConflict, CodeIdempotencyBusy, "a request with this Idempotency-Key is still being handled; retry shortly")
+		return 0, api.Err(http.StatusConflict, api.CodeIdempotencyBusy, "a request with this Idempotency-Key is still being handled; retry shortly")
 	}
 	// The first request failed, or died: nothing of it stands, and this one
 	// creates in its place.
 	if err := c.p.idem.put(r.Context(), c.key, c.rec); err != nil {
 		c.p.log.Error("idempotency record", "err", err)
-		return 0, apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable,
+		return 0, api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable,
 			"the idempotency record could not be written; nothing was created, try again")
 	}
 	c.done = false
@@ -265,7 +266,7 @@ func (c *createOnce) claim(r *http.Request, w http.ResponseWriter, kind, sum str
 // whether the create goes on: false when the request has had its answer
 // (the first one's 200 replayed, or a refusal written with fail). When it
 // goes on, the caller defers c.fail.
-func (c *createOnce) start(r *http.Request, w http.ResponseWriter, kind, sum string, fail func(*APIError)) bool {
+func (c *createOnce) start(r *http.Request, w http.ResponseWriter, kind, sum string, fail func(*api.Error)) bool {
 	switch n, e := c.claim(r, w, kind, sum); {
 	case e != nil:
 		fail(e)
@@ -279,22 +280,22 @@ func (c *createOnce) start(r *http.Request, w http.ResponseWriter, kind, sum str
 	return true
 }
 
-func reusedKey() *APIError {
-	return apiErr(http.StatusUnprocessableEntity, CodeIdempotencyReused, "this Idempotency-Key was used for another request")
+func reusedKey() *api.Error {
+	return api.Err(http.StatusUnprocessableEntity, api.CodeIdempotencyReused, "this Idempotency-Key was used for another request")
 }
 
 // replay answers the first request's 200 again, if the request is the same
 // (sum; an upload's is known only once it is read), else that the key was
 // used for another.
-func (c *createOnce) replay(w http.ResponseWriter, sum string) *APIError {
+func (c *createOnce) replay(w http.ResponseWriter, sum string) *api.Error {
 	if c.rec.RequestSHA256 != sum {
 		return reusedKey()
 	}
 	c.p.m.replays.Inc()
 	w.Header().Set("Idempotent-Replayed", "true")
-	writeJSONHeader(w, http.StatusOK)
+	api.WriteJSONHeader(w, http.StatusOK)
 	w.Write(c.rec.Answer)
-	w.Write([]byte("\n")) // as writeJSON ends it
+	w.Write([]byte("\n")) // as api.WriteJSON ends it
 	return nil
 }
 
@@ -306,7 +307,7 @@ func (c *createOnce) answer(ctx context.Context, w http.ResponseWriter, sum stri
 		c.rec.State, c.rec.UpdatedAt, c.rec.RequestSHA256, c.rec.Answer = stateAccepted, c.p.now().UTC(), sum, raw
 		c.record(ctx)
 	}
-	writeJSONHeader(w, http.StatusOK)
+	api.WriteJSONHeader(w, http.StatusOK)
 	w.Write(raw)
 	w.Write([]byte("\n"))
 }
@@ -339,13 +340,13 @@ func (c *createOnce) record(ctx context.Context) {
 // stale (at least IdempotencyStale is waited for), nil when r has none, or
 // the answer when the header is malformed. Keys are the caller's, as those of
 // POST /v1/jobs are (idemKey, scope): one API key's never replays another's.
-func (p *Publisher) newCreateOnce(r *http.Request, stale time.Duration) (*createOnce, *APIError) {
+func (p *Publisher) newCreateOnce(r *http.Request, stale time.Duration) (*createOnce, *api.Error) {
 	k, has, e := idempotencyHeader(r)
 	if !has || e != nil {
 		return nil, e
 	}
-	info(r).idempotencyKey = true
-	return &createOnce{p: p, key: idemKey(scope(r), k), stale: max(stale, p.cfg.IdempotencyStale)}, nil
+	api.Info(r).IdempotencyKey = true
+	return &createOnce{p: p, key: idemKey(api.Scope(r), k), stale: max(stale, p.cfg.IdempotencyStale)}, nil
 }
 
 // requestSum is the digest a create's record keeps of its request: the
