@@ -372,14 +372,14 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
-	sum := requestSum("POST /v1/batches", body)
+	sum := api.RequestSum("POST /v1/batches", body)
 	if once != nil {
 		// A retry of a create that answered 200 gets that answer again,
 		// and no second batch (idempotency.go).
-		if !once.start(r, w, kindBatch, sum, fail) {
+		if !once.Start(r, w, api.KindBatch, sum, fail) {
 			return
 		}
-		defer once.fail(r.Context())
+		defer once.Fail(r.Context())
 	}
 	owner := p.gate.Owner(r)
 	if !validFileID(q.InputFileID) {
@@ -420,7 +420,7 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.nudge(job.BatchKey(b.Owner, b.ID))
-	once.answer(r.Context(), w, sum, b.object(batchCounts{}))
+	once.Answer(r.Context(), w, sum, b.object(batchCounts{}))
 }
 
 // putBatch writes b's record.

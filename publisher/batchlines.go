@@ -93,7 +93,7 @@ func (p *Publisher) eachLine(ctx context.Context, b *batchRecord, m *job.Manifes
 // (takeBatchBytes, first come first served) are not all one client's while
 // others wait. done gives the place back; false, having answered r with
 // fail, when any of these is refused.
-func (p *Publisher) startCreate(w http.ResponseWriter, r *http.Request, fail func(*api.Error)) (once *createOnce, tenantName string, done func(), ok bool) {
+func (p *Publisher) startCreate(w http.ResponseWriter, r *http.Request, fail func(*api.Error)) (once *api.CreateOnce, tenantName string, done func(), ok bool) {
 	if p.store == nil {
 		fail(noBatchStore())
 		return nil, "", nil, false
@@ -102,7 +102,7 @@ func (p *Publisher) startCreate(w http.ResponseWriter, r *http.Request, fail fun
 		fail(e)
 		return nil, "", nil, false
 	}
-	once, e := p.newCreateOnce(r, batchSendStale)
+	once, e := p.gate.NewCreateOnce(r, batchSendStale)
 	if e != nil {
 		fail(e)
 		return nil, "", nil, false

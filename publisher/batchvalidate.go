@@ -162,7 +162,7 @@ func (v *validation) check(ctx context.Context) error {
 		if err := v.count(it.Body); err != nil {
 			return err
 		}
-		v.ids = append(append(v.ids, encodeJSON(it.ID)...), '\n')
+		v.ids = append(append(v.ids, api.EncodeJSON(it.ID)...), '\n')
 		v.sizes = append(v.sizes, int64(len(enc)))
 		return nil
 	})

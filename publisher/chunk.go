@@ -204,22 +204,7 @@ func envelopePrefix(jobID, endpoint string, chunk, chunks int) string {
 
 const envelopeSuffix = `]}`
 
-// encodeJSON is json.Marshal without HTML escaping (it only costs bytes),
-// and with every character SQS may refuse written as a JSON escape
-// (job.EncodeForSQS, which the subscriber's results go through too).
-func encodeJSON(v any) []byte {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		// Only the types of this package are encoded, and they cannot fail.
-		panic(fmt.Sprintf("publisher: encoding %T: %v", v, err))
-	}
-	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
-	return job.EncodeForSQS(b)
-}
-
-// itemEncoder is encodeJSON for a job's items, one after another, with one
+// itemEncoder is api.EncodeJSON for a job's items, one after another, with one
 // encoder and one buffer for the whole job: a fresh encoder and buffer per
 // item were most of planning's allocations.
 type itemEncoder struct {
@@ -234,7 +219,7 @@ func newItemEncoder() *itemEncoder {
 	return e
 }
 
-// encode returns it encoded as encodeJSON does, in a slice of its own.
+// encode returns it encoded as api.EncodeJSON does, in a slice of its own.
 func (e *itemEncoder) encode(it *job.Item) []byte {
 	e.buf.Reset()
 	if err := e.enc.Encode(it); err != nil {

@@ -106,7 +106,7 @@ func (f *fileForm) sum() string {
 		}
 		return []byte("=" + v)
 	}
-	return requestSum("POST /v1/files", f.content.Sum(nil), []byte(f.filename), given(f.purposeGiven, f.purpose),
+	return api.RequestSum("POST /v1/files", f.content.Sum(nil), []byte(f.filename), given(f.purposeGiven, f.purpose),
 		given(f.anchorGiven, f.anchor), given(f.secondsGiven, f.seconds))
 }
 
@@ -130,7 +130,7 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 	}
 	// An upload can take FileUploadTimeout: a retry is told the first is
 	// still at work until then.
-	once, e := p.newCreateOnce(r, p.cfg.FileUploadTimeout+fileWriteGrace)
+	once, e := p.gate.NewCreateOnce(r, p.cfg.FileUploadTimeout+fileWriteGrace)
 	if e != nil {
 		fail(e)
 		return
@@ -146,13 +146,13 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 	// form, storing nothing, to tell whether it is the same.
 	replay := false
 	if once != nil {
-		c, e := once.claim(r, w, kindFile, "")
+		c, e := once.Claim(r, w, api.KindFile, "")
 		if e != nil {
 			fail(e)
 			return
 		}
-		replay = c == claimReplay
-		defer once.fail(r.Context())
+		replay = c == api.ClaimReplay
+		defer once.Fail(r.Context())
 	}
 	// A file may take far longer to come than the server's ReadTimeout
 	// allows any body: this request's deadlines are its own. Where the
@@ -182,7 +182,7 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 		e = f.check()
 	}
 	if e == nil && replay {
-		if e = once.replay(w, f.sum()); e == nil {
+		if e = once.Replay(w, f.sum()); e == nil {
 			return
 		}
 	}
@@ -217,7 +217,7 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.log.Debug("file uploaded", "file_id", f.id, "bytes", f.size, "lines", f.lines)
-	once.answer(r.Context(), w, f.sum(), rec.object())
+	once.Answer(r.Context(), w, f.sum(), rec.object())
 }
 
 // readFileForm reads the form's parts, streaming the file's to the bucket.

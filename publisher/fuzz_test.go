@@ -54,11 +54,11 @@ func FuzzDecodeJobRequest(f *testing.F) {
 			t.Fatalf("accepted endpoint %q", req.Endpoint)
 		}
 		// What was accepted survives a round trip through its own encoding.
-		again, e := DecodeJobRequest(encodeJSON(req), lim)
+		again, e := DecodeJobRequest(api.EncodeJSON(req), lim)
 		if e != nil {
 			t.Fatalf("re-encoded request refused: %v", e)
 		}
-		if !bytes.Equal(encodeJSON(again), encodeJSON(req)) {
+		if !bytes.Equal(api.EncodeJSON(again), api.EncodeJSON(req)) {
 			t.Fatalf("round trip changed the request")
 		}
 

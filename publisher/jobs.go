@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"mime"
 	"net/http"
@@ -56,9 +57,9 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	idemHeader, hasIdem := r.Header["Idempotency-Key"]
-	if hasIdem && (len(idemHeader) != 1 || !validIdempotencyKey(idemHeader[0])) {
+	if hasIdem && (len(idemHeader) != 1 || !api.ValidIdempotencyKey(idemHeader[0])) {
 		fail(api.Err(http.StatusBadRequest, api.CodeInvalidIdempotency,
-			"Idempotency-Key must be given once, as 1 to %d visible ASCII characters", maxIdempotencyKey))
+			"Idempotency-Key must be given once, as 1 to %d visible ASCII characters", api.MaxIdempotencyKey))
 		return
 	}
 	tenantName, e := p.gate.RequestTenant(r)
@@ -103,13 +104,13 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 
 	// From here the request is valid: what fails is ours (503/500).
 	var key string
-	var rec idemRecord
+	var rec api.IdemRecord
 	if hasIdem {
 		ri.IdempotencyKey = true
 		now := p.now().UTC()
-		rec = idemRecord{V: 1, JobID: jobID, RequestSHA256: hex.EncodeToString(bodySum[:]), State: stateSending, CreatedAt: now, UpdatedAt: now}
-		key = idemKey(api.Scope(r), idemHeader[0])
-		old, err := p.idem.claim(r.Context(), key, rec)
+		rec = api.IdemRecord{V: 1, JobID: jobID, RequestSHA256: hex.EncodeToString(bodySum[:]), State: api.StateSending, CreatedAt: now, UpdatedAt: now}
+		key = api.IdemKey(api.Scope(r), idemHeader[0])
+		old, err := p.idem.Claim(r.Context(), key, rec)
 		if err != nil {
 			p.log.Error("idempotency record", "err", err)
 			fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable,
@@ -117,17 +118,17 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if old != nil {
+			var prev acceptedBody // the answer a request that was accepted had
 			switch {
 			case old.RequestSHA256 != rec.RequestSHA256:
 				fail(api.Err(http.StatusUnprocessableEntity, api.CodeIdempotencyReused, "this Idempotency-Key was used for a request with another body"))
 				return
-			case old.State == stateAccepted && old.Response != nil:
-				ri.JobID, ri.Items, ri.Chunks, ri.Replayed = old.JobID, old.Response.Items, old.Response.Chunks, true
-				p.m.replays.Inc()
-				w.Header().Set("Idempotent-Replayed", "true")
-				p.writeAccepted(w, old.Response)
+			case old.State == api.StateAccepted && json.Unmarshal(old.Response, &prev) == nil:
+				ri.JobID, ri.Items, ri.Chunks, ri.Replayed = old.JobID, prev.Items, prev.Chunks, true
+				p.gate.Replayed(w)
+				p.writeAccepted(w, &prev)
 				return
-			case old.State == stateSending && now.Sub(old.UpdatedAt) < p.cfg.IdempotencyStale:
+			case old.State == api.StateSending && now.Sub(old.UpdatedAt) < p.cfg.IdempotencyStale:
 				w.Header().Set("Retry-After", "1")
 				ri.JobID = old.JobID
 				fail(api.Err(http.StatusConflict, api.CodeIdempotencyBusy, "a request with this Idempotency-Key is still being handled; retry shortly"))
@@ -141,7 +142,7 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			jobID = old.JobID
-			if err := p.idem.put(r.Context(), key, rec); err != nil {
+			if err := p.idem.Put(r.Context(), key, rec); err != nil {
 				p.log.Error("idempotency record", "err", err)
 				fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable,
 					"the idempotency record could not be written; nothing was sent, try again"))
@@ -163,11 +164,11 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 		// The answer is recorded even if the client has gone, so its retry
 		// finds it: under a context that outlives the request.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
-		rec.State, rec.UpdatedAt = stateFailed, p.now().UTC()
+		rec.State, rec.UpdatedAt = api.StateFailed, p.now().UTC()
 		if e == nil {
-			rec.State, rec.Response = stateAccepted, resp
+			rec.State, rec.Response = api.StateAccepted, api.EncodeJSON(resp)
 		}
-		if err := p.idem.put(ctx, key, rec); err != nil {
+		if err := p.idem.Put(ctx, key, rec); err != nil {
 			// The job stands; a retry will find "sending" and, once stale,
 			// send it again, which downstream de-duplication absorbs.
 			p.log.Warn("recording the outcome of an idempotent request", "job_id", jobID, "err", err)
@@ -240,7 +241,7 @@ func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string
 func (p *Publisher) putManifest(ctx context.Context, jobID, owner string, chunkItems []int, items, claims int) *api.Error {
 	m := job.Manifest{V: 1, JobID: jobID, Owner: owner, Chunks: len(chunkItems), Items: items, ClaimChecked: claims,
 		ChunkItems: chunkItems, CreatedAt: p.now().UTC()}
-	if _, err := p.store.Put(ctx, job.ManifestKey(jobID), encodeJSON(m)); err != nil {
+	if _, err := p.store.Put(ctx, job.ManifestKey(jobID), api.EncodeJSON(m)); err != nil {
 		p.log.Error("job manifest", "job_id", jobID, "err", err)
 		return api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "writing the job's manifest failed; nothing was sent")
 	}

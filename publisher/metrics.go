@@ -9,7 +9,6 @@ import (
 // metrics are the publisher's Prometheus series, all vramq_publisher_*.
 type metrics struct {
 	jobs          prometheus.Counter
-	replays       prometheus.Counter
 	chunksSent    prometheus.Counter
 	claimChecked  prometheus.Counter
 	sqsCalls      *prometheus.CounterVec // outcome
@@ -26,8 +25,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		jobs: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "jobs_accepted_total",
 			Help: "Jobs answered 202 with every chunk on the queue (replays not counted)."}),
-		replays: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "idempotent_replays_total",
-			Help: "POSTs answered from an earlier request with the same Idempotency-Key."}),
 		chunksSent: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "chunks_sent_total",
 			Help: "Work messages SQS confirmed."}),
 		claimChecked: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "items_claim_checked_total",
@@ -49,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Batches the sweeper or a nudge could not advance (an S3 error): tried again at the next pass."}),
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.jobs, m.replays, m.chunksSent, m.claimChecked, m.sqsCalls,
+	for _, c := range []prometheus.Collector{m.jobs, m.chunksSent, m.claimChecked, m.sqsCalls,
 		m.sendRetries, m.failedEntries, m.tenantJobs, m.tenantItems, m.batchesEnded, m.sweepErrors} {
 		errs = append(errs, reg.Register(c))
 	}

@@ -277,12 +277,12 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	// The key is claimed once the request is known whole, as postBatch
 	// claims it: a retry of a create that was answered gets that answer
 	// again, and no second batch (idempotency.go).
-	sum := requestSum("POST /v1/messages/batches", digest.Sum(nil))
+	sum := api.RequestSum("POST /v1/messages/batches", digest.Sum(nil))
 	if once != nil {
-		if !once.start(r, w, kindMessageBatch, sum, fail) {
+		if !once.Start(r, w, api.KindMessageBatch, sum, fail) {
 			return
 		}
-		defer once.fail(r.Context())
+		defer once.Fail(r.Context())
 	}
 	now := p.now().UTC()
 	owner := p.gate.Owner(r)
@@ -304,7 +304,7 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		mb = &messageBatch{ID: b.ID, Type: "message_batch", ProcessingStatus: msgInProgress, CreatedAt: *rfc3339(b.CreatedAt),
 			ExpiresAt: *rfc3339(b.ExpiresAt), RequestCounts: messageCounts{Processing: b.Lines}}
 	}
-	once.answer(r.Context(), w, sum, mb)
+	once.Answer(r.Context(), w, sum, mb)
 }
 
 // messageRequest is an element of a create's requests.
@@ -575,7 +575,7 @@ func (p *Publisher) startBatch(ctx context.Context, b *batchRecord, items []Requ
 	unrecorded := api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be recorded; nothing was sent")
 	ids := make([]byte, 0, len(items)*16)
 	for _, it := range items {
-		ids = append(ids, encodeJSON(it.ID)...)
+		ids = append(ids, api.EncodeJSON(it.ID)...)
 		ids = append(ids, '\n')
 	}
 	b.Status = batchValidating

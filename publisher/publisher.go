@@ -31,7 +31,7 @@ type Publisher struct {
 	m       *metrics
 	planner Planner
 	sender  *sender
-	idem    idemStore
+	idem    api.IdemStore
 	store   *payload.Store
 	gate    *api.Gate      // keys, rate limits, bodies in flight, the request log
 	labels  *tenant.Labels // per-tenant metric labels
@@ -64,9 +64,9 @@ func New(cfg Config) (*Publisher, error) {
 	p.planner = Planner{MaxMessageBytes: cfg.MaxMessageBytes, MaxItemBytes: cfg.MaxItemBytes}
 	if cfg.Payloads != nil {
 		p.planner.Bucket = cfg.Payloads.Bucket()
-		p.idem = s3Idem{cfg.Payloads}
+		p.idem = api.S3Idem{Store: cfg.Payloads}
 	} else {
-		p.idem = newMemIdem(cfg.IdempotencyTTL, cfg.IdempotencyEntries)
+		p.idem = api.NewMemIdem(cfg.IdempotencyTTL, cfg.IdempotencyEntries)
 	}
 	p.sender = &sender{
 		queue: cfg.Queue, attempts: cfg.SendAttempts, retry: sendRetry(cfg.SendBackoff),
@@ -77,7 +77,8 @@ func New(cfg Config) (*Publisher, error) {
 		IPv6ClientPrefix: cfg.IPv6ClientPrefix, RateLimitClients: cfg.RateLimitClients, TrustedProxies: cfg.TrustedProxies,
 		MaxBodyBytes: cfg.MaxBodyBytes, MaxBodyBytesInFlight: cfg.MaxBodyBytesInFlight, MaxBodyBytesPerClient: cfg.MaxBodyBytesPerClient,
 		MaxBodiesPerClient: cfg.MaxBodiesPerClient, MinBodyRate: cfg.MinBodyRate, BodyGrace: cfg.BodyGrace,
-		UploadHeld: cfg.uploadHeld(), Logger: cfg.Logger, Registerer: cfg.Registerer})
+		UploadHeld: cfg.uploadHeld(), Idem: p.idem, IdempotencyStale: cfg.IdempotencyStale,
+		Logger: cfg.Logger, Registerer: cfg.Registerer})
 	if err != nil {
 		return nil, fmt.Errorf("publisher metrics: %w", err)
 	}

@@ -116,7 +116,7 @@ func TestIdempotencyKeyValid(t *testing.T) {
 		"a": true, "550e8400-e29b-41d4-a716-446655440000": true, strings.Repeat("k", 255): true,
 		"": false, strings.Repeat("k", 256): false, "has space": false, "tab\t": false, "é": false,
 	} {
-		if validIdempotencyKey(k) != ok {
+		if api.ValidIdempotencyKey(k) != ok {
 			t.Errorf("%q: want valid=%v", k, ok)
 		}
 	}

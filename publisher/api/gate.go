@@ -48,6 +48,11 @@ type Config struct {
 	// way to S3): the least share of the bodies in flight uploads get.
 	UploadHeld int64
 
+	// Idem keeps the records of Idempotency-Keys; IdempotencyStale is how
+	// long a create's "sending" record holds its key from a retry.
+	Idem             IdemStore
+	IdempotencyStale time.Duration
+
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
@@ -62,6 +67,7 @@ type Gate struct {
 	tenants []string            // the tenant of each key, by the index of keys
 	rates   *limiter            // nil without rate limits
 	bodies  *bodyBudget         // request bodies in flight
+	idem    IdemStore
 	now     func() time.Time
 }
 
@@ -71,7 +77,7 @@ func NewGate(cfg Config) (*Gate, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gate{cfg: cfg, log: cfg.Logger, m: m, now: time.Now}
+	g := &Gate{cfg: cfg, log: cfg.Logger, m: m, idem: cfg.Idem, now: time.Now}
 	for _, k := range cfg.APIKeys {
 		name, key := SplitKey(k)
 		g.keys = append(g.keys, sha256.Sum256([]byte(key)))

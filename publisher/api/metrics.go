@@ -15,12 +15,15 @@ type metrics struct {
 	rateEvictions prometheus.Counter
 	overloaded    prometheus.Counter
 	bodyRefusals  *prometheus.CounterVec // reason: client_bodies, client_bytes, too_slow
+	replays       prometheus.Counter
 	bodyBytes     prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "vramq", "publisher"
 	m := &metrics{
+		replays: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "idempotent_replays_total",
+			Help: "POSTs answered from an earlier request with the same Idempotency-Key."}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "requests_total",
 			Help: "HTTP requests by route pattern and status code."}, []string{"route", "code"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "request_seconds",
@@ -42,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.requests, m.latency, m.rateLimited, m.rateClients, m.rateEvictions, m.overloaded,
-		m.bodyRefusals, m.bodyBytes} {
+		m.bodyRefusals, m.bodyBytes, m.replays} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)
