@@ -16,6 +16,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/files"
 )
 
 // Batches, as OpenAI's Batch API has them (its API reference, "Batch"):
@@ -116,10 +117,10 @@ const maxBatchRecord = 4 << 20
 // were made, and are ids of the job grammar, so the batch's job has its id.
 const batchIDPrefix = job.BatchIDPrefix
 
-func newBatchID(now time.Time) string { return newTimeID(batchIDPrefix, now) }
+func newBatchID(now time.Time) string { return api.NewTimeID(batchIDPrefix, now) }
 
 // validBatchID is checked before an id reaches an S3 key.
-func validBatchID(id string) bool { return validTimeID(batchIDPrefix, id) }
+func validBatchID(id string) bool { return api.ValidTimeID(batchIDPrefix, id) }
 
 // batchRecord is what the bucket keeps of a batch.
 type batchRecord struct {
@@ -318,10 +319,10 @@ func (q *batchRequest) check() *api.Error {
 			return bad("metadata", "a metadata key may be at most %d characters, and a value %d", maxMetadataKey, maxMetadataValue)
 		}
 	}
-	if e := q.OutputExpiresAfter; e != nil && (e.Anchor != "created_at" || e.Seconds < int64(minFileExpiry/time.Second) ||
-		e.Seconds > int64(maxFileExpiry/time.Second)) {
+	if e := q.OutputExpiresAfter; e != nil && (e.Anchor != "created_at" || e.Seconds < int64(files.MinExpiry/time.Second) ||
+		e.Seconds > int64(files.MaxExpiry/time.Second)) {
 		return bad("output_expires_after", "output_expires_after must have anchor created_at and seconds from %d to %d",
-			int64(minFileExpiry/time.Second), int64(maxFileExpiry/time.Second))
+			int64(files.MinExpiry/time.Second), int64(files.MaxExpiry/time.Second))
 	}
 	return nil
 }
@@ -382,11 +383,11 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		defer once.Fail(r.Context())
 	}
 	owner := p.gate.Owner(r)
-	if !validFileID(q.InputFileID) {
+	if !files.ValidID(q.InputFileID) {
 		fail(api.ParamErr(http.StatusNotFound, api.CodeNotFound, "input_file_id", "No such File object"))
 		return
 	}
-	f, err := p.readFileRecord(r, job.FileRecordKey(owner, q.InputFileID))
+	f, err := p.files.ReadRecord(r, job.FileRecordKey(owner, q.InputFileID))
 	switch {
 	case errors.Is(err, payload.ErrMissing) || err == nil && f.ID != q.InputFileID:
 		fail(api.ParamErr(http.StatusNotFound, api.CodeNotFound, "input_file_id", "No such File object"))
@@ -395,7 +396,7 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		p.log.Error("reading a file record", "file_id", q.InputFileID, "err", err)
 		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the input file's record could not be read"))
 		return
-	case f.Purpose != PurposeBatch:
+	case f.Purpose != files.PurposeBatch:
 		fail(api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "input_file_id",
 			"the input file was not uploaded with purpose batch"))
 		return
@@ -509,7 +510,7 @@ func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 
 // listBatches is GET /v1/batches: the caller's batches, newest first, limit
 // of them after the batch after names (which need not still exist). Each
-// is read as GET reads one, readConcurrency at a time.
+// is read as GET reads one, api.ReadConcurrency at a time.
 func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	limit, fail, ok := p.openAIBatches().startList(p, w, r, defaultBatchList, maxBatchList)
 	if !ok {
@@ -522,7 +523,7 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	owner := p.gate.Owner(r)
-	all, err := p.listIDs(r.Context(), job.BatchesPrefix(owner), validBatchID)
+	all, err := api.ListIDs(r.Context(), p.store, job.BatchesPrefix(owner), validBatchID)
 	if err != nil {
 		p.log.Error("listing batches", "err", err)
 		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batches could not be listed"))

@@ -56,13 +56,13 @@ func (br batchRoute[T]) load(p *Publisher, w http.ResponseWriter, r *http.Reques
 	return b, v, fail, true
 }
 
-// readAll reads owner's batches ids, readConcurrency at a time, in order;
+// readAll reads owner's batches ids, api.ReadConcurrency at a time, in order;
 // one deleted since they were listed is left out.
 func (br batchRoute[T]) readAll(p *Publisher, r *http.Request, owner string, ids []string) ([]T, error) {
 	views := make([]T, len(ids))
 	found := make([]bool, len(ids))
 	g, gctx := errgroup.WithContext(r.Context())
-	g.SetLimit(readConcurrency)
+	g.SetLimit(api.ReadConcurrency)
 	for i, id := range ids {
 		g.Go(func() error {
 			rr := r.WithContext(gctx)

@@ -14,6 +14,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/files"
 )
 
 // A batch's input file is validated after POST /v1/batches has answered
@@ -337,14 +338,14 @@ func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good fun
 		n++
 		if errors.Is(err, errLineTooLong) {
 			requests++
-			badLine(n, CodeLineTooLarge, "", "the line is over %d bytes", p.cfg.MaxFileLineBytes)
+			badLine(n, files.CodeLineTooLarge, "", "the line is over %d bytes", p.cfg.MaxFileLineBytes)
 			continue
 		}
 		if err != nil {
 			return 0, nil, err
 		}
 		if n > p.cfg.MaxFileLines {
-			badLine(n, CodeTooManyLines, "", "the file has more than %d lines", p.cfg.MaxFileLines)
+			badLine(n, files.CodeTooManyLines, "", "the file has more than %d lines", p.cfg.MaxFileLines)
 			break
 		}
 		if len(bytes.TrimSpace(line)) == 0 {

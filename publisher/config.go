@@ -329,6 +329,10 @@ func (c *Config) setDefaults() {
 	config.OrDefault(&c.Registerer, prometheus.Registerer(prometheus.NewRegistry()))
 }
 
+// uploadHeld is the most an upload holds in memory of its file, which is
+// what its body is charged up to.
+func (c *Config) uploadHeld() int64 { return min(payload.UploadPartBytes, c.MaxFileBytes) }
+
 // FieldError is one problem Validate found, with the name of the Config
 // field it is about (e.g. "MaxItems"), so that a command can name its own flag for it.
 type FieldError = config.FieldError

@@ -17,6 +17,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/files"
 )
 
 // Anthropic's Message Batches, as its API reference has them ("Create a
@@ -59,10 +60,10 @@ const (
 	maxCustomID = 64
 )
 
-func newMessageBatchID(now time.Time) string { return newTimeID(msgBatchIDPrefix, now) }
+func newMessageBatchID(now time.Time) string { return api.NewTimeID(msgBatchIDPrefix, now) }
 
 // validMessageBatchID is checked before an id reaches an S3 key.
-func validMessageBatchID(id string) bool { return validTimeID(msgBatchIDPrefix, id) }
+func validMessageBatchID(id string) bool { return api.ValidTimeID(msgBatchIDPrefix, id) }
 
 // isMessageBatch tells a message batch's record from an OpenAI batch's.
 func isMessageBatch(b *batchRecord) bool { return strings.HasPrefix(b.ID, msgBatchIDPrefix) }
@@ -250,7 +251,7 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	defer bodies.Release()
 	pace := api.StartPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, api.CutRead(w))
-	read := &uploadBody{r: http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), charge: bodies, pace: pace, held: p.cfg.uploadHeld()}
+	read := files.NewUploadBody(http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), bodies, pace, p.cfg.uploadHeld())
 	var body io.Reader = read
 	// With an Idempotency-Key, the body's digest, taken as it is read (a
 	// create is read to its end when it is taken), to compare a retry with.
@@ -263,8 +264,8 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		fail(p.gate.BodyError(w, api.ErrTooSlow))
 		return
 	}
-	if read.err != nil && !errors.As(read.err, new(*http.MaxBytesError)) {
-		fail(p.gate.BodyError(w, read.err)) // over the client's share, or the uploads'
+	if read.Err() != nil && !errors.As(read.Err(), new(*http.MaxBytesError)) {
+		fail(p.gate.BodyError(w, read.Err())) // over the client's share, or the uploads'
 		return
 	}
 	if e != nil {
@@ -520,7 +521,7 @@ func (p *Publisher) listMessageBatches(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	owner := p.gate.Owner(r)
-	all, err := p.listIDs(r.Context(), job.BatchesPrefix(owner), validMessageBatchID)
+	all, err := api.ListIDs(r.Context(), p.store, job.BatchesPrefix(owner), validMessageBatchID)
 	if err != nil {
 		p.log.Error("listing message batches", "err", err)
 		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batches could not be listed"))

@@ -22,6 +22,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/files"
 )
 
 // Publisher is the HTTP API over one work queue. Safe for concurrent use.
@@ -34,6 +35,7 @@ type Publisher struct {
 	idem    api.IdemStore
 	store   *payload.Store
 	gate    *api.Gate      // keys, rate limits, bodies in flight, the request log
+	files   *files.Service // the Files API
 	labels  *tenant.Labels // per-tenant metric labels
 	results *resultShares  // bytes of stored results in flight (resultpage.go)
 	// Batches (batches.go, batchvalidate.go, batchstate.go, webhooks.go).
@@ -82,6 +84,10 @@ func New(cfg Config) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("publisher metrics: %w", err)
 	}
+	p.files = files.New(files.Config{MaxFileBytes: cfg.MaxFileBytes, MaxFileLines: cfg.MaxFileLines,
+		MaxFileLineBytes: cfg.MaxFileLineBytes, MaxFiles: cfg.MaxFiles, FileUploadTimeout: cfg.FileUploadTimeout,
+		MinBodyRate: cfg.MinBodyRate, BodyGrace: cfg.BodyGrace, UploadHeld: cfg.uploadHeld(), PublicURL: cfg.PublicURL},
+		p.gate, cfg.Payloads, cfg.Logger)
 	p.labels = tenant.NewLabels(api.MaxTenantLabels, p.gate.Tenants()...)
 	p.results = newResultShares(&cfg)
 	p.batchBytes = semaphore.NewWeighted(cfg.MaxFileBytes)
@@ -98,7 +104,7 @@ func New(cfg Config) (*Publisher, error) {
 //	DELETE /v1/jobs/{id} cancel a job (auth, rate limits)
 //	POST /v1/files, GET /v1/files, GET and DELETE /v1/files/{id},
 //	GET /v1/files/{id}/content
-//	                     OpenAI's Files API (files.go; auth, rate limits)
+//	                     OpenAI's Files API (publisher/files; auth, rate limits)
 //	POST /v1/batches, GET /v1/batches, GET /v1/batches/{id},
 //	POST /v1/batches/{id}/cancel
 //	                     OpenAI's Batch API (batches.go; auth, rate limits)
@@ -123,17 +129,7 @@ func (p *Publisher) Handler() http.Handler {
 	// method gets a JSON 405 rather than the mux's plain-text one.
 	mux.HandleFunc("/v1/jobs", api.MethodNotAllowed("POST"))
 	mux.HandleFunc("/v1/jobs/{id}", api.MethodNotAllowed("GET, HEAD, DELETE"))
-	// The files routes answer every error in OpenAI's shape (openai.go),
-	// their 404s and 405s included.
-	mux.Handle("POST /v1/files", api.OpenAI(p.gate.Auth(p.gate.RateLimit(p.withinFileLimit(http.HandlerFunc(p.postFile))))))
-	mux.Handle("GET /v1/files", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.listFiles)))))
-	mux.Handle("GET /v1/files/{id}", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.getFile)))))
-	mux.Handle("DELETE /v1/files/{id}", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.deleteFile)))))
-	mux.Handle("GET /v1/files/{id}/content", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.fileContent)))))
-	mux.Handle("/v1/files", api.OpenAI(api.MethodNotAllowed("GET, HEAD, POST")))
-	mux.Handle("/v1/files/{id}", api.OpenAI(api.MethodNotAllowed("GET, HEAD, DELETE")))
-	mux.Handle("/v1/files/{id}/content", api.OpenAI(api.MethodNotAllowed("GET, HEAD")))
-	mux.Handle("/v1/files/", api.OpenAI(http.HandlerFunc(api.NotFound)))
+	p.files.Routes(mux) // OpenAI's Files API (publisher/files)
 	mux.Handle("POST /v1/batches", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.postBatch)))))
 	mux.Handle("GET /v1/batches", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.listBatches)))))
 	mux.Handle("GET /v1/batches/{id}", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.getBatch)))))

@@ -80,9 +80,6 @@ type chunkResult struct {
 // bytes when the subscriber wrote it).
 const maxItemErrorsMarker = 4 << 10
 
-// readConcurrency bounds the S3 reads of one status request.
-const readConcurrency = 8
-
 // getJob is GET /v1/jobs/{id}: progress from the result, failure and
 // cancelled markers the subscribers write, and, once every chunk is settled,
 // the results, a page at a time, streamed (writePage).
@@ -217,7 +214,7 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest) (*statusBody, e
 	var mu sync.Mutex
 	itemsFailed := map[int]int{}
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(readConcurrency)
+	g.SetLimit(api.ReadConcurrency)
 	for c := range itemErrSet {
 		if !done[c] {
 			continue

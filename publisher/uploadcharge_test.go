@@ -18,7 +18,6 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
-	"github.com/vramq/vramq/publisher/api"
 )
 
 // emptyBucket answers every request as S3 answers a ListObjectsV2 of a
@@ -102,54 +101,6 @@ func TestTricklingUploadsLeaveRoomForOthers(t *testing.T) {
 			t.Errorf("after the uploads ended, %d bytes held", used)
 		}
 		time.Sleep(time.Second)
-	})
-}
-
-// TestAnUploadGivesBackWhatItSent (issue 34, item 2): an upload is charged
-// for the bytes it holds: those of the part it is filling, given back once
-// payload.Upload has sent the part (Resume), and charged anew as more come.
-func TestAnUploadGivesBackWhatItSent(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		p, err := New(Config{Queue: nopQueue{}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		charge, err := p.gate.OpenUpload(httptest.NewRequest("POST", "/v1/files", nil))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer charge.Release()
-		src, in := io.Pipe()
-		body := &uploadBody{r: src, charge: charge, pace: api.StartPace(1<<20, time.Hour, func() {}), held: 1 << 20}
-		defer body.pace.Stop()
-		check := &lineCheck{r: body, body: body, maxBytes: 1 << 30, maxLines: 1 << 20, maxLineBytes: 1 << 20}
-		go func() {
-			_, _ = in.Write([]byte(strings.Repeat("a\n", 500)))
-			_, _ = in.Write([]byte(strings.Repeat("b\n", 100)))
-			in.Close()
-		}()
-		buf := make([]byte, 1000)
-		if _, err := io.ReadFull(check, buf); err != nil {
-			t.Fatal(err)
-		}
-		if used := bodiesInFlight(t, p); used != 1000 {
-			t.Errorf("after 1000 bytes of a part: %d charged", used)
-		}
-		check.Pause()
-		check.Resume() // the part went to S3
-		if used := bodiesInFlight(t, p); used != 0 {
-			t.Errorf("after the part was sent: %d charged; want 0", used)
-		}
-		if _, err := io.ReadAll(check); err != nil {
-			t.Fatal(err)
-		}
-		if used := bodiesInFlight(t, p); used != 200 {
-			t.Errorf("after 200 bytes of the next part: %d charged", used)
-		}
-		charge.Release()
-		if used := bodiesInFlight(t, p); used != 0 {
-			t.Errorf("released: %d bytes", used)
-		}
 	})
 }
 

@@ -1,10 +1,11 @@
 // Package api is the publisher's HTTP edge, what every route shares: API
 // keys and the caller they name (tenant, owner), rate limits, the bounds on
-// request bodies in flight and their pace, the error shapes (vramq's,
-// OpenAI's, Anthropic's), the request log and its metrics, and the adapters
-// that serve one http.Handler from a listener or AWS Lambda. The routes
-// themselves (jobs, files, batches) live in the packages beside it and ask
-// a Gate for these.
+// request bodies in flight and their pace, Idempotency-Key records, the
+// error shapes (vramq's, OpenAI's, Anthropic's), OpenAI's list pages and
+// the ids of listed records, the request log and its metrics, and the
+// adapters that serve one http.Handler from a listener or AWS Lambda. The
+// routes themselves (publisher/files; jobs and batches in publisher) ask a
+// Gate for these.
 package api
 
 import (
@@ -56,6 +57,10 @@ type Config struct {
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
+
+// ReadConcurrency bounds the S3 reads one request makes at once: a job's
+// status, a page of files or batches, a batch's finalization.
+const ReadConcurrency = 8
 
 // Gate is what every request passes through: it knows the API keys, the
 // rate limits and the bodies in flight. Safe for concurrent use.

@@ -1,10 +1,21 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"net/url"
+	"path"
+	"slices"
 	"strconv"
+	"strings"
+
+	"github.com/vramq/vramq/internal/payload"
 )
+
+// The listings of the OpenAI-compatible routes (GET /v1/files, GET
+// /v1/batches): OpenAI's cursor page, over records kept as
+// {prefix}{id}.json under their owner's prefix, ids that sort as the
+// records were made (NewTimeID).
 
 // ListPage is a page of an OpenAI list, which its SDKs' auto-pagers follow
 // by has_more and the last id (after).
@@ -41,4 +52,21 @@ func ListLimit(q url.Values, def, most int) (int, *Error) {
 		return 0, ParamErr(http.StatusBadRequest, CodeInvalidParameter, "limit", "limit must be a whole number from 1 to %d", most)
 	}
 	return n, nil
+}
+
+// ListIDs lists the ids of the records under prefix, {prefix}{id}.json
+// with valid(id), oldest first: one List, no record read.
+func ListIDs(ctx context.Context, store *payload.Store, prefix string, valid func(string) bool) ([]string, error) {
+	keys, err := store.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, k := range keys {
+		if id, ok := strings.CutSuffix(path.Base(k), ".json"); ok && valid(id) && k == prefix+id+".json" {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
 }

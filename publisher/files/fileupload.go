@@ -1,4 +1,4 @@
-package publisher
+package files
 
 import (
 	"bytes"
@@ -38,7 +38,7 @@ import (
 // the file exist is written only after every check passed.
 //
 // Like a POST /v1/jobs body, an upload takes a place among its client's
-// bodies in flight and is held to -min-body-rate (inflight.go). It is
+// bodies in flight and is held to -min-body-rate (api.BodyPace). It is
 // charged for the bytes it holds: those that have arrived of the part being
 // filled, at most one part of the upload (or the whole file, when that is
 // smaller), given back as the part goes to S3, whose buffer goes with it.
@@ -66,14 +66,10 @@ const (
 // errUploadTimeout: the upload took longer than FileUploadTimeout.
 var errUploadTimeout = errors.New("the upload went past its deadline")
 
-// uploadHeld is the most an upload holds in memory of its file, which is
-// what its body is charged up to.
-func (c *Config) uploadHeld() int64 { return min(payload.UploadPartBytes, c.MaxFileBytes) }
-
 // fileForm is an upload's form as it is read, and what it says.
 type fileForm struct {
 	w    http.ResponseWriter // for the Retry-After of a refusal
-	body *uploadBody
+	body *UploadBody
 
 	id, owner, key string
 	createdAt      time.Time
@@ -111,9 +107,9 @@ func (f *fileForm) sum() string {
 }
 
 // postFile is POST /v1/files.
-func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
+func (fs *Service) postFile(w http.ResponseWriter, r *http.Request) {
 	fail := api.FailWith(w, r)
-	if p.store == nil {
+	if fs.store == nil {
 		fail(noFileStore())
 		return
 	}
@@ -123,21 +119,21 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 			"Content-Type must be multipart/form-data, with a boundary, given once"))
 		return
 	}
-	limit := p.cfg.MaxFileBytes + formSlack
+	limit := fs.cfg.MaxFileBytes + formSlack
 	if r.ContentLength > limit {
-		fail(p.fileTooLarge())
+		fail(fs.fileTooLarge())
 		return
 	}
 	// An upload can take FileUploadTimeout: a retry is told the first is
 	// still at work until then.
-	once, e := p.gate.NewCreateOnce(r, p.cfg.FileUploadTimeout+fileWriteGrace)
+	once, e := fs.gate.NewCreateOnce(r, fs.cfg.FileUploadTimeout+fileWriteGrace)
 	if e != nil {
 		fail(e)
 		return
 	}
-	charge, err := p.gate.OpenUpload(r)
+	charge, err := fs.gate.OpenUpload(r)
 	if err != nil {
-		fail(p.gate.BodyError(w, err))
+		fail(fs.gate.BodyError(w, err))
 		return
 	}
 	defer charge.Release()
@@ -159,24 +155,24 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 	// connection has none to move (Lambda), this does nothing.
 	rc := http.NewResponseController(w)
 	now := time.Now()
-	_ = rc.SetReadDeadline(now.Add(p.cfg.FileUploadTimeout))
-	_ = rc.SetWriteDeadline(now.Add(p.cfg.FileUploadTimeout + fileWriteGrace))
-	pace := api.StartPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, api.CutRead(w))
-	held := p.cfg.uploadHeld()
+	_ = rc.SetReadDeadline(now.Add(fs.cfg.FileUploadTimeout))
+	_ = rc.SetWriteDeadline(now.Add(fs.cfg.FileUploadTimeout + fileWriteGrace))
+	pace := api.StartPace(float64(fs.cfg.MinBodyRate), fs.cfg.BodyGrace, api.CutRead(w))
+	held := fs.cfg.UploadHeld
 	if replay {
 		held = api.BodyStep // the file is read past, not held: only the reader's buffer
 	}
-	body := &uploadBody{r: http.MaxBytesReader(w, r.Body, limit), charge: charge, pace: pace, held: held}
+	body := NewUploadBody(http.MaxBytesReader(w, r.Body, limit), charge, pace, held)
 
-	f := &fileForm{w: w, body: body, owner: p.gate.Owner(r), createdAt: p.now(), replay: replay}
+	f := &fileForm{w: w, body: body, owner: fs.gate.Owner(r), createdAt: fs.now(), replay: replay}
 	if once != nil {
 		f.content = sha256.New()
 	}
-	f.id = newFileID(f.createdAt)
+	f.id = NewID(f.createdAt)
 	f.key = job.FileKey(f.owner, f.id)
-	e = p.readFileForm(r.Context(), multipart.NewReader(body, params["boundary"]), f)
+	e = fs.readFileForm(r.Context(), multipart.NewReader(body, params["boundary"]), f)
 	if tooSlow := pace.Stop(); e != nil && tooSlow {
-		e = p.gate.BodyError(w, api.ErrTooSlow)
+		e = fs.gate.BodyError(w, api.ErrTooSlow)
 	}
 	if e == nil {
 		e = f.check()
@@ -186,14 +182,14 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	var rec *fileRecord
+	var rec *Record
 	recordKey := job.FileRecordKey(f.owner, f.id)
 	if e == nil {
-		rec = &fileRecord{V: 1, ID: f.id, Owner: f.owner, Filename: f.filename, Bytes: f.size, Lines: f.lines,
+		rec = &Record{V: 1, ID: f.id, Owner: f.owner, Filename: f.filename, Bytes: f.size, Lines: f.lines,
 			Purpose: f.purpose, CreatedAt: f.createdAt.Unix(), ExpiresAt: f.createdAt.Add(f.expiresAfter).Unix()}
 		raw, _ := json.Marshal(rec) // a struct of strings and numbers
-		if _, err := p.store.Put(r.Context(), recordKey, raw); err != nil {
-			p.log.Error("storing a file record", "file_id", f.id, "err", err)
+		if _, err := fs.store.Put(r.Context(), recordKey, raw); err != nil {
+			fs.log.Error("storing a file record", "file_id", f.id, "err", err)
 			e = api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
 		}
 	}
@@ -208,15 +204,15 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 				keys = []string{recordKey, f.key}
 			}
 			for _, k := range keys {
-				if err := p.store.Delete(ctx, k); err != nil {
-					p.log.Warn("removing a refused upload (the lifecycle rule will)", "file_id", f.id, "key", k, "err", err)
+				if err := fs.store.Delete(ctx, k); err != nil {
+					fs.log.Warn("removing a refused upload (the lifecycle rule will)", "file_id", f.id, "key", k, "err", err)
 				}
 			}
 		}
 		fail(e)
 		return
 	}
-	p.log.Debug("file uploaded", "file_id", f.id, "bytes", f.size, "lines", f.lines)
+	fs.log.Debug("file uploaded", "file_id", f.id, "bytes", f.size, "lines", f.lines)
 	once.Answer(r.Context(), w, f.sum(), rec.object())
 }
 
@@ -224,14 +220,14 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 // It stops at the first problem, which is refused before more is read: a
 // purpose other than batch given ahead of the file refuses the upload
 // before any of the file is stored.
-func (p *Publisher) readFileForm(ctx context.Context, mr *multipart.Reader, f *fileForm) *api.Error {
+func (fs *Service) readFileForm(ctx context.Context, mr *multipart.Reader, f *fileForm) *api.Error {
 	for parts := 0; ; parts++ {
 		part, err := mr.NextPart()
 		if err == io.EOF {
 			return nil
 		}
 		if err != nil {
-			return p.formError(f, err)
+			return fs.formError(f, err)
 		}
 		if parts == maxFormParts {
 			return api.Err(http.StatusBadRequest, CodeInvalidMultipart, "the form has more than %d parts", maxFormParts)
@@ -239,24 +235,24 @@ func (p *Publisher) readFileForm(ctx context.Context, mr *multipart.Reader, f *f
 		var e *api.Error
 		switch name := part.FormName(); name {
 		case "file":
-			e = p.storeFile(ctx, part, f)
+			e = fs.storeFile(ctx, part, f)
 		case "purpose":
-			f.purpose, e = p.formField(part, f, name)
+			f.purpose, e = fs.formField(part, f, name)
 			f.purposeGiven = true
 			if e == nil && f.purpose != PurposeBatch {
 				e = badPurpose()
 			}
 		case "expires_after[anchor]", "expires_after.anchor":
-			f.anchor, e = p.formField(part, f, "expires_after")
+			f.anchor, e = fs.formField(part, f, "expires_after")
 			f.anchorGiven = true
 		case "expires_after[seconds]", "expires_after.seconds":
-			f.seconds, e = p.formField(part, f, "expires_after")
+			f.seconds, e = fs.formField(part, f, "expires_after")
 			f.secondsGiven = true
 		default:
 			// OpenAI's SDKs send nothing else; what another client adds is
 			// read past, within the form's bound.
 			if _, err := io.Copy(io.Discard, part); err != nil {
-				e = p.formError(f, err)
+				e = fs.formError(f, err)
 			}
 		}
 		part.Close()
@@ -267,7 +263,7 @@ func (p *Publisher) readFileForm(ctx context.Context, mr *multipart.Reader, f *f
 }
 
 // storeFile streams the file's part to the bucket, checking it as it goes.
-func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *fileForm) *api.Error {
+func (fs *Service) storeFile(ctx context.Context, part *multipart.Part, f *fileForm) *api.Error {
 	if f.sawFile {
 		return api.ParamErr(http.StatusBadRequest, CodeInvalidMultipart, "file", "the form has more than one part named file")
 	}
@@ -281,7 +277,7 @@ func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *file
 	if f.content != nil {
 		src = io.TeeReader(part, f.content)
 	}
-	check := &lineCheck{r: src, body: f.body, maxBytes: p.cfg.MaxFileBytes, maxLines: p.cfg.MaxFileLines, maxLineBytes: p.cfg.MaxFileLineBytes}
+	check := &lineCheck{r: src, body: f.body, maxBytes: fs.cfg.MaxFileBytes, maxLines: fs.cfg.MaxFileLines, maxLineBytes: fs.cfg.MaxFileLineBytes}
 	if f.replay {
 		// Read and checked as the first was, and nothing kept.
 		if _, err := io.Copy(io.Discard, check); err != nil {
@@ -289,12 +285,12 @@ func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *file
 			if errors.As(check.err, &limit) {
 				return limit
 			}
-			return p.formError(f, err)
+			return fs.formError(f, err)
 		}
 		f.filename, f.lines = name, check.lines
 		return nil
 	}
-	size, err := p.store.Upload(ctx, f.key, "application/octet-stream", check)
+	size, err := fs.store.Upload(ctx, f.key, "application/octet-stream", check)
 	if err != nil {
 		if check.err == nil {
 			// Not the file's fault: S3's, or the client went away while a
@@ -303,24 +299,24 @@ func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *file
 			if ctx.Err() != nil {
 				level = slog.LevelDebug
 			}
-			p.log.Log(ctx, level, "storing an uploaded file", "file_id", f.id, "err", err)
+			fs.log.Log(ctx, level, "storing an uploaded file", "file_id", f.id, "err", err)
 			return api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
 		}
 		var limit *api.Error
 		if errors.As(check.err, &limit) {
 			return limit
 		}
-		return p.formError(f, check.err)
+		return fs.formError(f, check.err)
 	}
 	f.stored, f.filename, f.size, f.lines = true, name, size, check.lines
 	return nil
 }
 
 // formField reads a form field other than the file.
-func (p *Publisher) formField(part *multipart.Part, f *fileForm, param string) (string, *api.Error) {
+func (fs *Service) formField(part *multipart.Part, f *fileForm, param string) (string, *api.Error) {
 	b, err := io.ReadAll(io.LimitReader(part, maxFormFieldBytes+1))
 	if err != nil {
-		return "", p.formError(f, err)
+		return "", fs.formError(f, err)
 	}
 	if len(b) > maxFormFieldBytes {
 		return "", api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, param, "a form field other than file is over %d bytes", maxFormFieldBytes)
@@ -342,7 +338,7 @@ func (f *fileForm) check() *api.Error {
 	if !f.purposeGiven {
 		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "purpose", "purpose is required, and must be batch")
 	}
-	f.expiresAfter = defaultFileExpiry
+	f.expiresAfter = DefaultExpiry
 	if f.anchorGiven && f.anchor != "created_at" {
 		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "expires_after", "expires_after[anchor] must be created_at")
 	}
@@ -351,42 +347,42 @@ func (f *fileForm) check() *api.Error {
 	}
 	if f.secondsGiven {
 		n, err := strconv.ParseInt(f.seconds, 10, 64)
-		if err != nil || n < int64(minFileExpiry/time.Second) || n > int64(maxFileExpiry/time.Second) {
+		if err != nil || n < int64(MinExpiry/time.Second) || n > int64(MaxExpiry/time.Second) {
 			return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "expires_after",
-				"expires_after[seconds] must be a whole number from %d to %d", int64(minFileExpiry/time.Second), int64(maxFileExpiry/time.Second))
+				"expires_after[seconds] must be a whole number from %d to %d", int64(MinExpiry/time.Second), int64(MaxExpiry/time.Second))
 		}
 		f.expiresAfter = time.Duration(n) * time.Second
 	}
 	return nil
 }
 
-func (p *Publisher) fileTooLarge() *api.Error {
+func (fs *Service) fileTooLarge() *api.Error {
 	return api.ParamErr(http.StatusRequestEntityTooLarge, CodeFileTooLarge, "file",
-		"the file is over the limit of %d bytes (the form, %d bytes more)", p.cfg.MaxFileBytes, formSlack)
+		"the file is over the limit of %d bytes (the form, %d bytes more)", fs.cfg.MaxFileBytes, formSlack)
 }
 
 // formError is the answer to an error reading the form: the body's own
 // (over its bound, too slow, over the budget, the connection's), or the
 // multipart syntax's when the body read fine.
-func (p *Publisher) formError(f *fileForm, err error) *api.Error {
+func (fs *Service) formError(f *fileForm, err error) *api.Error {
 	var tooBig *http.MaxBytesError
 	body := f.body
 	switch {
 	case body.err == nil:
 		return api.Err(http.StatusBadRequest, CodeInvalidMultipart, "the body is not multipart/form-data the publisher can read")
 	case errors.As(body.err, &tooBig):
-		return p.fileTooLarge()
+		return fs.fileTooLarge()
 	case errors.Is(body.err, errUploadTimeout):
 		return api.Err(http.StatusRequestTimeout, CodeUploadTooSlow,
-			"the upload took longer than %s; nothing was kept", p.cfg.FileUploadTimeout)
+			"the upload took longer than %s; nothing was kept", fs.cfg.FileUploadTimeout)
 	}
-	return p.gate.BodyError(f.w, body.err)
+	return fs.gate.BodyError(f.w, body.err)
 }
 
-// uploadBody is an upload's request body: it charges the bytes that
+// UploadBody is an upload's request body: it charges the bytes that
 // arrive to the client's bodies in flight, up to held, gives them back once
 // sent, holds the body to its pace, and keeps the first error it met.
-type uploadBody struct {
+type UploadBody struct {
 	r       io.Reader
 	charge  *api.BodyCharge
 	pace    *api.BodyPace
@@ -396,14 +392,23 @@ type uploadBody struct {
 	err     error
 }
 
+// NewUploadBody reads r as an upload: charged to charge up to held bytes
+// at once, and held to pace.
+func NewUploadBody(r io.Reader, charge *api.BodyCharge, pace *api.BodyPace, held int64) *UploadBody {
+	return &UploadBody{r: r, charge: charge, pace: pace, held: held}
+}
+
+// Err is the first error a Read met, other than io.EOF.
+func (b *UploadBody) Err() error { return b.err }
+
 // sent gives back what the upload was charged: payload.Upload has sent
 // the part that held it, and let its buffer go.
-func (b *uploadBody) sent() {
+func (b *UploadBody) sent() {
 	b.charge.Sub(b.charged)
 	b.charged = 0
 }
 
-func (b *uploadBody) Read(p []byte) (int, error) {
+func (b *UploadBody) Read(p []byte) (int, error) {
 	if b.err != nil {
 		return 0, b.err
 	}
@@ -442,7 +447,7 @@ func (b *uploadBody) Read(p []byte) (int, error) {
 // source's.
 type lineCheck struct {
 	r            io.Reader
-	body         *uploadBody // whose pace pauses while a part goes to S3
+	body         *UploadBody // whose pace pauses while a part goes to S3
 	maxBytes     int64
 	maxLines     int
 	maxLineBytes int64
