@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -875,15 +876,7 @@ func TestCUDABertHalfThroughputAtLeastTorchSDPA(t *testing.T) {
 		name string
 		cfg  map[string]any
 	}{{"MiniLM-L6", miniLMShape}, {"BERT-base", bertBaseShape}} {
-		dir := filepath.Join(t.TempDir(), model.name)
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		writeBertDir(t, dir, model.cfg)
-		m, err := bert.Load(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m, dir := generatedBert(t, model.name, model.cfg)
 		cfg, w := m.GPU()
 		f32 := newCUDAEncoder(t, m)
 		cfg.Precision = bert.GPUFloat16
@@ -1059,6 +1052,22 @@ func itemsOfLengths(m *bert.Model, lens ...int) [][]int32 {
 	return ids
 }
 
+// generatedBert is a model of shape cfg with generated weights
+// (writeBertDir), and its directory, named name.
+func generatedBert(t *testing.T, name string, cfg map[string]any) (*bert.Model, string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeBertDir(t, dir, cfg)
+	m, err := bert.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, dir
+}
+
 // The query-tiled fused attention (bert_attention_tiled) through the
 // encoder, for heads of 32 and 64 components (MiniLM's and BERT-base's
 // widths): one batch of items of 200, 1, 129 and 77 tokens (none a multiple
@@ -1074,12 +1083,7 @@ func itemsOfLengths(m *bert.Model, lens ...int) [][]int32 {
 func TestCUDABertTiledAttentionMatchesCPU(t *testing.T) {
 	for _, d := range []int{32, 64} {
 		t.Run(fmt.Sprintf("d%d", d), func(t *testing.T) {
-			dir := t.TempDir()
-			writeBertDir(t, dir, headShape(d))
-			base, err := bert.Load(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
+			base, _ := generatedBert(t, "d", headShape(d))
 			ids := itemsOfLengths(base, 200, 1, 129, 77)
 			var worstCPU, worstRow float64
 			for _, normalize := range []bool{false, true} {
@@ -1179,15 +1183,7 @@ func TestCUDABertFusedAttentionPerRowAgainstTiled(t *testing.T) {
 		name string
 		cfg  map[string]any
 	}{{"MiniLM-L6", miniLMShape}, {"BERT-base", bertBaseShape}} {
-		dir := filepath.Join(t.TempDir(), model.name)
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		writeBertDir(t, dir, model.cfg)
-		m, err := bert.Load(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m, _ := generatedBert(t, model.name, model.cfg)
 		for _, prec := range []bert.GPUPrecision{bert.GPUFloat32, bert.GPUFloat16} {
 			cfg, w := m.GPU()
 			cfg.Attention, cfg.Precision = bert.GPUAttentionFused, prec
@@ -1196,19 +1192,13 @@ func TestCUDABertFusedAttentionPerRowAgainstTiled(t *testing.T) {
 			tiledIPS, rowIPS := map[shape][]float64{}, map[shape][]float64{}
 			for range rounds {
 				for _, sh := range shapes {
-					ids := longBatch(m, sh.batch)
-					for i := range ids {
-						ids[i] = ids[i][:sh.seqLen]
-					}
+					ids := itemsOfLengths(m, slices.Repeat([]int{sh.seqLen}, sh.batch)...)
 					tiledIPS[shape(sh)] = append(tiledIPS[shape(sh)], bertItemsPerSecond(t, tiled, ids))
 					rowIPS[shape(sh)] = append(rowIPS[shape(sh)], bertItemsPerSecond(t, row, ids))
 				}
 			}
 			for _, sh := range shapes {
-				ids := longBatch(m, sh.batch)
-				for i := range ids {
-					ids[i] = ids[i][:sh.seqLen]
-				}
+				ids := itemsOfLengths(m, slices.Repeat([]int{sh.seqLen}, sh.batch)...)
 				a, err := tiled.Embed(context.Background(), ids)
 				if err != nil {
 					t.Fatal(err)

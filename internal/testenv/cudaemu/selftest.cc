@@ -360,6 +360,33 @@ static void test_bert_attention(void *mod, sgemm_batched_fn batched, void *handl
 	CHECK(dc < 1e-5, "attention output (split, batched GEMMs, softmax, merge): off by %g", dc);
 }
 
+// attention_ref is softmax(q·Kᵀ·scale)·V in double for every row of q
+// ([items·heads·seq, d], as bert_split_heads lays out Q, K and V), over the
+// first lens[item] keys: the fused kernels' reference.
+static std::vector<double> attention_ref(const std::vector<float> &q, const std::vector<float> &k, const std::vector<float> &v,
+	const std::vector<int> &lens, long heads, long seq, long d, double scale) {
+	long nrows = long(q.size()) / d;
+	std::vector<double> want(q.size());
+	for (long r = 0; r < nrows; r++) {
+		long bh = r / seq, len = lens[bh / heads];
+		std::vector<double> s(len);
+		double mx = -1e300, sum = 0;
+		for (long j = 0; j < len; j++) {
+			double dot = 0;
+			for (long e = 0; e < d; e++) dot += double(q[r * d + e]) * k[(bh * seq + j) * d + e];
+			s[j] = dot * scale;
+			mx = s[j] > mx ? s[j] : mx;
+		}
+		for (long j = 0; j < len; j++) sum += s[j] = exp(s[j] - mx);
+		for (long e = 0; e < d; e++) {
+			double c = 0;
+			for (long j = 0; j < len; j++) c += s[j] / sum * v[(bh * seq + j) * d + e];
+			want[r * d + e] = c;
+		}
+	}
+	return want;
+}
+
 // The softmax's maximum only keeps exp in range: a wrong one cancels out
 // unless it is far off. Rows whose scores lie hundreds apart, each block
 // taking several rows (so a stale maximum of the row before is far off),
@@ -385,24 +412,7 @@ static void test_bert_fused_attention(void *mod) {
 		for (long j = 0; j < seq; j++)
 			for (long e = 0; e < d; e++) k[((2 * heads + hd) * seq + j) * d + e] *= 1 + j;
 	double scale = 1 / sqrt(double(d));
-	std::vector<double> want(nrows * d);
-	for (long r = 0; r < nrows; r++) {
-		long bh = r / seq, len = lens[bh / heads];
-		std::vector<double> s(len);
-		double mx = -1e300, sum = 0;
-		for (long j = 0; j < len; j++) {
-			double dot = 0;
-			for (long e = 0; e < d; e++) dot += double(q[r * d + e]) * k[(bh * seq + j) * d + e];
-			s[j] = dot * scale;
-			mx = s[j] > mx ? s[j] : mx;
-		}
-		for (long j = 0; j < len; j++) sum += s[j] = exp(s[j] - mx);
-		for (long e = 0; e < d; e++) {
-			double c = 0;
-			for (long j = 0; j < len; j++) c += s[j] / sum * v[(bh * seq + j) * d + e];
-			want[r * d + e] = c;
-		}
-	}
+	std::vector<double> want = attention_ref(q, k, v, lens, heads, seq, d, scale);
 	for (unsigned threads : {32u, 64u}) {
 		unsigned long long dq = upload(q), dk = upload(k), dv = upload(v), dl = upload(lens);
 		launch(fn, 7, threads, {&dq, &dk, &dv, &dl, &nrows, &seq, &heads, &d, &scale});
@@ -477,31 +487,12 @@ static void test_bert_tiled_attention(void *mod) {
 				}
 			}
 			double scale = 1 / sqrt(double(d));
-			std::vector<double> want(q.size());
-			for (long bh = 0; bh < nbh; bh++) {
-				long len = lens[bh / heads];
-				for (long i = 0; i < seq; i++) {
-					long r = bh * seq + i;
-					if (i >= len) { // untouched: q itself in place, the sentinel otherwise
-						for (long e = 0; e < d; e++) want[r * d + e] = prec == 0 ? qv[r * d + e] : -7.0;
-						continue;
-					}
-					std::vector<double> s(len);
-					double mx = -1e300, sum = 0;
-					for (long j = 0; j < len; j++) {
-						double dot = 0;
-						for (long e = 0; e < d; e++) dot += double(qv[r * d + e]) * kv[(bh * seq + j) * d + e];
-						s[j] = dot * scale;
-						mx = s[j] > mx ? s[j] : mx;
-					}
-					for (long j = 0; j < len; j++) sum += s[j] = exp(s[j] - mx);
-					for (long e = 0; e < d; e++) {
-						double c = 0;
-						for (long j = 0; j < len; j++) c += s[j] / sum * vv[(bh * seq + j) * d + e];
-						want[r * d + e] = c;
-					}
-				}
-			}
+			std::vector<double> want = attention_ref(qv, kv, vv, lens, heads, seq, d, scale);
+			// A padded query is left as it was: q itself in place, the
+			// sentinel -7 otherwise.
+			for (long r = 0; r < nbh * seq; r++)
+				if (r % seq >= lens[r / seq / heads])
+					for (long e = 0; e < d; e++) want[r * d + e] = prec == 0 ? qv[r * d + e] : -7.0;
 			for (unsigned threads : {32u, 64u}) {
 				unsigned long long dq, dk, dv, dout, dl = upload(lens);
 				if (prec == 0) {
