@@ -336,12 +336,20 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 	dQKV16 := buf(10)
 	dOther16 := dQKV16 + cu.DevicePtr((2*qkvHalves+gpuAlign-1)/gpuAlign*gpuAlign)
 	abt := m.halfType()
-	var bf16, prec int64 // prec is bert_attention_tiled's: 0 float32, 1 binary16, 2 bfloat16
+	var bf16, prec int64 // prec as bert_split_heads and bert_attention_tiled take it: 0 float32, 1 binary16, 2 bfloat16
 	if c.Precision == GPUBFloat16 {
 		bf16 = 1
 	}
 	if half {
 		prec = 1 + bf16
+	}
+	// bert_split_heads writes Q, K and V in half precision where the
+	// attention reads them only so: the GEMMs' and the tiled kernel's
+	// (halfOperands charges them), not the per-row kernel's. Its out16
+	// must be device memory even when unused.
+	splitPrec, split16 := int64(0), dHeads
+	if half && (!fused || tiled) {
+		splitPrec, split16 = prec, dQKV16
 	}
 	toHalf := func(src, dst cu.DevicePtr, n int64) error {
 		return cuda.Launch(m.fns.toHalf, cuda.Grid(n), 256, &src, &dst, &n, &bf16)
@@ -396,7 +404,7 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 		steps = append(steps,
 			func() error { return gemm(dQKV, dX, qkvW, h, 3*h) },
 			func() error {
-				return cuda.Launch(m.fns.split, cuda.Grid(int64(rows*3*h)), 256, &dQKV, &qkvB, &dHeads, &nItems, &seqL, &headsL, &dL)
+				return cuda.Launch(m.fns.split, cuda.Grid(int64(rows*3*h)), 256, &dQKV, &qkvB, &dHeads, &split16, &nItems, &seqL, &headsL, &dL, &splitPrec)
 			},
 			// Scores of each (item, head): S = Q·Kᵀ, row-major L×L. Read
 			// column-major, that is Sᵀ = K·Qᵀ: A = K (d×L column-major,
@@ -411,11 +419,6 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 					}
 					q, k, v := dQ, dK, dV
 					if half {
-						// Q, K and V in half precision, as the GEMM path
-						// reads them.
-						if err := toHalf(dHeads, dQKV16, int64(3*rows*h)); err != nil {
-							return err
-						}
 						q, k, v = dQ16, dK16, dV16
 					}
 					return cuda.Launch(m.fns.tiled, min(queryTiles, 65535), tileQueries,
@@ -423,9 +426,6 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 				}
 				if !half {
 					return m.own.Blas.GemmBatched(true, false, seqLen, seqLen, d, dK, d, sd, dQ, d, sd, dScores, seqLen, ss, nb)
-				}
-				if err := toHalf(dHeads, dQKV16, int64(3*rows*h)); err != nil {
-					return err
 				}
 				return m.own.Blas.GemmBatchedEx(true, false, seqLen, seqLen, d, dK16, d, sd, dQ16, d, sd, abt,
 					dScores, seqLen, ss, cuda.Float32, nb)

@@ -315,7 +315,8 @@ static void test_bert_attention(void *mod, sgemm_batched_fn batched, void *handl
 	MUST(cuMemAlloc_v2(&dheads, rows * 3 * h * 4));
 	MUST(cuMemAlloc_v2(&dscores, items * heads * seq * seq * 4));
 	MUST(cuMemAlloc_v2(&dctx, rows * h * 4));
-	launch(split, 2, 32, {&dqkv, &dbias, &dheads, &items, &seq, &heads, &d});
+	long f32 = 0;
+	launch(split, 2, 32, {&dqkv, &dbias, &dheads, &dheads, &items, &seq, &heads, &d, &f32});
 	// Scores, as the backend asks: S = Q·Kᵀ per (item, head).
 	const float one = 1, zero = 0;
 	long long sd = seq * d, ss = seq * seq;

@@ -211,18 +211,29 @@ extern "C" GLOBAL void bert_add_layernorm(float *x, const float *y, const float 
 	}
 }
 
+DEVICE unsigned short half_bits(float f, i64 bf16);
+
 // bert_split_heads adds the bias to the fused query/key/value projection
 // qkv ([items·seqLen, 3h]) and lays it out head by head, as three
 // [items·heads, seqLen, d] blocks (Q, K, V), so that each attention
-// product is one strided-batched GEMM. Grid-stride over every element.
-extern "C" GLOBAL void bert_split_heads(const float *qkv, const float *bias, float *out, i64 items, i64 seq_len,
-	i64 heads, i64 d) {
+// product is one strided-batched GEMM: into out in float32 (prec 0), or
+// rounded to binary16 (1) or bfloat16 (2) into out16 (out then unused),
+// where the attention reads Q, K and V in half precision only, so that
+// they never make a float32 round trip. Grid-stride over every element.
+extern "C" GLOBAL void bert_split_heads(const float *qkv, const float *bias, float *out, unsigned short *out16,
+	i64 items, i64 seq_len, i64 heads, i64 d, i64 prec) {
 	i64 h = heads * d, total = items * seq_len * 3 * h;
 	for (i64 k = (i64)ctaid() * ntid() + tid(); k < total; k += (i64)nctaid() * ntid()) {
 		i64 r = k / (3 * h), c = k - r * 3 * h;
 		i64 which = c / h, hd = (c - which * h) / d, e = c - which * h - hd * d;
 		i64 b = r / seq_len, p = r - b * seq_len;
-		out[((which * items + b) * heads + hd) * seq_len * d + p * d + e] = qkv[k] + bias[c];
+		i64 at = ((which * items + b) * heads + hd) * seq_len * d + p * d + e;
+		float x = qkv[k] + bias[c];
+		if (prec) {
+			out16[at] = half_bits(x, prec == 2);
+		} else {
+			out[at] = x;
+		}
 	}
 }
 
