@@ -417,6 +417,9 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 						return cuda.Launch(m.fns.attention, min(int(nScoreRows), 65535), attnThreads,
 							&dQ, &dK, &dV, &dLens, &nScoreRows, &seqL, &headsL, &dL, &scale)
 					}
+					// In half precision Q's float32 place holds only
+					// outputs: its padded rows keep whatever was there
+					// (NaN on the emulated GPU), which nothing reads.
 					q, k, v := dQ, dK, dV
 					if half {
 						q, k, v = dQ16, dK16, dV16
