@@ -163,6 +163,19 @@ func (k *keeper) setWaiting(ls []*lease, waiting bool) {
 	}
 }
 
+// lapsed reports whether l may no longer hold its message: SQS said so on
+// an extension, max hold let it go, or its visibility has run out without
+// an extension confirmed (a heartbeat held up), so another receive may
+// have it.
+func (k *keeper) lapsed(l *lease) bool {
+	if l.lost.Load() {
+		return true
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return !time.Now().Before(l.visibleAt)
+}
+
 func (k *keeper) end(l *lease, release bool, delay time.Duration) {
 	k.mu.Lock()
 	if l.ending {

@@ -94,6 +94,10 @@ type ends struct {
 	maxMessageBytes int
 	// settling is told when a chunk's marker is written (events.go).
 	settling func(jobID string)
+	// answered holds the IDs of the messages whose result SQS accepted: a
+	// receive of one whose lease lapsed may still be running, and must
+	// not dead-letter a chunk that has its result (overtaken).
+	answered *idSet
 }
 
 // sendTimeout bounds sending results or a DLQ copy. It is not tied to
@@ -241,6 +245,9 @@ func (t *task) DeadLetter(kind, reason string) {
 		return
 	}
 	e, l := t.ends, t.lease
+	if e.overtaken(t, kind) {
+		return
+	}
 	reason = truncateUTF8(job.AttributeSafe(kind+": "+reason), maxReasonLen)
 	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 	defer cancel()
@@ -272,6 +279,29 @@ func (t *task) DeadLetter(kind, reason string) {
 		e.markFailed(t, reason)
 	}
 	e.keeper.ack(l)
+}
+
+// overtaken ends t without a DLQ copy, and reports true, when another
+// receive of its message may have ended it or may yet: its result is out
+// (it was answered here), or t's lease has lapsed, so the message is back on
+// the queue or with another receive, which decides for itself (and, if it
+// runs out of memory alone too, dead-letters it then). A chunk must never be
+// both answered and dead-lettered, and a receive that no longer holds its
+// message does not know what the other did.
+func (e *ends) overtaken(t *task, kind string) bool {
+	l := t.lease
+	switch {
+	case e.answered.has(l.msg.ID):
+		e.log.Warn("not dead-lettered: another receive of the message answered it", "message_id", l.msg.ID, "reason", kind)
+		e.keeper.ack(l)
+	case e.keeper.lapsed(l):
+		e.log.Warn("not dead-lettered: its lease lapsed, so the message is back on the queue or with another receive",
+			"message_id", l.msg.ID, "reason", kind)
+		e.keeper.release(l, 0)
+	default:
+		return false
+	}
+	return true
 }
 
 // Cancel ends t, a chunk of a cancelled job that has not run: it writes
