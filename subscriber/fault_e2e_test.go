@@ -130,17 +130,33 @@ type outcome struct {
 	LateResults int
 }
 
+// collectRound is how long one Collect reads before collect looks at the
+// pipeline's progress again.
+const collectRound = 5 * time.Second
+
 // collect waits until every chunk is accounted for, lets the subscriber
 // finish what redeliveries bring, stops it, and checks the invariant:
 // accounting's report, the ledger, and duplicates within what the faults can
 // explain (one per receive beyond the first of each message, and ten per
 // result batch whose response was dropped after it was sent).
-func (f *faultPipeline) collect(limit time.Duration) outcome {
+//
+// Both waits go on while the pipeline moves, and give up once it has not
+// for stall (wait.Stall): on a busy machine the faults' backoffs and
+// visibility timeouts stretch, and a limit on the whole wait failed runs
+// that lost nothing (TestE2EFaultKinds under a load of 15 on 2 cores).
+func (f *faultPipeline) collect(stall time.Duration) outcome {
 	t := f.t
 	t.Helper()
 	start := time.Now()
-	if err := f.books.Collect(t.Context(), f.client, f.urls.Results, f.urls.DLQ, limit); err != nil {
-		t.Fatal(err)
+	moving := wait.NewStall(t, stall, f.progress)
+	for f.books.Pending() > 0 && !moving.Stalled() {
+		if err := f.books.Collect(t.Context(), f.client, f.urls.Results, f.urls.DLQ, collectRound); err != nil {
+			t.Fatal(err)
+		}
+	}
+	allIn := f.books.Pending() == 0
+	if !allIn {
+		t.Logf("%d chunks not accounted for, nothing moved for %v", f.books.Pending(), moving.For().Round(time.Millisecond))
 	}
 	collected := time.Now()
 	f.waitIdle(30 * time.Second)
@@ -178,9 +194,13 @@ func (f *faultPipeline) collect(limit time.Duration) outcome {
 		t.Fatal(err)
 	}
 	o.LateResults = late.Messages
-	if len(dead) != 0 {
+	switch {
+	case len(dead) != 0 && allIn:
 		t.Errorf("%d dead letters after every chunk was accounted for, first %q: a chunk dead-lettered twice or after its result",
 			len(dead), dead[0].Reason)
+	case len(dead) != 0:
+		// The report fails on the chunks missing; these may be theirs.
+		t.Logf("%d dead letters read after the collect gave up, first %q", len(dead), dead[0].Reason)
 	}
 	r, err := f.books.Check(t.Context(), f.client, f.urls.Work)
 	if err != nil {
@@ -208,25 +228,46 @@ func (f *faultPipeline) collect(limit time.Duration) outcome {
 	return o
 }
 
+// progress is the state of the pipeline that moves while it works: the
+// subscriber's ledger and the chunks still to account for.
+func (f *faultPipeline) progress() any {
+	return struct {
+		subscriber.Ledger
+		pending int
+	}{f.sub.Ledger(), f.books.Pending()}
+}
+
 // waitIdle waits until the work queue is empty and the subscriber holds
-// nothing, or limit passes (then the report judges what is left): messages
-// a lost response stranded come back after their visibility, and are
-// processed again before the subscriber stops.
-func (f *faultPipeline) waitIdle(limit time.Duration) {
+// nothing, or nothing has moved for stall (then the report judges what is
+// left): messages a lost response stranded come back after their
+// visibility, and are processed again before the subscriber stops.
+func (f *faultPipeline) waitIdle(stall time.Duration) {
 	t := f.t
 	t.Helper()
-	deadline := time.Now().Add(limit)
+	type counts struct {
+		visible, inflight int
+		held              float64
+	}
+	var now counts // as last read: the stall watches them with the ledger
+	moving := wait.NewStall(t, stall, func() any {
+		return struct {
+			ledger any
+			counts
+		}{f.progress(), now}
+	})
 	for {
-		visible, inflight, err := jobq.Counts(t.Context(), f.client, f.urls.Work)
+		var err error
+		now.visible, now.inflight, err = jobq.Counts(t.Context(), f.client, f.urls.Work)
 		if err != nil {
 			t.Fatal(err)
 		}
-		held := promsum.Sum(t, f.reg, "vramq_subscriber_messages_held")
-		if visible == 0 && inflight == 0 && held == 0 {
+		now.held = promsum.Sum(t, f.reg, "vramq_subscriber_messages_held")
+		if now == (counts{}) {
 			return
 		}
-		if time.Now().After(deadline) {
-			t.Logf("work queue not idle after %v: %d visible, %d in flight, %v held", limit, visible, inflight, held)
+		if moving.Stalled() {
+			t.Logf("work queue not idle, nothing moved for %v: %d visible, %d in flight, %v held",
+				moving.For().Round(time.Millisecond), now.visible, now.inflight, now.held)
 			return
 		}
 		time.Sleep(200 * time.Millisecond)
