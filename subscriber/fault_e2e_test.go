@@ -22,8 +22,10 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/accounting"
@@ -33,6 +35,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/subscriber"
 )
 
@@ -104,6 +107,16 @@ func (h logFunc) WithGroup(string) slog.Handler                 { return h }
 func newFaultPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, wrap func(gpu.Model) gpu.Model,
 	f faultproxy.Faults) *faultPipeline {
 	t.Helper()
+	return faultPipelineOn(t, cfg, f, func(cfg subscriber.Config, via *sqs.Client) *pipeline {
+		return newPipelineVia(t, maxReceive, cfg, wrap, via)
+	})
+}
+
+// faultPipelineOn is newFaultPipeline with the pipeline that start makes
+// from the configuration and the proxy's client.
+func faultPipelineOn(t *testing.T, cfg subscriber.Config, f faultproxy.Faults,
+	start func(subscriber.Config, *sqs.Client) *pipeline) *faultPipeline {
+	t.Helper()
 	px := startProxy(t, f)
 	if cfg.Visibility == 0 {
 		cfg.Visibility = 4 * time.Second
@@ -111,8 +124,7 @@ func newFaultPipeline(t *testing.T, maxReceive int, cfg subscriber.Config, wrap 
 	if cfg.RetryDelay == 0 {
 		cfg.RetryDelay = time.Second
 	}
-	p := newPipelineVia(t, maxReceive, cfg, wrap, px.SQS(px.cfg))
-	return &faultPipeline{pipeline: p, proxy: px, books: accounting.New()}
+	return &faultPipeline{pipeline: start(cfg, px.SQS(px.cfg)), proxy: px, books: accounting.New()}
 }
 
 // start sends works and expects a result or dead letter for each.
@@ -374,11 +386,25 @@ func TestE2EHangingInference(t *testing.T) {
 		{"batched", 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newFaultPipeline(t, 2, subscriber.Config{MaxBatch: tc.maxBatch, InferenceTimeout: 2 * time.Second},
-				func(m gpu.Model) gpu.Model { return hangModel{m, hung} }, faultproxy.Faults{})
-			// Small messages only: a message that does not hang must finish
-			// well within the timeout even under the race detector on a busy
-			// machine.
+			// The timed model (the reference model's memory and a GPU's
+			// time, without the arithmetic), so that a message that does
+			// not hang finishes well within the timeout however busy the
+			// machine: the reference model's CPU arithmetic under the race
+			// detector took the 2 s and more for a suspect's batch of one
+			// under load, and innocent messages were redriven.
+			cfg := subscriber.Config{MaxBatch: tc.maxBatch, InferenceTimeout: 2 * time.Second}
+			p := faultPipelineOn(t, cfg, faultproxy.Faults{}, func(cfg subscriber.Config, via *sqs.Client) *pipeline {
+				return newPipelineWith(t, 2, cfg, via, func(dev *gpu.Sim) gpu.Model {
+					m, err := timed.New(refembed.DefaultConfig(), timed.Timing{Launch: 2 * time.Millisecond, Throughput: 160 << 20}, dev)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { _ = m.Close() })
+					return hangModel{m, hung}
+				})
+			})
+			// Small messages only: eight share a batch, so that a hanging
+			// one takes batch-mates into its timeout.
 			spec := workload.Mixed("hang", n)
 			spec.LargeEvery = 0
 			p.start(spec.Works())
