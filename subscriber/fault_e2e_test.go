@@ -23,7 +23,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/vramq/vramq/bench/timed"
 	"github.com/vramq/vramq/gpu"
@@ -137,8 +136,8 @@ func (f *faultPipeline) start(works []job.Work) {
 type outcome struct {
 	accounting.Report
 	Ledger subscriber.Ledger
-	// result messages read after every chunk was accounted for: more
-	// duplicates
+	// result messages read after every chunk was accounted for (in the
+	// report too): more duplicates
 	LateResults int
 }
 
@@ -185,34 +184,21 @@ func (f *faultPipeline) collect(stall time.Duration) outcome {
 	if l.Received != l.Deleted+l.Released+l.Lost+l.Abandoned || l.Abandoned != 0 {
 		t.Errorf("ledger %+v: every message received must be deleted, released or lost, none abandoned", l)
 	}
-	// Collect stops once every chunk is in: read what came after, from both
-	// queues at once (each read ends with a one-second empty poll).
-	late := jobq.NewCollector()
-	var dead []jobq.DeadLetter
-	var g errgroup.Group
-	g.Go(func() error {
-		for {
-			n, err := late.Poll(t.Context(), f.client, f.urls.Results, 1)
-			if err != nil || n == 0 {
-				return err
-			}
-		}
-	})
-	g.Go(func() (err error) {
-		dead, err = jobq.DrainDLQ(t.Context(), f.client, f.urls.DLQ)
-		return err
-	})
-	if err := g.Wait(); err != nil {
+	// Collect stops once every chunk is in: read what came after into the
+	// books too, so that a result that comes after its chunk's dead letter
+	// shows in the report (Both) as one that comes before does.
+	before := f.books.Report()
+	if err := f.books.Drain(t.Context(), f.client, f.urls.Results, f.urls.DLQ, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	o.LateResults = late.Messages
-	switch {
-	case len(dead) != 0 && allIn:
-		t.Errorf("%d dead letters after every chunk was accounted for, first %q: a chunk dead-lettered twice or after its result",
-			len(dead), dead[0].Reason)
-	case len(dead) != 0:
+	after := f.books.Report()
+	o.LateResults = after.ResultMessages - before.ResultMessages
+	switch lateDead := after.DeadLetters - before.DeadLetters; {
+	case lateDead != 0 && allIn:
+		t.Errorf("%d dead letters after every chunk was accounted for: a chunk dead-lettered twice or after its result", lateDead)
+	case lateDead != 0:
 		// The report fails on the chunks missing; these may be theirs.
-		t.Logf("%d dead letters read after the collect gave up, first %q", len(dead), dead[0].Reason)
+		t.Logf("%d dead letters read after the collect gave up", lateDead)
 	}
 	r, err := f.books.Check(t.Context(), f.client, f.urls.Work)
 	if err != nil {
@@ -230,7 +216,7 @@ func (f *faultPipeline) collect(stall time.Duration) outcome {
 	// its response was lost (dropped by the proxy, or the emulator's quirk,
 	// which shows as a retry; so do the proxy's other faults, which makes
 	// this bound generous when they hit SendMessageBatch).
-	dups := r.Duplicates + o.LateResults
+	dups := r.Duplicates // the late ones included
 	resent := max(f.proxy.InjectedFor("SendMessageBatch")[faultproxy.KindDropAfter], f.proxy.sendRetries.Load())
 	bound := int(l.Received) - r.Chunks + 10*int(resent)
 	if dups > max(bound, 0) {
@@ -510,7 +496,7 @@ func TestE2EExpiredHeartbeat(t *testing.T) {
 	if o.Ledger.Received <= n {
 		t.Errorf("%d receives for %d messages: want the messages redelivered", o.Ledger.Received, n)
 	}
-	t.Logf("leases lost: %v (metric) %d (ledger); duplicates %d + %d late",
+	t.Logf("leases lost: %v (metric) %d (ledger); duplicates %d (%d read late)",
 		promsum.Sum(t, p.reg, "vramq_subscriber_leases_lost_total"), o.Ledger.Lost, o.Duplicates, o.LateResults)
 }
 
