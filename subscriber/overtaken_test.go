@@ -12,6 +12,7 @@ import (
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/backend"
 )
 
@@ -89,4 +90,40 @@ func TestLapsedReceiveDoesNotDeadLetter(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A message dead-lettered whose delete then finds its lease lapsed is
+// received again: it must be deleted, not run again, or a chunk in the DLQ
+// gets its result too.
+func TestDeadLetteredMessageReceivedAgainIsNotRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var model *scriptedModel
+		h := startWith(t, 64*mib, Config{RetryDelay: time.Second}, func(h *harness, cfg *Config) {
+			model = &scriptedModel{testModel: h.model, script: []func(context.Context) error{
+				func(context.Context) error { return fmt.Errorf("injected: %w", fault.ErrInvalidInput) },
+			}}
+			cfg.Backend = backend.InProcess{Model: model}
+			// The lease lapses while the DLQ copy goes out: the delete that
+			// follows it finds the message back on the queue.
+			h.dlq.SendErr = func(string) error {
+				for _, m := range h.work.All() {
+					h.work.Expire(m.Handle)
+				}
+				return nil
+			}
+		})
+		h.send("dead", 0, "mb=1")
+		wait.For(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
+		wait.For(t, time.Minute, "the message gone from the work queue", func() bool { live, _ := h.work.Stats(); return live == 0 })
+		h.shutdown()
+		if r, _ := h.results.Stats(); r != 0 {
+			t.Errorf("%d results for a chunk in the DLQ", r)
+		}
+		if n := model.calls.Load(); n != 1 {
+			t.Errorf("the model ran %d times; want once, not again after the dead letter", n)
+		}
+		if l := h.sub.Ledger(); l.Received != 2 || l.Lost != 1 {
+			t.Errorf("ledger %+v: want the message received twice, its first delete lost", l)
+		}
+	})
 }

@@ -225,7 +225,7 @@ func New(cfg Config) (*Subscriber, error) {
 	s.keeper.onRemove = s.pokeRoom
 	s.ends = &ends{keeper: s.keeper, dlq: countedSender{cfg.DLQ, m}, payloads: s.payloads, m: m, log: s.log,
 		retry: backoff.Policy{First: cfg.RetryDelay, Max: job.MaxDelay}, maxMessageBytes: cfg.MaxMessageBytes,
-		settling: s.jobSettling, answered: newIDSet()}
+		settling: s.jobSettling, ended: newIDSet()}
 	s.outbox = s.newOutbox()
 	s.launcher, _ = caps.(gpu.Launcher)
 	s.classer, _ = caps.(gpu.LengthClasser)

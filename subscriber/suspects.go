@@ -16,8 +16,8 @@ const maxIDs = 10_000
 // batched together again, and all reach the redrive policy's
 // maxReceiveCount with the one message that hangs. So a suspect runs in a
 // batch of its own until it succeeds, and the culprit takes no other
-// message with it. Answered messages (ends.answered) are those whose result
-// SQS accepted.
+// message with it. Ended messages (ends.ended) are those whose result or
+// DLQ copy SQS accepted.
 type idSet struct {
 	mu    sync.Mutex
 	set   map[string]struct{}
