@@ -127,3 +127,19 @@ func TestDeadLetteredMessageReceivedAgainIsNotRun(t *testing.T) {
 		}
 	})
 }
+
+// A message that comes late in a long poll longer than its visibility is
+// not taken for lapsed: poison received then is dead-lettered on that
+// receive, not released to be received again.
+func TestLateInLongPollIsNotLapsed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{Visibility: 3 * time.Second, WaitTime: 20 * time.Second})
+		time.Sleep(16 * time.Second) // into the subscriber's first long poll, past the visibility
+		h.work.Put(`not json`, nil)
+		wait.For(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
+		h.shutdown()
+		if l := h.sub.Ledger(); l.Received != 1 {
+			t.Errorf("ledger %+v: want the poison received once", l)
+		}
+	})
+}
