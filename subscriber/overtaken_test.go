@@ -134,7 +134,8 @@ func TestDeadLetteredMessageReceivedAgainIsNotRun(t *testing.T) {
 func TestLateInLongPollIsNotLapsed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{Visibility: 3 * time.Second, WaitTime: 20 * time.Second})
-		time.Sleep(16 * time.Second) // into the subscriber's first long poll, past the visibility
+		wait.For(t, time.Minute, "the first long poll", func() bool { return h.work.Calls("Receive") > 0 })
+		time.Sleep(16 * time.Second) // into that poll, past the visibility
 		h.work.Put(`not json`, nil)
 		wait.For(t, time.Minute, "the dead letter", func() bool { d, _ := h.dlq.Stats(); return d == 1 })
 		h.shutdown()
