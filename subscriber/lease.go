@@ -163,6 +163,28 @@ func (k *keeper) setWaiting(ls []*lease, waiting bool) {
 	}
 }
 
+// lapsed reports whether l may no longer hold its message: SQS said so on
+// an extension, max hold let it go, or its visibility has run out without
+// an extension confirmed (a heartbeat held up), so another receive may
+// have it. visibleAt counts from before the call that set it, which for a
+// long poll can be most of the poll before the message came: the
+// visibility SQS gave on receipt runs from about l.received.
+func (k *keeper) lapsed(l *lease) bool {
+	if l.lost.Load() {
+		return true
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return !time.Now().Before(later(l.visibleAt, l.received.Add(k.visibility)))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 func (k *keeper) end(l *lease, release bool, delay time.Duration) {
 	k.mu.Lock()
 	if l.ending {

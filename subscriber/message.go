@@ -94,6 +94,12 @@ type ends struct {
 	maxMessageBytes int
 	// settling is told when a chunk's marker is written (events.go).
 	settling func(jobID string)
+	// ended holds the IDs of the messages whose result or DLQ copy SQS
+	// accepted. A receive of one whose lease lapsed may still be running,
+	// and must not dead-letter a chunk that has its result (overtaken); and
+	// one received again after its delete was lost must not run again,
+	// to a result after its dead letter (Subscriber.accept).
+	ended *idSet
 }
 
 // sendTimeout bounds sending results or a DLQ copy. It is not tied to
@@ -241,6 +247,9 @@ func (t *task) DeadLetter(kind, reason string) {
 		return
 	}
 	e, l := t.ends, t.lease
+	if e.overtaken(t, kind) {
+		return
+	}
 	reason = truncateUTF8(job.AttributeSafe(kind+": "+reason), maxReasonLen)
 	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
 	defer cancel()
@@ -261,6 +270,7 @@ func (t *task) DeadLetter(kind, reason string) {
 		e.keeper.release(l, delay)
 		return
 	}
+	e.ended.add(l.msg.ID)
 	e.m.deadLettered.WithLabelValues(kind).Inc()
 	k, _ := chunkOf(l.msg)
 	e.log.Warn("message dead-lettered", "message_id", l.msg.ID, "reason", kind, "detail", reason,
@@ -272,6 +282,29 @@ func (t *task) DeadLetter(kind, reason string) {
 		e.markFailed(t, reason)
 	}
 	e.keeper.ack(l)
+}
+
+// overtaken ends t without a DLQ copy, and reports true, when another
+// receive of its message may have ended it or may yet: its result or DLQ
+// copy is out from here (ends.ended), or t's lease has lapsed, so the
+// message is back on the queue or with another receive, which decides for
+// itself (and, if it runs out of memory alone too, dead-letters it then). A
+// chunk must never be both answered and dead-lettered, and a receive that no
+// longer holds its message does not know what the other did.
+func (e *ends) overtaken(t *task, kind string) bool {
+	l := t.lease
+	switch {
+	case e.ended.has(l.msg.ID):
+		e.log.Warn("not dead-lettered: another receive of the message ended it", "message_id", l.msg.ID, "reason", kind)
+		e.keeper.ack(l)
+	case e.keeper.lapsed(l):
+		e.log.Warn("not dead-lettered: its lease lapsed, so the message is back on the queue or with another receive",
+			"message_id", l.msg.ID, "reason", kind)
+		e.keeper.release(l, 0)
+	default:
+		return false
+	}
+	return true
 }
 
 // Cancel ends t, a chunk of a cancelled job that has not run: it writes

@@ -51,7 +51,7 @@ func newMessageEnds(t *testing.T) *messageEnds {
 	e.t = &task{lease: l, work: w, hold: e.s.newHold(need{weight: 60}, 60), ends: &ends{
 		keeper: k, dlq: e.dlq, payloads: e.payloads, m: m, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		retry: backoff.Policy{First: time.Second, Max: job.MaxDelay}, maxMessageBytes: job.MaxMessageBytes,
-		settling: func(string) {},
+		settling: func(string) {}, ended: newIDSet(),
 	}}
 	return e
 }

@@ -174,6 +174,14 @@ func (s *Subscriber) accept(ctx context.Context, l *lease) {
 		return
 	}
 	t.work = w
+	if l.msg.ReceiveCount > 1 && s.ends.ended.has(l.msg.ID) {
+		// Its result or DLQ copy went out from an earlier receive whose
+		// delete was lost: only the delete is left. Run again, it could
+		// answer a chunk already dead-lettered.
+		s.startTasks(1)
+		s.end(t, endAck())
+		return
+	}
 	// A chunk of a cancelled job ends here, before any fetch or admission.
 	// The answer is usually cached; when it is not, the read runs off the
 	// accept loop, as a claim-check fetch does.

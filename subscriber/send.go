@@ -287,6 +287,7 @@ func (s *Subscriber) resultSent(t *task, err error) {
 		return
 	}
 	s.stampSent(t)
+	s.ends.ended.add(t.lease.msg.ID)
 	s.answers.forget(t)
 	s.m.results.Inc()
 	s.m.tenantDone.WithLabelValues(s.m.tenants.Label(t.lease.msg.Attributes[job.AttrTenant])).Inc()

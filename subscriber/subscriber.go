@@ -105,7 +105,7 @@ type admitting struct {
 // whether the model or the device lets anything run.
 type running struct {
 	state    *learned // see learned.go
-	suspects *suspects
+	suspects *idSet   // messages of a failed batch: each runs alone until it succeeds
 	// classer is the model's length classes, nil when it has none: the
 	// batcher then keeps one pending batch (see batcher).
 	classer gpu.LengthClasser
@@ -205,7 +205,7 @@ func New(cfg Config) (*Subscriber, error) {
 			fetchSlots: semaphore.NewWeighted(maxFetches),
 		},
 		admitting: admitting{adm: adm, mem: memory, startBudget: budget},
-		running:   running{suspects: newSuspects(), pause: newPause(), stopping: make(chan struct{})},
+		running:   running{suspects: newIDSet(), pause: newPause(), stopping: make(chan struct{})},
 		sending:   sending{results: countedSender{cfg.Results, m}},
 	}
 	if cfg.Payloads != nil {
@@ -225,7 +225,7 @@ func New(cfg Config) (*Subscriber, error) {
 	s.keeper.onRemove = s.pokeRoom
 	s.ends = &ends{keeper: s.keeper, dlq: countedSender{cfg.DLQ, m}, payloads: s.payloads, m: m, log: s.log,
 		retry: backoff.Policy{First: cfg.RetryDelay, Max: job.MaxDelay}, maxMessageBytes: cfg.MaxMessageBytes,
-		settling: s.jobSettling}
+		settling: s.jobSettling, ended: newIDSet()}
 	s.outbox = s.newOutbox()
 	s.launcher, _ = caps.(gpu.Launcher)
 	s.classer, _ = caps.(gpu.LengthClasser)
