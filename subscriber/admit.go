@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/backend"
 	"golang.org/x/sync/semaphore"
 )
@@ -72,7 +71,7 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 			if ctx.Err() == nil {
 				reason = "backpressure"
 				s.log.Info("not admitted in time; handed back for another consumer",
-					"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.cost), "admit_timeout", s.cfg.AdmitTimeout)
+					"message_id", t.lease.msg.ID, "cost", s.amount(t.cost), "admit_timeout", s.cfg.AdmitTimeout)
 			}
 			s.releaseWaiting(t, reason)
 			continue

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/backend"
 )
 
@@ -22,11 +21,11 @@ import (
 // memory and of the working set is off by that batch's memory, megabytes
 // at least, so it does not agree with a clean one. The 1 MiB floor is
 // above allocation granularity, for very small reserves; it holds on any
-// GPU (1 GiB or more, and a budget of 8 MiB or more). A device whose unit
-// is not a byte is smaller: a model server whose KV bytes per token are
-// unknown counts tokens, and its KV cache may be thirty thousand of them, a
-// few messages' worth; a 1 MiB floor would be more than all of it, and its
-// budget would never move after the first reading.
+// GPU (1 GiB or more, and a budget of 8 MiB or more). A memory whose unit
+// is not a byte is smaller: a model server's KV cache counts tokens
+// (backend.KVTokens), maybe thirty thousand of them, a few messages' worth;
+// a 1 MiB floor would be more than all of it, and its budget would never
+// move after the first reading.
 func budgetTolerance(reserve, total, scale int64) int64 {
 	floor := int64(1 << 20)
 	if total > 0 { // a device that does not say keeps the floor for GPUs
@@ -132,7 +131,7 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	if err != nil {
 		if !st.failing {
 			s.log.Warn("reading device memory failed; keeping the budget until it answers again",
-				"budget", bytesize.Format(s.adm.budget()), "err", err)
+				"budget", s.amount(s.adm.budget()), "err", err)
 		}
 		st.failing, st.last = true, nil
 		return
@@ -159,9 +158,9 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	// Logged and exported before admission changes, so that whoever sees
 	// the new budget in effect finds it in the logs and metrics too.
 	old := s.adm.budget()
-	attrs := []any{"old", bytesize.Format(old), "new", bytesize.Format(target),
-		"free", bytesize.Format(r.mem.Free), "working", bytesize.Format(r.working),
-		"process", bytesize.Format(r.mem.Process), "inflight", bytesize.Format(s.inflight.Load())}
+	attrs := []any{"old", s.amount(old), "new", s.amount(target),
+		"free", s.amount(r.mem.Free), "working", s.amount(r.working),
+		"process", s.amount(r.mem.Process), "inflight", s.amount(s.inflight.Load())}
 	switch {
 	case target == 0:
 		s.log.Warn("budget changed: no device memory left for work; messages wait and are released after the admit timeout", attrs...)
@@ -224,6 +223,10 @@ func absDiff(a, b int64) int64 {
 	}
 	return b - a
 }
+
+// amount is n of the memory's unit as logs and errors show it: device
+// bytes, or a model server's KV tokens.
+func (a *admitting) amount(n int64) string { return a.mem.Unit().Format(n) }
 
 // memoryOf is what bounds cfg.Backend: the Memory it owns, else
 // cfg.Device's; nil when neither is there (Validate refuses it).

@@ -467,3 +467,90 @@ func TestBudgetFollowsTheBackendsOwnMemory(t *testing.T) {
 		t.Errorf("no memory at all: %v, want it refused", err)
 	}
 }
+
+// kvTokensBackend is a backend bounded by a memory counted in KV tokens, as
+// a model server's cache is (modelserver.KV): the Sim's units stand for
+// tokens.
+type kvTokensBackend struct {
+	backend.InProcess
+	dev *gpu.Sim
+}
+
+func (b kvTokensBackend) Memory() backend.Memory { return kvTokensMemory{b.dev} }
+
+type kvTokensMemory struct{ *gpu.Sim }
+
+func (kvTokensMemory) Unit() backend.Unit { return backend.KVTokens }
+func (m kvTokensMemory) Read() (backend.Reading, error) {
+	r, err := m.MemInfo()
+	return backend.Reading(r), err
+}
+
+// lineLog keeps a text log's lines, for a test to read.
+type lineLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lineLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Issue 32, item 3: a memory counted in KV tokens is shown in KV tokens, in
+// its own series, and never as bytes: the budget's series are
+// budget_kv_tokens and kv_cache_*_tokens, none of the GPU's *_bytes, and the
+// logs of the budget say "KV tokens" where a GPU's say MiB.
+func TestKVTokensAreShownAsTokens(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const pool = 32_768
+		logs := &lineLog{}
+		h := startWith(t, pool, Config{BudgetRefresh: time.Second}, func(h *harness, c *Config) {
+			c.Backend, c.Device = kvTokensBackend{InProcess: backend.InProcess{Model: workingModel{h.model}}, dev: h.dev}, nil
+			c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		})
+		release := otherProcess(t, h.dev, 8_192)
+		defer release()
+		wait.For(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == pool-1-8_192 })
+		h.shutdown()
+
+		fams, err := h.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]float64{}
+		for _, f := range fams {
+			if len(f.GetMetric()) == 1 && f.GetMetric()[0].GetGauge() != nil {
+				got[f.GetName()] = f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		for name, want := range map[string]float64{"vramq_subscriber_budget_kv_tokens": pool - 1 - 8_192,
+			"vramq_subscriber_budget_max_kv_tokens": pool - 1, "vramq_subscriber_kv_cache_total_tokens": pool} {
+			if v, ok := got[name]; !ok || v != want {
+				t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
+			}
+		}
+		for name := range got {
+			if strings.HasSuffix(name, "_bytes") && (strings.Contains(name, "budget") || strings.Contains(name, "device_memory") ||
+				strings.Contains(name, "inflight")) {
+				t.Errorf("a KV-token memory exports %s", name)
+			}
+		}
+		for _, want := range []string{`msg="subscriber ready"`, `budget="32767 KV tokens"`, `msg="budget changed: shrinking`,
+			`new="24575 KV tokens"`} {
+			if !strings.Contains(logs.String(), want) {
+				t.Errorf("the log lacks %s:\n%s", want, logs.String())
+			}
+		}
+		if strings.Contains(logs.String(), "KiB") {
+			t.Errorf("the log shows KV tokens as bytes:\n%s", logs.String())
+		}
+	})
+}

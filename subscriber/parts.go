@@ -3,7 +3,6 @@ package subscriber
 import (
 	"fmt"
 
-	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 )
 
@@ -41,7 +40,7 @@ func (s *Subscriber) cutParts(endpoint string, items []job.Item, cost int64) (pa
 		if hi-lo == 1 {
 			parts = append(parts, part{lo: lo, hi: hi, err: job.NewItemError(job.ItemTooLarge, fmt.Sprintf(
 				"estimated working memory %s exceeds the largest VRAM budget the device can give, %s",
-				bytesize.Format(cost), bytesize.Format(s.adm.size)))})
+				s.amount(cost), s.amount(s.adm.size)))})
 			return nil
 		}
 		mid := lo + (hi-lo)/2

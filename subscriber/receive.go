@@ -16,9 +16,9 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/backoff"
+
 	// Named apart from this package's own batcher, which forms device batches.
 	callbatch "github.com/vramq/vramq/internal/batcher"
-	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -284,7 +284,7 @@ func (s *Subscriber) enqueue(t *task) {
 			s.startTasks(1)
 			s.endAsync(t, endDeadLetter("too_large", fmt.Sprintf(
 				"estimated working memory %s exceeds the largest VRAM budget the device can give, %s (%d items%s)",
-				bytesize.Format(cost), bytesize.Format(s.adm.size), len(w.Items), none)))
+				s.amount(cost), s.amount(s.adm.size), len(w.Items), none)))
 			return
 		}
 		t.parts, cost = parts, largest
