@@ -25,14 +25,14 @@ type modelServerOptions struct {
 	kvCacheTokens, tokensInFlight int64
 	// deprecated are the flags given that this release accepts and
 	// ignores (deprecatedFlags); openModelServer warns of each.
-	deprecated []string
-	tokenizer                     string
-	maxOutputTokens, maxN         int
-	embedBatch, embedBatchTokens  int
-	maxServerWait                 time.Duration
-	allowRemoteURLs               bool
-	online                        modelserver.Online
-	messages                      string
+	deprecated                   []string
+	tokenizer                    string
+	maxOutputTokens, maxN        int
+	embedBatch, embedBatchTokens int
+	maxServerWait                time.Duration
+	allowRemoteURLs              bool
+	online                       modelserver.Online
+	messages                     string
 }
 
 const defaultAPIKeyEnv = "VRAMQ_MODEL_SERVER_API_KEY"
