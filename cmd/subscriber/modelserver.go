@@ -82,7 +82,7 @@ func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 			"the server's x-ratelimit headers are followed either way")
 	fs.IntVar(&o.rpm, "model-server-rpm", 0, "requests per minute this subscriber may send; 0: none of its own")
 	for _, name := range deprecatedFlags {
-		fs.String(name, "", "deprecated and ignored: the KV cache is counted in tokens, which need no bytes per token; removed in the next release")
+		fs.String(name, "", "deprecated and ignored, with a warning at start: the KV cache is counted in tokens, which need no bytes per token; removed in the next release")
 	}
 	fs.Int64Var(&o.kvCacheTokens, "model-server-kv-cache-tokens", 0,
 		"the server's KV capacity in tokens (blocks × block size), for a server without vllm:cache_config_info")
