@@ -28,6 +28,33 @@ func Answers(ctx context.Context) func(i int, out job.Output) {
 	return f
 }
 
+// keptKey is the context key of WithKept.
+type keptKey struct{}
+
+// WithKept returns ctx carrying n, the bytes of answers (AnswerBytes) that
+// the results of a batch's messages already hold from runs before this one:
+// answers kept through a wait, or recalled on a redelivery. A Model that
+// bounds the answers one Run keeps by what a result may hold counts them as
+// answers of its own, so that an answer kept counts exactly as a fresh one.
+func WithKept(ctx context.Context, n int64) context.Context {
+	return context.WithValue(ctx, keptKey{}, n)
+}
+
+// Kept is the n WithKept put in ctx, or 0.
+func Kept(ctx context.Context) int64 {
+	n, _ := ctx.Value(keptKey{}).(int64)
+	return n
+}
+
+// AnswerBytes is what an answer takes of what a result may hold: its
+// response body; an output without one (an item error) takes nothing.
+func AnswerBytes(o job.Output) int64 {
+	if o.Response == nil {
+		return 0
+	}
+	return int64(len(o.Response.Body))
+}
+
 // Itemwise is implemented by a backend whose items are independent requests
 // that each hold their working memory only while in flight, and that tells
 // each item's answer as it arrives (WithAnswers): a model server's backend.

@@ -20,7 +20,7 @@ locals {
 
   # The operator state: a subscriber whose model said nothing runs until a
   # person acts (a spent quota, a refused key, an unknown model) logs this
-  # line once, at ERROR (subscriber/run.go), and sets
+  # line once, at ERROR (subscriber/pause.go), and sets
   # vramq_subscriber_needs_operator to 1; it probes every -operator-probe and
   # resumes by itself once a probe gets through. The task stays up: its
   # liveness check ignores the state (a replacement has the same key and

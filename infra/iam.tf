@@ -220,7 +220,7 @@ data "aws_iam_policy_document" "subscriber" {
 
   # Claim-checked items; a job's cancel record; its manifest (a failed
   # marker is written only for a chunk below the manifest's chunk count,
-  # subscriber/claimcheck.go's manifestChunks: without the read a forged
+  # subscriber/failedmarker.go's manifestChunks: without the read a forged
   # message could mark any chunk number); and everything it writes: a
   # chunk's stored result, failed and cancelled markers are written with
   # PutIfAbsent, which reads first, and the item-error marker is kept
@@ -253,7 +253,7 @@ data "aws_iam_policy_document" "subscriber" {
   }
 
   # Items' answers are kept until their chunk's result is out, then deleted
-  # (subscriber/run.go); what a delete misses expires (bucket.tf).
+  # (subscriber/answers.go); what a delete misses expires (bucket.tf).
   statement {
     sid       = "ForgetAnswers"
     actions   = ["s3:DeleteObject"]

@@ -41,7 +41,7 @@ import (
 // ItemKey is where the publisher puts the claim-checked item itemID of job
 // jobID: named by the SHA-256 of the item's id (ids are unique in a job), so
 // that the subscriber can compute, from the message alone, the one key a
-// reference to that item may name (subscriber/claimcheck.go).
+// reference to that item may name (subscriber/receive.go).
 func ItemKey(jobID, itemID string) string {
 	sum := sha256.Sum256([]byte(itemID))
 	return "payloads/" + jobID + "/" + hex.EncodeToString(sum[:]) + ".json"

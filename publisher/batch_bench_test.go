@@ -14,6 +14,7 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // BenchmarkBatchLifecycle makes a batch of the largest file OpenAI takes
@@ -26,14 +27,14 @@ import (
 // before the timer; the bucket is the emulator's, another process.
 //
 // "sequential" reads one result at a time while finalizing, the baseline
-// for "read-ahead" (readConcurrency at once, the publisher's way).
+// for "read-ahead" (api.ReadConcurrency at once, the publisher's way).
 //
 //	go test -run '^$' -bench BatchLifecycle -benchtime 1x -timeout 20m ./publisher
 func BenchmarkBatchLifecycle(b *testing.B) {
 	for _, c := range []struct {
 		name  string
 		ahead int
-	}{{"sequential", 1}, {"read-ahead", readConcurrency}} {
+	}{{"sequential", 1}, {"read-ahead", api.ReadConcurrency}} {
 		b.Run(c.name, func(b *testing.B) {
 			defer func(old int) { finalizeReadAhead = old }(finalizeReadAhead)
 			finalizeReadAhead = c.ahead

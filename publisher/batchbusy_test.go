@@ -35,7 +35,7 @@ func TestOneBatchCreateAtATimePerClient(t *testing.T) {
 	}
 	busy := httptest.NewRequest(http.MethodPost, "/v1/batches", nil)
 	busy.RemoteAddr = "192.0.2.1:1000"
-	p.batchCreators.add(p.clientKey(busy))
+	p.batchCreators.add(p.gate.ClientKey(busy))
 	if w := post("192.0.2.1:2000"); w.Code != http.StatusTooManyRequests || !strings.Contains(w.Body.String(), `"code":"batch_busy"`) ||
 		w.Header().Get("Retry-After") == "" {
 		t.Errorf("a second create of the same client: %d %s", w.Code, w.Body)
@@ -44,7 +44,7 @@ func TestOneBatchCreateAtATimePerClient(t *testing.T) {
 	if w := post("198.51.100.7:1000"); w.Code != http.StatusNotFound || !strings.Contains(w.Body.String(), `"param":"input_file_id"`) {
 		t.Errorf("another client's create: %d %s", w.Code, w.Body)
 	}
-	p.batchCreators.remove(p.clientKey(busy))
+	p.batchCreators.remove(p.gate.ClientKey(busy))
 	if w := post("192.0.2.1:2000"); w.Code != http.StatusNotFound {
 		t.Errorf("once the first create ends: %d %s", w.Code, w.Body)
 	}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/files"
 )
 
 // Batches, as OpenAI's Batch API has them (its API reference, "Batch"):
@@ -115,16 +117,16 @@ const maxBatchRecord = 4 << 20
 // were made, and are ids of the job grammar, so the batch's job has its id.
 const batchIDPrefix = job.BatchIDPrefix
 
-func newBatchID(now time.Time) string { return newTimeID(batchIDPrefix, now) }
+func newBatchID(now time.Time) string { return api.NewTimeID(batchIDPrefix, now) }
 
 // validBatchID is checked before an id reaches an S3 key.
-func validBatchID(id string) bool { return validTimeID(batchIDPrefix, id) }
+func validBatchID(id string) bool { return api.ValidTimeID(batchIDPrefix, id) }
 
 // batchRecord is what the bucket keeps of a batch.
 type batchRecord struct {
 	V                int               `json:"v"`
 	ID               string            `json:"id"`
-	Owner            string            `json:"owner"` // the owner rule's (owns)
+	Owner            string            `json:"owner"` // the owner rule's (api.Gate.Owns)
 	Endpoint         string            `json:"endpoint"`
 	InputFileID      string            `json:"input_file_id"`
 	CompletionWindow string            `json:"completion_window"`
@@ -277,13 +279,13 @@ func (b *batchRecord) object(c batchCounts) *batchObject {
 	return o
 }
 
-func noBatchStore() *APIError {
-	return apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
+func noBatchStore() *api.Error {
+	return api.Err(http.StatusNotImplemented, api.CodeStatusUnavailable,
 		"batches need a payload bucket, and this publisher has none (-payload-bucket)")
 }
 
-func noBatch() *APIError {
-	return paramErr(http.StatusNotFound, CodeNotFound, "id", "No such Batch object")
+func noBatch() *api.Error {
+	return api.ParamErr(http.StatusNotFound, api.CodeNotFound, "id", "No such Batch object")
 }
 
 // batchRequest is POST /v1/batches's body: OpenAI's BatchNewParams.
@@ -298,9 +300,9 @@ type batchRequest struct {
 	} `json:"output_expires_after"`
 }
 
-func (q *batchRequest) check() *APIError {
-	bad := func(param, format string, a ...any) *APIError {
-		return paramErr(http.StatusBadRequest, CodeInvalidParameter, param, format, a...)
+func (q *batchRequest) check() *api.Error {
+	bad := func(param, format string, a ...any) *api.Error {
+		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, param, format, a...)
 	}
 	switch {
 	case q.InputFileID == "":
@@ -317,10 +319,10 @@ func (q *batchRequest) check() *APIError {
 			return bad("metadata", "a metadata key may be at most %d characters, and a value %d", maxMetadataKey, maxMetadataValue)
 		}
 	}
-	if e := q.OutputExpiresAfter; e != nil && (e.Anchor != "created_at" || e.Seconds < int64(minFileExpiry/time.Second) ||
-		e.Seconds > int64(maxFileExpiry/time.Second)) {
+	if e := q.OutputExpiresAfter; e != nil && (e.Anchor != "created_at" || e.Seconds < int64(files.MinExpiry/time.Second) ||
+		e.Seconds > int64(files.MaxExpiry/time.Second)) {
 		return bad("output_expires_after", "output_expires_after must have anchor created_at and seconds from %d to %d",
-			int64(minFileExpiry/time.Second), int64(maxFileExpiry/time.Second))
+			int64(files.MinExpiry/time.Second), int64(files.MaxExpiry/time.Second))
 	}
 	return nil
 }
@@ -333,27 +335,9 @@ func (q *batchRequest) check() *APIError {
 // lines become the items of a job whose id is the batch's, and the batch is
 // in_progress. A client polls either way.
 func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
-	fail := failWith(w, r)
-	if p.store == nil {
-		fail(noBatchStore())
-		return
-	}
-	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
-		fail(e)
-		return
-	}
-	once, e := p.newCreateOnce(r, batchSendStale)
-	if e != nil {
-		fail(e)
-		return
-	}
-	tenantName, e := p.requestTenant(r)
-	if e != nil {
-		fail(e)
-		return
-	}
-	done, ok := p.oneCreate(w, r, fail)
+	ri := api.Info(r)
+	fail := api.FailWith(w, r)
+	once, tenantName, done, ok := p.startCreate(w, r, fail)
 	if !ok {
 		return
 	}
@@ -361,17 +345,17 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	// Read as a job's body is read (inflight.go): paced, and charged to the
 	// client's bodies in flight.
 	if r.ContentLength > maxBatchRequest {
-		fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxBatchRequest))
+		fail(api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxBatchRequest))
 		return
 	}
-	body, release, err := p.readBody(w, r)
+	body, release, err := p.gate.ReadBody(w, r)
 	defer release()
 	if err != nil {
-		fail(p.bodyError(w, err))
+		fail(p.gate.BodyError(w, err))
 		return
 	}
 	if len(body) > maxBatchRequest {
-		fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxBatchRequest))
+		fail(api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxBatchRequest))
 		return
 	}
 	var q batchRequest
@@ -382,38 +366,38 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		fail(apiErr(http.StatusBadRequest, CodeMalformedJSON, "the body has data after the batch request"))
+		fail(api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "the body has data after the batch request"))
 		return
 	}
 	if e := q.check(); e != nil {
 		fail(e)
 		return
 	}
-	sum := requestSum("POST /v1/batches", body)
+	sum := api.RequestSum("POST /v1/batches", body)
 	if once != nil {
 		// A retry of a create that answered 200 gets that answer again,
 		// and no second batch (idempotency.go).
-		if !once.start(r, w, kindBatch, sum, fail) {
+		if !once.Start(r, w, api.KindBatch, sum, fail) {
 			return
 		}
-		defer once.fail(r.Context())
+		defer once.Fail(r.Context())
 	}
-	owner := p.owner(r)
-	if !validFileID(q.InputFileID) {
-		fail(paramErr(http.StatusNotFound, CodeNotFound, "input_file_id", "No such File object"))
+	owner := p.gate.Owner(r)
+	if !files.ValidID(q.InputFileID) {
+		fail(api.ParamErr(http.StatusNotFound, api.CodeNotFound, "input_file_id", "No such File object"))
 		return
 	}
-	f, err := p.readFileRecord(r, job.FileRecordKey(owner, q.InputFileID))
+	f, err := p.files.ReadRecord(r, job.FileRecordKey(owner, q.InputFileID))
 	switch {
 	case errors.Is(err, payload.ErrMissing) || err == nil && f.ID != q.InputFileID:
-		fail(paramErr(http.StatusNotFound, CodeNotFound, "input_file_id", "No such File object"))
+		fail(api.ParamErr(http.StatusNotFound, api.CodeNotFound, "input_file_id", "No such File object"))
 		return
 	case err != nil:
 		p.log.Error("reading a file record", "file_id", q.InputFileID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the input file's record could not be read"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the input file's record could not be read"))
 		return
-	case f.Purpose != PurposeBatch:
-		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "input_file_id",
+	case f.Purpose != files.PurposeBatch:
+		fail(api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "input_file_id",
 			"the input file was not uploaded with purpose batch"))
 		return
 	}
@@ -425,19 +409,19 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	if q.OutputExpiresAfter != nil {
 		b.OutputExpiresAfter = q.OutputExpiresAfter.Seconds
 	}
-	ri.jobID = b.ID
+	ri.JobID = b.ID
 	// The marker first, so that no batch is left without one; then the
 	// record, validating, for the validator to claim (batchvalidate.go).
 	if err := p.openBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be recorded"))
 		return
 	}
 	if err := p.putBatch(r.Context(), b); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be recorded"))
 		return
 	}
 	p.nudge(job.BatchKey(b.Owner, b.ID))
-	once.answer(r.Context(), w, sum, b.object(batchCounts{}))
+	once.Answer(r.Context(), w, sum, b.object(batchCounts{}))
 }
 
 // putBatch writes b's record.
@@ -476,7 +460,7 @@ func (p *Publisher) readBatch(r *http.Request, owner, id string) (*batchRecord, 
 	if err := json.Unmarshal(raw, &b); err != nil {
 		return nil, fmt.Errorf("batch record %s: %w", id, err)
 	}
-	if b.ID != id || !p.owns(r, b.Owner) {
+	if b.ID != id || !p.gate.Owns(r, b.Owner) {
 		return nil, payload.ErrMissing
 	}
 	return &b, nil
@@ -490,7 +474,7 @@ func (p *Publisher) openAIBatches() batchRoute[*batchObject] {
 
 // loadBatch reads the batch r's path names and how it stands (batchView),
 // answering r itself (and returning nil) when that fails.
-func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *batchObject, func(*APIError)) {
+func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *batchObject, func(*api.Error)) {
 	b, o, fail, _ := p.openAIBatches().load(p, w, r)
 	return b, o, fail
 }
@@ -498,7 +482,7 @@ func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRec
 // getBatch is GET /v1/batches/{id}.
 func (p *Publisher) getBatch(w http.ResponseWriter, r *http.Request) {
 	if _, o, _ := p.loadBatch(w, r); o != nil {
-		writeJSON(w, http.StatusOK, o)
+		api.WriteJSON(w, http.StatusOK, o)
 	}
 }
 
@@ -515,10 +499,10 @@ func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	switch o.Status {
 	case batchCancelling, batchCancelled:
-		writeJSON(w, http.StatusOK, o)
+		api.WriteJSON(w, http.StatusOK, o)
 		return
 	case batchCompleted, batchFailed, batchExpired, batchFinalizing:
-		fail(apiErr(http.StatusConflict, CodeBatchNotCancellable, "the batch is %s: it can no longer be cancelled", o.Status))
+		fail(api.Err(http.StatusConflict, CodeBatchNotCancellable, "the batch is %s: it can no longer be cancelled", o.Status))
 		return
 	}
 	p.openAIBatches().cancel(p, w, r, b, fail)
@@ -526,7 +510,7 @@ func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 
 // listBatches is GET /v1/batches: the caller's batches, newest first, limit
 // of them after the batch after names (which need not still exist). Each
-// is read as GET reads one, readConcurrency at a time.
+// is read as GET reads one, api.ReadConcurrency at a time.
 func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	limit, fail, ok := p.openAIBatches().startList(p, w, r, defaultBatchList, maxBatchList)
 	if !ok {
@@ -535,14 +519,14 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	after := q.Get("after")
 	if after != "" && !validBatchID(after) {
-		fail(paramErr(http.StatusBadRequest, CodeInvalidParameter, "after", "after must be the id of a batch"))
+		fail(api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "after", "after must be the id of a batch"))
 		return
 	}
-	owner := p.owner(r)
-	all, err := p.listIDs(r.Context(), job.BatchesPrefix(owner), validBatchID)
+	owner := p.gate.Owner(r)
+	all, err := api.ListIDs(r.Context(), p.store, job.BatchesPrefix(owner), validBatchID)
 	if err != nil {
 		p.log.Error("listing batches", "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batches could not be listed"))
 		return
 	}
 	// Newest first, past after.
@@ -559,11 +543,11 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	data, err := p.openAIBatches().readAll(p, r, owner, ids)
 	if err != nil {
 		p.log.Error("reading batches", "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batches could not be listed"))
 		return
 	}
-	out := newListPage(data, more, func(o *batchObject) string { return o.ID })
-	writeJSON(w, http.StatusOK, out)
+	out := api.NewListPage(data, more, func(o *batchObject) string { return o.ID })
+	api.WriteJSON(w, http.StatusOK, out)
 }
 
 // unsettledItems counts the items of the job's failed and cancelled chunks.

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/files"
 )
 
 // A batch's output and error files, as OpenAI writes them (its API
@@ -154,9 +156,9 @@ type chunkRead struct {
 
 // finalizeReadAhead is how many results prefetch reads at once; a variable so
 // that BenchmarkBatchLifecycle can compare one at a time.
-var finalizeReadAhead = readConcurrency
+var finalizeReadAhead = api.ReadConcurrency
 
-// prefetch reads the results of a job's done chunks readConcurrency at a
+// prefetch reads the results of a job's done chunks api.ReadConcurrency at a
 // time and at most that many ahead of its reader, who takes them in chunk
 // order (get). Read one at a time, a large batch's files took a round trip
 // per chunk.
@@ -290,7 +292,7 @@ func (p *Publisher) newLineFile(ctx context.Context, b *batchRecord, kind string
 	// The time half of b's id, then bits of the digest, the last one the
 	// purpose's: ids still sort by creation among the owner's files, and
 	// are of the file id grammar.
-	id := withPurpose(fileIDPrefix+b.ID[len(batchIDPrefix):len(batchIDPrefix)+12]+hex.EncodeToString(sum[:10]), PurposeBatchOutput)
+	id := files.WithPurpose(files.IDPrefix+b.ID[len(batchIDPrefix):len(batchIDPrefix)+12]+hex.EncodeToString(sum[:10]), files.PurposeBatchOutput)
 	return &lineFile{p: p, ctx: ctx, b: b, id: id, name: b.ID + "_" + kind + ".jsonl"}
 }
 
@@ -332,12 +334,12 @@ func (f *lineFile) close() (string, error) {
 		return "", fmt.Errorf("writing the %s of batch %s: %w", f.name, f.b.ID, err)
 	}
 	now := f.p.now()
-	expiry := defaultFileExpiry
+	expiry := files.DefaultExpiry
 	if f.b.OutputExpiresAfter > 0 {
 		expiry = time.Duration(f.b.OutputExpiresAfter) * time.Second
 	}
-	rec := fileRecord{V: 1, ID: f.id, Owner: f.b.Owner, Filename: f.name, Bytes: f.size, Lines: f.lines,
-		Purpose: PurposeBatchOutput, CreatedAt: now.Unix(), ExpiresAt: now.Add(expiry).Unix()}
+	rec := files.Record{V: 1, ID: f.id, Owner: f.b.Owner, Filename: f.name, Bytes: f.size, Lines: f.lines,
+		Purpose: files.PurposeBatchOutput, CreatedAt: now.Unix(), ExpiresAt: now.Add(expiry).Unix()}
 	raw, err := json.Marshal(rec)
 	if err == nil {
 		_, err = f.p.store.Put(f.ctx, job.FileRecordKey(f.b.Owner, f.id), raw)

@@ -17,6 +17,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/files"
 )
 
 // putBatchFile stores a batch input file of n lines, line(i) each (without
@@ -25,7 +26,7 @@ import (
 func putBatchFile(tb testing.TB, store *payload.Store, n int, line func(i int) string) (string, int64) {
 	tb.Helper()
 	now := time.Now()
-	id := newFileID(now)
+	id := files.NewID(now)
 	pr, pw := io.Pipe()
 	go func() {
 		var err error
@@ -38,8 +39,8 @@ func putBatchFile(tb testing.TB, store *payload.Store, n int, line func(i int) s
 	if err != nil {
 		tb.Fatal(err)
 	}
-	rec, _ := json.Marshal(fileRecord{V: 1, ID: id, Filename: "input.jsonl", Bytes: size, Lines: n,
-		Purpose: PurposeBatch, CreatedAt: now.Unix(), ExpiresAt: now.Add(time.Hour).Unix()})
+	rec, _ := json.Marshal(files.Record{V: 1, ID: id, Filename: "input.jsonl", Bytes: size, Lines: n,
+		Purpose: files.PurposeBatch, CreatedAt: now.Unix(), ExpiresAt: now.Add(time.Hour).Unix()})
 	if _, err := store.Put(tb.Context(), job.FileRecordKey("", id), rec); err != nil {
 		tb.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // What a batch's finalizer reads, whatever its API writes of it (OpenAI's
@@ -84,32 +85,52 @@ func (p *Publisher) eachLine(ctx context.Context, b *batchRecord, m *job.Manifes
 	return nil
 }
 
-// oneCreate takes client's place among the clients creating a batch: a
-// client creates one batch at a time, so that the bytes being read into
-// batches (takeBatchBytes, first come first served) are not all one
-// client's while others wait. done gives it back; false, having answered
-// r with fail, when the client already holds it.
-func (p *Publisher) oneCreate(w http.ResponseWriter, r *http.Request, fail func(*APIError)) (done func(), ok bool) {
-	client := p.clientKey(r)
+// startCreate is what both batch creates (postBatch, postMessageBatch) do
+// before they read the request: a store to keep the batch, a JSON body, an
+// Idempotency-Key that is valid (once is nil without one), the tenant, and
+// the client's place among the clients creating a batch: a client creates
+// one batch at a time, so that the bytes being read into batches
+// (takeBatchBytes, first come first served) are not all one client's while
+// others wait. done gives the place back; false, having answered r with
+// fail, when any of these is refused.
+func (p *Publisher) startCreate(w http.ResponseWriter, r *http.Request, fail func(*api.Error)) (once *api.CreateOnce, tenantName string, done func(), ok bool) {
+	if p.store == nil {
+		fail(noBatchStore())
+		return nil, "", nil, false
+	}
+	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
+		fail(e)
+		return nil, "", nil, false
+	}
+	once, e := p.gate.NewCreateOnce(r, batchSendStale)
+	if e != nil {
+		fail(e)
+		return nil, "", nil, false
+	}
+	if tenantName, e = p.gate.RequestTenant(r); e != nil {
+		fail(e)
+		return nil, "", nil, false
+	}
+	client := p.gate.ClientKey(r)
 	if !p.batchCreators.add(client) {
 		w.Header().Set("Retry-After", "5")
-		fail(apiErr(http.StatusTooManyRequests, CodeBatchBusy, "this client is already creating a batch; retry after the time in Retry-After"))
-		return nil, false
+		fail(api.Err(http.StatusTooManyRequests, CodeBatchBusy, "this client is already creating a batch; retry after the time in Retry-After"))
+		return nil, "", nil, false
 	}
-	return func() { p.batchCreators.remove(client) }, true
+	return once, tenantName, func() { p.batchCreators.remove(client) }, true
 }
 
 // takeBatchBytes takes charge bytes of the bound on what creates hold at
 // once (-max-file-bytes: a file's lines, or a create's requests, a few times
 // their size once planned), waiting up to 30 s; release gives them back.
 // false, having answered r with fail, when the wait ran out.
-func (p *Publisher) takeBatchBytes(w http.ResponseWriter, r *http.Request, fail func(*APIError), charge int64) (release func(), ok bool) {
+func (p *Publisher) takeBatchBytes(w http.ResponseWriter, r *http.Request, fail func(*api.Error), charge int64) (release func(), ok bool) {
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	err := p.batchBytes.Acquire(ctx, charge)
 	cancel()
 	if err != nil {
 		w.Header().Set("Retry-After", "5")
-		fail(apiErr(http.StatusServiceUnavailable, CodeBatchBusy, "too many batches are being created; retry shortly"))
+		fail(api.Err(http.StatusServiceUnavailable, CodeBatchBusy, "too many batches are being created; retry shortly"))
 		return nil, false
 	}
 	return func() { p.batchBytes.Release(charge) }, true

@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/vramq/vramq/internal/payload"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // The reads of batch records that the routes of both batch APIs make, each
@@ -17,17 +18,17 @@ import (
 // ids of its batches, its answer to one that is not there, and its view.
 type batchRoute[T any] struct {
 	valid   func(string) bool
-	missing func() *APIError
+	missing func() *api.Error
 	view    func(*http.Request, *batchRecord) (T, error)
 }
 
 // load reads the caller's batch r's path names and how it stands,
 // answering r itself (and returning ok false) when that fails.
-func (br batchRoute[T]) load(p *Publisher, w http.ResponseWriter, r *http.Request) (b *batchRecord, v T, fail func(*APIError), ok bool) {
-	ri := info(r)
-	fail = func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
+func (br batchRoute[T]) load(p *Publisher, w http.ResponseWriter, r *http.Request) (b *batchRecord, v T, fail func(*api.Error), ok bool) {
+	ri := api.Info(r)
+	fail = func(e *api.Error) {
+		ri.Code = e.Code
+		api.WriteError(w, e)
 	}
 	if p.store == nil {
 		fail(noBatchStore())
@@ -38,8 +39,8 @@ func (br batchRoute[T]) load(p *Publisher, w http.ResponseWriter, r *http.Reques
 		fail(br.missing())
 		return nil, v, fail, false
 	}
-	ri.jobID = id
-	b, err := p.readBatch(r, p.owner(r), id)
+	ri.JobID = id
+	b, err := p.readBatch(r, p.gate.Owner(r), id)
 	if errors.Is(err, payload.ErrMissing) {
 		fail(br.missing())
 		return nil, v, fail, false
@@ -49,19 +50,19 @@ func (br batchRoute[T]) load(p *Publisher, w http.ResponseWriter, r *http.Reques
 	}
 	if err != nil {
 		p.log.Error("reading a batch", "batch_id", id, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be read"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be read"))
 		return nil, v, fail, false
 	}
 	return b, v, fail, true
 }
 
-// readAll reads owner's batches ids, readConcurrency at a time, in order;
+// readAll reads owner's batches ids, api.ReadConcurrency at a time, in order;
 // one deleted since they were listed is left out.
 func (br batchRoute[T]) readAll(p *Publisher, r *http.Request, owner string, ids []string) ([]T, error) {
 	views := make([]T, len(ids))
 	found := make([]bool, len(ids))
 	g, gctx := errgroup.WithContext(r.Context())
-	g.SetLimit(readConcurrency)
+	g.SetLimit(api.ReadConcurrency)
 	for i, id := range ids {
 		g.Go(func() error {
 			rr := r.WithContext(gctx)
@@ -91,18 +92,18 @@ func (br batchRoute[T]) readAll(p *Publisher, r *http.Request, owner string, ids
 // startList checks what a listing of batches needs (a bucket, a caller who
 // can list) and reads its limit (def when the query has none, at most
 // most), answering r itself (and returning ok false) when one fails.
-func (br batchRoute[T]) startList(p *Publisher, w http.ResponseWriter, r *http.Request, def, most int) (limit int, fail func(*APIError), ok bool) {
-	ri := info(r)
-	fail = func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
+func (br batchRoute[T]) startList(p *Publisher, w http.ResponseWriter, r *http.Request, def, most int) (limit int, fail func(*api.Error), ok bool) {
+	ri := api.Info(r)
+	fail = func(e *api.Error) {
+		ri.Code = e.Code
+		api.WriteError(w, e)
 	}
-	e := p.canList(r)
+	e := p.gate.CanList(r)
 	switch {
 	case p.store == nil:
 		e = noBatchStore()
 	case e == nil:
-		limit, e = listLimit(r.URL.Query(), def, most)
+		limit, e = api.ListLimit(r.URL.Query(), def, most)
 	}
 	if e != nil {
 		fail(e)
@@ -113,16 +114,16 @@ func (br batchRoute[T]) startList(p *Publisher, w http.ResponseWriter, r *http.R
 
 // cancel writes the cancel of b's job, the command the subscribers obey and
 // the finalizer ends the batch on, and answers r with b as it stands then.
-func (br batchRoute[T]) cancel(p *Publisher, w http.ResponseWriter, r *http.Request, b *batchRecord, fail func(*APIError)) {
+func (br batchRoute[T]) cancel(p *Publisher, w http.ResponseWriter, r *http.Request, b *batchRecord, fail func(*api.Error)) {
 	if err := p.cancelJob(r.Context(), b.ID); err != nil {
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be cancelled; try again"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be cancelled; try again"))
 		return
 	}
 	v, err := br.view(r, b)
 	if err != nil {
 		p.log.Error("reading a batch", "batch_id", b.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch was cancelled, but could not be read"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch was cancelled, but could not be read"))
 		return
 	}
-	writeJSON(w, http.StatusOK, v)
+	api.WriteJSON(w, http.StatusOK, v)
 }

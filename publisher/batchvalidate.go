@@ -13,6 +13,8 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/files"
 )
 
 // A batch's input file is validated after POST /v1/batches has answered
@@ -161,7 +163,7 @@ func (v *validation) check(ctx context.Context) error {
 		if err := v.count(it.Body); err != nil {
 			return err
 		}
-		v.ids = append(append(v.ids, encodeJSON(it.ID)...), '\n')
+		v.ids = append(append(v.ids, api.EncodeJSON(it.ID)...), '\n')
 		v.sizes = append(v.sizes, int64(len(enc)))
 		return nil
 	})
@@ -336,14 +338,14 @@ func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good fun
 		n++
 		if errors.Is(err, errLineTooLong) {
 			requests++
-			badLine(n, CodeLineTooLarge, "", "the line is over %d bytes", p.cfg.MaxFileLineBytes)
+			badLine(n, files.CodeLineTooLarge, "", "the line is over %d bytes", p.cfg.MaxFileLineBytes)
 			continue
 		}
 		if err != nil {
 			return 0, nil, err
 		}
 		if n > p.cfg.MaxFileLines {
-			badLine(n, CodeTooManyLines, "", "the file has more than %d lines", p.cfg.MaxFileLines)
+			badLine(n, files.CodeTooManyLines, "", "the file has more than %d lines", p.cfg.MaxFileLines)
 			break
 		}
 		if len(bytes.TrimSpace(line)) == 0 {
@@ -376,7 +378,7 @@ func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good fun
 		}
 		req, _ := present(fields, "body")
 		if len(req) == 0 || req[0] != '{' {
-			badLine(n, CodeInvalidBody, "body", "body must be a JSON object: the request for %s", endpoint)
+			badLine(n, api.CodeInvalidBody, "body", "body must be a JSON object: the request for %s", endpoint)
 			continue
 		}
 		if !lim.serves(endpoint) {

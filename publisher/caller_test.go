@@ -14,6 +14,7 @@ import (
 
 	"github.com/vramq/vramq/internal/testenv/apigw"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // lambdaCaller sends requests to a Lambda handler as one caller of API
@@ -126,7 +127,7 @@ func TestKeylessCallersOwnTheirFilesAndBatches(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	s := e.serve(publisher.Config{})
-	h := publisher.LambdaEventHandler(s.pub.Handler())
+	h := api.LambdaEventHandler(s.pub.Handler())
 	iam := func(arn string) *events.APIGatewayV2HTTPRequestContextAuthorizerDescription {
 		return &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{IAM: &events.APIGatewayV2HTTPRequestContextAuthorizerIAMDescription{
 			AccountID: "123456789012", UserARN: arn, AccessKey: "ASIAEXAMPLE"}}
@@ -233,7 +234,7 @@ func TestKeylessIdempotencyIsPerCaller(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	s := e.serve(publisher.Config{})
-	h := publisher.LambdaEventHandler(s.pub.Handler())
+	h := api.LambdaEventHandler(s.pub.Handler())
 	iam := func(arn string) *events.APIGatewayV2HTTPRequestContextAuthorizerDescription {
 		return &events.APIGatewayV2HTTPRequestContextAuthorizerDescription{IAM: &events.APIGatewayV2HTTPRequestContextAuthorizerIAMDescription{UserARN: arn}}
 	}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // maxCancelRecord bounds the read of a cancel record: the publisher writes
@@ -18,10 +19,10 @@ const maxCancelRecord = 4 << 10
 //
 // The cancel is a record in the payload bucket, written once (a conditional
 // put, so the first cancel's time stands); subscribers read it through a
-// cache (subscriber/cancels.go), so chunks received up to its TTL after the
+// cache (subscriber/receive.go), so chunks received up to its TTL after the
 // cancel may still run.
 func (p *Publisher) deleteJob(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
+	ri := api.Info(r)
 	m, fail := p.loadJob(w, r)
 	if m == nil {
 		return
@@ -38,9 +39,9 @@ func (p *Publisher) deleteJob(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err != nil {
-		p.log.Error("cancelling a job", "job_id", ri.jobID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job could not be cancelled; try again"))
+		p.log.Error("cancelling a job", "job_id", ri.JobID, "err", err)
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the job could not be cancelled; try again"))
 		return
 	}
-	writeJSON(w, http.StatusOK, st)
+	api.WriteJSON(w, http.StatusOK, st)
 }

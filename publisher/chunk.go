@@ -13,6 +13,7 @@ import (
 	"github.com/vramq/vramq/internal/batcher"
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // numberReserve stands in for the digits of the chunk numbers, which are not
@@ -80,16 +81,16 @@ var newJobIDPlaceholder = string(bytes.Repeat([]byte("0"), jobIDLen))
 // Plan cuts items, in order, into chunks of at most chunkItems items whose
 // messages fit MaxMessageBytes. An item whose encoding exceeds MaxItemBytes
 // becomes a Claim and travels as {id, ref}; without a bucket it is a 413.
-func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Plan, *APIError) {
+func (pl *Planner) Plan(jobID string, items []RequestItem, chunkItems int) (*Plan, *api.Error) {
 	return pl.PlanFor(jobID, "", items, chunkItems)
 }
 
 // PlanFor is Plan for a job with this endpoint ("" for none), which every
 // work message names. An item's body is claim-checked as a text is.
-func (pl *Planner) PlanFor(jobID, endpoint string, items []RequestItem, chunkItems int) (*Plan, *APIError) {
+func (pl *Planner) PlanFor(jobID, endpoint string, items []RequestItem, chunkItems int) (*Plan, *api.Error) {
 	if endpoint != "" && !job.ValidEndpoint(endpoint) {
 		// DecodeJobRequest refuses it; the envelope could not hold it.
-		return nil, apiErr(http.StatusInternalServerError, CodeInternal, "a job was planned for an endpoint outside the API")
+		return nil, api.Err(http.StatusInternalServerError, api.CodeInternal, "a job was planned for an endpoint outside the API")
 	}
 	budget, maxItem := pl.bounds(jobID, endpoint)
 	p := &Plan{}
@@ -128,13 +129,13 @@ func (pl *Planner) bounds(jobID, endpoint string) (budget, maxItem int) {
 
 // encodeItem encodes item i of job jobID for its message, or, when that is
 // over maxItem, its reference and the Claim to upload.
-func (pl *Planner) encodeItem(ie *itemEncoder, jobID string, i int, it RequestItem, budget, maxItem int) ([]byte, *Claim, *APIError) {
+func (pl *Planner) encodeItem(ie *itemEncoder, jobID string, i int, it RequestItem, budget, maxItem int) ([]byte, *Claim, *api.Error) {
 	enc := ie.encode(&job.Item{ID: it.ID, Text: it.Text, Data: it.Data, Body: it.Body})
 	if len(enc) <= maxItem {
 		return enc, nil, nil
 	}
 	if pl.Bucket == "" {
-		return nil, nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID,
+		return nil, nil, api.ItemErr(http.StatusRequestEntityTooLarge, api.CodeItemTooLarge, it.ID,
 			"the item is over the %d bytes that fit in a message, and no payload bucket is configured for larger ones", maxItem)
 	}
 	sum := sha256.Sum256(enc)
@@ -145,7 +146,7 @@ func (pl *Planner) encodeItem(ie *itemEncoder, jobID string, i int, it RequestIt
 	enc = ie.encode(&job.Item{ID: it.ID, Ref: &ref})
 	if len(enc) > budget {
 		// Only a pathological bucket name could do this.
-		return nil, nil, itemErr(http.StatusRequestEntityTooLarge, CodeItemTooLarge, it.ID,
+		return nil, nil, api.ItemErr(http.StatusRequestEntityTooLarge, api.CodeItemTooLarge, it.ID,
 			"even the item's payload reference does not fit in a message")
 	}
 	return enc, c, nil
@@ -160,7 +161,7 @@ func cutChunks[T any](encs []T, chunkItems, budget int, size func(T) int64) [][]
 }
 
 // chunk is chunk i of the chunks of job jobID, made of its encoded items.
-func (pl *Planner) chunk(jobID, endpoint string, i, chunks int, items [][]byte) (Chunk, *APIError) {
+func (pl *Planner) chunk(jobID, endpoint string, i, chunks int, items [][]byte) (Chunk, *api.Error) {
 	// Sized exactly, once: a growing buffer, then a copy into a string,
 	// tripled what planning allocates for a large job
 	// (BenchmarkConcurrentMaxBodies).
@@ -183,7 +184,7 @@ func (pl *Planner) chunk(jobID, endpoint string, i, chunks int, items [][]byte) 
 	if n := job.MessageSize(body.String(), attrs); n > pl.MaxMessageBytes {
 		// The budget makes this impossible; refuse rather than send a
 		// message SQS would reject halfway through a job.
-		return Chunk{}, apiErr(http.StatusInternalServerError, CodeInternal, "chunk %d planned at %d bytes, over the message limit", i, n)
+		return Chunk{}, api.Err(http.StatusInternalServerError, api.CodeInternal, "chunk %d planned at %d bytes, over the message limit", i, n)
 	}
 	return Chunk{Index: i, Items: len(items), Body: body.String()}, nil
 }
@@ -203,22 +204,7 @@ func envelopePrefix(jobID, endpoint string, chunk, chunks int) string {
 
 const envelopeSuffix = `]}`
 
-// encodeJSON is json.Marshal without HTML escaping (it only costs bytes),
-// and with every character SQS may refuse written as a JSON escape
-// (job.EncodeForSQS, which the subscriber's results go through too).
-func encodeJSON(v any) []byte {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		// Only the types of this package are encoded, and they cannot fail.
-		panic(fmt.Sprintf("publisher: encoding %T: %v", v, err))
-	}
-	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
-	return job.EncodeForSQS(b)
-}
-
-// itemEncoder is encodeJSON for a job's items, one after another, with one
+// itemEncoder is api.EncodeJSON for a job's items, one after another, with one
 // encoder and one buffer for the whole job: a fresh encoder and buffer per
 // item were most of planning's allocations.
 type itemEncoder struct {
@@ -233,7 +219,7 @@ func newItemEncoder() *itemEncoder {
 	return e
 }
 
-// encode returns it encoded as encodeJSON does, in a slice of its own.
+// encode returns it encoded as api.EncodeJSON does, in a slice of its own.
 func (e *itemEncoder) encode(it *job.Item) []byte {
 	e.buf.Reset()
 	if err := e.enc.Encode(it); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // decodeChunks decodes every planned message with the subscriber's decoder
@@ -98,7 +99,7 @@ func TestPlanBySize(t *testing.T) {
 		}
 		// Greedy: the next item would not have fitted.
 		if i < len(works)-1 {
-			next := encodeJSON(job.Item{ID: in[n].ID, Text: in[n].Text})
+			next := api.EncodeJSON(job.Item{ID: in[n].ID, Text: in[n].Text})
 			if job.MessageSize(p.Chunks[i].Body, attributes(id, i, longestTenant))+1+len(next)+numberReserve <= max {
 				t.Errorf("chunk %d closed at %d bytes with room for the next item (%d bytes)", i, len(p.Chunks[i].Body), len(next))
 			}
@@ -121,7 +122,7 @@ func TestPlanCountsTheCommas(t *testing.T) {
 		over   int
 		chunks int
 	}{{0, 1}, {1, 2}} {
-		shortLen := len(encodeJSON(job.Item{ID: short.ID, Text: short.Text}))
+		shortLen := len(api.EncodeJSON(job.Item{ID: short.ID, Text: short.Text}))
 		text := strings.Repeat("x", budget-1-shortLen-len(`{"id":"a","text":""}`)+tc.over)
 		p, e := pl.Plan(id, []RequestItem{{ID: "a", Text: text}, short}, 32)
 		if e != nil {
@@ -141,7 +142,7 @@ func TestPlanExactFit(t *testing.T) {
 	limit := maxInlineItem(max)
 	id := newJobID()
 	text := strings.Repeat("x", limit-len(`{"id":"a","text":""}`))
-	if got := len(encodeJSON(job.Item{ID: "a", Text: text})); got != limit {
+	if got := len(api.EncodeJSON(job.Item{ID: "a", Text: text})); got != limit {
 		t.Fatalf("test item is %d bytes, want %d", got, limit)
 	}
 	pl := &Planner{MaxMessageBytes: max, MaxItemBytes: limit}
@@ -154,7 +155,7 @@ func TestPlanExactFit(t *testing.T) {
 		t.Fatalf("%d chunks, %d claims; want 2 and 0", len(p.Chunks), len(p.Claims))
 	}
 	_, e = pl.Plan(id, []RequestItem{{ID: "a", Text: text + "x"}}, 32)
-	if e == nil || e.Status != 413 || e.Code != CodeItemTooLarge || e.Item != "a" {
+	if e == nil || e.Status != 413 || e.Code != api.CodeItemTooLarge || e.Item != "a" {
 		t.Fatalf("one byte over without a bucket: %v, want 413 item_too_large", e)
 	}
 }
@@ -195,7 +196,7 @@ func TestPlanClaimCheck(t *testing.T) {
 
 func TestEncodeJSONEscapesWhatSQSRefuses(t *testing.T) {
 	in := job.Item{ID: "e", Text: "a\uFFFEb\uFFFFc😀d\u00e9<&>"}
-	b := encodeJSON(in)
+	b := api.EncodeJSON(in)
 	for _, r := range string(b) {
 		if r >= 0xFFFE {
 			t.Fatalf("%q contains %U", b, r)

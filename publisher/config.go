@@ -14,6 +14,7 @@ import (
 	"github.com/vramq/vramq/internal/config"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // maxN is the largest n OpenAI takes in a chat or completions request
@@ -87,7 +88,7 @@ type Config struct {
 	// start coming within BodyGrace, never pause for longer, and once
 	// BodyGrace has passed have come at MinBodyRate on average since the
 	// body began. A body that falls behind is cut off, 408 body_too_slow,
-	// and gives back what it held (bodyPace), so that clients that stall or
+	// and gives back what it held (api.BodyPace), so that clients that stall or
 	// trickle cannot hold the budget or their share of it.
 	MinBodyRate int64
 	BodyGrace   time.Duration
@@ -181,7 +182,7 @@ type Config struct {
 
 	// APIKeys, when any, are the bearer tokens accepted on /v1/jobs routes
 	// (Authorization: Bearer <key>). /healthz and /metrics stay open. An
-	// entry "name:key" names the key's tenant (see SplitKey); one without a
+	// entry "name:key" names the key's tenant (see api.SplitKey); one without a
 	// name is the tenant tenant.OfKey(key). Keys may share a name, to rotate
 	// one tenant's key without changing its tenant.
 	APIKeys []string
@@ -219,7 +220,7 @@ type Config struct {
 	// TrustedProxies are the load balancers and proxies allowed to say who
 	// the client is: when a request's peer address is in one of them, the
 	// client is the rightmost address of X-Forwarded-For that is not (see
-	// clientAddr). Empty: the peer address is the client and X-Forwarded-For
+	// api.ClientAddr). Empty: the peer address is the client and X-Forwarded-For
 	// is ignored, which is right when clients connect directly and under
 	// Lambda, where the peer is API Gateway's sourceIp.
 	TrustedProxies []netip.Prefix
@@ -307,10 +308,10 @@ func (c *Config) setDefaults() {
 	config.OrDefault(&c.MaxN, d.MaxN)
 	config.OrDefault(&c.MaxOutputTokens, d.MaxOutputTokens)
 	if c.RateLimit > 0 && c.RateBurst == 0 {
-		c.RateBurst = defaultBurst(c.RateLimit)
+		c.RateBurst = api.DefaultBurst(c.RateLimit)
 	}
 	if c.GlobalRateLimit > 0 && c.GlobalRateBurst == 0 {
-		c.GlobalRateBurst = defaultBurst(c.GlobalRateLimit)
+		c.GlobalRateBurst = api.DefaultBurst(c.GlobalRateLimit)
 	}
 	config.OrDefault(&c.RateLimitClients, d.RateLimitClients)
 	config.OrDefault(&c.SendAttempts, d.SendAttempts)
@@ -327,6 +328,10 @@ func (c *Config) setDefaults() {
 	config.OrDefault(&c.Logger, slog.Default())
 	config.OrDefault(&c.Registerer, prometheus.Registerer(prometheus.NewRegistry()))
 }
+
+// uploadHeld is the most an upload holds in memory of its file, which is
+// what its body is charged up to.
+func (c *Config) uploadHeld() int64 { return min(payload.UploadPartBytes, c.MaxFileBytes) }
 
 // FieldError is one problem Validate found, with the name of the Config
 // field it is about (e.g. "MaxItems"), so that a command can name its own flag for it.
@@ -414,7 +419,7 @@ func (c *Config) Validate() error {
 	}
 	config.AtLeast(&problems, "MaxOutputTokens", "max output tokens", c.MaxOutputTokens, 1)
 	for i, k := range c.APIKeys {
-		if name, key := SplitKey(k); key == "" {
+		if name, key := api.SplitKey(k); key == "" {
 			bad("APIKeys", "API key %d (tenant %q) is empty", i, name)
 		}
 	}

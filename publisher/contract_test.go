@@ -12,18 +12,20 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // canary marks request content; no error message may carry it back.
 const canary = "QZXCANARY"
 
 // errorOf reads a JSON error response, failing the test if it is not one.
-func errorOf(t *testing.T, status int, header http.Header, body []byte) *APIError {
+func errorOf(t *testing.T, status int, header http.Header, body []byte) *api.Error {
 	t.Helper()
 	if ct := header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("%d: Content-Type %q, want application/json; body %.200q", status, ct, body)
 	}
-	var eb errorBody
+	var eb api.ErrorBody
 	if err := json.Unmarshal(body, &eb); err != nil || eb.Error == nil || eb.Error.Code == "" || eb.Error.Message == "" {
 		t.Fatalf("%d %.200q is not a JSON error: %v", status, body, err)
 	}
@@ -128,8 +130,8 @@ func TestInvalidUTF8IsRefused(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			resp := send(t, "POST", srv.URL+"/v1/jobs", "", body)
 			b, _ := io.ReadAll(resp.Body)
-			if e := errorOf(t, resp.StatusCode, resp.Header, b); resp.StatusCode != http.StatusBadRequest || e.Code != CodeMalformedJSON {
-				t.Errorf("%d %s, want 400 %s", resp.StatusCode, e.Code, CodeMalformedJSON)
+			if e := errorOf(t, resp.StatusCode, resp.Header, b); resp.StatusCode != http.StatusBadRequest || e.Code != api.CodeMalformedJSON {
+				t.Errorf("%d %s, want 400 %s", resp.StatusCode, e.Code, api.CodeMalformedJSON)
 			}
 		})
 	}
@@ -157,8 +159,8 @@ func TestDuplicateContentTypeIsRefused(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if e := errorOf(t, resp.StatusCode, resp.Header, b); resp.StatusCode != http.StatusUnsupportedMediaType || e.Code != CodeUnsupportedMedia {
-			t.Errorf("%q: %d %s, want 415 %s", cts, resp.StatusCode, e.Code, CodeUnsupportedMedia)
+		if e := errorOf(t, resp.StatusCode, resp.Header, b); resp.StatusCode != http.StatusUnsupportedMediaType || e.Code != api.CodeUnsupportedMedia {
+			t.Errorf("%q: %d %s, want 415 %s", cts, resp.StatusCode, e.Code, api.CodeUnsupportedMedia)
 		}
 	}
 	if n := q.count(); n != 0 {
@@ -202,7 +204,7 @@ func TestUncleanPathsAreJSON(t *testing.T) {
 				t.Errorf("%s %s: %d %q, want a 4xx", method, path, resp.StatusCode, body)
 				continue
 			}
-			if e := errorOf(t, resp.StatusCode, resp.Header, body); resp.StatusCode == 404 && e.Code != CodeNotFound {
+			if e := errorOf(t, resp.StatusCode, resp.Header, body); resp.StatusCode == 404 && e.Code != api.CodeNotFound {
 				t.Errorf("%s %s: code %s", method, path, e.Code)
 			}
 		}
@@ -213,7 +215,7 @@ func TestUncleanPathsAreJSON(t *testing.T) {
 // headers over MaxHeaderBytes, 400 for what is not HTTP, 501 for an unknown
 // transfer coding, 505 for an unknown version, 417 for an Expect header other
 // than 100-continue), come out as the API's JSON
-// errors through JSONErrors, with nothing of the request in them; normal
+// errors through api.JSONErrors, with nothing of the request in them; normal
 // answers on the same listener pass unchanged.
 func TestServerErrorsAreJSON(t *testing.T) {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -222,7 +224,7 @@ func TestServerErrorsAreJSON(t *testing.T) {
 		fmt.Fprint(w, "ok")
 	}))
 	srv.Config.MaxHeaderBytes = 4 << 10
-	srv.Listener = JSONErrors(srv.Listener)
+	srv.Listener = api.JSONErrors(srv.Listener)
 	srv.Start()
 	t.Cleanup(srv.Close)
 	addr := strings.TrimPrefix(srv.URL, "http://")
@@ -232,14 +234,14 @@ func TestServerErrorsAreJSON(t *testing.T) {
 		code      string
 	}{
 		{"headers too large", "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat(canary, 2<<10) + "\r\n\r\n", 431,
-			CodeHeadersTooLarge},
-		{"malformed header", "GET / HTTP/1.1\r\nHost: x\r\n" + canary + "\r\n\r\n", 400, CodeBadRequest},
-		{"bad host", "GET / HTTP/1.1\r\nHost: " + canary + "/\r\n\r\n", 400, CodeBadRequest},
-		{"not HTTP", canary + "\r\n\r\n", 400, CodeBadRequest},
+			api.CodeHeadersTooLarge},
+		{"malformed header", "GET / HTTP/1.1\r\nHost: x\r\n" + canary + "\r\n\r\n", 400, api.CodeBadRequest},
+		{"bad host", "GET / HTTP/1.1\r\nHost: " + canary + "/\r\n\r\n", 400, api.CodeBadRequest},
+		{"not HTTP", canary + "\r\n\r\n", 400, api.CodeBadRequest},
 		{"unknown transfer coding", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + strings.ToLower(canary) + "\r\n\r\n", 501,
-			CodeBadRequest},
-		{"unknown version", "GET / HTTP/3.7\r\nHost: x\r\n\r\n", 505, CodeBadRequest},
-		{"unknown expectation", "POST / HTTP/1.1\r\nHost: x\r\nExpect: " + canary + "\r\nContent-Length: 1\r\n\r\nx", 417, CodeBadRequest},
+			api.CodeBadRequest},
+		{"unknown version", "GET / HTTP/3.7\r\nHost: x\r\n\r\n", 505, api.CodeBadRequest},
+		{"unknown expectation", "POST / HTTP/1.1\r\nHost: x\r\nExpect: " + canary + "\r\nContent-Length: 1\r\n\r\nx", 417, api.CodeBadRequest},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, body := rawRequest(t, addr, tc.req)

@@ -13,6 +13,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/promsum"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // words makes a deterministic text of n words.
@@ -237,13 +238,13 @@ func TestInjectedSendFailures(t *testing.T) {
 	body := jobBody(t, manyItems("g", 100, 5), 5)
 	r := s.post(body, map[string]string{"Idempotency-Key": "flaky"})
 	var failed struct {
-		Error  publisher.APIError `json:"error"`
-		JobID  string             `json:"job_id"`
-		Chunks int                `json:"chunks"`
-		Sent   *int               `json:"sent"`
+		Error  api.Error `json:"error"`
+		JobID  string    `json:"job_id"`
+		Chunks int       `json:"chunks"`
+		Sent   *int      `json:"sent"`
 	}
 	r.json(t, &failed)
-	if r.status != 503 || failed.Error.Code != publisher.CodeEnqueueFailed || failed.Sent == nil || failed.Chunks != 20 || *failed.Sent >= 20 {
+	if r.status != 503 || failed.Error.Code != api.CodeEnqueueFailed || failed.Sent == nil || failed.Chunks != 20 || *failed.Sent >= 20 {
 		t.Fatalf("with entries failing for good: %d %s", r.status, r.body)
 	}
 	partial := e.drain(*failed.Sent)

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // endpointLimits are testLimits with the model-server bounds: two models,
@@ -45,98 +46,98 @@ func TestDecodeEndpointRequestRefusals(t *testing.T) {
 		item   string
 	}{
 		// The job and its items.
-		{"unknown endpoint", endpointJob("/v1/images/generations", c(model)), 422, CodeInvalidEndpoint, ""},
-		{"endpoint not a route", endpointJob("chat", c(model, msgs)), 422, CodeInvalidEndpoint, ""},
-		{"endpoint not a string", `{"endpoint":1,"items":[{"id":"x","text":"t"}]}`, 400, CodeMalformedJSON, ""},
-		{"text on a request item", `{"endpoint":"` + chat + `","items":[{"id":"x","text":"hi"}]}`, 422, CodeContentWithEndpoint, "x"},
-		{"data on a request item", `{"endpoint":"` + chat + `","items":[{"id":"x","body":` + c(model, msgs) + `,"data":"AA=="}]}`, 422, CodeContentWithEndpoint, "x"},
-		{"body without endpoint", `{"items":[{"id":"x","body":` + c(model, msgs) + `}]}`, 422, CodeBodyWithoutEndpoint, "x"},
-		{"body and text without endpoint", `{"items":[{"id":"x","text":"t","body":{}}]}`, 422, CodeBodyWithoutEndpoint, "x"},
-		{"no body", `{"endpoint":"` + chat + `","items":[{"id":"x"}]}`, 422, CodeMissingBody, "x"},
-		{"null body", `{"endpoint":"` + chat + `","items":[{"id":"x","body":null}]}`, 422, CodeMissingBody, "x"},
-		{"missing id", `{"endpoint":"` + chat + `","items":[{"body":` + c(model, msgs) + `}]}`, 422, CodeMissingItemID, ""},
+		{"unknown endpoint", endpointJob("/v1/images/generations", c(model)), 422, api.CodeInvalidEndpoint, ""},
+		{"endpoint not a route", endpointJob("chat", c(model, msgs)), 422, api.CodeInvalidEndpoint, ""},
+		{"endpoint not a string", `{"endpoint":1,"items":[{"id":"x","text":"t"}]}`, 400, api.CodeMalformedJSON, ""},
+		{"text on a request item", `{"endpoint":"` + chat + `","items":[{"id":"x","text":"hi"}]}`, 422, api.CodeContentWithEndpoint, "x"},
+		{"data on a request item", `{"endpoint":"` + chat + `","items":[{"id":"x","body":` + c(model, msgs) + `,"data":"AA=="}]}`, 422, api.CodeContentWithEndpoint, "x"},
+		{"body without endpoint", `{"items":[{"id":"x","body":` + c(model, msgs) + `}]}`, 422, api.CodeBodyWithoutEndpoint, "x"},
+		{"body and text without endpoint", `{"items":[{"id":"x","text":"t","body":{}}]}`, 422, api.CodeBodyWithoutEndpoint, "x"},
+		{"no body", `{"endpoint":"` + chat + `","items":[{"id":"x"}]}`, 422, api.CodeMissingBody, "x"},
+		{"null body", `{"endpoint":"` + chat + `","items":[{"id":"x","body":null}]}`, 422, api.CodeMissingBody, "x"},
+		{"missing id", `{"endpoint":"` + chat + `","items":[{"body":` + c(model, msgs) + `}]}`, 422, api.CodeMissingItemID, ""},
 		{"duplicate ids", `{"endpoint":"` + embed + `","items":[{"id":"x","body":` + c(model, input) + `},{"id":"x","body":` + c(model, input) + `}]}`,
-			422, CodeDuplicateItemID, "x"},
+			422, api.CodeDuplicateItemID, "x"},
 
 		// The body as JSON.
-		{"body an array", endpointJob(chat, `[`+c(model, msgs)+`]`), 422, CodeInvalidBody, "x"},
-		{"body a string", endpointJob(chat, `"{}"`), 422, CodeInvalidBody, "x"},
-		{"body a number", endpointJob(embed, `1`), 422, CodeInvalidBody, "x"},
-		{"duplicate key", endpointJob(chat, c(model, msgs, `"max_tokens":10`, `"max_tokens":100000`)), 422, CodeInvalidBody, "x"},
-		{"duplicate key, escaped", endpointJob(chat, c(model, msgs, `"stream":false`, `"str\u0065am":true`)), 422, CodeInvalidBody, "x"},
+		{"body an array", endpointJob(chat, `[`+c(model, msgs)+`]`), 422, api.CodeInvalidBody, "x"},
+		{"body a string", endpointJob(chat, `"{}"`), 422, api.CodeInvalidBody, "x"},
+		{"body a number", endpointJob(embed, `1`), 422, api.CodeInvalidBody, "x"},
+		{"duplicate key", endpointJob(chat, c(model, msgs, `"max_tokens":10`, `"max_tokens":100000`)), 422, api.CodeInvalidBody, "x"},
+		{"duplicate key, escaped", endpointJob(chat, c(model, msgs, `"stream":false`, `"str\u0065am":true`)), 422, api.CodeInvalidBody, "x"},
 
 		// model.
-		{"no model", endpointJob(chat, c(msgs)), 422, CodeInvalidBody, "x"},
-		{"null model", endpointJob(chat, c(`"model":null`, msgs)), 422, CodeInvalidBody, "x"},
-		{"empty model", endpointJob(chat, c(`"model":""`, msgs)), 422, CodeInvalidBody, "x"},
-		{"model not a string", endpointJob(embed, c(`"model":7`, input)), 422, CodeInvalidBody, "x"},
-		{"model not served", endpointJob(chat, c(`"model":"gpt-4o"`, msgs)), 422, CodeModelNotAllowed, "x"},
-		{"model of another case", endpointJob(chat, c(`"model":"Llama"`, msgs)), 422, CodeModelNotAllowed, "x"},
+		{"no model", endpointJob(chat, c(msgs)), 422, api.CodeInvalidBody, "x"},
+		{"null model", endpointJob(chat, c(`"model":null`, msgs)), 422, api.CodeInvalidBody, "x"},
+		{"empty model", endpointJob(chat, c(`"model":""`, msgs)), 422, api.CodeInvalidBody, "x"},
+		{"model not a string", endpointJob(embed, c(`"model":7`, input)), 422, api.CodeInvalidBody, "x"},
+		{"model not served", endpointJob(chat, c(`"model":"gpt-4o"`, msgs)), 422, api.CodeModelNotAllowed, "x"},
+		{"model of another case", endpointJob(chat, c(`"model":"Llama"`, msgs)), 422, api.CodeModelNotAllowed, "x"},
 
 		// stream: only absent, null or false. A lenient server (pydantic's
 		// lax mode) reads "true" and 1 as true.
-		{"stream", endpointJob(chat, c(model, msgs, `"stream":true`)), 422, CodeStreamNotSupported, "x"},
-		{"stream on completions", endpointJob(compl, c(model, prompt, `"stream":true`)), 422, CodeStreamNotSupported, "x"},
-		{"stream as a string", endpointJob(chat, c(model, msgs, `"stream":"true"`)), 422, CodeStreamNotSupported, "x"},
-		{"stream as a number", endpointJob(chat, c(model, msgs, `"stream":1`)), 422, CodeStreamNotSupported, "x"},
+		{"stream", endpointJob(chat, c(model, msgs, `"stream":true`)), 422, api.CodeStreamNotSupported, "x"},
+		{"stream on completions", endpointJob(compl, c(model, prompt, `"stream":true`)), 422, api.CodeStreamNotSupported, "x"},
+		{"stream as a string", endpointJob(chat, c(model, msgs, `"stream":"true"`)), 422, api.CodeStreamNotSupported, "x"},
+		{"stream as a number", endpointJob(chat, c(model, msgs, `"stream":1`)), 422, api.CodeStreamNotSupported, "x"},
 
 		// n and best_of: whole numbers from 1 to MaxN.
-		{"n zero", endpointJob(chat, c(model, msgs, `"n":0`)), 422, CodeInvalidN, "x"},
-		{"n over", endpointJob(chat, c(model, msgs, `"n":5`)), 422, CodeInvalidN, "x"},
-		{"n huge", endpointJob(chat, c(model, msgs, `"n":99999999999999999999999`)), 422, CodeInvalidN, "x"},
-		{"n negative", endpointJob(compl, c(model, prompt, `"n":-1`)), 422, CodeInvalidN, "x"},
-		{"n fraction", endpointJob(chat, c(model, msgs, `"n":1.5`)), 422, CodeInvalidN, "x"},
-		{"n with exponent", endpointJob(chat, c(model, msgs, `"n":1e1`)), 422, CodeInvalidN, "x"},
-		{"n as a string", endpointJob(chat, c(model, msgs, `"n":"2"`)), 422, CodeInvalidN, "x"},
-		{"n over on completions", endpointJob(compl, c(model, prompt, `"n":5`)), 422, CodeInvalidN, "x"},
-		{"best_of over", endpointJob(compl, c(model, prompt, `"best_of":5`)), 422, CodeInvalidN, "x"},
+		{"n zero", endpointJob(chat, c(model, msgs, `"n":0`)), 422, api.CodeInvalidN, "x"},
+		{"n over", endpointJob(chat, c(model, msgs, `"n":5`)), 422, api.CodeInvalidN, "x"},
+		{"n huge", endpointJob(chat, c(model, msgs, `"n":99999999999999999999999`)), 422, api.CodeInvalidN, "x"},
+		{"n negative", endpointJob(compl, c(model, prompt, `"n":-1`)), 422, api.CodeInvalidN, "x"},
+		{"n fraction", endpointJob(chat, c(model, msgs, `"n":1.5`)), 422, api.CodeInvalidN, "x"},
+		{"n with exponent", endpointJob(chat, c(model, msgs, `"n":1e1`)), 422, api.CodeInvalidN, "x"},
+		{"n as a string", endpointJob(chat, c(model, msgs, `"n":"2"`)), 422, api.CodeInvalidN, "x"},
+		{"n over on completions", endpointJob(compl, c(model, prompt, `"n":5`)), 422, api.CodeInvalidN, "x"},
+		{"best_of over", endpointJob(compl, c(model, prompt, `"best_of":5`)), 422, api.CodeInvalidN, "x"},
 
 		// max_tokens and max_completion_tokens: whole numbers from 1 to MaxOutputTokens.
-		{"max_tokens over", endpointJob(chat, c(model, msgs, `"max_tokens":1001`)), 422, CodeInvalidMaxTokens, "x"},
-		{"max_tokens zero", endpointJob(chat, c(model, msgs, `"max_tokens":0`)), 422, CodeInvalidMaxTokens, "x"},
-		{"max_tokens fraction", endpointJob(chat, c(model, msgs, `"max_tokens":10.5`)), 422, CodeInvalidMaxTokens, "x"},
-		{"max_tokens as a string", endpointJob(chat, c(model, msgs, `"max_tokens":"10"`)), 422, CodeInvalidMaxTokens, "x"},
-		{"max_completion_tokens over", endpointJob(chat, c(model, msgs, `"max_completion_tokens":1001`)), 422, CodeInvalidMaxTokens, "x"},
-		{"max_completion_tokens negative", endpointJob(chat, c(model, msgs, `"max_completion_tokens":-5`)), 422, CodeInvalidMaxTokens, "x"},
-		{"one of the two over", endpointJob(chat, c(model, msgs, `"max_tokens":10`, `"max_completion_tokens":2000`)), 422, CodeInvalidMaxTokens, "x"},
-		{"completions max_tokens over", endpointJob(compl, c(model, prompt, `"max_tokens":1001`)), 422, CodeInvalidMaxTokens, "x"},
+		{"max_tokens over", endpointJob(chat, c(model, msgs, `"max_tokens":1001`)), 422, api.CodeInvalidMaxTokens, "x"},
+		{"max_tokens zero", endpointJob(chat, c(model, msgs, `"max_tokens":0`)), 422, api.CodeInvalidMaxTokens, "x"},
+		{"max_tokens fraction", endpointJob(chat, c(model, msgs, `"max_tokens":10.5`)), 422, api.CodeInvalidMaxTokens, "x"},
+		{"max_tokens as a string", endpointJob(chat, c(model, msgs, `"max_tokens":"10"`)), 422, api.CodeInvalidMaxTokens, "x"},
+		{"max_completion_tokens over", endpointJob(chat, c(model, msgs, `"max_completion_tokens":1001`)), 422, api.CodeInvalidMaxTokens, "x"},
+		{"max_completion_tokens negative", endpointJob(chat, c(model, msgs, `"max_completion_tokens":-5`)), 422, api.CodeInvalidMaxTokens, "x"},
+		{"one of the two over", endpointJob(chat, c(model, msgs, `"max_tokens":10`, `"max_completion_tokens":2000`)), 422, api.CodeInvalidMaxTokens, "x"},
+		{"completions max_tokens over", endpointJob(compl, c(model, prompt, `"max_tokens":1001`)), 422, api.CodeInvalidMaxTokens, "x"},
 
 		// What each endpoint requires.
-		{"chat without messages", endpointJob(chat, c(model)), 422, CodeInvalidBody, "x"},
-		{"chat with empty messages", endpointJob(chat, c(model, `"messages":[]`)), 422, CodeInvalidBody, "x"},
-		{"chat with null messages", endpointJob(chat, c(model, `"messages":null`)), 422, CodeInvalidBody, "x"},
-		{"chat with messages an object", endpointJob(chat, c(model, `"messages":{"role":"user"}`)), 422, CodeInvalidBody, "x"},
-		{"completions without prompt", endpointJob(compl, c(model)), 422, CodeInvalidBody, "x"},
-		{"completions with null prompt", endpointJob(compl, c(model, `"prompt":null`)), 422, CodeInvalidBody, "x"},
-		{"completions with empty prompt array", endpointJob(compl, c(model, `"prompt":[]`)), 422, CodeInvalidBody, "x"},
-		{"completions with prompt an object", endpointJob(compl, c(model, `"prompt":{}`)), 422, CodeInvalidBody, "x"},
-		{"completions with mixed prompt", endpointJob(compl, c(model, `"prompt":["a",1]`)), 422, CodeInvalidBody, "x"},
-		{"embeddings without input", endpointJob(embed, c(model)), 422, CodeInvalidBody, "x"},
-		{"embeddings with empty input", endpointJob(embed, c(model, `"input":""`)), 422, CodeInvalidBody, "x"},
-		{"embeddings with empty input array", endpointJob(embed, c(model, `"input":[]`)), 422, CodeInvalidBody, "x"},
-		{"embeddings with an empty string", endpointJob(embed, c(model, `"input":["a",""]`)), 422, CodeInvalidBody, "x"},
-		{"embeddings with an empty token array", endpointJob(embed, c(model, `"input":[[1,2],[]]`)), 422, CodeInvalidBody, "x"},
-		{"embeddings with a negative token", endpointJob(embed, c(model, `"input":[1,-2]`)), 422, CodeInvalidBody, "x"},
-		{"embeddings with a fractional token", endpointJob(embed, c(model, `"input":[1,2.5]`)), 422, CodeInvalidBody, "x"},
-		{"embeddings with mixed input", endpointJob(embed, c(model, `"input":["a",[1]]`)), 422, CodeInvalidBody, "x"},
-		{"embeddings with input a number", endpointJob(embed, c(model, `"input":5`)), 422, CodeInvalidBody, "x"},
-		{"embeddings over 2048 inputs", endpointJob(embed, c(model, `"input":[`+strings.Join(tooMany, ",")+`]`)), 422, CodeInvalidBody, "x"},
+		{"chat without messages", endpointJob(chat, c(model)), 422, api.CodeInvalidBody, "x"},
+		{"chat with empty messages", endpointJob(chat, c(model, `"messages":[]`)), 422, api.CodeInvalidBody, "x"},
+		{"chat with null messages", endpointJob(chat, c(model, `"messages":null`)), 422, api.CodeInvalidBody, "x"},
+		{"chat with messages an object", endpointJob(chat, c(model, `"messages":{"role":"user"}`)), 422, api.CodeInvalidBody, "x"},
+		{"completions without prompt", endpointJob(compl, c(model)), 422, api.CodeInvalidBody, "x"},
+		{"completions with null prompt", endpointJob(compl, c(model, `"prompt":null`)), 422, api.CodeInvalidBody, "x"},
+		{"completions with empty prompt array", endpointJob(compl, c(model, `"prompt":[]`)), 422, api.CodeInvalidBody, "x"},
+		{"completions with prompt an object", endpointJob(compl, c(model, `"prompt":{}`)), 422, api.CodeInvalidBody, "x"},
+		{"completions with mixed prompt", endpointJob(compl, c(model, `"prompt":["a",1]`)), 422, api.CodeInvalidBody, "x"},
+		{"embeddings without input", endpointJob(embed, c(model)), 422, api.CodeInvalidBody, "x"},
+		{"embeddings with empty input", endpointJob(embed, c(model, `"input":""`)), 422, api.CodeInvalidBody, "x"},
+		{"embeddings with empty input array", endpointJob(embed, c(model, `"input":[]`)), 422, api.CodeInvalidBody, "x"},
+		{"embeddings with an empty string", endpointJob(embed, c(model, `"input":["a",""]`)), 422, api.CodeInvalidBody, "x"},
+		{"embeddings with an empty token array", endpointJob(embed, c(model, `"input":[[1,2],[]]`)), 422, api.CodeInvalidBody, "x"},
+		{"embeddings with a negative token", endpointJob(embed, c(model, `"input":[1,-2]`)), 422, api.CodeInvalidBody, "x"},
+		{"embeddings with a fractional token", endpointJob(embed, c(model, `"input":[1,2.5]`)), 422, api.CodeInvalidBody, "x"},
+		{"embeddings with mixed input", endpointJob(embed, c(model, `"input":["a",[1]]`)), 422, api.CodeInvalidBody, "x"},
+		{"embeddings with input a number", endpointJob(embed, c(model, `"input":5`)), 422, api.CodeInvalidBody, "x"},
+		{"embeddings over 2048 inputs", endpointJob(embed, c(model, `"input":[`+strings.Join(tooMany, ",")+`]`)), 422, api.CodeInvalidBody, "x"},
 
 		// Issue 34, items 9 and 10: the one rule (job.CheckRequest) the
 		// subscriber applies too. Keys that a case-insensitive reader (Go's
 		// encoding/json: Ollama) takes for a bounded one; best_of below n
 		// or on chat past MaxN; a remote URL a multimodal server fetches.
-		{"MAX_TOKENS", endpointJob(chat, c(model, msgs, `"MAX_TOKENS":100000`)), 422, CodeInvalidBody, "x"},
-		{"MODEL", endpointJob(chat, c(model, `"MODEL":"gpt-4o"`, msgs)), 422, CodeInvalidBody, "x"},
-		{"N", endpointJob(compl, c(model, prompt, `"N":100000`)), 422, CodeInvalidBody, "x"},
-		{"best_of below n", endpointJob(compl, c(model, prompt, `"n":3`, `"best_of":2`)), 422, CodeInvalidN, "x"},
-		{"best_of on chat over", endpointJob(chat, c(model, msgs, `"best_of":100000`)), 422, CodeInvalidN, "x"},
+		{"MAX_TOKENS", endpointJob(chat, c(model, msgs, `"MAX_TOKENS":100000`)), 422, api.CodeInvalidBody, "x"},
+		{"MODEL", endpointJob(chat, c(model, `"MODEL":"gpt-4o"`, msgs)), 422, api.CodeInvalidBody, "x"},
+		{"N", endpointJob(compl, c(model, prompt, `"N":100000`)), 422, api.CodeInvalidBody, "x"},
+		{"best_of below n", endpointJob(compl, c(model, prompt, `"n":3`, `"best_of":2`)), 422, api.CodeInvalidN, "x"},
+		{"best_of on chat over", endpointJob(chat, c(model, msgs, `"best_of":100000`)), 422, api.CodeInvalidN, "x"},
 		{"remote image_url", endpointJob(chat, c(model,
-			`"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://images.internal/a.png"}}]}]`)), 422, CodeInvalidBody, "x"},
+			`"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://images.internal/a.png"}}]}]`)), 422, api.CodeInvalidBody, "x"},
 
 		// The second item is the one at fault.
 		{"second item", `{"endpoint":"` + embed + `","items":[{"id":"a","body":` + c(model, input) + `},{"id":"b","body":` + c(model) + `}]}`,
-			422, CodeInvalidBody, "b"},
+			422, api.CodeInvalidBody, "b"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, e := DecodeJobRequest([]byte(tc.body), endpointLimits)
@@ -287,7 +288,7 @@ func TestPlanEndpointItems(t *testing.T) {
 		t.Errorf("a body a byte over the budget: %v, %d claims; want it claim-checked", e, len(p.Claims))
 	}
 	pl.Bucket = ""
-	if _, e = pl.PlanFor(id, job.EndpointChatCompletions, []RequestItem{at(budget + 1)}, 32); e == nil || e.Code != CodeItemTooLarge || e.Item != "z" {
+	if _, e = pl.PlanFor(id, job.EndpointChatCompletions, []RequestItem{at(budget + 1)}, 32); e == nil || e.Code != api.CodeItemTooLarge || e.Item != "z" {
 		t.Errorf("a body a byte over the budget without a bucket: %v; want 413 item_too_large", e)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/files"
 )
 
 // heapFileBytes is the file TestUploadIsNotHeldInMemory uploads: 96 MiB,
@@ -32,7 +33,7 @@ func postLargeFile(t testing.TB, h http.Handler) *httptest.ResponseRecorder {
 	mw := multipart.NewWriter(pw)
 	go func() {
 		line := append(bytes.Repeat([]byte("x"), heapLineBytes-1), '\n')
-		err := mw.WriteField("purpose", PurposeBatch)
+		err := mw.WriteField("purpose", files.PurposeBatch)
 		var fw io.Writer
 		if err == nil {
 			fw, err = mw.CreateFormFile("file", "large.jsonl")
@@ -71,7 +72,10 @@ func TestUploadIsNotHeldInMemory(t *testing.T) {
 	if w.Code != http.StatusOK {
 		t.Fatalf("upload: %d %s", w.Code, w.Body)
 	}
-	var f fileObject
+	var f struct {
+		ID    string `json:"id"`
+		Bytes int64  `json:"bytes"`
+	}
 	if err := json.Unmarshal(w.Body.Bytes(), &f); err != nil || f.Bytes != heapFileBytes {
 		t.Fatalf("upload answered %s (%v)", w.Body, err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/api"
 	"github.com/vramq/vramq/publisher/publishertest"
 )
 
@@ -226,7 +227,7 @@ func TestFilesAndBatchesUnderLambda(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}})
-	h := publisher.LambdaHandler(s.pub.Handler())
+	h := api.LambdaHandler(s.pub.Handler())
 	data := batchLines(2, "l")
 	var buf bytes.Buffer
 	w := multipart.NewWriter(&buf)

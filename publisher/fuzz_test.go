@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // FuzzDecodeJobRequest feeds arbitrary bodies to the request decoder and,
@@ -53,18 +54,18 @@ func FuzzDecodeJobRequest(f *testing.F) {
 			t.Fatalf("accepted endpoint %q", req.Endpoint)
 		}
 		// What was accepted survives a round trip through its own encoding.
-		again, e := DecodeJobRequest(encodeJSON(req), lim)
+		again, e := DecodeJobRequest(api.EncodeJSON(req), lim)
 		if e != nil {
 			t.Fatalf("re-encoded request refused: %v", e)
 		}
-		if !bytes.Equal(encodeJSON(again), encodeJSON(req)) {
+		if !bytes.Equal(api.EncodeJSON(again), api.EncodeJSON(req)) {
 			t.Fatalf("round trip changed the request")
 		}
 
 		jobID := newJobID()
 		p, e := pl.PlanFor(jobID, req.Endpoint, req.Items, req.chunkItems(3))
 		if e != nil {
-			if e.Status != http.StatusRequestEntityTooLarge || e.Code != CodeItemTooLarge {
+			if e.Status != http.StatusRequestEntityTooLarge || e.Code != api.CodeItemTooLarge {
 				t.Fatalf("plan refused with %+v", e)
 			}
 			return

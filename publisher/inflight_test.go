@@ -3,21 +3,23 @@ package publisher
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // heldQueue holds every SendBatch until release is closed, so that the
@@ -84,9 +86,9 @@ func TestBodiesInFlightAreBounded(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		e := errorOf(t, resp.StatusCode, resp.Header, b)
-		if resp.StatusCode != http.StatusServiceUnavailable || e.Code != CodeOverloaded || resp.Header.Get("Retry-After") != "1" {
+		if resp.StatusCode != http.StatusServiceUnavailable || e.Code != api.CodeOverloaded || resp.Header.Get("Retry-After") != "1" {
 			t.Errorf("%s, over the budget: %d %s Retry-After %q; want 503 %s, Retry-After 1", name, resp.StatusCode, e.Code,
-				resp.Header.Get("Retry-After"), CodeOverloaded)
+				resp.Header.Get("Retry-After"), api.CodeOverloaded)
 		}
 	}
 	releaseAll()
@@ -100,68 +102,12 @@ func TestBodiesInFlightAreBounded(t *testing.T) {
 	if n := q.count(); n != 2 {
 		t.Errorf("%d messages enqueued, want the 2 accepted jobs'", n)
 	}
-	if n := testutil.ToFloat64(pub.m.overloaded); n != 2 {
+	if n := gateValue(t, pub, "overloaded_total"); n != 2 {
 		t.Errorf("overloaded_total %v, want 2", n)
 	}
 	// The charge came back.
 	if c := send(t, "POST", srv.URL+"/v1/jobs", "", body).StatusCode; c != http.StatusAccepted {
 		t.Errorf("after the others were answered: %d", c)
-	}
-}
-
-// readBody charges exactly the body it returns, declared or sent chunked,
-// as one body of its client, and gives all of it back.
-func TestReadBodyCharges(t *testing.T) {
-	const limit = 1 << 20
-	newPub := func(t *testing.T) *Publisher {
-		p, err := New(Config{Queue: &countingQueue{}, MaxBodyBytes: limit, Logger: slog.New(slog.DiscardHandler),
-			Registerer: prometheus.NewRegistry()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	for name, chunked := range map[string]bool{"declared length": false, "chunked": true} {
-		t.Run(name, func(t *testing.T) {
-			p := newPub(t)
-			payload := strings.Repeat("x", 300<<10)
-			var rd io.Reader = strings.NewReader(payload)
-			if chunked {
-				rd = io.MultiReader(rd)
-			}
-			r := httptest.NewRequest("POST", "/", rd)
-			if chunked {
-				r.ContentLength = -1
-			}
-			body, release, err := p.readBody(httptest.NewRecorder(), r)
-			if err != nil || string(body) != payload {
-				t.Fatalf("read %d bytes: %v", len(body), err)
-			}
-			// A buffer of the body's size, give or take the allocator's
-			// rounding; not one grown past it.
-			if used, clients := p.bodies.inFlight(); used != int64(len(body)) || clients != 1 || cap(body) > len(body)+len(body)/16 {
-				t.Errorf("%d bytes held by %d clients, in a buffer of %d; want the body's %d, one client, a buffer of its size",
-					used, clients, cap(body), len(body))
-			}
-			if v := testutil.ToFloat64(p.m.bodyBytes); v != float64(len(body)) {
-				t.Errorf("body_bytes_in_flight %v, want %d", v, len(body))
-			}
-			release()
-			release() // twice is harmless
-			if used, clients := p.bodies.inFlight(); used != 0 || clients != 0 {
-				t.Errorf("after release: %d bytes held by %d clients", used, clients)
-			}
-		})
-	}
-	// A chunked body over the limit is cut off there.
-	p := newPub(t)
-	r := httptest.NewRequest("POST", "/", io.MultiReader(strings.NewReader(strings.Repeat("x", limit+1))))
-	r.ContentLength = -1
-	_, release, err := p.readBody(httptest.NewRecorder(), r)
-	release()
-	var tooBig *http.MaxBytesError
-	if !errors.As(err, &tooBig) {
-		t.Errorf("over the limit: %v", err)
 	}
 }
 
@@ -285,13 +231,13 @@ func TestStalledBodiesDoNotStarveOthers(t *testing.T) {
 				// what they held comes back.
 				time.Sleep(DefaultConfig().BodyGrace + time.Second)
 				for i, c := range stalled {
-					if status, code := s.answer(c); status != http.StatusRequestTimeout || code != CodeBodyTooSlow {
-						t.Errorf("stalled client %d: %d %s, want 408 %s", i, status, code, CodeBodyTooSlow)
+					if status, code := s.answer(c); status != http.StatusRequestTimeout || code != api.CodeBodyTooSlow {
+						t.Errorf("stalled client %d: %d %s, want 408 %s", i, status, code, api.CodeBodyTooSlow)
 					}
 				}
 				synctest.Wait()
-				if used, clients := s.pub.bodies.inFlight(); used != 0 || clients != 0 {
-					t.Errorf("after the stalled bodies were cut: %d bytes held by %d clients, want none", used, clients)
+				if used := bodiesInFlight(t, s.pub); used != 0 {
+					t.Errorf("after the stalled bodies were cut: %d bytes held, want none", used)
 				}
 			})
 		})
@@ -314,11 +260,11 @@ func TestOneClientCannotTakeTheBudget(t *testing.T) {
 			held = append(held, s.start("198.51.100.1:4000", limit, []byte(strings.Repeat(" ", limit-1))))
 		}
 		over := s.start("198.51.100.1:4001", limit, []byte(strings.Repeat(" ", limit-1)))
-		if status, code := s.answer(over); status != http.StatusTooManyRequests || code != CodeTooManyBodies {
-			t.Errorf("a third body over the client's share: %d %s, want 429 %s", status, code, CodeTooManyBodies)
+		if status, code := s.answer(over); status != http.StatusTooManyRequests || code != api.CodeTooManyBodies {
+			t.Errorf("a third body over the client's share: %d %s, want 429 %s", status, code, api.CodeTooManyBodies)
 		}
 		synctest.Wait()
-		if used, _ := s.pub.bodies.inFlight(); used != 2*(limit-1) {
+		if used := bodiesInFlight(t, s.pub); used != 2*(limit-1) {
 			t.Errorf("%d bytes held, want the two bodies' %d: the refused one gives back what it was charged", used, 2*(limit-1))
 		}
 		// Bodies that send nothing take none of the share, but a place:
@@ -333,20 +279,20 @@ func TestOneClientCannotTakeTheBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 		b, _ := io.ReadAll(resp.Body)
-		if e := errorOf(t, resp.StatusCode, resp.Header, b); resp.StatusCode != http.StatusTooManyRequests || e.Code != CodeTooManyBodies ||
+		if e := errorOf(t, resp.StatusCode, resp.Header, b); resp.StatusCode != http.StatusTooManyRequests || e.Code != api.CodeTooManyBodies ||
 			resp.Header.Get("Retry-After") != "1" {
 			t.Errorf("a fifth body from the client: %d %s Retry-After %q, want 429 %s at once, Retry-After 1", resp.StatusCode, e.Code,
-				resp.Header.Get("Retry-After"), CodeTooManyBodies)
+				resp.Header.Get("Retry-After"), api.CodeTooManyBodies)
 		}
 		for i := range 10 {
 			if status, code := s.post(fmt.Sprintf("203.0.113.%d:5000", i+1), small); status != http.StatusAccepted {
 				t.Errorf("another client's small POST: %d %s", status, code)
 			}
 		}
-		if got := testutil.ToFloat64(s.pub.m.bodyRefusals.WithLabelValues(refusedClientBytes)); got != 1 {
+		if got := gateValue(t, s.pub, "body_refusals_total", "reason", "client_bytes"); got != 1 {
 			t.Errorf("body_refusals_total{reason=client_bytes} %v, want 1", got)
 		}
-		if got := testutil.ToFloat64(s.pub.m.bodyRefusals.WithLabelValues(refusedClientBodies)); got != 1 {
+		if got := gateValue(t, s.pub, "body_refusals_total", "reason", "client_bodies"); got != 1 {
 			t.Errorf("body_refusals_total{reason=client_bodies} %v, want 1", got)
 		}
 		time.Sleep(DefaultConfig().BodyGrace + time.Second)
@@ -373,10 +319,10 @@ func TestABodyThatTricklesIsCutOff(t *testing.T) {
 				}
 			}
 		}()
-		if status, code := s.answer(c); status != http.StatusRequestTimeout || code != CodeBodyTooSlow {
-			t.Errorf("a byte every %v: %d %s, want 408 %s", grace/2, status, code, CodeBodyTooSlow)
+		if status, code := s.answer(c); status != http.StatusRequestTimeout || code != api.CodeBodyTooSlow {
+			t.Errorf("a byte every %v: %d %s, want 408 %s", grace/2, status, code, api.CodeBodyTooSlow)
 		}
-		if got := testutil.ToFloat64(s.pub.m.bodyRefusals.WithLabelValues(refusedTooSlow)); got != 1 {
+		if got := gateValue(t, s.pub, "body_refusals_total", "reason", "too_slow"); got != 1 {
 			t.Errorf("body_refusals_total{reason=too_slow} %v, want 1", got)
 		}
 		// Four times the grace at twice the rate, a piece every half second.
@@ -396,15 +342,49 @@ func TestABodyThatTricklesIsCutOff(t *testing.T) {
 		if status, code := s.answer(steady); status != http.StatusAccepted {
 			t.Errorf("%d bytes at %d bytes a second: %d %s, want 202", n, 2*rate, status, code)
 		}
-		if used, clients := s.pub.bodies.inFlight(); used != 0 || clients != 0 {
-			t.Errorf("%d bytes held by %d clients, want none", used, clients)
+		if used := bodiesInFlight(t, s.pub); used != 0 {
+			t.Errorf("%d bytes held, want none", used)
 		}
 	})
 }
 
-// inFlight is the bytes held and the clients holding bodies.
-func (b *bodyBudget) inFlight() (bytes int64, clients int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.used, len(b.clients)
+// gateValue is the value of the counter or gauge vramq_publisher_<name>
+// with the given label pairs, in p's registry: the Gate's metrics are how
+// these tests, from outside package api, see what it refused and holds.
+func gateValue(t *testing.T, p *Publisher, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := p.cfg.Registerer.(prometheus.Gatherer).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "vramq_publisher_"+name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool {
+					return l.GetName() == labels[i] && l.GetValue() == labels[i+1]
+				}) {
+					continue metric
+				}
+			}
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	if len(labels) == 0 {
+		t.Fatalf("no series vramq_publisher_%s", name)
+	}
+	return 0 // a labelled series not yet counted
+}
+
+// bodiesInFlight is the bytes of request bodies p holds now, all clients
+// together (body_bytes_in_flight).
+func bodiesInFlight(t *testing.T, p *Publisher) int64 {
+	t.Helper()
+	return int64(gateValue(t, p, "body_bytes_in_flight"))
 }

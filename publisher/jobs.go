@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"mime"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // acceptedBody is the 202 answer to POST /v1/jobs.
@@ -48,19 +50,19 @@ const uploadConcurrency = 8
 // out is always backed by its record, and a chunk on the queue never points
 // at an item not yet in S3.
 func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
-	fail := failWith(w, r)
+	ri := api.Info(r)
+	fail := api.FailWith(w, r)
 	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
 		fail(e)
 		return
 	}
 	idemHeader, hasIdem := r.Header["Idempotency-Key"]
-	if hasIdem && (len(idemHeader) != 1 || !validIdempotencyKey(idemHeader[0])) {
-		fail(apiErr(http.StatusBadRequest, CodeInvalidIdempotency,
-			"Idempotency-Key must be given once, as 1 to %d visible ASCII characters", maxIdempotencyKey))
+	if hasIdem && (len(idemHeader) != 1 || !api.ValidIdempotencyKey(idemHeader[0])) {
+		fail(api.Err(http.StatusBadRequest, api.CodeInvalidIdempotency,
+			"Idempotency-Key must be given once, as 1 to %d visible ASCII characters", api.MaxIdempotencyKey))
 		return
 	}
-	tenantName, e := p.requestTenant(r)
+	tenantName, e := p.gate.RequestTenant(r)
 	if e != nil {
 		fail(e)
 		return
@@ -71,16 +73,16 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	// request holds while it is handled is several times that (see
 	// inflight.go): the budget of bodies in flight is what bounds the memory.
 	if r.ContentLength > p.cfg.MaxBodyBytes {
-		fail(apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes))
+		fail(api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes))
 		return
 	}
-	body, release, err := p.readBody(w, r)
+	body, release, err := p.gate.ReadBody(w, r)
 	defer release()
 	if err != nil {
-		fail(p.bodyError(w, err))
+		fail(p.gate.BodyError(w, err))
 		return
 	}
-	ri.bodyBytes = len(body)
+	ri.BodyBytes = len(body)
 	// Hashed now, so that nothing uses the body after it is decoded and the
 	// collector may take it while the job is planned and sent.
 	var bodySum [sha256.Size]byte
@@ -102,34 +104,34 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 
 	// From here the request is valid: what fails is ours (503/500).
 	var key string
-	var rec idemRecord
+	var rec api.IdemRecord
 	if hasIdem {
-		ri.idempotencyKey = true
+		ri.IdempotencyKey = true
 		now := p.now().UTC()
-		rec = idemRecord{V: 1, JobID: jobID, RequestSHA256: hex.EncodeToString(bodySum[:]), State: stateSending, CreatedAt: now, UpdatedAt: now}
-		key = idemKey(scope(r), idemHeader[0])
-		old, err := p.idem.claim(r.Context(), key, rec)
+		rec = api.IdemRecord{V: 1, JobID: jobID, RequestSHA256: hex.EncodeToString(bodySum[:]), State: api.StateSending, CreatedAt: now, UpdatedAt: now}
+		key = api.IdemKey(api.Scope(r), idemHeader[0])
+		old, err := p.idem.Claim(r.Context(), key, rec)
 		if err != nil {
 			p.log.Error("idempotency record", "err", err)
-			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable,
+			fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable,
 				"the idempotency record could not be written; nothing was sent, try again"))
 			return
 		}
 		if old != nil {
+			var prev acceptedBody // the answer a request that was accepted had
 			switch {
 			case old.RequestSHA256 != rec.RequestSHA256:
-				fail(apiErr(http.StatusUnprocessableEntity, CodeIdempotencyReused, "this Idempotency-Key was used for a request with another body"))
+				fail(api.Err(http.StatusUnprocessableEntity, api.CodeIdempotencyReused, "this Idempotency-Key was used for a request with another body"))
 				return
-			case old.State == stateAccepted && old.Response != nil:
-				ri.jobID, ri.items, ri.chunks, ri.replayed = old.JobID, old.Response.Items, old.Response.Chunks, true
-				p.m.replays.Inc()
-				w.Header().Set("Idempotent-Replayed", "true")
-				p.writeAccepted(w, old.Response)
+			case old.State == api.StateAccepted && json.Unmarshal(old.Response, &prev) == nil:
+				ri.JobID, ri.Items, ri.Chunks, ri.Replayed = old.JobID, prev.Items, prev.Chunks, true
+				p.gate.Replayed(w)
+				p.writeAccepted(w, &prev)
 				return
-			case old.State == stateSending && now.Sub(old.UpdatedAt) < p.cfg.IdempotencyStale:
+			case old.State == api.StateSending && now.Sub(old.UpdatedAt) < p.cfg.IdempotencyStale:
 				w.Header().Set("Retry-After", "1")
-				ri.jobID = old.JobID
-				fail(apiErr(http.StatusConflict, CodeIdempotencyBusy, "a request with this Idempotency-Key is still being handled; retry shortly"))
+				ri.JobID = old.JobID
+				fail(api.Err(http.StatusConflict, api.CodeIdempotencyBusy, "a request with this Idempotency-Key is still being handled; retry shortly"))
 				return
 			}
 			// The first request failed or died: send the same job again,
@@ -140,43 +142,43 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			jobID = old.JobID
-			if err := p.idem.put(r.Context(), key, rec); err != nil {
+			if err := p.idem.Put(r.Context(), key, rec); err != nil {
 				p.log.Error("idempotency record", "err", err)
-				fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable,
+				fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable,
 					"the idempotency record could not be written; nothing was sent, try again"))
 				return
 			}
-			ri.replayed = true
+			ri.Replayed = true
 		}
 	}
 
-	ri.jobID, ri.items, ri.chunks, ri.claimChecked = jobID, len(req.Items), len(plan.Chunks), len(plan.Claims)
+	ri.JobID, ri.Items, ri.Chunks, ri.ClaimChecked = jobID, len(req.Items), len(plan.Chunks), len(plan.Claims)
 	resp := &acceptedBody{JobID: jobID, Chunks: len(plan.Chunks), Items: len(req.Items), ClaimChecked: len(plan.Claims)}
 	if p.store != nil {
 		resp.StatusURL = "/v1/jobs/" + jobID
 	}
 	ectx, cancel := detach(r.Context())
 	defer cancel()
-	sent, e := p.enqueue(ectx, jobID, tenantName, p.owner(r), plan, len(req.Items))
+	sent, e := p.enqueue(ectx, jobID, tenantName, p.gate.Owner(r), plan, len(req.Items))
 	if key != "" {
 		// The answer is recorded even if the client has gone, so its retry
 		// finds it: under a context that outlives the request.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
-		rec.State, rec.UpdatedAt = stateFailed, p.now().UTC()
+		rec.State, rec.UpdatedAt = api.StateFailed, p.now().UTC()
 		if e == nil {
-			rec.State, rec.Response = stateAccepted, resp
+			rec.State, rec.Response = api.StateAccepted, api.EncodeJSON(resp)
 		}
-		if err := p.idem.put(ctx, key, rec); err != nil {
+		if err := p.idem.Put(ctx, key, rec); err != nil {
 			// The job stands; a retry will find "sending" and, once stale,
 			// send it again, which downstream de-duplication absorbs.
 			p.log.Warn("recording the outcome of an idempotent request", "job_id", jobID, "err", err)
 		}
 		cancel()
 	}
-	ri.sent = sent
+	ri.Sent = sent
 	if e != nil {
-		ri.code = e.Code
-		writeJSON(w, e.Status, errorBody{Error: e, JobID: jobID, Chunks: len(plan.Chunks), Sent: &sent})
+		ri.Code = e.Code
+		api.WriteJSON(w, e.Status, api.ErrorBody{Error: e, JobID: jobID, Chunks: len(plan.Chunks), Sent: &sent})
 		return
 	}
 	p.m.jobs.Inc()
@@ -190,13 +192,13 @@ func (p *Publisher) writeAccepted(w http.ResponseWriter, resp *acceptedBody) {
 	if resp.StatusURL != "" {
 		w.Header().Set("Location", resp.StatusURL)
 	}
-	writeJSON(w, http.StatusAccepted, resp)
+	api.WriteJSON(w, http.StatusAccepted, resp)
 }
 
 // enqueue uploads the claim-checked items, writes the manifest (with the
 // job's owner), and sends the chunks, returning how many chunks SQS
 // confirmed.
-func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string, plan *Plan, items int) (int, *APIError) {
+func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string, plan *Plan, items int) (int, *api.Error) {
 	if len(plan.Claims) > 0 {
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(uploadConcurrency)
@@ -211,7 +213,7 @@ func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string
 		}
 		if err := g.Wait(); err != nil {
 			p.log.Error("claim-check upload", "job_id", jobID, "err", err)
-			return 0, apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "storing the job's large items failed; nothing was sent")
+			return 0, api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "storing the job's large items failed; nothing was sent")
 		}
 		p.m.claimChecked.Add(float64(len(plan.Claims)))
 	}
@@ -227,7 +229,7 @@ func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string
 	sent, err := p.sender.send(ctx, jobID, tenantName, plan.Chunks)
 	if err != nil {
 		p.log.Error("sending chunks", "job_id", jobID, "sent", sent, "chunks", len(plan.Chunks), "err", err)
-		return sent, apiErr(http.StatusServiceUnavailable, CodeEnqueueFailed,
+		return sent, api.Err(http.StatusServiceUnavailable, api.CodeEnqueueFailed,
 			"%d of %d chunks reached the queue; the job is incomplete "+
 				"(retry with the same Idempotency-Key to send it again under the same id)", sent, len(plan.Chunks))
 	}
@@ -236,12 +238,12 @@ func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string
 
 // putManifest writes the manifest of job jobID, whose chunks hold
 // chunkItems items each.
-func (p *Publisher) putManifest(ctx context.Context, jobID, owner string, chunkItems []int, items, claims int) *APIError {
+func (p *Publisher) putManifest(ctx context.Context, jobID, owner string, chunkItems []int, items, claims int) *api.Error {
 	m := job.Manifest{V: 1, JobID: jobID, Owner: owner, Chunks: len(chunkItems), Items: items, ClaimChecked: claims,
 		ChunkItems: chunkItems, CreatedAt: p.now().UTC()}
-	if _, err := p.store.Put(ctx, job.ManifestKey(jobID), encodeJSON(m)); err != nil {
+	if _, err := p.store.Put(ctx, job.ManifestKey(jobID), api.EncodeJSON(m)); err != nil {
 		p.log.Error("job manifest", "job_id", jobID, "err", err)
-		return apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "writing the job's manifest failed; nothing was sent")
+		return api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "writing the job's manifest failed; nothing was sent")
 	}
 	return nil
 }
@@ -256,20 +258,20 @@ func (p *Publisher) limits() RequestLimits {
 // with no charset or UTF-8 (the only encoding JSON allows between systems,
 // RFC 8259). Two headers are refused rather than the first one believed: a
 // proxy or cache in front may have believed the other.
-func checkContentType(cts []string) *APIError {
+func checkContentType(cts []string) *api.Error {
 	switch len(cts) {
 	case 0:
-		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "Content-Type is missing; want application/json")
+		return api.Err(http.StatusUnsupportedMediaType, api.CodeUnsupportedMedia, "Content-Type is missing; want application/json")
 	case 1:
 	default:
-		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "Content-Type is given more than once; want one, application/json")
+		return api.Err(http.StatusUnsupportedMediaType, api.CodeUnsupportedMedia, "Content-Type is given more than once; want one, application/json")
 	}
 	mt, params, err := mime.ParseMediaType(cts[0])
 	if err != nil || mt != "application/json" {
-		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "this Content-Type is not supported; want application/json")
+		return api.Err(http.StatusUnsupportedMediaType, api.CodeUnsupportedMedia, "this Content-Type is not supported; want application/json")
 	}
 	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
-		return apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia, "this charset is not supported; JSON is UTF-8")
+		return api.Err(http.StatusUnsupportedMediaType, api.CodeUnsupportedMedia, "this charset is not supported; JSON is UTF-8")
 	}
 	return nil
 }

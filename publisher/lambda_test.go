@@ -17,7 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/vramq/vramq/internal/testenv/apigw"
-	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // lambdaSeen is what a handler saw of the request the adapter built.
@@ -100,7 +100,7 @@ func TestLambdaRequest(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got lambdaSeen
-			resp, err := publisher.LambdaHandler(lambdaCapture(t, &got))(t.Context(), tc.ev)
+			resp, err := api.LambdaHandler(lambdaCapture(t, &got))(t.Context(), tc.ev)
 			if err != nil || resp.StatusCode != http.StatusNoContent {
 				t.Fatalf("got %d, %v; want 204 from the handler", resp.StatusCode, err)
 			}
@@ -132,7 +132,7 @@ func TestLambdaRequestCookiesAndContext(t *testing.T) {
 		}
 		gotDeadline, _ = r.Context().Deadline()
 	})
-	if _, err := publisher.LambdaHandler(h)(ctx, ev); err != nil {
+	if _, err := api.LambdaHandler(h)(ctx, ev); err != nil {
 		t.Fatal(err)
 	}
 	if len(cookies) != 2 || cookies[0].String() != "session=abc" || cookies[1].String() != "theme=dark" {
@@ -218,7 +218,7 @@ func TestLambdaResponse(t *testing.T) {
 			Body:    `{"error":{"code":"internal","message":"the response is larger than AWS Lambda's limit of 6291456 bytes"}}` + "\n"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := publisher.LambdaHandler(tc.h)(t.Context(), apigw.Event(tc.method, "/", nil, ""))
+			got, err := api.LambdaHandler(tc.h)(t.Context(), apigw.Event(tc.method, "/", nil, ""))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -240,14 +240,14 @@ func TestLambdaMalformedEvent(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			h := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the handler ran for a malformed event") })
-			resp, err := publisher.LambdaHandler(h)(t.Context(), ev)
+			resp, err := api.LambdaHandler(h)(t.Context(), ev)
 			if err != nil {
 				t.Fatalf("a malformed event is a function error (API Gateway answers a bare 500): %v", err)
 			}
 			var e struct {
 				Error struct{ Code, Message string }
 			}
-			if resp.StatusCode != http.StatusBadRequest || json.Unmarshal([]byte(resp.Body), &e) != nil || e.Error.Code != publisher.CodeInvalidEvent || e.Error.Message == "" {
+			if resp.StatusCode != http.StatusBadRequest || json.Unmarshal([]byte(resp.Body), &e) != nil || e.Error.Code != api.CodeInvalidEvent || e.Error.Message == "" {
 				t.Errorf("got %d %s; want 400 with an invalid_event JSON error", resp.StatusCode, resp.Body)
 			}
 		})
@@ -276,7 +276,7 @@ func TestLambdaFunctionURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got lambdaSeen
-	resp, err := publisher.LambdaHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	resp, err := api.LambdaHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		got = lambdaSeen{Method: r.Method, RequestURI: r.RequestURI, Host: r.Host, RemoteAddr: r.RemoteAddr, Body: string(b)}
 		if c, err := r.Cookie("s"); err != nil || c.Value != "1" {
@@ -317,7 +317,7 @@ func TestLambdaHeaderCase(t *testing.T) {
 	var got http.Header
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header })
 	ev := apigw.Event("GET", "/", map[string]string{"X-Api-Key": "k", "content-TYPE": "text/plain"}, "")
-	if _, err := publisher.LambdaHandler(h)(t.Context(), ev); err != nil {
+	if _, err := api.LambdaHandler(h)(t.Context(), ev); err != nil {
 		t.Fatal(err)
 	}
 	if got.Get("x-api-key") != "k" || got.Get("Content-Type") != "text/plain" {
@@ -348,7 +348,7 @@ func TestLambdaProxyRequest(t *testing.T) {
 	ev.MultiValueHeaders["Accept"] = []string{"text/plain", "application/json"}
 	ev.Headers["Accept"] = "application/json" // the last, as API Gateway gives it
 	ev.Body, ev.IsBase64Encoded = base64.StdEncoding.EncodeToString([]byte(`{"items":[]}`)), true
-	out, err := publisher.LambdaProxyHandler(h)(t.Context(), ev)
+	out, err := api.LambdaProxyHandler(h)(t.Context(), ev)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +369,7 @@ func TestLambdaProxyRequest(t *testing.T) {
 	if diff := cmp.Diff(want, out); diff != "" {
 		t.Errorf("response (-want +got):\n%s", diff)
 	}
-	dispatch := publisher.LambdaEventHandler(h)
+	dispatch := api.LambdaEventHandler(h)
 	for name, raw := range map[string]string{
 		"not an object":           `[1,2]`,
 		"no method (payload 1.0)": `{"path":"/v1/jobs"}`,

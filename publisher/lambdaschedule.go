@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // LambdaBatches is what the publisher's Lambda function runs for the events
@@ -21,7 +22,7 @@ type LambdaBatches interface {
 }
 
 // LambdaEvents is the publisher's Lambda function: the API's events
-// (LambdaEventHandler of h: payload 2.0 or 1.0); the EventBridge schedule's, each a sweep of the
+// (api.LambdaEventHandler of h: payload 2.0 or 1.0); the EventBridge schedule's, each a sweep of the
 // batches (which server mode runs on a timer instead); and the completion
 // events' topic's, where an event naming a batch advances it at once, so a
 // settled batch is finalized without waiting for the schedule. One function
@@ -32,7 +33,7 @@ type LambdaBatches interface {
 // Developer Guide, "Using Lambda with Amazon SNS"); no API Gateway event is
 // either.
 func LambdaEvents(h http.Handler, b LambdaBatches) func(context.Context, json.RawMessage) (any, error) {
-	api := LambdaEventHandler(h)
+	serve := api.LambdaEventHandler(h)
 	return func(ctx context.Context, raw json.RawMessage) (any, error) {
 		var ev events.EventBridgeEvent
 		if json.Unmarshal(raw, &ev) == nil && ev.Source == "aws.events" && ev.DetailType == "Scheduled Event" {
@@ -48,7 +49,7 @@ func LambdaEvents(h http.Handler, b LambdaBatches) func(context.Context, json.Ra
 		if json.Unmarshal(raw, &sns) == nil && len(sns.Records) > 0 && sns.Records[0].EventSource == "aws:sns" {
 			return nil, completionEvents(ctx, b, sns)
 		}
-		return api(ctx, raw)
+		return serve(ctx, raw)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // A body whose Content-Length is over the limit is refused 413 from its
@@ -29,9 +31,9 @@ func TestDeclaredOversizeBodyIsRefusedUnread(t *testing.T) {
 		t.Fatalf("no answer to headers announcing 10 MiB over a 1 KiB limit: %v", err)
 	}
 	defer resp.Body.Close()
-	var body errorBody
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != http.StatusRequestEntityTooLarge || body.Error == nil || body.Error.Code != CodeBodyTooLarge {
-		t.Errorf("got %d %+v (%v); want 413 %s", resp.StatusCode, body.Error, err, CodeBodyTooLarge)
+	var body api.ErrorBody
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != http.StatusRequestEntityTooLarge || body.Error == nil || body.Error.Code != api.CodeBodyTooLarge {
+		t.Errorf("got %d %+v (%v); want 413 %s", resp.StatusCode, body.Error, err, api.CodeBodyTooLarge)
 	}
 	if n := q.count(); n != 0 {
 		t.Errorf("%d messages enqueued", n)

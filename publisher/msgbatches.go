@@ -16,6 +16,8 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/files"
 )
 
 // Anthropic's Message Batches, as its API reference has them ("Create a
@@ -58,10 +60,10 @@ const (
 	maxCustomID = 64
 )
 
-func newMessageBatchID(now time.Time) string { return newTimeID(msgBatchIDPrefix, now) }
+func newMessageBatchID(now time.Time) string { return api.NewTimeID(msgBatchIDPrefix, now) }
 
 // validMessageBatchID is checked before an id reaches an S3 key.
-func validMessageBatchID(id string) bool { return validTimeID(msgBatchIDPrefix, id) }
+func validMessageBatchID(id string) bool { return api.ValidTimeID(msgBatchIDPrefix, id) }
 
 // isMessageBatch tells a message batch's record from an OpenAI batch's.
 func isMessageBatch(b *batchRecord) bool { return strings.HasPrefix(b.ID, msgBatchIDPrefix) }
@@ -73,7 +75,7 @@ func msgResultsKey(owner, id string) string { return job.BatchesPrefix(owner) + 
 // messageBatchRoutes registers the routes on mux.
 func (p *Publisher) messageBatchRoutes(mux *http.ServeMux) {
 	route := func(pattern string, h http.HandlerFunc) {
-		mux.Handle(pattern, p.anthropic(p.auth(p.rateLimit(h))))
+		mux.Handle(pattern, api.Anthropic(p.gate.Auth(p.gate.RateLimit(h))))
 	}
 	route("POST /v1/messages/batches", p.postMessageBatch)
 	route("GET /v1/messages/batches", p.listMessageBatches)
@@ -82,82 +84,13 @@ func (p *Publisher) messageBatchRoutes(mux *http.ServeMux) {
 	route("POST /v1/messages/batches/{id}/cancel", p.cancelMessageBatch)
 	route("GET /v1/messages/batches/{id}/results", p.messageBatchResults)
 	shaped := func(pattern string, h http.HandlerFunc) {
-		mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h(&anthropicWriter{w}, r) }))
+		mux.Handle(pattern, api.AnthropicErrors(h))
 	}
-	shaped("/v1/messages/batches", methodNotAllowed("GET, HEAD, POST"))
-	shaped("/v1/messages/batches/{id}", methodNotAllowed("GET, HEAD, DELETE"))
-	shaped("/v1/messages/batches/{id}/cancel", methodNotAllowed("POST"))
-	shaped("/v1/messages/batches/{id}/results", methodNotAllowed("GET, HEAD"))
-	shaped("/v1/messages/batches/", notFound)
-}
-
-// anthropicErrorBody is Anthropic's error: {"type": "error", "error":
-// {"type", "message"}}, which its SDKs parse into their error types.
-type anthropicErrorBody struct {
-	Type  string         `json:"type"`
-	Error anthropicError `json:"error"`
-}
-
-type anthropicError struct {
-	Type    string `json:"type"`
-	Message string `json:"message"`
-}
-
-// anthropicErrorType is the type Anthropic's "Errors" page gives a status.
-// Anthropic answers overload with 529; the publisher's 503s (a store or a
-// queue unavailable, too busy) keep their status and take its type.
-func anthropicErrorType(status int) string {
-	switch status {
-	case http.StatusUnauthorized:
-		return "authentication_error"
-	case http.StatusForbidden:
-		return "permission_error"
-	case http.StatusNotFound:
-		return "not_found_error"
-	case http.StatusRequestEntityTooLarge:
-		return "request_too_large"
-	case http.StatusTooManyRequests:
-		return "rate_limit_error"
-	case http.StatusServiceUnavailable, 529:
-		return "overloaded_error"
-	}
-	if status >= 500 {
-		return "api_error"
-	}
-	return "invalid_request_error"
-}
-
-// anthropicWriter marks the response of an Anthropic route: writeError
-// writes its errors in Anthropic's shape.
-type anthropicWriter struct{ http.ResponseWriter }
-
-// Unwrap lets http.ResponseController reach the connection.
-func (w *anthropicWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-func (w *anthropicWriter) writeError(e *APIError) {
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	writeJSON(w.ResponseWriter, e.Status, anthropicErrorBody{Type: "error",
-		Error: anthropicError{Type: anthropicErrorType(e.Status), Message: e.Message}})
-}
-
-// anthropic makes next an Anthropic route: its errors take Anthropic's
-// shape, x-api-key is the API key (Authorization: Bearer is taken too, as
-// on every route), and anthropic-version is required, as Anthropic
-// requires it; any version is taken, since the routes have one shape.
-func (p *Publisher) anthropic(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		aw := &anthropicWriter{w}
-		if r.Header.Get("anthropic-version") == "" {
-			info(r).code = CodeInvalidParameter
-			writeError(aw, apiErr(http.StatusBadRequest, CodeInvalidParameter, "anthropic-version: header is required"))
-			return
-		}
-		if k := r.Header.Get("x-api-key"); k != "" && r.Header.Get("Authorization") == "" {
-			r = r.Clone(r.Context())
-			r.Header.Set("Authorization", "Bearer "+k)
-		}
-		next.ServeHTTP(aw, r)
-	})
+	shaped("/v1/messages/batches", api.MethodNotAllowed("GET, HEAD, POST"))
+	shaped("/v1/messages/batches/{id}", api.MethodNotAllowed("GET, HEAD, DELETE"))
+	shaped("/v1/messages/batches/{id}/cancel", api.MethodNotAllowed("POST"))
+	shaped("/v1/messages/batches/{id}/results", api.MethodNotAllowed("GET, HEAD"))
+	shaped("/v1/messages/batches/", api.NotFound)
 }
 
 // messageBatch is Anthropic's MessageBatch.
@@ -283,32 +216,14 @@ func (p *Publisher) apiOrigin(r *http.Request) string {
 // one job, custom_id the item id, params the body, sent as a batch's
 // (startBatch).
 func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
-	fail := failWith(w, r)
-	if p.store == nil {
-		fail(noBatchStore())
-		return
-	}
-	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
-		fail(e)
-		return
-	}
-	once, e := p.newCreateOnce(r, batchSendStale)
-	if e != nil {
-		fail(e)
-		return
-	}
-	tenantName, e := p.requestTenant(r)
-	if e != nil {
-		fail(e)
-		return
-	}
-	done, ok := p.oneCreate(w, r, fail)
+	ri := api.Info(r)
+	fail := api.FailWith(w, r)
+	once, tenantName, done, ok := p.startCreate(w, r, fail)
 	if !ok {
 		return
 	}
 	defer done()
-	tooLarge := apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxMsgBatchBytes)
+	tooLarge := api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxMsgBatchBytes)
 	if r.ContentLength > maxMsgBatchBytes {
 		fail(tooLarge)
 		return
@@ -324,19 +239,19 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	// Read at the pace every body must keep (bodyPace): a create that
+	// Read at the pace every body must keep (api.BodyPace): a create that
 	// trickles would hold its share of the bytes above from others. And
 	// charged to the client's bodies in flight as an upload is (a body
 	// that may be far larger than a job's: up to what an upload holds),
 	// so that a client's creates and its other bodies share one bound.
-	bodies, err := p.bodies.openUpload(p.clientKey(r))
+	bodies, err := p.gate.OpenUpload(r)
 	if err != nil {
-		fail(p.bodyError(w, err))
+		fail(p.gate.BodyError(w, err))
 		return
 	}
-	defer bodies.release()
-	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
-	read := &uploadBody{r: http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), charge: bodies, pace: pace, held: p.cfg.uploadHeld()}
+	defer bodies.Release()
+	pace := api.StartPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, api.CutRead(w))
+	read := files.NewUploadBody(http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), bodies, pace, p.cfg.uploadHeld())
 	var body io.Reader = read
 	// With an Idempotency-Key, the body's digest, taken as it is read (a
 	// create is read to its end when it is taken), to compare a retry with.
@@ -345,12 +260,12 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		body = io.TeeReader(body, digest)
 	}
 	items, e := p.readMessageRequests(body)
-	if pace.stop() {
-		fail(p.bodyError(w, errTooSlow))
+	if pace.Stop() {
+		fail(p.gate.BodyError(w, api.ErrTooSlow))
 		return
 	}
-	if read.err != nil && !errors.As(read.err, new(*http.MaxBytesError)) {
-		fail(p.bodyError(w, read.err)) // over the client's share, or the uploads'
+	if read.Err() != nil && !errors.As(read.Err(), new(*http.MaxBytesError)) {
+		fail(p.gate.BodyError(w, read.Err())) // over the client's share, or the uploads'
 		return
 	}
 	if e != nil {
@@ -363,18 +278,18 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	// The key is claimed once the request is known whole, as postBatch
 	// claims it: a retry of a create that was answered gets that answer
 	// again, and no second batch (idempotency.go).
-	sum := requestSum("POST /v1/messages/batches", digest.Sum(nil))
+	sum := api.RequestSum("POST /v1/messages/batches", digest.Sum(nil))
 	if once != nil {
-		if !once.start(r, w, kindMessageBatch, sum, fail) {
+		if !once.Start(r, w, api.KindMessageBatch, sum, fail) {
 			return
 		}
-		defer once.fail(r.Context())
+		defer once.Fail(r.Context())
 	}
 	now := p.now().UTC()
-	owner := p.owner(r)
+	owner := p.gate.Owner(r)
 	b := &batchRecord{V: 1, ID: newMessageBatchID(now), Owner: owner, Endpoint: job.EndpointMessages,
 		CompletionWindow: completionWindow, CreatedAt: now.Unix(), ExpiresAt: now.Add(completionDuration).Unix(), Lines: len(items)}
-	ri.jobID = b.ID
+	ri.JobID = b.ID
 	plan, e := p.planner.PlanFor(b.ID, job.EndpointMessages, items, p.cfg.ChunkItems)
 	if e != nil {
 		fail(e)
@@ -390,7 +305,7 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		mb = &messageBatch{ID: b.ID, Type: "message_batch", ProcessingStatus: msgInProgress, CreatedAt: *rfc3339(b.CreatedAt),
 			ExpiresAt: *rfc3339(b.ExpiresAt), RequestCounts: messageCounts{Processing: b.Lines}}
 	}
-	once.answer(r.Context(), w, sum, mb)
+	once.Answer(r.Context(), w, sum, mb)
 }
 
 // messageRequest is an element of a create's requests.
@@ -402,17 +317,17 @@ type messageRequest struct {
 // readMessageRequests reads a create's body, {"requests": [...]}, one
 // request at a time: its items, or the error that names the first bad
 // request (a 413 when the body is over its bound).
-func (p *Publisher) readMessageRequests(body io.Reader) ([]RequestItem, *APIError) {
+func (p *Publisher) readMessageRequests(body io.Reader) ([]RequestItem, *api.Error) {
 	dec := json.NewDecoder(body)
-	bad := func(format string, a ...any) ([]RequestItem, *APIError) {
-		return nil, apiErr(http.StatusBadRequest, CodeInvalidParameter, format, a...)
+	bad := func(format string, a ...any) ([]RequestItem, *api.Error) {
+		return nil, api.Err(http.StatusBadRequest, api.CodeInvalidParameter, format, a...)
 	}
-	malformed := func(err error) ([]RequestItem, *APIError) {
+	malformed := func(err error) ([]RequestItem, *api.Error) {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return nil, apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is too large")
+			return nil, api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is too large")
 		}
-		return nil, apiErr(http.StatusBadRequest, CodeMalformedJSON, "the body is not the JSON of a create: {\"requests\": [{\"custom_id\", \"params\"}]}")
+		return nil, api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "the body is not the JSON of a create: {\"requests\": [{\"custom_id\", \"params\"}]}")
 	}
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return malformed(err)
@@ -491,19 +406,19 @@ func (p *Publisher) messageBatches() batchRoute[*messageBatch] {
 
 // loadMessageBatch reads the message batch r's path names, as it stands,
 // answering r itself (and returning nil) when that fails.
-func (p *Publisher) loadMessageBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *messageBatch, func(*APIError)) {
+func (p *Publisher) loadMessageBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *messageBatch, func(*api.Error)) {
 	b, mb, fail, _ := p.messageBatches().load(p, w, r)
 	return b, mb, fail
 }
 
-func noMessageBatch() *APIError {
-	return apiErr(http.StatusNotFound, CodeNotFound, "message batch not found")
+func noMessageBatch() *api.Error {
+	return api.Err(http.StatusNotFound, api.CodeNotFound, "message batch not found")
 }
 
 // getMessageBatch is GET /v1/messages/batches/{id}.
 func (p *Publisher) getMessageBatch(w http.ResponseWriter, r *http.Request) {
 	if _, mb, _ := p.loadMessageBatch(w, r); mb != nil {
-		writeJSON(w, http.StatusOK, mb)
+		api.WriteJSON(w, http.StatusOK, mb)
 	}
 }
 
@@ -517,7 +432,7 @@ func (p *Publisher) cancelMessageBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if mb.ProcessingStatus != msgInProgress {
-		writeJSON(w, http.StatusOK, mb)
+		api.WriteJSON(w, http.StatusOK, mb)
 		return
 	}
 	p.messageBatches().cancel(p, w, r, b, fail)
@@ -532,7 +447,7 @@ func (p *Publisher) deleteMessageBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if mb.ProcessingStatus != msgEnded {
-		fail(apiErr(http.StatusBadRequest, CodeInvalidParameter,
+		fail(api.Err(http.StatusBadRequest, api.CodeInvalidParameter,
 			"a message batch can be deleted only once it has ended; cancel it first, then delete it once ended"))
 		return
 	}
@@ -541,11 +456,11 @@ func (p *Publisher) deleteMessageBatch(w http.ResponseWriter, r *http.Request) {
 	for _, k := range []string{msgResultsKey(b.Owner, b.ID), job.BatchIDsKey(b.Owner, b.ID), job.BatchKey(b.Owner, b.ID)} {
 		if err := p.store.Delete(r.Context(), k); err != nil && !errors.Is(err, payload.ErrMissing) {
 			p.log.Error("deleting a message batch", "batch_id", b.ID, "err", err)
-			fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be deleted; try again"))
+			fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be deleted; try again"))
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"id": b.ID, "type": "message_batch_deleted"})
+	api.WriteJSON(w, http.StatusOK, map[string]string{"id": b.ID, "type": "message_batch_deleted"})
 }
 
 // messageBatchResults is GET /v1/messages/batches/{id}/results: the
@@ -557,16 +472,16 @@ func (p *Publisher) messageBatchResults(w http.ResponseWriter, r *http.Request) 
 	case mb == nil:
 		return
 	case mb.ProcessingStatus != msgEnded:
-		fail(apiErr(http.StatusBadRequest, CodeInvalidParameter, "the batch's results are ready once its processing_status is ended"))
+		fail(api.Err(http.StatusBadRequest, api.CodeInvalidParameter, "the batch's results are ready once its processing_status is ended"))
 		return
 	case mb.ResultsURL == nil:
-		fail(apiErr(http.StatusNotFound, CodeNotFound, "the batch has no results: they are kept 29 days after its creation, and a batch that failed to start has none"))
+		fail(api.Err(http.StatusNotFound, api.CodeNotFound, "the batch has no results: they are kept 29 days after its creation, and a batch that failed to start has none"))
 		return
 	}
 	body, size, err := p.store.Open(r.Context(), msgResultsKey(b.Owner, b.ID))
 	if err != nil {
 		p.log.Error("opening a message batch's results", "batch_id", b.ID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the results could not be read"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the results could not be read"))
 		return
 	}
 	defer body.Close()
@@ -598,18 +513,18 @@ func (p *Publisher) listMessageBatches(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	after, before := q.Get("after_id"), q.Get("before_id")
 	if after != "" && !validMessageBatchID(after) || before != "" && !validMessageBatchID(before) {
-		fail(apiErr(http.StatusBadRequest, CodeInvalidParameter, "after_id and before_id must be ids of message batches"))
+		fail(api.Err(http.StatusBadRequest, api.CodeInvalidParameter, "after_id and before_id must be ids of message batches"))
 		return
 	}
 	if after != "" && before != "" {
-		fail(apiErr(http.StatusBadRequest, CodeInvalidParameter, "give after_id or before_id, not both"))
+		fail(api.Err(http.StatusBadRequest, api.CodeInvalidParameter, "give after_id or before_id, not both"))
 		return
 	}
-	owner := p.owner(r)
-	all, err := p.listIDs(r.Context(), job.BatchesPrefix(owner), validMessageBatchID)
+	owner := p.gate.Owner(r)
+	all, err := api.ListIDs(r.Context(), p.store, job.BatchesPrefix(owner), validMessageBatchID)
 	if err != nil {
 		p.log.Error("listing message batches", "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batches could not be listed"))
 		return
 	}
 	// all is oldest first.
@@ -637,7 +552,7 @@ func (p *Publisher) listMessageBatches(w http.ResponseWriter, r *http.Request) {
 	views, err := p.messageBatches().readAll(p, r, owner, ids)
 	if err != nil {
 		p.log.Error("reading message batches", "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batches could not be listed"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batches could not be listed"))
 		return
 	}
 	page := messageBatchPage{Data: views, HasMore: more}
@@ -647,7 +562,7 @@ func (p *Publisher) listMessageBatches(w http.ResponseWriter, r *http.Request) {
 	if n := len(page.Data); n > 0 {
 		page.FirstID, page.LastID = &page.Data[0].ID, &page.Data[n-1].ID
 	}
-	writeJSON(w, http.StatusOK, page)
+	api.WriteJSON(w, http.StatusOK, page)
 }
 
 // startBatch records b, validating, with the custom ids of items, sends
@@ -657,11 +572,11 @@ func (p *Publisher) listMessageBatches(w http.ResponseWriter, r *http.Request) {
 // batch is there to be read, cancelled and finalized; a publisher that
 // dies while sending leaves it validating, which the sweeper fails once
 // stale. A failed send cancels what was sent and fails the batch.
-func (p *Publisher) startBatch(ctx context.Context, b *batchRecord, items []RequestItem, plan *Plan, tenantName string, ri *reqInfo) *APIError {
-	unrecorded := apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the batch could not be recorded; nothing was sent")
+func (p *Publisher) startBatch(ctx context.Context, b *batchRecord, items []RequestItem, plan *Plan, tenantName string, ri *api.RequestInfo) *api.Error {
+	unrecorded := api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be recorded; nothing was sent")
 	ids := make([]byte, 0, len(items)*16)
 	for _, it := range items {
-		ids = append(ids, encodeJSON(it.ID)...)
+		ids = append(ids, api.EncodeJSON(it.ID)...)
 		ids = append(ids, '\n')
 	}
 	b.Status = batchValidating
@@ -674,9 +589,9 @@ func (p *Publisher) startBatch(ctx context.Context, b *batchRecord, items []Requ
 	}
 	ectx, ecancel := detach(ctx)
 	defer ecancel()
-	ri.items, ri.chunks = len(items), len(plan.Chunks)
+	ri.Items, ri.Chunks = len(items), len(plan.Chunks)
 	sent, e := p.enqueue(ectx, b.ID, tenantName, b.Owner, plan, len(items))
-	ri.sent = sent
+	ri.Sent = sent
 	if e != nil {
 		// What was sent must not run: the job is cancelled, and the
 		// batch failed, saying why.
@@ -707,16 +622,16 @@ type messageResultLine struct {
 }
 
 type messageResult struct {
-	Type    string              `json:"type"` // succeeded, errored, canceled or expired
-	Message json.RawMessage     `json:"message,omitempty"`
-	Error   *anthropicErrorBody `json:"error,omitempty"`
+	Type    string                  `json:"type"` // succeeded, errored, canceled or expired
+	Message json.RawMessage         `json:"message,omitempty"`
+	Error   *api.AnthropicErrorBody `json:"error,omitempty"`
 }
 
 // messageResultOf is the result of a request whose chunk ran and left o
 // (nil: the chunk's result has no output for it).
 func messageResultOf(o *job.Output) messageResult {
 	errored := func(typ, msg string) messageResult {
-		return messageResult{Type: "errored", Error: &anthropicErrorBody{Type: "error", Error: anthropicError{Type: typ, Message: msg}}}
+		return messageResult{Type: "errored", Error: &api.AnthropicErrorBody{Type: "error", Error: api.AnthropicError{Type: typ, Message: msg}}}
 	}
 	switch {
 	case o == nil:
@@ -726,7 +641,7 @@ func messageResultOf(o *job.Output) messageResult {
 	case o.Response != nil:
 		// The server's refusal: its own error where it is in Anthropic's
 		// shape (a native /v1/messages), else the item's.
-		var server anthropicErrorBody
+		var server api.AnthropicErrorBody
 		if json.Unmarshal(o.Response.Body, &server) == nil && server.Type == "error" && server.Error.Type != "" {
 			return messageResult{Type: "errored", Error: &server}
 		}
@@ -734,7 +649,7 @@ func messageResultOf(o *job.Output) messageResult {
 		if o.Error != nil {
 			msg = o.Error.Message
 		}
-		return errored(anthropicErrorType(o.Response.StatusCode), msg)
+		return errored(api.AnthropicErrorType(o.Response.StatusCode), msg)
 	case o.Error != nil && o.Error.Code == job.ItemInvalidInput:
 		return errored("invalid_request_error", o.Error.Message)
 	case o.Error != nil && o.Error.Code == job.ItemTooLarge:

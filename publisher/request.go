@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // JobRequest is the body of POST /v1/jobs.
@@ -75,19 +76,19 @@ type RequestLimits struct {
 }
 
 // DecodeJobRequest parses and validates a POST /v1/jobs body, reporting the
-// first problem as an *APIError: 400 for what is not a job request at all
+// first problem as an *api.Error: 400 for what is not a job request at all
 // (malformed JSON, unknown fields, trailing data), 422 for a request that
 // parses but breaks a rule. Item sizes are checked later, against the
 // message size, by the chunk planner.
-func DecodeJobRequest(body []byte, lim RequestLimits) (*JobRequest, *APIError) {
+func DecodeJobRequest(body []byte, lim RequestLimits) (*JobRequest, *api.Error) {
 	var req JobRequest
 	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, apiErr(http.StatusBadRequest, CodeMalformedJSON, "the request body is empty; want a JSON object with \"items\"")
+		return nil, api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "the request body is empty; want a JSON object with \"items\"")
 	}
 	// encoding/json would replace each invalid byte with U+FFFD, and the
 	// job would run on, and answer with, ids and text the client never sent.
 	if !utf8.Valid(body) {
-		return nil, apiErr(http.StatusBadRequest, CodeMalformedJSON, "the request body is not valid UTF-8")
+		return nil, api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "the request body is not valid UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -97,7 +98,7 @@ func DecodeJobRequest(body []byte, lim RequestLimits) (*JobRequest, *APIError) {
 	// Anything after the object is refused: a client that concatenated two
 	// jobs, or a proxy that mangled the body, must not get half a job.
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, apiErr(http.StatusBadRequest, CodeMalformedJSON, "unexpected data after the JSON object")
+		return nil, api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "unexpected data after the JSON object")
 	}
 	if err := req.validate(lim); err != nil {
 		return nil, err
@@ -109,25 +110,25 @@ func DecodeJobRequest(body []byte, lim RequestLimits) (*JobRequest, *APIError) {
 // decoder's own text quotes the body (a character, an unknown field's name),
 // so it is not passed on; a byte offset is, and for a wrong type, the
 // schema's name of the field, which is the API's, not the client's.
-func decodeError(err error) *APIError {
+func decodeError(err error) *api.Error {
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	var b64 base64.CorruptInputError
 	switch {
 	case errors.As(err, &syn):
-		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "malformed JSON at byte %d", syn.Offset)
+		return api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "malformed JSON at byte %d", syn.Offset)
 	case errors.As(err, &typ) && knownField(typ.Field):
-		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "%s has the wrong type (at byte %d)", typ.Field, typ.Offset)
+		return api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "%s has the wrong type (at byte %d)", typ.Field, typ.Offset)
 	case errors.As(err, &typ):
-		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "a value has the wrong type (at byte %d)", typ.Offset)
+		return api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "a value has the wrong type (at byte %d)", typ.Offset)
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "the JSON ends too early")
+		return api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "the JSON ends too early")
 	case errors.As(err, &b64):
-		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "an item's data is not valid base64")
+		return api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "an item's data is not valid base64")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		return apiErr(http.StatusBadRequest, CodeUnknownField, "the request has a field this API does not define")
+		return api.Err(http.StatusBadRequest, api.CodeUnknownField, "the request has a field this API does not define")
 	}
-	return apiErr(http.StatusBadRequest, CodeMalformedJSON, "the body is not a JSON job request")
+	return api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "the body is not a JSON job request")
 }
 
 // knownField reports whether a decoder's field path is one of the request's
@@ -140,24 +141,24 @@ func knownField(f string) bool {
 	return false
 }
 
-func (r *JobRequest) validate(lim RequestLimits) *APIError {
+func (r *JobRequest) validate(lim RequestLimits) *api.Error {
 	switch {
 	case len(r.Items) == 0:
-		return apiErr(http.StatusUnprocessableEntity, CodeNoItems, "the job has no items")
+		return api.Err(http.StatusUnprocessableEntity, api.CodeNoItems, "the job has no items")
 	case len(r.Items) > lim.MaxItems:
-		return apiErr(http.StatusUnprocessableEntity, CodeTooManyItems,
+		return api.Err(http.StatusUnprocessableEntity, api.CodeTooManyItems,
 			"the job has more than %d items, the most accepted in one job", lim.MaxItems)
 	}
 	if o := r.Options; o != nil && (o.ChunkItems < 0 || o.ChunkItems > lim.MaxChunkItems) {
-		return apiErr(http.StatusUnprocessableEntity, CodeInvalidOptions,
+		return api.Err(http.StatusUnprocessableEntity, api.CodeInvalidOptions,
 			"options.chunk_items must be from 1 to %d (or left out for the default)", lim.MaxChunkItems)
 	}
 	if r.Endpoint != "" && !job.ValidEndpoint(r.Endpoint) {
-		return apiErr(http.StatusUnprocessableEntity, CodeInvalidEndpoint,
+		return api.Err(http.StatusUnprocessableEntity, api.CodeInvalidEndpoint,
 			"endpoint must be one of %s (or left out for items of text and data)", strings.Join(job.Endpoints, ", "))
 	}
 	if r.Endpoint != "" && !lim.serves(r.Endpoint) {
-		return apiErr(http.StatusUnprocessableEntity, CodeInvalidEndpoint,
+		return api.Err(http.StatusUnprocessableEntity, api.CodeInvalidEndpoint,
 			"endpoint %s is not served by this deployment's model servers, which serve %s and /v1/messages", r.Endpoint, strings.Join(lim.servedList(), ", "))
 	}
 	seen := make(map[string]struct{}, len(r.Items))
@@ -174,27 +175,27 @@ func (r *JobRequest) validate(lim RequestLimits) *APIError {
 		switch err := ji.CheckFor(r.Endpoint); {
 		case err == nil:
 		case errors.Is(err, job.ErrEmptyID):
-			return apiErr(http.StatusUnprocessableEntity, CodeMissingItemID, "item %d has no id", i)
+			return api.Err(http.StatusUnprocessableEntity, api.CodeMissingItemID, "item %d has no id", i)
 		case errors.Is(err, job.ErrIDTooLong):
-			return apiErr(http.StatusUnprocessableEntity, CodeItemIDTooLong, "item %d has an id over %d bytes", i, MaxItemIDBytes)
+			return api.Err(http.StatusUnprocessableEntity, api.CodeItemIDTooLong, "item %d has an id over %d bytes", i, MaxItemIDBytes)
 		case errors.Is(err, job.ErrIDChars):
-			return apiErr(http.StatusUnprocessableEntity, CodeInvalidItemID, "item %d has an id with a control character", i)
+			return api.Err(http.StatusUnprocessableEntity, CodeInvalidItemID, "item %d has an id with a control character", i)
 		case errors.Is(err, job.ErrBodyWithoutEndpoint):
-			return itemErr(http.StatusUnprocessableEntity, CodeBodyWithoutEndpoint, it.ID,
+			return api.ItemErr(http.StatusUnprocessableEntity, api.CodeBodyWithoutEndpoint, it.ID,
 				"the item has a body, and the job names no endpoint: items of text and data have text or data")
 		case errors.Is(err, job.ErrInlineWithEndpoint):
-			return itemErr(http.StatusUnprocessableEntity, CodeContentWithEndpoint, it.ID,
+			return api.ItemErr(http.StatusUnprocessableEntity, api.CodeContentWithEndpoint, it.ID,
 				"the job names an endpoint: its items carry a request in body, not text or data")
 		case errors.Is(err, job.ErrNoBody):
-			return itemErr(http.StatusUnprocessableEntity, CodeMissingBody, it.ID,
+			return api.ItemErr(http.StatusUnprocessableEntity, api.CodeMissingBody, it.ID,
 				"the job names an endpoint, and the item has no body: the request to send to it")
 		case errors.Is(err, job.ErrBodyNotObject):
-			return itemErr(http.StatusUnprocessableEntity, CodeInvalidBody, it.ID, "the item's body is not a JSON object")
+			return api.ItemErr(http.StatusUnprocessableEntity, api.CodeInvalidBody, it.ID, "the item's body is not a JSON object")
 		default:
-			return itemErr(http.StatusUnprocessableEntity, CodeEmptyItem, it.ID, "the item has neither text nor data")
+			return api.ItemErr(http.StatusUnprocessableEntity, api.CodeEmptyItem, it.ID, "the item has neither text nor data")
 		}
 		if _, dup := seen[it.ID]; dup {
-			return itemErr(http.StatusUnprocessableEntity, CodeDuplicateItemID, it.ID, "an item id appears more than once")
+			return api.ItemErr(http.StatusUnprocessableEntity, api.CodeDuplicateItemID, it.ID, "an item id appears more than once")
 		}
 		seen[it.ID] = struct{}{}
 		if r.Endpoint != "" {
@@ -220,22 +221,22 @@ func (r *JobRequest) chunkItems(def int) int {
 // checks and why), which the subscriber applies again to what it takes from
 // the queue: what the publisher accepts, the subscriber does not refuse.
 // The first problem is returned, without the item, which the caller sets.
-func checkBody(endpoint string, body json.RawMessage, lim RequestLimits) *APIError {
+func checkBody(endpoint string, body json.RawMessage, lim RequestLimits) *api.Error {
 	_, err := job.CheckRequest(endpoint, body, job.RequestLimits{
 		Models: lim.Models, MaxN: lim.MaxN, MaxOutputTokens: lim.MaxOutputTokens, AllowRemoteURLs: lim.AllowRemoteURLs,
 	})
 	if err == nil {
 		return nil
 	}
-	code := CodeInvalidBody
-	for kind, c := range map[error]string{job.ErrModelNotAllowed: CodeModelNotAllowed, job.ErrStream: CodeStreamNotSupported,
-		job.ErrN: CodeInvalidN, job.ErrMaxTokens: CodeInvalidMaxTokens} {
+	code := api.CodeInvalidBody
+	for kind, c := range map[error]string{job.ErrModelNotAllowed: api.CodeModelNotAllowed, job.ErrStream: api.CodeStreamNotSupported,
+		job.ErrN: api.CodeInvalidN, job.ErrMaxTokens: api.CodeInvalidMaxTokens} {
 		if errors.Is(err, kind) {
 			code = c
 		}
 	}
 	// The rule's messages are fixed text that names fields, never values.
-	return apiErr(http.StatusUnprocessableEntity, code, "%s", err.Error())
+	return api.Err(http.StatusUnprocessableEntity, code, "%s", err.Error())
 }
 
 // present returns field's JSON when the object has it and it is not null.

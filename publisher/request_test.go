@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 var testLimits = RequestLimits{MaxItems: 5, MaxChunkItems: 100}
@@ -21,32 +22,32 @@ func TestDecodeJobRequest(t *testing.T) {
 		code   string
 		item   string
 	}{
-		{"empty body", "", 400, CodeMalformedJSON, ""},
-		{"whitespace body", " \n ", 400, CodeMalformedJSON, ""},
-		{"syntax", `{"items":[`, 400, CodeMalformedJSON, ""},
-		{"not an object", `[1,2]`, 400, CodeMalformedJSON, ""},
-		{"wrong type", `{"items":"a"}`, 400, CodeMalformedJSON, ""},
-		{"unknown field", `{"items":[{"id":"a","text":"x"}],"priority":1}`, 400, CodeUnknownField, ""},
-		{"unknown item field", `{"items":[{"id":"a","text":"x","ref":{}}]}`, 400, CodeUnknownField, ""},
-		{"trailing object", `{"items":[{"id":"a","text":"x"}]}{}`, 400, CodeMalformedJSON, ""},
-		{"trailing garbage", `{"items":[{"id":"a","text":"x"}]} x`, 400, CodeMalformedJSON, ""},
-		{"bad base64", `{"items":[{"id":"a","data":"!!"}]}`, 400, CodeMalformedJSON, ""},
-		{"null", `null`, 422, CodeNoItems, ""},
-		{"no items", `{"items":[]}`, 422, CodeNoItems, ""},
-		{"items missing", `{}`, 422, CodeNoItems, ""},
-		{"too many", `{"items":[{"id":"1","text":"x"},{"id":"2","text":"x"},{"id":"3","text":"x"},{"id":"4","text":"x"},{"id":"5","text":"x"},{"id":"6","text":"x"}]}`, 422, CodeTooManyItems, ""},
-		{"missing id", `{"items":[{"text":"x"}]}`, 422, CodeMissingItemID, ""},
-		{"empty id", `{"items":[{"id":"","text":"x"}]}`, 422, CodeMissingItemID, ""},
-		{"long id", `{"items":[{"id":"` + long + `","text":"x"}]}`, 422, CodeItemIDTooLong, ""},
-		{"empty item", `{"items":[{"id":"a"}]}`, 422, CodeEmptyItem, "a"},
-		{"empty data", `{"items":[{"id":"a","data":""}]}`, 422, CodeEmptyItem, "a"},
+		{"empty body", "", 400, api.CodeMalformedJSON, ""},
+		{"whitespace body", " \n ", 400, api.CodeMalformedJSON, ""},
+		{"syntax", `{"items":[`, 400, api.CodeMalformedJSON, ""},
+		{"not an object", `[1,2]`, 400, api.CodeMalformedJSON, ""},
+		{"wrong type", `{"items":"a"}`, 400, api.CodeMalformedJSON, ""},
+		{"unknown field", `{"items":[{"id":"a","text":"x"}],"priority":1}`, 400, api.CodeUnknownField, ""},
+		{"unknown item field", `{"items":[{"id":"a","text":"x","ref":{}}]}`, 400, api.CodeUnknownField, ""},
+		{"trailing object", `{"items":[{"id":"a","text":"x"}]}{}`, 400, api.CodeMalformedJSON, ""},
+		{"trailing garbage", `{"items":[{"id":"a","text":"x"}]} x`, 400, api.CodeMalformedJSON, ""},
+		{"bad base64", `{"items":[{"id":"a","data":"!!"}]}`, 400, api.CodeMalformedJSON, ""},
+		{"null", `null`, 422, api.CodeNoItems, ""},
+		{"no items", `{"items":[]}`, 422, api.CodeNoItems, ""},
+		{"items missing", `{}`, 422, api.CodeNoItems, ""},
+		{"too many", `{"items":[{"id":"1","text":"x"},{"id":"2","text":"x"},{"id":"3","text":"x"},{"id":"4","text":"x"},{"id":"5","text":"x"},{"id":"6","text":"x"}]}`, 422, api.CodeTooManyItems, ""},
+		{"missing id", `{"items":[{"text":"x"}]}`, 422, api.CodeMissingItemID, ""},
+		{"empty id", `{"items":[{"id":"","text":"x"}]}`, 422, api.CodeMissingItemID, ""},
+		{"long id", `{"items":[{"id":"` + long + `","text":"x"}]}`, 422, api.CodeItemIDTooLong, ""},
+		{"empty item", `{"items":[{"id":"a"}]}`, 422, api.CodeEmptyItem, "a"},
+		{"empty data", `{"items":[{"id":"a","data":""}]}`, 422, api.CodeEmptyItem, "a"},
 		// The subscriber's rule (job.CheckItemID): nothing accepted here is
 		// dead-lettered there (issue 14, item 2).
 		{"control character in id", `{"items":[{"id":"a\u0007b","text":"x"}]}`, 422, CodeInvalidItemID, ""},
-		{"duplicate", `{"items":[{"id":"a","text":"x"},{"id":"a","text":"y"}]}`, 422, CodeDuplicateItemID, "a"},
-		{"chunk_items negative", `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":-1}}`, 422, CodeInvalidOptions, ""},
-		{"chunk_items over cap", `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":101}}`, 422, CodeInvalidOptions, ""},
-		{"chunk_items fraction", `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":1.5}}`, 400, CodeMalformedJSON, ""},
+		{"duplicate", `{"items":[{"id":"a","text":"x"},{"id":"a","text":"y"}]}`, 422, api.CodeDuplicateItemID, "a"},
+		{"chunk_items negative", `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":-1}}`, 422, api.CodeInvalidOptions, ""},
+		{"chunk_items over cap", `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":101}}`, 422, api.CodeInvalidOptions, ""},
+		{"chunk_items fraction", `{"items":[{"id":"a","text":"x"}],"options":{"chunk_items":1.5}}`, 400, api.CodeMalformedJSON, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, e := DecodeJobRequest([]byte(tc.body), testLimits)
@@ -115,7 +116,7 @@ func TestIdempotencyKeyValid(t *testing.T) {
 		"a": true, "550e8400-e29b-41d4-a716-446655440000": true, strings.Repeat("k", 255): true,
 		"": false, strings.Repeat("k", 256): false, "has space": false, "tab\t": false, "é": false,
 	} {
-		if validIdempotencyKey(k) != ok {
+		if api.ValidIdempotencyKey(k) != ok {
 			t.Errorf("%q: want valid=%v", k, ok)
 		}
 	}

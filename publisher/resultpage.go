@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // Results in flight: GET /v1/jobs/{id} answers a page of a settled job's
@@ -37,7 +38,7 @@ import (
 // page there, its next_page_token naming the result it could not take. So a
 // request never waits on another, and two cannot wait on each other.
 //
-// Each client (clientKey: its API key, else its address) holds at most
+// Each client (ClientKey: its API key, else its address) holds at most
 // MaxResultBytesPerClient of the budget, as it holds at most its share of
 // the bodies in flight (inflight.go): a client's GETs that read slowly, or
 // not at all, keep their charges until the server's write timeout, and
@@ -145,15 +146,15 @@ type resultPage struct {
 // each result is read. Until the first result is in hand nothing is written,
 // so a failure to read it is answered as an error; a failure after that ends
 // the page before the result that failed, and the next page starts with it.
-func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Manifest, st *statusBody, start, pageSize int, fail func(*APIError)) {
+func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Manifest, st *statusBody, start, pageSize int, fail func(*api.Error)) {
 	ctx := r.Context()
 	end := min(start+pageSize, m.Chunks)
-	pg := p.readPage(ctx, p.results.client(p.clientKey(r)), m.JobID, st.done, start, end, p.cfg.MaxPageBytes)
+	pg := p.readPage(ctx, p.results.client(p.gate.ClientKey(r)), m.JobID, st.done, start, end, p.cfg.MaxPageBytes)
 	defer pg.close()
 	head, err := json.Marshal(st)
 	if err != nil {
 		p.log.Error("encoding job status", "job_id", m.JobID, "err", err)
-		fail(apiErr(http.StatusInternalServerError, CodeInternal, "the job's status could not be encoded"))
+		fail(api.Err(http.StatusInternalServerError, api.CodeInternal, "the job's status could not be encoded"))
 		return
 	}
 	head = head[:len(head)-1] // the closing brace comes after the results
@@ -173,18 +174,18 @@ func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Man
 			case res.cut || ctx.Err() != nil:
 			case written == 0 && errors.Is(res.err, errResultsOverloaded):
 				w.Header().Set("Retry-After", "1")
-				fail(apiErr(http.StatusServiceUnavailable, CodeOverloaded,
+				fail(api.Err(http.StatusServiceUnavailable, api.CodeOverloaded,
 					"the publisher is holding as many results as it may; retry after the time in Retry-After"))
 				return
 			case written == 0 && errors.Is(res.err, errClientResults):
 				w.Header().Set("Retry-After", "1")
-				fail(apiErr(http.StatusTooManyRequests, CodeTooManyResults,
+				fail(api.Err(http.StatusTooManyRequests, api.CodeTooManyResults,
 					"this client's requests in flight hold results up to its share of %d bytes; retry after the time in Retry-After",
 					p.cfg.MaxResultBytesPerClient))
 				return
 			case written == 0:
 				p.log.Error("reading job results", "job_id", m.JobID, "chunk", res.chunk, "err", res.err)
-				fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's results could not be read"))
+				fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the job's results could not be read"))
 				return
 			case !errors.Is(res.err, errResultsOverloaded) && !errors.Is(res.err, errClientResults):
 				p.log.Warn("ending a page of results early", "job_id", m.JobID, "chunk", res.chunk, "err", res.err)
@@ -194,7 +195,7 @@ func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Man
 		}
 		sep := ","
 		if written == 0 {
-			writeJSONHeader(w, http.StatusOK)
+			api.WriteJSONHeader(w, http.StatusOK)
 			w.Write(head)
 			sep = `,"results":[`
 		}
@@ -207,7 +208,7 @@ func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Man
 		}
 	}
 	if written == 0 {
-		writeJSONHeader(w, http.StatusOK)
+		api.WriteJSONHeader(w, http.StatusOK)
 		w.Write(head)
 	} else {
 		w.Write([]byte("]"))

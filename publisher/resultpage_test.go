@@ -16,6 +16,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // watchedBudget is a budget of results in flight that keeps the most it
@@ -146,9 +147,9 @@ func TestResultsInFlightAreBounded(t *testing.T) {
 	}
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/v1/jobs/"+jobID, nil))
-	var e errorBody
+	var e api.ErrorBody
 	if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || w.Code != http.StatusServiceUnavailable ||
-		e.Error.Code != CodeOverloaded || w.Header().Get("Retry-After") != "1" {
+		e.Error.Code != api.CodeOverloaded || w.Header().Get("Retry-After") != "1" {
 		t.Errorf("GET with the budget spent: %d %s (Retry-After %q)", w.Code, w.Body, w.Header().Get("Retry-After"))
 	}
 	b.sem.Release(budget)

@@ -182,31 +182,3 @@ func TestSendCallError(t *testing.T) {
 		t.Errorf("sent %d, %v", n, err)
 	}
 }
-
-func TestMemIdemBounded(t *testing.T) {
-	m := newMemIdem(time.Hour, 3)
-	now := time.Unix(1e9, 0)
-	m.now = func() time.Time { return now }
-	ctx := t.Context()
-	for i := range 5 {
-		if old, _ := m.claim(ctx, fmt.Sprint(i), idemRecord{JobID: fmt.Sprint("job", i)}); old != nil {
-			t.Fatalf("claim %d found %+v", i, old)
-		}
-	}
-	if len(m.recs) != 3 {
-		t.Errorf("%d records, want 3", len(m.recs))
-	}
-	if old, _ := m.claim(ctx, "4", idemRecord{JobID: "other"}); old == nil || old.JobID != "job4" {
-		t.Errorf("claim of a held key found %+v, want job4", old)
-	}
-	if old, _ := m.claim(ctx, "0", idemRecord{JobID: "again"}); old != nil {
-		t.Errorf("evicted key still held: %+v", old)
-	}
-	now = now.Add(2 * time.Hour)
-	if old, _ := m.claim(ctx, "4", idemRecord{JobID: "later"}); old != nil {
-		t.Errorf("expired key still held: %+v", old)
-	}
-	if len(m.recs) != 1 {
-		t.Errorf("%d records after expiry, want 1", len(m.recs))
-	}
-}

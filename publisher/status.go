@@ -15,6 +15,7 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // Job states in GET /v1/jobs/{id}.
@@ -79,14 +80,11 @@ type chunkResult struct {
 // bytes when the subscriber wrote it).
 const maxItemErrorsMarker = 4 << 10
 
-// readConcurrency bounds the S3 reads of one status request.
-const readConcurrency = 8
-
 // getJob is GET /v1/jobs/{id}: progress from the result, failure and
 // cancelled markers the subscribers write, and, once every chunk is settled,
 // the results, a page at a time, streamed (writePage).
 func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
-	ri := info(r)
+	ri := api.Info(r)
 	m, fail := p.loadJob(w, r)
 	if m == nil {
 		return
@@ -97,17 +95,17 @@ func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if start > 0 && start >= m.Chunks {
-		fail(apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_token is past the job's last chunk"))
+		fail(api.Err(http.StatusBadRequest, api.CodeInvalidParameter, "page_token is past the job's last chunk"))
 		return
 	}
 	st, err := p.status(r.Context(), m)
 	if err != nil {
-		p.log.Error("reading job status", "job_id", ri.jobID, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's results could not be read"))
+		p.log.Error("reading job status", "job_id", ri.JobID, "err", err)
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the job's results could not be read"))
 		return
 	}
 	if st.ChunksPending > 0 {
-		writeJSON(w, http.StatusOK, st)
+		api.WriteJSON(w, http.StatusOK, st)
 		return
 	}
 	p.writePage(w, r, m, st, start, pageSize, fail)
@@ -116,14 +114,14 @@ func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
 // loadJob reads the manifest of the job r's path names, answering the
 // request itself (and returning nil) when there is no bucket, no such job,
 // or the manifest cannot be read. fail answers r with an error.
-func (p *Publisher) loadJob(w http.ResponseWriter, r *http.Request) (m *job.Manifest, fail func(*APIError)) {
-	ri := info(r)
-	fail = func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
+func (p *Publisher) loadJob(w http.ResponseWriter, r *http.Request) (m *job.Manifest, fail func(*api.Error)) {
+	ri := api.Info(r)
+	fail = func(e *api.Error) {
+		ri.Code = e.Code
+		api.WriteError(w, e)
 	}
 	if p.store == nil {
-		fail(apiErr(http.StatusNotImplemented, CodeStatusUnavailable,
+		fail(api.Err(http.StatusNotImplemented, api.CodeStatusUnavailable,
 			"job status and cancel need a payload bucket, and this publisher has none (-payload-bucket)"))
 		return nil, fail
 	}
@@ -131,13 +129,13 @@ func (p *Publisher) loadJob(w http.ResponseWriter, r *http.Request) (m *job.Mani
 	// Ids are checked before they reach an S3 key, so no path can be made
 	// to name another object.
 	if !validJobID(id) {
-		fail(apiErr(http.StatusNotFound, CodeNotFound, "no such job"))
+		fail(api.Err(http.StatusNotFound, api.CodeNotFound, "no such job"))
 		return nil, fail
 	}
-	ri.jobID = id
+	ri.JobID = id
 	raw, err := p.store.Read(r.Context(), job.ManifestKey(id))
 	if errors.Is(err, payload.ErrMissing) {
-		fail(apiErr(http.StatusNotFound, CodeNotFound, "no such job"))
+		fail(api.Err(http.StatusNotFound, api.CodeNotFound, "no such job"))
 		return nil, fail
 	}
 	m = new(job.Manifest)
@@ -146,61 +144,33 @@ func (p *Publisher) loadJob(w http.ResponseWriter, r *http.Request) (m *job.Mani
 	}
 	if err != nil {
 		p.log.Error("reading a job manifest", "job_id", id, "err", err)
-		fail(apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the job's manifest could not be read"))
+		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the job's manifest could not be read"))
 		return nil, fail
 	}
 	// Another tenant's job is answered as if it did not exist, so that an
 	// id does not even tell a stranger that the job is there.
-	if !p.owns(r, m.Owner) {
-		fail(apiErr(http.StatusNotFound, CodeNotFound, "no such job"))
+	if !p.gate.Owns(r, m.Owner) {
+		fail(api.Err(http.StatusNotFound, api.CodeNotFound, "no such job"))
 		return nil, fail
 	}
-	ri.items, ri.chunks = m.Items, m.Chunks
+	ri.Items, ri.Chunks = m.Items, m.Chunks
 	return m, fail
 }
 
-// owner is who a job, file or batch r creates belongs to, and who may read,
-// cancel and delete it: the tenant of r's API key; without keys, the
-// identity API Gateway's authorizer vouched for (caller.go), or "" when
-// there is none (the tenant header is the caller's own word). The tenant
-// rather than the key: a tenant rotates its key by adding a second one
-// under the same name (SplitKey), and its jobs in flight must stay its
-// own; and a digest of the key stored in the bucket would let whoever
-// reads the bucket test guesses of a weak key offline, where an unnamed
-// key's tenant is 48 bits of its SHA-256 and already goes out with every
-// message.
-func (p *Publisher) owner(r *http.Request) string {
-	if len(p.keys) == 0 {
-		return callerIdentity(r)
-	}
-	t, _ := r.Context().Value(tenantKey{}).(string)
-	return t
-}
-
-// owns reports whether r's caller may see, and cancel or delete, what
-// owner owns (a job, a file, a batch): the caller it was made by (owner).
-// With keys, nobody owns what has no owner, since nothing shows whose it
-// is; without keys, a caller without an identity owns what such callers
-// made, and no identity's. Every route that answers for what a caller owns
-// asks this, and answers 404 when it says no.
-func (p *Publisher) owns(r *http.Request, owner string) bool {
-	return owner == p.owner(r) && (len(p.keys) == 0 || owner != "")
-}
-
-func pageParams(r *http.Request) (size, start int, e *APIError) {
+func pageParams(r *http.Request) (size, start int, e *api.Error) {
 	q := r.URL.Query()
 	size = DefaultPageSize
 	if s := q.Get("page_size"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > MaxPageSize {
-			return 0, 0, apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_size must be a whole number from 1 to %d", MaxPageSize)
+			return 0, 0, api.Err(http.StatusBadRequest, api.CodeInvalidParameter, "page_size must be a whole number from 1 to %d", MaxPageSize)
 		}
 		size = n
 	}
 	if s := q.Get("page_token"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
-			return 0, 0, apiErr(http.StatusBadRequest, CodeInvalidParameter, "page_token is not one this API gave out")
+			return 0, 0, api.Err(http.StatusBadRequest, api.CodeInvalidParameter, "page_token is not one this API gave out")
 		}
 		start = n
 	}
@@ -244,7 +214,7 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest) (*statusBody, e
 	var mu sync.Mutex
 	itemsFailed := map[int]int{}
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(readConcurrency)
+	g.SetLimit(api.ReadConcurrency)
 	for c := range itemErrSet {
 		if !done[c] {
 			continue

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // TestTenantOnStandardQueue: on the emulator, a standard queue takes work
@@ -21,7 +22,7 @@ import (
 func TestTenantOnStandardQueue(t *testing.T) {
 	e := newEnv(t, false)
 	s := e.serve(publisher.Config{})
-	a := s.mustPost(jobBody(t, manyItems("t-", 3, 2), 1), map[string]string{publisher.TenantHeader: "acme"})
+	a := s.mustPost(jobBody(t, manyItems("t-", 3, 2), 1), map[string]string{api.TenantHeader: "acme"})
 	groups := map[string]int{}
 	attrs := map[string]int{}
 	for n, got := 0, 0; n < 20 && got < a.Chunks; n++ {

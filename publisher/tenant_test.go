@@ -17,6 +17,7 @@ import (
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // sentBatch is the part of a SendMessageBatch request (AWS JSON protocol)
@@ -171,7 +172,7 @@ func tenantsOf(entries []publisher.Entry) []string {
 func TestTenantOfKey(t *testing.T) {
 	srv, q, reg := tenantPublisher(t, "alice:k1", "alice:k1-next", "k2")
 	bearer := func(k string) map[string][]string {
-		return map[string][]string{"Authorization": {"Bearer " + k}, publisher.TenantHeader: {"mallory"}}
+		return map[string][]string{"Authorization": {"Bearer " + k}, api.TenantHeader: {"mallory"}}
 	}
 	for _, tc := range []struct {
 		key, tenant string
@@ -236,7 +237,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, metric, tenantName str
 // invalid_tenant and nothing is sent; none gives no tenant.
 func TestTenantHeader(t *testing.T) {
 	srv, q, reg := tenantPublisher(t)
-	h := func(vs ...string) map[string][]string { return map[string][]string{publisher.TenantHeader: vs} }
+	h := func(vs ...string) map[string][]string { return map[string][]string{api.TenantHeader: vs} }
 	if status, code := postTenant(t, srv.URL, h("team/ml:prod"), 2); status != http.StatusAccepted {
 		t.Fatalf("a valid tenant: %d %s", status, code)
 	}
@@ -244,8 +245,8 @@ func TestTenantHeader(t *testing.T) {
 		t.Errorf("tenants %q", got)
 	}
 	for _, bad := range [][]string{{""}, {"a b"}, {strings.Repeat("x", 129)}, {"é"}, {"a", "b"}} {
-		if status, code := postTenant(t, srv.URL, h(bad...), 1); status != http.StatusBadRequest || code != publisher.CodeInvalidTenant {
-			t.Errorf("tenant %q: %d %s, want 400 %s", bad, status, code, publisher.CodeInvalidTenant)
+		if status, code := postTenant(t, srv.URL, h(bad...), 1); status != http.StatusBadRequest || code != api.CodeInvalidTenant {
+			t.Errorf("tenant %q: %d %s, want 400 %s", bad, status, code, api.CodeInvalidTenant)
 		}
 		if got := q.take(); len(got) != 0 {
 			t.Errorf("tenant %q: %d entries sent", bad, len(got))
@@ -276,7 +277,7 @@ func TestSplitKey(t *testing.T) {
 		{"a b:k", tenant.OfKey("a b:k"), "a b:k"},
 		{"alice:", "alice", ""},
 	} {
-		if n, k := publisher.SplitKey(tc.entry); n != tc.name || k != tc.key {
+		if n, k := api.SplitKey(tc.entry); n != tc.name || k != tc.key {
 			t.Errorf("SplitKey(%q) = %q, %q; want %q, %q", tc.entry, n, k, tc.name, tc.key)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/internal/backoff"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // A batch's end is announced as OpenAI announces it (its webhooks guide,
@@ -125,7 +126,7 @@ func (w *webhooks) batchEnded(b *batchRecord) {
 
 // deliver sends ev until an attempt is answered 2xx or the tries are spent.
 func (w *webhooks) deliver(ctx context.Context, ev *webhookEvent) {
-	body := encodeJSON(ev)
+	body := api.EncodeJSON(ev)
 	var err error
 	for try := 1; try <= webhookTries; try++ {
 		if try > 1 {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/vramq/vramq/gpu"
+	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/backend"
 	"golang.org/x/sync/semaphore"
 )
@@ -288,6 +290,79 @@ func (h *hold) split(w int64) *hold {
 	h.bytes -= b
 	h.s.adm.holds.Add(1)
 	return &hold{s: h.s, need: need{weight: n}, bytes: b}
+}
+
+// held is the weight h holds in admission now.
+func (h *hold) held() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.need.weight
+}
+
+// shed gives back up to w of h's weight, and as many of its bytes in
+// flight, while its message still runs: an item's share, its answer in. An
+// exclusive run keeps the whole budget until its release.
+func (h *hold) shed(w int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released || h.exclusive || w <= 0 {
+		return
+	}
+	n := min(w, h.need.weight)
+	h.need.weight -= n
+	h.setBytes(h.bytes - min(n, h.bytes))
+	if n > 0 {
+		h.s.adm.giveBack(n)
+	}
+}
+
+// fit makes h's weight w: it gives back any excess at once; short of w, it
+// gives back all it has and acquires w.
+func (h *hold) fit(ctx context.Context, w int64) error {
+	h.mu.Lock()
+	if h.released || h.exclusive {
+		h.mu.Unlock()
+		return nil
+	}
+	if h.need.weight >= w {
+		excess := h.need.weight - w
+		h.need.weight = w
+		h.setBytes(w)
+		h.mu.Unlock()
+		if excess > 0 {
+			h.s.adm.giveBack(excess)
+		}
+		return nil
+	}
+	had := h.need.weight
+	h.need.weight = 0
+	h.setBytes(0)
+	h.mu.Unlock()
+	if had > 0 {
+		h.s.adm.giveBack(had)
+	}
+	if err := h.s.adm.acquire(ctx, w); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		h.s.adm.giveBack(w)
+		return errReleased
+	}
+	h.need.weight = w
+	h.setBytes(w)
+	return nil
+}
+
+// setBytes makes h's bytes in flight n, keeping the in-flight count (and
+// gauge) in step. h.mu is held.
+func (h *hold) setBytes(n int64) {
+	if d := n - h.bytes; d != 0 {
+		h.s.m.inflight.Add(float64(d))
+		h.s.inflight.Add(d)
+		h.bytes = n
+	}
 }
 
 // launchesAhead reports whether t, waiting for admission, is launched
@@ -730,4 +805,104 @@ func (a *admission) close() {
 	for len(a.pending) > 0 {
 		a.cancelNewest()
 	}
+}
+
+// part is a run of a message's items, [lo, hi), that runs as one batch; or,
+// with err set, one item too large to run at all, answered with err.
+type part struct {
+	lo, hi int
+	err    *job.ItemError
+}
+
+// cutParts plans a message of several items whose estimate together,
+// cost, exceeds the largest budget the device can give: a chunk of 100
+// texts estimated at 237 MiB against a 179 MiB budget, each text fitting
+// on its own, is no reason to dead-letter it. It halves the items until
+// each run of them fits that budget, so the parts come out about even
+// (none below half of what fits, when the items weigh alike) and the
+// message weighs in admission no more than its largest part, of which it
+// runs one at a time; then it joins neighbours whose estimate together is
+// no more than that, so that an uneven message does not run in needless
+// small parts. An item that alone exceeds the budget is the only thing
+// too large, and becomes a part of its own with an item error
+// (job.ItemTooLarge), as an item the model refuses does: the others run.
+//
+// It returns the parts in item order and the largest estimate among those
+// that run; no parts when no item fits (the message is too large as a
+// whole, and dead-lettered so). err is the model's, from Cost.
+func (s *Subscriber) cutParts(endpoint string, items []job.Item, cost int64) (parts []part, largest int64, err error) {
+	var cut func(lo, hi int, cost int64) error
+	cut = func(lo, hi int, cost int64) error {
+		if s.fitsPart(cost) || (hi-lo == 1 && s.adm.fits(cost)) {
+			parts = append(parts, part{lo: lo, hi: hi})
+			largest = max(largest, cost)
+			return nil
+		}
+		if hi-lo == 1 {
+			parts = append(parts, part{lo: lo, hi: hi, err: job.NewItemError(job.ItemTooLarge, fmt.Sprintf(
+				"estimated working memory %s exceeds the largest VRAM budget the device can give, %s",
+				s.amount(cost), s.amount(s.adm.size)))})
+			return nil
+		}
+		mid := lo + (hi-lo)/2
+		for _, h := range [][2]int{{lo, mid}, {mid, hi}} {
+			c, err := s.modelCost(endpoint, items[h[0]:h[1]])
+			if err != nil {
+				return err
+			}
+			if err := cut(h[0], h[1], c); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := cut(0, len(items), cost); err != nil {
+		return nil, 0, err
+	}
+	if !hasRunnable(parts) {
+		return nil, 0, nil
+	}
+	joined := parts[:1]
+	for _, p := range parts[1:] {
+		last := &joined[len(joined)-1]
+		if p.err == nil && last.err == nil {
+			c, err := s.modelCost(endpoint, items[last.lo:p.hi])
+			if err != nil {
+				return nil, 0, err
+			}
+			if c <= largest {
+				last.hi = p.hi
+				continue
+			}
+		}
+		joined = append(joined, p)
+	}
+	return joined, largest, nil
+}
+
+func hasRunnable(parts []part) bool {
+	for _, p := range parts {
+		if p.err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// itemPartDiv sets the largest part of a message an itemwise model runs at
+// once: a part takes its whole weight from admission before it starts, in
+// the admission's FIFO, so a part of half the budget holds back every
+// message behind it until half the pool is free; parts of an eighth keep
+// the pool filling as requests end.
+const itemPartDiv = 8
+
+// fitsPart reports whether a message, or a part of one, of this cost runs
+// whole: whether it fits admission (admission.fits), and for an itemwise
+// model under vram admission whether it is at most an itemPartDiv-th of
+// the largest budget.
+func (s *Subscriber) fitsPart(cost int64) bool {
+	if _, ok := capabilities(s.cfg.Backend).(gpu.Itemwise); ok && s.adm.strategy == AdmitVRAM {
+		return cost <= max(1, s.adm.size/itemPartDiv)
+	}
+	return s.adm.fits(cost)
 }

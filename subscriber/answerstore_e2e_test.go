@@ -20,7 +20,7 @@ import (
 	"github.com/vramq/vramq/subscriber"
 )
 
-// End-to-end tests of the answer store (run.go): a subscriber that
+// End-to-end tests of the answer store (answers.go): a subscriber that
 // stops with some of a chunk's items answered hands the chunk back, and the
 // next subscriber, another process with its own backend, asks the model
 // server only for the items that had no answer. The fake's Recorder counts
@@ -129,6 +129,7 @@ func answeredOnce(t *testing.T, rec *fakeoai.Recorder, w job.Work, r job.Result)
 // subscriber that takes it over asks only for the four items without an
 // answer: no item is answered twice.
 func TestE2EOverloadLateInBatchAsksNoAnswerTwice(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	const answered = 4
 	fake, rec, store := answerServer(t, fakeoai.Config{Faults: []fakeoai.Fault{
 		{Kind: fakeoai.FaultStatus, Status: 429, Skip: answered}}}) // every request after the fourth, until cleared
@@ -166,6 +167,7 @@ func TestE2EOverloadLateInBatchAsksNoAnswerTwice(t *testing.T) {
 // The chunk goes back to the queue, and the subscriber that takes it asks
 // only for the items without an answer.
 func TestE2ESigtermMidBatchAsksNoAnswerTwice(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	_, rec, store := answerServer(t, fakeoai.Config{TokenLatency: 10 * time.Millisecond})
 	// Two requests at a time, each 1 s (100 steps of 10 ms): whenever the
 	// SIGTERM comes, two are generating, and a grace of 0.3 s cuts them off.
@@ -201,6 +203,7 @@ func TestE2ESigtermMidBatchAsksNoAnswerTwice(t *testing.T) {
 // answered before are not asked again, nor the items of the third that
 // were: every item answered once.
 func TestE2EBackoffInPartsAsksNoAnswerTwice(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	const answered = 4
 	_, rec, _ := answerServer(t, fakeoai.Config{Faults: []fakeoai.Fault{
 		{Kind: fakeoai.FaultStatus, Status: 429, RetryAfter: 2 * time.Second, Skip: answered, Times: 1}}})

@@ -37,7 +37,7 @@ import (
 // sub-batches by the model, gains nothing from sharing the batch.
 //
 // A message launched ahead while it waited (admit), run in parts
-// (parts.go), or in a batch that failed (see suspects) runs on its own,
+// (admit.go), or in a batch that failed (see suspects) runs on its own,
 // after what was pending in its class.
 //
 // One goroutine, run, owns all of this state: the pending batches, the

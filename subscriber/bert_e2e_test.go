@@ -23,6 +23,7 @@ import (
 // name, and a message with a binary item is dead-lettered as invalid input
 // with a reason that says so.
 func TestE2EBERTModelDirectory(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	dir := filepath.Join(t.TempDir(), "e2e-bert")
 	g := bert.Generated{Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: 4,
 		IntermediateSize: 128, MaxPositionEmbeddings: 128, TypeVocabSize: 2, LayerNormEps: 1e-12}, MaxSeqLength: 64, Seed: 5}

@@ -18,6 +18,7 @@ import (
 // out-of-memory error on the device, large messages never two at once, and
 // the device's peak use is within the budget.
 func TestBERTAdmissionRunsWithoutOOM(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	dir := filepath.Join(t.TempDir(), "admit-bert")
 	g := bert.Generated{Config: bert.Config{VocabSize: 30522, HiddenSize: 32, NumLayers: 2, NumHeads: 4,
 		IntermediateSize: 128, MaxPositionEmbeddings: 64, TypeVocabSize: 2, LayerNormEps: 1e-12}, MaxSeqLength: 64, Seed: 3}

@@ -219,6 +219,7 @@ func (p *pipeline) deadLetters() []jobq.DeadLetter {
 // vram runs it with no OOM, while count and none (which do not know sizes)
 // run out of memory and recover by splitting, losing nothing.
 func TestE2EMixedWorkload(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	const n = 40
 	for _, tc := range []struct {
 		name    string
@@ -311,6 +312,7 @@ func TestE2EHeartbeatKeepsSlowMessage(t *testing.T) {
 // over the whole budget whose items each fit is not too large (issue 25,
 // item 10): it runs in parts and is answered whole.
 func TestE2EPoisonGoesToDLQWithReason(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	p := newPipeline(t, 5, subscriber.Config{}, nil)
 	huge := workload.Spec{JobID: "huge", Messages: 1, SmallItems: 64, SmallWords: 600, Seed: 2}.Works() // ~33 MiB
 	if cost := p.model.Cost("", huge[0].Items); cost <= p.sub.MaxBudget() {
@@ -418,6 +420,7 @@ func (p *pipeline) waitDeadLetters(n int) []jobq.DeadLetter {
 // the same item sent inline; a changed or missing object goes to the DLQ
 // with a failed marker for its chunk; every result is also in the bucket.
 func TestE2EClaimCheck(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	store := newStore(t)
 	p := newPipeline(t, 5, subscriber.Config{Payloads: store}, nil)
 	text := strings.Repeat("the quick brown fox jumps over the lazy dog ", 40)
@@ -504,6 +507,7 @@ func TestE2EClaimCheck(t *testing.T) {
 // A result too large for a message arrives as a reference to the whole
 // result in S3.
 func TestE2ELargeResultByRef(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	store := newStore(t)
 	p := newPipeline(t, 5, subscriber.Config{Payloads: store, MaxMessageBytes: 4 << 10}, nil)
 	w := job.Work{V: 1, JobID: "wide"}
@@ -535,6 +539,7 @@ func TestE2ELargeResultByRef(t *testing.T) {
 
 // Without a bucket, a message that references one is poison with a reason.
 func TestE2EClaimCheckWithoutBucket(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	p := newPipeline(t, 5, subscriber.Config{}, nil)
 	ref := job.PayloadRef{Bucket: "elsewhere", Key: job.ItemKey("j", "i0"), Size: 10, SHA256: strings.Repeat("ab", 32)}
 	p.send([]job.Work{{V: 1, JobID: "j", Items: []job.Item{{ID: "doc", Ref: &ref}}}})

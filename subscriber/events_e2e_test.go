@@ -82,6 +82,7 @@ func (s emulatorStore) Create(ctx context.Context, key string, body []byte) (boo
 // TestCompletionEventOnceAcrossSubscribersAndRedeliveries, on a bucket
 // whose conditional write is atomic.
 func TestE2ECompletionEventExactlyOnce(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	store := newStore(t)
 	client := sqstest.Client(t)
 	topic, eventsURL := eventsTopic(t, client)

@@ -272,6 +272,7 @@ func TestE2EFaultKinds(t *testing.T) {
 // The endpoint goes away for a few seconds mid-run: the subscriber keeps
 // running through it, backs off, and finishes the work after it.
 func TestE2EOutage(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	const n = 40
 	// Batches take a while, so that the outage finds work in progress.
 	p := newFaultPipeline(t, 10, subscriber.Config{}, func(m gpu.Model) gpu.Model {
@@ -391,6 +392,7 @@ func (m *oomModel) Run(ctx context.Context, items []job.Item) ([]job.Output, err
 // runs out of memory with the device to itself is dead-lettered with the
 // reason. Nothing crashes and nothing is lost.
 func TestE2EOOMStorm(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	const n = 40
 	var model *oomModel
 	p := newFaultPipeline(t, 5, subscriber.Config{}, func(m gpu.Model) gpu.Model {
@@ -450,6 +452,7 @@ func TestE2EExpiredHeartbeat(t *testing.T) {
 // the missing and the corrupted objects go to the DLQ with the claim_check
 // reason. TestE2EClaimCheck checks the reasons and markers in detail.
 func TestE2EClaimCheckUnderS3Faults(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	const n = 12
 	store := newStore(t)
 	// S3 faults only: the subscriber's SQS calls go straight to the endpoint.

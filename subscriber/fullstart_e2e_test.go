@@ -16,6 +16,7 @@ import (
 // memory comes back the budget refresh lets the work in. Before, New
 // refused to start, and a restart met the same moment.
 func TestE2EStartsOnAFullDevice(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	if endpoint() == "" {
 		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
 	}

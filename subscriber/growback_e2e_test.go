@@ -20,6 +20,7 @@ import (
 // together, and grows back to -max-batch once only small ones come: the
 // workload changes shape, and the limit follows it both ways.
 func TestE2EBatchLimitGrowsBack(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	const maxBatch = 8
 	state := filepath.Join(t.TempDir(), "state.json")
 	// Count admission does not know sizes, so large messages (about 16.3

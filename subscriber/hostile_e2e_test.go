@@ -28,6 +28,7 @@ import (
 //   - item 6: a dead letter that does not fit in the DLQ's messages with its
 //     reason goes all the same, its body cut.
 func TestE2EHostileMessages(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	store := newStore(t)
 	const limit = 4 << 10
 	p := newPipeline(t, 3, subscriber.Config{Payloads: store, MaxMessageBytes: limit}, nil)

@@ -13,7 +13,7 @@ import (
 
 // runOne runs one message as a batch of its own (in a batch of one, or
 // alone with the whole device) and returns its outputs. A message too large
-// to run whole runs in its parts (parts.go), one after another, each with
+// to run whole runs in its parts (admit.go), one after another, each with
 // what t holds in admission. An item the model refuses (fault.ErrInvalidInput)
 // must not cost the chunk: the items of a refused run are searched by
 // halving (isolate), and each item the model refuses alone is answered with
@@ -178,7 +178,7 @@ func (s *Subscriber) inferItems(ctx context.Context, t *task, lo, hi int, alone 
 	// the hold's weight to the goroutine that waits for the model, and t,
 	// released, gives back only its bytes.
 	sub := &task{lease: t.lease, work: &job.Work{V: t.work.V, JobID: t.work.JobID, Chunk: t.work.Chunk, Endpoint: t.work.Endpoint,
-		Items: t.work.Items[lo:hi:hi]}, cost: t.cost, raw: t.raw, factor: t.factor, class: t.class, hold: t.hold, at: t.at}
+		Items: t.work.Items[lo:hi:hi]}, cost: t.cost, raw: t.raw, factor: t.factor, class: t.class, hold: t.hold, at: t.at, of: t}
 	got, err := s.infer(ctx, []*task{sub}, alone)
 	t.at = sub.at
 	if err != nil {

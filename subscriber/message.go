@@ -58,12 +58,16 @@ type task struct {
 	hold   *hold          // what it holds in admission (admit.go); nil before
 	needs  backend.Vector // what it takes of the resources the model offers (backend.Offerer)
 	// answered holds the answers a backoff came with for some of its items
-	// while it waits (run.go); nil when none.
+	// while it waits (answers.go); nil when none.
 	answered *answered
 	// told is what its items' answers were, as they arrived, for a
 	// message run in parts (run.go); nil for one that runs whole.
 	told *toldAnswers
-	// parts are how a message too large to run whole runs (parts.go); nil
+	// of is the message a run of some of its items is of (inferPart,
+	// inferItems), whose answers held elsewhere count against this run's
+	// (keptBytes); nil for a message itself.
+	of *task
+	// parts are how a message too large to run whole runs (admit.go); nil
 	// for one that runs whole. cost and raw are then its largest part's.
 	parts []part
 	// ahead is the task's batch of one, launched while it waited for
@@ -158,7 +162,7 @@ const (
 	// ends it once the result is out); nothing to end here.
 	carried outcomeKind = iota
 	// waits: the model asks to wait; the message waits holding its lease
-	// and its admission, and runs again after the wait (run.go).
+	// and its admission, and runs again after the wait (pause.go).
 	waits
 	acked        // its result or its DLQ copy is out: delete it
 	retried      // a failure that may be its own: release it after its retry delay

@@ -64,7 +64,7 @@ type metrics struct {
 	handedBack    *prometheus.CounterVec
 	answersKept   prometheus.Counter
 	// answersStored and answersRecalled count the answer store's items
-	// (run.go).
+	// (answers.go).
 	answersStored, answersRecalled prometheus.Counter
 	modelWaiting                   prometheus.Gauge
 

@@ -27,7 +27,7 @@ import (
 )
 
 // End-to-end tests of the model-server dispositions the subscriber acts on
-// (run.go): the whole subscriber on the emulator's queues, its model a
+// (run.go, pause.go): the whole subscriber on the emulator's queues, its model a
 // model/modelserver backend on an internal/testenv/fakeoai server.
 
 // newServerPipeline is a pipeline whose model is a model-server backend on
@@ -67,6 +67,7 @@ func (p *pipeline) receives() float64 {
 // subscriber receives nothing meanwhile: the messages run again and complete,
 // none dead-lettered by the queue's redrive (a third receive would).
 func TestE2EModelServerBackoffWaitsInTheQueue(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	const retryAfter = 10 * time.Second
 	srv := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{
 		{Kind: fakeoai.FaultStatus, Status: 429, RetryAfter: retryAfter, Times: 1}}})
@@ -116,6 +117,7 @@ func TestE2EModelServerBackoffWaitsInTheQueue(t *testing.T) {
 // chunk completes once, none is dead-lettered. (TestWaitsNeverCostAReceive
 // runs the same for 6 + 6 hours in virtual time.)
 func TestE2EModelServerWaitsThenQuotaThenResumes(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	srv := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{
 		{Kind: fakeoai.FaultStatus, Status: 429, RetryAfter: 2 * time.Second}}})
 	defer srv.Close()
@@ -183,6 +185,7 @@ func TestE2EModelServerWaitsThenQuotaThenResumes(t *testing.T) {
 // answered as its endpoint defines; the text job's item, on a subscriber
 // with no in-process model, is refused as an item of its result.
 func TestE2EModelServerMixedQueue(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	srv := fakeoai.New(fakeoai.Config{})
 	defer srv.Close()
 	p := newServerPipeline(t, 2, subscriber.Config{MaxBatchDelay: 500 * time.Millisecond}, srv, time.Second)
@@ -222,6 +225,7 @@ func TestE2EModelServerMixedQueue(t *testing.T) {
 // base64 when asked; token-id inputs are the item's error. Chat requests
 // stay unsupported_endpoint. Nothing is dead-lettered.
 func TestE2EInProcessModelServesEmbeddings(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	if endpoint() == "" {
 		t.Skip("no SQS endpoint: set AWS_ENDPOINT_URL (make test starts the emulator and sets it)")
 	}
@@ -355,6 +359,7 @@ func TestE2EInProcessModelServesEmbeddings(t *testing.T) {
 // exact: three answered, the fourth refused with a wait past the backend's,
 // five waiting and sent once each after it.
 func TestE2EModelServerBackoffKeepsFinishedChunks(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	const retryAfter = 6 * time.Second
 	fake := fakeoai.New(fakeoai.Config{Faults: []fakeoai.Fault{
 		{Kind: fakeoai.FaultStatus, Status: 429, RetryAfter: retryAfter, Skip: 3, Times: 1}}})
@@ -455,6 +460,7 @@ func (m *partialModel) Run(ctx context.Context, items []job.Item) ([]job.Output,
 // holding its lease and its answered item, and its other item runs after the
 // backoff: both on their first receive, each with both outputs.
 func TestE2EBackoffKeepsWholeChunksOnly(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	until := time.Now().Add(3 * time.Second)
 	pm := &partialModel{until: until, done: func(n int) []bool {
 		d := make([]bool, n)

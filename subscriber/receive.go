@@ -1,24 +1,22 @@
 package subscriber
 
 import (
-	"cmp"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"runtime/debug"
 	"slices"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/backoff"
-
-	// Named apart from this package's own batcher, which forms device batches.
-	callbatch "github.com/vramq/vramq/internal/batcher"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -26,9 +24,10 @@ import (
 	"github.com/vramq/vramq/subscriber/queue"
 )
 
-// The receive stage: long polls (the poller), the leases it holds on what it received (the keeper: visibility
-// extended while a message is held, deletes and hand-backs batched), the check of what a message asks for
-// (modelguard) and the counted SQS and S3 clients every stage calls through.
+// The receive stage: long polls (the poller), what a received message needs before admission (its job's
+// cancel checked, its claim-checked items fetched, its cost estimated), the calls into the model, each behind
+// a recover, and the counted SQS and S3 clients every stage calls through. The leases it holds on what it
+// received are lease.go's.
 
 // fillWait is the longest the poller waits for room for a full receive
 // while messages are still waiting to start.
@@ -100,7 +99,7 @@ func (s *Subscriber) poll(ctx, recvCtx context.Context) {
 			}
 		}
 		topUp = time.Time{}
-		// A backoff or a needed operator (run.go) holds receives back:
+		// A backoff or a needed operator (pause.go) holds receives back:
 		// what they would bring could not run; a probe of an open circuit
 		// may take one message.
 		allowed, ok := s.waitToReceive(ctx)
@@ -200,7 +199,7 @@ func (s *Subscriber) accept(ctx context.Context, l *lease) {
 }
 
 // sendOn sends a decoded message on: to admission, through a read of the
-// answers kept for it when it was received before (run.go) and a
+// answers kept for it when it was received before (answers.go) and a
 // claim-check fetch when it has claim-checked items.
 func (s *Subscriber) sendOn(ctx context.Context, t *task) {
 	if s.answers.mayHold(t) {
@@ -244,7 +243,7 @@ func (s *Subscriber) fetchOrEnqueue(ctx context.Context, t *task) {
 // enqueue sends a decoded message, already counted as waiting, on to
 // admission, or to the DLQ when none of its items can ever fit; a message of
 // several items that does not fit whole goes on to run in parts
-// (parts.go). Its cost is estimated from its content, so claim-checked
+// (admit.go). Its cost is estimated from its content, so claim-checked
 // items must have been fetched.
 //
 // Never fitting is exceeding the largest budget the device could give, not
@@ -265,7 +264,7 @@ func (s *Subscriber) enqueue(t *task) {
 		return
 	}
 	if !s.adm.fits(cost) || (len(w.Items) > 1 && !s.fitsPart(cost)) {
-		// In parts that fit, if any item does (parts.go).
+		// In parts that fit, if any item does (admit.go).
 		var parts []part
 		var largest int64
 		if len(w.Items) > 1 {
@@ -305,525 +304,298 @@ func unconfigured(w *job.Work) string {
 	return "no payload bucket is configured"
 }
 
-// A lease is the subscriber's hold on one received message, from receipt until
-// SQS confirms its delete or release. The keeper extends it while it is held,
-// whether the message is waiting for admission or running.
-type lease struct {
-	msg      queue.Message
-	received time.Time
-	lost     atomic.Bool // the handle no longer holds the message, or max hold passed
-	// answersKept: answers of its items are in the answer store
-	// (run.go), to delete once its result is out.
-	answersKept atomic.Bool
-
-	// Guarded by keeper.mu.
-	visibleAt time.Time // when SQS will hand the message out again unless extended
-	extending bool      // a ChangeMessageVisibility call for it is in flight
-	ending    bool      // an ack or release was asked for: never extend again
-	// waiting: the message waits for its model server (a backoff, a needed
-	// operator), which is not its own doing, so max hold does not count
-	// while it waits; holdFrom is where max hold counts from: its receive,
-	// or the end of its last wait.
-	waiting  bool
-	holdFrom time.Time
-	sent     bool // a hand-back's copy is on the queue: only the delete is left
-
-	// Set once, before the lease is handed to keeper.ends.
-	// resultSent is when SQS accepted the message's result, for the delete
-	// stage (message.go); zero for a message that ends otherwise.
-	resultSent time.Time
-	release    bool // the end is a release (visibility = delay), not an ack (delete)
-	handBack   bool // the end is a copy sent back (with delay), then a delete
-	delay      time.Duration
-}
-
-// keeper owns every lease: one heartbeat extends all held messages that need
-// it, and ends (acks, which delete, and releases) are batched in tens.
-// Because a lease in flight for an extension is handed to the batcher only
-// once that call has answered, and an ending lease is never extended, no
-// visibility change ever follows a delete.
-type keeper struct {
-	q          queue.Queue
-	m          *metrics
-	log        *slog.Logger
-	visibility time.Duration
-	maxHold    time.Duration
-	callTO     time.Duration // bound on one SQS call, retries included
-	onHold     func()        // called after a lease enters the table
-	onRemove   func()        // called after a lease leaves the table
-	// ends gathers acks and releases into calls (sendEnds).
-	ends *callbatch.Batcher[*lease]
-	// giveUp is closed when close gives up on the ends still failing:
-	// their retries stop.
-	giveUp     chan struct{}
-	extensions sync.WaitGroup // extend calls in flight
-
-	mu     sync.Mutex
-	leases map[*lease]struct{}
-	held   atomic.Int64
-	// How leases ended, for the ledger.
-	deleted, released, lost, abandoned atomic.Int64
-}
-
-// endDelay is the longest an end waits for others to share its call.
-const endDelay = 200 * time.Millisecond
-
-// newKeeper returns a keeper whose calls to end messages hold up to fullCall
-// entries: job.MaxBatch, or fewer when fewer messages may be held at once, since
-// an end that waited for company that cannot come would hold up the next
-// receive for nothing.
-func newKeeper(q queue.Queue, m *metrics, log *slog.Logger, visibility, maxHold time.Duration, fullCall int) *keeper {
-	k := &keeper{
-		q: q, m: m, log: log,
-		visibility: visibility, maxHold: maxHold,
-		callTO:   15 * time.Second,
-		leases:   make(map[*lease]struct{}),
-		giveUp:   make(chan struct{}),
-		onHold:   func() {},
-		onRemove: func() {},
-	}
-	k.ends = k.newEnds(fullCall, endDelay)
-	return k
-}
-
-// newEnds is the batcher of k's ends: a call goes when it holds fullCall
-// ends, or delay after its first.
-func (k *keeper) newEnds(fullCall int, delay time.Duration) *callbatch.Batcher[*lease] {
-	return callbatch.New(callbatch.Options{MaxItems: fullCall, MaxDelay: delay}, k.sendEnds)
-}
-
-// hold starts a lease on m, received by a call that started at start (the
-// visibility timeout runs from about then).
-func (k *keeper) hold(m queue.Message, start time.Time) *lease {
-	now := time.Now()
-	l := &lease{msg: m, received: now, holdFrom: now, visibleAt: start.Add(k.visibility)}
-	k.mu.Lock()
-	k.leases[l] = struct{}{}
-	k.mu.Unlock()
-	k.held.Add(1)
-	k.m.held.Inc()
-	k.onHold()
-	return l
-}
-
-// ack asks for l's message to be deleted. It returns at once; the call is
-// batched. Only the first ack or release of a lease counts.
-func (k *keeper) ack(l *lease) { k.end(l, false, 0) }
-
-// release asks for l's message to be made visible again after delay. It
-// returns at once; the call is batched. Only the first ack or release of a
-// lease counts.
-func (k *keeper) release(l *lease, delay time.Duration) { k.end(l, true, delay) }
-
-// handBack gives l's message back to the queue at no cost to its receive
-// count: a copy goes to the queue, visible after delay (at most
-// job.MaxDelay), and then l's message is deleted. SQS counts every
-// receive of a message towards its redrive, and a release is received
-// again, so a message that waits for something that is not its fault (a
-// rate limit, a restart, admission) is handed back this way. It returns at
-// once; the calls are batched. Only the first end of a lease counts.
-func (k *keeper) handBack(l *lease, delay time.Duration) {
-	k.mu.Lock()
-	if !l.ending {
-		l.handBack = true
-	}
-	k.mu.Unlock()
-	k.end(l, false, min(max(delay, 0), job.MaxDelay))
-}
-
-// setWaiting marks ls as waiting for the model (true) or no longer
-// (false): max hold does not count while a lease waits, and counts afresh
-// from the end of its wait.
-func (k *keeper) setWaiting(ls []*lease, waiting bool) {
-	now := time.Now()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for _, l := range ls {
-		if l.waiting && !waiting {
-			l.holdFrom = now
-		}
-		l.waiting = waiting
+func (r *receiving) pokeRoom() {
+	select {
+	case r.roomKick <- struct{}{}:
+	default:
 	}
 }
 
-func (k *keeper) end(l *lease, release bool, delay time.Duration) {
-	k.mu.Lock()
-	if l.ending {
-		k.mu.Unlock()
-		return
-	}
-	l.ending, l.release, l.delay = true, release, delay
-	// An extension on the wire hands the lease over when it answers.
-	waits := l.extending
-	k.mu.Unlock()
-	if !waits {
-		k.ends.Add(l, 0)
-	}
+// room is how many messages the next receive may ask for: no more than the
+// prefetch buffer and the in-flight bound have room for.
+func (r *receiving) room() int {
+	n := min(job.MaxBatch, r.prefetch-int(r.waiting.Load()), r.maxInflight-int(r.keeper.held.Load()))
+	return max(n, 0)
 }
 
-// run is the heartbeat loop. It returns when ctx ends; close drains what is
-// left. Each heartbeat also sends the ends waiting for company: an ending
-// lease is no longer extended, so its end must not wait longer than the
-// visibility a heartbeat leaves it.
-func (k *keeper) run(ctx context.Context) {
-	tick := time.NewTicker(k.visibility / 3)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			k.heartbeat()
-			k.ends.Flush()
+// fullReceive is the most one receive can ever ask for under the bounds.
+func (r *receiving) fullReceive() int {
+	return min(job.MaxBatch, r.prefetch, r.maxInflight)
+}
+
+// addWaiting counts a message as waiting: received and not started.
+func (r *receiving) addWaiting() {
+	r.waitingGauge.Set(float64(r.waiting.Add(1)))
+}
+
+// startTasks marks tasks as no longer waiting: started, or ended without
+// running.
+func (r *receiving) startTasks(n int) {
+	r.waitingGauge.Set(float64(r.waiting.Add(-int64(n))))
+	r.pokeRoom()
+}
+
+// maxFetches bounds the claim-check fetches in flight at once, across
+// messages: each holds a whole object in memory until its message runs.
+const maxFetches = 8
+
+// errBadObject marks an object that passed verification but does not stand
+// for the item that references it: the publisher wrote the wrong thing, and
+// no retry will change that.
+var errBadObject = errors.New("object is not the referenced item")
+
+// errBadRef marks a reference that names something other than this item's
+// object in the payload bucket.
+var errBadRef = errors.New("reference outside this job's payloads")
+
+// maxClaimBytes bounds the object a reference may name. The publisher
+// claim-checks items of a request body, which it bounds at 32 MiB by
+// default; a reference is read up to its size, and anyone who can send to
+// the queue writes the size.
+const maxClaimBytes = 64 << 20
+
+// A claimRefused is a claim-checked item that can never be fetched as it is
+// referenced. Its Error is the dead letter's reason, and it is the same
+// whether the object is missing, of another size or SHA-256, or not the
+// item: the reason is stored in the chunk's failed marker and served by the
+// publisher's GET, and must tell whoever sent the message nothing about an
+// object they did not already know (not that it exists, nor its size, hash
+// or content). What happened is in err, for the log and the metrics.
+type claimRefused struct {
+	id  string
+	why string
+	err error
+}
+
+func (e *claimRefused) Error() string { return "item " + job.QuoteID(e.id) + ": " + e.why }
+func (e *claimRefused) Unwrap() error { return e.err }
+
+const (
+	whyNoMatch = "no object in the payload bucket matches the reference"
+	whyBadRef  = "the reference does not name this item's object in the payload bucket"
+	whyTooBig  = "the reference names an object larger than a claim-checked item can be"
+)
+
+func hasRefs(w *job.Work) bool {
+	for _, it := range w.Items {
+		if it.Ref != nil {
+			return true
 		}
 	}
+	return false
 }
 
-// heartbeat extends every held lease that would have less than a tick of
-// visibility left at the next tick, so each is extended with at least a third
-// of its visibility timeout to spare. Leases held past maxHold are let go.
-func (k *keeper) heartbeat() {
-	now := time.Now()
-	period := k.visibility / 3
-	var due []*lease
-	k.mu.Lock()
-	for l := range k.leases {
-		if l.ending || l.extending || l.lost.Load() {
-			continue
-		}
-		if !l.waiting && now.Sub(l.holdFrom) >= k.maxHold {
-			l.lost.Store(true)
-			k.m.leasesLost.WithLabelValues("max_hold").Inc()
-			k.log.Warn("lease held past max hold; no longer extended", "message_id", l.msg.ID,
-				"held", now.Sub(l.received).Round(time.Millisecond), "max_hold", k.maxHold)
-			continue
-		}
-		if l.visibleAt.Sub(now) < 2*period {
-			l.extending = true
-			due = append(due, l)
-		}
-	}
-	k.mu.Unlock()
-	for chunk := range slices.Chunk(due, job.MaxBatch) {
-		k.extensions.Go(func() { k.extend(chunk, now) })
-	}
-}
-
-func (k *keeper) extend(ls []*lease, start time.Time) {
-	ctx, cancel := context.WithTimeout(context.Background(), k.callTO)
+// claim fetches the claim-checked items of w off the poll loop and sends the
+// message on to admission. The message was counted as waiting before this
+// started, so the poller never receives more than the buffer can take, and
+// its lease is extended by the keeper all along. Fetching is part of getting
+// to admission, so it shares the admission deadline: a fetch that hangs past
+// AdmitTimeout releases the message for a retry instead of holding a
+// prefetch slot.
+func (s *Subscriber) claim(ctx context.Context, t *task) {
+	l, w := t.lease, t.work
+	fctx, cancel := context.WithDeadline(ctx, l.received.Add(s.cfg.AdmitTimeout))
 	defer cancel()
-	errs, err := k.q.ChangeVisibility(ctx, handles(ls), k.visibility)
-	if err != nil {
-		// The whole call failed: the next tick tries again, and the leases
-		// still have at least a third of their timeout.
-		k.log.Warn("visibility extension failed", "messages", len(ls), "err", err)
-	}
-	var ended []*lease
-	k.mu.Lock()
-	for i, l := range ls {
-		l.extending = false
-		if l.ending {
-			ended = append(ended, l)
-		}
-		switch {
-		case err != nil:
-		case errs[i] == nil:
-			l.visibleAt = start.Add(k.visibility)
-			k.m.extensions.Inc()
-		case errors.Is(errs[i], queue.ErrLeaseLost):
-			l.lost.Store(true)
-			k.m.leasesLost.WithLabelValues("extend").Inc()
-			k.log.Warn("lease lost on extension", "message_id", l.msg.ID, "err", errs[i])
-		default:
-			k.log.Warn("visibility extension of one message failed", "message_id", l.msg.ID, "err", errs[i])
-		}
-	}
-	k.mu.Unlock()
-	if len(ended) > 0 {
-		for _, l := range ended {
-			k.ends.Add(l, 0)
-		}
-		// Their ends have waited for this call already.
-		k.ends.Flush()
-	}
-}
-
-// sendEnds is the handler of k.ends: it deletes the acked leases in one
-// call and releases the others in one call per delay, since a call sets
-// one visibility timeout for all its entries.
-func (k *keeper) sendEnds(ls []*lease) {
-	slices.SortStableFunc(ls, func(a, b *lease) int { return cmp.Compare(endKind(a), endKind(b)) })
-	n := sameKind(ls)
-	if n == len(ls) { // the usual batch: deletes alone
-		k.sendEnd(ls)
-		return
-	}
-	var wg sync.WaitGroup
-	for ; len(ls) > 0; ls = ls[n:] {
-		n = sameKind(ls)
-		call := ls[:n:n]
-		wg.Go(func() { k.sendEnd(call) })
-	}
-	wg.Wait()
-}
-
-// endKind tells the calls of sendEnds apart: -1 for a delete, -2 for a
-// hand-back (its copies' delays are per entry), the delay of a release.
-func endKind(l *lease) time.Duration {
+	err := s.fetchItems(fctx, w)
+	var refused *claimRefused
 	switch {
-	case l.handBack:
-		return -2
-	case !l.release:
-		return -1
-	}
-	return l.delay
-}
-
-// sameKind is how many of ls, from the first, share its kind of end.
-func sameKind(ls []*lease) int {
-	n := 1
-	for n < len(ls) && endKind(ls[n]) == endKind(ls[0]) {
-		n++
-	}
-	return n
-}
-
-// maxEndAttempts is the most calls that try to delete or release a
-// message, the first included. A batch call may fail some entries (SQS's
-// Failed list, which the SDK's retryer does not retry), and an end given up
-// on is processed again after its visibility: 8 attempts span 13.5 to 27 s
-// of waits, within the 30 s a shutdown gives its ends. Where a call fails
-// an entry 30% of the time (TestE2EFaultKinds/partial_batch), an end alone in
-// its call is given up on with odds of 0.3^5, 1 in 412, after 5 attempts,
-// which failed that test in some runs; after 8, 0.3^8, 1 in 15,242.
-const maxEndAttempts = 8
-
-// endRetry is the backoff of a failed delete or release, by retry (below
-// maxEndAttempts), with "equal jitter" so that the ends of one failed call,
-// or of an SQS outage, do not all come back at once. Retries 1 to 7 wait
-// 0.5–1 s, 1–2 s, 2–4 s, then 2.5–5 s.
-var endRetry = backoff.Policy{First: time.Second, Max: 5 * time.Second, Jitter: backoff.Equal}
-
-// sendEnd deletes or releases ls, all of one kind (and one delay), in one
-// call, and takes each out of the table once it is done with, retrying
-// those whose entry failed with backoff, up to maxEndAttempts calls, or
-// until close gives up on them.
-func (k *keeper) sendEnd(ls []*lease) {
-	for attempt := 1; ; attempt++ {
-		ls = k.tryEnd(ls, attempt)
-		if len(ls) == 0 {
-			return
-		}
-		select {
-		case <-time.After(endRetry.Delay(attempt)):
-		case <-k.giveUp:
-			return
-		}
+	case ctx.Err() != nil:
+		s.startTasks(1)
+		s.end(t, endHandBack(0, "shutdown"))
+	case err == nil:
+		s.enqueue(t)
+	case errors.As(err, &refused):
+		s.log.Warn("claim-checked item refused", "message_id", l.msg.ID, "job_id", w.JobID, "chunk", w.Chunk, "err", refused.err)
+		s.startTasks(1)
+		s.endAsync(t, endDeadLetter("claim_check", refused.Error()))
+	default:
+		delay := t.retryAfter()
+		s.log.Warn("fetching a claim-checked item failed; message released for a retry", "message_id", l.msg.ID,
+			"receive_count", l.msg.ReceiveCount, "retry_in", delay, "err", err)
+		s.startTasks(1)
+		s.end(t, endFailed())
 	}
 }
 
-// tryEnd makes one call to delete or release ls and returns those to try
-// again.
-func (k *keeper) tryEnd(ls []*lease, attempt int) (retry []*lease) {
-	if ls[0].handBack {
-		var send []*lease
-		ls, send = k.sendCopies(ls, attempt)
-		retry = send
-		if len(ls) == 0 {
-			return retry
+// fetchItems replaces every item of w that has a Ref with the item stored in
+// the payload bucket, verified. The first error stops the others.
+func (s *Subscriber) fetchItems(ctx context.Context, w *job.Work) error {
+	g, ctx := errgroup.WithContext(ctx)
+	for i := range w.Items {
+		ref := w.Items[i].Ref
+		if ref == nil {
+			continue
 		}
-	}
-	release := ls[0].release
-	ctx, cancel := context.WithTimeout(context.Background(), k.callTO)
-	defer cancel()
-	var errs []error
-	var err error
-	if release {
-		errs, err = k.q.ChangeVisibility(ctx, handles(ls), ls[0].delay)
-	} else {
-		errs, err = k.q.Delete(ctx, handles(ls))
-	}
-	action := "delete"
-	if release {
-		action = "release"
-	}
-	for i, l := range ls {
-		e := err
-		if e == nil {
-			e = errs[i]
-		}
-		switch {
-		case e == nil:
-			switch {
-			case l.handBack:
-				k.m.released.WithLabelValues("handed_back").Inc()
-				k.released.Add(1)
-			case release:
-				k.m.released.WithLabelValues(releaseReason(l.delay)).Inc()
-				k.released.Add(1)
-			default:
-				k.m.deleted.Inc()
-				k.deleted.Add(1)
-				k.m.observeStage(stageDelete, l.resultSent, time.Now())
+		id := w.Items[i].ID
+		g.Go(func() error {
+			if err := s.fetchSlots.Acquire(ctx, 1); err != nil {
+				return fmt.Errorf("item %q: waiting to fetch s3://%s/%s: %w", id, ref.Bucket, ref.Key, err)
 			}
-			k.remove(l)
-		case errors.Is(e, queue.ErrLeaseLost) && l.handBack:
-			// Its copy is on the queue and the original came back too: the
-			// two run, and consumers collapse their results by (job_id,
-			// chunk). Counted as handed back: the work is on the queue.
-			k.m.leasesLost.WithLabelValues(action).Inc()
-			k.log.Warn("lease lost before the delete of a message handed back: it is on the queue twice",
-				"message_id", l.msg.ID, "err", e)
-			k.released.Add(1)
-			k.remove(l)
-		case errors.Is(e, queue.ErrLeaseLost):
-			// The message expired and may be with another consumer: a
-			// delete that comes too late means a duplicate result, which
-			// consumers collapse by (job_id, chunk).
-			k.m.leasesLost.WithLabelValues(action).Inc()
-			k.log.Warn("lease lost before "+action, "message_id", l.msg.ID, "err", e)
-			k.lost.Add(1)
-			k.remove(l)
-		case attempt >= maxEndAttempts:
-			k.log.Error(action+" failed; the message comes back when its visibility expires",
-				"message_id", l.msg.ID, "attempts", attempt, "err", e)
-			k.abandoned.Add(1)
-			k.remove(l)
-		default:
-			k.log.Warn(action+" failed; retrying", "message_id", l.msg.ID, "attempt", attempt, "err", e)
-			retry = append(retry, l)
+			defer s.fetchSlots.Release(1)
+			it, err := s.fetchItem(ctx, w.JobID, w.Endpoint, id, *ref)
+			s.m.claimChecks.WithLabelValues(claimOutcome(err)).Inc()
+			if errors.As(err, new(*claimRefused)) {
+				return err
+			}
+			if err != nil {
+				return fmt.Errorf("item %s: %w", job.QuoteID(id), err)
+			}
+			w.Items[i] = it // each goroutine writes its own element
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// fetchItem fetches the item a reference stands for, verified. A
+// reference must name exactly where the publisher puts this item of this
+// job (job.ItemKey of the message's job id and the item's id, in the
+// payload bucket): anyone who can send to the queue could otherwise point
+// the subscriber at any object its role can read, other items, other jobs'
+// payloads and results among them. Then the content: its size and SHA-256
+// must be the reference's, and it must decode as exactly this item (same
+// id, no reference of its own, content by the rule of job.Item.CheckFor
+// the message's endpoint).
+func (s *Subscriber) fetchItem(ctx context.Context, jobID, endpoint, id string, ref job.PayloadRef) (job.Item, error) {
+	switch {
+	case ref.Bucket != s.payloads.Bucket() || ref.Key != job.ItemKey(jobID, id):
+		return job.Item{}, &claimRefused{id, whyBadRef, fmt.Errorf("%w: s3://%s/%s", errBadRef, ref.Bucket, ref.Key)}
+	case ref.Size > maxClaimBytes:
+		return job.Item{}, &claimRefused{id, whyTooBig, fmt.Errorf("%w: %d bytes", errBadRef, ref.Size)}
+	}
+	b, err := s.payloads.Get(ctx, ref)
+	if errors.Is(err, payload.ErrMissing) || errors.Is(err, payload.ErrCorrupt) || errors.Is(err, job.ErrMalformed) {
+		return job.Item{}, &claimRefused{id, whyNoMatch, err}
+	}
+	if err != nil {
+		return job.Item{}, err
+	}
+	var it job.Item
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&it); err != nil {
+		return job.Item{}, &claimRefused{id, whyNoMatch,
+			fmt.Errorf("%w: s3://%s/%s is not item JSON: %v", errBadObject, ref.Bucket, ref.Key, err)}
+	}
+	switch {
+	case it.ID != id:
+		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s holds another item", errBadObject, ref.Bucket, ref.Key)}
+	case it.Ref != nil:
+		return job.Item{}, &claimRefused{id, whyNoMatch,
+			fmt.Errorf("%w: s3://%s/%s holds another reference, not the item", errBadObject, ref.Bucket, ref.Key)}
+	}
+	if err := it.CheckFor(endpoint); err != nil {
+		return job.Item{}, &claimRefused{id, whyNoMatch, fmt.Errorf("%w: s3://%s/%s: %w", errBadObject, ref.Bucket, ref.Key, err)}
+	}
+	return it, nil
+}
+
+func claimOutcome(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, payload.ErrMissing):
+		return "missing"
+	case errors.Is(err, payload.ErrCorrupt):
+		return "corrupt"
+	case errors.Is(err, errBadObject), errors.Is(err, errBadRef):
+		return "invalid"
+	}
+	return "error"
+}
+
+// cancels answers whether a job is cancelled (DELETE /v1/jobs/{id} wrote
+// its job.CancelRecord), cheaply: the answer for a job is read from the
+// bucket at most once per ttl, not once per message, and concurrent askers
+// about one job share one read (singleflight). A job found cancelled stays
+// so (the record is never removed), so only "not cancelled" expires; the
+// table is bounded by maxEntries, expired answers going first.
+//
+// A read that fails counts as "not cancelled" for ttl: the chunk runs, as it
+// would have before the cancel, and a bucket that is down costs one read
+// per job per ttl, not one per message.
+type cancels struct {
+	read       func(ctx context.Context, key string) ([]byte, error)
+	ttl        time.Duration
+	maxEntries int
+	now        func() time.Time
+	log        *slog.Logger
+
+	mu      sync.Mutex
+	answers map[string]cancelAnswer
+	reads   singleflight.Group
+}
+
+type cancelAnswer struct {
+	cancelled bool
+	until     time.Time // when a "no" expires; a "yes" never does
+}
+
+// maxCancelEntries bounds the cache: far more jobs than a subscriber sees
+// in one ttl.
+const maxCancelEntries = 4096
+
+// cancelReadTimeout bounds one read of a cancel record.
+const cancelReadTimeout = 5 * time.Second
+
+func newCancels(read func(ctx context.Context, key string) ([]byte, error), ttl time.Duration, log *slog.Logger) *cancels {
+	return &cancels{read: read, ttl: ttl, maxEntries: maxCancelEntries, now: time.Now, log: log,
+		answers: map[string]cancelAnswer{}}
+}
+
+// cached is the answer for jobID when one is known and fresh, without any
+// read.
+func (c *cancels) cached(jobID string) (cancelled, known bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	a, ok := c.answers[jobID]
+	if !ok || (!a.cancelled && !c.now().Before(a.until)) {
+		return false, false
+	}
+	return a.cancelled, true
+}
+
+// cancelled reports whether jobID is cancelled, from the cache or, when the
+// cache has no fresh answer, from one read of its record.
+func (c *cancels) cancelled(ctx context.Context, jobID string) bool {
+	if yes, known := c.cached(jobID); known {
+		return yes
+	}
+	v, _, _ := c.reads.Do(jobID, func() (any, error) {
+		if yes, known := c.cached(jobID); known { // answered while this one waited
+			return yes, nil
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelReadTimeout)
+		defer cancel()
+		_, err := c.read(rctx, job.CancelKey(jobID))
+		yes := err == nil
+		if err != nil && !errors.Is(err, payload.ErrMissing) {
+			c.log.Warn("reading a job's cancel record failed; its chunks run", "job_id", jobID, "err", err, "retry_in", c.ttl)
+		}
+		c.store(jobID, yes)
+		return yes, nil
+	})
+	return v.(bool)
+}
+
+func (c *cancels) store(jobID string, cancelled bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	if _, ok := c.answers[jobID]; !ok && len(c.answers) >= c.maxEntries {
+		for id, a := range c.answers {
+			if !a.cancelled && !now.Before(a.until) {
+				delete(c.answers, id)
+			}
+		}
+		for id := range c.answers { // still full: any one goes (it is read again when needed)
+			if len(c.answers) < c.maxEntries {
+				break
+			}
+			delete(c.answers, id)
 		}
 	}
-	return retry
-}
-
-func releaseReason(delay time.Duration) string {
-	if delay == 0 {
-		return "now"
-	}
-	return "backoff"
-}
-
-func (k *keeper) remove(l *lease) {
-	k.mu.Lock()
-	_, ok := k.leases[l]
-	delete(k.leases, l)
-	k.mu.Unlock()
-	if ok {
-		k.held.Add(-1)
-		k.m.held.Dec()
-		k.onRemove()
-	}
-}
-
-// close releases any lease still held (there should be none: every path
-// ends its lease), then sends every end at once and waits until each is
-// done with or ctx ends. Call it after run has returned.
-func (k *keeper) close(ctx context.Context) error {
-	// An end waiting for an extension joins the batcher when it answers.
-	k.extensions.Wait()
-	k.mu.Lock()
-	var orphans []*lease
-	for l := range k.leases {
-		if !l.ending {
-			orphans = append(orphans, l)
-		}
-	}
-	k.mu.Unlock()
-	for _, l := range orphans {
-		k.log.Warn("handing back a message still held at shutdown", "message_id", l.msg.ID)
-		k.handBack(l, 0)
-	}
-	if err := k.ends.Shutdown(ctx); err != nil {
-		close(k.giveUp)
-		return errors.Join(err,
-			errors.New("messages still pending delete or release at exit; they come back after their visibility timeout"))
-	}
-	return nil
-}
-
-func handles(ls []*lease) []string {
-	hs := make([]string, len(ls))
-	for i, l := range ls {
-		hs[i] = l.msg.Handle
-	}
-	return hs
-}
-
-// AttrHandedBack, on a message the subscriber handed back as a fresh copy
-// (keeper.handBack), counts the hand-backs of the original: the copy's
-// receive count starts again, so this is where the waits it went through
-// show.
-const AttrHandedBack = "vramq-handed-back"
-
-// maxAttributes is SQS's limit on a message's attributes.
-const maxAttributes = 10
-
-// handBackCopy is the copy of l's message that a hand-back sends: the same
-// body, attributes and group, with AttrHandedBack counted up (when SQS's
-// ten attributes leave room for it), visible after l's delay.
-func handBackCopy(l *lease) queue.Outgoing {
-	n, _ := strconv.Atoi(l.msg.Attributes[AttrHandedBack])
-	n++
-	attrs := maps.Clone(l.msg.Attributes)
-	if attrs == nil {
-		attrs = map[string]string{}
-	}
-	if _, ok := attrs[AttrHandedBack]; ok || len(attrs) < maxAttributes {
-		attrs[AttrHandedBack] = strconv.Itoa(n)
-	}
-	return queue.Outgoing{Body: l.msg.Body, Attributes: attrs, GroupID: l.msg.GroupID, Delay: l.delay,
-		DedupID: l.msg.ID + "-h" + strconv.Itoa(n)}
-}
-
-// sendCopies sends the copies of the hand-backs in ls not sent yet, and
-// returns those whose copy is out (to be deleted) and those to try again.
-// A copy the queue refuses for good, or that keeps failing, falls back to
-// a release with the same delay: it costs a receive, but the message stays
-// on the queue.
-func (k *keeper) sendCopies(ls []*lease, attempt int) (sent, retry []*lease) {
-	var todo []*lease
-	for _, l := range ls {
-		if l.sent {
-			sent = append(sent, l)
-		} else {
-			todo = append(todo, l)
-		}
-	}
-	if len(todo) == 0 {
-		return sent, nil
-	}
-	msgs := make([]queue.Outgoing, len(todo))
-	for i, l := range todo {
-		msgs[i] = handBackCopy(l)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), k.callTO)
-	errs, err := k.q.Send(ctx, msgs)
-	cancel()
-	var fallback []*lease
-	for i, l := range todo {
-		e := err
-		if e == nil {
-			e = errs[i]
-		}
-		switch {
-		case e == nil:
-			l.sent = true
-			sent = append(sent, l)
-		case errors.Is(e, queue.ErrRefused) || attempt >= maxEndAttempts:
-			k.log.Warn("handing a message back as a copy failed; releasing it instead (this receive counts)",
-				"message_id", l.msg.ID, "attempts", attempt, "err", e)
-			l.handBack, l.release = false, true
-			fallback = append(fallback, l)
-		default:
-			k.log.Warn("handing a message back as a copy failed; retrying", "message_id", l.msg.ID, "attempt", attempt, "err", e)
-			retry = append(retry, l)
-		}
-	}
-	if len(fallback) > 0 {
-		k.sendEnds(fallback)
-	}
-	return sent, retry
+	c.answers[jobID] = cancelAnswer{cancelled: cancelled, until: now.Add(c.ttl)}
 }
 
 // The model is the one part of the subscriber that reads what a message's

@@ -2,12 +2,10 @@ package subscriber
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,12 +13,11 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/backend"
-	"golang.org/x/sync/errgroup"
 )
 
-// The run stage: a batch runs on the backend (runner), waits that are not a message's fault hold it without
-// a receive (pause: backoffs, the operator circuit), and what a backend has answered is kept, in memory and
-// in the bucket, so that no answer is asked twice (answered, answer store, item-wise parts).
+// The run stage: a batch runs on the backend (runner), split on out-of-memory, a message alone with the
+// whole budget, and a model server's items give back their admission as they answer, a message of parts one
+// part at a time. Its waits for the model are pause.go's; the answers it keeps, answers.go's.
 
 var errTimeout = errors.New("inference timed out")
 
@@ -41,7 +38,7 @@ var errTimeout = errors.New("inference timed out")
 // the cause. Lowered at every split level regardless, a few such messages
 // would hold the limit near 1, and save it so.
 //
-// While the model asks to wait (run.go) the batch waits before it runs,
+// While the model asks to wait (pause.go) the batch waits before it runs,
 // and the messages a backoff or a needed operator stopped wait and run
 // again, holding their leases and their admission: nothing else could
 // run meanwhile anyway.
@@ -204,7 +201,7 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok
 // failure is what err, from a run of tasks that did not run out of memory,
 // means for each of them: one outcome a task. What it means for the
 // subscriber is done here: a lost device shuts it down, a backoff or a
-// needed operator pauses it (run.go), and the messages of a batch that
+// needed operator pauses it (pause.go), and the messages of a batch that
 // failed become suspects, to run alone next time.
 //
 // A failure that may pass (a timeout, a model error) releases its messages
@@ -347,6 +344,13 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	s.stampStarted(tasks, start)
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.InferenceTimeout)
 	rctx, stored := s.watchItems(rctx, tasks)
+	var kept int64
+	for _, t := range tasks {
+		kept += t.keptBytes()
+	}
+	if kept > 0 {
+		rctx = gpu.WithKept(rctx, kept)
+	}
 	type answer struct {
 		outs []job.Output
 		err  error
@@ -430,7 +434,7 @@ func (s *Subscriber) finished(tasks []*task, start time.Time, elapsed time.Durat
 		return nil
 	}
 	// Tasks that wait for the model after this batch stay here, and keep
-	// what their items got (run.go).
+	// what their items got (answers.go).
 	waits := errors.Is(err, fault.ErrBackoff) || errors.Is(err, fault.ErrNeedsOperator)
 	var per [][]job.Output
 	at := 0
@@ -469,664 +473,6 @@ func sumCost(tasks []*task) int64 {
 	return c
 }
 
-// What runs the model may say that nothing will run for a while, or until a
-// person acts. No message is to blame for either, and SQS counts every
-// receive of a message towards its redrive (a message handed back and
-// received again is one receive nearer the DLQ), so a wait never hands a
-// message back to be received again:
-//
-//   - fault.ErrBackoff (a rate limit's window, an overloaded server, a daily
-//     quota, past the wait the model does inside Run): the batch's messages
-//     that did not finish wait in their runner, holding their leases (the
-//     keeper extends them; max hold does not count while they wait), until
-//     the server's time, then run again. Nothing is received meanwhile,
-//     and a batch that would start waits the same way.
-//   - fault.ErrNeedsOperator (a spent quota, a refused key, an unknown
-//     model): a circuit that opens. Nothing is received; held messages
-//     wait as above; readiness fails with the reason (Ready), and one
-//     ERROR log and the needs_operator gauge say so. Every OperatorProbe
-//     one message runs as a probe (a message already held, or, with none
-//     held, one received for it): when it gets through, the circuit
-//     closes and work resumes without a restart; when it does not, the
-//     next probe is an OperatorProbe later.
-//
-// A wait longer than a lease can hold (SQS keeps a message invisible for at
-// most 12 hours from its receive) hands the message back as a fresh copy
-// visible again when the wait ends, or in 15 minutes at most (SQS's longest
-// delay), and deletes the original (keeper.handBack): a fresh copy starts
-// a fresh receive count. A shutdown hands waiting messages back the same
-// way, at once.
-type pause struct {
-	mu       sync.Mutex
-	until    time.Time // nothing runs before; zero when not backing off
-	reason   string
-	operator error     // non-nil while the circuit is open: nothing runs but a probe
-	probeAt  time.Time // with operator: when the next probe may run
-	// probeReceive: the poller was let receive one message for a probe,
-	// since no batch was waiting to be one.
-	probeReceive bool
-	probing      bool // a probe batch is running
-	waiters      int  // batches waiting for the pause to end
-	changed      chan struct{}
-}
-
-func newPause() *pause { return &pause{changed: make(chan struct{})} }
-
-// notify wakes everything waiting on p's state. Call it with p.mu held.
-func (p *pause) notify() {
-	close(p.changed)
-	p.changed = make(chan struct{})
-}
-
-// backOff pauses until until, or later if already so; it reports whether
-// it moved the pause.
-func (p *pause) backOff(until time.Time, reason string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !until.After(p.until) {
-		return false
-	}
-	p.until, p.reason = until, reason
-	p.notify()
-	return true
-}
-
-// needOperator opens the circuit, or keeps it open after a failed probe,
-// with the next probe every from now; it reports whether it opened it.
-func (p *pause) needOperator(err error, now time.Time, every time.Duration) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	first := p.operator == nil
-	p.operator, p.probeAt, p.probing, p.probeReceive = err, now.Add(every), false, false
-	p.notify()
-	return first
-}
-
-// probed ends a probe that did not need an operator: the circuit closes.
-// It reports whether the circuit was open.
-func (p *pause) probed() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.probing = false
-	if p.operator == nil {
-		return false
-	}
-	p.operator, p.probeReceive = nil, false
-	p.notify()
-	return true
-}
-
-// turn says whether a batch may run now: go, as a probe of the open
-// circuit when probe. Otherwise it must wait until wake (zero: until
-// changed is closed).
-func (p *pause) turn(now time.Time) (ok, probe bool, wake time.Time, changed <-chan struct{}) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	changed = p.changed
-	switch {
-	case now.Before(p.until):
-		return false, false, p.until, changed
-	case p.operator == nil:
-		return true, false, time.Time{}, changed
-	case !p.probing && (p.probeReceive || !now.Before(p.probeAt)):
-		p.probing, p.probeReceive = true, false
-		return true, true, time.Time{}, changed
-	case p.probing:
-		return false, false, time.Time{}, changed
-	}
-	return false, false, p.probeAt, changed
-}
-
-// wakeAt is when a wait that begins now ends at the earliest, for a message
-// handed back meanwhile: the backoff's end, or the next probe.
-func (p *pause) wakeAt(now time.Time) time.Time {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if now.Before(p.until) {
-		return p.until
-	}
-	if p.operator != nil {
-		return p.probeAt
-	}
-	return now
-}
-
-// addWaiter counts a batch waiting for the pause (n = 1) or no longer
-// (n = -1).
-func (p *pause) addWaiter(n int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.waiters += n
-	p.notify()
-}
-
-// receive tells the poller how many messages it may receive now: -1 for
-// no limit, 1 for a probe (the circuit is open, a probe is due and no
-// batch waits to be it), 0 for none, until wake (zero: until changed). A
-// probe's receive moves the next probe every on: should its message never
-// reach a batch (a cancelled job's, a malformed one) or the receive bring
-// none, the next probe is received then.
-func (p *pause) receive(now time.Time, every time.Duration) (n int, wake time.Time, changed <-chan struct{}) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	changed = p.changed
-	switch {
-	case now.Before(p.until):
-		return 0, p.until, changed
-	case p.operator == nil:
-		return -1, time.Time{}, changed
-	case p.probing || p.waiters > 0:
-		return 0, time.Time{}, changed
-	case now.Before(p.probeAt):
-		return 0, p.probeAt, changed
-	}
-	p.probeReceive, p.probeAt = true, now.Add(every)
-	return 1, time.Time{}, changed
-}
-
-// gotNothing says a probe's receive brought no message: the next is
-// received at the next probe.
-func (p *pause) gotNothing() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.probeReceive = false
-}
-
-// watch is a channel closed when p's state changes, and the operator's
-// error now.
-func (p *pause) watch() (changed <-chan struct{}, operator error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.changed, p.operator
-}
-
-// cause is the operator's error, nil while none is needed.
-func (p *pause) cause() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.operator
-}
-
-// leaseLimit is the latest a message received at received can wait holding
-// its lease: the last extension, a visibility timeout long, must end within
-// SQS's 12 hours, with a minute to spare for the clocks.
-func (s *Subscriber) leaseLimit(l *lease) time.Time {
-	return l.received.Add(job.MaxVisibility - s.cfg.Visibility - time.Minute)
-}
-
-// backoffReason is a metric label for a backoff's reason, which is the
-// server's words: a few kinds, so that the series stay bounded.
-func backoffReason(reason string) string {
-	switch {
-	case strings.HasPrefix(reason, "429"), strings.HasPrefix(reason, "rate limit"):
-		return "rate_limit"
-	case reason == "":
-		return "unknown"
-	}
-	return "overloaded"
-}
-
-// backOff pauses until err's time (fault.ErrBackoff) and returns an outcome
-// for each of tasks: waits, or carried for one completed. A task with outputs in outs (every item of its
-// message finished before the backoff: fault.PartialError, see
-// Subscriber.finished) is completed instead, as a batch that ran: its
-// requests were answered, and running it again would send them again,
-// spending their tokens twice. outs is nil or one entry per task.
-func (s *Subscriber) backOff(tasks []*task, outs [][]job.Output, err error) []outcome {
-	var done []*task
-	var doneOuts [][]job.Output
-	os := make([]outcome, len(tasks))
-	waiting := 0
-	for i, t := range tasks {
-		if outs == nil || outs[i] == nil {
-			os[i] = outcome{kind: waits}
-			waiting++
-			continue
-		}
-		os[i] = outcome{kind: carried}
-		done, doneOuts = append(done, t), append(doneOuts, outs[i])
-	}
-	until, _ := fault.BackoffUntil(err)
-	reason := err.Error()
-	var b *fault.BackoffError
-	if errors.As(err, &b) {
-		reason = b.Reason
-	}
-	for range waiting {
-		s.m.backedOff.WithLabelValues(backoffReason(reason)).Inc()
-	}
-	if s.pause.backOff(until, reason) {
-		s.m.pausedUntil.Set(float64(until.UnixMilli()) / 1e3)
-		s.log.Warn("the model asks to wait: its messages wait holding their leases, nothing is received meanwhile",
-			"until", until.UTC(), "reason", reason, "messages", waiting)
-	}
-	if len(done) > 0 {
-		s.outbox.promise(len(done))
-		for _, t := range done {
-			s.giveBack(t)
-		}
-		s.log.Info("a backoff came with part of the batch finished: its finished messages complete, the rest wait",
-			"completed", len(done), "waiting", waiting)
-		s.complete(done, doneOuts)
-	}
-	return os
-}
-
-// needOperator opens the circuit (fault.ErrNeedsOperator), or keeps it open
-// after a probe that failed, for a run of n messages, which wait.
-func (s *Subscriber) needOperator(n int, err error) {
-	if s.pause.needOperator(err, time.Now(), s.cfg.OperatorProbe) {
-		s.m.needsOperator.Set(1)
-		s.log.Error("the model needs an operator: nothing is received, held messages wait holding their leases, "+
-			"and one message runs as a probe every operator_probe until it gets through", "err", err,
-			"messages", n, "operator_probe", s.cfg.OperatorProbe)
-	} else {
-		s.log.Warn("a probe of the model still needs an operator", "err", err, "next_probe_in", s.cfg.OperatorProbe)
-	}
-}
-
-// probeDone closes the circuit after a probe that did not need an
-// operator.
-func (s *Subscriber) probeDone() {
-	if s.pause.probed() {
-		s.m.needsOperator.Set(0)
-		s.log.Info("a probe got through: the model takes work again; receiving resumes")
-	}
-}
-
-// awaitTurn waits while the model asks to wait and returns the tasks to run
-// now: all of them, or the first alone as the probe of an open circuit
-// (probe), with the rest to run after it. A task whose lease cannot be held
-// to the wait's end is handed back meanwhile (a fresh copy, visible when
-// the wait ends), and shutdown hands back every task still waiting; run is
-// empty when none is left.
-func (s *Subscriber) awaitTurn(ctx context.Context, tasks []*task) (run, rest []*task, probe bool) {
-	var waiting []*lease // marked waiting in the keeper, counted in the gauge
-	defer func() {
-		if waiting != nil {
-			s.keeper.setWaiting(waiting, false)
-			s.m.modelWaiting.Sub(float64(len(waiting)))
-			s.pause.addWaiter(-1)
-		}
-	}()
-	for {
-		now := time.Now()
-		ok, probe, wake, changed := s.pause.turn(now)
-		if ok {
-			if probe {
-				return tasks[:1], tasks[1:], true
-			}
-			return tasks, nil, false
-		}
-		if waiting == nil {
-			for _, t := range tasks {
-				waiting = append(waiting, t.lease)
-			}
-			s.keeper.setWaiting(waiting, true)
-			s.m.modelWaiting.Add(float64(len(waiting)))
-			s.pause.addWaiter(1)
-		}
-		// Hand back what cannot wait longer holding its lease.
-		kept := tasks[:0]
-		next := wake
-		for _, t := range tasks {
-			limit := s.leaseLimit(t.lease)
-			if !now.Before(limit) {
-				s.end(t, endHandBack(s.pause.wakeAt(now).Sub(now), "wait"))
-				continue
-			}
-			if next.IsZero() || limit.Before(next) {
-				next = limit
-			}
-			kept = append(kept, t)
-		}
-		tasks = kept
-		if len(tasks) == 0 {
-			return nil, nil, false
-		}
-		var timer *time.Timer
-		var fired <-chan time.Time
-		if !next.IsZero() {
-			timer = time.NewTimer(next.Sub(now))
-			fired = timer.C
-		}
-		select {
-		case <-changed:
-		case <-fired:
-		case <-ctx.Done():
-		case <-s.stopping:
-		}
-		if timer != nil {
-			timer.Stop()
-		}
-		if ctx.Err() != nil || s.isStopping() {
-			for _, t := range tasks {
-				s.end(t, endHandBack(0, "shutdown"))
-			}
-			return nil, nil, false
-		}
-	}
-}
-
-// waitToReceive blocks the poller while the model asks to wait, and
-// returns how many messages it may receive (-1: no limit; 1: a probe's);
-// false when ctx ends first.
-func (s *Subscriber) waitToReceive(ctx context.Context) (int, bool) {
-	for {
-		n, wake, changed := s.pause.receive(time.Now(), s.cfg.OperatorProbe)
-		if n != 0 {
-			return n, true
-		}
-		var timer <-chan time.Time
-		var t *time.Timer
-		if !wake.IsZero() {
-			t = time.NewTimer(time.Until(wake))
-			timer = t.C
-		}
-		select {
-		case <-ctx.Done():
-		case <-changed:
-		case <-timer:
-		}
-		if t != nil {
-			t.Stop()
-		}
-		if ctx.Err() != nil {
-			return 0, false
-		}
-	}
-}
-
-// receiveContext is ctx, cancelled also when the model opens the circuit
-// while the receive is in flight: an operator stop does not wait out a
-// long poll. (A backoff lets it answer: what it brings waits, holding its
-// leases, like any message held.) stop releases its resources.
-func (s *Subscriber) receiveContext(ctx context.Context) (rctx context.Context, stop func()) {
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	if _, op := s.pause.watch(); op != nil {
-		return rctx, cancel // a probe's receive: the circuit is open already
-	}
-	go func() {
-		for {
-			changed, op := s.pause.watch()
-			if op != nil {
-				cancel()
-				return
-			}
-			select {
-			case <-changed:
-			case <-done:
-				return
-			}
-		}
-	}()
-	return rctx, func() { close(done); cancel() }
-}
-
-// A message that waits for the model (run.go) stays in this process, so
-// the answers a backoff came with for some of its items are kept on its task
-// and only its other items are asked again when it runs after the wait: a
-// model server's answer is paid for (tokens of a rate limit, a quota), and a
-// chunk of 32 long generations that backs off after 31 would otherwise ask
-// all 32 again, at every backoff. Its result is still written once, whole,
-// in the order of its items. A message handed back, or redelivered after a
-// process dies, finds them in the answer store instead (run.go).
-type answered struct {
-	items []job.Item   // the message's items, as received
-	outs  []job.Output // by item, where done
-	done  []bool       // by item
-	idx   []int        // for each item of t.work now, its index in items
-}
-
-// keep records the outputs of t's items that done marks as finished (outs
-// and done are aligned with t.work.Items now), and leaves t.work with the
-// other items, to run after the wait. It reports whether any was kept.
-func (t *task) keep(outs []job.Output, done []bool) bool {
-	if !slices.Contains(done, true) {
-		return false
-	}
-	a := t.answered
-	if a == nil {
-		n := len(t.work.Items)
-		a = &answered{items: t.work.Items, outs: make([]job.Output, n), done: make([]bool, n), idx: make([]int, n)}
-		for i := range a.idx {
-			a.idx[i] = i
-		}
-		t.answered = a
-	}
-	var rest []job.Item
-	var idx []int
-	for i, it := range t.work.Items {
-		if done[i] {
-			a.outs[a.idx[i]], a.done[a.idx[i]] = outs[i], true
-			continue
-		}
-		rest, idx = append(rest, it), append(idx, a.idx[i])
-	}
-	w := *t.work
-	w.Items = rest
-	t.work, a.idx = &w, idx
-	return true
-}
-
-// whole returns t's outputs for all its items, outs being those of
-// t.work.Items now, and gives t.work its items back; outs as they are when
-// nothing was kept.
-func (t *task) whole(outs []job.Output) []job.Output {
-	a := t.answered
-	if a == nil || len(outs) != len(a.idx) {
-		return outs
-	}
-	all := slices.Clone(a.outs)
-	for i, o := range outs {
-		all[a.idx[i]] = o
-	}
-	w := *t.work
-	w.Items = a.items
-	t.work, t.answered = &w, nil
-	return all
-}
-
-// answerBucket is what the answer store needs of the payload bucket besides
-// Payloads: a chunk's answers are found by listing its prefix, and deleted
-// once its result is out. *payload.Store has both.
-type answerBucket interface {
-	Lister
-	Delete(ctx context.Context, key string) error
-}
-
-// An answerStore keeps each item's answer in the payload bucket as soon as
-// the model has it (gpu.WithAnswers), until its chunk's result is out, so
-// that no answer is asked for twice: a model server's answer is paid for,
-// and whatever ends a message before its result (a backoff, an overload
-// late in a batch, a SIGTERM, a scale-in, a crash) hands back a chunk whose
-// next run, in this process or another, reads what was answered and asks
-// only for the rest. run.go keeps answers on a task that waits in this
-// process; this keeps them past it.
-//
-// The store costs a PutObject per answered item, and, on a message received
-// before (ApproximateReceiveCount above 1, or a hand-back's copy,
-// AttrHandedBack), a ListObjectsV2 and a GetObject per answer kept; on a
-// message whose answers were kept, a ListObjectsV2 and a DeleteObject per
-// answer once its result is out. A model that never tells answers
-// (in-process models) stores none. Answers of a chunk whose result never
-// goes out (dead-lettered) stay until the bucket's lifecycle expires
-// answers/ (infra/bucket.tf).
-type answerStore struct {
-	put    Payloads // counted (countedPayloads)
-	bucket answerBucket
-	log    *slog.Logger
-	m      *metrics
-	// cleaning tracks the deletes started by forget.
-	cleaning sync.WaitGroup
-}
-
-// newAnswerStore returns the answer store on p, or nil when p cannot list and
-// delete (a bucket that can only be read and written).
-func newAnswerStore(counted Payloads, p Payloads, log *slog.Logger, m *metrics) *answerStore {
-	b, ok := p.(answerBucket)
-	if !ok {
-		return nil
-	}
-	return &answerStore{put: counted, bucket: b, log: log, m: m}
-}
-
-// answersOf is where the answers of t's chunk are kept: under the tenant
-// that sent it, its job and its chunk.
-func answersOf(t *task) string {
-	return job.AnswersPrefix(t.lease.msg.Attributes[job.AttrTenant], t.work.JobID, t.work.Chunk)
-}
-
-// keeper returns what keeps an answer of a batch's item (watchItems calls
-// it as the answer arrives), and wait, which returns once every keep
-// started has ended: the batch's messages may be handed back only after
-// their answers are stored, or another process would ask again. A keep
-// that fails is logged and the item is asked again on a later run: the
-// answer is in this batch's outputs still. nil without a store.
-func (a *answerStore) keeper(ctx context.Context) (keep func(t *task, it job.Item, out job.Output), wait func()) {
-	if a == nil {
-		return nil, func() {}
-	}
-	var wg sync.WaitGroup
-	// The keeps outlive the batch's context: an answer got is stored
-	// whatever ends the batch, within its own time.
-	keepCtx := context.WithoutCancel(ctx)
-	keep = func(t *task, it job.Item, out job.Output) {
-		body, err := json.Marshal(out)
-		if err != nil {
-			return // the result fails to encode too, and says so
-		}
-		t.lease.answersKept.Store(true)
-		key := job.AnswerKey(answersOf(t), it.ID)
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(keepCtx, sendTimeout)
-			defer cancel()
-			if _, err := a.put.Put(ctx, key, body); err != nil {
-				a.log.Warn("keeping an answer failed: the item is asked again if its message is handed back",
-					"message_id", t.lease.msg.ID, "job_id", t.work.JobID, "chunk", t.work.Chunk, "item", it.ID, "err", err)
-				return
-			}
-			a.m.answersStored.Inc()
-		})
-	}
-	return keep, wg.Wait
-}
-
-// mayHold reports whether answers may be kept for t's chunk: only a message
-// that was received before (or is a hand-back's copy, whose receive count
-// starts again) can have been answered in part. A copy that had no room
-// for AttrHandedBack among SQS's ten attributes is asked whole again.
-func (a *answerStore) mayHold(t *task) bool {
-	return a != nil && (t.lease.msg.ReceiveCount > 1 || t.lease.msg.Attributes[AttrHandedBack] != "")
-}
-
-// recallReads bounds the answers read at once for one message.
-const recallReads = 8
-
-// recall reads the answers kept for t's items and keeps them on t
-// (run.go), leaving t.work with the items that have none. An answer
-// that cannot be read in time, or does not belong to its item, is not
-// used: the item is asked again. It returns ctx's error only.
-func (a *answerStore) recall(ctx context.Context, t *task) error {
-	rctx, cancel := context.WithTimeout(ctx, sendTimeout)
-	defer cancel()
-	prefix := answersOf(t)
-	keys, err := a.bucket.List(rctx, prefix)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		a.log.Warn("listing kept answers failed: the message's items are all asked", "message_id", t.lease.msg.ID,
-			"job_id", t.work.JobID, "chunk", t.work.Chunk, "err", err)
-		return nil
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	items := t.work.Items
-	byKey := make(map[string]int, len(items))
-	for i, it := range items {
-		byKey[job.AnswerKey(prefix, it.ID)] = i
-	}
-	outs := make([]job.Output, len(items))
-	done := make([]bool, len(items))
-	g, gctx := errgroup.WithContext(rctx)
-	g.SetLimit(recallReads)
-	for _, key := range keys {
-		i, ok := byKey[key]
-		if !ok {
-			continue
-		}
-		delete(byKey, key) // a key listed twice is read once
-		g.Go(func() error {
-			body, err := a.put.Read(gctx, key)
-			if err != nil {
-				if gctx.Err() == nil {
-					a.log.Warn("reading a kept answer failed: the item is asked again", "message_id", t.lease.msg.ID,
-						"key", key, "err", err)
-				}
-				return nil
-			}
-			var o job.Output
-			if json.Unmarshal(body, &o) != nil || o.ID != items[i].ID || o.Response == nil {
-				a.log.Warn("a kept answer is not its item's: the item is asked again", "message_id", t.lease.msg.ID, "key", key)
-				return nil
-			}
-			outs[i], done[i] = o, true
-			return nil
-		})
-	}
-	_ = g.Wait()
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	if t.keep(outs, done) {
-		t.lease.answersKept.Store(true)
-		a.m.answersRecalled.Add(float64(countTrue(done)))
-		a.log.Info("a redelivered message's kept answers read: only its other items are asked", "message_id", t.lease.msg.ID,
-			"job_id", t.work.JobID, "chunk", t.work.Chunk, "answered", countTrue(done), "asked", len(t.work.Items))
-	}
-	return nil
-}
-
-// forget deletes the answers kept for t's chunk, if any, its result being
-// out, off the caller's goroutine (the outbox's, which acks others). A
-// delete that fails leaves the answer to the bucket's lifecycle.
-func (a *answerStore) forget(t *task) {
-	if a == nil || !t.lease.answersKept.Load() {
-		return
-	}
-	a.cleaning.Go(func() { a.clean(t) })
-}
-
-// wait waits for the deletes forget started.
-func (a *answerStore) wait() {
-	if a != nil {
-		a.cleaning.Wait()
-	}
-}
-
-func (a *answerStore) clean(t *task) {
-	ctx, cancel := context.WithTimeout(context.Background(), sendTimeout)
-	defer cancel()
-	prefix := answersOf(t)
-	keys, err := a.bucket.List(ctx, prefix)
-	if err != nil {
-		a.log.Warn("listing kept answers to delete failed: they expire by the bucket's lifecycle", "job_id", t.work.JobID,
-			"chunk", t.work.Chunk, "err", err)
-		return
-	}
-	for _, key := range keys {
-		if !strings.HasPrefix(key, prefix) {
-			continue
-		}
-		if err := a.bucket.Delete(ctx, key); err != nil {
-			a.log.Warn("deleting a kept answer failed: it expires by the bucket's lifecycle", "key", key, "err", err)
-		}
-	}
-}
-
 // A model server's items are requests that hold the server's KV cache only
 // while each is in flight (gpu.Itemwise), not a batch that holds its memory
 // until it ends. A message of 32 generations whose lengths spread from a
@@ -1143,7 +489,7 @@ func (a *answerStore) clean(t *task) {
 
 // watchItems returns ctx with gpu.WithAnswers set for what acts on each
 // answer of tasks' items (in order, as infer batches them) as it arrives:
-// the answer store keeps it (run.go), and an itemwise model's item
+// the answer store keeps it (answers.go), and an itemwise model's item
 // gives back its share of admission. wait returns once the store's writes
 // have ended.
 func (s *Subscriber) watchItems(ctx context.Context, tasks []*task) (context.Context, func()) {
@@ -1246,7 +592,7 @@ func (s *Subscriber) inferPart(ctx context.Context, t *task, p part, alone bool)
 	}
 	// The run shares t's hold and its record of answers, as inferItems's.
 	sub := &task{lease: t.lease, work: &job.Work{V: t.work.V, JobID: t.work.JobID, Chunk: t.work.Chunk, Endpoint: t.work.Endpoint,
-		Items: ask}, cost: t.cost, raw: t.raw, factor: t.factor, class: t.class, hold: t.hold, at: t.at, told: t.told}
+		Items: ask}, cost: t.cost, raw: t.raw, factor: t.factor, class: t.class, hold: t.hold, at: t.at, told: t.told, of: t}
 	got, err := s.infer(ctx, []*task{sub}, alone)
 	t.at = sub.at
 	if err != nil {
@@ -1299,95 +645,4 @@ func (s *Subscriber) fitPart(ctx context.Context, t *task, items []job.Item, alo
 	}
 	w := s.adm.weight(int64(float64(raw) * float64(t.cost) / float64(t.raw)))
 	return t.hold.fit(ctx, min(w, s.adm.size))
-}
-
-// held is the weight h holds in admission now.
-func (h *hold) held() int64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.need.weight
-}
-
-// shed gives back up to w of h's weight, and as many of its bytes in
-// flight, while its message still runs: an item's share, its answer in. An
-// exclusive run keeps the whole budget until its release.
-func (h *hold) shed(w int64) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.released || h.exclusive || w <= 0 {
-		return
-	}
-	n := min(w, h.need.weight)
-	h.need.weight -= n
-	h.setBytes(h.bytes - min(n, h.bytes))
-	if n > 0 {
-		h.s.adm.giveBack(n)
-	}
-}
-
-// fit makes h's weight w: it gives back any excess at once; short of w, it
-// gives back all it has and acquires w.
-func (h *hold) fit(ctx context.Context, w int64) error {
-	h.mu.Lock()
-	if h.released || h.exclusive {
-		h.mu.Unlock()
-		return nil
-	}
-	if h.need.weight >= w {
-		excess := h.need.weight - w
-		h.need.weight = w
-		h.setBytes(w)
-		h.mu.Unlock()
-		if excess > 0 {
-			h.s.adm.giveBack(excess)
-		}
-		return nil
-	}
-	had := h.need.weight
-	h.need.weight = 0
-	h.setBytes(0)
-	h.mu.Unlock()
-	if had > 0 {
-		h.s.adm.giveBack(had)
-	}
-	if err := h.s.adm.acquire(ctx, w); err != nil {
-		return err
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.released {
-		h.s.adm.giveBack(w)
-		return errReleased
-	}
-	h.need.weight = w
-	h.setBytes(w)
-	return nil
-}
-
-// setBytes makes h's bytes in flight n, keeping the in-flight count (and
-// gauge) in step. h.mu is held.
-func (h *hold) setBytes(n int64) {
-	if d := n - h.bytes; d != 0 {
-		h.s.m.inflight.Add(float64(d))
-		h.s.inflight.Add(d)
-		h.bytes = n
-	}
-}
-
-// itemPartDiv sets the largest part of a message an itemwise model runs at
-// once: a part takes its whole weight from admission before it starts, in
-// the admission's FIFO, so a part of half the budget holds back every
-// message behind it until half the pool is free; parts of an eighth keep
-// the pool filling as requests end.
-const itemPartDiv = 8
-
-// fitsPart reports whether a message, or a part of one, of this cost runs
-// whole: whether it fits admission (admission.fits), and for an itemwise
-// model under vram admission whether it is at most an itemPartDiv-th of
-// the largest budget.
-func (s *Subscriber) fitsPart(cost int64) bool {
-	if _, ok := capabilities(s.cfg.Backend).(gpu.Itemwise); ok && s.adm.strategy == AdmitVRAM {
-		return cost <= max(1, s.adm.size/itemPartDiv)
-	}
-	return s.adm.fits(cost)
 }

@@ -7,14 +7,16 @@
 //
 // A message passes through one stage per file:
 //
-//	receive.go     receives, leases, decodes and estimates (claimcheck.go fetches claim-checked items)
-//	admit.go  admits by estimated memory against the budget (admit.go, budget.go)
+//	receive.go  receives, checks a job's cancel, fetches claim-checked items, decodes and estimates
+//	lease.go    holds the leases: extends visibility, batches the deletes, releases and hand-backs
+//	admit.go    cuts a message too large to run whole into parts, admits by estimated memory
+//	            against the budget (budget.go keeps the budget)
 //	batch.go    packs admitted messages into device batches
-//	run.go     runs a batch on the model, splitting it on out-of-memory
-//	send.go     sends results in shared SendMessageBatch calls (send.go stores them in the bucket)
-//	message.go    a received message, which ends itself once (Ack, Release, HandBack, DeadLetter,
-//	              Cancel), and Subscriber.end, which turns a stage's outcome into one of those ends
-//	receive.go     holds the leases: extends visibility, batches the deletes and releases
+//	run.go      runs a batch on the model, splitting it on out-of-memory; pause.go holds what waits
+//	            for the model, answers.go keeps what it answered
+//	send.go     stores results in the bucket and sends them in shared SendMessageBatch calls
+//	message.go  a received message, which ends itself once (Ack, Release, HandBack, DeadLetter,
+//	            Cancel), and Subscriber.end, which turns a stage's outcome into one of those ends
 //
 // protector.go keeps the ECS task protected from scale-in while messages are held
 // (taskprotect). message.go times each message's way through the stages above
@@ -57,9 +59,9 @@ type Subscriber struct {
 	sending
 }
 
-// receiving is the receive stage's state (receive.go, claimcheck.go): it
+// receiving is the receive stage's state (receive.go, lease.go): it
 // receives no more than there is room for, holds a lease on each message
-// (receive.go), decodes and estimates it, and sends it on to admission
+// (lease.go), decodes and estimates it, and sends it on to admission
 // through buffer.
 type receiving struct {
 	queue   queue.Queue
@@ -98,7 +100,7 @@ type admitting struct {
 }
 
 // running is the state of the batch and run stages (batch.go,
-// run.go): how large a batch may be, which messages run alone, and
+// run.go, pause.go, answers.go): how large a batch may be, which messages run alone, and
 // whether the model or the device lets anything run.
 type running struct {
 	state    *learned // see learned.go
@@ -111,7 +113,7 @@ type running struct {
 	batchCoster gpu.BatchCoster
 	runners     sync.WaitGroup
 	loss        deviceLoss // see devicelost.go
-	pause       *pause     // see run.go
+	pause       *pause     // see pause.go
 	// stopping is closed when Run's context ends: what waits for the model
 	// is handed back at once rather than after the grace.
 	stopping chan struct{}
@@ -125,7 +127,7 @@ type sending struct {
 	// payloads is the payload bucket, nil when none is configured.
 	payloads Payloads
 	// answers keeps items' answers until their chunk's result is out
-	// (run.go); nil without a bucket that lists and deletes.
+	// (answers.go); nil without a bucket that lists and deletes.
 	answers *answerStore
 	// settle runs the completion-event checks (events.go); nil without
 	// Events.
@@ -274,7 +276,7 @@ func (s *Subscriber) Budget() int64 {
 // MaxBudget is the largest budget the device could give under the vram
 // strategy: its total memory less the model's weights and the reserve,
 // capped by VRAMLimit. A message whose estimate exceeds it can never run
-// whole: it runs in parts that fit (parts.go), or is dead-lettered
+// whole: it runs in parts that fit (admit.go), or is dead-lettered
 // (too_large) when no item fits alone; one that only exceeds Budget waits,
 // since the memory another process holds may come back.
 func (s *Subscriber) MaxBudget() int64 {
@@ -304,7 +306,7 @@ func (s *Subscriber) Live() error {
 }
 
 // Healthy is readiness: Live's errors, and an error while its model needs
-// an operator (fault.ErrNeedsOperator, run.go), when it takes no work until
+// an operator (fault.ErrNeedsOperator, pause.go), when it takes no work until
 // someone acts. A backoff (fault.ErrBackoff) is healthy: waiting is the
 // subscriber doing its job.
 func (s *Subscriber) Healthy() error {
@@ -429,35 +431,4 @@ func (r *running) isStopping() bool {
 	default:
 		return false
 	}
-}
-
-func (r *receiving) pokeRoom() {
-	select {
-	case r.roomKick <- struct{}{}:
-	default:
-	}
-}
-
-// room is how many messages the next receive may ask for: no more than the
-// prefetch buffer and the in-flight bound have room for.
-func (r *receiving) room() int {
-	n := min(job.MaxBatch, r.prefetch-int(r.waiting.Load()), r.maxInflight-int(r.keeper.held.Load()))
-	return max(n, 0)
-}
-
-// fullReceive is the most one receive can ever ask for under the bounds.
-func (r *receiving) fullReceive() int {
-	return min(job.MaxBatch, r.prefetch, r.maxInflight)
-}
-
-// addWaiting counts a message as waiting: received and not started.
-func (r *receiving) addWaiting() {
-	r.waitingGauge.Set(float64(r.waiting.Add(1)))
-}
-
-// startTasks marks tasks as no longer waiting: started, or ended without
-// running.
-func (r *receiving) startTasks(n int) {
-	r.waitingGauge.Set(float64(r.waiting.Add(-int64(n))))
-	r.pokeRoom()
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 func main() {
@@ -287,7 +288,7 @@ var metricsLimits = serverLimits{
 // -metrics-addr is set, until ctx ends (SIGTERM, SIGINT), then stops
 // accepting and lets in-flight requests finish within the grace period.
 // The API's listener turns net/http's own error answers (431 and the like)
-// into the API's JSON errors (publisher.JSONErrors).
+// into the API's JSON errors (api.JSONErrors).
 func serve(ctx context.Context, o *options, h, metrics http.Handler, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
@@ -295,7 +296,7 @@ func serve(ctx context.Context, o *options, h, metrics http.Handler, log *slog.L
 	}
 	srv := newServer(h, log, limits)
 	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(publisher.JSONErrors(ln)) }()
+	go func() { errc <- srv.Serve(api.JSONErrors(ln)) }()
 	log.Info("serving", "addr", ln.Addr().String())
 	if o.metricsAddr != "" && metrics != nil {
 		mln, err := net.Listen("tcp", o.metricsAddr)

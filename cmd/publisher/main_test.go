@@ -20,7 +20,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/vramq/vramq/internal/testenv/sqstest"
-	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // TestMain lets this test binary stand in for the publisher's: with
@@ -265,7 +265,7 @@ func TestServerLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(publisher.JSONErrors(ln))
+	go srv.Serve(api.JSONErrors(ln))
 	t.Cleanup(func() { srv.Close() })
 
 	conn, err := net.Dial("tcp", ln.Addr().String())

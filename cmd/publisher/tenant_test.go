@@ -8,7 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/vramq/vramq/internal/tenant"
-	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // TestAPIKeysNamed: name:key entries come through each of -api-keys,
@@ -31,7 +31,7 @@ func TestAPIKeysNamed(t *testing.T) {
 	type named struct{ Name, Key string }
 	var got []named
 	for _, e := range append(keys, more...) {
-		n, k := publisher.SplitKey(e)
+		n, k := api.SplitKey(e)
 		got = append(got, named{n, k})
 	}
 	want := []named{{"acme", "k1"}, {"acme", "k1-next"}, {"globex", "k2"}, {tenant.OfKey("k3"), "k3"},

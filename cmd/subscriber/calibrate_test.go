@@ -51,6 +51,7 @@ func TestCalibrateFlags(t *testing.T) {
 // -calibrate on the simulated device: the report, a file the subscriber
 // loads, and no queue needed.
 func TestCalibrateEndToEnd(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	path := filepath.Join(t.TempDir(), "cost.json")
 	var out bytes.Buffer
 	args := []string{"-calibrate", "-device=sim", "-calibrate-items=6", "-calibrate-points=8", "-cost-model=" + path, "-metrics-addr=",
@@ -109,6 +110,7 @@ func TestCalibrateEndToEnd(t *testing.T) {
 // estimate: a message the analytic model would run is too large for the
 // whole budget under a cost model that says a token takes 64 KiB.
 func TestCostModelFlagDecidesAdmission(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	client := sqstest.Client(t)
 	urls := sqstest.Queues(t, client, 5)
 	path := filepath.Join(t.TempDir(), "cost.json")
@@ -144,6 +146,7 @@ func TestCostModelFlagDecidesAdmission(t *testing.T) {
 // it on the emulated GPU); -cost-model -model DIR makes Cost apply it, and
 // a file fitted for another device or model stops the start.
 func TestCalibrateBERTEndToEnd(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	dir := tinyBERT(t, "calib-tiny", 2, 4, 64)
 	path := filepath.Join(t.TempDir(), "cost.json")
 	var out bytes.Buffer

@@ -44,6 +44,7 @@ import (
 // the device. A new subscriber gets those messages once their visibility
 // runs out and finishes them; nothing is lost.
 func TestSIGKILLMidInferenceLosesNothing(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	client := sqstest.Client(t)
 	urls := sqstest.Queues(t, client, 5)
 	spec := workload.Mixed("sigkill", 48)
@@ -85,6 +86,7 @@ func TestSIGKILLMidInferenceLosesNothing(t *testing.T) {
 // not started (at once, not after a visibility timeout), exits 0; a
 // successor finishes the rest and the invariant holds over the whole job.
 func TestSIGTERMBusyRunKeepsTheInvariant(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	client := sqstest.Client(t)
 	urls := sqstest.Queues(t, client, 5)
 	// A backlog well beyond what the subscriber holds, so that its prefetch
@@ -144,6 +146,7 @@ func TestSIGTERMBusyRunKeepsTheInvariant(t *testing.T) {
 // while the endpoint is gone the subscriber must stay up and back off, and
 // after the restart it finishes the old work and new work.
 func TestEmulatorRestartMidRun(t *testing.T) {
+	t.Parallel()      // mostly waiting on real time: queues, visibility, processes
 	sqstest.Client(t) // skips without an endpoint, like the other end-to-end tests
 	emu := startEmulator(t)
 	client := emu.client(t)

@@ -8,13 +8,16 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vramq/vramq/internal/cli"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
@@ -139,5 +142,30 @@ func TestAQuotaSpentSubscriberStaysLive(t *testing.T) {
 	}
 	if err := run(t.Context(), []string{"healthcheck"}, getenv, &bytes.Buffer{}); err != nil {
 		t.Errorf("subscriber healthcheck while an operator is needed: %v; want it to pass (ECS would replace the task)", err)
+	}
+}
+
+// `subscriber healthcheck` takes flags only: a stray argument (a path
+// written after it in a task definition, say) is a usage error, exit 2,
+// before anything is asked, even of a subscriber that would answer 200.
+func TestHealthcheckRefusesStrayArguments(t *testing.T) {
+	var asked atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Add(1) }))
+	defer srv.Close()
+	env := map[string]string{"VRAMQ_METRICS_ADDR": srv.Listener.Addr().String()}
+	getenv := func(k string) string { return env[k] }
+	if err := run(t.Context(), []string{"healthcheck"}, getenv, &bytes.Buffer{}); err != nil {
+		t.Fatalf("healthcheck of a live subscriber: %v", err)
+	}
+	asked.Store(0)
+	for _, args := range [][]string{{"healthcheck", "/livez"}, {"healthcheck", "-timeout=1s", "extra"}} {
+		err := run(t.Context(), args, getenv, &bytes.Buffer{})
+		var msg bytes.Buffer
+		if code := cli.ExitCode("subscriber", err, &msg); code != 2 || !strings.Contains(msg.String(), "unexpected arguments") {
+			t.Errorf("%q: exit %d, %q; want 2 and the arguments named", args, code, msg.String())
+		}
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("%d requests made with stray arguments; want none", n)
 	}
 }

@@ -290,12 +290,8 @@ func metricsServer(h http.Handler, l serverLimits) *http.Server {
 // subscriber waiting for an operator is not helped by that.
 func healthcheck(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	var ho healthcheckOptions
-	fs := newHealthcheckFlagSet(&ho, stderr)
-	if err := envflag.Parse(fs, args, getenv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+	if err := cli.Parse(newHealthcheckFlagSet(&ho, stderr), args, getenv); err != nil {
+		return err
 	}
 	host, port, err := net.SplitHostPort(ho.metricsAddr)
 	if err != nil || ho.metricsAddr == "" {

@@ -117,6 +117,7 @@ func TestInvalidConfigFailsAtStart(t *testing.T) {
 // SIGTERM in the middle of a busy run: the process exits 0, and every
 // message has its result or is back on the queue, none left invisible.
 func TestSIGTERMMidRunLosesNothing(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	client := sqstest.Client(t)
 	urls := sqstest.Queues(t, client, 5)
 	const n = 120
@@ -368,6 +369,7 @@ func receiveWork(t *testing.T, client *sqs.Client, url string) []job.Key {
 // -payload-bucket wires the S3 store: a claim-checked item is fetched and its
 // chunk's result lands in the bucket.
 func TestPayloadBucket(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	client := sqstest.Client(t)
 	urls := sqstest.Queues(t, client, 5)
 	s3c := sqstest.S3(t)
@@ -428,6 +430,7 @@ func TestTaskProtectionFlag(t *testing.T) {
 // and clears the protection by the time it exits; with -task-protection=off
 // it never calls the agent.
 func TestTaskProtectionThroughTheAgent(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	client := sqstest.Client(t)
 	for _, mode := range []string{"auto", "off"} {
 		t.Run(mode, func(t *testing.T) {

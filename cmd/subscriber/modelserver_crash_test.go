@@ -30,6 +30,7 @@ import (
 // and those it had answered but not yet delivered), and only those: an item
 // of a chunk that was not redelivered was asked for exactly once.
 func TestModelServerCrashMidBatch(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	fake := fakeoai.New(fakeoai.Config{TokenLatency: 100 * time.Millisecond})
 	defer fake.Close()
 	rec := fakeoai.NewRecorder(t, fake)

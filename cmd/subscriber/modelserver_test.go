@@ -28,6 +28,7 @@ import (
 // (job.Item.Check refuses any body, which needs an endpoint), so a
 // regression there must fail it instead.
 func TestModelServerEndToEnd(t *testing.T) {
+	t.Parallel() // mostly waiting on real time: queues, visibility, processes
 	srv := fakeoai.New(fakeoai.Config{MaxModelLen: 512, Faults: []fakeoai.Fault{
 		{Kind: fakeoai.FaultStatus, Status: 503, Times: 1}, {Kind: fakeoai.FaultDrop, Skip: 3, Times: 1}}})
 	defer srv.Close()

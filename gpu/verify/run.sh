@@ -74,6 +74,7 @@ run "8. BERT: OOM by sequence length" bert.test TestCUDABertOutOfMemoryByLength
 run "9. BERT: the estimate against the device" bert.test TestCUDABertWorkingBytesCoversAllocation
 run "10. BERT: outputs against PyTorch, items/s reported, not asserted" bert.test TestCUDABertAgainstTorch
 run "10b. BERT float16: items/s at least PyTorch float16 + SDPA (a ratio floor), MiniLM-L6 and BERT-base" bert.test TestCUDABertHalfThroughputAtLeastTorchSDPA
+run "10c. BERT fused attention: per-row against query-tiled kernel, items/s reported, not asserted" bert.test TestCUDABertFusedAttentionPerRowAgainstTiled
 # The BERT cost model calibrated on this GPU (all-MiniLM-L6-v2's shape,
 # generated weights): the fit, with its length² term, goes to
 # bert-cost-model.json; commit it beside results.md. The command for a real

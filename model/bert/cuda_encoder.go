@@ -49,10 +49,16 @@ type CUDAEncoder struct {
 	closed  atomic.Bool
 	working atomic.Int64
 	lost    atomic.Pointer[error]
+	// rowAttention makes fused attention run bert_attention whatever the
+	// head width: set only by tests, to time and check one kernel against
+	// the other.
+	rowAttention atomic.Bool
 
 	// Owned by the context's goroutine.
 	w   []cu.DevicePtr // in GPUWeights.tensors' order; the GEMMs' in half precision if cfg.Precision says so
-	fns struct{ embed, addLN, split, merge, softmax, gelu, pool, norm, erf, toHalf, attention cu.Function }
+	fns struct {
+		embed, addLN, split, merge, softmax, gelu, pool, norm, erf, toHalf, attention, tiled cu.Function
+	}
 	own *cuda.Owner
 }
 
@@ -91,7 +97,7 @@ func (m *CUDAEncoder) setup(index int, w *GPUWeights) error {
 		"bert_embed": &m.fns.embed, "bert_add_layernorm": &m.fns.addLN, "bert_split_heads": &m.fns.split,
 		"bert_merge_heads": &m.fns.merge, "bert_softmax": &m.fns.softmax, "bert_bias_gelu": &m.fns.gelu,
 		"bert_pool": &m.fns.pool, "bert_l2norm": &m.fns.norm, "bert_erf": &m.fns.erf, "bert_to_half": &m.fns.toHalf,
-		"bert_attention": &m.fns.attention,
+		"bert_attention": &m.fns.attention, "bert_attention_tiled": &m.fns.tiled,
 	}); err != nil {
 		return err
 	}
@@ -315,16 +321,35 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 	// In half precision: Q, K and V by head, then one other operand (see
 	// GPUConfig.halfOperands).
 	half, fused := c.Precision != GPUFloat32, c.Attention == GPUAttentionFused
-	// A tile of keys per thread, at least one thread per component of a
-	// head (bert_attention's accumulators), at least two warps.
+	tiled := c.tiledAttention() && !m.rowAttention.Load()
+	// bert_attention: a tile of keys per thread, at least one thread per
+	// component of a head (its accumulators), at least two warps.
 	attnThreads := max(cuda.Pow2(c.Hidden/c.Heads), 64)
+	// bert_attention_tiled: a query per thread, 64 to a block (K and V
+	// read from global memory once per 64 queries); a whole block for a
+	// batch of up to 32 tokens, which would leave half of 64 idle.
+	tileQueries := 64
+	if seqLen <= 32 {
+		tileQueries = 32
+	}
 	qkvHalves, _ := c.halfOperands(items, seqLen)
 	dQKV16 := buf(10)
 	dOther16 := dQKV16 + cu.DevicePtr((2*qkvHalves+gpuAlign-1)/gpuAlign*gpuAlign)
 	abt := m.halfType()
-	var bf16 int64
+	var bf16, prec int64 // prec as bert_split_heads and bert_attention_tiled take it: 0 float32, 1 binary16, 2 bfloat16
 	if c.Precision == GPUBFloat16 {
 		bf16 = 1
+	}
+	if half {
+		prec = 1 + bf16
+	}
+	// bert_split_heads writes Q, K and V in half precision where the
+	// attention reads them only so: the GEMMs' and the tiled kernel's
+	// (halfOperands charges them), not the per-row kernel's. Its out16
+	// must be device memory even when unused.
+	splitPrec, split16 := int64(0), dHeads
+	if half && (!fused || tiled) {
+		splitPrec, split16 = prec, dQKV16
 	}
 	toHalf := func(src, dst cu.DevicePtr, n int64) error {
 		return cuda.Launch(m.fns.toHalf, cuda.Grid(n), 256, &src, &dst, &n, &bf16)
@@ -353,6 +378,8 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 		eps                 = c.LayerNormEps
 		scale               = 1 / math.Sqrt(float64(d))
 		nScoreRows          = int64(items * heads * seqLen)
+		nHeads              = int64(items * heads)
+		queryTiles          = items * heads * ((seqLen + tileQueries - 1) / tileQueries)
 		mode                = int64(c.Pooling)
 		rowThreads          = min(cuda.Pow2(h), 256)
 		rowBlocks           = min(rows, 65535)
@@ -377,7 +404,7 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 		steps = append(steps,
 			func() error { return gemm(dQKV, dX, qkvW, h, 3*h) },
 			func() error {
-				return cuda.Launch(m.fns.split, cuda.Grid(int64(rows*3*h)), 256, &dQKV, &qkvB, &dHeads, &nItems, &seqL, &headsL, &dL)
+				return cuda.Launch(m.fns.split, cuda.Grid(int64(rows*3*h)), 256, &dQKV, &qkvB, &dHeads, &split16, &nItems, &seqL, &headsL, &dL, &splitPrec)
 			},
 			// Scores of each (item, head): S = Q·Kᵀ, row-major L×L. Read
 			// column-major, that is Sᵀ = K·Qᵀ: A = K (d×L column-major,
@@ -386,14 +413,22 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 				if fused {
 					// softmax(QKᵀ/√d)·V in one kernel, into Q's place;
 					// the two steps after are then nothing.
-					return cuda.Launch(m.fns.attention, min(int(nScoreRows), 65535), attnThreads,
-						&dQ, &dK, &dV, &dLens, &nScoreRows, &seqL, &headsL, &dL, &scale)
+					if !tiled {
+						return cuda.Launch(m.fns.attention, min(int(nScoreRows), 65535), attnThreads,
+							&dQ, &dK, &dV, &dLens, &nScoreRows, &seqL, &headsL, &dL, &scale)
+					}
+					// In half precision Q's float32 place holds only
+					// outputs: its padded rows keep whatever was there
+					// (NaN on the emulated GPU), which nothing reads.
+					q, k, v := dQ, dK, dV
+					if half {
+						q, k, v = dQ16, dK16, dV16
+					}
+					return cuda.Launch(m.fns.tiled, min(queryTiles, 65535), tileQueries,
+						&q, &k, &v, &dQ, &dLens, &nHeads, &seqL, &headsL, &dL, &scale, &prec)
 				}
 				if !half {
 					return m.own.Blas.GemmBatched(true, false, seqLen, seqLen, d, dK, d, sd, dQ, d, sd, dScores, seqLen, ss, nb)
-				}
-				if err := toHalf(dHeads, dQKV16, int64(3*rows*h)); err != nil {
-					return err
 				}
 				return m.own.Blas.GemmBatchedEx(true, false, seqLen, seqLen, d, dK16, d, sd, dQ16, d, sd, abt,
 					dScores, seqLen, ss, cuda.Float32, nb)

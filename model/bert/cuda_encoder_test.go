@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -345,7 +346,8 @@ const emulatedGranule = 2 << 20
 // In half precision the same, with the half-precision operands on top of
 // the CPU encoder's estimate (GPUConfig.HalfSeqBytes per item, as the GPU
 // Embedder's Cost adds them); and with fused attention, which allocates no
-// scores.
+// scores, in float32 and in float16 (the query-tiled kernel's Q, K and V
+// in half precision).
 func TestCUDABertWorkingBytesCoversAllocation(t *testing.T) {
 	base, err := bert.Load(filepath.Join(goldenRoot, "tiny-f32"))
 	if err != nil {
@@ -356,7 +358,7 @@ func TestCUDABertWorkingBytesCoversAllocation(t *testing.T) {
 		prec bert.GPUPrecision
 		attn bert.GPUAttention
 	}{{"float32", bert.GPUFloat32, bert.GPUAttentionGEMM}, {"float16", bert.GPUFloat16, bert.GPUAttentionGEMM},
-		{"fused", bert.GPUFloat32, bert.GPUAttentionFused}} {
+		{"fused", bert.GPUFloat32, bert.GPUAttentionFused}, {"fused float16", bert.GPUFloat16, bert.GPUAttentionFused}} {
 		t.Run(v.name, func(t *testing.T) {
 			cfg, w := base.GPU()
 			cfg.Precision, cfg.Attention = v.prec, v.attn
@@ -874,15 +876,7 @@ func TestCUDABertHalfThroughputAtLeastTorchSDPA(t *testing.T) {
 		name string
 		cfg  map[string]any
 	}{{"MiniLM-L6", miniLMShape}, {"BERT-base", bertBaseShape}} {
-		dir := filepath.Join(t.TempDir(), model.name)
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		writeBertDir(t, dir, model.cfg)
-		m, err := bert.Load(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m, dir := generatedBert(t, model.name, model.cfg)
 		cfg, w := m.GPU()
 		f32 := newCUDAEncoder(t, m)
 		cfg.Precision = bert.GPUFloat16
@@ -1035,5 +1029,197 @@ func TestCUDABertFusedAttentionMatchesUnfused(t *testing.T) {
 			t.Logf("FIGURE cuda-bert fused attention %s: largest |fused - cpu| %.3g, |fused - GEMM path| %.3g (tolerance %g); float16 fused |.- cpu| %.3g",
 				filepath.Base(dir), worstCPU, worstGEMM, cudaBertTolerance, worstHalf)
 		})
+	}
+}
+
+// headShape is a small generated model (two layers, two heads) whose heads
+// are d components wide and whose items run to 256 tokens: long enough for
+// several tiles of keys and of queries in bert_attention_tiled.
+func headShape(d int) map[string]any {
+	return map[string]any{
+		"model_type": "bert", "architectures": []string{"BertModel"}, "vocab_size": 512, "hidden_size": 2 * d,
+		"num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 4 * d, "max_position_embeddings": 256,
+		"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu", "position_embedding_type": "absolute",
+	}
+}
+
+// itemsOfLengths is one item per length, ids spread over the vocabulary.
+func itemsOfLengths(m *bert.Model, lens ...int) [][]int32 {
+	ids := longBatch(m, len(lens))
+	for i, n := range lens {
+		ids[i] = ids[i][:n]
+	}
+	return ids
+}
+
+// generatedBert is a model of shape cfg with generated weights
+// (writeBertDir), and its directory, named name.
+func generatedBert(t *testing.T, name string, cfg map[string]any) (*bert.Model, string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeBertDir(t, dir, cfg)
+	m, err := bert.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, dir
+}
+
+// The query-tiled fused attention (bert_attention_tiled) through the
+// encoder, for heads of 32 and 64 components (MiniLM's and BERT-base's
+// widths): one batch of items of 200, 1, 129 and 77 tokens (none a multiple
+// of a tile of keys, 64 or 128, or of queries, 64; three padded, one of a
+// single token), and each item alone. In float32, with mean pooling with
+// and without normalization, within cudaBertTolerance of the CPU encoder
+// and of the per-row kernel (bert_attention, the one it replaces); in
+// float16 and bfloat16 (Q, K and V read as halves), unit-normalized,
+// within halfTolerance of the CPU, and further from the per-row kernel in
+// the same precision (which reads Q, K and V in float32) than ten times
+// what the two kernels differ by in float32, else the half inputs were not
+// read (measured: 1.8e-5 and 1.2e-4 against 2.4e-7).
+func TestCUDABertTiledAttentionMatchesCPU(t *testing.T) {
+	for _, d := range []int{32, 64} {
+		t.Run(fmt.Sprintf("d%d", d), func(t *testing.T) {
+			base, _ := generatedBert(t, "d", headShape(d))
+			ids := itemsOfLengths(base, 200, 1, 129, 77)
+			var worstCPU, worstRow float64
+			for _, normalize := range []bool{false, true} {
+				s := base.Sentence()
+				s.Pooling, s.Normalize = bert.PoolMean, normalize
+				m := base.WithSentence(s)
+				cfg, w := m.GPU()
+				cfg.Attention = bert.GPUAttentionFused
+				tiled, row := fusedPair(t, m.Name(), w, cfg)
+				for _, batch := range append([][][]int32{ids}, splitItems(ids)...) {
+					out := embedAll(t, m, batch, tiled, row)
+					for i := range batch {
+						dc, dr := bert.MaxAbsDiff(out[0][i], out[2][i]), bert.MaxAbsDiff(out[0][i], out[1][i])
+						worstCPU, worstRow = max(worstCPU, dc), max(worstRow, dr)
+						if !(dc <= cudaBertTolerance) || !(dr <= cudaBertTolerance) {
+							t.Errorf("normalize %v, batch of %d, item %d (%d tokens): tiled differs from the CPU by %.3g, from the per-row kernel by %.3g (tolerance %g)",
+								normalize, len(batch), i, len(batch[i]), dc, dr, cudaBertTolerance)
+						}
+					}
+				}
+				if !normalize {
+					continue
+				}
+				for _, prec := range []bert.GPUPrecision{bert.GPUFloat16, bert.GPUBFloat16} {
+					cfg.Precision = prec
+					tiled, row := fusedPair(t, m.Name(), w, cfg)
+					out := embedAll(t, m, ids, tiled, row)
+					var worst, fromRow float64
+					least := 1.0
+					for i := range ids {
+						dc, cos := bert.MaxAbsDiff(out[0][i], out[2][i]), cosine(out[0][i], out[2][i])
+						worst, least, fromRow = max(worst, dc), min(least, cos), max(fromRow, bert.MaxAbsDiff(out[0][i], out[1][i]))
+						if !(dc <= halfTolerance.abs) || !(cos >= halfTolerance.cosine) {
+							t.Errorf("%v, item %d (%d tokens): tiled differs from the CPU by %.3g, cosine %.6f (tolerance %g, %g)",
+								prec, i, len(ids[i]), dc, cos, halfTolerance.abs, halfTolerance.cosine)
+						}
+					}
+					if fromRow <= 10*worstRow {
+						t.Errorf("%v: tiled differs from the per-row kernel (float32 Q, K, V) by at most %.3g, not 10 times more than the two differ by in float32 (%.3g): the half inputs were not read",
+							prec, fromRow, worstRow)
+					}
+					t.Logf("FIGURE cuda-bert tiled attention d %d %v: largest |tiled - cpu| %.3g, least cosine %.6f (tolerance %g, %g); |tiled - per-row %v| %.3g",
+						d, prec, worst, least, halfTolerance.abs, halfTolerance.cosine, prec, fromRow)
+				}
+			}
+			t.Logf("FIGURE cuda-bert tiled attention d %d float32: largest |tiled - cpu| %.3g, |tiled - per-row| %.3g (tolerance %g)",
+				d, worstCPU, worstRow, cudaBertTolerance)
+		})
+	}
+}
+
+// fusedPair is two encoders of w with fused attention as cfg says: the
+// encoder's own choice of kernel, and one held to the per-row kernel.
+func fusedPair(t *testing.T, name string, w *bert.GPUWeights, cfg bert.GPUConfig) (own, row *bert.CUDAEncoder) {
+	t.Helper()
+	for _, p := range []**bert.CUDAEncoder{&own, &row} {
+		c, err := bert.NewCUDAEncoder(0, name, w, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		*p = c
+	}
+	row.UseRowAttention()
+	return own, row
+}
+
+// splitItems is each item of ids as a batch of its own.
+func splitItems(ids [][]int32) [][][]int32 {
+	out := make([][][]int32, len(ids))
+	for i, it := range ids {
+		out[i] = [][]int32{it}
+	}
+	return out
+}
+
+// On a GPU: fused attention's two kernels timed against each other, the
+// per-row bert_attention (one block per query, K and V read from global
+// memory once per query) and the query-tiled bert_attention_tiled (once
+// per tile of 64 queries), in float32 and float16, at MiniLM-L6's and
+// BERT-base's shapes (heads of 32 and 64 components) at batch × length
+// 8×32, 32×128, 128×128 and 128×512, taking turns, median of three rounds.
+// Items/s are reported, not asserted; the two kernels' outputs must agree
+// (cosine at least 0.9999). Skips on the emulated GPU, whose speed says
+// nothing of a GPU's (make gpu-verify runs it).
+func TestCUDABertFusedAttentionPerRowAgainstTiled(t *testing.T) {
+	tiny, err := bert.Load(filepath.Join(goldenRoot, "tiny-f32"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(newCUDAEncoder(t, tiny).Device(), "vramq CPU-emulated GPU") {
+		t.Skip("the emulated GPU's speed says nothing of a GPU's")
+	}
+	shapes := []struct{ batch, seqLen int }{{8, 32}, {32, 128}, {128, 128}, {128, 512}}
+	const rounds = 3
+	for _, model := range []struct {
+		name string
+		cfg  map[string]any
+	}{{"MiniLM-L6", miniLMShape}, {"BERT-base", bertBaseShape}} {
+		m, _ := generatedBert(t, model.name, model.cfg)
+		for _, prec := range []bert.GPUPrecision{bert.GPUFloat32, bert.GPUFloat16} {
+			cfg, w := m.GPU()
+			cfg.Attention, cfg.Precision = bert.GPUAttentionFused, prec
+			tiled, row := fusedPair(t, m.Name(), w, cfg)
+			type shape struct{ batch, seqLen int }
+			tiledIPS, rowIPS := map[shape][]float64{}, map[shape][]float64{}
+			for range rounds {
+				for _, sh := range shapes {
+					ids := itemsOfLengths(m, slices.Repeat([]int{sh.seqLen}, sh.batch)...)
+					tiledIPS[shape(sh)] = append(tiledIPS[shape(sh)], bertItemsPerSecond(t, tiled, ids))
+					rowIPS[shape(sh)] = append(rowIPS[shape(sh)], bertItemsPerSecond(t, row, ids))
+				}
+			}
+			for _, sh := range shapes {
+				ids := itemsOfLengths(m, slices.Repeat([]int{sh.seqLen}, sh.batch)...)
+				a, err := tiled.Embed(context.Background(), ids)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := row.Embed(context.Background(), ids)
+				if err != nil {
+					t.Fatal(err)
+				}
+				least := 1.0
+				for i := range ids {
+					least = min(least, cosine(a[i], b[i]))
+				}
+				if !(least >= 0.9999) {
+					t.Errorf("%s %v %d×%d: the tiled and per-row kernels' outputs: cosine %.6f, want at least 0.9999", model.name, prec, sh.batch, sh.seqLen, least)
+				}
+				tm, rm := floats.Median(tiledIPS[shape(sh)]), floats.Median(rowIPS[shape(sh)])
+				t.Logf("FIGURE cuda-bert fused attention kernels: %s %v, batch %d × %d tokens: per-row %.0f items/s, query-tiled %.0f items/s, ratio %.2f (median of %d rounds; not asserted); cosine %.6f",
+					model.name, prec, sh.batch, sh.seqLen, rm, tm, tm/rm, rounds, least)
+			}
+			tiled.Close()
+			row.Close()
+		}
 	}
 }

@@ -89,10 +89,13 @@ const (
 	// GPUAttentionGEMM is two strided-batched GEMMs around a softmax
 	// kernel, through a buffer of items·heads·seqLen² scores. The default.
 	GPUAttentionGEMM GPUAttention = iota
-	// GPUAttentionFused is one kernel (bert_attention) with an online
-	// softmax over tiles of keys: no scores buffer, so a batch's memory
-	// grows with seqLen, not its square (CUDAWorkingBytes says so). In
-	// float32 whatever the precision of the projections.
+	// GPUAttentionFused is one kernel with an online softmax over tiles of
+	// keys: no scores buffer, so a batch's memory grows with seqLen, not
+	// its square (CUDAWorkingBytes says so). Heads of up to
+	// tiledAttentionMaxHead components run bert_attention_tiled (queries
+	// tiled too; Q, K and V read in the products' precision, the softmax
+	// and the sums in float32), wider ones bert_attention (one block per
+	// query, float32).
 	GPUAttentionFused
 )
 
@@ -295,16 +298,31 @@ func (c GPUConfig) HalfSeqBytes(seqLen int) int64 {
 // take: Q, K and V by head (qkv), which the scores and the attention output
 // read, and beside them one other (the attention probabilities, or a
 // projection's input: the hidden state, the attention output or the inner
-// activations), the largest of those. Fused attention reads Q, K and V in
-// float32: only the projections' inputs.
+// activations), the largest of those. Fused attention has no probabilities:
+// the tiled kernel reads Q, K and V in half precision, the per-row one
+// (heads wider than tiledAttentionMaxHead) in float32 (qkv 0).
 func (c GPUConfig) halfOperands(items, seqLen int) (qkv, other int64) {
 	b, l := int64(items), int64(seqLen)
 	rows := b * l
 	h, in, heads := int64(c.Hidden), int64(c.Intermediate), int64(c.Heads)
 	if c.Attention == GPUAttentionFused {
+		if c.tiledAttention() {
+			return 3 * rows * h, max(rows*in, rows*h)
+		}
 		return 0, max(rows*in, rows*h)
 	}
 	return 3 * rows * h, max(b*heads*l*l, rows*in, rows*h)
+}
+
+// tiledAttentionMaxHead is the widest head bert_attention_tiled takes:
+// each of its threads holds a query's components and its output's in
+// registers, 2·64 floats.
+const tiledAttentionMaxHead = 64
+
+// tiledAttention says whether attention runs bert_attention_tiled: fused,
+// with heads of at most tiledAttentionMaxHead components.
+func (c GPUConfig) tiledAttention() bool {
+	return c.Attention == GPUAttentionFused && c.Heads > 0 && c.Hidden/c.Heads <= tiledAttentionMaxHead
 }
 
 // CUDAWorkingBytes is the device memory the CUDA encoder allocates for a

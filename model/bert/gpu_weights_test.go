@@ -76,6 +76,28 @@ func TestCUDAWorkingBytesFusedIsLinearInLength(t *testing.T) {
 	}
 }
 
+// Fused attention runs the query-tiled kernel for heads of up to 64
+// components (MiniLM's 32, BERT-base's 64), the per-row one for wider
+// heads; GEMM attention runs neither. In half precision the tiled kernel's
+// Q, K and V halves are charged, the per-row kernel's float32 reads not.
+func TestTiledAttentionByHeadWidth(t *testing.T) {
+	for _, tc := range []struct {
+		hidden, heads int
+		attn          GPUAttention
+		tiled         bool
+	}{{64, 4, GPUAttentionFused, true}, {384, 12, GPUAttentionFused, true}, {768, 12, GPUAttentionFused, true},
+		{780, 12, GPUAttentionFused, false}, {1024, 8, GPUAttentionFused, false}, {768, 12, GPUAttentionGEMM, false}} {
+		c := GPUConfig{Hidden: tc.hidden, Heads: tc.heads, Intermediate: 4 * tc.hidden, Attention: tc.attn, Precision: GPUFloat16}
+		if got := c.tiledAttention(); got != tc.tiled {
+			t.Errorf("hidden %d, %d heads, attention %d: tiled %v, want %v", tc.hidden, tc.heads, tc.attn, got, tc.tiled)
+		}
+		qkv, _ := c.halfOperands(2, 10)
+		if want := int64(3 * 2 * 10 * tc.hidden); tc.attn == GPUAttentionFused && (qkv == want) != tc.tiled {
+			t.Errorf("hidden %d, %d heads, fused: %d Q, K and V halves charged, tiled %v", tc.hidden, tc.heads, qkv, tc.tiled)
+		}
+	}
+}
+
 func TestPrecisionOfWeights(t *testing.T) {
 	for dtype, want := range map[string]GPUPrecision{"F16": GPUFloat16, "BF16": GPUBFloat16, "F32": GPUFloat32,
 		"F16+F32": GPUFloat32, "BF16+F16": GPUFloat32, "": GPUFloat32} {

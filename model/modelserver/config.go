@@ -106,7 +106,8 @@ type Config struct {
 	// MessagesNative sends it to the server's own /v1/messages (vLLM,
 	// SGLang, llama.cpp), which carries every field (messages.go).
 	Messages string
-	// ResultBytes bounds the answers one Run keeps, in all: an answer that
+	// ResultBytes bounds the answers one Run keeps, in all, with those its
+	// caller holds already for the same results (gpu.WithKept): an answer that
 	// would take them past it fails its item (too_large) instead, so that
 	// a run's result stays within what a subscriber stores
 	// (job.MaxResultBytes). Default job.MaxResultBytes less a sixteenth,

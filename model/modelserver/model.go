@@ -347,10 +347,12 @@ func (m *Model) tokens(r *request) int64 {
 //
 // Each answer of the server (an output with a Response) is also told to
 // gpu.Answers(ctx), when set, as it arrives: the subscriber keeps it where a
-// later run of the item finds it.
+// later run of the item finds it. The answers the subscriber holds already
+// for the batch's results (gpu.Kept(ctx)) count against Config.ResultBytes
+// as this run's own.
 func (m *Model) Run(ctx context.Context, endpoint string, items []job.Item) ([]job.Output, error) {
-	run := &run{outs: make([]job.Output, len(items)), deadline: time.Now().Add(m.cfg.MaxWait), limit: m.cfg.ResultBytes, left: m.cfg.ResultBytes,
-		told: gpu.Answers(ctx)}
+	run := &run{outs: make([]job.Output, len(items)), deadline: time.Now().Add(m.cfg.MaxWait), limit: m.cfg.ResultBytes,
+		left: max(0, m.cfg.ResultBytes-gpu.Kept(ctx)), told: gpu.Answers(ctx)}
 	outs := run.outs
 	var gens []*request
 	groups := map[string][]*request{}
@@ -433,7 +435,7 @@ type run struct {
 // server's answers.
 func (r *run) keep(i int, o job.Output) {
 	if o.Response != nil {
-		n := int64(len(o.Response.Body))
+		n := gpu.AnswerBytes(o)
 		r.mu.Lock()
 		over := n > r.left
 		if !over {

@@ -130,10 +130,11 @@ func TestTokenizerCountsExactly(t *testing.T) {
 	})
 }
 
-// The device follows vLLM's metrics: capacity from cache_config_info, free
-// memory the pool less kv_cache_usage_perc, and the working set is the
-// KV of the requests in flight, no more than the cache holds.
-func TestDeviceFollowsTheKVCache(t *testing.T) {
+// The KV cache the backend owns (its Memory) follows vLLM's metrics:
+// capacity from cache_config_info, free the pool less kv_cache_usage_perc,
+// and the working set is the KV of the requests in flight, no more than the
+// cache holds.
+func TestKVCacheFollowsTheServersMetrics(t *testing.T) {
 	fc := fakeoai.Config{NumGPUBlocks: 600, BlockSize: 16, MaxModelLen: 4096, TokenLatency: 10 * time.Millisecond}
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fc)
@@ -173,8 +174,8 @@ func TestDeviceFollowsTheKVCache(t *testing.T) {
 	})
 }
 
-// Without metrics the pool is its configured tokens in flight, all free.
-func TestDeviceWithoutMetrics(t *testing.T) {
+// Without metrics the KV cache is its configured tokens in flight, all free.
+func TestKVCacheWithoutMetrics(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{})
 		defer s.Close()
@@ -219,13 +220,13 @@ func TestKVCacheIsTheBackendsMemory(t *testing.T) {
 }
 
 // The rate limits bound admission in tokens of their own
-// (backend.RateTokens), not the device's memory: what the configured ones
+// (backend.RateTokens), not the KV cache's: what the configured ones
 // pass in half of MaxWait, from the start, so that the subscriber never
 // admits more than finishes before its batches' waits run out. With none
 // configured, until the server's first answer says what its limits are,
 // it is the concurrency's worth of requests at the output ceiling; a
 // server whose answers carry no limits leaves them unbounded after
-// (rateMost). The device's memory is its capacity all along.
+// (rateMost). The KV cache's memory is its capacity all along.
 func TestOfferFollowsTheRateLimits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{})

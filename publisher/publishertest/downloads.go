@@ -22,6 +22,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/s3front"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // LargeFile is a file of a tenant's in a bucket, stored as a batch's output
@@ -90,7 +91,7 @@ func LambdaDownloads(t testing.TB, client *sqs.Client, workURL string, store *pa
 	}
 	d.Served = Serve(t, client, workURL, store, pc)
 	Sweep(t, d.Pub)
-	fn := apigw.Handler(publisher.LambdaHandler(d.Pub.Handler()))
+	fn := apigw.Handler(api.LambdaHandler(d.Pub.Handler()))
 	lam := httptest.NewServer(fn)
 	t.Cleanup(lam.Close)
 	if edged {

@@ -83,31 +83,12 @@ func Sweep(t testing.TB, pub *publisher.Publisher) {
 }
 
 // RunSubscriber runs a real subscriber of b on dev (nil for a backend
-// that owns its memory, a model server), on the queues urls and the bucket
-// of store, until the test ends.
+// that owns its memory), on the queues urls and the bucket of store, until
+// the test ends.
 func RunSubscriber(t testing.TB, client *sqs.Client, urls localstack.URLs, store *payload.Store, b backend.Backend, dev gpu.Device,
 	logger *slog.Logger) {
 	t.Helper()
-	var reserve int64 = 1 << 20
-	if dev == nil {
-		// A model server's KV cache is counted in tokens, and a reserve
-		// for a framework's allocations means nothing there
-		// (cmd/subscriber's default).
-		reserve = 1
-	}
-	sub, err := subscriber.New(subscriber.Config{
-		Queue:       sqsqueue.New(client, urls.Work),
-		Results:     sqsqueue.New(client, urls.Results),
-		DLQ:         sqsqueue.New(client, urls.DLQ),
-		Payloads:    store,
-		Backend:     b,
-		Device:      dev,
-		VRAMReserve: reserve,
-		WaitTime:    time.Second, // short polls keep shutdown quick
-		Visibility:  10 * time.Second,
-		Logger:      logger,
-		Registerer:  prometheus.NewRegistry(),
-	})
+	sub, err := subscriber.New(subscriberConfig(client, urls, store, b, dev, logger))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +101,33 @@ func RunSubscriber(t testing.TB, client *sqs.Client, urls localstack.URLs, store
 			t.Errorf("subscriber: %v", err)
 		}
 	})
+}
+
+// subscriberConfig is RunSubscriber's configuration of a subscriber. Its
+// reserve is by b's kind, as cmd/subscriber chooses its default: a model in
+// this process keeps some of its device for the framework's allocations (1
+// MiB of a simulated device here), whichever device it runs on; a model
+// server's KV cache is counted in tokens, where such a reserve means nothing
+// (1, the least Config takes).
+func subscriberConfig(client *sqs.Client, urls localstack.URLs, store *payload.Store, b backend.Backend, dev gpu.Device,
+	logger *slog.Logger) subscriber.Config {
+	var reserve int64 = 1
+	if _, inProcess := b.(backend.InProcess); inProcess {
+		reserve = 1 << 20
+	}
+	return subscriber.Config{
+		Queue:       sqsqueue.New(client, urls.Work),
+		Results:     sqsqueue.New(client, urls.Results),
+		DLQ:         sqsqueue.New(client, urls.DLQ),
+		Payloads:    store,
+		Backend:     b,
+		Device:      dev,
+		VRAMReserve: reserve,
+		WaitTime:    time.Second, // short polls keep shutdown quick
+		Visibility:  10 * time.Second,
+		Logger:      logger,
+		Registerer:  prometheus.NewRegistry(),
+	}
 }
 
 // RefModel is the reference embedding model (model name "ref") on a

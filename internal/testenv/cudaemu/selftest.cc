@@ -315,7 +315,8 @@ static void test_bert_attention(void *mod, sgemm_batched_fn batched, void *handl
 	MUST(cuMemAlloc_v2(&dheads, rows * 3 * h * 4));
 	MUST(cuMemAlloc_v2(&dscores, items * heads * seq * seq * 4));
 	MUST(cuMemAlloc_v2(&dctx, rows * h * 4));
-	launch(split, 2, 32, {&dqkv, &dbias, &dheads, &items, &seq, &heads, &d});
+	long f32 = 0;
+	launch(split, 2, 32, {&dqkv, &dbias, &dheads, &dheads, &items, &seq, &heads, &d, &f32});
 	// Scores, as the backend asks: S = Q·Kᵀ per (item, head).
 	const float one = 1, zero = 0;
 	long long sd = seq * d, ss = seq * seq;
@@ -360,6 +361,33 @@ static void test_bert_attention(void *mod, sgemm_batched_fn batched, void *handl
 	CHECK(dc < 1e-5, "attention output (split, batched GEMMs, softmax, merge): off by %g", dc);
 }
 
+// attention_ref is softmax(q·Kᵀ·scale)·V in double for every row of q
+// ([items·heads·seq, d], as bert_split_heads lays out Q, K and V), over the
+// first lens[item] keys: the fused kernels' reference.
+static std::vector<double> attention_ref(const std::vector<float> &q, const std::vector<float> &k, const std::vector<float> &v,
+	const std::vector<int> &lens, long heads, long seq, long d, double scale) {
+	long nrows = long(q.size()) / d;
+	std::vector<double> want(q.size());
+	for (long r = 0; r < nrows; r++) {
+		long bh = r / seq, len = lens[bh / heads];
+		std::vector<double> s(len);
+		double mx = -1e300, sum = 0;
+		for (long j = 0; j < len; j++) {
+			double dot = 0;
+			for (long e = 0; e < d; e++) dot += double(q[r * d + e]) * k[(bh * seq + j) * d + e];
+			s[j] = dot * scale;
+			mx = s[j] > mx ? s[j] : mx;
+		}
+		for (long j = 0; j < len; j++) sum += s[j] = exp(s[j] - mx);
+		for (long e = 0; e < d; e++) {
+			double c = 0;
+			for (long j = 0; j < len; j++) c += s[j] / sum * v[(bh * seq + j) * d + e];
+			want[r * d + e] = c;
+		}
+	}
+	return want;
+}
+
 // The softmax's maximum only keeps exp in range: a wrong one cancels out
 // unless it is far off. Rows whose scores lie hundreds apart, each block
 // taking several rows (so a stale maximum of the row before is far off),
@@ -385,30 +413,102 @@ static void test_bert_fused_attention(void *mod) {
 		for (long j = 0; j < seq; j++)
 			for (long e = 0; e < d; e++) k[((2 * heads + hd) * seq + j) * d + e] *= 1 + j;
 	double scale = 1 / sqrt(double(d));
-	std::vector<double> want(nrows * d);
-	for (long r = 0; r < nrows; r++) {
-		long bh = r / seq, len = lens[bh / heads];
-		std::vector<double> s(len);
-		double mx = -1e300, sum = 0;
-		for (long j = 0; j < len; j++) {
-			double dot = 0;
-			for (long e = 0; e < d; e++) dot += double(q[r * d + e]) * k[(bh * seq + j) * d + e];
-			s[j] = dot * scale;
-			mx = s[j] > mx ? s[j] : mx;
-		}
-		for (long j = 0; j < len; j++) sum += s[j] = exp(s[j] - mx);
-		for (long e = 0; e < d; e++) {
-			double c = 0;
-			for (long j = 0; j < len; j++) c += s[j] / sum * v[(bh * seq + j) * d + e];
-			want[r * d + e] = c;
-		}
-	}
+	std::vector<double> want = attention_ref(q, k, v, lens, heads, seq, d, scale);
 	for (unsigned threads : {32u, 64u}) {
 		unsigned long long dq = upload(q), dk = upload(k), dv = upload(v), dl = upload(lens);
 		launch(fn, 7, threads, {&dq, &dk, &dv, &dl, &nrows, &seq, &heads, &d, &scale});
 		double diff = max_abs_diff(download<float>(dq, nrows * d), want);
 		CHECK(diff < 1e-5, "bert_attention, tiles of %u keys: off by %g", threads, diff);
 		cuMemFree_v2(dq), cuMemFree_v2(dk), cuMemFree_v2(dv), cuMemFree_v2(dl);
+	}
+}
+
+// half_of is x (a value binary16 holds exactly) as binary16 bits (bf16
+// false), or x's upper 16 bits, bfloat16 (bf16 true; x is then rounded
+// toward zero first, by the caller's choice of x).
+static uint16_t half_of(float x, bool bf16) {
+	uint32_t u;
+	memcpy(&u, &x, 4);
+	if (bf16) return uint16_t(u >> 16);
+	uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+	if (x == 0) return sign;
+	int e;
+	double m = frexp(fabs(double(x)), &e); // |x| = m·2^e, m in [0.5, 1)
+	return sign | uint16_t((e - 1 + 15) << 10) | uint16_t(lrint(m * 2048) - 1024);
+}
+
+// to_half_value is x rounded to what bf16 or binary16 holds: bfloat16
+// truncated, binary16 to 11 significant bits (normal values only: x at
+// least 2^-14 in magnitude, else 0).
+static float to_half_value(float x, bool bf16) {
+	if (bf16) {
+		uint32_t u;
+		memcpy(&u, &x, 4);
+		u &= 0xffff0000u;
+		memcpy(&x, &u, 4);
+		return x;
+	}
+	if (fabsf(x) < 1.0f / 16384) return 0;
+	int e;
+	double m = frexp(double(x), &e);
+	return float(ldexp(nearbyint(m * 2048) / 2048, e));
+}
+
+// bert_attention_tiled (the fused attention with queries tiled too)
+// against a direct computation in double: heads of 20 (padded to 32), 32
+// and 64 components, so 150 keys take two or three tiles of keys, the last
+// partial; items of 150, 1, 77 and 130 keys (the rest masked, and whole
+// tiles of queries padding); tiles of 32 and 64 queries, the last partial;
+// fewer blocks than tiles (each block's shared tiles are reused across
+// work); one item whose keys grow along the sequence, so that its later
+// tiles raise the running maximum by hundreds and must rescale what the
+// earlier ones summed. In float32 in place (out = q), and from binary16
+// and bfloat16 inputs into a separate output whose padded rows must stay
+// as they were (the kernel neither reads nor writes a padded query).
+static void test_bert_tiled_attention(void *mod) {
+	void *fn;
+	MUST(cuModuleGetFunction(&fn, mod, "bert_attention_tiled"));
+	long items = 4, heads = 2, seq = 150, nbh = items * heads;
+	std::vector<int> lens = {150, 1, 77, 130};
+	for (long d : {20L, 32L, 64L}) {
+		std::vector<float> q(nbh * seq * d), k(q.size()), v(q.size());
+		for (auto &x : q) x = frand();
+		for (auto &x : k) x = frand();
+		for (auto &x : v) x = frand();
+		for (long hd = 0; hd < heads; hd++)
+			for (long j = 0; j < seq; j++)
+				for (long e = 0; e < d; e++) k[((3 * heads + hd) * seq + j) * d + e] *= 1 + j / 4.0f;
+		for (long prec = 0; prec < 3; prec++) {
+			std::vector<float> qv = q, kv = k, vv = v;
+			std::vector<uint16_t> qh(q.size()), kh(q.size()), vh(q.size());
+			if (prec > 0) {
+				for (size_t x = 0; x < q.size(); x++) {
+					qv[x] = to_half_value(q[x], prec == 2), kv[x] = to_half_value(k[x], prec == 2), vv[x] = to_half_value(v[x], prec == 2);
+					qh[x] = half_of(qv[x], prec == 2), kh[x] = half_of(kv[x], prec == 2), vh[x] = half_of(vv[x], prec == 2);
+				}
+			}
+			double scale = 1 / sqrt(double(d));
+			std::vector<double> want = attention_ref(qv, kv, vv, lens, heads, seq, d, scale);
+			// A padded query is left as it was: q itself in place, the
+			// sentinel -7 otherwise.
+			for (long r = 0; r < nbh * seq; r++)
+				if (r % seq >= lens[r / seq / heads])
+					for (long e = 0; e < d; e++) want[r * d + e] = prec == 0 ? qv[r * d + e] : -7.0;
+			for (unsigned threads : {32u, 64u}) {
+				unsigned long long dq, dk, dv, dout, dl = upload(lens);
+				if (prec == 0) {
+					dq = upload(qv), dk = upload(kv), dv = upload(vv), dout = dq;
+				} else {
+					dq = upload(qh), dk = upload(kh), dv = upload(vh);
+					dout = upload(std::vector<float>(q.size(), -7.0f));
+				}
+				launch(fn, 5, threads, {&dq, &dk, &dv, &dout, &dl, &nbh, &seq, &heads, &d, &scale, &prec});
+				double diff = max_abs_diff(download<float>(dout, q.size()), want);
+				CHECK(diff < 1e-5, "bert_attention_tiled, d %ld, prec %ld, tiles of %u queries: off by %g", d, prec, threads, diff);
+				cuMemFree_v2(dq), cuMemFree_v2(dk), cuMemFree_v2(dv), cuMemFree_v2(dl);
+				if (dout != dq) cuMemFree_v2(dout);
+			}
+		}
 	}
 }
 
@@ -758,6 +858,7 @@ int main(int argc, char **argv) {
 	test_bert_gelu_erf(bert_mod);
 	test_bert_softmax_range(bert_mod);
 	test_bert_fused_attention(bert_mod);
+	test_bert_tiled_attention(bert_mod);
 	test_bert_pool_norm(bert_mod);
 
 	void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);

@@ -17,6 +17,14 @@
 #define GLOBAL __attribute__((global))
 #define DEVICE __attribute__((device)) static inline
 #define SHARED __attribute__((shared))
+// UNROLL unrolls the next loop completely: a loop over a register array
+// must be, or the array goes to local memory. (The emulator's g++ needs
+// nothing unrolled.)
+#if defined(__clang__)
+#define UNROLL _Pragma("unroll")
+#else
+#define UNROLL
+#endif
 
 typedef long i64;
 
@@ -203,18 +211,29 @@ extern "C" GLOBAL void bert_add_layernorm(float *x, const float *y, const float 
 	}
 }
 
+DEVICE unsigned short half_bits(float f, i64 bf16);
+
 // bert_split_heads adds the bias to the fused query/key/value projection
 // qkv ([items·seqLen, 3h]) and lays it out head by head, as three
 // [items·heads, seqLen, d] blocks (Q, K, V), so that each attention
-// product is one strided-batched GEMM. Grid-stride over every element.
-extern "C" GLOBAL void bert_split_heads(const float *qkv, const float *bias, float *out, i64 items, i64 seq_len,
-	i64 heads, i64 d) {
+// product is one strided-batched GEMM: into out in float32 (prec 0), or
+// rounded to binary16 (1) or bfloat16 (2) into out16 (out then unused),
+// where the attention reads Q, K and V in half precision only, so that
+// they never make a float32 round trip. Grid-stride over every element.
+extern "C" GLOBAL void bert_split_heads(const float *qkv, const float *bias, float *out, unsigned short *out16,
+	i64 items, i64 seq_len, i64 heads, i64 d, i64 prec) {
 	i64 h = heads * d, total = items * seq_len * 3 * h;
 	for (i64 k = (i64)ctaid() * ntid() + tid(); k < total; k += (i64)nctaid() * ntid()) {
 		i64 r = k / (3 * h), c = k - r * 3 * h;
 		i64 which = c / h, hd = (c - which * h) / d, e = c - which * h - hd * d;
 		i64 b = r / seq_len, p = r - b * seq_len;
-		out[((which * items + b) * heads + hd) * seq_len * d + p * d + e] = qkv[k] + bias[c];
+		i64 at = ((which * items + b) * heads + hd) * seq_len * d + p * d + e;
+		float x = qkv[k] + bias[c];
+		if (prec) {
+			out16[at] = half_bits(x, prec == 2);
+		} else {
+			out[at] = x;
+		}
 	}
 }
 
@@ -323,6 +342,171 @@ extern "C" GLOBAL void bert_attention(float *qo, const float *k, const float *v,
 		if (tid() < d) {
 			q[tid()] = acc / l;
 		}
+	}
+}
+
+// Tiles of bert_attention_tiled: a K tile and a V tile of tiled_floats
+// floats each in shared memory (2 × 16 KiB, within the 48 KiB a block may
+// declare statically), so a tile holds tiled_floats/D keys: 64 at D = 64,
+// 128 at D = 32. Each query takes its scores tiled_chunk keys at a time, in
+// registers (the loops over a chunk are unrolled: 8 keys keep the PTX of
+// the two instances under 400 KB), and rescales its accumulator only when a
+// chunk raises its maximum.
+const int tiled_max_d = 64;
+
+// f4 is four floats loaded or stored as one (ld.shared.v4.f32): the
+// tiled kernel's inner loops read a tile four components at a time, one
+// shared load per four multiply-adds rather than one per one.
+typedef float f4 __attribute__((vector_size(16), may_alias));
+const int tiled_floats = 64 * 64;
+const int tiled_chunk = 8;
+
+// half_float is the float32 value of binary16 (bf16 0) or bfloat16 (bf16 1)
+// bits h: exact, subnormals, infinities and NaN included.
+DEVICE float half_float(unsigned short h, i64 bf16) {
+	unsigned x = h;
+	if (bf16) {
+		return __builtin_bit_cast(float, x << 16);
+	}
+	unsigned sign = (x & 0x8000u) << 16, e = (x >> 10) & 0x1fu, m = x & 0x3ffu;
+	if (e == 0x1fu) {
+		return __builtin_bit_cast(float, sign | 0x7f800000u | (m << 13));
+	}
+	if (e == 0) {
+		float v = (float)m * 5.96046448e-8f; // m·2^-24, exact
+		return sign ? -v : v;
+	}
+	return __builtin_bit_cast(float, sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// load_qkv is element i of Q, K or V: float32 (prec 0), binary16 (1) or
+// bfloat16 (2).
+DEVICE float load_qkv(const void *p, i64 i, i64 prec) {
+	if (prec == 0) {
+		return ((const float *)p)[i];
+	}
+	return half_float(((const unsigned short *)p)[i], prec == 2);
+}
+
+// attention_tiles is bert_attention_tiled for heads of at most D
+// components (D = 32 or 64; a narrower head is zero-padded to D, which adds
+// 0 to every dot product and output component past d). ks and vs are the
+// block's shared K and V tiles, declared by the kernel so that the two
+// instances share them.
+template <int D>
+DEVICE void attention_tiles(const void *qp, const void *kp, const void *vp, float *out, const int *lens, i64 nbh,
+	i64 seq_len, i64 heads, i64 d, float sc, i64 prec, float *ks, float *vs) {
+	const i64 bk = tiled_floats / D, bq = ntid(), nqt = (seq_len + bq - 1) / bq;
+	for (i64 blk = ctaid(); blk < nbh * nqt; blk += nctaid()) {
+		i64 bh = blk / nqt, q0 = (blk - bh * nqt) * bq, len = lens[bh / heads];
+		if (q0 >= len) {
+			continue; // every query of the tile is padding: the whole block skips it
+		}
+		i64 i = q0 + tid(), base = bh * seq_len * d;
+		bool live = i < len;
+		float q[D], o[D];
+		UNROLL
+		for (int e = 0; e < D; e++) {
+			q[e] = live && e < d ? load_qkv(qp, base + i * d + e, prec) : 0.0f;
+			o[e] = 0.0f;
+		}
+		float m = -float_max, l = 0.0f;
+		for (i64 j0 = 0; j0 < len; j0 += bk) {
+			i64 n = len - j0 < bk ? len - j0 : bk;
+			__syncthreads(); // every query is done with the last tile (this tile's or the block's previous one) before it is overwritten
+			for (i64 x = tid(); x < n * D; x += ntid()) {
+				i64 t = x / D, e = x - t * D;
+				ks[x] = e < d ? load_qkv(kp, base + (j0 + t) * d + e, prec) : 0.0f;
+				vs[x] = e < d ? load_qkv(vp, base + (j0 + t) * d + e, prec) : 0.0f;
+			}
+			__syncthreads(); // the whole tile before any query reads it
+			if (!live) {
+				continue; // a padded query only helps load the tiles
+			}
+			for (i64 c0 = 0; c0 < n; c0 += tiled_chunk) {
+				float s[tiled_chunk];
+				float mc = m;
+				UNROLL
+				for (int t = 0; t < tiled_chunk; t++) {
+					s[t] = -float_max;
+					if (c0 + t < n) {
+						const f4 *kr = (const f4 *)(ks + (c0 + t) * D);
+						float dot = 0.0f;
+						UNROLL
+						for (int e = 0; e < D; e += 4) {
+							f4 k4 = kr[e / 4];
+							dot += q[e] * k4[0] + q[e + 1] * k4[1] + q[e + 2] * k4[2] + q[e + 3] * k4[3];
+						}
+						s[t] = dot * sc;
+						mc = s[t] > mc ? s[t] : mc;
+					}
+				}
+				if (mc > m) { // rarely after the first chunks: the scores' maximum settles
+					float corr = exp_f(m - mc);
+					l *= corr;
+					UNROLL
+					for (int e = 0; e < D; e++) {
+						o[e] *= corr;
+					}
+					m = mc;
+				}
+				UNROLL
+				for (int t = 0; t < tiled_chunk; t++) {
+					if (c0 + t < n) {
+						float p = exp_f(s[t] - mc);
+						const f4 *vr = (const f4 *)(vs + (c0 + t) * D);
+						l += p;
+						UNROLL
+						for (int e = 0; e < D; e += 4) {
+							f4 v4 = vr[e / 4];
+							o[e] += p * v4[0];
+							o[e + 1] += p * v4[1];
+							o[e + 2] += p * v4[2];
+							o[e + 3] += p * v4[3];
+						}
+					}
+				}
+			}
+		}
+		if (live) {
+			UNROLL
+			for (int e = 0; e < D; e++) {
+				if (e < d) {
+					out[base + i * d + e] = o[e] / l;
+				}
+			}
+		}
+	}
+}
+
+// bert_attention_tiled is bert_attention with the queries tiled as well as
+// the keys (FlashAttention's shape): one block per tile of blockDim.x
+// queries of one (item, head), grid-stride over the items·heads·⌈seqLen/
+// blockDim.x⌉ tiles; each K and V tile is loaded into shared memory once
+// and every query of the block uses it, so K and V are read from global
+// memory ⌈seqLen/blockDim.x⌉ times per (item, head), not seqLen times. Each
+// thread owns one query: its q and its output accumulator in registers,
+// its running maximum and sum (the online softmax, in float32, the
+// accumulator rescaled when a chunk of keys raises the maximum) its own, so no reduction crosses threads. q, k and
+// v are laid out as bert_split_heads leaves Q, K and V, in float32 (prec
+// 0), binary16 (1) or bfloat16 (2); out ([items·heads, seqLen, d], float32)
+// may be q itself in float32, since a query row is read only by its own
+// block. Keys past the item's length lens[item] are never read. Neither are
+// padded queries (rows at or past lens[item]), nor written: nothing reads
+// them after (the later layers' attention masks them as keys, every other
+// step works row by row and pooling stops at the length). d must be at
+// most tiled_max_d (the encoder keeps bert_attention for wider heads: a
+// thread holds 2·d floats). Shared memory: two tiles of tiled_floats
+// floats, 32 KiB, whatever d and blockDim.x; device memory: none.
+extern "C" GLOBAL void bert_attention_tiled(const void *q, const void *k, const void *v, float *out, const int *lens,
+	i64 nbh, i64 seq_len, i64 heads, i64 d, double scale, i64 prec) {
+	SHARED __attribute__((aligned(16))) float ks[tiled_floats];
+	SHARED __attribute__((aligned(16))) float vs[tiled_floats];
+	float sc = (float)scale;
+	if (d <= 32) {
+		attention_tiles<32>(q, k, v, out, lens, nbh, seq_len, heads, d, sc, prec, ks, vs);
+	} else if (d <= tiled_max_d) {
+		attention_tiles<64>(q, k, v, out, lens, nbh, seq_len, heads, d, sc, prec, ks, vs);
 	}
 }
 
@@ -455,3 +639,4 @@ using bertk::bert_pool;
 using bertk::bert_l2norm;
 using bertk::bert_to_half;
 using bertk::bert_attention;
+using bertk::bert_attention_tiled;

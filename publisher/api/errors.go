@@ -1,4 +1,4 @@
-package publisher
+package api
 
 import (
 	"fmt"
@@ -51,7 +51,7 @@ const (
 	CodeBadRequest          = "bad_request"             // 400, 417, 501, 505: a request net/http refuses before any handler
 )
 
-// APIError is a client-facing error: an HTTP status and the JSON body
+// Error is a client-facing error: an HTTP status and the JSON body
 // {"error":{"code","message","item"}}. Message is for humans and is fixed
 // text: it may state the publisher's own limits and a byte offset, never
 // request content (paths, ids, query values, header values, field names,
@@ -59,7 +59,7 @@ const (
 // reflect a client's bytes back to it or to a browser (TestErrorsEchoNothing).
 // Item names the item at fault by its id, the one piece of the request an
 // error carries back, in its own field.
-type APIError struct {
+type Error struct {
 	Status  int    `json:"-"`
 	Code    string `json:"code"`
 	Message string `json:"message"`
@@ -69,44 +69,44 @@ type APIError struct {
 	Param string `json:"-"`
 }
 
-func (e *APIError) Error() string {
+func (e *Error) Error() string {
 	if e.Item != "" {
 		return fmt.Sprintf("%d %s: %s (item %q)", e.Status, e.Code, e.Message, e.Item)
 	}
 	return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message)
 }
 
-func apiErr(status int, code, format string, a ...any) *APIError {
-	return &APIError{Status: status, Code: code, Message: fmt.Sprintf(format, a...)}
+func Err(status int, code, format string, a ...any) *Error {
+	return &Error{Status: status, Code: code, Message: fmt.Sprintf(format, a...)}
 }
 
-func itemErr(status int, code, id, format string, a ...any) *APIError {
-	e := apiErr(status, code, format, a...)
+func ItemErr(status int, code, id, format string, a ...any) *Error {
+	e := Err(status, code, format, a...)
 	e.Item = id
 	return e
 }
 
-// errorBody is the JSON of every error response. Sent and the job fields are
+// ErrorBody is the JSON of every error response. Sent and the job fields are
 // set on a 503 after the job was given an id, so a client knows how much of it
 // reached the queue.
-type errorBody struct {
-	Error  *APIError `json:"error"`
-	JobID  string    `json:"job_id,omitempty"`
-	Chunks int       `json:"chunks,omitempty"`
-	Sent   *int      `json:"sent,omitempty"`
+type ErrorBody struct {
+	Error  *Error `json:"error"`
+	JobID  string `json:"job_id,omitempty"`
+	Chunks int    `json:"chunks,omitempty"`
+	Sent   *int   `json:"sent,omitempty"`
 }
 
-// failWith is how a handler answers an error: it writes e and keeps its code
-// for the request's log line and metrics (observe).
-func failWith(w http.ResponseWriter, r *http.Request) func(*APIError) {
-	ri := info(r)
-	return func(e *APIError) {
-		ri.code = e.Code
-		writeError(w, e)
+// FailWith is how a handler answers an error: it writes e and keeps its code
+// for the request's log line and metrics (Observe).
+func FailWith(w http.ResponseWriter, r *http.Request) func(*Error) {
+	ri := Info(r)
+	return func(e *Error) {
+		ri.Code = e.Code
+		WriteError(w, e)
 	}
 }
 
-func writeError(w http.ResponseWriter, e *APIError) {
+func WriteError(w http.ResponseWriter, e *Error) {
 	if o, ok := w.(*openAIWriter); ok {
 		o.writeError(e)
 		return
@@ -116,5 +116,5 @@ func writeError(w http.ResponseWriter, e *APIError) {
 		return
 	}
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	writeJSON(w, e.Status, errorBody{Error: e})
+	WriteJSON(w, e.Status, ErrorBody{Error: e})
 }

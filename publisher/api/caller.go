@@ -1,4 +1,4 @@
-package publisher
+package api
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 // Who a request's caller is, for what it owns (owner, owns): with API keys,
 // the tenant of its key; without keys, the identity API Gateway's
-// authorizer vouched for in the Lambda event (callerIdentity), or nobody.
+// authorizer vouched for in the Lambda event (CallerIdentity), or nobody.
 // Only the Lambda adapter sets the identity, from the event's request
 // context, which the client cannot write: no header can pose as one.
 
@@ -23,8 +23,8 @@ func withCaller(ctx context.Context, identity string) context.Context {
 	return context.WithValue(ctx, callerKey{}, identity)
 }
 
-// callerIdentity is the identity withCaller put in r's context, or "".
-func callerIdentity(r *http.Request) string {
+// CallerIdentity is the identity withCaller put in r's context, or "".
+func CallerIdentity(r *http.Request) string {
 	id, _ := r.Context().Value(callerKey{}).(string)
 	return id
 }
@@ -94,14 +94,14 @@ func jwtIdentity(iss, sub string) string {
 // tell its callers apart (401).
 const CodeNoCaller = "caller_unknown"
 
-// canList reports whether r's caller may list what it owns: with API keys,
+// CanList reports whether r's caller may list what it owns: with API keys,
 // or with an identity from API Gateway. Without either, every caller is the
 // same owner, "", and a listing would hand each the ids of all the others'
 // files and batches, which the by-id routes take as proof of ownership.
-func (p *Publisher) canList(r *http.Request) *APIError {
-	if len(p.keys) > 0 || callerIdentity(r) != "" {
+func (g *Gate) CanList(r *http.Request) *Error {
+	if len(g.keys) > 0 || CallerIdentity(r) != "" {
 		return nil
 	}
-	return apiErr(http.StatusUnauthorized, CodeNoCaller,
+	return Err(http.StatusUnauthorized, CodeNoCaller,
 		"listing needs to know who the caller is: API keys (-api-keys), or an API Gateway authorizer (IAM or JWT) in front of the Lambda function")
 }

@@ -1,4 +1,4 @@
-package publisher
+package api
 
 import (
 	"bytes"
@@ -42,16 +42,16 @@ func LambdaHandler(h http.Handler) func(context.Context, events.APIGatewayV2HTTP
 	return func(ctx context.Context, ev events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
 		r, err := lambdaRequest(ctx, ev)
 		if err != nil {
-			return lambdaError(apiErr(http.StatusBadRequest, CodeInvalidEvent, "%s", err), ev.RequestContext.HTTP.Method), nil
+			return lambdaError(Err(http.StatusBadRequest, CodeInvalidEvent, "%s", err), ev.RequestContext.HTTP.Method), nil
 		}
 		w := &lambdaResponseWriter{header: http.Header{}}
 		if !lambdaServe(h, w, r) {
-			return lambdaError(apiErr(http.StatusInternalServerError, CodeInternal, "internal error"), r.Method), nil
+			return lambdaError(Err(http.StatusInternalServerError, CodeInternal, "internal error"), r.Method), nil
 		}
 		out := w.event(r.Method)
 		if n := lambdaResponseSize(out); n > lambdaMaxResponse {
 			slog.ErrorContext(ctx, "response over Lambda's limit", "method", r.Method, "path", r.URL.Path, "status", out.StatusCode, "bytes", n)
-			return lambdaError(apiErr(http.StatusInternalServerError, CodeInternal,
+			return lambdaError(Err(http.StatusInternalServerError, CodeInternal,
 				"the response is larger than AWS Lambda's limit of %d bytes", lambdaMaxResponse), r.Method), nil
 		}
 		return out, nil
@@ -70,18 +70,18 @@ func LambdaEventHandler(h http.Handler) func(context.Context, json.RawMessage) (
 			Version string `json:"version"`
 		}
 		if err := json.Unmarshal(raw, &probe); err != nil {
-			return lambdaError(apiErr(http.StatusBadRequest, CodeInvalidEvent, "the event is not a JSON object"), ""), nil
+			return lambdaError(Err(http.StatusBadRequest, CodeInvalidEvent, "the event is not a JSON object"), ""), nil
 		}
 		if probe.Version == "2.0" {
 			var ev events.APIGatewayV2HTTPRequest
 			if err := json.Unmarshal(raw, &ev); err != nil {
-				return lambdaError(apiErr(http.StatusBadRequest, CodeInvalidEvent, "the event is not an API Gateway payload 2.0 event"), ""), nil
+				return lambdaError(Err(http.StatusBadRequest, CodeInvalidEvent, "the event is not an API Gateway payload 2.0 event"), ""), nil
 			}
 			return v2(ctx, ev)
 		}
 		var ev events.APIGatewayProxyRequest
 		if err := json.Unmarshal(raw, &ev); err != nil {
-			return lambdaV1Response(lambdaError(apiErr(http.StatusBadRequest, CodeInvalidEvent, "the event is not an API Gateway proxy event"), "")), nil
+			return lambdaV1Response(lambdaError(Err(http.StatusBadRequest, CodeInvalidEvent, "the event is not an API Gateway proxy event"), "")), nil
 		}
 		return v1(ctx, ev)
 	}
@@ -101,7 +101,7 @@ func LambdaProxyHandler(h http.Handler) func(context.Context, events.APIGatewayP
 	v2 := LambdaHandler(h)
 	return func(ctx context.Context, ev events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
 		if ev.HTTPMethod == "" {
-			return lambdaV1Response(lambdaError(apiErr(http.StatusBadRequest, CodeInvalidEvent,
+			return lambdaV1Response(lambdaError(Err(http.StatusBadRequest, CodeInvalidEvent,
 				"the event has no httpMethod: not an API Gateway proxy event"), "")), nil
 		}
 		headers := make(map[string]string, len(ev.Headers)+len(ev.MultiValueHeaders))
@@ -174,10 +174,10 @@ const lambdaMaxBody = (lambdaMaxResponse - 64<<10) / 4 * 3
 
 type lambdaKey struct{}
 
-// maxResponseBody is the largest response body r may be answered with:
+// MaxResponseBody is the largest response body r may be answered with:
 // lambdaMaxBody when it came through the Lambda adapter, which sends a
 // response in one piece; -1, no limit, when the server streams it.
-func maxResponseBody(r *http.Request) int64 {
+func MaxResponseBody(r *http.Request) int64 {
 	if in, _ := r.Context().Value(lambdaKey{}).(bool); in {
 		return lambdaMaxBody
 	}
@@ -416,8 +416,8 @@ const CodeInvalidEvent = "invalid_event"
 
 // lambdaError answers a problem found before h could run, through the
 // publisher's own error writer so that the format is the one clients know.
-func lambdaError(e *APIError, method string) events.APIGatewayV2HTTPResponse {
+func lambdaError(e *Error, method string) events.APIGatewayV2HTTPResponse {
 	w := &lambdaResponseWriter{header: http.Header{}}
-	writeError(w, e)
+	WriteError(w, e)
 	return w.event(method)
 }

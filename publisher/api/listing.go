@@ -1,4 +1,4 @@
-package publisher
+package api
 
 import (
 	"context"
@@ -8,16 +8,18 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/vramq/vramq/internal/payload"
 )
 
 // The listings of the OpenAI-compatible routes (GET /v1/files, GET
 // /v1/batches): OpenAI's cursor page, over records kept as
 // {prefix}{id}.json under their owner's prefix, ids that sort as the
-// records were made (newTimeID).
+// records were made (NewTimeID).
 
-// listPage is a page of an OpenAI list, which its SDKs' auto-pagers follow
+// ListPage is a page of an OpenAI list, which its SDKs' auto-pagers follow
 // by has_more and the last id (after).
-type listPage[T any] struct {
+type ListPage[T any] struct {
 	Object  string  `json:"object"`
 	Data    []T     `json:"data"`
 	FirstID *string `json:"first_id"`
@@ -25,9 +27,9 @@ type listPage[T any] struct {
 	HasMore bool    `json:"has_more"`
 }
 
-// newListPage is the page of data, whose elements' ids id gives.
-func newListPage[T any](data []T, hasMore bool, id func(T) string) listPage[T] {
-	pg := listPage[T]{Object: "list", Data: data, HasMore: hasMore}
+// NewListPage is the page of data, whose elements' ids id gives.
+func NewListPage[T any](data []T, hasMore bool, id func(T) string) ListPage[T] {
+	pg := ListPage[T]{Object: "list", Data: data, HasMore: hasMore}
 	if pg.Data == nil {
 		pg.Data = []T{}
 	}
@@ -38,24 +40,24 @@ func newListPage[T any](data []T, hasMore bool, id func(T) string) listPage[T] {
 	return pg
 }
 
-// listLimit reads the query's limit: def when it has none, else a whole
+// ListLimit reads the query's limit: def when it has none, else a whole
 // number from 1 to most.
-func listLimit(q url.Values, def, most int) (int, *APIError) {
+func ListLimit(q url.Values, def, most int) (int, *Error) {
 	s := q.Get("limit")
 	if s == "" {
 		return def, nil
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 1 || n > most {
-		return 0, paramErr(http.StatusBadRequest, CodeInvalidParameter, "limit", "limit must be a whole number from 1 to %d", most)
+		return 0, ParamErr(http.StatusBadRequest, CodeInvalidParameter, "limit", "limit must be a whole number from 1 to %d", most)
 	}
 	return n, nil
 }
 
-// listIDs lists the ids of the records under prefix, {prefix}{id}.json
+// ListIDs lists the ids of the records under prefix, {prefix}{id}.json
 // with valid(id), oldest first: one List, no record read.
-func (p *Publisher) listIDs(ctx context.Context, prefix string, valid func(string) bool) ([]string, error) {
-	keys, err := p.store.List(ctx, prefix)
+func ListIDs(ctx context.Context, store *payload.Store, prefix string, valid func(string) bool) ([]string, error) {
+	keys, err := store.List(ctx, prefix)
 	if err != nil {
 		return nil, err
 	}

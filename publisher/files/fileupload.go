@@ -1,4 +1,4 @@
-package publisher
+package files
 
 import (
 	"bytes"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/api"
 )
 
 // An upload, POST /v1/files, is multipart/form-data with the file in a part
@@ -37,7 +38,7 @@ import (
 // the file exist is written only after every check passed.
 //
 // Like a POST /v1/jobs body, an upload takes a place among its client's
-// bodies in flight and is held to -min-body-rate (inflight.go). It is
+// bodies in flight and is held to -min-body-rate (api.BodyPace). It is
 // charged for the bytes it holds: those that have arrived of the part being
 // filled, at most one part of the upload (or the whole file, when that is
 // smaller), given back as the part goes to S3, whose buffer goes with it.
@@ -65,14 +66,10 @@ const (
 // errUploadTimeout: the upload took longer than FileUploadTimeout.
 var errUploadTimeout = errors.New("the upload went past its deadline")
 
-// uploadHeld is the most an upload holds in memory of its file, which is
-// what its body is charged up to.
-func (c *Config) uploadHeld() int64 { return min(payload.UploadPartBytes, c.MaxFileBytes) }
-
 // fileForm is an upload's form as it is read, and what it says.
 type fileForm struct {
 	w    http.ResponseWriter // for the Retry-After of a refusal
-	body *uploadBody
+	body *UploadBody
 
 	id, owner, key string
 	createdAt      time.Time
@@ -105,95 +102,95 @@ func (f *fileForm) sum() string {
 		}
 		return []byte("=" + v)
 	}
-	return requestSum("POST /v1/files", f.content.Sum(nil), []byte(f.filename), given(f.purposeGiven, f.purpose),
+	return api.RequestSum("POST /v1/files", f.content.Sum(nil), []byte(f.filename), given(f.purposeGiven, f.purpose),
 		given(f.anchorGiven, f.anchor), given(f.secondsGiven, f.seconds))
 }
 
 // postFile is POST /v1/files.
-func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
-	fail := failWith(w, r)
-	if p.store == nil {
+func (fs *Service) postFile(w http.ResponseWriter, r *http.Request) {
+	fail := api.FailWith(w, r)
+	if fs.store == nil {
 		fail(noFileStore())
 		return
 	}
 	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mt != "multipart/form-data" || params["boundary"] == "" || len(r.Header.Values("Content-Type")) != 1 {
-		fail(apiErr(http.StatusUnsupportedMediaType, CodeUnsupportedMedia,
+		fail(api.Err(http.StatusUnsupportedMediaType, api.CodeUnsupportedMedia,
 			"Content-Type must be multipart/form-data, with a boundary, given once"))
 		return
 	}
-	limit := p.cfg.MaxFileBytes + formSlack
+	limit := fs.cfg.MaxFileBytes + formSlack
 	if r.ContentLength > limit {
-		fail(p.fileTooLarge())
+		fail(fs.fileTooLarge())
 		return
 	}
 	// An upload can take FileUploadTimeout: a retry is told the first is
 	// still at work until then.
-	once, e := p.newCreateOnce(r, p.cfg.FileUploadTimeout+fileWriteGrace)
+	once, e := fs.gate.NewCreateOnce(r, fs.cfg.FileUploadTimeout+fileWriteGrace)
 	if e != nil {
 		fail(e)
 		return
 	}
-	charge, err := p.bodies.openUpload(p.clientKey(r))
+	charge, err := fs.gate.OpenUpload(r)
 	if err != nil {
-		fail(p.bodyError(w, err))
+		fail(fs.gate.BodyError(w, err))
 		return
 	}
-	defer charge.release()
+	defer charge.Release()
 	// The request's digest is known only once its form is read: the key is
 	// claimed first, and a retry of an upload that was answered reads its
 	// form, storing nothing, to tell whether it is the same.
 	replay := false
 	if once != nil {
-		c, e := once.claim(r, w, kindFile, "")
+		c, e := once.Claim(r, w, api.KindFile, "")
 		if e != nil {
 			fail(e)
 			return
 		}
-		replay = c == claimReplay
-		defer once.fail(r.Context())
+		replay = c == api.ClaimReplay
+		defer once.Fail(r.Context())
 	}
 	// A file may take far longer to come than the server's ReadTimeout
 	// allows any body: this request's deadlines are its own. Where the
 	// connection has none to move (Lambda), this does nothing.
 	rc := http.NewResponseController(w)
 	now := time.Now()
-	_ = rc.SetReadDeadline(now.Add(p.cfg.FileUploadTimeout))
-	_ = rc.SetWriteDeadline(now.Add(p.cfg.FileUploadTimeout + fileWriteGrace))
-	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
-	held := p.cfg.uploadHeld()
+	_ = rc.SetReadDeadline(now.Add(fs.cfg.FileUploadTimeout))
+	_ = rc.SetWriteDeadline(now.Add(fs.cfg.FileUploadTimeout + fileWriteGrace))
+	pace := api.StartPace(float64(fs.cfg.MinBodyRate), fs.cfg.BodyGrace, api.CutRead(w))
+	held := fs.cfg.UploadHeld
 	if replay {
-		held = bodyStep // the file is read past, not held: only the reader's buffer
+		held = api.BodyStep // the file is read past, not held: only the reader's buffer
 	}
-	body := &uploadBody{r: http.MaxBytesReader(w, r.Body, limit), charge: charge, pace: pace, held: held}
+	body := NewUploadBody(http.MaxBytesReader(w, r.Body, limit), charge, pace, held)
 
-	f := &fileForm{w: w, body: body, owner: p.owner(r), createdAt: p.now(), replay: replay}
+	f := &fileForm{w: w, body: body, owner: fs.gate.Owner(r), createdAt: fs.now(), replay: replay}
 	if once != nil {
 		f.content = sha256.New()
 	}
-	f.id = newFileID(f.createdAt)
+	f.id = NewID(f.createdAt)
 	f.key = job.FileKey(f.owner, f.id)
-	e = p.readFileForm(r.Context(), multipart.NewReader(body, params["boundary"]), f)
-	if tooSlow := pace.stop(); e != nil && tooSlow {
-		e = p.bodyError(w, errTooSlow)
+	e = fs.readFileForm(r.Context(), multipart.NewReader(body, params["boundary"]), f)
+	if tooSlow := pace.Stop(); e != nil && tooSlow {
+		e = fs.gate.BodyError(w, api.ErrTooSlow)
 	}
 	if e == nil {
 		e = f.check()
 	}
 	if e == nil && replay {
-		if e = once.replay(w, f.sum()); e == nil {
+		if e = once.Replay(w, f.sum()); e == nil {
 			return
 		}
 	}
-	var rec *fileRecord
+	var rec *Record
 	recordKey := job.FileRecordKey(f.owner, f.id)
 	if e == nil {
-		rec = &fileRecord{V: 1, ID: f.id, Owner: f.owner, Filename: f.filename, Bytes: f.size, Lines: f.lines,
+		rec = &Record{V: 1, ID: f.id, Owner: f.owner, Filename: f.filename, Bytes: f.size, Lines: f.lines,
 			Purpose: f.purpose, CreatedAt: f.createdAt.Unix(), ExpiresAt: f.createdAt.Add(f.expiresAfter).Unix()}
 		raw, _ := json.Marshal(rec) // a struct of strings and numbers
-		if _, err := p.store.Put(r.Context(), recordKey, raw); err != nil {
-			p.log.Error("storing a file record", "file_id", f.id, "err", err)
-			e = apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
+		if _, err := fs.store.Put(r.Context(), recordKey, raw); err != nil {
+			fs.log.Error("storing a file record", "file_id", f.id, "err", err)
+			e = api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
 		}
 	}
 	if e != nil {
@@ -207,55 +204,55 @@ func (p *Publisher) postFile(w http.ResponseWriter, r *http.Request) {
 				keys = []string{recordKey, f.key}
 			}
 			for _, k := range keys {
-				if err := p.store.Delete(ctx, k); err != nil {
-					p.log.Warn("removing a refused upload (the lifecycle rule will)", "file_id", f.id, "key", k, "err", err)
+				if err := fs.store.Delete(ctx, k); err != nil {
+					fs.log.Warn("removing a refused upload (the lifecycle rule will)", "file_id", f.id, "key", k, "err", err)
 				}
 			}
 		}
 		fail(e)
 		return
 	}
-	p.log.Debug("file uploaded", "file_id", f.id, "bytes", f.size, "lines", f.lines)
-	once.answer(r.Context(), w, f.sum(), rec.object())
+	fs.log.Debug("file uploaded", "file_id", f.id, "bytes", f.size, "lines", f.lines)
+	once.Answer(r.Context(), w, f.sum(), rec.object())
 }
 
 // readFileForm reads the form's parts, streaming the file's to the bucket.
 // It stops at the first problem, which is refused before more is read: a
 // purpose other than batch given ahead of the file refuses the upload
 // before any of the file is stored.
-func (p *Publisher) readFileForm(ctx context.Context, mr *multipart.Reader, f *fileForm) *APIError {
+func (fs *Service) readFileForm(ctx context.Context, mr *multipart.Reader, f *fileForm) *api.Error {
 	for parts := 0; ; parts++ {
 		part, err := mr.NextPart()
 		if err == io.EOF {
 			return nil
 		}
 		if err != nil {
-			return p.formError(f, err)
+			return fs.formError(f, err)
 		}
 		if parts == maxFormParts {
-			return apiErr(http.StatusBadRequest, CodeInvalidMultipart, "the form has more than %d parts", maxFormParts)
+			return api.Err(http.StatusBadRequest, CodeInvalidMultipart, "the form has more than %d parts", maxFormParts)
 		}
-		var e *APIError
+		var e *api.Error
 		switch name := part.FormName(); name {
 		case "file":
-			e = p.storeFile(ctx, part, f)
+			e = fs.storeFile(ctx, part, f)
 		case "purpose":
-			f.purpose, e = p.formField(part, f, name)
+			f.purpose, e = fs.formField(part, f, name)
 			f.purposeGiven = true
 			if e == nil && f.purpose != PurposeBatch {
 				e = badPurpose()
 			}
 		case "expires_after[anchor]", "expires_after.anchor":
-			f.anchor, e = p.formField(part, f, "expires_after")
+			f.anchor, e = fs.formField(part, f, "expires_after")
 			f.anchorGiven = true
 		case "expires_after[seconds]", "expires_after.seconds":
-			f.seconds, e = p.formField(part, f, "expires_after")
+			f.seconds, e = fs.formField(part, f, "expires_after")
 			f.secondsGiven = true
 		default:
 			// OpenAI's SDKs send nothing else; what another client adds is
 			// read past, within the form's bound.
 			if _, err := io.Copy(io.Discard, part); err != nil {
-				e = p.formError(f, err)
+				e = fs.formError(f, err)
 			}
 		}
 		part.Close()
@@ -266,34 +263,34 @@ func (p *Publisher) readFileForm(ctx context.Context, mr *multipart.Reader, f *f
 }
 
 // storeFile streams the file's part to the bucket, checking it as it goes.
-func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *fileForm) *APIError {
+func (fs *Service) storeFile(ctx context.Context, part *multipart.Part, f *fileForm) *api.Error {
 	if f.sawFile {
-		return paramErr(http.StatusBadRequest, CodeInvalidMultipart, "file", "the form has more than one part named file")
+		return api.ParamErr(http.StatusBadRequest, CodeInvalidMultipart, "file", "the form has more than one part named file")
 	}
 	f.sawFile = true
 	name := part.FileName()
 	if len(name) > maxFilenameBytes || !utf8.ValidString(name) {
-		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "file",
+		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "file",
 			"the file's name must be valid UTF-8 of at most %d bytes", maxFilenameBytes)
 	}
 	var src io.Reader = part
 	if f.content != nil {
 		src = io.TeeReader(part, f.content)
 	}
-	check := &lineCheck{r: src, body: f.body, maxBytes: p.cfg.MaxFileBytes, maxLines: p.cfg.MaxFileLines, maxLineBytes: p.cfg.MaxFileLineBytes}
+	check := &lineCheck{r: src, body: f.body, maxBytes: fs.cfg.MaxFileBytes, maxLines: fs.cfg.MaxFileLines, maxLineBytes: fs.cfg.MaxFileLineBytes}
 	if f.replay {
 		// Read and checked as the first was, and nothing kept.
 		if _, err := io.Copy(io.Discard, check); err != nil {
-			var limit *APIError
+			var limit *api.Error
 			if errors.As(check.err, &limit) {
 				return limit
 			}
-			return p.formError(f, err)
+			return fs.formError(f, err)
 		}
 		f.filename, f.lines = name, check.lines
 		return nil
 	}
-	size, err := p.store.Upload(ctx, f.key, "application/octet-stream", check)
+	size, err := fs.store.Upload(ctx, f.key, "application/octet-stream", check)
 	if err != nil {
 		if check.err == nil {
 			// Not the file's fault: S3's, or the client went away while a
@@ -302,107 +299,116 @@ func (p *Publisher) storeFile(ctx context.Context, part *multipart.Part, f *file
 			if ctx.Err() != nil {
 				level = slog.LevelDebug
 			}
-			p.log.Log(ctx, level, "storing an uploaded file", "file_id", f.id, "err", err)
-			return apiErr(http.StatusServiceUnavailable, CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
+			fs.log.Log(ctx, level, "storing an uploaded file", "file_id", f.id, "err", err)
+			return api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the file could not be stored; nothing was kept, retry")
 		}
-		var limit *APIError
+		var limit *api.Error
 		if errors.As(check.err, &limit) {
 			return limit
 		}
-		return p.formError(f, check.err)
+		return fs.formError(f, check.err)
 	}
 	f.stored, f.filename, f.size, f.lines = true, name, size, check.lines
 	return nil
 }
 
 // formField reads a form field other than the file.
-func (p *Publisher) formField(part *multipart.Part, f *fileForm, param string) (string, *APIError) {
+func (fs *Service) formField(part *multipart.Part, f *fileForm, param string) (string, *api.Error) {
 	b, err := io.ReadAll(io.LimitReader(part, maxFormFieldBytes+1))
 	if err != nil {
-		return "", p.formError(f, err)
+		return "", fs.formError(f, err)
 	}
 	if len(b) > maxFormFieldBytes {
-		return "", paramErr(http.StatusBadRequest, CodeInvalidParameter, param, "a form field other than file is over %d bytes", maxFormFieldBytes)
+		return "", api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, param, "a form field other than file is over %d bytes", maxFormFieldBytes)
 	}
 	return string(b), nil
 }
 
-func badPurpose() *APIError {
-	return paramErr(http.StatusBadRequest, CodeInvalidParameter, "purpose",
+func badPurpose() *api.Error {
+	return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "purpose",
 		"purpose must be batch: this API keeps files for the Batch API only")
 }
 
 // check reports what the whole form lacks or gets wrong, and works out the
 // expiry.
-func (f *fileForm) check() *APIError {
+func (f *fileForm) check() *api.Error {
 	if !f.sawFile {
-		return paramErr(http.StatusBadRequest, CodeMissingFile, "file", "the form has no part named file")
+		return api.ParamErr(http.StatusBadRequest, CodeMissingFile, "file", "the form has no part named file")
 	}
 	if !f.purposeGiven {
-		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "purpose", "purpose is required, and must be batch")
+		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "purpose", "purpose is required, and must be batch")
 	}
-	f.expiresAfter = defaultFileExpiry
+	f.expiresAfter = DefaultExpiry
 	if f.anchorGiven && f.anchor != "created_at" {
-		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "expires_after", "expires_after[anchor] must be created_at")
+		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "expires_after", "expires_after[anchor] must be created_at")
 	}
 	if f.anchorGiven && !f.secondsGiven {
-		return paramErr(http.StatusBadRequest, CodeInvalidParameter, "expires_after", "expires_after needs seconds")
+		return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "expires_after", "expires_after needs seconds")
 	}
 	if f.secondsGiven {
 		n, err := strconv.ParseInt(f.seconds, 10, 64)
-		if err != nil || n < int64(minFileExpiry/time.Second) || n > int64(maxFileExpiry/time.Second) {
-			return paramErr(http.StatusBadRequest, CodeInvalidParameter, "expires_after",
-				"expires_after[seconds] must be a whole number from %d to %d", int64(minFileExpiry/time.Second), int64(maxFileExpiry/time.Second))
+		if err != nil || n < int64(MinExpiry/time.Second) || n > int64(MaxExpiry/time.Second) {
+			return api.ParamErr(http.StatusBadRequest, api.CodeInvalidParameter, "expires_after",
+				"expires_after[seconds] must be a whole number from %d to %d", int64(MinExpiry/time.Second), int64(MaxExpiry/time.Second))
 		}
 		f.expiresAfter = time.Duration(n) * time.Second
 	}
 	return nil
 }
 
-func (p *Publisher) fileTooLarge() *APIError {
-	return paramErr(http.StatusRequestEntityTooLarge, CodeFileTooLarge, "file",
-		"the file is over the limit of %d bytes (the form, %d bytes more)", p.cfg.MaxFileBytes, formSlack)
+func (fs *Service) fileTooLarge() *api.Error {
+	return api.ParamErr(http.StatusRequestEntityTooLarge, CodeFileTooLarge, "file",
+		"the file is over the limit of %d bytes (the form, %d bytes more)", fs.cfg.MaxFileBytes, formSlack)
 }
 
 // formError is the answer to an error reading the form: the body's own
 // (over its bound, too slow, over the budget, the connection's), or the
 // multipart syntax's when the body read fine.
-func (p *Publisher) formError(f *fileForm, err error) *APIError {
+func (fs *Service) formError(f *fileForm, err error) *api.Error {
 	var tooBig *http.MaxBytesError
 	body := f.body
 	switch {
 	case body.err == nil:
-		return apiErr(http.StatusBadRequest, CodeInvalidMultipart, "the body is not multipart/form-data the publisher can read")
+		return api.Err(http.StatusBadRequest, CodeInvalidMultipart, "the body is not multipart/form-data the publisher can read")
 	case errors.As(body.err, &tooBig):
-		return p.fileTooLarge()
+		return fs.fileTooLarge()
 	case errors.Is(body.err, errUploadTimeout):
-		return apiErr(http.StatusRequestTimeout, CodeUploadTooSlow,
-			"the upload took longer than %s; nothing was kept", p.cfg.FileUploadTimeout)
+		return api.Err(http.StatusRequestTimeout, CodeUploadTooSlow,
+			"the upload took longer than %s; nothing was kept", fs.cfg.FileUploadTimeout)
 	}
-	return p.bodyError(f.w, body.err)
+	return fs.gate.BodyError(f.w, body.err)
 }
 
-// uploadBody is an upload's request body: it charges the bytes that
+// UploadBody is an upload's request body: it charges the bytes that
 // arrive to the client's bodies in flight, up to held, gives them back once
 // sent, holds the body to its pace, and keeps the first error it met.
-type uploadBody struct {
+type UploadBody struct {
 	r       io.Reader
-	charge  *bodyCharge
-	pace    *bodyPace
+	charge  *api.BodyCharge
+	pace    *api.BodyPace
 	held    int64
 	charged int64
 	arrived int64
 	err     error
 }
 
+// NewUploadBody reads r as an upload: charged to charge up to held bytes
+// at once, and held to pace.
+func NewUploadBody(r io.Reader, charge *api.BodyCharge, pace *api.BodyPace, held int64) *UploadBody {
+	return &UploadBody{r: r, charge: charge, pace: pace, held: held}
+}
+
+// Err is the first error a Read met, other than io.EOF.
+func (b *UploadBody) Err() error { return b.err }
+
 // sent gives back what the upload was charged: payload.Upload has sent
 // the part that held it, and let its buffer go.
-func (b *uploadBody) sent() {
-	b.charge.sub(b.charged)
+func (b *UploadBody) sent() {
+	b.charge.Sub(b.charged)
 	b.charged = 0
 }
 
-func (b *uploadBody) Read(p []byte) (int, error) {
+func (b *UploadBody) Read(p []byte) (int, error) {
 	if b.err != nil {
 		return 0, b.err
 	}
@@ -410,14 +416,14 @@ func (b *uploadBody) Read(p []byte) (int, error) {
 	if n > 0 {
 		b.arrived += int64(n)
 		if c := min(int64(n), b.held-b.charged); c > 0 {
-			if e := b.charge.add(c); e != nil {
+			if e := b.charge.Add(c); e != nil {
 				b.err = e
 				return 0, e
 			}
 			b.charged += c
 		}
-		if !b.pace.arrived(b.arrived) {
-			b.err = errTooSlow
+		if !b.pace.Arrived(b.arrived) {
+			b.err = api.ErrTooSlow
 			return 0, b.err
 		}
 	}
@@ -437,11 +443,11 @@ func (b *uploadBody) Read(p []byte) (int, error) {
 // MaxFileLines, or MaxFileLineBytes for one line (its newline not
 // counted). A line is counted from its first byte, so a last line without
 // a newline is one, and a newline at the end starts none. err is the first
-// error Read returned, other than io.EOF: a limit's *APIError, or the
+// error Read returned, other than io.EOF: a limit's *api.Error, or the
 // source's.
 type lineCheck struct {
 	r            io.Reader
-	body         *uploadBody // whose pace pauses while a part goes to S3
+	body         *UploadBody // whose pace pauses while a part goes to S3
 	maxBytes     int64
 	maxLines     int
 	maxLineBytes int64
@@ -474,18 +480,18 @@ func (c *lineCheck) Read(p []byte) (int, error) {
 // part to S3, and the client is not to be held to its pace for that time.
 // On Resume the part has gone, and the upload holds none of what came
 // before: its charge is given back, and what comes next is charged anew.
-func (c *lineCheck) Pause() { c.body.pace.pause() }
+func (c *lineCheck) Pause() { c.body.pace.Pause() }
 func (c *lineCheck) Resume() {
 	c.body.sent()
-	c.body.pace.resume(c.body.arrived)
+	c.body.pace.Resume(c.body.arrived)
 }
 
 var _ payload.Pauser = (*lineCheck)(nil)
 
-func (c *lineCheck) scan(b []byte) *APIError {
+func (c *lineCheck) scan(b []byte) *api.Error {
 	c.size += int64(len(b))
 	if c.size > c.maxBytes {
-		return paramErr(http.StatusRequestEntityTooLarge, CodeFileTooLarge, "file", "the file is over the limit of %d bytes", c.maxBytes)
+		return api.ParamErr(http.StatusRequestEntityTooLarge, CodeFileTooLarge, "file", "the file is over the limit of %d bytes", c.maxBytes)
 	}
 	for len(b) > 0 {
 		if !c.midLine {
@@ -493,7 +499,7 @@ func (c *lineCheck) scan(b []byte) *APIError {
 			c.lineLen = 0
 			c.midLine = true
 			if c.lines > c.maxLines {
-				return paramErr(http.StatusBadRequest, CodeTooManyLines, "file", "the file has more than %d lines", c.maxLines)
+				return api.ParamErr(http.StatusBadRequest, CodeTooManyLines, "file", "the file has more than %d lines", c.maxLines)
 			}
 		}
 		i := bytes.IndexByte(b, '\n')
@@ -506,7 +512,7 @@ func (c *lineCheck) scan(b []byte) *APIError {
 			c.midLine = false
 		}
 		if c.lineLen > c.maxLineBytes {
-			return paramErr(http.StatusBadRequest, CodeLineTooLarge, "file", "line %d of the file is over the limit of %d bytes", c.lines, c.maxLineBytes)
+			return api.ParamErr(http.StatusBadRequest, CodeLineTooLarge, "file", "line %d of the file is over the limit of %d bytes", c.lines, c.maxLineBytes)
 		}
 	}
 	return nil

@@ -1,4 +1,4 @@
-package publisher
+package api
 
 import (
 	"net/http"
@@ -14,8 +14,8 @@ import (
 // type is OpenAI's coarse class, from the status; param names the parameter
 // at fault, or is null. Every error a request to these routes meets, the
 // auth and rate-limit refusals before its handler included, takes this
-// shape: the route's handler chain starts with openAI, which marks the
-// response, and writeError writes a marked response's errors so.
+// shape: the route's handler chain starts with OpenAI, which marks the
+// response, and WriteError writes a marked response's errors so.
 
 // openAIErrorBody is the JSON of an error on an OpenAI-compatible route.
 type openAIErrorBody struct {
@@ -42,7 +42,7 @@ type openAIWriter struct{ http.ResponseWriter }
 // Unwrap lets http.ResponseController reach the connection (read deadlines).
 func (w *openAIWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-func (w *openAIWriter) writeError(e *APIError) {
+func (w *openAIWriter) writeError(e *Error) {
 	typ := openAIInvalidRequest
 	if e.Status >= 500 {
 		typ = openAIServerError
@@ -52,20 +52,20 @@ func (w *openAIWriter) writeError(e *APIError) {
 		body.Error.Param = &e.Param
 	}
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	writeJSON(w.ResponseWriter, e.Status, body)
+	WriteJSON(w.ResponseWriter, e.Status, body)
 }
 
-// openAI makes next an OpenAI-compatible route: its errors take OpenAI's
+// OpenAI makes next an OpenAI-compatible route: its errors take OpenAI's
 // shape.
-func openAI(next http.Handler) http.Handler {
+func OpenAI(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		next.ServeHTTP(&openAIWriter{w}, r)
 	})
 }
 
-// paramErr is an error about the request parameter param.
-func paramErr(status int, code, param, format string, a ...any) *APIError {
-	e := apiErr(status, code, format, a...)
+// ParamErr is an error about the request parameter param.
+func ParamErr(status int, code, param, format string, a ...any) *Error {
+	e := Err(status, code, format, a...)
 	e.Param = param
 	return e
 }

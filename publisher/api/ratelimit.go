@@ -1,4 +1,4 @@
-package publisher
+package api
 
 import (
 	"container/list"
@@ -23,7 +23,7 @@ import (
 // limited too), else its source address: IPv4 as is, IPv6 by its prefix of
 // IPv6ClientPrefix bits (a /56 by default), what one site is given, so that a
 // client cannot mint fresh buckets from its own prefix (see
-// Config.IPv6ClientPrefix). See clientAddr for how the source address is
+// Config.IPv6ClientPrefix). See ClientAddr for how the source address is
 // read behind a load balancer. The same client has a share of the bodies in
 // flight (inflight.go).
 //
@@ -55,9 +55,9 @@ func newLimiter(c *Config, m *metrics) *limiter {
 	return l
 }
 
-// defaultBurst is twice the rate, at least 1: a client may send two seconds'
+// DefaultBurst is twice the rate, at least 1: a client may send two seconds'
 // worth at once after a quiet spell.
-func defaultBurst(r float64) int {
+func DefaultBurst(r float64) int {
 	return max(1, int(math.Ceil(2*r)))
 }
 
@@ -99,61 +99,61 @@ func (l *limiter) allow(key string, now time.Time) (scope string, wait time.Dura
 
 // refuse answers 429 if key's request at now is over a limit, and reports
 // whether it did.
-func (p *Publisher) refuse(w http.ResponseWriter, r *http.Request, key string) bool {
-	scope, wait := p.rates.allow(key, p.now())
+func (g *Gate) refuse(w http.ResponseWriter, r *http.Request, key string) bool {
+	scope, wait := g.rates.allow(key, g.now())
 	if scope == "" {
 		return false
 	}
-	p.m.rateLimited.WithLabelValues(scope).Inc()
+	g.m.rateLimited.WithLabelValues(scope).Inc()
 	// Whole seconds (RFC 9110), rounded up so that a client that waits as
 	// told finds a token.
 	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait.Seconds())))))
-	info(r).code = CodeRateLimited
+	Info(r).Code = CodeRateLimited
 	msg := "too many requests from this client; retry after the time in Retry-After"
 	if scope == scopeGlobal {
 		msg = "the publisher is taking too many requests; retry after the time in Retry-After"
 	}
-	writeError(w, apiErr(http.StatusTooManyRequests, CodeRateLimited, "%s", msg))
+	WriteError(w, Err(http.StatusTooManyRequests, CodeRateLimited, "%s", msg))
 	return true
 }
 
-// rateLimit charges each request to its client (clientKey).
-func (p *Publisher) rateLimit(next http.Handler) http.Handler {
-	if p.rates == nil {
+// RateLimit charges each request to its client (ClientKey).
+func (g *Gate) RateLimit(next http.Handler) http.Handler {
+	if g.rates == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if p.refuse(w, r, p.clientKey(r)) {
+		if g.refuse(w, r, g.ClientKey(r)) {
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// clientKey names r's client: its scope (the API key auth found, or the caller
+// ClientKey names r's client: its scope (the API key auth found, or the caller
 // identity API Gateway gave), or the source address.
-func (p *Publisher) clientKey(r *http.Request) string {
-	if s := scope(r); s != "" {
+func (g *Gate) ClientKey(r *http.Request) string {
+	if s := Scope(r); s != "" {
 		return "key:" + s
 	}
-	return p.addrKey(r)
+	return g.addrKey(r)
 }
 
 // addrKey names the client of r's source address: an IPv6 address by its
 // prefix of IPv6ClientPrefix bits.
-func (p *Publisher) addrKey(r *http.Request) string {
-	a := clientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), p.cfg.TrustedProxies)
+func (g *Gate) addrKey(r *http.Request) string {
+	a := ClientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), g.cfg.TrustedProxies)
 	if !a.IsValid() {
 		return "addr:unknown"
 	}
 	if a.Is6() {
-		pfx, _ := a.Prefix(p.cfg.IPv6ClientPrefix)
+		pfx, _ := a.Prefix(g.cfg.IPv6ClientPrefix)
 		return "addr:" + pfx.String()
 	}
 	return "addr:" + a.String()
 }
 
-// clientAddr is the address a request came from. It is the connection's peer
+// ClientAddr is the address a request came from. It is the connection's peer
 // (RemoteAddr; under Lambda, the sourceIp API Gateway or the function URL saw
 // the connection come from), unless that peer is a trusted proxy: then
 // X-Forwarded-For is read from the right, skipping trusted proxies, and the
@@ -164,7 +164,7 @@ func (p *Publisher) addrKey(r *http.Request) string {
 // first untrusted address. With no trusted proxies X-Forwarded-For is never
 // read. An entry that is not an address ends the walk at the last trusted
 // hop.
-func clientAddr(remoteAddr string, xff []string, trusted []netip.Prefix) netip.Addr {
+func ClientAddr(remoteAddr string, xff []string, trusted []netip.Prefix) netip.Addr {
 	peer := parseAddr(remoteAddr)
 	if !peer.IsValid() || !inAny(peer, trusted) {
 		return peer

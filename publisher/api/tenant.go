@@ -1,4 +1,4 @@
-package publisher
+package api
 
 import (
 	"context"
@@ -15,10 +15,10 @@ import (
 // request is answered 400 invalid_tenant and nothing is sent.
 const TenantHeader = "Vramq-Tenant"
 
-// maxTenantLabels is how many tenants, beyond the configured keys' names,
+// MaxTenantLabels is how many tenants, beyond the configured keys' names,
 // get a per-tenant series of their own (tenant.Labels); later ones are
 // counted as "other tenants".
-const maxTenantLabels = 100
+const MaxTenantLabels = 100
 
 // SplitKey reads an APIKeys entry: "name:key" when the part before the
 // first colon is a valid tenant name (so it has no space), else the whole
@@ -38,11 +38,11 @@ func withTenant(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, tenantKey{}, name)
 }
 
-// requestTenant is r's tenant: its key's name when auth is on, else its
+// RequestTenant is r's tenant: its key's name when auth is on, else its
 // TenantHeader, else "" (no tenant: the messages carry no group id, and
 // SQS counts each as a tenant of its own).
-func (p *Publisher) requestTenant(r *http.Request) (string, *APIError) {
-	if len(p.keys) > 0 {
+func (g *Gate) RequestTenant(r *http.Request) (string, *Error) {
+	if len(g.keys) > 0 {
 		t, _ := r.Context().Value(tenantKey{}).(string)
 		return t, nil
 	}
@@ -51,7 +51,7 @@ func (p *Publisher) requestTenant(r *http.Request) (string, *APIError) {
 		return "", nil
 	}
 	if len(vs) != 1 || !tenant.Valid(vs[0]) {
-		return "", apiErr(http.StatusBadRequest, CodeInvalidTenant,
+		return "", Err(http.StatusBadRequest, CodeInvalidTenant,
 			"%s must be given once, as 1 to %d ASCII letters, digits and punctuation (no spaces)", TenantHeader, tenant.MaxLen)
 	}
 	return vs[0], nil

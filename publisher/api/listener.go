@@ -1,4 +1,4 @@
-package publisher
+package api
 
 import (
 	"bytes"
@@ -45,7 +45,7 @@ func (c jsonErrorConn) Write(p []byte) (int, error) {
 	if !ok {
 		return c.Conn.Write(p)
 	}
-	e := &APIError{Status: status, Code: CodeBadRequest, Message: "the server could not read this as an HTTP/1.1 request"}
+	e := &Error{Status: status, Code: CodeBadRequest, Message: "the server could not read this as an HTTP/1.1 request"}
 	switch status {
 	case http.StatusRequestHeaderFieldsTooLarge:
 		e.Code, e.Message = CodeHeadersTooLarge, "the request's headers are over the server's limit"
@@ -56,7 +56,7 @@ func (c jsonErrorConn) Write(p []byte) (int, error) {
 	case http.StatusExpectationFailed:
 		e.Message = "the request's Expect header is not supported; only 100-continue is"
 	}
-	body, _ := json.Marshal(errorBody{Error: e})
+	body, _ := json.Marshal(ErrorBody{Error: e})
 	body = append(body, '\n')
 	var out bytes.Buffer
 	fmt.Fprintf(&out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n"+

@@ -1,4 +1,4 @@
-package publisher
+package api
 
 import (
 	"bytes"
@@ -18,11 +18,11 @@ import (
 // bytes of bodies held at once are bounded, over all requests by
 // MaxBodyBytesInFlight and for one client by MaxBodyBytesPerClient, and one
 // client's bodies in flight by MaxBodiesPerClient. A body is charged only
-// for the bytes that have arrived, as they arrive (see readBody), and keeps
+// for the bytes that have arrived, as they arrive (see ReadBody), and keeps
 // the charge until it is answered: a connection that declares a length and
 // sends nothing holds none of the budget, only one of its client's bodies.
 // A body that stops coming, or comes slower than MinBodyRate, is cut off
-// (bodyPace), so what it did send is not held for long either.
+// (BodyPace), so what it did send is not held for long either.
 //
 // A request that finds the budget spent is answered 503 overloaded, one whose
 // client is over its share 429 too_many_bodies, both with Retry-After and at
@@ -38,8 +38,8 @@ var (
 	// bytes of bodies, in flight as it may.
 	errClientBodies = errors.New("the client's bodies in flight at its limit")
 	errClientBytes  = errors.New("the client's bytes of bodies in flight over its share")
-	// errTooSlow: the body stalled or came slower than MinBodyRate.
-	errTooSlow = errors.New("the body came too slowly")
+	// ErrTooSlow: the body stalled or came slower than MinBodyRate.
+	ErrTooSlow = errors.New("the body came too slowly")
 	// errUploads and errClientUploads: uploads, all clients' or the
 	// client's, hold as much of the budget as they may (see bodyBudget).
 	errUploads       = errors.New("uploads in flight over their part of the budget")
@@ -60,7 +60,7 @@ var (
 // for a body at the limit; and one client's uploads at most half of that
 // (perClientUploads), besides its share of the whole, so that one client's
 // uploads cannot take the rest from others'. Each is at least what one
-// upload holds (Config.uploadHeld), or a large file could never come.
+// upload holds (Config.UploadHeld), or a large file could never come.
 type bodyBudget struct {
 	total, perClient          int64
 	uploads, perClientUploads int64
@@ -80,14 +80,14 @@ type clientBodies struct {
 }
 
 func newBodyBudget(c *Config, m *metrics) *bodyBudget {
-	held := c.uploadHeld()
+	held := c.UploadHeld
 	uploads := min(c.MaxBodyBytesInFlight, max(held, c.MaxBodyBytesInFlight/2))
 	return &bodyBudget{total: c.MaxBodyBytesInFlight, perClient: c.MaxBodyBytesPerClient, perClientBodies: c.MaxBodiesPerClient,
 		uploads: uploads, perClientUploads: max(held, uploads/2), held: m.bodyBytes, clients: map[string]*clientBodies{}}
 }
 
 // openUpload admits one more body of client that is an upload.
-func (b *bodyBudget) openUpload(client string) (*bodyCharge, error) {
+func (b *bodyBudget) openUpload(client string) (*BodyCharge, error) {
 	c, err := b.open(client)
 	if c != nil {
 		c.upload = true
@@ -96,7 +96,7 @@ func (b *bodyBudget) openUpload(client string) (*bodyCharge, error) {
 }
 
 // open admits one more body of client, charged nothing yet.
-func (b *bodyBudget) open(client string) (*bodyCharge, error) {
+func (b *bodyBudget) open(client string) (*BodyCharge, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	cb := b.clients[client]
@@ -108,11 +108,11 @@ func (b *bodyBudget) open(client string) (*bodyCharge, error) {
 		return nil, errClientBodies
 	}
 	cb.bodies++
-	return &bodyCharge{b: b, client: client, cb: cb}, nil
+	return &BodyCharge{b: b, client: client, cb: cb}, nil
 }
 
-// bodyCharge is what one body holds of the budget.
-type bodyCharge struct {
+// BodyCharge is what one body holds of the budget.
+type BodyCharge struct {
 	b      *bodyBudget
 	client string
 	cb     *clientBodies
@@ -121,11 +121,11 @@ type bodyCharge struct {
 	done   bool
 }
 
-// add charges n more bytes, from the client's share and the whole (and, for
+// Add charges n more bytes, from the client's share and the whole (and, for
 // an upload, from the uploads' part and the client's share of it), or
 // nothing and says which is spent: the whole first, which would refuse the
 // body whatever its client holds.
-func (c *bodyCharge) add(n int64) error {
+func (c *BodyCharge) Add(n int64) error {
 	b := c.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -143,9 +143,9 @@ func (c *bodyCharge) add(n int64) error {
 	return nil
 }
 
-// sub gives back n of what the body was charged: an upload's, once the
+// Sub gives back n of what the body was charged: an upload's, once the
 // part that held them has gone to S3.
-func (c *bodyCharge) sub(n int64) {
+func (c *BodyCharge) Sub(n int64) {
 	b := c.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -155,7 +155,7 @@ func (c *bodyCharge) sub(n int64) {
 }
 
 // move charges n (given back, when negative); b.mu is held.
-func (c *bodyCharge) move(n int64) {
+func (c *BodyCharge) move(n int64) {
 	b := c.b
 	c.cb.bytes += n
 	c.bytes += n
@@ -167,9 +167,9 @@ func (c *bodyCharge) move(n int64) {
 	b.held.Set(float64(b.used))
 }
 
-// release gives back the charge and the body's place; once, however often
+// Release gives back the charge and the body's place; once, however often
 // it is called.
-func (c *bodyCharge) release() {
+func (c *BodyCharge) Release() {
 	b := c.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -184,24 +184,24 @@ func (c *bodyCharge) release() {
 	}
 }
 
-// bodyStep is the first buffer of a body, allocated before any of it has
+// BodyStep is the first buffer of a body, allocated before any of it has
 // arrived and so not charged: as much as net/http's own buffer of the
 // connection, so that a connection whose body never comes costs what an
 // idle one does. A body larger than it doubles from here.
-const bodyStep = 4 << 10
+const BodyStep = 4 << 10
 
-// readBody reads the body of r, which is at most MaxBodyBytes, charging its
-// client (clientKey) for each byte as it arrives, and returns it with the
+// ReadBody reads the body of r, which is at most MaxBodyBytes, charging its
+// client (ClientKey) for each byte as it arrives, and returns it with the
 // function that gives the charge back (to call whatever the error). The
 // buffer doubles up to the declared length, or the limit without one, and is
 // at most twice what is charged while the body comes; a body read whole is
 // held in a buffer of its own size, and charged exactly that, so a body at
 // the limit fits an idle budget. The error is an *http.MaxBytesError over the
 // limit, errClientBodies or errClientBytes when the client is at its share,
-// errOverloaded when the budget is spent, errTooSlow when the body stalled or
-// trickled (bodyPace), or the connection's error.
-func (p *Publisher) readBody(w http.ResponseWriter, r *http.Request) (body []byte, release func(), err error) {
-	limit := p.cfg.MaxBodyBytes
+// errOverloaded when the budget is spent, ErrTooSlow when the body stalled or
+// trickled (BodyPace), or the connection's error.
+func (g *Gate) ReadBody(w http.ResponseWriter, r *http.Request) (body []byte, release func(), err error) {
+	limit := g.cfg.MaxBodyBytes
 	release = func() {}
 	want, known := limit, r.ContentLength >= 0
 	if known {
@@ -210,16 +210,16 @@ func (p *Publisher) readBody(w http.ResponseWriter, r *http.Request) (body []byt
 		}
 		want = r.ContentLength
 	}
-	charge, err := p.bodies.open(p.clientKey(r))
+	charge, err := g.bodies.open(g.ClientKey(r))
 	if err != nil {
 		return nil, release, err
 	}
-	release = charge.release
-	pace := startPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, cutRead(w))
+	release = charge.Release
+	pace := StartPace(float64(g.cfg.MinBodyRate), g.cfg.BodyGrace, CutRead(w))
 	fail := func(err error) ([]byte, func(), error) {
-		if pace.stop() || errors.Is(err, os.ErrDeadlineExceeded) {
+		if pace.Stop() || errors.Is(err, os.ErrDeadlineExceeded) {
 			// Cut off here, or by the server's ReadTimeout.
-			err = errTooSlow
+			err = ErrTooSlow
 		}
 		return nil, release, err
 	}
@@ -242,18 +242,18 @@ func (p *Publisher) readBody(w http.ResponseWriter, r *http.Request) (body []byt
 			continue
 		}
 		if len(body) == cap(body) {
-			nb := make([]byte, len(body), min(max(2*int64(cap(body)), bodyStep), want))
+			nb := make([]byte, len(body), min(max(2*int64(cap(body)), BodyStep), want))
 			copy(nb, body)
 			body = nb
 		}
 		n, err := rd.Read(body[len(body):cap(body)])
 		body = body[:len(body)+n]
 		if n > 0 {
-			if e := charge.add(int64(n)); e != nil {
+			if e := charge.Add(int64(n)); e != nil {
 				return fail(e)
 			}
-			if !pace.arrived(int64(len(body))) {
-				return fail(errTooSlow)
+			if !pace.Arrived(int64(len(body))) {
+				return fail(ErrTooSlow)
 			}
 		}
 		switch {
@@ -265,11 +265,11 @@ func (p *Publisher) readBody(w http.ResponseWriter, r *http.Request) (body []byt
 			return fail(err)
 		}
 	}
-	if pace.stop() {
+	if pace.Stop() {
 		// Cut off as the last bytes came: the connection can no longer be
 		// read, so the request is refused as it would have been a moment
 		// earlier.
-		return nil, release, errTooSlow
+		return nil, release, ErrTooSlow
 	}
 	if cap(body) > len(body) {
 		// Read without a length: the buffer grew past the body, and what
@@ -279,43 +279,43 @@ func (p *Publisher) readBody(w http.ResponseWriter, r *http.Request) (body []byt
 	return body, release, nil
 }
 
-// bodyError is the answer to a body readBody refused.
-func (p *Publisher) bodyError(w http.ResponseWriter, err error) *APIError {
+// BodyError is the answer to a body ReadBody refused.
+func (g *Gate) BodyError(w http.ResponseWriter, err error) *Error {
 	var tooBig *http.MaxBytesError
 	// retryLater counts a refusal that passes with time and asks the client
 	// to come back in a second.
-	retryLater := func(c prometheus.Counter, status int, code, format string, a ...any) *APIError {
+	retryLater := func(c prometheus.Counter, status int, code, format string, a ...any) *Error {
 		c.Inc()
 		w.Header().Set("Retry-After", "1")
-		return apiErr(status, code, format+", retry after the time in Retry-After", a...)
+		return Err(status, code, format+", retry after the time in Retry-After", a...)
 	}
 	switch {
 	case errors.As(err, &tooBig):
-		return apiErr(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes)
+		return Err(http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "the request body is over the limit of %d bytes", g.cfg.MaxBodyBytes)
 	case errors.Is(err, errOverloaded):
-		return retryLater(p.m.overloaded, http.StatusServiceUnavailable, CodeOverloaded,
+		return retryLater(g.m.overloaded, http.StatusServiceUnavailable, CodeOverloaded,
 			"the publisher is holding as many request bodies as it may; nothing was sent")
 	case errors.Is(err, errUploads):
-		return retryLater(p.m.overloaded, http.StatusServiceUnavailable, CodeOverloaded,
+		return retryLater(g.m.overloaded, http.StatusServiceUnavailable, CodeOverloaded,
 			"the publisher is holding as many uploads as it may; nothing was kept")
 	case errors.Is(err, errClientUploads):
-		return retryLater(p.m.bodyRefusals.WithLabelValues(refusedClientBytes), http.StatusTooManyRequests, CodeTooManyBodies,
-			"this client's uploads in flight would hold more than its share of %d bytes; nothing was kept", p.bodies.perClientUploads)
+		return retryLater(g.m.bodyRefusals.WithLabelValues(refusedClientBytes), http.StatusTooManyRequests, CodeTooManyBodies,
+			"this client's uploads in flight would hold more than its share of %d bytes; nothing was kept", g.bodies.perClientUploads)
 	case errors.Is(err, errClientBodies):
-		return retryLater(p.m.bodyRefusals.WithLabelValues(refusedClientBodies), http.StatusTooManyRequests, CodeTooManyBodies,
-			"this client has %d request bodies in flight, as many as it may; nothing was sent", p.cfg.MaxBodiesPerClient)
+		return retryLater(g.m.bodyRefusals.WithLabelValues(refusedClientBodies), http.StatusTooManyRequests, CodeTooManyBodies,
+			"this client has %d request bodies in flight, as many as it may; nothing was sent", g.cfg.MaxBodiesPerClient)
 	case errors.Is(err, errClientBytes):
-		return retryLater(p.m.bodyRefusals.WithLabelValues(refusedClientBytes), http.StatusTooManyRequests, CodeTooManyBodies,
-			"this client's request bodies in flight would be over its share of %d bytes; nothing was sent", p.cfg.MaxBodyBytesPerClient)
-	case errors.Is(err, errTooSlow):
-		p.m.bodyRefusals.WithLabelValues(refusedTooSlow).Inc()
-		return apiErr(http.StatusRequestTimeout, CodeBodyTooSlow,
+		return retryLater(g.m.bodyRefusals.WithLabelValues(refusedClientBytes), http.StatusTooManyRequests, CodeTooManyBodies,
+			"this client's request bodies in flight would be over its share of %d bytes; nothing was sent", g.cfg.MaxBodyBytesPerClient)
+	case errors.Is(err, ErrTooSlow):
+		g.m.bodyRefusals.WithLabelValues(refusedTooSlow).Inc()
+		return Err(http.StatusRequestTimeout, CodeBodyTooSlow,
 			"the request body stopped for %s or came slower than %d bytes a second; nothing was sent",
-			p.cfg.BodyGrace, p.cfg.MinBodyRate)
+			g.cfg.BodyGrace, g.cfg.MinBodyRate)
 	default:
 		// The error names the connection's addresses: logged, not sent.
-		p.log.Debug("reading a request body", "err", err)
-		return apiErr(http.StatusBadRequest, CodeMalformedJSON, "the request body could not be read whole")
+		g.log.Debug("reading a request body", "err", err)
+		return Err(http.StatusBadRequest, CodeMalformedJSON, "the request body could not be read whole")
 	}
 }
 
@@ -326,14 +326,14 @@ const (
 	refusedTooSlow      = "too_slow"
 )
 
-// bodyPace holds a body to a minimum data rate: its bytes must start within
+// BodyPace holds a body to a minimum data rate: its bytes must start within
 // the grace period, never pause for longer than it, and once it is over
 // have come at rate bytes a second on average since the body began. A body
 // that falls behind is cut off: cut makes the read waiting on it fail at
 // once. So a stalled body gives back its charge and its client's place within
 // the grace period, and one that trickles cannot hold them much longer,
 // where the server's ReadTimeout alone would leave both held for a minute.
-type bodyPace struct {
+type BodyPace struct {
 	rate  float64 // bytes a second
 	grace time.Duration
 	start time.Time
@@ -347,8 +347,8 @@ type bodyPace struct {
 	paused  time.Time // when pause stopped the watch; zero while it runs
 }
 
-func startPace(rate float64, grace time.Duration, cut func()) *bodyPace {
-	p := &bodyPace{rate: rate, grace: grace, cut: cut, start: time.Now()}
+func StartPace(rate float64, grace time.Duration, cut func()) *BodyPace {
+	p := &BodyPace{rate: rate, grace: grace, cut: cut, start: time.Now()}
 	p.due = p.start.Add(grace)
 	p.timer = time.AfterFunc(grace, p.expire)
 	return p
@@ -356,7 +356,7 @@ func startPace(rate float64, grace time.Duration, cut func()) *bodyPace {
 
 // expire runs on the timer: the body has fallen behind unless more of it
 // came meanwhile (arrived moved the due time on).
-func (p *bodyPace) expire() {
+func (p *BodyPace) expire() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.over || time.Now().Before(p.due) {
@@ -366,9 +366,9 @@ func (p *bodyPace) expire() {
 	p.cut()
 }
 
-// arrived notes that total bytes of the body have come, and reports whether
+// Arrived notes that total bytes of the body have come, and reports whether
 // the body is still on pace.
-func (p *bodyPace) arrived(total int64) bool {
+func (p *BodyPace) Arrived(total int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.over {
@@ -391,11 +391,11 @@ func (p *bodyPace) arrived(total int64) bool {
 	return true
 }
 
-// pause stops the watch while the body is not being read for the server's
+// Pause stops the watch while the body is not being read for the server's
 // own reasons (an upload sending a part to S3): the client is held neither
 // to its pauses nor to its average rate for that time. resume goes on, total
 // bytes of the body having come.
-func (p *bodyPace) pause() {
+func (p *BodyPace) Pause() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.over || !p.paused.IsZero() {
@@ -405,7 +405,7 @@ func (p *bodyPace) pause() {
 	p.timer.Stop()
 }
 
-func (p *bodyPace) resume(total int64) {
+func (p *BodyPace) Resume(total int64) {
 	p.mu.Lock()
 	if p.over || p.paused.IsZero() {
 		p.mu.Unlock()
@@ -415,13 +415,13 @@ func (p *bodyPace) resume(total int64) {
 	p.start = p.start.Add(time.Since(p.paused))
 	p.paused = time.Time{}
 	p.mu.Unlock()
-	if !p.arrived(total) {
+	if !p.Arrived(total) {
 		p.cut() // it was due as the pause began
 	}
 }
 
-// stop ends the watch, and reports whether the body had fallen behind first.
-func (p *bodyPace) stop() (tooSlow bool) {
+// Stop ends the watch, and reports whether the body had fallen behind first.
+func (p *BodyPace) Stop() (tooSlow bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.over = true
@@ -432,12 +432,12 @@ func (p *bodyPace) stop() (tooSlow bool) {
 // longAgo is a read deadline that has passed.
 var longAgo = time.Unix(1, 0)
 
-// cutRead is the cut of a body read from w's connection: its read deadline,
+// CutRead is the cut of a body read from w's connection: its read deadline,
 // put in the past, makes the read waiting on the client fail at once. Where
 // the connection has no deadline (under Lambda the body is in memory
 // already) it does nothing, and a body that is late is refused when its read
 // returns.
-func cutRead(w http.ResponseWriter) func() {
+func CutRead(w http.ResponseWriter) func() {
 	rc := http.NewResponseController(w)
 	return func() { _ = rc.SetReadDeadline(longAgo) }
 }
