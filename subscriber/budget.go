@@ -25,11 +25,20 @@ import (
 // is not a byte is smaller: a model server's KV cache counts tokens
 // (backend.KVTokens), maybe thirty thousand of them, a few messages' worth;
 // a 1 MiB floor would be more than all of it, and its budget would never
-// move after the first reading.
-func budgetTolerance(reserve, total, scale int64) int64 {
+// move after the first reading. Its floor is a 4096th of the pool (unit):
+// its usage moves by whole requests, and readings that agree within a
+// 1024th (32 tokens of a 32,768-token pool) let more of that movement into
+// admission; the subscriber's KV benchmark preempted in 2 of 6 runs so,
+// and in none of 4 at a 4096th (8 tokens, what 1 MiB was at 128 KiB a
+// token when the pool was counted in bytes; bench/modelserver.md).
+func budgetTolerance(unit backend.Unit, reserve, total, scale int64) int64 {
 	floor := int64(1 << 20)
 	if total > 0 { // a device that does not say keeps the floor for GPUs
-		floor = min(floor, total/1024)
+		div := int64(1024)
+		if unit == backend.KVTokens {
+			div = 4096
+		}
+		floor = min(floor, total/div)
 	}
 	floor = max(1, min(floor, scale/8))
 	return max(floor, reserve/8)
@@ -150,7 +159,7 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	if prev == nil {
 		return // wait for a reading that agrees
 	}
-	tol := budgetTolerance(s.cfg.VRAMReserve, r.mem.Total, max(prev.budget, r.budget, s.adm.budget()))
+	tol := budgetTolerance(s.mem.Unit(), s.cfg.VRAMReserve, r.mem.Total, max(prev.budget, r.budget, s.adm.budget()))
 	target, ok := agreed(prev.budget, r.budget, s.adm.budget(), tol, 0, s.adm.size)
 	if !ok {
 		return
@@ -209,7 +218,7 @@ func (s *Subscriber) refreshOffers(st *budgetState) {
 			continue
 		}
 		cur := p.budget()
-		tol := budgetTolerance(0, 0, max(prev[r], now[r], cur))
+		tol := budgetTolerance(backend.DeviceBytes, 0, 0, max(prev[r], now[r], cur))
 		if target, ok := agreed(prev[r], now[r], cur, tol, 1, s.adm.most[r]); ok {
 			p.resize(target)
 			s.log.Debug("the model's offer changed", "resource", backend.Resource(r).String(), "old", cur, "new", target)

@@ -394,14 +394,19 @@ func TestBudgetGrowthProbesTheBatchLimit(t *testing.T) {
 // thousandths, as a GPU does on a change of a few MiB; the 1 MiB floor of
 // the tolerance would have been the whole device.
 func TestBudgetToleranceInDeviceUnits(t *testing.T) {
-	if got := budgetTolerance(1, 1<<30, 1<<30); got != 1<<20 {
+	if got := budgetTolerance(backend.DeviceBytes, 1, 1<<30, 1<<30); got != 1<<20 {
 		t.Errorf("a 1 GiB GPU's tolerance is %d, want the 1 MiB it always had", got)
 	}
-	if got := budgetTolerance(1, 8<<20, 10_000); got != 10_000/8 {
+	if got := budgetTolerance(backend.KVTokens, 1, 8<<20, 10_000); got != 10_000/8 {
 		t.Errorf("a budget of 10,000 tokens: tolerance %d, want an eighth of it", got)
 	}
-	if got := budgetTolerance(64<<20, 80<<30, 70<<30); got != 8<<20 {
+	if got := budgetTolerance(backend.DeviceBytes, 64<<20, 80<<30, 70<<30); got != 8<<20 {
 		t.Errorf("an 80 GiB GPU with a 64 MiB reserve: tolerance %d, want an eighth of the reserve", got)
+	}
+	// A KV pool of 32,768 tokens agrees within 8 of them, a 4096th: at a
+	// 1024th the subscriber's KV benchmark preempted (bench/modelserver.md).
+	if got := budgetTolerance(backend.KVTokens, 1, 32_768, 32_767); got != 8 {
+		t.Errorf("a 32,768-token KV pool: tolerance %d, want 8 tokens", got)
 	}
 	synctest.Test(t, func(t *testing.T) {
 		const total = 1 << 20 // tokens, as modelserver.DefaultTokensInFlight

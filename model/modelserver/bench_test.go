@@ -227,9 +227,9 @@ func (a *admitter) refresh() {
 	if err != nil {
 		return
 	}
-	// subscriber.budgetTolerance(1, pool, …): a 1024th of the pool, in
-	// tokens.
-	tol := a.size / 1024
+	// subscriber.budgetTolerance(backend.KVTokens, 1, pool, …): a 4096th
+	// of the pool, in tokens.
+	tol := a.size / 4096
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	prev := a.prev
