@@ -120,7 +120,8 @@ type Launched interface {
 // work is admitted.
 type WorkingSet interface {
 	// Working is the device memory, in bytes, that Run calls in progress
-	// hold now, with any memory kept pooled for later batches. Safe for
+	// hold now, with any memory kept pooled for later batches (a model
+	// server's backend says it in its memory's unit, KV tokens). Safe for
 	// concurrent use, and cheap: it is read twice per refresh. It must
 	// never be above what is really allocated, or the budget overstates
 	// what is free: count a buffer once its allocation has succeeded, and

@@ -361,7 +361,7 @@ variable "tenants" {
 }
 
 variable "subscriber_environment" {
-  description = "More environment for the subscriber container, e.g. { VRAMQ_PREFETCH = \"20\", VRAMQ_VRAM_RESERVE = \"1GiB\" } (README: Configuration). The variables this module sets from its own inputs may not be given here With a model server, its tuning goes here too, e.g. { VRAMQ_MODEL_SERVER_TPM = \"2000000\", VRAMQ_MODEL_SERVER_KV_BYTES_PER_TOKEN = \"131072\" } (docs/configuration.md, docs/deployment.md)."
+  description = "More environment for the subscriber container, e.g. { VRAMQ_PREFETCH = \"20\", VRAMQ_VRAM_RESERVE = \"1GiB\" } (README: Configuration). The variables this module sets from its own inputs may not be given here With a model server, its tuning goes here too, e.g. { VRAMQ_MODEL_SERVER_TPM = \"2000000\", VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS = \"1024\" } (docs/configuration.md, docs/deployment.md)."
   type        = map(string)
   default     = {}
   nullable    = false

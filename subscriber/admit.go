@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/backend"
 	"golang.org/x/sync/semaphore"
@@ -74,7 +73,7 @@ func (s *Subscriber) admit(ctx context.Context, b *batcher) {
 			if ctx.Err() == nil {
 				reason = "backpressure"
 				s.log.Info("not admitted in time; handed back for another consumer",
-					"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.cost), "admit_timeout", s.cfg.AdmitTimeout)
+					"message_id", t.lease.msg.ID, "cost", s.amount(t.cost), "admit_timeout", s.cfg.AdmitTimeout)
 			}
 			s.releaseWaiting(t, reason)
 			continue
@@ -842,7 +841,7 @@ func (s *Subscriber) cutParts(endpoint string, items []job.Item, cost int64) (pa
 		if hi-lo == 1 {
 			parts = append(parts, part{lo: lo, hi: hi, err: job.NewItemError(job.ItemTooLarge, fmt.Sprintf(
 				"estimated working memory %s exceeds the largest VRAM budget the device can give, %s",
-				bytesize.Format(cost), bytesize.Format(s.adm.size)))})
+				s.amount(cost), s.amount(s.adm.size)))})
 			return nil
 		}
 		mid := lo + (hi-lo)/2

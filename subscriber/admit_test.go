@@ -24,7 +24,7 @@ func holdSubscriber(t *testing.T, budget int64) *Subscriber {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.close)
-	return &Subscriber{admitting: admitting{adm: a}, m: newMetrics(prometheus.NewRegistry())}
+	return &Subscriber{admitting: admitting{adm: a}, m: newMetrics(prometheus.NewRegistry(), backend.DeviceBytes)}
 }
 
 // unreleased reports what admission still counts as held once every message

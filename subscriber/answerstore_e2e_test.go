@@ -207,7 +207,7 @@ func TestE2EBackoffInPartsAsksNoAnswerTwice(t *testing.T) {
 	const answered = 4
 	_, rec, _ := answerServer(t, fakeoai.Config{Faults: []fakeoai.Fault{
 		{Kind: fakeoai.FaultStatus, Status: 429, RetryAfter: 2 * time.Second, Skip: answered, Times: 1}}})
-	msCfg := modelserver.Config{MaxWait: 500 * time.Millisecond, MaxConcurrency: 1, KVBytesPerToken: 1 << 10}
+	msCfg := modelserver.Config{MaxWait: 500 * time.Millisecond, MaxConcurrency: 1}
 	w := longChat("parts", 1, 1, 1, 1, 1, 1, 1, 1)
 	// A budget of twice the message: parts of an eighth of it are two items.
 	limit := 2 * serverModel(t, rec.URL(), msCfg).Cost("", w.Items)

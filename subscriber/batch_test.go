@@ -234,7 +234,7 @@ func (r *heldRuns) got() [][]string {
 func testBatcher(t *testing.T, maxBatch int, delay time.Duration) (*batcher, *heldRuns) {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
-	s := &Subscriber{cfg: Config{MaxBatchDelay: delay}, log: log, m: newMetrics(prometheus.NewRegistry()), running: running{suspects: newIDSet()}}
+	s := &Subscriber{cfg: Config{MaxBatchDelay: delay}, log: log, m: newMetrics(prometheus.NewRegistry(), backend.DeviceBytes), running: running{suspects: newIDSet()}}
 	var err error
 	if s.adm, err = newAdmission(AdmitCount, 0, 100); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/model/backend"
 )
 
@@ -22,15 +21,24 @@ import (
 // memory and of the working set is off by that batch's memory, megabytes
 // at least, so it does not agree with a clean one. The 1 MiB floor is
 // above allocation granularity, for very small reserves; it holds on any
-// GPU (1 GiB or more, and a budget of 8 MiB or more). A device whose unit
-// is not a byte is smaller: a model server whose KV bytes per token are
-// unknown counts tokens, and its KV cache may be thirty thousand of them, a
-// few messages' worth; a 1 MiB floor would be more than all of it, and its
-// budget would never move after the first reading.
-func budgetTolerance(reserve, total, scale int64) int64 {
+// GPU (1 GiB or more, and a budget of 8 MiB or more). A memory whose unit
+// is not a byte is smaller: a model server's KV cache counts tokens
+// (backend.KVTokens), maybe thirty thousand of them, a few messages' worth;
+// a 1 MiB floor would be more than all of it, and its budget would never
+// move after the first reading. Its floor is a 4096th of the pool (unit):
+// its usage moves by whole requests, and readings that agree within a
+// 1024th (32 tokens of a 32,768-token pool) let more of that movement into
+// admission; the subscriber's KV benchmark preempted in 2 of 6 runs so,
+// and in none of 4 at a 4096th (8 tokens, what 1 MiB was at 128 KiB a
+// token when the pool was counted in bytes; bench/modelserver.md).
+func budgetTolerance(unit backend.Unit, reserve, total, scale int64) int64 {
 	floor := int64(1 << 20)
 	if total > 0 { // a device that does not say keeps the floor for GPUs
-		floor = min(floor, total/1024)
+		div := int64(1024)
+		if unit == backend.KVTokens {
+			div = 4096
+		}
+		floor = min(floor, total/div)
 	}
 	floor = max(1, min(floor, scale/8))
 	return max(floor, reserve/8)
@@ -132,7 +140,7 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	if err != nil {
 		if !st.failing {
 			s.log.Warn("reading device memory failed; keeping the budget until it answers again",
-				"budget", bytesize.Format(s.adm.budget()), "err", err)
+				"budget", s.amount(s.adm.budget()), "err", err)
 		}
 		st.failing, st.last = true, nil
 		return
@@ -151,7 +159,7 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	if prev == nil {
 		return // wait for a reading that agrees
 	}
-	tol := budgetTolerance(s.cfg.VRAMReserve, r.mem.Total, max(prev.budget, r.budget, s.adm.budget()))
+	tol := budgetTolerance(s.mem.Unit(), s.cfg.VRAMReserve, r.mem.Total, max(prev.budget, r.budget, s.adm.budget()))
 	target, ok := agreed(prev.budget, r.budget, s.adm.budget(), tol, 0, s.adm.size)
 	if !ok {
 		return
@@ -159,9 +167,9 @@ func (s *Subscriber) refreshOnce(st *budgetState) {
 	// Logged and exported before admission changes, so that whoever sees
 	// the new budget in effect finds it in the logs and metrics too.
 	old := s.adm.budget()
-	attrs := []any{"old", bytesize.Format(old), "new", bytesize.Format(target),
-		"free", bytesize.Format(r.mem.Free), "working", bytesize.Format(r.working),
-		"process", bytesize.Format(r.mem.Process), "inflight", bytesize.Format(s.inflight.Load())}
+	attrs := []any{"old", s.amount(old), "new", s.amount(target),
+		"free", s.amount(r.mem.Free), "working", s.amount(r.working),
+		"process", s.amount(r.mem.Process), "inflight", s.amount(s.inflight.Load())}
 	switch {
 	case target == 0:
 		s.log.Warn("budget changed: no device memory left for work; messages wait and are released after the admit timeout", attrs...)
@@ -210,7 +218,7 @@ func (s *Subscriber) refreshOffers(st *budgetState) {
 			continue
 		}
 		cur := p.budget()
-		tol := budgetTolerance(0, 0, max(prev[r], now[r], cur))
+		tol := budgetTolerance(backend.DeviceBytes, 0, 0, max(prev[r], now[r], cur))
 		if target, ok := agreed(prev[r], now[r], cur, tol, 1, s.adm.most[r]); ok {
 			p.resize(target)
 			s.log.Debug("the model's offer changed", "resource", backend.Resource(r).String(), "old", cur, "new", target)
@@ -224,6 +232,10 @@ func absDiff(a, b int64) int64 {
 	}
 	return b - a
 }
+
+// amount is n of the memory's unit as logs and errors show it: device
+// bytes, or a model server's KV tokens.
+func (a *admitting) amount(n int64) string { return a.mem.Unit().Format(n) }
 
 // memoryOf is what bounds cfg.Backend: the Memory it owns, else
 // cfg.Device's; nil when neither is there (Validate refuses it).

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -279,10 +280,12 @@ func (d *failingDevice) MemInfo() (gpu.MemInfo, error) {
 	return d.Sim.MemInfo()
 }
 
-// messages counts log records by message.
+// messages counts log records by message, and keeps their attributes as
+// key=value.
 type messages struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu    sync.Mutex
+	n     map[string]int
+	attrs []string
 }
 
 func (m *messages) Enabled(context.Context, slog.Level) bool { return true }
@@ -290,10 +293,22 @@ func (m *messages) Handle(_ context.Context, r slog.Record) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.n[r.Message]++
+	r.Attrs(func(a slog.Attr) bool {
+		m.attrs = append(m.attrs, a.String())
+		return true
+	})
 	return nil
 }
 func (m *messages) WithAttrs([]slog.Attr) slog.Handler { return m }
 func (m *messages) WithGroup(string) slog.Handler      { return m }
+
+// logged says whether a record had the attribute key=value.
+func (m *messages) logged(kv string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Contains(m.attrs, kv)
+}
+
 func (m *messages) count(prefix string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -379,14 +394,19 @@ func TestBudgetGrowthProbesTheBatchLimit(t *testing.T) {
 // thousandths, as a GPU does on a change of a few MiB; the 1 MiB floor of
 // the tolerance would have been the whole device.
 func TestBudgetToleranceInDeviceUnits(t *testing.T) {
-	if got := budgetTolerance(1, 1<<30, 1<<30); got != 1<<20 {
+	if got := budgetTolerance(backend.DeviceBytes, 1, 1<<30, 1<<30); got != 1<<20 {
 		t.Errorf("a 1 GiB GPU's tolerance is %d, want the 1 MiB it always had", got)
 	}
-	if got := budgetTolerance(1, 8<<20, 10_000); got != 10_000/8 {
+	if got := budgetTolerance(backend.KVTokens, 1, 8<<20, 10_000); got != 10_000/8 {
 		t.Errorf("a budget of 10,000 tokens: tolerance %d, want an eighth of it", got)
 	}
-	if got := budgetTolerance(64<<20, 80<<30, 70<<30); got != 8<<20 {
+	if got := budgetTolerance(backend.DeviceBytes, 64<<20, 80<<30, 70<<30); got != 8<<20 {
 		t.Errorf("an 80 GiB GPU with a 64 MiB reserve: tolerance %d, want an eighth of the reserve", got)
+	}
+	// A KV pool of 32,768 tokens agrees within 8 of them, a 4096th: at a
+	// 1024th the subscriber's KV benchmark preempted (bench/modelserver.md).
+	if got := budgetTolerance(backend.KVTokens, 1, 32_768, 32_767); got != 8 {
+		t.Errorf("a 32,768-token KV pool: tolerance %d, want 8 tokens", got)
 	}
 	synctest.Test(t, func(t *testing.T) {
 		const total = 1 << 20 // tokens, as modelserver.DefaultTokensInFlight
@@ -466,4 +486,75 @@ func TestBudgetFollowsTheBackendsOwnMemory(t *testing.T) {
 	if err := neither.Validate(); err == nil || !strings.Contains(err.Error(), "no device") {
 		t.Errorf("no memory at all: %v, want it refused", err)
 	}
+}
+
+// kvTokensBackend is a backend bounded by a memory counted in KV tokens, as
+// a model server's cache is (modelserver.KV): the Sim's units stand for
+// tokens.
+type kvTokensBackend struct {
+	backend.InProcess
+	dev *gpu.Sim
+}
+
+func (b kvTokensBackend) Memory() backend.Memory { return kvTokensMemory{b.dev} }
+
+type kvTokensMemory struct{ *gpu.Sim }
+
+func (kvTokensMemory) Unit() backend.Unit { return backend.KVTokens }
+func (m kvTokensMemory) Read() (backend.Reading, error) {
+	r, err := m.MemInfo()
+	return backend.Reading(r), err
+}
+
+// Issue 32, item 3: a memory counted in KV tokens is shown in KV tokens, in
+// its own series, and never as bytes: the budget's series are
+// budget_kv_tokens and kv_cache_*_tokens, none of the GPU's *_bytes, and the
+// logs of the budget say "KV tokens" where a GPU's say MiB.
+func TestKVTokensAreShownAsTokens(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const pool = 32_768
+		logs := &messages{n: map[string]int{}}
+		h := startWith(t, pool, Config{BudgetRefresh: time.Second}, func(h *harness, c *Config) {
+			c.Backend, c.Device = kvTokensBackend{InProcess: backend.InProcess{Model: workingModel{h.model}}, dev: h.dev}, nil
+			c.Logger = slog.New(logs)
+		})
+		release := otherProcess(t, h.dev, 8_192)
+		defer release()
+		wait.For(t, time.Minute, "the budget to shrink", func() bool { return h.sub.Budget() == pool-1-8_192 })
+		h.shutdown()
+
+		fams, err := h.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]float64{}
+		for _, f := range fams {
+			if len(f.GetMetric()) == 1 && f.GetMetric()[0].GetGauge() != nil {
+				got[f.GetName()] = f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		for name, want := range map[string]float64{"vramq_subscriber_budget_kv_tokens": pool - 1 - 8_192,
+			"vramq_subscriber_budget_max_kv_tokens": pool - 1, "vramq_subscriber_kv_cache_total_tokens": pool} {
+			if v, ok := got[name]; !ok || v != want {
+				t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
+			}
+		}
+		for name := range got {
+			if strings.HasSuffix(name, "_bytes") && (strings.Contains(name, "budget") || strings.Contains(name, "device_memory") ||
+				strings.Contains(name, "inflight")) {
+				t.Errorf("a KV-token memory exports %s", name)
+			}
+		}
+		if logs.count("subscriber ready") != 1 || !logs.logged("budget=32767 KV tokens") {
+			t.Errorf("the start is not logged with a budget of 32767 KV tokens: %q", logs.attrs)
+		}
+		if logs.count("budget changed: shrinking") != 1 || !logs.logged("new=24575 KV tokens") || !logs.logged("old=32767 KV tokens") {
+			t.Errorf("the shrink is not logged from 32767 to 24575 KV tokens: %q", logs.attrs)
+		}
+		for _, a := range logs.attrs {
+			if strings.Contains(a, "iB") {
+				t.Errorf("the log shows KV tokens as bytes: %s", a)
+			}
+		}
+	})
 }

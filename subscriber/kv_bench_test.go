@@ -36,10 +36,9 @@ import (
 )
 
 const (
-	kvbBlocks  = 2048      // × 16 tokens: 32,768 tokens of KV cache
-	kvbPerTok  = 128 << 10 // Llama-3-8B's KV bytes per token
-	kvbMinutes = 4         // server minutes: minute 0, then 1–3 measured
-	kvbChunks  = 150       // more than four server minutes take, so the queue never runs dry
+	kvbBlocks  = 2048 // × 16 tokens: 32,768 tokens of KV cache
+	kvbMinutes = 4    // server minutes: minute 0, then 1–3 measured
+	kvbChunks  = 150  // more than four server minutes take, so the queue never runs dry
 	// The spread: prompts of 50–2,000 tokens, max_tokens 16–512,
 	// real outputs 40–100% of max_tokens.
 	kvbPromptMin, kvbPromptMax = 50, 2000
@@ -103,7 +102,7 @@ func TestBenchPipelineKV(t *testing.T) {
 	// one request per block, so that admission alone bounds the requests.
 	d := subscriber.DefaultConfig()
 	m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: sv.URL(), Models: []string{"fake-model"},
-		MaxOutputTokens: kvbMaxTokMax, KVBytesPerToken: kvbPerTok, MaxWait: modelserver.DefaultMaxWait / pbSpeed,
+		MaxOutputTokens: kvbMaxTokMax, MaxWait: modelserver.DefaultMaxWait / pbSpeed,
 		MetricsMaxAge: modelserver.DefaultMetricsMaxAge / pbSpeed, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

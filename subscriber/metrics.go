@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/vramq/vramq/internal/tenant"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // metrics are the subscriber's Prometheus series, all prefixed vramq_subscriber_.
@@ -71,10 +72,34 @@ type metrics struct {
 	tenants    *tenant.Labels
 }
 
-// newMetrics registers the subscriber's series on reg; tenants are the
-// configured tenant names (Config.Tenants).
-func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
+// memorySeries names the series of what admission weighs messages by, in
+// the unit of the memory that bounds the backend (backend.Memory): a
+// GPU's bytes, or a model server's KV tokens. The two are different
+// resources, so their series have different names, not one name whose
+// unit depends on the deployment.
+type memorySeries struct {
+	inflight, peak, budget, budgetMax, total, free, process, batch string
+	what, unit                                                     string  // "working memory", "bytes"
+	batchFirst                                                     float64 // the batch histogram's first bucket
+}
+
+func memorySeriesOf(u backend.Unit) memorySeries {
+	if u == backend.KVTokens {
+		return memorySeries{inflight: "inflight_kv_tokens", peak: "inflight_kv_tokens_peak", budget: "budget_kv_tokens",
+			budgetMax: "budget_max_kv_tokens", total: "kv_cache_total_tokens", free: "kv_cache_free_tokens",
+			process: "kv_cache_process_tokens", batch: "batch_kv_tokens", what: "KV cache", unit: "KV tokens", batchFirst: 64}
+	}
+	return memorySeries{inflight: "inflight_bytes", peak: "inflight_bytes_peak", budget: "budget_bytes",
+		budgetMax: "budget_max_bytes", total: "device_memory_total_bytes", free: "device_memory_free_bytes",
+		process: "device_memory_process_bytes", batch: "batch_bytes", what: "working memory", unit: "bytes", batchFirst: 1 << 20}
+}
+
+// newMetrics registers the subscriber's series on reg, those of memory in
+// unit (memorySeries); tenants are the configured tenant names
+// (Config.Tenants).
+func newMetrics(reg prometheus.Registerer, unit backend.Unit, tenants ...string) *metrics {
 	f := promauto.With(reg)
+	ms := memorySeriesOf(unit)
 	const ns, sub = "vramq", "subscriber"
 	opts := func(name, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: ns, Subsystem: sub, Name: name, Help: help}
@@ -92,21 +117,22 @@ func newMetrics(reg prometheus.Registerer, tenants ...string) *metrics {
 		admitted:     counter("messages_admitted_total", "Messages admitted onto the device."),
 		held:         gauge("messages_held", "Messages whose lease this subscriber holds (waiting or running)."),
 		waiting:      gauge("messages_waiting", "Messages received but not yet started (the prefetch buffer)."),
-		inflight:     gauge("inflight_bytes", "Estimated working memory of admitted messages, in bytes."),
-		inflightPeak: gauge("inflight_bytes_peak", "Highest estimated working memory admitted at once, in bytes."),
-		budget: gauge("budget_bytes", "VRAM budget admission works against now, in bytes (vram strategy): "+
-			"free device memory plus this process's working memory, less the reserve, refreshed while running."),
-		budgetMax: gauge("budget_max_bytes", "Largest VRAM budget the device could give, in bytes (vram strategy): "+
-			"total memory less weights and reserve; a message estimated above it runs in parts that fit, or is dead-lettered "+
+		inflight:     gauge(ms.inflight, "Estimated "+ms.what+" of admitted messages, in "+ms.unit+"."),
+		inflightPeak: gauge(ms.peak, "Highest estimated "+ms.what+" admitted at once, in "+ms.unit+"."),
+		budget: gauge(ms.budget, "Budget admission works against now, in "+ms.unit+" (vram strategy): "+
+			"free "+ms.what+" plus what this process's work holds of it, less the reserve, refreshed while running."),
+		budgetMax: gauge(ms.budgetMax, "Largest budget the device could give, in "+ms.unit+" (vram strategy): "+
+			"its total less weights and reserve; a message estimated above it runs in parts that fit, or is dead-lettered "+
 			"when no item fits alone."),
-		deviceTotal: gauge("device_memory_total_bytes", "Device memory in total, in bytes (simulated when the device is sim)."),
-		deviceFree:  gauge("device_memory_free_bytes", "Device memory free at the last reading (budget refresh or batch), in bytes."),
-		deviceProcess: gauge("device_memory_process_bytes", "Device memory this process holds at the last reading, in bytes, "+
-			"as the device reports it per process (NVML); 0 when it cannot tell."),
+		deviceTotal: gauge(ms.total, "The device's "+ms.what+" in total, in "+ms.unit+" (simulated when the device is sim, "+
+			"or a model server's cache is not followed)."),
+		deviceFree: gauge(ms.free, "The device's "+ms.what+" free at the last reading (budget refresh or batch), in "+ms.unit+"."),
+		deviceProcess: gauge(ms.process, "The device's "+ms.what+" this process holds at the last reading, in "+ms.unit+
+			", as the device reports it per process (NVML; a model server's followed cache); 0 when it cannot tell."),
 		batchSize: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_messages",
 			Help: "Messages per batch run on the device.", Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32}}),
-		batchBytes: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_bytes",
-			Help: "Estimated working memory per batch, in bytes.", Buckets: prometheus.ExponentialBuckets(1<<20, 4, 10)}),
+		batchBytes: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: ms.batch,
+			Help: "Estimated " + ms.what + " per batch, in " + ms.unit + ".", Buckets: prometheus.ExponentialBuckets(ms.batchFirst, 4, 10)}),
 		batchSeconds: f.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "batch_seconds",
 			Help: "Time to run one batch on the device.", Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}),
 		stage: f.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "stage_seconds",

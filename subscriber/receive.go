@@ -17,7 +17,6 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/backoff"
-	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -292,7 +291,7 @@ func (s *Subscriber) enqueue(t *task) {
 			s.startTasks(1)
 			s.endAsync(t, endDeadLetter("too_large", fmt.Sprintf(
 				"estimated working memory %s exceeds the largest VRAM budget the device can give, %s (%d items%s)",
-				bytesize.Format(cost), bytesize.Format(s.adm.size), len(w.Items), none)))
+				s.amount(cost), s.amount(s.adm.size), len(w.Items), none)))
 			return
 		}
 		t.parts, cost = parts, largest

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
 	"github.com/vramq/vramq/subscriber/queuetest"
 )
@@ -69,7 +70,7 @@ func (q *slowQueue) ChangeVisibility(ctx context.Context, handles []string, time
 }
 
 func newTestKeeper(q queue.Queue, visibility, maxHold time.Duration) (*keeper, *metrics) {
-	m := newMetrics(prometheus.NewRegistry())
+	m := newMetrics(prometheus.NewRegistry(), backend.DeviceBytes)
 	return newKeeper(q, m, slog.New(slog.NewTextHandler(io.Discard, nil)), visibility, maxHold, job.MaxBatch), m
 }
 

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/vramq/vramq/gpu"
-	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/model/backend"
@@ -175,12 +174,12 @@ func (s *Subscriber) process(ctx context.Context, tasks []*task, sp *splits) (ok
 		sp.oomed = true
 		if len(tasks) == 1 {
 			s.log.Warn("out of memory in a batch of one; will run it alone", "message_id", tasks[0].lease.msg.ID,
-				"cost", bytesize.Format(tasks[0].cost), "err", err)
+				"cost", s.amount(tasks[0].cost), "err", err)
 			return 0, tasks
 		}
 		half := len(tasks) / 2
 		s.log.Warn("out of memory; splitting the batch in halves", "messages", len(tasks),
-			"cost", bytesize.Format(sumCost(tasks)), "halves", []int{half, len(tasks) - half}, "err", err)
+			"cost", s.amount(sumCost(tasks)), "halves", []int{half, len(tasks) - half}, "err", err)
 		ok1, alone1 := s.process(ctx, tasks[:half], sp)
 		ok2, alone2 := s.process(ctx, tasks[half:], sp)
 		ok = max(ok1, ok2)
@@ -294,14 +293,14 @@ func (s *Subscriber) runAlone(ctx context.Context, t *task, sp *splits) bool {
 	s.giveBack(t)
 	switch {
 	case err == nil:
-		s.log.Warn("ran alone after out of memory: succeeded", "message_id", t.lease.msg.ID, "cost", bytesize.Format(cost))
+		s.log.Warn("ran alone after out of memory: succeeded", "message_id", t.lease.msg.ID, "cost", s.amount(cost))
 		s.complete([]*task{t}, outs)
 		return true
 	case errors.Is(err, gpu.ErrOutOfMemory):
 		s.m.oomRetries.Inc()
 		s.end(t, endDeadLetter("out_of_memory", fmt.Sprintf(
 			"out of memory with the device to itself: estimated %s, budget %s: %v",
-			bytesize.Format(cost), bytesize.Format(n), err)))
+			s.amount(cost), s.amount(n), err)))
 	default:
 		s.endAll([]*task{t}, s.failure(ctx, []*task{t}, outs, err, sp), sp)
 	}
@@ -318,7 +317,7 @@ func (s *Subscriber) shrunkBelow(t *task, budget int64) bool {
 	delay := s.cfg.RetryDelay
 	s.log.Warn("out of memory in a batch of one while another process holds device memory: "+
 		"the budget is below its estimate; handed back for a retry",
-		"message_id", t.lease.msg.ID, "cost", bytesize.Format(t.raw), "budget", bytesize.Format(budget), "retry_in", delay)
+		"message_id", t.lease.msg.ID, "cost", s.amount(t.raw), "budget", s.amount(budget), "retry_in", delay)
 	s.end(t, endHandBack(delay, "device_shrunk"))
 	return true
 }
@@ -395,10 +394,10 @@ func (s *Subscriber) infer(ctx context.Context, tasks []*task, alone bool) ([][]
 	elapsed := time.Since(start)
 	if logBatch {
 		after, _ := s.mem.Read()
-		s.log.Debug("batch", "messages", len(tasks), "items", len(items), "cost", bytesize.Format(cost),
+		s.log.Debug("batch", "messages", len(tasks), "items", len(items), "cost", s.amount(cost),
 			"alone", alone, "took", elapsed.Round(time.Microsecond), "ok", a.err == nil,
-			"device_free_before", bytesize.Format(before.Free), "device_free_after", bytesize.Format(after.Free),
-			"device_process_before", bytesize.Format(before.Process), "device_process_after", bytesize.Format(after.Process),
+			"device_free_before", s.amount(before.Free), "device_free_after", s.amount(after.Free),
+			"device_process_before", s.amount(before.Process), "device_process_after", s.amount(after.Process),
 			"simulated", s.mem.Simulated())
 	}
 	if a.err != nil {

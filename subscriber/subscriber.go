@@ -37,7 +37,6 @@ import (
 
 	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/backoff"
-	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/subscriber/queue"
@@ -158,6 +157,7 @@ func New(cfg Config) (*Subscriber, error) {
 		return nil, fmt.Errorf("subscriber config: %w", err)
 	}
 	memory := memoryOf(cfg)
+	unit := memory.Unit()
 	mem, err := memory.Read()
 	if err != nil {
 		return nil, fmt.Errorf("subscriber: reading device memory: %w", err)
@@ -183,15 +183,15 @@ func New(cfg Config) (*Subscriber, error) {
 		// budget as memory frees: a process that exited here would be
 		// restarted into the same moment.
 		cfg.Logger.Warn("the device has no room for work now: starting with nothing admitted until memory frees",
-			"device", memory.Name(), "free", bytesize.Format(mem.Free), "reserve", bytesize.Format(cfg.VRAMReserve),
-			"budget_max", bytesize.Format(largest))
+			"device", memory.Name(), "free", unit.Format(mem.Free), "reserve", unit.Format(cfg.VRAMReserve),
+			"budget_max", unit.Format(largest))
 		budget = 0
 	}
-	m := newMetrics(cfg.Registerer, cfg.Tenants...)
+	m := newMetrics(cfg.Registerer, unit, cfg.Tenants...)
 	adm, err := newResizableAdmission(cfg.Admission, budget, largest, cfg.Count)
 	if err != nil {
 		return nil, fmt.Errorf("subscriber: %w (device %s: %s free, reserve %s)", err, memory.Name(),
-			bytesize.Format(mem.Free), bytesize.Format(cfg.VRAMReserve))
+			unit.Format(mem.Free), unit.Format(cfg.VRAMReserve))
 	}
 	s := &Subscriber{
 		cfg: cfg,
@@ -248,10 +248,10 @@ func New(cfg Config) (*Subscriber, error) {
 	m.batchLimit.Set(float64(s.state.batchLimit()))
 	s.log.Info("subscriber ready",
 		"device", memory.Name(), "simulated", memory.Simulated(),
-		"memory_total", bytesize.Format(mem.Total), "memory_free", bytesize.Format(mem.Free),
-		"memory_process", bytesize.Format(mem.Process),
-		"weights", bytesize.Format(weights(cfg.Backend)), "reserve", bytesize.Format(cfg.VRAMReserve),
-		"budget", bytesize.Format(budget), "budget_max", bytesize.Format(largest), "budget_refresh", cfg.BudgetRefresh,
+		"memory_total", s.amount(mem.Total), "memory_free", s.amount(mem.Free),
+		"memory_process", s.amount(mem.Process),
+		"weights", s.amount(weights(cfg.Backend)), "reserve", s.amount(cfg.VRAMReserve),
+		"budget", s.amount(budget), "budget_max", s.amount(largest), "budget_refresh", cfg.BudgetRefresh,
 		"admission", string(cfg.Admission), "model", cfg.Backend.Name(), "batch_limit", s.state.batchLimit())
 	if _, ok := caps.(gpu.WorkingSet); !ok && cfg.Admission == AdmitVRAM && cfg.BudgetRefresh > 0 {
 		s.log.Info("the model does not report its working set (gpu.WorkingSet): "+

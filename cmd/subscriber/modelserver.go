@@ -22,20 +22,27 @@ type modelServerOptions struct {
 	timeout, connect, maxWait     time.Duration
 	concurrency, tpm, rpm         int
 	retries                       int
-	kvBytesPerToken               int64
-	modelConfig                   string
-	kvBytesPerValue               int
 	kvCacheTokens, tokensInFlight int64
-	tokenizer                     string
-	maxOutputTokens, maxN         int
-	embedBatch, embedBatchTokens  int
-	maxServerWait                 time.Duration
-	allowRemoteURLs               bool
-	online                        modelserver.Online
-	messages                      string
+	// deprecated are the flags given that this release accepts and
+	// ignores (deprecatedFlags); openModelServer warns of each.
+	deprecated                   []string
+	tokenizer                    string
+	maxOutputTokens, maxN        int
+	embedBatch, embedBatchTokens int
+	maxServerWait                time.Duration
+	allowRemoteURLs              bool
+	online                       modelserver.Online
+	messages                     string
 }
 
 const defaultAPIKeyEnv = "VRAMQ_MODEL_SERVER_API_KEY"
+
+// deprecatedFlags sized the KV cache in bytes, a byte count per token
+// given or read from the model's config.json. The cache is counted in
+// tokens now (model/modelserver's KV), which need neither; the flags stay
+// accepted, with a warning, for one release, so that a deployment that
+// sets them still starts.
+var deprecatedFlags = []string{"model-server-kv-bytes-per-token", "model-server-config", "model-server-kv-bytes-per-value"}
 
 func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 	fs.StringVar(&o.url, "model-server", "",
@@ -74,12 +81,9 @@ func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 		"tokens per minute this subscriber may use (prompt + max_tokens × n, reconciled with usage); 0: none of its own;\n"+
 			"the server's x-ratelimit headers are followed either way")
 	fs.IntVar(&o.rpm, "model-server-rpm", 0, "requests per minute this subscriber may send; 0: none of its own")
-	fs.Int64Var(&o.kvBytesPerToken, "model-server-kv-bytes-per-token", 0,
-		"the server's KV cache per token, in bytes (Llama-3-8B in bf16: 131072); 0: from -model-server-config, else unknown (a byte a token)")
-	fs.StringVar(&o.modelConfig, "model-server-config", "",
-		"the model's config.json: KV bytes per token = 2 × layers × KV heads × head dim × bytes per value")
-	fs.IntVar(&o.kvBytesPerValue, "model-server-kv-bytes-per-value", 0,
-		"bytes of one KV cache value, over -model-server-config's torch_dtype (1 for an fp8 KV cache)")
+	for _, name := range deprecatedFlags {
+		fs.String(name, "", "deprecated and ignored, with a warning at start: the KV cache is counted in tokens, which need no bytes per token; removed in the next release")
+	}
 	fs.Int64Var(&o.kvCacheTokens, "model-server-kv-cache-tokens", 0,
 		"the server's KV capacity in tokens (blocks × block size), for a server without vllm:cache_config_info")
 	fs.Int64Var(&o.tokensInFlight, "model-server-tokens-in-flight", modelserver.DefaultTokensInFlight,
@@ -116,7 +120,6 @@ func (o *modelServerOptions) config(getenv func(string) string, log *slog.Logger
 		BaseURL: o.url, Models: models, APIKeyFile: o.apiKeyFile,
 		ConnectTimeout: o.connect, RequestTimeout: o.timeout, MaxRetries: o.retries, MaxWait: o.maxWait,
 		MaxConcurrency: o.concurrency, TPM: o.tpm, RPM: o.rpm,
-		KVBytesPerToken: o.kvBytesPerToken, ModelConfig: o.modelConfig, KVBytesPerValue: o.kvBytesPerValue,
 		KVCacheTokens: o.kvCacheTokens, TokensInFlight: o.tokensInFlight, Tokenizer: o.tokenizer,
 		MaxOutputTokens: o.maxOutputTokens, MaxN: o.maxN, EmbedBatch: o.embedBatch, EmbedBatchTokens: o.embedBatchTokens,
 		MaxServerWait: o.maxServerWait, AllowRemoteURLs: o.allowRemoteURLs, Online: o.online, Messages: o.messages,
@@ -135,6 +138,11 @@ func (o *modelServerOptions) config(getenv func(string) string, log *slog.Logger
 // and checks its own before anything starts.
 func checkModelServer(o *options, given map[string]bool) error {
 	ms := &o.ms
+	for _, name := range deprecatedFlags {
+		if given[name] {
+			ms.deprecated = append(ms.deprecated, name)
+		}
+	}
 	if ms.url == "" {
 		return nil
 	}
@@ -151,7 +159,7 @@ func checkModelServer(o *options, given map[string]bool) error {
 			ms.maxWait, o.cfg.InferenceTimeout)
 	}
 	if !given["vram-reserve"] {
-		// The device's memory is tokens or KV bytes, not a GPU's: the
+		// The budget is the server's KV tokens, not a GPU's bytes: the
 		// reserve for a framework's allocations means nothing there. 0
 		// means the default to subscriber.Config, so the least above it.
 		o.cfg.VRAMReserve = 1
@@ -160,6 +168,10 @@ func checkModelServer(o *options, given map[string]bool) error {
 }
 
 func openModelServer(ctx context.Context, o *options, getenv func(string) string, log *slog.Logger, reg prometheus.Registerer) (*modelserver.Model, error) {
+	for _, name := range o.ms.deprecated {
+		log.Warn("a deprecated flag is ignored: the KV cache is counted in tokens, read from the server's vllm:cache_config_info "+
+			"or given by -model-server-kv-cache-tokens; the flag goes in the next release", "flag", "-"+name)
+	}
 	c := o.ms.config(getenv, log)
 	c.Registerer = reg
 	m, err := modelserver.Open(ctx, c)

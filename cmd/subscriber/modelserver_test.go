@@ -5,16 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // Issue 27: a job of chat completions and one of embeddings run through the
@@ -138,5 +141,35 @@ func TestModelServerFlags(t *testing.T) {
 		c.MaxServerWait != 10*time.Minute || !c.AllowRemoteURLs {
 		t.Errorf("config %+v, reserve %d; want the key from $KEY, TPM 100000, models a and b, no reserve, a 10m ceiling on server waits, remote URLs",
 			c, o.cfg.VRAMReserve)
+	}
+}
+
+// Issue 32, item 3: the KV cache is counted in tokens, so the flags that
+// sized it in bytes are gone; a deployment that still sets them starts,
+// with a warning naming each (for one release), and the pool is the
+// server's tokens whatever they said.
+func TestDeprecatedKVByteFlagsWarn(t *testing.T) {
+	srv := fakeoai.New(fakeoai.Config{BlockSize: 16, NumGPUBlocks: 100, MaxModelLen: 1024})
+	defer srv.Close()
+	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d",
+		"VRAMQ_MODEL_SERVER": srv.URL(), "VRAMQ_MODEL_SERVER_MODELS": "fake-model", "VRAMQ_MODEL_SERVER_CONFIG": "/models/config.json"}
+	getenv := func(k string) string { return env[k] }
+	o, err := parse([]string{"-model-server-kv-bytes-per-token=131072", "-model-server-kv-bytes-per-value", "1"}, getenv, io.Discard)
+	if err != nil {
+		t.Fatalf("parse with the deprecated flags: %v; want them accepted", err)
+	}
+	var logs strings.Builder
+	m, err := openModelServer(t.Context(), o, getenv, slog.New(slog.NewTextHandler(&logs, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, f := range []string{"-model-server-kv-bytes-per-token", "-model-server-config", "-model-server-kv-bytes-per-value"} {
+		if !strings.Contains(logs.String(), "level=WARN msg=\"a deprecated flag is ignored") || !strings.Contains(logs.String(), "flag="+f+"\n") {
+			t.Errorf("no warning for %s in:\n%s", f, logs.String())
+		}
+	}
+	if mem, err := m.Memory().Read(); err != nil || mem.Total != 100*16 || m.Memory().Unit() != backend.KVTokens {
+		t.Errorf("the pool: %+v in %v, %v; want the server's 1600 KV tokens", mem, m.Memory().Unit(), err)
 	}
 }

@@ -1,11 +1,12 @@
 // Package backend is what a subscriber runs work on: a Backend costs and
 // runs the items of a job, and names the resources it offers admission
 // besides memory, with how much of each, and what a batch of items needs of
-// each; the memory that bounds it is its own (Memory). There are two: a
-// model server (package model/modelserver), which owns its KV cache and
-// offers its request slots and its rate limits' tokens, and a model that
-// runs in this process on a device (InProcess), which offers none, its
-// bound being the device's memory (package gpu).
+// each; the memory that bounds it is its own (Memory), in its own Unit.
+// There are two: a model server (package model/modelserver), which owns
+// its KV cache, counted in KV tokens, and offers its request slots and its
+// rate limits' tokens, and a model that runs in this process on a device
+// (InProcess), which offers none, its bound being the device's memory in
+// bytes (package gpu).
 package backend
 
 import (
@@ -20,8 +21,9 @@ type Backend interface {
 	// Name identifies the backend's model in results and logs.
 	Name() string
 	// Cost estimates the memory Run needs for items of a job that names
-	// endpoint ("" for none), in the unit of the Memory that bounds the
-	// backend (device bytes for a model on a GPU). Costs add
+	// endpoint ("" for none), in the Unit of the Memory that bounds the
+	// backend (device bytes for a model on a GPU, KV tokens for a model
+	// server). Costs add
 	// up: a batch needs at most the sum of the costs of its parts. The
 	// subscriber admits work by this number, so an estimate below what Run
 	// really takes brings back the out-of-memory failures vramq exists to

@@ -227,7 +227,9 @@ func (a *admitter) refresh() {
 	if err != nil {
 		return
 	}
-	const tol = 1 << 20 // subscriber.budgetTolerance(1, …): a device of 1 GiB or more, a budget of 8 MiB or more
+	// subscriber.budgetTolerance(backend.KVTokens, 1, pool, …): a 4096th
+	// of the pool, in tokens.
+	tol := a.size / 4096
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	prev := a.prev
@@ -609,8 +611,6 @@ func benchShared(t *testing.T) {
 const (
 	kvBlocks  = 2048 // × 16 tokens: 32,768 tokens of KV cache
 	kvMinutes = 4
-	// kvPerToken is Llama-3-8B's 128 KiB.
-	kvPerToken = 128 << 10
 )
 
 // benchKV runs vramq's admission (the stand-in) and a fixed concurrency
@@ -621,11 +621,10 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 	sv, sf := fakeoai.New(cfg), fakeoai.New(cfg)
 	defer sv.Close()
 	defer sf.Close()
-	// Llama-3-8B's KV bytes per token, so that the subscriber's tolerance
-	// (1 MiB) is 8 tokens, as it would be; the metrics are read at most a
-	// second of server time old, Config's default at Speed 1.
+	// The metrics are read at most a second of server time old, Config's
+	// default at Speed 1.
 	m, dev, err := openKV(t.Context(), Config{BaseURL: sv.URL(), Models: []string{"fake-model"}, Logger: quiet(),
-		MaxOutputTokens: kvMaxTokens, MaxConcurrency: 4096, KVBytesPerToken: kvPerToken, MetricsMaxAge: time.Second / benchSpeed})
+		MaxOutputTokens: kvMaxTokens, MaxConcurrency: 4096, MetricsMaxAge: time.Second / benchSpeed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -662,9 +661,9 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 		return fmt.Sprintf("| %s | %.3f | %.3f | %d | %.0f | %.0f | %d | %d |", name, l.kv,
 			float64(st.MaxKVBlocksUsed)/float64(st.NumGPUBlocks), st.Preemptions, l.rpm, float64(gen)/float64(l.minutes), st.MaxRunning, tl.ok.Load())
 	}
-	t.Logf("KV pool %d blocks × 16 tokens (device capacity %d B, %d tokens); prompts %v words, outputs %v tokens, max_tokens %d; speed %d; %d server minutes\n"+
+	t.Logf("KV pool %d blocks × 16 tokens (capacity %d tokens); prompts %v words, outputs %v tokens, max_tokens %d; speed %d; %d server minutes\n"+
 		"| consumer | KV use, mean of minutes 1–%d | KV high-water | preemptions | requests/min | prompt+completion tokens/min | most running | items ok |\n|---|---|---|---|---|---|---|---|\n%s\n%s",
-		kvBlocks, mi.Total, mi.Total/kvPerToken, words, out, kvMaxTokens, benchSpeed, kvMinutes, kvMinutes-1,
+		kvBlocks, mi.Total, words, out, kvMaxTokens, benchSpeed, kvMinutes, kvMinutes-1,
 		row("vramq (the subscriber's rule, stood in)", sv, &tv),
 		row(fmt.Sprintf("fixed concurrency %d (pool / average request of %.0f tokens)", fixed, avg), sf, &tf))
 	aw, ao := (words[0]+words[1])/2, (out[0]+out[1])/2
@@ -674,7 +673,7 @@ func benchKV(t *testing.T, words, out [2]int, kvMaxTokens int) {
 	dev.mu.Unlock()
 	t.Logf("vramq answers by row: %v; budget resized %d times, ending at %d tokens; %d retractions, share %.3f at the end; "+
 		"Cost of an average item at the end: %d tokens (the server's worst case %d, %d+7 prompt)",
-		m.answersSnapshot(), sem.resized, sem.budget/kvPerToken, retract, share, m.Cost("", []job.Item{probe})/kvPerToken, charged, aw)
+		m.answersSnapshot(), sem.resized, sem.budget, retract, share, m.Cost("", []job.Item{probe}), charged, aw)
 }
 
 // benchCost sends the same sequential requests directly and through Run,

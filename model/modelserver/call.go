@@ -26,7 +26,7 @@ type call struct {
 	// admits the request charges at least: the exact prompt tokens + max
 	// output × choices (the estimate from bytes may overshoot).
 	floor int64
-	kv    int64 // device bytes it holds while in flight
+	kv    int64 // KV tokens it holds while in flight
 	// most is the longest answer worth reading whole (run.room): past it
 	// the answer's body is not kept, whatever it holds.
 	most int64

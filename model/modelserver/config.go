@@ -75,21 +75,11 @@ type Config struct {
 	// "Through the subscriber").
 	TPM, RPM int
 
-	// KVBytesPerToken is the server's KV cache per token. 0: computed from
-	// ModelConfig when given, else unknown (the device then counts tokens,
-	// a byte each).
-	KVBytesPerToken int64
-	// ModelConfig is the path of the model's config.json, from which the
-	// KV bytes per token are computed (kvBytesPerToken).
-	ModelConfig string
-	// KVBytesPerValue overrides the bytes of one KV cache value that
-	// ModelConfig's torch_dtype gives (1 for an fp8 KV cache).
-	KVBytesPerValue int
 	// KVCacheTokens is the server's KV capacity in tokens (blocks × block
 	// size), for a server that does not export vllm:cache_config_info.
 	KVCacheTokens int64
-	// TokensInFlight is the device's capacity when the KV cache is not
-	// known: the most tokens (prompt + max output) of requests admitted at
+	// TokensInFlight is the KV pool admission works against when the KV
+	// cache's size is not known: the most tokens (prompt + max output) of requests admitted at
 	// once. Default 1,048,576.
 	TokensInFlight int64
 
@@ -163,7 +153,7 @@ const (
 )
 
 // defaultConcurrency is MaxConcurrency when none is given. A server whose
-// KV cache is followed bounds admission by that cache (Device), and a
+// KV cache is followed bounds admission by that cache (KV), and a
 // fixed 16 would hold a pool of long contexts and short answers to a
 // fraction of it (0.551 of the pool in bench/modelserver.md's KV run
 // through the subscriber): the bound is then one request per block, the
@@ -254,22 +244,16 @@ func (c Config) Validate() error {
 			bad("%s %d: want 0 (the default) or more", name, v)
 		}
 	}
-	for name, v := range map[string]int{"TPM": c.TPM, "RPM": c.RPM, "KV bytes per value": c.KVBytesPerValue} {
+	for name, v := range map[string]int{"TPM": c.TPM, "RPM": c.RPM} {
 		if v < 0 {
 			bad("%s %d: want 0 (none) or more", name, v)
 		}
 	}
-	for name, v := range map[string]int64{"KV bytes per token": c.KVBytesPerToken, "KV cache tokens": c.KVCacheTokens,
+	for name, v := range map[string]int64{"KV cache tokens": c.KVCacheTokens,
 		"tokens in flight": c.TokensInFlight, "result bytes": c.ResultBytes} {
 		if v < 0 {
 			bad("%s %d: want 0 or more", name, v)
 		}
-	}
-	if c.KVBytesPerToken > 0 && c.ModelConfig != "" {
-		bad("KV bytes per token and a model config.json: give one")
-	}
-	if c.KVBytesPerValue > 0 && c.ModelConfig == "" {
-		bad("KV bytes per value without a model config.json")
 	}
 	if c.Messages != MessagesChat && c.Messages != MessagesNative {
 		bad("messages %q: want %s or %s", c.Messages, MessagesChat, MessagesNative)

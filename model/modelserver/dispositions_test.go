@@ -260,7 +260,7 @@ func wantNothingHeld(t *testing.T, m *Model) {
 	probing := m.gate.probing
 	m.gate.mu.Unlock()
 	if inflight != 0 || probing || m.held.Load() != 0 {
-		t.Errorf("after Run: %d concurrency slots taken, probe in flight %v, %d KV bytes held; want none", inflight, probing, m.held.Load())
+		t.Errorf("after Run: %d concurrency slots taken, probe in flight %v, %d KV tokens held; want none", inflight, probing, m.held.Load())
 	}
 }
 

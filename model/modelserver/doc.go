@@ -20,7 +20,7 @@
 // Three budgets hold together: the rate limits (Config.TPM, RPM, and the
 // server's x-ratelimit headers: ratelimit.go), the server's concurrency
 // (concurrency.go), and its KV cache, which is the backend's Memory
-// (KV) and what Cost is counted in (kvcache.go). Every answer has one disposition,
+// (KV) and what Cost is counted in, tokens (kvcache.go). Every answer has one disposition,
 // in one table (dispositions.go): wait as the server says, ask for an
 // operator (fault.ErrNeedsOperator), the item's own error, retry, halve.
 // Waits longer than Config.MaxWait end Run with fault.ErrBackoff; every wait

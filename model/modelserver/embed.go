@@ -81,7 +81,7 @@ func (m *Model) embed(ctx, wait context.Context, p pack, run *run) error {
 		prompt = prompt.add(r.prompt)
 		tokens += m.counter.tokens(r.kind(), r.prompt)
 	}
-	o, err := m.send(ctx, wait, &call{ep: embeddings, body: p.body(), tokens: tokens, floor: prompt.exact, kv: tokens * m.unit,
+	o, err := m.send(ctx, wait, &call{ep: embeddings, body: p.body(), tokens: tokens, floor: prompt.exact, kv: tokens,
 		most: run.room()}, run.deadline)
 	var tl *tooLargeError
 	switch {

@@ -14,7 +14,7 @@ import (
 // them, so they add up to the message's cost, and an item refused without
 // a request costs nothing.
 func TestItemCostsAddUpToCost(t *testing.T) {
-	inBubble(t, fakeoai.Config{}, Config{KVBytesPerToken: 1024}, func(t *testing.T, _ *fakeoai.Server, m *Model) {
+	inBubble(t, fakeoai.Config{}, Config{}, func(t *testing.T, _ *fakeoai.Server, m *Model) {
 		items := []job.Item{chatItem("a", "a short prompt", 16), {ID: "bad", Body: []byte(`{"model":`)},
 			chatItem("b", "a longer prompt of a few more words than the first", 256)}
 		cost := m.Cost("", items)

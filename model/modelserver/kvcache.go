@@ -18,12 +18,14 @@ import (
 )
 
 // KV is the model server's KV cache as the Memory that bounds its
-// admission (backend.Memory, Model.Memory), in Model.Cost's unit (KV bytes
-// per token × tokens, or tokens): the blocks vllm:cache_config_info
-// names × their size × KV bytes per token, or Config.KVCacheTokens of them,
-// or, knowing neither, Config.TokensInFlight. Without vLLM's metrics it is
-// all free, always: the budget is then the capacity, a bound on the tokens
-// vramq has in flight.
+// admission (backend.Memory, Model.Memory), in tokens (backend.KVTokens,
+// Model.Cost's unit): the blocks vllm:cache_config_info names × their
+// size in tokens, or Config.KVCacheTokens, or, knowing neither,
+// Config.TokensInFlight. What a token takes in bytes on the server's
+// device is the server's business: it sizes its pool in blocks and reports
+// its use as a share of them. Without vLLM's metrics it is all free,
+// always: the budget is then the capacity, a bound on the tokens vramq has
+// in flight.
 //
 // With vLLM's metrics, it follows the cache, and its free memory is
 // what admission may still fill: the pool, scaled by the retraction, less
@@ -78,6 +80,9 @@ const (
 // Name is "model-server" and the server's host.
 func (d *KV) Name() string { return d.name }
 
+// Unit is backend.KVTokens.
+func (d *KV) Unit() backend.Unit { return backend.KVTokens }
+
 // Simulated is true when nothing is read from the server: the memory is
 // vramq's own account of what it has in flight.
 func (d *KV) Simulated() bool { return !d.live }
@@ -103,7 +108,7 @@ func (d *KV) Read() (backend.Reading, error) {
 		d.mu.Unlock()
 	}
 	d.mu.Lock()
-	used := d.usedBytes()
+	used := d.usedTokens()
 	room := int64(d.share * float64(d.capacity))
 	d.mu.Unlock()
 	// Below 0 while retraction holds admission to less than the cache
@@ -132,9 +137,9 @@ func (d *KV) follow(snap metricsSnap) {
 	}
 }
 
-// usedBytes is the KV cache in use at the last reading: all of it while
+// usedTokens is the KV cache in use at the last reading: all of it while
 // requests wait for blocks. d.mu is held.
-func (d *KV) usedBytes() int64 {
+func (d *KV) usedTokens() int64 {
 	if d.snap.waiting > 0 && d.snap.usage >= kvHigh {
 		return d.capacity
 	}
@@ -192,7 +197,7 @@ func (m *Model) readMetrics(ctx context.Context) (metricsSnap, error) {
 	}
 	// A NaN would pass every comparison below as if it were not there and
 	// read as an empty cache (math.Max(0, NaN) is NaN, and so is the
-	// usage in bytes); an Inf as a full or an endless one. A reading that
+	// usage in tokens); an Inf as a full or an endless one. A reading that
 	// holds one is no reading: it fails, as an unreachable /metrics does.
 	var bad error
 	read := func(mt *dto.Metric, name string) float64 {

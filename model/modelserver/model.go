@@ -29,8 +29,9 @@ import (
 )
 
 // Model is a model server as a backend.Backend: Run sends each item's request,
-// Cost is its tokens in device bytes, Working the device bytes of the
-// requests in flight (gpu.WorkingSet). Safe for concurrent use.
+// Cost is what it holds of the server's KV cache, in tokens, Working the KV
+// tokens of the requests in flight (gpu.WorkingSet). Safe for concurrent
+// use.
 type Model struct {
 	cfg    Config
 	log    *slog.Logger
@@ -41,7 +42,6 @@ type Model struct {
 
 	counter *counter
 	outputs *outputs
-	unit    int64 // device bytes per token: the KV bytes per token, or 1
 	rates   *rates
 	conc    *concurrency
 	gate    *gate
@@ -49,7 +49,7 @@ type Model struct {
 	online  *online // nil: online-first mode off
 	stop    context.CancelFunc
 	dev     *KV
-	held    atomic.Int64 // device bytes of the requests in flight
+	held    atomic.Int64 // KV tokens of the requests in flight
 	took    requestTime  // of the requests answered ok, for Slots
 	waits   *waits
 	limits  job.RequestLimits // the rule's bounds for a request body (parse)
@@ -129,14 +129,6 @@ func Open(ctx context.Context, cfg Config) (*Model, error) {
 	if err := m.probeModels(ctx); err != nil {
 		return nil, err
 	}
-	kvPerToken := cfg.KVBytesPerToken
-	if cfg.ModelConfig != "" {
-		var err error
-		if kvPerToken, err = kvBytesPerToken(cfg.ModelConfig, cfg.KVBytesPerValue); err != nil {
-			return nil, fmt.Errorf("modelserver: KV bytes per token: %w", err)
-		}
-	}
-	m.unit = max(kvPerToken, 1)
 	d := &KV{m: m, name: "model-server " + u.Host, share: 1}
 	snap, err := m.readMetrics(ctx)
 	switch {
@@ -145,15 +137,15 @@ func Open(ctx context.Context, cfg Config) (*Model, error) {
 	case snap.blocks > 0:
 		d.live, d.snap, d.read = true, snap, time.Now()
 	}
-	kvTokens := cfg.KVCacheTokens
-	if d.live {
-		kvTokens = snap.blocks * snap.blockSize
-	}
+	// The pool, in tokens: what the server says it holds, else what it was
+	// configured to, else the bound on what vramq has in flight.
 	switch {
-	case kvTokens > 0:
-		d.capacity = kvTokens * m.unit
+	case d.live:
+		d.capacity = snap.blocks * snap.blockSize
+	case cfg.KVCacheTokens > 0:
+		d.capacity = cfg.KVCacheTokens
 	default:
-		d.capacity = cfg.TokensInFlight * m.unit
+		d.capacity = cfg.TokensInFlight
 	}
 	m.dev = d
 	if m.cfg.MaxConcurrency == 0 {
@@ -172,8 +164,8 @@ func Open(ctx context.Context, cfg Config) (*Model, error) {
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stop = stop
 	go m.online.run(bg, m)
-	m.log.Info("model server ready", "config", cfg, "kv_bytes_per_token", kvPerToken, "kv_cache_tokens", kvTokens,
-		"kv_followed", d.live, "capacity", d.capacity, "exact_tokens", wp != nil)
+	m.log.Info("model server ready", "config", cfg, "kv_cache_tokens", d.capacity,
+		"kv_followed", d.live, "exact_tokens", wp != nil)
 	return m, nil
 }
 
@@ -285,14 +277,15 @@ func (m *Model) Close() error {
 	return nil
 }
 
-// Memory is the server's KV cache, which bounds admission in Cost's unit.
+// Memory is the server's KV cache, which bounds admission in Cost's unit,
+// KV tokens.
 func (m *Model) Memory() backend.Memory { return m.dev }
 
-// Working is the device bytes of the requests in flight, as the server's
+// Working is the KV tokens of the requests in flight, as the server's
 // KV cache shows them: the least of their charges and what the cache
 // holds in all at the last reading, so never above what is allocated on a
 // server vramq has to itself (a sidecar). 0 when the cache is not
-// followed: the device's free memory is then its capacity, constant, and
+// followed: the pool's free tokens are then its capacity, constant, and
 // the budget is that less the reserve.
 func (m *Model) Working() int64 {
 	d := m.dev
@@ -300,14 +293,14 @@ func (m *Model) Working() int64 {
 		return 0
 	}
 	d.mu.Lock()
-	used := d.usedBytes()
+	used := d.usedTokens()
 	d.mu.Unlock()
 	return min(m.held.Load(), used)
 }
 
 // Cost is the KV charges of items of a job that names endpoint ("" for
-// none: the route is then told from each body, see endpointOf), in device
-// bytes (KV bytes per token, or 1 when those are not known): an embeddings
+// none: the route is then told from each body, see endpointOf), in KV
+// tokens (backend.KVTokens): an embeddings
 // item's tokens; a generation's prompt (estimated) plus, once the server's
 // cache is followed and answers of its kind have been seen, what its output
 // holds of the cache on average while in flight (kvTokens), else the most
@@ -320,7 +313,7 @@ func (m *Model) Cost(endpoint string, items []job.Item) int64 {
 		if refused != nil {
 			continue
 		}
-		c += m.kvTokens(r) * m.unit
+		c += m.kvTokens(r)
 	}
 	return c
 }
@@ -405,7 +398,7 @@ func (m *Model) generate(ctx, wait context.Context, r *request, run *run) error 
 		ep, body = chat, r.chat
 	}
 	o, err := m.send(ctx, wait, &call{ep: ep, body: m.online.mark(body), tokens: m.tokens(r), floor: r.prompt.exact + r.maxOut*r.choices,
-		kv: m.kvTokens(r) * m.unit, most: run.room(), prefix: job.PrefixKey(r.ep.path(), r.body)}, run.deadline)
+		kv: m.kvTokens(r), most: run.room(), prefix: job.PrefixKey(r.ep.path(), r.body)}, run.deadline)
 	if err != nil {
 		m.outputs.end(seq, 0, 0)
 		return m.itemErr(err, &run.outs[r.idx])

@@ -103,17 +103,17 @@ func TestMaxTokensSetToTheCeiling(t *testing.T) {
 		})
 }
 
-// Cost is tokens in device bytes: prompt bound plus max output × n.
+// Cost is KV tokens: prompt bound plus max output × n.
 func TestCostCountsPromptAndOutput(t *testing.T) {
-	inBubble(t, fakeoai.Config{}, Config{KVBytesPerToken: 10, MaxOutputTokens: 1000}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+	inBubble(t, fakeoai.Config{}, Config{MaxOutputTokens: 1000}, func(t *testing.T, s *fakeoai.Server, m *Model) {
 		body := `{"model":"fake-model","n":2,"max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`
 		msgs := `[{"role":"user","content":"hi"}]`
-		want := (int64(len(msgs)) + templateTokens + 2*50) * 10
+		want := int64(len(msgs)) + templateTokens + 2*50
 		if got := m.Cost("", []job.Item{{ID: "a", Body: json.RawMessage(body)}}); got != want {
 			t.Errorf("Cost = %d, want %d", got, want)
 		}
 		emb := embedItem("e", "four bytes")
-		if got, want := m.Cost("", []job.Item{emb}), int64(len("four bytes")+sequenceTokens)*10; got != want {
+		if got, want := m.Cost("", []job.Item{emb}), int64(len("four bytes")+sequenceTokens); got != want {
 			t.Errorf("embedding Cost = %d, want %d", got, want)
 		}
 		if got := m.Cost("", []job.Item{{ID: "t", Text: "no body"}}); got != 0 {
@@ -190,7 +190,7 @@ func TestRunEndpointUsesTheJobsEndpoint(t *testing.T) {
 // a completions request by 16, that API's default, not by the ceiling, so
 // admission reserves what the server may generate and no more (docs/api.md).
 func TestMaxTokensLeftOutIsBoundedByTheAPIsDefault(t *testing.T) {
-	inBubble(t, fakeoai.Config{}, Config{KVBytesPerToken: 10, MaxOutputTokens: 1000}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+	inBubble(t, fakeoai.Config{}, Config{MaxOutputTokens: 1000}, func(t *testing.T, s *fakeoai.Server, m *Model) {
 		cost := func(body string) int64 { return m.Cost("", []job.Item{{ID: "a", Body: json.RawMessage(body)}}) }
 		const prompt, chat = `"prompt":"hi"`, `"messages":[{"role":"user","content":"hi"}]`
 		for _, tc := range []struct{ without, with string }{

@@ -104,39 +104,6 @@ func TestOpenProbes(t *testing.T) {
 	})
 }
 
-// Llama-3-8B's config.json: 32 layers, 8 KV heads of 128, bf16: 128 KiB a token.
-func TestKVBytesPerToken(t *testing.T) {
-	dir := t.TempDir()
-	for name, tc := range map[string]struct {
-		json    string
-		perVal  int
-		want    int64
-		wantErr string
-	}{
-		"llama3": {json: `{"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"hidden_size":4096,"torch_dtype":"bfloat16"}`,
-			want: 128 << 10},
-		"fp8":     {json: `{"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"hidden_size":4096,"torch_dtype":"bfloat16"}`, perVal: 1, want: 64 << 10},
-		"mha":     {json: `{"num_hidden_layers":2,"num_attention_heads":4,"hidden_size":64,"head_dim":0,"torch_dtype":"float32"}`, want: 2 * 2 * 4 * 16 * 4},
-		"nested":  {json: `{"torch_dtype":"float16","text_config":{"num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":1,"head_dim":8}}`, want: 2 * 8 * 2},
-		"nodtype": {json: `{"num_hidden_layers":1,"num_attention_heads":2,"hidden_size":8}`, wantErr: "torch_dtype"},
-	} {
-		path := filepath.Join(dir, name+".json")
-		if err := os.WriteFile(path, []byte(tc.json), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		got, err := kvBytesPerToken(path, tc.perVal)
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("%s: %v; want an error about %s", name, err, tc.wantErr)
-			}
-			continue
-		}
-		if err != nil || got != tc.want {
-			t.Errorf("%s: %d, %v; want %d", name, got, err, tc.want)
-		}
-	}
-}
-
 // With a WordPiece tokenizer.json, embedding inputs are counted exactly
 // (model/bert's tokenizer, [CLS] and [SEP] included); another kind of
 // tokenizer leaves the byte bound.
@@ -173,15 +140,15 @@ func TestKVCacheFollowsTheServersMetrics(t *testing.T) {
 		s := fakeoai.NewUnstarted(fc)
 		defer s.Close()
 		cfg := Config{BaseURL: s.URL(), HTTPClient: s.Client(), Models: []string{"fake-model"}, Logger: quiet(),
-			KVBytesPerToken: 1000, MetricsMaxAge: time.Nanosecond}
+			MetricsMaxAge: time.Nanosecond}
 		m, d, err := openKV(t.Context(), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		mem, err := d.Read()
-		room := int64(600 * 16 * 1000)
-		if want := int64(600 * 16 * 1000); err != nil || mem.Total != want || mem.Free != room || d.Simulated() {
-			t.Fatalf("idle: %+v, %v; want %d total and %d free, read from the server", mem, err, want, room)
+		room := int64(600 * 16)
+		if want := int64(600 * 16); err != nil || mem.Total != want || mem.Free != room || d.Simulated() || d.Unit() != backend.KVTokens {
+			t.Fatalf("idle: %+v (%v), %v; want %d KV tokens total and %d free, read from the server", mem, d.Unit(), err, want, room)
 		}
 		done := make(chan struct{})
 		go func() {
@@ -193,12 +160,12 @@ func TestKVCacheFollowsTheServersMetrics(t *testing.T) {
 		time.Sleep(5 * time.Second) // 500 tokens generated
 		mem, err = d.Read()
 		st := s.Stats()
-		used := int64(st.KVBlocksUsed) * 16 * 1000
+		used := int64(st.KVBlocksUsed) * 16
 		if err != nil || mem.Used != used || mem.Free != room-used || used == 0 {
 			t.Errorf("mid-run: %+v, %v; want %d used (%d blocks)", mem, err, used, st.KVBlocksUsed)
 		}
 		if w := m.Working(); w != used || mem.Process != used {
-			t.Errorf("working set %d (process %d); want the %d bytes the request holds now, below its reservation", w, mem.Process, used)
+			t.Errorf("working set %d (process %d); want the %d KV tokens the request holds now, below its reservation", w, mem.Process, used)
 		}
 		<-done
 		if w := m.Working(); w != 0 {

@@ -41,7 +41,7 @@ import (
 // max_tokens (min(L, max_tokens) is what a request so capped generates) and
 // never below the prompt. It is an average, not a bound: what keeps it
 // honest when the lengths change, or the pool is shared, is the server's
-// live usage and preemptions, which admission follows too (Device).
+// live usage and preemptions, which admission follows too (KV).
 const (
 	outputWindow  = 512 // the last answers' lengths kept, per kind
 	outputSamples = 8   // answers seen before the lengths are trusted
@@ -207,7 +207,7 @@ func (m *Model) kvTokens(r *request) int64 {
 	prompt := m.counter.likely(r.kind(), r.prompt)
 	seqs := float64(r.choices)
 	mean := float64(prompt) + seqs*(h+float64(m.dev.blockSize())/2)
-	pool := float64(m.dev.capacity / m.unit)
+	pool := float64(m.dev.capacity)
 	charge := mean + kvSpread*math.Sqrt(seqs*v*mean/pool)
 	return min(worst, int64(math.Ceil(charge)))
 }

@@ -79,7 +79,7 @@ func (c *counter) tokens(kind string, e estimate) int64 {
 // likely is e in tokens for requests of kind, scaled by the highest ratio
 // seen without the margin: what the prompts seen so far would have been
 // charged at most, a closer count than tokens' bound for what a prompt
-// holds of a KV cache, which the cache's live usage checks (Device).
+// holds of a KV cache, which the cache's live usage checks (KV).
 func (c *counter) likely(kind string, e estimate) int64 {
 	if e.bound == 0 {
 		return e.exact

@@ -49,7 +49,6 @@ type driveOpts struct {
 	stream      bool   // online requests stream, so that TTFT is their first event
 	extra       string // JSON members every generation carries (vLLM's "ignore_eos":true)
 	priority    int    // online-first's priority for the batch; 0 for a server without priorities
-	modelConfig string // config.json, for the backend's KV bytes per token
 	// A phase runs on past its length until it has this many batch items
 	// and online answers, where it has either: tests end phases by count.
 	minBatch, minOnline int64
@@ -135,7 +134,7 @@ func runPhase(ctx context.Context, o driveOpts, p phase) (phaseResult, error) {
 
 	if p.batch {
 		cfg := modelserver.Config{BaseURL: o.base, Models: []string{o.model}, Logger: o.logger, MaxConcurrency: o.seqs,
-			MaxOutputTokens: o.maxTokens, ModelConfig: o.modelConfig, HTTPClient: &http.Client{Transport: batchRT},
+			MaxOutputTokens: o.maxTokens, HTTPClient: &http.Client{Transport: batchRT},
 			Registerer: reg}
 		if p.onlineFirst {
 			// docs/models.md's example for a vLLM fleet that also serves a

@@ -131,7 +131,6 @@ func run(ctx context.Context, o options, modelName string, w io.Writer) (err err
 			r.err = err
 			return err
 		}
-		r.opts.modelConfig = filepath.Join(dir, "config.json")
 		s, err := start(ctx, r.engine, serverOpts{python: o.python, dir: dir, env: env, logPath: r.logPath, maxSeqs: o.seqs,
 			gpuBlocks: o.blocks, maxLen: o.maxLen, ready: o.ready}, r.found)
 		if s != nil {

@@ -57,9 +57,8 @@ module "vramq" {
   # model_server_secrets = { HF_TOKEN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-token-AbCdEf" }
   # model_server_models  = ["meta-llama/Llama-3.1-8B-Instruct"]
   # subscriber_environment = {
-  #   VRAMQ_MODEL_SERVER_KV_BYTES_PER_TOKEN = "131072"
-  #   VRAMQ_MODEL_SERVER_CONCURRENCY        = "32"
-  #   VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS  = "1024"
+  #   VRAMQ_MODEL_SERVER_CONCURRENCY       = "32"
+  #   VRAMQ_MODEL_SERVER_MAX_OUTPUT_TOKENS = "1024"
   # }
   #
   # Or OpenAI, its key in Secrets Manager (never in plain environment), on
