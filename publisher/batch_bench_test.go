@@ -47,8 +47,10 @@ func benchmarkBatchLifecycle(b *testing.B) {
 	const lines = 50_000
 	c := sqstest.S3(b)
 	store := payload.New(c, sqstest.Bucket(b, c))
-	p, err := New(Config{Queue: nopQueue{}, Payloads: store, ChunkItems: 16, Logger: slog.New(slog.DiscardHandler),
-		Registerer: prometheus.NewRegistry()})
+	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler),
+		Registerer: prometheus.NewRegistry(),
+		Jobs:       Jobs{ChunkItems: 16},
+	})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -126,7 +126,7 @@ func TestBatchResponsesAndModerationsWhereServed(t *testing.T) {
 	srv := fakeoai.New(fakeoai.Config{OutputTokens: func(string, int) int { return 5 }})
 	t.Cleanup(srv.Close)
 	e.runServerSubscriber(srv)
-	s := e.serve(publisher.Config{ChunkItems: 2, ServedEndpoints: []string{job.EndpointChatCompletions, job.EndpointResponses, job.EndpointModerations}})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{ChunkItems: 2, ServedEndpoints: []string{job.EndpointChatCompletions, job.EndpointResponses, job.EndpointModerations}}})
 
 	bodies := map[string]string{
 		job.EndpointResponses:   `{"model":"fake-model","input":"hello %d","max_output_tokens":20}`,

@@ -17,6 +17,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/api"
 	"github.com/vramq/vramq/publisher/files"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // Batches, as OpenAI's Batch API has them (its API reference, "Batch"):
@@ -362,7 +363,7 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&q); err != nil {
-		fail(decodeError(err))
+		fail(jobs.DecodeError(err))
 		return
 	}
 	if _, err := dec.Token(); err != io.EOF {
@@ -432,19 +433,6 @@ func (p *Publisher) putBatch(ctx context.Context, b *batchRecord) error {
 	}
 	if err != nil {
 		p.log.Error("writing a batch record", "batch_id", b.ID, "err", err)
-	}
-	return err
-}
-
-// cancelJob writes the job's cancel record, once (the first one's time
-// stands): subscribers delete its chunks unrun from then on.
-func (p *Publisher) cancelJob(ctx context.Context, jobID string) error {
-	raw, err := json.Marshal(job.CancelRecord{V: job.Version, JobID: jobID, At: p.now().UTC()})
-	if err == nil {
-		_, _, err = p.store.PutIfAbsent(ctx, job.CancelKey(jobID), raw)
-	}
-	if err != nil {
-		p.log.Error("cancelling a job", "job_id", jobID, "err", err)
 	}
 	return err
 }
@@ -548,18 +536,6 @@ func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
 	}
 	out := api.NewListPage(data, more, func(o *batchObject) string { return o.ID })
 	api.WriteJSON(w, http.StatusOK, out)
-}
-
-// unsettledItems counts the items of the job's failed and cancelled chunks.
-func (st *statusBody) unsettledItems(m *job.Manifest) int {
-	n := 0
-	for _, f := range st.Failed {
-		n += m.ChunkItems[f.Chunk]
-	}
-	for c := range st.cancelled {
-		n += m.ChunkItems[c]
-	}
-	return n
 }
 
 // keySet is a set of keys taken one at a time: the clients with a batch

@@ -15,6 +15,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/api"
 	"github.com/vramq/vramq/publisher/files"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // A batch's output and error files, as OpenAI writes them (its API
@@ -63,12 +64,12 @@ type batchLineError struct {
 // settled (st) and whose finalizing claim is the record at etag, and records
 // b as ended, if the claim is still its own (payload.ErrPrecondition
 // otherwise: one that took a stale claim over wrote the same files).
-func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *statusBody) error {
+func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *jobs.Status) error {
 	if isMessageBatch(b) {
 		return p.finalizeMessageBatch(ctx, b, etag, m, st)
 	}
 	// A sweep that is stopped does not stop the files half written.
-	ctx, cancel := detach(ctx)
+	ctx, cancel := jobs.Detach(ctx)
 	defer cancel()
 	b.ending(st)
 	notRun := lineCancelled
@@ -146,7 +147,7 @@ func requestID(prefix, batchID, id string) string {
 	return prefix + hex.EncodeToString(sum[:16])
 }
 
-// chunkRead is a chunk's outputs as chunkOutputs read them; held says it
+// chunkRead is a chunk's outputs as the jobs' Outputs read them; held says it
 // holds a place of the prefetch's.
 type chunkRead struct {
 	outputs map[string]*job.Output
@@ -167,10 +168,10 @@ type prefetch struct {
 	ahead chan struct{}    // a place is held from the read's start until get
 }
 
-func (p *Publisher) prefetchOutputs(ctx context.Context, jobID string, chunks int, done map[int]bool) *prefetch {
+func (p *Publisher) prefetchOutputs(ctx context.Context, jobID string, chunks int, st *jobs.Status) *prefetch {
 	f := &prefetch{ch: make([]chan chunkRead, chunks), ahead: make(chan struct{}, finalizeReadAhead)}
 	for c := range f.ch {
-		if done[c] {
+		if st.Done(c) {
 			f.ch[c] = make(chan chunkRead, 1)
 		}
 	}
@@ -182,7 +183,7 @@ func (p *Publisher) prefetchOutputs(ctx context.Context, jobID string, chunks in
 			select {
 			case f.ahead <- struct{}{}:
 				go func() {
-					outputs, err := p.chunkOutputs(ctx, jobID, c)
+					outputs, err := p.jobs.Outputs(ctx, jobID, c)
 					ch <- chunkRead{outputs, err, true}
 				}()
 			case <-ctx.Done():
@@ -202,28 +203,6 @@ func (f *prefetch) get(c int) chunkRead {
 		<-f.ahead
 	}
 	return r
-}
-
-// chunkOutputs reads the result of chunk c of job jobID, its outputs by item
-// id.
-func (p *Publisher) chunkOutputs(ctx context.Context, jobID string, c int) (map[string]*job.Output, error) {
-	body, size, err := p.store.Open(ctx, job.ResultKey(jobID, c))
-	if err != nil {
-		return nil, err
-	}
-	defer body.Close()
-	if size > job.MaxResultBytes {
-		return nil, fmt.Errorf("result %s is %d bytes, over %d", job.ResultKey(jobID, c), size, job.MaxResultBytes)
-	}
-	res, err := readResult(body, size, jobID, c)
-	if err != nil {
-		return nil, err
-	}
-	outputs := make(map[string]*job.Output, len(res.Outputs))
-	for i := range res.Outputs {
-		outputs[res.Outputs[i].ID] = &res.Outputs[i]
-	}
-	return outputs, nil
 }
 
 // add counts the usage a response body reports: OpenAI's chat and
@@ -307,7 +286,7 @@ func (f *lineFile) write(line *batchOutputLine) error {
 			f.done <- err
 		}()
 	}
-	raw, err := marshalUnescaped(line)
+	raw, err := api.MarshalUnescaped(line)
 	if err != nil {
 		return err
 	}

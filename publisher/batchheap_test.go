@@ -18,6 +18,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/files"
+	"github.com/vramq/vramq/publisher/internal/heaptest"
 )
 
 // putBatchFile stores a batch input file of n lines, line(i) each (without
@@ -65,7 +66,7 @@ func createAndValidate(tb testing.TB, p *Publisher, fileID string) (uint64, batc
 	req.Header.Set("Content-Type", "application/json")
 	w := httptest.NewRecorder()
 	var bo batchObject
-	peak := peakHeap(func() {
+	peak := heaptest.Peak(func() {
 		h.ServeHTTP(w, req)
 		if err := json.Unmarshal(w.Body.Bytes(), &bo); err != nil {
 			tb.Errorf("create: %d %s", w.Code, w.Body)

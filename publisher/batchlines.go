@@ -10,6 +10,7 @@ import (
 
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // What a batch's finalizer reads, whatever its API writes of it (OpenAI's
@@ -21,7 +22,7 @@ import (
 // cancelled when its job was cancelled before the window's end; expired
 // when the window's end cancelled requests not yet run (a window that
 // closed after the last one ran leaves it completed); completed otherwise.
-func (b *batchRecord) ending(st *statusBody) {
+func (b *batchRecord) ending(st *jobs.Status) {
 	b.Status = batchCompleted
 	if st.CancelledAt == nil {
 		return
@@ -29,7 +30,7 @@ func (b *batchRecord) ending(st *statusBody) {
 	switch ca := st.CancelledAt.Unix(); {
 	case ca < b.ExpiresAt:
 		b.Status, b.CancellingAt = batchCancelled, ca
-	case len(st.cancelled) > 0:
+	case st.ChunksCancelled > 0:
 		b.Status = batchExpired
 	}
 }
@@ -47,7 +48,7 @@ type batchLine struct {
 
 // eachLine calls f with each request of b, whose job has settled (m, st),
 // in the create's order, the results read ahead (prefetchOutputs).
-func (p *Publisher) eachLine(ctx context.Context, b *batchRecord, m *job.Manifest, st *statusBody, f func(*batchLine) error) error {
+func (p *Publisher) eachLine(ctx context.Context, b *batchRecord, m *job.Manifest, st *jobs.Status, f func(*batchLine) error) error {
 	reasons := make(map[int]string, len(st.Failed))
 	for _, f := range st.Failed {
 		reasons[f.Chunk] = f.Reason
@@ -58,10 +59,10 @@ func (p *Publisher) eachLine(ctx context.Context, b *batchRecord, m *job.Manifes
 	}
 	defer ids.Close()
 	idLines := bufio.NewReader(ids)
-	results := p.prefetchOutputs(ctx, b.ID, m.Chunks, st.done)
+	results := p.prefetchOutputs(ctx, b.ID, m.Chunks, st)
 	for c, n := range m.ChunkItems {
 		var outputs map[string]*job.Output
-		if st.done[c] {
+		if st.Done(c) {
 			r := results.get(c)
 			if r.err != nil {
 				return r.err
@@ -77,7 +78,7 @@ func (p *Publisher) eachLine(ctx context.Context, b *batchRecord, m *job.Manifes
 			if err != nil {
 				return fmt.Errorf("custom ids of batch %s: %w", b.ID, err)
 			}
-			if err := f(&batchLine{id: id, done: st.done[c], o: outputs[id], reason: reasons[c]}); err != nil {
+			if err := f(&batchLine{id: id, done: st.Done(c), o: outputs[id], reason: reasons[c]}); err != nil {
 				return err
 			}
 		}
@@ -98,7 +99,7 @@ func (p *Publisher) startCreate(w http.ResponseWriter, r *http.Request, fail fun
 		fail(noBatchStore())
 		return nil, "", nil, false
 	}
-	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
+	if e := api.CheckContentType(r.Header.Values("Content-Type")); e != nil {
 		fail(e)
 		return nil, "", nil, false
 	}

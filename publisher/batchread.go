@@ -115,7 +115,7 @@ func (br batchRoute[T]) startList(p *Publisher, w http.ResponseWriter, r *http.R
 // cancel writes the cancel of b's job, the command the subscribers obey and
 // the finalizer ends the batch on, and answers r with b as it stands then.
 func (br batchRoute[T]) cancel(p *Publisher, w http.ResponseWriter, r *http.Request, b *batchRecord, fail func(*api.Error)) {
-	if err := p.cancelJob(r.Context(), b.ID); err != nil {
+	if err := p.jobs.Cancel(r.Context(), b.ID); err != nil {
 		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be cancelled; try again"))
 		return
 	}

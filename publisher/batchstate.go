@@ -9,6 +9,7 @@ import (
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // A batch is a state machine kept in its record, each transition made by
@@ -57,23 +58,6 @@ func (p *Publisher) putBatchIf(ctx context.Context, b *batchRecord, etag string)
 	return p.store.PutIfMatch(ctx, job.BatchKey(b.Owner, b.ID), raw, etag)
 }
 
-// batchJob reads the manifest and the progress of b's job.
-func (p *Publisher) batchJob(ctx context.Context, b *batchRecord) (*job.Manifest, *statusBody, error) {
-	raw, err := p.store.Read(ctx, job.ManifestKey(b.ID))
-	if err != nil {
-		return nil, nil, fmt.Errorf("manifest of batch %s: %w", b.ID, err)
-	}
-	var m job.Manifest
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, nil, fmt.Errorf("manifest of batch %s: %w", b.ID, err)
-	}
-	st, err := p.status(ctx, &m)
-	if err != nil {
-		return nil, nil, err
-	}
-	return &m, st, nil
-}
-
 // batchView is b as it stands, read and never written: an ended batch is
 // its record; one validating is its record (the sweeper fails it once
 // stale); one in progress or finalizing is counted from its job, and shown
@@ -88,11 +72,11 @@ func (p *Publisher) batchView(ctx context.Context, b *batchRecord) (*batchObject
 	default:
 		return b.object(batchCounts{}), nil
 	}
-	m, st, err := p.batchJob(ctx, b)
+	m, st, err := p.jobs.Progress(ctx, b.ID)
 	if err != nil {
 		return nil, err
 	}
-	c := batchCounts{Total: b.Lines, Completed: st.ItemsDone, Failed: st.ItemsFailed + st.unsettledItems(m)}
+	c := batchCounts{Total: b.Lines, Completed: st.ItemsDone, Failed: st.ItemsFailed + st.UnsettledItems(m)}
 	o := b.object(c)
 	if b.Status == batchFinalizing {
 		return o, nil
@@ -155,7 +139,7 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 		default:
 			// Its validator died, perhaps while sending: what it sent
 			// must not run, and the batch failed.
-			if err := p.cancelJob(ctx, b.ID); err != nil {
+			if err := p.jobs.Cancel(ctx, b.ID); err != nil {
 				return err
 			}
 			b.Status, b.FailedAt = batchFailed, now.Unix()
@@ -167,7 +151,7 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 			p.ended(&b)
 		}
 	case batchInProgress:
-		m, st, err := p.batchJob(ctx, &b)
+		m, st, err := p.jobs.Progress(ctx, b.ID)
 		if err != nil {
 			return err
 		}
@@ -177,7 +161,7 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 				// cancels it; a cancel record at or after expires_at is
 				// the expiry, and the finalizer ends the batch expired
 				// once the subscribers have settled every chunk.
-				return p.cancelJob(ctx, b.ID)
+				return p.jobs.Cancel(ctx, b.ID)
 			}
 			return nil
 		}
@@ -202,7 +186,7 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 		if etag, err = p.putBatchIf(ctx, &b, etag); err != nil {
 			return ignoreLost(err)
 		}
-		m, st, err := p.batchJob(ctx, &b)
+		m, st, err := p.jobs.Progress(ctx, b.ID)
 		if err != nil {
 			return err
 		}
@@ -228,7 +212,7 @@ func (p *Publisher) ended(b *batchRecord) {
 // so that the next pass tries again rather than waiting for the claim to go
 // stale. A claim it cannot give back goes stale (finalizeStale).
 func (p *Publisher) release(ctx context.Context, prev *batchRecord, etag string) {
-	ctx, cancel := detach(ctx)
+	ctx, cancel := jobs.Detach(ctx)
 	defer cancel()
 	if _, err := p.putBatchIf(ctx, prev, etag); err != nil {
 		p.log.Warn("giving back a batch's finalizing claim", "batch_id", prev.ID, "err", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/api"
 	"github.com/vramq/vramq/publisher/files"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // A batch's input file is validated after POST /v1/batches has answered
@@ -54,11 +55,6 @@ const validationBeat = batchSendStale / 4
 // validationTimeout bounds one validation that has no deadline of its own.
 const validationTimeout = time.Hour
 
-// sendWindow is how many chunks a validation holds for sending at once: a
-// SendMessageBatch call's worth for each call the sender makes at once, up
-// to four.
-func (p *Publisher) sendWindow() int { return job.MaxBatch * min(p.cfg.SendConcurrency, 4) }
-
 // validateBatch claims b, validating and unclaimed at etag, and validates
 // it. It reports whether b has ended (failed); an error leaves the claim
 // given back, for the next pass to try again, or, once chunks may have been
@@ -74,7 +70,7 @@ func (p *Publisher) validateBatch(ctx context.Context, b *batchRecord, etag stri
 		ctx, cancel = context.WithTimeout(ctx, validationTimeout)
 		defer cancel()
 	}
-	ctx, cancel := detach(ctx)
+	ctx, cancel := jobs.Detach(ctx)
 	defer cancel()
 	prev := *b
 	b.ValidatingAt = p.now().Unix()
@@ -95,7 +91,7 @@ func (p *Publisher) validateBatch(ctx context.Context, b *batchRecord, etag stri
 	if err := v.send(ctx); err != nil {
 		// What was sent must not run: the job is cancelled, and the
 		// batch failed, saying why.
-		if cerr := p.cancelJob(ctx, b.ID); cerr != nil {
+		if cerr := p.jobs.Cancel(ctx, b.ID); cerr != nil {
 			return false, cerr // the claim goes stale, and the sweeper fails it
 		}
 		if errors.Is(err, payload.ErrPrecondition) {
@@ -111,14 +107,11 @@ func (p *Publisher) validateBatch(ctx context.Context, b *batchRecord, etag stri
 	if _, err := p.putBatchIf(ctx, b, v.etag); err != nil {
 		if errors.Is(err, payload.ErrPrecondition) {
 			// Failed by the sweeper meanwhile: what was sent must not run.
-			return false, p.cancelJob(ctx, b.ID)
+			return false, p.jobs.Cancel(ctx, b.ID)
 		}
 		return false, err // the claim goes stale: the sweeper cancels the job and fails it
 	}
-	p.m.jobs.Inc()
-	label := p.labels.Label(b.Tenant)
-	p.m.tenantJobs.WithLabelValues(label).Inc()
-	p.m.tenantItems.WithLabelValues(label).Add(float64(v.items))
+	p.jobs.Accepted(b.Tenant, v.items)
 	return false, nil
 }
 
@@ -138,39 +131,32 @@ type validation struct {
 	b    *batchRecord
 	etag string // the record's, as this validator last wrote it
 
-	bad    []batchError
-	ids    []byte  // the custom ids, a JSON string a line (job.BatchIDsKey)
-	sizes  []int64 // the encoded size of each request, claim-checked ones as their reference
-	items  int
-	claims int
-	inputs int // embedding inputs (count)
+	bad     []batchError
+	ids     []byte        // the custom ids, a JSON string a line (job.BatchIDsKey)
+	measure *jobs.Measure // the requests' sizes
+	items   int
+	inputs  int // embedding inputs (count)
 }
 
 // check is the first pass: every line checked, and the ids and sizes of
 // the requests kept.
 func (v *validation) check(ctx context.Context) error {
 	p := v.p
-	budget, maxItem := p.planner.bounds(v.b.ID, v.b.Endpoint)
-	ie := newItemEncoder()
-	requests, bad, err := p.scanBatchInput(ctx, v.b, func(it RequestItem) error {
-		enc, claim, e := p.planner.encodeItem(ie, v.b.ID, len(v.sizes), it, budget, maxItem)
-		if e != nil {
+	v.measure = p.jobs.Measure(v.b.ID, v.b.Endpoint)
+	requests, bad, err := p.scanBatchInput(ctx, v.b, func(it jobs.RequestItem) error {
+		if e := v.measure.Add(it); e != nil {
 			return fileFault(e.Code, "%s", e.Message)
-		}
-		if claim != nil {
-			v.claims++
 		}
 		if err := v.count(it.Body); err != nil {
 			return err
 		}
 		v.ids = append(append(v.ids, api.EncodeJSON(it.ID)...), '\n')
-		v.sizes = append(v.sizes, int64(len(enc)))
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	v.b.Lines, v.bad, v.items = requests, bad, len(v.sizes)
+	v.b.Lines, v.bad, v.items = requests, bad, v.measure.Items()
 	return nil
 }
 
@@ -207,32 +193,13 @@ func (v *validation) count(body json.RawMessage) error {
 // the lines encoded again and sent a window of chunks at a time.
 func (v *validation) send(ctx context.Context) error {
 	p, b := v.p, v.b
-	budget, maxItem := p.planner.bounds(b.ID, b.Endpoint)
-	var counts []int
-	for _, c := range cutChunks(v.sizes, p.cfg.ChunkItems, budget, func(n int64) int64 { return n }) {
-		counts = append(counts, len(c))
-	}
-	v.sizes = nil
+	counts := v.measure.Chunks()
 	if _, err := p.store.Put(ctx, job.BatchIDsKey(b.Owner, b.ID), v.ids); err != nil {
 		return err
 	}
 	v.ids = nil
-	if e := p.putManifest(ctx, b.ID, b.Owner, counts, v.items, v.claims); e != nil {
-		return errors.New(e.Message)
-	}
-	ie := newItemEncoder()
-	var (
-		cur    [][]byte
-		window []Chunk
-		n      int // requests encoded
-		next   int // the chunk cur is for
-		beat   = time.Unix(b.ValidatingAt, 0)
-	)
-	flush := func() error {
-		if _, err := p.sender.send(ctx, b.ID, b.Tenant, window); err != nil {
-			return err
-		}
-		window = window[:0]
+	beat := time.Unix(b.ValidatingAt, 0)
+	out, err := v.measure.Stream(ctx, b.Tenant, b.Owner, counts, func(ctx context.Context) error {
 		if now := p.now(); now.Sub(beat) >= validationBeat {
 			beat, b.ValidatingAt = now, now.Unix()
 			etag, err := p.putBatchIf(ctx, b, v.etag)
@@ -242,44 +209,29 @@ func (v *validation) send(ctx context.Context) error {
 			v.etag = etag
 		}
 		return nil
+	})
+	if err != nil {
+		return err
 	}
-	_, bad, err := p.scanBatchInput(ctx, b, func(it RequestItem) error {
+	n := 0 // requests encoded
+	_, bad, err := p.scanBatchInput(ctx, b, func(it jobs.RequestItem) error {
 		if n == v.items {
 			return fileFault(CodeInputFileChanged, "the input file has more requests than when it was checked")
 		}
-		enc, claim, e := p.planner.encodeItem(ie, b.ID, n, it, budget, maxItem)
-		if e != nil {
+		err := out.Add(ctx, n, it)
+		if e, ok := errors.AsType[*api.Error](err); ok {
 			return fileFault(e.Code, "%s", e.Message)
 		}
 		n++
-		if claim != nil {
-			if _, err := p.store.Put(ctx, claim.Ref.Key, claim.Body); err != nil {
-				return err
-			}
-			p.m.claimChecked.Inc()
-		}
-		if cur = append(cur, enc); len(cur) < counts[next] {
-			return nil
-		}
-		ch, e := p.planner.chunk(b.ID, b.Endpoint, next, len(counts), cur)
-		if e != nil {
-			return fileFault(e.Code, "%s", e.Message)
-		}
-		cur, window, next = cur[:0], append(window, ch), next+1
-		if len(window) < p.sendWindow() {
-			return nil
-		}
-		return flush()
+		return err
 	})
 	switch {
 	case err != nil:
 		return err
 	case len(bad) > 0 || n != v.items:
 		return fileFault(CodeInputFileChanged, "the input file changed while it was read")
-	case len(window) > 0:
-		return flush()
 	}
-	return nil
+	return out.Close(ctx)
 }
 
 // fail ends b failed with errs, if the validator's claim still stands.
@@ -302,7 +254,7 @@ func (v *validation) fail(ctx context.Context, errs []batchError) (bool, error) 
 // grammar, unique in the file; method POST; url the batch's endpoint; body
 // a request the publisher accepts for it (checkBody, as POST /v1/jobs
 // checks an item's). An error of good's stops the scan.
-func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good func(RequestItem) error) (requests int, bad []batchError, err error) {
+func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good func(jobs.RequestItem) error) (requests int, bad []batchError, err error) {
 	body, _, err := p.store.Open(ctx, job.FileKey(b.Owner, b.InputFileID))
 	if errors.Is(err, payload.ErrMissing) {
 		return 0, nil, fileFault(CodeInputFileMissing, "the input file %s was deleted before the batch read it", b.InputFileID)
@@ -314,7 +266,7 @@ func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good fun
 	var (
 		more     int
 		seen     = map[string]struct{}{}
-		lim      = p.limits()
+		lim      = p.jobs.Limits()
 		endpoint = b.Endpoint
 	)
 	badLine := func(n int, code, param, format string, a ...any) {
@@ -358,7 +310,7 @@ func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good fun
 			continue
 		}
 		var id, method, url string
-		if v, ok := present(fields, "custom_id"); !ok || json.Unmarshal(v, &id) != nil || job.CheckItemID(id) != nil {
+		if v, ok := jobs.Present(fields, "custom_id"); !ok || json.Unmarshal(v, &id) != nil || job.CheckItemID(id) != nil {
 			badLine(n, CodeInvalidCustomID, "custom_id",
 				"custom_id must be a string of 1 to %d bytes of UTF-8 without control characters", job.MaxItemIDBytes)
 			continue
@@ -368,28 +320,28 @@ func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good fun
 			continue
 		}
 		seen[id] = struct{}{}
-		if v, ok := present(fields, "method"); !ok || json.Unmarshal(v, &method) != nil || method != http.MethodPost {
+		if v, ok := jobs.Present(fields, "method"); !ok || json.Unmarshal(v, &method) != nil || method != http.MethodPost {
 			badLine(n, CodeInvalidMethod, "method", "method must be POST")
 			continue
 		}
-		if v, ok := present(fields, "url"); !ok || json.Unmarshal(v, &url) != nil || url != endpoint {
+		if v, ok := jobs.Present(fields, "url"); !ok || json.Unmarshal(v, &url) != nil || url != endpoint {
 			badLine(n, CodeMismatchedURL, "url", "url must be the batch's endpoint, %s", endpoint)
 			continue
 		}
-		req, _ := present(fields, "body")
+		req, _ := jobs.Present(fields, "body")
 		if len(req) == 0 || req[0] != '{' {
 			badLine(n, api.CodeInvalidBody, "body", "body must be a JSON object: the request for %s", endpoint)
 			continue
 		}
-		if !lim.serves(endpoint) {
-			badLine(n, CodeEndpointNotServed, "url", "%s is not served here: the model servers serve %s", endpoint, strings.Join(lim.servedList(), ", "))
+		if !lim.Serves(endpoint) {
+			badLine(n, CodeEndpointNotServed, "url", "%s is not served here: the model servers serve %s", endpoint, strings.Join(lim.ServedList(), ", "))
 			continue
 		}
-		if e := checkBody(endpoint, req, lim); e != nil {
+		if e := lim.CheckBody(endpoint, req); e != nil {
 			badLine(n, e.Code, "body", "%s", e.Message)
 			continue
 		}
-		if err := good(RequestItem{ID: id, Body: req}); err != nil {
+		if err := good(jobs.RequestItem{ID: id, Body: req}); err != nil {
 			return 0, nil, err
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/internal/heaptest"
 )
 
 // BenchmarkMessageBatchLifecycle is BenchmarkBatchLifecycle for a Message
@@ -33,8 +34,10 @@ func BenchmarkMessageBatchLifecycle(b *testing.B) {
 	const requests, perChunk = 50_000, 16
 	c := sqstest.S3(b)
 	store := payload.New(c, sqstest.Bucket(b, c))
-	p, err := New(Config{Queue: nopQueue{}, Payloads: store, ChunkItems: perChunk, Logger: slog.New(slog.DiscardHandler),
-		Registerer: prometheus.NewRegistry()})
+	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler),
+		Registerer: prometheus.NewRegistry(),
+		Jobs:       Jobs{ChunkItems: perChunk},
+	})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -94,7 +97,7 @@ func BenchmarkMessageBatchLifecycle(b *testing.B) {
 // in MiB (peakHeap).
 func timedHeap(f func()) (seconds, mib float64) {
 	t0 := time.Now()
-	mib = float64(peakHeap(f)) / (1 << 20)
+	mib = float64(heaptest.Peak(f)) / (1 << 20)
 	return time.Since(t0).Seconds(), mib
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/api"
 	"github.com/vramq/vramq/publisher/files"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // Anthropic's Message Batches, as its API reference has them ("Create a
@@ -185,7 +186,7 @@ func (p *Publisher) messageBatchView(r *http.Request, b *batchRecord) (*messageB
 // cancelledBefore is when b's job was cancelled, if that was before its
 // window's end (a cancel at or after it is the expiry).
 func (p *Publisher) cancelledBefore(ctx context.Context, b *batchRecord) (*int64, error) {
-	c, err := p.cancelRecord(ctx, b.ID)
+	c, err := p.jobs.CancelRecord(ctx, b.ID)
 	if err != nil || c == nil {
 		return nil, err
 	}
@@ -290,7 +291,7 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	b := &batchRecord{V: 1, ID: newMessageBatchID(now), Owner: owner, Endpoint: job.EndpointMessages,
 		CompletionWindow: completionWindow, CreatedAt: now.Unix(), ExpiresAt: now.Add(completionDuration).Unix(), Lines: len(items)}
 	ri.JobID = b.ID
-	plan, e := p.planner.PlanFor(b.ID, job.EndpointMessages, items, p.cfg.ChunkItems)
+	plan, e := p.jobs.Plan(b.ID, job.EndpointMessages, items)
 	if e != nil {
 		fail(e)
 		return
@@ -317,12 +318,12 @@ type messageRequest struct {
 // readMessageRequests reads a create's body, {"requests": [...]}, one
 // request at a time: its items, or the error that names the first bad
 // request (a 413 when the body is over its bound).
-func (p *Publisher) readMessageRequests(body io.Reader) ([]RequestItem, *api.Error) {
+func (p *Publisher) readMessageRequests(body io.Reader) ([]jobs.RequestItem, *api.Error) {
 	dec := json.NewDecoder(body)
-	bad := func(format string, a ...any) ([]RequestItem, *api.Error) {
+	bad := func(format string, a ...any) ([]jobs.RequestItem, *api.Error) {
 		return nil, api.Err(http.StatusBadRequest, api.CodeInvalidParameter, format, a...)
 	}
-	malformed := func(err error) ([]RequestItem, *api.Error) {
+	malformed := func(err error) ([]jobs.RequestItem, *api.Error) {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
 			return nil, api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is too large")
@@ -332,9 +333,9 @@ func (p *Publisher) readMessageRequests(body io.Reader) ([]RequestItem, *api.Err
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return malformed(err)
 	}
-	var items []RequestItem
+	var items []jobs.RequestItem
 	seen := false
-	lim := p.limits()
+	lim := p.jobs.Limits()
 	for dec.More() {
 		t, err := dec.Token()
 		if err != nil {
@@ -366,10 +367,10 @@ func (p *Publisher) readMessageRequests(body io.Reader) ([]RequestItem, *api.Err
 			if len(q.Params) == 0 || q.Params[0] != '{' {
 				return bad("requests.%d.params: must be an object, the request for /v1/messages", i)
 			}
-			if e := checkBody(job.EndpointMessages, q.Params, lim); e != nil {
+			if e := lim.CheckBody(job.EndpointMessages, q.Params); e != nil {
 				return bad("requests.%d.params: %s", i, e.Message)
 			}
-			items = append(items, RequestItem{ID: *q.CustomID, Body: q.Params})
+			items = append(items, jobs.RequestItem{ID: *q.CustomID, Body: q.Params})
 		}
 		if t, err := dec.Token(); err != nil || t != json.Delim(']') {
 			return malformed(err)
@@ -572,7 +573,7 @@ func (p *Publisher) listMessageBatches(w http.ResponseWriter, r *http.Request) {
 // batch is there to be read, cancelled and finalized; a publisher that
 // dies while sending leaves it validating, which the sweeper fails once
 // stale. A failed send cancels what was sent and fails the batch.
-func (p *Publisher) startBatch(ctx context.Context, b *batchRecord, items []RequestItem, plan *Plan, tenantName string, ri *api.RequestInfo) *api.Error {
+func (p *Publisher) startBatch(ctx context.Context, b *batchRecord, items []jobs.RequestItem, plan *jobs.Plan, tenantName string, ri *api.RequestInfo) *api.Error {
 	unrecorded := api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be recorded; nothing was sent")
 	ids := make([]byte, 0, len(items)*16)
 	for _, it := range items {
@@ -587,15 +588,15 @@ func (p *Publisher) startBatch(ctx context.Context, b *batchRecord, items []Requ
 	if p.openBatch(ctx, b) != nil || p.putBatch(ctx, b) != nil {
 		return unrecorded
 	}
-	ectx, ecancel := detach(ctx)
+	ectx, ecancel := jobs.Detach(ctx)
 	defer ecancel()
 	ri.Items, ri.Chunks = len(items), len(plan.Chunks)
-	sent, e := p.enqueue(ectx, b.ID, tenantName, b.Owner, plan, len(items))
+	sent, e := p.jobs.Enqueue(ectx, b.ID, tenantName, b.Owner, plan, len(items))
 	ri.Sent = sent
 	if e != nil {
 		// What was sent must not run: the job is cancelled, and the
 		// batch failed, saying why.
-		_ = p.cancelJob(ectx, b.ID)
+		_ = p.jobs.Cancel(ectx, b.ID)
 		b.Status, b.FailedAt = batchFailed, p.now().Unix()
 		b.Errors = []batchError{{Code: e.Code, Message: e.Message}}
 		_ = p.putBatch(ectx, b)
@@ -608,10 +609,7 @@ func (p *Publisher) startBatch(ctx context.Context, b *batchRecord, items []Requ
 		p.log.Warn("recording a batch in progress", "batch_id", b.ID, "err", err)
 		b.Status, b.InProgressAt = batchValidating, 0
 	}
-	p.m.jobs.Inc()
-	label := p.labels.Label(tenantName)
-	p.m.tenantJobs.WithLabelValues(label).Inc()
-	p.m.tenantItems.WithLabelValues(label).Add(float64(len(items)))
+	p.jobs.Accepted(tenantName, len(items))
 	return nil
 }
 
@@ -664,8 +662,8 @@ func messageResultOf(o *job.Output) messageResult {
 // results file, one line per request in the create's order, and records b
 // as ended, its Completed the succeeded requests and its Failed the
 // errored ones, if the finalizing claim at etag is still its own.
-func (p *Publisher) finalizeMessageBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *statusBody) error {
-	ctx, cancel := detach(ctx)
+func (p *Publisher) finalizeMessageBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *jobs.Status) error {
+	ctx, cancel := jobs.Detach(ctx)
 	defer cancel()
 	b.ending(st)
 	notRun := "canceled"
@@ -693,7 +691,7 @@ func (p *Publisher) finalizeMessageBatch(ctx context.Context, b *batchRecord, et
 }
 
 // writeMessageResults writes b's result lines to w, counting them into b.
-func (p *Publisher) writeMessageResults(ctx context.Context, w io.Writer, b *batchRecord, m *job.Manifest, st *statusBody, notRun string) error {
+func (p *Publisher) writeMessageResults(ctx context.Context, w io.Writer, b *batchRecord, m *job.Manifest, st *jobs.Status, notRun string) error {
 	out := bufio.NewWriterSize(w, 64<<10)
 	b.Completed, b.Failed = 0, 0
 	err := p.eachLine(ctx, b, m, st, func(l *batchLine) error {
@@ -713,7 +711,7 @@ func (p *Publisher) writeMessageResults(ctx context.Context, w io.Writer, b *bat
 		case "errored":
 			b.Failed++
 		}
-		raw, err := marshalUnescaped(&line)
+		raw, err := api.MarshalUnescaped(&line)
 		if err != nil {
 			return err
 		}

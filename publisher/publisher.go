@@ -7,8 +7,6 @@
 package publisher
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -23,21 +21,18 @@ import (
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/publisher/api"
 	"github.com/vramq/vramq/publisher/files"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // Publisher is the HTTP API over one work queue. Safe for concurrent use.
 type Publisher struct {
-	cfg     Config
-	log     *slog.Logger
-	m       *metrics
-	planner Planner
-	sender  *sender
-	idem    api.IdemStore
-	store   *payload.Store
-	gate    *api.Gate      // keys, rate limits, bodies in flight, the request log
-	files   *files.Service // the Files API
-	labels  *tenant.Labels // per-tenant metric labels
-	results *resultShares  // bytes of stored results in flight (resultpage.go)
+	cfg   Config
+	log   *slog.Logger
+	m     *metrics
+	store *payload.Store
+	gate  *api.Gate      // keys, rate limits, bodies in flight, the request log
+	jobs  *jobs.Service  // the job routes, and the jobs the batches submit
+	files *files.Service // the Files API
 	// Batches (batches.go, batchvalidate.go, batchstate.go, webhooks.go).
 	// batchBytes bounds the bytes of Message Batch creates held at once
 	// while they are planned (msgbatches.go): MaxFileBytes. An OpenAI batch
@@ -63,23 +58,16 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	p := &Publisher{cfg: cfg, log: cfg.Logger, m: m, store: cfg.Payloads, now: time.Now,
 		nudges: make(chan string, nudgeBuffer)}
-	p.planner = Planner{MaxMessageBytes: cfg.MaxMessageBytes, MaxItemBytes: cfg.MaxItemBytes}
+	var idem api.IdemStore = api.NewMemIdem(cfg.IdempotencyTTL, cfg.IdempotencyEntries)
 	if cfg.Payloads != nil {
-		p.planner.Bucket = cfg.Payloads.Bucket()
-		p.idem = api.S3Idem{Store: cfg.Payloads}
-	} else {
-		p.idem = api.NewMemIdem(cfg.IdempotencyTTL, cfg.IdempotencyEntries)
-	}
-	p.sender = &sender{
-		queue: cfg.Queue, attempts: cfg.SendAttempts, retry: sendRetry(cfg.SendBackoff),
-		maxBatchBytes: cfg.MaxMessageBytes, concurrency: cfg.SendConcurrency, m: m, log: cfg.Logger,
+		idem = api.S3Idem{Store: cfg.Payloads}
 	}
 	p.gate, err = api.NewGate(api.Config{APIKeys: cfg.APIKeys,
 		RateLimit: cfg.RateLimit, RateBurst: cfg.RateBurst, GlobalRateLimit: cfg.GlobalRateLimit, GlobalRateBurst: cfg.GlobalRateBurst,
 		IPv6ClientPrefix: cfg.IPv6ClientPrefix, RateLimitClients: cfg.RateLimitClients, TrustedProxies: cfg.TrustedProxies,
 		MaxBodyBytes: cfg.MaxBodyBytes, MaxBodyBytesInFlight: cfg.MaxBodyBytesInFlight, MaxBodyBytesPerClient: cfg.MaxBodyBytesPerClient,
 		MaxBodiesPerClient: cfg.MaxBodiesPerClient, MinBodyRate: cfg.MinBodyRate, BodyGrace: cfg.BodyGrace,
-		UploadHeld: cfg.uploadHeld(), Idem: p.idem, IdempotencyStale: cfg.IdempotencyStale,
+		UploadHeld: cfg.uploadHeld(), Idem: idem, IdempotencyStale: cfg.IdempotencyStale,
 		Logger: cfg.Logger, Registerer: cfg.Registerer})
 	if err != nil {
 		return nil, fmt.Errorf("publisher metrics: %w", err)
@@ -88,8 +76,12 @@ func New(cfg Config) (*Publisher, error) {
 		MaxFileLineBytes: cfg.MaxFileLineBytes, MaxFiles: cfg.MaxFiles, FileUploadTimeout: cfg.FileUploadTimeout,
 		MinBodyRate: cfg.MinBodyRate, BodyGrace: cfg.BodyGrace, UploadHeld: cfg.uploadHeld(), PublicURL: cfg.PublicURL},
 		p.gate, cfg.Payloads, cfg.Logger)
-	p.labels = tenant.NewLabels(api.MaxTenantLabels, p.gate.Tenants()...)
-	p.results = newResultShares(&cfg)
+	p.jobs, err = jobs.New(cfg.Jobs, jobs.Shared{Queue: cfg.Queue, Payloads: cfg.Payloads, Gate: p.gate, Idem: idem,
+		Labels:       tenant.NewLabels(api.MaxTenantLabels, p.gate.Tenants()...),
+		MaxBodyBytes: cfg.MaxBodyBytes, IdempotencyStale: cfg.IdempotencyStale, Logger: cfg.Logger, Registerer: cfg.Registerer})
+	if err != nil {
+		return nil, fmt.Errorf("publisher metrics: %w", err)
+	}
 	p.batchBytes = semaphore.NewWeighted(cfg.MaxFileBytes)
 	if p.hooks, err = newWebhooks(cfg.BatchWebhookURL, cfg.BatchWebhookSecret, cfg.Logger); err != nil {
 		return nil, fmt.Errorf("publisher config: %w", err)
@@ -99,9 +91,9 @@ func New(cfg Config) (*Publisher, error) {
 
 // Handler routes the API:
 //
-//	POST /v1/jobs        submit a job (auth, rate limits)
-//	GET  /v1/jobs/{id}   a job's progress and results (auth, rate limits)
-//	DELETE /v1/jobs/{id} cancel a job (auth, rate limits)
+//	POST /v1/jobs        submit a job (publisher/jobs; auth, rate limits)
+//	GET  /v1/jobs/{id}   a job's progress and results (publisher/jobs)
+//	DELETE /v1/jobs/{id} cancel a job (publisher/jobs)
 //	POST /v1/files, GET /v1/files, GET and DELETE /v1/files/{id},
 //	GET /v1/files/{id}/content
 //	                     OpenAI's Files API (publisher/files; auth, rate limits)
@@ -122,13 +114,7 @@ func New(cfg Config) (*Publisher, error) {
 // MetricsHandler, for a listener of its own that API clients cannot reach.
 func (p *Publisher) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/jobs", p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.postJob))))
-	mux.Handle("GET /v1/jobs/{id}", p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.getJob))))
-	mux.Handle("DELETE /v1/jobs/{id}", p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.deleteJob))))
-	// The method-less patterns catch what the ones above do not, so a wrong
-	// method gets a JSON 405 rather than the mux's plain-text one.
-	mux.HandleFunc("/v1/jobs", api.MethodNotAllowed("POST"))
-	mux.HandleFunc("/v1/jobs/{id}", api.MethodNotAllowed("GET, HEAD, DELETE"))
+	p.jobs.Routes(mux)  // the job routes (publisher/jobs)
 	p.files.Routes(mux) // OpenAI's Files API (publisher/files)
 	mux.Handle("POST /v1/batches", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.postBatch)))))
 	mux.Handle("GET /v1/batches", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.listBatches)))))
@@ -161,27 +147,4 @@ func (p *Publisher) MetricsHandler() http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		h.ServeHTTP(w, r)
 	})
-}
-
-// jobIDLen is the length of a job id: 128 random bits in hex.
-const jobIDLen = 32
-
-// newJobID returns 128 bits from crypto/rand, in hex: unguessable, so a job's
-// status is not found by counting, and safe in S3 keys and SQS group ids.
-func newJobID() string {
-	var b [jobIDLen / 2]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand documents it)
-	return hex.EncodeToString(b[:])
-}
-
-func validJobID(id string) bool {
-	if len(id) != jobIDLen {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }

@@ -1,9 +1,8 @@
-package publisher
+package jobs
 
 import (
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -11,13 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/internal/heaptest"
 )
 
 // countingWriter is a ResponseWriter that keeps only the size of the body,
@@ -96,24 +95,19 @@ func settledJob(b *testing.B) (*payload.Store, string, int64) {
 // 4 MiB (below what Validate allows, set here directly), so that it binds.
 //
 //	eval "$(localstack/emulator.sh env)"
-//	go test -run '^$' -bench JobPageHeap -benchtime 3x -benchmem ./publisher
+//	go test -run '^$' -bench JobPageHeap -benchtime 3x -benchmem ./publisher/jobs
 func BenchmarkJobPageHeap(b *testing.B) {
 	store, jobID, total := settledJob(b)
 	for _, bc := range []struct {
 		name             string
 		pageBytes, limit int64
 	}{{"default", 0, 0}, {"page=all", 1 << 40, 0}, {"budget=4MiB", 1 << 40, 4 << 20}} {
-		p, err := New(Config{Queue: nopQueue{}, Payloads: store, MaxPageBytes: bc.pageBytes,
-			Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
-		if err != nil {
-			b.Fatal(err)
-		}
+		p, h := newTestService(b, Config{MaxPageBytes: bc.pageBytes}, store)
 		budget := p.cfg.MaxResultBytesInFlight
 		if bc.limit > 0 {
 			// One share of all of it: the GETs here are one client's.
 			p.results.total, p.results.perClient, budget = semaphore.NewWeighted(bc.limit), bc.limit, bc.limit
 		}
-		h := p.Handler()
 		for _, clients := range []int{1, 8} {
 			b.Run(fmt.Sprintf("%s/clients=%d", bc.name, clients), func(b *testing.B) {
 				var worst uint64
@@ -121,7 +115,7 @@ func BenchmarkJobPageHeap(b *testing.B) {
 				for b.Loop() {
 					var mu sync.Mutex
 					ok = 0
-					peak := peakHeap(func() {
+					peak := heaptest.Peak(func() {
 						var wg sync.WaitGroup
 						start := make(chan struct{})
 						for range clients {

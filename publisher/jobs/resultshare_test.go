@@ -1,8 +1,7 @@
-package publisher
+package jobs
 
 import (
 	"encoding/json"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -11,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/internal/payload"
@@ -87,16 +85,11 @@ func TestOneClientCannotHoldTheResults(t *testing.T) {
 		return jobID
 	}
 	jobA, jobB := putJob("acme"), putJob("globex")
-	p, err := New(Config{Queue: nopQueue{}, Payloads: store, APIKeys: []string{"acme:key-a", "globex:key-b"},
-		Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, h := newTestService(t, Config{}, store, "acme:key-a", "globex:key-b")
 	// Room for four results, two of them a client's: the shape of the
 	// defaults (twice and once the largest result), at a size a test can
 	// store. Validate holds the share to at least the largest result.
 	p.results.total, p.results.perClient = semaphore.NewWeighted(4*size), 2*size
-	h := p.Handler()
 	get := func(w http.ResponseWriter, key, jobID string, chunk int) {
 		req := httptest.NewRequest(http.MethodGet, "/v1/jobs/"+jobID+"?page_size=1&page_token="+strconv.Itoa(chunk), nil)
 		req.Header.Set("Authorization", "Bearer "+key)
@@ -152,16 +145,14 @@ func TestOneClientCannotHoldTheResults(t *testing.T) {
 // refused.
 func TestResultShareDefaults(t *testing.T) {
 	t.Parallel()
-	c := Config{Queue: nopQueue{}}
-	c.setDefaults()
+	c := Config{}
+	c.SetDefaults()
 	if c.MaxResultBytesInFlight != 2*job.MaxResultBytes || c.MaxResultBytesPerClient != job.MaxResultBytes {
 		t.Errorf("defaults: %d in flight, %d per client; want %d and %d",
 			c.MaxResultBytesInFlight, c.MaxResultBytesPerClient, 2*job.MaxResultBytes, job.MaxResultBytes)
 	}
 	for _, share := range []int64{job.MaxResultBytes - 1, 2*job.MaxResultBytes + 1} {
-		c := Config{Queue: nopQueue{}, MaxResultBytesPerClient: share}
-		c.setDefaults()
-		if err := c.Validate(); err == nil {
+		if err := validate(Config{MaxResultBytesPerClient: share}); err == nil {
 			t.Errorf("a share of %d: no error", share)
 		}
 	}

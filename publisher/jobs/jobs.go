@@ -1,4 +1,4 @@
-package publisher
+package jobs
 
 import (
 	"context"
@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"mime"
 	"net/http"
-	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -30,10 +28,10 @@ type acceptedBody struct {
 // itself has no deadline (a Lambda invocation has one).
 const enqueueTimeout = 90 * time.Second
 
-// detach returns a context for enqueueing that a client hanging up does not
+// Detach returns a context for enqueueing that a client hanging up does not
 // cancel: once the first chunk may be on the queue, finishing the job is
 // better than leaving it half sent. The request's deadline, if any, stays.
-func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+func Detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	d, ok := ctx.Deadline()
 	if !ok {
 		d = time.Now().Add(enqueueTimeout)
@@ -49,10 +47,10 @@ const uploadConcurrency = 8
 // record, claim-checked items, manifest, then the chunks. So a job id handed
 // out is always backed by its record, and a chunk on the queue never points
 // at an item not yet in S3.
-func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
+func (p *Service) postJob(w http.ResponseWriter, r *http.Request) {
 	ri := api.Info(r)
 	fail := api.FailWith(w, r)
-	if e := checkContentType(r.Header.Values("Content-Type")); e != nil {
+	if e := api.CheckContentType(r.Header.Values("Content-Type")); e != nil {
 		fail(e)
 		return
 	}
@@ -71,9 +69,9 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	// that turns out too large (sent chunked, without a length) is cut off
 	// at the limit. The buffer is then at most MaxBodyBytes, but what the
 	// request holds while it is handled is several times that (see
-	// inflight.go): the budget of bodies in flight is what bounds the memory.
-	if r.ContentLength > p.cfg.MaxBodyBytes {
-		fail(api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.cfg.MaxBodyBytes))
+	// publisher/api/inflight.go): the budget of bodies in flight is what bounds the memory.
+	if r.ContentLength > p.maxBody {
+		fail(api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is over the limit of %d bytes", p.maxBody))
 		return
 	}
 	body, release, err := p.gate.ReadBody(w, r)
@@ -128,7 +126,7 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 				p.gate.Replayed(w)
 				p.writeAccepted(w, &prev)
 				return
-			case old.State == api.StateSending && now.Sub(old.UpdatedAt) < p.cfg.IdempotencyStale:
+			case old.State == api.StateSending && now.Sub(old.UpdatedAt) < p.idemStale:
 				w.Header().Set("Retry-After", "1")
 				ri.JobID = old.JobID
 				fail(api.Err(http.StatusConflict, api.CodeIdempotencyBusy, "a request with this Idempotency-Key is still being handled; retry shortly"))
@@ -157,7 +155,7 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 	if p.store != nil {
 		resp.StatusURL = "/v1/jobs/" + jobID
 	}
-	ectx, cancel := detach(r.Context())
+	ectx, cancel := Detach(r.Context())
 	defer cancel()
 	sent, e := p.enqueue(ectx, jobID, tenantName, p.gate.Owner(r), plan, len(req.Items))
 	if key != "" {
@@ -181,14 +179,11 @@ func (p *Publisher) postJob(w http.ResponseWriter, r *http.Request) {
 		api.WriteJSON(w, e.Status, api.ErrorBody{Error: e, JobID: jobID, Chunks: len(plan.Chunks), Sent: &sent})
 		return
 	}
-	p.m.jobs.Inc()
-	label := p.labels.Label(tenantName)
-	p.m.tenantJobs.WithLabelValues(label).Inc()
-	p.m.tenantItems.WithLabelValues(label).Add(float64(len(req.Items)))
+	p.Accepted(tenantName, len(req.Items))
 	p.writeAccepted(w, resp)
 }
 
-func (p *Publisher) writeAccepted(w http.ResponseWriter, resp *acceptedBody) {
+func (p *Service) writeAccepted(w http.ResponseWriter, resp *acceptedBody) {
 	if resp.StatusURL != "" {
 		w.Header().Set("Location", resp.StatusURL)
 	}
@@ -198,7 +193,7 @@ func (p *Publisher) writeAccepted(w http.ResponseWriter, resp *acceptedBody) {
 // enqueue uploads the claim-checked items, writes the manifest (with the
 // job's owner), and sends the chunks, returning how many chunks SQS
 // confirmed.
-func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string, plan *Plan, items int) (int, *api.Error) {
+func (p *Service) enqueue(ctx context.Context, jobID, tenantName, owner string, plan *Plan, items int) (int, *api.Error) {
 	if len(plan.Claims) > 0 {
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(uploadConcurrency)
@@ -238,7 +233,7 @@ func (p *Publisher) enqueue(ctx context.Context, jobID, tenantName, owner string
 
 // putManifest writes the manifest of job jobID, whose chunks hold
 // chunkItems items each.
-func (p *Publisher) putManifest(ctx context.Context, jobID, owner string, chunkItems []int, items, claims int) *api.Error {
+func (p *Service) putManifest(ctx context.Context, jobID, owner string, chunkItems []int, items, claims int) *api.Error {
 	m := job.Manifest{V: 1, JobID: jobID, Owner: owner, Chunks: len(chunkItems), Items: items, ClaimChecked: claims,
 		ChunkItems: chunkItems, CreatedAt: p.now().UTC()}
 	if _, err := p.store.Put(ctx, job.ManifestKey(jobID), api.EncodeJSON(m)); err != nil {
@@ -248,30 +243,8 @@ func (p *Publisher) putManifest(ctx context.Context, jobID, owner string, chunkI
 	return nil
 }
 
-func (p *Publisher) limits() RequestLimits {
+func (p *Service) limits() RequestLimits {
 	return RequestLimits{MaxItems: p.cfg.MaxItems, MaxChunkItems: p.cfg.MaxChunkItems,
 		Models: p.cfg.Models, MaxN: p.cfg.MaxN, MaxOutputTokens: p.cfg.MaxOutputTokens, AllowRemoteURLs: p.cfg.AllowRemoteURLs,
 		Endpoints: p.cfg.ServedEndpoints}
-}
-
-// checkContentType accepts one Content-Type header of application/json,
-// with no charset or UTF-8 (the only encoding JSON allows between systems,
-// RFC 8259). Two headers are refused rather than the first one believed: a
-// proxy or cache in front may have believed the other.
-func checkContentType(cts []string) *api.Error {
-	switch len(cts) {
-	case 0:
-		return api.Err(http.StatusUnsupportedMediaType, api.CodeUnsupportedMedia, "Content-Type is missing; want application/json")
-	case 1:
-	default:
-		return api.Err(http.StatusUnsupportedMediaType, api.CodeUnsupportedMedia, "Content-Type is given more than once; want one, application/json")
-	}
-	mt, params, err := mime.ParseMediaType(cts[0])
-	if err != nil || mt != "application/json" {
-		return api.Err(http.StatusUnsupportedMediaType, api.CodeUnsupportedMedia, "this Content-Type is not supported; want application/json")
-	}
-	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
-		return api.Err(http.StatusUnsupportedMediaType, api.CodeUnsupportedMedia, "this charset is not supported; JSON is UTF-8")
-	}
-	return nil
 }

@@ -1,4 +1,4 @@
-package publisher
+package jobs
 
 import (
 	"net/http"
@@ -96,7 +96,7 @@ func TestCheckContentType(t *testing.T) {
 		if ct != "" {
 			cts = []string{ct}
 		}
-		if e := checkContentType(cts); (e == nil) != ok {
+		if e := api.CheckContentType(cts); (e == nil) != ok {
 			t.Errorf("%q: got %v, want ok=%v", ct, e, ok)
 		} else if e != nil && e.Status != http.StatusUnsupportedMediaType {
 			t.Errorf("%q: status %d", ct, e.Status)
@@ -105,7 +105,7 @@ func TestCheckContentType(t *testing.T) {
 	// Two headers, even two good ones: a proxy in front may have read the
 	// other one.
 	for _, cts := range [][]string{{"application/json", "application/json"}, {"application/json", "text/plain"}} {
-		if e := checkContentType(cts); e == nil || e.Status != http.StatusUnsupportedMediaType {
+		if e := api.CheckContentType(cts); e == nil || e.Status != http.StatusUnsupportedMediaType {
 			t.Errorf("%q: got %v, want 415", cts, e)
 		}
 	}
@@ -141,13 +141,11 @@ func TestJobIDsAreOfTheGrammar(t *testing.T) {
 // (job.MaxItems, issue 14, item 4).
 func TestMaxChunkItemsBoundedBySubscribers(t *testing.T) {
 	c := Config{MaxChunkItems: job.MaxItems + 1}
-	c.setDefaults()
-	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "want at most 1000") {
+	if err := validate(c); err == nil || !strings.Contains(err.Error(), "want at most 1000") {
 		t.Errorf("Validate with MaxChunkItems %d = %v; want a refusal", c.MaxChunkItems, err)
 	}
 	c = Config{MaxChunkItems: job.MaxItems}
-	c.setDefaults()
-	if err := c.Validate(); err != nil && strings.Contains(err.Error(), "max chunk items") {
+	if err := validate(c); err != nil && strings.Contains(err.Error(), "max chunk items") {
 		t.Errorf("Validate with MaxChunkItems %d = %v", c.MaxChunkItems, err)
 	}
 }

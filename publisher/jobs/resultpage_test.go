@@ -1,16 +1,14 @@
-package publisher
+package jobs
 
 import (
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/vramq/vramq/internal/payload"
@@ -90,14 +88,10 @@ func TestResultsInFlightAreBounded(t *testing.T) {
 	if _, err := store.Put(t.Context(), job.ManifestKey(jobID), raw); err != nil {
 		t.Fatal(err)
 	}
-	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, h := newTestService(t, Config{}, store)
 	const budget = 1 << 20
 	b := &watchedBudget{sem: semaphore.NewWeighted(budget)}
 	p.results.total = b
-	h := p.Handler()
 	get := func(query string) (*httptest.ResponseRecorder, []int, string) {
 		t.Helper()
 		w := httptest.NewRecorder()

@@ -1,7 +1,6 @@
-package publisher
+package jobs
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,7 +39,7 @@ import (
 //
 // Each client (ClientKey: its API key, else its address) holds at most
 // MaxResultBytesPerClient of the budget, as it holds at most its share of
-// the bodies in flight (inflight.go): a client's GETs that read slowly, or
+// the bodies in flight (publisher/api/inflight.go): a client's GETs that read slowly, or
 // not at all, keep their charges until the server's write timeout, and
 // without a share two of them could hold the whole budget. A GET that its
 // own client's other GETs keep from its first result is answered 429
@@ -146,7 +145,7 @@ type resultPage struct {
 // each result is read. Until the first result is in hand nothing is written,
 // so a failure to read it is answered as an error; a failure after that ends
 // the page before the result that failed, and the next page starts with it.
-func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Manifest, st *statusBody, start, pageSize int, fail func(*api.Error)) {
+func (p *Service) writePage(w http.ResponseWriter, r *http.Request, m *job.Manifest, st *Status, start, pageSize int, fail func(*api.Error)) {
 	ctx := r.Context()
 	end := min(start+pageSize, m.Chunks)
 	pg := p.readPage(ctx, p.results.client(p.gate.ClientKey(r)), m.JobID, st.done, start, end, p.cfg.MaxPageBytes)
@@ -165,7 +164,7 @@ func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Man
 		// their JSON.
 		var enc []byte
 		if res.res != nil {
-			enc, res.err = marshalUnescaped(chunkResult{Chunk: res.chunk, Model: res.res.Model, Outputs: res.res.Outputs,
+			enc, res.err = api.MarshalUnescaped(chunkResult{Chunk: res.chunk, Model: res.res.Model, Outputs: res.res.Outputs,
 				ItemsFailed: res.res.ItemsFailed})
 		}
 		if res.cut || res.err != nil {
@@ -219,21 +218,6 @@ func (p *Publisher) writePage(w http.ResponseWriter, r *http.Request, m *job.Man
 	w.Write([]byte("}\n"))
 }
 
-// marshalUnescaped is json.Marshal without its HTML escapes: an output's
-// response is served as the subscriber stored it, and the escapes would
-// rewrite every "<", ">" and "&" of a model server's answer (JSON raw values
-// are only compacted then). The answer is application/json with nosniff,
-// never HTML.
-func marshalUnescaped(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
-}
-
 // readPage starts reading the results of jobID's chunks in [start, end)
 // that done lists, for a page of at most maxBytes of stored results (but
 // one), charging them to budget. Take them with next, in order, give each back with release once
@@ -245,7 +229,7 @@ func marshalUnescaped(v any) ([]byte, error) {
 // resultsAhead ahead of the writer. Charges are taken in the writer's order
 // because a page waits only for its own charges to come back: a later result
 // charged first could hold what the writer's next one needs.
-func (p *Publisher) readPage(ctx context.Context, budget clientResults, jobID string, done map[int]bool, start, end int, maxBytes int64) *resultPage {
+func (p *Service) readPage(ctx context.Context, budget clientResults, jobID string, done map[int]bool, start, end int, maxBytes int64) *resultPage {
 	ctx, cancel := context.WithCancel(ctx)
 	pg := &resultPage{budget: budget, results: make(chan *pageResult, resultsAhead-1),
 		freed: make(chan struct{}, 1), cancel: cancel}

@@ -1,4 +1,4 @@
-package publisher
+package jobs
 
 import (
 	"bytes"
@@ -93,7 +93,7 @@ func DecodeJobRequest(body []byte, lim RequestLimits) (*JobRequest, *api.Error) 
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return nil, decodeError(err)
+		return nil, DecodeError(err)
 	}
 	// Anything after the object is refused: a client that concatenated two
 	// jobs, or a proxy that mangled the body, must not get half a job.
@@ -106,11 +106,11 @@ func DecodeJobRequest(body []byte, lim RequestLimits) (*JobRequest, *api.Error) 
 	return &req, nil
 }
 
-// decodeError turns the decoder's error into a 400 with a fixed message. The
+// DecodeError turns the decoder's error into a 400 with a fixed message. The
 // decoder's own text quotes the body (a character, an unknown field's name),
 // so it is not passed on; a byte offset is, and for a wrong type, the
 // schema's name of the field, which is the API's, not the client's.
-func decodeError(err error) *api.Error {
+func DecodeError(err error) *api.Error {
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	var b64 base64.CorruptInputError
@@ -157,9 +157,9 @@ func (r *JobRequest) validate(lim RequestLimits) *api.Error {
 		return api.Err(http.StatusUnprocessableEntity, api.CodeInvalidEndpoint,
 			"endpoint must be one of %s (or left out for items of text and data)", strings.Join(job.Endpoints, ", "))
 	}
-	if r.Endpoint != "" && !lim.serves(r.Endpoint) {
+	if r.Endpoint != "" && !lim.Serves(r.Endpoint) {
 		return api.Err(http.StatusUnprocessableEntity, api.CodeInvalidEndpoint,
-			"endpoint %s is not served by this deployment's model servers, which serve %s and /v1/messages", r.Endpoint, strings.Join(lim.servedList(), ", "))
+			"endpoint %s is not served by this deployment's model servers, which serve %s and /v1/messages", r.Endpoint, strings.Join(lim.ServedList(), ", "))
 	}
 	seen := make(map[string]struct{}, len(r.Items))
 	for i := range r.Items {
@@ -199,7 +199,7 @@ func (r *JobRequest) validate(lim RequestLimits) *api.Error {
 		}
 		seen[it.ID] = struct{}{}
 		if r.Endpoint != "" {
-			if e := checkBody(r.Endpoint, it.Body, lim); e != nil {
+			if e := lim.CheckBody(r.Endpoint, it.Body); e != nil {
 				e.Item = it.ID
 				return e
 			}
@@ -216,12 +216,12 @@ func (r *JobRequest) chunkItems(def int) int {
 	return def
 }
 
-// checkBody checks the body of an item of a job with this endpoint with the
+// CheckBody checks the body of an item of a job with this endpoint with the
 // one rule for request bodies (job.CheckRequest, whose comment says what it
 // checks and why), which the subscriber applies again to what it takes from
 // the queue: what the publisher accepts, the subscriber does not refuse.
 // The first problem is returned, without the item, which the caller sets.
-func checkBody(endpoint string, body json.RawMessage, lim RequestLimits) *api.Error {
+func (lim RequestLimits) CheckBody(endpoint string, body json.RawMessage) *api.Error {
 	_, err := job.CheckRequest(endpoint, body, job.RequestLimits{
 		Models: lim.Models, MaxN: lim.MaxN, MaxOutputTokens: lim.MaxOutputTokens, AllowRemoteURLs: lim.AllowRemoteURLs,
 	})
@@ -239,8 +239,8 @@ func checkBody(endpoint string, body json.RawMessage, lim RequestLimits) *api.Er
 	return api.Err(http.StatusUnprocessableEntity, code, "%s", err.Error())
 }
 
-// present returns field's JSON when the object has it and it is not null.
-func present(fields map[string]json.RawMessage, field string) (json.RawMessage, bool) {
+// Present returns field's JSON when the object has it and it is not null.
+func Present(fields map[string]json.RawMessage, field string) (json.RawMessage, bool) {
 	v, ok := fields[field]
 	v = bytes.TrimSpace(v)
 	if !ok || string(v) == "null" {

@@ -1,16 +1,12 @@
-package publisher
+package jobs
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/internal/testenv/workload"
 	"github.com/vramq/vramq/job"
@@ -97,25 +93,16 @@ func BenchmarkMarshalItemsPlain(b *testing.B) {
 	}
 }
 
-type nopQueue struct{}
-
-func (nopQueue) SendBatch(_ context.Context, entries []Entry) ([]error, error) {
-	return make([]error, len(entries)), nil
-}
-
-// BenchmarkPostJob is one POST /v1/jobs through the publisher's whole
-// handler (middleware, reading and checking the body, planning, sending to a
-// queue that takes everything at once, the answer), for the job of
+// BenchmarkPostJob is one POST /v1/jobs through the job routes behind the
+// gate, as publisher.Handler serves them (middleware, reading and checking
+// the body, planning, sending to a queue that takes everything at once, the
+// answer), for the job of
 // bench overhead's publisher comparison: 400 items of 4 words, 10 per
 // message. BenchmarkPostJobBaseline is its floor: decoding the same body
 // into []RequestItem and marshalling the 40 messages' items with
 // encoding/json, what any publisher must do.
 func BenchmarkPostJob(b *testing.B) {
-	p, err := New(Config{Queue: nopQueue{}, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := p.Handler()
+	_, h := newTestService(b, Config{}, nil)
 	body := postJobBody(b)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))

@@ -1,10 +1,8 @@
-package publisher
+package jobs
 
 import (
-	"encoding/json"
 	"net/http"
 
-	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/api"
 )
 
@@ -21,7 +19,7 @@ const maxCancelRecord = 4 << 10
 // put, so the first cancel's time stands); subscribers read it through a
 // cache (subscriber/receive.go), so chunks received up to its TTL after the
 // cancel may still run.
-func (p *Publisher) deleteJob(w http.ResponseWriter, r *http.Request) {
+func (p *Service) deleteJob(w http.ResponseWriter, r *http.Request) {
 	ri := api.Info(r)
 	m, fail := p.loadJob(w, r)
 	if m == nil {
@@ -30,12 +28,8 @@ func (p *Publisher) deleteJob(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	st, err := p.status(ctx, m)
 	if err == nil && st.Status == StatusRunning {
-		rec := job.CancelRecord{V: job.Version, JobID: m.JobID, At: p.now().UTC()}
-		var raw []byte
-		if raw, err = json.Marshal(rec); err == nil {
-			if _, _, err = p.store.PutIfAbsent(ctx, job.CancelKey(m.JobID), raw); err == nil {
-				st, err = p.status(ctx, m)
-			}
+		if err = p.cancel(ctx, m.JobID); err == nil {
+			st, err = p.status(ctx, m)
 		}
 	}
 	if err != nil {

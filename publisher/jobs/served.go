@@ -1,4 +1,4 @@
-package publisher
+package jobs
 
 import (
 	"slices"
@@ -13,10 +13,10 @@ import (
 // too (Config.ServedEndpoints).
 var DefaultServedEndpoints = []string{job.EndpointChatCompletions, job.EndpointCompletions, job.EndpointEmbeddings}
 
-// serves reports whether a job or batch for endpoint is taken: one the
+// Serves reports whether a job or batch for endpoint is taken: one the
 // deployment lists as served, or Anthropic's Messages, which a subscriber
 // translates to chat completions where its server has no /v1/messages.
-func (l RequestLimits) serves(endpoint string) bool {
+func (l RequestLimits) Serves(endpoint string) bool {
 	served := l.Endpoints
 	if len(served) == 0 {
 		served = DefaultServedEndpoints
@@ -24,8 +24,8 @@ func (l RequestLimits) serves(endpoint string) bool {
 	return endpoint == job.EndpointMessages || slices.Contains(served, endpoint)
 }
 
-// servedList is what the deployment serves, for a refusal's message.
-func (l RequestLimits) servedList() []string {
+// ServedList is what the deployment serves, for a refusal's message.
+func (l RequestLimits) ServedList() []string {
 	if len(l.Endpoints) == 0 {
 		return DefaultServedEndpoints
 	}

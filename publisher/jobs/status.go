@@ -1,4 +1,4 @@
-package publisher
+package jobs
 
 import (
 	"context"
@@ -38,7 +38,9 @@ const (
 	MaxPageSize     = 100
 )
 
-type statusBody struct {
+// Status is a job's progress: the answer to GET /v1/jobs/{id}, but its
+// results.
+type Status struct {
 	JobID           string `json:"job_id"`
 	Status          string `json:"status"`
 	Chunks          int    `json:"chunks"`
@@ -55,7 +57,7 @@ type statusBody struct {
 	ClaimChecked int           `json:"claim_checked"`
 	CreatedAt    time.Time     `json:"created_at"`
 	CancelledAt  *time.Time    `json:"cancelled_at,omitempty"` // when DELETE asked for it
-	Failed       []failedChunk `json:"failed"`
+	Failed       []FailedChunk `json:"failed"`
 	// GET's answer goes on with results and next_page_token, written as
 	// they are read (resultpage.go).
 
@@ -63,7 +65,7 @@ type statusBody struct {
 	cancelled map[int]bool // the chunks deleted unrun
 }
 
-type failedChunk struct {
+type FailedChunk struct {
 	Chunk  int    `json:"chunk"`
 	Reason string `json:"reason"`
 }
@@ -83,7 +85,7 @@ const maxItemErrorsMarker = 4 << 10
 // getJob is GET /v1/jobs/{id}: progress from the result, failure and
 // cancelled markers the subscribers write, and, once every chunk is settled,
 // the results, a page at a time, streamed (writePage).
-func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
+func (p *Service) getJob(w http.ResponseWriter, r *http.Request) {
 	ri := api.Info(r)
 	m, fail := p.loadJob(w, r)
 	if m == nil {
@@ -114,7 +116,7 @@ func (p *Publisher) getJob(w http.ResponseWriter, r *http.Request) {
 // loadJob reads the manifest of the job r's path names, answering the
 // request itself (and returning nil) when there is no bucket, no such job,
 // or the manifest cannot be read. fail answers r with an error.
-func (p *Publisher) loadJob(w http.ResponseWriter, r *http.Request) (m *job.Manifest, fail func(*api.Error)) {
+func (p *Service) loadJob(w http.ResponseWriter, r *http.Request) (m *job.Manifest, fail func(*api.Error)) {
 	ri := api.Info(r)
 	fail = func(e *api.Error) {
 		ri.Code = e.Code
@@ -178,7 +180,7 @@ func pageParams(r *http.Request) (size, start int, e *api.Error) {
 }
 
 // status is the job's progress.
-func (p *Publisher) status(ctx context.Context, m *job.Manifest) (*statusBody, error) {
+func (p *Service) status(ctx context.Context, m *job.Manifest) (*Status, error) {
 	var done, failedSet, cancelledSet, itemErrSet map[int]bool
 	var cancel *job.CancelRecord
 	g0, gctx0 := errgroup.WithContext(ctx)
@@ -201,9 +203,9 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest) (*statusBody, e
 	// send to the queue can make a subscriber write one, for any chunk).
 	tally := job.Settle(m.Chunks, done, failedSet, cancelledSet)
 	done, failedSet = tally.Done, tally.Failed
-	b := &statusBody{JobID: m.JobID, Chunks: m.Chunks, ChunksDone: len(tally.Done), ChunksFailed: len(tally.Failed),
+	b := &Status{JobID: m.JobID, Chunks: m.Chunks, ChunksDone: len(tally.Done), ChunksFailed: len(tally.Failed),
 		ChunksCancelled: len(tally.Cancelled), Items: m.Items, ClaimChecked: m.ClaimChecked, CreatedAt: m.CreatedAt,
-		Failed: []failedChunk{}, Status: tally.Status(cancel != nil), done: tally.Done,
+		Failed: []FailedChunk{}, Status: tally.Status(cancel != nil), done: tally.Done,
 		cancelled: tally.Cancelled}
 	b.ChunksPending = tally.Pending()
 	if cancel != nil {
@@ -244,7 +246,7 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest) (*statusBody, e
 				reason = f.Reason
 			}
 			mu.Lock()
-			b.Failed = append(b.Failed, failedChunk{Chunk: c, Reason: reason})
+			b.Failed = append(b.Failed, FailedChunk{Chunk: c, Reason: reason})
 			mu.Unlock()
 			return nil
 		})
@@ -258,7 +260,7 @@ func (p *Publisher) status(ctx context.Context, m *job.Manifest) (*statusBody, e
 }
 
 // cancelRecord reads the job's cancel record: nil when it has none.
-func (p *Publisher) cancelRecord(ctx context.Context, jobID string) (*job.CancelRecord, error) {
+func (p *Service) cancelRecord(ctx context.Context, jobID string) (*job.CancelRecord, error) {
 	raw, err := p.store.ReadLimit(ctx, job.CancelKey(jobID), maxCancelRecord)
 	if errors.Is(err, payload.ErrMissing) {
 		return nil, nil
@@ -275,10 +277,25 @@ func (p *Publisher) cancelRecord(ctx context.Context, jobID string) (*job.Cancel
 
 // chunksUnder lists prefix and returns the chunks its keys name
 // (job.ChunkOfKey), ignoring anything else.
-func (p *Publisher) chunksUnder(ctx context.Context, prefix string, chunks int) (map[int]bool, error) {
+func (p *Service) chunksUnder(ctx context.Context, prefix string, chunks int) (map[int]bool, error) {
 	keys, err := p.store.List(ctx, prefix)
 	if err != nil {
 		return nil, err
 	}
 	return job.ChunkSet(prefix, keys, chunks), nil
+}
+
+// Done reports whether chunk c has a result.
+func (st *Status) Done(c int) bool { return st.done[c] }
+
+// UnsettledItems counts the items of the job's failed and cancelled chunks.
+func (st *Status) UnsettledItems(m *job.Manifest) int {
+	n := 0
+	for _, f := range st.Failed {
+		n += m.ChunkItems[f.Chunk]
+	}
+	for c := range st.cancelled {
+		n += m.ChunkItems[c]
+	}
+	return n
 }
