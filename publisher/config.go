@@ -12,12 +12,17 @@ import (
 	"github.com/vramq/vramq/internal/config"
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/batches"
 	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // Jobs is the configuration of the job routes (publisher/jobs), embedded
 // in Config.
 type Jobs = jobs.Config
+
+// Batches is the configuration of the batch routes (publisher/batches),
+// embedded in Config.
+type Batches = batches.Config
 
 // Config is everything a Publisher needs. A zero field takes its value from
 // DefaultConfig (the comments below say where a default is worked out
@@ -34,6 +39,10 @@ type Config struct {
 	// Jobs are the bounds of a job, its messages, the results read back and
 	// the sends (publisher/jobs): embedded, so cfg.MaxItems is cfg.Jobs.MaxItems.
 	Jobs
+
+	// Batches are the batch routes' own settings (publisher/batches):
+	// embedded, so cfg.BatchWebhookURL is cfg.Batches.BatchWebhookURL.
+	Batches
 
 	// MaxBodyBytes bounds a request body, enforced before it is read.
 	// The whole body is held in memory while it is handled,
@@ -65,12 +74,6 @@ type Config struct {
 	// trickle cannot hold the budget or their share of it.
 	MinBodyRate int64
 	BodyGrace   time.Duration
-	// BatchWebhookURL, when set, is sent OpenAI's batch.completed,
-	// batch.failed, batch.expired and batch.cancelled events, signed with
-	// BatchWebhookSecret ("whsec_" and base64, Standard Webhooks) as OpenAI
-	// signs them (webhooks.go).
-	BatchWebhookURL    string
-	BatchWebhookSecret string
 	// MaxFileBytes, MaxFileLines and MaxFileLineBytes bound a file uploaded
 	// to POST /v1/files: its bytes, its lines (JSONL: a last line without
 	// its newline counts), and the bytes of each line, its newline not
@@ -247,14 +250,7 @@ func (c *Config) Validate() error {
 	if c.Queue == nil {
 		bad("Queue", "no work queue")
 	}
-	if c.BatchWebhookURL != "" {
-		if u, err := url.Parse(c.BatchWebhookURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			bad("BatchWebhookURL", "batch webhook URL %q: want an http or https URL", c.BatchWebhookURL)
-		}
-		if _, err := webhookKey(c.BatchWebhookSecret); err != nil {
-			bad("BatchWebhookSecret", "%v", err)
-		}
-	}
+	c.Batches.Validate(&problems)
 	c.Jobs.Validate(&problems)
 	if c.MaxBodyBytes < 1 {
 		bad("MaxBodyBytes", "max body bytes %d: want at least 1", c.MaxBodyBytes)

@@ -61,8 +61,8 @@ func TestBatchFlowsWithTheOpenAIJavaScriptSDK(t *testing.T) {
 	hook, delivered := publishertest.WebhookReceiver(t)
 	e := newEnv(t, true)
 	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-js"},
-		BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret,
-		Jobs: publisher.Jobs{ChunkItems: 2, ServedEndpoints: job.BatchEndpoints},
+		Jobs:    publisher.Jobs{ChunkItems: 2, ServedEndpoints: job.BatchEndpoints},
+		Batches: publisher.Batches{BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret},
 	})
 	e.runServerSubscriber(srv)
 

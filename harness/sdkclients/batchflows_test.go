@@ -33,8 +33,8 @@ func TestBatchCompletionsCancelAndExpiryWithTheOpenAISDK(t *testing.T) {
 	defer srv.Close()
 	hook, delivered := publishertest.WebhookReceiver(t)
 	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"},
-		BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret,
-		Jobs: publisher.Jobs{ChunkItems: 2},
+		Jobs:    publisher.Jobs{ChunkItems: 2},
+		Batches: publisher.Batches{BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret},
 	})
 	a := s.sdk("key-a")
 	s.run(publishertest.ServerModel(t, srv), nil)

@@ -428,7 +428,7 @@ func TestBatchChatCompletionsWithTheOpenAISDK(t *testing.T) {
 func TestBatchWebhooksVerifyWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
 	url, got := publishertest.WebhookReceiver(t)
-	s := newStack(t, publisher.Config{BatchWebhookURL: url, BatchWebhookSecret: publishertest.WebhookSecret, Jobs: publisher.Jobs{ChunkItems: 1}})
+	s := newStack(t, publisher.Config{Jobs: publisher.Jobs{ChunkItems: 1}, Batches: publisher.Batches{BatchWebhookURL: url, BatchWebhookSecret: publishertest.WebhookSecret}})
 	c := s.sdk("")
 	verifier := openai.NewClient(option.WithWebhookSecret(publishertest.WebhookSecret))
 

@@ -36,3 +36,11 @@ func Peak(f func()) uint64 {
 	wg.Wait()
 	return max(peak, base) - base
 }
+
+// Timed runs f: the seconds it took, and the heap's peak above what it was
+// before, in MiB (Peak).
+func Timed(f func()) (seconds, mib float64) {
+	t0 := time.Now()
+	mib = float64(Peak(f)) / (1 << 20)
+	return time.Since(t0).Seconds(), mib
+}

@@ -1,23 +1,20 @@
-package publisher
+package batches
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/internal/heaptest"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // BenchmarkMessageBatchLifecycle is BenchmarkBatchLifecycle for a Message
@@ -34,13 +31,7 @@ func BenchmarkMessageBatchLifecycle(b *testing.B) {
 	const requests, perChunk = 50_000, 16
 	c := sqstest.S3(b)
 	store := payload.New(c, sqstest.Bucket(b, c))
-	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler),
-		Registerer: prometheus.NewRegistry(),
-		Jobs:       Jobs{ChunkItems: perChunk},
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
+	p := newStack(b, store, jobs.Config{ChunkItems: perChunk})
 	h := p.Handler()
 	var body bytes.Buffer
 	body.WriteString(`{"requests":[`)
@@ -59,7 +50,7 @@ func BenchmarkMessageBatchLifecycle(b *testing.B) {
 		req.Header.Set("anthropic-version", "2023-06-01")
 		w := httptest.NewRecorder()
 		b.StartTimer()
-		createS, createHeap = timedHeap(func() { h.ServeHTTP(w, req) })
+		createS, createHeap = heaptest.Timed(func() { h.ServeHTTP(w, req) })
 		b.StopTimer()
 		var mb messageBatch
 		if err := json.Unmarshal(w.Body.Bytes(), &mb); err != nil || mb.ProcessingStatus != msgInProgress {
@@ -71,7 +62,7 @@ func BenchmarkMessageBatchLifecycle(b *testing.B) {
 				`"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":18,"output_tokens":16}}}}`, i, i, i)
 		})
 		b.StartTimer()
-		finalS, finalHeap = timedHeap(func() {
+		finalS, finalHeap = heaptest.Timed(func() {
 			if err := p.Sweep(b.Context()); err != nil {
 				b.Error(err)
 			}
@@ -91,14 +82,6 @@ func BenchmarkMessageBatchLifecycle(b *testing.B) {
 	b.ReportMetric(createHeap, "create-heap-MiB")
 	b.ReportMetric(finalHeap, "finalize-heap-MiB")
 	b.ReportMetric(float64(body.Len())/(1<<20), "body-MiB")
-}
-
-// timedHeap runs f: the seconds it took, and its heap's peak above idle
-// in MiB (peakHeap).
-func timedHeap(f func()) (seconds, mib float64) {
-	t0 := time.Now()
-	mib = float64(heaptest.Peak(f)) / (1 << 20)
-	return time.Since(t0).Seconds(), mib
 }
 
 // putResults writes the results of job jobID's n items, perChunk a chunk,

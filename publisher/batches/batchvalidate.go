@@ -1,4 +1,4 @@
-package publisher
+package batches
 
 import (
 	"bytes"
@@ -59,7 +59,7 @@ const validationTimeout = time.Hour
 // it. It reports whether b has ended (failed); an error leaves the claim
 // given back, for the next pass to try again, or, once chunks may have been
 // sent, the batch failed.
-func (p *Publisher) validateBatch(ctx context.Context, b *batchRecord, etag string) (ended bool, err error) {
+func (p *Service) validateBatch(ctx context.Context, b *batchRecord, etag string) (ended bool, err error) {
 	// A pass that is stopped does not stop a validation halfway, and one
 	// without a deadline of its own (not a Lambda invocation's) may take as
 	// long as its claim is refreshed, up to validationTimeout: a job's 90 s
@@ -127,7 +127,7 @@ func fileFault(code, format string, a ...any) *batchFault {
 
 // validation is one validator's work on a batch it has claimed.
 type validation struct {
-	p    *Publisher
+	p    *Service
 	b    *batchRecord
 	etag string // the record's, as this validator last wrote it
 
@@ -254,7 +254,7 @@ func (v *validation) fail(ctx context.Context, errs []batchError) (bool, error) 
 // grammar, unique in the file; method POST; url the batch's endpoint; body
 // a request the publisher accepts for it (checkBody, as POST /v1/jobs
 // checks an item's). An error of good's stops the scan.
-func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good func(jobs.RequestItem) error) (requests int, bad []batchError, err error) {
+func (p *Service) scanBatchInput(ctx context.Context, b *batchRecord, good func(jobs.RequestItem) error) (requests int, bad []batchError, err error) {
 	body, _, err := p.store.Open(ctx, job.FileKey(b.Owner, b.InputFileID))
 	if errors.Is(err, payload.ErrMissing) {
 		return 0, nil, fileFault(CodeInputFileMissing, "the input file %s was deleted before the batch read it", b.InputFileID)
@@ -280,7 +280,7 @@ func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good fun
 		}
 		bad = append(bad, e)
 	}
-	lines := newLineReader(body, p.cfg.MaxFileLineBytes)
+	lines := newLineReader(body, p.fileCfg.MaxFileLineBytes)
 	n := 0
 	for {
 		line, err := lines.next()
@@ -290,14 +290,14 @@ func (p *Publisher) scanBatchInput(ctx context.Context, b *batchRecord, good fun
 		n++
 		if errors.Is(err, errLineTooLong) {
 			requests++
-			badLine(n, files.CodeLineTooLarge, "", "the line is over %d bytes", p.cfg.MaxFileLineBytes)
+			badLine(n, files.CodeLineTooLarge, "", "the line is over %d bytes", p.fileCfg.MaxFileLineBytes)
 			continue
 		}
 		if err != nil {
 			return 0, nil, err
 		}
-		if n > p.cfg.MaxFileLines {
-			badLine(n, files.CodeTooManyLines, "", "the file has more than %d lines", p.cfg.MaxFileLines)
+		if n > p.fileCfg.MaxFileLines {
+			badLine(n, files.CodeTooManyLines, "", "the file has more than %d lines", p.fileCfg.MaxFileLines)
 			break
 		}
 		if len(bytes.TrimSpace(line)) == 0 {

@@ -1,4 +1,4 @@
-package publisher
+package batches
 
 import (
 	"context"
@@ -40,7 +40,7 @@ const finalizeStale = 10 * time.Minute
 
 // openBatch marks b open, for the sweeper: before its record is written,
 // so that no batch is left without one.
-func (p *Publisher) openBatch(ctx context.Context, b *batchRecord) error {
+func (p *Service) openBatch(ctx context.Context, b *batchRecord) error {
 	_, err := p.store.Put(ctx, job.OpenBatchKey(b.Owner, b.ID), nil)
 	if err != nil {
 		p.log.Error("marking a batch open", "batch_id", b.ID, "err", err)
@@ -50,7 +50,7 @@ func (p *Publisher) openBatch(ctx context.Context, b *batchRecord) error {
 
 // putBatchIf writes b's record if it is still at etag, and returns the new
 // ETag: payload.ErrPrecondition (wrapped) when another owner moved it first.
-func (p *Publisher) putBatchIf(ctx context.Context, b *batchRecord, etag string) (string, error) {
+func (p *Service) putBatchIf(ctx context.Context, b *batchRecord, etag string) (string, error) {
 	raw, err := json.Marshal(b)
 	if err != nil {
 		return "", err
@@ -64,7 +64,7 @@ func (p *Publisher) putBatchIf(ctx context.Context, b *batchRecord, etag string)
 // finalizing once its job has settled or its window has passed, which the
 // finalizer and the sweeper act on (a settled one is nudged to the
 // finalizer at once, in server mode).
-func (p *Publisher) batchView(ctx context.Context, b *batchRecord) (*batchObject, error) {
+func (p *Service) batchView(ctx context.Context, b *batchRecord) (*batchObject, error) {
 	switch b.Status {
 	case batchValidating:
 		return b.object(batchCounts{Total: b.Lines}), nil
@@ -103,7 +103,7 @@ func (p *Publisher) batchView(ctx context.Context, b *batchRecord) (*batchObject
 // now, making each transition only if no one else has made it since the
 // record was read. The sweeper runs it for every open batch; a nudge for
 // one.
-func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
+func (p *Service) advanceBatch(ctx context.Context, key string) error {
 	// A pass and a nudge may reach the same batch at once: this process
 	// advances it once, whatever its store makes of conditional writes
 	// (the emulator ignores them).
@@ -202,7 +202,7 @@ func (p *Publisher) advanceBatch(ctx context.Context, key string) error {
 // ended counts b, which has just ended by this process's write, and sends
 // its webhook event: the owner of a batch's last transition is the one
 // that announces it.
-func (p *Publisher) ended(b *batchRecord) {
+func (p *Service) ended(b *batchRecord) {
 	p.m.batchesEnded.WithLabelValues(b.Status).Inc()
 	p.hooks.batchEnded(b)
 }
@@ -211,7 +211,7 @@ func (p *Publisher) ended(b *batchRecord) {
 // failed (an S3 error), putting prev, the record as it was before the claim,
 // so that the next pass tries again rather than waiting for the claim to go
 // stale. A claim it cannot give back goes stale (finalizeStale).
-func (p *Publisher) release(ctx context.Context, prev *batchRecord, etag string) {
+func (p *Service) release(ctx context.Context, prev *batchRecord, etag string) {
 	ctx, cancel := jobs.Detach(ctx)
 	defer cancel()
 	if _, err := p.putBatchIf(ctx, prev, etag); err != nil {

@@ -1,4 +1,4 @@
-package publisher
+package batches
 
 import (
 	"bufio"
@@ -74,7 +74,7 @@ func isMessageBatch(b *batchRecord) bool { return strings.HasPrefix(b.ID, msgBat
 func msgResultsKey(owner, id string) string { return job.BatchesPrefix(owner) + id + ".results.jsonl" }
 
 // messageBatchRoutes registers the routes on mux.
-func (p *Publisher) messageBatchRoutes(mux *http.ServeMux) {
+func (p *Service) messageBatchRoutes(mux *http.ServeMux) {
 	route := func(pattern string, h http.HandlerFunc) {
 		mux.Handle(pattern, api.Anthropic(p.gate.Auth(p.gate.RateLimit(h))))
 	}
@@ -139,7 +139,7 @@ func rfc3339(t int64) *string {
 // then, the requests of the job's failed and cancelled chunks are counted
 // errored (the job's counts do not tell a cancelled chunk from a failed
 // one); the finalizer's counts tell them apart.
-func (p *Publisher) messageBatchView(r *http.Request, b *batchRecord) (*messageBatch, error) {
+func (p *Service) messageBatchView(r *http.Request, b *batchRecord) (*messageBatch, error) {
 	o, err := p.batchView(r.Context(), b)
 	if err != nil {
 		return nil, err
@@ -185,7 +185,7 @@ func (p *Publisher) messageBatchView(r *http.Request, b *batchRecord) (*messageB
 
 // cancelledBefore is when b's job was cancelled, if that was before its
 // window's end (a cancel at or after it is the expiry).
-func (p *Publisher) cancelledBefore(ctx context.Context, b *batchRecord) (*int64, error) {
+func (p *Service) cancelledBefore(ctx context.Context, b *batchRecord) (*int64, error) {
 	c, err := p.jobs.CancelRecord(ctx, b.ID)
 	if err != nil || c == nil {
 		return nil, err
@@ -198,9 +198,9 @@ func (p *Publisher) cancelledBefore(ctx context.Context, b *batchRecord) (*int64
 
 // apiOrigin is where clients reach this API: Config.PublicURL, else the
 // request's own host (behind a proxy that ends TLS, set PublicURL).
-func (p *Publisher) apiOrigin(r *http.Request) string {
-	if p.cfg.PublicURL != "" {
-		return strings.TrimSuffix(p.cfg.PublicURL, "/")
+func (p *Service) apiOrigin(r *http.Request) string {
+	if p.fileCfg.PublicURL != "" {
+		return strings.TrimSuffix(p.fileCfg.PublicURL, "/")
 	}
 	scheme := "http"
 	if r.TLS != nil {
@@ -216,7 +216,7 @@ func (p *Publisher) apiOrigin(r *http.Request) string {
 // at its turn; nothing is then enqueued. The requests become the items of
 // one job, custom_id the item id, params the body, sent as a batch's
 // (startBatch).
-func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
+func (p *Service) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	ri := api.Info(r)
 	fail := api.FailWith(w, r)
 	once, tenantName, done, ok := p.startCreate(w, r, fail)
@@ -231,7 +231,7 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	// The requests are held while they become a batch, as a file's lines
 	// are (postBatch), under the same bound of bytes read at once.
-	charge := p.cfg.MaxFileBytes
+	charge := p.fileCfg.MaxFileBytes
 	if r.ContentLength >= 0 {
 		charge = min(r.ContentLength, charge)
 	}
@@ -251,8 +251,8 @@ func (p *Publisher) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer bodies.Release()
-	pace := api.StartPace(float64(p.cfg.MinBodyRate), p.cfg.BodyGrace, api.CutRead(w))
-	read := files.NewUploadBody(http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), bodies, pace, p.cfg.uploadHeld())
+	pace := api.StartPace(float64(p.fileCfg.MinBodyRate), p.fileCfg.BodyGrace, api.CutRead(w))
+	read := files.NewUploadBody(http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), bodies, pace, p.fileCfg.UploadHeld)
 	var body io.Reader = read
 	// With an Idempotency-Key, the body's digest, taken as it is read (a
 	// create is read to its end when it is taken), to compare a retry with.
@@ -318,7 +318,7 @@ type messageRequest struct {
 // readMessageRequests reads a create's body, {"requests": [...]}, one
 // request at a time: its items, or the error that names the first bad
 // request (a 413 when the body is over its bound).
-func (p *Publisher) readMessageRequests(body io.Reader) ([]jobs.RequestItem, *api.Error) {
+func (p *Service) readMessageRequests(body io.Reader) ([]jobs.RequestItem, *api.Error) {
 	dec := json.NewDecoder(body)
 	bad := func(format string, a ...any) ([]jobs.RequestItem, *api.Error) {
 		return nil, api.Err(http.StatusBadRequest, api.CodeInvalidParameter, format, a...)
@@ -401,13 +401,13 @@ func validCustomID(id string) bool {
 }
 
 // messageBatches are the /v1/messages/batches routes' batches.
-func (p *Publisher) messageBatches() batchRoute[*messageBatch] {
+func (p *Service) messageBatches() batchRoute[*messageBatch] {
 	return batchRoute[*messageBatch]{valid: validMessageBatchID, missing: noMessageBatch, view: p.messageBatchView}
 }
 
 // loadMessageBatch reads the message batch r's path names, as it stands,
 // answering r itself (and returning nil) when that fails.
-func (p *Publisher) loadMessageBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *messageBatch, func(*api.Error)) {
+func (p *Service) loadMessageBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *messageBatch, func(*api.Error)) {
 	b, mb, fail, _ := p.messageBatches().load(p, w, r)
 	return b, mb, fail
 }
@@ -417,7 +417,7 @@ func noMessageBatch() *api.Error {
 }
 
 // getMessageBatch is GET /v1/messages/batches/{id}.
-func (p *Publisher) getMessageBatch(w http.ResponseWriter, r *http.Request) {
+func (p *Service) getMessageBatch(w http.ResponseWriter, r *http.Request) {
 	if _, mb, _ := p.loadMessageBatch(w, r); mb != nil {
 		api.WriteJSON(w, http.StatusOK, mb)
 	}
@@ -427,7 +427,7 @@ func (p *Publisher) getMessageBatch(w http.ResponseWriter, r *http.Request) {
 // cancel, as an OpenAI batch's (cancelBatch); the batch is canceling until
 // its running chunks end, then ended with the requests not run canceled.
 // A batch canceling or ended already is answered as it is.
-func (p *Publisher) cancelMessageBatch(w http.ResponseWriter, r *http.Request) {
+func (p *Service) cancelMessageBatch(w http.ResponseWriter, r *http.Request) {
 	b, mb, fail := p.loadMessageBatch(w, r)
 	if mb == nil {
 		return
@@ -442,7 +442,7 @@ func (p *Publisher) cancelMessageBatch(w http.ResponseWriter, r *http.Request) {
 // deleteMessageBatch is DELETE /v1/messages/batches/{id}: an ended batch's
 // record, custom ids and results go; one still processing is refused, as
 // Anthropic refuses it (cancel it first).
-func (p *Publisher) deleteMessageBatch(w http.ResponseWriter, r *http.Request) {
+func (p *Service) deleteMessageBatch(w http.ResponseWriter, r *http.Request) {
 	b, mb, fail := p.loadMessageBatch(w, r)
 	if mb == nil {
 		return
@@ -467,7 +467,7 @@ func (p *Publisher) deleteMessageBatch(w http.ResponseWriter, r *http.Request) {
 // messageBatchResults is GET /v1/messages/batches/{id}/results: the
 // results file, streamed from the bucket, once the batch has ended and for
 // 29 days after its creation.
-func (p *Publisher) messageBatchResults(w http.ResponseWriter, r *http.Request) {
+func (p *Service) messageBatchResults(w http.ResponseWriter, r *http.Request) {
 	b, mb, fail := p.loadMessageBatch(w, r)
 	switch {
 	case mb == nil:
@@ -506,7 +506,7 @@ type messageBatchPage struct {
 // listMessageBatches is GET /v1/messages/batches: the caller's message
 // batches, newest first; after_id pages on to older ones, before_id back to
 // newer ones (the limit of them nearest it), as Anthropic's cursors do.
-func (p *Publisher) listMessageBatches(w http.ResponseWriter, r *http.Request) {
+func (p *Service) listMessageBatches(w http.ResponseWriter, r *http.Request) {
 	limit, fail, ok := p.messageBatches().startList(p, w, r, defaultMsgBatchList, maxMsgBatchList)
 	if !ok {
 		return
@@ -573,7 +573,7 @@ func (p *Publisher) listMessageBatches(w http.ResponseWriter, r *http.Request) {
 // batch is there to be read, cancelled and finalized; a publisher that
 // dies while sending leaves it validating, which the sweeper fails once
 // stale. A failed send cancels what was sent and fails the batch.
-func (p *Publisher) startBatch(ctx context.Context, b *batchRecord, items []jobs.RequestItem, plan *jobs.Plan, tenantName string, ri *api.RequestInfo) *api.Error {
+func (p *Service) startBatch(ctx context.Context, b *batchRecord, items []jobs.RequestItem, plan *jobs.Plan, tenantName string, ri *api.RequestInfo) *api.Error {
 	unrecorded := api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be recorded; nothing was sent")
 	ids := make([]byte, 0, len(items)*16)
 	for _, it := range items {
@@ -662,7 +662,7 @@ func messageResultOf(o *job.Output) messageResult {
 // results file, one line per request in the create's order, and records b
 // as ended, its Completed the succeeded requests and its Failed the
 // errored ones, if the finalizing claim at etag is still its own.
-func (p *Publisher) finalizeMessageBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *jobs.Status) error {
+func (p *Service) finalizeMessageBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *jobs.Status) error {
 	ctx, cancel := jobs.Detach(ctx)
 	defer cancel()
 	b.ending(st)
@@ -691,7 +691,7 @@ func (p *Publisher) finalizeMessageBatch(ctx context.Context, b *batchRecord, et
 }
 
 // writeMessageResults writes b's result lines to w, counting them into b.
-func (p *Publisher) writeMessageResults(ctx context.Context, w io.Writer, b *batchRecord, m *job.Manifest, st *jobs.Status, notRun string) error {
+func (p *Service) writeMessageResults(ctx context.Context, w io.Writer, b *batchRecord, m *job.Manifest, st *jobs.Status, notRun string) error {
 	out := bufio.NewWriterSize(w, 64<<10)
 	b.Completed, b.Failed = 0, 0
 	err := p.eachLine(ctx, b, m, st, func(l *batchLine) error {

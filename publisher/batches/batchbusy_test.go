@@ -1,16 +1,14 @@
-package publisher
+package batches
 
 import (
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // A client creates one batch at a time: while one of its creates is in
@@ -18,11 +16,7 @@ import (
 // batch_busy with Retry-After, and another client's is not held back.
 func TestOneBatchCreateAtATimePerClient(t *testing.T) {
 	c := sqstest.S3(t)
-	p, err := New(Config{Queue: nopQueue{}, Payloads: payload.New(c, sqstest.Bucket(t, c)), Logger: slog.New(slog.DiscardHandler),
-		Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := newStack(t, payload.New(c, sqstest.Bucket(t, c)), jobs.Config{})
 	h := p.Handler()
 	post := func(addr string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodPost, "/v1/batches", strings.NewReader(

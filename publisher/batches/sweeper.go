@@ -1,4 +1,4 @@
-package publisher
+package batches
 
 import (
 	"context"
@@ -40,7 +40,7 @@ const nudgeBuffer = 64
 
 // Sweep advances every open batch once, and returns the errors of those it
 // could not advance (they are tried again at the next pass).
-func (p *Publisher) Sweep(ctx context.Context) error {
+func (p *Service) Sweep(ctx context.Context) error {
 	if p.store == nil {
 		return nil
 	}
@@ -73,7 +73,7 @@ func (p *Publisher) Sweep(ctx context.Context) error {
 // workers of their own, beside the passes: a nudge may start a long step
 // (a batch's validation reads its whole file), and that must hold back
 // neither the passes nor the other nudged batches.
-func (p *Publisher) RunSweeper(ctx context.Context, interval time.Duration) {
+func (p *Service) RunSweeper(ctx context.Context, interval time.Duration) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for range sweepConcurrency {
@@ -107,7 +107,7 @@ func (p *Publisher) RunSweeper(ctx context.Context, interval time.Duration) {
 // nudge asks RunSweeper to advance the batch whose record is at key now
 // rather than at its next pass; it never waits (under Lambda nothing takes
 // nudges, and the schedule's pass does the work).
-func (p *Publisher) nudge(key string) {
+func (p *Service) nudge(key string) {
 	select {
 	case p.nudges <- key:
 	default:
@@ -117,7 +117,7 @@ func (p *Publisher) nudge(key string) {
 // AdvanceBatch advances batch id now, as a sweep would: what its completion
 // event triggers. Its marker names its owner, so it is found by a List of
 // the open batches; a batch with none has ended already.
-func (p *Publisher) AdvanceBatch(ctx context.Context, id string) error {
+func (p *Service) AdvanceBatch(ctx context.Context, id string) error {
 	if p.store == nil || !validBatchID(id) && !validMessageBatchID(id) {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package publisher
+package batches
 
 import (
 	"bytes"
@@ -335,7 +335,7 @@ func (q *batchRequest) check() *api.Error {
 // batch failed, every bad line named, and nothing enqueued; otherwise the
 // lines become the items of a job whose id is the batch's, and the batch is
 // in_progress. A client polls either way.
-func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
+func (p *Service) postBatch(w http.ResponseWriter, r *http.Request) {
 	ri := api.Info(r)
 	fail := api.FailWith(w, r)
 	once, tenantName, done, ok := p.startCreate(w, r, fail)
@@ -426,7 +426,7 @@ func (p *Publisher) postBatch(w http.ResponseWriter, r *http.Request) {
 }
 
 // putBatch writes b's record.
-func (p *Publisher) putBatch(ctx context.Context, b *batchRecord) error {
+func (p *Service) putBatch(ctx context.Context, b *batchRecord) error {
 	raw, err := json.Marshal(b)
 	if err == nil {
 		_, err = p.store.Put(ctx, job.BatchKey(b.Owner, b.ID), raw)
@@ -439,7 +439,7 @@ func (p *Publisher) putBatch(ctx context.Context, b *batchRecord) error {
 
 // readBatch reads the record of owner's batch id: payload.ErrMissing
 // (wrapped) when there is none, or it is not the caller's.
-func (p *Publisher) readBatch(r *http.Request, owner, id string) (*batchRecord, error) {
+func (p *Service) readBatch(r *http.Request, owner, id string) (*batchRecord, error) {
 	raw, err := p.store.ReadLimit(r.Context(), job.BatchKey(owner, id), maxBatchRecord)
 	if err != nil {
 		return nil, err
@@ -455,20 +455,20 @@ func (p *Publisher) readBatch(r *http.Request, owner, id string) (*batchRecord, 
 }
 
 // openAIBatches are the /v1/batches routes' batches.
-func (p *Publisher) openAIBatches() batchRoute[*batchObject] {
+func (p *Service) openAIBatches() batchRoute[*batchObject] {
 	return batchRoute[*batchObject]{valid: validBatchID, missing: noBatch,
 		view: func(r *http.Request, b *batchRecord) (*batchObject, error) { return p.batchView(r.Context(), b) }}
 }
 
 // loadBatch reads the batch r's path names and how it stands (batchView),
 // answering r itself (and returning nil) when that fails.
-func (p *Publisher) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *batchObject, func(*api.Error)) {
+func (p *Service) loadBatch(w http.ResponseWriter, r *http.Request) (*batchRecord, *batchObject, func(*api.Error)) {
 	b, o, fail, _ := p.openAIBatches().load(p, w, r)
 	return b, o, fail
 }
 
 // getBatch is GET /v1/batches/{id}.
-func (p *Publisher) getBatch(w http.ResponseWriter, r *http.Request) {
+func (p *Service) getBatch(w http.ResponseWriter, r *http.Request) {
 	if _, o, _ := p.loadBatch(w, r); o != nil {
 		api.WriteJSON(w, http.StatusOK, o)
 	}
@@ -480,7 +480,7 @@ func (p *Publisher) getBatch(w http.ResponseWriter, r *http.Request) {
 // it cancelled, with what finished in its output file (batchstate.go). A
 // batch cancelling or cancelled already is answered as it is; one that has
 // ended otherwise, or is finalizing, is a 409.
-func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
+func (p *Service) cancelBatch(w http.ResponseWriter, r *http.Request) {
 	b, o, fail := p.loadBatch(w, r)
 	if o == nil {
 		return
@@ -499,7 +499,7 @@ func (p *Publisher) cancelBatch(w http.ResponseWriter, r *http.Request) {
 // listBatches is GET /v1/batches: the caller's batches, newest first, limit
 // of them after the batch after names (which need not still exist). Each
 // is read as GET reads one, api.ReadConcurrency at a time.
-func (p *Publisher) listBatches(w http.ResponseWriter, r *http.Request) {
+func (p *Service) listBatches(w http.ResponseWriter, r *http.Request) {
 	limit, fail, ok := p.openAIBatches().startList(p, w, r, defaultBatchList, maxBatchList)
 	if !ok {
 		return

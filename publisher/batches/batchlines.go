@@ -1,4 +1,4 @@
-package publisher
+package batches
 
 import (
 	"bufio"
@@ -48,7 +48,7 @@ type batchLine struct {
 
 // eachLine calls f with each request of b, whose job has settled (m, st),
 // in the create's order, the results read ahead (prefetchOutputs).
-func (p *Publisher) eachLine(ctx context.Context, b *batchRecord, m *job.Manifest, st *jobs.Status, f func(*batchLine) error) error {
+func (p *Service) eachLine(ctx context.Context, b *batchRecord, m *job.Manifest, st *jobs.Status, f func(*batchLine) error) error {
 	reasons := make(map[int]string, len(st.Failed))
 	for _, f := range st.Failed {
 		reasons[f.Chunk] = f.Reason
@@ -94,7 +94,7 @@ func (p *Publisher) eachLine(ctx context.Context, b *batchRecord, m *job.Manifes
 // (takeBatchBytes, first come first served) are not all one client's while
 // others wait. done gives the place back; false, having answered r with
 // fail, when any of these is refused.
-func (p *Publisher) startCreate(w http.ResponseWriter, r *http.Request, fail func(*api.Error)) (once *api.CreateOnce, tenantName string, done func(), ok bool) {
+func (p *Service) startCreate(w http.ResponseWriter, r *http.Request, fail func(*api.Error)) (once *api.CreateOnce, tenantName string, done func(), ok bool) {
 	if p.store == nil {
 		fail(noBatchStore())
 		return nil, "", nil, false
@@ -125,7 +125,7 @@ func (p *Publisher) startCreate(w http.ResponseWriter, r *http.Request, fail fun
 // once (-max-file-bytes: a file's lines, or a create's requests, a few times
 // their size once planned), waiting up to 30 s; release gives them back.
 // false, having answered r with fail, when the wait ran out.
-func (p *Publisher) takeBatchBytes(w http.ResponseWriter, r *http.Request, fail func(*api.Error), charge int64) (release func(), ok bool) {
+func (p *Service) takeBatchBytes(w http.ResponseWriter, r *http.Request, fail func(*api.Error), charge int64) (release func(), ok bool) {
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	err := p.batchBytes.Acquire(ctx, charge)
 	cancel()

@@ -1,4 +1,4 @@
-package publisher
+package batches
 
 import (
 	"bufio"
@@ -64,7 +64,7 @@ type batchLineError struct {
 // settled (st) and whose finalizing claim is the record at etag, and records
 // b as ended, if the claim is still its own (payload.ErrPrecondition
 // otherwise: one that took a stale claim over wrote the same files).
-func (p *Publisher) finalizeBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *jobs.Status) error {
+func (p *Service) finalizeBatch(ctx context.Context, b *batchRecord, etag string, m *job.Manifest, st *jobs.Status) error {
 	if isMessageBatch(b) {
 		return p.finalizeMessageBatch(ctx, b, etag, m, st)
 	}
@@ -168,7 +168,7 @@ type prefetch struct {
 	ahead chan struct{}    // a place is held from the read's start until get
 }
 
-func (p *Publisher) prefetchOutputs(ctx context.Context, jobID string, chunks int, st *jobs.Status) *prefetch {
+func (p *Service) prefetchOutputs(ctx context.Context, jobID string, chunks int, st *jobs.Status) *prefetch {
 	f := &prefetch{ch: make([]chan chunkRead, chunks), ahead: make(chan struct{}, finalizeReadAhead)}
 	for c := range f.ch {
 		if st.Done(c) {
@@ -251,7 +251,7 @@ func (u *batchUsage) add(body json.RawMessage) {
 // only when it gets a first line (OpenAI leaves output_file_id or
 // error_file_id null when there is nothing to put there).
 type lineFile struct {
-	p      *Publisher
+	p      *Service
 	ctx    context.Context
 	b      *batchRecord
 	id     string
@@ -266,7 +266,7 @@ type lineFile struct {
 
 // newLineFile is the file kind ("output" or "error") of b. Its id is made
 // from b's, so that writing the files twice makes the same files.
-func (p *Publisher) newLineFile(ctx context.Context, b *batchRecord, kind string) *lineFile {
+func (p *Service) newLineFile(ctx context.Context, b *batchRecord, kind string) *lineFile {
 	sum := sha256.Sum256([]byte(b.ID + "\x00" + kind))
 	// The time half of b's id, then bits of the digest, the last one the
 	// purpose's: ids still sort by creation among the owner's files, and

@@ -1,20 +1,19 @@
-package publisher
+package batches
 
 import (
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/internal/heaptest"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // BenchmarkBatchLifecycle makes a batch of the largest file OpenAI takes
@@ -47,13 +46,7 @@ func benchmarkBatchLifecycle(b *testing.B) {
 	const lines = 50_000
 	c := sqstest.S3(b)
 	store := payload.New(c, sqstest.Bucket(b, c))
-	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler),
-		Registerer: prometheus.NewRegistry(),
-		Jobs:       Jobs{ChunkItems: 16},
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
+	p := newStack(b, store, jobs.Config{ChunkItems: 16})
 	h := p.Handler()
 	fileID, fileBytes := putBatchFile(b, store, lines, func(i int) string {
 		return fmt.Sprintf(`{"custom_id":"doc-%05d","method":"POST","url":"/v1/embeddings","body":{"model":"bge-small","input":"the text of document %d, a sentence or two long"}}`, i, i)
@@ -73,7 +66,7 @@ func benchmarkBatchLifecycle(b *testing.B) {
 		})
 		// The sweeper finalizes it (a read only shows it finalizing).
 		b.StartTimer()
-		finalS, finalHeap = timedHeap(func() {
+		finalS, finalHeap = heaptest.Timed(func() {
 			if err := p.Sweep(b.Context()); err != nil {
 				b.Error(err)
 			}

@@ -1,10 +1,9 @@
-package publisher
+package batches
 
 import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"runtime/debug"
@@ -12,13 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/files"
 	"github.com/vramq/vramq/publisher/internal/heaptest"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // putBatchFile stores a batch input file of n lines, line(i) each (without
@@ -58,7 +56,7 @@ func paddedLine(size int) func(i int) string {
 
 // createAndValidate posts a batch of fileID to p and runs the sweep that
 // validates it, returning the peak heap above idle over both, and the batch.
-func createAndValidate(tb testing.TB, p *Publisher, fileID string) (uint64, batchObject) {
+func createAndValidate(tb testing.TB, p *stack, fileID string) (uint64, batchObject) {
 	tb.Helper()
 	h := p.Handler()
 	req := httptest.NewRequest(http.MethodPost, "/v1/batches", strings.NewReader(
@@ -84,13 +82,10 @@ func createAndValidate(tb testing.TB, p *Publisher, fileID string) (uint64, batc
 	return peak, bo
 }
 
-func heapPublisher(tb testing.TB) (*Publisher, *payload.Store) {
+func heapPublisher(tb testing.TB) (*stack, *payload.Store) {
 	c := sqstest.S3(tb)
 	store := payload.New(c, sqstest.Bucket(tb, c))
-	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	p := newStack(tb, store, jobs.Config{})
 	return p, store
 }
 

@@ -1,4 +1,4 @@
-package publisher
+package batches
 
 import (
 	"errors"
@@ -24,7 +24,7 @@ type batchRoute[T any] struct {
 
 // load reads the caller's batch r's path names and how it stands,
 // answering r itself (and returning ok false) when that fails.
-func (br batchRoute[T]) load(p *Publisher, w http.ResponseWriter, r *http.Request) (b *batchRecord, v T, fail func(*api.Error), ok bool) {
+func (br batchRoute[T]) load(p *Service, w http.ResponseWriter, r *http.Request) (b *batchRecord, v T, fail func(*api.Error), ok bool) {
 	ri := api.Info(r)
 	fail = func(e *api.Error) {
 		ri.Code = e.Code
@@ -58,7 +58,7 @@ func (br batchRoute[T]) load(p *Publisher, w http.ResponseWriter, r *http.Reques
 
 // readAll reads owner's batches ids, api.ReadConcurrency at a time, in order;
 // one deleted since they were listed is left out.
-func (br batchRoute[T]) readAll(p *Publisher, r *http.Request, owner string, ids []string) ([]T, error) {
+func (br batchRoute[T]) readAll(p *Service, r *http.Request, owner string, ids []string) ([]T, error) {
 	views := make([]T, len(ids))
 	found := make([]bool, len(ids))
 	g, gctx := errgroup.WithContext(r.Context())
@@ -92,7 +92,7 @@ func (br batchRoute[T]) readAll(p *Publisher, r *http.Request, owner string, ids
 // startList checks what a listing of batches needs (a bucket, a caller who
 // can list) and reads its limit (def when the query has none, at most
 // most), answering r itself (and returning ok false) when one fails.
-func (br batchRoute[T]) startList(p *Publisher, w http.ResponseWriter, r *http.Request, def, most int) (limit int, fail func(*api.Error), ok bool) {
+func (br batchRoute[T]) startList(p *Service, w http.ResponseWriter, r *http.Request, def, most int) (limit int, fail func(*api.Error), ok bool) {
 	ri := api.Info(r)
 	fail = func(e *api.Error) {
 		ri.Code = e.Code
@@ -114,7 +114,7 @@ func (br batchRoute[T]) startList(p *Publisher, w http.ResponseWriter, r *http.R
 
 // cancel writes the cancel of b's job, the command the subscribers obey and
 // the finalizer ends the batch on, and answers r with b as it stands then.
-func (br batchRoute[T]) cancel(p *Publisher, w http.ResponseWriter, r *http.Request, b *batchRecord, fail func(*api.Error)) {
+func (br batchRoute[T]) cancel(p *Service, w http.ResponseWriter, r *http.Request, b *batchRecord, fail func(*api.Error)) {
 	if err := p.jobs.Cancel(r.Context(), b.ID); err != nil {
 		fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be cancelled; try again"))
 		return
