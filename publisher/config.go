@@ -51,7 +51,7 @@ type Config struct {
 	MaxBodyBytes int64
 	// MaxBodyBytesInFlight bounds the bytes of request bodies held at once,
 	// over all requests: a POST that would go over it is answered 503
-	// overloaded with Retry-After, without waiting (inflight.go). A body is
+	// overloaded with Retry-After, without waiting (publisher/api/inflight.go). A body is
 	// charged for the bytes that have arrived, as they arrive. So the heap
 	// the requests take is 5 to 6 times this at most. Zero is twice
 	// MaxBodyBytes; at least MaxBodyBytes, or a body at the limit could
@@ -80,14 +80,14 @@ type Config struct {
 	// counted. The defaults are OpenAI's Batch API limits (200 MB, taken
 	// as 200 MiB so that every file OpenAI takes is taken here; 50,000
 	// lines) and, where OpenAI states none, a line of 10 MiB. An upload
-	// is streamed to the bucket and checked as it streams (files.go): one
+	// is streamed to the bucket and checked as it streams (publisher/files/files.go): one
 	// over a limit is refused as soon as it goes over, and leaves nothing
 	// stored. MaxFileBytes is at most payload.MaxUploadBytes. An upload is
 	// charged to the bodies in flight for what it holds in memory, up to
 	// payload.UploadPartBytes or MaxFileBytes, whichever is smaller: a
 	// MaxBodyBytesPerClient below that refuses larger files 429. Uploads
 	// together hold at most half MaxBodyBytesInFlight, and one client's
-	// half of that, each at least that much (bodyBudget, inflight.go).
+	// half of that, each at least that much (bodyBudget, publisher/api/inflight.go).
 	MaxFileBytes     int64
 	MaxFileLines     int
 	MaxFileLineBytes int64

@@ -21,14 +21,14 @@ import (
 // its validation (the sweep that reads the file from the bucket twice,
 // checks every line, and sends it; the queue takes every chunk at once) and the first GET once every chunk has a result
 // (stream the 50,000 answers into the output file), each timed and its
-// heap peak above idle sampled (peakHeap). The results are written as a
+// heap peak above idle sampled (heaptest.Peak). The results are written as a
 // subscriber writes them (16 lines a chunk, a 384-float embedding each),
 // before the timer; the bucket is the emulator's, another process.
 //
 // "sequential" reads one result at a time while finalizing, the baseline
 // for "read-ahead" (api.ReadConcurrency at once, the publisher's way).
 //
-//	go test -run '^$' -bench BatchLifecycle -benchtime 1x -timeout 20m ./publisher
+//	go test -run '^$' -bench BatchLifecycle -benchtime 1x -timeout 20m ./publisher/batches
 func BenchmarkBatchLifecycle(b *testing.B) {
 	for _, c := range []struct {
 		name  string

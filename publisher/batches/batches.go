@@ -103,7 +103,7 @@ const maxBatchErrors = 1000
 
 // batchSendStale is how long a batch may stay validating before it is taken
 // for one whose publisher died while sending its chunks: far longer than a
-// send may take (enqueueTimeout).
+// send may take (jobs.Detach's 90 s).
 const batchSendStale = 10 * time.Minute
 
 // maxBatchRequest bounds POST /v1/batches's body: four fields and 16 pairs of
@@ -343,7 +343,7 @@ func (p *Service) postBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
-	// Read as a job's body is read (inflight.go): paced, and charged to the
+	// Read as a job's body is read (publisher/api/inflight.go): paced, and charged to the
 	// client's bodies in flight.
 	if r.ContentLength > maxBatchRequest {
 		fail(api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is over the limit of %d bytes", maxBatchRequest))
@@ -377,7 +377,7 @@ func (p *Service) postBatch(w http.ResponseWriter, r *http.Request) {
 	sum := api.RequestSum("POST /v1/batches", body)
 	if once != nil {
 		// A retry of a create that answered 200 gets that answer again,
-		// and no second batch (idempotency.go).
+		// and no second batch (publisher/api/idempotency.go).
 		if !once.Start(r, w, api.KindBatch, sum, fail) {
 			return
 		}

@@ -120,7 +120,7 @@ func TestBatchCreateIsNotHeldInMemory(t *testing.T) {
 // create and validation (TestBatchCreateIsNotHeldInMemory's measure) for a
 // file at OpenAI's limits: 50,000 requests of 4,000 bytes, 200 MB.
 //
-//	go test -run '^$' -bench BatchCreateHeap -benchtime 1x -timeout 20m ./publisher
+//	go test -run '^$' -bench BatchCreateHeap -benchtime 1x -timeout 20m ./publisher/batches
 func BenchmarkBatchCreateHeap(b *testing.B) {
 	p, store := heapPublisher(b)
 	fileID, size := putBatchFile(b, store, 50_000, paddedLine(3_999))

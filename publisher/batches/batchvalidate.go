@@ -63,7 +63,7 @@ func (p *Service) validateBatch(ctx context.Context, b *batchRecord, etag string
 	// A pass that is stopped does not stop a validation halfway, and one
 	// without a deadline of its own (not a Lambda invocation's) may take as
 	// long as its claim is refreshed, up to validationTimeout: a job's 90 s
-	// (enqueueTimeout) is for a request's body, and a file of OpenAI's
+	// (jobs.Detach) is for a request's body, and a file of OpenAI's
 	// largest size, read twice from a slow store, takes longer.
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

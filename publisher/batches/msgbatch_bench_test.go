@@ -22,11 +22,11 @@ import (
 // time, each checked, planned, recorded; the queue takes every chunk at
 // once) and the finalization once every chunk has a result (the 50,000
 // results streamed into the results file), each timed and its heap peak
-// above idle sampled (peakHeap). The results are written as a subscriber
+// above idle sampled (heaptest.Peak). The results are written as a subscriber
 // writes them (16 requests a chunk, an Anthropic Message each) before the
 // timer; the bucket is the emulator's, another process.
 //
-//	go test -run '^$' -bench MessageBatchLifecycle -benchtime 1x -timeout 20m ./publisher
+//	go test -run '^$' -bench MessageBatchLifecycle -benchtime 1x -timeout 20m ./publisher/batches
 func BenchmarkMessageBatchLifecycle(b *testing.B) {
 	const requests, perChunk = 50_000, 16
 	c := sqstest.S3(b)

@@ -278,7 +278,7 @@ func (p *Service) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	// The key is claimed once the request is known whole, as postBatch
 	// claims it: a retry of a create that was answered gets that answer
-	// again, and no second batch (idempotency.go).
+	// again, and no second batch (publisher/api/idempotency.go).
 	sum := api.RequestSum("POST /v1/messages/batches", digest.Sum(nil))
 	if once != nil {
 		if !once.Start(r, w, api.KindMessageBatch, sum, fail) {
