@@ -46,7 +46,7 @@ func benchmarkBatchLifecycle(b *testing.B) {
 	const lines = 50_000
 	c := sqstest.S3(b)
 	store := payload.New(c, sqstest.Bucket(b, c))
-	p := newStack(b, store, jobs.Config{ChunkItems: 16})
+	p := newStack(b, store, jobs.Config{ChunkItems: 16}, nopQueue{})
 	h := p.Handler()
 	fileID, fileBytes := putBatchFile(b, store, lines, func(i int) string {
 		return fmt.Sprintf(`{"custom_id":"doc-%05d","method":"POST","url":"/v1/embeddings","body":{"model":"bge-small","input":"the text of document %d, a sentence or two long"}}`, i, i)

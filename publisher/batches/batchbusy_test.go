@@ -16,7 +16,7 @@ import (
 // batch_busy with Retry-After, and another client's is not held back.
 func TestOneBatchCreateAtATimePerClient(t *testing.T) {
 	c := sqstest.S3(t)
-	p := newStack(t, payload.New(c, sqstest.Bucket(t, c)), jobs.Config{})
+	p := newStack(t, payload.New(c, sqstest.Bucket(t, c)), jobs.Config{}, nopQueue{})
 	h := p.Handler()
 	post := func(addr string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodPost, "/v1/batches", strings.NewReader(

@@ -85,7 +85,7 @@ func createAndValidate(tb testing.TB, p *stack, fileID string) (uint64, batchObj
 func heapPublisher(tb testing.TB) (*stack, *payload.Store) {
 	c := sqstest.S3(tb)
 	store := payload.New(c, sqstest.Bucket(tb, c))
-	p := newStack(tb, store, jobs.Config{})
+	p := newStack(tb, store, jobs.Config{}, nopQueue{})
 	return p, store
 }
 

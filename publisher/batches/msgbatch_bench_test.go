@@ -31,7 +31,7 @@ func BenchmarkMessageBatchLifecycle(b *testing.B) {
 	const requests, perChunk = 50_000, 16
 	c := sqstest.S3(b)
 	store := payload.New(c, sqstest.Bucket(b, c))
-	p := newStack(b, store, jobs.Config{ChunkItems: perChunk})
+	p := newStack(b, store, jobs.Config{ChunkItems: perChunk}, nopQueue{})
 	h := p.Handler()
 	var body bytes.Buffer
 	body.WriteString(`{"requests":[`)

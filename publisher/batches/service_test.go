@@ -24,8 +24,8 @@ func (nopQueue) SendBatch(_ context.Context, entries []jobs.Entry) ([]error, err
 }
 
 // stack is the batch routes as publisher.New wires them (this package
-// cannot import publisher): behind a gate, beside the job routes on a queue
-// that takes every message at once and the Files API, over one bucket.
+// cannot import publisher): behind a gate, beside the job routes and the
+// Files API, over one bucket.
 // Handler serves them all as publisher.Handler does.
 type stack struct {
 	*Service
@@ -34,9 +34,9 @@ type stack struct {
 
 func (s *stack) Handler() http.Handler { return s.h }
 
-// newStack builds a stack over store with the job routes of jc. The limits
-// it sets are publisher.DefaultConfig's.
-func newStack(tb testing.TB, store *payload.Store, jc jobs.Config) *stack {
+// newStack builds a stack over store with the job routes of jc, sending to
+// queue. The limits it sets are publisher.DefaultConfig's.
+func newStack(tb testing.TB, store *payload.Store, jc jobs.Config, queue jobs.Queue) *stack {
 	tb.Helper()
 	jc.SetDefaults()
 	reg, log := prometheus.NewRegistry(), slog.New(slog.DiscardHandler)
@@ -51,7 +51,7 @@ func newStack(tb testing.TB, store *payload.Store, jc jobs.Config) *stack {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	js, err := jobs.New(jc, jobs.Shared{Queue: nopQueue{}, Payloads: store, Gate: gate, Idem: idem,
+	js, err := jobs.New(jc, jobs.Shared{Queue: queue, Payloads: store, Gate: gate, Idem: idem,
 		Labels: tenant.NewLabels(api.MaxTenantLabels), MaxBodyBytes: maxBody, IdempotencyStale: 2 * time.Minute,
 		Logger: log, Registerer: reg})
 	if err != nil {
