@@ -218,7 +218,7 @@ func (v *validation) send(ctx context.Context) error {
 		if n == v.items {
 			return fileFault(CodeInputFileChanged, "the input file has more requests than when it was checked")
 		}
-		err := out.Add(ctx, n, it)
+		err := out.Add(ctx, it)
 		if e, ok := errors.AsType[*api.Error](err); ok {
 			return fileFault(e.Code, "%s", e.Message)
 		}

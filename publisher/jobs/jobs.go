@@ -87,7 +87,7 @@ func (p *Service) postJob(w http.ResponseWriter, r *http.Request) {
 	if hasIdem {
 		bodySum = sha256.Sum256(body)
 	}
-	req, e := DecodeJobRequest(body, p.limits())
+	req, e := DecodeJobRequest(body, p.Limits())
 	if e != nil {
 		fail(e)
 		return
@@ -157,7 +157,7 @@ func (p *Service) postJob(w http.ResponseWriter, r *http.Request) {
 	}
 	ectx, cancel := Detach(r.Context())
 	defer cancel()
-	sent, e := p.enqueue(ectx, jobID, tenantName, p.gate.Owner(r), plan, len(req.Items))
+	sent, e := p.Enqueue(ectx, jobID, tenantName, p.gate.Owner(r), plan, len(req.Items))
 	if key != "" {
 		// The answer is recorded even if the client has gone, so its retry
 		// finds it: under a context that outlives the request.
@@ -190,10 +190,11 @@ func (p *Service) writeAccepted(w http.ResponseWriter, resp *acceptedBody) {
 	api.WriteJSON(w, http.StatusAccepted, resp)
 }
 
-// enqueue uploads the claim-checked items, writes the manifest (with the
-// job's owner), and sends the chunks, returning how many chunks SQS
-// confirmed.
-func (p *Service) enqueue(ctx context.Context, jobID, tenantName, owner string, plan *Plan, items int) (int, *api.Error) {
+// Enqueue uploads plan's claim-checked items, writes the job's manifest
+// (with its owner), and sends the chunks, returning how many chunks SQS
+// confirmed: POST /v1/jobs's enqueue, and a Message Batch's. The job is
+// counted accepted only by Accepted.
+func (p *Service) Enqueue(ctx context.Context, jobID, tenantName, owner string, plan *Plan, items int) (int, *api.Error) {
 	if len(plan.Claims) > 0 {
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(uploadConcurrency)
@@ -243,7 +244,9 @@ func (p *Service) putManifest(ctx context.Context, jobID, owner string, chunkIte
 	return nil
 }
 
-func (p *Service) limits() RequestLimits {
+// Limits are the bounds a job's request is checked against; a batch's
+// lines are checked against the same.
+func (p *Service) Limits() RequestLimits {
 	return RequestLimits{MaxItems: p.cfg.MaxItems, MaxChunkItems: p.cfg.MaxChunkItems,
 		Models: p.cfg.Models, MaxN: p.cfg.MaxN, MaxOutputTokens: p.cfg.MaxOutputTokens, AllowRemoteURLs: p.cfg.AllowRemoteURLs,
 		Endpoints: p.cfg.ServedEndpoints}

@@ -87,21 +87,10 @@ func (p *Service) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("/v1/jobs/{id}", api.MethodNotAllowed("GET, HEAD, DELETE"))
 }
 
-// Limits are the bounds a job's request is checked against; a batch's
-// lines are checked against the same.
-func (p *Service) Limits() RequestLimits { return p.limits() }
-
 // Plan cuts items, the requests of job jobID for endpoint, into chunks of
 // at most Config.ChunkItems, without sending anything.
 func (p *Service) Plan(jobID, endpoint string, items []RequestItem) (*Plan, *api.Error) {
 	return p.planner.PlanFor(jobID, endpoint, items, p.cfg.ChunkItems)
-}
-
-// Enqueue stores plan's claim-checked items and the job's manifest, and
-// sends its chunks, as POST /v1/jobs does: it returns how many chunks SQS
-// confirmed. The job is counted accepted only by Accepted.
-func (p *Service) Enqueue(ctx context.Context, jobID, tenantName, owner string, plan *Plan, items int) (int, *api.Error) {
-	return p.enqueue(ctx, jobID, tenantName, owner, plan, items)
 }
 
 // Accepted counts a job of items that is on the queue whole, for tenantName.
@@ -128,11 +117,6 @@ func (p *Service) cancel(ctx context.Context, jobID string) error {
 		_, _, err = p.store.PutIfAbsent(ctx, job.CancelKey(jobID), raw)
 	}
 	return err
-}
-
-// CancelRecord is job jobID's cancel record, nil when it has none.
-func (p *Service) CancelRecord(ctx context.Context, jobID string) (*job.CancelRecord, error) {
-	return p.cancelRecord(ctx, jobID)
 }
 
 // Progress reads the manifest and the progress of job jobID.

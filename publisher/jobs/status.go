@@ -190,7 +190,7 @@ func (p *Service) status(ctx context.Context, m *job.Manifest) (*Status, error) 
 		cancelledSet, err = p.chunksUnder(gctx0, job.CancelledPrefix(m.JobID), m.Chunks)
 		return
 	})
-	g0.Go(func() (err error) { cancel, err = p.cancelRecord(gctx0, m.JobID); return })
+	g0.Go(func() (err error) { cancel, err = p.CancelRecord(gctx0, m.JobID); return })
 	g0.Go(func() (err error) {
 		itemErrSet, err = p.chunksUnder(gctx0, job.ItemErrorsPrefix(m.JobID), m.Chunks)
 		return
@@ -259,8 +259,8 @@ func (p *Service) status(ctx context.Context, m *job.Manifest) (*Status, error) 
 	return b, nil
 }
 
-// cancelRecord reads the job's cancel record: nil when it has none.
-func (p *Service) cancelRecord(ctx context.Context, jobID string) (*job.CancelRecord, error) {
+// CancelRecord reads job jobID's cancel record: nil when it has none.
+func (p *Service) CancelRecord(ctx context.Context, jobID string) (*job.CancelRecord, error) {
 	raw, err := p.store.ReadLimit(ctx, job.CancelKey(jobID), maxCancelRecord)
 	if errors.Is(err, payload.ErrMissing) {
 		return nil, nil

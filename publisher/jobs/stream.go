@@ -69,6 +69,7 @@ type Stream struct {
 	cur    [][]byte // the items of chunk next
 	window []Chunk
 	next   int
+	added  int // the items added
 }
 
 // Stream writes the manifest of job jobID, measured by m (its items cut
@@ -93,14 +94,15 @@ func (m *Measure) Stream(ctx context.Context, tenantName, owner string, counts [
 // to four.
 func (p *Service) window() int { return job.MaxBatch * min(p.cfg.SendConcurrency, 4) }
 
-// Add encodes item n, the next, stores it if it is claim-checked, and sends
+// Add encodes the next item, stores it if it is claim-checked, and sends
 // the window once it is full. An item that cannot be sent is an *api.Error.
-func (s *Stream) Add(ctx context.Context, n int, it RequestItem) error {
+func (s *Stream) Add(ctx context.Context, it RequestItem) error {
 	p := s.p
-	enc, claim, e := p.planner.encodeItem(s.ie, s.jobID, n, it, s.budget, s.maxItem)
+	enc, claim, e := p.planner.encodeItem(s.ie, s.jobID, s.added, it, s.budget, s.maxItem)
 	if e != nil {
 		return e
 	}
+	s.added++
 	if claim != nil {
 		if _, err := p.store.Put(ctx, claim.Ref.Key, claim.Body); err != nil {
 			return err
