@@ -4,9 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -45,18 +42,7 @@ func TestValidatorRefreshesItsClaim(t *testing.T) {
 	fileID, _ := putBatchFile(t, store, 50, func(i int) string {
 		return fmt.Sprintf(`{"custom_id":"doc-%02d","method":"POST","url":"/v1/embeddings","body":{"model":"bge-small","input":"text %d"}}`, i, i)
 	})
-	req := httptest.NewRequest(http.MethodPost, "/v1/batches", strings.NewReader(
-		`{"input_file_id":"`+fileID+`","endpoint":"/v1/embeddings","completion_window":"24h"}`))
-	req.Header.Set("Content-Type", "application/json")
-	w := httptest.NewRecorder()
-	p.Handler().ServeHTTP(w, req)
-	var bo batchObject
-	if err := json.Unmarshal(w.Body.Bytes(), &bo); err != nil || w.Code != http.StatusOK {
-		t.Fatalf("create: %d %s", w.Code, w.Body)
-	}
-	if err := p.Sweep(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	_, bo := createAndValidate(t, p, fileID) // the create, and the sweep that validates it
 	raw, err := store.Read(t.Context(), job.BatchKey("", bo.ID))
 	if err != nil {
 		t.Fatal(err)
