@@ -191,7 +191,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeWork$$' -fuzztime $(FUZZTIME) ./job/
 	$(GO) test -run '^$$' -fuzz '^FuzzPayloadRef$$' -fuzztime $(FUZZTIME) ./job/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBytes$$' -fuzztime $(FUZZTIME) ./internal/bytesize/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJobRequest$$' -fuzztime $(FUZZTIME) ./publisher/jobs/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadSafetensors$$' -fuzztime $(FUZZTIME) ./model/refembed/
 	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./model/safetensors/
 	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./model/wordpiece/
@@ -234,7 +234,7 @@ soak: build
 ## bench-micro: the hot-path micro-benchmarks (admission, keeper finish, work/result JSON, chunking),
 ## five runs each, into /tmp/bench.txt; figures and how to read them in bench/README.md
 bench-micro:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 300ms -count 5 ./job/ ./subscriber/ ./publisher/ | tee /tmp/bench.txt
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 300ms -count 5 ./job/ ./subscriber/ ./publisher/ ./publisher/jobs/ ./publisher/batches/ | tee /tmp/bench.txt
 
 ## lint: gofmt, go vet and staticcheck, of the product's module, the harness's and infra's tests'
 lint: fmt-check vet staticcheck

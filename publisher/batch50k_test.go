@@ -11,6 +11,7 @@ import (
 
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/internal/heaptest"
 )
 
 // A 50,000-line batch of each API through a real subscriber on the
@@ -59,7 +60,7 @@ func TestBatchesOf50000LinesEndToEnd(t *testing.T) {
 		file := s.uploadBatchFile(t, in.Bytes())
 		start := time.Now()
 		var b batchJSON
-		createS, createMiB := publisher.TimedHeap(func() {
+		createS, createMiB := heaptest.Timed(func() {
 			r := s.do(http.MethodPost, "/v1/batches", map[string]string{"Content-Type": "application/json"},
 				[]byte(fmt.Sprintf(`{"input_file_id":%q,"endpoint":"/v1/chat/completions","completion_window":"24h"}`, file)))
 			r.json(t, &b)
@@ -75,7 +76,7 @@ func TestBatchesOf50000LinesEndToEnd(t *testing.T) {
 			return now.Status == "finalizing"
 		})
 		runS := time.Since(start).Seconds()
-		finalS, finalMiB := publisher.TimedHeap(func() { sweep(t, s) })
+		finalS, finalMiB := heaptest.Timed(func() { sweep(t, s) })
 		b = s.waitBatchJSON(t, b.ID, func(b batchJSON) bool { return b.Status == "completed" })
 		total := time.Since(start).Seconds()
 		if b.RequestCounts.Completed != n || b.OutputFileID == nil {
@@ -96,7 +97,7 @@ func TestBatchesOf50000LinesEndToEnd(t *testing.T) {
 		})
 		start := time.Now()
 		var r reply
-		createS, createMiB := publisher.TimedHeap(func() { r = a.do(http.MethodPost, "/v1/messages/batches", body) })
+		createS, createMiB := heaptest.Timed(func() { r = a.do(http.MethodPost, "/v1/messages/batches", body) })
 		var b msgBatch
 		r.json(t, &b)
 		if r.status != http.StatusOK {
@@ -105,7 +106,7 @@ func TestBatchesOf50000LinesEndToEnd(t *testing.T) {
 		e.runServerSubscriber(srv)
 		until(t, func() bool { return a.batch(b.ID).RequestCounts.Processing == 0 })
 		runS := time.Since(start).Seconds()
-		finalS, finalMiB := publisher.TimedHeap(func() { sweep(t, s) })
+		finalS, finalMiB := heaptest.Timed(func() { sweep(t, s) })
 		b = a.wait(b.ID, time.Minute, ended)
 		total := time.Since(start).Seconds()
 		if b.RequestCounts.Succeeded != n {

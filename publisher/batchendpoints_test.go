@@ -14,6 +14,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/batches"
 )
 
 // batchJSON is the batch object as these net/http tests read it.
@@ -126,7 +127,7 @@ func TestBatchResponsesAndModerationsWhereServed(t *testing.T) {
 	srv := fakeoai.New(fakeoai.Config{OutputTokens: func(string, int) int { return 5 }})
 	t.Cleanup(srv.Close)
 	e.runServerSubscriber(srv)
-	s := e.serve(publisher.Config{ChunkItems: 2, ServedEndpoints: []string{job.EndpointChatCompletions, job.EndpointResponses, job.EndpointModerations}})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{ChunkItems: 2, ServedEndpoints: []string{job.EndpointChatCompletions, job.EndpointResponses, job.EndpointModerations}}})
 
 	bodies := map[string]string{
 		job.EndpointResponses:   `{"model":"fake-model","input":"hello %d","max_output_tokens":20}`,
@@ -166,7 +167,7 @@ func TestBatchResponsesAndModerationsWhereServed(t *testing.T) {
 	d := e.serve(publisher.Config{})
 	line := `{"custom_id":"r-0","method":"POST","url":"/v1/responses","body":{"model":"fake-model","input":"x"}}` + "\n"
 	b := d.createBatch(t, d.uploadBatchFile(t, []byte(line)), job.EndpointResponses)
-	if b.Status != "failed" || b.Errors == nil || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != publisher.CodeEndpointNotServed ||
+	if b.Status != "failed" || b.Errors == nil || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != batches.CodeEndpointNotServed ||
 		b.Errors.Data[0].Line != 1 || b.Errors.Data[0].Param != "url" {
 		t.Errorf("a responses batch where it is not served: %+v", b)
 	}

@@ -95,7 +95,7 @@ func (e *env) runServerSubscriber(srv *fakeoai.Server) {
 func TestBatchInvalidLines(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, Models: []string{"ref"}})
+	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, Jobs: publisher.Jobs{Models: []string{"ref"}}})
 	a := s.client("key-a")
 	good := `{"custom_id":"ok-%d","method":"POST","url":"/v1/embeddings","body":{"model":"ref","input":"x"}}`
 	lines := []string{
@@ -169,7 +169,7 @@ func TestBatchInvalidLines(t *testing.T) {
 func TestBatchCancelAndExpiry(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{ChunkItems: 2})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{ChunkItems: 2}})
 	c := s.client("")
 
 	f := upload(t, c, "cancel.jsonl", embeddingLines(6))

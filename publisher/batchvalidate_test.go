@@ -11,13 +11,14 @@ import (
 
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // gateQueue is a queue whose sends of the first job it is sent, from chunk
 // from on, wait for open to be closed; reached is closed at the first that
 // waits. Other jobs' sends go through.
 type gateQueue struct {
-	publisher.Queue
+	jobs.Queue
 	from    int
 	open    chan struct{}
 	reached chan struct{}
@@ -26,7 +27,7 @@ type gateQueue struct {
 	once    sync.Once
 }
 
-func (q *gateQueue) SendBatch(ctx context.Context, entries []publisher.Entry) ([]error, error) {
+func (q *gateQueue) SendBatch(ctx context.Context, entries []jobs.Entry) ([]error, error) {
 	q.mu.Lock()
 	if q.job == "" {
 		q.job = entries[0].JobID
@@ -54,9 +55,9 @@ func TestBatchValidatorStoppedMidSendFailsOnce(t *testing.T) {
 	e := newEnv(t, true)
 	store, _ := condStore(t, e)
 	gate := &gateQueue{from: 40, open: make(chan struct{}), reached: make(chan struct{})}
-	first := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store, Queue: gate})
-	gate.Queue = publisher.NewSQSQueue(e.client, e.urls.Work)
-	other := e.serveUnswept(publisher.Config{ChunkItems: 1, Payloads: store})
+	first := e.serveUnswept(publisher.Config{Payloads: store, Queue: gate, Jobs: publisher.Jobs{ChunkItems: 1}})
+	gate.Queue = jobs.NewSQSQueue(e.client, e.urls.Work)
+	other := e.serveUnswept(publisher.Config{Payloads: store, Jobs: publisher.Jobs{ChunkItems: 1}})
 	c := first.client("")
 	bt, err := c.createBatch(t.Context(), batchParams{InputFileID: upload(t, c, "stopped.jsonl", embeddingLines(100)).ID,
 		Endpoint: "/v1/embeddings", CompletionWindow: "24h"})
@@ -167,7 +168,7 @@ func TestBatchValidationHoldsNoOtherBack(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	gate := &gateQueue{from: 0, open: make(chan struct{}), reached: make(chan struct{}),
-		Queue: publisher.NewSQSQueue(e.client, e.urls.Work)}
+		Queue: jobs.NewSQSQueue(e.client, e.urls.Work)}
 	s := e.serve(publisher.Config{Queue: gate})
 	// Before the sweeper is stopped, so that a failing test ends.
 	var release sync.Once

@@ -13,6 +13,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/jobq"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // cancel sends DELETE /v1/jobs/{id} with header and decodes its 200 answer.
@@ -78,14 +79,14 @@ func TestCancelJob(t *testing.T) {
 	e.putJSON(job.ResultKey(a.JobID, 0), result(0))
 
 	st := s.cancel(t, a.JobID, auth)
-	if st.Status != publisher.StatusCancelled || st.ChunksDone != 1 || st.ChunksCancelled != 0 || st.ChunksPending != 3 ||
+	if st.Status != jobs.StatusCancelled || st.ChunksDone != 1 || st.ChunksCancelled != 0 || st.ChunksPending != 3 ||
 		st.CancelledAt == nil || len(st.Results) != 0 {
 		t.Fatalf("first DELETE: %+v", st)
 	}
 	first := *st.CancelledAt
 	time.Sleep(1100 * time.Millisecond) // a second write would carry another time
 	again := s.cancel(t, a.JobID, auth)
-	if again.Status != publisher.StatusCancelled || again.CancelledAt == nil || !again.CancelledAt.Equal(first) {
+	if again.Status != jobs.StatusCancelled || again.CancelledAt == nil || !again.CancelledAt.Equal(first) {
 		t.Errorf("repeated DELETE: %+v; want the first cancel's time %v", again, first)
 	}
 
@@ -93,7 +94,7 @@ func TestCancelJob(t *testing.T) {
 	e.putJSON(job.CancelledKey(a.JobID, 1), job.CancelledMarker{V: 1, JobID: a.JobID, Chunk: 1})
 	e.putJSON(job.CancelledKey(a.JobID, 2), job.CancelledMarker{V: 1, JobID: a.JobID, Chunk: 2})
 	st = s.statusAs(t, a.JobID, auth)
-	if st.Status != publisher.StatusCancelled || st.ChunksDone != 1 || st.ChunksCancelled != 2 || st.ChunksPending != 1 ||
+	if st.Status != jobs.StatusCancelled || st.ChunksDone != 1 || st.ChunksCancelled != 2 || st.ChunksPending != 1 ||
 		len(st.Results) != 0 {
 		t.Errorf("GET while chunk 3 runs: %+v", st)
 	}
@@ -102,7 +103,7 @@ func TestCancelJob(t *testing.T) {
 	// queue can have one written) does not count.
 	e.putJSON(job.CancelledKey(a.JobID, 3), job.CancelledMarker{V: 1, JobID: a.JobID, Chunk: 3})
 	st = s.statusAs(t, a.JobID, auth)
-	if st.Status != publisher.StatusCancelled || st.ChunksDone != 2 || st.ChunksCancelled != 2 || st.ChunksPending != 0 ||
+	if st.Status != jobs.StatusCancelled || st.ChunksDone != 2 || st.ChunksCancelled != 2 || st.ChunksPending != 0 ||
 		st.ItemsDone != 4 || len(st.Results) != 2 {
 		t.Errorf("GET once settled: %+v", st)
 	}
@@ -119,7 +120,7 @@ func TestCancelJob(t *testing.T) {
 	}
 	for range 2 {
 		st = s.cancel(t, b.JobID, auth)
-		if st.Status != publisher.StatusComplete || st.ChunksDone != b.Chunks || st.CancelledAt != nil {
+		if st.Status != jobs.StatusComplete || st.ChunksDone != b.Chunks || st.CancelledAt != nil {
 			t.Errorf("DELETE of a finished job: %+v", st)
 		}
 	}
@@ -169,7 +170,7 @@ func TestCancelEndToEnd(t *testing.T) {
 	if gone.Chunks != 40 || kept.Chunks != 6 {
 		t.Fatalf("chunks %d and %d, want 40 and 6", gone.Chunks, kept.Chunks)
 	}
-	if st := s.cancel(t, gone.JobID, nil); st.Status != publisher.StatusCancelled || st.ChunksPending != 40 {
+	if st := s.cancel(t, gone.JobID, nil); st.Status != jobs.StatusCancelled || st.ChunksPending != 40 {
 		t.Fatalf("DELETE: %+v", st)
 	}
 
@@ -191,12 +192,12 @@ func TestCancelEndToEnd(t *testing.T) {
 		}
 	}
 	st := settled(gone.JobID)
-	if st.Status != publisher.StatusCancelled || st.ChunksCancelled != 40 || st.ChunksDone != 0 || st.ChunksFailed != 0 ||
+	if st.Status != jobs.StatusCancelled || st.ChunksCancelled != 40 || st.ChunksDone != 0 || st.ChunksFailed != 0 ||
 		st.Chunks != st.ChunksCancelled+st.ChunksDone+st.ChunksFailed+st.ChunksPending {
 		t.Errorf("cancelled job: %s, %d chunks: %d done, %d cancelled, %d failed, %d pending",
 			st.Status, st.Chunks, st.ChunksDone, st.ChunksCancelled, st.ChunksFailed, st.ChunksPending)
 	}
-	if st := settled(kept.JobID); st.Status != publisher.StatusComplete || st.ChunksDone != 6 {
+	if st := settled(kept.JobID); st.Status != jobs.StatusComplete || st.ChunksDone != 6 {
 		t.Errorf("the other job: %+v", st)
 	}
 	if n := m.runs("gone"); n != 0 {

@@ -5,28 +5,30 @@ import (
 	"math"
 	"net/netip"
 	"net/url"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/internal/config"
 	"github.com/vramq/vramq/internal/payload"
-	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/batches"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
-// maxN is the largest n OpenAI takes in a chat or completions request
-// (CreateChatCompletionRequest, CreateCompletionRequest), and so the largest
-// MaxN.
-const maxN = 128
+// Jobs is the configuration of the job routes (publisher/jobs), embedded
+// in Config.
+type Jobs = jobs.Config
+
+// Batches is the configuration of the batch routes (publisher/batches),
+// embedded in Config.
+type Batches = batches.Config
 
 // Config is everything a Publisher needs. A zero field takes its value from
 // DefaultConfig (the comments below say where a default is worked out
 // instead); Validate says what is wrong with the rest.
 type Config struct {
-	Queue Queue // the work queue (required)
+	Queue jobs.Queue // the work queue (required)
 
 	// Payloads is the payload bucket: claim-checked items, job manifests,
 	// idempotency records, and the results GET /v1/jobs/{id} reads. Nil means
@@ -34,10 +36,14 @@ type Config struct {
 	// is not served (501) and idempotency records live in this process only.
 	Payloads *payload.Store
 
-	// MaxMessageBytes is the largest work message, attributes included:
-	// the queue's MaximumMessageSize (see QueueLimits); 1 KiB to 1 MiB. The
-	// default is what every SQS queue accepts.
-	MaxMessageBytes int
+	// Jobs are the bounds of a job, its messages, the results read back and
+	// the sends (publisher/jobs): embedded, so cfg.MaxItems is cfg.Jobs.MaxItems.
+	Jobs
+
+	// Batches are the batch routes' own settings (publisher/batches):
+	// embedded, so cfg.BatchWebhookURL is cfg.Batches.BatchWebhookURL.
+	Batches
+
 	// MaxBodyBytes bounds a request body, enforced before it is read.
 	// The whole body is held in memory while it is handled,
 	// with what is decoded from it: 5 to 6 times its size at the peak
@@ -45,36 +51,12 @@ type Config struct {
 	MaxBodyBytes int64
 	// MaxBodyBytesInFlight bounds the bytes of request bodies held at once,
 	// over all requests: a POST that would go over it is answered 503
-	// overloaded with Retry-After, without waiting (inflight.go). A body is
+	// overloaded with Retry-After, without waiting (publisher/api/inflight.go). A body is
 	// charged for the bytes that have arrived, as they arrive. So the heap
 	// the requests take is 5 to 6 times this at most. Zero is twice
 	// MaxBodyBytes; at least MaxBodyBytes, or a body at the limit could
 	// never be taken.
 	MaxBodyBytesInFlight int64
-	// MaxResultBytesInFlight bounds the bytes of stored results that GET
-	// /v1/jobs/{id} holds at once, over all requests, by the results'
-	// stored size: a result is charged before any of it is read and until
-	// its part of the answer is written (resultpage.go). A request whose
-	// first result finds the budget spent is answered 503 overloaded with
-	// Retry-After; one that has answered some results ends its page there.
-	// The heap the reads take is a small multiple of this: eight GETs
-	// against a 4 MiB budget peaked at 12 to 13 MiB (BenchmarkJobPageHeap).
-	// At least job.MaxResultBytes, the largest result a subscriber stores,
-	// or such a result could never be served.
-	MaxResultBytesInFlight int64
-	// MaxResultBytesPerClient bounds the bytes of stored results one client
-	// (its API key, else its address, as for bodies) holds at once: a GET
-	// whose first result would take its client over it is answered 429
-	// too_many_results with Retry-After, one that has answered some results
-	// ends its page there, so that one client's unread GETs cannot hold the
-	// whole budget. Zero is half MaxResultBytesInFlight; at least
-	// job.MaxResultBytes and at most MaxResultBytesInFlight.
-	MaxResultBytesPerClient int64
-	// MaxPageBytes cuts a page of results by size as page_size cuts it by
-	// chunks: a page ends before the result that would take its results'
-	// stored size over this, but always holds one. The default keeps a page
-	// within Lambda's 6 MB response.
-	MaxPageBytes int64
 	// MaxBodyBytesPerClient bounds the bytes of bodies one client holds at
 	// once (the client of RateLimit: its API key, else its address), and
 	// MaxBodiesPerClient its POSTs whose bodies are in flight, read or being
@@ -92,65 +74,20 @@ type Config struct {
 	// trickle cannot hold the budget or their share of it.
 	MinBodyRate int64
 	BodyGrace   time.Duration
-	// MaxItems bounds the items of one job.
-	MaxItems int
-	// MaxItemBytes is the largest item (its JSON in the message) carried
-	// inline; a larger one goes to S3, or is refused without Payloads.
-	// Zero and the maximum: what fits in a message alone. Lower it to keep
-	// messages small and send large items through S3.
-	MaxItemBytes int
-	// ChunkItems is the most items per chunk when a request does not say.
-	ChunkItems int
-	// MaxChunkItems caps the per-request option chunk_items.
-	MaxChunkItems int
-
-	// Models, when any, are the only models the body of a request for a
-	// model server may name (its "model", compared exactly); a job with
-	// another is refused 422 model_not_allowed. Empty: any model, and the
-	// subscriber's own list is the only check.
-	Models []string
-	// MaxN bounds n (and best_of) in a request for a model server: the
-	// completions one item may ask for, each up to its max tokens. 1 to
-	// 128, OpenAI's own bound.
-	MaxN int
-	// MaxOutputTokens bounds max_tokens and max_completion_tokens in a
-	// request for a model server. A request that leaves them out is sent
-	// with the subscriber's ceiling instead (docs/api.md).
-	MaxOutputTokens int
-	// AllowRemoteURLs lets a chat request's content parts name URLs other
-	// than data: ones (image_url and its kin), which a multimodal server
-	// fetches; off, such a request is refused 422 invalid_body. The
-	// subscriber has its own switch (-model-server-allow-remote-urls), and
-	// refuses them too unless it is on (docs/security.md).
-	AllowRemoteURLs bool
-	// ServedEndpoints are the endpoints of OpenAI's (job.BatchEndpoints)
-	// that the subscribers' model servers serve: a job or batch for
-	// another is refused (a batch at validation, each line named).
-	// Default DefaultServedEndpoints; add /v1/responses where the servers
-	// are vLLM's, /v1/moderations where they serve it. Anthropic's
-	// /v1/messages is always taken: a subscriber translates it where its
-	// server has no such route.
-	ServedEndpoints []string
-	// BatchWebhookURL, when set, is sent OpenAI's batch.completed,
-	// batch.failed, batch.expired and batch.cancelled events, signed with
-	// BatchWebhookSecret ("whsec_" and base64, Standard Webhooks) as OpenAI
-	// signs them (webhooks.go).
-	BatchWebhookURL    string
-	BatchWebhookSecret string
 	// MaxFileBytes, MaxFileLines and MaxFileLineBytes bound a file uploaded
 	// to POST /v1/files: its bytes, its lines (JSONL: a last line without
 	// its newline counts), and the bytes of each line, its newline not
 	// counted. The defaults are OpenAI's Batch API limits (200 MB, taken
 	// as 200 MiB so that every file OpenAI takes is taken here; 50,000
 	// lines) and, where OpenAI states none, a line of 10 MiB. An upload
-	// is streamed to the bucket and checked as it streams (files.go): one
+	// is streamed to the bucket and checked as it streams (publisher/files/files.go): one
 	// over a limit is refused as soon as it goes over, and leaves nothing
 	// stored. MaxFileBytes is at most payload.MaxUploadBytes. An upload is
 	// charged to the bodies in flight for what it holds in memory, up to
 	// payload.UploadPartBytes or MaxFileBytes, whichever is smaller: a
 	// MaxBodyBytesPerClient below that refuses larger files 429. Uploads
 	// together hold at most half MaxBodyBytesInFlight, and one client's
-	// half of that, each at least that much (bodyBudget, inflight.go).
+	// half of that, each at least that much (bodyBudget, publisher/api/inflight.go).
 	MaxFileBytes     int64
 	MaxFileLines     int
 	MaxFileLineBytes int64
@@ -225,15 +162,6 @@ type Config struct {
 	// Lambda, where the peer is API Gateway's sourceIp.
 	TrustedProxies []netip.Prefix
 
-	// SendAttempts bounds the sends of one entry SQS lists in Failed, the
-	// first included. SendBackoff is the wait before the first retry,
-	// doubled each time up to 2 s, jittered.
-	SendAttempts int
-	SendBackoff  time.Duration
-	// SendConcurrency is the SendMessageBatch calls in flight for one job
-	// (1 on a FIFO queue, whatever it says, to keep a job's chunks in order).
-	SendConcurrency int
-
 	// IdempotencyTTL and IdempotencyEntries bound the in-memory idempotency
 	// records used when there is no bucket.
 	IdempotencyTTL     time.Duration
@@ -259,54 +187,34 @@ type Config struct {
 // keys, rate limits or trusted proxies.
 func DefaultConfig() Config {
 	return Config{
-		MaxMessageBytes:        256 << 10,
-		MaxBodyBytes:           32 << 20,
-		MaxResultBytesInFlight: 2 * job.MaxResultBytes,
-		MaxPageBytes:           4 << 20,
-		MaxBodiesPerClient:     16,
-		MinBodyRate:            16 << 10,
-		BodyGrace:              10 * time.Second,
-		IPv6ClientPrefix:       56,
-		MaxItems:               10_000,
-		ChunkItems:             32,
-		MaxChunkItems:          1_000,
-		MaxN:                   8,
-		MaxOutputTokens:        16_384,
-		RateLimitClients:       10_000,
-		SendAttempts:           5,
-		SendBackoff:            100 * time.Millisecond,
-		SendConcurrency:        4,
-		IdempotencyTTL:         24 * time.Hour,
-		IdempotencyEntries:     100_000,
-		IdempotencyStale:       2 * time.Minute,
-		MaxFileBytes:           200 << 20,
-		MaxFileLines:           50_000,
-		ServedEndpoints:        slices.Clone(DefaultServedEndpoints),
-		MaxFileLineBytes:       10 << 20,
-		MaxFiles:               10_000,
-		FileUploadTimeout:      30 * time.Minute,
+		Jobs:               jobs.DefaultConfig(),
+		MaxBodyBytes:       32 << 20,
+		MaxBodiesPerClient: 16,
+		MinBodyRate:        16 << 10,
+		BodyGrace:          10 * time.Second,
+		IPv6ClientPrefix:   56,
+		RateLimitClients:   10_000,
+		IdempotencyTTL:     24 * time.Hour,
+		IdempotencyEntries: 100_000,
+		IdempotencyStale:   2 * time.Minute,
+		MaxFileBytes:       200 << 20,
+		MaxFileLines:       50_000,
+		MaxFileLineBytes:   10 << 20,
+		MaxFiles:           10_000,
+		FileUploadTimeout:  30 * time.Minute,
 	}
 }
 
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
-	config.OrDefault(&c.MaxMessageBytes, d.MaxMessageBytes)
+	c.Jobs.SetDefaults()
 	config.OrDefault(&c.MaxBodyBytes, d.MaxBodyBytes)
 	config.OrDefault(&c.MaxBodyBytesInFlight, 2*c.MaxBodyBytes)
-	config.OrDefault(&c.MaxResultBytesInFlight, d.MaxResultBytesInFlight)
-	config.OrDefault(&c.MaxResultBytesPerClient, max(job.MaxResultBytes, c.MaxResultBytesInFlight/2))
-	config.OrDefault(&c.MaxPageBytes, d.MaxPageBytes)
 	config.OrDefault(&c.MaxBodyBytesPerClient, max(c.MaxBodyBytes, c.MaxBodyBytesInFlight/2))
 	config.OrDefault(&c.MaxBodiesPerClient, d.MaxBodiesPerClient)
 	config.OrDefault(&c.MinBodyRate, d.MinBodyRate)
 	config.OrDefault(&c.BodyGrace, d.BodyGrace)
 	config.OrDefault(&c.IPv6ClientPrefix, d.IPv6ClientPrefix)
-	config.OrDefault(&c.MaxItems, d.MaxItems)
-	config.OrDefault(&c.MaxItemBytes, maxInlineItem(c.MaxMessageBytes))
-	config.OrDefault(&c.ChunkItems, d.ChunkItems)
-	config.OrDefault(&c.MaxChunkItems, d.MaxChunkItems)
-	config.OrDefault(&c.MaxN, d.MaxN)
-	config.OrDefault(&c.MaxOutputTokens, d.MaxOutputTokens)
 	if c.RateLimit > 0 && c.RateBurst == 0 {
 		c.RateBurst = api.DefaultBurst(c.RateLimit)
 	}
@@ -314,9 +222,6 @@ func (c *Config) setDefaults() {
 		c.GlobalRateBurst = api.DefaultBurst(c.GlobalRateLimit)
 	}
 	config.OrDefault(&c.RateLimitClients, d.RateLimitClients)
-	config.OrDefault(&c.SendAttempts, d.SendAttempts)
-	config.OrDefault(&c.SendBackoff, d.SendBackoff)
-	config.OrDefault(&c.SendConcurrency, d.SendConcurrency)
 	config.OrDefault(&c.IdempotencyTTL, d.IdempotencyTTL)
 	config.OrDefault(&c.IdempotencyEntries, d.IdempotencyEntries)
 	config.OrDefault(&c.IdempotencyStale, d.IdempotencyStale)
@@ -345,20 +250,8 @@ func (c *Config) Validate() error {
 	if c.Queue == nil {
 		bad("Queue", "no work queue")
 	}
-	if c.BatchWebhookURL != "" {
-		if u, err := url.Parse(c.BatchWebhookURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			bad("BatchWebhookURL", "batch webhook URL %q: want an http or https URL", c.BatchWebhookURL)
-		}
-		if _, err := webhookKey(c.BatchWebhookSecret); err != nil {
-			bad("BatchWebhookSecret", "%v", err)
-		}
-	}
-	if c.MaxMessageBytes < job.MinMessageBytes || c.MaxMessageBytes > job.MaxMessageBytes {
-		bad("MaxMessageBytes", "max message bytes %d: want %d to %d", c.MaxMessageBytes, job.MinMessageBytes, job.MaxMessageBytes)
-	} else if inline := maxInlineItem(c.MaxMessageBytes); c.MaxItemBytes < 1 || c.MaxItemBytes > inline {
-		bad("MaxItemBytes", "max item bytes %d: want 1 to %d (what fits in a message of %d bytes)",
-			c.MaxItemBytes, inline, c.MaxMessageBytes)
-	}
+	c.Batches.Validate(&problems)
+	c.Jobs.Validate(&problems)
 	if c.MaxBodyBytes < 1 {
 		bad("MaxBodyBytes", "max body bytes %d: want at least 1", c.MaxBodyBytes)
 	} else if c.MaxBodyBytesInFlight < c.MaxBodyBytes {
@@ -380,44 +273,6 @@ func (c *Config) Validate() error {
 	if c.IPv6ClientPrefix < 32 || c.IPv6ClientPrefix > 128 {
 		bad("IPv6ClientPrefix", "IPv6 client prefix /%d: want 32 to 128 (a shorter prefix is a whole ISP's)", c.IPv6ClientPrefix)
 	}
-	if c.MaxResultBytesInFlight < job.MaxResultBytes {
-		bad("MaxResultBytesInFlight",
-			"max result bytes in flight %d: want at least %d (job.MaxResultBytes), or a result at that size is never served",
-			c.MaxResultBytesInFlight, job.MaxResultBytes)
-	} else if c.MaxResultBytesPerClient < job.MaxResultBytes || c.MaxResultBytesPerClient > c.MaxResultBytesInFlight {
-		bad("MaxResultBytesPerClient",
-			"max result bytes per client %d: want at least %d (job.MaxResultBytes), or a result at that size is never served, "+
-				"and at most max result bytes in flight (%d)", c.MaxResultBytesPerClient, job.MaxResultBytes, c.MaxResultBytesInFlight)
-	}
-	config.AtLeast(&problems, "MaxPageBytes", "max page bytes", c.MaxPageBytes, 1)
-	config.AtLeast(&problems, "MaxItems", "max items", c.MaxItems, 1)
-	if c.ChunkItems < 1 {
-		bad("ChunkItems", "chunk items %d: want at least 1", c.ChunkItems)
-	} else if c.MaxChunkItems < c.ChunkItems {
-		bad("MaxChunkItems", "max chunk items %d: want at least chunk items (%d)", c.MaxChunkItems, c.ChunkItems)
-	} else if c.MaxChunkItems > job.MaxItems {
-		// Subscribers dead-letter a larger message, whoever sent it.
-		bad("MaxChunkItems", "max chunk items %d: want at most %d (job.MaxItems)", c.MaxChunkItems, job.MaxItems)
-	}
-	for i, e := range c.ServedEndpoints {
-		if !slices.Contains(job.BatchEndpoints, e) {
-			bad("ServedEndpoints", "served endpoint %d (%q) is not one of %s", i, e, strings.Join(job.BatchEndpoints, ", "))
-		}
-	}
-	seenModel := map[string]bool{}
-	for i, m := range c.Models {
-		switch {
-		case m == "" || strings.TrimSpace(m) != m:
-			bad("Models", "model %d (%q) is empty or has white space around it", i, m)
-		case seenModel[m]:
-			bad("Models", "model %q is listed twice", m)
-		}
-		seenModel[m] = true
-	}
-	if c.MaxN < 1 || c.MaxN > maxN {
-		bad("MaxN", "max n %d: want 1 to %d (OpenAI's bound)", c.MaxN, maxN)
-	}
-	config.AtLeast(&problems, "MaxOutputTokens", "max output tokens", c.MaxOutputTokens, 1)
 	for i, k := range c.APIKeys {
 		if name, key := api.SplitKey(k); key == "" {
 			bad("APIKeys", "API key %d (tenant %q) is empty", i, name)
@@ -449,9 +304,6 @@ func (c *Config) Validate() error {
 			bad("TrustedProxies", "trusted proxy %v is every address: list the load balancers' own addresses", p)
 		}
 	}
-	config.AtLeast(&problems, "SendAttempts", "send attempts", c.SendAttempts, 1)
-	config.AtLeast(&problems, "SendBackoff", "send backoff", c.SendBackoff, 0)
-	config.AtLeast(&problems, "SendConcurrency", "send concurrency", c.SendConcurrency, 1)
 	config.AtLeast(&problems, "IdempotencyTTL", "idempotency TTL", c.IdempotencyTTL, 0)
 	config.AtLeast(&problems, "IdempotencyEntries", "idempotency entries", c.IdempotencyEntries, 1)
 	config.AtLeast(&problems, "IdempotencyStale", "idempotency stale", c.IdempotencyStale, 0)

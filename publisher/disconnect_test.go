@@ -26,6 +26,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/faultproxy"
 	"github.com/vramq/vramq/internal/testenv/wait"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // requestsWith is how many requests the publisher answered with code on
@@ -111,7 +112,7 @@ func TestClientGoesAwayWhileChunksAreSent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := e.serve(publisher.Config{Queue: publisher.NewSQSQueue(proxy.SQS(cfg), e.urls.Work)})
+	s := e.serve(publisher.Config{Queue: jobs.NewSQSQueue(proxy.SQS(cfg), e.urls.Work)})
 	const chunks = 300
 	body := jobBody(t, manyItems("gone-", chunks, 3), 1)
 	key := map[string]string{"Content-Type": "application/json", "Idempotency-Key": "gone-away"}

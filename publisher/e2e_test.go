@@ -14,6 +14,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // words makes a deterministic text of n words.
@@ -28,10 +29,10 @@ func words(seed, n int) string {
 	return b.String()
 }
 
-func manyItems(prefix string, n, wordsEach int) []publisher.RequestItem {
-	out := make([]publisher.RequestItem, n)
+func manyItems(prefix string, n, wordsEach int) []jobs.RequestItem {
+	out := make([]jobs.RequestItem, n)
 	for i := range out {
-		out[i] = publisher.RequestItem{ID: fmt.Sprintf("%s%03d", prefix, i), Text: words(i, wordsEach)}
+		out[i] = jobs.RequestItem{ID: fmt.Sprintf("%s%03d", prefix, i), Text: words(i, wordsEach)}
 	}
 	return out
 }
@@ -43,13 +44,13 @@ func manyItems(prefix string, n, wordsEach int) []publisher.RequestItem {
 func TestPublishWholeJob(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{MaxMessageBytes: 8 << 10, MaxItemBytes: 4 << 10})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{MaxMessageBytes: 8 << 10, MaxItemBytes: 4 << 10}})
 	items := manyItems("doc-", 200, 20)
 	for i := range 40 { // some items long enough to cut chunks by size
 		items[i*5].Text = words(i, 550)
 	}
-	items[17] = publisher.RequestItem{ID: "big-text", Text: words(99, 2000)}
-	items[101] = publisher.RequestItem{ID: "big-data", Data: []byte(strings.Repeat("\x00\x01\xfe\xff", 3000))}
+	items[17] = jobs.RequestItem{ID: "big-text", Text: words(99, 2000)}
+	items[101] = jobs.RequestItem{ID: "big-data", Data: []byte(strings.Repeat("\x00\x01\xfe\xff", 3000))}
 	a := s.mustPost(jobBody(t, items, 16), nil)
 	if a.Items != 200 || a.ClaimChecked != 2 || a.StatusURL != "/v1/jobs/"+a.JobID || len(a.JobID) != 32 {
 		t.Errorf("accepted %+v", a)
@@ -171,7 +172,7 @@ func TestIdempotentRetry(t *testing.T) {
 // failFirst fails the first attempt of every entry whose chunk % every == 1,
 // as SQS does when it lists entries in Failed, and counts what got through.
 type failFirst struct {
-	publisher.Queue
+	jobs.Queue
 	every     int
 	mu        sync.Mutex
 	attempts  map[string]int
@@ -187,16 +188,16 @@ func (f *failFirst) set(permanent bool) {
 	clear(f.attempts)
 }
 
-func (f *failFirst) SendBatch(ctx context.Context, entries []publisher.Entry) ([]error, error) {
+func (f *failFirst) SendBatch(ctx context.Context, entries []jobs.Entry) ([]error, error) {
 	f.mu.Lock()
-	var pass []publisher.Entry
+	var pass []jobs.Entry
 	var idx []int
 	errs := make([]error, len(entries))
 	for i, e := range entries {
 		k := e.JobID + "/" + strconv.Itoa(e.Chunk)
 		f.attempts[k]++
 		if e.Chunk%f.every == 1 && (f.attempts[k] == 1 || f.permanent) {
-			errs[i] = &publisher.EntryError{Code: "InternalError", Message: "injected"}
+			errs[i] = &jobs.EntryError{Code: "InternalError", Message: "injected"}
 			continue
 		}
 		pass = append(pass, e)
@@ -222,8 +223,8 @@ func (f *failFirst) SendBatch(ctx context.Context, entries []publisher.Entry) ([
 func TestInjectedSendFailures(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	q := &failFirst{Queue: publisher.NewSQSQueue(e.client, e.urls.Work), every: 4, attempts: map[string]int{}}
-	s := e.serve(publisher.Config{Queue: q, SendBackoff: 10 * time.Millisecond})
+	q := &failFirst{Queue: jobs.NewSQSQueue(e.client, e.urls.Work), every: 4, attempts: map[string]int{}}
+	s := e.serve(publisher.Config{Queue: q, Jobs: publisher.Jobs{SendBackoff: 10 * time.Millisecond}})
 
 	a := s.mustPost(jobBody(t, manyItems("f", 100, 5), 5), nil)
 	if a.Chunks != 20 {

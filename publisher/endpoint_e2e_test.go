@@ -48,7 +48,7 @@ func compact(t *testing.T, body string) string {
 func TestEndpointJobsEnqueued(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{Models: []string{"llama-3.1-8b", "bge-m3"}, MaxN: 4, MaxOutputTokens: 512})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{Models: []string{"llama-3.1-8b", "bge-m3"}, MaxN: 4, MaxOutputTokens: 512}})
 
 	for _, tc := range []struct {
 		endpoint string
@@ -107,7 +107,7 @@ func TestEndpointJobsEnqueued(t *testing.T) {
 func TestEndpointBodyClaimChecked(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{MaxMessageBytes: 8 << 10, MaxItemBytes: 4 << 10})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{MaxMessageBytes: 8 << 10, MaxItemBytes: 4 << 10}})
 	long := strings.Repeat("Summarise this sentence, which goes on. ", 400) // 16 KB
 	bodies := []string{
 		`{"model":"llama","messages":[{"role":"user","content":"short"}]}`,

@@ -23,6 +23,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 	"github.com/vramq/vramq/publisher/publishertest"
 )
 
@@ -215,11 +216,11 @@ func checkWhole(t *testing.T, a accepted, msgs []received) []*job.Work {
 }
 
 // jobBody builds a request body from items and options.
-func jobBody(t *testing.T, items []publisher.RequestItem, chunkItems int) []byte {
+func jobBody(t *testing.T, items []jobs.RequestItem, chunkItems int) []byte {
 	t.Helper()
-	req := publisher.JobRequest{Items: items}
+	req := jobs.JobRequest{Items: items}
 	if chunkItems > 0 {
-		req.Options = &publisher.JobOptions{ChunkItems: chunkItems}
+		req.Options = &jobs.JobOptions{ChunkItems: chunkItems}
 	}
 	b, err := json.Marshal(req)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // On a FIFO work queue every chunk of a job shares the job's message group
@@ -34,15 +35,16 @@ func TestFIFOQueue(t *testing.T) {
 	url := aws.ToString(out.QueueUrl)
 	t.Cleanup(func() { _, _ = client.DeleteQueue(t.Context(), &sqs.DeleteQueueInput{QueueUrl: &url}) })
 
-	limits, err := publisher.QueueLimits(t.Context(), client, url)
+	limits, err := jobs.QueueLimits(t.Context(), client, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !limits.FIFO {
 		t.Fatalf("QueueLimits(%s) did not see a FIFO queue", name)
 	}
-	p, err := publisher.New(publisher.Config{Queue: publisher.NewSQSQueue(client, url), MaxMessageBytes: limits.MaxMessageBytes,
-		ChunkItems: 2, Logger: testLogger(), Registerer: prometheus.NewRegistry()})
+	p, err := publisher.New(publisher.Config{Queue: jobs.NewSQSQueue(client, url), Logger: testLogger(), Registerer: prometheus.NewRegistry(),
+		Jobs: publisher.Jobs{MaxMessageBytes: limits.MaxMessageBytes, ChunkItems: 2},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

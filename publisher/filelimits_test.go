@@ -155,7 +155,7 @@ func TestFileCountIsBounded(t *testing.T) {
 func TestBatchLinesAreBoundedByTheFileLimits(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, MaxItems: 2, ChunkItems: 2, MaxFileLines: 5})
+	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, MaxFileLines: 5, Jobs: publisher.Jobs{MaxItems: 2, ChunkItems: 2}})
 	a := s.client("key-a")
 	f := upload(t, a, "five.jsonl", batchLines(5, "b"))
 	if bt := newBatch(t, a, f.ID, "/v1/embeddings"); bt.Status != "in_progress" || bt.RequestCounts.Total != 5 {

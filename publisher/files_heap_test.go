@@ -16,6 +16,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/sqstest"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher/files"
+	"github.com/vramq/vramq/publisher/internal/heaptest"
 )
 
 // heapFileBytes is the file TestUploadIsNotHeldInMemory uploads: 96 MiB,
@@ -68,7 +69,7 @@ func TestUploadIsNotHeldInMemory(t *testing.T) {
 	}
 	h := p.Handler()
 	var w *httptest.ResponseRecorder
-	peak := peakHeap(func() { w = postLargeFile(t, h) })
+	peak := heaptest.Peak(func() { w = postLargeFile(t, h) })
 	if w.Code != http.StatusOK {
 		t.Fatalf("upload: %d %s", w.Code, w.Body)
 	}
@@ -107,7 +108,7 @@ func BenchmarkUploadHeap(b *testing.B) {
 	var worst uint64
 	for b.Loop() {
 		var w *httptest.ResponseRecorder
-		worst = max(worst, peakHeap(func() { w = postLargeFile(b, h) }))
+		worst = max(worst, heaptest.Peak(func() { w = postLargeFile(b, h) }))
 		if w.Code != http.StatusOK {
 			b.Fatalf("upload: %d %s", w.Code, w.Body)
 		}

@@ -2,21 +2,21 @@ package publisher
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
-	rtmetrics "runtime/metrics"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vramq/vramq/job"
+	"github.com/vramq/vramq/publisher/internal/heaptest"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // maxSizeBody is a POST /v1/jobs body at the default limits: 10,000 items
@@ -24,43 +24,15 @@ import (
 func maxSizeBody(tb testing.TB) []byte {
 	const items, limit = 10_000, 32 << 20
 	text := strings.Repeat("lorem ipsum ", (limit/items-40)/12)
-	req := JobRequest{}
+	req := jobs.JobRequest{}
 	for i := range items {
-		req.Items = append(req.Items, RequestItem{ID: fmt.Sprintf("item-%05d", i), Text: text})
+		req.Items = append(req.Items, jobs.RequestItem{ID: fmt.Sprintf("item-%05d", i), Text: text})
 	}
 	body, err := json.Marshal(req)
 	if err != nil || len(body) > limit {
 		tb.Fatalf("body of %d bytes: %v", len(body), err)
 	}
 	return body
-}
-
-// peakHeap runs f while sampling the heap's live objects every
-// millisecond, and returns the most it saw above what was live before.
-func peakHeap(f func()) uint64 {
-	sample := []rtmetrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	read := func() uint64 { rtmetrics.Read(sample); return sample[0].Value.Uint64() }
-	runtime.GC()
-	base := read()
-	var peak uint64
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for {
-			peak = max(peak, read())
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	})
-	f()
-	close(done)
-	wg.Wait()
-	return max(peak, base) - base
 }
 
 // BenchmarkConcurrentMaxBodies posts 8 maximum-size bodies (32 MiB, 10,000
@@ -83,8 +55,10 @@ func BenchmarkConcurrentMaxBodies(b *testing.B) {
 		inFlight int64
 	}{{"unbounded", 1 << 40}, {"default", 0}} {
 		b.Run(bc.name, func(b *testing.B) {
-			p, err := New(Config{Queue: nopQueue{}, MaxMessageBytes: job.MaxMessageBytes, MaxBodyBytesInFlight: bc.inFlight,
-				Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
+			p, err := New(Config{Queue: nopQueue{}, MaxBodyBytesInFlight: bc.inFlight,
+				Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+				Jobs: Jobs{MaxMessageBytes: job.MaxMessageBytes},
+			})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -94,7 +68,7 @@ func BenchmarkConcurrentMaxBodies(b *testing.B) {
 			for b.Loop() {
 				var mu sync.Mutex
 				accepted = 0
-				peak := peakHeap(func() {
+				peak := heaptest.Peak(func() {
 					var wg sync.WaitGroup
 					start := make(chan struct{})
 					for i := range clients {
@@ -128,4 +102,11 @@ func BenchmarkConcurrentMaxBodies(b *testing.B) {
 			b.ReportMetric(float64(worst)/float64(clients*len(body)), "peak/bodies")
 		})
 	}
+}
+
+// nopQueue takes every message at once.
+type nopQueue struct{}
+
+func (nopQueue) SendBatch(_ context.Context, entries []jobs.Entry) ([]error, error) {
+	return make([]error, len(entries)), nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // heldQueue holds every SendBatch until release is closed, so that the
@@ -30,7 +31,7 @@ type heldQueue struct {
 	release chan struct{}
 }
 
-func (q *heldQueue) SendBatch(ctx context.Context, entries []Entry) ([]error, error) {
+func (q *heldQueue) SendBatch(ctx context.Context, entries []jobs.Entry) ([]error, error) {
 	q.arrived <- struct{}{}
 	<-q.release
 	return q.countingQueue.SendBatch(ctx, entries)

@@ -11,6 +11,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // refusingModel refuses, as invalid input, every batch holding an item
@@ -40,7 +41,7 @@ func TestPipelineItemErrors(t *testing.T) {
 	items[2].Text = "REFUSE this one"
 	a := s.mustPost(jobBody(t, items, 4), nil)
 	st := s.waitSettled(t, a.JobID, time.Minute)
-	if st.Status != publisher.StatusComplete || st.ChunksDone != 2 || st.ItemsDone != 7 || st.ItemsFailed != 1 {
+	if st.Status != jobs.StatusComplete || st.ChunksDone != 2 || st.ItemsDone != 7 || st.ItemsFailed != 1 {
 		t.Errorf("job settled as %+v; want complete, 7 items done, 1 failed", st)
 	}
 	outs, _ := s.allOutputs(t, a.JobID, 10)
@@ -64,7 +65,7 @@ func TestPipelineItemErrors(t *testing.T) {
 	}
 	b := s.mustPost(jobBody(t, bad, 2), nil)
 	st = s.waitSettled(t, b.JobID, time.Minute)
-	if st.Status != publisher.StatusPartial || st.ChunksFailed != 1 || len(st.Failed) != 1 || st.Failed[0].Chunk != 0 ||
+	if st.Status != jobs.StatusPartial || st.ChunksFailed != 1 || len(st.Failed) != 1 || st.Failed[0].Chunk != 0 ||
 		!strings.HasPrefix(st.Failed[0].Reason, "invalid_input: ") || st.ItemsDone != 2 || st.ItemsFailed != 0 {
 		t.Errorf("all-refused chunk: job settled as %+v; want chunk 0 failed as invalid_input", st)
 	}

@@ -60,8 +60,10 @@ func TestBatchFlowsWithTheOpenAIJavaScriptSDK(t *testing.T) {
 	defer srv.Close()
 	hook, delivered := publishertest.WebhookReceiver(t)
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-js"}, ChunkItems: 2, ServedEndpoints: job.BatchEndpoints,
-		BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret})
+	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-js"},
+		Jobs:    publisher.Jobs{ChunkItems: 2, ServedEndpoints: job.BatchEndpoints},
+		Batches: publisher.Batches{BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret},
+	})
 	e.runServerSubscriber(srv)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)

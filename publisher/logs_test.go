@@ -13,6 +13,7 @@ import (
 
 	"github.com/vramq/vramq/internal/testenv/faultproxy"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // lockedBuffer is a bytes.Buffer that several goroutines may write.
@@ -37,10 +38,10 @@ func (l *lockedBuffer) String() string {
 // will never take.
 type refusing struct{}
 
-func (refusing) SendBatch(_ context.Context, entries []publisher.Entry) ([]error, error) {
+func (refusing) SendBatch(_ context.Context, entries []jobs.Entry) ([]error, error) {
 	errs := make([]error, len(entries))
 	for i := range errs {
-		errs[i] = &publisher.EntryError{Code: "InvalidMessageContents", Message: "refused by the test", SenderFault: true}
+		errs[i] = &jobs.EntryError{Code: "InvalidMessageContents", Message: "refused by the test", SenderFault: true}
 	}
 	return errs, nil
 }
@@ -79,8 +80,8 @@ func TestLogsCarryNoPayloadsOrCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := publisher.Config{APIKeys: []string{apiKey}, MaxItemBytes: 2 << 10, MaxBodyBytes: 256 << 10, Logger: log}
-	base.Queue = publisher.NewSQSQueue(proxy.SQS(cfg), e.urls.Work)
+	base := publisher.Config{APIKeys: []string{apiKey}, MaxBodyBytes: 256 << 10, Logger: log, Jobs: publisher.Jobs{MaxItemBytes: 2 << 10}}
+	base.Queue = jobs.NewSQSQueue(proxy.SQS(cfg), e.urls.Work)
 	s := e.serve(base)
 	failing := base
 	failing.Queue = refusing{}

@@ -158,7 +158,7 @@ func TestMessageBatchesEndToEnd(t *testing.T) {
 		OutputTokens: func(string, int) int { return 6 }})
 	defer srv.Close()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}, ChunkItems: 2})
+	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}, Jobs: publisher.Jobs{ChunkItems: 2}})
 	a, other := anthropicClient{s, "key-a"}, anthropicClient{s, "key-b"}
 
 	// The headers, and a create with a bad request: refused whole.
@@ -393,7 +393,7 @@ func TestMessageBatchCreateThatStallsIsCutOff(t *testing.T) {
 func TestMessageBatchExpiry(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{ChunkItems: 2})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{ChunkItems: 2}})
 	a := anthropicClient{s, ""}
 	r := a.do(http.MethodPost, "/v1/messages/batches", createBody(3, question))
 	var mb msgBatch

@@ -17,7 +17,7 @@ import (
 func TestMessageBatchCompletionEventFinalizes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serveUnswept(publisher.Config{ChunkItems: 1})
+	s := e.serveUnswept(publisher.Config{Jobs: publisher.Jobs{ChunkItems: 1}})
 	a := anthropicClient{s, ""}
 	body := []byte(`{"requests":[{"custom_id":"e-0","params":` + question(0) + `},{"custom_id":"e-1","params":` + question(1) + `}]}`)
 	r := a.do(http.MethodPost, "/v1/messages/batches", body)

@@ -8,6 +8,7 @@ import (
 	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // Issue 25, item 3: a job belongs to the tenant whose key created it. Any
@@ -37,10 +38,10 @@ func TestJobsAnswerOnlyTheirOwner(t *testing.T) {
 	if _, err := e.store.Read(t.Context(), job.CancelKey(a.JobID)); !errors.Is(err, payload.ErrMissing) {
 		t.Fatalf("another tenant's DELETE left a cancel record: %v", err)
 	}
-	if st := s.statusAs(t, a.JobID, as("key-a")); st.Status != publisher.StatusRunning || st.CancelledAt != nil || st.ChunksPending != a.Chunks {
+	if st := s.statusAs(t, a.JobID, as("key-a")); st.Status != jobs.StatusRunning || st.CancelledAt != nil || st.ChunksPending != a.Chunks {
 		t.Errorf("the owner's GET after another tenant's DELETE: %+v; want it running, not cancelled", st)
 	}
-	if st := s.cancel(t, a.JobID, as("key-a2")); st.Status != publisher.StatusCancelled {
+	if st := s.cancel(t, a.JobID, as("key-a2")); st.Status != jobs.StatusCancelled {
 		t.Errorf("DELETE with the tenant's other key: %+v; want it cancelled", st)
 	}
 }
@@ -72,7 +73,7 @@ func TestJobWithoutOwner(t *testing.T) {
 		t.Errorf("DELETE of a job without an owner left a cancel record: %v", err)
 	}
 	open := e.serve(publisher.Config{})
-	if st := open.status(t, id, ""); st.JobID != id || st.Status != publisher.StatusRunning {
+	if st := open.status(t, id, ""); st.JobID != id || st.Status != jobs.StatusRunning {
 		t.Errorf("GET without auth: %+v", st)
 	}
 }

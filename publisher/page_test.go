@@ -9,6 +9,7 @@ import (
 
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // Issue 25, item 2: a page of results is cut by bytes as well as by chunks,
@@ -61,7 +62,7 @@ func TestJobPagesAreCutByBytes(t *testing.T) {
 		}
 		var st jobStatus
 		r.json(t, &st)
-		if st.Status != publisher.StatusPartial || st.ChunksDone != 6 || len(st.Failed) != 1 {
+		if st.Status != jobs.StatusPartial || st.ChunksDone != 6 || len(st.Failed) != 1 {
 			t.Errorf("page %d: %s, %d done, failed %+v", pages, st.Status, st.ChunksDone, st.Failed)
 		}
 		last := -1

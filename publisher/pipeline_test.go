@@ -12,6 +12,7 @@ import (
 	"github.com/vramq/vramq/model/backend"
 	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 	"github.com/vramq/vramq/publisher/publishertest"
 )
 
@@ -43,7 +44,7 @@ func (s *server) waitSettled(t *testing.T, jobID string, limit time.Duration) jo
 	deadline := time.Now().Add(limit)
 	for {
 		st := s.status(t, jobID, "?page_size=1")
-		if st.Status != publisher.StatusRunning {
+		if st.Status != jobs.StatusRunning {
 			return st
 		}
 		if time.Now().After(deadline) {
@@ -86,22 +87,22 @@ func (s *server) allOutputs(t *testing.T, jobID string, pageSize int) (map[strin
 func TestPipeline(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	inline := e.serve(publisher.Config{MaxMessageBytes: 64 << 10})
-	claiming := e.serve(publisher.Config{MaxMessageBytes: 64 << 10, MaxItemBytes: 1 << 10})
+	inline := e.serve(publisher.Config{Jobs: publisher.Jobs{MaxMessageBytes: 64 << 10}})
+	claiming := e.serve(publisher.Config{Jobs: publisher.Jobs{MaxMessageBytes: 64 << 10, MaxItemBytes: 1 << 10}})
 	e.runSubscriber()
 
 	twin := words(12345, 500) // about 3 KiB: inline on one publisher, claim-checked on the other
 	items := manyItems("doc-", 200, 20)
-	items[150] = publisher.RequestItem{ID: "twin", Text: twin}
+	items[150] = jobs.RequestItem{ID: "twin", Text: twin}
 	a := inline.mustPost(jobBody(t, items, 16), nil)
-	b := claiming.mustPost(jobBody(t, []publisher.RequestItem{{ID: "big", Text: twin}, {ID: "small", Text: "hello"}}, 0), nil)
+	b := claiming.mustPost(jobBody(t, []jobs.RequestItem{{ID: "big", Text: twin}, {ID: "small", Text: "hello"}}, 0), nil)
 	if a.Chunks != 13 || a.ClaimChecked != 0 || b.ClaimChecked != 1 {
 		t.Fatalf("jobs: %+v and %+v", a, b)
 	}
 
 	for _, j := range []accepted{a, b} {
 		st := inline.waitSettled(t, j.JobID, time.Minute)
-		if st.Status != publisher.StatusComplete || st.ChunksDone != j.Chunks || st.ItemsDone != j.Items || len(st.Failed) != 0 {
+		if st.Status != jobs.StatusComplete || st.ChunksDone != j.Chunks || st.ItemsDone != j.Items || len(st.Failed) != 0 {
 			t.Errorf("job %s settled as %+v", j.JobID, st)
 		}
 	}

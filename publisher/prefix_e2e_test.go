@@ -15,7 +15,7 @@ import (
 func TestEndpointJobGroupedByPrefix(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{Models: []string{"llama-3.1-8b"}})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{Models: []string{"llama-3.1-8b"}}})
 	var items []string
 	for i := range 12 {
 		body := fmt.Sprintf(`{"model":"llama-3.1-8b","messages":[{"role":"system","content":"prompt %d"},{"role":"user","content":"q%d"}]}`, i%3, i)

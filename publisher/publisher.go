@@ -7,47 +7,28 @@
 package publisher
 
 import (
-	"crypto/rand"
-	"encoding/hex"
+	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"time"
-
-	"golang.org/x/sync/semaphore"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/vramq/vramq/internal/payload"
 	"github.com/vramq/vramq/internal/tenant"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/batches"
 	"github.com/vramq/vramq/publisher/files"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // Publisher is the HTTP API over one work queue. Safe for concurrent use.
 type Publisher struct {
 	cfg     Config
-	log     *slog.Logger
-	m       *metrics
-	planner Planner
-	sender  *sender
-	idem    api.IdemStore
-	store   *payload.Store
-	gate    *api.Gate      // keys, rate limits, bodies in flight, the request log
-	files   *files.Service // the Files API
-	labels  *tenant.Labels // per-tenant metric labels
-	results *resultShares  // bytes of stored results in flight (resultpage.go)
-	// Batches (batches.go, batchvalidate.go, batchstate.go, webhooks.go).
-	// batchBytes bounds the bytes of Message Batch creates held at once
-	// while they are planned (msgbatches.go): MaxFileBytes. An OpenAI batch
-	// holds none: its file is validated streamed (batchvalidate.go).
-	batchBytes    *semaphore.Weighted
-	batchCreators keySet    // the clients creating a batch, one each
-	advancing     keySet    // the batches this process is advancing (advanceBatch)
-	hooks         *webhooks // nil without BatchWebhookURL
-	now           func() time.Time
-	nudges        chan string // records of batches a read found settled (sweeper.go)
+	gate    *api.Gate        // keys, rate limits, bodies in flight, the request log
+	jobs    *jobs.Service    // the job routes, and the jobs the batches submit
+	files   *files.Service   // the Files API
+	batches *batches.Service // the Batch API and Message Batches, and their sweeper
 }
 
 // New checks cfg and builds a Publisher. It makes no AWS calls: read the
@@ -57,61 +38,55 @@ func New(cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("publisher config: %w", err)
 	}
-	m, err := newMetrics(cfg.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("publisher metrics: %w", err)
-	}
-	p := &Publisher{cfg: cfg, log: cfg.Logger, m: m, store: cfg.Payloads, now: time.Now,
-		nudges: make(chan string, nudgeBuffer)}
-	p.planner = Planner{MaxMessageBytes: cfg.MaxMessageBytes, MaxItemBytes: cfg.MaxItemBytes}
+	p := &Publisher{cfg: cfg}
+	var idem api.IdemStore = api.NewMemIdem(cfg.IdempotencyTTL, cfg.IdempotencyEntries)
 	if cfg.Payloads != nil {
-		p.planner.Bucket = cfg.Payloads.Bucket()
-		p.idem = api.S3Idem{Store: cfg.Payloads}
-	} else {
-		p.idem = api.NewMemIdem(cfg.IdempotencyTTL, cfg.IdempotencyEntries)
+		idem = api.S3Idem{Store: cfg.Payloads}
 	}
-	p.sender = &sender{
-		queue: cfg.Queue, attempts: cfg.SendAttempts, retry: sendRetry(cfg.SendBackoff),
-		maxBatchBytes: cfg.MaxMessageBytes, concurrency: cfg.SendConcurrency, m: m, log: cfg.Logger,
-	}
+	var err error
 	p.gate, err = api.NewGate(api.Config{APIKeys: cfg.APIKeys,
 		RateLimit: cfg.RateLimit, RateBurst: cfg.RateBurst, GlobalRateLimit: cfg.GlobalRateLimit, GlobalRateBurst: cfg.GlobalRateBurst,
 		IPv6ClientPrefix: cfg.IPv6ClientPrefix, RateLimitClients: cfg.RateLimitClients, TrustedProxies: cfg.TrustedProxies,
 		MaxBodyBytes: cfg.MaxBodyBytes, MaxBodyBytesInFlight: cfg.MaxBodyBytesInFlight, MaxBodyBytesPerClient: cfg.MaxBodyBytesPerClient,
 		MaxBodiesPerClient: cfg.MaxBodiesPerClient, MinBodyRate: cfg.MinBodyRate, BodyGrace: cfg.BodyGrace,
-		UploadHeld: cfg.uploadHeld(), Idem: p.idem, IdempotencyStale: cfg.IdempotencyStale,
+		UploadHeld: cfg.uploadHeld(), Idem: idem, IdempotencyStale: cfg.IdempotencyStale,
 		Logger: cfg.Logger, Registerer: cfg.Registerer})
 	if err != nil {
 		return nil, fmt.Errorf("publisher metrics: %w", err)
 	}
-	p.files = files.New(files.Config{MaxFileBytes: cfg.MaxFileBytes, MaxFileLines: cfg.MaxFileLines,
+	fileLimits := files.Config{MaxFileBytes: cfg.MaxFileBytes, MaxFileLines: cfg.MaxFileLines,
 		MaxFileLineBytes: cfg.MaxFileLineBytes, MaxFiles: cfg.MaxFiles, FileUploadTimeout: cfg.FileUploadTimeout,
-		MinBodyRate: cfg.MinBodyRate, BodyGrace: cfg.BodyGrace, UploadHeld: cfg.uploadHeld(), PublicURL: cfg.PublicURL},
-		p.gate, cfg.Payloads, cfg.Logger)
-	p.labels = tenant.NewLabels(api.MaxTenantLabels, p.gate.Tenants()...)
-	p.results = newResultShares(&cfg)
-	p.batchBytes = semaphore.NewWeighted(cfg.MaxFileBytes)
-	if p.hooks, err = newWebhooks(cfg.BatchWebhookURL, cfg.BatchWebhookSecret, cfg.Logger); err != nil {
-		return nil, fmt.Errorf("publisher config: %w", err)
+		MinBodyRate: cfg.MinBodyRate, BodyGrace: cfg.BodyGrace, UploadHeld: cfg.uploadHeld(), PublicURL: cfg.PublicURL}
+	p.files = files.New(fileLimits, p.gate, cfg.Payloads, cfg.Logger)
+	p.jobs, err = jobs.New(cfg.Jobs, jobs.Shared{Queue: cfg.Queue, Payloads: cfg.Payloads, Gate: p.gate, Idem: idem,
+		Labels:       tenant.NewLabels(api.MaxTenantLabels, p.gate.Tenants()...),
+		MaxBodyBytes: cfg.MaxBodyBytes, IdempotencyStale: cfg.IdempotencyStale, Logger: cfg.Logger, Registerer: cfg.Registerer})
+	if err != nil {
+		return nil, fmt.Errorf("publisher metrics: %w", err)
+	}
+	p.batches, err = batches.New(cfg.Batches, batches.Shared{Payloads: cfg.Payloads, Gate: p.gate, Jobs: p.jobs,
+		Files: p.files, FileLimits: fileLimits, Logger: cfg.Logger, Registerer: cfg.Registerer})
+	if err != nil {
+		return nil, fmt.Errorf("publisher batches: %w", err)
 	}
 	return p, nil
 }
 
 // Handler routes the API:
 //
-//	POST /v1/jobs        submit a job (auth, rate limits)
-//	GET  /v1/jobs/{id}   a job's progress and results (auth, rate limits)
-//	DELETE /v1/jobs/{id} cancel a job (auth, rate limits)
+//	POST /v1/jobs        submit a job (publisher/jobs; auth, rate limits)
+//	GET  /v1/jobs/{id}   a job's progress and results (publisher/jobs)
+//	DELETE /v1/jobs/{id} cancel a job (publisher/jobs)
 //	POST /v1/files, GET /v1/files, GET and DELETE /v1/files/{id},
 //	GET /v1/files/{id}/content
 //	                     OpenAI's Files API (publisher/files; auth, rate limits)
 //	POST /v1/batches, GET /v1/batches, GET /v1/batches/{id},
 //	POST /v1/batches/{id}/cancel
-//	                     OpenAI's Batch API (batches.go; auth, rate limits)
+//	                     OpenAI's Batch API (publisher/batches; auth, rate limits)
 //	POST /v1/messages/batches, GET /v1/messages/batches, GET and DELETE
 //	/v1/messages/batches/{id}, POST /v1/messages/batches/{id}/cancel,
 //	GET /v1/messages/batches/{id}/results
-//	                     Anthropic's Message Batches (msgbatches.go; auth, rate limits)
+//	                     Anthropic's Message Batches (publisher/batches; auth, rate limits)
 //	GET  /healthz        liveness
 //
 // Every error is JSON, including 404 and 405, and every response says
@@ -122,23 +97,9 @@ func New(cfg Config) (*Publisher, error) {
 // MetricsHandler, for a listener of its own that API clients cannot reach.
 func (p *Publisher) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/jobs", p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.postJob))))
-	mux.Handle("GET /v1/jobs/{id}", p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.getJob))))
-	mux.Handle("DELETE /v1/jobs/{id}", p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.deleteJob))))
-	// The method-less patterns catch what the ones above do not, so a wrong
-	// method gets a JSON 405 rather than the mux's plain-text one.
-	mux.HandleFunc("/v1/jobs", api.MethodNotAllowed("POST"))
-	mux.HandleFunc("/v1/jobs/{id}", api.MethodNotAllowed("GET, HEAD, DELETE"))
-	p.files.Routes(mux) // OpenAI's Files API (publisher/files)
-	mux.Handle("POST /v1/batches", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.postBatch)))))
-	mux.Handle("GET /v1/batches", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.listBatches)))))
-	mux.Handle("GET /v1/batches/{id}", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.getBatch)))))
-	mux.Handle("POST /v1/batches/{id}/cancel", api.OpenAI(p.gate.Auth(p.gate.RateLimit(http.HandlerFunc(p.cancelBatch)))))
-	mux.Handle("/v1/batches", api.OpenAI(api.MethodNotAllowed("GET, HEAD, POST")))
-	mux.Handle("/v1/batches/{id}", api.OpenAI(api.MethodNotAllowed("GET, HEAD")))
-	mux.Handle("/v1/batches/{id}/cancel", api.OpenAI(api.MethodNotAllowed("POST")))
-	mux.Handle("/v1/batches/", api.OpenAI(http.HandlerFunc(api.NotFound)))
-	p.messageBatchRoutes(mux) // Anthropic's Message Batches (msgbatches.go)
+	p.jobs.Routes(mux)    // the job routes (publisher/jobs)
+	p.files.Routes(mux)   // OpenAI's Files API (publisher/files)
+	p.batches.Routes(mux) // the Batch API and Message Batches (publisher/batches)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -163,25 +124,17 @@ func (p *Publisher) MetricsHandler() http.Handler {
 	})
 }
 
-// jobIDLen is the length of a job id: 128 random bits in hex.
-const jobIDLen = 32
+// Sweep advances every open batch once (batches.Service.Sweep).
+func (p *Publisher) Sweep(ctx context.Context) error { return p.batches.Sweep(ctx) }
 
-// newJobID returns 128 bits from crypto/rand, in hex: unguessable, so a job's
-// status is not found by counting, and safe in S3 keys and SQS group ids.
-func newJobID() string {
-	var b [jobIDLen / 2]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand documents it)
-	return hex.EncodeToString(b[:])
+// RunSweeper sweeps every interval, and advances the batches it is nudged
+// about, until ctx ends (batches.Service.RunSweeper).
+func (p *Publisher) RunSweeper(ctx context.Context, interval time.Duration) {
+	p.batches.RunSweeper(ctx, interval)
 }
 
-func validJobID(id string) bool {
-	if len(id) != jobIDLen {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
+// AdvanceBatch advances batch id now, as a sweep would
+// (batches.Service.AdvanceBatch).
+func (p *Publisher) AdvanceBatch(ctx context.Context, id string) error {
+	return p.batches.AdvanceBatch(ctx, id)
 }

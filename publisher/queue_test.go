@@ -11,7 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/vramq/vramq/job/fault"
-	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // TestSQSQueueClassifiesCallErrors: a SendMessageBatch that SQS refuses as
@@ -42,8 +42,8 @@ func TestSQSQueueClassifiesCallErrors(t *testing.T) {
 		}))
 		c := sqs.New(sqs.Options{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
 			Credentials: aws.AnonymousCredentials{}, RetryMaxAttempts: 1})
-		q := publisher.NewSQSQueue(c, "https://sqs.us-east-1.amazonaws.com/1/work")
-		_, err := q.SendBatch(t.Context(), []publisher.Entry{{Body: "b", JobID: "j", Chunk: 0}})
+		q := jobs.NewSQSQueue(c, "https://sqs.us-east-1.amazonaws.com/1/work")
+		_, err := q.SendBatch(t.Context(), []jobs.Entry{{Body: "b", JobID: "j", Chunk: 0}})
 		srv.Close()
 		for _, k := range []error{fault.ErrInvalidInput, fault.ErrBackoff, fault.ErrNeedsOperator} {
 			if errors.Is(err, k) != (k == tc.kind) {

@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // The finding of issue 25: one site, given a /56, sent a request from each
@@ -94,7 +95,7 @@ type countingQueue struct {
 	entries int
 }
 
-func (q *countingQueue) SendBatch(_ context.Context, entries []Entry) ([]error, error) {
+func (q *countingQueue) SendBatch(_ context.Context, entries []jobs.Entry) ([]error, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.entries += len(entries)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 type jobStatus struct {
@@ -78,7 +79,7 @@ func TestJobStatus(t *testing.T) {
 	works := checkWhole(t, a, e.drain(a.Chunks))
 
 	st := s.status(t, a.JobID, "")
-	if st.Status != publisher.StatusRunning || st.Chunks != 4 || st.ChunksDone != 0 || st.Items != 7 || len(st.Results) != 0 || st.Failed == nil {
+	if st.Status != jobs.StatusRunning || st.Chunks != 4 || st.ChunksDone != 0 || st.Items != 7 || len(st.Results) != 0 || st.Failed == nil {
 		t.Errorf("before any result: %+v", st)
 	}
 
@@ -96,7 +97,7 @@ func TestJobStatus(t *testing.T) {
 	e.putJSON(job.ResultPrefix(a.JobID)+"stray.txt", "ignored")
 
 	st = s.status(t, a.JobID, "?page_size=2")
-	if st.Status != publisher.StatusPartial || st.ChunksDone != 3 || st.ChunksFailed != 1 || st.ItemsDone != 5 {
+	if st.Status != jobs.StatusPartial || st.ChunksDone != 3 || st.ChunksFailed != 1 || st.ItemsDone != 5 {
 		t.Errorf("partial: %+v", st)
 	}
 	if len(st.Failed) != 1 || st.Failed[0].Chunk != 2 || st.Failed[0].Reason != "out_of_memory: alone" {
@@ -132,7 +133,7 @@ func TestJobStatus(t *testing.T) {
 	// A late result for the failed chunk completes the job.
 	e.putJSON(job.ResultKey(a.JobID, 2), result(2))
 	st = s.status(t, a.JobID, "?page_size=100")
-	if st.Status != publisher.StatusComplete || st.ChunksDone != 4 || st.ChunksFailed != 0 || len(st.Failed) != 0 || len(st.Results) != 4 || st.NextPageToken != "" {
+	if st.Status != jobs.StatusComplete || st.ChunksDone != 4 || st.ChunksFailed != 0 || len(st.Failed) != 0 || len(st.Results) != 4 || st.NextPageToken != "" {
 		t.Errorf("complete: %+v", st)
 	}
 }
@@ -192,13 +193,13 @@ func TestJobStatusItemErrors(t *testing.T) {
 	e.putJSON(job.ItemErrorsKey(a.JobID, 1), job.ItemErrorsMarker{V: 1, JobID: a.JobID, Chunk: 1, ItemsFailed: 99})
 	e.putJSON(job.ItemErrorsKey(a.JobID, 2), job.ItemErrorsMarker{V: 1, JobID: a.JobID, Chunk: 2, ItemsFailed: 1})
 	st := s.status(t, a.JobID, "")
-	if st.Status != publisher.StatusRunning || st.ItemsDone != 3 || st.ItemsFailed != 1 {
+	if st.Status != jobs.StatusRunning || st.ItemsDone != 3 || st.ItemsFailed != 1 {
 		t.Errorf("running: %+v; want 3 items done, 1 failed", st)
 	}
 	e.putJSON(job.ResultKey(a.JobID, 2), job.Result{V: 1, JobID: a.JobID, Chunk: 2, Model: "m",
 		Outputs: []job.Output{{ID: works[2].Items[0].ID, Embedding: []float32{1}}}})
 	st = s.status(t, a.JobID, "")
-	if st.Status != publisher.StatusComplete || st.ItemsDone != 3 || st.ItemsFailed != 2 || len(st.Results) != 3 {
+	if st.Status != jobs.StatusComplete || st.ItemsDone != 3 || st.ItemsFailed != 2 || len(st.Results) != 3 {
 		t.Fatalf("complete: %+v; want 3 items done, 2 failed (the marker of chunk 2 counts now)", st)
 	}
 	bad := st.Results[0].Outputs[1]
@@ -231,7 +232,7 @@ func TestJobStatusCountsOnlyChunkKeys(t *testing.T) {
 	}
 	e.putJSON(job.ItemErrorsPrefix(a.JobID)+"00.json", job.ItemErrorsMarker{V: 1, JobID: a.JobID, Chunk: 0, ItemsFailed: 1})
 	st := s.status(t, a.JobID, "")
-	if st.Status != publisher.StatusRunning || st.ChunksDone != 1 || st.ChunksFailed != 0 || st.ChunksCancelled != 0 ||
+	if st.Status != jobs.StatusRunning || st.ChunksDone != 1 || st.ChunksFailed != 0 || st.ChunksCancelled != 0 ||
 		st.ChunksPending != 1 || st.ItemsDone != 1 || st.ItemsFailed != 0 || len(st.Failed) != 0 {
 		t.Errorf("status %+v; want running, 1 chunk done, 1 pending, 1 item done", st)
 	}

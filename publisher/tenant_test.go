@@ -18,6 +18,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 // sentBatch is the part of a SendMessageBatch request (AWS JSON protocol)
@@ -67,11 +68,11 @@ func captureSQS(t *testing.T) (*sqs.Client, func() []sentBatch) {
 // for order, and the tenant rides in the attribute only.
 func TestSQSQueueTenantGroup(t *testing.T) {
 	client, got := captureSQS(t)
-	std := publisher.NewSQSQueue(client, "https://sqs.us-east-1.amazonaws.com/1/work")
-	fifo := publisher.NewSQSQueue(client, "https://sqs.us-east-1.amazonaws.com/1/work.fifo")
+	std := jobs.NewSQSQueue(client, "https://sqs.us-east-1.amazonaws.com/1/work")
+	fifo := jobs.NewSQSQueue(client, "https://sqs.us-east-1.amazonaws.com/1/work.fifo")
 	jobID := strings.Repeat("a", 32)
-	entries := []publisher.Entry{{Body: "b0", JobID: jobID, Chunk: 0, Tenant: "acme"}, {Body: "b1", JobID: jobID, Chunk: 1, Tenant: ""}}
-	for _, q := range []*publisher.SQSQueue{std, fifo} {
+	entries := []jobs.Entry{{Body: "b0", JobID: jobID, Chunk: 0, Tenant: "acme"}, {Body: "b1", JobID: jobID, Chunk: 1, Tenant: ""}}
+	for _, q := range []*jobs.SQSQueue{std, fifo} {
 		errs, err := q.SendBatch(t.Context(), entries)
 		if err != nil || len(errs) != 2 || errs[0] != nil || errs[1] != nil {
 			t.Fatalf("SendBatch: %v %v", errs, err)
@@ -99,17 +100,17 @@ func TestSQSQueueTenantGroup(t *testing.T) {
 // recordQueue is a Queue that keeps what it is sent.
 type recordQueue struct {
 	mu      sync.Mutex
-	entries []publisher.Entry
+	entries []jobs.Entry
 }
 
-func (q *recordQueue) SendBatch(_ context.Context, entries []publisher.Entry) ([]error, error) {
+func (q *recordQueue) SendBatch(_ context.Context, entries []jobs.Entry) ([]error, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.entries = append(q.entries, entries...)
 	return make([]error, len(entries)), nil
 }
 
-func (q *recordQueue) take() []publisher.Entry {
+func (q *recordQueue) take() []jobs.Entry {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	e := q.entries
@@ -120,8 +121,10 @@ func (q *recordQueue) take() []publisher.Entry {
 func tenantPublisher(t *testing.T, keys ...string) (*httptest.Server, *recordQueue, *prometheus.Registry) {
 	q := &recordQueue{}
 	reg := prometheus.NewRegistry()
-	p, err := publisher.New(publisher.Config{Queue: q, MaxMessageBytes: 256 << 10, APIKeys: keys, Registerer: reg,
-		Logger: testLogger()})
+	p, err := publisher.New(publisher.Config{Queue: q, APIKeys: keys, Registerer: reg,
+		Logger: testLogger(),
+		Jobs:   publisher.Jobs{MaxMessageBytes: 256 << 10},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +161,7 @@ func postTenant(t *testing.T, url string, header map[string][]string, items int)
 	return resp.StatusCode, e.Error.Code
 }
 
-func tenantsOf(entries []publisher.Entry) []string {
+func tenantsOf(entries []jobs.Entry) []string {
 	var out []string
 	for _, e := range entries {
 		out = append(out, e.Tenant)
@@ -281,8 +284,10 @@ func TestSplitKey(t *testing.T) {
 			t.Errorf("SplitKey(%q) = %q, %q; want %q, %q", tc.entry, n, k, tc.name, tc.key)
 		}
 	}
-	if _, err := publisher.New(publisher.Config{Queue: &recordQueue{}, MaxMessageBytes: 256 << 10, APIKeys: []string{"alice:"},
-		Registerer: prometheus.NewRegistry()}); err == nil {
+	if _, err := publisher.New(publisher.Config{Queue: &recordQueue{}, APIKeys: []string{"alice:"},
+		Registerer: prometheus.NewRegistry(),
+		Jobs:       publisher.Jobs{MaxMessageBytes: 256 << 10},
+	}); err == nil {
 		t.Error("a named empty key was accepted")
 	}
 }

@@ -87,7 +87,9 @@ func TestIdempotencyKeysAreScopedPerAPIKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		var a acceptedBody
+		var a struct {
+			JobID string `json:"job_id"`
+		}
 		_ = json.NewDecoder(resp.Body).Decode(&a)
 		return resp.StatusCode, a.JobID
 	}

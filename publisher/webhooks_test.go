@@ -24,7 +24,7 @@ func TestBatchWebhooksWithTheOpenAIJavaScriptSDK(t *testing.T) {
 	node := jsNode(t)
 	url, got := publishertest.WebhookReceiver(t)
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{BatchWebhookURL: url, BatchWebhookSecret: publishertest.WebhookSecret})
+	s := e.serve(publisher.Config{Batches: publisher.Batches{BatchWebhookURL: url, BatchWebhookSecret: publishertest.WebhookSecret}})
 	c := s.client("")
 	bad := newBatch(t, c, upload(t, c, "bad.jsonl", []byte("{\n")).ID, "/v1/embeddings")
 	d := publishertest.NextDelivery(t, got)

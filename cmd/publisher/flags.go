@@ -8,6 +8,7 @@ import (
 
 	"github.com/vramq/vramq/internal/bytesize"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/batches"
 )
 
 // options are what the flags set.
@@ -184,7 +185,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 			"empty: not served (never served under Lambda)")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 25*time.Second,
 		"how long in-flight requests may finish after SIGTERM or SIGINT; then connections are closed and the exit is 0")
-	fs.DurationVar(&o.sweepInterval, "batch-sweep-interval", publisher.DefaultSweepInterval,
+	fs.DurationVar(&o.sweepInterval, "batch-sweep-interval", batches.DefaultSweepInterval,
 		"how often the batch sweeper expires batches at their window and finalizes those whose job has settled, read\n"+
 			"or not (a read that finds one settled has it finalized at once); it also validates new batches, at once when\n"+
 			"this process created them; 0: no sweeper in this process (its batches wait for another's). Under\n"+

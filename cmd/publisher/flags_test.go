@@ -39,19 +39,24 @@ func TestFlagDefaultsAreDefaultConfig(t *testing.T) {
 	}
 	fs := newFlagSet(&options{}, io.Discard)
 	got, want := reflect.ValueOf(o.cfg), reflect.ValueOf(publisher.DefaultConfig())
-	for i := range want.NumField() {
-		field := want.Type().Field(i).Name
+	// The fields of an embedded struct (publisher.Jobs) are Config's own,
+	// each with its flag; the struct itself is none.
+	for _, sf := range reflect.VisibleFields(want.Type()) {
+		if sf.Anonymous {
+			continue
+		}
+		field, wantField, gotField := sf.Name, want.FieldByIndex(sf.Index), got.FieldByIndex(sf.Index)
 		name, ok := configFlags[field]
-		w := want.Field(i).Interface()
+		w := wantField.Interface()
 		if d, own := ownDefaults[field]; own {
 			w = d
 		}
 		switch {
 		case ok && fs.Lookup(name) == nil:
 			t.Errorf("configFlags maps %s to -%s, which is no flag", field, name)
-		case ok && !reflect.DeepEqual(got.Field(i).Interface(), w):
-			t.Errorf("-%s defaults to %v; want %v (publisher.DefaultConfig().%s, or ownDefaults)", name, got.Field(i), w, field)
-		case !ok && !want.Field(i).IsZero() && noFlag[field] == "":
+		case ok && !reflect.DeepEqual(gotField.Interface(), w):
+			t.Errorf("-%s defaults to %v; want %v (publisher.DefaultConfig().%s, or ownDefaults)", name, gotField, w, field)
+		case !ok && !wantField.IsZero() && noFlag[field] == "":
 			t.Errorf("publisher.DefaultConfig sets %s, which no flag sets (add one, or say why not in noFlag)", field)
 		}
 	}

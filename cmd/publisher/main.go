@@ -33,6 +33,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/publisher"
 	"github.com/vramq/vramq/publisher/api"
+	"github.com/vramq/vramq/publisher/jobs"
 )
 
 func main() {
@@ -119,7 +120,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 // noQueue stands in for the work queue while the flags are checked.
 type noQueue struct{}
 
-func (noQueue) SendBatch(context.Context, []publisher.Entry) ([]error, error) {
+func (noQueue) SendBatch(context.Context, []jobs.Entry) ([]error, error) {
 	return nil, errors.New("no queue")
 }
 
@@ -229,7 +230,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	client := sqs.NewFromConfig(awsCfg)
 	// Read once, at start (a Lambda cold start): chunks are cut to what this
 	// queue accepts.
-	lim, err := publisher.QueueLimits(ctx, client, o.queueURL)
+	lim, err := jobs.QueueLimits(ctx, client, o.queueURL)
 	if err != nil {
 		return err
 	}
@@ -237,7 +238,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if o.maxMessage > 0 {
 		c.MaxMessageBytes = min(c.MaxMessageBytes, int(o.maxMessage))
 	}
-	c.Queue = publisher.NewSQSQueue(client, o.queueURL)
+	c.Queue = jobs.NewSQSQueue(client, o.queueURL)
 	if o.bucket != "" {
 		c.Payloads = payload.New(awsconfig.S3(awsCfg, getenv), o.bucket)
 	}

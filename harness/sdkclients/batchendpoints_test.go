@@ -26,8 +26,9 @@ func TestBatchResponsesAndModerationsWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
 	srv := fakeoai.New(fakeoai.Config{OutputTokens: func(string, int) int { return 5 }})
 	defer srv.Close()
-	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"}, ChunkItems: 2,
-		ServedEndpoints: []string{job.EndpointChatCompletions, job.EndpointResponses, job.EndpointModerations}})
+	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"},
+		Jobs: publisher.Jobs{ChunkItems: 2, ServedEndpoints: []string{job.EndpointChatCompletions, job.EndpointResponses, job.EndpointModerations}},
+	})
 	a := s.sdk("key-a")
 	s.run(publishertest.ServerModel(t, srv), nil)
 	const n = 3

@@ -32,8 +32,10 @@ func TestBatchCompletionsCancelAndExpiryWithTheOpenAISDK(t *testing.T) {
 	srv := publishertest.MidRunFake(outTokens)
 	defer srv.Close()
 	hook, delivered := publishertest.WebhookReceiver(t)
-	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"}, ChunkItems: 2,
-		BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret})
+	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"},
+		Jobs:    publisher.Jobs{ChunkItems: 2},
+		Batches: publisher.Batches{BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret},
+	})
 	a := s.sdk("key-a")
 	s.run(publishertest.ServerModel(t, srv), nil)
 	ctx := t.Context()

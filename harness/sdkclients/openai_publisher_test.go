@@ -298,7 +298,7 @@ func sdkFileLines(t *testing.T, c openai.Client, id string) []publishertest.Outp
 // gets 404 on it, on its cancel and on a batch of the owner's file.
 func TestBatchEmbeddingsWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}, ChunkItems: 4})
+	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}, Jobs: publisher.Jobs{ChunkItems: 4}})
 	a, b := s.sdk("key-a"), s.sdk("key-b")
 	const n = 10
 	f := sdkUpload(t, a, "embed.jsonl", publishertest.EmbeddingLines(n))
@@ -376,7 +376,7 @@ func TestBatchChatCompletionsWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
 	srv := fakeoai.New(fakeoai.Config{MaxModelLen: 64, ContextLengthStatus: 400})
 	defer srv.Close()
-	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"}, ChunkItems: 3})
+	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"}, Jobs: publisher.Jobs{ChunkItems: 3}})
 	a := s.sdk("key-a")
 	var in bytes.Buffer
 	const n = 7
@@ -428,7 +428,7 @@ func TestBatchChatCompletionsWithTheOpenAISDK(t *testing.T) {
 func TestBatchWebhooksVerifyWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
 	url, got := publishertest.WebhookReceiver(t)
-	s := newStack(t, publisher.Config{ChunkItems: 1, BatchWebhookURL: url, BatchWebhookSecret: publishertest.WebhookSecret})
+	s := newStack(t, publisher.Config{Jobs: publisher.Jobs{ChunkItems: 1}, Batches: publisher.Batches{BatchWebhookURL: url, BatchWebhookSecret: publishertest.WebhookSecret}})
 	c := s.sdk("")
 	verifier := openai.NewClient(option.WithWebhookSecret(publishertest.WebhookSecret))
 

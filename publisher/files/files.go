@@ -98,7 +98,7 @@ const (
 const PurposeBatch = "batch"
 
 // PurposeBatchOutput is the purpose of a batch's output and error files,
-// which the publisher writes (publisher/batchfiles.go) and no client may upload.
+// which the publisher writes (publisher/batches/batchfiles.go) and no client may upload.
 const PurposeBatchOutput = "batch_output"
 
 // File expiry, as OpenAI's: a batch file expires 30 days after it was

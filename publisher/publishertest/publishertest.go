@@ -46,9 +46,10 @@ var Keys = []string{"test-key-1", Key}
 // the caller fills in Queue and Payloads. A NoBucket case goes to the same
 // config without Payloads and without APIKeys.
 func Config() publisher.Config {
-	return publisher.Config{APIKeys: append([]string(nil), Keys...), MaxMessageBytes: MaxMessageBytes,
-		MaxBodyBytes: MaxBodyBytes, MaxItems: MaxItems, MaxChunkItems: MaxChunkItems,
-		Models: []string{Model}, MaxN: MaxN, MaxOutputTokens: MaxOutputTokens}
+	return publisher.Config{APIKeys: append([]string(nil), Keys...),
+		MaxBodyBytes: MaxBodyBytes,
+		Jobs:         publisher.Jobs{MaxMessageBytes: MaxMessageBytes, MaxItems: MaxItems, MaxChunkItems: MaxChunkItems, Models: []string{Model}, MaxN: MaxN, MaxOutputTokens: MaxOutputTokens},
+	}
 }
 
 // Case is one request and the answer docs/api.md documents for it.

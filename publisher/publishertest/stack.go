@@ -23,6 +23,7 @@ import (
 	"github.com/vramq/vramq/model/modelserver"
 	"github.com/vramq/vramq/model/refembed"
 	"github.com/vramq/vramq/publisher"
+	"github.com/vramq/vramq/publisher/jobs"
 	"github.com/vramq/vramq/subscriber"
 	"github.com/vramq/vramq/subscriber/sqsqueue"
 )
@@ -40,7 +41,7 @@ type Served struct {
 // batch sweeper does not run: see Sweep.
 func Serve(t testing.TB, client *sqs.Client, workURL string, store *payload.Store, cfg publisher.Config) *Served {
 	t.Helper()
-	lim, err := publisher.QueueLimits(t.Context(), client, workURL)
+	lim, err := jobs.QueueLimits(t.Context(), client, workURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func Serve(t testing.TB, client *sqs.Client, workURL string, store *payload.Stor
 		cfg.MaxMessageBytes = lim.MaxMessageBytes
 	}
 	if cfg.Queue == nil {
-		cfg.Queue = publisher.NewSQSQueue(client, workURL)
+		cfg.Queue = jobs.NewSQSQueue(client, workURL)
 	}
 	if cfg.Payloads == nil {
 		cfg.Payloads = store

@@ -25,6 +25,7 @@ import (
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/localstack"
 	"github.com/vramq/vramq/publisher"
+	pubjobs "github.com/vramq/vramq/publisher/jobs"
 )
 
 // publishSends is the publisher's SendMessageBatch calls in flight for one
@@ -72,7 +73,7 @@ type publishLoad struct {
 
 func preparePublishLoad(jobs, items, chunkItems, words int) (*publishLoad, error) {
 	l := &publishLoad{}
-	planner := publisher.Planner{MaxMessageBytes: 256 << 10, MaxItemBytes: 64 << 10}
+	planner := pubjobs.Planner{MaxMessageBytes: 256 << 10, MaxItemBytes: 64 << 10}
 	load := workload.Load{
 		JobID: "overhead", Jobs: jobs, Items: items, ChunkItems: chunkItems,
 		Sizes: workload.Sizes{Kind: workload.Fixed, Words: words},
@@ -82,14 +83,14 @@ func preparePublishLoad(jobs, items, chunkItems, words int) (*publishLoad, error
 		_, _ = rand.Read(id[:])
 		jobID := hex.EncodeToString(id[:]) // as long as the publisher's ids
 		pj := publishJob{works: load.Job(j)}
-		var req publisher.JobRequest
+		var req pubjobs.JobRequest
 		for i := range pj.works {
 			pj.works[i].JobID = jobID
 			for _, it := range pj.works[i].Items {
-				req.Items = append(req.Items, publisher.RequestItem{ID: it.ID, Text: it.Text})
+				req.Items = append(req.Items, pubjobs.RequestItem{ID: it.ID, Text: it.Text})
 			}
 		}
-		req.Options = &publisher.JobOptions{ChunkItems: chunkItems}
+		req.Options = &pubjobs.JobOptions{ChunkItems: chunkItems}
 		body, err := json.Marshal(req)
 		if err != nil {
 			return nil, err
@@ -151,10 +152,10 @@ func (pc publishConfig) eachJob(ctx context.Context, l *publishLoad, f func(cont
 
 func (pc publishConfig) publisher(ctx context.Context, e *benchEnv, urls localstack.URLs, l *publishLoad) (time.Duration, error) {
 	p, err := publisher.New(publisher.Config{
-		Queue:           publisher.NewSQSQueue(e.Client, urls.Work),
-		SendConcurrency: publishSends,
-		Logger:          slog.New(slog.NewJSONHandler(io.Discard, nil)),
-		Registerer:      prometheus.NewRegistry(),
+		Queue:      pubjobs.NewSQSQueue(e.Client, urls.Work),
+		Logger:     slog.New(slog.NewJSONHandler(io.Discard, nil)),
+		Registerer: prometheus.NewRegistry(),
+		Jobs:       publisher.Jobs{SendConcurrency: publishSends},
 	})
 	if err != nil {
 		return 0, err
