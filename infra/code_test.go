@@ -10,6 +10,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -37,22 +38,76 @@ type muxRoute struct {
 }
 
 // publisherRoutes reads the method patterns of publisher.Handler's mux from
-// publisher/publisher.go: mux.Handle("GET /v1/jobs/{id}", p.auth(...)).
+// the publisher's code, every package of it (the jobs, files and batches
+// register their own routes): mux.Handle("GET /v1/jobs/{id}", auth(...)), and
+// a call of a local helper that registers what it is given, such as
+// route("POST /v1/messages/batches", h) where route wraps h in the auth.
 func publisherRoutes(t *testing.T) []muxRoute {
 	t.Helper()
-	path := filepath.Join("..", "publisher", "publisher.go")
+	var out []muxRoute
+	err := filepath.WalkDir(filepath.Join("..", "publisher"), func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && d.Name() == "testdata":
+			return filepath.SkipDir
+		case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+			return nil
+		}
+		out = append(out, fileRoutes(t, path)...)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) < 3 {
+		t.Fatalf("publisher/: only %d method routes found in the mux: %v", len(out), out)
+	}
+	return out
+}
+
+// fileRoutes is publisherRoutes for one file.
+func fileRoutes(t *testing.T, path string) []muxRoute {
+	t.Helper()
 	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Local helpers that register a route: name := func(pattern string, ...) { mux.Handle(...) }.
+	registrars := map[string]*ast.FuncLit{}
+	ast.Inspect(f, func(n ast.Node) bool {
+		as, ok := n.(*ast.AssignStmt)
+		if !ok || len(as.Lhs) != len(as.Rhs) {
+			return true
+		}
+		for i, lhs := range as.Lhs {
+			id, ok := lhs.(*ast.Ident)
+			fl, isFunc := as.Rhs[i].(*ast.FuncLit)
+			if ok && isFunc && calls(fl, "Handle", "HandleFunc") {
+				registrars[id.Name] = fl
+			}
+		}
+		return true
+	})
 	var out []muxRoute
 	ast.Inspect(f, func(n ast.Node) bool {
 		call, ok := n.(*ast.CallExpr)
 		if !ok || len(call.Args) != 2 {
 			return true
 		}
-		sel, ok := call.Fun.(*ast.SelectorExpr)
-		if !ok || (sel.Sel.Name != "Handle" && sel.Sel.Name != "HandleFunc") {
+		wrappers := []ast.Node{call.Args[1]}
+		switch fun := call.Fun.(type) {
+		case *ast.SelectorExpr:
+			if fun.Sel.Name != "Handle" && fun.Sel.Name != "HandleFunc" {
+				return true
+			}
+		case *ast.Ident:
+			fl, ok := registrars[fun.Name]
+			if !ok {
+				return true
+			}
+			wrappers = append(wrappers, fl)
+		default:
 			return true
 		}
 		lit, ok := call.Args[0].(*ast.BasicLit)
@@ -65,19 +120,25 @@ func publisherRoutes(t *testing.T) []muxRoute {
 			return true // a method-less pattern: the JSON 404s and 405s
 		}
 		r := muxRoute{method: method, path: p}
-		ast.Inspect(call.Args[1], func(n ast.Node) bool {
-			if s, ok := n.(*ast.SelectorExpr); ok && s.Sel.Name == "auth" {
-				r.auth = true
-			}
-			return true
-		})
+		for _, w := range wrappers {
+			r.auth = r.auth || calls(w, "Auth", "auth")
+		}
 		out = append(out, r)
 		return true
 	})
-	if len(out) < 3 {
-		t.Fatalf("%s: only %d method routes found in the mux: %v", path, len(out), out)
-	}
 	return out
+}
+
+// calls says whether n holds a selector x.name for any of names.
+func calls(n ast.Node, names ...string) bool {
+	found := false
+	ast.Inspect(n, func(n ast.Node) bool {
+		if s, ok := n.(*ast.SelectorExpr); ok && slices.Contains(names, s.Sel.Name) {
+			found = true
+		}
+		return !found
+	})
+	return found
 }
 
 // An HTTP API answers 404 itself for a method and path no route names, so a

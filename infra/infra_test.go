@@ -2091,6 +2091,11 @@ func TestMetricsAreNotServedThroughTheLoadBalancer(t *testing.T) {
 		if len(patterns) == 0 {
 			t.Errorf("aws_lb_listener_rule.%s forwards without a path condition", name)
 		}
+		// "Quotas for your Application Load Balancers": condition values
+		// per rule 5, not adjustable; AWS refuses a rule with more.
+		if len(patterns) > 5 {
+			t.Errorf("aws_lb_listener_rule.%s has %d path patterns; a rule takes at most 5 condition values", name, len(patterns))
+		}
 		for _, path := range []string{"/metrics", "/metrics/", "/Metrics"} {
 			for _, p := range patterns {
 				if albPathMatch(p, path) {

@@ -28,7 +28,12 @@ locals {
 
   # The API's paths, the only ones the load balancer forwards (Fargate);
   # anything else, /metrics included, gets a 404 from the balancer itself.
-  publisher_alb_paths = ["/v1/jobs", "/v1/jobs/*", "/v1/files", "/v1/files/*", "/v1/batches", "/v1/batches/*", "/healthz"]
+  # A listener rule takes at most 5 condition values ("Quotas for your
+  # Application Load Balancers": condition values per rule 5, not
+  # adjustable), so the paths are two rules' worth.
+  publisher_alb_paths_jobs    = ["/v1/jobs", "/v1/jobs/*", "/v1/files", "/v1/files/*", "/healthz"]
+  publisher_alb_paths_batches = ["/v1/batches", "/v1/batches/*", "/v1/messages/batches", "/v1/messages/batches/*"]
+  publisher_alb_paths         = concat(local.publisher_alb_paths_jobs, local.publisher_alb_paths_batches)
 
   publisher_environment = merge(local.publisher_file_environment, var.publisher_environment, local.publisher_body_environment, {
     QUEUE_URL        = aws_sqs_queue.work.url
@@ -56,7 +61,14 @@ locals {
     "GET /v1/batches"              = true
     "GET /v1/batches/{id}"         = true
     "POST /v1/batches/{id}/cancel" = true
-    "GET /healthz"                 = false
+    # Anthropic's Message Batches
+    "POST /v1/messages/batches"             = true
+    "GET /v1/messages/batches"              = true
+    "GET /v1/messages/batches/{id}"         = true
+    "DELETE /v1/messages/batches/{id}"      = true
+    "POST /v1/messages/batches/{id}/cancel" = true
+    "GET /v1/messages/batches/{id}/results" = true
+    "GET /healthz"                          = false
   }
 
   # The largest request body the publisher takes (VRAMQ_MAX_BODY_BYTES).
@@ -525,7 +537,27 @@ resource "aws_lb_listener_rule" "publisher_api" {
 
   condition {
     path_pattern {
-      values = local.publisher_alb_paths
+      values = local.publisher_alb_paths_jobs
+    }
+  }
+
+  tags = local.tags
+}
+
+resource "aws_lb_listener_rule" "publisher_batches" {
+  count = local.publisher_fargate ? 1 : 0
+
+  listener_arn = aws_lb_listener.publisher[0].arn
+  priority     = 2
+
+  action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.publisher[0].arn
+  }
+
+  condition {
+    path_pattern {
+      values = local.publisher_alb_paths_batches
     }
   }
 
@@ -648,5 +680,5 @@ resource "aws_ecs_service" "publisher" {
 
   tags = local.tags
 
-  depends_on = [aws_lb_listener_rule.publisher_api, aws_ecs_cluster_capacity_providers.this]
+  depends_on = [aws_lb_listener_rule.publisher_api, aws_lb_listener_rule.publisher_batches, aws_ecs_cluster_capacity_providers.this]
 }
