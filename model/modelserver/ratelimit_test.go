@@ -632,3 +632,29 @@ func TestLearnedWithinKnowsThePace(t *testing.T) {
 		}
 	})
 }
+
+// In a fixed minute whose end the answers show, a process that shares it
+// paces at its share of what remains over what remains of the minute (its
+// share: what it sent of the minute's count so far): three paces that
+// summed to more than the limit spent each minute before its end, and the
+// requests sent into its last room met 429s (Azure's strict minute: 0.9–1.6%
+// in virtual time).
+func TestPaceHeldToItsShareOfAWindowsRest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now := time.Now()
+		r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+		b := newBucket(60000, now, true)
+		// 30 s into the minute the server has counted 45,000, a third of
+		// it this process's: 15,000 remain for 30 s, 5,000 of them its.
+		b.proven, b.othersPerSec, b.sharedAt = 15000, 800, now
+		b.windowEnd, b.endFromStart = now.Add(30*time.Second), true // Azure's: from its count's jump
+		b.charge(15000, now.Add(-20*time.Second), 1)
+		r.srv[kindTokens], r.answered, r.typical = b, true, 1300
+		r.pace, r.paceAt, r.paceLevel = 400, now, -100
+		r.congestion(b, now)
+		if r.pace > 200 || r.pace < r.minPace() {
+			t.Errorf("pace %.0f a second after a third of the minute's 45,000 in its first half; want at most 200 "+
+				"(its 5,000 of the rest over 30 s is 167; at most halved at once)", r.pace)
+		}
+	})
+}
