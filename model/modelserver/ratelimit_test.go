@@ -19,6 +19,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // Issue 27, item 5: three subscribers sharing one endpoint's limits see
@@ -655,6 +656,25 @@ func TestPaceHeldToItsShareOfAWindowsRest(t *testing.T) {
 		if r.pace > 200 || r.pace < r.minPace() {
 			t.Errorf("pace %.0f a second after a third of the minute's 45,000 in its first half; want at most 200 "+
 				"(its 5,000 of the rest over 30 s is 167; at most halved at once)", r.pace)
+		}
+	})
+}
+
+// Before the server's first answer its limits are unknown, and what the
+// rate tokens offer is bounded to DefaultMaxConcurrency requests at the
+// output ceiling, also where the concurrency follows a KV cache of
+// thousands of blocks: bounded by that, a learning subscriber admitted
+// every message it held at its first reading, and all of them, sharing
+// the limit, backed off again and again; none finished in the ten minutes
+// of the real-time benchmark (bench/modelserver.md).
+func TestPreAnswerOfferIgnoresTheKVConcurrency(t *testing.T) {
+	kv := fakeoai.Config{BlockSize: 16, NumGPUBlocks: 2048, MaxNumSeqs: 4096}
+	inBubble(t, kv, Config{MaxOutputTokens: 100}, func(t *testing.T, _ *fakeoai.Server, m *Model) {
+		if m.cfg.MaxConcurrency <= DefaultMaxConcurrency {
+			t.Fatalf("concurrency %d: the KV cache's bound was wanted for this test", m.cfg.MaxConcurrency)
+		}
+		if now, _ := m.Offers(); now[backend.RateTokens] != DefaultMaxConcurrency*100 {
+			t.Errorf("before any answer: %d rate tokens offered; want %d requests of 100", now[backend.RateTokens], DefaultMaxConcurrency)
 		}
 	})
 }
