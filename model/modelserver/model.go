@@ -551,7 +551,9 @@ var _ backend.Backend = (*Model)(nil)
 //     mirrored from its headers, once it has answered, as this process's
 //     share of them: what the others' use, seen in the server's counts,
 //     leaves it. Before the first answer, with no limit configured, the
-//     concurrency's worth of requests at the output ceiling; once the
+//     concurrency's worth of requests at the output ceiling, at most
+//     DefaultMaxConcurrency's (a concurrency that follows a KV cache is
+//     thousands, and every message held was admitted at once); once the
 //     server has answered with no limits, rateMost. A batch admitted
 //     beyond what the limits pass before its MaxWait ends backs off
 //     partway, its unfinished messages handed back and asked again; with
@@ -571,7 +573,7 @@ func (m *Model) Offers() (now, most backend.Vector) {
 	if own, ok := m.rates.ownWithin(h, maxOut); ok {
 		tokens = own
 	}
-	if learned, ok := m.rates.learnedWithin(h, float64(m.cfg.MaxConcurrency)*maxOut); ok {
+	if learned, ok := m.rates.learnedWithin(h, float64(min(m.cfg.MaxConcurrency, DefaultMaxConcurrency))*maxOut); ok {
 		tokens = math.Min(tokens, learned)
 	}
 	now[backend.RateTokens] = int64(math.Max(0, math.Min(tokens, rateMost)))

@@ -19,6 +19,7 @@ import (
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
+	"github.com/vramq/vramq/model/backend"
 )
 
 // Issue 27, item 5: three subscribers sharing one endpoint's limits see
@@ -493,11 +494,6 @@ func TestThreeModelsShareEachLimiterKind(t *testing.T) {
 // items' spread of costs makes shorter runs' shares noisy), and wants at
 // most 1% 429s after minute 0 and each Model's items within 20% of the
 // mean. For the fixed minute, admitted counts usage, as LiteLLM does.
-//
-// Against the sliding window the shares are logged, not asserted: about
-// one run in eight, one Model ends 22–39% under the mean (its 429 margin,
-// raised and slow to decay, keeps it out of the little room the window
-// shows; rates.take). Not solved yet (bench/modelserver.md, issue 33).
 func threeShare(t *testing.T, limits fakeoai.RateLimits) {
 	const minutes = 30
 	synctest.Test(t, func(t *testing.T) {
@@ -551,7 +547,7 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits) {
 			t.Errorf("after the first minute, %d of %d answers were 429s; want at most 1%%", limited, answers)
 		}
 		for mi, n := range ok {
-			if d := float64(n)/mean - 1; (d > 0.2 || d < -0.2) && limits.Kind != fakeoai.LimitSlidingWindow {
+			if d := float64(n)/mean - 1; d > 0.2 || d < -0.2 {
 				t.Errorf("model %d: %d items answered after minute 0, %+.0f%% of the mean %.0f; want within 20%%", mi, n, 100*d, mean)
 			}
 		}
@@ -609,4 +605,76 @@ func runCallers(t *testing.T, wg *sync.WaitGroup, m *Model, s *fakeoai.Server, e
 			}
 		})
 	}
+}
+
+// Issue 33, item 3: sharing a limit, a process sends at its own pace, so
+// what it offers admission (learnedWithin, backend.RateTokens) is what the
+// pace passes, not the refill the others leave it: offered that, the
+// subscriber admitted messages the pace then held past MaxWait, each one
+// backed off. Alone on the limit there is no pace, and the offer is the
+// mirror's.
+func TestLearnedWithinKnowsThePace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now := time.Now()
+		r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+		b := newBucket(60000, now, true)
+		b.level, b.proven, b.othersPerSec = 30000, 30000, 500 // half the refill left to this process
+		r.srv[kindTokens], r.answered, r.typical = b, true, 1300
+		const d = 30 * time.Second
+		lone, _ := r.learnedWithin(d, 0)
+		if want := 500*d.Seconds() + 30000 - 1300; lone != want {
+			t.Errorf("alone: %.0f tokens offered in %v; want the mirror's %.0f", lone, d, want)
+		}
+		b.sharedAt = now
+		r.pace, r.paceAt, r.paceLevel = 300, now, 0
+		shared, _ := r.learnedWithin(d, 0)
+		if most := 300*d.Seconds() + 2*300; shared > most {
+			t.Errorf("paced at 300 a second: %.0f tokens offered in %v; want at most %.0f", shared, d, most)
+		}
+	})
+}
+
+// In a fixed minute whose end the answers show, a process that shares it
+// paces at its share of what remains over what remains of the minute (its
+// share: what it sent of the minute's count so far): three paces that
+// summed to more than the limit spent each minute before its end, and the
+// requests sent into its last room met 429s (Azure's strict minute: 0.9–1.6%
+// in virtual time).
+func TestPaceHeldToItsShareOfAWindowsRest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now := time.Now()
+		r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+		b := newBucket(60000, now, true)
+		// 30 s into the minute the server has counted 45,000, a third of
+		// it this process's: 15,000 remain for 30 s, 5,000 of them its.
+		b.proven, b.othersPerSec, b.sharedAt = 15000, 800, now
+		b.windowEnd, b.endFromStart = now.Add(30*time.Second), true // Azure's: from its count's jump
+		b.charge(15000, now.Add(-20*time.Second), 1)
+		r.srv[kindTokens], r.answered, r.typical = b, true, 1300
+		r.pace, r.paceAt, r.paceLevel = 400, now, -100
+		r.congestion(b, now)
+		if r.pace > 200 || r.pace < r.minPace() {
+			t.Errorf("pace %.0f a second after a third of the minute's 45,000 in its first half; want at most 200 "+
+				"(its 5,000 of the rest over 30 s is 167; at most halved at once)", r.pace)
+		}
+	})
+}
+
+// Before the server's first answer its limits are unknown, and what the
+// rate tokens offer is bounded to DefaultMaxConcurrency requests at the
+// output ceiling, also where the concurrency follows a KV cache of
+// thousands of blocks: bounded by that, a learning subscriber admitted
+// every message it held at its first reading, and all of them, sharing
+// the limit, backed off again and again; none finished in the ten minutes
+// of the real-time benchmark (bench/modelserver.md).
+func TestPreAnswerOfferIgnoresTheKVConcurrency(t *testing.T) {
+	kv := fakeoai.Config{BlockSize: 16, NumGPUBlocks: 2048, MaxNumSeqs: 4096}
+	inBubble(t, kv, Config{MaxOutputTokens: 100}, func(t *testing.T, _ *fakeoai.Server, m *Model) {
+		if m.cfg.MaxConcurrency <= DefaultMaxConcurrency {
+			t.Fatalf("concurrency %d: the KV cache's bound was wanted for this test", m.cfg.MaxConcurrency)
+		}
+		if now, _ := m.Offers(); now[backend.RateTokens] != DefaultMaxConcurrency*100 {
+			t.Errorf("before any answer: %d rate tokens offered; want %d requests of 100", now[backend.RateTokens], DefaultMaxConcurrency)
+		}
+	})
 }
