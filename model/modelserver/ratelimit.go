@@ -234,6 +234,18 @@ func (b *bucket) floorWait(need float64, now time.Time) time.Duration {
 	return 0
 }
 
+// answered records that the send reserved at sentAt reached the server
+// by seen, as its answer shows. Of sends reserved at one instant, the
+// first not yet answered is taken: they are one to the limit.
+func (b *bucket) answered(sentAt, seen time.Time) {
+	for i := range b.own {
+		if s := &b.own[i]; s.at.Equal(sentAt) && s.seen.IsZero() {
+			s.seen = seen
+			return
+		}
+	}
+}
+
 // charged sets what the send seq is counted at, once its answer says
 // what the server charged (never more than its reservation).
 func (b *bucket) charged(seq uint64, tokens float64) {
@@ -316,23 +328,60 @@ func (b *bucket) rateReading(perSec float64, now time.Time) {
 	for j > i && b.readings[j-1].tokens >= perSec {
 		j--
 	}
-	b.readings = append(b.readings[i:j], sent{now, perSec, 0})
+	b.readings = append(b.readings[i:j], sent{at: now, tokens: perSec})
 	b.perSec = math.Max(b.readings[0].tokens, b.capacity/limitSpan.Seconds())
 }
 
 // charge records this process's cost of a request sent at now, its
 // reservation seq (mirrors).
 func (b *bucket) charge(cost float64, now time.Time, seq uint64) {
-	b.own = append(b.own, sent{now, cost, seq})
+	b.own = append(b.own, sent{at: now, tokens: cost, seq: seq})
+}
+
+// arrivalLag bounds how much later than its reservation a send may have
+// reached the server, as far as the estimate of others' use counts it
+// (ownHeld): a request's answer says the server saw it by then, but not
+// when, and a long generation would have this process's sends counted
+// long after the server let them go, hiding others' use.
+const arrivalLag = 5 * time.Second
+
+// ownHeld is what of this process's sends the server may still hold at
+// now: each counted a span from the latest it may have reached the
+// server, as its answer dates it (answered) or now if unanswered, at most
+// arrivalLag after it was sent.
+// Counted from its reservation instead, as the floor counts it, a send
+// delivered late leaves this process's count before it leaves a sliding
+// window's, and a lump of such sends read as others' use (in the real-time
+// benchmark, a lone subscriber paced at a third of the limit for up to
+// two minutes, TestLoneModelBatchesAgainstASlidingWindow).
+func (b *bucket) ownHeld(now time.Time) float64 {
+	b.prune(now)
+	sum := 0.0
+	for _, s := range b.own {
+		reached := now
+		if !s.seen.IsZero() {
+			reached = s.seen
+		}
+		late := min(max(0, reached.Sub(s.at)), arrivalLag)
+		if now.Sub(s.at.Add(late)) < limitSpan+transit {
+			sum += s.tokens
+		}
+	}
+	return sum
+}
+
+// prune drops the sends no count includes any longer.
+func (b *bucket) prune(now time.Time) {
+	i := 0
+	for i < len(b.own) && now.Sub(b.own[i].at) >= limitSpan+transit+arrivalLag {
+		i++
+	}
+	b.own = append(b.own[:0], b.own[i:]...)
 }
 
 // ownWithin is what this process sent within span (and a transit) of now.
 func (b *bucket) ownWithin(now time.Time, span time.Duration) float64 {
-	i := 0
-	for i < len(b.own) && now.Sub(b.own[i].at) >= limitSpan+transit {
-		i++
-	}
-	b.own = append(b.own[:0], b.own[i:]...)
+	b.prune(now)
 	sum := 0.0
 	for _, s := range b.own {
 		if now.Sub(s.at) < span+transit {
@@ -344,8 +393,8 @@ func (b *bucket) ownWithin(now time.Time, span time.Duration) float64 {
 
 // estimate updates a mirror's estimate of the others' consumption from the
 // server's count, level, at now, on evidence only: what the server counts
-// as taken from the limit (capacity less level) beyond all that this
-// process sent within the limit's span. No limiter over a minute holds
+// as taken from the limit (capacity less level) beyond all of this
+// process's sends it may still hold (ownHeld). No limiter over a minute holds
 // more of one process's use than it sent in that minute (a bucket refilled
 // at the limit a minute holds less; a window, exactly that), so a larger
 // deficit is others' doing, spread over the span; a smaller one says
@@ -366,7 +415,7 @@ func (b *bucket) estimate(level float64, now time.Time) {
 	case now.Sub(b.estAt) < time.Second:
 		return
 	}
-	others := math.Max(0, b.capacity-level-b.ownWithin(now, limitSpan)) / limitSpan.Seconds()
+	others := math.Max(0, b.capacity-level-b.ownHeld(now)) / limitSpan.Seconds()
 	b.othersPerSec = math.Min(othersShare*b.perSec, 0.7*b.othersPerSec+0.3*others)
 	b.estAt = now
 	if !b.lone() {
@@ -589,7 +638,8 @@ type rates struct {
 type sent struct {
 	at     time.Time
 	tokens float64
-	seq    uint64 // the reservation's (mirrors' own sends)
+	seq    uint64    // the reservation's (mirrors' own sends)
+	seen   time.Time // the latest it reached the server, by its answer (mirrors' own sends)
 }
 
 func newRates(tpm, rpm int, now time.Time, w *waits) *rates {
@@ -764,7 +814,7 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 					}
 				}
 			}
-			r.recent = append(r.recent, sent{now, cost[kindTokens], r.seq})
+			r.recent = append(r.recent, sent{at: now, tokens: cost[kindTokens], seq: r.seq})
 			r.inflight++
 			if r.typical == 0 {
 				r.typical = cost[kindTokens]
@@ -1052,6 +1102,21 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			}
 			// Waiters wake only for more room than was proven.
 			more = more || b.proven > before
+		}
+	}
+	if !sentAt.IsZero() {
+		// The answer came at now; OpenAI's openai-processing-ms, "time
+		// taken processing your API request" (API reference, "Debugging
+		// requests"), dates its arrival closer: the generation is not
+		// the send's delay.
+		seen := now
+		if ms, ok := headerNumber(h, "openai-processing-ms"); ok {
+			seen = now.Add(-seconds(ms / 1000))
+		}
+		for _, b := range r.srv {
+			if b != nil {
+				b.answered(sentAt, seen)
+			}
 		}
 	}
 	if more {
