@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -472,4 +473,52 @@ func (s *Subscriber) stampSent(t *task) {
 	s.m.observeStage(stageSend, t.at.sending, now)
 	s.m.messageSeconds.Observe(now.Sub(t.lease.received).Seconds())
 	t.lease.resultSent = now
+}
+
+// maxIDs bounds the message IDs an idSet remembers; the oldest are
+// forgotten first, which at worst batches a suspect again, or runs a
+// message whose result is out again.
+const maxIDs = 10_000
+
+// An idSet is a bounded set of message IDs, safe for concurrent use:
+// running.suspects and ends.ended.
+type idSet struct {
+	mu    sync.Mutex
+	set   map[string]struct{}
+	order []string // insertion order, for forgetting the oldest
+}
+
+func newIDSet() *idSet { return &idSet{set: map[string]struct{}{}} }
+
+func (s *idSet) add(ids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := s.set[id]; ok {
+			continue
+		}
+		if len(s.order) >= maxIDs {
+			delete(s.set, s.order[0])
+			s.order = s.order[1:]
+		}
+		s.set[id] = struct{}{}
+		s.order = append(s.order, id)
+	}
+}
+
+func (s *idSet) has(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.set[id]
+	return ok
+}
+
+// clear forgets id; its place in order is dropped when it comes up.
+func (s *idSet) clear(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.set, id)
+	if len(s.set) == 0 {
+		s.order = s.order[:0]
+	}
 }

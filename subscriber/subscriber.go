@@ -103,8 +103,16 @@ type admitting struct {
 // run.go, pause.go, answers.go): how large a batch may be, which messages run alone, and
 // whether the model or the device lets anything run.
 type running struct {
-	state    *learned // see learned.go
-	suspects *idSet   // messages of a failed batch: each runs alone until it succeeds
+	state *learned // see learned.go
+	// suspects are messages that were in a batch that failed for a reason
+	// that may pass (a timeout, a model error). Which message caused the
+	// failure is unknown, and batch-mates share a receive count and so a
+	// retry delay: released together, they would come back together, be
+	// batched together again, and all reach the redrive policy's
+	// maxReceiveCount with the one message that hangs. So a suspect runs in a
+	// batch of its own until it succeeds, and the culprit takes no other
+	// message with it.
+	suspects *idSet
 	// classer is the model's length classes, nil when it has none: the
 	// batcher then keeps one pending batch (see batcher).
 	classer gpu.LengthClasser
