@@ -95,7 +95,7 @@ func (e *env) runServerSubscriber(srv *fakeoai.Server) {
 func TestBatchInvalidLines(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, Jobs: publisher.Jobs{Models: []string{"ref"}}})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{Models: []string{"ref"}}, API: publisher.API{APIKeys: []string{"acme:key-a"}}})
 	a := s.client("key-a")
 	good := `{"custom_id":"ok-%d","method":"POST","url":"/v1/embeddings","body":{"model":"ref","input":"x"}}`
 	lines := []string{

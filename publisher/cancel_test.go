@@ -50,7 +50,7 @@ func (s *server) statusAs(t *testing.T, jobID string, header map[string]string) 
 func TestCancelJob(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"k1"}})
+	s := e.serve(publisher.Config{API: publisher.API{APIKeys: []string{"k1"}}})
 	auth := map[string]string{"Authorization": "Bearer k1"}
 	a := s.mustPost(jobBody(t, manyItems("c", 8, 2), 2), auth)
 	if a.Chunks != 4 {

@@ -3,7 +3,6 @@ package publisher
 import (
 	"log/slog"
 	"math"
-	"net/netip"
 	"net/url"
 	"time"
 
@@ -23,6 +22,10 @@ type Jobs = jobs.Config
 // Batches is the configuration of the batch routes (publisher/batches),
 // embedded in Config.
 type Batches = batches.Config
+
+// API is the configuration of the publisher's HTTP edge (publisher/api),
+// embedded in Config.
+type API = api.Config
 
 // Config is everything a Publisher needs. A zero field takes its value from
 // DefaultConfig (the comments below say where a default is worked out
@@ -44,36 +47,12 @@ type Config struct {
 	// embedded, so cfg.BatchWebhookURL is cfg.Batches.BatchWebhookURL.
 	Batches
 
-	// MaxBodyBytes bounds a request body, enforced before it is read.
-	// The whole body is held in memory while it is handled,
-	// with what is decoded from it: 5 to 6 times its size at the peak
-	// (BenchmarkConcurrentMaxBodies).
-	MaxBodyBytes int64
-	// MaxBodyBytesInFlight bounds the bytes of request bodies held at once,
-	// over all requests: a POST that would go over it is answered 503
-	// overloaded with Retry-After, without waiting (publisher/api/inflight.go). A body is
-	// charged for the bytes that have arrived, as they arrive. So the heap
-	// the requests take is 5 to 6 times this at most. Zero is twice
-	// MaxBodyBytes; at least MaxBodyBytes, or a body at the limit could
-	// never be taken.
-	MaxBodyBytesInFlight int64
-	// MaxBodyBytesPerClient bounds the bytes of bodies one client holds at
-	// once (the client of RateLimit: its API key, else its address), and
-	// MaxBodiesPerClient its POSTs whose bodies are in flight, read or being
-	// read; a POST over either is answered 429 too_many_bodies with
-	// Retry-After, without waiting, so that one client cannot take the whole
-	// budget. MaxBodyBytesPerClient: zero is half MaxBodyBytesInFlight, at
-	// least MaxBodyBytes and at most MaxBodyBytesInFlight.
-	MaxBodyBytesPerClient int64
-	MaxBodiesPerClient    int
-	// MinBodyRate, in bytes a second, and BodyGrace: a body's bytes must
-	// start coming within BodyGrace, never pause for longer, and once
-	// BodyGrace has passed have come at MinBodyRate on average since the
-	// body began. A body that falls behind is cut off, 408 body_too_slow,
-	// and gives back what it held (api.BodyPace), so that clients that stall or
-	// trickle cannot hold the budget or their share of it.
-	MinBodyRate int64
-	BodyGrace   time.Duration
+	// API is what every route passes through (publisher/api): API keys,
+	// rate limits, the bodies in flight and their pace, IdempotencyStale,
+	// Logger and Registerer. Embedded, so cfg.RateLimit is cfg.API.RateLimit.
+	// New sets its UploadHeld and Idem, which are worked out, not settings.
+	API
+
 	// MaxFileBytes, MaxFileLines and MaxFileLineBytes bound a file uploaded
 	// to POST /v1/files: its bytes, its lines (JSONL: a last line without
 	// its newline counts), and the bytes of each line, its newline not
@@ -117,65 +96,10 @@ type Config struct {
 	// reads it.
 	PublicURL string
 
-	// APIKeys, when any, are the bearer tokens accepted on /v1/jobs routes
-	// (Authorization: Bearer <key>). /healthz and /metrics stay open. An
-	// entry "name:key" names the key's tenant (see api.SplitKey); one without a
-	// name is the tenant tenant.OfKey(key). Keys may share a name, to rotate
-	// one tenant's key without changing its tenant.
-	APIKeys []string
-
-	// RateLimit is the steady rate, in requests per second, that one client
-	// may send to /v1/jobs routes: its API key when auth is on, else its
-	// source address (an IPv6 client by its IPv6ClientPrefix). RateBurst is
-	// how many it may send at once after a quiet spell; zero is twice
-	// RateLimit. A request over the limit is answered 429 rate_limited with
-	// Retry-After, before its body is read. 0: no per-client limit (the
-	// default here; cmd/publisher sets one).
-	RateLimit float64
-	RateBurst int
-	// GlobalRateLimit and GlobalRateBurst are the same over all clients
-	// together, for this process; 0: none. GlobalRateBurst defaults to twice
-	// GlobalRateLimit.
-	GlobalRateLimit float64
-	GlobalRateBurst int
-	// IPv6ClientPrefix is the prefix length by which an IPv6 address is one
-	// client, for rate limits and shares of the bodies in flight: every
-	// address in one such prefix is the same client. The default is 56, what
-	// ISPs delegate to one customer site (RIPE-690 advises a /48 or a /56,
-	// and most residential ISPs that follow it give the /56) and what AWS
-	// gives one VPC: a /64 is one LAN, and a site holds 256 of them, so
-	// keying by /64 let one site send 256 times the limit. A /48 would bound
-	// a site given a /48 too, but lump 256 customers of an ISP that gives
-	// /56s into one client. Lower it to 48 where clients hold /48s; raise it
-	// to 64 where many clients share a /56 (a mobile carrier gives each
-	// device a /64 of a shared pool). 32 to 128: a shorter prefix is a
-	// whole ISP's.
-	IPv6ClientPrefix int
-	// RateLimitClients bounds the clients whose buckets are kept in memory
-	// (about 200 bytes each), least recently used first out.
-	RateLimitClients int
-	// TrustedProxies are the load balancers and proxies allowed to say who
-	// the client is: when a request's peer address is in one of them, the
-	// client is the rightmost address of X-Forwarded-For that is not (see
-	// api.ClientAddr). Empty: the peer address is the client and X-Forwarded-For
-	// is ignored, which is right when clients connect directly and under
-	// Lambda, where the peer is API Gateway's sourceIp.
-	TrustedProxies []netip.Prefix
-
 	// IdempotencyTTL and IdempotencyEntries bound the in-memory idempotency
 	// records used when there is no bucket.
 	IdempotencyTTL     time.Duration
 	IdempotencyEntries int
-	// IdempotencyStale is how long a record of a request still sending
-	// blocks a retry with the same key (409); after it the retry takes the
-	// job over and sends it again.
-	IdempotencyStale time.Duration
-
-	Logger *slog.Logger // default slog.Default(); request logs carry no payloads
-	// Registerer gets the metrics; default a private registry. When it is
-	// also a prometheus.Gatherer (a *prometheus.Registry is), Handler serves
-	// it at /metrics.
-	Registerer prometheus.Registerer
 }
 
 // DefaultConfig is the configuration a zero Config takes, field by field:
@@ -187,16 +111,18 @@ type Config struct {
 // keys, rate limits or trusted proxies.
 func DefaultConfig() Config {
 	return Config{
-		Jobs:               jobs.DefaultConfig(),
-		MaxBodyBytes:       32 << 20,
-		MaxBodiesPerClient: 16,
-		MinBodyRate:        16 << 10,
-		BodyGrace:          10 * time.Second,
-		IPv6ClientPrefix:   56,
-		RateLimitClients:   10_000,
+		Jobs: jobs.DefaultConfig(),
+		API: api.Config{
+			MaxBodyBytes:       32 << 20,
+			MaxBodiesPerClient: 16,
+			MinBodyRate:        16 << 10,
+			BodyGrace:          10 * time.Second,
+			IPv6ClientPrefix:   56,
+			RateLimitClients:   10_000,
+			IdempotencyStale:   2 * time.Minute,
+		},
 		IdempotencyTTL:     24 * time.Hour,
 		IdempotencyEntries: 100_000,
-		IdempotencyStale:   2 * time.Minute,
 		MaxFileBytes:       200 << 20,
 		MaxFileLines:       50_000,
 		MaxFileLineBytes:   10 << 20,

@@ -37,7 +37,7 @@ func errorOf(t *testing.T, status int, header http.Header, body []byte) *api.Err
 // comes back in a message (item ids come back in "item" only). Every
 // response, error or not, says nosniff.
 func TestErrorsEchoNothing(t *testing.T) {
-	srv, q, _ := rateTestServer(t, Config{MaxBodyBytes: 4 << 10, APIKeys: []string{"the-key"}, Jobs: Jobs{MaxItems: 3, MaxMessageBytes: 2 << 10}})
+	srv, q, _ := rateTestServer(t, Config{Jobs: Jobs{MaxItems: 3, MaxMessageBytes: 2 << 10}, API: API{MaxBodyBytes: 4 << 10, APIKeys: []string{"the-key"}}})
 	const one = `{"items":[{"id":"a","text":"x"}]}`
 	big := strings.Repeat(canary, 8<<10/len(canary))
 	for _, tc := range []struct {

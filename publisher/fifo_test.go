@@ -42,8 +42,13 @@ func TestFIFOQueue(t *testing.T) {
 	if !limits.FIFO {
 		t.Fatalf("QueueLimits(%s) did not see a FIFO queue", name)
 	}
-	p, err := publisher.New(publisher.Config{Queue: jobs.NewSQSQueue(client, url), Logger: testLogger(), Registerer: prometheus.NewRegistry(),
-		Jobs: publisher.Jobs{MaxMessageBytes: limits.MaxMessageBytes, ChunkItems: 2},
+	p, err := publisher.New(publisher.Config{
+		Queue: jobs.NewSQSQueue(client, url),
+		Jobs:  publisher.Jobs{MaxMessageBytes: limits.MaxMessageBytes, ChunkItems: 2},
+		API: publisher.API{
+			Logger:     testLogger(),
+			Registerer: prometheus.NewRegistry(),
+		},
 	})
 	if err != nil {
 		t.Fatal(err)

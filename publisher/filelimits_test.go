@@ -62,7 +62,7 @@ func TestFileListingReadsAreBounded(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	store, front := countedStore(t, e)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, Payloads: store})
+	s := e.serve(publisher.Config{Payloads: store, API: publisher.API{APIKeys: []string{"acme:key-a"}}})
 	a := s.client("key-a")
 	now := time.Now()
 	live := putFileRecord(t, e.store, "acme", now.Add(-3*time.Hour), "batch", now.Add(time.Hour))
@@ -124,7 +124,7 @@ func TestFileListingReadsAreBounded(t *testing.T) {
 func TestFileCountIsBounded(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}, MaxFiles: 3})
+	s := e.serve(publisher.Config{MaxFiles: 3, API: publisher.API{APIKeys: []string{"acme:key-a", "globex:key-b"}}})
 	a, b := s.client("key-a"), s.client("key-b")
 	var ids []string
 	for i := range 3 {
@@ -155,7 +155,7 @@ func TestFileCountIsBounded(t *testing.T) {
 func TestBatchLinesAreBoundedByTheFileLimits(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, MaxFileLines: 5, Jobs: publisher.Jobs{MaxItems: 2, ChunkItems: 2}})
+	s := e.serve(publisher.Config{MaxFileLines: 5, Jobs: publisher.Jobs{MaxItems: 2, ChunkItems: 2}, API: publisher.API{APIKeys: []string{"acme:key-a"}}})
 	a := s.client("key-a")
 	f := upload(t, a, "five.jsonl", batchLines(5, "b"))
 	if bt := newBatch(t, a, f.ID, "/v1/embeddings"); bt.Status != "in_progress" || bt.RequestCounts.Total != 5 {

@@ -63,7 +63,7 @@ func postLargeFile(t testing.TB, h http.Handler) *httptest.ResponseRecorder {
 func TestUploadIsNotHeldInMemory(t *testing.T) {
 	c := sqstest.S3(t)
 	store := payload.New(c, sqstest.Bucket(t, c))
-	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
+	p, err := New(Config{Queue: nopQueue{}, Payloads: store, API: API{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestUploadIsNotHeldInMemory(t *testing.T) {
 func BenchmarkUploadHeap(b *testing.B) {
 	c := sqstest.S3(b)
 	store := payload.New(c, sqstest.Bucket(b, c))
-	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
+	p, err := New(Config{Queue: nopQueue{}, Payloads: store, API: API{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -94,13 +94,19 @@ func (s *server) rawUpload(t *testing.T, key string, before [][2]string, file []
 func TestFileUploadRefusals(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"},
-		MaxFileBytes: 6 << 20, MaxFileLines: 40, MaxFileLineBytes: 1 << 20})
+	s := e.serve(publisher.Config{
+		MaxFileBytes:     6 << 20,
+		MaxFileLines:     40,
+		MaxFileLineBytes: 1 << 20,
+		API: publisher.API{
+			APIKeys: []string{"acme:key-a"},
+		},
+	})
 	a := s.client("key-a")
 	ctx := t.Context()
 	line := func(n int) []byte { return append(bytes.Repeat([]byte("x"), n), '\n') }
 	file := func(data []byte) fileParams { return fileParams{name: "f.jsonl", data: data} }
-	small := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, MaxFileBytes: 1000}).client("key-a")
+	small := e.serve(publisher.Config{MaxFileBytes: 1000, API: publisher.API{APIKeys: []string{"acme:key-a"}}}).client("key-a")
 	for _, tc := range []struct {
 		name         string
 		client       *apiClient
@@ -181,7 +187,7 @@ func TestFileUploadRefusals(t *testing.T) {
 func TestFileExpiry(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}})
+	s := e.serve(publisher.Config{API: publisher.API{APIKeys: []string{"acme:key-a"}}})
 	a := s.client("key-a")
 	ctx := t.Context()
 	f, err := a.newFile(ctx, fileParams{name: "x.jsonl", data: batchLines(1, "x"), expiresAfter: 3600})
@@ -226,7 +232,7 @@ func TestFileExpiry(t *testing.T) {
 func TestFilesAndBatchesUnderLambda(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}})
+	s := e.serve(publisher.Config{API: publisher.API{APIKeys: []string{"acme:key-a"}}})
 	h := api.LambdaHandler(s.pub.Handler())
 	data := batchLines(2, "l")
 	var buf bytes.Buffer

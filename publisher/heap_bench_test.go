@@ -55,9 +55,14 @@ func BenchmarkConcurrentMaxBodies(b *testing.B) {
 		inFlight int64
 	}{{"unbounded", 1 << 40}, {"default", 0}} {
 		b.Run(bc.name, func(b *testing.B) {
-			p, err := New(Config{Queue: nopQueue{}, MaxBodyBytesInFlight: bc.inFlight,
-				Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
-				Jobs: Jobs{MaxMessageBytes: job.MaxMessageBytes},
+			p, err := New(Config{
+				Queue: nopQueue{},
+				Jobs:  Jobs{MaxMessageBytes: job.MaxMessageBytes},
+				API: API{
+					MaxBodyBytesInFlight: bc.inFlight,
+					Logger:               slog.New(slog.DiscardHandler),
+					Registerer:           prometheus.NewRegistry(),
+				},
 			})
 			if err != nil {
 				b.Fatal(err)

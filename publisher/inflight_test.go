@@ -48,8 +48,16 @@ func TestBodiesInFlightAreBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	// One client (all come from 127.0.0.1) may take the whole budget here:
 	// this is the bound over all clients.
-	pub, err := New(Config{Queue: q, MaxBodyBytes: limit, MaxBodyBytesInFlight: 2 * limit, MaxBodyBytesPerClient: 2 * limit, Registerer: reg,
-		Logger: slog.New(slog.DiscardHandler)})
+	pub, err := New(Config{
+		Queue: q,
+		API: API{
+			MaxBodyBytes:          limit,
+			MaxBodyBytesInFlight:  2 * limit,
+			MaxBodyBytesPerClient: 2 * limit,
+			Registerer:            reg,
+			Logger:                slog.New(slog.DiscardHandler),
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +125,7 @@ func TestBodiesInFlightAreBounded(t *testing.T) {
 // the memory) from a client that sends its body.
 func TestDeclaredLengthIsChargedAsItArrives(t *testing.T) {
 	const limit = 4 << 20
-	srv, q, _ := rateTestServer(t, Config{MaxBodyBytes: limit, MaxBodyBytesInFlight: limit})
+	srv, q, _ := rateTestServer(t, Config{API: API{MaxBodyBytes: limit, MaxBodyBytesInFlight: limit}})
 	addr := strings.TrimPrefix(srv.URL, "http://")
 	for range 3 {
 		conn, err := net.Dial("tcp", addr)
@@ -149,7 +157,7 @@ func TestDeclaredLengthIsChargedAsItArrives(t *testing.T) {
 // buffer and the one it grew from.
 func TestABodyAtTheLimitFitsABudgetOfTheLimit(t *testing.T) {
 	const limit = 1 << 20
-	srv, q, _ := rateTestServer(t, Config{MaxBodyBytes: limit, MaxBodyBytesInFlight: limit})
+	srv, q, _ := rateTestServer(t, Config{API: API{MaxBodyBytes: limit, MaxBodyBytesInFlight: limit}})
 	// Items of 1 KiB (a larger one would not fit in a message), the last
 	// one padded so that the body is exactly the limit.
 	var b strings.Builder
@@ -213,7 +221,7 @@ func TestStalledBodiesDoNotStarveOthers(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				s := newPipeServer(t, Config{MaxBodyBytes: limit, MaxBodyBytesInFlight: 2 * limit})
+				s := newPipeServer(t, Config{API: API{MaxBodyBytes: limit, MaxBodyBytesInFlight: 2 * limit}})
 				var stalled []net.Conn
 				for i := range tc.clients {
 					stalled = append(stalled, s.start(fmt.Sprintf("198.51.100.%d:4000", i+1), limit, []byte(strings.Repeat(" ", tc.sent))))
@@ -253,7 +261,7 @@ func TestOneClientCannotTakeTheBudget(t *testing.T) {
 	const limit = 1 << 20
 	small := `{"items":[{"id":"a","text":"x"}]}`
 	synctest.Test(t, func(t *testing.T) {
-		s := newPipeServer(t, Config{MaxBodyBytes: limit, MaxBodyBytesInFlight: 4 * limit, MaxBodiesPerClient: 4})
+		s := newPipeServer(t, Config{API: API{MaxBodyBytes: limit, MaxBodyBytesInFlight: 4 * limit, MaxBodiesPerClient: 4}})
 		// Almost whole bodies, stalled: without a share the fourth would
 		// fill the budget.
 		var held []net.Conn

@@ -142,7 +142,7 @@ func TestBatchWithTheOpenAIJavaScriptSDK(t *testing.T) {
 	t.Parallel()
 	node := jsNode(t)
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-js"}, Jobs: publisher.Jobs{ChunkItems: 3}})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{ChunkItems: 3}, API: publisher.API{APIKeys: []string{"acme:key-js"}}})
 	e.runSubscriber()
 
 	const n = 7

@@ -60,9 +60,12 @@ func TestBatchFlowsWithTheOpenAIJavaScriptSDK(t *testing.T) {
 	defer srv.Close()
 	hook, delivered := publishertest.WebhookReceiver(t)
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-js"},
+	s := e.serve(publisher.Config{
 		Jobs:    publisher.Jobs{ChunkItems: 2, ServedEndpoints: job.BatchEndpoints},
 		Batches: publisher.Batches{BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret},
+		API: publisher.API{
+			APIKeys: []string{"acme:key-js"},
+		},
 	})
 	e.runServerSubscriber(srv)
 

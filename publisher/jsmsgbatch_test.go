@@ -68,7 +68,7 @@ func TestMessageBatchesWithTheAnthropicJavaScriptSDK(t *testing.T) {
 		OutputTokens: func(string, int) int { return 30 }})
 	defer srv.Close()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-js", "globex:key-other"}, Jobs: publisher.Jobs{ChunkItems: 2}})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{ChunkItems: 2}, API: publisher.API{APIKeys: []string{"acme:key-js", "globex:key-other"}}})
 	m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
 		Messages: modelserver.MessagesNative, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {

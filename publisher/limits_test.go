@@ -16,7 +16,7 @@ import (
 // A body whose Content-Length is over the limit is refused 413 from its
 // headers alone: the publisher does not wait for, or read, any of it.
 func TestDeclaredOversizeBodyIsRefusedUnread(t *testing.T) {
-	srv, q, _ := rateTestServer(t, Config{MaxBodyBytes: 1 << 10})
+	srv, q, _ := rateTestServer(t, Config{API: API{MaxBodyBytes: 1 << 10}})
 	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)

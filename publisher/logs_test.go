@@ -80,7 +80,7 @@ func TestLogsCarryNoPayloadsOrCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := publisher.Config{APIKeys: []string{apiKey}, MaxBodyBytes: 256 << 10, Logger: log, Jobs: publisher.Jobs{MaxItemBytes: 2 << 10}}
+	base := publisher.Config{Jobs: publisher.Jobs{MaxItemBytes: 2 << 10}, API: publisher.API{APIKeys: []string{apiKey}, MaxBodyBytes: 256 << 10, Logger: log}}
 	base.Queue = jobs.NewSQSQueue(proxy.SQS(cfg), e.urls.Work)
 	s := e.serve(base)
 	failing := base

@@ -15,8 +15,15 @@ import (
 func TestMessageBatchCreateChargedToTheClientsBodies(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serveUnswept(publisher.Config{APIKeys: []string{"acme:key-a"}, MaxBodyBytes: 4 << 10, MaxBodyBytesPerClient: 4 << 10,
-		MaxBodyBytesInFlight: 1 << 20, MaxFileBytes: 1 << 20})
+	s := e.serveUnswept(publisher.Config{
+		MaxFileBytes: 1 << 20,
+		API: publisher.API{
+			APIKeys:               []string{"acme:key-a"},
+			MaxBodyBytes:          4 << 10,
+			MaxBodyBytesPerClient: 4 << 10,
+			MaxBodyBytesInFlight:  1 << 20,
+		},
+	})
 	a := anthropicClient{s, "key-a"}
 	big := createBody(60, question) // about 9 KiB: past the client's share of 4 KiB
 	if len(big) <= 4<<10 {

@@ -158,7 +158,7 @@ func TestMessageBatchesEndToEnd(t *testing.T) {
 		OutputTokens: func(string, int) int { return 6 }})
 	defer srv.Close()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}, Jobs: publisher.Jobs{ChunkItems: 2}})
+	s := e.serve(publisher.Config{Jobs: publisher.Jobs{ChunkItems: 2}, API: publisher.API{APIKeys: []string{"acme:key-a", "globex:key-b"}}})
 	a, other := anthropicClient{s, "key-a"}, anthropicClient{s, "key-b"}
 
 	// The headers, and a create with a bad request: refused whole.
@@ -363,7 +363,7 @@ func TestMessageBatchesEndToEnd(t *testing.T) {
 func TestMessageBatchCreateThatStallsIsCutOff(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}, BodyGrace: 500 * time.Millisecond})
+	s := e.serve(publisher.Config{API: publisher.API{APIKeys: []string{"acme:key-a"}, BodyGrace: 500 * time.Millisecond}})
 	c, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 func TestMessageBatchCreateIdempotencyKey(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serveUnswept(publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}})
+	s := e.serveUnswept(publisher.Config{API: publisher.API{APIKeys: []string{"acme:key-a", "globex:key-b"}}})
 	create := func(key string, n int, idem string) reply {
 		return s.do(http.MethodPost, "/v1/messages/batches", map[string]string{"x-api-key": key, "anthropic-version": "2023-06-01",
 			"Content-Type": "application/json", "Idempotency-Key": idem}, createBody(n, question))

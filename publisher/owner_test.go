@@ -18,7 +18,7 @@ import (
 func TestJobsAnswerOnlyTheirOwner(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
-	s := e.serve(publisher.Config{APIKeys: []string{"acme:key-a", "acme:key-a2", "globex:key-b", "unnamed-key"}})
+	s := e.serve(publisher.Config{API: publisher.API{APIKeys: []string{"acme:key-a", "acme:key-a2", "globex:key-b", "unnamed-key"}}})
 	as := func(key string) map[string]string { return map[string]string{"Authorization": "Bearer " + key} }
 	a := s.mustPost(jobBody(t, manyItems("o", 4, 2), 2), as("key-a"))
 	e.drain(a.Chunks)
@@ -61,7 +61,7 @@ func TestJobWithoutOwner(t *testing.T) {
 	if _, err := e.store.Put(t.Context(), job.ManifestKey(id), raw); err != nil {
 		t.Fatal(err)
 	}
-	withKeys := e.serve(publisher.Config{APIKeys: []string{"acme:key-a"}})
+	withKeys := e.serve(publisher.Config{API: publisher.API{APIKeys: []string{"acme:key-a"}}})
 	missing := withKeys.do("GET", "/v1/jobs/0123456789abcdef0123456789abcdef", map[string]string{"Authorization": "Bearer key-a"}, nil)
 	for _, method := range []string{"GET", "DELETE"} {
 		r := withKeys.do(method, "/v1/jobs/"+id, map[string]string{"Authorization": "Bearer key-a"}, nil)

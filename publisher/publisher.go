@@ -38,27 +38,22 @@ func New(cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("publisher config: %w", err)
 	}
-	p := &Publisher{cfg: cfg}
-	var idem api.IdemStore = api.NewMemIdem(cfg.IdempotencyTTL, cfg.IdempotencyEntries)
+	cfg.Idem = api.NewMemIdem(cfg.IdempotencyTTL, cfg.IdempotencyEntries)
 	if cfg.Payloads != nil {
-		idem = api.S3Idem{Store: cfg.Payloads}
+		cfg.Idem = api.S3Idem{Store: cfg.Payloads}
 	}
+	cfg.UploadHeld = cfg.uploadHeld()
+	p := &Publisher{cfg: cfg}
 	var err error
-	p.gate, err = api.NewGate(api.Config{APIKeys: cfg.APIKeys,
-		RateLimit: cfg.RateLimit, RateBurst: cfg.RateBurst, GlobalRateLimit: cfg.GlobalRateLimit, GlobalRateBurst: cfg.GlobalRateBurst,
-		IPv6ClientPrefix: cfg.IPv6ClientPrefix, RateLimitClients: cfg.RateLimitClients, TrustedProxies: cfg.TrustedProxies,
-		MaxBodyBytes: cfg.MaxBodyBytes, MaxBodyBytesInFlight: cfg.MaxBodyBytesInFlight, MaxBodyBytesPerClient: cfg.MaxBodyBytesPerClient,
-		MaxBodiesPerClient: cfg.MaxBodiesPerClient, MinBodyRate: cfg.MinBodyRate, BodyGrace: cfg.BodyGrace,
-		UploadHeld: cfg.uploadHeld(), Idem: idem, IdempotencyStale: cfg.IdempotencyStale,
-		Logger: cfg.Logger, Registerer: cfg.Registerer})
+	p.gate, err = api.NewGate(cfg.API)
 	if err != nil {
 		return nil, fmt.Errorf("publisher metrics: %w", err)
 	}
 	fileLimits := files.Config{MaxFileBytes: cfg.MaxFileBytes, MaxFileLines: cfg.MaxFileLines,
 		MaxFileLineBytes: cfg.MaxFileLineBytes, MaxFiles: cfg.MaxFiles, FileUploadTimeout: cfg.FileUploadTimeout,
-		MinBodyRate: cfg.MinBodyRate, BodyGrace: cfg.BodyGrace, UploadHeld: cfg.uploadHeld(), PublicURL: cfg.PublicURL}
+		MinBodyRate: cfg.MinBodyRate, BodyGrace: cfg.BodyGrace, UploadHeld: cfg.UploadHeld, PublicURL: cfg.PublicURL}
 	p.files = files.New(fileLimits, p.gate, cfg.Payloads, cfg.Logger)
-	p.jobs, err = jobs.New(cfg.Jobs, jobs.Shared{Queue: cfg.Queue, Payloads: cfg.Payloads, Gate: p.gate, Idem: idem,
+	p.jobs, err = jobs.New(cfg.Jobs, jobs.Shared{Queue: cfg.Queue, Payloads: cfg.Payloads, Gate: p.gate, Idem: cfg.Idem,
 		Labels:       tenant.NewLabels(api.MaxTenantLabels, p.gate.Tenants()...),
 		MaxBodyBytes: cfg.MaxBodyBytes, IdempotencyStale: cfg.IdempotencyStale, Logger: cfg.Logger, Registerer: cfg.Registerer})
 	if err != nil {

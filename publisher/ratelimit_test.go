@@ -26,8 +26,15 @@ import (
 // site is not refused for it.
 func TestOneSiteIsOneClient(t *testing.T) {
 	// A rate so low that no token comes back while the test runs.
-	p, err := New(Config{Queue: &countingQueue{}, RateLimit: 0.001, RateBurst: 1, Logger: slog.New(slog.DiscardHandler),
-		Registerer: prometheus.NewRegistry()})
+	p, err := New(Config{
+		Queue: &countingQueue{},
+		API: API{
+			RateLimit:  0.001,
+			RateBurst:  1,
+			Logger:     slog.New(slog.DiscardHandler),
+			Registerer: prometheus.NewRegistry(),
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,8 +64,16 @@ func TestOneSiteIsOneClient(t *testing.T) {
 // told so, and counted under scope global.
 func TestGlobalLimitHoldsAcrossClients(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	p, err := New(Config{Queue: &countingQueue{}, RateLimit: 100, GlobalRateLimit: 0.001, GlobalRateBurst: 5,
-		Logger: slog.New(slog.DiscardHandler), Registerer: reg})
+	p, err := New(Config{
+		Queue: &countingQueue{},
+		API: API{
+			RateLimit:       100,
+			GlobalRateLimit: 0.001,
+			GlobalRateBurst: 5,
+			Logger:          slog.New(slog.DiscardHandler),
+			Registerer:      reg,
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +162,7 @@ func send(t *testing.T, method, url, key, body string) *http.Response {
 func TestRateLimitedRequestsEnqueueNothing(t *testing.T) {
 	// A rate so low that no token comes back while the test runs: exactly
 	// the burst is accepted, whatever the machine's speed.
-	srv, q, reg := rateTestServer(t, Config{RateLimit: 0.001, RateBurst: 3})
+	srv, q, reg := rateTestServer(t, Config{API: API{RateLimit: 0.001, RateBurst: 3}})
 	const job = `{"items":[{"id":"a","text":"x"},{"id":"b","text":"y"}],"options":{"chunk_items":1}}`
 	accepted, limited := 0, 0
 	for range 10 {
@@ -195,7 +210,7 @@ func TestRateLimitedRequestsEnqueueNothing(t *testing.T) {
 // With auth, each key has its own bucket, and requests with a wrong key are
 // charged to their source address: guessing keys is limited too.
 func TestRateLimitPerKeyAndOnFailedAuth(t *testing.T) {
-	srv, q, _ := rateTestServer(t, Config{RateLimit: 0.001, RateBurst: 2, APIKeys: []string{"key-one", "key-two"}})
+	srv, q, _ := rateTestServer(t, Config{API: API{RateLimit: 0.001, RateBurst: 2, APIKeys: []string{"key-one", "key-two"}}})
 	const job = `{"items":[{"id":"a","text":"x"}]}`
 	codes := func(key string, n int) []int {
 		var out []int
@@ -248,7 +263,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 // any other is refused, naming the field.
 func TestIPv6ClientPrefixIsChecked(t *testing.T) {
 	for _, bad := range []int{-1, 16, 31, 129} {
-		_, err := New(Config{Queue: &countingQueue{}, IPv6ClientPrefix: bad, Registerer: prometheus.NewRegistry()})
+		_, err := New(Config{Queue: &countingQueue{}, API: API{IPv6ClientPrefix: bad, Registerer: prometheus.NewRegistry()}})
 		var fe *FieldError
 		if !errors.As(err, &fe) || fe.Field != "IPv6ClientPrefix" {
 			t.Errorf("IPv6ClientPrefix %d: %v, want it refused", bad, err)

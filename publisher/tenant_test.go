@@ -121,9 +121,14 @@ func (q *recordQueue) take() []jobs.Entry {
 func tenantPublisher(t *testing.T, keys ...string) (*httptest.Server, *recordQueue, *prometheus.Registry) {
 	q := &recordQueue{}
 	reg := prometheus.NewRegistry()
-	p, err := publisher.New(publisher.Config{Queue: q, APIKeys: keys, Registerer: reg,
-		Logger: testLogger(),
-		Jobs:   publisher.Jobs{MaxMessageBytes: 256 << 10},
+	p, err := publisher.New(publisher.Config{
+		Queue: q,
+		Jobs:  publisher.Jobs{MaxMessageBytes: 256 << 10},
+		API: publisher.API{
+			APIKeys:    keys,
+			Registerer: reg,
+			Logger:     testLogger(),
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -284,9 +289,13 @@ func TestSplitKey(t *testing.T) {
 			t.Errorf("SplitKey(%q) = %q, %q; want %q, %q", tc.entry, n, k, tc.name, tc.key)
 		}
 	}
-	if _, err := publisher.New(publisher.Config{Queue: &recordQueue{}, APIKeys: []string{"alice:"},
-		Registerer: prometheus.NewRegistry(),
-		Jobs:       publisher.Jobs{MaxMessageBytes: 256 << 10},
+	if _, err := publisher.New(publisher.Config{
+		Queue: &recordQueue{},
+		Jobs:  publisher.Jobs{MaxMessageBytes: 256 << 10},
+		API: publisher.API{
+			APIKeys:    []string{"alice:"},
+			Registerer: prometheus.NewRegistry(),
+		},
 	}); err == nil {
 		t.Error("a named empty key was accepted")
 	}

@@ -20,8 +20,16 @@ import (
 // the client's real address on the right.
 func TestForwardedForTrustsOnlyTheProxies(t *testing.T) {
 	albs := []netip.Prefix{netip.MustParsePrefix("10.0.1.10/32"), netip.MustParsePrefix("10.0.2.10/32")}
-	p, err := New(Config{Queue: &countingQueue{}, RateLimit: 0.001, RateBurst: 2, TrustedProxies: albs,
-		Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
+	p, err := New(Config{
+		Queue: &countingQueue{},
+		API: API{
+			RateLimit:      0.001,
+			RateBurst:      2,
+			TrustedProxies: albs,
+			Logger:         slog.New(slog.DiscardHandler),
+			Registerer:     prometheus.NewRegistry(),
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +68,7 @@ func TestForwardedForTrustsOnlyTheProxies(t *testing.T) {
 // length 0 is refused.
 func TestTrustingEveryAddressIsRefused(t *testing.T) {
 	for _, s := range []string{"0.0.0.0/0", "::/0"} {
-		c := Config{Queue: &countingQueue{}, TrustedProxies: []netip.Prefix{netip.MustParsePrefix(s)}}
+		c := Config{Queue: &countingQueue{}, API: API{TrustedProxies: []netip.Prefix{netip.MustParsePrefix(s)}}}
 		c.setDefaults()
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "every address") {
 			t.Errorf("trusted proxies %s: %v, want refused", s, err)
@@ -74,7 +82,7 @@ func TestTrustingEveryAddressIsRefused(t *testing.T) {
 // whoever sends it (documented in docs/security.md; clients should use random
 // keys).
 func TestIdempotencyKeysAreScopedPerAPIKey(t *testing.T) {
-	srv, _, _ := rateTestServer(t, Config{APIKeys: []string{"tenant-a", "tenant-b"}})
+	srv, _, _ := rateTestServer(t, Config{API: API{APIKeys: []string{"tenant-a", "tenant-b"}}})
 	post := func(key, idem, body string) (int, string) {
 		req, _ := http.NewRequestWithContext(t.Context(), "POST", srv.URL+"/v1/jobs", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")

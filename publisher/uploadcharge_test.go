@@ -63,7 +63,7 @@ func TestTricklingUploadsLeaveRoomForOthers(t *testing.T) {
 		// DNS lookup inside the bubble would break every later test.
 		store := payload.New(s3.New(s3.Options{Region: "us-east-1", BaseEndpoint: aws.String("http://s3.test"), UsePathStyle: true,
 			Credentials: aws.AnonymousCredentials{}, HTTPClient: emptyBucket{}}), "unused")
-		s := newPipeServer(t, Config{Payloads: store, MaxBodyBytes: limit, MaxBodyBytesInFlight: 4 * limit, MaxFileBytes: limit})
+		s := newPipeServer(t, Config{Payloads: store, MaxFileBytes: limit, API: API{MaxBodyBytes: limit, MaxBodyBytesInFlight: 4 * limit}})
 		file := []byte(strings.Repeat(`{"custom_id":"x"}`+"\n", 200<<10/18))
 		var held []net.Conn
 		for client := range 3 {
@@ -112,7 +112,7 @@ func TestAnUploadIsChargedWhatItHolds(t *testing.T) {
 	t.Parallel()
 	c := sqstest.S3(t)
 	store := payload.New(c, sqstest.Bucket(t, c))
-	p, err := New(Config{Queue: nopQueue{}, Payloads: store, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
+	p, err := New(Config{Queue: nopQueue{}, Payloads: store, API: API{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,6 +51,10 @@ type Config struct {
 	Admission Strategy
 	// Count is the number of messages run at once under AdmitCount.
 	Count int
+	// VRAMReserve, VRAMLimit and MaxBatchBytes are in the backend's unit
+	// (backend.Unit): device bytes for a GPU, KV-cache tokens for a model
+	// server (cmd/subscriber's -model-server-kv-* flags set them then).
+	//
 	// VRAMReserve is device memory kept free of work, for the framework's
 	// own allocations and fragmentation.
 	VRAMReserve int64

@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"container/list"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -483,12 +484,15 @@ const maxIDs = 10_000
 // An idSet is a bounded set of message IDs, safe for concurrent use:
 // running.suspects and ends.ended.
 type idSet struct {
-	mu    sync.Mutex
-	set   map[string]struct{}
-	order []string // insertion order, for forgetting the oldest
+	mu sync.Mutex
+	// set holds each id's place in order, oldest add first, so that clear
+	// takes the id out of both: a place left behind would forget the id
+	// when it came up, though the id was added again since.
+	set   map[string]*list.Element
+	order list.List
 }
 
-func newIDSet() *idSet { return &idSet{set: map[string]struct{}{}} }
+func newIDSet() *idSet { return &idSet{set: map[string]*list.Element{}} }
 
 func (s *idSet) add(ids ...string) {
 	s.mu.Lock()
@@ -497,12 +501,10 @@ func (s *idSet) add(ids ...string) {
 		if _, ok := s.set[id]; ok {
 			continue
 		}
-		if len(s.order) >= maxIDs {
-			delete(s.set, s.order[0])
-			s.order = s.order[1:]
+		if len(s.set) >= maxIDs {
+			delete(s.set, s.order.Remove(s.order.Front()).(string))
 		}
-		s.set[id] = struct{}{}
-		s.order = append(s.order, id)
+		s.set[id] = s.order.PushBack(id)
 	}
 }
 
@@ -513,12 +515,11 @@ func (s *idSet) has(id string) bool {
 	return ok
 }
 
-// clear forgets id; its place in order is dropped when it comes up.
 func (s *idSet) clear(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.set, id)
-	if len(s.set) == 0 {
-		s.order = s.order[:0]
+	if e, ok := s.set[id]; ok {
+		s.order.Remove(e)
+		delete(s.set, id)
 	}
 }

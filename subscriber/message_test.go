@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -232,4 +233,28 @@ func TestLightLoadWaitsForNothing(t *testing.T) {
 			t.Errorf("stage delete: %v, want one observation of the keeper's batching wait", hist)
 		}
 	})
+}
+
+// An id cleared and added again is as new as its latest add: the oldest
+// ids are forgotten first, and a cleared one holds no place. (A suspect
+// cleared by a clean run and suspected again was forgotten as soon as its
+// first add was the oldest.)
+func TestIDSetForgetsTheOldestFirst(t *testing.T) {
+	s := newIDSet()
+	s.add("again", "other")
+	s.clear("again")
+	s.add("again")
+	for i := range maxIDs - 2 {
+		s.add(strconv.Itoa(i))
+	}
+	for _, id := range []string{"other", "again", "0", strconv.Itoa(maxIDs - 3)} {
+		if !s.has(id) {
+			t.Errorf("%s forgotten with %d ids held; want the bound's %d kept", id, maxIDs, maxIDs)
+		}
+	}
+	s.add("new")
+	if s.has("other") || !s.has("again") || !s.has("new") {
+		t.Errorf("one past the bound: other kept %v, again kept %v, new kept %v; want the oldest, other, forgotten, and the rest kept",
+			s.has("other"), s.has("again"), s.has("new"))
+	}
 }

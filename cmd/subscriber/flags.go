@@ -69,8 +69,8 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 			"(docs/events.md); needs -payload-bucket. Empty: no events")
 	fs.StringVar(&o.device, "device", "auto", deviceHelp)
 	fs.Var(&o.vram, "vram", "memory of the simulated device, e.g. 16GiB")
-	fs.Var(&o.reserve, "vram-reserve", "device memory kept free of work")
-	fs.Var(&o.limit, "vram-limit", "cap on the VRAM budget below what the device offers (0: no cap)")
+	fs.Var(&o.reserve, "vram-reserve", "device memory kept free of work (with -model-server: -model-server-kv-reserve-tokens)")
+	fs.Var(&o.limit, "vram-limit", "cap on the VRAM budget below what the device offers (0: no cap; with -model-server: -model-server-kv-limit-tokens)")
 	fs.DurationVar(&c.BudgetRefresh, "budget-refresh", d.BudgetRefresh,
 		"how often the device's memory is read again; under -admission=vram the budget follows it, so another process on the GPU\n"+
 			"shrinks it; at least 100ms (negative: never, keep the budget read at start)")
@@ -116,7 +116,8 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 			"(nothing more could join it)")
 	fs.Var(&o.maxBatchBytes, "max-batch-bytes",
 		"most estimated working memory per batch under -admission=vram (0: a quarter of the budget, so one batch can start,\n"+
-			"paying its fixed launch time, while others work); larger batches make fewer SQS requests per message")
+			"paying its fixed launch time, while others work); larger batches make fewer SQS requests per message\n"+
+			"(with -model-server: -model-server-max-batch-kv-tokens)")
 	fs.DurationVar(&c.WaitTime, "wait-time", d.WaitTime, "long-poll wait; whole seconds, 1s to 20s (0: the default)")
 	fs.DurationVar(&c.Visibility, "visibility-timeout", d.Visibility,
 		"visibility timeout on receive and each extension; heartbeats every third of it; whole seconds, 3s to 12h")

@@ -23,6 +23,8 @@ type modelServerOptions struct {
 	concurrency, tpm, rpm         int
 	retries                       int
 	kvCacheTokens, tokensInFlight int64
+	// The budget's reserve, cap and batch size in KV tokens (kvFlags).
+	kvReserve, kvLimit, maxBatchKV int64
 	// deprecated are the flags given that this release accepts and
 	// ignores (deprecatedFlags); openModelServer warns of each.
 	deprecated                   []string
@@ -44,12 +46,25 @@ const defaultAPIKeyEnv = "VRAMQ_MODEL_SERVER_API_KEY"
 // sets them still starts.
 var deprecatedFlags = []string{"model-server-kv-bytes-per-token", "model-server-config", "model-server-kv-bytes-per-value"}
 
+// With a model server the budget is its KV cache in tokens. The admission
+// flags in a GPU's bytes set the same subscriber.Config fields, but a byte
+// count read as tokens (-vram-reserve 1GiB a billion tokens) is no one's
+// intent, and no bytes per token are known to convert it: each is refused
+// there, naming its KV flag (checkModelServer).
+const (
+	flagKVReserve  = "model-server-kv-reserve-tokens"
+	flagKVLimit    = "model-server-kv-limit-tokens"
+	flagMaxBatchKV = "model-server-max-batch-kv-tokens"
+)
+
 func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 	fs.StringVar(&o.url, "model-server", "",
 		"root URL of an OpenAI-compatible model server (vLLM, TGI, TEI, Ollama, https://api.openai.com): items carry request bodies\n"+
 			"for /v1/chat/completions, /v1/completions or /v1/embeddings, and results the server's answers (docs/api.md);\n"+
 			"admission counts tokens in the server's KV cache (from its vLLM metrics) or -model-server-tokens-in-flight;\n"+
-			"-vram-reserve is then 0 unless set; empty: the in-process model")
+			"-vram-reserve, -vram-limit and -max-batch-bytes (a GPU's bytes) are then refused: their -model-server-kv-reserve-tokens,\n"+
+			"-model-server-kv-limit-tokens and -model-server-max-batch-kv-tokens count tokens;\n"+
+			"empty: the in-process model")
 	fs.StringVar(&o.models, "model-server-models", "",
 		"comma-separated model names a request may name (required with -model-server; checked against GET /v1/models at start)")
 	fs.StringVar(&o.apiKeyEnv, "model-server-api-key-env", defaultAPIKeyEnv,
@@ -88,6 +103,12 @@ func addModelServerFlags(fs *flag.FlagSet, o *modelServerOptions) {
 		"the server's KV capacity in tokens (blocks × block size), for a server without vllm:cache_config_info")
 	fs.Int64Var(&o.tokensInFlight, "model-server-tokens-in-flight", modelserver.DefaultTokensInFlight,
 		"most tokens (prompt + max output) admitted at once when the KV capacity is not known")
+	fs.Int64Var(&o.kvReserve, flagKVReserve, 0,
+		"KV tokens of the server's cache kept free of work, in -vram-reserve's place; 0: 1 token, in effect none")
+	fs.Int64Var(&o.kvLimit, flagKVLimit, 0,
+		"cap on the budget in KV tokens below what the server's cache offers, in -vram-limit's place; 0: no cap")
+	fs.Int64Var(&o.maxBatchKV, flagMaxBatchKV, 0,
+		"most estimated KV tokens per batch under -admission=vram, in -max-batch-bytes's place; 0: a quarter of the budget")
 	fs.StringVar(&o.tokenizer, "model-server-tokenizer", "",
 		"tokenizer.json (or its directory) of a WordPiece (BERT) embedding model: its inputs are counted exactly;\n"+
 			"otherwise tokens are bounded from the bytes and tightened by the answers' usage")
@@ -143,10 +164,35 @@ func checkModelServer(o *options, given map[string]bool) error {
 			ms.deprecated = append(ms.deprecated, name)
 		}
 	}
+	kv := []struct {
+		name, bytes string
+		v           int64
+		field       *int64 // the subscriber.Config field both set
+	}{
+		{flagKVReserve, "vram-reserve", ms.kvReserve, &o.cfg.VRAMReserve},
+		{flagKVLimit, "vram-limit", ms.kvLimit, &o.cfg.VRAMLimit},
+		{flagMaxBatchKV, "max-batch-bytes", ms.maxBatchKV, &o.cfg.MaxBatchBytes},
+	}
 	if ms.url == "" {
+		for _, f := range kv {
+			if given[f.name] {
+				return fmt.Errorf("-%s needs -model-server: without one the budget is the device's memory in bytes (-%s)", f.name, f.bytes)
+			}
+		}
 		return nil
 	}
-	for _, f := range []string{"model", "weights", "calibrate", "cost-model", "device"} {
+	for _, f := range kv {
+		switch {
+		case given[f.bytes]:
+			return fmt.Errorf("-%s (%s) counts a GPU's bytes; with -model-server the budget is the server's KV cache in tokens: give -%s (%s) instead",
+				f.bytes, envflag.Name(f.bytes), f.name, envflag.Name(f.name))
+		case f.v < 0:
+			return fmt.Errorf("-%s=%d: want 0 or more", f.name, f.v)
+		}
+		*f.field = f.v
+	}
+	// -vram sizes the simulated device, which a model server replaces.
+	for _, f := range []string{"model", "weights", "calibrate", "cost-model", "device", "vram"} {
 		if given[f] && !(f == "device" && o.device == "auto") {
 			return fmt.Errorf("-model-server and -%s: the model runs on the server; give one or the other", f)
 		}
@@ -158,10 +204,10 @@ func checkModelServer(o *options, given map[string]bool) error {
 		return fmt.Errorf("-model-server-max-wait %v: want below -inference-timeout %v, so that a batch waiting for the server is handed back, not timed out",
 			ms.maxWait, o.cfg.InferenceTimeout)
 	}
-	if !given["vram-reserve"] {
-		// The budget is the server's KV tokens, not a GPU's bytes: the
-		// reserve for a framework's allocations means nothing there. 0
-		// means the default to subscriber.Config, so the least above it.
+	if o.cfg.VRAMReserve == 0 {
+		// A GPU's reserve for a framework's allocations means nothing in
+		// a KV cache, so none unless given; but 0 is subscriber.Config's
+		// default (bytes), so the least above it.
 		o.cfg.VRAMReserve = 1
 	}
 	return nil

@@ -122,6 +122,7 @@ func TestModelServerFlags(t *testing.T) {
 		{[]string{"-model-server=http://localhost:8000"}, "no model names"},
 		{[]string{"-model-server=http://localhost:8000", "-model-server-models=m", "-model=/x"}, "-model-server and -model"},
 		{[]string{"-model-server=http://localhost:8000", "-model-server-models=m", "-calibrate"}, "-model-server and -calibrate"},
+		{[]string{"-model-server=http://localhost:8000", "-model-server-models=m", "-vram=16GiB"}, "-model-server and -vram"},
 		{[]string{"-model-server=http://localhost:8000", "-model-server-models=m", "-model-server-max-wait=5m"}, "below -inference-timeout"},
 	} {
 		_, err := parse(tc.args, func(k string) string { return base[k] }, io.Discard)
@@ -141,6 +142,54 @@ func TestModelServerFlags(t *testing.T) {
 		c.MaxServerWait != 10*time.Minute || !c.AllowRemoteURLs {
 		t.Errorf("config %+v, reserve %d; want the key from $KEY, TPM 100000, models a and b, no reserve, a 10m ceiling on server waits, remote URLs",
 			c, o.cfg.VRAMReserve)
+	}
+}
+
+// With a model server the budget is its KV cache in tokens, so the
+// admission flags in a GPU's bytes would be read as tokens (-vram-reserve
+// 1GiB a reserve of a billion tokens): they are refused with the flag to
+// give instead, from the command line or the environment, and the KV
+// flags set the budget's reserve, cap and batch size in tokens. Without a
+// model server the KV flags are refused.
+func TestModelServerAdmissionFlagsCountTokens(t *testing.T) {
+	env := map[string]string{"QUEUE_URL": "q", "RESULTS_QUEUE_URL": "r", "DLQ_URL": "d",
+		"VRAMQ_MODEL_SERVER": "http://localhost:8000", "VRAMQ_MODEL_SERVER_MODELS": "m"}
+	for _, tc := range []struct {
+		args     []string
+		env      map[string]string
+		want     string
+		noServer bool
+	}{
+		{args: []string{"-vram-reserve=1GiB"}, want: "-vram-reserve (VRAMQ_VRAM_RESERVE) counts a GPU's bytes; " +
+			"with -model-server the budget is the server's KV cache in tokens: give -model-server-kv-reserve-tokens"},
+		{args: []string{"-vram-limit=8GiB"}, want: "give -model-server-kv-limit-tokens"},
+		{args: []string{"-max-batch-bytes=64MiB"}, want: "give -model-server-max-batch-kv-tokens"},
+		{env: map[string]string{"VRAMQ_VRAM_LIMIT": "8GiB"}, want: "-vram-limit (VRAMQ_VRAM_LIMIT) counts a GPU's bytes"},
+		{args: []string{"-model-server-kv-limit-tokens=-1"}, want: "-model-server-kv-limit-tokens=-1: want 0 or more"},
+		{args: []string{"-model-server-kv-reserve-tokens=100"}, noServer: true,
+			want: "-model-server-kv-reserve-tokens needs -model-server: without one the budget is the device's memory in bytes (-vram-reserve)"},
+	} {
+		getenv := func(k string) string {
+			if v, ok := tc.env[k]; ok {
+				return v
+			}
+			if tc.noServer && strings.HasPrefix(k, "VRAMQ_MODEL_SERVER") {
+				return ""
+			}
+			return env[k]
+		}
+		_, err := parse(tc.args, getenv, io.Discard)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parse(%q, %v) = %v; want a usage error saying %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+	o, err := parse([]string{"-model-server-kv-reserve-tokens=512", "-model-server-kv-limit-tokens=40000",
+		"-model-server-max-batch-kv-tokens=8192"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.cfg; c.VRAMReserve != 512 || c.VRAMLimit != 40000 || c.MaxBatchBytes != 8192 {
+		t.Errorf("reserve %d, limit %d, batch %d; want 512, 40000 and 8192 KV tokens", c.VRAMReserve, c.VRAMLimit, c.MaxBatchBytes)
 	}
 }
 

@@ -3,7 +3,8 @@
 # PyTorch but no Go toolchain: `make gpu-verify` builds this folder (test
 # binaries, the PyTorch reference, this script); copy it there and run
 #
-#   ./run.sh            (no arguments)
+#   ./run.sh            (no arguments: every check, then the engine)
+#   ./run.sh 10b 10c    (only the checks numbered so; "calibration", "engine")
 #
 # Each check runs as its own test process, so one that fails or panics does not
 # cost the others their figures. Everything goes to results.md and log.txt in
@@ -50,9 +51,18 @@ export VRAMQ_TORCH_PYTHON=$python
 	echo "|---|---|---|"
 } >"$res"
 
+# wanted ID: whether the command line names the check (none named: all). A
+# lease of GPU time is short, and check 10 alone takes over three minutes.
+wanted() {
+	[ $# -gt 0 ] && [ "$chosen" ] || return 0
+	case " $chosen " in *" $1 "*) return 0 ;; esac
+	return 1
+}
+chosen="$*"
 fail=0
 run() { # run NAME BINARY TEST
 	local name=$1 bin=$2 test=$3 t0 rc
+	wanted "${name%%[. ]*}" || return 0
 	t0=$(date +%s)
 	echo "=== $name: $bin -test.run '^$test\$'" >>"$log"
 	"./$bin" -test.run "^$test\$" -test.v -test.count=1 -test.timeout 8m >>"$log" 2>&1
@@ -68,6 +78,9 @@ run "3. the budget follows free memory" subscriber.test TestCUDABudgetFollowsFre
 run "4. outputs against PyTorch, items/s reported, not asserted" refembed.test TestCUDAOutputsAgainstTorch
 run "calibration sample" refembed.test TestCUDAMeasure
 run "5. BERT: CUDA equals the CPU encoder and ONNX Runtime" bert.test TestCUDABertMatchesCPUAndONNX
+run "5b. BERT fused attention: equals the CPU and the GEMM path, float16 too" bert.test TestCUDABertFusedAttentionMatchesUnfused
+run "5c. BERT query-tiled attention: equals the CPU and the per-row kernel, heads of 32 and 64" bert.test TestCUDABertTiledAttentionMatchesCPU
+run "5d. BERT float16 and bfloat16: equal the CPU within the half tolerance" bert.test TestCUDABertHalfPrecisionMatchesCPU
 run "6. BERT: erf against math.Erf" bert.test TestCUDABertErf
 run "7. BERT: OOM recovered by halving" bert.test TestCUDABertOutOfMemoryThenHalving
 run "8. BERT: OOM by sequence length" bert.test TestCUDABertOutOfMemoryByLength
@@ -101,6 +114,7 @@ run "11. BERT: the cost model calibrated on the GPU covers every batch" bert.tes
 # model and the server's log stay here: transformers' random weights are
 # hundreds of MB. VRAMQ_ENGINE_FLAGS passes flags (engine -h lists them).
 read -ra engine_flags <<<"${VRAMQ_ENGINE_FLAGS:-}"
+wanted engine || { cat "$res"; exit $fail; }
 "$here/engine" -dir "$here/engine-run" -out "$out/engine.md" -python "$python" -phase 25s "${engine_flags[@]}" >>"$log" 2>&1 || fail=1
 { echo; cat "$out/engine.md"; } >>"$res"
 [ -f "$here/engine-run/server.log" ] && tail -c 200000 "$here/engine-run/server.log" >"$out/engine-server.log"

@@ -19,7 +19,7 @@ import (
 // whose model server is srv, on fresh queues and a bucket of the emulator's.
 func pipeline(t *testing.T, srv *fakeoai.Server, keys ...string) string {
 	t.Helper()
-	s := newStack(t, publisher.Config{APIKeys: keys, Jobs: publisher.Jobs{ChunkItems: 2}})
+	s := newStack(t, publisher.Config{Jobs: publisher.Jobs{ChunkItems: 2}, API: publisher.API{APIKeys: keys}})
 	m, err := modelserver.Open(t.Context(), modelserver.Config{BaseURL: srv.URL(), Models: []string{"fake-model"},
 		Messages: modelserver.MessagesNative, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {

@@ -26,8 +26,11 @@ func TestBatchResponsesAndModerationsWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
 	srv := fakeoai.New(fakeoai.Config{OutputTokens: func(string, int) int { return 5 }})
 	defer srv.Close()
-	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"},
+	s := newStack(t, publisher.Config{
 		Jobs: publisher.Jobs{ChunkItems: 2, ServedEndpoints: []string{job.EndpointChatCompletions, job.EndpointResponses, job.EndpointModerations}},
+		API: publisher.API{
+			APIKeys: []string{"acme:key-a"},
+		},
 	})
 	a := s.sdk("key-a")
 	s.run(publishertest.ServerModel(t, srv), nil)

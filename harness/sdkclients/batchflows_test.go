@@ -32,9 +32,12 @@ func TestBatchCompletionsCancelAndExpiryWithTheOpenAISDK(t *testing.T) {
 	srv := publishertest.MidRunFake(outTokens)
 	defer srv.Close()
 	hook, delivered := publishertest.WebhookReceiver(t)
-	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"},
+	s := newStack(t, publisher.Config{
 		Jobs:    publisher.Jobs{ChunkItems: 2},
 		Batches: publisher.Batches{BatchWebhookURL: hook, BatchWebhookSecret: publishertest.WebhookSecret},
+		API: publisher.API{
+			APIKeys: []string{"acme:key-a"},
+		},
 	})
 	a := s.sdk("key-a")
 	s.run(publishertest.ServerModel(t, srv), nil)

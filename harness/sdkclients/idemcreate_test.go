@@ -80,7 +80,7 @@ func (f *lossyFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // key is its own.
 func TestRetriedCreatesAreReplayed(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}})
+	s := newStack(t, publisher.Config{API: publisher.API{APIKeys: []string{"acme:key-a", "globex:key-b"}}})
 	front := &lossyFront{h: s.Pub.Handler()}
 	srv := httptest.NewServer(front)
 	t.Cleanup(srv.Close)

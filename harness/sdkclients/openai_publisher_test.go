@@ -120,7 +120,7 @@ func sdkWantAPIError(t *testing.T, what string, err error, status int, code, par
 // first does.
 func TestFilesWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a", "acme:key-a2", "globex:key-b"}})
+	s := newStack(t, publisher.Config{API: publisher.API{APIKeys: []string{"acme:key-a", "acme:key-a2", "globex:key-b"}}})
 	a, a2, b := s.sdk("key-a"), s.sdk("key-a2"), s.sdk("key-b")
 	ctx := t.Context()
 
@@ -298,7 +298,7 @@ func sdkFileLines(t *testing.T, c openai.Client, id string) []publishertest.Outp
 // gets 404 on it, on its cancel and on a batch of the owner's file.
 func TestBatchEmbeddingsWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a", "globex:key-b"}, Jobs: publisher.Jobs{ChunkItems: 4}})
+	s := newStack(t, publisher.Config{Jobs: publisher.Jobs{ChunkItems: 4}, API: publisher.API{APIKeys: []string{"acme:key-a", "globex:key-b"}}})
 	a, b := s.sdk("key-a"), s.sdk("key-b")
 	const n = 10
 	f := sdkUpload(t, a, "embed.jsonl", publishertest.EmbeddingLines(n))
@@ -376,7 +376,7 @@ func TestBatchChatCompletionsWithTheOpenAISDK(t *testing.T) {
 	t.Parallel()
 	srv := fakeoai.New(fakeoai.Config{MaxModelLen: 64, ContextLengthStatus: 400})
 	defer srv.Close()
-	s := newStack(t, publisher.Config{APIKeys: []string{"acme:key-a"}, Jobs: publisher.Jobs{ChunkItems: 3}})
+	s := newStack(t, publisher.Config{Jobs: publisher.Jobs{ChunkItems: 3}, API: publisher.API{APIKeys: []string{"acme:key-a"}}})
 	a := s.sdk("key-a")
 	var in bytes.Buffer
 	const n = 7

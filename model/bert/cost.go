@@ -97,9 +97,10 @@ func (c Config) seqOverhead(seqLen int) int64 {
 // what makes costs add up, whichever messages share a batch and however
 // many batches the device runs at once, and BatchBytes tells the
 // subscriber that it is the per-batch part, charged once per batch. An
-// encoder in half precision also holds half-precision copies of its
-// products' operands: each item is charged its bucket's share of them too
-// (halfOperandSizer).
+// encoder in half precision holds half-width buffers in place of most
+// float32 ones, and where it holds more (its half-precision attention
+// probabilities beside the float32 scores, at long lengths) each item is
+// charged its bucket's share of the excess too (halfOperandSizer).
 func (e *Embedder) Cost(items []job.Item) int64 {
 	if m := e.calibrated.Load(); m != nil {
 		return e.calibratedCost(*m, items)
@@ -136,9 +137,9 @@ func (e *Embedder) BatchBytes() int64 {
 var _ gpu.BatchCoster = (*Embedder)(nil)
 
 // halfOperandSizer is an Encoder that multiplies in half precision and so
-// allocates, beside the buffers seqBytes bounds, half-precision copies of
-// its products' operands: at most HalfSeqBytes(bucket) per sequence
-// (GPUConfig.HalfSeqBytes). The CUDA encoder is one.
+// may allocate more than the float32 buffers seqBytes bounds: at most
+// HalfSeqBytes(bucket) more per sequence (GPUConfig.HalfSeqBytes). The
+// CUDA encoder is one.
 type halfOperandSizer interface {
 	HalfSeqBytes(seqLen int) int64
 }

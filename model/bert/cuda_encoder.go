@@ -7,7 +7,10 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
+	"os"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -24,6 +27,11 @@ import (
 //
 //go:embed kernels/bert.ptx
 var bertPTX string
+
+// profileFromEnv says whether VRAMQ_BERT_PROFILE=1 asks every CUDA encoder
+// to profile its steps. Read once: the setting is the process's, and
+// forward runs on every batch.
+var profileFromEnv = sync.OnceValue(func() bool { return os.Getenv("VRAMQ_BERT_PROFILE") == "1" })
 
 // CUDAEncoder is a BERT sentence encoder (model/bert's, same weights and
 // arithmetic) on an NVIDIA GPU: cuBLAS GEMMs for the projections and,
@@ -49,15 +57,13 @@ type CUDAEncoder struct {
 	closed  atomic.Bool
 	working atomic.Int64
 	lost    atomic.Pointer[error]
-	// rowAttention makes fused attention run bert_attention whatever the
-	// head width: set only by tests, to time and check one kernel against
-	// the other.
-	rowAttention atomic.Bool
+	// profile times forward's steps (VRAMQ_BERT_PROFILE=1).
+	profile stepProfile
 
 	// Owned by the context's goroutine.
 	w   []cu.DevicePtr // in GPUWeights.tensors' order; the GEMMs' in half precision if cfg.Precision says so
 	fns struct {
-		embed, addLN, split, merge, softmax, gelu, pool, norm, erf, toHalf, attention, tiled cu.Function
+		embed, addLN, split, merge, softmax, gelu, pool, norm, erf, attention, tiled cu.Function
 	}
 	own *cuda.Owner
 }
@@ -84,6 +90,7 @@ func NewCUDAEncoder(index int, name string, w *GPUWeights, cfg GPUConfig) (*CUDA
 		name:    name,
 		weights: w.BytesAt(cfg.Precision),
 	}
+	m.profile.reset(profileFromEnv())
 	m.own = cuda.NewOwner(name)
 	m.own.DeviceName = fmt.Sprintf("cuda:%d", index) // until open names the GPU
 	if err := m.own.Start(func() error { return m.setup(index, w) }, m.teardown); err != nil {
@@ -96,7 +103,7 @@ func (m *CUDAEncoder) setup(index int, w *GPUWeights) error {
 	if err := m.own.Open(index, bertPTX, map[string]*cu.Function{
 		"bert_embed": &m.fns.embed, "bert_add_layernorm": &m.fns.addLN, "bert_split_heads": &m.fns.split,
 		"bert_merge_heads": &m.fns.merge, "bert_softmax": &m.fns.softmax, "bert_bias_gelu": &m.fns.gelu,
-		"bert_pool": &m.fns.pool, "bert_l2norm": &m.fns.norm, "bert_erf": &m.fns.erf, "bert_to_half": &m.fns.toHalf,
+		"bert_pool": &m.fns.pool, "bert_l2norm": &m.fns.norm, "bert_erf": &m.fns.erf,
 		"bert_attention": &m.fns.attention, "bert_attention_tiled": &m.fns.tiled,
 	}); err != nil {
 		return err
@@ -201,8 +208,9 @@ func (m *CUDAEncoder) MemGetInfo() (free, total int64, err error) {
 	return free, total, err
 }
 
-// HalfSeqBytes is what one sequence of at most seqLen tokens adds to a
-// batch's half-precision operands (GPUConfig.HalfSeqBytes): 0 in float32.
+// HalfSeqBytes bounds what one sequence of at most seqLen tokens adds to a
+// batch in half precision over float32 (GPUConfig.HalfSeqBytes): 0 in
+// float32, and where half precision holds less.
 // Embedder.Cost adds it per item.
 func (m *CUDAEncoder) HalfSeqBytes(seqLen int) int64 { return m.cfg.HalfSeqBytes(seqLen) }
 
@@ -296,7 +304,7 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 	}
 
 	sizes := c.bertBuffers(items, seqLen)
-	var offs [len(sizes)]int64
+	var offs [nBuffers]int64
 	var size int64
 	for i, b := range sizes {
 		offs[i] = size
@@ -315,13 +323,21 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 		m.working.Add(-size)
 		_ = cu.MemFree(base)
 	}()
-	buf := func(i int) cu.DevicePtr { return base + cu.DevicePtr(offs[i]) }
+	// buf is buffer i; one this configuration does not allocate is the
+	// hidden state's place, so that a kernel's unused pointer argument is
+	// still device memory.
+	buf := func(i int) cu.DevicePtr {
+		if sizes[i] == 0 {
+			i = bufX
+		}
+		return base + cu.DevicePtr(offs[i])
+	}
 	dIDs, dLens, dX, dQKV, dHeads, dScores, dCtx, dProj, dInter, dOut :=
-		buf(0), buf(1), buf(2), buf(3), buf(4), buf(5), buf(6), buf(7), buf(8), buf(9)
-	// In half precision: Q, K and V by head, then one other operand (see
-	// GPUConfig.halfOperands).
+		buf(bufIDs), buf(bufLens), buf(bufX), buf(bufQKV), buf(bufHeads), buf(bufScores), buf(bufCtx), buf(bufProj), buf(bufInter), buf(bufOut)
+	dX16, dQKV16, dHeads16, dP16, dCtx16, dInter16 :=
+		buf(bufX16), buf(bufQKV16), buf(bufHeads16), buf(bufP16), buf(bufCtx16), buf(bufInter16)
 	half, fused := c.Precision != GPUFloat32, c.Attention == GPUAttentionFused
-	tiled := c.tiledAttention() && !m.rowAttention.Load()
+	tiled := c.tiledAttention()
 	// bert_attention: a tile of keys per thread, at least one thread per
 	// component of a head (its accumulators), at least two warps.
 	attnThreads := max(cuda.Pow2(c.Hidden/c.Heads), 64)
@@ -332,38 +348,49 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 	if seqLen <= 32 {
 		tileQueries = 32
 	}
-	qkvHalves, _ := c.halfOperands(items, seqLen)
-	dQKV16 := buf(10)
-	dOther16 := dQKV16 + cu.DevicePtr((2*qkvHalves+gpuAlign-1)/gpuAlign*gpuAlign)
 	abt := m.halfType()
-	var bf16, prec int64 // prec as bert_split_heads and bert_attention_tiled take it: 0 float32, 1 binary16, 2 bfloat16
-	if c.Precision == GPUBFloat16 {
-		bf16 = 1
-	}
+	// prec is how the kernels take a buffer's number format: 0 float32,
+	// 1 binary16, 2 bfloat16. In half precision every GEMM's activation
+	// operand is written so by the kernel before it (bertBuffers says which
+	// buffers are half).
+	var prec int64
 	if half {
-		prec = 1 + bf16
+		prec = 1
+		if c.Precision == GPUBFloat16 {
+			prec = 2
+		}
+	}
+	// The GEMMs' activation operands (xIn, ctx, inter; inter is also the
+	// intermediate GEMM's output, which GELU rewrites in place) and the
+	// Q/K/V projection's output; actType is the type of both GEMM outputs.
+	xIn, ctx, inter, qkv := dX, dCtx, dInter, dQKV
+	actType, splitIn := cuda.Float32, int64(0)
+	if half {
+		xIn, ctx, inter, qkv = dX16, dCtx16, dInter16, dQKV16
+		actType, splitIn = abt, prec
 	}
 	// bert_split_heads writes Q, K and V in half precision where the
-	// attention reads them only so: the GEMMs' and the tiled kernel's
-	// (halfOperands charges them), not the per-row kernel's. Its out16
-	// must be device memory even when unused.
-	splitPrec, split16 := int64(0), dHeads
+	// attention reads them only so: the GEMMs' and the tiled kernel's, not
+	// the per-row kernel's.
+	splitPrec := int64(0)
 	if half && (!fused || tiled) {
-		splitPrec, split16 = prec, dQKV16
+		splitPrec = prec
 	}
-	toHalf := func(src, dst cu.DevicePtr, n int64) error {
-		return cuda.Launch(m.fns.toHalf, cuda.Grid(n), 256, &src, &dst, &n, &bf16)
+	// Where the attention leaves its output, which bert_merge_heads reads:
+	// the fused kernels in float32 at the head of bufHeads, P·V in the
+	// products' precision into Q's place.
+	attnOut, attnPrec := dHeads, int64(0)
+	if !fused && half {
+		attnOut, attnPrec = dHeads16, prec
 	}
-	// gemm is Blas.Gemm (dst = act·w, row-major rows×k times k×out), in half
-	// precision through the other operand's place.
-	gemm := func(dst, act, w cu.DevicePtr, k, out int) error {
+	// gemm is dst = act·w (row-major rows×k times k×out): cublasSgemm in
+	// float32, else cublasGemmEx on act's half-precision copy, into dst of
+	// type ct.
+	gemm := func(dst cu.DevicePtr, ct cuda.DataType, act, w cu.DevicePtr, k, out int) error {
 		if !half {
 			return m.own.Blas.Gemm(dst, act, w, rows, k, out)
 		}
-		if err := toHalf(act, dOther16, int64(rows*k)); err != nil {
-			return err
-		}
-		return m.own.Blas.GemmEx(dst, cuda.Float32, dOther16, w, abt, rows, k, out)
+		return m.own.Blas.GemmEx(dst, ct, act, w, abt, rows, k, out)
 	}
 
 	if err := cu.MemcpyHtoD(dIDs, unsafe.Pointer(&tokens[0]), 4*int64(rows)); err != nil {
@@ -383,106 +410,109 @@ func (m *CUDAEncoder) forward(ids [][]int32, measure bool) ([][]float32, int64, 
 		mode                = int64(c.Pooling)
 		rowThreads          = min(cuda.Pow2(h), 256)
 		rowBlocks           = min(rows, 65535)
+		// bert_embed, bert_add_layernorm, bert_softmax and bert_l2norm
+		// take a warp a row: four rows to a block, grid-stride past the
+		// 65,535 blocks.
+		warpRowThreads      = 128
+		warpRowBlocks       = func(rows int) int { return min((rows*32+warpRowThreads-1)/warpRowThreads, 65535) }
+		lnBlocks            = warpRowBlocks(rows)
 		sd, ss              = int64(seqLen * d), int64(seqLen * seqLen)
 		nb                  = items * heads
 		dQ, dK, dV          = dHeads, dHeads + cu.DevicePtr(4*rows*h), dHeads + cu.DevicePtr(8*rows*h)
-		dQ16, dK16, dV16    = dQKV16, dQKV16 + cu.DevicePtr(2*rows*h), dQKV16 + cu.DevicePtr(4*rows*h)
+		dQ16, dK16, dV16    = dHeads16, dHeads16 + cu.DevicePtr(2*rows*h), dHeads16 + cu.DevicePtr(4*rows*h)
 		wEmb                = m.w[:5]
 		dWord, dPos, dType0 = wEmb[0], wEmb[1], wEmb[2]
 		dEmbGamma, dEmbBeta = wEmb[3], wEmb[4]
 	)
-	steps := []func() error{
-		func() error {
-			return cuda.Launch(m.fns.embed, rowBlocks, rowThreads,
-				&dIDs, &dWord, &dPos, &dType0, &dEmbGamma, &dEmbBeta, &dX, &nRows, &seqL, &hL, &eps)
-		},
-	}
+	steps := []step{{stepEmbed, func() error {
+		return cuda.Launch(m.fns.embed, lnBlocks, warpRowThreads,
+			&dIDs, &dWord, &dPos, &dType0, &dEmbGamma, &dEmbBeta, &dX, &nRows, &seqL, &hL, &eps, &dX16, &prec)
+	}}}
 	for l := range c.Layers {
 		lw := m.w[5+12*l : 5+12*(l+1)]
 		qkvW, qkvB, aoW, aoB, aG, aB, iW, iB, oW, oB, oG, oBeta :=
 			lw[0], lw[1], lw[2], lw[3], lw[4], lw[5], lw[6], lw[7], lw[8], lw[9], lw[10], lw[11]
 		steps = append(steps,
-			func() error { return gemm(dQKV, dX, qkvW, h, 3*h) },
-			func() error {
-				return cuda.Launch(m.fns.split, cuda.Grid(int64(rows*3*h)), 256, &dQKV, &qkvB, &dHeads, &split16, &nItems, &seqL, &headsL, &dL, &splitPrec)
-			},
-			// Scores of each (item, head): S = Q·Kᵀ, row-major L×L. Read
-			// column-major, that is Sᵀ = K·Qᵀ: A = K (d×L column-major,
-			// transposed), B = Q (d×L, as is).
-			func() error {
-				if fused {
-					// softmax(QKᵀ/√d)·V in one kernel, into Q's place;
-					// the two steps after are then nothing.
-					if !tiled {
-						return cuda.Launch(m.fns.attention, min(int(nScoreRows), 65535), attnThreads,
-							&dQ, &dK, &dV, &dLens, &nScoreRows, &seqL, &headsL, &dL, &scale)
+			step{stepQKVGemm, func() error { return gemm(qkv, actType, xIn, qkvW, h, 3*h) }},
+			step{stepSplit, func() error {
+				return cuda.Launch(m.fns.split, rowBlocks, rowThreads, &qkv, &qkvB, &dHeads, &dHeads16, &nItems, &seqL, &headsL, &dL,
+					&splitPrec, &splitIn)
+			}})
+		switch {
+		case fused && !tiled:
+			// softmax(QKᵀ/√d)·V in one kernel, into Q's place.
+			steps = append(steps, step{stepAttention, func() error {
+				return cuda.Launch(m.fns.attention, min(int(nScoreRows), 65535), attnThreads,
+					&dQ, &dK, &dV, &dLens, &nScoreRows, &seqL, &headsL, &dL, &scale)
+			}})
+		case fused:
+			// In half precision bufHeads holds only the outputs: the
+			// padded rows keep whatever was there (NaN on the emulated
+			// GPU), which nothing reads.
+			q, k, v := dQ, dK, dV
+			if half {
+				q, k, v = dQ16, dK16, dV16
+			}
+			steps = append(steps, step{stepAttention, func() error {
+				return cuda.Launch(m.fns.tiled, min(queryTiles, 65535), tileQueries,
+					&q, &k, &v, &dHeads, &dLens, &nHeads, &seqL, &headsL, &dL, &scale, &prec)
+			}})
+		default:
+			steps = append(steps,
+				// Scores of each (item, head): S = Q·Kᵀ, row-major L×L,
+				// float32 (softmax reads it so). Read column-major, that is
+				// Sᵀ = K·Qᵀ: A = K (d×L column-major, transposed), B = Q
+				// (d×L, as is).
+				step{stepScores, func() error {
+					if !half {
+						return m.own.Blas.GemmBatched(true, false, seqLen, seqLen, d, dK, d, sd, dQ, d, sd, dScores, seqLen, ss, nb)
 					}
-					// In half precision Q's float32 place holds only
-					// outputs: its padded rows keep whatever was there
-					// (NaN on the emulated GPU), which nothing reads.
-					q, k, v := dQ, dK, dV
-					if half {
-						q, k, v = dQ16, dK16, dV16
+					return m.own.Blas.GemmBatchedEx(true, false, seqLen, seqLen, d, dK16, d, sd, dQ16, d, sd, abt,
+						dScores, seqLen, ss, cuda.Float32, nb)
+				}},
+				step{stepSoftmax, func() error {
+					return cuda.Launch(m.fns.softmax, warpRowBlocks(int(nScoreRows)), warpRowThreads,
+						&dScores, &dLens, &nScoreRows, &seqL, &headsL, &scale, &dP16, &prec)
+				}},
+				// Output of each head, O = P·V (L×d row-major): column-major
+				// Oᵀ = Vᵀ·Pᵀ, with A = V (d×L) and B = P (L×L), into Q's
+				// place (Q is spent).
+				step{stepPV, func() error {
+					if !half {
+						return m.own.Blas.GemmBatched(false, false, d, seqLen, seqLen, dV, d, sd, dScores, seqLen, ss, dQ, d, sd, nb)
 					}
-					return cuda.Launch(m.fns.tiled, min(queryTiles, 65535), tileQueries,
-						&q, &k, &v, &dQ, &dLens, &nHeads, &seqL, &headsL, &dL, &scale, &prec)
-				}
-				if !half {
-					return m.own.Blas.GemmBatched(true, false, seqLen, seqLen, d, dK, d, sd, dQ, d, sd, dScores, seqLen, ss, nb)
-				}
-				return m.own.Blas.GemmBatchedEx(true, false, seqLen, seqLen, d, dK16, d, sd, dQ16, d, sd, abt,
-					dScores, seqLen, ss, cuda.Float32, nb)
-			},
-			func() error {
-				if fused {
-					return nil
-				}
-				return cuda.Launch(m.fns.softmax, min(int(nScoreRows), 65535), min(cuda.Pow2(seqLen), 256),
-					&dScores, &dLens, &nScoreRows, &seqL, &headsL, &scale)
-			},
-			// Output of each head, O = P·V (L×d row-major): column-major
-			// Oᵀ = Vᵀ·Pᵀ, with A = V (d×L) and B = P (L×L), into Q's
-			// place (Q is spent).
-			func() error {
-				if fused {
-					return nil
-				}
-				if !half {
-					return m.own.Blas.GemmBatched(false, false, d, seqLen, seqLen, dV, d, sd, dScores, seqLen, ss, dQ, d, sd, nb)
-				}
-				if err := toHalf(dScores, dOther16, nScoreRows*seqL); err != nil {
-					return err
-				}
-				return m.own.Blas.GemmBatchedEx(false, false, d, seqLen, seqLen, dV16, d, sd, dOther16, seqLen, ss, abt,
-					dQ, d, sd, cuda.Float32, nb)
-			},
-			func() error {
-				return cuda.Launch(m.fns.merge, cuda.Grid(int64(rows*h)), 256, &dQ, &dCtx, &nItems, &seqL, &headsL, &dL)
-			},
-			func() error { return gemm(dProj, dCtx, aoW, h, h) },
-			func() error {
-				return cuda.Launch(m.fns.addLN, rowBlocks, rowThreads, &dX, &dProj, &aoB, &aG, &aB, &nRows, &hL, &eps)
-			},
-			func() error { return gemm(dInter, dX, iW, h, in) },
-			func() error {
-				return cuda.Launch(m.fns.gelu, cuda.Grid(int64(rows*in)), 256, &dInter, &iB, &nRows, &inL)
-			},
-			func() error { return gemm(dProj, dInter, oW, in, h) },
-			func() error {
-				return cuda.Launch(m.fns.addLN, rowBlocks, rowThreads, &dX, &dProj, &oB, &oG, &oBeta, &nRows, &hL, &eps)
-			},
+					return m.own.Blas.GemmBatchedEx(false, false, d, seqLen, seqLen, dV16, d, sd, dP16, seqLen, ss, abt,
+						dQ16, d, sd, abt, nb)
+				}})
+		}
+		steps = append(steps,
+			step{stepMerge, func() error {
+				return cuda.Launch(m.fns.merge, rowBlocks, rowThreads, &attnOut, &ctx, &nItems, &seqL, &headsL, &dL, &attnPrec, &prec)
+			}},
+			step{stepOutProjGemm, func() error { return gemm(dProj, cuda.Float32, ctx, aoW, h, h) }},
+			step{stepAddLN, func() error {
+				return cuda.Launch(m.fns.addLN, lnBlocks, warpRowThreads, &dX, &dProj, &aoB, &aG, &aB, &nRows, &hL, &eps, &dX16, &prec)
+			}},
+			step{stepInterGemm, func() error { return gemm(inter, actType, xIn, iW, h, in) }},
+			step{stepGELU, func() error {
+				return cuda.Launch(m.fns.gelu, rowBlocks, 256, &inter, &iB, &nRows, &inL, &prec)
+			}},
+			step{stepOutGemm, func() error { return gemm(dProj, cuda.Float32, inter, oW, in, h) }},
+			step{stepAddLN, func() error {
+				return cuda.Launch(m.fns.addLN, lnBlocks, warpRowThreads, &dX, &dProj, &oB, &oG, &oBeta, &nRows, &hL, &eps, &dX16, &prec)
+			}},
 		)
 	}
-	steps = append(steps, func() error {
+	steps = append(steps, step{stepPool, func() error {
 		return cuda.Launch(m.fns.pool, min(items, 65535), rowThreads, &dX, &dLens, &dOut, &nItems, &seqL, &hL, &mode)
-	})
+	}})
 	if c.Normalize {
-		steps = append(steps, func() error { return cuda.Launch(m.fns.norm, min(items, 65535), rowThreads, &dOut, &nItems, &hL) })
+		steps = append(steps, step{stepPool, func() error {
+			return cuda.Launch(m.fns.norm, warpRowBlocks(items), warpRowThreads, &dOut, &nItems, &hL)
+		}})
 	}
-	for _, step := range steps {
-		if err := step(); err != nil {
-			return nil, 0, fmt.Errorf("%s: batch of %d items × %d tokens: %w", m.name, items, seqLen, err)
-		}
+	if err := m.profile.run(steps, cu.Synchronize); err != nil {
+		return nil, 0, fmt.Errorf("%s: batch of %d items × %d tokens: %w", m.name, items, seqLen, err)
 	}
 	var peak int64
 	if measure {
@@ -535,9 +565,13 @@ func (m *CUDAEncoder) Erf(xs []float32) ([]float32, error) {
 }
 
 // Close frees the weights, cuBLAS's handle and the context. Embed fails
-// with gpu.ErrClosed afterwards. Later calls do nothing.
+// with gpu.ErrClosed afterwards. Later calls do nothing. With
+// VRAMQ_BERT_PROFILE=1 the first call logs the time the batches spent in
+// each kind of step.
 func (m *CUDAEncoder) Close() error {
-	m.closed.Store(true)
+	if !m.closed.Swap(true) && len(m.profile.counts()) > 0 {
+		slog.Info("cuda bert: time by step, each waited for (VRAMQ_BERT_PROFILE=1)", "model", m.name, "steps", m.profile.String())
+	}
 	m.own.Stop()
 	return nil
 }

@@ -25,12 +25,15 @@ const (
 	// the CPU encoder's to float32 rounding. The default.
 	GPUFloat32 GPUPrecision = iota
 	// GPUFloat16 stores the four weight matrices of each layer once in IEEE
-	// 754 binary16, rounds each product's other operand (the activations,
-	// Q, K, V and the attention probabilities) to binary16 on the device,
-	// and multiplies through cublasGemmEx on the tensor cores with float32
-	// accumulation and a float32 result. Embeddings, biases, LayerNorm,
-	// softmax, GELU and pooling stay float32, as PyTorch's autocast keeps
-	// them.
+	// 754 binary16 and multiplies through cublasGemmEx on the tensor cores
+	// with float32 accumulation. Each product's other operand (the hidden
+	// state, Q, K, V, the attention probabilities and output, the inner
+	// activations) is written in binary16 by the kernel that computes it,
+	// and a product whose consumer needs no more writes binary16 too (see
+	// bertBuffers). The hidden state between layers (beside its binary16
+	// copy), the scores and the sums before LayerNorm stay float32, and so
+	// does the arithmetic of the embeddings, biases, LayerNorm, softmax,
+	// GELU and pooling, as PyTorch's autocast keeps it.
 	GPUFloat16
 	// GPUBFloat16 is GPUFloat16 with bfloat16 (compute capability 8.0 and
 	// up): float32's range, 8 bits of precision instead of 11.
@@ -113,6 +116,11 @@ type GPUConfig struct {
 	Precision GPUPrecision
 	// Attention is how attention is computed; the zero value is GEMMs.
 	Attention GPUAttention
+
+	// rowAttention holds fused attention to the per-row kernel whatever the
+	// head width (tests only: they check and time the tiled kernel against
+	// it), so that the buffers follow the kernel that runs.
+	rowAttention bool
 }
 
 // GPULayerWeights are one encoder layer's parameters in float32. Linear
@@ -255,63 +263,95 @@ func isGemmWeight(i int) bool {
 // allocated alone.
 const gpuAlign = 256
 
-// bertBuffers are the byte sizes of one batch's device buffers, in the
-// order the CUDA encoder carves its one allocation: token ids, item
-// lengths, the hidden state, the fused Q/K/V projection, the same split by
-// head, the attention scores (items·heads·seqLen²; none with fused
-// attention), the attention output, a projection's output, the
-// feed-forward layer's inner activations, the pooled vectors, and in half
-// precision the products' half-precision operands (halfOperands; 0 in
-// float32).
-func (c GPUConfig) bertBuffers(items, seqLen int) [11]int64 {
+// The buffers of one batch, in the order the CUDA encoder carves its one
+// allocation (bertBuffers gives their sizes; a buffer a configuration does
+// not use is 0 bytes).
+const (
+	bufIDs     = iota // token ids
+	bufLens           // item lengths
+	bufX              // the hidden state, float32: the residual sums and LayerNorm read it
+	bufQKV            // the fused Q/K/V projection, float32
+	bufHeads          // Q, K and V by head in float32, or the attention's float32 output
+	bufScores         // the attention scores, items·heads·seqLen² (GEMM attention)
+	bufCtx            // the attention output by token, float32
+	bufProj           // a projection's output before the residual sum, float32
+	bufInter          // the feed-forward layer's inner activations, float32
+	bufOut            // the pooled vectors
+	bufX16            // the hidden state in half precision: the QKV and intermediate GEMMs' operand
+	bufQKV16          // the fused Q/K/V projection as its half-precision GEMM leaves it
+	bufHeads16        // Q, K and V by head in half precision (the scores' and the tiled kernel's operands)
+	bufP16            // the attention probabilities in half precision (P·V's operand)
+	bufCtx16          // the attention output by token in half precision (the output projection's operand)
+	bufInter16        // the inner activations in half precision, GELU applied in place (the last GEMM's operand)
+	nBuffers
+)
+
+// bertBuffers are the byte sizes of one batch's device buffers, indexed
+// by the buf constants.
+//
+// In float32 every activation is float32. In half precision each GEMM reads
+// its activation operand in half precision, written so by the kernel that
+// produces it, and writes half precision where its consumer needs no more:
+// the Q/K/V projection (split adds its bias in float32), P·V (into Q's
+// half-precision place, Q being spent) and the intermediate GEMM (GELU works
+// in place). What stays float32: the hidden state (bufX; its half copy
+// bufX16 beside it) for the residual sums and LayerNorm; the scores, which
+// softmax reads; the projections before a residual sum (bufProj); and the
+// fused kernels' outputs. Per-row fused attention (heads wider than
+// tiledAttentionMaxHead) reads Q, K and V in float32 (bufHeads).
+func (c GPUConfig) bertBuffers(items, seqLen int) [nBuffers]int64 {
 	b, l := int64(items), int64(seqLen)
 	rows := b * l
 	h, in, heads := int64(c.Hidden), int64(c.Intermediate), int64(c.Heads)
-	scores := 4 * b * heads * l * l
-	if c.Attention == GPUAttentionFused {
-		scores = 0
+	var s [nBuffers]int64
+	s[bufIDs], s[bufLens], s[bufX], s[bufProj], s[bufOut] = 4*rows, 4*b, 4*rows*h, 4*rows*h, 4*b*h
+	gemmAttn := c.Attention != GPUAttentionFused
+	if gemmAttn {
+		s[bufScores] = 4 * b * heads * l * l
 	}
-	var half int64
-	if c.Precision != GPUFloat32 {
-		qkv, other := c.halfOperands(items, seqLen)
-		half = (2*qkv+gpuAlign-1)/gpuAlign*gpuAlign + 2*other // the other starts aligned, as cuBLAS prefers
+	if c.Precision == GPUFloat32 {
+		s[bufQKV], s[bufHeads], s[bufCtx], s[bufInter] = 4*rows*3*h, 4*rows*3*h, 4*rows*h, 4*rows*in
+		return s
 	}
-	return [11]int64{4 * rows, 4 * b, 4 * rows * h, 4 * rows * 3 * h, 4 * rows * 3 * h,
-		scores, 4 * rows * h, 4 * rows * h, 4 * rows * in, 4 * b * h, half}
+	s[bufX16], s[bufQKV16], s[bufCtx16], s[bufInter16] = 2*rows*h, 2*rows*3*h, 2*rows*h, 2*rows*in
+	switch {
+	case gemmAttn:
+		s[bufHeads16], s[bufP16] = 2*rows*3*h, 2*b*heads*l*l
+	case c.tiledAttention():
+		s[bufHeads16], s[bufHeads] = 2*rows*3*h, 4*rows*h
+	default:
+		s[bufHeads] = 4 * rows * 3 * h
+	}
+	return s
 }
 
 // HalfSeqBytes bounds what one sequence of at most seqLen tokens adds to a
-// batch's half-precision operands: for any batch ≥ 1 padded to l ≤ seqLen,
-// the half-precision buffer (bertBuffers' last) is at most batch ×
-// HalfSeqBytes(seqLen), since each of its terms is linear in the batch and
-// grows with the length, and its two alignments (under 2·gpuAlign) fall to
-// a batch's first sequence. 0 in float32.
+// batch in half precision over the same batch in float32: for any batch ≥ 1
+// padded to l ≤ seqLen, CUDAWorkingBytes(batch, l) is at most the float32
+// configuration's plus batch × HalfSeqBytes(seqLen). Half precision mostly
+// holds less (half-width copies replace float32 buffers), so this is 0 but
+// where the half-precision probabilities (2 bytes a score, beside the
+// float32 scores) outgrow what the narrower activations save. It holds
+// because each buffer is linear in the batch, the difference per sequence
+// is convex in the length (so its largest over 1..seqLen is at an end),
+// and the buffers' alignments (under gpuAlign each) fall to a batch's
+// first sequence. 0 in float32.
 func (c GPUConfig) HalfSeqBytes(seqLen int) int64 {
 	if c.Precision == GPUFloat32 || seqLen <= 0 {
 		return 0
 	}
-	qkv, other := c.halfOperands(1, seqLen)
-	return 2*(qkv+other) + 2*gpuAlign
+	f32 := c
+	f32.Precision = GPUFloat32
+	more := func(l int) int64 { return sumOf(c.bertBuffers(1, l)) - sumOf(f32.bertBuffers(1, l)) }
+	return max(0, max(more(1), more(seqLen))+nBuffers*gpuAlign)
 }
 
-// halfOperands is how many half-precision values the products' operands
-// take: Q, K and V by head (qkv), which the scores and the attention output
-// read, and beside them one other (the attention probabilities, or a
-// projection's input: the hidden state, the attention output or the inner
-// activations), the largest of those. Fused attention has no probabilities:
-// the tiled kernel reads Q, K and V in half precision, the per-row one
-// (heads wider than tiledAttentionMaxHead) in float32 (qkv 0).
-func (c GPUConfig) halfOperands(items, seqLen int) (qkv, other int64) {
-	b, l := int64(items), int64(seqLen)
-	rows := b * l
-	h, in, heads := int64(c.Hidden), int64(c.Intermediate), int64(c.Heads)
-	if c.Attention == GPUAttentionFused {
-		if c.tiledAttention() {
-			return 3 * rows * h, max(rows*in, rows*h)
-		}
-		return 0, max(rows*in, rows*h)
+func sumOf(sizes [nBuffers]int64) int64 {
+	var n int64
+	for _, b := range sizes {
+		n += b
 	}
-	return 3 * rows * h, max(b*heads*l*l, rows*in, rows*h)
+	return n
 }
 
 // tiledAttentionMaxHead is the widest head bert_attention_tiled takes:
@@ -322,7 +362,7 @@ const tiledAttentionMaxHead = 64
 // tiledAttention says whether attention runs bert_attention_tiled: fused,
 // with heads of at most tiledAttentionMaxHead components.
 func (c GPUConfig) tiledAttention() bool {
-	return c.Attention == GPUAttentionFused && c.Heads > 0 && c.Hidden/c.Heads <= tiledAttentionMaxHead
+	return c.Attention == GPUAttentionFused && !c.rowAttention && c.Heads > 0 && c.Hidden/c.Heads <= tiledAttentionMaxHead
 }
 
 // CUDAWorkingBytes is the device memory the CUDA encoder allocates for a

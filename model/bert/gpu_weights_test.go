@@ -54,6 +54,39 @@ func TestCUDAWorkingBytesShape(t *testing.T) {
 	}
 }
 
+// In half precision the estimate is the half-precision operands beside the
+// float32 hidden state, projection output and scores, with no float32 copy
+// of what a GEMM reads or writes in half: less than float32 wherever the
+// scores do not dominate, and HalfSeqBytes (what Cost adds per sequence)
+// 0 there.
+func TestCUDAWorkingBytesHalfShape(t *testing.T) {
+	c := GPUConfig{Vocab: 30522, Hidden: 384, Layers: 6, Heads: 12, Intermediate: 1536, MaxPositions: 512,
+		LayerNormEps: 1e-12, MaxSeqLength: 512, Precision: GPUFloat16}
+	// 128 rows: ids; x and proj in float32; x, the Q/K/V projection, Q/K/V
+	// by head, the attention output and the inner activations in binary16;
+	// 12 heads × 128² scores in float32 and probabilities in binary16; one
+	// length; one pooled vector; each buffer rounded up to 256 bytes.
+	rows, h, in := int64(128), int64(384), int64(1536)
+	want := 4*rows + 256 + 4*rows*h*2 + 2*rows*h*(1+3+3+1) + 2*rows*in + (4+2)*12*128*128 + 4*h
+	if got := c.CUDAWorkingBytes(1, 128); got != want {
+		t.Errorf("float16, 1 × 128: %d bytes, want %d", got, want)
+	}
+	f32 := c
+	f32.Precision = GPUFloat32
+	for _, attn := range []GPUAttention{GPUAttentionGEMM, GPUAttentionFused} {
+		c.Attention, f32.Attention = attn, attn
+		for _, l := range []int{1, 32, 128, 512} {
+			half, single := c.CUDAWorkingBytes(64, l), f32.CUDAWorkingBytes(64, l)
+			if holdsLess := attn == GPUAttentionFused || l <= 128; holdsLess && half >= single {
+				t.Errorf("attention %d, 64 × %d: float16 %d bytes, float32 %d: not less", attn, l, half, single)
+			}
+			if hs := c.HalfSeqBytes(l); (half < single) != (hs == 0) && l > 1 {
+				t.Errorf("attention %d, 64 × %d: float16 %d bytes against float32's %d, HalfSeqBytes %d", attn, l, half, single, hs)
+			}
+		}
+	}
+}
+
 // With fused attention a batch's memory grows with its length, not its
 // square: twice the length takes at most twice the bytes (and the
 // buffers' alignment), where the GEMM path's scores take four times.
@@ -91,9 +124,9 @@ func TestTiledAttentionByHeadWidth(t *testing.T) {
 		if got := c.tiledAttention(); got != tc.tiled {
 			t.Errorf("hidden %d, %d heads, attention %d: tiled %v, want %v", tc.hidden, tc.heads, tc.attn, got, tc.tiled)
 		}
-		qkv, _ := c.halfOperands(2, 10)
-		if want := int64(3 * 2 * 10 * tc.hidden); tc.attn == GPUAttentionFused && (qkv == want) != tc.tiled {
-			t.Errorf("hidden %d, %d heads, fused: %d Q, K and V halves charged, tiled %v", tc.hidden, tc.heads, qkv, tc.tiled)
+		qkv := c.bertBuffers(2, 10)[bufHeads16]
+		if want := int64(2 * 3 * 2 * 10 * tc.hidden); tc.attn == GPUAttentionFused && (qkv == want) != tc.tiled {
+			t.Errorf("hidden %d, %d heads, fused: %d bytes of Q, K and V halves charged, tiled %v", tc.hidden, tc.heads, qkv, tc.tiled)
 		}
 	}
 }
@@ -116,6 +149,39 @@ func TestVariantName(t *testing.T) {
 		{GPUFloat32, GPUAttentionFused, "bert:m@fused-attention"}, {GPUBFloat16, GPUAttentionFused, "bert:m@bfloat16+fused-attention"}} {
 		if got := variantName("bert:m", GPUConfig{Precision: c.p, Attention: c.a}); got != c.want {
 			t.Errorf("%v, attention %d: %q, want %q", c.p, c.a, got, c.want)
+		}
+	}
+}
+
+// HalfSeqBytes is what Cost adds per sequence in half precision over the
+// float32 bound: for any batch padded to any length up to seqLen, with
+// either attention, the half-precision allocation is at most the float32
+// one plus the batch times HalfSeqBytes(seqLen).
+func TestHalfSeqBytesBoundsWhatHalfAdds(t *testing.T) {
+	for _, c := range []Config{miniLM, paddingConfig, {VocabSize: 512, HiddenSize: 8, NumLayers: 1, NumHeads: 8,
+		IntermediateSize: 8, MaxPositionEmbeddings: 512, LayerNormEps: 1e-12}} {
+		for _, p := range []GPUPrecision{GPUFloat16, GPUBFloat16} {
+			for _, a := range []GPUAttention{GPUAttentionGEMM, GPUAttentionFused} {
+				g := GPUConfig{Vocab: c.VocabSize, Hidden: c.HiddenSize, Layers: c.NumLayers, Heads: c.NumHeads,
+					Intermediate: c.IntermediateSize, MaxPositions: c.MaxPositionEmbeddings, LayerNormEps: c.LayerNormEps,
+					MaxSeqLength: c.MaxPositionEmbeddings, Precision: p, Attention: a}
+				f32 := g
+				f32.Precision = GPUFloat32
+				for _, top := range []int{1, 2, 17, 64, 128, 300, 512} {
+					per := g.HalfSeqBytes(top)
+					for _, l := range []int{1, 2, top / 2, top - 1, top} {
+						for _, n := range []int{1, 2, 3, 7, 64} {
+							if l < 1 || l > top {
+								continue
+							}
+							if half, single := g.CUDAWorkingBytes(n, l), f32.CUDAWorkingBytes(n, l); half > single+int64(n)*per {
+								t.Fatalf("hidden %d, %v, attention %d: %d × %d tokens take %d bytes, over float32's %d + %d × HalfSeqBytes(%d) = %d",
+									c.HiddenSize, p, a, n, l, half, single, n, top, per)
+							}
+						}
+					}
+				}
+			}
 		}
 	}
 }

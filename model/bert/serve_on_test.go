@@ -112,27 +112,30 @@ func TestEmbedderOnRunsSubBatchesOnEncoder(t *testing.T) {
 // rests on: the CUDA encoder's one allocation for a sub-batch of any size,
 // padded to any length within a bucket, is at most the size times the
 // bucket's per-sequence bytes (the driver's rounding of it is the Granule
-// Cost adds), in every precision (half precision adds its operands' copies).
+// Cost adds), in every precision (half precision adds HalfSeqBytes) and
+// with either attention.
 func TestSeqBytesBoundsCUDAWorkingBytes(t *testing.T) {
 	for _, c := range []Config{servedShape.Config, miniLM, paddingConfig} {
 		for _, p := range []GPUPrecision{GPUFloat32, GPUFloat16, GPUBFloat16} {
-			seqBytesBoundsCUDAWorkingBytes(t, c, p)
+			for _, a := range []GPUAttention{GPUAttentionGEMM, GPUAttentionFused} {
+				seqBytesBoundsCUDAWorkingBytes(t, c, p, a)
+			}
 		}
 	}
 }
 
-func seqBytesBoundsCUDAWorkingBytes(t *testing.T, c Config, p GPUPrecision) {
+func seqBytesBoundsCUDAWorkingBytes(t *testing.T, c Config, p GPUPrecision, a GPUAttention) {
 	{
 		maxLen := min(c.MaxPositionEmbeddings, 512)
 		g := GPUConfig{Vocab: c.VocabSize, Hidden: c.HiddenSize, Layers: c.NumLayers, Heads: c.NumHeads,
 			Intermediate: c.IntermediateSize, MaxPositions: c.MaxPositionEmbeddings, LayerNormEps: c.LayerNormEps, MaxSeqLength: maxLen,
-			Precision: p}
+			Precision: p, Attention: a}
 		for l := 1; l <= maxLen; l++ {
 			per := c.seqBytes(bucketOf(l, maxLen)) + g.HalfSeqBytes(bucketOf(l, maxLen))
 			for _, n := range []int{1, 2, 3, 4, 7, 16, 33, 64, 256} {
 				if need := g.CUDAWorkingBytes(n, l); need > int64(n)*per {
-					t.Fatalf("hidden %d, %v: CUDAWorkingBytes(%d, %d) = %d, over %d × seqBytes(%d) = %d",
-						c.HiddenSize, p, n, l, need, n, bucketOf(l, maxLen), int64(n)*per)
+					t.Fatalf("hidden %d, %v, attention %d: CUDAWorkingBytes(%d, %d) = %d, over %d × seqBytes(%d) = %d",
+						c.HiddenSize, p, a, n, l, need, n, bucketOf(l, maxLen), int64(n)*per)
 				}
 			}
 		}

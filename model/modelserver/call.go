@@ -114,7 +114,7 @@ func (m *Model) try(ctx, wait context.Context, c *call, deadline time.Time) (set
 			t.used = u.TotalTokens
 			t.clean = true
 			m.took.observe(now.Sub(sent))
-			m.rates.charged(t.res, u.PromptTokens, c.floor)
+			m.rates.charged(t.res, u.PromptTokens, c.floor, u.TotalTokens, a.header)
 		}
 		if row.action != actOOM || c.ep == embeddings {
 			m.gate.answered()
@@ -126,7 +126,7 @@ func (m *Model) try(ctx, wait context.Context, c *call, deadline time.Time) (set
 	case actTransient, actTimeout:
 		failed = &outcome{a, row}
 	case actWait:
-		m.rates.limited()
+		m.rates.limited(t.res)
 		d, ok := m.retryAfter(a.header, now)
 		if !ok {
 			d = m.gate.overloaded()

@@ -41,6 +41,15 @@ func (g *group) Go(f func(sent, wait context.Context) error) {
 		defer g.wg.Done()
 		if err := f(g.sent, g.wait); err != nil {
 			g.once.Do(func() {
+				// A wait that sent's end ended through the link reads
+				// Canceled, however sent ended, and may be the first to
+				// return: when sent's parent's deadline passes, the link's
+				// goroutine can cancel wait before the deadline reaches it.
+				// Before the group's own error nothing cancels sent but its
+				// parent, so sent's error is the cause.
+				if errors.Is(err, context.Canceled) && g.sent.Err() != nil {
+					err = g.sent.Err()
+				}
 				g.err = err
 				g.halt()
 				if !errors.Is(err, fault.ErrBackoff) {

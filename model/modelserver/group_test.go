@@ -1,6 +1,7 @@
 package modelserver
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -72,6 +73,27 @@ func TestBackoffKeepsFinishedItems(t *testing.T) {
 		}
 		if n := s.Stats().Requests - before; n != 3 {
 			t.Errorf("%d requests; want 3", n)
+		}
+	})
+}
+
+// A wait ended because the requests' context ended returns that context's
+// error (here its deadline), not the Canceled of the link that ended it:
+// Run under a context that times out says so, whichever of its waits or
+// requests returns first (TestUnansweredTryGivesBackItsTurn failed about
+// once in 100 runs on that race).
+func TestGroupWaitEndedBySentHasSentsError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sent, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		// wait's own parent never ends: only the link to sent ends it.
+		g := newGroup(sent, t.Context())
+		g.Go(func(_, wait context.Context) error {
+			<-wait.Done()
+			return wait.Err()
+		})
+		if err := g.Wait(); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Wait: %v; want the requests' context's deadline", err)
 		}
 	})
 }

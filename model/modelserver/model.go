@@ -318,12 +318,6 @@ func (m *Model) Cost(endpoint string, items []job.Item) int64 {
 	return c
 }
 
-// tokens is r's rate reservation: prompt plus max output × choices, what a
-// server's token limit charges.
-func (m *Model) tokens(r *request) int64 {
-	return m.counter.tokens(r.kind(), r.prompt) + r.maxOut*r.choices
-}
-
 // Run sends the requests of items of a job that names endpoint and
 // returns one output per item: the server's answer (Response) for a 2xx;
 // an Error for an item refused, by the subscriber (invalid_input,
@@ -583,8 +577,9 @@ func (m *Model) Offers() (now, most backend.Vector) {
 
 // Needs is what items take (backend.Offerer): a slot for each request, one
 // per chat or completion item and one per EmbedBatch embedding inputs, and
-// the rate tokens their requests reserve (prompt plus max output ×
-// choices). Items refused without a request take nothing.
+// the rate tokens their requests reserve (Model.tokens: prompt plus max
+// output × choices, or the expected output where the server's limit counts
+// usage). Items refused without a request take nothing.
 func (m *Model) Needs(endpoint string, items []job.Item) backend.Vector {
 	var reqs, inputs, tokens int64
 	for _, it := range items {

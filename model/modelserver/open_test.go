@@ -272,17 +272,6 @@ func TestOfferFollowsTheRateLimits(t *testing.T) {
 // in half of MaxWait plus what remains of the server's bucket; once the
 // other takes most of the limit, it falls to what the other leaves.
 func TestOfferSharesTheServersLimits(t *testing.T) {
-	// Known defect, not fixed (2026-11-28): the paced subscriber's pace
-	// counts as binding whenever its room is under a burst, which it is after
-	// every send, so a process that sends one request in 5 s grows its pace
-	// until a congestion cut, and the offer read at 5 min swings between
-	// about 800 and 2,900 tokens: this fails 4 to 9 runs in 30 (GOMAXPROCS 1
-	// to 4). Growing the pace only while the process used 0.8 of it over the
-	// last 30 s (RFC 7661's argument) passed 30 of 30 but broke the
-	// three-sharing fairness in 2 of 20 runs. VRAMQ_KNOWN_FLAKY=1 runs it.
-	if os.Getenv("VRAMQ_KNOWN_FLAKY") == "" {
-		t.Skip("known defect: the shared pace grows while unused (see the comment); VRAMQ_KNOWN_FLAKY=1 runs it")
-	}
 	synctest.Test(t, func(t *testing.T) {
 		// 6,000 tokens a minute: 3,000 in the 30 s of half of MaxWait.
 		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: fakeoai.RateLimits{TPM: 6000, RPM: 1000}})

@@ -673,6 +673,119 @@ func TestPaceHeldToItsShareOfAWindowsRest(t *testing.T) {
 	})
 }
 
+// Issue 33: sharing a limit, a process's pace grows only while a request
+// waits for it, and decays towards what the process uses while none waits
+// at all. Grown whenever its room was under a burst's, which it is after
+// every send, a process sending less than its pace grew it until a cut,
+// and offered admission what it never used (TestOfferSharesTheServersLimits
+// swung between 800 and 2,900 tokens). The mirror here has room to spare:
+// only the pace holds a request.
+func TestSharedPaceGrowsOnlyWhileWaitedFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRates(0, 0, time.Now(), newWaits(time.Hour, quiet()))
+		b := newBucket(60000, time.Now(), true)
+		b.othersPerSec = 500
+		r.srv[kindTokens], r.answered, r.typical = b, true, 1000
+		r.pace, r.paceAt = 300, time.Now()
+		send := func() {
+			r.mu.Lock()
+			b.sharedAt, b.level, b.proven = time.Now(), b.capacity, b.capacity
+			r.mu.Unlock()
+			res, err := r.take(t.Context(), 1000, time.Now().Add(time.Hour))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.settle(res, 1000)
+		}
+		pace := func() float64 {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.pace
+		}
+		// Admission reads the offer every second, as the subscriber does
+		// (Device.MemInfo), which brings the pace to now; and an answer
+		// shows the limit all unused, which grows a pace that binds by half
+		// (rates.congestion).
+		idle := func() {
+			for range 5 {
+				time.Sleep(time.Second)
+				r.learnedWithin(30*time.Second, 0)
+				r.mu.Lock()
+				b.proven = b.capacity
+				r.congestion(b, time.Now())
+				r.mu.Unlock()
+			}
+		}
+		// 1,000 tokens every 5 s, 200 a second: none waits for a pace of 300.
+		for range 60 {
+			send()
+			idle()
+		}
+		if p := pace(); p > 300 {
+			t.Errorf("sending 200 tokens a second for 5 minutes, nothing waiting: the pace grew from 300 to %.0f", p)
+		}
+		// Back to back, each request waits for the pace: it grows.
+		for range 30 {
+			send()
+		}
+		grown := pace()
+		if grown <= 300 {
+			t.Fatalf("30 requests waiting for a pace of 300 in turn: it stayed at %.0f; want it grown", grown)
+		}
+		// Back to 200 a second: it decays towards 1.5 times that.
+		for range 36 {
+			send()
+			idle()
+		}
+		if p := pace(); p > 1.5*200*1.1 {
+			t.Errorf("3 minutes at 200 tokens a second after the pace grew to %.0f: still %.0f; want at most 1.5 times the use and 10%%", grown, p)
+		}
+	})
+}
+
+// A request handed back (its wait past the deadline: a backoff) still
+// waits, its batch holding its messages until the backoff ends. Handed back
+// by the pace, the pace binds over that time and grows, as for a request
+// waiting in take; by the mirror, the process is not short of work, and its
+// pace does not decay. Counted as no wait, a process whose batches were
+// handed back would decay its pace on its own backoffs.
+func TestSharedPaceHandedBackStillBinds(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		paceLevel   float64 // the pace's room: -3,000 is 10 s of sends to pay off
+		mirrorLevel float64
+		grows       bool
+	}{
+		{"by the pace", -3000, 60000, true},
+		{"by the mirror", 1000, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := newRates(0, 0, time.Now(), newWaits(time.Hour, quiet()))
+				b := newBucket(60000, time.Now(), true)
+				b.othersPerSec, b.sharedAt, b.level = 500, time.Now(), tc.mirrorLevel
+				r.srv[kindTokens], r.answered, r.typical = b, true, 1000
+				r.pace, r.paceAt, r.paceLevel = 300, time.Now(), tc.paceLevel
+				_, err := r.take(t.Context(), 1000, time.Now().Add(time.Second))
+				until, ok := fault.BackoffUntil(err)
+				if !ok {
+					t.Fatalf("take with seconds to wait and a deadline in 1 s: %v; want a backoff", err)
+				}
+				d := time.Until(until)
+				for time.Now().Before(until) {
+					time.Sleep(time.Second)
+					r.learnedWithin(30*time.Second, 0)
+				}
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				if grown := r.pace > 300; grown != tc.grows || r.pace < 300 {
+					t.Errorf("after a backoff of %v: pace %.0f from 300; want grown %v, never less", d, r.pace, tc.grows)
+				}
+			})
+		})
+	}
+}
+
 // Before the server's first answer its limits are unknown, and what the
 // rate tokens offer is bounded to DefaultMaxConcurrency requests at the
 // output ceiling, also where the concurrency follows a KV cache of
@@ -779,4 +892,75 @@ func loneBatches(t *testing.T, configured bool) {
 			t.Errorf("after the first minute, %d of %d answers were 429s; want at most 1%%", limited, answers)
 		}
 	})
+}
+
+// Issue 33: sharing a sliding window, a process sends again into the room
+// its own sends leave as they leave the window, a span and a transit
+// after they reached the server, though its mirror shows no room and its
+// pace holds it; not before, and not for a send the limiter refused with
+// a 429, which it never counted.
+func TestReplaysOwnSendsLeavingASlidingWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		t0 := time.Now()
+		r := newRates(0, 0, t0, newWaits(time.Hour, quiet()))
+		b := newBucket(60000, t0, true)
+		b.othersPerSec, b.sharedAt, b.slidingAt = 600, t0, t0 // others on it, a sliding window
+		r.srv[kindTokens], r.answered, r.typical = b, true, 1000
+		r.pace, r.paceLevel, r.paceAt = 100, -1e6, t0 // the pace holds every send
+		b.charge(1000, t0, 1)
+		b.answered(t0, t0)
+		b.charge(1000, t0.Add(time.Millisecond), 2)
+		b.answered(t0.Add(time.Millisecond), t0.Add(time.Millisecond))
+		r.seq = 2
+		take := func() error {
+			r.mu.Lock()
+			b.level, b.proven = 0, 0 // the window full, as far as answers show
+			r.mu.Unlock()
+			res, err := r.take(context.Background(), 1000, time.Now())
+			if err == nil {
+				r.settle(res, 1000)
+			}
+			return err
+		}
+		time.Sleep(limitSpan)
+		if _, ok := fault.BackoffUntil(take()); !ok {
+			t.Fatalf("a span after its sends: sent; want to wait until they leave the window")
+		}
+		r.limited(reservation{tokens: 1000, at: t0.Add(time.Millisecond), seq: 2})
+		time.Sleep(transit + time.Second)
+		if err := take(); err != nil {
+			t.Fatalf("its send left the window: %v; want it sent again at once", err)
+		}
+		if _, ok := fault.BackoffUntil(take()); !ok {
+			t.Errorf("a send refused with a 429 left the window: sent again; want no room from it")
+		}
+	})
+}
+
+// A sliding window is read from answers whose reset, the time until the
+// newest charge leaves, is longer than a bucket's refill at the limit
+// would take for what is used, and whose end moves with the charges; a
+// bucket's reset is that refill's time, and a fixed minute's end stays
+// put within the minute.
+func TestSlidingWindowFromAnswers(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	for _, c := range []struct {
+		name string
+		// remaining and reset of two answers, the second 3 s after.
+		remaining [2]float64
+		reset     [2]time.Duration
+		want      bool
+	}{
+		{"bucket", [2]float64{30000, 27000}, [2]time.Duration{30 * time.Second, 33 * time.Second}, false},
+		{"sliding window", [2]float64{30000, 27000}, [2]time.Duration{59 * time.Second, 59 * time.Second}, true},
+		{"fixed minute", [2]float64{30000, 27000}, [2]time.Duration{50 * time.Second, 47 * time.Second}, false},
+	} {
+		b := newBucket(60000, t0, true)
+		b.observeSliding(c.remaining[0], c.reset[0], at(0))
+		b.observeSliding(c.remaining[1], c.reset[1], at(3))
+		if got := b.sliding(at(4)); got != c.want {
+			t.Errorf("%s: read as a sliding window %v; want %v", c.name, got, c.want)
+		}
+	}
 }

@@ -25,36 +25,102 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Config is what a Gate needs of the publisher's configuration; the
-// fields mean what publisher.Config's of the same names mean, after its
-// defaults.
+// Config is the settings of the HTTP edge. publisher.Config embeds it, and
+// publisher.New gives each zero field its default (publisher.DefaultConfig)
+// and checks them (publisher.Config.Validate) before NewGate sees them.
 type Config struct {
+	// APIKeys, when any, are the bearer tokens accepted on /v1/jobs routes
+	// (Authorization: Bearer <key>). /healthz and /metrics stay open. An
+	// entry "name:key" names the key's tenant (see SplitKey); one without a
+	// name is the tenant tenant.OfKey(key). Keys may share a name, to rotate
+	// one tenant's key without changing its tenant.
 	APIKeys []string
 
-	RateLimit        float64
-	RateBurst        int
-	GlobalRateLimit  float64
-	GlobalRateBurst  int
+	// RateLimit is the steady rate, in requests per second, that one client
+	// may send to /v1/jobs routes: its API key when auth is on, else its
+	// source address (an IPv6 client by its IPv6ClientPrefix). RateBurst is
+	// how many it may send at once after a quiet spell; zero is twice
+	// RateLimit. A request over the limit is answered 429 rate_limited with
+	// Retry-After, before its body is read. 0: no per-client limit
+	// (publisher.DefaultConfig's; cmd/publisher sets one).
+	RateLimit float64
+	RateBurst int
+	// GlobalRateLimit and GlobalRateBurst are the same over all clients
+	// together, for this process; 0: none. GlobalRateBurst defaults to twice
+	// GlobalRateLimit.
+	GlobalRateLimit float64
+	GlobalRateBurst int
+	// IPv6ClientPrefix is the prefix length by which an IPv6 address is one
+	// client, for rate limits and shares of the bodies in flight: every
+	// address in one such prefix is the same client. The default is 56, what
+	// ISPs delegate to one customer site (RIPE-690 advises a /48 or a /56,
+	// and most residential ISPs that follow it give the /56) and what AWS
+	// gives one VPC: a /64 is one LAN, and a site holds 256 of them, so
+	// keying by /64 let one site send 256 times the limit. A /48 would bound
+	// a site given a /48 too, but lump 256 customers of an ISP that gives
+	// /56s into one client. Lower it to 48 where clients hold /48s; raise it
+	// to 64 where many clients share a /56 (a mobile carrier gives each
+	// device a /64 of a shared pool). 32 to 128: a shorter prefix is a
+	// whole ISP's.
 	IPv6ClientPrefix int
+	// RateLimitClients bounds the clients whose buckets are kept in memory
+	// (about 200 bytes each), least recently used first out.
 	RateLimitClients int
-	TrustedProxies   []netip.Prefix
+	// TrustedProxies are the load balancers and proxies allowed to say who
+	// the client is: when a request's peer address is in one of them, the
+	// client is the rightmost address of X-Forwarded-For that is not (see
+	// ClientAddr). Empty: the peer address is the client and X-Forwarded-For
+	// is ignored, which is right when clients connect directly and under
+	// Lambda, where the peer is API Gateway's sourceIp.
+	TrustedProxies []netip.Prefix
 
-	MaxBodyBytes          int64
-	MaxBodyBytesInFlight  int64
+	// MaxBodyBytes bounds a request body, enforced before it is read.
+	// The whole body is held in memory while it is handled,
+	// with what is decoded from it: 5 to 6 times its size at the peak
+	// (BenchmarkConcurrentMaxBodies).
+	MaxBodyBytes int64
+	// MaxBodyBytesInFlight bounds the bytes of request bodies held at once,
+	// over all requests: a POST that would go over it is answered 503
+	// overloaded with Retry-After, without waiting (inflight.go). A body is
+	// charged for the bytes that have arrived, as they arrive. So the heap
+	// the requests take is 5 to 6 times this at most. Zero is twice
+	// MaxBodyBytes; at least MaxBodyBytes, or a body at the limit could
+	// never be taken.
+	MaxBodyBytesInFlight int64
+	// MaxBodyBytesPerClient bounds the bytes of bodies one client holds at
+	// once (the client of RateLimit: its API key, else its address), and
+	// MaxBodiesPerClient its POSTs whose bodies are in flight, read or being
+	// read; a POST over either is answered 429 too_many_bodies with
+	// Retry-After, without waiting, so that one client cannot take the whole
+	// budget. MaxBodyBytesPerClient: zero is half MaxBodyBytesInFlight, at
+	// least MaxBodyBytes and at most MaxBodyBytesInFlight.
 	MaxBodyBytesPerClient int64
 	MaxBodiesPerClient    int
-	MinBodyRate           int64
-	BodyGrace             time.Duration
+	// MinBodyRate, in bytes a second, and BodyGrace: a body's bytes must
+	// start coming within BodyGrace, never pause for longer, and once
+	// BodyGrace has passed have come at MinBodyRate on average since the
+	// body began. A body that falls behind is cut off, 408 body_too_slow,
+	// and gives back what it held (BodyPace), so that clients that stall or
+	// trickle cannot hold the budget or their share of it.
+	MinBodyRate int64
+	BodyGrace   time.Duration
 	// UploadHeld is the most bytes one upload holds at once (a part on its
 	// way to S3): the least share of the bodies in flight uploads get.
+	// publisher.New works it out from MaxFileBytes, over what is here.
 	UploadHeld int64
 
-	// Idem keeps the records of Idempotency-Keys; IdempotencyStale is how
-	// long a create's "sending" record holds its key from a retry.
-	Idem             IdemStore
+	// Idem keeps the records of Idempotency-Keys; publisher.New picks it
+	// (the bucket's, else one in memory), over what is here.
+	Idem IdemStore
+	// IdempotencyStale is how long a record of a request still sending
+	// blocks a retry with the same key (409); after it the retry takes the
+	// job over and sends it again.
 	IdempotencyStale time.Duration
 
-	Logger     *slog.Logger
+	Logger *slog.Logger // default slog.Default(); request logs carry no payloads
+	// Registerer gets the metrics; default a private registry. When it is
+	// also a prometheus.Gatherer (a *prometheus.Registry is),
+	// publisher.Publisher.MetricsHandler serves it.
 	Registerer prometheus.Registerer
 }
 

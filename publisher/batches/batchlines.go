@@ -121,9 +121,9 @@ func (p *Service) startCreate(w http.ResponseWriter, r *http.Request, fail func(
 	return once, tenantName, func() { p.batchCreators.remove(client) }, true
 }
 
-// takeBatchBytes takes charge bytes of the bound on what creates hold at
-// once (-max-file-bytes: a file's lines, or a create's requests, a few times
-// their size once planned), waiting up to 30 s; release gives them back.
+// takeBatchBytes takes charge bytes of the bound on the bodies of the
+// creates in flight at once (-max-file-bytes; a create holds less than its
+// body: postMessageBatch), waiting up to 30 s; release gives them back.
 // false, having answered r with fail, when the wait ran out.
 func (p *Service) takeBatchBytes(w http.ResponseWriter, r *http.Request, fail func(*api.Error), charge int64) (release func(), ok bool) {
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)

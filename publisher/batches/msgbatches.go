@@ -216,6 +216,12 @@ func (p *Service) apiOrigin(r *http.Request) string {
 // at its turn; nothing is then enqueued. The requests become the items of
 // one job, custom_id the item id, params the body, sent as a batch's
 // (startBatch).
+//
+// The create holds what an OpenAI batch's validation holds (batchvalidate.go),
+// not its requests: as each is read and checked, it is written on to a staged
+// copy in the bucket (msgRequestsKey) and only its custom id and the size of
+// its encoding are kept, which is enough to cut the chunks; the staged copy
+// is then read back and sent a window of chunks at a time, and deleted.
 func (p *Service) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	ri := api.Info(r)
 	fail := api.FailWith(w, r)
@@ -229,8 +235,10 @@ func (p *Service) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		fail(tooLarge)
 		return
 	}
-	// The requests are held while they become a batch, as a file's lines
-	// are (postBatch), under the same bound of bytes read at once.
+	// Charged as before the create streamed its requests, under the same
+	// bound of bytes read at once: now more than it holds (a part of the
+	// staged upload, a window of chunks, an id and a size a request), which
+	// keeps the bound's meaning for the operator (-max-file-bytes).
 	charge := p.fileCfg.MaxFileBytes
 	if r.ContentLength >= 0 {
 		charge = min(r.ContentLength, charge)
@@ -252,7 +260,7 @@ func (p *Service) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	defer bodies.Release()
 	pace := api.StartPace(float64(p.fileCfg.MinBodyRate), p.fileCfg.BodyGrace, api.CutRead(w))
-	read := files.NewUploadBody(http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), bodies, pace, p.fileCfg.UploadHeld)
+	read := &countedBody{r: files.NewUploadBody(http.MaxBytesReader(w, r.Body, maxMsgBatchBytes), bodies, pace, p.fileCfg.UploadHeld)}
 	var body io.Reader = read
 	// With an Idempotency-Key, the body's digest, taken as it is read (a
 	// create is read to its end when it is taken), to compare a retry with.
@@ -260,17 +268,25 @@ func (p *Service) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	if once != nil {
 		body = io.TeeReader(body, digest)
 	}
-	items, e := p.readMessageRequests(body)
-	if pace.Stop() {
+	now := p.now().UTC()
+	owner := p.gate.Owner(r)
+	b := &batchRecord{V: 1, ID: newMessageBatchID(now), Owner: owner, Endpoint: job.EndpointMessages,
+		CompletionWindow: completionWindow, CreatedAt: now.Unix(), ExpiresAt: now.Add(completionDuration).Unix()}
+	s := &stagedRequests{p: p, key: msgRequestsKey(owner, b.ID), measure: p.jobs.Measure(b.ID, job.EndpointMessages)}
+	defer s.remove()
+	tooSlow := false
+	e := s.stage(r.Context(), body, func(pw io.Writer) io.Writer { return pausedWrite{w: pw, read: read, pace: pace} },
+		func() { tooSlow = pace.Stop() })
+	if tooSlow {
 		fail(p.gate.BodyError(w, api.ErrTooSlow))
 		return
 	}
-	if read.Err() != nil && !errors.As(read.Err(), new(*http.MaxBytesError)) {
-		fail(p.gate.BodyError(w, read.Err())) // over the client's share, or the uploads'
+	if err := read.r.Err(); err != nil && !errors.As(err, new(*http.MaxBytesError)) {
+		fail(p.gate.BodyError(w, err)) // over the client's share, or the uploads'
 		return
 	}
 	if e != nil {
-		if e.Status == http.StatusRequestEntityTooLarge {
+		if e.Status == http.StatusRequestEntityTooLarge && e.Code == api.CodeBodyTooLarge {
 			e = tooLarge
 		}
 		fail(e)
@@ -286,17 +302,8 @@ func (p *Service) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 		}
 		defer once.Fail(r.Context())
 	}
-	now := p.now().UTC()
-	owner := p.gate.Owner(r)
-	b := &batchRecord{V: 1, ID: newMessageBatchID(now), Owner: owner, Endpoint: job.EndpointMessages,
-		CompletionWindow: completionWindow, CreatedAt: now.Unix(), ExpiresAt: now.Add(completionDuration).Unix(), Lines: len(items)}
-	ri.JobID = b.ID
-	plan, e := p.jobs.Plan(b.ID, job.EndpointMessages, items)
-	if e != nil {
-		fail(e)
-		return
-	}
-	if e := p.startBatch(r.Context(), b, items, plan, tenantName, ri); e != nil {
+	ri.JobID, b.Lines = b.ID, s.requests
+	if e := p.startBatch(r.Context(), b, s, tenantName, ri); e != nil {
 		fail(e)
 		return
 	}
@@ -309,6 +316,142 @@ func (p *Service) postMessageBatch(w http.ResponseWriter, r *http.Request) {
 	once.Answer(r.Context(), w, sum, mb)
 }
 
+// msgRequestsKey is where a create stages the requests of owner's message
+// batch id while it sends them (stagedRequests), beside its record.
+func msgRequestsKey(owner, id string) string { return job.BatchesPrefix(owner) + id + ".requests.json" }
+
+// stagedRequests is a create's requests as it holds them: their custom ids
+// (job.BatchIDsKey's form) and the sizes of their encodings (measure); the
+// requests themselves are in the bucket, at key.
+type stagedRequests struct {
+	p        *Service
+	key      string
+	measure  *jobs.Measure
+	ids      []byte
+	requests int
+	stored   bool
+}
+
+// stage reads the create's body, checking each request, keeping its id and
+// size and writing it on to the staged copy; the error names the first bad
+// request (a 413 when the body is over its bound). An item that cannot be
+// sent (over a message without a payload bucket) is refused after every
+// request is checked, as a plan of them all refused it. read is called once
+// the body is read, before the upload's last part is sent: the client is
+// not held to its pace for that.
+func (s *stagedRequests) stage(ctx context.Context, body io.Reader, paused func(io.Writer) io.Writer, read func()) *api.Error {
+	pr, pw := io.Pipe()
+	uploaded := make(chan error, 1)
+	go func() {
+		_, err := s.p.store.Upload(ctx, s.key, "application/json", pr)
+		pr.CloseWithError(err) // a write after a failed upload fails rather than blocks
+		uploaded <- err
+	}()
+	out := bufio.NewWriterSize(paused(pw), 64<<10)
+	var unsendable *api.Error
+	n, e := s.p.readMessageRequests(body, func(it jobs.RequestItem) {
+		if unsendable == nil {
+			unsendable = s.measure.Add(it)
+		}
+		s.ids = append(append(s.ids, api.EncodeJSON(it.ID)...), '\n')
+		// A JSON value a request, its params byte for byte as they came
+		// (and were measured): the second read decodes them one after
+		// another. out's first error stays, for Flush to return.
+		out.WriteString(`{"custom_id":`)
+		out.Write(api.EncodeJSON(it.ID))
+		out.WriteString(`,"params":`)
+		out.Write(it.Body)
+		out.WriteByte('}')
+	})
+	read()
+	werr := out.Flush()
+	switch {
+	case e != nil:
+		pw.CloseWithError(errors.New("the create was refused"))
+	case werr != nil:
+		pw.CloseWithError(werr)
+	default:
+		pw.Close()
+	}
+	uerr := <-uploaded
+	switch {
+	case e != nil:
+		return e
+	case unsendable != nil:
+		return unsendable
+	case uerr != nil:
+		s.p.log.Error("staging a message batch's requests", "key", s.key, "err", uerr)
+		return api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch's requests could not be stored; nothing was sent")
+	}
+	s.requests, s.stored = n, true
+	return nil
+}
+
+// remove deletes the staged copy, whatever became of the create.
+func (s *stagedRequests) remove() {
+	if !s.stored {
+		return // a failed upload leaves nothing
+	}
+	ctx, cancel := jobs.Detach(context.Background())
+	defer cancel()
+	if err := s.p.store.Delete(ctx, s.key); err != nil && !errors.Is(err, payload.ErrMissing) {
+		s.p.log.Warn("deleting a message batch's staged requests", "key", s.key, "err", err)
+	}
+}
+
+// send reads the staged requests back, in order, into out.
+func (s *stagedRequests) send(ctx context.Context, out *jobs.Stream) error {
+	staged, _, err := s.p.store.Open(ctx, s.key)
+	if err != nil {
+		return err
+	}
+	defer staged.Close()
+	dec := json.NewDecoder(bufio.NewReaderSize(staged, 64<<10))
+	for range s.requests {
+		var q messageRequest
+		if err := dec.Decode(&q); err != nil {
+			return fmt.Errorf("reading the staged requests: %w", err)
+		}
+		if q.CustomID == nil {
+			return errors.New("reading the staged requests: a request without its custom_id")
+		}
+		if err := out.Add(ctx, jobs.RequestItem{ID: *q.CustomID, Body: q.Params}); err != nil {
+			return err
+		}
+	}
+	return out.Close(ctx)
+}
+
+// countedBody is the create's body, counting what has come of it for its
+// pace's Resume.
+type countedBody struct {
+	r       *files.UploadBody
+	arrived int64
+}
+
+func (c *countedBody) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.arrived += int64(n)
+	return n, err
+}
+
+// pausedWrite is the staged copy's pipe as the body's reader writes to it:
+// the body's pace stops while a write waits for the upload, which reads
+// nothing while it sends a part to S3, so that the client is not held to
+// its pace for the bucket's time. It is written from the goroutine that
+// reads the body, so no read of the body is watched while paused.
+type pausedWrite struct {
+	w    io.Writer
+	read *countedBody
+	pace *api.BodyPace
+}
+
+func (p pausedWrite) Write(b []byte) (int, error) {
+	p.pace.Pause()
+	defer p.pace.Resume(p.read.arrived)
+	return p.w.Write(b)
+}
+
 // messageRequest is an element of a create's requests.
 type messageRequest struct {
 	CustomID *string         `json:"custom_id"`
@@ -316,24 +459,25 @@ type messageRequest struct {
 }
 
 // readMessageRequests reads a create's body, {"requests": [...]}, one
-// request at a time: its items, or the error that names the first bad
-// request (a 413 when the body is over its bound).
-func (p *Service) readMessageRequests(body io.Reader) ([]jobs.RequestItem, *api.Error) {
+// request at a time, handing each good one to good as it is read: how many
+// there were, or the error that names the first bad request (a 413 when the
+// body is over its bound).
+func (p *Service) readMessageRequests(body io.Reader, good func(jobs.RequestItem)) (int, *api.Error) {
 	dec := json.NewDecoder(body)
-	bad := func(format string, a ...any) ([]jobs.RequestItem, *api.Error) {
-		return nil, api.Err(http.StatusBadRequest, api.CodeInvalidParameter, format, a...)
+	bad := func(format string, a ...any) (int, *api.Error) {
+		return 0, api.Err(http.StatusBadRequest, api.CodeInvalidParameter, format, a...)
 	}
-	malformed := func(err error) ([]jobs.RequestItem, *api.Error) {
+	malformed := func(err error) (int, *api.Error) {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return nil, api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is too large")
+			return 0, api.Err(http.StatusRequestEntityTooLarge, api.CodeBodyTooLarge, "the request body is too large")
 		}
-		return nil, api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "the body is not the JSON of a create: {\"requests\": [{\"custom_id\", \"params\"}]}")
+		return 0, api.Err(http.StatusBadRequest, api.CodeMalformedJSON, "the body is not the JSON of a create: {\"requests\": [{\"custom_id\", \"params\"}]}")
 	}
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return malformed(err)
 	}
-	var items []jobs.RequestItem
+	n := 0
 	seen := false
 	lim := p.jobs.Limits()
 	for dec.More() {
@@ -370,7 +514,8 @@ func (p *Service) readMessageRequests(body io.Reader) ([]jobs.RequestItem, *api.
 			if e := lim.CheckBody(job.EndpointMessages, q.Params); e != nil {
 				return bad("requests.%d.params: %s", i, e.Message)
 			}
-			items = append(items, jobs.RequestItem{ID: *q.CustomID, Body: q.Params})
+			good(jobs.RequestItem{ID: *q.CustomID, Body: q.Params})
+			n++
 		}
 		if t, err := dec.Token(); err != nil || t != json.Delim(']') {
 			return malformed(err)
@@ -382,10 +527,10 @@ func (p *Service) readMessageRequests(body io.Reader) ([]jobs.RequestItem, *api.
 	if _, err := dec.Token(); err != io.EOF {
 		return bad("the body has data after the create")
 	}
-	if len(items) == 0 {
+	if n == 0 {
 		return bad("requests: a batch holds at least one request")
 	}
-	return items, nil
+	return n, nil
 }
 
 func validCustomID(id string) bool {
@@ -453,8 +598,9 @@ func (p *Service) deleteMessageBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The record last: until it goes, the batch is there to be deleted
-	// again should a step fail.
-	for _, k := range []string{msgResultsKey(b.Owner, b.ID), job.BatchIDsKey(b.Owner, b.ID), job.BatchKey(b.Owner, b.ID)} {
+	// again should a step fail. The staged requests are there only when a
+	// publisher stopped mid-create.
+	for _, k := range []string{msgResultsKey(b.Owner, b.ID), msgRequestsKey(b.Owner, b.ID), job.BatchIDsKey(b.Owner, b.ID), job.BatchKey(b.Owner, b.ID)} {
 		if err := p.store.Delete(r.Context(), k); err != nil && !errors.Is(err, payload.ErrMissing) {
 			p.log.Error("deleting a message batch", "batch_id", b.ID, "err", err)
 			fail(api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be deleted; try again"))
@@ -566,33 +712,41 @@ func (p *Service) listMessageBatches(w http.ResponseWriter, r *http.Request) {
 	api.WriteJSON(w, http.StatusOK, page)
 }
 
-// startBatch records b, validating, with the custom ids of items, sends
-// plan's chunks as the job of tenantName, and records b in_progress: what
-// a batch's create does once its requests are read and planned, whatever
-// its API. The record goes first: once a chunk may be on the queue, the
-// batch is there to be read, cancelled and finalized; a publisher that
-// dies while sending leaves it validating, which the sweeper fails once
-// stale. A failed send cancels what was sent and fails the batch.
-func (p *Service) startBatch(ctx context.Context, b *batchRecord, items []jobs.RequestItem, plan *jobs.Plan, tenantName string, ri *api.RequestInfo) *api.Error {
+// startBatch records b, validating, with the custom ids of its staged
+// requests (s), sends them as the job of tenantName, a window of chunks at a
+// time, and records b in_progress. The record goes first: once a chunk may
+// be on the queue, the batch is there to be read, cancelled and finalized;
+// a publisher that dies while sending leaves it validating, which the
+// sweeper fails once stale. A failed send cancels what was sent and fails
+// the batch.
+func (p *Service) startBatch(ctx context.Context, b *batchRecord, s *stagedRequests, tenantName string, ri *api.RequestInfo) *api.Error {
 	unrecorded := api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "the batch could not be recorded; nothing was sent")
-	ids := make([]byte, 0, len(items)*16)
-	for _, it := range items {
-		ids = append(ids, api.EncodeJSON(it.ID)...)
-		ids = append(ids, '\n')
-	}
 	b.Status = batchValidating
-	if _, err := p.store.Put(ctx, job.BatchIDsKey(b.Owner, b.ID), ids); err != nil {
+	if _, err := p.store.Put(ctx, job.BatchIDsKey(b.Owner, b.ID), s.ids); err != nil {
 		p.log.Error("storing a batch's custom ids", "batch_id", b.ID, "err", err)
 		return unrecorded
 	}
+	s.ids = nil
 	if p.openBatch(ctx, b) != nil || p.putBatch(ctx, b) != nil {
 		return unrecorded
 	}
 	ectx, ecancel := jobs.Detach(ctx)
 	defer ecancel()
-	ri.Items, ri.Chunks = len(items), len(plan.Chunks)
-	sent, e := p.jobs.Enqueue(ectx, b.ID, tenantName, b.Owner, plan, len(items))
-	ri.Sent = sent
+	counts := s.measure.Chunks()
+	ri.Items, ri.Chunks = s.requests, len(counts)
+	var e *api.Error
+	out, err := s.measure.Stream(ectx, tenantName, b.Owner, counts, nil)
+	if err != nil {
+		e = api.Err(http.StatusServiceUnavailable, api.CodeStoreUnavailable, "writing the job's manifest failed; nothing was sent")
+	} else if err := s.send(ectx, out); err != nil {
+		ri.Sent = out.Sent()
+		p.log.Error("sending chunks", "job_id", b.ID, "sent", ri.Sent, "chunks", len(counts), "err", err)
+		e = api.Err(http.StatusServiceUnavailable, api.CodeEnqueueFailed,
+			"%d of %d chunks reached the queue; the job is incomplete "+
+				"(retry with the same Idempotency-Key to send it again under the same id)", ri.Sent, len(counts))
+	} else {
+		ri.Sent = out.Sent()
+	}
 	if e != nil {
 		// What was sent must not run: the job is cancelled, and the
 		// batch failed, saying why.
@@ -609,7 +763,7 @@ func (p *Service) startBatch(ctx context.Context, b *batchRecord, items []jobs.R
 		p.log.Warn("recording a batch in progress", "batch_id", b.ID, "err", err)
 		b.Status, b.InProgressAt = batchValidating, 0
 	}
-	p.jobs.Accepted(tenantName, len(items))
+	p.jobs.Accepted(tenantName, s.requests)
 	return nil
 }
 

@@ -69,9 +69,10 @@ type Service struct {
 	jobs    *jobs.Service
 	files   *files.Service
 	fileCfg files.Config
-	// batchBytes bounds the bytes of Message Batch creates held at once
-	// while they are planned (msgbatches.go): MaxFileBytes. An OpenAI batch
-	// holds none: its file is validated streamed (batchvalidate.go).
+	// batchBytes bounds the bytes of Message Batch creates in flight at
+	// once, each charged its body's size (msgbatches.go): MaxFileBytes. An
+	// OpenAI batch's create reads no file: it is validated streamed
+	// (batchvalidate.go).
 	batchBytes    *semaphore.Weighted
 	batchCreators keySet    // the clients creating a batch, one each
 	advancing     keySet    // the batches this process is advancing (advanceBatch)

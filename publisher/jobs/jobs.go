@@ -192,8 +192,8 @@ func (p *Service) writeAccepted(w http.ResponseWriter, resp *acceptedBody) {
 
 // Enqueue uploads plan's claim-checked items, writes the job's manifest
 // (with its owner), and sends the chunks, returning how many chunks SQS
-// confirmed: POST /v1/jobs's enqueue, and a Message Batch's. The job is
-// counted accepted only by Accepted.
+// confirmed: POST /v1/jobs's enqueue (a batch's, too large to plan whole,
+// goes by Measure and Stream). The job is counted accepted only by Accepted.
 func (p *Service) Enqueue(ctx context.Context, jobID, tenantName, owner string, plan *Plan, items int) (int, *api.Error) {
 	if len(plan.Claims) > 0 {
 		g, gctx := errgroup.WithContext(ctx)

@@ -87,12 +87,6 @@ func (p *Service) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("/v1/jobs/{id}", api.MethodNotAllowed("GET, HEAD, DELETE"))
 }
 
-// Plan cuts items, the requests of job jobID for endpoint, into chunks of
-// at most Config.ChunkItems, without sending anything.
-func (p *Service) Plan(jobID, endpoint string, items []RequestItem) (*Plan, *api.Error) {
-	return p.planner.PlanFor(jobID, endpoint, items, p.cfg.ChunkItems)
-}
-
 // Accepted counts a job of items that is on the queue whole, for tenantName.
 func (p *Service) Accepted(tenantName string, items int) {
 	p.m.jobs.Inc()

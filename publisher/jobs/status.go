@@ -191,12 +191,18 @@ func (p *Service) status(ctx context.Context, m *job.Manifest) (*Status, error) 
 		return
 	})
 	g0.Go(func() (err error) { cancel, err = p.CancelRecord(gctx0, m.JobID); return })
-	g0.Go(func() (err error) {
-		itemErrSet, err = p.chunksUnder(gctx0, job.ItemErrorsPrefix(m.JobID), m.Chunks)
-		return
-	})
 	if err := g0.Wait(); err != nil {
 		return nil, err
+	}
+	// The item-error markers after the results: a subscriber writes a
+	// chunk's marker before its result (subscriber.storeResult), so every
+	// result listed has its marker listed too; listed together, a result
+	// written between the two lists was counted with every item done.
+	if len(done) > 0 {
+		var err error
+		if itemErrSet, err = p.chunksUnder(ctx, job.ItemErrorsPrefix(m.JobID), m.Chunks); err != nil {
+			return nil, err
+		}
 	}
 	// The settlement rule is job's, the completion event's too: a result
 	// wins over a failure, either over a cancelled marker (anyone who can

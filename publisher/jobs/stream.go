@@ -66,10 +66,11 @@ type Stream struct {
 	ie                      *itemEncoder
 	sent                    func(context.Context) error
 
-	cur    [][]byte // the items of chunk next
-	window []Chunk
-	next   int
-	added  int // the items added
+	cur       [][]byte // the items of chunk next
+	window    []Chunk
+	next      int
+	added     int // the items added
+	confirmed int // the chunks SQS confirmed
 }
 
 // Stream writes the manifest of job jobID, measured by m (its items cut
@@ -131,8 +132,13 @@ func (s *Stream) Close(ctx context.Context) error {
 	return s.flush(ctx)
 }
 
+// Sent is how many chunks SQS has confirmed, a failed send's included.
+func (s *Stream) Sent() int { return s.confirmed }
+
 func (s *Stream) flush(ctx context.Context) error {
-	if _, err := s.p.sender.send(ctx, s.jobID, s.tenant, s.window); err != nil {
+	n, err := s.p.sender.send(ctx, s.jobID, s.tenant, s.window)
+	s.confirmed += n
+	if err != nil {
 		return err
 	}
 	s.window = s.window[:0]

@@ -83,7 +83,7 @@ func LambdaDownloads(t testing.TB, client *sqs.Client, workURL string, store *pa
 	d := &Downloads{Store: store}
 	var fronted *payload.Store
 	fronted, d.Front = FrontedStore(t, store)
-	pc := publisher.Config{APIKeys: []string{"acme:key-a"}, Payloads: fronted}
+	pc := publisher.Config{Payloads: fronted, API: publisher.API{APIKeys: []string{"acme:key-a"}}}
 	var ed *edge.Edge
 	if edged {
 		ed = edge.Start(t, "/"+store.Bucket()+"/"+strings.SplitAfter(job.FilesPrefix("acme"), "/")[0], d.Front.URL)

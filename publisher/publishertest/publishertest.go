@@ -46,9 +46,12 @@ var Keys = []string{"test-key-1", Key}
 // the caller fills in Queue and Payloads. A NoBucket case goes to the same
 // config without Payloads and without APIKeys.
 func Config() publisher.Config {
-	return publisher.Config{APIKeys: append([]string(nil), Keys...),
-		MaxBodyBytes: MaxBodyBytes,
-		Jobs:         publisher.Jobs{MaxMessageBytes: MaxMessageBytes, MaxItems: MaxItems, MaxChunkItems: MaxChunkItems, Models: []string{Model}, MaxN: MaxN, MaxOutputTokens: MaxOutputTokens},
+	return publisher.Config{
+		Jobs: publisher.Jobs{MaxMessageBytes: MaxMessageBytes, MaxItems: MaxItems, MaxChunkItems: MaxChunkItems, Models: []string{Model}, MaxN: MaxN, MaxOutputTokens: MaxOutputTokens},
+		API: publisher.API{
+			APIKeys:      append([]string(nil), Keys...),
+			MaxBodyBytes: MaxBodyBytes,
+		},
 	}
 }
 

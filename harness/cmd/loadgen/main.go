@@ -62,9 +62,13 @@ type Summary struct {
 	Outputs      int `json:"outputs,omitempty"`
 	// From the subscriber's /metrics, when given: counters as grown during
 	// the run, gauges as they are at its end.
-	OOMs                 *float64           `json:"ooms,omitempty"`
-	PeakBytes            *float64           `json:"peak_admitted_bytes,omitempty"`
-	BudgetBytes          *float64           `json:"budget_bytes,omitempty"`
+	OOMs        *float64 `json:"ooms,omitempty"`
+	PeakBytes   *float64 `json:"peak_admitted_bytes,omitempty"`
+	BudgetBytes *float64 `json:"budget_bytes,omitempty"`
+	// With a model server, the subscriber counts its KV cache in tokens
+	// instead of bytes: these two are set, the two above are not.
+	PeakKVTokens         *float64           `json:"peak_admitted_kv_tokens,omitempty"`
+	BudgetKVTokens       *float64           `json:"budget_kv_tokens,omitempty"`
 	SubscriberReceived   *float64           `json:"subscriber_received,omitempty"`
 	Redeliveries         *float64           `json:"redeliveries,omitempty"`
 	SubscriberRequests   map[string]float64 `json:"subscriber_sqs_requests,omitempty"`
@@ -253,6 +257,10 @@ func printSummary(w io.Writer, s Summary) {
 	if s.PeakBytes != nil && s.BudgetBytes != nil && *s.BudgetBytes > 0 {
 		fmt.Fprintf(w, "  peak budget use   %s of %s (%.0f%%)\n",
 			bytesize.Format(int64(*s.PeakBytes)), bytesize.Format(int64(*s.BudgetBytes)), 100**s.PeakBytes / *s.BudgetBytes)
+	}
+	if s.PeakKVTokens != nil && s.BudgetKVTokens != nil && *s.BudgetKVTokens > 0 {
+		fmt.Fprintf(w, "  peak budget use   %.0f of %.0f KV tokens (%.0f%%)\n",
+			*s.PeakKVTokens, *s.BudgetKVTokens, 100**s.PeakKVTokens / *s.BudgetKVTokens)
 	}
 	if s.SubscriberPerMessage != nil {
 		fmt.Fprintf(w, "  SQS calls/message subscriber: %s\n", perMessageLine(s.SubscriberPerMessage))

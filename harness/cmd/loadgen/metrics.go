@@ -17,8 +17,16 @@ const (
 	metricReceived = "vramq_subscriber_messages_received_total"
 	metricRequests = "vramq_subscriber_sqs_requests_total"
 	metricOOMs     = "vramq_subscriber_oom_retries_total"
-	metricPeak     = "vramq_subscriber_inflight_bytes_peak"
-	metricBudget   = "vramq_subscriber_budget_bytes"
+)
+
+// The peak and budget series in the unit of the memory that bounds the
+// subscriber's backend: a GPU's bytes, or a model server's KV tokens
+// (memorySeriesOf in subscriber/metrics.go). A subscriber exports one pair.
+const (
+	metricPeakBytes      = "vramq_subscriber_inflight_bytes_peak"
+	metricBudgetBytes    = "vramq_subscriber_budget_bytes"
+	metricPeakKVTokens   = "vramq_subscriber_inflight_kv_tokens_peak"
+	metricBudgetKVTokens = "vramq_subscriber_budget_kv_tokens"
 )
 
 // sample is one series of a scrape.
@@ -113,13 +121,15 @@ func (s *Summary) addSubscriber(before, after scrape) []string {
 		d := a - b
 		return &d
 	}
+	gauge := func(name string) *float64 {
+		if v, ok := after.sum(name); ok {
+			return &v
+		}
+		return nil
+	}
 	s.OOMs = delta(metricOOMs)
-	if v, ok := after.sum(metricPeak); ok {
-		s.PeakBytes = &v
-	}
-	if v, ok := after.sum(metricBudget); ok {
-		s.BudgetBytes = &v
-	}
+	s.PeakBytes, s.BudgetBytes = gauge(metricPeakBytes), gauge(metricBudgetBytes)
+	s.PeakKVTokens, s.BudgetKVTokens = gauge(metricPeakKVTokens), gauge(metricBudgetKVTokens)
 	if r := delta(metricReceived); r != nil {
 		s.SubscriberReceived = r
 		// Every message is received at least once; what is above that is

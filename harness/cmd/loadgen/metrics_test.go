@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -95,5 +96,44 @@ func TestPerMessage(t *testing.T) {
 	want := map[string]float64{"SendMessageBatch": 0.75, "ReceiveMessage": 0.25, "total": 1}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("perMessage (-want +got):\n%s", diff)
+	}
+}
+
+// A subscriber in front of a model server counts its KV cache in tokens
+// under series of their own (inflight_kv_tokens_peak, budget_kv_tokens) and
+// exports no *_bytes ones: the summary shows its budget use in tokens.
+func TestAddSubscriberShowsAKVTokenBudget(t *testing.T) {
+	const kvPage = `# TYPE vramq_subscriber_messages_received_total counter
+vramq_subscriber_messages_received_total 10
+# TYPE vramq_subscriber_inflight_kv_tokens_peak gauge
+vramq_subscriber_inflight_kv_tokens_peak 3000
+# TYPE vramq_subscriber_budget_kv_tokens gauge
+vramq_subscriber_budget_kv_tokens 4000
+`
+	s := Summary{Messages: 10}
+	s.addSubscriber(nil, parse(t, kvPage))
+	var out strings.Builder
+	printSummary(&out, s)
+	if want := "peak budget use   3000 of 4000 KV tokens (75%)\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("summary:\n%s\nwant the line %q", out.String(), want)
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"peak_admitted_kv_tokens": 3000.0, "budget_kv_tokens": 4000.0}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("JSON %s = %v; want %v", k, got[k], v)
+		}
+	}
+	for _, k := range []string{"peak_admitted_bytes", "budget_bytes"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("JSON has %s = %v for a subscriber that counts no bytes", k, got[k])
+		}
 	}
 }

@@ -108,76 +108,12 @@ int cublasGetVersion_v2(void *hp, int *v) {
 namespace {
 
 // The element types cublasGemmEx takes (library_types.h's cudaDataType
-// numbering) and how a GPU converts them: IEEE 754 binary16 and bfloat16,
-// both rounded to nearest, ties to even, from float32; both exactly to it.
+// numbering); emu.h converts them as a GPU does.
 enum {
 	DT_32F = 0,
 	DT_16F = 2,
 	DT_16BF = 14,
 };
-
-float half_to_float(uint16_t h) {
-	uint32_t sign = uint32_t(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-	uint32_t bits;
-	if (e == 0) {
-		float v = ldexpf(float(m), -24); // subnormal (or zero): m units of 2^-24
-		return sign ? -v : v;
-	}
-	if (e == 31) {
-		bits = sign | 0x7f800000 | (m << 13); // infinity, or NaN with its payload
-	} else {
-		bits = sign | ((e + 112) << 23) | (m << 13); // rebias 15 -> 127
-	}
-	float f;
-	memcpy(&f, &bits, 4);
-	return f;
-}
-
-uint16_t float_to_half(float f) {
-	uint32_t x;
-	memcpy(&x, &f, 4);
-	uint16_t sign = uint16_t((x >> 16) & 0x8000);
-	uint32_t ax = x & 0x7fffffff;
-	if (ax > 0x7f800000) {
-		return sign | 0x7e00 | uint16_t((ax >> 13) & 0x3ff); // NaN stays NaN, quiet
-	}
-	if (ax >= 0x477ff000) {
-		return sign | 0x7c00; // 65520 and up round to infinity (65504 is the largest half)
-	}
-	if (ax < 0x38800000) { // below 2^-14: a subnormal half, or zero
-		if (ax < 0x33000000) {
-			return sign; // below 2^-25, half the least subnormal: zero
-		}
-		uint32_t e = ax >> 23, m = (ax & 0x7fffff) | 0x800000;
-		uint32_t shift = 126 - e; // value = m·2^(e-150) = (m >> shift)·2^-24
-		uint32_t hm = m >> shift, rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-		if (rem > halfway || (rem == halfway && (hm & 1))) {
-			hm++; // may carry into the least normal, 0x400: its right encoding
-		}
-		return sign | uint16_t(hm);
-	}
-	uint32_t hm = (ax >> 13) - (112u << 10), rem = ax & 0x1fff;
-	if (rem > 0x1000 || (rem == 0x1000 && (hm & 1))) {
-		hm++; // a carry out of the mantissa raises the exponent, up to infinity
-	}
-	return sign | uint16_t(hm);
-}
-
-float bf16_to_float(uint16_t b) {
-	uint32_t bits = uint32_t(b) << 16;
-	float f;
-	memcpy(&f, &bits, 4);
-	return f;
-}
-
-uint16_t float_to_bf16(float f) {
-	uint32_t x;
-	memcpy(&x, &f, 4);
-	if ((x & 0x7fffffff) > 0x7f800000) {
-		return uint16_t((x >> 16) | 0x40); // NaN stays NaN, quiet
-	}
-	return uint16_t((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-}
 
 // tf32 is what CUBLAS_COMPUTE_32F_FAST_TF32 may round a float32 input to:
 // 10 mantissa bits, float32's exponent, to nearest even.
@@ -200,13 +136,13 @@ struct F32 {
 };
 struct F16 {
 	using T = uint16_t;
-	static float get(T v) { return half_to_float(v); }
-	static T put(float f) { return float_to_half(f); }
+	static float get(T v) { return emu_half_to_float(v); }
+	static T put(float f) { return emu_float_to_half(f); }
 };
 struct BF16 {
 	using T = uint16_t;
-	static float get(T v) { return bf16_to_float(v); }
-	static T put(float f) { return float_to_bf16(f); }
+	static float get(T v) { return emu_bf16_to_float(v); }
+	static T put(float f) { return emu_float_to_bf16(f); }
 };
 
 // What a fast compute type may do to float32 inputs before multiplying:
@@ -217,9 +153,9 @@ enum Narrow { NARROW_NONE, NARROW_16F, NARROW_16BF, NARROW_TF32 };
 float narrow(float v, Narrow n) {
 	switch (n) {
 	case NARROW_16F:
-		return half_to_float(float_to_half(v));
+		return emu_half_to_float(emu_float_to_half(v));
 	case NARROW_16BF:
-		return bf16_to_float(float_to_bf16(v));
+		return emu_bf16_to_float(emu_float_to_bf16(v));
 	case NARROW_TF32:
 		return round_tf32(v);
 	default:

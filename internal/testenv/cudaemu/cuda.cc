@@ -931,7 +931,7 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
 		}
 	}
 	CUresult r = emuRun(f->k, EmuDim{gx, gy, gz}, EmuDim{bx, by, bz}, params, launch_seed());
-	if (r == EMU_ILLEGAL_ADDRESS) {
+	if (r == EMU_ILLEGAL_ADDRESS || r == EMU_LAUNCH_FAILED) {
 		fault(c, r); // asynchronous on a GPU: the next call reports it
 		return EMU_SUCCESS;
 	}

@@ -78,9 +78,15 @@ template <class T> static std::vector<T> download(unsigned long long p, size_t n
 	return v;
 }
 
+// launch runs a kernel to its end. A kernel that faults (a warp operation
+// the GPU leaves undefined, an illegal address) is a check failing, not a
+// broken test: the context is lost, so the test ends there.
 static void launch(void *fn, unsigned grid, unsigned block, std::vector<void *> args) {
 	MUST(cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, nullptr, args.data(), nullptr));
-	MUST(cuCtxSynchronize());
+	if (int r = cuCtxSynchronize(); r != 0) {
+		fprintf(stderr, "FAIL a launch of %u blocks of %u threads: the kernel failed (cuCtxSynchronize %d)\n", grid, block, r);
+		exit(1);
+	}
 }
 
 static void test_gather(void *mod) {
@@ -238,10 +244,264 @@ static void test_sgemm(sgemm_fn sgemm, void *h) {
 			}
 }
 
+// --- Warp operations: warp.cu's kernels against PTX's definitions ---------
+
+// The entries of warp.cu, as a PTX module declares them: the emulator runs
+// its own compilation of the .cu, and checks only these declarations.
+static const char warp_ptx[] =
+	".version 7.0\n.target sm_80\n.address_size 64\n"
+	".visible .entry emu_shfl(.param .u64 p0, .param .u64 p1, .param .u64 p2, .param .u64 p3, .param .u64 p4,"
+	" .param .u64 p5, .param .u64 p6)\n{\n\tret;\n}\n"
+	".visible .entry emu_syncwarp(.param .u64 p0, .param .u64 p1, .param .u64 p2)\n{\n\tret;\n}\n";
+
+// shfl_want is what lane l of a warp gets from shfl.sync, by the PTX ISA's
+// pseudocode for it, written out here apart from the emulator's: the lane
+// it reads, or its own where that is out of range.
+static int shfl_want(int mode, int l, int b, int c) {
+	int bval = b & 31, cval = c & 31, seg = (c >> 8) & 31;
+	int max_lane = (l & seg) | (cval & ~seg), min_lane = l & seg;
+	int j = l;
+	bool in = false;
+	if (mode == 0) j = l - bval, in = j >= max_lane;
+	if (mode == 1) j = l + bval, in = j <= max_lane;
+	if (mode == 2) j = l ^ bval, in = j <= max_lane;
+	if (mode == 3) j = min_lane | (bval & ~seg), in = j <= max_lane;
+	return in ? j : l;
+}
+
+// shfl_run launches emu_shfl on a fresh context (a warp fault breaks the
+// one it happens in) and returns cuCtxSynchronize's answer, out in *got.
+static int shfl_run(unsigned threads, long mode, long b, long c, long mask, long how, std::vector<int> *got) {
+	void *ctx, *mod, *fn;
+	MUST(cuCtxCreate_v2(&ctx, 0, 0));
+	MUST(cuModuleLoadData(&mod, warp_ptx));
+	MUST(cuModuleGetFunction(&fn, mod, "emu_shfl"));
+	std::vector<int> in(threads), out(threads, -7);
+	for (unsigned t = 0; t < threads; t++) in[t] = 1000 + int(t);
+	unsigned long long din = upload(in), dout = upload(out);
+	void *args[] = {&din, &dout, &mode, &b, &c, &mask, &how};
+	MUST(cuLaunchKernel(fn, 2, 1, 1, threads, 1, 1, 0, nullptr, args, nullptr));
+	int r = cuCtxSynchronize();
+	if (r == 0) *got = download<int>(dout, threads);
+	cuCtxDestroy_v2(ctx);
+	return r;
+}
+
+static void test_warp_shuffles() {
+	// Every mode, whole warps and segments of 8 and 16 lanes (c as clang
+	// writes it for __shfl_*_sync's width: (32 - width) << 8, with clamp 31
+	// but for up, which clamps at 0), on two warps of a block.
+	struct Case {
+		long mode, b;
+		int width;
+	} cases[] = {{0, 1, 32}, {0, 3, 8}, {1, 1, 32}, {1, 4, 16}, {1, 5, 8}, {2, 16, 32}, {2, 1, 32}, {2, 4, 8}, {3, 7, 32}, {3, 21, 16}, {3, 2, 8}};
+	for (const Case &k : cases) {
+		long c = long(32 - k.width) << 8 | (k.mode == 0 ? 0 : 31);
+		std::vector<int> got;
+		int r = shfl_run(64, k.mode, k.b, c, 0xffffffffL, 0, &got);
+		CHECK(r == 0, "shfl mode %ld b %ld width %d: cuCtxSynchronize %d", k.mode, k.b, k.width, r);
+		int bad = 0;
+		for (int t = 0; r == 0 && t < 64; t++) bad += got[t] != 1000 + (t & ~31) + shfl_want(int(k.mode), t & 31, int(k.b), int(c));
+		CHECK(bad == 0, "shfl mode %ld b %ld width %d: %d of 64 lanes wrong", k.mode, k.b, k.width, bad);
+	}
+	// Lanes taking part in a shuffle by halves are fine: half-warps each with
+	// a mask of its own; lanes 0-15 with a mask of their own, or with the
+	// whole warp's while lanes 16-31 have exited (PTX waits for the
+	// non-exited lanes of the mask); blocks of 48 threads, whose second warp
+	// has 16 lanes, shuffling among them.
+	std::vector<int> got;
+	int r = shfl_run(64, 2, 8, 31, 0, 3, &got);
+	int bad = 0;
+	for (int t = 0; r == 0 && t < 64; t++) bad += got[t] != 1000 + (t ^ 8);
+	CHECK(r == 0 && bad == 0, "shfl within half-warps, each its own mask: rc %d, %d lanes wrong", r, bad);
+	for (long how : {0L, 5L}) {
+		r = shfl_run(32, 2, 1, 31, 0x0000ffffL, how, &got), bad = 0;
+		for (int t = 0; r == 0 && t < 16; t++) bad += got[t] != 1000 + (t ^ 1);
+		CHECK(r == 0 && bad == 0, "shfl among lanes 0-15, %s: rc %d, %d lanes wrong",
+			how == 0 ? "their own mask" : "the whole warp's mask with lanes 16-31 exited", r, bad);
+	}
+	r = shfl_run(48, 2, 2, 31, 0xffffffffL, 0, &got), bad = 0;
+	for (int t = 0; r == 0 && t < 48; t++) bad += got[t] != 1000 + (t ^ 2);
+	CHECK(r == 0 && bad == 0, "shfl in blocks of 48 threads (a second warp of 16 lanes): rc %d, %d lanes wrong", r, bad);
+	// What PTX leaves undefined ends the kernel: CUDA_ERROR_LAUNCH_FAILED.
+	struct Bad {
+		const char *what;
+		unsigned threads;
+		long mode, b, c, mask, how;
+	} bads[] = {
+		{"a lane reading one the mask does not name", 32, 2, 16, 31, 0x0000ffffL, 0},
+		{"a lane reading one that has exited", 32, 2, 16, 31, 0x0000ffffL, 5},
+		{"a lane reading one the block does not have", 48, 2, 16, 31, 0xffffffffL, 0},
+		{"lanes named but waiting at __syncthreads", 32, 1, 1, 31, 0x0000ffffL, 1},
+		{"lanes whose masks disagree", 32, 2, 1, 31, 0xffffffffL, 2},
+		{"a lane its mask does not name", 32, 2, 1, 31, 0x0000ffffL, 4},
+	};
+	fprintf(stderr, "cudaemu selftest: %zu undefined warp operations, each reported by the emulator as it ends the kernel:\n", sizeof bads / sizeof bads[0]);
+	for (const Bad &k : bads) {
+		r = shfl_run(k.threads, k.mode, k.b, k.c, k.mask, k.how, &got);
+		CHECK(r == 719, "%s: cuCtxSynchronize %d, want 719 (CUDA_ERROR_LAUNCH_FAILED)", k.what, r);
+	}
+}
+
+// test_warp_syncwarp: without __syncwarp, a lane reading what its
+// neighbour writes must sometimes read too early; with it, never.
+static void test_warp_syncwarp() {
+	void *ctx, *mod, *fn;
+	MUST(cuCtxCreate_v2(&ctx, 0, 0));
+	MUST(cuModuleLoadData(&mod, warp_ptx));
+	MUST(cuModuleGetFunction(&fn, mod, "emu_syncwarp"));
+	unsigned long long dout;
+	MUST(cuMemAlloc_v2(&dout, 96 * 4));
+	for (long sync = 1; sync >= 0; sync--) {
+		long gen = 2 + sync;
+		launch(fn, 1, 96, {&dout, &gen, &sync}); // one block: a second would find the first's writes
+		auto got = download<int>(dout, 96);
+		int bad = 0;
+		for (int t = 0; t < 96; t++) bad += got[t] != int(gen) * 1024 + (t ^ 1);
+		if (sync) {
+			CHECK(bad == 0, "__syncwarp: %d of 96 threads read their neighbour's slot before it was written", bad);
+		} else {
+			CHECK(bad > 0, "without __syncwarp every thread read its neighbour's slot after it was written: the emulator does not model the race");
+		}
+	}
+	MUST(cuCtxDestroy_v2(ctx));
+}
+
 // --- bert.ptx: each kernel against a direct computation --------------------
 
 typedef int (*sgemm_batched_fn)(void *, int, int, int, int, int, const float *, const float *, int, long long,
 	const float *, int, long long, const float *, float *, int, long long, int);
+
+// --- Half-precision conversions: cvt.cu's kernels against IEEE 754 --------
+
+// The entries of cvt.cu, as a PTX module declares them.
+static const char cvt_ptx[] =
+	".version 7.0\n.target sm_80\n.address_size 64\n"
+	".visible .entry emu_cvt_to_half(.param .u64 p0, .param .u64 p1, .param .u64 p2, .param .u64 p3)\n{\n\tret;\n}\n"
+	".visible .entry emu_cvt_from_half(.param .u64 p0, .param .u64 p1, .param .u64 p2)\n{\n\tret;\n}\n";
+
+// binary16_value is the value of binary16 bits h, from the format's
+// definition (5 exponent bits biased by 15, 10 fraction bits, subnormals
+// in units of 2^-24), written apart from the emulator's bit conversions.
+static double binary16_value(uint16_t h) {
+	int e = (h >> 10) & 31, m = h & 1023;
+	double v = e == 31 ? (m ? NAN : INFINITY) : e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+	return h & 0x8000 ? -v : v;
+}
+
+// bfloat16_value is the value of bfloat16 bits b: float32's upper half.
+static double bfloat16_value(uint16_t b) {
+	uint32_t u = uint32_t(b) << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static float float_of_bits(uint32_t u) {
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static uint32_t bits_of_float(float f) {
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return u;
+}
+
+// rounded is x rounded to nearest, ties to even, as IEEE 754 defines it for
+// a format of digits significant bits whose least normal is 2^min_exp (below
+// it the ulp stays 2^(min_exp-digits+1): subnormals) and whose first value
+// past the largest finite is overflow (from there, infinity): by libm's
+// nearbyint on the scaled value, not by the bit arithmetic under test.
+static double rounded(double x, int digits, int min_exp, double overflow) {
+	if (isnan(x) || isinf(x) || x == 0) return x;
+	int e;
+	frexp(fabs(x), &e); // |x| in [2^(e-1), 2^e)
+	int q = (e - 1 > min_exp ? e - 1 : min_exp) - (digits - 1); // the ulp is 2^q
+	double r = ldexp(nearbyint(ldexp(fabs(x), -q)), q);
+	return copysign(r >= overflow ? INFINITY : r, x);
+}
+
+// same_value says whether got is want, zero's sign included; any NaN is
+// every NaN (cvt.rn gives a NaN for a NaN, its payload the GPU's choice).
+static bool same_value(double got, double want) {
+	if (isnan(want)) return isnan(got);
+	return got == want && signbit(got) == signbit(want);
+}
+
+// test_half_conversions holds the kernels' conversions (the prelude's
+// __nvvm_f2h_rn, __nvvm_f2bf16_rn and f16_float, which bert.cu calls) to
+// rounding worked out in double: every binary16 and every bfloat16 value
+// converted to float32 and back to itself (NaNs to a NaN); float32 values
+// at every tie between two neighbouring halves and one float32 ulp to
+// either side (subnormals, the carry into the least normal, 65520 where
+// binary16 overflows, the largest bfloat16), below half the least
+// subnormal, infinities, NaNs quiet and signalling; and a million float32
+// bit patterns spread over all 2^32.
+static void test_half_conversions() {
+	void *mod, *to, *from;
+	MUST(cuModuleLoadData(&mod, cvt_ptx));
+	MUST(cuModuleGetFunction(&to, mod, "emu_cvt_to_half"));
+	MUST(cuModuleGetFunction(&from, mod, "emu_cvt_from_half"));
+
+	// Every binary16 to float32.
+	std::vector<uint16_t> all(1 << 16);
+	for (size_t i = 0; i < all.size(); i++) all[i] = uint16_t(i);
+	unsigned long long dall = upload(all), dback;
+	MUST(cuMemAlloc_v2(&dback, all.size() * 4));
+	long n = long(all.size());
+	launch(from, 64, 256, {&dall, &dback, &n});
+	std::vector<float> back = download<float>(dback, all.size());
+	long bad = 0;
+	for (size_t i = 0; i < all.size(); i++) {
+		if (same_value(back[i], binary16_value(all[i]))) continue;
+		if (bad++ == 0) fprintf(stderr, "FAIL binary16 0x%04zx to float32: %.9g, want %.9g\n", i, back[i], binary16_value(all[i]));
+	}
+	CHECK(bad == 0, "binary16 to float32: %ld of 65536 wrong", bad);
+
+	// The float32 values to round: first every binary16's (back, each its
+	// own half) and every bfloat16's, then the rest.
+	std::vector<float> x(back);
+	for (uint32_t b = 0; b < (1u << 16); b++) x.push_back(float_of_bits(b << 16));
+	for (uint32_t h = 0; h < 0x7c00; h++) {
+		float mid = float((binary16_value(uint16_t(h)) + (h == 0x7bff ? 65536.0 : binary16_value(uint16_t(h + 1)))) / 2);
+		for (float v : {mid, nextafterf(mid, 0), nextafterf(mid, INFINITY)}) x.push_back(v), x.push_back(-v);
+	}
+	for (uint32_t b = 0; b < 0x7f80; b++) {
+		float mid = float_of_bits(b << 16 | 0x8000);
+		for (float v : {mid, nextafterf(mid, 0), nextafterf(mid, INFINITY)}) x.push_back(v), x.push_back(-v);
+	}
+	for (float v : {0x1p-25f, 0x1.000002p-25f, 0x1.fffffep-26f, 0x1p-149f, 1e-30f, 65504.0f, 65519.99f, 65520.0f, 65536.0f, 1e38f,
+			 3.4028235e38f, INFINITY, float_of_bits(0x7fc00000), float_of_bits(0x7f800001), float_of_bits(0x7fbfffff),
+			 float_of_bits(0x7f802000), float_of_bits(0xffffffff)}) {
+		x.push_back(v), x.push_back(-v);
+	}
+	for (uint64_t i = 0; i < (1u << 20); i++) x.push_back(float_of_bits(uint32_t(i * 0x9e3779b1u)));
+	n = long(x.size());
+	unsigned long long dx = upload(x), df16, dbf16;
+	MUST(cuMemAlloc_v2(&df16, x.size() * 2));
+	MUST(cuMemAlloc_v2(&dbf16, x.size() * 2));
+	launch(to, 64, 256, {&dx, &df16, &dbf16, &n});
+	std::vector<uint16_t> f16 = download<uint16_t>(df16, x.size()), bf16 = download<uint16_t>(dbf16, x.size());
+	long bad16 = 0, badbf = 0, trip16 = 0, tripbf = 0;
+	for (size_t i = 0; i < x.size(); i++) {
+		double want16 = rounded(x[i], 11, -14, 0x1p16), wantbf = rounded(x[i], 8, -126, 0x1p128);
+		if (!same_value(binary16_value(f16[i]), want16) && bad16++ == 0) {
+			fprintf(stderr, "FAIL float32 %a (0x%08x) to binary16: 0x%04x, want %a\n", x[i], bits_of_float(x[i]), f16[i], want16);
+		}
+		if (!same_value(bfloat16_value(bf16[i]), wantbf) && badbf++ == 0) {
+			fprintf(stderr, "FAIL float32 %a (0x%08x) to bfloat16: 0x%04x, want %a\n", x[i], bits_of_float(x[i]), bf16[i], wantbf);
+		}
+		// The round trips: a binary16's float32 (the first 65536) back to its
+		// own bits, a bfloat16's (the next 65536) likewise; NaNs to a NaN.
+		if (i < (1u << 16) && !(isnan(x[i]) ? isnan(binary16_value(f16[i])) : f16[i] == i)) trip16++;
+		if (i >= (1u << 16) && i < (2u << 16) && !(isnan(x[i]) ? isnan(bfloat16_value(bf16[i])) : bf16[i] == i - (1u << 16))) tripbf++;
+	}
+	CHECK(bad16 == 0 && trip16 == 0, "float32 to binary16: %ld of %ld wrong, %ld of 65536 binary16 not back to themselves", bad16, n, trip16);
+	CHECK(badbf == 0 && tripbf == 0, "float32 to bfloat16: %ld of %ld wrong, %ld of 65536 bfloat16 not back to themselves", badbf, n, tripbf);
+	cuMemFree_v2(dall), cuMemFree_v2(dback), cuMemFree_v2(dx), cuMemFree_v2(df16), cuMemFree_v2(dbf16);
+}
 
 static double max_abs_diff(const std::vector<float> &a, const std::vector<double> &b) {
 	double d = 0;
@@ -250,6 +510,21 @@ static double max_abs_diff(const std::vector<float> &a, const std::vector<double
 		if (!(e <= d)) d = e; // NaN counts as worst
 	}
 	return d;
+}
+
+// half_misses counts the values of got (binary16 bits, or bfloat16 with
+// bf16) further from want than rounding to nearest allows, half an ulp:
+// |x|·2^-11 in binary16 (2^-25 among its subnormals), |x|·2^-8 in
+// bfloat16, plus slack for want's own error. A copy never written (the
+// emulator's fresh memory is NaN) or written from another value misses.
+static long half_misses(const std::vector<uint16_t> &got, const std::vector<double> &want, bool bf16, double slack) {
+	long bad = 0;
+	for (size_t i = 0; i < got.size(); i++) {
+		double v = bf16 ? bfloat16_value(got[i]) : binary16_value(got[i]);
+		double bound = bf16 ? fabs(want[i]) * 0x1p-8 : fmax(fabs(want[i]) * 0x1p-11, 0x1p-25);
+		if (!(fabs(v - want[i]) <= bound + slack)) bad++;
+	}
+	return bad;
 }
 
 static std::vector<double> layernorm_ref(const std::vector<double> &row, const std::vector<float> &g, const std::vector<float> &b, double eps) {
@@ -263,11 +538,13 @@ static std::vector<double> layernorm_ref(const std::vector<double> &row, const s
 	return out;
 }
 
-static void test_bert_layernorms(void *mod) {
+// test_bert_layernorms runs bert_embed and bert_add_layernorm on rows of h
+// columns: every width of row a lane holds in registers, and one past them.
+static void test_bert_layernorms(void *mod, long h) {
 	void *embed, *addln;
 	MUST(cuModuleGetFunction(&embed, mod, "bert_embed"));
 	MUST(cuModuleGetFunction(&addln, mod, "bert_add_layernorm"));
-	long vocab = 30, maxpos = 9, h = 48, seq = 7, items = 3, rows = seq * items;
+	long vocab = 30, maxpos = 9, seq = 7, items = 3, rows = seq * items, f32 = 0;
 	double eps = 1e-12;
 	std::vector<int> ids(rows);
 	std::vector<float> word(vocab * h), pos(maxpos * h), type0(h), gamma(h), beta(h), y(rows * h), bias(h);
@@ -289,16 +566,38 @@ static void test_bert_layernorms(void *mod) {
 		o = layernorm_ref(row, gamma, beta, eps);
 		for (long j = 0; j < h; j++) want2[r * h + j] = o[j];
 	}
-	// Fewer blocks than rows, and blocks of 64 and 16 threads (wider and
-	// narrower than a row).
-	for (unsigned block : {64u, 16u}) {
-		launch(embed, 5, block, {&dids, &dw, &dp, &dt, &dg, &db, &dx, &rows, &seq, &h, &eps});
+	// Fewer warps than rows (a warp a row), blocks of one and of three.
+	for (unsigned block : {32u, 96u}) {
+		launch(embed, 5, block, {&dids, &dw, &dp, &dt, &dg, &db, &dx, &rows, &seq, &h, &eps, &dx, &f32});
 		double d = max_abs_diff(download<float>(dx, rows * h), want);
-		CHECK(d < 1e-5, "bert_embed (block %u): off by %g", block, d);
-		launch(addln, 4, block, {&dx, &dy, &dbias, &dg, &db, &rows, &h, &eps});
+		CHECK(d < 1e-5, "bert_embed (width %ld, block %u): off by %g", h, block, d);
+		launch(addln, 4, block, {&dx, &dy, &dbias, &dg, &db, &rows, &h, &eps, &dx, &f32});
 		d = max_abs_diff(download<float>(dx, rows * h), want2);
-		CHECK(d < 1e-5, "bert_add_layernorm (block %u): off by %g", block, d);
+		CHECK(d < 1e-5, "bert_add_layernorm (width %ld, block %u): off by %g", h, block, d);
 	}
+	// With prec 1 (binary16) and 2 (bfloat16) each kernel also writes the
+	// row's half-precision copy to x16, rounded from the float32 it leaves
+	// in x (which stays as with prec 0); x16 starts NaN before each launch.
+	unsigned long long dx16;
+	MUST(cuMemAlloc_v2(&dx16, rows * h * 2));
+	std::vector<uint16_t> nan16(rows * h, 0xffff);
+	for (long prec : {1L, 2L}) {
+		MUST(cuMemcpyHtoD_v2(dx16, nan16.data(), nan16.size() * 2));
+		launch(embed, 5, 64, {&dids, &dw, &dp, &dt, &dg, &db, &dx, &rows, &seq, &h, &eps, &dx16, &prec});
+		auto x = download<float>(dx, rows * h);
+		double d = max_abs_diff(x, want);
+		long bad = half_misses(download<uint16_t>(dx16, rows * h), std::vector<double>(x.begin(), x.end()), prec == 2, 0);
+		CHECK(d < 1e-5 && bad == 0, "bert_embed (width %ld, prec %ld): off by %g, %ld of %ld half values wrong",
+			h, prec, d, bad, rows * h);
+		MUST(cuMemcpyHtoD_v2(dx16, nan16.data(), nan16.size() * 2));
+		launch(addln, 4, 64, {&dx, &dy, &dbias, &dg, &db, &rows, &h, &eps, &dx16, &prec});
+		x = download<float>(dx, rows * h);
+		d = max_abs_diff(x, want2);
+		bad = half_misses(download<uint16_t>(dx16, rows * h), std::vector<double>(x.begin(), x.end()), prec == 2, 0);
+		CHECK(d < 1e-5 && bad == 0, "bert_add_layernorm (width %ld, prec %ld): off by %g, %ld of %ld half values wrong",
+			h, prec, d, bad, rows * h);
+	}
+	for (unsigned long long p : {dids, dw, dp, dt, dg, db, dy, dbias, dx, dx16}) cuMemFree_v2(p);
 }
 
 static void test_bert_attention(void *mod, sgemm_batched_fn batched, void *handle) {
@@ -316,7 +615,7 @@ static void test_bert_attention(void *mod, sgemm_batched_fn batched, void *handl
 	MUST(cuMemAlloc_v2(&dscores, items * heads * seq * seq * 4));
 	MUST(cuMemAlloc_v2(&dctx, rows * h * 4));
 	long f32 = 0;
-	launch(split, 2, 32, {&dqkv, &dbias, &dheads, &dheads, &items, &seq, &heads, &d, &f32});
+	launch(split, 2, 32, {&dqkv, &dbias, &dheads, &dheads, &items, &seq, &heads, &d, &f32, &f32});
 	// Scores, as the backend asks: S = Q·Kᵀ per (item, head).
 	const float one = 1, zero = 0;
 	long long sd = seq * d, ss = seq * seq;
@@ -326,11 +625,11 @@ static void test_bert_attention(void *mod, sgemm_batched_fn batched, void *handl
 	MUST(cuCtxSynchronize());
 	double scale = 1 / sqrt(double(d));
 	long nrows = nb * seq;
-	launch(softmax, 7, 4, {&dscores, &dlens, &nrows, &seq, &heads, &scale});
+	launch(softmax, 7, 32, {&dscores, &dlens, &nrows, &seq, &heads, &scale, &dscores, &f32});
 	auto probs = download<float>(dscores, nb * seq * seq);
 	MUST(batched(handle, 0, 0, d, seq, seq, &one, (const float *)dv, d, sd, (const float *)dscores, seq, ss, &zero, (float *)dq, d, sd, nb));
 	MUST(cuCtxSynchronize());
-	launch(merge, 3, 32, {&dq, &dctx, &items, &seq, &heads, &d});
+	launch(merge, 3, 32, {&dq, &dctx, &items, &seq, &heads, &d, &f32, &f32});
 	auto ctx = download<float>(dctx, rows * h);
 	std::vector<double> wantp(nb * seq * seq), wantc(rows * h);
 	auto at = [&](long b, long p, long which, long hd, long e) { return double(qkv[(b * seq + p) * 3 * h + which * h + hd * d + e] + bias[which * h + hd * d + e]); };
@@ -512,19 +811,23 @@ static void test_bert_tiled_attention(void *mod) {
 	}
 }
 
-static void test_bert_softmax_range(void *mod) {
+// test_bert_softmax_range runs bert_softmax on rows of seq scores hundreds
+// apart (so that a wrong maximum overflows), items of lengths from 1 to seq:
+// every length of row a lane holds in registers, and one past them.
+static void test_bert_softmax_range(void *mod, long seq) {
 	void *softmax;
 	MUST(cuModuleGetFunction(&softmax, mod, "bert_softmax"));
-	long seq = 37, heads = 1, nrows = 8 * seq;
-	std::vector<int> lens = {37, 20, 37, 5, 37, 37, 1, 30};
+	long items = seq > 100 ? 3 : 8, heads = 1, nrows = items * seq, f32 = 0;
+	std::vector<int> lens = {int(seq), int(seq / 2 + 1), 1, 5, int(seq), int(seq), 1, int(seq - 7)};
+	lens.resize(items);
 	std::vector<float> sc(nrows * seq);
 	for (long r = 0; r < nrows; r++)
 		for (long j = 0; j < seq; j++) sc[r * seq + j] = -200.0f * float(r % 16) + 40.0f * frand();
 	unsigned long long ds = upload(sc), dl = upload(lens);
 	double scale = 1.0;
-	for (unsigned block : {8u, 64u}) {
+	for (unsigned block : {32u, 64u}) {
 		MUST(cuMemcpyHtoD_v2(ds, sc.data(), sc.size() * 4));
-		launch(softmax, 3, block, {&ds, &dl, &nrows, &seq, &heads, &scale});
+		launch(softmax, 3, block, {&ds, &dl, &nrows, &seq, &heads, &scale, &ds, &f32});
 		auto got = download<float>(ds, nrows * seq);
 		std::vector<double> want(nrows * seq);
 		for (long r = 0; r < nrows; r++) {
@@ -535,15 +838,27 @@ static void test_bert_softmax_range(void *mod) {
 			for (long j = 0; j < seq; j++) want[r * seq + j] = j < len ? exp(sc[r * seq + j] - mx) / sum : 0;
 		}
 		double d = max_abs_diff(got, want);
-		CHECK(d < 1e-6, "bert_softmax on scores hundreds apart (block %u): off by %g", block, d);
+		CHECK(d < 1e-6, "bert_softmax on scores hundreds apart (%ld keys, block %u): off by %g", seq, block, d);
+		// With prec 1 and 2 the probabilities go to p16 in half precision
+		// (s is then scratch); p16 starts NaN.
+		for (long prec : {1L, 2L}) {
+			unsigned long long dp16 = upload(std::vector<uint16_t>(nrows * seq, 0xffff));
+			MUST(cuMemcpyHtoD_v2(ds, sc.data(), sc.size() * 4));
+			launch(softmax, 3, block, {&ds, &dl, &nrows, &seq, &heads, &scale, &dp16, &prec});
+			long bad = half_misses(download<uint16_t>(dp16, nrows * seq), want, prec == 2, 1e-6);
+			CHECK(bad == 0, "bert_softmax into half precision (%ld keys, block %u, prec %ld): %ld of %ld probabilities wrong",
+				seq, block, prec, bad, nrows * seq);
+			cuMemFree_v2(dp16);
+		}
 	}
+	cuMemFree_v2(ds), cuMemFree_v2(dl);
 }
 
 static void test_bert_gelu_erf(void *mod) {
 	void *gelu, *erff;
 	MUST(cuModuleGetFunction(&gelu, mod, "bert_bias_gelu"));
 	MUST(cuModuleGetFunction(&erff, mod, "bert_erf"));
-	long n = 20001, w = 7;
+	long n = 20001, w = 7, f32 = 0;
 	std::vector<float> x(n), bias(w);
 	for (long i = 0; i < n; i++) x[i] = -10.0f + 20.0f * float(i) / float(n - 1);
 	for (auto &b : bias) b = 0.1f * frand();
@@ -559,7 +874,7 @@ static void test_bert_gelu_erf(void *mod) {
 	}
 	CHECK(worst < 4e-7, "bert_erf: relative error %g against libm's erf", worst);
 	long rows = n / w;
-	launch(gelu, 5, 64, {&dx, &db, &rows, &w});
+	launch(gelu, 5, 64, {&dx, &db, &rows, &w, &f32});
 	auto g = download<float>(dx, rows * w);
 	std::vector<double> want(rows * w);
 	for (long k = 0; k < rows * w; k++) {
@@ -583,7 +898,7 @@ static void test_bert_pool_norm(void *mod) {
 	for (long mode = 0; mode < 3; mode++) {
 		launch(pool, 3, 16, {&dx, &dl, &dout, &items, &seq, &h, &mode});
 		auto got = download<float>(dout, items * h);
-		launch(norm, 3, 16, {&dout, &items, &h});
+		launch(norm, 3, 32, {&dout, &items, &h});
 		auto normed = download<float>(dout, items * h);
 		std::vector<double> want(items * h), wantn(items * h);
 		for (long b = 0; b < items; b++) {
@@ -850,13 +1165,18 @@ int main(int argc, char **argv) {
 	MUST(cuCtxCreate_v2(&ctx, 0, 0));
 	MUST(cuModuleLoadData(&mod, ptx.c_str()));
 	MUST(cuModuleLoadData(&bert_mod, bert_ptx.c_str()));
+	test_warp_shuffles();
+	test_warp_syncwarp();
+	test_half_conversions();
 	test_gather(mod);
 	test_mean_pool(mod);
 	test_bias_gelu(mod);
 	test_bias_l2norm(mod);
-	test_bert_layernorms(bert_mod);
+	// Widths and lengths in each of the row kernels' register sizes (a lane
+	// holding up to 1, 2, 8, 16 or 32 values), and past them.
+	for (long h : {48L, 300L, 700L, 1100L}) test_bert_layernorms(bert_mod, h);
 	test_bert_gelu_erf(bert_mod);
-	test_bert_softmax_range(bert_mod);
+	for (long seq : {20L, 37L, 300L, 700L, 1100L}) test_bert_softmax_range(bert_mod, seq);
 	test_bert_fused_attention(bert_mod);
 	test_bert_tiled_attention(bert_mod);
 	test_bert_pool_norm(bert_mod);

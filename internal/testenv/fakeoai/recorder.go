@@ -10,17 +10,20 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Recorder serves a Server through a URL of its own and keeps, for each
 // item content a model route's request carried (a chat's first message,
 // each embeddings input), the status of every answer to it, in order: 0
 // when none was written (the client went away first). Tests read it to
-// tell which items reached the server, and how often.
+// tell which items reached the server, and how often; and when each 200
+// was written, to count a client's answers over part of a run.
 type Recorder struct {
 	srv  *httptest.Server
 	mu   sync.Mutex
 	seen map[string][]int
+	oks  []time.Time // when each 200 answer was written, per item content
 }
 
 // NewRecorder serves s through a Recorder until the test ends.
@@ -35,9 +38,13 @@ func NewRecorder(t testing.TB, s *Server) *Recorder {
 			return
 		}
 		contents := requestContents(body)
+		now := time.Now()
 		r.mu.Lock()
 		for _, c := range contents {
 			r.seen[c] = append(r.seen[c], sw.status)
+			if sw.status == http.StatusOK {
+				r.oks = append(r.oks, now)
+			}
 		}
 		r.mu.Unlock()
 	}))
@@ -57,6 +64,20 @@ func (r *Recorder) Answers() map[string][]int {
 		out[k] = slices.Clone(v)
 	}
 	return out
+}
+
+// OKSince counts the 200 answers, one an item content a request carried,
+// written at or after from (an item answered twice counts twice).
+func (r *Recorder) OKSince(from time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, at := range r.oks {
+		if !at.Before(from) {
+			n++
+		}
+	}
+	return n
 }
 
 // requestContents is what a request body asks about: a chat's first

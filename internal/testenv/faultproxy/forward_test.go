@@ -63,7 +63,11 @@ func TestForwardKeepsTheEndpointConnection(t *testing.T) {
 			t.Fatalf("call %d: read %d of %d bytes of the answer: %v", i, len(got), len(answer), err)
 		}
 	}
-	if n := conns.Load(); n != 1 {
-		t.Errorf("the proxy opened %d connections to the endpoint for %d calls in a row; want 1 (each extra one was closed under an answer)", n, calls)
+	// Not exactly 1: net/http puts a connection back in its idle pool from
+	// its read loop once the answer is read, and a call that comes before
+	// that dials another (seen once in a loaded make test: 2). A proxy that
+	// closes the connection under each answer opens one a call.
+	if n := conns.Load(); n > 3 {
+		t.Errorf("the proxy opened %d connections to the endpoint for %d calls in a row; want at most 3 (each extra one was closed under an answer)", n, calls)
 	}
 }

@@ -12,11 +12,20 @@
 // double; GELU is the exact form, x·Φ(x), with Φ from an erf accurate to
 // float32 (bert_erf is there so tests can hold it against math.Erf).
 //
-// Block-wide reductions need blockDim.x to be a power of two, at most 1024.
+// Reductions are warp shuffles (every shuffle names all 32 lanes of a warp,
+// so blockDim.x must be a multiple of 32): the row-wise kernels
+// (bert_embed, bert_add_layernorm, bert_softmax, bert_l2norm) give each row
+// one warp, without shared memory or barriers; bert_attention's block-wide
+// ones combine its warps' results through shared memory after one barrier.
 
 #define GLOBAL __attribute__((global))
 #define DEVICE __attribute__((device)) static inline
 #define SHARED __attribute__((shared))
+// INLINE inlines a function into its caller whatever its size: a row's
+// helpers and the lambdas that warp_rows calls must be, or a closure's
+// captures go to local memory and a row's registers cross a call. (Without
+// it, clang-14 leaves bert_softmax's out of line.)
+#define INLINE __attribute__((always_inline))
 // UNROLL unrolls the next loop completely: a loop over a register array
 // must be, or the array goes to local memory. (The emulator's g++ needs
 // nothing unrolled.)
@@ -42,36 +51,102 @@ DEVICE int nctaid(void) { return __nvvm_read_ptx_sreg_nctaid_x(); }
 // Hugging Face's BERT uses torch.finfo(float32).min.
 const float float_max = 3.40282347e38f;
 
-// block_sum returns the sum of every thread's v to every thread of the
-// block, through part (blockDim.x doubles of shared memory).
-DEVICE double block_sum(double v, double *part) {
-	part[tid()] = v;
-	__syncthreads();
-	for (int s = ntid() / 2; s > 0; s >>= 1) {
-		if (tid() < s) {
-			part[tid()] += part[tid() + s];
-		}
-		__syncthreads();
+// full_warp names every lane of a warp: the row-wise kernels' shuffles are
+// executed by all 32 lanes together (a warp's lanes share their row, so
+// they take the same branches around each shuffle).
+const unsigned full_warp = 0xffffffffu;
+
+DEVICE i64 lane(void) { return tid() & 31; }
+
+#if defined(__NVPTX__)
+// f16_float is cvt.f32.f16, binary16 bits to float32, exact. clang-14 has
+// no NVVM builtin for it, but converts an __fp16 with that instruction. The
+// emulator's prelude defines f16_float for its g++, which has no __fp16 on
+// x86-64; it also defines __nvvm_f2h_rn and __nvvm_f2bf16_rn (half_bits).
+DEVICE float f16_float(unsigned short h) { return (float)__builtin_bit_cast(__fp16, h); }
+#endif
+
+// shfl_xor_f and shfl_xor_d are lane ^ m's v (PTX shfl.sync.bfly; c = 31:
+// the whole warp is one segment); a double travels as its two halves.
+DEVICE float shfl_xor_f(float v, int m) {
+	return __builtin_bit_cast(float, __nvvm_shfl_sync_bfly_i32(full_warp, __builtin_bit_cast(int, v), m, 31));
+}
+
+DEVICE double shfl_xor_d(double v, int m) {
+	unsigned long b = __builtin_bit_cast(unsigned long, v);
+	unsigned lo = (unsigned)__nvvm_shfl_sync_bfly_i32(full_warp, (int)(unsigned)b, m, 31);
+	unsigned hi = (unsigned)__nvvm_shfl_sync_bfly_i32(full_warp, (int)(unsigned)(b >> 32), m, 31);
+	return __builtin_bit_cast(double, (unsigned long)hi << 32 | lo);
+}
+
+// warp_sum is the sum of every lane's v, to every lane: a butterfly, in
+// which both lanes of a pair add the same two values, so every lane ends
+// with the same bits.
+DEVICE double warp_sum(double v) {
+	for (int m = 16; m > 0; m >>= 1) {
+		v += shfl_xor_d(v, m);
 	}
-	double total = part[0];
-	__syncthreads(); // everyone has read part[0] before part is reused
+	return v;
+}
+
+// warp_max is warp_sum's maximum.
+DEVICE float warp_max(float v) {
+	for (int m = 16; m > 0; m >>= 1) {
+		float u = shfl_xor_f(v, m);
+		v = u > v ? u : v;
+	}
+	return v;
+}
+
+// warp_rows calls row(r) for each of n rows, a warp a row: grid-stride
+// over the warps of the grid, so that any grid covers every row. Always
+// inlined, and row takes what it uses by value: a kernel's locals captured
+// by reference by a function left out of line live in local memory.
+template <class Row>
+INLINE DEVICE void warp_rows(i64 n, Row row) {
+	i64 warps = ntid() / 32;
+	for (i64 r = (i64)ctaid() * warps + tid() / 32; r < n; r += (i64)nctaid() * warps) {
+		row(r);
+	}
+}
+
+// block_sum returns the sum of every thread's v to every thread of the
+// block: each warp sums by shuffles, its lane 0 leaves the warp's sum in
+// part (a double a warp), and after one barrier every thread adds the
+// warps' sums in the same order (so all get the same bits). Nothing orders
+// the reads of part before its next writes: a caller must not pass the
+// same part again before another barrier (bert_attention alternates two).
+DEVICE double block_sum(double v, double *part) {
+	v = warp_sum(v);
+	if (lane() == 0) {
+		part[tid() / 32] = v;
+	}
+	__syncthreads();
+	double total = 0.0;
+	for (int w = 0; w < ntid() / 32; w++) {
+		total += part[w];
+	}
 	return total;
 }
 
 // block_max is block_sum's maximum.
-DEVICE double block_max(double v, double *part) {
-	part[tid()] = v;
-	__syncthreads();
-	for (int s = ntid() / 2; s > 0; s >>= 1) {
-		if (tid() < s && part[tid() + s] > part[tid()]) {
-			part[tid()] = part[tid() + s];
-		}
-		__syncthreads();
+DEVICE float block_max(float v, float *part) {
+	v = warp_max(v);
+	if (lane() == 0) {
+		part[tid() / 32] = v;
 	}
-	double m = part[0];
 	__syncthreads();
+	float m = part[0];
+	for (int w = 1; w < ntid() / 32; w++) {
+		m = part[w] > m ? part[w] : m;
+	}
 	return m;
 }
+
+// row_regs is the most columns a lane keeps in registers: a row of up to
+// 32·row_regs values (every BERT's hidden width and sequence length) is
+// read from memory once and written once. A wider one goes through memory.
+const int row_regs = 32;
 
 // exp_f is e^x to about 1 ulp: x = n·ln2 + r with |r| ≤ ln2/2 (ln2 split
 // in two so that n·ln2 is exact), e^r by its Taylor series to r^8 (the
@@ -157,61 +232,113 @@ DEVICE float phi(float v) {
 	return 0.5f * (1.0f + erf_f(z));
 }
 
-// layernorm_row normalizes row (width h, already summed with whatever
-// precedes the norm) to mean 0 and variance 1 with gamma and beta, as the
-// CPU does: moments in double.
-DEVICE void layernorm_row(float *row, const float *gamma, const float *beta, i64 h, double eps, double *part) {
-	double s = 0.0;
-	for (i64 j = tid(); j < h; j += ntid()) {
-		s += row[j];
-	}
-	double mean = block_sum(s, part) / (double)h;
-	double ss = 0.0;
-	for (i64 j = tid(); j < h; j += ntid()) {
-		double d = (double)row[j] - mean;
-		ss += d * d;
-	}
-	double inv = 1.0 / __builtin_sqrt(block_sum(ss, part) / (double)h + eps);
-	for (i64 j = tid(); j < h; j += ntid()) {
-		row[j] = (float)(((double)row[j] - mean) * inv) * gamma[j] + beta[j];
+// half_bits and load_qkv (below) round to and read the half-precision
+// operands of the GEMMs.
+DEVICE unsigned short half_bits(float f, i64 bf16);
+DEVICE float load_qkv(const void *p, i64 i, i64 prec);
+
+// put_half sets row[j] to y and, with prec 1 or 2, x16[j] to y rounded to
+// binary16 or bfloat16: the half-precision copy of the hidden state that
+// the next GEMM reads, written by the lane that writes the float32 value,
+// so that no separate pass converts it and nothing orders the two writes.
+DEVICE void put_half(float *row, unsigned short *x16, i64 j, float y, i64 prec) {
+	row[j] = y;
+	if (prec) {
+		x16[j] = half_bits(y, prec == 2);
 	}
 }
 
+// layernorm_regs sets row (width h ≤ 32·K) to LayerNorm(x) with gamma and
+// beta, where x[j] = at(j) (the row summed with whatever precedes the
+// norm), as the CPU does: moments in double. One warp: lane l holds
+// columns l, l+32, … in registers. x16 and prec as put_half's.
+template <int K, class At>
+INLINE DEVICE void layernorm_regs(float *row, At at, const float *gamma, const float *beta, i64 h, double eps,
+	unsigned short *x16, i64 prec) {
+	float x[K];
+	double s = 0.0;
+	UNROLL
+	for (int t = 0; t < K; t++) {
+		i64 j = lane() + 32 * t;
+		x[t] = j < h ? at(j) : 0.0f;
+		s += x[t];
+	}
+	double mean = warp_sum(s) / (double)h;
+	double ss = 0.0;
+	UNROLL
+	for (int t = 0; t < K; t++) {
+		if (lane() + 32 * t < h) {
+			double d = (double)x[t] - mean;
+			ss += d * d;
+		}
+	}
+	double inv = 1.0 / __builtin_sqrt(warp_sum(ss) / (double)h + eps);
+	UNROLL
+	for (int t = 0; t < K; t++) {
+		i64 j = lane() + 32 * t;
+		if (j < h) {
+			put_half(row, x16, j, (float)(((double)x[t] - mean) * inv) * gamma[j] + beta[j], prec);
+		}
+	}
+}
+
+// layernorm_row is layernorm_regs for any width: in registers sized to the
+// row up to 32·row_regs, through memory past it.
+template <class At>
+INLINE DEVICE void layernorm_row(float *row, At at, const float *gamma, const float *beta, i64 h, double eps,
+	unsigned short *x16, i64 prec) {
+	if (h <= 32 * 8) {
+		layernorm_regs<8>(row, at, gamma, beta, h, eps, x16, prec);
+	} else if (h <= 32 * 16) {
+		layernorm_regs<16>(row, at, gamma, beta, h, eps, x16, prec);
+	} else if (h <= 32 * row_regs) {
+		layernorm_regs<row_regs>(row, at, gamma, beta, h, eps, x16, prec);
+	} else {
+		double s = 0.0;
+		for (i64 j = lane(); j < h; j += 32) {
+			row[j] = at(j);
+			s += row[j];
+		}
+		// No shuffle orders these: each lane reads back only what it wrote.
+		double mean = warp_sum(s) / (double)h;
+		double ss = 0.0;
+		for (i64 j = lane(); j < h; j += 32) {
+			double d = (double)row[j] - mean;
+			ss += d * d;
+		}
+		double inv = 1.0 / __builtin_sqrt(warp_sum(ss) / (double)h + eps);
+		for (i64 j = lane(); j < h; j += 32) {
+			put_half(row, x16, j, (float)(((double)row[j] - mean) * inv) * gamma[j] + beta[j], prec);
+		}
+	}
+}
 
 // bert_embed sets each row r of x ([rows, h], rows = items × seqLen) to
-// LayerNorm(word[ids[r]] + pos[r mod seqLen] + type0): one block per row
-// (grid-stride over rows), threads across the width.
+// LayerNorm(word[ids[r]] + pos[r mod seqLen] + type0): one warp per row
+// (grid-stride over rows), its lanes across the width. With prec 1 or 2 it
+// also writes each row to x16 in half precision (put_half); x16 is then
+// unused with prec 0.
 extern "C" GLOBAL void bert_embed(const int *ids, const float *word, const float *pos, const float *type0,
-	const float *gamma, const float *beta, float *x, i64 rows, i64 seq_len, i64 h, double eps) {
-	SHARED double part[1024];
-	for (i64 r = ctaid(); r < rows; r += nctaid()) {
-		float *row = x + r * h;
+	const float *gamma, const float *beta, float *x, i64 rows, i64 seq_len, i64 h, double eps, unsigned short *x16,
+	i64 prec) {
+	warp_rows(rows, [=](i64 r) INLINE {
 		const float *w = word + (i64)ids[r] * h, *p = pos + (r % seq_len) * h;
-		for (i64 j = tid(); j < h; j += ntid()) {
-			row[j] = w[j] + p[j] + type0[j];
-		}
-		// No barrier: layernorm_row's threads read the columns they wrote.
-		layernorm_row(row, gamma, beta, h, eps, part);
-	}
+		layernorm_row(x + r * h, [=](i64 j) { return w[j] + p[j] + type0[j]; }, gamma, beta, h, eps, x16 + r * h, prec);
+	});
 }
 
 // bert_add_layernorm sets each row of x to LayerNorm(x + y + bias): the
 // residual connection after a projection y (without its bias), then the
-// norm. One block per row.
+// norm. One warp per row. x16 and prec as bert_embed's: x stays float32
+// for the next residual sum and LayerNorm, x16 is what the next GEMM reads.
 extern "C" GLOBAL void bert_add_layernorm(float *x, const float *y, const float *bias, const float *gamma,
-	const float *beta, i64 rows, i64 h, double eps) {
-	SHARED double part[1024];
-	for (i64 r = ctaid(); r < rows; r += nctaid()) {
+	const float *beta, i64 rows, i64 h, double eps, unsigned short *x16, i64 prec) {
+	warp_rows(rows, [=](i64 r) INLINE {
 		float *row = x + r * h;
 		const float *yr = y + r * h;
-		for (i64 j = tid(); j < h; j += ntid()) {
-			row[j] = row[j] + (yr[j] + bias[j]);
-		}
-		layernorm_row(row, gamma, beta, h, eps, part);
-	}
+		layernorm_row(row, [=](i64 j) { return row[j] + (yr[j] + bias[j]); }, gamma, beta, h, eps, x16 + r * h, prec);
+	});
 }
-
-DEVICE unsigned short half_bits(float f, i64 bf16);
 
 // bert_split_heads adds the bias to the fused query/key/value projection
 // qkv ([items·seqLen, 3h]) and lays it out head by head, as three
@@ -219,64 +346,152 @@ DEVICE unsigned short half_bits(float f, i64 bf16);
 // product is one strided-batched GEMM: into out in float32 (prec 0), or
 // rounded to binary16 (1) or bfloat16 (2) into out16 (out then unused),
 // where the attention reads Q, K and V in half precision only, so that
-// they never make a float32 round trip. Grid-stride over every element.
-extern "C" GLOBAL void bert_split_heads(const float *qkv, const float *bias, float *out, unsigned short *out16,
-	i64 items, i64 seq_len, i64 heads, i64 d, i64 prec) {
-	i64 h = heads * d, total = items * seq_len * 3 * h;
-	for (i64 k = (i64)ctaid() * ntid() + tid(); k < total; k += (i64)nctaid() * ntid()) {
-		i64 r = k / (3 * h), c = k - r * 3 * h;
-		i64 which = c / h, hd = (c - which * h) / d, e = c - which * h - hd * d;
+// they never make a float32 round trip. qkv is float32 (in_prec 0) or, as
+// a half-precision GEMM leaves it, binary16 (1) or bfloat16 (2); the bias
+// is added in float32. One block per token (grid-stride over the
+// items·seqLen rows), threads across its values: the token's item and
+// position are worked out once a row, a value's head by one 32-bit division
+// (a 64-bit one is a long software routine on a GPU, and this runs on every
+// value of Q, K and V).
+extern "C" GLOBAL void bert_split_heads(const void *qkv, const float *bias, float *out, unsigned short *out16,
+	i64 items, i64 seq_len, i64 heads, i64 d, i64 prec, i64 in_prec) {
+	i64 rows = items * seq_len;
+	int h = (int)(heads * d), dd = (int)d;
+	for (i64 r = ctaid(); r < rows; r += nctaid()) {
 		i64 b = r / seq_len, p = r - b * seq_len;
-		i64 at = ((which * items + b) * heads + hd) * seq_len * d + p * d + e;
-		float x = qkv[k] + bias[c];
-		if (prec) {
-			out16[at] = half_bits(x, prec == 2);
-		} else {
-			out[at] = x;
+		for (int which = 0; which < 3; which++) {
+			for (int j = tid(); j < h; j += ntid()) {
+				int hd = j / dd, e = j - hd * dd, c = which * h + j;
+				i64 at = ((which * items + b) * heads + hd) * seq_len * d + p * d + e;
+				float x = load_qkv(qkv, r * 3 * h + c, in_prec) + bias[c];
+				if (prec) {
+					out16[at] = half_bits(x, prec == 2);
+				} else {
+					out[at] = x;
+				}
+			}
 		}
 	}
 }
 
 // bert_merge_heads is the inverse layout for the attention's output: from
-// [items·heads, seqLen, d] to [items·seqLen, h].
-extern "C" GLOBAL void bert_merge_heads(const float *in, float *ctx, i64 items, i64 seq_len, i64 heads, i64 d) {
-	i64 h = heads * d, total = items * seq_len * h;
-	for (i64 k = (i64)ctaid() * ntid() + tid(); k < total; k += (i64)nctaid() * ntid()) {
-		i64 r = k / h, c = k - r * h;
-		i64 hd = c / d, e = c - hd * d;
+// [items·heads, seqLen, d] to [items·seqLen, h]. in is float32 (in_prec 0),
+// binary16 (1) or bfloat16 (2); ctx is written in float32 (prec 0) or
+// rounded to binary16 (1) or bfloat16 (2), the output projection's operand.
+// One block per token, as bert_split_heads.
+extern "C" GLOBAL void bert_merge_heads(const void *in, void *ctx, i64 items, i64 seq_len, i64 heads, i64 d, i64 in_prec,
+	i64 prec) {
+	i64 rows = items * seq_len;
+	int h = (int)(heads * d), dd = (int)d;
+	for (i64 r = ctaid(); r < rows; r += nctaid()) {
 		i64 b = r / seq_len, p = r - b * seq_len;
-		ctx[k] = in[((b * heads + hd) * seq_len + p) * d + e];
+		for (int j = tid(); j < h; j += ntid()) {
+			int hd = j / dd, e = j - hd * dd;
+			i64 k = r * h + j;
+			float x = load_qkv(in, ((b * heads + hd) * seq_len + p) * d + e, in_prec);
+			if (prec) {
+				((unsigned short *)ctx)[k] = half_bits(x, prec == 2);
+			} else {
+				((float *)ctx)[k] = x;
+			}
+		}
+	}
+}
+
+// put_prob sets key j's probability p: in row (prec 0), or rounded to
+// binary16 (1) or bfloat16 (2) in p16 only, the P·V GEMM's operand, by the
+// lane that worked it out.
+DEVICE void put_prob(float *row, unsigned short *p16, i64 j, float p, i64 prec) {
+	if (prec) {
+		p16[j] = half_bits(p, prec == 2);
+	} else {
+		row[j] = p;
+	}
+}
+
+// softmax_regs is bert_softmax's row (seq_len ≤ 32·K) for one warp, lane
+// l holding keys l, l+32, … in registers. p16 and prec as put_prob's.
+template <int K>
+INLINE DEVICE void softmax_regs(float *row, i64 seq_len, i64 len, float sc, unsigned short *p16, i64 prec) {
+	float v[K];
+	float mx = -float_max;
+	UNROLL
+	for (int t = 0; t < K; t++) {
+		i64 j = lane() + 32 * t;
+		v[t] = -float_max;
+		if (j < seq_len) {
+			v[t] = row[j] * sc + (j < len ? 0.0f : -float_max);
+			mx = v[t] > mx ? v[t] : mx;
+		}
+	}
+	float m = warp_max(mx);
+	double sum = 0.0;
+	UNROLL
+	for (int t = 0; t < K; t++) {
+		if (lane() + 32 * t < seq_len) {
+			v[t] = exp_f(v[t] - m);
+			sum += v[t];
+		}
+	}
+	float inv = (float)(1.0 / warp_sum(sum));
+	UNROLL
+	for (int t = 0; t < K; t++) {
+		i64 j = lane() + 32 * t;
+		if (j < seq_len) {
+			put_prob(row, p16, j, v[t] * inv, prec);
+		}
 	}
 }
 
 // bert_softmax replaces each row of the attention scores ([items·heads·
 // seqLen, seqLen]: one row per query) by softmax(row·scale + mask), the mask
 // adding -FLT_MAX at the keys past the item's length lens[item], which
-// makes their weight exactly 0. One block per row.
-extern "C" GLOBAL void bert_softmax(float *s, const int *lens, i64 nrows, i64 seq_len, i64 heads, double scale) {
-	SHARED double part[1024];
+// makes their weight exactly 0. One warp per row; a row of up to
+// 32·row_regs keys in registers (K the power of two that holds it), a
+// longer one through memory. With prec 1 or 2 the probabilities go to p16
+// (same layout) in binary16 or bfloat16 instead, the P·V GEMM's operand,
+// and s is left as scratch (the scores, or past 32·row_regs keys the
+// unnormalized exponentials); p16 is unused with prec 0.
+extern "C" GLOBAL void bert_softmax(float *s, const int *lens, i64 nrows, i64 seq_len, i64 heads, double scale,
+	unsigned short *p16, i64 prec) {
 	float sc = (float)scale;
-	for (i64 r = ctaid(); r < nrows; r += nctaid()) {
+	warp_rows(nrows, [=](i64 r) INLINE {
 		float *row = s + r * seq_len;
+		unsigned short *p = p16 + r * seq_len;
 		i64 len = lens[r / (heads * seq_len)];
-		double mx = -3.4e38;
-		for (i64 j = tid(); j < seq_len; j += ntid()) {
-			float v = row[j] * sc + (j < len ? 0.0f : -float_max);
-			row[j] = v;
-			mx = v > mx ? v : mx;
+		if (seq_len <= 32) {
+			softmax_regs<1>(row, seq_len, len, sc, p, prec);
+		} else if (seq_len <= 64) {
+			softmax_regs<2>(row, seq_len, len, sc, p, prec);
+		} else if (seq_len <= 128) {
+			softmax_regs<4>(row, seq_len, len, sc, p, prec);
+		} else if (seq_len <= 256) {
+			softmax_regs<8>(row, seq_len, len, sc, p, prec);
+		} else if (seq_len <= 512) {
+			softmax_regs<16>(row, seq_len, len, sc, p, prec);
+		} else if (seq_len <= 32 * row_regs) {
+			softmax_regs<row_regs>(row, seq_len, len, sc, p, prec);
+		} else {
+			// Each lane reads back only what it wrote: no shuffle orders these.
+			float mx = -float_max;
+			for (i64 j = lane(); j < seq_len; j += 32) {
+				float v = row[j] * sc + (j < len ? 0.0f : -float_max);
+				row[j] = v;
+				mx = v > mx ? v : mx;
+			}
+			float m = warp_max(mx);
+			double sum = 0.0;
+			for (i64 j = lane(); j < seq_len; j += 32) {
+				float e = exp_f(row[j] - m);
+				row[j] = e;
+				sum += e;
+			}
+			float inv = (float)(1.0 / warp_sum(sum));
+			for (i64 j = lane(); j < seq_len; j += 32) {
+				put_prob(row, p, j, row[j] * inv, prec);
+			}
 		}
-		float m = (float)block_max(mx, part);
-		double sum = 0.0;
-		for (i64 j = tid(); j < seq_len; j += ntid()) {
-			float e = exp_f(row[j] - m);
-			row[j] = e;
-			sum += e;
-		}
-		float inv = (float)(1.0 / block_sum(sum, part));
-		for (i64 j = tid(); j < seq_len; j += ntid()) {
-			row[j] *= inv;
-		}
-	}
+	});
 }
 
 // bert_attention is the attention of every (item, head, query) row in one
@@ -288,8 +503,8 @@ extern "C" GLOBAL void bert_softmax(float *s, const int *lens, i64 nrows, i64 se
 // e^(m_old - m_new) whenever a tile raises the maximum, the output acc/l at
 // the end. Keys past the item's length lens[item] are never read (the
 // unfused softmax gives them weight exactly 0). The output overwrites the
-// query row, which only this block reads. blockDim.x must be a power of two
-// of at least d (each of the first d threads accumulates one output
+// query row, which only this block reads. blockDim.x must be a multiple of
+// 32 of at least d (each of the first d threads accumulates one output
 // component) and at most 1024.
 //
 // Memory: the scores of one tile per block, so a batch needs nothing that
@@ -298,7 +513,8 @@ extern "C" GLOBAL void bert_attention(float *qo, const float *k, const float *v,
 	i64 seq_len, i64 heads, i64 d, double scale) {
 	SHARED float qs[1024];
 	SHARED float ps[1024];
-	SHARED double part[1024];
+	SHARED double sums[32];
+	SHARED float maxes[32];
 	float sc = (float)scale;
 	i64 tile = ntid();
 	for (i64 r = ctaid(); r < nrows; r += nctaid()) {
@@ -320,13 +536,14 @@ extern "C" GLOBAL void bert_attention(float *qo, const float *k, const float *v,
 				}
 				s = dot * sc;
 			}
-			// block_max's barriers also order this tile's reads of ps and
-			// qs (the last tile's, the last row's) before their next writes.
-			float mt = (float)block_max(s, part);
+			// block_max's barrier also orders the last tile's reads of ps
+			// and sums, and block_sum's the reads of qs and maxes (the last
+			// row's), before their next writes.
+			float mt = block_max(s, maxes);
 			float mn = mt > m ? mt : m;
 			float p = j < len ? exp_f(s - mn) : 0.0f;
 			ps[tid()] = p;
-			double sum = block_sum(p, part); // its first barrier publishes ps
+			double sum = block_sum(p, sums); // its barrier publishes ps
 			float corr = exp_f(m - mn);
 			l = l * corr + (float)sum;
 			if (tid() < d) {
@@ -362,25 +579,17 @@ const int tiled_floats = 64 * 64;
 const int tiled_chunk = 8;
 
 // half_float is the float32 value of binary16 (bf16 0) or bfloat16 (bf16 1)
-// bits h: exact, subnormals, infinities and NaN included.
+// bits h: exact, subnormals, infinities and NaN included. bfloat16 is
+// float32's upper half, so a shift.
 DEVICE float half_float(unsigned short h, i64 bf16) {
-	unsigned x = h;
 	if (bf16) {
-		return __builtin_bit_cast(float, x << 16);
+		return __builtin_bit_cast(float, (unsigned)h << 16);
 	}
-	unsigned sign = (x & 0x8000u) << 16, e = (x >> 10) & 0x1fu, m = x & 0x3ffu;
-	if (e == 0x1fu) {
-		return __builtin_bit_cast(float, sign | 0x7f800000u | (m << 13));
-	}
-	if (e == 0) {
-		float v = (float)m * 5.96046448e-8f; // m·2^-24, exact
-		return sign ? -v : v;
-	}
-	return __builtin_bit_cast(float, sign | ((e + 112u) << 23) | (m << 13));
+	return f16_float(h);
 }
 
-// load_qkv is element i of Q, K or V: float32 (prec 0), binary16 (1) or
-// bfloat16 (2).
+// load_qkv is element i of Q, K or V, or of another operand kept in the
+// products' precision: float32 (prec 0), binary16 (1) or bfloat16 (2).
 DEVICE float load_qkv(const void *p, i64 i, i64 prec) {
 	if (prec == 0) {
 		return ((const float *)p)[i];
@@ -511,12 +720,23 @@ extern "C" GLOBAL void bert_attention_tiled(const void *q, const void *k, const 
 }
 
 // bert_bias_gelu sets x[i][j] = GELU(x[i][j] + bias[j]) for an n×width
-// row-major x, in the exact form v·Φ(v) (Hugging Face's "gelu").
-extern "C" GLOBAL void bert_bias_gelu(float *x, const float *bias, i64 n, i64 width) {
-	i64 total = n * width;
-	for (i64 k = (i64)ctaid() * ntid() + tid(); k < total; k += (i64)nctaid() * ntid()) {
-		float v = x[k] + bias[k % width];
-		x[k] = v * phi(v);
+// row-major x, in the exact form v·Φ(v) (Hugging Face's "gelu"). x is
+// float32 (prec 0), or binary16 (1) or bfloat16 (2) as the half-precision
+// GEMM leaves it and the next one reads it: read and written in place in
+// its precision, the arithmetic in float32. One block per row, threads
+// across it, so a value's bias needs no division.
+extern "C" GLOBAL void bert_bias_gelu(void *x, const float *bias, i64 n, i64 width, i64 prec) {
+	for (i64 r = ctaid(); r < n; r += nctaid()) {
+		for (i64 j = tid(); j < width; j += ntid()) {
+			i64 k = r * width + j;
+			float v = load_qkv(x, k, prec) + bias[j];
+			v = v * phi(v);
+			if (prec) {
+				((unsigned short *)x)[k] = half_bits(v, prec == 2);
+			} else {
+				((float *)x)[k] = v;
+			}
+		}
 	}
 }
 
@@ -558,72 +778,30 @@ extern "C" GLOBAL void bert_pool(const float *x, const int *lens, float *out, i6
 }
 
 // half_bits rounds f to IEEE 754 binary16 (bf16 0) or to bfloat16 (bf16 1),
-// to nearest even, by integer arithmetic on its bits (this file has no
-// cuda_fp16.h): the rounding of cvt.rn, and of gpu/cuda.HalfBits, which
-// converts the weights.
+// to nearest even: cvt.rn.f16.f32 or cvt.rn.bf16.f32 (sm_80, PTX 7.0), one
+// instruction each, where the rounding written out in integers was a dozen
+// branches inlined at every half-precision write. The rounding of
+// gpu/cuda.HalfBits, which converts the weights.
 DEVICE unsigned short half_bits(float f, i64 bf16) {
-	union {
-		float f;
-		unsigned u;
-	} v = {f};
-	unsigned x = v.u, ax = x & 0x7fffffffu;
-	if (bf16) {
-		if (ax > 0x7f800000u) {
-			return (unsigned short)((x >> 16) | 0x40u);
-		}
-		return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-	}
-	unsigned short sign = (unsigned short)((x >> 16) & 0x8000u);
-	if (ax > 0x7f800000u) {
-		return sign | 0x7e00u | (unsigned short)((ax >> 13) & 0x3ffu);
-	}
-	if (ax >= 0x477ff000u) {
-		return sign | 0x7c00u; // 65520 and up: infinity
-	}
-	if (ax < 0x33000000u) {
-		return sign; // below 2^-25: zero
-	}
-	if (ax < 0x38800000u) { // a subnormal, in units of 2^-24
-		unsigned e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, shift = 126 - e;
-		unsigned hm = m >> shift, rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-		if (rem > halfway || (rem == halfway && (hm & 1u))) {
-			hm++;
-		}
-		return sign | (unsigned short)hm;
-	}
-	unsigned hm = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
-	if (rem > 0x1000u || (rem == 0x1000u && (hm & 1u))) {
-		hm++;
-	}
-	return sign | (unsigned short)hm;
-}
-
-// bert_to_half sets y[i] to x[i] rounded to binary16 (bf16 0) or bfloat16
-// (bf16 1): the operands of a half-precision GEMM, from the float32
-// activations every other kernel reads and writes. Grid-stride.
-extern "C" GLOBAL void bert_to_half(const float *x, unsigned short *y, i64 n, i64 bf16) {
-	for (i64 k = (i64)ctaid() * ntid() + tid(); k < n; k += (i64)nctaid() * ntid()) {
-		y[k] = half_bits(x[k], bf16);
-	}
+	return bf16 ? __nvvm_f2bf16_rn(f) : __nvvm_f2h_rn(f);
 }
 
 // bert_l2norm scales each row of y ([n, width]) to unit length, dividing
-// by max(‖row‖, 1e-12) as torch.nn.functional.normalize does. One block
-// per row.
+// by max(‖row‖, 1e-12) as torch.nn.functional.normalize does. One warp per
+// row.
 extern "C" GLOBAL void bert_l2norm(float *y, i64 n, i64 width) {
-	SHARED double part[1024];
-	for (i64 i = ctaid(); i < n; i += nctaid()) {
+	warp_rows(n, [=](i64 i) INLINE {
 		float *row = y + i * width;
 		double ss = 0.0;
-		for (i64 j = tid(); j < width; j += ntid()) {
+		for (i64 j = lane(); j < width; j += 32) {
 			ss += (double)row[j] * (double)row[j];
 		}
-		double norm = __builtin_sqrt(block_sum(ss, part));
+		double norm = __builtin_sqrt(warp_sum(ss));
 		double inv = 1.0 / (norm > 1e-12 ? norm : 1e-12);
-		for (i64 j = tid(); j < width; j += ntid()) {
+		for (i64 j = lane(); j < width; j += 32) {
 			row[j] = (float)((double)row[j] * inv);
 		}
-	}
+	});
 }
 
 } // namespace bertk
@@ -637,6 +815,5 @@ using bertk::bert_bias_gelu;
 using bertk::bert_erf;
 using bertk::bert_pool;
 using bertk::bert_l2norm;
-using bertk::bert_to_half;
 using bertk::bert_attention;
 using bertk::bert_attention_tiled;

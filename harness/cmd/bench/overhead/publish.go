@@ -152,10 +152,12 @@ func (pc publishConfig) eachJob(ctx context.Context, l *publishLoad, f func(cont
 
 func (pc publishConfig) publisher(ctx context.Context, e *benchEnv, urls localstack.URLs, l *publishLoad) (time.Duration, error) {
 	p, err := publisher.New(publisher.Config{
-		Queue:      pubjobs.NewSQSQueue(e.Client, urls.Work),
-		Logger:     slog.New(slog.NewJSONHandler(io.Discard, nil)),
-		Registerer: prometheus.NewRegistry(),
-		Jobs:       publisher.Jobs{SendConcurrency: publishSends},
+		Queue: pubjobs.NewSQSQueue(e.Client, urls.Work),
+		Jobs:  publisher.Jobs{SendConcurrency: publishSends},
+		API: publisher.API{
+			Logger:     slog.New(slog.NewJSONHandler(io.Discard, nil)),
+			Registerer: prometheus.NewRegistry(),
+		},
 	})
 	if err != nil {
 		return 0, err
