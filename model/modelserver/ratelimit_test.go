@@ -504,6 +504,7 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits) {
 		item := benchItems(rand.New(rand.NewPCG(33, uint64(len(limits.Kind)))))
 		var mu sync.Mutex
 		var ok [3]int
+		var okBy [3][minutes + 1]int
 		var wg sync.WaitGroup
 		for mi := range 3 {
 			m := openOn(t, s, Config{MaxConcurrency: 16})
@@ -517,6 +518,7 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits) {
 				for _, o := range outs {
 					if o.Error == nil {
 						ok[mi]++
+						okBy[mi][min(minutes, int(s.Now().Sub(from)/time.Minute)+1)]++
 					}
 				}
 			})
@@ -532,6 +534,15 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits) {
 			if limits.Kind == fakeoai.LimitFixedWindow {
 				tokens += mn.PromptTokens + mn.CompletionTokens - mn.Tokens // what LiteLLM counts
 			}
+		}
+		for m0 := 1; m0 < minutes; m0 += 5 {
+			var n [3]int
+			for mi := range 3 {
+				for _, c := range okBy[mi][m0:min(minutes+1, m0+5)] {
+					n[mi] += c
+				}
+			}
+			t.Logf("minutes %d-%d: items ok per model %v", m0, m0+4, n)
 		}
 		mean := float64(ok[0]+ok[1]+ok[2]) / 3
 		t.Logf("after minute 0: %d of %d answers 429 (%.1f%%), %.3f of TPM admitted; items ok per model %v",
