@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/vramq/vramq/gpu"
 	"github.com/vramq/vramq/internal/testenv/fakeoai"
 	"github.com/vramq/vramq/job"
 	"github.com/vramq/vramq/job/fault"
@@ -484,32 +486,77 @@ func header(kv ...string) http.Header {
 func TestThreeModelsShareEachLimiterKind(t *testing.T) {
 	for _, kind := range []fakeoai.LimitKind{fakeoai.LimitBucket, fakeoai.LimitSlidingWindow, fakeoai.LimitFixedWindow, fakeoai.LimitAzure} {
 		t.Run(string(kind), func(t *testing.T) {
-			threeShare(t, fakeoai.RateLimits{TPM: 60000, RPM: 600, Kind: kind})
+			threeShare(t, fakeoai.RateLimits{TPM: 60000, RPM: 600, Kind: kind}, shareShape{minutes: 30, callers: 16, chunk: 1, want: true})
 		})
 	}
 }
 
-// threeShare runs three Models of 16 callers each, single-item Runs,
-// against one server of limits for twenty minutes of synctest's clock (the
-// items' spread of costs makes shorter runs' shares noisy), and wants at
-// most 1% 429s after minute 0 and each Model's items within 20% of the
-// mean. For the fixed minute, admitted counts usage, as LiteLLM does.
-func threeShare(t *testing.T, limits fakeoai.RateLimits) {
-	const minutes = 30
+// shareShape is how each of threeShare's Models runs its work: callers
+// batches of chunk items at once, for minutes, each request delivered
+// delay after it is sent; messages: as the subscriber runs them
+// (runMessages), else each backoff drops its batch for the next
+// (runBatches). want: fail the test where the issue's bounds are missed.
+type shareShape struct {
+	minutes, callers, chunk int
+	delay                   time.Duration
+	messages, want          bool
+}
+
+// shareResult is what threeShare measured after minute 0: 429s of
+// answers, tokens admitted over the limit's, and each Model's items
+// answered.
+type shareResult struct {
+	limited, answers int64
+	admitted         float64
+	ok               [3]int
+}
+
+// threeShare runs three Models of the shape's callers against one server
+// of limits for the shape's minutes of synctest's clock (the items' spread
+// of costs makes shorter runs' shares noisy), and, if the shape wants,
+// wants at most 1% 429s after minute 0 and each Model's items within 20%
+// of the mean. For the fixed minute, admitted counts usage, as LiteLLM
+// does.
+func threeShare(t *testing.T, limits fakeoai.RateLimits, shape shareShape) (res shareResult) {
+	const most = 30
+	minutes := shape.minutes
+	span := time.Duration(minutes) * time.Minute
 	synctest.Test(t, func(t *testing.T) {
 		s := fakeoai.NewUnstarted(fakeoai.Config{Limits: limits, TokenLatency: 5 * time.Millisecond})
 		defer s.Close()
-		end := s.Now().Add(minutes*time.Minute + 30*time.Second)
+		end := s.Now().Add(span + 30*time.Second)
 		from := s.Now().Add(time.Minute)
 		item := benchItems(rand.New(rand.NewPCG(33, uint64(len(limits.Kind)))))
 		var mu sync.Mutex
 		var ok [3]int
-		var okBy [3][minutes + 1]int
+		var okBy [3][most + 1]int
 		var wg sync.WaitGroup
 		for mi := range 3 {
-			m := openOn(t, s, Config{MaxConcurrency: 16})
-			item := func(w, i int) job.Item { return item(fmt.Sprintf("m%dw%di%d", mi, w, i)) }
-			runCallers(t, &wg, m, s, end, item, func(outs []job.Output) {
+			cfg := Config{Logger: quiet()}
+			if shape.chunk == 1 {
+				cfg.MaxConcurrency = 16
+			}
+			cfg.BaseURL, cfg.Models, cfg.HTTPClient = s.URL(), []string{"fake-model"}, s.Client()
+			if shape.delay > 0 {
+				cfg.HTTPClient = httpClient(lateTransport{s.Client().Transport, shape.delay})
+			}
+			m, err := Open(t.Context(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			batch := func(w, i int) []job.Item {
+				items := make([]job.Item, shape.chunk)
+				for j := range items {
+					items[j] = item(fmt.Sprintf("m%dw%di%dj%d", mi, w, i, j))
+				}
+				return items
+			}
+			run := runBatches
+			if shape.messages {
+				run = runMessages
+			}
+			run(t, &wg, m, s, end, shape.callers, batch, func(outs []job.Output) {
 				if s.Now().Before(from) {
 					return
 				}
@@ -530,7 +577,9 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits) {
 			answers += mn.Answers
 			limited += mn.RateLimited
 			tokens += mn.Tokens
-			t.Logf("minute %d: %d answers, %d 429s, %d tokens admitted", i+1, mn.Answers, mn.RateLimited, mn.Tokens)
+			if shape.want {
+				t.Logf("minute %d: %d answers, %d 429s, %d tokens admitted", i+1, mn.Answers, mn.RateLimited, mn.Tokens)
+			}
 			if limits.Kind == fakeoai.LimitFixedWindow {
 				tokens += mn.PromptTokens + mn.CompletionTokens - mn.Tokens // what LiteLLM counts
 			}
@@ -547,6 +596,10 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits) {
 		mean := float64(ok[0]+ok[1]+ok[2]) / 3
 		t.Logf("after minute 0: %d of %d answers 429 (%.1f%%), %.3f of TPM admitted; items ok per model %v",
 			limited, answers, 100*float64(limited)/float64(max(1, answers)), float64(tokens)/float64(minutes-1)/float64(limits.TPM), ok)
+		res = shareResult{limited, answers, float64(tokens) / float64(minutes-1) / float64(limits.TPM), ok}
+		if !shape.want {
+			return
+		}
 		if answers == 0 || float64(limited) > 0.01*float64(answers) {
 			t.Errorf("after the first minute, %d of %d answers were 429s; want at most 1%%", limited, answers)
 		}
@@ -556,6 +609,7 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits) {
 			}
 		}
 	})
+	return res
 }
 
 // A fixed minute's end is read from answers whose resets end at one
@@ -631,6 +685,44 @@ func runBatches(t *testing.T, wg *sync.WaitGroup, m *Model, s *fakeoai.Server, e
 	}
 }
 
+// runMessages is runBatches as the subscriber runs its messages: a batch
+// handed back (a backoff) waits it out and runs again with only the items
+// it had not finished. Each answer goes to answered as it arrives
+// (gpu.WithAnswers), as the fake server counts it, not when its batch
+// ends: a 32-item batch ending just after a run's end moves a tenth of a
+// Model's items.
+func runMessages(t *testing.T, wg *sync.WaitGroup, m *Model, s *fakeoai.Server, end time.Time, callers int,
+	batch func(w, i int) []job.Item, answered func([]job.Output)) {
+	ctx := gpu.WithAnswers(context.Background(), func(_ int, out job.Output) { answered([]job.Output{out}) })
+	for w := range callers {
+		wg.Go(func() {
+			for i := 0; s.Now().Before(end); i++ {
+				items := batch(w, i)
+				for len(items) > 0 && s.Now().Before(end) {
+					_, err := m.Run(ctx, "", items)
+					if until, ok := fault.BackoffUntil(err); ok {
+						_, done, _ := fault.Partial[job.Output](err)
+						var rest []job.Item
+						for k, it := range items {
+							if k >= len(done) || !done[k] {
+								rest = append(rest, it)
+							}
+						}
+						items = rest
+						time.Sleep(time.Until(until))
+						continue
+					}
+					if err != nil {
+						t.Errorf("Run: %v", err)
+						return
+					}
+					items = nil
+				}
+			}
+		})
+	}
+}
+
 // Issue 33, item 3: sharing a limit, a process sends at its own pace, so
 // what it offers admission (learnedWithin, backend.RateTokens) is what the
 // pace passes, not the refill the others leave it: offered that, the
@@ -656,6 +748,56 @@ func TestLearnedWithinKnowsThePace(t *testing.T) {
 			t.Errorf("paced at 300 a second: %.0f tokens offered in %v; want at most %.0f", shared, d, most)
 		}
 	})
+}
+
+// Sharing a bucket, a request that waits for the mirror's room rather
+// than for the pace cuts the pace by paceCutBound of its share of the
+// draw, at most once in cutEvery: the paces summed to more than the limit,
+// and the mirror, first come first served, divided it (one of three 24–28%
+// off the mean in 3 of 6 runs of TestBenchShare's 32-item batches). Not
+// in a sliding window, whose parts are kept by sending again, nor in a
+// fixed minute whose end the answers show.
+func TestPaceCutWhenTheMirrorBinds(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		set  func(b *bucket, now time.Time)
+		cut  bool
+	}{
+		{"bucket", func(*bucket, time.Time) {}, true},
+		{"sliding window", func(b *bucket, now time.Time) { b.slidingAt = now }, false},
+		{"fixed minute", func(b *bucket, now time.Time) { b.windowEnd = now.Add(30 * time.Second) }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				now := time.Now()
+				r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+				b := newBucket(60000, now, true)
+				// The mirror has 2,000 tokens of room for a request of
+				// 1,300 and a margin of 3 typical requests: it waits for
+				// the mirror, while the pace (400 a second, its room full)
+				// would let it go.
+				b.level, b.proven, b.othersPerSec, b.sharedAt = 2000, 2000, 600, now
+				c.set(b, now)
+				r.srv[kindTokens], r.answered, r.typical = b, true, 1300
+				r.pace, r.paceAt, r.paceLevel = 400, now, 800
+				ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+				defer cancel()
+				_, err := r.take(ctx, 1300, now.Add(time.Hour))
+				if err == nil {
+					t.Fatal("took room the mirror does not have")
+				}
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				want := 400.0
+				if c.cut {
+					want = 400 * (1 - paceCutBound*400/(400+600))
+				}
+				if math.Abs(r.pace-want) > 1e-9 {
+					t.Errorf("pace %.2f after a wait on the mirror; want %.2f", r.pace, want)
+				}
+			})
+		})
+	}
 }
 
 // In a fixed minute whose end the answers show, a process that shares it
