@@ -173,21 +173,6 @@ func (r *rates) weigh(b *bucket, j sent, now time.Time) {
 	}
 }
 
-// processing is how long the server took over the request an answer
-// answers, as its headers say: OpenAI's openai-processing-ms, "time taken
-// processing your API request" (API reference, "Debugging requests"), or
-// LiteLLM's x-litellm-response-duration-ms (its proxy's response headers),
-// measured "from when its handler starts" (its latency troubleshooting
-// page). ok is false where neither is sent.
-func processing(h http.Header) (time.Duration, bool) {
-	for _, name := range []string{"openai-processing-ms", "x-litellm-response-duration-ms"} {
-		if ms, ok := headerNumber(h, name); ok {
-			return seconds(ms / 1000), true
-		}
-	}
-	return 0, false
-}
-
 // arrivedBy is the latest s may have reached the server, as of now.
 func arrivedBy(s sent, now time.Time) time.Time {
 	latest := s.at.Add(arrivalLag)

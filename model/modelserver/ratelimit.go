@@ -1444,6 +1444,21 @@ func headerNumber(h http.Header, name string) (float64, bool) {
 	return f, err == nil && f >= 0 && !math.IsInf(f, 0)
 }
 
+// processing is how long the server took over the request an answer
+// answers, as its headers say: OpenAI's openai-processing-ms, "time taken
+// processing your API request" (API reference, "Debugging requests"), or
+// LiteLLM's x-litellm-response-duration-ms (its proxy's response headers),
+// measured "from when its handler starts" (its latency troubleshooting
+// page). ok is false where neither is sent.
+func processing(h http.Header) (time.Duration, bool) {
+	for _, name := range []string{"openai-processing-ms", "x-litellm-response-duration-ms"} {
+		if ms, ok := headerNumber(h, name); ok {
+			return seconds(ms / 1000), true
+		}
+	}
+	return 0, false
+}
+
 // parseReset reads an x-ratelimit-reset value: a duration as OpenAI writes
 // them ("12ms", "6m0s", "1h2m3s") or a number of seconds. A value past
 // what a Duration holds reads as the longest one: the ceiling
