@@ -262,11 +262,12 @@ func (b *bucket) floorWait(need float64, now time.Time) time.Duration {
 	}
 	span := b.span()
 	sum := b.ownWithin(now, span)
+	from := now.Add(-(span + transit))
 	for _, s := range b.own {
 		if sum <= allowed {
 			break
 		}
-		if now.Sub(s.at) >= span+transit {
+		if !s.at.After(from) {
 			continue
 		}
 		sum -= s.tokens
@@ -429,6 +430,12 @@ func (b *bucket) released(now time.Time) (tokens float64, next time.Time) {
 	b.prune(now)
 	for i := range b.own {
 		s := &b.own[i]
+		if !next.IsZero() && !s.at.Add(limitSpan+transit).Before(next) {
+			// The sends are in the order they were taken, and none
+			// leaves before a span and a transit after it was: neither
+			// this one nor any after it leaves before next.
+			break
+		}
 		if s.released {
 			continue
 		}
@@ -449,10 +456,10 @@ func (b *bucket) released(now time.Time) (tokens float64, next time.Time) {
 func (b *bucket) ownWithin(now time.Time, span time.Duration) float64 {
 	b.prune(now)
 	sum := 0.0
-	for _, s := range b.own {
-		if now.Sub(s.at) < span+transit {
-			sum += s.tokens
-		}
+	// Newest first: the sends are in the order they were taken.
+	from := now.Add(-(span + transit))
+	for i := len(b.own) - 1; i >= 0 && b.own[i].at.After(from); i-- {
+		sum += b.own[i].tokens
 	}
 	return sum
 }
