@@ -584,8 +584,8 @@ func (b *bucket) estimate(level float64, now time.Time) {
 //     subscriber runs its messages (a batch handed back runs again with
 //     what it had not finished). Cut by 0.1, the increases outran the cuts
 //     (0.4% of the limit a second for each process against about 3% of
-//     it in 5 s), and 1 run of 10 was 28% off; by 0.25, within 10% in
-//     every run (bench/modelserver.md). Not in a sliding window, whose
+//     it in 5 s), and 1 run of 10 was 28% off; by 0.25, within 11% in
+//     each of 40 runs (bench/modelserver.md). Not in a sliding window, whose
 //     parts are kept by sending again, nor in a fixed minute whose end
 //     the answers show (its room comes back all at once, and each process
 //     waits for it).
@@ -778,7 +778,8 @@ func (r *rates) congestion(b *bucket, now time.Time) {
 // when a request waits for the shared mirror's room rather than for the
 // pace: the paces together ask more than the limit passes, and the mirror,
 // first come first served, divides it. At most once in cutEvery. Not in
-// a sliding window, whose parts are kept by sending again (replayable).
+// a sliding window, whose parts are kept by sending again (replayable),
+// nor in a fixed minute whose end the answers show ("Sharing a limit").
 // r.mu is held.
 func (r *rates) mirrorBound(now time.Time) {
 	b := r.srv[kindTokens]
