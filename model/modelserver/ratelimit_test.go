@@ -518,7 +518,6 @@ type shareResult struct {
 // of the mean. For the fixed minute, admitted counts usage, as LiteLLM
 // does.
 func threeShare(t *testing.T, limits fakeoai.RateLimits, shape shareShape) (res shareResult) {
-	const most = 30
 	minutes := shape.minutes
 	span := time.Duration(minutes) * time.Minute
 	synctest.Test(t, func(t *testing.T) {
@@ -529,7 +528,10 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits, shape shareShape) (res 
 		item := benchItems(rand.New(rand.NewPCG(33, uint64(len(limits.Kind)))))
 		var mu sync.Mutex
 		var ok [3]int
-		var okBy [3][most + 1]int
+		var okBy [3][]int
+		for mi := range okBy {
+			okBy[mi] = make([]int, minutes+1)
+		}
 		var wg sync.WaitGroup
 		for mi := range 3 {
 			cfg := Config{Logger: quiet()}
@@ -664,48 +666,45 @@ func runCallers(t *testing.T, wg *sync.WaitGroup, m *Model, s *fakeoai.Server, e
 	runBatches(t, wg, m, s, end, 16, func(w, i int) []job.Item { return []job.Item{item(w, i)} }, answered)
 }
 
-// runBatches is runCallers with callers, each running batch(caller, i).
+// runBatches is runCallers with callers, each running batch(caller, i),
+// a batch handed back (a backoff) dropped for the next once its wait
+// ends, its outputs to answered as each batch ends.
 func runBatches(t *testing.T, wg *sync.WaitGroup, m *Model, s *fakeoai.Server, end time.Time, callers int,
 	batch func(w, i int) []job.Item, answered func([]job.Output)) {
-	for w := range callers {
-		wg.Go(func() {
-			for i := 0; s.Now().Before(end); i++ {
-				outs, err := m.Run(context.Background(), "", batch(w, i))
-				if until, ok := fault.BackoffUntil(err); ok {
-					time.Sleep(time.Until(until))
-					continue
-				}
-				if err != nil {
-					t.Errorf("Run: %v", err)
-					return
-				}
-				answered(outs)
-			}
-		})
-	}
+	runWork(t, wg, m, s, end, callers, batch, answered, false)
 }
 
 // runMessages is runBatches as the subscriber runs its messages: a batch
-// handed back (a backoff) waits it out and runs again with only the items
-// it had not finished. Each answer goes to answered as it arrives
+// handed back waits out its backoff and runs again with only the items it
+// had not finished. Each answer goes to answered as it arrives
 // (gpu.WithAnswers), as the fake server counts it, not when its batch
 // ends: a 32-item batch ending just after a run's end moves a tenth of a
 // Model's items.
 func runMessages(t *testing.T, wg *sync.WaitGroup, m *Model, s *fakeoai.Server, end time.Time, callers int,
 	batch func(w, i int) []job.Item, answered func([]job.Output)) {
-	ctx := gpu.WithAnswers(context.Background(), func(_ int, out job.Output) { answered([]job.Output{out}) })
+	runWork(t, wg, m, s, end, callers, batch, answered, true)
+}
+
+func runWork(t *testing.T, wg *sync.WaitGroup, m *Model, s *fakeoai.Server, end time.Time, callers int,
+	batch func(w, i int) []job.Item, answered func([]job.Output), messages bool) {
+	ctx := context.Background()
+	if messages {
+		ctx = gpu.WithAnswers(ctx, func(_ int, out job.Output) { answered([]job.Output{out}) })
+	}
 	for w := range callers {
 		wg.Go(func() {
 			for i := 0; s.Now().Before(end); i++ {
 				items := batch(w, i)
 				for len(items) > 0 && s.Now().Before(end) {
-					_, err := m.Run(ctx, "", items)
+					outs, err := m.Run(ctx, "", items)
 					if until, ok := fault.BackoffUntil(err); ok {
-						_, done, _ := fault.Partial[job.Output](err)
 						var rest []job.Item
-						for k, it := range items {
-							if k >= len(done) || !done[k] {
-								rest = append(rest, it)
+						if messages {
+							_, done, _ := fault.Partial[job.Output](err)
+							for k, it := range items {
+								if k >= len(done) || !done[k] {
+									rest = append(rest, it)
+								}
 							}
 						}
 						items = rest
@@ -715,6 +714,9 @@ func runMessages(t *testing.T, wg *sync.WaitGroup, m *Model, s *fakeoai.Server, 
 					if err != nil {
 						t.Errorf("Run: %v", err)
 						return
+					}
+					if !messages {
+						answered(outs)
 					}
 					items = nil
 				}
