@@ -25,7 +25,8 @@ import (
 // a fast stand-in for the real-time benchmark's three-sharing rows, whose
 // runs are ten minutes each. VRAMQ_BENCH_SHARE_RUNS sets the runs (10);
 // VRAMQ_BENCH_SHARE_KINDS some kinds (bucket,sliding-window,fixed-window,
-// azure), all by default.
+// azure), all by default; VRAMQ_BENCH_SHARE_SHAPES one shape (single or
+// batches), both by default.
 func TestBenchShare(t *testing.T) {
 	if os.Getenv("VRAMQ_BENCH_SHARE") == "" {
 		t.Skip("set VRAMQ_BENCH_SHARE=1 to run the sharing benchmark")
@@ -41,7 +42,10 @@ func TestBenchShare(t *testing.T) {
 		{"single items", shareShape{minutes: 30, callers: 16, chunk: 1, messages: true}},
 		{"32-item batches", shareShape{minutes: 20, callers: 2, chunk: 32, delay: sendDelay, messages: true}},
 	}
-	for _, sh := range shapes {
+	for i, sh := range shapes {
+		if k := os.Getenv("VRAMQ_BENCH_SHARE_SHAPES"); k != "" && !slices.Contains(strings.Split(k, ","), []string{"single", "batches"}[i]) {
+			continue
+		}
 		for _, kind := range []fakeoai.LimitKind{fakeoai.LimitBucket, fakeoai.LimitSlidingWindow, fakeoai.LimitFixedWindow, fakeoai.LimitAzure} {
 			if k := os.Getenv("VRAMQ_BENCH_SHARE_KINDS"); k != "" && !slices.Contains(strings.Split(k, ","), string(kind)) {
 				continue

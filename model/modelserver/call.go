@@ -126,12 +126,12 @@ func (m *Model) try(ctx, wait context.Context, c *call, deadline time.Time) (set
 	case actTransient, actTimeout:
 		failed = &outcome{a, row}
 	case actWait:
-		m.rates.limited(t.res)
 		d, ok := m.retryAfter(a.header, now)
 		if !ok {
 			d = m.gate.overloaded()
 		}
 		t.until, t.reason = now.Add(d), "429 "+orString(a.errCode, "rate limited")
+		m.rates.limited(t.res, t.until)
 	case actOverloaded:
 		t.overloaded = true
 		d, ok := m.retryAfter(a.header, now)

@@ -355,11 +355,11 @@ func TestOneRequestAMinute(t *testing.T) {
 func TestOthersWeighedOverTheMinute(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	b := newBucket(60000, now, true)
-	b.estimate(60000, now) // the first reading
+	b.estimate(60000, now, false, time.Time{}) // the first reading
 	b.charge(25000, now.Add(10*time.Second), 1)
 	b.charge(25000, now.Add(20*time.Second), 2)
 	b.perSec = 20000 // (limit − remaining) / reset with a reset of seconds
-	b.estimate(8000, now.Add(30*time.Second))
+	b.estimate(8000, now.Add(30*time.Second), false, time.Time{})
 	// Deficit 52,000, of which this process sent 50,000: 2,000 a minute
 	// are others', 33 a second, weighed in at 0.3.
 	if got := b.othersPerSec; got > 20 {
@@ -622,23 +622,23 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits, shape shareShape) (res 
 func TestFixedMinuteEndFromAnswers(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
 	fixed := newBucket(60000, t0, true)
-	fixed.observeWindow(50000, 50*time.Second, true, t0)
-	fixed.observeWindow(48000, 47*time.Second, true, t0.Add(3*time.Second))
+	fixed.observeWindow(50000, 50*time.Second, true, t0, t0)
+	fixed.observeWindow(48000, 47*time.Second, true, t0.Add(3*time.Second), t0.Add(3*time.Second))
 	if left, ok := fixed.windowLeft(t0.Add(10 * time.Second)); !ok || left != 40*time.Second {
 		t.Errorf("fixed minute: %v left (%v) 10 s in; want 40s", left, ok)
 	}
 	sliding := newBucket(60000, t0, true)
-	sliding.observeWindow(50000, time.Minute, true, t0)
-	sliding.observeWindow(48000, time.Minute, true, t0.Add(3*time.Second))
+	sliding.observeWindow(50000, time.Minute, true, t0, t0)
+	sliding.observeWindow(48000, time.Minute, true, t0.Add(3*time.Second), t0.Add(3*time.Second))
 	// Two requests sent together, the later one the window's newest.
-	sliding.observeWindow(47000, time.Minute, true, t0.Add(4*time.Second))
-	sliding.observeWindow(46000, time.Minute-time.Millisecond, true, t0.Add(4*time.Second+time.Millisecond))
+	sliding.observeWindow(47000, time.Minute, true, t0.Add(4*time.Second), t0.Add(4*time.Second))
+	sliding.observeWindow(46000, time.Minute-time.Millisecond, true, t0.Add(4*time.Second+time.Millisecond), t0.Add(4*time.Second+time.Millisecond))
 	if left, ok := sliding.windowLeft(t0.Add(10 * time.Second)); ok {
 		t.Errorf("sliding window: read as a fixed minute with %v left", left)
 	}
 	azure := newBucket(60000, t0, true)
-	azure.observeWindow(3000, 0, false, t0)
-	azure.observeWindow(58000, 0, false, t0.Add(2*time.Second))
+	azure.observeWindow(3000, 0, false, t0, t0)
+	azure.observeWindow(58000, 0, false, t0.Add(2*time.Second), t0.Add(2*time.Second))
 	if left, ok := azure.windowLeft(t0.Add(30 * time.Second)); !ok || left != 30*time.Second {
 		t.Errorf("Azure's minute: %v left (%v) 30 s after the answer before the jump; want 30s", left, ok)
 	}
@@ -1086,7 +1086,7 @@ func TestReplaysOwnSendsLeavingASlidingWindow(t *testing.T) {
 		if _, ok := fault.BackoffUntil(take()); !ok {
 			t.Fatalf("a span after its sends: sent; want to wait until they leave the window")
 		}
-		r.limited(reservation{tokens: 1000, at: t0.Add(time.Millisecond), seq: 2})
+		r.limited(reservation{tokens: 1000, at: t0.Add(time.Millisecond), seq: 2}, time.Time{})
 		time.Sleep(transit + time.Second)
 		if err := take(); err != nil {
 			t.Fatalf("its send left the window: %v; want it sent again at once", err)
@@ -1123,4 +1123,130 @@ func TestSlidingWindowFromAnswers(t *testing.T) {
 			t.Errorf("%s: read as a sliding window %v; want %v", c.name, got, c.want)
 		}
 	}
+}
+
+// A 429 asks every request to wait out its pause, and a process that does
+// is not limited by its work: its pace does not decay over the pause (as
+// over a backoff). The 429s of one burst are one sign of congestion: the
+// pace is cut once in cutEvery, not at each. Decayed over the first
+// minute's pause and cut at each of its 429s, a process came out at the
+// least pace and kept a part of half the others' (TestBenchShare).
+func TestA429PausesThePaceAndCutsItOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRates(0, 0, time.Now(), newWaits(time.Hour, quiet()))
+		b := newBucket(60000, time.Now(), true)
+		b.othersPerSec, b.sharedAt = 500, time.Now()
+		r.srv[kindTokens], r.answered, r.typical = b, true, 1000
+		r.pace, r.paceAt, r.paceLevel = 300, time.Now(), 1e6
+		pace := func() float64 {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.advancePace(time.Now())
+			return r.pace
+		}
+		for range 3 { // a burst's 429s, 100 ms apart
+			r.limited(reservation{}, time.Now().Add(40*time.Second))
+			time.Sleep(100 * time.Millisecond)
+		}
+		if p, want := pace(), 300*paceCut429; math.Abs(p-want) > 1e-9 {
+			t.Errorf("after three 429s within 200 ms: pace %.1f; want one cut, %.1f", p, want)
+		}
+		time.Sleep(39 * time.Second)
+		if p, want := pace(), 300*paceCut429; math.Abs(p-want) > 1e-9 {
+			t.Errorf("39 s into the 429s' 40-second pause, nothing sent: pace %.1f; want it kept at %.1f", p, want)
+		}
+		time.Sleep(2 * time.Second)
+		pace() // past the pause
+		time.Sleep(time.Minute)
+		if p := pace(); p > 300*paceCut429/2 {
+			t.Errorf("a minute past the pause with nothing to send: pace %.1f; want it decayed towards the least", p)
+		}
+		r.limited(reservation{}, time.Now().Add(time.Second))
+		if p := pace(); p >= r.minPace()+1e-9 && p > 300*paceCut429*paceCut429 {
+			t.Errorf("a 429 a minute after the last: pace %.1f; want it cut again", p)
+		}
+	})
+}
+
+// A sliding window's reset is its newest charge's, written as the server
+// answers. Dated by their sends, two answers whose generations differed
+// by as much as their newest charges showed one end; dated by their
+// arrival, they do not. Two answers a second apart whose newest charges
+// were admitted 15 ms apart, just after the first, show one end dated by
+// arrival too, but the second's reset is nearly the whole span: no fixed
+// minute's evidence. A fixed minute's end is read.
+func TestSlidingWindowAnswersNeverReadAsAFixedMinute(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	d := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	sliding := newBucket(60000, t0, true)
+	// Sent at 0 s, answered at 1 s, the newest charge admitted at 0.9 s;
+	// sent at 5 s, answered at 12 s, the newest charge at 6.9 s: both
+	// sends' ends at 59.9 s, their arrivals' at 60.9 s and 66.9 s.
+	sliding.observeWindow(9000, d(59.9), true, at(0), at(1))
+	sliding.observeWindow(8000, d(54.9), true, at(5), at(12))
+	// Answered at 21 s (newest charge 20.99 s) and 22.02 s (newest 21.005 s).
+	sliding.observeWindow(7000, d(59.99), true, at(20.9), at(21))
+	sliding.observeWindow(6000, d(58.985), true, at(21.5), at(22.02))
+	if left, ok := sliding.windowLeft(at(23)); ok {
+		t.Errorf("a sliding window's answers read as a fixed minute with %v left", left)
+	}
+	fixed := newBucket(60000, t0, true)
+	// Sent together, generations of 1 s and 4 s: the minute ends at 50 s.
+	fixed.observeWindow(30000, d(49), true, t0, at(1))
+	fixed.observeWindow(28000, d(46), true, t0, at(4))
+	if left, ok := fixed.windowLeft(at(10)); !ok || left != 40*time.Second {
+		t.Errorf("fixed minute: %v left (%v) 10 s in; want 40s", left, ok)
+	}
+}
+
+// In a fixed minute whose end the answers show, the estimate of others'
+// use weighs the server's count against what it counts of this process
+// since the minute started, not all it sent within the last 60 s: a
+// process that sent the whole limit in every minute saw no one else and
+// took nearly every minute's room (TestBenchShare, LiteLLM's minute).
+func TestFixedMinuteOthersSeenPastLastMinutesSends(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 50, 0, time.UTC)
+	b := newBucket(60000, t0, true)
+	b.windowEnd = t0.Add(10 * time.Second) // the minute ends at 00:01:00
+	// 50,000 sent in the last 10 s of the minute before.
+	for i := range 50 {
+		b.charge(1000, t0.Add(time.Duration(i)*200*time.Millisecond), uint64(i+1))
+	}
+	b.estimate(60000, t0.Add(10*time.Second), false, time.Time{})
+	now := t0.Add(20 * time.Second) // 10 s into the new minute
+	b.charge(5000, now.Add(-5*time.Second), 51)
+	b.estimate(60000-20000, now, false, time.Time{}) // the count: 20,000, of which 5,000 this process's
+	if b.lone() {
+		t.Errorf("15,000 of the minute's count not this process's: estimate %.0f tokens a second; want others seen", b.othersPerSec)
+	}
+}
+
+// In a sliding window, a process sends again what its own sends free
+// only while its part is at most replayPace times what its pace passes
+// in a span: kept whatever its size, a part taken in the first minute's
+// race stayed apart from the others' for the run.
+func TestReplayBoundedByThePace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now := time.Now()
+		r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+		b := newBucket(60000, now, true)
+		b.sharedAt, b.slidingAt = now, now
+		r.srv[kindTokens], r.answered, r.typical = b, true, 1000
+		for i := range 30 { // 30,000 sent over 3 s
+			b.charge(1000, now.Add(time.Duration(i)*100*time.Millisecond), uint64(i+1))
+		}
+		// Unanswered, each is held a span, a transit and arrivalLag.
+		time.Sleep(limitSpan + transit + arrivalLag + 1950*time.Millisecond) // the first 20 have left
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.pace = 200 // 12,000 a span: the part left, 10,000, is within 1.5 times
+		if ok, _ := r.replayable(1000, time.Now()); !ok {
+			t.Errorf("a part of 10,000 paced at 200 tokens a second: its own freed room not sent again")
+		}
+		r.pace = 100 // 6,000 a span
+		if ok, _ := r.replayable(1000, time.Now()); ok {
+			t.Errorf("a part of 10,000 paced at 100 tokens a second (6,000 a span): its own freed room sent again")
+		}
+	})
 }
