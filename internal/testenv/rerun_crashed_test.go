@@ -19,6 +19,9 @@ const (
 	// A nil dereference in Go code is a panic, its own failure.
 	goFault = "panic: runtime error: invalid memory address or nil pointer dereference\n" +
 		"[signal SIGSEGV: segmentation violation code=0x1 addr=0x0 pc=0x4a1b2c]\n\ngoroutine 7 [running]:\nFAIL\tgithub.com/vramq/vramq/gpu\t0.5s\n"
+	// The race runtime's own assertion, as CI printed it at b85a1b2.
+	tsanCheck = "ThreadSanitizer: CHECK failed: tsan_rtl.cpp:346 \"((exiting || thr->fast_state.epoch() == kEpochLast)) != (0)\" (0x0, 0x0) (tid=17895)\n" +
+		"FAIL\tgithub.com/vramq/vramq/subscriber\t6.470s\n"
 	// A crash report after a failed test in the same binary: the failure stands.
 	failedThenCrashed = "--- FAIL: TestZ (0.01s)\nSIGSEGV: segmentation violation\nPC=0x1 m=0 sigcode=1 addr=0x0\nFAIL\tgithub.com/vramq/vramq/model/bert\t3.0s\n"
 )
@@ -32,6 +35,7 @@ func TestRerunCrashed(t *testing.T) {
 	}{
 		{"a crash outside Go code, passing again", passed + crashed, true, "github.com/vramq/vramq/subscriber", 0},
 		{"a crash outside Go code, crashing again", crashed + passed, false, "github.com/vramq/vramq/subscriber", 1},
+		{"the race runtime's assertion, passing again", passed + tsanCheck, true, "github.com/vramq/vramq/subscriber", 0},
 		{"a failed test", passed + testFailed, true, "", 1},
 		{"a fault in Go code", goFault, true, "", 1},
 		{"a crash after a failed test", failedThenCrashed, true, "", 1},
