@@ -26,7 +26,9 @@ import (
 // runs are ten minutes each. VRAMQ_BENCH_SHARE_RUNS sets the runs (10);
 // VRAMQ_BENCH_SHARE_KINDS some kinds (bucket,sliding-window,fixed-window,
 // azure), all by default; VRAMQ_BENCH_SHARE_SHAPES one shape (single or
-// batches), both by default.
+// batches), both by default; VRAMQ_BENCH_SHARE_MODELS how many Models
+// share the limit (3); VRAMQ_BENCH_SHARE_SCALE a factor on the limits and
+// the callers (1), for a limit of more requests at once.
 func TestBenchShare(t *testing.T) {
 	if os.Getenv("VRAMQ_BENCH_SHARE") == "" {
 		t.Skip("set VRAMQ_BENCH_SHARE=1 to run the sharing benchmark")
@@ -35,12 +37,22 @@ func TestBenchShare(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("VRAMQ_BENCH_SHARE_RUNS")); err == nil && n > 0 {
 		runs = n
 	}
+	// The margin a shared mirror keeps is a number of typical requests: a
+	// smaller part of a larger limit.
+	scale := 1
+	if n, err := strconv.Atoi(os.Getenv("VRAMQ_BENCH_SHARE_SCALE")); err == nil && n > 0 {
+		scale = n
+	}
+	models := 3
+	if n, err := strconv.Atoi(os.Getenv("VRAMQ_BENCH_SHARE_MODELS")); err == nil && n > 1 {
+		models = n
+	}
 	shapes := []struct {
 		name  string
 		shape shareShape
 	}{
-		{"single items", shareShape{minutes: 30, callers: 16, chunk: 1, messages: true}},
-		{"32-item batches", shareShape{minutes: 20, callers: 2, chunk: 32, delay: sendDelay, messages: true}},
+		{"single items", shareShape{minutes: 30, callers: 16 * scale, chunk: 1, messages: true, models: models}},
+		{"32-item batches", shareShape{minutes: 20, callers: 2 * scale, chunk: 32, delay: sendDelay, messages: true, models: models}},
 	}
 	for i, sh := range shapes {
 		if k := os.Getenv("VRAMQ_BENCH_SHARE_SHAPES"); k != "" && !slices.Contains(strings.Split(k, ","), []string{"single", "batches"}[i]) {
@@ -54,9 +66,12 @@ func TestBenchShare(t *testing.T) {
 			for range runs {
 				var r shareResult
 				t.Run(string(kind), func(t *testing.T) {
-					r = threeShare(t, fakeoai.RateLimits{TPM: 60000, RPM: 600, Kind: kind}, sh.shape)
+					r = threeShare(t, fakeoai.RateLimits{TPM: 60000 * scale, RPM: 600 * scale, Kind: kind}, sh.shape)
 				})
-				mean := float64(r.ok[0]+r.ok[1]+r.ok[2]) / 3
+				mean := 0.0
+				for _, n := range r.ok {
+					mean += float64(n) / float64(len(r.ok))
+				}
 				far := 0.0
 				for _, n := range r.ok {
 					far = math.Max(far, math.Abs(float64(n)/mean-1))

@@ -1,6 +1,7 @@
 package modelserver
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -491,13 +492,15 @@ func TestThreeModelsShareEachLimiterKind(t *testing.T) {
 	}
 }
 
-// shareShape is how each of threeShare's Models runs its work: callers
+// shareShape is how many Models threeShare runs (models; 3 if 0) and how
+// each runs its work: callers
 // batches of chunk items at once, for minutes, each request delivered
 // delay after it is sent; messages: as the subscriber runs them
 // (runMessages), else each backoff drops its batch for the next
 // (runBatches). want: fail the test where the bounds are missed.
 type shareShape struct {
 	minutes, callers, chunk int
+	models                  int
 	delay                   time.Duration
 	messages, want          bool
 }
@@ -508,10 +511,11 @@ type shareShape struct {
 type shareResult struct {
 	limited, answers int64
 	admitted         float64
-	ok               [3]int
+	ok               []int
 }
 
-// threeShare runs three Models of the shape's callers against one server
+// threeShare runs three Models (or the shape's models) of the shape's
+// callers, a single item's MaxConcurrency callers, against one server
 // of limits for the shape's minutes of synctest's clock (the items' spread
 // of costs makes shorter runs' shares noisy), and, if the shape wants,
 // wants at most 1% 429s after minute 0 and each Model's items within 20%
@@ -527,16 +531,17 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits, shape shareShape) (res 
 		from := s.Now().Add(time.Minute)
 		item := benchItems(rand.New(rand.NewPCG(33, uint64(len(limits.Kind)))))
 		var mu sync.Mutex
-		var ok [3]int
-		var okBy [3][]int
+		models := cmp.Or(shape.models, 3)
+		ok := make([]int, models)
+		okBy := make([][]int, models)
 		for mi := range okBy {
 			okBy[mi] = make([]int, minutes+1)
 		}
 		var wg sync.WaitGroup
-		for mi := range 3 {
+		for mi := range models {
 			cfg := Config{Logger: quiet()}
 			if shape.chunk == 1 {
-				cfg.MaxConcurrency = 16
+				cfg.MaxConcurrency = shape.callers
 			}
 			cfg.BaseURL, cfg.Models, cfg.HTTPClient = s.URL(), []string{"fake-model"}, s.Client()
 			if shape.delay > 0 {
@@ -587,15 +592,18 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits, shape shareShape) (res 
 			}
 		}
 		for m0 := 1; m0 < minutes; m0 += 5 {
-			var n [3]int
-			for mi := range 3 {
+			n := make([]int, models)
+			for mi := range models {
 				for _, c := range okBy[mi][m0:min(minutes+1, m0+5)] {
 					n[mi] += c
 				}
 			}
 			t.Logf("minutes %d-%d: items ok per model %v", m0, m0+4, n)
 		}
-		mean := float64(ok[0]+ok[1]+ok[2]) / 3
+		mean := 0.0
+		for _, n := range ok {
+			mean += float64(n) / float64(models)
+		}
 		t.Logf("after minute 0: %d of %d answers 429 (%.1f%%), %.3f of TPM admitted; items ok per model %v",
 			limited, answers, 100*float64(limited)/float64(max(1, answers)), float64(tokens)/float64(minutes-1)/float64(limits.TPM), ok)
 		res = shareResult{limited, answers, float64(tokens) / float64(minutes-1) / float64(limits.TPM), ok}
