@@ -474,16 +474,17 @@ func (b *bucket) released(now time.Time) (tokens float64, next time.Time) {
 // in a fixed minute whose end two resets showed (observeWindow): those
 // counted since the minute started, by usage the answered ones (and the
 // one being answered, sent at answering, at its reservation, as its usage
-// is not read yet), at arrival those sent since; elsewhere those it may
-// still hold (ownHeld). Not in a minute whose start was read from the
-// count jumping back up (Azure's): that start is known only to within
+// is not read yet), at arrival those sent since; ok is false elsewhere,
+// where what it may still hold (ownHeld) is its count. Not in a minute
+// whose start was read from the count jumping back up (Azure's): that
+// start is known only to within
 // the answers around it, and a lone process counting its own use from it
 // saw others where there were none (a third of the limit used in
 // TestOneModelAgainstEachWindowLargeRequests).
-func (b *bucket) ownCounted(now time.Time, byUsage bool, answering time.Time) float64 {
+func (b *bucket) ownCounted(now time.Time, byUsage bool, answering time.Time) (float64, bool) {
 	left, ok := b.windowLeft(now)
 	if !ok || b.endFromStart {
-		return b.ownHeld(now)
+		return 0, false
 	}
 	start := now.Add(left - limitSpan)
 	sum := 0.0
@@ -501,7 +502,7 @@ func (b *bucket) ownCounted(now time.Time, byUsage bool, answering time.Time) fl
 			sum += s.tokens
 		}
 	}
-	return sum
+	return sum, true
 }
 
 // ownWithin is what this process sent within span (and a transit) of now.
@@ -548,7 +549,10 @@ func (b *bucket) estimate(level float64, now time.Time, byUsage bool, answering 
 	case now.Sub(b.estAt) < time.Second:
 		return
 	}
-	own := math.Min(b.ownHeld(now), b.ownCounted(now, byUsage, answering))
+	own := b.ownHeld(now)
+	if counted, ok := b.ownCounted(now, byUsage, answering); ok {
+		own = math.Min(own, counted)
+	}
 	others := math.Max(0, b.capacity-level-own) / limitSpan.Seconds()
 	b.othersPerSec = math.Min(othersShare*b.perSec, 0.7*b.othersPerSec+0.3*others)
 	b.estAt = now
