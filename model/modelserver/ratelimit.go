@@ -477,10 +477,9 @@ func (b *bucket) released(now time.Time) (tokens float64, next time.Time) {
 // is not read yet), at arrival those sent since; ok is false elsewhere,
 // where what it may still hold (ownHeld) is its count. Not in a minute
 // whose start was read from the count jumping back up (Azure's): that
-// start is known only to within
-// the answers around it, and a lone process counting its own use from it
-// saw others where there were none (a third of the limit used in
-// TestOneModelAgainstEachWindowLargeRequests).
+// start is known only to within the answers around it, and a lone
+// process counting its own use from it saw others where there were none
+// (a third of the limit used in TestOneModelAgainstEachWindowLargeRequests).
 func (b *bucket) ownCounted(now time.Time, byUsage bool, answering time.Time) (float64, bool) {
 	left, ok := b.windowLeft(now)
 	if !ok || b.endFromStart {
