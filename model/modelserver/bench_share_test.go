@@ -68,10 +68,7 @@ func TestBenchShare(t *testing.T) {
 				t.Run(string(kind), func(t *testing.T) {
 					r = threeShare(t, fakeoai.RateLimits{TPM: 60000 * scale, RPM: 600 * scale, Kind: kind}, sh.shape)
 				})
-				mean := 0.0
-				for _, n := range r.ok {
-					mean += float64(n) / float64(len(r.ok))
-				}
+				mean := meanItems(r.ok)
 				far := 0.0
 				for _, n := range r.ok {
 					far = math.Max(far, math.Abs(float64(n)/mean-1))

@@ -493,10 +493,10 @@ func TestThreeModelsShareEachLimiterKind(t *testing.T) {
 }
 
 // shareShape is how many Models threeShare runs (models; 3 if 0) and how
-// each runs its work: callers
-// batches of chunk items at once, for minutes, each request delivered
-// delay after it is sent; messages: as the subscriber runs them
-// (runMessages), else each backoff drops its batch for the next
+// each runs its work: callers batches of chunk items at once (a single
+// item's Models take callers as their MaxConcurrency), for minutes, each
+// request delivered delay after it is sent; messages: as the subscriber
+// runs them (runMessages), else each backoff drops its batch for the next
 // (runBatches). want: fail the test where the bounds are missed.
 type shareShape struct {
 	minutes, callers, chunk int
@@ -515,7 +515,7 @@ type shareResult struct {
 }
 
 // threeShare runs three Models (or the shape's models) of the shape's
-// callers, a single item's MaxConcurrency callers, against one server
+// callers against one server
 // of limits for the shape's minutes of synctest's clock (the items' spread
 // of costs makes shorter runs' shares noisy), and, if the shape wants,
 // wants at most 1% 429s after minute 0 and each Model's items within 20%
@@ -600,10 +600,7 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits, shape shareShape) (res 
 			}
 			t.Logf("minutes %d-%d: items ok per model %v", m0, m0+4, n)
 		}
-		mean := 0.0
-		for _, n := range ok {
-			mean += float64(n) / float64(models)
-		}
+		mean := meanItems(ok)
 		t.Logf("after minute 0: %d of %d answers 429 (%.1f%%), %.3f of TPM admitted; items ok per model %v",
 			limited, answers, 100*float64(limited)/float64(max(1, answers)), float64(tokens)/float64(minutes-1)/float64(limits.TPM), ok)
 		res = shareResult{limited, answers, float64(tokens) / float64(minutes-1) / float64(limits.TPM), ok}
@@ -620,6 +617,15 @@ func threeShare(t *testing.T, limits fakeoai.RateLimits, shape shareShape) (res 
 		}
 	})
 	return res
+}
+
+// meanItems is the mean of the Models' items answered.
+func meanItems(ok []int) float64 {
+	sum := 0
+	for _, n := range ok {
+		sum += n
+	}
+	return float64(sum) / float64(len(ok))
 }
 
 // A fixed minute's end is read from answers whose resets end at one
