@@ -29,7 +29,7 @@ TEST_TIMEOUT ?= 12m
 # CI run compiled the whole dependency graph twice (about 100 s of its 2 cores).
 CHECK_FLAGS := -race
 
-.PHONY: build test unit lint fmt-check vet staticcheck fuzz bench bench-micro demo emulator-up emulator-down emulator-status queues clean lambda infra-fmt infra-validate infra-validate-offline
+.PHONY: build test unit lint fmt-check tidy-check vet staticcheck fuzz bench bench-micro demo emulator-up emulator-down emulator-status queues clean lambda infra-fmt infra-validate infra-validate-offline
 
 ## build: the binaries, the harness's (bench, soak, loadgen) too, into bin/
 build:
@@ -247,12 +247,19 @@ soak: build
 bench-micro:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 300ms -count 5 ./job/ ./subscriber/ ./publisher/ ./publisher/jobs/ ./publisher/batches/ | tee /tmp/bench.txt
 
-## lint: gofmt, go vet and staticcheck, of the product's module, the harness's and infra's tests'
-lint: fmt-check vet staticcheck
+## lint: gofmt, go vet, staticcheck and go mod tidy, of the product's module, the harness's and infra's tests'
+lint: fmt-check vet staticcheck tidy-check
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go') 2>/dev/null || true); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+# tidy-check fails where go mod tidy would change a module's go.mod or go.sum (it prints the
+# diff): a module that tidy cannot settle (an ambiguous import) or a sum no build needs.
+tidy-check:
+	$(GO) mod tidy -diff
+	$(GO) -C $(HARNESS) mod tidy -diff
+	$(GO) -C $(INFRA_TESTS) mod tidy -diff
 
 vet:
 	$(GO) vet $(CHECK_FLAGS) ./...
