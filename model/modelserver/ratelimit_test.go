@@ -515,12 +515,11 @@ type shareResult struct {
 }
 
 // threeShare runs three Models (or the shape's models) of the shape's
-// callers against one server
-// of limits for the shape's minutes of synctest's clock (the items' spread
-// of costs makes shorter runs' shares noisy), and, if the shape wants,
-// wants at most 1% 429s after minute 0 and each Model's items within 20%
-// of the mean. For the fixed minute, admitted counts usage, as LiteLLM
-// does.
+// callers against one server of limits for the shape's minutes of
+// synctest's clock (the items' spread of costs makes shorter runs' shares
+// noisy), and, if the shape wants, wants at most 1% 429s after minute 0
+// and each Model's items within 20% of the mean. For the fixed minute,
+// admitted counts usage, as LiteLLM does.
 func threeShare(t *testing.T, limits fakeoai.RateLimits, shape shareShape) (res shareResult) {
 	minutes := shape.minutes
 	span := time.Duration(minutes) * time.Minute
