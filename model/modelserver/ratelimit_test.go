@@ -1236,9 +1236,9 @@ func TestFixedMinuteOthersSeenPastLastMinutesSends(t *testing.T) {
 }
 
 // In a sliding window, a process sends again what its own sends free
-// only while its part is at most replayPace times what its pace passes
-// in a span: kept whatever its size, a part taken in the first minute's
-// race stayed apart from the others' for the run.
+// only while its part is at most what its pace passes in a span: kept
+// whatever its size, a part taken in the first minute's race stayed apart
+// from the others' for the run.
 func TestReplayBoundedByThePace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		now := time.Now()
@@ -1253,13 +1253,52 @@ func TestReplayBoundedByThePace(t *testing.T) {
 		time.Sleep(limitSpan + transit + arrivalLag + 1950*time.Millisecond) // the first 20 have left
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		r.pace = 200 // 12,000 a span: the part left, 10,000, is within 1.5 times
+		r.pace = 170 // 10,200 a span: the part left, 10,000, is within it
 		if ok, _ := r.replayable(1000, time.Now()); !ok {
-			t.Errorf("a part of 10,000 paced at 200 tokens a second: its own freed room not sent again")
+			t.Errorf("a part of 10,000 paced at 170 tokens a second: its own freed room not sent again")
 		}
-		r.pace = 100 // 6,000 a span
+		r.pace = 160 // 9,600 a span
 		if ok, _ := r.replayable(1000, time.Now()); ok {
-			t.Errorf("a part of 10,000 paced at 100 tokens a second (6,000 a span): its own freed room sent again")
+			t.Errorf("a part of 10,000 paced at 160 tokens a second (9,600 a span): its own freed room sent again")
+		}
+	})
+}
+
+// In a sliding window the pace is a window: a new send goes while the
+// process's part of the count and the send fit within what its pace
+// passes in a span, whatever the pace's rate level says, and waits past
+// it; against a bucket the rate still holds it.
+func TestSlidingPaceIsAWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now := time.Now()
+		for _, sliding := range []bool{true, false} {
+			r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
+			b := newBucket(60000, now, true)
+			b.othersPerSec, b.sharedAt = 500, now
+			if sliding {
+				b.slidingAt = now
+			}
+			r.srv[kindTokens], r.answered, r.typical = b, true, 1000
+			r.pace, r.paceAt, r.paceLevel = 100, now, -1e6 // 6,000 a span; the rate holds every send
+			b.charge(4000, now, 1)
+			r.mu.Lock()
+			w := r.paceWait(1000, now)
+			r.mu.Unlock()
+			if sliding && w != 0 {
+				t.Errorf("sliding window, a part of 4,000 and a send of 1,000 under a pace of 6,000 a span: waits %v; want sent", w)
+			}
+			if !sliding && w == 0 {
+				t.Errorf("bucket, the pace's level 10^6 under: sent; want a wait")
+			}
+			if !sliding {
+				continue
+			}
+			r.mu.Lock()
+			w = r.paceWait(2500, now)
+			r.mu.Unlock()
+			if w == 0 {
+				t.Errorf("sliding window, a part of 4,000 and a send of 2,500 over a pace of 6,000 a span: sent; want a wait")
+			}
 		}
 	})
 }
