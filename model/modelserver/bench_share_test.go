@@ -28,7 +28,10 @@ import (
 // azure), all by default; VRAMQ_BENCH_SHARE_SHAPES one shape (single or
 // batches), both by default; VRAMQ_BENCH_SHARE_MODELS how many Models
 // share the limit (3); VRAMQ_BENCH_SHARE_SCALE a factor on the limits and
-// the callers (1), for a limit of more requests at once.
+// the callers (1), for a limit of more requests at once;
+// VRAMQ_BENCH_SHARE_MINUTES each run's minutes (30 and 20), 10 for the
+// real-time table's horizon, over which shares wander further from the
+// mean.
 func TestBenchShare(t *testing.T) {
 	if os.Getenv("VRAMQ_BENCH_SHARE") == "" {
 		t.Skip("set VRAMQ_BENCH_SHARE=1 to run the sharing benchmark")
@@ -53,6 +56,11 @@ func TestBenchShare(t *testing.T) {
 	}{
 		{"single items", shareShape{minutes: 30, callers: 16 * scale, chunk: 1, messages: true, models: models}},
 		{"32-item batches", shareShape{minutes: 20, callers: 2 * scale, chunk: 32, delay: sendDelay, messages: true, models: models}},
+	}
+	if n, err := strconv.Atoi(os.Getenv("VRAMQ_BENCH_SHARE_MINUTES")); err == nil && n > 1 {
+		for i := range shapes {
+			shapes[i].shape.minutes = n
+		}
 	}
 	for i, sh := range shapes {
 		if k := os.Getenv("VRAMQ_BENCH_SHARE_SHAPES"); k != "" && !slices.Contains(strings.Split(k, ","), []string{"single", "batches"}[i]) {
