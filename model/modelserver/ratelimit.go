@@ -1402,17 +1402,16 @@ func (r *rates) limited(res reservation, until time.Time) {
 	r.byArrival("a 429 of its rate limiter")
 	r.marginK = math.Min(marginMax, r.marginK*marginRaise)
 	r.clean = 0
-	if r.pace > 0 && time.Since(r.cut429At) >= cutEvery {
-		r.advancePace(time.Now())
+	if now := time.Now(); r.pace > 0 && now.Sub(r.cut429At) >= cutEvery {
+		r.advancePace(now)
 		cut := paceCut429
-		if b := r.srv[kindTokens]; b != nil && b.sliding(time.Now()) {
+		if b := r.srv[kindTokens]; b != nil && b.sliding(now) {
 			// A window's 429 falls on whichever send met another's in
 			// the same room, not on the larger part (Sharing a limit).
 			cut = slidingCut429
 		}
 		r.pace = math.Max(r.pace*cut, r.minPace())
-		r.cutAt = time.Now()
-		r.cut429At = r.cutAt
+		r.cutAt, r.cut429At = now, now
 	}
 	r.mu.Unlock()
 }
