@@ -121,6 +121,11 @@ type bucket struct {
 	// jumpedAt is when the count last jumped back up so.
 	endFromStart bool
 	jumpedAt     time.Time
+	// lastRead is the remaining count of the last answer read (at
+	// readAt), roseAt when an answer's count last rose over the one read
+	// before it (sameMinute).
+	lastRead       float64
+	readAt, roseAt time.Time
 	// slidingAt is when an answer last showed a sliding window, slideEnd
 	// the end of the last answer's reset, dated by its arrival
 	// (observeSliding).
@@ -190,6 +195,23 @@ func (b *bucket) observeWindow(remaining float64, reset time.Duration, hasReset 
 		b.windowEnd, b.endFromStart = b.lastAt.Add(limitSpan), true
 	}
 	b.lastRemaining, b.lastAt = remaining, now
+}
+
+// sameMinute is whether an answer whose count is remaining, of a request
+// reserved at sentAt, shows the count that request was charged to: the
+// count has not risen since it was sent (a window restarting, or a bucket
+// refilling, which this cannot tell apart). The first answer proves
+// nothing: it has none to rise over.
+func (b *bucket) sameMinute(remaining float64, sentAt time.Time) bool {
+	return !sentAt.IsZero() && !b.readAt.IsZero() && remaining <= b.lastRead && b.roseAt.Before(sentAt)
+}
+
+// read records an answer's remaining count, read at now (sameMinute).
+func (b *bucket) read(remaining float64, now time.Time) {
+	if !b.readAt.IsZero() && remaining > b.lastRead {
+		b.roseAt = now
+	}
+	b.lastRead, b.readAt = remaining, now
 }
 
 // sliding is whether the answers showed a sliding window within
@@ -1475,17 +1497,23 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			}
 			// The tokens limit is the configured one, else at least what
 			// remains plus what the answered request took from it, the
-			// most any answer has shown.
+			// most any answer has shown. Only where that request is
+			// known to be in the count: one sent before the minute
+			// restarted was charged to the last minute, and counted in
+			// this one's remaining as well it raised the limit by itself
+			// for good (a lone subscriber then met a 429 near a minute's
+			// end about once in 60 runs of TestArrivalChargeKept).
+			m := r.srv[k]
 			switch {
 			case r.own[k] != nil:
 				limit = r.own[k].capacity
-			case !ok:
-				limit = remaining
-			default:
+			case ok && m != nil && m.sameMinute(remaining, sentAt):
 				limit = remaining + took
+			default:
+				limit = remaining
 			}
-			if b := r.srv[k]; b != nil && b.inferred {
-				limit = math.Max(limit, b.capacity)
+			if m != nil && m.inferred {
+				limit = math.Max(limit, m.capacity)
 			}
 			okL, inferred = true, true
 		}
@@ -1524,6 +1552,7 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			b.rateReading((limit-remaining)/reset.Seconds(), now)
 		}
 		if okR {
+			b.read(remaining, now)
 			b.refill(now, r.inflight > 0)
 			before := b.proven
 			// The answer proves its remaining count (a lone mirror's level

@@ -394,12 +394,26 @@ func TestRefillIsTheMinutesLeastReading(t *testing.T) {
 
 // Azure sends x-ratelimit-remaining-* and no limit: the mirrors follow the
 // remaining counts, each limit at least what remains plus what the
-// answered request took, the most any answer has shown.
+// answered request took, the most any answer has shown, where that
+// request is in the count: not the first answer's (nothing shows whether
+// the count restarted since its send) nor one's sent before the count
+// last rose (a request charged to the last minute, its cost counted twice
+// over).
 func TestLimitInferredFromRemaining(t *testing.T) {
 	now := time.Now()
 	r := newRates(0, 0, now, newWaits(time.Hour, quiet()))
-	r.sync(header("remaining-tokens", "58000", "remaining-requests", "90"), now, true, 1000, time.Time{})
-	r.sync(header("remaining-tokens", "59000", "remaining-requests", "99"), now.Add(time.Minute), true, 1000, time.Time{})
+	at := func(d time.Duration) time.Time { return now.Add(d) }
+	r.sync(header("remaining-tokens", "58000", "remaining-requests", "90"), now, true, 1000, at(-time.Second))
+	if tok := r.srv[kindTokens]; tok == nil || tok.capacity != 58000 {
+		t.Fatalf("tokens mirror %+v after the first answer; want capacity 58,000", tok)
+	}
+	// Sent in the last minute, answered in this one: 59,000 + 1,000 is
+	// no limit.
+	r.sync(header("remaining-tokens", "59000", "remaining-requests", "99"), at(time.Minute), true, 1000, at(59*time.Second))
+	if tok := r.srv[kindTokens]; tok.capacity != 59000 {
+		t.Errorf("capacity %.0f from a request sent before the count rose; want 59,000 (not its 1,000 again)", tok.capacity)
+	}
+	r.sync(header("remaining-tokens", "59000", "remaining-requests", "99"), at(time.Minute+2*time.Second), true, 1000, at(time.Minute+time.Second))
 	h := header("remaining-tokens", "10000", "remaining-requests", "99")
 	r.sync(h, now.Add(time.Minute+30*time.Second), true, 1000, time.Time{})
 	tok, req := r.srv[kindTokens], r.srv[kindRequests]
