@@ -662,10 +662,10 @@ func (b *bucket) estimate(level float64, now time.Time, byUsage bool, answering 
 //     answer has shown room, and the larger part, with more answers on
 //     their way, hears of room more often and grew more often; with
 //     equal increases the parts a first minute left 3 to 1 apart were
-//     still 20% off the mean at minute 10 in 20 of 100 runs of
-//     TestBenchShare's 32-item batches, against 2 of 100 with the
-//     increase scaled (bench/modelserver.md, "Growth by the others'
-//     part").
+//     still 20% off the mean at minute 10 in 20 and 24 of 100 runs of
+//     TestBenchShare's 32-item batches, against 3 of 100 with the
+//     increase scaled and the cut at 0.35 (bench/modelserver.md,
+//     "Growth by the others' part").
 //     As a rate, the pace let a process send new requests into room the
 //     others' sends freed as fast as it heard of it, whatever its part;
 //     a cut owed part of its part instead, and the window stayed 0.93
