@@ -712,8 +712,9 @@ const (
 	paceUsedOver = 30 * time.Second
 	replayKept   = 2.0
 	replayNeed   = 0.5
-	// In a sliding window ("Sharing a limit"): pacedMargin, paceCut and
-	// paceCut429 there.
+	// In a sliding window ("Sharing a limit"): pacedMargin, paceCut,
+	// paceCut429 and paceIncrease there; slidingSpread bounds how far
+	// the increase is scaled by the parts (rates.increase).
 	slidingMargin   = 1.25
 	slidingCut      = 0.35
 	slidingCut429   = 0.85
@@ -1523,10 +1524,11 @@ func (r *rates) sync(h http.Header, now time.Time, ok bool, tokens float64, sent
 			// remains plus what the answered request took from it, the
 			// most any answer has shown. Only where that request is
 			// known to be in the count: one sent before the minute
-			// restarted was charged to the last minute, and counted in
-			// this one's remaining as well it raised the limit by itself
-			// for good (a lone subscriber then met a 429 near a minute's
-			// end about once in 60 runs of TestArrivalChargeKept).
+			// restarted was charged to the last minute, not to the count
+			// its answer shows, and its cost added to that count raised
+			// the limit for good (a lone subscriber then met a 429 near
+			// a minute's end in about 1 of 60 runs of
+			// TestArrivalChargeKept).
 			m := r.srv[k]
 			switch {
 			case r.own[k] != nil:
