@@ -1347,7 +1347,8 @@ func TestSlidingGrowthByTheOthersPart(t *testing.T) {
 			want         float64
 		}{
 			{"a third of a sliding window", true, 300, 600, slidingIncrease},
-			{"a tenth of a sliding window", true, 100, 900, slidingIncrease * slidingSpread},
+			{"a tenth of a sliding window", true, 100, 900, slidingIncrease * 4.5},
+			{"a twentieth of a sliding window", true, 50, 950, slidingIncrease * slidingSpread},
 			{"a half of a sliding window", true, 500, 500, slidingIncrease / 2},
 			{"nearly all of a sliding window", true, 900, 50, slidingIncrease / slidingSpread},
 			{"a tenth of a bucket", false, 100, 900, paceIncrease},
