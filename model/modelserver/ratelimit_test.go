@@ -428,6 +428,16 @@ func TestLimitInferredFromRemaining(t *testing.T) {
 	if n, _ := r.perSecond(); n != 10 {
 		t.Errorf("%d requests a second; want 10", n)
 	}
+	// A request sent before the count rose, answered after an answer
+	// that showed the rise, and whose count is below that one's: still
+	// charged to the last minute, not to the count its answer shows.
+	r = newRates(0, 0, now, newWaits(time.Hour, quiet()))
+	r.sync(header("remaining-tokens", "58000"), now, true, 1000, at(-time.Second))
+	r.sync(header("remaining-tokens", "59000"), at(61*time.Second), true, 1000, at(60500*time.Millisecond))
+	r.sync(header("remaining-tokens", "58500"), at(62*time.Second), true, 1000, at(59*time.Second))
+	if tok := r.srv[kindTokens]; tok.capacity != 59000 {
+		t.Errorf("capacity %.0f from a request sent before another's answer showed the count rise; want 59,000", tok.capacity)
+	}
 	// Configured limits are the limits the remaining counts count down from.
 	r = newRates(30000, 0, now, newWaits(time.Hour, quiet()))
 	r.sync(h, now, true, 1000, time.Time{})
@@ -645,7 +655,8 @@ func meanItems(ok []int) float64 {
 // instant while the count falls; a sliding window's, whose reset is its
 // newest charge's, moves with each charge and is not one. Azure sends no
 // reset: its minute starts between the answer before its count jumped
-// back up and that answer, taken at the earlier.
+// back up and that answer, taken at the earlier; past the end so read,
+// the minute is not read as started again until a jump shows it.
 func TestFixedMinuteEndFromAnswers(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
 	fixed := newBucket(60000, t0, true)
@@ -668,6 +679,16 @@ func TestFixedMinuteEndFromAnswers(t *testing.T) {
 	azure.observeWindow(58000, 0, false, t0.Add(2*time.Second), t0.Add(2*time.Second))
 	if left, ok := azure.windowLeft(t0.Add(30 * time.Second)); !ok || left != 30*time.Second {
 		t.Errorf("Azure's minute: %v left (%v) 30 s after the answer before the jump; want 30s", left, ok)
+	}
+	// Past that end, answers still show the old count (the minute in
+	// fact started after t0): ending, not a new minute nearly spent.
+	azure.observeWindow(2000, 0, false, t0.Add(61*time.Second), t0.Add(61*time.Second))
+	if left, ok := azure.windowLeft(t0.Add(61500 * time.Millisecond)); !ok || left != 0 {
+		t.Errorf("Azure's minute: %v left (%v) past its end with no jump since; want 0, not a new minute", left, ok)
+	}
+	azure.observeWindow(59000, 0, false, t0.Add(62*time.Second), t0.Add(62*time.Second))
+	if left, ok := azure.windowLeft(t0.Add(91 * time.Second)); !ok || left != 30*time.Second {
+		t.Errorf("Azure's next minute: %v left (%v); want 30s (started at 61 s, the answer before the jump)", left, ok)
 	}
 }
 

@@ -18,18 +18,25 @@ import (
 // each embeddings input), the status of every answer to it, in order: 0
 // when none was written (the client went away first). Tests read it to
 // tell which items reached the server, and how often; and when each 200
-// was written, to count a client's answers over part of a run.
+// was written, to count a client's answers over part of a run; and when
+// each request arrived and each 200 was written, to tell an item asked
+// again after its answer (AskedAfterAnswer) from a retry of a refusal.
 type Recorder struct {
 	srv  *httptest.Server
 	mu   sync.Mutex
 	seen map[string][]int
 	oks  []time.Time // when each 200 answer was written, per item content
+	// arrived is when each content's requests arrived; answered when the
+	// first 200 to it was written.
+	arrived  map[string][]time.Time
+	answered map[string]time.Time
 }
 
 // NewRecorder serves s through a Recorder until the test ends.
 func NewRecorder(t testing.TB, s *Server) *Recorder {
-	r := &Recorder{seen: map[string][]int{}}
+	r := &Recorder{seen: map[string][]int{}, arrived: map[string][]time.Time{}, answered: map[string]time.Time{}}
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		arrived := time.Now()
 		body, _ := io.ReadAll(req.Body)
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		sw := &statusWriter{ResponseWriter: w}
@@ -42,8 +49,12 @@ func NewRecorder(t testing.TB, s *Server) *Recorder {
 		r.mu.Lock()
 		for _, c := range contents {
 			r.seen[c] = append(r.seen[c], sw.status)
+			r.arrived[c] = append(r.arrived[c], arrived)
 			if sw.status == http.StatusOK {
 				r.oks = append(r.oks, now)
+				if _, ok := r.answered[c]; !ok {
+					r.answered[c] = now
+				}
 			}
 		}
 		r.mu.Unlock()
@@ -78,6 +89,36 @@ func (r *Recorder) OKSince(from time.Time) int {
 		}
 	}
 	return n
+}
+
+// AskedAfterAnswer counts the item contents requested, through any of
+// recs (each client of one server has its own), after a 200 to them was
+// written: an answer asked for again, which issue 33 item 5 forbids. A
+// refusal's retry (a 429, a 503) is not one: no answer was written before
+// it.
+func AskedAfterAnswer(recs ...*Recorder) int {
+	first := map[string]time.Time{}
+	for _, r := range recs {
+		r.mu.Lock()
+		for c, at := range r.answered {
+			if f, ok := first[c]; !ok || at.Before(f) {
+				first[c] = at
+			}
+		}
+		r.mu.Unlock()
+	}
+	again := map[string]bool{}
+	for _, r := range recs {
+		r.mu.Lock()
+		for c, times := range r.arrived {
+			f, ok := first[c]
+			if ok && slices.ContainsFunc(times, f.Before) {
+				again[c] = true
+			}
+		}
+		r.mu.Unlock()
+	}
+	return len(again)
 }
 
 // requestContents is what a request body asks about: a chat's first

@@ -47,4 +47,22 @@ func TestRecorderCountsAnswersSince(t *testing.T) {
 	if a := rec.Answers(); len(a["a"]) != 1 || len(a["b"]) != 2 || a["b"][0] != 503 || a["b"][1] != 200 {
 		t.Errorf("Answers() = %v, want a: [200], b: [503 200]", a)
 	}
+	// b's 503 and its retry are no answer asked again; a asked again,
+	// through another client of the same server, is one.
+	if n := fakeoai.AskedAfterAnswer(rec); n != 0 {
+		t.Errorf("AskedAfterAnswer = %d before any answer was asked again, want 0", n)
+	}
+	other := fakeoai.NewRecorder(t, s)
+	res, err := http.Post(other.URL()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"fake-model","max_tokens":2,"messages":[{"role":"user","content":"a"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if n := fakeoai.AskedAfterAnswer(rec, other); n != 1 {
+		t.Errorf("AskedAfterAnswer = %d after a was asked again through another client, want 1", n)
+	}
+	if n := fakeoai.AskedAfterAnswer(other); n != 0 {
+		t.Errorf("AskedAfterAnswer(other alone) = %d, want 0: it answered a once", n)
+	}
 }
