@@ -142,9 +142,11 @@ func (b *bucket) windowLeft(now time.Time) (time.Duration, bool) {
 		// at its estimated end, a process read the rest of the old
 		// minute as a new one nearly spent, cut its pace and held it to
 		// a share of that rest (windowShare): the three sharing Azure's
-		// limit in real time had a minute at 0.65–0.76 of it in each of
-		// four runs, and admitted 0.942 and 0.959 of it over 7 minutes
-		// in two, against 0.963 and 0.967 so (bench/modelserver.md).
+		// limit in real time had a minute at 0.65–0.76 of it in four
+		// runs of five, and admitted 0.942 and 0.959 of it over 7
+		// minutes in two, against 0.963 and 0.967 so
+		// (bench/modelserver.md, "Azure's minute past its estimated
+		// end").
 		return 0, true
 	}
 	left := b.windowEnd.Sub(now) % limitSpan
