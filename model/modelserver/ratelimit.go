@@ -726,15 +726,34 @@ const (
 	paceUsedOver = 30 * time.Second
 	replayKept   = 2.0
 	replayNeed   = 0.5
-	// In a sliding window ("Sharing a limit"): pacedMargin, paceCut,
-	// paceCut429 and paceIncrease there; slidingSpread bounds how far
-	// the increase is scaled by the parts (rates.increase).
+	// In a sliding window ("Sharing a limit", paceRulesOf): pacedMargin,
+	// paceCut, paceCut429 and paceIncrease there; slidingSpread bounds
+	// how far the increase is scaled by the parts (rates.increase).
 	slidingMargin   = 1.25
 	slidingCut      = 0.35
 	slidingCut429   = 0.85
 	slidingIncrease = 3 * paceIncrease
 	slidingSpread   = 6.0
 )
+
+// paceRules are the shared pace's factors that depend on the limit's kind
+// ("Sharing a limit"): the share of its part a congestion cut takes, what
+// a 429 cuts it to, and the margin of room, in typical requests, a new
+// send leaves.
+type paceRules struct{ cut, cut429, margin float64 }
+
+// paceRulesOf is the pace's rules against b as the answers show it at
+// now. In a sliding window the pace is a window (inWindow), and a cut
+// one: what its sends free past it is not sent again, so a cut takes
+// less; a 429 there falls on whichever send met another's in the same
+// room, not on the larger part; and its room is proven (provenOnly),
+// not refilled, so the margin is smaller. b may be nil.
+func paceRulesOf(b *bucket, now time.Time) paceRules {
+	if b != nil && b.sliding(now) {
+		return paceRules{slidingCut, slidingCut429, slidingMargin}
+	}
+	return paceRules{paceCut, paceCut429, pacedMargin}
+}
 
 func (r *rates) minPace() float64 { return paceLeast * r.srv[kindTokens].perSec }
 
@@ -921,13 +940,7 @@ func (r *rates) congestion(b *bucket, now time.Time) {
 	}
 	r.advancePace(now)
 	share := r.pace / (r.pace + b.othersPerSec)
-	cut := paceCut
-	if b.sliding(now) {
-		// The pace is a window there (inWindow), and a cut one: what
-		// its sends free past it is not sent again.
-		cut = slidingCut
-	}
-	r.pace = math.Max(r.pace*(1-cut*share), r.minPace())
+	r.pace = math.Max(r.pace*(1-paceRulesOf(b, now).cut*share), r.minPace())
 	r.cutAt, r.cutShort = now, short
 }
 
@@ -1192,11 +1205,7 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 						// at 1 the windows met 1.3–3.1%).
 						// In a sliding window, slidingMargin: its
 						// room is proven (provenOnly), not refilled.
-						pm := pacedMargin
-						if b.sliding(now) {
-							pm = slidingMargin
-						}
-						margin = math.Max(0, math.Min(pm*r.typical, b.capacity-cost[k]))
+						margin = math.Max(0, math.Min(paceRulesOf(b, now).margin*r.typical, b.capacity-cost[k]))
 					}
 				}
 				// With an answer on its way, a shared mirror sends only into
@@ -1465,13 +1474,7 @@ func (r *rates) limited(res reservation, until time.Time) {
 	r.clean = 0
 	if now := time.Now(); r.pace > 0 && now.Sub(r.cut429At) >= cutEvery {
 		r.advancePace(now)
-		cut := paceCut429
-		if b := r.srv[kindTokens]; b != nil && b.sliding(now) {
-			// A window's 429 falls on whichever send met another's in
-			// the same room, not on the larger part (Sharing a limit).
-			cut = slidingCut429
-		}
-		r.pace = math.Max(r.pace*cut, r.minPace())
+		r.pace = math.Max(r.pace*paceRulesOf(r.srv[kindTokens], now).cut429, r.minPace())
 		r.cutAt, r.cut429At = now, now
 	}
 	r.mu.Unlock()
