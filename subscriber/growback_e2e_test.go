@@ -38,10 +38,16 @@ func TestE2EBatchLimitGrowsBack(t *testing.T) {
 	})
 	limit := func() int { return int(promsum.Sum(t, p.reg, "vramq_subscriber_batch_limit_messages")) }
 
-	large := workload.Mixed("large", 16)
-	large.LargeEvery = 1
-	p.send(large.Works())
-	p.collect(16, 2*time.Minute)
+	// In rounds until the limit drops: the large messages run out of
+	// memory together only when enough are received together, which a slow
+	// receive (a loaded machine) may not give in one round (1 CI run failed
+	// so).
+	for round := 0; round < 3 && (round == 0 || limit() >= maxBatch); round++ {
+		large := workload.Mixed(fmt.Sprintf("large-%d", round), 16)
+		large.LargeEvery = 1
+		p.send(large.Works())
+		p.collect(16, 2*time.Minute)
+	}
 	if got := limit(); got >= maxBatch {
 		t.Fatalf("batch limit %d after large messages ran out of memory together; the test does not lower it", got)
 	}
