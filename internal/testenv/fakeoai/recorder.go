@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -22,19 +21,23 @@ import (
 // each request arrived and each 200 was written, to tell an item asked
 // again after its answer (AskedAfterAnswer) from a retry of a refusal.
 type Recorder struct {
-	srv  *httptest.Server
-	mu   sync.Mutex
-	seen map[string][]int
-	oks  []time.Time // when each 200 answer was written, per item content
-	// arrived is when each content's requests arrived; answered when the
-	// first 200 to it was written.
-	arrived  map[string][]time.Time
-	answered map[string]time.Time
+	srv *httptest.Server
+	mu  sync.Mutex
+	// asked is each item content's requests, in order of their answers.
+	asked map[string][]asked
+}
+
+// asked is one request for an item content: when it arrived, the status
+// of its answer (0 when none was written: the client went away first),
+// and when the answer was written.
+type asked struct {
+	arrived, answered time.Time
+	status            int
 }
 
 // NewRecorder serves s through a Recorder until the test ends.
 func NewRecorder(t testing.TB, s *Server) *Recorder {
-	r := &Recorder{seen: map[string][]int{}, arrived: map[string][]time.Time{}, answered: map[string]time.Time{}}
+	r := &Recorder{asked: map[string][]asked{}}
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		arrived := time.Now()
 		body, _ := io.ReadAll(req.Body)
@@ -44,18 +47,10 @@ func NewRecorder(t testing.TB, s *Server) *Recorder {
 		if req.Method != http.MethodPost {
 			return
 		}
-		contents := requestContents(body)
-		now := time.Now()
+		a := asked{arrived: arrived, answered: time.Now(), status: sw.status}
 		r.mu.Lock()
-		for _, c := range contents {
-			r.seen[c] = append(r.seen[c], sw.status)
-			r.arrived[c] = append(r.arrived[c], arrived)
-			if sw.status == http.StatusOK {
-				r.oks = append(r.oks, now)
-				if _, ok := r.answered[c]; !ok {
-					r.answered[c] = now
-				}
-			}
+		for _, c := range requestContents(body) {
+			r.asked[c] = append(r.asked[c], a)
 		}
 		r.mu.Unlock()
 	}))
@@ -70,9 +65,11 @@ func (r *Recorder) URL() string { return r.srv.URL }
 func (r *Recorder) Answers() map[string][]int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := maps.Clone(r.seen)
-	for k, v := range out {
-		out[k] = slices.Clone(v)
+	out := make(map[string][]int, len(r.asked))
+	for c, as := range r.asked {
+		for _, a := range as {
+			out[c] = append(out[c], a.status)
+		}
 	}
 	return out
 }
@@ -83,9 +80,11 @@ func (r *Recorder) OKSince(from time.Time) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
-	for _, at := range r.oks {
-		if !at.Before(from) {
-			n++
+	for _, as := range r.asked {
+		for _, a := range as {
+			if a.status == http.StatusOK && !a.answered.Before(from) {
+				n++
+			}
 		}
 	}
 	return n
@@ -97,12 +96,14 @@ func (r *Recorder) OKSince(from time.Time) int {
 // refusal's retry (a 429, a 503) is not one: no answer was written before
 // it.
 func AskedAfterAnswer(recs ...*Recorder) int {
-	first := map[string]time.Time{}
+	first := map[string]time.Time{} // each content's first 200
 	for _, r := range recs {
 		r.mu.Lock()
-		for c, at := range r.answered {
-			if f, ok := first[c]; !ok || at.Before(f) {
-				first[c] = at
+		for c, as := range r.asked {
+			for _, a := range as {
+				if f, ok := first[c]; a.status == http.StatusOK && (!ok || a.answered.Before(f)) {
+					first[c] = a.answered
+				}
 			}
 		}
 		r.mu.Unlock()
@@ -110,9 +111,9 @@ func AskedAfterAnswer(recs ...*Recorder) int {
 	again := map[string]bool{}
 	for _, r := range recs {
 		r.mu.Lock()
-		for c, times := range r.arrived {
+		for c, as := range r.asked {
 			f, ok := first[c]
-			if ok && slices.ContainsFunc(times, f.Before) {
+			if ok && slices.ContainsFunc(as, func(a asked) bool { return a.arrived.After(f) }) {
 				again[c] = true
 			}
 		}
