@@ -1381,3 +1381,39 @@ func TestSlidingGrowthByTheOthersPart(t *testing.T) {
 		}
 	})
 }
+
+// A batch handed back (a wait past its deadline) in a shared sliding
+// window comes back when this process's own next send leaves the window,
+// as a request that waits on does, not at the end of a longer wait (here
+// the requests' limit's): its subscriber pauses until then, and the room
+// its send frees, left unspent, is the others' to take, and its part with
+// it.
+func TestBackoffEndsAtOwnRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		t0 := time.Now()
+		r := newRates(0, 0, t0, newWaits(time.Hour, quiet()))
+		b := newBucket(60000, t0, true)
+		b.othersPerSec, b.sharedAt, b.slidingAt = 600, t0, t0 // others on it, a sliding window
+		reqs := newBucket(600, t0, true)
+		r.srv[kindTokens], r.srv[kindRequests], r.answered, r.typical = b, reqs, true, 1000
+		r.pace, r.paceAt = 1000, t0 // its window holds no send back
+		b.charge(1000, t0, 1)
+		b.answered(t0, t0)
+		r.seq = 1
+		time.Sleep(limitSpan)
+		r.mu.Lock()
+		b.level, b.proven = 0, 0                                    // the tokens' window full, as far as answers show
+		reqs.level, reqs.proven, reqs.last = -300, -300, time.Now() // the requests' limit: half a minute's wait
+		release := b.own[0].heldUntil(time.Now())
+		r.mu.Unlock()
+		_, err := r.take(context.Background(), 1000, time.Now())
+		until, ok := fault.BackoffUntil(err)
+		if !ok {
+			t.Fatalf("take past its deadline: %v; want a backoff", err)
+		}
+		if until.After(release) {
+			t.Errorf("handed back until %v from now, its own send leaving the window %v from now; want no later than that",
+				until.Sub(time.Now()), release.Sub(time.Now()))
+		}
+	})
+}
