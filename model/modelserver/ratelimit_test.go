@@ -1110,10 +1110,7 @@ func loneBatches(t *testing.T, configured bool) {
 func TestReplaysOwnSendsLeavingASlidingWindow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		t0 := time.Now()
-		r := newRates(0, 0, t0, newWaits(time.Hour, quiet()))
-		b := newBucket(60000, t0, true)
-		b.othersPerSec, b.sharedAt, b.slidingAt = 600, t0, t0 // others on it, a sliding window
-		r.srv[kindTokens], r.answered, r.typical = b, true, 1000
+		r, b := sharedSlidingWindow(t0)
 		r.pace, r.paceLevel, r.paceAt = 100, -1e6, t0 // the pace holds every send
 		b.charge(1000, t0, 1)
 		b.answered(t0, t0)
@@ -1391,11 +1388,9 @@ func TestSlidingGrowthByTheOthersPart(t *testing.T) {
 func TestBackoffEndsAtOwnRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		t0 := time.Now()
-		r := newRates(0, 0, t0, newWaits(time.Hour, quiet()))
-		b := newBucket(60000, t0, true)
-		b.othersPerSec, b.sharedAt, b.slidingAt = 600, t0, t0 // others on it, a sliding window
+		r, b := sharedSlidingWindow(t0)
 		reqs := newBucket(600, t0, true)
-		r.srv[kindTokens], r.srv[kindRequests], r.answered, r.typical = b, reqs, true, 1000
+		r.srv[kindRequests] = reqs
 		r.pace, r.paceAt = 1000, t0 // its window holds no send back
 		b.charge(1000, t0, 1)
 		b.answered(t0, t0)
@@ -1416,4 +1411,16 @@ func TestBackoffEndsAtOwnRelease(t *testing.T) {
 				until.Sub(time.Now()), release.Sub(time.Now()))
 		}
 	})
+}
+
+// sharedSlidingWindow is a process's rates at t0 on a server's tokens
+// limit of 60,000 a minute that answers have shown to be a sliding window
+// with others on it (600 tokens a second), its typical request 1,000
+// tokens.
+func sharedSlidingWindow(t0 time.Time) (*rates, *bucket) {
+	r := newRates(0, 0, t0, newWaits(time.Hour, quiet()))
+	b := newBucket(60000, t0, true)
+	b.othersPerSec, b.sharedAt, b.slidingAt = 600, t0, t0
+	r.srv[kindTokens], r.answered, r.typical = b, true, 1000
+	return r, b
 }
