@@ -1408,7 +1408,7 @@ func TestBackoffEndsAtOwnRelease(t *testing.T) {
 		}
 		if until.After(release) {
 			t.Errorf("handed back until %v from now, its own send leaving the window %v from now; want no later than that",
-				until.Sub(time.Now()), release.Sub(time.Now()))
+				time.Until(until), time.Until(release))
 		}
 	})
 }
