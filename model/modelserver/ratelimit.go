@@ -1289,11 +1289,13 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 			// enough (replayable): a wait ends then, and so does a
 			// backoff. A batch handed back past its own release (its
 			// subscriber paused to the wait's end) left that room to
-			// the others, and its part of the window with it: in real
-			// time, one of three sharing a sliding window 24% under the
-			// mean in 1 of 3 runs, 0 of 3 beside it with this
-			// (bench/modelserver.md, "A backoff ends at the process's
-			// own release").
+			// the others, and its part of the window with it (traced in
+			// one real-time run of three sharing a sliding window: a part
+			// of 16,000 tokens fell to 9,500 in a minute with nothing
+			// waiting). It does not make the parts fair on its own: 3 of
+			// 6 real-time runs still had one of three over 20% off the
+			// mean (bench/modelserver.md, "A backoff ends at the
+			// process's own release").
 			wait = release.Sub(now)
 		}
 		until := now.Add(wait)
