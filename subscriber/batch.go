@@ -216,7 +216,7 @@ func (b *batcher) send(class int) {
 // start runs tasks as a batch in a goroutine of its own, which tells run
 // when it has returned.
 func (b *batcher) start(tasks []*task) {
-	b.s.startTasks(len(tasks))
+	b.s.startedTasks(len(tasks))
 	b.running++
 	b.s.runners.Go(func() {
 		defer func() { b.returned <- struct{}{} }()

@@ -76,7 +76,9 @@ type Config struct {
 	BudgetRefresh time.Duration
 
 	// Prefetch bounds messages received but not yet started, independently
-	// of how many run at once.
+	// of how many run at once. Fewer wait while they start slowly: as many
+	// as start within half of AdmitTimeout at their recent rate, at least
+	// one (receiving.prefetchNow).
 	Prefetch int
 	// MaxInflight bounds messages held in total (waiting and running).
 	// Under AdmitNone it is the only bound: 10 makes the classic prefetch-10

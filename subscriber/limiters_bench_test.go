@@ -251,10 +251,22 @@ func benchLimiter(t *testing.T, kind fakeoai.LimitKind, mode string, minutes int
 		// payload bucket, so that a chunk cut at the stop is not lost work.
 		store := newStore(t)
 		var subs []*benchSub
-		for range n {
+		for i := range n {
+			// VRAMQ_BENCH_LIMITERS_LOGS=prefix writes each subscriber's log,
+			// debug lines included, to prefix.<kind>.<mode>.<i>: how the
+			// idle minutes of "Prefetch held by the others" were found.
+			var lg slog.Handler = warns
+			if prefix := os.Getenv("VRAMQ_BENCH_LIMITERS_LOGS"); prefix != "" {
+				f, err := os.Create(fmt.Sprintf("%s.%s.%s.%d", prefix, kind, strings.ReplaceAll(mode, " ", "-"), i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = f.Close() })
+				lg = slog.NewMultiHandler(warns, slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			}
 			rec := fakeoai.NewRecorder(t, srv)
 			recs = append(recs, rec)
-			cfg := modelserver.Config{BaseURL: rec.URL(), Models: []string{"fake-model"}, Logger: slog.New(warns)}
+			cfg := modelserver.Config{BaseURL: rec.URL(), Models: []string{"fake-model"}, Logger: slog.New(lg)}
 			if mode == "configured" {
 				cfg.TPM, cfg.RPM = lbTPM, lbRPM
 			}
@@ -266,7 +278,7 @@ func benchLimiter(t *testing.T, kind fakeoai.LimitKind, mode string, minutes int
 			b := &benchSub{reg: prometheus.NewRegistry(), done: make(chan struct{})}
 			b.sub, err = subscriber.New(subscriber.Config{
 				Queue: sqsqueue.New(client, urls.Work), Results: sqsqueue.New(client, urls.Results), DLQ: sqsqueue.New(client, urls.DLQ),
-				Backend: m, Registerer: b.reg, Logger: slog.New(warns), Payloads: store,
+				Backend: m, Registerer: b.reg, Logger: slog.New(lg), Payloads: store,
 				VRAMReserve: 1, // checkModelServer's: the device's memory is tokens
 			})
 			if err != nil {

@@ -15,6 +15,7 @@ type metrics struct {
 	admitted      prometheus.Counter
 	held          prometheus.Gauge
 	waiting       prometheus.Gauge
+	prefetch      prometheus.Gauge
 	inflight      prometheus.Gauge
 	inflightPeak  prometheus.Gauge
 	budget        prometheus.Gauge
@@ -114,9 +115,11 @@ func newMetrics(reg prometheus.Registerer, unit backend.Unit, tenants ...string)
 		received: counter("messages_received_total", "Messages received from the work queue."),
 		redelivered: counter("messages_redelivered_total", "Messages received that had been received before "+
 			"(ApproximateReceiveCount above 1): released, timed out, or lost by a consumer."),
-		admitted:     counter("messages_admitted_total", "Messages admitted onto the device."),
-		held:         gauge("messages_held", "Messages whose lease this subscriber holds (waiting or running)."),
-		waiting:      gauge("messages_waiting", "Messages received but not yet started (the prefetch buffer)."),
+		admitted: counter("messages_admitted_total", "Messages admitted onto the device."),
+		held:     gauge("messages_held", "Messages whose lease this subscriber holds (waiting or running)."),
+		waiting:  gauge("messages_waiting", "Messages received but not yet started (the prefetch buffer)."),
+		prefetch: gauge("prefetch", "Messages the subscriber lets wait received and not started: Prefetch, or as many "+
+			"as start within half of AdmitTimeout at the rate they have started lately, at least 1."),
 		inflight:     gauge(ms.inflight, "Estimated "+ms.what+" of admitted messages, in "+ms.unit+"."),
 		inflightPeak: gauge(ms.peak, "Highest estimated "+ms.what+" admitted at once, in "+ms.unit+"."),
 		budget: gauge(ms.budget, "Budget admission works against now, in "+ms.unit+" (vram strategy): "+

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -320,10 +321,31 @@ func (r *receiving) pokeRoom() {
 }
 
 // room is how many messages the next receive may ask for: no more than the
-// prefetch buffer and the in-flight bound have room for.
+// prefetch buffer (as deep as the starts keep it: prefetchNow) and the
+// in-flight bound have room for.
 func (r *receiving) room() int {
-	n := min(job.MaxBatch, r.prefetch-int(r.waiting.Load()), r.maxInflight-int(r.keeper.held.Load()))
+	n := min(job.MaxBatch, r.prefetchNow()-int(r.waiting.Load()), r.maxInflight-int(r.keeper.held.Load()))
 	return max(n, 0)
+}
+
+// prefetchNow is how many messages may wait received and not started:
+// Prefetch, or as many as start in half of AdmitTimeout at the rate they
+// have started while some waited (Little's law), at least one. A message
+// received is invisible to every other consumer until it starts or its
+// AdmitTimeout hands it back: Prefetch of them held where each runs for
+// minutes (a model server's share of a rate limit) sat out a whole
+// AdmitTimeout, were handed back and received again, while another
+// subscriber with the same queue found it empty. In a real-time run of
+// three subscribers sharing one sliding window (bench/modelserver.md),
+// two held 20 and 10 of the 39 messages in their buffers, handing back
+// 20 and 10 a minute, and the third, out of work, sat idle for 50–56 s at
+// a time; its part of the limit went to the others.
+func (r *receiving) prefetchNow() int {
+	r.flow.mu.Lock()
+	n := r.flow.depth(time.Now(), r.waiting.Load() > 0, r.prefetch, r.admitTimeout/2)
+	r.flow.mu.Unlock()
+	r.prefetchGauge.Set(float64(n))
+	return n
 }
 
 // fullReceive is the most one receive can ever ask for under the bounds.
@@ -332,15 +354,73 @@ func (r *receiving) fullReceive() int {
 }
 
 // addWaiting counts a message as waiting: received and not started.
-func (r *receiving) addWaiting() {
-	r.waitingGauge.Set(float64(r.waiting.Add(1)))
+func (r *receiving) addWaiting() { r.changeWaiting(1, false) }
+
+// startTasks marks tasks as no longer waiting: ended without running;
+// startedTasks, started.
+func (r *receiving) startTasks(n int)   { r.changeWaiting(-n, false) }
+func (r *receiving) startedTasks(n int) { r.changeWaiting(-n, true) }
+
+// changeWaiting adds d to the messages waiting, -d of them started when
+// started, and tells the start flow (prefetchNow) what waited until now.
+func (r *receiving) changeWaiting(d int, started bool) {
+	r.flow.mu.Lock()
+	r.flow.advance(time.Now(), r.waiting.Load() > 0)
+	if started {
+		r.flow.starts -= float64(d)
+	}
+	n := r.waiting.Add(int64(d))
+	r.flow.mu.Unlock()
+	r.waitingGauge.Set(float64(n))
+	if d < 0 {
+		r.pokeRoom()
+	}
 }
 
-// startTasks marks tasks as no longer waiting: started, or ended without
-// running.
-func (r *receiving) startTasks(n int) {
-	r.waitingGauge.Set(float64(r.waiting.Add(-int64(n))))
-	r.pokeRoom()
+// startFlow is how fast waiting messages start: starts, over the time in
+// which some waited (busy), each decayed by e^(-age/tau), so that the rate
+// is the recent one and an hour with an empty queue, when nothing waited,
+// does not read as slow starts.
+type startFlow struct {
+	mu           sync.Mutex
+	tau          time.Duration
+	starts, busy float64 // busy in seconds
+	at           time.Time
+}
+
+// flowTrust is the least busy time, in seconds, the flow's rate is read
+// from: before it, Prefetch.
+const flowTrust = 5.0
+
+// advance decays the flow to now, waiting telling whether messages waited
+// since the last advance. f.mu is held.
+func (f *startFlow) advance(now time.Time, waiting bool) {
+	dt := now.Sub(f.at).Seconds()
+	if f.at.IsZero() || dt <= 0 {
+		if f.at.IsZero() {
+			f.at = now
+		}
+		return
+	}
+	decay := math.Exp(-dt / f.tau.Seconds())
+	f.starts *= decay
+	f.busy *= decay
+	if waiting {
+		// The decayed integral of the seconds waited, from at to now.
+		f.busy += f.tau.Seconds() * (1 - decay)
+	}
+	f.at = now
+}
+
+// depth is how many may wait so that they start within target at the
+// flow's rate, within 1 and most. f.mu is held.
+func (f *startFlow) depth(now time.Time, waiting bool, most int, target time.Duration) int {
+	f.advance(now, waiting)
+	if f.busy < flowTrust {
+		return most
+	}
+	n := math.Ceil(f.starts / f.busy * target.Seconds())
+	return int(max(1, min(float64(most), n)))
 }
 
 // maxFetches bounds the claim-check fetches in flight at once, across

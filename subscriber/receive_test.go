@@ -413,3 +413,56 @@ func TestKeeperSendsOneCallPerKindOfEnd(t *testing.T) {
 		}
 	})
 }
+
+// The start flow reads how many may wait from how fast waiting messages
+// start: Prefetch before it has seen enough, and where they start fast; one
+// where each waits a minute; and an hour with nothing waiting (an empty
+// queue) is no evidence of slow starts.
+func TestStartFlowKeepsWhatStartsWithinTarget(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	const most, target = 20, 30 * time.Second
+	cases := []struct {
+		name  string
+		every time.Duration // one start each, with messages waiting throughout
+		for_  time.Duration
+		// want is 30 s of starts at the rate, rounded up; one more just
+		// after a start, which the decayed count reads at its height.
+		lo, hi int
+	}{
+		{"too little seen", time.Second, 2 * time.Second, most, most},
+		{"a start a second", time.Second, 5 * time.Minute, most, most},
+		{"a start every 5 s", 5 * time.Second, 5 * time.Minute, 6, 7},
+		{"a start a minute", time.Minute, 10 * time.Minute, 1, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := startFlow{tau: time.Minute}
+			f.advance(t0, false)
+			now := t0
+			for now.Sub(t0) < c.for_ {
+				now = now.Add(c.every)
+				f.advance(now, true)
+				f.starts++
+			}
+			if got := f.depth(now, true, most, target); got < c.lo || got > c.hi {
+				t.Errorf("depth %d after %v of a start every %v; want %d to %d", got, c.for_, c.every, c.lo, c.hi)
+			}
+		})
+	}
+	t.Run("an idle hour after slow starts", func(t *testing.T) {
+		f := startFlow{tau: time.Minute}
+		f.advance(t0, false)
+		now := t0
+		for range 10 {
+			now = now.Add(time.Minute)
+			f.advance(now, true)
+			f.starts++
+		}
+		if got := f.depth(now, false, most, target); got != 1 {
+			t.Fatalf("depth %d after a start a minute; want 1", got)
+		}
+		if got := f.depth(now.Add(time.Hour), false, most, target); got != most {
+			t.Errorf("depth %d after an hour with nothing waiting; want %d (Prefetch)", got, most)
+		}
+	})
+}

@@ -72,9 +72,13 @@ type receiving struct {
 	buffer   chan *task    // received, decoded, waiting for admission
 	waiting  atomic.Int64  // received and not started: fetching, buffer, admission, batcher
 	roomKick chan struct{} // poked when waiting or held messages go down
-	// prefetch and maxInflight bound waiting and held (Config).
+	// prefetch and maxInflight bound waiting and held (Config), and
+	// flow what waiting keeps to (prefetchNow) within admitTimeout.
 	prefetch, maxInflight int
+	flow                  startFlow
+	admitTimeout          time.Duration
 	waitingGauge          prometheus.Gauge // vramq_subscriber_messages_waiting
+	prefetchGauge         prometheus.Gauge // vramq_subscriber_prefetch
 	fetches               sync.WaitGroup   // claim-check fetches started by the poller
 	// fetchSlots bounds claim-check fetches in flight, across messages.
 	fetchSlots   *semaphore.Weighted
@@ -209,7 +213,8 @@ func New(cfg Config) (*Subscriber, error) {
 			queue:    countedQueue{cfg.Queue, m},
 			buffer:   make(chan *task, cfg.Prefetch),
 			roomKick: make(chan struct{}, 1),
-			prefetch: cfg.Prefetch, maxInflight: cfg.MaxInflight, waitingGauge: m.waiting,
+			prefetch: cfg.Prefetch, maxInflight: cfg.MaxInflight, waitingGauge: m.waiting, prefetchGauge: m.prefetch,
+			flow: startFlow{tau: cfg.AdmitTimeout}, admitTimeout: cfg.AdmitTimeout,
 			fetchSlots: semaphore.NewWeighted(maxFetches),
 		},
 		admitting: admitting{adm: adm, mem: memory, startBudget: budget},

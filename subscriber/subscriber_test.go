@@ -453,6 +453,47 @@ func TestBackpressureHandsBackWhatCannotBeAdmitted(t *testing.T) {
 	})
 }
 
+// A subscriber whose messages start slowly (each runs 20 s, one at a time)
+// keeps no more of them received than start within half its admit timeout:
+// the rest stay visible on the queue for another consumer, rather than held
+// a whole admit timeout, handed back and received again. Prefetch of them
+// held was the third subscriber's idle minute in bench/modelserver.md's
+// sharing runs (prefetchNow).
+func TestSlowStartsKeepTheRestOnTheQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := start(t, 64*mib, Config{AdmitTimeout: 10 * time.Second, Prefetch: 20, MaxBatch: 1})
+		const n = 30
+		for i := range n {
+			h.send("slow", i, "mb=40 ms=20000") // one at a time on 64 MiB
+		}
+		time.Sleep(time.Minute) // the first Prefetch are handed back, and the flow is read
+		before := counter(h.sub.m.handedBack.WithLabelValues("backpressure"))
+		most, hidden := 0, 0
+		for range 120 {
+			time.Sleep(time.Second)
+			most = max(most, int(h.sub.waiting.Load()))
+			_, invisible := h.work.Stats()
+			hidden = max(hidden, invisible)
+		}
+		// The running one, one waiting, and, as one run ends, the one
+		// received to wait next.
+		if hidden > 3 {
+			t.Errorf("up to %d messages invisible on the queue; want 3 at most", hidden)
+		}
+		if most > 1 {
+			t.Errorf("up to %d messages waiting; want 1 (a start every 20 s, 5 s wanted)", most)
+		}
+		// One waiting a run of 20 s is handed back at most once each 10 s.
+		if got := counter(h.sub.m.handedBack.WithLabelValues("backpressure")) - before; got > 13 {
+			t.Errorf("%d backpressure hand-backs in 2 minutes; want at most 13", got)
+		}
+		if g := testutil.ToFloat64(h.sub.m.prefetch); g != 1 {
+			t.Errorf("prefetch gauge at %v; want 1", g)
+		}
+		h.shutdown()
+	})
+}
+
 func TestShutdownReleasesEverythingItHolds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := start(t, 64*mib, Config{ShutdownGrace: 2 * time.Second, Prefetch: 10, MaxInflight: 30})
