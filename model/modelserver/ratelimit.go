@@ -1288,14 +1288,13 @@ func (r *rates) take(ctx context.Context, tokens int64, deadline time.Time) (res
 			// Its own send leaving the server's count may be room
 			// enough (replayable): a wait ends then, and so does a
 			// backoff. A batch handed back past its own release (its
-			// subscriber paused to the wait's end) left that room to
-			// the others, and its part of the window with it (traced in
-			// one real-time run of three sharing a sliding window: a part
-			// of 16,000 tokens fell to 9,500 in a minute with nothing
-			// waiting). It does not make the parts fair on its own: 3 of
-			// 6 real-time runs still had one of three over 20% off the
-			// mean (bench/modelserver.md, "A backoff ends at the
-			// process's own release").
+			// subscriber paused to the wait's end) would leave that room
+			// to the others, and its part of the window with it. (A part
+			// that fell in a minute with nothing waiting, the trace that
+			// led here, was traced again with the subscribers' logs: a
+			// subscriber out of work while the others held the queue in
+			// their buffers, bench/modelserver.md, "The prefetch buffer
+			// the others held".)
 			wait = release.Sub(now)
 		}
 		until := now.Add(wait)
