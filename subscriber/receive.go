@@ -348,9 +348,11 @@ func (r *receiving) prefetchNow() int {
 	return n
 }
 
-// fullReceive is the most one receive can ever ask for under the bounds.
+// fullReceive is the most one receive can ask for under the bounds as
+// they are now: with fewer let wait (prefetchNow), a top-up waits for no
+// more room than that.
 func (r *receiving) fullReceive() int {
-	return min(job.MaxBatch, r.prefetch, r.maxInflight)
+	return min(job.MaxBatch, r.prefetchNow(), r.maxInflight)
 }
 
 // addWaiting counts a message as waiting: received and not started.

@@ -108,7 +108,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.admission, "admission", string(d.Admission),
 		"admission strategy: vram (by estimated memory), count (fixed N at once), none (all received; for comparison)")
 	fs.IntVar(&c.Count, "count", d.Count, "messages at once under -admission=count")
-	fs.IntVar(&c.Prefetch, "prefetch", d.Prefetch, "most messages received but not yet started")
+	fs.IntVar(&c.Prefetch, "prefetch", d.Prefetch, "most messages received but not yet started; fewer while they start slowly: "+
+		"as many as start within half of -admit-timeout at their recent rate (at least 1), so that what this subscriber "+
+		"cannot start soon stays on the queue for another")
 	fs.IntVar(&c.MaxInflight, "max-inflight", d.MaxInflight, "most messages held in all, waiting and running")
 	fs.IntVar(&c.MaxBatch, "max-batch", d.MaxBatch, "most messages per device batch")
 	fs.DurationVar(&c.MaxBatchDelay, "max-batch-delay", d.MaxBatchDelay,
