@@ -21,7 +21,9 @@ import (
 // share of the headroom the pool needs for the spread: N requests alike in
 // flight hold N means with a standard deviation of √N σ, so kvSpread
 // standard deviations of headroom is kvSpread × σ × √(m / C) for each,
-// where m is the request's mean charge and C the pool (N = C / m at full).
+// where m is the request's mean charge and C the pool (N = C / m at full),
+// times √(1 + N/n) for the error of a mean learned from n answers, which
+// the N requests share (kvTokens).
 // Charges that add up to the pool then put what the requests hold, on
 // average, kvSpread standard deviations below the pool's end, whatever the
 // spread of lengths: the pool is filled the more the narrower the lengths
@@ -164,15 +166,16 @@ func (k *lengths) add(l int64) {
 }
 
 // held is the output tokens one sequence of kind holds while in flight,
-// its answer capped at maxOut tokens: their mean and variance over the
+// its answer capped at maxOut tokens: their mean and variance over the n
 // answers seen. ok is false short of outputSamples answers.
-func (o *outputs) held(kind string, maxOut int64) (mean, variance float64, ok bool) {
+func (o *outputs) held(kind string, maxOut int64) (mean, variance float64, n int, ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	k := o.kinds[kind]
 	if k == nil || len(k.l) < outputSamples || maxOut <= 0 {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
+	n = len(k.l)
 	var s1, s2, s3 float64
 	for _, l := range k.l {
 		c := float64(min(l, maxOut))
@@ -181,10 +184,10 @@ func (o *outputs) held(kind string, maxOut int64) (mean, variance float64, ok bo
 		s3 += c * c * c
 	}
 	if s1 == 0 {
-		return 0, 0, true // answers of no output: the prompt is all they hold
+		return 0, 0, n, true // answers of no output: the prompt is all they hold
 	}
 	mean = s2 / (2 * s1)
-	return mean, max(0, s3/(3*s1)-mean*mean), true
+	return mean, max(0, s3/(3*s1)-mean*mean), n, true
 }
 
 // kvTokens is the KV charge of r in tokens: its prompt and, once the
@@ -197,9 +200,9 @@ func (m *Model) kvTokens(r *request) int64 {
 	if r.ep == embeddings || !m.dev.live {
 		return worst
 	}
-	h, v, ok := m.outputs.held(cohort(r), r.maxOut)
+	h, v, n, ok := m.outputs.held(cohort(r), r.maxOut)
 	if !ok {
-		h, v, ok = m.outputs.held(r.kind(), r.maxOut)
+		h, v, n, ok = m.outputs.held(r.kind(), r.maxOut)
 	}
 	if !ok {
 		return worst
@@ -208,6 +211,11 @@ func (m *Model) kvTokens(r *request) int64 {
 	seqs := float64(r.choices)
 	mean := float64(prompt) + seqs*(h+float64(m.dev.blockSize())/2)
 	pool := float64(m.dev.capacity)
-	charge := mean + kvSpread*math.Sqrt(seqs*v*mean/pool)
+	// The N = pool / mean requests in flight also share one error: the
+	// mean learned from n answers is off by σ/√n for all of them at once,
+	// N σ/√n together, against √N σ for their own spread: the headroom is
+	// the two's, √(1 + N/n) times the spread's.
+	shared := math.Sqrt(1 + pool/mean/float64(n))
+	charge := mean + kvSpread*math.Sqrt(seqs*v*mean/pool)*shared
 	return min(worst, int64(math.Ceil(charge)))
 }

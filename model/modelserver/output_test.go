@@ -20,17 +20,17 @@ import (
 // more than the request's max_tokens.
 func TestOutputsHeld(t *testing.T) {
 	o := newOutputs()
-	if _, _, ok := o.held("k", 100); ok {
+	if _, _, _, ok := o.held("k", 100); ok {
 		t.Fatal("learned from no answers")
 	}
 	for range outputSamples {
 		o.done("k", o.start("k"), 2*60, 2) // n=2: 60 tokens a sequence
 	}
-	mean, v, ok := o.held("k", 1000)
+	mean, v, _, ok := o.held("k", 1000)
 	if !ok || math.Abs(mean-30) > 1e-9 || math.Abs(v-300) > 1e-9 {
 		t.Errorf("held = %v, %v, %v; want 30 and 300 (60/2, 60²/12)", mean, v, ok)
 	}
-	if mean, _, _ := o.held("k", 20); math.Abs(mean-10) > 1e-9 {
+	if mean, _, _, _ := o.held("k", 20); math.Abs(mean-10) > 1e-9 {
 		t.Errorf("held capped at 20 tokens = %v; want 10", mean)
 	}
 }
@@ -44,11 +44,11 @@ func TestOutputsLearnByCohort(t *testing.T) {
 	for range outputSamples {
 		o.done("k", o.start("k"), 10, 1)
 	}
-	if _, _, ok := o.held("k", 1000); ok {
+	if _, _, _, ok := o.held("k", 1000); ok {
 		t.Fatal("learned from the short answers while a request sent before them was in flight")
 	}
 	o.done("k", long, 1000, 1)
-	mean, _, ok := o.held("k", 1000)
+	mean, _, _, ok := o.held("k", 1000)
 	// (8×10² + 1000²) / 2(8×10 + 1000)
 	if want := (8*100.0 + 1e6) / (2 * 1080); !ok || math.Abs(mean-want) > 1e-9 {
 		t.Errorf("held = %v, %v; want %v, the long answer with the short", mean, ok, want)
@@ -65,7 +65,7 @@ func TestOutputsLearnByCohort(t *testing.T) {
 	for range outputPending + 1 {
 		o.done("j", o.start("j"), 5, 1)
 	}
-	if _, _, ok := o.held("j", 1000); !ok {
+	if _, _, _, ok := o.held("j", 1000); !ok {
 		t.Errorf("nothing learned from %d answers sent after a request still in flight", outputPending+1)
 	}
 	o.done("j", stuck, 5, 1)
@@ -324,5 +324,36 @@ func TestCostLearnsOutputsByPromptCohort(t *testing.T) {
 		if got := m.Cost("", []job.Item{chatItem("m", mid, 512)}); got >= prompt(mid)+512 {
 			t.Errorf("an unseen cohort's charge = %d; want the kind's lengths, below prompt + max_tokens %d", got, prompt(mid)+512)
 		}
+	})
+}
+
+// The headroom of a charge learned from few answers holds their mean's
+// error too, which every request in flight shares: with the same lengths
+// (10 and 90 tokens, alternately), the charge after outputSamples answers
+// is above the charge after a window's worth.
+func TestCostHeadroomShrinksAsAnswersAccrue(t *testing.T) {
+	fc := fakeoai.Config{TokenLatency: time.Millisecond}
+	inBubble(t, fc, Config{MaxOutputTokens: 1000}, func(t *testing.T, s *fakeoai.Server, m *Model) {
+		texts := []string{"[[len=10]] say something", "[[len=90]] say something"}
+		ask := func(n int) {
+			items := make([]job.Item, n)
+			for i := range items {
+				items[i] = chatItem(fmt.Sprint(i), texts[i%2], 512)
+			}
+			outs, err := m.Run(t.Context(), "", items)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantOK(t, outs)
+		}
+		item := chatItem("probe", texts[0], 512)
+		ask(outputSamples)
+		few := m.Cost("", []job.Item{item})
+		ask(outputWindow - outputSamples)
+		many := m.Cost("", []job.Item{item})
+		if few <= many {
+			t.Fatalf("charge after %d answers %d, after %d %d; want the first above the second", outputSamples, few, outputWindow, many)
+		}
+		t.Logf("charge after %d answers %d, after %d %d", outputSamples, few, outputWindow, many)
 	})
 }
