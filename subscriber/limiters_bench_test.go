@@ -254,7 +254,8 @@ func benchLimiter(t *testing.T, kind fakeoai.LimitKind, mode string, minutes int
 		for i := range n {
 			// VRAMQ_BENCH_LIMITERS_LOGS=prefix writes each subscriber's log,
 			// debug lines included, to prefix.<kind>.<mode>.<i>: how the
-			// idle minutes of "Prefetch held by the others" were found.
+			// idle minutes of bench/modelserver.md's "The prefetch buffer
+			// the others held" were found.
 			var lg slog.Handler = warns
 			if prefix := os.Getenv("VRAMQ_BENCH_LIMITERS_LOGS"); prefix != "" {
 				f, err := os.Create(fmt.Sprintf("%s.%s.%s.%d", prefix, kind, strings.ReplaceAll(mode, " ", "-"), i))
