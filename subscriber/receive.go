@@ -342,7 +342,7 @@ func (r *receiving) room() int {
 // a time; its part of the limit went to the others.
 func (r *receiving) prefetchNow() int {
 	r.flow.mu.Lock()
-	n := r.flow.depth(time.Now(), r.waiting.Load() > 0, r.prefetch, r.admitTimeout/2)
+	n := r.flow.depth(time.Now(), r.waiting.Load() > 0, r.prefetch, r.flow.tau/2)
 	r.flow.mu.Unlock()
 	r.prefetchGauge.Set(float64(n))
 	return n
@@ -397,11 +397,12 @@ const flowTrust = 5.0
 // advance decays the flow to now, waiting telling whether messages waited
 // since the last advance. f.mu is held.
 func (f *startFlow) advance(now time.Time, waiting bool) {
+	if f.at.IsZero() {
+		f.at = now
+		return
+	}
 	dt := now.Sub(f.at).Seconds()
-	if f.at.IsZero() || dt <= 0 {
-		if f.at.IsZero() {
-			f.at = now
-		}
+	if dt <= 0 {
 		return
 	}
 	decay := math.Exp(-dt / f.tau.Seconds())

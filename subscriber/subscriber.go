@@ -73,10 +73,10 @@ type receiving struct {
 	waiting  atomic.Int64  // received and not started: fetching, buffer, admission, batcher
 	roomKick chan struct{} // poked when waiting or held messages go down
 	// prefetch and maxInflight bound waiting and held (Config), and
-	// flow what waiting keeps to (prefetchNow) within admitTimeout.
+	// flow, decayed over the admit timeout, what waiting keeps to
+	// (prefetchNow).
 	prefetch, maxInflight int
 	flow                  startFlow
-	admitTimeout          time.Duration
 	waitingGauge          prometheus.Gauge // vramq_subscriber_messages_waiting
 	prefetchGauge         prometheus.Gauge // vramq_subscriber_prefetch
 	fetches               sync.WaitGroup   // claim-check fetches started by the poller
@@ -214,7 +214,7 @@ func New(cfg Config) (*Subscriber, error) {
 			buffer:   make(chan *task, cfg.Prefetch),
 			roomKick: make(chan struct{}, 1),
 			prefetch: cfg.Prefetch, maxInflight: cfg.MaxInflight, waitingGauge: m.waiting, prefetchGauge: m.prefetch,
-			flow: startFlow{tau: cfg.AdmitTimeout}, admitTimeout: cfg.AdmitTimeout,
+			flow:       startFlow{tau: cfg.AdmitTimeout},
 			fetchSlots: semaphore.NewWeighted(maxFetches),
 		},
 		admitting: admitting{adm: adm, mem: memory, startBudget: budget},
